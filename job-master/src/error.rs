@@ -1,0 +1,90 @@
+//! The job master's one error type, mapped once to `tonic::Status`.
+
+use std::path::{Path, PathBuf};
+
+/// A problem in a job spec: the field's path and what is wrong with its value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{path}: {problem}")]
+pub struct SpecError {
+    pub path: String,
+    pub problem: String,
+    pub file: Option<PathBuf>,
+}
+
+impl SpecError {
+    pub fn new(path: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            problem: problem.into(),
+            file: None,
+        }
+    }
+
+    pub fn in_file(mut self, file: &Path) -> Error {
+        self.file = Some(file.to_path_buf());
+        Error::Spec(self)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid job spec{file}: {0}", file = .0.file.as_ref().map(|f| format!(" {}", f.display())).unwrap_or_default())]
+    Spec(SpecError),
+    #[error("cannot read job spec {path}: {source}")]
+    SpecFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unknown process {role} {index}")]
+    UnknownProcess { role: String, index: u32 },
+    #[error("{role} {index} incarnation {got} is stale: the current one is {current}")]
+    StaleIncarnation {
+        role: String,
+        index: u32,
+        got: u64,
+        current: u64,
+    },
+    #[error("shard {shard} is not leased to {holder}")]
+    NotLeased { shard: u64, holder: String },
+    #[error("unknown shard {0}")]
+    UnknownShard(u64),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("cannot persist job context to {path}: {source}")]
+    Persist {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read job context {path}: {problem}")]
+    Context { path: PathBuf, problem: String },
+    #[error("platform {platform} cannot launch {what}: {problem}")]
+    Launch {
+        platform: &'static str,
+        what: String,
+        problem: String,
+    },
+    #[error("checkpoint {path}: {problem}")]
+    Checkpoint { path: PathBuf, problem: String },
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server error: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        let msg = e.to_string();
+        match e {
+            Error::Spec(_) | Error::InvalidRequest(_) => tonic::Status::invalid_argument(msg),
+            Error::UnknownProcess { .. } | Error::UnknownShard(_) => tonic::Status::not_found(msg),
+            Error::StaleIncarnation { .. } | Error::NotLeased { .. } => tonic::Status::failed_precondition(msg),
+            _ => tonic::Status::internal(msg),
+        }
+    }
+}

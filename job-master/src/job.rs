@@ -1,0 +1,819 @@
+//! The job's state and every decision the master takes about it (pure: no I/O, no clock).
+//!
+//! [`JobContext`] is what is persisted: slots (one per process), the shard ledger, rendezvous,
+//! checkpoints, restart counts and the event log. Each method takes the time as `now_ms` and
+//! returns [`Effect`]s that the async shell ([`crate::master`]) carries out: launch or stop an
+//! agent through the platform, save a PS checkpoint, finish the job.
+//!
+//! Recovery rules:
+//! * ps job, a worker fails: only that worker restarts; its leased shard returns to the queue
+//!   (the PS apply each batch once, so a shard half-pushed before the crash is not applied twice).
+//! * ps job, a PS fails, or allreduce job, a worker fails: the model state is lost or the ring is
+//!   broken, so every process restarts from the latest checkpoint and the ledger rolls back to
+//!   the data position that checkpoint recorded.
+//! * A slot that fails more than its role's `max_restarts` fails the job.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::ledger::{Holder, LeaseOutcome, LedgerSnapshot, ShardLedger};
+use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
+use crate::spec::{JobKind, JobSpec, RoleName};
+
+/// A process slot: role and index. Its incarnation changes with every (re)start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SlotKey {
+    pub role: RoleName,
+    pub index: u32,
+}
+
+impl std::fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.role, self.index)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotPhase {
+    /// The platform was asked to start the agent; it has not registered yet.
+    Launching,
+    Running,
+    /// The agent must restart the training process with the slot's new incarnation.
+    Restarting,
+    /// The training process finished its work and exited 0.
+    Succeeded,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub cpu_millicores: u64,
+    pub rss_bytes: u64,
+    pub gpu_present: bool,
+    pub gpu_utilization_percent: u32,
+    pub gpu_memory_used_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    pub key: SlotKey,
+    pub incarnation: u64,
+    /// Restarts of the training process this slot has seen (TORCHELASTIC_RESTART_COUNT).
+    pub restart_count: u64,
+    pub phase: SlotPhase,
+    pub agent_id: u64,
+    pub last_heartbeat_ms: u64,
+    pub service_addr: Option<String>,
+    pub host: String,
+    pub sample: Option<Sample>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum JobPhase {
+    Running,
+    /// All work is done; the shell collects final statistics before declaring success.
+    Finishing,
+    Succeeded,
+    Failed { reason: String },
+}
+
+impl JobPhase {
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Failed { .. })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobPhase::Running => "running",
+            JobPhase::Finishing => "finishing",
+            JobPhase::Succeeded => "succeeded",
+            JobPhase::Failed { .. } => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub id: u64,
+    pub manifest: PathBuf,
+    pub ledger: LedgerSnapshot,
+    pub taken_at_ms: u64,
+    pub step: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetricsRecord {
+    pub global_step: u64,
+    pub samples_per_second: f64,
+    pub loss: f64,
+    pub samples_total: u64,
+    pub applied_samples: u64,
+    pub applied_index_sum: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub at_ms: u64,
+    pub text: String,
+}
+
+/// What the shell must do after a decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    LaunchAgent { key: SlotKey, incarnation: u64 },
+    StopAgent { key: SlotKey },
+    /// Save every PS at `dir`; `generation` guards against a restart in between.
+    SavePsCheckpoint { id: u64, dir: PathBuf, ps: Vec<String>, generation: u64 },
+    /// All work is done: collect final statistics, then call [`JobContext::finish`].
+    Finish,
+}
+
+/// Timing knobs the master runs with (from its config, not the user's spec).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub last_call_ms: u64,
+    pub grace_period_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 500,
+            heartbeat_timeout_ms: 10_000,
+            last_call_ms: 2_000,
+            grace_period_ms: 5_000,
+        }
+    }
+}
+
+/// The answer to a rendezvous join.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JoinView {
+    pub ready: bool,
+    pub round: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub peers: Vec<String>,
+    pub cluster: Option<PsCluster>,
+    pub waiting_reason: String,
+    pub restart_count: u64,
+    pub resume_from: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseView {
+    pub outcome: LeaseOutcome,
+    pub checkpoint_due: bool,
+    pub evaluate: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobContext {
+    pub spec: JobSpec,
+    pub run_id: String,
+    pub timing: Timing,
+    pub phase: JobPhase,
+    pub started_at_ms: u64,
+    pub first_step_at_ms: Option<u64>,
+    pub slots: BTreeMap<SlotKey, Slot>,
+    pub restarts: BTreeMap<RoleName, u32>,
+    pub ledger: ShardLedger,
+    pub rendezvous: Option<RoundRendezvous>,
+    pub cluster: Option<PsCluster>,
+    pub checkpoints: Vec<CheckpointRecord>,
+    pub checkpoint_pending: bool,
+    /// A ps checkpoint save is under way (the effect was emitted).
+    pub checkpoint_saving: bool,
+    pub shards_since_checkpoint: u64,
+    /// Bumped by every group restart; effects from an older generation are dropped.
+    pub generation: u64,
+    pub next_agent_id: u64,
+    pub evaluator: Option<SlotKey>,
+    pub final_eval_loss: Option<f64>,
+    pub final_model_digest: Option<String>,
+    pub metrics: BTreeMap<SlotKey, MetricsRecord>,
+    pub events: Vec<Event>,
+}
+
+const MAX_EVENTS: usize = 1_000;
+
+impl JobContext {
+    /// A fresh job from a validated spec. Returns the agents to launch.
+    pub fn new(spec: JobSpec, run_id: String, timing: Timing, now_ms: u64) -> (Self, Vec<Effect>) {
+        let mut slots = BTreeMap::new();
+        let mut effects = Vec::new();
+        let mut rendezvous = None;
+        let mut cluster = None;
+        for (&role, _) in spec.roles.iter() {
+            let plan = spec.role_plan(role).expect("validated spec");
+            for index in 0..plan.replicas {
+                let key = SlotKey { role, index };
+                slots.insert(
+                    key,
+                    Slot {
+                        key,
+                        incarnation: 1,
+                        restart_count: 0,
+                        phase: SlotPhase::Launching,
+                        agent_id: 0,
+                        last_heartbeat_ms: now_ms,
+                        service_addr: None,
+                        host: String::new(),
+                        sample: None,
+                    },
+                );
+                effects.push(Effect::LaunchAgent { key, incarnation: 1 });
+            }
+            match (spec.kind, role) {
+                (JobKind::Allreduce, RoleName::Worker) => {
+                    rendezvous = Some(RoundRendezvous::new(
+                        plan.min,
+                        plan.max,
+                        plan.node_unit,
+                        timing.last_call_ms,
+                        plan.replicas,
+                    ));
+                }
+                (JobKind::Ps, RoleName::Ps) => cluster = Some(PsCluster::new(plan.replicas)),
+                _ => {}
+            }
+        }
+        let ledger = ShardLedger::new(
+            spec.data.num_samples as u64,
+            spec.data.shard_size as u64,
+            spec.epochs as u32,
+        );
+        let mut ctx = Self {
+            spec,
+            run_id,
+            timing,
+            phase: JobPhase::Running,
+            started_at_ms: now_ms,
+            first_step_at_ms: None,
+            slots,
+            restarts: BTreeMap::new(),
+            ledger,
+            rendezvous,
+            cluster,
+            checkpoints: Vec::new(),
+            checkpoint_pending: false,
+            checkpoint_saving: false,
+            shards_since_checkpoint: 0,
+            generation: 0,
+            next_agent_id: 1,
+            evaluator: None,
+            final_eval_loss: None,
+            final_model_digest: None,
+            metrics: BTreeMap::new(),
+            events: Vec::new(),
+        };
+        ctx.log(now_ms, format!("job {} ({}) started with {} processes", ctx.spec.name, ctx.spec.kind, ctx.slots.len()));
+        (ctx, effects)
+    }
+
+    fn log(&mut self, at_ms: u64, text: String) {
+        tracing::info!(job = %self.spec.name, "{text}");
+        self.events.push(Event { at_ms, text });
+        if self.events.len() > MAX_EVENTS {
+            self.events.drain(..self.events.len() - MAX_EVENTS);
+        }
+    }
+
+    fn is_builtin(&self) -> bool {
+        self.spec.workload.builtin.is_some()
+    }
+
+    fn slot(&self, key: SlotKey) -> Result<&Slot, Error> {
+        self.slots.get(&key).ok_or(Error::UnknownProcess {
+            role: key.role.to_string(),
+            index: key.index,
+        })
+    }
+
+    /// The slot, if `incarnation` is its current one.
+    fn current(&self, key: SlotKey, incarnation: u64) -> Result<&Slot, Error> {
+        let slot = self.slot(key)?;
+        if slot.incarnation != incarnation {
+            return Err(Error::StaleIncarnation {
+                role: key.role.to_string(),
+                index: key.index,
+                got: incarnation,
+                current: slot.incarnation,
+            });
+        }
+        Ok(slot)
+    }
+
+    fn holder(key: SlotKey, incarnation: u64) -> Holder {
+        Holder {
+            role: key.role.to_string(),
+            index: key.index,
+            incarnation,
+        }
+    }
+
+    pub fn latest_checkpoint(&self) -> Option<&CheckpointRecord> {
+        self.checkpoints.last()
+    }
+
+    /// An agent started by the platform for `incarnation` of `key` announces itself.
+    pub fn register_agent(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        host: String,
+        service_addr: String,
+        now_ms: u64,
+    ) -> Result<(u64, u64), Error> {
+        self.current(key, incarnation)?;
+        if self.phase.is_terminal() {
+            return Err(Error::InvalidRequest(format!("job is {}", self.phase.name())));
+        }
+        let agent_id = self.next_agent_id;
+        self.next_agent_id += 1;
+        let slot = self.slots.get_mut(&key).expect("checked");
+        slot.agent_id = agent_id;
+        slot.phase = SlotPhase::Running;
+        slot.last_heartbeat_ms = now_ms;
+        slot.host = host;
+        slot.service_addr = Some(service_addr.clone());
+        if key.role == RoleName::Ps
+            && let Some(c) = self.cluster.as_mut()
+        {
+            c.set_ps(key.index, service_addr);
+        }
+        self.log(now_ms, format!("{key} registered (incarnation {incarnation}, agent {agent_id})"));
+        Ok((agent_id, incarnation))
+    }
+
+    /// Liveness and a resource sample; returns the action and the incarnation to run.
+    pub fn heartbeat(
+        &mut self,
+        key: SlotKey,
+        agent_id: u64,
+        incarnation: u64,
+        sample: Option<Sample>,
+        now_ms: u64,
+    ) -> Result<(AgentAction, u64, u64), Error> {
+        let terminal = self.phase.is_terminal();
+        let slot = self.slots.get_mut(&key).ok_or(Error::UnknownProcess {
+            role: key.role.to_string(),
+            index: key.index,
+        })?;
+        if slot.agent_id != agent_id || terminal {
+            return Ok((AgentAction::Shutdown, slot.incarnation, slot.restart_count));
+        }
+        slot.last_heartbeat_ms = now_ms;
+        if sample.is_some() {
+            slot.sample = sample;
+        }
+        if incarnation < slot.incarnation {
+            return Ok((AgentAction::Restart, slot.incarnation, slot.restart_count));
+        }
+        Ok((AgentAction::Continue, slot.incarnation, slot.restart_count))
+    }
+
+    /// The training process of `key` exited.
+    pub fn process_exited(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        exit_code: i32,
+        signal: i32,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        if self.current(key, incarnation).is_err() || self.phase.is_terminal() {
+            // An older incarnation, already replaced: its exit is expected.
+            return Ok(Vec::new());
+        }
+        if exit_code == 0 && signal == 0 && key.role == RoleName::Worker {
+            self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
+            self.log(now_ms, format!("{key} finished"));
+            return Ok(self.check_done());
+        }
+        let how = if signal != 0 {
+            format!("killed by signal {signal}")
+        } else {
+            format!("exited with code {exit_code}")
+        };
+        Ok(self.fail_slot(key, how, false, now_ms))
+    }
+
+    /// The agent of `key` is gone (its process ended, or heartbeats stopped).
+    pub fn agent_lost(&mut self, key: SlotKey, agent_incarnation: u64, why: String, now_ms: u64) -> Vec<Effect> {
+        match self.slots.get(&key) {
+            Some(s) if s.incarnation == agent_incarnation && !self.phase.is_terminal() => {}
+            _ => return Vec::new(),
+        }
+        self.fail_slot(key, format!("agent lost: {why}"), true, now_ms)
+    }
+
+    fn fail_slot(&mut self, key: SlotKey, how: String, relaunch_agent: bool, now_ms: u64) -> Vec<Effect> {
+        let count = self.restarts.entry(key.role).or_insert(0);
+        *count += 1;
+        let count = *count;
+        let limit = self.spec.role_plan(key.role).expect("validated").max_restarts;
+        if count > limit {
+            let reason = format!("{key} failed ({how}); {} relaunches exceed the limit of {limit}", key.role);
+            self.log(now_ms, reason.clone());
+            self.phase = JobPhase::Failed { reason };
+            return Vec::new();
+        }
+        self.log(now_ms, format!("{key} failed ({how}); relaunch {count} of {limit} for {}", key.role));
+        // Only a ps job's worker holds no model state; anything else loses state or the ring.
+        let group = !(self.spec.kind == JobKind::Ps && key.role == RoleName::Worker);
+        if self.evaluator == Some(key) {
+            self.evaluator = None;
+        }
+        let mut effects = Vec::new();
+        if group {
+            self.group_restart(now_ms, &format!("{key} failed"));
+        } else {
+            self.ledger.release(&key.role.to_string(), key.index);
+            if let Some(c) = self.cluster.as_mut() {
+                c.remove_worker(key.index);
+            }
+            let slot = self.slots.get_mut(&key).expect("exists");
+            slot.incarnation += 1;
+            slot.restart_count += 1;
+            slot.phase = SlotPhase::Restarting;
+            effects.extend(self.ps_checkpoint_if_drained());
+        }
+        if relaunch_agent {
+            let slot = self.slots.get_mut(&key).expect("exists");
+            slot.phase = SlotPhase::Launching;
+            slot.agent_id = 0;
+            effects.push(Effect::StopAgent { key });
+            effects.push(Effect::LaunchAgent {
+                key,
+                incarnation: slot.incarnation,
+            });
+        }
+        effects
+    }
+
+    /// Every process restarts from the latest checkpoint; the ledger rolls back to it.
+    fn group_restart(&mut self, now_ms: u64, why: &str) {
+        self.generation += 1;
+        for slot in self.slots.values_mut() {
+            slot.incarnation += 1;
+            slot.restart_count += 1;
+            if slot.phase != SlotPhase::Launching {
+                slot.phase = SlotPhase::Restarting;
+            }
+        }
+        if let Some(r) = self.rendezvous.as_mut() {
+            r.invalidate();
+        }
+        if let Some(c) = self.cluster.as_mut() {
+            c.workers.clear();
+            c.version += 1;
+        }
+        let snap = self.latest_checkpoint().map(|c| c.ledger.clone()).unwrap_or_default();
+        let from = self
+            .latest_checkpoint()
+            .map(|c| format!("checkpoint {}", c.id))
+            .unwrap_or_else(|| "the start".into());
+        self.ledger.restore(&snap);
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
+        self.final_eval_loss = None;
+        self.final_model_digest = None;
+        self.log(
+            now_ms,
+            format!("{why}: every process restarts from {from} (generation {})", self.generation),
+        );
+    }
+
+    pub fn join_rendezvous(&mut self, key: SlotKey, incarnation: u64, now_ms: u64) -> Result<JoinView, Error> {
+        let slot = self.current(key, incarnation)?.clone();
+        let addr = slot.service_addr.clone().unwrap_or_default();
+        let resume_from = self.latest_checkpoint().map(|c| c.manifest.clone());
+        let mut view = JoinView {
+            ready: false,
+            round: 0,
+            rank: 0,
+            world_size: 0,
+            peers: Vec::new(),
+            cluster: None,
+            waiting_reason: String::new(),
+            restart_count: slot.restart_count,
+            resume_from,
+        };
+        match self.spec.kind {
+            JobKind::Allreduce => {
+                let rdzv = self.rendezvous.as_mut().expect("allreduce jobs have one");
+                match rdzv.join(
+                    Member {
+                        index: key.index,
+                        incarnation,
+                        addr,
+                    },
+                    now_ms,
+                ) {
+                    JoinOutcome::Ready {
+                        round,
+                        rank,
+                        world_size,
+                        peers,
+                    } => {
+                        view.ready = true;
+                        view.round = round;
+                        view.rank = rank;
+                        view.world_size = world_size;
+                        view.peers = peers;
+                    }
+                    JoinOutcome::Waiting { reason } => view.waiting_reason = reason,
+                }
+            }
+            JobKind::Ps => {
+                let cluster = self.cluster.as_mut().expect("ps jobs have one");
+                if key.role == RoleName::Worker {
+                    cluster.set_worker(key.index, addr);
+                }
+                if cluster.ps_complete() {
+                    view.ready = true;
+                    view.round = cluster.version;
+                    view.rank = key.index;
+                    view.world_size = cluster.workers.len() as u32;
+                } else {
+                    view.waiting_reason = format!(
+                        "{} of {} parameter servers have registered",
+                        cluster.ps.len(),
+                        cluster.expected_ps
+                    );
+                }
+                view.cluster = Some(cluster.clone());
+            }
+        }
+        if view.ready {
+            let s = self.slots.get_mut(&key).expect("checked");
+            if s.phase == SlotPhase::Restarting {
+                s.phase = SlotPhase::Running;
+            }
+        }
+        Ok(view)
+    }
+
+    pub fn lease(&mut self, key: SlotKey, incarnation: u64) -> Result<LeaseView, Error> {
+        self.current(key, incarnation)?;
+        let holder = Self::holder(key, incarnation);
+        if self.checkpoint_pending {
+            // Drain for a consistent cut: a holder retrying gets its shard again, nobody a new one.
+            return Ok(match self.ledger.held_by(&holder) {
+                Some(s) => LeaseView {
+                    outcome: LeaseOutcome::Granted(s),
+                    checkpoint_due: false,
+                    evaluate: false,
+                },
+                None => LeaseView {
+                    outcome: LeaseOutcome::Wait,
+                    checkpoint_due: self.spec.kind == JobKind::Allreduce,
+                    evaluate: false,
+                },
+            });
+        }
+        let outcome = self.ledger.lease(&holder);
+        let mut evaluate = false;
+        if outcome == LeaseOutcome::EndOfData {
+            let evaluator = *self.evaluator.get_or_insert(key);
+            evaluate = evaluator == key;
+        }
+        Ok(LeaseView {
+            outcome,
+            checkpoint_due: false,
+            evaluate,
+        })
+    }
+
+    /// `key` applied every sample of shard `shard` to the model.
+    pub fn shard_done(&mut self, key: SlotKey, incarnation: u64, shard: u64, now_ms: u64) -> Result<Vec<Effect>, Error> {
+        self.current(key, incarnation)?;
+        let holder = Self::holder(key, incarnation);
+        self.ledger.complete(&holder, shard).map_err(|e| match e {
+            crate::ledger::LedgerError::UnknownShard(id) => Error::UnknownShard(id),
+            _ => Error::NotLeased {
+                shard,
+                holder: holder.to_string(),
+            },
+        })?;
+        self.shards_since_checkpoint += 1;
+        let every = self.spec.checkpoint.every_shards as u64;
+        if every > 0 && self.shards_since_checkpoint >= every && !self.ledger.is_complete() && !self.checkpoint_pending {
+            self.checkpoint_pending = true;
+            self.log(now_ms, format!("checkpoint due after {} shards: draining leases", self.shards_since_checkpoint));
+        }
+        let mut effects = self.ps_checkpoint_if_drained();
+        effects.extend(self.check_done());
+        Ok(effects)
+    }
+
+    /// For ps jobs: once every lease is back, ask the PS to save.
+    fn ps_checkpoint_if_drained(&mut self) -> Vec<Effect> {
+        if !(self.checkpoint_pending
+            && !self.checkpoint_saving
+            && self.spec.kind == JobKind::Ps
+            && self.ledger.in_flight() == 0)
+        {
+            return Vec::new();
+        }
+        self.checkpoint_saving = true;
+        let Some(cluster) = &self.cluster else { return Vec::new() };
+        let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
+        vec![Effect::SavePsCheckpoint {
+            id,
+            dir: self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")),
+            ps: cluster.ps_addrs(),
+            generation: self.generation,
+        }]
+    }
+
+    /// A checkpoint whose files are written and whose manifest is at `manifest` becomes the one
+    /// to restore from. `generation` is the one the save was started in.
+    pub fn checkpoint_committed(
+        &mut self,
+        id: u64,
+        manifest: PathBuf,
+        step: u64,
+        generation: u64,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        if generation != self.generation {
+            return Err(Error::Checkpoint {
+                path: manifest,
+                problem: format!("started in generation {generation}, the job is in {}", self.generation),
+            });
+        }
+        if !self.checkpoint_pending || self.ledger.in_flight() != 0 {
+            return Err(Error::Checkpoint {
+                path: manifest,
+                problem: "no drained checkpoint is pending".into(),
+            });
+        }
+        self.checkpoints.push(CheckpointRecord {
+            id,
+            manifest: manifest.clone(),
+            ledger: self.ledger.snapshot(),
+            taken_at_ms: now_ms,
+            step,
+        });
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
+        self.log(
+            now_ms,
+            format!(
+                "checkpoint {id} committed at step {step} ({} of {} shards done): {}",
+                self.ledger.done_shards(),
+                self.ledger.total_shards(),
+                manifest.display()
+            ),
+        );
+        Ok(())
+    }
+
+    /// A checkpoint could not be written: training goes on without it.
+    pub fn checkpoint_failed(&mut self, generation: u64, problem: String, now_ms: u64) {
+        if generation == self.generation && self.checkpoint_pending {
+            self.checkpoint_pending = false;
+            self.checkpoint_saving = false;
+            self.log(now_ms, format!("checkpoint failed, training goes on without it: {problem}"));
+        }
+    }
+
+    /// The id and directory rank 0 of an allreduce job should checkpoint into now.
+    pub fn next_checkpoint_dir(&self) -> (u64, PathBuf) {
+        let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
+        (id, self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")))
+    }
+
+    pub fn report_metrics(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        m: MetricsRecord,
+        final_eval_loss: Option<f64>,
+        final_model_digest: Option<String>,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        self.current(key, incarnation)?;
+        for (name, v) in [("loss", m.loss), ("samples_per_second", m.samples_per_second)] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(Error::InvalidRequest(format!("metric {name} is {v}: it must be finite and non-negative")));
+            }
+        }
+        if m.global_step > 0 && self.first_step_at_ms.is_none() {
+            self.first_step_at_ms = Some(now_ms);
+            self.log(now_ms, format!("first training step after {} ms", now_ms - self.started_at_ms));
+        }
+        self.metrics.insert(key, m);
+        let mut effects = Vec::new();
+        if let Some(loss) = final_eval_loss {
+            if !loss.is_finite() {
+                return Err(Error::InvalidRequest(format!("final_eval_loss is {loss}")));
+            }
+            if self.evaluator == Some(key) {
+                self.final_eval_loss = Some(loss);
+                self.final_model_digest = final_model_digest;
+                self.log(now_ms, format!("final held-out log-loss {loss:.5} (evaluated by {key})"));
+                effects = self.check_done();
+            }
+        }
+        Ok(effects)
+    }
+
+    /// The job's work is over when every worker exited 0 and, for the built-in workload, every
+    /// shard is done and the final model was evaluated.
+    fn check_done(&mut self) -> Vec<Effect> {
+        if self.phase != JobPhase::Running {
+            return Vec::new();
+        }
+        let workers_done = self
+            .slots
+            .values()
+            .filter(|s| s.key.role == RoleName::Worker)
+            .all(|s| s.phase == SlotPhase::Succeeded);
+        let data_done = !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
+        if workers_done && data_done {
+            self.phase = JobPhase::Finishing;
+            return vec![Effect::Finish];
+        }
+        Vec::new()
+    }
+
+    /// The shell collected what it needed: the job succeeded.
+    pub fn finish(&mut self, now_ms: u64) {
+        if self.phase == JobPhase::Finishing {
+            self.phase = JobPhase::Succeeded;
+            self.log(now_ms, "job succeeded".into());
+        }
+    }
+
+    pub fn fail(&mut self, reason: String, now_ms: u64) {
+        if !self.phase.is_terminal() {
+            self.log(now_ms, format!("job failed: {reason}"));
+            self.phase = JobPhase::Failed { reason };
+        }
+    }
+
+    /// Timers: heartbeat timeouts and the rendezvous last call.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<Effect> {
+        if self.phase.is_terminal() {
+            return Vec::new();
+        }
+        if let Some(r) = self.rendezvous.as_mut() {
+            r.try_close(now_ms);
+        }
+        let timeout = self.timing.heartbeat_timeout_ms;
+        let late: Vec<(SlotKey, u64, u64)> = self
+            .slots
+            .values()
+            .filter(|s| now_ms.saturating_sub(s.last_heartbeat_ms) > timeout)
+            .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
+            .collect();
+        let mut effects = Vec::new();
+        for (key, inc, silent) in late {
+            effects.extend(self.agent_lost(key, inc, format!("no heartbeat for {silent} ms"), now_ms));
+        }
+        effects
+    }
+
+    /// Sum of the workers' latest throughput, the highest step and the mean loss.
+    pub fn progress(&self) -> (u64, f64, f64) {
+        let workers: Vec<&MetricsRecord> = self
+            .metrics
+            .iter()
+            .filter(|(k, _)| k.role == RoleName::Worker)
+            .map(|(_, m)| m)
+            .collect();
+        let step = match self.spec.kind {
+            JobKind::Allreduce => workers.iter().map(|m| m.global_step).max().unwrap_or(0),
+            JobKind::Ps => workers.iter().map(|m| m.global_step).sum(),
+        };
+        let sps = workers
+            .iter()
+            .zip(self.metrics.iter().filter(|(k, _)| k.role == RoleName::Worker))
+            .filter(|(_, (k, _))| self.slots.get(k).is_some_and(|s| s.phase == SlotPhase::Running))
+            .map(|(m, _)| m.samples_per_second)
+            .sum();
+        let loss = if workers.is_empty() {
+            0.0
+        } else {
+            workers.iter().map(|m| m.loss).sum::<f64>() / workers.len() as f64
+        };
+        (step, sps, loss)
+    }
+}
+
+/// Actions an agent is told to take (mirrors the wire enum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentAction {
+    Continue,
+    Restart,
+    Shutdown,
+}

@@ -1,0 +1,24 @@
+//! Brain's job master: runs one elastic training job and keeps it alive.
+//!
+//! * [`spec`] reads and validates the user's job spec (YAML).
+//! * [`ledger`] (pure) hands out data shards and proves exactly-once consumption per epoch.
+//! * [`rendezvous`] (pure) forms allreduce rounds and the ps cluster spec.
+//! * [`job`] (pure) holds the job context and takes every decision: registration, heartbeats,
+//!   failures and relaunches, checkpoints, completion. It returns effects instead of doing I/O.
+//! * [`persist`] writes the job context atomically and durably after every change.
+//! * [`platform`] starts and stops worker agents (local processes by default).
+//! * [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin
+//!   tonic adapter over [`job`].
+
+pub mod error;
+pub mod job;
+pub mod ledger;
+pub mod master;
+pub mod persist;
+pub mod platform;
+pub mod rendezvous;
+pub mod service;
+pub mod spec;
+
+pub use error::Error;
+pub use master::{JobReport, MasterConfig, run};

@@ -1,0 +1,126 @@
+//! Durable, atomic persistence of the job context with group commit.
+//!
+//! A change bumps a generation number and wakes the writer task; the writer serialises the
+//! newest state, writes it to a temporary file in the same directory, fsyncs it and renames it
+//! over `job-context.json`, so a reader sees the old or the new context, never half of one.
+//! Callers wait until their generation is on disk before they answer, so an acknowledged change
+//! survives a crash; concurrent changes share one write.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, Notify, watch};
+
+use crate::error::Error;
+use crate::job::JobContext;
+
+pub const CONTEXT_FILE: &str = "job-context.json";
+
+pub struct Persister {
+    path: PathBuf,
+    wanted: std::sync::atomic::AtomicU64,
+    wake: Notify,
+    written: watch::Sender<(u64, Option<String>)>,
+}
+
+impl Persister {
+    pub fn new(run_dir: &Path) -> Arc<Self> {
+        Arc::new(Self {
+            path: run_dir.join(CONTEXT_FILE),
+            wanted: 0.into(),
+            wake: Notify::new(),
+            written: watch::channel((0, None)).0,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Marks the state changed; returns the generation to wait for.
+    pub fn changed(&self) -> u64 {
+        let g = self.wanted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        self.wake.notify_one();
+        g
+    }
+
+    /// Waits until generation `g` (or a later one) is on disk.
+    pub async fn durable(&self, g: u64) -> Result<(), Error> {
+        let mut rx = self.written.subscribe();
+        loop {
+            {
+                let (done, err) = &*rx.borrow_and_update();
+                if let Some(e) = err {
+                    return Err(Error::Persist {
+                        path: self.path.clone(),
+                        source: std::io::Error::other(e.clone()),
+                    });
+                }
+                if *done >= g {
+                    return Ok(());
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Err(Error::Persist {
+                    path: self.path.clone(),
+                    source: std::io::Error::other("the context writer stopped"),
+                });
+            }
+        }
+    }
+
+    /// The writer loop; runs until the process ends.
+    pub async fn run(self: Arc<Self>, job: Arc<Mutex<JobContext>>) {
+        loop {
+            let target = self.wanted.load(std::sync::atomic::Ordering::SeqCst);
+            if target > self.written.borrow().0 {
+                let json = {
+                    let ctx = job.lock().await;
+                    serde_json::to_vec(&*ctx)
+                };
+                let path = self.path.clone();
+                let res = match json {
+                    Ok(bytes) => tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+                    Err(e) => Err(std::io::Error::other(e)),
+                };
+                match res {
+                    Ok(()) => {
+                        self.written.send_replace((target, None));
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %self.path.display(), "cannot persist job context: {e}");
+                        self.written.send_replace((self.written.borrow().0, Some(e.to_string())));
+                    }
+                }
+                continue;
+            }
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically and durably (temp file, fsync, rename, fsync dir).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Reads a persisted context back.
+pub fn load(path: &Path) -> Result<JobContext, Error> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Context {
+        path: path.to_path_buf(),
+        problem: e.to_string(),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Context {
+        path: path.to_path_buf(),
+        problem: e.to_string(),
+    })
+}

@@ -1,0 +1,168 @@
+//! The local platform: each agent is a child process of the job master on this machine, with its
+//! output in `RUN_DIR/logs/<role>-<index>.<incarnation>.log`. Agents get SIGTERM if the master
+//! dies (PR_SET_PDEATHSIG), so no process outlives the job.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::{Mutex, mpsc, watch};
+
+use super::{AgentLaunch, Platform, PlatformEvent};
+use crate::error::Error;
+use crate::job::SlotKey;
+
+struct Running {
+    incarnation: u64,
+    pid: u32,
+    exited: watch::Receiver<bool>,
+}
+
+pub struct LocalPlatform {
+    agent_bin: PathBuf,
+    log_dir: PathBuf,
+    events: mpsc::UnboundedSender<PlatformEvent>,
+    agents: Arc<Mutex<BTreeMap<SlotKey, Running>>>,
+}
+
+impl LocalPlatform {
+    pub fn new(agent_bin: PathBuf, log_dir: PathBuf, events: mpsc::UnboundedSender<PlatformEvent>) -> Result<Self, Error> {
+        if !agent_bin.is_file() {
+            return Err(Error::Launch {
+                platform: "local",
+                what: "worker agents".into(),
+                problem: format!("the worker-agent binary {} does not exist (build it with `cargo build -p worker-agent`)", agent_bin.display()),
+            });
+        }
+        std::fs::create_dir_all(&log_dir).map_err(|e| Error::Io {
+            path: log_dir.clone(),
+            source: e,
+        })?;
+        Ok(Self {
+            agent_bin,
+            log_dir,
+            events,
+            agents: Arc::default(),
+        })
+    }
+
+    /// The worker-agent binary beside the running executable, where cargo puts it.
+    pub fn default_agent_bin() -> PathBuf {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("worker-agent")))
+            .unwrap_or_else(|| PathBuf::from("worker-agent"))
+    }
+}
+
+async fn terminate(pid: u32, mut exited: watch::Receiver<bool>, grace: Duration) {
+    if *exited.borrow() {
+        return;
+    }
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+    if tokio::time::timeout(grace, exited.wait_for(|e| *e)).await.is_err() {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        let _ = exited.wait_for(|e| *e).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl Platform for LocalPlatform {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn launch(&self, l: AgentLaunch) -> Result<(), Error> {
+        self.stop(l.key, Duration::from_secs(2)).await;
+        let log_path = self.log_dir.join(format!("{}.{}.log", l.key, l.incarnation));
+        let log = std::fs::File::create(&log_path).map_err(|e| Error::Io {
+            path: log_path.clone(),
+            source: e,
+        })?;
+        let log2 = log.try_clone().map_err(|e| Error::Io {
+            path: log_path.clone(),
+            source: e,
+        })?;
+        let mut cmd = tokio::process::Command::new(&self.agent_bin);
+        cmd.arg("--master")
+            .arg(format!("http://{}", l.master_addr))
+            .arg("--role")
+            .arg(l.key.role.to_string())
+            .arg("--index")
+            .arg(l.key.index.to_string())
+            .arg("--incarnation")
+            .arg(l.incarnation.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2));
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| Error::Launch {
+            platform: "local",
+            what: format!("agent {}", l.key),
+            problem: format!("{}: {e}", self.agent_bin.display()),
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let (tx, rx) = watch::channel(false);
+        self.agents.lock().await.insert(
+            l.key,
+            Running {
+                incarnation: l.incarnation,
+                pid,
+                exited: rx,
+            },
+        );
+        let events = self.events.clone();
+        let agents = self.agents.clone();
+        let (key, incarnation) = (l.key, l.incarnation);
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = tx.send(true);
+            {
+                let mut a = agents.lock().await;
+                if a.get(&key).is_some_and(|r| r.incarnation == incarnation && r.pid == pid) {
+                    a.remove(&key);
+                }
+            }
+            let description = match status {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("wait failed: {e}"),
+            };
+            let _ = events.send(PlatformEvent::AgentExited {
+                key,
+                incarnation,
+                description,
+            });
+        });
+        tracing::debug!(%key, incarnation, pid, log = %log_path.display(), "agent launched");
+        Ok(())
+    }
+
+    async fn stop(&self, key: SlotKey, grace: Duration) {
+        let running = self.agents.lock().await.remove(&key);
+        if let Some(r) = running {
+            terminate(r.pid, r.exited, grace).await;
+        }
+    }
+
+    async fn stop_all(&self, grace: Duration) {
+        let all: Vec<Running> = std::mem::take(&mut *self.agents.lock().await).into_values().collect();
+        let stops = all.into_iter().map(|r| terminate(r.pid, r.exited, grace));
+        for s in stops {
+            s.await;
+        }
+    }
+
+    async fn running(&self) -> usize {
+        self.agents.lock().await.len()
+    }
+}

@@ -1,0 +1,65 @@
+//! Where the job's processes run. A [`Platform`] starts and stops worker agents and reports when
+//! one ends; everything else (what to launch, when, how to recover) is the master's. The local
+//! platform, processes on this machine, is the embedded default; a Ray or Kubernetes platform
+//! implements the same trait and is chosen with [`PlatformConfig`].
+
+pub mod local;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::job::SlotKey;
+use crate::spec::Resources;
+
+/// One agent to start: for slot `key`, carrying `incarnation`.
+#[derive(Clone, Debug)]
+pub struct AgentLaunch {
+    pub key: SlotKey,
+    pub incarnation: u64,
+    pub master_addr: SocketAddr,
+    pub resources: Option<Resources>,
+}
+
+/// Something the platform saw happen to an agent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PlatformEvent {
+    AgentExited {
+        key: SlotKey,
+        incarnation: u64,
+        description: String,
+    },
+}
+
+#[async_trait::async_trait]
+pub trait Platform: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Starts an agent. An agent still running for the same slot is stopped first.
+    async fn launch(&self, launch: AgentLaunch) -> Result<(), Error>;
+    /// Stops the slot's agent: SIGTERM (or the platform's equivalent), then a kill after `grace`.
+    async fn stop(&self, key: SlotKey, grace: Duration);
+    /// Stops every agent this platform started.
+    async fn stop_all(&self, grace: Duration);
+    /// Agents still running.
+    async fn running(&self) -> usize;
+}
+
+/// Which platform to run on, as an operator names it in config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum PlatformConfig {
+    /// Processes on this machine.
+    Local {
+        /// The worker-agent binary; default: next to the job-master binary.
+        agent_bin: Option<PathBuf>,
+    },
+}
+
+impl Default for PlatformConfig {
+    fn default() -> Self {
+        PlatformConfig::Local { agent_bin: None }
+    }
+}

@@ -1,0 +1,278 @@
+//! The gRPC adapter: converts wire messages to domain calls on [`crate::job::JobContext`] and
+//! back. No decisions are taken here.
+
+use std::sync::Arc;
+
+use proto::jobmaster::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use crate::error::Error;
+use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey};
+use crate::ledger::LeaseOutcome;
+use crate::master::{Shared, commit_allreduce_checkpoint};
+use crate::spec::RoleName;
+
+pub struct MasterService {
+    shared: Arc<Shared>,
+}
+
+impl MasterService {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+fn role(r: i32) -> Result<RoleName, Error> {
+    match pb::Role::try_from(r) {
+        Ok(pb::Role::Ps) => Ok(RoleName::Ps),
+        Ok(pb::Role::Worker) => Ok(RoleName::Worker),
+        _ => Err(Error::InvalidRequest(format!("role {r} is not ps or worker"))),
+    }
+}
+
+fn process(p: Option<pb::ProcessRef>) -> Result<(SlotKey, u64), Error> {
+    let p = p.ok_or_else(|| Error::InvalidRequest("process is missing".into()))?;
+    Ok((
+        SlotKey {
+            role: role(p.role)?,
+            index: p.index,
+        },
+        p.incarnation,
+    ))
+}
+
+fn sample(s: pb::ResourceSample) -> Sample {
+    Sample {
+        cpu_millicores: s.cpu_millicores,
+        rss_bytes: s.rss_bytes,
+        gpu_present: s.gpu_present,
+        gpu_utilization_percent: s.gpu_utilization_percent,
+        gpu_memory_used_bytes: s.gpu_memory_used_bytes,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::job_master_server::JobMaster for MasterService {
+    async fn register_agent(&self, req: Request<pb::RegisterAgentRequest>) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        let r = req.into_inner();
+        let key = SlotKey {
+            role: role(r.role)?,
+            index: r.index,
+        };
+        let (agent_id, incarnation) = self
+            .shared
+            .apply(|ctx, now| {
+                ctx.register_agent(key, r.incarnation, r.host, r.service_addr, now)
+                    .map(|v| (v, vec![]))
+            })
+            .await?;
+        let ctx = self.shared.job.lock().await;
+        Ok(Response::new(pb::RegisterAgentResponse {
+            job_name: ctx.spec.name.clone(),
+            job_kind: ctx.spec.kind.to_string(),
+            heartbeat_interval_ms: ctx.timing.heartbeat_interval_ms as u32,
+            grace_period_ms: ctx.timing.grace_period_ms as u32,
+            command: ctx.spec.workload.command.clone().unwrap_or_default(),
+            env: ctx.spec.workload.env.clone().into_iter().collect(),
+            checkpoint_dir: ctx.spec.checkpoint.dir.display().to_string(),
+            run_id: ctx.run_id.clone(),
+            agent_id,
+            incarnation,
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let (action, incarnation, restart_count) = self
+            .shared
+            .apply(|ctx, now| {
+                ctx.heartbeat(key, r.agent_id, incarnation, r.sample.map(sample), now)
+                    .map(|v| (v, vec![]))
+            })
+            .await?;
+        Ok(Response::new(pb::HeartbeatResponse {
+            action: match action {
+                AgentAction::Continue => pb::AgentAction::Continue,
+                AgentAction::Restart => pb::AgentAction::Restart,
+                AgentAction::Shutdown => pb::AgentAction::Shutdown,
+            } as i32,
+            restart_count,
+            incarnation,
+        }))
+    }
+
+    async fn report_process_exit(&self, req: Request<pb::ProcessExit>) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        self.shared
+            .apply(|ctx, now| {
+                ctx.process_exited(key, incarnation, r.exit_code, r.signal, now)
+                    .map(|e| ((), e))
+            })
+            .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn join_rendezvous(&self, req: Request<pb::JoinRendezvousRequest>) -> Result<Response<pb::JoinRendezvousResponse>, Status> {
+        let (key, incarnation) = process(req.into_inner().process)?;
+        let v = self
+            .shared
+            .apply(|ctx, now| ctx.join_rendezvous(key, incarnation, now).map(|v| (v, vec![])))
+            .await?;
+        let (master_addr, master_port) = v
+            .peers
+            .first()
+            .and_then(|p| p.rsplit_once(':'))
+            .map(|(h, p)| (h.to_string(), p.parse().unwrap_or(0)))
+            .unwrap_or_default();
+        Ok(Response::new(pb::JoinRendezvousResponse {
+            ready: v.ready,
+            round: v.round,
+            rank: v.rank,
+            world_size: v.world_size,
+            master_addr,
+            master_port,
+            peers: v.peers,
+            cluster: v.cluster.map(|c| pb::PsClusterSpec {
+                version: c.version,
+                ps: c.ps_addrs(),
+                worker: c.worker_addrs(),
+            }),
+            waiting_reason: v.waiting_reason,
+            restart_count: v.restart_count,
+            resume_from: v.resume_from.map(|p| p.display().to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn get_workload(&self, req: Request<pb::ProcessRef>) -> Result<Response<pb::WorkloadConfig>, Status> {
+        let (key, _) = process(Some(req.into_inner()))?;
+        let ctx = self.shared.job.lock().await;
+        let b = ctx
+            .spec
+            .workload
+            .builtin
+            .clone()
+            .ok_or_else(|| Status::failed_precondition(format!("{key}: this job runs a command, not the built-in workload")))?;
+        let ps_replicas = ctx.spec.role_plan(RoleName::Ps).map(|p| p.replicas).unwrap_or(0);
+        Ok(Response::new(pb::WorkloadConfig {
+            kind: ctx.spec.kind.to_string(),
+            seed: b.seed,
+            num_samples: ctx.spec.data.num_samples as u64,
+            eval_samples: ctx.spec.data.eval_samples as u64,
+            num_fields: b.num_fields as u32,
+            vocab_per_field: b.vocab_per_field as u64,
+            hash_buckets: b.hash_buckets as u64,
+            batch_size: b.batch_size as u32,
+            learning_rate: b.learning_rate as f32,
+            epochs: ctx.spec.epochs as u32,
+            checkpoint_dir: ctx.spec.checkpoint.dir.display().to_string(),
+            ps_replicas,
+            step_delay_us: b.step_delay_us as u32,
+        }))
+    }
+
+    async fn lease_shard(&self, req: Request<pb::LeaseShardRequest>) -> Result<Response<pb::LeaseShardResponse>, Status> {
+        let (key, incarnation) = process(req.into_inner().process)?;
+        let v = self
+            .shared
+            .apply(|ctx, _| ctx.lease(key, incarnation).map(|v| (v, vec![])))
+            .await?;
+        let (status, shard) = match v.outcome {
+            LeaseOutcome::Granted(s) => (
+                pb::LeaseStatus::Granted,
+                Some(pb::Shard {
+                    id: s.id,
+                    epoch: s.epoch,
+                    start: s.start,
+                    end: s.end,
+                }),
+            ),
+            LeaseOutcome::Wait => (pb::LeaseStatus::Wait, None),
+            LeaseOutcome::EndOfData => (pb::LeaseStatus::EndOfData, None),
+        };
+        Ok(Response::new(pb::LeaseShardResponse {
+            status: status as i32,
+            shard,
+            checkpoint_due: v.checkpoint_due,
+            evaluate: v.evaluate,
+        }))
+    }
+
+    async fn report_shard_done(&self, req: Request<pb::ShardDone>) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        self.shared
+            .apply(|ctx, now| ctx.shard_done(key, incarnation, r.shard_id, now).map(|e| ((), e)))
+            .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn report_metrics(&self, req: Request<pb::TrainingMetrics>) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let m = MetricsRecord {
+            global_step: r.global_step,
+            samples_per_second: r.samples_per_second,
+            loss: r.loss,
+            samples_total: r.samples_total,
+            applied_samples: r.applied_samples,
+            applied_index_sum: r.applied_index_sum,
+        };
+        self.shared
+            .apply(|ctx, now| {
+                ctx.report_metrics(key, incarnation, m, r.final_eval_loss, r.final_model_digest, now)
+                    .map(|e| ((), e))
+            })
+            .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn commit_checkpoint(&self, req: Request<pb::CheckpointCommit>) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        commit_allreduce_checkpoint(&self.shared, key, incarnation, r.step, r.path, r.digest).await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn get_status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        let ctx = self.shared.job.lock().await;
+        let (global_step, samples_per_second, loss) = ctx.progress();
+        Ok(Response::new(pb::JobStatus {
+            phase: ctx.phase.name().to_string(),
+            reason: match &ctx.phase {
+                crate::job::JobPhase::Failed { reason } => reason.clone(),
+                _ => String::new(),
+            },
+            global_step,
+            samples_per_second,
+            loss,
+            epoch: ctx.ledger.current_epoch(),
+            shards_done: ctx.ledger.done_shards(),
+            shards_total: ctx.ledger.total_shards(),
+            processes: ctx
+                .slots
+                .values()
+                .map(|s| pb::ProcessStatus {
+                    role: match s.key.role {
+                        RoleName::Ps => pb::Role::Ps,
+                        RoleName::Worker => pb::Role::Worker,
+                    } as i32,
+                    index: s.key.index,
+                    incarnation: s.incarnation,
+                    state: format!("{:?}", s.phase).to_lowercase(),
+                    restarts: s.restart_count as u32,
+                    sample: s.sample.as_ref().map(|x| pb::ResourceSample {
+                        cpu_millicores: x.cpu_millicores,
+                        rss_bytes: x.rss_bytes,
+                        gpu_present: x.gpu_present,
+                        gpu_utilization_percent: x.gpu_utilization_percent,
+                        gpu_memory_used_bytes: x.gpu_memory_used_bytes,
+                    }),
+                })
+                .collect(),
+            rendezvous_round: ctx.rendezvous.as_ref().map(|r| r.next_round_number()).unwrap_or(0),
+            final_eval_loss: ctx.final_eval_loss,
+        }))
+    }
+}

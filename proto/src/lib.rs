@@ -1,0 +1,45 @@
+//! Wire types of Brain. Every `.proto` file lives under `proto/` in a versioned package
+//! (`brain.jobmaster.v1`, ...); `build.rs` compiles them with protox, so no `protoc` is
+//! needed, and this crate re-exports the generated messages, clients and servers. No logic.
+
+/// The job master's API (agents and training processes) and the built-in parameter server.
+pub mod jobmaster {
+    pub mod v1 {
+        tonic::include_proto!("brain.jobmaster.v1");
+    }
+}
+
+/// The checkpoint manifest (`manifest.json` in a checkpoint directory): the file contract between
+/// the job master, which writes it when a checkpoint commits, and the training processes, which
+/// resume from it. Paths are absolute.
+pub mod checkpoint {
+    use serde::{Deserialize, Serialize};
+
+    pub const MANIFEST_FILE: &str = "manifest.json";
+
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Manifest {
+        pub id: u64,
+        /// `ps` or `allreduce`.
+        pub kind: String,
+        /// Training step (allreduce) or shards done (ps) when it was taken.
+        pub step: u64,
+        /// One partition per parameter server (ps jobs), by PS index.
+        #[serde(default)]
+        pub ps: Vec<Part>,
+        /// The replicated model and optimiser state (allreduce jobs).
+        #[serde(default)]
+        pub model: Option<Part>,
+    }
+
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Part {
+        pub index: u32,
+        pub path: String,
+        /// SHA-256 of the part's contents, hex.
+        pub digest: String,
+        pub keys: u64,
+    }
+}
