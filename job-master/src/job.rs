@@ -23,11 +23,26 @@ use crate::ledger::{Holder, LeaseOutcome, LedgerSnapshot, ShardLedger};
 use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
 use crate::spec::{JobKind, JobSpec, RoleName};
 
-/// A process slot: role and index. Its incarnation changes with every (re)start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// A process slot: role and index. Its incarnation changes with every (re)start. Written as
+/// `worker-3` (also as a JSON map key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
 pub struct SlotKey {
     pub role: RoleName,
     pub index: u32,
+}
+
+impl std::str::FromStr for SlotKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (role, index) = s.rsplit_once('-').ok_or_else(|| format!("{s:?} is not <role>-<index>"))?;
+        let role = match role {
+            "ps" => RoleName::Ps,
+            "worker" => RoleName::Worker,
+            other => return Err(format!("unknown role {other:?}")),
+        };
+        let index = index.parse().map_err(|e| format!("index of {s:?}: {e}"))?;
+        Ok(SlotKey { role, index })
+    }
 }
 
 impl std::fmt::Display for SlotKey {

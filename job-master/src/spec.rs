@@ -308,7 +308,11 @@ impl JobSpec {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner().to_string();
-            SpecError::new(if path == "." { "spec".into() } else { path }, inner)
+            // Map keys that are enums show as `?`; serde_norway's message names them.
+            match inner.split_once(": ") {
+                Some((p, rest)) if path.contains('?') && !p.contains(' ') => SpecError::new(p, rest),
+                _ => SpecError::new(if path == "." { "spec".into() } else { path }, inner),
+            }
         })
     }
 
@@ -573,7 +577,7 @@ checkpoint: { dir: /tmp/brain-spec-test }
         assert!(err(&GOOD.replace("batch_size: 128", "batch_size: 128, lr: 1")).contains("workload.builtin"));
         assert!(err(&GOOD.replace("min: 1, max: 4", "min: 5, max: 4")).contains("roles.worker.min: 5 is greater than max 4"));
         assert!(err(&GOOD.replace("shard_size: 100", "shard_size: -3")).contains("data.shard_size: -3"));
-        assert!(err(&GOOD.replace("cpu: \"500m\"", "cpu: lots")).contains("roles.worker.resources.cpu"));
+        assert!(err(&GOOD.replace("cpu: \"500m\"", "cpu: lots")).contains("roles.worker.resources: cpu quantity \"lots\""));
     }
 
     #[test]

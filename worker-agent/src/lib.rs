@@ -1,0 +1,16 @@
+//! Brain's worker agent and the built-in reference workload.
+//!
+//! * [`agent`] is the supervisor a platform starts for one process slot: it registers with the
+//!   job master, joins the rendezvous, launches the training process with the torchrun
+//!   environment (and TF_CONFIG for ps jobs), forwards SIGTERM with a grace period, reports
+//!   exits and sends heartbeats carrying [`sampler`] readings (procfs; NVML when it loads).
+//! * [`workload`] is the training the agent launches when a job names no command: a
+//!   parameter server, a ps worker and a ring all-reduce worker, all real training of a sparse
+//!   CTR model on the generated data of `datasets::ctr`.
+
+pub mod agent;
+pub mod error;
+pub mod sampler;
+pub mod workload;
+
+pub use error::Error;

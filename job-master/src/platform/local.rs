@@ -88,7 +88,8 @@ impl Platform for LocalPlatform {
             source: e,
         })?;
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
-        cmd.arg("--master")
+        cmd.arg("agent")
+            .arg("--master")
             .arg(format!("http://{}", l.master_addr))
             .arg("--role")
             .arg(l.key.role.to_string())

@@ -1,0 +1,291 @@
+//! The agent: registers with the job master, joins the rendezvous, launches the training process
+//! with the torchrun environment (and TF_CONFIG for ps jobs), supervises it, sends heartbeats
+//! with resource samples, and follows the master's instructions (restart, shut down).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use proto::jobmaster::v1 as pb;
+use tokio::process::{Child, Command};
+
+use crate::error::Error;
+use crate::sampler::{GpuProbe, ProcSampler, sample};
+
+pub type MasterClient = pb::job_master_client::JobMasterClient<tonic::transport::Channel>;
+
+#[derive(Clone, Debug)]
+pub struct AgentArgs {
+    pub master: String,
+    pub role: pb::Role,
+    pub index: u32,
+    pub incarnation: u64,
+    /// Give up when the master has not answered for this long.
+    pub master_timeout: Duration,
+}
+
+/// Connects to the master, retrying until `timeout`.
+pub async fn connect(addr: &str, timeout: Duration) -> Result<MasterClient, Error> {
+    let start = Instant::now();
+    loop {
+        match pb::job_master_client::JobMasterClient::connect(addr.to_string()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if start.elapsed() >= timeout => {
+                return Err(Error::Master {
+                    addr: addr.to_string(),
+                    problem: e.to_string(),
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Reserves a loopback port for the training process's service (PS endpoint, ring endpoint or
+/// torch store), as torchrun does for MASTER_PORT: bind port 0, note the port, release it.
+fn reserve_port() -> Result<String, Error> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Io {
+        path: "127.0.0.1:0".into(),
+        source: e,
+    })?;
+    let addr = l.local_addr().map_err(|e| Error::Io {
+        path: "127.0.0.1:0".into(),
+        source: e,
+    })?;
+    Ok(addr.to_string())
+}
+
+fn role_name(role: pb::Role) -> &'static str {
+    match role {
+        pb::Role::Ps => "ps",
+        _ => "worker",
+    }
+}
+
+/// Stops a training process: SIGTERM, up to `grace`, then SIGKILL.
+async fn stop(child: &mut Child, grace: Duration) {
+    if let Some(pid) = child.id() {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
+
+/// The environment of the training process.
+fn child_env(
+    args: &AgentArgs,
+    reg: &pb::RegisterAgentResponse,
+    join: &pb::JoinRendezvousResponse,
+    incarnation: u64,
+    service_addr: &str,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let role = role_name(args.role);
+    // What torchrun gives a process: this agent is a "node" running one process.
+    env.insert("RANK".into(), join.rank.to_string());
+    env.insert("GROUP_RANK".into(), join.rank.to_string());
+    env.insert("LOCAL_RANK".into(), "0".into());
+    env.insert("LOCAL_WORLD_SIZE".into(), "1".into());
+    env.insert("WORLD_SIZE".into(), join.world_size.to_string());
+    env.insert("MASTER_ADDR".into(), join.master_addr.clone());
+    env.insert("MASTER_PORT".into(), join.master_port.to_string());
+    env.insert("TORCHELASTIC_RESTART_COUNT".into(), join.restart_count.to_string());
+    env.insert("TORCHELASTIC_RUN_ID".into(), reg.run_id.clone());
+    if let Some(c) = &join.cluster {
+        let tf = serde_json::json!({
+            "cluster": { "ps": c.ps, "worker": c.worker },
+            "task": { "type": role, "index": args.index },
+        });
+        env.insert("TF_CONFIG".into(), tf.to_string());
+        env.insert("BRAIN_PS_ADDRS".into(), c.ps.join(","));
+    }
+    env.insert("BRAIN_MASTER_ADDR".into(), args.master.clone());
+    env.insert("BRAIN_ROLE".into(), role.into());
+    env.insert("BRAIN_INDEX".into(), args.index.to_string());
+    env.insert("BRAIN_INCARNATION".into(), incarnation.to_string());
+    env.insert("BRAIN_SERVICE_ADDR".into(), service_addr.into());
+    env.insert("BRAIN_CHECKPOINT_DIR".into(), reg.checkpoint_dir.clone());
+    env.insert("BRAIN_RESUME_FROM".into(), join.resume_from.clone());
+    env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
+    env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
+    for (k, v) in &reg.env {
+        env.insert(k.clone(), v.clone());
+    }
+    env
+}
+
+fn spawn(
+    args: &AgentArgs,
+    reg: &pb::RegisterAgentResponse,
+    env: BTreeMap<String, String>,
+    kind: &str,
+) -> Result<Child, Error> {
+    let mut cmd = if reg.command.is_empty() {
+        let exe = std::env::current_exe().map_err(|e| Error::Spawn {
+            program: "worker-agent".into(),
+            source: e,
+        })?;
+        let mut c = Command::new(exe);
+        let what = match (kind, args.role) {
+            ("ps", pb::Role::Ps) => "ps-server",
+            ("ps", _) => "ps-worker",
+            _ => "allreduce-worker",
+        };
+        c.arg("workload").arg(what);
+        c
+    } else {
+        let mut c = Command::new(&reg.command[0]);
+        c.args(&reg.command[1..]);
+        c
+    };
+    cmd.envs(env).stdin(Stdio::null()).kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let program = reg.command.first().cloned().unwrap_or_else(|| "built-in workload".into());
+    cmd.spawn().map_err(|e| Error::Spawn { program, source: e })
+}
+
+fn exit_parts(status: std::process::ExitStatus) -> (i32, i32) {
+    use std::os::unix::process::ExitStatusExt;
+    (status.code().unwrap_or(-1), status.signal().unwrap_or(0))
+}
+
+/// Runs the agent until the master says the job is over, the master is lost, or `shutdown`.
+/// Returns the exit code the agent process should end with.
+pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<i32, Error> {
+    let mut client = connect(&args.master, args.master_timeout).await?;
+    let service_addr = reserve_port()?;
+    let reg = client
+        .register_agent(pb::RegisterAgentRequest {
+            role: args.role as i32,
+            index: args.index,
+            incarnation: args.incarnation,
+            host: "127.0.0.1".into(),
+            agent_pid: std::process::id(),
+            service_addr: service_addr.clone(),
+        })
+        .await
+        .map_err(|status| Error::Refused {
+            call: "RegisterAgent",
+            status,
+        })?
+        .into_inner();
+    let gpu = GpuProbe::new();
+    let grace = Duration::from_millis(reg.grace_period_ms as u64);
+    let mut incarnation = reg.incarnation;
+    let me = |inc: u64| pb::ProcessRef {
+        role: args.role as i32,
+        index: args.index,
+        incarnation: inc,
+    };
+    tracing::info!(role = role_name(args.role), index = args.index, incarnation, agent = reg.agent_id, "registered");
+
+    let mut child: Option<(Child, ProcSampler)> = None;
+    let mut need_join = true;
+    let mut last_ok = Instant::now();
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(reg.heartbeat_interval_ms.max(10) as u64));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        if need_join && child.is_none() {
+            match client
+                .join_rendezvous(pb::JoinRendezvousRequest {
+                    process: Some(me(incarnation)),
+                })
+                .await
+            {
+                Ok(r) => {
+                    last_ok = Instant::now();
+                    let r = r.into_inner();
+                    if r.ready {
+                        let env = child_env(&args, &reg, &r, incarnation, &service_addr);
+                        let c = spawn(&args, &reg, env, &reg.job_kind)?;
+                        let pid = c.id().unwrap_or(0);
+                        tracing::info!(incarnation, pid, round = r.round, rank = r.rank, world = r.world_size, "training process started");
+                        child = Some((c, ProcSampler::new(pid)));
+                        need_join = false;
+                    }
+                }
+                Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                    // Our incarnation is old: the next heartbeat tells us the new one.
+                }
+                Err(status) => tracing::warn!("rendezvous: {status}"),
+            }
+        }
+        let wait_child = async {
+            match child.as_mut() {
+                Some((c, _)) => c.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            status = wait_child => {
+                let (exit_code, signal) = status.map(exit_parts).unwrap_or((-1, 0));
+                tracing::info!(incarnation, exit_code, signal, "training process exited");
+                child = None;
+                let report = client.report_process_exit(pb::ProcessExit { process: Some(me(incarnation)), exit_code, signal }).await;
+                if let Err(s) = report {
+                    tracing::warn!("cannot report the exit: {s}");
+                }
+            }
+            _ = heartbeat.tick() => {
+                let s = child.as_mut().and_then(|(c, ps)| c.id().and_then(|pid| sample(ps, &gpu, pid)));
+                match client.heartbeat(pb::HeartbeatRequest {
+                    process: Some(me(incarnation)),
+                    agent_id: reg.agent_id,
+                    process_running: child.is_some(),
+                    sample: s,
+                }).await {
+                    Ok(r) => {
+                        last_ok = Instant::now();
+                        let r = r.into_inner();
+                        match pb::AgentAction::try_from(r.action).unwrap_or(pb::AgentAction::Continue) {
+                            pb::AgentAction::Restart => {
+                                if let Some((mut c, _)) = child.take() {
+                                    tracing::info!(from = incarnation, to = r.incarnation, "restarting the training process");
+                                    stop(&mut c, grace).await;
+                                }
+                                incarnation = r.incarnation;
+                                need_join = true;
+                            }
+                            pb::AgentAction::Shutdown => {
+                                if let Some((mut c, _)) = child.take() {
+                                    stop(&mut c, grace).await;
+                                }
+                                tracing::info!("the job master says the job is over");
+                                return Ok(0);
+                            }
+                            _ => {}
+                        }
+                    }
+                    Err(status) => {
+                        tracing::warn!("heartbeat failed: {status}");
+                        if last_ok.elapsed() > args.master_timeout {
+                            if let Some((mut c, _)) = child.take() {
+                                stop(&mut c, grace).await;
+                            }
+                            return Err(Error::Master { addr: args.master.clone(), problem: format!("no answer for {:?}", args.master_timeout) });
+                        }
+                    }
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(100)), if need_join => {}
+            _ = &mut shutdown => {
+                if let Some((mut c, _)) = child.take() {
+                    stop(&mut c, grace).await;
+                }
+                return Ok(0);
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! A worker of an allreduce job: synchronous data-parallel SGD on a full model replica.
+//!
+//! Every step each rank computes the summed gradient of its local batch (the global batch split
+//! over the world; a rank with no shard contributes nothing), all-reduces a small header
+//! (samples, ended, waiting-for-checkpoint, loss, index sum) and then the gradient, and applies
+//! the mean. All ranks therefore hold the same model after every step. A shard is reported done
+//! only after the step that applied its last samples. When the master drains for a checkpoint
+//! and every rank is idle, rank 0 saves the model and commits it; when every rank has reached
+//! the end of the data, the loop ends and the designated rank evaluates the final model.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use proto::jobmaster::v1 as pb;
+
+use super::model::{DenseModel, index_sum};
+use super::ring::Ring;
+use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
+use crate::error::Error;
+
+/// This rank's share of the global batch: split evenly, the remainder to the lowest ranks.
+pub fn local_batch(global: u64, world: u32, rank: u32) -> u64 {
+    let w = world.max(1) as u64;
+    global / w + u64::from((rank as u64) < global % w)
+}
+
+/// Loads the model a manifest names, or a fresh one.
+pub fn initial_model(env: &ProcessEnv, buckets: u64) -> Result<DenseModel, Error> {
+    match env.manifest()? {
+        Some(m) => {
+            let part = m.model.ok_or_else(|| Error::Checkpoint {
+                path: env.resume_from.clone().unwrap_or_default(),
+                problem: "has no model".into(),
+            })?;
+            let model = DenseModel::load(&PathBuf::from(&part.path), Some(&part.digest))?;
+            tracing::info!(checkpoint = m.id, step = model.step, "model restored");
+            Ok(model)
+        }
+        None => Ok(DenseModel::new(buckets)),
+    }
+}
+
+pub async fn run(env: ProcessEnv) -> Result<(), Error> {
+    let mut master = MasterLink::connect(&env).await?;
+    let cfg = master.workload().await?;
+    let data = generator(&cfg)?;
+    let listener = super::ps_server::bind_retry(&env.service_addr).await?;
+    let mut ring = Ring::connect(env.rank, &env.ring_peers, env.round, &listener, Duration::from_secs(60)).await?;
+    let mut model = initial_model(&env, cfg.hash_buckets)?;
+    let my_batch = local_batch(cfg.batch_size as u64, ring.world(), ring.rank());
+    let mut progress = Progress::new(model.step);
+    let mut grad = vec![0.0f32; model.weights.len()];
+    let mut shard: Option<(pb::Shard, u64)> = None;
+    let mut ended = false;
+    let mut evaluate = false;
+    tracing::info!(rank = ring.rank(), world = ring.world(), batch = my_batch, "ring formed");
+    loop {
+        let mut waiting_for_checkpoint = false;
+        if shard.is_none() && !ended {
+            let lease = master.lease().await?;
+            match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
+                pb::LeaseStatus::Granted => {
+                    let s = lease.shard.ok_or_else(|| Error::InvalidRequest("a granted lease without a shard".into()))?;
+                    let start = s.start;
+                    shard = Some((s, start));
+                }
+                pb::LeaseStatus::Wait => waiting_for_checkpoint = lease.checkpoint_due,
+                _ => {
+                    ended = true;
+                    evaluate = lease.evaluate;
+                }
+            }
+        }
+        // Local batch.
+        let (n, loss, isum, epoch_start) = match &shard {
+            Some((s, pos)) => {
+                let n = my_batch.min(s.end - pos);
+                let samples: Vec<_> = (*pos..pos + n).map(|i| data.sample(i)).collect();
+                let loss = model.accumulate(&samples, &mut grad);
+                (n, loss, index_sum(*pos, n), *pos)
+            }
+            None => (0, 0.0, 0, 0),
+        };
+        let _ = epoch_start;
+        simulated_compute(&cfg, n).await;
+        let mut header = [n as f64, ended as u8 as f64, waiting_for_checkpoint as u8 as f64, loss, isum as f64];
+        ring.allreduce_sum(&mut header).await?;
+        let total = header[0] as u64;
+        let world = ring.world() as f64;
+        if total > 0 {
+            ring.allreduce_sum(&mut grad).await?;
+            model.apply(&grad, total, cfg.learning_rate);
+            model.applied_samples += total;
+            model.applied_index_sum += header[4] as u64;
+            grad.iter_mut().for_each(|g| *g = 0.0);
+            progress.record(total, header[3]);
+        }
+        if let Some((s, pos)) = shard.as_mut() {
+            *pos += n;
+            if *pos >= s.end {
+                master.done(s).await?;
+                shard = None;
+            }
+        }
+        if let Some(mut m) = progress.due() {
+            m.applied_samples = model.applied_samples;
+            m.applied_index_sum = model.applied_index_sum;
+            master.metrics(m).await?;
+        }
+        if total == 0 {
+            if header[1] == world {
+                break;
+            }
+            if header[2] == world {
+                if ring.rank() == 0 {
+                    let dir = PathBuf::from(&cfg.checkpoint_dir).join(format!("ar-r{:04}-s{:08}", env.round, model.step));
+                    let path = dir.join("model.bin");
+                    let m = model.clone();
+                    let p = path.clone();
+                    let digest = tokio::task::spawn_blocking(move || m.save(&p))
+                        .await
+                        .map_err(|e| Error::InvalidRequest(e.to_string()))??;
+                    master.commit(model.step, path.display().to_string(), digest).await?;
+                }
+            } else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    let mut m = progress.due().unwrap_or_default();
+    m.global_step = model.step;
+    m.samples_total = progress.samples;
+    m.loss = progress.loss_ema.unwrap_or(0.0);
+    m.applied_samples = model.applied_samples;
+    m.applied_index_sum = model.applied_index_sum;
+    if evaluate {
+        let loss = super::model::eval_loss(&data, cfg.num_samples..cfg.num_samples + cfg.eval_samples, |k| model.weight(k));
+        tracing::info!(loss, "final held-out log-loss");
+        m.final_eval_loss = Some(loss);
+        m.final_model_digest = Some(model.digest());
+    }
+    master.metrics(m).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_batches_add_up_to_the_global_batch() {
+        for world in 1..9 {
+            let total: u64 = (0..world).map(|r| local_batch(256, world, r)).sum();
+            assert_eq!(total, 256);
+        }
+        assert_eq!(local_batch(10, 4, 0), 3);
+        assert_eq!(local_batch(10, 4, 3), 2);
+    }
+}

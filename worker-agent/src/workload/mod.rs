@@ -1,0 +1,257 @@
+//! The built-in reference workload: real training of a sparse CTR model (logistic regression
+//! over hashed features, Adagrad) on the deterministic data of `datasets::ctr`.
+//!
+//! * [`ps_server`] holds one partition of the model (keys `k` with `k % num_ps == index`).
+//! * [`ps_worker`] leases shards, pulls, computes gradients, pushes (asynchronous SGD).
+//! * [`allreduce_worker`] keeps a full replica and averages gradients with [`ring`] all-reduce.
+//! * [`reference`] trains the same model in one process, the yardstick for the distributed runs.
+//! * [`model`] is the shared math and the checkpoint file formats.
+//!
+//! A training process learns who it is from the environment its agent set (`BRAIN_*`, the
+//! torchrun variables, TF_CONFIG) and talks to the job master through [`MasterLink`].
+
+pub mod allreduce_worker;
+pub mod model;
+pub mod ps_server;
+pub mod ps_worker;
+pub mod reference;
+pub mod ring;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use proto::checkpoint::Manifest;
+use proto::jobmaster::v1 as pb;
+
+use crate::agent::{MasterClient, connect};
+use crate::error::Error;
+
+/// Who this training process is, from its environment.
+#[derive(Clone, Debug)]
+pub struct ProcessEnv {
+    pub master: String,
+    pub role: pb::Role,
+    pub index: u32,
+    pub incarnation: u64,
+    pub service_addr: String,
+    pub resume_from: Option<PathBuf>,
+    pub rank: u32,
+    pub world_size: u32,
+    pub ring_peers: Vec<String>,
+    pub round: u64,
+    pub ps_addrs: Vec<String>,
+}
+
+fn var(name: &'static str) -> Result<String, Error> {
+    std::env::var(name).map_err(|e| Error::Env {
+        name,
+        problem: e.to_string(),
+    })
+}
+
+fn parse<T: std::str::FromStr>(name: &'static str) -> Result<T, Error>
+where
+    T::Err: std::fmt::Display,
+{
+    var(name)?.parse().map_err(|e: T::Err| Error::Env {
+        name,
+        problem: e.to_string(),
+    })
+}
+
+fn list(name: &'static str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl ProcessEnv {
+    pub fn from_env() -> Result<Self, Error> {
+        let role = match var("BRAIN_ROLE")?.as_str() {
+            "ps" => pb::Role::Ps,
+            "worker" => pb::Role::Worker,
+            other => {
+                return Err(Error::Env {
+                    name: "BRAIN_ROLE",
+                    problem: format!("{other:?} is not ps or worker"),
+                });
+            }
+        };
+        let resume = std::env::var("BRAIN_RESUME_FROM").unwrap_or_default();
+        Ok(Self {
+            master: var("BRAIN_MASTER_ADDR")?,
+            role,
+            index: parse("BRAIN_INDEX")?,
+            incarnation: parse("BRAIN_INCARNATION")?,
+            service_addr: var("BRAIN_SERVICE_ADDR")?,
+            resume_from: (!resume.is_empty()).then(|| PathBuf::from(resume)),
+            rank: parse("RANK")?,
+            world_size: parse("WORLD_SIZE")?,
+            ring_peers: list("BRAIN_RING_PEERS"),
+            round: parse("BRAIN_RENDEZVOUS_ROUND").unwrap_or(0),
+            ps_addrs: list("BRAIN_PS_ADDRS"),
+        })
+    }
+
+    pub fn me(&self) -> pb::ProcessRef {
+        pb::ProcessRef {
+            role: self.role as i32,
+            index: self.index,
+            incarnation: self.incarnation,
+        }
+    }
+
+    /// The checkpoint manifest to resume from, if any.
+    pub fn manifest(&self) -> Result<Option<Manifest>, Error> {
+        let Some(path) = &self.resume_from else { return Ok(None) };
+        let bytes = std::fs::read(path).map_err(|e| Error::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| Error::Checkpoint {
+            path: path.clone(),
+            problem: e.to_string(),
+        })
+    }
+}
+
+/// The training process's calls to the job master.
+pub struct MasterLink {
+    client: MasterClient,
+    me: pb::ProcessRef,
+}
+
+fn refused(call: &'static str) -> impl Fn(tonic::Status) -> Error {
+    move |status| Error::Refused { call, status }
+}
+
+impl MasterLink {
+    pub async fn connect(env: &ProcessEnv) -> Result<Self, Error> {
+        Ok(Self {
+            client: connect(&env.master, Duration::from_secs(30)).await?,
+            me: env.me(),
+        })
+    }
+
+    pub async fn workload(&mut self) -> Result<pb::WorkloadConfig, Error> {
+        Ok(self.client.get_workload(self.me).await.map_err(refused("GetWorkload"))?.into_inner())
+    }
+
+    pub async fn lease(&mut self) -> Result<pb::LeaseShardResponse, Error> {
+        Ok(self
+            .client
+            .lease_shard(pb::LeaseShardRequest { process: Some(self.me) })
+            .await
+            .map_err(refused("LeaseShard"))?
+            .into_inner())
+    }
+
+    pub async fn done(&mut self, shard: &pb::Shard) -> Result<(), Error> {
+        self.client
+            .report_shard_done(pb::ShardDone {
+                process: Some(self.me),
+                shard_id: shard.id,
+                epoch: shard.epoch,
+                samples: shard.end - shard.start,
+            })
+            .await
+            .map_err(refused("ReportShardDone"))?;
+        Ok(())
+    }
+
+    pub async fn metrics(&mut self, mut m: pb::TrainingMetrics) -> Result<(), Error> {
+        m.process = Some(self.me);
+        self.client.report_metrics(m).await.map_err(refused("ReportMetrics"))?;
+        Ok(())
+    }
+
+    pub async fn commit(&mut self, step: u64, path: String, digest: String) -> Result<(), Error> {
+        self.client
+            .commit_checkpoint(pb::CheckpointCommit {
+                process: Some(self.me),
+                step,
+                path,
+                digest,
+            })
+            .await
+            .map_err(refused("CommitCheckpoint"))?;
+        Ok(())
+    }
+}
+
+/// Tracks throughput and loss and says when a metrics report is due (the first step, then once
+/// a second).
+pub struct Progress {
+    started: Instant,
+    last_report: Option<Instant>,
+    samples_at_last: u64,
+    pub step: u64,
+    pub samples: u64,
+    pub loss_ema: Option<f64>,
+}
+
+impl Progress {
+    pub fn new(step: u64) -> Self {
+        Self {
+            started: Instant::now(),
+            last_report: None,
+            samples_at_last: 0,
+            step,
+            samples: 0,
+            loss_ema: None,
+        }
+    }
+
+    pub fn record(&mut self, samples: u64, loss_sum: f64) {
+        self.step += 1;
+        self.samples += samples;
+        if samples > 0 {
+            let l = loss_sum / samples as f64;
+            self.loss_ema = Some(self.loss_ema.map_or(l, |e| 0.95 * e + 0.05 * l));
+        }
+    }
+
+    /// A metrics message if one is due now.
+    pub fn due(&mut self) -> Option<pb::TrainingMetrics> {
+        let now = Instant::now();
+        let since = self.last_report.unwrap_or(self.started);
+        if self.last_report.is_some() && now.duration_since(since) < Duration::from_secs(1) {
+            return None;
+        }
+        if self.samples == 0 {
+            return None;
+        }
+        let secs = now.duration_since(since).as_secs_f64().max(1e-3);
+        let sps = (self.samples - self.samples_at_last) as f64 / secs;
+        self.last_report = Some(now);
+        self.samples_at_last = self.samples;
+        Some(pb::TrainingMetrics {
+            global_step: self.step,
+            samples_per_second: sps,
+            loss: self.loss_ema.unwrap_or(0.0),
+            samples_total: self.samples,
+            ..Default::default()
+        })
+    }
+}
+
+/// Sleeps the artificial per-sample compute time of the workload config.
+pub async fn simulated_compute(cfg: &pb::WorkloadConfig, samples: u64) {
+    if cfg.step_delay_us > 0 && samples > 0 {
+        tokio::time::sleep(Duration::from_micros(cfg.step_delay_us as u64 * samples)).await;
+    }
+}
+
+/// The data generator a workload config describes.
+pub fn generator(cfg: &pb::WorkloadConfig) -> Result<datasets::CtrGenerator, Error> {
+    datasets::CtrGenerator::new(datasets::CtrSpec {
+        seed: cfg.seed,
+        num_fields: cfg.num_fields,
+        vocab_per_field: cfg.vocab_per_field,
+        hash_buckets: cfg.hash_buckets,
+    })
+    .map_err(|e| Error::InvalidRequest(e.to_string()))
+}

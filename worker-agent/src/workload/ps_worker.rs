@@ -1,0 +1,176 @@
+//! A worker of a ps job: lease a shard, then per batch pull the weights of the batch's keys from
+//! their parameter servers, compute the gradient, push it (asynchronous SGD); report the shard
+//! done once every batch of it is pushed. The worker the master picks evaluates the final model
+//! on the held-out set.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use proto::jobmaster::v1 as pb;
+use tonic::transport::Channel;
+
+use super::model::{batch_gradient, eval_loss};
+use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
+use crate::error::Error;
+
+type PsClient = pb::parameter_server_client::ParameterServerClient<Channel>;
+
+/// Clients of every parameter server, in PS index order.
+pub struct PsSet {
+    clients: Vec<PsClient>,
+    addrs: Vec<String>,
+}
+
+impl PsSet {
+    pub async fn connect(addrs: &[String], timeout: Duration) -> Result<Self, Error> {
+        let start = Instant::now();
+        let mut clients = Vec::new();
+        for addr in addrs {
+            loop {
+                match PsClient::connect(format!("http://{addr}")).await {
+                    Ok(c) => {
+                        clients.push(c.max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20));
+                        break;
+                    }
+                    Err(e) if start.elapsed() > timeout => {
+                        return Err(Error::Ps {
+                            addr: addr.clone(),
+                            problem: e.to_string(),
+                        });
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        Ok(Self {
+            clients,
+            addrs: addrs.to_vec(),
+        })
+    }
+
+    fn owner(&self, key: u64) -> usize {
+        (key % self.clients.len() as u64) as usize
+    }
+
+    fn ps_err(&self, i: usize) -> impl Fn(tonic::Status) -> Error + '_ {
+        move |s| Error::Ps {
+            addr: self.addrs[i].clone(),
+            problem: s.message().to_string(),
+        }
+    }
+
+    /// Weights of `keys` (deduplicated) from their owners.
+    pub async fn pull(&mut self, keys: impl IntoIterator<Item = u64>) -> Result<BTreeMap<u64, f32>, Error> {
+        let mut by_ps: Vec<Vec<u64>> = vec![Vec::new(); self.clients.len()];
+        for k in keys {
+            by_ps[self.owner(k)].push(k);
+        }
+        let mut out = BTreeMap::new();
+        for (i, mut keys) in by_ps.into_iter().enumerate() {
+            keys.sort_unstable();
+            keys.dedup();
+            if keys.is_empty() {
+                continue;
+            }
+            let mut client = self.clients[i].clone();
+            let r = client
+                .pull(pb::PullRequest { keys: keys.clone() })
+                .await
+                .map_err(self.ps_err(i))?
+                .into_inner();
+            out.extend(keys.into_iter().zip(r.values));
+        }
+        Ok(out)
+    }
+
+    /// Pushes the gradients of batch `(epoch, start)` to every PS (an empty push still records
+    /// the batch as applied there). Returns how many PS saw it as a duplicate.
+    pub async fn push(&mut self, grads: &BTreeMap<u64, f32>, epoch: u32, start: u64, n: u32) -> Result<usize, Error> {
+        let mut by_ps: Vec<(Vec<u64>, Vec<f32>)> = vec![Default::default(); self.clients.len()];
+        for (&k, &g) in grads {
+            let (ks, gs) = &mut by_ps[self.owner(k)];
+            ks.push(k);
+            gs.push(g);
+        }
+        let mut dups = 0;
+        for (i, (keys, grads)) in by_ps.into_iter().enumerate() {
+            let mut client = self.clients[i].clone();
+            let r = client
+                .push(pb::PushRequest {
+                    keys,
+                    grads,
+                    epoch,
+                    batch_start: start,
+                    batch_samples: n,
+                })
+                .await
+                .map_err(self.ps_err(i))?
+                .into_inner();
+            dups += r.duplicate as usize;
+        }
+        Ok(dups)
+    }
+}
+
+pub async fn run(env: ProcessEnv) -> Result<(), Error> {
+    let mut master = MasterLink::connect(&env).await?;
+    let cfg = master.workload().await?;
+    let data = generator(&cfg)?;
+    let mut ps = PsSet::connect(&env.ps_addrs, Duration::from_secs(60)).await?;
+    let mut progress = Progress::new(0);
+    let batch = cfg.batch_size.max(1) as u64;
+    loop {
+        let lease = master.lease().await?;
+        match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
+            pb::LeaseStatus::Granted => {
+                let shard = lease.shard.ok_or_else(|| Error::InvalidRequest("a granted lease without a shard".into()))?;
+                let mut start = shard.start;
+                while start < shard.end {
+                    let n = batch.min(shard.end - start);
+                    let samples: Vec<_> = (start..start + n).map(|i| data.sample(i)).collect();
+                    let weights = ps.pull(samples.iter().flat_map(|s| s.keys.iter().copied())).await?;
+                    let (mut grads, loss) = batch_gradient(&samples, |k| weights.get(&k).copied().unwrap_or(0.0));
+                    for g in grads.values_mut() {
+                        *g /= n as f32;
+                    }
+                    let grads: BTreeMap<u64, f32> = grads.into_iter().collect();
+                    simulated_compute(&cfg, n).await;
+                    ps.push(&grads, shard.epoch, start, n as u32).await?;
+                    progress.record(n, loss);
+                    if let Some(m) = progress.due() {
+                        master.metrics(m).await?;
+                    }
+                    start += n;
+                }
+                master.done(&shard).await?;
+            }
+            pb::LeaseStatus::Wait => tokio::time::sleep(Duration::from_millis(20)).await,
+            _ => {
+                if lease.evaluate {
+                    let range = cfg.num_samples..cfg.num_samples + cfg.eval_samples;
+                    let mut loss_sum = 0.0;
+                    let chunk = 4096;
+                    let mut at = range.start;
+                    while at < range.end {
+                        let end = (at + chunk).min(range.end);
+                        let keys: Vec<u64> = (at..end).flat_map(|i| data.sample(i).keys).collect();
+                        let w = ps.pull(keys).await?;
+                        loss_sum += eval_loss(&data, at..end, |k| w.get(&k).copied().unwrap_or(0.0)) * (end - at) as f64;
+                        at = end;
+                    }
+                    let loss = loss_sum / (range.end - range.start).max(1) as f64;
+                    tracing::info!(loss, "final held-out log-loss");
+                    let mut m = progress.due().unwrap_or_default();
+                    m.global_step = progress.step;
+                    m.samples_total = progress.samples;
+                    m.loss = progress.loss_ema.unwrap_or(0.0);
+                    m.final_eval_loss = Some(loss);
+                    master.metrics(m).await?;
+                } else if let Some(m) = progress.due() {
+                    master.metrics(m).await?;
+                }
+                return Ok(());
+            }
+        }
+    }
+}
