@@ -83,6 +83,9 @@ pub struct Slot {
     pub service_addr: Option<String>,
     pub host: String,
     pub sample: Option<Sample>,
+    /// pid of the training process as the agent last reported it.
+    #[serde(default)]
+    pub process_pid: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -239,6 +242,7 @@ impl JobContext {
                         service_addr: None,
                         host: String::new(),
                         sample: None,
+                        process_pid: 0,
                     },
                 );
                 effects.push(Effect::LaunchAgent { key, incarnation: 1 });
@@ -372,6 +376,7 @@ impl JobContext {
         agent_id: u64,
         incarnation: u64,
         sample: Option<Sample>,
+        process_pid: u32,
         now_ms: u64,
     ) -> Result<(AgentAction, u64, u64), Error> {
         let terminal = self.phase.is_terminal();
@@ -383,6 +388,7 @@ impl JobContext {
             return Ok((AgentAction::Shutdown, slot.incarnation, slot.restart_count));
         }
         slot.last_heartbeat_ms = now_ms;
+        slot.process_pid = process_pid;
         if sample.is_some() {
             slot.sample = sample;
         }

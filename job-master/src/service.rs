@@ -87,7 +87,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (action, incarnation, restart_count) = self
             .shared
             .apply(|ctx, now| {
-                ctx.heartbeat(key, r.agent_id, incarnation, r.sample.map(sample), now)
+                ctx.heartbeat(key, r.agent_id, incarnation, r.sample.map(sample), r.process_pid, now)
                     .map(|v| (v, vec![]))
             })
             .await?;
@@ -269,10 +269,12 @@ impl pb::job_master_server::JobMaster for MasterService {
                         gpu_utilization_percent: x.gpu_utilization_percent,
                         gpu_memory_used_bytes: x.gpu_memory_used_bytes,
                     }),
+                    pid: s.process_pid,
                 })
                 .collect(),
             rendezvous_round: ctx.rendezvous.as_ref().map(|r| r.next_round_number()).unwrap_or(0),
             final_eval_loss: ctx.final_eval_loss,
+            checkpoints: ctx.checkpoints.len() as u32,
         }))
     }
 }

@@ -245,6 +245,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                     agent_id: reg.agent_id,
                     process_running: child.is_some(),
                     sample: s,
+                    process_pid: child.as_ref().and_then(|(c, _)| c.id()).unwrap_or(0),
                 }).await {
                     Ok(r) => {
                         last_ok = Instant::now();

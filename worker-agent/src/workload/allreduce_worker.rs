@@ -72,16 +72,15 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             }
         }
         // Local batch.
-        let (n, loss, isum, epoch_start) = match &shard {
+        let (n, loss, isum) = match &shard {
             Some((s, pos)) => {
                 let n = my_batch.min(s.end - pos);
                 let samples: Vec<_> = (*pos..pos + n).map(|i| data.sample(i)).collect();
                 let loss = model.accumulate(&samples, &mut grad);
-                (n, loss, index_sum(*pos, n), *pos)
+                (n, loss, index_sum(*pos, n))
             }
-            None => (0, 0.0, 0, 0),
+            None => (0, 0.0, 0),
         };
-        let _ = epoch_start;
         simulated_compute(&cfg, n).await;
         let mut header = [n as f64, ended as u8 as f64, waiting_for_checkpoint as u8 as f64, loss, isum as f64];
         ring.allreduce_sum(&mut header).await?;
@@ -93,7 +92,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             model.applied_samples += total;
             model.applied_index_sum += header[4] as u64;
             grad.iter_mut().for_each(|g| *g = 0.0);
-            progress.record(total, header[3]);
+            // Throughput counts this rank's samples; the loss is the global batch's mean.
+            progress.record(n, header[3] * n as f64 / total as f64);
         }
         if let Some((s, pos)) = shard.as_mut() {
             *pos += n;

@@ -1,0 +1,190 @@
+//! Helpers for the multi-process tests: start a real job master on port 0 with real worker
+//! agents (the `worker-agent` binary), watch it over gRPC, kill processes, and check that none
+//! is left behind.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use job_master::job::Timing;
+use job_master::platform::PlatformConfig;
+use job_master::spec::JobSpec;
+use job_master::{JobReport, MasterConfig};
+use proto::jobmaster::v1 as pb;
+
+/// The worker-agent binary cargo built beside ours; built on demand when a single package is
+/// tested.
+pub fn agent_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_job-master")).with_file_name("worker-agent");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let ok = std::process::Command::new(cargo)
+            .args(["build", "-p", "worker-agent", "--bin", "worker-agent"])
+            .status()
+            .expect("cargo runs");
+        assert!(ok.success(), "cannot build worker-agent");
+    }
+    bin
+}
+
+pub fn job_master_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_job-master"))
+}
+
+/// A spec for the built-in workload; `kind` is `ps` or `allreduce`.
+#[allow(clippy::too_many_arguments)]
+pub fn builtin_spec(
+    dir: &Path,
+    name: &str,
+    kind: &str,
+    ps: u32,
+    workers: u32,
+    samples: u64,
+    epochs: u32,
+    step_delay_us: u64,
+    every_shards: u64,
+) -> JobSpec {
+    let ps_role = if ps > 0 {
+        format!("  ps: {{ replicas: {ps}, max_restarts: 3 }}\n")
+    } else {
+        String::new()
+    };
+    let yaml = format!(
+        r#"
+name: {name}
+kind: {kind}
+roles:
+{ps_role}  worker: {{ replicas: {workers}, min: 1, max: 8, max_restarts: 3 }}
+workload:
+  builtin: {{ seed: 11, num_fields: 8, vocab_per_field: 500, hash_buckets: 16384, batch_size: 128, learning_rate: 0.1, step_delay_us: {step_delay_us} }}
+data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 10000 }}
+epochs: {epochs}
+checkpoint: {{ dir: {ckpt}, every_shards: {every_shards} }}
+"#,
+        ckpt = dir.join("checkpoints").display()
+    );
+    let spec = JobSpec::from_yaml(&yaml).expect("test spec parses");
+    spec.validate().expect("test spec is valid");
+    spec
+}
+
+/// The workload config the job's processes get, for the single-process reference run.
+pub fn workload_of(spec: &JobSpec) -> pb::WorkloadConfig {
+    let b = spec.workload.builtin.clone().unwrap();
+    pb::WorkloadConfig {
+        kind: spec.kind.to_string(),
+        seed: b.seed,
+        num_samples: spec.data.num_samples as u64,
+        eval_samples: spec.data.eval_samples as u64,
+        num_fields: b.num_fields as u32,
+        vocab_per_field: b.vocab_per_field as u64,
+        hash_buckets: b.hash_buckets as u64,
+        batch_size: b.batch_size as u32,
+        learning_rate: b.learning_rate as f32,
+        epochs: spec.epochs as u32,
+        ..Default::default()
+    }
+}
+
+pub struct Running {
+    pub addr: SocketAddr,
+    pub handle: tokio::task::JoinHandle<Result<JobReport, job_master::Error>>,
+    pub run_dir: PathBuf,
+}
+
+pub async fn start(spec: JobSpec, dir: &Path) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let run_dir = dir.join("run");
+    let config = MasterConfig {
+        spec,
+        run_dir: run_dir.clone(),
+        timing: Timing {
+            heartbeat_interval_ms: 200,
+            heartbeat_timeout_ms: 10_000,
+            last_call_ms: 1_000,
+            grace_period_ms: 2_000,
+        },
+        platform: PlatformConfig::Local {
+            agent_bin: Some(agent_bin()),
+        },
+    };
+    let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
+    Running { addr, handle, run_dir }
+}
+
+pub async fn status(addr: SocketAddr) -> Option<pb::JobStatus> {
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await.ok()?;
+    Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
+}
+
+/// Polls the status until `pred` holds; panics after `timeout`.
+pub async fn wait_for(addr: SocketAddr, timeout: Duration, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = status(addr).await {
+            if pred(&s) {
+                return s;
+            }
+            assert!(s.phase != "failed", "job failed while waiting for {what}: {}", s.reason);
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// pid of the training process of `role`/`index`, once it runs.
+pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
+    let s = wait_for(addr, Duration::from_secs(30), "a training process pid", |s| {
+        s.processes.iter().any(|p| p.role == role as i32 && p.index == index && p.pid != 0)
+    })
+    .await;
+    s.processes
+        .iter()
+        .find(|p| p.role == role as i32 && p.index == index)
+        .unwrap()
+        .pid
+}
+
+pub fn kill9(pid: u32) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+}
+
+/// Processes whose command line or environment names the master at `addr`: its agents and
+/// their training processes.
+pub fn processes_of(addr: SocketAddr) -> Vec<u32> {
+    let needle = format!("http://{addr}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let read = |f: &str| std::fs::read(entry.path().join(f)).unwrap_or_default();
+        let hit = |b: Vec<u8>| b.split(|&c| c == 0).any(|part| String::from_utf8_lossy(part).contains(&needle));
+        if hit(read("cmdline")) || hit(read("environ")) {
+            // A zombie already reaped by nobody yet is not "alive".
+            let stat = String::from_utf8_lossy(&read("stat")).to_string();
+            if !stat.contains(") Z ") {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Waits briefly for every process of the job to be gone.
+pub async fn assert_no_process_left(addr: SocketAddr) {
+    let start = Instant::now();
+    loop {
+        let left = processes_of(addr);
+        if left.is_empty() {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "processes left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads the persisted job context.
+pub fn context(run_dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run_dir.join("job-context.json")).unwrap()).unwrap()
+}

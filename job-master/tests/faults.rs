@@ -1,0 +1,124 @@
+//! kill -9 in the middle of work: the job finishes and nothing is lost or done twice.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use job_master::spec::RoleName;
+use proto::jobmaster::v1 as pb;
+
+const N: u64 = 40_000;
+
+fn index_sum_per_epoch() -> u64 {
+    N * (N - 1) / 2
+}
+
+/// A ps job's worker dies mid-epoch: only it is relaunched; its shard goes back to the queue;
+/// the PS ignore the batches of that shard it had already pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_ps_worker_mid_epoch_relaunches_it_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "kill-worker", "ps", 2, 3, N, 2, 150, 10);
+    let run = start(spec, dir.path()).await;
+    wait_for(run.addr, Duration::from_secs(60), "a few shards done", |s| s.shards_done >= 8).await;
+    let victim = pid_of(run.addr, pb::Role::Worker, 1).await;
+    kill9(victim);
+    let report = run.handle.await.unwrap().unwrap();
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.exactly_once, "ok");
+    assert!(report.samples_per_epoch.values().all(|&s| s == N));
+    for ps in &report.ps_stats {
+        assert_eq!(ps.applied_samples, 2 * N, "ps {}: {ps:?}", ps.index);
+        assert_eq!(ps.applied_index_sum, 2 * index_sum_per_epoch());
+    }
+    assert!(report.events.iter().any(|e| e.contains("worker-1 failed (killed by signal 9)")), "{:#?}", report.events);
+    assert_no_process_left(run.addr).await;
+}
+
+/// An allreduce job's worker dies mid-epoch: the ring is broken, so the group re-forms in a new
+/// rendezvous round from the latest checkpoint and the ledger rolls back to its data position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "kill-ring", "allreduce", 0, 3, N, 2, 150, 8);
+    let run = start(spec, dir.path()).await;
+    wait_for(run.addr, Duration::from_secs(60), "a checkpoint and more shards", |s| {
+        s.checkpoints >= 1 && s.shards_done >= 12
+    })
+    .await;
+    let victim = pid_of(run.addr, pb::Role::Worker, 2).await;
+    kill9(victim);
+    let report = run.handle.await.unwrap().unwrap();
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.exactly_once, "ok");
+    // The final model counted each sample exactly once per epoch, through the rollback.
+    assert_eq!(report.applied_samples, 2 * N);
+    assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
+    assert!(report.events.iter().any(|e| e.contains("every process restarts from checkpoint")), "{:#?}", report.events);
+    let ctx = context(&run.run_dir);
+    let rolled_back = ctx["ledger"]["history"].as_array().unwrap().iter().filter(|c| c["rolled_back"] == true).count();
+    assert!(rolled_back > 0, "completions after the checkpoint must have been rolled back");
+    assert_no_process_left(run.addr).await;
+}
+
+/// A PS dies: its partition is restored from the latest checkpoint (digest-checked), every
+/// process restarts from that checkpoint, and the ledger rolls back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_ps_restores_it_from_the_latest_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "kill-ps", "ps", 2, 3, N, 2, 150, 10);
+    let run = start(spec, dir.path()).await;
+    wait_for(run.addr, Duration::from_secs(60), "a committed checkpoint", |s| {
+        s.checkpoints >= 1 && s.shards_done >= 15
+    })
+    .await;
+    let victim = pid_of(run.addr, pb::Role::Ps, 1).await;
+    kill9(victim);
+    let report = run.handle.await.unwrap().unwrap();
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&RoleName::Ps), Some(&1));
+    assert_eq!(report.exactly_once, "ok");
+    for ps in &report.ps_stats {
+        assert_eq!(ps.applied_samples, 2 * N, "ps {}: {ps:?}", ps.index);
+        assert_eq!(ps.applied_index_sum, 2 * index_sum_per_epoch());
+    }
+    assert!(report.events.iter().any(|e| e.contains("ps-1 failed (killed by signal 9)")), "{:#?}", report.events);
+    assert!(report.events.iter().any(|e| e.contains("every process restarts from checkpoint")), "{:#?}", report.events);
+    let log = std::fs::read_to_string(run.run_dir.join("logs/ps-1.1.log")).unwrap();
+    assert!(log.contains("partition restored"), "the relaunched PS must load its checkpoint:\n{log}");
+    assert_no_process_left(run.addr).await;
+}
+
+/// The agent itself (not its training process) is killed: the platform sees it end, launches a
+/// new agent, and the training process of the old one does not outlive it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_an_agent_relaunches_it_and_leaves_no_orphan() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "kill-agent", "ps", 1, 2, N, 1, 150, 0);
+    let run = start(spec, dir.path()).await;
+    wait_for(run.addr, Duration::from_secs(60), "a few shards done", |s| s.shards_done >= 5).await;
+    let trainer = pid_of(run.addr, pb::Role::Worker, 0).await;
+    let agent = std::fs::read_to_string(format!("/proc/{trainer}/stat"))
+        .unwrap()
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u32>()
+        .unwrap();
+    kill9(agent);
+    let report = run.handle.await.unwrap().unwrap();
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.exactly_once, "ok");
+    assert!(!std::path::Path::new(&format!("/proc/{trainer}")).exists() || {
+        let s = std::fs::read_to_string(format!("/proc/{trainer}/stat")).unwrap_or_default();
+        s.contains(") Z ")
+    }, "the old training process outlived its agent");
+    assert_no_process_left(run.addr).await;
+}
