@@ -141,7 +141,8 @@ pub struct Event {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     LaunchAgent { key: SlotKey, incarnation: u64 },
-    StopAgent { key: SlotKey },
+    /// Stop the slot's agent; a lost agent gets no grace period.
+    StopAgent { key: SlotKey, graceful: bool },
     /// Save every PS at `dir`; `generation` guards against a restart in between.
     SavePsCheckpoint { id: u64, dir: PathBuf, ps: Vec<String>, generation: u64 },
     /// All work is done: collect final statistics, then call [`JobContext::finish`].
@@ -155,6 +156,13 @@ pub struct Timing {
     pub heartbeat_timeout_ms: u64,
     pub last_call_ms: u64,
     pub grace_period_ms: u64,
+    /// A launched agent that has not registered after this long is declared lost.
+    #[serde(default = "default_register_timeout")]
+    pub register_timeout_ms: u64,
+}
+
+fn default_register_timeout() -> u64 {
+    30_000
 }
 
 impl Default for Timing {
@@ -164,6 +172,7 @@ impl Default for Timing {
             heartbeat_timeout_ms: 10_000,
             last_call_ms: 2_000,
             grace_period_ms: 5_000,
+            register_timeout_ms: default_register_timeout(),
         }
     }
 }
@@ -468,7 +477,10 @@ impl JobContext {
             let slot = self.slots.get_mut(&key).expect("exists");
             slot.phase = SlotPhase::Launching;
             slot.agent_id = 0;
-            effects.push(Effect::StopAgent { key });
+            slot.process_pid = 0;
+            // The new agent gets a full timeout to register.
+            slot.last_heartbeat_ms = now_ms;
+            effects.push(Effect::StopAgent { key, graceful: false });
             effects.push(Effect::LaunchAgent {
                 key,
                 incarnation: slot.incarnation,
@@ -790,11 +802,14 @@ impl JobContext {
         if let Some(r) = self.rendezvous.as_mut() {
             r.try_close(now_ms);
         }
-        let timeout = self.timing.heartbeat_timeout_ms;
+        let (heartbeat, register) = (self.timing.heartbeat_timeout_ms, self.timing.register_timeout_ms);
         let late: Vec<(SlotKey, u64, u64)> = self
             .slots
             .values()
-            .filter(|s| now_ms.saturating_sub(s.last_heartbeat_ms) > timeout)
+            .filter(|s| {
+                let limit = if s.phase == SlotPhase::Launching { register } else { heartbeat };
+                now_ms.saturating_sub(s.last_heartbeat_ms) > limit
+            })
             .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
             .collect();
         let mut effects = Vec::new();

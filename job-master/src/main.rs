@@ -44,6 +44,9 @@ enum Command {
         /// Time a training process gets between SIGTERM and SIGKILL, milliseconds.
         #[arg(long, default_value_t = 5_000)]
         grace_period_ms: u64,
+        /// A launched agent that has not registered after this long is relaunched, milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        register_timeout_ms: u64,
         /// Seconds between progress lines.
         #[arg(long, default_value_t = 2)]
         progress_secs: u64,
@@ -96,6 +99,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             heartbeat_timeout_ms,
             last_call_ms,
             grace_period_ms,
+            register_timeout_ms,
             progress_secs,
         } => {
             let spec = JobSpec::from_file(&spec)?;
@@ -112,6 +116,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                     heartbeat_timeout_ms,
                     last_call_ms,
                     grace_period_ms,
+                    register_timeout_ms,
                 },
                 platform: PlatformConfig::Local { agent_bin },
             };

@@ -240,7 +240,11 @@ pub async fn run(
     monitor.abort();
     exec.abort();
     let _ = stop_tx.send(());
-    let _ = server.await;
+    // Graceful shutdown waits for open connections; a hung peer must not hold the master.
+    let abort = server.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(2), server).await.is_err() {
+        abort.abort();
+    }
 
     let ctx = job.lock().await.clone();
     let report = build_report(&ctx, shared.ps_stats.lock().await.clone(), shared.now_ms());
@@ -273,7 +277,10 @@ async fn execute(shared: &Arc<Shared>, platform: &Arc<dyn Platform>, addr: std::
                     .await;
             }
         }
-        Effect::StopAgent { key } => platform.stop(key, Duration::from_secs(2)).await,
+        Effect::StopAgent { key, graceful } => {
+            let grace = if graceful { Duration::from_secs(2) } else { Duration::ZERO };
+            platform.stop(key, grace).await
+        }
         Effect::SavePsCheckpoint { id, dir, ps, generation } => {
             let shared = shared.clone();
             tokio::spawn(async move {

@@ -26,7 +26,9 @@ async fn ps_job_with_2_ps_and_3_workers_matches_a_single_process_run() {
     let spec = builtin_spec(dir.path(), "ps-train", "ps", 2, 3, 60_000, 2, 0, 20);
     let cfg = workload_of(&spec);
     let run = start(spec, dir.path()).await;
-    let report = run.handle.await.unwrap().unwrap();
+    let addr = run.addr;
+    let run_dir = run.run_dir.clone();
+    let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
     assert_eq!(report.kind, JobKind::Ps);
     assert_eq!(report.exactly_once, "ok");
@@ -41,7 +43,7 @@ async fn ps_job_with_2_ps_and_3_workers_matches_a_single_process_run() {
     let (reference, _) = reference::train_sparse(&cfg, 1000).unwrap();
     let loss = report.final_eval_loss.unwrap();
     assert!(gap(loss, reference) < 0.02, "job {loss} vs single process {reference}");
-    assert_no_process_left(run.addr).await;
+    assert_no_process_left(addr).await;
 }
 
 /// 4 workers, synchronous SGD with a ring all-reduce: the same global batch as the reference,
@@ -52,7 +54,9 @@ async fn allreduce_job_with_4_workers_matches_a_single_process_run() {
     let spec = builtin_spec(dir.path(), "ar-train", "allreduce", 0, 4, 60_000, 2, 0, 20);
     let cfg = workload_of(&spec);
     let run = start(spec, dir.path()).await;
-    let report = run.handle.await.unwrap().unwrap();
+    let addr = run.addr;
+    let run_dir = run.run_dir.clone();
+    let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
     assert_eq!(report.exactly_once, "ok");
     assert!(report.checkpoints >= 1);
@@ -62,7 +66,7 @@ async fn allreduce_job_with_4_workers_matches_a_single_process_run() {
     let (reference, _) = reference::train_dense(&cfg, 1000).unwrap();
     let loss = report.final_eval_loss.unwrap();
     assert!(gap(loss, reference) < 0.02, "job {loss} vs single process {reference}");
-    assert_no_process_left(run.addr).await;
+    assert_no_process_left(addr).await;
 }
 
 /// On this machine NVML does not load: agents report CPU and RSS of their process and "no GPU",
@@ -89,9 +93,11 @@ async fn agents_report_cpu_and_rss_and_no_gpu() {
         s.processes.iter().any(|p| p.sample.as_ref().is_some_and(|x| x.cpu_millicores > 0))
     })
     .await;
-    let report = run.handle.await.unwrap().unwrap();
+    let addr = run.addr;
+    let run_dir = run.run_dir.clone();
+    let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
-    let agent_log = std::fs::read_to_string(run.run_dir.join("logs/worker-0.1.log")).unwrap();
+    let agent_log = std::fs::read_to_string(run_dir.join("logs/worker-0.1.log")).unwrap();
     if !nvml {
         assert_eq!(agent_log.matches("no GPU").count(), 1, "{agent_log}");
         assert!(!agent_log.contains("ERROR"), "{agent_log}");

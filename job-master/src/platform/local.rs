@@ -63,8 +63,10 @@ async fn terminate(pid: u32, mut exited: watch::Receiver<bool>, grace: Duration)
     if *exited.borrow() {
         return;
     }
-    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-    if tokio::time::timeout(grace, exited.wait_for(|e| *e)).await.is_err() {
+    if !grace.is_zero() {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+    }
+    if grace.is_zero() || tokio::time::timeout(grace, exited.wait_for(|e| *e)).await.is_err() {
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         let _ = exited.wait_for(|e| *e).await;
     }
@@ -77,7 +79,7 @@ impl Platform for LocalPlatform {
     }
 
     async fn launch(&self, l: AgentLaunch) -> Result<(), Error> {
-        self.stop(l.key, Duration::from_secs(2)).await;
+        self.stop(l.key, Duration::ZERO).await;
         let log_path = self.log_dir.join(format!("{}.{}.log", l.key, l.incarnation));
         let log = std::fs::File::create(&log_path).map_err(|e| Error::Io {
             path: log_path.clone(),
@@ -127,13 +129,13 @@ impl Platform for LocalPlatform {
         let (key, incarnation) = (l.key, l.incarnation);
         tokio::spawn(async move {
             let status = child.wait().await;
-            let _ = tx.send(true);
             {
                 let mut a = agents.lock().await;
                 if a.get(&key).is_some_and(|r| r.incarnation == incarnation && r.pid == pid) {
                     a.remove(&key);
                 }
             }
+            let _ = tx.send(true);
             let description = match status {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
@@ -149,17 +151,27 @@ impl Platform for LocalPlatform {
     }
 
     async fn stop(&self, key: SlotKey, grace: Duration) {
-        let running = self.agents.lock().await.remove(&key);
-        if let Some(r) = running {
-            terminate(r.pid, r.exited, grace).await;
+        // The entry stays until the process is reaped, so `stop_all` still sees an agent whose
+        // stop was interrupted.
+        let running = self.agents.lock().await.get(&key).map(|r| (r.pid, r.exited.clone()));
+        if let Some((pid, exited)) = running {
+            terminate(pid, exited, grace).await;
         }
     }
 
     async fn stop_all(&self, grace: Duration) {
-        let all: Vec<Running> = std::mem::take(&mut *self.agents.lock().await).into_values().collect();
-        let stops = all.into_iter().map(|r| terminate(r.pid, r.exited, grace));
-        for s in stops {
-            s.await;
+        let all: Vec<(u32, watch::Receiver<bool>)> =
+            self.agents.lock().await.values().map(|r| (r.pid, r.exited.clone())).collect();
+        // SIGTERM to all first, so they wind down together; then one grace period for all.
+        for (pid, exited) in &all {
+            if !*exited.borrow() {
+                let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGTERM);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        for (pid, exited) in all {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            terminate(pid, exited, left).await;
         }
     }
 

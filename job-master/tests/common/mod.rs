@@ -93,25 +93,45 @@ pub struct Running {
     pub run_dir: PathBuf,
 }
 
+pub fn test_timing() -> Timing {
+    Timing {
+        heartbeat_interval_ms: 200,
+        heartbeat_timeout_ms: 10_000,
+        last_call_ms: 1_000,
+        grace_period_ms: 2_000,
+        register_timeout_ms: 30_000,
+    }
+}
+
 pub async fn start(spec: JobSpec, dir: &Path) -> Running {
+    start_with(spec, dir, test_timing()).await
+}
+
+pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let run_dir = dir.join("run");
     let config = MasterConfig {
         spec,
         run_dir: run_dir.clone(),
-        timing: Timing {
-            heartbeat_interval_ms: 200,
-            heartbeat_timeout_ms: 10_000,
-            last_call_ms: 1_000,
-            grace_period_ms: 2_000,
-        },
+        timing,
         platform: PlatformConfig::Local {
             agent_bin: Some(agent_bin()),
         },
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running { addr, handle, run_dir }
+}
+
+impl Running {
+    /// Waits for the job to end (a hang fails the test instead of the CI run).
+    pub async fn report(self) -> JobReport {
+        tokio::time::timeout(Duration::from_secs(300), self.handle)
+            .await
+            .expect("the job did not end within 300 s")
+            .expect("the job master task panicked")
+            .expect("the job master returned an error")
+    }
 }
 
 pub async fn status(addr: SocketAddr) -> Option<pb::JobStatus> {
@@ -145,6 +165,12 @@ pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
         .find(|p| p.role == role as i32 && p.index == index)
         .unwrap()
         .pid
+}
+
+/// The parent of `pid` (a training process's agent).
+pub fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 pub fn kill9(pid: u32) {
