@@ -81,6 +81,7 @@ pub enum LedgerError {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(into = "LedgerRepr", try_from = "LedgerRepr")]
 pub struct ShardLedger {
     num_samples: u64,
     shard_size: u64,
@@ -299,6 +300,103 @@ impl ShardLedger {
     }
 }
 
+/// The ledger as persisted: done and queued shard ids as ranges (they are mostly contiguous),
+/// leases by id, and the history as tuples `[shard, role, index, incarnation, rolled_back]`;
+/// shard ranges are derived from ids on load. Keeps every durable write small.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LedgerRepr {
+    num_samples: u64,
+    shard_size: u64,
+    epochs: u32,
+    done: Vec<(u64, u64)>,
+    queue: Vec<(u64, u64)>,
+    leased: Vec<(u64, Holder)>,
+    history: Vec<(u64, String, u32, u64, bool)>,
+}
+
+/// Consecutive runs of `ids` as half-open ranges, in the given order.
+fn to_ranges(ids: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for id in ids {
+        match out.last_mut() {
+            Some((_, end)) if *end == id => *end += 1,
+            _ => out.push((id, id + 1)),
+        }
+    }
+    out
+}
+
+impl From<ShardLedger> for LedgerRepr {
+    fn from(l: ShardLedger) -> Self {
+        let done = to_ranges(l.states.iter().enumerate().filter(|(_, s)| **s == ShardState::Done).map(|(i, _)| i as u64));
+        let leased = l
+            .states
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                ShardState::Leased(h) => Some((i as u64, h.clone())),
+                _ => None,
+            })
+            .collect();
+        LedgerRepr {
+            num_samples: l.num_samples,
+            shard_size: l.shard_size,
+            epochs: l.epochs,
+            done,
+            queue: to_ranges(l.queue.iter().copied()),
+            leased,
+            history: l
+                .history
+                .into_iter()
+                .map(|c| (c.shard, c.by.role, c.by.index, c.by.incarnation, c.rolled_back))
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<LedgerRepr> for ShardLedger {
+    type Error = String;
+    fn try_from(r: LedgerRepr) -> Result<Self, String> {
+        if r.num_samples == 0 || r.shard_size == 0 || r.epochs == 0 {
+            return Err("a ledger needs samples, a shard size and epochs".into());
+        }
+        let mut l = ShardLedger::new(r.num_samples, r.shard_size, r.epochs);
+        let total = l.total_shards();
+        let check = |id: u64| if id < total { Ok(id) } else { Err(format!("shard {id} is out of range (total {total})")) };
+        l.states.iter_mut().for_each(|s| *s = ShardState::Todo);
+        for (a, b) in r.done {
+            for id in a..b {
+                l.states[check(id)? as usize] = ShardState::Done;
+            }
+        }
+        for (id, h) in r.leased {
+            l.states[check(id)? as usize] = ShardState::Leased(h);
+        }
+        l.done_count = l.states.iter().filter(|s| **s == ShardState::Done).count() as u64;
+        l.queue = r.queue.into_iter().flat_map(|(a, b)| a..b).collect();
+        for &id in &l.queue {
+            check(id)?;
+        }
+        l.history = r
+            .history
+            .into_iter()
+            .map(|(shard, role, index, incarnation, rolled_back)| {
+                let range = l.range(shard).map_err(|e| e.to_string())?;
+                Ok(Completion {
+                    shard,
+                    epoch: range.epoch,
+                    start: range.start,
+                    end: range.end,
+                    by: Holder { role, index, incarnation },
+                    rolled_back,
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(l)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +463,22 @@ mod tests {
         assert!(l.is_complete());
         l.verify_exactly_once(true).unwrap();
         assert_eq!(l.samples_per_epoch()[&0], 8);
+    }
+
+    #[test]
+    fn the_persisted_form_is_compact_and_round_trips() {
+        let mut l = ShardLedger::new(100_000, 10, 3);
+        for i in 0..500 {
+            let w = h(i % 4, 1);
+            let LeaseOutcome::Granted(s) = l.lease(&w) else { panic!() };
+            l.complete(&w, s.id).unwrap();
+        }
+        let _ = l.lease(&h(7, 2));
+        l.release("worker", 0);
+        let json = serde_json::to_string(&l).unwrap();
+        assert!(json.len() < 25_000, "{} bytes for 30,000 shards and 500 completions", json.len());
+        let back: ShardLedger = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, l);
     }
 
     #[derive(Debug, Clone)]

@@ -161,6 +161,10 @@ pub async fn run(
             run_dir.join("logs"),
             ev_tx,
         )?),
+        PlatformConfig::External => {
+            drop(ev_tx);
+            Arc::new(crate::platform::external::ExternalPlatform)
+        }
     };
     let (eff_tx, mut eff_rx) = mpsc::unbounded_channel();
     let (phase_tx, mut phase_rx) = watch::channel("running".to_string());

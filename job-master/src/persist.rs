@@ -91,7 +91,9 @@ impl Persister {
                     }
                     Err(e) => {
                         tracing::error!(path = %self.path.display(), "cannot persist job context: {e}");
-                        self.written.send_replace((self.written.borrow().0, Some(e.to_string())));
+                        // Read first: holding a borrow while sending would deadlock on the watch's lock.
+                        let done = self.written.borrow().0;
+                        self.written.send_replace((done, Some(e.to_string())));
                     }
                 }
                 continue;

@@ -3,6 +3,7 @@
 //! platform, processes on this machine, is the embedded default; a Ray or Kubernetes platform
 //! implements the same trait and is chosen with [`PlatformConfig`].
 
+pub mod external;
 pub mod local;
 
 use std::net::SocketAddr;
@@ -56,6 +57,8 @@ pub enum PlatformConfig {
         /// The worker-agent binary; default: next to the job-master binary.
         agent_bin: Option<PathBuf>,
     },
+    /// Agents are started by someone else; the master only waits for them to register.
+    External,
 }
 
 impl Default for PlatformConfig {

@@ -1,0 +1,150 @@
+//! Runtime figures of whole jobs on local processes, printed as a table:
+//! * time from starting `job-master run` to the first training step, 1 PS + 4 workers;
+//! * samples/s per worker of the built-in workload (ps: 1 PS + 4 workers; allreduce: 4 workers),
+//!   beside the same model trained in one process.
+//!
+//! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench job_runtime
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::jobmaster::v1 as pb;
+
+fn release_bin(name: &str) -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target")
+    });
+    let bin = target.join("release").join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release -p job-master -p worker-agent` first",
+        bin.display()
+    );
+    bin
+}
+
+fn spec(dir: &Path, kind: &str, ps: u32, workers: u32, samples: u64) -> PathBuf {
+    let ps_role = if ps > 0 { format!("  ps: {{ replicas: {ps} }}\n") } else { String::new() };
+    let yaml = format!(
+        "name: bench-{kind}\nkind: {kind}\nroles:\n{ps_role}  worker: {{ replicas: {workers} }}\n\
+         workload:\n  builtin: {{ batch_size: 256, hash_buckets: 65536 }}\n\
+         data: {{ num_samples: {samples}, shard_size: 4000, eval_samples: 10000 }}\n\
+         checkpoint: {{ dir: {}, every_shards: 50 }}\n",
+        dir.join("ckpt").display()
+    );
+    let path = dir.join(format!("{kind}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start(spec: &Path, dir: &Path, port: u16) -> Child {
+    Command::new(release_bin("job-master"))
+        .arg("run")
+        .arg(spec)
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("BRAIN_WORKER_AGENT_BIN", release_bin("worker-agent"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn status(port: u16) -> Option<pb::JobStatus> {
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://127.0.0.1:{port}")).await.ok()?;
+    Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
+}
+
+/// Wall time from spawning `job-master run` to the first reported training step.
+async fn time_to_first_step() -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path(), "ps", 1, 4, 400_000);
+    let port = free_port();
+    let t0 = Instant::now();
+    let mut child = start(&spec, dir.path(), port);
+    let t = loop {
+        if let Some(s) = status(port).await
+            && s.global_step > 0
+        {
+            break t0.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    t
+}
+
+/// Mean samples/s per worker while the job trains (status sampled every 250 ms).
+async fn per_worker_throughput(kind: &str, ps: u32, workers: u32) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path(), kind, ps, workers, 1_200_000);
+    let port = free_port();
+    let mut child = start(&spec, dir.path(), port);
+    let mut rates = Vec::new();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if let Some(s) = status(port).await
+            && s.phase == "running"
+            && s.samples_per_second > 0.0
+            && s.shards_done > 0
+        {
+            rates.push(s.samples_per_second);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(!rates.is_empty(), "no throughput observed");
+    rates.iter().sum::<f64>() / rates.len() as f64 / workers as f64
+}
+
+fn single_process(layout: &str) -> f64 {
+    let out = Command::new(release_bin("worker-agent"))
+        .args(["reference", "--layout", layout, "--num-samples", "400000", "--shard-size", "4000", "--hash-buckets", "65536"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split("; ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read the reference's throughput from {text:?}"))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("job_runtime: bench");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut firsts: Vec<Duration> = Vec::new();
+        for _ in 0..7 {
+            firsts.push(time_to_first_step().await);
+        }
+        firsts.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!("| figure | value |");
+        println!("|---|---|");
+        println!(
+            "| `job-master run` to first training step, 1 PS + 4 workers (7 runs) | median {:.0} ms (min {:.0}, max {:.0}) |",
+            ms(firsts[3]),
+            ms(firsts[0]),
+            ms(firsts[6])
+        );
+        let ps = per_worker_throughput("ps", 1, 4).await;
+        println!("| samples/s per worker, ps job (1 PS + 4 workers, async push/pull) | {ps:.0} |");
+        let ar = per_worker_throughput("allreduce", 0, 4).await;
+        println!("| samples/s per worker, allreduce job (4 workers, ring all-reduce) | {ar:.0} |");
+        println!("| samples/s, same model in one process (sparse table) | {:.0} |", single_process("sparse"));
+        println!("| samples/s, same model in one process (dense replica) | {:.0} |", single_process("dense"));
+    });
+}
