@@ -12,9 +12,14 @@ use std::time::{Duration, Instant};
 use proto::jobmaster::v1 as pb;
 
 fn release_bin(name: &str) -> PathBuf {
-    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target")
-    });
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .join("target")
+        });
     let bin = target.join("release").join(name);
     assert!(
         bin.exists(),
@@ -25,7 +30,11 @@ fn release_bin(name: &str) -> PathBuf {
 }
 
 fn spec(dir: &Path, kind: &str, ps: u32, workers: u32, samples: u64) -> PathBuf {
-    let ps_role = if ps > 0 { format!("  ps: {{ replicas: {ps} }}\n") } else { String::new() };
+    let ps_role = if ps > 0 {
+        format!("  ps: {{ replicas: {ps} }}\n")
+    } else {
+        String::new()
+    };
     let yaml = format!(
         "name: bench-{kind}\nkind: {kind}\nroles:\n{ps_role}  worker: {{ replicas: {workers} }}\n\
          workload:\n  builtin: {{ batch_size: 256, hash_buckets: 65536 }}\n\
@@ -39,7 +48,11 @@ fn spec(dir: &Path, kind: &str, ps: u32, workers: u32, samples: u64) -> PathBuf 
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn start(spec: &Path, dir: &Path, port: u16) -> Child {
@@ -58,7 +71,9 @@ fn start(spec: &Path, dir: &Path, port: u16) -> Child {
 }
 
 async fn status(port: u16) -> Option<pb::JobStatus> {
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://127.0.0.1:{port}")).await.ok()?;
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .ok()?;
     Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
 }
 
@@ -108,7 +123,17 @@ async fn per_worker_throughput(kind: &str, ps: u32, workers: u32) -> f64 {
 
 fn single_process(layout: &str) -> f64 {
     let out = Command::new(release_bin("worker-agent"))
-        .args(["reference", "--layout", layout, "--num-samples", "400000", "--shard-size", "4000", "--hash-buckets", "65536"])
+        .args([
+            "reference",
+            "--layout",
+            layout,
+            "--num-samples",
+            "400000",
+            "--shard-size",
+            "4000",
+            "--hash-buckets",
+            "65536",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -8,10 +8,10 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use job_master::MasterConfig;
 use job_master::job::Timing;
 use job_master::platform::PlatformConfig;
 use job_master::spec::JobSpec;
-use job_master::MasterConfig;
 use proto::jobmaster::v1 as pb;
 
 type Client = pb::job_master_client::JobMasterClient<tonic::transport::Channel>;
@@ -26,7 +26,11 @@ fn spec(dir: &std::path::Path, workers: u32, shards: u64) -> JobSpec {
 }
 
 /// Starts a master for `clients` workers and `shards` shards; returns connected, registered clients.
-type Stop = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>, tempfile::TempDir);
+type Stop = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    tempfile::TempDir,
+);
 
 async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +92,11 @@ async fn lease_and_done(mut c: Client, index: u32, n: u64) {
         incarnation: 1,
     };
     for _ in 0..n {
-        let r = c.lease_shard(pb::LeaseShardRequest { process: Some(me) }).await.unwrap().into_inner();
+        let r = c
+            .lease_shard(pb::LeaseShardRequest { process: Some(me) })
+            .await
+            .unwrap()
+            .into_inner();
         let shard = r.shard.expect("enough shards for the measurement");
         c.report_shard_done(pb::ShardDone {
             process: Some(me),
@@ -102,7 +110,10 @@ async fn lease_and_done(mut c: Client, index: u32, n: u64) {
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut g = c.benchmark_group("shard_lease");
     g.sample_size(10).measurement_time(Duration::from_secs(10));
     for clients in [1u32, 8, 32] {

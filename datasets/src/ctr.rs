@@ -84,7 +84,8 @@ impl CtrGenerator {
     /// The categorical value of every field of sample `index`, and the uniform draw that decides
     /// its label. Everything else derives from these.
     fn draw(&self, index: u64) -> (Vec<u64>, f64) {
-        let mut rng = Pcg64Mcg::seed_from_u64(xxh3_64_with_seed(&index.to_le_bytes(), self.spec.seed));
+        let mut rng =
+            Pcg64Mcg::seed_from_u64(xxh3_64_with_seed(&index.to_le_bytes(), self.spec.seed));
         let values = (0..self.spec.num_fields)
             .map(|_| {
                 // u^3 puts most mass on small ids: a few very frequent values, a long tail.
@@ -108,7 +109,10 @@ impl CtrGenerator {
         let mut bytes = [0u8; 12];
         bytes[..4].copy_from_slice(&field.to_le_bytes());
         bytes[4..].copy_from_slice(&value.to_le_bytes());
-        let mut rng = Pcg64Mcg::seed_from_u64(xxh3_64_with_seed(&bytes, self.spec.seed ^ 0x5851_f42d_4c95_7f2d));
+        let mut rng = Pcg64Mcg::seed_from_u64(xxh3_64_with_seed(
+            &bytes,
+            self.spec.seed ^ 0x5851_f42d_4c95_7f2d,
+        ));
         let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
         let u2: f64 = rng.random();
         TRUE_WEIGHT_STD * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
@@ -136,7 +140,12 @@ impl CtrGenerator {
         let p = self.logit_of(&values);
         let mut keys = Vec::with_capacity(values.len() + 1);
         keys.push(BIAS_KEY);
-        keys.extend(values.iter().enumerate().map(|(f, &v)| self.key(f as u32, v)));
+        keys.extend(
+            values
+                .iter()
+                .enumerate()
+                .map(|(f, &v)| self.key(f as u32, v)),
+        );
         Sample {
             keys,
             label: if u < p { 1.0 } else { 0.0 },
@@ -189,7 +198,10 @@ mod tests {
         assert_eq!(CtrGenerator::new(s).unwrap_err(), CtrSpecError::NoFields(0));
         let mut s = spec();
         s.hash_buckets = 0;
-        assert_eq!(CtrGenerator::new(s).unwrap_err(), CtrSpecError::NoBuckets(0));
+        assert_eq!(
+            CtrGenerator::new(s).unwrap_err(),
+            CtrSpecError::NoBuckets(0)
+        );
     }
 
     #[test]
@@ -198,9 +210,15 @@ mod tests {
         let n = 20_000;
         let ctr = (0..n).map(|i| g.sample(i).label as f64).sum::<f64>() / n as f64;
         assert!((0.15..0.45).contains(&ctr), "click rate {ctr}");
-        let constant = (0..n).map(|i| log_loss(ctr, g.sample(i).label)).sum::<f64>() / n as f64;
+        let constant = (0..n)
+            .map(|i| log_loss(ctr, g.sample(i).label))
+            .sum::<f64>()
+            / n as f64;
         let bayes = g.bayes_log_loss(0..n);
-        assert!(bayes < constant * 0.9, "bayes {bayes} vs constant {constant}");
+        assert!(
+            bayes < constant * 0.9,
+            "bayes {bayes} vs constant {constant}"
+        );
     }
 
     proptest! {

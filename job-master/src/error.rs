@@ -83,7 +83,9 @@ impl From<Error> for tonic::Status {
         match e {
             Error::Spec(_) | Error::InvalidRequest(_) => tonic::Status::invalid_argument(msg),
             Error::UnknownProcess { .. } | Error::UnknownShard(_) => tonic::Status::not_found(msg),
-            Error::StaleIncarnation { .. } | Error::NotLeased { .. } => tonic::Status::failed_precondition(msg),
+            Error::StaleIncarnation { .. } | Error::NotLeased { .. } => {
+                tonic::Status::failed_precondition(msg)
+            }
             _ => tonic::Status::internal(msg),
         }
     }

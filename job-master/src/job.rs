@@ -25,7 +25,18 @@ use crate::spec::{JobKind, JobSpec, RoleName};
 
 /// A process slot: role and index. Its incarnation changes with every (re)start. Written as
 /// `worker-3` (also as a JSON map key).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
 pub struct SlotKey {
     pub role: RoleName,
     pub index: u32,
@@ -34,7 +45,9 @@ pub struct SlotKey {
 impl std::str::FromStr for SlotKey {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (role, index) = s.rsplit_once('-').ok_or_else(|| format!("{s:?} is not <role>-<index>"))?;
+        let (role, index) = s
+            .rsplit_once('-')
+            .ok_or_else(|| format!("{s:?} is not <role>-<index>"))?;
         let role = match role {
             "ps" => RoleName::Ps,
             "worker" => RoleName::Worker,
@@ -94,7 +107,9 @@ pub enum JobPhase {
     /// All work is done; the shell collects final statistics before declaring success.
     Finishing,
     Succeeded,
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
 }
 
 impl JobPhase {
@@ -140,11 +155,22 @@ pub struct Event {
 /// What the shell must do after a decision.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    LaunchAgent { key: SlotKey, incarnation: u64 },
+    LaunchAgent {
+        key: SlotKey,
+        incarnation: u64,
+    },
     /// Stop the slot's agent; a lost agent gets no grace period.
-    StopAgent { key: SlotKey, graceful: bool },
+    StopAgent {
+        key: SlotKey,
+        graceful: bool,
+    },
     /// Save every PS at `dir`; `generation` guards against a restart in between.
-    SavePsCheckpoint { id: u64, dir: PathBuf, ps: Vec<String>, generation: u64 },
+    SavePsCheckpoint {
+        id: u64,
+        dir: PathBuf,
+        ps: Vec<String>,
+        generation: u64,
+    },
     /// All work is done: collect final statistics, then call [`JobContext::finish`].
     Finish,
 }
@@ -254,7 +280,10 @@ impl JobContext {
                         process_pid: 0,
                     },
                 );
-                effects.push(Effect::LaunchAgent { key, incarnation: 1 });
+                effects.push(Effect::LaunchAgent {
+                    key,
+                    incarnation: 1,
+                });
             }
             match (spec.kind, role) {
                 (JobKind::Allreduce, RoleName::Worker) => {
@@ -299,7 +328,15 @@ impl JobContext {
             metrics: BTreeMap::new(),
             events: Vec::new(),
         };
-        ctx.log(now_ms, format!("job {} ({}) started with {} processes", ctx.spec.name, ctx.spec.kind, ctx.slots.len()));
+        ctx.log(
+            now_ms,
+            format!(
+                "job {} ({}) started with {} processes",
+                ctx.spec.name,
+                ctx.spec.kind,
+                ctx.slots.len()
+            ),
+        );
         (ctx, effects)
     }
 
@@ -357,9 +394,19 @@ impl JobContext {
         service_addr: String,
         now_ms: u64,
     ) -> Result<(u64, u64), Error> {
-        self.current(key, incarnation)?;
+        // An agent launched for an incarnation that a group restart has since replaced is adopted
+        // with the current one, as long as no agent holds the slot.
+        let slot = self.slot(key)?;
+        let adoptable = slot.phase == SlotPhase::Launching && incarnation <= slot.incarnation;
+        if !adoptable {
+            self.current(key, incarnation)?;
+        }
+        let incarnation = slot.incarnation;
         if self.phase.is_terminal() {
-            return Err(Error::InvalidRequest(format!("job is {}", self.phase.name())));
+            return Err(Error::InvalidRequest(format!(
+                "job is {}",
+                self.phase.name()
+            )));
         }
         let agent_id = self.next_agent_id;
         self.next_agent_id += 1;
@@ -374,7 +421,10 @@ impl JobContext {
         {
             c.set_ps(key.index, service_addr);
         }
-        self.log(now_ms, format!("{key} registered (incarnation {incarnation}, agent {agent_id})"));
+        self.log(
+            now_ms,
+            format!("{key} registered (incarnation {incarnation}, agent {agent_id})"),
+        );
         Ok((agent_id, incarnation))
     }
 
@@ -434,7 +484,13 @@ impl JobContext {
     }
 
     /// The agent of `key` is gone (its process ended, or heartbeats stopped).
-    pub fn agent_lost(&mut self, key: SlotKey, agent_incarnation: u64, why: String, now_ms: u64) -> Vec<Effect> {
+    pub fn agent_lost(
+        &mut self,
+        key: SlotKey,
+        agent_incarnation: u64,
+        why: String,
+        now_ms: u64,
+    ) -> Vec<Effect> {
         match self.slots.get(&key) {
             Some(s) if s.incarnation == agent_incarnation && !self.phase.is_terminal() => {}
             _ => return Vec::new(),
@@ -442,18 +498,37 @@ impl JobContext {
         self.fail_slot(key, format!("agent lost: {why}"), true, now_ms)
     }
 
-    fn fail_slot(&mut self, key: SlotKey, how: String, relaunch_agent: bool, now_ms: u64) -> Vec<Effect> {
+    fn fail_slot(
+        &mut self,
+        key: SlotKey,
+        how: String,
+        relaunch_agent: bool,
+        now_ms: u64,
+    ) -> Vec<Effect> {
         let count = self.restarts.entry(key.role).or_insert(0);
         *count += 1;
         let count = *count;
-        let limit = self.spec.role_plan(key.role).expect("validated").max_restarts;
+        let limit = self
+            .spec
+            .role_plan(key.role)
+            .expect("validated")
+            .max_restarts;
         if count > limit {
-            let reason = format!("{key} failed ({how}); {} relaunches exceed the limit of {limit}", key.role);
+            let reason = format!(
+                "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
+                key.role
+            );
             self.log(now_ms, reason.clone());
             self.phase = JobPhase::Failed { reason };
             return Vec::new();
         }
-        self.log(now_ms, format!("{key} failed ({how}); relaunch {count} of {limit} for {}", key.role));
+        self.log(
+            now_ms,
+            format!(
+                "{key} failed ({how}); relaunch {count} of {limit} for {}",
+                key.role
+            ),
+        );
         // Only a ps job's worker holds no model state; anything else loses state or the ring.
         let group = !(self.spec.kind == JobKind::Ps && key.role == RoleName::Worker);
         if self.evaluator == Some(key) {
@@ -480,7 +555,10 @@ impl JobContext {
             slot.process_pid = 0;
             // The new agent gets a full timeout to register.
             slot.last_heartbeat_ms = now_ms;
-            effects.push(Effect::StopAgent { key, graceful: false });
+            effects.push(Effect::StopAgent {
+                key,
+                graceful: false,
+            });
             effects.push(Effect::LaunchAgent {
                 key,
                 incarnation: slot.incarnation,
@@ -506,7 +584,10 @@ impl JobContext {
             c.workers.clear();
             c.version += 1;
         }
-        let snap = self.latest_checkpoint().map(|c| c.ledger.clone()).unwrap_or_default();
+        let snap = self
+            .latest_checkpoint()
+            .map(|c| c.ledger.clone())
+            .unwrap_or_default();
         let from = self
             .latest_checkpoint()
             .map(|c| format!("checkpoint {}", c.id))
@@ -519,11 +600,19 @@ impl JobContext {
         self.final_model_digest = None;
         self.log(
             now_ms,
-            format!("{why}: every process restarts from {from} (generation {})", self.generation),
+            format!(
+                "{why}: every process restarts from {from} (generation {})",
+                self.generation
+            ),
         );
     }
 
-    pub fn join_rendezvous(&mut self, key: SlotKey, incarnation: u64, now_ms: u64) -> Result<JoinView, Error> {
+    pub fn join_rendezvous(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        now_ms: u64,
+    ) -> Result<JoinView, Error> {
         let slot = self.current(key, incarnation)?.clone();
         let addr = slot.service_addr.clone().unwrap_or_default();
         let resume_from = self.latest_checkpoint().map(|c| c.manifest.clone());
@@ -625,7 +714,13 @@ impl JobContext {
     }
 
     /// `key` applied every sample of shard `shard` to the model.
-    pub fn shard_done(&mut self, key: SlotKey, incarnation: u64, shard: u64, now_ms: u64) -> Result<Vec<Effect>, Error> {
+    pub fn shard_done(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        shard: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
         self.current(key, incarnation)?;
         let holder = Self::holder(key, incarnation);
         self.ledger.complete(&holder, shard).map_err(|e| match e {
@@ -637,9 +732,19 @@ impl JobContext {
         })?;
         self.shards_since_checkpoint += 1;
         let every = self.spec.checkpoint.every_shards as u64;
-        if every > 0 && self.shards_since_checkpoint >= every && !self.ledger.is_complete() && !self.checkpoint_pending {
+        if every > 0
+            && self.shards_since_checkpoint >= every
+            && !self.ledger.is_complete()
+            && !self.checkpoint_pending
+        {
             self.checkpoint_pending = true;
-            self.log(now_ms, format!("checkpoint due after {} shards: draining leases", self.shards_since_checkpoint));
+            self.log(
+                now_ms,
+                format!(
+                    "checkpoint due after {} shards: draining leases",
+                    self.shards_since_checkpoint
+                ),
+            );
         }
         let mut effects = self.ps_checkpoint_if_drained();
         effects.extend(self.check_done());
@@ -656,7 +761,9 @@ impl JobContext {
             return Vec::new();
         }
         self.checkpoint_saving = true;
-        let Some(cluster) = &self.cluster else { return Vec::new() };
+        let Some(cluster) = &self.cluster else {
+            return Vec::new();
+        };
         let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
         vec![Effect::SavePsCheckpoint {
             id,
@@ -679,7 +786,10 @@ impl JobContext {
         if generation != self.generation {
             return Err(Error::Checkpoint {
                 path: manifest,
-                problem: format!("started in generation {generation}, the job is in {}", self.generation),
+                problem: format!(
+                    "started in generation {generation}, the job is in {}",
+                    self.generation
+                ),
             });
         }
         if !self.checkpoint_pending || self.ledger.in_flight() != 0 {
@@ -715,7 +825,10 @@ impl JobContext {
         if generation == self.generation && self.checkpoint_pending {
             self.checkpoint_pending = false;
             self.checkpoint_saving = false;
-            self.log(now_ms, format!("checkpoint failed, training goes on without it: {problem}"));
+            self.log(
+                now_ms,
+                format!("checkpoint failed, training goes on without it: {problem}"),
+            );
         }
     }
 
@@ -735,14 +848,25 @@ impl JobContext {
         now_ms: u64,
     ) -> Result<Vec<Effect>, Error> {
         self.current(key, incarnation)?;
-        for (name, v) in [("loss", m.loss), ("samples_per_second", m.samples_per_second)] {
+        for (name, v) in [
+            ("loss", m.loss),
+            ("samples_per_second", m.samples_per_second),
+        ] {
             if !v.is_finite() || v < 0.0 {
-                return Err(Error::InvalidRequest(format!("metric {name} is {v}: it must be finite and non-negative")));
+                return Err(Error::InvalidRequest(format!(
+                    "metric {name} is {v}: it must be finite and non-negative"
+                )));
             }
         }
         if m.global_step > 0 && self.first_step_at_ms.is_none() {
             self.first_step_at_ms = Some(now_ms);
-            self.log(now_ms, format!("first training step after {} ms", now_ms - self.started_at_ms));
+            self.log(
+                now_ms,
+                format!(
+                    "first training step after {} ms",
+                    now_ms - self.started_at_ms
+                ),
+            );
         }
         self.metrics.insert(key, m);
         let mut effects = Vec::new();
@@ -753,7 +877,10 @@ impl JobContext {
             if self.evaluator == Some(key) {
                 self.final_eval_loss = Some(loss);
                 self.final_model_digest = final_model_digest;
-                self.log(now_ms, format!("final held-out log-loss {loss:.5} (evaluated by {key})"));
+                self.log(
+                    now_ms,
+                    format!("final held-out log-loss {loss:.5} (evaluated by {key})"),
+                );
                 effects = self.check_done();
             }
         }
@@ -771,7 +898,8 @@ impl JobContext {
             .values()
             .filter(|s| s.key.role == RoleName::Worker)
             .all(|s| s.phase == SlotPhase::Succeeded);
-        let data_done = !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
+        let data_done =
+            !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
         if workers_done && data_done {
             self.phase = JobPhase::Finishing;
             return vec![Effect::Finish];
@@ -802,45 +930,64 @@ impl JobContext {
         if let Some(r) = self.rendezvous.as_mut() {
             r.try_close(now_ms);
         }
-        let (heartbeat, register) = (self.timing.heartbeat_timeout_ms, self.timing.register_timeout_ms);
+        let (heartbeat, register) = (
+            self.timing.heartbeat_timeout_ms,
+            self.timing.register_timeout_ms,
+        );
         let late: Vec<(SlotKey, u64, u64)> = self
             .slots
             .values()
             .filter(|s| {
-                let limit = if s.phase == SlotPhase::Launching { register } else { heartbeat };
+                let limit = if s.phase == SlotPhase::Launching {
+                    register
+                } else {
+                    heartbeat
+                };
                 now_ms.saturating_sub(s.last_heartbeat_ms) > limit
             })
             .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
             .collect();
         let mut effects = Vec::new();
         for (key, inc, silent) in late {
-            effects.extend(self.agent_lost(key, inc, format!("no heartbeat for {silent} ms"), now_ms));
+            effects.extend(self.agent_lost(
+                key,
+                inc,
+                format!("no heartbeat for {silent} ms"),
+                now_ms,
+            ));
         }
         effects
     }
 
-    /// Sum of the workers' latest throughput, the highest step and the mean loss.
+    /// The workers' progress: step (the highest for allreduce, the sum for ps), summed
+    /// throughput of the workers that are running, and their mean training loss.
     pub fn progress(&self) -> (u64, f64, f64) {
-        let workers: Vec<&MetricsRecord> = self
+        let workers: Vec<(&SlotKey, &MetricsRecord)> = self
             .metrics
             .iter()
             .filter(|(k, _)| k.role == RoleName::Worker)
-            .map(|(_, m)| m)
             .collect();
         let step = match self.spec.kind {
-            JobKind::Allreduce => workers.iter().map(|m| m.global_step).max().unwrap_or(0),
-            JobKind::Ps => workers.iter().map(|m| m.global_step).sum(),
+            JobKind::Allreduce => workers
+                .iter()
+                .map(|(_, m)| m.global_step)
+                .max()
+                .unwrap_or(0),
+            JobKind::Ps => workers.iter().map(|(_, m)| m.global_step).sum(),
         };
         let sps = workers
             .iter()
-            .zip(self.metrics.iter().filter(|(k, _)| k.role == RoleName::Worker))
-            .filter(|(_, (k, _))| self.slots.get(k).is_some_and(|s| s.phase == SlotPhase::Running))
-            .map(|(m, _)| m.samples_per_second)
+            .filter(|(k, _)| {
+                self.slots
+                    .get(k)
+                    .is_some_and(|s| s.phase == SlotPhase::Running)
+            })
+            .map(|(_, m)| m.samples_per_second)
             .sum();
         let loss = if workers.is_empty() {
             0.0
         } else {
-            workers.iter().map(|m| m.loss).sum::<f64>() / workers.len() as f64
+            workers.iter().map(|(_, m)| m.loss).sum::<f64>() / workers.len() as f64
         };
         (step, sps, loss)
     }
@@ -852,4 +999,258 @@ pub enum AgentAction {
     Continue,
     Restart,
     Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: &str, ps: u32, workers: u32, every_shards: u32) -> JobSpec {
+        let ps_role = if ps > 0 {
+            format!("  ps: {{ replicas: {ps}, max_restarts: 1 }}\n")
+        } else {
+            String::new()
+        };
+        JobSpec::from_yaml(&format!(
+            "name: t\nkind: {kind}\nroles:\n{ps_role}  worker: {{ replicas: {workers}, max_restarts: 2 }}\n\
+             workload:\n  builtin: {{}}\ndata: {{ num_samples: 100, shard_size: 10 }}\n\
+             checkpoint: {{ dir: /tmp/brain-job-test, every_shards: {every_shards} }}\n"
+        ))
+        .unwrap()
+    }
+
+    const W0: SlotKey = SlotKey {
+        role: RoleName::Worker,
+        index: 0,
+    };
+    const W1: SlotKey = SlotKey {
+        role: RoleName::Worker,
+        index: 1,
+    };
+    const PS0: SlotKey = SlotKey {
+        role: RoleName::Ps,
+        index: 0,
+    };
+
+    /// A job whose agents all registered and joined.
+    fn running(kind: &str, ps: u32, workers: u32, every: u32) -> JobContext {
+        let (mut ctx, effects) = JobContext::new(
+            spec(kind, ps, workers, every),
+            "t-1".into(),
+            Timing::default(),
+            0,
+        );
+        assert_eq!(effects.len(), (ps + workers) as usize);
+        for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
+            ctx.register_agent(
+                key,
+                1,
+                "127.0.0.1".into(),
+                format!("127.0.0.1:{}", 9000 + key.index),
+                1,
+            )
+            .unwrap();
+        }
+        // Everyone joins; then everyone sees the closed round (or the complete cluster spec).
+        for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
+            ctx.join_rendezvous(key, 1, 2).unwrap();
+        }
+        for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
+            assert!(ctx.join_rendezvous(key, 1, 2).unwrap().ready, "{key}");
+        }
+        ctx
+    }
+
+    fn lease(ctx: &mut JobContext, key: SlotKey, inc: u64) -> Option<u64> {
+        match ctx.lease(key, inc).unwrap().outcome {
+            LeaseOutcome::Granted(s) => Some(s.id),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_ps_worker_failure_requeues_only_its_shard_and_restarts_only_it() {
+        let mut ctx = running("ps", 1, 2, 0);
+        let a = lease(&mut ctx, W0, 1).unwrap();
+        let b = lease(&mut ctx, W1, 1).unwrap();
+        ctx.shard_done(W1, 1, b, 3).unwrap();
+        let effects = ctx.process_exited(W0, 1, 0, 9, 4).unwrap();
+        assert!(effects.is_empty());
+        assert_eq!(ctx.slots[&W0].incarnation, 2);
+        assert_eq!(ctx.slots[&W1].incarnation, 1);
+        assert_eq!(ctx.slots[&PS0].incarnation, 1);
+        // The dead incarnation is fenced; the new one gets the shard back first.
+        assert!(matches!(
+            ctx.lease(W0, 1),
+            Err(Error::StaleIncarnation { .. })
+        ));
+        assert_eq!(
+            ctx.heartbeat(W0, ctx.slots[&W0].agent_id, 1, None, 0, 5)
+                .unwrap()
+                .0,
+            AgentAction::Restart
+        );
+        assert_eq!(lease(&mut ctx, W0, 2), Some(a));
+        assert_eq!(ctx.ledger.done_shards(), 1);
+    }
+
+    #[test]
+    fn a_ps_failure_restarts_everyone_from_the_checkpoint_and_rolls_the_ledger_back() {
+        let mut ctx = running("ps", 1, 1, 2);
+        for _ in 0..2 {
+            let s = lease(&mut ctx, W0, 1).unwrap();
+            let effects = ctx.shard_done(W0, 1, s, 3).unwrap();
+            if ctx.checkpoint_pending {
+                assert!(
+                    matches!(effects.as_slice(), [Effect::SavePsCheckpoint { id: 1, .. }]),
+                    "{effects:?}"
+                );
+            }
+        }
+        // Draining: no new leases until the checkpoint commits.
+        assert_eq!(ctx.lease(W0, 1).unwrap().outcome, LeaseOutcome::Wait);
+        ctx.checkpoint_committed(1, "/tmp/m.json".into(), 2, 0, 4)
+            .unwrap();
+        let s = lease(&mut ctx, W0, 1).unwrap();
+        ctx.shard_done(W0, 1, s, 5).unwrap();
+        assert_eq!(ctx.ledger.done_shards(), 3);
+        ctx.process_exited(PS0, 1, 0, 9, 6).unwrap();
+        assert_eq!(
+            ctx.ledger.done_shards(),
+            2,
+            "rolled back to the checkpoint's data position"
+        );
+        assert!(
+            ctx.slots
+                .values()
+                .all(|s| s.incarnation == 2 && s.phase == SlotPhase::Restarting)
+        );
+        let view = ctx.join_rendezvous(PS0, 2, 7).unwrap();
+        assert_eq!(view.resume_from, Some("/tmp/m.json".into()));
+        ctx.ledger.verify_exactly_once(false).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_a_restart_is_refused() {
+        let mut ctx = running("ps", 1, 1, 1);
+        let s = lease(&mut ctx, W0, 1).unwrap();
+        ctx.shard_done(W0, 1, s, 3).unwrap();
+        ctx.process_exited(PS0, 1, 1, 0, 4).unwrap();
+        assert!(
+            ctx.checkpoint_committed(1, "/tmp/m.json".into(), 1, 0, 5)
+                .is_err()
+        );
+        assert!(ctx.checkpoints.is_empty());
+    }
+
+    #[test]
+    fn an_allreduce_worker_failure_opens_a_new_round_for_everyone() {
+        let mut ctx = running("allreduce", 0, 2, 0);
+        let round = ctx.rendezvous.as_ref().unwrap().current().unwrap().number;
+        ctx.process_exited(W1, 1, 1, 0, 3).unwrap();
+        assert!(ctx.rendezvous.as_ref().unwrap().current().is_none());
+        // The neighbour's ring error arrives with the old incarnation: ignored, not counted.
+        ctx.process_exited(W0, 1, 1, 0, 3).unwrap();
+        assert_eq!(ctx.restarts[&RoleName::Worker], 1);
+        assert!(!ctx.join_rendezvous(W0, 2, 4).unwrap().ready);
+        let v = ctx.join_rendezvous(W1, 2, 4).unwrap();
+        assert!(v.ready);
+        assert_eq!(v.round, round + 1);
+    }
+
+    #[test]
+    fn exceeding_the_relaunch_limit_fails_the_job_with_the_reason() {
+        let mut ctx = running("ps", 1, 1, 0);
+        for inc in 1..=2 {
+            ctx.process_exited(W0, inc, 3, 0, inc).unwrap();
+            assert_eq!(ctx.phase, JobPhase::Running);
+        }
+        ctx.process_exited(W0, 3, 3, 0, 9).unwrap();
+        let JobPhase::Failed { reason } = &ctx.phase else {
+            panic!("{:?}", ctx.phase)
+        };
+        assert!(
+            reason.contains("worker-0 failed (exited with code 3)"),
+            "{reason}"
+        );
+        assert!(reason.contains("limit of 2"), "{reason}");
+        let ps_agent = ctx.slots[&PS0].agent_id;
+        assert_eq!(
+            ctx.heartbeat(PS0, ps_agent, 1, None, 0, 10).unwrap().0,
+            AgentAction::Shutdown
+        );
+    }
+
+    #[test]
+    fn a_lost_agent_is_replaced_and_its_late_registration_adopted() {
+        let (mut ctx, _) = JobContext::new(spec("ps", 1, 1, 0), "t".into(), Timing::default(), 0);
+        let (agent, _) = ctx
+            .register_agent(PS0, 1, "h".into(), "a".into(), 1)
+            .unwrap();
+        let t = Timing::default().register_timeout_ms + 1;
+        ctx.heartbeat(PS0, agent, 1, None, 0, t - 1).unwrap();
+        // The worker's agent never registers: after the registration timeout it is relaunched.
+        let effects = ctx.tick(t);
+        assert_eq!(
+            effects,
+            vec![
+                Effect::StopAgent {
+                    key: W0,
+                    graceful: false
+                },
+                Effect::LaunchAgent {
+                    key: W0,
+                    incarnation: 2
+                }
+            ]
+        );
+        // An agent started for the older incarnation is adopted with the current one.
+        let (_, inc) = ctx
+            .register_agent(W0, 1, "h".into(), "b".into(), 40_000)
+            .unwrap();
+        assert_eq!(inc, ctx.slots[&W0].incarnation);
+        // A registered slot does not adopt stale agents.
+        assert!(
+            ctx.register_agent(W0, 1, "h".into(), "c".into(), 40_001)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn the_job_succeeds_once_all_data_is_done_evaluated_and_workers_exited() {
+        let mut ctx = running("allreduce", 0, 2, 0);
+        while let Some(s) = lease(&mut ctx, W0, 1) {
+            ctx.shard_done(W0, 1, s, 3).unwrap();
+        }
+        let v0 = ctx.lease(W0, 1).unwrap();
+        let v1 = ctx.lease(W1, 1).unwrap();
+        assert_eq!(v0.outcome, LeaseOutcome::EndOfData);
+        assert!(v0.evaluate && !v1.evaluate, "exactly one evaluator");
+        assert!(ctx.process_exited(W1, 1, 0, 0, 4).unwrap().is_empty());
+        let m = MetricsRecord::default();
+        assert!(
+            ctx.report_metrics(W0, 1, m.clone(), Some(f64::NAN), None, 5)
+                .is_err()
+        );
+        ctx.report_metrics(W0, 1, m, Some(0.45), Some("d".into()), 5)
+            .unwrap();
+        assert_eq!(
+            ctx.process_exited(W0, 1, 0, 0, 6).unwrap(),
+            vec![Effect::Finish]
+        );
+        ctx.finish(7);
+        assert_eq!(ctx.phase, JobPhase::Succeeded);
+        ctx.ledger.verify_exactly_once(true).unwrap();
+    }
+
+    #[test]
+    fn the_context_round_trips_through_json() {
+        let mut ctx = running("ps", 1, 2, 3);
+        let s = lease(&mut ctx, W0, 1).unwrap();
+        ctx.shard_done(W0, 1, s, 3).unwrap();
+        lease(&mut ctx, W1, 1).unwrap();
+        let json = serde_json::to_string(&ctx).unwrap();
+        let back: JobContext = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, ctx);
+    }
 }

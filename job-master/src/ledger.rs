@@ -22,7 +22,11 @@ pub struct Holder {
 
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} (incarnation {})", self.role, self.index, self.incarnation)
+        write!(
+            f,
+            "{} {} (incarnation {})",
+            self.role, self.index, self.incarnation
+        )
     }
 }
 
@@ -95,7 +99,10 @@ pub struct ShardLedger {
 
 impl ShardLedger {
     pub fn new(num_samples: u64, shard_size: u64, epochs: u32) -> Self {
-        assert!(num_samples > 0 && shard_size > 0 && epochs > 0, "validated by the spec");
+        assert!(
+            num_samples > 0 && shard_size > 0 && epochs > 0,
+            "validated by the spec"
+        );
         let total = num_samples.div_ceil(shard_size) * epochs as u64;
         Self {
             num_samples,
@@ -121,7 +128,10 @@ impl ShardLedger {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.states.iter().filter(|s| matches!(s, ShardState::Leased(_))).count()
+        self.states
+            .iter()
+            .filter(|s| matches!(s, ShardState::Leased(_)))
+            .count()
     }
 
     pub fn is_complete(&self) -> bool {
@@ -207,7 +217,9 @@ impl ShardLedger {
             .states
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s, ShardState::Leased(h) if h.role == role && h.index == index))
+            .filter(
+                |(_, s)| matches!(s, ShardState::Leased(h) if h.role == role && h.index == index),
+            )
             .map(|(i, _)| i as u64)
             .collect();
         for &id in released.iter().rev() {
@@ -329,7 +341,13 @@ fn to_ranges(ids: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
 
 impl From<ShardLedger> for LedgerRepr {
     fn from(l: ShardLedger) -> Self {
-        let done = to_ranges(l.states.iter().enumerate().filter(|(_, s)| **s == ShardState::Done).map(|(i, _)| i as u64));
+        let done = to_ranges(
+            l.states
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| **s == ShardState::Done)
+                .map(|(i, _)| i as u64),
+        );
         let leased = l
             .states
             .iter()
@@ -349,7 +367,15 @@ impl From<ShardLedger> for LedgerRepr {
             history: l
                 .history
                 .into_iter()
-                .map(|c| (c.shard, c.by.role, c.by.index, c.by.incarnation, c.rolled_back))
+                .map(|c| {
+                    (
+                        c.shard,
+                        c.by.role,
+                        c.by.index,
+                        c.by.incarnation,
+                        c.rolled_back,
+                    )
+                })
                 .collect(),
         }
     }
@@ -363,7 +389,13 @@ impl TryFrom<LedgerRepr> for ShardLedger {
         }
         let mut l = ShardLedger::new(r.num_samples, r.shard_size, r.epochs);
         let total = l.total_shards();
-        let check = |id: u64| if id < total { Ok(id) } else { Err(format!("shard {id} is out of range (total {total})")) };
+        let check = |id: u64| {
+            if id < total {
+                Ok(id)
+            } else {
+                Err(format!("shard {id} is out of range (total {total})"))
+            }
+        };
         l.states.iter_mut().for_each(|s| *s = ShardState::Todo);
         for (a, b) in r.done {
             for id in a..b {
@@ -388,7 +420,11 @@ impl TryFrom<LedgerRepr> for ShardLedger {
                     epoch: range.epoch,
                     start: range.start,
                     end: range.end,
-                    by: Holder { role, index, incarnation },
+                    by: Holder {
+                        role,
+                        index,
+                        incarnation,
+                    },
                     rolled_back,
                 })
             })
@@ -414,8 +450,24 @@ mod tests {
     fn last_shard_is_short_and_epochs_repeat_the_ranges() {
         let l = ShardLedger::new(10, 4, 2);
         assert_eq!(l.total_shards(), 6);
-        assert_eq!(l.range(2).unwrap(), ShardRange { id: 2, epoch: 0, start: 8, end: 10 });
-        assert_eq!(l.range(3).unwrap(), ShardRange { id: 3, epoch: 1, start: 0, end: 4 });
+        assert_eq!(
+            l.range(2).unwrap(),
+            ShardRange {
+                id: 2,
+                epoch: 0,
+                start: 8,
+                end: 10
+            }
+        );
+        assert_eq!(
+            l.range(3).unwrap(),
+            ShardRange {
+                id: 3,
+                epoch: 1,
+                start: 0,
+                end: 4
+            }
+        );
         assert_eq!(l.range(6), Err(LedgerError::UnknownShard(6)));
     }
 
@@ -430,14 +482,20 @@ mod tests {
     #[test]
     fn a_dead_holders_shard_is_leased_again_and_counted_once() {
         let mut l = ShardLedger::new(8, 4, 1);
-        let LeaseOutcome::Granted(s0) = l.lease(&h(0, 1)) else { panic!() };
-        let LeaseOutcome::Granted(s1) = l.lease(&h(1, 1)) else { panic!() };
+        let LeaseOutcome::Granted(s0) = l.lease(&h(0, 1)) else {
+            panic!()
+        };
+        let LeaseOutcome::Granted(s1) = l.lease(&h(1, 1)) else {
+            panic!()
+        };
         assert_eq!(l.lease(&h(2, 1)), LeaseOutcome::Wait);
         l.complete(&h(1, 1), s1.id).unwrap();
         assert_eq!(l.release("worker", 0), vec![s0.id]);
         // The old incarnation cannot complete it any more.
         assert!(l.complete(&h(0, 1), s0.id).is_err());
-        let LeaseOutcome::Granted(again) = l.lease(&h(0, 2)) else { panic!() };
+        let LeaseOutcome::Granted(again) = l.lease(&h(0, 2)) else {
+            panic!()
+        };
         assert_eq!(again, s0);
         l.complete(&h(0, 2), s0.id).unwrap();
         assert_eq!(l.lease(&h(0, 2)), LeaseOutcome::EndOfData);
@@ -447,12 +505,18 @@ mod tests {
     #[test]
     fn restore_undoes_completions_after_the_snapshot() {
         let mut l = ShardLedger::new(8, 2, 1);
-        let LeaseOutcome::Granted(a) = l.lease(&h(0, 1)) else { panic!() };
+        let LeaseOutcome::Granted(a) = l.lease(&h(0, 1)) else {
+            panic!()
+        };
         l.complete(&h(0, 1), a.id).unwrap();
         let snap = l.snapshot();
-        let LeaseOutcome::Granted(b) = l.lease(&h(0, 1)) else { panic!() };
+        let LeaseOutcome::Granted(b) = l.lease(&h(0, 1)) else {
+            panic!()
+        };
         l.complete(&h(0, 1), b.id).unwrap();
-        let LeaseOutcome::Granted(_) = l.lease(&h(1, 1)) else { panic!() };
+        let LeaseOutcome::Granted(_) = l.lease(&h(1, 1)) else {
+            panic!()
+        };
         l.restore(&snap);
         assert_eq!(l.done_shards(), 1);
         assert_eq!(l.in_flight(), 0);
@@ -470,13 +534,19 @@ mod tests {
         let mut l = ShardLedger::new(100_000, 10, 3);
         for i in 0..500 {
             let w = h(i % 4, 1);
-            let LeaseOutcome::Granted(s) = l.lease(&w) else { panic!() };
+            let LeaseOutcome::Granted(s) = l.lease(&w) else {
+                panic!()
+            };
             l.complete(&w, s.id).unwrap();
         }
         let _ = l.lease(&h(7, 2));
         l.release("worker", 0);
         let json = serde_json::to_string(&l).unwrap();
-        assert!(json.len() < 25_000, "{} bytes for 30,000 shards and 500 completions", json.len());
+        assert!(
+            json.len() < 25_000,
+            "{} bytes for 30,000 shards and 500 completions",
+            json.len()
+        );
         let back: ShardLedger = serde_json::from_str(&json).unwrap();
         assert_eq!(back, l);
     }

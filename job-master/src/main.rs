@@ -11,7 +11,10 @@ use job_master::{MasterConfig, run};
 use proto::jobmaster::v1 as pb;
 
 #[derive(Parser)]
-#[command(version, about = "Brain's job master: runs one elastic training job (rendezvous, data shards, failures, checkpoints)")]
+#[command(
+    version,
+    about = "Brain's job master: runs one elastic training job (rendezvous, data shards, failures, checkpoints)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -53,12 +56,20 @@ enum Command {
     },
     /// Check a job spec and print what would run.
     Validate { spec: PathBuf },
+    /// Show a running job: phase, progress, and every process with its pid and resources.
+    Status {
+        /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319.
+        #[arg(long, env = "BRAIN_JOB_MASTER")]
+        master: String,
+    },
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match real_main().await {
@@ -88,6 +99,66 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                 spec.shards_per_epoch(),
                 spec.epochs
             );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Status { master } => {
+            let url = if master.starts_with("http") {
+                master.clone()
+            } else {
+                format!("http://{master}")
+            };
+            let mut c = pb::job_master_client::JobMasterClient::connect(url)
+                .await
+                .with_context(|| format!("cannot reach a job master at {master}"))?;
+            let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
+            println!(
+                "phase {}{}; epoch {}; shards {}/{}; step {}; {:.0} samples/s; loss {:.4}; checkpoints {}",
+                s.phase,
+                if s.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", s.reason)
+                },
+                s.epoch,
+                s.shards_done,
+                s.shards_total,
+                s.global_step,
+                s.samples_per_second,
+                s.loss,
+                s.checkpoints
+            );
+            println!(
+                "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}",
+                "process", "incarnation", "state", "pid", "cpu (m)", "rss (MiB)", "gpu"
+            );
+            for p in &s.processes {
+                let role = if p.role == pb::Role::Ps as i32 {
+                    "ps"
+                } else {
+                    "worker"
+                };
+                let (cpu, rss, gpu) = p
+                    .sample
+                    .as_ref()
+                    .map(|x| {
+                        (
+                            x.cpu_millicores.to_string(),
+                            format!("{:.1}", x.rss_bytes as f64 / 1048576.0),
+                            if x.gpu_present { "yes" } else { "no" },
+                        )
+                    })
+                    .unwrap_or(("-".into(), "-".into(), "-"));
+                println!(
+                    "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}",
+                    format!("{role}-{}", p.index),
+                    p.incarnation,
+                    p.state,
+                    p.pid,
+                    cpu,
+                    rss,
+                    gpu
+                );
+            }
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Run {
@@ -121,9 +192,14 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                 platform: PlatformConfig::Local { agent_bin },
             };
             println!("job master on {addr}, run directory {}", run_dir.display());
-            let progress = tokio::spawn(show_progress(addr, Duration::from_secs(progress_secs.max(1))));
+            let progress = tokio::spawn(show_progress(
+                addr,
+                Duration::from_secs(progress_secs.max(1)),
+            ));
             let shutdown = async {
-                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("signal handler");
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
@@ -131,7 +207,12 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             };
             let report = run(config, listener, shutdown).await?;
             progress.abort();
-            println!("\n== {} {} in {:.1} s ==", report.job, report.phase, report.elapsed_ms as f64 / 1000.0);
+            println!(
+                "\n== {} {} in {:.1} s ==",
+                report.job,
+                report.phase,
+                report.elapsed_ms as f64 / 1000.0
+            );
             if let Some(r) = &report.reason {
                 println!("reason: {r}");
             }
@@ -143,9 +224,15 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             }
             println!(
                 "shards: {}/{}; exactly-once per epoch: {}; samples per epoch: {:?}",
-                report.shards_done, report.shards_total, report.exactly_once, report.samples_per_epoch
+                report.shards_done,
+                report.shards_total,
+                report.exactly_once,
+                report.samples_per_epoch
             );
-            println!("relaunches: {:?}; checkpoints: {}", report.restarts, report.checkpoints);
+            println!(
+                "relaunches: {:?}; checkpoints: {}",
+                report.restarts, report.checkpoints
+            );
             for ps in &report.ps_stats {
                 println!(
                     "ps {}: {} keys, {} batches / {} samples applied, {} duplicate pushes ignored",
@@ -173,7 +260,9 @@ async fn show_progress(addr: std::net::SocketAddr, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        let Ok(s) = client.get_status(pb::StatusRequest {}).await else { continue };
+        let Ok(s) = client.get_status(pb::StatusRequest {}).await else {
+            continue;
+        };
         let s = s.into_inner();
         let alive = s.processes.iter().filter(|p| p.state == "running").count();
         println!(

@@ -13,7 +13,6 @@ use proto::jobmaster::v1 as pb;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc, watch};
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::error::Error;
 use crate::job::{Effect, JobContext, JobPhase, Timing};
@@ -179,10 +178,15 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
-        .add_service(pb::job_master_server::JobMasterServer::new(MasterService::new(shared.clone())))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-            let _ = stop_rx.await;
-        });
+        .add_service(pb::job_master_server::JobMasterServer::new(
+            MasterService::new(shared.clone()),
+        ))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = stop_rx.await;
+            },
+        );
     let server = tokio::spawn(server);
     tracing::info!(%addr, "job master listening");
 
@@ -236,17 +240,23 @@ pub async fn run(
     }
 
     // Agents learn the job is over from their next heartbeat and exit; stop the stragglers.
-    let deadline = Instant::now() + Duration::from_millis(timing.grace_period_ms + 3 * timing.heartbeat_interval_ms);
+    let deadline = Instant::now()
+        + Duration::from_millis(timing.grace_period_ms + 3 * timing.heartbeat_interval_ms);
     while platform.running().await > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    platform.stop_all(Duration::from_millis(timing.grace_period_ms)).await;
+    platform
+        .stop_all(Duration::from_millis(timing.grace_period_ms))
+        .await;
     monitor.abort();
     exec.abort();
     let _ = stop_tx.send(());
     // Graceful shutdown waits for open connections; a hung peer must not hold the master.
     let abort = server.abort_handle();
-    if tokio::time::timeout(Duration::from_secs(2), server).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .is_err()
+    {
         abort.abort();
     }
 
@@ -259,12 +269,20 @@ pub async fn run(
     Ok(report)
 }
 
-async fn execute(shared: &Arc<Shared>, platform: &Arc<dyn Platform>, addr: std::net::SocketAddr, effect: Effect) {
+async fn execute(
+    shared: &Arc<Shared>,
+    platform: &Arc<dyn Platform>,
+    addr: std::net::SocketAddr,
+    effect: Effect,
+) {
     match effect {
         Effect::LaunchAgent { key, incarnation } => {
             let resources = {
                 let ctx = shared.job.lock().await;
-                ctx.spec.roles.get(&key.role).and_then(|r| r.resources.clone())
+                ctx.spec
+                    .roles
+                    .get(&key.role)
+                    .and_then(|r| r.resources.clone())
             };
             let launch = AgentLaunch {
                 key,
@@ -282,10 +300,19 @@ async fn execute(shared: &Arc<Shared>, platform: &Arc<dyn Platform>, addr: std::
             }
         }
         Effect::StopAgent { key, graceful } => {
-            let grace = if graceful { Duration::from_secs(2) } else { Duration::ZERO };
+            let grace = if graceful {
+                Duration::from_secs(2)
+            } else {
+                Duration::ZERO
+            };
             platform.stop(key, grace).await
         }
-        Effect::SavePsCheckpoint { id, dir, ps, generation } => {
+        Effect::SavePsCheckpoint {
+            id,
+            dir,
+            ps,
+            generation,
+        } => {
             let shared = shared.clone();
             tokio::spawn(async move {
                 let (step, kind) = {
@@ -295,7 +322,10 @@ async fn execute(shared: &Arc<Shared>, platform: &Arc<dyn Platform>, addr: std::
                 match save_ps(id, &dir, &ps, step, kind).await {
                     Ok(manifest) => {
                         let r = shared
-                            .apply(|ctx, now| ctx.checkpoint_committed(id, manifest, step, generation, now).map(|()| ((), vec![])))
+                            .apply(|ctx, now| {
+                                ctx.checkpoint_committed(id, manifest, step, generation, now)
+                                    .map(|()| ((), vec![]))
+                            })
                             .await;
                         if let Err(e) = r {
                             tracing::warn!("checkpoint {id} dropped: {e}");
@@ -315,7 +345,10 @@ async fn execute(shared: &Arc<Shared>, platform: &Arc<dyn Platform>, addr: std::
         Effect::Finish => {
             let ps = {
                 let ctx = shared.job.lock().await;
-                ctx.cluster.as_ref().map(|c| c.ps.clone()).unwrap_or_default()
+                ctx.cluster
+                    .as_ref()
+                    .map(|c| c.ps.clone())
+                    .unwrap_or_default()
             };
             let mut stats = Vec::new();
             for (index, addr) in ps {
@@ -335,13 +368,21 @@ async fn execute(shared: &Arc<Shared>, platform: &Arc<dyn Platform>, addr: std::
     }
 }
 
-async fn ps_client(addr: &str) -> Result<pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>, String> {
+async fn ps_client(
+    addr: &str,
+) -> Result<pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>, String> {
     pb::parameter_server_client::ParameterServerClient::connect(format!("http://{addr}"))
         .await
         .map_err(|e| format!("cannot reach ps at {addr}: {e}"))
 }
 
-async fn save_ps(id: u64, dir: &std::path::Path, ps: &[String], step: u64, kind: String) -> Result<PathBuf, String> {
+async fn save_ps(
+    id: u64,
+    dir: &std::path::Path,
+    ps: &[String],
+    step: u64,
+    kind: String,
+) -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let mut parts = Vec::new();
     for (index, addr) in ps.iter().enumerate() {
@@ -424,7 +465,11 @@ fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64) -> JobRep
         ps_stats,
         applied_samples: applied.applied_samples,
         applied_index_sum: applied.applied_index_sum,
-        events: ctx.events.iter().map(|e| format!("{:>8} ms  {}", e.at_ms, e.text)).collect(),
+        events: ctx
+            .events
+            .iter()
+            .map(|e| format!("{:>8} ms  {}", e.at_ms, e.text))
+            .collect(),
     }
 }
 
@@ -455,7 +500,9 @@ pub(crate) async fn commit_allreduce_checkpoint(
         let dir = PathBuf::from(&model_path)
             .parent()
             .map(|p| p.to_path_buf())
-            .ok_or_else(|| Error::InvalidRequest(format!("checkpoint path {model_path:?} has no directory")))?;
+            .ok_or_else(|| {
+                Error::InvalidRequest(format!("checkpoint path {model_path:?} has no directory"))
+            })?;
         (id, dir, ctx.generation)
     };
     let manifest = Manifest {
@@ -471,12 +518,16 @@ pub(crate) async fn commit_allreduce_checkpoint(
         }),
     };
     let path = dir.join(MANIFEST_FILE);
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+    let json =
+        serde_json::to_vec_pretty(&manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
     write_atomic(&path, &json).map_err(|e| Error::Io {
         path: path.clone(),
         source: e,
     })?;
     shared
-        .apply(|ctx, now| ctx.checkpoint_committed(id, path, step, generation, now).map(|()| ((), vec![])))
+        .apply(|ctx, now| {
+            ctx.checkpoint_committed(id, path, step, generation, now)
+                .map(|()| ((), vec![]))
+        })
         .await
 }

@@ -39,7 +39,10 @@ impl Persister {
 
     /// Marks the state changed; returns the generation to wait for.
     pub fn changed(&self) -> u64 {
-        let g = self.wanted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let g = self
+            .wanted
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         self.wake.notify_one();
         g
     }

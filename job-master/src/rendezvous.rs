@@ -27,8 +27,15 @@ pub struct Round {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JoinOutcome {
-    Ready { round: u64, rank: u32, world_size: u32, peers: Vec<String> },
-    Waiting { reason: String },
+    Ready {
+        round: u64,
+        rank: u32,
+        world_size: u32,
+        peers: Vec<String>,
+    },
+    Waiting {
+        reason: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -223,11 +230,22 @@ mod tests {
         let mut r = RoundRendezvous::new(1, 4, 1, 60_000, 3);
         assert!(matches!(r.join(m(2), 0), JoinOutcome::Waiting { .. }));
         assert!(matches!(r.join(m(0), 1), JoinOutcome::Waiting { .. }));
-        let JoinOutcome::Ready { rank, world_size, peers, round } = r.join(m(1), 2) else { panic!() };
+        let JoinOutcome::Ready {
+            rank,
+            world_size,
+            peers,
+            round,
+        } = r.join(m(1), 2)
+        else {
+            panic!()
+        };
         assert_eq!((round, rank, world_size), (0, 1, 3));
         assert_eq!(peers[2], "127.0.0.1:9002");
         // Earlier joiners see the closed round on their next poll, ranked by index.
-        assert!(matches!(r.join(m(2), 3), JoinOutcome::Ready { rank: 2, .. }));
+        assert!(matches!(
+            r.join(m(2), 3),
+            JoinOutcome::Ready { rank: 2, .. }
+        ));
     }
 
     #[test]
@@ -239,7 +257,9 @@ mod tests {
         assert!(!r.try_close(999));
         assert!(r.try_close(1_000));
         assert_eq!(r.current().unwrap().members.len(), 2);
-        let JoinOutcome::Waiting { reason } = r.join(m(2), 1_001) else { panic!() };
+        let JoinOutcome::Waiting { reason } = r.join(m(2), 1_001) else {
+            panic!()
+        };
         assert!(reason.contains("node_unit 2"), "{reason}");
     }
 
@@ -251,11 +271,24 @@ mod tests {
         r.invalidate();
         let mut again = m(0);
         again.incarnation = 2;
-        assert!(matches!(r.join(again.clone(), 5), JoinOutcome::Waiting { .. }));
+        assert!(matches!(
+            r.join(again.clone(), 5),
+            JoinOutcome::Waiting { .. }
+        ));
         let mut other = m(1);
         other.incarnation = 2;
-        assert!(matches!(r.join(other, 5), JoinOutcome::Ready { round: 1, .. }));
-        assert!(matches!(r.join(again, 6), JoinOutcome::Ready { round: 1, rank: 0, .. }));
+        assert!(matches!(
+            r.join(other, 5),
+            JoinOutcome::Ready { round: 1, .. }
+        ));
+        assert!(matches!(
+            r.join(again, 6),
+            JoinOutcome::Ready {
+                round: 1,
+                rank: 0,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -283,7 +316,7 @@ mod tests {
                 let _ = r.join(m(idx), t);
                 if let Some(round) = r.current() {
                     let n = round.members.len() as u32;
-                    prop_assert!(n >= min && n <= max && n % unit == 0);
+                    prop_assert!(n >= min && n <= max && n.is_multiple_of(unit));
                     let mut idx: Vec<u32> = round.members.iter().map(|m| m.index).collect();
                     idx.dedup();
                     prop_assert_eq!(idx.len() as u32, n);

@@ -26,7 +26,9 @@ fn role(r: i32) -> Result<RoleName, Error> {
     match pb::Role::try_from(r) {
         Ok(pb::Role::Ps) => Ok(RoleName::Ps),
         Ok(pb::Role::Worker) => Ok(RoleName::Worker),
-        _ => Err(Error::InvalidRequest(format!("role {r} is not ps or worker"))),
+        _ => Err(Error::InvalidRequest(format!(
+            "role {r} is not ps or worker"
+        ))),
     }
 }
 
@@ -53,7 +55,10 @@ fn sample(s: pb::ResourceSample) -> Sample {
 
 #[tonic::async_trait]
 impl pb::job_master_server::JobMaster for MasterService {
-    async fn register_agent(&self, req: Request<pb::RegisterAgentRequest>) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+    async fn register_agent(
+        &self,
+        req: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
         let r = req.into_inner();
         let key = SlotKey {
             role: role(r.role)?,
@@ -81,14 +86,24 @@ impl pb::job_master_server::JobMaster for MasterService {
         }))
     }
 
-    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         let (action, incarnation, restart_count) = self
             .shared
             .apply(|ctx, now| {
-                ctx.heartbeat(key, r.agent_id, incarnation, r.sample.map(sample), r.process_pid, now)
-                    .map(|v| (v, vec![]))
+                ctx.heartbeat(
+                    key,
+                    r.agent_id,
+                    incarnation,
+                    r.sample.map(sample),
+                    r.process_pid,
+                    now,
+                )
+                .map(|v| (v, vec![]))
             })
             .await?;
         Ok(Response::new(pb::HeartbeatResponse {
@@ -102,7 +117,10 @@ impl pb::job_master_server::JobMaster for MasterService {
         }))
     }
 
-    async fn report_process_exit(&self, req: Request<pb::ProcessExit>) -> Result<Response<pb::Ack>, Status> {
+    async fn report_process_exit(
+        &self,
+        req: Request<pb::ProcessExit>,
+    ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         self.shared
@@ -114,11 +132,17 @@ impl pb::job_master_server::JobMaster for MasterService {
         Ok(Response::new(pb::Ack {}))
     }
 
-    async fn join_rendezvous(&self, req: Request<pb::JoinRendezvousRequest>) -> Result<Response<pb::JoinRendezvousResponse>, Status> {
+    async fn join_rendezvous(
+        &self,
+        req: Request<pb::JoinRendezvousRequest>,
+    ) -> Result<Response<pb::JoinRendezvousResponse>, Status> {
         let (key, incarnation) = process(req.into_inner().process)?;
         let v = self
             .shared
-            .apply(|ctx, now| ctx.join_rendezvous(key, incarnation, now).map(|v| (v, vec![])))
+            .apply(|ctx, now| {
+                ctx.join_rendezvous(key, incarnation, now)
+                    .map(|v| (v, vec![]))
+            })
             .await?;
         let (master_addr, master_port) = v
             .peers
@@ -141,20 +165,29 @@ impl pb::job_master_server::JobMaster for MasterService {
             }),
             waiting_reason: v.waiting_reason,
             restart_count: v.restart_count,
-            resume_from: v.resume_from.map(|p| p.display().to_string()).unwrap_or_default(),
+            resume_from: v
+                .resume_from
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
         }))
     }
 
-    async fn get_workload(&self, req: Request<pb::ProcessRef>) -> Result<Response<pb::WorkloadConfig>, Status> {
+    async fn get_workload(
+        &self,
+        req: Request<pb::ProcessRef>,
+    ) -> Result<Response<pb::WorkloadConfig>, Status> {
         let (key, _) = process(Some(req.into_inner()))?;
         let ctx = self.shared.job.lock().await;
-        let b = ctx
+        let b = ctx.spec.workload.builtin.clone().ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "{key}: this job runs a command, not the built-in workload"
+            ))
+        })?;
+        let ps_replicas = ctx
             .spec
-            .workload
-            .builtin
-            .clone()
-            .ok_or_else(|| Status::failed_precondition(format!("{key}: this job runs a command, not the built-in workload")))?;
-        let ps_replicas = ctx.spec.role_plan(RoleName::Ps).map(|p| p.replicas).unwrap_or(0);
+            .role_plan(RoleName::Ps)
+            .map(|p| p.replicas)
+            .unwrap_or(0);
         Ok(Response::new(pb::WorkloadConfig {
             kind: ctx.spec.kind.to_string(),
             seed: b.seed,
@@ -172,7 +205,10 @@ impl pb::job_master_server::JobMaster for MasterService {
         }))
     }
 
-    async fn lease_shard(&self, req: Request<pb::LeaseShardRequest>) -> Result<Response<pb::LeaseShardResponse>, Status> {
+    async fn lease_shard(
+        &self,
+        req: Request<pb::LeaseShardRequest>,
+    ) -> Result<Response<pb::LeaseShardResponse>, Status> {
         let (key, incarnation) = process(req.into_inner().process)?;
         let v = self
             .shared
@@ -199,16 +235,25 @@ impl pb::job_master_server::JobMaster for MasterService {
         }))
     }
 
-    async fn report_shard_done(&self, req: Request<pb::ShardDone>) -> Result<Response<pb::Ack>, Status> {
+    async fn report_shard_done(
+        &self,
+        req: Request<pb::ShardDone>,
+    ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         self.shared
-            .apply(|ctx, now| ctx.shard_done(key, incarnation, r.shard_id, now).map(|e| ((), e)))
+            .apply(|ctx, now| {
+                ctx.shard_done(key, incarnation, r.shard_id, now)
+                    .map(|e| ((), e))
+            })
             .await?;
         Ok(Response::new(pb::Ack {}))
     }
 
-    async fn report_metrics(&self, req: Request<pb::TrainingMetrics>) -> Result<Response<pb::Ack>, Status> {
+    async fn report_metrics(
+        &self,
+        req: Request<pb::TrainingMetrics>,
+    ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         let m = MetricsRecord {
@@ -221,21 +266,35 @@ impl pb::job_master_server::JobMaster for MasterService {
         };
         self.shared
             .apply(|ctx, now| {
-                ctx.report_metrics(key, incarnation, m, r.final_eval_loss, r.final_model_digest, now)
-                    .map(|e| ((), e))
+                ctx.report_metrics(
+                    key,
+                    incarnation,
+                    m,
+                    r.final_eval_loss,
+                    r.final_model_digest,
+                    now,
+                )
+                .map(|e| ((), e))
             })
             .await?;
         Ok(Response::new(pb::Ack {}))
     }
 
-    async fn commit_checkpoint(&self, req: Request<pb::CheckpointCommit>) -> Result<Response<pb::Ack>, Status> {
+    async fn commit_checkpoint(
+        &self,
+        req: Request<pb::CheckpointCommit>,
+    ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
-        commit_allreduce_checkpoint(&self.shared, key, incarnation, r.step, r.path, r.digest).await?;
+        commit_allreduce_checkpoint(&self.shared, key, incarnation, r.step, r.path, r.digest)
+            .await?;
         Ok(Response::new(pb::Ack {}))
     }
 
-    async fn get_status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::JobStatus>, Status> {
+    async fn get_status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
         let ctx = self.shared.job.lock().await;
         let (global_step, samples_per_second, loss) = ctx.progress();
         Ok(Response::new(pb::JobStatus {
@@ -272,7 +331,11 @@ impl pb::job_master_server::JobMaster for MasterService {
                     pid: s.process_pid,
                 })
                 .collect(),
-            rendezvous_round: ctx.rendezvous.as_ref().map(|r| r.next_round_number()).unwrap_or(0),
+            rendezvous_round: ctx
+                .rendezvous
+                .as_ref()
+                .map(|r| r.next_round_number())
+                .unwrap_or(0),
             final_eval_loss: ctx.final_eval_loss,
             checkpoints: ctx.checkpoints.len() as u32,
         }))

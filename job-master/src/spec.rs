@@ -71,22 +71,26 @@ enum Quantity {
 impl TryFrom<Quantity> for Millicores {
     type Error = String;
     fn try_from(q: Quantity) -> Result<Self, String> {
-        let cores = match q {
-            Quantity::Int(n) => n as f64,
-            Quantity::Float(x) => x,
-            Quantity::Text(s) => match s.strip_suffix('m') {
-                Some(milli) => {
-                    return milli
+        let cores =
+            match q {
+                Quantity::Int(n) => n as f64,
+                Quantity::Float(x) => x,
+                Quantity::Text(s) => match s.strip_suffix('m') {
+                    Some(milli) => {
+                        return milli.trim().parse::<u64>().map(Millicores).map_err(|_| {
+                            format!("cpu quantity {s:?} is not a number of millicores")
+                        });
+                    }
+                    None => s
                         .trim()
-                        .parse::<u64>()
-                        .map(Millicores)
-                        .map_err(|_| format!("cpu quantity {s:?} is not a number of millicores"));
-                }
-                None => s.trim().parse::<f64>().map_err(|_| format!("cpu quantity {s:?} is not a number of cores"))?,
-            },
-        };
+                        .parse::<f64>()
+                        .map_err(|_| format!("cpu quantity {s:?} is not a number of cores"))?,
+                },
+            };
         if !cores.is_finite() || cores < 0.0 {
-            return Err(format!("cpu quantity {cores} must be a non-negative number of cores"));
+            return Err(format!(
+                "cpu quantity {cores} must be a non-negative number of cores"
+            ));
         }
         Ok(Millicores((cores * 1000.0).round() as u64))
     }
@@ -104,7 +108,9 @@ impl TryFrom<Quantity> for Bytes {
         match q {
             Quantity::Int(n) => Ok(Bytes(n)),
             Quantity::Float(x) if x.is_finite() && x >= 0.0 => Ok(Bytes(x as u64)),
-            Quantity::Float(x) => Err(format!("memory quantity {x} must be a non-negative number of bytes")),
+            Quantity::Float(x) => Err(format!(
+                "memory quantity {x} must be a non-negative number of bytes"
+            )),
             Quantity::Text(s) => {
                 const UNITS: [(&str, u64); 8] = [
                     ("Ki", 1 << 10),
@@ -294,7 +300,10 @@ impl JobSpec {
             source: e,
         })?;
         let mut spec = Self::from_yaml(&text).map_err(|e| e.in_file(path))?;
-        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         if spec.checkpoint.dir.is_relative() {
             spec.checkpoint.dir = base.join(&spec.checkpoint.dir);
         }
@@ -310,7 +319,9 @@ impl JobSpec {
             let inner = e.into_inner().to_string();
             // Map keys that are enums show as `?`; serde_norway's message names them.
             match inner.split_once(": ") {
-                Some((p, rest)) if path.contains('?') && !p.contains(' ') => SpecError::new(p, rest),
+                Some((p, rest)) if path.contains('?') && !p.contains(' ') => {
+                    SpecError::new(p, rest)
+                }
                 _ => SpecError::new(if path == "." { "spec".into() } else { path }, inner),
             }
         })
@@ -326,18 +337,30 @@ impl JobSpec {
         {
             return Err(SpecError::new(
                 "name",
-                format!("{:?} must be non-empty and use only letters, digits, '-', '_' and '.'", self.name),
+                format!(
+                    "{:?} must be non-empty and use only letters, digits, '-', '_' and '.'",
+                    self.name
+                ),
             ));
         }
         if !self.roles.contains_key(&RoleName::Worker) {
-            return Err(SpecError::new("roles.worker", "is missing: every job needs workers"));
+            return Err(SpecError::new(
+                "roles.worker",
+                "is missing: every job needs workers",
+            ));
         }
         match (self.kind, self.roles.contains_key(&RoleName::Ps)) {
             (JobKind::Ps, false) => {
-                return Err(SpecError::new("roles.ps", "is missing: a ps job needs parameter servers"));
+                return Err(SpecError::new(
+                    "roles.ps",
+                    "is missing: a ps job needs parameter servers",
+                ));
             }
             (JobKind::Allreduce, true) => {
-                return Err(SpecError::new("roles.ps", "is not allowed in an allreduce job"));
+                return Err(SpecError::new(
+                    "roles.ps",
+                    "is not allowed in an allreduce job",
+                ));
             }
             _ => {}
         }
@@ -366,7 +389,10 @@ impl JobSpec {
             )),
             (None, Some(cmd)) => {
                 let Some(program) = cmd.first() else {
-                    return Err(SpecError::new("workload.command", "is empty: give the program and its arguments"));
+                    return Err(SpecError::new(
+                        "workload.command",
+                        "is empty: give the program and its arguments",
+                    ));
                 };
                 if resolve_program(program).is_none() {
                     return Err(SpecError::new(
@@ -389,7 +415,10 @@ impl JobSpec {
                     ));
                 }
                 if u32::try_from(b.num_fields).is_err() {
-                    return Err(SpecError::new("workload.builtin.num_fields", format!("{} is too large", b.num_fields)));
+                    return Err(SpecError::new(
+                        "workload.builtin.num_fields",
+                        format!("{} is too large", b.num_fields),
+                    ));
                 }
                 Ok(())
             }
@@ -409,14 +438,26 @@ impl JobSpec {
         };
         let min = match r.min {
             Some(n) => to_count(&p("min"), n)?,
-            None => r.replicas.map(|n| to_count(&p("replicas"), n)).transpose()?.unwrap_or(node_unit),
+            None => r
+                .replicas
+                .map(|n| to_count(&p("replicas"), n))
+                .transpose()?
+                .unwrap_or(node_unit),
         };
         let max = match r.max {
             Some(n) => to_count(&p("max"), n)?,
-            None => r.replicas.map(|n| to_count(&p("replicas"), n)).transpose()?.unwrap_or(min).max(min),
+            None => r
+                .replicas
+                .map(|n| to_count(&p("replicas"), n))
+                .transpose()?
+                .unwrap_or(min)
+                .max(min),
         };
         if min > max {
-            return Err(SpecError::new(p("min"), format!("{min} is greater than max {max}")));
+            return Err(SpecError::new(
+                p("min"),
+                format!("{min} is greater than max {max}"),
+            ));
         }
         if max % node_unit != 0 {
             return Err(SpecError::new(
@@ -443,20 +484,29 @@ impl JobSpec {
         if role == RoleName::Ps && (min != max) {
             return Err(SpecError::new(
                 p("max"),
-                format!("{max}: parameter servers are not elastic within one run (min {min} must equal max)"),
+                format!(
+                    "{max}: parameter servers are not elastic within one run (min {min} must equal max)"
+                ),
             ));
         }
         let max_restarts = match r.max_restarts {
             Some(n) if n < 0 => {
-                return Err(SpecError::new(p("max_restarts"), format!("{n} must not be negative")));
+                return Err(SpecError::new(
+                    p("max_restarts"),
+                    format!("{n} must not be negative"),
+                ));
             }
-            Some(n) => u32::try_from(n).map_err(|_| SpecError::new(p("max_restarts"), format!("{n} is too large")))?,
+            Some(n) => u32::try_from(n)
+                .map_err(|_| SpecError::new(p("max_restarts"), format!("{n} is too large")))?,
             None => 3,
         };
         if let Some(res) = &r.resources
             && res.cpu == Some(Millicores(0))
         {
-            return Err(SpecError::new(p("resources.cpu"), "0 must be more than zero"));
+            return Err(SpecError::new(
+                p("resources.cpu"),
+                "0 must be more than zero",
+            ));
         }
         Ok(RolePlan {
             replicas,
@@ -474,7 +524,10 @@ impl JobSpec {
 
 fn positive(path: &str, v: i64) -> Result<(), SpecError> {
     if v <= 0 {
-        return Err(SpecError::new(path, format!("{v} must be greater than zero")));
+        return Err(SpecError::new(
+            path,
+            format!("{v} must be greater than zero"),
+        ));
     }
     Ok(())
 }
@@ -488,7 +541,10 @@ fn non_negative(path: &str, v: i64) -> Result<(), SpecError> {
 
 fn to_count(path: &str, v: i64) -> Result<u32, SpecError> {
     if v <= 0 {
-        return Err(SpecError::new(path, format!("{v} must be greater than zero")));
+        return Err(SpecError::new(
+            path,
+            format!("{v} must be greater than zero"),
+        ));
     }
     u32::try_from(v).map_err(|_| SpecError::new(path, format!("{v} is too large")))
 }
@@ -499,12 +555,21 @@ fn check_writable_dir(path: &str, dir: &Path) -> Result<(), SpecError> {
     loop {
         if probe.exists() {
             if !probe.is_dir() {
-                return Err(SpecError::new(path, format!("{} is not a directory", probe.display())));
+                return Err(SpecError::new(
+                    path,
+                    format!("{} is not a directory", probe.display()),
+                ));
             }
-            let meta = std::fs::metadata(probe)
-                .map_err(|e| SpecError::new(path, format!("{} cannot be read: {e}", probe.display())))?;
-            if meta.permissions().readonly() || nix::unistd::access(probe, nix::unistd::AccessFlags::W_OK).is_err() {
-                return Err(SpecError::new(path, format!("{} is not writable", probe.display())));
+            let meta = std::fs::metadata(probe).map_err(|e| {
+                SpecError::new(path, format!("{} cannot be read: {e}", probe.display()))
+            })?;
+            if meta.permissions().readonly()
+                || nix::unistd::access(probe, nix::unistd::AccessFlags::W_OK).is_err()
+            {
+                return Err(SpecError::new(
+                    path,
+                    format!("{} is not writable", probe.display()),
+                ));
             }
             return Ok(());
         }
@@ -517,7 +582,8 @@ fn check_writable_dir(path: &str, dir: &Path) -> Result<(), SpecError> {
 
 /// Finds a program as `execvp` would: a path with a slash as is, a bare name on `PATH`.
 pub fn resolve_program(program: &str) -> Option<PathBuf> {
-    let is_exec = |p: &Path| p.is_file() && nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok();
+    let is_exec =
+        |p: &Path| p.is_file() && nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok();
     if program.contains('/') {
         let p = PathBuf::from(program);
         return is_exec(&p).then_some(p);
@@ -573,11 +639,25 @@ checkpoint: { dir: /tmp/brain-spec-test }
 
     #[test]
     fn errors_name_the_field_path_and_value() {
-        assert!(err(&GOOD.replace("epochs: 2", "epochs: 2\nepoch: 3")).contains("unknown field `epoch`"));
-        assert!(err(&GOOD.replace("batch_size: 128", "batch_size: 128, lr: 1")).contains("workload.builtin"));
-        assert!(err(&GOOD.replace("min: 1, max: 4", "min: 5, max: 4")).contains("roles.worker.min: 5 is greater than max 4"));
-        assert!(err(&GOOD.replace("shard_size: 100", "shard_size: -3")).contains("data.shard_size: -3"));
-        assert!(err(&GOOD.replace("cpu: \"500m\"", "cpu: lots")).contains("roles.worker.resources: cpu quantity \"lots\""));
+        assert!(
+            err(&GOOD.replace("epochs: 2", "epochs: 2\nepoch: 3"))
+                .contains("unknown field `epoch`")
+        );
+        assert!(
+            err(&GOOD.replace("batch_size: 128", "batch_size: 128, lr: 1"))
+                .contains("workload.builtin")
+        );
+        assert!(
+            err(&GOOD.replace("min: 1, max: 4", "min: 5, max: 4"))
+                .contains("roles.worker.min: 5 is greater than max 4")
+        );
+        assert!(
+            err(&GOOD.replace("shard_size: 100", "shard_size: -3")).contains("data.shard_size: -3")
+        );
+        assert!(
+            err(&GOOD.replace("cpu: \"500m\"", "cpu: lots"))
+                .contains("roles.worker.resources: cpu quantity \"lots\"")
+        );
     }
 
     #[test]

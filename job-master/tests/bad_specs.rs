@@ -24,7 +24,11 @@ checkpoint: { dir: CKPT }
 fn run_spec(yaml: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("job.yaml");
-    std::fs::write(&spec, yaml.replace("CKPT", &dir.path().join("ckpt").display().to_string())).unwrap();
+    std::fs::write(
+        &spec,
+        yaml.replace("CKPT", &dir.path().join("ckpt").display().to_string()),
+    )
+    .unwrap();
     let out = Command::new(job_master_bin())
         .arg("run")
         .arg(&spec)
@@ -34,54 +38,126 @@ fn run_spec(yaml: &str) -> (i32, String) {
         .output()
         .unwrap();
     // Nothing ran: no agent was started, so no log directory exists.
-    assert!(!dir.path().join("run/logs").exists(), "a bad spec must not start processes");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string())
+    assert!(
+        !dir.path().join("run/logs").exists(),
+        "a bad spec must not start processes"
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 #[test]
 fn the_good_spec_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("job.yaml");
-    std::fs::write(&spec, GOOD.replace("CKPT", &dir.path().join("ckpt").display().to_string())).unwrap();
-    let out = Command::new(job_master_bin()).arg("validate").arg(&spec).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(
+        &spec,
+        GOOD.replace("CKPT", &dir.path().join("ckpt").display().to_string()),
+    )
+    .unwrap();
+    let out = Command::new(job_master_bin())
+        .arg("validate")
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn bad_specs_are_rejected_with_the_field_path_and_value() {
     let cases: Vec<(String, &str)> = vec![
-        (GOOD.replace("epochs: 1", "epochs: 1\nepoch: 3"), "epoch: unknown field `epoch`, expected one of"),
-        (GOOD.replace("kind: ps", "kind: mpi"), "kind: unknown variant `mpi`"),
-        (GOOD.replace("replicas: 2, min: 1", "replicas: -2, min: 1"), "roles.worker.replicas: -2 must be greater than zero"),
-        (GOOD.replace("shard_size: 100", "shard_size: 0"), "data.shard_size: 0 must be greater than zero"),
-        (GOOD.replace("min: 1, max: 4", "min: 5, max: 4"), "roles.worker.min: 5 is greater than max 4"),
-        (GOOD.replace("max: 4, node_unit: 1", "max: 5, node_unit: 2"), "roles.worker.max: 5 is not a multiple of node_unit 2"),
-        (GOOD.replace("builtin: { batch_size: 64 }", "env: { A: b }"), "workload: names no command"),
         (
-            GOOD.replace("builtin: { batch_size: 64 }", "command: [/nonexistent/train.py, --lr, '0.1']"),
+            GOOD.replace("epochs: 1", "epochs: 1\nepoch: 3"),
+            "epoch: unknown field `epoch`, expected one of",
+        ),
+        (
+            GOOD.replace("kind: ps", "kind: mpi"),
+            "kind: unknown variant `mpi`",
+        ),
+        (
+            GOOD.replace("replicas: 2, min: 1", "replicas: -2, min: 1"),
+            "roles.worker.replicas: -2 must be greater than zero",
+        ),
+        (
+            GOOD.replace("shard_size: 100", "shard_size: 0"),
+            "data.shard_size: 0 must be greater than zero",
+        ),
+        (
+            GOOD.replace("min: 1, max: 4", "min: 5, max: 4"),
+            "roles.worker.min: 5 is greater than max 4",
+        ),
+        (
+            GOOD.replace("max: 4, node_unit: 1", "max: 5, node_unit: 2"),
+            "roles.worker.max: 5 is not a multiple of node_unit 2",
+        ),
+        (
+            GOOD.replace("builtin: { batch_size: 64 }", "env: { A: b }"),
+            "workload: names no command",
+        ),
+        (
+            GOOD.replace(
+                "builtin: { batch_size: 64 }",
+                "command: [/nonexistent/train.py, --lr, '0.1']",
+            ),
             "workload.command[0]: \"/nonexistent/train.py\" is not an executable file nor found on PATH",
         ),
-        (GOOD.replace("dir: CKPT", "dir: /etc/hostname/ckpt"), "checkpoint.dir: /etc/hostname is not a directory"),
-        (GOOD.replace("  ps: { replicas: 1 }\n", ""), "roles.ps: is missing: a ps job needs parameter servers"),
-        (GOOD.replace("replicas: 2, min", "replicas: 2, resources: { cpu: lots }, min"), "cpu quantity \"lots\" is not a number of cores"),
-        (GOOD.replace("batch_size: 64", "batch_size: 64, learning_rate: -1"), "workload.builtin.learning_rate: -1 must be a positive number"),
-        (GOOD.replace("epochs: 1", "epochs: 0"), "epochs: 0 must be greater than zero"),
+        (
+            GOOD.replace("dir: CKPT", "dir: /etc/hostname/ckpt"),
+            "checkpoint.dir: /etc/hostname is not a directory",
+        ),
+        (
+            GOOD.replace("  ps: { replicas: 1 }\n", ""),
+            "roles.ps: is missing: a ps job needs parameter servers",
+        ),
+        (
+            GOOD.replace(
+                "replicas: 2, min",
+                "replicas: 2, resources: { cpu: lots }, min",
+            ),
+            "cpu quantity \"lots\" is not a number of cores",
+        ),
+        (
+            GOOD.replace("batch_size: 64", "batch_size: 64, learning_rate: -1"),
+            "workload.builtin.learning_rate: -1 must be a positive number",
+        ),
+        (
+            GOOD.replace("epochs: 1", "epochs: 0"),
+            "epochs: 0 must be greater than zero",
+        ),
     ];
     assert!(cases.len() >= 8);
     for (yaml, expected) in cases {
         let (code, stderr) = run_spec(&yaml);
-        assert_eq!(code, 2, "expected a usage error for {expected:?}, got {code}: {stderr}");
+        assert_eq!(
+            code, 2,
+            "expected a usage error for {expected:?}, got {code}: {stderr}"
+        );
         assert!(stderr.contains("invalid job spec"), "{stderr}");
-        assert!(stderr.contains(expected), "expected {expected:?} in: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in: {stderr}"
+        );
     }
 }
 
 #[test]
 fn a_missing_spec_file_is_a_clear_error() {
-    let out = Command::new(job_master_bin()).args(["run", "/nonexistent/job.yaml"]).output().unwrap();
+    let out = Command::new(job_master_bin())
+        .args(["run", "/nonexistent/job.yaml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("cannot read job spec /nonexistent/job.yaml"), "{stderr}");
+    assert!(
+        stderr.contains("cannot read job spec /nonexistent/job.yaml"),
+        "{stderr}"
+    );
 }
 
 /// A valid spec whose command fails every time: relaunched up to the limit, then the job fails
@@ -117,9 +193,17 @@ checkpoint: { dir: CKPT }
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("always-fails failed"), "{stdout}");
     assert!(stdout.contains("exited with code 3"), "{stdout}");
-    assert!(stdout.contains("relaunches exceed the limit of 2"), "{stdout}");
+    assert!(
+        stdout.contains("relaunches exceed the limit of 2"),
+        "{stdout}"
+    );
     assert_no_process_left(addr).await;
 }

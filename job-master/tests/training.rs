@@ -25,25 +25,38 @@ async fn ps_job_with_2_ps_and_3_workers_matches_a_single_process_run() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "ps-train", "ps", 2, 3, 60_000, 2, 0, 20);
     let cfg = workload_of(&spec);
-    let run = start(spec, dir.path()).await;
-    let addr = run.addr;
-    let run_dir = run.run_dir.clone();
+    let mut run = start(spec, dir.path()).await;
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
     assert_eq!(report.kind, JobKind::Ps);
     assert_eq!(report.exactly_once, "ok");
-    assert_eq!(report.samples_per_epoch.values().copied().collect::<Vec<_>>(), vec![60_000, 60_000]);
+    assert_eq!(
+        report
+            .samples_per_epoch
+            .values()
+            .copied()
+            .collect::<Vec<_>>(),
+        vec![60_000, 60_000]
+    );
     assert!(report.checkpoints >= 1);
     // Model-level proof: every PS applied every batch of both epochs exactly once.
     assert_eq!(report.ps_stats.len(), 2);
     for ps in &report.ps_stats {
         assert_eq!(ps.applied_samples, 120_000, "ps {}", ps.index);
-        assert_eq!(ps.applied_index_sum, 2 * (60_000 * 59_999 / 2), "ps {}", ps.index);
+        assert_eq!(
+            ps.applied_index_sum,
+            2 * (60_000 * 59_999 / 2),
+            "ps {}",
+            ps.index
+        );
     }
     let (reference, _) = reference::train_sparse(&cfg, 1000).unwrap();
     let loss = report.final_eval_loss.unwrap();
-    assert!(gap(loss, reference) < 0.02, "job {loss} vs single process {reference}");
-    assert_no_process_left(addr).await;
+    assert!(
+        gap(loss, reference) < 0.02,
+        "job {loss} vs single process {reference}"
+    );
+    assert_no_process_left(run.addr).await;
 }
 
 /// 4 workers, synchronous SGD with a ring all-reduce: the same global batch as the reference,
@@ -53,9 +66,7 @@ async fn allreduce_job_with_4_workers_matches_a_single_process_run() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "ar-train", "allreduce", 0, 4, 60_000, 2, 0, 20);
     let cfg = workload_of(&spec);
-    let run = start(spec, dir.path()).await;
-    let addr = run.addr;
-    let run_dir = run.run_dir.clone();
+    let mut run = start(spec, dir.path()).await;
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
     assert_eq!(report.exactly_once, "ok");
@@ -65,8 +76,11 @@ async fn allreduce_job_with_4_workers_matches_a_single_process_run() {
     assert_eq!(report.applied_index_sum, 2 * (60_000 * 59_999 / 2));
     let (reference, _) = reference::train_dense(&cfg, 1000).unwrap();
     let loss = report.final_eval_loss.unwrap();
-    assert!(gap(loss, reference) < 0.02, "job {loss} vs single process {reference}");
-    assert_no_process_left(addr).await;
+    assert!(
+        gap(loss, reference) < 0.02,
+        "job {loss} vs single process {reference}"
+    );
+    assert_no_process_left(run.addr).await;
 }
 
 /// On this machine NVML does not load: agents report CPU and RSS of their process and "no GPU",
@@ -75,10 +89,17 @@ async fn allreduce_job_with_4_workers_matches_a_single_process_run() {
 async fn agents_report_cpu_and_rss_and_no_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "sampling", "ps", 1, 1, 20_000, 1, 100, 0);
-    let run = start(spec, dir.path()).await;
-    let s = wait_for(run.addr, Duration::from_secs(60), "resource samples of both processes", |s| {
-        s.processes.iter().all(|p| p.sample.as_ref().is_some_and(|x| x.rss_bytes > 1 << 20))
-    })
+    let mut run = start(spec, dir.path()).await;
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(60),
+        "resource samples of both processes",
+        |s| {
+            s.processes
+                .iter()
+                .all(|p| p.sample.as_ref().is_some_and(|x| x.rss_bytes > 1 << 20))
+        },
+    )
     .await;
     let nvml = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists();
     for p in &s.processes {
@@ -90,14 +111,14 @@ async fn agents_report_cpu_and_rss_and_no_gpu() {
         }
     }
     wait_for(run.addr, Duration::from_secs(60), "some CPU use", |s| {
-        s.processes.iter().any(|p| p.sample.as_ref().is_some_and(|x| x.cpu_millicores > 0))
+        s.processes
+            .iter()
+            .any(|p| p.sample.as_ref().is_some_and(|x| x.cpu_millicores > 0))
     })
     .await;
-    let addr = run.addr;
-    let run_dir = run.run_dir.clone();
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
-    let agent_log = std::fs::read_to_string(run_dir.join("logs/worker-0.1.log")).unwrap();
+    let agent_log = std::fs::read_to_string(run.run_dir.join("logs/worker-0.1.log")).unwrap();
     if !nvml {
         assert_eq!(agent_log.matches("no GPU").count(), 1, "{agent_log}");
         assert!(!agent_log.contains("ERROR"), "{agent_log}");

@@ -94,7 +94,10 @@ fn child_env(
     env.insert("WORLD_SIZE".into(), join.world_size.to_string());
     env.insert("MASTER_ADDR".into(), join.master_addr.clone());
     env.insert("MASTER_PORT".into(), join.master_port.to_string());
-    env.insert("TORCHELASTIC_RESTART_COUNT".into(), join.restart_count.to_string());
+    env.insert(
+        "TORCHELASTIC_RESTART_COUNT".into(),
+        join.restart_count.to_string(),
+    );
     env.insert("TORCHELASTIC_RUN_ID".into(), reg.run_id.clone());
     if let Some(c) = &join.cluster {
         let tf = serde_json::json!({
@@ -151,7 +154,11 @@ fn spawn(
             Ok(())
         });
     }
-    let program = reg.command.first().cloned().unwrap_or_else(|| "built-in workload".into());
+    let program = reg
+        .command
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "built-in workload".into());
     cmd.spawn().map_err(|e| Error::Spawn { program, source: e })
 }
 
@@ -188,12 +195,20 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
         index: args.index,
         incarnation: inc,
     };
-    tracing::info!(role = role_name(args.role), index = args.index, incarnation, agent = reg.agent_id, "registered");
+    tracing::info!(
+        role = role_name(args.role),
+        index = args.index,
+        incarnation,
+        agent = reg.agent_id,
+        "registered"
+    );
 
     let mut child: Option<(Child, ProcSampler)> = None;
     let mut need_join = true;
     let mut last_ok = Instant::now();
-    let mut heartbeat = tokio::time::interval(Duration::from_millis(reg.heartbeat_interval_ms.max(10) as u64));
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(
+        reg.heartbeat_interval_ms.max(10) as u64,
+    ));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
@@ -211,7 +226,14 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                         let env = child_env(&args, &reg, &r, incarnation, &service_addr);
                         let c = spawn(&args, &reg, env, &reg.job_kind)?;
                         let pid = c.id().unwrap_or(0);
-                        tracing::info!(incarnation, pid, round = r.round, rank = r.rank, world = r.world_size, "training process started");
+                        tracing::info!(
+                            incarnation,
+                            pid,
+                            round = r.round,
+                            rank = r.rank,
+                            world = r.world_size,
+                            "training process started"
+                        );
                         child = Some((c, ProcSampler::new(pid)));
                         need_join = false;
                     }

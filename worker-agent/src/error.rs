@@ -7,7 +7,10 @@ pub enum Error {
     #[error("cannot reach the job master at {addr}: {problem}")]
     Master { addr: String, problem: String },
     #[error("the job master refused {call}: {status}")]
-    Refused { call: &'static str, status: tonic::Status },
+    Refused {
+        call: &'static str,
+        status: tonic::Status,
+    },
     #[error("environment variable {name}: {problem}")]
     Env { name: &'static str, problem: String },
     #[error("cannot start {program}: {source}")]

@@ -7,7 +7,10 @@ use worker_agent::agent::{AgentArgs, run};
 use worker_agent::workload::{self, ProcessEnv};
 
 #[derive(Parser)]
-#[command(version, about = "Brain's worker agent: launches and supervises one training process for a job master")]
+#[command(
+    version,
+    about = "Brain's worker agent: launches and supervises one training process for a job master"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -89,17 +92,28 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     // The agent and the workload processes are small: one thread drives them; the PS serves
     // from a multi-threaded runtime so pulls and pushes of several workers run in parallel.
-    let multi = matches!(cli.command, Command::Workload { which: Builtin::PsServer });
+    let multi = matches!(
+        cli.command,
+        Command::Workload {
+            which: Builtin::PsServer
+        }
+    );
     let rt = if multi {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     }
     .expect("tokio runtime");
     let result: Result<i32, worker_agent::Error> = rt.block_on(async move {
@@ -181,7 +195,8 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn terminated() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

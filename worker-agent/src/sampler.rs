@@ -39,13 +39,16 @@ impl ProcSampler {
             Some((t, prev)) => {
                 let secs = now.duration_since(t).as_secs_f64();
                 if secs > 0.0 {
-                    ((ticks.saturating_sub(prev)) as f64 / self.ticks_per_second as f64 / secs * 1000.0) as u64
+                    ((ticks.saturating_sub(prev)) as f64 / self.ticks_per_second as f64 / secs
+                        * 1000.0) as u64
                 } else {
                     0
                 }
             }
             None => {
-                let uptime_ticks = procfs::Uptime::current().ok().map(|u| (u.uptime * self.ticks_per_second as f64) as u64);
+                let uptime_ticks = procfs::Uptime::current()
+                    .ok()
+                    .map(|u| (u.uptime * self.ticks_per_second as f64) as u64);
                 match uptime_ticks {
                     Some(up) if up > stat.starttime => {
                         let age = (up - stat.starttime) as f64;
@@ -74,7 +77,9 @@ impl GpuProbe {
                 Self { nvml: Some(nvml) }
             }
             Err(e) => {
-                tracing::info!("no GPU: NVML is not available ({e}); reporting CPU and memory only");
+                tracing::info!(
+                    "no GPU: NVML is not available ({e}); reporting CPU and memory only"
+                );
                 Self { nvml: None }
             }
         }
@@ -90,7 +95,9 @@ impl GpuProbe {
         let count = nvml.device_count().ok()?;
         let (mut util, mut mem, mut n) = (0u32, 0u64, 0u32);
         for i in 0..count {
-            let Ok(dev) = nvml.device_by_index(i) else { continue };
+            let Ok(dev) = nvml.device_by_index(i) else {
+                continue;
+            };
             if let Ok(u) = dev.utilization_rates() {
                 util += u.gpu;
                 n += 1;
@@ -144,7 +151,10 @@ mod tests {
         child.kill().unwrap();
         let _ = child.wait();
         assert!(rss > 100_000, "rss {rss}");
-        assert!(cpu > 200, "a busy loop uses a good part of a core, got {cpu} millicores");
+        assert!(
+            cpu > 200,
+            "a busy loop uses a good part of a core, got {cpu} millicores"
+        );
     }
 
     #[test]

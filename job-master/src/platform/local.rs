@@ -30,12 +30,19 @@ pub struct LocalPlatform {
 }
 
 impl LocalPlatform {
-    pub fn new(agent_bin: PathBuf, log_dir: PathBuf, events: mpsc::UnboundedSender<PlatformEvent>) -> Result<Self, Error> {
+    pub fn new(
+        agent_bin: PathBuf,
+        log_dir: PathBuf,
+        events: mpsc::UnboundedSender<PlatformEvent>,
+    ) -> Result<Self, Error> {
         if !agent_bin.is_file() {
             return Err(Error::Launch {
                 platform: "local",
                 what: "worker agents".into(),
-                problem: format!("the worker-agent binary {} does not exist (build it with `cargo build -p worker-agent`)", agent_bin.display()),
+                problem: format!(
+                    "the worker-agent binary {} does not exist (build it with `cargo build -p worker-agent`)",
+                    agent_bin.display()
+                ),
             });
         }
         std::fs::create_dir_all(&log_dir).map_err(|e| Error::Io {
@@ -66,7 +73,11 @@ async fn terminate(pid: u32, mut exited: watch::Receiver<bool>, grace: Duration)
     if !grace.is_zero() {
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
     }
-    if grace.is_zero() || tokio::time::timeout(grace, exited.wait_for(|e| *e)).await.is_err() {
+    if grace.is_zero()
+        || tokio::time::timeout(grace, exited.wait_for(|e| *e))
+            .await
+            .is_err()
+    {
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         let _ = exited.wait_for(|e| *e).await;
     }
@@ -80,7 +91,9 @@ impl Platform for LocalPlatform {
 
     async fn launch(&self, l: AgentLaunch) -> Result<(), Error> {
         self.stop(l.key, Duration::ZERO).await;
-        let log_path = self.log_dir.join(format!("{}.{}.log", l.key, l.incarnation));
+        let log_path = self
+            .log_dir
+            .join(format!("{}.{}.log", l.key, l.incarnation));
         let log = std::fs::File::create(&log_path).map_err(|e| Error::Io {
             path: log_path.clone(),
             source: e,
@@ -131,7 +144,9 @@ impl Platform for LocalPlatform {
             let status = child.wait().await;
             {
                 let mut a = agents.lock().await;
-                if a.get(&key).is_some_and(|r| r.incarnation == incarnation && r.pid == pid) {
+                if a.get(&key)
+                    .is_some_and(|r| r.incarnation == incarnation && r.pid == pid)
+                {
                     a.remove(&key);
                 }
             }
@@ -153,15 +168,25 @@ impl Platform for LocalPlatform {
     async fn stop(&self, key: SlotKey, grace: Duration) {
         // The entry stays until the process is reaped, so `stop_all` still sees an agent whose
         // stop was interrupted.
-        let running = self.agents.lock().await.get(&key).map(|r| (r.pid, r.exited.clone()));
+        let running = self
+            .agents
+            .lock()
+            .await
+            .get(&key)
+            .map(|r| (r.pid, r.exited.clone()));
         if let Some((pid, exited)) = running {
             terminate(pid, exited, grace).await;
         }
     }
 
     async fn stop_all(&self, grace: Duration) {
-        let all: Vec<(u32, watch::Receiver<bool>)> =
-            self.agents.lock().await.values().map(|r| (r.pid, r.exited.clone())).collect();
+        let all: Vec<(u32, watch::Receiver<bool>)> = self
+            .agents
+            .lock()
+            .await
+            .values()
+            .map(|r| (r.pid, r.exited.clone()))
+            .collect();
         // SIGTERM to all first, so they wind down together; then one grace period for all.
         for (pid, exited) in &all {
             if !*exited.borrow() {

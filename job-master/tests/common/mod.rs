@@ -120,13 +120,17 @@ pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
         },
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
-    Running { addr, handle, run_dir }
+    Running {
+        addr,
+        handle,
+        run_dir,
+    }
 }
 
 impl Running {
     /// Waits for the job to end (a hang fails the test instead of the CI run).
-    pub async fn report(self) -> JobReport {
-        tokio::time::timeout(Duration::from_secs(300), self.handle)
+    pub async fn report(&mut self) -> JobReport {
+        tokio::time::timeout(Duration::from_secs(300), &mut self.handle)
             .await
             .expect("the job did not end within 300 s")
             .expect("the job master task panicked")
@@ -135,19 +139,30 @@ impl Running {
 }
 
 pub async fn status(addr: SocketAddr) -> Option<pb::JobStatus> {
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await.ok()?;
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
+        .await
+        .ok()?;
     Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
 }
 
 /// Polls the status until `pred` holds; panics after `timeout`.
-pub async fn wait_for(addr: SocketAddr, timeout: Duration, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+pub async fn wait_for(
+    addr: SocketAddr,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&pb::JobStatus) -> bool,
+) -> pb::JobStatus {
     let start = Instant::now();
     loop {
         if let Some(s) = status(addr).await {
             if pred(&s) {
                 return s;
             }
-            assert!(s.phase != "failed", "job failed while waiting for {what}: {}", s.reason);
+            assert!(
+                s.phase != "failed",
+                "job failed while waiting for {what}: {}",
+                s.reason
+            );
         }
         assert!(start.elapsed() < timeout, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -156,9 +171,16 @@ pub async fn wait_for(addr: SocketAddr, timeout: Duration, what: &str, pred: imp
 
 /// pid of the training process of `role`/`index`, once it runs.
 pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
-    let s = wait_for(addr, Duration::from_secs(30), "a training process pid", |s| {
-        s.processes.iter().any(|p| p.role == role as i32 && p.index == index && p.pid != 0)
-    })
+    let s = wait_for(
+        addr,
+        Duration::from_secs(30),
+        "a training process pid",
+        |s| {
+            s.processes
+                .iter()
+                .any(|p| p.role == role as i32 && p.index == index && p.pid != 0)
+        },
+    )
     .await;
     s.processes
         .iter()
@@ -170,11 +192,22 @@ pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
 /// The parent of `pid` (a training process's agent).
 pub fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
+    stat.rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 pub fn kill9(pid: u32) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
 }
 
 /// Processes whose command line or environment names the master at `addr`: its agents and
@@ -183,9 +216,14 @@ pub fn processes_of(addr: SocketAddr) -> Vec<u32> {
     let needle = format!("http://{addr}");
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         let read = |f: &str| std::fs::read(entry.path().join(f)).unwrap_or_default();
-        let hit = |b: Vec<u8>| b.split(|&c| c == 0).any(|part| String::from_utf8_lossy(part).contains(&needle));
+        let hit = |b: Vec<u8>| {
+            b.split(|&c| c == 0)
+                .any(|part| String::from_utf8_lossy(part).contains(&needle))
+        };
         if hit(read("cmdline")) || hit(read("environ")) {
             // A zombie already reaped by nobody yet is not "alive".
             let stat = String::from_utf8_lossy(&read("stat")).to_string();
@@ -205,7 +243,10 @@ pub async fn assert_no_process_left(addr: SocketAddr) {
         if left.is_empty() {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "processes left behind: {left:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "processes left behind: {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

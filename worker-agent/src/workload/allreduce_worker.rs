@@ -45,7 +45,14 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let cfg = master.workload().await?;
     let data = generator(&cfg)?;
     let listener = super::ps_server::bind_retry(&env.service_addr).await?;
-    let mut ring = Ring::connect(env.rank, &env.ring_peers, env.round, &listener, Duration::from_secs(60)).await?;
+    let mut ring = Ring::connect(
+        env.rank,
+        &env.ring_peers,
+        env.round,
+        &listener,
+        Duration::from_secs(60),
+    )
+    .await?;
     let mut model = initial_model(&env, cfg.hash_buckets)?;
     let my_batch = local_batch(cfg.batch_size as u64, ring.world(), ring.rank());
     let mut progress = Progress::new(model.step);
@@ -53,14 +60,21 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let mut shard: Option<(pb::Shard, u64)> = None;
     let mut ended = false;
     let mut evaluate = false;
-    tracing::info!(rank = ring.rank(), world = ring.world(), batch = my_batch, "ring formed");
+    tracing::info!(
+        rank = ring.rank(),
+        world = ring.world(),
+        batch = my_batch,
+        "ring formed"
+    );
     loop {
         let mut waiting_for_checkpoint = false;
         if shard.is_none() && !ended {
             let lease = master.lease().await?;
             match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
                 pb::LeaseStatus::Granted => {
-                    let s = lease.shard.ok_or_else(|| Error::InvalidRequest("a granted lease without a shard".into()))?;
+                    let s = lease.shard.ok_or_else(|| {
+                        Error::InvalidRequest("a granted lease without a shard".into())
+                    })?;
                     let start = s.start;
                     shard = Some((s, start));
                 }
@@ -82,7 +96,13 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             None => (0, 0.0, 0),
         };
         simulated_compute(&cfg, n).await;
-        let mut header = [n as f64, ended as u8 as f64, waiting_for_checkpoint as u8 as f64, loss, isum as f64];
+        let mut header = [
+            n as f64,
+            ended as u8 as f64,
+            waiting_for_checkpoint as u8 as f64,
+            loss,
+            isum as f64,
+        ];
         ring.allreduce_sum(&mut header).await?;
         let total = header[0] as u64;
         let world = ring.world() as f64;
@@ -113,14 +133,17 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             }
             if header[2] == world {
                 if ring.rank() == 0 {
-                    let dir = PathBuf::from(&cfg.checkpoint_dir).join(format!("ar-r{:04}-s{:08}", env.round, model.step));
+                    let dir = PathBuf::from(&cfg.checkpoint_dir)
+                        .join(format!("ar-r{:04}-s{:08}", env.round, model.step));
                     let path = dir.join("model.bin");
                     let m = model.clone();
                     let p = path.clone();
                     let digest = tokio::task::spawn_blocking(move || m.save(&p))
                         .await
                         .map_err(|e| Error::InvalidRequest(e.to_string()))??;
-                    master.commit(model.step, path.display().to_string(), digest).await?;
+                    master
+                        .commit(model.step, path.display().to_string(), digest)
+                        .await?;
                 }
             } else {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -134,7 +157,11 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     m.applied_samples = model.applied_samples;
     m.applied_index_sum = model.applied_index_sum;
     if evaluate {
-        let loss = super::model::eval_loss(&data, cfg.num_samples..cfg.num_samples + cfg.eval_samples, |k| model.weight(k));
+        let loss = super::model::eval_loss(
+            &data,
+            cfg.num_samples..cfg.num_samples + cfg.eval_samples,
+            |k| model.weight(k),
+        );
         tracing::info!(loss, "final held-out log-loss");
         m.final_eval_loss = Some(loss);
         m.final_model_digest = Some(model.digest());

@@ -106,15 +106,19 @@ impl ProcessEnv {
 
     /// The checkpoint manifest to resume from, if any.
     pub fn manifest(&self) -> Result<Option<Manifest>, Error> {
-        let Some(path) = &self.resume_from else { return Ok(None) };
+        let Some(path) = &self.resume_from else {
+            return Ok(None);
+        };
         let bytes = std::fs::read(path).map_err(|e| Error::Io {
             path: path.clone(),
             source: e,
         })?;
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| Error::Checkpoint {
-            path: path.clone(),
-            problem: e.to_string(),
-        })
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Checkpoint {
+                path: path.clone(),
+                problem: e.to_string(),
+            })
     }
 }
 
@@ -137,13 +141,20 @@ impl MasterLink {
     }
 
     pub async fn workload(&mut self) -> Result<pb::WorkloadConfig, Error> {
-        Ok(self.client.get_workload(self.me).await.map_err(refused("GetWorkload"))?.into_inner())
+        Ok(self
+            .client
+            .get_workload(self.me)
+            .await
+            .map_err(refused("GetWorkload"))?
+            .into_inner())
     }
 
     pub async fn lease(&mut self) -> Result<pb::LeaseShardResponse, Error> {
         Ok(self
             .client
-            .lease_shard(pb::LeaseShardRequest { process: Some(self.me) })
+            .lease_shard(pb::LeaseShardRequest {
+                process: Some(self.me),
+            })
             .await
             .map_err(refused("LeaseShard"))?
             .into_inner())
@@ -164,7 +175,10 @@ impl MasterLink {
 
     pub async fn metrics(&mut self, mut m: pb::TrainingMetrics) -> Result<(), Error> {
         m.process = Some(self.me);
-        self.client.report_metrics(m).await.map_err(refused("ReportMetrics"))?;
+        self.client
+            .report_metrics(m)
+            .await
+            .map_err(refused("ReportMetrics"))?;
         Ok(())
     }
 

@@ -41,7 +41,11 @@ pub fn batch_gradient(samples: &[Sample], weight: impl Fn(u64) -> f32) -> (HashM
 }
 
 /// Mean log-loss over samples `range` of `data` under `weight`.
-pub fn eval_loss(data: &CtrGenerator, range: std::ops::Range<u64>, weight: impl Fn(u64) -> f32) -> f64 {
+pub fn eval_loss(
+    data: &CtrGenerator,
+    range: std::ops::Range<u64>,
+    weight: impl Fn(u64) -> f32,
+) -> f64 {
     let n = (range.end - range.start).max(1) as f64;
     range
         .map(|i| {
@@ -54,7 +58,11 @@ pub fn eval_loss(data: &CtrGenerator, range: std::ops::Range<u64>, weight: impl 
 
 /// Sum of the sample indices `start..start+n`.
 pub fn index_sum(start: u64, n: u64) -> u64 {
-    if n == 0 { 0 } else { n * start + n * (n - 1) / 2 }
+    if n == 0 {
+        0
+    } else {
+        n * start + n * (n - 1) / 2
+    }
 }
 
 /// Little-endian binary writer for checkpoint files.
@@ -84,19 +92,31 @@ struct In<'a> {
 
 impl<'a> In<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len()).ok_or_else(|| Error::Checkpoint {
-            path: self.path.to_path_buf(),
-            problem: format!("truncated at byte {} (wanted {n} more of {})", self.at, self.data.len()),
-        })?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or_else(|| Error::Checkpoint {
+                path: self.path.to_path_buf(),
+                problem: format!(
+                    "truncated at byte {} (wanted {n} more of {})",
+                    self.at,
+                    self.data.len()
+                ),
+            })?;
         let s = &self.data[self.at..end];
         self.at = end;
         Ok(s)
     }
     fn u32(&mut self) -> Result<u32, Error> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, Error> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn f32s(&mut self, n: usize) -> Result<Vec<f32>, Error> {
         Ok(bytemuck::pod_collect_to_vec(self.take(n * 4)?))
@@ -154,7 +174,15 @@ impl SparseTable {
 
     /// Applies the batch `(epoch, batch_start)` of `samples` samples once. Returns false for a
     /// duplicate.
-    pub fn push(&mut self, keys: &[u64], grads: &[f32], epoch: u32, batch_start: u64, samples: u32, lr: f32) -> bool {
+    pub fn push(
+        &mut self,
+        keys: &[u64],
+        grads: &[f32],
+        epoch: u32,
+        batch_start: u64,
+        samples: u32,
+        lr: f32,
+    ) -> bool {
         if !self.applied.insert((epoch, batch_start)) {
             self.duplicate_pushes += 1;
             return false;
@@ -210,7 +238,11 @@ impl SparseTable {
 
     pub fn load(path: &Path, expected_digest: Option<&str>) -> Result<Self, Error> {
         let data = read(path, b"BRPS")?;
-        let mut i = In { data: &data, at: 4, path };
+        let mut i = In {
+            data: &data,
+            at: 4,
+            path,
+        };
         let n = i.u64()? as usize;
         let k = i.u64s(n)?;
         let w = i.f32s(n)?;
@@ -222,7 +254,11 @@ impl SparseTable {
             applied.insert((e, i.u64()?));
         }
         let t = SparseTable {
-            params: k.into_iter().zip(w.into_iter().zip(a)).map(|(k, (w, a))| (k, [w, a])).collect(),
+            params: k
+                .into_iter()
+                .zip(w.into_iter().zip(a))
+                .map(|(k, (w, a))| (k, [w, a]))
+                .collect(),
             applied,
             applied_samples: i.u64()?,
             applied_index_sum: i.u64()?,
@@ -268,7 +304,11 @@ impl DenseModel {
     }
 
     pub fn slot(&self, key: u64) -> usize {
-        if key == BIAS_KEY { self.buckets as usize } else { key as usize }
+        if key == BIAS_KEY {
+            self.buckets as usize
+        } else {
+            key as usize
+        }
     }
 
     pub fn weight(&self, key: u64) -> f32 {
@@ -292,7 +332,12 @@ impl DenseModel {
     /// Applies the mean gradient `grad_sum / count` to every touched weight.
     pub fn apply(&mut self, grad_sum: &[f32], count: u64, lr: f32) {
         let inv = 1.0 / count as f32;
-        for ((w, acc), &g) in self.weights.iter_mut().zip(self.acc.iter_mut()).zip(grad_sum) {
+        for ((w, acc), &g) in self
+            .weights
+            .iter_mut()
+            .zip(self.acc.iter_mut())
+            .zip(grad_sum)
+        {
             if g != 0.0 {
                 adagrad(w, acc, g * inv, lr);
             }
@@ -322,7 +367,11 @@ impl DenseModel {
 
     pub fn load(path: &Path, expected_digest: Option<&str>) -> Result<Self, Error> {
         let data = read(path, b"BRAR")?;
-        let mut i = In { data: &data, at: 4, path };
+        let mut i = In {
+            data: &data,
+            at: 4,
+            path,
+        };
         let buckets = i.u64()?;
         let n = buckets as usize + 1;
         let m = DenseModel {
@@ -347,7 +396,10 @@ mod tests {
         let mut t = SparseTable::default();
         assert!(t.push(&[1, 2], &[0.5, -0.5], 0, 0, 4, 0.1));
         assert!(!t.push(&[1, 2], &[0.5, -0.5], 0, 0, 4, 0.1));
-        assert_eq!((t.applied_samples, t.applied_index_sum, t.duplicate_pushes), (4, 6, 1));
+        assert_eq!(
+            (t.applied_samples, t.applied_index_sum, t.duplicate_pushes),
+            (4, 6, 1)
+        );
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("ps.bin");
         let d = t.save(&p).unwrap();

@@ -33,7 +33,10 @@ impl PsService {
     }
 
     fn check_owned(&self, keys: &[u64]) -> Result<(), Status> {
-        if let Some(k) = keys.iter().find(|&&k| k % self.num_ps as u64 != self.index as u64) {
+        if let Some(k) = keys
+            .iter()
+            .find(|&&k| k % self.num_ps as u64 != self.index as u64)
+        {
             return Err(Error::InvalidRequest(format!(
                 "key {k} belongs to ps {}, not ps {}",
                 k % self.num_ps as u64,
@@ -47,7 +50,10 @@ impl PsService {
 
 #[tonic::async_trait]
 impl pb::parameter_server_server::ParameterServer for PsService {
-    async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<pb::PullResponse>, Status> {
+    async fn pull(
+        &self,
+        req: Request<pb::PullRequest>,
+    ) -> Result<Response<pb::PullResponse>, Status> {
         let keys = req.into_inner().keys;
         self.check_owned(&keys)?;
         let t = self.table.lock().await;
@@ -57,24 +63,40 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         }))
     }
 
-    async fn push(&self, req: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
+    async fn push(
+        &self,
+        req: Request<pb::PushRequest>,
+    ) -> Result<Response<pb::PushResponse>, Status> {
         let r = req.into_inner();
         if r.keys.len() != r.grads.len() {
-            return Err(Error::InvalidRequest(format!("{} keys but {} gradients", r.keys.len(), r.grads.len())).into());
+            return Err(Error::InvalidRequest(format!(
+                "{} keys but {} gradients",
+                r.keys.len(),
+                r.grads.len()
+            ))
+            .into());
         }
         if let Some(g) = r.grads.iter().find(|g| !g.is_finite()) {
             return Err(Error::InvalidRequest(format!("gradient {g} is not finite")).into());
         }
         self.check_owned(&r.keys)?;
-        let applied = self
-            .table
-            .lock()
-            .await
-            .push(&r.keys, &r.grads, r.epoch, r.batch_start, r.batch_samples, self.lr);
-        Ok(Response::new(pb::PushResponse { duplicate: !applied }))
+        let applied = self.table.lock().await.push(
+            &r.keys,
+            &r.grads,
+            r.epoch,
+            r.batch_start,
+            r.batch_samples,
+            self.lr,
+        );
+        Ok(Response::new(pb::PushResponse {
+            duplicate: !applied,
+        }))
     }
 
-    async fn save(&self, req: Request<pb::SaveRequest>) -> Result<Response<pb::SaveResponse>, Status> {
+    async fn save(
+        &self,
+        req: Request<pb::SaveRequest>,
+    ) -> Result<Response<pb::SaveResponse>, Status> {
         let r = req.into_inner();
         let path = PathBuf::from(&r.dir).join(format!("ps-{:03}.bin", self.index));
         let t = self.table.lock().await.clone();
@@ -91,7 +113,10 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         }))
     }
 
-    async fn stats(&self, _req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+    async fn stats(
+        &self,
+        _req: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
         let t = self.table.lock().await;
         Ok(Response::new(pb::StatsResponse {
             keys: t.params.len() as u64,
@@ -104,15 +129,21 @@ impl pb::parameter_server_server::ParameterServer for PsService {
 }
 
 /// Runs the PS of this process's environment until `shutdown`.
-pub async fn run(env: ProcessEnv, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+pub async fn run(
+    env: ProcessEnv,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     let mut master = MasterLink::connect(&env).await?;
     let cfg = master.workload().await?;
     let table = match env.manifest()? {
         Some(m) => {
-            let part = m.ps.iter().find(|p| p.index == env.index).ok_or_else(|| Error::Checkpoint {
-                path: env.resume_from.clone().unwrap_or_default(),
-                problem: format!("has no partition for ps {}", env.index),
-            })?;
+            let part =
+                m.ps.iter()
+                    .find(|p| p.index == env.index)
+                    .ok_or_else(|| Error::Checkpoint {
+                        path: env.resume_from.clone().unwrap_or_default(),
+                        problem: format!("has no partition for ps {}", env.index),
+                    })?;
             let path = PathBuf::from(&part.path);
             let t = tokio::task::spawn_blocking({
                 let digest = part.digest.clone();
@@ -120,7 +151,11 @@ pub async fn run(env: ProcessEnv, shutdown: impl Future<Output = ()> + Send + 's
             })
             .await
             .map_err(|e| Error::InvalidRequest(e.to_string()))??;
-            tracing::info!(checkpoint = m.id, keys = t.params.len(), "partition restored");
+            tracing::info!(
+                checkpoint = m.id,
+                keys = t.params.len(),
+                "partition restored"
+            );
             t
         }
         None => SparseTable::default(),
@@ -130,7 +165,10 @@ pub async fn run(env: ProcessEnv, shutdown: impl Future<Output = ()> + Send + 's
     tracing::info!(addr = %env.service_addr, "parameter server ready");
     tonic::transport::Server::builder()
         .add_service(pb::parameter_server_server::ParameterServerServer::new(svc))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await?;
     Ok(())
 }

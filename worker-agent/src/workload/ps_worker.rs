@@ -29,7 +29,10 @@ impl PsSet {
             loop {
                 match PsClient::connect(format!("http://{addr}")).await {
                     Ok(c) => {
-                        clients.push(c.max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20));
+                        clients.push(
+                            c.max_decoding_message_size(256 << 20)
+                                .max_encoding_message_size(256 << 20),
+                        );
                         break;
                     }
                     Err(e) if start.elapsed() > timeout => {
@@ -60,7 +63,10 @@ impl PsSet {
     }
 
     /// Weights of `keys` (deduplicated) from their owners.
-    pub async fn pull(&mut self, keys: impl IntoIterator<Item = u64>) -> Result<BTreeMap<u64, f32>, Error> {
+    pub async fn pull(
+        &mut self,
+        keys: impl IntoIterator<Item = u64>,
+    ) -> Result<BTreeMap<u64, f32>, Error> {
         let mut by_ps: Vec<Vec<u64>> = vec![Vec::new(); self.clients.len()];
         for k in keys {
             by_ps[self.owner(k)].push(k);
@@ -85,7 +91,13 @@ impl PsSet {
 
     /// Pushes the gradients of batch `(epoch, start)` to every PS (an empty push still records
     /// the batch as applied there). Returns how many PS saw it as a duplicate.
-    pub async fn push(&mut self, grads: &BTreeMap<u64, f32>, epoch: u32, start: u64, n: u32) -> Result<usize, Error> {
+    pub async fn push(
+        &mut self,
+        grads: &BTreeMap<u64, f32>,
+        epoch: u32,
+        start: u64,
+        n: u32,
+    ) -> Result<usize, Error> {
         let mut by_ps: Vec<(Vec<u64>, Vec<f32>)> = vec![Default::default(); self.clients.len()];
         for (&k, &g) in grads {
             let (ks, gs) = &mut by_ps[self.owner(k)];
@@ -123,13 +135,18 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
         let lease = master.lease().await?;
         match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
             pb::LeaseStatus::Granted => {
-                let shard = lease.shard.ok_or_else(|| Error::InvalidRequest("a granted lease without a shard".into()))?;
+                let shard = lease.shard.ok_or_else(|| {
+                    Error::InvalidRequest("a granted lease without a shard".into())
+                })?;
                 let mut start = shard.start;
                 while start < shard.end {
                     let n = batch.min(shard.end - start);
                     let samples: Vec<_> = (start..start + n).map(|i| data.sample(i)).collect();
-                    let weights = ps.pull(samples.iter().flat_map(|s| s.keys.iter().copied())).await?;
-                    let (mut grads, loss) = batch_gradient(&samples, |k| weights.get(&k).copied().unwrap_or(0.0));
+                    let weights = ps
+                        .pull(samples.iter().flat_map(|s| s.keys.iter().copied()))
+                        .await?;
+                    let (mut grads, loss) =
+                        batch_gradient(&samples, |k| weights.get(&k).copied().unwrap_or(0.0));
                     for g in grads.values_mut() {
                         *g /= n as f32;
                     }
@@ -155,7 +172,9 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                         let end = (at + chunk).min(range.end);
                         let keys: Vec<u64> = (at..end).flat_map(|i| data.sample(i).keys).collect();
                         let w = ps.pull(keys).await?;
-                        loss_sum += eval_loss(&data, at..end, |k| w.get(&k).copied().unwrap_or(0.0)) * (end - at) as f64;
+                        loss_sum +=
+                            eval_loss(&data, at..end, |k| w.get(&k).copied().unwrap_or(0.0))
+                                * (end - at) as f64;
                         at = end;
                     }
                     let loss = loss_sum / (range.end - range.start).max(1) as f64;

@@ -30,7 +30,13 @@ impl Ring {
     }
 
     /// Forms the ring for `rank` of `peers.len()` in `round`, listening on `listener`.
-    pub async fn connect(rank: u32, peers: &[String], round: u64, listener: &TcpListener, timeout: Duration) -> Result<Self, Error> {
+    pub async fn connect(
+        rank: u32,
+        peers: &[String],
+        round: u64,
+        listener: &TcpListener,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         let world = peers.len() as u32;
         if world <= 1 {
             return Ok(Self {
@@ -55,7 +61,12 @@ impl Ring {
                             return Ok(s);
                         }
                     }
-                    Err(e) if Instant::now() > deadline => return Err(Error::Ring { peer: next_rank, source: e }),
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(Error::Ring {
+                            peer: next_rank,
+                            source: e,
+                        });
+                    }
                     Err(_) => {}
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -68,12 +79,21 @@ impl Ring {
                     .await
                     .map_err(|_| Error::Ring {
                         peer: prev_rank,
-                        source: std::io::Error::new(std::io::ErrorKind::TimedOut, "no connection from the previous rank"),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no connection from the previous rank",
+                        ),
                     })?
-                    .map_err(|e| Error::Ring { peer: prev_rank, source: e })?;
+                    .map_err(|e| Error::Ring {
+                        peer: prev_rank,
+                        source: e,
+                    })?;
                 s.set_nodelay(true).ok();
                 let mut hello = [0u8; 12];
-                if tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello)).await.is_err() {
+                if tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello))
+                    .await
+                    .is_err()
+                {
                     continue;
                 }
                 let from = u32::from_le_bytes(hello[..4].try_into().expect("4"));
@@ -81,7 +101,11 @@ impl Ring {
                 if from == prev_rank && their_round == round {
                     return Ok::<_, Error>(s);
                 }
-                tracing::warn!(from, their_round, "turned away a ring connection from another round");
+                tracing::warn!(
+                    from,
+                    their_round,
+                    "turned away a ring connection from another round"
+                );
             }
         };
         let (next, prev) = tokio::try_join!(connect_next, accept_prev)?;
@@ -98,15 +122,26 @@ impl Ring {
     }
 
     async fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), Error> {
-        let (next, prev) = (self.next.as_mut().expect("world > 1"), self.prev.as_mut().expect("world > 1"));
+        let (next, prev) = (
+            self.next.as_mut().expect("world > 1"),
+            self.prev.as_mut().expect("world > 1"),
+        );
         let next_rank = (self.rank + 1) % self.world;
         let prev_rank = (self.rank + self.world - 1) % self.world;
-        let w = async { next.write_all(send).await.map_err(|e| Error::Ring { peer: next_rank, source: e }) };
+        let w = async {
+            next.write_all(send).await.map_err(|e| Error::Ring {
+                peer: next_rank,
+                source: e,
+            })
+        };
         let r = async {
             prev.read_exact(recv)
                 .await
                 .map(|_| ())
-                .map_err(|e| Error::Ring { peer: prev_rank, source: e })
+                .map_err(|e| Error::Ring {
+                    peer: prev_rank,
+                    source: e,
+                })
         };
         tokio::try_join!(w, r)?;
         Ok(())
@@ -132,7 +167,11 @@ impl Ring {
             let rb = Self::bounds(len, w, recv_c);
             recv.clear();
             recv.resize(rb.len(), T::zeroed());
-            self.exchange(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut recv)).await?;
+            self.exchange(
+                bytemuck::cast_slice(&send),
+                bytemuck::cast_slice_mut(&mut recv),
+            )
+            .await?;
             for (d, &v) in buf[rb].iter_mut().zip(&recv) {
                 *d += v;
             }
@@ -143,7 +182,11 @@ impl Ring {
             let recv_c = (r + w - s) % w;
             let send: Vec<T> = buf[Self::bounds(len, w, send_c)].to_vec();
             let rb = Self::bounds(len, w, recv_c);
-            self.exchange(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut buf[rb])).await?;
+            self.exchange(
+                bytemuck::cast_slice(&send),
+                bytemuck::cast_slice_mut(&mut buf[rb]),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -155,12 +198,17 @@ mod tests {
 
     async fn ring_of(world: usize, len: usize) -> Vec<Vec<f64>> {
         let listeners: Vec<TcpListener> = futures_listeners(world).await;
-        let peers: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+        let peers: Vec<String> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
         let mut tasks = Vec::new();
         for (rank, l) in listeners.into_iter().enumerate() {
             let peers = peers.clone();
             tasks.push(tokio::spawn(async move {
-                let mut ring = Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10)).await.unwrap();
+                let mut ring = Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10))
+                    .await
+                    .unwrap();
                 let mut buf: Vec<f64> = (0..len).map(|i| (i * (rank + 1)) as f64).collect();
                 ring.allreduce_sum(&mut buf).await.unwrap();
                 buf
