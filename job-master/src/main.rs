@@ -111,22 +111,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                 .await
                 .with_context(|| format!("cannot reach a job master at {master}"))?;
             let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
-            println!(
-                "phase {}{}; epoch {}; shards {}/{}; step {}; {:.0} samples/s; loss {:.4}; checkpoints {}",
-                s.phase,
-                if s.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", s.reason)
-                },
-                s.epoch,
-                s.shards_done,
-                s.shards_total,
-                s.global_step,
-                s.samples_per_second,
-                s.loss,
-                s.checkpoints
-            );
+            println!("{}", summary_line(&s));
             println!(
                 "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}",
                 "process", "incarnation", "state", "pid", "cpu (m)", "rss (MiB)", "gpu"
@@ -264,18 +249,29 @@ async fn show_progress(addr: std::net::SocketAddr, every: Duration) {
             continue;
         };
         let s = s.into_inner();
-        let alive = s.processes.iter().filter(|p| p.state == "running").count();
-        println!(
-            "[{}] epoch {} shards {}/{} step {} {:.0} samples/s loss {:.4} processes alive {}/{}",
-            s.phase,
-            s.epoch,
-            s.shards_done,
-            s.shards_total,
-            s.global_step,
-            s.samples_per_second,
-            s.loss,
-            alive,
-            s.processes.len()
-        );
+        println!("{}", summary_line(&s));
     }
+}
+
+/// One line of a job's status: phase, progress, throughput, loss and processes alive.
+fn summary_line(s: &pb::JobStatus) -> String {
+    let alive = s.processes.iter().filter(|p| p.state == "running").count();
+    let reason = if s.reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", s.reason)
+    };
+    format!(
+        "[{}{reason}] epoch {} shards {}/{} step {} {:.0} samples/s loss {:.4} checkpoints {} processes alive {}/{}",
+        s.phase,
+        s.epoch,
+        s.shards_done,
+        s.shards_total,
+        s.global_step,
+        s.samples_per_second,
+        s.loss,
+        s.checkpoints,
+        alive,
+        s.processes.len()
+    )
 }

@@ -41,15 +41,7 @@ async fn ps_job_with_2_ps_and_3_workers_matches_a_single_process_run() {
     assert!(report.checkpoints >= 1);
     // Model-level proof: every PS applied every batch of both epochs exactly once.
     assert_eq!(report.ps_stats.len(), 2);
-    for ps in &report.ps_stats {
-        assert_eq!(ps.applied_samples, 120_000, "ps {}", ps.index);
-        assert_eq!(
-            ps.applied_index_sum,
-            2 * (60_000 * 59_999 / 2),
-            "ps {}",
-            ps.index
-        );
-    }
+    assert_ps_applied_each_sample_once(&report, 60_000, 2);
     let (reference, _) = reference::train_sparse(&cfg, 1000).unwrap();
     let loss = report.final_eval_loss.unwrap();
     assert!(

@@ -255,3 +255,36 @@ pub async fn assert_no_process_left(addr: SocketAddr) {
 pub fn context(run_dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(run_dir.join("job-context.json")).unwrap()).unwrap()
 }
+
+/// Every PS applied each training sample exactly once per epoch (sum of indices included).
+pub fn assert_ps_applied_each_sample_once(report: &JobReport, samples: u64, epochs: u64) {
+    assert!(
+        !report.ps_stats.is_empty(),
+        "no PS statistics in the report"
+    );
+    for ps in &report.ps_stats {
+        assert_eq!(
+            ps.applied_samples,
+            epochs * samples,
+            "ps {}: {ps:?}",
+            ps.index
+        );
+        assert_eq!(
+            ps.applied_index_sum,
+            epochs * (samples * (samples - 1) / 2),
+            "ps {}: {ps:?}",
+            ps.index
+        );
+    }
+}
+
+/// The job succeeded, its ledger proves exactly-once per epoch, and it logged `event`.
+pub fn assert_recovered(report: &JobReport, event: &str) {
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert!(
+        report.events.iter().any(|e| e.contains(event)),
+        "no event {event:?} in {:#?}",
+        report.events
+    );
+}
