@@ -80,7 +80,7 @@ async fn allreduce_job_with_4_workers_matches_a_single_process_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_report_cpu_and_rss_and_no_gpu() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = builtin_spec(dir.path(), "sampling", "ps", 1, 1, 20_000, 1, 100, 0);
+    let spec = builtin_spec(dir.path(), "sampling", "ps", 1, 1, 40_000, 1, 200, 0);
     let mut run = start(spec, dir.path()).await;
     let s = wait_for(
         run.addr,
