@@ -1,0 +1,12 @@
+//! The optimizer's one error type.
+
+/// Why a policy returned no allocation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("invalid problem: {0}")]
+    InvalidProblem(String),
+    #[error("the problem is infeasible: {0}")]
+    Infeasible(String),
+    #[error("the LP solver failed: {0}")]
+    Solver(String),
+}

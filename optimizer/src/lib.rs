@@ -1,0 +1,24 @@
+//! Brain's decisions as a pure, synchronous library: no tokio, no I/O, no clock reads. It takes
+//! plain snapshots and returns plain plans, so the live brain and the what-if simulator drive the
+//! very same code.
+//!
+//! * [`units`]: newtypes for ids and resource units.
+//! * [`problem`]: the snapshot a policy sees (cluster capacity per worker type, jobs with their
+//!   throughput on each type) and the [`problem::Allocation`] it returns.
+//! * [`lp`]: the LP scaffolding every LP policy shares: variables `x[m][j]` (share of time job
+//!   `m` runs on worker type `j`), the base constraints, and clean-up of the solver's answer so
+//!   capacity is never exceeded.
+//! * [`policy`]: the [`policy::Policy`] trait and one file per policy, chosen with the serde enum
+//!   [`policy::PolicyKind`] that an operator's TOML names.
+//! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
+
+pub mod error;
+pub mod instance;
+pub mod lp;
+pub mod policy;
+pub mod problem;
+pub mod units;
+
+pub use error::PolicyError;
+pub use policy::{Policy, PolicyKind};
+pub use problem::{Allocation, Cluster, JobDemand, Problem};

@@ -1,0 +1,92 @@
+//! Heterogeneity-aware max-min fairness (Gavel): maximise the smallest weighted, normalised
+//! throughput min_m (Σ_j W[m][j] · x[m][j]) / w_m, where W[m][j] = s_m · T[m][j] / T̄_m and T̄_m
+//! is the job's throughput on an equal share of every worker type
+//! (Σ_j T[m][j] · cap_j / Σ cap). One extra variable `t` and one row per class of identical
+//! jobs.
+
+use good_lp::{Expression, variable};
+use serde::{Deserialize, Serialize};
+
+use super::Policy;
+use crate::error::PolicyError;
+use crate::lp::AllocationLp;
+use crate::problem::{Allocation, Problem};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaxMinFairness {}
+
+/// W[m][·] for one job.
+fn normalised(throughput: &[f64], scale_factor: u32, capacity: &[f64]) -> Vec<f64> {
+    let total: f64 = capacity.iter().sum();
+    let equal_share: f64 = if total > 0.0 {
+        throughput
+            .iter()
+            .zip(capacity)
+            .map(|(t, c)| t * c / total)
+            .sum()
+    } else {
+        0.0
+    };
+    throughput
+        .iter()
+        .map(|t| {
+            if equal_share > 0.0 {
+                scale_factor as f64 * t / equal_share
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+impl Policy for MaxMinFairness {
+    fn name(&self) -> &'static str {
+        "max_min_fairness"
+    }
+
+    fn allocate(
+        &self,
+        problem: &Problem,
+        _previous: Option<&Allocation>,
+    ) -> Result<Allocation, PolicyError> {
+        let mut lp = AllocationLp::new(problem)?;
+        if problem.jobs.is_empty() {
+            return lp.solve(Expression::default(), Vec::new());
+        }
+        let t = lp.vars.add(variable().min(0.0));
+        let cap = &problem.cluster.capacity;
+        // Each member of a class gets y[c][j] / n_c, so its normalised throughput is
+        // Σ_j W[c][j] · y[c][j] / n_c, and it must reach t.
+        let mut rows = Vec::with_capacity(lp.classes.len());
+        for (c, class) in lp.classes.iter().enumerate() {
+            let w = normalised(&class.throughput, class.scale_factor, cap);
+            let per_member = class.weight * class.size();
+            rows.push(lp.row(c, |j| w[j] / per_member).geq(t));
+        }
+        let weights: Vec<Vec<f64>> = problem
+            .jobs
+            .iter()
+            .map(|j| {
+                normalised(&j.throughput, j.scale_factor, cap)
+                    .into_iter()
+                    .map(|w| w / j.weight)
+                    .collect()
+            })
+            .collect();
+        let mut a = lp.solve(t.into(), rows)?;
+        a.objective = problem
+            .jobs
+            .iter()
+            .zip(&weights)
+            .map(|(job, w)| {
+                a.shares[&job.id]
+                    .iter()
+                    .zip(w)
+                    .map(|(s, w)| s * w)
+                    .sum::<f64>()
+            })
+            .fold(f64::INFINITY, f64::min);
+        Ok(a)
+    }
+}
