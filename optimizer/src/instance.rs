@@ -40,8 +40,13 @@ impl From<GavelInstance> for Problem {
                     scale_factor: j.scale_factor,
                     throughput: j.throughput,
                     weight: 1.0,
+                    remaining_steps: None,
+                    min_share: None,
+                    max_share: None,
+                    tenant: None,
                 })
                 .collect(),
+            quotas: Default::default(),
         }
     }
 }

@@ -27,6 +27,18 @@ pub struct JobDemand {
     /// Priority weight (1 by default).
     #[serde(default = "one")]
     pub weight: f64,
+    /// Steps left to run (needed by the makespan policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_steps: Option<f64>,
+    /// Least share of time the job must get (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_share: Option<f64>,
+    /// Most share of time the job may get (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_share: Option<f64>,
+    /// The tenant the job belongs to, for quotas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 fn one() -> f64 {
@@ -38,6 +50,9 @@ fn one() -> f64 {
 pub struct Problem {
     pub cluster: Cluster,
     pub jobs: Vec<JobDemand>,
+    /// Per tenant, the most workers of each type its jobs may use at once.
+    #[serde(default)]
+    pub quotas: BTreeMap<String, Vec<f64>>,
 }
 
 impl Problem {
@@ -79,6 +94,34 @@ impl Problem {
             }
             if !j.weight.is_finite() || j.weight <= 0.0 {
                 return bad(format!("{} has weight {}", j.id, j.weight));
+            }
+            if let Some(r) = j.remaining_steps
+                && !(r.is_finite() && r > 0.0)
+            {
+                return bad(format!("{} has remaining_steps {r}", j.id));
+            }
+            for (name, v) in [("min_share", j.min_share), ("max_share", j.max_share)] {
+                if let Some(v) = v
+                    && !(0.0..=1.0).contains(&v)
+                {
+                    return bad(format!("{} has {name} {v}, outside [0, 1]", j.id));
+                }
+            }
+            if let (Some(lo), Some(hi)) = (j.min_share, j.max_share)
+                && lo > hi
+            {
+                return bad(format!("{} has min_share {lo} above max_share {hi}", j.id));
+            }
+        }
+        for (tenant, q) in &self.quotas {
+            if q.len() != k {
+                return bad(format!(
+                    "quota of tenant {tenant:?} has {} values for {k} worker types",
+                    q.len()
+                ));
+            }
+            if let Some(v) = q.iter().find(|v| !v.is_finite() || **v < 0.0) {
+                return bad(format!("quota of tenant {tenant:?} is {v}"));
             }
         }
         Ok(())

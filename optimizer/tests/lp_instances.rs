@@ -61,3 +61,57 @@ fn max_min_fairness_matches_the_reference_optimum() {
         );
     }
 }
+
+/// One LP against Gavel's bisection over the makespan (a feasibility LP per step) on the
+/// 256-job instance with remaining steps 1,000 × (1 + m mod 7): within 1 %.
+#[test]
+fn min_makespan_in_one_lp_matches_gavels_bisection() {
+    use optimizer::PolicyError;
+    use optimizer::lp::AllocationLp;
+    use optimizer::policy::MinMakespan;
+
+    let mut p = instance(256);
+    for (m, j) in p.jobs.iter_mut().enumerate() {
+        j.remaining_steps = Some(1000.0 * (1 + m % 7) as f64);
+    }
+    let ours = MinMakespan::default().allocate(&p, None).unwrap().objective;
+    let feasible = |makespan: f64| {
+        let lp = AllocationLp::new(&p).unwrap();
+        let rows = (0..lp.classes.len())
+            .map(|c| {
+                let class = &lp.classes[c];
+                let need = class.remaining_steps.unwrap() / makespan * class.size();
+                lp.row(c, |j| class.throughput[j]).geq(need)
+            })
+            .collect();
+        match lp.solve(good_lp::Expression::default(), rows) {
+            Ok(_) => true,
+            Err(PolicyError::Infeasible(_)) => false,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let (mut lo, mut hi) = (1.0, 1e9);
+    assert!(feasible(hi) && !feasible(lo));
+    let mut steps = 0;
+    while (hi - lo) / hi > 1e-3 {
+        let mid = (lo * hi).sqrt();
+        if feasible(mid) {
+            hi = mid
+        } else {
+            lo = mid
+        }
+        steps += 1;
+    }
+    let gap = (ours - hi).abs() / hi;
+    println!(
+        "min makespan: one LP {ours:.3} s; bisection {hi:.3} s after {steps} feasibility LPs; gap {gap:.2e}"
+    );
+    assert!(
+        gap < 0.01,
+        "one LP {ours} vs bisection {hi} after {steps} LPs (gap {gap:e})"
+    );
+    assert!(
+        ours <= hi * (1.0 + 1e-6),
+        "the single LP is never worse than bisection"
+    );
+}
