@@ -11,10 +11,13 @@
 //! * [`policy`]: the [`policy::Policy`] trait and one file per policy, chosen with the serde enum
 //!   [`policy::PolicyKind`] that an operator's TOML names.
 //! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
+//! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
+//!   with what rounding cost against the LP.
 
 pub mod error;
 pub mod instance;
 pub mod lp;
+pub mod placement;
 pub mod policy;
 pub mod problem;
 pub mod units;

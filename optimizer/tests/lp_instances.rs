@@ -115,3 +115,44 @@ fn min_makespan_in_one_lp_matches_gavels_bisection() {
         "the single LP is never worse than bisection"
     );
 }
+
+/// Whole placements of the max-sum allocation on 4-GPU nodes: no node is over-committed, and
+/// the rounding cost against the LP is reported.
+#[test]
+fn max_sum_allocations_place_on_4_gpu_nodes() {
+    use optimizer::placement::{Node, place};
+    for n in [256, 2048] {
+        let p = instance(n);
+        let nodes: Vec<Node> = p
+            .cluster
+            .capacity
+            .iter()
+            .enumerate()
+            .flat_map(|(j, &c)| {
+                (0..(c as u32).div_ceil(4)).map(move |i| Node {
+                    name: format!("{j}-{i}"),
+                    worker_type: j,
+                    slots: 4,
+                })
+            })
+            .collect();
+        let a = MaxSumThroughput::default().allocate(&p, None).unwrap();
+        let pl = place(&p, &a, &nodes, None).unwrap();
+        for (used, node) in pl.node_usage(nodes.len()).iter().zip(&nodes) {
+            assert!(*used <= node.slots);
+        }
+        println!(
+            "n={n}: {} of {} jobs placed; throughput {:.1} vs LP {:.1}; rounding cost {:.2} %",
+            pl.jobs.len(),
+            p.jobs.len(),
+            pl.throughput,
+            pl.lp_throughput,
+            100.0 * pl.rounding_cost()
+        );
+        assert!(
+            pl.rounding_cost() < 0.10,
+            "rounding cost {}",
+            pl.rounding_cost()
+        );
+    }
+}
