@@ -168,6 +168,26 @@ impl<'p> AllocationLp<'p> {
         rows
     }
 
+    /// Maximises the smallest Σ_j coef(class, j) · y[c][j] / n_c over classes (every member of a
+    /// class gets y / n_c): one extra variable `t` and one row per class. With no jobs, nothing
+    /// to share.
+    pub fn solve_max_min(
+        mut self,
+        coef: impl Fn(&Class, usize) -> f64,
+    ) -> Result<Allocation, PolicyError> {
+        if self.classes.is_empty() {
+            return self.solve(Expression::default(), Vec::new());
+        }
+        let t = self.vars.add(variable().min(0.0));
+        let rows = (0..self.classes.len())
+            .map(|c| {
+                let class = &self.classes[c];
+                self.row(c, |j| coef(class, j) / class.size()).geq(t)
+            })
+            .collect();
+        self.solve(t.into(), rows)
+    }
+
     /// Maximises `objective` under the base rows and `extra` rows; returns cleaned per-job shares.
     pub fn solve(
         self,

@@ -4,7 +4,6 @@
 //! (Σ_j T[m][j] · cap_j / Σ cap). One extra variable `t` and one row per class of identical
 //! jobs.
 
-use good_lp::{Expression, variable};
 use serde::{Deserialize, Serialize};
 
 use super::Policy;
@@ -50,20 +49,11 @@ impl Policy for MaxMinFairness {
         problem: &Problem,
         _previous: Option<&Allocation>,
     ) -> Result<Allocation, PolicyError> {
-        let mut lp = AllocationLp::new(problem)?;
-        if problem.jobs.is_empty() {
-            return lp.solve(Expression::default(), Vec::new());
-        }
-        let t = lp.vars.add(variable().min(0.0));
+        let lp = AllocationLp::new(problem)?;
         let cap = &problem.cluster.capacity;
-        // Each member of a class gets y[c][j] / n_c, so its normalised throughput is
-        // Σ_j W[c][j] · y[c][j] / n_c, and it must reach t.
-        let mut rows = Vec::with_capacity(lp.classes.len());
-        for (c, class) in lp.classes.iter().enumerate() {
-            let w = normalised(&class.throughput, class.scale_factor, cap);
-            let per_member = class.weight * class.size();
-            rows.push(lp.row(c, |j| w[j] / per_member).geq(t));
-        }
+        let mut a = lp.solve_max_min(|class, j| {
+            normalised(&class.throughput, class.scale_factor, cap)[j] / class.weight
+        })?;
         let weights: Vec<Vec<f64>> = problem
             .jobs
             .iter()
@@ -74,7 +64,6 @@ impl Policy for MaxMinFairness {
                     .collect()
             })
             .collect();
-        let mut a = lp.solve(t.into(), rows)?;
         a.objective = problem
             .jobs
             .iter()
@@ -87,6 +76,9 @@ impl Policy for MaxMinFairness {
                     .sum::<f64>()
             })
             .fold(f64::INFINITY, f64::min);
+        if problem.jobs.is_empty() {
+            a.objective = 0.0;
+        }
         Ok(a)
     }
 }

@@ -6,7 +6,6 @@
 //! The reported objective is the makespan in the time unit of the throughputs (seconds for
 //! steps/s).
 
-use good_lp::variable;
 use serde::{Deserialize, Serialize};
 
 use super::Policy;
@@ -28,7 +27,7 @@ impl Policy for MinMakespan {
         problem: &Problem,
         _previous: Option<&Allocation>,
     ) -> Result<Allocation, PolicyError> {
-        let mut lp = AllocationLp::new(problem)?;
+        let lp = AllocationLp::new(problem)?;
         if let Some(job) = problem.jobs.iter().find(|j| j.remaining_steps.is_none()) {
             return Err(PolicyError::InvalidProblem(format!(
                 "{} has no remaining_steps, which min_makespan needs",
@@ -45,16 +44,9 @@ impl Policy for MinMakespan {
                 job.id
             )));
         }
-        if problem.jobs.is_empty() {
-            return lp.solve(good_lp::Expression::default(), Vec::new());
-        }
-        let t = lp.vars.add(variable().min(0.0));
-        let mut rows = Vec::with_capacity(lp.classes.len());
-        for (c, class) in lp.classes.iter().enumerate() {
-            let r = class.remaining_steps.expect("checked above") * class.size();
-            rows.push(lp.row(c, |j| class.throughput[j] / r).geq(t));
-        }
-        let mut a = lp.solve(t.into(), rows)?;
+        let mut a = lp.solve_max_min(|class, j| {
+            class.throughput[j] / class.remaining_steps.expect("checked above")
+        })?;
         let slowest = problem
             .jobs
             .iter()
