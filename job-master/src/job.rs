@@ -1254,3 +1254,132 @@ mod tests {
         assert_eq!(back, ctx);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Ev {
+        Lease(u32),
+        Done(u32),
+        /// The training process of worker `i` (or the PS when `i` = 9) exits with this code.
+        Exit(u32, i32),
+        AgentLost(u32),
+        Checkpoint,
+        Tick(u64),
+    }
+
+    fn ev(workers: u32) -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            5 => (0..workers).prop_map(Ev::Lease),
+            5 => (0..workers).prop_map(Ev::Done),
+            1 => (prop_oneof![0..workers, Just(9)], prop_oneof![Just(1), Just(137)]).prop_map(|(i, c)| Ev::Exit(i, c)),
+            1 => (0..workers).prop_map(Ev::AgentLost),
+            1 => Just(Ev::Checkpoint),
+            1 => (0u64..20_000).prop_map(Ev::Tick),
+        ]
+    }
+
+    fn key(i: u32) -> SlotKey {
+        if i == 9 {
+            SlotKey {
+                role: RoleName::Ps,
+                index: 0,
+            }
+        } else {
+            SlotKey {
+                role: RoleName::Worker,
+                index: i,
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Whatever happens, in whatever order: the ledger never counts a sample twice, only
+        /// current incarnations hold shards, incarnations never go back, a failed job stays
+        /// failed, and the context survives a JSON round trip.
+        #[test]
+        fn the_job_state_machine_keeps_its_invariants(kind in prop_oneof![Just("ps"), Just("allreduce")],
+                                                      events in proptest::collection::vec(ev(3), 1..120)) {
+            let ps = if kind == "ps" { 1 } else { 0 };
+            let spec = JobSpec::from_yaml(&format!(
+                "name: p\nkind: {kind}\nroles:\n{}  worker: {{ replicas: 3, max_restarts: 6 }}\n\
+                 workload:\n  builtin: {{}}\ndata: {{ num_samples: 200, shard_size: 10 }}\nepochs: 2\n\
+                 checkpoint: {{ dir: /tmp/brain-prop, every_shards: 4 }}\n",
+                if ps == 1 { "  ps: { replicas: 1, max_restarts: 6 }\n" } else { "" }
+            )).unwrap();
+            let (mut ctx, _) = JobContext::new(spec, "p".into(), Timing::default(), 0);
+            let mut now = 1;
+            for k in ctx.slots.keys().copied().collect::<Vec<_>>() {
+                ctx.register_agent(k, 1, "h".into(), format!("a{k}"), now).unwrap();
+            }
+            let mut held: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+            let mut incarnations: BTreeMap<SlotKey, u64> = ctx.slots.iter().map(|(k, s)| (*k, s.incarnation)).collect();
+            let mut ckpt = 0;
+            for e in events {
+                now += 10;
+                let failed_before = matches!(ctx.phase, JobPhase::Failed { .. });
+                match e {
+                    Ev::Lease(i) => {
+                        let inc = ctx.slots[&key(i)].incarnation;
+                        let _ = ctx.join_rendezvous(key(i), inc, now);
+                        if let Ok(LeaseView { outcome: LeaseOutcome::Granted(s), .. }) = ctx.lease(key(i), inc) {
+                            held.insert(i, (s.id, inc));
+                        }
+                    }
+                    Ev::Done(i) => {
+                        if let Some((shard, inc)) = held.remove(&i) {
+                            let _ = ctx.shard_done(key(i), inc, shard, now);
+                        }
+                    }
+                    Ev::Exit(i, _) if !ctx.slots.contains_key(&key(i)) => {}
+                    Ev::Exit(i, code) => {
+                        let inc = ctx.slots[&key(i)].incarnation;
+                        let _ = ctx.process_exited(key(i), inc, code, 0, now);
+                    }
+                    Ev::AgentLost(i) => {
+                        let inc = ctx.slots[&key(i)].incarnation;
+                        let _ = ctx.agent_lost(key(i), inc, "test".into(), now);
+                        // The platform relaunches it and the new agent registers.
+                        let inc = ctx.slots[&key(i)].incarnation;
+                        let _ = ctx.register_agent(key(i), inc, "h".into(), format!("a{i}"), now);
+                    }
+                    Ev::Checkpoint => {
+                        if ctx.checkpoint_pending && ctx.ledger.in_flight() == 0 {
+                            ckpt += 1;
+                            let _ = ctx.checkpoint_committed(ckpt, format!("/tmp/c{ckpt}").into(), 0, ctx.generation, now);
+                        }
+                    }
+                    Ev::Tick(dt) => {
+                        now += dt;
+                        // Live agents keep heartbeating; only the tick's timing is under test.
+                        for k in ctx.slots.keys().copied().collect::<Vec<_>>() {
+                            let s = &ctx.slots[&k];
+                            let (agent, inc) = (s.agent_id, s.incarnation);
+                            let _ = ctx.heartbeat(k, agent, inc, None, 0, now);
+                        }
+                        let _ = ctx.tick(now);
+                    }
+                }
+                prop_assert!(ctx.ledger.verify_exactly_once(false).is_ok());
+                let failed_now = matches!(ctx.phase, JobPhase::Failed { .. });
+                prop_assert!(!failed_before || failed_now, "a failed job came back");
+                for (k, s) in &ctx.slots {
+                    prop_assert!(s.incarnation >= incarnations[k], "{k} went back");
+                    incarnations.insert(*k, s.incarnation);
+                }
+                // Shards the test still thinks it holds under an old incarnation are no longer
+                // that holder's: completing them must fail.
+                held.retain(|i, (_, inc)| *inc == ctx.slots[&key(*i)].incarnation);
+            }
+            let json = serde_json::to_string(&ctx).unwrap();
+            let back: JobContext = serde_json::from_str(&json).unwrap();
+            prop_assert_eq!(back, ctx);
+        }
+    }
+}
