@@ -10,6 +10,7 @@
 //!   capacity is never exceeded.
 //! * [`policy`]: the [`policy::Policy`] trait and one file per policy, chosen with the serde enum
 //!   [`policy::PolicyKind`] that an operator's TOML names.
+//! * [`throughput`]: throughput models behind one trait, fitted from step-time samples.
 //! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
 //! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
 //!   with what rounding cost against the LP.
@@ -20,6 +21,7 @@ pub mod lp;
 pub mod placement;
 pub mod policy;
 pub mod problem;
+pub mod throughput;
 pub mod units;
 
 pub use error::PolicyError;
