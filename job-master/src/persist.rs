@@ -129,3 +129,33 @@ pub fn load(path: &Path) -> Result<JobContext, Error> {
         problem: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Timing;
+    use crate::spec::JobSpec;
+
+    #[tokio::test]
+    async fn an_acknowledged_change_is_on_disk_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = JobSpec::from_yaml(
+            "name: p\nkind: allreduce\nroles:\n  worker: { replicas: 2 }\nworkload:\n  builtin: {}\n\
+             data: { num_samples: 100, shard_size: 10 }\ncheckpoint: { dir: /tmp/brain-persist-test }\n",
+        )
+        .unwrap();
+        let (ctx, _) = JobContext::new(spec, "p-1".into(), Timing::default(), 0);
+        let job = Arc::new(Mutex::new(ctx));
+        let persister = Persister::new(dir.path());
+        tokio::spawn(persister.clone().run(job.clone()));
+        job.lock().await.fail("for the test".into(), 5);
+        persister.durable(persister.changed()).await.unwrap();
+        let back = load(persister.path()).unwrap();
+        assert_eq!(back, *job.lock().await);
+        // Nothing but the context file is left in the directory (the temp file was renamed).
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // A damaged file is a clear error.
+        std::fs::write(persister.path(), b"{").unwrap();
+        assert!(matches!(load(persister.path()), Err(Error::Context { .. })));
+    }
+}
