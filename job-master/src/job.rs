@@ -924,12 +924,19 @@ impl JobContext {
 
     /// Timers: heartbeat timeouts and the rendezvous last call.
     pub fn tick(&mut self, now_ms: u64) -> Vec<Effect> {
+        self.tick_changed(now_ms).0
+    }
+
+    /// [`Self::tick`], also saying whether anything that must survive a restart changed (a
+    /// round closed, an agent was declared lost); most ticks change nothing.
+    pub fn tick_changed(&mut self, now_ms: u64) -> (Vec<Effect>, bool) {
         if self.phase.is_terminal() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
-        if let Some(r) = self.rendezvous.as_mut() {
-            r.try_close(now_ms);
-        }
+        let closed = self
+            .rendezvous
+            .as_mut()
+            .is_some_and(|r| r.try_close(now_ms));
         let (heartbeat, register) = (
             self.timing.heartbeat_timeout_ms,
             self.timing.register_timeout_ms,
@@ -947,6 +954,7 @@ impl JobContext {
             })
             .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
             .collect();
+        let changed = closed || !late.is_empty();
         let mut effects = Vec::new();
         for (key, inc, silent) in late {
             effects.extend(self.agent_lost(
@@ -956,7 +964,7 @@ impl JobContext {
                 now_ms,
             ));
         }
-        effects
+        (effects, changed)
     }
 
     /// The workers' progress: step (the highest for allreduce, the sum for ps), summed

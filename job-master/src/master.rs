@@ -97,10 +97,21 @@ impl Shared {
         &self,
         f: impl FnOnce(&mut JobContext, u64) -> Result<(T, Vec<Effect>), Error>,
     ) -> Result<T, Error> {
+        self.apply_if(|ctx, now| f(ctx, now).map(|(v, e)| (v, e, true)))
+            .await
+    }
+
+    /// [`Self::apply`] for decisions that say whether they changed anything worth a durable
+    /// write (heartbeats and most timer ticks do not); unchanged state is not written.
+    pub async fn apply_if<T>(
+        &self,
+        f: impl FnOnce(&mut JobContext, u64) -> Result<(T, Vec<Effect>, bool), Error>,
+    ) -> Result<T, Error> {
         let (value, generation) = {
             let mut ctx = self.job.lock().await;
             let now = self.now_ms();
-            let (value, effects) = f(&mut ctx, now)?;
+            let (value, effects, durable) = f(&mut ctx, now)?;
+            let durable = durable || !effects.is_empty();
             for e in effects {
                 let _ = self.effects.send(e);
             }
@@ -113,9 +124,11 @@ impl Shared {
                     false
                 }
             });
-            (value, self.persister.changed())
+            (value, durable.then(|| self.persister.changed()))
         };
-        self.persister.durable(generation).await?;
+        if let Some(g) = generation {
+            self.persister.durable(g).await?;
+        }
         Ok(value)
     }
 }
@@ -212,7 +225,12 @@ pub async fn run(
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        let _ = shared.apply(|ctx, now| Ok(((), ctx.tick(now)))).await;
+                        let _ = shared
+                            .apply_if(|ctx, now| {
+                                let (effects, changed) = ctx.tick_changed(now);
+                                Ok(((), effects, changed))
+                            })
+                            .await;
                     }
                     Some(ev) = ev_rx.recv() => {
                         let PlatformEvent::AgentExited { key, incarnation, description } = ev;

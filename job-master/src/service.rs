@@ -92,9 +92,10 @@ impl pb::job_master_server::JobMaster for MasterService {
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
+        // Liveness and samples need no durable write: after a restart, agents heartbeat again.
         let (action, incarnation, restart_count) = self
             .shared
-            .apply(|ctx, now| {
+            .apply_if(|ctx, now| {
                 ctx.heartbeat(
                     key,
                     r.agent_id,
@@ -103,7 +104,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     r.process_pid,
                     now,
                 )
-                .map(|v| (v, vec![]))
+                .map(|v| (v, vec![], false))
             })
             .await?;
         Ok(Response::new(pb::HeartbeatResponse {
