@@ -207,3 +207,28 @@ checkpoint: { dir: CKPT }
     );
     assert_no_process_left(addr).await;
 }
+
+/// A command that exists but cannot be executed (its interpreter is missing) is reported as
+/// exit code 127, relaunched up to the limit, and the job fails with that reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_cannot_start_fails_the_job_with_exit_code_127() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("train.sh");
+    std::fs::write(&script, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let yaml = format!(
+        "name: cannot-start\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, max_restarts: 1 }}\n\
+         workload:\n  command: [{}]\ndata: {{ num_samples: 10, shard_size: 10 }}\ncheckpoint: {{ dir: {} }}\n",
+        script.display(),
+        dir.path().join("ckpt").display()
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let report = run.report().await;
+    assert!(!report.succeeded());
+    let reason = report.reason.clone().unwrap();
+    assert!(reason.contains("exited with code 127"), "{reason}");
+    assert_no_process_left(run.addr).await;
+}

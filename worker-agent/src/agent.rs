@@ -167,6 +167,40 @@ fn exit_parts(status: std::process::ExitStatus) -> (i32, i32) {
     (status.code().unwrap_or(-1), status.signal().unwrap_or(0))
 }
 
+/// Reports an exit, retrying until the master answers: a lost report would leave the master
+/// waiting for a process that is gone. Gives up (and so ends the agent) after `timeout`.
+async fn report_exit(
+    client: &mut MasterClient,
+    process: pb::ProcessRef,
+    exit_code: i32,
+    signal: i32,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        let r = client
+            .report_process_exit(pb::ProcessExit {
+                process: Some(process),
+                exit_code,
+                signal,
+            })
+            .await;
+        match r {
+            Ok(_) => return Ok(()),
+            Err(status) if start.elapsed() >= timeout => {
+                return Err(Error::Refused {
+                    call: "ReportProcessExit",
+                    status,
+                });
+            }
+            Err(status) => {
+                tracing::warn!("cannot report the exit yet: {status}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 /// Runs the agent until the master says the job is over, the master is lost, or `shutdown`.
 /// Returns the exit code the agent process should end with.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<i32, Error> {
@@ -224,17 +258,33 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                     let r = r.into_inner();
                     if r.ready {
                         let env = child_env(&args, &reg, &r, incarnation, &service_addr);
-                        let c = spawn(&args, &reg, env, &reg.job_kind)?;
-                        let pid = c.id().unwrap_or(0);
-                        tracing::info!(
-                            incarnation,
-                            pid,
-                            round = r.round,
-                            rank = r.rank,
-                            world = r.world_size,
-                            "training process started"
-                        );
-                        child = Some((c, ProcSampler::new(pid)));
+                        match spawn(&args, &reg, env, &reg.job_kind) {
+                            Ok(c) => {
+                                let pid = c.id().unwrap_or(0);
+                                tracing::info!(
+                                    incarnation,
+                                    pid,
+                                    round = r.round,
+                                    rank = r.rank,
+                                    world = r.world_size,
+                                    "training process started"
+                                );
+                                child = Some((c, ProcSampler::new(pid)));
+                            }
+                            Err(e) => {
+                                // Reported like a shell that cannot run the program (127), so the
+                                // master's relaunch limits and reasons apply as to any exit.
+                                tracing::error!("{e}");
+                                report_exit(
+                                    &mut client,
+                                    me(incarnation),
+                                    127,
+                                    0,
+                                    args.master_timeout,
+                                )
+                                .await?;
+                            }
+                        }
                         need_join = false;
                     }
                 }
@@ -255,10 +305,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 let (exit_code, signal) = status.map(exit_parts).unwrap_or((-1, 0));
                 tracing::info!(incarnation, exit_code, signal, "training process exited");
                 child = None;
-                let report = client.report_process_exit(pb::ProcessExit { process: Some(me(incarnation)), exit_code, signal }).await;
-                if let Err(s) = report {
-                    tracing::warn!("cannot report the exit: {s}");
-                }
+                report_exit(&mut client, me(incarnation), exit_code, signal, args.master_timeout).await?;
             }
             _ = heartbeat.tick() => {
                 let s = child.as_mut().and_then(|(c, ps)| c.id().and_then(|pid| sample(ps, &gpu, pid)));

@@ -13,19 +13,25 @@ use job_master::spec::JobSpec;
 use job_master::{JobReport, MasterConfig};
 use proto::jobmaster::v1 as pb;
 
-/// The worker-agent binary cargo built beside ours; built on demand when a single package is
-/// tested.
+/// The worker-agent binary beside ours, built once per test binary so that a test never runs a
+/// stale agent (`cargo test -p job-master` alone does not rebuild another package's binary;
+/// when it is up to date this costs a fraction of a second).
 pub fn agent_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_job-master")).with_file_name("worker-agent");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let ok = std::process::Command::new(cargo)
-            .args(["build", "-p", "worker-agent", "--bin", "worker-agent"])
-            .status()
-            .expect("cargo runs");
-        assert!(ok.success(), "cannot build worker-agent");
-    }
-    bin
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let bin = Path::new(env!("CARGO_BIN_EXE_job-master")).with_file_name("worker-agent");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let ok = std::process::Command::new(cargo)
+                .args(["build", "-p", "worker-agent", "--bin", "worker-agent"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cargo runs");
+            assert!(ok.success(), "cannot build worker-agent");
+            assert!(bin.exists(), "{} was not built", bin.display());
+            bin
+        })
+        .clone()
 }
 
 pub fn job_master_bin() -> PathBuf {
