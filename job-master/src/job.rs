@@ -760,15 +760,15 @@ impl JobContext {
         {
             return Vec::new();
         }
-        self.checkpoint_saving = true;
-        let Some(cluster) = &self.cluster else {
+        let Some(ps) = self.cluster.as_ref().map(PsCluster::ps_addrs) else {
             return Vec::new();
         };
-        let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
+        self.checkpoint_saving = true;
+        let (id, dir) = self.next_checkpoint_dir();
         vec![Effect::SavePsCheckpoint {
             id,
-            dir: self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")),
-            ps: cluster.ps_addrs(),
+            dir,
+            ps,
             generation: self.generation,
         }]
     }
@@ -832,7 +832,7 @@ impl JobContext {
         }
     }
 
-    /// The id and directory rank 0 of an allreduce job should checkpoint into now.
+    /// The id the next checkpoint gets, and the directory a ps checkpoint of that id is saved in.
     pub fn next_checkpoint_dir(&self) -> (u64, PathBuf) {
         let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
         (id, self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")))

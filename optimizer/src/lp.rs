@@ -115,10 +115,6 @@ impl<'p> AllocationLp<'p> {
         })
     }
 
-    pub fn problem(&self) -> &'p Problem {
-        self.problem
-    }
-
     /// Σ_j coef(j) · y[c][j] for class `c`.
     pub fn row(&self, c: usize, coef: impl Fn(usize) -> f64) -> Expression {
         let mut e = Expression::with_capacity(self.y[c].len());
