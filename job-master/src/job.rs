@@ -12,6 +12,21 @@
 //!   broken, so every process restarts from the latest checkpoint and the ledger rolls back to
 //!   the data position that checkpoint recorded.
 //! * A slot that fails more than its role's `max_restarts` fails the job.
+//!
+//! Scale plans (see [`crate::scale`]) are carried out one at a time by a [`Transition`]:
+//! * ps job, workers only: new workers start and join at once; a removed worker finishes its
+//!   shard and is told at its next lease to exit. Nobody else stops.
+//! * allreduce job: a consistent cut (leases drain, rank 0 checkpoints at the step boundary),
+//!   then every member leaves the ring at the same step and joins a new rendezvous round of the
+//!   target size. Survivors keep their model in memory; newcomers load the cut checkpoint.
+//! * ps job, parameter servers: a consistent cut (no shard in flight, so no push), a checkpoint,
+//!   then the PS move the keys whose owner changes under jump consistent hashing straight to
+//!   their new owners; a new cluster-spec version is published, every worker switches before it
+//!   gets another shard, and only then do the old PS drop moved keys and the removed PS stop.
+//! * Migrations replace a process by one with other resources: a ps worker at once; a PS or an
+//!   allreduce worker at the cut, restoring from the cut checkpoint.
+//! * A failure during a transition restarts the group from the latest checkpoint directly in the
+//!   target layout (a PS restores the keys it owns in the new layout from every partition).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +36,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 use crate::ledger::{Holder, LeaseOutcome, LedgerSnapshot, ShardLedger};
 use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
-use crate::spec::{JobKind, JobSpec, RoleName};
+use crate::scale::{Capacity, PlanBook, ScalePlan};
+use crate::spec::{JobKind, JobSpec, Resources, RoleName};
 
 /// A process slot: role and index. Its incarnation changes with every (re)start. Written as
 /// `worker-3` (also as a JSON map key).
@@ -73,6 +89,18 @@ pub enum SlotPhase {
     Restarting,
     /// The training process finished its work and exited 0.
     Succeeded,
+    /// A scale plan removes this slot: it leaves at its next lease (ps worker) or rendezvous
+    /// (allreduce worker), or once every worker has switched away from it (PS).
+    Removing,
+    /// Not part of the job any more (until a plan adds the index again).
+    Removed,
+}
+
+impl SlotPhase {
+    /// Whether the slot counts as a member of the job.
+    pub fn is_live(self) -> bool {
+        !matches!(self, SlotPhase::Removing | SlotPhase::Removed)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -99,6 +127,39 @@ pub struct Slot {
     /// pid of the training process as the agent last reported it.
     #[serde(default)]
     pub process_pid: u32,
+    /// Resources this slot's agent is launched with; `None`: the role's.
+    #[serde(default)]
+    pub resources: Option<Resources>,
+    /// ps workers: the PS-set version this worker last leased with.
+    #[serde(default)]
+    pub ps_version: u64,
+    /// A PS added by a reshard: it starts empty and receives its keys from the others.
+    #[serde(default)]
+    pub fresh: bool,
+    /// A migration waiting for the cut: relaunch with these resources.
+    #[serde(default)]
+    pub migrate_to: Option<Resources>,
+}
+
+impl Slot {
+    fn new(key: SlotKey, incarnation: u64, now_ms: u64) -> Self {
+        Slot {
+            key,
+            incarnation,
+            restart_count: 0,
+            phase: SlotPhase::Launching,
+            agent_id: 0,
+            last_heartbeat_ms: now_ms,
+            service_addr: None,
+            host: String::new(),
+            sample: None,
+            process_pid: 0,
+            resources: None,
+            ps_version: 0,
+            fresh: false,
+            migrate_to: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -173,6 +234,91 @@ pub enum Effect {
     },
     /// All work is done: collect final statistics, then call [`JobContext::finish`].
     Finish,
+    /// Move keys from the PS at `from` (the old layout) to their owners among `to`, then call
+    /// [`JobContext::reshard_done`] (or [`JobContext::reshard_failed`]).
+    ReshardPs {
+        version: u64,
+        from: Vec<String>,
+        to: Vec<String>,
+        generation: u64,
+    },
+    /// Every worker uses the new PS set: the PS at these addresses delete the keys they lent.
+    DropPs {
+        ps: Vec<String>,
+    },
+}
+
+/// Where a transition is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Step {
+    /// Leases drain to a consistent cut and a checkpoint is taken there.
+    Cut,
+    /// ps: parameter servers move keys to their new owners.
+    Reshard,
+    /// allreduce: members leave the ring and a round of the target size forms.
+    Reform,
+    /// ps: the new PS set is published; workers switch before their next shard.
+    Switch,
+    /// New processes start, removed ones leave.
+    Settle,
+}
+
+impl Step {
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Cut => "cut",
+            Step::Reshard => "reshard",
+            Step::Reform => "reform",
+            Step::Switch => "switch",
+            Step::Settle => "settle",
+        }
+    }
+}
+
+/// A plan being carried out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub plan: ScalePlan,
+    pub started_ms: u64,
+    pub step: Step,
+    pub step_started_ms: u64,
+    pub from: BTreeMap<RoleName, u32>,
+    pub to: BTreeMap<RoleName, u32>,
+    /// allreduce: the first round number that counts as the re-formed group.
+    pub round_after: u64,
+    /// A reshard effect is out and has not come back.
+    pub resharding: bool,
+}
+
+/// One carried-out plan, for the report and the benchmarks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TransitionRecord {
+    pub version: u64,
+    pub from: BTreeMap<RoleName, u32>,
+    pub to: BTreeMap<RoleName, u32>,
+    pub accepted_ms: u64,
+    pub reached_ms: u64,
+    /// When every worker of the new layout had reported a training step after the plan.
+    pub resumed_ms: Option<u64>,
+    /// Workers whose first step after the plan has not been reported yet.
+    pub awaiting: Vec<SlotKey>,
+    /// Steps each worker had reported when the plan was reached; a higher one is a new step.
+    #[serde(default)]
+    pub steps_at_reach: BTreeMap<SlotKey, u64>,
+}
+
+/// One PS reshard: what moved, how long it took, and the parameter digests around it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReshardRecord {
+    pub version: u64,
+    pub from_ps: u32,
+    pub to_ps: u32,
+    pub moved_keys: u64,
+    pub moved_bytes: u64,
+    pub total_keys: u64,
+    pub digest_before: u64,
+    pub digest_after: u64,
+    pub took_ms: u64,
 }
 
 /// Timing knobs the master runs with (from its config, not the user's spec).
@@ -215,6 +361,8 @@ pub struct JoinView {
     pub waiting_reason: String,
     pub restart_count: u64,
     pub resume_from: Option<PathBuf>,
+    /// A scale plan removed this process: it must exit 0.
+    pub removed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -222,6 +370,25 @@ pub struct LeaseView {
     pub outcome: LeaseOutcome,
     pub checkpoint_due: bool,
     pub evaluate: bool,
+    /// allreduce: leave the ring at the next step boundary and rejoin the rendezvous.
+    pub reform: bool,
+    /// A scale plan removed this process.
+    pub removed: bool,
+    /// ps: the PS-set version in force.
+    pub ps_version: u64,
+}
+
+impl LeaseView {
+    fn of(outcome: LeaseOutcome) -> Self {
+        Self {
+            outcome,
+            checkpoint_due: false,
+            evaluate: false,
+            reform: false,
+            removed: false,
+            ps_version: 0,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -250,6 +417,17 @@ pub struct JobContext {
     pub final_model_digest: Option<String>,
     pub metrics: BTreeMap<SlotKey, MetricsRecord>,
     pub events: Vec<Event>,
+    #[serde(default)]
+    pub plans: PlanBook,
+    #[serde(default)]
+    pub transition: Option<Transition>,
+    #[serde(default)]
+    pub transitions: Vec<TransitionRecord>,
+    #[serde(default)]
+    pub reshards: Vec<ReshardRecord>,
+    /// Resources plans set for a role's future launches.
+    #[serde(default)]
+    pub role_resources: BTreeMap<RoleName, Resources>,
 }
 
 const MAX_EVENTS: usize = 1_000;
@@ -265,21 +443,7 @@ impl JobContext {
             let plan = spec.role_plan(role).expect("validated spec");
             for index in 0..plan.replicas {
                 let key = SlotKey { role, index };
-                slots.insert(
-                    key,
-                    Slot {
-                        key,
-                        incarnation: 1,
-                        restart_count: 0,
-                        phase: SlotPhase::Launching,
-                        agent_id: 0,
-                        last_heartbeat_ms: now_ms,
-                        service_addr: None,
-                        host: String::new(),
-                        sample: None,
-                        process_pid: 0,
-                    },
-                );
+                slots.insert(key, Slot::new(key, 1, now_ms));
                 effects.push(Effect::LaunchAgent {
                     key,
                     incarnation: 1,
@@ -327,6 +491,11 @@ impl JobContext {
             final_model_digest: None,
             metrics: BTreeMap::new(),
             events: Vec::new(),
+            plans: PlanBook::default(),
+            transition: None,
+            transitions: Vec::new(),
+            reshards: Vec::new(),
+            role_resources: BTreeMap::new(),
         };
         ctx.log(
             now_ms,
@@ -416,7 +585,10 @@ impl JobContext {
         slot.last_heartbeat_ms = now_ms;
         slot.host = host;
         slot.service_addr = Some(service_addr.clone());
+        // A PS added by a reshard enters the published cluster when the reshard is done.
+        let fresh = self.slots[&key].fresh;
         if key.role == RoleName::Ps
+            && !fresh
             && let Some(c) = self.cluster.as_mut()
         {
             c.set_ps(key.index, service_addr);
@@ -443,7 +615,7 @@ impl JobContext {
             role: key.role.to_string(),
             index: key.index,
         })?;
-        if slot.agent_id != agent_id || terminal {
+        if slot.agent_id != agent_id || terminal || slot.phase == SlotPhase::Removed {
             return Ok((AgentAction::Shutdown, slot.incarnation, slot.restart_count));
         }
         slot.last_heartbeat_ms = now_ms;
@@ -470,6 +642,13 @@ impl JobContext {
             // An older incarnation, already replaced: its exit is expected.
             return Ok(Vec::new());
         }
+        let phase = self.slots[&key].phase;
+        if phase == SlotPhase::Removed {
+            return Ok(Vec::new());
+        }
+        if phase == SlotPhase::Removing && exit_code == 0 && signal == 0 {
+            return Ok(self.remove_slot(key, now_ms));
+        }
         if exit_code == 0 && signal == 0 && key.role == RoleName::Worker {
             self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
             self.log(now_ms, format!("{key} finished"));
@@ -492,7 +671,10 @@ impl JobContext {
         now_ms: u64,
     ) -> Vec<Effect> {
         match self.slots.get(&key) {
-            Some(s) if s.incarnation == agent_incarnation && !self.phase.is_terminal() => {}
+            Some(s)
+                if s.incarnation == agent_incarnation
+                    && !self.phase.is_terminal()
+                    && s.phase != SlotPhase::Removed => {}
             _ => return Vec::new(),
         }
         self.fail_slot(key, format!("agent lost: {why}"), true, now_ms)
@@ -505,6 +687,12 @@ impl JobContext {
         relaunch_agent: bool,
         now_ms: u64,
     ) -> Vec<Effect> {
+        // Only a ps job's worker holds no model state; anything else loses state or the ring.
+        let group = !(self.spec.kind == JobKind::Ps && key.role == RoleName::Worker);
+        if !group && self.slots[&key].phase == SlotPhase::Removing {
+            self.log(now_ms, format!("{key} failed ({how}) while leaving"));
+            return self.remove_slot(key, now_ms);
+        }
         let count = self.restarts.entry(key.role).or_insert(0);
         *count += 1;
         let count = *count;
@@ -529,14 +717,12 @@ impl JobContext {
                 key.role
             ),
         );
-        // Only a ps job's worker holds no model state; anything else loses state or the ring.
-        let group = !(self.spec.kind == JobKind::Ps && key.role == RoleName::Worker);
         if self.evaluator == Some(key) {
             self.evaluator = None;
         }
         let mut effects = Vec::new();
         if group {
-            self.group_restart(now_ms, &format!("{key} failed"));
+            effects.extend(self.group_restart(now_ms, &format!("{key} failed")));
         } else {
             self.ledger.release(&key.role.to_string(), key.index);
             if let Some(c) = self.cluster.as_mut() {
@@ -567,10 +753,18 @@ impl JobContext {
         effects
     }
 
-    /// Every process restarts from the latest checkpoint; the ledger rolls back to it.
-    fn group_restart(&mut self, now_ms: u64, why: &str) {
+    /// Every process restarts from the latest checkpoint; the ledger rolls back to it. During a
+    /// transition the restart lands directly in the plan's target layout.
+    fn group_restart(&mut self, now_ms: u64, why: &str) -> Vec<Effect> {
         self.generation += 1;
+        let mut effects = Vec::new();
+        if self.transition.is_some() {
+            effects = self.collapse_transition(now_ms);
+        }
         for slot in self.slots.values_mut() {
+            if slot.phase == SlotPhase::Removed {
+                continue;
+            }
             slot.incarnation += 1;
             slot.restart_count += 1;
             if slot.phase != SlotPhase::Launching {
@@ -605,6 +799,7 @@ impl JobContext {
                 self.generation
             ),
         );
+        effects
     }
 
     pub fn join_rendezvous(
@@ -615,7 +810,11 @@ impl JobContext {
     ) -> Result<JoinView, Error> {
         let slot = self.current(key, incarnation)?.clone();
         let addr = slot.service_addr.clone().unwrap_or_default();
-        let resume_from = self.latest_checkpoint().map(|c| c.manifest.clone());
+        let resume_from = if slot.fresh {
+            None
+        } else {
+            self.latest_checkpoint().map(|c| c.manifest.clone())
+        };
         let mut view = JoinView {
             ready: false,
             round: 0,
@@ -626,7 +825,21 @@ impl JobContext {
             waiting_reason: String::new(),
             restart_count: slot.restart_count,
             resume_from,
+            removed: false,
         };
+        if !slot.phase.is_live() {
+            // A removed allreduce member learns it here, at the step boundary where the group
+            // re-forms; it leaves without holding anything.
+            if self.spec.kind == JobKind::Allreduce && key.role == RoleName::Worker {
+                // Its agent learns from its next heartbeat that it is done; no stop needed.
+                let _ = self.remove_slot(key, now_ms);
+            }
+            view.removed = slot.phase == SlotPhase::Removed
+                || (self.spec.kind == JobKind::Allreduce && key.role == RoleName::Worker);
+            if view.removed {
+                return Ok(view);
+            }
+        }
         match self.spec.kind {
             JobKind::Allreduce => {
                 let rdzv = self.rendezvous.as_mut().expect("allreduce jobs have one");
@@ -654,15 +867,28 @@ impl JobContext {
                 }
             }
             JobKind::Ps => {
+                let ps_to = self
+                    .transition
+                    .as_ref()
+                    .and_then(|t| t.to.get(&RoleName::Ps).copied());
                 let cluster = self.cluster.as_mut().expect("ps jobs have one");
                 if key.role == RoleName::Worker {
                     cluster.set_worker(key.index, addr);
                 }
-                if cluster.ps_complete() {
+                if slot.fresh {
+                    // A PS added by a reshard serves the new layout and starts empty.
                     view.ready = true;
                     view.round = cluster.version;
                     view.rank = key.index;
-                    view.world_size = cluster.workers.len() as u32;
+                    view.world_size = ps_to.unwrap_or(cluster.expected_ps);
+                } else if cluster.ps_complete() {
+                    view.ready = true;
+                    view.round = cluster.version;
+                    view.rank = key.index;
+                    view.world_size = match key.role {
+                        RoleName::Ps => cluster.expected_ps,
+                        RoleName::Worker => cluster.workers.len() as u32,
+                    };
                 } else {
                     view.waiting_reason = format!(
                         "{} of {} parameter servers have registered",
@@ -678,39 +904,86 @@ impl JobContext {
             if s.phase == SlotPhase::Restarting {
                 s.phase = SlotPhase::Running;
             }
+            if key.role == RoleName::Worker
+                && let Some(c) = &self.cluster
+            {
+                s.ps_version = c.ps_version;
+            }
         }
         Ok(view)
     }
 
+    #[cfg(test)]
     pub fn lease(&mut self, key: SlotKey, incarnation: u64) -> Result<LeaseView, Error> {
+        self.lease_with(key, incarnation, None, 0).map(|(v, _)| v)
+    }
+
+    /// A lease request; a ps worker says which PS-set version it uses (`ps_version`).
+    pub fn lease_with(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        ps_version: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(LeaseView, Vec<Effect>), Error> {
         self.current(key, incarnation)?;
         let holder = Self::holder(key, incarnation);
+        let mut effects = Vec::new();
+        let layout = self.cluster.as_ref().map_or(0, |c| c.ps_version);
+        let phase = self.slots[&key].phase;
+        let ps_worker = self.spec.kind == JobKind::Ps && key.role == RoleName::Worker;
+        // An allreduce member being removed stays in the ring until the group re-forms.
+        if phase == SlotPhase::Removed || (ps_worker && phase == SlotPhase::Removing) {
+            // A removed ps worker hands back what it holds and leaves.
+            if ps_worker {
+                self.ledger.release(&key.role.to_string(), key.index);
+                effects.extend(self.remove_slot(key, now_ms));
+            }
+            let mut v = LeaseView::of(LeaseOutcome::Wait);
+            v.removed = true;
+            return Ok((v, effects));
+        }
+        if let Some(v) = ps_version {
+            self.slots.get_mut(&key).expect("checked").ps_version = v;
+        }
+        let step = self.transition.as_ref().map(|t| t.step);
+        if ps_worker {
+            let switching = matches!(step, Some(Step::Reshard))
+                || (step == Some(Step::Switch) && !self.ps_layout_running());
+            if switching || ps_version.is_some_and(|v| v != layout) {
+                effects.extend(self.advance(now_ms));
+                let mut v = LeaseView::of(LeaseOutcome::Wait);
+                v.ps_version = layout;
+                return Ok((v, effects));
+            }
+        }
         if self.checkpoint_pending {
             // Drain for a consistent cut: a holder retrying gets its shard again, nobody a new one.
-            return Ok(match self.ledger.held_by(&holder) {
-                Some(s) => LeaseView {
-                    outcome: LeaseOutcome::Granted(s),
-                    checkpoint_due: false,
-                    evaluate: false,
-                },
-                None => LeaseView {
-                    outcome: LeaseOutcome::Wait,
-                    checkpoint_due: self.spec.kind == JobKind::Allreduce,
-                    evaluate: false,
-                },
-            });
+            let mut v = match self.ledger.held_by(&holder) {
+                Some(s) => LeaseView::of(LeaseOutcome::Granted(s)),
+                None => {
+                    let mut v = LeaseView::of(LeaseOutcome::Wait);
+                    v.checkpoint_due = self.spec.kind == JobKind::Allreduce;
+                    v
+                }
+            };
+            v.ps_version = layout;
+            return Ok((v, effects));
+        }
+        if step == Some(Step::Reform) {
+            let mut v = LeaseView::of(LeaseOutcome::Wait);
+            v.reform = true;
+            return Ok((v, effects));
         }
         let outcome = self.ledger.lease(&holder);
-        let mut evaluate = false;
-        if outcome == LeaseOutcome::EndOfData {
+        let mut v = LeaseView::of(outcome);
+        if v.outcome == LeaseOutcome::EndOfData {
             let evaluator = *self.evaluator.get_or_insert(key);
-            evaluate = evaluator == key;
+            v.evaluate = evaluator == key;
         }
-        Ok(LeaseView {
-            outcome,
-            checkpoint_due: false,
-            evaluate,
-        })
+        v.ps_version = layout;
+        effects.extend(self.advance(now_ms));
+        Ok((v, effects))
     }
 
     /// `key` applied every sample of shard `shard` to the model.
@@ -782,7 +1055,7 @@ impl JobContext {
         step: u64,
         generation: u64,
         now_ms: u64,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<Effect>, Error> {
         if generation != self.generation {
             return Err(Error::Checkpoint {
                 path: manifest,
@@ -817,7 +1090,7 @@ impl JobContext {
                 manifest.display()
             ),
         );
-        Ok(())
+        Ok(self.on_cut(now_ms))
     }
 
     /// A checkpoint could not be written: training goes on without it.
@@ -868,6 +1141,20 @@ impl JobContext {
                 ),
             );
         }
+        if let Some(r) = self.transitions.last_mut()
+            && r.resumed_ms.is_none()
+            && m.global_step > r.steps_at_reach.get(&key).copied().unwrap_or(0)
+        {
+            r.awaiting.retain(|k| *k != key);
+            if r.awaiting.is_empty() {
+                r.resumed_ms = Some(now_ms);
+                let (v, ms) = (r.version, now_ms - r.accepted_ms);
+                self.log(
+                    now_ms,
+                    format!("plan {v}: every worker is training again, {ms} ms after the plan"),
+                );
+            }
+        }
         self.metrics.insert(key, m);
         let mut effects = Vec::new();
         if let Some(loss) = final_eval_loss {
@@ -896,7 +1183,7 @@ impl JobContext {
         let workers_done = self
             .slots
             .values()
-            .filter(|s| s.key.role == RoleName::Worker)
+            .filter(|s| s.key.role == RoleName::Worker && s.phase.is_live())
             .all(|s| s.phase == SlotPhase::Succeeded);
         let data_done =
             !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
@@ -944,6 +1231,7 @@ impl JobContext {
         let late: Vec<(SlotKey, u64, u64)> = self
             .slots
             .values()
+            .filter(|s| s.phase != SlotPhase::Removed)
             .filter(|s| {
                 let limit = if s.phase == SlotPhase::Launching {
                     register
@@ -954,8 +1242,10 @@ impl JobContext {
             })
             .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
             .collect();
-        let changed = closed || !late.is_empty();
-        let mut effects = Vec::new();
+        let marker = (self.transition.as_ref().map(|t| t.step), self.plans.reached);
+        let mut effects = self.advance(now_ms);
+        let moved = marker != (self.transition.as_ref().map(|t| t.step), self.plans.reached);
+        let changed = closed || moved || !late.is_empty() || !effects.is_empty();
         for (key, inc, silent) in late {
             effects.extend(self.agent_lost(
                 key,
@@ -998,6 +1288,583 @@ impl JobContext {
             workers.iter().map(|(_, m)| m.loss).sum::<f64>() / workers.len() as f64
         };
         (step, sps, loss)
+    }
+}
+
+/// Scale plans: acceptance, the transition that carries one out, and its end.
+impl JobContext {
+    /// Live slots of each role.
+    pub fn role_counts(&self) -> BTreeMap<RoleName, u32> {
+        let mut counts: BTreeMap<RoleName, u32> = self.spec.roles.keys().map(|&r| (r, 0)).collect();
+        for s in self.slots.values().filter(|s| s.phase.is_live()) {
+            *counts.entry(s.key.role).or_default() += 1;
+        }
+        counts
+    }
+
+    /// What the transition in progress is doing, for the status output; empty when idle.
+    pub fn transition_status(&self, now_ms: u64) -> String {
+        match &self.transition {
+            None => String::new(),
+            Some(t) => format!(
+                "plan {}: {} for {} ms ({} ms in all){}",
+                t.plan.version,
+                t.step.name(),
+                now_ms.saturating_sub(t.step_started_ms),
+                now_ms.saturating_sub(t.started_ms),
+                self.plans
+                    .queued
+                    .as_ref()
+                    .map(|q| format!("; plan {} queued", q.version))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+
+    /// A scale plan arrives. Rejected (with the reason, nothing changed) or accepted: carried
+    /// out now, or queued behind the transition in progress, replacing an older queued plan.
+    pub fn apply_plan(
+        &mut self,
+        plan: ScalePlan,
+        cap: &Capacity,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, String> {
+        if self.phase != JobPhase::Running {
+            return Err(format!("the job is {}", self.phase.name()));
+        }
+        if self.ledger.is_complete() {
+            return Err("the job has no data left to train on".into());
+        }
+        self.plans.check_version(plan.version)?;
+        let live: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.phase.is_live())
+            .map(|s| s.key)
+            .collect();
+        crate::scale::validate(&plan, &self.spec, &self.role_counts(), &live, cap)?;
+        self.plans.desired = plan.version;
+        if let Some(t) = &self.transition {
+            let replaced = self.plans.queued.replace(plan.clone());
+            self.log(
+                now_ms,
+                format!(
+                    "plan {} queued behind plan {}{}",
+                    plan.version,
+                    t.plan.version,
+                    replaced
+                        .map(|r| format!(" (replaces queued plan {})", r.version))
+                        .unwrap_or_default()
+                ),
+            );
+            return Ok(Vec::new());
+        }
+        Ok(self.start_transition(plan, now_ms))
+    }
+
+    fn describe(counts: &BTreeMap<RoleName, u32>) -> String {
+        counts
+            .iter()
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// (Re)starts a slot's agent with a new incarnation.
+    fn launch_slot(&mut self, key: SlotKey, fresh: bool, now_ms: u64) -> Effect {
+        let resources = self.role_resources.get(&key.role).cloned();
+        let slot = self
+            .slots
+            .entry(key)
+            .or_insert_with(|| Slot::new(key, 0, now_ms));
+        slot.incarnation += 1;
+        slot.phase = SlotPhase::Launching;
+        slot.agent_id = 0;
+        slot.process_pid = 0;
+        slot.last_heartbeat_ms = now_ms;
+        slot.service_addr = None;
+        slot.sample = None;
+        slot.ps_version = 0;
+        slot.fresh = fresh;
+        if let Some(r) = slot.migrate_to.take() {
+            slot.resources = Some(r);
+        } else if resources.is_some() {
+            slot.resources = resources;
+        }
+        Effect::LaunchAgent {
+            key,
+            incarnation: slot.incarnation,
+        }
+    }
+
+    /// The slot leaves the job: its agent is told to shut down (and stopped).
+    fn remove_slot(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+        let Some(slot) = self.slots.get_mut(&key) else {
+            return Vec::new();
+        };
+        if slot.phase == SlotPhase::Removed {
+            return Vec::new();
+        }
+        slot.phase = SlotPhase::Removed;
+        slot.fresh = false;
+        slot.migrate_to = None;
+        self.ledger.release(&key.role.to_string(), key.index);
+        if let Some(c) = self.cluster.as_mut() {
+            match key.role {
+                RoleName::Worker => c.remove_worker(key.index),
+                RoleName::Ps => c.remove_ps(key.index),
+            }
+        }
+        if self.evaluator == Some(key) {
+            self.evaluator = None;
+        }
+        self.log(now_ms, format!("{key} left the job"));
+        vec![Effect::StopAgent {
+            key,
+            graceful: true,
+        }]
+    }
+
+    fn start_transition(&mut self, plan: ScalePlan, now_ms: u64) -> Vec<Effect> {
+        let from = self.role_counts();
+        let mut to = from.clone();
+        for (&role, t) in &plan.roles {
+            to.insert(role, t.count);
+            if let Some(r) = &t.resources {
+                self.role_resources.insert(role, r.clone());
+            }
+        }
+        let ps_change = from.get(&RoleName::Ps) != to.get(&RoleName::Ps);
+        let mut effects = Vec::new();
+        for (&role, &n) in &to {
+            let now = from[&role];
+            for index in now..n {
+                let fresh = role == RoleName::Ps;
+                effects.push(self.launch_slot(SlotKey { role, index }, fresh, now_ms));
+            }
+            for index in n..now {
+                let key = SlotKey { role, index };
+                let slot = self.slots.get_mut(&key).expect("live slot");
+                if matches!(slot.phase, SlotPhase::Launching | SlotPhase::Restarting)
+                    && role == RoleName::Worker
+                {
+                    effects.extend(self.remove_slot(key, now_ms));
+                } else {
+                    slot.phase = SlotPhase::Removing;
+                }
+            }
+        }
+        let mut state_moves = false;
+        for m in &plan.migrations {
+            let stateless = self.spec.kind == JobKind::Ps && m.key.role == RoleName::Worker;
+            self.slots.get_mut(&m.key).expect("validated").migrate_to = Some(m.resources.clone());
+            self.log(
+                now_ms,
+                format!("plan {}: migrating {} ({})", plan.version, m.key, m.reason),
+            );
+            if stateless {
+                self.ledger.release(&m.key.role.to_string(), m.key.index);
+                if let Some(c) = self.cluster.as_mut() {
+                    c.remove_worker(m.key.index);
+                }
+                effects.push(self.launch_slot(m.key, false, now_ms));
+            } else {
+                state_moves = true;
+            }
+        }
+        let needs_cut = match self.spec.kind {
+            JobKind::Allreduce => {
+                (from != to || state_moves)
+                    && self
+                        .rendezvous
+                        .as_ref()
+                        .is_some_and(|r| r.current().is_some())
+            }
+            JobKind::Ps => ps_change || state_moves,
+        };
+        let rdzv_changes = self.spec.kind == JobKind::Allreduce && (from != to || state_moves);
+        self.log(
+            now_ms,
+            format!(
+                "plan {} accepted: {} -> {}{}",
+                plan.version,
+                Self::describe(&from),
+                Self::describe(&to),
+                if needs_cut {
+                    "; draining to a consistent cut"
+                } else {
+                    ""
+                }
+            ),
+        );
+        self.transition = Some(Transition {
+            plan,
+            started_ms: now_ms,
+            step: Step::Settle,
+            step_started_ms: now_ms,
+            from,
+            to,
+            round_after: 0,
+            resharding: false,
+        });
+        if needs_cut {
+            self.set_step(Step::Cut, now_ms);
+            self.checkpoint_pending = true;
+            effects.extend(self.ps_checkpoint_if_drained());
+        } else if rdzv_changes {
+            // No round is formed yet: the next one simply has the new size.
+            effects.extend(self.on_cut(now_ms));
+        }
+        effects.extend(self.advance(now_ms));
+        effects
+    }
+
+    fn set_step(&mut self, step: Step, now_ms: u64) {
+        if let Some(t) = self.transition.as_mut() {
+            let took = now_ms.saturating_sub(t.step_started_ms);
+            let (v, old) = (t.plan.version, t.step);
+            t.step = step;
+            t.step_started_ms = now_ms;
+            self.log(
+                now_ms,
+                format!(
+                    "plan {v}: {} done in {took} ms; {}",
+                    old.name(),
+                    step.name()
+                ),
+            );
+        }
+    }
+
+    /// The cut checkpoint is committed (or there was nothing to cut): the part of the plan that
+    /// moves state starts.
+    fn on_cut(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(t) = &self.transition else {
+            return Vec::new();
+        };
+        if !matches!(t.step, Step::Cut | Step::Settle) {
+            return Vec::new();
+        }
+        let to = t.to.clone();
+        let ps_change = t.from.get(&RoleName::Ps) != t.to.get(&RoleName::Ps);
+        let migrating: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.migrate_to.is_some())
+            .map(|s| s.key)
+            .collect();
+        let mut effects = Vec::new();
+        match self.spec.kind {
+            JobKind::Allreduce => {
+                let rdzv = self.rendezvous.as_mut().expect("allreduce jobs have one");
+                rdzv.invalidate();
+                rdzv.expected = to[&RoleName::Worker];
+                let round_after = rdzv.next_round_number();
+                for key in migrating {
+                    effects.push(self.launch_slot(key, false, now_ms));
+                }
+                if let Some(t) = self.transition.as_mut() {
+                    t.round_after = round_after;
+                }
+                self.set_step(Step::Reform, now_ms);
+            }
+            JobKind::Ps => {
+                for key in migrating {
+                    if let Some(c) = self.cluster.as_mut() {
+                        c.remove_ps(key.index);
+                    }
+                    effects.push(self.launch_slot(key, false, now_ms));
+                }
+                self.set_step(
+                    if ps_change {
+                        Step::Reshard
+                    } else {
+                        Step::Switch
+                    },
+                    now_ms,
+                );
+            }
+        }
+        effects.extend(self.advance(now_ms));
+        effects
+    }
+
+    /// Every PS of the layout in force has registered (its agent runs it).
+    fn ps_layout_running(&self) -> bool {
+        self.slots
+            .values()
+            .filter(|s| s.key.role == RoleName::Ps && s.phase.is_live())
+            .all(|s| s.phase == SlotPhase::Running && s.service_addr.is_some())
+            && self.cluster.as_ref().is_some_and(PsCluster::ps_complete)
+    }
+
+    /// Moves the transition on when what its step waits for has happened. Called after every
+    /// event that can matter; returns what the shell must do next.
+    pub fn advance(&mut self, now_ms: u64) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if self.phase != JobPhase::Running {
+            return effects;
+        }
+        loop {
+            let Some(t) = &self.transition else {
+                return effects;
+            };
+            match t.step {
+                Step::Cut => return effects,
+                Step::Reshard => {
+                    if t.resharding {
+                        return effects;
+                    }
+                    let (from, to) = (t.from[&RoleName::Ps], t.to[&RoleName::Ps]);
+                    let addr = |i: u32| {
+                        self.slots
+                            .get(&SlotKey {
+                                role: RoleName::Ps,
+                                index: i,
+                            })
+                            .filter(|s| s.phase == SlotPhase::Running)
+                            .and_then(|s| s.service_addr.clone())
+                    };
+                    let (Some(old), Some(new)) = (
+                        (0..from).map(addr).collect::<Option<Vec<_>>>(),
+                        (0..to).map(addr).collect::<Option<Vec<_>>>(),
+                    ) else {
+                        return effects;
+                    };
+                    let version = t.plan.version;
+                    self.transition.as_mut().expect("checked").resharding = true;
+                    effects.push(Effect::ReshardPs {
+                        version,
+                        from: old,
+                        to: new,
+                        generation: self.generation,
+                    });
+                    return effects;
+                }
+                Step::Reform => {
+                    let formed = self
+                        .rendezvous
+                        .as_ref()
+                        .and_then(|r| r.current())
+                        .is_some_and(|r| r.number >= t.round_after);
+                    if !formed {
+                        return effects;
+                    }
+                    self.set_step(Step::Settle, now_ms);
+                }
+                Step::Switch => {
+                    let layout = self.cluster.as_ref().map_or(0, |c| c.ps_version);
+                    let switched = self
+                        .slots
+                        .values()
+                        .filter(|s| s.key.role == RoleName::Worker && s.phase == SlotPhase::Running)
+                        .all(|s| s.ps_version == layout);
+                    if !(self.ps_layout_running() && switched) {
+                        return effects;
+                    }
+                    // Every worker uses the new layout: lent keys can go, old PS can stop.
+                    let ps_change = t.from.get(&RoleName::Ps) != t.to.get(&RoleName::Ps);
+                    if ps_change && let Some(c) = &self.cluster {
+                        effects.push(Effect::DropPs { ps: c.ps_addrs() });
+                    }
+                    let retiring: Vec<SlotKey> = self
+                        .slots
+                        .values()
+                        .filter(|s| s.key.role == RoleName::Ps && s.phase == SlotPhase::Removing)
+                        .map(|s| s.key)
+                        .collect();
+                    for key in retiring {
+                        effects.extend(self.remove_slot(key, now_ms));
+                    }
+                    self.set_step(Step::Settle, now_ms);
+                }
+                Step::Settle => {
+                    let settled = self.slots.values().all(|s| {
+                        !matches!(
+                            s.phase,
+                            SlotPhase::Removing | SlotPhase::Launching | SlotPhase::Restarting
+                        ) && s.migrate_to.is_none()
+                    });
+                    let formed = self.spec.kind == JobKind::Ps
+                        || self
+                            .rendezvous
+                            .as_ref()
+                            .and_then(|r| r.current())
+                            .is_some_and(|r| r.number >= t.round_after);
+                    if !(settled && formed) {
+                        return effects;
+                    }
+                    effects.extend(self.finish_transition(now_ms));
+                }
+            }
+        }
+    }
+
+    fn finish_transition(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(t) = self.transition.take() else {
+            return Vec::new();
+        };
+        self.plans.reached = t.plan.version;
+        let awaiting: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.key.role == RoleName::Worker && s.phase == SlotPhase::Running)
+            .map(|s| s.key)
+            .collect();
+        let steps_at_reach = awaiting
+            .iter()
+            .map(|k| (*k, self.metrics.get(k).map_or(0, |m| m.global_step)))
+            .collect();
+        self.transitions.push(TransitionRecord {
+            version: t.plan.version,
+            from: t.from.clone(),
+            to: t.to.clone(),
+            accepted_ms: t.started_ms,
+            reached_ms: now_ms,
+            resumed_ms: None,
+            awaiting,
+            steps_at_reach,
+        });
+        self.log(
+            now_ms,
+            format!(
+                "plan {} reached in {} ms: {}",
+                t.plan.version,
+                now_ms - t.started_ms,
+                Self::describe(&t.to)
+            ),
+        );
+        match self.plans.queued.take() {
+            Some(next) => self.start_transition(next, now_ms),
+            None => Vec::new(),
+        }
+    }
+
+    /// The PS moved their keys (the shell also checked the digests around the move).
+    pub fn reshard_done(
+        &mut self,
+        generation: u64,
+        record: ReshardRecord,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        let ok = generation == self.generation
+            && self
+                .transition
+                .as_ref()
+                .is_some_and(|t| t.step == Step::Reshard && t.plan.version == record.version);
+        if !ok {
+            return Err(Error::InvalidRequest(format!(
+                "reshard for plan {} is not the one in progress",
+                record.version
+            )));
+        }
+        if record.digest_before != record.digest_after {
+            let why = format!(
+                "reshard for plan {} changed the parameters (digest {:016x} before, {:016x} after)",
+                record.version, record.digest_before, record.digest_after
+            );
+            return Ok(self.group_restart(now_ms, &why));
+        }
+        let to = record.to_ps;
+        if let Some(c) = self.cluster.as_mut() {
+            c.expected_ps = to;
+            c.ps.retain(|&i, _| i < to);
+            c.ps_version += 1;
+            c.version += 1;
+        }
+        let mut new_ps = Vec::new();
+        for s in self.slots.values_mut() {
+            if s.fresh {
+                s.fresh = false;
+                new_ps.push((s.key.index, s.service_addr.clone().unwrap_or_default()));
+            }
+        }
+        for (i, addr) in new_ps {
+            if let Some(c) = self.cluster.as_mut() {
+                c.ps.insert(i, addr);
+            }
+        }
+        self.log(
+            now_ms,
+            format!(
+                "plan {}: ps {} -> {} moved {} of {} keys ({} bytes) in {} ms; parameter digest {:016x} before and after",
+                record.version,
+                record.from_ps,
+                record.to_ps,
+                record.moved_keys,
+                record.total_keys,
+                record.moved_bytes,
+                record.took_ms,
+                record.digest_after
+            ),
+        );
+        self.reshards.push(record);
+        self.set_step(Step::Switch, now_ms);
+        Ok(self.advance(now_ms))
+    }
+
+    /// The reshard could not finish: PS state may be half moved, so the group restarts from
+    /// the cut checkpoint in the target layout.
+    pub fn reshard_failed(&mut self, generation: u64, problem: String, now_ms: u64) -> Vec<Effect> {
+        if generation != self.generation || self.phase != JobPhase::Running {
+            return Vec::new();
+        }
+        self.group_restart(now_ms, &format!("reshard failed ({problem})"))
+    }
+
+    /// A group restart in the middle of a transition: the restart itself carries the plan out.
+    /// Removed processes leave now, migrations relaunch, and every process restores from the
+    /// latest checkpoint in the target layout.
+    fn collapse_transition(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(t) = self.transition.as_mut() else {
+            return Vec::new();
+        };
+        t.resharding = false;
+        let to = t.to.clone();
+        let mut effects = Vec::new();
+        let leaving: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.phase == SlotPhase::Removing)
+            .map(|s| s.key)
+            .collect();
+        for key in leaving {
+            effects.extend(self.remove_slot(key, now_ms));
+        }
+        let migrating: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.migrate_to.is_some())
+            .map(|s| s.key)
+            .collect();
+        for key in migrating {
+            effects.push(Effect::StopAgent {
+                key,
+                graceful: false,
+            });
+            effects.push(self.launch_slot(key, false, now_ms));
+        }
+        for s in self.slots.values_mut() {
+            s.fresh = false;
+        }
+        if let Some(c) = self.cluster.as_mut() {
+            let n = to[&RoleName::Ps];
+            c.expected_ps = n;
+            c.ps.retain(|&i, _| i < n);
+            c.ps_version += 1;
+        }
+        if let Some(r) = self.rendezvous.as_mut() {
+            r.expected = to[&RoleName::Worker];
+        }
+        let round_after = self
+            .rendezvous
+            .as_ref()
+            .map_or(0, RoundRendezvous::next_round_number);
+        if let Some(t) = self.transition.as_mut() {
+            t.round_after = round_after;
+        }
+        self.set_step(Step::Settle, now_ms);
+        effects
     }
 }
 

@@ -17,6 +17,7 @@ pub mod master;
 pub mod persist;
 pub mod platform;
 pub mod rendezvous;
+pub mod scale;
 pub mod service;
 pub mod spec;
 

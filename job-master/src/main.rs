@@ -53,6 +53,42 @@ enum Command {
         /// Seconds between progress lines.
         #[arg(long, default_value_t = 2)]
         progress_secs: u64,
+        /// Processes of the job this machine may run at once; scale plans above it are rejected.
+        #[arg(long, default_value_t = 32)]
+        max_processes: u32,
+    },
+    /// Send a scale plan to a running job and (with --wait) follow it until it is carried out.
+    /// Counts must respect the spec's min, max and node_unit; a plan that cannot be carried out
+    /// is rejected with the reason and the job runs on untouched.
+    Scale {
+        /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319.
+        #[arg(long, alias = "job", env = "BRAIN_JOB_MASTER")]
+        master: String,
+        /// Target number of workers.
+        #[arg(long)]
+        workers: Option<u32>,
+        /// Target number of parameter servers (ps jobs): keys are resharded while training.
+        #[arg(long)]
+        ps: Option<u32>,
+        /// Replace one process (e.g. ps-1 or worker-0) by one with the --cpu/--memory given,
+        /// handing its state over.
+        #[arg(long)]
+        migrate: Option<String>,
+        /// CPU of the migrated process: cores (2, 0.5) or millicores (500m).
+        #[arg(long)]
+        cpu: Option<String>,
+        /// Memory of the migrated process: bytes or a quantity (512Mi, 2Gi).
+        #[arg(long)]
+        memory: Option<String>,
+        /// Why (recorded in the job's events).
+        #[arg(long, default_value = "by hand")]
+        reason: String,
+        /// Plan version [default: one above the newest the job accepted].
+        #[arg(long)]
+        version: Option<u64>,
+        /// Wait until the job has carried the plan out, printing its progress.
+        #[arg(long)]
+        wait: bool,
     },
     /// Check a job spec and print what would run.
     Validate { spec: PathBuf },
@@ -101,15 +137,94 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             );
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Status { master } => {
-            let url = if master.starts_with("http") {
-                master.clone()
-            } else {
-                format!("http://{master}")
+        Command::Scale {
+            master,
+            workers,
+            ps,
+            migrate,
+            cpu,
+            memory,
+            reason,
+            version,
+            wait,
+        } => {
+            let mut c = client(&master).await?;
+            let before = c.get_status(pb::StatusRequest {}).await?.into_inner();
+            let mut plan = pb::ScalePlan {
+                version: version.unwrap_or(before.desired_plan_version + 1),
+                ..Default::default()
             };
-            let mut c = pb::job_master_client::JobMasterClient::connect(url)
-                .await
-                .with_context(|| format!("cannot reach a job master at {master}"))?;
+            for (role, count) in [(pb::Role::Worker, workers), (pb::Role::Ps, ps)] {
+                if let Some(count) = count {
+                    plan.roles.push(pb::RoleTarget {
+                        role: role as i32,
+                        count,
+                        resources: None,
+                    });
+                }
+            }
+            if let Some(m) = migrate {
+                if cpu.is_none() && memory.is_none() {
+                    anyhow::bail!("--migrate {m} needs --cpu or --memory for the new process");
+                }
+                let key: job_master::job::SlotKey = m
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("--migrate {m}: {e}"))?;
+                let cpu = cpu
+                    .map(|c| {
+                        serde_norway::from_str::<job_master::spec::Millicores>(&c).map(|m| m.0)
+                    })
+                    .transpose()
+                    .context("--cpu")?
+                    .unwrap_or(0);
+                let memory = memory
+                    .map(|m| serde_norway::from_str::<job_master::spec::Bytes>(&m).map(|b| b.0))
+                    .transpose()
+                    .context("--memory")?
+                    .unwrap_or(0);
+                plan.migrations.push(pb::Migration {
+                    role: match key.role {
+                        job_master::spec::RoleName::Ps => pb::Role::Ps,
+                        job_master::spec::RoleName::Worker => pb::Role::Worker,
+                    } as i32,
+                    index: key.index,
+                    resources: Some(pb::Resources {
+                        cpu_millicores: cpu,
+                        memory_bytes: memory,
+                        gpus: 0,
+                    }),
+                    reason,
+                });
+            }
+            if plan.roles.is_empty() && plan.migrations.is_empty() {
+                anyhow::bail!("nothing to do: give --workers, --ps or --migrate");
+            }
+            let answer = c.apply_scale_plan(plan.clone()).await?.into_inner();
+            if !answer.accepted {
+                eprintln!("plan {} rejected: {}", plan.version, answer.reason);
+                return Ok(std::process::ExitCode::from(3));
+            }
+            println!("plan {} accepted", plan.version);
+            while wait {
+                let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
+                println!("{}", summary_line(&s));
+                if s.reached_plan_version >= plan.version {
+                    println!("plan {} reached", plan.version);
+                    break;
+                }
+                if s.phase != "running" {
+                    anyhow::bail!(
+                        "the job is {} before reaching plan {}",
+                        s.phase,
+                        plan.version
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Status { master } => {
+            let mut c = client(&master).await?;
             let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
             println!("{}", summary_line(&s));
             println!(
@@ -157,6 +272,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             grace_period_ms,
             register_timeout_ms,
             progress_secs,
+            max_processes,
         } => {
             let spec = JobSpec::from_file(&spec)?;
             let run_dir = run_dir.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
@@ -174,7 +290,10 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                     grace_period_ms,
                     register_timeout_ms,
                 },
-                platform: PlatformConfig::Local { agent_bin },
+                platform: PlatformConfig::Local {
+                    agent_bin,
+                    max_processes: Some(max_processes),
+                },
             };
             println!("job master on {addr}, run directory {}", run_dir.display());
             let progress = tokio::spawn(show_progress(
@@ -224,6 +343,34 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                     ps.index, ps.keys, ps.applied_batches, ps.applied_samples, ps.duplicate_pushes
                 );
             }
+            for t in &report.transitions {
+                println!(
+                    "plan {}: {:?} -> {:?} reached after {} ms{}",
+                    t.version,
+                    t.from,
+                    t.to,
+                    t.reached_ms - t.accepted_ms,
+                    t.resumed_ms
+                        .map(|r| format!(
+                            ", every worker training again after {} ms",
+                            r - t.accepted_ms
+                        ))
+                        .unwrap_or_default()
+                );
+            }
+            for r in &report.reshards {
+                println!(
+                    "reshard (plan {}): ps {} -> {} moved {} of {} keys in {} ms, parameter digest {:016x} unchanged: {}",
+                    r.version,
+                    r.from_ps,
+                    r.to_ps,
+                    r.moved_keys,
+                    r.total_keys,
+                    r.took_ms,
+                    r.digest_after,
+                    r.digest_before == r.digest_after
+                );
+            }
             println!("report: {}", run_dir.join("report.json").display());
             Ok(if report.succeeded() {
                 std::process::ExitCode::SUCCESS
@@ -232,6 +379,19 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             })
         }
     }
+}
+
+async fn client(
+    master: &str,
+) -> anyhow::Result<pb::job_master_client::JobMasterClient<tonic::transport::Channel>> {
+    let url = if master.starts_with("http") {
+        master.to_string()
+    } else {
+        format!("http://{master}")
+    };
+    pb::job_master_client::JobMasterClient::connect(url)
+        .await
+        .with_context(|| format!("cannot reach a job master at {master}"))
 }
 
 /// Prints one progress line every `every`, read over the master's own gRPC status call.
@@ -256,13 +416,19 @@ async fn show_progress(addr: std::net::SocketAddr, every: Duration) {
 /// One line of a job's status: phase, progress, throughput, loss and processes alive.
 fn summary_line(s: &pb::JobStatus) -> String {
     let alive = s.processes.iter().filter(|p| p.state == "running").count();
+    let members = s.processes.iter().filter(|p| p.state != "removed").count();
+    let plan = match (s.desired_plan_version, s.transition.is_empty()) {
+        (0, _) => String::new(),
+        (_, true) => format!(" plan {}", s.reached_plan_version),
+        (_, false) => format!(" [{}]", s.transition),
+    };
     let reason = if s.reason.is_empty() {
         String::new()
     } else {
         format!(": {}", s.reason)
     };
     format!(
-        "[{}{reason}] epoch {} shards {}/{} step {} {:.0} samples/s loss {:.4} checkpoints {} processes alive {}/{}",
+        "[{}{reason}] epoch {} shards {}/{} step {} {:.0} samples/s loss {:.4} checkpoints {} processes alive {}/{}{plan}",
         s.phase,
         s.epoch,
         s.shards_done,
@@ -272,6 +438,6 @@ fn summary_line(s: &pb::JobStatus) -> String {
         s.loss,
         s.checkpoints,
         alive,
-        s.processes.len()
+        members
     )
 }

@@ -15,10 +15,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::error::Error;
-use crate::job::{Effect, JobContext, JobPhase, Timing};
+use crate::job::{Effect, JobContext, JobPhase, ReshardRecord, Timing, TransitionRecord};
 use crate::persist::{Persister, write_atomic};
 use crate::platform::local::LocalPlatform;
 use crate::platform::{AgentLaunch, Platform, PlatformConfig, PlatformEvent};
+use crate::scale::Capacity;
 use crate::service::MasterService;
 use crate::spec::{JobKind, JobSpec, RoleName};
 
@@ -68,6 +69,9 @@ pub struct JobReport {
     /// Samples applied and the sum of their indices, as the allreduce model state counts them.
     pub applied_samples: u64,
     pub applied_index_sum: u64,
+    /// Scale plans carried out, in order.
+    pub transitions: Vec<TransitionRecord>,
+    pub reshards: Vec<ReshardRecord>,
     pub events: Vec<String>,
 }
 
@@ -85,6 +89,8 @@ pub(crate) struct Shared {
     pub started: Instant,
     pub phase: watch::Sender<String>,
     pub ps_stats: Mutex<Vec<PsStats>>,
+    /// What the platform can place, for checking scale plans.
+    pub capacity: Capacity,
 }
 
 impl Shared {
@@ -168,10 +174,14 @@ pub async fn run(
 
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let platform: Arc<dyn Platform> = match platform {
-        PlatformConfig::Local { agent_bin } => Arc::new(LocalPlatform::new(
+        PlatformConfig::Local {
+            agent_bin,
+            max_processes,
+        } => Arc::new(LocalPlatform::new(
             agent_bin.unwrap_or_else(LocalPlatform::default_agent_bin),
             run_dir.join("logs"),
             ev_tx,
+            max_processes,
         )?),
         PlatformConfig::External => {
             drop(ev_tx);
@@ -187,6 +197,7 @@ pub async fn run(
         started: Instant::now(),
         phase: phase_tx,
         ps_stats: Mutex::default(),
+        capacity: platform.capacity(),
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -297,10 +308,15 @@ async fn execute(
         Effect::LaunchAgent { key, incarnation } => {
             let resources = {
                 let ctx = shared.job.lock().await;
-                ctx.spec
-                    .roles
-                    .get(&key.role)
-                    .and_then(|r| r.resources.clone())
+                ctx.slots
+                    .get(&key)
+                    .and_then(|s| s.resources.clone())
+                    .or_else(|| {
+                        ctx.spec
+                            .roles
+                            .get(&key.role)
+                            .and_then(|r| r.resources.clone())
+                    })
             };
             let launch = AgentLaunch {
                 key,
@@ -342,7 +358,7 @@ async fn execute(
                         let r = shared
                             .apply(|ctx, now| {
                                 ctx.checkpoint_committed(id, manifest, step, generation, now)
-                                    .map(|()| ((), vec![]))
+                                    .map(|e| ((), e))
                             })
                             .await;
                         if let Err(e) = r {
@@ -359,6 +375,52 @@ async fn execute(
                     }
                 }
             });
+        }
+        Effect::ReshardPs {
+            version,
+            from,
+            to,
+            generation,
+        } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                match reshard_ps(version, &from, &to).await {
+                    Ok(record) => {
+                        let r = shared
+                            .apply(|ctx, now| {
+                                ctx.reshard_done(generation, record, now).map(|e| ((), e))
+                            })
+                            .await;
+                        if let Err(e) = r {
+                            tracing::warn!("reshard for plan {version} dropped: {e}");
+                        }
+                    }
+                    Err(problem) => {
+                        let _ = shared
+                            .apply(|ctx, now| {
+                                Ok(((), ctx.reshard_failed(generation, problem, now)))
+                            })
+                            .await;
+                    }
+                }
+            });
+        }
+        Effect::DropPs { ps } => {
+            for addr in ps {
+                let r = match ps_client(&addr).await {
+                    Ok(mut c) => c
+                        .drop(pb::DropRequest {})
+                        .await
+                        .map(|r| r.into_inner().dropped)
+                        .map_err(|e| e.message().to_string()),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(n) => tracing::info!(%addr, dropped = n, "ps dropped the keys it lent"),
+                    // Keys it no longer owns only cost memory; the PS refuses requests for them.
+                    Err(e) => tracing::warn!(%addr, "ps could not drop lent keys: {e}"),
+                }
+            }
         }
         Effect::Finish => {
             let ps = {
@@ -433,6 +495,71 @@ async fn save_ps(
     Ok(path)
 }
 
+/// Sum of the PS' order-independent parameter digests (of the keys each owns) and their keys.
+async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), String> {
+    let mut digest = 0u64;
+    let mut keys = 0;
+    for addr in addrs {
+        let s = ps_client(addr)
+            .await?
+            .stats(pb::StatsRequest {})
+            .await
+            .map_err(|e| format!("ps at {addr}: {}", e.message()))?
+            .into_inner();
+        digest = digest.wrapping_add(s.param_digest);
+        keys += s.keys;
+    }
+    Ok((digest, keys))
+}
+
+/// Moves keys from the PS set `from` to the layout `to`: each old PS streams the keys whose
+/// owner changes to their new owner. The digest of the whole parameter set is taken before and
+/// after (nobody pushes meanwhile: the job is at a consistent cut).
+async fn reshard_ps(version: u64, from: &[String], to: &[String]) -> Result<ReshardRecord, String> {
+    let started = Instant::now();
+    let (digest_before, total_keys) = ps_digest(from).await?;
+    let mut moved_keys = 0;
+    let mut moved_bytes = 0;
+    let calls: Vec<_> = from
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let to = to.to_vec();
+            let addr = addr.clone();
+            let old = from.len() as u32;
+            tokio::spawn(async move {
+                let mut c = ps_client(&addr).await?;
+                c.reshard(pb::ReshardRequest {
+                    num_ps: to.len() as u32,
+                    ps: to,
+                    donor: i == 0,
+                    old_num_ps: old,
+                })
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|e| format!("ps {i} at {addr} could not reshard: {}", e.message()))
+            })
+        })
+        .collect();
+    for call in calls {
+        let r = call.await.map_err(|e| format!("reshard task: {e}"))??;
+        moved_keys += r.moved_keys;
+        moved_bytes += r.moved_bytes;
+    }
+    let (digest_after, _) = ps_digest(to).await?;
+    Ok(ReshardRecord {
+        version,
+        from_ps: from.len() as u32,
+        to_ps: to.len() as u32,
+        moved_keys,
+        moved_bytes,
+        total_keys,
+        digest_before,
+        digest_after,
+        took_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
 async fn ps_stats(addr: &str) -> Result<PsStats, String> {
     let s = ps_client(addr)
         .await?
@@ -483,6 +610,8 @@ fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64) -> JobRep
         ps_stats,
         applied_samples: applied.applied_samples,
         applied_index_sum: applied.applied_index_sum,
+        transitions: ctx.transitions.clone(),
+        reshards: ctx.reshards.clone(),
         events: ctx
             .events
             .iter()
@@ -545,7 +674,7 @@ pub(crate) async fn commit_allreduce_checkpoint(
     shared
         .apply(|ctx, now| {
             ctx.checkpoint_committed(id, path, step, generation, now)
-                .map(|()| ((), vec![]))
+                .map(|e| ((), e))
         })
         .await
 }

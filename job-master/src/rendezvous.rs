@@ -166,7 +166,12 @@ impl RoundRendezvous {
 /// The PS job's cluster spec: every PS and worker address, versioned.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PsCluster {
+    /// Bumped by every change of a PS or worker address.
     pub version: u64,
+    /// Bumped only when the PS set (count or an address) changes: a worker using another PS-set
+    /// version must switch before it pushes again.
+    #[serde(default)]
+    pub ps_version: u64,
     pub expected_ps: u32,
     pub ps: BTreeMap<u32, String>,
     pub workers: BTreeMap<u32, String>,
@@ -183,6 +188,14 @@ impl PsCluster {
     pub fn set_ps(&mut self, index: u32, addr: String) {
         if self.ps.insert(index, addr.clone()).as_ref() != Some(&addr) {
             self.version += 1;
+            self.ps_version += 1;
+        }
+    }
+
+    pub fn remove_ps(&mut self, index: u32) {
+        if self.ps.remove(&index).is_some() {
+            self.version += 1;
+            self.ps_version += 1;
         }
     }
 

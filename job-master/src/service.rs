@@ -10,7 +10,8 @@ use crate::error::Error;
 use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey};
 use crate::ledger::LeaseOutcome;
 use crate::master::{Shared, commit_allreduce_checkpoint};
-use crate::spec::RoleName;
+use crate::scale::{Migration, RoleTarget, ScalePlan};
+use crate::spec::{Bytes, Millicores, Resources, RoleName};
 
 pub struct MasterService {
     shared: Arc<Shared>,
@@ -67,8 +68,8 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (agent_id, incarnation) = self
             .shared
             .apply(|ctx, now| {
-                ctx.register_agent(key, r.incarnation, r.host, r.service_addr, now)
-                    .map(|v| (v, vec![]))
+                let v = ctx.register_agent(key, r.incarnation, r.host, r.service_addr, now)?;
+                Ok((v, ctx.advance(now)))
             })
             .await?;
         let ctx = self.shared.job.lock().await;
@@ -141,8 +142,8 @@ impl pb::job_master_server::JobMaster for MasterService {
         let v = self
             .shared
             .apply(|ctx, now| {
-                ctx.join_rendezvous(key, incarnation, now)
-                    .map(|v| (v, vec![]))
+                let v = ctx.join_rendezvous(key, incarnation, now)?;
+                Ok((v, ctx.advance(now)))
             })
             .await?;
         let (master_addr, master_port) = v
@@ -163,6 +164,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 version: c.version,
                 ps: c.ps_addrs(),
                 worker: c.worker_addrs(),
+                ps_version: c.ps_version,
             }),
             waiting_reason: v.waiting_reason,
             restart_count: v.restart_count,
@@ -170,6 +172,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .resume_from
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
+            removed: v.removed,
         }))
     }
 
@@ -203,6 +206,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             checkpoint_dir: ctx.spec.checkpoint.dir.display().to_string(),
             ps_replicas,
             step_delay_us: b.step_delay_us as u32,
+            batch_scaling: b.batch_scaling.to_string(),
         }))
     }
 
@@ -210,10 +214,18 @@ impl pb::job_master_server::JobMaster for MasterService {
         &self,
         req: Request<pb::LeaseShardRequest>,
     ) -> Result<Response<pb::LeaseShardResponse>, Status> {
-        let (key, incarnation) = process(req.into_inner().process)?;
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let ps_version =
+            (key.role == RoleName::Worker && r.cluster_version > 0).then_some(r.cluster_version);
+        // A "wait" changes nothing worth a durable write; grants and removals do.
         let v = self
             .shared
-            .apply(|ctx, _| ctx.lease(key, incarnation).map(|v| (v, vec![])))
+            .apply_if(|ctx, now| {
+                let (v, effects) = ctx.lease_with(key, incarnation, ps_version, now)?;
+                let durable = v.removed || !matches!(v.outcome, LeaseOutcome::Wait);
+                Ok((v, effects, durable))
+            })
             .await?;
         let (status, shard) = match v.outcome {
             LeaseOutcome::Granted(s) => (
@@ -225,6 +237,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     end: s.end,
                 }),
             ),
+            _ if v.removed => (pb::LeaseStatus::Removed, None),
             LeaseOutcome::Wait => (pb::LeaseStatus::Wait, None),
             LeaseOutcome::EndOfData => (pb::LeaseStatus::EndOfData, None),
         };
@@ -233,6 +246,8 @@ impl pb::job_master_server::JobMaster for MasterService {
             shard,
             checkpoint_due: v.checkpoint_due,
             evaluate: v.evaluate,
+            reform: v.reform,
+            cluster_version: v.ps_version,
         }))
     }
 
@@ -339,6 +354,82 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .unwrap_or(0),
             final_eval_loss: ctx.final_eval_loss,
             checkpoints: ctx.checkpoints.len() as u32,
+            desired_plan_version: ctx.plans.desired,
+            reached_plan_version: ctx.plans.reached,
+            transition: ctx.transition_status(self.shared.now_ms()),
         }))
     }
+
+    async fn apply_scale_plan(
+        &self,
+        req: Request<pb::ScalePlan>,
+    ) -> Result<Response<pb::ScalePlanAnswer>, Status> {
+        let plan = scale_plan(req.into_inner())?;
+        let capacity = self.shared.capacity.clone();
+        let answer = self
+            .shared
+            .apply(|ctx, now| {
+                let (accepted, reason, effects) = match ctx.apply_plan(plan, &capacity, now) {
+                    Ok(e) => (true, String::new(), e),
+                    Err(why) => (false, why, Vec::new()),
+                };
+                Ok((
+                    pb::ScalePlanAnswer {
+                        accepted,
+                        reason,
+                        desired_version: ctx.plans.desired,
+                        reached_version: ctx.plans.reached,
+                    },
+                    effects,
+                ))
+            })
+            .await?;
+        if !answer.accepted {
+            tracing::warn!("scale plan rejected: {}", answer.reason);
+        }
+        Ok(Response::new(answer))
+    }
+}
+
+fn resources(r: pb::Resources) -> Resources {
+    Resources {
+        cpu: (r.cpu_millicores > 0).then_some(Millicores(r.cpu_millicores)),
+        memory: (r.memory_bytes > 0).then_some(Bytes(r.memory_bytes)),
+        gpu: (r.gpus > 0).then_some(r.gpus),
+    }
+}
+
+/// The wire plan as a domain plan; a malformed one is an invalid argument.
+fn scale_plan(p: pb::ScalePlan) -> Result<ScalePlan, Error> {
+    let mut plan = ScalePlan {
+        version: p.version,
+        ..Default::default()
+    };
+    for t in p.roles {
+        let r = role(t.role)?;
+        if plan
+            .roles
+            .insert(
+                r,
+                RoleTarget {
+                    count: t.count,
+                    resources: t.resources.map(resources),
+                },
+            )
+            .is_some()
+        {
+            return Err(Error::InvalidRequest(format!("role {r} is named twice")));
+        }
+    }
+    for m in p.migrations {
+        plan.migrations.push(Migration {
+            key: SlotKey {
+                role: role(m.role)?,
+                index: m.index,
+            },
+            resources: resources(m.resources.unwrap_or_default()),
+            reason: m.reason,
+        });
+    }
+    Ok(plan)
 }

@@ -190,6 +190,36 @@ pub struct BuiltinWorkload {
     /// Extra compute per sample in microseconds, to make a small job last long enough to watch.
     #[serde(default)]
     pub step_delay_us: i64,
+    /// allreduce: how the batch and the learning rate follow the number of workers when a
+    /// plan changes it.
+    #[serde(default)]
+    pub batch_scaling: BatchScaling,
+}
+
+/// How an allreduce job's batch and learning rate follow the world size `n`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchScaling {
+    /// `batch_size` is the global batch, split over the workers; the learning rate stays. The
+    /// trained model does not depend on how often the job is rescaled.
+    #[default]
+    FixedGlobal,
+    /// `batch_size` per worker (global `n × batch_size`), learning rate `n × learning_rate`
+    /// (the linear scaling rule of Goyal et al., for SGD).
+    Linear,
+    /// `batch_size` per worker, learning rate `√n × learning_rate` (for adaptive optimisers
+    /// such as the workload's Adagrad).
+    Sqrt,
+}
+
+impl fmt::Display for BatchScaling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BatchScaling::FixedGlobal => "fixed_global",
+            BatchScaling::Linear => "linear",
+            BatchScaling::Sqrt => "sqrt",
+        })
+    }
 }
 
 fn default_seed() -> u64 {
@@ -221,6 +251,7 @@ impl Default for BuiltinWorkload {
             batch_size: default_batch(),
             learning_rate: default_lr(),
             step_delay_us: 0,
+            batch_scaling: BatchScaling::default(),
         }
     }
 }
@@ -479,14 +510,6 @@ impl JobSpec {
             return Err(SpecError::new(
                 p("replicas"),
                 format!("{replicas} is not a multiple of node_unit {node_unit}"),
-            ));
-        }
-        if role == RoleName::Ps && (min != max) {
-            return Err(SpecError::new(
-                p("max"),
-                format!(
-                    "{max}: parameter servers are not elastic within one run (min {min} must equal max)"
-                ),
             ));
         }
         let max_restarts = match r.max_restarts {

@@ -106,6 +106,7 @@ fn child_env(
         });
         env.insert("TF_CONFIG".into(), tf.to_string());
         env.insert("BRAIN_PS_ADDRS".into(), c.ps.join(","));
+        env.insert("BRAIN_PS_VERSION".into(), c.ps_version.to_string());
     }
     env.insert("BRAIN_MASTER_ADDR".into(), args.master.clone());
     env.insert("BRAIN_ROLE".into(), role.into());
@@ -256,7 +257,10 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 Ok(r) => {
                     last_ok = Instant::now();
                     let r = r.into_inner();
-                    if r.ready {
+                    if r.removed {
+                        // A scale plan removed this slot; the next heartbeat says shut down.
+                        need_join = false;
+                    } else if r.ready {
                         let env = child_env(&args, &reg, &r, incarnation, &service_addr);
                         match spawn(&args, &reg, env, &reg.job_kind) {
                             Ok(c) => {

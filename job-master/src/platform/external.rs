@@ -3,6 +3,7 @@
 //! master launches and stops nothing; a lost agent's slot waits for a new agent with the next
 //! incarnation, which the job context names.
 
+use crate::scale::Capacity;
 use std::time::Duration;
 
 use super::{AgentLaunch, Platform};
@@ -34,6 +35,11 @@ impl Platform for ExternalPlatform {
     }
 
     async fn stop_all(&self, _grace: Duration) {}
+
+    fn capacity(&self) -> Capacity {
+        // Whoever starts the agents decides what fits.
+        Capacity::default()
+    }
 
     async fn running(&self) -> usize {
         0

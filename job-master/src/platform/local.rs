@@ -2,6 +2,8 @@
 //! output in `RUN_DIR/logs/<role>-<index>.<incarnation>.log`. Agents get SIGTERM if the master
 //! dies (PR_SET_PDEATHSIG), so no process outlives the job.
 
+use crate::scale::Capacity;
+use crate::spec::{Bytes, Millicores};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -27,6 +29,7 @@ pub struct LocalPlatform {
     log_dir: PathBuf,
     events: mpsc::UnboundedSender<PlatformEvent>,
     agents: Arc<Mutex<BTreeMap<SlotKey, Running>>>,
+    capacity: Capacity,
 }
 
 impl LocalPlatform {
@@ -34,6 +37,7 @@ impl LocalPlatform {
         agent_bin: PathBuf,
         log_dir: PathBuf,
         events: mpsc::UnboundedSender<PlatformEvent>,
+        max_processes: Option<u32>,
     ) -> Result<Self, Error> {
         if !agent_bin.is_file() {
             return Err(Error::Launch {
@@ -54,6 +58,19 @@ impl LocalPlatform {
             log_dir,
             events,
             agents: Arc::default(),
+            capacity: Capacity {
+                max_processes: max_processes.unwrap_or(32),
+                // Every process runs on this machine: none can be bigger than it.
+                cpu: Millicores(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()) as u64 * 1000,
+                ),
+                memory: Bytes(
+                    nix::sys::sysinfo::sysinfo()
+                        .map(|i| i.ram_total())
+                        .unwrap_or(u64::MAX),
+                ),
+                gpus: 0,
+            },
         })
     }
 
@@ -198,6 +215,10 @@ impl Platform for LocalPlatform {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             terminate(pid, exited, left).await;
         }
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity.clone()
     }
 
     async fn running(&self) -> usize {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::job::SlotKey;
+use crate::scale::Capacity;
 use crate::spec::Resources;
 
 /// One agent to start: for slot `key`, carrying `incarnation`.
@@ -46,6 +47,8 @@ pub trait Platform: Send + Sync {
     async fn stop_all(&self, grace: Duration);
     /// Agents still running.
     async fn running(&self) -> usize;
+    /// What this platform can place for the job; scale plans beyond it are rejected.
+    fn capacity(&self) -> Capacity;
 }
 
 /// Which platform to run on, as an operator names it in config.
@@ -56,6 +59,9 @@ pub enum PlatformConfig {
     Local {
         /// The worker-agent binary; default: next to the job-master binary.
         agent_bin: Option<PathBuf>,
+        /// Processes of the job this machine may run at once (default 32).
+        #[serde(default)]
+        max_processes: Option<u32>,
     },
     /// Agents are started by someone else; the master only waits for them to register.
     External,
@@ -63,6 +69,9 @@ pub enum PlatformConfig {
 
 impl Default for PlatformConfig {
     fn default() -> Self {
-        PlatformConfig::Local { agent_bin: None }
+        PlatformConfig::Local {
+            agent_bin: None,
+            max_processes: None,
+        }
     }
 }

@@ -123,6 +123,7 @@ pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
         timing,
         platform: PlatformConfig::Local {
             agent_bin: Some(agent_bin()),
+            max_processes: None,
         },
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));

@@ -40,101 +40,153 @@ pub fn initial_model(env: &ProcessEnv, buckets: u64) -> Result<DenseModel, Error
     }
 }
 
+/// How the batch and the learning rate follow the world size (the job spec's `batch_scaling`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BatchScaling {
+    FixedGlobal,
+    Linear,
+    Sqrt,
+}
+
+impl BatchScaling {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "" | "fixed_global" => Ok(Self::FixedGlobal),
+            "linear" => Ok(Self::Linear),
+            "sqrt" => Ok(Self::Sqrt),
+            other => Err(Error::InvalidRequest(format!(
+                "batch_scaling {other:?} is not fixed_global, linear or sqrt"
+            ))),
+        }
+    }
+
+    /// Global batch and learning rate at `world` workers, from the configured ones.
+    pub fn at(self, batch: u64, lr: f32, world: u32) -> (u64, f32) {
+        let n = world.max(1);
+        match self {
+            Self::FixedGlobal => (batch, lr),
+            Self::Linear => (batch * n as u64, lr * n as f32),
+            Self::Sqrt => (batch * n as u64, lr * (n as f32).sqrt()),
+        }
+    }
+}
+
 pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let mut master = MasterLink::connect(&env).await?;
     let cfg = master.workload().await?;
+    let scaling = BatchScaling::parse(&cfg.batch_scaling)?;
     let data = generator(&cfg)?;
     let listener = super::ps_server::bind_retry(&env.service_addr).await?;
-    let mut ring = Ring::connect(
-        env.rank,
-        &env.ring_peers,
-        env.round,
-        &listener,
-        Duration::from_secs(60),
-    )
-    .await?;
     let mut model = initial_model(&env, cfg.hash_buckets)?;
-    let my_batch = local_batch(cfg.batch_size as u64, ring.world(), ring.rank());
     let mut progress = Progress::new(model.step);
     let mut grad = vec![0.0f32; model.weights.len()];
-    let mut shard: Option<(pb::Shard, u64)> = None;
+    let (mut rank, mut peers, mut round) = (env.rank, env.ring_peers.clone(), env.round);
     let mut ended = false;
     let mut evaluate = false;
-    tracing::info!(
-        rank = ring.rank(),
-        world = ring.world(),
-        batch = my_batch,
-        "ring formed"
-    );
-    loop {
-        let mut waiting_for_checkpoint = false;
-        if shard.is_none() && !ended {
-            let lease = master.lease().await?;
-            match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
-                pb::LeaseStatus::Granted => {
-                    let s = lease.shard.ok_or_else(|| {
-                        Error::InvalidRequest("a granted lease without a shard".into())
-                    })?;
-                    let start = s.start;
-                    shard = Some((s, start));
+    'group: loop {
+        let mut ring =
+            Ring::connect(rank, &peers, round, &listener, Duration::from_secs(60)).await?;
+        let (global, lr) = scaling.at(cfg.batch_size as u64, cfg.learning_rate, ring.world());
+        let my_batch = local_batch(global, ring.world(), ring.rank());
+        let mut shard: Option<(pb::Shard, u64)> = None;
+        tracing::info!(
+            rank = ring.rank(),
+            world = ring.world(),
+            round,
+            batch = my_batch,
+            lr,
+            "ring formed"
+        );
+        loop {
+            let mut waiting_for_checkpoint = false;
+            let mut reform = false;
+            if shard.is_none() {
+                // Ranks at the end of the data keep asking too: they must take part in a
+                // checkpoint or a re-formation the others vote for.
+                let lease = master.lease(0).await?;
+                match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
+                    pb::LeaseStatus::Granted => {
+                        let s = lease.shard.ok_or_else(|| {
+                            Error::InvalidRequest("a granted lease without a shard".into())
+                        })?;
+                        let start = s.start;
+                        shard = Some((s, start));
+                    }
+                    pb::LeaseStatus::Wait | pb::LeaseStatus::Removed => {
+                        waiting_for_checkpoint = lease.checkpoint_due;
+                        reform = lease.reform;
+                    }
+                    _ => {
+                        ended = true;
+                        evaluate = lease.evaluate;
+                    }
                 }
-                pb::LeaseStatus::Wait => waiting_for_checkpoint = lease.checkpoint_due,
-                _ => {
-                    ended = true;
-                    evaluate = lease.evaluate;
+            }
+            // Local batch.
+            let (n, loss, isum) = match &shard {
+                Some((s, pos)) => {
+                    let n = my_batch.min(s.end - pos);
+                    let samples: Vec<_> = (*pos..pos + n).map(|i| data.sample(i)).collect();
+                    let loss = model.accumulate(&samples, &mut grad);
+                    (n, loss, index_sum(*pos, n))
+                }
+                None => (0, 0.0, 0),
+            };
+            simulated_compute(&cfg, n).await;
+            let mut header = [
+                n as f64,
+                (ended && shard.is_none()) as u8 as f64,
+                waiting_for_checkpoint as u8 as f64,
+                loss,
+                isum as f64,
+                reform as u8 as f64,
+            ];
+            ring.allreduce_sum(&mut header).await?;
+            let total = header[0] as u64;
+            let world = ring.world() as f64;
+            if total > 0 {
+                ring.allreduce_sum(&mut grad).await?;
+                model.apply(&grad, total, lr);
+                model.applied_samples += total;
+                model.applied_index_sum += header[4] as u64;
+                grad.iter_mut().for_each(|g| *g = 0.0);
+                // Throughput counts this rank's samples; the loss is the global batch's mean.
+                progress.record(n, header[3] * n as f64 / total as f64);
+            }
+            if let Some((s, pos)) = shard.as_mut() {
+                *pos += n;
+                if *pos >= s.end {
+                    master.done(s).await?;
+                    shard = None;
                 }
             }
-        }
-        // Local batch.
-        let (n, loss, isum) = match &shard {
-            Some((s, pos)) => {
-                let n = my_batch.min(s.end - pos);
-                let samples: Vec<_> = (*pos..pos + n).map(|i| data.sample(i)).collect();
-                let loss = model.accumulate(&samples, &mut grad);
-                (n, loss, index_sum(*pos, n))
+            if let Some(mut m) = progress.due() {
+                m.applied_samples = model.applied_samples;
+                m.applied_index_sum = model.applied_index_sum;
+                master.metrics(m).await?;
             }
-            None => (0, 0.0, 0),
-        };
-        simulated_compute(&cfg, n).await;
-        let mut header = [
-            n as f64,
-            ended as u8 as f64,
-            waiting_for_checkpoint as u8 as f64,
-            loss,
-            isum as f64,
-        ];
-        ring.allreduce_sum(&mut header).await?;
-        let total = header[0] as u64;
-        let world = ring.world() as f64;
-        if total > 0 {
-            ring.allreduce_sum(&mut grad).await?;
-            model.apply(&grad, total, cfg.learning_rate);
-            model.applied_samples += total;
-            model.applied_index_sum += header[4] as u64;
-            grad.iter_mut().for_each(|g| *g = 0.0);
-            // Throughput counts this rank's samples; the loss is the global batch's mean.
-            progress.record(n, header[3] * n as f64 / total as f64);
-        }
-        if let Some((s, pos)) = shard.as_mut() {
-            *pos += n;
-            if *pos >= s.end {
-                master.done(s).await?;
-                shard = None;
+            if total > 0 {
+                continue;
             }
-        }
-        if let Some(mut m) = progress.due() {
-            m.applied_samples = model.applied_samples;
-            m.applied_index_sum = model.applied_index_sum;
-            master.metrics(m).await?;
-        }
-        if total == 0 {
             if header[1] == world {
-                break;
+                break 'group;
+            }
+            if header[5] == world {
+                // Every rank is at the same step boundary with the same model: leave the ring
+                // and join the new group; this process keeps its model in memory.
+                drop(ring);
+                let Some(r) = master.rejoin().await? else {
+                    tracing::info!(step = model.step, "removed by a scale plan");
+                    return Ok(());
+                };
+                (rank, peers, round) = (r.rank, r.peers, r.round);
+                progress.report_next();
+                continue 'group;
             }
             if header[2] == world {
                 if ring.rank() == 0 {
                     let dir = PathBuf::from(&cfg.checkpoint_dir)
-                        .join(format!("ar-r{:04}-s{:08}", env.round, model.step));
+                        .join(format!("ar-r{round:04}-s{:08}", model.step));
                     let path = dir.join("model.bin");
                     let m = model.clone();
                     let p = path.clone();
@@ -146,7 +198,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                         .await?;
                 }
             } else {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
     }

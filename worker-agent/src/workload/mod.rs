@@ -40,6 +40,8 @@ pub struct ProcessEnv {
     pub ring_peers: Vec<String>,
     pub round: u64,
     pub ps_addrs: Vec<String>,
+    /// ps jobs: the version of the PS set in `ps_addrs`.
+    pub ps_version: u64,
 }
 
 fn var(name: &'static str) -> Result<String, Error> {
@@ -93,6 +95,7 @@ impl ProcessEnv {
             ring_peers: list("BRAIN_RING_PEERS"),
             round: parse("BRAIN_RENDEZVOUS_ROUND").unwrap_or(0),
             ps_addrs: list("BRAIN_PS_ADDRS"),
+            ps_version: parse("BRAIN_PS_VERSION").unwrap_or(0),
         })
     }
 
@@ -149,15 +152,40 @@ impl MasterLink {
             .into_inner())
     }
 
-    pub async fn lease(&mut self) -> Result<pb::LeaseShardResponse, Error> {
+    /// Asks for a shard; a ps worker says which PS-set version it uses (0: not a ps worker).
+    pub async fn lease(&mut self, ps_version: u64) -> Result<pb::LeaseShardResponse, Error> {
         Ok(self
             .client
             .lease_shard(pb::LeaseShardRequest {
                 process: Some(self.me),
+                cluster_version: ps_version,
             })
             .await
             .map_err(refused("LeaseShard"))?
             .into_inner())
+    }
+
+    /// Joins the rendezvous again from inside the training process (a re-formed allreduce
+    /// group, or a ps worker switching to a new PS set) and waits until it is ready. `None`:
+    /// a scale plan removed this process.
+    pub async fn rejoin(&mut self) -> Result<Option<pb::JoinRendezvousResponse>, Error> {
+        loop {
+            let r = self
+                .client
+                .join_rendezvous(pb::JoinRendezvousRequest {
+                    process: Some(self.me),
+                })
+                .await
+                .map_err(refused("JoinRendezvous"))?
+                .into_inner();
+            if r.removed {
+                return Ok(None);
+            }
+            if r.ready {
+                return Ok(Some(r));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     pub async fn done(&mut self, shard: &pb::Shard) -> Result<(), Error> {
@@ -226,6 +254,13 @@ impl Progress {
             let l = loss_sum / samples as f64;
             self.loss_ema = Some(self.loss_ema.map_or(l, |e| 0.95 * e + 0.05 * l));
         }
+    }
+
+    /// Makes the next recorded step report at once (after the group changed).
+    pub fn report_next(&mut self) {
+        self.last_report = None;
+        self.samples_at_last = self.samples;
+        self.started = Instant::now();
     }
 
     /// A metrics message if one is due now.

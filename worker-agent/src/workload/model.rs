@@ -155,6 +155,26 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
+/// The PS that owns `key` among `num_ps`: jump consistent hashing (Lamping & Veach) of the
+/// key's hash, so going from P to P' servers moves only the keys whose owner must change
+/// (growing moves keys only to the new servers; shrinking only from the removed ones).
+pub fn ps_owner(key: u64, num_ps: u32) -> u32 {
+    jump_consistent_hash::hash(
+        xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes()),
+        num_ps.max(1) as usize,
+    )
+}
+
+/// Order-independent digest of one (key, weight, accumulator) triple: the wrapping sum over a
+/// set of triples is the same however the set is split over parameter servers.
+pub fn param_digest(key: u64, p: [f32; 2]) -> u64 {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&key.to_le_bytes());
+    b[8..12].copy_from_slice(&p[0].to_bits().to_le_bytes());
+    b[12..].copy_from_slice(&p[1].to_bits().to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&b)
+}
+
 /// A parameter server's partition: weight and Adagrad accumulator per key, plus the set of
 /// batches already applied, so a batch pushed twice (a worker died after pushing part of a
 /// shard, and the shard was handed out again) is applied once.
@@ -204,6 +224,14 @@ impl SparseTable {
         let w = keys.iter().map(|k| self.params[k][0]).collect();
         let a = keys.iter().map(|k| self.params[k][1]).collect();
         (keys, w, a)
+    }
+
+    /// [`param_digest`] summed over the keys `owned` accepts.
+    pub fn owned_digest(&self, owned: impl Fn(u64) -> bool) -> u64 {
+        self.params
+            .iter()
+            .filter(|(k, _)| owned(**k))
+            .fold(0u64, |acc, (k, p)| acc.wrapping_add(param_digest(*k, *p)))
     }
 
     /// SHA-256 over the sorted keys, weights and accumulators.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use proto::jobmaster::v1 as pb;
 use tonic::transport::Channel;
 
-use super::model::{batch_gradient, eval_loss};
+use super::model::{batch_gradient, eval_loss, ps_owner};
 use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
 use crate::error::Error;
 
@@ -52,7 +52,7 @@ impl PsSet {
     }
 
     fn owner(&self, key: u64) -> usize {
-        (key % self.clients.len() as u64) as usize
+        ps_owner(key, self.clients.len() as u32) as usize
     }
 
     fn ps_err(&self, i: usize) -> impl Fn(tonic::Status) -> Error + '_ {
@@ -129,11 +129,38 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let cfg = master.workload().await?;
     let data = generator(&cfg)?;
     let mut ps = PsSet::connect(&env.ps_addrs, Duration::from_secs(60)).await?;
+    let mut ps_version = env.ps_version;
     let mut progress = Progress::new(0);
     let batch = cfg.batch_size.max(1) as u64;
     loop {
-        let lease = master.lease().await?;
+        let lease = master.lease(ps_version).await?;
+        if lease.cluster_version != 0 && lease.cluster_version != ps_version {
+            // The PS set changed (a reshard or a migrated PS): fetch it and reconnect before
+            // pushing again.
+            let Some(r) = master.rejoin().await? else {
+                tracing::info!("removed by a scale plan");
+                return Ok(());
+            };
+            let cluster = r.cluster.unwrap_or_default();
+            ps = PsSet::connect(&cluster.ps, Duration::from_secs(60)).await?;
+            tracing::info!(
+                from = ps_version,
+                to = cluster.ps_version,
+                ps = cluster.ps.len(),
+                "switched to a new PS set"
+            );
+            ps_version = cluster.ps_version;
+            progress.report_next();
+            continue;
+        }
         match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
+            pb::LeaseStatus::Removed => {
+                tracing::info!("removed by a scale plan");
+                if let Some(m) = progress.due() {
+                    master.metrics(m).await?;
+                }
+                return Ok(());
+            }
             pb::LeaseStatus::Granted => {
                 let shard = lease.shard.ok_or_else(|| {
                     Error::InvalidRequest("a granted lease without a shard".into())

@@ -1,0 +1,285 @@
+//! Scale plans (pure, no I/O): what a plan asks, whether the job can carry it out, and the
+//! bookkeeping of desired vs reached plan versions.
+//!
+//! A plan names, per role, a target count and the resources of processes launched from then on,
+//! plus migrations (replace one process by one with other resources). [`validate`] checks it
+//! against the spec's elastic bounds and what the platform can place, and rejects it with the
+//! reason; the job then runs on untouched. The transition that carries a plan out lives in
+//! [`crate::job`]; [`PlanBook`] only orders plans: one executes at a time, and a plan arriving
+//! meanwhile waits, replacing any older waiting plan (merged, never interleaved).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::SlotKey;
+use crate::spec::{Bytes, JobKind, JobSpec, Millicores, Resources, RoleName};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoleTarget {
+    pub count: u32,
+    /// Resources of processes launched from now on; `None` keeps the role's.
+    pub resources: Option<Resources>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Migration {
+    pub key: SlotKey,
+    pub resources: Resources,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScalePlan {
+    pub version: u64,
+    pub roles: BTreeMap<RoleName, RoleTarget>,
+    pub migrations: Vec<Migration>,
+}
+
+/// What the platform can place: the shell reads it from the machine (local) or the cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// Processes of this job the platform can run at once.
+    pub max_processes: u32,
+    /// The largest process the platform can place.
+    pub cpu: Millicores,
+    pub memory: Bytes,
+    pub gpus: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            max_processes: 64,
+            cpu: Millicores(u64::MAX),
+            memory: Bytes(u64::MAX),
+            gpus: u32::MAX,
+        }
+    }
+}
+
+fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), String> {
+    if let Some(c) = r.cpu {
+        if c.0 == 0 {
+            return Err(format!("{what}: cpu 0m must be more than zero"));
+        }
+        if c > cap.cpu {
+            return Err(format!(
+                "{what}: cpu {}m is more than the platform can place ({}m)",
+                c.0, cap.cpu.0
+            ));
+        }
+    }
+    if let Some(m) = r.memory
+        && m > cap.memory
+    {
+        return Err(format!(
+            "{what}: memory {} bytes is more than the platform can place ({} bytes)",
+            m.0, cap.memory.0
+        ));
+    }
+    if let Some(g) = r.gpu
+        && g > cap.gpus
+    {
+        return Err(format!(
+            "{what}: {g} GPUs is more than the platform can place ({})",
+            cap.gpus
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `plan` against the spec's bounds and the platform's capacity. `current` is the
+/// count of each role now (roles the plan does not name keep it). `live` are the slots that run.
+pub fn validate(
+    plan: &ScalePlan,
+    spec: &JobSpec,
+    current: &BTreeMap<RoleName, u32>,
+    live: &[SlotKey],
+    cap: &Capacity,
+) -> Result<(), String> {
+    let mut total = 0u32;
+    for (&role, &now) in current {
+        let count = plan.roles.get(&role).map_or(now, |t| t.count);
+        total = total.saturating_add(count);
+    }
+    for (&role, target) in &plan.roles {
+        let Ok(bounds) = spec.role_plan(role) else {
+            return Err(format!("the job has no {role} role"));
+        };
+        let n = target.count;
+        if n < bounds.min || n > bounds.max {
+            return Err(format!(
+                "{role} count {n} is outside [min {}, max {}]",
+                bounds.min, bounds.max
+            ));
+        }
+        if n % bounds.node_unit != 0 {
+            return Err(format!(
+                "{role} count {n} is not a multiple of node_unit {}",
+                bounds.node_unit
+            ));
+        }
+        if role == RoleName::Ps && spec.kind != JobKind::Ps {
+            return Err(format!("a {} job has no parameter servers", spec.kind));
+        }
+        if let Some(r) = &target.resources {
+            check_resources(&format!("{role} resources"), r, cap)?;
+        }
+    }
+    if total > cap.max_processes {
+        return Err(format!(
+            "{total} processes are more than the platform can place ({})",
+            cap.max_processes
+        ));
+    }
+    let mut seen = Vec::new();
+    for m in &plan.migrations {
+        let count = plan
+            .roles
+            .get(&m.key.role)
+            .map(|t| t.count)
+            .or_else(|| current.get(&m.key.role).copied())
+            .unwrap_or(0);
+        if !live.contains(&m.key) || m.key.index >= count {
+            return Err(format!(
+                "migration of {}: no such process stays in the job",
+                m.key
+            ));
+        }
+        if seen.contains(&m.key) {
+            return Err(format!("{} is migrated twice", m.key));
+        }
+        seen.push(m.key);
+        check_resources(&format!("migration of {}", m.key), &m.resources, cap)?;
+    }
+    Ok(())
+}
+
+/// Desired vs reached plan versions, and the plan waiting behind the one in progress.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanBook {
+    /// The newest accepted plan's version.
+    pub desired: u64,
+    /// The newest plan fully carried out.
+    pub reached: u64,
+    pub queued: Option<ScalePlan>,
+}
+
+impl PlanBook {
+    /// Refuses a version that is not above the newest accepted one.
+    pub fn check_version(&self, version: u64) -> Result<(), String> {
+        if version <= self.desired {
+            return Err(format!(
+                "plan version {version} is not newer than the accepted version {}",
+                self.desired
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec::from_yaml(
+            "name: t\nkind: ps\nroles:\n  ps: { replicas: 2, min: 1, max: 4 }\n  \
+             worker: { replicas: 2, min: 1, max: 8, node_unit: 1 }\n\
+             workload:\n  builtin: {}\ndata: { num_samples: 100, shard_size: 10 }\n\
+             checkpoint: { dir: /tmp/x }\n",
+        )
+        .unwrap()
+    }
+
+    fn plan(ps: Option<u32>, workers: Option<u32>) -> ScalePlan {
+        let mut p = ScalePlan {
+            version: 1,
+            ..Default::default()
+        };
+        if let Some(n) = ps {
+            p.roles.insert(
+                RoleName::Ps,
+                RoleTarget {
+                    count: n,
+                    resources: None,
+                },
+            );
+        }
+        if let Some(n) = workers {
+            p.roles.insert(
+                RoleName::Worker,
+                RoleTarget {
+                    count: n,
+                    resources: None,
+                },
+            );
+        }
+        p
+    }
+
+    fn current() -> BTreeMap<RoleName, u32> {
+        [(RoleName::Ps, 2), (RoleName::Worker, 2)].into()
+    }
+
+    #[test]
+    fn plans_outside_the_bounds_or_the_capacity_are_rejected_with_the_reason() {
+        let s = spec();
+        let cap = Capacity {
+            max_processes: 10,
+            ..Default::default()
+        };
+        let ok = |p: &ScalePlan| validate(p, &s, &current(), &[], &cap);
+        assert_eq!(ok(&plan(Some(3), Some(4))), Ok(()));
+        assert!(ok(&plan(Some(5), None)).unwrap_err().contains("outside"));
+        assert!(ok(&plan(None, Some(0))).unwrap_err().contains("outside"));
+        assert!(
+            ok(&plan(Some(4), Some(8)))
+                .unwrap_err()
+                .contains("12 processes are more than the platform can place (10)")
+        );
+        let mut big = plan(None, Some(2));
+        big.roles.get_mut(&RoleName::Worker).unwrap().resources = Some(Resources {
+            cpu: Some(Millicores(4000)),
+            ..Default::default()
+        });
+        let small = Capacity {
+            cpu: Millicores(2000),
+            ..Default::default()
+        };
+        assert!(
+            validate(&big, &s, &current(), &[], &small)
+                .unwrap_err()
+                .contains("cpu 4000m is more than the platform can place (2000m)")
+        );
+        let mut mig = plan(None, Some(1));
+        mig.migrations.push(Migration {
+            key: SlotKey {
+                role: RoleName::Worker,
+                index: 1,
+            },
+            resources: Resources::default(),
+            reason: "oom".into(),
+        });
+        let live = [SlotKey {
+            role: RoleName::Worker,
+            index: 1,
+        }];
+        assert!(
+            validate(&mig, &s, &current(), &live, &cap)
+                .unwrap_err()
+                .contains("no such process stays")
+        );
+    }
+
+    #[test]
+    fn versions_must_increase() {
+        let book = PlanBook {
+            desired: 3,
+            ..Default::default()
+        };
+        assert!(book.check_version(3).is_err());
+        assert!(book.check_version(4).is_ok());
+    }
+}
