@@ -871,29 +871,34 @@ impl JobContext {
                     .transition
                     .as_ref()
                     .and_then(|t| t.to.get(&RoleName::Ps).copied());
+                // Workers start only once every PS of the layout runs its current incarnation:
+                // an old PS process about to restart must never receive a push.
+                let layout_running = self.ps_layout_running();
                 let cluster = self.cluster.as_mut().expect("ps jobs have one");
                 if key.role == RoleName::Worker {
                     cluster.set_worker(key.index, addr);
                 }
-                if slot.fresh {
-                    // A PS added by a reshard serves the new layout and starts empty.
+                if key.role == RoleName::Ps {
+                    // A PS needs nothing from the others to start. One added by a reshard serves
+                    // the new layout and starts empty.
                     view.ready = true;
                     view.round = cluster.version;
                     view.rank = key.index;
-                    view.world_size = ps_to.unwrap_or(cluster.expected_ps);
-                } else if cluster.ps_complete() {
-                    view.ready = true;
-                    view.round = cluster.version;
-                    view.rank = key.index;
-                    view.world_size = match key.role {
-                        RoleName::Ps => cluster.expected_ps,
-                        RoleName::Worker => cluster.workers.len() as u32,
+                    view.world_size = if slot.fresh {
+                        ps_to.unwrap_or(cluster.expected_ps)
+                    } else {
+                        cluster.expected_ps
                     };
+                } else if layout_running {
+                    view.ready = true;
+                    view.round = cluster.version;
+                    view.rank = key.index;
+                    view.world_size = cluster.workers.len() as u32;
                 } else {
                     view.waiting_reason = format!(
-                        "{} of {} parameter servers have registered",
-                        cluster.ps.len(),
-                        cluster.expected_ps
+                        "waiting for the {} parameter servers to run ({} have addresses)",
+                        cluster.expected_ps,
+                        cluster.ps.len()
                     );
                 }
                 view.cluster = Some(cluster.clone());
@@ -1500,7 +1505,7 @@ impl JobContext {
         self.transition = Some(Transition {
             plan,
             started_ms: now_ms,
-            step: Step::Settle,
+            step: if needs_cut { Step::Cut } else { Step::Settle },
             step_started_ms: now_ms,
             from,
             to,
@@ -1508,7 +1513,6 @@ impl JobContext {
             resharding: false,
         });
         if needs_cut {
-            self.set_step(Step::Cut, now_ms);
             self.checkpoint_pending = true;
             effects.extend(self.ps_checkpoint_if_drained());
         } else if rdzv_changes {
@@ -1523,6 +1527,9 @@ impl JobContext {
         if let Some(t) = self.transition.as_mut() {
             let took = now_ms.saturating_sub(t.step_started_ms);
             let (v, old) = (t.plan.version, t.step);
+            if old == step {
+                return;
+            }
             t.step = step;
             t.step_started_ms = now_ms;
             self.log(
@@ -1622,7 +1629,8 @@ impl JobContext {
                                 role: RoleName::Ps,
                                 index: i,
                             })
-                            .filter(|s| s.phase == SlotPhase::Running)
+                            // A PS being removed still serves until every worker switched.
+                            .filter(|s| matches!(s.phase, SlotPhase::Running | SlotPhase::Removing))
                             .and_then(|s| s.service_addr.clone())
                     };
                     let (Some(old), Some(new)) = (

@@ -104,6 +104,9 @@ pub fn validate(
         total = total.saturating_add(count);
     }
     for (&role, target) in &plan.roles {
+        if role == RoleName::Ps && spec.kind != JobKind::Ps {
+            return Err(format!("an {} job has no parameter servers", spec.kind));
+        }
         let Ok(bounds) = spec.role_plan(role) else {
             return Err(format!("the job has no {role} role"));
         };
@@ -119,9 +122,6 @@ pub fn validate(
                 "{role} count {n} is not a multiple of node_unit {}",
                 bounds.node_unit
             ));
-        }
-        if role == RoleName::Ps && spec.kind != JobKind::Ps {
-            return Err(format!("a {} job has no parameter servers", spec.kind));
         }
         if let Some(r) = &target.resources {
             check_resources(&format!("{role} resources"), r, cap)?;

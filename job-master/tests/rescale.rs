@@ -1,0 +1,293 @@
+//! Scale plans carried out on live jobs of real processes: allreduce groups re-formed at new
+//! sizes, ps workers added and removed, parameter servers resharded while training, with kill -9
+//! in the middle of transitions. Every job must finish with each sample consumed exactly once
+//! per epoch, the parameter set unchanged by every reshard, and a loss within 2 % of a static
+//! run.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use proto::jobmaster::v1 as pb;
+use worker_agent::workload::reference;
+
+async fn client(
+    addr: SocketAddr,
+) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
+    pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePlan {
+    let mut p = pb::ScalePlan {
+        version,
+        ..Default::default()
+    };
+    for (role, n) in [(pb::Role::Worker, workers), (pb::Role::Ps, ps)] {
+        if let Some(count) = n {
+            p.roles.push(pb::RoleTarget {
+                role: role as i32,
+                count,
+                resources: None,
+            });
+        }
+    }
+    p
+}
+
+/// Sends a plan that must be accepted.
+async fn send(addr: SocketAddr, p: pb::ScalePlan) {
+    let a = client(addr)
+        .await
+        .apply_scale_plan(p.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(a.accepted, "plan {} rejected: {}", p.version, a.reason);
+}
+
+async fn reached(addr: SocketAddr, version: u64) -> pb::JobStatus {
+    wait_for(
+        addr,
+        Duration::from_secs(90),
+        &format!("plan {version} reached"),
+        |s| s.reached_plan_version >= version,
+    )
+    .await
+}
+
+async fn shards_at_least(addr: SocketAddr, n: u64) {
+    wait_for(
+        addr,
+        Duration::from_secs(90),
+        &format!("{n} shards done"),
+        |s| s.shards_done >= n,
+    )
+    .await;
+}
+
+fn live_workers(s: &pb::JobStatus) -> usize {
+    s.processes
+        .iter()
+        .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
+        .count()
+}
+
+fn gap(job: f64, reference: f64) -> f64 {
+    (job - reference).abs() / reference
+}
+
+const N: u64 = 60_000;
+
+/// allreduce workers 2 → 4 → 1 → 3, with a worker killed during the 4 → 1 transition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "ar-rescale", "allreduce", 0, 2, N, 2, 60, 10);
+    let cfg = workload_of(&spec);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 6).await;
+    send(addr, plan(1, Some(4), None)).await;
+    let s = reached(addr, 1).await;
+    assert_eq!(live_workers(&s), 4);
+
+    let done = s.shards_done;
+    shards_at_least(addr, done + 6).await;
+    send(addr, plan(2, Some(1), None)).await;
+    // Mid-transition: kill the survivor's training process.
+    let victim = pid_of(addr, pb::Role::Worker, 0).await;
+    kill9(victim);
+    let s = reached(addr, 2).await;
+    assert_eq!(live_workers(&s), 1);
+
+    let done = s.shards_done;
+    shards_at_least(addr, done + 6).await;
+    send(addr, plan(3, Some(3), None)).await;
+    let s = reached(addr, 3).await;
+    assert_eq!(live_workers(&s), 3);
+
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert!(report.samples_per_epoch.values().all(|&s| s == N));
+    // The model itself counted each sample once per epoch, through every re-formation.
+    assert_eq!(report.applied_samples, 2 * N);
+    assert_eq!(report.applied_index_sum, 2 * (N * (N - 1) / 2));
+    let versions: Vec<u64> = report.transitions.iter().map(|t| t.version).collect();
+    assert_eq!(versions, vec![1, 2, 3], "plans reached in order");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("every process restarts")),
+        "the kill during plan 2 restarted the group: {:#?}",
+        report.events
+    );
+    let (reference, _) = reference::train_dense(&cfg, 1000).unwrap();
+    let loss = report.final_eval_loss.unwrap();
+    assert!(
+        gap(loss, reference) < 0.02,
+        "rescaled job {loss} vs static {reference}"
+    );
+    assert_no_process_left(addr).await;
+}
+
+/// ps job: PS 1 → 3 → 2 resharded live while workers change (3 → 2, then 2 → 4), a worker
+/// killed during the first reshard; then workers 4 → 3 with a PS killed during that transition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "ps-rescale", "ps", 1, 3, N, 2, 60, 10);
+    let ps = spec.roles.get_mut(&job_master::spec::RoleName::Ps).unwrap();
+    (ps.min, ps.max) = (Some(1), Some(4));
+    let cfg = workload_of(&spec);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 8).await;
+
+    send(addr, plan(1, Some(2), Some(3))).await;
+    let victim = pid_of(addr, pb::Role::Worker, 0).await;
+    kill9(victim);
+    let s = reached(addr, 1).await;
+    assert_eq!(live_workers(&s), 2);
+
+    let done = s.shards_done;
+    shards_at_least(addr, done + 8).await;
+    send(addr, plan(2, Some(4), Some(2))).await;
+    let s = reached(addr, 2).await;
+    assert_eq!(live_workers(&s), 4);
+
+    let done = s.shards_done;
+    shards_at_least(addr, done + 8).await;
+    send(addr, plan(3, Some(3), None)).await;
+    let victim = pid_of(addr, pb::Role::Ps, 1).await;
+    kill9(victim);
+    let s = reached(addr, 3).await;
+    assert_eq!(live_workers(&s), 3);
+
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert!(report.samples_per_epoch.values().all(|&s| s == N));
+    assert_eq!(report.ps_stats.len(), 2, "{:?}", report.ps_stats);
+    assert_ps_applied_each_sample_once(&report, N, 2);
+    for r in &report.reshards {
+        assert_eq!(
+            r.digest_before, r.digest_after,
+            "reshard changed the parameters: {r:?}"
+        );
+    }
+    let moves: Vec<(u32, u32)> = report
+        .reshards
+        .iter()
+        .map(|r| (r.from_ps, r.to_ps))
+        .collect();
+    assert_eq!(
+        moves,
+        vec![(1, 3), (3, 2)],
+        "live reshards: {:#?}",
+        report.events
+    );
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("ps-1 failed (killed by signal 9)")),
+        "{:#?}",
+        report.events
+    );
+    let (reference, _) = reference::train_sparse(&cfg, 1000).unwrap();
+    let loss = report.final_eval_loss.unwrap();
+    assert!(
+        gap(loss, reference) < 0.02,
+        "rescaled job {loss} vs static {reference}"
+    );
+    assert_no_process_left(addr).await;
+}
+
+/// Plans outside the spec's bounds, with stale versions or naming roles the job lacks are
+/// rejected with the reason, and the job runs on untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_plans_leave_the_job_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "reject", "allreduce", 0, 2, 20_000, 1, 30, 0);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 2).await;
+    let before = status(addr).await.unwrap();
+    let mut c = client(addr).await;
+    for (p, why) in [
+        (plan(1, Some(9), None), "outside [min 1, max 8]"),
+        (plan(1, None, Some(2)), "has no parameter servers"),
+        (plan(1, Some(0), None), "outside [min 1, max 8]"),
+    ] {
+        let a = c.apply_scale_plan(p).await.unwrap().into_inner();
+        assert!(!a.accepted);
+        assert!(a.reason.contains(why), "{}", a.reason);
+    }
+    send(addr, plan(5, Some(3), None)).await;
+    let a = c
+        .apply_scale_plan(plan(4, Some(2), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !a.accepted && a.reason.contains("not newer"),
+        "{}",
+        a.reason
+    );
+    reached(addr, 5).await;
+    let after = status(addr).await.unwrap();
+    assert!(after.global_step >= before.global_step);
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert_eq!(report.transitions.len(), 1);
+}
+
+/// `job-master scale` sends a plan by hand and follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scale_command_sends_a_plan_and_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "cli-scale", "ps", 1, 2, 30_000, 1, 60, 0);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 2).await;
+    let out = tokio::process::Command::new(job_master_bin())
+        .args([
+            "scale",
+            "--job",
+            &addr.to_string(),
+            "--workers",
+            "3",
+            "--wait",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("plan 1 accepted") && stdout.contains("plan 1 reached"),
+        "{stdout}"
+    );
+    let bad = tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--job", &addr.to_string(), "--workers", "99"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("outside [min 1, max 8]"));
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert_ps_applied_each_sample_once(&report, 30_000, 1);
+}
