@@ -93,7 +93,10 @@ async fn lease_and_done(mut c: Client, index: u32, n: u64) {
     };
     for _ in 0..n {
         let r = c
-            .lease_shard(pb::LeaseShardRequest { process: Some(me) })
+            .lease_shard(pb::LeaseShardRequest {
+                process: Some(me),
+                cluster_version: 0,
+            })
             .await
             .unwrap()
             .into_inner();

@@ -2143,6 +2143,7 @@ mod properties {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::scale::{Capacity, ScalePlan};
 
     #[derive(Clone, Debug)]
     enum Ev {
@@ -2177,6 +2178,157 @@ mod properties {
                 role: RoleName::Worker,
                 index: i,
             }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Pe {
+        Plan {
+            workers: u32,
+            ps: u32,
+        },
+        /// Process `i` (workers 0..6, PS 10..13) registers, joins and leases as it can.
+        Act(u32),
+        Done(u32),
+        Exit(u32),
+        Commit,
+        ReshardDone,
+        Tick,
+    }
+
+    fn pkey(i: u32) -> SlotKey {
+        if i >= 10 {
+            SlotKey {
+                role: RoleName::Ps,
+                index: i - 10,
+            }
+        } else {
+            SlotKey {
+                role: RoleName::Worker,
+                index: i,
+            }
+        }
+    }
+
+    fn pe() -> impl Strategy<Value = Pe> {
+        prop_oneof![
+            1 => (1u32..7, 1u32..4).prop_map(|(workers, ps)| Pe::Plan { workers, ps }),
+            8 => prop_oneof![0u32..6, 10u32..13].prop_map(Pe::Act),
+            5 => (0u32..6).prop_map(Pe::Done),
+            1 => prop_oneof![0u32..6, 10u32..13].prop_map(Pe::Exit),
+            2 => Just(Pe::Commit),
+            2 => Just(Pe::ReshardDone),
+            2 => Just(Pe::Tick),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Random scale plans interleaved with work and failures: no sample is lost or counted
+        /// twice, plans are reached in version order, live processes never exceed the
+        /// platform's capacity, a rejected plan changes nothing, and the context survives a
+        /// JSON round trip.
+        #[test]
+        fn random_plan_sequences_keep_the_invariants(kind in prop_oneof![Just("ps"), Just("allreduce")],
+                                                     events in proptest::collection::vec(pe(), 1..160)) {
+            let ps_role = if kind == "ps" { "  ps: { replicas: 1, min: 1, max: 3, max_restarts: 50 }\n" } else { "" };
+            let spec = JobSpec::from_yaml(&format!(
+                "name: p\nkind: {kind}\nroles:\n{ps_role}  worker: {{ replicas: 2, min: 1, max: 6, max_restarts: 50 }}\n\
+                 workload:\n  builtin: {{}}\ndata: {{ num_samples: 400, shard_size: 10 }}\nepochs: 2\n\
+                 checkpoint: {{ dir: /tmp/brain-prop, every_shards: 5 }}\n"
+            )).unwrap();
+            let (mut ctx, _) = JobContext::new(spec, "p".into(), Timing::default(), 0);
+            let cap = Capacity { max_processes: 7, ..Capacity::default() };
+            let mut now = 1;
+            let mut version = 0;
+            let mut held: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+            let mut ckpt = 0;
+            for e in events {
+                now += 10;
+                match e {
+                    Pe::Plan { workers, ps } => {
+                        version += 1;
+                        let mut plan = ScalePlan { version, ..Default::default() };
+                        plan.roles.insert(RoleName::Worker, crate::scale::RoleTarget { count: workers, resources: None });
+                        if kind == "ps" {
+                            plan.roles.insert(RoleName::Ps, crate::scale::RoleTarget { count: ps, resources: None });
+                        }
+                        let before = ctx.clone();
+                        if ctx.apply_plan(plan, &cap, now).is_err() {
+                            prop_assert_eq!(&before, &ctx, "a rejected plan changed the job");
+                        }
+                    }
+                    Pe::Act(i) => {
+                        let k = pkey(i);
+                        let Some(slot) = ctx.slots.get(&k).cloned() else { continue };
+                        if slot.phase == SlotPhase::Launching {
+                            let _ = ctx.register_agent(k, slot.incarnation, "h".into(), format!("a{k}"), now);
+                            let _ = ctx.advance(now);
+                        }
+                        let inc = ctx.slots[&k].incarnation;
+                        let _ = ctx.join_rendezvous(k, inc, now);
+                        let _ = ctx.advance(now);
+                        if k.role == RoleName::Worker && !held.contains_key(&i) {
+                            let layout = ctx.cluster.as_ref().map(|c| c.ps_version);
+                            if let Ok((LeaseView { outcome: LeaseOutcome::Granted(s), .. }, _)) = ctx.lease_with(k, inc, layout, now) {
+                                held.insert(i, (s.id, inc));
+                            }
+                        }
+                    }
+                    Pe::Done(i) => {
+                        if let Some((shard, inc)) = held.remove(&i) {
+                            let _ = ctx.shard_done(pkey(i), inc, shard, now);
+                        }
+                    }
+                    Pe::Exit(i) => {
+                        let k = pkey(i);
+                        if let Some(inc) = ctx.slots.get(&k).map(|s| s.incarnation) {
+                            let _ = ctx.process_exited(k, inc, 137, 0, now);
+                        }
+                    }
+                    Pe::Commit => {
+                        if ctx.checkpoint_pending && ctx.ledger.in_flight() == 0 {
+                            ckpt += 1;
+                            let _ = ctx.checkpoint_committed(ckpt, format!("/tmp/c{ckpt}").into(), 0, ctx.generation, now);
+                        }
+                    }
+                    Pe::ReshardDone => {
+                        if let Some(t) = ctx.transition.clone().filter(|t| t.resharding) {
+                            let record = ReshardRecord {
+                                version: t.plan.version,
+                                from_ps: t.from[&RoleName::Ps],
+                                to_ps: t.to[&RoleName::Ps],
+                                moved_keys: 1,
+                                moved_bytes: 16,
+                                total_keys: 2,
+                                digest_before: 7,
+                                digest_after: 7,
+                                took_ms: 1,
+                            };
+                            let _ = ctx.reshard_done(ctx.generation, record, now);
+                        }
+                    }
+                    Pe::Tick => {
+                        for k in ctx.slots.keys().copied().collect::<Vec<_>>() {
+                            let s = &ctx.slots[&k];
+                            let (agent, inc) = (s.agent_id, s.incarnation);
+                            let _ = ctx.heartbeat(k, agent, inc, None, 0, now);
+                        }
+                        let _ = ctx.tick(now);
+                    }
+                }
+                prop_assert!(ctx.ledger.verify_exactly_once(false).is_ok());
+                let live = ctx.slots.values().filter(|s| s.phase.is_live()).count();
+                prop_assert!(live <= cap.max_processes as usize, "{} live processes", live);
+                let reached: Vec<u64> = ctx.transitions.iter().map(|t| t.version).collect();
+                prop_assert!(reached.windows(2).all(|w| w[0] < w[1]), "plans reached out of order: {:?}", reached);
+                prop_assert!(ctx.plans.reached <= ctx.plans.desired);
+                held.retain(|i, (_, inc)| ctx.slots.get(&pkey(*i)).is_some_and(|s| s.incarnation == *inc && s.phase.is_live()));
+            }
+            let json = serde_json::to_string(&ctx).unwrap();
+            let back: JobContext = serde_json::from_str(&json).unwrap();
+            prop_assert_eq!(back, ctx);
         }
     }
 

@@ -205,7 +205,10 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                 return Ok(std::process::ExitCode::from(3));
             }
             println!("plan {} accepted", plan.version);
-            while wait {
+            if !wait {
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
+            loop {
                 let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
                 println!("{}", summary_line(&s));
                 if s.reached_plan_version >= plan.version {

@@ -515,7 +515,11 @@ async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), String> {
 /// Moves keys from the PS set `from` to the layout `to`: each old PS streams the keys whose
 /// owner changes to their new owner. The digest of the whole parameter set is taken before and
 /// after (nobody pushes meanwhile: the job is at a consistent cut).
-async fn reshard_ps(version: u64, from: &[String], to: &[String]) -> Result<ReshardRecord, String> {
+pub async fn reshard_ps(
+    version: u64,
+    from: &[String],
+    to: &[String],
+) -> Result<ReshardRecord, String> {
     let started = Instant::now();
     let (digest_before, total_keys) = ps_digest(from).await?;
     let mut moved_keys = 0;

@@ -1,0 +1,222 @@
+//! Rescale figures, printed as tables:
+//! * allreduce 2 → 4 and 4 → 2 on local processes: time from the plan being accepted to every
+//!   worker of the new group reporting a training step (p50, p95 over 20 events each), and to
+//!   the plan being reached (the new group formed);
+//! * PS reshard of 10 MB and 100 MB of parameters, 2 → 3 and 3 → 2 PS: the PS servers run on
+//!   loopback gRPC in this process, keys are moved by the job master's own reshard routine, and
+//!   the parameter digest is checked before and after.
+//!
+//! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench rescale
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::jobmaster::v1 as pb;
+use worker_agent::workload::model::{SparseTable, ps_owner};
+use worker_agent::workload::ps_server::{PsService, serve};
+
+const EVENTS: usize = 20;
+
+fn release_bin(name: &str) -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .join("target")
+        });
+    let bin = target.join("release").join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release -p job-master -p worker-agent` first",
+        bin.display()
+    );
+    bin
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn client(port: u16) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
+    loop {
+        if let Ok(c) =
+            pb::job_master_client::JobMasterClient::connect(format!("http://127.0.0.1:{port}"))
+                .await
+        {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The transitions recorded in the persisted job context.
+fn transitions(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read(run_dir.join("job-context.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["transitions"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+async fn allreduce_rescale() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "name: bench-rescale\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 1, max: 4 }}\n\
+         workload:\n  builtin: {{ batch_size: 256, hash_buckets: 65536 }}\n\
+         data: {{ num_samples: 100000000, shard_size: 2000, eval_samples: 1000 }}\n\
+         checkpoint: {{ dir: {}, every_shards: 0 }}\n",
+        dir.path().join("ckpt").display()
+    );
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let run_dir = dir.path().join("run");
+    let mut master = Command::new(release_bin("job-master"))
+        .arg("run")
+        .arg(&spec)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("BRAIN_WORKER_AGENT_BIN", release_bin("worker-agent"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut c = client(port).await;
+    // Training first.
+    while c
+        .get_status(pb::StatusRequest {})
+        .await
+        .map(|s| s.into_inner().global_step)
+        .unwrap_or(0)
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for version in 1..=(2 * EVENTS as u64) {
+        let workers = if version % 2 == 1 { 4 } else { 2 };
+        let a = c
+            .apply_scale_plan(pb::ScalePlan {
+                version,
+                roles: vec![pb::RoleTarget {
+                    role: pb::Role::Worker as i32,
+                    count: workers,
+                    resources: None,
+                }],
+                migrations: vec![],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(a.accepted, "{}", a.reason);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let t = transitions(&run_dir);
+            if t.len() as u64 == version && !t[version as usize - 1]["resumed_ms"].is_null() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "plan {version} did not complete");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the new group train a little before the next change.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let _ = master.kill();
+    let _ = master.wait();
+    let t = transitions(&run_dir);
+    println!("\nallreduce rescale on local processes ({EVENTS} events each, release build)");
+    println!(
+        "{:<10} {:>22} {:>22} {:>18}",
+        "change", "resumed p50 / p95 (ms)", "reached p50 / p95 (ms)", "max resumed (ms)"
+    );
+    for (name, up) in [("2 -> 4", true), ("4 -> 2", false)] {
+        let rows: Vec<&serde_json::Value> = t
+            .iter()
+            .filter(|r| (r["version"].as_u64().unwrap() % 2 == 1) == up)
+            .collect();
+        let ms = |r: &serde_json::Value, f: &str| {
+            (r[f].as_u64().unwrap() - r["accepted_ms"].as_u64().unwrap()) as f64
+        };
+        let mut resumed: Vec<f64> = rows.iter().map(|r| ms(r, "resumed_ms")).collect();
+        let mut reached: Vec<f64> = rows.iter().map(|r| ms(r, "reached_ms")).collect();
+        println!(
+            "{name:<10} {:>10.0} / {:<9.0} {:>10.0} / {:<9.0} {:>18.0}",
+            percentile(&mut resumed, 0.5),
+            percentile(&mut resumed, 0.95),
+            percentile(&mut reached, 0.5),
+            percentile(&mut reached, 0.95),
+            resumed.iter().cloned().fold(0.0, f64::max)
+        );
+    }
+}
+
+/// Starts `n` PS on loopback holding `keys` keys split by the layout of `layout` servers
+/// (servers at index ≥ `layout` start empty).
+async fn start_ps(n: u32, layout: u32, keys: u64) -> Vec<String> {
+    let mut tables: Vec<SparseTable> = (0..n).map(|_| SparseTable::default()).collect();
+    for k in 0..keys {
+        let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        tables[ps_owner(key, layout) as usize]
+            .params
+            .insert(key, [k as f32 * 1e-6, 1.0 + k as f32 * 1e-7]);
+    }
+    let mut addrs = Vec::new();
+    for (i, t) in tables.into_iter().enumerate() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap().to_string());
+        let num_ps = if (i as u32) < layout { layout } else { n };
+        let svc = PsService::new(i as u32, num_ps, 0.1, t);
+        tokio::spawn(serve(svc, listener, std::future::pending()));
+    }
+    addrs
+}
+
+async fn ps_reshard() {
+    println!("\nPS reshard over loopback gRPC (keys moved PS to PS; 16 bytes per key)");
+    println!(
+        "{:<10} {:>12} {:>12} {:>14} {:>10} {:>16}",
+        "change", "parameters", "keys", "moved keys", "time (ms)", "digest unchanged"
+    );
+    for mb in [10u64, 100] {
+        let keys = mb * 1_000_000 / 16;
+        for (from, to) in [(2u32, 3u32), (3, 2)] {
+            let servers = from.max(to);
+            let addrs = start_ps(servers, from, keys).await;
+            let old = addrs[..from as usize].to_vec();
+            let new = addrs[..to as usize].to_vec();
+            let r = job_master::master::reshard_ps(1, &old, &new).await.unwrap();
+            println!(
+                "{:<10} {:>9} MB {:>12} {:>14} {:>10} {:>16}",
+                format!("{from} -> {to}"),
+                mb,
+                r.total_keys,
+                r.moved_keys,
+                r.took_ms,
+                r.digest_before == r.digest_after
+            );
+            assert_eq!(r.digest_before, r.digest_after);
+        }
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; this binary takes no other arguments.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        ps_reshard().await;
+        allreduce_rescale().await;
+    });
+}
