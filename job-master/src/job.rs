@@ -1153,7 +1153,7 @@ impl JobContext {
             r.awaiting.retain(|k| *k != key);
             if r.awaiting.is_empty() {
                 r.resumed_ms = Some(now_ms);
-                let (v, ms) = (r.version, now_ms - r.accepted_ms);
+                let (v, ms) = (r.version, now_ms.saturating_sub(r.accepted_ms));
                 self.log(
                     now_ms,
                     format!("plan {v}: every worker is training again, {ms} ms after the plan"),
@@ -1738,7 +1738,7 @@ impl JobContext {
             format!(
                 "plan {} reached in {} ms: {}",
                 t.plan.version,
-                now_ms - t.started_ms,
+                now_ms.saturating_sub(t.started_ms),
                 Self::describe(&t.to)
             ),
         );
@@ -1887,6 +1887,7 @@ pub enum AgentAction {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scale::Capacity;
 
     fn spec(kind: &str, ps: u32, workers: u32, every_shards: u32) -> JobSpec {
         let ps_role = if ps > 0 {
@@ -2124,6 +2125,100 @@ mod tests {
         ctx.finish(7);
         assert_eq!(ctx.phase, JobPhase::Succeeded);
         ctx.ledger.verify_exactly_once(true).unwrap();
+    }
+
+    /// Makes the workers of `ctx` elastic between 1 and 4.
+    fn elastic(ctx: &mut JobContext) {
+        let w = ctx.spec.roles.get_mut(&RoleName::Worker).unwrap();
+        (w.min, w.max) = (Some(1), Some(4));
+        if let Some(r) = ctx.rendezvous.as_mut() {
+            (r.min, r.max) = (1, 4);
+        }
+    }
+
+    fn workers(version: u64, n: u32) -> ScalePlan {
+        let mut p = ScalePlan {
+            version,
+            ..Default::default()
+        };
+        p.roles.insert(
+            RoleName::Worker,
+            crate::scale::RoleTarget {
+                count: n,
+                resources: None,
+            },
+        );
+        p
+    }
+
+    #[test]
+    fn an_allreduce_plan_drains_checkpoints_and_re_forms_the_group_with_survivors() {
+        let mut ctx = running("allreduce", 0, 2, 0);
+        let cap = Capacity::default();
+        elastic(&mut ctx);
+        let s = lease(&mut ctx, W0, 1).unwrap();
+        let effects = ctx.apply_plan(workers(1, 3), &cap, 5).unwrap();
+        let w2 = SlotKey {
+            role: RoleName::Worker,
+            index: 2,
+        };
+        assert!(effects.contains(&Effect::LaunchAgent {
+            key: w2,
+            incarnation: 1
+        }));
+        // Draining: the holder keeps its shard, the idle rank is asked to checkpoint.
+        assert!(ctx.lease(W1, 1).unwrap().checkpoint_due);
+        ctx.shard_done(W0, 1, s, 6).unwrap();
+        ctx.checkpoint_committed(1, "/tmp/m.json".into(), 3, 0, 7)
+            .unwrap();
+        // Every rank is told to re-form; survivors keep their incarnation (and their model).
+        assert!(ctx.lease(W0, 1).unwrap().reform);
+        ctx.register_agent(w2, 1, "h".into(), "a2".into(), 8)
+            .unwrap();
+        let v2 = ctx.join_rendezvous(w2, 1, 8).unwrap();
+        assert_eq!(v2.resume_from, Some("/tmp/m.json".into()));
+        ctx.join_rendezvous(W0, 1, 9).unwrap();
+        let v = ctx.join_rendezvous(W1, 1, 9).unwrap();
+        assert!(v.ready && v.world_size == 3, "{v:?}");
+        ctx.advance(10);
+        assert_eq!(ctx.plans.reached, 1);
+        assert_eq!(ctx.slots[&W0].incarnation, 1);
+        // Back to 1: worker 1 and 2 are removed at the re-formation and told so.
+        ctx.apply_plan(workers(2, 1), &cap, 11).unwrap();
+        ctx.checkpoint_committed(2, "/tmp/m2.json".into(), 4, 0, 12)
+            .unwrap();
+        assert!(ctx.join_rendezvous(W1, 1, 13).unwrap().removed);
+        assert!(ctx.join_rendezvous(w2, 1, 13).unwrap().removed);
+        assert!(ctx.join_rendezvous(W0, 1, 13).unwrap().ready);
+        ctx.advance(14);
+        assert_eq!(ctx.plans.reached, 2);
+        assert_eq!(ctx.role_counts()[&RoleName::Worker], 1);
+        ctx.ledger.verify_exactly_once(false).unwrap();
+    }
+
+    #[test]
+    fn a_removed_ps_worker_hands_back_its_shard_and_a_queued_plan_replaces_an_older_one() {
+        let mut ctx = running("ps", 1, 2, 0);
+        let cap = Capacity::default();
+        elastic(&mut ctx);
+        let held = lease(&mut ctx, W1, 1).unwrap();
+        ctx.apply_plan(workers(1, 1), &cap, 5).unwrap();
+        // Plans arriving meanwhile wait; the newer replaces the older.
+        ctx.apply_plan(workers(2, 2), &cap, 6).unwrap();
+        ctx.apply_plan(workers(3, 2), &cap, 7).unwrap();
+        assert_eq!(ctx.plans.queued.as_ref().map(|p| p.version), Some(3));
+        assert!(ctx.apply_plan(workers(3, 2), &cap, 7).is_err());
+        let (v, _) = ctx.lease_with(W1, 1, None, 8).unwrap();
+        assert!(v.removed);
+        assert_eq!(ctx.slots[&W1].phase, SlotPhase::Removed);
+        // Its shard went back to the queue; worker 0 gets it.
+        assert_eq!(lease(&mut ctx, W0, 1), Some(held));
+        // Plan 1 is reached, plan 3 starts and brings worker 1 back with a new incarnation.
+        assert_eq!(ctx.plans.reached, 1);
+        assert_eq!(ctx.transition.as_ref().map(|t| t.plan.version), Some(3));
+        assert_eq!(ctx.slots[&W1].incarnation, 2);
+        assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
+        ctx.ledger.verify_exactly_once(false).unwrap();
     }
 
     #[test]
