@@ -5,29 +5,15 @@
 //!
 //! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench job_runtime
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::release_bin;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proto::jobmaster::v1 as pb;
-
-fn release_bin(name: &str) -> PathBuf {
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .join("target")
-        });
-    let bin = target.join("release").join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build --release -p job-master -p worker-agent` first",
-        bin.display()
-    );
-    bin
-}
 
 fn spec(dir: &Path, kind: &str, ps: u32, workers: u32, samples: u64) -> PathBuf {
     let ps_role = if ps > 0 {

@@ -8,7 +8,11 @@
 //!
 //! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench rescale
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
+
+use common::release_bin;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,24 +21,6 @@ use worker_agent::workload::model::{SparseTable, ps_owner};
 use worker_agent::workload::ps_server::{PsService, serve};
 
 const EVENTS: usize = 20;
-
-fn release_bin(name: &str) -> PathBuf {
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .join("target")
-        });
-    let bin = target.join("release").join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build --release -p job-master -p worker-agent` first",
-        bin.display()
-    );
-    bin
-}
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
