@@ -178,9 +178,19 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         let t = {
             let st = self.state.lock().await;
             let (index, num_ps) = (self.index, st.num_ps);
-            let mut t = st.table.clone();
-            t.params.retain(|k, _| ps_owner(*k, num_ps) == index);
-            t
+            SparseTable {
+                params: st
+                    .table
+                    .params
+                    .iter()
+                    .filter(|(k, _)| ps_owner(**k, num_ps) == index)
+                    .map(|(k, p)| (*k, *p))
+                    .collect(),
+                applied: st.table.applied.clone(),
+                applied_samples: st.table.applied_samples,
+                applied_index_sum: st.table.applied_index_sum,
+                duplicate_pushes: st.table.duplicate_pushes,
+            }
         };
         let p = path.clone();
         let keys = t.params.len() as u64;
