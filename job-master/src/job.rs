@@ -554,6 +554,20 @@ impl JobContext {
         self.checkpoints.last()
     }
 
+    /// What `key`'s current incarnation is launched with: its own resources (from a plan or a
+    /// migration), else its role's in the spec.
+    pub fn launch_resources(&self, key: SlotKey) -> Option<Resources> {
+        self.slots
+            .get(&key)
+            .and_then(|s| s.resources.clone())
+            .or_else(|| {
+                self.spec
+                    .roles
+                    .get(&key.role)
+                    .and_then(|r| r.resources.clone())
+            })
+    }
+
     /// An agent started by the platform for `incarnation` of `key` announces itself.
     pub fn register_agent(
         &mut self,
@@ -636,6 +650,7 @@ impl JobContext {
         incarnation: u64,
         exit_code: i32,
         signal: i32,
+        agent_reason: Option<&str>,
         now_ms: u64,
     ) -> Result<Vec<Effect>, Error> {
         if self.current(key, incarnation).is_err() || self.phase.is_terminal() {
@@ -654,10 +669,10 @@ impl JobContext {
             self.log(now_ms, format!("{key} finished"));
             return Ok(self.check_done());
         }
-        let how = if signal != 0 {
-            format!("killed by signal {signal}")
-        } else {
-            format!("exited with code {exit_code}")
+        let how = match agent_reason {
+            Some(why) => why.to_string(),
+            None if signal != 0 => format!("killed by signal {signal}"),
+            None => format!("exited with code {exit_code}"),
         };
         Ok(self.fail_slot(key, how, false, now_ms))
     }
@@ -1958,7 +1973,7 @@ mod tests {
         let a = lease(&mut ctx, W0, 1).unwrap();
         let b = lease(&mut ctx, W1, 1).unwrap();
         ctx.shard_done(W1, 1, b, 3).unwrap();
-        let effects = ctx.process_exited(W0, 1, 0, 9, 4).unwrap();
+        let effects = ctx.process_exited(W0, 1, 0, 9, None, 4).unwrap();
         assert!(effects.is_empty());
         assert_eq!(ctx.slots[&W0].incarnation, 2);
         assert_eq!(ctx.slots[&W1].incarnation, 1);
@@ -1998,7 +2013,7 @@ mod tests {
         let s = lease(&mut ctx, W0, 1).unwrap();
         ctx.shard_done(W0, 1, s, 5).unwrap();
         assert_eq!(ctx.ledger.done_shards(), 3);
-        ctx.process_exited(PS0, 1, 0, 9, 6).unwrap();
+        ctx.process_exited(PS0, 1, 0, 9, None, 6).unwrap();
         assert_eq!(
             ctx.ledger.done_shards(),
             2,
@@ -2019,7 +2034,7 @@ mod tests {
         let mut ctx = running("ps", 1, 1, 1);
         let s = lease(&mut ctx, W0, 1).unwrap();
         ctx.shard_done(W0, 1, s, 3).unwrap();
-        ctx.process_exited(PS0, 1, 1, 0, 4).unwrap();
+        ctx.process_exited(PS0, 1, 1, 0, None, 4).unwrap();
         assert!(
             ctx.checkpoint_committed(1, "/tmp/m.json".into(), 1, 0, 5)
                 .is_err()
@@ -2031,10 +2046,10 @@ mod tests {
     fn an_allreduce_worker_failure_opens_a_new_round_for_everyone() {
         let mut ctx = running("allreduce", 0, 2, 0);
         let round = ctx.rendezvous.as_ref().unwrap().current().unwrap().number;
-        ctx.process_exited(W1, 1, 1, 0, 3).unwrap();
+        ctx.process_exited(W1, 1, 1, 0, None, 3).unwrap();
         assert!(ctx.rendezvous.as_ref().unwrap().current().is_none());
         // The neighbour's ring error arrives with the old incarnation: ignored, not counted.
-        ctx.process_exited(W0, 1, 1, 0, 3).unwrap();
+        ctx.process_exited(W0, 1, 1, 0, None, 3).unwrap();
         assert_eq!(ctx.restarts[&RoleName::Worker], 1);
         assert!(!ctx.join_rendezvous(W0, 2, 4).unwrap().ready);
         let v = ctx.join_rendezvous(W1, 2, 4).unwrap();
@@ -2046,10 +2061,10 @@ mod tests {
     fn exceeding_the_relaunch_limit_fails_the_job_with_the_reason() {
         let mut ctx = running("ps", 1, 1, 0);
         for inc in 1..=2 {
-            ctx.process_exited(W0, inc, 3, 0, inc).unwrap();
+            ctx.process_exited(W0, inc, 3, 0, None, inc).unwrap();
             assert_eq!(ctx.phase, JobPhase::Running);
         }
-        ctx.process_exited(W0, 3, 3, 0, 9).unwrap();
+        ctx.process_exited(W0, 3, 3, 0, None, 9).unwrap();
         let JobPhase::Failed { reason } = &ctx.phase else {
             panic!("{:?}", ctx.phase)
         };
@@ -2110,7 +2125,7 @@ mod tests {
         let v1 = ctx.lease(W1, 1).unwrap();
         assert_eq!(v0.outcome, LeaseOutcome::EndOfData);
         assert!(v0.evaluate && !v1.evaluate, "exactly one evaluator");
-        assert!(ctx.process_exited(W1, 1, 0, 0, 4).unwrap().is_empty());
+        assert!(ctx.process_exited(W1, 1, 0, 0, None, 4).unwrap().is_empty());
         let m = MetricsRecord::default();
         assert!(
             ctx.report_metrics(W0, 1, m.clone(), Some(f64::NAN), None, 5)
@@ -2119,7 +2134,7 @@ mod tests {
         ctx.report_metrics(W0, 1, m, Some(0.45), Some("d".into()), 5)
             .unwrap();
         assert_eq!(
-            ctx.process_exited(W0, 1, 0, 0, 6).unwrap(),
+            ctx.process_exited(W0, 1, 0, 0, None, 6).unwrap(),
             vec![Effect::Finish]
         );
         ctx.finish(7);
@@ -2379,7 +2394,7 @@ mod properties {
                     Pe::Exit(i) => {
                         let k = pkey(i);
                         if let Some(inc) = ctx.slots.get(&k).map(|s| s.incarnation) {
-                            let _ = ctx.process_exited(k, inc, 137, 0, now);
+                            let _ = ctx.process_exited(k, inc, 137, 0, None, now);
                         }
                     }
                     Pe::Commit => {
@@ -2470,7 +2485,7 @@ mod properties {
                     Ev::Exit(i, _) if !ctx.slots.contains_key(&key(i)) => {}
                     Ev::Exit(i, code) => {
                         let inc = ctx.slots[&key(i)].incarnation;
-                        let _ = ctx.process_exited(key(i), inc, code, 0, now);
+                        let _ = ctx.process_exited(key(i), inc, code, 0, None, now);
                     }
                     Ev::AgentLost(i) => {
                         let inc = ctx.slots[&key(i)].incarnation;

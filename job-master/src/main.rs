@@ -231,7 +231,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
             println!("{}", summary_line(&s));
             println!(
-                "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}",
+                "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}  given",
                 "process", "incarnation", "state", "pid", "cpu (m)", "rss (MiB)", "gpu"
             );
             for p in &s.processes {
@@ -251,8 +251,19 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                         )
                     })
                     .unwrap_or(("-".into(), "-".into(), "-"));
+                let given = p.resources.as_ref().map_or_else(
+                    || "-".to_string(),
+                    |r| {
+                        format!(
+                            "{}m cpu, {:.0} MiB, {} gpu",
+                            r.cpu_millicores,
+                            r.memory_bytes as f64 / 1048576.0,
+                            r.gpus
+                        )
+                    },
+                );
                 println!(
-                    "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}",
+                    "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}  {given}",
                     format!("{role}-{}", p.index),
                     p.incarnation,
                     p.state,

@@ -306,18 +306,7 @@ async fn execute(
 ) {
     match effect {
         Effect::LaunchAgent { key, incarnation } => {
-            let resources = {
-                let ctx = shared.job.lock().await;
-                ctx.slots
-                    .get(&key)
-                    .and_then(|s| s.resources.clone())
-                    .or_else(|| {
-                        ctx.spec
-                            .roles
-                            .get(&key.role)
-                            .and_then(|r| r.resources.clone())
-                    })
-            };
+            let resources = shared.job.lock().await.launch_resources(key);
             let launch = AgentLaunch {
                 key,
                 incarnation,

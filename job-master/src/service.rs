@@ -84,6 +84,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             run_id: ctx.run_id.clone(),
             agent_id,
             incarnation,
+            resources: ctx.launch_resources(key).map(to_pb),
         }))
     }
 
@@ -127,7 +128,8 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (key, incarnation) = process(r.process)?;
         self.shared
             .apply(|ctx, now| {
-                ctx.process_exited(key, incarnation, r.exit_code, r.signal, now)
+                let why = (!r.agent_reason.is_empty()).then_some(r.agent_reason.as_str());
+                ctx.process_exited(key, incarnation, r.exit_code, r.signal, why, now)
                     .map(|e| ((), e))
             })
             .await?;
@@ -345,6 +347,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                         gpu_memory_used_bytes: x.gpu_memory_used_bytes,
                     }),
                     pid: s.process_pid,
+                    resources: ctx.launch_resources(s.key).map(to_pb),
                 })
                 .collect(),
             rendezvous_round: ctx
@@ -388,6 +391,14 @@ impl pb::job_master_server::JobMaster for MasterService {
             tracing::warn!("scale plan rejected: {}", answer.reason);
         }
         Ok(Response::new(answer))
+    }
+}
+
+fn to_pb(r: Resources) -> pb::Resources {
+    pb::Resources {
+        cpu_millicores: r.cpu.map_or(0, |c| c.0),
+        memory_bytes: r.memory.map_or(0, |m| m.0),
+        gpus: r.gpu.unwrap_or(0),
     }
 }
 

@@ -1,6 +1,6 @@
 //! A user command as the workload: it gets the torchrun environment and TF_CONFIG, a PS that
 //! never exits gets SIGTERM and its grace period when the job ends, and SIGTERM to `job-master
-//! run` stops the whole job.
+//! run` stops the whole job; a process over its memory limit is ended as out of memory.
 
 mod common;
 
@@ -159,4 +159,48 @@ async fn sigterm_to_the_job_master_stops_every_process() {
             .unwrap()
             .contains("asked to shut down")
     );
+}
+
+/// The agent hands the process its resources and ends it, as a cgroup would, when its resident
+/// memory passes the limit; the failure says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_over_its_memory_limit_is_ended_as_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // The shell keeps 200 MB of command output in memory, far over its 32 MiB.
+    let script = format!(
+        r#"echo "$BRAIN_CPU_MILLICORES $BRAIN_MEMORY_BYTES $BRAIN_GPUS" > {out}/given
+x=$(head -c 200000000 /dev/zero | tr '\0' a)
+sleep 60"#,
+        out = out.display()
+    );
+    let yaml = format!(
+        r#"
+name: hog
+kind: allreduce
+roles:
+  worker: {{ replicas: 1, max_restarts: 0, resources: {{ cpu: 500m, memory: 32Mi }} }}
+workload:
+  command: [sh, -c, {script:?}]
+data: {{ num_samples: 100, shard_size: 10 }}
+checkpoint: {{ dir: {ckpt} }}
+"#,
+        ckpt = dir.path().join("ckpt").display()
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let report = run.report().await;
+    assert!(!report.succeeded());
+    let reason = report.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("out of memory") && reason.contains("limit of 32.0 MiB"),
+        "{reason}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("given")).unwrap().trim(),
+        format!("500 {} 0", 32 << 20)
+    );
+    assert_no_process_left(run.addr).await;
 }

@@ -190,6 +190,117 @@ async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exact
     assert_no_process_left(addr).await;
 }
 
+fn migration(role: pb::Role, index: u32, cpu: u64, memory: u64, reason: &str) -> pb::Migration {
+    pb::Migration {
+        role: role as i32,
+        index,
+        resources: Some(pb::Resources {
+            cpu_millicores: cpu,
+            memory_bytes: memory,
+            gpus: 0,
+        }),
+        reason: reason.into(),
+    }
+}
+
+fn process(s: &pb::JobStatus, role: pb::Role, index: u32) -> pb::ProcessStatus {
+    s.processes
+        .iter()
+        .find(|p| p.role == role as i32 && p.index == index)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {role:?} {index} in {:?}", s.processes))
+}
+
+const GI: u64 = 1 << 30;
+
+/// A hot PS gets more CPU and a worker more memory, each by a new process with the state handed
+/// over: the PS restores its keys from the cut, and the job still applies each sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_replace_a_ps_and_a_worker_with_new_resources_and_keep_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "ps-migrate", "ps", 2, 2, N, 2, 60, 10);
+    let ps_res: job_master::spec::Resources =
+        serde_norway::from_str("{ cpu: 1, memory: 1Gi }").unwrap();
+    let ps = spec.roles.get_mut(&job_master::spec::RoleName::Ps).unwrap();
+    ps.resources = Some(ps_res);
+    let cfg = workload_of(&spec);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 8).await;
+    let before = status(addr).await.unwrap();
+    let (ps1, w0) = (
+        process(&before, pb::Role::Ps, 1),
+        process(&before, pb::Role::Worker, 0),
+    );
+    assert_eq!(ps1.resources.unwrap().memory_bytes, GI);
+
+    let mut p = plan(1, None, None);
+    p.migrations = vec![
+        migration(pb::Role::Ps, 1, 2000, 2 * GI, "hot ps"),
+        migration(pb::Role::Worker, 0, 500, 3 * GI / 2, "out of memory"),
+    ];
+    send(addr, p).await;
+    let s = reached(addr, 1).await;
+    for (old, want) in [(&ps1, (2000, 2 * GI)), (&w0, (500, 3 * GI / 2))] {
+        let role = pb::Role::try_from(old.role).unwrap();
+        let now = process(&s, role, old.index);
+        assert!(now.incarnation > old.incarnation, "{now:?} after {old:?}");
+        let r = now.resources.unwrap();
+        assert_eq!((r.cpu_millicores, r.memory_bytes), want, "{now:?}");
+    }
+    // The PS that stayed kept its process and its resources.
+    let ps0 = process(&s, pb::Role::Ps, 0);
+    assert_eq!(
+        ps0.incarnation,
+        process(&before, pb::Role::Ps, 0).incarnation
+    );
+    assert_eq!(ps0.resources.unwrap().memory_bytes, GI);
+
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert!(report.samples_per_epoch.values().all(|&s| s == N));
+    assert_ps_applied_each_sample_once(&report, N, 2);
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("plan 1: migrating ps-1 (hot ps)")),
+        "{:#?}",
+        report.events
+    );
+    let (reference, _) = reference::train_sparse(&cfg, 1000).unwrap();
+    assert_close(report.final_eval_loss.unwrap(), reference);
+    assert_no_process_left(addr).await;
+}
+
+/// An allreduce member migrates at a re-formation: the ring keeps its size and the new process
+/// loads the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allreduce_worker_migrates_at_a_reformation() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 30_000;
+    let spec = builtin_spec(dir.path(), "ar-migrate", "allreduce", 0, 2, n, 1, 60, 10);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 5).await;
+    let old = process(&status(addr).await.unwrap(), pb::Role::Worker, 1);
+    let mut p = plan(1, None, None);
+    p.migrations = vec![migration(pb::Role::Worker, 1, 1500, GI, "more cpu")];
+    send(addr, p).await;
+    let s = reached(addr, 1).await;
+    let now = process(&s, pb::Role::Worker, 1);
+    assert!(now.incarnation > old.incarnation);
+    assert_eq!(now.resources.unwrap().cpu_millicores, 1500);
+    assert_eq!(live_workers(&s), 2);
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert_eq!(report.applied_samples, n);
+    assert_eq!(report.applied_index_sum, n * (n - 1) / 2);
+    assert_no_process_left(addr).await;
+}
+
 /// Plans outside the spec's bounds, with stale versions or naming roles the job lacks are
 /// rejected with the reason, and the job runs on untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

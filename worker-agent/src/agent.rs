@@ -58,6 +58,18 @@ fn reserve_port() -> Result<String, Error> {
     Ok(addr.to_string())
 }
 
+/// Why a process resident in `rss` bytes must end under a limit of `limit` bytes (0: none).
+fn over_memory(rss: u64, limit: u64) -> Option<String> {
+    const MIB: f64 = 1024.0 * 1024.0;
+    (limit > 0 && rss > limit).then(|| {
+        format!(
+            "out of memory: resident {:.1} MiB over the limit of {:.1} MiB",
+            rss as f64 / MIB,
+            limit as f64 / MIB
+        )
+    })
+}
+
 fn role_name(role: pb::Role) -> &'static str {
     match role {
         pb::Role::Ps => "ps",
@@ -117,6 +129,11 @@ fn child_env(
     env.insert("BRAIN_RESUME_FROM".into(), join.resume_from.clone());
     env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
     env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
+    // What the process was given, as the Kubernetes downward API would tell it.
+    let r = reg.resources.unwrap_or_default();
+    env.insert("BRAIN_CPU_MILLICORES".into(), r.cpu_millicores.to_string());
+    env.insert("BRAIN_MEMORY_BYTES".into(), r.memory_bytes.to_string());
+    env.insert("BRAIN_GPUS".into(), r.gpus.to_string());
     for (k, v) in &reg.env {
         env.insert(k.clone(), v.clone());
     }
@@ -177,6 +194,18 @@ async fn report_exit(
     signal: i32,
     timeout: Duration,
 ) -> Result<(), Error> {
+    report_exit_why(client, process, exit_code, signal, String::new(), timeout).await
+}
+
+/// [`report_exit`] of a process the agent ended itself, with why.
+async fn report_exit_why(
+    client: &mut MasterClient,
+    process: pb::ProcessRef,
+    exit_code: i32,
+    signal: i32,
+    agent_reason: String,
+    timeout: Duration,
+) -> Result<(), Error> {
     let start = Instant::now();
     loop {
         let r = client
@@ -184,6 +213,7 @@ async fn report_exit(
                 process: Some(process),
                 exit_code,
                 signal,
+                agent_reason: agent_reason.clone(),
             })
             .await;
         match r {
@@ -223,6 +253,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
         })?
         .into_inner();
     let gpu = GpuProbe::new();
+    let memory_limit = reg.resources.map_or(0, |r| r.memory_bytes);
     let grace = Duration::from_millis(reg.grace_period_ms as u64);
     let mut incarnation = reg.incarnation;
     let me = |inc: u64| pb::ProcessRef {
@@ -313,6 +344,17 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             }
             _ = heartbeat.tick() => {
                 let s = child.as_mut().and_then(|(c, ps)| c.id().and_then(|pid| sample(ps, &gpu, pid)));
+                if let (Some(rss), Some((c, _))) = (s.as_ref().map(|s| s.rss_bytes), child.as_mut())
+                    && let Some(why) = over_memory(rss, memory_limit)
+                {
+                    // What a cgroup's OOM killer would do, at the sampling interval.
+                    tracing::warn!(incarnation, "{why}; killing the training process");
+                    let _ = c.kill().await;
+                    let (exit_code, signal) = c.wait().await.map(exit_parts).unwrap_or((-1, 9));
+                    child = None;
+                    report_exit_why(&mut client, me(incarnation), exit_code, signal, why, args.master_timeout).await?;
+                    continue;
+                }
                 match client.heartbeat(pb::HeartbeatRequest {
                     process: Some(me(incarnation)),
                     agent_id: reg.agent_id,
@@ -361,5 +403,24 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 return Ok(0);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::over_memory;
+
+    #[test]
+    fn only_a_process_over_a_set_limit_is_out_of_memory() {
+        assert_eq!(over_memory(10 << 30, 0), None, "0 means no limit");
+        assert_eq!(
+            over_memory(32 << 20, 32 << 20),
+            None,
+            "at the limit is fine"
+        );
+        assert_eq!(
+            over_memory(48 << 20, 32 << 20).as_deref(),
+            Some("out of memory: resident 48.0 MiB over the limit of 32.0 MiB")
+        );
     }
 }
