@@ -1,12 +1,15 @@
 //! Step-time models on the real profiles in `shared/data/pollux/traces` (T4) and
 //! `shared/data/sia/traces` (several GPU types): error in sample, and when fitted on at most 4
 //! replicas and asked about more (placements with more replicas and the scalability runs).
+//! Three models side by side: Pollux's, Optimus' (NNLS) and a measured table.
 //! `cargo test -p optimizer --test throughput_models -- --nocapture` prints the table.
 
 use std::path::{Path, PathBuf};
 
+use optimizer::throughput::optimus::OptimusModel;
 use optimizer::throughput::pollux::PolluxModel;
-use optimizer::throughput::{Placement, StepSample, mean_relative_error};
+use optimizer::throughput::table::MeasuredTable;
+use optimizer::throughput::{Placement, StepSample, ThroughputModel, mean_relative_error};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data")
@@ -41,6 +44,7 @@ fn read(path: &Path) -> Vec<StepSample> {
             };
             StepSample {
                 placement: Placement {
+                    ps: 0,
                     nodes,
                     replicas,
                     local_bsz: rec[bsz].parse().unwrap(),
@@ -103,66 +107,91 @@ fn profiles() -> Vec<(String, String, Vec<StepSample>, Vec<StepSample>)> {
     out
 }
 
+type Fit = fn(&[StepSample]) -> Box<dyn ThroughputModel>;
+
+/// The models compared, each fitted the same way from the same samples.
+fn models() -> Vec<(&'static str, Fit)> {
+    vec![
+        ("pollux", |s| Box::new(PolluxModel::fit(s).unwrap())),
+        ("optimus", |s| Box::new(OptimusModel::fit(s).unwrap())),
+        ("table", |s| Box::new(MeasuredTable::fit(s).unwrap())),
+    ]
+}
+
+/// (in-sample error, extrapolation error when fitted on ≤ 4 replicas) of one model on one
+/// profile.
+fn errors(fit: Fit, placements: &[StepSample], scalability: &[StepSample]) -> (f64, Option<f64>) {
+    let in_sample = mean_relative_error(fit(placements).as_ref(), placements);
+    let small: Vec<StepSample> = placements
+        .iter()
+        .copied()
+        .filter(|s| s.placement.replicas <= 4)
+        .collect();
+    let large: Vec<StepSample> = placements
+        .iter()
+        .chain(scalability)
+        .copied()
+        .filter(|s| s.placement.replicas > 4)
+        .collect();
+    let extrapolated = (!large.is_empty() && !small.is_empty())
+        .then(|| mean_relative_error(fit(&small).as_ref(), &large));
+    (in_sample, extrapolated)
+}
+
 #[test]
-fn pollux_model_in_sample_and_extrapolated_errors() {
+fn every_model_in_sample_and_extrapolated_errors() {
+    let models = models();
     let mut rows = Vec::new();
-    for (model, gpu, placements, scalability) in profiles() {
-        let fit = PolluxModel::fit(&placements).unwrap();
-        let in_sample = mean_relative_error(&fit, &placements);
-        let small: Vec<StepSample> = placements
+    for (name, gpu, placements, scalability) in profiles() {
+        let errs: Vec<(f64, Option<f64>)> = models
             .iter()
-            .copied()
-            .filter(|s| s.placement.replicas <= 4)
+            .map(|(_, fit)| errors(*fit, &placements, &scalability))
             .collect();
-        let large: Vec<StepSample> = placements
+        rows.push((name, gpu, placements.len(), errs));
+    }
+    let pct = |e: f64| format!("{:.1} %", 100.0 * e);
+    let header: Vec<String> = models
+        .iter()
+        .map(|(m, _)| format!("{m} in-sample | {m} > 4 replicas"))
+        .collect();
+    println!("| model | gpu | samples | {} |", header.join(" | "));
+    println!("|---|---|---|{}", "---|---|".repeat(models.len()));
+    for (m, g, n, errs) in &rows {
+        let cells: Vec<String> = errs
             .iter()
-            .chain(&scalability)
-            .copied()
-            .filter(|s| s.placement.replicas > 4)
+            .map(|(i, e)| format!("{} | {}", pct(*i), e.map(pct).unwrap_or("-".into())))
             .collect();
-        let extrapolated = if large.is_empty() || small.is_empty() {
-            None
-        } else {
-            Some(mean_relative_error(
-                &PolluxModel::fit(&small).unwrap(),
-                &large,
-            ))
-        };
-        rows.push((
-            model,
-            gpu,
-            placements.len(),
-            in_sample,
-            large.len(),
-            extrapolated,
-        ));
+        println!("| {m} | {g} | {n} | {} |", cells.join(" | "));
     }
-    println!(
-        "| model | gpu | samples | in-sample error | samples > 4 replicas | error fitted on ≤ 4 replicas |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for (m, g, n, i, nl, e) in &rows {
-        println!(
-            "| {m} | {g} | {n} | {:.1} % | {nl} | {} |",
-            100.0 * i,
-            e.map(|e| format!("{:.1} %", 100.0 * e))
-                .unwrap_or("-".into())
-        );
+    for (k, (model, _)) in models.iter().enumerate() {
+        for subset in ["t4", "all"] {
+            let chosen: Vec<&(f64, Option<f64>)> = rows
+                .iter()
+                .filter(|r| subset == "all" || r.1 == subset)
+                .map(|r| &r.3[k])
+                .collect();
+            let mean_in = chosen.iter().map(|e| e.0).sum::<f64>() / chosen.len() as f64;
+            let ex: Vec<f64> = chosen.iter().filter_map(|e| e.1).collect();
+            println!(
+                "{model} on {subset} profiles ({}): in-sample {}, extrapolated {} ({} profiles)",
+                chosen.len(),
+                pct(mean_in),
+                pct(ex.iter().sum::<f64>() / ex.len().max(1) as f64),
+                ex.len()
+            );
+        }
     }
-    let mean_in = rows.iter().map(|r| r.3).sum::<f64>() / rows.len() as f64;
-    let ex: Vec<f64> = rows.iter().filter_map(|r| r.5).collect();
-    let mean_ex = ex.iter().sum::<f64>() / ex.len().max(1) as f64;
-    println!(
-        "mean over {} profiles: in-sample {:.1} %, extrapolated {:.1} % ({} profiles)",
-        rows.len(),
-        100.0 * mean_in,
-        100.0 * mean_ex,
-        ex.len()
-    );
     assert!(rows.len() >= 6, "profiles found: {}", rows.len());
-    // Regression guard: on Pollux's own T4 profiles the fit stays within the in-sample error
-    // Pollux reports for its fit (6.5–12 %), plus one point.
-    for (m, g, _, i, _, _) in rows.iter().filter(|r| r.1 == "t4") {
-        assert!(*i <= 0.13, "{m} on {g}: in-sample error {:.1} %", 100.0 * i);
+    // Regression guards: on Pollux's own T4 profiles the Pollux fit stays within the in-sample
+    // error Pollux reports for its fit (6.5–12 %), plus one point; the table reproduces the
+    // measurements up to their noise, and on average meets the targets (≤ 10 % in sample,
+    // ≤ 20 % fitted on ≤ 4 replicas and asked about more).
+    let t4: Vec<_> = rows.iter().filter(|r| r.1 == "t4").collect();
+    for (m, g, _, errs) in &t4 {
+        assert!(errs[0].0 <= 0.13, "pollux on {m}/{g}: {}", pct(errs[0].0));
+        assert!(errs[2].0 <= 0.10, "table on {m}/{g}: {}", pct(errs[2].0));
     }
+    let table_ex: Vec<f64> = t4.iter().filter_map(|r| r.3[2].1).collect();
+    let mean = table_ex.iter().sum::<f64>() / table_ex.len() as f64;
+    assert!(mean <= 0.20, "table extrapolated on t4: {}", pct(mean));
 }

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{FitError, Placement, StepSample, ThroughputModel};
+use super::{FitError, Placement, StepSample, ThroughputModel, validate_samples};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PolluxModel {
@@ -87,27 +87,7 @@ impl PolluxModel {
 
     /// Fits the model to `samples`; each must have a measured sync time.
     pub fn fit(samples: &[StepSample]) -> Result<Self, FitError> {
-        for (index, s) in samples.iter().enumerate() {
-            let p = &s.placement;
-            let bad = |problem: String| Err(FitError::BadSample { index, problem });
-            if !(s.step_time.is_finite() && s.step_time > 0.0) {
-                return bad(format!("step time {}", s.step_time));
-            }
-            if p.replicas == 0
-                || p.nodes == 0
-                || p.nodes > p.replicas
-                || !p.local_bsz.is_finite()
-                || p.local_bsz <= 0.0
-            {
-                return bad(format!("placement {p:?}"));
-            }
-            if s.sync_time.is_none_or(|t| !t.is_finite() || t < 0.0) {
-                return bad(format!(
-                    "sync time {:?} (the staged fit needs it measured)",
-                    s.sync_time
-                ));
-            }
-        }
+        validate_samples(samples, true)?;
         let single: Vec<(f64, f64)> = samples
             .iter()
             .filter(|s| s.placement.replicas == 1)
@@ -197,6 +177,7 @@ mod tests {
 
     fn sample(m: &PolluxModel, nodes: u32, replicas: u32, bsz: f64) -> StepSample {
         let p = Placement {
+            ps: 0,
             nodes,
             replicas,
             local_bsz: bsz,
@@ -234,6 +215,7 @@ mod tests {
     fn bad_samples_are_named() {
         let s = StepSample {
             placement: Placement {
+                ps: 0,
                 nodes: 2,
                 replicas: 1,
                 local_bsz: 8.0,
