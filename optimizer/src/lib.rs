@@ -10,15 +10,21 @@
 //!   capacity is never exceeded.
 //! * [`policy`]: the [`policy::Policy`] trait and one file per policy, chosen with the serde enum
 //!   [`policy::PolicyKind`] that an operator's TOML names.
-//! * [`throughput`]: throughput models behind one trait, fitted from step-time samples.
+//! * [`throughput`]: throughput models behind one trait, fitted from step-time samples:
+//!   Pollux's, Optimus' (NNLS) and a measured table.
+//! * [`plan`]: per-job vocabulary: process resources, job configurations, scale plans.
+//! * [`heuristics`]: runtime corrections (hot PS, OOM growth, pending shrink, speed-up), one per
+//!   file behind [`heuristics::Heuristic`], merged into one [`plan::ScalePlan`] per job.
 //! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
 //! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
 //!   with what rounding cost against the LP.
 
 pub mod error;
+pub mod heuristics;
 pub mod instance;
 pub mod lp;
 pub mod placement;
+pub mod plan;
 pub mod policy;
 pub mod problem;
 pub mod throughput;

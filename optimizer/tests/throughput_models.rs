@@ -195,3 +195,37 @@ fn every_model_in_sample_and_extrapolated_errors() {
     let mean = table_ex.iter().sum::<f64>() / table_ex.len() as f64;
     assert!(mean <= 0.20, "table extrapolated on t4: {}", pct(mean));
 }
+
+/// Gavel's measured throughputs load as one table per (worker type, job type); a measured
+/// point comes back exactly and unmeasured scale factors lie between their neighbours.
+#[test]
+fn gavel_throughputs_load_as_tables() {
+    let json = std::fs::read_to_string(data().join("gavel/simulation_throughputs.json")).unwrap();
+    let tables = MeasuredTable::from_gavel_json(&json).unwrap();
+    let types: std::collections::BTreeSet<&str> =
+        tables.keys().map(|(w, _)| w.0.as_str()).collect();
+    assert_eq!(
+        types.into_iter().collect::<Vec<_>>(),
+        vec!["k80", "p100", "v100"]
+    );
+    assert!(tables.len() >= 3 * 20, "{} tables", tables.len());
+    let t = &tables[&(
+        optimizer::units::WorkerType("v100".into()),
+        "ResNet-18 (batch size 16)".to_string(),
+    )];
+    let at = |nodes, replicas| Placement {
+        ps: 0,
+        nodes,
+        replicas,
+        local_bsz: 16.0,
+    };
+    assert!((1.0 / t.step_time(&at(1, 1)) - 32.353384328946916).abs() < 1e-9);
+    let (two, four, three) = (
+        t.step_time(&at(1, 2)),
+        t.step_time(&at(1, 4)),
+        t.step_time(&at(1, 3)),
+    );
+    assert!(three >= two.min(four) && three <= two.max(four));
+    // Spread over nodes (Gavel's "unconsolidated") is measured separately.
+    assert!(t.step_time(&at(4, 4)).is_finite());
+}

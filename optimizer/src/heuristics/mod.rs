@@ -1,0 +1,367 @@
+//! Runtime heuristics: per-job corrections while a job runs, improved from DLRover's. One
+//! heuristic per file behind [`Heuristic`], chosen with the serde enum [`HeuristicKind`]:
+//!
+//! * [`hot_ps`]: a PS whose CPU use stays near its limit gets more CPU (a migration).
+//! * [`oom_growth`]: a process killed for memory comes back with more, up to a cap.
+//! * [`pending_shrink`]: processes that wait too long to be placed are given up (workers) or
+//!   asked for with less CPU (PS).
+//! * [`speed_up`]: the worker count follows the speed-up observed at the counts tried so far.
+//!
+//! Like the LP policies they are pure: the clock (`now_s`), the observations and the decisions
+//! already taken (`history`, for cool-downs) are inputs, and the same input gives the same
+//! proposals. Thresholds, hysteresis bands and cool-downs are fields an operator sets in TOML,
+//! not constants. [`Heuristics::plan`] runs a list of them and merges their proposals into one
+//! [`ScalePlan`]: the first proposal about a role's count or about a process wins.
+
+pub mod hot_ps;
+pub mod oom_growth;
+pub mod pending_shrink;
+pub mod speed_up;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PolicyError;
+use crate::plan::{JobConfig, Migration, ProcessResources, Role, ScalePlan};
+use crate::units::{Bytes, JobId, Millicores};
+
+pub use hot_ps::HotPs;
+pub use oom_growth::OomGrowth;
+pub use pending_shrink::PendingShrink;
+pub use speed_up::SpeedUp;
+
+/// One process of a running job as the brain last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessRuntime {
+    pub index: u32,
+    pub resources: ProcessResources,
+    /// CPU use over the recent samples, oldest first.
+    pub cpu_samples: Vec<Millicores>,
+    /// Highest resident memory seen.
+    pub memory_peak: Bytes,
+    /// Kills for exceeding memory since the process's resources last changed.
+    pub oom_kills: u32,
+    /// Set while the process waits to be placed: since when (seconds).
+    pub pending_since_s: Option<f64>,
+}
+
+/// Samples per second the job reached with `workers` workers.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpeedPoint {
+    pub workers: u32,
+    pub samples_per_s: f64,
+}
+
+/// What kind of change a decision made, for cool-downs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    PsCpu,
+    Memory,
+    Pending,
+    Workers,
+}
+
+/// A decision already carried out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub at_s: f64,
+    pub kind: ChangeKind,
+    /// The process it was about, if one.
+    pub process: Option<(Role, u32)>,
+}
+
+/// A running job as the heuristics see it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobRuntime {
+    pub job: Option<JobId>,
+    pub now_s: f64,
+    pub config: JobConfig,
+    pub min_workers: u32,
+    pub max_workers: u32,
+    pub ps: Vec<ProcessRuntime>,
+    pub workers: Vec<ProcessRuntime>,
+    pub speed: Vec<SpeedPoint>,
+    pub history: Vec<Change>,
+}
+
+impl JobRuntime {
+    /// Rejects numbers no heuristic can reason about, naming the value.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |m: String| Err(PolicyError::InvalidProblem(m));
+        if !self.now_s.is_finite() {
+            return bad(format!("now_s is {}", self.now_s));
+        }
+        if self.min_workers > self.max_workers {
+            return bad(format!(
+                "min_workers {} is above max_workers {}",
+                self.min_workers, self.max_workers
+            ));
+        }
+        for (role, list) in [(Role::Ps, &self.ps), (Role::Worker, &self.workers)] {
+            for p in list {
+                if let Some(t) = p.pending_since_s
+                    && !(t.is_finite() && t <= self.now_s)
+                {
+                    return bad(format!("{role}-{} pending since {t}", p.index));
+                }
+            }
+        }
+        if let Some(s) = self
+            .speed
+            .iter()
+            .find(|s| !(s.samples_per_s.is_finite() && s.samples_per_s >= 0.0) || s.workers == 0)
+        {
+            return bad(format!(
+                "speed {} samples/s at {} workers",
+                s.samples_per_s, s.workers
+            ));
+        }
+        if let Some(c) = self.history.iter().find(|c| !c.at_s.is_finite()) {
+            return bad(format!("a {:?} change at {}", c.kind, c.at_s));
+        }
+        Ok(())
+    }
+
+    /// Whether a change of `kind` (about `process`, if given) happened less than `cooldown_s`
+    /// ago.
+    pub fn cooling(&self, kind: ChangeKind, process: Option<(Role, u32)>, cooldown_s: f64) -> bool {
+        self.history.iter().any(|c| {
+            c.kind == kind
+                && (process.is_none() || c.process == process)
+                && self.now_s - c.at_s < cooldown_s
+        })
+    }
+}
+
+/// One thing a heuristic wants done, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Action {
+    SetCount { role: Role, count: u32 },
+    Migrate(Migration),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub kind: ChangeKind,
+    pub action: Action,
+    pub reason: String,
+}
+
+/// A runtime heuristic: proposals for one job from its observations.
+pub trait Heuristic {
+    fn name(&self) -> &'static str;
+    /// Checks the operator's settings once, when the policy is loaded.
+    fn validate(&self) -> Result<(), PolicyError>;
+    fn propose(&self, job: &JobRuntime) -> Result<Vec<Proposal>, PolicyError>;
+}
+
+/// A heuristic an operator names in TOML, e.g. `[[heuristics]] kind = "hot_ps"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum HeuristicKind {
+    HotPs(HotPs),
+    OomGrowth(OomGrowth),
+    PendingShrink(PendingShrink),
+    SpeedUp(SpeedUp),
+}
+
+impl HeuristicKind {
+    pub fn heuristic(&self) -> &dyn Heuristic {
+        match self {
+            HeuristicKind::HotPs(h) => h,
+            HeuristicKind::OomGrowth(h) => h,
+            HeuristicKind::PendingShrink(h) => h,
+            HeuristicKind::SpeedUp(h) => h,
+        }
+    }
+}
+
+/// The heuristics in force, in the order they are asked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heuristics {
+    pub heuristics: Vec<HeuristicKind>,
+}
+
+impl Default for Heuristics {
+    /// All four with their defaults; OOM first, since a process that cannot run matters most.
+    fn default() -> Self {
+        Heuristics {
+            heuristics: vec![
+                HeuristicKind::OomGrowth(OomGrowth::default()),
+                HeuristicKind::PendingShrink(PendingShrink::default()),
+                HeuristicKind::HotPs(HotPs::default()),
+                HeuristicKind::SpeedUp(SpeedUp::default()),
+            ],
+        }
+    }
+}
+
+impl Heuristics {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.heuristics
+            .iter()
+            .try_for_each(|h| h.heuristic().validate())
+    }
+
+    /// Every heuristic's proposals merged into one plan (empty when nothing is to be done).
+    /// A later proposal about a count or a process already decided is dropped.
+    pub fn plan(&self, job: &JobRuntime, version: u64) -> Result<ScalePlan, PolicyError> {
+        job.validate()?;
+        let mut plan = ScalePlan {
+            job: job.job,
+            version,
+            ..Default::default()
+        };
+        for h in &self.heuristics {
+            for p in h.heuristic().propose(job)? {
+                let taken = match &p.action {
+                    Action::SetCount { role, count } => {
+                        if plan.counts.contains_key(role) {
+                            true
+                        } else {
+                            plan.counts.insert(*role, *count);
+                            false
+                        }
+                    }
+                    Action::Migrate(m) => {
+                        if plan
+                            .migrations
+                            .iter()
+                            .any(|x| (x.role, x.index) == (m.role, m.index))
+                        {
+                            true
+                        } else {
+                            plan.migrations.push(m.clone());
+                            false
+                        }
+                    }
+                };
+                if !taken {
+                    plan.reasons
+                        .push(format!("{}: {}", h.heuristic().name(), p.reason));
+                }
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// `Err` naming `field` unless `v` is finite and within `lo..=hi`.
+pub(crate) fn check_range(
+    heuristic: &str,
+    field: &str,
+    v: f64,
+    lo: f64,
+    hi: f64,
+) -> Result<(), PolicyError> {
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err(PolicyError::InvalidProblem(format!(
+            "{heuristic}.{field} is {v}, outside [{lo}, {hi}]"
+        )))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn res(cpu: u64, memory_mib: u64) -> ProcessResources {
+        ProcessResources {
+            cpu: Millicores(cpu),
+            memory: Bytes(memory_mib << 20),
+            gpus: Default::default(),
+        }
+    }
+
+    pub fn process(index: u32, cpu: u64, memory_mib: u64) -> ProcessRuntime {
+        ProcessRuntime {
+            index,
+            resources: res(cpu, memory_mib),
+            ..Default::default()
+        }
+    }
+
+    pub fn job(ps: u32, workers: u32) -> JobRuntime {
+        JobRuntime {
+            job: Some(JobId(1)),
+            now_s: 10_000.0,
+            config: JobConfig {
+                ps,
+                workers,
+                ps_resources: res(1000, 1024),
+                worker_resources: res(1000, 1024),
+            },
+            min_workers: 1,
+            max_workers: 16,
+            ps: (0..ps).map(|i| process(i, 1000, 1024)).collect(),
+            workers: (0..workers).map(|i| process(i, 1000, 1024)).collect(),
+            speed: Vec::new(),
+            history: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_first_proposal_about_a_process_wins_and_reasons_say_who() {
+        let mut j = job(1, 2);
+        j.ps[0].oom_kills = 1;
+        j.ps[0].memory_peak = Bytes(1000 << 20);
+        j.ps[0].cpu_samples = vec![Millicores(990); 5];
+        let plan = Heuristics::default().plan(&j, 7).unwrap();
+        assert_eq!(plan.version, 7);
+        assert_eq!(plan.migrations.len(), 1, "{plan:?}");
+        let m = &plan.migrations[0];
+        assert_eq!((m.role, m.index), (Role::Ps, 0));
+        assert!(m.resources.memory.0 > 1024 << 20, "OOM first: {m:?}");
+        assert!(plan.reasons[0].starts_with("oom_growth: "), "{plan:?}");
+    }
+
+    #[test]
+    fn nothing_to_do_is_an_empty_plan_and_bad_input_a_typed_error() {
+        let plan = Heuristics::default().plan(&job(2, 4), 1).unwrap();
+        assert!(plan.is_empty(), "{plan:?}");
+        let mut j = job(1, 1);
+        j.now_s = f64::NAN;
+        assert!(matches!(
+            Heuristics::default().plan(&j, 1),
+            Err(PolicyError::InvalidProblem(m)) if m.contains("now_s")
+        ));
+        let mut j = job(1, 1);
+        j.workers[0].pending_since_s = Some(j.now_s + 5.0);
+        assert!(Heuristics::default().plan(&j, 1).is_err());
+    }
+
+    #[test]
+    fn operators_configure_heuristics_in_toml_and_typos_name_their_path() {
+        let h: Heuristics = toml::from_str(
+            r#"
+            [[heuristics]]
+            kind = "hot_ps"
+            hot_fraction = 0.8
+            cooldown_s = 120.0
+
+            [[heuristics]]
+            kind = "speed_up"
+            "#,
+        )
+        .unwrap();
+        h.validate().unwrap();
+        assert!(
+            matches!(&h.heuristics[0], HeuristicKind::HotPs(p) if p.hot_fraction == 0.8 && p.cooldown_s == 120.0)
+        );
+        let e =
+            toml::from_str::<Heuristics>("[[heuristics]]\nkind = \"hot_ps\"\nhot_fracton = 0.8\n")
+                .unwrap_err();
+        assert!(e.to_string().contains("hot_fracton"), "{e}");
+        let h: Heuristics =
+            toml::from_str("[[heuristics]]\nkind = \"oom_growth\"\ngrowth = 0.5\n").unwrap();
+        assert!(
+            h.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("oom_growth.growth")
+        );
+    }
+}
