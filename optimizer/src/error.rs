@@ -5,6 +5,8 @@
 pub enum PolicyError {
     #[error("invalid problem: {0}")]
     InvalidProblem(String),
+    #[error("invalid policy settings: {0}")]
+    InvalidConfig(String),
     #[error("the problem is infeasible: {0}")]
     Infeasible(String),
     #[error("the LP solver failed: {0}")]

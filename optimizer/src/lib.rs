@@ -15,10 +15,12 @@
 //! * [`plan`]: per-job vocabulary: process resources, job configurations, scale plans.
 //! * [`heuristics`]: runtime corrections (hot PS, OOM growth, pending shrink, speed-up), one per
 //!   file behind [`heuristics::Heuristic`], merged into one [`plan::ScalePlan`] per job.
+//! * [`config`]: the operator's TOML policy file (allocation policy and heuristics).
 //! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
 //! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
 //!   with what rounding cost against the LP.
 
+pub mod config;
 pub mod error;
 pub mod heuristics;
 pub mod instance;

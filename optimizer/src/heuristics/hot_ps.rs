@@ -59,7 +59,7 @@ impl Heuristic for HotPs {
         check_range("hot_ps", "min_growth", self.min_growth, 1.0, 16.0)?;
         check_range("hot_ps", "cooldown_s", self.cooldown_s, 0.0, f64::MAX)?;
         if self.sustained_samples == 0 {
-            return Err(PolicyError::InvalidProblem(
+            return Err(PolicyError::InvalidConfig(
                 "hot_ps.sustained_samples is 0; at least one sample must be hot".into(),
             ));
         }

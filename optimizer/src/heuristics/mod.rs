@@ -258,7 +258,7 @@ pub(crate) fn check_range(
     if v.is_finite() && (lo..=hi).contains(&v) {
         Ok(())
     } else {
-        Err(PolicyError::InvalidProblem(format!(
+        Err(PolicyError::InvalidConfig(format!(
             "{heuristic}.{field} is {v}, outside [{lo}, {hi}]"
         )))
     }

@@ -66,7 +66,7 @@ impl Heuristic for SpeedUp {
         )?;
         check_range("speed_up", "cooldown_s", self.cooldown_s, 0.0, f64::MAX)?;
         if self.step == 0 {
-            return Err(PolicyError::InvalidProblem("speed_up.step is 0".into()));
+            return Err(PolicyError::InvalidConfig("speed_up.step is 0".into()));
         }
         Ok(())
     }

@@ -1,0 +1,108 @@
+//! The operator's policy file: which allocation policy shares the cluster and which runtime
+//! heuristics correct running jobs, in TOML.
+//!
+//! ```toml
+//! [allocation]
+//! policy = "max_min_fairness"
+//!
+//! [[heuristics]]
+//! kind = "hot_ps"
+//! hot_fraction = 0.85
+//! cooldown_s = 300
+//! ```
+//!
+//! Unknown fields and bad values are rejected with their path (`heuristics[0].hot_fracton`).
+//! A file without `[[heuristics]]` gets all four with their defaults; `heuristics = []` turns
+//! them off.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PolicyError;
+use crate::heuristics::{HeuristicKind, Heuristics};
+use crate::policy::PolicyKind;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub allocation: PolicyKind,
+    #[serde(default = "default_heuristics")]
+    pub heuristics: Vec<HeuristicKind>,
+}
+
+fn default_heuristics() -> Vec<HeuristicKind> {
+    Heuristics::default().heuristics
+}
+
+impl PolicyConfig {
+    /// Parses and validates a policy file's text.
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| PolicyError::InvalidConfig(format!("{e}")))?;
+        let config: PolicyConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            PolicyError::InvalidConfig(format!("{path}: {}", e.inner().message()))
+        })?;
+        config.heuristics().validate()?;
+        Ok(config)
+    }
+
+    pub fn heuristics(&self) -> Heuristics {
+        Heuristics {
+            heuristics: self.heuristics.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    #[test]
+    fn a_policy_file_names_the_policy_and_tunes_heuristics() {
+        let c = PolicyConfig::from_toml(
+            r#"
+            [allocation]
+            policy = "max_sum_throughput"
+            normalize = true
+
+            [[heuristics]]
+            kind = "speed_up"
+            grow_efficiency = 0.8
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.allocation.name(), "max_sum_throughput");
+        assert_eq!(c.heuristics.len(), 1);
+        let c = PolicyConfig::from_toml("[allocation]\npolicy = \"max_min_fairness\"\n").unwrap();
+        assert_eq!(c.heuristics.len(), 4, "defaults when none are named");
+        let c =
+            PolicyConfig::from_toml("heuristics = []\n[allocation]\npolicy = \"min_makespan\"\n")
+                .unwrap();
+        assert!(c.heuristics.is_empty());
+    }
+
+    #[test]
+    fn mistakes_are_reported_with_their_path() {
+        for (text, expected) in [
+            (
+                "[allocation]\npolicy = \"max_min_fairness\"\n[[heuristics]]\nkind = \"hot_ps\"\nhot_fracton = 0.8\n",
+                "heuristics[0]",
+            ),
+            ("[allocation]\npolicy = \"fastest\"\n", "fastest"),
+            (
+                "[allocation]\npolicy = \"max_sum_throughput\"\nnormalise = true\n",
+                "normalise",
+            ),
+            ("[alocation]\npolicy = \"max_min_fairness\"\n", "alocation"),
+            (
+                "[allocation]\npolicy = \"max_min_fairness\"\n[[heuristics]]\nkind = \"speed_up\"\nshrink_efficiency = 0.9\n",
+                "speed_up.shrink_efficiency",
+            ),
+            ("[allocation\n", "invalid policy settings"),
+        ] {
+            let e = PolicyConfig::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(expected), "{text:?}: {e}");
+        }
+    }
+}
