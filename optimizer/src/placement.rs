@@ -257,7 +257,9 @@ mod tests {
 
     proptest! {
         /// No node is over-committed, every placed job has its scale factor on nodes of a type it
-        /// can run on, and the placed throughput never exceeds what the LP promised.
+        /// can run on (one configuration per job: the placement map is keyed by job), the placed
+        /// throughput never exceeds what the LP promised, and placing is deterministic and
+        /// stable.
         #[test]
         fn placements_never_exceed_a_node(
             caps in proptest::collection::vec(0u32..12, 1..4),
@@ -278,6 +280,9 @@ mod tests {
                 prop_assert!(jp.nodes.iter().all(|&(n, _)| nodes[n].worker_type == jp.worker_type));
             }
             prop_assert!(pl.throughput <= pl.lp_throughput * (1.0 + 1e-6) + 1e-9);
+            // Deterministic, and an unchanged round with last round's placement keeps it.
+            prop_assert_eq!(&place(&p, &a, &nodes, None).unwrap(), &pl);
+            prop_assert_eq!(&place(&p, &a, &nodes, Some(&pl)).unwrap(), &pl);
         }
     }
 }

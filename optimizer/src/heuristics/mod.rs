@@ -333,6 +333,69 @@ pub(crate) mod tests {
         assert!(Heuristics::default().plan(&j, 1).is_err());
     }
 
+    fn arb_job() -> impl proptest::strategy::Strategy<Value = JobRuntime> {
+        use proptest::prelude::*;
+        (
+            1u32..4,
+            1u32..8,
+            1u32..4,
+            proptest::collection::vec((0u64..3000, 0u32..3, any::<bool>(), 0u64..4096), 12),
+            proptest::collection::vec((1u32..10, 0.0f64..1000.0), 0..5),
+            any::<bool>(),
+        )
+            .prop_map(|(ps, workers, min, procs, speed, cooled)| {
+                let mut j = job(ps, workers);
+                j.min_workers = min.min(workers);
+                j.max_workers = 8;
+                for (i, p) in j.ps.iter_mut().chain(j.workers.iter_mut()).enumerate() {
+                    let (cpu, oom, pending, peak) = procs[i % procs.len()];
+                    p.cpu_samples = vec![Millicores(cpu); 4];
+                    p.oom_kills = oom;
+                    p.memory_peak = Bytes(peak << 20);
+                    p.pending_since_s = pending.then_some(0.0);
+                }
+                j.speed = speed
+                    .into_iter()
+                    .map(|(workers, samples_per_s)| SpeedPoint {
+                        workers,
+                        samples_per_s,
+                    })
+                    .collect();
+                if cooled {
+                    j.history.push(Change {
+                        at_s: j.now_s - 1.0,
+                        kind: ChangeKind::Workers,
+                        process: None,
+                    });
+                }
+                j
+            })
+    }
+
+    proptest::proptest! {
+        /// Whatever the observations: worker counts stay within the job's bounds, no process is
+        /// migrated twice, memory and CPU stay within the caps and only grow where a heuristic
+        /// grows them, a cooled-down kind is left alone, and the same input gives the same plan.
+        #[test]
+        fn plans_respect_bounds_caps_and_cooldowns(j in arb_job()) {
+            let h = Heuristics::default();
+            let plan = h.plan(&j, 3).unwrap();
+            proptest::prop_assert_eq!(&h.plan(&j, 3).unwrap(), &plan);
+            if let Some(&w) = plan.counts.get(&Role::Worker) {
+                proptest::prop_assert!(w >= j.min_workers && w <= j.max_workers, "{plan:?}");
+                proptest::prop_assert!(!j.cooling(ChangeKind::Workers, None, 300.0) || w <= j.config.workers);
+            }
+            proptest::prop_assert!(!plan.counts.contains_key(&Role::Ps));
+            let mut seen = std::collections::BTreeSet::new();
+            for m in &plan.migrations {
+                proptest::prop_assert!(seen.insert((m.role, m.index)), "{plan:?}");
+                proptest::prop_assert!(m.resources.memory <= OomGrowth::default().max_memory);
+                proptest::prop_assert!(m.resources.cpu <= HotPs::default().max_cpu);
+            }
+            proptest::prop_assert_eq!(plan.reasons.len(), plan.counts.len() + plan.migrations.len());
+        }
+    }
+
     #[test]
     fn operators_configure_heuristics_in_toml_and_typos_name_their_path() {
         let h: Heuristics = toml::from_str(

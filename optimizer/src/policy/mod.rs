@@ -213,6 +213,7 @@ mod tests {
                 prop_assert_eq!(a.shares.len(), p.jobs.len());
                 let again = policy.allocate(&p, Some(&a)).unwrap();
                 prop_assert_eq!(&again, &a);
+                prop_assert_eq!(&policy.allocate(&p, None).unwrap(), &a, "deterministic");
             }
         }
     }
