@@ -41,6 +41,10 @@ pub enum FitError {
     NotEnoughData(String),
     #[error("sample {index} is invalid: {problem}")]
     BadSample { index: usize, problem: String },
+    #[error("the least-squares solver failed: {0}")]
+    Solver(String),
+    #[error("throughput file: {0}")]
+    BadFile(String),
 }
 
 pub trait ThroughputModel {
@@ -137,7 +141,7 @@ pub fn nnls(a: &[Vec<f64>], b: &[f64]) -> Result<Vec<f64>, FitError> {
         .tol_gap_rel(1e-10)
         .tol_feas(1e-10)
         .build()
-        .map_err(|e| FitError::NotEnoughData(format!("solver settings: {e:?}")))?;
+        .map_err(|e| FitError::Solver(format!("settings: {e:?}")))?;
     let mut solver = DefaultSolver::new(
         &p,
         &q,
@@ -146,16 +150,14 @@ pub fn nnls(a: &[Vec<f64>], b: &[f64]) -> Result<Vec<f64>, FitError> {
         &[NonnegativeConeT(n)],
         settings,
     )
-    .map_err(|e| FitError::NotEnoughData(format!("least squares: {e:?}")))?;
+    .map_err(|e| FitError::Solver(format!("{e:?}")))?;
     solver.solve();
     match solver.solution.status {
         // Stalling this close to the optimum still leaves a usable answer.
         SolverStatus::Solved | SolverStatus::AlmostSolved | SolverStatus::InsufficientProgress
             if solver.solution.x.iter().all(|x| x.is_finite()) => {}
         other => {
-            return Err(FitError::NotEnoughData(format!(
-                "least squares did not solve: {other:?}"
-            )));
+            return Err(FitError::Solver(format!("stopped with {other:?}")));
         }
     }
     Ok(solver

@@ -146,8 +146,7 @@ impl MeasuredTable {
         json: &str,
     ) -> Result<BTreeMap<(WorkerType, String), MeasuredTable>, FitError> {
         type Raw = BTreeMap<String, BTreeMap<String, BTreeMap<String, serde_json::Value>>>;
-        let raw: Raw = serde_json::from_str(json)
-            .map_err(|e| FitError::NotEnoughData(format!("throughput file: {e}")))?;
+        let raw: Raw = serde_json::from_str(json).map_err(|e| FitError::BadFile(e.to_string()))?;
         let mut points: BTreeMap<(WorkerType, String), Vec<TablePoint>> = BTreeMap::new();
         for (worker, jobs) in raw {
             let (base, spread) = match worker.strip_suffix("_unconsolidated") {
@@ -155,10 +154,7 @@ impl MeasuredTable {
                 None => (worker.clone(), false),
             };
             for (key, entries) in jobs {
-                let bad = |problem: &str| FitError::BadSample {
-                    index: 0,
-                    problem: format!("{worker} / {key}: {problem}"),
-                };
+                let bad = |problem: &str| FitError::BadFile(format!("{worker} / {key}: {problem}"));
                 // "('ResNet-18 (batch size 16)', 1)"
                 let inner = key
                     .strip_prefix("('")
