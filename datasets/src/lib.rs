@@ -1,11 +1,20 @@
-//! Data for Brain.
+//! Data for Brain: parsers for the public trace and profile formats the what-if simulator
+//! replays, and the deterministic training-data generator of the reference workload.
 //!
-//! For now this crate holds [`ctr`], the deterministic click-through-rate data generator that the
-//! built-in reference workload trains on: every sample is a pure function of `(seed, index)`, so
-//! any process can produce any shard without a file, and the generator knows the ground-truth
-//! model, so the log-loss a training run reaches can be judged against the best one possible.
-//! Trace and profile parsers (Gavel, Pollux, Sia, Alibaba) join it with the simulator issue.
+//! * [`table`] (private): delimited tables read with polars, typed cells, errors that name the
+//!   file, line and column of a bad value ([`DatasetError`]).
+//! * [`export`]: result tables written as Parquet and CSV.
+//! * [`pollux`]: Pollux's and Sia's workloads and application profiles, the Philly job list.
+//! * [`ctr`]: the click-through-rate data generator: every sample is a pure function of
+//!   `(seed, index)`, so any process can produce any shard without a file, and the generator
+//!   knows the ground-truth model, so the log-loss a training run reaches can be judged against
+//!   the best one possible.
 
 pub mod ctr;
+mod error;
+pub mod export;
+pub mod pollux;
+mod table;
 
 pub use ctr::{CtrGenerator, CtrSpec, CtrSpecError, Sample, log_loss, sigmoid};
+pub use error::DatasetError;

@@ -11,6 +11,9 @@
 //! cooldown_s = 300
 //! ```
 //!
+//! A `[scheduler]` table names the round-based scheduler for elastic GPU jobs
+//! ([`SchedulerKind`]), e.g. `kind = "pollux"`.
+//!
 //! Unknown fields and bad values are rejected with their path (`heuristics[0].hot_fracton`).
 //! A file without `[[heuristics]]` gets all four with their defaults; `heuristics = []` turns
 //! them off.
@@ -20,13 +23,23 @@ use serde::{Deserialize, Serialize};
 use crate::error::PolicyError;
 use crate::heuristics::{HeuristicKind, Heuristics};
 use crate::policy::PolicyKind;
+use crate::schedule::SchedulerKind;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
+    /// The LP policy that shares the cluster (default: max-sum throughput).
+    #[serde(default = "default_allocation")]
     pub allocation: PolicyKind,
     #[serde(default = "default_heuristics")]
     pub heuristics: Vec<HeuristicKind>,
+    /// The round-based scheduler for elastic GPU jobs (what `brainctl whatif` replays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<SchedulerKind>,
+}
+
+fn default_allocation() -> PolicyKind {
+    PolicyKind::MaxSumThroughput(Default::default())
 }
 
 fn default_heuristics() -> Vec<HeuristicKind> {
@@ -80,6 +93,20 @@ mod tests {
             PolicyConfig::from_toml("heuristics = []\n[allocation]\npolicy = \"min_makespan\"\n")
                 .unwrap();
         assert!(c.heuristics.is_empty());
+        let c = PolicyConfig::from_toml(
+            "[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"tiresias\"\nqueue_threshold_gpu_s = 3600\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.scheduler,
+            Some(SchedulerKind::Tiresias(crate::schedule::Tiresias {
+                queue_threshold_gpu_s: 3600.0
+            }))
+        );
+        let e = PolicyConfig::from_toml("[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"pollux\"\npp = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scheduler") && e.contains("pp"), "{e}");
     }
 
     #[test]

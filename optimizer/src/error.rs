@@ -11,4 +11,7 @@ pub enum PolicyError {
     Infeasible(String),
     #[error("the LP solver failed: {0}")]
     Solver(String),
+    /// A scheduler returned an assignment the cluster cannot honour (a policy bug).
+    #[error("invalid assignment: {0}")]
+    InvalidAssignment(String),
 }

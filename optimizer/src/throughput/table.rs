@@ -43,7 +43,7 @@ fn line_at(x: f64, (x0, y0): (f64, f64), (x1, y1): (f64, f64), min_slope: f64) -
 
 /// Piecewise-linear value at x of points sorted by x; outside, the end segment continues with a
 /// slope of at least `min_slope` (a single point is `single(x, point)`).
-fn piecewise(
+pub(crate) fn piecewise(
     x: f64,
     pts: &[(f64, f64)],
     min_slope: f64,

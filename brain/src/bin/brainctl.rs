@@ -1,0 +1,125 @@
+//! `brainctl`: the operator's command line.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use brain::whatif;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use optimizer::sim::{ClusterSpec, SimConfig};
+
+#[derive(Parser)]
+#[command(name = "brainctl", version, about = "Operate Brain: replay traces under policies before they touch a cluster.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay job traces on a simulated cluster under each policy, side by side.
+    ///
+    /// Every trace is replayed under every policy (one simulation per core); the table shows,
+    /// per policy, the jobs of all traces pooled. Traces are workload CSVs in Pollux's and Sia's
+    /// format (`name,time,application,num_replicas,batch_size`); application profiles are
+    /// directories of measured step times and training curves (Pollux's `traces/`).
+    Whatif {
+        /// A workload CSV, or a directory of them; repeat for more.
+        #[arg(long = "trace", required = true, value_name = "PATH")]
+        traces: Vec<PathBuf>,
+        /// Directory of application profiles (default: `traces/` beside the trace's directory).
+        #[arg(long, value_name = "DIR")]
+        profiles: Option<PathBuf>,
+        /// The simulated cluster: NODESxGPUS:TYPE, comma-separated for several kinds.
+        #[arg(long, default_value = "16x4:t4")]
+        cluster: String,
+        /// A policy file with a `[scheduler]` table (see examples/policies); repeat to compare.
+        #[arg(long = "policy", required = true, value_name = "TOML")]
+        policies: Vec<PathBuf>,
+        /// Seconds of simulated time between scheduling rounds.
+        #[arg(long, default_value_t = 60.0)]
+        round_s: f64,
+        /// Seconds a job makes no progress after its allocation changes.
+        #[arg(long, default_value_t = 30.0)]
+        restart_penalty_s: f64,
+        /// Mean seconds between failures of a node (default: nodes never fail).
+        #[arg(long)]
+        node_mtbf_s: Option<f64>,
+        /// Seconds a failed node stays down.
+        #[arg(long, default_value_t = 3600.0)]
+        node_repair_s: f64,
+        /// Stop the replay at this simulated time; later jobs count as unfinished.
+        #[arg(long)]
+        max_time_s: Option<f64>,
+        /// Seed of every random draw; the same inputs and seed give the same results.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Directory for jobs/rounds/summary as Parquet and CSV.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Simulations at once (default: the cores available).
+        #[arg(long)]
+        jobs: Option<usize>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Whatif {
+            traces,
+            profiles,
+            cluster,
+            policies,
+            round_s,
+            restart_penalty_s,
+            node_mtbf_s,
+            node_repair_s,
+            max_time_s,
+            seed,
+            out,
+            jobs,
+        } => {
+            let cluster = ClusterSpec::parse(&cluster)?;
+            let sim = SimConfig {
+                round_s,
+                restart_penalty_s,
+                node_failures: whatif::failures(node_mtbf_s, node_repair_s),
+                seed,
+                max_time_s,
+            };
+            sim.validate()?;
+            let policies = policies
+                .iter()
+                .map(|p| whatif::load_policy(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            let profiles_dir = match profiles {
+                Some(p) => p,
+                None => match whatif::default_profiles(&traces[0]) {
+                    Some(p) => p,
+                    None => bail!("no application profiles beside {}: give --profiles DIR", traces[0].display()),
+                },
+            };
+            let profiles = datasets::pollux::read_apps(&profiles_dir)
+                .with_context(|| format!("reading application profiles in {}", profiles_dir.display()))?;
+            let traces = whatif::load_traces(&traces)?;
+            let total: u64 = traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
+            let bar = ProgressBar::new(total).with_style(
+                ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished ({eta} left)")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
+            let parallel = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let options = whatif::Options { cluster, sim, parallel };
+            let on_done = |n: u64| bar.inc(n);
+            let results = whatif::run(&traces, &profiles, &policies, &options, &on_done)?;
+            bar.finish_and_clear();
+            print!("{}", whatif::render_table(&results));
+            if let Some(dir) = out {
+                for path in whatif::write_outputs(&dir, &results)? {
+                    eprintln!("wrote {}", path.display());
+                }
+            }
+            Ok(())
+        }
+    }
+}

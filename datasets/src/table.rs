@@ -1,0 +1,226 @@
+//! Reading a delimited text table with polars, and typed access to its cells with errors that
+//! name the file, line and column.
+//!
+//! Every column is read as text (no type inference), so a malformed value is reported by the
+//! parser of the format that owns the column, with its position, instead of turning the whole
+//! column into strings or nulls behind the caller's back.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use polars::prelude::*;
+
+use crate::DatasetError;
+
+/// How a table is laid out on disk.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout<'a> {
+    /// The header the file must start with, or `None` for a headerless file with exactly
+    /// `columns` fields per line.
+    pub header: Option<&'a [&'a str]>,
+    pub columns: usize,
+    pub separator: u8,
+    /// The header's columns may come in any order.
+    pub any_order: bool,
+}
+
+impl<'a> Layout<'a> {
+    pub fn csv(header: &'a [&'a str]) -> Self {
+        Layout {
+            header: Some(header),
+            columns: header.len(),
+            separator: b',',
+            any_order: false,
+        }
+    }
+
+    pub fn tsv_without_header(columns: usize) -> Self {
+        Layout {
+            header: None,
+            columns,
+            separator: b'\t',
+            any_order: false,
+        }
+    }
+}
+
+/// A table of text cells; rows count from 0, columns in the order of the layout.
+pub(crate) struct Table {
+    path: PathBuf,
+    columns: Vec<StringChunked>,
+    names: Vec<String>,
+    /// Line of row 0 in the file (2 after a header).
+    first_line: usize,
+    rows: usize,
+}
+
+impl Table {
+    pub fn read(path: &Path, layout: Layout<'_>) -> Result<Table, DatasetError> {
+        // polars reports a missing file without its name; check first for a clear message.
+        std::fs::metadata(path).map_err(|source| DatasetError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let quote = if layout.separator == b'\t' {
+            None
+        } else {
+            Some(b'"')
+        };
+        let df = CsvReadOptions::default()
+            .with_has_header(layout.header.is_some())
+            .with_infer_schema_length(Some(0))
+            .with_raise_if_empty(false)
+            .map_parse_options(|o| o.with_separator(layout.separator).with_quote_char(quote))
+            .try_into_reader_with_file_path(Some(path.to_path_buf()))
+            .and_then(|r| r.finish())
+            .map_err(|e| DatasetError::format(path, format!("not a readable table: {e}")))?;
+        let names: Vec<String> = df
+            .get_column_names()
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        match layout.header {
+            Some(header) => {
+                let found: Vec<&str> = names.iter().map(String::as_str).collect();
+                let same = if layout.any_order {
+                    let mut a = found.clone();
+                    let mut b = header.to_vec();
+                    a.sort_unstable();
+                    b.sort_unstable();
+                    a == b
+                } else {
+                    found == header
+                };
+                if !same {
+                    return Err(DatasetError::format(
+                        path,
+                        format!(
+                            "header is `{}`, expected `{}`",
+                            found.join(","),
+                            header.join(",")
+                        ),
+                    ));
+                }
+            }
+            None if df.height() > 0 && names.len() != layout.columns => {
+                return Err(DatasetError::Value {
+                    path: path.to_path_buf(),
+                    line: 1,
+                    column: names.len().min(layout.columns) + 1,
+                    message: format!(
+                        "{} fields on the line, expected {}",
+                        names.len(),
+                        layout.columns
+                    ),
+                });
+            }
+            None => {}
+        }
+        let columns = df
+            .columns()
+            .iter()
+            .map(|c| c.str().cloned())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| DatasetError::format(path, e.to_string()))?;
+        Ok(Table {
+            path: path.to_path_buf(),
+            rows: df.height(),
+            columns,
+            names,
+            first_line: if layout.header.is_some() { 2 } else { 1 },
+        })
+    }
+
+    /// A CSV whose header has exactly the columns `header`, in any order.
+    pub fn read_any_order(path: &Path, header: &[&str]) -> Result<Table, DatasetError> {
+        let mut layout = Layout::csv(header);
+        layout.any_order = true;
+        Table::read(path, layout)
+    }
+
+    /// The index of the column named `name`.
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// An error about the cell at (`row`, `col`).
+    pub fn error(&self, row: usize, col: usize, message: impl Into<String>) -> DatasetError {
+        DatasetError::Value {
+            path: self.path.clone(),
+            line: self.first_line + row,
+            column: col + 1,
+            message: message.into(),
+        }
+    }
+
+    /// The text of a cell; a missing value is an error.
+    pub fn text(&self, row: usize, col: usize) -> Result<&str, DatasetError> {
+        self.columns[col]
+            .get(row)
+            .ok_or_else(|| self.error(row, col, format!("{} is missing", self.label(col))))
+    }
+
+    /// The text of a cell, `None` when empty.
+    pub fn optional_text(&self, row: usize, col: usize) -> Option<&str> {
+        self.columns[col]
+            .get(row)
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// A cell parsed as `T` (surrounding spaces ignored).
+    pub fn parse<T: FromStr>(&self, row: usize, col: usize) -> Result<T, DatasetError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let text = self.text(row, col)?;
+        text.trim().parse().map_err(|e| {
+            self.error(
+                row,
+                col,
+                format!("{} `{text}` is not a valid value: {e}", self.label(col)),
+            )
+        })
+    }
+
+    /// A finite number, at least `min`.
+    pub fn number(&self, row: usize, col: usize, min: f64) -> Result<f64, DatasetError> {
+        let v: f64 = self.parse(row, col)?;
+        if !v.is_finite() || v < min {
+            return Err(self.error(
+                row,
+                col,
+                format!("{} is {v}, expected a number ≥ {min}", self.label(col)),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// A whole number, at least `min`; `3.0` is accepted, `3.5` is not.
+    pub fn count(&self, row: usize, col: usize, min: u64) -> Result<u64, DatasetError> {
+        let v = self.number(row, col, min as f64)?;
+        if v.fract() != 0.0 || v > u32::MAX as f64 * 65536.0 {
+            return Err(self.error(
+                row,
+                col,
+                format!("{} is {v}, expected a whole number", self.label(col)),
+            ));
+        }
+        Ok(v as u64)
+    }
+
+    fn label(&self, col: usize) -> String {
+        match self.names.get(col) {
+            Some(n) if !n.starts_with("column_") => format!("`{n}`"),
+            _ => format!("field {}", col + 1),
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Optimus' greedy marginal gain (EuroSys 2018), with the job's true speed as Pollux's artifact
+//! gives it ("Optimus+Oracle"): every job first gets one GPU, in order of submission while GPUs
+//! last; then GPUs go one at a time to the job whose remaining time drops the most by one more,
+//! `remaining · (1 / goodput(r) − 1 / goodput(r + 1))`, until no job gains. Jobs whose size does
+//! not change keep their GPUs; the others are placed on the nodes with the most free GPUs.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Assignment, FreeGpus, JobView, Scheduler, Snapshot, keep_current};
+use crate::error::PolicyError;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Optimus {}
+
+/// Seconds left for `job` with `r` GPUs on type `t` (infinite with none).
+fn remaining_time(job: &JobView, t: usize, r: u32) -> f64 {
+    let g = job.goodput_at(t, r);
+    if g > 0.0 { job.remaining / g } else { f64::INFINITY }
+}
+
+impl Scheduler for Optimus {
+    fn name(&self) -> &'static str {
+        "optimus"
+    }
+
+    fn elastic(&self) -> bool {
+        true
+    }
+
+    fn schedule(&self, snapshot: &Snapshot) -> Result<Assignment, PolicyError> {
+        let mut budget = FreeGpus::new(&snapshot.nodes);
+        // (job, worker type, GPUs)
+        let mut sizes: Vec<(&JobView, usize, u32)> = Vec::new();
+        for job in &snapshot.jobs {
+            let t = job.current_type(&snapshot.nodes).filter(|&t| budget.on_type(t) >= 1).or_else(|| {
+                (0..snapshot.worker_types.len())
+                    .filter(|&t| budget.on_type(t) >= 1 && job.goodput_at(t, 1) > 0.0)
+                    .max_by(|&a, &b| job.goodput_at(a, 1).total_cmp(&job.goodput_at(b, 1)).then(b.cmp(&a)))
+            });
+            if let Some(t) = t
+                && job.max_replicas >= 1
+                && budget.take(t, 1).is_some()
+            {
+                sizes.push((job, t, 1));
+            }
+        }
+        let gain = |job: &JobView, t: usize, r: u32| {
+            if r + 1 > job.max_replicas {
+                return 0.0;
+            }
+            let (now, next) = (remaining_time(job, t, r), remaining_time(job, t, r + 1));
+            if now.is_finite() && next.is_finite() { now - next } else { 0.0 }
+        };
+        let mut gains: Vec<f64> = sizes.iter().map(|&(j, t, r)| gain(j, t, r)).collect();
+        loop {
+            let best = (0..sizes.len())
+                .filter(|&i| gains[i] > 0.0 && budget.on_type(sizes[i].1) >= 1)
+                .max_by(|&a, &b| gains[a].total_cmp(&gains[b]).then(b.cmp(&a)));
+            let Some(i) = best else { break };
+            let (job, t, r) = sizes[i];
+            budget.take(t, 1);
+            sizes[i].2 = r + 1;
+            gains[i] = gain(job, t, r + 1);
+        }
+        let (mut out, mut free) = keep_current(snapshot, |job| {
+            sizes
+                .iter()
+                .any(|&(j, t, r)| j.id == job.id && r == job.current_replicas() && Some(t) == job.current_type(&snapshot.nodes))
+        });
+        sizes.sort_by_key(|&(j, _, r)| (std::cmp::Reverse(r), j.submitted_s.to_bits(), j.id));
+        for (job, t, r) in sizes {
+            if !out.contains_key(&job.id) {
+                let slots = free.take_spread(t, r).ok_or_else(|| {
+                    PolicyError::InvalidAssignment(format!("{} no longer fits", job.id))
+                })?;
+                out.insert(job.id, slots);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::tests::snapshot;
+    use crate::units::JobId;
+
+    #[test]
+    fn gpus_go_where_they_cut_the_most_remaining_time() {
+        // 8 GPUs, two jobs with the same speed curve; job 1 has twice the work left, so it
+        // gains twice as much from each GPU and ends up with more.
+        let s = snapshot(2, &[(1, 8, 0.0), (1, 8, 0.0)]);
+        let a = Optimus::default().schedule(&s).unwrap();
+        let n = |id| a[&JobId(id)].iter().map(|x| x.1).sum::<u32>();
+        assert_eq!(n(0) + n(1), 8);
+        assert!(n(1) > n(0), "{a:?}");
+        crate::schedule::check(&s, &a).unwrap();
+    }
+
+    #[test]
+    fn every_job_gets_one_gpu_before_any_gets_two() {
+        let s = snapshot(1, &[(1, 4, 0.0), (1, 4, 0.0), (1, 4, 0.0), (1, 4, 0.0), (1, 4, 0.0)]);
+        let a = Optimus::default().schedule(&s).unwrap();
+        assert_eq!(a.len(), 4);
+        assert!(a.values().all(|s| s.iter().map(|x| x.1).sum::<u32>() == 1));
+        assert!(!a.contains_key(&JobId(4)), "the last to arrive waits");
+    }
+}

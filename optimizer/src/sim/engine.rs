@@ -1,0 +1,502 @@
+//! The event loop of a simulation.
+//!
+//! Time advances in scheduling rounds of `round_s`. At each round boundary: nodes may fail or
+//! come back, the scheduler sees a [`Snapshot`] of the jobs submitted and not finished, and its
+//! [`Assignment`] is applied: a job whose GPUs change restarts and makes no progress for
+//! `restart_penalty_s`. Between boundaries every running job progresses at its true goodput on
+//! its placement, epoch by epoch; a job that finishes mid-round finishes at that instant and its
+//! GPUs wait for the next round. Idle stretches (nothing submitted yet) are skipped.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+
+use super::app::{App, AppProfile, BatchConfig};
+use super::report::{JobRecord, Report, RoundRecord, Summary};
+use super::{ClusterSpec, TraceJob};
+use crate::error::PolicyError;
+use crate::schedule::{Assignment, BatchSizing, JobView, NodeView, Scheduler, Slots, Snapshot, check};
+use crate::units::{JobId, WorkerType};
+
+/// Nodes fail independently, exponentially with mean `mtbf_s`, and are back after `repair_s`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFailures {
+    pub mtbf_s: f64,
+    pub repair_s: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    /// Seconds between scheduling rounds.
+    #[serde(default = "default_round")]
+    pub round_s: f64,
+    /// Seconds a job makes no progress after its allocation changes.
+    #[serde(default = "default_penalty")]
+    pub restart_penalty_s: f64,
+    #[serde(default)]
+    pub node_failures: Option<NodeFailures>,
+    /// Seed of every random draw (node failures).
+    #[serde(default)]
+    pub seed: u64,
+    /// Simulated time after which the run stops; unfinished jobs have no finish time.
+    #[serde(default)]
+    pub max_time_s: Option<f64>,
+}
+
+fn default_round() -> f64 {
+    60.0
+}
+fn default_penalty() -> f64 {
+    30.0
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            round_s: default_round(),
+            restart_penalty_s: default_penalty(),
+            node_failures: None,
+            seed: 0,
+            max_time_s: None,
+        }
+    }
+}
+
+impl SimConfig {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |m: String| Err(PolicyError::InvalidConfig(m));
+        if !(self.round_s.is_finite() && self.round_s > 0.0) {
+            return bad(format!("round_s is {}, expected > 0", self.round_s));
+        }
+        if !(self.restart_penalty_s.is_finite() && self.restart_penalty_s >= 0.0) {
+            return bad(format!("restart_penalty_s is {}", self.restart_penalty_s));
+        }
+        if let Some(f) = &self.node_failures
+            && !(f.mtbf_s.is_finite() && f.mtbf_s > 0.0 && f.repair_s.is_finite() && f.repair_s >= 0.0)
+        {
+            return bad(format!("node failures: mtbf_s {}, repair_s {}", f.mtbf_s, f.repair_s));
+        }
+        if let Some(m) = self.max_time_s
+            && !(m.is_finite() && m > 0.0)
+        {
+            return bad(format!("max_time_s is {m}"));
+        }
+        Ok(())
+    }
+}
+
+/// What the caller of [`simulate`] hooks in: timing the scheduler (the simulator reads no
+/// clock) and following progress.
+pub trait SimHooks {
+    /// Runs the scheduler on `snapshot`; returns its answer and the microseconds it took, where
+    /// the caller measures (0 otherwise).
+    fn decide(
+        &mut self,
+        scheduler: &dyn Scheduler,
+        snapshot: &Snapshot,
+    ) -> (Result<Assignment, PolicyError>, u64) {
+        (scheduler.schedule(snapshot), 0)
+    }
+
+    /// After each round: the round, jobs finished so far and jobs in the trace.
+    fn after_round(&mut self, _round: &RoundRecord, _finished: usize, _total: usize) {}
+}
+
+impl SimHooks for () {}
+
+struct JobState<'a> {
+    trace: &'a TraceJob,
+    app: usize,
+    /// Fixed total batch size, or `None` to adapt it to the allocation.
+    batch: Option<u32>,
+    requested: u32,
+    max_replicas: u32,
+    progress: f64,
+    epoch: u32,
+    slots: Slots,
+    worker_type: Option<usize>,
+    config: BatchConfig,
+    rescale_left: f64,
+    attained: f64,
+    running_s: f64,
+    restarts: u32,
+    started: Option<f64>,
+    finished: Option<f64>,
+    peak: u32,
+    /// Goodput per worker type and size, for the epoch it was computed in.
+    goodput: Option<(u32, Vec<Vec<f64>>)>,
+}
+
+/// GPUs per node when `r` are packed on nodes of `per_node`.
+fn packed(r: u32, per_node: u32) -> Vec<u32> {
+    let per_node = per_node.max(1);
+    let mut v = vec![per_node; (r / per_node) as usize];
+    if r % per_node > 0 {
+        v.push(r % per_node);
+    }
+    v
+}
+
+struct World {
+    apps: Vec<App>,
+    /// gpu[app][worker type] = the app's GPU index for that type.
+    gpu: Vec<Vec<Option<usize>>>,
+    per_node: Vec<u32>,
+    type_gpus: Vec<u32>,
+    node_type: Vec<usize>,
+}
+
+impl World {
+    fn config_for(&self, job: &JobState, t: usize, r: u32) -> (BatchConfig, f64) {
+        let app = &self.apps[job.app];
+        let Some(gpu) = self.gpu[job.app][t] else {
+            return (BatchConfig { atomic_bsz: 0, accum_steps: 0 }, 0.0);
+        };
+        let digits = packed(r, self.per_node[t]);
+        self.config_on(job, gpu, &digits, app)
+    }
+
+    fn config_on(&self, job: &JobState, gpu: usize, digits: &[u32], app: &App) -> (BatchConfig, f64) {
+        let r: u32 = digits.iter().sum();
+        match job.batch {
+            Some(b) => {
+                let c = app.fixed_config(r, b);
+                (c, app.goodput(gpu, digits, c, job.epoch))
+            }
+            None => app.best_config(gpu, digits, job.epoch),
+        }
+    }
+
+    fn view(&self, job: &mut JobState, id: JobId, elastic: bool) -> JobView {
+        let app = &self.apps[job.app];
+        let stale = job.goodput.as_ref().is_none_or(|(e, _)| *e != job.epoch);
+        if stale {
+            let table = (0..self.per_node.len())
+                .map(|t| {
+                    (0..=job.max_replicas)
+                        .map(|r| {
+                            if r == 0 || (!elastic && r != job.requested) {
+                                0.0
+                            } else {
+                                self.config_for(job, t, r).1
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            job.goodput = Some((job.epoch, table));
+        }
+        JobView {
+            id,
+            submitted_s: job.trace.submit_s,
+            requested_replicas: job.requested,
+            max_replicas: job.max_replicas,
+            attained_gpu_s: job.attained,
+            running_s: job.running_s,
+            restarts: job.restarts,
+            peak_replicas: job.peak,
+            current: job.slots.clone(),
+            goodput: job.goodput.as_ref().map(|g| g.1.clone()).unwrap_or_default(),
+            remaining: (app.total_progress() - job.progress).max(0.0),
+        }
+    }
+
+    /// Runs `job` from `t0` for `dt` seconds.
+    fn advance(&self, job: &mut JobState, t0: f64, dt: f64) {
+        if job.slots.is_empty() || job.finished.is_some() {
+            return;
+        }
+        let app = &self.apps[job.app];
+        let t = job.worker_type.expect("a job with GPUs has a type");
+        let held: u32 = job.slots.iter().map(|s| s.1).sum();
+        let digits: Vec<u32> = job.slots.iter().map(|s| s.1).collect();
+        let mut now = t0;
+        let mut left = dt;
+        let hold = |job: &mut JobState, s: f64| {
+            job.attained += s * held as f64;
+            job.running_s += s;
+        };
+        let d = job.rescale_left.min(left);
+        job.rescale_left -= d;
+        hold(job, d);
+        now += d;
+        left -= d;
+        let Some(gpu) = self.gpu[job.app][t] else {
+            hold(job, left);
+            return;
+        };
+        while left > 1e-9 && job.finished.is_none() {
+            let g = app.goodput(gpu, &digits, job.config, job.epoch);
+            if g <= 0.0 {
+                hold(job, left);
+                return;
+            }
+            let next = app.progress_at(job.epoch + 1);
+            if job.progress + g * left < next {
+                job.progress += g * left;
+                hold(job, left);
+                return;
+            }
+            let delta = ((next - job.progress) / g).max(0.0);
+            job.progress = next;
+            job.epoch += 1;
+            hold(job, delta);
+            now += delta;
+            left -= delta;
+            if job.epoch >= app.max_epochs {
+                job.finished = Some(now);
+            } else if job.batch.is_none() {
+                job.config = self.config_on(job, gpu, &digits, app).0;
+            }
+        }
+    }
+}
+
+/// Replays `trace` on `cluster` under `scheduler`.
+pub fn simulate(
+    trace: &[TraceJob],
+    profiles: &[AppProfile],
+    cluster: &ClusterSpec,
+    scheduler: &dyn Scheduler,
+    config: &SimConfig,
+    hooks: &mut dyn SimHooks,
+) -> Result<Report, PolicyError> {
+    config.validate()?;
+    if cluster.nodes.is_empty() || cluster.nodes.iter().any(|n| n.gpus == 0) {
+        return Err(PolicyError::InvalidConfig("the cluster needs nodes with GPUs".into()));
+    }
+    let types = cluster.worker_types();
+    let node_type: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| types.iter().position(|t| *t == n.worker_type).expect("listed"))
+        .collect();
+    let mut per_node = vec![0u32; types.len()];
+    let mut type_gpus = vec![0u32; types.len()];
+    for (n, &t) in cluster.nodes.iter().zip(&node_type) {
+        per_node[t] = per_node[t].max(n.gpus);
+        type_gpus[t] += n.gpus;
+    }
+    let mut apps = Vec::new();
+    let mut app_index: HashMap<&str, usize> = HashMap::new();
+    for p in profiles {
+        app_index.insert(p.name.as_str(), apps.len());
+        apps.push(App::new(p)?);
+    }
+    let gpu: Vec<Vec<Option<usize>>> = apps
+        .iter()
+        .map(|a| {
+            let names: Vec<&str> = a.gpu_types().collect();
+            types.iter().map(|t| names.iter().position(|n| n == t)).collect()
+        })
+        .collect();
+    let world = World { apps, gpu, per_node, type_gpus, node_type };
+    let elastic = scheduler.elastic();
+    let sizing = scheduler.batch_sizing();
+    let most_gpus = *world.type_gpus.iter().max().expect("a type");
+
+    let mut jobs: Vec<JobState> = Vec::with_capacity(trace.len());
+    for j in trace {
+        let bad = |m: String| PolicyError::InvalidConfig(format!("job {}: {m}", j.name));
+        let &app_i = app_index
+            .get(j.application.as_str())
+            .ok_or_else(|| bad(format!("no profile for application {:?}", j.application)))?;
+        if !(j.submit_s.is_finite() && j.submit_s >= 0.0) {
+            return Err(bad(format!("submit time {}", j.submit_s)));
+        }
+        if j.requested_replicas == 0 || j.batch_size == 0 {
+            return Err(bad("asks for 0 GPUs or a batch of 0".into()));
+        }
+        if world.gpu[app_i].iter().all(Option::is_none) {
+            return Err(bad(format!(
+                "application {} has no measurements on any GPU type of the cluster ({})",
+                j.application,
+                types.join(", ")
+            )));
+        }
+        let app = &world.apps[app_i];
+        let batch = match (app.fixed_batch_size, sizing) {
+            (Some(b), _) => Some(b),
+            (None, BatchSizing::Fixed) => Some(j.batch_size.clamp(app.init_batch_size, app.max_batch_size)),
+            (None, BatchSizing::Adaptive) => None,
+        };
+        let by_batch = batch.unwrap_or(app.max_batch_size) / app.min_local_bsz;
+        let requested = j.requested_replicas.min(most_gpus);
+        let max_replicas = if elastic {
+            by_batch.min(app.max_replicas.unwrap_or(u32::MAX)).min(most_gpus).max(1)
+        } else {
+            requested
+        };
+        jobs.push(JobState {
+            trace: j,
+            app: app_i,
+            batch,
+            requested,
+            max_replicas,
+            progress: 0.0,
+            epoch: 0,
+            slots: Vec::new(),
+            worker_type: None,
+            config: BatchConfig { atomic_bsz: 0, accum_steps: 0 },
+            rescale_left: 0.0,
+            attained: 0.0,
+            running_s: 0.0,
+            restarts: 0,
+            started: None,
+            finished: None,
+            peak: 0,
+            goodput: None,
+        });
+    }
+    // Jobs in order of submission (ties by trace order); ids are trace positions.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| jobs[a].trace.submit_s.total_cmp(&jobs[b].trace.submit_s).then(a.cmp(&b)));
+
+    let mut rng = Pcg64::seed_from_u64(config.seed);
+    let mut down_until = vec![f64::NEG_INFINITY; cluster.nodes.len()];
+    let worker_types: Vec<WorkerType> = types.iter().cloned().map(WorkerType).collect();
+    let mut rounds = Vec::new();
+    let mut next_arrival = 0; // index into order
+    let mut finished = 0;
+    let mut t = 0.0f64;
+    let round = config.round_s;
+    loop {
+        if finished == jobs.len() || config.max_time_s.is_some_and(|m| t >= m) {
+            break;
+        }
+        while next_arrival < order.len() && jobs[order[next_arrival]].trace.submit_s <= t {
+            next_arrival += 1;
+        }
+        let active: Vec<usize> = order[..next_arrival]
+            .iter()
+            .copied()
+            .filter(|&i| jobs[i].finished.is_none())
+            .collect();
+        if active.is_empty() {
+            // Nothing to do until the next arrival's round.
+            let next = jobs[order[next_arrival]].trace.submit_s;
+            t = (next / round).ceil() * round;
+            continue;
+        }
+        // Failures and repairs at the round boundary.
+        if let Some(f) = &config.node_failures {
+            let p = 1.0 - (-round / f.mtbf_s).exp();
+            for (n, until) in down_until.iter_mut().enumerate() {
+                if *until <= t && rng.random::<f64>() < p {
+                    *until = t + f.repair_s;
+                    for job in jobs.iter_mut().filter(|j| j.slots.iter().any(|s| s.0 == n)) {
+                        job.slots.clear();
+                        job.rescale_left = 0.0;
+                    }
+                }
+            }
+        }
+        let nodes: Vec<NodeView> = cluster
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(n, spec)| NodeView {
+                worker_type: world.node_type[n],
+                gpus: if down_until[n] > t { 0 } else { spec.gpus },
+            })
+            .collect();
+        let views = active
+            .iter()
+            .map(|&i| world.view(&mut jobs[i], JobId(i as u64), elastic))
+            .collect();
+        let snapshot = Snapshot { now_s: t, worker_types: worker_types.clone(), nodes, jobs: views };
+        let (answer, decide_us) = hooks.decide(scheduler, &snapshot);
+        let assignment = answer?;
+        check(&snapshot, &assignment)?;
+        let mut changed = 0;
+        for &i in &active {
+            let new = assignment.get(&JobId(i as u64)).cloned().unwrap_or_default();
+            let job = &mut jobs[i];
+            if new == job.slots {
+                continue;
+            }
+            changed += 1;
+            if new.is_empty() {
+                job.slots.clear();
+                job.rescale_left = 0.0;
+                continue;
+            }
+            if job.started.is_some() {
+                job.restarts += 1;
+            } else {
+                job.started = Some(t);
+            }
+            let ty = world.node_type[new[0].0];
+            let held: u32 = new.iter().map(|s| s.1).sum();
+            job.worker_type = Some(ty);
+            job.peak = job.peak.max(held);
+            job.rescale_left = config.restart_penalty_s;
+            job.slots = new;
+            if let Some(gpu) = world.gpu[job.app][ty] {
+                let digits: Vec<u32> = job.slots.iter().map(|s| s.1).collect();
+                job.config = world.config_on(job, gpu, &digits, &world.apps[job.app]).0;
+            }
+        }
+        let gpus_used: u32 = active.iter().flat_map(|&i| jobs[i].slots.iter().map(|s| s.1)).sum();
+        let record = RoundRecord {
+            time_s: t,
+            active_jobs: active.len() as u32,
+            queued_jobs: active.iter().filter(|&&i| jobs[i].slots.is_empty()).count() as u32,
+            gpus_used,
+            gpus_up: snapshot.nodes.iter().map(|n| n.gpus).sum(),
+            changed_jobs: changed,
+            decide_us,
+        };
+        let stuck = gpus_used == 0
+            && next_arrival == order.len()
+            && down_until.iter().all(|u| *u <= t);
+        for &i in &active {
+            world.advance(&mut jobs[i], t, round);
+            if jobs[i].finished.is_some() {
+                jobs[i].slots.clear();
+                finished += 1;
+            }
+        }
+        hooks.after_round(&record, finished, jobs.len());
+        rounds.push(record);
+        if stuck {
+            // Every node is up, nothing will arrive, and the scheduler runs nothing: it never will.
+            break;
+        }
+        t += round;
+    }
+    let records: Vec<JobRecord> = jobs
+        .iter()
+        .map(|j| JobRecord {
+            name: j.trace.name.clone(),
+            application: j.trace.application.clone(),
+            submit_s: j.trace.submit_s,
+            start_s: j.started,
+            finish_s: j.finished,
+            restarts: j.restarts,
+            gpu_seconds: j.attained,
+            requested_replicas: j.trace.requested_replicas,
+            peak_replicas: j.peak,
+        })
+        .collect();
+    let first = records.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+    let last = records.iter().filter_map(|j| j.finish_s).fold(f64::NEG_INFINITY, f64::max);
+    let gpu_seconds_up: f64 = rounds
+        .iter()
+        .map(|r| {
+            let (a, b) = (r.time_s.max(first), (r.time_s + round).min(last));
+            r.gpus_up as f64 * (b - a).max(0.0)
+        })
+        .sum();
+    Ok(Report {
+        policy: scheduler.name().to_string(),
+        summary: Summary::of(&records, gpu_seconds_up),
+        jobs: records,
+        rounds,
+        gpu_seconds_up,
+    })
+}

@@ -1,0 +1,120 @@
+//! What a simulation run produces: per-job and per-round records and their summary.
+
+use serde::{Deserialize, Serialize};
+
+/// One job's life in a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub name: String,
+    pub application: String,
+    pub submit_s: f64,
+    /// When it first got GPUs.
+    pub start_s: Option<f64>,
+    pub finish_s: Option<f64>,
+    /// Restarts on a new allocation after the first start (rescales, preemptions, failures).
+    pub restarts: u32,
+    pub gpu_seconds: f64,
+    pub requested_replicas: u32,
+    /// The most GPUs it held at once.
+    pub peak_replicas: u32,
+}
+
+impl JobRecord {
+    pub fn jct_s(&self) -> Option<f64> {
+        self.finish_s.map(|f| f - self.submit_s)
+    }
+
+    pub fn queueing_s(&self) -> Option<f64> {
+        self.start_s.map(|s| s - self.submit_s)
+    }
+}
+
+/// The cluster at one scheduling round.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundRecord {
+    pub time_s: f64,
+    /// Jobs submitted and not finished.
+    pub active_jobs: u32,
+    /// Active jobs without GPUs.
+    pub queued_jobs: u32,
+    pub gpus_used: u32,
+    /// GPUs of nodes that are up.
+    pub gpus_up: u32,
+    /// Jobs whose allocation changed this round (started, resized, moved or preempted).
+    pub changed_jobs: u32,
+    /// Wall-clock microseconds the scheduler took (0 where the caller does not measure).
+    pub decide_us: u64,
+}
+
+/// The numbers an operator compares policies by.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub jobs: u32,
+    pub finished: u32,
+    pub mean_jct_s: f64,
+    pub median_jct_s: f64,
+    pub p99_jct_s: f64,
+    /// From the first submission to the last completion.
+    pub makespan_s: f64,
+    /// GPU-seconds held / GPU-seconds up, over the makespan.
+    pub gpu_utilisation: f64,
+    pub mean_queueing_s: f64,
+    pub restarts: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub policy: String,
+    pub jobs: Vec<JobRecord>,
+    pub rounds: Vec<RoundRecord>,
+    pub summary: Summary,
+    /// GPU-seconds the nodes were up over the makespan.
+    pub gpu_seconds_up: f64,
+}
+
+/// The `q`-quantile of sorted values, linear between ranks (numpy's default).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+impl Summary {
+    pub fn of(jobs: &[JobRecord], gpu_seconds_up: f64) -> Summary {
+        let mut jcts: Vec<f64> = jobs.iter().filter_map(JobRecord::jct_s).collect();
+        jcts.sort_by(f64::total_cmp);
+        let queueing: Vec<f64> = jobs.iter().filter_map(JobRecord::queueing_s).collect();
+        let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+        let first = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+        let last = jobs.iter().filter_map(|j| j.finish_s).fold(f64::NEG_INFINITY, f64::max);
+        let held: f64 = jobs.iter().map(|j| j.gpu_seconds).sum();
+        Summary {
+            jobs: jobs.len() as u32,
+            finished: jcts.len() as u32,
+            mean_jct_s: mean(&jcts),
+            median_jct_s: quantile(&jcts, 0.5),
+            p99_jct_s: quantile(&jcts, 0.99),
+            makespan_s: if last > first { last - first } else { 0.0 },
+            gpu_utilisation: if gpu_seconds_up > 0.0 { held / gpu_seconds_up } else { 0.0 },
+            mean_queueing_s: mean(&queueing),
+            restarts: jobs.iter().map(|j| j.restarts).sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_between_ranks() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(quantile(&v, 0.5), 2.5);
+        assert_eq!(quantile(&v, 1.0), 4.0);
+        assert!((quantile(&v, 0.99) - 3.97).abs() < 1e-12);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}
