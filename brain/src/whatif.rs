@@ -5,11 +5,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use datasets::export::{Values, write_table};
+use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
 use optimizer::schedule::{Assignment, Scheduler, SchedulerKind, Snapshot};
 use optimizer::sim::engine::{NodeFailures, SimHooks};
 use optimizer::sim::{AppProfile, ClusterSpec, Report, SimConfig, Summary, TraceJob, simulate};
-use optimizer::PolicyError;
 
 use crate::BrainError;
 
@@ -66,7 +66,10 @@ pub fn load_traces(paths: &[PathBuf]) -> Result<Vec<NamedTrace>, BrainError> {
                 .filter(|f| f.extension().is_some_and(|x| x == "csv"))
                 .collect();
             if inside.is_empty() {
-                return Err(BrainError::Invalid(format!("{}: no .csv traces in the directory", p.display())));
+                return Err(BrainError::Invalid(format!(
+                    "{}: no .csv traces in the directory",
+                    p.display()
+                )));
             }
             inside.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
             files.extend(inside);
@@ -78,7 +81,11 @@ pub fn load_traces(paths: &[PathBuf]) -> Result<Vec<NamedTrace>, BrainError> {
         .iter()
         .map(|f| {
             Ok(NamedTrace {
-                name: f.file_stem().unwrap_or_default().to_string_lossy().to_string(),
+                name: f
+                    .file_stem()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string(),
                 jobs: datasets::pollux::read_workload(f)?,
             })
         })
@@ -87,15 +94,36 @@ pub fn load_traces(paths: &[PathBuf]) -> Result<Vec<NamedTrace>, BrainError> {
 
 /// `workload-10` after `workload-9`.
 fn natural_key(p: &Path) -> (String, u64) {
-    let stem = p.file_stem().unwrap_or_default().to_string_lossy().to_string();
-    let digits: String = stem.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
-    let n = digits.chars().rev().collect::<String>().parse().unwrap_or(0);
-    (stem.trim_end_matches(|c: char| c.is_ascii_digit()).to_string(), n)
+    let stem = p
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let digits: String = stem
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    let n = digits
+        .chars()
+        .rev()
+        .collect::<String>()
+        .parse()
+        .unwrap_or(0);
+    (
+        stem.trim_end_matches(|c: char| c.is_ascii_digit())
+            .to_string(),
+        n,
+    )
 }
 
 /// The application profiles beside a Pollux/Sia-layout trace: `<workloads>/../traces`.
 pub fn default_profiles(trace: &Path) -> Option<PathBuf> {
-    let dir = if trace.is_dir() { trace } else { trace.parent()? };
+    let dir = if trace.is_dir() {
+        trace
+    } else {
+        trace.parent()?
+    };
     let candidate = dir.parent()?.join("traces");
     candidate.is_dir().then_some(candidate)
 }
@@ -126,13 +154,22 @@ struct Timed<'a> {
 }
 
 impl SimHooks for Timed<'_> {
-    fn decide(&mut self, scheduler: &dyn Scheduler, snapshot: &Snapshot) -> (Result<Assignment, PolicyError>, u64) {
+    fn decide(
+        &mut self,
+        scheduler: &dyn Scheduler,
+        snapshot: &Snapshot,
+    ) -> (Result<Assignment, PolicyError>, u64) {
         let start = Instant::now();
         let answer = scheduler.schedule(snapshot);
         (answer, start.elapsed().as_micros() as u64)
     }
 
-    fn after_round(&mut self, _round: &optimizer::sim::RoundRecord, finished: usize, _total: usize) {
+    fn after_round(
+        &mut self,
+        _round: &optimizer::sim::RoundRecord,
+        finished: usize,
+        _total: usize,
+    ) {
         if finished > self.done {
             (self.on_jobs_done)((finished - self.done) as u64);
             self.done = finished;
@@ -153,36 +190,45 @@ pub fn run(
         .flat_map(|p| (0..traces.len()).map(move |t| (p, t)))
         .collect();
     let next = Mutex::new(0usize);
-    let results: Mutex<Vec<Option<Result<Report, BrainError>>>> = Mutex::new((0..tasks.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Option<Result<Report, BrainError>>>> =
+        Mutex::new((0..tasks.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..options.parallel.max(1).min(tasks.len().max(1)) {
-            scope.spawn(|| loop {
-                let k = {
-                    let mut n = next.lock().expect("no panics while held");
-                    let k = *n;
-                    *n += 1;
-                    k
-                };
-                let Some(&(p, t)) = tasks.get(k) else { break };
-                let mut hooks = Timed { on_jobs_done, done: 0 };
-                let report = simulate(
-                    &traces[t].jobs,
-                    profiles,
-                    &options.cluster,
-                    &policies[p].scheduler,
-                    &options.sim,
-                    &mut hooks,
-                )
-                .map_err(|source| BrainError::Simulation {
-                    trace: traces[t].name.clone(),
-                    policy: policies[p].label.clone(),
-                    source,
-                });
-                results.lock().expect("no panics while held")[k] = Some(report);
+            scope.spawn(|| {
+                loop {
+                    let k = {
+                        let mut n = next.lock().expect("no panics while held");
+                        let k = *n;
+                        *n += 1;
+                        k
+                    };
+                    let Some(&(p, t)) = tasks.get(k) else { break };
+                    let mut hooks = Timed {
+                        on_jobs_done,
+                        done: 0,
+                    };
+                    let report = simulate(
+                        &traces[t].jobs,
+                        profiles,
+                        &options.cluster,
+                        &policies[p].scheduler,
+                        &options.sim,
+                        &mut hooks,
+                    )
+                    .map_err(|source| BrainError::Simulation {
+                        trace: traces[t].name.clone(),
+                        policy: policies[p].label.clone(),
+                        source,
+                    });
+                    results.lock().expect("no panics while held")[k] = Some(report);
+                }
             });
         }
     });
-    let mut results = results.into_inner().expect("no panics while held").into_iter();
+    let mut results = results
+        .into_inner()
+        .expect("no panics while held")
+        .into_iter();
     let mut out = Vec::new();
     for policy in policies {
         let mut runs = Vec::new();
@@ -190,12 +236,22 @@ pub fn run(
             let report = results.next().flatten().expect("every task ran")?;
             runs.push((trace.name.clone(), report));
         }
-        let jobs: Vec<_> = runs.iter().flat_map(|(_, r)| r.jobs.iter().cloned()).collect();
+        let jobs: Vec<_> = runs
+            .iter()
+            .flat_map(|(_, r)| r.jobs.iter().cloned())
+            .collect();
         let up: f64 = runs.iter().map(|(_, r)| r.gpu_seconds_up).sum();
         let mut summary = Summary::of(&jobs, up);
         // Traces are separate replays: the makespan is the longest, not the pooled span.
-        summary.makespan_s = runs.iter().map(|(_, r)| r.summary.makespan_s).fold(0.0, f64::max);
-        let max_decide_us = runs.iter().flat_map(|(_, r)| r.rounds.iter().map(|x| x.decide_us)).max().unwrap_or(0);
+        summary.makespan_s = runs
+            .iter()
+            .map(|(_, r)| r.summary.makespan_s)
+            .fold(0.0, f64::max);
+        let max_decide_us = runs
+            .iter()
+            .flat_map(|(_, r)| r.rounds.iter().map(|x| x.decide_us))
+            .max()
+            .unwrap_or(0);
         out.push(PolicyResult {
             label: policy.label.clone(),
             runs,
@@ -206,11 +262,20 @@ pub fn run(
     Ok(out)
 }
 
-/// The side-by-side table, one row per policy.
+/// The side-by-side table, one row per policy. Everything in it follows from the inputs and
+/// the seed (decision times, which depend on the machine, are in [`render_timing`]).
 pub fn render_table(results: &[PolicyResult]) -> String {
     let header = [
-        "policy", "jobs", "finished", "mean JCT s", "median JCT s", "p99 JCT s", "makespan s",
-        "GPU util %", "mean queue s", "restarts", "slowest round ms",
+        "policy",
+        "jobs",
+        "finished",
+        "mean JCT s",
+        "median JCT s",
+        "p99 JCT s",
+        "makespan s",
+        "GPU util %",
+        "mean queue s",
+        "restarts",
     ];
     let rows: Vec<Vec<String>> = results
         .iter()
@@ -227,18 +292,29 @@ pub fn render_table(results: &[PolicyResult]) -> String {
                 format!("{:.1}", 100.0 * s.gpu_utilisation),
                 format!("{:.0}", s.mean_queueing_s),
                 s.restarts.to_string(),
-                format!("{:.1}", r.max_decide_us as f64 / 1000.0),
             ]
         })
         .collect();
     let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].len()).chain([header[c].len()]).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let line = |cells: Vec<String>| {
         cells
             .iter()
             .enumerate()
-            .map(|(c, v)| if c == 0 { format!("{v:<w$}", w = widths[c]) } else { format!("{v:>w$}", w = widths[c]) })
+            .map(|(c, v)| {
+                if c == 0 {
+                    format!("{v:<w$}", w = widths[c])
+                } else {
+                    format!("{v:>w$}", w = widths[c])
+                }
+            })
             .collect::<Vec<_>>()
             .join("  ")
     };
@@ -260,10 +336,20 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
     let mut written = Vec::new();
     let jobs: Vec<(&str, &str, &optimizer::sim::JobRecord)> = results
         .iter()
-        .flat_map(|r| r.runs.iter().flat_map(move |(t, rep)| rep.jobs.iter().map(move |j| (r.label.as_str(), t.as_str(), j))))
+        .flat_map(|r| {
+            r.runs.iter().flat_map(move |(t, rep)| {
+                rep.jobs
+                    .iter()
+                    .map(move |j| (r.label.as_str(), t.as_str(), j))
+            })
+        })
         .collect();
-    let text = |f: &dyn Fn(&(&str, &str, &optimizer::sim::JobRecord)) -> String| Values::Text(jobs.iter().map(f).collect());
-    let num = |f: &dyn Fn(&optimizer::sim::JobRecord) -> Option<f64>| Values::F64(jobs.iter().map(|j| f(j.2)).collect());
+    let text = |f: &dyn Fn(&(&str, &str, &optimizer::sim::JobRecord)) -> String| {
+        Values::Text(jobs.iter().map(f).collect())
+    };
+    let num = |f: &dyn Fn(&optimizer::sim::JobRecord) -> Option<f64>| {
+        Values::F64(jobs.iter().map(|j| f(j.2)).collect())
+    };
     written.extend(write_table(
         &dir.join("jobs"),
         vec![
@@ -277,22 +363,48 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
             ("jct_s", num(&|j| j.jct_s())),
             ("queueing_s", num(&|j| j.queueing_s())),
             ("gpu_seconds", num(&|j| Some(j.gpu_seconds))),
-            ("restarts", Values::U64(jobs.iter().map(|j| j.2.restarts as u64).collect())),
-            ("requested_gpus", Values::U64(jobs.iter().map(|j| j.2.requested_replicas as u64).collect())),
-            ("peak_gpus", Values::U64(jobs.iter().map(|j| j.2.peak_replicas as u64).collect())),
+            (
+                "restarts",
+                Values::U64(jobs.iter().map(|j| j.2.restarts as u64).collect()),
+            ),
+            (
+                "requested_gpus",
+                Values::U64(jobs.iter().map(|j| j.2.requested_replicas as u64).collect()),
+            ),
+            (
+                "peak_gpus",
+                Values::U64(jobs.iter().map(|j| j.2.peak_replicas as u64).collect()),
+            ),
         ],
     )?);
     let rounds: Vec<(&str, &str, &optimizer::sim::RoundRecord)> = results
         .iter()
-        .flat_map(|r| r.runs.iter().flat_map(move |(t, rep)| rep.rounds.iter().map(move |x| (r.label.as_str(), t.as_str(), x))))
+        .flat_map(|r| {
+            r.runs.iter().flat_map(move |(t, rep)| {
+                rep.rounds
+                    .iter()
+                    .map(move |x| (r.label.as_str(), t.as_str(), x))
+            })
+        })
         .collect();
-    let count = |f: &dyn Fn(&optimizer::sim::RoundRecord) -> u64| Values::U64(rounds.iter().map(|r| f(r.2)).collect());
+    let count = |f: &dyn Fn(&optimizer::sim::RoundRecord) -> u64| {
+        Values::U64(rounds.iter().map(|r| f(r.2)).collect())
+    };
     written.extend(write_table(
         &dir.join("rounds"),
         vec![
-            ("policy", Values::Text(rounds.iter().map(|r| r.0.to_string()).collect())),
-            ("trace", Values::Text(rounds.iter().map(|r| r.1.to_string()).collect())),
-            ("time_s", Values::F64(rounds.iter().map(|r| Some(r.2.time_s)).collect())),
+            (
+                "policy",
+                Values::Text(rounds.iter().map(|r| r.0.to_string()).collect()),
+            ),
+            (
+                "trace",
+                Values::Text(rounds.iter().map(|r| r.1.to_string()).collect()),
+            ),
+            (
+                "time_s",
+                Values::F64(rounds.iter().map(|r| Some(r.2.time_s)).collect()),
+            ),
             ("active_jobs", count(&|r| r.active_jobs as u64)),
             ("queued_jobs", count(&|r| r.queued_jobs as u64)),
             ("gpus_used", count(&|r| r.gpus_used as u64)),
@@ -301,20 +413,34 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
             ("decide_us", count(&|r| r.decide_us)),
         ],
     )?);
-    let f = |g: &dyn Fn(&PolicyResult) -> f64| Values::F64(results.iter().map(|r| Some(g(r))).collect());
+    let f = |g: &dyn Fn(&PolicyResult) -> f64| {
+        Values::F64(results.iter().map(|r| Some(g(r))).collect())
+    };
     written.extend(write_table(
         &dir.join("summary"),
         vec![
-            ("policy", Values::Text(results.iter().map(|r| r.label.clone()).collect())),
-            ("jobs", Values::U64(results.iter().map(|r| r.summary.jobs as u64).collect())),
-            ("finished", Values::U64(results.iter().map(|r| r.summary.finished as u64).collect())),
+            (
+                "policy",
+                Values::Text(results.iter().map(|r| r.label.clone()).collect()),
+            ),
+            (
+                "jobs",
+                Values::U64(results.iter().map(|r| r.summary.jobs as u64).collect()),
+            ),
+            (
+                "finished",
+                Values::U64(results.iter().map(|r| r.summary.finished as u64).collect()),
+            ),
             ("mean_jct_s", f(&|r| r.summary.mean_jct_s)),
             ("median_jct_s", f(&|r| r.summary.median_jct_s)),
             ("p99_jct_s", f(&|r| r.summary.p99_jct_s)),
             ("makespan_s", f(&|r| r.summary.makespan_s)),
             ("gpu_utilisation", f(&|r| r.summary.gpu_utilisation)),
             ("mean_queueing_s", f(&|r| r.summary.mean_queueing_s)),
-            ("restarts", Values::U64(results.iter().map(|r| r.summary.restarts as u64).collect())),
+            (
+                "restarts",
+                Values::U64(results.iter().map(|r| r.summary.restarts as u64).collect()),
+            ),
             ("slowest_round_ms", f(&|r| r.max_decide_us as f64 / 1000.0)),
         ],
     )?);
@@ -324,4 +450,13 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
 /// Node failures from the two CLI numbers, when the MTBF is given.
 pub fn failures(mtbf_s: Option<f64>, repair_s: f64) -> Option<NodeFailures> {
     mtbf_s.map(|mtbf_s| NodeFailures { mtbf_s, repair_s })
+}
+
+/// How long each policy's slowest scheduling round took, on this machine.
+pub fn render_timing(results: &[PolicyResult]) -> String {
+    let parts: Vec<String> = results
+        .iter()
+        .map(|r| format!("{} {:.1} ms", r.label, r.max_decide_us as f64 / 1000.0))
+        .collect();
+    format!("slowest scheduling round: {}", parts.join(", "))
 }

@@ -15,7 +15,10 @@ pub enum Values {
 }
 
 /// Writes `columns` to `<stem>.parquet` and `<stem>.csv`; returns both paths.
-pub fn write_table(stem: &Path, columns: Vec<(&str, Values)>) -> Result<[PathBuf; 2], DatasetError> {
+pub fn write_table(
+    stem: &Path,
+    columns: Vec<(&str, Values)>,
+) -> Result<[PathBuf; 2], DatasetError> {
     let parquet = stem.with_extension("parquet");
     let csv = stem.with_extension("csv");
     let fail = |path: &Path, e: &dyn std::fmt::Display| DatasetError::Write {
@@ -62,9 +65,17 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(std::fs::read_to_string(csv).unwrap(), "name,jct_s,restarts\na,1.5,0\nb,,3\n");
-        let df = ParquetReader::new(std::fs::File::open(parquet).unwrap()).finish().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(csv).unwrap(),
+            "name,jct_s,restarts\na,1.5,0\nb,,3\n"
+        );
+        let df = ParquetReader::new(std::fs::File::open(parquet).unwrap())
+            .finish()
+            .unwrap();
         assert_eq!(df.shape(), (2, 3));
-        assert_eq!(df.column("restarts").unwrap().u64().unwrap().get(1), Some(3));
+        assert_eq!(
+            df.column("restarts").unwrap().u64().unwrap().get(1),
+            Some(3)
+        );
     }
 }

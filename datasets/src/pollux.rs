@@ -72,7 +72,13 @@ fn step_rows(path: &Path, named_placement: bool) -> Result<Vec<StepRow>, Dataset
         if named_placement {
             &["placement", "local_bsz", "step_time", "sync_time"]
         } else {
-            &["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
+            &[
+                "num_nodes",
+                "num_replicas",
+                "local_bsz",
+                "step_time",
+                "sync_time",
+            ]
         },
     )?;
     let col = |n: &str| t.column(n).expect("checked by read_any_order");
@@ -159,7 +165,11 @@ pub fn read_app(dir: &Path, limits: AppLimits) -> Result<AppProfile, DatasetErro
     let mut steps: BTreeMap<String, Vec<StepRow>> = BTreeMap::new();
     let mut curves = BTreeMap::new();
     for f in &files {
-        let stem = f.file_stem().unwrap_or_default().to_string_lossy().to_string();
+        let stem = f
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         let (kind, suffix) = match stem.split_once('-') {
             Some((k, s)) => (k.to_string(), Some(s.to_string())),
             None => (stem.clone(), None),
@@ -209,7 +219,11 @@ pub fn read_apps(traces: &Path) -> Result<Vec<AppProfile>, DatasetError> {
     dirs.sort();
     dirs.iter()
         .map(|d| {
-            let name = d.file_name().unwrap_or_default().to_string_lossy().to_string();
+            let name = d
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
             read_app(d, pollux_limits(&name))
         })
         .collect()
@@ -228,13 +242,33 @@ mod tests {
         let jobs = read_workload(&data().join("workloads/workload-1.csv")).unwrap();
         assert_eq!(jobs.len(), 160);
         assert_eq!(jobs[0].name, "cifar10-0");
-        assert_eq!((jobs[0].submit_s, jobs[0].requested_replicas, jobs[0].batch_size), (107.0, 6, 2048));
+        assert_eq!(
+            (
+                jobs[0].submit_s,
+                jobs[0].requested_replicas,
+                jobs[0].batch_size
+            ),
+            (107.0, 6, 2048)
+        );
         let apps = read_apps(&data().join("traces")).unwrap();
         let names: Vec<&str> = apps.iter().map(|a| a.name.as_str()).collect();
-        assert_eq!(names, ["bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"]);
+        assert_eq!(
+            names,
+            [
+                "bert",
+                "cifar10",
+                "deepspeech2",
+                "imagenet",
+                "ncf",
+                "yolov3"
+            ]
+        );
         let bert = &apps[0];
         assert_eq!(bert.steps.keys().collect::<Vec<_>>(), ["t4"]);
-        assert_eq!(bert.curves.keys().copied().collect::<Vec<_>>(), [12, 24, 48, 96, 192, 384]);
+        assert_eq!(
+            bert.curves.keys().copied().collect::<Vec<_>>(),
+            [12, 24, 48, 96, 192, 384]
+        );
         assert_eq!(bert.limits.max_epochs, Some(2));
         for app in &apps {
             optimizer::sim::App::new(app).unwrap();
@@ -251,17 +285,32 @@ mod tests {
         )
         .unwrap();
         let e = read_workload(&p).unwrap_err().to_string();
-        assert!(e.ends_with("w.csv:3:4: `num_replicas` `two` is not a valid value: invalid float literal"), "{e}");
-        std::fs::write(&p, "name,time,application,num_replicas,batch_size\na,-1,bert,2,12\n").unwrap();
+        assert!(
+            e.ends_with(
+                "w.csv:3:4: `num_replicas` `two` is not a valid value: invalid float literal"
+            ),
+            "{e}"
+        );
+        std::fs::write(
+            &p,
+            "name,time,application,num_replicas,batch_size\na,-1,bert,2,12\n",
+        )
+        .unwrap();
         let e = read_workload(&p).unwrap_err().to_string();
         assert!(e.contains("w.csv:2:2: `time` is -1"), "{e}");
         std::fs::write(&p, "name,time,app\na,1,bert\n").unwrap();
         let e = read_workload(&p).unwrap_err().to_string();
         assert!(e.contains("header is `name,time,app`"), "{e}");
-        std::fs::write(&p, "name,time,application,num_replicas,batch_size\na,1,bert,2\n").unwrap();
+        std::fs::write(
+            &p,
+            "name,time,application,num_replicas,batch_size\na,1,bert,2\n",
+        )
+        .unwrap();
         let e = read_workload(&p).unwrap_err().to_string();
         assert!(e.contains("w.csv:2:5: `batch_size` is missing"), "{e}");
-        let e = read_workload(&dir.path().join("none.csv")).unwrap_err().to_string();
+        let e = read_workload(&dir.path().join("none.csv"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("none.csv") && e.contains("No such file"), "{e}");
     }
 
@@ -275,8 +324,14 @@ mod tests {
             "placement,local_bsz,step_time,sync_time\n1,4,0.5,0.0\n2x,4,0.5,0.1\n",
         )
         .unwrap();
-        std::fs::write(app.join("validation-8.csv"), "progress,iteration,metric,grad_sqr,grad_var\n1,1,1,1,1\n").unwrap();
-        let e = read_app(&app, AppLimits::default()).unwrap_err().to_string();
+        std::fs::write(
+            app.join("validation-8.csv"),
+            "progress,iteration,metric,grad_sqr,grad_var\n1,1,1,1,1\n",
+        )
+        .unwrap();
+        let e = read_app(&app, AppLimits::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("placements.csv:3:1: placement `2x`"), "{e}");
     }
 }

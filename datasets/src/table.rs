@@ -147,10 +147,6 @@ impl Table {
         self.rows
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// An error about the cell at (`row`, `col`).
     pub fn error(&self, row: usize, col: usize, message: impl Into<String>) -> DatasetError {
         DatasetError::Value {

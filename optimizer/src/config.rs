@@ -103,9 +103,11 @@ mod tests {
                 queue_threshold_gpu_s: 3600.0
             }))
         );
-        let e = PolicyConfig::from_toml("[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"pollux\"\npp = 1\n")
-            .unwrap_err()
-            .to_string();
+        let e = PolicyConfig::from_toml(
+            "[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"pollux\"\npp = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("scheduler") && e.contains("pp"), "{e}");
     }
 

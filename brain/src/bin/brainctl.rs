@@ -9,7 +9,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::sim::{ClusterSpec, SimConfig};
 
 #[derive(Parser)]
-#[command(name = "brainctl", version, about = "Operate Brain: replay traces under policies before they touch a cluster.")]
+#[command(
+    name = "brainctl",
+    version,
+    about = "Operate Brain: replay traces under policies before they touch a cluster."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -96,24 +100,37 @@ fn main() -> anyhow::Result<()> {
                 Some(p) => p,
                 None => match whatif::default_profiles(&traces[0]) {
                     Some(p) => p,
-                    None => bail!("no application profiles beside {}: give --profiles DIR", traces[0].display()),
+                    None => bail!(
+                        "no application profiles beside {}: give --profiles DIR",
+                        traces[0].display()
+                    ),
                 },
             };
-            let profiles = datasets::pollux::read_apps(&profiles_dir)
-                .with_context(|| format!("reading application profiles in {}", profiles_dir.display()))?;
+            let profiles = datasets::pollux::read_apps(&profiles_dir).with_context(|| {
+                format!("reading application profiles in {}", profiles_dir.display())
+            })?;
             let traces = whatif::load_traces(&traces)?;
-            let total: u64 = traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
+            let total: u64 =
+                traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
             let bar = ProgressBar::new(total).with_style(
-                ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished ({eta} left)")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished ({eta} left)",
+                )
+                .expect("a valid template")
+                .progress_chars("=> "),
             );
-            let parallel = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            let options = whatif::Options { cluster, sim, parallel };
+            let parallel =
+                jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let options = whatif::Options {
+                cluster,
+                sim,
+                parallel,
+            };
             let on_done = |n: u64| bar.inc(n);
             let results = whatif::run(&traces, &profiles, &policies, &options, &on_done)?;
             bar.finish_and_clear();
             print!("{}", whatif::render_table(&results));
+            eprintln!("{}", whatif::render_timing(&results));
             if let Some(dir) = out {
                 for path in whatif::write_outputs(&dir, &results)? {
                     eprintln!("wrote {}", path.display());

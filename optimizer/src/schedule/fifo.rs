@@ -34,7 +34,11 @@ impl Scheduler for Fifo {
             // The worker type where the job is fastest among those with room.
             let best = (0..snapshot.worker_types.len())
                 .filter(|&t| free.on_type(t) >= r && job.goodput_at(t, r) > 0.0)
-                .max_by(|&a, &b| job.goodput_at(a, r).total_cmp(&job.goodput_at(b, r)).then(b.cmp(&a)));
+                .max_by(|&a, &b| {
+                    job.goodput_at(a, r)
+                        .total_cmp(&job.goodput_at(b, r))
+                        .then(b.cmp(&a))
+                });
             match best.and_then(|t| free.take(t, r)) {
                 Some(slots) => {
                     out.insert(job.id, slots);
@@ -60,7 +64,10 @@ mod tests {
         let a = Fifo::default().schedule(&s).unwrap();
         assert_eq!(a.keys().copied().collect::<Vec<_>>(), vec![JobId(0)]);
         let a = Fifo { backfill: true }.schedule(&s).unwrap();
-        assert_eq!(a.keys().copied().collect::<Vec<_>>(), vec![JobId(0), JobId(2)]);
+        assert_eq!(
+            a.keys().copied().collect::<Vec<_>>(),
+            vec![JobId(0), JobId(2)]
+        );
     }
 
     #[test]

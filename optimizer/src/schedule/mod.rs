@@ -189,7 +189,10 @@ impl FreeGpus {
 
     /// Takes `slots` if every node still has them.
     pub fn take_exact(&mut self, slots: &[(usize, u32)]) -> bool {
-        if slots.iter().any(|&(n, k)| self.free.get(n).is_none_or(|f| *f < k)) {
+        if slots
+            .iter()
+            .any(|&(n, k)| self.free.get(n).is_none_or(|f| *f < k))
+        {
             return false;
         }
         for &(n, k) in slots {
@@ -291,7 +294,10 @@ pub fn check(snapshot: &Snapshot, assignment: &Assignment) -> Result<(), PolicyE
             return bad(format!("{id} spans {} worker types", types.len()));
         }
         if total > job.max_replicas {
-            return bad(format!("{id} is given {total} GPUs, more than its {}", job.max_replicas));
+            return bad(format!(
+                "{id} is given {total} GPUs, more than its {}",
+                job.max_replicas
+            ));
         }
     }
     for (n, (u, node)) in used.iter().zip(&snapshot.nodes).enumerate() {
@@ -311,7 +317,13 @@ pub(crate) mod tests {
         Snapshot {
             now_s: 1000.0,
             worker_types: vec![WorkerType("t4".into())],
-            nodes: vec![NodeView { worker_type: 0, gpus: 4 }; nodes],
+            nodes: vec![
+                NodeView {
+                    worker_type: 0,
+                    gpus: 4
+                };
+                nodes
+            ],
             jobs: jobs
                 .iter()
                 .enumerate()
@@ -348,9 +360,19 @@ pub(crate) mod tests {
     fn broken_assignments_are_rejected_with_the_reason() {
         let s = snapshot(2, &[(2, 4, 0.0)]);
         let over = Assignment::from([(JobId(0), vec![(0, 4), (1, 1)])]);
-        assert!(check(&s, &over).unwrap_err().to_string().contains("more than its 4"));
+        assert!(
+            check(&s, &over)
+                .unwrap_err()
+                .to_string()
+                .contains("more than its 4")
+        );
         let unknown = Assignment::from([(JobId(9), vec![(0, 1)])]);
-        assert!(check(&s, &unknown).unwrap_err().to_string().contains("not in the snapshot"));
+        assert!(
+            check(&s, &unknown)
+                .unwrap_err()
+                .to_string()
+                .contains("not in the snapshot")
+        );
         let ok = Assignment::from([(JobId(0), vec![(0, 2), (1, 2)])]);
         check(&s, &ok).unwrap();
     }

@@ -16,7 +16,11 @@ pub struct Optimus {}
 /// Seconds left for `job` with `r` GPUs on type `t` (infinite with none).
 fn remaining_time(job: &JobView, t: usize, r: u32) -> f64 {
     let g = job.goodput_at(t, r);
-    if g > 0.0 { job.remaining / g } else { f64::INFINITY }
+    if g > 0.0 {
+        job.remaining / g
+    } else {
+        f64::INFINITY
+    }
 }
 
 impl Scheduler for Optimus {
@@ -33,11 +37,18 @@ impl Scheduler for Optimus {
         // (job, worker type, GPUs)
         let mut sizes: Vec<(&JobView, usize, u32)> = Vec::new();
         for job in &snapshot.jobs {
-            let t = job.current_type(&snapshot.nodes).filter(|&t| budget.on_type(t) >= 1).or_else(|| {
-                (0..snapshot.worker_types.len())
-                    .filter(|&t| budget.on_type(t) >= 1 && job.goodput_at(t, 1) > 0.0)
-                    .max_by(|&a, &b| job.goodput_at(a, 1).total_cmp(&job.goodput_at(b, 1)).then(b.cmp(&a)))
-            });
+            let t = job
+                .current_type(&snapshot.nodes)
+                .filter(|&t| budget.on_type(t) >= 1)
+                .or_else(|| {
+                    (0..snapshot.worker_types.len())
+                        .filter(|&t| budget.on_type(t) >= 1 && job.goodput_at(t, 1) > 0.0)
+                        .max_by(|&a, &b| {
+                            job.goodput_at(a, 1)
+                                .total_cmp(&job.goodput_at(b, 1))
+                                .then(b.cmp(&a))
+                        })
+                });
             if let Some(t) = t
                 && job.max_replicas >= 1
                 && budget.take(t, 1).is_some()
@@ -50,7 +61,11 @@ impl Scheduler for Optimus {
                 return 0.0;
             }
             let (now, next) = (remaining_time(job, t, r), remaining_time(job, t, r + 1));
-            if now.is_finite() && next.is_finite() { now - next } else { 0.0 }
+            if now.is_finite() && next.is_finite() {
+                now - next
+            } else {
+                0.0
+            }
         };
         let mut gains: Vec<f64> = sizes.iter().map(|&(j, t, r)| gain(j, t, r)).collect();
         loop {
@@ -64,17 +79,19 @@ impl Scheduler for Optimus {
             gains[i] = gain(job, t, r + 1);
         }
         let (mut out, mut free) = keep_current(snapshot, |job| {
-            sizes
-                .iter()
-                .any(|&(j, t, r)| j.id == job.id && r == job.current_replicas() && Some(t) == job.current_type(&snapshot.nodes))
+            sizes.iter().any(|&(j, t, r)| {
+                j.id == job.id
+                    && r == job.current_replicas()
+                    && Some(t) == job.current_type(&snapshot.nodes)
+            })
         });
         sizes.sort_by_key(|&(j, _, r)| (std::cmp::Reverse(r), j.submitted_s.to_bits(), j.id));
         for (job, t, r) in sizes {
-            if !out.contains_key(&job.id) {
+            if let std::collections::btree_map::Entry::Vacant(e) = out.entry(job.id) {
                 let slots = free.take_spread(t, r).ok_or_else(|| {
                     PolicyError::InvalidAssignment(format!("{} no longer fits", job.id))
                 })?;
-                out.insert(job.id, slots);
+                e.insert(slots);
             }
         }
         Ok(out)
@@ -101,7 +118,16 @@ mod tests {
 
     #[test]
     fn every_job_gets_one_gpu_before_any_gets_two() {
-        let s = snapshot(1, &[(1, 4, 0.0), (1, 4, 0.0), (1, 4, 0.0), (1, 4, 0.0), (1, 4, 0.0)]);
+        let s = snapshot(
+            1,
+            &[
+                (1, 4, 0.0),
+                (1, 4, 0.0),
+                (1, 4, 0.0),
+                (1, 4, 0.0),
+                (1, 4, 0.0),
+            ],
+        );
         let a = Optimus::default().schedule(&s).unwrap();
         assert_eq!(a.len(), 4);
         assert!(a.values().all(|s| s.iter().map(|x| x.1).sum::<u32>() == 1));

@@ -71,7 +71,10 @@ impl Pollux {
             return bad(format!("restart_delay_s is {}", self.restart_delay_s));
         }
         if !(self.max_growth.is_finite() && (self.max_growth == 0.0 || self.max_growth >= 1.0)) {
-            return bad(format!("max_growth is {}, expected 0 or ≥ 1", self.max_growth));
+            return bad(format!(
+                "max_growth is {}, expected 0 or ≥ 1",
+                self.max_growth
+            ));
         }
         Ok(())
     }
@@ -165,7 +168,9 @@ impl Scheduler for Pollux {
                 let c = &cands[i];
                 let type_choices: Vec<usize> = match (c.r, c.t) {
                     (r, Some(t)) if r > 0 => vec![t],
-                    (_, Some(t)) => std::iter::once(t).chain((0..types).filter(|&u| u != t)).collect(),
+                    (_, Some(t)) => std::iter::once(t)
+                        .chain((0..types).filter(|&u| u != t))
+                        .collect(),
                     _ => (0..types).collect(),
                 };
                 for t in type_choices {
@@ -187,10 +192,15 @@ impl Scheduler for Pollux {
         }
         let (mut out, mut free) = keep_current(snapshot, |job| {
             cands.iter().any(|c| {
-                c.job.id == job.id && c.r == job.current_replicas() && c.t == job.current_type(&snapshot.nodes)
+                c.job.id == job.id
+                    && c.r == job.current_replicas()
+                    && c.t == job.current_type(&snapshot.nodes)
             })
         });
-        let mut placing: Vec<&Candidate> = cands.iter().filter(|c| c.r > 0 && !out.contains_key(&c.job.id)).collect();
+        let mut placing: Vec<&Candidate> = cands
+            .iter()
+            .filter(|c| c.r > 0 && !out.contains_key(&c.job.id))
+            .collect();
         placing.sort_by_key(|c| (std::cmp::Reverse(c.r), c.job.id));
         for c in placing {
             let t = c.t.expect("a job with GPUs has a type");
@@ -234,7 +244,10 @@ mod tests {
         let mut s = s;
         s.jobs[0].peak_replicas = 3;
         assert_eq!(sizes(&Pollux::default().schedule(&s).unwrap()), vec![6]);
-        let free = Pollux { max_growth: 0.0, ..Pollux::default() };
+        let free = Pollux {
+            max_growth: 0.0,
+            ..Pollux::default()
+        };
         assert_eq!(sizes(&free.schedule(&s).unwrap()), vec![16]);
     }
 
@@ -249,7 +262,13 @@ mod tests {
         s.now_s = 10.0;
         let a = Pollux::default().schedule(&s).unwrap();
         assert_eq!(a[&JobId(0)], vec![(0, 2)]);
-        let bad = Pollux { p: 1.0, ..Pollux::default() };
-        assert!(matches!(bad.schedule(&s), Err(PolicyError::InvalidConfig(_))));
+        let bad = Pollux {
+            p: 1.0,
+            ..Pollux::default()
+        };
+        assert!(matches!(
+            bad.schedule(&s),
+            Err(PolicyError::InvalidConfig(_))
+        ));
     }
 }

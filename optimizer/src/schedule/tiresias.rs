@@ -60,7 +60,11 @@ impl Scheduler for Tiresias {
             let t = job.current_type(&snapshot.nodes).or_else(|| {
                 (0..snapshot.worker_types.len())
                     .filter(|&t| budget.on_type(t) >= r && job.goodput_at(t, r) > 0.0)
-                    .max_by(|&a, &b| job.goodput_at(a, r).total_cmp(&job.goodput_at(b, r)).then(b.cmp(&a)))
+                    .max_by(|&a, &b| {
+                        job.goodput_at(a, r)
+                            .total_cmp(&job.goodput_at(b, r))
+                            .then(b.cmp(&a))
+                    })
             });
             if let Some(t) = t
                 && budget.on_type(t) >= r
@@ -78,11 +82,11 @@ impl Scheduler for Tiresias {
             }
         }
         for (job, t, r) in running {
-            if !out.contains_key(&job.id) {
+            if let std::collections::btree_map::Entry::Vacant(e) = out.entry(job.id) {
                 let slots = free.take_spread(t, r).ok_or_else(|| {
                     PolicyError::InvalidAssignment(format!("{} no longer fits", job.id))
                 })?;
-                out.insert(job.id, slots);
+                e.insert(slots);
             }
         }
         Ok(out)
@@ -101,7 +105,10 @@ mod tests {
         let mut s = snapshot(1, &[(4, 4, 20.0 * 3600.0), (2, 4, 0.0), (2, 4, 0.0)]);
         s.jobs[0].current = vec![(0, 4)];
         let a = Tiresias::default().schedule(&s).unwrap();
-        assert_eq!(a.keys().copied().collect::<Vec<_>>(), vec![JobId(1), JobId(2)]);
+        assert_eq!(
+            a.keys().copied().collect::<Vec<_>>(),
+            vec![JobId(1), JobId(2)]
+        );
         // Below the threshold it keeps running.
         s.jobs[0].running_s = 1000.0;
         let a = Tiresias::default().schedule(&s).unwrap();
@@ -113,7 +120,10 @@ mod tests {
     fn smaller_jobs_fill_in_behind_one_that_does_not_fit() {
         let s = snapshot(2, &[(6, 8, 0.0), (4, 8, 0.0), (2, 8, 0.0)]);
         let a = Tiresias::default().schedule(&s).unwrap();
-        assert_eq!(a.keys().copied().collect::<Vec<_>>(), vec![JobId(0), JobId(2)]);
+        assert_eq!(
+            a.keys().copied().collect::<Vec<_>>(),
+            vec![JobId(0), JobId(2)]
+        );
         crate::schedule::check(&s, &a).unwrap();
     }
 }

@@ -83,6 +83,9 @@ struct GpuSteps {
     compute: MeasuredTable,
 }
 
+/// (GPU type, normalised placement, atomic batch size).
+type StepKey = (usize, Vec<u32>, u32);
+
 /// An [`AppProfile`] made ready to answer quickly. Answers are memoised, so an `App` belongs to
 /// one simulation at a time (it is `Send`, not `Sync`).
 pub struct App {
@@ -98,7 +101,7 @@ pub struct App {
     curves: Vec<(u32, Vec<CurveRow>)>,
     /// Progress at the end of each epoch (index e = after e epochs), the least over the curves.
     epoch_progress: Vec<f64>,
-    cache: RefCell<HashMap<(usize, Vec<u32>, u32), (f64, f64)>>,
+    cache: RefCell<HashMap<StepKey, (f64, f64)>>,
 }
 
 /// The lexicographically smallest rotation without empty nodes, as the measurements name it.
@@ -116,7 +119,8 @@ fn normalise(placement: &[u32]) -> Vec<u32> {
 
 impl App {
     pub fn new(profile: &AppProfile) -> Result<App, PolicyError> {
-        let bad = |m: String| PolicyError::InvalidConfig(format!("application {}: {m}", profile.name));
+        let bad =
+            |m: String| PolicyError::InvalidConfig(format!("application {}: {m}", profile.name));
         if profile.curves.is_empty() {
             return Err(bad("no training curves".into()));
         }
@@ -127,8 +131,12 @@ impl App {
         let min_local = all_bsz.clone().fold(f64::INFINITY, f64::min);
         let max_local = all_bsz.fold(0.0, f64::max);
         let l = &profile.limits;
-        let init_batch_size = l.init_batch_size.unwrap_or(*profile.curves.keys().next().unwrap());
-        let max_batch_size = l.max_batch_size.unwrap_or(*profile.curves.keys().last().unwrap());
+        let init_batch_size = l
+            .init_batch_size
+            .unwrap_or(*profile.curves.keys().next().unwrap());
+        let max_batch_size = l
+            .max_batch_size
+            .unwrap_or(*profile.curves.keys().last().unwrap());
         let min_local_bsz = l.min_local_bsz.unwrap_or(min_local.ceil() as u32).max(1);
         let max_local_bsz = l.max_local_bsz.unwrap_or(max_local.floor() as u32);
         let shortest = profile.curves.values().map(Vec::len).min().unwrap_or(0) as u32;
@@ -164,10 +172,11 @@ impl App {
                     )));
                 }
                 if let Some(p) = &r.placement {
-                    exact
-                        .entry(normalise(p))
-                        .or_default()
-                        .push((r.local_bsz, r.step_time, r.sync_time));
+                    exact.entry(normalise(p)).or_default().push((
+                        r.local_bsz,
+                        r.step_time,
+                        r.sync_time,
+                    ));
                 }
                 let placement = ModelPlacement {
                     ps: 0,
@@ -189,7 +198,8 @@ impl App {
             for v in exact.values_mut() {
                 v.sort_by(|a, b| a.0.total_cmp(&b.0));
             }
-            let fit = |s: &[StepSample]| MeasuredTable::fit(s).map_err(|e| bad(format!("{gpu}: {e}")));
+            let fit =
+                |s: &[StepSample]| MeasuredTable::fit(s).map_err(|e| bad(format!("{gpu}: {e}")));
             gpus.insert(
                 gpu.clone(),
                 GpuSteps {
@@ -199,8 +209,11 @@ impl App {
                 },
             );
         }
-        let curves: Vec<(u32, Vec<CurveRow>)> =
-            profile.curves.iter().map(|(b, c)| (*b, c.clone())).collect();
+        let curves: Vec<(u32, Vec<CurveRow>)> = profile
+            .curves
+            .iter()
+            .map(|(b, c)| (*b, c.clone()))
+            .collect();
         let epoch_progress = (0..=max_epochs as usize)
             .map(|e| {
                 if e == 0 {
@@ -308,7 +321,11 @@ impl App {
         let scale = batch / self.init_batch_size as f64;
         let (sqr, var) = self.grad_stats(batch, epoch);
         let denom = var / scale + sqr;
-        let gain = if denom > 0.0 { (var + sqr) / denom } else { 1.0 };
+        let gain = if denom > 0.0 {
+            (var + sqr) / denom
+        } else {
+            1.0
+        };
         gain / (step + (step - sync) * config.accum_steps as f64)
     }
 
@@ -344,7 +361,8 @@ impl App {
         for i in 0..CANDIDATES {
             let batch = lo * (hi / lo).powf(i as f64 / (CANDIDATES - 1) as f64);
             let local = batch / r as f64;
-            let mut accum = ((local / self.max_local_bsz as f64 - 1e-8).ceil() as u32).saturating_sub(1);
+            let mut accum =
+                ((local / self.max_local_bsz as f64 - 1e-8).ceil() as u32).saturating_sub(1);
             if r == 1 && local > self.init_batch_size as f64 + 1e-8 {
                 accum = accum.max(1);
             }
@@ -367,7 +385,7 @@ impl App {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn toy_profile() -> AppProfile {
@@ -421,9 +439,15 @@ mod tests {
     fn measured_placements_interpolate_and_others_come_from_the_table() {
         let app = App::new(&toy_profile()).unwrap();
         let (s, y) = app.step_time(0, &[2, 2], 12).unwrap();
-        assert!((s - (0.1 + 0.12 + 0.2)).abs() < 1e-9 && (y - 0.2).abs() < 1e-9, "{s} {y}");
+        assert!(
+            (s - (0.1 + 0.12 + 0.2)).abs() < 1e-9 && (y - 0.2).abs() < 1e-9,
+            "{s} {y}"
+        );
         // Rotations and empty nodes do not matter.
-        assert_eq!(app.step_time(0, &[0, 2, 2], 12), app.step_time(0, &[2, 2], 12));
+        assert_eq!(
+            app.step_time(0, &[0, 2, 2], 12),
+            app.step_time(0, &[2, 2], 12)
+        );
         // Three nodes were never measured: the table answers, between 2 and 4 nodes' worth.
         let (s, _) = app.step_time(0, &[2, 2, 2], 16).unwrap();
         assert!(s > 0.2 && s < 1.0, "{s}");
@@ -434,22 +458,54 @@ mod tests {
     fn larger_batches_gain_less_per_sample_and_the_best_config_uses_it() {
         let app = App::new(&toy_profile()).unwrap();
         assert_eq!((app.init_batch_size, app.max_batch_size), (8, 64));
-        assert_eq!((app.min_local_bsz, app.max_local_bsz, app.max_epochs), (8, 32, 4));
-        let small = app.goodput(0, &[1], BatchConfig { atomic_bsz: 8, accum_steps: 0 }, 0);
+        assert_eq!(
+            (app.min_local_bsz, app.max_local_bsz, app.max_epochs),
+            (8, 32, 4)
+        );
+        let small = app.goodput(
+            0,
+            &[1],
+            BatchConfig {
+                atomic_bsz: 8,
+                accum_steps: 0,
+            },
+            0,
+        );
         // gain of batch 8 is 1; one step takes 0.18 s.
         assert!((small - 1.0 / 0.18).abs() < 1e-9, "{small}");
         let (config, best) = app.best_config(0, &[4], 0);
         assert!(best >= app.goodput(0, &[4], app.fixed_config(4, 32), 0) - 1e-12);
-        assert!(config.atomic_bsz >= 8 && config.atomic_bsz <= 32, "{config:?}");
+        assert!(
+            config.atomic_bsz >= 8 && config.atomic_bsz <= 32,
+            "{config:?}"
+        );
         assert_eq!(app.total_progress(), 400.0);
     }
 
     #[test]
     fn fixed_batches_accumulate_past_the_largest_local_batch() {
         let app = App::new(&toy_profile()).unwrap();
-        assert_eq!(app.fixed_config(1, 64), BatchConfig { atomic_bsz: 32, accum_steps: 1 });
-        assert_eq!(app.fixed_config(4, 64), BatchConfig { atomic_bsz: 16, accum_steps: 0 });
+        assert_eq!(
+            app.fixed_config(1, 64),
+            BatchConfig {
+                atomic_bsz: 32,
+                accum_steps: 1
+            }
+        );
+        assert_eq!(
+            app.fixed_config(4, 64),
+            BatchConfig {
+                atomic_bsz: 16,
+                accum_steps: 0
+            }
+        );
         // A single replica above the initial batch accumulates at least once.
-        assert_eq!(app.fixed_config(1, 16), BatchConfig { atomic_bsz: 8, accum_steps: 1 });
+        assert_eq!(
+            app.fixed_config(1, 16),
+            BatchConfig {
+                atomic_bsz: 8,
+                accum_steps: 1
+            }
+        );
     }
 }

@@ -17,7 +17,9 @@ use super::app::{App, AppProfile, BatchConfig};
 use super::report::{JobRecord, Report, RoundRecord, Summary};
 use super::{ClusterSpec, TraceJob};
 use crate::error::PolicyError;
-use crate::schedule::{Assignment, BatchSizing, JobView, NodeView, Scheduler, Slots, Snapshot, check};
+use crate::schedule::{
+    Assignment, BatchSizing, JobView, NodeView, Scheduler, Slots, Snapshot, check,
+};
 use crate::units::{JobId, WorkerType};
 
 /// Nodes fail independently, exponentially with mean `mtbf_s`, and are back after `repair_s`.
@@ -76,9 +78,15 @@ impl SimConfig {
             return bad(format!("restart_penalty_s is {}", self.restart_penalty_s));
         }
         if let Some(f) = &self.node_failures
-            && !(f.mtbf_s.is_finite() && f.mtbf_s > 0.0 && f.repair_s.is_finite() && f.repair_s >= 0.0)
+            && !(f.mtbf_s.is_finite()
+                && f.mtbf_s > 0.0
+                && f.repair_s.is_finite()
+                && f.repair_s >= 0.0)
         {
-            return bad(format!("node failures: mtbf_s {}, repair_s {}", f.mtbf_s, f.repair_s));
+            return bad(format!(
+                "node failures: mtbf_s {}, repair_s {}",
+                f.mtbf_s, f.repair_s
+            ));
         }
         if let Some(m) = self.max_time_s
             && !(m.is_finite() && m > 0.0)
@@ -135,7 +143,7 @@ struct JobState<'a> {
 fn packed(r: u32, per_node: u32) -> Vec<u32> {
     let per_node = per_node.max(1);
     let mut v = vec![per_node; (r / per_node) as usize];
-    if r % per_node > 0 {
+    if !r.is_multiple_of(per_node) {
         v.push(r % per_node);
     }
     v
@@ -154,13 +162,25 @@ impl World {
     fn config_for(&self, job: &JobState, t: usize, r: u32) -> (BatchConfig, f64) {
         let app = &self.apps[job.app];
         let Some(gpu) = self.gpu[job.app][t] else {
-            return (BatchConfig { atomic_bsz: 0, accum_steps: 0 }, 0.0);
+            return (
+                BatchConfig {
+                    atomic_bsz: 0,
+                    accum_steps: 0,
+                },
+                0.0,
+            );
         };
         let digits = packed(r, self.per_node[t]);
         self.config_on(job, gpu, &digits, app)
     }
 
-    fn config_on(&self, job: &JobState, gpu: usize, digits: &[u32], app: &App) -> (BatchConfig, f64) {
+    fn config_on(
+        &self,
+        job: &JobState,
+        gpu: usize,
+        digits: &[u32],
+        app: &App,
+    ) -> (BatchConfig, f64) {
         let r: u32 = digits.iter().sum();
         match job.batch {
             Some(b) => {
@@ -200,7 +220,11 @@ impl World {
             restarts: job.restarts,
             peak_replicas: job.peak,
             current: job.slots.clone(),
-            goodput: job.goodput.as_ref().map(|g| g.1.clone()).unwrap_or_default(),
+            goodput: job
+                .goodput
+                .as_ref()
+                .map(|g| g.1.clone())
+                .unwrap_or_default(),
             remaining: (app.total_progress() - job.progress).max(0.0),
         }
     }
@@ -256,7 +280,13 @@ impl World {
     }
 }
 
-/// Replays `trace` on `cluster` under `scheduler`.
+/// Rounds in a row in which nothing runs, nothing is left to arrive and every node is up,
+/// after which a replay stops with the waiting jobs unfinished.
+const IDLE_ROUNDS: u32 = 1000;
+
+/// Replays `trace` on `cluster` under `scheduler`. A replay stops when every job has finished,
+/// at `max_time_s`, or when the scheduler leaves the jobs waiting on an idle cluster for
+/// [`IDLE_ROUNDS`] rounds (a job that can never fit); unfinished jobs have no finish time.
 pub fn simulate(
     trace: &[TraceJob],
     profiles: &[AppProfile],
@@ -267,13 +297,20 @@ pub fn simulate(
 ) -> Result<Report, PolicyError> {
     config.validate()?;
     if cluster.nodes.is_empty() || cluster.nodes.iter().any(|n| n.gpus == 0) {
-        return Err(PolicyError::InvalidConfig("the cluster needs nodes with GPUs".into()));
+        return Err(PolicyError::InvalidConfig(
+            "the cluster needs nodes with GPUs".into(),
+        ));
     }
     let types = cluster.worker_types();
     let node_type: Vec<usize> = cluster
         .nodes
         .iter()
-        .map(|n| types.iter().position(|t| *t == n.worker_type).expect("listed"))
+        .map(|n| {
+            types
+                .iter()
+                .position(|t| *t == n.worker_type)
+                .expect("listed")
+        })
         .collect();
     let mut per_node = vec![0u32; types.len()];
     let mut type_gpus = vec![0u32; types.len()];
@@ -291,10 +328,19 @@ pub fn simulate(
         .iter()
         .map(|a| {
             let names: Vec<&str> = a.gpu_types().collect();
-            types.iter().map(|t| names.iter().position(|n| n == t)).collect()
+            types
+                .iter()
+                .map(|t| names.iter().position(|n| n == t))
+                .collect()
         })
         .collect();
-    let world = World { apps, gpu, per_node, type_gpus, node_type };
+    let world = World {
+        apps,
+        gpu,
+        per_node,
+        type_gpus,
+        node_type,
+    };
     let elastic = scheduler.elastic();
     let sizing = scheduler.batch_sizing();
     let most_gpus = *world.type_gpus.iter().max().expect("a type");
@@ -321,13 +367,18 @@ pub fn simulate(
         let app = &world.apps[app_i];
         let batch = match (app.fixed_batch_size, sizing) {
             (Some(b), _) => Some(b),
-            (None, BatchSizing::Fixed) => Some(j.batch_size.clamp(app.init_batch_size, app.max_batch_size)),
+            (None, BatchSizing::Fixed) => {
+                Some(j.batch_size.clamp(app.init_batch_size, app.max_batch_size))
+            }
             (None, BatchSizing::Adaptive) => None,
         };
         let by_batch = batch.unwrap_or(app.max_batch_size) / app.min_local_bsz;
         let requested = j.requested_replicas.min(most_gpus);
         let max_replicas = if elastic {
-            by_batch.min(app.max_replicas.unwrap_or(u32::MAX)).min(most_gpus).max(1)
+            by_batch
+                .min(app.max_replicas.unwrap_or(u32::MAX))
+                .min(most_gpus)
+                .max(1)
         } else {
             requested
         };
@@ -341,7 +392,10 @@ pub fn simulate(
             epoch: 0,
             slots: Vec::new(),
             worker_type: None,
-            config: BatchConfig { atomic_bsz: 0, accum_steps: 0 },
+            config: BatchConfig {
+                atomic_bsz: 0,
+                accum_steps: 0,
+            },
             rescale_left: 0.0,
             attained: 0.0,
             running_s: 0.0,
@@ -354,7 +408,13 @@ pub fn simulate(
     }
     // Jobs in order of submission (ties by trace order); ids are trace positions.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| jobs[a].trace.submit_s.total_cmp(&jobs[b].trace.submit_s).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        jobs[a]
+            .trace
+            .submit_s
+            .total_cmp(&jobs[b].trace.submit_s)
+            .then(a.cmp(&b))
+    });
 
     let mut rng = Pcg64::seed_from_u64(config.seed);
     let mut down_until = vec![f64::NEG_INFINITY; cluster.nodes.len()];
@@ -364,6 +424,7 @@ pub fn simulate(
     let mut finished = 0;
     let mut t = 0.0f64;
     let round = config.round_s;
+    let mut idle_rounds = 0;
     loop {
         if finished == jobs.len() || config.max_time_s.is_some_and(|m| t >= m) {
             break;
@@ -408,13 +469,21 @@ pub fn simulate(
             .iter()
             .map(|&i| world.view(&mut jobs[i], JobId(i as u64), elastic))
             .collect();
-        let snapshot = Snapshot { now_s: t, worker_types: worker_types.clone(), nodes, jobs: views };
+        let snapshot = Snapshot {
+            now_s: t,
+            worker_types: worker_types.clone(),
+            nodes,
+            jobs: views,
+        };
         let (answer, decide_us) = hooks.decide(scheduler, &snapshot);
         let assignment = answer?;
         check(&snapshot, &assignment)?;
         let mut changed = 0;
         for &i in &active {
-            let new = assignment.get(&JobId(i as u64)).cloned().unwrap_or_default();
+            let new = assignment
+                .get(&JobId(i as u64))
+                .cloned()
+                .unwrap_or_default();
             let job = &mut jobs[i];
             if new == job.slots {
                 continue;
@@ -441,7 +510,10 @@ pub fn simulate(
                 job.config = world.config_on(job, gpu, &digits, &world.apps[job.app]).0;
             }
         }
-        let gpus_used: u32 = active.iter().flat_map(|&i| jobs[i].slots.iter().map(|s| s.1)).sum();
+        let gpus_used: u32 = active
+            .iter()
+            .flat_map(|&i| jobs[i].slots.iter().map(|s| s.1))
+            .sum();
         let record = RoundRecord {
             time_s: t,
             active_jobs: active.len() as u32,
@@ -451,9 +523,15 @@ pub fn simulate(
             changed_jobs: changed,
             decide_us,
         };
-        let stuck = gpus_used == 0
-            && next_arrival == order.len()
-            && down_until.iter().all(|u| *u <= t);
+        // Nothing runs, nothing will arrive, every node is up: a scheduler may wait a round
+        // on purpose (Pollux does not start a job in the instant it arrives), but one that
+        // runs nothing for IDLE_ROUNDS such rounds never will.
+        if gpus_used == 0 && next_arrival == order.len() && down_until.iter().all(|u| *u <= t) {
+            idle_rounds += 1;
+        } else {
+            idle_rounds = 0;
+        }
+        let stuck = idle_rounds >= IDLE_ROUNDS;
         for &i in &active {
             world.advance(&mut jobs[i], t, round);
             if jobs[i].finished.is_some() {
@@ -483,8 +561,14 @@ pub fn simulate(
             peak_replicas: j.peak,
         })
         .collect();
-    let first = records.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
-    let last = records.iter().filter_map(|j| j.finish_s).fold(f64::NEG_INFINITY, f64::max);
+    let first = records
+        .iter()
+        .map(|j| j.submit_s)
+        .fold(f64::INFINITY, f64::min);
+    let last = records
+        .iter()
+        .filter_map(|j| j.finish_s)
+        .fold(f64::NEG_INFINITY, f64::max);
     let gpu_seconds_up: f64 = rounds
         .iter()
         .map(|r| {
@@ -499,4 +583,194 @@ pub fn simulate(
         rounds,
         gpu_seconds_up,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::schedule::{Fifo, Optimus, Pollux, SchedulerKind, Tiresias};
+    use crate::sim::app::tests::toy_profile;
+
+    fn job(name: &str, submit_s: f64, replicas: u32, batch: u32) -> TraceJob {
+        TraceJob {
+            name: name.into(),
+            submit_s,
+            application: "toy".into(),
+            requested_replicas: replicas,
+            batch_size: batch,
+        }
+    }
+
+    fn all() -> Vec<SchedulerKind> {
+        vec![
+            SchedulerKind::Fifo(Fifo::default()),
+            SchedulerKind::Tiresias(Tiresias::default()),
+            SchedulerKind::Optimus(Optimus::default()),
+            SchedulerKind::Pollux(Pollux::default()),
+        ]
+    }
+
+    #[test]
+    fn a_lone_job_finishes_after_its_restart_penalty_and_its_work() {
+        // Batch 8 on one GPU: a step takes 0.18 s and is worth 1; 400 steps of progress.
+        let trace = [job("a", 30.0, 1, 8)];
+        let cluster = ClusterSpec::uniform(1, 4, "t4");
+        let r = simulate(
+            &trace,
+            &[toy_profile()],
+            &cluster,
+            &Fifo::default(),
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap();
+        let j = &r.jobs[0];
+        // Submitted at 30 s, first round after that at 60 s, 30 s restart penalty, 72 s of work.
+        assert_eq!(j.start_s, Some(60.0));
+        assert!(
+            (j.finish_s.unwrap() - (60.0 + 30.0 + 72.0)).abs() < 1e-6,
+            "{j:?}"
+        );
+        assert!((j.gpu_seconds - 102.0).abs() < 1e-6);
+        assert_eq!(r.summary.finished, 1);
+        assert!((r.summary.mean_jct_s - 132.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_job_preempted_and_restarted_pays_the_penalty_again() {
+        // Tiresias demotes after 60 GPU-seconds, on one GPU. a runs 0..60 (30 s penalty, then
+        // 30 of its 72 s of work), is demoted and yields to b, which is
+        // demoted in turn at 120; a comes back first (earlier in the low queue), pays 30 s
+        // again and needs 72 − 30 − 30 = 12 s more after 180: done at 192. b resumes at 240
+        // with 42 s left after another 30 s restart: done at 312.
+        let trace = [job("a", 0.0, 1, 8), job("b", 60.0, 1, 8)];
+        let cluster = ClusterSpec::uniform(1, 1, "t4");
+        let t = Tiresias {
+            queue_threshold_gpu_s: 60.0,
+        };
+        let r = simulate(
+            &trace,
+            &[toy_profile()],
+            &cluster,
+            &t,
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.jobs[0].restarts, r.jobs[1].restarts),
+            (1, 1),
+            "{:?}",
+            r.jobs
+        );
+        assert!(
+            (r.jobs[0].finish_s.unwrap() - 192.0).abs() < 1e-6,
+            "{:?}",
+            r.jobs[0]
+        );
+        assert!(
+            (r.jobs[1].finish_s.unwrap() - 312.0).abs() < 1e-6,
+            "{:?}",
+            r.jobs[1]
+        );
+        assert_eq!(r.summary.restarts, 2);
+    }
+
+    #[test]
+    fn a_job_that_can_never_fit_stops_the_replay_instead_of_spinning() {
+        let trace = [job("huge", 0.0, 64, 8)];
+        let cluster = ClusterSpec::uniform(1, 4, "t4");
+        // FIFO clamps the request to the cluster's size, so it runs on 4.
+        let r = simulate(
+            &trace,
+            &[toy_profile()],
+            &cluster,
+            &Fifo::default(),
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap();
+        assert_eq!(r.summary.finished, 1);
+        let bad = [TraceJob {
+            application: "nope".into(),
+            ..job("x", 0.0, 1, 8)
+        }];
+        let e = simulate(
+            &bad,
+            &[toy_profile()],
+            &cluster,
+            &Fifo::default(),
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("job x: no profile for application \"nope\""),
+            "{e}"
+        );
+        let wrong_type = ClusterSpec::uniform(1, 4, "v100");
+        let e = simulate(
+            &trace,
+            &[toy_profile()],
+            &wrong_type,
+            &Fifo::default(),
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no measurements on any GPU type of the cluster (v100)"),
+            "{e}"
+        );
+    }
+
+    fn arb_trace() -> impl Strategy<Value = Vec<TraceJob>> {
+        proptest::collection::vec(
+            (
+                0.0f64..2000.0,
+                1u32..9,
+                prop::sample::select(vec![8u32, 16, 32, 64]),
+            ),
+            1..12,
+        )
+        .prop_map(|jobs| {
+            jobs.into_iter()
+                .enumerate()
+                .map(|(i, (t, r, b))| job(&format!("j{i}"), t.floor(), r, b))
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Under every scheduler, with node failures: no round uses more GPUs than are up, every
+        /// job finishes exactly once after it was submitted, and the same seed gives the same
+        /// report.
+        #[test]
+        fn capacity_holds_and_every_job_finishes_once(trace in arb_trace(), seed in 0u64..1000) {
+            let cluster = ClusterSpec::uniform(3, 4, "t4");
+            let config = SimConfig {
+                node_failures: Some(NodeFailures { mtbf_s: 20_000.0, repair_s: 600.0 }),
+                seed,
+                ..SimConfig::default()
+            };
+            for s in all() {
+                let r = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
+                for round in &r.rounds {
+                    prop_assert!(round.gpus_used <= round.gpus_up, "{}: {round:?}", s.name());
+                }
+                prop_assert_eq!(r.summary.finished as usize, trace.len(), "{}", s.name());
+                for j in &r.jobs {
+                    prop_assert!(j.start_s.unwrap() >= j.submit_s && j.finish_s.unwrap() > j.start_s.unwrap());
+                }
+                let again = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
+                prop_assert_eq!(&again, &r);
+            }
+        }
+    }
 }

@@ -77,8 +77,14 @@ impl ClusterSpec {
             let (n, g) = shape
                 .split_once(['x', 'X'])
                 .ok_or_else(|| bad(format!("`{shape}` is not NODESxGPUS")))?;
-            let n: usize = n.trim().parse().map_err(|_| bad(format!("node count `{n}`")))?;
-            let g: u32 = g.trim().parse().map_err(|_| bad(format!("GPU count `{g}`")))?;
+            let n: usize = n
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("node count `{n}`")))?;
+            let g: u32 = g
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("GPU count `{g}`")))?;
             if n == 0 || g == 0 || ty.trim().is_empty() {
                 return Err(bad(format!("`{part}` has no GPUs")));
             }

@@ -87,9 +87,21 @@ impl Summary {
         let mut jcts: Vec<f64> = jobs.iter().filter_map(JobRecord::jct_s).collect();
         jcts.sort_by(f64::total_cmp);
         let queueing: Vec<f64> = jobs.iter().filter_map(JobRecord::queueing_s).collect();
-        let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
-        let first = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
-        let last = jobs.iter().filter_map(|j| j.finish_s).fold(f64::NEG_INFINITY, f64::max);
+        let mean = |v: &[f64]| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            }
+        };
+        let first = jobs
+            .iter()
+            .map(|j| j.submit_s)
+            .fold(f64::INFINITY, f64::min);
+        let last = jobs
+            .iter()
+            .filter_map(|j| j.finish_s)
+            .fold(f64::NEG_INFINITY, f64::max);
         let held: f64 = jobs.iter().map(|j| j.gpu_seconds).sum();
         Summary {
             jobs: jobs.len() as u32,
@@ -98,7 +110,11 @@ impl Summary {
             median_jct_s: quantile(&jcts, 0.5),
             p99_jct_s: quantile(&jcts, 0.99),
             makespan_s: if last > first { last - first } else { 0.0 },
-            gpu_utilisation: if gpu_seconds_up > 0.0 { held / gpu_seconds_up } else { 0.0 },
+            gpu_utilisation: if gpu_seconds_up > 0.0 {
+                held / gpu_seconds_up
+            } else {
+                0.0
+            },
             mean_queueing_s: mean(&queueing),
             restarts: jobs.iter().map(|j| j.restarts).sum(),
         }

@@ -1,0 +1,188 @@
+//! `brainctl whatif` as a user runs it: a real process on a small replay whose report is a
+//! golden file (any change in results is a visible diff; `UPDATE_GOLDEN=1` rewrites it), the
+//! files it writes, and clear errors for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn pollux() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/pollux")
+}
+
+fn policy(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/policies/{name}.toml"))
+}
+
+fn brainctl(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_brainctl"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The first `n` jobs of Pollux's workload 1.
+fn small_trace(dir: &Path, n: usize) -> PathBuf {
+    let text = std::fs::read_to_string(pollux().join("workloads/workload-1.csv")).unwrap();
+    let lines: Vec<&str> = text.lines().take(n + 1).collect();
+    let path = dir.join("small.csv");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 24);
+    let out = dir.path().join("out");
+    let profiles = pollux().join("traces");
+    let mut args = vec![
+        "whatif".to_string(),
+        "--trace".into(),
+        trace.display().to_string(),
+        "--profiles".into(),
+        profiles.display().to_string(),
+        "--cluster".into(),
+        "4x4:t4".into(),
+        "--seed".into(),
+        "7".into(),
+        "--node-mtbf-s".into(),
+        "50000".into(),
+        "--node-repair-s".into(),
+        "1800".into(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    for p in ["fifo", "tiresias", "optimus", "pollux"] {
+        args.push("--policy".into());
+        args.push(policy(p).display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = brainctl(&args);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let report = String::from_utf8(run.stdout).unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/whatif_small.txt");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, &report).unwrap();
+    }
+    let expected = std::fs::read_to_string(&golden).unwrap();
+    assert_eq!(
+        report, expected,
+        "the report changed; if on purpose, rerun with UPDATE_GOLDEN=1"
+    );
+    assert!(
+        stderr.contains("slowest scheduling round: fifo"),
+        "{stderr}"
+    );
+    // The same seed gives the same report; node failures make the seed matter.
+    let again = brainctl(&args);
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), expected);
+    for stem in ["jobs", "rounds", "summary"] {
+        for ext in ["parquet", "csv"] {
+            let f = out.join(format!("{stem}.{ext}"));
+            assert!(
+                std::fs::metadata(&f).map(|m| m.len() > 0).unwrap_or(false),
+                "{}",
+                f.display()
+            );
+        }
+    }
+    let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    assert!(
+        jobs.starts_with("policy,trace,job,application,submit_s,start_s,finish_s,jct_s,"),
+        "{jobs}"
+    );
+    assert_eq!(jobs.lines().count(), 1 + 4 * 24);
+    assert!(
+        std::fs::read(out.join("jobs.parquet"))
+            .unwrap()
+            .starts_with(b"PAR1")
+    );
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 3);
+    let profiles = pollux().join("traces");
+    let base = |policy: &Path, trace: &Path| {
+        brainctl(&[
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ])
+    };
+    let no_scheduler = dir.path().join("lp.toml");
+    std::fs::write(
+        &no_scheduler,
+        "[allocation]\npolicy = \"max_min_fairness\"\n",
+    )
+    .unwrap();
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "[scheduler]\nkind = \"pollux\"\nmax_grwth = 2\n").unwrap();
+    let bad_trace = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad_trace,
+        "name,time,application,num_replicas,batch_size\na,10,bert,1,12\nb,20,bert,1.5,12\n",
+    )
+    .unwrap();
+    let unknown_app = dir.path().join("unknown.csv");
+    std::fs::write(
+        &unknown_app,
+        "name,time,application,num_replicas,batch_size\na,10,gpt9,1,12\n",
+    )
+    .unwrap();
+    for (out, expected) in [
+        (
+            base(&dir.path().join("missing.toml"), &trace),
+            "missing.toml: No such file",
+        ),
+        (base(&no_scheduler, &trace), "no [scheduler] table"),
+        (base(&typo, &trace), "max_grwth"),
+        (
+            base(&policy("fifo"), &bad_trace),
+            "bad.csv:3:4: `num_replicas` is 1.5, expected a whole number",
+        ),
+        (
+            base(&policy("fifo"), &unknown_app),
+            "job a: no profile for application \"gpt9\"",
+        ),
+        (
+            brainctl(&[
+                "whatif",
+                "--trace",
+                trace.to_str().unwrap(),
+                "--policy",
+                policy("fifo").to_str().unwrap(),
+                "--cluster",
+                "16x0:t4",
+            ]),
+            "has no GPUs",
+        ),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{expected}");
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in {stderr}"
+        );
+    }
+    let help = brainctl(&["whatif", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--trace",
+        "--policy",
+        "--cluster",
+        "--seed",
+        "--out",
+        "--round-s",
+        "--restart-penalty-s",
+        "--node-mtbf-s",
+    ] {
+        assert!(help.contains(flag), "{flag} in {help}");
+    }
+}
