@@ -71,7 +71,7 @@ pub fn load_traces(paths: &[PathBuf]) -> Result<Vec<NamedTrace>, BrainError> {
                     p.display()
                 )));
             }
-            inside.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+            inside.sort_by_key(|p| natural_key(p));
             files.extend(inside);
         } else {
             files.push(p.clone());
