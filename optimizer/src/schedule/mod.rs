@@ -270,6 +270,37 @@ pub fn keep_current(
     (out, free)
 }
 
+/// How [`place_rest`] lays out a job's GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// [`FreeGpus::take`]: one node when one has room, else the emptiest nodes first.
+    Tight,
+    /// [`FreeGpus::take_spread`]: each GPU from the node with the most free.
+    Spread,
+}
+
+/// Places each (job, worker type, GPUs) not yet in `out`, in the order given. The sizes were
+/// counted against the same free GPUs, so a job that no longer fits is a scheduler bug.
+pub fn place_rest(
+    out: &mut Assignment,
+    free: &mut FreeGpus,
+    sizes: impl IntoIterator<Item = (JobId, usize, u32)>,
+    packing: Packing,
+) -> Result<(), PolicyError> {
+    for (id, t, r) in sizes {
+        if let std::collections::btree_map::Entry::Vacant(e) = out.entry(id) {
+            let slots = match packing {
+                Packing::Tight => free.take(t, r),
+                Packing::Spread => free.take_spread(t, r),
+            };
+            let slots = slots
+                .ok_or_else(|| PolicyError::InvalidAssignment(format!("{id} no longer fits")))?;
+            e.insert(slots);
+        }
+    }
+    Ok(())
+}
+
 /// Checks an assignment against the snapshot: known jobs, nodes never over capacity, one worker
 /// type per job, at most `max_replicas` GPUs each.
 pub fn check(snapshot: &Snapshot, assignment: &Assignment) -> Result<(), PolicyError> {

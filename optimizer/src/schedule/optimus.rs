@@ -6,7 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Assignment, FreeGpus, JobView, Scheduler, Snapshot, keep_current};
+use super::{
+    Assignment, FreeGpus, JobView, Packing, Scheduler, Snapshot, keep_current, place_rest,
+};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -86,14 +88,12 @@ impl Scheduler for Optimus {
             })
         });
         sizes.sort_by_key(|&(j, _, r)| (std::cmp::Reverse(r), j.submitted_s.to_bits(), j.id));
-        for (job, t, r) in sizes {
-            if let std::collections::btree_map::Entry::Vacant(e) = out.entry(job.id) {
-                let slots = free.take_spread(t, r).ok_or_else(|| {
-                    PolicyError::InvalidAssignment(format!("{} no longer fits", job.id))
-                })?;
-                e.insert(slots);
-            }
-        }
+        place_rest(
+            &mut out,
+            &mut free,
+            sizes.into_iter().map(|(j, t, r)| (j.id, t, r)),
+            Packing::Spread,
+        )?;
         Ok(out)
     }
 }

@@ -11,7 +11,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Assignment, BatchSizing, FreeGpus, JobView, Scheduler, Snapshot, keep_current};
+use super::{
+    Assignment, BatchSizing, FreeGpus, JobView, Packing, Scheduler, Snapshot, keep_current,
+    place_rest,
+};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -202,13 +205,10 @@ impl Scheduler for Pollux {
             .filter(|c| c.r > 0 && !out.contains_key(&c.job.id))
             .collect();
         placing.sort_by_key(|c| (std::cmp::Reverse(c.r), c.job.id));
-        for c in placing {
-            let t = c.t.expect("a job with GPUs has a type");
-            let slots = free.take(t, c.r).ok_or_else(|| {
-                PolicyError::InvalidAssignment(format!("{} no longer fits", c.job.id))
-            })?;
-            out.insert(c.job.id, slots);
-        }
+        let sizes = placing
+            .into_iter()
+            .map(|c| (c.job.id, c.t.expect("a job with GPUs has a type"), c.r));
+        place_rest(&mut out, &mut free, sizes, Packing::Tight)?;
         Ok(out)
     }
 }

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Assignment, FreeGpus, Scheduler, Snapshot};
+use super::{Assignment, FreeGpus, Packing, Scheduler, Snapshot, keep_current, place_rest};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,21 +74,15 @@ impl Scheduler for Tiresias {
             }
         }
         // Where: running jobs keep their GPUs, the others get the nodes with the most free.
-        let mut free = FreeGpus::new(&snapshot.nodes);
-        let mut out = Assignment::new();
-        for (job, _, _) in &running {
-            if !job.current.is_empty() && free.take_exact(&job.current) {
-                out.insert(job.id, job.current.clone());
-            }
-        }
-        for (job, t, r) in running {
-            if let std::collections::btree_map::Entry::Vacant(e) = out.entry(job.id) {
-                let slots = free.take_spread(t, r).ok_or_else(|| {
-                    PolicyError::InvalidAssignment(format!("{} no longer fits", job.id))
-                })?;
-                e.insert(slots);
-            }
-        }
+        let (mut out, mut free) = keep_current(snapshot, |job| {
+            running.iter().any(|(j, _, _)| j.id == job.id)
+        });
+        place_rest(
+            &mut out,
+            &mut free,
+            running.iter().map(|&(j, t, r)| (j.id, t, r)),
+            Packing::Spread,
+        )?;
         Ok(out)
     }
 }
