@@ -32,13 +32,7 @@ impl Scheduler for Fifo {
             }
             let r = job.requested_replicas.min(job.max_replicas).max(1);
             // The worker type where the job is fastest among those with room.
-            let best = (0..snapshot.worker_types.len())
-                .filter(|&t| free.on_type(t) >= r && job.goodput_at(t, r) > 0.0)
-                .max_by(|&a, &b| {
-                    job.goodput_at(a, r)
-                        .total_cmp(&job.goodput_at(b, r))
-                        .then(b.cmp(&a))
-                });
+            let best = free.fastest_type(job, r);
             match best.and_then(|t| free.take(t, r)) {
                 Some(slots) => {
                     out.insert(job.id, slots);

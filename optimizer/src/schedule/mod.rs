@@ -201,6 +201,19 @@ impl FreeGpus {
         true
     }
 
+    /// The worker type where `job` is fastest with `r` GPUs among those with `r` free (ties
+    /// to the lower index).
+    pub fn fastest_type(&self, job: &JobView, r: u32) -> Option<usize> {
+        let types = self.types.iter().copied().max().map_or(0, |m| m + 1);
+        (0..types)
+            .filter(|&t| self.on_type(t) >= r && job.goodput_at(t, r) > 0.0)
+            .max_by(|&a, &b| {
+                job.goodput_at(a, r)
+                    .total_cmp(&job.goodput_at(b, r))
+                    .then(b.cmp(&a))
+            })
+    }
+
     /// `r` GPUs on worker type `t`, each time from the node with the most free GPUs (ties by
     /// index), as Tiresias and Optimus place; `None` (nothing taken) when too few are free.
     pub fn take_spread(&mut self, t: usize, r: u32) -> Option<Slots> {

@@ -42,15 +42,7 @@ impl Scheduler for Optimus {
             let t = job
                 .current_type(&snapshot.nodes)
                 .filter(|&t| budget.on_type(t) >= 1)
-                .or_else(|| {
-                    (0..snapshot.worker_types.len())
-                        .filter(|&t| budget.on_type(t) >= 1 && job.goodput_at(t, 1) > 0.0)
-                        .max_by(|&a, &b| {
-                            job.goodput_at(a, 1)
-                                .total_cmp(&job.goodput_at(b, 1))
-                                .then(b.cmp(&a))
-                        })
-                });
+                .or_else(|| budget.fastest_type(job, 1));
             if let Some(t) = t
                 && job.max_replicas >= 1
                 && budget.take(t, 1).is_some()

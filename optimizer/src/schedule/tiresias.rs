@@ -57,15 +57,9 @@ impl Scheduler for Tiresias {
         let mut running = Vec::new();
         for job in order {
             let r = size(job);
-            let t = job.current_type(&snapshot.nodes).or_else(|| {
-                (0..snapshot.worker_types.len())
-                    .filter(|&t| budget.on_type(t) >= r && job.goodput_at(t, r) > 0.0)
-                    .max_by(|&a, &b| {
-                        job.goodput_at(a, r)
-                            .total_cmp(&job.goodput_at(b, r))
-                            .then(b.cmp(&a))
-                    })
-            });
+            let t = job
+                .current_type(&snapshot.nodes)
+                .or_else(|| budget.fastest_type(job, r));
             if let Some(t) = t
                 && budget.on_type(t) >= r
             {
