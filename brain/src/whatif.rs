@@ -9,7 +9,9 @@ use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
 use optimizer::schedule::{Assignment, Scheduler, SchedulerKind, Snapshot};
 use optimizer::sim::engine::{NodeFailures, SimHooks};
-use optimizer::sim::{AppProfile, ClusterSpec, Report, SimConfig, Summary, TraceJob, simulate};
+use optimizer::sim::{
+    AppProfile, ClusterSpec, Report, SimConfig, Summary, TraceJob, Work, simulate,
+};
 
 use crate::BrainError;
 
@@ -52,8 +54,62 @@ pub struct NamedTrace {
     pub jobs: Vec<TraceJob>,
 }
 
-/// Reads workload CSVs; a directory stands for the `*.csv` files in it, in name order.
-pub fn load_traces(paths: &[PathBuf]) -> Result<Vec<NamedTrace>, BrainError> {
+/// How a trace file is laid out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceFormat {
+    /// Each file by its header: `timestamp,duration,num_gpus,...` is a Philly job list,
+    /// anything else a workload CSV.
+    #[default]
+    Auto,
+    /// Pollux's and Sia's workload CSV (`name,time,application,num_replicas,batch_size`):
+    /// training jobs, progress from application profiles.
+    Workload,
+    /// The Philly job list (`timestamp,duration,num_gpus,gpu_time,cluster`): rigid jobs that
+    /// run for their duration on exactly their GPUs; no profiles needed.
+    Philly,
+}
+
+impl TraceFormat {
+    fn of(self, path: &Path) -> Result<TraceFormat, BrainError> {
+        if self != TraceFormat::Auto {
+            return Ok(self);
+        }
+        let io = |source| datasets::DatasetError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut first = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(std::fs::File::open(path).map_err(io)?),
+            &mut first,
+        )
+        .map_err(io)?;
+        let columns: Vec<&str> = first.trim().split(',').map(str::trim).collect();
+        Ok(
+            if columns.contains(&"timestamp") && columns.contains(&"num_gpus") {
+                TraceFormat::Philly
+            } else {
+                TraceFormat::Workload
+            },
+        )
+    }
+}
+
+/// The applications the training jobs of `traces` run, in order of first appearance.
+pub fn applications(traces: &[NamedTrace]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for j in traces.iter().flat_map(|t| &t.jobs) {
+        if let Work::Train { application, .. } = &j.work
+            && !out.contains(&application.as_str())
+        {
+            out.push(application);
+        }
+    }
+    out
+}
+
+/// Reads traces; a directory stands for the `*.csv` files in it, in name order.
+pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTrace>, BrainError> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
@@ -86,7 +142,10 @@ pub fn load_traces(paths: &[PathBuf]) -> Result<Vec<NamedTrace>, BrainError> {
                     .unwrap_or_default()
                     .to_string_lossy()
                     .to_string(),
-                jobs: datasets::pollux::read_workload(f)?,
+                jobs: match format.of(f)? {
+                    TraceFormat::Philly => datasets::philly::read_jobs(f)?,
+                    _ => datasets::pollux::read_workload(f)?,
+                },
             })
         })
         .collect()
@@ -117,15 +176,20 @@ fn natural_key(p: &Path) -> (String, u64) {
     )
 }
 
-/// The application profiles beside a Pollux/Sia-layout trace: `<workloads>/../traces`.
+/// The application profiles of a Pollux/Sia-layout trace: the nearest `traces/` directory
+/// beside the trace's directory or one of its parents (`workloads/x.csv` → `traces/`,
+/// `workloads/saturn/x.csv` → `traces/` too).
 pub fn default_profiles(trace: &Path) -> Option<PathBuf> {
     let dir = if trace.is_dir() {
         trace
     } else {
         trace.parent()?
     };
-    let candidate = dir.parent()?.join("traces");
-    candidate.is_dir().then_some(candidate)
+    dir.ancestors()
+        .skip(1)
+        .take(3)
+        .map(|d| d.join("traces"))
+        .find(|c| c.is_dir())
 }
 
 #[derive(Clone, Debug)]

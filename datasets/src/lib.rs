@@ -4,7 +4,8 @@
 //! * [`table`] (private): delimited tables read with polars, typed cells, errors that name the
 //!   file, line and column of a bad value ([`DatasetError`]).
 //! * [`export`]: result tables written as Parquet and CSV.
-//! * [`pollux`]: Pollux's and Sia's workloads and application profiles, the Philly job list.
+//! * [`pollux`]: Pollux's and Sia's workloads and application profiles.
+//! * [`philly`]: Microsoft's Philly job list (rigid jobs: GPUs and duration).
 //! * [`gavel`]: Gavel's job traces (both `.trace` formats).
 //! * [`alibaba`]: Alibaba's 2023 GPU cluster trace (openb pod and node lists).
 //! * [`ctr`]: the click-through-rate data generator: every sample is a pure function of
@@ -17,6 +18,7 @@ pub mod ctr;
 mod error;
 pub mod export;
 pub mod gavel;
+pub mod philly;
 pub mod pollux;
 mod table;
 

@@ -1,5 +1,5 @@
-//! Pollux's (and Sia's) simulator data: job workloads, application profiles and the Philly job
-//! list.
+//! Pollux's (and Sia's) simulator data: job workloads and application profiles (the Philly job
+//! list Pollux also ships is read by [`crate::philly`]).
 //!
 //! * Workload CSV: `name,time,application,num_replicas,batch_size` (one job per line, `time` in
 //!   seconds from the start).
@@ -9,12 +9,11 @@
 //!   (`progress,iteration,metric,grad_sqr,grad_var`, one line per epoch at total batch `B`).
 //!   Sia adds `placements-<gpu>.csv` and `scalability-<gpu>.csv` per GPU type, columns in any
 //!   order.
-//! * Philly CSV: `timestamp,duration,num_gpus,gpu_time,cluster`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use optimizer::sim::{AppLimits, AppProfile, CurveRow, StepRow, TraceJob};
+use optimizer::sim::{AppLimits, AppProfile, CurveRow, StepRow, TraceJob, Work};
 
 use crate::DatasetError;
 use crate::table::{Layout, Table};
@@ -33,9 +32,11 @@ pub fn read_workload(path: &Path) -> Result<Vec<TraceJob>, DatasetError> {
             Ok(TraceJob {
                 name: t.text(i, 0)?.to_string(),
                 submit_s: t.number(i, 1, 0.0)?,
-                application: t.text(i, 2)?.trim().to_string(),
                 requested_replicas: t.count(i, 3, 1)? as u32,
-                batch_size: t.count(i, 4, 1)? as u32,
+                work: Work::Train {
+                    application: t.text(i, 2)?.trim().to_string(),
+                    batch_size: t.count(i, 4, 1)? as u32,
+                },
             })
         })
         .collect()
@@ -229,6 +230,26 @@ pub fn read_apps(traces: &Path) -> Result<Vec<AppProfile>, DatasetError> {
         .collect()
 }
 
+/// Reads the application directories `names` of `traces` (each once, in the order given): a
+/// trace needs only the profiles of the applications it runs.
+pub fn read_apps_named(traces: &Path, names: &[&str]) -> Result<Vec<AppProfile>, DatasetError> {
+    let mut seen = std::collections::BTreeSet::new();
+    names
+        .iter()
+        .filter(|n| seen.insert(**n))
+        .map(|name| {
+            let dir = traces.join(name);
+            if !dir.is_dir() {
+                return Err(DatasetError::format(
+                    &dir,
+                    format!("no profile directory for application {name:?}"),
+                ));
+            }
+            read_app(&dir, pollux_limits(name))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,13 +263,13 @@ mod tests {
         let jobs = read_workload(&data().join("workloads/workload-1.csv")).unwrap();
         assert_eq!(jobs.len(), 160);
         assert_eq!(jobs[0].name, "cifar10-0");
+        assert_eq!((jobs[0].submit_s, jobs[0].requested_replicas), (107.0, 6));
         assert_eq!(
-            (
-                jobs[0].submit_s,
-                jobs[0].requested_replicas,
-                jobs[0].batch_size
-            ),
-            (107.0, 6, 2048)
+            jobs[0].work,
+            Work::Train {
+                application: "cifar10".into(),
+                batch_size: 2048
+            }
         );
         let apps = read_apps(&data().join("traces")).unwrap();
         let names: Vec<&str> = apps.iter().map(|a| a.name.as_str()).collect();

@@ -122,9 +122,14 @@ impl Table {
             .map(|c| c.str().cloned())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| DatasetError::format(path, e.to_string()))?;
+        // Blank lines at the end of a file read as rows of nulls; they are not rows.
+        let mut rows = df.height();
+        while rows > 0 && columns.iter().all(|c| c.get(rows - 1).is_none()) {
+            rows -= 1;
+        }
         Ok(Table {
             path: path.to_path_buf(),
-            rows: df.height(),
+            rows,
             columns,
             names,
             first_line: if layout.header.is_some() { 2 } else { 1 },

@@ -25,13 +25,19 @@ enum Command {
     ///
     /// Every trace is replayed under every policy (one simulation per core); the table shows,
     /// per policy, the jobs of all traces pooled. Traces are workload CSVs in Pollux's and Sia's
-    /// format (`name,time,application,num_replicas,batch_size`); application profiles are
-    /// directories of measured step times and training curves (Pollux's `traces/`).
+    /// format (`name,time,application,num_replicas,batch_size`), whose jobs train applications
+    /// known by their profiles (directories of measured step times and training curves, as in
+    /// Pollux's `traces/`), or Philly job lists (`timestamp,duration,num_gpus,gpu_time,cluster`),
+    /// whose jobs run for their duration on exactly the GPUs they asked for.
     Whatif {
-        /// A workload CSV, or a directory of them; repeat for more.
+        /// A trace CSV, or a directory of them; repeat for more.
         #[arg(long = "trace", required = true, value_name = "PATH")]
         traces: Vec<PathBuf>,
-        /// Directory of application profiles (default: `traces/` beside the trace's directory).
+        /// The traces' format.
+        #[arg(long, value_enum, default_value_t = whatif::TraceFormat::Auto)]
+        format: whatif::TraceFormat,
+        /// Directory of application profiles (default: `traces/` beside the trace's directory;
+        /// not needed for Philly job lists).
         #[arg(long, value_name = "DIR")]
         profiles: Option<PathBuf>,
         /// The simulated cluster: NODESxGPUS:TYPE, comma-separated for several kinds.
@@ -58,7 +64,8 @@ enum Command {
         /// Seed of every random draw; the same inputs and seed give the same results.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Directory for jobs/rounds/summary as Parquet and CSV.
+        /// Directory for the results: jobs, rounds and summary as Parquet and CSV, and the
+        /// charts jct_cdf.svg and utilisation.svg.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
         /// Simulations at once (default: the cores available).
@@ -70,7 +77,8 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Whatif {
-            traces,
+            traces: trace_paths,
+            format,
             profiles,
             cluster,
             policies,
@@ -96,20 +104,27 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .map(|p| whatif::load_policy(p))
                 .collect::<Result<Vec<_>, _>>()?;
+            let traces = whatif::load_traces(&trace_paths, format)?;
             let profiles_dir = match profiles {
-                Some(p) => p,
-                None => match whatif::default_profiles(&traces[0]) {
-                    Some(p) => p,
+                Some(p) => Some(p),
+                None if whatif::applications(&traces).is_empty() => None,
+                None => match whatif::default_profiles(&trace_paths[0]) {
+                    Some(p) => Some(p),
                     None => bail!(
                         "no application profiles beside {}: give --profiles DIR",
-                        traces[0].display()
+                        trace_paths[0].display()
                     ),
                 },
             };
-            let profiles = datasets::pollux::read_apps(&profiles_dir).with_context(|| {
-                format!("reading application profiles in {}", profiles_dir.display())
-            })?;
-            let traces = whatif::load_traces(&traces)?;
+            let profiles = match profiles_dir {
+                Some(dir) => {
+                    let names = whatif::applications(&traces);
+                    datasets::pollux::read_apps_named(&dir, &names).with_context(|| {
+                        format!("reading application profiles in {}", dir.display())
+                    })?
+                }
+                None => Vec::new(),
+            };
             let total: u64 =
                 traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
             let bar = ProgressBar::new(total).with_style(
@@ -132,7 +147,9 @@ fn main() -> anyhow::Result<()> {
             print!("{}", whatif::render_table(&results));
             eprintln!("{}", whatif::render_timing(&results));
             if let Some(dir) = out {
-                for path in whatif::write_outputs(&dir, &results)? {
+                let mut written = whatif::write_outputs(&dir, &results)?;
+                written.extend(brain::plots::draw(&dir, &results)?);
+                for path in written {
                     eprintln!("wrote {}", path.display());
                 }
             }

@@ -5,27 +5,40 @@
 //!
 //! One policy per file, chosen with the serde enum [`SchedulerKind`]:
 //! * [`fifo`]: the trace's requested size, first come first served, never preempted.
+//! * [`dlrover`]: DLRover's job-level heuristics: admission at the requested size, growth while
+//!   it speeds the job up, pending shrink.
 //! * [`tiresias`]: Tiresias' discretised two-queue least-attained-service, requested sizes.
 //! * [`optimus`]: Optimus' greedy marginal gain in remaining time, one GPU at a time.
 //! * [`pollux`]: Pollux-style goodput: fair-share-normalised speedups combined in a power mean
 //!   (p = −1), with a restart penalty, maximised greedily.
+//! * [`gavel`]: Gavel: shares of time per worker type from an allocation policy (the LP
+//!   policies of [`crate::policy`]), carried out round by round, requested sizes.
+//! * [`elastic_lp`]: Brain's own: sizes and types from an LP that maximises the rate at which
+//!   jobs complete, restarts priced in.
 //!
 //! Schedulers are pure: the same snapshot gives the same assignment. Whatever a policy needs to
 //! remember between rounds (attained service, time running, restarts) is in the snapshot.
 
+pub mod dlrover;
+pub mod elastic_lp;
 pub mod fifo;
+pub mod gavel;
 pub mod optimus;
 pub mod pollux;
 pub mod tiresias;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
 use crate::units::{JobId, WorkerType};
 
+pub use dlrover::DlRover;
+pub use elastic_lp::ElasticLp;
 pub use fifo::Fifo;
+pub use gavel::Gavel;
 pub use optimus::Optimus;
 pub use pollux::Pollux;
 pub use tiresias::Tiresias;
@@ -58,13 +71,34 @@ pub struct JobView {
     pub restarts: u32,
     /// The most GPUs the job has ever held.
     pub peak_replicas: u32,
+    /// When its allocation last changed (started, resized, moved or stopped); `None` if never.
+    #[serde(default)]
+    pub last_change_s: Option<f64>,
     /// Where the job runs now (empty when it waits).
     pub current: Slots,
     /// Goodput (progress per second) on each worker type with `r` GPUs packed on as few nodes
-    /// as possible, for `r` in `0..=max_replicas` (`goodput[t][0] = 0`).
-    pub goodput: Vec<Vec<f64>>,
+    /// as possible, for `r` in `0..=max_replicas` (`goodput[t][0] = 0`). Shared: a caller
+    /// that keeps it between rounds hands it out without copying.
+    #[serde(with = "shared_table")]
+    pub goodput: Arc<[Vec<f64>]>,
     /// Progress left, in the unit of `goodput`: `remaining / goodput[t][r]` is seconds.
     pub remaining: f64,
+}
+
+/// An `Arc<[T]>` as the sequence it holds (serde's own impl needs its `rc` feature, which would
+/// change serde for the whole dependency graph).
+mod shared_table {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(table: &Arc<[Vec<f64>]>, s: S) -> Result<S::Ok, S::Error> {
+        table.as_ref().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[Vec<f64>]>, D::Error> {
+        Vec::<Vec<f64>>::deserialize(d).map(Arc::from)
+    }
 }
 
 impl JobView {
@@ -79,6 +113,13 @@ impl JobView {
             .and_then(|g| g.get(r as usize))
             .copied()
             .unwrap_or(0.0)
+    }
+
+    /// The fewest GPUs the job makes progress on, on some worker type (a rigid job runs only
+    /// on what it asked for); `None` if it runs on nothing.
+    pub fn min_replicas(&self) -> Option<u32> {
+        (1..=self.max_replicas)
+            .find(|&r| (0..self.goodput.len()).any(|t| self.goodput_at(t, r) > 0.0))
     }
 
     /// The worker type the job runs on now, if it runs.
@@ -131,6 +172,9 @@ pub enum SchedulerKind {
     Tiresias(Tiresias),
     Optimus(Optimus),
     Pollux(Pollux),
+    ElasticLp(ElasticLp),
+    Gavel(Gavel),
+    Dlrover(DlRover),
 }
 
 impl SchedulerKind {
@@ -140,6 +184,9 @@ impl SchedulerKind {
             SchedulerKind::Tiresias(s) => s,
             SchedulerKind::Optimus(s) => s,
             SchedulerKind::Pollux(s) => s,
+            SchedulerKind::ElasticLp(s) => s,
+            SchedulerKind::Gavel(s) => s,
+            SchedulerKind::Dlrover(s) => s,
         }
     }
 }
@@ -380,8 +427,9 @@ pub(crate) mod tests {
                     running_s: attained / requested.max(1) as f64,
                     restarts: 0,
                     peak_replicas: 0,
+                    last_change_s: None,
                     current: vec![],
-                    goodput: vec![(0..=max).map(|r| (r as f64).powf(0.8)).collect()],
+                    goodput: vec![(0..=max).map(|r| (r as f64).powf(0.8)).collect()].into(),
                     remaining: 1000.0 * (i + 1) as f64,
                 })
                 .collect(),

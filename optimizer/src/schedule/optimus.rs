@@ -1,6 +1,6 @@
 //! Optimus' greedy marginal gain (EuroSys 2018), with the job's true speed as Pollux's artifact
-//! gives it ("Optimus+Oracle"): every job first gets one GPU, in order of submission while GPUs
-//! last; then GPUs go one at a time to the job whose remaining time drops the most by one more,
+//! gives it ("Optimus+Oracle"): every job first gets the fewest GPUs it runs on (one, unless it
+//! is rigid), in order of submission while GPUs last; then GPUs go one at a time to the job whose remaining time drops the most by one more,
 //! `remaining · (1 / goodput(r) − 1 / goodput(r + 1))`, until no job gains. Jobs whose size does
 //! not change keep their GPUs; the others are placed on the nodes with the most free GPUs.
 
@@ -39,15 +39,17 @@ impl Scheduler for Optimus {
         // (job, worker type, GPUs)
         let mut sizes: Vec<(&JobView, usize, u32)> = Vec::new();
         for job in &snapshot.jobs {
+            let Some(least) = job.min_replicas() else {
+                continue;
+            };
             let t = job
                 .current_type(&snapshot.nodes)
-                .filter(|&t| budget.on_type(t) >= 1)
-                .or_else(|| budget.fastest_type(job, 1));
+                .filter(|&t| budget.on_type(t) >= least && job.goodput_at(t, least) > 0.0)
+                .or_else(|| budget.fastest_type(job, least));
             if let Some(t) = t
-                && job.max_replicas >= 1
-                && budget.take(t, 1).is_some()
+                && budget.take(t, least).is_some()
             {
-                sizes.push((job, t, 1));
+                sizes.push((job, t, least));
             }
         }
         let gain = |job: &JobView, t: usize, r: u32| {

@@ -9,6 +9,9 @@
 //! because it learns a job's scaling as the job runs). Jobs adapt their batch size to the
 //! allocation.
 
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -97,6 +100,74 @@ impl Pollux {
     }
 }
 
+/// A candidate's best next size: `gain` per GPU of growing the candidate at `pos` (in
+/// attained-service order) to `r` GPUs on type `t`.
+struct Move {
+    gain: f64,
+    pos: usize,
+    t: usize,
+    r: u32,
+    version: u32,
+}
+
+impl PartialEq for Move {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for Move {}
+impl PartialOrd for Move {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Move {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.gain
+            .total_cmp(&other.gain)
+            .then(other.pos.cmp(&self.pos))
+    }
+}
+
+impl Pollux {
+    /// The best growth of `c` that fits in `budget`, if any gains.
+    fn best_move(
+        &self,
+        c: &Candidate,
+        pos: usize,
+        version: u32,
+        types: usize,
+        budget: &FreeGpus,
+        scale: f64,
+    ) -> Option<Move> {
+        let type_choices: Vec<usize> = match (c.r, c.t) {
+            (r, Some(t)) if r > 0 => vec![t],
+            (_, Some(t)) => std::iter::once(t)
+                .chain((0..types).filter(|&u| u != t))
+                .collect(),
+            _ => (0..types).collect(),
+        };
+        let mut best: Option<Move> = None;
+        for t in type_choices {
+            let now = self.term(c, t, c.r, scale);
+            let room = budget.on_type(t);
+            for r in c.r + 1..=c.limit.min(c.r + room) {
+                let gain = (now - self.term(c, t, r, scale)) / (r - c.r) as f64;
+                if gain > 1e-12 && best.as_ref().is_none_or(|b| gain > b.gain * (1.0 + 1e-9)) {
+                    best = Some(Move {
+                        gain,
+                        pos,
+                        t,
+                        r,
+                        version,
+                    });
+                }
+            }
+        }
+        best
+    }
+}
+
 impl Scheduler for Pollux {
     fn name(&self) -> &'static str {
         "pollux"
@@ -131,16 +202,18 @@ impl Scheduler for Pollux {
                 } else {
                     1.0
                 };
+                // A job may always grow to the fewest GPUs it runs on (a rigid job's request).
+                let least = job.min_replicas().unwrap_or(1);
                 let mut limit = job.max_replicas;
                 if self.max_growth > 0.0 {
                     let grow = (self.max_growth * job.peak_replicas as f64).floor() as u32;
-                    limit = limit.min(grow.max(1));
+                    limit = limit.min(grow.max(least));
                 }
                 let base = (0..types)
                     .map(|t| {
-                        let f = fair.min(job.max_replicas);
+                        let f = fair.clamp(least, job.max_replicas.max(least));
                         let g = job.goodput_at(t, f);
-                        if g > 0.0 { g } else { job.goodput_at(t, 1) }
+                        if g > 0.0 { g } else { job.goodput_at(t, least) }
                     })
                     .collect();
                 Candidate {
@@ -164,34 +237,36 @@ impl Scheduler for Pollux {
                 .then(ja.id.cmp(&jb.id))
         });
         let mut budget = FreeGpus::new(&snapshot.nodes);
-        loop {
-            // (gain per GPU, order position, type, new size)
-            let mut best: Option<(f64, usize, usize, u32)> = None;
-            for (pos, &i) in order.iter().enumerate() {
-                let c = &cands[i];
-                let type_choices: Vec<usize> = match (c.r, c.t) {
-                    (r, Some(t)) if r > 0 => vec![t],
-                    (_, Some(t)) => std::iter::once(t)
-                        .chain((0..types).filter(|&u| u != t))
-                        .collect(),
-                    _ => (0..types).collect(),
-                };
-                for t in type_choices {
-                    let now = self.term(c, t, c.r, scale);
-                    let room = budget.on_type(t);
-                    for r in c.r + 1..=c.limit.min(c.r + room) {
-                        let gain = (now - self.term(c, t, r, scale)) / (r - c.r) as f64;
-                        if gain > 1e-12 && best.is_none_or(|b| gain > b.0 * (1.0 + 1e-9)) {
-                            best = Some((gain, pos, t, r));
-                        }
-                    }
-                }
+        // Each candidate's best move, in a max-heap by gain per GPU (ties to the earlier in
+        // `order`). GPUs only ever run out, so a stored move stays the candidate's best for as
+        // long as it still fits: one that no longer does is recomputed when it surfaces, and a
+        // candidate's moves are recomputed after it grows (`version` drops the old one).
+        let mut version = vec![0u32; cands.len()];
+        let mut heap = BinaryHeap::new();
+        for (pos, &i) in order.iter().enumerate() {
+            if let Some(m) = self.best_move(&cands[i], pos, 0, types, &budget, scale) {
+                heap.push(m);
             }
-            let Some((_, pos, t, r)) = best else { break };
-            let c = &mut cands[order[pos]];
-            budget.take(t, r - c.r);
-            c.t = Some(t);
-            c.r = r;
+        }
+        while let Some(m) = heap.pop() {
+            let i = order[m.pos];
+            if m.version != version[i] {
+                continue;
+            }
+            let c = &mut cands[i];
+            if budget.on_type(m.t) < m.r - c.r {
+                if let Some(m) = self.best_move(c, m.pos, m.version, types, &budget, scale) {
+                    heap.push(m);
+                }
+                continue;
+            }
+            budget.take(m.t, m.r - c.r);
+            c.t = Some(m.t);
+            c.r = m.r;
+            version[i] += 1;
+            if let Some(m) = self.best_move(c, m.pos, version[i], types, &budget, scale) {
+                heap.push(m);
+            }
         }
         let (mut out, mut free) = keep_current(snapshot, |job| {
             cands.iter().any(|c| {

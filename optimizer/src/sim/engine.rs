@@ -8,6 +8,7 @@
 //! GPUs wait for the next round. Idle stretches (nothing submitted yet) are skipped.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{App, AppProfile, BatchConfig};
 use super::report::{JobRecord, Report, RoundRecord, Summary};
-use super::{ClusterSpec, TraceJob};
+use super::{ClusterSpec, TraceJob, Work};
 use crate::error::PolicyError;
 use crate::schedule::{
     Assignment, BatchSizing, JobView, NodeView, Scheduler, Slots, Snapshot, check,
@@ -118,7 +119,10 @@ impl SimHooks for () {}
 
 struct JobState<'a> {
     trace: &'a TraceJob,
-    app: usize,
+    /// The application a training job trains; `None` for a rigid job.
+    app: Option<usize>,
+    /// Progress at which the job is done: the application's total, or a rigid job's seconds.
+    total: f64,
     /// Fixed total batch size, or `None` to adapt it to the allocation.
     batch: Option<u32>,
     requested: u32,
@@ -135,8 +139,9 @@ struct JobState<'a> {
     started: Option<f64>,
     finished: Option<f64>,
     peak: u32,
+    last_change: Option<f64>,
     /// Goodput per worker type and size, for the epoch it was computed in.
-    goodput: Option<(u32, Vec<Vec<f64>>)>,
+    goodput: Option<(u32, Arc<[Vec<f64>]>)>,
 }
 
 /// GPUs per node when `r` are packed on nodes of `per_node`.
@@ -159,9 +164,8 @@ struct World {
 }
 
 impl World {
-    fn config_for(&self, job: &JobState, t: usize, r: u32) -> (BatchConfig, f64) {
-        let app = &self.apps[job.app];
-        let Some(gpu) = self.gpu[job.app][t] else {
+    fn config_for(&self, job: &JobState, app: usize, t: usize, r: u32) -> (BatchConfig, f64) {
+        let Some(gpu) = self.gpu[app][t] else {
             return (
                 BatchConfig {
                     atomic_bsz: 0,
@@ -171,7 +175,7 @@ impl World {
             );
         };
         let digits = packed(r, self.per_node[t]);
-        self.config_on(job, gpu, &digits, app)
+        self.config_on(job, gpu, &digits, &self.apps[app])
     }
 
     fn config_on(
@@ -192,23 +196,22 @@ impl World {
     }
 
     fn view(&self, job: &mut JobState, id: JobId, elastic: bool) -> JobView {
-        let app = &self.apps[job.app];
         let stale = job.goodput.as_ref().is_none_or(|(e, _)| *e != job.epoch);
         if stale {
-            let table = (0..self.per_node.len())
+            // A rigid job progresses one second per second on exactly its GPUs.
+            let table: Vec<Vec<f64>> = (0..self.per_node.len())
                 .map(|t| {
                     (0..=job.max_replicas)
-                        .map(|r| {
-                            if r == 0 || (!elastic && r != job.requested) {
-                                0.0
-                            } else {
-                                self.config_for(job, t, r).1
-                            }
+                        .map(|r| match job.app {
+                            _ if r == 0 => 0.0,
+                            None => f64::from(u8::from(r == job.requested)),
+                            Some(_) if !elastic && r != job.requested => 0.0,
+                            Some(app) => self.config_for(job, app, t, r).1,
                         })
                         .collect()
                 })
                 .collect();
-            job.goodput = Some((job.epoch, table));
+            job.goodput = Some((job.epoch, Arc::from(table)));
         }
         JobView {
             id,
@@ -219,13 +222,10 @@ impl World {
             running_s: job.running_s,
             restarts: job.restarts,
             peak_replicas: job.peak,
+            last_change_s: job.last_change,
             current: job.slots.clone(),
-            goodput: job
-                .goodput
-                .as_ref()
-                .map(|g| g.1.clone())
-                .unwrap_or_default(),
-            remaining: (app.total_progress() - job.progress).max(0.0),
+            goodput: job.goodput.as_ref().expect("computed above").1.clone(),
+            remaining: (job.total - job.progress).max(0.0),
         }
     }
 
@@ -234,7 +234,6 @@ impl World {
         if job.slots.is_empty() || job.finished.is_some() {
             return;
         }
-        let app = &self.apps[job.app];
         let t = job.worker_type.expect("a job with GPUs has a type");
         let held: u32 = job.slots.iter().map(|s| s.1).sum();
         let digits: Vec<u32> = job.slots.iter().map(|s| s.1).collect();
@@ -249,7 +248,20 @@ impl World {
         hold(job, d);
         now += d;
         left -= d;
-        let Some(gpu) = self.gpu[job.app][t] else {
+        let Some(app_i) = job.app else {
+            let need = job.total - job.progress;
+            if left < need {
+                job.progress += left;
+                hold(job, left);
+            } else {
+                job.progress = job.total;
+                hold(job, need);
+                job.finished = Some(now + need);
+            }
+            return;
+        };
+        let app = &self.apps[app_i];
+        let Some(gpu) = self.gpu[app_i][t] else {
             hold(job, left);
             return;
         };
@@ -348,43 +360,77 @@ pub fn simulate(
     let mut jobs: Vec<JobState> = Vec::with_capacity(trace.len());
     for j in trace {
         let bad = |m: String| PolicyError::InvalidConfig(format!("job {}: {m}", j.name));
-        let &app_i = app_index
-            .get(j.application.as_str())
-            .ok_or_else(|| bad(format!("no profile for application {:?}", j.application)))?;
         if !(j.submit_s.is_finite() && j.submit_s >= 0.0) {
             return Err(bad(format!("submit time {}", j.submit_s)));
         }
-        if j.requested_replicas == 0 || j.batch_size == 0 {
-            return Err(bad("asks for 0 GPUs or a batch of 0".into()));
+        if j.requested_replicas == 0 {
+            return Err(bad("asks for 0 GPUs".into()));
         }
-        if world.gpu[app_i].iter().all(Option::is_none) {
-            return Err(bad(format!(
-                "application {} has no measurements on any GPU type of the cluster ({})",
-                j.application,
-                types.join(", ")
-            )));
-        }
-        let app = &world.apps[app_i];
-        let batch = match (app.fixed_batch_size, sizing) {
-            (Some(b), _) => Some(b),
-            (None, BatchSizing::Fixed) => {
-                Some(j.batch_size.clamp(app.init_batch_size, app.max_batch_size))
+        let (app_i, total, batch, requested, max_replicas) = match &j.work {
+            Work::Rigid { duration_s, .. } => {
+                if !(duration_s.is_finite() && *duration_s > 0.0) {
+                    return Err(bad(format!("duration {duration_s} s, expected > 0")));
+                }
+                // Shrinking a rigid job would change what it is: it does not fit at all.
+                if j.requested_replicas > most_gpus {
+                    return Err(bad(format!(
+                        "a rigid job on {} GPUs does not fit: the cluster has at most {most_gpus} \
+                         GPUs of one type",
+                        j.requested_replicas
+                    )));
+                }
+                let r = j.requested_replicas;
+                (None, *duration_s, None, r, r)
             }
-            (None, BatchSizing::Adaptive) => None,
-        };
-        let by_batch = batch.unwrap_or(app.max_batch_size) / app.min_local_bsz;
-        let requested = j.requested_replicas.min(most_gpus);
-        let max_replicas = if elastic {
-            by_batch
-                .min(app.max_replicas.unwrap_or(u32::MAX))
-                .min(most_gpus)
-                .max(1)
-        } else {
-            requested
+            Work::Train {
+                application,
+                batch_size,
+            } => {
+                let &app_i = app_index
+                    .get(application.as_str())
+                    .ok_or_else(|| bad(format!("no profile for application {application:?}")))?;
+                if *batch_size == 0 {
+                    return Err(bad("asks for a batch of 0".into()));
+                }
+                if world.gpu[app_i].iter().all(Option::is_none) {
+                    return Err(bad(format!(
+                        "application {application} has no measurements on any GPU type of the \
+                         cluster ({})",
+                        types.join(", ")
+                    )));
+                }
+                let app = &world.apps[app_i];
+                let batch = match (app.fixed_batch_size, sizing) {
+                    (Some(b), _) => Some(b),
+                    (None, BatchSizing::Fixed) => {
+                        Some((*batch_size).clamp(app.init_batch_size, app.max_batch_size))
+                    }
+                    (None, BatchSizing::Adaptive) => None,
+                };
+                let by_batch = batch.unwrap_or(app.max_batch_size) / app.min_local_bsz;
+                // Trainers adapt to the GPUs they get, so a job bigger than the cluster shrinks.
+                let requested = j.requested_replicas.min(most_gpus);
+                let max_replicas = if elastic {
+                    by_batch
+                        .min(app.max_replicas.unwrap_or(u32::MAX))
+                        .min(most_gpus)
+                        .max(1)
+                } else {
+                    requested
+                };
+                (
+                    Some(app_i),
+                    app.total_progress(),
+                    batch,
+                    requested,
+                    max_replicas,
+                )
+            }
         };
         jobs.push(JobState {
             trace: j,
             app: app_i,
+            total,
             batch,
             requested,
             max_replicas,
@@ -403,6 +449,7 @@ pub fn simulate(
             started: None,
             finished: None,
             peak: 0,
+            last_change: None,
             goodput: None,
         });
     }
@@ -425,18 +472,16 @@ pub fn simulate(
     let mut t = 0.0f64;
     let round = config.round_s;
     let mut idle_rounds = 0;
+    // Jobs submitted and not finished, in order of submission.
+    let mut active: Vec<usize> = Vec::new();
     loop {
         if finished == jobs.len() || config.max_time_s.is_some_and(|m| t >= m) {
             break;
         }
         while next_arrival < order.len() && jobs[order[next_arrival]].trace.submit_s <= t {
+            active.push(order[next_arrival]);
             next_arrival += 1;
         }
-        let active: Vec<usize> = order[..next_arrival]
-            .iter()
-            .copied()
-            .filter(|&i| jobs[i].finished.is_none())
-            .collect();
         if active.is_empty() {
             // Nothing to do until the next arrival's round.
             let next = jobs[order[next_arrival]].trace.submit_s;
@@ -449,7 +494,11 @@ pub fn simulate(
             for (n, until) in down_until.iter_mut().enumerate() {
                 if *until <= t && rng.random::<f64>() < p {
                     *until = t + f.repair_s;
-                    for job in jobs.iter_mut().filter(|j| j.slots.iter().any(|s| s.0 == n)) {
+                    for &i in &active {
+                        let job = &mut jobs[i];
+                        if !job.slots.iter().any(|s| s.0 == n) {
+                            continue;
+                        }
                         job.slots.clear();
                         job.rescale_left = 0.0;
                     }
@@ -489,6 +538,7 @@ pub fn simulate(
                 continue;
             }
             changed += 1;
+            job.last_change = Some(t);
             if new.is_empty() {
                 job.slots.clear();
                 job.rescale_left = 0.0;
@@ -505,9 +555,11 @@ pub fn simulate(
             job.peak = job.peak.max(held);
             job.rescale_left = config.restart_penalty_s;
             job.slots = new;
-            if let Some(gpu) = world.gpu[job.app][ty] {
+            if let Some(app) = job.app
+                && let Some(gpu) = world.gpu[app][ty]
+            {
                 let digits: Vec<u32> = job.slots.iter().map(|s| s.1).collect();
-                job.config = world.config_on(job, gpu, &digits, &world.apps[job.app]).0;
+                job.config = world.config_on(job, gpu, &digits, &world.apps[app]).0;
             }
         }
         let gpus_used: u32 = active
@@ -539,6 +591,7 @@ pub fn simulate(
                 finished += 1;
             }
         }
+        active.retain(|&i| jobs[i].finished.is_none());
         hooks.after_round(&record, finished, jobs.len());
         rounds.push(record);
         if stuck {
@@ -551,7 +604,7 @@ pub fn simulate(
         .iter()
         .map(|j| JobRecord {
             name: j.trace.name.clone(),
-            application: j.trace.application.clone(),
+            application: j.trace.label().to_string(),
             submit_s: j.trace.submit_s,
             start_s: j.started,
             finish_s: j.finished,
@@ -590,16 +643,20 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::schedule::{Fifo, Optimus, Pollux, SchedulerKind, Tiresias};
+    use crate::schedule::{
+        DlRover, ElasticLp, Fifo, Gavel, Optimus, Pollux, SchedulerKind, Tiresias,
+    };
     use crate::sim::app::tests::toy_profile;
 
     fn job(name: &str, submit_s: f64, replicas: u32, batch: u32) -> TraceJob {
         TraceJob {
             name: name.into(),
             submit_s,
-            application: "toy".into(),
             requested_replicas: replicas,
-            batch_size: batch,
+            work: Work::Train {
+                application: "toy".into(),
+                batch_size: batch,
+            },
         }
     }
 
@@ -609,6 +666,9 @@ mod tests {
             SchedulerKind::Tiresias(Tiresias::default()),
             SchedulerKind::Optimus(Optimus::default()),
             SchedulerKind::Pollux(Pollux::default()),
+            SchedulerKind::ElasticLp(ElasticLp::default()),
+            SchedulerKind::Gavel(Gavel::default()),
+            SchedulerKind::Dlrover(DlRover::default()),
         ]
     }
 
@@ -694,7 +754,10 @@ mod tests {
         .unwrap();
         assert_eq!(r.summary.finished, 1);
         let bad = [TraceJob {
-            application: "nope".into(),
+            work: Work::Train {
+                application: "nope".into(),
+                batch_size: 8,
+            },
             ..job("x", 0.0, 1, 8)
         }];
         let e = simulate(
@@ -728,19 +791,74 @@ mod tests {
         );
     }
 
+    fn rigid(name: &str, submit_s: f64, replicas: u32, duration_s: f64) -> TraceJob {
+        TraceJob {
+            name: name.into(),
+            submit_s,
+            requested_replicas: replicas,
+            work: Work::Rigid {
+                duration_s,
+                label: "vc".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_rigid_job_runs_on_exactly_its_gpus_for_its_duration() {
+        // 4 GPUs: `a` takes 2 at 0 s, `b` needs all 4 and waits for `a`: 30 s penalty + 100 s,
+        // then the next round at 180 s, 30 s + 50 s.
+        let trace = [rigid("a", 0.0, 2, 100.0), rigid("b", 0.0, 4, 50.0)];
+        let cluster = ClusterSpec::uniform(1, 4, "t4");
+        let run = |s: &dyn Scheduler| {
+            simulate(&trace, &[], &cluster, s, &SimConfig::default(), &mut ()).unwrap()
+        };
+        let r = run(&Fifo::default());
+        let done: Vec<_> = r.jobs.iter().map(|j| (j.start_s, j.finish_s)).collect();
+        assert_eq!(done, [(Some(0.0), Some(130.0)), (Some(180.0), Some(260.0))]);
+        assert_eq!(r.jobs[0].application, "vc");
+        assert_eq!(r.jobs[1].gpu_seconds, 4.0 * 80.0);
+        // Elastic schedulers neither shrink nor grow it.
+        for s in all() {
+            let r = run(&s);
+            assert_eq!(r.summary.finished, 2, "{}", s.name());
+            for j in &r.jobs {
+                assert_eq!(j.peak_replicas, j.requested_replicas, "{}: {j:?}", s.name());
+            }
+        }
+        let too_big = [rigid("c", 0.0, 8, 10.0)];
+        let e = simulate(
+            &too_big,
+            &[],
+            &cluster,
+            &Fifo::default(),
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("job c: a rigid job on 8 GPUs does not fit"),
+            "{e}"
+        );
+    }
+
     fn arb_trace() -> impl Strategy<Value = Vec<TraceJob>> {
         proptest::collection::vec(
             (
                 0.0f64..2000.0,
                 1u32..9,
                 prop::sample::select(vec![8u32, 16, 32, 64]),
+                prop::option::weighted(0.3, 1.0f64..3000.0),
             ),
             1..12,
         )
         .prop_map(|jobs| {
             jobs.into_iter()
                 .enumerate()
-                .map(|(i, (t, r, b))| job(&format!("j{i}"), t.floor(), r, b))
+                .map(|(i, (t, r, b, rigid_s))| match rigid_s {
+                    Some(d) => rigid(&format!("r{i}"), t.floor(), r, d.floor()),
+                    None => job(&format!("j{i}"), t.floor(), r, b),
+                })
                 .collect()
         })
     }
@@ -749,7 +867,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(24))]
 
         /// Under every scheduler, with node failures: no round uses more GPUs than are up, every
-        /// job finishes exactly once after it was submitted, and the same seed gives the same
+        /// job finishes exactly once after it was submitted, a rigid job only ever holds what
+        /// it asked for and runs at least its duration, and the same seed gives the same
         /// report.
         #[test]
         fn capacity_holds_and_every_job_finishes_once(trace in arb_trace(), seed in 0u64..1000) {
@@ -765,8 +884,13 @@ mod tests {
                     prop_assert!(round.gpus_used <= round.gpus_up, "{}: {round:?}", s.name());
                 }
                 prop_assert_eq!(r.summary.finished as usize, trace.len(), "{}", s.name());
-                for j in &r.jobs {
+                for (j, t) in r.jobs.iter().zip(&trace) {
                     prop_assert!(j.start_s.unwrap() >= j.submit_s && j.finish_s.unwrap() > j.start_s.unwrap());
+                    if let Work::Rigid { duration_s, .. } = t.work {
+                        prop_assert_eq!(j.peak_replicas, t.requested_replicas, "{}", s.name());
+                        prop_assert!(j.finish_s.unwrap() - j.start_s.unwrap() >= duration_s);
+                        prop_assert!(j.gpu_seconds >= duration_s * t.requested_replicas as f64 - 1e-6);
+                    }
                 }
                 let again = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
                 prop_assert_eq!(&again, &r);

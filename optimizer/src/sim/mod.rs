@@ -29,12 +29,36 @@ pub struct TraceJob {
     pub name: String,
     /// Seconds from the start of the trace.
     pub submit_s: f64,
-    /// The application (an [`AppProfile`] by name).
-    pub application: String,
     /// GPUs the user asked for.
     pub requested_replicas: u32,
-    /// The total batch size the user asked for.
-    pub batch_size: u32,
+    pub work: Work,
+}
+
+/// What a job does, and so how it progresses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Work {
+    /// Trains an application (an [`AppProfile`] by name) to its target epochs, starting from
+    /// the total batch size the user asked for: progress follows the profile for any size,
+    /// placement and batch size.
+    Train {
+        application: String,
+        batch_size: u32,
+    },
+    /// Runs for `duration_s` on exactly the GPUs it asked for, of any type, and cannot run on
+    /// fewer or more: all a job list like Philly's records is how long a job ran on how many
+    /// GPUs. `label` groups jobs in the results (Philly: the virtual cluster).
+    Rigid { duration_s: f64, label: String },
+}
+
+impl TraceJob {
+    /// The application a job trains, or the label of a rigid job.
+    pub fn label(&self) -> &str {
+        match &self.work {
+            Work::Train { application, .. } => application,
+            Work::Rigid { label, .. } => label,
+        }
+    }
 }
 
 /// A node of the simulated cluster.

@@ -1,0 +1,91 @@
+//! The analysis notebook (`notebooks/whatif.ipynb`) executed headless on a small replay's
+//! Parquet tables, as a user would run it: `brainctl whatif --out DIR`, then nbconvert.
+//!
+//! It needs a Python with the packages of `notebooks/requirements.txt`: `BRAIN_PYTHON` names
+//! it (`.ci/run` creates a virtualenv and sets it, with `BRAIN_REQUIRE_NOTEBOOK=1` so a missing
+//! Python fails the run); without either, the test says why it did not run.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_notebook_runs_on_a_small_replay() {
+    let python = std::env::var("BRAIN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ready = Command::new(&python)
+        .args(["-c", "import polars, matplotlib, nbconvert, ipykernel"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        assert!(
+            std::env::var_os("BRAIN_REQUIRE_NOTEBOOK").is_none(),
+            "{python} lacks the packages of notebooks/requirements.txt"
+        );
+        eprintln!(
+            "skipped: {python} lacks the packages of notebooks/requirements.txt (set BRAIN_PYTHON)"
+        );
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let data = root.join("../shared/data/pollux");
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(data.join("workloads/workload-1.csv")).unwrap();
+    let trace = dir.path().join("small.csv");
+    let lines: Vec<&str> = text.lines().take(25).collect();
+    std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
+    let out = dir.path().join("out");
+    let mut args = vec![
+        "whatif".to_string(),
+        "--trace".into(),
+        trace.display().to_string(),
+        "--profiles".into(),
+        data.join("traces").display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    for p in ["fifo", "pollux", "elastic_lp"] {
+        args.push("--policy".into());
+        args.push(
+            root.join(format!("examples/policies/{p}.toml"))
+                .display()
+                .to_string(),
+        );
+    }
+    let run = Command::new(env!("CARGO_BIN_EXE_brainctl"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let executed = dir.path().join("executed.ipynb");
+    let nb = Command::new(&python)
+        .args([
+            "-m",
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            "--output",
+        ])
+        .arg(&executed)
+        .arg(root.join("notebooks/whatif.ipynb"))
+        .env("WHATIF_OUT", &out)
+        .output()
+        .unwrap();
+    assert!(
+        nb.status.success(),
+        "{}",
+        String::from_utf8_lossy(&nb.stderr)
+    );
+    let text = std::fs::read_to_string(&executed).unwrap();
+    assert!(
+        text.contains("tables consistent for fifo, pollux, elastic_lp"),
+        "the notebook's consistency cell did not pass"
+    );
+    for chart in ["notebook_jct_cdf.png", "notebook_utilisation.png"] {
+        let png = std::fs::read(out.join(chart)).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "{chart}");
+    }
+}
