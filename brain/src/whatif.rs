@@ -144,7 +144,9 @@ pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTr
                     .to_string(),
                 jobs: match format.of(f)? {
                     TraceFormat::Philly => datasets::philly::read_jobs(f)?,
-                    _ => datasets::pollux::read_workload(f)?,
+                    TraceFormat::Workload | TraceFormat::Auto => {
+                        datasets::pollux::read_workload(f)?
+                    }
                 },
             })
         })

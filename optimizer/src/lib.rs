@@ -17,9 +17,10 @@
 //!   file behind [`heuristics::Heuristic`], merged into one [`plan::ScalePlan`] per job.
 //! * [`config`]: the operator's TOML policy file (allocation policy and heuristics).
 //! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
-//! * [`schedule`]: round-based schedulers for elastic GPU jobs (FIFO, Tiresias, Optimus,
-//!   Pollux-style goodput) behind [`schedule::Scheduler`], chosen with
-//!   [`schedule::SchedulerKind`]: whole GPUs on nodes each round.
+//! * [`schedule`]: round-based schedulers for GPU jobs (FIFO, Tiresias, Optimus, Pollux-style
+//!   goodput, DLRover's heuristics, Gavel over the [`policy`] LPs, and Brain's own
+//!   `elastic_lp`) behind [`schedule::Scheduler`], chosen with [`schedule::SchedulerKind`]: whole
+//!   GPUs on nodes each round.
 //! * [`sim`]: the what-if simulator that replays a trace under a scheduler on a virtual clock.
 //! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
 //!   with what rounding cost against the LP.

@@ -36,7 +36,8 @@ enum Command {
         /// The traces' format.
         #[arg(long, value_enum, default_value_t = whatif::TraceFormat::Auto)]
         format: whatif::TraceFormat,
-        /// Directory of application profiles (default: `traces/` beside the trace's directory;
+        /// Directory of application profiles (default: the nearest `traces/` beside the trace's
+        /// directory or its parents;
         /// not needed for Philly job lists).
         #[arg(long, value_name = "DIR")]
         profiles: Option<PathBuf>,

@@ -1,7 +1,8 @@
 //! Optimus' greedy marginal gain (EuroSys 2018), with the job's true speed as Pollux's artifact
 //! gives it ("Optimus+Oracle"): every job first gets the fewest GPUs it runs on (one, unless it
-//! is rigid), in order of submission while GPUs last; then GPUs go one at a time to the job whose remaining time drops the most by one more,
-//! `remaining · (1 / goodput(r) − 1 / goodput(r + 1))`, until no job gains. Jobs whose size does
+//! is rigid), in order of submission while GPUs last; then GPUs go one at a time to the job
+//! whose remaining time drops the most by one more, `remaining · (1 / goodput(r) − 1 /
+//! goodput(r + 1))`, until no job gains. Jobs whose size does
 //! not change keep their GPUs; the others are placed on the nodes with the most free GPUs.
 
 use serde::{Deserialize, Serialize};

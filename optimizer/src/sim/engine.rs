@@ -4,8 +4,9 @@
 //! come back, the scheduler sees a [`Snapshot`] of the jobs submitted and not finished, and its
 //! [`Assignment`] is applied: a job whose GPUs change restarts and makes no progress for
 //! `restart_penalty_s`. Between boundaries every running job progresses at its true goodput on
-//! its placement, epoch by epoch; a job that finishes mid-round finishes at that instant and its
-//! GPUs wait for the next round. Idle stretches (nothing submitted yet) are skipped.
+//! its placement, epoch by epoch (a rigid job: one second of its duration per second); a job
+//! that finishes mid-round finishes at that instant and its GPUs wait for the next round. Idle
+//! stretches (nothing submitted yet) are skipped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
