@@ -1,6 +1,9 @@
 //! Compiles the .proto files with protox (pure Rust, no protoc) and generates tonic code.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/brain/jobmaster/v1/jobmaster.proto"];
+    let files = [
+        "proto/brain/jobmaster/v1/jobmaster.proto",
+        "proto/brain/service/v1/brain.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

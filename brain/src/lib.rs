@@ -1,17 +1,26 @@
-//! The cluster-wide brain. For now it holds what `brainctl` runs offline:
+//! The cluster-wide brain: the service job masters report to, and what `brainctl` runs offline:
 //!
 //! * [`whatif`]: the what-if simulator front end: loads traces, application profiles and
 //!   operators' policy files, replays every trace under every policy with
 //!   [`optimizer::sim::simulate`] (in parallel, one simulation per core), prints the side-by-side
 //!   table and writes per-job and per-round results as Parquet and CSV.
 //! * [`plots`]: the comparison as SVG charts (JCT CDF, GPU utilisation over time).
-//! * [`BrainError`]: the crate's one error type.
+//! * [`store`]: the durable state (SQLite, WAL): jobs, metric summaries, plans and their
+//!   acknowledgements.
+//! * [`service`]: the thin tonic adapter of the `brain.service.v1.Brain` API over the store;
+//!   [`server`]: `run(config, listener, shutdown)`, which the `brain` binary and the tests start.
+//! * [`BrainError`]: the crate's one error type, mapped once to `tonic::Status`.
 //!
-//! The brain service (job store, metrics, the live optimisation loop) joins it in a later issue;
-//! algorithms stay in `optimizer`, file formats in `datasets`.
+//! Still to come: job-profile models, resource-free submission and the live optimisation loop.
+//! Algorithms stay in `optimizer`, file formats in `datasets`.
 
 pub mod plots;
+pub mod server;
+pub mod service;
+pub mod store;
 pub mod whatif;
+
+pub use server::{BrainConfig, run};
 
 use std::path::PathBuf;
 
@@ -32,4 +41,28 @@ pub enum BrainError {
         policy: String,
         source: optimizer::PolicyError,
     },
+    #[error("unknown job {0}")]
+    UnknownJob(u64),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("job store: {0}")]
+    Store(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<BrainError> for tonic::Status {
+    fn from(e: BrainError) -> Self {
+        let message = e.to_string();
+        match e {
+            BrainError::UnknownJob(_) => tonic::Status::not_found(message),
+            BrainError::InvalidArgument(_) | BrainError::Invalid(_) | BrainError::Policy { .. } => {
+                tonic::Status::invalid_argument(message)
+            }
+            BrainError::Data(_)
+            | BrainError::Simulation { .. }
+            | BrainError::Store(_)
+            | BrainError::Io(_) => tonic::Status::internal(message),
+        }
+    }
 }

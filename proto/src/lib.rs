@@ -9,6 +9,13 @@ pub mod jobmaster {
     }
 }
 
+/// The brain's API (job masters and operators).
+pub mod service {
+    pub mod v1 {
+        tonic::include_proto!("brain.service.v1");
+    }
+}
+
 /// The checkpoint manifest (`manifest.json` in a checkpoint directory): the file contract between
 /// the job master, which writes it when a checkpoint commits, and the training processes, which
 /// resume from it. Paths are absolute.

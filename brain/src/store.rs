@@ -1,0 +1,430 @@
+//! The brain's durable state in an embedded SQLite database (WAL): jobs, per-job metric
+//! summaries, scale plans and their acknowledgements. Every change is one transaction, so a
+//! brain killed at any instant reopens with each change either wholly there or not at all.
+//!
+//! Raw metric time series are not kept here (they belong in the InfluxDB sink); each accepted
+//! batch updates the job's summary: reports seen, last global step, mean samples/s, peak memory.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::BrainError;
+
+/// A job's id in the brain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(pub u64);
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job {}", self.0)
+    }
+}
+
+/// One metric report of a job master, as checked by [`Metric::validate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    pub at_unix_ms: i64,
+    pub global_step: u64,
+    pub samples_per_second: f64,
+    pub workers: u32,
+    pub ps: u32,
+    pub cpu_millicores: u64,
+    pub memory_bytes: u64,
+    pub gpu_utilisation_pct: f64,
+}
+
+/// Values no real job reports: beyond them a report is a bug or an attack, not a measurement.
+const MAX_SAMPLES_PER_SECOND: f64 = 1e9;
+const MAX_PROCESSES: u32 = 100_000;
+const MAX_MILLICORES: u64 = 1 << 40; // ~1e12 millicores
+const MAX_MEMORY_BYTES: u64 = 1 << 60; // 1 EiB
+const MAX_STEP: u64 = 1 << 53;
+
+impl Metric {
+    /// Rejects NaN, negative and absurdly large values, naming the field and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        let sps = self.samples_per_second;
+        if !(sps.is_finite() && (0.0..=MAX_SAMPLES_PER_SECOND).contains(&sps)) {
+            return Err(format!(
+                "samples_per_second is {sps}, expected 0 to {MAX_SAMPLES_PER_SECOND}"
+            ));
+        }
+        let gpu = self.gpu_utilisation_pct;
+        if !(gpu.is_finite() && (0.0..=100.0).contains(&gpu)) {
+            return Err(format!("gpu_utilisation_pct is {gpu}, expected 0 to 100"));
+        }
+        if self.at_unix_ms <= 0 {
+            return Err(format!("at_unix_ms is {}", self.at_unix_ms));
+        }
+        if self.global_step > MAX_STEP {
+            return Err(format!("global_step is {}", self.global_step));
+        }
+        if self.workers > MAX_PROCESSES || self.ps > MAX_PROCESSES {
+            return Err(format!("{} workers, {} ps", self.workers, self.ps));
+        }
+        if self.cpu_millicores > MAX_MILLICORES {
+            return Err(format!("cpu_millicores is {}", self.cpu_millicores));
+        }
+        if self.memory_bytes > MAX_MEMORY_BYTES {
+            return Err(format!("memory_bytes is {}", self.memory_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// What the brain knows of a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRow {
+    pub id: JobId,
+    pub name: String,
+    pub master_address: String,
+    pub registered_unix_ms: i64,
+    pub reports: u64,
+    pub last_global_step: u64,
+    pub mean_samples_per_second: f64,
+    pub peak_memory_bytes: u64,
+    /// The newest plan version, 0 if none.
+    pub plan_version: u64,
+    /// The newest version the job master accepted, and the newest it carried out.
+    pub acked_version: u64,
+    pub reached_version: u64,
+}
+
+/// A stored plan: its version and its encoded body (the wire `ScalePlan`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredPlan {
+    pub version: u64,
+    pub body: Vec<u8>,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    master_address TEXT NOT NULL,
+    registered_unix_ms INTEGER NOT NULL,
+    reports INTEGER NOT NULL DEFAULT 0,
+    last_global_step INTEGER NOT NULL DEFAULT 0,
+    sum_samples_per_second REAL NOT NULL DEFAULT 0,
+    peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
+    acked_version INTEGER NOT NULL DEFAULT 0,
+    reached_version INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS plans (
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    version INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    reason TEXT NOT NULL,
+    created_unix_ms INTEGER NOT NULL,
+    accepted INTEGER,
+    answer TEXT,
+    PRIMARY KEY (job_id, version)
+);
+";
+
+impl Store {
+    /// Opens (or creates) the database at `path` in WAL mode.
+    pub fn open(path: &Path) -> Result<Store, BrainError> {
+        let conn = Connection::open(path)?;
+        // WAL: readers never block the writer; NORMAL sync loses nothing on a process crash.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Store { conn })
+    }
+
+    /// Registers `name`, or finds it registered (a restarted job master keeps its id and gets
+    /// its address updated). Returns the id and the newest plan version.
+    pub fn register(
+        &mut self,
+        name: &str,
+        master_address: &str,
+        now_unix_ms: i64,
+    ) -> Result<(JobId, u64), BrainError> {
+        if name.trim().is_empty() || name.len() > 256 {
+            return Err(BrainError::InvalidArgument(format!(
+                "job name {name:?}: expected 1 to 256 characters"
+            )));
+        }
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO jobs (name, master_address, registered_unix_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT(name) DO UPDATE SET master_address = excluded.master_address",
+            params![name, master_address, now_unix_ms],
+        )?;
+        let id: i64 = tx.query_row("SELECT id FROM jobs WHERE name = ?1", [name], |r| r.get(0))?;
+        let version = newest_version(&tx, id)?;
+        tx.commit()?;
+        Ok((JobId(id as u64), version))
+    }
+
+    fn known(&self, job: JobId) -> Result<i64, BrainError> {
+        let id = i64::try_from(job.0).map_err(|_| BrainError::UnknownJob(job.0))?;
+        let found: Option<i64> = self
+            .conn
+            .query_row("SELECT id FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+            .optional()?;
+        found.ok_or(BrainError::UnknownJob(job.0))
+    }
+
+    /// Checks every report, then folds them all into the job's summary in one transaction:
+    /// a batch with one bad report changes nothing.
+    pub fn add_metrics(&mut self, job: JobId, reports: &[Metric]) -> Result<usize, BrainError> {
+        let id = self.known(job)?;
+        for (i, m) in reports.iter().enumerate() {
+            m.validate()
+                .map_err(|e| BrainError::InvalidArgument(format!("report {i} of {job}: {e}")))?;
+        }
+        if reports.is_empty() {
+            return Ok(0);
+        }
+        let last = reports
+            .iter()
+            .max_by_key(|m| (m.at_unix_ms, m.global_step))
+            .expect("not empty");
+        let sum: f64 = reports.iter().map(|m| m.samples_per_second).sum();
+        let peak = reports.iter().map(|m| m.memory_bytes).max().unwrap_or(0);
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE jobs SET reports = reports + ?2,
+                 last_global_step = MAX(last_global_step, ?3),
+                 sum_samples_per_second = sum_samples_per_second + ?4,
+                 peak_memory_bytes = MAX(peak_memory_bytes, ?5)
+             WHERE id = ?1",
+            params![
+                id,
+                reports.len() as i64,
+                last.global_step as i64,
+                sum,
+                peak as i64
+            ],
+        )?;
+        tx.commit()?;
+        Ok(reports.len())
+    }
+
+    /// Stores `body` as the job's next plan version.
+    pub fn propose_plan(
+        &mut self,
+        job: JobId,
+        body: &dyn Fn(u64) -> Vec<u8>,
+        reason: &str,
+        now_unix_ms: i64,
+    ) -> Result<u64, BrainError> {
+        let id = self.known(job)?;
+        let tx = self.conn.transaction()?;
+        let version = newest_version(&tx, id)? + 1;
+        tx.execute(
+            "INSERT INTO plans (job_id, version, body, reason, created_unix_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, version as i64, body(version), reason, now_unix_ms],
+        )?;
+        tx.commit()?;
+        Ok(version)
+    }
+
+    /// The newest plan above `after`, if any.
+    pub fn plan_after(&self, job: JobId, after: u64) -> Result<Option<StoredPlan>, BrainError> {
+        let id = self.known(job)?;
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT version, body FROM plans WHERE job_id = ?1 AND version > ?2
+                 ORDER BY version DESC LIMIT 1",
+                params![id, after as i64],
+                |r| {
+                    Ok(StoredPlan {
+                        version: r.get::<_, i64>(0)? as u64,
+                        body: r.get(1)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Records the job master's answer to plan `version` and how far it has got.
+    pub fn ack_plan(
+        &mut self,
+        job: JobId,
+        version: u64,
+        accepted: bool,
+        answer: &str,
+        reached: u64,
+    ) -> Result<(), BrainError> {
+        let id = self.known(job)?;
+        let newest = newest_version(&self.conn, id)?;
+        if version == 0 || version > newest || reached > newest {
+            return Err(BrainError::InvalidArgument(format!(
+                "{job} acknowledges version {version} (reached {reached}), the newest plan is \
+                 {newest}"
+            )));
+        }
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE plans SET accepted = ?3, answer = ?4 WHERE job_id = ?1 AND version = ?2",
+            params![id, version as i64, accepted, answer],
+        )?;
+        if accepted {
+            tx.execute(
+                "UPDATE jobs SET acked_version = MAX(acked_version, ?2) WHERE id = ?1",
+                params![id, version as i64],
+            )?;
+        }
+        tx.execute(
+            "UPDATE jobs SET reached_version = MAX(reached_version, ?2) WHERE id = ?1",
+            params![id, reached as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn job(&self, job: JobId) -> Result<JobRow, BrainError> {
+        let id = self.known(job)?;
+        self.rows(Some(id))?
+            .pop()
+            .ok_or(BrainError::UnknownJob(job.0))
+    }
+
+    /// Every job, by id.
+    pub fn jobs(&self) -> Result<Vec<JobRow>, BrainError> {
+        self.rows(None)
+    }
+
+    fn rows(&self, only: Option<i64>) -> Result<Vec<JobRow>, BrainError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, name, master_address, registered_unix_ms, reports, last_global_step,
+                    sum_samples_per_second, peak_memory_bytes, acked_version, reached_version,
+                    (SELECT COALESCE(MAX(version), 0) FROM plans WHERE job_id = jobs.id)
+             FROM jobs WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map([only], |r| {
+            let reports = r.get::<_, i64>(4)? as u64;
+            let sum: f64 = r.get(6)?;
+            Ok(JobRow {
+                id: JobId(r.get::<_, i64>(0)? as u64),
+                name: r.get(1)?,
+                master_address: r.get(2)?,
+                registered_unix_ms: r.get(3)?,
+                reports,
+                last_global_step: r.get::<_, i64>(5)? as u64,
+                mean_samples_per_second: if reports > 0 {
+                    sum / reports as f64
+                } else {
+                    0.0
+                },
+                peak_memory_bytes: r.get::<_, i64>(7)? as u64,
+                acked_version: r.get::<_, i64>(8)? as u64,
+                reached_version: r.get::<_, i64>(9)? as u64,
+                plan_version: r.get::<_, i64>(10)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
+fn newest_version(conn: &Connection, job: i64) -> Result<u64, BrainError> {
+    let v: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM plans WHERE job_id = ?1",
+        [job],
+        |r| r.get(0),
+    )?;
+    Ok(v as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metric(step: u64, sps: f64) -> Metric {
+        Metric {
+            at_unix_ms: 1_700_000_000_000 + step as i64,
+            global_step: step,
+            samples_per_second: sps,
+            workers: 2,
+            ps: 1,
+            cpu_millicores: 4000,
+            memory_bytes: 1 << 30,
+            gpu_utilisation_pct: 50.0,
+        }
+    }
+
+    #[test]
+    fn jobs_plans_and_summaries_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("brain.db");
+        let mut s = Store::open(&path).unwrap();
+        let (a, v) = s.register("a", "127.0.0.1:1", 10).unwrap();
+        assert_eq!(v, 0);
+        assert_eq!(s.register("a", "127.0.0.1:2", 20).unwrap(), (a, 0));
+        assert_eq!(
+            s.add_metrics(a, &[metric(10, 100.0), metric(20, 300.0)])
+                .unwrap(),
+            2
+        );
+        let v1 = s.propose_plan(a, &|v| vec![v as u8], "grow", 30).unwrap();
+        let v2 = s
+            .propose_plan(a, &|v| vec![v as u8], "grow more", 40)
+            .unwrap();
+        assert_eq!((v1, v2), (1, 2));
+        assert_eq!(
+            s.plan_after(a, 0).unwrap(),
+            Some(StoredPlan {
+                version: 2,
+                body: vec![2]
+            })
+        );
+        assert_eq!(s.plan_after(a, 2).unwrap(), None);
+        s.ack_plan(a, 2, true, "", 1).unwrap();
+        drop(s);
+        let s = Store::open(&path).unwrap();
+        let row = s.job(a).unwrap();
+        assert_eq!(row.master_address, "127.0.0.1:2");
+        assert_eq!(row.registered_unix_ms, 10);
+        assert_eq!((row.reports, row.last_global_step), (2, 20));
+        assert_eq!(row.mean_samples_per_second, 200.0);
+        assert_eq!(
+            (row.plan_version, row.acked_version, row.reached_version),
+            (2, 2, 1)
+        );
+        assert_eq!(s.jobs().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn bad_reports_change_nothing_and_say_what_was_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
+        let (a, _) = s.register("a", "x", 1).unwrap();
+        let huge = Metric {
+            memory_bytes: u64::MAX,
+            ..metric(1, 1.0)
+        };
+        for (bad, says) in [
+            (metric(1, f64::NAN), "samples_per_second is NaN"),
+            (metric(1, -5.0), "samples_per_second is -5"),
+            (metric(1, f64::INFINITY), "samples_per_second is inf"),
+            (huge, "memory_bytes is 18446744073709551615"),
+        ] {
+            let e = s.add_metrics(a, &[metric(1, 1.0), bad]).unwrap_err();
+            assert!(
+                matches!(&e, BrainError::InvalidArgument(m) if m.contains("report 1 of job 1") && m.contains(says)),
+                "{e}"
+            );
+        }
+        assert_eq!(s.job(a).unwrap().reports, 0);
+        assert!(matches!(
+            s.add_metrics(JobId(99), &[metric(1, 1.0)]),
+            Err(BrainError::UnknownJob(99))
+        ));
+        assert!(matches!(
+            s.ack_plan(a, 1, true, "", 0),
+            Err(BrainError::InvalidArgument(_))
+        ));
+        assert!(s.register("", "x", 1).is_err());
+    }
+}

@@ -1,0 +1,214 @@
+//! The brain service as a job master and an operator meet it: a real `brain` process on
+//! loopback with a real SQLite file, killed with SIGKILL in the middle of a stream of metric
+//! reports and started again on the same file.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use proto::jobmaster::v1 as jm;
+use proto::service::v1 as pb;
+use proto::service::v1::brain_client::BrainClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// Starts `brain` on port 0; returns the process and its address.
+fn start(db: &Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_brain"))
+        .args(["--listen", "127.0.0.1:0", "--database"])
+        .arg(db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, format!("http://{addr}"))
+}
+
+async fn client(addr: &str) -> BrainClient<Channel> {
+    BrainClient::connect(addr.to_string()).await.unwrap()
+}
+
+fn report(step: u64, sps: f64) -> pb::MetricReport {
+    pb::MetricReport {
+        at_unix_ms: 1_700_000_000_000 + step as i64,
+        global_step: step,
+        samples_per_second: sps,
+        workers: 2,
+        ps: 1,
+        cpu_millicores: 3000,
+        memory_bytes: 2 << 30,
+        gpu_utilisation_pct: 0.0,
+    }
+}
+
+#[tokio::test]
+async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("brain.db");
+    let (mut brain, addr) = start(&db);
+    let mut c = client(&addr).await;
+    let a = c
+        .register_job(pb::RegisterJobRequest {
+            job_name: "ctr-a".into(),
+            master_address: "127.0.0.1:7001".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let b = c
+        .register_job(pb::RegisterJobRequest {
+            job_name: "ctr-b".into(),
+            master_address: "127.0.0.1:7002".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(a.job_id, b.job_id);
+    assert_eq!(a.plan_version, 0);
+
+    // Bad reports: clear errors, nothing stored.
+    let bad = [
+        (a.job_id, report(1, f64::NAN), Code::InvalidArgument, "NaN"),
+        (a.job_id, report(1, -1.0), Code::InvalidArgument, "-1"),
+        (
+            a.job_id,
+            pb::MetricReport {
+                memory_bytes: u64::MAX,
+                ..report(1, 1.0)
+            },
+            Code::InvalidArgument,
+            "memory_bytes",
+        ),
+        (999, report(1, 1.0), Code::NotFound, "unknown job 999"),
+    ];
+    for (job, r, code, says) in bad {
+        let e = c
+            .report_metrics(pb::MetricsBatch {
+                job_id: job,
+                reports: vec![report(1, 1.0), r],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().contains(says), "{}", e.message());
+    }
+    let job = |c: &mut BrainClient<Channel>, id| {
+        let mut c = c.clone();
+        async move {
+            c.get_job(pb::GetJobRequest { job_id: id })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    assert_eq!(job(&mut c, a.job_id).await.reports, 0);
+
+    // An operator's plan, picked up by the job master by version and acknowledged.
+    let proposed = c
+        .propose_plan(pb::ProposePlanRequest {
+            job_id: a.job_id,
+            roles: vec![jm::RoleTarget {
+                role: jm::Role::Worker as i32,
+                count: 4,
+                resources: None,
+            }],
+            migrations: vec![],
+            reason: "grow".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(proposed.version, 1);
+    let plan = c
+        .get_plan(pb::GetPlanRequest {
+            job_id: a.job_id,
+            after_version: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .plan
+        .unwrap();
+    assert_eq!((plan.version, plan.roles[0].count), (1, 4));
+    c.ack_plan(pb::PlanAck {
+        job_id: a.job_id,
+        version: 1,
+        accepted: true,
+        reason: String::new(),
+        reached_version: 0,
+    })
+    .await
+    .unwrap();
+
+    // A stream of batches; SIGKILL the brain in the middle of it.
+    let mut acked = 0u64;
+    let stream = {
+        let mut c = c.clone();
+        let id = a.job_id;
+        tokio::spawn(async move {
+            let mut acked = 0u64;
+            for i in 0..100_000u64 {
+                let reports = (0..10).map(|k| report(i * 10 + k, 100.0)).collect();
+                match c
+                    .report_metrics(pb::MetricsBatch {
+                        job_id: id,
+                        reports,
+                    })
+                    .await
+                {
+                    Ok(r) => acked += r.into_inner().stored as u64,
+                    Err(_) => break,
+                }
+            }
+            acked
+        })
+    };
+    while acked == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        acked = job(&mut c, a.job_id).await.reports;
+    }
+    brain.kill().unwrap();
+    brain.wait().unwrap();
+    let acked = stream.await.unwrap();
+    assert!(acked > 0);
+
+    let (mut brain, addr) = start(&db);
+    let mut c = client(&addr).await;
+    let again = c
+        .register_job(pb::RegisterJobRequest {
+            job_name: "ctr-a".into(),
+            master_address: "127.0.0.1:7003".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((again.job_id, again.plan_version), (a.job_id, 1));
+    let row = job(&mut c, a.job_id).await;
+    // Every acknowledged batch is there; the one in flight is wholly there or not at all.
+    assert!(
+        row.reports == acked || row.reports == acked + 10,
+        "{} stored, {acked} acknowledged",
+        row.reports
+    );
+    assert_eq!(row.reports % 10, 0);
+    assert_eq!(row.mean_samples_per_second, 100.0);
+    assert_eq!((row.plan_version, row.acked_version), (1, 1));
+    assert_eq!(row.master_address, "127.0.0.1:7003");
+    let all = c
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(all.jobs.len(), 2);
+    brain.kill().unwrap();
+    brain.wait().unwrap();
+}
