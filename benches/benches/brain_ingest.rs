@@ -1,0 +1,120 @@
+//! Metric-report ingest of the brain service: batches of `batch` reports from `clients`
+//! concurrent job masters (one connection each) over gRPC on loopback, each batch validated and
+//! folded into the job's summary in one SQLite transaction (WAL) before it is acknowledged.
+//! Throughput is in reports per second.
+//!
+//! cargo bench -p benches --bench brain_ingest
+
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use proto::service::v1 as pb;
+
+type Client = pb::brain_client::BrainClient<tonic::transport::Channel>;
+type Stop = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    tempfile::TempDir,
+);
+
+/// Starts a brain on a fresh database; returns one registered client per job.
+async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let config = brain::BrainConfig {
+        database: dir.path().join("brain.db"),
+    };
+    let handle = tokio::spawn(async move {
+        if let Err(e) = brain::run(config, listener, async {
+            let _ = rx.await;
+        })
+        .await
+        {
+            eprintln!("brain failed: {e}");
+        }
+    });
+    let mut out = Vec::new();
+    for i in 0..clients {
+        let mut c = loop {
+            if let Ok(c) = Client::connect(format!("http://{addr}")).await {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let id = c
+            .register_job(pb::RegisterJobRequest {
+                job_name: format!("job-{i}"),
+                master_address: "127.0.0.1:1".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        out.push((c, id));
+    }
+    (out, (tx, handle, dir))
+}
+
+async fn stop((tx, handle, dir): Stop) {
+    let _ = tx.send(());
+    let _ = handle.await;
+    drop(dir);
+}
+
+fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
+    (0..size as u64)
+        .map(|k| pb::MetricReport {
+            at_unix_ms: 1_700_000_000_000 + (from + k) as i64,
+            global_step: from + k,
+            samples_per_second: 1000.0 + k as f64,
+            workers: 4,
+            ps: 2,
+            cpu_millicores: 8000,
+            memory_bytes: 4 << 30,
+            gpu_utilisation_pct: 80.0,
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("brain_ingest");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    for (clients, size) in [(1usize, 1usize), (1, 100), (4, 100), (4, 1000)] {
+        g.throughput(Throughput::Elements((clients * size) as u64));
+        g.bench_function(format!("{clients} job masters, batches of {size}"), |b| {
+            b.to_async(&rt).iter_custom(|iters| async move {
+                let (cs, s) = brain(clients).await;
+                let start = Instant::now();
+                let mut set = tokio::task::JoinSet::new();
+                for (mut c, id) in cs {
+                    set.spawn(async move {
+                        for i in 0..iters {
+                            c.report_metrics(pb::MetricsBatch {
+                                job_id: id,
+                                reports: batch(size, i * size as u64),
+                            })
+                            .await
+                            .unwrap();
+                        }
+                    });
+                }
+                while let Some(r) = set.join_next().await {
+                    r.unwrap();
+                }
+                let elapsed = start.elapsed();
+                stop(s).await;
+                elapsed
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
