@@ -209,6 +209,27 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .unwrap()
         .into_inner();
     assert_eq!(all.jobs.len(), 2);
+
+    // What an operator sees with brainctl.
+    let brainctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_brainctl"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, text) = brainctl(&["jobs", "--brain", &addr]);
+    assert!(ok, "{text}");
+    assert!(text.contains("ctr-a") && text.contains("ctr-b"), "{text}");
+    assert!(text.contains(&format!("{}  ", row.reports)), "{text}");
+    let (ok, text) = brainctl(&["status", &a.job_id.to_string(), "--brain", &addr]);
+    assert!(ok && text.contains("master: 127.0.0.1:7003"), "{text}");
+    let (ok, text) = brainctl(&["status", "999", "--brain", &addr]);
+    assert!(!ok && text.contains("unknown job 999"), "{text}");
     brain.kill().unwrap();
     brain.wait().unwrap();
 }

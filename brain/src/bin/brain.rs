@@ -19,7 +19,8 @@ struct Cli {
     /// SQLite database of jobs, metric summaries and plans (created if missing).
     #[arg(long, default_value = "brain-data/brain.db")]
     database: PathBuf,
-    /// A TOML config file (`database = "..."`); flags override nothing in it yet.
+    /// A TOML config file instead of the flags (`database = "path/brain.db"`; unknown keys are
+    /// errors).
     #[arg(long, conflicts_with = "database")]
     config: Option<PathBuf>,
 }

@@ -7,12 +7,15 @@ use brain::whatif;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::sim::{ClusterSpec, SimConfig};
+use proto::service::v1 as pb;
+use proto::service::v1::brain_client::BrainClient;
 
 #[derive(Parser)]
 #[command(
     name = "brainctl",
     version,
-    about = "Operate Brain: replay traces under policies before they touch a cluster."
+    about = "Operate Brain: look at the jobs a brain runs, and replay traces under policies \
+             before they touch a cluster."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -21,6 +24,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// List the jobs a running brain knows, with their metric summaries and plan versions.
+    Jobs {
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// Show one job of a running brain.
+    Status {
+        /// The job's id (from `brainctl jobs`).
+        job: u64,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
     /// Replay job traces on a simulated cluster under each policy, side by side.
     ///
     /// Every trace is replayed under every policy (one simulation per core); the table shows,
@@ -75,8 +92,64 @@ enum Command {
     },
 }
 
+/// Asks a running brain, on a runtime of its own (the rest of brainctl is synchronous).
+fn ask_brain<T>(
+    address: &str,
+    f: impl AsyncFnOnce(BrainClient<tonic::transport::Channel>) -> Result<T, tonic::Status>,
+) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = BrainClient::connect(address.to_string())
+            .await
+            .with_context(|| format!("connecting to the brain at {address}"))?;
+        f(client)
+            .await
+            .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
+    })
+}
+
+fn print_jobs(jobs: &[pb::JobRecord]) {
+    println!(
+        "{:>4}  {:<24} {:>8} {:>12} {:>12} {:>12}  plan (newest/accepted/reached)",
+        "id", "name", "reports", "last step", "samples/s", "peak MiB"
+    );
+    for j in jobs {
+        println!(
+            "{:>4}  {:<24} {:>8} {:>12} {:>12.1} {:>12}  {}/{}/{}",
+            j.job_id,
+            j.job_name,
+            j.reports,
+            j.last_global_step,
+            j.mean_samples_per_second,
+            j.peak_memory_bytes >> 20,
+            j.plan_version,
+            j.acked_version,
+            j.reached_version
+        );
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Jobs { brain } => {
+            let jobs = ask_brain(&brain, async |mut c| {
+                Ok(c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs)
+            })?;
+            print_jobs(&jobs);
+            Ok(())
+        }
+        Command::Status { job, brain } => {
+            let record = ask_brain(&brain, async |mut c| {
+                Ok(c.get_job(pb::GetJobRequest { job_id: job })
+                    .await?
+                    .into_inner())
+            })?;
+            print_jobs(&[record.clone()]);
+            println!("master: {}", record.master_address);
+            Ok(())
+        }
         Command::Whatif {
             traces: trace_paths,
             format,
