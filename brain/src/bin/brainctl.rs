@@ -146,7 +146,7 @@ fn main() -> anyhow::Result<()> {
                     .await?
                     .into_inner())
             })?;
-            print_jobs(&[record.clone()]);
+            print_jobs(std::slice::from_ref(&record));
             println!("master: {}", record.master_address);
             Ok(())
         }
