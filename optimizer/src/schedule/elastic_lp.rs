@@ -91,11 +91,7 @@ impl ElasticLp {
         let Some(least) = job.min_replicas() else {
             return Vec::new();
         };
-        let mut limit = job.max_replicas;
-        if self.max_growth > 0.0 {
-            let grow = (self.max_growth * job.peak_replicas as f64).floor() as u32;
-            limit = limit.min(grow.max(least));
-        }
+        let limit = job.growth_limit(self.max_growth, least);
         let mut sizes = Vec::new();
         let mut r = least;
         while r <= limit {

@@ -122,6 +122,17 @@ impl JobView {
             .find(|&r| (0..self.goodput.len()).any(|t| self.goodput_at(t, r) > 0.0))
     }
 
+    /// The most GPUs the job may grow to when it may grow to `max_growth` × the most it has
+    /// held (`0` lifts that), but always to `least`, the fewest it runs on.
+    pub fn growth_limit(&self, max_growth: f64, least: u32) -> u32 {
+        if max_growth > 0.0 {
+            let grow = (max_growth * self.peak_replicas as f64).floor() as u32;
+            self.max_replicas.min(grow.max(least))
+        } else {
+            self.max_replicas
+        }
+    }
+
     /// The worker type the job runs on now, if it runs.
     pub fn current_type(&self, nodes: &[NodeView]) -> Option<usize> {
         self.current.first().map(|(n, _)| nodes[*n].worker_type)

@@ -204,11 +204,7 @@ impl Scheduler for Pollux {
                 };
                 // A job may always grow to the fewest GPUs it runs on (a rigid job's request).
                 let least = job.min_replicas().unwrap_or(1);
-                let mut limit = job.max_replicas;
-                if self.max_growth > 0.0 {
-                    let grow = (self.max_growth * job.peak_replicas as f64).floor() as u32;
-                    limit = limit.min(grow.max(least));
-                }
+                let limit = job.growth_limit(self.max_growth, least);
                 let base = (0..types)
                     .map(|t| {
                         let f = fair.clamp(least, job.max_replicas.max(least));
