@@ -15,9 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Assignment, FreeGpus, JobView, Packing, Scheduler, Snapshot, keep_current, place_rest,
-};
+use super::{Assignment, FreeGpus, JobView, Packing, Scheduler, Snapshot, carry_out};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -142,21 +140,9 @@ impl Scheduler for DlRover {
                 s.2 += self.step;
             }
         }
-        let (mut out, mut free) = keep_current(snapshot, |job| {
-            sizes.iter().any(|&(j, t, r, _)| {
-                j.id == job.id
-                    && r == job.current_replicas()
-                    && Some(t) == job.current_type(&snapshot.nodes)
-            })
-        });
         sizes.sort_by_key(|&(j, _, r, _)| (std::cmp::Reverse(r), j.id));
-        place_rest(
-            &mut out,
-            &mut free,
-            sizes.into_iter().map(|(j, t, r, _)| (j.id, t, r)),
-            Packing::Tight,
-        )?;
-        Ok(out)
+        let sizes = sizes.into_iter().map(|(j, t, r, _)| (j.id, t, r)).collect();
+        carry_out(snapshot, sizes, Packing::Tight)
     }
 }
 

@@ -27,10 +27,7 @@
 use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, clarabel, variable};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Assignment, BatchSizing, FreeGpus, JobView, Packing, Scheduler, Snapshot, keep_current,
-    place_rest,
-};
+use super::{Assignment, BatchSizing, FreeGpus, JobView, Packing, Scheduler, Snapshot, carry_out};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -228,23 +225,12 @@ impl Scheduler for ElasticLp {
                 sizes.push((j, t, r));
             }
         }
-        let (mut out, mut free) = keep_current(snapshot, |job| {
-            sizes.iter().any(|&(j, t, r)| {
-                snapshot.jobs[j].id == job.id
-                    && r == job.current_replicas()
-                    && Some(t) == job.current_type(&snapshot.nodes)
-            })
-        });
         sizes.sort_by_key(|&(j, _, r)| (std::cmp::Reverse(r), j));
-        place_rest(
-            &mut out,
-            &mut free,
-            sizes
-                .into_iter()
-                .map(|(j, t, r)| (snapshot.jobs[j].id, t, r)),
-            Packing::Tight,
-        )?;
-        Ok(out)
+        let sizes = sizes
+            .into_iter()
+            .map(|(j, t, r)| (snapshot.jobs[j].id, t, r))
+            .collect();
+        carry_out(snapshot, sizes, Packing::Tight)
     }
 }
 

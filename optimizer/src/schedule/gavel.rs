@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Assignment, FreeGpus, Packing, Scheduler, Snapshot, keep_current, place_rest};
+use super::{Assignment, FreeGpus, Packing, Scheduler, Snapshot, carry_out};
 use crate::error::PolicyError;
 use crate::policy::{MaxSumThroughput, Policy, PolicyKind};
 use crate::problem::{Cluster, JobDemand, Problem};
@@ -113,22 +113,13 @@ impl Scheduler for Gavel {
                 chosen[k] = Some(t);
             }
         }
-        let (mut out, mut free) = keep_current(snapshot, |job| {
-            jobs.iter().zip(&chosen).any(|(j, t)| {
-                j.id == job.id
-                    && t.is_some()
-                    && *t == job.current_type(&snapshot.nodes)
-                    && job.current_replicas() == job.requested_replicas
-            })
-        });
         let mut sizes: Vec<_> = jobs
             .iter()
             .zip(&chosen)
             .filter_map(|(j, t)| t.map(|t| (j.id, t, j.requested_replicas)))
             .collect();
         sizes.sort_by_key(|&(id, _, r)| (std::cmp::Reverse(r), id));
-        place_rest(&mut out, &mut free, sizes, Packing::Tight)?;
-        Ok(out)
+        carry_out(snapshot, sizes, Packing::Tight)
     }
 }
 

@@ -341,6 +341,24 @@ pub fn keep_current(
     (out, free)
 }
 
+/// Carries out a scheduler's decision of (job, worker type, GPUs): a job decided at the size and
+/// type it runs at keeps its GPUs; the others are placed in the order given.
+pub fn carry_out(
+    snapshot: &Snapshot,
+    sizes: Vec<(JobId, usize, u32)>,
+    packing: Packing,
+) -> Result<Assignment, PolicyError> {
+    let (mut out, mut free) = keep_current(snapshot, |job| {
+        sizes.iter().any(|&(id, t, r)| {
+            id == job.id
+                && r == job.current_replicas()
+                && Some(t) == job.current_type(&snapshot.nodes)
+        })
+    });
+    place_rest(&mut out, &mut free, sizes, packing)?;
+    Ok(out)
+}
+
 /// How [`place_rest`] lays out a job's GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Packing {

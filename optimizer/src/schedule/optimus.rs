@@ -7,9 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Assignment, FreeGpus, JobView, Packing, Scheduler, Snapshot, keep_current, place_rest,
-};
+use super::{Assignment, FreeGpus, JobView, Packing, Scheduler, Snapshot, carry_out};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -75,21 +73,9 @@ impl Scheduler for Optimus {
             sizes[i].2 = r + 1;
             gains[i] = gain(job, t, r + 1);
         }
-        let (mut out, mut free) = keep_current(snapshot, |job| {
-            sizes.iter().any(|&(j, t, r)| {
-                j.id == job.id
-                    && r == job.current_replicas()
-                    && Some(t) == job.current_type(&snapshot.nodes)
-            })
-        });
         sizes.sort_by_key(|&(j, _, r)| (std::cmp::Reverse(r), j.submitted_s.to_bits(), j.id));
-        place_rest(
-            &mut out,
-            &mut free,
-            sizes.into_iter().map(|(j, t, r)| (j.id, t, r)),
-            Packing::Spread,
-        )?;
-        Ok(out)
+        let sizes = sizes.into_iter().map(|(j, t, r)| (j.id, t, r)).collect();
+        carry_out(snapshot, sizes, Packing::Spread)
     }
 }
 

@@ -14,10 +14,7 @@ use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Assignment, BatchSizing, FreeGpus, JobView, Packing, Scheduler, Snapshot, keep_current,
-    place_rest,
-};
+use super::{Assignment, BatchSizing, FreeGpus, JobView, Packing, Scheduler, Snapshot, carry_out};
 use crate::error::PolicyError;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -264,23 +261,13 @@ impl Scheduler for Pollux {
                 heap.push(m);
             }
         }
-        let (mut out, mut free) = keep_current(snapshot, |job| {
-            cands.iter().any(|c| {
-                c.job.id == job.id
-                    && c.r == job.current_replicas()
-                    && c.t == job.current_type(&snapshot.nodes)
-            })
-        });
-        let mut placing: Vec<&Candidate> = cands
-            .iter()
-            .filter(|c| c.r > 0 && !out.contains_key(&c.job.id))
-            .collect();
+        let mut placing: Vec<&Candidate> = cands.iter().filter(|c| c.r > 0).collect();
         placing.sort_by_key(|c| (std::cmp::Reverse(c.r), c.job.id));
         let sizes = placing
             .into_iter()
-            .map(|c| (c.job.id, c.t.expect("a job with GPUs has a type"), c.r));
-        place_rest(&mut out, &mut free, sizes, Packing::Tight)?;
-        Ok(out)
+            .map(|c| (c.job.id, c.t.expect("a job with GPUs has a type"), c.r))
+            .collect();
+        carry_out(snapshot, sizes, Packing::Tight)
     }
 }
 
