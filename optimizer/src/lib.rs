@@ -22,6 +22,9 @@
 //!   `elastic_lp`) behind [`schedule::Scheduler`], chosen with [`schedule::SchedulerKind`]: whole
 //!   GPUs on nodes each round.
 //! * [`sim`]: the what-if simulator that replays a trace under a scheduler on a virtual clock.
+//! * [`live`]: the live brain's round: running and queued jobs, their fitted speeds and the CPU
+//!   the brain may hand out go through the same [`schedule::Scheduler`], with cool-downs and
+//!   capacity kept.
 //! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
 //!   with what rounding cost against the LP.
 
@@ -29,6 +32,7 @@ pub mod config;
 pub mod error;
 pub mod heuristics;
 pub mod instance;
+pub mod live;
 pub mod lp;
 pub mod placement;
 pub mod plan;

@@ -5,9 +5,12 @@
 //!   exponent γ), fitted to step-time samples.
 //! * [`optimus`]: Optimus' additive speed model for PS (and here also allreduce) jobs, fitted
 //!   with non-negative least squares ([`nnls`], solved as a QP by clarabel).
+//! * [`amdahl`]: a live job's samples/s against its worker count (Amdahl's law), fitted from
+//!   what its job master reports.
 //! * [`table`]: a measured table (Gavel's `simulation_throughputs.json`, or step times averaged
 //!   per placement), interpolated between measured sizes.
 
+pub mod amdahl;
 pub mod optimus;
 pub mod pollux;
 pub mod table;
