@@ -23,9 +23,8 @@ async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = brain::BrainConfig {
-        database: dir.path().join("brain.db"),
-    };
+    let mut config = brain::BrainConfig::with_database(dir.path().join("brain.db"));
+    config.runs_dir = dir.path().join("runs");
     let handle = tokio::spawn(async move {
         if let Err(e) = brain::run(config, listener, async {
             let _ = rx.await;
@@ -47,6 +46,7 @@ async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
             .register_job(pb::RegisterJobRequest {
                 job_name: format!("job-{i}"),
                 master_address: "127.0.0.1:1".into(),
+                shape: None,
             })
             .await
             .unwrap()
@@ -72,6 +72,7 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
             workers: 4,
             ps: 2,
             cpu_millicores: 8000,
+            samples_done: (from + k) * 100,
             memory_bytes: 4 << 30,
             gpu_utilisation_pct: 80.0,
         })

@@ -45,6 +45,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
             ..Timing::default()
         },
         platform: PlatformConfig::External,
+        brain: None,
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {

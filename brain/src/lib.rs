@@ -11,10 +11,19 @@
 //!   [`server`]: `run(config, listener, shutdown)`, which the `brain` binary and the tests start.
 //! * [`BrainError`]: the crate's one error type, mapped once to `tonic::Status`.
 //!
-//! Still to come: job-profile models, resource-free submission and the live optimisation loop.
-//! Algorithms stay in `optimizer`, file formats in `datasets`.
+//! * [`predict`]: sizes a job submitted without replicas or resources from the brain's history.
+//! * [`control`]: the live optimisation loop (timer and events, snapshot, the operator's
+//!   scheduler through [`optimizer::live`], plans dispatched, cool-downs, policy reload);
+//!   [`launch`] starts the job masters of submitted jobs; [`metrics`] is `GET /metrics`.
+//!
+//! Still to come: job-profile models trained with linfa, the InfluxDB sink. Algorithms stay in
+//! `optimizer`, file formats in `datasets`.
 
+pub mod control;
+pub mod launch;
+pub mod metrics;
 pub mod plots;
+pub mod predict;
 pub mod server;
 pub mod service;
 pub mod store;

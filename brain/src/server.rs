@@ -1,14 +1,20 @@
-//! The brain service in mini-redis shape: [`run`] serves the API on a listener the caller bound
-//! (tests bind port 0) until `shutdown` resolves.
+//! The brain service in mini-redis shape: [`run`] serves the gRPC API and `GET /metrics` on a
+//! listener the caller bound (tests bind port 0) and runs the optimisation loop until
+//! `shutdown` resolves.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use axum::routing::get;
+use optimizer::live::LiveCluster;
 use proto::service::v1::brain_server::BrainServer;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::BrainError;
+use crate::control::Control;
+use crate::launch::{Launcher, LauncherConfig};
+use crate::metrics::Metrics;
 use crate::service::BrainService;
 use crate::store::Store;
 
@@ -18,22 +24,108 @@ use crate::store::Store;
 pub struct BrainConfig {
     /// The SQLite database (created if missing; WAL mode).
     pub database: PathBuf,
+    /// The operator's policy file (TOML, see `optimizer::config`); read again when it
+    /// changes. Without one the defaults apply and `brainctl policy set` is refused.
+    #[serde(default)]
+    pub policy: Option<PathBuf>,
+    /// Where the job masters the brain starts keep their specs, logs and checkpoints.
+    #[serde(default = "default_runs_dir")]
+    pub runs_dir: PathBuf,
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    #[serde(default)]
+    pub launcher: LauncherConfig,
+}
+
+fn default_runs_dir() -> PathBuf {
+    PathBuf::from("brain-data/runs")
+}
+
+/// What the brain may hand out to the jobs it runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// CPUs for all jobs' processes [default: this machine's].
+    #[serde(default = "default_cpus")]
+    pub cpus: f64,
+    /// CPU of one scheduling slot (a process gets whole slots), millicores.
+    #[serde(default = "default_slot")]
+    pub slot_millicores: u64,
+    /// Processes of all jobs at once.
+    #[serde(default = "default_max_processes")]
+    pub max_processes: u32,
+}
+
+fn default_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+fn default_slot() -> u64 {
+    1000
+}
+fn default_max_processes() -> u32 {
+    64
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            cpus: default_cpus(),
+            slot_millicores: default_slot(),
+            max_processes: default_max_processes(),
+        }
+    }
 }
 
 impl BrainConfig {
+    /// The defaults around `database`.
+    pub fn with_database(database: PathBuf) -> BrainConfig {
+        BrainConfig {
+            database,
+            policy: None,
+            runs_dir: default_runs_dir(),
+            cluster: ClusterConfig::default(),
+            launcher: LauncherConfig::default(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), BrainError> {
         if self.database.as_os_str().is_empty() {
             return Err(BrainError::Invalid("database: an empty path".into()));
         }
+        let c = &self.cluster;
+        if !(c.cpus.is_finite() && c.cpus > 0.0 && c.cpus < 1e6) {
+            return Err(BrainError::Invalid(format!(
+                "cluster.cpus is {}, expected more than 0",
+                c.cpus
+            )));
+        }
+        if c.slot_millicores == 0 || (c.slot_millicores as f64) > c.cpus * 1000.0 {
+            return Err(BrainError::Invalid(format!(
+                "cluster.slot_millicores is {}, expected 1 to the cluster's {} millicores",
+                c.slot_millicores,
+                c.cpus * 1000.0
+            )));
+        }
+        if c.max_processes == 0 {
+            return Err(BrainError::Invalid("cluster.max_processes is 0".into()));
+        }
         Ok(())
+    }
+
+    fn live_cluster(&self) -> LiveCluster {
+        LiveCluster {
+            cpu_millicores: (self.cluster.cpus * 1000.0).round() as u64,
+            slot_millicores: self.cluster.slot_millicores,
+            max_processes: self.cluster.max_processes,
+        }
     }
 }
 
-/// Opens the store and serves until `shutdown`.
+/// Opens the store, starts the optimisation loop and serves until `shutdown`.
 pub async fn run(
     config: BrainConfig,
     listener: TcpListener,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BrainError> {
     config.validate()?;
     if let Some(dir) = config
@@ -43,18 +135,95 @@ pub async fn run(
     {
         std::fs::create_dir_all(dir)?;
     }
+    std::fs::create_dir_all(&config.runs_dir)?;
+    let runs_dir = std::path::absolute(&config.runs_dir)?;
     let path = config.database.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&path))
         .await
         .map_err(|e| BrainError::Invalid(format!("opening the store: {e}")))??;
-    let service = BrainService::new(Arc::new(Mutex::new(store)));
-    tracing::info!(address = %listener.local_addr()?, database = %config.database.display(), "brain serving");
-    tonic::transport::Server::builder()
-        .add_service(BrainServer::new(service))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
+    let store = Arc::new(Mutex::new(store));
+    let addr = listener.local_addr()?;
+    let reach = if addr.ip().is_unspecified() {
+        std::net::SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel();
+    let launcher = Launcher::new(
+        config.launcher.clone(),
+        runs_dir,
+        format!("http://{reach}"),
+        config.cluster.max_processes,
+        exited_tx,
+    );
+    let metrics = Arc::new(Metrics::default());
+    let control = Arc::new(Control::new(
+        store.clone(),
+        config.policy.clone(),
+        config.live_cluster(),
+        launcher,
+        metrics.clone(),
+    )?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let rounds = tokio::spawn(control.clone().run(stop_rx));
+    let reaper = {
+        let control = control.clone();
+        tokio::spawn(async move {
+            while let Some(e) = exited_rx.recv().await {
+                control.exited(e).await;
+            }
+        })
+    };
+
+    let scrape = {
+        let (store, metrics) = (store.clone(), metrics.clone());
+        move || async move {
+            tokio::task::spawn_blocking(move || {
+                metrics.render(&store.lock().expect("no panic under the lock"))
+            })
+            .await
+            .unwrap_or_default()
+        }
+    };
+    let app = tonic::service::Routes::new(BrainServer::new(BrainService::new(control.clone())))
+        .prepare()
+        .into_axum_router()
+        .route("/metrics", get(scrape));
+    tracing::info!(address = %addr, database = %config.database.display(), "brain serving");
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let (quit_tx, quit_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = quit_rx.await;
+            })
+            .into_future(),
+    );
+    let served = tokio::select! {
+        r = &mut server => Some(r),
+        _ = shutdown => None,
+    };
+    let _ = stop_tx.send(true);
+    let _ = rounds.await;
+    reaper.abort();
+    let served = match served {
+        Some(r) => r,
+        None => {
+            let _ = quit_tx.send(());
+            // Job masters keep their connections open; they reconnect to the next brain.
+            match tokio::time::timeout(std::time::Duration::from_secs(2), &mut server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    served
+        .map_err(|e| BrainError::Invalid(format!("serving task: {e}")))?
         .map_err(|e| BrainError::Invalid(format!("serving: {e}")))
 }

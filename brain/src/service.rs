@@ -1,8 +1,7 @@
 //! The `brain.service.v1.Brain` gRPC API: a thin adapter that turns wire messages into store
 //! calls (run on the blocking pool: SQLite does file I/O) and errors into `tonic::Status`.
 
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 
 use prost::Message;
 use proto::jobmaster::v1 as jm;
@@ -10,15 +9,16 @@ use proto::service::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::BrainError;
-use crate::store::{JobId, JobRow, Metric, Store};
+use crate::control::{Control, now_unix_ms};
+use crate::store::{JobId, JobRow, Metric, Shape, Store};
 
 pub struct BrainService {
-    store: Arc<Mutex<Store>>,
+    control: Arc<Control>,
 }
 
 impl BrainService {
-    pub fn new(store: Arc<Mutex<Store>>) -> Self {
-        BrainService { store }
+    pub fn new(control: Arc<Control>) -> Self {
+        BrainService { control }
     }
 
     /// Runs `f` on the store off the async threads.
@@ -26,7 +26,7 @@ impl BrainService {
         &self,
         f: impl FnOnce(&mut Store) -> Result<T, BrainError> + Send + 'static,
     ) -> Result<T, Status> {
-        let store = self.store.clone();
+        let store = self.control.store.clone();
         tokio::task::spawn_blocking(move || {
             let mut store = store.lock().expect("no panic while the store is held");
             f(&mut store)
@@ -37,10 +37,49 @@ impl BrainService {
     }
 }
 
-fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+fn resources(r: Option<jm::Resources>) -> (u64, u64, u32) {
+    r.map_or((0, 0, 0), |r| (r.cpu_millicores, r.memory_bytes, r.gpus))
+}
+
+fn shape_from(s: pb::JobShape) -> Shape {
+    let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(s.worker_resources);
+    let (ps_millicores, ps_memory_bytes, _) = resources(s.ps_resources);
+    Shape {
+        kind: s.kind,
+        workers: s.workers,
+        min_workers: s.min_workers,
+        max_workers: s.max_workers,
+        node_unit: s.worker_node_unit,
+        ps: s.ps,
+        worker_millicores,
+        worker_memory_bytes,
+        worker_gpus,
+        ps_millicores,
+        ps_memory_bytes,
+        total_samples: s.total_samples,
+    }
+}
+
+fn shape_to(s: Shape) -> pb::JobShape {
+    pb::JobShape {
+        kind: s.kind,
+        workers: s.workers,
+        min_workers: s.min_workers,
+        max_workers: s.max_workers,
+        worker_node_unit: s.node_unit,
+        ps: s.ps,
+        worker_resources: Some(jm::Resources {
+            cpu_millicores: s.worker_millicores,
+            memory_bytes: s.worker_memory_bytes,
+            gpus: s.worker_gpus,
+        }),
+        ps_resources: Some(jm::Resources {
+            cpu_millicores: s.ps_millicores,
+            memory_bytes: s.ps_memory_bytes,
+            gpus: 0,
+        }),
+        total_samples: s.total_samples,
+    }
 }
 
 fn record(row: JobRow) -> pb::JobRecord {
@@ -56,6 +95,17 @@ fn record(row: JobRow) -> pb::JobRecord {
         plan_version: row.plan_version,
         acked_version: row.acked_version,
         reached_version: row.reached_version,
+        state: row.state.as_str().to_string(),
+        shape: row.shape.map(|s| {
+            shape_to(Shape {
+                workers: row.workers,
+                ..s
+            })
+        }),
+        reasons: row.reasons,
+        samples_done: row.samples_done,
+        outcome: row.outcome,
+        run_dir: row.run_dir,
     }
 }
 
@@ -66,9 +116,18 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::RegisterJobRequest>,
     ) -> Result<Response<pb::RegisterJobResponse>, Status> {
         let r = request.into_inner();
+        let shape = r.shape.map(shape_from);
         let (id, plan_version) = self
-            .with_store(move |s| s.register(&r.job_name, &r.master_address, now_unix_ms()))
+            .with_store(move |s| {
+                s.register(
+                    &r.job_name,
+                    &r.master_address,
+                    shape.as_ref(),
+                    now_unix_ms(),
+                )
+            })
             .await?;
+        self.control.wake();
         Ok(Response::new(pb::RegisterJobResponse {
             job_id: id.0,
             plan_version,
@@ -92,11 +151,13 @@ impl pb::brain_server::Brain for BrainService {
                 cpu_millicores: m.cpu_millicores,
                 memory_bytes: m.memory_bytes,
                 gpu_utilisation_pct: m.gpu_utilisation_pct,
+                samples_done: m.samples_done,
             })
             .collect();
         let stored = self
             .with_store(move |s| s.add_metrics(JobId(batch.job_id), &reports))
             .await?;
+        self.control.metrics.reports.inc_by(stored as u64);
         Ok(Response::new(pb::MetricsAck {
             stored: stored as u32,
         }))
@@ -145,6 +206,11 @@ impl pb::brain_server::Brain for BrainService {
                 "a plan needs a role count or a migration",
             ));
         }
+        let workers = r
+            .roles
+            .iter()
+            .find(|t| t.role == jm::Role::Worker as i32)
+            .map(|t| t.count);
         let version = self
             .with_store(move |s| {
                 let body = |version: u64| {
@@ -155,9 +221,10 @@ impl pb::brain_server::Brain for BrainService {
                     }
                     .encode_to_vec()
                 };
-                s.propose_plan(JobId(r.job_id), &body, &r.reason, now_unix_ms())
+                s.propose_plan(JobId(r.job_id), &body, &r.reason, workers, now_unix_ms())
             })
             .await?;
+        self.control.metrics.plans.inc();
         Ok(Response::new(pb::ProposePlanResponse { version }))
     }
 
@@ -177,6 +244,121 @@ impl pb::brain_server::Brain for BrainService {
         let rows = self.with_store(|s| s.jobs()).await?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: rows.into_iter().map(record).collect(),
+        }))
+    }
+
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let r = request.into_inner();
+        let (id, shape, reasons) = self.control.submit(&r.spec_yaml, &r.origin).await?;
+        Ok(Response::new(pb::SubmitJobResponse {
+            job_id: id.0,
+            shape: Some(shape_to(shape)),
+            reasons,
+            state: "queued".into(),
+        }))
+    }
+
+    async fn report_outcome(
+        &self,
+        request: Request<pb::JobOutcome>,
+    ) -> Result<Response<pb::OutcomeAck>, Status> {
+        let o = request.into_inner();
+        let succeeded = match o.phase.as_str() {
+            "succeeded" => true,
+            "failed" => false,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "phase {other:?}: expected \"succeeded\" or \"failed\""
+                )));
+            }
+        };
+        let text = format!(
+            "{}{} after {:.1} s; exactly-once: {}",
+            o.phase,
+            if o.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", o.reason)
+            },
+            o.elapsed_ms as f64 / 1000.0,
+            o.exactly_once
+        );
+        self.with_store(move |s| {
+            s.finish(
+                JobId(o.job_id),
+                succeeded,
+                &text,
+                o.samples_done,
+                now_unix_ms(),
+            )
+        })
+        .await?;
+        self.control.wake();
+        Ok(Response::new(pb::OutcomeAck {}))
+    }
+
+    async fn dry_run(
+        &self,
+        _request: Request<pb::DryRunRequest>,
+    ) -> Result<Response<pb::DryRunResponse>, Status> {
+        let out = self.control.round(false).await?;
+        Ok(Response::new(pb::DryRunResponse {
+            scheduler: out.plan.scheduler,
+            decisions: out
+                .plan
+                .decisions
+                .into_iter()
+                .map(|d| pb::JobDecision {
+                    job_id: d.job.0,
+                    job_name: d.name,
+                    state: match d.state {
+                        optimizer::live::LiveState::Queued => "queued",
+                        optimizer::live::LiveState::Running => "running",
+                    }
+                    .into(),
+                    from_workers: d.from_workers,
+                    to_workers: d.to_workers,
+                    ps: d.ps,
+                    predicted_samples_per_second: d.predicted_samples_per_s,
+                    reasons: d.reasons,
+                })
+                .collect(),
+            cpu_millicores: out.plan.cpu_millicores,
+            capacity_millicores: out.cluster.cpu_millicores,
+            processes: out.plan.processes,
+            max_processes: out.cluster.max_processes,
+            notes: out.plan.notes,
+            solve_ms: out.solve_ms,
+        }))
+    }
+
+    async fn get_policy(
+        &self,
+        _request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::PolicyText>, Status> {
+        let (policy, path) = self.control.policy();
+        Ok(Response::new(pb::PolicyText {
+            toml: policy.text,
+            path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<pb::PolicyText>,
+    ) -> Result<Response<pb::PolicyText>, Status> {
+        let text = request.into_inner().toml;
+        let control = self.control.clone();
+        let loaded = tokio::task::spawn_blocking(move || control.set_policy(&text))
+            .await
+            .map_err(|e| Status::internal(format!("policy task: {e}")))??;
+        let (_, path) = self.control.policy();
+        Ok(Response::new(pb::PolicyText {
+            toml: loaded.text,
+            path: path.map(|p| p.display().to_string()).unwrap_or_default(),
         }))
     }
 }

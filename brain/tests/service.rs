@@ -17,6 +17,8 @@ fn start(db: &Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_brain"))
         .args(["--listen", "127.0.0.1:0", "--database"])
         .arg(db)
+        .arg("--runs-dir")
+        .arg(db.with_file_name("runs"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -47,6 +49,7 @@ fn report(step: u64, sps: f64) -> pb::MetricReport {
         cpu_millicores: 3000,
         memory_bytes: 2 << 30,
         gpu_utilisation_pct: 0.0,
+        samples_done: step * 100,
     }
 }
 
@@ -60,6 +63,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .register_job(pb::RegisterJobRequest {
             job_name: "ctr-a".into(),
             master_address: "127.0.0.1:7001".into(),
+            shape: None,
         })
         .await
         .unwrap()
@@ -68,6 +72,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .register_job(pb::RegisterJobRequest {
             job_name: "ctr-b".into(),
             master_address: "127.0.0.1:7002".into(),
+            shape: None,
         })
         .await
         .unwrap()
@@ -187,6 +192,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .register_job(pb::RegisterJobRequest {
             job_name: "ctr-a".into(),
             master_address: "127.0.0.1:7003".into(),
+            shape: None,
         })
         .await
         .unwrap()

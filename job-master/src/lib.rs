@@ -7,9 +7,12 @@
 //!   failures and relaunches, checkpoints, completion. It returns effects instead of doing I/O.
 //! * [`persist`] writes the job context atomically and durably after every change.
 //! * [`platform`] starts and stops worker agents (local processes by default).
+//! * [`brain_link`]: with a brain configured, registers the job, reports its metrics, polls
+//!   for plans and carries them out, and reports how the job ended.
 //! * [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin
 //!   tonic adapter over [`job`].
 
+pub mod brain_link;
 pub mod error;
 pub mod job;
 pub mod ledger;

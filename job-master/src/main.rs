@@ -56,6 +56,14 @@ enum Command {
         /// Processes of the job this machine may run at once; scale plans above it are rejected.
         #[arg(long, default_value_t = 32)]
         max_processes: u32,
+        /// The brain to register with (e.g. http://127.0.0.1:50070): the job reports its
+        /// metrics there and carries out the brain's scale plans. Without it the job runs
+        /// alone at its spec's size.
+        #[arg(long, env = "BRAIN_URL")]
+        brain: Option<String>,
+        /// How often metrics go to the brain and plans are polled, milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        brain_interval_ms: u64,
     },
     /// Send a scale plan to a running job and (with --wait) follow it until it is carried out.
     /// Counts must respect the spec's min, max and node_unit; a plan that cannot be carried out
@@ -287,6 +295,8 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             register_timeout_ms,
             progress_secs,
             max_processes,
+            brain,
+            brain_interval_ms,
         } => {
             let spec = JobSpec::from_file(&spec)?;
             let run_dir = run_dir.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
@@ -308,6 +318,17 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                     agent_bin,
                     max_processes: Some(max_processes),
                 },
+                brain: brain.map(|url| {
+                    let url = if url.starts_with("http") {
+                        url
+                    } else {
+                        format!("http://{url}")
+                    };
+                    job_master::brain_link::BrainLink {
+                        report_interval_ms: brain_interval_ms,
+                        ..job_master::brain_link::BrainLink::new(url)
+                    }
+                }),
             };
             println!("job master on {addr}, run directory {}", run_dir.display());
             let progress = tokio::spawn(show_progress(

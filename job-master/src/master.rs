@@ -34,6 +34,9 @@ pub struct MasterConfig {
     pub timing: Timing,
     #[serde(default)]
     pub platform: PlatformConfig,
+    /// The brain to register with, report to and take plans from; `None` runs alone.
+    #[serde(default)]
+    pub brain: Option<crate::brain_link::BrainLink>,
 }
 
 /// Final statistics of one parameter server.
@@ -139,6 +142,37 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Checks a scale plan and, if the job can carry it out, starts it; the answer says which.
+    pub async fn apply_scale_plan(
+        &self,
+        plan: crate::scale::ScalePlan,
+    ) -> Result<pb::ScalePlanAnswer, Error> {
+        let capacity = self.capacity.clone();
+        let answer = self
+            .apply(|ctx, now| {
+                let (accepted, reason, effects) = match ctx.apply_plan(plan, &capacity, now) {
+                    Ok(e) => (true, String::new(), e),
+                    Err(why) => (false, why, Vec::new()),
+                };
+                Ok((
+                    pb::ScalePlanAnswer {
+                        accepted,
+                        reason,
+                        desired_version: ctx.plans.desired,
+                        reached_version: ctx.plans.reached,
+                    },
+                    effects,
+                ))
+            })
+            .await?;
+        if !answer.accepted {
+            tracing::warn!("scale plan rejected: {}", answer.reason);
+        }
+        Ok(answer)
+    }
+}
+
 /// Runs one job to its end on `listener` (use port 0 in tests). Resolves when the job succeeded,
 /// failed, or `shutdown` fired; every agent is stopped before it returns.
 pub async fn run(
@@ -151,6 +185,7 @@ pub async fn run(
         run_dir,
         timing,
         platform,
+        brain,
     } = config;
     spec.validate().map_err(Error::Spec)?;
     std::fs::create_dir_all(&run_dir).map_err(|e| Error::Io {
@@ -254,6 +289,10 @@ pub async fn run(
         })
     };
 
+    let link = brain
+        .clone()
+        .map(|link| tokio::spawn(crate::brain_link::run(shared.clone(), link, addr)));
+
     tokio::pin!(shutdown);
     loop {
         if matches!(phase_rx.borrow().as_str(), "succeeded" | "failed") {
@@ -279,6 +318,9 @@ pub async fn run(
         .await;
     monitor.abort();
     exec.abort();
+    if let Some(link) = link {
+        link.abort();
+    }
     let _ = stop_tx.send(());
     // Graceful shutdown waits for open connections; a hung peer must not hold the master.
     let abort = server.abort_handle();
@@ -294,6 +336,9 @@ pub async fn run(
     if let Ok(json) = serde_json::to_vec_pretty(&report) {
         let path = run_dir.join("report.json");
         write_atomic(&path, &json).map_err(|e| Error::Io { path, source: e })?;
+    }
+    if let Some(link) = &brain {
+        crate::brain_link::report_outcome(link, &report, addr).await;
     }
     Ok(report)
 }

@@ -368,29 +368,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         req: Request<pb::ScalePlan>,
     ) -> Result<Response<pb::ScalePlanAnswer>, Status> {
         let plan = scale_plan(req.into_inner())?;
-        let capacity = self.shared.capacity.clone();
-        let answer = self
-            .shared
-            .apply(|ctx, now| {
-                let (accepted, reason, effects) = match ctx.apply_plan(plan, &capacity, now) {
-                    Ok(e) => (true, String::new(), e),
-                    Err(why) => (false, why, Vec::new()),
-                };
-                Ok((
-                    pb::ScalePlanAnswer {
-                        accepted,
-                        reason,
-                        desired_version: ctx.plans.desired,
-                        reached_version: ctx.plans.reached,
-                    },
-                    effects,
-                ))
-            })
-            .await?;
-        if !answer.accepted {
-            tracing::warn!("scale plan rejected: {}", answer.reason);
-        }
-        Ok(Response::new(answer))
+        Ok(Response::new(self.shared.apply_scale_plan(plan).await?))
     }
 }
 
@@ -411,7 +389,7 @@ fn resources(r: pb::Resources) -> Resources {
 }
 
 /// The wire plan as a domain plan; a malformed one is an invalid argument.
-fn scale_plan(p: pb::ScalePlan) -> Result<ScalePlan, Error> {
+pub(crate) fn scale_plan(p: pb::ScalePlan) -> Result<ScalePlan, Error> {
     let mut plan = ScalePlan {
         version: p.version,
         ..Default::default()

@@ -11,8 +11,10 @@
 //! cooldown_s = 300
 //! ```
 //!
-//! A `[scheduler]` table names the round-based scheduler for elastic GPU jobs
-//! ([`SchedulerKind`]), e.g. `kind = "pollux"`.
+//! A `[scheduler]` table names the round-based scheduler ([`SchedulerKind`]), e.g.
+//! `kind = "pollux"`: what `brainctl whatif` replays and what the live brain runs each round
+//! (`elastic_lp` when none is named). `[live]` paces the live brain ([`LiveConfig`]:
+//! `interval_s`, `cooldown_s`).
 //!
 //! Unknown fields and bad values are rejected with their path (`heuristics[0].hot_fracton`).
 //! A file without `[[heuristics]]` gets all four with their defaults; `heuristics = []` turns
@@ -22,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
 use crate::heuristics::{HeuristicKind, Heuristics};
+use crate::live::LiveConfig;
 use crate::policy::PolicyKind;
 use crate::schedule::SchedulerKind;
 
@@ -36,6 +39,9 @@ pub struct PolicyConfig {
     /// The round-based scheduler for elastic GPU jobs (what `brainctl whatif` replays).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler: Option<SchedulerKind>,
+    /// Pacing of the live brain's rounds.
+    #[serde(default)]
+    pub live: LiveConfig,
 }
 
 fn default_allocation() -> PolicyKind {
@@ -56,6 +62,7 @@ impl PolicyConfig {
             PolicyError::InvalidConfig(format!("{path}: {}", e.inner().message()))
         })?;
         config.heuristics().validate()?;
+        config.live.validate()?;
         Ok(config)
     }
 
@@ -102,6 +109,14 @@ mod tests {
             Some(SchedulerKind::Tiresias(crate::schedule::Tiresias {
                 queue_threshold_gpu_s: 3600.0
             }))
+        );
+        let c = PolicyConfig::from_toml("[live]\ninterval_s = 2\ncooldown_s = 5\n").unwrap();
+        assert_eq!((c.live.interval_s, c.live.cooldown_s), (2.0, 5.0));
+        assert!(
+            PolicyConfig::from_toml("[live]\ninterval_s = 0\n")
+                .unwrap_err()
+                .to_string()
+                .contains("live.interval_s is 0")
         );
         let e = PolicyConfig::from_toml(
             "[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"pollux\"\npp = 1\n",

@@ -294,7 +294,11 @@ pub fn plan_round(
             }],
             jobs: {
                 let mut views: Vec<JobView> = jobs.iter().map(|s| view(s, total_slots)).collect();
-                views.sort_by(|a, b| a.submitted_s.total_cmp(&b.submitted_s).then(a.id.cmp(&b.id)));
+                views.sort_by(|a, b| {
+                    a.submitted_s
+                        .total_cmp(&b.submitted_s)
+                        .then(a.id.cmp(&b.id))
+                });
                 views
             },
         };
@@ -364,7 +368,12 @@ pub fn plan_round(
         }
     }
 
-    repair(&mut jobs, total_slots as u64, cluster.max_processes, &mut notes);
+    repair(
+        &mut jobs,
+        total_slots as u64,
+        cluster.max_processes,
+        &mut notes,
+    );
 
     let slot = cluster.slot_millicores;
     let mut cpu = 0u64;
@@ -418,7 +427,11 @@ fn view(s: &Sized, total_slots: u32) -> JobView {
         .map(|r| s.model.samples_per_s(s.workers_in(r)))
         .collect();
     let running = job.state == LiveState::Running;
-    let held = if running { s.slots(job.workers) as u32 } else { 0 };
+    let held = if running {
+        s.slots(job.workers) as u32
+    } else {
+        0
+    };
     let peak_workers = if running {
         job.peak_workers.max(job.workers)
     } else {
@@ -483,8 +496,7 @@ fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: &mut Vec<St
             .max_by_key(|s| (s.to, std::cmp::Reverse(s.job.id)))
         {
             s.to = shrink(s);
-            s.reasons
-                .push(format!("shrunk toward its minimum: {why}"));
+            s.reasons.push(format!("shrunk toward its minimum: {why}"));
             continue;
         }
         notes.push(format!(

@@ -9,20 +9,42 @@ use clap::Parser;
 #[command(
     name = "brain",
     version,
-    about = "The cluster-wide brain: job masters register with it, report metrics and receive \
-             scale plans."
+    about = "The cluster-wide brain: sizes submitted jobs, starts their job masters, takes their \
+             metrics and resizes running jobs every round under the operator's policy.",
+    after_help = "The gRPC API and Prometheus' GET /metrics share the --listen address.\n\
+                  Flags override what a --config file says."
 )]
 struct Cli {
-    /// Address to serve the gRPC API on.
-    #[arg(long, default_value = "127.0.0.1:50070")]
+    /// Address to serve the gRPC API and /metrics on.
+    #[arg(long, default_value = "127.0.0.1:50070", env = "BRAIN_LISTEN")]
     listen: String,
-    /// SQLite database of jobs, metric summaries and plans (created if missing).
-    #[arg(long, default_value = "brain-data/brain.db")]
-    database: PathBuf,
-    /// A TOML config file instead of the flags (`database = "path/brain.db"`; unknown keys are
-    /// errors).
-    #[arg(long, conflicts_with = "database")]
+    /// A TOML config file (`database`, `policy`, `runs_dir`, `[cluster]`, `[launcher]`;
+    /// unknown keys are errors).
+    #[arg(long)]
     config: Option<PathBuf>,
+    /// SQLite database of jobs, metric summaries and plans (created if missing)
+    /// [default: brain-data/brain.db].
+    #[arg(long)]
+    database: Option<PathBuf>,
+    /// The operator's policy file (TOML: [scheduler], [live] interval_s and cooldown_s, ...),
+    /// read again whenever it changes.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Where started jobs keep their specs, logs and checkpoints [default: brain-data/runs].
+    #[arg(long)]
+    runs_dir: Option<PathBuf>,
+    /// CPUs the brain may hand out to jobs [default: this machine's].
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Processes of all jobs at once [default: 64].
+    #[arg(long)]
+    max_processes: Option<u32>,
+    /// The job-master binary [default: next to this binary].
+    #[arg(long, env = "BRAIN_JOB_MASTER_BIN")]
+    job_master_bin: Option<PathBuf>,
+    /// Extra arguments for every `job-master run` the brain starts (repeatable).
+    #[arg(long = "job-master-arg", allow_hyphen_values = true)]
+    job_master_args: Vec<String>,
 }
 
 #[tokio::main]
@@ -34,16 +56,34 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let config = match cli.config {
+    let mut config = match &cli.config {
         Some(path) => {
-            let text = std::fs::read_to_string(&path)
+            let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
             toml::from_str(&text).with_context(|| format!("{}", path.display()))?
         }
-        None => brain::BrainConfig {
-            database: cli.database,
-        },
+        None => brain::BrainConfig::with_database(PathBuf::from("brain-data/brain.db")),
     };
+    if let Some(d) = cli.database {
+        config.database = d;
+    }
+    if let Some(p) = cli.policy {
+        config.policy = Some(p);
+    }
+    if let Some(r) = cli.runs_dir {
+        config.runs_dir = r;
+    }
+    if let Some(c) = cli.cpus {
+        config.cluster.cpus = c;
+    }
+    if let Some(m) = cli.max_processes {
+        config.cluster.max_processes = m;
+    }
+    if let Some(b) = cli.job_master_bin {
+        config.launcher.job_master_bin = Some(b);
+    }
+    config.launcher.job_master_args.extend(cli.job_master_args);
+    config.validate()?;
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("binding {}", cli.listen))?;

@@ -125,6 +125,7 @@ pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
             agent_bin: Some(agent_bin()),
             max_processes: None,
         },
+        brain: None,
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running {

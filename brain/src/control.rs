@@ -1,0 +1,437 @@
+//! The live optimisation loop: on a timer (`[live] interval_s` of the policy file) and on
+//! events (a job submitted, registered, finished, its master gone), it snapshots the queued and
+//! running jobs from the store with their reported speeds, runs [`optimizer::live::plan_round`]
+//! under the operator's scheduler, and carries the decisions out: a queued job that gets room
+//! has its job master started, a running job whose worker count changes gets the next plan
+//! version (which its job master polls). A job whose last plan is not yet acknowledged and
+//! carried out is left alone, as is one in its cool-down.
+//!
+//! The policy file is read again when it changes on disk (or through `brainctl policy set`); a
+//! file that does not parse is logged and the policy in force stays.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use job_master::spec::JobSpec;
+use optimizer::config::PolicyConfig;
+use optimizer::heuristics::SpeedPoint;
+use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState, RoundPlan, plan_round};
+use optimizer::schedule::{ElasticLp, SchedulerKind};
+use prost::Message;
+use proto::jobmaster::v1 as jm;
+use tokio::sync::Notify;
+
+use crate::BrainError;
+use crate::launch::{Exited, Launcher, place_checkpoints};
+use crate::metrics::Metrics;
+use crate::predict::predict;
+use crate::store::{JobId, JobState, Shape, Store};
+
+pub fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The policy in force and where it came from.
+#[derive(Clone, Debug)]
+pub struct LoadedPolicy {
+    pub config: PolicyConfig,
+    pub text: String,
+    modified: Option<SystemTime>,
+}
+
+impl LoadedPolicy {
+    /// The scheduler of the live rounds: the file's, or `elastic_lp` with its defaults.
+    pub fn scheduler(&self) -> SchedulerKind {
+        self.config
+            .scheduler
+            .clone()
+            .unwrap_or_else(|| SchedulerKind::ElasticLp(ElasticLp::default()))
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Reads the policy file; a missing file means the defaults.
+pub fn load_policy(path: Option<&Path>) -> Result<LoadedPolicy, BrainError> {
+    let text = match path {
+        Some(p) if p.exists() => std::fs::read_to_string(p)?,
+        _ => String::new(),
+    };
+    let config = PolicyConfig::from_toml(&text).map_err(|source| BrainError::Policy {
+        path: path.map(Path::to_path_buf).unwrap_or_default(),
+        source,
+    })?;
+    Ok(LoadedPolicy {
+        config,
+        text,
+        modified: path.and_then(modified),
+    })
+}
+
+/// The round's decisions and how long the scheduler took.
+pub struct RoundOutcome {
+    pub plan: RoundPlan,
+    pub solve_ms: f64,
+    pub cluster: LiveCluster,
+}
+
+pub struct Control {
+    pub store: Arc<Mutex<Store>>,
+    policy: RwLock<LoadedPolicy>,
+    policy_path: Option<PathBuf>,
+    pub cluster: LiveCluster,
+    launcher: Launcher,
+    wake: Notify,
+    /// One round at a time (timer, events and dry runs).
+    round_lock: tokio::sync::Mutex<()>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Control {
+    pub fn new(
+        store: Arc<Mutex<Store>>,
+        policy_path: Option<PathBuf>,
+        cluster: LiveCluster,
+        launcher: Launcher,
+        metrics: Arc<Metrics>,
+    ) -> Result<Control, BrainError> {
+        let policy = load_policy(policy_path.as_deref())?;
+        Ok(Control {
+            store,
+            policy: RwLock::new(policy),
+            policy_path,
+            cluster,
+            launcher,
+            wake: Notify::new(),
+            round_lock: tokio::sync::Mutex::new(()),
+            metrics,
+        })
+    }
+
+    /// Asks for a round now (an event happened).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub fn policy(&self) -> (LoadedPolicy, Option<PathBuf>) {
+        (
+            self.policy.read().expect("no panic under the lock").clone(),
+            self.policy_path.clone(),
+        )
+    }
+
+    /// Checks `text`, writes it to the policy file and puts it in force.
+    pub fn set_policy(&self, text: &str) -> Result<LoadedPolicy, BrainError> {
+        let Some(path) = &self.policy_path else {
+            return Err(BrainError::InvalidArgument(
+                "this brain runs without a policy file: start it with --policy FILE".into(),
+            ));
+        };
+        let config = PolicyConfig::from_toml(text)
+            .map_err(|e| BrainError::InvalidArgument(format!("the policy is not valid: {e}")))?;
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, path)?;
+        let loaded = LoadedPolicy {
+            config,
+            text: text.to_string(),
+            modified: modified(path),
+        };
+        *self.policy.write().expect("no panic under the lock") = loaded.clone();
+        tracing::info!(path = %path.display(), "policy set");
+        self.wake();
+        Ok(loaded)
+    }
+
+    fn reload_if_changed(&self) {
+        let Some(path) = &self.policy_path else {
+            return;
+        };
+        let now = modified(path);
+        if now
+            == self
+                .policy
+                .read()
+                .expect("no panic under the lock")
+                .modified
+        {
+            return;
+        }
+        match load_policy(Some(path)) {
+            Ok(p) => {
+                tracing::info!(path = %path.display(), "policy file changed: reloaded");
+                *self.policy.write().expect("no panic under the lock") = p;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "policy file changed but is not valid, the policy in force stays: {e}"
+                );
+                // Do not warn again until the file changes again.
+                self.policy
+                    .write()
+                    .expect("no panic under the lock")
+                    .modified = now;
+            }
+        }
+    }
+
+    async fn with_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<T, BrainError> + Send + 'static,
+    ) -> Result<T, BrainError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&mut store.lock().expect("no panic under the lock")))
+            .await
+            .map_err(|e| BrainError::Invalid(format!("store task: {e}")))?
+    }
+
+    /// Sizes a submitted spec, records it queued, and asks for a round.
+    pub async fn submit(
+        &self,
+        spec_yaml: &str,
+        origin: &str,
+    ) -> Result<(JobId, Shape, Vec<String>), BrainError> {
+        let origin = if origin.is_empty() {
+            "the spec".to_string()
+        } else {
+            origin.to_string()
+        };
+        let mut spec: JobSpec = JobSpec::from_yaml(spec_yaml)
+            .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+        let run_dir = self.launcher.run_dir(&spec.name);
+        place_checkpoints(&mut spec, &run_dir);
+        std::fs::create_dir_all(&run_dir)?;
+        spec.validate()
+            .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+        let cluster = self.cluster.clone();
+        let (id, shape, reasons) = self
+            .with_store(move |s| {
+                let history = s.jobs()?;
+                let p = predict(&spec, &history, &cluster)
+                    .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+                p.spec
+                    .validate()
+                    .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+                let yaml = serde_norway::to_string(&p.spec)
+                    .map_err(|e| BrainError::Invalid(format!("writing the spec: {e}")))?;
+                let id = s.submit(&p.spec.name, &yaml, &p.shape, &p.reasons, now_unix_ms())?;
+                Ok((id, p.shape, p.reasons))
+            })
+            .await?;
+        self.metrics.submitted.inc();
+        self.wake();
+        Ok((id, shape, reasons))
+    }
+
+    /// A job master process ended: if its job never said how it ended, its report (or the
+    /// exit) says.
+    pub async fn exited(&self, e: Exited) {
+        let (job, status, success) = (e.job, e.status, e.success);
+        let said = status.clone();
+        let r = self
+            .with_store(move |s| {
+                let row = s.job(job)?;
+                if row.state.finished() {
+                    return Ok(());
+                }
+                let report = Some(PathBuf::from(&row.run_dir))
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .map(|d| d.join("master").join("report.json"))
+                    .and_then(|p| std::fs::read(p).ok())
+                    .and_then(|b| serde_json::from_slice::<job_master::JobReport>(&b).ok());
+                match report {
+                    Some(r) => s.finish(
+                        job,
+                        r.succeeded(),
+                        &format!(
+                            "{}{} (read from its report; exactly-once: {})",
+                            r.phase,
+                            r.reason.map(|x| format!(": {x}")).unwrap_or_default(),
+                            r.exactly_once
+                        ),
+                        row.samples_done,
+                        now_unix_ms(),
+                    ),
+                    None => s.finish(
+                        job,
+                        false,
+                        &format!("its job master exited ({said}) before reporting"),
+                        row.samples_done,
+                        now_unix_ms(),
+                    ),
+                }
+            })
+            .await;
+        if let Err(err) = r {
+            tracing::warn!("recording the end of {job}: {err}");
+        }
+        if !success {
+            tracing::warn!("job master of {job} exited: {status}");
+        }
+        self.wake();
+    }
+
+    /// The snapshot a round plans on.
+    fn snapshot(
+        store: &Store,
+        cluster: &LiveCluster,
+        now_ms: i64,
+    ) -> Result<LiveSnapshot, BrainError> {
+        let now_s = now_ms as f64 / 1000.0;
+        let mut jobs = Vec::new();
+        for row in store.active()? {
+            let Some(shape) = row.shape.clone() else {
+                continue;
+            };
+            let speed = store
+                .speeds(row.id)?
+                .into_iter()
+                .map(|(workers, samples_per_s)| SpeedPoint {
+                    workers,
+                    samples_per_s,
+                })
+                .collect();
+            // A plan still on its way pins the job like a cool-down does.
+            let pending =
+                row.plan_version > row.reached_version && row.plan_version != row.rejected_version;
+            jobs.push(LiveJob {
+                id: optimizer::units::JobId(row.id.0),
+                name: row.name.clone(),
+                state: if row.state == JobState::Queued {
+                    LiveState::Queued
+                } else {
+                    LiveState::Running
+                },
+                submitted_s: row.registered_unix_ms as f64 / 1000.0,
+                ps: shape.ps,
+                ps_millicores: shape.ps_millicores,
+                worker_millicores: shape.worker_millicores,
+                workers: row.workers.max(shape.min_workers),
+                min_workers: shape.min_workers,
+                max_workers: shape.max_workers,
+                node_unit: shape.node_unit,
+                speed,
+                samples_left: shape.total_samples.saturating_sub(row.samples_done) as f64,
+                last_change_s: if pending {
+                    Some(now_s)
+                } else {
+                    row.last_change_unix_ms.map(|t| t as f64 / 1000.0)
+                },
+                running_s: row
+                    .started_unix_ms
+                    .map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
+                restarts: 0,
+                peak_workers: row.peak_workers,
+            });
+        }
+        Ok(LiveSnapshot {
+            now_s,
+            cluster: cluster.clone(),
+            jobs,
+        })
+    }
+
+    /// One round; with `dispatch`, its decisions are carried out.
+    pub async fn round(&self, dispatch: bool) -> Result<RoundOutcome, BrainError> {
+        let _one = self.round_lock.lock().await;
+        self.reload_if_changed();
+        let policy = self.policy.read().expect("no panic under the lock").clone();
+        let cluster = self.cluster.clone();
+        let now = now_unix_ms();
+        let (plan, solve_ms) = self
+            .with_store(move |s| {
+                let snap = Control::snapshot(s, &cluster, now)?;
+                let started = Instant::now();
+                let plan = plan_round(&snap, policy.scheduler().scheduler(), &policy.config.live)
+                    .map_err(|e| BrainError::Invalid(format!("the round failed: {e}")))?;
+                Ok((plan, started.elapsed().as_secs_f64() * 1000.0))
+            })
+            .await?;
+        self.metrics.observe_round(solve_ms);
+        if dispatch {
+            for d in plan.decisions.iter().filter(|d| d.changes()) {
+                let job = JobId(d.job.0);
+                let why = d.reasons.join("; ");
+                if d.starts() {
+                    if let Err(e) = self.start(job, d.to_workers).await {
+                        tracing::warn!("cannot start {job}: {e}");
+                        let msg = e.to_string();
+                        let _ = self
+                            .with_store(move |s| s.finish(job, false, &msg, 0, now_unix_ms()))
+                            .await;
+                    }
+                    continue;
+                }
+                if d.state != LiveState::Running {
+                    continue;
+                }
+                let to = d.to_workers;
+                let r = self
+                    .with_store(move |s| {
+                        let body = |version| {
+                            jm::ScalePlan {
+                                version,
+                                roles: vec![jm::RoleTarget {
+                                    role: jm::Role::Worker as i32,
+                                    count: to,
+                                    resources: None,
+                                }],
+                                migrations: vec![],
+                            }
+                            .encode_to_vec()
+                        };
+                        s.propose_plan(job, &body, &why, Some(to), now_unix_ms())
+                    })
+                    .await;
+                match r {
+                    Ok(v) => {
+                        self.metrics.plans.inc();
+                        tracing::info!(%job, version = v, from = d.from_workers, to, "plan dispatched");
+                    }
+                    Err(e) => tracing::warn!("cannot store a plan for {job}: {e}"),
+                }
+            }
+        }
+        Ok(RoundOutcome {
+            plan,
+            solve_ms,
+            cluster: self.cluster.clone(),
+        })
+    }
+
+    async fn start(&self, job: JobId, workers: u32) -> Result<(), BrainError> {
+        let row = self.with_store(move |s| s.job(job)).await?;
+        let spec: JobSpec = serde_norway::from_str(row.spec.as_deref().unwrap_or_default())
+            .map_err(|e| BrainError::Invalid(format!("the stored spec of {job}: {e}")))?;
+        let run_dir = self.launcher.start(job, &spec, workers)?;
+        let dir = run_dir.display().to_string();
+        self.with_store(move |s| s.started(job, workers, &dir, now_unix_ms()))
+            .await?;
+        self.metrics.started.inc();
+        tracing::info!(%job, workers, run_dir = %run_dir.display(), "job master started");
+        Ok(())
+    }
+
+    /// Rounds until `shutdown`: every `interval_s`, and at once after an event.
+    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            let interval = {
+                let p = self.policy.read().expect("no panic under the lock");
+                Duration::from_secs_f64(p.config.live.interval_s)
+            };
+            if let Err(e) = self.round(true).await {
+                tracing::warn!("round: {e}");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = self.wake.notified() => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Starting a submitted job's master as a local process: the spec the brain filled in is
+//! written to the job's run directory with the worker count the round decided, and
+//! `job-master run` is started on it with `--brain` pointing back here. The child is reaped by
+//! a task that reports its exit; a job master outlives a brain that is killed (it keeps
+//! training and reconnects), so a restarted brain learns of it when it registers again.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use job_master::spec::{JobSpec, RoleName};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::BrainError;
+use crate::store::JobId;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LauncherConfig {
+    /// The `job-master` binary [default: next to the running binary].
+    #[serde(default)]
+    pub job_master_bin: Option<PathBuf>,
+    /// The `worker-agent` binary job masters start [default: next to `job-master`].
+    #[serde(default)]
+    pub agent_bin: Option<PathBuf>,
+    /// Extra arguments for `job-master run` (e.g. timing flags).
+    #[serde(default)]
+    pub job_master_args: Vec<String>,
+}
+
+/// A job master process that ended, as the reaper saw it.
+#[derive(Debug)]
+pub struct Exited {
+    pub job: JobId,
+    pub status: String,
+    pub success: bool,
+}
+
+pub struct Launcher {
+    config: LauncherConfig,
+    runs_dir: PathBuf,
+    brain_url: String,
+    max_processes: u32,
+    exited: mpsc::UnboundedSender<Exited>,
+}
+
+impl Launcher {
+    pub fn new(
+        config: LauncherConfig,
+        runs_dir: PathBuf,
+        brain_url: String,
+        max_processes: u32,
+        exited: mpsc::UnboundedSender<Exited>,
+    ) -> Launcher {
+        Launcher {
+            config,
+            runs_dir,
+            brain_url,
+            max_processes,
+            exited,
+        }
+    }
+
+    fn job_master_bin(&self) -> PathBuf {
+        self.config.job_master_bin.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("job-master")))
+                .unwrap_or_else(|| PathBuf::from("job-master"))
+        })
+    }
+
+    /// The run directory of a job.
+    pub fn run_dir(&self, name: &str) -> PathBuf {
+        self.runs_dir.join(name)
+    }
+
+    /// Writes the job's spec with `workers` workers and starts its master. Returns the run
+    /// directory.
+    pub fn start(&self, job: JobId, spec: &JobSpec, workers: u32) -> Result<PathBuf, BrainError> {
+        let run_dir = self.run_dir(&spec.name);
+        std::fs::create_dir_all(&run_dir)?;
+        let mut spec = spec.clone();
+        if let Some(w) = spec.roles.get_mut(&RoleName::Worker) {
+            w.replicas = Some(workers as i64);
+        }
+        let spec_path = run_dir.join("spec.yaml");
+        let text = serde_norway::to_string(&spec)
+            .map_err(|e| BrainError::Invalid(format!("writing the spec of {job}: {e}")))?;
+        std::fs::write(&spec_path, text)?;
+        let log = std::fs::File::create(run_dir.join("job-master.log"))?;
+        let bin = self.job_master_bin();
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.arg("run")
+            .arg(&spec_path)
+            .arg("--run-dir")
+            .arg(run_dir.join("master"))
+            .arg("--brain")
+            .arg(&self.brain_url)
+            .arg("--max-processes")
+            .arg(self.max_processes.to_string())
+            .args(&self.config.job_master_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if let Some(agent) = &self.config.agent_bin {
+            cmd.arg("--agent-bin").arg(agent);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| BrainError::Invalid(format!("cannot start {}: {e}", bin.display())))?;
+        let exited = self.exited.clone();
+        tokio::spawn(async move {
+            let (status, success) = match child.wait().await {
+                Ok(s) => (s.to_string(), s.success()),
+                Err(e) => (format!("cannot wait: {e}"), false),
+            };
+            let _ = exited.send(Exited {
+                job,
+                status,
+                success,
+            });
+        });
+        Ok(run_dir)
+    }
+}
+
+/// Resolves a relative checkpoint directory of a submitted spec into the job's run directory.
+pub fn place_checkpoints(spec: &mut JobSpec, run_dir: &Path) {
+    if spec.checkpoint.dir.is_relative() {
+        spec.checkpoint.dir = run_dir.join(&spec.checkpoint.dir);
+    }
+}

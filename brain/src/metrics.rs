@@ -1,0 +1,97 @@
+//! The brain's own Prometheus metrics, served as text at `GET /metrics` on the brain's port:
+//! jobs by state (read from the store at each scrape), rounds and their solve time, plans
+//! dispatched, jobs submitted and started, and metric reports ingested (its `rate()` is the
+//! ingest rate).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::store::{JobState, Store};
+
+pub struct Metrics {
+    registry: Registry,
+    jobs: Family<Vec<(String, String)>, Gauge>,
+    pub rounds: Counter,
+    solve_seconds: Histogram,
+    pub plans: Counter,
+    pub submitted: Counter,
+    pub started: Counter,
+    pub reports: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("brain");
+        let jobs = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register("jobs", "Jobs the brain knows, by state", jobs.clone());
+        let rounds = Counter::default();
+        registry.register("rounds", "Optimisation rounds run", rounds.clone());
+        let solve_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "round_solve_seconds",
+            "Time the scheduler took per round",
+            solve_seconds.clone(),
+        );
+        let plans = Counter::default();
+        registry.register(
+            "plans_dispatched",
+            "Scale plans sent to running jobs",
+            plans.clone(),
+        );
+        let submitted = Counter::default();
+        registry.register(
+            "jobs_submitted",
+            "Jobs submitted without resources",
+            submitted.clone(),
+        );
+        let started = Counter::default();
+        registry.register(
+            "jobs_started",
+            "Job masters the brain started",
+            started.clone(),
+        );
+        let reports = Counter::default();
+        registry.register("metric_reports", "Metric reports stored", reports.clone());
+        Metrics {
+            registry,
+            jobs,
+            rounds,
+            solve_seconds,
+            plans,
+            submitted,
+            started,
+            reports,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_round(&self, solve_ms: f64) {
+        self.rounds.inc();
+        self.solve_seconds.observe(solve_ms / 1000.0);
+    }
+
+    /// The text exposition, with the job gauges read from `store` now.
+    pub fn render(&self, store: &Store) -> String {
+        if let Ok(rows) = store.jobs() {
+            for state in [
+                JobState::Queued,
+                JobState::Running,
+                JobState::Succeeded,
+                JobState::Failed,
+            ] {
+                let n = rows.iter().filter(|r| r.state == state).count();
+                self.jobs
+                    .get_or_create(&vec![("state".to_string(), state.as_str().to_string())])
+                    .set(n as i64);
+            }
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}

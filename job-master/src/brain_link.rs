@@ -1,0 +1,331 @@
+//! The job master's side of the brain: register (with the job's shape), report metrics in
+//! batches every `report_interval_ms`, poll for a plan above the version the job accepted,
+//! carry it out like any plan and acknowledge it, and at the end report how the job ended.
+//!
+//! The brain may be down or restarting at any time: the job keeps running at its size, the
+//! reports wait in a bounded queue (the oldest are dropped past [`MAX_QUEUED`], with a
+//! warning) and go in the next batch the brain takes, and registering again finds the same
+//! job id (the brain keys jobs by name).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use proto::jobmaster::v1 as jm;
+use proto::service::v1 as pb;
+use serde::{Deserialize, Serialize};
+use tonic::transport::Channel;
+
+use crate::master::{JobReport, Shared};
+use crate::service::scale_plan;
+use crate::spec::{JobKind, RoleName};
+
+type Client = pb::brain_client::BrainClient<Channel>;
+
+/// Reports kept while the brain cannot be reached.
+pub const MAX_QUEUED: usize = 10_000;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrainLink {
+    /// The brain's URL, e.g. `http://127.0.0.1:50070`.
+    pub url: String,
+    /// How often metrics are reported and plans polled.
+    #[serde(default = "default_interval")]
+    pub report_interval_ms: u64,
+    /// How long the job master keeps trying to tell the brain how the job ended.
+    #[serde(default = "default_outcome_timeout")]
+    pub outcome_timeout_ms: u64,
+}
+
+fn default_interval() -> u64 {
+    1000
+}
+fn default_outcome_timeout() -> u64 {
+    60_000
+}
+
+impl BrainLink {
+    pub fn new(url: String) -> BrainLink {
+        BrainLink {
+            url,
+            report_interval_ms: default_interval(),
+            outcome_timeout_ms: default_outcome_timeout(),
+        }
+    }
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+async fn connect(url: &str) -> Option<Client> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+        .ok()?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(10));
+    endpoint.connect().await.ok().map(Client::new)
+}
+
+/// The job's shape as the brain plans with it.
+fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
+    let spec = &ctx.spec;
+    let counts = ctx.role_counts();
+    let plan = |role| spec.role_plan(role).ok();
+    let res = |role| {
+        let r = spec
+            .roles
+            .get(&role)
+            .and_then(|r| r.resources.clone())
+            .unwrap_or_default();
+        jm::Resources {
+            cpu_millicores: r.cpu.map_or(1000, |c| c.0),
+            memory_bytes: r.memory.map_or(0, |m| m.0),
+            gpus: r.gpu.unwrap_or(0),
+        }
+    };
+    let w = plan(RoleName::Worker);
+    pb::JobShape {
+        kind: spec.kind.to_string(),
+        workers: counts
+            .get(&RoleName::Worker)
+            .copied()
+            .filter(|n| *n > 0)
+            .or(w.as_ref().map(|p| p.replicas))
+            .unwrap_or(1),
+        min_workers: w.as_ref().map_or(1, |p| p.min),
+        max_workers: w.as_ref().map_or(1, |p| p.max),
+        worker_node_unit: w.as_ref().map_or(1, |p| p.node_unit),
+        ps: match spec.kind {
+            JobKind::Ps => plan(RoleName::Ps).map_or(1, |p| p.replicas),
+            JobKind::Allreduce => 0,
+        },
+        worker_resources: Some(res(RoleName::Worker)),
+        ps_resources: (spec.kind == JobKind::Ps).then(|| res(RoleName::Ps)),
+        total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
+    }
+}
+
+/// One report of the job as it is now.
+fn report(ctx: &crate::job::JobContext) -> pb::MetricReport {
+    let (global_step, samples_per_second, _) = ctx.progress();
+    let counts = ctx.role_counts();
+    let live = || ctx.slots.values().filter(|s| s.phase.is_live());
+    let total = ctx.spec.data.num_samples as u64 * ctx.spec.epochs as u64;
+    pb::MetricReport {
+        at_unix_ms: unix_ms(),
+        global_step,
+        samples_per_second: if samples_per_second.is_finite() {
+            samples_per_second.max(0.0)
+        } else {
+            0.0
+        },
+        workers: counts.get(&RoleName::Worker).copied().unwrap_or(0),
+        ps: counts.get(&RoleName::Ps).copied().unwrap_or(0),
+        cpu_millicores: live()
+            .filter_map(|s| s.sample.as_ref())
+            .map(|x| x.cpu_millicores)
+            .sum(),
+        memory_bytes: live()
+            .filter_map(|s| s.sample.as_ref())
+            .map(|x| x.rss_bytes)
+            .sum(),
+        gpu_utilisation_pct: 0.0,
+        samples_done: (ctx.ledger.done_shards() * ctx.spec.data.shard_size as u64).min(total),
+    }
+}
+
+/// Reports and polls until the task is aborted (the job master aborts it when the job ends).
+pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: SocketAddr) {
+    let mut client: Option<Client> = None;
+    let mut job_id: Option<u64> = None;
+    let mut queued: VecDeque<pb::MetricReport> = VecDeque::new();
+    let mut dropped = 0u64;
+    let mut acked_reached = 0u64;
+    let mut last_brain_version = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(link.report_interval_ms.max(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (sample, shape_now, desired, reached, in_transition) = {
+            let ctx = shared.job.lock().await;
+            (
+                report(&ctx),
+                shape(&ctx),
+                ctx.plans.desired,
+                ctx.plans.reached,
+                ctx.transition.is_some(),
+            )
+        };
+        // Speeds measured mid-transition belong to no one worker count.
+        if !in_transition && sample.workers > 0 {
+            queued.push_back(sample);
+        }
+        while queued.len() > MAX_QUEUED {
+            queued.pop_front();
+            dropped += 1;
+            if dropped.is_power_of_two() {
+                tracing::warn!(
+                    dropped,
+                    "the brain is unreachable: oldest metric reports dropped"
+                );
+            }
+        }
+        let Some(c) = client.as_mut() else {
+            client = connect(&link.url).await;
+            continue;
+        };
+        let id = match job_id {
+            Some(id) => id,
+            None => {
+                let r = c
+                    .register_job(pb::RegisterJobRequest {
+                        job_name: shared.job.lock().await.spec.name.clone(),
+                        master_address: master_addr.to_string(),
+                        shape: Some(shape_now),
+                    })
+                    .await;
+                match r {
+                    Ok(r) => {
+                        let id = r.into_inner().job_id;
+                        tracing::info!(job_id = id, url = %link.url, "registered with the brain");
+                        job_id = Some(id);
+                        id
+                    }
+                    Err(e) => {
+                        tracing::debug!("brain register: {e}");
+                        client = None;
+                        continue;
+                    }
+                }
+            }
+        };
+        if !queued.is_empty() {
+            let batch = pb::MetricsBatch {
+                job_id: id,
+                reports: queued.iter().cloned().collect(),
+            };
+            match c.report_metrics(batch).await {
+                Ok(_) => queued.clear(),
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    job_id = None;
+                    continue;
+                }
+                Err(e) if e.code() == tonic::Code::InvalidArgument => {
+                    tracing::warn!("the brain refused a metrics batch: {}", e.message());
+                    queued.clear();
+                }
+                Err(e) => {
+                    tracing::debug!("brain report: {e}");
+                    client = None;
+                    continue;
+                }
+            }
+        }
+        let plan = match c
+            .get_plan(pb::GetPlanRequest {
+                job_id: id,
+                after_version: desired,
+            })
+            .await
+        {
+            Ok(r) => r.into_inner().plan,
+            Err(e) => {
+                tracing::debug!("brain plan poll: {e}");
+                client = None;
+                continue;
+            }
+        };
+        if let Some(plan) = plan {
+            let version = plan.version;
+            let answer = match scale_plan(plan) {
+                Ok(p) => shared.apply_scale_plan(p).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let (accepted, reason, reached) = match answer {
+                Ok(a) => (a.accepted, a.reason, a.reached_version),
+                Err(e) => (false, e, reached),
+            };
+            tracing::info!(version, accepted, %reason, "plan from the brain");
+            last_brain_version = version;
+            if c.ack_plan(pb::PlanAck {
+                job_id: id,
+                version,
+                accepted,
+                reason,
+                reached_version: reached.min(version),
+            })
+            .await
+            .is_ok()
+            {
+                acked_reached = reached;
+            }
+        } else if reached > acked_reached && last_brain_version > 0 {
+            // A plan carried out since the last acknowledgement.
+            let r = c
+                .ack_plan(pb::PlanAck {
+                    job_id: id,
+                    version: last_brain_version,
+                    accepted: true,
+                    reason: String::new(),
+                    reached_version: reached.min(last_brain_version),
+                })
+                .await;
+            if r.is_ok() {
+                acked_reached = reached;
+            }
+        }
+    }
+}
+
+/// Tells the brain how the job ended, trying for `outcome_timeout_ms`.
+pub async fn report_outcome(link: &BrainLink, report: &JobReport, master_addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_millis(link.outcome_timeout_ms);
+    let total: u64 = report.samples_per_epoch.values().sum();
+    loop {
+        if let Some(mut c) = connect(&link.url).await {
+            let id = c
+                .register_job(pb::RegisterJobRequest {
+                    job_name: report.job.clone(),
+                    master_address: master_addr.to_string(),
+                    shape: None,
+                })
+                .await
+                .map(|r| r.into_inner().job_id);
+            if let Ok(id) = id {
+                let r = c
+                    .report_outcome(pb::JobOutcome {
+                        job_id: id,
+                        phase: report.phase.clone(),
+                        reason: report.reason.clone().unwrap_or_default(),
+                        elapsed_ms: report.elapsed_ms,
+                        samples_done: total,
+                        exactly_once: report.exactly_once.clone(),
+                    })
+                    .await;
+                match r {
+                    Ok(_) => {
+                        tracing::info!("outcome reported to the brain");
+                        return;
+                    }
+                    Err(e) if e.code() == tonic::Code::InvalidArgument => {
+                        tracing::warn!("the brain refused the outcome: {}", e.message());
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                "could not tell the brain at {} how the job ended; it is in report.json",
+                link.url
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
