@@ -312,6 +312,8 @@ impl Control {
                 ps_millicores: shape.ps_millicores,
                 worker_millicores: shape.worker_millicores,
                 workers: row.workers.max(shape.min_workers),
+                // Launched, not yet reported, or shrinking: count the larger.
+                held_workers: row.workers.max(row.reported_workers),
                 min_workers: shape.min_workers,
                 max_workers: shape.max_workers,
                 node_unit: shape.node_unit,

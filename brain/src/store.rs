@@ -211,6 +211,8 @@ pub struct JobRow {
     pub outcome: String,
     /// The newest plan version the job master refused (0: none).
     pub rejected_version: u64,
+    /// Workers the job master last reported running with.
+    pub reported_workers: u32,
 }
 
 /// A stored plan: its version and its encoded body (the wire `ScalePlan`).
@@ -289,17 +291,25 @@ impl Store {
         let shape_json = shape.map(|s| serde_json::to_string(s).expect("plain struct"));
         let workers = shape.map_or(0, |s| s.workers);
         let tx = self.conn.transaction()?;
-        tx.execute(
-            "INSERT INTO jobs (name, master_address, registered_unix_ms, shape, workers,
-                               peak_workers, last_change_unix_ms, started_unix_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?3, ?3)
-             ON CONFLICT(name) DO UPDATE SET master_address = excluded.master_address,
-                 shape = COALESCE(shape, excluded.shape),
-                 workers = CASE WHEN shape IS NULL THEN excluded.workers ELSE workers END,
-                 peak_workers = MAX(peak_workers, CASE WHEN shape IS NULL THEN excluded.workers ELSE workers END),
-                 state = CASE WHEN state = 'queued' THEN 'running' ELSE state END",
-            params![name, master_address, now_unix_ms, shape_json, workers],
+        // Update first: an upsert would use up an id on every registration again.
+        let updated = tx.execute(
+            "UPDATE jobs SET master_address = ?2,
+                 workers = CASE WHEN shape IS NULL AND ?3 IS NOT NULL THEN ?4 ELSE workers END,
+                 peak_workers = MAX(peak_workers,
+                     CASE WHEN shape IS NULL AND ?3 IS NOT NULL THEN ?4 ELSE workers END),
+                 shape = COALESCE(shape, ?3),
+                 state = CASE WHEN state = 'queued' THEN 'running' ELSE state END
+             WHERE name = ?1",
+            params![name, master_address, shape_json, workers],
         )?;
+        if updated == 0 {
+            tx.execute(
+                "INSERT INTO jobs (name, master_address, registered_unix_ms, shape, workers,
+                                   peak_workers, last_change_unix_ms, started_unix_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?3, ?3)",
+                params![name, master_address, now_unix_ms, shape_json, workers],
+            )?;
+        }
         let id: i64 = tx.query_row("SELECT id FROM jobs WHERE name = ?1", [name], |r| r.get(0))?;
         let version = newest_version(&tx, id)?;
         tx.commit()?;
@@ -588,7 +598,8 @@ impl Store {
                     state, shape, spec, reasons, run_dir, workers, peak_workers,
                     last_change_unix_ms, started_unix_ms, finished_unix_ms, samples_done, outcome,
                     (SELECT COALESCE(MAX(version), 0) FROM plans
-                     WHERE job_id = jobs.id AND accepted = 0)
+                     WHERE job_id = jobs.id AND accepted = 0),
+                    reported_workers
              FROM jobs WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
         )?;
         let rows = stmt.query_map([only], |r| {
@@ -625,6 +636,7 @@ impl Store {
                 samples_done: r.get::<_, i64>(21)? as u64,
                 outcome: r.get(22)?,
                 rejected_version: r.get::<_, i64>(23)? as u64,
+                reported_workers: r.get::<_, i64>(24)? as u32,
             })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)

@@ -16,7 +16,10 @@
 //! * what the round hands out never exceeds the CPU or the process count: if those rules leave
 //!   too little room, admissions are withdrawn (newest first), then growth (largest first),
 //!   then jobs above their minimum shrink, one node unit at a time. Sizes that fitted before
-//!   always fit again, so a round never oversubscribes a cluster that was not already.
+//!   always fit again, so a round never oversubscribes a cluster that was not already;
+//! * a job that shrinks is counted at its old size until its job master has carried the
+//!   shrink out (`held_workers`), so the CPU it gives up goes to others a round later, never
+//!   while its processes still run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,6 +64,11 @@ pub struct LiveJob {
     pub worker_millicores: u64,
     /// Workers in force (running) or predicted (queued).
     pub workers: u32,
+    /// Workers whose processes may still be alive: more than `workers` while a shrink is
+    /// on its way. A round counts a running job at the larger of this and its new size, so
+    /// what one job gives up is handed out only once it is free.
+    #[serde(default)]
+    pub held_workers: u32,
     pub min_workers: u32,
     pub max_workers: u32,
     pub node_unit: u32,
@@ -192,6 +200,15 @@ impl Sized<'_> {
             self.job.ps + workers
         }
     }
+    /// Workers counted against capacity at size `to`: a running job keeps what it holds
+    /// until a shrink is carried out.
+    fn counted(&self, to: u32) -> u32 {
+        if self.running() {
+            to.max(self.job.held_workers)
+        } else {
+            to
+        }
+    }
     /// Workers that `slots` slots hold: whole node units within the bounds, 0 below the minimum.
     fn workers_in(&self, slots: u32) -> u32 {
         let unit = self.job.node_unit.max(1);
@@ -282,7 +299,7 @@ pub fn plan_round(
     let current: u64 = jobs
         .iter()
         .filter(|s| s.running())
-        .map(|s| s.slots(s.job.workers))
+        .map(|s| s.slots(s.counted(s.job.workers)))
         .sum();
     let assignment = if current <= total_slots as u64 {
         let view = Snapshot {
@@ -382,9 +399,10 @@ pub fn plan_round(
         .into_iter()
         .map(|s| {
             if s.to > 0 || s.running() {
+                let n = s.counted(s.to);
                 cpu += s.job.ps as u64 * s.job.ps_millicores.div_ceil(slot) * slot
-                    + s.to as u64 * s.job.worker_millicores.div_ceil(slot) * slot;
-                processes += s.processes(s.to);
+                    + n as u64 * s.job.worker_millicores.div_ceil(slot) * slot;
+                processes += s.processes(n);
             }
             let from = match s.job.state {
                 LiveState::Running => s.job.workers,
@@ -428,7 +446,7 @@ fn view(s: &Sized, total_slots: u32) -> JobView {
         .collect();
     let running = job.state == LiveState::Running;
     let held = if running {
-        s.slots(job.workers) as u32
+        s.slots(s.counted(job.workers)) as u32
     } else {
         0
     };
@@ -454,12 +472,14 @@ fn view(s: &Sized, total_slots: u32) -> JobView {
     }
 }
 
-/// Withdraws what does not fit: admissions (newest first), then growth (largest first), then
-/// sizes above the minimum (largest first), one node unit at a time.
+/// Withdraws what does not fit: admissions (newest first, made smaller down to their minimum,
+/// then put off), then growth (largest first), then sizes above the minimum (largest first),
+/// one node unit at a time.
 fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: &mut Vec<String>) {
+    let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
     loop {
-        let used: u64 = jobs.iter().map(|s| s.slots(s.to)).sum();
-        let procs: u32 = jobs.iter().map(|s| s.processes(s.to)).sum();
+        let used: u64 = jobs.iter().map(|s| s.slots(s.counted(s.to))).sum();
+        let procs: u32 = jobs.iter().map(|s| s.processes(s.counted(s.to))).sum();
         if used <= slots && procs <= max_processes {
             return;
         }
@@ -476,11 +496,16 @@ fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: &mut Vec<St
                     .then(a.job.id.cmp(&b.job.id))
             })
         {
-            s.to = 0;
-            s.reasons.push(format!("start {why}"));
+            let smaller = shrink(s);
+            if smaller >= s.job.min_workers.max(1) {
+                s.to = smaller;
+                s.reasons.push(format!("starts smaller: {why}"));
+            } else {
+                s.to = 0;
+                s.reasons.push(format!("start {why}"));
+            }
             continue;
         }
-        let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
         if let Some(s) = jobs
             .iter_mut()
             .filter(|s| s.running() && !s.pinned && s.to > s.job.workers)
@@ -523,6 +548,7 @@ mod tests {
             ps_millicores: 0,
             worker_millicores: 1000,
             workers,
+            held_workers: workers,
             min_workers: 1,
             max_workers: 8,
             node_unit: 1,
@@ -655,8 +681,34 @@ mod tests {
             ],
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
-        assert!(plan.cpu_millicores <= 4000, "{plan:?}");
+        let to: u32 = plan.decisions.iter().map(|d| d.to_workers).sum();
+        assert!(to <= 4, "{plan:?}");
+        // Until the shrinks are carried out the processes still run: the round says so.
         assert!(!plan.notes.is_empty());
+    }
+
+    #[test]
+    fn what_a_shrinking_job_gives_up_is_handed_out_only_once_it_is_free() {
+        // Job 1 runs 2 workers but still holds 4 (its shrink is on its way).
+        let mut shrinking = job(1, LiveState::Running, 2, &[(4, 400.0), (2, 210.0)]);
+        shrinking.held_workers = 4;
+        shrinking.last_change_s = Some(99.0);
+        let q = job(2, LiveState::Queued, 2, &[]);
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(4),
+            jobs: vec![shrinking.clone(), q.clone()],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        assert_eq!(decision(&plan, 2).to_workers, 0, "{plan:?}");
+        assert!(plan.cpu_millicores <= 4000);
+        shrinking.held_workers = 2;
+        let snap = LiveSnapshot {
+            jobs: vec![shrinking, q],
+            ..snap
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        assert!(decision(&plan, 2).starts(), "{plan:?}");
     }
 
     fn arb_job(id: u64) -> impl Strategy<Value = LiveJob> {
@@ -681,6 +733,11 @@ mod tests {
                     &speed,
                 );
                 j.ps = ps;
+                j.held_workers = if running {
+                    min + (changed as u32 % 3)
+                } else {
+                    0
+                };
                 j.ps_millicores = 500 * (1 + id % 3);
                 j.worker_millicores = 700 * (1 + id % 2);
                 j.min_workers = min;
@@ -702,9 +759,9 @@ mod tests {
             let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();
             // A cluster the running jobs fit in, with `extra` CPUs more.
             let held: u64 = jobs.iter().filter(|j| j.state == LiveState::Running)
-                .map(|j| j.ps as u64 * j.ps_millicores.div_ceil(1000) + j.workers as u64 * j.worker_millicores.div_ceil(1000))
+                .map(|j| j.ps as u64 * j.ps_millicores.div_ceil(1000) + j.workers.max(j.held_workers) as u64 * j.worker_millicores.div_ceil(1000))
                 .sum();
-            let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps + j.workers).sum();
+            let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps + j.workers.max(j.held_workers)).sum();
             let snap = LiveSnapshot {
                 now_s: 50.0,
                 cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32 },
