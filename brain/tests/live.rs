@@ -1,0 +1,390 @@
+//! The live brain end to end on local processes: three resource-free jobs submitted at
+//! staggered times on a brain that may hand out 4 CPUs. The brain sizes them, starts their job
+//! masters, resizes them as jobs arrive and finish, and is killed with SIGKILL in the middle and
+//! started again on the same database. Every job must finish with each sample consumed exactly
+//! once, the training processes must never hold more than the 4 CPUs, and what the brain
+//! stored before the kill (plans, metric summaries) must be there after it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::jobmaster::v1 as jm;
+use proto::service::v1 as pb;
+use proto::service::v1::brain_client::BrainClient;
+
+const CPUS: u32 = 4;
+
+/// Builds the job master and worker agent the brain starts (beside the brain binary).
+fn bin_dir() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_BIN_EXE_brain"))
+                .parent()
+                .unwrap()
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let ok = Command::new(cargo)
+                .args([
+                    "build",
+                    "-p",
+                    "job-master",
+                    "--bin",
+                    "job-master",
+                    "-p",
+                    "worker-agent",
+                    "--bin",
+                    "worker-agent",
+                ])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cargo runs");
+            assert!(ok.success(), "cannot build job-master and worker-agent");
+            dir
+        })
+        .clone()
+}
+
+/// Starts `brain` on `listen`; returns the process and the address it bound.
+fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_brain"))
+        .args(["--listen", listen, "--cpus", &cpus.to_string()])
+        .args(["--max-processes", "8"])
+        .arg("--database")
+        .arg(dir.join("brain.db"))
+        .arg("--runs-dir")
+        .arg(dir.join("runs"))
+        .arg("--policy")
+        .arg(dir.join("policy.toml"))
+        .arg("--job-master-bin")
+        .arg(bin_dir().join("job-master"))
+        .args([
+            "--job-master-arg=--brain-interval-ms",
+            "--job-master-arg=300",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join(format!("brain-{}.log", now_ms()))).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+fn spec(dir: &Path, name: &str, kind: &str, step_delay_us: u32) -> PathBuf {
+    let ps = if kind == "ps" { "  ps: {}\n" } else { "" };
+    let text = format!(
+        "name: {name}\nkind: {kind}\nroles:\n{ps}  worker:\n    min: 1\n    max: 4\n\
+         workload:\n  builtin:\n    batch_size: 128\n    step_delay_us: {step_delay_us}\n\
+         data:\n  num_samples: 40000\n  shard_size: 500\n  eval_samples: 2000\n\
+         epochs: 2\ncheckpoint:\n  dir: checkpoints\n  every_shards: 16\n"
+    );
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn brainctl(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_brainctl"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+async fn jobs(url: &str) -> Option<Vec<pb::JobRecord>> {
+    let mut c = BrainClient::connect(url.to_string()).await.ok()?;
+    Some(
+        c.list_jobs(pb::ListJobsRequest {})
+            .await
+            .ok()?
+            .into_inner()
+            .jobs,
+    )
+}
+
+/// Training processes alive in a job (any not yet removed or finished), from its master.
+async fn alive(master: &str) -> Option<u32> {
+    let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
+        .await
+        .ok()?;
+    let s = c.get_status(jm::StatusRequest {}).await.ok()?.into_inner();
+    Some(
+        s.processes
+            .iter()
+            .filter(|p| !matches!(p.state.as_str(), "removed" | "succeeded"))
+            .count() as u32,
+    )
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\nmax_growth = 2\n\
+         [live]\ninterval_s = 1\ncooldown_s = 3\n",
+    )
+    .unwrap();
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
+    let url = format!("http://{addr}");
+
+    // Watch what the training processes hold, through every job master, all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU32::new(0));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let watcher = {
+        let (stop, peak, seen, url) = (stop.clone(), peak.clone(), seen.clone(), url.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(jobs) = jobs(&url).await {
+                    let mut total = 0;
+                    let mut line = Vec::new();
+                    for j in jobs.iter().filter(|j| j.state == "running") {
+                        if let Some(n) = alive(&j.master_address).await {
+                            total += n;
+                            line.push(format!("{}:{n}", j.job_name));
+                        }
+                    }
+                    peak.fetch_max(total, Ordering::Relaxed);
+                    let line = line.join(" ");
+                    let mut seen = seen.lock().unwrap();
+                    if seen.last() != Some(&line) {
+                        seen.push(line);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let specs = [
+        spec(d, "free-a", "allreduce", 600),
+        spec(d, "free-b", "ps", 600),
+        spec(d, "free-c", "allreduce", 600),
+    ];
+    let submit = |path: &Path| {
+        let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+        assert!(ok, "{text}");
+        assert!(
+            text.contains("queued") && text.contains("worker replicas"),
+            "{text}"
+        );
+    };
+    submit(&specs[0]);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    submit(&specs[1]);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    submit(&specs[2]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // What the brain would do now, and why.
+    let (ok, text) = brainctl(&["plan", "--dry-run", "--brain", &url]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("scheduler pollux") && text.contains("free-"),
+        "{text}"
+    );
+
+    // kill -9 in the middle; what it stored must survive.
+    let before = jobs(&url).await.unwrap();
+    brain.kill().unwrap();
+    brain.wait().unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mut brain, addr2) = start_brain(d, &addr, CPUS);
+    assert_eq!(addr2, addr);
+    let after = jobs(&url).await.unwrap();
+    for b in &before {
+        let a = after.iter().find(|a| a.job_id == b.job_id).unwrap();
+        assert!(a.reports >= b.reports, "{b:?} -> {a:?}");
+        assert!(a.plan_version >= b.plan_version, "{b:?} -> {a:?}");
+        assert_eq!(a.reasons, b.reasons);
+    }
+
+    // Every job ends.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let done = loop {
+        let all = jobs(&url).await.unwrap();
+        if all.len() == 3
+            && all
+                .iter()
+                .all(|j| j.state == "succeeded" || j.state == "failed")
+        {
+            break all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "jobs did not end: {all:#?}\nprocesses seen: {:?}",
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    stop.store(true, Ordering::Relaxed);
+    watcher.await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    eprintln!("processes per job over time: {seen:#?}");
+    for j in &done {
+        assert_eq!(j.state, "succeeded", "{j:#?}");
+        assert!(j.outcome.contains("exactly-once: ok"), "{j:#?}");
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(Path::new(&j.run_dir).join("master/report.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report["exactly_once"], "ok", "{report}");
+        for (_, n) in report["samples_per_epoch"].as_object().unwrap() {
+            assert_eq!(n.as_u64(), Some(40_000), "{report}");
+        }
+    }
+    assert!(
+        peak.load(Ordering::Relaxed) <= CPUS,
+        "the training processes held {} CPUs of {CPUS}: {seen:#?}",
+        peak.load(Ordering::Relaxed)
+    );
+    // The brain resized running jobs (as others arrived and finished), and they carried it out.
+    let plans: u64 = done.iter().map(|j| j.plan_version).sum();
+    let reached: u64 = done.iter().map(|j| j.reached_version).sum();
+    assert!(plans >= 2, "{done:#?}\n{seen:#?}");
+    assert!(reached >= 2, "{done:#?}");
+
+    let metrics = http_get(&addr, "/metrics");
+    assert!(
+        metrics.contains("brain_jobs{state=\"succeeded\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("brain_round_solve_seconds_count"),
+        "{metrics}"
+    );
+    brain.kill().unwrap();
+    brain.wait().unwrap();
+}
+
+#[tokio::test]
+async fn bad_submissions_get_clear_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("policy.toml"), "[live]\ninterval_s = 60\n").unwrap();
+    // One CPU: the accepted job (at least 2 workers) stays queued and nothing starts.
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", 1);
+    let url = format!("http://{addr}");
+    let good = spec(d, "ok-job", "allreduce", 0);
+    let text = std::fs::read_to_string(&good)
+        .unwrap()
+        .replace("min: 1", "min: 2");
+    std::fs::write(&good, &text).unwrap();
+    let bad = |name: &str, body: String| {
+        let p = d.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    let cases = [
+        (
+            bad("typo.yaml", text.replace("min: 2", "mni: 2")),
+            "roles.worker: unknown field `mni`",
+        ),
+        (
+            bad("bounds.yaml", text.replace("min: 2", "min: 6")),
+            "roles.worker.min: 6 is greater than max 4",
+        ),
+        (
+            bad(
+                "noname.yaml",
+                text.replace("name: ok-job", "name: \"bad name\""),
+            ),
+            "name",
+        ),
+        (
+            bad("ps.yaml", text.replace("kind: allreduce", "kind: ps")),
+            "roles.ps",
+        ),
+    ];
+    for (path, says) in &cases {
+        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+        assert!(!ok, "{} was accepted: {out}", path.display());
+        assert!(
+            out.contains(says),
+            "{}: expected {says:?} in {out}",
+            path.display()
+        );
+    }
+    assert_eq!(jobs(&url).await.unwrap().len(), 0);
+    // A name is used once.
+    let (ok, out) = brainctl(&["submit", good.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}");
+    let (ok, out) = brainctl(&["submit", good.to_str().unwrap(), "--brain", &url]);
+    assert!(
+        !ok && out.contains("the name \"ok-job\" is taken by job 1"),
+        "{out}"
+    );
+    let all = jobs(&url).await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].state, "queued", "{all:?}");
+    let (ok, out) = brainctl(&["plan", "--dry-run", "--brain", &url]);
+    assert!(ok && out.contains("waits"), "{out}");
+    // A policy that does not parse is refused and the one in force stays.
+    let bad_policy = bad("bad.toml", "[live]\ninterval_s = -1\n".into());
+    let (ok, out) = brainctl(&[
+        "policy",
+        "set",
+        bad_policy.to_str().unwrap(),
+        "--brain",
+        &url,
+    ]);
+    assert!(!ok && out.contains("live.interval_s is -1"), "{out}");
+    let (ok, out) = brainctl(&["policy", "show", "--brain", &url]);
+    assert!(ok && out.contains("interval_s = 60"), "{out}");
+    let good_policy = bad(
+        "good.toml",
+        "[live]\ninterval_s = 30\ncooldown_s = 10\n".into(),
+    );
+    let (ok, out) = brainctl(&[
+        "policy",
+        "set",
+        good_policy.to_str().unwrap(),
+        "--brain",
+        &url,
+    ]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        std::fs::read_to_string(d.join("policy.toml")).unwrap(),
+        "[live]\ninterval_s = 30\ncooldown_s = 10\n"
+    );
+    let (ok, out) = brainctl(&["plan", "--brain", &url]);
+    assert!(!ok && out.contains("--dry-run"), "{out}");
+    brain.kill().unwrap();
+    brain.wait().unwrap();
+}
