@@ -179,3 +179,117 @@ pub fn predict(
         reasons,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::JobId;
+
+    fn spec(roles: &str) -> JobSpec {
+        JobSpec::from_yaml(&format!(
+            "name: t\nkind: ps\nroles:\n{roles}workload:\n  builtin: {{ batch_size: 64 }}\n\
+             data: {{ num_samples: 1000, shard_size: 100 }}\nepochs: 2\n\
+             checkpoint: {{ dir: /tmp/brain-predict-test }}\n"
+        ))
+        .unwrap()
+    }
+
+    fn cluster() -> LiveCluster {
+        LiveCluster {
+            cpu_millicores: 8000,
+            slot_millicores: 1000,
+            max_processes: 64,
+        }
+    }
+
+    fn past(name: &str, workers: u32, ps: u32, peak_mib: u64, state: JobState) -> JobRow {
+        let s = spec("  ps: {}\n  worker: { min: 1, max: 8 }\n");
+        JobRow {
+            id: JobId(1),
+            name: name.into(),
+            master_address: String::new(),
+            registered_unix_ms: 0,
+            reports: 10,
+            last_global_step: 0,
+            mean_samples_per_second: 0.0,
+            peak_memory_bytes: peak_mib << 20,
+            plan_version: 0,
+            acked_version: 0,
+            reached_version: 0,
+            state,
+            shape: Some(Shape {
+                kind: "ps".into(),
+                workers,
+                min_workers: 1,
+                max_workers: 8,
+                node_unit: 1,
+                ps,
+                worker_millicores: 1000,
+                ps_millicores: 1000,
+                total_samples: 2000,
+                ..Default::default()
+            }),
+            spec: Some(serde_norway::to_string(&s).unwrap()),
+            reasons: vec![],
+            run_dir: String::new(),
+            workers,
+            peak_workers: workers,
+            last_change_unix_ms: None,
+            started_unix_ms: None,
+            finished_unix_ms: None,
+            samples_done: 2000,
+            outcome: String::new(),
+            rejected_version: 0,
+            reported_workers: workers,
+        }
+    }
+
+    #[test]
+    fn without_history_a_job_gets_the_defaults_and_what_the_cluster_holds() {
+        let p = predict(&spec("  ps: {}\n  worker: {}\n"), &[], &cluster()).unwrap();
+        assert_eq!((p.shape.ps, p.shape.workers), (1, 2));
+        assert_eq!(p.shape.max_workers, 8, "{:?}", p.reasons);
+        assert_eq!(p.shape.worker_millicores, 1000);
+        assert_eq!(p.shape.worker_memory_bytes, 512 << 20);
+        assert_eq!(p.shape.total_samples, 2000);
+        assert!(p.reasons.iter().any(|r| r.contains("no finished ps job")));
+        p.spec.validate().unwrap();
+    }
+
+    #[test]
+    fn similar_finished_jobs_give_the_counts_and_memory_with_a_margin() {
+        let history = [
+            past("a", 4, 2, 600, JobState::Succeeded),
+            past("b", 6, 2, 800, JobState::Succeeded),
+            past("c", 4, 1, 1200, JobState::Succeeded),
+            past("failed", 8, 4, 9000, JobState::Failed),
+        ];
+        let p = predict(
+            &spec("  ps: {}\n  worker: { min: 1, max: 8 }\n"),
+            &history,
+            &cluster(),
+        )
+        .unwrap();
+        assert_eq!((p.shape.ps, p.shape.workers), (2, 4), "{:?}", p.reasons);
+        // Per process: 600/6 = 100, 800/8 = 100, 1200/5 = 240 MiB; median 100 MiB + 25 %.
+        assert_eq!(p.shape.worker_memory_bytes >> 20, 125, "{:?}", p.reasons);
+        assert!(
+            p.reasons
+                .iter()
+                .any(|r| r.contains("3 similar finished job(s): a, b, c"))
+        );
+    }
+
+    #[test]
+    fn what_the_user_gave_is_kept() {
+        let p = predict(
+            &spec("  ps: { replicas: 3 }\n  worker: { replicas: 5, max: 8, resources: { cpu: 2, memory: 1Gi } }\n"),
+            &[past("a", 2, 1, 100, JobState::Succeeded)],
+            &cluster(),
+        )
+        .unwrap();
+        assert_eq!((p.shape.ps, p.shape.workers), (3, 5));
+        assert_eq!(p.shape.worker_millicores, 2000);
+        assert_eq!(p.shape.worker_memory_bytes, 1 << 30);
+    }
+}

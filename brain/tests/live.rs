@@ -49,8 +49,24 @@ fn bin_dir() -> PathBuf {
         .clone()
 }
 
+/// A brain process, killed when dropped (also when a test fails).
+struct Brain(Child);
+
+impl Brain {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Brain {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Starts `brain` on `listen`; returns the process and the address it bound.
-fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Child, String) {
+fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_brain"))
         .args(["--listen", listen, "--cpus", &cpus.to_string()])
         .args(["--max-processes", "8"])
@@ -79,7 +95,7 @@ fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Child, String) {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
-    (child, addr)
+    (Brain(child), addr)
 }
 
 fn now_ms() -> u128 {
@@ -222,8 +238,7 @@ async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
 
     // kill -9 in the middle; what it stored must survive.
     let before = jobs(&url).await.unwrap();
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (mut brain, addr2) = start_brain(d, &addr, CPUS);
     assert_eq!(addr2, addr);
@@ -289,8 +304,7 @@ async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
         metrics.contains("brain_round_solve_seconds_count"),
         "{metrics}"
     );
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
 }
 
 #[tokio::test]
@@ -385,6 +399,5 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     );
     let (ok, out) = brainctl(&["plan", "--brain", &url]);
     assert!(!ok && out.contains("--dry-run"), "{out}");
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
 }
