@@ -90,6 +90,8 @@ pub struct Control {
     /// One round at a time (timer, events and dry runs).
     round_lock: tokio::sync::Mutex<()>,
     pub metrics: Arc<Metrics>,
+    /// Raw metric time series, when an InfluxDB is configured.
+    pub sink: Option<crate::sink::Sink>,
 }
 
 impl Control {
@@ -99,6 +101,7 @@ impl Control {
         cluster: LiveCluster,
         launcher: Launcher,
         metrics: Arc<Metrics>,
+        sink: Option<crate::sink::Sink>,
     ) -> Result<Control, BrainError> {
         let policy = load_policy(policy_path.as_deref())?;
         Ok(Control {
@@ -110,6 +113,7 @@ impl Control {
             wake: Notify::new(),
             round_lock: tokio::sync::Mutex::new(()),
             metrics,
+            sink,
         })
     }
 

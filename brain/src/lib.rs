@@ -16,8 +16,10 @@
 //!   scheduler through [`optimizer::live`], plans dispatched, cool-downs, policy reload);
 //!   [`launch`] starts the job masters of submitted jobs; [`metrics`] is `GET /metrics`.
 //!
-//! Still to come: job-profile models trained with linfa, the InfluxDB sink. Algorithms stay in
-//! `optimizer`, file formats in `datasets`.
+//! * [`sink`]: raw metric time series to InfluxDB (1.x HTTP API or 2.x through influxdb2).
+//!
+//! Still to come: job-profile models trained with linfa. Algorithms stay in `optimizer`, file
+//! formats in `datasets`.
 
 pub mod control;
 pub mod launch;
@@ -26,6 +28,7 @@ pub mod plots;
 pub mod predict;
 pub mod server;
 pub mod service;
+pub mod sink;
 pub mod store;
 pub mod whatif;
 

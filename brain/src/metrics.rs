@@ -1,7 +1,7 @@
 //! The brain's own Prometheus metrics, served as text at `GET /metrics` on the brain's port:
 //! jobs by state (read from the store at each scrape), rounds and their solve time, plans
-//! dispatched, jobs submitted and started, and metric reports ingested (its `rate()` is the
-//! ingest rate).
+//! dispatched, jobs submitted and started, metric reports ingested (its `rate()` is the ingest
+//! rate), and points written to (or dropped before) the InfluxDB sink.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -21,6 +21,8 @@ pub struct Metrics {
     pub submitted: Counter,
     pub started: Counter,
     pub reports: Counter,
+    pub sink_points: Counter,
+    pub sink_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -56,6 +58,18 @@ impl Default for Metrics {
         );
         let reports = Counter::default();
         registry.register("metric_reports", "Metric reports stored", reports.clone());
+        let sink_points = Counter::default();
+        registry.register(
+            "sink_points",
+            "Raw metric points written to the InfluxDB sink",
+            sink_points.clone(),
+        );
+        let sink_dropped = Counter::default();
+        registry.register(
+            "sink_dropped_points",
+            "Raw metric points dropped while the sink was unreachable",
+            sink_dropped.clone(),
+        );
         Metrics {
             registry,
             jobs,
@@ -65,6 +79,8 @@ impl Default for Metrics {
             submitted,
             started,
             reports,
+            sink_points,
+            sink_dropped,
         }
     }
 }

@@ -35,6 +35,9 @@ pub struct BrainConfig {
     pub cluster: ClusterConfig,
     #[serde(default)]
     pub launcher: LauncherConfig,
+    /// Where raw metric time series go (InfluxDB); without it only summaries are kept.
+    #[serde(default)]
+    pub sink: Option<crate::sink::SinkConfig>,
 }
 
 fn default_runs_dir() -> PathBuf {
@@ -85,6 +88,7 @@ impl BrainConfig {
             runs_dir: default_runs_dir(),
             cluster: ClusterConfig::default(),
             launcher: LauncherConfig::default(),
+            sink: None,
         }
     }
 
@@ -108,6 +112,9 @@ impl BrainConfig {
         }
         if c.max_processes == 0 {
             return Err(BrainError::Invalid("cluster.max_processes is 0".into()));
+        }
+        if let Some(sink) = &self.sink {
+            sink.validate()?;
         }
         Ok(())
     }
@@ -157,12 +164,18 @@ pub async fn run(
         exited_tx,
     );
     let metrics = Arc::new(Metrics::default());
+    let sink = config
+        .sink
+        .as_ref()
+        .map(|s| crate::sink::Sink::start(s, metrics.clone()))
+        .transpose()?;
     let control = Arc::new(Control::new(
         store.clone(),
         config.policy.clone(),
         config.live_cluster(),
         launcher,
         metrics.clone(),
+        sink,
     )?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rounds = tokio::spawn(control.clone().run(stop_rx));

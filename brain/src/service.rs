@@ -154,9 +154,27 @@ impl pb::brain_server::Brain for BrainService {
                 samples_done: m.samples_done,
             })
             .collect();
-        let stored = self
-            .with_store(move |s| s.add_metrics(JobId(batch.job_id), &reports))
+        let want_lines = self.control.sink.is_some();
+        let job = JobId(batch.job_id);
+        let (stored, lines) = self
+            .with_store(move |s| {
+                let stored = s.add_metrics(job, &reports)?;
+                // Raw points only for what the store accepted.
+                let lines = if want_lines {
+                    let name = s.name(job)?;
+                    reports
+                        .iter()
+                        .filter_map(|m| crate::sink::line(&name, job, m).ok())
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                Ok((stored, lines))
+            })
             .await?;
+        if let Some(sink) = &self.control.sink {
+            sink.send(lines);
+        }
         self.control.metrics.reports.inc_by(stored as u64);
         Ok(Response::new(pb::MetricsAck {
             stored: stored as u32,

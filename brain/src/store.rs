@@ -402,6 +402,14 @@ impl Store {
         Ok(())
     }
 
+    /// The job's name.
+    pub fn name(&self, job: JobId) -> Result<String, BrainError> {
+        let id = self.known(job)?;
+        Ok(self
+            .conn
+            .query_row("SELECT name FROM jobs WHERE id = ?1", [id], |r| r.get(0))?)
+    }
+
     /// Mean samples/s the job reported at each worker count, by count.
     pub fn speeds(&self, job: JobId) -> Result<Vec<(u32, f64)>, BrainError> {
         let id = self.known(job)?;
