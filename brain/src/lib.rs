@@ -17,9 +17,11 @@
 //!   [`launch`] starts the job masters of submitted jobs; [`metrics`] is `GET /metrics`.
 //!
 //! * [`sink`]: raw metric time series to InfluxDB (1.x HTTP API or 2.x through influxdb2).
+//! * [`train`]: `brainctl train`: job-profile models ([`optimizer::profile`]) fitted on the
+//!   brain's history and scored against DLRover's rule, the user's request and the global
+//!   median on it and on Alibaba's traces.
 //!
-//! Still to come: job-profile models trained with linfa. Algorithms stay in `optimizer`, file
-//! formats in `datasets`.
+//! Algorithms stay in `optimizer`, file formats in `datasets`.
 
 pub mod control;
 pub mod launch;
@@ -30,6 +32,7 @@ pub mod server;
 pub mod service;
 pub mod sink;
 pub mod store;
+pub mod train;
 pub mod whatif;
 
 pub use server::{BrainConfig, run};

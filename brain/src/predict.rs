@@ -241,6 +241,8 @@ mod tests {
             outcome: String::new(),
             rejected_version: 0,
             reported_workers: workers,
+            peak_process_millicores: 0,
+            peak_process_memory_bytes: 0,
         }
     }
 

@@ -213,6 +213,9 @@ pub struct JobRow {
     pub rejected_version: u64,
     /// Workers the job master last reported running with.
     pub reported_workers: u32,
+    /// The most CPU and memory one of its processes used (from the reports' sums).
+    pub peak_process_millicores: u64,
+    pub peak_process_memory_bytes: u64,
 }
 
 /// A stored plan: its version and its encoded body (the wire `ScalePlan`).
@@ -402,6 +405,34 @@ impl Store {
         Ok(())
     }
 
+    /// Stores a trained model under `name` (replacing the previous one).
+    pub fn save_model(
+        &mut self,
+        name: &str,
+        body: &str,
+        now_unix_ms: i64,
+    ) -> Result<(), BrainError> {
+        self.conn.execute(
+            "INSERT INTO models (name, body, trained_unix_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT(name) DO UPDATE SET body = excluded.body,
+                 trained_unix_ms = excluded.trained_unix_ms",
+            params![name, body, now_unix_ms],
+        )?;
+        Ok(())
+    }
+
+    /// A stored model and when it was trained.
+    pub fn model(&self, name: &str) -> Result<Option<(String, i64)>, BrainError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT body, trained_unix_ms FROM models WHERE name = ?1",
+                [name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
     /// The job's name.
     pub fn name(&self, job: JobId) -> Result<String, BrainError> {
         let id = self.known(job)?;
@@ -457,6 +488,18 @@ impl Store {
         let sum: f64 = reports.iter().map(|m| m.samples_per_second).sum();
         let peak = reports.iter().map(|m| m.memory_bytes).max().unwrap_or(0);
         let samples_done = reports.iter().map(|m| m.samples_done).max().unwrap_or(0);
+        // What one process used at most (reports carry sums over the job's processes).
+        let per = |v: u64, m: &Metric| v / (m.workers + m.ps).max(1) as u64;
+        let peak_cpu = reports
+            .iter()
+            .map(|m| per(m.cpu_millicores, m))
+            .max()
+            .unwrap_or(0);
+        let peak_mem = reports
+            .iter()
+            .map(|m| per(m.memory_bytes, m))
+            .max()
+            .unwrap_or(0);
         let tx = self.conn.transaction()?;
         {
             let mut speed = tx.prepare_cached(
@@ -473,9 +516,17 @@ impl Store {
             }
         }
         tx.execute(
-            "UPDATE jobs SET samples_done = MAX(samples_done, ?2), reported_workers = ?3
+            "UPDATE jobs SET samples_done = MAX(samples_done, ?2), reported_workers = ?3,
+                 peak_process_millicores = MAX(peak_process_millicores, ?4),
+                 peak_process_memory_bytes = MAX(peak_process_memory_bytes, ?5)
              WHERE id = ?1",
-            params![id, samples_done as i64, last.workers],
+            params![
+                id,
+                samples_done as i64,
+                last.workers,
+                peak_cpu as i64,
+                peak_mem as i64
+            ],
         )?;
         tx.execute(
             "UPDATE jobs SET reports = reports + ?2,
@@ -607,7 +658,7 @@ impl Store {
                     last_change_unix_ms, started_unix_ms, finished_unix_ms, samples_done, outcome,
                     (SELECT COALESCE(MAX(version), 0) FROM plans
                      WHERE job_id = jobs.id AND accepted = 0),
-                    reported_workers
+                    reported_workers, peak_process_millicores, peak_process_memory_bytes
              FROM jobs WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
         )?;
         let rows = stmt.query_map([only], |r| {
@@ -645,6 +696,8 @@ impl Store {
                 outcome: r.get(22)?,
                 rejected_version: r.get::<_, i64>(23)? as u64,
                 reported_workers: r.get::<_, i64>(24)? as u32,
+                peak_process_millicores: r.get::<_, i64>(25)? as u64,
+                peak_process_memory_bytes: r.get::<_, i64>(26)? as u64,
             })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -682,6 +735,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN started_unix_ms INTEGER",
     "ALTER TABLE jobs ADD COLUMN finished_unix_ms INTEGER",
     "ALTER TABLE jobs ADD COLUMN reported_workers INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN peak_process_millicores INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN peak_process_memory_bytes INTEGER NOT NULL DEFAULT 0",
+    "CREATE TABLE models (name TEXT PRIMARY KEY, body TEXT NOT NULL, trained_unix_ms INTEGER NOT NULL)",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

@@ -4,6 +4,10 @@
 //!   creation_time,deletion_time,scheduled_time` (times in seconds; `gpu_spec` lists the GPU
 //!   models a pod accepts, `|`-separated, empty for any);
 //! * node list: `sn,cpu_milli,memory_mib,gpu,model` (`model` empty on CPU-only nodes).
+//!
+//! And its GPU-disaggregated DLRM serving trace of 2025 (`cluster-trace-gpu-v2025`,
+//! [`read_dlrm`]): per instance its role (CPU node or GPU node), service, CPU, GPU and memory
+//! requests and limits, and creation time.
 
 use std::path::Path;
 
@@ -98,12 +102,95 @@ pub fn read_nodes(path: &Path) -> Result<Vec<Node>, DatasetError> {
         .collect()
 }
 
+/// One instance of Alibaba's GPU-disaggregated DLRM serving trace (2025): a CPU node (`CN`)
+/// or GPU node (`HN`) of a service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DlrmInstance {
+    pub name: String,
+    /// `CN` or `HN`.
+    pub role: String,
+    pub app: String,
+    pub cpu_request: f64,
+    pub cpu_limit: f64,
+    pub gpu_request: f64,
+    pub memory_request_gib: f64,
+    pub memory_limit_gib: f64,
+    /// Seconds from the trace's start; `None` for instances created before it.
+    pub creation_s: Option<f64>,
+}
+
+pub fn read_dlrm(path: &Path) -> Result<Vec<DlrmInstance>, DatasetError> {
+    let t = Table::read(
+        path,
+        Layout::csv(&[
+            "instance_sn",
+            "role",
+            "app_name",
+            "cpu_request",
+            "cpu_limit",
+            "gpu_request",
+            "gpu_limit",
+            "rdma_request",
+            "rdma_limit",
+            "memory_request",
+            "memory_limit",
+            "disk_request",
+            "disk_limit",
+            "max_instance_per_node",
+            "creation_time",
+            "scheduled_time",
+            "deletion_time",
+        ]),
+    )?;
+    (0..t.rows())
+        .map(|i| {
+            let role = t.text(i, 1)?.to_string();
+            if role != "CN" && role != "HN" {
+                return Err(t.error(i, 1, format!("role {role:?}: expected CN or HN")));
+            }
+            Ok(DlrmInstance {
+                name: t.text(i, 0)?.to_string(),
+                role,
+                app: t.text(i, 2)?.to_string(),
+                cpu_request: t.number(i, 3, 0.0)?,
+                cpu_limit: t.number(i, 4, 0.0)?,
+                gpu_request: t.number(i, 5, 0.0)?,
+                memory_request_gib: t.number(i, 9, 0.0)?,
+                memory_limit_gib: t.number(i, 10, 0.0)?,
+                creation_s: match t.optional_text(i, 14) {
+                    None | Some("NaN") | Some("nan") => None,
+                    Some(_) => Some(t.number(i, 14, f64::NEG_INFINITY)?),
+                },
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn data() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/alibaba_gpu_v2023")
+    }
+
+    #[test]
+    fn dlrm_instances_read_with_their_roles() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/data/alibaba_gpu_v2025/disaggregated_DLRM_trace.csv");
+        let all = read_dlrm(&path).unwrap();
+        assert_eq!(all.len(), 23_871);
+        assert_eq!(all.iter().filter(|x| x.role == "CN").count(), 16_485);
+        assert_eq!(
+            (
+                all[0].role.as_str(),
+                all[0].app.as_str(),
+                all[0].cpu_request
+            ),
+            ("HN", "app_0", 12.0)
+        );
+        assert_eq!(all[0].creation_s, None);
+        assert!(all.iter().any(|x| x.creation_s.is_some()));
     }
 
     #[test]

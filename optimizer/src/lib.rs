@@ -13,6 +13,9 @@
 //! * [`throughput`]: throughput models behind one trait, fitted from step-time samples:
 //!   Pollux's, Optimus' (NNLS) and a measured table.
 //! * [`plan`]: per-job vocabulary: process resources, job configurations, scale plans.
+//! * [`profile`]: job-profile models (what a new job needs, from the jobs before it; ours with
+//!   linfa) beside DLRover's rule, the user's request and the global median, and their
+//!   time-ordered evaluation.
 //! * [`heuristics`]: runtime corrections (hot PS, OOM growth, pending shrink, speed-up), one per
 //!   file behind [`heuristics::Heuristic`], merged into one [`plan::ScalePlan`] per job.
 //! * [`config`]: the operator's TOML policy file (allocation policy and heuristics).
@@ -38,6 +41,7 @@ pub mod placement;
 pub mod plan;
 pub mod policy;
 pub mod problem;
+pub mod profile;
 pub mod schedule;
 pub mod sim;
 pub mod throughput;

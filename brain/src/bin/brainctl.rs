@@ -63,6 +63,28 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
+    /// Fit the job-profile model on the brain's finished jobs and store it in its database (the
+    /// brain sizes submitted jobs' memory with it from then on); with --evaluate, score it
+    /// against DLRover's rule, the user's request and the global median on a time-ordered
+    /// split of that history and of Alibaba's 2023 and 2025 GPU traces.
+    Train {
+        /// Score instead of storing.
+        #[arg(long)]
+        evaluate: bool,
+        /// The brain's database.
+        #[arg(long, default_value = "brain-data/brain.db")]
+        database: PathBuf,
+        /// Folder holding alibaba_gpu_v2023/ and alibaba_gpu_v2025/ (for --evaluate)
+        /// [default: the nearest shared/data above this directory].
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Share of the jobs (the earliest) the model is fitted on.
+        #[arg(long, default_value_t = 0.7)]
+        train_share: f64,
+        /// Share of jobs the model's margin covers (1 − the under-provisioning it aims at).
+        #[arg(long, default_value_t = 0.95)]
+        quantile: f64,
+    },
     /// Show or set the operator's policy of a running brain (TOML: [scheduler], [live]
     /// interval_s and cooldown_s, [allocation], [[heuristics]]).
     Policy {
@@ -375,6 +397,89 @@ fn main() -> anyhow::Result<()> {
                     println!("       - {why}");
                 }
             }
+            Ok(())
+        }
+        Command::Train {
+            evaluate,
+            database,
+            data,
+            train_share,
+            quantile,
+        } => {
+            if !(0.1..=0.9).contains(&train_share) {
+                bail!("--train-share {train_share}: expected 0.1 to 0.9");
+            }
+            let store = if database.exists() {
+                Some(brain::store::Store::open(&database)?)
+            } else {
+                None
+            };
+            let own = match &store {
+                Some(s) => brain::train::from_store(&s.jobs()?),
+                None => Vec::new(),
+            };
+            if !evaluate {
+                let Some(mut store) = store else {
+                    bail!("no brain database at {}", database.display());
+                };
+                let model = optimizer::profile::LearnedModel::fit(
+                    &{
+                        let mut v = own;
+                        v.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+                        v
+                    },
+                    quantile,
+                )
+                .with_context(|| {
+                    format!("fitting on the finished jobs of {}", database.display())
+                })?;
+                let body = serde_json::to_string(&model)?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_millis() as i64;
+                store.save_model(brain::train::MODEL_NAME, &body, now)?;
+                println!(
+                    "job-profile model fitted on {} finished jobs, margin for {:.0} % of jobs; stored in {}",
+                    model.trained_on,
+                    quantile * 100.0,
+                    database.display()
+                );
+                return Ok(());
+            }
+            if own.len() >= 40 {
+                let s = brain::train::score("own history", own, train_share, quantile)?;
+                println!("{}", brain::train::render(&s));
+            } else {
+                println!(
+                    "own history ({}): {} finished jobs with metrics, too few to score (40 needed)\n",
+                    database.display(),
+                    own.len()
+                );
+            }
+            let data = match data {
+                Some(d) => d,
+                None => std::env::current_dir()?
+                    .ancestors()
+                    .map(|a| a.join("shared/data"))
+                    .find(|p| p.join("alibaba_gpu_v2023").is_dir())
+                    .context("no shared/data with alibaba_gpu_v2023/ above this directory: give --data DIR")?,
+            };
+            let a23 = data.join("alibaba_gpu_v2023/openb_pod_list_default.csv");
+            let s = brain::train::score(
+                "Alibaba GPU 2023 (openb pods)",
+                brain::train::alibaba_2023(&a23).with_context(|| a23.display().to_string())?,
+                train_share,
+                quantile,
+            )?;
+            println!("{}", brain::train::render(&s));
+            let a25 = data.join("alibaba_gpu_v2025/disaggregated_DLRM_trace.csv");
+            let s = brain::train::score(
+                "Alibaba GPU 2025 (DLRM CPU/GPU-node roles)",
+                brain::train::alibaba_2025(&a25).with_context(|| a25.display().to_string())?,
+                train_share,
+                quantile,
+            )?;
+            println!("{}", brain::train::render(&s));
             Ok(())
         }
         Command::Policy { action } => match action {

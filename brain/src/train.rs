@@ -1,0 +1,169 @@
+//! `brainctl train`: job-profile models fitted on history and scored against the baselines.
+//!
+//! Histories ([`optimizer::profile::ProfileSample`]s) come from three places:
+//! * the brain's own database: each finished job, its scenario its kind and workload, what it
+//!   was given per worker (the request) and the most one of its processes used (CPU, memory);
+//! * Alibaba's GPU trace of 2023 (`openb_pod_list_default.csv`): each pod's CPU, memory and GPU
+//!   request, in creation order, scenario its QoS class and accepted GPU models. Only requests
+//!   are published, so a pod's request is what it "needs": the user's-request baseline is
+//!   perfect by construction there and is left out;
+//! * Alibaba's DLRM serving trace of 2025: each instance's CPU, memory and GPU request,
+//!   scenario its service and role (CPU node or GPU node, the PS/worker analogue); instances
+//!   created before the trace's window count as its oldest. Limits stand in for the user's
+//!   request (what the owner allowed).
+
+use std::path::Path;
+
+use optimizer::profile::{
+    Demand, DlRoverRule, Evaluation, GlobalMedian, LearnedModel, Predictor, ProfileSample,
+    UserRequest, evaluate, split,
+};
+
+use crate::BrainError;
+use crate::store::{JobRow, JobState};
+
+/// The name the brain stores its fitted job-profile model under.
+pub const MODEL_NAME: &str = "job_profile";
+
+/// One history and how every predictor did on it.
+pub struct Scored {
+    pub dataset: String,
+    pub jobs: usize,
+    pub train: usize,
+    pub results: Vec<Evaluation>,
+}
+
+fn scenario_of(row: &JobRow) -> Option<String> {
+    let spec: job_master::spec::JobSpec = serde_norway::from_str(row.spec.as_deref()?).ok()?;
+    Some(format!(
+        "{}|{}",
+        spec.kind,
+        serde_json::to_string(&spec.workload).ok()?
+    ))
+}
+
+/// The brain's finished jobs as a history.
+pub fn from_store(rows: &[JobRow]) -> Vec<ProfileSample> {
+    rows.iter()
+        .filter(|r| r.state == JobState::Succeeded && r.peak_process_memory_bytes > 0)
+        .filter_map(|r| {
+            let shape = r.shape.as_ref()?;
+            Some(ProfileSample {
+                at_s: r.registered_unix_ms as f64 / 1000.0,
+                scenario: scenario_of(r).unwrap_or_else(|| shape.kind.clone()),
+                requested: Some(Demand([
+                    shape.worker_millicores as f64,
+                    (shape.worker_memory_bytes >> 20) as f64,
+                    shape.worker_gpus as f64,
+                ])),
+                used: Demand([
+                    r.peak_process_millicores as f64,
+                    (r.peak_process_memory_bytes as f64 / 1048576.0).ceil(),
+                    shape.worker_gpus as f64,
+                ]),
+            })
+        })
+        .collect()
+}
+
+pub fn alibaba_2023(path: &Path) -> Result<Vec<ProfileSample>, BrainError> {
+    Ok(datasets::alibaba::read_pods(path)?
+        .into_iter()
+        .map(|p| {
+            let gpu = p.num_gpu as f64 * p.gpu_milli as f64 / 1000.0;
+            let d = Demand([p.cpu_milli as f64, p.memory_mib as f64, gpu]);
+            ProfileSample {
+                at_s: p.creation_s as f64,
+                scenario: format!("{}|{}", p.qos, p.gpu_models.join("|")),
+                requested: None,
+                used: d,
+            }
+        })
+        .collect())
+}
+
+pub fn alibaba_2025(path: &Path) -> Result<Vec<ProfileSample>, BrainError> {
+    Ok(datasets::alibaba::read_dlrm(path)?
+        .into_iter()
+        .map(|x| ProfileSample {
+            at_s: x.creation_s.unwrap_or(-1.0),
+            scenario: format!("{}|{}", x.app, x.role),
+            requested: Some(Demand([
+                x.cpu_limit * 1000.0,
+                x.memory_limit_gib * 1024.0,
+                x.gpu_request,
+            ])),
+            used: Demand([
+                x.cpu_request * 1000.0,
+                x.memory_request_gib * 1024.0,
+                x.gpu_request,
+            ]),
+        })
+        .collect())
+}
+
+/// Splits `samples` by time, fits ours on the earlier part and scores all on the later part.
+pub fn score(
+    dataset: &str,
+    samples: Vec<ProfileSample>,
+    train_share: f64,
+    quantile: f64,
+) -> Result<Scored, BrainError> {
+    let jobs = samples.len();
+    let has_requests = samples.iter().all(|s| s.requested.is_some());
+    let (train, test) = split(samples, train_share);
+    let ours = LearnedModel::fit(&train, quantile)
+        .map_err(|e| BrainError::Invalid(format!("{dataset}: fitting the model: {e}")))?;
+    let dlrover = DlRoverRule::default();
+    let median = GlobalMedian::default();
+    let request = UserRequest::default();
+    let mut predictors: Vec<&dyn Predictor> = vec![&ours, &dlrover, &median];
+    if has_requests {
+        predictors.push(&request);
+    }
+    Ok(Scored {
+        dataset: dataset.to_string(),
+        jobs,
+        train: train.len(),
+        results: evaluate(&train, &test, &predictors),
+    })
+}
+
+/// The table `brainctl train --evaluate` prints for one history.
+pub fn render(s: &Scored) -> String {
+    let mut out = format!(
+        "{}: {} jobs, fitted on the first {}, scored on the last {} (each from all jobs before it)\n",
+        s.dataset,
+        s.jobs,
+        s.train,
+        s.jobs - s.train
+    );
+    out += &format!(
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
+        "predictor",
+        "over cpu",
+        "over mem",
+        "over gpu",
+        "under cpu",
+        "under mem",
+        "under gpu",
+        "under any",
+        "err mem"
+    );
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    for e in &s.results {
+        out += &format!(
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
+            e.predictor,
+            pct(e.over[0]),
+            pct(e.over[1]),
+            pct(e.over[2]),
+            pct(e.under[0]),
+            pct(e.under[1]),
+            pct(e.under[2]),
+            pct(e.under_any),
+            pct(e.relative_error[1])
+        );
+    }
+    out
+}
