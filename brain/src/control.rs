@@ -216,8 +216,18 @@ impl Control {
         let (id, shape, reasons) = self
             .with_store(move |s| {
                 let history = s.jobs()?;
-                let p = predict(&spec, &history, &cluster)
-                    .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+                let model = s
+                    .model(crate::train::MODEL_NAME)?
+                    .and_then(|(body, _)| serde_json::from_str(&body).ok());
+                let now = now_unix_ms();
+                let p = predict(
+                    &spec,
+                    &history,
+                    &cluster,
+                    model.as_ref(),
+                    now as f64 / 1000.0,
+                )
+                .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
                 p.spec
                     .validate()
                     .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;

@@ -10,6 +10,7 @@
 
 use job_master::spec::{Bytes, JobSpec, Millicores, Resources, RoleName, RoleSpec};
 use optimizer::live::LiveCluster;
+use optimizer::profile::{History, LearnedModel, Predictor, ProfileSample};
 
 use crate::store::{JobRow, JobState, Shape};
 
@@ -30,11 +31,29 @@ fn median(mut v: Vec<u64>) -> Option<u64> {
 }
 
 /// Fills `spec` in. `history` is every job the brain knows (finished ones are used).
+/// `model`, when `brainctl train` stored one, sizes the workers' memory (at `now_s`).
 pub fn predict(
     spec: &JobSpec,
     history: &[JobRow],
     cluster: &LiveCluster,
+    model: Option<&LearnedModel>,
+    now_s: f64,
 ) -> Result<Prediction, String> {
+    let learned = model.and_then(|m| {
+        let mut past = crate::train::from_store(history);
+        past.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        let mut h = History::default();
+        for s in &past {
+            h.push(s);
+        }
+        let job = ProfileSample {
+            at_s: now_s,
+            scenario: crate::train::scenario(spec),
+            requested: None,
+            used: Default::default(),
+        };
+        m.predict(&h, &job).map(|d| (d, m))
+    });
     let mut spec = spec.clone();
     let mut reasons = Vec::new();
     let workload = serde_json::to_string(&spec.workload).expect("plain struct");
@@ -78,6 +97,17 @@ pub fn predict(
         };
         let memory = match resources.memory {
             Some(m) => m,
+            None if role == RoleName::Worker && learned.is_some() => {
+                let (d, m) = learned.expect("checked");
+                let mib = (d.0[1].max(64.0)) as u64;
+                reasons.push(format!(
+                    "worker memory: {mib} MiB from the job-profile model ({} jobs, margin for \
+                     {:.0} % of jobs)",
+                    m.trained_on,
+                    m.quantile * 100.0
+                ));
+                Bytes(mib << 20)
+            }
             None => {
                 let peaks: Vec<u64> = similar
                     .iter()
@@ -248,7 +278,14 @@ mod tests {
 
     #[test]
     fn without_history_a_job_gets_the_defaults_and_what_the_cluster_holds() {
-        let p = predict(&spec("  ps: {}\n  worker: {}\n"), &[], &cluster()).unwrap();
+        let p = predict(
+            &spec("  ps: {}\n  worker: {}\n"),
+            &[],
+            &cluster(),
+            None,
+            0.0,
+        )
+        .unwrap();
         assert_eq!((p.shape.ps, p.shape.workers), (1, 2));
         assert_eq!(p.shape.max_workers, 8, "{:?}", p.reasons);
         assert_eq!(p.shape.worker_millicores, 1000);
@@ -270,6 +307,8 @@ mod tests {
             &spec("  ps: {}\n  worker: { min: 1, max: 8 }\n"),
             &history,
             &cluster(),
+            None,
+            0.0,
         )
         .unwrap();
         assert_eq!((p.shape.ps, p.shape.workers), (2, 4), "{:?}", p.reasons);
@@ -287,8 +326,7 @@ mod tests {
         let p = predict(
             &spec("  ps: { replicas: 3 }\n  worker: { replicas: 5, max: 8, resources: { cpu: 2, memory: 1Gi } }\n"),
             &[past("a", 2, 1, 100, JobState::Succeeded)],
-            &cluster(),
-        )
+            &cluster(), None, 0.0)
         .unwrap();
         assert_eq!((p.shape.ps, p.shape.workers), (3, 5));
         assert_eq!(p.shape.worker_millicores, 2000);

@@ -33,13 +33,18 @@ pub struct Scored {
     pub results: Vec<Evaluation>,
 }
 
-fn scenario_of(row: &JobRow) -> Option<String> {
-    let spec: job_master::spec::JobSpec = serde_norway::from_str(row.spec.as_deref()?).ok()?;
-    Some(format!(
+/// What makes two of the brain's jobs alike: their kind and workload.
+pub fn scenario(spec: &job_master::spec::JobSpec) -> String {
+    format!(
         "{}|{}",
         spec.kind,
-        serde_json::to_string(&spec.workload).ok()?
-    ))
+        serde_json::to_string(&spec.workload).expect("plain struct")
+    )
+}
+
+fn scenario_of(row: &JobRow) -> Option<String> {
+    let spec: job_master::spec::JobSpec = serde_norway::from_str(row.spec.as_deref()?).ok()?;
+    Some(scenario(&spec))
 }
 
 /// The brain's finished jobs as a history.

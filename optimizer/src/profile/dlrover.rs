@@ -46,11 +46,11 @@ impl Predictor for DlRoverRule {
     fn predict(&self, history: &History, job: &ProfileSample) -> Option<Demand> {
         let margins = [1.0 + self.cpu_margin, 1.0 + self.memory_margin, 1.0];
         let mut d = Demand::default();
-        for t in 0..3 {
+        for (t, margin) in margins.iter().enumerate() {
             let m = median(history.same_recent(&job.scenario, job.at_s, self.window_s, t))
                 .or_else(|| median(history.all_recent(job.at_s, self.window_s, t)))
                 .or_else(|| median(history.all_values(t)))?;
-            d.0[t] = m * margins[t];
+            d.0[t] = m * margin;
         }
         Some(d)
     }

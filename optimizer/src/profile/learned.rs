@@ -10,7 +10,9 @@
 //! Then a margin: the fit is made on the first 80 % of the training jobs and the `quantile`
 //! (default 95 %) of its residuals on the last 20 % becomes the margin added in log space, so
 //! about `1 − quantile` of later jobs get less than they need; the model is then refitted on
-//! all training jobs. A fixed +50 % (DLRover) is too much where jobs of a scenario are alike
+//! all training jobs. Margins are kept apart for jobs of a new scenario, of a scenario whose
+//! recent jobs all needed the same, and of one whose jobs differ: the first and the last need
+//! room, the second almost none. A fixed +50 % (DLRover) is too much where jobs of a scenario are alike
 //! and too little where they are not; a calibrated margin is as much as the data says.
 
 use linfa::prelude::*;
@@ -27,8 +29,20 @@ const FEATURES: usize = 6;
 pub struct TargetModel {
     pub intercept: f64,
     pub weights: Vec<f64>,
-    /// Added to the prediction in log space.
-    pub margin: f64,
+    /// Added to the prediction in log space, per [`group`]: a new scenario, a scenario whose
+    /// recent jobs all needed the same, one whose jobs differ.
+    pub margins: [f64; 3],
+}
+
+/// Which margin a job gets, from its features.
+fn group(f: &[f64; FEATURES]) -> usize {
+    if f[4] > 0.5 {
+        0
+    } else if f[1] <= f[0] + 1e-12 {
+        1
+    } else {
+        2
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -153,16 +167,32 @@ impl LearnedModel {
             let (x, y) = table(&[], &train[..cut], t, window_s, request);
             let (b, w) = ridge(&x, &y)?;
             let (hx, hy) = table(&train[..cut], &train[cut..], t, window_s, request);
-            let residuals: Vec<f64> = (0..hy.len())
-                .map(|i| hy[i] - (b + hx.row(i).dot(&Array1::from(w.clone()))))
-                .collect();
-            let margin = quantile(residuals, quantile_q).max(0.0);
+            let w = Array1::from(w);
+            let mut residuals: [Vec<f64>; 3] = Default::default();
+            for i in 0..hy.len() {
+                let f: [f64; FEATURES] = std::array::from_fn(|j| hx[[i, j]]);
+                let g = group(&f);
+                // A scenario whose recent jobs all needed the same is predicted to need it
+                // again (the regression would blur it toward other scenarios).
+                let guess = if g == 1 { f[0] } else { b + hx.row(i).dot(&w) };
+                residuals[g].push(hy[i] - guess);
+            }
+            // A group seen too little held out borrows the margin of all of them.
+            let all: Vec<f64> = residuals.iter().flatten().copied().collect();
+            let overall = quantile(all, quantile_q).max(0.0);
+            let margins = residuals.map(|r| {
+                if r.len() >= 20 {
+                    quantile(r, quantile_q).max(0.0)
+                } else {
+                    overall
+                }
+            });
             let (x, y) = table(&[], train, t, window_s, request);
             let (intercept, weights) = ridge(&x, &y)?;
             targets.push(TargetModel {
                 intercept,
                 weights,
-                margin,
+                margins,
             });
         }
         Ok(LearnedModel {
@@ -187,13 +217,18 @@ impl Predictor for LearnedModel {
         let mut d = Demand::default();
         for (t, m) in self.targets.iter().enumerate() {
             let f = features(history, job, t, self.window_s, self.uses_request);
-            let y: f64 = m.intercept
-                + m.weights
-                    .iter()
-                    .zip(f.iter())
-                    .map(|(w, x)| w * x)
-                    .sum::<f64>()
-                + m.margin;
+            let g = group(&f);
+            let base: f64 = if g == 1 {
+                f[0]
+            } else {
+                m.intercept
+                    + m.weights
+                        .iter()
+                        .zip(f.iter())
+                        .map(|(w, x)| w * x)
+                        .sum::<f64>()
+            };
+            let y = base + m.margins[g];
             // Resources come in units: a millicore, a MiB, a thousandth of a GPU.
             let unit = [1.0, 1.0, 0.001][t];
             d.0[t] = (y.exp_m1().max(0.0) / unit - 1e-6).ceil().max(0.0) * unit;
