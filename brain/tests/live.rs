@@ -28,6 +28,7 @@ fn bin_dir() -> PathBuf {
                 .unwrap()
                 .to_path_buf();
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            // The same selection as job-master's tests build (see there).
             let ok = Command::new(cargo)
                 .args([
                     "build",

@@ -23,7 +23,19 @@ pub fn agent_bin() -> PathBuf {
             let bin = Path::new(env!("CARGO_BIN_EXE_job-master")).with_file_name("worker-agent");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let ok = std::process::Command::new(cargo)
-                .args(["build", "-p", "worker-agent", "--bin", "worker-agent"])
+                // The same selection as brain's tests build, so whichever runs second finds
+                // everything built (another package set would resolve other features).
+                .args([
+                    "build",
+                    "-p",
+                    "job-master",
+                    "--bin",
+                    "job-master",
+                    "-p",
+                    "worker-agent",
+                    "--bin",
+                    "worker-agent",
+                ])
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .status()
                 .expect("cargo runs");
