@@ -5,9 +5,11 @@
 //! once, the training processes must never hold more than the 4 CPUs, and what the brain
 //! stored before the kill (plans, metric summaries) must be there after it.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,34 +70,23 @@ impl Drop for Brain {
 
 /// Starts `brain` on `listen`; returns the process and the address it bound.
 fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_brain"))
-        .args(["--listen", listen, "--cpus", &cpus.to_string()])
-        .args(["--max-processes", "8"])
-        .arg("--database")
-        .arg(dir.join("brain.db"))
-        .arg("--runs-dir")
-        .arg(dir.join("runs"))
-        .arg("--policy")
-        .arg(dir.join("policy.toml"))
-        .arg("--job-master-bin")
-        .arg(bin_dir().join("job-master"))
-        .args([
-            "--job-master-arg=--brain-interval-ms",
-            "--job-master-arg=300",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join(format!("brain-{}.log", now_ms()))).unwrap())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (child, addr) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", listen, "--cpus", &cpus.to_string()])
+            .args(["--max-processes", "8"])
+            .arg("--database")
+            .arg(dir.join("brain.db"))
+            .arg("--runs-dir")
+            .arg(dir.join("runs"))
+            .arg("--policy")
+            .arg(dir.join("policy.toml"))
+            .arg("--job-master-bin")
+            .arg(bin_dir().join("job-master"))
+            .args([
+                "--job-master-arg=--brain-interval-ms",
+                "--job-master-arg=300",
+            ])
+            .stderr(std::fs::File::create(dir.join(format!("brain-{}.log", now_ms()))).unwrap());
+    });
     (Brain(child), addr)
 }
 

@@ -2,7 +2,8 @@
 //! loopback with a real SQLite file, killed with SIGKILL in the middle of a stream of metric
 //! reports and started again on the same file.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -14,24 +15,13 @@ use tonic::transport::Channel;
 
 /// Starts `brain` on port 0; returns the process and its address.
 fn start(db: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_brain"))
-        .args(["--listen", "127.0.0.1:0", "--database"])
-        .arg(db)
-        .arg("--runs-dir")
-        .arg(db.with_file_name("runs"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (child, addr) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--database"])
+            .arg(db)
+            .arg("--runs-dir")
+            .arg(db.with_file_name("runs"))
+            .stderr(Stdio::null());
+    });
     (child, format!("http://{addr}"))
 }
 
