@@ -49,6 +49,7 @@ pub fn predict(
         let job = ProfileSample {
             at_s: now_s,
             scenario: crate::train::scenario(spec),
+            family: spec.kind.to_string(),
             requested: None,
             used: Default::default(),
         };

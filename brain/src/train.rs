@@ -9,18 +9,35 @@
 //!   perfect by construction there and is left out;
 //! * Alibaba's DLRM serving trace of 2025: each instance's CPU, memory and GPU request,
 //!   scenario its service and role (CPU node or GPU node, the PS/worker analogue); instances
-//!   created before the trace's window count as its oldest. Limits stand in for the user's
-//!   request (what the owner allowed).
+//!   created before the trace's window count as its oldest. Limits would stand in for the
+//!   user's request (what the owner allowed), but they equal the requests throughout, so the
+//!   user's-request baseline is left out there too.
+//!
+//! Last in every table comes [`ScenarioBound`], which peeks at the scored jobs: the least
+//! over-provisioning any predictor that knows only a job's scenario could reach.
 
 use std::path::Path;
 
 use optimizer::profile::{
     Demand, DlRoverRule, Evaluation, GlobalMedian, LearnedModel, Predictor, ProfileSample,
-    UserRequest, evaluate, split,
+    ScenarioBound, UserRequest, evaluate, split,
 };
 
 use crate::BrainError;
 use crate::store::{JobRow, JobState};
+
+/// A history `brainctl train --evaluate` can score.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HistoryKind {
+    /// The brain's own finished jobs (at least 40).
+    Own,
+    /// Alibaba's GPU trace of 2023: pods' CPU, memory and GPU.
+    #[value(name = "alibaba-2023")]
+    Alibaba2023,
+    /// Alibaba's DLRM trace of 2025: CPU-node and GPU-node roles.
+    #[value(name = "alibaba-2025")]
+    Alibaba2025,
+}
 
 /// The name the brain stores its fitted job-profile model under.
 pub const MODEL_NAME: &str = "job_profile";
@@ -31,6 +48,8 @@ pub struct Scored {
     pub jobs: usize,
     pub train: usize,
     pub results: Vec<Evaluation>,
+    /// Why a baseline was left out, for the reader of the table.
+    pub notes: Vec<String>,
 }
 
 /// What makes two of the brain's jobs alike: their kind and workload.
@@ -56,6 +75,7 @@ pub fn from_store(rows: &[JobRow]) -> Vec<ProfileSample> {
             Some(ProfileSample {
                 at_s: r.registered_unix_ms as f64 / 1000.0,
                 scenario: scenario_of(r).unwrap_or_else(|| shape.kind.clone()),
+                family: shape.kind.clone(),
                 requested: Some(Demand([
                     shape.worker_millicores as f64,
                     (shape.worker_memory_bytes >> 20) as f64,
@@ -80,7 +100,9 @@ pub fn alibaba_2023(path: &Path) -> Result<Vec<ProfileSample>, BrainError> {
             ProfileSample {
                 at_s: p.creation_s as f64,
                 scenario: format!("{}|{}", p.qos, p.gpu_models.join("|")),
-                requested: None,
+                family: p.qos.clone(),
+                // Only requests are published: the request is the need.
+                requested: Some(d),
                 used: d,
             }
         })
@@ -93,6 +115,7 @@ pub fn alibaba_2025(path: &Path) -> Result<Vec<ProfileSample>, BrainError> {
         .map(|x| ProfileSample {
             at_s: x.creation_s.unwrap_or(-1.0),
             scenario: format!("{}|{}", x.app, x.role),
+            family: x.role.clone(),
             requested: Some(Demand([
                 x.cpu_limit * 1000.0,
                 x.memory_limit_gib * 1024.0,
@@ -110,12 +133,23 @@ pub fn alibaba_2025(path: &Path) -> Result<Vec<ProfileSample>, BrainError> {
 /// Splits `samples` by time, fits ours on the earlier part and scores all on the later part.
 pub fn score(
     dataset: &str,
-    samples: Vec<ProfileSample>,
+    mut samples: Vec<ProfileSample>,
     train_share: f64,
     quantile: f64,
 ) -> Result<Scored, BrainError> {
     let jobs = samples.len();
+    // A request that always equals the need is the answer, not a baseline.
+    let requests_differ = samples
+        .iter()
+        .any(|s| s.requested.is_some_and(|r| r != s.used));
     let has_requests = samples.iter().all(|s| s.requested.is_some());
+    let mut notes = Vec::new();
+    if has_requests && !requests_differ {
+        // Nobody may see them: a predictor reading the request would read the answer.
+        for s in &mut samples {
+            s.requested = None;
+        }
+    }
     let (train, test) = split(samples, train_share);
     let ours = LearnedModel::fit(&train, quantile)
         .map_err(|e| BrainError::Invalid(format!("{dataset}: fitting the model: {e}")))?;
@@ -123,14 +157,26 @@ pub fn score(
     let median = GlobalMedian::default();
     let request = UserRequest::default();
     let mut predictors: Vec<&dyn Predictor> = vec![&ours, &dlrover, &median];
-    if has_requests {
+    if !has_requests {
+        notes.push("user request: left out, the history does not say what users asked for".into());
+    } else if !requests_differ {
+        notes.push(
+            "user request: left out, every request equals the need (perfect by construction); \
+             no predictor is shown the requests"
+                .into(),
+        );
+    } else {
         predictors.push(&request);
     }
+    // Last, and marked as peeking: the best a scenario-only predictor could do at `quantile`.
+    let bound = ScenarioBound::new(&test, quantile);
+    predictors.push(&bound);
     Ok(Scored {
         dataset: dataset.to_string(),
         jobs,
         train: train.len(),
         results: evaluate(&train, &test, &predictors),
+        notes,
     })
 }
 
@@ -144,7 +190,7 @@ pub fn render(s: &Scored) -> String {
         s.jobs - s.train
     );
     out += &format!(
-        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
         "predictor",
         "over cpu",
         "over mem",
@@ -158,7 +204,7 @@ pub fn render(s: &Scored) -> String {
     let pct = |x: f64| format!("{:.1}%", x * 100.0);
     for e in &s.results {
         out += &format!(
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
+            "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
             e.predictor,
             pct(e.over[0]),
             pct(e.over[1]),
@@ -169,6 +215,9 @@ pub fn render(s: &Scored) -> String {
             pct(e.under_any),
             pct(e.relative_error[1])
         );
+    }
+    for n in &s.notes {
+        out += &format!("  {n}\n");
     }
     out
 }

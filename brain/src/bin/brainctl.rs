@@ -84,6 +84,9 @@ enum Command {
         /// Share of jobs the model's margin covers (1 − the under-provisioning it aims at).
         #[arg(long, default_value_t = 0.95)]
         quantile: f64,
+        /// Histories to score with --evaluate (repeat for more) [default: all three].
+        #[arg(long = "history", value_enum, value_name = "HISTORY")]
+        histories: Vec<brain::train::HistoryKind>,
     },
     /// Show or set the operator's policy of a running brain (TOML: [scheduler], [live]
     /// interval_s and cooldown_s, [allocation], [[heuristics]]).
@@ -405,6 +408,7 @@ fn main() -> anyhow::Result<()> {
             data,
             train_share,
             quantile,
+            histories,
         } => {
             if !(0.1..=0.9).contains(&train_share) {
                 bail!("--train-share {train_share}: expected 0.1 to 0.9");
@@ -446,40 +450,57 @@ fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            if own.len() >= 40 {
-                let s = brain::train::score("own history", own, train_share, quantile)?;
-                println!("{}", brain::train::render(&s));
+            use brain::train::HistoryKind;
+            let histories = if histories.is_empty() {
+                vec![
+                    HistoryKind::Own,
+                    HistoryKind::Alibaba2023,
+                    HistoryKind::Alibaba2025,
+                ]
             } else {
-                println!(
-                    "own history ({}): {} finished jobs with metrics, too few to score (40 needed)\n",
-                    database.display(),
-                    own.len()
-                );
-            }
-            let data = match data {
-                Some(d) => d,
-                None => std::env::current_dir()?
-                    .ancestors()
-                    .map(|a| a.join("shared/data"))
-                    .find(|p| p.join("alibaba_gpu_v2023").is_dir())
-                    .context("no shared/data with alibaba_gpu_v2023/ above this directory: give --data DIR")?,
+                histories
             };
-            let a23 = data.join("alibaba_gpu_v2023/openb_pod_list_default.csv");
-            let s = brain::train::score(
-                "Alibaba GPU 2023 (openb pods)",
-                brain::train::alibaba_2023(&a23).with_context(|| a23.display().to_string())?,
-                train_share,
-                quantile,
-            )?;
-            println!("{}", brain::train::render(&s));
-            let a25 = data.join("alibaba_gpu_v2025/disaggregated_DLRM_trace.csv");
-            let s = brain::train::score(
-                "Alibaba GPU 2025 (DLRM CPU/GPU-node roles)",
-                brain::train::alibaba_2025(&a25).with_context(|| a25.display().to_string())?,
-                train_share,
-                quantile,
-            )?;
-            println!("{}", brain::train::render(&s));
+            let data = || -> anyhow::Result<PathBuf> {
+                match &data {
+                    Some(d) => Ok(d.clone()),
+                    None => std::env::current_dir()?
+                        .ancestors()
+                        .map(|a| a.join("shared/data"))
+                        .find(|p| p.join("alibaba_gpu_v2023").is_dir())
+                        .context("no shared/data with alibaba_gpu_v2023/ above this directory: give --data DIR"),
+                }
+            };
+            let mut own = Some(own);
+            for h in histories {
+                let (name, samples) = match h {
+                    HistoryKind::Own => {
+                        let own = own.take().unwrap_or_default();
+                        if own.len() < 40 {
+                            println!(
+                                "own history ({}): {} finished jobs with metrics, too few to score (40 needed)\n",
+                                database.display(),
+                                own.len()
+                            );
+                            continue;
+                        }
+                        (format!("own history ({})", database.display()), own)
+                    }
+                    HistoryKind::Alibaba2023 => {
+                        let f = data()?.join("alibaba_gpu_v2023/openb_pod_list_default.csv");
+                        let s = brain::train::alibaba_2023(&f)
+                            .with_context(|| f.display().to_string())?;
+                        ("Alibaba GPU 2023 (openb pods)".to_string(), s)
+                    }
+                    HistoryKind::Alibaba2025 => {
+                        let f = data()?.join("alibaba_gpu_v2025/disaggregated_DLRM_trace.csv");
+                        let s = brain::train::alibaba_2025(&f)
+                            .with_context(|| f.display().to_string())?;
+                        ("Alibaba GPU 2025 (DLRM CPU/GPU-node roles)".to_string(), s)
+                    }
+                };
+                let s = brain::train::score(&name, samples, train_share, quantile)?;
+                println!("{}", brain::train::render(&s));
+            }
             Ok(())
         }
         Command::Policy { action } => match action {

@@ -2,8 +2,9 @@
 //! what a job needs on log-scale features of what came before it:
 //!
 //! * the median, the maximum and the newest of same-scenario jobs of the window (default 7
-//!   days), falling back to the median of all recent jobs;
-//! * the median of all recent jobs;
+//!   days), falling back to the median of recent jobs of the same family (a role, a job
+//!   kind), else of all recent jobs;
+//! * the median of all recent jobs, and that of the family's;
 //! * whether the scenario is new;
 //! * the user's request, when every training job has one.
 //!
@@ -11,8 +12,8 @@
 //! (default 95 %) of its residuals on the last 20 % becomes the margin added in log space, so
 //! about `1 − quantile` of later jobs get less than they need; the model is then refitted on
 //! all training jobs. Margins are kept apart for jobs of a new scenario, of a scenario whose
-//! recent jobs all needed the same, and of one whose jobs differ: the first and the last need
-//! room, the second almost none. A fixed +50 % (DLRover) is too much where jobs of a scenario are alike
+//! recent jobs (or, for a new one, whose family's recent jobs) all needed the same, and of one
+//! whose jobs differ: the first and the last need room, the second almost none. A fixed +50 % (DLRover) is too much where jobs of a scenario are alike
 //! and too little where they are not; a calibrated margin is as much as the data says.
 
 use linfa::prelude::*;
@@ -23,23 +24,24 @@ use serde::{Deserialize, Serialize};
 use super::{Demand, History, Predictor, ProfileSample, TARGETS, WEEK_S, median};
 use crate::throughput::FitError;
 
-const FEATURES: usize = 6;
+const FEATURES: usize = 7;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TargetModel {
     pub intercept: f64,
     pub weights: Vec<f64>,
-    /// Added to the prediction in log space, per [`group`]: a new scenario, a scenario whose
-    /// recent jobs all needed the same, one whose jobs differ.
+    /// Added to the prediction in log space, per [`group`]: a new scenario, a job whose
+    /// recent like (same scenario, or same family for a new one) all needed the same, a
+    /// scenario whose jobs differ.
     pub margins: [f64; 3],
 }
 
 /// Which margin a job gets, from its features.
 fn group(f: &[f64; FEATURES]) -> usize {
-    if f[4] > 0.5 {
-        0
-    } else if f[1] <= f[0] + 1e-12 {
+    if f[1] <= f[0] + 1e-12 {
         1
+    } else if f[4] > 0.5 {
+        0
     } else {
         2
     }
@@ -71,13 +73,16 @@ fn features(
     let global = median(h.all_recent(job.at_s, window_s, t))
         .or_else(|| median(h.all_values(t)))
         .unwrap_or(0.0);
+    // What a new scenario is judged by: recent jobs of its family, else all recent jobs.
+    let kin = h.family_recent(&job.family, job.at_s, window_s, t);
     let new = same.is_empty();
-    let max = same
+    let max = if new { &kin } else { &same }
         .iter()
         .copied()
-        .fold(global, |a, b| if new { a } else { a.max(b) });
-    let max = if new { global } else { max.max(same[0]) };
-    let med = median(same).unwrap_or(global);
+        .reduce(f64::max)
+        .unwrap_or(global);
+    let family = median(kin).unwrap_or(global);
+    let med = median(same).unwrap_or(family);
     let last = h.same_last(&job.scenario, t).unwrap_or(med);
     let req = if request {
         job.requested.map_or(l(med), |r| l(r.0[t]))
@@ -91,6 +96,7 @@ fn features(
         l(global),
         if new { 1.0 } else { 0.0 },
         req,
+        l(family),
     ]
 }
 
@@ -211,7 +217,8 @@ impl Predictor for LearnedModel {
     }
 
     fn predict(&self, history: &History, job: &ProfileSample) -> Option<Demand> {
-        if history.is_empty() {
+        // A model stored by a version with other features cannot be read as this one.
+        if history.is_empty() || self.targets.iter().any(|m| m.weights.len() != FEATURES) {
             return None;
         }
         let mut d = Demand::default();

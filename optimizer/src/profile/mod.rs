@@ -14,6 +14,9 @@
 //!   and recent history, with a margin calibrated on held-out residuals so that a chosen share
 //!   of jobs (5 %) is under-provisioned.
 //!
+//! [`scenario_bound`] is no predictor: it peeks at the scored jobs to show the best that
+//! telling jobs apart by scenario alone can reach.
+//!
 //! [`evaluate`] walks a time-ordered split: predictors that learn fit on the earlier part, then
 //! every job of the later part is predicted from all jobs before it (as a live brain would),
 //! and over- and under-provisioning are counted.
@@ -21,6 +24,7 @@
 pub mod dlrover;
 pub mod global_median;
 pub mod learned;
+pub mod scenario_bound;
 pub mod user_request;
 
 use std::collections::HashMap;
@@ -30,6 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use dlrover::DlRoverRule;
 pub use global_median::GlobalMedian;
 pub use learned::LearnedModel;
+pub use scenario_bound::ScenarioBound;
 pub use user_request::UserRequest;
 
 /// The resources predicted, in this order.
@@ -43,6 +48,10 @@ pub struct Demand(pub [f64; 3]);
 pub struct ProfileSample {
     pub at_s: f64,
     pub scenario: String,
+    /// A coarser kind the scenario belongs to (a role, a job kind): what a job of a scenario
+    /// never seen before is judged by. Empty when the data has none.
+    #[serde(default)]
+    pub family: String,
     /// What the user asked for, when the data says.
     pub requested: Option<Demand>,
     /// What the job needed.
@@ -56,6 +65,7 @@ const WEEK_S: f64 = 7.0 * 86_400.0;
 pub struct History {
     all: Vec<(f64, Demand)>,
     by_scenario: HashMap<String, Vec<(f64, Demand)>>,
+    by_family: HashMap<String, Vec<(f64, Demand)>>,
 }
 
 impl History {
@@ -64,6 +74,10 @@ impl History {
         self.all.push((s.at_s, s.used));
         self.by_scenario
             .entry(s.scenario.clone())
+            .or_default()
+            .push((s.at_s, s.used));
+        self.by_family
+            .entry(s.family.clone())
             .or_default()
             .push((s.at_s, s.used));
     }
@@ -90,6 +104,14 @@ impl History {
             .get(scenario)
             .and_then(|v| v.last())
             .map(|(_, d)| d.0[t])
+    }
+
+    /// Values of target `t` of same-family jobs within `window_s` before `at_s`.
+    pub fn family_recent(&self, family: &str, at_s: f64, window_s: f64, t: usize) -> Vec<f64> {
+        self.by_family
+            .get(family)
+            .map(|v| recent(v, at_s, window_s, t))
+            .unwrap_or_default()
     }
 
     /// Values of target `t` of all jobs within `window_s` before `at_s`.
@@ -271,6 +293,7 @@ mod tests {
         ProfileSample {
             at_s,
             scenario: scenario.into(),
+            family: String::new(),
             requested: Some(Demand([used[0] * 2.0, used[1] * 2.0, used[2]])),
             used: Demand(used),
         }
