@@ -75,6 +75,8 @@ pub enum Error {
     },
     #[error("server error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Ray(#[from] crate::platform::ray::api::RayError),
 }
 
 impl From<Error> for tonic::Status {

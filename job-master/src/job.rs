@@ -557,15 +557,22 @@ impl JobContext {
     /// What `key`'s current incarnation is launched with: its own resources (from a plan or a
     /// migration), else its role's in the spec.
     pub fn launch_resources(&self, key: SlotKey) -> Option<Resources> {
-        self.slots
-            .get(&key)
-            .and_then(|s| s.resources.clone())
-            .or_else(|| {
-                self.spec
-                    .roles
-                    .get(&key.role)
-                    .and_then(|r| r.resources.clone())
-            })
+        let role = self
+            .spec
+            .roles
+            .get(&key.role)
+            .and_then(|r| r.resources.clone());
+        match self.slots.get(&key).and_then(|s| s.resources.clone()) {
+            // A migrated process gets new CPU and memory; plans do not carry custom
+            // resources, so it keeps its role's.
+            Some(mut r) => {
+                if r.custom.is_empty() {
+                    r.custom = role.map(|x| x.custom).unwrap_or_default();
+                }
+                Some(r)
+            }
+            None => role,
+        }
     }
 
     /// An agent started by the platform for `incarnation` of `key` announces itself.

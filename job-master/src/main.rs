@@ -22,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a job to its end on local processes; exit code 0 only when it succeeded.
+    /// Run a job to its end on local processes or a Ray cluster; exit code 0 only when it
+    /// succeeded.
     Run {
         /// The job spec (YAML); see examples/.
         spec: PathBuf,
@@ -53,9 +54,19 @@ enum Command {
         /// Seconds between progress lines.
         #[arg(long, default_value_t = 2)]
         progress_secs: u64,
-        /// Processes of the job this machine may run at once; scale plans above it are rejected.
-        #[arg(long, default_value_t = 32)]
-        max_processes: u32,
+        /// Processes of the job the platform may run at once; scale plans above it are
+        /// rejected [default: 32 on local processes, the cluster's whole CPUs on Ray].
+        #[arg(long)]
+        max_processes: Option<u32>,
+        /// Where the job's processes run: local processes, or Ray jobs on an existing Ray
+        /// cluster [default: the spec's `platform`, else local].
+        #[arg(long, value_enum)]
+        platform: Option<PlatformKind>,
+        /// The Ray cluster's dashboard (Job Submission API) for `--platform ray`, e.g.
+        /// http://127.0.0.1:8265. The master's `--listen` address must be reachable from
+        /// Ray's nodes, and the worker-agent binary must exist at `--agent-bin` on them.
+        #[arg(long, env = "BRAIN_RAY_ADDRESS")]
+        ray_address: Option<String>,
         /// The brain to register with (e.g. http://127.0.0.1:50070): the job reports its
         /// metrics there and carries out the brain's scale plans. Without it the job runs
         /// alone at its spec's size.
@@ -106,6 +117,83 @@ enum Command {
         #[arg(long, env = "BRAIN_JOB_MASTER")]
         master: String,
     },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PlatformKind {
+    /// Child processes of the job master on this machine.
+    Local,
+    /// Ray jobs on an existing Ray cluster (needs --ray-address or the spec's address).
+    Ray,
+}
+
+/// The platform from the flags, the spec, or the default (local).
+fn choose_platform(
+    flag: Option<PlatformKind>,
+    ray_address: Option<String>,
+    agent_bin: Option<PathBuf>,
+    max_processes: Option<u32>,
+    spec: Option<PlatformConfig>,
+) -> anyhow::Result<PlatformConfig> {
+    let local = |agent_bin| PlatformConfig::Local {
+        agent_bin,
+        max_processes: Some(max_processes.unwrap_or(32)),
+    };
+    Ok(match (flag, spec) {
+        (Some(PlatformKind::Local), _) => local(agent_bin),
+        (Some(PlatformKind::Ray), spec) => {
+            let from_spec = match spec {
+                Some(PlatformConfig::Ray {
+                    address,
+                    place_timeout_ms,
+                    env,
+                    agent_bin: spec_bin,
+                    max_processes: spec_max,
+                }) => Some((address, place_timeout_ms, env, spec_bin, spec_max)),
+                _ => None,
+            };
+            let (spec_address, place_timeout_ms, env, spec_bin, spec_max) =
+                from_spec.unwrap_or_default();
+            let address = ray_address
+                .or((!spec_address.is_empty()).then_some(spec_address))
+                .context("--platform ray needs --ray-address (e.g. http://127.0.0.1:8265)")?;
+            PlatformConfig::Ray {
+                address,
+                agent_bin: agent_bin.or(spec_bin),
+                max_processes: max_processes.or(spec_max),
+                place_timeout_ms,
+                env,
+            }
+        }
+        (
+            None,
+            Some(PlatformConfig::Ray {
+                address,
+                agent_bin: spec_bin,
+                max_processes: spec_max,
+                place_timeout_ms,
+                env,
+            }),
+        ) => PlatformConfig::Ray {
+            address: ray_address.unwrap_or(address),
+            agent_bin: agent_bin.or(spec_bin),
+            max_processes: max_processes.or(spec_max),
+            place_timeout_ms,
+            env,
+        },
+        (
+            None,
+            Some(PlatformConfig::Local {
+                agent_bin: spec_bin,
+                max_processes: spec_max,
+            }),
+        ) => PlatformConfig::Local {
+            agent_bin: agent_bin.or(spec_bin),
+            max_processes: max_processes.or(spec_max).or(Some(32)),
+        },
+        (None, Some(PlatformConfig::External)) => PlatformConfig::External,
+        (None, None) => local(agent_bin),
+    })
 }
 
 #[tokio::main]
@@ -295,10 +383,19 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
             register_timeout_ms,
             progress_secs,
             max_processes,
+            platform,
+            ray_address,
             brain,
             brain_interval_ms,
         } => {
             let spec = JobSpec::from_file(&spec)?;
+            let platform = choose_platform(
+                platform,
+                ray_address,
+                agent_bin,
+                max_processes,
+                spec.platform.clone(),
+            )?;
             let run_dir = run_dir.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
@@ -314,10 +411,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                     grace_period_ms,
                     register_timeout_ms,
                 },
-                platform: PlatformConfig::Local {
-                    agent_bin,
-                    max_processes: Some(max_processes),
-                },
+                platform,
                 brain: brain.map(|url| {
                     let url = if url.starts_with("http") {
                         url
@@ -475,4 +569,70 @@ fn summary_line(s: &pb::JobStatus) -> String {
         alive,
         members
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ray(address: &str) -> PlatformConfig {
+        PlatformConfig::Ray {
+            address: address.into(),
+            agent_bin: None,
+            max_processes: Some(6),
+            place_timeout_ms: Some(5000),
+            env: Default::default(),
+        }
+    }
+
+    #[test]
+    fn flags_override_the_spec_and_local_is_the_default() {
+        let local = choose_platform(None, None, None, None, None).unwrap();
+        assert_eq!(
+            local,
+            PlatformConfig::Local {
+                agent_bin: None,
+                max_processes: Some(32)
+            }
+        );
+        // The spec's Ray platform, its address replaced by the flag.
+        let p = choose_platform(None, Some("h:1".into()), None, None, Some(ray("h:2"))).unwrap();
+        assert_eq!(p, {
+            let mut r = ray("h:1");
+            if let PlatformConfig::Ray { max_processes, .. } = &mut r {
+                *max_processes = Some(6);
+            }
+            r
+        });
+        // --platform local wins over the spec.
+        let p = choose_platform(
+            Some(PlatformKind::Local),
+            None,
+            None,
+            Some(4),
+            Some(ray("h:2")),
+        );
+        assert_eq!(
+            p.unwrap(),
+            PlatformConfig::Local {
+                agent_bin: None,
+                max_processes: Some(4)
+            }
+        );
+        // --platform ray takes the spec's settings and the flag's address.
+        let p = choose_platform(Some(PlatformKind::Ray), None, None, None, Some(ray("h:2")));
+        assert_eq!(p.unwrap(), ray("h:2"));
+        let p = choose_platform(
+            Some(PlatformKind::Ray),
+            Some("h:3".into()),
+            None,
+            None,
+            None,
+        );
+        assert!(
+            matches!(p.unwrap(), PlatformConfig::Ray { address, place_timeout_ms: None, .. } if address == "h:3")
+        );
+        let e = choose_platform(Some(PlatformKind::Ray), None, None, None, None).unwrap_err();
+        assert!(e.to_string().contains("--ray-address"), "{e}");
+    }
 }

@@ -222,6 +222,25 @@ pub async fn run(
             drop(ev_tx);
             Arc::new(crate::platform::external::ExternalPlatform)
         }
+        PlatformConfig::Ray {
+            address,
+            agent_bin,
+            max_processes,
+            place_timeout_ms,
+            env,
+        } => {
+            let mut s = crate::platform::ray::RaySettings::new(
+                &address,
+                agent_bin.unwrap_or_else(LocalPlatform::default_agent_bin),
+                &job.lock().await.spec.name,
+            );
+            s.max_processes = max_processes;
+            if let Some(ms) = place_timeout_ms {
+                s.place_timeout = Duration::from_millis(ms);
+            }
+            s.env = env;
+            Arc::new(crate::platform::ray::RayPlatform::connect(s, ev_tx).await?)
+        }
     };
     let (eff_tx, mut eff_rx) = mpsc::unbounded_channel();
     let (phase_tx, mut phase_rx) = watch::channel("running".to_string());

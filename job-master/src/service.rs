@@ -385,6 +385,8 @@ fn resources(r: pb::Resources) -> Resources {
         cpu: (r.cpu_millicores > 0).then_some(Millicores(r.cpu_millicores)),
         memory: (r.memory_bytes > 0).then_some(Bytes(r.memory_bytes)),
         gpu: (r.gpus > 0).then_some(r.gpus),
+        // The wire carries no custom resources: a plan's resources keep none.
+        custom: Default::default(),
     }
 }
 

@@ -152,6 +152,9 @@ pub struct Resources {
     pub cpu: Option<Millicores>,
     pub memory: Option<Bytes>,
     pub gpu: Option<u32>,
+    /// Custom resources by name (a platform's own, e.g. Ray's `--resources`), amounts > 0.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom: BTreeMap<String, f64>,
 }
 
 /// One role of the job: how many processes, how elastic, how big each is.
@@ -307,6 +310,10 @@ pub struct JobSpec {
     #[serde(default = "default_epochs")]
     pub epochs: i64,
     pub checkpoint: CheckpointSpec,
+    /// Where the job's processes run [default: local processes]; `job-master run --platform`
+    /// overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<crate::platform::PlatformConfig>,
 }
 
 fn default_epochs() -> i64 {
@@ -523,13 +530,28 @@ impl JobSpec {
                 .map_err(|_| SpecError::new(p("max_restarts"), format!("{n} is too large")))?,
             None => 3,
         };
-        if let Some(res) = &r.resources
-            && res.cpu == Some(Millicores(0))
-        {
-            return Err(SpecError::new(
-                p("resources.cpu"),
-                "0 must be more than zero",
-            ));
+        if let Some(res) = &r.resources {
+            if res.cpu == Some(Millicores(0)) {
+                return Err(SpecError::new(
+                    p("resources.cpu"),
+                    "0 must be more than zero",
+                ));
+            }
+            for (name, amount) in &res.custom {
+                let at = p(&format!("resources.custom.{name}"));
+                if name.is_empty() || matches!(name.as_str(), "CPU" | "GPU" | "memory") {
+                    return Err(SpecError::new(
+                        at,
+                        "is not a custom resource name (CPU, GPU and memory have their own fields)",
+                    ));
+                }
+                if !(amount.is_finite() && *amount > 0.0) {
+                    return Err(SpecError::new(
+                        at,
+                        format!("{amount} must be more than zero"),
+                    ));
+                }
+            }
         }
         Ok(RolePlan {
             replicas,
@@ -645,6 +667,39 @@ checkpoint: { dir: /tmp/brain-spec-test }
         assert_eq!(res.cpu, Some(Millicores(500)));
         assert_eq!(res.memory, Some(Bytes(1 << 30)));
         assert_eq!(spec.shards_per_epoch(), 10);
+    }
+
+    #[test]
+    fn the_platform_and_custom_resources_come_from_the_spec() {
+        let yaml = GOOD.replace(
+            "memory: 1Gi }",
+            "memory: 1Gi, custom: { brain_slot: 1.5 } }",
+        ) + "platform: { type: ray, address: \"http://127.0.0.1:8265\", env: { A: b } }\n";
+        let spec = JobSpec::from_yaml(&yaml).unwrap();
+        spec.validate().unwrap();
+        let res = spec.roles[&RoleName::Worker].resources.clone().unwrap();
+        assert_eq!(res.custom.get("brain_slot"), Some(&1.5));
+        match spec.platform {
+            Some(crate::platform::PlatformConfig::Ray { address, env, .. }) => {
+                assert_eq!(address, "http://127.0.0.1:8265");
+                assert_eq!(env.get("A").map(String::as_str), Some("b"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(JobSpec::from_yaml(GOOD).unwrap().platform.is_none());
+        assert!(
+            err(&(GOOD.to_string() + "platform: { type: ray, adress: x }\n"))
+                .contains("unknown field `adress`")
+        );
+        assert!(err(&(GOOD.to_string() + "platform: { type: slurm }\n")).contains("slurm"));
+        assert!(
+            err(&GOOD.replace("memory: 1Gi }", "memory: 1Gi, custom: { CPU: 1 } }"))
+                .contains("roles.worker.resources.custom.CPU: is not a custom resource name")
+        );
+        assert!(
+            err(&GOOD.replace("memory: 1Gi }", "memory: 1Gi, custom: { slot: 0 } }"))
+                .contains("roles.worker.resources.custom.slot: 0 must be more than zero")
+        );
     }
 
     #[test]

@@ -6,75 +6,9 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
 use common::*;
 use proto::jobmaster::v1 as pb;
 use worker_agent::workload::reference;
-
-async fn client(
-    addr: SocketAddr,
-) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
-    pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap()
-}
-
-fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePlan {
-    let mut p = pb::ScalePlan {
-        version,
-        ..Default::default()
-    };
-    for (role, n) in [(pb::Role::Worker, workers), (pb::Role::Ps, ps)] {
-        if let Some(count) = n {
-            p.roles.push(pb::RoleTarget {
-                role: role as i32,
-                count,
-                resources: None,
-            });
-        }
-    }
-    p
-}
-
-/// Sends a plan that must be accepted.
-async fn send(addr: SocketAddr, p: pb::ScalePlan) {
-    let a = client(addr)
-        .await
-        .apply_scale_plan(p.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(a.accepted, "plan {} rejected: {}", p.version, a.reason);
-}
-
-async fn reached(addr: SocketAddr, version: u64) -> pb::JobStatus {
-    wait_for(
-        addr,
-        Duration::from_secs(90),
-        &format!("plan {version} reached"),
-        |s| s.reached_plan_version >= version,
-    )
-    .await
-}
-
-async fn shards_at_least(addr: SocketAddr, n: u64) {
-    wait_for(
-        addr,
-        Duration::from_secs(90),
-        &format!("{n} shards done"),
-        |s| s.shards_done >= n,
-    )
-    .await;
-}
-
-fn live_workers(s: &pb::JobStatus) -> usize {
-    s.processes
-        .iter()
-        .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
-        .count()
-}
 
 /// The rescaled job's held-out loss is within 2 % of the static single-process run's.
 fn assert_close(loss: f64, reference: f64) {

@@ -5,7 +5,9 @@
 
 pub mod external;
 pub mod local;
+pub mod ray;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -65,6 +67,24 @@ pub enum PlatformConfig {
     },
     /// Agents are started by someone else; the master only waits for them to register.
     External,
+    /// Each agent is a Ray job on an existing Ray cluster (see [`ray`]).
+    Ray {
+        /// The Ray dashboard (Job Submission API), e.g. `http://127.0.0.1:8265`.
+        address: String,
+        /// The worker-agent binary, at this path on every Ray node; default: next to the
+        /// job-master binary.
+        #[serde(default)]
+        agent_bin: Option<PathBuf>,
+        /// Processes of the job at once [default: the cluster's whole CPUs].
+        #[serde(default)]
+        max_processes: Option<u32>,
+        /// How long a process may wait for room before it counts as failed [default 60000].
+        #[serde(default)]
+        place_timeout_ms: Option<u64>,
+        /// Environment variables for every agent.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
 }
 
 impl Default for PlatformConfig {

@@ -126,6 +126,20 @@ pub async fn start(spec: JobSpec, dir: &Path) -> Running {
 }
 
 pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
+    let platform = PlatformConfig::Local {
+        agent_bin: Some(agent_bin()),
+        max_processes: None,
+    };
+    start_on(spec, dir, timing, platform).await
+}
+
+/// Starts the job on `platform`.
+pub async fn start_on(
+    spec: JobSpec,
+    dir: &Path,
+    timing: Timing,
+    platform: PlatformConfig,
+) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let run_dir = dir.join("run");
@@ -133,10 +147,7 @@ pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
         spec,
         run_dir: run_dir.clone(),
         timing,
-        platform: PlatformConfig::Local {
-            agent_bin: Some(agent_bin()),
-            max_processes: None,
-        },
+        platform,
         brain: None,
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
@@ -307,4 +318,69 @@ pub fn assert_recovered(report: &JobReport, event: &str) {
         "no event {event:?} in {:#?}",
         report.events
     );
+}
+
+// Scale plans and their progress.
+
+pub async fn client(
+    addr: SocketAddr,
+) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
+    pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+pub fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePlan {
+    let mut p = pb::ScalePlan {
+        version,
+        ..Default::default()
+    };
+    for (role, n) in [(pb::Role::Worker, workers), (pb::Role::Ps, ps)] {
+        if let Some(count) = n {
+            p.roles.push(pb::RoleTarget {
+                role: role as i32,
+                count,
+                resources: None,
+            });
+        }
+    }
+    p
+}
+
+/// Sends a plan that must be accepted.
+pub async fn send(addr: SocketAddr, p: pb::ScalePlan) {
+    let a = client(addr)
+        .await
+        .apply_scale_plan(p.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(a.accepted, "plan {} rejected: {}", p.version, a.reason);
+}
+
+pub async fn reached(addr: SocketAddr, version: u64) -> pb::JobStatus {
+    wait_for(
+        addr,
+        Duration::from_secs(90),
+        &format!("plan {version} reached"),
+        |s| s.reached_plan_version >= version,
+    )
+    .await
+}
+
+pub async fn shards_at_least(addr: SocketAddr, n: u64) {
+    wait_for(
+        addr,
+        Duration::from_secs(90),
+        &format!("{n} shards done"),
+        |s| s.shards_done >= n,
+    )
+    .await;
+}
+
+pub fn live_workers(s: &pb::JobStatus) -> usize {
+    s.processes
+        .iter()
+        .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
+        .count()
 }

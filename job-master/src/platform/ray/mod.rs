@@ -1,0 +1,654 @@
+//! The Ray platform: every worker agent runs as a Ray job, submitted through the Job Submission
+//! REST API of an existing Ray cluster's dashboard (default port 8265). The entrypoint `exec`s
+//! the worker-agent binary (which must exist at the same path on Ray's nodes) with the slot's
+//! role, index and incarnation; the process's CPU, GPU, memory and custom resources become
+//! `entrypoint_num_cpus`, `entrypoint_num_gpus`, `entrypoint_memory` and
+//! `entrypoint_resources`, so Ray places it where they are free.
+//!
+//! How Ray's rough edges are met (the HTTP side is in [`api`]):
+//! * A PENDING Ray job cannot be stopped until Ray places it (Ray answers "stopped" and keeps
+//!   it waiting, then fails it after its start timeout, 15 min by default). So nothing is
+//!   submitted that does not fit: before each submission the platform reads every node's free
+//!   resources, subtracts what it submitted itself that Ray's usage report may not show yet
+//!   (it lags placement by seconds), and submits only when some node has room; otherwise it
+//!   waits, re-reading, up to `place_timeout_ms`, then reports the agent as failed to place
+//!   (the job master relaunches or fails the job as for any lost agent). A process bigger than
+//!   any node is refused at once. Should a submitted job still wait (another Ray user took the
+//!   room), a stop is repeated once Ray places it.
+//! * Each process gets its own `submission_id` (`brain-<job>-<role>-<index>-<incarnation>-<run>`,
+//!   the run part unique per job-master start). A duplicate answers HTTP 500: the platform
+//!   asks Ray for that job and adopts it when it is still live (a retried submission whose
+//!   first answer was lost), and reports a failure otherwise.
+//! * A job deleted right after it ends can reappear as FAILED: the platform never deletes a
+//!   job it watches; it stops watching a submission once it saw it end, so a late reappearance
+//!   is never read as a new failure. Ray keeps the records (with their logs) as its job history.
+//! * Error bodies are plain text: errors carry the HTTP status and the body's last line.
+//! * A failed agent's event carries Ray's message and the last lines of its log.
+
+pub mod api;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Mutex, mpsc, watch};
+
+use self::api::{RayApi, RayCluster, RayError, RayJobStatus, RayResources, SubmitRequest};
+use super::{AgentLaunch, Platform, PlatformEvent};
+use crate::error::Error;
+use crate::job::SlotKey;
+use crate::scale::Capacity;
+use crate::spec::{Bytes, Millicores, Resources};
+
+/// How the Ray platform reaches and uses a Ray cluster.
+#[derive(Clone, Debug)]
+pub struct RaySettings {
+    /// The dashboard, e.g. `http://127.0.0.1:8265`.
+    pub address: String,
+    /// The worker-agent binary, at this path on every Ray node.
+    pub agent_bin: PathBuf,
+    /// The job's name (part of every submission id).
+    pub job_name: String,
+    /// Processes of the job at once [default: the cluster's whole CPUs].
+    pub max_processes: Option<u32>,
+    /// How long a process may wait for room before it counts as failed to place.
+    pub place_timeout: Duration,
+    /// How often job status is polled.
+    pub poll: Duration,
+    /// How long Ray's usage report may lag a placement.
+    pub usage_lag: Duration,
+    /// Environment variables for every agent.
+    pub env: BTreeMap<String, String>,
+}
+
+impl RaySettings {
+    pub fn new(address: &str, agent_bin: PathBuf, job_name: &str) -> RaySettings {
+        RaySettings {
+            address: address.into(),
+            agent_bin,
+            job_name: job_name.into(),
+            max_processes: None,
+            place_timeout: Duration::from_secs(60),
+            poll: Duration::from_millis(250),
+            usage_lag: Duration::from_secs(10),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+/// One submission of ours that Ray's usage report may not show yet.
+#[derive(Clone, Debug)]
+struct Placement {
+    submission_id: String,
+    node_id: String,
+    need: RayResources,
+    running_since: Option<Instant>,
+}
+
+struct Slot {
+    incarnation: u64,
+    submission_id: String,
+    /// Set when the master asks the slot to stop.
+    cancel: watch::Sender<bool>,
+    /// Set once the submission is in Ray (a stop must go to Ray then).
+    submitted: watch::Receiver<bool>,
+    /// Set when the watcher is done (the Ray job ended or was never submitted).
+    done: watch::Receiver<bool>,
+}
+
+struct Inner {
+    api: RayApi,
+    settings: RaySettings,
+    run: String,
+    events: mpsc::UnboundedSender<PlatformEvent>,
+    slots: Mutex<BTreeMap<SlotKey, Slot>>,
+    /// One placement decision at a time, so two launches never count the same room.
+    placing: Mutex<()>,
+    recent: std::sync::Mutex<Vec<Placement>>,
+    /// Each alive node's totals, as last read.
+    totals: std::sync::Mutex<Vec<RayResources>>,
+}
+
+pub struct RayPlatform {
+    inner: Arc<Inner>,
+    capacity: Capacity,
+}
+
+/// A process's request from its resources; one CPU when it names none (Ray's default of zero
+/// would let any number of agents pile onto one node).
+pub fn request_of(r: Option<&Resources>) -> RayResources {
+    let r = r.cloned().unwrap_or_default();
+    RayResources {
+        cpus: r.cpu.map_or(1.0, |c| c.0 as f64 / 1000.0),
+        gpus: r.gpu.unwrap_or(0) as f64,
+        memory_bytes: r.memory.map_or(0, |m| m.0),
+        custom: r.custom,
+    }
+}
+
+fn describe(r: &RayResources) -> String {
+    let mut s = format!("{} CPU", r.cpus);
+    if r.gpus > 0.0 {
+        s += &format!(", {} GPU", r.gpus);
+    }
+    if r.memory_bytes > 0 {
+        s += &format!(", {} MiB", r.memory_bytes >> 20);
+    }
+    for (k, v) in &r.custom {
+        s += &format!(", {v} {k}");
+    }
+    s
+}
+
+/// The node a process needing `need` fits on, counting `recent` placements of ours that
+/// Ray's usage report may not show yet; `None` when none has room.
+fn choose_node(
+    cluster: &RayCluster,
+    recent: &[Placement],
+    need: &RayResources,
+    lag: Duration,
+) -> Option<String> {
+    cluster
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let mut room = n.available.clone();
+            for p in recent.iter().filter(|p| p.node_id == n.node_id) {
+                if p.running_since.is_none_or(|t| t.elapsed() < lag) {
+                    room = room.minus(&p.need);
+                }
+            }
+            need.fits_in(&room).then(|| (room.cpus, n.node_id.clone()))
+        })
+        // The node with the most CPU left, as Ray's spread would.
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, id)| id)
+}
+
+impl RayPlatform {
+    /// Checks that Ray answers and reads its nodes.
+    pub async fn connect(
+        settings: RaySettings,
+        events: mpsc::UnboundedSender<PlatformEvent>,
+    ) -> Result<RayPlatform, Error> {
+        let api = RayApi::new(&settings.address)?;
+        let version = api.version().await?;
+        let cluster = api.cluster().await?;
+        let largest = |f: &dyn Fn(&RayResources) -> f64| {
+            cluster
+                .nodes
+                .iter()
+                .map(|n| f(&n.total))
+                .fold(0.0, f64::max)
+        };
+        let total_cpus = cluster.sum(|n| &n.total).cpus;
+        let capacity = Capacity {
+            max_processes: settings
+                .max_processes
+                .unwrap_or((total_cpus.floor() as u32).max(1)),
+            cpu: Millicores((largest(&|r| r.cpus) * 1000.0) as u64),
+            memory: Bytes(largest(&|r| r.memory_bytes as f64) as u64),
+            gpus: largest(&|r| r.gpus) as u32,
+        };
+        tracing::info!(
+            address = api.address(),
+            ray = version,
+            nodes = cluster.nodes.len(),
+            cpus = total_cpus,
+            "connected to Ray"
+        );
+        let run = format!(
+            "{:x}{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64 & 0xffff_ffff)
+        );
+        let totals = cluster.nodes.iter().map(|n| n.total.clone()).collect();
+        Ok(RayPlatform {
+            inner: Arc::new(Inner {
+                api,
+                settings,
+                run,
+                events,
+                slots: Mutex::default(),
+                placing: Mutex::default(),
+                recent: std::sync::Mutex::default(),
+                totals: std::sync::Mutex::new(totals),
+            }),
+            capacity,
+        })
+    }
+
+    /// The submission id of a slot's incarnation in this run of the job master.
+    pub fn submission_id(&self, key: SlotKey, incarnation: u64) -> String {
+        let job: String = self
+            .inner
+            .settings
+            .job_name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        format!("brain-{job}-{key}-{incarnation}-{}", self.inner.run)
+    }
+}
+
+impl Inner {
+    fn exited(&self, key: SlotKey, incarnation: u64, description: String) {
+        let _ = self.events.send(PlatformEvent::AgentExited {
+            key,
+            incarnation,
+            description,
+        });
+    }
+
+    fn forget(&self, submission_id: &str) {
+        self.recent
+            .lock()
+            .expect("not poisoned")
+            .retain(|p| p.submission_id != submission_id);
+    }
+
+    /// Waits for room and submits; `Err` says why the agent never got into Ray.
+    async fn place(
+        &self,
+        req: &SubmitRequest,
+        need: &RayResources,
+        cancel: &mut watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + self.settings.place_timeout;
+        let mut last: String;
+        loop {
+            if *cancel.borrow() {
+                return Err("stopped before Ray placed it".into());
+            }
+            {
+                let _one_at_a_time = self.placing.lock().await;
+                match self.api.cluster().await {
+                    Ok(cluster) => {
+                        *self.totals.lock().expect("not poisoned") =
+                            cluster.nodes.iter().map(|n| n.total.clone()).collect();
+                        let node = {
+                            let recent = self.recent.lock().expect("not poisoned");
+                            choose_node(&cluster, &recent, need, self.settings.usage_lag)
+                        };
+                        if let Some(node_id) = node {
+                            self.recent.lock().expect("not poisoned").push(Placement {
+                                submission_id: req.submission_id.clone(),
+                                node_id,
+                                need: need.clone(),
+                                running_since: None,
+                            });
+                            return match self.api.submit(req).await {
+                                Ok(()) => Ok(()),
+                                Err(RayError::Duplicate(id)) => self.adopt(&id).await,
+                                Err(e) => {
+                                    self.forget(&req.submission_id);
+                                    Err(e.to_string())
+                                }
+                            };
+                        }
+                        let free = cluster
+                            .nodes
+                            .iter()
+                            .map(|n| format!("{}: {}", n.ip, describe(&n.available)))
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        last = format!("no node has room (free: {free})");
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "Ray could not place {} within {} s: {last}",
+                    describe(need),
+                    self.settings.place_timeout.as_secs()
+                ));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.poll) => {}
+                _ = cancel.changed() => {}
+            }
+        }
+    }
+
+    /// A duplicate submission id: ours if Ray still runs it (a retried submission whose first
+    /// answer was lost), a failure if it already ended.
+    async fn adopt(&self, id: &str) -> Result<(), String> {
+        match self.api.job(id).await {
+            Ok(Some(info)) if !info.status.is_terminal() => {
+                tracing::info!(id, "Ray already had this submission; watching it");
+                Ok(())
+            }
+            Ok(Some(info)) => {
+                self.forget(id);
+                Err(format!(
+                    "Ray already has a job with submission_id {id}, and it ended ({:?})",
+                    info.status
+                ))
+            }
+            Ok(None) => {
+                self.forget(id);
+                Err(format!(
+                    "Ray refused submission_id {id} as a duplicate but does not know it"
+                ))
+            }
+            Err(e) => {
+                self.forget(id);
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Follows a submitted job to its end; returns how it ended.
+    async fn watch(&self, id: &str, cancel: &watch::Receiver<bool>) -> String {
+        let mut failures = 0u32;
+        let mut stop_sent_while_running = false;
+        loop {
+            tokio::time::sleep(self.settings.poll).await;
+            match self.api.job(id).await {
+                Ok(Some(info)) => {
+                    failures = 0;
+                    if info.status == RayJobStatus::Running {
+                        {
+                            let mut recent = self.recent.lock().expect("not poisoned");
+                            if let Some(p) = recent.iter_mut().find(|p| p.submission_id == id)
+                                && p.running_since.is_none()
+                            {
+                                p.running_since = Some(Instant::now());
+                                if let Some(node) = &info.driver_node_id {
+                                    p.node_id = node.clone();
+                                }
+                            }
+                        }
+                        // A stop sent while Ray still held the job PENDING did nothing.
+                        if *cancel.borrow() && !stop_sent_while_running {
+                            stop_sent_while_running = true;
+                            if let Err(e) = self.api.stop(id).await {
+                                tracing::warn!(id, "stopping a Ray job: {e}");
+                            }
+                        }
+                    }
+                    if info.status.is_terminal() {
+                        return self
+                            .ending(id, info.status, info.message, info.driver_exit_code)
+                            .await;
+                    }
+                }
+                Ok(None) => return format!("Ray job {id} is gone from Ray"),
+                Err(e) => {
+                    failures += 1;
+                    // Ray's dashboard restarting for a moment is not the agent failing.
+                    if failures as u128 * self.settings.poll.as_millis() > 30_000 {
+                        return format!("lost contact with Ray while watching {id}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ending(
+        &self,
+        id: &str,
+        status: RayJobStatus,
+        message: Option<String>,
+        exit_code: Option<i64>,
+    ) -> String {
+        let mut d = format!("Ray job {id} {status}");
+        if let Some(code) = exit_code {
+            d += &format!(" (exit code {code})");
+        }
+        // Ray's message may carry a copy of the log: its first line says what happened.
+        if let Some(m) = message.as_deref().and_then(|m| m.lines().next())
+            && !m.trim().is_empty()
+        {
+            d += &format!(": {}", m.trim().trim_end_matches(','));
+        }
+        if status == RayJobStatus::Failed {
+            match self.api.logs(id).await {
+                Ok(logs) => {
+                    let lines: Vec<&str> = logs.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+                    if !tail.is_empty() {
+                        d += &format!("; last output:\n{tail}");
+                    }
+                }
+                Err(e) => d += &format!("; its log could not be read: {e}"),
+            }
+        }
+        d
+    }
+}
+
+#[async_trait::async_trait]
+impl Platform for RayPlatform {
+    fn name(&self) -> &'static str {
+        "ray"
+    }
+
+    async fn launch(&self, l: AgentLaunch) -> Result<(), Error> {
+        self.stop(l.key, Duration::ZERO).await;
+        let inner = &self.inner;
+        let need = request_of(l.resources.as_ref());
+        let fits_a_node = inner
+            .totals
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|t| need.fits_in(t));
+        if !fits_a_node {
+            return Err(Error::Launch {
+                platform: "ray",
+                what: format!("agent {}", l.key),
+                problem: format!(
+                    "it needs {}, more than any node of the Ray cluster at {} has",
+                    describe(&need),
+                    inner.api.address()
+                ),
+            });
+        }
+        let id = self.submission_id(l.key, l.incarnation);
+        let command = [
+            inner.settings.agent_bin.to_string_lossy().into_owned(),
+            "agent".into(),
+            "--master".into(),
+            format!("http://{}", l.master_addr),
+            "--role".into(),
+            l.key.role.to_string(),
+            "--index".into(),
+            l.key.index.to_string(),
+            "--incarnation".into(),
+            l.incarnation.to_string(),
+        ];
+        let command =
+            shlex::try_join(command.iter().map(String::as_str)).map_err(|e| Error::Launch {
+                platform: "ray",
+                what: format!("agent {}", l.key),
+                problem: format!("cannot quote its command line: {e}"),
+            })?;
+        let mut env = inner.settings.env.clone();
+        env.insert("BRAIN_RAY_SUBMISSION_ID".into(), id.clone());
+        // Ray keeps the output in files: no colour codes in them.
+        env.entry("NO_COLOR".into()).or_insert_with(|| "1".into());
+        for var in ["RUST_LOG", "RUST_BACKTRACE"] {
+            if let Ok(v) = std::env::var(var) {
+                env.entry(var.into()).or_insert(v);
+            }
+        }
+        let req = SubmitRequest {
+            // exec: the agent is the job's process, so Ray's stop signals reach it.
+            entrypoint: format!("exec {command}"),
+            submission_id: id.clone(),
+            entrypoint_num_cpus: need.cpus,
+            entrypoint_num_gpus: need.gpus,
+            entrypoint_memory: (need.memory_bytes > 0).then_some(need.memory_bytes),
+            entrypoint_resources: need.custom.clone(),
+            runtime_env: api::RuntimeEnv { env_vars: env },
+            metadata: [
+                ("brain_job".to_string(), inner.settings.job_name.clone()),
+                ("brain_slot".to_string(), l.key.to_string()),
+                ("brain_incarnation".to_string(), l.incarnation.to_string()),
+            ]
+            .into(),
+        };
+        let (cancel_tx, mut cancel_rx) = watch::channel(false);
+        let (submitted_tx, submitted_rx) = watch::channel(false);
+        let (done_tx, done_rx) = watch::channel(false);
+        inner.slots.lock().await.insert(
+            l.key,
+            Slot {
+                incarnation: l.incarnation,
+                submission_id: id.clone(),
+                cancel: cancel_tx,
+                submitted: submitted_rx,
+                done: done_rx,
+            },
+        );
+        let inner = self.inner.clone();
+        let (key, incarnation) = (l.key, l.incarnation);
+        tokio::spawn(async move {
+            let description = match inner.place(&req, &need, &mut cancel_rx).await {
+                Ok(()) => {
+                    let _ = submitted_tx.send(true);
+                    tracing::debug!(%key, incarnation, id, "agent submitted to Ray");
+                    let d = inner.watch(&id, &cancel_rx).await;
+                    inner.forget(&id);
+                    d
+                }
+                Err(why) => why,
+            };
+            {
+                let mut slots = inner.slots.lock().await;
+                if slots
+                    .get(&key)
+                    .is_some_and(|s| s.incarnation == incarnation)
+                {
+                    slots.remove(&key);
+                }
+            }
+            let _ = done_tx.send(true);
+            inner.exited(key, incarnation, description);
+        });
+        Ok(())
+    }
+
+    async fn stop(&self, key: SlotKey, grace: Duration) {
+        let slot = self.inner.slots.lock().await.get(&key).map(|s| {
+            let _ = s.cancel.send(true);
+            (
+                s.submission_id.clone(),
+                *s.submitted.borrow(),
+                s.done.clone(),
+            )
+        });
+        let Some((id, submitted, mut done)) = slot else {
+            return;
+        };
+        if submitted && let Err(e) = self.inner.api.stop(&id).await {
+            tracing::warn!(%key, id, "stopping a Ray job: {e}");
+        }
+        // Ray sends SIGTERM and, after its own grace period (3 s by default), SIGKILL.
+        let wait = grace + Duration::from_secs(10);
+        if tokio::time::timeout(wait, done.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            tracing::warn!(%key, id, "Ray job still running {} s after the stop", wait.as_secs());
+        }
+    }
+
+    async fn stop_all(&self, grace: Duration) {
+        let keys: Vec<SlotKey> = self.inner.slots.lock().await.keys().copied().collect();
+        let mut all = tokio::task::JoinSet::new();
+        for key in keys {
+            let me = RayPlatform {
+                inner: self.inner.clone(),
+                capacity: self.capacity.clone(),
+            };
+            all.spawn(async move { me.stop(key, grace).await });
+        }
+        while all.join_next().await.is_some() {}
+    }
+
+    async fn running(&self) -> usize {
+        self.inner.slots.lock().await.len()
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::api::RayNode;
+    use super::*;
+
+    fn node(id: &str, cpus: f64, free: f64) -> RayNode {
+        RayNode {
+            node_id: id.into(),
+            ip: "127.0.0.1".into(),
+            is_head: id == "a",
+            total: RayResources {
+                cpus,
+                ..Default::default()
+            },
+            available: RayResources {
+                cpus: free,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn cpus(n: f64) -> RayResources {
+        RayResources {
+            cpus: n,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn recent_placements_count_until_the_usage_report_shows_them() {
+        let cluster = RayCluster {
+            nodes: vec![node("a", 4.0, 4.0), node("b", 2.0, 1.0)],
+        };
+        let lag = Duration::from_secs(10);
+        assert_eq!(
+            choose_node(&cluster, &[], &cpus(2.0), lag).as_deref(),
+            Some("a")
+        );
+        let mut recent = vec![Placement {
+            submission_id: "x".into(),
+            node_id: "a".into(),
+            need: cpus(3.0),
+            running_since: None,
+        }];
+        assert_eq!(choose_node(&cluster, &recent, &cpus(2.0), lag), None);
+        // One CPU is left on each node.
+        assert!(choose_node(&cluster, &recent, &cpus(1.0), lag).is_some());
+        assert_eq!(choose_node(&cluster, &recent, &cpus(1.5), lag), None);
+        // Running for longer than the lag: the report counts it, so we no longer do.
+        recent[0].running_since = Some(Instant::now() - Duration::from_secs(11));
+        assert_eq!(
+            choose_node(&cluster, &recent, &cpus(2.0), lag).as_deref(),
+            Some("a")
+        );
+        assert_eq!(choose_node(&cluster, &recent, &cpus(5.0), lag), None);
+    }
+
+    #[test]
+    fn a_process_without_resources_asks_for_one_cpu() {
+        assert_eq!(request_of(None), cpus(1.0));
+        let r = Resources {
+            cpu: Some(Millicores(500)),
+            memory: Some(Bytes(1 << 30)),
+            gpu: Some(1),
+            custom: [("slot".to_string(), 2.0)].into(),
+        };
+        let q = request_of(Some(&r));
+        assert_eq!((q.cpus, q.gpus, q.memory_bytes), (0.5, 1.0, 1 << 30));
+        assert_eq!(q.custom.get("slot"), Some(&2.0));
+    }
+}
