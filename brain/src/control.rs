@@ -84,7 +84,8 @@ pub struct Control {
     pub store: Arc<Mutex<Store>>,
     policy: RwLock<LoadedPolicy>,
     policy_path: Option<PathBuf>,
-    pub cluster: LiveCluster,
+    cluster: std::sync::RwLock<LiveCluster>,
+    capacity: crate::capacity::Source,
     launcher: Launcher,
     wake: Notify,
     /// One round at a time (timer, events and dry runs).
@@ -99,6 +100,7 @@ impl Control {
         store: Arc<Mutex<Store>>,
         policy_path: Option<PathBuf>,
         cluster: LiveCluster,
+        capacity: crate::capacity::Source,
         launcher: Launcher,
         metrics: Arc<Metrics>,
         sink: Option<crate::sink::Sink>,
@@ -108,13 +110,22 @@ impl Control {
             store,
             policy: RwLock::new(policy),
             policy_path,
-            cluster,
+            cluster: std::sync::RwLock::new(cluster),
+            capacity,
             launcher,
             wake: Notify::new(),
             round_lock: tokio::sync::Mutex::new(()),
             metrics,
             sink,
         })
+    }
+
+    /// What the brain may hand out, as last read.
+    pub fn cluster(&self) -> LiveCluster {
+        self.cluster
+            .read()
+            .expect("no panic under the lock")
+            .clone()
     }
 
     /// Asks for a round now (an event happened).
@@ -212,7 +223,7 @@ impl Control {
         std::fs::create_dir_all(&run_dir)?;
         spec.validate()
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
-        let cluster = self.cluster.clone();
+        let cluster = self.cluster();
         let (id, shape, reasons) = self
             .with_store(move |s| {
                 let history = s.jobs()?;
@@ -357,7 +368,9 @@ impl Control {
         let _one = self.round_lock.lock().await;
         self.reload_if_changed();
         let policy = self.policy.read().expect("no panic under the lock").clone();
-        let cluster = self.cluster.clone();
+        let cluster = self.capacity.read(&self.cluster()).await;
+        *self.cluster.write().expect("no panic under the lock") = cluster.clone();
+        let planned = cluster.clone();
         let now = now_unix_ms();
         let (plan, solve_ms) = self
             .with_store(move |s| {
@@ -416,7 +429,7 @@ impl Control {
         Ok(RoundOutcome {
             plan,
             solve_ms,
-            cluster: self.cluster.clone(),
+            cluster: planned,
         })
     }
 

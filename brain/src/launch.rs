@@ -41,6 +41,8 @@ pub struct Launcher {
     runs_dir: PathBuf,
     brain_url: String,
     max_processes: u32,
+    /// Run the jobs' processes on this Ray cluster.
+    ray_address: Option<String>,
     exited: mpsc::UnboundedSender<Exited>,
 }
 
@@ -50,6 +52,7 @@ impl Launcher {
         runs_dir: PathBuf,
         brain_url: String,
         max_processes: u32,
+        ray_address: Option<String>,
         exited: mpsc::UnboundedSender<Exited>,
     ) -> Launcher {
         Launcher {
@@ -57,6 +60,7 @@ impl Launcher {
             runs_dir,
             brain_url,
             max_processes,
+            ray_address,
             exited,
         }
     }
@@ -83,6 +87,16 @@ impl Launcher {
         let mut spec = spec.clone();
         if let Some(w) = spec.roles.get_mut(&RoleName::Worker) {
             w.replicas = Some(workers as i64);
+        }
+        // On the brain's Ray cluster unless the job names a platform of its own.
+        if let (Some(address), None) = (&self.ray_address, &spec.platform) {
+            spec.platform = Some(job_master::platform::PlatformConfig::Ray {
+                address: address.clone(),
+                agent_bin: self.config.agent_bin.clone(),
+                max_processes: Some(self.max_processes),
+                place_timeout_ms: None,
+                env: Default::default(),
+            });
         }
         let spec_path = run_dir.join("spec.yaml");
         let text = serde_norway::to_string(&spec)

@@ -23,6 +23,7 @@
 //!
 //! Algorithms stay in `optimizer`, file formats in `datasets`.
 
+pub mod capacity;
 pub mod control;
 pub mod launch;
 pub mod metrics;

@@ -140,6 +140,7 @@ pub fn predict(
             cpu: Some(cpu),
             memory: Some(memory),
             gpu: resources.gpu,
+            custom: resources.custom.clone(),
         });
         let unit = r.node_unit.unwrap_or(1).max(1);
         let per = cpu.0.div_ceil(slot).max(1);

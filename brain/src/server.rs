@@ -57,6 +57,10 @@ pub struct ClusterConfig {
     /// Processes of all jobs at once.
     #[serde(default = "default_max_processes")]
     pub max_processes: u32,
+    /// A Ray cluster's dashboard (e.g. `http://127.0.0.1:8265`): the jobs' processes run there
+    /// as Ray jobs, and its alive nodes' CPUs, read before every round, replace `cpus`.
+    #[serde(default)]
+    pub ray_address: Option<String>,
 }
 
 fn default_cpus() -> f64 {
@@ -75,6 +79,7 @@ impl Default for ClusterConfig {
             cpus: default_cpus(),
             slot_millicores: default_slot(),
             max_processes: default_max_processes(),
+            ray_address: None,
         }
     }
 }
@@ -109,6 +114,10 @@ impl BrainConfig {
                 c.slot_millicores,
                 c.cpus * 1000.0
             )));
+        }
+        if let Some(a) = &c.ray_address {
+            job_master::platform::ray::api::RayApi::new(a)
+                .map_err(|e| BrainError::Invalid(format!("cluster.ray_address: {e}")))?;
         }
         if c.max_processes == 0 {
             return Err(BrainError::Invalid("cluster.max_processes is 0".into()));
@@ -161,6 +170,7 @@ pub async fn run(
         runs_dir,
         format!("http://{reach}"),
         config.cluster.max_processes,
+        config.cluster.ray_address.clone(),
         exited_tx,
     );
     let metrics = Arc::new(Metrics::default());
@@ -173,6 +183,7 @@ pub async fn run(
         store.clone(),
         config.policy.clone(),
         config.live_cluster(),
+        crate::capacity::Source::new(config.cluster.ray_address.as_deref())?,
         launcher,
         metrics.clone(),
         sink,

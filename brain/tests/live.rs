@@ -9,64 +9,16 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{Brain, bin_dir, brainctl};
 use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
 use proto::service::v1::brain_client::BrainClient;
 
 const CPUS: u32 = 4;
-
-/// Builds the job master and worker agent the brain starts (beside the brain binary).
-fn bin_dir() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = Path::new(env!("CARGO_BIN_EXE_brain"))
-                .parent()
-                .unwrap()
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            // The same selection as job-master's tests build (see there).
-            let ok = Command::new(cargo)
-                .args([
-                    "build",
-                    "-p",
-                    "job-master",
-                    "--bin",
-                    "job-master",
-                    "-p",
-                    "worker-agent",
-                    "--bin",
-                    "worker-agent",
-                ])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("cargo runs");
-            assert!(ok.success(), "cannot build job-master and worker-agent");
-            dir
-        })
-        .clone()
-}
-
-/// A brain process, killed when dropped (also when a test fails).
-struct Brain(Child);
-
-impl Brain {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Brain {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// Starts `brain` on `listen`; returns the process and the address it bound.
 fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
@@ -108,17 +60,6 @@ fn spec(dir: &Path, name: &str, kind: &str, step_delay_us: u32) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn brainctl(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_brainctl"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
-    )
 }
 
 async fn jobs(url: &str) -> Option<Vec<pb::JobRecord>> {

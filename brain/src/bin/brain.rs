@@ -39,6 +39,11 @@ struct Cli {
     /// Processes of all jobs at once [default: 64].
     #[arg(long)]
     max_processes: Option<u32>,
+    /// Run the jobs' processes on this Ray cluster (its dashboard, e.g.
+    /// http://127.0.0.1:8265) and read the CPUs to hand out from it before every round
+    /// [config: cluster.ray_address].
+    #[arg(long)]
+    ray_address: Option<String>,
     /// The job-master binary [default: next to this binary].
     #[arg(long, env = "BRAIN_JOB_MASTER_BIN")]
     job_master_bin: Option<PathBuf>,
@@ -75,6 +80,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(c) = cli.cpus {
         config.cluster.cpus = c;
+    }
+    if let Some(a) = cli.ray_address {
+        config.cluster.ray_address = Some(a);
     }
     if let Some(m) = cli.max_processes {
         config.cluster.max_processes = m;
