@@ -1,15 +1,18 @@
 //! Runtime figures of whole jobs on local processes, printed as a table:
-//! * time from starting `job-master run` to the first training step, 1 PS + 4 workers;
+//! * time from starting `job-master run` to the first training step, 1 PS + 4 workers, and,
+//!   with `BRAIN_RAY_ADDRESS` set (a Ray dashboard, e.g. from `.ci/ray-head`), the same job
+//!   on Ray in the same run;
 //! * samples/s per worker of the built-in workload (ps: 1 PS + 4 workers; allreduce: 4 workers),
 //!   beside the same model trained in one process.
 //!
 //! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench job_runtime
+//! (BRAIN_RAY_ADDRESS=http://127.0.0.1:8265 for the Ray row)
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::release_bin;
+use common::{platform_args, ray_address, release_bin, stop_master};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -41,10 +44,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start(spec: &Path, dir: &Path, port: u16) -> Child {
+fn start(spec: &Path, dir: &Path, port: u16, ray: Option<&str>) -> Child {
     Command::new(release_bin("job-master"))
         .arg("run")
         .arg(spec)
+        .args(platform_args(ray))
         .arg("--run-dir")
         .arg(dir.join("run"))
         .arg("--listen")
@@ -64,12 +68,12 @@ async fn status(port: u16) -> Option<pb::JobStatus> {
 }
 
 /// Wall time from spawning `job-master run` to the first reported training step.
-async fn time_to_first_step() -> Duration {
+async fn time_to_first_step(ray: Option<&str>) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(dir.path(), "ps", 1, 4, 400_000);
     let port = free_port();
     let t0 = Instant::now();
-    let mut child = start(&spec, dir.path(), port);
+    let mut child = start(&spec, dir.path(), port, ray);
     let t = loop {
         if let Some(s) = status(port).await
             && s.global_step > 0
@@ -78,8 +82,7 @@ async fn time_to_first_step() -> Duration {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
-    let _ = child.kill();
-    let _ = child.wait();
+    stop_master(&mut child);
     t
 }
 
@@ -88,7 +91,7 @@ async fn per_worker_throughput(kind: &str, ps: u32, workers: u32) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(dir.path(), kind, ps, workers, 1_200_000);
     let port = free_port();
-    let mut child = start(&spec, dir.path(), port);
+    let mut child = start(&spec, dir.path(), port, None);
     let mut rates = Vec::new();
     loop {
         if let Ok(Some(_)) = child.try_wait() {
@@ -137,20 +140,27 @@ fn main() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut firsts: Vec<Duration> = Vec::new();
-        for _ in 0..7 {
-            firsts.push(time_to_first_step().await);
-        }
-        firsts.sort();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!("| figure | value |");
         println!("|---|---|");
-        println!(
-            "| `job-master run` to first training step, 1 PS + 4 workers (7 runs) | median {:.0} ms (min {:.0}, max {:.0}) |",
-            ms(firsts[3]),
-            ms(firsts[0]),
-            ms(firsts[6])
-        );
+        let ray = ray_address();
+        let mut platforms = vec![("local processes", None)];
+        if let Some(a) = ray.as_deref() {
+            platforms.push(("Ray", Some(a)));
+        }
+        for (name, ray) in platforms {
+            let mut firsts: Vec<Duration> = Vec::new();
+            for _ in 0..7 {
+                firsts.push(time_to_first_step(ray).await);
+            }
+            firsts.sort();
+            println!(
+                "| `job-master run` to first training step, 1 PS + 4 workers, {name} (7 runs) | median {:.0} ms (min {:.0}, max {:.0}) |",
+                ms(firsts[3]),
+                ms(firsts[0]),
+                ms(firsts[6])
+            );
+        }
         let ps = per_worker_throughput("ps", 1, 4).await;
         println!("| samples/s per worker, ps job (1 PS + 4 workers, async push/pull) | {ps:.0} |");
         let ar = per_worker_throughput("allreduce", 0, 4).await;

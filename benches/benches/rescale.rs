@@ -1,18 +1,20 @@
 //! Rescale figures, printed as tables:
 //! * allreduce 2 → 4 and 4 → 2 on local processes: time from the plan being accepted to every
 //!   worker of the new group reporting a training step (p50, p95 over 20 events each), and to
-//!   the plan being reached (the new group formed);
+//!   the plan being reached (the new group formed); with `BRAIN_RAY_ADDRESS` set (a Ray
+//!   dashboard), the same on Ray in the same run (10 events each);
 //! * PS reshard of 10 MB and 100 MB of parameters, 2 → 3 and 3 → 2 PS: the PS servers run on
 //!   loopback gRPC in this process, keys are moved by the job master's own reshard routine, and
 //!   the parameter digest is checked before and after.
 //!
 //! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench rescale
+//! (BRAIN_RAY_ADDRESS=http://127.0.0.1:8265 for the Ray table)
 
 mod common;
 
 use std::path::Path;
 
-use common::release_bin;
+use common::{platform_args, ray_address, release_bin, stop_master};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -48,7 +50,7 @@ fn transitions(run_dir: &Path) -> Vec<serde_json::Value> {
         .unwrap_or_default()
 }
 
-async fn allreduce_rescale() {
+async fn allreduce_rescale(ray: Option<&str>, events: usize) {
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "name: bench-rescale\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 1, max: 4 }}\n\
@@ -68,6 +70,7 @@ async fn allreduce_rescale() {
     let mut master = Command::new(release_bin("job-master"))
         .arg("run")
         .arg(&spec)
+        .args(platform_args(ray))
         .arg("--run-dir")
         .arg(&run_dir)
         .arg("--listen")
@@ -88,7 +91,7 @@ async fn allreduce_rescale() {
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for version in 1..=(2 * EVENTS as u64) {
+    for version in 1..=(2 * events as u64) {
         let workers = if version % 2 == 1 { 4 } else { 2 };
         let a = c
             .apply_scale_plan(pb::ScalePlan {
@@ -110,16 +113,24 @@ async fn allreduce_rescale() {
             if t.len() as u64 == version && !t[version as usize - 1]["resumed_ms"].is_null() {
                 break;
             }
-            assert!(Instant::now() < deadline, "plan {version} did not complete");
+            assert!(
+                Instant::now() < deadline,
+                "plan {version} did not complete: {:?}",
+                t.last()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Let the new group train a little before the next change.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let _ = master.kill();
-    let _ = master.wait();
+    stop_master(&mut master);
     let t = transitions(&run_dir);
-    println!("\nallreduce rescale on local processes ({EVENTS} events each, release build)");
+    let on = if ray.is_some() {
+        "Ray"
+    } else {
+        "local processes"
+    };
+    println!("\nallreduce rescale on {on} ({events} events each, release build)");
     println!(
         "{:<10} {:>22} {:>22} {:>18}",
         "change", "resumed p50 / p95 (ms)", "reached p50 / p95 (ms)", "max resumed (ms)"
@@ -203,6 +214,9 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         ps_reshard().await;
-        allreduce_rescale().await;
+        allreduce_rescale(None, EVENTS).await;
+        if let Some(a) = ray_address() {
+            allreduce_rescale(Some(&a), EVENTS / 2).await;
+        }
     });
 }

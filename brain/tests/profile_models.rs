@@ -142,6 +142,8 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
     let db = dir.path().join("brain.db");
     let db_arg = db.to_str().unwrap();
 
+    let evaluate_own =
+        |db: &str| brainctl(&["train", "--evaluate", "--history", "own", "--database", db]);
     // Too little history: a clear error and no model.
     history_db(&db, 10);
     let out = brainctl(&["train", "--database", db_arg]);
@@ -150,14 +152,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
     let store = brain::store::Store::open(&db).unwrap();
     assert!(store.model(brain::train::MODEL_NAME).unwrap().is_none());
     drop(store);
-    let out = brainctl(&[
-        "train",
-        "--evaluate",
-        "--history",
-        "own",
-        "--database",
-        db_arg,
-    ]);
+    let out = evaluate_own(db_arg);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("too few to score"));
 
@@ -184,14 +179,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
     let mem_mib = p.0[1];
     assert!((141.0..400.0).contains(&mem_mib), "{p:?} for {next:?}");
 
-    let out = brainctl(&[
-        "train",
-        "--evaluate",
-        "--history",
-        "own",
-        "--database",
-        db_arg,
-    ]);
+    let out = evaluate_own(db_arg);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("60 jobs, fitted on the first 42"), "{text}");

@@ -451,13 +451,16 @@ impl JobContext {
             }
             match (spec.kind, role) {
                 (JobKind::Allreduce, RoleName::Worker) => {
-                    rendezvous = Some(RoundRendezvous::new(
+                    let mut r = RoundRendezvous::new(
                         plan.min,
                         plan.max,
                         plan.node_unit,
                         timing.last_call_ms,
                         plan.replicas,
-                    ));
+                    );
+                    // A worker on its way gets as long to arrive as it gets to register.
+                    r.launch_wait_ms = timing.register_timeout_ms;
+                    rendezvous = Some(r);
                 }
                 (JobKind::Ps, RoleName::Ps) => cluster = Some(PsCluster::new(plan.replicas)),
                 _ => {}
@@ -864,7 +867,7 @@ impl JobContext {
         }
         match self.spec.kind {
             JobKind::Allreduce => {
-                let rdzv = self.rendezvous.as_mut().expect("allreduce jobs have one");
+                let rdzv = self.rendezvous_now().expect("allreduce jobs have one");
                 match rdzv.join(
                     Member {
                         index: key.index,
@@ -1236,6 +1239,26 @@ impl JobContext {
         }
     }
 
+    /// The rendezvous, told how many live workers have not joined it yet (starting, registering
+    /// or about to join): last call waits for them, up to the register timeout.
+    fn rendezvous_now(&mut self) -> Option<&mut RoundRendezvous> {
+        let live: Vec<u32> = self
+            .slots
+            .values()
+            .filter(|s| {
+                s.key.role == RoleName::Worker
+                    && matches!(
+                        s.phase,
+                        SlotPhase::Launching | SlotPhase::Running | SlotPhase::Restarting
+                    )
+            })
+            .map(|s| s.key.index)
+            .collect();
+        let r = self.rendezvous.as_mut()?;
+        r.launching = live.iter().filter(|&&i| !r.has_joined(i)).count() as u32;
+        Some(r)
+    }
+
     /// Timers: heartbeat timeouts and the rendezvous last call.
     pub fn tick(&mut self, now_ms: u64) -> Vec<Effect> {
         self.tick_changed(now_ms).0
@@ -1247,10 +1270,7 @@ impl JobContext {
         if self.phase.is_terminal() {
             return (Vec::new(), false);
         }
-        let closed = self
-            .rendezvous
-            .as_mut()
-            .is_some_and(|r| r.try_close(now_ms));
+        let closed = self.rendezvous_now().is_some_and(|r| r.try_close(now_ms));
         let (heartbeat, register) = (
             self.timing.heartbeat_timeout_ms,
             self.timing.register_timeout_ms,

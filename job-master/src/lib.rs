@@ -6,7 +6,8 @@
 //! * [`job`] (pure) holds the job context and takes every decision: registration, heartbeats,
 //!   failures and relaunches, checkpoints, completion. It returns effects instead of doing I/O.
 //! * [`persist`] writes the job context atomically and durably after every change.
-//! * [`platform`] starts and stops worker agents (local processes by default).
+//! * [`platform`] starts and stops worker agents: local processes by default, or Ray jobs on
+//!   a Ray cluster ([`platform::ray`], with its capacity read from Ray's state API).
 //! * [`brain_link`]: with a brain configured, registers the job, reports its metrics, polls
 //!   for plans and carries them out, and reports how the job ended.
 //! * [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin

@@ -2,8 +2,10 @@
 //!
 //! * [`RoundRendezvous`] for allreduce jobs: members join; a round closes as soon as the expected
 //!   number (capped at `max`) is there, or, once `min` are there, when the last-call window has
-//!   passed. A closed round admits the largest multiple of `node_unit` that fits, lowest indices
-//!   first; the others wait for the next round. Each member gets rank, world size and the peers.
+//!   passed; while members the master launched are still on their way (a platform such as Ray
+//!   takes seconds to start one), last call waits for them up to `launch_wait_ms`. A closed
+//!   round admits the largest multiple of `node_unit` that fits, lowest indices first; the
+//!   others wait for the next round. Each member gets rank, world size and the peers.
 //! * [`PsCluster`] for ps jobs: a versioned cluster spec that PS and workers join and leave
 //!   independently; a worker is ready once every PS has an address.
 
@@ -46,6 +48,13 @@ pub struct RoundRendezvous {
     pub last_call_ms: u64,
     /// How many members the master has launched and expects to join.
     pub expected: u32,
+    /// Members the master has launched that have not joined yet: starting, registering, or
+    /// on their way to the rendezvous (set by the master before each join and tick).
+    #[serde(default)]
+    pub launching: u32,
+    /// How long last call waits for members still on their way.
+    #[serde(default)]
+    pub launch_wait_ms: u64,
     waiting: BTreeMap<u32, Member>,
     min_reached_at_ms: Option<u64>,
     current: Option<Round>,
@@ -60,6 +69,8 @@ impl RoundRendezvous {
             node_unit: node_unit.max(1),
             last_call_ms,
             expected,
+            launching: 0,
+            launch_wait_ms: 0,
             waiting: BTreeMap::new(),
             min_reached_at_ms: None,
             current: None,
@@ -69,6 +80,15 @@ impl RoundRendezvous {
 
     pub fn current(&self) -> Option<&Round> {
         self.current.as_ref()
+    }
+
+    /// Whether member `index` waits for the next round or is in the current one.
+    pub fn has_joined(&self, index: u32) -> bool {
+        self.waiting.contains_key(&index)
+            || self
+                .current
+                .as_ref()
+                .is_some_and(|r| r.members.iter().any(|m| m.index == index))
     }
 
     /// The number the next closed round will carry.
@@ -107,9 +127,14 @@ impl RoundRendezvous {
             self.min_reached_at_ms = None;
         }
         let target = self.expected.clamp(self.min, self.max);
+        let window = if self.launching > 0 {
+            self.last_call_ms.max(self.launch_wait_ms)
+        } else {
+            self.last_call_ms
+        };
         let last_call_over = self
             .min_reached_at_ms
-            .is_some_and(|t| now_ms.saturating_sub(t) >= self.last_call_ms);
+            .is_some_and(|t| now_ms.saturating_sub(t) >= window);
         if !(n >= target || last_call_over) {
             return false;
         }
@@ -274,6 +299,32 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("node_unit 2"), "{reason}");
+    }
+
+    #[test]
+    fn last_call_waits_for_members_still_launching() {
+        let mut r = RoundRendezvous::new(1, 4, 1, 1_000, 4);
+        r.launch_wait_ms = 30_000;
+        r.launching = 1;
+        for i in 0..3 {
+            r.join(m(i), 0);
+        }
+        // A slow platform: the fourth is on its way, so last call does not close without it.
+        assert!(!r.try_close(1_000));
+        assert!(!r.try_close(29_999));
+        r.launching = 0;
+        assert!(matches!(
+            r.join(m(3), 2_500),
+            JoinOutcome::Ready { world_size: 4, .. }
+        ));
+        // One that never arrives holds the round only up to launch_wait_ms.
+        let mut r = RoundRendezvous::new(1, 4, 1, 1_000, 4);
+        r.launch_wait_ms = 30_000;
+        r.launching = 1;
+        r.join(m(0), 0);
+        assert!(!r.try_close(29_999));
+        assert!(r.try_close(30_000));
+        assert_eq!(r.current().unwrap().members.len(), 1);
     }
 
     #[test]

@@ -173,11 +173,7 @@ async fn an_allreduce_job_on_ray_rescales_up_and_down() {
     assert_eq!(live_workers(&s), 2);
 
     let report = run.report().await;
-    assert!(report.succeeded(), "{:?}", report.reason);
-    assert_eq!(report.exactly_once, "ok");
-    assert!(report.samples_per_epoch.values().all(|&s| s == N));
-    assert_eq!(report.applied_samples, 2 * N);
-    assert_eq!(report.applied_index_sum, 2 * (N * (N - 1) / 2));
+    assert_each_sample_once(&report, N, 2);
     let versions: Vec<u64> = report.transitions.iter().map(|t| t.version).collect();
     assert_eq!(versions, vec![1, 2]);
     assert_no_process_left(addr).await;

@@ -1,4 +1,5 @@
 //! What the bench binaries share.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
@@ -19,4 +20,44 @@ pub fn release_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// The Ray cluster to measure on as well (its dashboard), from `BRAIN_RAY_ADDRESS`.
+pub fn ray_address() -> Option<String> {
+    std::env::var("BRAIN_RAY_ADDRESS")
+        .ok()
+        .filter(|a| !a.is_empty())
+}
+
+/// `job-master run` arguments that put the job on Ray (none for local processes).
+pub fn platform_args(ray: Option<&str>) -> Vec<String> {
+    match ray {
+        Some(address) => vec![
+            "--platform".into(),
+            "ray".into(),
+            "--ray-address".into(),
+            address.into(),
+            "--agent-bin".into(),
+            release_bin("worker-agent").to_string_lossy().into_owned(),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// Stops a job master as an operator would (SIGTERM: it stops its processes, on Ray too),
+/// killing it after 30 s.
+pub fn stop_master(child: &mut std::process::Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

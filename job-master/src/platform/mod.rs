@@ -1,7 +1,9 @@
 //! Where the job's processes run. A [`Platform`] starts and stops worker agents and reports when
 //! one ends; everything else (what to launch, when, how to recover) is the master's. The local
-//! platform, processes on this machine, is the embedded default; a Ray or Kubernetes platform
-//! implements the same trait and is chosen with [`PlatformConfig`].
+//! platform, processes on this machine, is the embedded default; [`ray`] runs each agent as a
+//! Ray job on an existing Ray cluster; [`external`] leaves starting them to someone else. The
+//! platform is chosen with [`PlatformConfig`] (the spec's `platform`, or `job-master run
+//! --platform`).
 
 pub mod external;
 pub mod local;

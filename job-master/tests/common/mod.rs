@@ -309,6 +309,19 @@ pub fn assert_ps_applied_each_sample_once(report: &JobReport, samples: u64, epoc
     }
 }
 
+/// An allreduce job succeeded and consumed each sample once per epoch: by its ledger, and by
+/// the model itself (samples and the sum of their indices, as applied).
+pub fn assert_each_sample_once(report: &JobReport, samples: u64, epochs: u64) {
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert!(report.samples_per_epoch.values().all(|&s| s == samples));
+    assert_eq!(report.applied_samples, epochs * samples);
+    assert_eq!(
+        report.applied_index_sum,
+        epochs * (samples * (samples - 1) / 2)
+    );
+}
+
 /// The job succeeded, its ledger proves exactly-once per epoch, and it logged `event`.
 pub fn assert_recovered(report: &JobReport, event: &str) {
     assert!(report.succeeded(), "{:?}", report.reason);
