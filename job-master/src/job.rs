@@ -1729,6 +1729,31 @@ impl JobContext {
                     self.set_step(Step::Settle, now_ms);
                 }
                 Step::Settle => {
+                    let (version, round_after, waited) = (
+                        t.plan.version,
+                        t.round_after,
+                        now_ms.saturating_sub(t.step_started_ms),
+                    );
+                    if let Some(r) = self.rendezvous_now() {
+                        if let Some((closed, late)) = r.late_joiners() {
+                            // Workers of this plan joined after the round closed without them
+                            // (their platform was slow): drain and re-form once more with them.
+                            self.log(
+                                now_ms,
+                                format!(
+                                    "plan {version}: worker(s) {late:?} joined after round {closed} closed without them; re-forming"
+                                ),
+                            );
+                            self.checkpoint_pending = true;
+                            self.set_step(Step::Cut, now_ms);
+                            return effects;
+                        }
+                        // A worker that registered but has not joined yet gets as long as
+                        // last call would have given it.
+                        if r.launching > 0 && waited < r.launch_wait_ms {
+                            return effects;
+                        }
+                    }
                     let settled = self.slots.values().all(|s| {
                         !matches!(
                             s.phase,
@@ -1740,7 +1765,7 @@ impl JobContext {
                             .rendezvous
                             .as_ref()
                             .and_then(|r| r.current())
-                            .is_some_and(|r| r.number >= t.round_after);
+                            .is_some_and(|r| r.number >= round_after);
                     if !(settled && formed) {
                         return effects;
                     }
@@ -2235,6 +2260,63 @@ mod tests {
         ctx.advance(14);
         assert_eq!(ctx.plans.reached, 2);
         assert_eq!(ctx.role_counts()[&RoleName::Worker], 1);
+        ctx.ledger.verify_exactly_once(false).unwrap();
+    }
+
+    #[test]
+    fn a_worker_that_joins_after_its_round_closed_is_taken_in_by_one_more_re_formation() {
+        let mut ctx = running("allreduce", 0, 2, 0);
+        let cap = Capacity::default();
+        elastic(&mut ctx);
+        ctx.rendezvous.as_mut().unwrap().launch_wait_ms = 3_000;
+        let w2 = SlotKey {
+            role: RoleName::Worker,
+            index: 2,
+        };
+        ctx.apply_plan(workers(1, 3), &cap, 10).unwrap();
+        assert!(ctx.lease(W1, 1).unwrap().checkpoint_due);
+        ctx.checkpoint_committed(1, "/tmp/m.json".into(), 0, 0, 20)
+            .unwrap();
+        // The survivors rejoin at once; worker 2 registers but is slow to join.
+        ctx.join_rendezvous(W0, 1, 30).unwrap();
+        ctx.join_rendezvous(W1, 1, 30).unwrap();
+        ctx.register_agent(w2, 1, "h".into(), "a2".into(), 40)
+            .unwrap();
+        // Last call waits for it while it is on its way ...
+        ctx.tick(30 + 2_500);
+        assert!(ctx.rendezvous.as_ref().unwrap().current().is_none());
+        // ... up to launch_wait_ms; then the round closes with the two.
+        ctx.tick(30 + 3_000);
+        assert_eq!(
+            ctx.rendezvous
+                .as_ref()
+                .unwrap()
+                .current()
+                .unwrap()
+                .members
+                .len(),
+            2
+        );
+        assert!(ctx.join_rendezvous(W0, 1, 3_040).unwrap().ready);
+        // The plan is not reached while worker 2 has still not joined ...
+        ctx.tick(3_100);
+        assert_eq!(ctx.plans.reached, 0);
+        // ... and once it joins, outside the round, the group is drained and re-formed.
+        let v = ctx.join_rendezvous(w2, 1, 3_200).unwrap();
+        assert!(!v.ready, "{v:?}");
+        ctx.tick(3_300);
+        assert_eq!(ctx.plans.reached, 0);
+        assert!(ctx.lease(W0, 1).unwrap().checkpoint_due);
+        ctx.checkpoint_committed(2, "/tmp/m2.json".into(), 0, 0, 3_400)
+            .unwrap();
+        assert!(ctx.lease(W0, 1).unwrap().reform);
+        for k in [W0, W1, w2] {
+            ctx.join_rendezvous(k, 1, 3_500).unwrap();
+        }
+        let v = ctx.join_rendezvous(w2, 1, 3_500).unwrap();
+        assert!(v.ready && v.world_size == 3, "{v:?}");
+        ctx.advance(3_600);
+        assert_eq!(ctx.plans.reached, 1);
         ctx.ledger.verify_exactly_once(false).unwrap();
     }
 

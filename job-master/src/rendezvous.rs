@@ -91,6 +91,17 @@ impl RoundRendezvous {
                 .is_some_and(|r| r.members.iter().any(|m| m.index == index))
     }
 
+    /// When members wait outside the current round that a new round could take in (it would be
+    /// larger, within `max` and a multiple of `node_unit`): the current round's number and the
+    /// waiting members' indices.
+    pub fn late_joiners(&self) -> Option<(u64, Vec<u32>)> {
+        let round = self.current.as_ref()?;
+        let now = round.members.len() as u32;
+        let could =
+            ((now + self.waiting.len() as u32).min(self.max) / self.node_unit) * self.node_unit;
+        (could > now).then(|| (round.number, self.waiting.keys().copied().collect()))
+    }
+
     /// The number the next closed round will carry.
     pub fn next_round_number(&self) -> u64 {
         self.next_round

@@ -163,14 +163,10 @@ async fn an_allreduce_job_on_ray_rescales_up_and_down() {
     let mut run = start_on(spec, dir.path(), test_timing(), on_ray(&address)).await;
     let addr = run.addr;
     shards_at_least(addr, 6).await;
-    send(addr, plan(1, Some(4), None)).await;
-    let s = reached(addr, 1).await;
-    assert_eq!(live_workers(&s), 4);
+    let s = rescale_workers(addr, 1, 4).await;
     let done = s.shards_done;
     shards_at_least(addr, done + 6).await;
-    send(addr, plan(2, Some(2), None)).await;
-    let s = reached(addr, 2).await;
-    assert_eq!(live_workers(&s), 2);
+    rescale_workers(addr, 2, 2).await;
 
     let report = run.report().await;
     assert_each_sample_once(&report, N, 2);

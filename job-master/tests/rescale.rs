@@ -27,9 +27,7 @@ async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
     let mut run = start(spec, dir.path()).await;
     let addr = run.addr;
     shards_at_least(addr, 6).await;
-    send(addr, plan(1, Some(4), None)).await;
-    let s = reached(addr, 1).await;
-    assert_eq!(live_workers(&s), 4);
+    let s = rescale_workers(addr, 1, 4).await;
 
     let done = s.shards_done;
     shards_at_least(addr, done + 6).await;
@@ -42,9 +40,7 @@ async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
 
     let done = s.shards_done;
     shards_at_least(addr, done + 6).await;
-    send(addr, plan(3, Some(3), None)).await;
-    let s = reached(addr, 3).await;
-    assert_eq!(live_workers(&s), 3);
+    rescale_workers(addr, 3, 3).await;
 
     let report = run.report().await;
     // The model itself counted each sample once per epoch, through every re-formation.

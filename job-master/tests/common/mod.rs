@@ -381,6 +381,15 @@ pub async fn reached(addr: SocketAddr, version: u64) -> pb::JobStatus {
     .await
 }
 
+/// Sends plan `version` resizing the workers to `workers`, waits until it is reached and checks
+/// that exactly that many workers are live.
+pub async fn rescale_workers(addr: SocketAddr, version: u64, workers: u32) -> pb::JobStatus {
+    send(addr, plan(version, Some(workers), None)).await;
+    let s = reached(addr, version).await;
+    assert_eq!(live_workers(&s), workers as usize, "plan {version}");
+    s
+}
+
 pub async fn shards_at_least(addr: SocketAddr, n: u64) {
     wait_for(
         addr,
