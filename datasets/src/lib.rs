@@ -1,7 +1,7 @@
 //! Data for Brain: parsers for the public trace and profile formats the what-if simulator
 //! replays, and the deterministic training-data generator of the reference workload.
 //!
-//! * [`table`] (private): delimited tables read with polars, typed cells, errors that name the
+//! * `table` (private): delimited tables read with polars, typed cells, errors that name the
 //!   file, line and column of a bad value ([`DatasetError`]).
 //! * [`export`]: result tables written as Parquet and CSV.
 //! * [`pollux`]: Pollux's and Sia's workloads and application profiles.

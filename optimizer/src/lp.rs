@@ -10,7 +10,7 @@
 //! orders of magnitude; with all jobs distinct it is the per-job LP.
 //!
 //! Base rows: each class's shares sum to at most `n_c · max_share` (each job at most full time)
-//! and at least `n_c · min_share`; on each type the workers in use (Σ_c s_c · y[c][j]) stay
+//! and at least `n_c · min_share`; on each type the workers in use (Σ_c s_c · y\[c\]\[j\]) stay
 //! within capacity, and each tenant's within its quota. A policy adds its own
 //! variables, objective and rows; [`AllocationLp::solve`] runs clarabel and cleans the answer:
 //! interior-point solutions sit within ~1e-9 of the constraints, so shares are clamped to [0, 1]
@@ -115,7 +115,7 @@ impl<'p> AllocationLp<'p> {
         })
     }
 
-    /// Σ_j coef(j) · y[c][j] for class `c`.
+    /// Σ_j coef(j) · y\[c\]\[j\] for class `c`.
     pub fn row(&self, c: usize, coef: impl Fn(usize) -> f64) -> Expression {
         let mut e = Expression::with_capacity(self.y[c].len());
         for (j, v) in self.y[c].iter().enumerate() {
@@ -164,7 +164,7 @@ impl<'p> AllocationLp<'p> {
         rows
     }
 
-    /// Maximises the smallest Σ_j coef(class, j) · y[c][j] / n_c over classes (every member of a
+    /// Maximises the smallest Σ_j coef(class, j) · y\[c\]\[j\] / n_c over classes (every member of a
     /// class gets y / n_c): one extra variable `t` and one row per class. With no jobs, nothing
     /// to share.
     pub fn solve_max_min(

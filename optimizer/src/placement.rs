@@ -40,7 +40,7 @@ pub struct Placement {
     pub jobs: BTreeMap<JobId, JobPlacement>,
     /// Σ throughput of the placed jobs on their types.
     pub throughput: f64,
-    /// Σ_m Σ_j T[m][j] · x[m][j] of the allocation placed.
+    /// Σ_m Σ_j T\[m\]\[j\] · x\[m\]\[j\] of the allocation placed.
     pub lp_throughput: f64,
 }
 

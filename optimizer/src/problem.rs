@@ -150,7 +150,7 @@ impl Allocation {
         used
     }
 
-    /// Total throughput Σ_m Σ_j T[m][j] × share.
+    /// Total throughput Σ_m Σ_j T\[m\]\[j\] × share.
     pub fn throughput(&self, problem: &Problem) -> f64 {
         problem
             .jobs

@@ -1,4 +1,7 @@
 //! `brainctl`: the operator's command line.
+//!
+//! Its doc comments are `--help` texts, where `[live]` names a TOML table, not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::path::PathBuf;
 

@@ -1,7 +1,7 @@
 //! Heterogeneity-aware max-min fairness (Gavel): maximise the smallest weighted, normalised
-//! throughput min_m (Σ_j W[m][j] · x[m][j]) / w_m, where W[m][j] = s_m · T[m][j] / T̄_m and T̄_m
+//! throughput min_m (Σ_j W\[m\]\[j\] · x\[m\]\[j\]) / w_m, where W\[m\]\[j\] = s_m · T\[m\]\[j\] / T̄_m and T̄_m
 //! is the job's throughput on an equal share of every worker type
-//! (Σ_j T[m][j] · cap_j / Σ cap). One extra variable `t` and one row per class of identical
+//! (Σ_j T\[m\]\[j\] · cap_j / Σ cap). One extra variable `t` and one row per class of identical
 //! jobs.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! Maximum total throughput: maximise Σ_m w_m Σ_j T[m][j] · x[m][j] (Gavel's max-sum policy;
+//! Maximum total throughput: maximise Σ_m w_m Σ_j T\[m\]\[j\] · x\[m\]\[j\] (Gavel's max-sum policy;
 //! with `normalize`, each job's throughput is divided by its best one, so fast job types do not
 //! crowd out slow ones).
 

@@ -1,7 +1,7 @@
 //! Minimum makespan in one LP. Gavel bisects over the makespan M, solving a feasibility LP
 //! (every job m reaches rate R_m / M) at each of 10–20 steps. But a job running at rate
-//! Σ_j T[m][j] · x[m][j] finishes its R_m remaining steps in R_m / rate, so the smallest makespan
-//! is 1 / t* where t* = max_x min_m Σ_j (T[m][j] / R_m) · x[m][j]: one max-min LP with weights
+//! Σ_j T\[m\]\[j\] · x\[m\]\[j\] finishes its R_m remaining steps in R_m / rate, so the smallest makespan
+//! is 1 / t* where t* = max_x min_m Σ_j (T\[m\]\[j\] / R_m) · x\[m\]\[j\]: one max-min LP with weights
 //! T / R. The shares it returns keep every job going at the rate that finishes them all together.
 //! The reported objective is the makespan in the time unit of the throughputs (seconds for
 //! steps/s).

@@ -30,7 +30,7 @@ const FEATURES: usize = 7;
 pub struct TargetModel {
     pub intercept: f64,
     pub weights: Vec<f64>,
-    /// Added to the prediction in log space, per [`group`]: a new scenario, a job whose
+    /// Added to the prediction in log space, per `group`: a new scenario, a job whose
     /// recent like (same scenario, or same family for a new one) all needed the same, a
     /// scenario whose jobs differ.
     pub margins: [f64; 3],

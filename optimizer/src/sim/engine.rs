@@ -299,7 +299,7 @@ const IDLE_ROUNDS: u32 = 1000;
 
 /// Replays `trace` on `cluster` under `scheduler`. A replay stops when every job has finished,
 /// at `max_time_s`, or when the scheduler leaves the jobs waiting on an idle cluster for
-/// [`IDLE_ROUNDS`] rounds (a job that can never fit); unfinished jobs have no finish time.
+/// `IDLE_ROUNDS` rounds (a job that can never fit); unfinished jobs have no finish time.
 pub fn simulate(
     trace: &[TraceJob],
     profiles: &[AppProfile],

@@ -4,7 +4,7 @@
 //! * [`ps_server`] holds one partition of the model (keys `k` with `k % num_ps == index`).
 //! * [`ps_worker`] leases shards, pulls, computes gradients, pushes (asynchronous SGD).
 //! * [`allreduce_worker`] keeps a full replica and averages gradients with [`ring`] all-reduce.
-//! * [`reference`] trains the same model in one process, the yardstick for the distributed runs.
+//! * [`mod@reference`] trains the same model in one process, the yardstick for the distributed runs.
 //! * [`model`] is the shared math and the checkpoint file formats.
 //!
 //! A training process learns who it is from the environment its agent set (`BRAIN_*`, the
