@@ -46,6 +46,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
         },
         platform: PlatformConfig::External,
         brain: None,
+        resume: false,
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {

@@ -512,6 +512,48 @@ impl JobContext {
         (ctx, effects)
     }
 
+    /// The latest time this context has recorded (the master's clock, ms since it started the
+    /// job): a master that continues the context runs its clock on from here.
+    pub fn clock_ms(&self) -> u64 {
+        let events = self.events.last().map_or(0, |e| e.at_ms);
+        let slots = self
+            .slots
+            .values()
+            .map(|s| s.last_heartbeat_ms)
+            .max()
+            .unwrap_or(0);
+        let transition = self.transition.as_ref().map_or(0, |t| t.step_started_ms);
+        events.max(slots).max(transition).max(self.started_at_ms)
+    }
+
+    /// A new job master continues this persisted context after the last one died (kill -9, a
+    /// lost machine). Its agents went with it (local agents die with their master, those on
+    /// other platforms exit once it stops answering), so every process is launched anew and
+    /// the job rolls back to its latest checkpoint exactly as after a group failure: what was
+    /// trained after that checkpoint is trained again and counted once. A plan in flight lands
+    /// in its target layout. Returns the agents to launch.
+    pub fn resume(&mut self, now_ms: u64) -> Result<Vec<Effect>, Error> {
+        if self.phase.is_terminal() {
+            return Err(Error::InvalidRequest(format!(
+                "job {} has already {}: there is nothing to resume",
+                self.spec.name,
+                self.phase.name()
+            )));
+        }
+        // Nobody is left to stop or to tell: only the launches below matter.
+        let _ = self.group_restart(now_ms, "the job master restarted");
+        let keys: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.phase != SlotPhase::Removed)
+            .map(|s| s.key)
+            .collect();
+        Ok(keys
+            .into_iter()
+            .map(|k| self.launch_slot(k, false, now_ms))
+            .collect())
+    }
+
     fn log(&mut self, at_ms: u64, text: String) {
         tracing::info!(job = %self.spec.name, "{text}");
         self.events.push(Event { at_ms, text });
@@ -2017,6 +2059,52 @@ mod tests {
             LeaseOutcome::Granted(s) => Some(s.id),
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_resumed_context_launches_every_process_anew_from_the_latest_checkpoint() {
+        let mut ctx = running("ps", 1, 2, 1);
+        let a = lease(&mut ctx, W0, 1).unwrap();
+        let effects = ctx.shard_done(W0, 1, a, 10).unwrap();
+        assert!(matches!(
+            effects.as_slice(),
+            [Effect::SavePsCheckpoint { id: 1, .. }]
+        ));
+        let generation = ctx.generation;
+        ctx.checkpoint_committed(1, "/tmp/c1".into(), 5, generation, 20)
+            .unwrap();
+        // After the checkpoint: one more shard done, one held, a save under way; then the
+        // master dies. What it persisted is all the next one has.
+        let b = lease(&mut ctx, W1, 1).unwrap();
+        lease(&mut ctx, W0, 1).unwrap();
+        ctx.shard_done(W1, 1, b, 30).unwrap();
+        let mut back: JobContext =
+            serde_json::from_str(&serde_json::to_string(&ctx).unwrap()).unwrap();
+        assert_eq!(back.ledger.done_shards(), 2);
+        let clock = back.clock_ms();
+        assert!(clock >= 30, "{clock}");
+        let launches = back.resume(clock + 1).unwrap();
+        // Every process, each with a new incarnation, as a fresh launch.
+        assert_eq!(launches.len(), 3);
+        for e in &launches {
+            let Effect::LaunchAgent { key, incarnation } = e else {
+                panic!("{e:?}");
+            };
+            assert!(*incarnation > 1, "{key}");
+            assert_eq!(back.slots[key].phase, SlotPhase::Launching);
+        }
+        // The data rolls back to the checkpoint: the shard done after it is done again.
+        assert_eq!(back.ledger.done_shards(), 1);
+        assert_eq!(back.ledger.in_flight(), 0);
+        assert!(!back.checkpoint_pending && !back.checkpoint_saving);
+        assert!(back.generation > generation);
+        back.ledger.verify_exactly_once(false).unwrap();
+        // A finished job has nothing to resume.
+        back.fail("for the test".into(), clock + 2);
+        assert!(matches!(
+            back.resume(clock + 3),
+            Err(Error::InvalidRequest(_))
+        ));
     }
 
     #[test]

@@ -30,6 +30,12 @@ enum Command {
         /// Where the job context, agent logs and report.json go [default: runs/<job name>].
         #[arg(long)]
         run_dir: Option<PathBuf>,
+        /// Continue the unfinished job in the run directory after its job master died (kill -9,
+        /// a lost machine): every process is launched anew and the job goes on from its latest
+        /// checkpoint, nothing lost or counted twice. Without it, a run directory that holds an
+        /// unfinished job is refused.
+        #[arg(long)]
+        resume: bool,
         /// Address the master serves agents on.
         #[arg(long, default_value = "127.0.0.1:0", env = "BRAIN_JOB_MASTER_LISTEN")]
         listen: String,
@@ -374,6 +380,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
         Command::Run {
             spec,
             run_dir,
+            resume,
             listen,
             agent_bin,
             heartbeat_interval_ms,
@@ -423,6 +430,7 @@ async fn real_main() -> anyhow::Result<std::process::ExitCode> {
                         ..job_master::brain_link::BrainLink::new(url)
                     }
                 }),
+                resume,
             };
             println!("job master on {addr}, run directory {}", run_dir.display());
             let progress = tokio::spawn(show_progress(

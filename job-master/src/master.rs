@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,10 @@ pub struct MasterConfig {
     /// The brain to register with, report to and take plans from; `None` runs alone.
     #[serde(default)]
     pub brain: Option<crate::brain_link::BrainLink>,
+    /// Continue the unfinished job whose context is in `run_dir` (its master died) instead of
+    /// starting `spec` afresh; the spec must name the same job.
+    #[serde(default)]
+    pub resume: bool,
 }
 
 /// Final statistics of one parameter server.
@@ -90,6 +94,9 @@ pub(crate) struct Shared {
     pub persister: Arc<Persister>,
     pub effects: mpsc::UnboundedSender<Effect>,
     pub started: Instant,
+    /// Where this master's clock starts: 0 for a new job, where the last master's clock
+    /// stopped for a resumed one.
+    pub clock_offset_ms: u64,
     pub phase: watch::Sender<String>,
     pub ps_stats: Mutex<Vec<PsStats>>,
     /// What the platform can place, for checking scale plans.
@@ -98,7 +105,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock_offset_ms + self.started.elapsed().as_millis() as u64
     }
 
     /// Runs a decision, hands its effects to the executor and waits until the change is durable.
@@ -173,6 +180,49 @@ impl Shared {
     }
 }
 
+/// The job to run and the agents to launch first: `spec` afresh, or, with `resume`, the
+/// unfinished job persisted in `run_dir` (see [`JobContext::resume`]), with the clock it stopped
+/// at. A fresh start never overwrites an unfinished job's context.
+fn start_or_resume(
+    spec: JobSpec,
+    run_dir: &Path,
+    timing: &Timing,
+    resume: bool,
+) -> Result<(JobContext, Vec<Effect>, u64), Error> {
+    let path = run_dir.join(crate::persist::CONTEXT_FILE);
+    if resume {
+        let mut ctx = crate::persist::load(&path)?;
+        if ctx.spec.name != spec.name {
+            return Err(Error::InvalidRequest(format!(
+                "{} holds job {:?}, not {:?}: resume it with its own spec",
+                path.display(),
+                ctx.spec.name,
+                spec.name
+            )));
+        }
+        // The timing given now applies from here on (a slow platform may need longer).
+        ctx.timing = timing.clone();
+        let clock_ms = ctx.clock_ms() + 1;
+        let launches = ctx.resume(clock_ms)?;
+        return Ok((ctx, launches, clock_ms));
+    }
+    if path.exists()
+        && let Ok(old) = crate::persist::load(&path)
+        && !old.phase.is_terminal()
+    {
+        return Err(Error::InvalidRequest(format!(
+            "{} holds job {:?}, which has not finished ({}): pass --resume to continue it, or \
+             choose another run directory",
+            path.display(),
+            old.spec.name,
+            old.phase.name()
+        )));
+    }
+    let run_id = format!("{}-{}", spec.name, std::process::id());
+    let (ctx, launches) = JobContext::new(spec, run_id, timing.clone(), 0);
+    Ok((ctx, launches, 0))
+}
+
 /// Runs one job to its end on `listener` (use port 0 in tests). Resolves when the job succeeded,
 /// failed, or `shutdown` fired; every agent is stopped before it returns.
 pub async fn run(
@@ -186,6 +236,7 @@ pub async fn run(
         timing,
         platform,
         brain,
+        resume,
     } = config;
     spec.validate().map_err(Error::Spec)?;
     std::fs::create_dir_all(&run_dir).map_err(|e| Error::Io {
@@ -200,8 +251,7 @@ pub async fn run(
         path: run_dir.clone(),
         source: e,
     })?;
-    let run_id = format!("{}-{}", spec.name, std::process::id());
-    let (ctx, initial) = JobContext::new(spec, run_id, timing.clone(), 0);
+    let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
     let job = Arc::new(Mutex::new(ctx));
     let persister = Persister::new(&run_dir);
     tokio::spawn(persister.clone().run(job.clone()));
@@ -249,6 +299,7 @@ pub async fn run(
         persister,
         effects: eff_tx.clone(),
         started: Instant::now(),
+        clock_offset_ms: clock_ms,
         phase: phase_tx,
         ps_stats: Mutex::default(),
         capacity: platform.capacity(),

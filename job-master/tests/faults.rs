@@ -171,3 +171,113 @@ async fn a_silent_agent_is_declared_lost_after_the_heartbeat_timeout() {
     assert_ps_applied_each_sample_once(&report, N, 1);
     assert_no_process_left(run.addr).await;
 }
+
+/// `job-master run` as a process on a free loopback port, for the kill -9 test below.
+fn spawn_master(
+    spec: &std::path::Path,
+    run_dir: &std::path::Path,
+    resume: bool,
+) -> (std::process::Child, std::net::SocketAddr) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut cmd = std::process::Command::new(job_master_bin());
+    cmd.arg("run")
+        .arg(spec)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .arg("--listen")
+        .arg(addr.to_string())
+        .args(["--heartbeat-interval-ms", "200", "--progress-secs", "60"])
+        .env("BRAIN_WORKER_AGENT_BIN", agent_bin())
+        .stdout(std::process::Stdio::null());
+    if resume {
+        cmd.arg("--resume");
+    }
+    (cmd.spawn().unwrap(), addr)
+}
+
+/// kill -9 of the job master in the middle of a ps job: its agents and training processes go
+/// with it; a fresh run directory would be refused while the job is unfinished, and
+/// `job-master run --resume` launches every process anew from the latest checkpoint: the job
+/// ends with every sample applied by every PS exactly once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(
+        &spec,
+        builtin_yaml(dir.path(), "kill-master", "ps", 2, 3, N, 2, 150, 5),
+    )
+    .unwrap();
+    let run_dir = dir.path().join("run");
+    let (mut first, addr) = spawn_master(&spec, &run_dir, false);
+    wait_for(
+        addr,
+        Duration::from_secs(60),
+        "a checkpoint and more shards",
+        |s| s.shards_done >= 12,
+    )
+    .await;
+    let before = processes_of(addr);
+    kill9(first.id());
+    first.wait().unwrap();
+    let ctx = context(&run_dir);
+    assert_eq!(ctx["phase"], "Running", "the context was left mid-job");
+    assert!(
+        !ctx["checkpoints"].as_array().unwrap().is_empty(),
+        "a checkpoint to go on from"
+    );
+    // Every process of the dead master is gone (agents die with it, training processes with
+    // their agent).
+    assert!(
+        before.len() >= 10,
+        "5 agents and their processes: {before:?}"
+    );
+    assert_no_process_left(addr).await;
+    // Starting afresh over the unfinished job is refused and changes nothing.
+    let out = std::process::Command::new(job_master_bin())
+        .arg("run")
+        .arg(&spec)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .env("BRAIN_WORKER_AGENT_BIN", agent_bin())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("has not finished") && err.contains("--resume"),
+        "{err}"
+    );
+    assert_eq!(context(&run_dir), ctx);
+
+    let (mut second, addr) = spawn_master(&spec, &run_dir, true);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            let _ = second.kill();
+            panic!("the resumed job did not end within 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        status.success(),
+        "the resumed job master exited with {status}"
+    );
+    let report: job_master::JobReport =
+        serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
+    assert!(report.samples_per_epoch.values().all(|&s| s == N));
+    assert_ps_applied_each_sample_once(&report, N, 2);
+    assert_recovered(
+        &report,
+        "the job master restarted: every process restarts from checkpoint",
+    );
+    assert_no_process_left(addr).await;
+}

@@ -63,12 +63,41 @@ pub fn builtin_spec(
     step_delay_us: u64,
     every_shards: u64,
 ) -> JobSpec {
+    let yaml = builtin_yaml(
+        dir,
+        name,
+        kind,
+        ps,
+        workers,
+        samples,
+        epochs,
+        step_delay_us,
+        every_shards,
+    );
+    let spec = JobSpec::from_yaml(&yaml).expect("test spec parses");
+    spec.validate().expect("test spec is valid");
+    spec
+}
+
+/// [`builtin_spec`] as the YAML a user would write.
+#[allow(clippy::too_many_arguments)]
+pub fn builtin_yaml(
+    dir: &Path,
+    name: &str,
+    kind: &str,
+    ps: u32,
+    workers: u32,
+    samples: u64,
+    epochs: u32,
+    step_delay_us: u64,
+    every_shards: u64,
+) -> String {
     let ps_role = if ps > 0 {
         format!("  ps: {{ replicas: {ps}, max_restarts: 3 }}\n")
     } else {
         String::new()
     };
-    let yaml = format!(
+    format!(
         r#"
 name: {name}
 kind: {kind}
@@ -81,10 +110,7 @@ epochs: {epochs}
 checkpoint: {{ dir: {ckpt}, every_shards: {every_shards} }}
 "#,
         ckpt = dir.join("checkpoints").display()
-    );
-    let spec = JobSpec::from_yaml(&yaml).expect("test spec parses");
-    spec.validate().expect("test spec is valid");
-    spec
+    )
 }
 
 /// The workload config the job's processes get, for the single-process reference run.
@@ -149,6 +175,7 @@ pub async fn start_on(
         timing,
         platform,
         brain: None,
+        resume: false,
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running {
