@@ -93,7 +93,12 @@ pub struct Control {
     pub metrics: Arc<Metrics>,
     /// Raw metric time series, when an InfluxDB is configured.
     pub sink: Option<crate::sink::Sink>,
+    /// How often each job's master was started again after it died (this brain's lifetime).
+    resumes: Mutex<std::collections::HashMap<JobId, u32>>,
 }
+
+/// How many times a job's master is started again after dying before the job is given up.
+pub const MAX_RESUMES: u32 = 3;
 
 impl Control {
     pub fn new(
@@ -117,6 +122,7 @@ impl Control {
             round_lock: tokio::sync::Mutex::new(()),
             metrics,
             sink,
+            resumes: Mutex::default(),
         })
     }
 
@@ -257,6 +263,10 @@ impl Control {
     /// exit) says.
     pub async fn exited(&self, e: Exited) {
         let (job, status, success) = (e.job, e.status, e.success);
+        if !success && self.resume_if_unfinished(job, &status).await {
+            self.wake();
+            return;
+        }
         let said = status.clone();
         let r = self
             .with_store(move |s| {
@@ -299,6 +309,42 @@ impl Control {
             tracing::warn!("job master of {job} exited: {status}");
         }
         self.wake();
+    }
+
+    /// A master that died before its job ended (killed, out of memory) leaves the job's
+    /// context in its run directory: a new master is started on it with `--resume`, which
+    /// launches every process anew from the latest checkpoint. At most [`MAX_RESUMES`] times
+    /// per job; then the job is recorded as failed.
+    async fn resume_if_unfinished(&self, job: JobId, status: &str) -> bool {
+        let Ok(row) = self.with_store(move |s| s.job(job)).await else {
+            return false;
+        };
+        let run_dir = PathBuf::from(&row.run_dir);
+        if row.state.finished() || row.run_dir.is_empty() || !Launcher::left_unfinished(&run_dir) {
+            return false;
+        }
+        let attempt = {
+            let mut r = self.resumes.lock().expect("no panic under the lock");
+            let n = r.entry(job).or_insert(0);
+            *n += 1;
+            *n
+        };
+        if attempt > MAX_RESUMES {
+            return false;
+        }
+        if let Err(e) = self.launcher.resume(job, &run_dir) {
+            tracing::warn!("cannot start the master of {job} again: {e}");
+            return false;
+        }
+        let reason = format!(
+            "its job master exited ({status}) before the job ended; started again with --resume \
+             from the latest checkpoint (attempt {attempt} of {MAX_RESUMES})"
+        );
+        tracing::warn!(%job, "{reason}");
+        if let Err(e) = self.with_store(move |s| s.add_reason(job, &reason)).await {
+            tracing::warn!("recording the resume of {job}: {e}");
+        }
+        true
     }
 
     /// The snapshot a round plans on.

@@ -2,7 +2,9 @@
 //! written to the job's run directory with the worker count the round decided, and
 //! `job-master run` is started on it with `--brain` pointing back here. The child is reaped by
 //! a task that reports its exit; a job master outlives a brain that is killed (it keeps
-//! training and reconnects), so a restarted brain learns of it when it registers again.
+//! training and reconnects), so a restarted brain learns of it when it registers again. A job
+//! master that dies before its job ended is started again on the same run directory with
+//! `--resume` (see `Control::exited`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -98,15 +100,37 @@ impl Launcher {
                 env: Default::default(),
             });
         }
-        let spec_path = run_dir.join("spec.yaml");
         let text = serde_norway::to_string(&spec)
             .map_err(|e| BrainError::Invalid(format!("writing the spec of {job}: {e}")))?;
-        std::fs::write(&spec_path, text)?;
-        let log = std::fs::File::create(run_dir.join("job-master.log"))?;
+        std::fs::write(run_dir.join("spec.yaml"), text)?;
+        self.spawn(job, &run_dir, false)?;
+        Ok(run_dir)
+    }
+
+    /// Starts a new master on the unfinished job in `run_dir` after its master died
+    /// (`job-master run --resume`: every process anew from the latest checkpoint).
+    pub fn resume(&self, job: JobId, run_dir: &Path) -> Result<(), BrainError> {
+        self.spawn(job, run_dir, true)
+    }
+
+    /// Whether the master of the job in `run_dir` left it unfinished: its persisted context
+    /// says so and there is no report.
+    pub fn left_unfinished(run_dir: &Path) -> bool {
+        let master = run_dir.join("master");
+        !master.join("report.json").exists()
+            && job_master::persist::load(&master.join(job_master::persist::CONTEXT_FILE))
+                .is_ok_and(|ctx| !ctx.phase.is_terminal())
+    }
+
+    fn spawn(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run_dir.join("job-master.log"))?;
         let bin = self.job_master_bin();
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.arg("run")
-            .arg(&spec_path)
+            .arg(run_dir.join("spec.yaml"))
             .arg("--run-dir")
             .arg(run_dir.join("master"))
             .arg("--brain")
@@ -119,6 +143,9 @@ impl Launcher {
             .stderr(log);
         if let Some(agent) = &self.config.agent_bin {
             cmd.arg("--agent-bin").arg(agent);
+        }
+        if resume {
+            cmd.arg("--resume");
         }
         let mut child = cmd
             .spawn()
@@ -135,7 +162,7 @@ impl Launcher {
                 success,
             });
         });
-        Ok(run_dir)
+        Ok(())
     }
 }
 

@@ -380,6 +380,20 @@ impl Store {
         Ok(())
     }
 
+    /// Adds a line to what the brain says about a job (`brainctl status` shows them).
+    pub fn add_reason(&mut self, job: JobId, reason: &str) -> Result<(), BrainError> {
+        let mut row = self.job(job)?;
+        row.reasons.push(reason.to_string());
+        self.conn.execute(
+            "UPDATE jobs SET reasons = ?2 WHERE id = ?1",
+            params![
+                self.known(job)?,
+                serde_json::to_string(&row.reasons).expect("strings")
+            ],
+        )?;
+        Ok(())
+    }
+
     /// Records how a job ended. A second report of the same end changes nothing.
     pub fn finish(
         &mut self,

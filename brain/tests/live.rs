@@ -240,6 +240,88 @@ async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
     brain.kill();
 }
 
+/// The pid of the `job-master run` process whose command line names `run_dir`.
+fn master_pid(run_dir: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (cmd.contains("job-master") && cmd.contains(" run ") && cmd.contains(run_dir))
+            .then_some(pid)
+    })
+}
+
+/// kill -9 of a job master the brain started, after a checkpoint: the brain starts it again
+/// with `--resume`, says so in the job's reasons, and the job still ends with every sample
+/// applied by its PS exactly once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_job_master_is_started_again_and_its_job_ends_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\ncooldown_s = 3\n",
+    )
+    .unwrap();
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
+    let url = format!("http://{addr}");
+    let path = spec(d, "resumed", "ps", 600);
+    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{text}");
+    // Running, with a checkpoint to go on from.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run_dir = loop {
+        let all = jobs(&url).await.unwrap_or_default();
+        if let Some(j) = all
+            .iter()
+            .find(|j| j.state == "running" && !j.run_dir.is_empty())
+        {
+            let ctx = std::fs::read(Path::new(&j.run_dir).join("master/job-context.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if ctx.is_some_and(|c| c["checkpoints"].as_array().is_some_and(|a| !a.is_empty())) {
+                break j.run_dir.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "no checkpoint: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let pid = master_pid(&run_dir).expect("the job master runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let job = loop {
+        let all = jobs(&url).await.unwrap();
+        if all[0].state == "succeeded" || all[0].state == "failed" {
+            break all[0].clone();
+        }
+        assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(job.state, "succeeded", "{job:#?}");
+    assert!(
+        job.reasons
+            .iter()
+            .any(|r| r.contains("started again with --resume") && r.contains("attempt 1 of 3")),
+        "{job:#?}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(&run_dir).join("master/report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["exactly_once"], "ok", "{report}");
+    let events = report["events"].to_string();
+    assert!(events.contains("the job master restarted"), "{report}");
+    for ps in report["ps_stats"].as_array().unwrap() {
+        assert_eq!(ps["applied_samples"].as_u64(), Some(2 * 40_000), "{ps}");
+    }
+    brain.kill();
+}
+
 #[tokio::test]
 async fn bad_submissions_get_clear_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
