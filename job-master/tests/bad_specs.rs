@@ -178,9 +178,7 @@ checkpoint: { dir: CKPT }
     .replace("CKPT", &dir.path().join("ckpt").display().to_string());
     let spec = dir.path().join("job.yaml");
     std::fs::write(&spec, yaml).unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = free_addr();
     let out = tokio::process::Command::new(job_master_bin())
         .arg("run")
         .arg(&spec)

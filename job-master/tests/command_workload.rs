@@ -105,12 +105,7 @@ async fn sigterm_to_the_job_master_stops_every_process() {
     );
     let spec = dir.path().join("job.yaml");
     std::fs::write(&spec, yaml).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = free_addr();
     let mut child = tokio::process::Command::new(job_master_bin())
         .arg("run")
         .arg(&spec)

@@ -178,12 +178,7 @@ fn spawn_master(
     run_dir: &std::path::Path,
     resume: bool,
 ) -> (std::process::Child, std::net::SocketAddr) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = free_addr();
     let mut cmd = std::process::Command::new(job_master_bin());
     cmd.arg("run")
         .arg(spec)
@@ -255,18 +250,10 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
     );
     assert_eq!(context(&run_dir), ctx);
 
-    let (mut second, addr) = spawn_master(&spec, &run_dir, true);
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = second.kill();
-            panic!("the resumed job did not end within 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (second, addr) = spawn_master(&spec, &run_dir, true);
+    let status = tokio::task::spawn_blocking(move || wait_exit(second))
+        .await
+        .unwrap();
     assert!(
         status.success(),
         "the resumed job master exited with {status}"

@@ -106,7 +106,7 @@ checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
     )
     .unwrap();
     let run_dir = dir.path().join("run");
-    let mut child = std::process::Command::new(job_master_bin())
+    let child = std::process::Command::new(job_master_bin())
         .arg("run")
         .arg(&spec)
         .args(["--platform", "ray", "--ray-address", &address])
@@ -117,17 +117,7 @@ checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
         .args(["--heartbeat-interval-ms", "200"])
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            panic!("the job did not end within 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_exit(child);
     assert!(status.success(), "job-master exited with {status}");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();

@@ -185,39 +185,20 @@ fn exit_parts(status: std::process::ExitStatus) -> (i32, i32) {
     (status.code().unwrap_or(-1), status.signal().unwrap_or(0))
 }
 
-/// Reports an exit, retrying until the master answers: a lost report would leave the master
-/// waiting for a process that is gone. Gives up (and so ends the agent) after `timeout`.
-async fn report_exit(
+/// Reports an exit (with why, when the agent ended the process itself), retrying until the
+/// master answers: a lost report would leave the master waiting for a process that is gone.
+/// Gives up (and so ends the agent) after `timeout`, and at once on `shutdown`, which is what
+/// the agents of a master that died get: `Ok(false)` then.
+async fn report_exit<F: Future<Output = ()>>(
     client: &mut MasterClient,
-    process: pb::ProcessRef,
-    exit_code: i32,
-    signal: i32,
+    exit: pb::ProcessExit,
     timeout: Duration,
-) -> Result<(), Error> {
-    report_exit_why(client, process, exit_code, signal, String::new(), timeout).await
-}
-
-/// [`report_exit`] of a process the agent ended itself, with why.
-async fn report_exit_why(
-    client: &mut MasterClient,
-    process: pb::ProcessRef,
-    exit_code: i32,
-    signal: i32,
-    agent_reason: String,
-    timeout: Duration,
-) -> Result<(), Error> {
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> Result<bool, Error> {
     let start = Instant::now();
     loop {
-        let r = client
-            .report_process_exit(pb::ProcessExit {
-                process: Some(process),
-                exit_code,
-                signal,
-                agent_reason: agent_reason.clone(),
-            })
-            .await;
-        match r {
-            Ok(_) => return Ok(()),
+        match client.report_process_exit(exit.clone()).await {
+            Ok(_) => return Ok(true),
             Err(status) if start.elapsed() >= timeout => {
                 return Err(Error::Refused {
                     call: "ReportProcessExit",
@@ -226,9 +207,22 @@ async fn report_exit_why(
             }
             Err(status) => {
                 tracing::warn!("cannot report the exit yet: {status}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = shutdown.as_mut() => return Ok(false),
+                }
             }
         }
+    }
+}
+
+/// What [`report_exit`] sends.
+fn exit_of(process: pb::ProcessRef, exit_code: i32, signal: i32, why: String) -> pb::ProcessExit {
+    pb::ProcessExit {
+        process: Some(process),
+        exit_code,
+        signal,
+        agent_reason: why,
     }
 }
 
@@ -310,14 +304,17 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                                 // Reported like a shell that cannot run the program (127), so the
                                 // master's relaunch limits and reasons apply as to any exit.
                                 tracing::error!("{e}");
-                                report_exit(
+                                let exit = exit_of(me(incarnation), 127, 0, String::new());
+                                if !report_exit(
                                     &mut client,
-                                    me(incarnation),
-                                    127,
-                                    0,
+                                    exit,
                                     args.master_timeout,
+                                    &mut shutdown,
                                 )
-                                .await?;
+                                .await?
+                                {
+                                    return Ok(0);
+                                }
                             }
                         }
                         need_join = false;
@@ -340,7 +337,10 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 let (exit_code, signal) = status.map(exit_parts).unwrap_or((-1, 0));
                 tracing::info!(incarnation, exit_code, signal, "training process exited");
                 child = None;
-                report_exit(&mut client, me(incarnation), exit_code, signal, args.master_timeout).await?;
+                let exit = exit_of(me(incarnation), exit_code, signal, String::new());
+                if !report_exit(&mut client, exit, args.master_timeout, &mut shutdown).await? {
+                    return Ok(0);
+                }
             }
             _ = heartbeat.tick() => {
                 let s = child.as_mut().and_then(|(c, ps)| c.id().and_then(|pid| sample(ps, &gpu, pid)));
@@ -352,7 +352,10 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                     let _ = c.kill().await;
                     let (exit_code, signal) = c.wait().await.map(exit_parts).unwrap_or((-1, 9));
                     child = None;
-                    report_exit_why(&mut client, me(incarnation), exit_code, signal, why, args.master_timeout).await?;
+                    let exit = exit_of(me(incarnation), exit_code, signal, why);
+                    if !report_exit(&mut client, exit, args.master_timeout, &mut shutdown).await? {
+                        return Ok(0);
+                    }
                     continue;
                 }
                 match client.heartbeat(pb::HeartbeatRequest {

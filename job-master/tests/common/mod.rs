@@ -46,6 +46,29 @@ pub fn agent_bin() -> PathBuf {
         .clone()
 }
 
+/// A loopback address with a port that was free a moment ago, for a `job-master run` process.
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Waits for a `job-master run` process to end (killing it and failing after 300 s).
+pub fn wait_exit(mut child: std::process::Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("the job did not end within 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub fn job_master_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_job-master"))
 }
