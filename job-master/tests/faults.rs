@@ -22,13 +22,7 @@ async fn killing_a_ps_worker_mid_epoch_relaunches_it_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "kill-worker", "ps", 2, 3, N, 2, 150, 10);
     let mut run = start(spec, dir.path()).await;
-    wait_for(
-        run.addr,
-        Duration::from_secs(60),
-        "a few shards done",
-        |s| s.shards_done >= 8,
-    )
-    .await;
+    shards_at_least(run.addr, 8).await;
     let victim = pid_of(run.addr, pb::Role::Worker, 1).await;
     kill9(victim);
     let report = run.report().await;
@@ -115,13 +109,7 @@ async fn killing_an_agent_relaunches_it_and_leaves_no_orphan() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "kill-agent", "ps", 1, 2, N, 1, 150, 0);
     let mut run = start(spec, dir.path()).await;
-    wait_for(
-        run.addr,
-        Duration::from_secs(60),
-        "a few shards done",
-        |s| s.shards_done >= 5,
-    )
-    .await;
+    shards_at_least(run.addr, 5).await;
     let trainer = pid_of(run.addr, pb::Role::Worker, 0).await;
     kill9(parent_of(trainer));
     let report = run.report().await;
@@ -151,13 +139,7 @@ async fn a_silent_agent_is_declared_lost_after_the_heartbeat_timeout() {
     let mut timing = test_timing();
     timing.heartbeat_timeout_ms = 1_500;
     let mut run = start_with(spec, dir.path(), timing).await;
-    wait_for(
-        run.addr,
-        Duration::from_secs(60),
-        "a few shards done",
-        |s| s.shards_done >= 5,
-    )
-    .await;
+    shards_at_least(run.addr, 5).await;
     let trainer = pid_of(run.addr, pb::Role::Worker, 1).await;
     let agent = parent_of(trainer);
     nix::sys::signal::kill(
@@ -210,13 +192,7 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
     .unwrap();
     let run_dir = dir.path().join("run");
     let (mut first, addr) = spawn_master(&spec, &run_dir, false);
-    wait_for(
-        addr,
-        Duration::from_secs(60),
-        "a checkpoint and more shards",
-        |s| s.shards_done >= 12,
-    )
-    .await;
+    shards_at_least(addr, 12).await;
     let before = processes_of(addr);
     kill9(first.id());
     first.wait().unwrap();

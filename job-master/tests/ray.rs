@@ -176,13 +176,7 @@ async fn killing_a_worker_inside_ray_relaunches_it_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "ray-kill", "ps", 1, 2, N, 2, 150, 10);
     let mut run = start_on(spec, dir.path(), test_timing(), on_ray(&address)).await;
-    wait_for(
-        run.addr,
-        Duration::from_secs(60),
-        "a few shards done",
-        |s| s.shards_done >= 8,
-    )
-    .await;
+    shards_at_least(run.addr, 8).await;
     let trainer = pid_of(run.addr, pb::Role::Worker, 1).await;
     let agent = parent_of(trainer);
     // The agent is the Ray job's process: its command line is the entrypoint Ray ran.
