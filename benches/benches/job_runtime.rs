@@ -12,8 +12,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{platform_args, ray_address, release_bin, stop_master};
-use std::process::{Child, Command, Stdio};
+use common::{ray_address, release_bin, start_master, stop_master};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use proto::jobmaster::v1 as pb;
@@ -36,32 +36,8 @@ fn spec(dir: &Path, kind: &str, ps: u32, workers: u32, samples: u64) -> PathBuf 
     path
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(spec: &Path, dir: &Path, port: u16, ray: Option<&str>) -> Child {
-    Command::new(release_bin("job-master"))
-        .arg("run")
-        .arg(spec)
-        .args(platform_args(ray))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .env("BRAIN_WORKER_AGENT_BIN", release_bin("worker-agent"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-async fn status(port: u16) -> Option<pb::JobStatus> {
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://127.0.0.1:{port}"))
+async fn status(addr: &str) -> Option<pb::JobStatus> {
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
         .await
         .ok()?;
     Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
@@ -71,18 +47,17 @@ async fn status(port: u16) -> Option<pb::JobStatus> {
 async fn time_to_first_step(ray: Option<&str>) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(dir.path(), "ps", 1, 4, 400_000);
-    let port = free_port();
     let t0 = Instant::now();
-    let mut child = start(&spec, dir.path(), port, ray);
+    let (mut child, addr) = start_master(&spec, &dir.path().join("run"), ray);
     let t = loop {
-        if let Some(s) = status(port).await
+        if let Some(s) = status(&addr).await
             && s.global_step > 0
         {
             break t0.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
-    stop_master(&mut child);
+    stop_master(&mut child.child);
     t
 }
 
@@ -90,14 +65,13 @@ async fn time_to_first_step(ray: Option<&str>) -> Duration {
 async fn per_worker_throughput(kind: &str, ps: u32, workers: u32) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(dir.path(), kind, ps, workers, 1_200_000);
-    let port = free_port();
-    let mut child = start(&spec, dir.path(), port, None);
+    let (mut child, addr) = start_master(&spec, &dir.path().join("run"), None);
     let mut rates = Vec::new();
     loop {
-        if let Ok(Some(_)) = child.try_wait() {
+        if let Ok(Some(_)) = child.child.try_wait() {
             break;
         }
-        if let Some(s) = status(port).await
+        if let Some(s) = status(&addr).await
             && s.phase == "running"
             && s.samples_per_second > 0.0
             && s.shards_done > 0

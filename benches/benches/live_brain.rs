@@ -12,10 +12,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
+use test_support::Spawned;
 
 use common::release_bin;
 use proto::jobmaster::v1 as jm;
@@ -26,9 +27,9 @@ use tonic::transport::Channel;
 const SAMPLES: u64 = 40_000;
 const EPOCHS: u64 = 2;
 
-fn start_brain(dir: &Path, cpus: u32) -> (Child, String) {
-    let mut child = Command::new(release_bin("brain"))
-        .args(["--listen", "127.0.0.1:0", "--cpus", &cpus.to_string()])
+fn start_brain(dir: &Path, cpus: u32) -> (Spawned, String) {
+    let mut cmd = Command::new(release_bin("brain"));
+    cmd.args(["--listen", "127.0.0.1:0", "--cpus", &cpus.to_string()])
         .args(["--max-processes", "100000"])
         .arg("--database")
         .arg(dir.join("brain.db"))
@@ -43,19 +44,9 @@ fn start_brain(dir: &Path, cpus: u32) -> (Child, String) {
             "--job-master-arg=300",
         ])
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
+        .stderr(Stdio::null());
+    let (child, addr) =
+        test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
     (child, format!("http://{addr}"))
 }
 
@@ -136,8 +127,7 @@ async fn scenario(resource_free: bool) -> Outcome {
         assert!(t0.elapsed() < Duration::from_secs(600), "jobs did not end");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
     let makespan_s = ended.values().max().unwrap().as_secs_f64();
     let mean_jct_s = submitted
         .iter()
@@ -239,8 +229,7 @@ async fn round_with(jobs: usize) {
             solve[2], round[2], changed
         );
     }
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
 }
 
 #[tokio::main]

@@ -1,6 +1,6 @@
 //! Allocation LP build + solve time at 256, 1,024, 2,048 and 8,192 jobs for max-sum throughput
 //! and max-min fairness, side by side in one run with the reference solver
-//! (`shared/tools/lp_reference.py`: cvxpy + ECOS; needs `pip install numpy cvxpy ecos`).
+//! (`benches/lp_reference.py`: cvxpy + ECOS; needs `pip install numpy cvxpy ecos`).
 //! Prints a table with both objectives, so equal optima are visible next to the times.
 //!
 //! cargo bench -p benches --bench lp_policies
@@ -17,12 +17,12 @@ use optimizer::{Policy, PolicyKind, Problem};
 const SIZES: [usize; 4] = [256, 1024, 2048, 8192];
 const RUNS: usize = 5;
 
-fn shared() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+fn here() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
 fn instance_path(n: usize) -> PathBuf {
-    shared().join(format!("data/lp_instances/gavel_n{n}.json"))
+    here().join(format!("../datasets/data/lp_instances/gavel_n{n}.json"))
 }
 
 /// (policy, jobs) -> (objective, median wall seconds) from the reference script.
@@ -32,7 +32,7 @@ fn reference() -> Result<ReferenceTimes, String> {
     let mut out = BTreeMap::new();
     for _ in 0..RUNS {
         let o = Command::new("python3")
-            .arg(shared().join("tools/lp_reference.py"))
+            .arg(here().join("lp_reference.py"))
             .args(SIZES.map(instance_path))
             .output()
             .map_err(|e| format!("python3: {e}"))?;

@@ -14,8 +14,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{platform_args, ray_address, release_bin, stop_master};
-use std::process::{Command, Stdio};
+use common::{ray_address, start_master, stop_master};
 use std::time::{Duration, Instant};
 
 use proto::jobmaster::v1 as pb;
@@ -29,11 +28,10 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn client(port: u16) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
+async fn client(addr: &str) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
     loop {
         if let Ok(c) =
-            pb::job_master_client::JobMasterClient::connect(format!("http://127.0.0.1:{port}"))
-                .await
+            pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await
         {
             return c;
         }
@@ -61,26 +59,9 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
     );
     let spec = dir.path().join("job.yaml");
     std::fs::write(&spec, yaml).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let run_dir = dir.path().join("run");
-    let mut master = Command::new(release_bin("job-master"))
-        .arg("run")
-        .arg(&spec)
-        .args(platform_args(ray))
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .env("BRAIN_WORKER_AGENT_BIN", release_bin("worker-agent"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut c = client(port).await;
+    let (mut master, addr) = start_master(&spec, &run_dir, ray);
+    let mut c = client(&addr).await;
     // Training first.
     while c
         .get_status(pb::StatusRequest {})
@@ -123,7 +104,7 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
         // Let the new group train a little before the next change.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    stop_master(&mut master);
+    stop_master(&mut master.child);
     let t = transitions(&run_dir);
     let on = if ray.is_some() {
         "Ray"

@@ -1,5 +1,5 @@
 //! Throughput-model fit time and prediction latency on Pollux's real T4 profiles
-//! (`shared/data/pollux/traces/<model>/placements.csv`), for the Pollux, Optimus (NNLS) and
+//! (`datasets/data/pollux/traces/<model>/placements.csv`), for the Pollux, Optimus (NNLS) and
 //! measured-table models, and the time the runtime heuristics take to plan one job.
 //!
 //! cargo bench -p benches --bench throughput_models
@@ -17,7 +17,7 @@ use optimizer::units::{Bytes, Millicores};
 
 fn profile(model: &str) -> Vec<StepSample> {
     let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/pollux/traces")
+        .join("../datasets/data/pollux/traces")
         .join(model)
         .join("placements.csv");
     let mut r = csv::Reader::from_path(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

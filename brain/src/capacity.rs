@@ -2,8 +2,8 @@
 //! `[cluster] ray_address`, read from a Ray cluster's state API before every round (alive nodes'
 //! CPUs), in the form the optimizer's live snapshot takes ([`LiveCluster`]).
 
-use job_master::platform::ray::api::{RayApi, RayCluster};
 use optimizer::live::LiveCluster;
+use ray_client::{RayApi, RayCluster};
 
 use crate::BrainError;
 
@@ -29,7 +29,7 @@ impl Source {
         Ok(match ray_address {
             Some(a) => Source::Ray(
                 RayApi::new(a)
-                    .map_err(|e| BrainError::Invalid(format!("cluster.ray_address: {e}")))?,
+                    .map_err(|e| BrainError::Config(format!("cluster.ray_address: {e}")))?,
             ),
             None => Source::Fixed,
         })
@@ -56,7 +56,7 @@ impl Source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use job_master::platform::ray::api::{RayNode, RayResources};
+    use ray_client::{RayNode, RayResources};
 
     #[test]
     fn every_alive_nodes_cpus_count() {

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use job_master::spec::JobSpec;
 use optimizer::config::PolicyConfig;
 use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState, RoundPlan, plan_round};
@@ -21,6 +20,7 @@ use optimizer::schedule::{ElasticLp, SchedulerKind};
 use prost::Message;
 use proto::jobmaster::v1 as jm;
 use tokio::sync::Notify;
+use vocab::{JobSpec, Role, ScalePlan};
 
 use crate::BrainError;
 use crate::launch::{Exited, Launcher, place_checkpoints};
@@ -97,9 +97,6 @@ pub struct Control {
     resumes: Mutex<std::collections::HashMap<JobId, u32>>,
 }
 
-/// How many times a job's master is started again after dying before the job is given up.
-pub const MAX_RESUMES: u32 = 3;
-
 impl Control {
     pub fn new(
         store: Arc<Mutex<Store>>,
@@ -149,7 +146,7 @@ impl Control {
     /// Checks `text`, writes it to the policy file and puts it in force.
     pub fn set_policy(&self, text: &str) -> Result<LoadedPolicy, BrainError> {
         let Some(path) = &self.policy_path else {
-            return Err(BrainError::InvalidArgument(
+            return Err(BrainError::FailedPrecondition(
                 "this brain runs without a policy file: start it with --policy FILE".into(),
             ));
         };
@@ -208,7 +205,7 @@ impl Control {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || f(&mut store.lock().expect("no panic under the lock")))
             .await
-            .map_err(|e| BrainError::Invalid(format!("store task: {e}")))?
+            .map_err(|e| BrainError::Internal(format!("store task: {e}")))?
     }
 
     /// Sizes a submitted spec, records it queued, and asks for a round.
@@ -228,6 +225,7 @@ impl Control {
         place_checkpoints(&mut spec, &run_dir);
         std::fs::create_dir_all(&run_dir)?;
         spec.validate()
+            .and_then(|()| vocab::spec::host::check(&spec))
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
         let cluster = self.cluster();
         let (id, shape, reasons) = self
@@ -235,7 +233,12 @@ impl Control {
                 let history = s.jobs()?;
                 let model = s
                     .model(crate::train::MODEL_NAME)?
-                    .and_then(|(body, _)| serde_json::from_str(&body).ok());
+                    .map(|(body, _)| serde_json::from_str(&body))
+                    .transpose()
+                    .map_err(|e| BrainError::Stored {
+                        what: format!("job-profile model {:?}", crate::train::MODEL_NAME),
+                        problem: e.to_string(),
+                    })?;
                 let now = now_unix_ms();
                 let p = predict(
                     &spec,
@@ -244,12 +247,18 @@ impl Control {
                     model.as_ref(),
                     now as f64 / 1000.0,
                 )
-                .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+                .map_err(|e| match e {
+                    BrainError::InvalidArgument(m) => {
+                        BrainError::InvalidArgument(format!("{origin}: {m}"))
+                    }
+                    other => other,
+                })?;
                 p.spec
                     .validate()
+                    .and_then(|()| vocab::spec::host::check(&p.spec))
                     .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
                 let yaml = serde_norway::to_string(&p.spec)
-                    .map_err(|e| BrainError::Invalid(format!("writing the spec: {e}")))?;
+                    .map_err(|e| BrainError::Internal(format!("writing the spec: {e}")))?;
                 let id = s.submit(&p.spec.name, &yaml, &p.shape, &p.reasons, now_unix_ms())?;
                 Ok((id, p.shape, p.reasons))
             })
@@ -276,9 +285,9 @@ impl Control {
                 }
                 let report = Some(PathBuf::from(&row.run_dir))
                     .filter(|d| !d.as_os_str().is_empty())
-                    .map(|d| d.join("master").join("report.json"))
+                    .map(|d| d.join("master").join(vocab::run_dir::REPORT_FILE))
                     .and_then(|p| std::fs::read(p).ok())
-                    .and_then(|b| serde_json::from_slice::<job_master::JobReport>(&b).ok());
+                    .and_then(|b| serde_json::from_slice::<vocab::JobReport>(&b).ok());
                 match report {
                     Some(r) => s.finish(
                         job,
@@ -313,8 +322,8 @@ impl Control {
 
     /// A master that died before its job ended (killed, out of memory) leaves the job's
     /// context in its run directory: a new master is started on it with `--resume`, which
-    /// launches every process anew from the latest checkpoint. At most [`MAX_RESUMES`] times
-    /// per job; then the job is recorded as failed.
+    /// launches every process anew from the latest checkpoint. At most the policy's
+    /// `[live] max_resumes` times per job; then the job is recorded as failed.
     async fn resume_if_unfinished(&self, job: JobId, status: &str) -> bool {
         let Ok(row) = self.with_store(move |s| s.job(job)).await else {
             return false;
@@ -329,7 +338,8 @@ impl Control {
             *n += 1;
             *n
         };
-        if attempt > MAX_RESUMES {
+        let max_resumes = self.policy().0.config.live.max_resumes;
+        if attempt > max_resumes {
             return false;
         }
         if let Err(e) = self.launcher.resume(job, &run_dir) {
@@ -338,7 +348,7 @@ impl Control {
         }
         let reason = format!(
             "its job master exited ({status}) before the job ended; started again with --resume \
-             from the latest checkpoint (attempt {attempt} of {MAX_RESUMES})"
+             from the latest checkpoint (attempt {attempt} of {max_resumes})"
         );
         tracing::warn!(%job, "{reason}");
         if let Err(e) = self.with_store(move |s| s.add_reason(job, &reason)).await {
@@ -367,11 +377,11 @@ impl Control {
                     samples_per_s,
                 })
                 .collect();
-            // A plan still on its way pins the job like a cool-down does.
-            let pending =
+            // Whether it pins the job is the policy's (`[live] pin_while_plan_in_flight`).
+            let plan_in_flight =
                 row.plan_version > row.reached_version && row.plan_version != row.rejected_version;
             jobs.push(LiveJob {
-                id: optimizer::units::JobId(row.id.0),
+                id: row.id,
                 name: row.name.clone(),
                 state: if row.state == JobState::Queued {
                     LiveState::Queued
@@ -390,16 +400,13 @@ impl Control {
                 node_unit: shape.node_unit,
                 speed,
                 samples_left: shape.total_samples.saturating_sub(row.samples_done) as f64,
-                last_change_s: if pending {
-                    Some(now_s)
-                } else {
-                    row.last_change_unix_ms.map(|t| t as f64 / 1000.0)
-                },
+                last_change_s: row.last_change_unix_ms.map(|t| t as f64 / 1000.0),
                 running_s: row
                     .started_unix_ms
                     .map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
                 restarts: 0,
                 peak_workers: row.peak_workers,
+                plan_in_flight,
             });
         }
         Ok(LiveSnapshot {
@@ -423,7 +430,7 @@ impl Control {
                 let snap = Control::snapshot(s, &cluster, now)?;
                 let started = Instant::now();
                 let plan = plan_round(&snap, policy.scheduler().scheduler(), &policy.config.live)
-                    .map_err(|e| BrainError::Invalid(format!("the round failed: {e}")))?;
+                    .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
                 Ok((plan, started.elapsed().as_secs_f64() * 1000.0))
             })
             .await?;
@@ -449,16 +456,8 @@ impl Control {
                 let r = self
                     .with_store(move |s| {
                         let body = |version| {
-                            jm::ScalePlan {
-                                version,
-                                roles: vec![jm::RoleTarget {
-                                    role: jm::Role::Worker as i32,
-                                    count: to,
-                                    resources: None,
-                                }],
-                                migrations: vec![],
-                            }
-                            .encode_to_vec()
+                            jm::ScalePlan::from(&ScalePlan::count(version, Role::Worker, to))
+                                .encode_to_vec()
                         };
                         s.propose_plan(job, &body, &why, Some(to), now_unix_ms())
                     })
@@ -482,7 +481,10 @@ impl Control {
     async fn start(&self, job: JobId, workers: u32) -> Result<(), BrainError> {
         let row = self.with_store(move |s| s.job(job)).await?;
         let spec: JobSpec = serde_norway::from_str(row.spec.as_deref().unwrap_or_default())
-            .map_err(|e| BrainError::Invalid(format!("the stored spec of {job}: {e}")))?;
+            .map_err(|e| BrainError::Stored {
+                what: format!("spec of {job}"),
+                problem: e.to_string(),
+            })?;
         let run_dir = self.launcher.start(job, &spec, workers)?;
         let dir = run_dir.display().to_string();
         self.with_store(move |s| s.started(job, workers, &dir, now_unix_ms()))

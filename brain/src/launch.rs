@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use job_master::spec::{JobSpec, RoleName};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use vocab::{JobSpec, Role};
 
 use crate::BrainError;
 use crate::store::JobId;
@@ -87,12 +87,12 @@ impl Launcher {
         let run_dir = self.run_dir(&spec.name);
         std::fs::create_dir_all(&run_dir)?;
         let mut spec = spec.clone();
-        if let Some(w) = spec.roles.get_mut(&RoleName::Worker) {
+        if let Some(w) = spec.roles.get_mut(&Role::Worker) {
             w.replicas = Some(workers as i64);
         }
         // On the brain's Ray cluster unless the job names a platform of its own.
         if let (Some(address), None) = (&self.ray_address, &spec.platform) {
-            spec.platform = Some(job_master::platform::PlatformConfig::Ray {
+            spec.platform = Some(vocab::spec::PlatformConfig::Ray {
                 address: address.clone(),
                 agent_bin: self.config.agent_bin.clone(),
                 max_processes: Some(self.max_processes),
@@ -101,7 +101,7 @@ impl Launcher {
             });
         }
         let text = serde_norway::to_string(&spec)
-            .map_err(|e| BrainError::Invalid(format!("writing the spec of {job}: {e}")))?;
+            .map_err(|e| BrainError::Internal(format!("writing the spec of {job}: {e}")))?;
         std::fs::write(run_dir.join("spec.yaml"), text)?;
         self.spawn(job, &run_dir, false)?;
         Ok(run_dir)
@@ -116,10 +116,7 @@ impl Launcher {
     /// Whether the master of the job in `run_dir` left it unfinished: its persisted context
     /// says so and there is no report.
     pub fn left_unfinished(run_dir: &Path) -> bool {
-        let master = run_dir.join("master");
-        !master.join("report.json").exists()
-            && job_master::persist::load(&master.join(job_master::persist::CONTEXT_FILE))
-                .is_ok_and(|ctx| !ctx.phase.is_terminal())
+        vocab::run_dir::left_unfinished(&run_dir.join("master"))
     }
 
     fn spawn(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
@@ -149,7 +146,7 @@ impl Launcher {
         }
         let mut child = cmd
             .spawn()
-            .map_err(|e| BrainError::Invalid(format!("cannot start {}: {e}", bin.display())))?;
+            .map_err(|e| BrainError::Internal(format!("cannot start {}: {e}", bin.display())))?;
         let exited = self.exited.clone();
         tokio::spawn(async move {
             let (status, success) = match child.wait().await {

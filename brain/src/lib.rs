@@ -50,8 +50,16 @@ pub enum BrainError {
         path: PathBuf,
         source: optimizer::PolicyError,
     },
+    /// The brain's own settings (config file, flags, a what-if run's inputs) are not valid.
     #[error("{0}")]
-    Invalid(String),
+    Config(String),
+    /// Something failed inside the brain: not the caller's fault.
+    #[error("{0}")]
+    Internal(String),
+    /// A value the store holds does not decode: the database was damaged or written by
+    /// something else. Never replaced by a default.
+    #[error("the job store holds a bad {what}: {problem}")]
+    Stored { what: String, problem: String },
     #[error("simulating {trace} under {policy}: {source}")]
     Simulation {
         trace: String,
@@ -60,8 +68,14 @@ pub enum BrainError {
     },
     #[error("unknown job {0}")]
     UnknownJob(u64),
+    /// The caller's request is wrong whatever the brain's state.
     #[error("{0}")]
     InvalidArgument(String),
+    /// The request is well formed but the brain's state does not allow it now.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    AlreadyExists(String),
     #[error("job store: {0}")]
     Store(#[from] rusqlite::Error),
     #[error("{0}")]
@@ -73,13 +87,53 @@ impl From<BrainError> for tonic::Status {
         let message = e.to_string();
         match e {
             BrainError::UnknownJob(_) => tonic::Status::not_found(message),
-            BrainError::InvalidArgument(_) | BrainError::Invalid(_) | BrainError::Policy { .. } => {
+            BrainError::InvalidArgument(_) | BrainError::Config(_) | BrainError::Policy { .. } => {
                 tonic::Status::invalid_argument(message)
             }
-            BrainError::Data(_)
+            BrainError::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
+            BrainError::AlreadyExists(_) => tonic::Status::already_exists(message),
+            BrainError::Internal(_)
+            | BrainError::Stored { .. }
+            | BrainError::Data(_)
             | BrainError::Simulation { .. }
             | BrainError::Store(_)
             | BrainError::Io(_) => tonic::Status::internal(message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BrainError;
+    use tonic::Code;
+
+    #[test]
+    fn each_error_reaches_clients_with_its_own_code() {
+        let code = |e: BrainError| tonic::Status::from(e).code();
+        assert_eq!(
+            code(BrainError::InvalidArgument("x".into())),
+            Code::InvalidArgument
+        );
+        assert_eq!(code(BrainError::Config("x".into())), Code::InvalidArgument);
+        assert_eq!(
+            code(BrainError::FailedPrecondition("x".into())),
+            Code::FailedPrecondition
+        );
+        assert_eq!(
+            code(BrainError::AlreadyExists("x".into())),
+            Code::AlreadyExists
+        );
+        assert_eq!(code(BrainError::UnknownJob(3)), Code::NotFound);
+        assert_eq!(code(BrainError::Internal("x".into())), Code::Internal);
+        let stored = BrainError::Stored {
+            what: "spec of job 1".into(),
+            problem: "bad".into(),
+        };
+        assert_eq!(
+            stored.to_string(),
+            "the job store holds a bad spec of job 1: bad"
+        );
+        assert_eq!(code(stored), Code::Internal);
+        assert_eq!(code(std::io::Error::other("disk").into()), Code::Internal);
     }
 }

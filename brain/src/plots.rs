@@ -12,7 +12,7 @@ use crate::whatif::PolicyResult;
 const MAX_POINTS: usize = 1000;
 
 fn failed(path: &Path, e: impl std::fmt::Display) -> BrainError {
-    BrainError::Invalid(format!("drawing {}: {e}", path.display()))
+    BrainError::Internal(format!("drawing {}: {e}", path.display()))
 }
 
 /// Writes `jct_cdf.svg` and `utilisation.svg` into `dir`; returns their paths.

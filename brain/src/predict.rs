@@ -1,21 +1,15 @@
-//! Sizing a submitted job that names no replicas or resources: what the spec leaves out is
-//! filled from the brain's own history of finished jobs like it, and every choice says why.
-//!
-//! "Like it" means the same kind and the same workload (built-in settings or command). From
-//! the successful ones the brain takes the median worker and PS counts they ended at (the
-//! counts the live rounds found worth holding) and their peak memory per process with a
-//! 25 % margin. Without history a job starts at its minimum (at least 2 workers where its
-//! bounds allow), with one slot of CPU per process and 512 MiB. A bound the user left out
-//! becomes what the cluster can hold. Counts the user gave are kept as given.
+//! Sizing a submitted job that names no replicas or resources: the decision is the
+//! optimizer's ([`optimizer::sizing`]); this module hands it the brain's history (finished,
+//! successful jobs with the shape they ended at) and the stored job-profile model's answer,
+//! and records the sized job's [`Shape`].
 
-use job_master::spec::{Bytes, JobSpec, Millicores, Resources, RoleName, RoleSpec};
 use optimizer::live::LiveCluster;
 use optimizer::profile::{History, LearnedModel, Predictor, ProfileSample};
+use optimizer::sizing::{LearnedMemory, PastJob};
+use vocab::{JobSpec, Role};
 
+use crate::BrainError;
 use crate::store::{JobRow, JobState, Shape};
-
-const DEFAULT_MEMORY: u64 = 512 << 20;
-const MEMORY_MARGIN: f64 = 1.25;
 
 /// The spec with every count and resource filled in, its shape, and why.
 #[derive(Clone, Debug)]
@@ -23,11 +17,6 @@ pub struct Prediction {
     pub spec: JobSpec,
     pub shape: Shape,
     pub reasons: Vec<String>,
-}
-
-fn median(mut v: Vec<u64>) -> Option<u64> {
-    v.sort_unstable();
-    (!v.is_empty()).then(|| v[v.len() / 2])
 }
 
 /// Fills `spec` in. `history` is every job the brain knows (finished ones are used).
@@ -38,7 +27,7 @@ pub fn predict(
     cluster: &LiveCluster,
     model: Option<&LearnedModel>,
     now_s: f64,
-) -> Result<Prediction, String> {
+) -> Result<Prediction, BrainError> {
     let learned = model.and_then(|m| {
         let mut past = crate::train::from_store(history);
         past.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
@@ -53,135 +42,41 @@ pub fn predict(
             requested: None,
             used: Default::default(),
         };
-        m.predict(&h, &job).map(|d| (d, m))
-    });
-    let mut spec = spec.clone();
-    let mut reasons = Vec::new();
-    let workload = serde_json::to_string(&spec.workload).expect("plain struct");
-    let similar: Vec<(&JobRow, &Shape)> = history
-        .iter()
-        .filter(|r| r.state == JobState::Succeeded)
-        .filter_map(|r| {
-            let shape = r.shape.as_ref()?;
-            let past: JobSpec = serde_norway::from_str(r.spec.as_deref()?).ok()?;
-            (past.kind == spec.kind && serde_json::to_string(&past.workload).ok()? == workload)
-                .then_some((r, shape))
+        m.predict(&h, &job).map(|d| LearnedMemory {
+            worker_mib: d.0[1],
+            trained_on: m.trained_on,
+            quantile: m.quantile,
         })
-        .collect();
-    let names: Vec<&str> = similar.iter().map(|(r, _)| r.name.as_str()).collect();
-    if similar.is_empty() {
-        reasons.push(format!(
-            "no finished {} job with this workload in the history: defaults",
-            spec.kind
-        ));
-    } else {
-        reasons.push(format!(
-            "{} similar finished job(s): {}",
-            similar.len(),
-            names.join(", ")
-        ));
-    }
-    let slot = cluster.slot_millicores;
-
-    for role in [RoleName::Ps, RoleName::Worker] {
-        let Some(r) = spec.roles.get(&role).cloned() else {
+    });
+    let mut past = Vec::new();
+    for row in history.iter().filter(|r| r.state == JobState::Succeeded) {
+        let (Some(shape), Some(text)) = (&row.shape, &row.spec) else {
             continue;
         };
-        let mut r: RoleSpec = r;
-        let resources = r.resources.clone().unwrap_or_default();
-        let cpu = match resources.cpu {
-            Some(c) => c,
-            None => {
-                reasons.push(format!("{role} cpu: {slot}m, one scheduling slot"));
-                Millicores(slot)
-            }
-        };
-        let memory = match resources.memory {
-            Some(m) => m,
-            None if role == RoleName::Worker && learned.is_some() => {
-                let (d, m) = learned.expect("checked");
-                let mib = (d.0[1].max(64.0)) as u64;
-                reasons.push(format!(
-                    "worker memory: {mib} MiB from the job-profile model ({} jobs, margin for \
-                     {:.0} % of jobs)",
-                    m.trained_on,
-                    m.quantile * 100.0
-                ));
-                Bytes(mib << 20)
-            }
-            None => {
-                let peaks: Vec<u64> = similar
-                    .iter()
-                    .filter(|(row, s)| row.peak_memory_bytes > 0 && s.workers + s.ps > 0)
-                    .map(|(row, s)| row.peak_memory_bytes / (s.workers + s.ps) as u64)
-                    .collect();
-                match median(peaks) {
-                    Some(peak) => {
-                        let m = ((peak as f64 * MEMORY_MARGIN) as u64).max(64 << 20);
-                        reasons.push(format!(
-                            "{role} memory: {} MiB, the median peak per process of similar jobs \
-                             ({} MiB) + 25 %",
-                            m >> 20,
-                            peak >> 20
-                        ));
-                        Bytes(m)
-                    }
-                    None => {
-                        reasons.push(format!(
-                            "{role} memory: {} MiB (default)",
-                            DEFAULT_MEMORY >> 20
-                        ));
-                        Bytes(DEFAULT_MEMORY)
-                    }
-                }
-            }
-        };
-        r.resources = Some(Resources {
-            cpu: Some(cpu),
-            memory: Some(memory),
-            gpu: resources.gpu,
-            custom: resources.custom.clone(),
+        let spec: JobSpec = serde_norway::from_str(text).map_err(|e| BrainError::Stored {
+            what: format!("spec of {}", row.id),
+            problem: e.to_string(),
+        })?;
+        past.push(PastJob {
+            name: row.name.clone(),
+            spec,
+            workers: shape.workers,
+            ps: shape.ps,
+            peak_memory_bytes: row.peak_memory_bytes,
         });
-        let unit = r.node_unit.unwrap_or(1).max(1);
-        let per = cpu.0.div_ceil(slot).max(1);
-        let fits = (cluster.cpu_millicores / slot / per) as i64;
-        let fits = fits.min(cluster.max_processes as i64) / unit * unit;
-        if r.max.is_none() && r.replicas.is_none() {
-            r.max = Some(fits.max(unit));
-            reasons.push(format!(
-                "{role} max: {}, what the cluster holds",
-                r.max.unwrap()
-            ));
-        }
-        if r.replicas.is_none() {
-            let min = r.min.unwrap_or(unit);
-            let max = r.max.unwrap_or(min);
-            let past: Vec<u64> = similar
-                .iter()
-                .map(|(_, s)| match role {
-                    RoleName::Ps => s.ps as u64,
-                    RoleName::Worker => s.workers as u64,
-                })
-                .collect();
-            let (n, why) = match median(past) {
-                Some(n) => (n as i64, "the median of similar jobs".to_string()),
-                None if role == RoleName::Worker => (2, "default".to_string()),
-                None => (1, "default".to_string()),
-            };
-            let n = (n / unit * unit).clamp(min, max);
-            reasons.push(format!(
-                "{role} replicas: {n} ({why}, within [{min}, {max}])"
-            ));
-            r.replicas = Some(n);
-        }
-        spec.roles.insert(role, r);
     }
-    let plan = |role| spec.role_plan(role).map_err(|e| e.to_string());
-    let w = plan(RoleName::Worker)?;
+    let sized = optimizer::sizing::size(spec, &past, cluster, learned)
+        .map_err(|e| BrainError::InvalidArgument(e.to_string()))?;
+    let spec = sized.spec;
+    let plan = |role| {
+        spec.role_plan(role)
+            .map_err(|e| BrainError::InvalidArgument(e.to_string()))
+    };
+    let w = plan(Role::Worker)?;
     let ps = spec
         .roles
-        .contains_key(&RoleName::Ps)
-        .then(|| plan(RoleName::Ps))
+        .contains_key(&Role::Ps)
+        .then(|| plan(Role::Ps))
         .transpose()?;
     let res = |role| {
         spec.roles
@@ -189,7 +84,7 @@ pub fn predict(
             .and_then(|r| r.resources.clone())
             .unwrap_or_default()
     };
-    let (wr, pr) = (res(RoleName::Worker), res(RoleName::Ps));
+    let (wr, pr) = (res(Role::Worker), res(Role::Ps));
     let shape = Shape {
         kind: spec.kind.to_string(),
         workers: w.replicas,
@@ -197,18 +92,18 @@ pub fn predict(
         max_workers: w.max,
         node_unit: w.node_unit,
         ps: ps.as_ref().map_or(0, |p| p.replicas),
-        worker_millicores: wr.cpu.map_or(slot, |c| c.0),
+        worker_millicores: wr.cpu.map_or(cluster.slot_millicores, |c| c.0),
         worker_memory_bytes: wr.memory.map_or(0, |m| m.0),
         worker_gpus: wr.gpu.unwrap_or(0),
         ps_millicores: pr.cpu.map_or(0, |c| c.0),
         ps_memory_bytes: pr.memory.map_or(0, |m| m.0),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
     };
-    shape.validate()?;
+    shape.validate().map_err(BrainError::InvalidArgument)?;
     Ok(Prediction {
         spec,
         shape,
-        reasons,
+        reasons: sized.reasons,
     })
 }
 

@@ -99,28 +99,28 @@ impl BrainConfig {
 
     pub fn validate(&self) -> Result<(), BrainError> {
         if self.database.as_os_str().is_empty() {
-            return Err(BrainError::Invalid("database: an empty path".into()));
+            return Err(BrainError::Config("database: an empty path".into()));
         }
         let c = &self.cluster;
         if !(c.cpus.is_finite() && c.cpus > 0.0 && c.cpus < 1e6) {
-            return Err(BrainError::Invalid(format!(
+            return Err(BrainError::Config(format!(
                 "cluster.cpus is {}, expected more than 0",
                 c.cpus
             )));
         }
         if c.slot_millicores == 0 || (c.slot_millicores as f64) > c.cpus * 1000.0 {
-            return Err(BrainError::Invalid(format!(
+            return Err(BrainError::Config(format!(
                 "cluster.slot_millicores is {}, expected 1 to the cluster's {} millicores",
                 c.slot_millicores,
                 c.cpus * 1000.0
             )));
         }
         if let Some(a) = &c.ray_address {
-            job_master::platform::ray::api::RayApi::new(a)
-                .map_err(|e| BrainError::Invalid(format!("cluster.ray_address: {e}")))?;
+            ray_client::RayApi::new(a)
+                .map_err(|e| BrainError::Config(format!("cluster.ray_address: {e}")))?;
         }
         if c.max_processes == 0 {
-            return Err(BrainError::Invalid("cluster.max_processes is 0".into()));
+            return Err(BrainError::Config("cluster.max_processes is 0".into()));
         }
         if let Some(sink) = &self.sink {
             sink.validate()?;
@@ -156,7 +156,7 @@ pub async fn run(
     let path = config.database.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&path))
         .await
-        .map_err(|e| BrainError::Invalid(format!("opening the store: {e}")))??;
+        .map_err(|e| BrainError::Internal(format!("opening the store: {e}")))??;
     let store = Arc::new(Mutex::new(store));
     let addr = listener.local_addr()?;
     let reach = if addr.ip().is_unspecified() {
@@ -248,6 +248,6 @@ pub async fn run(
         }
     };
     served
-        .map_err(|e| BrainError::Invalid(format!("serving task: {e}")))?
-        .map_err(|e| BrainError::Invalid(format!("serving: {e}")))
+        .map_err(|e| BrainError::Internal(format!("serving task: {e}")))?
+        .map_err(|e| BrainError::Internal(format!("serving: {e}")))
 }

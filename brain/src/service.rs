@@ -224,19 +224,20 @@ impl pb::brain_server::Brain for BrainService {
                 "a plan needs a role count or a migration",
             ));
         }
-        let workers = r
-            .roles
-            .iter()
-            .find(|t| t.role == jm::Role::Worker as i32)
-            .map(|t| t.count);
+        let plan = vocab::ScalePlan::try_from(jm::ScalePlan {
+            version: 0,
+            roles: r.roles,
+            migrations: r.migrations,
+        })
+        .map_err(|e| Status::invalid_argument(e.0))?;
+        let workers = plan.count_of(vocab::Role::Worker);
         let version = self
             .with_store(move |s| {
                 let body = |version: u64| {
-                    jm::ScalePlan {
+                    jm::ScalePlan::from(&vocab::ScalePlan {
                         version,
-                        roles: r.roles.clone(),
-                        migrations: r.migrations.clone(),
-                    }
+                        ..plan.clone()
+                    })
                     .encode_to_vec()
                 };
                 s.propose_plan(JobId(r.job_id), &body, &r.reason, workers, now_unix_ms())

@@ -53,7 +53,7 @@ pub struct Scored {
 }
 
 /// What makes two of the brain's jobs alike: their kind and workload.
-pub fn scenario(spec: &job_master::spec::JobSpec) -> String {
+pub fn scenario(spec: &vocab::JobSpec) -> String {
     format!(
         "{}|{}",
         spec.kind,
@@ -62,7 +62,7 @@ pub fn scenario(spec: &job_master::spec::JobSpec) -> String {
 }
 
 fn scenario_of(row: &JobRow) -> Option<String> {
-    let spec: job_master::spec::JobSpec = serde_norway::from_str(row.spec.as_deref()?).ok()?;
+    let spec: vocab::JobSpec = serde_norway::from_str(row.spec.as_deref()?).ok()?;
     Some(scenario(&spec))
 }
 
@@ -152,7 +152,7 @@ pub fn score(
     }
     let (train, test) = split(samples, train_share);
     let ours = LearnedModel::fit(&train, quantile)
-        .map_err(|e| BrainError::Invalid(format!("{dataset}: fitting the model: {e}")))?;
+        .map_err(|e| BrainError::Internal(format!("{dataset}: fitting the model: {e}")))?;
     let dlrover = DlRoverRule::default();
     let median = GlobalMedian::default();
     let request = UserRequest::default();

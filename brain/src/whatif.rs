@@ -35,7 +35,7 @@ pub fn load_policy(path: &Path) -> Result<NamedPolicy, BrainError> {
         source,
     })?;
     let scheduler = config.scheduler.ok_or_else(|| {
-        BrainError::Invalid(format!(
+        BrainError::Config(format!(
             "{}: no [scheduler] table (e.g. `[scheduler]` then `kind = \"pollux\"`)",
             path.display()
         ))
@@ -122,7 +122,7 @@ pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTr
                 .filter(|f| f.extension().is_some_and(|x| x == "csv"))
                 .collect();
             if inside.is_empty() {
-                return Err(BrainError::Invalid(format!(
+                return Err(BrainError::Config(format!(
                     "{}: no .csv traces in the directory",
                     p.display()
                 )));

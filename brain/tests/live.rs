@@ -39,7 +39,7 @@ fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
             ])
             .stderr(std::fs::File::create(dir.join(format!("brain-{}.log", now_ms()))).unwrap());
     });
-    (Brain(child), addr)
+    (child, addr)
 }
 
 fn now_ms() -> u128 {

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 fn data() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data")
+    datasets::bundled()
 }
 
 #[test]
@@ -85,7 +85,7 @@ fn history_db(path: &Path, n: usize) {
              checkpoint: {{ dir: checkpoints, every_shards: 10 }}\n"
         );
         // The spec is valid: its workload is the scenario the brain learns by.
-        let _: job_master::spec::JobSpec = serde_norway::from_str(&spec).unwrap();
+        let _: vocab::JobSpec = serde_norway::from_str(&spec).unwrap();
         let shape = Shape {
             kind: "allreduce".into(),
             workers: 2,

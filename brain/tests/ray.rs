@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Brain, bin_dir, brainctl};
+use common::{bin_dir, brainctl};
 
 #[test]
 fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
@@ -15,11 +15,11 @@ fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
         .ok()
         .filter(|a| !a.is_empty())
     else {
-        assert!(
-            std::env::var("BRAIN_REQUIRE_RAY").as_deref() != Ok("1"),
-            "BRAIN_REQUIRE_RAY=1 but BRAIN_RAY_ADDRESS is not set"
+        test_support::optional_server(
+            "BRAIN_REQUIRE_RAY",
+            "a Ray cluster",
+            "set BRAIN_RAY_ADDRESS to its dashboard, as .ci/run does with .ci/ray-head",
         );
-        eprintln!("skipped: no Ray cluster (set BRAIN_RAY_ADDRESS, as .ci/run does)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -46,7 +46,7 @@ fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
         ])
         .stderr(std::fs::File::create(dir.path().join("brain.log")).unwrap());
     });
-    let _brain = Brain(child);
+    let _brain = child;
     let url = format!("http://{addr}");
 
     let (ok, out) = brainctl(&["plan", "--dry-run", "--brain", &url]);

@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
@@ -14,7 +14,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 /// Starts `brain` on port 0; returns the process and its address.
-fn start(db: &Path) -> (Child, String) {
+fn start(db: &Path) -> (common::Brain, String) {
     let (child, addr) = common::spawn_brain(|cmd| {
         cmd.args(["--listen", "127.0.0.1:0", "--database"])
             .arg(db)
@@ -167,12 +167,16 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
             acked
         })
     };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while acked == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no metric batch was stored within 60 s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         acked = job(&mut c, a.job_id).await.reports;
     }
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
     let acked = stream.await.unwrap();
     assert!(acked > 0);
 
@@ -226,6 +230,5 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
     assert!(ok && text.contains("master: 127.0.0.1:7003"), "{text}");
     let (ok, text) = brainctl(&["status", "999", "--brain", &addr]);
     assert!(!ok && text.contains("unknown job 999"), "{text}");
-    brain.kill().unwrap();
-    brain.wait().unwrap();
+    brain.kill();
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn pollux() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/pollux")
+    datasets::bundled().join("pollux")
 }
 
 fn policy(name: &str) -> PathBuf {
@@ -125,7 +125,7 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
 #[test]
 fn a_philly_job_list_replays_as_rigid_jobs() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(pollux().join("traces/philly.csv")).unwrap();
+    let text = std::fs::read_to_string(pollux().join("traces/philly-sample.csv")).unwrap();
     let lines: Vec<&str> = text.lines().take(301).collect();
     let trace = dir.path().join("philly-300.csv");
     std::fs::write(&trace, lines.join("\n") + "\n").unwrap();

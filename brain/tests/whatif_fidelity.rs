@@ -3,14 +3,14 @@
 //! (`pollux/results-jobload/<policy>-1.0/summary.json`), and ours beats the best published
 //! results on Pollux's and Sia's workloads.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use brain::whatif::{NamedPolicy, Options, TraceFormat, load_traces, run};
 use optimizer::schedule::{ElasticLp, Optimus, Pollux, SchedulerKind, Tiresias};
 use optimizer::sim::{ClusterSpec, SimConfig};
 
 fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/pollux")
+    datasets::bundled().join("pollux")
 }
 
 fn published(policy: &str) -> f64 {

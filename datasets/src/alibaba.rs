@@ -171,13 +171,12 @@ mod tests {
     use super::*;
 
     fn data() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/alibaba_gpu_v2023")
+        crate::bundled().join("alibaba_gpu_v2023")
     }
 
     #[test]
     fn dlrm_instances_read_with_their_roles() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/data/alibaba_gpu_v2025/disaggregated_DLRM_trace.csv");
+        let path = crate::bundled().join("alibaba_gpu_v2025/disaggregated_DLRM_trace.csv");
         let all = read_dlrm(&path).unwrap();
         assert_eq!(all.len(), 23_871);
         assert_eq!(all.iter().filter(|x| x.role == "CN").count(), 16_485);

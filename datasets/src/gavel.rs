@@ -80,7 +80,7 @@ mod tests {
     use super::*;
 
     fn data() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gavel")
+        crate::bundled().join("gavel")
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Data for Brain: parsers for the public trace and profile formats the what-if simulator
-//! replays, and the deterministic training-data generator of the reference workload.
+//! replays, and the public data the repository carries ([`bundled`]). (The reference workload's
+//! training-data generator lives with that workload, in `worker-agent`, so the worker agent
+//! builds without polars or the solvers.)
 //!
 //! * `table` (private): delimited tables read with polars, typed cells, errors that name the
 //!   file, line and column of a bad value ([`DatasetError`]).
@@ -8,13 +10,8 @@
 //! * [`philly`]: Microsoft's Philly job list (rigid jobs: GPUs and duration).
 //! * [`gavel`]: Gavel's job traces (both `.trace` formats).
 //! * [`alibaba`]: Alibaba's 2023 GPU cluster trace (openb pod and node lists).
-//! * [`ctr`]: the click-through-rate data generator: every sample is a pure function of
-//!   `(seed, index)`, so any process can produce any shard without a file, and the generator
-//!   knows the ground-truth model, so the log-loss a training run reaches can be judged against
-//!   the best one possible.
 
 pub mod alibaba;
-pub mod ctr;
 mod error;
 pub mod export;
 pub mod gavel;
@@ -22,5 +19,11 @@ pub mod philly;
 pub mod pollux;
 mod table;
 
-pub use ctr::{CtrGenerator, CtrSpec, CtrSpecError, Sample, log_loss, sigmoid};
+/// The public data this repository carries (`datasets/data/`: profiles, workloads, LP
+/// instances and trace samples, each folder with its SOURCE.md), for tests, benches and
+/// examples. The path is this crate's source folder at build time.
+pub fn bundled() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data")
+}
+
 pub use error::DatasetError;

@@ -90,8 +90,16 @@ mod tests {
 
     #[test]
     fn the_philly_job_list_reads_as_rigid_jobs_from_its_earliest_submission() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/data/pollux/traces/philly.csv");
+        // The whole list (3.4 MB) is not in the repository: datasets/data/pollux/SOURCE.md says
+        // where it comes from; BRAIN_PHILLY_CSV names it (`.ci/run` does when ../shared has it).
+        let Some(path) = std::env::var_os("BRAIN_PHILLY_CSV") else {
+            eprintln!(
+                "SKIPPED: set BRAIN_PHILLY_CSV to Pollux's traces/philly.csv (82,247 jobs; see \
+                 datasets/data/README.md) to read the whole Philly job list"
+            );
+            return;
+        };
+        let path = std::path::PathBuf::from(path);
         let jobs = read_jobs(&path).unwrap();
         assert_eq!(jobs.len(), 82_247);
         // Line 2: submitted 2017-10-09 07:01:55, the earliest is 2017-09-04 10:30:41.

@@ -255,7 +255,7 @@ mod tests {
     use super::*;
 
     fn data() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/pollux")
+        crate::bundled().join("pollux")
     }
 
     #[test]

@@ -17,9 +17,10 @@ use proto::service::v1 as pb;
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
-use crate::master::{JobReport, Shared};
-use crate::service::scale_plan;
-use crate::spec::{JobKind, RoleName};
+use crate::scale::ScalePlan;
+use crate::shared::Shared;
+use crate::spec::{JobKind, Role};
+use vocab::JobReport;
 
 type Client = pb::brain_client::BrainClient<Channel>;
 
@@ -87,11 +88,11 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
             gpus: r.gpu.unwrap_or(0),
         }
     };
-    let w = plan(RoleName::Worker);
+    let w = plan(Role::Worker);
     pb::JobShape {
         kind: spec.kind.to_string(),
         workers: counts
-            .get(&RoleName::Worker)
+            .get(&Role::Worker)
             .copied()
             .filter(|n| *n > 0)
             .or(w.as_ref().map(|p| p.replicas))
@@ -100,11 +101,11 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         max_workers: w.as_ref().map_or(1, |p| p.max),
         worker_node_unit: w.as_ref().map_or(1, |p| p.node_unit),
         ps: match spec.kind {
-            JobKind::Ps => plan(RoleName::Ps).map_or(1, |p| p.replicas),
+            JobKind::Ps => plan(Role::Ps).map_or(1, |p| p.replicas),
             JobKind::Allreduce => 0,
         },
-        worker_resources: Some(res(RoleName::Worker)),
-        ps_resources: (spec.kind == JobKind::Ps).then(|| res(RoleName::Ps)),
+        worker_resources: Some(res(Role::Worker)),
+        ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::Ps)),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
     }
 }
@@ -123,8 +124,8 @@ fn report(ctx: &crate::job::JobContext) -> pb::MetricReport {
         } else {
             0.0
         },
-        workers: counts.get(&RoleName::Worker).copied().unwrap_or(0),
-        ps: counts.get(&RoleName::Ps).copied().unwrap_or(0),
+        workers: counts.get(&Role::Worker).copied().unwrap_or(0),
+        ps: counts.get(&Role::Ps).copied().unwrap_or(0),
         cpu_millicores: live()
             .filter_map(|s| s.sample.as_ref())
             .map(|x| x.cpu_millicores)
@@ -241,7 +242,7 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
         };
         if let Some(plan) = plan {
             let version = plan.version;
-            let answer = match scale_plan(plan) {
+            let answer = match ScalePlan::try_from(plan) {
                 Ok(p) => shared.apply_scale_plan(p).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
@@ -299,7 +300,7 @@ pub async fn report_outcome(link: &BrainLink, report: &JobReport, master_addr: S
                 let r = c
                     .report_outcome(pb::JobOutcome {
                         job_id: id,
-                        phase: report.phase.clone(),
+                        phase: report.phase.to_string(),
                         reason: report.reason.clone().unwrap_or_default(),
                         elapsed_ms: report.elapsed_ms,
                         samples_done: total,

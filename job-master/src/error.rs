@@ -1,41 +1,13 @@
 //! The job master's one error type, mapped once to `tonic::Status`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// A problem in a job spec: the field's path and what is wrong with its value.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{path}: {problem}")]
-pub struct SpecError {
-    pub path: String,
-    pub problem: String,
-    pub file: Option<PathBuf>,
-}
-
-impl SpecError {
-    pub fn new(path: impl Into<String>, problem: impl Into<String>) -> Self {
-        Self {
-            path: path.into(),
-            problem: problem.into(),
-            file: None,
-        }
-    }
-
-    pub fn in_file(mut self, file: &Path) -> Error {
-        self.file = Some(file.to_path_buf());
-        Error::Spec(self)
-    }
-}
+pub use vocab::SpecError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid job spec{file}: {0}", file = .0.file.as_ref().map(|f| format!(" {}", f.display())).unwrap_or_default())]
-    Spec(SpecError),
-    #[error("cannot read job spec {path}: {source}")]
-    SpecFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Spec(#[from] vocab::Error),
     #[error("unknown process {role} {index}")]
     UnknownProcess { role: String, index: u32 },
     #[error("{role} {index} incarnation {got} is stale: the current one is {current}")]

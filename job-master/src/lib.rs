@@ -10,8 +10,9 @@
 //!   a Ray cluster ([`platform::ray`], with its capacity read from Ray's state API).
 //! * [`brain_link`]: with a brain configured, registers the job, reports its metrics, polls
 //!   for plans and carries them out, and reports how the job ended.
-//! * [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin
-//!   tonic adapter over [`job`].
+//! * [`shared`] holds the state the tasks share and applies every decision durably;
+//!   [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin
+//!   tonic adapter over [`job`] through [`shared`].
 
 pub mod brain_link;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod platform;
 pub mod rendezvous;
 pub mod scale;
 pub mod service;
+pub mod shared;
 pub mod spec;
 
 pub use error::Error;

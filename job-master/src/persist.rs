@@ -14,7 +14,7 @@ use tokio::sync::{Mutex, Notify, watch};
 use crate::error::Error;
 use crate::job::JobContext;
 
-pub const CONTEXT_FILE: &str = "job-context.json";
+pub use vocab::run_dir::CONTEXT_FILE;
 
 pub struct Persister {
     path: PathBuf,

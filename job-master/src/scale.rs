@@ -13,28 +13,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::job::SlotKey;
-use crate::spec::{Bytes, JobKind, JobSpec, Millicores, Resources, RoleName};
+use crate::spec::{Bytes, JobKind, JobSpec, Millicores, Resources, Role};
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RoleTarget {
-    pub count: u32,
-    /// Resources of processes launched from now on; `None` keeps the role's.
-    pub resources: Option<Resources>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Migration {
-    pub key: SlotKey,
-    pub resources: Resources,
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ScalePlan {
-    pub version: u64,
-    pub roles: BTreeMap<RoleName, RoleTarget>,
-    pub migrations: Vec<Migration>,
-}
+pub use vocab::plan::{Migration, RoleTarget, ScalePlan};
 
 /// What the platform can place: the shell reads it from the machine (local) or the cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,7 +75,7 @@ fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), Stri
 pub fn validate(
     plan: &ScalePlan,
     spec: &JobSpec,
-    current: &BTreeMap<RoleName, u32>,
+    current: &BTreeMap<Role, u32>,
     live: &[SlotKey],
     cap: &Capacity,
 ) -> Result<(), String> {
@@ -104,7 +85,7 @@ pub fn validate(
         total = total.saturating_add(count);
     }
     for (&role, target) in &plan.roles {
-        if role == RoleName::Ps && spec.kind != JobKind::Ps {
+        if role == Role::Ps && spec.kind != JobKind::Ps {
             return Err(format!("an {} job has no parameter servers", spec.kind));
         }
         let Ok(bounds) = spec.role_plan(role) else {
@@ -200,7 +181,7 @@ mod tests {
         };
         if let Some(n) = ps {
             p.roles.insert(
-                RoleName::Ps,
+                Role::Ps,
                 RoleTarget {
                     count: n,
                     resources: None,
@@ -209,7 +190,7 @@ mod tests {
         }
         if let Some(n) = workers {
             p.roles.insert(
-                RoleName::Worker,
+                Role::Worker,
                 RoleTarget {
                     count: n,
                     resources: None,
@@ -219,8 +200,8 @@ mod tests {
         p
     }
 
-    fn current() -> BTreeMap<RoleName, u32> {
-        [(RoleName::Ps, 2), (RoleName::Worker, 2)].into()
+    fn current() -> BTreeMap<Role, u32> {
+        [(Role::Ps, 2), (Role::Worker, 2)].into()
     }
 
     #[test]
@@ -240,7 +221,7 @@ mod tests {
                 .contains("12 processes are more than the platform can place (10)")
         );
         let mut big = plan(None, Some(2));
-        big.roles.get_mut(&RoleName::Worker).unwrap().resources = Some(Resources {
+        big.roles.get_mut(&Role::Worker).unwrap().resources = Some(Resources {
             cpu: Some(Millicores(4000)),
             ..Default::default()
         });
@@ -256,14 +237,14 @@ mod tests {
         let mut mig = plan(None, Some(1));
         mig.migrations.push(Migration {
             key: SlotKey {
-                role: RoleName::Worker,
+                role: Role::Worker,
                 index: 1,
             },
             resources: Resources::default(),
             reason: "oom".into(),
         });
         let live = [SlotKey {
-            role: RoleName::Worker,
+            role: Role::Worker,
             index: 1,
         }];
         assert!(

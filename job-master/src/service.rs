@@ -9,9 +9,9 @@ use tonic::{Request, Response, Status};
 use crate::error::Error;
 use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey};
 use crate::ledger::LeaseOutcome;
-use crate::master::{Shared, commit_allreduce_checkpoint};
-use crate::scale::{Migration, RoleTarget, ScalePlan};
-use crate::spec::{Bytes, Millicores, Resources, RoleName};
+use crate::scale::ScalePlan;
+use crate::shared::{Shared, commit_allreduce_checkpoint};
+use crate::spec::{Resources, Role};
 
 pub struct MasterService {
     shared: Arc<Shared>,
@@ -23,14 +23,8 @@ impl MasterService {
     }
 }
 
-fn role(r: i32) -> Result<RoleName, Error> {
-    match pb::Role::try_from(r) {
-        Ok(pb::Role::Ps) => Ok(RoleName::Ps),
-        Ok(pb::Role::Worker) => Ok(RoleName::Worker),
-        _ => Err(Error::InvalidRequest(format!(
-            "role {r} is not ps or worker"
-        ))),
-    }
+fn role(r: i32) -> Result<Role, Error> {
+    Role::try_from(r).map_err(|e| Error::InvalidRequest(e.0))
 }
 
 fn process(p: Option<pb::ProcessRef>) -> Result<(SlotKey, u64), Error> {
@@ -191,7 +185,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         })?;
         let ps_replicas = ctx
             .spec
-            .role_plan(RoleName::Ps)
+            .role_plan(Role::Ps)
             .map(|p| p.replicas)
             .unwrap_or(0);
         Ok(Response::new(pb::WorkloadConfig {
@@ -219,7 +213,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         let ps_version =
-            (key.role == RoleName::Worker && r.cluster_version > 0).then_some(r.cluster_version);
+            (key.role == Role::Worker && r.cluster_version > 0).then_some(r.cluster_version);
         // A "wait" changes nothing worth a durable write; grants and removals do.
         let v = self
             .shared
@@ -332,8 +326,8 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .values()
                 .map(|s| pb::ProcessStatus {
                     role: match s.key.role {
-                        RoleName::Ps => pb::Role::Ps,
-                        RoleName::Worker => pb::Role::Worker,
+                        Role::Ps => pb::Role::Ps,
+                        Role::Worker => pb::Role::Worker,
                     } as i32,
                     index: s.key.index,
                     incarnation: s.incarnation,
@@ -351,8 +345,8 @@ impl pb::job_master_server::JobMaster for MasterService {
                 })
                 .collect(),
             rendezvous_round: ctx
-                .rendezvous
-                .as_ref()
+                .group
+                .rendezvous()
                 .map(|r| r.next_round_number())
                 .unwrap_or(0),
             final_eval_loss: ctx.final_eval_loss,
@@ -373,54 +367,10 @@ impl pb::job_master_server::JobMaster for MasterService {
 }
 
 fn to_pb(r: Resources) -> pb::Resources {
-    pb::Resources {
-        cpu_millicores: r.cpu.map_or(0, |c| c.0),
-        memory_bytes: r.memory.map_or(0, |m| m.0),
-        gpus: r.gpu.unwrap_or(0),
-    }
-}
-
-fn resources(r: pb::Resources) -> Resources {
-    Resources {
-        cpu: (r.cpu_millicores > 0).then_some(Millicores(r.cpu_millicores)),
-        memory: (r.memory_bytes > 0).then_some(Bytes(r.memory_bytes)),
-        gpu: (r.gpus > 0).then_some(r.gpus),
-        // The wire carries no custom resources: a plan's resources keep none.
-        custom: Default::default(),
-    }
+    pb::Resources::from(&r)
 }
 
 /// The wire plan as a domain plan; a malformed one is an invalid argument.
 pub(crate) fn scale_plan(p: pb::ScalePlan) -> Result<ScalePlan, Error> {
-    let mut plan = ScalePlan {
-        version: p.version,
-        ..Default::default()
-    };
-    for t in p.roles {
-        let r = role(t.role)?;
-        if plan
-            .roles
-            .insert(
-                r,
-                RoleTarget {
-                    count: t.count,
-                    resources: t.resources.map(resources),
-                },
-            )
-            .is_some()
-        {
-            return Err(Error::InvalidRequest(format!("role {r} is named twice")));
-        }
-    }
-    for m in p.migrations {
-        plan.migrations.push(Migration {
-            key: SlotKey {
-                role: role(m.role)?,
-                index: m.index,
-            },
-            resources: resources(m.resources.unwrap_or_default()),
-            reason: m.reason,
-        });
-    }
-    Ok(plan)
+    ScalePlan::try_from(p).map_err(|e| Error::InvalidRequest(e.0))
 }

@@ -178,14 +178,12 @@ checkpoint: { dir: CKPT }
     .replace("CKPT", &dir.path().join("ckpt").display().to_string());
     let spec = dir.path().join("job.yaml");
     std::fs::write(&spec, yaml).unwrap();
-    let addr = free_addr();
     let out = tokio::process::Command::new(job_master_bin())
         .arg("run")
         .arg(&spec)
         .arg("--run-dir")
         .arg(dir.path().join("run"))
-        .arg("--listen")
-        .arg(addr.to_string())
+        .args(["--listen", "127.0.0.1:0"])
         .env("BRAIN_WORKER_AGENT_BIN", agent_bin())
         .output()
         .await
@@ -203,6 +201,13 @@ checkpoint: { dir: CKPT }
         stdout.contains("relaunches exceed the limit of 2"),
         "{stdout}"
     );
+    // The address it bound, as it printed it.
+    let addr = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("job master on "))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {stdout}"));
     assert_no_process_left(addr).await;
 }
 

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use job_master::spec::RoleName;
+use job_master::spec::Role;
 use proto::jobmaster::v1 as pb;
 
 const N: u64 = 40_000;
@@ -26,7 +26,7 @@ async fn killing_a_ps_worker_mid_epoch_relaunches_it_and_loses_nothing() {
     let victim = pid_of(run.addr, pb::Role::Worker, 1).await;
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
     assert!(report.samples_per_epoch.values().all(|&s| s == N));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_recovered(&report, "worker-1 failed (killed by signal 9)");
@@ -51,7 +51,7 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
     let before = status(run.addr).await.unwrap();
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
     // The final model counted each sample exactly once per epoch, through the rollback.
     assert_eq!(report.applied_samples, 2 * N);
     assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
@@ -90,7 +90,7 @@ async fn killing_a_ps_restores_it_from_the_latest_checkpoint() {
     let victim = pid_of(run.addr, pb::Role::Ps, 1).await;
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&RoleName::Ps), Some(&1));
+    assert_eq!(report.restarts.get(&Role::Ps), Some(&1));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_recovered(&report, "ps-1 failed (killed by signal 9)");
     assert_recovered(&report, "every process restarts from checkpoint");
@@ -118,7 +118,7 @@ async fn killing_an_agent_relaunches_it_and_leaves_no_orphan() {
         "worker-0 failed (agent lost: agent process signal: 9",
     );
     assert_ps_applied_each_sample_once(&report, N, 1);
-    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
     assert!(
         !std::path::Path::new(&format!("/proc/{trainer}")).exists() || {
             let s = std::fs::read_to_string(format!("/proc/{trainer}/stat")).unwrap_or_default();
@@ -148,7 +148,7 @@ async fn a_silent_agent_is_declared_lost_after_the_heartbeat_timeout() {
     )
     .unwrap();
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&RoleName::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
     assert_recovered(&report, "worker-1 failed (agent lost: no heartbeat for");
     assert_ps_applied_each_sample_once(&report, N, 1);
     assert_no_process_left(run.addr).await;
@@ -159,22 +159,19 @@ fn spawn_master(
     spec: &std::path::Path,
     run_dir: &std::path::Path,
     resume: bool,
-) -> (std::process::Child, std::net::SocketAddr) {
-    let addr = free_addr();
-    let mut cmd = std::process::Command::new(job_master_bin());
-    cmd.arg("run")
-        .arg(spec)
-        .arg("--run-dir")
-        .arg(run_dir)
-        .arg("--listen")
-        .arg(addr.to_string())
-        .args(["--heartbeat-interval-ms", "200", "--progress-secs", "60"])
-        .env("BRAIN_WORKER_AGENT_BIN", agent_bin())
-        .stdout(std::process::Stdio::null());
+) -> (test_support::Spawned, std::net::SocketAddr) {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "--run-dir".as_ref(),
+        run_dir.as_os_str(),
+        "--heartbeat-interval-ms".as_ref(),
+        "200".as_ref(),
+        "--progress-secs".as_ref(),
+        "60".as_ref(),
+    ];
     if resume {
-        cmd.arg("--resume");
+        args.push("--resume".as_ref());
     }
-    (cmd.spawn().unwrap(), addr)
+    spawn_run(spec, &args)
 }
 
 /// kill -9 of the job master in the middle of a ps job: its agents and training processes go
@@ -194,8 +191,8 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
     let (mut first, addr) = spawn_master(&spec, &run_dir, false);
     shards_at_least(addr, 12).await;
     let before = processes_of(addr);
-    kill9(first.id());
-    first.wait().unwrap();
+    kill9(first.pid());
+    first.wait(Duration::from_secs(30));
     let ctx = context(&run_dir);
     assert_eq!(ctx["phase"], "Running", "the context was left mid-job");
     assert!(
@@ -226,8 +223,8 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
     );
     assert_eq!(context(&run_dir), ctx);
 
-    let (second, addr) = spawn_master(&spec, &run_dir, true);
-    let status = tokio::task::spawn_blocking(move || wait_exit(second))
+    let (mut second, addr) = spawn_master(&spec, &run_dir, true);
+    let status = tokio::task::spawn_blocking(move || second.wait(Duration::from_secs(300)))
         .await
         .unwrap();
     assert!(

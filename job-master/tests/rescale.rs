@@ -60,7 +60,7 @@ async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
 async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = builtin_spec(dir.path(), "ps-rescale", "ps", 1, 3, N, 2, 60, 10);
-    let ps = spec.roles.get_mut(&job_master::spec::RoleName::Ps).unwrap();
+    let ps = spec.roles.get_mut(&job_master::spec::Role::Ps).unwrap();
     (ps.min, ps.max) = (Some(1), Some(4));
     let cfg = workload_of(&spec);
     let mut run = start(spec, dir.path()).await;
@@ -147,7 +147,7 @@ async fn migrations_replace_a_ps_and_a_worker_with_new_resources_and_keep_the_st
     let mut spec = builtin_spec(dir.path(), "ps-migrate", "ps", 2, 2, N, 2, 60, 10);
     let ps_res: job_master::spec::Resources =
         serde_norway::from_str("{ cpu: 1, memory: 1Gi }").unwrap();
-    let ps = spec.roles.get_mut(&job_master::spec::RoleName::Ps).unwrap();
+    let ps = spec.roles.get_mut(&job_master::spec::Role::Ps).unwrap();
     ps.resources = Some(ps_res);
     let cfg = workload_of(&spec);
     let mut run = start(spec, dir.path()).await;

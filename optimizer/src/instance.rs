@@ -1,4 +1,4 @@
-//! The allocation LP instance format of `shared/data/lp_instances` (built from Gavel's measured
+//! The allocation LP instance format of `datasets/data/lp_instances` (built from Gavel's measured
 //! throughputs): `{"worker_types": [..], "capacity": [..], "jobs": [{"job_type",
 //! "scale_factor", "throughput": [..]}]}`. Parsing is the caller's (this crate reads no files).
 

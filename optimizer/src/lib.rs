@@ -2,7 +2,7 @@
 //! plain snapshots and returns plain plans, so the live brain and the what-if simulator drive the
 //! very same code.
 //!
-//! * [`units`]: newtypes for ids and resource units.
+//! * [`units`]: newtypes for ids and resource units (the [`vocab`] crate's, named here).
 //! * [`problem`]: the snapshot a policy sees (cluster capacity per worker type, jobs with their
 //!   throughput on each type) and the [`problem::Allocation`] it returns.
 //! * [`lp`]: the LP scaffolding every LP policy shares: variables `x[m][j]` (share of time job
@@ -19,7 +19,7 @@
 //! * [`heuristics`]: runtime corrections (hot PS, OOM growth, pending shrink, speed-up), one per
 //!   file behind [`heuristics::Heuristic`], merged into one [`plan::ScalePlan`] per job.
 //! * [`config`]: the operator's TOML policy file (allocation policy and heuristics).
-//! * [`instance`]: the Gavel-style allocation LP instance format of `shared/data/lp_instances`.
+//! * [`instance`]: the Gavel-style allocation LP instance format of `datasets/data/lp_instances`.
 //! * [`schedule`]: round-based schedulers for GPU jobs (FIFO, Tiresias, Optimus, Pollux-style
 //!   goodput, DLRover's heuristics, Gavel over the [`policy`] LPs, and Brain's own
 //!   `elastic_lp`) behind [`schedule::Scheduler`], chosen with [`schedule::SchedulerKind`]: whole
@@ -28,6 +28,7 @@
 //! * [`live`]: the live brain's round: running and queued jobs, their fitted speeds and the CPU
 //!   the brain may hand out go through the same [`schedule::Scheduler`], with cool-downs and
 //!   capacity kept.
+//! * [`sizing`]: a submitted job's initial counts and resources from the finished jobs like it.
 //! * [`placement`]: integerisation of a fractional allocation into whole placements on nodes,
 //!   with what rounding cost against the LP.
 
@@ -44,6 +45,7 @@ pub mod problem;
 pub mod profile;
 pub mod schedule;
 pub mod sim;
+pub mod sizing;
 pub mod throughput;
 pub mod units;
 

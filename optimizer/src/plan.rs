@@ -1,28 +1,16 @@
-//! The vocabulary of per-job decisions: process resources, a job's configuration, and the scale
-//! plan the brain sends to a job master (the same shape as the job master's wire plan).
+//! The vocabulary of per-job decisions: process resources and a job's configuration as the
+//! optimizer sees them; the scale plan it builds is the vocabulary's ([`ScalePlan`],
+//! [`Migration`]), the same one a job master carries out.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::{Bytes, JobId, Millicores, WorkerType};
+use crate::units::{Bytes, Millicores, WorkerType};
 
-/// A process's role in a job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Ps,
-    Worker,
-}
+pub use vocab::plan::{Migration, RoleTarget, ScalePlan};
 
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Role::Ps => "ps",
-            Role::Worker => "worker",
-        })
-    }
-}
+pub use vocab::Role;
 
 /// What one process is given.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,29 +43,15 @@ impl JobConfig {
     }
 }
 
-/// Replace one process by one with other resources, its state handed over.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Migration {
-    pub role: Role,
-    pub index: u32,
-    pub resources: ProcessResources,
-    pub reason: String,
-}
-
-/// What a job master is asked to carry out; versions increase per job.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ScalePlan {
-    pub job: Option<JobId>,
-    pub version: u64,
-    /// Target count per role; a role left out keeps its count.
-    pub counts: BTreeMap<Role, u32>,
-    pub migrations: Vec<Migration>,
-    /// Why, one line per decision, for `brainctl plan --dry-run` and the logs.
-    pub reasons: Vec<String>,
-}
-
-impl ScalePlan {
-    pub fn is_empty(&self) -> bool {
-        self.counts.is_empty() && self.migrations.is_empty()
+impl From<&ProcessResources> for vocab::Resources {
+    /// What a plan asks for: the CPU, the memory and the number of GPUs (of any type).
+    fn from(r: &ProcessResources) -> Self {
+        let gpus: u32 = r.gpus.values().sum();
+        vocab::Resources {
+            cpu: Some(r.cpu),
+            memory: Some(r.memory),
+            gpu: (gpus > 0).then_some(gpus),
+            custom: Default::default(),
+        }
     }
 }

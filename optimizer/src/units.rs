@@ -1,37 +1,4 @@
-//! Newtypes for ids and units, so a job id is never a count and millicores never bytes.
+//! Newtypes for ids and units, so a job id is never a count and millicores never bytes: the
+//! vocabulary's ([`vocab`]), named here for the optimizer's modules.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
-/// A job, as the brain numbers them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct JobId(pub u64);
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "job {}", self.0)
-    }
-}
-
-/// A kind of worker (GPU model or CPU node class), e.g. `v100`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct WorkerType(pub String);
-
-impl fmt::Display for WorkerType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// CPU in thousandths of a core.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Millicores(pub u64);
-
-/// Memory in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Bytes(pub u64);
+pub use vocab::{Bytes, JobId, Millicores, WorkerType};

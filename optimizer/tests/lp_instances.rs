@@ -1,4 +1,4 @@
-//! The max-sum and max-min optima on `shared/data/lp_instances` match the reference values in its
+//! The max-sum and max-min optima on `datasets/data/lp_instances` match the reference values in its
 //! SOURCE.md (cvxpy + ECOS) within a relative 1e-6, and the allocations respect every constraint.
 
 use optimizer::instance::GavelInstance;
@@ -7,12 +7,12 @@ use optimizer::{Policy, Problem};
 
 fn instance(n: usize) -> Problem {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../../shared/data/lp_instances/gavel_n{n}.json"));
+        .join(format!("../datasets/data/lp_instances/gavel_n{n}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str::<GavelInstance>(&text).unwrap().into()
 }
 
-/// (jobs, max-sum optimum, max-min optimum) from shared/data/lp_instances/SOURCE.md.
+/// (jobs, max-sum optimum, max-min optimum) from datasets/data/lp_instances/SOURCE.md.
 const REFERENCE: [(usize, f64, f64); 4] = [
     (256, 7400.037346, 0.899122),
     (1024, 28206.610171, 0.913106),

@@ -1,5 +1,5 @@
-//! Step-time models on the real profiles in `shared/data/pollux/traces` (T4) and
-//! `shared/data/sia/traces` (several GPU types): error in sample, and when fitted on at most 4
+//! Step-time models on the real profiles in `datasets/data/pollux/traces` (T4) and
+//! `datasets/data/sia/traces` (several GPU types): error in sample, and when fitted on at most 4
 //! replicas and asked about more (placements with more replicas and the scalability runs).
 //! Three models side by side: Pollux's, Optimus' (NNLS) and a measured table.
 //! `cargo test -p optimizer --test throughput_models -- --nocapture` prints the table.
@@ -12,7 +12,7 @@ use optimizer::throughput::table::MeasuredTable;
 use optimizer::throughput::{Placement, StepSample, ThroughputModel, mean_relative_error};
 
 fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../datasets/data")
 }
 
 /// Rows of a placements file (`placement` = one digit per node, GPUs on that node) or of a

@@ -166,6 +166,7 @@ fn spawn(
     };
     cmd.envs(env).stdin(Stdio::null()).kill_on_drop(true);
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(|| {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;

@@ -6,7 +6,7 @@
 //!   exits and sends heartbeats carrying [`sampler`] readings (procfs; NVML when it loads).
 //! * [`workload`] is the training the agent launches when a job names no command: a
 //!   parameter server, a ps worker and a ring all-reduce worker, all real training of a sparse
-//!   CTR model on the generated data of `datasets::ctr`.
+//!   CTR model on the generated data of `workload::ctr`.
 
 pub mod agent;
 pub mod error;

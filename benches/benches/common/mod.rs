@@ -44,6 +44,30 @@ pub fn platform_args(ray: Option<&str>) -> Vec<String> {
     }
 }
 
+/// `job-master run SPEC --run-dir RUN_DIR` (release build) on `127.0.0.1:0`, on Ray when
+/// `ray` names a dashboard; returns the process (killed when dropped) and the address it
+/// printed.
+pub fn start_master(
+    spec: &Path,
+    run_dir: &Path,
+    ray: Option<&str>,
+) -> (test_support::Spawned, String) {
+    let mut cmd = std::process::Command::new(release_bin("job-master"));
+    cmd.arg("run")
+        .arg(spec)
+        .args(platform_args(ray))
+        .arg("--run-dir")
+        .arg(run_dir)
+        .args(["--listen", "127.0.0.1:0", "--progress-secs", "3600"])
+        .env("BRAIN_WORKER_AGENT_BIN", release_bin("worker-agent"))
+        .stderr(std::process::Stdio::null());
+    test_support::spawn_announcing(
+        &mut cmd,
+        "job master on ",
+        std::time::Duration::from_secs(60),
+    )
+}
+
 /// Stops a job master as an operator would (SIGTERM: it stops its processes, on Ray too),
 /// killing it after 30 s.
 pub fn stop_master(child: &mut std::process::Child) {

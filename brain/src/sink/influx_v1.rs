@@ -34,7 +34,7 @@ impl InfluxV1 {
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(10))
             .build()
-            .map_err(|e| BrainError::Invalid(format!("http client: {e}")))?;
+            .map_err(|e| BrainError::Internal(format!("http client: {e}")))?;
         Ok(InfluxV1 { config, http })
     }
 

@@ -59,7 +59,7 @@ impl SinkConfig {
             SinkConfig::InfluxV2(c) => &c.url,
         };
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(BrainError::Invalid(format!(
+            return Err(BrainError::Config(format!(
                 "sink.url {url:?}: expected http://HOST:PORT or https://..."
             )));
         }

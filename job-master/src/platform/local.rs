@@ -133,6 +133,7 @@ impl Platform for LocalPlatform {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2));
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        #[allow(unsafe_code)]
         unsafe {
             cmd.pre_exec(|| {
                 nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;

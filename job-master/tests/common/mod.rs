@@ -14,59 +14,23 @@ use job_master::{JobReport, MasterConfig};
 use proto::jobmaster::v1 as pb;
 
 /// The worker-agent binary beside ours, built once per test binary so that a test never runs a
-/// stale agent (`cargo test -p job-master` alone does not rebuild another package's binary;
-/// when it is up to date this costs a fraction of a second).
+/// stale agent.
 pub fn agent_bin() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let bin = Path::new(env!("CARGO_BIN_EXE_job-master")).with_file_name("worker-agent");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let ok = std::process::Command::new(cargo)
-                // The same selection as brain's tests build, so whichever runs second finds
-                // everything built (another package set would resolve other features).
-                .args([
-                    "build",
-                    "-p",
-                    "job-master",
-                    "--bin",
-                    "job-master",
-                    "-p",
-                    "worker-agent",
-                    "--bin",
-                    "worker-agent",
-                ])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("cargo runs");
-            assert!(ok.success(), "cannot build worker-agent");
-            assert!(bin.exists(), "{} was not built", bin.display());
-            bin
-        })
-        .clone()
+    test_support::workspace_bins(env!("CARGO_BIN_EXE_job-master")).join("worker-agent")
 }
 
-/// A loopback address with a port that was free a moment ago, for a `job-master run` process.
-pub fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// Waits for a `job-master run` process to end (killing it and failing after 300 s).
-pub fn wait_exit(mut child: std::process::Child) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            panic!("the job did not end within 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// `job-master run` with `args` after the spec, on `127.0.0.1:0`: returns the process (killed
+/// when dropped) and the address it printed.
+pub fn spawn_run(spec: &Path, args: &[&std::ffi::OsStr]) -> (test_support::Spawned, SocketAddr) {
+    let mut cmd = std::process::Command::new(job_master_bin());
+    cmd.arg("run")
+        .arg(spec)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("BRAIN_WORKER_AGENT_BIN", agent_bin());
+    let (child, addr) =
+        test_support::spawn_announcing(&mut cmd, "job master on ", Duration::from_secs(60));
+    (child, addr.parse().expect("an address"))
 }
 
 pub fn job_master_bin() -> PathBuf {
@@ -270,26 +234,8 @@ pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
         .pid
 }
 
-/// The parent of `pid` (a training process's agent).
-pub fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-pub fn kill9(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-}
+#[allow(unused_imports)]
+pub use test_support::{kill9, parent_of};
 
 /// Processes whose command line or environment names the master at `addr`: its agents and
 /// their training processes.

@@ -11,6 +11,7 @@ use super::{Action, ChangeKind, Heuristic, JobRuntime, Proposal, check_range};
 use crate::error::PolicyError;
 use crate::plan::{Migration, Role};
 use crate::units::Millicores;
+use vocab::SlotKey;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -106,9 +107,11 @@ impl Heuristic for HotPs {
                     cpu.0
                 ),
                 action: Action::Migrate(Migration {
-                    role: Role::Ps,
-                    index: p.index,
-                    resources,
+                    key: SlotKey {
+                        role: Role::Ps,
+                        index: p.index,
+                    },
+                    resources: (&resources).into(),
                     reason: "hot ps".into(),
                 }),
             });
@@ -132,7 +135,7 @@ mod tests {
     fn cpu_of(p: &[Proposal]) -> Vec<u64> {
         p.iter()
             .map(|p| match &p.action {
-                Action::Migrate(m) => m.resources.cpu.0,
+                Action::Migrate(m) => m.resources.cpu.unwrap().0,
                 other => panic!("{other:?}"),
             })
             .collect()

@@ -217,19 +217,15 @@ impl Heuristics {
             for p in h.heuristic().propose(job)? {
                 let taken = match &p.action {
                     Action::SetCount { role, count } => {
-                        if plan.counts.contains_key(role) {
+                        if plan.roles.contains_key(role) {
                             true
                         } else {
-                            plan.counts.insert(*role, *count);
+                            plan.set_count(*role, *count);
                             false
                         }
                     }
                     Action::Migrate(m) => {
-                        if plan
-                            .migrations
-                            .iter()
-                            .any(|x| (x.role, x.index) == (m.role, m.index))
-                        {
+                        if plan.migrations.iter().any(|x| x.key == m.key) {
                             true
                         } else {
                             plan.migrations.push(m.clone());
@@ -313,8 +309,11 @@ pub(crate) mod tests {
         assert_eq!(plan.version, 7);
         assert_eq!(plan.migrations.len(), 1, "{plan:?}");
         let m = &plan.migrations[0];
-        assert_eq!((m.role, m.index), (Role::Ps, 0));
-        assert!(m.resources.memory.0 > 1024 << 20, "OOM first: {m:?}");
+        assert_eq!((m.key.role, m.key.index), (Role::Ps, 0));
+        assert!(
+            m.resources.memory.unwrap().0 > 1024 << 20,
+            "OOM first: {m:?}"
+        );
         assert!(plan.reasons[0].starts_with("oom_growth: "), "{plan:?}");
     }
 
@@ -381,18 +380,18 @@ pub(crate) mod tests {
             let h = Heuristics::default();
             let plan = h.plan(&j, 3).unwrap();
             proptest::prop_assert_eq!(&h.plan(&j, 3).unwrap(), &plan);
-            if let Some(&w) = plan.counts.get(&Role::Worker) {
+            if let Some(&w) = plan.count_of(Role::Worker).as_ref() {
                 proptest::prop_assert!(w >= j.min_workers && w <= j.max_workers, "{plan:?}");
                 proptest::prop_assert!(!j.cooling(ChangeKind::Workers, None, 300.0) || w <= j.config.workers);
             }
-            proptest::prop_assert!(!plan.counts.contains_key(&Role::Ps));
+            proptest::prop_assert!(!plan.roles.contains_key(&Role::Ps));
             let mut seen = std::collections::BTreeSet::new();
             for m in &plan.migrations {
-                proptest::prop_assert!(seen.insert((m.role, m.index)), "{plan:?}");
-                proptest::prop_assert!(m.resources.memory <= OomGrowth::default().max_memory);
-                proptest::prop_assert!(m.resources.cpu <= HotPs::default().max_cpu);
+                proptest::prop_assert!(seen.insert((m.key.role, m.key.index)), "{plan:?}");
+                proptest::prop_assert!(m.resources.memory.unwrap() <= OomGrowth::default().max_memory);
+                proptest::prop_assert!(m.resources.cpu.unwrap() <= HotPs::default().max_cpu);
             }
-            proptest::prop_assert_eq!(plan.reasons.len(), plan.counts.len() + plan.migrations.len());
+            proptest::prop_assert_eq!(plan.reasons.len(), plan.roles.len() + plan.migrations.len());
         }
     }
 

@@ -10,6 +10,7 @@ use super::{Action, ChangeKind, Heuristic, JobRuntime, Proposal, check_range};
 use crate::error::PolicyError;
 use crate::plan::{Migration, Role};
 use crate::units::Bytes;
+use vocab::SlotKey;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -71,9 +72,11 @@ impl Heuristic for OomGrowth {
                     memory.0 / MIB
                 ),
                 action: Action::Migrate(Migration {
-                    role,
-                    index: p.index,
-                    resources,
+                    key: SlotKey {
+                        role,
+                        index: p.index,
+                    },
+                    resources: (&resources).into(),
                     reason: "out of memory".into(),
                 }),
             });
@@ -90,7 +93,7 @@ mod tests {
     fn memory_of(p: &[Proposal]) -> Vec<u64> {
         p.iter()
             .map(|p| match &p.action {
-                Action::Migrate(m) => m.resources.memory.0 / MIB,
+                Action::Migrate(m) => m.resources.memory.unwrap().0 / MIB,
                 other => panic!("{other:?}"),
             })
             .collect()

@@ -10,6 +10,7 @@ use super::{Action, ChangeKind, Heuristic, JobRuntime, Proposal, check_range};
 use crate::error::PolicyError;
 use crate::plan::{Migration, Role};
 use crate::units::Millicores;
+use vocab::SlotKey;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -110,9 +111,11 @@ impl Heuristic for PendingShrink {
                     p.index, self.pending_timeout_s, p.resources.cpu.0, cpu.0
                 ),
                 action: Action::Migrate(Migration {
-                    role: Role::Ps,
-                    index: p.index,
-                    resources,
+                    key: SlotKey {
+                        role: Role::Ps,
+                        index: p.index,
+                    },
+                    resources: (&resources).into(),
                     reason: "pending too long".into(),
                 }),
             });
@@ -166,7 +169,9 @@ mod tests {
         j.ps[1].pending_since_s = Some(0.0);
         let p = PendingShrink::default().propose(&j).unwrap();
         match &p[0].action {
-            Action::Migrate(m) => assert_eq!((m.index, m.resources.cpu), (1, Millicores(500))),
+            Action::Migrate(m) => {
+                assert_eq!((m.key.index, m.resources.cpu), (1, Some(Millicores(500))))
+            }
             other => panic!("{other:?}"),
         }
         j.ps[1].resources.cpu = Millicores(500);

@@ -9,7 +9,6 @@
 //! stretches (nothing submitted yet) are skipped.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
@@ -17,11 +16,10 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{App, AppProfile, BatchConfig};
 use super::report::{JobRecord, Report, RoundRecord, Summary};
+use super::world::{JobState, World};
 use super::{ClusterSpec, TraceJob, Work};
 use crate::error::PolicyError;
-use crate::schedule::{
-    Assignment, BatchSizing, JobView, NodeView, Scheduler, Slots, Snapshot, check,
-};
+use crate::schedule::{Assignment, BatchSizing, NodeView, Scheduler, Snapshot, check};
 use crate::units::{JobId, WorkerType};
 
 /// Nodes fail independently, exponentially with mean `mtbf_s`, and are back after `repair_s`.
@@ -117,181 +115,6 @@ pub trait SimHooks {
 }
 
 impl SimHooks for () {}
-
-struct JobState<'a> {
-    trace: &'a TraceJob,
-    /// The application a training job trains; `None` for a rigid job.
-    app: Option<usize>,
-    /// Progress at which the job is done: the application's total, or a rigid job's seconds.
-    total: f64,
-    /// Fixed total batch size, or `None` to adapt it to the allocation.
-    batch: Option<u32>,
-    requested: u32,
-    max_replicas: u32,
-    progress: f64,
-    epoch: u32,
-    slots: Slots,
-    worker_type: Option<usize>,
-    config: BatchConfig,
-    rescale_left: f64,
-    attained: f64,
-    running_s: f64,
-    restarts: u32,
-    started: Option<f64>,
-    finished: Option<f64>,
-    peak: u32,
-    last_change: Option<f64>,
-    /// Goodput per worker type and size, for the epoch it was computed in.
-    goodput: Option<(u32, Arc<[Vec<f64>]>)>,
-}
-
-/// GPUs per node when `r` are packed on nodes of `per_node`.
-fn packed(r: u32, per_node: u32) -> Vec<u32> {
-    let per_node = per_node.max(1);
-    let mut v = vec![per_node; (r / per_node) as usize];
-    if !r.is_multiple_of(per_node) {
-        v.push(r % per_node);
-    }
-    v
-}
-
-struct World {
-    apps: Vec<App>,
-    /// gpu[app][worker type] = the app's GPU index for that type.
-    gpu: Vec<Vec<Option<usize>>>,
-    per_node: Vec<u32>,
-    type_gpus: Vec<u32>,
-    node_type: Vec<usize>,
-}
-
-impl World {
-    fn config_for(&self, job: &JobState, app: usize, t: usize, r: u32) -> (BatchConfig, f64) {
-        let Some(gpu) = self.gpu[app][t] else {
-            return (
-                BatchConfig {
-                    atomic_bsz: 0,
-                    accum_steps: 0,
-                },
-                0.0,
-            );
-        };
-        let digits = packed(r, self.per_node[t]);
-        self.config_on(job, gpu, &digits, &self.apps[app])
-    }
-
-    fn config_on(
-        &self,
-        job: &JobState,
-        gpu: usize,
-        digits: &[u32],
-        app: &App,
-    ) -> (BatchConfig, f64) {
-        let r: u32 = digits.iter().sum();
-        match job.batch {
-            Some(b) => {
-                let c = app.fixed_config(r, b);
-                (c, app.goodput(gpu, digits, c, job.epoch))
-            }
-            None => app.best_config(gpu, digits, job.epoch),
-        }
-    }
-
-    fn view(&self, job: &mut JobState, id: JobId, elastic: bool) -> JobView {
-        let stale = job.goodput.as_ref().is_none_or(|(e, _)| *e != job.epoch);
-        if stale {
-            // A rigid job progresses one second per second on exactly its GPUs.
-            let table: Vec<Vec<f64>> = (0..self.per_node.len())
-                .map(|t| {
-                    (0..=job.max_replicas)
-                        .map(|r| match job.app {
-                            _ if r == 0 => 0.0,
-                            None => f64::from(u8::from(r == job.requested)),
-                            Some(_) if !elastic && r != job.requested => 0.0,
-                            Some(app) => self.config_for(job, app, t, r).1,
-                        })
-                        .collect()
-                })
-                .collect();
-            job.goodput = Some((job.epoch, Arc::from(table)));
-        }
-        JobView {
-            id,
-            submitted_s: job.trace.submit_s,
-            requested_replicas: job.requested,
-            max_replicas: job.max_replicas,
-            attained_gpu_s: job.attained,
-            running_s: job.running_s,
-            restarts: job.restarts,
-            peak_replicas: job.peak,
-            last_change_s: job.last_change,
-            current: job.slots.clone(),
-            goodput: job.goodput.as_ref().expect("computed above").1.clone(),
-            remaining: (job.total - job.progress).max(0.0),
-        }
-    }
-
-    /// Runs `job` from `t0` for `dt` seconds.
-    fn advance(&self, job: &mut JobState, t0: f64, dt: f64) {
-        if job.slots.is_empty() || job.finished.is_some() {
-            return;
-        }
-        let t = job.worker_type.expect("a job with GPUs has a type");
-        let held: u32 = job.slots.iter().map(|s| s.1).sum();
-        let digits: Vec<u32> = job.slots.iter().map(|s| s.1).collect();
-        let mut now = t0;
-        let mut left = dt;
-        let hold = |job: &mut JobState, s: f64| {
-            job.attained += s * held as f64;
-            job.running_s += s;
-        };
-        let d = job.rescale_left.min(left);
-        job.rescale_left -= d;
-        hold(job, d);
-        now += d;
-        left -= d;
-        let Some(app_i) = job.app else {
-            let need = job.total - job.progress;
-            if left < need {
-                job.progress += left;
-                hold(job, left);
-            } else {
-                job.progress = job.total;
-                hold(job, need);
-                job.finished = Some(now + need);
-            }
-            return;
-        };
-        let app = &self.apps[app_i];
-        let Some(gpu) = self.gpu[app_i][t] else {
-            hold(job, left);
-            return;
-        };
-        while left > 1e-9 && job.finished.is_none() {
-            let g = app.goodput(gpu, &digits, job.config, job.epoch);
-            if g <= 0.0 {
-                hold(job, left);
-                return;
-            }
-            let next = app.progress_at(job.epoch + 1);
-            if job.progress + g * left < next {
-                job.progress += g * left;
-                hold(job, left);
-                return;
-            }
-            let delta = ((next - job.progress) / g).max(0.0);
-            job.progress = next;
-            job.epoch += 1;
-            hold(job, delta);
-            now += delta;
-            left -= delta;
-            if job.epoch >= app.max_epochs {
-                job.finished = Some(now);
-            } else if job.batch.is_none() {
-                job.config = self.config_on(job, gpu, &digits, app).0;
-            }
-        }
-    }
-}
 
 /// Rounds in a row in which nothing runs, nothing is left to arrive and every node is up,
 /// after which a replay stops with the waiting jobs unfinished.

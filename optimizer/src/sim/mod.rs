@@ -16,6 +16,7 @@
 pub mod app;
 pub mod engine;
 pub mod report;
+mod world;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,16 +1,20 @@
 //! The built-in reference workload: real training of a sparse CTR model (logistic regression
-//! over hashed features, Adagrad) on the deterministic data of `datasets::ctr`.
+//! over hashed features, Adagrad) on the deterministic data of [`ctr`].
 //!
 //! * [`ps_server`] holds one partition of the model (keys `k` with `k % num_ps == index`).
 //! * [`ps_worker`] leases shards, pulls, computes gradients, pushes (asynchronous SGD).
 //! * [`allreduce_worker`] keeps a full replica and averages gradients with [`ring`] all-reduce.
 //! * [`mod@reference`] trains the same model in one process, the yardstick for the distributed runs.
 //! * [`model`] is the shared math and the checkpoint file formats.
+//! * [`ctr`] generates the data: every sample is a pure function of `(seed, index)`, so any
+//!   process can produce any shard without a file, and the generator knows the ground-truth
+//!   model, so the log-loss a run reaches can be judged against the best one possible.
 //!
 //! A training process learns who it is from the environment its agent set (`BRAIN_*`, the
 //! torchrun variables, TF_CONFIG) and talks to the job master through [`MasterLink`].
 
 pub mod allreduce_worker;
+pub mod ctr;
 pub mod model;
 pub mod ps_server;
 pub mod ps_worker;
@@ -295,8 +299,8 @@ pub async fn simulated_compute(cfg: &pb::WorkloadConfig, samples: u64) {
 }
 
 /// The data generator a workload config describes.
-pub fn generator(cfg: &pb::WorkloadConfig) -> Result<datasets::CtrGenerator, Error> {
-    datasets::CtrGenerator::new(datasets::CtrSpec {
+pub fn generator(cfg: &pb::WorkloadConfig) -> Result<ctr::CtrGenerator, Error> {
+    ctr::CtrGenerator::new(ctr::CtrSpec {
         seed: cfg.seed,
         num_fields: cfg.num_fields,
         vocab_per_field: cfg.vocab_per_field,

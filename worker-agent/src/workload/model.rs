@@ -6,8 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use datasets::ctr::BIAS_KEY;
-use datasets::{CtrGenerator, Sample, log_loss, sigmoid};
+use super::ctr::{BIAS_KEY, CtrGenerator, Sample, log_loss, sigmoid};
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;

@@ -25,7 +25,7 @@
 //! * Error bodies are plain text: errors carry the HTTP status and the body's last line.
 //! * A failed agent's event carries Ray's message and the last lines of its log.
 
-pub mod api;
+pub use ray_client as api;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,0 +1,379 @@
+//! `brainctl`: the operator's command line.
+//!
+//! Its doc comments are `--help` texts, where `[live]` names a TOML table, not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
+
+mod train;
+mod whatif_cmd;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use proto::service::v1 as pb;
+use proto::service::v1::brain_client::BrainClient;
+
+#[derive(Parser)]
+#[command(
+    name = "brainctl",
+    version,
+    about = "Operate Brain: submit jobs without resources, look at what a brain runs and \
+             would do, set its policy, and replay traces under policies before they touch a \
+             cluster."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the jobs a running brain knows, with their metric summaries and plan versions.
+    Jobs {
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// Show one job of a running brain: its state, size, why the brain sized it so, its
+    /// metrics and plans, and how it ended.
+    Status {
+        /// The job's id or name (from `brainctl jobs`).
+        job: String,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// Submit a job spec (YAML) that names no replicas or resources: the brain predicts them
+    /// from its history, records why, and starts the job's master when a round gives it room.
+    /// Counts or resources the spec does name are kept.
+    Submit {
+        /// The job spec; see examples/ (resource-free specs omit replicas and resources).
+        spec: PathBuf,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+        /// Follow the job until it ends; exit 0 only if it succeeded.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Show what the brain's next round would decide for every queued and running job, and
+    /// why, without dispatching anything.
+    Plan {
+        /// Required: the brain dispatches plans itself every round; this only shows them.
+        #[arg(long)]
+        dry_run: bool,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// Fit the job-profile model on the brain's finished jobs and store it in its database (the
+    /// brain sizes submitted jobs' memory with it from then on); with --evaluate, score it
+    /// against DLRover's rule, the user's request and the global median on a time-ordered
+    /// split of that history and of Alibaba's 2023 and 2025 GPU traces.
+    Train(train::TrainArgs),
+    /// Show or set the operator's policy of a running brain (TOML: [scheduler], [live]
+    /// interval_s, cooldown_s, pin_while_plan_in_flight, max_resumes; [allocation] and
+    /// [[heuristics]] are checked but not used live yet).
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+    /// Replay job traces on a simulated cluster under each policy, side by side.
+    ///
+    /// Every trace is replayed under every policy (one simulation per core); the table shows,
+    /// per policy, the jobs of all traces pooled. Traces are workload CSVs in Pollux's and Sia's
+    /// format (`name,time,application,num_replicas,batch_size`), whose jobs train applications
+    /// known by their profiles (directories of measured step times and training curves, as in
+    /// Pollux's `traces/`), or Philly job lists (`timestamp,duration,num_gpus,gpu_time,cluster`),
+    /// whose jobs run for their duration on exactly the GPUs they asked for.
+    Whatif(whatif_cmd::WhatifArgs),
+}
+
+#[derive(Subcommand)]
+enum PolicyAction {
+    /// Print the policy in force and the file it lives in.
+    Show {
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// Check a policy file and make it the brain's policy from the next round on.
+    Set {
+        file: PathBuf,
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+}
+
+/// Asks a running brain, on a runtime of its own (the rest of brainctl is synchronous).
+fn ask_brain<T>(
+    address: &str,
+    f: impl AsyncFnOnce(BrainClient<tonic::transport::Channel>) -> Result<T, tonic::Status>,
+) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = BrainClient::connect(address.to_string())
+            .await
+            .with_context(|| format!("connecting to the brain at {address}"))?;
+        f(client)
+            .await
+            .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
+    })
+}
+
+fn print_jobs(jobs: &[pb::JobRecord]) {
+    println!(
+        "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12} {:>9}  plan (newest/accepted/reached)",
+        "id", "name", "state", "workers", "reports", "last step", "samples/s", "peak MiB"
+    );
+    for j in jobs {
+        let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
+            if s.ps > 0 {
+                format!("{}+{}ps", s.workers, s.ps)
+            } else {
+                s.workers.to_string()
+            }
+        });
+        println!(
+            "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12.1} {:>9}  {}/{}/{}",
+            j.job_id,
+            j.job_name,
+            j.state,
+            workers,
+            j.reports,
+            j.last_global_step,
+            j.mean_samples_per_second,
+            j.peak_memory_bytes >> 20,
+            j.plan_version,
+            j.acked_version,
+            j.reached_version
+        );
+    }
+}
+
+fn print_shape(s: &pb::JobShape) {
+    let res = |r: &Option<proto::jobmaster::v1::Resources>| {
+        r.as_ref().map_or("-".to_string(), |r| {
+            format!(
+                "{}m cpu, {} MiB{}",
+                r.cpu_millicores,
+                r.memory_bytes >> 20,
+                if r.gpus > 0 {
+                    format!(", {} gpu", r.gpus)
+                } else {
+                    String::new()
+                }
+            )
+        })
+    };
+    println!(
+        "{} job: {} workers (min {}, max {}, node unit {}) of {}",
+        s.kind,
+        s.workers,
+        s.min_workers,
+        s.max_workers,
+        s.worker_node_unit,
+        res(&s.worker_resources)
+    );
+    if s.ps > 0 {
+        println!("  {} ps of {}", s.ps, res(&s.ps_resources));
+    }
+    println!("  {} samples to train", s.total_samples);
+}
+
+/// A job id, or a name looked up among the brain's jobs.
+async fn job_id(
+    c: &mut BrainClient<tonic::transport::Channel>,
+    job: &str,
+) -> Result<u64, tonic::Status> {
+    if let Ok(id) = job.parse() {
+        return Ok(id);
+    }
+    let jobs = c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs;
+    jobs.iter()
+        .find(|j| j.job_name == job)
+        .map(|j| j.job_id)
+        .ok_or_else(|| tonic::Status::not_found(format!("no job named {job:?}")))
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Jobs { brain } => {
+            let jobs = ask_brain(&brain, async |mut c| {
+                Ok(c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs)
+            })?;
+            print_jobs(&jobs);
+            Ok(())
+        }
+        Command::Status { job, brain } => {
+            let record = ask_brain(&brain, async |mut c| {
+                let id = job_id(&mut c, &job).await?;
+                Ok(c.get_job(pb::GetJobRequest { job_id: id })
+                    .await?
+                    .into_inner())
+            })?;
+            print_jobs(std::slice::from_ref(&record));
+            if let Some(shape) = &record.shape {
+                print_shape(shape);
+            }
+            if !record.reasons.is_empty() {
+                println!("sized by the brain because:");
+                for r in &record.reasons {
+                    println!("  - {r}");
+                }
+            }
+            println!(
+                "master: {}",
+                if record.master_address.is_empty() {
+                    "(not started)"
+                } else {
+                    &record.master_address
+                }
+            );
+            if !record.run_dir.is_empty() {
+                println!("run directory: {}", record.run_dir);
+            }
+            println!("samples trained: {}", record.samples_done);
+            if !record.outcome.is_empty() {
+                println!("outcome: {}", record.outcome);
+            }
+            Ok(())
+        }
+        Command::Submit { spec, brain, wait } => {
+            let text = std::fs::read_to_string(&spec)
+                .with_context(|| format!("reading {}", spec.display()))?;
+            let origin = spec.display().to_string();
+            let answer = ask_brain(&brain, async |mut c| {
+                Ok(c.submit_job(pb::SubmitJobRequest {
+                    spec_yaml: text,
+                    origin,
+                })
+                .await?
+                .into_inner())
+            })?;
+            println!("job {} {}", answer.job_id, answer.state);
+            if let Some(shape) = &answer.shape {
+                print_shape(shape);
+            }
+            for r in &answer.reasons {
+                println!("  - {r}");
+            }
+            if !wait {
+                return Ok(());
+            }
+            let id = answer.job_id;
+            let mut last = String::new();
+            loop {
+                let record = ask_brain(&brain, async |mut c| {
+                    Ok(c.get_job(pb::GetJobRequest { job_id: id })
+                        .await?
+                        .into_inner())
+                })?;
+                let line = format!(
+                    "{} workers {} samples {}/{}",
+                    record.state,
+                    record.shape.as_ref().map_or(0, |s| s.workers),
+                    record.samples_done,
+                    record.shape.as_ref().map_or(0, |s| s.total_samples)
+                );
+                if line != last {
+                    println!("{line}");
+                    last = line;
+                }
+                match record.state.as_str() {
+                    "succeeded" => {
+                        println!("{}", record.outcome);
+                        return Ok(());
+                    }
+                    "failed" => bail!("job {id} failed: {}", record.outcome),
+                    _ => std::thread::sleep(std::time::Duration::from_secs(1)),
+                }
+            }
+        }
+        Command::Plan { dry_run, brain } => {
+            if !dry_run {
+                bail!(
+                    "the brain dispatches plans itself every round; `brainctl plan --dry-run` \
+                     shows what the next one would decide"
+                );
+            }
+            let r = ask_brain(&brain, async |mut c| {
+                Ok(c.dry_run(pb::DryRunRequest {}).await?.into_inner())
+            })?;
+            println!(
+                "scheduler {}: {:.1} of {:.1} CPUs, {} of {} processes after the round (solved in {:.2} ms)",
+                r.scheduler,
+                r.cpu_millicores as f64 / 1000.0,
+                r.capacity_millicores as f64 / 1000.0,
+                r.processes,
+                r.max_processes,
+                r.solve_ms
+            );
+            for note in &r.notes {
+                println!("note: {note}");
+            }
+            for d in &r.decisions {
+                let change = if d.from_workers == d.to_workers {
+                    "keeps".to_string()
+                } else if d.state == "queued" && d.to_workers > 0 {
+                    "starts".to_string()
+                } else if d.state == "queued" {
+                    "waits".to_string()
+                } else {
+                    "resizes".to_string()
+                };
+                println!(
+                    "{:>4} {:<24} {:<8} {change} {} -> {} workers{} (predicted {:.0} samples/s)",
+                    d.job_id,
+                    d.job_name,
+                    d.state,
+                    d.from_workers,
+                    d.to_workers,
+                    if d.ps > 0 {
+                        format!(" + {} ps", d.ps)
+                    } else {
+                        String::new()
+                    },
+                    d.predicted_samples_per_second
+                );
+                for why in &d.reasons {
+                    println!("       - {why}");
+                }
+            }
+            Ok(())
+        }
+        Command::Train(args) => train::train(args),
+        Command::Policy { action } => match action {
+            PolicyAction::Show { brain } => {
+                let p = ask_brain(&brain, async |mut c| {
+                    Ok(c.get_policy(pb::GetPolicyRequest {}).await?.into_inner())
+                })?;
+                if p.path.is_empty() {
+                    println!("# no policy file: the defaults are in force");
+                } else {
+                    println!("# {}", p.path);
+                }
+                print!("{}", p.toml);
+                Ok(())
+            }
+            PolicyAction::Set { file, brain } => {
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                optimizer::config::PolicyConfig::from_toml(&text)
+                    .with_context(|| format!("{} is not a valid policy", file.display()))?;
+                let p = ask_brain(&brain, async |mut c| {
+                    Ok(c.set_policy(pb::PolicyText {
+                        toml: text,
+                        path: String::new(),
+                    })
+                    .await?
+                    .into_inner())
+                })?;
+                println!("policy set: written to {}", p.path);
+                Ok(())
+            }
+        },
+        Command::Whatif(args) => whatif_cmd::whatif(args),
+    }
+}

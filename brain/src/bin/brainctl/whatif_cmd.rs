@@ -1,0 +1,134 @@
+//! `brainctl whatif`: traces replayed under policies on a simulated cluster, side by side.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use brain::whatif;
+use indicatif::{ProgressBar, ProgressStyle};
+use optimizer::sim::{ClusterSpec, SimConfig};
+
+#[derive(clap::Args)]
+pub struct WhatifArgs {
+    /// A trace CSV, or a directory of them; repeat for more.
+    #[arg(long = "trace", required = true, value_name = "PATH")]
+    traces: Vec<PathBuf>,
+    /// The traces' format.
+    #[arg(long, value_enum, default_value_t = whatif::TraceFormat::Auto)]
+    format: whatif::TraceFormat,
+    /// Directory of application profiles (default: the nearest `traces/` beside the trace's
+    /// directory or its parents;
+    /// not needed for Philly job lists).
+    #[arg(long, value_name = "DIR")]
+    profiles: Option<PathBuf>,
+    /// The simulated cluster: NODESxGPUS:TYPE, comma-separated for several kinds.
+    #[arg(long, default_value = "16x4:t4")]
+    cluster: String,
+    /// A policy file with a `[scheduler]` table (see examples/policies); repeat to compare.
+    #[arg(long = "policy", required = true, value_name = "TOML")]
+    policies: Vec<PathBuf>,
+    /// Seconds of simulated time between scheduling rounds.
+    #[arg(long, default_value_t = 60.0)]
+    round_s: f64,
+    /// Seconds a job makes no progress after its allocation changes.
+    #[arg(long, default_value_t = 30.0)]
+    restart_penalty_s: f64,
+    /// Mean seconds between failures of a node (default: nodes never fail).
+    #[arg(long)]
+    node_mtbf_s: Option<f64>,
+    /// Seconds a failed node stays down.
+    #[arg(long, default_value_t = 3600.0)]
+    node_repair_s: f64,
+    /// Stop the replay at this simulated time; later jobs count as unfinished.
+    #[arg(long)]
+    max_time_s: Option<f64>,
+    /// Seed of every random draw; the same inputs and seed give the same results.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Directory for the results: jobs, rounds and summary as Parquet and CSV, and the
+    /// charts jct_cdf.svg and utilisation.svg.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Simulations at once (default: the cores available).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
+    let WhatifArgs {
+        traces: trace_paths,
+        format,
+        profiles,
+        cluster,
+        policies,
+        round_s,
+        restart_penalty_s,
+        node_mtbf_s,
+        node_repair_s,
+        max_time_s,
+        seed,
+        out,
+        jobs,
+    } = args;
+    let cluster = ClusterSpec::parse(&cluster)?;
+    let sim = SimConfig {
+        round_s,
+        restart_penalty_s,
+        node_failures: whatif::failures(node_mtbf_s, node_repair_s),
+        seed,
+        max_time_s,
+    };
+    sim.validate()?;
+    let policies = policies
+        .iter()
+        .map(|p| whatif::load_policy(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let traces = whatif::load_traces(&trace_paths, format)?;
+    let profiles_dir = match profiles {
+        Some(p) => Some(p),
+        None if whatif::applications(&traces).is_empty() => None,
+        None => match whatif::default_profiles(&trace_paths[0]) {
+            Some(p) => Some(p),
+            None => bail!(
+                "no application profiles beside {}: give --profiles DIR",
+                trace_paths[0].display()
+            ),
+        },
+    };
+    let profiles = match profiles_dir {
+        Some(dir) => {
+            let names = whatif::applications(&traces);
+            datasets::pollux::read_apps_named(&dir, &names)
+                .with_context(|| format!("reading application profiles in {}", dir.display()))?
+        }
+        None => Vec::new(),
+    };
+    let total: u64 =
+        traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished ({eta} left)",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let parallel =
+        jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let options = whatif::Options {
+        cluster,
+        sim,
+        parallel,
+    };
+    let on_done = |n: u64| bar.inc(n);
+    let results = whatif::run(&traces, &profiles, &policies, &options, &on_done)?;
+    bar.finish_and_clear();
+    print!("{}", whatif::render_table(&results));
+    eprintln!("{}", whatif::render_timing(&results));
+    if let Some(dir) = out {
+        let mut written = whatif::write_outputs(&dir, &results)?;
+        written.extend(brain::plots::draw(&dir, &results)?);
+        for path in written {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}

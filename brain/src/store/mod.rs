@@ -1,0 +1,159 @@
+//! The brain's durable state in an embedded SQLite database (WAL): jobs, per-job metric
+//! summaries, scale plans and their acknowledgements. Every change is one transaction, so a
+//! brain killed at any instant reopens with each change either wholly there or not at all.
+//!
+//! Raw metric time series are not kept here (they belong in the InfluxDB sink); each accepted
+//! batch updates the job's summary: reports seen, last global step, mean samples/s, peak memory.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::BrainError;
+
+pub use vocab::JobId;
+
+mod jobs;
+mod records;
+mod reports;
+#[cfg(test)]
+mod tests;
+
+pub use records::{JobRow, JobState, Metric, Shape, StoredPlan};
+
+pub struct Store {
+    conn: Connection,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    master_address TEXT NOT NULL,
+    registered_unix_ms INTEGER NOT NULL,
+    reports INTEGER NOT NULL DEFAULT 0,
+    last_global_step INTEGER NOT NULL DEFAULT 0,
+    sum_samples_per_second REAL NOT NULL DEFAULT 0,
+    peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
+    acked_version INTEGER NOT NULL DEFAULT 0,
+    reached_version INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS speeds (
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    workers INTEGER NOT NULL,
+    reports INTEGER NOT NULL,
+    sum_samples_per_second REAL NOT NULL,
+    PRIMARY KEY (job_id, workers)
+);
+CREATE TABLE IF NOT EXISTS plans (
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    version INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    reason TEXT NOT NULL,
+    created_unix_ms INTEGER NOT NULL,
+    accepted INTEGER,
+    answer TEXT,
+    PRIMARY KEY (job_id, version)
+);
+";
+
+impl Store {
+    /// Opens (or creates) the database at `path` in WAL mode.
+    pub fn open(path: &Path) -> Result<Store, BrainError> {
+        let conn = Connection::open(path)?;
+        // WAL: readers never block the writer; NORMAL sync loses nothing on a process crash.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
+        Ok(Store { conn })
+    }
+
+    pub(super) fn known(&self, job: JobId) -> Result<i64, BrainError> {
+        let id = i64::try_from(job.0).map_err(|_| BrainError::UnknownJob(job.0))?;
+        let found: Option<i64> = self
+            .conn
+            .query_row("SELECT id FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+            .optional()?;
+        found.ok_or(BrainError::UnknownJob(job.0))
+    }
+}
+
+/// A JSON column decoded as `T`; a value that does not decode is an error naming the column,
+/// never a default.
+pub(super) fn json_column<T: serde::de::DeserializeOwned>(
+    r: &rusqlite::Row<'_>,
+    column: &str,
+) -> rusqlite::Result<T> {
+    let text: String = r.get(column)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            r.as_ref().column_index(column).unwrap_or(0),
+            rusqlite::types::Type::Text,
+            format!("column {column}: {e}").into(),
+        )
+    })
+}
+
+pub(super) fn check_name(name: &str) -> Result<(), BrainError> {
+    let ok = !name.trim().is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BrainError::InvalidArgument(format!(
+            "job name {name:?}: expected 1 to 128 letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// Columns added after the first release of the schema, in order; `user_version` counts how
+/// many a database has.
+const MIGRATIONS: &[&str] = &[
+    "ALTER TABLE jobs ADD COLUMN state TEXT NOT NULL DEFAULT 'running'",
+    "ALTER TABLE jobs ADD COLUMN shape TEXT",
+    "ALTER TABLE jobs ADD COLUMN spec TEXT",
+    "ALTER TABLE jobs ADD COLUMN reasons TEXT NOT NULL DEFAULT '[]'",
+    "ALTER TABLE jobs ADD COLUMN run_dir TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE jobs ADD COLUMN workers INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN peak_workers INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN last_change_unix_ms INTEGER",
+    "ALTER TABLE jobs ADD COLUMN samples_done INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN outcome TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE jobs ADD COLUMN started_unix_ms INTEGER",
+    "ALTER TABLE jobs ADD COLUMN finished_unix_ms INTEGER",
+    "ALTER TABLE jobs ADD COLUMN reported_workers INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN peak_process_millicores INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN peak_process_memory_bytes INTEGER NOT NULL DEFAULT 0",
+    "CREATE TABLE models (name TEXT PRIMARY KEY, body TEXT NOT NULL, trained_unix_ms INTEGER NOT NULL)",
+];
+
+fn migrate(conn: &Connection) -> Result<(), BrainError> {
+    let have: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if have as usize > MIGRATIONS.len() {
+        return Err(BrainError::FailedPrecondition(format!(
+            "the database has schema version {have}, newer than this brain's {}",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(have as usize) {
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(m)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+pub(super) fn newest_version(conn: &Connection, job: i64) -> Result<u64, BrainError> {
+    let v: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM plans WHERE job_id = ?1",
+        [job],
+        |r| r.get(0),
+    )?;
+    Ok(v as u64)
+}

@@ -1,0 +1,216 @@
+//! The records the store keeps and hands out: metric reports with their checks, job states,
+//! shapes, job rows and stored plans.
+
+use serde::{Deserialize, Serialize};
+
+use super::JobId;
+
+/// One metric report of a job master, as checked by [`Metric::validate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    pub at_unix_ms: i64,
+    pub global_step: u64,
+    pub samples_per_second: f64,
+    pub workers: u32,
+    pub ps: u32,
+    pub cpu_millicores: u64,
+    pub memory_bytes: u64,
+    pub gpu_utilisation_pct: f64,
+    pub samples_done: u64,
+}
+
+/// Values no real job reports: beyond them a report is a bug or an attack, not a measurement.
+const MAX_SAMPLES_PER_SECOND: f64 = 1e9;
+const MAX_PROCESSES: u32 = 100_000;
+const MAX_MILLICORES: u64 = 1 << 40; // ~1e12 millicores
+const MAX_MEMORY_BYTES: u64 = 1 << 60; // 1 EiB
+const MAX_STEP: u64 = 1 << 53;
+
+impl Metric {
+    /// Rejects NaN, negative and absurdly large values, naming the field and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        let sps = self.samples_per_second;
+        if !(sps.is_finite() && (0.0..=MAX_SAMPLES_PER_SECOND).contains(&sps)) {
+            return Err(format!(
+                "samples_per_second is {sps}, expected 0 to {MAX_SAMPLES_PER_SECOND}"
+            ));
+        }
+        let gpu = self.gpu_utilisation_pct;
+        if !(gpu.is_finite() && (0.0..=100.0).contains(&gpu)) {
+            return Err(format!("gpu_utilisation_pct is {gpu}, expected 0 to 100"));
+        }
+        if self.at_unix_ms <= 0 {
+            return Err(format!("at_unix_ms is {}", self.at_unix_ms));
+        }
+        if self.global_step > MAX_STEP {
+            return Err(format!("global_step is {}", self.global_step));
+        }
+        if self.workers > MAX_PROCESSES || self.ps > MAX_PROCESSES {
+            return Err(format!("{} workers, {} ps", self.workers, self.ps));
+        }
+        if self.cpu_millicores > MAX_MILLICORES {
+            return Err(format!("cpu_millicores is {}", self.cpu_millicores));
+        }
+        if self.memory_bytes > MAX_MEMORY_BYTES {
+            return Err(format!("memory_bytes is {}", self.memory_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Submitted to the brain; its job master starts when a round gives it room.
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl rusqlite::types::FromSql for JobState {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        JobState::parse(v.as_str()?).map_err(|e| rusqlite::types::FromSqlError::Other(e.into()))
+    }
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Result<JobState, String> {
+        match s {
+            "queued" => Ok(JobState::Queued),
+            "running" => Ok(JobState::Running),
+            "succeeded" => Ok(JobState::Succeeded),
+            "failed" => Ok(JobState::Failed),
+            other => Err(format!("unknown job state {other:?}")),
+        }
+    }
+
+    pub fn finished(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed)
+    }
+}
+
+/// What the brain plans with: a job's kind, roles, bounds, process sizes and data.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    /// `ps` or `allreduce`.
+    pub kind: String,
+    pub workers: u32,
+    pub min_workers: u32,
+    pub max_workers: u32,
+    pub node_unit: u32,
+    pub ps: u32,
+    pub worker_millicores: u64,
+    pub worker_memory_bytes: u64,
+    pub worker_gpus: u32,
+    pub ps_millicores: u64,
+    pub ps_memory_bytes: u64,
+    /// Samples over all epochs.
+    pub total_samples: u64,
+}
+
+impl Shape {
+    /// Rejects shapes no job can have, naming the field and its value.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.kind.as_str() {
+            "ps" if self.ps == 0 => return Err("a ps job with 0 parameter servers".into()),
+            "allreduce" if self.ps > 0 => {
+                return Err(format!(
+                    "an allreduce job with {} parameter servers",
+                    self.ps
+                ));
+            }
+            "ps" | "allreduce" => {}
+            other => return Err(format!("kind {other:?}: expected \"ps\" or \"allreduce\"")),
+        }
+        if self.min_workers == 0 || self.min_workers > self.max_workers {
+            return Err(format!(
+                "min_workers {} and max_workers {}: expected 1 <= min <= max",
+                self.min_workers, self.max_workers
+            ));
+        }
+        if self.max_workers > MAX_PROCESSES || self.ps > MAX_PROCESSES {
+            return Err(format!("{} workers, {} ps", self.max_workers, self.ps));
+        }
+        if !(self.min_workers..=self.max_workers).contains(&self.workers) {
+            return Err(format!(
+                "workers {} outside [{}, {}]",
+                self.workers, self.min_workers, self.max_workers
+            ));
+        }
+        if self.node_unit == 0 {
+            return Err("node_unit 0".into());
+        }
+        if self.worker_millicores == 0 || (self.ps > 0 && self.ps_millicores == 0) {
+            return Err("a process with 0 millicores of CPU".into());
+        }
+        if self.worker_millicores > MAX_MILLICORES || self.ps_millicores > MAX_MILLICORES {
+            return Err(format!(
+                "worker_millicores {}, ps_millicores {}",
+                self.worker_millicores, self.ps_millicores
+            ));
+        }
+        if self.total_samples == 0 {
+            return Err("total_samples 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// What the brain knows of a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRow {
+    pub id: JobId,
+    pub name: String,
+    pub master_address: String,
+    pub registered_unix_ms: i64,
+    pub reports: u64,
+    pub last_global_step: u64,
+    pub mean_samples_per_second: f64,
+    pub peak_memory_bytes: u64,
+    /// The newest plan version, 0 if none.
+    pub plan_version: u64,
+    /// The newest version the job master accepted, and the newest it carried out.
+    pub acked_version: u64,
+    pub reached_version: u64,
+    pub state: JobState,
+    pub shape: Option<Shape>,
+    /// The spec a user submitted (YAML), for jobs the brain starts.
+    pub spec: Option<String>,
+    /// Why the brain sized the job as it did.
+    pub reasons: Vec<String>,
+    pub run_dir: String,
+    /// Workers in force: started with, or the newest plan's.
+    pub workers: u32,
+    pub peak_workers: u32,
+    pub last_change_unix_ms: Option<i64>,
+    pub started_unix_ms: Option<i64>,
+    pub finished_unix_ms: Option<i64>,
+    pub samples_done: u64,
+    pub outcome: String,
+    /// The newest plan version the job master refused (0: none).
+    pub rejected_version: u64,
+    /// Workers the job master last reported running with.
+    pub reported_workers: u32,
+    /// The most CPU and memory one of its processes used (from the reports' sums).
+    pub peak_process_millicores: u64,
+    pub peak_process_memory_bytes: u64,
+}
+
+/// A stored plan: its version and its encoded body (the wire `ScalePlan`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredPlan {
+    pub version: u64,
+    pub body: Vec<u8>,
+}

@@ -1,0 +1,174 @@
+//! What job masters send (metric batches, per-worker-count speeds) and the plans they are sent.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::*;
+
+impl Store {
+    /// Checks every report, then folds them all into the job's summary in one transaction:
+    /// a batch with one bad report changes nothing.
+    pub fn add_metrics(&mut self, job: JobId, reports: &[Metric]) -> Result<usize, BrainError> {
+        let id = self.known(job)?;
+        for (i, m) in reports.iter().enumerate() {
+            m.validate()
+                .map_err(|e| BrainError::InvalidArgument(format!("report {i} of {job}: {e}")))?;
+        }
+        if reports.is_empty() {
+            return Ok(0);
+        }
+        let last = reports
+            .iter()
+            .max_by_key(|m| (m.at_unix_ms, m.global_step))
+            .expect("not empty");
+        let sum: f64 = reports.iter().map(|m| m.samples_per_second).sum();
+        let peak = reports.iter().map(|m| m.memory_bytes).max().unwrap_or(0);
+        let samples_done = reports.iter().map(|m| m.samples_done).max().unwrap_or(0);
+        // What one process used at most (reports carry sums over the job's processes).
+        let per = |v: u64, m: &Metric| v / (m.workers + m.ps).max(1) as u64;
+        let peak_cpu = reports
+            .iter()
+            .map(|m| per(m.cpu_millicores, m))
+            .max()
+            .unwrap_or(0);
+        let peak_mem = reports
+            .iter()
+            .map(|m| per(m.memory_bytes, m))
+            .max()
+            .unwrap_or(0);
+        let tx = self.conn.transaction()?;
+        {
+            let mut speed = tx.prepare_cached(
+                "INSERT INTO speeds (job_id, workers, reports, sum_samples_per_second)
+                 VALUES (?1, ?2, 1, ?3)
+                 ON CONFLICT(job_id, workers) DO UPDATE SET reports = reports + 1,
+                     sum_samples_per_second = sum_samples_per_second + excluded.sum_samples_per_second",
+            )?;
+            for m in reports
+                .iter()
+                .filter(|m| m.workers > 0 && m.samples_per_second > 0.0)
+            {
+                speed.execute(params![id, m.workers, m.samples_per_second])?;
+            }
+        }
+        tx.execute(
+            "UPDATE jobs SET samples_done = MAX(samples_done, ?2), reported_workers = ?3,
+                 peak_process_millicores = MAX(peak_process_millicores, ?4),
+                 peak_process_memory_bytes = MAX(peak_process_memory_bytes, ?5)
+             WHERE id = ?1",
+            params![
+                id,
+                samples_done as i64,
+                last.workers,
+                peak_cpu as i64,
+                peak_mem as i64
+            ],
+        )?;
+        tx.execute(
+            "UPDATE jobs SET reports = reports + ?2,
+                 last_global_step = MAX(last_global_step, ?3),
+                 sum_samples_per_second = sum_samples_per_second + ?4,
+                 peak_memory_bytes = MAX(peak_memory_bytes, ?5)
+             WHERE id = ?1",
+            params![
+                id,
+                reports.len() as i64,
+                last.global_step as i64,
+                sum,
+                peak as i64
+            ],
+        )?;
+        tx.commit()?;
+        Ok(reports.len())
+    }
+
+    /// Stores `body` as the job's next plan version.
+    /// `workers`, when the plan sets the worker count, becomes the count in force.
+    pub fn propose_plan(
+        &mut self,
+        job: JobId,
+        body: &dyn Fn(u64) -> Vec<u8>,
+        reason: &str,
+        workers: Option<u32>,
+        now_unix_ms: i64,
+    ) -> Result<u64, BrainError> {
+        let id = self.known(job)?;
+        let tx = self.conn.transaction()?;
+        let version = newest_version(&tx, id)? + 1;
+        tx.execute(
+            "INSERT INTO plans (job_id, version, body, reason, created_unix_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, version as i64, body(version), reason, now_unix_ms],
+        )?;
+        if let Some(w) = workers {
+            tx.execute(
+                "UPDATE jobs SET workers = ?2, peak_workers = MAX(peak_workers, ?2),
+                     last_change_unix_ms = ?3
+                 WHERE id = ?1",
+                params![id, w, now_unix_ms],
+            )?;
+        }
+        tx.commit()?;
+        Ok(version)
+    }
+
+    /// The newest plan above `after`, if any.
+    pub fn plan_after(&self, job: JobId, after: u64) -> Result<Option<StoredPlan>, BrainError> {
+        let id = self.known(job)?;
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT version, body FROM plans WHERE job_id = ?1 AND version > ?2
+                 ORDER BY version DESC LIMIT 1",
+                params![id, after as i64],
+                |r| {
+                    Ok(StoredPlan {
+                        version: r.get::<_, i64>(0)? as u64,
+                        body: r.get(1)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Records the job master's answer to plan `version` and how far it has got.
+    pub fn ack_plan(
+        &mut self,
+        job: JobId,
+        version: u64,
+        accepted: bool,
+        answer: &str,
+        reached: u64,
+    ) -> Result<(), BrainError> {
+        let id = self.known(job)?;
+        let newest = newest_version(&self.conn, id)?;
+        if version == 0 || version > newest || reached > newest {
+            return Err(BrainError::InvalidArgument(format!(
+                "{job} acknowledges version {version} (reached {reached}), the newest plan is \
+                 {newest}"
+            )));
+        }
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE plans SET accepted = ?3, answer = ?4 WHERE job_id = ?1 AND version = ?2",
+            params![id, version as i64, accepted, answer],
+        )?;
+        if accepted {
+            tx.execute(
+                "UPDATE jobs SET acked_version = MAX(acked_version, ?2) WHERE id = ?1",
+                params![id, version as i64],
+            )?;
+        } else {
+            // The count in force is what the job last reported running with.
+            tx.execute(
+                "UPDATE jobs SET workers = reported_workers WHERE id = ?1 AND reported_workers > 0",
+                [id],
+            )?;
+        }
+        tx.execute(
+            "UPDATE jobs SET reached_version = MAX(reached_version, ?2) WHERE id = ?1",
+            params![id, reached as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+}

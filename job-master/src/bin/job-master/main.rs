@@ -1,0 +1,98 @@
+//! `job-master`: run one training job on this machine or a Ray cluster, check a job spec,
+//! follow a running job or send it a scale plan. One module per command:
+//! [`run`] (with the platform choice), [`scale`], [`status`] (and the progress line);
+//! `validate` is here.
+
+mod run;
+mod scale;
+mod status;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use proto::jobmaster::v1 as pb;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Brain's job master: runs one elastic training job (rendezvous, data shards, failures, checkpoints)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a job to its end on local processes or a Ray cluster; exit code 0 only when it
+    /// succeeded.
+    Run(run::RunArgs),
+    /// Send a scale plan to a running job and (with --wait) follow it until it is carried out.
+    /// Counts must respect the spec's min, max and node_unit; a plan that cannot be carried out
+    /// is rejected with the reason and the job runs on untouched.
+    Scale(scale::ScaleArgs),
+    /// Check a job spec and print what would run.
+    Validate { spec: PathBuf },
+    /// Show a running job: phase, progress, and every process with its pid and resources.
+    Status {
+        /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319.
+        #[arg(long, env = "BRAIN_JOB_MASTER")]
+        master: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Run(args) => run::run(args).await,
+        Command::Scale(args) => scale::scale(args).await,
+        Command::Validate { spec } => validate(&spec),
+        Command::Status { master } => status::status(&master).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
+    let spec = job_master::spec::load(spec)?;
+    println!("{} ({} job) is valid:", spec.name, spec.kind);
+    for role in spec.roles.keys() {
+        let p = spec.role_plan(*role)?;
+        println!(
+            "  {role}: {} replicas (min {}, max {}, node_unit {}, max_restarts {})",
+            p.replicas, p.min, p.max, p.node_unit, p.max_restarts
+        );
+    }
+    println!(
+        "  data: {} samples in {} shards per epoch, {} epochs",
+        spec.data.num_samples,
+        spec.shards_per_epoch(),
+        spec.epochs
+    );
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn client(
+    master: &str,
+) -> anyhow::Result<pb::job_master_client::JobMasterClient<tonic::transport::Channel>> {
+    let url = if master.starts_with("http") {
+        master.to_string()
+    } else {
+        format!("http://{master}")
+    };
+    pb::job_master_client::JobMasterClient::connect(url)
+        .await
+        .with_context(|| format!("cannot reach a job master at {master}"))
+}

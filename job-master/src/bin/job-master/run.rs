@@ -1,0 +1,350 @@
+//! `job-master run`: the job on local processes or a Ray cluster, to its end.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use job_master::job::Timing;
+use job_master::platform::PlatformConfig;
+use job_master::{MasterConfig, run as run_job};
+
+use crate::status::show_progress;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The job spec (YAML); see examples/.
+    spec: PathBuf,
+    /// Where the job context, agent logs and report.json go [default: runs/<job name>].
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Continue the unfinished job in the run directory after its job master died (kill -9,
+    /// a lost machine): every process is launched anew and the job goes on from its latest
+    /// checkpoint, nothing lost or counted twice. Without it, a run directory that holds an
+    /// unfinished job is refused.
+    #[arg(long)]
+    resume: bool,
+    /// Address the master serves agents on.
+    #[arg(long, default_value = "127.0.0.1:0", env = "BRAIN_JOB_MASTER_LISTEN")]
+    listen: String,
+    /// The worker-agent binary [default: next to this binary].
+    #[arg(long, env = "BRAIN_WORKER_AGENT_BIN")]
+    agent_bin: Option<PathBuf>,
+    /// How often agents send heartbeats, milliseconds.
+    #[arg(long, default_value_t = 500)]
+    heartbeat_interval_ms: u64,
+    /// An agent silent for this long is declared lost and relaunched, milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    heartbeat_timeout_ms: u64,
+    /// Rendezvous last-call window once `min` workers joined, milliseconds.
+    #[arg(long, default_value_t = 2_000)]
+    last_call_ms: u64,
+    /// Time a training process gets between SIGTERM and SIGKILL, milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    grace_period_ms: u64,
+    /// A launched agent that has not registered after this long is relaunched, milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    register_timeout_ms: u64,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 2)]
+    progress_secs: u64,
+    /// Processes of the job the platform may run at once; scale plans above it are
+    /// rejected [default: 32 on local processes, the cluster's whole CPUs on Ray].
+    #[arg(long)]
+    max_processes: Option<u32>,
+    /// Where the job's processes run: local processes, or Ray jobs on an existing Ray
+    /// cluster [default: the spec's `platform`, else local].
+    #[arg(long, value_enum)]
+    platform: Option<PlatformKind>,
+    /// The Ray cluster's dashboard (Job Submission API) for `--platform ray`, e.g.
+    /// http://127.0.0.1:8265. The master's `--listen` address must be reachable from
+    /// Ray's nodes, and the worker-agent binary must exist at `--agent-bin` on them.
+    #[arg(long, env = "BRAIN_RAY_ADDRESS")]
+    ray_address: Option<String>,
+    /// The brain to register with (e.g. http://127.0.0.1:50070): the job reports its
+    /// metrics there and carries out the brain's scale plans. Without it the job runs
+    /// alone at its spec's size.
+    #[arg(long, env = "BRAIN_URL")]
+    brain: Option<String>,
+    /// How often metrics go to the brain and plans are polled, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    brain_interval_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PlatformKind {
+    /// Child processes of the job master on this machine.
+    Local,
+    /// Ray jobs on an existing Ray cluster (needs --ray-address or the spec's address).
+    Ray,
+}
+
+/// The platform from the flags, the spec, or the default (local).
+fn choose_platform(
+    flag: Option<PlatformKind>,
+    ray_address: Option<String>,
+    agent_bin: Option<PathBuf>,
+    max_processes: Option<u32>,
+    spec: Option<PlatformConfig>,
+) -> anyhow::Result<PlatformConfig> {
+    let local = |agent_bin| PlatformConfig::Local {
+        agent_bin,
+        max_processes: Some(max_processes.unwrap_or(32)),
+    };
+    Ok(match (flag, spec) {
+        (Some(PlatformKind::Local), _) => local(agent_bin),
+        (Some(PlatformKind::Ray), spec) => {
+            let from_spec = match spec {
+                Some(PlatformConfig::Ray {
+                    address,
+                    place_timeout_ms,
+                    env,
+                    agent_bin: spec_bin,
+                    max_processes: spec_max,
+                }) => Some((address, place_timeout_ms, env, spec_bin, spec_max)),
+                _ => None,
+            };
+            let (spec_address, place_timeout_ms, env, spec_bin, spec_max) =
+                from_spec.unwrap_or_default();
+            let address = ray_address
+                .or((!spec_address.is_empty()).then_some(spec_address))
+                .context("--platform ray needs --ray-address (e.g. http://127.0.0.1:8265)")?;
+            PlatformConfig::Ray {
+                address,
+                agent_bin: agent_bin.or(spec_bin),
+                max_processes: max_processes.or(spec_max),
+                place_timeout_ms,
+                env,
+            }
+        }
+        (
+            None,
+            Some(PlatformConfig::Ray {
+                address,
+                agent_bin: spec_bin,
+                max_processes: spec_max,
+                place_timeout_ms,
+                env,
+            }),
+        ) => PlatformConfig::Ray {
+            address: ray_address.unwrap_or(address),
+            agent_bin: agent_bin.or(spec_bin),
+            max_processes: max_processes.or(spec_max),
+            place_timeout_ms,
+            env,
+        },
+        (
+            None,
+            Some(PlatformConfig::Local {
+                agent_bin: spec_bin,
+                max_processes: spec_max,
+            }),
+        ) => PlatformConfig::Local {
+            agent_bin: agent_bin.or(spec_bin),
+            max_processes: max_processes.or(spec_max).or(Some(32)),
+        },
+        (None, Some(PlatformConfig::External)) => PlatformConfig::External,
+        (None, None) => local(agent_bin),
+    })
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+    let RunArgs {
+        spec,
+        run_dir,
+        resume,
+        listen,
+        agent_bin,
+        heartbeat_interval_ms,
+        heartbeat_timeout_ms,
+        last_call_ms,
+        grace_period_ms,
+        register_timeout_ms,
+        progress_secs,
+        max_processes,
+        platform,
+        ray_address,
+        brain,
+        brain_interval_ms,
+    } = args;
+    let spec = job_master::spec::load(&spec)?;
+    let platform = choose_platform(
+        platform,
+        ray_address,
+        agent_bin,
+        max_processes,
+        spec.platform.clone(),
+    )?;
+    let run_dir = run_dir.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let config = MasterConfig {
+        spec,
+        run_dir: run_dir.clone(),
+        timing: Timing {
+            heartbeat_interval_ms,
+            heartbeat_timeout_ms,
+            last_call_ms,
+            grace_period_ms,
+            register_timeout_ms,
+        },
+        platform,
+        brain: brain.map(|url| {
+            let url = if url.starts_with("http") {
+                url
+            } else {
+                format!("http://{url}")
+            };
+            job_master::brain_link::BrainLink {
+                report_interval_ms: brain_interval_ms,
+                ..job_master::brain_link::BrainLink::new(url)
+            }
+        }),
+        resume,
+    };
+    println!("job master on {addr}, run directory {}", run_dir.display());
+    let progress = tokio::spawn(show_progress(
+        addr,
+        Duration::from_secs(progress_secs.max(1)),
+    ));
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    let report = run_job(config, listener, shutdown).await?;
+    progress.abort();
+    println!(
+        "\n== {} {} in {:.1} s ==",
+        report.job,
+        report.phase,
+        report.elapsed_ms as f64 / 1000.0
+    );
+    if let Some(r) = &report.reason {
+        println!("reason: {r}");
+    }
+    if let Some(t) = report.first_step_after_ms {
+        println!("first training step after {t} ms");
+    }
+    if let Some(l) = report.final_eval_loss {
+        println!("held-out log-loss: {l:.5}");
+    }
+    println!(
+        "shards: {}/{}; exactly-once per epoch: {}; samples per epoch: {:?}",
+        report.shards_done, report.shards_total, report.exactly_once, report.samples_per_epoch
+    );
+    println!(
+        "relaunches: {:?}; checkpoints: {}",
+        report.restarts, report.checkpoints
+    );
+    for ps in &report.ps_stats {
+        println!(
+            "ps {}: {} keys, {} batches / {} samples applied, {} duplicate pushes ignored",
+            ps.index, ps.keys, ps.applied_batches, ps.applied_samples, ps.duplicate_pushes
+        );
+    }
+    for t in &report.transitions {
+        println!(
+            "plan {}: {:?} -> {:?} reached after {} ms{}",
+            t.version,
+            t.from,
+            t.to,
+            t.reached_ms - t.accepted_ms,
+            t.resumed_ms
+                .map(|r| format!(
+                    ", every worker training again after {} ms",
+                    r - t.accepted_ms
+                ))
+                .unwrap_or_default()
+        );
+    }
+    for r in &report.reshards {
+        println!(
+            "reshard (plan {}): ps {} -> {} moved {} of {} keys in {} ms, parameter digest {:016x} unchanged: {}",
+            r.version,
+            r.from_ps,
+            r.to_ps,
+            r.moved_keys,
+            r.total_keys,
+            r.took_ms,
+            r.digest_after,
+            r.digest_before == r.digest_after
+        );
+    }
+    println!("report: {}", run_dir.join("report.json").display());
+    Ok(if report.succeeded() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ray(address: &str) -> PlatformConfig {
+        PlatformConfig::Ray {
+            address: address.into(),
+            agent_bin: None,
+            max_processes: Some(6),
+            place_timeout_ms: Some(5000),
+            env: Default::default(),
+        }
+    }
+
+    #[test]
+    fn flags_override_the_spec_and_local_is_the_default() {
+        let local = choose_platform(None, None, None, None, None).unwrap();
+        assert_eq!(
+            local,
+            PlatformConfig::Local {
+                agent_bin: None,
+                max_processes: Some(32)
+            }
+        );
+        // The spec's Ray platform, its address replaced by the flag.
+        let p = choose_platform(None, Some("h:1".into()), None, None, Some(ray("h:2"))).unwrap();
+        assert_eq!(p, {
+            let mut r = ray("h:1");
+            if let PlatformConfig::Ray { max_processes, .. } = &mut r {
+                *max_processes = Some(6);
+            }
+            r
+        });
+        // --platform local wins over the spec.
+        let p = choose_platform(
+            Some(PlatformKind::Local),
+            None,
+            None,
+            Some(4),
+            Some(ray("h:2")),
+        );
+        assert_eq!(
+            p.unwrap(),
+            PlatformConfig::Local {
+                agent_bin: None,
+                max_processes: Some(4)
+            }
+        );
+        // --platform ray takes the spec's settings and the flag's address.
+        let p = choose_platform(Some(PlatformKind::Ray), None, None, None, Some(ray("h:2")));
+        assert_eq!(p.unwrap(), ray("h:2"));
+        let p = choose_platform(
+            Some(PlatformKind::Ray),
+            Some("h:3".into()),
+            None,
+            None,
+            None,
+        );
+        assert!(
+            matches!(p.unwrap(), PlatformConfig::Ray { address, place_timeout_ms: None, .. } if address == "h:3")
+        );
+        let e = choose_platform(Some(PlatformKind::Ray), None, None, None, None).unwrap_err();
+        assert!(e.to_string().contains("--ray-address"), "{e}");
+    }
+}

@@ -1,0 +1,105 @@
+//! `job-master status` and the progress line `run` prints.
+
+use std::time::Duration;
+
+use proto::jobmaster::v1 as pb;
+
+use crate::client;
+
+pub async fn status(master: &str) -> anyhow::Result<std::process::ExitCode> {
+    let mut c = client(master).await?;
+    let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
+    println!("{}", summary_line(&s));
+    println!(
+        "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}  given",
+        "process", "incarnation", "state", "pid", "cpu (m)", "rss (MiB)", "gpu"
+    );
+    for p in &s.processes {
+        let role = if p.role == pb::Role::Ps as i32 {
+            "ps"
+        } else {
+            "worker"
+        };
+        let (cpu, rss, gpu) = p
+            .sample
+            .as_ref()
+            .map(|x| {
+                (
+                    x.cpu_millicores.to_string(),
+                    format!("{:.1}", x.rss_bytes as f64 / 1048576.0),
+                    if x.gpu_present { "yes" } else { "no" },
+                )
+            })
+            .unwrap_or(("-".into(), "-".into(), "-"));
+        let given = p.resources.as_ref().map_or_else(
+            || "-".to_string(),
+            |r| {
+                format!(
+                    "{}m cpu, {:.0} MiB, {} gpu",
+                    r.cpu_millicores,
+                    r.memory_bytes as f64 / 1048576.0,
+                    r.gpus
+                )
+            },
+        );
+        println!(
+            "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}  {given}",
+            format!("{role}-{}", p.index),
+            p.incarnation,
+            p.state,
+            p.pid,
+            cpu,
+            rss,
+            gpu
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Prints one progress line every `every`, read over the master's own gRPC status call.
+pub async fn show_progress(addr: std::net::SocketAddr, every: Duration) {
+    let mut client = loop {
+        match pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Ok(s) = client.get_status(pb::StatusRequest {}).await else {
+            continue;
+        };
+        let s = s.into_inner();
+        println!("{}", summary_line(&s));
+    }
+}
+
+/// One line of a job's status: phase, progress, throughput, loss and processes alive.
+pub fn summary_line(s: &pb::JobStatus) -> String {
+    let alive = s.processes.iter().filter(|p| p.state == "running").count();
+    let members = s.processes.iter().filter(|p| p.state != "removed").count();
+    let plan = match (s.desired_plan_version, s.transition.is_empty()) {
+        (0, _) => String::new(),
+        (_, true) => format!(" plan {}", s.reached_plan_version),
+        (_, false) => format!(" [{}]", s.transition),
+    };
+    let reason = if s.reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", s.reason)
+    };
+    format!(
+        "[{}{reason}] epoch {} shards {}/{} step {} {:.0} samples/s loss {:.4} checkpoints {} processes alive {}/{}{plan}",
+        s.phase,
+        s.epoch,
+        s.shards_done,
+        s.shards_total,
+        s.global_step,
+        s.samples_per_second,
+        s.loss,
+        s.checkpoints,
+        alive,
+        members
+    )
+}

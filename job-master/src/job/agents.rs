@@ -1,0 +1,254 @@
+//! Processes: registration, heartbeats, exits and losses, relaunch and group restart.
+
+use super::*;
+
+impl JobContext {
+    /// An agent started by the platform for `incarnation` of `key` announces itself.
+    pub fn register_agent(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        host: String,
+        service_addr: String,
+        now_ms: u64,
+    ) -> Result<(u64, u64), Error> {
+        // An agent launched for an incarnation that a group restart has since replaced is adopted
+        // with the current one, as long as no agent holds the slot.
+        let slot = self.slot(key)?;
+        let adoptable = slot.phase == SlotPhase::Launching && incarnation <= slot.incarnation;
+        if !adoptable {
+            self.current(key, incarnation)?;
+        }
+        let incarnation = slot.incarnation;
+        if self.phase.is_terminal() {
+            return Err(Error::InvalidRequest(format!(
+                "job is {}",
+                self.phase.name()
+            )));
+        }
+        let agent_id = self.next_agent_id;
+        self.next_agent_id += 1;
+        let slot = self.slots.get_mut(&key).expect("checked");
+        slot.agent_id = agent_id;
+        slot.phase = SlotPhase::Running;
+        slot.last_heartbeat_ms = now_ms;
+        slot.host = host;
+        slot.service_addr = Some(service_addr.clone());
+        // A PS added by a reshard enters the published cluster when the reshard is done.
+        let fresh = self.slots[&key].fresh;
+        if key.role == Role::Ps
+            && !fresh
+            && let Some(c) = self.group.cluster_mut()
+        {
+            c.set_ps(key.index, service_addr);
+        }
+        self.log(
+            now_ms,
+            format!("{key} registered (incarnation {incarnation}, agent {agent_id})"),
+        );
+        Ok((agent_id, incarnation))
+    }
+
+    /// Liveness and a resource sample; returns the action and the incarnation to run.
+    pub fn heartbeat(
+        &mut self,
+        key: SlotKey,
+        agent_id: u64,
+        incarnation: u64,
+        sample: Option<Sample>,
+        process_pid: u32,
+        now_ms: u64,
+    ) -> Result<(AgentAction, u64, u64), Error> {
+        let terminal = self.phase.is_terminal();
+        let slot = self.slots.get_mut(&key).ok_or(Error::UnknownProcess {
+            role: key.role.to_string(),
+            index: key.index,
+        })?;
+        if slot.agent_id != agent_id || terminal || slot.phase == SlotPhase::Removed {
+            return Ok((AgentAction::Shutdown, slot.incarnation, slot.restart_count));
+        }
+        slot.last_heartbeat_ms = now_ms;
+        slot.process_pid = process_pid;
+        if sample.is_some() {
+            slot.sample = sample;
+        }
+        if incarnation < slot.incarnation {
+            return Ok((AgentAction::Restart, slot.incarnation, slot.restart_count));
+        }
+        Ok((AgentAction::Continue, slot.incarnation, slot.restart_count))
+    }
+
+    /// The training process of `key` exited.
+    pub fn process_exited(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        exit_code: i32,
+        signal: i32,
+        agent_reason: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        if self.current(key, incarnation).is_err() || self.phase.is_terminal() {
+            // An older incarnation, already replaced: its exit is expected.
+            return Ok(Vec::new());
+        }
+        let phase = self.slots[&key].phase;
+        if phase == SlotPhase::Removed {
+            return Ok(Vec::new());
+        }
+        if phase == SlotPhase::Removing && exit_code == 0 && signal == 0 {
+            return Ok(self.remove_slot(key, now_ms));
+        }
+        if exit_code == 0 && signal == 0 && key.role == Role::Worker {
+            self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
+            self.log(now_ms, format!("{key} finished"));
+            return Ok(self.check_done());
+        }
+        let how = match agent_reason {
+            Some(why) => why.to_string(),
+            None if signal != 0 => format!("killed by signal {signal}"),
+            None => format!("exited with code {exit_code}"),
+        };
+        Ok(self.fail_slot(key, how, false, now_ms))
+    }
+
+    /// The agent of `key` is gone (its process ended, or heartbeats stopped).
+    pub fn agent_lost(
+        &mut self,
+        key: SlotKey,
+        agent_incarnation: u64,
+        why: String,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        match self.slots.get(&key) {
+            Some(s)
+                if s.incarnation == agent_incarnation
+                    && !self.phase.is_terminal()
+                    && s.phase != SlotPhase::Removed => {}
+            _ => return Vec::new(),
+        }
+        self.fail_slot(key, format!("agent lost: {why}"), true, now_ms)
+    }
+
+    pub(super) fn fail_slot(
+        &mut self,
+        key: SlotKey,
+        how: String,
+        relaunch_agent: bool,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        // Only a ps job's worker holds no model state; anything else loses state or the ring.
+        let group = !(self.spec.kind == JobKind::Ps && key.role == Role::Worker);
+        if !group && self.slots[&key].phase == SlotPhase::Removing {
+            self.log(now_ms, format!("{key} failed ({how}) while leaving"));
+            return self.remove_slot(key, now_ms);
+        }
+        let count = self.restarts.entry(key.role).or_insert(0);
+        *count += 1;
+        let count = *count;
+        let limit = self
+            .spec
+            .role_plan(key.role)
+            .expect("validated")
+            .max_restarts;
+        if count > limit {
+            let reason = format!(
+                "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
+                key.role
+            );
+            self.log(now_ms, reason.clone());
+            self.phase = JobPhase::Failed { reason };
+            return Vec::new();
+        }
+        self.log(
+            now_ms,
+            format!(
+                "{key} failed ({how}); relaunch {count} of {limit} for {}",
+                key.role
+            ),
+        );
+        if self.evaluator == Some(key) {
+            self.evaluator = None;
+        }
+        let mut effects = Vec::new();
+        if group {
+            effects.extend(self.group_restart(now_ms, &format!("{key} failed")));
+        } else {
+            self.ledger.release(&key.role.to_string(), key.index);
+            if let Some(c) = self.group.cluster_mut() {
+                c.remove_worker(key.index);
+            }
+            let slot = self.slots.get_mut(&key).expect("exists");
+            slot.incarnation += 1;
+            slot.restart_count += 1;
+            slot.phase = SlotPhase::Restarting;
+            effects.extend(self.ps_checkpoint_if_drained());
+        }
+        if relaunch_agent {
+            let slot = self.slots.get_mut(&key).expect("exists");
+            slot.phase = SlotPhase::Launching;
+            slot.agent_id = 0;
+            slot.process_pid = 0;
+            // The new agent gets a full timeout to register.
+            slot.last_heartbeat_ms = now_ms;
+            effects.push(Effect::StopAgent {
+                key,
+                graceful: false,
+            });
+            effects.push(Effect::LaunchAgent {
+                key,
+                incarnation: slot.incarnation,
+            });
+        }
+        effects
+    }
+
+    /// Every process restarts from the latest checkpoint; the ledger rolls back to it. During a
+    /// transition the restart lands directly in the plan's target layout.
+    pub(super) fn group_restart(&mut self, now_ms: u64, why: &str) -> Vec<Effect> {
+        self.generation += 1;
+        let mut effects = Vec::new();
+        if self.transition.is_some() {
+            effects = self.collapse_transition(now_ms);
+        }
+        for slot in self.slots.values_mut() {
+            if slot.phase == SlotPhase::Removed {
+                continue;
+            }
+            slot.incarnation += 1;
+            slot.restart_count += 1;
+            if slot.phase != SlotPhase::Launching {
+                slot.phase = SlotPhase::Restarting;
+            }
+        }
+        if let Some(r) = self.group.rendezvous_mut() {
+            r.invalidate();
+        }
+        if let Some(c) = self.group.cluster_mut() {
+            c.workers.clear();
+            c.version += 1;
+        }
+        let snap = self
+            .latest_checkpoint()
+            .map(|c| c.ledger.clone())
+            .unwrap_or_default();
+        let from = self
+            .latest_checkpoint()
+            .map(|c| format!("checkpoint {}", c.id))
+            .unwrap_or_else(|| "the start".into());
+        self.ledger.restore(&snap);
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
+        self.final_eval_loss = None;
+        self.final_model_digest = None;
+        self.log(
+            now_ms,
+            format!(
+                "{why}: every process restarts from {from} (generation {})",
+                self.generation
+            ),
+        );
+        effects
+    }
+}

@@ -1,0 +1,516 @@
+//! Data and progress: rendezvous rounds, shard leases, checkpoints, metrics, completion and the
+//! timer.
+
+use super::*;
+
+impl JobContext {
+    pub fn join_rendezvous(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        now_ms: u64,
+    ) -> Result<JoinView, Error> {
+        let slot = self.current(key, incarnation)?.clone();
+        let addr = slot.service_addr.clone().unwrap_or_default();
+        let resume_from = if slot.fresh {
+            None
+        } else {
+            self.latest_checkpoint().map(|c| c.manifest.clone())
+        };
+        let mut view = JoinView {
+            ready: false,
+            round: 0,
+            rank: 0,
+            world_size: 0,
+            peers: Vec::new(),
+            cluster: None,
+            waiting_reason: String::new(),
+            restart_count: slot.restart_count,
+            resume_from,
+            removed: false,
+        };
+        if !slot.phase.is_live() {
+            // A removed allreduce member learns it here, at the step boundary where the group
+            // re-forms; it leaves without holding anything.
+            if self.spec.kind == JobKind::Allreduce && key.role == Role::Worker {
+                // Its agent learns from its next heartbeat that it is done; no stop needed.
+                let _ = self.remove_slot(key, now_ms);
+            }
+            view.removed = slot.phase == SlotPhase::Removed
+                || (self.spec.kind == JobKind::Allreduce && key.role == Role::Worker);
+            if view.removed {
+                return Ok(view);
+            }
+        }
+        match self.spec.kind {
+            JobKind::Allreduce => {
+                let rdzv = self.rendezvous_now().expect("allreduce jobs have one");
+                match rdzv.join(
+                    Member {
+                        index: key.index,
+                        incarnation,
+                        addr,
+                    },
+                    now_ms,
+                ) {
+                    JoinOutcome::Ready {
+                        round,
+                        rank,
+                        world_size,
+                        peers,
+                    } => {
+                        view.ready = true;
+                        view.round = round;
+                        view.rank = rank;
+                        view.world_size = world_size;
+                        view.peers = peers;
+                    }
+                    JoinOutcome::Waiting { reason } => view.waiting_reason = reason,
+                }
+            }
+            JobKind::Ps => {
+                let ps_to = self
+                    .transition
+                    .as_ref()
+                    .and_then(|t| t.to.get(&Role::Ps).copied());
+                // Workers start only once every PS of the layout runs its current incarnation:
+                // an old PS process about to restart must never receive a push.
+                let layout_running = self.ps_layout_running();
+                let cluster = self.group.cluster_mut().expect("ps jobs have one");
+                if key.role == Role::Worker {
+                    cluster.set_worker(key.index, addr);
+                }
+                if key.role == Role::Ps {
+                    // A PS needs nothing from the others to start. One added by a reshard serves
+                    // the new layout and starts empty.
+                    view.ready = true;
+                    view.round = cluster.version;
+                    view.rank = key.index;
+                    view.world_size = if slot.fresh {
+                        ps_to.unwrap_or(cluster.expected_ps)
+                    } else {
+                        cluster.expected_ps
+                    };
+                } else if layout_running {
+                    view.ready = true;
+                    view.round = cluster.version;
+                    view.rank = key.index;
+                    view.world_size = cluster.workers.len() as u32;
+                } else {
+                    view.waiting_reason = format!(
+                        "waiting for the {} parameter servers to run ({} have addresses)",
+                        cluster.expected_ps,
+                        cluster.ps.len()
+                    );
+                }
+                view.cluster = Some(cluster.clone());
+            }
+        }
+        if view.ready {
+            let s = self.slots.get_mut(&key).expect("checked");
+            if s.phase == SlotPhase::Restarting {
+                s.phase = SlotPhase::Running;
+            }
+            if key.role == Role::Worker
+                && let Some(c) = self.group.cluster()
+            {
+                s.ps_version = c.ps_version;
+            }
+        }
+        Ok(view)
+    }
+
+    #[cfg(test)]
+    pub fn lease(&mut self, key: SlotKey, incarnation: u64) -> Result<LeaseView, Error> {
+        self.lease_with(key, incarnation, None, 0).map(|(v, _)| v)
+    }
+
+    /// A lease request; a ps worker says which PS-set version it uses (`ps_version`).
+    pub fn lease_with(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        ps_version: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(LeaseView, Vec<Effect>), Error> {
+        self.current(key, incarnation)?;
+        let holder = Self::holder(key, incarnation);
+        let mut effects = Vec::new();
+        let layout = self.group.cluster().map_or(0, |c| c.ps_version);
+        let phase = self.slots[&key].phase;
+        let ps_worker = self.spec.kind == JobKind::Ps && key.role == Role::Worker;
+        // An allreduce member being removed stays in the ring until the group re-forms.
+        if phase == SlotPhase::Removed || (ps_worker && phase == SlotPhase::Removing) {
+            // A removed ps worker hands back what it holds and leaves.
+            if ps_worker {
+                self.ledger.release(&key.role.to_string(), key.index);
+                effects.extend(self.remove_slot(key, now_ms));
+            }
+            let mut v = LeaseView::of(LeaseOutcome::Wait);
+            v.removed = true;
+            return Ok((v, effects));
+        }
+        if let Some(v) = ps_version {
+            self.slots.get_mut(&key).expect("checked").ps_version = v;
+        }
+        let step = self.transition.as_ref().map(|t| t.step);
+        if ps_worker {
+            let switching = matches!(step, Some(Step::Reshard))
+                || (step == Some(Step::Switch) && !self.ps_layout_running());
+            if switching || ps_version.is_some_and(|v| v != layout) {
+                effects.extend(self.advance(now_ms));
+                let mut v = LeaseView::of(LeaseOutcome::Wait);
+                v.ps_version = layout;
+                return Ok((v, effects));
+            }
+        }
+        if self.checkpoint_pending {
+            // Drain for a consistent cut: a holder retrying gets its shard again, nobody a new one.
+            let mut v = match self.ledger.held_by(&holder) {
+                Some(s) => LeaseView::of(LeaseOutcome::Granted(s)),
+                None => {
+                    let mut v = LeaseView::of(LeaseOutcome::Wait);
+                    v.checkpoint_due = self.spec.kind == JobKind::Allreduce;
+                    v
+                }
+            };
+            v.ps_version = layout;
+            return Ok((v, effects));
+        }
+        if step == Some(Step::Reform) {
+            let mut v = LeaseView::of(LeaseOutcome::Wait);
+            v.reform = true;
+            return Ok((v, effects));
+        }
+        let outcome = self.ledger.lease(&holder);
+        let mut v = LeaseView::of(outcome);
+        if v.outcome == LeaseOutcome::EndOfData {
+            let evaluator = *self.evaluator.get_or_insert(key);
+            v.evaluate = evaluator == key;
+        }
+        v.ps_version = layout;
+        effects.extend(self.advance(now_ms));
+        Ok((v, effects))
+    }
+
+    /// `key` applied every sample of shard `shard` to the model.
+    pub fn shard_done(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        shard: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        self.current(key, incarnation)?;
+        let holder = Self::holder(key, incarnation);
+        self.ledger.complete(&holder, shard).map_err(|e| match e {
+            crate::ledger::LedgerError::UnknownShard(id) => Error::UnknownShard(id),
+            _ => Error::NotLeased {
+                shard,
+                holder: holder.to_string(),
+            },
+        })?;
+        self.shards_since_checkpoint += 1;
+        let every = self.spec.checkpoint.every_shards as u64;
+        if every > 0
+            && self.shards_since_checkpoint >= every
+            && !self.ledger.is_complete()
+            && !self.checkpoint_pending
+        {
+            self.checkpoint_pending = true;
+            self.log(
+                now_ms,
+                format!(
+                    "checkpoint due after {} shards: draining leases",
+                    self.shards_since_checkpoint
+                ),
+            );
+        }
+        let mut effects = self.ps_checkpoint_if_drained();
+        effects.extend(self.check_done());
+        Ok(effects)
+    }
+
+    /// For ps jobs: once every lease is back, ask the PS to save.
+    pub(super) fn ps_checkpoint_if_drained(&mut self) -> Vec<Effect> {
+        if !(self.checkpoint_pending
+            && !self.checkpoint_saving
+            && self.spec.kind == JobKind::Ps
+            && self.ledger.in_flight() == 0)
+        {
+            return Vec::new();
+        }
+        let Some(ps) = self.group.cluster().map(PsCluster::ps_addrs) else {
+            return Vec::new();
+        };
+        self.checkpoint_saving = true;
+        let (id, dir) = self.next_checkpoint_dir();
+        vec![Effect::SavePsCheckpoint {
+            id,
+            dir,
+            ps,
+            generation: self.generation,
+        }]
+    }
+
+    /// A checkpoint whose files are written and whose manifest is at `manifest` becomes the one
+    /// to restore from. `generation` is the one the save was started in.
+    pub fn checkpoint_committed(
+        &mut self,
+        id: u64,
+        manifest: PathBuf,
+        step: u64,
+        generation: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        if generation != self.generation {
+            return Err(Error::Checkpoint {
+                path: manifest,
+                problem: format!(
+                    "started in generation {generation}, the job is in {}",
+                    self.generation
+                ),
+            });
+        }
+        if !self.checkpoint_pending || self.ledger.in_flight() != 0 {
+            return Err(Error::Checkpoint {
+                path: manifest,
+                problem: "no drained checkpoint is pending".into(),
+            });
+        }
+        self.checkpoints.push(CheckpointRecord {
+            id,
+            manifest: manifest.clone(),
+            ledger: self.ledger.snapshot(),
+            taken_at_ms: now_ms,
+            step,
+        });
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
+        self.log(
+            now_ms,
+            format!(
+                "checkpoint {id} committed at step {step} ({} of {} shards done): {}",
+                self.ledger.done_shards(),
+                self.ledger.total_shards(),
+                manifest.display()
+            ),
+        );
+        Ok(self.on_cut(now_ms))
+    }
+
+    /// A checkpoint could not be written: training goes on without it.
+    pub fn checkpoint_failed(&mut self, generation: u64, problem: String, now_ms: u64) {
+        if generation == self.generation && self.checkpoint_pending {
+            self.checkpoint_pending = false;
+            self.checkpoint_saving = false;
+            self.log(
+                now_ms,
+                format!("checkpoint failed, training goes on without it: {problem}"),
+            );
+        }
+    }
+
+    /// The id the next checkpoint gets, and the directory a ps checkpoint of that id is saved in.
+    pub fn next_checkpoint_dir(&self) -> (u64, PathBuf) {
+        let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
+        (id, self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")))
+    }
+
+    pub fn report_metrics(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        m: MetricsRecord,
+        final_eval_loss: Option<f64>,
+        final_model_digest: Option<String>,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        self.current(key, incarnation)?;
+        for (name, v) in [
+            ("loss", m.loss),
+            ("samples_per_second", m.samples_per_second),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(Error::InvalidRequest(format!(
+                    "metric {name} is {v}: it must be finite and non-negative"
+                )));
+            }
+        }
+        if m.global_step > 0 && self.first_step_at_ms.is_none() {
+            self.first_step_at_ms = Some(now_ms);
+            self.log(
+                now_ms,
+                format!(
+                    "first training step after {} ms",
+                    now_ms - self.started_at_ms
+                ),
+            );
+        }
+        if let Some(r) = self.transitions.last_mut()
+            && r.resumed_ms.is_none()
+            && m.global_step > r.steps_at_reach.get(&key).copied().unwrap_or(0)
+        {
+            r.awaiting.retain(|k| *k != key);
+            if r.awaiting.is_empty() {
+                r.resumed_ms = Some(now_ms);
+                let (v, ms) = (r.version, now_ms.saturating_sub(r.accepted_ms));
+                self.log(
+                    now_ms,
+                    format!("plan {v}: every worker is training again, {ms} ms after the plan"),
+                );
+            }
+        }
+        self.metrics.insert(key, m);
+        let mut effects = Vec::new();
+        if let Some(loss) = final_eval_loss {
+            if !loss.is_finite() {
+                return Err(Error::InvalidRequest(format!("final_eval_loss is {loss}")));
+            }
+            if self.evaluator == Some(key) {
+                self.final_eval_loss = Some(loss);
+                self.final_model_digest = final_model_digest;
+                self.log(
+                    now_ms,
+                    format!("final held-out log-loss {loss:.5} (evaluated by {key})"),
+                );
+                effects = self.check_done();
+            }
+        }
+        Ok(effects)
+    }
+
+    /// The job's work is over when every worker exited 0 and, for the built-in workload, every
+    /// shard is done and the final model was evaluated.
+    pub(super) fn check_done(&mut self) -> Vec<Effect> {
+        if self.phase != JobPhase::Running {
+            return Vec::new();
+        }
+        let workers_done = self
+            .slots
+            .values()
+            .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
+            .all(|s| s.phase == SlotPhase::Succeeded);
+        let data_done =
+            !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
+        if workers_done && data_done {
+            self.phase = JobPhase::Finishing;
+            return vec![Effect::Finish];
+        }
+        Vec::new()
+    }
+
+    /// The shell collected what it needed: the job succeeded.
+    pub fn finish(&mut self, now_ms: u64) {
+        if self.phase == JobPhase::Finishing {
+            self.phase = JobPhase::Succeeded;
+            self.log(now_ms, "job succeeded".into());
+        }
+    }
+
+    pub fn fail(&mut self, reason: String, now_ms: u64) {
+        if !self.phase.is_terminal() {
+            self.log(now_ms, format!("job failed: {reason}"));
+            self.phase = JobPhase::Failed { reason };
+        }
+    }
+
+    /// The rendezvous, told how many live workers have not joined it yet (starting, registering
+    /// or about to join): last call waits for them, up to the register timeout.
+    pub(super) fn rendezvous_now(&mut self) -> Option<&mut RoundRendezvous> {
+        let live: Vec<u32> = self
+            .slots
+            .values()
+            .filter(|s| {
+                s.key.role == Role::Worker
+                    && matches!(
+                        s.phase,
+                        SlotPhase::Launching | SlotPhase::Running | SlotPhase::Restarting
+                    )
+            })
+            .map(|s| s.key.index)
+            .collect();
+        let r = self.group.rendezvous_mut()?;
+        r.launching = live.iter().filter(|&&i| !r.has_joined(i)).count() as u32;
+        Some(r)
+    }
+
+    /// Timers: heartbeat timeouts and the rendezvous last call.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<Effect> {
+        self.tick_changed(now_ms).0
+    }
+
+    /// [`Self::tick`], also saying whether anything that must survive a restart changed (a
+    /// round closed, an agent was declared lost); most ticks change nothing.
+    pub fn tick_changed(&mut self, now_ms: u64) -> (Vec<Effect>, bool) {
+        if self.phase.is_terminal() {
+            return (Vec::new(), false);
+        }
+        let closed = self.rendezvous_now().is_some_and(|r| r.try_close(now_ms));
+        let (heartbeat, register) = (
+            self.timing.heartbeat_timeout_ms,
+            self.timing.register_timeout_ms,
+        );
+        let late: Vec<(SlotKey, u64, u64)> = self
+            .slots
+            .values()
+            .filter(|s| s.phase != SlotPhase::Removed)
+            .filter(|s| {
+                let limit = if s.phase == SlotPhase::Launching {
+                    register
+                } else {
+                    heartbeat
+                };
+                now_ms.saturating_sub(s.last_heartbeat_ms) > limit
+            })
+            .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
+            .collect();
+        let marker = (self.transition.as_ref().map(|t| t.step), self.plans.reached);
+        let mut effects = self.advance(now_ms);
+        let moved = marker != (self.transition.as_ref().map(|t| t.step), self.plans.reached);
+        let changed = closed || moved || !late.is_empty() || !effects.is_empty();
+        for (key, inc, silent) in late {
+            effects.extend(self.agent_lost(
+                key,
+                inc,
+                format!("no heartbeat for {silent} ms"),
+                now_ms,
+            ));
+        }
+        (effects, changed)
+    }
+
+    /// The workers' progress: step (the highest for allreduce, the sum for ps), summed
+    /// throughput of the workers that are running, and their mean training loss.
+    pub fn progress(&self) -> (u64, f64, f64) {
+        let workers: Vec<(&SlotKey, &MetricsRecord)> = self
+            .metrics
+            .iter()
+            .filter(|(k, _)| k.role == Role::Worker)
+            .collect();
+        let step = match self.spec.kind {
+            JobKind::Allreduce => workers
+                .iter()
+                .map(|(_, m)| m.global_step)
+                .max()
+                .unwrap_or(0),
+            JobKind::Ps => workers.iter().map(|(_, m)| m.global_step).sum(),
+        };
+        let sps = workers
+            .iter()
+            .filter(|(k, _)| {
+                self.slots
+                    .get(k)
+                    .is_some_and(|s| s.phase == SlotPhase::Running)
+            })
+            .map(|(_, m)| m.samples_per_second)
+            .sum();
+        let loss = if workers.is_empty() {
+            0.0
+        } else {
+            workers.iter().map(|(_, m)| m.loss).sum::<f64>() / workers.len() as f64
+        };
+        (step, sps, loss)
+    }
+}

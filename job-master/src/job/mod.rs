@@ -1,0 +1,579 @@
+//! The job's state and every decision the master takes about it (pure: no I/O, no clock).
+//!
+//! [`JobContext`] is what is persisted: slots (one per process), the shard ledger, rendezvous,
+//! checkpoints, restart counts and the event log. Each method takes the time as `now_ms` and
+//! returns [`Effect`]s that the async shell ([`crate::master`]) carries out: launch or stop an
+//! agent through the platform, save a PS checkpoint, finish the job.
+//!
+//! Recovery rules:
+//! * ps job, a worker fails: only that worker restarts; its leased shard returns to the queue
+//!   (the PS apply each batch once, so a shard half-pushed before the crash is not applied twice).
+//! * ps job, a PS fails, or allreduce job, a worker fails: the model state is lost or the ring is
+//!   broken, so every process restarts from the latest checkpoint and the ledger rolls back to
+//!   the data position that checkpoint recorded.
+//! * A slot that fails more than its role's `max_restarts` fails the job.
+//!
+//! Scale plans (see [`crate::scale`]) are carried out one at a time by a [`Transition`]:
+//! * ps job, workers only: new workers start and join at once; a removed worker finishes its
+//!   shard and is told at its next lease to exit. Nobody else stops.
+//! * allreduce job: a consistent cut (leases drain, rank 0 checkpoints at the step boundary),
+//!   then every member leaves the ring at the same step and joins a new rendezvous round of the
+//!   target size. Survivors keep their model in memory; newcomers load the cut checkpoint.
+//! * ps job, parameter servers: a consistent cut (no shard in flight, so no push), a checkpoint,
+//!   then the PS move the keys whose owner changes under jump consistent hashing straight to
+//!   their new owners; a new cluster-spec version is published, every worker switches before it
+//!   gets another shard, and only then do the old PS drop moved keys and the removed PS stop.
+//! * Migrations replace a process by one with other resources: a ps worker at once; a PS or an
+//!   allreduce worker at the cut, restoring from the cut checkpoint.
+//! * A failure during a transition restarts the group from the latest checkpoint directly in the
+//!   target layout (a PS restores the keys it owns in the new layout from every partition).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::ledger::{Holder, LeaseOutcome, LedgerSnapshot, ShardLedger};
+use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
+use crate::scale::{Capacity, PlanBook, ScalePlan};
+use crate::spec::{JobKind, JobSpec, Resources, Role};
+
+pub use vocab::SlotKey;
+pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
+
+mod agents;
+mod data;
+mod reshard;
+#[cfg(test)]
+mod tests;
+mod transition;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotPhase {
+    /// The platform was asked to start the agent; it has not registered yet.
+    Launching,
+    Running,
+    /// The agent must restart the training process with the slot's new incarnation.
+    Restarting,
+    /// The training process finished its work and exited 0.
+    Succeeded,
+    /// A scale plan removes this slot: it leaves at its next lease (ps worker) or rendezvous
+    /// (allreduce worker), or once every worker has switched away from it (PS).
+    Removing,
+    /// Not part of the job any more (until a plan adds the index again).
+    Removed,
+}
+
+impl SlotPhase {
+    /// Whether the slot counts as a member of the job.
+    pub fn is_live(self) -> bool {
+        !matches!(self, SlotPhase::Removing | SlotPhase::Removed)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub cpu_millicores: u64,
+    pub rss_bytes: u64,
+    pub gpu_present: bool,
+    pub gpu_utilization_percent: u32,
+    pub gpu_memory_used_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    pub key: SlotKey,
+    pub incarnation: u64,
+    /// Restarts of the training process this slot has seen (TORCHELASTIC_RESTART_COUNT).
+    pub restart_count: u64,
+    pub phase: SlotPhase,
+    pub agent_id: u64,
+    pub last_heartbeat_ms: u64,
+    pub service_addr: Option<String>,
+    pub host: String,
+    pub sample: Option<Sample>,
+    /// pid of the training process as the agent last reported it.
+    #[serde(default)]
+    pub process_pid: u32,
+    /// Resources this slot's agent is launched with; `None`: the role's.
+    #[serde(default)]
+    pub resources: Option<Resources>,
+    /// ps workers: the PS-set version this worker last leased with.
+    #[serde(default)]
+    pub ps_version: u64,
+    /// A PS added by a reshard: it starts empty and receives its keys from the others.
+    #[serde(default)]
+    pub fresh: bool,
+    /// A migration waiting for the cut: relaunch with these resources.
+    #[serde(default)]
+    pub migrate_to: Option<Resources>,
+}
+
+impl Slot {
+    fn new(key: SlotKey, incarnation: u64, now_ms: u64) -> Self {
+        Slot {
+            key,
+            incarnation,
+            restart_count: 0,
+            phase: SlotPhase::Launching,
+            agent_id: 0,
+            last_heartbeat_ms: now_ms,
+            service_addr: None,
+            host: String::new(),
+            sample: None,
+            process_pid: 0,
+            resources: None,
+            ps_version: 0,
+            fresh: false,
+            migrate_to: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub id: u64,
+    pub manifest: PathBuf,
+    pub ledger: LedgerSnapshot,
+    pub taken_at_ms: u64,
+    pub step: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetricsRecord {
+    pub global_step: u64,
+    pub samples_per_second: f64,
+    pub loss: f64,
+    pub samples_total: u64,
+    pub applied_samples: u64,
+    pub applied_index_sum: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub at_ms: u64,
+    pub text: String,
+}
+
+/// What the shell must do after a decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    LaunchAgent {
+        key: SlotKey,
+        incarnation: u64,
+    },
+    /// Stop the slot's agent; a lost agent gets no grace period.
+    StopAgent {
+        key: SlotKey,
+        graceful: bool,
+    },
+    /// Save every PS at `dir`; `generation` guards against a restart in between.
+    SavePsCheckpoint {
+        id: u64,
+        dir: PathBuf,
+        ps: Vec<String>,
+        generation: u64,
+    },
+    /// All work is done: collect final statistics, then call [`JobContext::finish`].
+    Finish,
+    /// Move keys from the PS at `from` (the old layout) to their owners among `to`, then call
+    /// [`JobContext::reshard_done`] (or [`JobContext::reshard_failed`]).
+    ReshardPs {
+        version: u64,
+        from: Vec<String>,
+        to: Vec<String>,
+        generation: u64,
+    },
+    /// Every worker uses the new PS set: the PS at these addresses delete the keys they lent.
+    DropPs {
+        ps: Vec<String>,
+    },
+}
+
+/// Where a transition is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Step {
+    /// Leases drain to a consistent cut and a checkpoint is taken there.
+    Cut,
+    /// ps: parameter servers move keys to their new owners.
+    Reshard,
+    /// allreduce: members leave the ring and a round of the target size forms.
+    Reform,
+    /// ps: the new PS set is published; workers switch before their next shard.
+    Switch,
+    /// New processes start, removed ones leave.
+    Settle,
+}
+
+impl Step {
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Cut => "cut",
+            Step::Reshard => "reshard",
+            Step::Reform => "reform",
+            Step::Switch => "switch",
+            Step::Settle => "settle",
+        }
+    }
+}
+
+/// A plan being carried out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub plan: ScalePlan,
+    pub started_ms: u64,
+    pub step: Step,
+    pub step_started_ms: u64,
+    pub from: BTreeMap<Role, u32>,
+    pub to: BTreeMap<Role, u32>,
+    /// allreduce: the first round number that counts as the re-formed group.
+    pub round_after: u64,
+    /// A reshard effect is out and has not come back.
+    pub resharding: bool,
+}
+
+/// Timing knobs the master runs with (from its config, not the user's spec).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub last_call_ms: u64,
+    pub grace_period_ms: u64,
+    /// A launched agent that has not registered after this long is declared lost.
+    #[serde(default = "default_register_timeout")]
+    pub register_timeout_ms: u64,
+}
+
+fn default_register_timeout() -> u64 {
+    30_000
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 500,
+            heartbeat_timeout_ms: 10_000,
+            last_call_ms: 2_000,
+            grace_period_ms: 5_000,
+            register_timeout_ms: default_register_timeout(),
+        }
+    }
+}
+
+/// The answer to a rendezvous join.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JoinView {
+    pub ready: bool,
+    pub round: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub peers: Vec<String>,
+    pub cluster: Option<PsCluster>,
+    pub waiting_reason: String,
+    pub restart_count: u64,
+    pub resume_from: Option<PathBuf>,
+    /// A scale plan removed this process: it must exit 0.
+    pub removed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseView {
+    pub outcome: LeaseOutcome,
+    pub checkpoint_due: bool,
+    pub evaluate: bool,
+    /// allreduce: leave the ring at the next step boundary and rejoin the rendezvous.
+    pub reform: bool,
+    /// A scale plan removed this process.
+    pub removed: bool,
+    /// ps: the PS-set version in force.
+    pub ps_version: u64,
+}
+
+impl LeaseView {
+    fn of(outcome: LeaseOutcome) -> Self {
+        Self {
+            outcome,
+            checkpoint_due: false,
+            evaluate: false,
+            reform: false,
+            removed: false,
+            ps_version: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobContext {
+    pub spec: JobSpec,
+    pub run_id: String,
+    pub timing: Timing,
+    pub phase: JobPhase,
+    pub started_at_ms: u64,
+    pub first_step_at_ms: Option<u64>,
+    pub slots: BTreeMap<SlotKey, Slot>,
+    pub restarts: BTreeMap<Role, u32>,
+    pub ledger: ShardLedger,
+    /// How the processes form a group: rendezvous rounds (allreduce) or a PS cluster.
+    pub group: Group,
+    pub checkpoints: Vec<CheckpointRecord>,
+    pub checkpoint_pending: bool,
+    /// A ps checkpoint save is under way (the effect was emitted).
+    pub checkpoint_saving: bool,
+    pub shards_since_checkpoint: u64,
+    /// Bumped by every group restart; effects from an older generation are dropped.
+    pub generation: u64,
+    pub next_agent_id: u64,
+    pub evaluator: Option<SlotKey>,
+    pub final_eval_loss: Option<f64>,
+    pub final_model_digest: Option<String>,
+    pub metrics: BTreeMap<SlotKey, MetricsRecord>,
+    pub events: Vec<Event>,
+    #[serde(default)]
+    pub plans: PlanBook,
+    #[serde(default)]
+    pub transition: Option<Transition>,
+    #[serde(default)]
+    pub transitions: Vec<TransitionRecord>,
+    #[serde(default)]
+    pub reshards: Vec<ReshardRecord>,
+    /// Resources plans set for a role's future launches.
+    #[serde(default)]
+    pub role_resources: BTreeMap<Role, Resources>,
+}
+
+/// How a job's processes form a group: an allreduce job's workers meet in rendezvous rounds; a
+/// ps job's workers find the parameter servers through the cluster spec.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Group {
+    Allreduce(RoundRendezvous),
+    Ps(PsCluster),
+}
+
+impl Group {
+    pub fn rendezvous(&self) -> Option<&RoundRendezvous> {
+        match self {
+            Group::Allreduce(r) => Some(r),
+            Group::Ps(_) => None,
+        }
+    }
+
+    pub fn rendezvous_mut(&mut self) -> Option<&mut RoundRendezvous> {
+        match self {
+            Group::Allreduce(r) => Some(r),
+            Group::Ps(_) => None,
+        }
+    }
+
+    pub fn cluster(&self) -> Option<&PsCluster> {
+        match self {
+            Group::Ps(c) => Some(c),
+            Group::Allreduce(_) => None,
+        }
+    }
+
+    pub fn cluster_mut(&mut self) -> Option<&mut PsCluster> {
+        match self {
+            Group::Ps(c) => Some(c),
+            Group::Allreduce(_) => None,
+        }
+    }
+}
+
+const MAX_EVENTS: usize = 1_000;
+
+impl JobContext {
+    /// A fresh job from a validated spec. Returns the agents to launch.
+    pub fn new(spec: JobSpec, run_id: String, timing: Timing, now_ms: u64) -> (Self, Vec<Effect>) {
+        let mut slots = BTreeMap::new();
+        let mut effects = Vec::new();
+        let mut group = None;
+        for (&role, _) in spec.roles.iter() {
+            let plan = spec.role_plan(role).expect("validated spec");
+            for index in 0..plan.replicas {
+                let key = SlotKey { role, index };
+                slots.insert(key, Slot::new(key, 1, now_ms));
+                effects.push(Effect::LaunchAgent {
+                    key,
+                    incarnation: 1,
+                });
+            }
+            match (spec.kind, role) {
+                (JobKind::Allreduce, Role::Worker) => {
+                    let mut r = RoundRendezvous::new(
+                        plan.min,
+                        plan.max,
+                        plan.node_unit,
+                        timing.last_call_ms,
+                        plan.replicas,
+                    );
+                    // A worker on its way gets as long to arrive as it gets to register.
+                    r.launch_wait_ms = timing.register_timeout_ms;
+                    group = Some(Group::Allreduce(r));
+                }
+                (JobKind::Ps, Role::Ps) => group = Some(Group::Ps(PsCluster::new(plan.replicas))),
+                _ => {}
+            }
+        }
+        let ledger = ShardLedger::new(
+            spec.data.num_samples as u64,
+            spec.data.shard_size as u64,
+            spec.epochs as u32,
+        );
+        let mut ctx = Self {
+            spec,
+            run_id,
+            timing,
+            phase: JobPhase::Running,
+            started_at_ms: now_ms,
+            first_step_at_ms: None,
+            slots,
+            restarts: BTreeMap::new(),
+            ledger,
+            group: group.expect("a validated spec has workers, and PS for a ps job"),
+            checkpoints: Vec::new(),
+            checkpoint_pending: false,
+            checkpoint_saving: false,
+            shards_since_checkpoint: 0,
+            generation: 0,
+            next_agent_id: 1,
+            evaluator: None,
+            final_eval_loss: None,
+            final_model_digest: None,
+            metrics: BTreeMap::new(),
+            events: Vec::new(),
+            plans: PlanBook::default(),
+            transition: None,
+            transitions: Vec::new(),
+            reshards: Vec::new(),
+            role_resources: BTreeMap::new(),
+        };
+        ctx.log(
+            now_ms,
+            format!(
+                "job {} ({}) started with {} processes",
+                ctx.spec.name,
+                ctx.spec.kind,
+                ctx.slots.len()
+            ),
+        );
+        (ctx, effects)
+    }
+
+    /// The latest time this context has recorded (the master's clock, ms since it started the
+    /// job): a master that continues the context runs its clock on from here.
+    pub fn clock_ms(&self) -> u64 {
+        let events = self.events.last().map_or(0, |e| e.at_ms);
+        let slots = self
+            .slots
+            .values()
+            .map(|s| s.last_heartbeat_ms)
+            .max()
+            .unwrap_or(0);
+        let transition = self.transition.as_ref().map_or(0, |t| t.step_started_ms);
+        events.max(slots).max(transition).max(self.started_at_ms)
+    }
+
+    /// A new job master continues this persisted context after the last one died (kill -9, a
+    /// lost machine). Its agents went with it (local agents die with their master, those on
+    /// other platforms exit once it stops answering), so every process is launched anew and
+    /// the job rolls back to its latest checkpoint exactly as after a group failure: what was
+    /// trained after that checkpoint is trained again and counted once. A plan in flight lands
+    /// in its target layout. Returns the agents to launch.
+    pub fn resume(&mut self, now_ms: u64) -> Result<Vec<Effect>, Error> {
+        if self.phase.is_terminal() {
+            return Err(Error::InvalidRequest(format!(
+                "job {} has already {}: there is nothing to resume",
+                self.spec.name,
+                self.phase.name()
+            )));
+        }
+        // Nobody is left to stop or to tell: only the launches below matter.
+        let _ = self.group_restart(now_ms, "the job master restarted");
+        let keys: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.phase != SlotPhase::Removed)
+            .map(|s| s.key)
+            .collect();
+        Ok(keys
+            .into_iter()
+            .map(|k| self.launch_slot(k, false, now_ms))
+            .collect())
+    }
+
+    fn log(&mut self, at_ms: u64, text: String) {
+        tracing::info!(job = %self.spec.name, "{text}");
+        self.events.push(Event { at_ms, text });
+        if self.events.len() > MAX_EVENTS {
+            self.events.drain(..self.events.len() - MAX_EVENTS);
+        }
+    }
+
+    fn is_builtin(&self) -> bool {
+        self.spec.workload.builtin.is_some()
+    }
+
+    fn slot(&self, key: SlotKey) -> Result<&Slot, Error> {
+        self.slots.get(&key).ok_or(Error::UnknownProcess {
+            role: key.role.to_string(),
+            index: key.index,
+        })
+    }
+
+    /// The slot, if `incarnation` is its current one.
+    fn current(&self, key: SlotKey, incarnation: u64) -> Result<&Slot, Error> {
+        let slot = self.slot(key)?;
+        if slot.incarnation != incarnation {
+            return Err(Error::StaleIncarnation {
+                role: key.role.to_string(),
+                index: key.index,
+                got: incarnation,
+                current: slot.incarnation,
+            });
+        }
+        Ok(slot)
+    }
+
+    fn holder(key: SlotKey, incarnation: u64) -> Holder {
+        Holder {
+            role: key.role.to_string(),
+            index: key.index,
+            incarnation,
+        }
+    }
+
+    pub fn latest_checkpoint(&self) -> Option<&CheckpointRecord> {
+        self.checkpoints.last()
+    }
+
+    /// What `key`'s current incarnation is launched with: its own resources (from a plan or a
+    /// migration), else its role's in the spec.
+    pub fn launch_resources(&self, key: SlotKey) -> Option<Resources> {
+        let role = self
+            .spec
+            .roles
+            .get(&key.role)
+            .and_then(|r| r.resources.clone());
+        match self.slots.get(&key).and_then(|s| s.resources.clone()) {
+            // A migrated process gets new CPU and memory; plans do not carry custom
+            // resources, so it keeps its role's.
+            Some(mut r) => {
+                if r.custom.is_empty() {
+                    r.custom = role.map(|x| x.custom).unwrap_or_default();
+                }
+                Some(r)
+            }
+            None => role,
+        }
+    }
+}
+
+/// Actions an agent is told to take (mirrors the wire enum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentAction {
+    Continue,
+    Restart,
+    Shutdown,
+}

@@ -1,0 +1,485 @@
+//! Scale plans: acceptance, the transition that carries one out, and its end.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+impl JobContext {
+    /// Live slots of each role.
+    pub fn role_counts(&self) -> BTreeMap<Role, u32> {
+        let mut counts: BTreeMap<Role, u32> = self.spec.roles.keys().map(|&r| (r, 0)).collect();
+        for s in self.slots.values().filter(|s| s.phase.is_live()) {
+            *counts.entry(s.key.role).or_default() += 1;
+        }
+        counts
+    }
+
+    /// What the transition in progress is doing, for the status output; empty when idle.
+    pub fn transition_status(&self, now_ms: u64) -> String {
+        match &self.transition {
+            None => String::new(),
+            Some(t) => format!(
+                "plan {}: {} for {} ms ({} ms in all){}",
+                t.plan.version,
+                t.step.name(),
+                now_ms.saturating_sub(t.step_started_ms),
+                now_ms.saturating_sub(t.started_ms),
+                self.plans
+                    .queued
+                    .as_ref()
+                    .map(|q| format!("; plan {} queued", q.version))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+
+    /// A scale plan arrives. Rejected (with the reason, nothing changed) or accepted: carried
+    /// out now, or queued behind the transition in progress, replacing an older queued plan.
+    pub fn apply_plan(
+        &mut self,
+        plan: ScalePlan,
+        cap: &Capacity,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, String> {
+        if self.phase != JobPhase::Running {
+            return Err(format!("the job is {}", self.phase.name()));
+        }
+        if self.ledger.is_complete() {
+            return Err("the job has no data left to train on".into());
+        }
+        self.plans.check_version(plan.version)?;
+        let live: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.phase.is_live())
+            .map(|s| s.key)
+            .collect();
+        crate::scale::validate(&plan, &self.spec, &self.role_counts(), &live, cap)?;
+        self.plans.desired = plan.version;
+        if let Some(t) = &self.transition {
+            let replaced = self.plans.queued.replace(plan.clone());
+            self.log(
+                now_ms,
+                format!(
+                    "plan {} queued behind plan {}{}",
+                    plan.version,
+                    t.plan.version,
+                    replaced
+                        .map(|r| format!(" (replaces queued plan {})", r.version))
+                        .unwrap_or_default()
+                ),
+            );
+            return Ok(Vec::new());
+        }
+        Ok(self.start_transition(plan, now_ms))
+    }
+
+    pub(super) fn describe(counts: &BTreeMap<Role, u32>) -> String {
+        counts
+            .iter()
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// (Re)starts a slot's agent with a new incarnation.
+    pub(super) fn launch_slot(&mut self, key: SlotKey, fresh: bool, now_ms: u64) -> Effect {
+        let resources = self.role_resources.get(&key.role).cloned();
+        let slot = self
+            .slots
+            .entry(key)
+            .or_insert_with(|| Slot::new(key, 0, now_ms));
+        slot.incarnation += 1;
+        slot.phase = SlotPhase::Launching;
+        slot.agent_id = 0;
+        slot.process_pid = 0;
+        slot.last_heartbeat_ms = now_ms;
+        slot.service_addr = None;
+        slot.sample = None;
+        slot.ps_version = 0;
+        slot.fresh = fresh;
+        if let Some(r) = slot.migrate_to.take() {
+            slot.resources = Some(r);
+        } else if resources.is_some() {
+            slot.resources = resources;
+        }
+        Effect::LaunchAgent {
+            key,
+            incarnation: slot.incarnation,
+        }
+    }
+
+    /// The slot leaves the job: its agent is told to shut down (and stopped).
+    pub(super) fn remove_slot(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+        let Some(slot) = self.slots.get_mut(&key) else {
+            return Vec::new();
+        };
+        if slot.phase == SlotPhase::Removed {
+            return Vec::new();
+        }
+        slot.phase = SlotPhase::Removed;
+        slot.fresh = false;
+        slot.migrate_to = None;
+        self.ledger.release(&key.role.to_string(), key.index);
+        if let Some(c) = self.group.cluster_mut() {
+            match key.role {
+                Role::Worker => c.remove_worker(key.index),
+                Role::Ps => c.remove_ps(key.index),
+            }
+        }
+        if self.evaluator == Some(key) {
+            self.evaluator = None;
+        }
+        self.log(now_ms, format!("{key} left the job"));
+        vec![Effect::StopAgent {
+            key,
+            graceful: true,
+        }]
+    }
+
+    pub(super) fn start_transition(&mut self, plan: ScalePlan, now_ms: u64) -> Vec<Effect> {
+        let from = self.role_counts();
+        let mut to = from.clone();
+        for (&role, t) in &plan.roles {
+            to.insert(role, t.count);
+            if let Some(r) = &t.resources {
+                self.role_resources.insert(role, r.clone());
+            }
+        }
+        let ps_change = from.get(&Role::Ps) != to.get(&Role::Ps);
+        let mut effects = Vec::new();
+        for (&role, &n) in &to {
+            let now = from[&role];
+            for index in now..n {
+                let fresh = role == Role::Ps;
+                effects.push(self.launch_slot(SlotKey { role, index }, fresh, now_ms));
+            }
+            for index in n..now {
+                let key = SlotKey { role, index };
+                let slot = self.slots.get_mut(&key).expect("live slot");
+                if matches!(slot.phase, SlotPhase::Launching | SlotPhase::Restarting)
+                    && role == Role::Worker
+                {
+                    effects.extend(self.remove_slot(key, now_ms));
+                } else {
+                    slot.phase = SlotPhase::Removing;
+                }
+            }
+        }
+        let mut state_moves = false;
+        for m in &plan.migrations {
+            let stateless = self.spec.kind == JobKind::Ps && m.key.role == Role::Worker;
+            self.slots.get_mut(&m.key).expect("validated").migrate_to = Some(m.resources.clone());
+            self.log(
+                now_ms,
+                format!("plan {}: migrating {} ({})", plan.version, m.key, m.reason),
+            );
+            if stateless {
+                self.ledger.release(&m.key.role.to_string(), m.key.index);
+                if let Some(c) = self.group.cluster_mut() {
+                    c.remove_worker(m.key.index);
+                }
+                effects.push(self.launch_slot(m.key, false, now_ms));
+            } else {
+                state_moves = true;
+            }
+        }
+        let needs_cut = match self.spec.kind {
+            JobKind::Allreduce => {
+                (from != to || state_moves)
+                    && self
+                        .group
+                        .rendezvous()
+                        .is_some_and(|r| r.current().is_some())
+            }
+            JobKind::Ps => ps_change || state_moves,
+        };
+        let rdzv_changes = self.spec.kind == JobKind::Allreduce && (from != to || state_moves);
+        self.log(
+            now_ms,
+            format!(
+                "plan {} accepted: {} -> {}{}",
+                plan.version,
+                Self::describe(&from),
+                Self::describe(&to),
+                if needs_cut {
+                    "; draining to a consistent cut"
+                } else {
+                    ""
+                }
+            ),
+        );
+        self.transition = Some(Transition {
+            plan,
+            started_ms: now_ms,
+            step: if needs_cut { Step::Cut } else { Step::Settle },
+            step_started_ms: now_ms,
+            from,
+            to,
+            round_after: 0,
+            resharding: false,
+        });
+        if needs_cut {
+            self.checkpoint_pending = true;
+            effects.extend(self.ps_checkpoint_if_drained());
+        } else if rdzv_changes {
+            // No round is formed yet: the next one simply has the new size.
+            effects.extend(self.on_cut(now_ms));
+        }
+        effects.extend(self.advance(now_ms));
+        effects
+    }
+
+    pub(super) fn set_step(&mut self, step: Step, now_ms: u64) {
+        if let Some(t) = self.transition.as_mut() {
+            let took = now_ms.saturating_sub(t.step_started_ms);
+            let (v, old) = (t.plan.version, t.step);
+            if old == step {
+                return;
+            }
+            t.step = step;
+            t.step_started_ms = now_ms;
+            self.log(
+                now_ms,
+                format!(
+                    "plan {v}: {} done in {took} ms; {}",
+                    old.name(),
+                    step.name()
+                ),
+            );
+        }
+    }
+
+    /// The cut checkpoint is committed (or there was nothing to cut): the part of the plan that
+    /// moves state starts.
+    pub(super) fn on_cut(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(t) = &self.transition else {
+            return Vec::new();
+        };
+        if !matches!(t.step, Step::Cut | Step::Settle) {
+            return Vec::new();
+        }
+        let to = t.to.clone();
+        let ps_change = t.from.get(&Role::Ps) != t.to.get(&Role::Ps);
+        let migrating: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.migrate_to.is_some())
+            .map(|s| s.key)
+            .collect();
+        let mut effects = Vec::new();
+        match self.spec.kind {
+            JobKind::Allreduce => {
+                let rdzv = self
+                    .group
+                    .rendezvous_mut()
+                    .expect("allreduce jobs have one");
+                rdzv.invalidate();
+                rdzv.expected = to[&Role::Worker];
+                let round_after = rdzv.next_round_number();
+                for key in migrating {
+                    effects.push(self.launch_slot(key, false, now_ms));
+                }
+                if let Some(t) = self.transition.as_mut() {
+                    t.round_after = round_after;
+                }
+                self.set_step(Step::Reform, now_ms);
+            }
+            JobKind::Ps => {
+                for key in migrating {
+                    if let Some(c) = self.group.cluster_mut() {
+                        c.remove_ps(key.index);
+                    }
+                    effects.push(self.launch_slot(key, false, now_ms));
+                }
+                self.set_step(
+                    if ps_change {
+                        Step::Reshard
+                    } else {
+                        Step::Switch
+                    },
+                    now_ms,
+                );
+            }
+        }
+        effects.extend(self.advance(now_ms));
+        effects
+    }
+
+    /// Every PS of the layout in force has registered (its agent runs it).
+    pub(super) fn ps_layout_running(&self) -> bool {
+        self.slots
+            .values()
+            .filter(|s| s.key.role == Role::Ps && s.phase.is_live())
+            .all(|s| s.phase == SlotPhase::Running && s.service_addr.is_some())
+            && self.group.cluster().is_some_and(PsCluster::ps_complete)
+    }
+
+    /// Moves the transition on when what its step waits for has happened. Called after every
+    /// event that can matter; returns what the shell must do next.
+    pub fn advance(&mut self, now_ms: u64) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if self.phase != JobPhase::Running {
+            return effects;
+        }
+        loop {
+            let Some(t) = &self.transition else {
+                return effects;
+            };
+            match t.step {
+                Step::Cut => return effects,
+                Step::Reshard => {
+                    if t.resharding {
+                        return effects;
+                    }
+                    let (from, to) = (t.from[&Role::Ps], t.to[&Role::Ps]);
+                    let addr = |i: u32| {
+                        self.slots
+                            .get(&SlotKey {
+                                role: Role::Ps,
+                                index: i,
+                            })
+                            // A PS being removed still serves until every worker switched.
+                            .filter(|s| matches!(s.phase, SlotPhase::Running | SlotPhase::Removing))
+                            .and_then(|s| s.service_addr.clone())
+                    };
+                    let (Some(old), Some(new)) = (
+                        (0..from).map(addr).collect::<Option<Vec<_>>>(),
+                        (0..to).map(addr).collect::<Option<Vec<_>>>(),
+                    ) else {
+                        return effects;
+                    };
+                    let version = t.plan.version;
+                    self.transition.as_mut().expect("checked").resharding = true;
+                    effects.push(Effect::ReshardPs {
+                        version,
+                        from: old,
+                        to: new,
+                        generation: self.generation,
+                    });
+                    return effects;
+                }
+                Step::Reform => {
+                    let formed = self
+                        .group
+                        .rendezvous()
+                        .and_then(|r| r.current())
+                        .is_some_and(|r| r.number >= t.round_after);
+                    if !formed {
+                        return effects;
+                    }
+                    self.set_step(Step::Settle, now_ms);
+                }
+                Step::Switch => {
+                    let layout = self.group.cluster().map_or(0, |c| c.ps_version);
+                    let switched = self
+                        .slots
+                        .values()
+                        .filter(|s| s.key.role == Role::Worker && s.phase == SlotPhase::Running)
+                        .all(|s| s.ps_version == layout);
+                    if !(self.ps_layout_running() && switched) {
+                        return effects;
+                    }
+                    // Every worker uses the new layout: lent keys can go, old PS can stop.
+                    let ps_change = t.from.get(&Role::Ps) != t.to.get(&Role::Ps);
+                    if ps_change && let Some(c) = self.group.cluster() {
+                        effects.push(Effect::DropPs { ps: c.ps_addrs() });
+                    }
+                    let retiring: Vec<SlotKey> = self
+                        .slots
+                        .values()
+                        .filter(|s| s.key.role == Role::Ps && s.phase == SlotPhase::Removing)
+                        .map(|s| s.key)
+                        .collect();
+                    for key in retiring {
+                        effects.extend(self.remove_slot(key, now_ms));
+                    }
+                    self.set_step(Step::Settle, now_ms);
+                }
+                Step::Settle => {
+                    let (version, round_after, waited) = (
+                        t.plan.version,
+                        t.round_after,
+                        now_ms.saturating_sub(t.step_started_ms),
+                    );
+                    if let Some(r) = self.rendezvous_now() {
+                        if let Some((closed, late)) = r.late_joiners() {
+                            // Workers of this plan joined after the round closed without them
+                            // (their platform was slow): drain and re-form once more with them.
+                            self.log(
+                                now_ms,
+                                format!(
+                                    "plan {version}: worker(s) {late:?} joined after round {closed} closed without them; re-forming"
+                                ),
+                            );
+                            self.checkpoint_pending = true;
+                            self.set_step(Step::Cut, now_ms);
+                            return effects;
+                        }
+                        // A worker that registered but has not joined yet gets as long as
+                        // last call would have given it.
+                        if r.launching > 0 && waited < r.launch_wait_ms {
+                            return effects;
+                        }
+                    }
+                    let settled = self.slots.values().all(|s| {
+                        !matches!(
+                            s.phase,
+                            SlotPhase::Removing | SlotPhase::Launching | SlotPhase::Restarting
+                        ) && s.migrate_to.is_none()
+                    });
+                    let formed = self.spec.kind == JobKind::Ps
+                        || self
+                            .group
+                            .rendezvous()
+                            .and_then(|r| r.current())
+                            .is_some_and(|r| r.number >= round_after);
+                    if !(settled && formed) {
+                        return effects;
+                    }
+                    effects.extend(self.finish_transition(now_ms));
+                }
+            }
+        }
+    }
+
+    pub(super) fn finish_transition(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(t) = self.transition.take() else {
+            return Vec::new();
+        };
+        self.plans.reached = t.plan.version;
+        let awaiting: Vec<SlotKey> = self
+            .slots
+            .values()
+            .filter(|s| s.key.role == Role::Worker && s.phase == SlotPhase::Running)
+            .map(|s| s.key)
+            .collect();
+        let steps_at_reach = awaiting
+            .iter()
+            .map(|k| (*k, self.metrics.get(k).map_or(0, |m| m.global_step)))
+            .collect();
+        self.transitions.push(TransitionRecord {
+            version: t.plan.version,
+            from: t.from.clone(),
+            to: t.to.clone(),
+            accepted_ms: t.started_ms,
+            reached_ms: now_ms,
+            resumed_ms: None,
+            awaiting,
+            steps_at_reach,
+        });
+        self.log(
+            now_ms,
+            format!(
+                "plan {} reached in {} ms: {}",
+                t.plan.version,
+                now_ms.saturating_sub(t.started_ms),
+                Self::describe(&t.to)
+            ),
+        );
+        match self.plans.queued.take() {
+            Some(next) => self.start_transition(next, now_ms),
+            None => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Carrying out the effects the job context returns: agents launched and stopped through the
+//! platform, PS checkpoints and reshards, the final statistics.
+
+use super::ps::{ps_client, ps_stats, reshard_ps, save_ps};
+use super::*;
+
+pub(super) async fn execute(
+    shared: &Arc<Shared>,
+    platform: &Arc<dyn Platform>,
+    addr: std::net::SocketAddr,
+    effect: Effect,
+) {
+    match effect {
+        Effect::LaunchAgent { key, incarnation } => {
+            let resources = shared.job.lock().await.launch_resources(key);
+            let launch = AgentLaunch {
+                key,
+                incarnation,
+                master_addr: addr,
+                resources,
+            };
+            if let Err(e) = platform.launch(launch).await {
+                shared
+                    .apply_logged("agent launch", |ctx, now| {
+                        ctx.fail(e.to_string(), now);
+                        Ok(((), vec![], true))
+                    })
+                    .await;
+            }
+        }
+        Effect::StopAgent { key, graceful } => {
+            let grace = if graceful {
+                Duration::from_secs(2)
+            } else {
+                Duration::ZERO
+            };
+            platform.stop(key, grace).await
+        }
+        Effect::SavePsCheckpoint {
+            id,
+            dir,
+            ps,
+            generation,
+        } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let (step, kind) = {
+                    let ctx = shared.job.lock().await;
+                    (ctx.ledger.done_shards(), ctx.spec.kind.to_string())
+                };
+                match save_ps(id, &dir, &ps, step, kind).await {
+                    Ok(manifest) => {
+                        let r = shared
+                            .apply(|ctx, now| {
+                                ctx.checkpoint_committed(id, manifest, step, generation, now)
+                                    .map(|e| ((), e))
+                            })
+                            .await;
+                        if let Err(e) = r {
+                            tracing::warn!("checkpoint {id} dropped: {e}");
+                        }
+                    }
+                    Err(problem) => {
+                        shared
+                            .apply_logged("checkpoint failure", |ctx, now| {
+                                ctx.checkpoint_failed(generation, problem, now);
+                                Ok(((), vec![], true))
+                            })
+                            .await;
+                    }
+                }
+            });
+        }
+        Effect::ReshardPs {
+            version,
+            from,
+            to,
+            generation,
+        } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                match reshard_ps(version, &from, &to).await {
+                    Ok(record) => {
+                        let r = shared
+                            .apply(|ctx, now| {
+                                ctx.reshard_done(generation, record, now).map(|e| ((), e))
+                            })
+                            .await;
+                        if let Err(e) = r {
+                            tracing::warn!("reshard for plan {version} dropped: {e}");
+                        }
+                    }
+                    Err(problem) => {
+                        shared
+                            .apply_logged("reshard failure", |ctx, now| {
+                                Ok(((), ctx.reshard_failed(generation, problem, now), true))
+                            })
+                            .await;
+                    }
+                }
+            });
+        }
+        Effect::DropPs { ps } => {
+            for addr in ps {
+                let r = match ps_client(&addr).await {
+                    Ok(mut c) => c
+                        .drop(pb::DropRequest {})
+                        .await
+                        .map(|r| r.into_inner().dropped)
+                        .map_err(|e| e.message().to_string()),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(n) => tracing::info!(%addr, dropped = n, "ps dropped the keys it lent"),
+                    // Keys it no longer owns only cost memory; the PS refuses requests for them.
+                    Err(e) => tracing::warn!(%addr, "ps could not drop lent keys: {e}"),
+                }
+            }
+        }
+        Effect::Finish => {
+            let ps = {
+                let ctx = shared.job.lock().await;
+                ctx.group
+                    .cluster()
+                    .map(|c| c.ps.clone())
+                    .unwrap_or_default()
+            };
+            let mut stats = Vec::new();
+            for (index, addr) in ps {
+                match ps_stats(&addr).await {
+                    Ok(s) => stats.push(PsStats { index, ..s }),
+                    Err(e) => tracing::warn!("cannot read statistics of ps {index}: {e}"),
+                }
+            }
+            *shared.ps_stats.lock().await = stats;
+            shared
+                .apply_logged("finish", |ctx, now| {
+                    ctx.finish(now);
+                    Ok(((), vec![], true))
+                })
+                .await;
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The async shell around [`JobContext`]: it serves gRPC, carries out effects (launch and stop
+//! agents, save PS checkpoints, finish), runs the timers, persists every change before it is
+//! acknowledged, and returns a [`JobReport`] when the job ends.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::checkpoint::{MANIFEST_FILE, Manifest, Part};
+use proto::jobmaster::v1 as pb;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, mpsc, watch};
+
+use crate::error::Error;
+use crate::job::{Effect, JobContext, JobPhase, ReshardRecord, Timing};
+use crate::persist::{Persister, write_atomic};
+use crate::platform::local::LocalPlatform;
+use crate::platform::{AgentLaunch, Platform, PlatformConfig, PlatformEvent};
+use crate::service::MasterService;
+use crate::spec::{JobSpec, Role};
+pub use vocab::report::{JobReport, PsStats};
+
+mod effects;
+mod ps;
+mod report;
+
+use effects::execute;
+pub use ps::reshard_ps;
+
+use crate::shared::Shared;
+use report::build_report;
+
+/// Everything `run` needs. Built from CLI flags by `main.rs`, or directly by tests.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MasterConfig {
+    pub spec: JobSpec,
+    /// Where the job context, agent logs and the report go.
+    pub run_dir: PathBuf,
+    #[serde(default)]
+    pub timing: Timing,
+    #[serde(default)]
+    pub platform: PlatformConfig,
+    /// The brain to register with, report to and take plans from; `None` runs alone.
+    #[serde(default)]
+    pub brain: Option<crate::brain_link::BrainLink>,
+    /// Continue the unfinished job whose context is in `run_dir` (its master died) instead of
+    /// starting `spec` afresh; the spec must name the same job.
+    #[serde(default)]
+    pub resume: bool,
+}
+
+/// The job to run and the agents to launch first: `spec` afresh, or, with `resume`, the
+/// unfinished job persisted in `run_dir` (see [`JobContext::resume`]), with the clock it stopped
+/// at. A fresh start never overwrites an unfinished job's context.
+fn start_or_resume(
+    spec: JobSpec,
+    run_dir: &Path,
+    timing: &Timing,
+    resume: bool,
+) -> Result<(JobContext, Vec<Effect>, u64), Error> {
+    let path = run_dir.join(crate::persist::CONTEXT_FILE);
+    if resume {
+        let mut ctx = crate::persist::load(&path)?;
+        if ctx.spec.name != spec.name {
+            return Err(Error::InvalidRequest(format!(
+                "{} holds job {:?}, not {:?}: resume it with its own spec",
+                path.display(),
+                ctx.spec.name,
+                spec.name
+            )));
+        }
+        // The timing given now applies from here on (a slow platform may need longer).
+        ctx.timing = timing.clone();
+        let clock_ms = ctx.clock_ms() + 1;
+        let launches = ctx.resume(clock_ms)?;
+        return Ok((ctx, launches, clock_ms));
+    }
+    if path.exists()
+        && let Ok(old) = crate::persist::load(&path)
+        && !old.phase.is_terminal()
+    {
+        return Err(Error::InvalidRequest(format!(
+            "{} holds job {:?}, which has not finished ({}): pass --resume to continue it, or \
+             choose another run directory",
+            path.display(),
+            old.spec.name,
+            old.phase.name()
+        )));
+    }
+    let run_id = format!("{}-{}", spec.name, std::process::id());
+    let (ctx, launches) = JobContext::new(spec, run_id, timing.clone(), 0);
+    Ok((ctx, launches, 0))
+}
+
+/// Runs one job to its end on `listener` (use port 0 in tests). Resolves when the job succeeded,
+/// failed, or `shutdown` fired; every agent is stopped before it returns.
+pub async fn run(
+    config: MasterConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<JobReport, Error> {
+    let MasterConfig {
+        spec,
+        run_dir,
+        timing,
+        platform,
+        brain,
+        resume,
+    } = config;
+    spec.validate().map_err(vocab::Error::from)?;
+    vocab::spec::host::check(&spec).map_err(vocab::Error::from)?;
+    std::fs::create_dir_all(&run_dir).map_err(|e| Error::Io {
+        path: run_dir.clone(),
+        source: e,
+    })?;
+    std::fs::create_dir_all(&spec.checkpoint.dir).map_err(|e| Error::Io {
+        path: spec.checkpoint.dir.clone(),
+        source: e,
+    })?;
+    let addr = listener.local_addr().map_err(|e| Error::Io {
+        path: run_dir.clone(),
+        source: e,
+    })?;
+    let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
+    let job = Arc::new(Mutex::new(ctx));
+    let persister = Persister::new(&run_dir);
+    tokio::spawn(persister.clone().run(job.clone()));
+    persister.durable(persister.changed()).await?;
+
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    let platform: Arc<dyn Platform> = match platform {
+        PlatformConfig::Local {
+            agent_bin,
+            max_processes,
+        } => Arc::new(LocalPlatform::new(
+            agent_bin.unwrap_or_else(LocalPlatform::default_agent_bin),
+            run_dir.join("logs"),
+            ev_tx,
+            max_processes,
+        )?),
+        PlatformConfig::External => {
+            drop(ev_tx);
+            Arc::new(crate::platform::external::ExternalPlatform)
+        }
+        PlatformConfig::Ray {
+            address,
+            agent_bin,
+            max_processes,
+            place_timeout_ms,
+            env,
+        } => {
+            let mut s = crate::platform::ray::RaySettings::new(
+                &address,
+                agent_bin.unwrap_or_else(LocalPlatform::default_agent_bin),
+                &job.lock().await.spec.name,
+            );
+            s.max_processes = max_processes;
+            if let Some(ms) = place_timeout_ms {
+                s.place_timeout = Duration::from_millis(ms);
+            }
+            s.env = env;
+            Arc::new(crate::platform::ray::RayPlatform::connect(s, ev_tx).await?)
+        }
+    };
+    let (eff_tx, mut eff_rx) = mpsc::unbounded_channel();
+    let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);
+    let shared = Arc::new(Shared {
+        job: job.clone(),
+        persister,
+        effects: eff_tx.clone(),
+        started: Instant::now(),
+        clock_offset_ms: clock_ms,
+        phase: phase_tx,
+        ps_stats: Mutex::default(),
+        capacity: platform.capacity(),
+    });
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .add_service(pb::job_master_server::JobMasterServer::new(
+            MasterService::new(shared.clone()),
+        ))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = stop_rx.await;
+            },
+        );
+    let server = tokio::spawn(server);
+    tracing::info!(%addr, "job master listening");
+
+    // Effects executor.
+    let exec = {
+        let shared = shared.clone();
+        let platform = platform.clone();
+        tokio::spawn(async move {
+            while let Some(effect) = eff_rx.recv().await {
+                execute(&shared, &platform, addr, effect).await;
+            }
+        })
+    };
+    for e in initial {
+        let _ = eff_tx.send(e);
+    }
+
+    // Timers and platform events.
+    let monitor = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        shared
+                            .apply_logged("timer tick", |ctx, now| {
+                                let (effects, changed) = ctx.tick_changed(now);
+                                Ok(((), effects, changed))
+                            })
+                            .await;
+                    }
+                    Some(ev) = ev_rx.recv() => {
+                        let PlatformEvent::AgentExited { key, incarnation, description } = ev;
+                        shared
+                            .apply_logged("agent exit", |ctx, now| Ok(((), ctx.agent_lost(key, incarnation, format!("agent process {description}"), now), true)))
+                            .await;
+                    }
+                }
+            }
+        })
+    };
+
+    let link = brain
+        .clone()
+        .map(|link| tokio::spawn(crate::brain_link::run(shared.clone(), link, addr)));
+
+    tokio::pin!(shutdown);
+    loop {
+        if phase_rx.borrow().is_terminal() {
+            break;
+        }
+        tokio::select! {
+            changed = phase_rx.changed() => if changed.is_err() { break },
+            _ = &mut shutdown => {
+                shared.apply_logged("shutdown", |ctx, now| { ctx.fail("the job master was asked to shut down".into(), now); Ok(((), vec![], true)) }).await;
+                break;
+            }
+        }
+    }
+
+    // Agents learn the job is over from their next heartbeat and exit; stop the stragglers.
+    let deadline = Instant::now()
+        + Duration::from_millis(timing.grace_period_ms + 3 * timing.heartbeat_interval_ms);
+    while platform.running().await > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    platform
+        .stop_all(Duration::from_millis(timing.grace_period_ms))
+        .await;
+    monitor.abort();
+    exec.abort();
+    if let Some(link) = link {
+        link.abort();
+    }
+    let _ = stop_tx.send(());
+    // Graceful shutdown waits for open connections; a hung peer must not hold the master.
+    let abort = server.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+
+    let ctx = job.lock().await.clone();
+    let report = build_report(&ctx, shared.ps_stats.lock().await.clone(), shared.now_ms());
+    if let Ok(json) = serde_json::to_vec_pretty(&report) {
+        let path = run_dir.join(vocab::run_dir::REPORT_FILE);
+        write_atomic(&path, &json).map_err(|e| Error::Io { path, source: e })?;
+    }
+    if let Some(link) = &brain {
+        crate::brain_link::report_outcome(link, &report, addr).await;
+    }
+    Ok(report)
+}

@@ -1,0 +1,137 @@
+//! Talking to the parameter servers and the allreduce checkpoint: PS checkpoints, digests,
+//! the reshard routine, final statistics, and committing a rank-0 checkpoint.
+
+use super::*;
+
+pub(super) async fn ps_client(
+    addr: &str,
+) -> Result<pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>, String> {
+    pb::parameter_server_client::ParameterServerClient::connect(format!("http://{addr}"))
+        .await
+        .map_err(|e| format!("cannot reach ps at {addr}: {e}"))
+}
+
+pub(super) async fn save_ps(
+    id: u64,
+    dir: &std::path::Path,
+    ps: &[String],
+    step: u64,
+    kind: String,
+) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut parts = Vec::new();
+    for (index, addr) in ps.iter().enumerate() {
+        let resp = ps_client(addr)
+            .await?
+            .save(pb::SaveRequest {
+                dir: dir.display().to_string(),
+                checkpoint_id: id,
+            })
+            .await
+            .map_err(|e| format!("ps {index} at {addr} could not save: {}", e.message()))?
+            .into_inner();
+        parts.push(Part {
+            index: index as u32,
+            path: resp.path,
+            digest: resp.digest,
+            keys: resp.keys,
+        });
+    }
+    let manifest = Manifest {
+        id,
+        kind,
+        step,
+        ps: parts,
+        model: None,
+    };
+    let path = dir.join(MANIFEST_FILE);
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
+    write_atomic(&path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Sum of the PS' order-independent parameter digests (of the keys each owns) and their keys.
+pub(super) async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), String> {
+    let mut digest = 0u64;
+    let mut keys = 0;
+    for addr in addrs {
+        let s = ps_client(addr)
+            .await?
+            .stats(pb::StatsRequest {})
+            .await
+            .map_err(|e| format!("ps at {addr}: {}", e.message()))?
+            .into_inner();
+        digest = digest.wrapping_add(s.param_digest);
+        keys += s.keys;
+    }
+    Ok((digest, keys))
+}
+
+/// Moves keys from the PS set `from` to the layout `to`: each old PS streams the keys whose
+/// owner changes to their new owner. The digest of the whole parameter set is taken before and
+/// after (nobody pushes meanwhile: the job is at a consistent cut).
+pub async fn reshard_ps(
+    version: u64,
+    from: &[String],
+    to: &[String],
+) -> Result<ReshardRecord, String> {
+    let started = Instant::now();
+    let (digest_before, total_keys) = ps_digest(from).await?;
+    let mut moved_keys = 0;
+    let mut moved_bytes = 0;
+    let calls: Vec<_> = from
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let to = to.to_vec();
+            let addr = addr.clone();
+            let old = from.len() as u32;
+            tokio::spawn(async move {
+                let mut c = ps_client(&addr).await?;
+                c.reshard(pb::ReshardRequest {
+                    num_ps: to.len() as u32,
+                    ps: to,
+                    donor: i == 0,
+                    old_num_ps: old,
+                })
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|e| format!("ps {i} at {addr} could not reshard: {}", e.message()))
+            })
+        })
+        .collect();
+    for call in calls {
+        let r = call.await.map_err(|e| format!("reshard task: {e}"))??;
+        moved_keys += r.moved_keys;
+        moved_bytes += r.moved_bytes;
+    }
+    let (digest_after, _) = ps_digest(to).await?;
+    Ok(ReshardRecord {
+        version,
+        from_ps: from.len() as u32,
+        to_ps: to.len() as u32,
+        moved_keys,
+        moved_bytes,
+        total_keys,
+        digest_before,
+        digest_after,
+        took_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+pub(super) async fn ps_stats(addr: &str) -> Result<PsStats, String> {
+    let s = ps_client(addr)
+        .await?
+        .stats(pb::StatsRequest {})
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    Ok(PsStats {
+        index: 0,
+        keys: s.keys,
+        applied_batches: s.applied_batches,
+        applied_samples: s.applied_samples,
+        applied_index_sum: s.applied_index_sum,
+        duplicate_pushes: s.duplicate_pushes,
+    })
+}

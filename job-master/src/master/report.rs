@@ -1,0 +1,46 @@
+//! The report a job master writes when its job has ended.
+
+use super::*;
+
+pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64) -> JobReport {
+    let applied = ctx
+        .metrics
+        .get(&crate::job::SlotKey {
+            role: Role::Worker,
+            index: ctx.evaluator.map(|k| k.index).unwrap_or(0),
+        })
+        .cloned()
+        .unwrap_or_default();
+    JobReport {
+        job: ctx.spec.name.clone(),
+        kind: ctx.spec.kind,
+        phase: ctx.phase.phase(),
+        reason: match &ctx.phase {
+            JobPhase::Failed { reason } => Some(reason.clone()),
+            _ => None,
+        },
+        elapsed_ms: now_ms,
+        first_step_after_ms: ctx.first_step_at_ms.map(|t| t - ctx.started_at_ms),
+        final_eval_loss: ctx.final_eval_loss,
+        final_model_digest: ctx.final_model_digest.clone(),
+        exactly_once: match ctx.ledger.verify_exactly_once(ctx.ledger.is_complete()) {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        },
+        samples_per_epoch: ctx.ledger.samples_per_epoch(),
+        shards_done: ctx.ledger.done_shards(),
+        shards_total: ctx.ledger.total_shards(),
+        restarts: ctx.restarts.clone(),
+        checkpoints: ctx.checkpoints.len(),
+        ps_stats,
+        applied_samples: applied.applied_samples,
+        applied_index_sum: applied.applied_index_sum,
+        transitions: ctx.transitions.clone(),
+        reshards: ctx.reshards.clone(),
+        events: ctx
+            .events
+            .iter()
+            .map(|e| format!("{:>8} ms  {}", e.at_ms, e.text))
+            .collect(),
+    }
+}

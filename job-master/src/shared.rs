@@ -1,0 +1,184 @@
+//! The state the job master's tasks share (the job context, its persister, the effect queue,
+//! the phase) and the one way to change it: [`Shared::apply`] runs a pure decision of
+//! [`crate::job`], queues its effects and waits until the change is durable. The gRPC service,
+//! the brain link and the master's own tasks all go through it; it imports none of them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use proto::checkpoint::{MANIFEST_FILE, Manifest, Part};
+use proto::jobmaster::v1 as pb;
+use tokio::sync::{Mutex, mpsc, watch};
+use vocab::report::PsStats;
+
+use crate::error::Error;
+use crate::job::{Effect, JobContext};
+use crate::persist::{Persister, write_atomic};
+use crate::scale::Capacity;
+
+/// State shared by the gRPC handlers and the background tasks.
+pub(crate) struct Shared {
+    pub job: Arc<Mutex<JobContext>>,
+    pub persister: Arc<Persister>,
+    pub effects: mpsc::UnboundedSender<Effect>,
+    pub started: Instant,
+    /// Where this master's clock starts: 0 for a new job, where the last master's clock
+    /// stopped for a resumed one.
+    pub clock_offset_ms: u64,
+    pub phase: watch::Sender<vocab::Phase>,
+    pub ps_stats: Mutex<Vec<PsStats>>,
+    /// What the platform can place, for checking scale plans.
+    pub capacity: Capacity,
+}
+
+impl Shared {
+    pub fn now_ms(&self) -> u64 {
+        self.clock_offset_ms + self.started.elapsed().as_millis() as u64
+    }
+
+    /// Runs a decision, hands its effects to the executor and waits until the change is durable.
+    pub async fn apply<T>(
+        &self,
+        f: impl FnOnce(&mut JobContext, u64) -> Result<(T, Vec<Effect>), Error>,
+    ) -> Result<T, Error> {
+        self.apply_if(|ctx, now| f(ctx, now).map(|(v, e)| (v, e, true)))
+            .await
+    }
+
+    /// [`Self::apply`] for decisions that say whether they changed anything worth a durable
+    /// write (heartbeats and most timer ticks do not); unchanged state is not written.
+    pub async fn apply_if<T>(
+        &self,
+        f: impl FnOnce(&mut JobContext, u64) -> Result<(T, Vec<Effect>, bool), Error>,
+    ) -> Result<T, Error> {
+        let (value, generation) = {
+            let mut ctx = self.job.lock().await;
+            let now = self.now_ms();
+            let (value, effects, durable) = f(&mut ctx, now)?;
+            let durable = durable || !effects.is_empty();
+            for e in effects {
+                // The executor ends only with the master; effects after that have no one to run.
+                let _ = self.effects.send(e);
+            }
+            let new = ctx.phase.phase();
+            self.phase
+                .send_if_modified(|p| std::mem::replace(p, new) != new);
+            (value, durable.then(|| self.persister.changed()))
+        };
+        if let Some(g) = generation {
+            self.persister.durable(g).await?;
+        }
+        Ok(value)
+    }
+}
+
+impl Shared {
+    /// [`Self::apply_if`] where no caller waits for the answer (timers, platform events,
+    /// effects that came back). A failure is logged; a context that cannot be persisted fails
+    /// the job, since going on without its durable record could lose or repeat work.
+    pub async fn apply_logged(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut JobContext, u64) -> Result<((), Vec<Effect>, bool), Error>,
+    ) {
+        let Err(e) = self.apply_if(f).await else {
+            return;
+        };
+        tracing::error!("{what}: {e}");
+        if matches!(e, Error::Persist { .. }) {
+            let mut ctx = self.job.lock().await;
+            let now = self.now_ms();
+            ctx.fail(format!("{what}: {e}"), now);
+            self.phase.send_replace(ctx.phase.phase());
+        }
+    }
+
+    /// Checks a scale plan and, if the job can carry it out, starts it; the answer says which.
+    pub async fn apply_scale_plan(
+        &self,
+        plan: crate::scale::ScalePlan,
+    ) -> Result<pb::ScalePlanAnswer, Error> {
+        let capacity = self.capacity.clone();
+        let answer = self
+            .apply(|ctx, now| {
+                let (accepted, reason, effects) = match ctx.apply_plan(plan, &capacity, now) {
+                    Ok(e) => (true, String::new(), e),
+                    Err(why) => (false, why, Vec::new()),
+                };
+                Ok((
+                    pb::ScalePlanAnswer {
+                        accepted,
+                        reason,
+                        desired_version: ctx.plans.desired,
+                        reached_version: ctx.plans.reached,
+                    },
+                    effects,
+                ))
+            })
+            .await?;
+        if !answer.accepted {
+            tracing::warn!("scale plan rejected: {}", answer.reason);
+        }
+        Ok(answer)
+    }
+}
+
+/// Writes the allreduce checkpoint manifest beside the model rank 0 saved, and commits it.
+pub(crate) async fn commit_allreduce_checkpoint(
+    shared: &Shared,
+    key: crate::job::SlotKey,
+    incarnation: u64,
+    step: u64,
+    model_path: String,
+    digest: String,
+) -> Result<(), Error> {
+    let (id, dir, generation) = {
+        let ctx = shared.job.lock().await;
+        let slot = ctx.slots.get(&key).ok_or(Error::UnknownProcess {
+            role: key.role.to_string(),
+            index: key.index,
+        })?;
+        if slot.incarnation != incarnation {
+            return Err(Error::StaleIncarnation {
+                role: key.role.to_string(),
+                index: key.index,
+                got: incarnation,
+                current: slot.incarnation,
+            });
+        }
+        let (id, _) = ctx.next_checkpoint_dir();
+        let dir = PathBuf::from(&model_path)
+            .parent()
+            .map(|p| p.to_path_buf())
+            .ok_or_else(|| {
+                Error::InvalidRequest(format!("checkpoint path {model_path:?} has no directory"))
+            })?;
+        (id, dir, ctx.generation)
+    };
+    let manifest = Manifest {
+        id,
+        kind: "allreduce".into(),
+        step,
+        ps: Vec::new(),
+        model: Some(Part {
+            index: 0,
+            path: model_path,
+            digest,
+            keys: 0,
+        }),
+    };
+    let path = dir.join(MANIFEST_FILE);
+    let json =
+        serde_json::to_vec_pretty(&manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+    write_atomic(&path, &json).map_err(|e| Error::Io {
+        path: path.clone(),
+        source: e,
+    })?;
+    shared
+        .apply(|ctx, now| {
+            ctx.checkpoint_committed(id, path, step, generation, now)
+                .map(|e| ((), e))
+        })
+        .await
+}

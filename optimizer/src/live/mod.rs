@@ -1,0 +1,816 @@
+//! The live brain's optimisation round, pure: a snapshot of the jobs the brain runs (queued
+//! ones waiting to start, running ones with the speeds their job masters reported) and of the
+//! CPU it may hand out goes in; a worker count per job, with the reasons, comes out.
+//!
+//! The round drives the very [`Scheduler`] an operator tunes offline with `brainctl whatif`: a
+//! *slot* (`slot_millicores` of CPU) plays the part of a GPU, the machine is one node of slots,
+//! and a job of `p` parameter servers and `w` workers holds `p·s_ps + w·s_w` slots (each process
+//! rounded up to whole slots). Each job's goodput over slot counts comes from an
+//! [`AmdahlModel`] fitted to its reported speeds (a queued job's from its prediction), and its
+//! work left is the samples it still has to train.
+//!
+//! Around the scheduler the round keeps what a live cluster needs and a simulator does not:
+//! * a running job never drops below its minimum (job masters cannot pause a job): a job the
+//!   scheduler leaves out keeps its size;
+//! * a job whose size changed less than `cooldown_s` ago keeps it;
+//! * what the round hands out never exceeds the CPU or the process count: if those rules leave
+//!   too little room, admissions are withdrawn (newest first), then growth (largest first),
+//!   then jobs above their minimum shrink, one node unit at a time. Sizes that fitted before
+//!   always fit again, so a round never oversubscribes a cluster that was not already;
+//! * a job that shrinks is counted at its old size until its job master has carried the
+//!   shrink out (`held_workers`), so the CPU it gives up goes to others a round later, never
+//!   while its processes still run.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PolicyError;
+use crate::heuristics::SpeedPoint;
+use crate::schedule::{JobView, NodeView, Scheduler, Snapshot};
+use crate::throughput::amdahl::AmdahlModel;
+use crate::units::{JobId, WorkerType};
+
+mod checks;
+
+pub use checks::check_postconditions;
+use checks::repair;
+
+/// What the brain may hand out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveCluster {
+    /// CPU for all jobs' processes, millicores.
+    pub cpu_millicores: u64,
+    /// The CPU one scheduling slot stands for.
+    pub slot_millicores: u64,
+    /// Processes (PS and workers of all jobs) that may run at once.
+    pub max_processes: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LiveState {
+    /// Submitted, not started: it starts when a round gives it room.
+    Queued,
+    Running,
+}
+
+/// One job as the round sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveJob {
+    pub id: JobId,
+    pub name: String,
+    pub state: LiveState,
+    pub submitted_s: f64,
+    pub ps: u32,
+    pub ps_millicores: u64,
+    pub worker_millicores: u64,
+    /// Workers in force (running) or predicted (queued).
+    pub workers: u32,
+    /// Workers whose processes may still be alive: more than `workers` while a shrink is
+    /// on its way. A round counts a running job at the larger of this and its new size, so
+    /// what one job gives up is handed out only once it is free.
+    #[serde(default)]
+    pub held_workers: u32,
+    pub min_workers: u32,
+    pub max_workers: u32,
+    pub node_unit: u32,
+    /// Reported speeds (for a queued job: those of similar jobs, if any).
+    pub speed: Vec<SpeedPoint>,
+    pub samples_left: f64,
+    /// When its size last changed (started or rescaled).
+    pub last_change_s: Option<f64>,
+    pub running_s: f64,
+    pub restarts: u32,
+    /// The most workers it has run with.
+    pub peak_workers: u32,
+    /// A plan sent to its job master is not carried out yet (nor rejected).
+    #[serde(default)]
+    pub plan_in_flight: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveSnapshot {
+    pub now_s: f64,
+    pub cluster: LiveCluster,
+    pub jobs: Vec<LiveJob>,
+}
+
+/// The operator's pacing of the live loop (`[live]` in the policy file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveConfig {
+    /// Seconds between rounds when no event (arrival, completion, failure) comes sooner.
+    #[serde(default = "default_interval")]
+    pub interval_s: f64,
+    /// A job keeps a size this long before it is resized again.
+    #[serde(default = "default_cooldown")]
+    pub cooldown_s: f64,
+    /// A job whose last plan is still on its way is not resized again until it is carried out
+    /// (or rejected): its size counts as changed just now, as after a plan.
+    #[serde(default = "default_true")]
+    pub pin_while_plan_in_flight: bool,
+    /// How often the brain starts a job's master again (`--resume`, from the latest
+    /// checkpoint) after it died before its job ended; then the job is recorded failed.
+    #[serde(default = "default_max_resumes")]
+    pub max_resumes: u32,
+}
+
+fn default_interval() -> f64 {
+    30.0
+}
+fn default_cooldown() -> f64 {
+    60.0
+}
+fn default_true() -> bool {
+    true
+}
+fn default_max_resumes() -> u32 {
+    3
+}
+
+impl Default for LiveConfig {
+    fn default() -> Self {
+        LiveConfig {
+            interval_s: default_interval(),
+            cooldown_s: default_cooldown(),
+            pin_while_plan_in_flight: true,
+            max_resumes: default_max_resumes(),
+        }
+    }
+}
+
+impl LiveConfig {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !(self.interval_s.is_finite() && self.interval_s > 0.0) {
+            return Err(PolicyError::InvalidConfig(format!(
+                "live.interval_s is {}, expected more than 0",
+                self.interval_s
+            )));
+        }
+        if !(self.cooldown_s.is_finite() && self.cooldown_s >= 0.0) {
+            return Err(PolicyError::InvalidConfig(format!(
+                "live.cooldown_s is {}, expected 0 or more",
+                self.cooldown_s
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What the round decided for one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub job: JobId,
+    pub name: String,
+    pub state: LiveState,
+    /// Workers now (0 for a queued job).
+    pub from_workers: u32,
+    /// Workers from now on (0: the job keeps waiting).
+    pub to_workers: u32,
+    pub ps: u32,
+    pub predicted_samples_per_s: f64,
+    pub reasons: Vec<String>,
+}
+
+impl Decision {
+    /// Whether the job's size changes (a queued job that starts included).
+    pub fn changes(&self) -> bool {
+        self.from_workers != self.to_workers
+    }
+
+    pub fn starts(&self) -> bool {
+        self.state == LiveState::Queued && self.to_workers > 0
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundPlan {
+    pub scheduler: String,
+    pub decisions: Vec<Decision>,
+    /// CPU and processes of the running and starting jobs at the decided sizes.
+    pub cpu_millicores: u64,
+    pub processes: u32,
+    pub notes: Vec<String>,
+}
+
+struct Sized<'a> {
+    job: &'a LiveJob,
+    model: AmdahlModel,
+    ps_slots: u32,
+    worker_slots: u32,
+    to: u32,
+    pinned: bool,
+    reasons: Vec<String>,
+}
+
+impl Sized<'_> {
+    fn running(&self) -> bool {
+        self.job.state == LiveState::Running
+    }
+    fn slots(&self, workers: u32) -> u64 {
+        if workers == 0 && !self.running() {
+            0
+        } else {
+            self.ps_slots as u64 + workers as u64 * self.worker_slots as u64
+        }
+    }
+    fn processes(&self, workers: u32) -> u32 {
+        if workers == 0 && !self.running() {
+            0
+        } else {
+            self.job.ps + workers
+        }
+    }
+    /// Workers counted against capacity at size `to`: a running job keeps what it holds
+    /// until a shrink is carried out.
+    fn counted(&self, to: u32) -> u32 {
+        if self.running() {
+            to.max(self.job.held_workers)
+        } else {
+            to
+        }
+    }
+    /// Workers that `slots` slots hold: whole node units within the bounds, 0 below the minimum.
+    fn workers_in(&self, slots: u32) -> u32 {
+        let unit = self.job.node_unit.max(1);
+        let w = slots.saturating_sub(self.ps_slots) / self.worker_slots;
+        let w = (w / unit * unit).min(self.job.max_workers);
+        if w < self.job.min_workers.max(1) {
+            0
+        } else {
+            w
+        }
+    }
+}
+
+fn slots_of(millicores: u64, slot: u64) -> u32 {
+    millicores.div_ceil(slot).max(1) as u32
+}
+
+/// One round: see the module's documentation.
+pub fn plan_round(
+    snapshot: &LiveSnapshot,
+    scheduler: &dyn Scheduler,
+    config: &LiveConfig,
+) -> Result<RoundPlan, PolicyError> {
+    config.validate()?;
+    let cluster = &snapshot.cluster;
+    if cluster.slot_millicores == 0 {
+        return Err(PolicyError::InvalidProblem(
+            "slot_millicores is 0, expected more".into(),
+        ));
+    }
+    let total_slots = (cluster.cpu_millicores / cluster.slot_millicores) as u32;
+    let now = snapshot.now_s;
+    // A plan on its way pins its job like a change made just now (a policy choice).
+    let mut effective = snapshot.clone();
+    if config.pin_while_plan_in_flight {
+        for j in effective.jobs.iter_mut().filter(|j| j.plan_in_flight) {
+            j.last_change_s = Some(now);
+        }
+    }
+    let snapshot = &effective;
+    let mut notes = Vec::new();
+
+    // A job without reported speeds runs, until it reports, at the median per-worker speed of
+    // those that have.
+    let fits: Vec<Option<AmdahlModel>> = snapshot
+        .jobs
+        .iter()
+        .map(|j| AmdahlModel::fit(&j.speed).ok())
+        .collect();
+    let mut per_worker: Vec<f64> = snapshot
+        .jobs
+        .iter()
+        .zip(&fits)
+        .filter_map(|(j, m)| {
+            let n = j.workers.max(1);
+            m.map(|m| m.samples_per_s(n) / n as f64)
+        })
+        .collect();
+    per_worker.sort_by(f64::total_cmp);
+    let prior = per_worker.get(per_worker.len() / 2).copied().unwrap_or(1.0);
+
+    let mut jobs: Vec<Sized> = snapshot
+        .jobs
+        .iter()
+        .zip(fits)
+        .map(|(job, fit)| {
+            let mut reasons = Vec::new();
+            let model = match fit {
+                Some(m) => {
+                    reasons.push(format!(
+                        "speed model 1/samples_per_s = {:.3e} + {:.3e}/workers from {} worker \
+                         count(s)",
+                        m.serial, m.parallel, m.counts_seen
+                    ));
+                    m
+                }
+                None => {
+                    reasons.push(format!(
+                        "no speed reported yet: assumed {prior:.1} samples/s per worker, linear"
+                    ));
+                    AmdahlModel::linear(prior)
+                }
+            };
+            Sized {
+                job,
+                model,
+                ps_slots: job.ps * slots_of(job.ps_millicores, cluster.slot_millicores),
+                worker_slots: slots_of(job.worker_millicores, cluster.slot_millicores),
+                to: 0,
+                pinned: false,
+                reasons,
+            }
+        })
+        .collect();
+
+    let current: u64 = jobs
+        .iter()
+        .filter(|s| s.running())
+        .map(|s| s.slots(s.counted(s.job.workers)))
+        .sum();
+    let assignment = if current <= total_slots as u64 {
+        let view = Snapshot {
+            now_s: now,
+            worker_types: vec![WorkerType("cpu".into())],
+            nodes: vec![NodeView {
+                worker_type: 0,
+                gpus: total_slots,
+            }],
+            jobs: {
+                let mut views: Vec<JobView> = jobs.iter().map(|s| view(s, total_slots)).collect();
+                views.sort_by(|a, b| {
+                    a.submitted_s
+                        .total_cmp(&b.submitted_s)
+                        .then(a.id.cmp(&b.id))
+                });
+                views
+            },
+        };
+        scheduler.schedule(&view)?
+    } else {
+        notes.push(format!(
+            "running jobs hold {current} slots of {total_slots}: the scheduler is skipped and \
+             jobs shrink toward their minimum"
+        ));
+        BTreeMap::new()
+    };
+
+    for s in &mut jobs {
+        let given: u32 = assignment
+            .get(&s.job.id)
+            .map_or(0, |slots| slots.iter().map(|x| x.1).sum());
+        let fit = s.workers_in(given);
+        let cooling = s
+            .job
+            .last_change_s
+            .map(|t| t + config.cooldown_s - now)
+            .filter(|left| *left > 0.0);
+        match s.job.state {
+            LiveState::Running => {
+                if let Some(left) = cooling.filter(|_| fit != s.job.workers) {
+                    s.to = s.job.workers;
+                    s.pinned = true;
+                    s.reasons.push(format!(
+                        "{} would give {fit} workers; kept at {} for {left:.0} s more of cool-down",
+                        scheduler.name(),
+                        s.job.workers
+                    ));
+                } else if fit == 0 {
+                    s.to = s.job.workers;
+                    s.pinned = true;
+                    s.reasons.push(format!(
+                        "{} gives it {given} slots, below its minimum; a running job keeps its \
+                         size",
+                        scheduler.name()
+                    ));
+                } else {
+                    s.to = fit;
+                    s.reasons.push(format!(
+                        "{} gives it {given} of {total_slots} slots: {fit} workers",
+                        scheduler.name()
+                    ));
+                }
+            }
+            LiveState::Queued => {
+                s.to = fit;
+                s.reasons.push(if fit > 0 {
+                    format!(
+                        "{} starts it with {given} of {total_slots} slots: {fit} workers (predicted {})",
+                        scheduler.name(),
+                        s.job.workers
+                    )
+                } else {
+                    format!(
+                        "waits: {} gives it {given} slots, fewer than its minimum of {} workers \
+                         and {} ps need",
+                        scheduler.name(),
+                        s.job.min_workers,
+                        s.job.ps
+                    )
+                });
+            }
+        }
+    }
+
+    repair(
+        &mut jobs,
+        total_slots as u64,
+        cluster.max_processes,
+        &mut notes,
+    );
+
+    let slot = cluster.slot_millicores;
+    let mut cpu = 0u64;
+    let mut processes = 0u32;
+    let decisions = jobs
+        .into_iter()
+        .map(|s| {
+            if s.to > 0 || s.running() {
+                let n = s.counted(s.to);
+                cpu += s.job.ps as u64 * s.job.ps_millicores.div_ceil(slot) * slot
+                    + n as u64 * s.job.worker_millicores.div_ceil(slot) * slot;
+                processes += s.processes(n);
+            }
+            let from = match s.job.state {
+                LiveState::Running => s.job.workers,
+                LiveState::Queued => 0,
+            };
+            let mut reasons = s.reasons;
+            if from != s.to && from > 0 {
+                reasons.push(format!(
+                    "predicted {:.0} -> {:.0} samples/s",
+                    s.model.samples_per_s(from),
+                    s.model.samples_per_s(s.to)
+                ));
+            }
+            Decision {
+                job: s.job.id,
+                name: s.job.name.clone(),
+                state: s.job.state,
+                from_workers: from,
+                to_workers: s.to,
+                ps: s.job.ps,
+                predicted_samples_per_s: s.model.samples_per_s(s.to),
+                reasons,
+            }
+        })
+        .collect();
+    let plan = RoundPlan {
+        scheduler: scheduler.name().to_string(),
+        decisions,
+        cpu_millicores: cpu,
+        processes,
+        notes,
+    };
+    check_postconditions(snapshot, &plan)?;
+    Ok(plan)
+}
+
+/// The scheduler's view of one job, in slots.
+fn view(s: &Sized, total_slots: u32) -> JobView {
+    let job = s.job;
+    let max_slots = s.slots(job.max_workers).min(total_slots as u64) as u32;
+    let goodput: Vec<f64> = (0..=max_slots)
+        .map(|r| s.model.samples_per_s(s.workers_in(r)))
+        .collect();
+    let running = job.state == LiveState::Running;
+    let held = if running {
+        s.slots(s.counted(job.workers)) as u32
+    } else {
+        0
+    };
+    let peak_workers = if running {
+        job.peak_workers.max(job.workers)
+    } else {
+        job.workers
+    };
+    JobView {
+        id: job.id,
+        submitted_s: job.submitted_s,
+        requested_replicas: (s.ps_slots + job.workers.max(job.min_workers) * s.worker_slots)
+            .min(max_slots),
+        max_replicas: max_slots,
+        attained_gpu_s: job.running_s * held as f64,
+        running_s: job.running_s,
+        restarts: job.restarts,
+        peak_replicas: s.ps_slots + peak_workers * s.worker_slots,
+        last_change_s: job.last_change_s,
+        current: if held > 0 { vec![(0, held)] } else { vec![] },
+        goodput: Arc::from(vec![goodput]),
+        remaining: job.samples_left.max(0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{ElasticLp, Fifo, SchedulerKind};
+    use proptest::prelude::*;
+
+    fn job(id: u64, state: LiveState, workers: u32, speed: &[(u32, f64)]) -> LiveJob {
+        LiveJob {
+            id: JobId(id),
+            name: format!("j{id}"),
+            state,
+            submitted_s: id as f64,
+            ps: 0,
+            ps_millicores: 0,
+            worker_millicores: 1000,
+            workers,
+            held_workers: workers,
+            min_workers: 1,
+            max_workers: 8,
+            node_unit: 1,
+            speed: speed
+                .iter()
+                .map(|&(workers, samples_per_s)| SpeedPoint {
+                    workers,
+                    samples_per_s,
+                })
+                .collect(),
+            samples_left: 100_000.0,
+            last_change_s: (state == LiveState::Running).then_some(0.0),
+            running_s: 100.0,
+            restarts: 0,
+            peak_workers: workers,
+            plan_in_flight: false,
+        }
+    }
+
+    fn cluster(cpus: u64) -> LiveCluster {
+        LiveCluster {
+            cpu_millicores: cpus * 1000,
+            slot_millicores: 1000,
+            max_processes: 64,
+        }
+    }
+
+    fn elastic() -> SchedulerKind {
+        SchedulerKind::ElasticLp(ElasticLp {
+            restart_delay_s: 2.0,
+            max_growth: 2.0,
+        })
+    }
+
+    fn config() -> LiveConfig {
+        LiveConfig {
+            interval_s: 1.0,
+            cooldown_s: 10.0,
+            ..LiveConfig::default()
+        }
+    }
+
+    fn decision(plan: &RoundPlan, id: u64) -> &Decision {
+        plan.decisions.iter().find(|d| d.job == JobId(id)).unwrap()
+    }
+
+    #[test]
+    fn a_lone_job_that_scales_grows_into_free_cpus_at_most_doubling() {
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![job(1, LiveState::Running, 2, &[(2, 200.0)])],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!((d.from_workers, d.to_workers), (2, 4), "{d:?}");
+        assert!(d.changes());
+        assert!(d.reasons.iter().any(|r| r.contains("elastic_lp")), "{d:?}");
+    }
+
+    #[test]
+    fn a_job_in_cool_down_keeps_its_size() {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
+        j.last_change_s = Some(95.0);
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 2);
+        assert!(d.reasons.iter().any(|r| r.contains("cool-down")), "{d:?}");
+    }
+
+    #[test]
+    fn a_plan_in_flight_pins_its_job_only_when_the_policy_says_so() {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
+        j.plan_in_flight = true;
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        let free = LiveConfig {
+            pin_while_plan_in_flight: false,
+            ..config()
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &free).unwrap();
+        assert_eq!(decision(&plan, 1).to_workers, 4, "{plan:?}");
+        let text = "interval_s = 1\npin_while_plan_in_flight = false\nmax_resumes = 5\n";
+        let c: LiveConfig = toml::from_str(text).unwrap();
+        assert_eq!((c.pin_while_plan_in_flight, c.max_resumes), (false, 5));
+        assert_eq!(LiveConfig::default().max_resumes, 3);
+    }
+
+    #[test]
+    fn a_round_that_breaks_bounds_or_capacity_is_refused() {
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(4),
+            jobs: vec![
+                job(1, LiveState::Running, 2, &[(2, 200.0)]),
+                job(2, LiveState::Queued, 2, &[]),
+            ],
+        };
+        let mut plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        check_postconditions(&snap, &plan).unwrap();
+        let d = plan
+            .decisions
+            .iter_mut()
+            .find(|d| d.job == JobId(1))
+            .unwrap();
+        d.to_workers = 9;
+        let e = check_postconditions(&snap, &plan).unwrap_err().to_string();
+        assert!(e.contains("outside [min 1, max 8]"), "{e}");
+        let d = plan
+            .decisions
+            .iter_mut()
+            .find(|d| d.job == JobId(1))
+            .unwrap();
+        d.to_workers = 3;
+        plan.cpu_millicores = 5000;
+        let e = check_postconditions(&snap, &plan).unwrap_err().to_string();
+        assert!(e.contains("5000m of 4000m"), "{e}");
+    }
+
+    #[test]
+    fn a_queued_job_starts_when_there_is_room_and_waits_when_not() {
+        let mut big = job(1, LiveState::Running, 6, &[(6, 600.0)]);
+        big.max_workers = 6;
+        let mut q = job(2, LiveState::Queued, 2, &[]);
+        q.min_workers = 2;
+        let fifo = SchedulerKind::Fifo(Fifo::default());
+        let room = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![big.clone(), q.clone()],
+        };
+        let plan = plan_round(&room, fifo.scheduler(), &config()).unwrap();
+        assert!(decision(&plan, 2).starts(), "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers, 2);
+        let full = LiveSnapshot {
+            cluster: cluster(7),
+            ..room
+        };
+        let plan = plan_round(&full, fifo.scheduler(), &config()).unwrap();
+        let d = decision(&plan, 2);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(d.reasons.iter().any(|r| r.contains("waits")), "{d:?}");
+        assert_eq!(decision(&plan, 1).to_workers, 6);
+    }
+
+    #[test]
+    fn parameter_servers_hold_cpu_too() {
+        let mut j = job(1, LiveState::Queued, 4, &[]);
+        j.ps = 2;
+        j.ps_millicores = 1500; // two slots each
+        let snap = LiveSnapshot {
+            now_s: 0.0,
+            cluster: cluster(6),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            SchedulerKind::Fifo(Fifo::default()).scheduler(),
+            &config(),
+        )
+        .unwrap();
+        // 4 ps slots + 4 workers do not fit in 6; what fits is 2 workers beside the PS.
+        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        assert_eq!(plan.cpu_millicores, 6000);
+        assert_eq!(plan.processes, 4);
+    }
+
+    #[test]
+    fn a_cluster_that_shrank_below_the_running_jobs_shrinks_them_toward_their_minimum() {
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(4),
+            jobs: vec![
+                job(1, LiveState::Running, 4, &[(4, 400.0)]),
+                job(2, LiveState::Running, 2, &[(2, 200.0)]),
+            ],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        let to: u32 = plan.decisions.iter().map(|d| d.to_workers).sum();
+        assert!(to <= 4, "{plan:?}");
+        // Until the shrinks are carried out the processes still run: the round says so.
+        assert!(!plan.notes.is_empty());
+    }
+
+    #[test]
+    fn what_a_shrinking_job_gives_up_is_handed_out_only_once_it_is_free() {
+        // Job 1 runs 2 workers but still holds 4 (its shrink is on its way).
+        let mut shrinking = job(1, LiveState::Running, 2, &[(4, 400.0), (2, 210.0)]);
+        shrinking.held_workers = 4;
+        shrinking.last_change_s = Some(99.0);
+        let q = job(2, LiveState::Queued, 2, &[]);
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(4),
+            jobs: vec![shrinking.clone(), q.clone()],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        assert_eq!(decision(&plan, 2).to_workers, 0, "{plan:?}");
+        assert!(plan.cpu_millicores <= 4000);
+        shrinking.held_workers = 2;
+        let snap = LiveSnapshot {
+            jobs: vec![shrinking, q],
+            ..snap
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config()).unwrap();
+        assert!(decision(&plan, 2).starts(), "{plan:?}");
+    }
+
+    fn arb_job(id: u64) -> impl Strategy<Value = LiveJob> {
+        (
+            any::<bool>(),
+            0u32..3,
+            1u32..4,
+            1u32..3,
+            1u32..3,
+            prop::collection::vec((1u32..8, 10.0f64..1000.0), 0..4),
+            0.0f64..100.0,
+        )
+            .prop_map(move |(running, ps, min, span, unit, speed, changed)| {
+                let mut j = job(
+                    id,
+                    if running {
+                        LiveState::Running
+                    } else {
+                        LiveState::Queued
+                    },
+                    min,
+                    &speed,
+                );
+                j.ps = ps;
+                j.held_workers = if running {
+                    min + (changed as u32 % 3)
+                } else {
+                    0
+                };
+                j.ps_millicores = 500 * (1 + id % 3);
+                j.worker_millicores = 700 * (1 + id % 2);
+                j.min_workers = min;
+                j.node_unit = unit;
+                j.max_workers = min + span * 4;
+                j.last_change_s = running.then_some(changed);
+                j
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn capacity_is_never_exceeded_and_running_jobs_stay_within_bounds(
+            jobs in (1u64..6).prop_flat_map(|n| (1..=n).map(arb_job).collect::<Vec<_>>()),
+            extra in 0u64..12,
+            which in 0usize..3,
+        ) {
+            let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();
+            // A cluster the running jobs fit in, with `extra` CPUs more.
+            let held: u64 = jobs.iter().filter(|j| j.state == LiveState::Running)
+                .map(|j| j.ps as u64 * j.ps_millicores.div_ceil(1000) + j.workers.max(j.held_workers) as u64 * j.worker_millicores.div_ceil(1000))
+                .sum();
+            let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps + j.workers.max(j.held_workers)).sum();
+            let snap = LiveSnapshot {
+                now_s: 50.0,
+                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32 },
+                jobs: jobs.clone(),
+            };
+            let plan = plan_round(&snap, scheduler.scheduler(), &config()).unwrap();
+            prop_assert!(plan.cpu_millicores <= snap.cluster.cpu_millicores, "{plan:?}");
+            prop_assert!(plan.processes <= snap.cluster.max_processes, "{plan:?}");
+            prop_assert!(plan.notes.is_empty(), "{plan:?}");
+            for (d, j) in plan.decisions.iter().zip(&jobs) {
+                if j.state == LiveState::Running {
+                    prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers.max(j.workers), "{d:?}");
+                    let cooling = j.last_change_s.is_some_and(|t| t + 10.0 > 50.0);
+                    if cooling { prop_assert_eq!(d.to_workers, j.workers); }
+                } else if d.to_workers > 0 {
+                    prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers);
+                    prop_assert_eq!(d.to_workers % j.node_unit, 0);
+                }
+            }
+        }
+    }
+}

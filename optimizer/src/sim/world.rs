@@ -1,0 +1,190 @@
+//! The simulated world: each job's state, the cluster's GPUs per node and type, and how a job
+//! progresses on a placement.
+
+use super::TraceJob;
+use super::app::{App, BatchConfig};
+use std::sync::Arc;
+
+use crate::schedule::{JobView, Slots};
+use crate::units::JobId;
+
+pub(super) struct JobState<'a> {
+    pub(super) trace: &'a TraceJob,
+    /// The application a training job trains; `None` for a rigid job.
+    pub(super) app: Option<usize>,
+    /// Progress at which the job is done: the application's total, or a rigid job's seconds.
+    pub(super) total: f64,
+    /// Fixed total batch size, or `None` to adapt it to the allocation.
+    pub(super) batch: Option<u32>,
+    pub(super) requested: u32,
+    pub(super) max_replicas: u32,
+    pub(super) progress: f64,
+    pub(super) epoch: u32,
+    pub(super) slots: Slots,
+    pub(super) worker_type: Option<usize>,
+    pub(super) config: BatchConfig,
+    pub(super) rescale_left: f64,
+    pub(super) attained: f64,
+    pub(super) running_s: f64,
+    pub(super) restarts: u32,
+    pub(super) started: Option<f64>,
+    pub(super) finished: Option<f64>,
+    pub(super) peak: u32,
+    pub(super) last_change: Option<f64>,
+    /// Goodput per worker type and size, for the epoch it was computed in.
+    pub(super) goodput: Option<(u32, Arc<[Vec<f64>]>)>,
+}
+
+/// GPUs per node when `r` are packed on nodes of `per_node`.
+pub(super) fn packed(r: u32, per_node: u32) -> Vec<u32> {
+    let per_node = per_node.max(1);
+    let mut v = vec![per_node; (r / per_node) as usize];
+    if !r.is_multiple_of(per_node) {
+        v.push(r % per_node);
+    }
+    v
+}
+
+pub(super) struct World {
+    pub(super) apps: Vec<App>,
+    /// gpu[app][worker type] = the app's GPU index for that type.
+    pub(super) gpu: Vec<Vec<Option<usize>>>,
+    pub(super) per_node: Vec<u32>,
+    pub(super) type_gpus: Vec<u32>,
+    pub(super) node_type: Vec<usize>,
+}
+
+impl World {
+    pub(super) fn config_for(
+        &self,
+        job: &JobState,
+        app: usize,
+        t: usize,
+        r: u32,
+    ) -> (BatchConfig, f64) {
+        let Some(gpu) = self.gpu[app][t] else {
+            return (
+                BatchConfig {
+                    atomic_bsz: 0,
+                    accum_steps: 0,
+                },
+                0.0,
+            );
+        };
+        let digits = packed(r, self.per_node[t]);
+        self.config_on(job, gpu, &digits, &self.apps[app])
+    }
+
+    pub(super) fn config_on(
+        &self,
+        job: &JobState,
+        gpu: usize,
+        digits: &[u32],
+        app: &App,
+    ) -> (BatchConfig, f64) {
+        let r: u32 = digits.iter().sum();
+        match job.batch {
+            Some(b) => {
+                let c = app.fixed_config(r, b);
+                (c, app.goodput(gpu, digits, c, job.epoch))
+            }
+            None => app.best_config(gpu, digits, job.epoch),
+        }
+    }
+
+    pub(super) fn view(&self, job: &mut JobState, id: JobId, elastic: bool) -> JobView {
+        let stale = job.goodput.as_ref().is_none_or(|(e, _)| *e != job.epoch);
+        if stale {
+            // A rigid job progresses one second per second on exactly its GPUs.
+            let table: Vec<Vec<f64>> = (0..self.per_node.len())
+                .map(|t| {
+                    (0..=job.max_replicas)
+                        .map(|r| match job.app {
+                            _ if r == 0 => 0.0,
+                            None => f64::from(u8::from(r == job.requested)),
+                            Some(_) if !elastic && r != job.requested => 0.0,
+                            Some(app) => self.config_for(job, app, t, r).1,
+                        })
+                        .collect()
+                })
+                .collect();
+            job.goodput = Some((job.epoch, Arc::from(table)));
+        }
+        JobView {
+            id,
+            submitted_s: job.trace.submit_s,
+            requested_replicas: job.requested,
+            max_replicas: job.max_replicas,
+            attained_gpu_s: job.attained,
+            running_s: job.running_s,
+            restarts: job.restarts,
+            peak_replicas: job.peak,
+            last_change_s: job.last_change,
+            current: job.slots.clone(),
+            goodput: job.goodput.as_ref().expect("computed above").1.clone(),
+            remaining: (job.total - job.progress).max(0.0),
+        }
+    }
+
+    /// Runs `job` from `t0` for `dt` seconds.
+    pub(super) fn advance(&self, job: &mut JobState, t0: f64, dt: f64) {
+        if job.slots.is_empty() || job.finished.is_some() {
+            return;
+        }
+        let t = job.worker_type.expect("a job with GPUs has a type");
+        let held: u32 = job.slots.iter().map(|s| s.1).sum();
+        let digits: Vec<u32> = job.slots.iter().map(|s| s.1).collect();
+        let mut now = t0;
+        let mut left = dt;
+        let hold = |job: &mut JobState, s: f64| {
+            job.attained += s * held as f64;
+            job.running_s += s;
+        };
+        let d = job.rescale_left.min(left);
+        job.rescale_left -= d;
+        hold(job, d);
+        now += d;
+        left -= d;
+        let Some(app_i) = job.app else {
+            let need = job.total - job.progress;
+            if left < need {
+                job.progress += left;
+                hold(job, left);
+            } else {
+                job.progress = job.total;
+                hold(job, need);
+                job.finished = Some(now + need);
+            }
+            return;
+        };
+        let app = &self.apps[app_i];
+        let Some(gpu) = self.gpu[app_i][t] else {
+            hold(job, left);
+            return;
+        };
+        while left > 1e-9 && job.finished.is_none() {
+            let g = app.goodput(gpu, &digits, job.config, job.epoch);
+            if g <= 0.0 {
+                hold(job, left);
+                return;
+            }
+            let next = app.progress_at(job.epoch + 1);
+            if job.progress + g * left < next {
+                job.progress += g * left;
+                hold(job, left);
+                return;
+            }
+            let delta = ((next - job.progress) / g).max(0.0);
+            job.progress = next;
+            job.epoch += 1;
+            hold(job, delta);
+            now += delta;
+            left -= delta;
+            if job.epoch >= app.max_epochs {
+                job.finished = Some(now);
+            } else if job.batch.is_none() {
+                job.config = self.config_on(job, gpu, &digits, app).0;
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Initial sizing of a submitted job that names no replicas or resources (pure): what the spec
+//! leaves out is filled from finished jobs like it, and every choice says why.
+//!
+//! The caller (the live brain) picks the history: [`PastJob`]s are finished, successful jobs
+//! with the counts they ended at. "Like it" means the same kind and the same workload (built-in
+//! settings or command). From those the job takes the median worker and PS counts and their
+//! peak memory per process with a 25 % margin; a stored job-profile model, when the caller
+//! passes its answer ([`LearnedMemory`]), sizes the workers' memory instead. Without history a
+//! job starts at its minimum (at least 2 workers where its bounds allow), with one slot of CPU
+//! per process and 512 MiB. A bound the user left out becomes what the cluster can hold. What
+//! the user gave is kept as given.
+
+use vocab::spec::RoleSpec;
+use vocab::{Bytes, JobSpec, Millicores, Resources, Role};
+
+use crate::error::PolicyError;
+use crate::live::LiveCluster;
+
+const DEFAULT_MEMORY: u64 = 512 << 20;
+const MEMORY_MARGIN: f64 = 1.25;
+
+/// A finished, successful job the brain knows, with the counts it ended at.
+#[derive(Clone, Debug)]
+pub struct PastJob {
+    pub name: String,
+    pub spec: JobSpec,
+    pub workers: u32,
+    pub ps: u32,
+    /// The job's peak memory over all its processes.
+    pub peak_memory_bytes: u64,
+}
+
+/// What a trained job-profile model says a worker of this job needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LearnedMemory {
+    pub worker_mib: f64,
+    /// Jobs the model was fitted on, and the share of jobs its margin covers (for the reason).
+    pub trained_on: usize,
+    pub quantile: f64,
+}
+
+/// The spec with every count and resource filled in, and why.
+#[derive(Clone, Debug)]
+pub struct Sized {
+    pub spec: JobSpec,
+    pub reasons: Vec<String>,
+}
+
+fn median(mut v: Vec<u64>) -> Option<u64> {
+    v.sort_unstable();
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// Fills `spec` in from `history` (finished, successful jobs) on `cluster`.
+pub fn size(
+    spec: &JobSpec,
+    history: &[PastJob],
+    cluster: &LiveCluster,
+    learned: Option<LearnedMemory>,
+) -> Result<Sized, PolicyError> {
+    let mut spec = spec.clone();
+    let mut reasons = Vec::new();
+    let workload = serde_json::to_string(&spec.workload).expect("plain struct");
+    let similar: Vec<&PastJob> = history
+        .iter()
+        .filter(|p| {
+            p.spec.kind == spec.kind
+                && serde_json::to_string(&p.spec.workload).is_ok_and(|w| w == workload)
+        })
+        .collect();
+    if similar.is_empty() {
+        reasons.push(format!(
+            "no finished {} job with this workload in the history: defaults",
+            spec.kind
+        ));
+    } else {
+        let names: Vec<&str> = similar.iter().map(|p| p.name.as_str()).collect();
+        reasons.push(format!(
+            "{} similar finished job(s): {}",
+            similar.len(),
+            names.join(", ")
+        ));
+    }
+    let slot = cluster.slot_millicores;
+    if slot == 0 {
+        return Err(PolicyError::InvalidProblem(
+            "the cluster's scheduling slot is 0 millicores".into(),
+        ));
+    }
+
+    for role in [Role::Ps, Role::Worker] {
+        let Some(r) = spec.roles.get(&role).cloned() else {
+            continue;
+        };
+        let mut r: RoleSpec = r;
+        let resources = r.resources.clone().unwrap_or_default();
+        let cpu = match resources.cpu {
+            Some(c) => c,
+            None => {
+                reasons.push(format!("{role} cpu: {slot}m, one scheduling slot"));
+                Millicores(slot)
+            }
+        };
+        let memory = match (resources.memory, learned) {
+            (Some(m), _) => m,
+            (None, Some(l)) if role == Role::Worker => {
+                let mib = l.worker_mib.max(64.0) as u64;
+                reasons.push(format!(
+                    "worker memory: {mib} MiB from the job-profile model ({} jobs, margin for \
+                     {:.0} % of jobs)",
+                    l.trained_on,
+                    l.quantile * 100.0
+                ));
+                Bytes(mib << 20)
+            }
+            (None, _) => {
+                let peaks: Vec<u64> = similar
+                    .iter()
+                    .filter(|p| p.peak_memory_bytes > 0 && p.workers + p.ps > 0)
+                    .map(|p| p.peak_memory_bytes / (p.workers + p.ps) as u64)
+                    .collect();
+                match median(peaks) {
+                    Some(peak) => {
+                        let m = ((peak as f64 * MEMORY_MARGIN) as u64).max(64 << 20);
+                        reasons.push(format!(
+                            "{role} memory: {} MiB, the median peak per process of similar jobs \
+                             ({} MiB) + 25 %",
+                            m >> 20,
+                            peak >> 20
+                        ));
+                        Bytes(m)
+                    }
+                    None => {
+                        reasons.push(format!(
+                            "{role} memory: {} MiB (default)",
+                            DEFAULT_MEMORY >> 20
+                        ));
+                        Bytes(DEFAULT_MEMORY)
+                    }
+                }
+            }
+        };
+        r.resources = Some(Resources {
+            cpu: Some(cpu),
+            memory: Some(memory),
+            gpu: resources.gpu,
+            custom: resources.custom.clone(),
+        });
+        let unit = r.node_unit.unwrap_or(1).max(1);
+        let per = cpu.0.div_ceil(slot).max(1);
+        let fits = (cluster.cpu_millicores / slot / per) as i64;
+        let fits = fits.min(cluster.max_processes as i64) / unit * unit;
+        if r.max.is_none() && r.replicas.is_none() {
+            let max = fits.max(unit);
+            r.max = Some(max);
+            reasons.push(format!("{role} max: {max}, what the cluster holds"));
+        }
+        if r.replicas.is_none() {
+            let min = r.min.unwrap_or(unit);
+            let max = r.max.unwrap_or(min);
+            let past: Vec<u64> = similar
+                .iter()
+                .map(|p| match role {
+                    Role::Ps => p.ps as u64,
+                    Role::Worker => p.workers as u64,
+                })
+                .collect();
+            let (n, why) = match median(past) {
+                Some(n) => (n as i64, "the median of similar jobs"),
+                None if role == Role::Worker => (2, "default"),
+                None => (1, "default"),
+            };
+            let n = (n / unit * unit).clamp(min, max);
+            reasons.push(format!(
+                "{role} replicas: {n} ({why}, within [{min}, {max}])"
+            ));
+            r.replicas = Some(n);
+        }
+        spec.roles.insert(role, r);
+    }
+    spec.validate()
+        .map_err(|e| PolicyError::InvalidProblem(e.to_string()))?;
+    Ok(Sized { spec, reasons })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(roles: &str) -> JobSpec {
+        JobSpec::from_yaml(&format!(
+            "name: t\nkind: ps\nroles:\n{roles}workload:\n  builtin: {{ batch_size: 64 }}\n\
+             data: {{ num_samples: 1000, shard_size: 100 }}\nepochs: 2\n\
+             checkpoint: {{ dir: /tmp/brain-sizing-test }}\n"
+        ))
+        .unwrap()
+    }
+
+    fn cluster() -> LiveCluster {
+        LiveCluster {
+            cpu_millicores: 8000,
+            slot_millicores: 1000,
+            max_processes: 64,
+        }
+    }
+
+    fn past(name: &str, workers: u32, ps: u32, peak_mib: u64) -> PastJob {
+        PastJob {
+            name: name.into(),
+            spec: spec("  ps: {}\n  worker: { min: 1, max: 8 }\n"),
+            workers,
+            ps,
+            peak_memory_bytes: peak_mib << 20,
+        }
+    }
+
+    fn count(s: &Sized, role: Role) -> i64 {
+        s.spec.roles[&role].replicas.unwrap()
+    }
+
+    #[test]
+    fn a_learned_memory_sizes_workers_and_other_workloads_are_not_similar() {
+        let mut other = past("other", 7, 3, 7000);
+        other.spec.workload.builtin.as_mut().unwrap().batch_size = 128;
+        let learned = LearnedMemory {
+            worker_mib: 300.4,
+            trained_on: 40,
+            quantile: 0.95,
+        };
+        let s = size(
+            &spec("  ps: {}\n  worker: {}\n"),
+            &[other, past("a", 3, 2, 500)],
+            &cluster(),
+            Some(learned),
+        )
+        .unwrap();
+        assert_eq!((count(&s, Role::Ps), count(&s, Role::Worker)), (2, 3));
+        let memory = |role| s.spec.roles[&role].resources.as_ref().unwrap().memory;
+        assert_eq!(memory(Role::Worker), Some(Bytes(300 << 20)));
+        // The PS is sized from history: 500 MiB over 5 processes, + 25 %.
+        assert_eq!(memory(Role::Ps), Some(Bytes(125 << 20)));
+        assert!(
+            s.reasons
+                .iter()
+                .any(|r| r.contains("1 similar finished job(s): a"))
+        );
+        assert!(
+            s.reasons
+                .iter()
+                .any(|r| r.contains("job-profile model (40 jobs"))
+        );
+    }
+
+    #[test]
+    fn counts_respect_the_bounds_and_the_node_unit() {
+        let s = size(
+            &spec("  ps: {}\n  worker: { min: 2, max: 6, node_unit: 2 }\n"),
+            &[past("a", 7, 1, 0), past("b", 7, 1, 0), past("c", 3, 1, 0)],
+            &cluster(),
+            None,
+        )
+        .unwrap();
+        // The median 7 rounded down to the node unit.
+        assert_eq!(count(&s, Role::Worker), 6, "{:?}", s.reasons);
+        let e = size(
+            &spec("  ps: {}\n  worker: {}\n"),
+            &[],
+            &LiveCluster {
+                slot_millicores: 0,
+                ..cluster()
+            },
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("slot is 0"), "{e}");
+    }
+}

@@ -1,0 +1,270 @@
+//! What Brain's multi-process tests and benches share (a dev-dependency only):
+//!
+//! * [`Spawned`]: a child process that is killed when dropped (also when a test fails), started
+//!   with [`spawn_announcing`], which reads the address the child printed after binding port 0,
+//!   so no test reserves a port and hopes it stays free.
+//! * [`wait_exit`], [`kill9`], [`parent_of`], [`alive`]: processes by pid.
+//! * [`wait_until`]: polling with a deadline and a message that says what was awaited.
+//! * [`workspace_bins`]: the `job-master` and `worker-agent` binaries, built once per test
+//!   binary so that a test never runs a stale one.
+//! * [`optional_server`]: a real server a test needs (Ray, influxd, a Python with packages) is
+//!   missing: say `SKIPPED` loudly, or fail when `.ci/run` made it mandatory.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A child process, killed and reaped when dropped.
+pub struct Spawned {
+    pub child: Child,
+}
+
+impl Spawned {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL and reap; a process that already ended is fine.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to end; kills it and panics after `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        wait_exit(&mut self.child, timeout)
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `cmd` with its standard output piped and waits (up to `timeout`) for the first line
+/// that starts with `prefix`; returns the process and what follows the prefix on that line up
+/// to the first space or comma (an address such as `127.0.0.1:41234`). Lines before it are
+/// skipped. Panics with the output seen so far when the process ends or the deadline passes.
+/// Its later output is copied to this test's stderr (shown when the test fails), so a chatty
+/// child never blocks on a full pipe.
+pub fn spawn_announcing(cmd: &mut Command, prefix: &str, timeout: Duration) -> (Spawned, String) {
+    cmd.stdout(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = mpsc::channel();
+    let prefix_owned = prefix.to_string();
+    // A reader thread, so that the deadline holds even when the child prints nothing.
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => {
+                    let _ = tx.send(Err(seen));
+                    return;
+                }
+                Ok(_) => {
+                    if let Some(rest) = line.trim_end().strip_prefix(&prefix_owned) {
+                        let word = rest
+                            .split([' ', ','])
+                            .next()
+                            .unwrap_or_default()
+                            .to_string();
+                        let _ = tx.send(Ok(word));
+                        drain(reader);
+                        return;
+                    }
+                    seen.push_str(&line);
+                }
+            }
+        }
+    });
+    let mut spawned = Spawned { child };
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(word)) => (spawned, word),
+        Ok(Err(seen)) => {
+            let status = spawned.child.wait().ok();
+            panic!(
+                "{:?} ended ({status:?}) before printing {prefix:?}; its output:\n{seen}",
+                cmd.get_program()
+            )
+        }
+        Err(_) => panic!(
+            "{:?} printed no line starting with {prefix:?} within {timeout:?}",
+            cmd.get_program()
+        ),
+    }
+}
+
+fn drain(mut reader: BufReader<ChildStdout>) {
+    let mut line = String::new();
+    while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+        eprint!("| {line}");
+        line.clear();
+    }
+}
+
+/// Waits for `child` to end; kills it and panics after `timeout`.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            return s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process {} did not end within {timeout:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some`; panics naming `what` after `timeout`.
+pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILL to `pid`; panics when there is no such process.
+pub fn kill9(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+}
+
+/// Whether `pid` is a live process (a zombie is not).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+/// The parent of `pid`.
+pub fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    stat.rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no parent in /proc/{pid}/stat: {stat:?}"))
+}
+
+/// The directory holding the workspace's `job-master` and `worker-agent` binaries, built
+/// once per test binary (`cargo test -p X` does not rebuild another package's binary; when
+/// they are up to date this costs a fraction of a second). `beside` is a binary of the
+/// calling test's own package (`env!("CARGO_BIN_EXE_...")`), whose directory they are built
+/// into. Every caller builds the same selection, so whichever runs second finds everything
+/// built (another package set would resolve other features).
+pub fn workspace_bins(beside: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(beside)
+                .parent()
+                .expect("a binary path has a directory")
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let ok = Command::new(cargo)
+                .args([
+                    "build",
+                    "-p",
+                    "job-master",
+                    "--bin",
+                    "job-master",
+                    "-p",
+                    "worker-agent",
+                    "--bin",
+                    "worker-agent",
+                ])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cargo runs");
+            assert!(ok.success(), "cannot build job-master and worker-agent");
+            for bin in ["job-master", "worker-agent"] {
+                assert!(
+                    dir.join(bin).exists(),
+                    "{bin} was not built in {}",
+                    dir.display()
+                );
+            }
+            dir
+        })
+        .clone()
+}
+
+/// A real server or tool a test needs is missing (`what`, and how to get it in `how`).
+/// When the environment variable `require` is set (`.ci/run` sets it), the test fails;
+/// otherwise it prints a loud `SKIPPED` line and the caller returns.
+pub fn optional_server(require: &str, what: &str, how: &str) {
+    if std::env::var_os(require).is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("{require} is set but {what} is missing: {how}");
+    }
+    eprintln!(
+        "\n*** SKIPPED: {what} is missing ({how}); set {require}=1 to make this a failure ***\n"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_announced_address_is_read_and_later_output_does_not_block_the_child() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "echo starting; echo 'listening on 127.0.0.1:4567, more'; \
+             head -c 300000 /dev/zero | tr '\\0' x; echo; exit 7",
+        ]);
+        let (mut child, addr) =
+            spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(10));
+        assert_eq!(addr, "127.0.0.1:4567");
+        // 300 kB after the announcement, more than a pipe holds: the child still ends.
+        assert_eq!(child.wait(Duration::from_secs(10)).code(), Some(7));
+    }
+
+    #[test]
+    #[should_panic(expected = "before printing")]
+    fn a_child_that_ends_without_announcing_fails_the_test() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo no address here"]);
+        spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_killed_process_is_no_longer_alive() {
+        let mut child = Spawned {
+            child: Command::new("sleep").arg("30").spawn().unwrap(),
+        };
+        let pid = child.pid();
+        assert!(alive(pid));
+        assert_eq!(parent_of(pid), std::process::id());
+        kill9(pid);
+        child.wait(Duration::from_secs(10));
+        assert!(!alive(pid));
+    }
+}

@@ -1,0 +1,36 @@
+//! Brain's vocabulary, at the bottom of the crate graph: every other crate (the optimizer, the
+//! job master, the worker agent, the brain) names jobs, units, roles and specs with these types,
+//! so each is defined once.
+//!
+//! * [`ids`]: [`JobId`], [`WorkerType`].
+//! * [`units`]: [`Millicores`], [`Bytes`], and the Kubernetes-style quantities a spec writes.
+//! * [`role`]: [`JobKind`], [`Role`], [`SlotKey`] (`worker-3`).
+//! * [`spec`]: the job spec a user writes ([`JobSpec`]), its pure validation, and apart from it
+//!   the checks that touch the machine ([`spec::host`]).
+//! * [`plan`]: the versioned [`ScalePlan`] (per-role targets, migrations) the brain sends and a
+//!   job master carries out.
+//! * [`report`]: a job's phase and the report its master writes when it ends.
+//! * [`run_dir`]: the files of a job master's run directory.
+//!
+//! * `wire` (feature `wire`): one `From`/`TryFrom` per job-master wire type.
+//!
+//! Nothing here does I/O beyond reading a spec or context file on request.
+
+pub mod error;
+pub mod ids;
+pub mod plan;
+pub mod report;
+pub mod role;
+pub mod run_dir;
+pub mod spec;
+pub mod units;
+#[cfg(feature = "wire")]
+pub mod wire;
+
+pub use error::{Error, SpecError};
+pub use ids::{JobId, WorkerType};
+pub use plan::{Migration, RoleTarget, ScalePlan};
+pub use report::{JobPhase, JobReport, Phase};
+pub use role::{JobKind, Role, SlotKey};
+pub use spec::{JobSpec, Resources};
+pub use units::{Bytes, Millicores};

@@ -1,0 +1,191 @@
+//! What a job master says of its job: the phase it is in and, when it ends, the report it
+//! writes to `RUN_DIR/report.json` (read back by the brain and by tests), with the records of
+//! the plans it carried out and the PS reshards.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::role::{JobKind, Role, SlotKey};
+
+/// Where a job is, without the reason of a failure: written lowercase (`"succeeded"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Running,
+    Finishing,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Finishing => "finishing",
+            Phase::Succeeded => "succeeded",
+            Phase::Failed => "failed",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Phase {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "running" => Ok(Phase::Running),
+            "finishing" => Ok(Phase::Finishing),
+            "succeeded" => Ok(Phase::Succeeded),
+            "failed" => Ok(Phase::Failed),
+            other => Err(format!("unknown job phase {other:?}")),
+        }
+    }
+}
+
+impl PartialEq<&str> for Phase {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// Where a job is, with the reason when it failed (the job master's own record).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum JobPhase {
+    Running,
+    /// All work is done; the shell collects final statistics before declaring success.
+    Finishing,
+    Succeeded,
+    Failed {
+        reason: String,
+    },
+}
+
+impl JobPhase {
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Failed { .. })
+    }
+
+    /// The phase without its reason, as reports and status answers name it.
+    pub fn phase(&self) -> Phase {
+        match self {
+            JobPhase::Running => Phase::Running,
+            JobPhase::Finishing => Phase::Finishing,
+            JobPhase::Succeeded => Phase::Succeeded,
+            JobPhase::Failed { .. } => Phase::Failed,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.phase().as_str()
+    }
+}
+
+/// Final statistics of one parameter server.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PsStats {
+    pub index: u32,
+    pub keys: u64,
+    pub applied_batches: u64,
+    pub applied_samples: u64,
+    pub applied_index_sum: u64,
+    pub duplicate_pushes: u64,
+}
+
+/// What `run` returns and writes to `RUN_DIR/report.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobReport {
+    pub job: String,
+    pub kind: JobKind,
+    pub phase: Phase,
+    pub reason: Option<String>,
+    pub elapsed_ms: u64,
+    pub first_step_after_ms: Option<u64>,
+    pub final_eval_loss: Option<f64>,
+    pub final_model_digest: Option<String>,
+    /// `ok` when the ledger proves each sample was consumed exactly once per epoch.
+    pub exactly_once: String,
+    pub samples_per_epoch: BTreeMap<u32, u64>,
+    pub shards_done: u64,
+    pub shards_total: u64,
+    pub restarts: BTreeMap<Role, u32>,
+    pub checkpoints: usize,
+    pub ps_stats: Vec<PsStats>,
+    /// Samples applied and the sum of their indices, as the allreduce model state counts them.
+    pub applied_samples: u64,
+    pub applied_index_sum: u64,
+    /// Scale plans carried out, in order.
+    pub transitions: Vec<TransitionRecord>,
+    pub reshards: Vec<ReshardRecord>,
+    pub events: Vec<String>,
+}
+
+impl JobReport {
+    pub fn succeeded(&self) -> bool {
+        self.phase == Phase::Succeeded
+    }
+}
+
+/// One carried-out plan, for the report and the benchmarks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TransitionRecord {
+    pub version: u64,
+    pub from: BTreeMap<Role, u32>,
+    pub to: BTreeMap<Role, u32>,
+    pub accepted_ms: u64,
+    pub reached_ms: u64,
+    /// When every worker of the new layout had reported a training step after the plan.
+    pub resumed_ms: Option<u64>,
+    /// Workers whose first step after the plan has not been reported yet.
+    pub awaiting: Vec<SlotKey>,
+    /// Steps each worker had reported when the plan was reached; a higher one is a new step.
+    #[serde(default)]
+    pub steps_at_reach: BTreeMap<SlotKey, u64>,
+}
+
+/// One PS reshard: what moved, how long it took, and the parameter digests around it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReshardRecord {
+    pub version: u64,
+    pub from_ps: u32,
+    pub to_ps: u32,
+    pub moved_keys: u64,
+    pub moved_bytes: u64,
+    pub total_keys: u64,
+    pub digest_before: u64,
+    pub digest_after: u64,
+    pub took_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_are_written_lowercase_and_unknown_ones_are_refused() {
+        for p in [
+            Phase::Running,
+            Phase::Finishing,
+            Phase::Succeeded,
+            Phase::Failed,
+        ] {
+            let json = serde_json::to_string(&p).unwrap();
+            assert_eq!(json, format!("\"{p}\""));
+            assert_eq!(p.as_str().parse::<Phase>(), Ok(p));
+        }
+        assert!("Succeeded".parse::<Phase>().is_err());
+        assert!(serde_json::from_str::<Phase>("\"done\"").is_err());
+        let failed = JobPhase::Failed { reason: "x".into() };
+        assert_eq!(failed.phase(), Phase::Failed);
+        assert!(failed.is_terminal() && !JobPhase::Finishing.is_terminal());
+    }
+}

@@ -1,0 +1,67 @@
+//! The checks of a job spec that only the machine running it can make: the training program
+//! is an executable file (or found on `PATH`) and the checkpoint directory is a writable
+//! directory or can be created under one. Pure validation is [`super::JobSpec::validate`].
+
+use std::path::{Path, PathBuf};
+
+use super::JobSpec;
+use crate::error::SpecError;
+
+/// Checks `spec` against this machine; the first problem found is returned.
+pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
+    if let Some(program) = spec.workload.command.as_ref().and_then(|c| c.first())
+        && resolve_program(program).is_none()
+    {
+        return Err(SpecError::new(
+            "workload.command[0]",
+            format!("{program:?} is not an executable file nor found on PATH"),
+        ));
+    }
+    check_writable_dir("checkpoint.dir", &spec.checkpoint.dir)
+}
+
+/// The checkpoint directory must exist as a writable directory or be creatable under one.
+fn check_writable_dir(path: &str, dir: &Path) -> Result<(), SpecError> {
+    let mut probe = dir;
+    loop {
+        if probe.exists() {
+            if !probe.is_dir() {
+                return Err(SpecError::new(
+                    path,
+                    format!("{} is not a directory", probe.display()),
+                ));
+            }
+            let meta = std::fs::metadata(probe).map_err(|e| {
+                SpecError::new(path, format!("{} cannot be read: {e}", probe.display()))
+            })?;
+            if meta.permissions().readonly()
+                || nix::unistd::access(probe, nix::unistd::AccessFlags::W_OK).is_err()
+            {
+                return Err(SpecError::new(
+                    path,
+                    format!("{} is not writable", probe.display()),
+                ));
+            }
+            return Ok(());
+        }
+        match probe.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => probe = parent,
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Finds a program as `execvp` would: a path with a slash as is, a bare name on `PATH`.
+pub fn resolve_program(program: &str) -> Option<PathBuf> {
+    let is_exec =
+        |p: &Path| p.is_file() && nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok();
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return is_exec(&p).then_some(p);
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| is_exec(p))
+}

@@ -1,0 +1,588 @@
+//! The job spec: what a user writes (YAML, ElasticJob-like, DESIGN §4) and its validation.
+//!
+//! Parsing rejects unknown fields and wrong types with the field's path (`serde_path_to_error`);
+//! [`JobSpec::validate`] then checks what types cannot say (counts, bounds, names), naming the
+//! field path and the bad value, without touching the machine; [`host::check`] adds what only
+//! the machine that runs the job can say (the program is executable, the checkpoint directory
+//! can be created). Replicas and resources are optional: omitted means "the brain decides"; a
+//! job master run without a brain falls back to the role's `min`.
+
+pub mod host;
+mod platform;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use platform::PlatformConfig;
+
+use crate::error::{Error, SpecError};
+use crate::role::{JobKind, Role};
+use crate::units::{Bytes, Millicores};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, with = "crate::units::quantity::opt_cpu")]
+    pub cpu: Option<Millicores>,
+    #[serde(default, with = "crate::units::quantity::opt_memory")]
+    pub memory: Option<Bytes>,
+    pub gpu: Option<u32>,
+    /// Custom resources by name (a platform's own, e.g. Ray's `--resources`), amounts > 0.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom: BTreeMap<String, f64>,
+}
+
+/// One role of the job: how many processes, how elastic, how big each is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleSpec {
+    /// Processes to start with; omitted means the brain decides (the master alone uses `min`).
+    pub replicas: Option<i64>,
+    pub min: Option<i64>,
+    pub max: Option<i64>,
+    /// Group size changes come in multiples of this (e.g. workers per node).
+    pub node_unit: Option<i64>,
+    pub resources: Option<Resources>,
+    /// Relaunches allowed for this role before the job fails.
+    pub max_restarts: Option<i64>,
+}
+
+/// Settings of the built-in reference workload (a sparse CTR model on generated data).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinWorkload {
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default = "default_fields")]
+    pub num_fields: i64,
+    #[serde(default = "default_vocab")]
+    pub vocab_per_field: i64,
+    #[serde(default = "default_buckets")]
+    pub hash_buckets: i64,
+    /// Global batch: per-worker batches are this divided by the number of workers (allreduce),
+    /// or this for every worker (ps).
+    #[serde(default = "default_batch")]
+    pub batch_size: i64,
+    #[serde(default = "default_lr")]
+    pub learning_rate: f64,
+    /// Extra compute per sample in microseconds, to make a small job last long enough to watch.
+    #[serde(default)]
+    pub step_delay_us: i64,
+    /// allreduce: how the batch and the learning rate follow the number of workers when a
+    /// plan changes it.
+    #[serde(default)]
+    pub batch_scaling: BatchScaling,
+}
+
+/// How an allreduce job's batch and learning rate follow the world size `n`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchScaling {
+    /// `batch_size` is the global batch, split over the workers; the learning rate stays. The
+    /// trained model does not depend on how often the job is rescaled.
+    #[default]
+    FixedGlobal,
+    /// `batch_size` per worker (global `n × batch_size`), learning rate `n × learning_rate`
+    /// (the linear scaling rule of Goyal et al., for SGD).
+    Linear,
+    /// `batch_size` per worker, learning rate `√n × learning_rate` (for adaptive optimisers
+    /// such as the workload's Adagrad).
+    Sqrt,
+}
+
+impl fmt::Display for BatchScaling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BatchScaling::FixedGlobal => "fixed_global",
+            BatchScaling::Linear => "linear",
+            BatchScaling::Sqrt => "sqrt",
+        })
+    }
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_fields() -> i64 {
+    8
+}
+fn default_vocab() -> i64 {
+    1000
+}
+fn default_buckets() -> i64 {
+    1 << 16
+}
+fn default_batch() -> i64 {
+    256
+}
+fn default_lr() -> f64 {
+    0.1
+}
+
+impl Default for BuiltinWorkload {
+    fn default() -> Self {
+        Self {
+            seed: default_seed(),
+            num_fields: default_fields(),
+            vocab_per_field: default_vocab(),
+            hash_buckets: default_buckets(),
+            batch_size: default_batch(),
+            learning_rate: default_lr(),
+            step_delay_us: 0,
+            batch_scaling: BatchScaling::default(),
+        }
+    }
+}
+
+/// What each training process runs: the built-in workload or a user command.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub builtin: Option<BuiltinWorkload>,
+    /// argv of a user program, run with the torchrun environment and TF_CONFIG.
+    pub command: Option<Vec<String>>,
+    /// Extra environment for the training processes.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSpec {
+    pub num_samples: i64,
+    pub shard_size: i64,
+    /// Held-out samples (after the training ones) for the final evaluation.
+    #[serde(default = "default_eval")]
+    pub eval_samples: i64,
+}
+
+fn default_eval() -> i64 {
+    10_000
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    pub dir: PathBuf,
+    /// Take a checkpoint after this many shards are done (0: only at the start).
+    #[serde(default = "default_every_shards")]
+    pub every_shards: i64,
+}
+
+fn default_every_shards() -> i64 {
+    20
+}
+
+/// A training job as a user submits it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    pub kind: JobKind,
+    pub roles: BTreeMap<Role, RoleSpec>,
+    pub workload: WorkloadSpec,
+    pub data: DataSpec,
+    #[serde(default = "default_epochs")]
+    pub epochs: i64,
+    pub checkpoint: CheckpointSpec,
+    /// Where the job's processes run [default: local processes]; `job-master run --platform`
+    /// overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<PlatformConfig>,
+}
+
+fn default_epochs() -> i64 {
+    1
+}
+
+/// A role after validation: plain unsigned numbers, bounds resolved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolePlan {
+    pub replicas: u32,
+    pub min: u32,
+    pub max: u32,
+    pub node_unit: u32,
+    pub max_restarts: u32,
+}
+
+impl JobSpec {
+    /// Reads a spec file and validates it ([`JobSpec::validate`]; the checks that touch this
+    /// machine are [`host::check`]). A relative checkpoint directory is taken relative to the
+    /// file's directory.
+    pub fn from_file(path: &Path) -> Result<JobSpec, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::SpecFile {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        let mut spec = Self::from_yaml(&text).map_err(|e| e.in_file(path))?;
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if spec.checkpoint.dir.is_relative() {
+            spec.checkpoint.dir = base.join(&spec.checkpoint.dir);
+        }
+        spec.validate().map_err(|e| e.in_file(path))?;
+        Ok(spec)
+    }
+
+    /// Parses YAML, rejecting unknown fields and wrong types with the field's path.
+    pub fn from_yaml(text: &str) -> Result<JobSpec, SpecError> {
+        let de = serde_norway::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            // Map keys that are enums show as `?`; serde_norway's message names them.
+            match inner.split_once(": ") {
+                Some((p, rest)) if path.contains('?') && !p.contains(' ') => {
+                    SpecError::new(p, rest)
+                }
+                _ => SpecError::new(if path == "." { "spec".into() } else { path }, inner),
+            }
+        })
+    }
+
+    /// Checks everything the types cannot, without looking at this machine (the program and
+    /// the checkpoint directory are [`host::check`]'s). The first problem found is returned.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(SpecError::new(
+                "name",
+                format!(
+                    "{:?} must be non-empty and use only letters, digits, '-', '_' and '.'",
+                    self.name
+                ),
+            ));
+        }
+        if !self.roles.contains_key(&Role::Worker) {
+            return Err(SpecError::new(
+                "roles.worker",
+                "is missing: every job needs workers",
+            ));
+        }
+        match (self.kind, self.roles.contains_key(&Role::Ps)) {
+            (JobKind::Ps, false) => {
+                return Err(SpecError::new(
+                    "roles.ps",
+                    "is missing: a ps job needs parameter servers",
+                ));
+            }
+            (JobKind::Allreduce, true) => {
+                return Err(SpecError::new(
+                    "roles.ps",
+                    "is not allowed in an allreduce job",
+                ));
+            }
+            _ => {}
+        }
+        for role in self.roles.keys() {
+            self.role_plan(*role)?;
+        }
+        self.validate_workload()?;
+        positive("data.num_samples", self.data.num_samples)?;
+        positive("data.shard_size", self.data.shard_size)?;
+        non_negative("data.eval_samples", self.data.eval_samples)?;
+        positive("epochs", self.epochs)?;
+        non_negative("checkpoint.every_shards", self.checkpoint.every_shards)?;
+        Ok(())
+    }
+
+    fn validate_workload(&self) -> Result<(), SpecError> {
+        match (&self.workload.builtin, &self.workload.command) {
+            (None, None) => Err(SpecError::new(
+                "workload",
+                "names no command: set workload.command (argv) or workload.builtin",
+            )),
+            (Some(_), Some(_)) => Err(SpecError::new(
+                "workload",
+                "sets both builtin and command: choose one",
+            )),
+            (None, Some(cmd)) => {
+                let Some(program) = cmd.first() else {
+                    return Err(SpecError::new(
+                        "workload.command",
+                        "is empty: give the program and its arguments",
+                    ));
+                };
+                let _ = program;
+                Ok(())
+            }
+            (Some(b), None) => {
+                positive("workload.builtin.num_fields", b.num_fields)?;
+                positive("workload.builtin.vocab_per_field", b.vocab_per_field)?;
+                positive("workload.builtin.hash_buckets", b.hash_buckets)?;
+                positive("workload.builtin.batch_size", b.batch_size)?;
+                non_negative("workload.builtin.step_delay_us", b.step_delay_us)?;
+                if !(b.learning_rate.is_finite() && b.learning_rate > 0.0) {
+                    return Err(SpecError::new(
+                        "workload.builtin.learning_rate",
+                        format!("{} must be a positive number", b.learning_rate),
+                    ));
+                }
+                if u32::try_from(b.num_fields).is_err() {
+                    return Err(SpecError::new(
+                        "workload.builtin.num_fields",
+                        format!("{} is too large", b.num_fields),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The validated numbers of one role.
+    pub fn role_plan(&self, role: Role) -> Result<RolePlan, SpecError> {
+        let r = self
+            .roles
+            .get(&role)
+            .ok_or_else(|| SpecError::new(format!("roles.{role}"), "is missing"))?;
+        let p = |field: &str| format!("roles.{role}.{field}");
+        let node_unit = match r.node_unit {
+            Some(n) => to_count(&p("node_unit"), n)?,
+            None => 1,
+        };
+        let min = match r.min {
+            Some(n) => to_count(&p("min"), n)?,
+            None => r
+                .replicas
+                .map(|n| to_count(&p("replicas"), n))
+                .transpose()?
+                .unwrap_or(node_unit),
+        };
+        let max = match r.max {
+            Some(n) => to_count(&p("max"), n)?,
+            None => r
+                .replicas
+                .map(|n| to_count(&p("replicas"), n))
+                .transpose()?
+                .unwrap_or(min)
+                .max(min),
+        };
+        if min > max {
+            return Err(SpecError::new(
+                p("min"),
+                format!("{min} is greater than max {max}"),
+            ));
+        }
+        if max % node_unit != 0 {
+            return Err(SpecError::new(
+                p("max"),
+                format!("{max} is not a multiple of node_unit {node_unit}"),
+            ));
+        }
+        let replicas = match r.replicas {
+            Some(n) => to_count(&p("replicas"), n)?,
+            None => min,
+        };
+        if replicas < min || replicas > max {
+            return Err(SpecError::new(
+                p("replicas"),
+                format!("{replicas} is outside [min {min}, max {max}]"),
+            ));
+        }
+        if replicas % node_unit != 0 {
+            return Err(SpecError::new(
+                p("replicas"),
+                format!("{replicas} is not a multiple of node_unit {node_unit}"),
+            ));
+        }
+        let max_restarts = match r.max_restarts {
+            Some(n) if n < 0 => {
+                return Err(SpecError::new(
+                    p("max_restarts"),
+                    format!("{n} must not be negative"),
+                ));
+            }
+            Some(n) => u32::try_from(n)
+                .map_err(|_| SpecError::new(p("max_restarts"), format!("{n} is too large")))?,
+            None => 3,
+        };
+        if let Some(res) = &r.resources {
+            if res.cpu == Some(Millicores(0)) {
+                return Err(SpecError::new(
+                    p("resources.cpu"),
+                    "0 must be more than zero",
+                ));
+            }
+            for (name, amount) in &res.custom {
+                let at = p(&format!("resources.custom.{name}"));
+                if name.is_empty() || matches!(name.as_str(), "CPU" | "GPU" | "memory") {
+                    return Err(SpecError::new(
+                        at,
+                        "is not a custom resource name (CPU, GPU and memory have their own fields)",
+                    ));
+                }
+                if !(amount.is_finite() && *amount > 0.0) {
+                    return Err(SpecError::new(
+                        at,
+                        format!("{amount} must be more than zero"),
+                    ));
+                }
+            }
+        }
+        Ok(RolePlan {
+            replicas,
+            min,
+            max,
+            node_unit,
+            max_restarts,
+        })
+    }
+
+    pub fn shards_per_epoch(&self) -> u64 {
+        (self.data.num_samples as u64).div_ceil(self.data.shard_size as u64)
+    }
+}
+
+fn positive(path: &str, v: i64) -> Result<(), SpecError> {
+    if v <= 0 {
+        return Err(SpecError::new(
+            path,
+            format!("{v} must be greater than zero"),
+        ));
+    }
+    Ok(())
+}
+
+fn non_negative(path: &str, v: i64) -> Result<(), SpecError> {
+    if v < 0 {
+        return Err(SpecError::new(path, format!("{v} must not be negative")));
+    }
+    Ok(())
+}
+
+fn to_count(path: &str, v: i64) -> Result<u32, SpecError> {
+    if v <= 0 {
+        return Err(SpecError::new(
+            path,
+            format!("{v} must be greater than zero"),
+        ));
+    }
+    u32::try_from(v).map_err(|_| SpecError::new(path, format!("{v} is too large")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name: ctr
+kind: ps
+roles:
+  ps: { replicas: 2 }
+  worker: { replicas: 3, min: 1, max: 4, resources: { cpu: "500m", memory: 1Gi } }
+workload:
+  builtin: { batch_size: 128 }
+data: { num_samples: 1000, shard_size: 100 }
+epochs: 2
+checkpoint: { dir: /tmp/brain-spec-test }
+"#;
+
+    #[test]
+    fn good_spec_parses_units_and_bounds() {
+        let spec = JobSpec::from_yaml(GOOD).unwrap();
+        spec.validate().unwrap();
+        let w = spec.role_plan(Role::Worker).unwrap();
+        assert_eq!((w.replicas, w.min, w.max, w.node_unit), (3, 1, 4, 1));
+        let res = spec.roles[&Role::Worker].resources.clone().unwrap();
+        assert_eq!(res.cpu, Some(Millicores(500)));
+        assert_eq!(res.memory, Some(Bytes(1 << 30)));
+        assert_eq!(spec.shards_per_epoch(), 10);
+    }
+
+    #[test]
+    fn the_platform_and_custom_resources_come_from_the_spec() {
+        let yaml = GOOD.replace(
+            "memory: 1Gi }",
+            "memory: 1Gi, custom: { brain_slot: 1.5 } }",
+        ) + "platform: { type: ray, address: \"http://127.0.0.1:8265\", env: { A: b } }\n";
+        let spec = JobSpec::from_yaml(&yaml).unwrap();
+        spec.validate().unwrap();
+        let res = spec.roles[&Role::Worker].resources.clone().unwrap();
+        assert_eq!(res.custom.get("brain_slot"), Some(&1.5));
+        match spec.platform {
+            Some(PlatformConfig::Ray { address, env, .. }) => {
+                assert_eq!(address, "http://127.0.0.1:8265");
+                assert_eq!(env.get("A").map(String::as_str), Some("b"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(JobSpec::from_yaml(GOOD).unwrap().platform.is_none());
+        assert!(
+            err(&(GOOD.to_string() + "platform: { type: ray, adress: x }\n"))
+                .contains("unknown field `adress`")
+        );
+        assert!(err(&(GOOD.to_string() + "platform: { type: slurm }\n")).contains("slurm"));
+        assert!(
+            err(&GOOD.replace("memory: 1Gi }", "memory: 1Gi, custom: { CPU: 1 } }"))
+                .contains("roles.worker.resources.custom.CPU: is not a custom resource name")
+        );
+        assert!(
+            err(&GOOD.replace("memory: 1Gi }", "memory: 1Gi, custom: { slot: 0 } }"))
+                .contains("roles.worker.resources.custom.slot: 0 must be more than zero")
+        );
+    }
+
+    #[test]
+    fn omitted_replicas_fall_back_to_min() {
+        let spec = JobSpec::from_yaml(&GOOD.replace("replicas: 3, min: 1", "min: 2")).unwrap();
+        assert_eq!(spec.role_plan(Role::Worker).unwrap().replicas, 2);
+    }
+
+    fn err(yaml: &str) -> String {
+        match JobSpec::from_yaml(yaml) {
+            Err(e) => e.to_string(),
+            Ok(s) => s.validate().unwrap_err().to_string(),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field_path_and_value() {
+        assert!(
+            err(&GOOD.replace("epochs: 2", "epochs: 2\nepoch: 3"))
+                .contains("unknown field `epoch`")
+        );
+        assert!(
+            err(&GOOD.replace("batch_size: 128", "batch_size: 128, lr: 1"))
+                .contains("workload.builtin")
+        );
+        assert!(
+            err(&GOOD.replace("min: 1, max: 4", "min: 5, max: 4"))
+                .contains("roles.worker.min: 5 is greater than max 4")
+        );
+        assert!(
+            err(&GOOD.replace("shard_size: 100", "shard_size: -3")).contains("data.shard_size: -3")
+        );
+        assert!(
+            err(&GOOD.replace("cpu: \"500m\"", "cpu: lots"))
+                .contains("roles.worker.resources: cpu quantity \"lots\"")
+        );
+    }
+
+    #[test]
+    fn quantities_parse_like_kubernetes_and_read_back() {
+        let r = |yaml: &str| serde_norway::from_str::<Resources>(yaml);
+        assert_eq!(r("{cpu: 1.5}").unwrap().cpu, Some(Millicores(1500)));
+        assert_eq!(r("{cpu: 2}").unwrap().cpu, Some(Millicores(2000)));
+        assert_eq!(r("{cpu: \"250m\"}").unwrap().cpu, Some(Millicores(250)));
+        assert_eq!(r("{memory: 512Mi}").unwrap().memory, Some(Bytes(512 << 20)));
+        assert_eq!(
+            r("{memory: 2G}").unwrap().memory,
+            Some(Bytes(2_000_000_000))
+        );
+        assert!(r("{memory: two}").is_err());
+        assert!(r("{cpu: -1}").is_err());
+        let res = r("{cpu: 0.5, memory: 1Gi, gpu: 1}").unwrap();
+        let text = serde_norway::to_string(&res).unwrap();
+        assert_eq!(r(&text).unwrap(), res, "{text}");
+        assert_eq!(r("{}").unwrap(), Resources::default());
+    }
+}

@@ -1,0 +1,159 @@
+//! One conversion per wire type (feature `wire`): the job master's gRPC messages
+//! (`proto::jobmaster::v1`) to and from the vocabulary. What the wire cannot say is an error
+//! naming the field, never a default.
+
+use proto::jobmaster::v1 as pb;
+
+use crate::plan::{Migration, RoleTarget, ScalePlan};
+use crate::role::{Role, SlotKey};
+use crate::spec::Resources;
+use crate::units::{Bytes, Millicores};
+
+/// A wire message that does not make a valid value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct WireError(pub String);
+
+impl From<Role> for pb::Role {
+    fn from(r: Role) -> Self {
+        match r {
+            Role::Ps => pb::Role::Ps,
+            Role::Worker => pb::Role::Worker,
+        }
+    }
+}
+
+impl TryFrom<i32> for Role {
+    type Error = WireError;
+    fn try_from(r: i32) -> Result<Self, WireError> {
+        match pb::Role::try_from(r) {
+            Ok(pb::Role::Ps) => Ok(Role::Ps),
+            Ok(pb::Role::Worker) => Ok(Role::Worker),
+            _ => Err(WireError(format!("role {r} is not ps or worker"))),
+        }
+    }
+}
+
+/// Zero means "not given" on the wire (proto3 has no absent scalars). The wire carries no
+/// custom resources.
+impl From<pb::Resources> for Resources {
+    fn from(r: pb::Resources) -> Self {
+        Resources {
+            cpu: (r.cpu_millicores > 0).then_some(Millicores(r.cpu_millicores)),
+            memory: (r.memory_bytes > 0).then_some(Bytes(r.memory_bytes)),
+            gpu: (r.gpus > 0).then_some(r.gpus),
+            custom: Default::default(),
+        }
+    }
+}
+
+impl From<&Resources> for pb::Resources {
+    fn from(r: &Resources) -> Self {
+        pb::Resources {
+            cpu_millicores: r.cpu.map_or(0, |c| c.0),
+            memory_bytes: r.memory.map_or(0, |m| m.0),
+            gpus: r.gpu.unwrap_or(0),
+        }
+    }
+}
+
+impl TryFrom<pb::ScalePlan> for ScalePlan {
+    type Error = WireError;
+    fn try_from(p: pb::ScalePlan) -> Result<Self, WireError> {
+        let mut plan = ScalePlan {
+            version: p.version,
+            ..Default::default()
+        };
+        for t in p.roles {
+            let role = Role::try_from(t.role)?;
+            let target = RoleTarget {
+                count: t.count,
+                resources: t.resources.map(Resources::from),
+            };
+            if plan.roles.insert(role, target).is_some() {
+                return Err(WireError(format!("role {role} is named twice")));
+            }
+        }
+        for m in p.migrations {
+            plan.migrations.push(Migration {
+                key: SlotKey {
+                    role: Role::try_from(m.role)?,
+                    index: m.index,
+                },
+                resources: m.resources.unwrap_or_default().into(),
+                reason: m.reason,
+            });
+        }
+        Ok(plan)
+    }
+}
+
+impl From<&ScalePlan> for pb::ScalePlan {
+    fn from(p: &ScalePlan) -> Self {
+        pb::ScalePlan {
+            version: p.version,
+            roles: p
+                .roles
+                .iter()
+                .map(|(&role, t)| pb::RoleTarget {
+                    role: pb::Role::from(role) as i32,
+                    count: t.count,
+                    resources: t.resources.as_ref().map(pb::Resources::from),
+                })
+                .collect(),
+            migrations: p
+                .migrations
+                .iter()
+                .map(|m| pb::Migration {
+                    role: pb::Role::from(m.key.role) as i32,
+                    index: m.key.index,
+                    resources: Some((&m.resources).into()),
+                    reason: m.reason.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_survives_the_wire_and_a_bad_one_is_refused() {
+        let mut plan = ScalePlan::count(3, Role::Worker, 4);
+        plan.roles.get_mut(&Role::Worker).unwrap().resources = Some(Resources {
+            cpu: Some(Millicores(1500)),
+            memory: Some(Bytes(1 << 30)),
+            ..Default::default()
+        });
+        plan.set_count(Role::Ps, 2);
+        plan.migrations.push(Migration {
+            key: SlotKey {
+                role: Role::Ps,
+                index: 1,
+            },
+            resources: Resources {
+                cpu: Some(Millicores(2000)),
+                ..Default::default()
+            },
+            reason: "hot ps".into(),
+        });
+        let wire = pb::ScalePlan::from(&plan);
+        assert_eq!(ScalePlan::try_from(wire.clone()), Ok(plan));
+        let mut twice = wire.clone();
+        twice.roles.push(twice.roles[0]);
+        assert!(
+            ScalePlan::try_from(twice)
+                .unwrap_err()
+                .0
+                .contains("named twice")
+        );
+        let mut bad = wire;
+        bad.roles[0].role = 7;
+        assert_eq!(
+            ScalePlan::try_from(bad).unwrap_err().0,
+            "role 7 is not ps or worker"
+        );
+    }
+}
