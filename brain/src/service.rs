@@ -285,10 +285,11 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::JobOutcome>,
     ) -> Result<Response<pb::OutcomeAck>, Status> {
         let o = request.into_inner();
-        let succeeded = match o.phase.as_str() {
-            "succeeded" => true,
-            "failed" => false,
-            other => {
+        let succeeded = match o.phase.parse::<vocab::Phase>() {
+            Ok(vocab::Phase::Succeeded) => true,
+            Ok(vocab::Phase::Failed) => false,
+            _ => {
+                let other = &o.phase;
                 return Err(Status::invalid_argument(format!(
                     "phase {other:?}: expected \"succeeded\" or \"failed\""
                 )));

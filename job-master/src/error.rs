@@ -48,7 +48,7 @@ pub enum Error {
     #[error("server error: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
-    Ray(#[from] crate::platform::ray::api::RayError),
+    Ray(#[from] ray_client::RayError),
 }
 
 impl From<Error> for tonic::Status {

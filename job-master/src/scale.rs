@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::SlotKey;
 use crate::spec::{Bytes, JobKind, JobSpec, Millicores, Resources, Role};
+use vocab::SlotKey;
 
 pub use vocab::plan::{Migration, RoleTarget, ScalePlan};
 

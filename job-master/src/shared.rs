@@ -135,18 +135,7 @@ pub(crate) async fn commit_allreduce_checkpoint(
 ) -> Result<(), Error> {
     let (id, dir, generation) = {
         let ctx = shared.job.lock().await;
-        let slot = ctx.slots.get(&key).ok_or(Error::UnknownProcess {
-            role: key.role.to_string(),
-            index: key.index,
-        })?;
-        if slot.incarnation != incarnation {
-            return Err(Error::StaleIncarnation {
-                role: key.role.to_string(),
-                index: key.index,
-                got: incarnation,
-                current: slot.incarnation,
-            });
-        }
+        ctx.current(key, incarnation)?;
         let (id, _) = ctx.next_checkpoint_dir();
         let dir = PathBuf::from(&model_path)
             .parent()

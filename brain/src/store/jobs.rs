@@ -141,7 +141,12 @@ impl Store {
              WHERE id = ?1",
             params![
                 id,
-                if succeeded { "succeeded" } else { "failed" },
+                if succeeded {
+                    JobState::Succeeded
+                } else {
+                    JobState::Failed
+                }
+                .as_str(),
                 outcome,
                 samples_done as i64,
                 now_unix_ms

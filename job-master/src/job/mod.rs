@@ -523,7 +523,7 @@ impl JobContext {
     }
 
     /// The slot, if `incarnation` is its current one.
-    fn current(&self, key: SlotKey, incarnation: u64) -> Result<&Slot, Error> {
+    pub fn current(&self, key: SlotKey, incarnation: u64) -> Result<&Slot, Error> {
         let slot = self.slot(key)?;
         if slot.incarnation != incarnation {
             return Err(Error::StaleIncarnation {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{AgentLaunch, Platform};
 use crate::error::Error;
-use crate::job::SlotKey;
+use vocab::SlotKey;
 
 #[derive(Default)]
 pub struct ExternalPlatform;

@@ -16,7 +16,7 @@ use tokio::sync::{Mutex, mpsc, watch};
 
 use super::{AgentLaunch, Platform, PlatformEvent};
 use crate::error::Error;
-use crate::job::SlotKey;
+use vocab::SlotKey;
 
 struct Running {
     incarnation: u64,

@@ -13,9 +13,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::job::SlotKey;
 use crate::scale::Capacity;
 use crate::spec::Resources;
+use vocab::SlotKey;
 
 /// One agent to start: for slot `key`, carrying `incarnation`.
 #[derive(Clone, Debug)]

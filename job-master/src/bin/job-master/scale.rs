@@ -117,7 +117,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
             println!("plan {} reached", plan.version);
             break;
         }
-        if s.phase != "running" {
+        if s.phase.parse::<vocab::Phase>() != Ok(vocab::Phase::Running) {
             anyhow::bail!(
                 "the job is {} before reaching plan {}",
                 s.phase,

@@ -37,9 +37,9 @@ use tokio::sync::{Mutex, mpsc, watch};
 use self::api::{RayApi, RayCluster, RayError, RayJobStatus, RayResources, SubmitRequest};
 use super::{AgentLaunch, Platform, PlatformEvent};
 use crate::error::Error;
-use crate::job::SlotKey;
 use crate::scale::Capacity;
 use crate::spec::{Bytes, Millicores, Resources};
+use vocab::SlotKey;
 
 /// How the Ray platform reaches and uses a Ray cluster.
 #[derive(Clone, Debug)]
