@@ -39,33 +39,79 @@ impl Default for Capacity {
     }
 }
 
-fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), String> {
+/// Why a job cannot carry a plan out; the job then runs on untouched and the sender is told.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanRejection {
+    #[error("the job is {0}")]
+    NotRunning(&'static str),
+    #[error("the job has no data left to train on")]
+    NoDataLeft,
+    #[error("plan version {version} is not newer than the accepted version {accepted}")]
+    StaleVersion { version: u64, accepted: u64 },
+    #[error("an {0} job has no parameter servers")]
+    NoParameterServers(JobKind),
+    #[error("the job has no {0} role")]
+    NoSuchRole(Role),
+    #[error("{role} count {count} is outside [min {min}, max {max}]")]
+    OutOfBounds {
+        role: Role,
+        count: u32,
+        min: u32,
+        max: u32,
+    },
+    #[error("{role} count {count} is not a multiple of node_unit {node_unit}")]
+    NotNodeUnit {
+        role: Role,
+        count: u32,
+        node_unit: u32,
+    },
+    #[error("{what}: cpu 0m must be more than zero")]
+    ZeroCpu { what: String },
+    #[error("{what}: {asked} is more than the platform can place ({can})")]
+    TooLarge {
+        what: String,
+        asked: String,
+        can: String,
+    },
+    #[error("{total} processes are more than the platform can place ({can})")]
+    TooManyProcesses { total: u32, can: u32 },
+    #[error("migration of {0}: no such process stays in the job")]
+    NoSuchProcess(SlotKey),
+    #[error("{0} is migrated twice")]
+    MigratedTwice(SlotKey),
+}
+
+fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), PlanRejection> {
+    let too_large = |asked: String, can: String| PlanRejection::TooLarge {
+        what: what.to_string(),
+        asked,
+        can,
+    };
     if let Some(c) = r.cpu {
         if c.0 == 0 {
-            return Err(format!("{what}: cpu 0m must be more than zero"));
+            return Err(PlanRejection::ZeroCpu {
+                what: what.to_string(),
+            });
         }
         if c > cap.cpu {
-            return Err(format!(
-                "{what}: cpu {}m is more than the platform can place ({}m)",
-                c.0, cap.cpu.0
+            return Err(too_large(
+                format!("cpu {}m", c.0),
+                format!("{}m", cap.cpu.0),
             ));
         }
     }
     if let Some(m) = r.memory
         && m > cap.memory
     {
-        return Err(format!(
-            "{what}: memory {} bytes is more than the platform can place ({} bytes)",
-            m.0, cap.memory.0
+        return Err(too_large(
+            format!("memory {} bytes", m.0),
+            format!("{} bytes", cap.memory.0),
         ));
     }
     if let Some(g) = r.gpu
         && g > cap.gpus
     {
-        return Err(format!(
-            "{what}: {g} GPUs is more than the platform can place ({})",
-            cap.gpus
-        ));
+        return Err(too_large(format!("{g} GPUs"), cap.gpus.to_string()));
     }
     Ok(())
 }
@@ -78,7 +124,7 @@ pub fn validate(
     current: &BTreeMap<Role, u32>,
     live: &[SlotKey],
     cap: &Capacity,
-) -> Result<(), String> {
+) -> Result<(), PlanRejection> {
     let mut total = 0u32;
     for (&role, &now) in current {
         let count = plan.roles.get(&role).map_or(now, |t| t.count);
@@ -86,33 +132,36 @@ pub fn validate(
     }
     for (&role, target) in &plan.roles {
         if role == Role::Ps && spec.kind != JobKind::Ps {
-            return Err(format!("an {} job has no parameter servers", spec.kind));
+            return Err(PlanRejection::NoParameterServers(spec.kind));
         }
         let Ok(bounds) = spec.role_plan(role) else {
-            return Err(format!("the job has no {role} role"));
+            return Err(PlanRejection::NoSuchRole(role));
         };
-        let n = target.count;
-        if n < bounds.min || n > bounds.max {
-            return Err(format!(
-                "{role} count {n} is outside [min {}, max {}]",
-                bounds.min, bounds.max
-            ));
+        let count = target.count;
+        if count < bounds.min || count > bounds.max {
+            return Err(PlanRejection::OutOfBounds {
+                role,
+                count,
+                min: bounds.min,
+                max: bounds.max,
+            });
         }
-        if n % bounds.node_unit != 0 {
-            return Err(format!(
-                "{role} count {n} is not a multiple of node_unit {}",
-                bounds.node_unit
-            ));
+        if count % bounds.node_unit != 0 {
+            return Err(PlanRejection::NotNodeUnit {
+                role,
+                count,
+                node_unit: bounds.node_unit,
+            });
         }
         if let Some(r) = &target.resources {
             check_resources(&format!("{role} resources"), r, cap)?;
         }
     }
     if total > cap.max_processes {
-        return Err(format!(
-            "{total} processes are more than the platform can place ({})",
-            cap.max_processes
-        ));
+        return Err(PlanRejection::TooManyProcesses {
+            total,
+            can: cap.max_processes,
+        });
     }
     let mut seen = Vec::new();
     for m in &plan.migrations {
@@ -123,13 +172,10 @@ pub fn validate(
             .or_else(|| current.get(&m.key.role).copied())
             .unwrap_or(0);
         if !live.contains(&m.key) || m.key.index >= count {
-            return Err(format!(
-                "migration of {}: no such process stays in the job",
-                m.key
-            ));
+            return Err(PlanRejection::NoSuchProcess(m.key));
         }
         if seen.contains(&m.key) {
-            return Err(format!("{} is migrated twice", m.key));
+            return Err(PlanRejection::MigratedTwice(m.key));
         }
         seen.push(m.key);
         check_resources(&format!("migration of {}", m.key), &m.resources, cap)?;
@@ -149,12 +195,12 @@ pub struct PlanBook {
 
 impl PlanBook {
     /// Refuses a version that is not above the newest accepted one.
-    pub fn check_version(&self, version: u64) -> Result<(), String> {
+    pub fn check_version(&self, version: u64) -> Result<(), PlanRejection> {
         if version <= self.desired {
-            return Err(format!(
-                "plan version {version} is not newer than the accepted version {}",
-                self.desired
-            ));
+            return Err(PlanRejection::StaleVersion {
+                version,
+                accepted: self.desired,
+            });
         }
         Ok(())
     }
@@ -213,11 +259,22 @@ mod tests {
         };
         let ok = |p: &ScalePlan| validate(p, &s, &current(), &[], &cap);
         assert_eq!(ok(&plan(Some(3), Some(4))), Ok(()));
-        assert!(ok(&plan(Some(5), None)).unwrap_err().contains("outside"));
-        assert!(ok(&plan(None, Some(0))).unwrap_err().contains("outside"));
+        assert!(
+            ok(&plan(Some(5), None))
+                .unwrap_err()
+                .to_string()
+                .contains("outside")
+        );
+        assert!(
+            ok(&plan(None, Some(0)))
+                .unwrap_err()
+                .to_string()
+                .contains("outside")
+        );
         assert!(
             ok(&plan(Some(4), Some(8)))
                 .unwrap_err()
+                .to_string()
                 .contains("12 processes are more than the platform can place (10)")
         );
         let mut big = plan(None, Some(2));
@@ -232,6 +289,7 @@ mod tests {
         assert!(
             validate(&big, &s, &current(), &[], &small)
                 .unwrap_err()
+                .to_string()
                 .contains("cpu 4000m is more than the platform can place (2000m)")
         );
         let mut mig = plan(None, Some(1));
@@ -250,6 +308,7 @@ mod tests {
         assert!(
             validate(&mig, &s, &current(), &live, &cap)
                 .unwrap_err()
+                .to_string()
                 .contains("no such process stays")
         );
     }

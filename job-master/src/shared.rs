@@ -104,7 +104,7 @@ impl Shared {
             .apply(|ctx, now| {
                 let (accepted, reason, effects) = match ctx.apply_plan(plan, &capacity, now) {
                     Ok(e) => (true, String::new(), e),
-                    Err(why) => (false, why, Vec::new()),
+                    Err(why) => (false, why.to_string(), Vec::new()),
                 };
                 Ok((
                     pb::ScalePlanAnswer {

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::scale::PlanRejection;
 
 impl JobContext {
     /// Live slots of each role.
@@ -40,12 +41,12 @@ impl JobContext {
         plan: ScalePlan,
         cap: &Capacity,
         now_ms: u64,
-    ) -> Result<Vec<Effect>, String> {
+    ) -> Result<Vec<Effect>, PlanRejection> {
         if self.phase != JobPhase::Running {
-            return Err(format!("the job is {}", self.phase.name()));
+            return Err(PlanRejection::NotRunning(self.phase.name()));
         }
         if self.ledger.is_complete() {
-            return Err("the job has no data left to train on".into());
+            return Err(PlanRejection::NoDataLeft);
         }
         self.plans.check_version(plan.version)?;
         let live: Vec<SlotKey> = self
