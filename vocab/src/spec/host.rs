@@ -65,3 +65,42 @@ pub fn resolve_program(program: &str) -> Option<PathBuf> {
         .map(|d| Path::new(d).join(program))
         .find(|p| is_exec(p))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(command: &str, dir: &Path) -> JobSpec {
+        JobSpec::from_yaml(&format!(
+            "name: t\nkind: allreduce\nroles:\n  worker: {{ replicas: 1 }}\n\
+             workload:\n  command: [{command}]\ndata: {{ num_samples: 10, shard_size: 5 }}\n\
+             checkpoint: {{ dir: {} }}\n",
+            dir.display()
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_machine_decides_what_pure_validation_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = spec("sh", &dir.path().join("ckpt/new"));
+        ok.validate().unwrap();
+        check(&ok).unwrap();
+        let missing = spec("/nonexistent/train.py", &dir.path().join("ckpt"));
+        missing.validate().unwrap();
+        assert_eq!(
+            check(&missing).unwrap_err().to_string(),
+            "workload.command[0]: \"/nonexistent/train.py\" is not an executable file nor found on PATH"
+        );
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "x").unwrap();
+        let under_file = spec("sh", &file.join("ckpt"));
+        under_file.validate().unwrap();
+        assert!(
+            check(&under_file)
+                .unwrap_err()
+                .to_string()
+                .contains("is not a directory")
+        );
+    }
+}
