@@ -286,8 +286,13 @@ impl Control {
                 let report = Some(PathBuf::from(&row.run_dir))
                     .filter(|d| !d.as_os_str().is_empty())
                     .map(|d| d.join("master").join(vocab::run_dir::REPORT_FILE))
-                    .and_then(|p| std::fs::read(p).ok())
-                    .and_then(|b| serde_json::from_slice::<vocab::JobReport>(&b).ok());
+                    .and_then(|p| std::fs::read(&p).ok().map(|b| (p, b)))
+                    .and_then(|(p, b)| {
+                        // A report that does not decode is said, then the exit status speaks.
+                        serde_json::from_slice::<vocab::JobReport>(&b)
+                            .inspect_err(|e| tracing::warn!("{}: {e}", p.display()))
+                            .ok()
+                    });
                 match report {
                     Some(r) => s.finish(
                         job,
