@@ -44,6 +44,8 @@ pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
 mod agents;
 mod data;
+#[cfg(test)]
+mod properties;
 mod reshard;
 #[cfg(test)]
 mod tests;
@@ -491,12 +493,7 @@ impl JobContext {
         }
         // Nobody is left to stop or to tell: only the launches below matter.
         let _ = self.group_restart(now_ms, "the job master restarted");
-        let keys: Vec<SlotKey> = self
-            .slots
-            .values()
-            .filter(|s| s.phase != SlotPhase::Removed)
-            .map(|s| s.key)
-            .collect();
+        let keys: Vec<SlotKey> = self.keys_where(|s| s.phase != SlotPhase::Removed);
         Ok(keys
             .into_iter()
             .map(|k| self.launch_slot(k, false, now_ms))
@@ -520,6 +517,15 @@ impl JobContext {
             role: key.role.to_string(),
             index: key.index,
         })
+    }
+
+    /// Keys of the slots that satisfy `pred`, in key order.
+    fn keys_where(&self, pred: impl Fn(&Slot) -> bool) -> Vec<SlotKey> {
+        self.slots
+            .values()
+            .filter(|s| pred(s))
+            .map(|s| s.key)
+            .collect()
     }
 
     /// The slot, if `incarnation` is its current one.

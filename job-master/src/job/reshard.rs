@@ -86,21 +86,11 @@ impl JobContext {
         t.resharding = false;
         let to = t.to.clone();
         let mut effects = Vec::new();
-        let leaving: Vec<SlotKey> = self
-            .slots
-            .values()
-            .filter(|s| s.phase == SlotPhase::Removing)
-            .map(|s| s.key)
-            .collect();
+        let leaving: Vec<SlotKey> = self.keys_where(|s| s.phase == SlotPhase::Removing);
         for key in leaving {
             effects.extend(self.remove_slot(key, now_ms));
         }
-        let migrating: Vec<SlotKey> = self
-            .slots
-            .values()
-            .filter(|s| s.migrate_to.is_some())
-            .map(|s| s.key)
-            .collect();
+        let migrating: Vec<SlotKey> = self.keys_where(|s| s.migrate_to.is_some());
         for key in migrating {
             effects.push(Effect::StopAgent {
                 key,

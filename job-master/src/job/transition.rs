@@ -49,12 +49,7 @@ impl JobContext {
             return Err(PlanRejection::NoDataLeft);
         }
         self.plans.check_version(plan.version)?;
-        let live: Vec<SlotKey> = self
-            .slots
-            .values()
-            .filter(|s| s.phase.is_live())
-            .map(|s| s.key)
-            .collect();
+        let live: Vec<SlotKey> = self.keys_where(|s| s.phase.is_live());
         crate::scale::validate(&plan, &self.spec, &self.role_counts(), &live, cap)?;
         self.plans.desired = plan.version;
         if let Some(t) = &self.transition {
@@ -262,12 +257,7 @@ impl JobContext {
         }
         let to = t.to.clone();
         let ps_change = t.from.get(&Role::Ps) != t.to.get(&Role::Ps);
-        let migrating: Vec<SlotKey> = self
-            .slots
-            .values()
-            .filter(|s| s.migrate_to.is_some())
-            .map(|s| s.key)
-            .collect();
+        let migrating: Vec<SlotKey> = self.keys_where(|s| s.migrate_to.is_some());
         let mut effects = Vec::new();
         match self.spec.kind {
             JobKind::Allreduce => {
@@ -387,11 +377,7 @@ impl JobContext {
                         effects.push(Effect::DropPs { ps: c.ps_addrs() });
                     }
                     let retiring: Vec<SlotKey> = self
-                        .slots
-                        .values()
-                        .filter(|s| s.key.role == Role::Ps && s.phase == SlotPhase::Removing)
-                        .map(|s| s.key)
-                        .collect();
+                        .keys_where(|s| s.key.role == Role::Ps && s.phase == SlotPhase::Removing);
                     for key in retiring {
                         effects.extend(self.remove_slot(key, now_ms));
                     }
@@ -449,12 +435,8 @@ impl JobContext {
             return Vec::new();
         };
         self.plans.reached = t.plan.version;
-        let awaiting: Vec<SlotKey> = self
-            .slots
-            .values()
-            .filter(|s| s.key.role == Role::Worker && s.phase == SlotPhase::Running)
-            .map(|s| s.key)
-            .collect();
+        let awaiting: Vec<SlotKey> =
+            self.keys_where(|s| s.key.role == Role::Worker && s.phase == SlotPhase::Running);
         let steps_at_reach = awaiting
             .iter()
             .map(|k| (*k, self.metrics.get(k).map_or(0, |m| m.global_step)))
