@@ -266,13 +266,19 @@ pub fn plan_round(
     let total_slots = (cluster.cpu_millicores / cluster.slot_millicores) as u32;
     let now = snapshot.now_s;
     // A plan on its way pins its job like a change made just now (a policy choice).
-    let mut effective = snapshot.clone();
-    if config.pin_while_plan_in_flight {
-        for j in effective.jobs.iter_mut().filter(|j| j.plan_in_flight) {
-            j.last_change_s = Some(now);
-        }
-    }
-    let snapshot = &effective;
+    // Copied only when some job is pinned: the round is the brain's hot path.
+    let pinned;
+    let snapshot =
+        if config.pin_while_plan_in_flight && snapshot.jobs.iter().any(|j| j.plan_in_flight) {
+            let mut copy = snapshot.clone();
+            for j in copy.jobs.iter_mut().filter(|j| j.plan_in_flight) {
+                j.last_change_s = Some(now);
+            }
+            pinned = copy;
+            &pinned
+        } else {
+            snapshot
+        };
     let mut notes = Vec::new();
 
     // A job without reported speeds runs, until it reports, at the median per-worker speed of
