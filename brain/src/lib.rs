@@ -76,6 +76,9 @@ pub enum BrainError {
     FailedPrecondition(String),
     #[error("{0}")]
     AlreadyExists(String),
+    /// The metrics sink (InfluxDB) refused or could not be reached; ingest never waits for it.
+    #[error("metrics sink: {0}")]
+    Sink(String),
     #[error("job store: {0}")]
     Store(#[from] rusqlite::Error),
     #[error("{0}")]
@@ -97,6 +100,7 @@ impl From<BrainError> for tonic::Status {
             | BrainError::Data(_)
             | BrainError::Simulation { .. }
             | BrainError::Store(_)
+            | BrainError::Sink(_)
             | BrainError::Io(_) => tonic::Status::internal(message),
         }
     }

@@ -86,7 +86,7 @@ pub fn predict(
     };
     let (wr, pr) = (res(Role::Worker), res(Role::Ps));
     let shape = Shape {
-        kind: spec.kind.to_string(),
+        kind: spec.kind,
         workers: w.replicas,
         min_workers: w.min,
         max_workers: w.max,
@@ -145,7 +145,7 @@ mod tests {
             reached_version: 0,
             state,
             shape: Some(Shape {
-                kind: "ps".into(),
+                kind: vocab::JobKind::Ps,
                 workers,
                 min_workers: 1,
                 max_workers: 8,

@@ -41,11 +41,14 @@ fn resources(r: Option<jm::Resources>) -> (u64, u64, u32) {
     r.map_or((0, 0, 0), |r| (r.cpu_millicores, r.memory_bytes, r.gpus))
 }
 
-fn shape_from(s: pb::JobShape) -> Shape {
+fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
     let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(s.worker_resources);
     let (ps_millicores, ps_memory_bytes, _) = resources(s.ps_resources);
-    Shape {
-        kind: s.kind,
+    Ok(Shape {
+        kind: s
+            .kind
+            .parse()
+            .map_err(|e| BrainError::InvalidArgument(format!("job shape: {e}")))?,
         workers: s.workers,
         min_workers: s.min_workers,
         max_workers: s.max_workers,
@@ -57,12 +60,12 @@ fn shape_from(s: pb::JobShape) -> Shape {
         ps_millicores,
         ps_memory_bytes,
         total_samples: s.total_samples,
-    }
+    })
 }
 
 fn shape_to(s: Shape) -> pb::JobShape {
     pb::JobShape {
-        kind: s.kind,
+        kind: s.kind.to_string(),
         workers: s.workers,
         min_workers: s.min_workers,
         max_workers: s.max_workers,
@@ -116,7 +119,7 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::RegisterJobRequest>,
     ) -> Result<Response<pb::RegisterJobResponse>, Status> {
         let r = request.into_inner();
-        let shape = r.shape.map(shape_from);
+        let shape = r.shape.map(shape_from).transpose()?;
         let (id, plan_version) = self
             .with_store(move |s| {
                 s.register(
@@ -164,7 +167,13 @@ impl pb::brain_server::Brain for BrainService {
                     let name = s.name(job)?;
                     reports
                         .iter()
-                        .filter_map(|m| crate::sink::line(&name, job, m).ok())
+                        .filter_map(|m| match crate::sink::line(&name, job, m) {
+                            Ok(l) => Some(l),
+                            Err(e) => {
+                                tracing::warn!("{e}: not sent to the sink");
+                                None
+                            }
+                        })
                         .collect()
                 } else {
                     Vec::new()

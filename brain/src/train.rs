@@ -74,8 +74,8 @@ pub fn from_store(rows: &[JobRow]) -> Vec<ProfileSample> {
             let shape = r.shape.as_ref()?;
             Some(ProfileSample {
                 at_s: r.registered_unix_ms as f64 / 1000.0,
-                scenario: scenario_of(r).unwrap_or_else(|| shape.kind.clone()),
-                family: shape.kind.clone(),
+                scenario: scenario_of(r).unwrap_or_else(|| shape.kind.to_string()),
+                family: shape.kind.to_string(),
                 requested: Some(Demand([
                     shape.worker_millicores as f64,
                     (shape.worker_memory_bytes >> 20) as f64,

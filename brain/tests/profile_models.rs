@@ -87,7 +87,7 @@ fn history_db(path: &Path, n: usize) {
         // The spec is valid: its workload is the scenario the brain learns by.
         let _: vocab::JobSpec = serde_norway::from_str(&spec).unwrap();
         let shape = Shape {
-            kind: "allreduce".into(),
+            kind: vocab::JobKind::Allreduce,
             workers: 2,
             min_workers: 1,
             max_workers: 4,

@@ -146,12 +146,13 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
     let mut queued: VecDeque<pb::MetricReport> = VecDeque::new();
     let mut dropped = 0u64;
     let mut acked_reached = 0u64;
+    let mut acked_abandoned = 0u64;
     let mut last_brain_version = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(link.report_interval_ms.max(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let (sample, shape_now, desired, reached, in_transition) = {
+        let (sample, shape_now, desired, reached, in_transition, abandoned) = {
             let ctx = shared.job.lock().await;
             (
                 report(&ctx),
@@ -159,6 +160,7 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
                 ctx.plans.desired,
                 ctx.plans.reached,
                 ctx.transition.is_some(),
+                ctx.plans.abandoned.clone(),
             )
         };
         // Speeds measured mid-transition belong to no one worker count.
@@ -263,6 +265,22 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
             .is_ok()
             {
                 acked_reached = reached;
+            }
+        } else if let Some(a) = abandoned.filter(|a| {
+            a.version > acked_abandoned && a.version <= last_brain_version && a.version > reached
+        }) {
+            // An accepted plan given up later: the brain must stop counting it as in flight.
+            let r = c
+                .ack_plan(pb::PlanAck {
+                    job_id: id,
+                    version: a.version,
+                    accepted: false,
+                    reason: a.reason.clone(),
+                    reached_version: reached.min(a.version),
+                })
+                .await;
+            if r.is_ok() {
+                acked_abandoned = a.version;
             }
         } else if reached > acked_reached && last_brain_version > 0 {
             // A plan carried out since the last acknowledgement.

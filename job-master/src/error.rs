@@ -45,6 +45,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("parameter server {addr}: {problem}")]
+    Ps { addr: String, problem: String },
+    #[error("a background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
     #[error("server error: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]

@@ -191,6 +191,16 @@ pub struct PlanBook {
     /// The newest plan fully carried out.
     pub reached: u64,
     pub queued: Option<ScalePlan>,
+    /// The newest plan given up after it was accepted, and why (its consistent cut never
+    /// came); the job went on at its old size.
+    #[serde(default)]
+    pub abandoned: Option<AbandonedPlan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AbandonedPlan {
+    pub version: u64,
+    pub reason: String,
 }
 
 impl PlanBook {

@@ -11,7 +11,7 @@ use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey};
 use crate::ledger::LeaseOutcome;
 use crate::scale::ScalePlan;
 use crate::shared::{Shared, commit_allreduce_checkpoint};
-use crate::spec::{Resources, Role};
+use crate::spec::Role;
 
 pub struct MasterService {
     shared: Arc<Shared>,
@@ -38,13 +38,27 @@ fn process(p: Option<pb::ProcessRef>) -> Result<(SlotKey, u64), Error> {
     ))
 }
 
-fn sample(s: pb::ResourceSample) -> Sample {
-    Sample {
-        cpu_millicores: s.cpu_millicores,
-        rss_bytes: s.rss_bytes,
-        gpu_present: s.gpu_present,
-        gpu_utilization_percent: s.gpu_utilization_percent,
-        gpu_memory_used_bytes: s.gpu_memory_used_bytes,
+impl From<pb::ResourceSample> for Sample {
+    fn from(s: pb::ResourceSample) -> Sample {
+        Sample {
+            cpu_millicores: s.cpu_millicores,
+            rss_bytes: s.rss_bytes,
+            gpu_present: s.gpu_present,
+            gpu_utilization_percent: s.gpu_utilization_percent,
+            gpu_memory_used_bytes: s.gpu_memory_used_bytes,
+        }
+    }
+}
+
+impl From<&Sample> for pb::ResourceSample {
+    fn from(x: &Sample) -> pb::ResourceSample {
+        pb::ResourceSample {
+            cpu_millicores: x.cpu_millicores,
+            rss_bytes: x.rss_bytes,
+            gpu_present: x.gpu_present,
+            gpu_utilization_percent: x.gpu_utilization_percent,
+            gpu_memory_used_bytes: x.gpu_memory_used_bytes,
+        }
     }
 }
 
@@ -71,14 +85,14 @@ impl pb::job_master_server::JobMaster for MasterService {
             job_name: ctx.spec.name.clone(),
             job_kind: ctx.spec.kind.to_string(),
             heartbeat_interval_ms: ctx.timing.heartbeat_interval_ms as u32,
-            grace_period_ms: ctx.timing.grace_period_ms as u32,
+            grace_period_ms: ctx.grace_period_ms() as u32,
             command: ctx.spec.workload.command.clone().unwrap_or_default(),
             env: ctx.spec.workload.env.clone().into_iter().collect(),
             checkpoint_dir: ctx.spec.checkpoint.dir.display().to_string(),
             run_id: ctx.run_id.clone(),
             agent_id,
             incarnation,
-            resources: ctx.launch_resources(key).map(to_pb),
+            resources: ctx.launch_resources(key).as_ref().map(pb::Resources::from),
         }))
     }
 
@@ -96,7 +110,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     key,
                     r.agent_id,
                     incarnation,
-                    r.sample.map(sample),
+                    r.sample.map(Sample::from),
                     r.process_pid,
                     now,
                 )
@@ -134,11 +148,13 @@ impl pb::job_master_server::JobMaster for MasterService {
         &self,
         req: Request<pb::JoinRendezvousRequest>,
     ) -> Result<Response<pb::JoinRendezvousResponse>, Status> {
-        let (key, incarnation) = process(req.into_inner().process)?;
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let addr = (!r.service_addr.is_empty()).then_some(r.service_addr);
         let v = self
             .shared
             .apply(|ctx, now| {
-                let v = ctx.join_rendezvous(key, incarnation, now)?;
+                let v = ctx.join_rendezvous_at(key, incarnation, addr, now)?;
                 Ok((v, ctx.advance(now)))
             })
             .await?;
@@ -325,23 +341,17 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .slots
                 .values()
                 .map(|s| pb::ProcessStatus {
-                    role: match s.key.role {
-                        Role::Ps => pb::Role::Ps,
-                        Role::Worker => pb::Role::Worker,
-                    } as i32,
+                    role: pb::Role::from(s.key.role) as i32,
                     index: s.key.index,
                     incarnation: s.incarnation,
                     state: format!("{:?}", s.phase).to_lowercase(),
                     restarts: s.restart_count as u32,
-                    sample: s.sample.as_ref().map(|x| pb::ResourceSample {
-                        cpu_millicores: x.cpu_millicores,
-                        rss_bytes: x.rss_bytes,
-                        gpu_present: x.gpu_present,
-                        gpu_utilization_percent: x.gpu_utilization_percent,
-                        gpu_memory_used_bytes: x.gpu_memory_used_bytes,
-                    }),
+                    sample: s.sample.as_ref().map(pb::ResourceSample::from),
                     pid: s.process_pid,
-                    resources: ctx.launch_resources(s.key).map(to_pb),
+                    resources: ctx
+                        .launch_resources(s.key)
+                        .as_ref()
+                        .map(pb::Resources::from),
                 })
                 .collect(),
             rendezvous_round: ctx
@@ -364,10 +374,6 @@ impl pb::job_master_server::JobMaster for MasterService {
         let plan = scale_plan(req.into_inner())?;
         Ok(Response::new(self.shared.apply_scale_plan(plan).await?))
     }
-}
-
-fn to_pb(r: Resources) -> pb::Resources {
-    pb::Resources::from(&r)
 }
 
 /// The wire plan as a domain plan; a malformed one is an invalid argument.

@@ -112,8 +112,13 @@ pub struct JobReport {
     pub first_step_after_ms: Option<u64>,
     pub final_eval_loss: Option<f64>,
     pub final_model_digest: Option<String>,
-    /// `ok` when the ledger proves each sample was consumed exactly once per epoch.
+    /// `ok` when the ledger proves each sample was consumed exactly once per epoch; `not
+    /// tracked` when the job's processes read their data without the master.
     pub exactly_once: String,
+    /// Whether the master saw the data at all (shards leased): false for a command that reads
+    /// its own, whose shard counts and samples per epoch then say nothing.
+    #[serde(default = "tracked")]
+    pub data_tracked: bool,
     pub samples_per_epoch: BTreeMap<u32, u64>,
     pub shards_done: u64,
     pub shards_total: u64,
@@ -127,6 +132,10 @@ pub struct JobReport {
     pub transitions: Vec<TransitionRecord>,
     pub reshards: Vec<ReshardRecord>,
     pub events: Vec<String>,
+}
+
+fn tracked() -> bool {
+    true
 }
 
 impl JobReport {

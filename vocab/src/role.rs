@@ -5,13 +5,28 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Which distributed training strategy the job uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// The default, `allreduce`, only serves values built in code with `..Default::default()`: a
+/// job spec always names its kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobKind {
     /// Parameter servers hold the model; workers pull, compute, push asynchronously.
     Ps,
     /// Workers hold replicas of the model and average gradients with a ring all-reduce.
+    #[default]
     Allreduce,
+}
+
+impl std::str::FromStr for JobKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ps" => Ok(JobKind::Ps),
+            "allreduce" => Ok(JobKind::Allreduce),
+            other => Err(format!("kind {other:?}: expected \"ps\" or \"allreduce\"")),
+        }
+    }
 }
 
 impl fmt::Display for JobKind {

@@ -77,15 +77,58 @@ fn role_name(role: pb::Role) -> &'static str {
     }
 }
 
-/// Stops a training process: SIGTERM, up to `grace`, then SIGKILL.
-async fn stop(child: &mut Child, grace: Duration) {
+/// Stops a training process: SIGTERM, up to `grace`, then SIGKILL. Says why when it had to
+/// be killed.
+async fn stop(child: &mut Child, grace: Duration) -> Option<String> {
     if let Some(pid) = child.id() {
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
         if tokio::time::timeout(grace, child.wait()).await.is_ok() {
-            return;
+            return None;
         }
     }
     let _ = child.kill().await;
+    Some(format!(
+        "did not exit within its grace period of {} ms after SIGTERM and was killed: a \
+         checkpoint it meant to save on SIGTERM is missing",
+        grace.as_millis()
+    ))
+}
+
+/// TensorFlow's cluster description. A ps job is TF2's ParameterServerStrategy, which needs a
+/// `chief` (the coordinator that runs the training loop): worker 0 is the chief, the other
+/// workers are `worker` 0.. in index order. An allreduce job is MultiWorkerMirroredStrategy:
+/// the ring members are `worker`s in rank order.
+fn tf_config(
+    role: &str,
+    service_addr: &str,
+    join: &pb::JoinRendezvousResponse,
+) -> Option<serde_json::Value> {
+    match &join.cluster {
+        Some(c) => {
+            let (chief, workers) = match c.worker.split_first() {
+                Some((chief, rest)) => (vec![chief.clone()], rest.to_vec()),
+                None => (Vec::new(), Vec::new()),
+            };
+            let task = if role == "ps" {
+                serde_json::json!({ "type": "ps", "index": join.rank })
+            } else if chief.first().map(String::as_str) == Some(service_addr) {
+                serde_json::json!({ "type": "chief", "index": 0 })
+            } else {
+                let index = workers.iter().position(|w| w == service_addr)?;
+                serde_json::json!({ "type": "worker", "index": index })
+            };
+            let mut cluster = serde_json::json!({ "ps": c.ps, "worker": workers });
+            if !chief.is_empty() {
+                cluster["chief"] = serde_json::json!(chief);
+            }
+            Some(serde_json::json!({ "cluster": cluster, "task": task }))
+        }
+        None if !join.peers.is_empty() => Some(serde_json::json!({
+            "cluster": { "worker": join.peers },
+            "task": { "type": "worker", "index": join.rank },
+        })),
+        None => None,
+    }
 }
 
 /// The environment of the training process.
@@ -111,12 +154,10 @@ fn child_env(
         join.restart_count.to_string(),
     );
     env.insert("TORCHELASTIC_RUN_ID".into(), reg.run_id.clone());
-    if let Some(c) = &join.cluster {
-        let tf = serde_json::json!({
-            "cluster": { "ps": c.ps, "worker": c.worker },
-            "task": { "type": role, "index": args.index },
-        });
+    if let Some(tf) = tf_config(role, service_addr, join) {
         env.insert("TF_CONFIG".into(), tf.to_string());
+    }
+    if let Some(c) = &join.cluster {
         env.insert("BRAIN_PS_ADDRS".into(), c.ps.join(","));
         env.insert("BRAIN_PS_VERSION".into(), c.ps_version.to_string());
     }
@@ -231,7 +272,7 @@ fn exit_of(process: pb::ProcessRef, exit_code: i32, signal: i32, why: String) ->
 /// Returns the exit code the agent process should end with.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<i32, Error> {
     let mut client = connect(&args.master, args.master_timeout).await?;
-    let service_addr = reserve_port()?;
+    let mut service_addr = reserve_port()?;
     let reg = client
         .register_agent(pb::RegisterAgentRequest {
             role: args.role as i32,
@@ -277,6 +318,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             match client
                 .join_rendezvous(pb::JoinRendezvousRequest {
                     process: Some(me(incarnation)),
+                    service_addr: service_addr.clone(),
                 })
                 .await
             {
@@ -373,14 +415,27 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             pb::AgentAction::Restart => {
                                 if let Some((mut c, _)) = child.take() {
                                     tracing::info!(from = incarnation, to = r.incarnation, "restarting the training process");
-                                    stop(&mut c, grace).await;
+                                    if let Some(why) = stop(&mut c, grace).await {
+                                        tracing::warn!(incarnation, "{why}");
+                                        // The master records it against the replaced incarnation.
+                                        let exit = exit_of(me(incarnation), -1, 9, why);
+                                        if !report_exit(&mut client, exit, args.master_timeout, &mut shutdown).await? {
+                                            return Ok(0);
+                                        }
+                                    }
                                 }
                                 incarnation = r.incarnation;
                                 need_join = true;
+                                // A new port for the new group (MASTER_PORT when this is rank 0):
+                                // the old group's sockets may linger.
+                                match reserve_port() {
+                                    Ok(a) => service_addr = a,
+                                    Err(e) => tracing::warn!("keeping {service_addr}: {e}"),
+                                }
                             }
                             pb::AgentAction::Shutdown => {
                                 if let Some((mut c, _)) = child.take() {
-                                    stop(&mut c, grace).await;
+                                    let _ = stop(&mut c, grace).await;
                                 }
                                 tracing::info!("the job master says the job is over");
                                 return Ok(0);

@@ -46,21 +46,23 @@ impl InfluxV1 {
     }
 
     /// Runs an InfluxQL statement; answers the server's JSON.
-    pub async fn query(&self, q: &str) -> Result<serde_json::Value, String> {
+    pub async fn query(&self, q: &str) -> Result<serde_json::Value, BrainError> {
+        let url = &self.config.url;
+        let failed = |e: &dyn std::fmt::Display| BrainError::Sink(format!("{url}: {e}"));
         let r = self
-            .auth(self.http.post(format!("{}/query", self.config.url)))
+            .auth(self.http.post(format!("{url}/query")))
             .query(&[("db", self.config.database.as_str()), ("q", q)])
             .send()
             .await
-            .map_err(|e| format!("{}: {e}", self.config.url))?;
+            .map_err(|e| failed(&e))?;
         let status = r.status();
-        let text = r.text().await.map_err(|e| e.to_string())?;
+        let text = r.text().await.map_err(|e| failed(&e))?;
         if !status.is_success() {
-            return Err(format!("query answered {status}: {text}"));
+            return Err(failed(&format!("query answered {status}: {text}")));
         }
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| failed(&e))?;
         if let Some(e) = v["results"][0]["error"].as_str() {
-            return Err(format!("query failed: {e}"));
+            return Err(failed(&format!("query failed: {e}")));
         }
         Ok(v)
     }
@@ -68,7 +70,7 @@ impl InfluxV1 {
 
 #[async_trait::async_trait]
 impl Writer for InfluxV1 {
-    async fn prepare(&self) -> Result<(), String> {
+    async fn prepare(&self) -> Result<(), BrainError> {
         self.query(&format!(
             "CREATE DATABASE \"{}\"",
             self.config.database.replace('"', "\\\"")
@@ -77,22 +79,23 @@ impl Writer for InfluxV1 {
         .map(|_| ())
     }
 
-    async fn write(&self, lines: String) -> Result<(), String> {
+    async fn write(&self, lines: String) -> Result<(), BrainError> {
+        let url = &self.config.url;
         let r = self
             .auth(self.http.post(format!("{}/write", self.config.url)))
             .query(&[("db", self.config.database.as_str()), ("precision", "ms")])
             .body(lines)
             .send()
             .await
-            .map_err(|e| format!("{}: {e}", self.config.url))?;
+            .map_err(|e| BrainError::Sink(format!("{url}: {e}")))?;
         let status = r.status();
         if status.is_success() {
             Ok(())
         } else {
-            Err(format!(
-                "write answered {status}: {}",
+            Err(BrainError::Sink(format!(
+                "{url}: write answered {status}: {}",
                 r.text().await.unwrap_or_default()
-            ))
+            )))
         }
     }
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Writer;
+use crate::BrainError;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,12 +29,12 @@ impl InfluxV2 {
 
 #[async_trait::async_trait]
 impl Writer for InfluxV2 {
-    async fn prepare(&self) -> Result<(), String> {
+    async fn prepare(&self) -> Result<(), BrainError> {
         // Buckets are made by the operator (they carry retention and ownership).
         Ok(())
     }
 
-    async fn write(&self, lines: String) -> Result<(), String> {
+    async fn write(&self, lines: String) -> Result<(), BrainError> {
         self.client
             .write_line_protocol_with_precision(
                 &self.config.org,
@@ -42,6 +43,6 @@ impl Writer for InfluxV2 {
                 influxdb2::api::write::TimestampPrecision::Milliseconds,
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| BrainError::Sink(format!("{}: {e}", self.config.url)))
     }
 }

@@ -48,8 +48,8 @@ pub enum SinkConfig {
 #[async_trait::async_trait]
 pub trait Writer: Send + Sync {
     /// Makes sure the destination exists (called once, again after failures).
-    async fn prepare(&self) -> Result<(), String>;
-    async fn write(&self, lines: String) -> Result<(), String>;
+    async fn prepare(&self) -> Result<(), BrainError>;
+    async fn write(&self, lines: String) -> Result<(), BrainError>;
 }
 
 impl SinkConfig {
@@ -75,7 +75,8 @@ impl SinkConfig {
 }
 
 /// One report as line protocol.
-pub fn line(job: &str, id: JobId, m: &Metric) -> Result<String, String> {
+pub fn line(job: &str, id: JobId, m: &Metric) -> Result<String, BrainError> {
+    let bad = |e: &dyn std::fmt::Display| BrainError::Sink(format!("job {id}: a point: {e}"));
     let point = DataPoint::builder(MEASUREMENT)
         .tag("job", job)
         .tag("job_id", id.0.to_string())
@@ -89,12 +90,10 @@ pub fn line(job: &str, id: JobId, m: &Metric) -> Result<String, String> {
         .field("samples_done", m.samples_done as i64)
         .timestamp(m.at_unix_ms)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| bad(&e))?;
     let mut out = Vec::new();
-    point
-        .write_data_point_to(&mut out)
-        .map_err(|e| e.to_string())?;
-    String::from_utf8(out).map_err(|e| e.to_string())
+    point.write_data_point_to(&mut out).map_err(|e| bad(&e))?;
+    String::from_utf8(out).map_err(|e| bad(&e))
 }
 
 /// The queue in front of the writer task.

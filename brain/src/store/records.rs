@@ -104,8 +104,7 @@ impl JobState {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Shape {
-    /// `ps` or `allreduce`.
-    pub kind: String,
+    pub kind: vocab::JobKind,
     pub workers: u32,
     pub min_workers: u32,
     pub max_workers: u32,
@@ -123,16 +122,17 @@ pub struct Shape {
 impl Shape {
     /// Rejects shapes no job can have, naming the field and its value.
     pub fn validate(&self) -> Result<(), String> {
-        match self.kind.as_str() {
-            "ps" if self.ps == 0 => return Err("a ps job with 0 parameter servers".into()),
-            "allreduce" if self.ps > 0 => {
+        match self.kind {
+            vocab::JobKind::Ps if self.ps == 0 => {
+                return Err("a ps job with 0 parameter servers".into());
+            }
+            vocab::JobKind::Allreduce if self.ps > 0 => {
                 return Err(format!(
                     "an allreduce job with {} parameter servers",
                     self.ps
                 ));
             }
-            "ps" | "allreduce" => {}
-            other => return Err(format!("kind {other:?}: expected \"ps\" or \"allreduce\"")),
+            vocab::JobKind::Ps | vocab::JobKind::Allreduce => {}
         }
         if self.min_workers == 0 || self.min_workers > self.max_workers {
             return Err(format!(

@@ -89,7 +89,11 @@ impl JobContext {
         now_ms: u64,
     ) -> Result<Vec<Effect>, Error> {
         if self.current(key, incarnation).is_err() || self.phase.is_terminal() {
-            // An older incarnation, already replaced: its exit is expected.
+            // An older incarnation, already replaced: its exit is expected, but not that it
+            // had to be killed.
+            if let Some(why) = agent_reason {
+                self.log(now_ms, format!("{key} incarnation {incarnation} {why}"));
+            }
             return Ok(Vec::new());
         }
         let phase = self.slots[&key].phase;
@@ -211,12 +215,21 @@ impl JobContext {
         if self.transition.is_some() {
             effects = self.collapse_transition(now_ms);
         }
+        // TORCHELASTIC_RESTART_COUNT counts restarts of the whole group: every member, new
+        // ones too, gets the same number.
+        let restarts = 1 + self
+            .slots
+            .values()
+            .filter(|s| s.phase != SlotPhase::Removed)
+            .map(|s| s.restart_count)
+            .max()
+            .unwrap_or(0);
         for slot in self.slots.values_mut() {
             if slot.phase == SlotPhase::Removed {
                 continue;
             }
             slot.incarnation += 1;
-            slot.restart_count += 1;
+            slot.restart_count = restarts;
             if slot.phase != SlotPhase::Launching {
                 slot.phase = SlotPhase::Restarting;
             }
@@ -232,10 +245,14 @@ impl JobContext {
             .latest_checkpoint()
             .map(|c| c.ledger.clone())
             .unwrap_or_default();
-        let from = self
-            .latest_checkpoint()
-            .map(|c| format!("checkpoint {}", c.id))
-            .unwrap_or_else(|| "the start".into());
+        let from = match self.latest_checkpoint() {
+            Some(c) => format!("checkpoint {}", c.id),
+            // The master keeps no checkpoint of a command: it resumes from its own.
+            None if self.restarts_to_rescale() => {
+                "its own latest checkpoint in BRAIN_CHECKPOINT_DIR".into()
+            }
+            None => "the start".into(),
+        };
         self.ledger.restore(&snap);
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;

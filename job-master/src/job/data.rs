@@ -10,6 +10,31 @@ impl JobContext {
         incarnation: u64,
         now_ms: u64,
     ) -> Result<JoinView, Error> {
+        self.join_rendezvous_at(key, incarnation, None, now_ms)
+    }
+
+    /// [`Self::join_rendezvous`] from a process that will serve on `service_addr` (a new port
+    /// after each restart) rather than the address its agent registered.
+    pub fn join_rendezvous_at(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        service_addr: Option<String>,
+        now_ms: u64,
+    ) -> Result<JoinView, Error> {
+        self.current(key, incarnation)?;
+        if let Some(addr) = service_addr {
+            let s = self.slots.get_mut(&key).expect("checked");
+            if s.service_addr.as_deref() != Some(addr.as_str()) {
+                s.service_addr = Some(addr.clone());
+                if key.role == Role::Ps
+                    && !s.fresh
+                    && let Some(c) = self.group.cluster_mut()
+                {
+                    c.set_ps(key.index, addr);
+                }
+            }
+        }
         let slot = self.current(key, incarnation)?.clone();
         let addr = slot.service_addr.clone().unwrap_or_default();
         let resume_from = if slot.fresh {
@@ -69,6 +94,21 @@ impl JobContext {
                 }
             }
             JobKind::Ps => {
+                // A command's TF cluster spec must name every task: nobody starts before all
+                // have joined.
+                let barrier = self.restarts_to_rescale().then(|| {
+                    self.slots.get_mut(&key).expect("checked").joined = incarnation;
+                    let live = self.slots.values().filter(|s| s.phase.is_live());
+                    let (joined, all) = live.fold((0, 0), |(j, n), s| {
+                        (j + u32::from(s.joined == s.incarnation), n + 1)
+                    });
+                    (joined, all)
+                });
+                let live_workers = self
+                    .slots
+                    .values()
+                    .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
+                    .count() as u32;
                 let ps_to = self
                     .transition
                     .as_ref()
@@ -80,7 +120,21 @@ impl JobContext {
                 if key.role == Role::Worker {
                     cluster.set_worker(key.index, addr);
                 }
-                if key.role == Role::Ps {
+                if let Some((joined, all)) = barrier {
+                    if joined == all && cluster.ps.len() as u32 >= cluster.expected_ps {
+                        view.ready = true;
+                        view.round = cluster.version;
+                        view.rank = key.index;
+                        view.world_size = match key.role {
+                            Role::Ps => cluster.expected_ps,
+                            Role::Worker => live_workers,
+                        };
+                    } else {
+                        view.waiting_reason = format!(
+                            "waiting for every task of the cluster to join ({joined} of {all} have)"
+                        );
+                    }
+                } else if key.role == Role::Ps {
                     // A PS needs nothing from the others to start. One added by a reshard serves
                     // the new layout and starts empty.
                     view.ready = true;
@@ -134,6 +188,7 @@ impl JobContext {
         now_ms: u64,
     ) -> Result<(LeaseView, Vec<Effect>), Error> {
         self.current(key, incarnation)?;
+        self.leased_any = true;
         let holder = Self::holder(key, incarnation);
         let mut effects = Vec::new();
         let layout = self.group.cluster().map_or(0, |c| c.ps_version);
@@ -387,11 +442,24 @@ impl JobContext {
         if self.phase != JobPhase::Running {
             return Vec::new();
         }
-        let workers_done = self
-            .slots
-            .values()
-            .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
-            .all(|s| s.phase == SlotPhase::Succeeded);
+        let chief = SlotKey {
+            role: Role::Worker,
+            index: 0,
+        };
+        // A ps command runs TF's ParameterServerStrategy: worker 0 is the chief and the only
+        // task that ends on its own (TFJob's success policy); the other servers are stopped.
+        let chief_done = self.spec.kind == JobKind::Ps
+            && self.restarts_to_rescale()
+            && self
+                .slots
+                .get(&chief)
+                .is_some_and(|s| s.phase == SlotPhase::Succeeded);
+        let workers_done = chief_done
+            || self
+                .slots
+                .values()
+                .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
+                .all(|s| s.phase == SlotPhase::Succeeded);
         let data_done =
             !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
         if workers_done && data_done {
@@ -448,19 +516,21 @@ impl JobContext {
             return (Vec::new(), false);
         }
         let closed = self.rendezvous_now().is_some_and(|r| r.try_close(now_ms));
-        let (heartbeat, register) = (
+        let (heartbeat, register, grace) = (
             self.timing.heartbeat_timeout_ms,
             self.timing.register_timeout_ms,
+            self.grace_period_ms(),
         );
         let late: Vec<(SlotKey, u64, u64)> = self
             .slots
             .values()
             .filter(|s| s.phase != SlotPhase::Removed)
             .filter(|s| {
-                let limit = if s.phase == SlotPhase::Launching {
-                    register
-                } else {
-                    heartbeat
+                let limit = match s.phase {
+                    SlotPhase::Launching => register,
+                    // The agent may be waiting out its process's grace period.
+                    SlotPhase::Restarting => heartbeat + grace,
+                    _ => heartbeat,
                 };
                 now_ms.saturating_sub(s.last_heartbeat_ms) > limit
             })

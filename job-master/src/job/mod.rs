@@ -43,6 +43,8 @@ pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
 mod agents;
+#[cfg(test)]
+mod command_tests;
 mod data;
 #[cfg(test)]
 mod properties;
@@ -87,7 +89,8 @@ pub struct Sample {
 pub struct Slot {
     pub key: SlotKey,
     pub incarnation: u64,
-    /// Restarts of the training process this slot has seen (TORCHELASTIC_RESTART_COUNT).
+    /// Restarts of the training process this slot has seen: group restarts (shared by every
+    /// member) and its own relaunches (TORCHELASTIC_RESTART_COUNT).
     pub restart_count: u64,
     pub phase: SlotPhase,
     pub agent_id: u64,
@@ -110,6 +113,10 @@ pub struct Slot {
     /// A migration waiting for the cut: relaunch with these resources.
     #[serde(default)]
     pub migrate_to: Option<Resources>,
+    /// The incarnation that last asked to join the rendezvous (a command's TF cluster starts
+    /// when every member's current incarnation has).
+    #[serde(default)]
+    pub joined: u64,
 }
 
 impl Slot {
@@ -129,6 +136,7 @@ impl Slot {
             ps_version: 0,
             fresh: false,
             migrate_to: None,
+            joined: 0,
         }
     }
 }
@@ -233,6 +241,9 @@ pub struct Transition {
     pub round_after: u64,
     /// A reshard effect is out and has not come back.
     pub resharding: bool,
+    /// The role resources in force before the plan, put back if it is abandoned.
+    #[serde(default)]
+    pub prior_resources: BTreeMap<Role, Resources>,
 }
 
 /// Timing knobs the master runs with (from its config, not the user's spec).
@@ -245,10 +256,18 @@ pub struct Timing {
     /// A launched agent that has not registered after this long is declared lost.
     #[serde(default = "default_register_timeout")]
     pub register_timeout_ms: u64,
+    /// A plan whose consistent cut has not been reached after this long is abandoned: the
+    /// job goes on at its old size.
+    #[serde(default = "default_cut_timeout")]
+    pub cut_timeout_ms: u64,
 }
 
 fn default_register_timeout() -> u64 {
     30_000
+}
+
+fn default_cut_timeout() -> u64 {
+    120_000
 }
 
 impl Default for Timing {
@@ -259,6 +278,7 @@ impl Default for Timing {
             last_call_ms: 2_000,
             grace_period_ms: 5_000,
             register_timeout_ms: default_register_timeout(),
+            cut_timeout_ms: default_cut_timeout(),
         }
     }
 }
@@ -342,6 +362,10 @@ pub struct JobContext {
     /// Resources plans set for a role's future launches.
     #[serde(default)]
     pub role_resources: BTreeMap<Role, Resources>,
+    /// A process leased a shard: the ledger's verdict on the data means something. A command
+    /// that reads its own data never does.
+    #[serde(default)]
+    pub leased_any: bool,
 }
 
 /// How a job's processes form a group: an allreduce job's workers meet in rendezvous rounds; a
@@ -450,6 +474,7 @@ impl JobContext {
             transitions: Vec::new(),
             reshards: Vec::new(),
             role_resources: BTreeMap::new(),
+            leased_any: false,
         };
         ctx.log(
             now_ms,
@@ -510,6 +535,27 @@ impl JobContext {
 
     fn is_builtin(&self) -> bool {
         self.spec.workload.builtin.is_some()
+    }
+
+    /// A user command that does not speak the master's protocol: it neither leases shards nor
+    /// re-forms its group in place, so a plan restarts the whole group at the new size (as
+    /// TorchElastic does) and the data it reads is not tracked.
+    pub fn restarts_to_rescale(&self) -> bool {
+        !self.is_builtin()
+    }
+
+    /// Whether the master saw the job's data (the built-in workload, or a command leasing its
+    /// shards through the SDK), so that the exactly-once verdict is about something.
+    pub fn data_tracked(&self) -> bool {
+        self.is_builtin() || self.leased_any
+    }
+
+    /// Time a training process gets between SIGTERM and SIGKILL: the spec's, else the master's.
+    pub fn grace_period_ms(&self) -> u64 {
+        self.spec
+            .workload
+            .grace_period_ms
+            .map_or(self.timing.grace_period_ms, |g| g.max(0) as u64)
     }
 
     fn slot(&self, key: SlotKey) -> Result<&Slot, Error> {

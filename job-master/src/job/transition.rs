@@ -18,7 +18,11 @@ impl JobContext {
     /// What the transition in progress is doing, for the status output; empty when idle.
     pub fn transition_status(&self, now_ms: u64) -> String {
         match &self.transition {
-            None => String::new(),
+            None => match &self.plans.abandoned {
+                // Said until a newer plan is reached.
+                Some(a) if a.version > self.plans.reached => a.reason.clone(),
+                _ => String::new(),
+            },
             Some(t) => format!(
                 "plan {}: {} for {} ms ({} ms in all){}",
                 t.plan.version,
@@ -135,6 +139,7 @@ impl JobContext {
 
     pub(super) fn start_transition(&mut self, plan: ScalePlan, now_ms: u64) -> Vec<Effect> {
         let from = self.role_counts();
+        let prior_resources = self.role_resources.clone();
         let mut to = from.clone();
         for (&role, t) in &plan.roles {
             to.insert(role, t.count);
@@ -162,9 +167,10 @@ impl JobContext {
                 }
             }
         }
+        let restart = self.restarts_to_rescale() && (from != to || !plan.migrations.is_empty());
         let mut state_moves = false;
         for m in &plan.migrations {
-            let stateless = self.spec.kind == JobKind::Ps && m.key.role == Role::Worker;
+            let stateless = self.spec.kind == JobKind::Ps && m.key.role == Role::Worker && !restart;
             self.slots.get_mut(&m.key).expect("validated").migrate_to = Some(m.resources.clone());
             self.log(
                 now_ms,
@@ -191,6 +197,34 @@ impl JobContext {
             JobKind::Ps => ps_change || state_moves,
         };
         let rdzv_changes = self.spec.kind == JobKind::Allreduce && (from != to || state_moves);
+        if restart {
+            // A command that does not re-form in place: TorchElastic's way. Every process gets
+            // SIGTERM (its grace period to checkpoint and exit), then the group starts again at
+            // the target size with a new rank layout, port and restart count.
+            let version = plan.version;
+            self.log(
+                now_ms,
+                format!(
+                    "plan {version} accepted: {} -> {}; the command's processes restart at the new size",
+                    Self::describe(&from),
+                    Self::describe(&to),
+                ),
+            );
+            self.transition = Some(Transition {
+                plan,
+                started_ms: now_ms,
+                step: Step::Settle,
+                step_started_ms: now_ms,
+                from,
+                to,
+                round_after: 0,
+                resharding: false,
+                prior_resources,
+            });
+            effects.extend(self.group_restart(now_ms, &format!("plan {version}")));
+            effects.extend(self.advance(now_ms));
+            return effects;
+        }
         self.log(
             now_ms,
             format!(
@@ -214,6 +248,7 @@ impl JobContext {
             to,
             round_after: 0,
             resharding: false,
+            prior_resources,
         });
         if needs_cut {
             self.checkpoint_pending = true;
@@ -318,7 +353,26 @@ impl JobContext {
                 return effects;
             };
             match t.step {
-                Step::Cut => return effects,
+                Step::Cut => {
+                    let waited = now_ms.saturating_sub(t.step_started_ms);
+                    if waited <= self.timing.cut_timeout_ms {
+                        return effects;
+                    }
+                    let why = format!(
+                        "its consistent cut was not reached in {waited} ms (every shard lease \
+                         returned and a checkpoint at the step boundary)"
+                    );
+                    if t.round_after == 0 && !t.resharding {
+                        // Nothing has moved yet: give the plan up, keep the old size.
+                        effects.extend(self.abandon_transition(why, now_ms));
+                    } else {
+                        // A second cut after the group already re-formed: restart it from the
+                        // latest checkpoint, straight in the plan's layout.
+                        let version = t.plan.version;
+                        effects
+                            .extend(self.group_restart(now_ms, &format!("plan {version}: {why}")));
+                    }
+                }
                 Step::Reshard => {
                     if t.resharding {
                         return effects;
@@ -389,16 +443,20 @@ impl JobContext {
                         t.round_after,
                         now_ms.saturating_sub(t.step_started_ms),
                     );
+                    let restarts = self.restarts_to_rescale();
                     if let Some(r) = self.rendezvous_now() {
                         if let Some((closed, late)) = r.late_joiners() {
                             // Workers of this plan joined after the round closed without them
-                            // (their platform was slow): drain and re-form once more with them.
-                            self.log(
-                                now_ms,
-                                format!(
-                                    "plan {version}: worker(s) {late:?} joined after round {closed} closed without them; re-forming"
-                                ),
+                            // (their platform was slow): re-form once more with them, after a
+                            // cut, or (a command) by restarting the group again.
+                            let why = format!(
+                                "plan {version}: worker(s) {late:?} joined after round {closed} closed without them"
                             );
+                            if restarts {
+                                effects.extend(self.group_restart(now_ms, &why));
+                                continue;
+                            }
+                            self.log(now_ms, format!("{why}; re-forming"));
                             self.checkpoint_pending = true;
                             self.set_step(Step::Cut, now_ms);
                             return effects;
@@ -464,5 +522,42 @@ impl JobContext {
             Some(next) => self.start_transition(next, now_ms),
             None => Vec::new(),
         }
+    }
+
+    /// Gives up the plan in progress before anything moved: the processes it launched leave,
+    /// the ones it would have removed stay, resources are as before. The next queued plan (if
+    /// any) starts.
+    pub(super) fn abandon_transition(&mut self, why: String, now_ms: u64) -> Vec<Effect> {
+        let Some(t) = self.transition.take() else {
+            return Vec::new();
+        };
+        let mut effects = Vec::new();
+        let added: Vec<SlotKey> = self.keys_where(|s| {
+            s.phase.is_live() && s.key.index >= t.from.get(&s.key.role).copied().unwrap_or(0)
+        });
+        for key in added {
+            effects.extend(self.remove_slot(key, now_ms));
+        }
+        for s in self.slots.values_mut() {
+            s.migrate_to = None;
+            if s.phase == SlotPhase::Removing {
+                s.phase = SlotPhase::Running;
+            }
+        }
+        self.role_resources = t.prior_resources;
+        self.checkpoint_pending = false;
+        let reason = format!("plan {} abandoned: {why}", t.plan.version);
+        self.log(
+            now_ms,
+            format!("{reason}; the job goes on with {}", Self::describe(&t.from)),
+        );
+        self.plans.abandoned = Some(crate::scale::AbandonedPlan {
+            version: t.plan.version,
+            reason,
+        });
+        if let Some(next) = self.plans.queued.take() {
+            effects.extend(self.start_transition(next, now_ms));
+        }
+        effects
     }
 }

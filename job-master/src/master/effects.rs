@@ -30,7 +30,8 @@ pub(super) async fn execute(
         }
         Effect::StopAgent { key, graceful } => {
             let grace = if graceful {
-                Duration::from_secs(2)
+                // The agent's own SIGTERM-then-SIGKILL of its process, and a little more.
+                Duration::from_millis(shared.job.lock().await.grace_period_ms() + 2_000)
             } else {
                 Duration::ZERO
             };
@@ -63,7 +64,7 @@ pub(super) async fn execute(
                     Err(problem) => {
                         shared
                             .apply_logged("checkpoint failure", |ctx, now| {
-                                ctx.checkpoint_failed(generation, problem, now);
+                                ctx.checkpoint_failed(generation, problem.to_string(), now);
                                 Ok(((), vec![], true))
                             })
                             .await;
@@ -93,7 +94,11 @@ pub(super) async fn execute(
                     Err(problem) => {
                         shared
                             .apply_logged("reshard failure", |ctx, now| {
-                                Ok(((), ctx.reshard_failed(generation, problem, now), true))
+                                Ok((
+                                    (),
+                                    ctx.reshard_failed(generation, problem.to_string(), now),
+                                    true,
+                                ))
                             })
                             .await;
                     }
@@ -108,7 +113,7 @@ pub(super) async fn execute(
                         .await
                         .map(|r| r.into_inner().dropped)
                         .map_err(|e| e.message().to_string()),
-                    Err(e) => Err(e),
+                    Err(e) => Err(e.to_string()),
                 };
                 match r {
                     Ok(n) => tracing::info!(%addr, dropped = n, "ps dropped the keys it lent"),

@@ -251,14 +251,13 @@ pub async fn run(
     }
 
     // Agents learn the job is over from their next heartbeat and exit; stop the stragglers.
-    let deadline = Instant::now()
-        + Duration::from_millis(timing.grace_period_ms + 3 * timing.heartbeat_interval_ms);
+    let grace_ms = shared.job.lock().await.grace_period_ms();
+    let deadline =
+        Instant::now() + Duration::from_millis(grace_ms + 3 * timing.heartbeat_interval_ms);
     while platform.running().await > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    platform
-        .stop_all(Duration::from_millis(timing.grace_period_ms))
-        .await;
+    platform.stop_all(Duration::from_millis(grace_ms)).await;
     monitor.abort();
     exec.abort();
     if let Some(link) = link {

@@ -3,12 +3,19 @@
 
 use super::*;
 
-pub(super) async fn ps_client(
-    addr: &str,
-) -> Result<pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>, String> {
-    pb::parameter_server_client::ParameterServerClient::connect(format!("http://{addr}"))
+type PsClient = pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>;
+
+fn ps_error(addr: &str, problem: impl std::fmt::Display) -> Error {
+    Error::Ps {
+        addr: addr.to_string(),
+        problem: problem.to_string(),
+    }
+}
+
+pub(super) async fn ps_client(addr: &str) -> Result<PsClient, Error> {
+    PsClient::connect(format!("http://{addr}"))
         .await
-        .map_err(|e| format!("cannot reach ps at {addr}: {e}"))
+        .map_err(|e| ps_error(addr, format!("cannot reach it: {e}")))
 }
 
 pub(super) async fn save_ps(
@@ -17,8 +24,11 @@ pub(super) async fn save_ps(
     ps: &[String],
     step: u64,
     kind: String,
-) -> Result<PathBuf, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+) -> Result<PathBuf, Error> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let mut parts = Vec::new();
     for (index, addr) in ps.iter().enumerate() {
         let resp = ps_client(addr)
@@ -28,7 +38,7 @@ pub(super) async fn save_ps(
                 checkpoint_id: id,
             })
             .await
-            .map_err(|e| format!("ps {index} at {addr} could not save: {}", e.message()))?
+            .map_err(|e| ps_error(addr, format!("ps {index} could not save: {}", e.message())))?
             .into_inner();
         parts.push(Part {
             index: index as u32,
@@ -45,13 +55,19 @@ pub(super) async fn save_ps(
         model: None,
     };
     let path = dir.join(MANIFEST_FILE);
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
-    write_atomic(&path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Checkpoint {
+        path: path.clone(),
+        problem: e.to_string(),
+    })?;
+    write_atomic(&path, &json).map_err(|source| Error::Io {
+        path: path.clone(),
+        source,
+    })?;
     Ok(path)
 }
 
 /// Sum of the PS' order-independent parameter digests (of the keys each owns) and their keys.
-pub(super) async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), String> {
+pub(super) async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), Error> {
     let mut digest = 0u64;
     let mut keys = 0;
     for addr in addrs {
@@ -59,7 +75,7 @@ pub(super) async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), String> {
             .await?
             .stats(pb::StatsRequest {})
             .await
-            .map_err(|e| format!("ps at {addr}: {}", e.message()))?
+            .map_err(|e| ps_error(addr, e.message()))?
             .into_inner();
         digest = digest.wrapping_add(s.param_digest);
         keys += s.keys;
@@ -74,7 +90,7 @@ pub async fn reshard_ps(
     version: u64,
     from: &[String],
     to: &[String],
-) -> Result<ReshardRecord, String> {
+) -> Result<ReshardRecord, Error> {
     let started = Instant::now();
     let (digest_before, total_keys) = ps_digest(from).await?;
     let mut moved_keys = 0;
@@ -96,12 +112,12 @@ pub async fn reshard_ps(
                 })
                 .await
                 .map(|r| r.into_inner())
-                .map_err(|e| format!("ps {i} at {addr} could not reshard: {}", e.message()))
+                .map_err(|e| ps_error(&addr, format!("ps {i} could not reshard: {}", e.message())))
             })
         })
         .collect();
     for call in calls {
-        let r = call.await.map_err(|e| format!("reshard task: {e}"))??;
+        let r = call.await??;
         moved_keys += r.moved_keys;
         moved_bytes += r.moved_bytes;
     }
@@ -119,12 +135,12 @@ pub async fn reshard_ps(
     })
 }
 
-pub(super) async fn ps_stats(addr: &str) -> Result<PsStats, String> {
+pub(super) async fn ps_stats(addr: &str) -> Result<PsStats, Error> {
     let s = ps_client(addr)
         .await?
         .stats(pb::StatsRequest {})
         .await
-        .map_err(|e| e.message().to_string())?
+        .map_err(|e| ps_error(addr, e.message()))?
         .into_inner();
     Ok(PsStats {
         index: 0,

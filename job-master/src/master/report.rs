@@ -23,10 +23,15 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
         first_step_after_ms: ctx.first_step_at_ms.map(|t| t - ctx.started_at_ms),
         final_eval_loss: ctx.final_eval_loss,
         final_model_digest: ctx.final_model_digest.clone(),
-        exactly_once: match ctx.ledger.verify_exactly_once(ctx.ledger.is_complete()) {
-            Ok(()) => "ok".into(),
-            Err(e) => e.to_string(),
+        exactly_once: if !ctx.data_tracked() {
+            "not tracked".into()
+        } else {
+            match ctx.ledger.verify_exactly_once(ctx.ledger.is_complete()) {
+                Ok(()) => "ok".into(),
+                Err(e) => e.to_string(),
+            }
         },
+        data_tracked: ctx.data_tracked(),
         samples_per_epoch: ctx.ledger.samples_per_epoch(),
         shards_done: ctx.ledger.done_shards(),
         shards_total: ctx.ledger.total_shards(),

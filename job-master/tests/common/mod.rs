@@ -131,6 +131,7 @@ pub fn test_timing() -> Timing {
         last_call_ms: 1_000,
         grace_period_ms: 2_000,
         register_timeout_ms: 30_000,
+        cut_timeout_ms: 120_000,
     }
 }
 

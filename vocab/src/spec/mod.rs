@@ -147,7 +147,16 @@ pub struct WorkloadSpec {
     /// Extra environment for the training processes.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Time a training process gets between SIGTERM and SIGKILL when it must stop (a scale
+    /// plan, a restart, the job's end), milliseconds [default: the job master's
+    /// `--grace-period-ms`]. The contract for a command: on SIGTERM, save a checkpoint to
+    /// `BRAIN_CHECKPOINT_DIR` and exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_ms: Option<i64>,
 }
+
+/// The longest grace period a spec may ask for: ten minutes.
+pub const MAX_GRACE_PERIOD_MS: i64 = 600_000;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -296,6 +305,14 @@ impl JobSpec {
     }
 
     fn validate_workload(&self) -> Result<(), SpecError> {
+        if let Some(g) = self.workload.grace_period_ms
+            && !(0..=MAX_GRACE_PERIOD_MS).contains(&g)
+        {
+            return Err(SpecError::new(
+                "workload.grace_period_ms",
+                format!("{g} is outside 0 to {MAX_GRACE_PERIOD_MS} (ten minutes)"),
+            ));
+        }
         match (&self.workload.builtin, &self.workload.command) {
             (None, None) => Err(SpecError::new(
                 "workload",
@@ -525,6 +542,24 @@ checkpoint: { dir: /tmp/brain-spec-test }
             err(&GOOD.replace("memory: 1Gi }", "memory: 1Gi, custom: { slot: 0 } }"))
                 .contains("roles.worker.resources.custom.slot: 0 must be more than zero")
         );
+    }
+
+    #[test]
+    fn a_grace_period_is_bounded() {
+        let with = |g: &str| {
+            GOOD.replace(
+                "batch_size: 128 }",
+                &format!("batch_size: 128 }}\n  grace_period_ms: {g}"),
+            )
+        };
+        let spec = JobSpec::from_yaml(&with("30000")).unwrap();
+        spec.validate().unwrap();
+        assert_eq!(spec.workload.grace_period_ms, Some(30_000));
+        assert_eq!(
+            err(&with("-1")),
+            "workload.grace_period_ms: -1 is outside 0 to 600000 (ten minutes)"
+        );
+        assert!(err(&with("600001")).contains("outside 0 to 600000"));
     }
 
     #[test]

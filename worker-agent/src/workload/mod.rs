@@ -177,6 +177,7 @@ impl MasterLink {
             let r = self
                 .client
                 .join_rendezvous(pb::JoinRendezvousRequest {
+                    service_addr: String::new(),
                     process: Some(self.me),
                 })
                 .await

@@ -44,6 +44,11 @@ pub struct RunArgs {
     /// A launched agent that has not registered after this long is relaunched, milliseconds.
     #[arg(long, default_value_t = 30_000)]
     register_timeout_ms: u64,
+    /// A scale plan whose consistent cut (every shard lease drained, a checkpoint at the step
+    /// boundary) is not reached after this long is abandoned with its reason, and the job
+    /// goes on at its old size, milliseconds.
+    #[arg(long, default_value_t = 120_000)]
+    cut_timeout_ms: u64,
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 2)]
     progress_secs: u64,
@@ -159,6 +164,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         last_call_ms,
         grace_period_ms,
         register_timeout_ms,
+        cut_timeout_ms,
         progress_secs,
         max_processes,
         platform,
@@ -188,6 +194,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             last_call_ms,
             grace_period_ms,
             register_timeout_ms,
+            cut_timeout_ms,
         },
         platform,
         brain: brain.map(|url| {
@@ -233,10 +240,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     if let Some(l) = report.final_eval_loss {
         println!("held-out log-loss: {l:.5}");
     }
-    println!(
-        "shards: {}/{}; exactly-once per epoch: {}; samples per epoch: {:?}",
-        report.shards_done, report.shards_total, report.exactly_once, report.samples_per_epoch
-    );
+    if report.data_tracked {
+        println!(
+            "shards: {}/{}; exactly-once per epoch: {}; samples per epoch: {:?}",
+            report.shards_done, report.shards_total, report.exactly_once, report.samples_per_epoch
+        );
+    } else {
+        println!(
+            "data: not tracked (the command read its own data without leasing shards, so \
+             the job master cannot say whether every sample was read once per epoch)"
+        );
+    }
     println!(
         "relaunches: {:?}; checkpoints: {}",
         report.restarts, report.checkpoints

@@ -256,12 +256,17 @@ impl Inner {
         req: &SubmitRequest,
         need: &RayResources,
         cancel: &mut watch::Receiver<bool>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
+        let refused = |problem: String| Error::Launch {
+            platform: "ray",
+            what: format!("agent {}", req.submission_id),
+            problem,
+        };
         let deadline = Instant::now() + self.settings.place_timeout;
         let mut last: String;
         loop {
             if *cancel.borrow() {
-                return Err("stopped before Ray placed it".into());
+                return Err(refused("stopped before Ray placed it".into()));
             }
             {
                 let _one_at_a_time = self.placing.lock().await;
@@ -285,7 +290,7 @@ impl Inner {
                                 Err(RayError::Duplicate(id)) => self.adopt(&id).await,
                                 Err(e) => {
                                     self.forget(&req.submission_id);
-                                    Err(e.to_string())
+                                    Err(e.into())
                                 }
                             };
                         }
@@ -301,11 +306,11 @@ impl Inner {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(format!(
+                return Err(refused(format!(
                     "Ray could not place {} within {} s: {last}",
                     describe(need),
                     self.settings.place_timeout.as_secs()
-                ));
+                )));
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll) => {}
@@ -316,7 +321,12 @@ impl Inner {
 
     /// A duplicate submission id: ours if Ray still runs it (a retried submission whose first
     /// answer was lost), a failure if it already ended.
-    async fn adopt(&self, id: &str) -> Result<(), String> {
+    async fn adopt(&self, id: &str) -> Result<(), Error> {
+        let refused = |problem: String| Error::Launch {
+            platform: "ray",
+            what: format!("agent {id}"),
+            problem,
+        };
         match self.api.job(id).await {
             Ok(Some(info)) if !info.status.is_terminal() => {
                 tracing::info!(id, "Ray already had this submission; watching it");
@@ -324,20 +334,20 @@ impl Inner {
             }
             Ok(Some(info)) => {
                 self.forget(id);
-                Err(format!(
+                Err(refused(format!(
                     "Ray already has a job with submission_id {id}, and it ended ({:?})",
                     info.status
-                ))
+                )))
             }
             Ok(None) => {
                 self.forget(id);
-                Err(format!(
+                Err(refused(format!(
                     "Ray refused submission_id {id} as a duplicate but does not know it"
-                ))
+                )))
             }
             Err(e) => {
                 self.forget(id);
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }
@@ -517,7 +527,7 @@ impl Platform for RayPlatform {
                     inner.forget(&id);
                     d
                 }
-                Err(why) => why,
+                Err(why) => why.to_string(),
             };
             {
                 let mut slots = inner.slots.lock().await;

@@ -1,0 +1,270 @@
+//! Unit tests of how a plan is carried out for a user command that does not speak the master's
+//! protocol (restart at the new size), and of the deadline on a consistent cut.
+
+use super::*;
+use crate::scale::{Capacity, RoleTarget};
+
+fn command_spec(kind: &str, ps: u32, workers: u32) -> JobSpec {
+    let ps_role = if ps > 0 {
+        format!("  ps: {{ replicas: {ps}, min: 1, max: 3 }}\n")
+    } else {
+        String::new()
+    };
+    JobSpec::from_yaml(&format!(
+        "name: t\nkind: {kind}\nroles:\n{ps_role}  worker: {{ replicas: {workers}, min: 1, max: 4 }}\n\
+         workload:\n  command: [train]\n  grace_period_ms: 7000\n\
+         data: {{ num_samples: 100, shard_size: 10 }}\ncheckpoint: {{ dir: /tmp/brain-job-test }}\n"
+    ))
+    .unwrap()
+}
+
+fn key(role: Role, index: u32) -> SlotKey {
+    SlotKey { role, index }
+}
+
+fn plan(version: u64, role: Role, count: u32) -> ScalePlan {
+    let mut p = ScalePlan {
+        version,
+        ..Default::default()
+    };
+    p.roles.insert(
+        role,
+        RoleTarget {
+            count,
+            resources: None,
+        },
+    );
+    p
+}
+
+/// Registers every slot's agent at its current incarnation, then has every live slot join
+/// twice (the first pass forms the group, the second sees it); returns the joins' answers.
+fn everyone_joins(ctx: &mut JobContext, now: u64) -> BTreeMap<SlotKey, JoinView> {
+    let keys: Vec<SlotKey> = ctx.keys_where(|s| s.phase.is_live());
+    for &k in &keys {
+        if ctx.slots[&k].phase == SlotPhase::Launching {
+            let inc = ctx.slots[&k].incarnation;
+            ctx.register_agent(
+                k,
+                inc,
+                "h".into(),
+                format!("127.0.0.1:{}", 9000 + k.index),
+                now,
+            )
+            .unwrap();
+        }
+    }
+    let mut views = BTreeMap::new();
+    for _ in 0..2 {
+        for &k in &keys {
+            let inc = ctx.slots[&k].incarnation;
+            let addr = format!("127.0.0.1:{}", 7000 + 10 * inc + u64::from(k.index));
+            views.insert(k, ctx.join_rendezvous_at(k, inc, Some(addr), now).unwrap());
+        }
+    }
+    views
+}
+
+#[test]
+fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
+    let (mut ctx, _) = JobContext::new(
+        command_spec("allreduce", 0, 2),
+        "t-1".into(),
+        Timing::default(),
+        0,
+    );
+    assert_eq!(ctx.grace_period_ms(), 7000, "the spec's grace period wins");
+    let views = everyone_joins(&mut ctx, 1);
+    assert!(views.values().all(|v| v.ready && v.world_size == 2));
+    let (w0, w1, w2) = (
+        key(Role::Worker, 0),
+        key(Role::Worker, 1),
+        key(Role::Worker, 2),
+    );
+
+    // 2 -> 3: no cut to wait for; the new worker launches and both survivors restart.
+    let effects = ctx
+        .apply_plan(plan(1, Role::Worker, 3), &Capacity::default(), 10)
+        .unwrap();
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == w2)),
+        "{effects:?}"
+    );
+    assert_eq!(ctx.transition.as_ref().map(|t| t.step), Some(Step::Settle));
+    for k in [w0, w1] {
+        assert_eq!(ctx.slots[&k].phase, SlotPhase::Restarting, "{k}");
+        let agent = ctx.slots[&k].agent_id;
+        let (action, inc, restarts) = ctx.heartbeat(k, agent, 1, None, 100, 11).unwrap();
+        assert_eq!((action, inc, restarts), (AgentAction::Restart, 2, 1), "{k}");
+    }
+    let views = everyone_joins(&mut ctx, 12);
+    for (k, v) in &views {
+        assert!(v.ready && v.world_size == 3, "{k}: {v:?}");
+        assert_eq!(
+            v.restart_count, 1,
+            "{k}: one restart count for the whole group"
+        );
+    }
+    // A new port for the new group: rank 0 serves where it asked to, not where it registered.
+    assert_eq!(views[&w0].peers[0], format!("127.0.0.1:{}", 7000 + 10 * 2));
+    ctx.advance(13);
+    assert_eq!(ctx.plans.reached, 1);
+    assert!(ctx.transition.is_none());
+
+    // 3 -> 1: the removed workers' agents are stopped (their grace period applies).
+    let effects = ctx
+        .apply_plan(plan(2, Role::Worker, 1), &Capacity::default(), 20)
+        .unwrap();
+    for k in [w1, w2] {
+        assert!(
+            effects.contains(&Effect::StopAgent {
+                key: k,
+                graceful: true
+            }),
+            "{k}: {effects:?}"
+        );
+    }
+    let views = everyone_joins(&mut ctx, 21);
+    assert_eq!(views.len(), 1);
+    assert!(views[&w0].ready && views[&w0].world_size == 1);
+    assert_eq!(views[&w0].restart_count, 2);
+    ctx.advance(22);
+    assert_eq!(ctx.plans.reached, 2);
+
+    // The only worker exits 0: the job is done although no shard was ever leased.
+    let inc = ctx.slots[&w0].incarnation;
+    let effects = ctx.process_exited(w0, inc, 0, 0, None, 30).unwrap();
+    assert_eq!(effects, vec![Effect::Finish]);
+    assert!(
+        !ctx.data_tracked(),
+        "the master never saw the command's data"
+    );
+}
+
+#[test]
+fn a_process_killed_after_its_grace_period_is_recorded() {
+    let (mut ctx, _) = JobContext::new(
+        command_spec("allreduce", 0, 2),
+        "t-1".into(),
+        Timing::default(),
+        0,
+    );
+    everyone_joins(&mut ctx, 1);
+    let w1 = key(Role::Worker, 1);
+    ctx.apply_plan(plan(1, Role::Worker, 1), &Capacity::default(), 10)
+        .unwrap();
+    // The agent of worker 0 had to SIGKILL its old process: the exit of the replaced
+    // incarnation changes nothing but is written down.
+    let why = "did not exit within its grace period of 7000 ms after SIGTERM and was killed";
+    let effects = ctx
+        .process_exited(key(Role::Worker, 0), 1, -1, 9, Some(why), 11)
+        .unwrap();
+    assert!(effects.is_empty());
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text == format!("worker-0 incarnation 1 {why}")),
+        "{:?}",
+        ctx.events
+    );
+    assert_eq!(ctx.slots[&w1].phase, SlotPhase::Removed);
+}
+
+#[test]
+fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
+    let (mut ctx, _) =
+        JobContext::new(command_spec("ps", 1, 3), "t-1".into(), Timing::default(), 0);
+    let keys: Vec<SlotKey> = ctx.slots.keys().copied().collect();
+    for &k in &keys {
+        ctx.register_agent(k, 1, "h".into(), format!("127.0.0.1:{}", 9000 + k.index), 1)
+            .unwrap();
+    }
+    // Nobody starts until the last task asks: TF needs the whole cluster spec.
+    for (i, &k) in keys.iter().enumerate() {
+        let v = ctx.join_rendezvous(k, 1, 2).unwrap();
+        assert_eq!(v.ready, i + 1 == keys.len(), "{k}: {v:?}");
+        if !v.ready {
+            assert!(
+                v.waiting_reason.contains("every task"),
+                "{}",
+                v.waiting_reason
+            );
+        }
+    }
+    let v = ctx.join_rendezvous(key(Role::Worker, 0), 1, 3).unwrap();
+    let cluster = v.cluster.unwrap();
+    assert_eq!((cluster.ps.len(), cluster.workers.len()), (1, 3));
+    // Adding a worker restarts every task, parameter servers too, with a new cluster spec.
+    ctx.apply_plan(plan(1, Role::Worker, 4), &Capacity::default(), 5)
+        .unwrap();
+    assert_eq!(ctx.slots[&key(Role::Ps, 0)].phase, SlotPhase::Restarting);
+    let views = everyone_joins(&mut ctx, 6);
+    assert!(views.values().all(|v| v.ready), "{views:?}");
+    assert_eq!(
+        views[&key(Role::Worker, 3)]
+            .cluster
+            .as_ref()
+            .unwrap()
+            .workers
+            .len(),
+        4
+    );
+    ctx.advance(7);
+    assert_eq!(ctx.plans.reached, 1);
+    // The chief (worker 0) exits 0; the other TF servers never end on their own.
+    let inc = ctx.slots[&key(Role::Worker, 0)].incarnation;
+    let effects = ctx
+        .process_exited(key(Role::Worker, 0), inc, 0, 0, None, 8)
+        .unwrap();
+    assert_eq!(effects, vec![Effect::Finish]);
+}
+
+#[test]
+fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
+    let spec = JobSpec::from_yaml(
+        "name: t\nkind: allreduce\nroles:\n  worker: { replicas: 2, min: 1, max: 4 }\n\
+         workload:\n  builtin: {}\ndata: { num_samples: 100, shard_size: 10 }\n\
+         checkpoint: { dir: /tmp/brain-job-test }\n",
+    )
+    .unwrap();
+    let timing = Timing {
+        cut_timeout_ms: 1_000,
+        ..Timing::default()
+    };
+    let (mut ctx, _) = JobContext::new(spec, "t-1".into(), timing, 0);
+    everyone_joins(&mut ctx, 1);
+    let (w0, w2) = (key(Role::Worker, 0), key(Role::Worker, 2));
+    // Worker 0 holds a shard and never gives it back: the cut cannot be reached.
+    assert!(matches!(
+        ctx.lease(w0, 1).unwrap().outcome,
+        LeaseOutcome::Granted(_)
+    ));
+    ctx.apply_plan(plan(1, Role::Worker, 3), &Capacity::default(), 10)
+        .unwrap();
+    assert_eq!(ctx.transition.as_ref().map(|t| t.step), Some(Step::Cut));
+    let deadline = 10 + ctx.timing.cut_timeout_ms;
+    assert!(ctx.tick(deadline).is_empty(), "not before the deadline");
+    let effects = ctx.tick(deadline + 1);
+    assert!(
+        effects.contains(&Effect::StopAgent {
+            key: w2,
+            graceful: true
+        }),
+        "the worker the plan added leaves: {effects:?}"
+    );
+    assert!(ctx.transition.is_none());
+    assert_eq!(ctx.role_counts()[&Role::Worker], 2);
+    let abandoned = ctx.plans.abandoned.clone().unwrap();
+    assert_eq!(abandoned.version, 1);
+    assert!(
+        abandoned.reason.contains("consistent cut was not reached"),
+        "{}",
+        abandoned.reason
+    );
+    assert!(!ctx.checkpoint_pending);
+    // The job goes on: a newer plan is accepted.
+    ctx.apply_plan(plan(2, Role::Worker, 1), &Capacity::default(), deadline + 2)
+        .unwrap();
+}
