@@ -69,8 +69,19 @@ checkpoint: {{ dir: {ckpt} }}
     assert!(w1["TORCHELASTIC_RUN_ID"].starts_with("cmd-"));
     assert!(w1["BRAIN_CHECKPOINT_DIR"].ends_with("ckpt"));
     let tf: serde_json::Value = serde_json::from_str(&w1["TF_CONFIG"]).unwrap();
+    // TF2's ParameterServerStrategy needs a chief: worker 0 is it, so worker 1 is TF's
+    // worker 0.
     assert_eq!(tf["task"]["type"], "worker");
-    assert_eq!(tf["task"]["index"], 1);
+    assert_eq!(tf["task"]["index"], 0);
+    let w0 = read_env(&out.join("worker-0.env"));
+    let chief: serde_json::Value = serde_json::from_str(&w0["TF_CONFIG"]).unwrap();
+    assert_eq!(chief["task"]["type"], "chief");
+    assert_eq!(chief["task"]["index"], 0);
+    assert_eq!(
+        tf["cluster"]["chief"][0].as_str().unwrap(),
+        w0["BRAIN_SERVICE_ADDR"],
+        "{tf}"
+    );
     let ps_env = read_env(&out.join("ps-0.env"));
     assert_eq!(
         tf["cluster"]["ps"][0].as_str().unwrap(),
