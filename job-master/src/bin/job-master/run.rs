@@ -38,7 +38,8 @@ pub struct RunArgs {
     /// Rendezvous last-call window once `min` workers joined, milliseconds.
     #[arg(long, default_value_t = 2_000)]
     last_call_ms: u64,
-    /// Time a training process gets between SIGTERM and SIGKILL, milliseconds.
+    /// Time a training process gets between SIGTERM and SIGKILL, milliseconds (a spec's
+    /// `workload.grace_period_ms` overrides it for its job).
     #[arg(long, default_value_t = 5_000)]
     grace_period_ms: u64,
     /// A launched agent that has not registered after this long is relaunched, milliseconds.
