@@ -200,7 +200,12 @@ pub fn workspace_bins(beside: &str) -> PathBuf {
                     "--bin",
                     "worker-agent",
                 ])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                // The running test's package (cargo sets it at run time): the value compiled
+                // into this crate may name another checkout that shared the target directory.
+                .current_dir(
+                    std::env::var_os("CARGO_MANIFEST_DIR")
+                        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from),
+                )
                 .status()
                 .expect("cargo runs");
             assert!(ok.success(), "cannot build job-master and worker-agent");

@@ -117,9 +117,12 @@ fn tf_config(
                 let index = workers.iter().position(|w| w == service_addr)?;
                 serde_json::json!({ "type": "worker", "index": index })
             };
-            let mut cluster = serde_json::json!({ "ps": c.ps, "worker": workers });
-            if !chief.is_empty() {
-                cluster["chief"] = serde_json::json!(chief);
+            // TF refuses a job with no tasks: only non-empty ones are named.
+            let mut cluster = serde_json::Map::new();
+            for (name, tasks) in [("chief", chief), ("worker", workers), ("ps", c.ps.clone())] {
+                if !tasks.is_empty() {
+                    cluster.insert(name.into(), serde_json::json!(tasks));
+                }
             }
             Some(serde_json::json!({ "cluster": cluster, "task": task }))
         }

@@ -142,7 +142,11 @@ impl JobContext {
         now_ms: u64,
     ) -> Vec<Effect> {
         // Only a ps job's worker holds no model state; anything else loses state or the ring.
-        let group = !(self.spec.kind == JobKind::Ps && key.role == Role::Worker);
+        // A command's cluster spec (TF_CONFIG) names every task's address, so any of its
+        // failures restarts the group.
+        let group = !(self.spec.kind == JobKind::Ps
+            && key.role == Role::Worker
+            && !self.restarts_to_rescale());
         if !group && self.slots[&key].phase == SlotPhase::Removing {
             self.log(now_ms, format!("{key} failed ({how}) while leaving"));
             return self.remove_slot(key, now_ms);

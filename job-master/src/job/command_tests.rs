@@ -268,3 +268,22 @@ fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
     ctx.apply_plan(plan(2, Role::Worker, 1), &Capacity::default(), deadline + 2)
         .unwrap();
 }
+
+#[test]
+fn any_failure_of_a_ps_command_restarts_every_task() {
+    let (mut ctx, _) =
+        JobContext::new(command_spec("ps", 1, 2), "t-1".into(), Timing::default(), 0);
+    everyone_joins(&mut ctx, 1);
+    // A worker dies: its address is in every task's TF_CONFIG, so all of them restart.
+    let w1 = key(Role::Worker, 1);
+    ctx.process_exited(w1, 1, -1, 9, None, 2).unwrap();
+    for (k, s) in &ctx.slots {
+        assert_eq!(
+            (s.phase, s.incarnation, s.restart_count),
+            (SlotPhase::Restarting, 2, 1),
+            "{k}"
+        );
+    }
+    let views = everyone_joins(&mut ctx, 3);
+    assert!(views.values().all(|v| v.ready), "{views:?}");
+}

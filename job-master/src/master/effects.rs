@@ -123,10 +123,12 @@ pub(super) async fn execute(
             }
         }
         Effect::Finish => {
+            // Only the built-in PS answer for their statistics; a command's are its own servers.
             let ps = {
                 let ctx = shared.job.lock().await;
                 ctx.group
                     .cluster()
+                    .filter(|_| ctx.spec.workload.builtin.is_some())
                     .map(|c| c.ps.clone())
                     .unwrap_or_default()
             };
