@@ -86,6 +86,8 @@ def main():
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (tests)")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--first-step-log", default="",
+                   help="append when this process finished its first step (benchmarks)")
     args = p.parse_args()
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -147,6 +149,11 @@ def main():
             opt.step()
             pos += global_batch
             step += 1
+            if args.first_step_log:
+                with open(args.first_step_log, "a") as f:
+                    f.write(json.dumps({"rank": rank, "world": world, "restart": restarts,
+                                        "t": time.time()}) + "\n")
+                args.first_step_log = ""
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if step % args.checkpoint_every == 0 and rank == 0:

@@ -1,0 +1,233 @@
+//! A real PyTorch DDP script (`examples/pytorch-ddp/train.py`, gloo, CPU) rescaled 2 → 4, side by
+//! side in one run:
+//! * **restart-based** (no SDK): `job-master run` (release build) with the script as its command;
+//!   from the plan being accepted to every rank of the new group of 4 having finished a training
+//!   step (SIGTERM, checkpoint, exit; new ranks launched; the group restarts at 4 and resumes);
+//! * **torchrun**: `torch.distributed.run --nnodes=1:4 --nproc-per-node=1 --rdzv-backend=c10d` on
+//!   this machine, two agents ("nodes") training, then two more started; from their start to
+//!   every rank of the group of 4 having finished a step (torchrun's agents see the waiting nodes
+//!   at their monitor interval, stop their workers, re-rendezvous and restart them).
+//!
+//! Each way runs `BRAIN_BENCH_EVENTS` times (default 3). Needs a Python with torch
+//! (`BRAIN_TORCH_PYTHON`, else `python3`).
+//!
+//! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench rescale_pytorch
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{start_master, stop_master};
+use proto::jobmaster::v1 as pb;
+
+fn python() -> Option<String> {
+    let python = std::env::var("BRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train.py")
+}
+
+fn now_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Long enough never to end during a measurement.
+const ARGS: [&str; 6] = [
+    "--samples",
+    "2000000",
+    "--step-sleep",
+    "0.01",
+    "--checkpoint-every",
+    "50",
+];
+
+/// Seconds from `t0` until `world` ranks logged a first step at that world size after `t0`.
+fn stepping(log: &Path, world: u32, t0: f64, timeout: Duration) -> f64 {
+    let start = Instant::now();
+    loop {
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let mut ranks: Vec<(u64, f64)> = lines
+            .iter()
+            .filter(|v| v["world"] == world && v["t"].as_f64().unwrap() >= t0)
+            .map(|v| (v["rank"].as_u64().unwrap(), v["t"].as_f64().unwrap()))
+            .collect();
+        ranks.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        ranks.dedup_by_key(|r| r.0);
+        if ranks.len() as u32 == world {
+            return ranks.iter().map(|r| r.1).fold(0.0, f64::max) - t0;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "no group of {world} stepping: {lines:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn ours(python: &str, events: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("first-steps.jsonl");
+    let mut argv = vec![python.to_string(), script().display().to_string()];
+    argv.extend(ARGS.iter().map(|s| s.to_string()));
+    argv.extend(["--first-step-log".into(), log.display().to_string()]);
+    let yaml = format!(
+        "name: bench-ddp\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 1, max: 4 }}\n\
+         workload:\n  command: {argv:?}\n  grace_period_ms: 20000\n  env: {{ OMP_NUM_THREADS: \"1\" }}\n\
+         data: {{ num_samples: 1000, shard_size: 100 }}\ncheckpoint: {{ dir: {:?} }}\n",
+        dir.path().join("ckpt")
+    );
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let (mut master, addr) = start_master(&spec, &dir.path().join("run"), None);
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    stepping(&log, 2, 0.0, Duration::from_secs(120));
+    let mut version = 0;
+    for _ in 0..events {
+        for (workers, measured) in [(4u32, true), (2, false)] {
+            std::thread::sleep(Duration::from_secs(2));
+            version += 1;
+            let plan = pb::ScalePlan {
+                version,
+                roles: vec![pb::RoleTarget {
+                    role: pb::Role::Worker as i32,
+                    count: workers,
+                    resources: None,
+                }],
+                migrations: vec![],
+            };
+            let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
+            let t0 = now_s();
+            assert!(a.accepted, "{}", a.reason);
+            let took = stepping(&log, workers, t0, Duration::from_secs(120));
+            if measured {
+                out.push(took);
+            }
+        }
+    }
+    stop_master(&mut master.child);
+    out
+}
+
+fn torchrun_node(python: &str, port: u16, log: &Path, ckpt: &Path) -> std::process::Child {
+    Command::new(python)
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1:4",
+            "--nproc-per-node=1",
+        ])
+        .args([
+            "--rdzv-backend=c10d",
+            &format!("--rdzv-endpoint=127.0.0.1:{port}"),
+        ])
+        // torchrun's defaults otherwise (monitor interval 0.1 s).
+        .args(["--rdzv-id=bench", "--max-restarts=10"])
+        .arg(script())
+        .args(ARGS)
+        .arg("--first-step-log")
+        .arg(log)
+        .env("BRAIN_CHECKPOINT_DIR", ckpt)
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("torchrun starts")
+}
+
+fn stop_group(c: &mut std::process::Child) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(c.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = c.wait();
+}
+
+fn torchrun(python: &str, events: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for _ in 0..events {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("first-steps.jsonl");
+        let ckpt = dir.path().join("ckpt");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut nodes: Vec<_> = (0..2)
+            .map(|_| torchrun_node(python, port, &log, &ckpt))
+            .collect();
+        stepping(&log, 2, 0.0, Duration::from_secs(180));
+        std::thread::sleep(Duration::from_secs(2));
+        let t0 = now_s();
+        nodes.extend((0..2).map(|_| torchrun_node(python, port, &log, &ckpt)));
+        out.push(stepping(&log, 4, t0, Duration::from_secs(180)));
+        for n in &mut nodes {
+            stop_group(n);
+        }
+    }
+    out
+}
+
+fn row(name: &str, v: &[f64]) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let mean = s.iter().sum::<f64>() / s.len() as f64;
+    println!(
+        "{name:<34} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+        s[0],
+        s[s.len() / 2],
+        mean,
+        s[s.len() - 1]
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let Some(python) = python() else {
+        test_support::skipped("no Python with torch (set BRAIN_TORCH_PYTHON)");
+        return;
+    };
+    let events = std::env::var("BRAIN_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let a = ours(&python, events).await;
+    let b = torchrun(&python, events);
+    println!(
+        "\nPyTorch DDP rescale 2 -> 4, until every rank of 4 finished a step ({events} events each)"
+    );
+    println!(
+        "{:<34} {:>8} {:>8} {:>8} {:>8}",
+        "way", "min s", "median s", "mean s", "max s"
+    );
+    row("brain job master, restart-based", &a);
+    row("torchrun --nnodes=1:4 (c10d)", &b);
+    println!("ratio of medians (torchrun / ours): {:.2}", {
+        let med = |v: &[f64]| {
+            let mut s = v.to_vec();
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        };
+        med(&b) / med(&a)
+    });
+}
