@@ -19,24 +19,11 @@ use common::*;
 use proto::jobmaster::v1 as pb;
 
 fn torch_python() -> Option<String> {
-    let python = std::env::var("BRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import torch, torch.distributed"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(python);
-    }
-    test_support::optional_server(
-        "BRAIN_REQUIRE_TORCH",
-        "a Python with torch",
-        "set BRAIN_TORCH_PYTHON to one, as .ci/run does with its virtualenv",
-    );
-    None
+    python_with("torch", "BRAIN_TORCH_PYTHON", "BRAIN_REQUIRE_TORCH")
 }
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train.py")
+    example_script("pytorch-ddp")
 }
 
 fn spec(python: &str, ckpt: &Path, workers: u32, extra: &[&str]) -> job_master::spec::JobSpec {

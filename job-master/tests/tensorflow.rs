@@ -19,25 +19,11 @@ use common::*;
 use proto::jobmaster::v1 as pb;
 
 fn tf_python() -> Option<String> {
-    let python = std::env::var("BRAIN_TF_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import tensorflow"])
-        .env("TF_CPP_MIN_LOG_LEVEL", "3")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(python);
-    }
-    test_support::optional_server(
-        "BRAIN_REQUIRE_TF",
-        "a Python with tensorflow",
-        "set BRAIN_TF_PYTHON to one, as .ci/run does with its virtualenv",
-    );
-    None
+    python_with("tensorflow", "BRAIN_TF_PYTHON", "BRAIN_REQUIRE_TF")
 }
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tf-ps/train.py")
+    example_script("tf-ps")
 }
 
 const STEPS: u64 = 2000;

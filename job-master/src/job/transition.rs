@@ -197,52 +197,32 @@ impl JobContext {
             JobKind::Ps => ps_change || state_moves,
         };
         let rdzv_changes = self.spec.kind == JobKind::Allreduce && (from != to || state_moves);
-        if restart {
-            // A command that does not re-form in place: TorchElastic's way. Every process gets
-            // SIGTERM (its grace period to checkpoint and exit), then the group starts again at
-            // the target size with a new rank layout, port and restart count.
-            let version = plan.version;
-            self.log(
-                now_ms,
-                format!(
-                    "plan {version} accepted: {} -> {}; the command's processes restart at the new size",
-                    Self::describe(&from),
-                    Self::describe(&to),
-                ),
-            );
-            self.transition = Some(Transition {
-                plan,
-                started_ms: now_ms,
-                step: Step::Settle,
-                step_started_ms: now_ms,
-                from,
-                to,
-                round_after: 0,
-                resharding: false,
-                prior_resources,
-            });
-            effects.extend(self.group_restart(now_ms, &format!("plan {version}")));
-            effects.extend(self.advance(now_ms));
-            return effects;
-        }
+        // A command that does not re-form in place is rescaled TorchElastic's way: every
+        // process gets SIGTERM (its grace period to checkpoint and exit), then the group starts
+        // again at the target size with a new rank layout, port and restart count.
+        let (step, how) = if restart {
+            (
+                Step::Settle,
+                "; the command's processes restart at the new size",
+            )
+        } else if needs_cut {
+            (Step::Cut, "; draining to a consistent cut")
+        } else {
+            (Step::Settle, "")
+        };
+        let version = plan.version;
         self.log(
             now_ms,
             format!(
-                "plan {} accepted: {} -> {}{}",
-                plan.version,
+                "plan {version} accepted: {} -> {}{how}",
                 Self::describe(&from),
                 Self::describe(&to),
-                if needs_cut {
-                    "; draining to a consistent cut"
-                } else {
-                    ""
-                }
             ),
         );
         self.transition = Some(Transition {
             plan,
             started_ms: now_ms,
-            step: if needs_cut { Step::Cut } else { Step::Settle },
+            step,
             step_started_ms: now_ms,
             from,
             to,
@@ -250,6 +230,11 @@ impl JobContext {
             resharding: false,
             prior_resources,
         });
+        if restart {
+            effects.extend(self.group_restart(now_ms, &format!("plan {version}")));
+            effects.extend(self.advance(now_ms));
+            return effects;
+        }
         if needs_cut {
             self.checkpoint_pending = true;
             effects.extend(self.ps_checkpoint_if_drained());

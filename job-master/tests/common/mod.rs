@@ -403,3 +403,28 @@ pub fn live_workers(s: &pb::JobStatus) -> usize {
         .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
         .count()
 }
+
+/// The Python named by `var` (else `python3`) when it imports `module`; otherwise SKIPPED, or
+/// a failure when `require` is set (as `.ci/run` sets it).
+pub fn python_with(module: &str, var: &str, require: &str) -> Option<String> {
+    let python = std::env::var(var).unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .env("TF_CPP_MIN_LOG_LEVEL", "3")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    test_support::optional_server(
+        require,
+        &format!("a Python with {module}"),
+        &format!("set {var} to one, as .ci/run does with its virtualenv"),
+    );
+    None
+}
+
+/// `examples/NAME/train.py` of this repository.
+pub fn example_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}/train.py"))
+}
