@@ -157,8 +157,10 @@ fn torchrun_node(
             "--rdzv-backend=c10d",
             &format!("--rdzv-endpoint=127.0.0.1:{port}"),
         ])
-        // torchrun's defaults otherwise (monitor interval 0.1 s).
+        // torchrun's defaults otherwise (monitor interval 0.1 s). On one machine every agent
+        // would take itself for the store's host: only the first one is.
         .args(["--rdzv-id=bench", "--max-restarts=10"])
+        .arg(format!("--rdzv-conf=is_host={}", n == 0))
         .arg(script())
         .args(ARGS)
         .arg("--first-step-log")
@@ -168,6 +170,10 @@ fn torchrun_node(
         .stdout(out.try_clone().unwrap())
         .stderr(out)
         .env("LOGLEVEL", "INFO")
+        // torch 2.15's shared rendezvous store never publishes the next round's master address
+        // when nodes join a running group (the old rank 0 keeps its first round's), so the
+        // scale-up deadlocks; torchrun's own switch turns the sharing off.
+        .env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         .process_group(0)
         .spawn()
         .expect("torchrun starts")
