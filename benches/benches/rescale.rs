@@ -17,6 +17,8 @@ use std::path::Path;
 use common::{ray_address, start_master, stop_master};
 use std::time::{Duration, Instant};
 
+use job_master::scale::ScalePlan;
+use job_master::spec::Role;
 use proto::jobmaster::v1 as pb;
 use worker_agent::workload::model::{SparseTable, ps_owner};
 use worker_agent::workload::ps_server::{PsService, serve};
@@ -75,15 +77,11 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
     for version in 1..=(2 * events as u64) {
         let workers = if version % 2 == 1 { 4 } else { 2 };
         let a = c
-            .apply_scale_plan(pb::ScalePlan {
+            .apply_scale_plan(pb::ScalePlan::from(&ScalePlan::count(
                 version,
-                roles: vec![pb::RoleTarget {
-                    role: pb::Role::Worker as i32,
-                    count: workers,
-                    resources: None,
-                }],
-                migrations: vec![],
-            })
+                Role::Worker,
+                workers,
+            )))
             .await
             .unwrap()
             .into_inner();

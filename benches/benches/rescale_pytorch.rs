@@ -21,6 +21,8 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{start_master, stop_master};
+use job_master::scale::ScalePlan;
+use job_master::spec::Role;
 use proto::jobmaster::v1 as pb;
 
 fn python() -> Option<String> {
@@ -111,15 +113,7 @@ async fn ours(python: &str, events: usize) -> Vec<f64> {
         for (workers, measured) in [(4u32, true), (2, false)] {
             std::thread::sleep(Duration::from_secs(2));
             version += 1;
-            let plan = pb::ScalePlan {
-                version,
-                roles: vec![pb::RoleTarget {
-                    role: pb::Role::Worker as i32,
-                    count: workers,
-                    resources: None,
-                }],
-                migrations: vec![],
-            };
+            let plan = pb::ScalePlan::from(&ScalePlan::count(version, Role::Worker, workers));
             let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
             let t0 = now_s();
             assert!(a.accepted, "{}", a.reason);

@@ -2,7 +2,7 @@
 //! protocol (restart at the new size), and of the deadline on a consistent cut.
 
 use super::*;
-use crate::scale::{Capacity, RoleTarget};
+use crate::scale::Capacity;
 
 fn command_spec(kind: &str, ps: u32, workers: u32) -> JobSpec {
     let ps_role = if ps > 0 {
@@ -20,21 +20,6 @@ fn command_spec(kind: &str, ps: u32, workers: u32) -> JobSpec {
 
 fn key(role: Role, index: u32) -> SlotKey {
     SlotKey { role, index }
-}
-
-fn plan(version: u64, role: Role, count: u32) -> ScalePlan {
-    let mut p = ScalePlan {
-        version,
-        ..Default::default()
-    };
-    p.roles.insert(
-        role,
-        RoleTarget {
-            count,
-            resources: None,
-        },
-    );
-    p
 }
 
 /// Registers every slot's agent at its current incarnation, then has every live slot join
@@ -84,7 +69,11 @@ fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
 
     // 2 -> 3: no cut to wait for; the new worker launches and both survivors restart.
     let effects = ctx
-        .apply_plan(plan(1, Role::Worker, 3), &Capacity::default(), 10)
+        .apply_plan(
+            ScalePlan::count(1, Role::Worker, 3),
+            &Capacity::default(),
+            10,
+        )
         .unwrap();
     assert!(
         effects
@@ -115,7 +104,11 @@ fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
 
     // 3 -> 1: the removed workers' agents are stopped (their grace period applies).
     let effects = ctx
-        .apply_plan(plan(2, Role::Worker, 1), &Capacity::default(), 20)
+        .apply_plan(
+            ScalePlan::count(2, Role::Worker, 1),
+            &Capacity::default(),
+            20,
+        )
         .unwrap();
     for k in [w1, w2] {
         assert!(
@@ -153,8 +146,12 @@ fn a_process_killed_after_its_grace_period_is_recorded() {
     );
     everyone_joins(&mut ctx, 1);
     let w1 = key(Role::Worker, 1);
-    ctx.apply_plan(plan(1, Role::Worker, 1), &Capacity::default(), 10)
-        .unwrap();
+    ctx.apply_plan(
+        ScalePlan::count(1, Role::Worker, 1),
+        &Capacity::default(),
+        10,
+    )
+    .unwrap();
     // The agent of worker 0 had to SIGKILL its old process: the exit of the replaced
     // incarnation changes nothing but is written down.
     let why = "did not exit within its grace period of 7000 ms after SIGTERM and was killed";
@@ -197,8 +194,12 @@ fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
     let cluster = v.cluster.unwrap();
     assert_eq!((cluster.ps.len(), cluster.workers.len()), (1, 3));
     // Adding a worker restarts every task, parameter servers too, with a new cluster spec.
-    ctx.apply_plan(plan(1, Role::Worker, 4), &Capacity::default(), 5)
-        .unwrap();
+    ctx.apply_plan(
+        ScalePlan::count(1, Role::Worker, 4),
+        &Capacity::default(),
+        5,
+    )
+    .unwrap();
     assert_eq!(ctx.slots[&key(Role::Ps, 0)].phase, SlotPhase::Restarting);
     let views = everyone_joins(&mut ctx, 6);
     assert!(views.values().all(|v| v.ready), "{views:?}");
@@ -241,8 +242,12 @@ fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
         ctx.lease(w0, 1).unwrap().outcome,
         LeaseOutcome::Granted(_)
     ));
-    ctx.apply_plan(plan(1, Role::Worker, 3), &Capacity::default(), 10)
-        .unwrap();
+    ctx.apply_plan(
+        ScalePlan::count(1, Role::Worker, 3),
+        &Capacity::default(),
+        10,
+    )
+    .unwrap();
     assert_eq!(ctx.transition.as_ref().map(|t| t.step), Some(Step::Cut));
     let deadline = 10 + ctx.timing.cut_timeout_ms;
     assert!(ctx.tick(deadline).is_empty(), "not before the deadline");
@@ -265,8 +270,12 @@ fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
     );
     assert!(!ctx.checkpoint_pending);
     // The job goes on: a newer plan is accepted.
-    ctx.apply_plan(plan(2, Role::Worker, 1), &Capacity::default(), deadline + 2)
-        .unwrap();
+    ctx.apply_plan(
+        ScalePlan::count(2, Role::Worker, 1),
+        &Capacity::default(),
+        deadline + 2,
+    )
+    .unwrap();
 }
 
 #[test]
