@@ -98,6 +98,7 @@ async fn lease_and_done(mut c: Client, index: u32, n: u64) {
             .lease_shard(pb::LeaseShardRequest {
                 process: Some(me),
                 cluster_version: 0,
+                round: 0,
             })
             .await
             .unwrap()

@@ -17,6 +17,16 @@ pub enum Error {
         got: u64,
         current: u64,
     },
+    #[error(
+        "{role} {index} asked from rendezvous round {got}, but the group re-formed in round \
+         {current}: join the rendezvous again"
+    )]
+    StaleRound {
+        role: String,
+        index: u32,
+        got: u64,
+        current: u64,
+    },
     #[error("shard {shard} is not leased to {holder}")]
     NotLeased { shard: u64, holder: String },
     #[error("unknown shard {0}")]
@@ -61,7 +71,7 @@ impl From<Error> for tonic::Status {
         match e {
             Error::Spec(_) | Error::InvalidRequest(_) => tonic::Status::invalid_argument(msg),
             Error::UnknownProcess { .. } | Error::UnknownShard(_) => tonic::Status::not_found(msg),
-            Error::StaleIncarnation { .. } | Error::NotLeased { .. } => {
+            Error::StaleIncarnation { .. } | Error::StaleRound { .. } | Error::NotLeased { .. } => {
                 tonic::Status::failed_precondition(msg)
             }
             _ => tonic::Status::internal(msg),

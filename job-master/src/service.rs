@@ -234,7 +234,8 @@ impl pb::job_master_server::JobMaster for MasterService {
         let v = self
             .shared
             .apply_if(|ctx, now| {
-                let (v, effects) = ctx.lease_with(key, incarnation, ps_version, now)?;
+                let round = (r.round > 0).then_some(r.round);
+                let (v, effects) = ctx.lease_with(key, incarnation, ps_version, round, now)?;
                 let durable = v.removed || !matches!(v.outcome, LeaseOutcome::Wait);
                 Ok((v, effects, durable))
             })

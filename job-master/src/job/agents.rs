@@ -106,7 +106,7 @@ impl JobContext {
         if exit_code == 0 && signal == 0 && key.role == Role::Worker {
             self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
             self.log(now_ms, format!("{key} finished"));
-            return Ok(self.check_done());
+            return Ok(self.check_done(now_ms));
         }
         let how = match agent_reason {
             Some(why) => why.to_string(),

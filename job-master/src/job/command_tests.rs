@@ -296,3 +296,143 @@ fn any_failure_of_a_ps_command_restarts_every_task() {
     let views = everyone_joins(&mut ctx, 3);
     assert!(views.values().all(|v| v.ready), "{views:?}");
 }
+
+/// An allreduce command that trains through the Python SDK (`rescale: in_place`).
+fn in_place_spec(workers: u32) -> JobSpec {
+    let mut spec = command_spec("allreduce", 0, workers);
+    spec.workload.rescale = Some(crate::spec::Rescale::InPlace);
+    spec
+}
+
+fn granted(v: LeaseView) -> Option<crate::ledger::ShardRange> {
+    match v.outcome {
+        LeaseOutcome::Granted(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[test]
+fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    assert!(!ctx.restarts_to_rescale());
+    let views = everyone_joins(&mut ctx, 1);
+    let round = views[&key(Role::Worker, 0)].round;
+    let (w0, w1, w2) = (
+        key(Role::Worker, 0),
+        key(Role::Worker, 1),
+        key(Role::Worker, 2),
+    );
+    let (lease, _) = ctx.lease_with(w0, 1, None, Some(round), 2).unwrap();
+    let shard = granted(lease).expect("a shard");
+    assert!(ctx.data_tracked());
+
+    let effects = ctx
+        .apply_plan(
+            ScalePlan::count(1, Role::Worker, 3),
+            &Capacity::default(),
+            3,
+        )
+        .unwrap();
+    // Only the new worker launches: nobody is stopped or restarted.
+    assert_eq!(
+        effects,
+        vec![Effect::LaunchAgent {
+            key: w2,
+            incarnation: 1
+        }]
+    );
+    assert_eq!(ctx.transition.as_ref().unwrap().step, Step::Cut);
+    assert!(
+        ctx.lease_with(w1, 1, None, Some(round), 4)
+            .unwrap()
+            .0
+            .checkpoint_due
+    );
+    // A checkpoint before every lease is back is no cut.
+    let early = ctx.checkpoint_committed(1, "/tmp/m.json".into(), 3, 0, 5);
+    assert!(
+        early
+            .unwrap_err()
+            .to_string()
+            .contains("must be taken at a consistent cut"),
+    );
+    ctx.shard_done(w0, 1, shard.id, 6).unwrap();
+    ctx.checkpoint_committed(1, "/tmp/m.json".into(), 3, 0, 7)
+        .unwrap();
+    assert!(
+        ctx.lease_with(w0, 1, None, Some(round), 8)
+            .unwrap()
+            .0
+            .reform
+    );
+    ctx.register_agent(w2, 1, "h".into(), "127.0.0.1:9002".into(), 8)
+        .unwrap();
+    assert_eq!(
+        ctx.join_rendezvous(w2, 1, 8).unwrap().resume_from,
+        Some("/tmp/m.json".into()),
+        "the new rank loads the cut checkpoint"
+    );
+    for k in [w0, w1] {
+        ctx.join_rendezvous_at(k, 1, Some(format!("127.0.0.1:{}", 8000 + k.index)), 9)
+            .unwrap();
+    }
+    let v = ctx.join_rendezvous(w0, 1, 9).unwrap();
+    assert!(v.ready && v.world_size == 3 && v.round > round, "{v:?}");
+    ctx.advance(10);
+    assert_eq!(ctx.plans.reached, 1);
+    assert_eq!(
+        (ctx.slots[&w0].incarnation, ctx.slots[&w1].incarnation),
+        (1, 1)
+    );
+    assert_eq!(
+        ctx.slots[&w0].restart_count, 0,
+        "survivors were not restarted"
+    );
+
+    // A survivor still speaking for the old group is refused, with the reason.
+    let stale = ctx.lease_with(w1, 1, None, Some(round), 11).unwrap_err();
+    assert_eq!(
+        stale.to_string(),
+        format!(
+            "worker 1 asked from rendezvous round {round}, but the group re-formed in round {}: \
+             join the rendezvous again",
+            v.round
+        )
+    );
+    assert!(ctx.lease_with(w1, 1, None, Some(v.round), 12).is_ok());
+}
+
+#[test]
+fn a_checkpoint_outside_a_cut_counts_only_when_the_master_tracks_no_data() {
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    everyone_joins(&mut ctx, 1);
+    // The script saved on SIGTERM; it reads its own data, so that is its resume point.
+    ctx.checkpoint_committed(1, "/tmp/sigterm/manifest.json".into(), 40, 0, 2)
+        .unwrap();
+    assert_eq!(ctx.latest_checkpoint().unwrap().step, 40);
+    let w0 = key(Role::Worker, 0);
+    ctx.lease_with(w0, 1, None, None, 3).unwrap();
+    assert!(
+        ctx.checkpoint_committed(2, "/tmp/later/manifest.json".into(), 41, 0, 4)
+            .is_err(),
+        "once shards are leased, a checkpoint must be at a cut"
+    );
+}
+
+#[test]
+fn a_script_that_stops_leasing_before_the_end_of_its_data_fails_the_job() {
+    let (mut ctx, _) = JobContext::new(in_place_spec(1), "t-1".into(), Timing::default(), 0);
+    everyone_joins(&mut ctx, 1);
+    let w0 = key(Role::Worker, 0);
+    let shard = granted(ctx.lease_with(w0, 1, None, None, 2).unwrap().0).unwrap();
+    ctx.shard_done(w0, 1, shard.id, 3).unwrap();
+    ctx.process_exited(w0, 1, 0, 0, None, 4).unwrap();
+    match &ctx.phase {
+        JobPhase::Failed { reason } => assert_eq!(
+            reason,
+            "every worker exited 0 with 1 of 10 shards done: the script stopped leasing before \
+             the end of its data"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

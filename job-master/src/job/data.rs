@@ -176,18 +176,22 @@ impl JobContext {
 
     #[cfg(test)]
     pub fn lease(&mut self, key: SlotKey, incarnation: u64) -> Result<LeaseView, Error> {
-        self.lease_with(key, incarnation, None, 0).map(|(v, _)| v)
+        self.lease_with(key, incarnation, None, None, 0)
+            .map(|(v, _)| v)
     }
 
-    /// A lease request; a ps worker says which PS-set version it uses (`ps_version`).
+    /// A lease request; a ps worker says which PS-set version it uses (`ps_version`), an
+    /// allreduce member may say which rendezvous round it trains in (`round`).
     pub fn lease_with(
         &mut self,
         key: SlotKey,
         incarnation: u64,
         ps_version: Option<u64>,
+        round: Option<u64>,
         now_ms: u64,
     ) -> Result<(LeaseView, Vec<Effect>), Error> {
         self.current(key, incarnation)?;
+        self.check_round(key, round)?;
         self.leased_any = true;
         let holder = Self::holder(key, incarnation);
         let mut effects = Vec::new();
@@ -248,6 +252,21 @@ impl JobContext {
         Ok((v, effects))
     }
 
+    /// An allreduce member that names its round must be in the current one: a process left
+    /// behind by a re-formation must not take data the new group trains on.
+    fn check_round(&self, key: SlotKey, round: Option<u64>) -> Result<(), Error> {
+        let current = self.group.rendezvous().and_then(|r| r.current());
+        match (round, current) {
+            (Some(got), Some(c)) if got != c.number => Err(Error::StaleRound {
+                role: key.role.to_string(),
+                index: key.index,
+                got,
+                current: c.number,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// `key` applied every sample of shard `shard` to the model.
     pub fn shard_done(
         &mut self,
@@ -282,7 +301,7 @@ impl JobContext {
             );
         }
         let mut effects = self.ps_checkpoint_if_drained();
-        effects.extend(self.check_done());
+        effects.extend(self.check_done(now_ms));
         Ok(effects)
     }
 
@@ -327,10 +346,13 @@ impl JobContext {
                 ),
             });
         }
-        if !self.checkpoint_pending || self.ledger.in_flight() != 0 {
+        let drained = self.checkpoint_pending && self.ledger.in_flight() == 0;
+        if !drained && self.data_tracked() {
             return Err(Error::Checkpoint {
                 path: manifest,
-                problem: "no drained checkpoint is pending".into(),
+                problem: "no drained checkpoint is pending: the master tracks this job's data, \
+                          so a checkpoint must be taken at a consistent cut (every lease back)"
+                    .into(),
             });
         }
         self.checkpoints.push(CheckpointRecord {
@@ -340,6 +362,18 @@ impl JobContext {
             taken_at_ms: now_ms,
             step,
         });
+        if !drained {
+            // A command that reads its own data saved when it chose (on SIGTERM, say): the
+            // next launch resumes from it.
+            self.log(
+                now_ms,
+                format!(
+                    "checkpoint {id} committed by the script at step {step}: {}",
+                    manifest.display()
+                ),
+            );
+            return Ok(Vec::new());
+        }
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;
         self.shards_since_checkpoint = 0;
@@ -430,7 +464,7 @@ impl JobContext {
                     now_ms,
                     format!("final held-out log-loss {loss:.5} (evaluated by {key})"),
                 );
-                effects = self.check_done();
+                effects = self.check_done(now_ms);
             }
         }
         Ok(effects)
@@ -438,7 +472,7 @@ impl JobContext {
 
     /// The job's work is over when every worker exited 0 and, for the built-in workload, every
     /// shard is done and the final model was evaluated.
-    pub(super) fn check_done(&mut self) -> Vec<Effect> {
+    pub(super) fn check_done(&mut self, now_ms: u64) -> Vec<Effect> {
         if self.phase != JobPhase::Running {
             return Vec::new();
         }
@@ -460,11 +494,24 @@ impl JobContext {
                 .values()
                 .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
                 .all(|s| s.phase == SlotPhase::Succeeded);
-        let data_done =
-            !self.is_builtin() || (self.ledger.is_complete() && self.final_eval_loss.is_some());
+        let data_done = if self.is_builtin() {
+            self.ledger.is_complete() && self.final_eval_loss.is_some()
+        } else {
+            // A script that leases its shards through the SDK is done when they all are.
+            !self.leased_any || self.ledger.is_complete()
+        };
         if workers_done && data_done {
             self.phase = JobPhase::Finishing;
             return vec![Effect::Finish];
+        }
+        if workers_done && !self.is_builtin() {
+            let reason = format!(
+                "every worker exited 0 with {} of {} shards done: the script stopped leasing \
+                 before the end of its data",
+                self.ledger.done_shards(),
+                self.ledger.total_shards()
+            );
+            self.fail(reason, now_ms);
         }
         Vec::new()
     }

@@ -533,15 +533,14 @@ impl JobContext {
         }
     }
 
-    fn is_builtin(&self) -> bool {
+    pub(crate) fn is_builtin(&self) -> bool {
         self.spec.workload.builtin.is_some()
     }
 
-    /// A user command that does not speak the master's protocol: it neither leases shards nor
-    /// re-forms its group in place, so a plan restarts the whole group at the new size (as
-    /// TorchElastic does) and the data it reads is not tracked.
+    /// A user command that does not re-form its group in place (the spec's `rescale` is not
+    /// `in_place`): a plan restarts the whole group at the new size, as TorchElastic does.
     pub fn restarts_to_rescale(&self) -> bool {
-        !self.is_builtin()
+        !self.is_builtin() && self.spec.workload.rescale != Some(crate::spec::Rescale::InPlace)
     }
 
     /// Whether the master saw the job's data (the built-in workload, or a command leasing its

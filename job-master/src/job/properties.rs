@@ -132,7 +132,7 @@ proptest! {
                     let _ = ctx.advance(now);
                     if k.role == Role::Worker && !held.contains_key(&i) {
                         let layout = ctx.group.cluster().map(|c| c.ps_version);
-                        if let Ok((LeaseView { outcome: LeaseOutcome::Granted(s), .. }, _)) = ctx.lease_with(k, inc, layout, now) {
+                        if let Ok((LeaseView { outcome: LeaseOutcome::Granted(s), .. }, _)) = ctx.lease_with(k, inc, layout, None, now) {
                             held.insert(i, (s.id, inc));
                         }
                     }

@@ -424,7 +424,7 @@ fn a_removed_ps_worker_hands_back_its_shard_and_a_queued_plan_replaces_an_older_
     ctx.apply_plan(workers(3, 2), &cap, 7).unwrap();
     assert_eq!(ctx.plans.queued.as_ref().map(|p| p.version), Some(3));
     assert!(ctx.apply_plan(workers(3, 2), &cap, 7).is_err());
-    let (v, _) = ctx.lease_with(W1, 1, None, 8).unwrap();
+    let (v, _) = ctx.lease_with(W1, 1, None, None, 8).unwrap();
     assert!(v.removed);
     assert_eq!(ctx.slots[&W1].phase, SlotPhase::Removed);
     // Its shard went back to the queue; worker 0 gets it.

@@ -343,10 +343,16 @@ impl JobContext {
                     if waited <= self.timing.cut_timeout_ms {
                         return effects;
                     }
-                    let why = format!(
+                    let mut why = format!(
                         "its consistent cut was not reached in {waited} ms (every shard lease \
                          returned and a checkpoint at the step boundary)"
                     );
+                    if !self.is_builtin() && !self.leased_any {
+                        why.push_str(
+                            "; no process of this in_place job ever leased a shard: does the \
+                             script train through the Python SDK?",
+                        );
+                    }
                     if t.round_after == 0 && !t.resharding {
                         // Nothing has moved yet: give the plan up, keep the old size.
                         effects.extend(self.abandon_transition(why, now_ms));

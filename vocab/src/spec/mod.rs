@@ -153,6 +153,24 @@ pub struct WorkloadSpec {
     /// `BRAIN_CHECKPOINT_DIR` and exit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period_ms: Option<i64>,
+    /// How a scale plan resizes a command's group [default: `restart`]. The built-in workload
+    /// always re-forms in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescale: Option<Rescale>,
+}
+
+/// How a command's group follows a scale plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rescale {
+    /// TorchElastic's way, for any script: every process gets SIGTERM (its grace period to
+    /// save and exit), then the group starts again at the new size with a new rank layout,
+    /// `MASTER_PORT` and `TORCHELASTIC_RESTART_COUNT`.
+    Restart,
+    /// For scripts that train through the Python SDK (`python/`): at a consistent cut the
+    /// SDK re-forms the process group at the new size inside the running processes;
+    /// survivors keep their pid and memory, new ranks load the cut checkpoint.
+    InPlace,
 }
 
 /// The longest grace period a spec may ask for: ten minutes.
@@ -312,6 +330,22 @@ impl JobSpec {
                 "workload.grace_period_ms",
                 format!("{g} is outside 0 to {MAX_GRACE_PERIOD_MS} (ten minutes)"),
             ));
+        }
+        match (self.workload.rescale, &self.workload.builtin, self.kind) {
+            (Some(_), Some(_), _) => {
+                return Err(SpecError::new(
+                    "workload.rescale",
+                    "applies to a command: the built-in workload always re-forms in place",
+                ));
+            }
+            (Some(Rescale::InPlace), None, JobKind::Ps) => {
+                return Err(SpecError::new(
+                    "workload.rescale",
+                    "in_place is for allreduce jobs (the SDK re-forms a torch.distributed \
+                     group); a ps command restarts at the new size",
+                ));
+            }
+            _ => {}
         }
         match (&self.workload.builtin, &self.workload.command) {
             (None, None) => Err(SpecError::new(
@@ -560,6 +594,32 @@ checkpoint: { dir: /tmp/brain-spec-test }
             "workload.grace_period_ms: -1 is outside 0 to 600000 (ten minutes)"
         );
         assert!(err(&with("600001")).contains("outside 0 to 600000"));
+    }
+
+    #[test]
+    fn rescale_in_place_is_for_allreduce_commands() {
+        let ps_cmd = GOOD.replace(
+            "builtin: { batch_size: 128 }",
+            "command: [python3, train.py]\n  rescale: in_place",
+        );
+        assert!(err(&ps_cmd).starts_with("workload.rescale: in_place is for allreduce jobs"));
+        let cmd = ps_cmd
+            .replace("kind: ps", "kind: allreduce")
+            .replace("  ps: { replicas: 2 }\n", "");
+        let spec = JobSpec::from_yaml(&cmd).unwrap();
+        spec.validate().unwrap();
+        assert_eq!(spec.workload.rescale, Some(Rescale::InPlace));
+        assert!(
+            err(&cmd.replace("in_place", "sideways"))
+                .contains("unknown variant `sideways`, expected `restart` or `in_place`")
+        );
+        assert_eq!(
+            err(&GOOD.replace(
+                "builtin: { batch_size: 128 }",
+                "builtin: { batch_size: 128 }\n  rescale: restart"
+            )),
+            "workload.rescale: applies to a command: the built-in workload always re-forms in place"
+        );
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             if shard.is_none() {
                 // Ranks at the end of the data keep asking too: they must take part in a
                 // checkpoint or a re-formation the others vote for.
-                let lease = master.lease(0).await?;
+                let lease = master.lease(0, round).await?;
                 match pb::LeaseStatus::try_from(lease.status).unwrap_or(pb::LeaseStatus::Wait) {
                     pb::LeaseStatus::Granted => {
                         let s = lease.shard.ok_or_else(|| {

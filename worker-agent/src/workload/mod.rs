@@ -156,13 +156,19 @@ impl MasterLink {
             .into_inner())
     }
 
-    /// Asks for a shard; a ps worker says which PS-set version it uses (0: not a ps worker).
-    pub async fn lease(&mut self, ps_version: u64) -> Result<pb::LeaseShardResponse, Error> {
+    /// Asks for a shard; a ps worker says which PS-set version it uses (0: not a ps worker),
+    /// an allreduce member the rendezvous round it trains in (0: not said).
+    pub async fn lease(
+        &mut self,
+        ps_version: u64,
+        round: u64,
+    ) -> Result<pb::LeaseShardResponse, Error> {
         Ok(self
             .client
             .lease_shard(pb::LeaseShardRequest {
                 process: Some(self.me),
                 cluster_version: ps_version,
+                round,
             })
             .await
             .map_err(refused("LeaseShard"))?

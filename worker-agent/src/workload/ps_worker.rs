@@ -133,7 +133,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let mut progress = Progress::new(0);
     let batch = cfg.batch_size.max(1) as u64;
     loop {
-        let lease = master.lease(ps_version).await?;
+        let lease = master.lease(ps_version, 0).await?;
         if lease.cluster_version != 0 && lease.cluster_version != ps_version {
             // The PS set changed (a reshard or a migrated PS): fetch it and reconnect before
             // pushing again.
