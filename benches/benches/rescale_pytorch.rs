@@ -1,4 +1,4 @@
-//! A real PyTorch DDP script (`examples/pytorch-ddp/train.py`, gloo, CPU) rescaled 2 → 4, side by
+//! A real PyTorch DDP script (`examples/pytorch-ddp/train_plain.py`, gloo, CPU) rescaled 2 → 4, side by
 //! side in one run:
 //! * **restart-based** (no SDK): `job-master run` (release build) with the script as its command;
 //!   from the plan being accepted to every rank of the new group of 4 having finished a training
@@ -35,7 +35,7 @@ fn python() -> Option<String> {
 }
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train_plain.py")
 }
 
 fn now_s() -> f64 {

@@ -1,46 +1,35 @@
 #!/usr/bin/env python3
-"""A plain PyTorch DDP training script, elastic the TorchElastic way.
+"""A PyTorch DDP script that trains through brain_sdk: elastic in place, data read exactly once.
 
-It knows nothing of Brain beyond the environment every elastic launcher gives (torchrun's
-variables, and `BRAIN_CHECKPOINT_DIR` for where checkpoints go):
+What the SDK (`pip install ./python`) gives it, run as an allreduce job with `rescale: in_place`
+(`job.yaml` beside this file):
 
-* `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`: the process group (gloo; the model runs on
-  the GPU when one is present, on the CPU otherwise).
-* `TORCHELASTIC_RESTART_COUNT`: how many times the group restarted (printed).
-* On start it loads the latest checkpoint, if any, and goes on from the epoch and the position
-  in the epoch it records, whatever the new world size.
-* Rank 0 saves a checkpoint every `--checkpoint-every` steps and, on SIGTERM, at the next step
-  boundary, then every rank exits 0: the contract a job master relies on when it rescales a job
-  by restarting it (SIGTERM, a grace period, then SIGKILL).
+* data: each step's sample indices come from shards leased from the job master, reported done
+  after the step that trained them: every sample once per epoch, through kill -9 and rescales;
+* rescale in place: when a plan changes the number of workers, the group drains to a step
+  boundary, rank 0 checkpoints, and the process group re-forms at the new size inside the
+  running processes (their pids do not change); new ranks load that checkpoint;
+* step, samples/s and loss go to the job master (and from there to the brain);
+* checkpoints: written atomically with their SHA-256 and recorded by the job master; a process
+  started after a failure resumes from the latest with `job.restore()`.
 
-Data: a synthetic regression set of `--samples` samples, shuffled per epoch with a fixed seed;
-each step consumes one global batch (`--batch-size` per rank, in rank order), so the position in
-an epoch is the number of samples consumed and survives a change of world size.
-
-Run it from the repository root with `job-master run examples/pytorch-ddp/job.yaml`.
+The model runs on the GPU when one is present (gloo carries the gradients either way). The data
+is a synthetic regression set of `--samples` samples (the job's `data.num_samples`), visited in a
+fixed random order per epoch. `--events FILE` appends one JSON line per start, re-formation and
+end of each process (pid, rank, world size), which the tests and the benchmark read.
 """
 
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-STOP = False
-
-
-def on_sigterm(signum, frame):
-    global STOP
-    STOP = True
-
-
-def log(rank, text):
-    print(f"[rank {rank}] {text}", flush=True)
+import brain_sdk
+from brain_sdk.pytorch import ElasticDDP
 
 
 def dataset(samples, features, seed):
@@ -51,123 +40,62 @@ def dataset(samples, features, seed):
     return x, y
 
 
-def model_for(features):
-    return nn.Sequential(nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, 1))
-
-
-def checkpoint_path(directory):
-    return os.path.join(directory, "checkpoint.pt")
-
-
-def load(directory):
-    path = checkpoint_path(directory)
-    if not os.path.exists(path):
-        return None
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def save(directory, state):
-    """Atomic: a reader sees the old checkpoint or the new one, never half of one."""
-    os.makedirs(directory, exist_ok=True)
-    tmp = checkpoint_path(directory) + ".tmp"
-    torch.save(state, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, checkpoint_path(directory))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--samples", type=int, default=20000)
+    p.add_argument("--samples", type=int, default=20000, help="the job's data.num_samples")
     p.add_argument("--features", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64, help="global, over every rank")
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--checkpoint-every", type=int, default=100, help="steps")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (tests)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--first-step-log", default="",
-                   help="append when this process finished its first step (benchmarks)")
+    p.add_argument("--events", default="", help="append a JSON line per start/re-form/end")
     args = p.parse_args()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    ckpt_dir = os.environ.get("BRAIN_CHECKPOINT_DIR", "checkpoints")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    log(rank, f"world {world}, restart {restarts}, device {device}, "
-        f"master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}")
+    def event(kind, **fields):
+        if args.events:
+            line = {"event": kind, "pid": os.getpid(), "rank": job.rank,
+                    "world": job.world_size, "step": job.step, "t": time.time(), **fields}
+            with open(args.events, "a") as f:
+                f.write(json.dumps(line) + "\n")
 
+    job = brain_sdk.ElasticJob(batch_size=args.batch_size)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
-    model = model_for(args.features).to(device)
+    model = nn.Sequential(nn.Linear(args.features, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    epoch, pos, step = 0, 0, 0
-    state = load(ckpt_dir)
+    state = job.restore()
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        epoch, pos, step = state["epoch"], state["pos"], state["step"]
-        log(rank, f"resumed from step {step} (epoch {epoch}, position {pos})")
-        if rank == 0:
-            with open(os.path.join(ckpt_dir, "resumes.jsonl"), "a") as f:
-                f.write(json.dumps({"step": step, "epoch": epoch, "pos": pos,
-                                    "world": world, "restart": restarts}) + "\n")
-    ddp = nn.parallel.DistributedDataParallel(model)
+    job.save_with(lambda: {"model": model.state_dict(), "optimizer": opt.state_dict()})
+    ddp = ElasticDDP(job, model)
+    job.on_reform(lambda: event("reform"))
+    event("start", resumed=state is not None, device=str(device))
+
     x, y = dataset(args.samples, args.features, args.seed)
-    loss_fn = nn.MSELoss()
-
-    def snapshot():
-        return {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                "epoch": epoch, "pos": pos, "step": step, "world": world}
-
-    global_batch = args.batch_size * world
-    started = time.time()
-    while epoch < args.epochs:
-        order = torch.randperm(args.samples, generator=torch.Generator().manual_seed(args.seed + epoch))
-        while pos + global_batch <= args.samples:
-            if STOP:
-                if rank == 0:
-                    save(ckpt_dir, snapshot())
-                    log(rank, f"SIGTERM: checkpoint at step {step}; exiting")
-                dist.destroy_process_group()
-                return 0
-            idx = order[pos + rank * args.batch_size: pos + (rank + 1) * args.batch_size]
-            xb, yb = x[idx].to(device), y[idx].to(device)
-            try:
-                opt.zero_grad()
-                loss = loss_fn(ddp(xb), yb)
-                loss.backward()
-            except RuntimeError as e:
-                # A peer left mid-step (it was stopped, or died): this step did not happen, and
-                # the model is still the one every rank had after the last step, so rank 0
-                # saves it. Exit 0 when asked to stop, 1 otherwise (the launcher restarts all).
-                if rank == 0:
-                    save(ckpt_dir, snapshot())
-                log(rank, f"the group broke at step {step}: {str(e).splitlines()[0]}")
-                return 0 if STOP else 1
-            opt.step()
-            pos += global_batch
-            step += 1
-            if args.first_step_log:
-                with open(args.first_step_log, "a") as f:
-                    f.write(json.dumps({"rank": rank, "world": world, "restart": restarts,
-                                        "t": time.time()}) + "\n")
-                args.first_step_log = ""
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
-            if step % args.checkpoint_every == 0 and rank == 0:
-                save(ckpt_dir, snapshot())
-            if step % 50 == 0:
-                rate = step / max(time.time() - started, 1e-9)
-                log(rank, f"step {step} epoch {epoch} loss {loss.item():.5f} ({rate:.1f} steps/s)")
-        epoch, pos = epoch + 1, 0
-    if rank == 0:
-        save(ckpt_dir, snapshot())
-        with open(os.path.join(ckpt_dir, "done.json"), "w") as f:
-            json.dump({"step": step, "epoch": epoch, "world": world, "loss": loss.item()}, f)
-        log(rank, f"done: {epoch} epochs, step {step}, loss {loss.item():.5f}")
-    dist.destroy_process_group()
+    orders = {}
+    loss_fn = nn.MSELoss(reduction="sum")
+    stepping_in = -1  # the group (count of re-formations) this process last logged a step in
+    for batch in job.batches():
+        order = orders.get(batch.epoch)
+        if order is None:
+            orders.clear()
+            order = orders[batch.epoch] = torch.randperm(
+                args.samples, generator=torch.Generator().manual_seed(args.seed + batch.epoch))
+        idx = order[torch.tensor(batch.indices, dtype=torch.long)]
+        xb, yb = x[idx].to(device), y[idx].to(device)
+        opt.zero_grad()
+        loss = loss_fn(ddp(xb), yb)
+        (loss * batch.loss_scale).backward()
+        opt.step()
+        if batch.indices:
+            job.report(loss.item() / len(batch.indices))
+        if job.reforms != stepping_in:
+            event("stepping")  # the first step trained in this group
+            stepping_in = job.reforms
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    event("end", applied=job.applied_samples, evaluator=job.evaluator)
     return 0
 
 

@@ -1,5 +1,5 @@
 //! A real PyTorch DDP script (torch from PyPI, gloo on the CPU) as a command job, without any
-//! Brain SDK: `examples/pytorch-ddp/train.py`, which only reads torchrun's environment and
+//! Brain SDK: `examples/pytorch-ddp/train_plain.py`, which only reads torchrun's environment and
 //! checkpoints to `BRAIN_CHECKPOINT_DIR` (every few steps, and on SIGTERM).
 //!
 //! A plan is carried out by restarting the group at the new size; a kill -9 of a rank restarts
@@ -23,7 +23,7 @@ fn torch_python() -> Option<String> {
 }
 
 fn example() -> PathBuf {
-    example_script("pytorch-ddp")
+    example_script("pytorch-ddp/train_plain.py")
 }
 
 fn spec(python: &str, ckpt: &Path, workers: u32, extra: &[&str]) -> job_master::spec::JobSpec {

@@ -23,7 +23,7 @@ fn tf_python() -> Option<String> {
 }
 
 fn example() -> PathBuf {
-    example_script("tf-ps")
+    example_script("tf-ps/train.py")
 }
 
 const STEPS: u64 = 2000;

@@ -1,0 +1,173 @@
+//! A real PyTorch DDP script that trains through the Python SDK (`python/`, torch from PyPI,
+//! gloo on the CPU): `examples/pytorch-ddp/train.py` as an allreduce job with
+//! `rescale: in_place`.
+//!
+//! Rescaled 2 → 4 → 2 while it trains, then a rank killed with kill -9: the group re-forms in
+//! place (the two original ranks keep their pid through both plans; the new ranks load the cut
+//! checkpoint), the kill restarts the group from the latest cut, and the job succeeds with the
+//! ledger's exactly-once verdict and the model's own count of samples applied (every sample
+//! once per epoch, and the sum of their indices).
+//!
+//! Needs a Python with torch (`BRAIN_TORCH_PYTHON`) and the SDK's build requirements; without
+//! them the test prints SKIPPED, and fails when `BRAIN_REQUIRE_TORCH` is set.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use proto::jobmaster::v1 as pb;
+
+const SAMPLES: u64 = 12_000;
+const EPOCHS: u64 = 3;
+
+fn spec(python: &str, sdk: &Path, ckpt: &Path, events: &Path) -> job_master::spec::JobSpec {
+    let argv = vec![
+        python.to_string(),
+        example_script("pytorch-ddp/train.py").display().to_string(),
+        "--samples".into(),
+        SAMPLES.to_string(),
+        "--batch-size".into(),
+        "96".into(),
+        "--step-sleep".into(),
+        "0.01".into(),
+        "--events".into(),
+        events.display().to_string(),
+    ];
+    let yaml = format!(
+        r#"
+name: ddp-sdk
+kind: allreduce
+roles:
+  worker: {{ replicas: 2, min: 1, max: 4, max_restarts: 3 }}
+workload:
+  command: {argv:?}
+  rescale: in_place
+  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
+data: {{ num_samples: {SAMPLES}, shard_size: 400 }}
+epochs: {EPOCHS}
+checkpoint: {{ dir: {ckpt:?}, every_shards: 8 }}
+"#
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    spec
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Event {
+    event: String,
+    pid: u32,
+    world: u32,
+}
+
+fn events(path: &Path) -> Vec<Event> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn worker_pids(s: &pb::JobStatus) -> Vec<(u32, u32)> {
+    s.processes
+        .iter()
+        .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
+        .map(|p| (p.index, p.pid))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_script_rescaled_2_4_2_in_place_and_killed_trains_every_sample_once() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
+    let mut run = start(spec(&python, &sdk, &ckpt, &log), dir.path()).await;
+    let addr = run.addr;
+
+    // Training, and one checkpoint taken at a cut.
+    let s = wait_for(addr, Duration::from_secs(120), "a checkpoint", |s| {
+        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
+    })
+    .await;
+    let first = worker_pids(&s);
+    assert_eq!(first.len(), 2);
+
+    // 2 -> 4 in place: the two ranks keep their processes; two new ones join from the cut.
+    send(addr, plan(1, Some(4), None)).await;
+    let s = reached(addr, 1).await;
+    assert_eq!(live_workers(&s), 4);
+    let after_up = worker_pids(&s);
+    assert_eq!(
+        &after_up[..2],
+        &first[..],
+        "survivors keep their pid: {after_up:?}"
+    );
+
+    // 4 -> 2: the new ranks leave at the re-formation; the original two stay.
+    shards_at_least(addr, s.shards_done + 4).await;
+    send(addr, plan(2, Some(2), None)).await;
+    let s = reached(addr, 2).await;
+    assert_eq!(
+        worker_pids(&s),
+        first,
+        "the original ranks kept their pid through both plans"
+    );
+
+    // Every original process re-formed twice, in worlds of 4 then 2, without restarting (the
+    // plan is reached when the round forms; each process logs once its group is built).
+    let reforms = |ev: &[Event], pid: u32| -> Vec<u32> {
+        ev.iter()
+            .filter(|e| e.pid == pid && e.event == "reform")
+            .map(|e| e.world)
+            .collect()
+    };
+    let mut ev = events(&log);
+    for _ in 0..600 {
+        if first.iter().all(|&(_, pid)| reforms(&ev, pid).len() >= 2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ev = events(&log);
+    }
+    for &(_, pid) in &first {
+        assert_eq!(reforms(&ev, pid), vec![4, 2], "pid {pid}: {ev:?}");
+    }
+    let started: BTreeSet<u32> = ev
+        .iter()
+        .filter(|e| e.event == "start")
+        .map(|e| e.pid)
+        .collect();
+    assert_eq!(
+        started.len(),
+        4,
+        "two processes started with the job, two for plan 1: {ev:?}"
+    );
+
+    // kill -9 of a rank mid-epoch: the group restarts from the latest cut.
+    shards_at_least(addr, s.shards_done + 4).await;
+    kill9(pid_of(addr, pb::Role::Worker, 1).await);
+
+    let report = run.report().await;
+    assert!(report.data_tracked);
+    assert_each_sample_once(&report, SAMPLES, EPOCHS);
+    assert!(report.restarts.values().sum::<u32>() >= 1, "{report:?}");
+    assert_eq!(report.transitions.len(), 2);
+    assert!(
+        report.transitions.iter().all(|t| t.resumed_ms.is_some()),
+        "every rank stepped again after each plan: {:?}",
+        report.transitions
+    );
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("every process restarts from checkpoint")),
+        "{:#?}",
+        report.events
+    );
+}

@@ -1,0 +1,37 @@
+"""brain_sdk: train a script elastically under Brain's job master.
+
+    import brain_sdk
+    from brain_sdk.pytorch import ElasticDDP
+
+    job = brain_sdk.ElasticJob(batch_size=256)           # from the agent's environment
+    state = job.restore()                                 # the cut checkpoint, or None
+    ...build model and optimiser, load `state` into them...
+    job.save_with(lambda: {"model": model.state_dict(), "opt": opt.state_dict()})
+    ddp = ElasticDDP(job, model)
+    for batch in job.batches():                           # one step per batch
+        x, y = X[batch.indices], Y[batch.indices]
+        loss = loss_fn(ddp(x), y, reduction="sum") * batch.loss_scale
+        opt.zero_grad(); loss.backward(); opt.step()
+        job.report(loss.item() / batch.world_size)
+
+Run it as a job's `workload.command` with `rescale: in_place` (allreduce jobs) and the job's
+`data.num_samples` set to the data set's size. What the job gets:
+
+* data: shards leased from the job master and reported done after the step that used them,
+  so every sample is trained once per epoch through kill -9 and rescales (`job.py`);
+* in-place rescale: at a step boundary the group re-forms at the new size; survivors keep
+  their pid and memory, new ranks load the checkpoint of the cut (`pytorch.py`);
+* step, samples/s and loss reported to the job master, which forwards them to the brain;
+* checkpoints written atomically with their SHA-256, recorded in the job master's manifest,
+  loaded by `restore()` (`checkpoint.py`).
+
+Modules: `env` (who this process is), `master` (gRPC calls, stubs generated from proto/ at
+build time into `_gen`), `job`, `checkpoint`, `pytorch`, `errors`.
+"""
+
+from .env import ProcessEnv
+from .errors import BrainError, Refused
+from .job import Batch, ElasticJob
+
+__all__ = ["Batch", "BrainError", "ElasticJob", "ProcessEnv", "Refused"]
+__version__ = "0.1.0"

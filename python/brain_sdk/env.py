@@ -1,0 +1,77 @@
+"""Who this training process is, from the environment its worker agent set."""
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from .errors import BrainError
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "")
+    if not value:
+        raise BrainError(
+            f"{name} is not set: run this script as a Brain job's workload.command "
+            "(job-master run SPEC.yaml), whose worker agent sets it"
+        )
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> int:
+    raw = env.get(name, "")
+    if raw == "" and default is not None:
+        return default
+    raw = raw or _required(env, name)
+    try:
+        return int(raw)
+    except ValueError:
+        raise BrainError(f"{name}={raw!r} is not a whole number") from None
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    """The process's identity and its first group, as its agent launched it."""
+
+    master: str
+    role: str
+    index: int
+    incarnation: int
+    rank: int
+    world_size: int
+    service_addr: str
+    master_addr: str
+    master_port: int
+    round: int
+    checkpoint_dir: str
+    resume_from: Optional[str]
+    restart_count: int
+    # "allreduce" (a torch.distributed group) or "ps" (independent workers beside PS).
+    kind: str
+
+    @property
+    def host(self) -> str:
+        """The address this process serves on (its agent's node)."""
+        return self.service_addr.rsplit(":", 1)[0] or "127.0.0.1"
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "ProcessEnv":
+        env = os.environ if env is None else env
+        role = _required(env, "BRAIN_ROLE")
+        if role not in ("worker", "ps"):
+            raise BrainError(f"BRAIN_ROLE={role!r} is neither worker nor ps")
+        return cls(
+            master=_required(env, "BRAIN_MASTER_ADDR"),
+            role=role,
+            index=_int(env, "BRAIN_INDEX"),
+            incarnation=_int(env, "BRAIN_INCARNATION"),
+            rank=_int(env, "RANK"),
+            world_size=_int(env, "WORLD_SIZE"),
+            service_addr=env.get("BRAIN_SERVICE_ADDR", ""),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1") or "127.0.0.1",
+            master_port=_int(env, "MASTER_PORT", 0),
+            round=_int(env, "BRAIN_RENDEZVOUS_ROUND", 0),
+            checkpoint_dir=_required(env, "BRAIN_CHECKPOINT_DIR"),
+            resume_from=env.get("BRAIN_RESUME_FROM") or None,
+            restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+            kind="ps" if env.get("BRAIN_PS_VERSION") else "allreduce",
+        )

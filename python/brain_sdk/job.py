@@ -1,0 +1,373 @@
+"""`ElasticJob`: a training loop's side of the job master's protocol.
+
+Each step, every rank of the group:
+
+1. leases a shard from the job master when it holds none (the answer may instead say: wait, a
+   checkpoint is due, the group re-forms, or the data is over);
+2. offers the next samples of its shard (up to its share of the global batch) and its flags in
+   one small `all_gather`, so every rank sees the same step;
+3. when the step has samples, gets its even slice of them (`Batch.indices`), whichever ranks'
+   shards they come from, and trains on it (the body of the `for` loop);
+4. after the step, reports every shard whose last samples it applied as done.
+
+When no rank has samples, the flags decide, the same on every rank: all at the end of the
+data - the loop ends; all told to re-form - the process group is rebuilt in place at the new
+size (survivors keep their pid and memory, new ranks load the checkpoint of the cut); all told
+a checkpoint is due - rank 0 saves the script's state at this drained step boundary and the job
+master records it. A shard is therefore done only once the step that applied it is over, and
+a checkpoint holds exactly the shards done before it: after a kill -9 the job master rolls the
+ledger back to the checkpoint the new processes load, and every sample is trained once per
+epoch. The SDK also counts the samples applied and the sum of their indices (kept in the
+checkpoint), which the job's report compares with the data set.
+"""
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+from . import checkpoint as ckpt
+from ._gen import jobmaster_pb2 as pb
+from .env import ProcessEnv
+from .errors import BrainError
+from .master import MasterClient, reserve_port
+
+# One row per rank per step: start, samples, idle at the end of the data, checkpoint due,
+# re-form, epoch.
+_ROW = 6
+
+
+def local_batch(global_batch: int, world: int, rank: int) -> int:
+    """This rank's share of the global batch: split evenly, the remainder to the lowest ranks."""
+    world = max(world, 1)
+    return global_batch // world + (1 if rank < global_batch % world else 0)
+
+
+def index_sum(start: int, n: int) -> int:
+    """Sum of the indices start, start+1, ..., start+n-1."""
+    return start * n + n * (n - 1) // 2
+
+
+def slice_of(ranges: Sequence[Tuple[int, int]], lo: int, hi: int) -> List[int]:
+    """Indices lo..hi of the concatenation of `ranges` ((start, count) pairs)."""
+    out: List[int] = []
+    offset = 0
+    for start, n in ranges:
+        a, b = max(lo - offset, 0), min(hi - offset, n)
+        if a < b:
+            out.extend(range(start + a, start + b))
+        offset += n
+    return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's share of this rank."""
+
+    #: Sample indices this rank trains on in this step. Empty only when the step has fewer
+    #: samples than there are ranks: run the step anyway (DDP needs every rank's backward).
+    indices: List[int]
+    #: The step number once this step is applied (1 for the job's first).
+    step: int
+    epoch: int
+    #: Samples in this step over all ranks.
+    global_samples: int
+    world_size: int
+
+    @property
+    def loss_scale(self) -> float:
+        """Multiply a summed (reduction="sum") loss by this: DDP averages gradients over the
+        ranks, so the result is the gradient of the mean loss over the step's samples, however
+        unevenly they fell on the ranks."""
+        return self.world_size / self.global_samples
+
+
+class _Alone:
+    """A ps job's worker steps on its own: there is no group to agree with."""
+
+    rank, world_size = 0, 1
+
+    def form(self, rank: int, world_size: int, addr: str, port: int) -> None:
+        pass
+
+    def all_gather(self, row: List[float]) -> List[List[float]]:
+        return [row]
+
+    def leave(self) -> None:
+        pass
+
+
+class ElasticJob:
+    """The SDK's handle on the job: data, group, checkpoints and metrics.
+
+    `batch_size` is the global batch of one step (split over the ranks, whatever their
+    number). `backend` is torch.distributed's ("gloo" on the CPU, "nccl" for CUDA tensors);
+    `timeout_s` bounds every collective.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        *,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+        report_every_s: float = 1.0,
+        env: Optional[ProcessEnv] = None,
+        collective: Any = None,
+    ):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise BrainError(f"batch_size={batch_size!r}: give the global batch, a whole number >= 1")
+        self.env = env or ProcessEnv.from_env()
+        self.batch_size = batch_size
+        self.rank, self.world_size, self.round = (
+            self.env.rank,
+            self.env.world_size,
+            self.env.round,
+        )
+        self.master = MasterClient(self.env)
+        if collective is not None:
+            self._group = collective
+        elif self.env.kind == "ps":
+            self._group = _Alone()
+        else:
+            from .pytorch import TorchCollective
+
+            self._group = TorchCollective(backend=backend, timeout_s=timeout_s)
+        self._formed = False
+        self._iterating = False
+        self._save: Optional[Callable[[], Any]] = None
+        self._on_reform: List[Callable[[], None]] = []
+        self._report_every_s = report_every_s
+        #: Steps applied to the model, samples applied by all ranks and the sum of their
+        #: indices: kept in every checkpoint, so they continue across restarts.
+        self.step = 0
+        self.applied_samples = 0
+        self.applied_index_sum = 0
+        #: Samples this process trained on.
+        self.samples_total = 0
+        #: Times the group re-formed in place inside this process.
+        self.reforms = 0
+        #: Set at the end of the data on the one rank the job master chose to evaluate.
+        self.evaluator = False
+        self._loss_ema: Optional[float] = None
+        self._last_report: Optional[float] = None
+        self._samples_at_report = 0
+        self._since = time.monotonic()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def save_with(self, state: Callable[[], Any]) -> None:
+        """What a checkpoint holds: `state()` is called on rank 0 at each consistent cut (and
+        by `checkpoint()`), and what it returns is what `restore()` gives a later process."""
+        self._save = state
+
+    def restore(self) -> Optional[Any]:
+        """The state saved in the checkpoint this process resumes from (its SHA-256 checked),
+        or None when it starts fresh. Restores the SDK's step and sample counters too."""
+        if not self.env.resume_from:
+            return None
+        path, digest, _ = ckpt.manifest_model(self.env.resume_from)
+        blob = ckpt.read_verified(path, digest)
+        if not (isinstance(blob, dict) and "brain_sdk" in blob and "user" in blob):
+            raise BrainError(f"checkpoint {path} was not written by brain_sdk")
+        meta = blob["brain_sdk"]
+        self.step = int(meta["step"])
+        self.applied_samples = int(meta["applied_samples"])
+        self.applied_index_sum = int(meta["applied_index_sum"])
+        return blob["user"]
+
+    def checkpoint(self) -> str:
+        """Saves the state now and has the job master record it; returns the file's path.
+
+        The SDK calls this itself at every consistent cut. Call it yourself only where the
+        job master tracks no data for this job (the script reads its own), e.g. on SIGTERM:
+        a checkpoint anywhere else would not match the shards done, and is refused."""
+        if self._save is None:
+            raise BrainError("nothing to save: call job.save_with(fn) before training")
+        state = {
+            "user": self._save(),
+            "brain_sdk": {
+                "step": self.step,
+                "applied_samples": self.applied_samples,
+                "applied_index_sum": self.applied_index_sum,
+            },
+        }
+        directory = os.path.join(
+            self.env.checkpoint_dir,
+            f"sdk-r{self.round:04d}-s{self.step:08d}-i{self.env.incarnation}",
+        )
+        path = os.path.join(directory, "state.pt")
+        digest = ckpt.write_atomic(path, state)
+        self.master.commit(self.step, path, digest)
+        return path
+
+    def save_on_sigterm(self) -> None:
+        """On SIGTERM (a plan or a restart of a job that rescales by restarting), save a
+        checkpoint and exit 0 within the grace period. For a script that reads its own data;
+        where the job master leases the data, the checkpoints of its cuts are the ones that
+        count, and SIGTERM ends the process as usual."""
+
+        def handler(signum, frame):
+            self.checkpoint()
+            self.master.close()
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, handler)
+
+    # -- group -----------------------------------------------------------------------------
+
+    def form_group(self) -> None:
+        """Forms the process group at the rank and size the agent launched this process with
+        (torch.distributed's default group). Call it before wrapping a model in DDP;
+        `batches()` calls it too. Idempotent."""
+        if not self._formed:
+            self._group.form(self.rank, self.world_size, self.env.master_addr, self.env.master_port)
+            self._formed = True
+
+    def on_reform(self, fn: Callable[[], None]) -> None:
+        """`fn()` runs on every rank right after the group re-formed in place (rebuild DDP
+        there; `brain_sdk.pytorch.ElasticDDP` does it for you)."""
+        self._on_reform.append(fn)
+
+    def _reform(self) -> bool:
+        """Leaves the group and joins the next round. False: a plan removed this process."""
+        self._group.leave()
+        self._formed = False
+        # A fresh port for the next group's store, in case this process becomes its rank 0.
+        addr = f"{self.env.host}:{reserve_port(self.env.host)}"
+        r = self.master.rejoin(addr)
+        if r is None:
+            return False
+        self.rank, self.world_size, self.round = r.rank, r.world_size, r.round
+        self._group.form(r.rank, r.world_size, r.master_addr, r.master_port)
+        self._formed = True
+        self.reforms += 1
+        for fn in self._on_reform:
+            fn()
+        # The job master times a rescale until every rank reports a step: report the next.
+        self._last_report = None
+        self._samples_at_report = self.samples_total
+        self._since = time.monotonic()
+        return True
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def report(self, loss: float) -> None:
+        """The loss of the step just trained (a running mean goes to the job master)."""
+        loss = float(loss)
+        if loss == loss and loss not in (float("inf"), float("-inf")) and loss >= 0:
+            self._loss_ema = loss if self._loss_ema is None else 0.95 * self._loss_ema + 0.05 * loss
+
+    def _metrics(self) -> "pb.TrainingMetrics":
+        now = time.monotonic()
+        since = self._last_report if self._last_report is not None else self._since
+        sps = (self.samples_total - self._samples_at_report) / max(now - since, 1e-3)
+        self._last_report = now
+        self._samples_at_report = self.samples_total
+        return pb.TrainingMetrics(
+            global_step=self.step,
+            samples_per_second=sps,
+            loss=self._loss_ema or 0.0,
+            samples_total=self.samples_total,
+            applied_samples=self.applied_samples,
+            applied_index_sum=self.applied_index_sum,
+        )
+
+    def _report_if_due(self) -> None:
+        if self.step == 0:
+            return
+        if self._last_report is not None and time.monotonic() - self._last_report < self._report_every_s:
+            return
+        self.master.metrics(self._metrics())
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[Batch]:
+        """The steps of the job, until every shard of every epoch is done.
+
+        The body of the `for` loop is one training step; asking for the next batch says it is
+        over. A process a plan removes exits 0 here (SystemExit) at the step boundary where
+        the group re-forms."""
+        if self._iterating:
+            raise BrainError("batches() runs once per process")
+        if self._save is None and self.env.kind == "allreduce":
+            raise BrainError("call job.save_with(fn) first: rank 0 saves at every consistent cut")
+        self._iterating = True
+        self.form_group()
+        ended = False
+        while True:  # one group
+            share = local_batch(self.batch_size, self.world_size, self.rank)
+            shard = None
+            pos = 0
+            while True:  # one step
+                due = reform = False
+                if shard is None:
+                    # Ranks at the end of the data keep asking too: they take part in a
+                    # checkpoint or a re-formation the others vote for.
+                    lease = self.master.lease(self.round if self.env.kind == "allreduce" else 0)
+                    if lease.status == pb.LEASE_STATUS_GRANTED:
+                        shard, pos = lease.shard, lease.shard.start
+                    elif lease.status == pb.LEASE_STATUS_END_OF_DATA:
+                        ended = True
+                        self.evaluator = lease.evaluate
+                    elif lease.status == pb.LEASE_STATUS_REMOVED and self.env.kind == "ps":
+                        self._leave("removed by a scale plan")
+                    else:
+                        due, reform = lease.checkpoint_due, lease.reform
+                n = min(share, shard.end - pos) if shard is not None else 0
+                row = [
+                    float(pos if shard is not None else 0),
+                    float(n),
+                    float(ended and shard is None),
+                    float(due),
+                    float(reform),
+                    float(shard.epoch if shard is not None else 0),
+                ]
+                rows = self._group.all_gather(row)
+                world = len(rows)
+                total = int(sum(r[1] for r in rows))
+                if total > 0:
+                    ranges = [(int(r[0]), int(r[1])) for r in rows if r[1] > 0]
+                    mine = slice_of(
+                        ranges, total * self._group.rank // world, total * (self._group.rank + 1) // world
+                    )
+                    yield Batch(
+                        indices=mine,
+                        step=self.step + 1,
+                        epoch=int(max(r[5] for r in rows if r[1] > 0)),
+                        global_samples=total,
+                        world_size=world,
+                    )
+                    # The step is over: it is applied on every rank.
+                    self.step += 1
+                    self.applied_samples += total
+                    self.applied_index_sum += sum(index_sum(s, k) for s, k in ranges)
+                    self.samples_total += len(mine)
+                if shard is not None:
+                    pos += n
+                    if pos >= shard.end:
+                        self.master.done(shard)
+                        shard = None
+                self._report_if_due()
+                if total > 0:
+                    continue
+                flags = [int(sum(r[i] for r in rows)) for i in (2, 3, 4)]
+                if flags[0] == world:
+                    self.master.metrics(self._metrics())
+                    return
+                if flags[2] == world:
+                    if not self._reform():
+                        self._leave("removed by a scale plan at the re-formation")
+                    break
+                if flags[1] == world:
+                    if self._group.rank == 0:
+                        self.checkpoint()
+                else:
+                    time.sleep(0.005)
+
+    def _leave(self, why: str) -> None:
+        self.master.close()
+        print(f"[brain_sdk] {why}: exiting", flush=True)
+        raise SystemExit(0)

@@ -1,0 +1,84 @@
+"""The training process's calls to its job master (gRPC, stubs generated from proto/)."""
+
+import socket
+import time
+from typing import Optional
+
+import grpc
+
+from ._gen import jobmaster_pb2 as pb
+from ._gen import jobmaster_pb2_grpc as pb_grpc
+from .env import ProcessEnv
+from .errors import BrainError, Refused
+
+# Every call but the rendezvous poll answers at once; this bounds a job master that hangs.
+CALL_TIMEOUT_S = 30.0
+
+
+def reserve_port(host: str = "127.0.0.1") -> int:
+    """A free port for the next process group's store (as torchrun picks MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class MasterClient:
+    def __init__(self, env: ProcessEnv):
+        target = env.master.removeprefix("http://")
+        self._channel = grpc.insecure_channel(target)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=CALL_TIMEOUT_S)
+        except grpc.FutureTimeoutError:
+            raise BrainError(
+                f"the job master at {env.master} did not answer within {CALL_TIMEOUT_S:.0f} s"
+            ) from None
+        self._stub = pb_grpc.JobMasterStub(self._channel)
+        role = pb.ROLE_WORKER if env.role == "worker" else pb.ROLE_PS
+        self.me = pb.ProcessRef(role=role, index=env.index, incarnation=env.incarnation)
+
+    def _call(self, name: str, request):
+        try:
+            return getattr(self._stub, name)(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as e:
+            raise Refused(name, e.code().name, e.details() or "") from None
+
+    def lease(self, round_: int) -> "pb.LeaseShardResponse":
+        return self._call("LeaseShard", pb.LeaseShardRequest(process=self.me, round=round_))
+
+    def done(self, shard: "pb.Shard") -> None:
+        self._call(
+            "ReportShardDone",
+            pb.ShardDone(
+                process=self.me,
+                shard_id=shard.id,
+                epoch=shard.epoch,
+                samples=shard.end - shard.start,
+            ),
+        )
+
+    def metrics(self, m: "pb.TrainingMetrics") -> None:
+        m.process.CopyFrom(self.me)
+        self._call("ReportMetrics", m)
+
+    def commit(self, step: int, path: str, digest: str) -> None:
+        self._call(
+            "CommitCheckpoint",
+            pb.CheckpointCommit(process=self.me, step=step, path=path, digest=digest),
+        )
+
+    def rejoin(self, service_addr: str) -> Optional["pb.JoinRendezvousResponse"]:
+        """Joins the rendezvous again, serving the new group's store at `service_addr` if this
+        process becomes rank 0, and waits until the round forms. None: a plan removed it."""
+        while True:
+            r = self._call(
+                "JoinRendezvous",
+                pb.JoinRendezvousRequest(process=self.me, service_addr=service_addr),
+            )
+            if r.removed:
+                return None
+            if r.ready:
+                return r
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self._channel.close()

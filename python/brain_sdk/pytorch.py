@@ -1,0 +1,91 @@
+"""PyTorch glue: the process group the SDK re-forms, DDP that follows it, a batch sampler.
+
+* `TorchCollective` is the group `ElasticJob` steps with: torch.distributed's default group
+  (the script's backend) plus, when that backend is not gloo, a gloo group for the SDK's
+  one small all_gather per step (CPU tensors). Re-forming destroys the groups and starts new
+  ones at the new rank, size and store address.
+* `ElasticDDP(job, model)` is DistributedDataParallel that is rebuilt on every rank right after
+  the group re-forms (a DDP instance is tied to the group it was built in).
+* `ElasticBatchSampler(job)` is a `torch.utils.data.Sampler` of index lists, for
+  `DataLoader(dataset, batch_sampler=..., num_workers=0)`: each list is one step's `indices`.
+"""
+
+from datetime import timedelta
+from typing import Any, Iterator, List
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .errors import BrainError
+
+
+class TorchCollective:
+    def __init__(self, backend: str = "gloo", timeout_s: float = 300.0):
+        self.backend = backend
+        self.timeout = timedelta(seconds=timeout_s)
+        self.rank, self.world_size = 0, 1
+        self._sdk_group = None
+
+    def form(self, rank: int, world_size: int, addr: str, port: int) -> None:
+        if not port:
+            raise BrainError("MASTER_PORT is not set: the agent gives it to every process")
+        dist.init_process_group(
+            self.backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=self.timeout,
+        )
+        self._sdk_group = None if self.backend == "gloo" else dist.new_group(backend="gloo")
+        self.rank, self.world_size = rank, world_size
+
+    def all_gather(self, row: List[float]) -> List[List[float]]:
+        t = torch.tensor(row, dtype=torch.float64)
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t, group=self._sdk_group)
+        return [o.tolist() for o in out]
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._sdk_group = None
+
+
+class ElasticDDP:
+    """`DistributedDataParallel(model, **kwargs)`, rebuilt after each in-place re-formation.
+
+    Call it like the model; `.module` is the model itself (its parameters are what the
+    optimiser holds, unchanged across re-formations)."""
+
+    def __init__(self, job: Any, model: torch.nn.Module, **ddp_kwargs: Any):
+        self.module = model
+        self._kwargs = ddp_kwargs
+        job.form_group()
+        self.ddp = DistributedDataParallel(model, **ddp_kwargs)
+        job.on_reform(self._rebuild)
+
+    def _rebuild(self) -> None:
+        # Built in the new group: DDP broadcasts rank 0's parameters, which every survivor
+        # and every new rank (loaded from the cut checkpoint) already share.
+        self.ddp = DistributedDataParallel(self.module, **self._kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ddp(*args, **kwargs)
+
+
+class ElasticBatchSampler(torch.utils.data.Sampler):
+    """Yields each step's `indices` for a DataLoader with `num_workers=0` (a loader that
+    prefetches would end steps before they are trained). An index list is empty only when
+    a step has fewer samples than there are ranks; give the DataLoader a `collate_fn` that
+    accepts an empty list if your data can end that way."""
+
+    def __init__(self, job: Any):
+        self.job = job
+        #: The step being trained (its `global_samples`, `loss_scale`, `epoch`).
+        self.batch = None
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for batch in self.job.batches():
+            self.batch = batch
+            yield batch.indices
