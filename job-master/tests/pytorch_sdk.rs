@@ -171,3 +171,21 @@ async fn an_sdk_script_rescaled_2_4_2_in_place_and_killed_trains_every_sample_on
         report.events
     );
 }
+
+/// The SDK's own unit tests (`python/tests`: step slicing, environment, checkpoint files).
+#[test]
+fn the_sdk_unit_tests_pass() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/tests");
+    let out = std::process::Command::new(&python)
+        .args(["-m", "unittest", "discover", "-v", "-s"])
+        .arg(&tests)
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(!log.contains("Ran 0 tests"), "{log}");
+}

@@ -1,0 +1,103 @@
+"""Unit tests of the SDK's pure parts (run by job-master/tests/pytorch_sdk.rs, or by hand:
+`PYTHONPATH=DIR python -m unittest discover -s python/tests` with the SDK built into DIR)."""
+
+import json
+import os
+import random
+import tempfile
+import unittest
+
+from brain_sdk import BrainError, ProcessEnv
+from brain_sdk import checkpoint as ckpt
+from brain_sdk.job import Batch, ElasticJob, index_sum, local_batch, slice_of
+
+ENV = {
+    "BRAIN_MASTER_ADDR": "http://127.0.0.1:1",
+    "BRAIN_ROLE": "worker",
+    "BRAIN_INDEX": "2",
+    "BRAIN_INCARNATION": "3",
+    "BRAIN_SERVICE_ADDR": "127.0.0.1:4567",
+    "BRAIN_CHECKPOINT_DIR": "/tmp/x",
+    "RANK": "1",
+    "WORLD_SIZE": "4",
+    "MASTER_PORT": "29500",
+}
+
+
+class Steps(unittest.TestCase):
+    def test_local_batches_add_up_to_the_global_batch(self):
+        for world in range(1, 9):
+            self.assertEqual(sum(local_batch(100, world, r) for r in range(world)), 100)
+        self.assertEqual([local_batch(10, 4, r) for r in range(4)], [3, 3, 2, 2])
+
+    def test_the_ranks_slices_cover_a_step_once(self):
+        rng = random.Random(5)
+        for _ in range(200):
+            ranges = [(rng.randrange(10_000), rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
+            total = sum(n for _, n in ranges)
+            world = rng.randrange(1, 9)
+            got = []
+            for rank in range(world):
+                mine = slice_of(ranges, total * rank // world, total * (rank + 1) // world)
+                self.assertLessEqual(abs(len(mine) - total / world), 1)
+                got.extend(mine)
+            want = [i for s, n in ranges for i in range(s, s + n)]
+            self.assertEqual(got, want)
+            self.assertEqual(sum(want), sum(index_sum(s, n) for s, n in ranges))
+
+    def test_the_loss_scale_makes_ddp_average_over_the_step(self):
+        b = Batch(indices=[1, 2, 3], step=1, epoch=0, global_samples=10, world_size=4)
+        self.assertAlmostEqual(b.loss_scale, 0.4)
+
+
+class Environment(unittest.TestCase):
+    def test_the_agent_s_variables_are_read(self):
+        e = ProcessEnv.from_env(ENV)
+        self.assertEqual((e.index, e.incarnation, e.rank, e.world_size), (2, 3, 1, 4))
+        self.assertEqual((e.host, e.kind, e.resume_from), ("127.0.0.1", "allreduce", None))
+        self.assertEqual(ProcessEnv.from_env({**ENV, "BRAIN_PS_VERSION": "1"}).kind, "ps")
+
+    def test_a_script_run_by_hand_is_told_how_to_run_it(self):
+        env = dict(ENV)
+        del env["BRAIN_MASTER_ADDR"]
+        with self.assertRaisesRegex(BrainError, "BRAIN_MASTER_ADDR is not set: run this script as"):
+            ProcessEnv.from_env(env)
+        with self.assertRaisesRegex(BrainError, "RANK='one' is not a whole number"):
+            ProcessEnv.from_env({**ENV, "RANK": "one"})
+        with self.assertRaisesRegex(BrainError, "neither worker nor ps"):
+            ProcessEnv.from_env({**ENV, "BRAIN_ROLE": "chief"})
+
+    def test_a_bad_batch_size_is_refused_before_anything_starts(self):
+        with self.assertRaisesRegex(BrainError, "batch_size=0"):
+            ElasticJob(0, env=ProcessEnv.from_env(ENV))
+
+
+class Checkpoints(unittest.TestCase):
+    def test_a_checkpoint_round_trips_and_a_damaged_one_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c", "state.pt")
+            digest = ckpt.write_atomic(path, {"user": [1, 2], "brain_sdk": {"step": 3}})
+            self.assertEqual(os.listdir(os.path.dirname(path)), ["state.pt"], "no temporary left")
+            self.assertEqual(ckpt.read_verified(path, digest)["user"], [1, 2])
+            with open(path, "ab") as f:
+                f.write(b"x")
+            with self.assertRaisesRegex(BrainError, "is damaged: its SHA-256 is"):
+                ckpt.read_verified(path, digest)
+
+    def test_a_manifest_names_the_model_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            m = os.path.join(d, "manifest.json")
+            with open(m, "w") as f:
+                json.dump({"id": 1, "kind": "allreduce", "step": 7,
+                           "model": {"index": 0, "path": "/p", "digest": "ab", "keys": 0}}, f)
+            self.assertEqual(ckpt.manifest_model(m), ("/p", "ab", 7))
+            with open(m, "w") as f:
+                json.dump({"id": 1, "kind": "ps", "step": 7, "ps": []}, f)
+            with self.assertRaisesRegex(BrainError, "names no model file"):
+                ckpt.manifest_model(m)
+            with self.assertRaisesRegex(BrainError, "cannot read checkpoint manifest"):
+                ckpt.manifest_model(os.path.join(d, "missing.json"))
+
+
+if __name__ == "__main__":
+    unittest.main()
