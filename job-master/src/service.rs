@@ -93,6 +93,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             agent_id,
             incarnation,
             resources: ctx.launch_resources(key).as_ref().map(pb::Resources::from),
+            process_joins: ctx.process_joins(),
         }))
     }
 
@@ -151,11 +152,14 @@ impl pb::job_master_server::JobMaster for MasterService {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         let addr = (!r.service_addr.is_empty()).then_some(r.service_addr);
+        // A member polling while its round forms changes nothing worth a durable write (a
+        // restarted master makes every member join again anyway).
         let v = self
             .shared
-            .apply(|ctx, now| {
+            .apply_if(|ctx, now| {
                 let v = ctx.join_rendezvous_at(key, incarnation, addr, now)?;
-                Ok((v, ctx.advance(now)))
+                let durable = v.ready || v.removed;
+                Ok((v, ctx.advance(now), durable))
             })
             .await?;
         let (master_addr, master_port) = v

@@ -47,6 +47,8 @@ class ProcessEnv:
     restart_count: int
     # "allreduce" (a torch.distributed group) or "ps" (independent workers beside PS).
     kind: str
+    # The agent started this process before the rendezvous: it joins itself.
+    joins: bool = False
 
     @property
     def host(self) -> str:
@@ -56,6 +58,7 @@ class ProcessEnv:
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "ProcessEnv":
         env = os.environ if env is None else env
+        joins = env.get("BRAIN_PROCESS_JOINS") == "1"
         role = _required(env, "BRAIN_ROLE")
         if role not in ("worker", "ps"):
             raise BrainError(f"BRAIN_ROLE={role!r} is neither worker nor ps")
@@ -64,8 +67,10 @@ class ProcessEnv:
             role=role,
             index=_int(env, "BRAIN_INDEX"),
             incarnation=_int(env, "BRAIN_INCARNATION"),
-            rank=_int(env, "RANK"),
-            world_size=_int(env, "WORLD_SIZE"),
+            # A process that joins the rendezvous itself (BRAIN_PROCESS_JOINS) learns these
+            # from the job master when it does.
+            rank=_int(env, "RANK", 0 if joins else None),
+            world_size=_int(env, "WORLD_SIZE", 0 if joins else None),
             service_addr=env.get("BRAIN_SERVICE_ADDR", ""),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1") or "127.0.0.1",
             master_port=_int(env, "MASTER_PORT", 0),
@@ -74,4 +79,5 @@ class ProcessEnv:
             resume_from=env.get("BRAIN_RESUME_FROM") or None,
             restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
             kind="ps" if env.get("BRAIN_PS_VERSION") else "allreduce",
+            joins=joins,
         )

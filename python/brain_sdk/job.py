@@ -126,7 +126,16 @@ class ElasticJob:
             self.env.world_size,
             self.env.round,
         )
+        self._store = (self.env.master_addr, self.env.master_port)
+        self.resume_from = self.env.resume_from
+        self.restart_count = self.env.restart_count
         self.master = MasterClient(self.env)
+        if self.env.joins:
+            # Started before its group formed (it imported its framework meanwhile): join now.
+            r = self.master.rejoin(self.env.service_addr)
+            if r is None:
+                self._leave("removed by a scale plan before it joined")
+            self._joined(r)
         if collective is not None:
             self._group = collective
         elif self.env.kind == "ps":
@@ -149,6 +158,8 @@ class ElasticJob:
         self.samples_total = 0
         #: Times the group re-formed in place inside this process.
         self.reforms = 0
+        #: Wall-clock time (time.time()) the last step ended, None before the first.
+        self.last_step_time: Optional[float] = None
         #: Set at the end of the data on the one rank the job master chose to evaluate.
         self.evaluator = False
         self._loss_ema: Optional[float] = None
@@ -163,12 +174,18 @@ class ElasticJob:
         by `checkpoint()`), and what it returns is what `restore()` gives a later process."""
         self._save = state
 
+    def _joined(self, r: "pb.JoinRendezvousResponse") -> None:
+        self.rank, self.world_size, self.round = r.rank, r.world_size, r.round
+        self._store = (r.master_addr, r.master_port)
+        self.resume_from = r.resume_from or None
+        self.restart_count = r.restart_count
+
     def restore(self) -> Optional[Any]:
         """The state saved in the checkpoint this process resumes from (its SHA-256 checked),
         or None when it starts fresh. Restores the SDK's step and sample counters too."""
-        if not self.env.resume_from:
+        if not self.resume_from:
             return None
-        path, digest, _ = ckpt.manifest_model(self.env.resume_from)
+        path, digest, _ = ckpt.manifest_model(self.resume_from)
         blob = ckpt.read_verified(path, digest)
         if not (isinstance(blob, dict) and "brain_sdk" in blob and "user" in blob):
             raise BrainError(f"checkpoint {path} was not written by brain_sdk")
@@ -223,7 +240,7 @@ class ElasticJob:
         (torch.distributed's default group). Call it before wrapping a model in DDP;
         `batches()` calls it too. Idempotent."""
         if not self._formed:
-            self._group.form(self.rank, self.world_size, self.env.master_addr, self.env.master_port)
+            self._group.form(self.rank, self.world_size, *self._store)
             self._formed = True
 
     def on_reform(self, fn: Callable[[], None]) -> None:
@@ -240,7 +257,7 @@ class ElasticJob:
         r = self.master.rejoin(addr)
         if r is None:
             return False
-        self.rank, self.world_size, self.round = r.rank, r.world_size, r.round
+        self._joined(r)
         self._group.form(r.rank, r.world_size, r.master_addr, r.master_port)
         self._formed = True
         self.reforms += 1
@@ -345,6 +362,7 @@ class ElasticJob:
                     self.applied_samples += total
                     self.applied_index_sum += sum(index_sum(s, k) for s, k in ranges)
                     self.samples_total += len(mine)
+                    self.last_step_time = time.time()
                 if shard is not None:
                     pos += n
                     if pos >= shard.end:

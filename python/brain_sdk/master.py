@@ -78,7 +78,7 @@ class MasterClient:
                 return None
             if r.ready:
                 return r
-            time.sleep(0.005)
+            time.sleep(0.01)
 
     def close(self) -> None:
         self._channel.close()

@@ -134,35 +134,46 @@ fn tf_config(
     }
 }
 
-/// The environment of the training process.
+/// The environment of the training process. `join` is the rendezvous it starts in; `None`
+/// for a process that joins it itself (`process_joins`): it gets no rank or world size.
 fn child_env(
     args: &AgentArgs,
     reg: &pb::RegisterAgentResponse,
-    join: &pb::JoinRendezvousResponse,
+    join: Option<&pb::JoinRendezvousResponse>,
     incarnation: u64,
     service_addr: &str,
 ) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     let role = role_name(args.role);
     // What torchrun gives a process: this agent is a "node" running one process.
-    env.insert("RANK".into(), join.rank.to_string());
-    env.insert("GROUP_RANK".into(), join.rank.to_string());
     env.insert("LOCAL_RANK".into(), "0".into());
     env.insert("LOCAL_WORLD_SIZE".into(), "1".into());
-    env.insert("WORLD_SIZE".into(), join.world_size.to_string());
-    env.insert("MASTER_ADDR".into(), join.master_addr.clone());
-    env.insert("MASTER_PORT".into(), join.master_port.to_string());
-    env.insert(
-        "TORCHELASTIC_RESTART_COUNT".into(),
-        join.restart_count.to_string(),
-    );
     env.insert("TORCHELASTIC_RUN_ID".into(), reg.run_id.clone());
-    if let Some(tf) = tf_config(role, service_addr, join) {
-        env.insert("TF_CONFIG".into(), tf.to_string());
-    }
-    if let Some(c) = &join.cluster {
-        env.insert("BRAIN_PS_ADDRS".into(), c.ps.join(","));
-        env.insert("BRAIN_PS_VERSION".into(), c.ps_version.to_string());
+    match join {
+        Some(join) => {
+            env.insert("RANK".into(), join.rank.to_string());
+            env.insert("GROUP_RANK".into(), join.rank.to_string());
+            env.insert("WORLD_SIZE".into(), join.world_size.to_string());
+            env.insert("MASTER_ADDR".into(), join.master_addr.clone());
+            env.insert("MASTER_PORT".into(), join.master_port.to_string());
+            env.insert(
+                "TORCHELASTIC_RESTART_COUNT".into(),
+                join.restart_count.to_string(),
+            );
+            if let Some(tf) = tf_config(role, service_addr, join) {
+                env.insert("TF_CONFIG".into(), tf.to_string());
+            }
+            if let Some(c) = &join.cluster {
+                env.insert("BRAIN_PS_ADDRS".into(), c.ps.join(","));
+                env.insert("BRAIN_PS_VERSION".into(), c.ps_version.to_string());
+            }
+            env.insert("BRAIN_RESUME_FROM".into(), join.resume_from.clone());
+            env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
+            env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
+        }
+        None => {
+            env.insert("BRAIN_PROCESS_JOINS".into(), "1".into());
+        }
     }
     env.insert("BRAIN_MASTER_ADDR".into(), args.master.clone());
     env.insert("BRAIN_ROLE".into(), role.into());
@@ -170,9 +181,6 @@ fn child_env(
     env.insert("BRAIN_INCARNATION".into(), incarnation.to_string());
     env.insert("BRAIN_SERVICE_ADDR".into(), service_addr.into());
     env.insert("BRAIN_CHECKPOINT_DIR".into(), reg.checkpoint_dir.clone());
-    env.insert("BRAIN_RESUME_FROM".into(), join.resume_from.clone());
-    env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
-    env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
     // What the process was given, as the Kubernetes downward API would tell it.
     let r = reg.resources.unwrap_or_default();
     env.insert("BRAIN_CPU_MILLICORES".into(), r.cpu_millicores.to_string());
@@ -318,58 +326,64 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     tokio::pin!(shutdown);
     loop {
         if need_join && child.is_none() {
-            match client
-                .join_rendezvous(pb::JoinRendezvousRequest {
-                    process: Some(me(incarnation)),
-                    service_addr: service_addr.clone(),
-                })
-                .await
-            {
-                Ok(r) => {
-                    last_ok = Instant::now();
-                    let r = r.into_inner();
-                    if r.removed {
-                        // A scale plan removed this slot; the next heartbeat says shut down.
-                        need_join = false;
-                    } else if r.ready {
-                        let env = child_env(&args, &reg, &r, incarnation, &service_addr);
-                        match spawn(&args, &reg, env, &reg.job_kind) {
-                            Ok(c) => {
-                                let pid = c.id().unwrap_or(0);
-                                tracing::info!(
-                                    incarnation,
-                                    pid,
-                                    round = r.round,
-                                    rank = r.rank,
-                                    world = r.world_size,
-                                    "training process started"
-                                );
-                                child = Some((c, ProcSampler::new(pid)));
-                            }
-                            Err(e) => {
-                                // Reported like a shell that cannot run the program (127), so the
-                                // master's relaunch limits and reasons apply as to any exit.
-                                tracing::error!("{e}");
-                                let exit = exit_of(me(incarnation), 127, 0, String::new());
-                                if !report_exit(
-                                    &mut client,
-                                    exit,
-                                    args.master_timeout,
-                                    &mut shutdown,
-                                )
-                                .await?
-                                {
-                                    return Ok(0);
-                                }
-                            }
+            // The rendezvous the process starts in (None: it joins itself), once ready.
+            let ready = if reg.process_joins {
+                Some(None)
+            } else {
+                match client
+                    .join_rendezvous(pb::JoinRendezvousRequest {
+                        process: Some(me(incarnation)),
+                        service_addr: service_addr.clone(),
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        last_ok = Instant::now();
+                        let r = r.into_inner();
+                        if r.removed {
+                            // A scale plan removed this slot; the next heartbeat says shut down.
+                            need_join = false;
                         }
-                        need_join = false;
+                        r.ready.then_some(Some(r))
+                    }
+                    Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                        // Our incarnation is old: the next heartbeat tells us the new one.
+                        None
+                    }
+                    Err(status) => {
+                        tracing::warn!("rendezvous: {status}");
+                        None
                     }
                 }
-                Err(status) if status.code() == tonic::Code::FailedPrecondition => {
-                    // Our incarnation is old: the next heartbeat tells us the new one.
+            };
+            if let Some(join) = ready {
+                let env = child_env(&args, &reg, join.as_ref(), incarnation, &service_addr);
+                match spawn(&args, &reg, env, &reg.job_kind) {
+                    Ok(c) => {
+                        let pid = c.id().unwrap_or(0);
+                        tracing::info!(
+                            incarnation,
+                            pid,
+                            round = join.as_ref().map(|r| r.round),
+                            rank = join.as_ref().map(|r| r.rank),
+                            world = join.as_ref().map(|r| r.world_size),
+                            "training process started"
+                        );
+                        child = Some((c, ProcSampler::new(pid)));
+                    }
+                    Err(e) => {
+                        // Reported like a shell that cannot run the program (127), so the
+                        // master's relaunch limits and reasons apply as to any exit.
+                        tracing::error!("{e}");
+                        let exit = exit_of(me(incarnation), 127, 0, String::new());
+                        if !report_exit(&mut client, exit, args.master_timeout, &mut shutdown)
+                            .await?
+                        {
+                            return Ok(0);
+                        }
+                    }
                 }
-                Err(status) => tracing::warn!("rendezvous: {status}"),
+                need_join = false;
             }
         }
         let wait_child = async {

@@ -341,9 +341,20 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
             incarnation: 1
         }]
     );
+    // The group trains on while the new process starts (its agent starts it at once).
+    assert!(ctx.process_joins());
+    assert_eq!(ctx.transition.as_ref().unwrap().step, Step::Launch);
+    let (lease, _) = ctx.lease_with(w1, 1, None, Some(round), 4).unwrap();
+    let shard1 = granted(lease).expect("training goes on during the launch");
+    ctx.register_agent(w2, 1, "h".into(), "127.0.0.1:9002".into(), 4)
+        .unwrap();
+    assert!(!ctx.join_rendezvous(w2, 1, 5).unwrap().ready);
+    ctx.advance(5);
+    // It has joined: now the leases drain to a cut.
     assert_eq!(ctx.transition.as_ref().unwrap().step, Step::Cut);
+    ctx.shard_done(w1, 1, shard1.id, 5).unwrap();
     assert!(
-        ctx.lease_with(w1, 1, None, Some(round), 4)
+        ctx.lease_with(w1, 1, None, Some(round), 5)
             .unwrap()
             .0
             .checkpoint_due
@@ -365,8 +376,6 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
             .0
             .reform
     );
-    ctx.register_agent(w2, 1, "h".into(), "127.0.0.1:9002".into(), 8)
-        .unwrap();
     assert_eq!(
         ctx.join_rendezvous(w2, 1, 8).unwrap().resume_from,
         Some("/tmp/m.json".into()),

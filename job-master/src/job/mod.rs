@@ -204,6 +204,9 @@ pub enum Effect {
 /// Where a transition is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
+    /// allreduce, a script that joins the rendezvous itself: the group trains on while the
+    /// processes a plan adds start (import their framework) and join; then the cut.
+    Launch,
     /// Leases drain to a consistent cut and a checkpoint is taken there.
     Cut,
     /// ps: parameter servers move keys to their new owners.
@@ -219,6 +222,7 @@ pub enum Step {
 impl Step {
     pub fn name(self) -> &'static str {
         match self {
+            Step::Launch => "launch",
             Step::Cut => "cut",
             Step::Reshard => "reshard",
             Step::Reform => "reform",
@@ -541,6 +545,11 @@ impl JobContext {
     /// `in_place`): a plan restarts the whole group at the new size, as TorchElastic does.
     pub fn restarts_to_rescale(&self) -> bool {
         !self.is_builtin() && self.spec.workload.rescale != Some(crate::spec::Rescale::InPlace)
+    }
+
+    /// A script on the Python SDK joins the rendezvous itself: its agent starts it at once.
+    pub fn process_joins(&self) -> bool {
+        !self.is_builtin() && !self.restarts_to_rescale()
     }
 
     /// Whether the master saw the job's data (the built-in workload, or a command leasing its

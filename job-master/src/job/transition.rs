@@ -200,10 +200,19 @@ impl JobContext {
         // A command that does not re-form in place is rescaled TorchElastic's way: every
         // process gets SIGTERM (its grace period to checkpoint and exit), then the group starts
         // again at the target size with a new rank layout, port and restart count.
+        // A script that joins the rendezvous itself is started at once: the group trains on
+        // until the processes a plan adds have imported their framework and joined.
+        let warm_up =
+            needs_cut && self.process_joins() && to.get(&Role::Worker) > from.get(&Role::Worker);
         let (step, how) = if restart {
             (
                 Step::Settle,
                 "; the command's processes restart at the new size",
+            )
+        } else if warm_up {
+            (
+                Step::Launch,
+                "; the group trains on while its new processes start",
             )
         } else if needs_cut {
             (Step::Cut, "; draining to a consistent cut")
@@ -235,7 +244,7 @@ impl JobContext {
             effects.extend(self.advance(now_ms));
             return effects;
         }
-        if needs_cut {
+        if needs_cut && !warm_up {
             self.checkpoint_pending = true;
             effects.extend(self.ps_checkpoint_if_drained());
         } else if rdzv_changes {
@@ -338,6 +347,27 @@ impl JobContext {
                 return effects;
             };
             match t.step {
+                Step::Launch => {
+                    let waited = now_ms.saturating_sub(t.step_started_ms);
+                    let (from, to) = (t.from[&Role::Worker], t.to[&Role::Worker]);
+                    let version = t.plan.version;
+                    let rdzv = self.group.rendezvous().expect("allreduce jobs have one");
+                    let late: Vec<u32> = (from..to).filter(|&i| !rdzv.has_joined(i)).collect();
+                    if !late.is_empty() {
+                        if waited <= self.timing.register_timeout_ms {
+                            return effects;
+                        }
+                        self.log(
+                            now_ms,
+                            format!(
+                                "plan {version}: worker(s) {late:?} have not joined after \
+                                 {waited} ms; cutting without waiting for them"
+                            ),
+                        );
+                    }
+                    self.checkpoint_pending = true;
+                    self.set_step(Step::Cut, now_ms);
+                }
                 Step::Cut => {
                     let waited = now_ms.saturating_sub(t.step_started_ms);
                     if waited <= self.timing.cut_timeout_ms {
