@@ -1,6 +1,11 @@
-//! A real PyTorch DDP script (`examples/pytorch-ddp/train_plain.py`, gloo, CPU) rescaled 2 → 4, side by
-//! side in one run:
-//! * **restart-based** (no SDK): `job-master run` (release build) with the script as its command;
+//! A real PyTorch DDP script (gloo, CPU) rescaled 2 → 4, side by side in one run:
+//! * **in place** (`examples/pytorch-ddp/train.py` on the Python SDK, `rescale: in_place`):
+//!   `job-master run` (release build); from the plan being accepted to every rank of the group
+//!   of 4 having finished a training step (the new processes start and import torch while the
+//!   group of 2 trains on; then the cut, rank 0's checkpoint, the group re-formed in the running
+//!   processes). Also the pause: from the last step of the group of 2 to that moment.
+//! * **restart-based** (`examples/pytorch-ddp/train_plain.py`, no SDK): `job-master run` with the
+//!   script as its command;
 //!   from the plan being accepted to every rank of the new group of 4 having finished a training
 //!   step (SIGTERM, checkpoint, exit; new ranks launched; the group restarts at 4 and resumes);
 //! * **torchrun**: `torch.distributed.run --nnodes=1:4 --nproc-per-node=1 --rdzv-backend=c10d` on
@@ -38,6 +43,10 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train_plain.py")
 }
 
+fn sdk_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train.py")
+}
+
 fn now_s() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -45,28 +54,37 @@ fn now_s() -> f64 {
         .as_secs_f64()
 }
 
-/// Long enough never to end during a measurement.
-const ARGS: [&str; 6] = [
+/// Long enough never to end during a measurement (200,000 samples a process generates at its
+/// start, 1,000 epochs).
+const ARGS: [&str; 8] = [
     "--samples",
-    "2000000",
+    "200000",
+    "--epochs",
+    "1000",
     "--step-sleep",
     "0.01",
     "--checkpoint-every",
     "50",
 ];
 
-/// Seconds from `t0` until `world` ranks logged a first step at that world size after `t0`;
+fn log_lines(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Seconds from `t0` until `world` ranks logged a first step at that world size after `t0`
+/// (the plain script logs only those; the SDK script's `stepping` events are those);
 /// `None` after `timeout`.
 fn try_stepping(log: &Path, world: u32, t0: f64, timeout: Duration) -> Option<f64> {
     let start = Instant::now();
     loop {
-        let lines: Vec<serde_json::Value> = std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+        let lines = log_lines(log);
         let mut ranks: Vec<(u64, f64)> = lines
             .iter()
+            .filter(|v| v.get("event").is_none_or(|e| e == "stepping"))
             .filter(|v| v["world"] == world && v["t"].as_f64().unwrap() >= t0)
             .map(|v| (v["rank"].as_u64().unwrap(), v["t"].as_f64().unwrap()))
             .collect();
@@ -127,6 +145,62 @@ async fn ours(python: &str, events: usize) -> Vec<f64> {
     out
 }
 
+/// The SDK script rescaled in place: (plan accepted → every rank of 4 stepping, pause of the
+/// group: its last step of 2 → every rank of 4 stepping) per event.
+async fn in_place(python: &str, sdk: &Path, events: usize) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("events.jsonl");
+    let argv = vec![
+        python.to_string(),
+        sdk_script().display().to_string(),
+        "--samples".into(),
+        "200000".into(),
+        "--step-sleep".into(),
+        "0.01".into(),
+        "--events".into(),
+        log.display().to_string(),
+    ];
+    let yaml = format!(
+        "name: bench-ddp-sdk\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 1, max: 4 }}\n\
+         workload:\n  command: {argv:?}\n  rescale: in_place\n  \
+         env: {{ OMP_NUM_THREADS: \"1\", PYTHONPATH: {sdk:?} }}\n\
+         data: {{ num_samples: 200000, shard_size: 256 }}\nepochs: 10\n\
+         checkpoint: {{ dir: {:?} }}\n",
+        dir.path().join("ckpt")
+    );
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let (mut master, addr) = start_master(&spec, &dir.path().join("run"), None);
+    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    stepping(&log, 2, 0.0, Duration::from_secs(120));
+    let mut version = 0;
+    for _ in 0..events {
+        for (workers, measured) in [(4u32, true), (2, false)] {
+            std::thread::sleep(Duration::from_secs(2));
+            version += 1;
+            let plan = pb::ScalePlan::from(&ScalePlan::count(version, Role::Worker, workers));
+            let t0 = now_s();
+            let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
+            assert!(a.accepted, "{}", a.reason);
+            let took = stepping(&log, workers, t0, Duration::from_secs(120));
+            if measured {
+                // The survivors' last step in the group of 2, as they logged it on re-forming.
+                let last = log_lines(&log)
+                    .iter()
+                    .filter(|v| v["event"] == "reform" && v["t"].as_f64().unwrap() >= t0)
+                    .filter_map(|v| v["last_step"].as_f64())
+                    .fold(f64::INFINITY, f64::min);
+                out.push((took, t0 + took - last));
+            }
+        }
+    }
+    stop_master(&mut master.child);
+    out
+}
+
 /// Where the torchrun agents' output goes (kept: it says why a group did not form).
 fn torchrun_logs() -> PathBuf {
     std::env::temp_dir().join("brain-rescale-pytorch-torchrun")
@@ -173,11 +247,21 @@ fn torchrun_node(
         .expect("torchrun starts")
 }
 
+/// Kills a torchrun agent, its process group and its workers (which run in sessions of their
+/// own: left alive they would slow every later measurement down).
 fn stop_group(c: &mut std::process::Child) {
+    let workers = test_support::descendants(c.id());
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(c.id() as i32),
         nix::sys::signal::Signal::SIGKILL,
     );
+    for pid in workers {
+        // Gone already when it was in the agent's group.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
     let _ = c.wait();
 }
 
@@ -241,6 +325,17 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    let sdk = match test_support::python_sdk(&python) {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            test_support::skipped(&format!("the in-place column: cannot build python/: {e}"));
+            None
+        }
+    };
+    let inplace = match &sdk {
+        Some(dir) => in_place(&python, dir, events).await,
+        None => Vec::new(),
+    };
     let a = ours(&python, events).await;
     let b = torchrun(&python, events);
     let formed: Vec<f64> = b.iter().flatten().copied().collect();
@@ -251,8 +346,13 @@ async fn main() {
         "{:<34} {:>8} {:>8} {:>8} {:>8}",
         "way", "min s", "median s", "mean s", "max s"
     );
-    row("brain job master, restart-based", &a);
+    let took: Vec<f64> = inplace.iter().map(|p| p.0).collect();
+    row("brain, in place (SDK)", &took);
+    row("brain, restart-based (no SDK)", &a);
     row("torchrun --nnodes=1:4 (c10d)", &formed);
+    let pause: Vec<f64> = inplace.iter().map(|p| p.1).collect();
+    println!("\nin place: the group's pause, from its last step of 2 to every rank of 4 stepping");
+    row("brain, in place (SDK)", &pause);
     if b.iter().any(Option::is_none) {
         println!(
             "torchrun: {} of {} events formed no group of 4 within 120 s (its agents' output: {})",

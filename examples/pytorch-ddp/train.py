@@ -21,6 +21,7 @@ end of each process (pid, rank, world size), which the tests and the benchmark r
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -50,6 +51,9 @@ def main():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--events", default="", help="append a JSON line per start/re-form/end")
     args = p.parse_args()
+    # BRAIN_SDK_LOG=debug shows each step of a re-formation and checkpoint, with its time.
+    logging.basicConfig(level=os.environ.get("BRAIN_SDK_LOG", "warning").upper(),
+                        format="%(created).3f %(name)s: %(message)s")
 
     def event(kind, **fields):
         if args.events:
@@ -58,21 +62,26 @@ def main():
             with open(args.events, "a") as f:
                 f.write(json.dumps(line) + "\n")
 
-    job = brain_sdk.ElasticJob(batch_size=args.batch_size)
+    # Everything slow comes before the job is joined: a process a plan adds starts while the
+    # group trains on, and the group waits for it only from the moment it has joined.
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(args.features, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    x, y = dataset(args.samples, args.features, args.seed)
+
+    job = brain_sdk.ElasticJob(batch_size=args.batch_size)
     state = job.restore()
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
     job.save_with(lambda: {"model": model.state_dict(), "optimizer": opt.state_dict()})
     ddp = ElasticDDP(job, model)
-    job.on_reform(lambda: event("reform"))
+    # last_step: when this process finished its last step in the old group (the pause of a
+    # re-formation runs from there to the first step in the new one).
+    job.on_reform(lambda: event("reform", last_step=job.last_step_time))
     event("start", resumed=state is not None, device=str(device))
 
-    x, y = dataset(args.samples, args.features, args.seed)
     orders = {}
     loss_fn = nn.MSELoss(reduction="sum")
     stepping_in = -1  # the group (count of re-formations) this process last logged a step in

@@ -135,7 +135,7 @@ pub(crate) async fn commit_allreduce_checkpoint(
 ) -> Result<(), Error> {
     let (id, dir, generation) = {
         let ctx = shared.job.lock().await;
-        ctx.current(key, incarnation)?;
+        ctx.may_commit(key, incarnation)?;
         let (id, _) = ctx.next_checkpoint_dir();
         let dir = PathBuf::from(&model_path)
             .parent()

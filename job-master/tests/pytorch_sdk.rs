@@ -189,3 +189,84 @@ fn the_sdk_unit_tests_pass() {
     assert!(out.status.success(), "{log}");
     assert!(!log.contains("Ran 0 tests"), "{log}");
 }
+
+/// A script that reads its own data and uses the SDK only for its checkpoints
+/// (`tests/scripts/sdk_sigterm.py`): rescaled the restart way, rank 0 saves on SIGTERM, the job
+/// master records that checkpoint (from the process it just asked to stop), and the relaunched
+/// group resumes from it rather than from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_saved_on_sigterm_is_where_the_restarted_group_resumes() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_sigterm.py");
+    let argv = [
+        python.clone(),
+        script.display().to_string(),
+        "--target".into(),
+        "1500".into(),
+        "--starts".into(),
+        starts.display().to_string(),
+    ];
+    let yaml = format!(
+        r#"
+name: sigterm
+kind: allreduce
+roles:
+  worker: {{ replicas: 1, min: 1, max: 2 }}
+workload:
+  command: {argv:?}
+  grace_period_ms: 15000
+  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
+data: {{ num_samples: 100, shard_size: 10 }}
+checkpoint: {{ dir: {:?} }}
+"#,
+        dir.path().join("ckpt")
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let lines = |n: usize| {
+        let starts = starts.clone();
+        async move {
+            for _ in 0..1200 {
+                let l: Vec<serde_json::Value> = std::fs::read_to_string(&starts)
+                    .unwrap_or_default()
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+                if l.len() >= n {
+                    return l;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("fewer than {n} starts");
+        }
+    };
+    lines(1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    send(run.addr, plan(1, Some(2), None)).await;
+    let l = lines(3).await;
+    let rank0 = l[1..]
+        .iter()
+        .find(|s| s["rank"] == 0)
+        .expect("rank 0 restarted");
+    assert_eq!(rank0["world"], 2);
+    assert_eq!(rank0["restart"], 1);
+    assert!(
+        rank0["resumed"].as_u64().unwrap() > 0,
+        "the restarted group resumed from the SIGTERM checkpoint: {l:?}"
+    );
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "not tracked");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("committed by the script")),
+        "{:#?}",
+        report.events
+    );
+}

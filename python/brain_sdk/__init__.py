@@ -25,6 +25,9 @@ Run it as a job's `workload.command` with `rescale: in_place` (allreduce jobs) a
 * checkpoints written atomically with their SHA-256, recorded in the job master's manifest,
   loaded by `restore()` (`checkpoint.py`).
 
+The SDK logs what it does to the `brain_sdk` logger (`logging`): DEBUG shows each step of a
+re-formation and checkpoint with its time.
+
 Modules: `env` (who this process is), `master` (gRPC calls, stubs generated from proto/ at
 build time into `_gen`), `job`, `checkpoint`, `pytorch`, `errors`.
 """

@@ -21,6 +21,7 @@ epoch. The SDK also counts the samples applied and the sum of their indices (kep
 checkpoint), which the job's report compares with the data set.
 """
 
+import logging
 import os
 import signal
 import sys
@@ -33,6 +34,8 @@ from ._gen import jobmaster_pb2 as pb
 from .env import ProcessEnv
 from .errors import BrainError
 from .master import MasterClient, reserve_port
+
+log = logging.getLogger("brain_sdk")
 
 # One row per rank per step: start, samples, idle at the end of the data, checkpoint due,
 # re-form, epoch.
@@ -102,6 +105,10 @@ class _Alone:
 class ElasticJob:
     """The SDK's handle on the job: data, group, checkpoints and metrics.
 
+    A process that a plan adds joins the group when this is constructed (its agent started it
+    at once; the group trains on until it has joined): do the slow setup first (imports,
+    building the model, loading data), then construct the job and `restore()`.
+
     `batch_size` is the global batch of one step (split over the ranks, whatever their
     number). `backend` is torch.distributed's ("gloo" on the CPU, "nccl" for CUDA tensors);
     `timeout_s` bounds every collective.
@@ -132,9 +139,11 @@ class ElasticJob:
         self.master = MasterClient(self.env)
         if self.env.joins:
             # Started before its group formed (it imported its framework meanwhile): join now.
+            log.debug("joining the rendezvous")
             r = self.master.rejoin(self.env.service_addr)
             if r is None:
                 self._leave("removed by a scale plan before it joined")
+            log.debug("round %d formed: rank %d of %d", r.round, r.rank, r.world_size)
             self._joined(r)
         if collective is not None:
             self._group = collective
@@ -221,13 +230,16 @@ class ElasticJob:
         return path
 
     def save_on_sigterm(self) -> None:
-        """On SIGTERM (a plan or a restart of a job that rescales by restarting), save a
-        checkpoint and exit 0 within the grace period. For a script that reads its own data;
+        """On SIGTERM (a plan or a restart of a job that rescales by restarting), rank 0 saves
+        a checkpoint, which the job master records for the next launch to resume from, and
+        every rank exits 0, within the grace period. For a script that reads its own data:
         where the job master leases the data, the checkpoints of its cuts are the ones that
         count, and SIGTERM ends the process as usual."""
 
         def handler(signum, frame):
-            self.checkpoint()
+            if self.rank == 0:
+                path = self.checkpoint()
+                log.info("SIGTERM: checkpoint %s saved and recorded", path)
             self.master.close()
             sys.exit(0)
 
@@ -250,6 +262,7 @@ class ElasticJob:
 
     def _reform(self) -> bool:
         """Leaves the group and joins the next round. False: a plan removed this process."""
+        log.debug("re-forming: leaving the group of %d", self.world_size)
         self._group.leave()
         self._formed = False
         # A fresh port for the next group's store, in case this process becomes its rank 0.
@@ -257,12 +270,15 @@ class ElasticJob:
         r = self.master.rejoin(addr)
         if r is None:
             return False
+        log.debug("round %d formed: rank %d of %d", r.round, r.rank, r.world_size)
         self._joined(r)
         self._group.form(r.rank, r.world_size, r.master_addr, r.master_port)
         self._formed = True
         self.reforms += 1
+        log.debug("process group formed")
         for fn in self._on_reform:
             fn()
+        log.debug("re-formation callbacks done")
         # The job master times a rescale until every rank reports a step: report the next.
         self._last_report = None
         self._samples_at_report = self.samples_total
@@ -343,6 +359,8 @@ class ElasticJob:
                     float(shard.epoch if shard is not None else 0),
                 ]
                 rows = self._group.all_gather(row)
+                if log.isEnabledFor(logging.DEBUG) and (due or reform):
+                    log.debug("step row %s, all: %s", row, rows)
                 world = len(rows)
                 total = int(sum(r[1] for r in rows))
                 if total > 0:
@@ -376,12 +394,15 @@ class ElasticJob:
                     self.master.metrics(self._metrics())
                     return
                 if flags[2] == world:
+                    log.debug("every rank is told to re-form")
                     if not self._reform():
                         self._leave("removed by a scale plan at the re-formation")
                     break
                 if flags[1] == world:
                     if self._group.rank == 0:
+                        log.debug("checkpoint due at a drained step boundary: saving")
                         self.checkpoint()
+                        log.debug("checkpoint committed")
                 else:
                     time.sleep(0.005)
 

@@ -3,10 +3,11 @@
 //! * [`Spawned`]: a child process that is killed when dropped (also when a test fails), started
 //!   with [`spawn_announcing`], which reads the address the child printed after binding port 0,
 //!   so no test reserves a port and hopes it stays free.
-//! * [`wait_exit`], [`kill9`], [`parent_of`], [`alive`]: processes by pid.
+//! * [`wait_exit`], [`kill9`], [`parent_of`], [`descendants`], [`alive`]: processes by pid.
 //! * [`wait_until`]: polling with a deadline and a message that says what was awaited.
 //! * [`workspace_bins`]: the `job-master` and `worker-agent` binaries, built once per test
 //!   binary so that a test never runs a stale one.
+//! * [`python_sdk`]: this checkout's Python SDK, built for a test's Python.
 //! * [`optional_server`]: a real server a test needs (Ray, influxd, a Python with packages) is
 //!   missing: say `SKIPPED` loudly, or fail when `.ci/run` made it mandatory.
 
@@ -164,13 +165,37 @@ pub fn alive(pid: u32) -> bool {
 
 /// The parent of `pid`.
 pub fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    try_parent_of(pid).unwrap_or_else(|| panic!("no parent of {pid} in /proc/{pid}/stat"))
+}
+
+fn try_parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit(')')
         .next()
         .and_then(|rest| rest.split_whitespace().nth(1))
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no parent in /proc/{pid}/stat: {stat:?}"))
+}
+
+/// Every process descended from `pid` (its children, theirs, ...), from /proc: what killing a
+/// process group misses when a child started its own session (torchrun's workers do).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| Some((p, try_parent_of(p)?)))
+        .collect();
+    let (mut out, mut frontier) = (Vec::new(), vec![pid]);
+    while let Some(p) = frontier.pop() {
+        for &(child, parent) in &parents {
+            if parent == p {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
 }
 
 /// The directory holding the workspace's `job-master` and `worker-agent` binaries, built
@@ -217,6 +242,38 @@ pub fn workspace_bins(beside: &str) -> PathBuf {
                 );
             }
             dir
+        })
+        .clone()
+}
+
+/// Builds this checkout's Python SDK (`python/`) with `python` into a directory to put on
+/// `PYTHONPATH`, once per test binary: `pip install --no-build-isolation --target`, with the
+/// grpcio-tools of `python`'s environment (`.ci/run` installs the SDK's pinned build
+/// requirements into its torch virtualenv), so nothing is downloaded. `Err`: pip's output.
+pub fn python_sdk(python: &str) -> Result<PathBuf, String> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("brain-sdk-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+            let out = Command::new(python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(["--no-build-isolation", "--no-deps", "--target"])
+                .arg(&dir)
+                .arg(&sdk)
+                .output()
+                .map_err(|e| format!("{python}: {e}"))?;
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            Ok(dir)
         })
         .clone()
 }

@@ -327,6 +327,23 @@ impl JobContext {
         }]
     }
 
+    /// Whether `key`'s `incarnation` may commit a checkpoint: the current one, or, for a
+    /// script whose data the master does not track, the one just asked to stop (it saves on
+    /// SIGTERM within its grace period; its agent starts the next one only after it exited).
+    pub fn may_commit(&self, key: SlotKey, incarnation: u64) -> Result<(), Error> {
+        let stale = match self.current(key, incarnation) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let slot = self.slot(key)?;
+        let stopping = incarnation + 1 == slot.incarnation && slot.phase == SlotPhase::Restarting;
+        if stopping && !self.data_tracked() {
+            Ok(())
+        } else {
+            Err(stale)
+        }
+    }
+
     /// A checkpoint whose files are written and whose manifest is at `manifest` becomes the one
     /// to restore from. `generation` is the one the save was started in.
     pub fn checkpoint_committed(

@@ -430,37 +430,11 @@ pub fn example_script(path: &str) -> PathBuf {
 }
 
 /// The torch Python of [`python_with`] and a directory to put on its `PYTHONPATH` that holds
-/// this checkout's SDK (`python/`), built once per test process with the grpcio-tools the
-/// virtualenv has (`.ci/run` installs the SDK's build requirements into it).
+/// this checkout's SDK ([`test_support::python_sdk`]).
 pub fn torch_with_sdk() -> Option<(String, PathBuf)> {
-    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     let python = python_with("torch", "BRAIN_TORCH_PYTHON", "BRAIN_REQUIRE_TORCH")?;
-    let built = BUILT.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("brain-sdk-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
-        let out = std::process::Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-build-isolation",
-                "--no-deps",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(&sdk)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        Ok(dir)
-    });
-    match built {
-        Ok(dir) => Some((python, dir.clone())),
+    match test_support::python_sdk(&python) {
+        Ok(dir) => Some((python, dir)),
         Err(e) => panic!(
             "cannot build the SDK in python/ with {python} (it needs the build requirements of \
              python/pyproject.toml, as .ci/run installs them): {e}"
