@@ -367,8 +367,14 @@ async fn main() {
             s[s.len() / 2]
         };
         println!(
-            "ratio of medians (torchrun / ours): {:.2}",
+            "ratio of medians: torchrun / restart-based {:.2}",
             med(&formed) / med(&a)
         );
+        if !took.is_empty() {
+            println!(
+                "ratio of medians: torchrun / in place {:.2}",
+                med(&formed) / med(&took)
+            );
+        }
     }
 }

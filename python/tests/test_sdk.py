@@ -50,6 +50,31 @@ class Steps(unittest.TestCase):
         self.assertAlmostEqual(b.loss_scale, 0.4)
 
 
+class Sampler(unittest.TestCase):
+    def test_a_dataloader_gets_each_step_s_indices_in_step(self):
+        import torch
+        from brain_sdk.pytorch import ElasticBatchSampler
+
+        class Steps:  # what ElasticBatchSampler reads of a job: its batches
+            def __init__(self):
+                self.trained = []
+
+            def batches(self):
+                for step, idx in enumerate([[4, 5], [6], [7, 8]], start=1):
+                    yield Batch(indices=idx, step=step, epoch=0, global_samples=3, world_size=2)
+                    self.trained.append(step)  # the loop body ran: the step is over
+
+        job = Steps()
+        sampler = ElasticBatchSampler(job)
+        data = torch.arange(10) * 10
+        loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, num_workers=0)
+        seen = []
+        for batch in loader:
+            self.assertEqual(job.trained, list(range(1, len(seen) + 1)), "no step ends early")
+            seen.append((batch.tolist(), sampler.batch.step))
+        self.assertEqual(seen, [([40, 50], 1), ([60], 2), ([70, 80], 3)])
+
+
 class Environment(unittest.TestCase):
     def test_the_agent_s_variables_are_read(self):
         e = ProcessEnv.from_env(ENV)
