@@ -107,7 +107,6 @@ fn stepping(log: &Path, world: u32, t0: f64, timeout: Duration) -> f64 {
 }
 
 async fn ours(python: &str, events: usize) -> Vec<f64> {
-    let mut out = Vec::new();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("first-steps.jsonl");
     let mut argv = vec![python.to_string(), script().display().to_string()];
@@ -119,25 +118,39 @@ async fn ours(python: &str, events: usize) -> Vec<f64> {
          data: {{ num_samples: 1000, shard_size: 100 }}\ncheckpoint: {{ dir: {:?} }}\n",
         dir.path().join("ckpt")
     );
-    let spec = dir.path().join("job.yaml");
+    rescale_events(dir.path(), &yaml, &log, events, |_, took| took).await
+}
+
+/// Runs a job master on `yaml` in `dir`, waits for its group of 2 to step (as `log` says), then
+/// `events` times rescales it 2 → 4, measured (`measure(t0, seconds)`, t0 when the plan was
+/// sent), and back to 2.
+async fn rescale_events<T>(
+    dir: &Path,
+    yaml: &str,
+    log: &Path,
+    events: usize,
+    mut measure: impl FnMut(f64, f64) -> T,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    let spec = dir.join("job.yaml");
     std::fs::write(&spec, yaml).unwrap();
-    let (mut master, addr) = start_master(&spec, &dir.path().join("run"), None);
+    let (mut master, addr) = start_master(&spec, &dir.join("run"), None);
     let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
-    stepping(&log, 2, 0.0, Duration::from_secs(120));
+    stepping(log, 2, 0.0, Duration::from_secs(120));
     let mut version = 0;
     for _ in 0..events {
         for (workers, measured) in [(4u32, true), (2, false)] {
             std::thread::sleep(Duration::from_secs(2));
             version += 1;
             let plan = pb::ScalePlan::from(&ScalePlan::count(version, Role::Worker, workers));
-            let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
             let t0 = now_s();
+            let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
             assert!(a.accepted, "{}", a.reason);
-            let took = stepping(&log, workers, t0, Duration::from_secs(120));
+            let took = stepping(log, workers, t0, Duration::from_secs(120));
             if measured {
-                out.push(took);
+                out.push(measure(t0, took));
             }
         }
     }
@@ -148,7 +161,6 @@ async fn ours(python: &str, events: usize) -> Vec<f64> {
 /// The SDK script rescaled in place: (plan accepted → every rank of 4 stepping, pause of the
 /// group: its last step of 2 → every rank of 4 stepping) per event.
 async fn in_place(python: &str, sdk: &Path, events: usize) -> Vec<(f64, f64)> {
-    let mut out = Vec::new();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("events.jsonl");
     let argv = vec![
@@ -169,36 +181,16 @@ async fn in_place(python: &str, sdk: &Path, events: usize) -> Vec<(f64, f64)> {
          checkpoint: {{ dir: {:?} }}\n",
         dir.path().join("ckpt")
     );
-    let spec = dir.path().join("job.yaml");
-    std::fs::write(&spec, yaml).unwrap();
-    let (mut master, addr) = start_master(&spec, &dir.path().join("run"), None);
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    stepping(&log, 2, 0.0, Duration::from_secs(120));
-    let mut version = 0;
-    for _ in 0..events {
-        for (workers, measured) in [(4u32, true), (2, false)] {
-            std::thread::sleep(Duration::from_secs(2));
-            version += 1;
-            let plan = pb::ScalePlan::from(&ScalePlan::count(version, Role::Worker, workers));
-            let t0 = now_s();
-            let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
-            assert!(a.accepted, "{}", a.reason);
-            let took = stepping(&log, workers, t0, Duration::from_secs(120));
-            if measured {
-                // The survivors' last step in the group of 2, as they logged it on re-forming.
-                let last = log_lines(&log)
-                    .iter()
-                    .filter(|v| v["event"] == "reform" && v["t"].as_f64().unwrap() >= t0)
-                    .filter_map(|v| v["last_step"].as_f64())
-                    .fold(f64::INFINITY, f64::min);
-                out.push((took, t0 + took - last));
-            }
-        }
-    }
-    stop_master(&mut master.child);
-    out
+    rescale_events(dir.path(), &yaml, &log, events, |t0, took| {
+        // The survivors' last step in the group of 2, as they logged it on re-forming.
+        let last = log_lines(&log)
+            .iter()
+            .filter(|v| v["event"] == "reform" && v["t"].as_f64().unwrap() >= t0)
+            .filter_map(|v| v["last_step"].as_f64())
+            .fold(f64::INFINITY, f64::min);
+        (took, t0 + took - last)
+    })
+    .await
 }
 
 /// Where the torchrun agents' output goes (kept: it says why a group did not form).

@@ -20,7 +20,9 @@ use std::time::Duration;
 use common::*;
 use proto::jobmaster::v1 as pb;
 
-const SAMPLES: u64 = 12_000;
+// Enough to train on while new processes start on a busy 2-core machine (over 10 s under CI's
+// load, the group of 2 training meanwhile) and through both plans and a restart.
+const SAMPLES: u64 = 24_000;
 const EPOCHS: u64 = 3;
 
 fn spec(python: &str, sdk: &Path, ckpt: &Path, events: &Path) -> job_master::spec::JobSpec {
@@ -32,7 +34,7 @@ fn spec(python: &str, sdk: &Path, ckpt: &Path, events: &Path) -> job_master::spe
         "--batch-size".into(),
         "96".into(),
         "--step-sleep".into(),
-        "0.01".into(),
+        "0.03".into(),
         "--events".into(),
         events.display().to_string(),
     ];

@@ -445,3 +445,42 @@ fn a_script_that_stops_leasing_before_the_end_of_its_data_fails_the_job() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_plan_whose_new_processes_start_after_the_data_ran_out_is_abandoned_and_the_job_succeeds() {
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    everyone_joins(&mut ctx, 1);
+    let (w0, w1, w2) = (
+        key(Role::Worker, 0),
+        key(Role::Worker, 1),
+        key(Role::Worker, 2),
+    );
+    ctx.apply_plan(
+        ScalePlan::count(1, Role::Worker, 3),
+        &Capacity::default(),
+        2,
+    )
+    .unwrap();
+    assert_eq!(ctx.transition.as_ref().unwrap().step, Step::Launch);
+    // The group of 2 trains through every shard while worker 2 is still starting.
+    let mut now = 3;
+    while let Some(s) = granted(ctx.lease_with(w0, 1, None, None, now).unwrap().0) {
+        ctx.shard_done(w0, 1, s.id, now).unwrap();
+        now += 1;
+    }
+    assert!(ctx.ledger.is_complete());
+    let mut effects = Vec::new();
+    for k in [w0, w1] {
+        effects.extend(ctx.process_exited(k, 1, 0, 0, None, now).unwrap());
+    }
+    effects.extend(ctx.tick(now + 1));
+    assert!(ctx.transition.is_none());
+    assert_eq!(ctx.slots[&w2].phase, SlotPhase::Removed);
+    assert!(effects.contains(&Effect::Finish), "{effects:?}");
+    assert_eq!(ctx.phase, JobPhase::Finishing);
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text.contains("plan 1 abandoned: every shard was done")),
+    );
+}

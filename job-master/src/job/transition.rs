@@ -347,6 +347,14 @@ impl JobContext {
                 return effects;
             };
             match t.step {
+                Step::Launch if self.ledger.is_complete() => {
+                    // The group trained through the rest of the data while the new processes
+                    // started: nothing is left to train at the new size.
+                    let why = "every shard was done before the new processes joined".to_string();
+                    self.plans.queued = None;
+                    effects.extend(self.abandon_transition(why, now_ms));
+                    effects.extend(self.check_done(now_ms));
+                }
                 Step::Launch => {
                     let waited = now_ms.saturating_sub(t.step_started_ms);
                     let (from, to) = (t.from[&Role::Worker], t.to[&Role::Worker]);
