@@ -150,8 +150,13 @@ class ElasticJob:
         elif self.env.kind == "ps":
             self._group = _Alone()
         else:
-            from .pytorch import TorchCollective
-
+            try:
+                from .pytorch import TorchCollective
+            except ImportError as e:
+                raise BrainError(
+                    f"an allreduce job's group is torch.distributed, and torch does not import "
+                    f"({e}): pip install torch (or ./python[torch])"
+                ) from None
             self._group = TorchCollective(backend=backend, timeout_s=timeout_s)
         self._formed = False
         self._iterating = False
