@@ -37,10 +37,6 @@ from .master import MasterClient, reserve_port
 
 log = logging.getLogger("brain_sdk")
 
-# One row per rank per step: start, samples, idle at the end of the data, checkpoint due,
-# re-form, epoch.
-_ROW = 6
-
 
 def local_batch(global_batch: int, world: int, rank: int) -> int:
     """This rank's share of the global batch: split evenly, the remainder to the lowest ranks."""
@@ -355,6 +351,8 @@ class ElasticJob:
                     else:
                         due, reform = lease.checkpoint_due, lease.reform
                 n = min(share, shard.end - pos) if shard is not None else 0
+                # This rank's offer: start, samples, idle at the end of the data, checkpoint
+                # due, re-form, epoch.
                 row = [
                     float(pos if shard is not None else 0),
                     float(n),

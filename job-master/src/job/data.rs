@@ -488,7 +488,8 @@ impl JobContext {
     }
 
     /// The job's work is over when every worker exited 0 and, for the built-in workload, every
-    /// shard is done and the final model was evaluated.
+    /// shard is done and the final model was evaluated; for a script that leased shards (the
+    /// SDK), every shard is done (else the job fails, saying so).
     pub(super) fn check_done(&mut self, now_ms: u64) -> Vec<Effect> {
         if self.phase != JobPhase::Running {
             return Vec::new();
