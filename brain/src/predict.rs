@@ -5,7 +5,7 @@
 
 use optimizer::live::LiveCluster;
 use optimizer::profile::{History, LearnedModel, Predictor, ProfileSample};
-use optimizer::sizing::{LearnedMemory, PastJob};
+use optimizer::sizing::{LearnedDemand, PastJob};
 use vocab::{JobSpec, Role};
 
 use crate::BrainError;
@@ -20,7 +20,7 @@ pub struct Prediction {
 }
 
 /// Fills `spec` in. `history` is every job the brain knows (finished ones are used).
-/// `model`, when `brainctl train` stored one, sizes the workers' memory (at `now_s`).
+/// `model`, when `brainctl train` stored one, sizes the workers' CPU and memory (at `now_s`).
 pub fn predict(
     spec: &JobSpec,
     history: &[JobRow],
@@ -42,7 +42,8 @@ pub fn predict(
             requested: None,
             used: Default::default(),
         };
-        m.predict(&h, &job).map(|d| LearnedMemory {
+        m.predict(&h, &job).map(|d| LearnedDemand {
+            worker_millicores: d.0[0],
             worker_mib: d.0[1],
             trained_on: m.trained_on,
             quantile: m.quantile,

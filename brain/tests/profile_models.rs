@@ -178,6 +178,39 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
     // Batch 64 used 2 × 64 MiB ± 10 % per process: enough for all, far less than the 2 GiB given.
     let mem_mib = p.0[1];
     assert!((141.0..400.0).contains(&mem_mib), "{p:?} for {next:?}");
+    // Submission sizes a new job's workers from it: CPU in whole slots (batch 256 used about
+    // 1,024m per process, batch 64 about 256m), memory, each with its reason.
+    let cluster = optimizer::live::LiveCluster {
+        cpu_millicores: 8_000,
+        slot_millicores: 500,
+        max_processes: 64,
+    };
+    let jobs = store.jobs().unwrap();
+    let now_s = 1_700_000_000.0 + 61.0 * 3600.0;
+    let sized = |batch: u32| {
+        let spec: vocab::JobSpec = serde_norway::from_str(&format!(
+            "name: next\nkind: allreduce\nroles:\n  worker: {{ min: 1, max: 4 }}\n\
+             workload:\n  builtin: {{ batch_size: {batch} }}\n\
+             data: {{ num_samples: 6000, shard_size: 100 }}\n\
+             checkpoint: {{ dir: checkpoints, every_shards: 10 }}\n"
+        ))
+        .unwrap();
+        brain::predict::predict(&spec, &jobs, &cluster, Some(&model), now_s).unwrap()
+    };
+    let big = sized(256);
+    assert!(
+        big.shape.worker_millicores >= 1_500 && big.shape.worker_millicores % 500 == 0,
+        "{:?}",
+        big.reasons
+    );
+    assert!(
+        big.reasons
+            .iter()
+            .any(|r| r.starts_with("worker cpu: ") && r.contains("from the job-profile model")),
+        "{:?}",
+        big.reasons
+    );
+    assert_eq!(sized(64).shape.worker_millicores, 500);
 
     let out = evaluate_own(db_arg);
     assert!(out.status.success());

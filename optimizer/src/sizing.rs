@@ -5,9 +5,9 @@
 //! with the counts they ended at. "Like it" means the same kind and the same workload (built-in
 //! settings or command). From those the job takes the median worker and PS counts and their
 //! peak memory per process with a 25 % margin; a stored job-profile model, when the caller
-//! passes its answer ([`LearnedMemory`]), sizes the workers' memory instead. Without history a
-//! job starts at its minimum (at least 2 workers where its bounds allow), with one slot of CPU
-//! per process and 512 MiB. A bound the user left out becomes what the cluster can hold. What
+//! passes its answer ([`LearnedDemand`]), sizes the workers' CPU (in whole scheduling slots)
+//! and memory instead. Without either a job starts at its minimum (at least 2 workers where its
+//! bounds allow), with one slot of CPU per process and 512 MiB. A bound the user left out becomes what the cluster can hold. What
 //! the user gave is kept as given.
 
 use vocab::spec::RoleSpec;
@@ -30,9 +30,10 @@ pub struct PastJob {
     pub peak_memory_bytes: u64,
 }
 
-/// What a trained job-profile model says a worker of this job needs.
+/// What a trained job-profile model says a worker of this job needs (its margin included).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LearnedMemory {
+pub struct LearnedDemand {
+    pub worker_millicores: f64,
     pub worker_mib: f64,
     /// Jobs the model was fitted on, and the share of jobs its margin covers (for the reason).
     pub trained_on: usize,
@@ -56,7 +57,7 @@ pub fn size(
     spec: &JobSpec,
     history: &[PastJob],
     cluster: &LiveCluster,
-    learned: Option<LearnedMemory>,
+    learned: Option<LearnedDemand>,
 ) -> Result<Sized, PolicyError> {
     let mut spec = spec.clone();
     let mut reasons = Vec::new();
@@ -94,9 +95,32 @@ pub fn size(
         };
         let mut r: RoleSpec = r;
         let resources = r.resources.clone().unwrap_or_default();
-        let cpu = match resources.cpu {
-            Some(c) => c,
-            None => {
+        let cpu = match (resources.cpu, learned) {
+            (Some(c), _) => c,
+            (None, Some(l))
+                if role == Role::Worker
+                    && l.worker_millicores.is_finite()
+                    && l.worker_millicores > 0.0 =>
+            {
+                // Whole slots, as the scheduler hands them out; never more than the cluster.
+                let most = (cluster.cpu_millicores / slot).max(1);
+                let slots = ((l.worker_millicores / slot as f64).ceil() as u64).clamp(1, most);
+                let capped = if l.worker_millicores > (most * slot) as f64 {
+                    ", capped at the cluster's CPU"
+                } else {
+                    ""
+                };
+                reasons.push(format!(
+                    "worker cpu: {}m ({slots} slot(s) of {slot}m) from the job-profile model \
+                     ({:.0}m predicted; {} jobs, margin for {:.0} % of jobs){capped}",
+                    slots * slot,
+                    l.worker_millicores,
+                    l.trained_on,
+                    l.quantile * 100.0
+                ));
+                Millicores(slots * slot)
+            }
+            (None, _) => {
                 reasons.push(format!("{role} cpu: {slot}m, one scheduling slot"));
                 Millicores(slot)
             }
@@ -222,7 +246,8 @@ mod tests {
     fn a_learned_memory_sizes_workers_and_other_workloads_are_not_similar() {
         let mut other = past("other", 7, 3, 7000);
         other.spec.workload.builtin.as_mut().unwrap().batch_size = 128;
-        let learned = LearnedMemory {
+        let learned = LearnedDemand {
+            worker_millicores: 1_700.0,
             worker_mib: 300.4,
             trained_on: 40,
             quantile: 0.95,
@@ -237,6 +262,35 @@ mod tests {
         assert_eq!((count(&s, Role::Ps), count(&s, Role::Worker)), (2, 3));
         let memory = |role| s.spec.roles[&role].resources.as_ref().unwrap().memory;
         assert_eq!(memory(Role::Worker), Some(Bytes(300 << 20)));
+        // CPU in whole slots: 1,700m predicted is two slots of 1,000m; the PS keeps one.
+        let cpu = |role| s.spec.roles[&role].resources.as_ref().unwrap().cpu;
+        assert_eq!(cpu(Role::Worker), Some(Millicores(2_000)));
+        assert_eq!(cpu(Role::Ps), Some(Millicores(1_000)));
+        let why = "worker cpu: 2000m (2 slot(s) of 1000m) from the job-profile model (1700m \
+                   predicted; 40 jobs, margin for 95 % of jobs)";
+        assert!(s.reasons.iter().any(|r| r == why), "{:?}", s.reasons);
+        // More than the cluster has is capped at it, and said so.
+        let huge = LearnedDemand {
+            worker_millicores: 50_000.0,
+            ..learned
+        };
+        let capped = size(
+            &spec("  ps: {}\n  worker: {}\n"),
+            &[],
+            &cluster(),
+            Some(huge),
+        )
+        .unwrap();
+        let res = capped.spec.roles[&Role::Worker].resources.as_ref().unwrap();
+        assert_eq!(res.cpu, Some(Millicores(8_000)));
+        assert!(
+            capped
+                .reasons
+                .iter()
+                .any(|r| r.ends_with("capped at the cluster's CPU")),
+            "{:?}",
+            capped.reasons
+        );
         // The PS is sized from history: 500 MiB over 5 processes, + 25 %.
         assert_eq!(memory(Role::Ps), Some(Bytes(125 << 20)));
         assert!(
