@@ -132,15 +132,6 @@ class ElasticJob:
         self._store = (self.env.master_addr, self.env.master_port)
         self.resume_from = self.env.resume_from
         self.restart_count = self.env.restart_count
-        self.master = MasterClient(self.env)
-        if self.env.joins:
-            # Started before its group formed (it imported its framework meanwhile): join now.
-            log.debug("joining the rendezvous")
-            r = self.master.rejoin(self.env.service_addr)
-            if r is None:
-                self._leave("removed by a scale plan before it joined")
-            log.debug("round %d formed: rank %d of %d", r.round, r.rank, r.world_size)
-            self._joined(r)
         if collective is not None:
             self._group = collective
         elif self.env.kind == "ps":
@@ -154,6 +145,15 @@ class ElasticJob:
                     f"({e}): pip install torch (or ./python[torch])"
                 ) from None
             self._group = TorchCollective(backend=backend, timeout_s=timeout_s)
+        self.master = MasterClient(self.env)
+        if self.env.joins:
+            # Started before its group formed (it imported its framework meanwhile): join now.
+            log.debug("joining the rendezvous")
+            r = self.master.rejoin(self.env.service_addr)
+            if r is None:
+                self._leave("removed by a scale plan before it joined")
+            log.debug("round %d formed: rank %d of %d", r.round, r.rank, r.world_size)
+            self._joined(r)
         self._formed = False
         self._iterating = False
         self._save: Optional[Callable[[], Any]] = None
