@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::BrainError;
 use crate::control::{Control, now_unix_ms};
-use crate::store::{JobId, JobRow, Metric, Shape, Store};
+use crate::store::{JobId, JobRow, JobState, Metric, Shape, Store};
 
 pub struct BrainService {
     control: Arc<Control>,
@@ -240,6 +240,21 @@ impl pb::brain_server::Brain for BrainService {
         })
         .map_err(|e| Status::invalid_argument(e.0))?;
         let workers = plan.count_of(vocab::Role::Worker);
+        let ps = plan.count_of(vocab::Role::Ps);
+        let id = JobId(r.job_id);
+        let row = self.with_store(move |s| s.job(id)).await?;
+        if row.state != JobState::Running {
+            return Err(Status::failed_precondition(format!(
+                "job {} is {}: only a running job can be scaled",
+                row.name,
+                row.state.as_str()
+            )));
+        }
+        if let Some(shape) = &row.shape {
+            shape.check_plan(workers, ps).map_err(|why| {
+                Status::invalid_argument(format!("job {}: {why}; nothing changed", row.name))
+            })?;
+        }
         let version = self
             .with_store(move |s| {
                 let body = |version: u64| {

@@ -416,3 +416,107 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert!(!ok && out.contains("--dry-run"), "{out}");
     brain.kill();
 }
+
+/// An operator resizes a brain-managed job through the brain (`brainctl scale`), whose job
+/// master refuses plans from anywhere else; counts the job cannot take are refused with the
+/// reason and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Rounds every second, but no resize of a job within 10 minutes of its last change: the
+    // operator's plan is the only one.
+    std::fs::write(
+        d.join("policy.toml"),
+        "[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\ncooldown_s = 600\n",
+    )
+    .unwrap();
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
+    let url = format!("http://{addr}");
+    let path = spec(d, "scaled", "allreduce", 300);
+    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{text}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let master = loop {
+        let all = jobs(&url).await.unwrap_or_default();
+        if let Some(j) = all
+            .iter()
+            .find(|j| j.state == "running" && !j.master_address.is_empty())
+        {
+            break j.master_address.clone();
+        }
+        assert!(Instant::now() < deadline, "not running: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // Straight to the job master: refused, the brain named.
+    let out = std::process::Command::new(bin_dir().join("job-master"))
+        .args(["scale", "--master", &master, "--workers", "3"])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("job scaled is managed by the brain at {url}")),
+        "{said}"
+    );
+
+    // Through the brain: counts the job cannot take are refused with the reason.
+    let (ok, said) = brainctl(&["scale", "scaled", "--workers", "9", "--brain", &url]);
+    assert!(!ok);
+    assert!(
+        said.contains("job scaled: 9 workers is outside the job's bounds [1, 4]; nothing changed"),
+        "{said}"
+    );
+    let (ok, said) = brainctl(&["scale", "scaled", "--ps", "2", "--brain", &url]);
+    assert!(!ok);
+    assert!(
+        said.contains("an allreduce job has no parameter servers"),
+        "{said}"
+    );
+    let (ok, said) = brainctl(&["scale", "scaled", "--brain", &url]);
+    assert!(!ok);
+    assert!(said.contains("--workers N and/or --ps M"), "{said}");
+
+    // A count it can take: a versioned plan its job master carries out.
+    let (ok, said) = brainctl(&["scale", "scaled", "--workers", "3", "--brain", &url]);
+    assert!(ok, "{said}");
+    let version: u64 = said
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no plan version in {said:?}"));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
+            .await
+            .unwrap();
+        let s = c
+            .get_status(jm::StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if s.reached_plan_version >= version {
+            assert_eq!(alive(&master).await, Some(3), "{s:#?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "plan {version} not reached: {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The job runs to its end at the operator's size.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let job = loop {
+        let all = jobs(&url).await.unwrap();
+        if all[0].state == "succeeded" || all[0].state == "failed" {
+            break all[0].clone();
+        }
+        assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(job.state, "succeeded", "{job:#?}");
+    brain.kill();
+}

@@ -377,6 +377,21 @@ impl pb::job_master_server::JobMaster for MasterService {
         req: Request<pb::ScalePlan>,
     ) -> Result<Response<pb::ScalePlanAnswer>, Status> {
         let plan = scale_plan(req.into_inner())?;
+        if let Some(brain) = &self.shared.managed_by {
+            // The brain's own plans arrive through its link, not here.
+            let ctx = self.shared.job.lock().await;
+            return Ok(Response::new(pb::ScalePlanAnswer {
+                accepted: false,
+                reason: format!(
+                    "job {} is managed by the brain at {brain}: scale it there \
+                     (`brainctl scale {} --brain {brain}`), whose plans would otherwise collide \
+                     with this one",
+                    ctx.spec.name, ctx.spec.name
+                ),
+                desired_version: ctx.plans.desired,
+                reached_version: ctx.plans.reached,
+            }));
+        }
         Ok(Response::new(self.shared.apply_scale_plan(plan).await?))
     }
 }

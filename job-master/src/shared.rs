@@ -30,6 +30,9 @@ pub(crate) struct Shared {
     pub ps_stats: Mutex<Vec<PsStats>>,
     /// What the platform can place, for checking scale plans.
     pub capacity: Capacity,
+    /// The brain this master takes its plans from, if any: plans from anywhere else are
+    /// refused, so that two planners never race over one job's plan versions.
+    pub managed_by: Option<String>,
 }
 
 impl Shared {

@@ -120,6 +120,34 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Whether an operator's plan to `workers` workers and `ps` parameter servers fits this
+    /// job (its bounds and node unit, its kind); the reason when not.
+    pub fn check_plan(&self, workers: Option<u32>, ps: Option<u32>) -> Result<(), String> {
+        if let Some(w) = workers {
+            if !(self.min_workers..=self.max_workers).contains(&w) {
+                return Err(format!(
+                    "{w} workers is outside the job's bounds [{}, {}]",
+                    self.min_workers, self.max_workers
+                ));
+            }
+            if w % self.node_unit.max(1) != 0 {
+                return Err(format!(
+                    "{w} workers is not a multiple of the job's node_unit {}",
+                    self.node_unit
+                ));
+            }
+        }
+        match (ps, self.kind) {
+            (Some(_), vocab::JobKind::Allreduce) => {
+                Err("an allreduce job has no parameter servers to scale".into())
+            }
+            (Some(0), vocab::JobKind::Ps) => {
+                Err("a ps job needs at least 1 parameter server".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Rejects shapes no job can have, naming the field and its value.
     pub fn validate(&self) -> Result<(), String> {
         match self.kind {

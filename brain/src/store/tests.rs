@@ -121,3 +121,37 @@ fn an_unknown_stored_value_is_an_error_not_a_default() {
     .unwrap();
     assert!(s.job(a).unwrap_err().to_string().contains("column shape"));
 }
+
+#[test]
+fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
+    let shape = Shape {
+        kind: vocab::JobKind::Allreduce,
+        workers: 2,
+        min_workers: 2,
+        max_workers: 8,
+        node_unit: 2,
+        worker_millicores: 1000,
+        ..Default::default()
+    };
+    assert!(shape.check_plan(Some(4), None).is_ok());
+    assert_eq!(
+        shape.check_plan(Some(10), None).unwrap_err(),
+        "10 workers is outside the job's bounds [2, 8]"
+    );
+    assert_eq!(
+        shape.check_plan(Some(3), None).unwrap_err(),
+        "3 workers is not a multiple of the job's node_unit 2"
+    );
+    assert!(shape.check_plan(None, Some(1)).is_err());
+    let ps = Shape {
+        kind: vocab::JobKind::Ps,
+        ps: 1,
+        ps_millicores: 1000,
+        ..shape
+    };
+    assert!(ps.check_plan(Some(2), Some(3)).is_ok());
+    assert_eq!(
+        ps.check_plan(None, Some(0)).unwrap_err(),
+        "a ps job needs at least 1 parameter server"
+    );
+}

@@ -176,6 +176,7 @@ pub async fn run(
         phase: phase_tx,
         ps_stats: Mutex::default(),
         capacity: platform.capacity(),
+        managed_by: brain.as_ref().map(|l| l.url.clone()),
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

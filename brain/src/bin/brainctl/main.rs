@@ -66,6 +66,25 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
+    /// Resize a running job through the brain: a versioned plan like the brain's own, which
+    /// its job master carries out (a job master a brain manages refuses plans from anywhere
+    /// else). Counts outside the job's bounds or node unit are refused with the reason.
+    Scale {
+        /// The job's id or name (from `brainctl jobs`).
+        job: String,
+        /// Target number of workers.
+        #[arg(long)]
+        workers: Option<u32>,
+        /// Target number of parameter servers (ps jobs; keys are resharded while training).
+        #[arg(long)]
+        ps: Option<u32>,
+        /// Why (recorded with the plan).
+        #[arg(long, default_value = "by hand (brainctl scale)")]
+        reason: String,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
     /// Fit the job-profile model on the brain's finished jobs and store it in its database (the
     /// brain sizes submitted jobs' memory with it from then on); with --evaluate, score it
     /// against DLRover's rule, the user's request and the global median on a time-ordered
@@ -341,6 +360,47 @@ fn main() -> anyhow::Result<()> {
                     println!("       - {why}");
                 }
             }
+            Ok(())
+        }
+        Command::Scale {
+            job,
+            workers,
+            ps,
+            reason,
+            brain,
+        } => {
+            if workers.is_none() && ps.is_none() {
+                bail!("say what to change: --workers N and/or --ps M");
+            }
+            let roles: Vec<_> = [
+                (proto::jobmaster::v1::Role::Worker, workers),
+                (proto::jobmaster::v1::Role::Ps, ps),
+            ]
+            .into_iter()
+            .filter_map(|(role, n)| {
+                n.map(|count| proto::jobmaster::v1::RoleTarget {
+                    role: role as i32,
+                    count,
+                    resources: None,
+                })
+            })
+            .collect();
+            let version = ask_brain(&brain, async |mut c| {
+                let id = job_id(&mut c, &job).await?;
+                Ok(c.propose_plan(pb::ProposePlanRequest {
+                    job_id: id,
+                    roles,
+                    migrations: Vec::new(),
+                    reason,
+                })
+                .await?
+                .into_inner()
+                .version)
+            })?;
+            println!(
+                "plan {version} proposed for {job}; its job master takes it at its next poll \
+                 (`brainctl status {job}` shows the plan reached)"
+            );
             Ok(())
         }
         Command::Train(args) => train::train(args),
