@@ -87,6 +87,43 @@ async fn alive(master: &str) -> Option<u32> {
     )
 }
 
+/// A brain on the test's 4 CPUs whose policy is Pollux-style rounds every second, resizing a
+/// job at most once per `cooldown_s`, with `spec(d, name, kind, delay)` submitted to it.
+fn brain_with_job(
+    d: &Path,
+    cooldown_s: u32,
+    name: &str,
+    kind: &str,
+    delay: u32,
+) -> (Brain, String) {
+    std::fs::write(
+        d.join("policy.toml"),
+        format!(
+            "[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\ncooldown_s = {cooldown_s}\n"
+        ),
+    )
+    .unwrap();
+    let (brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
+    let url = format!("http://{addr}");
+    let path = spec(d, name, kind, delay);
+    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{text}");
+    (brain, url)
+}
+
+/// Waits up to 300 s for the brain's first job to end; its record.
+async fn first_job_ended(url: &str) -> pb::JobRecord {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let all = jobs(url).await.unwrap();
+        if all[0].state == "succeeded" || all[0].state == "failed" {
+            return all[0].clone();
+        }
+        assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -258,16 +295,7 @@ fn master_pid(run_dir: &str) -> Option<i32> {
 async fn a_killed_job_master_is_started_again_and_its_job_ends_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("policy.toml"),
-        "[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\ncooldown_s = 3\n",
-    )
-    .unwrap();
-    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
-    let url = format!("http://{addr}");
-    let path = spec(d, "resumed", "ps", 600);
-    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
-    assert!(ok, "{text}");
+    let (mut brain, url) = brain_with_job(d, 3, "resumed", "ps", 600);
     // Running, with a checkpoint to go on from.
     let deadline = Instant::now() + Duration::from_secs(120);
     let run_dir = loop {
@@ -293,15 +321,7 @@ async fn a_killed_job_master_is_started_again_and_its_job_ends_exactly_once() {
     )
     .unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let job = loop {
-        let all = jobs(&url).await.unwrap();
-        if all[0].state == "succeeded" || all[0].state == "failed" {
-            break all[0].clone();
-        }
-        assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let job = first_job_ended(&url).await;
     assert_eq!(job.state, "succeeded", "{job:#?}");
     assert!(
         job.reasons
@@ -424,18 +444,9 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
 async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    // Rounds every second, but no resize of a job within 10 minutes of its last change: the
-    // operator's plan is the only one.
-    std::fs::write(
-        d.join("policy.toml"),
-        "[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\ncooldown_s = 600\n",
-    )
-    .unwrap();
-    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
-    let url = format!("http://{addr}");
-    let path = spec(d, "scaled", "allreduce", 300);
-    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
-    assert!(ok, "{text}");
+    // No resize of a job within 10 minutes of its last change: the operator's plan is the only
+    // one.
+    let (mut brain, url) = brain_with_job(d, 600, "scaled", "allreduce", 300);
     let deadline = Instant::now() + Duration::from_secs(120);
     let master = loop {
         let all = jobs(&url).await.unwrap_or_default();
@@ -508,15 +519,7 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The job runs to its end at the operator's size.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let job = loop {
-        let all = jobs(&url).await.unwrap();
-        if all[0].state == "succeeded" || all[0].state == "failed" {
-            break all[0].clone();
-        }
-        assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let job = first_job_ended(&url).await;
     assert_eq!(job.state, "succeeded", "{job:#?}");
     brain.kill();
 }
