@@ -29,16 +29,32 @@ def sha256_of(path: str) -> str:
     return h.hexdigest()
 
 
+class _Hashing:
+    """A file that hashes what is written to it: the digest without reading the file back."""
+
+    def __init__(self, f):
+        self.f = f
+        self.sha = hashlib.sha256()
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def write_atomic(path: str, state: Any) -> str:
     """Writes `state` to `path` atomically and returns the file's SHA-256 (hex)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
+            out = _Hashing(f)
             if _torch is not None:
-                _torch.save(state, f)
+                _torch.save(state, out)
             else:
-                pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -50,7 +66,7 @@ def write_atomic(path: str, state: Any) -> str:
         os.fsync(directory)
     finally:
         os.close(directory)
-    return sha256_of(path)
+    return out.sha.hexdigest()
 
 
 def read_verified(path: str, digest: Optional[str]) -> Any:

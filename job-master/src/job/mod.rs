@@ -43,6 +43,7 @@ pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
 mod agents;
+mod checkpoint;
 #[cfg(test)]
 mod command_tests;
 mod data;

@@ -1,0 +1,125 @@
+//! Checkpoints: the PS save at a drained cut, commits from training processes (at a cut, or
+//! from a script whose data the master does not track), and where the next one goes.
+
+use super::*;
+
+impl JobContext {
+    /// For ps jobs: once every lease is back, ask the PS to save.
+    pub(super) fn ps_checkpoint_if_drained(&mut self) -> Vec<Effect> {
+        if !(self.checkpoint_pending
+            && !self.checkpoint_saving
+            && self.spec.kind == JobKind::Ps
+            && self.ledger.in_flight() == 0)
+        {
+            return Vec::new();
+        }
+        let Some(ps) = self.group.cluster().map(PsCluster::ps_addrs) else {
+            return Vec::new();
+        };
+        self.checkpoint_saving = true;
+        let (id, dir) = self.next_checkpoint_dir();
+        vec![Effect::SavePsCheckpoint {
+            id,
+            dir,
+            ps,
+            generation: self.generation,
+        }]
+    }
+
+    /// Whether `key`'s `incarnation` may commit a checkpoint: the current one, or, for a
+    /// script whose data the master does not track, the one just asked to stop (it saves on
+    /// SIGTERM within its grace period; its agent starts the next one only after it exited).
+    pub fn may_commit(&self, key: SlotKey, incarnation: u64) -> Result<(), Error> {
+        let stale = match self.current(key, incarnation) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let slot = self.slot(key)?;
+        let stopping = incarnation + 1 == slot.incarnation && slot.phase == SlotPhase::Restarting;
+        if stopping && !self.data_tracked() {
+            Ok(())
+        } else {
+            Err(stale)
+        }
+    }
+
+    /// A checkpoint whose files are written and whose manifest is at `manifest` becomes the one
+    /// to restore from. `generation` is the one the save was started in.
+    pub fn checkpoint_committed(
+        &mut self,
+        id: u64,
+        manifest: PathBuf,
+        step: u64,
+        generation: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        if generation != self.generation {
+            return Err(Error::Checkpoint {
+                path: manifest,
+                problem: format!(
+                    "started in generation {generation}, the job is in {}",
+                    self.generation
+                ),
+            });
+        }
+        let drained = self.checkpoint_pending && self.ledger.in_flight() == 0;
+        if !drained && self.data_tracked() {
+            return Err(Error::Checkpoint {
+                path: manifest,
+                problem: "no drained checkpoint is pending: the master tracks this job's data, \
+                          so a checkpoint must be taken at a consistent cut (every lease back)"
+                    .into(),
+            });
+        }
+        self.checkpoints.push(CheckpointRecord {
+            id,
+            manifest: manifest.clone(),
+            ledger: self.ledger.snapshot(),
+            taken_at_ms: now_ms,
+            step,
+        });
+        if !drained {
+            // A command that reads its own data saved when it chose (on SIGTERM, say): the
+            // next launch resumes from it.
+            self.log(
+                now_ms,
+                format!(
+                    "checkpoint {id} committed by the script at step {step}: {}",
+                    manifest.display()
+                ),
+            );
+            return Ok(Vec::new());
+        }
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
+        self.log(
+            now_ms,
+            format!(
+                "checkpoint {id} committed at step {step} ({} of {} shards done): {}",
+                self.ledger.done_shards(),
+                self.ledger.total_shards(),
+                manifest.display()
+            ),
+        );
+        Ok(self.on_cut(now_ms))
+    }
+
+    /// A checkpoint could not be written: training goes on without it.
+    pub fn checkpoint_failed(&mut self, generation: u64, problem: String, now_ms: u64) {
+        if generation == self.generation && self.checkpoint_pending {
+            self.checkpoint_pending = false;
+            self.checkpoint_saving = false;
+            self.log(
+                now_ms,
+                format!("checkpoint failed, training goes on without it: {problem}"),
+            );
+        }
+    }
+
+    /// The id the next checkpoint gets, and the directory a ps checkpoint of that id is saved in.
+    pub fn next_checkpoint_dir(&self) -> (u64, PathBuf) {
+        let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
+        (id, self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")))
+    }
+}
