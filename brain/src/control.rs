@@ -20,13 +20,13 @@ use optimizer::schedule::{ElasticLp, SchedulerKind};
 use prost::Message;
 use proto::jobmaster::v1 as jm;
 use tokio::sync::Notify;
-use vocab::{JobSpec, Role, ScalePlan};
+use vocab::JobSpec;
 
 use crate::BrainError;
 use crate::launch::{Exited, Launcher, place_checkpoints};
 use crate::metrics::Metrics;
 use crate::predict::predict;
-use crate::store::{JobId, JobState, Shape, Store};
+use crate::store::{JobId, JobState, PlanCounts, Shape, Store};
 
 pub fn now_unix_ms() -> i64 {
     SystemTime::now()
@@ -385,6 +385,15 @@ impl Control {
             // Whether it pins the job is the policy's (`[live] pin_while_plan_in_flight`).
             let plan_in_flight =
                 row.plan_version > row.reached_version && row.plan_version != row.rejected_version;
+            let (ps_processes, worker_processes) = store.processes(row.id);
+            // The PS count the job master reports, unless a plan that changes it is on its way.
+            let ps = if ps_processes.is_empty() {
+                shape.ps
+            } else if plan_in_flight {
+                shape.ps.max(ps_processes.len() as u32)
+            } else {
+                ps_processes.len() as u32
+            };
             jobs.push(LiveJob {
                 id: row.id,
                 name: row.name.clone(),
@@ -394,7 +403,7 @@ impl Control {
                     LiveState::Running
                 },
                 submitted_s: row.registered_unix_ms as f64 / 1000.0,
-                ps: shape.ps,
+                ps,
                 ps_millicores: shape.ps_millicores,
                 worker_millicores: shape.worker_millicores,
                 workers: row.workers.max(shape.min_workers),
@@ -412,6 +421,11 @@ impl Control {
                 restarts: 0,
                 peak_workers: row.peak_workers,
                 plan_in_flight,
+                ps_memory_bytes: shape.ps_memory_bytes,
+                worker_memory_bytes: shape.worker_memory_bytes,
+                ps_processes,
+                worker_processes,
+                history: store.corrections(row.id),
             });
         }
         Ok(LiveSnapshot {
@@ -434,8 +448,13 @@ impl Control {
             .with_store(move |s| {
                 let snap = Control::snapshot(s, &cluster, now)?;
                 let started = Instant::now();
-                let plan = plan_round(&snap, policy.scheduler().scheduler(), &policy.config.live)
-                    .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
+                let plan = plan_round(
+                    &snap,
+                    policy.scheduler().scheduler(),
+                    &policy.config.live,
+                    &policy.config.heuristics(),
+                )
+                .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
                 Ok((plan, started.elapsed().as_secs_f64() * 1000.0))
             })
             .await?;
@@ -457,20 +476,23 @@ impl Control {
                 if d.state != LiveState::Running {
                     continue;
                 }
-                let to = d.to_workers;
+                let (to, d) = (d.to_workers, d.clone());
+                let counts = PlanCounts {
+                    workers: (d.to_workers != d.from_workers).then_some(d.to_workers),
+                    ps: (d.to_ps != d.ps).then_some(d.to_ps),
+                };
+                let (from, migrations) = (d.from_workers, d.migrations.len());
                 let r = self
                     .with_store(move |s| {
-                        let body = |version| {
-                            jm::ScalePlan::from(&ScalePlan::count(version, Role::Worker, to))
-                                .encode_to_vec()
-                        };
-                        s.propose_plan(job, &body, &why, Some(to), now_unix_ms())
+                        let body =
+                            |version| jm::ScalePlan::from(&d.scale_plan(version)).encode_to_vec();
+                        s.propose_plan(job, &body, &why, counts, &d.corrections, now_unix_ms())
                     })
                     .await;
                 match r {
                     Ok(v) => {
                         self.metrics.plans.inc();
-                        tracing::info!(%job, version = v, from = d.from_workers, to, "plan dispatched");
+                        tracing::info!(%job, version = v, from, to, ps = ?counts.ps, migrations, "plan dispatched");
                     }
                     Err(e) => tracing::warn!("cannot store a plan for {job}: {e}"),
                 }

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::BrainError;
 use crate::control::{Control, now_unix_ms};
-use crate::store::{JobId, JobRow, JobState, Metric, Shape, Store};
+use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, Shape, Store};
 
 pub struct BrainService {
     control: Arc<Control>,
@@ -145,18 +145,26 @@ impl pb::brain_server::Brain for BrainService {
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
-            .map(|m| Metric {
-                at_unix_ms: m.at_unix_ms,
-                global_step: m.global_step,
-                samples_per_second: m.samples_per_second,
-                workers: m.workers,
-                ps: m.ps,
-                cpu_millicores: m.cpu_millicores,
-                memory_bytes: m.memory_bytes,
-                gpu_utilisation_pct: m.gpu_utilisation_pct,
-                samples_done: m.samples_done,
+            .map(|m| {
+                let processes = m
+                    .processes
+                    .iter()
+                    .map(process_sample)
+                    .collect::<Result<_, _>>()?;
+                Ok::<_, Status>(Metric {
+                    at_unix_ms: m.at_unix_ms,
+                    global_step: m.global_step,
+                    samples_per_second: m.samples_per_second,
+                    workers: m.workers,
+                    ps: m.ps,
+                    cpu_millicores: m.cpu_millicores,
+                    memory_bytes: m.memory_bytes,
+                    gpu_utilisation_pct: m.gpu_utilisation_pct,
+                    samples_done: m.samples_done,
+                    processes,
+                })
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let want_lines = self.control.sink.is_some();
         let job = JobId(batch.job_id);
         let (stored, lines) = self
@@ -264,7 +272,14 @@ impl pb::brain_server::Brain for BrainService {
                     })
                     .encode_to_vec()
                 };
-                s.propose_plan(JobId(r.job_id), &body, &r.reason, workers, now_unix_ms())
+                s.propose_plan(
+                    JobId(r.job_id),
+                    &body,
+                    &r.reason,
+                    PlanCounts { workers, ps },
+                    &[],
+                    now_unix_ms(),
+                )
             })
             .await?;
         self.control.metrics.plans.inc();
@@ -366,6 +381,8 @@ impl pb::brain_server::Brain for BrainService {
                     from_workers: d.from_workers,
                     to_workers: d.to_workers,
                     ps: d.ps,
+                    to_ps: d.to_ps,
+                    migrations: d.migrations.iter().map(jm::Migration::from).collect(),
                     predicted_samples_per_second: d.predicted_samples_per_s,
                     reasons: d.reasons,
                 })
@@ -405,4 +422,23 @@ impl pb::brain_server::Brain for BrainService {
             path: path.map(|p| p.display().to_string()).unwrap_or_default(),
         }))
     }
+}
+
+/// A process report as the store keeps it; a report without a role is refused.
+fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
+    let role = vocab::Role::try_from(p.role)
+        .map_err(|e| Status::invalid_argument(format!("process {}: {}", p.index, e.0)))?;
+    let limits = p.resources.unwrap_or_default();
+    Ok(ProcessSample {
+        role,
+        index: p.index,
+        cpu_limit: limits.cpu_millicores,
+        memory_limit: limits.memory_bytes,
+        gpus: limits.gpus,
+        cpu_millicores: p.cpu_millicores,
+        memory_bytes: p.memory_bytes,
+        memory_peak_bytes: p.memory_peak_bytes,
+        oom_kills: p.oom_kills,
+        pending_ms: p.pending_ms,
+    })
 }

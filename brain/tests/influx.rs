@@ -111,6 +111,7 @@ fn report(i: u64) -> pb::MetricReport {
         memory_bytes: 1 << 30,
         gpu_utilisation_pct: 0.0,
         samples_done: i * 10,
+        processes: Vec::new(),
     }
 }
 
@@ -266,6 +267,7 @@ async fn the_v2_writer_sends_what_influxdb_2_expects() {
             memory_bytes: 1,
             gpu_utilisation_pct: 0.0,
             samples_done: 5,
+            processes: Vec::new(),
         },
     )
     .unwrap();

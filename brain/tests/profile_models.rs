@@ -116,6 +116,7 @@ fn history_db(path: &Path, n: usize) {
                     memory_bytes: 2 * per_mem,
                     gpu_utilisation_pct: 0.0,
                     samples_done: 6000,
+                    processes: Vec::new(),
                 }],
             )
             .unwrap();

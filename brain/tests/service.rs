@@ -40,6 +40,7 @@ fn report(step: u64, sps: f64) -> pb::MetricReport {
         memory_bytes: 2 << 30,
         gpu_utilisation_pct: 0.0,
         samples_done: step * 100,
+        processes: Vec::new(),
     }
 }
 

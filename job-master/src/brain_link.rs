@@ -111,7 +111,7 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
 }
 
 /// One report of the job as it is now.
-fn report(ctx: &crate::job::JobContext) -> pb::MetricReport {
+fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
     let (global_step, samples_per_second, _) = ctx.progress();
     let counts = ctx.role_counts();
     let live = || ctx.slots.values().filter(|s| s.phase.is_live());
@@ -136,7 +136,39 @@ fn report(ctx: &crate::job::JobContext) -> pb::MetricReport {
             .sum(),
         gpu_utilisation_pct: 0.0,
         samples_done: (ctx.ledger.done_shards() * ctx.spec.data.shard_size as u64).min(total),
+        processes: processes(ctx, now_ms),
     }
+}
+
+/// Each process that is or will be running, with what it was given and what it used.
+fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport> {
+    use crate::job::SlotPhase;
+    ctx.slots
+        .values()
+        .filter(|s| !matches!(s.phase, SlotPhase::Removed | SlotPhase::Succeeded))
+        .map(|s| {
+            let given = ctx.launch_resources(s.key).unwrap_or_default();
+            let used = s.sample.clone().unwrap_or_default();
+            pb::ProcessReport {
+                role: jm::Role::from(s.key.role) as i32,
+                index: s.key.index,
+                resources: Some(jm::Resources {
+                    cpu_millicores: given.cpu.map_or(0, |c| c.0),
+                    memory_bytes: given.memory.map_or(0, |m| m.0),
+                    gpus: given.gpu.unwrap_or(0),
+                }),
+                cpu_millicores: used.cpu_millicores,
+                memory_bytes: used.rss_bytes,
+                memory_peak_bytes: s.memory_peak,
+                oom_kills: s.oom_kills,
+                pending_ms: if s.phase == SlotPhase::Launching {
+                    now_ms.saturating_sub(s.last_heartbeat_ms)
+                } else {
+                    0
+                },
+            }
+        })
+        .collect()
 }
 
 /// Reports and polls until the task is aborted (the job master aborts it when the job ends).
@@ -155,7 +187,7 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
         let (sample, shape_now, desired, reached, in_transition, abandoned) = {
             let ctx = shared.job.lock().await;
             (
-                report(&ctx),
+                report(&ctx, shared.now_ms()),
                 shape(&ctx),
                 ctx.plans.desired,
                 ctx.plans.reached,

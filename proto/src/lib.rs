@@ -16,6 +16,10 @@ pub mod service {
     }
 }
 
+/// How an agent's `ProcessExited.reason` begins when it ended the process for going over its
+/// memory limit (what a cgroup's OOM killer would do): the job master counts these as OOM kills.
+pub const OUT_OF_MEMORY: &str = "out of memory";
+
 /// The checkpoint manifest (`manifest.json` in a checkpoint directory): the file contract between
 /// the job master, which writes it when a checkpoint commits, and the training processes, which
 /// resume from it. Paths are absolute.

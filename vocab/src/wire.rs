@@ -101,16 +101,18 @@ impl From<&ScalePlan> for pb::ScalePlan {
                     resources: t.resources.as_ref().map(pb::Resources::from),
                 })
                 .collect(),
-            migrations: p
-                .migrations
-                .iter()
-                .map(|m| pb::Migration {
-                    role: pb::Role::from(m.key.role) as i32,
-                    index: m.key.index,
-                    resources: Some((&m.resources).into()),
-                    reason: m.reason.clone(),
-                })
-                .collect(),
+            migrations: p.migrations.iter().map(pb::Migration::from).collect(),
+        }
+    }
+}
+
+impl From<&Migration> for pb::Migration {
+    fn from(m: &Migration) -> Self {
+        pb::Migration {
+            role: pb::Role::from(m.key.role) as i32,
+            index: m.key.index,
+            resources: Some((&m.resources).into()),
+            reason: m.reason.clone(),
         }
     }
 }

@@ -63,7 +63,8 @@ fn over_memory(rss: u64, limit: u64) -> Option<String> {
     const MIB: f64 = 1024.0 * 1024.0;
     (limit > 0 && rss > limit).then(|| {
         format!(
-            "out of memory: resident {:.1} MiB over the limit of {:.1} MiB",
+            "{}: resident {:.1} MiB over the limit of {:.1} MiB",
+            proto::OUT_OF_MEMORY,
             rss as f64 / MIB,
             limit as f64 / MIB
         )

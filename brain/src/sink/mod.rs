@@ -185,6 +185,7 @@ mod tests {
             memory_bytes: 1 << 30,
             gpu_utilisation_pct: 0.0,
             samples_done: 9000,
+            processes: Vec::new(),
         };
         let l = line("ctr a", JobId(7), &m).unwrap();
         assert!(l.starts_with("job_metrics,job=ctr\\ a,job_id=7 "), "{l}");

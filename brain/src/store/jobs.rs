@@ -152,6 +152,7 @@ impl Store {
                 now_unix_ms
             ],
         )?;
+        self.processes.forget(job);
         Ok(())
     }
 

@@ -14,15 +14,20 @@ use crate::BrainError;
 pub use vocab::JobId;
 
 mod jobs;
+mod processes;
 mod records;
 mod reports;
 #[cfg(test)]
 mod tests;
 
+pub use processes::{CPU_SAMPLES, ProcessSample};
 pub use records::{JobRow, JobState, Metric, Shape, StoredPlan};
+pub use reports::PlanCounts;
 
 pub struct Store {
     conn: Connection,
+    /// Per-process observations and the brain's corrections, in memory.
+    processes: processes::Processes,
 }
 
 const SCHEMA: &str = "
@@ -67,7 +72,10 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
-        Ok(Store { conn })
+        Ok(Store {
+            conn,
+            processes: Default::default(),
+        })
     }
 
     pub(super) fn known(&self, job: JobId) -> Result<i64, BrainError> {

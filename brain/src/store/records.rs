@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::JobId;
 
 /// One metric report of a job master, as checked by [`Metric::validate`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Metric {
     pub at_unix_ms: i64,
     pub global_step: u64,
@@ -17,6 +17,8 @@ pub struct Metric {
     pub memory_bytes: u64,
     pub gpu_utilisation_pct: f64,
     pub samples_done: u64,
+    /// Each process of the job (empty from job masters that do not report them).
+    pub processes: Vec<super::ProcessSample>,
 }
 
 /// Values no real job reports: beyond them a report is a bug or an attack, not a measurement.
@@ -53,6 +55,30 @@ impl Metric {
         }
         if self.memory_bytes > MAX_MEMORY_BYTES {
             return Err(format!("memory_bytes is {}", self.memory_bytes));
+        }
+        if self.processes.len() > MAX_PROCESSES as usize {
+            return Err(format!("{} processes", self.processes.len()));
+        }
+        for p in &self.processes {
+            let name = format!("{}-{}", p.role, p.index);
+            if p.index >= MAX_PROCESSES {
+                return Err(format!("process {name}: index out of range"));
+            }
+            if p.cpu_limit > MAX_MILLICORES || p.cpu_millicores > MAX_MILLICORES {
+                return Err(format!(
+                    "process {name}: cpu {}m of a limit of {}m",
+                    p.cpu_millicores, p.cpu_limit
+                ));
+            }
+            if [p.memory_limit, p.memory_bytes, p.memory_peak_bytes]
+                .iter()
+                .any(|m| *m > MAX_MEMORY_BYTES)
+            {
+                return Err(format!("process {name}: memory out of range"));
+            }
+            if p.pending_ms > (1 << 40) {
+                return Err(format!("process {name}: pending for {} ms", p.pending_ms));
+            }
         }
         Ok(())
     }

@@ -4,6 +4,13 @@ use rusqlite::{OptionalExtension, params};
 
 use super::*;
 
+/// The counts a plan sets (`None`: the plan leaves it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanCounts {
+    pub workers: Option<u32>,
+    pub ps: Option<u32>,
+}
+
 impl Store {
     /// Checks every report, then folds them all into the job's summary in one transaction:
     /// a batch with one bad report changes nothing.
@@ -78,19 +85,39 @@ impl Store {
             ],
         )?;
         tx.commit()?;
+        self.processes.fold(job, reports);
         Ok(reports.len())
     }
 
+    /// The job's parameter servers and workers as its latest reports described them.
+    pub fn processes(
+        &self,
+        job: JobId,
+    ) -> (
+        Vec<optimizer::heuristics::ProcessRuntime>,
+        Vec<optimizer::heuristics::ProcessRuntime>,
+    ) {
+        self.processes.of(job)
+    }
+
+    /// The heuristics' corrections sent to the job (this brain's lifetime).
+    pub fn corrections(&self, job: JobId) -> Vec<optimizer::heuristics::Change> {
+        self.processes.changes(job)
+    }
+
     /// Stores `body` as the job's next plan version.
-    /// `workers`, when the plan sets the worker count, becomes the count in force.
+    /// `workers` and `ps`, when the plan sets them, become the counts in force; the
+    /// heuristics' `corrections` are remembered for their cool-downs.
     pub fn propose_plan(
         &mut self,
         job: JobId,
         body: &dyn Fn(u64) -> Vec<u8>,
         reason: &str,
-        workers: Option<u32>,
+        counts: PlanCounts,
+        corrections: &[optimizer::heuristics::Change],
         now_unix_ms: i64,
     ) -> Result<u64, BrainError> {
+        let PlanCounts { workers, ps } = counts;
         let id = self.known(job)?;
         let tx = self.conn.transaction()?;
         let version = newest_version(&tx, id)? + 1;
@@ -107,7 +134,15 @@ impl Store {
                 params![id, w, now_unix_ms],
             )?;
         }
+        if let Some(p) = ps {
+            tx.execute(
+                "UPDATE jobs SET shape = json_set(shape, '$.ps', ?2)
+                 WHERE id = ?1 AND shape IS NOT NULL",
+                params![id, p],
+            )?;
+        }
         tx.commit()?;
+        self.processes.corrected(job, corrections);
         Ok(version)
     }
 

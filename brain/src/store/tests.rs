@@ -13,6 +13,7 @@ fn metric(step: u64, sps: f64) -> Metric {
         memory_bytes: 1 << 30,
         gpu_utilisation_pct: 50.0,
         samples_done: step * 10,
+        processes: Vec::new(),
     }
 }
 
@@ -30,10 +31,27 @@ fn jobs_plans_and_summaries_survive_a_reopen() {
         2
     );
     let v1 = s
-        .propose_plan(a, &|v| vec![v as u8], "grow", Some(4), 30)
+        .propose_plan(
+            a,
+            &|v| vec![v as u8],
+            "grow",
+            PlanCounts {
+                workers: Some(4),
+                ps: None,
+            },
+            &[],
+            30,
+        )
         .unwrap();
     let v2 = s
-        .propose_plan(a, &|v| vec![v as u8], "grow more", None, 40)
+        .propose_plan(
+            a,
+            &|v| vec![v as u8],
+            "grow more",
+            PlanCounts::default(),
+            &[],
+            40,
+        )
         .unwrap();
     assert_eq!((v1, v2), (1, 2));
     assert_eq!(
@@ -57,6 +75,69 @@ fn jobs_plans_and_summaries_survive_a_reopen() {
         (2, 2, 1)
     );
     assert_eq!(s.jobs().unwrap().len(), 1);
+}
+
+/// A plan that adds a PS changes the count the brain plans with; what each process reported
+/// and the corrections sent are kept for the heuristics until the job ends.
+#[test]
+fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
+    use optimizer::heuristics::{Change, ChangeKind};
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
+    let shape = Shape {
+        kind: vocab::JobKind::Ps,
+        workers: 2,
+        min_workers: 1,
+        max_workers: 4,
+        node_unit: 1,
+        ps: 1,
+        worker_millicores: 1000,
+        ps_millicores: 1000,
+        total_samples: 100,
+        ..Shape::default()
+    };
+    let a = s.submit("p", "name: p", &shape, &[], 10).unwrap();
+    s.started(a, 2, "/tmp/p", 20).unwrap();
+    let mut m = metric(1, 10.0);
+    m.processes = vec![ProcessSample {
+        role: vocab::Role::Ps,
+        index: 0,
+        cpu_limit: 1000,
+        memory_limit: 0,
+        gpus: 0,
+        cpu_millicores: 990,
+        memory_bytes: 5,
+        memory_peak_bytes: 7,
+        oom_kills: 0,
+        pending_ms: 0,
+    }];
+    s.add_metrics(a, &[m]).unwrap();
+    let (ps, workers) = s.processes(a);
+    assert_eq!((ps.len(), workers.len()), (1, 0));
+    assert_eq!(ps[0].cpu_samples, vec![vocab::Millicores(990)]);
+    let added = Change {
+        at_s: 30.0,
+        kind: ChangeKind::PsCount,
+        process: None,
+    };
+    s.propose_plan(
+        a,
+        &|v| vec![v as u8],
+        "one more ps",
+        PlanCounts {
+            workers: None,
+            ps: Some(2),
+        },
+        std::slice::from_ref(&added),
+        30,
+    )
+    .unwrap();
+    let row = s.job(a).unwrap();
+    assert_eq!(row.shape.unwrap().ps, 2);
+    assert_eq!(row.workers, 2, "the worker count and its cool-down stay");
+    assert_eq!(s.corrections(a), vec![added]);
+    s.finish(a, true, "done", 100, 40).unwrap();
+    assert!(s.processes(a).0.is_empty() && s.corrections(a).is_empty());
 }
 
 #[test]

@@ -69,6 +69,9 @@ impl JobContext {
         }
         slot.last_heartbeat_ms = now_ms;
         slot.process_pid = process_pid;
+        if let Some(x) = &sample {
+            slot.memory_peak = slot.memory_peak.max(x.rss_bytes);
+        }
         if sample.is_some() {
             slot.sample = sample;
         }
@@ -107,6 +110,9 @@ impl JobContext {
             self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
             self.log(now_ms, format!("{key} finished"));
             return Ok(self.check_done(now_ms));
+        }
+        if agent_reason.is_some_and(|r| r.starts_with(proto::OUT_OF_MEMORY)) {
+            self.slots.get_mut(&key).expect("checked").oom_kills += 1;
         }
         let how = match agent_reason {
             Some(why) => why.to_string(),

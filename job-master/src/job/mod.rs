@@ -118,6 +118,12 @@ pub struct Slot {
     /// when every member's current incarnation has).
     #[serde(default)]
     pub joined: u64,
+    /// Times its process was ended for going over its memory limit, and the highest resident
+    /// memory sampled, since its resources last changed (what the brain's `oom_growth` reads).
+    #[serde(default)]
+    pub oom_kills: u32,
+    #[serde(default)]
+    pub memory_peak: u64,
 }
 
 impl Slot {
@@ -137,6 +143,8 @@ impl Slot {
             ps_version: 0,
             fresh: false,
             migrate_to: None,
+            oom_kills: 0,
+            memory_peak: 0,
             joined: 0,
         }
     }

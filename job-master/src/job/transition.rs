@@ -100,6 +100,8 @@ impl JobContext {
         slot.fresh = fresh;
         if let Some(r) = slot.migrate_to.take() {
             slot.resources = Some(r);
+            slot.oom_kills = 0;
+            slot.memory_peak = 0;
         } else if resources.is_some() {
             slot.resources = resources;
         }

@@ -1,13 +1,18 @@
-//! A hot PS gets more CPU. DLRover raises a PS's CPU when one sample passes 90 % of its
-//! request; here the PS must stay hot for `sustained_samples` samples in a row (one busy moment
-//! is not a reason to restart a PS), the new CPU is sized from the observed peak so the PS lands
-//! at `target_fraction` of its new limit (below `hot_fraction`: the band between them is the
-//! hysteresis that keeps it from firing again at once), it is capped, and a PS that changed is
-//! left alone for `cooldown_s`.
+//! A hot PS gets more CPU, or the job one more PS. DLRover raises a PS's CPU when one sample
+//! passes 90 % of its request; here the PS must stay hot for `sustained_samples` samples in a
+//! row (one busy moment is not a reason to restart a PS), the new CPU is sized from the
+//! observed peak so the PS lands at `target_fraction` of its new limit (below `hot_fraction`:
+//! the band between them is the hysteresis that keeps it from firing again at once), it is
+//! capped, and a PS that changed is left alone for `cooldown_s`.
+//!
+//! When *every* PS of the job is hot the job's speed is bound by its parameter servers as a
+//! whole, not by one skewed shard: more CPU for one would move the bottleneck to the next, so
+//! the job gets one more PS instead (its parameters are resharded over one more process), up
+//! to `max_ps` and at most once per `cooldown_s`. `max_ps = 0` turns that off.
 
 use serde::{Deserialize, Serialize};
 
-use super::{Action, ChangeKind, Heuristic, JobRuntime, Proposal, check_range};
+use super::{Action, ChangeKind, Heuristic, JobRuntime, ProcessRuntime, Proposal, check_range};
 use crate::error::PolicyError;
 use crate::plan::{Migration, Role};
 use crate::units::Millicores;
@@ -26,8 +31,10 @@ pub struct HotPs {
     pub min_growth: f64,
     /// Never more CPU than this for one PS.
     pub max_cpu: Millicores,
-    /// Seconds a PS is left alone after its CPU changed.
+    /// Seconds a PS is left alone after its CPU changed (and the job after its PS count did).
     pub cooldown_s: f64,
+    /// A job whose every PS is hot gets one more PS, up to this many (0: never).
+    pub max_ps: u32,
 }
 
 impl Default for HotPs {
@@ -39,7 +46,22 @@ impl Default for HotPs {
             min_growth: 1.25,
             max_cpu: Millicores(16_000),
             cooldown_s: 600.0,
+            max_ps: 8,
         }
+    }
+}
+
+impl HotPs {
+    /// Whether `p` used at least `hot_fraction` of its CPU for the last `sustained_samples`.
+    fn is_hot(&self, p: &ProcessRuntime) -> bool {
+        let limit = p.resources.cpu.0 as f64;
+        let Some(from) = p.cpu_samples.len().checked_sub(self.sustained_samples) else {
+            return false;
+        };
+        limit > 0.0
+            && p.cpu_samples[from..]
+                .iter()
+                .all(|c| c.0 as f64 >= self.hot_fraction * limit)
     }
 }
 
@@ -68,28 +90,40 @@ impl Heuristic for HotPs {
     }
 
     fn propose(&self, job: &JobRuntime) -> Result<Vec<Proposal>, PolicyError> {
+        let hot: Vec<&ProcessRuntime> = job.ps.iter().filter(|p| self.is_hot(p)).collect();
+        let n = job.ps.len() as u32;
+        if n > 0
+            && hot.len() == job.ps.len()
+            && n < self.max_ps
+            && !job.cooling(ChangeKind::PsCount, None, self.cooldown_s)
+        {
+            return Ok(vec![Proposal {
+                kind: ChangeKind::PsCount,
+                reason: format!(
+                    "every ps used ≥ {:.0} % of its CPU for {} samples: the job is bound by its \
+                     parameter servers: {n} -> {} ps",
+                    100.0 * self.hot_fraction,
+                    self.sustained_samples,
+                    n + 1
+                ),
+                action: Action::SetCount {
+                    role: Role::Ps,
+                    count: n + 1,
+                },
+            }]);
+        }
         let mut out = Vec::new();
-        for p in &job.ps {
+        for p in hot {
             let limit = p.resources.cpu.0 as f64;
-            let recent = p
-                .cpu_samples
-                .len()
-                .checked_sub(self.sustained_samples)
-                .map(|from| &p.cpu_samples[from..]);
-            let Some(recent) = recent else { continue };
-            if limit <= 0.0
-                || !recent
-                    .iter()
-                    .all(|c| c.0 as f64 >= self.hot_fraction * limit)
-                || job.cooling(
-                    ChangeKind::PsCpu,
-                    Some((Role::Ps, p.index)),
-                    self.cooldown_s,
-                )
-                || p.resources.cpu >= self.max_cpu
+            if job.cooling(
+                ChangeKind::PsCpu,
+                Some((Role::Ps, p.index)),
+                self.cooldown_s,
+            ) || p.resources.cpu >= self.max_cpu
             {
                 continue;
             }
+            let recent = &p.cpu_samples[p.cpu_samples.len() - self.sustained_samples..];
             let peak = recent.iter().map(|c| c.0).max().unwrap_or(0) as f64;
             let want = (peak / self.target_fraction).max(limit * self.min_growth);
             // Whole hundreds of millicores, within the cap.
@@ -175,6 +209,40 @@ mod tests {
         assert!(HotPs::default().propose(&j).unwrap().is_empty());
         j.now_s += 600.0;
         assert_eq!(HotPs::default().propose(&j).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_job_whose_every_ps_is_hot_gets_one_more_ps_up_to_the_cap() {
+        let h = HotPs::default();
+        let mut j = job(2, 2);
+        for p in &mut j.ps {
+            p.cpu_samples = vec![Millicores(980); 3];
+        }
+        let p = h.propose(&j).unwrap();
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(
+            p[0].action,
+            Action::SetCount {
+                role: Role::Ps,
+                count: 3
+            }
+        );
+        assert!(p[0].reason.contains("2 -> 3 ps"), "{p:?}");
+        // At the cap, or with scale-out off, the hot PS get CPU instead.
+        for max_ps in [2, 0] {
+            let h = HotPs {
+                max_ps,
+                ..HotPs::default()
+            };
+            assert_eq!(cpu_of(&h.propose(&j).unwrap()), vec![1400, 1400]);
+        }
+        // Once added, not again within the cool-down.
+        j.history.push(Change {
+            at_s: j.now_s - 10.0,
+            kind: ChangeKind::PsCount,
+            process: None,
+        });
+        assert_eq!(cpu_of(&h.propose(&j).unwrap()), vec![1400, 1400]);
     }
 
     #[test]

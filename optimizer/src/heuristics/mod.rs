@@ -1,7 +1,8 @@
 //! Runtime heuristics: per-job corrections while a job runs, improved from DLRover's. One
 //! heuristic per file behind [`Heuristic`], chosen with the serde enum [`HeuristicKind`]:
 //!
-//! * [`hot_ps`]: a PS whose CPU use stays near its limit gets more CPU (a migration).
+//! * [`hot_ps`]: a PS whose CPU use stays near its limit gets more CPU (a migration); a job
+//!   whose every PS is hot gets one more PS.
 //! * [`oom_growth`]: a process killed for memory comes back with more, up to a cap.
 //! * [`pending_shrink`]: processes that wait too long to be placed are given up (workers) or
 //!   asked for with less CPU (PS).
@@ -56,6 +57,8 @@ pub struct SpeedPoint {
 #[serde(rename_all = "snake_case")]
 pub enum ChangeKind {
     PsCpu,
+    /// The job's PS count.
+    PsCount,
     Memory,
     Pending,
     Workers,
@@ -204,40 +207,42 @@ impl Heuristics {
             .try_for_each(|h| h.heuristic().validate())
     }
 
-    /// Every heuristic's proposals merged into one plan (empty when nothing is to be done).
-    /// A later proposal about a count or a process already decided is dropped.
-    pub fn plan(&self, job: &JobRuntime, version: u64) -> Result<ScalePlan, PolicyError> {
+    /// Every heuristic's proposals in order, each with the heuristic's name; a later proposal
+    /// about a count or a process already proposed is dropped (the first wins).
+    pub fn proposals(
+        &self,
+        job: &JobRuntime,
+    ) -> Result<Vec<(&'static str, Proposal)>, PolicyError> {
         job.validate()?;
+        let mut out: Vec<(&'static str, Proposal)> = Vec::new();
+        for h in &self.heuristics {
+            for p in h.heuristic().propose(job)? {
+                let taken = out.iter().any(|(_, q)| match (&q.action, &p.action) {
+                    (Action::SetCount { role: a, .. }, Action::SetCount { role: b, .. }) => a == b,
+                    (Action::Migrate(a), Action::Migrate(b)) => a.key == b.key,
+                    _ => false,
+                });
+                if !taken {
+                    out.push((h.heuristic().name(), p));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every heuristic's proposals merged into one plan (empty when nothing is to be done).
+    pub fn plan(&self, job: &JobRuntime, version: u64) -> Result<ScalePlan, PolicyError> {
         let mut plan = ScalePlan {
             job: job.job,
             version,
             ..Default::default()
         };
-        for h in &self.heuristics {
-            for p in h.heuristic().propose(job)? {
-                let taken = match &p.action {
-                    Action::SetCount { role, count } => {
-                        if plan.roles.contains_key(role) {
-                            true
-                        } else {
-                            plan.set_count(*role, *count);
-                            false
-                        }
-                    }
-                    Action::Migrate(m) => {
-                        if plan.migrations.iter().any(|x| x.key == m.key) {
-                            true
-                        } else {
-                            plan.migrations.push(m.clone());
-                            false
-                        }
-                    }
-                };
-                if !taken {
-                    plan.reasons
-                        .push(format!("{}: {}", h.heuristic().name(), p.reason));
-                }
+        for (name, p) in self.proposals(job)? {
+            match p.action {
+                Action::SetCount { role, count } => plan.set_count(role, count),
+                Action::Migrate(m) => plan.migrations.push(m),
             }
+            plan.reasons.push(format!("{name}: {}", p.reason));
         }
         Ok(plan)
     }
@@ -384,7 +389,10 @@ pub(crate) mod tests {
                 proptest::prop_assert!(w >= j.min_workers && w <= j.max_workers, "{plan:?}");
                 proptest::prop_assert!(!j.cooling(ChangeKind::Workers, None, 300.0) || w <= j.config.workers);
             }
-            proptest::prop_assert!(!plan.roles.contains_key(&Role::Ps));
+            if let Some(ps) = plan.count_of(Role::Ps) {
+                proptest::prop_assert_eq!(ps, j.config.ps + 1);
+                proptest::prop_assert!(ps <= HotPs::default().max_ps);
+            }
             let mut seen = std::collections::BTreeSet::new();
             for m in &plan.migrations {
                 proptest::prop_assert!(seen.insert((m.key.role, m.key.index)), "{plan:?}");

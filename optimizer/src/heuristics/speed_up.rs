@@ -44,6 +44,43 @@ fn efficiency(a: &SpeedPoint, b: &SpeedPoint) -> f64 {
     (b.samples_per_s / a.samples_per_s - 1.0) / (b.workers as f64 / a.workers as f64 - 1.0)
 }
 
+impl SpeedUp {
+    /// Whether growing the job past its current count is borne out by what was measured: `Err`
+    /// with the measurement when the last step up scaled below `grow_efficiency`, or a larger
+    /// count already measured did. The live brain asks this before the scheduler grows a job.
+    pub fn gate_growth(&self, job: &JobRuntime) -> Result<(), String> {
+        let w = job.config.workers;
+        let mut by_count = std::collections::BTreeMap::new();
+        for p in &job.speed {
+            by_count.insert(p.workers, *p);
+        }
+        let Some(now) = by_count.get(&w).copied() else {
+            return Ok(());
+        };
+        let poor = |a: &SpeedPoint, b: &SpeedPoint| {
+            let e = efficiency(a, b);
+            (e < self.grow_efficiency).then(|| {
+                format!(
+                    "{} -> {} workers gained {:.0} % of linear (< {:.0} %)",
+                    a.workers,
+                    b.workers,
+                    100.0 * e,
+                    100.0 * self.grow_efficiency
+                )
+            })
+        };
+        let below = by_count.range(..w).next_back().map(|(_, p)| *p);
+        let above = by_count.range(w + 1..).next().map(|(_, p)| *p);
+        match (
+            below.and_then(|b| poor(&b, &now)),
+            above.and_then(|a| poor(&now, &a)),
+        ) {
+            (Some(why), _) | (None, Some(why)) => Err(why),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
 impl Heuristic for SpeedUp {
     fn name(&self) -> &'static str {
         "speed_up"
@@ -153,6 +190,21 @@ mod tests {
             })
             .collect();
         j
+    }
+
+    #[test]
+    fn growth_is_gated_on_the_measured_speed_up() {
+        let h = SpeedUp::default();
+        // Nothing measured at the current count, or scaling well: the gate is open.
+        h.gate_growth(&with(2, &[])).unwrap();
+        h.gate_growth(&with(2, &[(1, 100.0), (2, 190.0)])).unwrap();
+        // 1 -> 2 gained 20 % of linear: closed, saying so.
+        let e = h
+            .gate_growth(&with(2, &[(1, 100.0), (2, 120.0)]))
+            .unwrap_err();
+        assert!(e.contains("1 -> 2 workers gained 20 %"), "{e}");
+        // 2 -> 4 was tried and gained little: closed from above too.
+        assert!(h.gate_growth(&with(2, &[(2, 200.0), (4, 220.0)])).is_err());
     }
 
     fn target(j: &JobRuntime) -> Option<u32> {

@@ -17,8 +17,17 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
         let job = jobs.get(&d.job).ok_or_else(|| {
             PolicyError::InvalidAssignment(format!("a decision for unknown {}", d.job))
         })?;
-        if d.to_workers > d.from_workers {
+        if d.to_workers > d.from_workers || d.to_ps > d.ps {
             added = true;
+        }
+        if let Some(m) = d.migrations.iter().find(|m| match m.key.role {
+            Role::Ps => m.key.index >= d.to_ps,
+            Role::Worker => m.key.index >= d.to_workers,
+        }) {
+            return Err(PolicyError::InvalidAssignment(format!(
+                "{} ({}) migrates {}, which the decision does not keep",
+                d.job, d.name, m.key
+            )));
         }
         if d.to_workers == d.from_workers || d.to_workers == 0 {
             continue;

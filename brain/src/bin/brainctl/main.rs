@@ -333,7 +333,10 @@ fn main() -> anyhow::Result<()> {
                 println!("note: {note}");
             }
             for d in &r.decisions {
-                let change = if d.from_workers == d.to_workers {
+                let corrected = d.ps != d.to_ps || !d.migrations.is_empty();
+                let change = if d.from_workers == d.to_workers && corrected {
+                    "corrects".to_string()
+                } else if d.from_workers == d.to_workers {
                     "keeps".to_string()
                 } else if d.state == "queued" && d.to_workers > 0 {
                     "starts".to_string()
@@ -349,13 +352,28 @@ fn main() -> anyhow::Result<()> {
                     d.state,
                     d.from_workers,
                     d.to_workers,
-                    if d.ps > 0 {
-                        format!(" + {} ps", d.ps)
-                    } else {
-                        String::new()
+                    match (d.ps, d.to_ps) {
+                        (0, 0) => String::new(),
+                        (a, b) if a == b => format!(" + {a} ps"),
+                        (a, b) => format!(" + {a} -> {b} ps"),
                     },
                     d.predicted_samples_per_second
                 );
+                for m in &d.migrations {
+                    let r = m.resources.unwrap_or_default();
+                    println!(
+                        "       migrates {}-{} to {}m CPU, {} MiB ({})",
+                        if m.role == proto::jobmaster::v1::Role::Ps as i32 {
+                            "ps"
+                        } else {
+                            "worker"
+                        },
+                        m.index,
+                        r.cpu_millicores,
+                        r.memory_bytes >> 20,
+                        m.reason
+                    );
+                }
                 for why in &d.reasons {
                     println!("       - {why}");
                 }

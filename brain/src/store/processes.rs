@@ -1,0 +1,179 @@
+//! What the heuristics read, kept in memory beside the database: each running job's processes
+//! as its latest reports described them (resources, the last [`CPU_SAMPLES`] CPU samples, peak
+//! memory, OOM kills, time pending) and the corrections the brain made to it (for their
+//! cool-downs). Nothing here needs to survive the brain: a restarted brain hears every process
+//! again within one report interval, and its corrections start cooled down.
+
+use std::collections::{BTreeMap, HashMap};
+
+use optimizer::heuristics::{Change, ProcessRuntime};
+use optimizer::plan::ProcessResources;
+use vocab::{Bytes, Millicores, Role};
+
+use super::{JobId, Metric};
+
+/// CPU samples kept per process.
+pub const CPU_SAMPLES: usize = 16;
+
+/// Corrections kept per job (the oldest go first).
+const CHANGES: usize = 64;
+
+/// One process as one report saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessSample {
+    pub role: Role,
+    pub index: u32,
+    /// What it is launched with (0: no limit).
+    pub cpu_limit: u64,
+    pub memory_limit: u64,
+    pub gpus: u32,
+    pub cpu_millicores: u64,
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub oom_kills: u32,
+    pub pending_ms: u64,
+}
+
+/// A job's processes and corrections.
+#[derive(Clone, Debug, Default)]
+pub(super) struct JobProcesses {
+    at_unix_ms: i64,
+    processes: BTreeMap<(Role, u32), ProcessRuntime>,
+    changes: Vec<Change>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Processes {
+    jobs: HashMap<JobId, JobProcesses>,
+}
+
+impl Processes {
+    /// Folds reports (any order) into the job's view: each report lists every process, so a
+    /// process it leaves out has left the job.
+    pub(super) fn fold(&mut self, job: JobId, reports: &[Metric]) {
+        let mut ordered: Vec<&Metric> = reports.iter().collect();
+        ordered.sort_by_key(|m| m.at_unix_ms);
+        let entry = self.jobs.entry(job).or_default();
+        for m in ordered {
+            if m.at_unix_ms < entry.at_unix_ms {
+                continue; // older than what is known
+            }
+            entry.at_unix_ms = m.at_unix_ms;
+            let mut next = BTreeMap::new();
+            for p in &m.processes {
+                let resources = ProcessResources {
+                    cpu: Millicores(p.cpu_limit),
+                    memory: Bytes(p.memory_limit),
+                    gpus: Default::default(),
+                };
+                let mut r = entry
+                    .processes
+                    .remove(&(p.role, p.index))
+                    .filter(|r| r.resources == resources)
+                    .unwrap_or_default();
+                r.index = p.index;
+                r.resources = resources;
+                if p.pending_ms == 0 {
+                    r.cpu_samples.push(Millicores(p.cpu_millicores));
+                    let extra = r.cpu_samples.len().saturating_sub(CPU_SAMPLES);
+                    r.cpu_samples.drain(..extra);
+                    r.pending_since_s = None;
+                } else {
+                    r.pending_since_s = Some((m.at_unix_ms - p.pending_ms as i64) as f64 / 1000.0);
+                }
+                r.memory_peak = Bytes(p.memory_peak_bytes.max(p.memory_bytes));
+                r.oom_kills = p.oom_kills;
+                next.insert((p.role, p.index), r);
+            }
+            entry.processes = next;
+        }
+    }
+
+    /// The job's parameter servers and workers, by index.
+    pub(super) fn of(&self, job: JobId) -> (Vec<ProcessRuntime>, Vec<ProcessRuntime>) {
+        let Some(j) = self.jobs.get(&job) else {
+            return Default::default();
+        };
+        let role = |want: Role| {
+            j.processes
+                .iter()
+                .filter(|((r, _), _)| *r == want)
+                .map(|(_, p)| p.clone())
+                .collect()
+        };
+        (role(Role::Ps), role(Role::Worker))
+    }
+
+    pub(super) fn changes(&self, job: JobId) -> Vec<Change> {
+        self.jobs
+            .get(&job)
+            .map(|j| j.changes.clone())
+            .unwrap_or_default()
+    }
+
+    /// Remembers corrections sent to the job. The samples of a process whose resources change
+    /// start over (they were measured against the old limits).
+    pub(super) fn corrected(&mut self, job: JobId, changes: &[Change]) {
+        let j = self.jobs.entry(job).or_default();
+        j.changes.extend_from_slice(changes);
+        let extra = j.changes.len().saturating_sub(CHANGES);
+        j.changes.drain(..extra);
+    }
+
+    pub(super) fn forget(&mut self, job: JobId) {
+        self.jobs.remove(&job);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(at: i64, cpu: &[u64], pending_ms: u64) -> Metric {
+        Metric {
+            at_unix_ms: at,
+            processes: cpu
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| ProcessSample {
+                    role: Role::Ps,
+                    index: i as u32,
+                    cpu_limit: 1000,
+                    memory_limit: 1 << 30,
+                    cpu_millicores: c,
+                    memory_bytes: 100,
+                    memory_peak_bytes: 200,
+                    pending_ms,
+                    gpus: 0,
+                    oom_kills: 0,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reports_fold_in_time_order_and_processes_that_left_are_dropped() {
+        let mut p = Processes::default();
+        let job = JobId(1);
+        p.fold(job, &[report(3000, &[30], 0), report(1000, &[10, 11], 0)]);
+        p.fold(job, &[report(2000, &[20, 21], 0)]); // older than what is known: ignored
+        let (ps, workers) = p.of(job);
+        assert!(workers.is_empty());
+        assert_eq!(ps.len(), 1, "ps-1 left in the 3000 report: {ps:?}");
+        assert_eq!(
+            ps[0].cpu_samples,
+            vec![Millicores(10), Millicores(30)],
+            "{ps:?}"
+        );
+        assert_eq!(ps[0].memory_peak, Bytes(200));
+        for t in 0..40 {
+            p.fold(job, &[report(4000 + t, &[t as u64], 0)]);
+        }
+        assert_eq!(p.of(job).0[0].cpu_samples.len(), CPU_SAMPLES);
+        p.fold(job, &[report(10_000, &[0], 1500)]);
+        assert_eq!(p.of(job).0[0].pending_since_s, Some(8.5));
+        p.forget(job);
+        assert!(p.of(job).0.is_empty());
+    }
+}

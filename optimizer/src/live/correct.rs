@@ -1,0 +1,416 @@
+//! The heuristics' part of a round. Once the scheduler has sized the jobs, the operator's
+//! `[[heuristics]]` look at each running job whose last plan is carried out, from the
+//! per-process samples its job master reported ([`LiveJob::ps_processes`],
+//! [`LiveJob::worker_processes`]) and the brain's own past corrections (their cool-downs):
+//!
+//! * what only frees room is applied before the capacity repair: fewer workers (processes
+//!   pending too long; a speed-up measured to scale badly), memory for a process killed out of
+//!   memory (the cluster plans CPU and processes, not memory), less CPU for a pending PS;
+//! * `speed_up` gates the scheduler's growth: a job whose last step up in workers (or a larger
+//!   count already tried) gained less than `grow_efficiency` of linear keeps its size;
+//! * what needs more room, one more PS for a PS-bound job or more CPU for a hot PS, is applied
+//!   after the repair, in submission order, only where it fits in what the round left free;
+//!   otherwise the decision says what was wanted and why it was not done.
+//!
+//! Growth in workers that `speed_up` proposes is left to the scheduler, which sizes every job
+//! against the others.
+
+use super::*;
+use crate::heuristics::{Action, Change, HeuristicKind, JobRuntime, Proposal};
+use crate::plan::{JobConfig, ProcessResources, Role};
+use crate::units::{Bytes, Millicores};
+
+/// The heuristics' view of a running job.
+pub(super) fn runtime(job: &LiveJob, now_s: f64) -> JobRuntime {
+    let res = |cpu: u64, memory: u64| ProcessResources {
+        cpu: Millicores(cpu),
+        memory: Bytes(memory),
+        gpus: Default::default(),
+    };
+    JobRuntime {
+        job: Some(job.id),
+        now_s,
+        config: JobConfig {
+            ps: job.ps,
+            workers: job.workers,
+            ps_resources: res(job.ps_millicores, job.ps_memory_bytes),
+            worker_resources: res(job.worker_millicores, job.worker_memory_bytes),
+        },
+        min_workers: job.min_workers,
+        max_workers: job.max_workers,
+        ps: job.ps_processes.clone(),
+        workers: job.worker_processes.clone(),
+        speed: job.speed.clone(),
+        history: job.history.clone(),
+    }
+}
+
+/// Proposals per job (index-aligned with `jobs`): none for queued jobs and jobs with a plan on
+/// its way. Observations the heuristics refuse leave the job alone, with a note.
+pub(super) fn propose(
+    jobs: &[Sized],
+    heuristics: &Heuristics,
+    now_s: f64,
+    notes: &mut Vec<String>,
+) -> Vec<Vec<(&'static str, Proposal)>> {
+    jobs.iter()
+        .map(|s| {
+            if !s.running() || s.job.plan_in_flight || heuristics.heuristics.is_empty() {
+                return Vec::new();
+            }
+            heuristics
+                .proposals(&runtime(s.job, now_s))
+                .unwrap_or_else(|e| {
+                    notes.push(format!(
+                        "{} ({}): heuristics skipped: {e}",
+                        s.job.id, s.job.name
+                    ));
+                    Vec::new()
+                })
+        })
+        .collect()
+}
+
+/// Whether carrying `p` out needs more slots or processes than the job holds.
+fn grows(s: &Sized, p: &Proposal, slot: u64) -> bool {
+    match &p.action {
+        Action::SetCount {
+            role: Role::Ps,
+            count,
+        } => *count > s.ps,
+        Action::SetCount {
+            role: Role::Worker, ..
+        } => false,
+        Action::Migrate(m) => m.resources.cpu.is_some_and(|cpu| {
+            slots_of(cpu.0, slot) > process_slots(s, m.key.role, m.key.index, slot)
+        }),
+    }
+}
+
+/// Slots process `index` of `role` holds now.
+fn process_slots(s: &Sized, role: Role, index: u32, slot: u64) -> u32 {
+    let (list, role_cpu) = match role {
+        Role::Ps => (&s.job.ps_processes, s.job.ps_millicores),
+        Role::Worker => (&s.job.worker_processes, s.job.worker_millicores),
+    };
+    let cpu = list
+        .iter()
+        .find(|p| p.index == index)
+        .map_or(role_cpu, |p| p.resources.cpu.0);
+    slots_of(cpu, slot)
+}
+
+fn record(s: &mut Sized, name: &str, p: &Proposal, now_s: f64) {
+    s.reasons.push(format!("{name}: {}", p.reason));
+    s.corrections.push(Change {
+        at_s: now_s,
+        kind: p.kind,
+        process: match &p.action {
+            Action::Migrate(m) => Some((m.key.role, m.key.index)),
+            Action::SetCount { .. } => None,
+        },
+    });
+}
+
+/// Before the repair: the speed-up gate and every correction that frees room or needs none.
+/// Returns, per job, the corrections that need room, for [`grow_if_room`].
+pub(super) fn apply_freeing(
+    jobs: &mut [Sized],
+    proposals: Vec<Vec<(&'static str, Proposal)>>,
+    heuristics: &Heuristics,
+    slot: u64,
+    now_s: f64,
+) -> Vec<Vec<(&'static str, Proposal)>> {
+    let gate = heuristics.heuristics.iter().find_map(|h| match h {
+        HeuristicKind::SpeedUp(s) => Some(s),
+        _ => None,
+    });
+    let mut deferred = Vec::with_capacity(jobs.len());
+    for (s, props) in jobs.iter_mut().zip(proposals) {
+        let mut later = Vec::new();
+        if s.running()
+            && !s.job.plan_in_flight
+            && s.to > s.job.workers
+            && let Some(gate) = gate
+            && let Err(why) = gate.gate_growth(&runtime(s.job, now_s))
+        {
+            s.reasons.push(format!(
+                "speed_up: {why}: kept at {} workers",
+                s.job.workers
+            ));
+            s.to = s.job.workers;
+            s.pinned = true;
+        }
+        for (name, p) in props {
+            if grows(s, &p, slot) {
+                later.push((name, p));
+                continue;
+            }
+            match &p.action {
+                Action::SetCount {
+                    role: Role::Worker,
+                    count,
+                } => {
+                    // Fewer workers frees room; more is the scheduler's to decide.
+                    if *count < s.to {
+                        s.to = *count;
+                        s.pinned = true;
+                        record(s, name, &p, now_s);
+                    }
+                }
+                Action::SetCount { role: Role::Ps, .. } => {}
+                Action::Migrate(m) => {
+                    if let (Role::Ps, Some(cpu)) = (m.key.role, m.resources.cpu) {
+                        let old = process_slots(s, Role::Ps, m.key.index, slot);
+                        s.ps_slots = s.ps_slots - old + slots_of(cpu.0, slot);
+                    }
+                    s.migrations.push(m.clone());
+                    record(s, name, &p, now_s);
+                }
+            }
+        }
+        deferred.push(later);
+    }
+    deferred
+}
+
+/// After the repair: one more PS and more CPU for hot PS, where the room left allows, in
+/// submission order.
+pub(super) fn grow_if_room(
+    jobs: &mut [Sized],
+    deferred: Vec<Vec<(&'static str, Proposal)>>,
+    total_slots: u64,
+    max_processes: u32,
+    slot: u64,
+    now_s: f64,
+) {
+    let mut used: u64 = jobs.iter().map(|s| s.slots(s.counted(s.to))).sum();
+    let mut procs: u32 = jobs.iter().map(|s| s.processes(s.counted(s.to))).sum();
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| {
+        jobs[a]
+            .job
+            .submitted_s
+            .total_cmp(&jobs[b].job.submitted_s)
+            .then(jobs[a].job.id.cmp(&jobs[b].job.id))
+    });
+    let mut deferred: Vec<Option<Vec<_>>> = deferred.into_iter().map(Some).collect();
+    for i in order {
+        let s = &mut jobs[i];
+        for (name, p) in deferred[i].take().unwrap_or_default() {
+            let (slots, processes) = match &p.action {
+                Action::SetCount { count, .. } => {
+                    let more = count - s.ps;
+                    (more as u64 * s.ps_slot_each as u64, more)
+                }
+                Action::Migrate(m) => {
+                    let cpu = m.resources.cpu.map_or(0, |c| c.0);
+                    let old = process_slots(s, m.key.role, m.key.index, slot);
+                    ((slots_of(cpu, slot) - old) as u64, 0)
+                }
+            };
+            let why_not = if let Action::Migrate(m) = &p.action
+                && m.key.role == Role::Worker
+            {
+                Some(
+                    "a worker's CPU changes only with its role's (every worker holds the same \
+                      slots)"
+                        .to_string(),
+                )
+            } else if used + slots > total_slots || procs + processes > max_processes {
+                Some(format!(
+                    "it needs {slots} more slot(s) and {processes} more process(es), the round \
+                     leaves {} slot(s) and {} process(es)",
+                    total_slots.saturating_sub(used),
+                    max_processes.saturating_sub(procs)
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why_not {
+                s.reasons
+                    .push(format!("{name} wanted: {}; not done: {why}", p.reason));
+                continue;
+            }
+            match &p.action {
+                Action::SetCount { count, .. } => s.ps = *count,
+                Action::Migrate(m) => s.migrations.push(m.clone()),
+            }
+            s.ps_slots += slots as u32;
+            used += slots;
+            procs += processes;
+            record(s, name, &p, now_s);
+        }
+    }
+    // A migration of a worker the round removes would be refused by the job master.
+    for s in jobs.iter_mut() {
+        let to = s.to;
+        s.migrations
+            .retain(|m| m.key.role == Role::Ps || m.key.index < to);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{cluster, config, decision, elastic, job};
+    use super::*;
+    use crate::heuristics::{ChangeKind, HotPs, OomGrowth, ProcessRuntime, SpeedUp};
+
+    fn hot_ps_job(ps: u32) -> LiveJob {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
+        j.max_workers = 2;
+        j.ps = ps;
+        j.ps_millicores = 1000;
+        j.ps_processes = (0..ps)
+            .map(|index| ProcessRuntime {
+                index,
+                resources: ProcessResources {
+                    cpu: Millicores(1000),
+                    memory: Bytes(1 << 30),
+                    gpus: Default::default(),
+                },
+                cpu_samples: vec![Millicores(980); 3],
+                ..Default::default()
+            })
+            .collect();
+        j
+    }
+
+    fn only(h: HeuristicKind) -> Heuristics {
+        Heuristics {
+            heuristics: vec![h],
+        }
+    }
+
+    #[test]
+    fn a_ps_bound_job_gets_one_more_ps_when_there_is_room_and_says_why_not_when_not() {
+        let h = only(HeuristicKind::HotPs(HotPs::default()));
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![hot_ps_job(1)],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config(), &h).unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!((d.ps, d.to_ps, d.to_workers), (1, 2, 2), "{d:?}");
+        assert!(d.changes());
+        assert!(d.reasons.iter().any(|r| r.contains("1 -> 2 ps")), "{d:?}");
+        assert_eq!(d.corrections[0].kind, ChangeKind::PsCount);
+        assert_eq!(plan.cpu_millicores, 4000);
+        let sp = d.scale_plan(7);
+        assert_eq!(sp.count_of(Role::Ps), Some(2));
+        assert_eq!(sp.count_of(Role::Worker), None, "{sp:?}");
+        // A full cluster: nothing added, and the reason says so.
+        let full = LiveSnapshot {
+            cluster: cluster(3),
+            ..snap.clone()
+        };
+        let plan = plan_round(&full, elastic().scheduler(), &config(), &h).unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_ps, 1);
+        assert!(!d.changes(), "{d:?}");
+        assert!(d.reasons.iter().any(|r| r.contains("not done")), "{d:?}");
+        // Not while a plan is on its way.
+        let mut busy = snap.clone();
+        busy.jobs[0].plan_in_flight = true;
+        let plan = plan_round(&busy, elastic().scheduler(), &config(), &h).unwrap();
+        assert_eq!(decision(&plan, 1).to_ps, 1);
+    }
+
+    #[test]
+    fn a_hot_ps_among_cool_ones_migrates_with_more_cpu() {
+        let mut j = hot_ps_job(2);
+        j.ps_processes[0].cpu_samples = vec![Millicores(100); 3];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            elastic().scheduler(),
+            &config(),
+            &only(HeuristicKind::HotPs(HotPs::default())),
+        )
+        .unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_ps, 2);
+        assert_eq!(d.migrations.len(), 1, "{d:?}");
+        assert_eq!(d.migrations[0].key.index, 1);
+        assert_eq!(d.migrations[0].resources.cpu, Some(Millicores(1400)));
+        // Two slots for the hot PS now, one for the other, two workers.
+        assert_eq!(plan.cpu_millicores, 5000);
+    }
+
+    #[test]
+    fn a_process_killed_for_memory_comes_back_with_more_even_in_cool_down() {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
+        j.worker_memory_bytes = 64 << 20;
+        j.last_change_s = Some(99.0);
+        j.worker_processes = (0..2)
+            .map(|index| ProcessRuntime {
+                index,
+                resources: ProcessResources {
+                    cpu: Millicores(1000),
+                    memory: Bytes(64 << 20),
+                    gpus: Default::default(),
+                },
+                oom_kills: u32::from(index == 1),
+                memory_peak: Bytes(100 << 20),
+                ..Default::default()
+            })
+            .collect();
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            elastic().scheduler(),
+            &config(),
+            &only(HeuristicKind::OomGrowth(OomGrowth::default())),
+        )
+        .unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 2, "cool-down keeps the count");
+        assert_eq!(d.migrations.len(), 1, "{d:?}");
+        assert_eq!(d.migrations[0].key.role, Role::Worker);
+        assert_eq!(d.migrations[0].resources.memory, Some(Bytes(120 << 20)));
+        assert!(d.changes());
+        assert!(d.scale_plan(1).roles.is_empty());
+    }
+
+    #[test]
+    fn growth_the_measured_speed_up_does_not_bear_out_is_refused() {
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![job(1, LiveState::Running, 2, &[(1, 100.0), (2, 110.0)])],
+        };
+        let h = only(HeuristicKind::SpeedUp(SpeedUp {
+            cooldown_s: 0.0,
+            ..SpeedUp::default()
+        }));
+        let plan = plan_round(&snap, elastic().scheduler(), &config(), &h).unwrap();
+        let d = decision(&plan, 1);
+        // 1 -> 2 gained 10 % of linear: below the shrink threshold, so back to 1.
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert!(d.reasons.iter().any(|r| r.contains("kept at 2")), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("speed_up: 2 -> 1") || r.contains("back to 1")),
+            "{d:?}"
+        );
+        // Without heuristics the scheduler grows it.
+        let plan = plan_round(
+            &snap,
+            elastic().scheduler(),
+            &config(),
+            &Heuristics { heuristics: vec![] },
+        )
+        .unwrap();
+        assert!(decision(&plan, 1).to_workers > 2);
+    }
+}
