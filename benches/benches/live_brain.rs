@@ -170,6 +170,8 @@ async fn round_with(jobs: usize) {
                     }),
                     ps_resources: None,
                     total_samples: 1_000_000,
+                    min_ps: 0,
+                    max_ps: 0,
                 }),
             })
             .await

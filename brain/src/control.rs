@@ -404,6 +404,7 @@ impl Control {
                 },
                 submitted_s: row.registered_unix_ms as f64 / 1000.0,
                 ps,
+                max_ps: shape.ps_bounds().1,
                 ps_millicores: shape.ps_millicores,
                 worker_millicores: shape.worker_millicores,
                 workers: row.workers.max(shape.min_workers),

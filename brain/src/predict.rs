@@ -93,6 +93,8 @@ pub fn predict(
         max_workers: w.max,
         node_unit: w.node_unit,
         ps: ps.as_ref().map_or(0, |p| p.replicas),
+        min_ps: ps.as_ref().map_or(0, |p| p.min),
+        max_ps: ps.as_ref().map_or(0, |p| p.max),
         worker_millicores: wr.cpu.map_or(cluster.slot_millicores, |c| c.0),
         worker_memory_bytes: wr.memory.map_or(0, |m| m.0),
         worker_gpus: wr.gpu.unwrap_or(0),

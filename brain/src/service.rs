@@ -54,6 +54,8 @@ fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         max_workers: s.max_workers,
         node_unit: s.worker_node_unit,
         ps: s.ps,
+        min_ps: s.min_ps,
+        max_ps: s.max_ps,
         worker_millicores,
         worker_memory_bytes,
         worker_gpus,
@@ -71,6 +73,8 @@ fn shape_to(s: Shape) -> pb::JobShape {
         max_workers: s.max_workers,
         worker_node_unit: s.node_unit,
         ps: s.ps,
+        min_ps: s.min_ps,
+        max_ps: s.max_ps,
         worker_resources: Some(jm::Resources {
             cpu_millicores: s.worker_millicores,
             memory_bytes: s.worker_memory_bytes,

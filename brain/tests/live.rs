@@ -13,41 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Brain, bin_dir, brainctl};
+use common::{Brain, alive, bin_dir, brainctl, jobs, start_brain};
 use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
-use proto::service::v1::brain_client::BrainClient;
 
 const CPUS: u32 = 4;
-
-/// Starts `brain` on `listen`; returns the process and the address it bound.
-fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
-    let (child, addr) = common::spawn_brain(|cmd| {
-        cmd.args(["--listen", listen, "--cpus", &cpus.to_string()])
-            .args(["--max-processes", "8"])
-            .arg("--database")
-            .arg(dir.join("brain.db"))
-            .arg("--runs-dir")
-            .arg(dir.join("runs"))
-            .arg("--policy")
-            .arg(dir.join("policy.toml"))
-            .arg("--job-master-bin")
-            .arg(bin_dir().join("job-master"))
-            .args([
-                "--job-master-arg=--brain-interval-ms",
-                "--job-master-arg=300",
-            ])
-            .stderr(std::fs::File::create(dir.join(format!("brain-{}.log", now_ms()))).unwrap());
-    });
-    (child, addr)
-}
-
-fn now_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
 
 fn spec(dir: &Path, name: &str, kind: &str, step_delay_us: u32) -> PathBuf {
     let ps = if kind == "ps" { "  ps: {}\n" } else { "" };
@@ -62,31 +32,6 @@ fn spec(dir: &Path, name: &str, kind: &str, step_delay_us: u32) -> PathBuf {
     path
 }
 
-async fn jobs(url: &str) -> Option<Vec<pb::JobRecord>> {
-    let mut c = BrainClient::connect(url.to_string()).await.ok()?;
-    Some(
-        c.list_jobs(pb::ListJobsRequest {})
-            .await
-            .ok()?
-            .into_inner()
-            .jobs,
-    )
-}
-
-/// Training processes alive in a job (any not yet removed or finished), from its master.
-async fn alive(master: &str) -> Option<u32> {
-    let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
-        .await
-        .ok()?;
-    let s = c.get_status(jm::StatusRequest {}).await.ok()?.into_inner();
-    Some(
-        s.processes
-            .iter()
-            .filter(|p| !matches!(p.state.as_str(), "removed" | "succeeded"))
-            .count() as u32,
-    )
-}
-
 /// A brain on the test's 4 CPUs whose policy is Pollux-style rounds every second, resizing a
 /// job at most once per `cooldown_s`, with `spec(d, name, kind, delay)` submitted to it.
 fn brain_with_job(
@@ -99,7 +44,8 @@ fn brain_with_job(
     std::fs::write(
         d.join("policy.toml"),
         format!(
-            "[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\ncooldown_s = {cooldown_s}\n"
+            "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n\
+             cooldown_s = {cooldown_s}\n"
         ),
     )
     .unwrap();
@@ -142,7 +88,8 @@ async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
     let d = dir.path();
     std::fs::write(
         d.join("policy.toml"),
-        "[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\nmax_growth = 2\n\
+        // The scheduler alone (the heuristics have tests of their own in live_heuristics.rs).
+        "heuristics = []\n[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\nmax_growth = 2\n\
          [live]\ninterval_s = 1\ncooldown_s = 3\n",
     )
     .unwrap();

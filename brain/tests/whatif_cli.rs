@@ -193,11 +193,7 @@ fn bad_input_gets_a_clear_error() {
         ])
     };
     let no_scheduler = dir.path().join("lp.toml");
-    std::fs::write(
-        &no_scheduler,
-        "[allocation]\npolicy = \"max_min_fairness\"\n",
-    )
-    .unwrap();
+    std::fs::write(&no_scheduler, "[live]\ninterval_s = 5\n").unwrap();
     let typo = dir.path().join("typo.toml");
     std::fs::write(&typo, "[scheduler]\nkind = \"pollux\"\nmax_grwth = 2\n").unwrap();
     let bad_trace = dir.path().join("bad.csv");

@@ -101,9 +101,16 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         max_workers: w.as_ref().map_or(1, |p| p.max),
         worker_node_unit: w.as_ref().map_or(1, |p| p.node_unit),
         ps: match spec.kind {
-            JobKind::Ps => plan(Role::Ps).map_or(1, |p| p.replicas),
+            JobKind::Ps => counts
+                .get(&Role::Ps)
+                .copied()
+                .filter(|n| *n > 0)
+                .or(plan(Role::Ps).map(|p| p.replicas))
+                .unwrap_or(1),
             JobKind::Allreduce => 0,
         },
+        min_ps: plan(Role::Ps).map_or(0, |p| p.min),
+        max_ps: plan(Role::Ps).map_or(0, |p| p.max),
         worker_resources: Some(res(Role::Worker)),
         ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::Ps)),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,

@@ -1,8 +1,10 @@
-//! The operator's policy file: which allocation policy shares the cluster and which runtime
-//! heuristics correct running jobs, in TOML.
+//! The operator's policy file, in TOML: which scheduler shares the cluster, which runtime
+//! heuristics correct running jobs, and how the live loop is paced.
 //!
 //! ```toml
-//! [allocation]
+//! [scheduler]
+//! kind = "gavel"
+//! [scheduler.allocation]
 //! policy = "max_min_fairness"
 //!
 //! [[heuristics]]
@@ -11,29 +13,27 @@
 //! cooldown_s = 300
 //! ```
 //!
-//! A `[scheduler]` table names the round-based scheduler ([`SchedulerKind`]), e.g.
-//! `kind = "pollux"`: what `brainctl whatif` replays and what the live brain runs each round
-//! (`elastic_lp` when none is named). `[live]` paces the live brain ([`LiveConfig`]:
-//! `interval_s`, `cooldown_s`).
+//! `[scheduler]` names the round-based scheduler ([`SchedulerKind`]): what `brainctl whatif`
+//! replays and what the live brain runs each round (`elastic_lp` when none is named); an LP
+//! allocation policy shares the cluster through the `gavel` scheduler's `[scheduler.allocation]`.
+//! `[[heuristics]]` correct running jobs in every live round ([`crate::live`]). `[live]` paces
+//! the live brain ([`LiveConfig`]).
 //!
 //! Unknown fields and bad values are rejected with their path (`heuristics[0].hot_fracton`).
-//! A file without `[[heuristics]]` gets all four with their defaults; `heuristics = []` turns
-//! them off.
+//! A top-level `[allocation]` (read by nothing since the LP policies moved under the `gavel`
+//! scheduler) is refused with where it belongs. A file without `[[heuristics]]` gets all four
+//! with their defaults; `heuristics = []` turns them off.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
 use crate::heuristics::{HeuristicKind, Heuristics};
 use crate::live::LiveConfig;
-use crate::policy::PolicyKind;
 use crate::schedule::SchedulerKind;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
-    /// The LP policy that shares the cluster (default: max-sum throughput).
-    #[serde(default = "default_allocation")]
-    pub allocation: PolicyKind,
     #[serde(default = "default_heuristics")]
     pub heuristics: Vec<HeuristicKind>,
     /// The round-based scheduler for elastic GPU jobs (what `brainctl whatif` replays).
@@ -42,10 +42,6 @@ pub struct PolicyConfig {
     /// Pacing of the live brain's rounds.
     #[serde(default)]
     pub live: LiveConfig,
-}
-
-fn default_allocation() -> PolicyKind {
-    PolicyKind::MaxSumThroughput(Default::default())
 }
 
 fn default_heuristics() -> Vec<HeuristicKind> {
@@ -57,6 +53,17 @@ impl PolicyConfig {
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
         let de = toml::Deserializer::parse(text)
             .map_err(|e| PolicyError::InvalidConfig(format!("{e}")))?;
+        if text
+            .parse::<toml::Table>()
+            .is_ok_and(|t| t.contains_key("allocation"))
+        {
+            return Err(PolicyError::InvalidConfig(
+                "allocation: a top-level [allocation] is not read; an LP allocation policy \
+                 shares the cluster through the gavel scheduler: [scheduler] kind = \"gavel\" \
+                 with [scheduler.allocation] policy = ..."
+                    .into(),
+            ));
+        }
         let config: PolicyConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             PolicyError::InvalidConfig(format!("{path}: {}", e.inner().message()))
@@ -76,13 +83,14 @@ impl PolicyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Policy;
 
     #[test]
     fn a_policy_file_names_the_policy_and_tunes_heuristics() {
         let c = PolicyConfig::from_toml(
             r#"
-            [allocation]
+            [scheduler]
+            kind = "gavel"
+            [scheduler.allocation]
             policy = "max_sum_throughput"
             normalize = true
 
@@ -92,16 +100,17 @@ mod tests {
             "#,
         )
         .unwrap();
-        assert_eq!(c.allocation.name(), "max_sum_throughput");
+        assert_eq!(
+            c.scheduler.as_ref().unwrap().scheduler().name(),
+            "gavel_max_throughput"
+        );
         assert_eq!(c.heuristics.len(), 1);
-        let c = PolicyConfig::from_toml("[allocation]\npolicy = \"max_min_fairness\"\n").unwrap();
+        let c = PolicyConfig::from_toml("").unwrap();
         assert_eq!(c.heuristics.len(), 4, "defaults when none are named");
-        let c =
-            PolicyConfig::from_toml("heuristics = []\n[allocation]\npolicy = \"min_makespan\"\n")
-                .unwrap();
+        let c = PolicyConfig::from_toml("heuristics = []\n").unwrap();
         assert!(c.heuristics.is_empty());
         let c = PolicyConfig::from_toml(
-            "[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"tiresias\"\nqueue_threshold_gpu_s = 3600\n",
+            "[scheduler]\nkind = \"tiresias\"\nqueue_threshold_gpu_s = 3600\n",
         )
         .unwrap();
         assert_eq!(
@@ -118,11 +127,9 @@ mod tests {
                 .to_string()
                 .contains("live.interval_s is 0")
         );
-        let e = PolicyConfig::from_toml(
-            "[allocation]\npolicy = \"max_min_fairness\"\n[scheduler]\nkind = \"pollux\"\npp = 1\n",
-        )
-        .unwrap_err()
-        .to_string();
+        let e = PolicyConfig::from_toml("[scheduler]\nkind = \"pollux\"\npp = 1\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("scheduler") && e.contains("pp"), "{e}");
     }
 
@@ -130,17 +137,20 @@ mod tests {
     fn mistakes_are_reported_with_their_path() {
         for (text, expected) in [
             (
-                "[allocation]\npolicy = \"max_min_fairness\"\n[[heuristics]]\nkind = \"hot_ps\"\nhot_fracton = 0.8\n",
+                "[[heuristics]]\nkind = \"hot_ps\"\nhot_fracton = 0.8\n",
                 "heuristics[0]",
             ),
-            ("[allocation]\npolicy = \"fastest\"\n", "fastest"),
             (
-                "[allocation]\npolicy = \"max_sum_throughput\"\nnormalise = true\n",
-                "normalise",
+                "[scheduler]\nkind = \"gavel\"\n[scheduler.allocation]\npolicy = \"fastest\"\n",
+                "fastest",
+            ),
+            (
+                "[allocation]\npolicy = \"max_min_fairness\"\n",
+                "allocation: a top-level [allocation] is not read; an LP allocation policy shares the cluster through the gavel scheduler",
             ),
             ("[alocation]\npolicy = \"max_min_fairness\"\n", "alocation"),
             (
-                "[allocation]\npolicy = \"max_min_fairness\"\n[[heuristics]]\nkind = \"speed_up\"\nshrink_efficiency = 0.9\n",
+                "[[heuristics]]\nkind = \"speed_up\"\nshrink_efficiency = 0.9\n",
                 "speed_up.shrink_efficiency",
             ),
             ("[allocation\n", "invalid policy settings"),

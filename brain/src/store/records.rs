@@ -136,6 +136,11 @@ pub struct Shape {
     pub max_workers: u32,
     pub node_unit: u32,
     pub ps: u32,
+    /// The PS counts the job's spec allows (0 in rows stored before they were kept: `ps`).
+    #[serde(default)]
+    pub min_ps: u32,
+    #[serde(default)]
+    pub max_ps: u32,
     pub worker_millicores: u64,
     pub worker_memory_bytes: u64,
     pub worker_gpus: u32,
@@ -170,8 +175,33 @@ impl Shape {
             (Some(0), vocab::JobKind::Ps) => {
                 Err("a ps job needs at least 1 parameter server".into())
             }
+            (Some(p), vocab::JobKind::Ps) => {
+                let (lo, hi) = self.ps_bounds();
+                if (lo..=hi).contains(&p) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{p} parameter servers is outside the job's bounds [{lo}, {hi}]"
+                    ))
+                }
+            }
             _ => Ok(()),
         }
+    }
+
+    /// The PS counts the job may have: its spec's `roles.ps` min and max.
+    pub fn ps_bounds(&self) -> (u32, u32) {
+        let lo = if self.min_ps == 0 {
+            self.ps
+        } else {
+            self.min_ps
+        };
+        let hi = if self.max_ps == 0 {
+            self.ps
+        } else {
+            self.max_ps
+        };
+        (lo.min(self.ps), hi.max(self.ps))
     }
 
     /// Rejects shapes no job can have, naming the field and its value.

@@ -227,10 +227,18 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
     let ps = Shape {
         kind: vocab::JobKind::Ps,
         ps: 1,
+        max_ps: 3,
         ps_millicores: 1000,
         ..shape
     };
     assert!(ps.check_plan(Some(2), Some(3)).is_ok());
+    assert_eq!(
+        ps.check_plan(None, Some(4)).unwrap_err(),
+        "4 parameter servers is outside the job's bounds [1, 3]"
+    );
+    // A row stored before the bounds were kept: the PS count it has, no other.
+    let old = Shape { max_ps: 0, ..ps };
+    assert!(old.check_plan(None, Some(2)).is_err());
     assert_eq!(
         ps.check_plan(None, Some(0)).unwrap_err(),
         "a ps job needs at least 1 parameter server"

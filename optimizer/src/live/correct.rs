@@ -209,7 +209,14 @@ pub(super) fn grow_if_room(
                     ((slots_of(cpu, slot) - old) as u64, 0)
                 }
             };
-            let why_not = if let Action::Migrate(m) = &p.action
+            let why_not = if let Action::SetCount { count, .. } = &p.action
+                && *count > s.job.max_ps
+            {
+                Some(format!(
+                    "its spec allows at most {} ps",
+                    s.job.max_ps.max(s.job.ps)
+                ))
+            } else if let Action::Migrate(m) = &p.action
                 && m.key.role == Role::Worker
             {
                 Some(
@@ -260,6 +267,7 @@ mod tests {
         let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
         j.max_workers = 2;
         j.ps = ps;
+        j.max_ps = 4;
         j.ps_millicores = 1000;
         j.ps_processes = (0..ps)
             .map(|index| ProcessRuntime {

@@ -91,6 +91,9 @@ pub struct LiveJob {
     /// A plan sent to its job master is not carried out yet (nor rejected).
     #[serde(default)]
     pub plan_in_flight: bool,
+    /// The most parameter servers the job may have (0: `ps`, no more).
+    #[serde(default)]
+    pub max_ps: u32,
     /// Memory of each role's processes as launched (0: no limit).
     #[serde(default)]
     pub ps_memory_bytes: u64,
@@ -624,6 +627,7 @@ mod tests {
             restarts: 0,
             peak_workers: workers,
             plan_in_flight: false,
+            max_ps: 0,
             ps_memory_bytes: 0,
             worker_memory_bytes: 0,
             ps_processes: Vec::new(),
@@ -862,6 +866,7 @@ mod tests {
                         &speed,
                     );
                     j.ps = ps;
+                    j.max_ps = ps + 1;
                     j.held_workers = if running {
                         min + (changed as u32 % 3)
                     } else {

@@ -17,7 +17,7 @@ use crate::problem::{Cluster, JobDemand, Problem};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gavel {
-    /// The allocation policy, as in the `[allocation]` table of a policy file.
+    /// The allocation policy: `[scheduler.allocation]` of a policy file.
     #[serde(default = "default_allocation")]
     pub allocation: PolicyKind,
 }

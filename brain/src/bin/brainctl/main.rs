@@ -90,9 +90,9 @@ enum Command {
     /// against DLRover's rule, the user's request and the global median on a time-ordered
     /// split of that history and of Alibaba's 2023 and 2025 GPU traces.
     Train(train::TrainArgs),
-    /// Show or set the operator's policy of a running brain (TOML: [scheduler], [live]
-    /// interval_s, cooldown_s, pin_while_plan_in_flight, max_resumes; [allocation] and
-    /// [[heuristics]] are checked but not used live yet).
+    /// Show or set the operator's policy of a running brain (TOML: [scheduler] sizes the jobs,
+    /// [[heuristics]] correct their PS count and processes' resources, [live] interval_s,
+    /// cooldown_s, pin_while_plan_in_flight, max_resumes pace the rounds).
     Policy {
         #[command(subcommand)]
         action: PolicyAction,
