@@ -296,7 +296,7 @@ impl Control {
                 match report {
                     Some(r) => s.finish(
                         job,
-                        r.succeeded(),
+                        JobState::ended(r.phase).unwrap_or(JobState::Failed),
                         &format!(
                             "{}{} (read from its report; exactly-once: {})",
                             r.phase,
@@ -306,9 +306,19 @@ impl Control {
                         row.samples_done,
                         now_unix_ms(),
                     ),
+                    None if row.cancel_requested.is_some() => s.finish(
+                        job,
+                        JobState::Cancelled,
+                        &format!(
+                            "cancelled: {} (its job master exited ({said}) before reporting)",
+                            row.cancel_requested.unwrap_or_default()
+                        ),
+                        row.samples_done,
+                        now_unix_ms(),
+                    ),
                     None => s.finish(
                         job,
-                        false,
+                        JobState::Failed,
                         &format!("its job master exited ({said}) before reporting"),
                         row.samples_done,
                         now_unix_ms(),
@@ -334,7 +344,11 @@ impl Control {
             return false;
         };
         let run_dir = PathBuf::from(&row.run_dir);
-        if row.state.finished() || row.run_dir.is_empty() || !Launcher::left_unfinished(&run_dir) {
+        if row.state.finished()
+            || row.cancel_requested.is_some()
+            || row.run_dir.is_empty()
+            || !Launcher::left_unfinished(&run_dir)
+        {
             return false;
         }
         let attempt = {
@@ -469,7 +483,9 @@ impl Control {
                         tracing::warn!("cannot start {job}: {e}");
                         let msg = e.to_string();
                         let _ = self
-                            .with_store(move |s| s.finish(job, false, &msg, 0, now_unix_ms()))
+                            .with_store(move |s| {
+                                s.finish(job, JobState::Failed, &msg, 0, now_unix_ms())
+                            })
                             .await;
                     }
                     continue;

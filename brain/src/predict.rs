@@ -173,6 +173,7 @@ mod tests {
             reported_workers: workers,
             peak_process_millicores: 0,
             peak_process_memory_bytes: 0,
+            cancel_requested: None,
         }
     }
 

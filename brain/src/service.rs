@@ -207,14 +207,63 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::GetPlanRequest>,
     ) -> Result<Response<pb::GetPlanResponse>, Status> {
         let r = request.into_inner();
-        let plan = self
-            .with_store(move |s| s.plan_after(JobId(r.job_id), r.after_version))
+        let (plan, cancel) = self
+            .with_store(move |s| {
+                let job = JobId(r.job_id);
+                Ok((
+                    s.plan_after(job, r.after_version)?,
+                    s.job(job)?.cancel_requested.unwrap_or_default(),
+                ))
+            })
             .await?;
         let plan = plan
             .map(|p| jm::ScalePlan::decode(p.body.as_slice()))
             .transpose()
             .map_err(|e| Status::internal(format!("stored plan does not decode: {e}")))?;
-        Ok(Response::new(pb::GetPlanResponse { plan }))
+        Ok(Response::new(pb::GetPlanResponse { plan, cancel }))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        let r = request.into_inner();
+        let reason = if r.reason.trim().is_empty() {
+            "cancelled by an operator".to_string()
+        } else {
+            r.reason
+        };
+        let state = self
+            .with_store(move |s| {
+                let job = JobId(r.job_id);
+                let row = s.job(job)?;
+                match row.state {
+                    JobState::Queued => {
+                        s.finish(
+                            job,
+                            JobState::Cancelled,
+                            &format!("cancelled before it started: {reason}"),
+                            0,
+                            now_unix_ms(),
+                        )?;
+                        Ok("cancelled")
+                    }
+                    JobState::Running => {
+                        s.request_cancel(job, &reason)?;
+                        Ok("cancelling")
+                    }
+                    ended => Err(BrainError::FailedPrecondition(format!(
+                        "job {} already {}: nothing to cancel",
+                        row.name,
+                        ended.as_str()
+                    ))),
+                }
+            })
+            .await?;
+        self.control.wake();
+        Ok(Response::new(pb::CancelJobResponse {
+            state: state.into(),
+        }))
     }
 
     async fn ack_plan(
@@ -328,15 +377,11 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::JobOutcome>,
     ) -> Result<Response<pb::OutcomeAck>, Status> {
         let o = request.into_inner();
-        let succeeded = match o.phase.parse::<vocab::Phase>() {
-            Ok(vocab::Phase::Succeeded) => true,
-            Ok(vocab::Phase::Failed) => false,
-            _ => {
-                let other = &o.phase;
-                return Err(Status::invalid_argument(format!(
-                    "phase {other:?}: expected \"succeeded\" or \"failed\""
-                )));
-            }
+        let Some(state) = o.phase.parse().ok().and_then(JobState::ended) else {
+            let other = &o.phase;
+            return Err(Status::invalid_argument(format!(
+                "phase {other:?}: expected \"succeeded\", \"failed\" or \"cancelled\""
+            )));
         };
         let text = format!(
             "{}{} after {:.1} s; exactly-once: {}",
@@ -350,13 +395,7 @@ impl pb::brain_server::Brain for BrainService {
             o.exactly_once
         );
         self.with_store(move |s| {
-            s.finish(
-                JobId(o.job_id),
-                succeeded,
-                &text,
-                o.samples_done,
-                now_unix_ms(),
-            )
+            s.finish(JobId(o.job_id), state, &text, o.samples_done, now_unix_ms())
         })
         .await?;
         self.control.wake();

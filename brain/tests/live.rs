@@ -62,7 +62,7 @@ async fn first_job_ended(url: &str) -> pb::JobRecord {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let all = jobs(url).await.unwrap();
-        if all[0].state == "succeeded" || all[0].state == "failed" {
+        if matches!(all[0].state.as_str(), "succeeded" | "failed" | "cancelled") {
             return all[0].clone();
         }
         assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
@@ -351,6 +351,22 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert_eq!(all[0].state, "queued", "{all:?}");
     let (ok, out) = brainctl(&["plan", "--dry-run", "--brain", &url]);
     assert!(ok && out.contains("waits"), "{out}");
+    // Cancelling: an unknown job is refused; the queued one is cancelled before it starts, and
+    // a second cancel says it has ended.
+    let (ok, out) = brainctl(&["cancel", "nope", "--brain", &url]);
+    assert!(!ok && out.contains("no job named \"nope\""), "{out}");
+    let (ok, out) = brainctl(&["cancel", "ok-job", "--brain", &url]);
+    assert!(
+        ok && out.contains("ok-job cancelled before it started"),
+        "{out}"
+    );
+    let all = jobs(&url).await.unwrap();
+    assert_eq!(all[0].state, "cancelled", "{all:?}");
+    let (ok, out) = brainctl(&["cancel", "ok-job", "--brain", &url]);
+    assert!(
+        !ok && out.contains("job ok-job already cancelled: nothing to cancel"),
+        "{out}"
+    );
     // A policy that does not parse is refused and the one in force stays.
     let bad_policy = bad("bad.toml", "[live]\ninterval_s = -1\n".into());
     let (ok, out) = brainctl(&[
@@ -468,5 +484,57 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
     // The job runs to its end at the operator's size.
     let job = first_job_ended(&url).await;
     assert_eq!(job.state, "succeeded", "{job:#?}");
+    brain.kill();
+}
+
+/// An operator cancels a running job through the brain: its job master takes a last
+/// checkpoint, stops every process and the job is recorded as cancelled, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut brain, url) = brain_with_job(d, 600, "doomed", "ps", 300);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (master, run_dir) = loop {
+        let all = jobs(&url).await.unwrap_or_default();
+        if let Some(j) = all
+            .iter()
+            .find(|j| j.state == "running" && j.samples_done > 0)
+        {
+            break (j.master_address.clone(), j.run_dir.clone());
+        }
+        assert!(Instant::now() < deadline, "not training: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (ok, out) = brainctl(&[
+        "cancel",
+        "doomed",
+        "--reason",
+        "wrong data",
+        "--brain",
+        &url,
+    ]);
+    assert!(ok && out.contains("doomed is being cancelled"), "{out}");
+    let job = first_job_ended(&url).await;
+    assert_eq!(job.state, "cancelled", "{job:#?}");
+    assert!(
+        job.outcome
+            .contains("cancelled: asked through the brain: wrong data (after checkpoint"),
+        "{job:#?}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(&run_dir).join("master/report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["phase"], "cancelled");
+    assert!(report["checkpoints"].as_u64().unwrap() >= 1, "{report:#}");
+    // Nothing of the job runs any more: its master is gone, and so are its processes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while master_pid(&run_dir).is_some() || alive(&master).await.is_some() {
+        assert!(Instant::now() < deadline, "the job master still runs");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (ok, out) = brainctl(&["cancel", "doomed", "--brain", &url]);
+    assert!(!ok && out.contains("already cancelled"), "{out}");
     brain.kill();
 }

@@ -120,7 +120,15 @@ fn history_db(path: &Path, n: usize) {
                 }],
             )
             .unwrap();
-        store.finish(job, true, "ok", 6000, at + 60_000).unwrap();
+        store
+            .finish(
+                job,
+                brain::store::JobState::Succeeded,
+                "ok",
+                6000,
+                at + 60_000,
+            )
+            .unwrap();
     }
 }
 

@@ -274,7 +274,16 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
             })
             .await
         {
-            Ok(r) => r.into_inner().plan,
+            Ok(r) => {
+                let r = r.into_inner();
+                if !r.cancel.is_empty() {
+                    let why = format!("asked through the brain: {}", r.cancel);
+                    shared
+                        .apply_logged("cancel", |ctx, now| Ok(((), ctx.cancel(why, now), true)))
+                        .await;
+                }
+                r.plan
+            }
             Err(e) => {
                 tracing::debug!("brain plan poll: {e}");
                 client = None;

@@ -332,10 +332,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (global_step, samples_per_second, loss) = ctx.progress();
         Ok(Response::new(pb::JobStatus {
             phase: ctx.phase.name().to_string(),
-            reason: match &ctx.phase {
-                crate::job::JobPhase::Failed { reason } => reason.clone(),
-                _ => String::new(),
-            },
+            reason: ctx.phase.reason().unwrap_or_default().to_string(),
             global_step,
             samples_per_second,
             loss,

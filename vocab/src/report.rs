@@ -16,6 +16,8 @@ pub enum Phase {
     Finishing,
     Succeeded,
     Failed,
+    /// Stopped on request (`brainctl cancel`), after a last checkpoint where one could be taken.
+    Cancelled,
 }
 
 impl Phase {
@@ -25,11 +27,12 @@ impl Phase {
             Phase::Finishing => "finishing",
             Phase::Succeeded => "succeeded",
             Phase::Failed => "failed",
+            Phase::Cancelled => "cancelled",
         }
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, Phase::Succeeded | Phase::Failed)
+        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Cancelled)
     }
 }
 
@@ -47,6 +50,7 @@ impl std::str::FromStr for Phase {
             "finishing" => Ok(Phase::Finishing),
             "succeeded" => Ok(Phase::Succeeded),
             "failed" => Ok(Phase::Failed),
+            "cancelled" => Ok(Phase::Cancelled),
             other => Err(format!("unknown job phase {other:?}")),
         }
     }
@@ -68,11 +72,17 @@ pub enum JobPhase {
     Failed {
         reason: String,
     },
+    Cancelled {
+        reason: String,
+    },
 }
 
 impl JobPhase {
     pub fn is_terminal(&self) -> bool {
-        matches!(self, JobPhase::Succeeded | JobPhase::Failed { .. })
+        matches!(
+            self,
+            JobPhase::Succeeded | JobPhase::Failed { .. } | JobPhase::Cancelled { .. }
+        )
     }
 
     /// The phase without its reason, as reports and status answers name it.
@@ -82,11 +92,20 @@ impl JobPhase {
             JobPhase::Finishing => Phase::Finishing,
             JobPhase::Succeeded => Phase::Succeeded,
             JobPhase::Failed { .. } => Phase::Failed,
+            JobPhase::Cancelled { .. } => Phase::Cancelled,
         }
     }
 
     pub fn name(&self) -> &'static str {
         self.phase().as_str()
+    }
+
+    /// Why it failed or was cancelled.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            JobPhase::Failed { reason } | JobPhase::Cancelled { reason } => Some(reason),
+            _ => None,
+        }
     }
 }
 

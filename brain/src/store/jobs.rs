@@ -125,28 +125,41 @@ impl Store {
         Ok(())
     }
 
-    /// Records how a job ended. A second report of the same end changes nothing.
+    /// Records that an operator asked to cancel a running job (its job master learns it from
+    /// its next plan poll and ends it).
+    pub fn request_cancel(&mut self, job: JobId, reason: &str) -> Result<(), BrainError> {
+        let id = self.known(job)?;
+        self.conn.execute(
+            "UPDATE jobs SET cancel_requested = ?2 WHERE id = ?1",
+            params![id, reason],
+        )?;
+        Ok(())
+    }
+
+    /// Records how a job ended (`state` is one of the final states). A second report of the
+    /// same end changes nothing.
     pub fn finish(
         &mut self,
         job: JobId,
-        succeeded: bool,
+        state: JobState,
         outcome: &str,
         samples_done: u64,
         now_unix_ms: i64,
     ) -> Result<(), BrainError> {
         let id = self.known(job)?;
+        if !state.finished() {
+            return Err(BrainError::Internal(format!(
+                "{job} cannot end {}",
+                state.as_str()
+            )));
+        }
         self.conn.execute(
             "UPDATE jobs SET state = ?2, outcome = ?3, samples_done = MAX(samples_done, ?4),
                  finished_unix_ms = COALESCE(finished_unix_ms, ?5)
              WHERE id = ?1",
             params![
                 id,
-                if succeeded {
-                    JobState::Succeeded
-                } else {
-                    JobState::Failed
-                }
-                .as_str(),
+                state.as_str(),
                 outcome,
                 samples_done as i64,
                 now_unix_ms
@@ -234,7 +247,8 @@ impl Store {
                     last_change_unix_ms, started_unix_ms, finished_unix_ms, samples_done, outcome,
                     (SELECT COALESCE(MAX(version), 0) FROM plans
                      WHERE job_id = jobs.id AND accepted = 0) AS rejected_version,
-                    reported_workers, peak_process_millicores, peak_process_memory_bytes
+                    reported_workers, peak_process_millicores, peak_process_memory_bytes,
+                    cancel_requested
              FROM jobs WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
         )?;
         let rows = stmt.query_map([only], |r| {
@@ -277,6 +291,7 @@ impl Store {
                 reported_workers: count("reported_workers")? as u32,
                 peak_process_millicores: count("peak_process_millicores")?,
                 peak_process_memory_bytes: count("peak_process_memory_bytes")?,
+                cancel_requested: r.get("cancel_requested")?,
             })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)

@@ -138,6 +138,7 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN peak_process_millicores INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN peak_process_memory_bytes INTEGER NOT NULL DEFAULT 0",
     "CREATE TABLE models (name TEXT PRIMARY KEY, body TEXT NOT NULL, trained_unix_ms INTEGER NOT NULL)",
+    "ALTER TABLE jobs ADD COLUMN cancel_requested TEXT",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

@@ -93,6 +93,8 @@ pub enum JobState {
     Running,
     Succeeded,
     Failed,
+    /// Cancelled by an operator (`brainctl cancel`).
+    Cancelled,
 }
 
 impl rusqlite::types::FromSql for JobState {
@@ -108,6 +110,7 @@ impl JobState {
             JobState::Running => "running",
             JobState::Succeeded => "succeeded",
             JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
         }
     }
 
@@ -117,12 +120,26 @@ impl JobState {
             "running" => Ok(JobState::Running),
             "succeeded" => Ok(JobState::Succeeded),
             "failed" => Ok(JobState::Failed),
+            "cancelled" => Ok(JobState::Cancelled),
             other => Err(format!("unknown job state {other:?}")),
         }
     }
 
+    /// The final state a job master's final phase records.
+    pub fn ended(phase: vocab::Phase) -> Option<JobState> {
+        match phase {
+            vocab::Phase::Succeeded => Some(JobState::Succeeded),
+            vocab::Phase::Failed => Some(JobState::Failed),
+            vocab::Phase::Cancelled => Some(JobState::Cancelled),
+            vocab::Phase::Running | vocab::Phase::Finishing => None,
+        }
+    }
+
     pub fn finished(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed)
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
     }
 }
 
@@ -290,6 +307,8 @@ pub struct JobRow {
     /// The most CPU and memory one of its processes used (from the reports' sums).
     pub peak_process_millicores: u64,
     pub peak_process_memory_bytes: u64,
+    /// Why an operator asked to cancel it, while its job master has not yet ended it.
+    pub cancel_requested: Option<String>,
 }
 
 /// A stored plan: its version and its encoded body (the wire `ScalePlan`).

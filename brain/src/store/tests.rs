@@ -136,7 +136,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     assert_eq!(row.shape.unwrap().ps, 2);
     assert_eq!(row.workers, 2, "the worker count and its cool-down stay");
     assert_eq!(s.corrections(a), vec![added]);
-    s.finish(a, true, "done", 100, 40).unwrap();
+    s.finish(a, JobState::Succeeded, "done", 100, 40).unwrap();
     assert!(s.processes(a).0.is_empty() && s.corrections(a).is_empty());
 }
 

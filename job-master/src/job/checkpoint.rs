@@ -102,6 +102,9 @@ impl JobContext {
                 manifest.display()
             ),
         );
+        if self.cancel_after_checkpoint(Some(id), now_ms) {
+            return Ok(Vec::new());
+        }
         Ok(self.on_cut(now_ms))
     }
 
@@ -114,6 +117,7 @@ impl JobContext {
                 now_ms,
                 format!("checkpoint failed, training goes on without it: {problem}"),
             );
+            self.cancel_after_checkpoint(None, now_ms);
         }
     }
 

@@ -461,6 +461,9 @@ impl JobContext {
         if self.phase.is_terminal() {
             return (Vec::new(), false);
         }
+        if self.cancel_if_overdue(now_ms) {
+            return (Vec::new(), true);
+        }
         let closed = self.rendezvous_now().is_some_and(|r| r.try_close(now_ms));
         let (heartbeat, register, grace) = (
             self.timing.heartbeat_timeout_ms,

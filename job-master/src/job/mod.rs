@@ -39,10 +39,12 @@ use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
 use crate::scale::{Capacity, PlanBook, ScalePlan};
 use crate::spec::{JobKind, JobSpec, Resources, Role};
 
+pub use cancel::Cancelling;
 pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
 mod agents;
+mod cancel;
 mod checkpoint;
 #[cfg(test)]
 mod command_tests;
@@ -355,6 +357,9 @@ pub struct JobContext {
     pub checkpoint_pending: bool,
     /// A ps checkpoint save is under way (the effect was emitted).
     pub checkpoint_saving: bool,
+    /// A cancel waiting for its last checkpoint: the job ends cancelled once it commits.
+    #[serde(default)]
+    pub cancelling: Option<Cancelling>,
     pub shards_since_checkpoint: u64,
     /// Bumped by every group restart; effects from an older generation are dropped.
     pub generation: u64,
@@ -474,6 +479,7 @@ impl JobContext {
             checkpoints: Vec::new(),
             checkpoint_pending: false,
             checkpoint_saving: false,
+            cancelling: None,
             shards_since_checkpoint: 0,
             generation: 0,
             next_agent_id: 1,

@@ -17,7 +17,7 @@ fn spec(kind: &str, ps: u32, workers: u32, every_shards: u32) -> JobSpec {
     .unwrap()
 }
 
-const W0: SlotKey = SlotKey {
+pub(super) const W0: SlotKey = SlotKey {
     role: Role::Worker,
     index: 0,
 };
@@ -31,7 +31,7 @@ const PS0: SlotKey = SlotKey {
 };
 
 /// A job whose agents all registered and joined.
-fn running(kind: &str, ps: u32, workers: u32, every: u32) -> JobContext {
+pub(super) fn running(kind: &str, ps: u32, workers: u32, every: u32) -> JobContext {
     let (mut ctx, effects) = JobContext::new(
         spec(kind, ps, workers, every),
         "t-1".into(),
@@ -59,7 +59,7 @@ fn running(kind: &str, ps: u32, workers: u32, every: u32) -> JobContext {
     ctx
 }
 
-fn lease(ctx: &mut JobContext, key: SlotKey, inc: u64) -> Option<u64> {
+pub(super) fn lease(ctx: &mut JobContext, key: SlotKey, inc: u64) -> Option<u64> {
     match ctx.lease(key, inc).unwrap().outcome {
         LeaseOutcome::Granted(s) => Some(s.id),
         _ => None,

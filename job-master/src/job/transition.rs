@@ -49,6 +49,9 @@ impl JobContext {
         if self.phase != JobPhase::Running {
             return Err(PlanRejection::NotRunning(self.phase.name()));
         }
+        if self.cancelling.is_some() {
+            return Err(PlanRejection::NotRunning("being cancelled"));
+        }
         if self.ledger.is_complete() {
             return Err(PlanRejection::NoDataLeft);
         }

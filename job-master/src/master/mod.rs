@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::error::Error;
-use crate::job::{Effect, JobContext, JobPhase, ReshardRecord, Timing};
+use crate::job::{Effect, JobContext, ReshardRecord, Timing};
 use crate::persist::{Persister, write_atomic};
 use crate::platform::local::LocalPlatform;
 use crate::platform::{AgentLaunch, Platform, PlatformConfig, PlatformEvent};

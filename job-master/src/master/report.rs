@@ -15,10 +15,7 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
         job: ctx.spec.name.clone(),
         kind: ctx.spec.kind,
         phase: ctx.phase.phase(),
-        reason: match &ctx.phase {
-            JobPhase::Failed { reason } => Some(reason.clone()),
-            _ => None,
-        },
+        reason: ctx.phase.reason().map(str::to_string),
         elapsed_ms: now_ms,
         first_step_after_ms: ctx.first_step_at_ms.map(|t| t - ctx.started_at_ms),
         final_eval_loss: ctx.final_eval_loss,

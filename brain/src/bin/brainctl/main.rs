@@ -85,6 +85,19 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
+    /// Cancel a job through the brain: a queued job never starts; a running one takes a last
+    /// checkpoint (where its job master tracks its data), stops every process and is recorded
+    /// as cancelled. An unknown or ended job is refused, saying so.
+    Cancel {
+        /// The job's id or name (from `brainctl jobs`).
+        job: String,
+        /// Why (recorded with the job).
+        #[arg(long, default_value = "cancelled by hand (brainctl cancel)")]
+        reason: String,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
     /// Fit the job-profile model on the brain's finished jobs and store it in its database (the
     /// brain sizes submitted jobs' memory with it from then on); with --evaluate, score it
     /// against DLRover's rule, the user's request and the global median on a time-ordered
@@ -419,6 +432,24 @@ fn main() -> anyhow::Result<()> {
                 "plan {version} proposed for {job}; its job master takes it at its next poll \
                  (`brainctl status {job}` shows the plan reached)"
             );
+            Ok(())
+        }
+        Command::Cancel { job, reason, brain } => {
+            let state = ask_brain(&brain, async |mut c| {
+                let id = job_id(&mut c, &job).await?;
+                Ok(c.cancel_job(pb::CancelJobRequest { job_id: id, reason })
+                    .await?
+                    .into_inner()
+                    .state)
+            })?;
+            if state == "cancelled" {
+                println!("{job} cancelled before it started");
+            } else {
+                println!(
+                    "{job} is being cancelled: its job master takes a last checkpoint and stops \
+                     every process at its next poll (`brainctl status {job}` shows it end)"
+                );
+            }
             Ok(())
         }
         Command::Train(args) => train::train(args),
