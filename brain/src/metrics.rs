@@ -99,6 +99,7 @@ impl Metrics {
                 JobState::Running,
                 JobState::Succeeded,
                 JobState::Failed,
+                JobState::Cancelled,
             ] {
                 let n = rows.iter().filter(|r| r.state == state).count();
                 self.jobs

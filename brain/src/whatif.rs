@@ -7,6 +7,7 @@ use std::time::Instant;
 use datasets::export::{Values, write_table};
 use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
+use optimizer::live::{LiveConfig, LiveRound};
 use optimizer::schedule::{Assignment, Scheduler, SchedulerKind, Snapshot};
 use optimizer::sim::engine::{NodeFailures, SimHooks};
 use optimizer::sim::{
@@ -20,10 +21,14 @@ use crate::BrainError;
 pub struct NamedPolicy {
     pub label: String,
     pub scheduler: SchedulerKind,
+    /// Replay through the live brain's round around the scheduler, with this `[live]` pacing
+    /// (`--live-round`); `None`: the scheduler alone, as a simulator would.
+    pub live_round: Option<LiveConfig>,
 }
 
-/// Reads an operator's policy file; it must have a `[scheduler]` table.
-pub fn load_policy(path: &Path) -> Result<NamedPolicy, BrainError> {
+/// Reads an operator's policy file; it must have a `[scheduler]` table. With `live_round`, the
+/// replay goes through the live brain's round with the file's `[live]` pacing.
+pub fn load_policy(path: &Path, live_round: bool) -> Result<NamedPolicy, BrainError> {
     let text = std::fs::read_to_string(path).map_err(|source| {
         BrainError::Data(datasets::DatasetError::Io {
             path: path.to_path_buf(),
@@ -44,7 +49,11 @@ pub fn load_policy(path: &Path) -> Result<NamedPolicy, BrainError> {
         .file_stem()
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_else(|| scheduler.name().to_string());
-    Ok(NamedPolicy { label, scheduler })
+    Ok(NamedPolicy {
+        label,
+        scheduler,
+        live_round: live_round.then_some(config.live),
+    })
 }
 
 /// A trace by name (its file stem).
@@ -273,11 +282,20 @@ pub fn run(
                         on_jobs_done,
                         done: 0,
                     };
+                    let policy = &policies[p];
+                    let live = policy
+                        .live_round
+                        .clone()
+                        .map(|c| LiveRound::new(policy.scheduler.scheduler(), c));
+                    let scheduler: &dyn Scheduler = match &live {
+                        Some(l) => l,
+                        None => &policy.scheduler,
+                    };
                     let report = simulate(
                         &traces[t].jobs,
                         profiles,
                         &options.cluster,
-                        &policies[p].scheduler,
+                        scheduler,
                         &options.sim,
                         &mut hooks,
                     )

@@ -84,13 +84,25 @@ fn http_get(addr: &str, path: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
+    three_jobs_share_four_cpus("pollux").await;
+}
+
+/// The same under the default scheduler, Brain's own elastic LP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_jobs_share_four_cpus_under_elastic_lp() {
+    three_jobs_share_four_cpus("elastic_lp").await;
+}
+
+async fn three_jobs_share_four_cpus(scheduler: &str) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(
         d.join("policy.toml"),
         // The scheduler alone (the heuristics have tests of their own in live_heuristics.rs).
-        "heuristics = []\n[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\nmax_growth = 2\n\
-         [live]\ninterval_s = 1\ncooldown_s = 3\n",
+        format!(
+            "heuristics = []\n[scheduler]\nkind = \"{scheduler}\"\nrestart_delay_s = 3\n\
+             max_growth = 2\n[live]\ninterval_s = 1\ncooldown_s = 3\n"
+        ),
     )
     .unwrap();
     let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
@@ -149,7 +161,7 @@ async fn three_resource_free_jobs_share_four_cpus_through_a_brain_kill_9() {
     let (ok, text) = brainctl(&["plan", "--dry-run", "--brain", &url]);
     assert!(ok, "{text}");
     assert!(
-        text.contains("scheduler pollux") && text.contains("free-"),
+        text.contains(&format!("scheduler {scheduler}")) && text.contains("free-"),
         "{text}"
     );
 

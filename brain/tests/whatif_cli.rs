@@ -176,6 +176,69 @@ fn a_philly_job_list_replays_as_rigid_jobs() {
     }
 }
 
+/// `--live-round` replays through the live brain's round: the policy file's `[live]`
+/// cool-down holds every running job at its size between resizes, so the same scheduler
+/// resizes less often than on its own; a cluster of several GPU types is refused.
+#[test]
+fn a_replay_through_the_live_round_keeps_the_live_cool_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 24);
+    let profiles = pollux().join("traces");
+    let live = dir.path().join("pollux-live.toml");
+    std::fs::write(
+        &live,
+        "[scheduler]\nkind = \"pollux\"\n[live]\ncooldown_s = 3600\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str], cluster: &str| {
+        let mut args = vec![
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--cluster",
+            cluster,
+            "--policy",
+            live.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        brainctl(&args)
+    };
+    let restarts = |out: &std::process::Output| -> u64 {
+        let table = String::from_utf8_lossy(&out.stdout).to_string();
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("pollux-live"))
+            .unwrap_or_else(|| panic!("{table}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&cells[1..3], ["24", "24"], "every job finishes: {table}");
+        cells.last().unwrap().replace(',', "").parse().unwrap()
+    };
+    let alone = run(&[], "4x4:t4");
+    assert!(
+        alone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&alone.stderr)
+    );
+    let live_run = run(&["--live-round"], "4x4:t4");
+    assert!(
+        live_run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&live_run.stderr)
+    );
+    assert!(
+        restarts(&live_run) < restarts(&alone),
+        "{} restarts through the live round, {} alone",
+        restarts(&live_run),
+        restarts(&alone)
+    );
+    let mixed = run(&["--live-round"], "2x4:t4,2x4:v100");
+    assert!(!mixed.status.success());
+    let said = String::from_utf8_lossy(&mixed.stderr);
+    assert!(said.contains("the cluster has 2 GPU types"), "{said}");
+}
+
 #[test]
 fn bad_input_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,14 +29,17 @@ fn pollux_optimus_and_tiresias_match_their_published_mean_jcts() {
         NamedPolicy {
             label: "pollux".into(),
             scheduler: SchedulerKind::Pollux(Pollux::default()),
+            live_round: None,
         },
         NamedPolicy {
             label: "optimus".into(),
             scheduler: SchedulerKind::Optimus(Optimus::default()),
+            live_round: None,
         },
         NamedPolicy {
             label: "tiresias".into(),
             scheduler: SchedulerKind::Tiresias(Tiresias::default()),
+            live_round: None,
         },
     ];
     let options = Options {
@@ -83,6 +86,7 @@ fn ours_beats_pollux_on_its_workloads_and_sia_on_saturn() {
     let ours = vec![NamedPolicy {
         label: "elastic_lp".into(),
         scheduler: SchedulerKind::ElasticLp(ElasticLp::default()),
+        live_round: None,
     }];
     let options = |cluster: &str| Options {
         cluster: ClusterSpec::parse(cluster).unwrap(),

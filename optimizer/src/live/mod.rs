@@ -1,6 +1,7 @@
 //! The live brain's optimisation round, pure: a snapshot of the jobs the brain runs (queued
 //! ones waiting to start, running ones with the speeds their job masters reported) and of the
-//! CPU it may hand out goes in; a worker count per job, with the reasons, comes out.
+//! CPU it may hand out goes in; per job a worker count, a PS count and resource corrections,
+//! with the reasons, come out.
 //!
 //! The round drives the very [`Scheduler`] an operator tunes offline with `brainctl whatif`: a
 //! *slot* (`slot_millicores` of CPU) plays the part of a GPU, the machine is one node of slots,
@@ -20,6 +21,10 @@
 //! * a job that shrinks is counted at its old size until its job master has carried the
 //!   shrink out (`held_workers`), so the CPU it gives up goes to others a round later, never
 //!   while its processes still run.
+//!
+//! Then the operator's heuristics correct the running jobs (`correct.rs`: PS count, processes'
+//! resources, speed-up gating). [`LiveRound`] wraps the round as a [`Scheduler`] so the what-if
+//! simulator replays it (`brainctl whatif --live-round`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,9 +40,11 @@ use crate::units::{JobId, WorkerType};
 
 mod checks;
 mod correct;
+mod replay;
 
 pub use checks::check_postconditions;
 use checks::repair;
+pub use replay::LiveRound;
 
 /// What the brain may hand out.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -51,6 +51,11 @@ pub struct WhatifArgs {
     /// Simulations at once (default: the cores available).
     #[arg(long)]
     jobs: Option<usize>,
+    /// Replay through the live brain's own round around each policy's scheduler (its cool-down,
+    /// minimum sizes and capacity repair, with the policy file's [live] settings), as the
+    /// brain would decide; the cluster must then have one GPU type.
+    #[arg(long)]
+    live_round: bool,
 }
 
 pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
@@ -68,6 +73,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         seed,
         out,
         jobs,
+        live_round,
     } = args;
     let cluster = ClusterSpec::parse(&cluster)?;
     let sim = SimConfig {
@@ -80,7 +86,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     sim.validate()?;
     let policies = policies
         .iter()
-        .map(|p| whatif::load_policy(p))
+        .map(|p| whatif::load_policy(p, live_round))
         .collect::<Result<Vec<_>, _>>()?;
     let traces = whatif::load_traces(&trace_paths, format)?;
     let profiles_dir = match profiles {
