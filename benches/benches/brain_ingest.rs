@@ -1,6 +1,7 @@
 //! Metric-report ingest of the brain service: batches of `batch` reports from `clients`
 //! concurrent job masters (one connection each) over gRPC on loopback, each batch validated and
-//! folded into the job's summary in one SQLite transaction (WAL) before it is acknowledged.
+//! folded into the job's summary in one SQLite transaction (WAL) before it is acknowledged, and
+//! each report's 6 per-process samples folded into the heuristics' in-memory view.
 //! Throughput is in reports per second.
 //!
 //! cargo bench -p benches --bench brain_ingest
@@ -75,8 +76,23 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
             samples_done: (from + k) * 100,
             memory_bytes: 4 << 30,
             gpu_utilisation_pct: 80.0,
-            // The README's ingest figures were measured without per-process reports.
-            processes: Vec::new(),
+            // What a job master sends: each of its 6 processes, as the heuristics read them.
+            processes: (0..6u32)
+                .map(|i| pb::ProcessReport {
+                    role: if i < 2 { 1 } else { 2 },
+                    index: i % 4,
+                    resources: Some(proto::jobmaster::v1::Resources {
+                        cpu_millicores: 1000,
+                        memory_bytes: 2 << 30,
+                        gpus: 0,
+                    }),
+                    cpu_millicores: 900 + k,
+                    memory_bytes: 1 << 30,
+                    memory_peak_bytes: 1 << 30,
+                    oom_kills: 0,
+                    pending_ms: 0,
+                })
+                .collect(),
         })
         .collect()
 }

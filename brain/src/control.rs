@@ -17,6 +17,7 @@ use optimizer::config::PolicyConfig;
 use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState, RoundPlan, plan_round};
 use optimizer::schedule::{ElasticLp, SchedulerKind};
+use optimizer::throughput::ps_speed::PsSpeedPoint;
 use prost::Message;
 use proto::jobmaster::v1 as jm;
 use tokio::sync::Notify;
@@ -418,7 +419,17 @@ impl Control {
                 },
                 submitted_s: row.registered_unix_ms as f64 / 1000.0,
                 ps,
+                min_ps: shape.ps_bounds().0,
                 max_ps: shape.ps_bounds().1,
+                ps_speed: store
+                    .ps_speeds(row.id)?
+                    .into_iter()
+                    .map(|(workers, ps, samples_per_s)| PsSpeedPoint {
+                        workers,
+                        ps,
+                        samples_per_s,
+                    })
+                    .collect(),
                 ps_millicores: shape.ps_millicores,
                 worker_millicores: shape.worker_millicores,
                 workers: row.workers.max(shape.min_workers),

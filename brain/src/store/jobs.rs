@@ -216,6 +216,23 @@ impl Store {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// Mean samples/s the job reported at each (workers, PS) pair.
+    pub fn ps_speeds(&self, job: JobId) -> Result<Vec<(u32, u32, f64)>, BrainError> {
+        let id = self.known(job)?;
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT workers, ps, sum_samples_per_second / reports FROM ps_speeds
+             WHERE job_id = ?1 ORDER BY workers, ps",
+        )?;
+        let rows = stmt.query_map([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u32,
+                r.get::<_, i64>(1)? as u32,
+                r.get(2)?,
+            ))
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Jobs queued or running, by id.
     pub fn active(&self) -> Result<Vec<JobRow>, BrainError> {
         Ok(self

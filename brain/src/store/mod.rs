@@ -139,6 +139,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN peak_process_memory_bytes INTEGER NOT NULL DEFAULT 0",
     "CREATE TABLE models (name TEXT PRIMARY KEY, body TEXT NOT NULL, trained_unix_ms INTEGER NOT NULL)",
     "ALTER TABLE jobs ADD COLUMN cancel_requested TEXT",
+    "CREATE TABLE ps_speeds (job_id INTEGER NOT NULL REFERENCES jobs(id), workers INTEGER NOT NULL,
+         ps INTEGER NOT NULL, reports INTEGER NOT NULL, sum_samples_per_second REAL NOT NULL,
+         PRIMARY KEY (job_id, workers, ps))",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

@@ -49,12 +49,14 @@ pub(super) struct Processes {
 
 impl Processes {
     /// Folds reports (any order) into the job's view: each report lists every process, so a
-    /// process it leaves out has left the job.
+    /// process it leaves out has left the job. Only the newest [`CPU_SAMPLES`] reports of a
+    /// batch can matter (peaks and kills are running counts in each report).
     pub(super) fn fold(&mut self, job: JobId, reports: &[Metric]) {
         let mut ordered: Vec<&Metric> = reports.iter().collect();
         ordered.sort_by_key(|m| m.at_unix_ms);
         let entry = self.jobs.entry(job).or_default();
-        for m in ordered {
+        let newest = ordered.len().saturating_sub(CPU_SAMPLES);
+        for m in ordered.into_iter().skip(newest) {
             if m.at_unix_ms < entry.at_unix_ms {
                 continue; // older than what is known
             }

@@ -50,11 +50,20 @@ impl Store {
                  ON CONFLICT(job_id, workers) DO UPDATE SET reports = reports + 1,
                      sum_samples_per_second = sum_samples_per_second + excluded.sum_samples_per_second",
             )?;
+            let mut ps_speed = tx.prepare_cached(
+                "INSERT INTO ps_speeds (job_id, workers, ps, reports, sum_samples_per_second)
+                 VALUES (?1, ?2, ?3, 1, ?4)
+                 ON CONFLICT(job_id, workers, ps) DO UPDATE SET reports = reports + 1,
+                     sum_samples_per_second = sum_samples_per_second + excluded.sum_samples_per_second",
+            )?;
             for m in reports
                 .iter()
                 .filter(|m| m.workers > 0 && m.samples_per_second > 0.0)
             {
                 speed.execute(params![id, m.workers, m.samples_per_second])?;
+                if m.ps > 0 {
+                    ps_speed.execute(params![id, m.workers, m.ps, m.samples_per_second])?;
+                }
             }
         }
         tx.execute(

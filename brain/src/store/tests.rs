@@ -114,6 +114,8 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     s.add_metrics(a, &[m]).unwrap();
     let (ps, workers) = s.processes(a);
     assert_eq!((ps.len(), workers.len()), (1, 0));
+    // Speeds by (workers, PS), for the job's PS speed model.
+    assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 10.0)]);
     assert_eq!(ps[0].cpu_samples, vec![vocab::Millicores(990)]);
     let added = Change {
         at_s: 30.0,

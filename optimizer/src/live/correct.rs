@@ -14,10 +14,16 @@
 //!
 //! Growth in workers that `speed_up` proposes is left to the scheduler, which sizes every job
 //! against the others.
+//!
+//! A PS job with reported speeds at two PS counts or more gets its PS count from its speed model
+//! ([`PsSpeedModel`], Optimus'): at the workers the scheduler gave it, the fewest PS within 5 %
+//! of the best predicted speed in its spec's bounds. That choice comes first; `hot_ps`'s "one
+//! more PS" is the fallback while no model can be fitted.
 
 use super::*;
-use crate::heuristics::{Action, Change, HeuristicKind, JobRuntime, Proposal};
+use crate::heuristics::{Action, Change, ChangeKind, HeuristicKind, JobRuntime, Proposal};
 use crate::plan::{JobConfig, ProcessResources, Role};
+use crate::throughput::ps_speed::PsSpeedModel;
 use crate::units::{Bytes, Millicores};
 
 /// The heuristics' view of a running job.
@@ -69,6 +75,58 @@ pub(super) fn propose(
                 })
         })
         .collect()
+}
+
+/// The PS count from each running PS job's speed model, ahead of the heuristics' PS proposals
+/// (which it replaces), at most once per `cooldown_s`.
+pub(super) fn model_ps(
+    jobs: &[Sized],
+    proposals: &mut [Vec<(&'static str, Proposal)>],
+    cooldown_s: f64,
+    now_s: f64,
+) {
+    for (s, props) in jobs.iter().zip(proposals.iter_mut()) {
+        let job = s.job;
+        if !s.running() || job.ps == 0 || job.plan_in_flight || s.to == 0 {
+            continue;
+        }
+        let recent = job
+            .history
+            .iter()
+            .any(|c| c.kind == ChangeKind::PsCount && now_s - c.at_s < cooldown_s);
+        let Ok(model) = PsSpeedModel::fit(&job.ps_speed) else {
+            continue;
+        };
+        let (lo, hi) = (job.min_ps.max(1).min(job.ps), job.max_ps.max(job.ps));
+        let best = model.best_ps(s.to, lo, hi, 0.05);
+        if recent || best == job.ps {
+            continue;
+        }
+        props.retain(|(_, p)| !matches!(p.action, Action::SetCount { role: Role::Ps, .. }));
+        props.insert(
+            0,
+            (
+                "ps_speed_model",
+                Proposal {
+                    kind: ChangeKind::PsCount,
+                    action: Action::SetCount {
+                        role: Role::Ps,
+                        count: best,
+                    },
+                    reason: format!(
+                        "Optimus' PS model from {} (workers, ps) pairs predicts {:.0} samples/s \
+                         with {} ps and {:.0} with {best} at {} workers: {} -> {best} ps",
+                        model.pairs,
+                        model.samples_per_s(s.to, job.ps),
+                        job.ps,
+                        model.samples_per_s(s.to, best),
+                        s.to,
+                        job.ps
+                    ),
+                },
+            ),
+        );
+    }
 }
 
 /// Whether carrying `p` out needs more slots or processes than the job holds.
@@ -158,7 +216,18 @@ pub(super) fn apply_freeing(
                         record(s, name, &p, now_s);
                     }
                 }
-                Action::SetCount { role: Role::Ps, .. } => {}
+                Action::SetCount {
+                    role: Role::Ps,
+                    count,
+                } => {
+                    // Fewer PS (a model's choice) frees their slots.
+                    let fewer = s.ps.saturating_sub(*count);
+                    if fewer > 0 && *count >= 1 {
+                        s.ps_slots = s.ps_slots.saturating_sub(fewer * s.ps_slot_each);
+                        s.ps = *count;
+                        record(s, name, &p, now_s);
+                    }
+                }
                 Action::Migrate(m) => {
                     if let (Role::Ps, Some(cpu)) = (m.key.role, m.resources.cpu) {
                         let old = process_slots(s, Role::Ps, m.key.index, slot);
@@ -262,6 +331,7 @@ mod tests {
     use super::super::tests::{cluster, config, decision, elastic, job};
     use super::*;
     use crate::heuristics::{ChangeKind, HotPs, OomGrowth, ProcessRuntime, SpeedUp};
+    use crate::throughput::ps_speed::PsSpeedPoint;
 
     fn hot_ps_job(ps: u32) -> LiveJob {
         let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
@@ -323,6 +393,87 @@ mod tests {
         busy.jobs[0].plan_in_flight = true;
         let plan = plan_round(&busy, elastic().scheduler(), &config(), &h).unwrap();
         assert_eq!(decision(&plan, 1).to_ps, 1);
+    }
+
+    fn ps_speeds(traffic_s: f64) -> Vec<PsSpeedPoint> {
+        [(1, 1), (2, 1), (1, 2), (2, 2)]
+            .into_iter()
+            .map(|(workers, ps)| PsSpeedPoint {
+                workers,
+                ps,
+                samples_per_s: workers as f64 / (1e-3 + traffic_s * workers as f64 / ps as f64),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_ps_job_s_speed_model_chooses_its_ps_count_before_hot_ps_does() {
+        let mut j = hot_ps_job(1);
+        j.max_ps = 4;
+        // 0.8 ms of traffic per worker per PS: at 2 workers, 4 PS are the fastest.
+        j.ps_speed = ps_speeds(0.8e-3);
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            elastic().scheduler(),
+            &config(),
+            &Heuristics::default(),
+        )
+        .unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!((d.ps, d.to_ps), (1, 4), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("ps_speed_model: Optimus")),
+            "{d:?}"
+        );
+        assert!(!d.reasons.iter().any(|r| r.contains("1 -> 2 ps")), "{d:?}");
+        // Once changed, the PS count keeps for the cool-down.
+        let mut again = snap.clone();
+        again.jobs[0].history.push(Change {
+            at_s: 95.0,
+            kind: ChangeKind::PsCount,
+            process: None,
+        });
+        again.jobs[0].ps_processes[0].cpu_samples.clear();
+        let plan = plan_round(
+            &again,
+            elastic().scheduler(),
+            &config(),
+            &Heuristics::default(),
+        )
+        .unwrap();
+        assert_eq!(decision(&plan, 1).to_ps, 1);
+    }
+
+    #[test]
+    fn parameter_servers_the_model_finds_useless_are_given_back() {
+        let mut j = hot_ps_job(3);
+        for p in &mut j.ps_processes {
+            p.cpu_samples.clear();
+        }
+        j.min_ps = 1;
+        j.ps_speed = ps_speeds(0.01e-3);
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            elastic().scheduler(),
+            &config(),
+            &Heuristics::default(),
+        )
+        .unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!((d.ps, d.to_ps), (3, 1), "{d:?}");
+        assert_eq!(d.scale_plan(2).count_of(Role::Ps), Some(1));
     }
 
     #[test]

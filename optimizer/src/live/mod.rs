@@ -36,6 +36,7 @@ use crate::heuristics::{Change, Heuristics, ProcessRuntime, SpeedPoint};
 use crate::plan::{Migration, Role, ScalePlan};
 use crate::schedule::{JobView, NodeView, Scheduler, Snapshot};
 use crate::throughput::amdahl::AmdahlModel;
+use crate::throughput::ps_speed::PsSpeedPoint;
 use crate::units::{JobId, WorkerType};
 
 mod checks;
@@ -98,9 +99,14 @@ pub struct LiveJob {
     /// A plan sent to its job master is not carried out yet (nor rejected).
     #[serde(default)]
     pub plan_in_flight: bool,
-    /// The most parameter servers the job may have (0: `ps`, no more).
+    /// The fewest and most parameter servers the job may have (0: `ps`).
+    #[serde(default)]
+    pub min_ps: u32,
     #[serde(default)]
     pub max_ps: u32,
+    /// Reported speeds by (workers, PS) of a PS job, for its PS speed model.
+    #[serde(default)]
+    pub ps_speed: Vec<PsSpeedPoint>,
     /// Memory of each role's processes as launched (0: no limit).
     #[serde(default)]
     pub ps_memory_bytes: u64,
@@ -501,7 +507,8 @@ pub fn plan_round(
     }
 
     let slot = cluster.slot_millicores;
-    let proposals = correct::propose(&jobs, heuristics, now, &mut notes);
+    let mut proposals = correct::propose(&jobs, heuristics, now, &mut notes);
+    correct::model_ps(&jobs, &mut proposals, config.cooldown_s, now);
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
     repair(
         &mut jobs,
@@ -634,7 +641,9 @@ mod tests {
             restarts: 0,
             peak_workers: workers,
             plan_in_flight: false,
+            min_ps: 0,
             max_ps: 0,
+            ps_speed: Vec::new(),
             ps_memory_bytes: 0,
             worker_memory_bytes: 0,
             ps_processes: Vec::new(),

@@ -13,6 +13,7 @@
 pub mod amdahl;
 pub mod optimus;
 pub mod pollux;
+pub mod ps_speed;
 pub mod table;
 
 use serde::{Deserialize, Serialize};
