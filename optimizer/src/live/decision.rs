@@ -1,0 +1,74 @@
+//! What a round decides: per job a [`Decision`] (workers, PS, migrations, the reasons), and
+//! the [`RoundPlan`] of all of them with the capacity they use.
+
+use serde::{Deserialize, Serialize};
+
+use super::LiveState;
+use crate::heuristics::Change;
+use crate::plan::{Migration, Role, ScalePlan};
+use crate::units::JobId;
+
+/// What the round decided for one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub job: JobId,
+    pub name: String,
+    pub state: LiveState,
+    /// Workers now (0 for a queued job).
+    pub from_workers: u32,
+    /// Workers from now on (0: the job keeps waiting).
+    pub to_workers: u32,
+    /// Parameter servers now, and from now on.
+    pub ps: u32,
+    pub to_ps: u32,
+    /// Processes replaced by ones with other resources (the heuristics' corrections).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrations: Vec<Migration>,
+    /// What the heuristics changed, to be remembered for their cool-downs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrections: Vec<Change>,
+    pub predicted_samples_per_s: f64,
+    pub reasons: Vec<String>,
+}
+
+impl Decision {
+    /// Whether the job changes: its size (a queued job that starts included), its PS count
+    /// or a process's resources.
+    pub fn changes(&self) -> bool {
+        self.from_workers != self.to_workers
+            || (self.state == LiveState::Running
+                && (self.ps != self.to_ps || !self.migrations.is_empty()))
+    }
+
+    /// The plan that carries a running job's decision out: the counts that change, the
+    /// migrations, and the reasons.
+    pub fn scale_plan(&self, version: u64) -> ScalePlan {
+        let mut plan = ScalePlan {
+            version,
+            migrations: self.migrations.clone(),
+            reasons: self.reasons.clone(),
+            ..Default::default()
+        };
+        if self.to_workers != self.from_workers {
+            plan.set_count(Role::Worker, self.to_workers);
+        }
+        if self.to_ps != self.ps {
+            plan.set_count(Role::Ps, self.to_ps);
+        }
+        plan
+    }
+
+    pub fn starts(&self) -> bool {
+        self.state == LiveState::Queued && self.to_workers > 0
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundPlan {
+    pub scheduler: String,
+    pub decisions: Vec<Decision>,
+    /// CPU and processes of the running and starting jobs at the decided sizes.
+    pub cpu_millicores: u64,
+    pub processes: u32,
+    pub notes: Vec<String>,
+}
