@@ -354,6 +354,20 @@ mod tests {
         j
     }
 
+    /// One job on a cluster of `cpus` CPUs, at 100 s.
+    fn one(job: LiveJob, cpus: u64) -> LiveSnapshot {
+        LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(cpus),
+            jobs: vec![job],
+        }
+    }
+
+    /// The round under elastic_lp with `h`.
+    fn decide(snap: &LiveSnapshot, h: &Heuristics) -> RoundPlan {
+        plan_round(snap, elastic().scheduler(), &config(), h).unwrap()
+    }
+
     fn only(h: HeuristicKind) -> Heuristics {
         Heuristics {
             heuristics: vec![h],
@@ -368,7 +382,7 @@ mod tests {
             cluster: cluster(8),
             jobs: vec![hot_ps_job(1)],
         };
-        let plan = plan_round(&snap, elastic().scheduler(), &config(), &h).unwrap();
+        let plan = decide(&snap, &h);
         let d = decision(&plan, 1);
         assert_eq!((d.ps, d.to_ps, d.to_workers), (1, 2, 2), "{d:?}");
         assert!(d.changes());
@@ -383,7 +397,7 @@ mod tests {
             cluster: cluster(3),
             ..snap.clone()
         };
-        let plan = plan_round(&full, elastic().scheduler(), &config(), &h).unwrap();
+        let plan = decide(&full, &h);
         let d = decision(&plan, 1);
         assert_eq!(d.to_ps, 1);
         assert!(!d.changes(), "{d:?}");
@@ -391,7 +405,7 @@ mod tests {
         // Not while a plan is on its way.
         let mut busy = snap.clone();
         busy.jobs[0].plan_in_flight = true;
-        let plan = plan_round(&busy, elastic().scheduler(), &config(), &h).unwrap();
+        let plan = decide(&busy, &h);
         assert_eq!(decision(&plan, 1).to_ps, 1);
     }
 
@@ -412,18 +426,8 @@ mod tests {
         j.max_ps = 4;
         // 0.8 ms of traffic per worker per PS: at 2 workers, 4 PS are the fastest.
         j.ps_speed = ps_speeds(0.8e-3);
-        let snap = LiveSnapshot {
-            now_s: 100.0,
-            cluster: cluster(8),
-            jobs: vec![j],
-        };
-        let plan = plan_round(
-            &snap,
-            elastic().scheduler(),
-            &config(),
-            &Heuristics::default(),
-        )
-        .unwrap();
+        let snap = one(j, 8);
+        let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
         assert_eq!((d.ps, d.to_ps), (1, 4), "{d:?}");
         assert!(
@@ -441,13 +445,7 @@ mod tests {
             process: None,
         });
         again.jobs[0].ps_processes[0].cpu_samples.clear();
-        let plan = plan_round(
-            &again,
-            elastic().scheduler(),
-            &config(),
-            &Heuristics::default(),
-        )
-        .unwrap();
+        let plan = decide(&again, &Heuristics::default());
         assert_eq!(decision(&plan, 1).to_ps, 1);
     }
 
@@ -459,18 +457,8 @@ mod tests {
         }
         j.min_ps = 1;
         j.ps_speed = ps_speeds(0.01e-3);
-        let snap = LiveSnapshot {
-            now_s: 100.0,
-            cluster: cluster(8),
-            jobs: vec![j],
-        };
-        let plan = plan_round(
-            &snap,
-            elastic().scheduler(),
-            &config(),
-            &Heuristics::default(),
-        )
-        .unwrap();
+        let snap = one(j, 8);
+        let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
         assert_eq!((d.ps, d.to_ps), (3, 1), "{d:?}");
         assert_eq!(d.scale_plan(2).count_of(Role::Ps), Some(1));
@@ -480,18 +468,8 @@ mod tests {
     fn a_hot_ps_among_cool_ones_migrates_with_more_cpu() {
         let mut j = hot_ps_job(2);
         j.ps_processes[0].cpu_samples = vec![Millicores(100); 3];
-        let snap = LiveSnapshot {
-            now_s: 100.0,
-            cluster: cluster(8),
-            jobs: vec![j],
-        };
-        let plan = plan_round(
-            &snap,
-            elastic().scheduler(),
-            &config(),
-            &only(HeuristicKind::HotPs(HotPs::default())),
-        )
-        .unwrap();
+        let snap = one(j, 8);
+        let plan = decide(&snap, &only(HeuristicKind::HotPs(HotPs::default())));
         let d = decision(&plan, 1);
         assert_eq!(d.to_ps, 2);
         assert_eq!(d.migrations.len(), 1, "{d:?}");
@@ -519,18 +497,8 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        let snap = LiveSnapshot {
-            now_s: 100.0,
-            cluster: cluster(8),
-            jobs: vec![j],
-        };
-        let plan = plan_round(
-            &snap,
-            elastic().scheduler(),
-            &config(),
-            &only(HeuristicKind::OomGrowth(OomGrowth::default())),
-        )
-        .unwrap();
+        let snap = one(j, 8);
+        let plan = decide(&snap, &only(HeuristicKind::OomGrowth(OomGrowth::default())));
         let d = decision(&plan, 1);
         assert_eq!(d.to_workers, 2, "cool-down keeps the count");
         assert_eq!(d.migrations.len(), 1, "{d:?}");
@@ -551,7 +519,7 @@ mod tests {
             cooldown_s: 0.0,
             ..SpeedUp::default()
         }));
-        let plan = plan_round(&snap, elastic().scheduler(), &config(), &h).unwrap();
+        let plan = decide(&snap, &h);
         let d = decision(&plan, 1);
         // 1 -> 2 gained 10 % of linear: below the shrink threshold, so back to 1.
         assert_eq!(d.to_workers, 1, "{d:?}");
@@ -563,13 +531,7 @@ mod tests {
             "{d:?}"
         );
         // Without heuristics the scheduler grows it.
-        let plan = plan_round(
-            &snap,
-            elastic().scheduler(),
-            &config(),
-            &Heuristics { heuristics: vec![] },
-        )
-        .unwrap();
+        let plan = decide(&snap, &Heuristics { heuristics: vec![] });
         assert!(decision(&plan, 1).to_workers > 2);
     }
 }

@@ -61,16 +61,17 @@ pub struct LiveCluster {
     pub max_processes: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LiveState {
     /// Submitted, not started: it starts when a round gives it room.
+    #[default]
     Queued,
     Running,
 }
 
 /// One job as the round sees it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LiveJob {
     pub id: JobId,
     pub name: String,
@@ -577,15 +578,7 @@ mod tests {
             running_s: 100.0,
             restarts: 0,
             peak_workers: workers,
-            plan_in_flight: false,
-            min_ps: 0,
-            max_ps: 0,
-            ps_speed: Vec::new(),
-            ps_memory_bytes: 0,
-            worker_memory_bytes: 0,
-            ps_processes: Vec::new(),
-            worker_processes: Vec::new(),
-            history: Vec::new(),
+            ..LiveJob::default()
         }
     }
 

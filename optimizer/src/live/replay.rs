@@ -56,8 +56,6 @@ impl<'a> LiveRound<'a> {
                         LiveState::Queued
                     },
                     submitted_s: j.submitted_s,
-                    ps: 0,
-                    ps_millicores: 0,
                     worker_millicores: 1000,
                     workers: if now > 0 {
                         now
@@ -80,15 +78,8 @@ impl<'a> LiveRound<'a> {
                     running_s: j.running_s,
                     restarts: j.restarts,
                     peak_workers: j.peak_replicas,
-                    plan_in_flight: false,
-                    min_ps: 0,
-                    max_ps: 0,
-                    ps_speed: Vec::new(),
-                    ps_memory_bytes: 0,
-                    worker_memory_bytes: 0,
-                    ps_processes: Vec::new(),
-                    worker_processes: Vec::new(),
-                    history: Vec::new(),
+                    // Nothing to observe in a simulation: no processes, no PS.
+                    ..LiveJob::default()
                 }
             })
             .collect();
