@@ -5,7 +5,12 @@
 //!    resized as jobs arrive and finish) vs the same jobs at a static user request (2 workers,
 //!    and 1 PS for the PS job), admitted first come first served and never resized. Aggregate
 //!    samples/s = all samples trained / (last end − first submission).
-//! 2. One optimisation round with 1,000 registered running jobs (each with reported speeds):
+//! 2. Four jobs, one of them PS-bound (its PS given 200m, its workers pushing as fast as they
+//!    can), on the same 4 CPUs, side by side: the brain (elastic_lp and the default heuristics,
+//!    resource-free specs) vs DLRover's rule (each job at a request of 2 workers, grown while
+//!    it speeds up, the same heuristics, no cluster-wide decision) vs static requests (2
+//!    workers and 1 PS, FIFO, no heuristics).
+//! 3. One optimisation round with 1,000 registered running jobs (each with reported speeds):
 //!    `DryRun` over gRPC, i.e. the SQLite snapshot plus the scheduler, per scheduler.
 //!
 //! cargo build --release -p brain -p job-master -p worker-agent && cargo bench -p benches --bench live_brain
@@ -77,28 +82,34 @@ struct Outcome {
     makespan_s: f64,
     mean_jct_s: f64,
     plans: u64,
+    /// Samples over all jobs and epochs.
+    samples: f64,
 }
 
-async fn scenario(resource_free: bool) -> Outcome {
+/// One job of a scenario: its spec and when it is submitted.
+struct Submit {
+    name: String,
+    spec: String,
+    at_s: u64,
+    samples: u64,
+}
+
+/// Submits `jobs` on schedule to a brain of 4 CPUs under `policy` and waits for every one to
+/// succeed.
+async fn run(policy: &str, jobs: &[Submit]) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let policy = if resource_free {
-        "[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\n[live]\ninterval_s = 1\ncooldown_s = 3\n"
-    } else {
-        "[scheduler]\nkind = \"fifo\"\n[live]\ninterval_s = 1\n"
-    };
     std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
     let (mut brain, url) = start_brain(dir.path(), 4);
     let mut c = client(&url).await;
-    let jobs = [("a", "allreduce"), ("b", "ps"), ("c", "allreduce")];
     let t0 = Instant::now();
     let mut submitted = Vec::new();
-    for (i, (name, kind)) in jobs.iter().enumerate() {
-        let at = Duration::from_secs(6 * i as u64);
+    for j in jobs {
+        let at = Duration::from_secs(j.at_s);
         tokio::time::sleep(at.saturating_sub(t0.elapsed())).await;
         let r = c
             .submit_job(pb::SubmitJobRequest {
-                spec_yaml: spec(name, kind, !resource_free),
-                origin: name.to_string(),
+                spec_yaml: j.spec.clone(),
+                origin: j.name.clone(),
             })
             .await
             .unwrap()
@@ -119,12 +130,12 @@ async fn scenario(resource_free: bool) -> Outcome {
                 "succeeded" => {
                     ended.entry(j.job_id).or_insert(t0.elapsed());
                 }
-                "failed" => panic!("{} failed: {}", j.job_name, j.outcome),
+                "failed" | "cancelled" => panic!("{} ended {}: {}", j.job_name, j.state, j.outcome),
                 _ => {}
             }
         }
         plans = all.iter().map(|j| j.plan_version).sum();
-        assert!(t0.elapsed() < Duration::from_secs(600), "jobs did not end");
+        assert!(t0.elapsed() < Duration::from_secs(900), "jobs did not end");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     brain.kill();
@@ -138,7 +149,115 @@ async fn scenario(resource_free: bool) -> Outcome {
         makespan_s,
         mean_jct_s,
         plans,
+        samples: jobs.iter().map(|j| j.samples as f64).sum(),
     }
+}
+
+async fn scenario(resource_free: bool) -> Outcome {
+    let policy = if resource_free {
+        "heuristics = []\n[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\n[live]\ninterval_s = 1\ncooldown_s = 3\n"
+    } else {
+        "heuristics = []\n[scheduler]\nkind = \"fifo\"\n[live]\ninterval_s = 1\n"
+    };
+    let jobs: Vec<Submit> = [("a", "allreduce"), ("b", "ps"), ("c", "allreduce")]
+        .iter()
+        .enumerate()
+        .map(|(i, (name, kind))| Submit {
+            name: name.to_string(),
+            spec: spec(name, kind, !resource_free),
+            at_s: 6 * i as u64,
+            samples: SAMPLES * EPOCHS,
+        })
+        .collect();
+    run(policy, &jobs).await
+}
+
+/// How the four-job workload is run.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Resource-free under the brain: elastic_lp and the default heuristics.
+    Brain,
+    /// DLRover's rule: each job at its request, grown while it speeds up (the `dlrover`
+    /// scheduler, no cluster-wide decision), with the same heuristics.
+    DlroverRule,
+    /// Static requests, first come first served, no heuristics.
+    Static,
+}
+
+/// Samples of the PS-bound job: its workers do no extra compute, so the PS is the bottleneck.
+const PS_BOUND_SAMPLES: u64 = 2_000_000;
+
+/// Four jobs, one PS-bound (its one PS given 200m, its workers pushing as fast as they can),
+/// submitted 4 s apart.
+fn four_jobs(mode: Mode) -> Vec<Submit> {
+    let worker = match mode {
+        Mode::Brain => "  worker: { min: 1, max: 4 }\n",
+        Mode::DlroverRule => "  worker: { replicas: 2, min: 1, max: 4 }\n",
+        Mode::Static => {
+            "  worker: { replicas: 2, min: 2, max: 2, resources: { cpu: 1, memory: 512Mi } }\n"
+        }
+    };
+    let ps = |bound: bool| match (mode, bound) {
+        (Mode::Static, true) => "  ps: { replicas: 1, resources: { cpu: 200m, memory: 512Mi } }\n",
+        (_, true) => "  ps: { replicas: 1, max: 3, resources: { cpu: 200m } }\n",
+        (Mode::Static, false) => "  ps: { replicas: 1, resources: { cpu: 1, memory: 512Mi } }\n",
+        (_, false) => "  ps: {}\n",
+    };
+    let job = |name: &str, kind: &str, ps: &str, delay: u32, samples: u64, epochs: u64| {
+        format!(
+            "name: {name}\nkind: {kind}\nroles:\n{ps}{worker}\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: {delay} }}\n\
+             data: {{ num_samples: {samples}, shard_size: 500, eval_samples: 2000 }}\n\
+             epochs: {epochs}\ncheckpoint: {{ dir: checkpoints, every_shards: 40 }}\n"
+        )
+    };
+    let specs = [
+        (
+            "a",
+            job("a", "allreduce", "", 600, SAMPLES, EPOCHS),
+            SAMPLES * EPOCHS,
+        ),
+        (
+            "b",
+            job("b", "ps", ps(true), 0, PS_BOUND_SAMPLES, 1),
+            PS_BOUND_SAMPLES,
+        ),
+        (
+            "c",
+            job("c", "allreduce", "", 600, SAMPLES, EPOCHS),
+            SAMPLES * EPOCHS,
+        ),
+        (
+            "d",
+            job("d", "ps", ps(false), 600, SAMPLES, EPOCHS),
+            SAMPLES * EPOCHS,
+        ),
+    ];
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, spec, samples))| Submit {
+            name: name.into(),
+            spec,
+            at_s: 4 * i as u64,
+            samples,
+        })
+        .collect()
+}
+
+async fn four_job_scenario(mode: Mode) -> Outcome {
+    let policy = match mode {
+        Mode::Brain => {
+            "[scheduler]\nkind = \"elastic_lp\"\nrestart_delay_s = 3\nmax_growth = 2\n\
+             [live]\ninterval_s = 1\ncooldown_s = 3\n"
+        }
+        Mode::DlroverRule => {
+            "[scheduler]\nkind = \"dlrover\"\ncooldown_s = 3\npending_timeout_s = 30\n\
+             [live]\ninterval_s = 1\ncooldown_s = 3\n"
+        }
+        Mode::Static => "heuristics = []\n[scheduler]\nkind = \"fifo\"\n[live]\ninterval_s = 1\n",
+    };
+    run(policy, &four_jobs(mode)).await
 }
 
 async fn round_with(jobs: usize) {
@@ -244,27 +363,42 @@ async fn main() {
     );
     let brain = scenario(true).await;
     let fixed = scenario(false).await;
-    let total = 3.0 * (SAMPLES * EPOCHS) as f64;
     println!(
         "{:<40} {:>12} {:>16} {:>12} {:>8}",
         "mode", "makespan (s)", "aggregate sps", "mean JCT (s)", "plans"
     );
-    for (name, o) in [
-        ("brain (resource-free, pollux, resized)", &brain),
-        ("static requests (2 workers, fifo)", &fixed),
-    ] {
+    let row = |name: &str, o: &Outcome| {
         println!(
             "{name:<40} {:>12.1} {:>16.0} {:>12.1} {:>8}",
             o.makespan_s,
-            total / o.makespan_s,
+            o.samples / o.makespan_s,
             o.mean_jct_s,
             o.plans
-        );
-    }
+        )
+    };
+    row("brain (resource-free, pollux, resized)", &brain);
+    row("static requests (2 workers, fifo)", &fixed);
     println!(
         "aggregate samples/s, brain / static: {:.2}x",
         fixed.makespan_s / brain.makespan_s
     );
+
+    println!(
+        "\nfour jobs submitted 4 s apart (2 allreduce and 1 ps of {SAMPLES} samples x {EPOCHS} \
+         epochs; 1 PS-bound ps job of {PS_BOUND_SAMPLES} samples, its PS given 200m), 4 CPUs"
+    );
+    println!(
+        "{:<40} {:>12} {:>16} {:>12} {:>8}",
+        "mode", "makespan (s)", "aggregate sps", "mean JCT (s)", "plans"
+    );
+    let modes = [
+        ("brain (elastic_lp + heuristics)", Mode::Brain),
+        ("DLRover's rule (dlrover + heuristics)", Mode::DlroverRule),
+        ("static requests (fifo, no heuristics)", Mode::Static),
+    ];
+    for (name, mode) in modes {
+        row(name, &four_job_scenario(mode).await);
+    }
     println!("\none round with 1,000 registered running jobs (median of 5 dry runs):");
     round_with(1000).await;
 }

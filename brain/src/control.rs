@@ -397,9 +397,12 @@ impl Control {
                     samples_per_s,
                 })
                 .collect();
-            // Whether it pins the job is the policy's (`[live] pin_while_plan_in_flight`).
-            let plan_in_flight =
-                row.plan_version > row.reached_version && row.plan_version != row.rejected_version;
+            // Whether it pins the job is the policy's (`[live] pin_while_plan_in_flight`). A job
+            // being cancelled counts as one whose plan is on its way: it holds its CPU until
+            // it has stopped, and nothing more is planned for it.
+            let plan_in_flight = (row.plan_version > row.reached_version
+                && row.plan_version != row.rejected_version)
+                || row.cancel_requested.is_some();
             let (ps_processes, worker_processes) = store.processes(row.id);
             // The PS count the job master reports, unless a plan that changes it is on its way.
             let ps = if ps_processes.is_empty() {
