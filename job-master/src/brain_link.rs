@@ -279,7 +279,12 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
                 if !r.cancel.is_empty() {
                     let why = format!("asked through the brain: {}", r.cancel);
                     shared
-                        .apply_logged("cancel", |ctx, now| Ok(((), ctx.cancel(why, now), true)))
+                        .apply_logged("cancel", |ctx, now| {
+                            // The brain says it at every poll until the job ends: only the
+                            // first changes (and persists) anything.
+                            let first = ctx.cancelling.is_none() && !ctx.phase.is_terminal();
+                            Ok(((), ctx.cancel(why, now), first))
+                        })
                         .await;
                 }
                 r.plan

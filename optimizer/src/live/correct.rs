@@ -231,7 +231,7 @@ pub(super) fn apply_freeing(
                 Action::Migrate(m) => {
                     if let (Role::Ps, Some(cpu)) = (m.key.role, m.resources.cpu) {
                         let old = process_slots(s, Role::Ps, m.key.index, slot);
-                        s.ps_slots = s.ps_slots - old + slots_of(cpu.0, slot);
+                        s.ps_slots = s.ps_slots.saturating_sub(old) + slots_of(cpu.0, slot);
                     }
                     s.migrations.push(m.clone());
                     record(s, name, &p, now_s);
@@ -275,7 +275,7 @@ pub(super) fn grow_if_room(
                 Action::Migrate(m) => {
                     let cpu = m.resources.cpu.map_or(0, |c| c.0);
                     let old = process_slots(s, m.key.role, m.key.index, slot);
-                    ((slots_of(cpu, slot) - old) as u64, 0)
+                    (slots_of(cpu, slot).saturating_sub(old) as u64, 0)
                 }
             };
             let why_not = if let Action::SetCount { count, .. } = &p.action
