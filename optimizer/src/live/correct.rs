@@ -209,9 +209,13 @@ pub(super) fn apply_freeing(
                     role: Role::Worker,
                     count,
                 } => {
-                    // Fewer workers frees room; more is the scheduler's to decide.
-                    if *count < s.to {
-                        s.to = *count;
+                    // Fewer workers frees room; more is the scheduler's to decide. The
+                    // heuristics count workers one by one: whole node units, within the bounds.
+                    let unit = s.job.node_unit.max(1);
+                    let least = s.job.min_workers.div_ceil(unit) * unit;
+                    let count = (*count / unit * unit).max(least);
+                    if count < s.to {
+                        s.to = count;
                         s.pinned = true;
                         record(s, name, &p, now_s);
                     }
@@ -506,6 +510,21 @@ mod tests {
         assert_eq!(d.migrations[0].resources.memory, Some(Bytes(120 << 20)));
         assert!(d.changes());
         assert!(d.scale_plan(1).roles.is_empty());
+    }
+
+    #[test]
+    fn a_heuristic_s_shrink_lands_on_a_whole_node_unit_within_the_bounds() {
+        // speed_up wants 3 (the count that scaled better), but the job runs in units of 2.
+        let mut j = job(1, LiveState::Running, 4, &[(3, 300.0), (4, 310.0)]);
+        j.node_unit = 2;
+        j.min_workers = 2;
+        let h = only(HeuristicKind::SpeedUp(SpeedUp {
+            cooldown_s: 0.0,
+            ..SpeedUp::default()
+        }));
+        let plan = decide(&one(j, 8), &h);
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 2, "{d:?}");
     }
 
     #[test]
