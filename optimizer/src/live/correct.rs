@@ -322,11 +322,13 @@ pub(super) fn grow_if_room(
             record(s, name, &p, now_s);
         }
     }
-    // A migration of a worker the round removes would be refused by the job master.
+    // A migration of a process the round removes would be refused by the job master.
     for s in jobs.iter_mut() {
-        let to = s.to;
-        s.migrations
-            .retain(|m| m.key.role == Role::Ps || m.key.index < to);
+        let (workers, ps) = (s.to, s.ps);
+        s.migrations.retain(|m| match m.key.role {
+            Role::Ps => m.key.index < ps,
+            Role::Worker => m.key.index < workers,
+        });
     }
 }
 
