@@ -424,15 +424,19 @@ impl Control {
                 ps,
                 min_ps: shape.ps_bounds().0,
                 max_ps: shape.ps_bounds().1,
-                ps_speed: store
-                    .ps_speeds(row.id)?
-                    .into_iter()
-                    .map(|(workers, ps, samples_per_s)| PsSpeedPoint {
-                        workers,
-                        ps,
-                        samples_per_s,
-                    })
-                    .collect(),
+                // Only PS jobs have a PS speed model (one query fewer per job on the hot path).
+                ps_speed: if shape.ps == 0 {
+                    Vec::new()
+                } else {
+                    store.ps_speeds(row.id)?
+                }
+                .into_iter()
+                .map(|(workers, ps, samples_per_s)| PsSpeedPoint {
+                    workers,
+                    ps,
+                    samples_per_s,
+                })
+                .collect(),
                 ps_millicores: shape.ps_millicores,
                 worker_millicores: shape.worker_millicores,
                 workers: row.workers.max(shape.min_workers),

@@ -45,13 +45,12 @@ fn efficiency(a: &SpeedPoint, b: &SpeedPoint) -> f64 {
 }
 
 impl SpeedUp {
-    /// Whether growing the job past its current count is borne out by what was measured: `Err`
-    /// with the measurement when the last step up scaled below `grow_efficiency`, or a larger
-    /// count already measured did. The live brain asks this before the scheduler grows a job.
-    pub fn gate_growth(&self, job: &JobRuntime) -> Result<(), String> {
-        let w = job.config.workers;
+    /// Whether growing a job of `w` workers is borne out by its measured `speed`: `Err` with
+    /// the measurement when the last step up scaled below `grow_efficiency`, or a larger count
+    /// already measured did. The live brain asks this before the scheduler grows a job.
+    pub fn gate_growth(&self, w: u32, speed: &[SpeedPoint]) -> Result<(), String> {
         let mut by_count = std::collections::BTreeMap::new();
-        for p in &job.speed {
+        for p in speed {
             by_count.insert(p.workers, *p);
         }
         let Some(now) = by_count.get(&w).copied() else {
@@ -196,15 +195,19 @@ mod tests {
     fn growth_is_gated_on_the_measured_speed_up() {
         let h = SpeedUp::default();
         // Nothing measured at the current count, or scaling well: the gate is open.
-        h.gate_growth(&with(2, &[])).unwrap();
-        h.gate_growth(&with(2, &[(1, 100.0), (2, 190.0)])).unwrap();
+        h.gate_growth(2, &with(2, &[]).speed).unwrap();
+        h.gate_growth(2, &with(2, &[(1, 100.0), (2, 190.0)]).speed)
+            .unwrap();
         // 1 -> 2 gained 20 % of linear: closed, saying so.
         let e = h
-            .gate_growth(&with(2, &[(1, 100.0), (2, 120.0)]))
+            .gate_growth(2, &with(2, &[(1, 100.0), (2, 120.0)]).speed)
             .unwrap_err();
         assert!(e.contains("1 -> 2 workers gained 20 %"), "{e}");
         // 2 -> 4 was tried and gained little: closed from above too.
-        assert!(h.gate_growth(&with(2, &[(2, 200.0), (4, 220.0)])).is_err());
+        assert!(
+            h.gate_growth(2, &with(2, &[(2, 200.0), (4, 220.0)]).speed)
+                .is_err()
+        );
     }
 
     fn target(j: &JobRuntime) -> Option<u32> {

@@ -190,7 +190,7 @@ pub(super) fn apply_freeing(
             && !s.job.plan_in_flight
             && s.to > s.job.workers
             && let Some(gate) = gate
-            && let Err(why) = gate.gate_growth(&runtime(s.job, now_s))
+            && let Err(why) = gate.gate_growth(s.job.workers, &s.job.speed)
         {
             s.reasons.push(format!(
                 "speed_up: {why}: kept at {} workers",
