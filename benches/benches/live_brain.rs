@@ -14,6 +14,7 @@
 //!    `DryRun` over gRPC, i.e. the SQLite snapshot plus the scheduler, per scheduler.
 //!
 //! cargo build --release -p brain -p job-master -p worker-agent && cargo bench -p benches --bench live_brain
+//! (`-- four_jobs`, `-- three_jobs` or `-- round` runs one table)
 
 mod common;
 
@@ -84,6 +85,8 @@ struct Outcome {
     plans: u64,
     /// Samples over all jobs and epochs.
     samples: f64,
+    /// A line per job: JCT, plans, PS reshards.
+    per_job: Vec<String>,
 }
 
 /// One job of a scenario: its spec and when it is submitted.
@@ -138,18 +141,55 @@ async fn run(policy: &str, jobs: &[Submit]) -> Outcome {
         assert!(t0.elapsed() < Duration::from_secs(900), "jobs did not end");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let records = c
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
     brain.kill();
     let makespan_s = ended.values().max().unwrap().as_secs_f64();
-    let mean_jct_s = submitted
+    let jct = |id: &u64| {
+        let at = submitted.iter().find(|(j, _)| j == id).unwrap().1;
+        ended[id].as_secs_f64() - at.as_secs_f64()
+    };
+    let mean_jct_s = submitted.iter().map(|(id, _)| jct(id)).sum::<f64>() / submitted.len() as f64;
+    // Per job: its JCT, plans and the PS reshards its job master carried out.
+    let per_job = records
         .iter()
-        .map(|(id, at)| ended[id].as_secs_f64() - at.as_secs_f64())
-        .sum::<f64>()
-        / submitted.len() as f64;
+        .map(|r| {
+            let report = std::path::Path::new(&r.run_dir).join("master/report.json");
+            let report: serde_json::Value = std::fs::read(&report)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            let list = |key: &str| report[key].as_array().cloned().unwrap_or_default();
+            let reshards: Vec<String> = list("reshards")
+                .iter()
+                .map(|x| format!("{}->{}", x["from_ps"], x["to_ps"]))
+                .collect();
+            // "plan 2 accepted: 1 ps + 2 worker -> 2 ps + 1 worker; ...": the sizes.
+            let plans: Vec<String> = list("events")
+                .iter()
+                .filter_map(|e| e.as_str())
+                .filter_map(|e| e.split_once(" accepted: "))
+                .map(|(_, sizes)| sizes.split(';').next().unwrap_or(sizes).to_string())
+                .collect();
+            format!(
+                "{}: JCT {:.1} s, ps reshards [{}], plans [{}]",
+                r.job_name,
+                jct(&r.job_id),
+                reshards.join(", "),
+                plans.join("; ")
+            )
+        })
+        .collect();
     Outcome {
         makespan_s,
         mean_jct_s,
         plans,
         samples: jobs.iter().map(|j| j.samples as f64).sum(),
+        per_job,
     }
 }
 
@@ -358,6 +398,36 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    // `cargo bench --bench live_brain -- four_jobs` runs that table only (also `three_jobs`,
+    // `round`); no name runs all three.
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |table: &str| names.is_empty() || names.iter().any(|n| n == table);
+    if wanted("three_jobs") {
+        three_jobs().await;
+    }
+    if wanted("four_jobs") {
+        four_job_table().await;
+    }
+    if wanted("round") {
+        println!("\none round with 1,000 registered running jobs (median of 5 dry runs):");
+        round_with(1000).await;
+    }
+}
+
+fn row(name: &str, o: &Outcome) {
+    println!(
+        "{name:<40} {:>12.1} {:>16.0} {:>12.1} {:>8}",
+        o.makespan_s,
+        o.samples / o.makespan_s,
+        o.mean_jct_s,
+        o.plans
+    )
+}
+
+async fn three_jobs() {
     println!(
         "three jobs (2 allreduce, 1 ps; {SAMPLES} samples x {EPOCHS} epochs each) submitted 6 s apart, 4 CPUs"
     );
@@ -367,22 +437,15 @@ async fn main() {
         "{:<40} {:>12} {:>16} {:>12} {:>8}",
         "mode", "makespan (s)", "aggregate sps", "mean JCT (s)", "plans"
     );
-    let row = |name: &str, o: &Outcome| {
-        println!(
-            "{name:<40} {:>12.1} {:>16.0} {:>12.1} {:>8}",
-            o.makespan_s,
-            o.samples / o.makespan_s,
-            o.mean_jct_s,
-            o.plans
-        )
-    };
     row("brain (resource-free, pollux, resized)", &brain);
     row("static requests (2 workers, fifo)", &fixed);
     println!(
         "aggregate samples/s, brain / static: {:.2}x",
         fixed.makespan_s / brain.makespan_s
     );
+}
 
+async fn four_job_table() {
     println!(
         "\nfour jobs submitted 4 s apart (2 allreduce and 1 ps of {SAMPLES} samples x {EPOCHS} \
          epochs; 1 PS-bound ps job of {PS_BOUND_SAMPLES} samples, its PS given 200m), 4 CPUs"
@@ -397,8 +460,10 @@ async fn main() {
         ("static requests (fifo, no heuristics)", Mode::Static),
     ];
     for (name, mode) in modes {
-        row(name, &four_job_scenario(mode).await);
+        let o = four_job_scenario(mode).await;
+        row(name, &o);
+        for line in &o.per_job {
+            println!("    {line}");
+        }
     }
-    println!("\none round with 1,000 registered running jobs (median of 5 dry runs):");
-    round_with(1000).await;
 }

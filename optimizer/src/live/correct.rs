@@ -160,6 +160,11 @@ fn process_slots(s: &Sized, role: Role, index: u32, slot: u64) -> u32 {
 
 fn record(s: &mut Sized, name: &str, p: &Proposal, now_s: f64) {
     s.reasons.push(format!("{name}: {}", p.reason));
+    record_only(s, p, now_s);
+}
+
+/// The correction in the job's history, for its cool-down, without a reason.
+fn record_only(s: &mut Sized, p: &Proposal, now_s: f64) {
     s.corrections.push(Change {
         at_s: now_s,
         kind: p.kind,
@@ -247,8 +252,40 @@ pub(super) fn apply_freeing(
     deferred
 }
 
+/// One more PS for a running job where the round leaves no room for it: the job gives up one
+/// node unit of its own workers (down to its minimum) and its new PS takes their slots in the
+/// same plan. A PS-bound job gains from the PS what it loses in workers. Returns the round's
+/// slots and processes in use after the trade, or `None` (nothing changed) where the workers
+/// it may give up do not make room.
+fn trade(
+    s: &mut Sized,
+    ps: u32,
+    ps_slots: u64,
+    (used, procs): (u64, u32),
+    total_slots: u64,
+    max_processes: u32,
+) -> Option<(u64, u32)> {
+    let unit = s.job.node_unit.max(1);
+    if !s.running() || s.to < s.job.min_workers.max(1) + unit {
+        return None;
+    }
+    let (slots_before, procs_before) = (s.slots(s.counted(s.to)), s.processes(s.counted(s.to)));
+    let before = (s.to, s.traded, s.ps, s.ps_slots);
+    s.to -= unit;
+    s.traded += unit;
+    s.ps = ps;
+    s.ps_slots += ps_slots as u32;
+    let used = used - slots_before + s.slots(s.counted(s.to));
+    let procs = procs - procs_before + s.processes(s.counted(s.to));
+    if used <= total_slots && procs <= max_processes {
+        return Some((used, procs));
+    }
+    (s.to, s.traded, s.ps, s.ps_slots) = before;
+    None
+}
+
 /// After the repair: one more PS and more CPU for hot PS, where the room left allows, in
-/// submission order.
+/// submission order; one more PS where none is left, for workers of its own ([`trade`]).
 pub(super) fn grow_if_room(
     jobs: &mut [Sized],
     deferred: Vec<Vec<(&'static str, Proposal)>>,
@@ -298,12 +335,27 @@ pub(super) fn grow_if_room(
                         .to_string(),
                 )
             } else if used + slots > total_slots || procs + processes > max_processes {
-                Some(format!(
+                let why = format!(
                     "it needs {slots} more slot(s) and {processes} more process(es), the round \
                      leaves {} slot(s) and {} process(es)",
                     total_slots.saturating_sub(used),
                     max_processes.saturating_sub(procs)
-                ))
+                );
+                let was = s.to;
+                if let Action::SetCount { count, .. } = &p.action
+                    && let Some((u, n)) =
+                        trade(s, *count, slots, (used, procs), total_slots, max_processes)
+                {
+                    used = u;
+                    procs = n;
+                    s.reasons.push(format!(
+                        "{name}: {}; {why}: traded for workers of its own ({was} -> {} workers)",
+                        p.reason, s.to
+                    ));
+                    record_only(s, &p, now_s);
+                    continue;
+                }
+                Some(why)
             } else {
                 None
             };
@@ -398,16 +450,42 @@ mod tests {
         let sp = d.scale_plan(7);
         assert_eq!(sp.count_of(Role::Ps), Some(2));
         assert_eq!(sp.count_of(Role::Worker), None, "{sp:?}");
-        // A full cluster: nothing added, and the reason says so.
+        // A full cluster: the job trades one of its workers for the PS, in one plan.
         let full = LiveSnapshot {
             cluster: cluster(3),
             ..snap.clone()
         };
         let plan = decide(&full, &h);
         let d = decision(&plan, 1);
-        assert_eq!(d.to_ps, 1);
+        assert_eq!((d.to_ps, d.to_workers), (2, 1), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("traded for workers of its own (2 -> 1")),
+            "{d:?}"
+        );
+        assert_eq!((plan.cpu_millicores, plan.processes), (3000, 3));
+        let sp = d.scale_plan(8);
+        assert_eq!(
+            (sp.count_of(Role::Ps), sp.count_of(Role::Worker)),
+            (Some(2), Some(1))
+        );
+        // At its minimum of workers it has none to give: nothing added, and the reason says so.
+        let mut at_min = full.clone();
+        at_min.jobs[0].min_workers = 2;
+        let plan = decide(&at_min, &h);
+        let d = decision(&plan, 1);
+        assert_eq!((d.to_ps, d.to_workers), (1, 2));
         assert!(!d.changes(), "{d:?}");
         assert!(d.reasons.iter().any(|r| r.contains("not done")), "{d:?}");
+        // A worker's slots held by a shrink still on its way are the job's own to trade.
+        let mut shrinking = full.clone();
+        shrinking.cluster = cluster(4);
+        shrinking.jobs[0].held_workers = 3;
+        let plan = decide(&shrinking, &h);
+        let d = decision(&plan, 1);
+        assert_eq!((d.to_ps, d.to_workers), (2, 1), "{d:?}");
+        assert!(plan.cpu_millicores <= 4000, "{plan:?}");
         // Not while a plan is on its way.
         let mut busy = snap.clone();
         busy.jobs[0].plan_in_flight = true;

@@ -20,7 +20,8 @@
 //!   always fit again, so a round never oversubscribes a cluster that was not already;
 //! * a job that shrinks is counted at its old size until its job master has carried the
 //!   shrink out (`held_workers`), so the CPU it gives up goes to others a round later, never
-//!   while its processes still run.
+//!   while its processes still run (but to the job itself at once: a PS-bound job may trade a
+//!   worker for one more PS in one plan).
 //!
 //! Then the operator's heuristics correct the running jobs (`correct.rs`: PS count, processes'
 //! resources, speed-up gating). [`LiveRound`] wraps the round as a [`Scheduler`] so the what-if
@@ -206,6 +207,9 @@ struct Sized<'a> {
     migrations: Vec<Migration>,
     corrections: Vec<Change>,
     to: u32,
+    /// Workers whose slots the job's own new PS take in this plan (`correct::grow_if_room`):
+    /// they are not held past the plan, since the job master carries both out together.
+    traded: u32,
     pinned: bool,
     reasons: Vec<String>,
 }
@@ -232,7 +236,7 @@ impl Sized<'_> {
     /// until a shrink is carried out.
     fn counted(&self, to: u32) -> u32 {
         if self.running() {
-            to.max(self.job.held_workers)
+            to.max(self.job.held_workers.saturating_sub(self.traded))
         } else {
             to
         }
@@ -349,6 +353,7 @@ pub fn plan_round(
                 migrations: Vec::new(),
                 corrections: Vec::new(),
                 to: 0,
+                traded: 0,
                 pinned: false,
                 reasons,
             }
