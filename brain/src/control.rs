@@ -232,6 +232,7 @@ impl Control {
         let (id, shape, reasons) = self
             .with_store(move |s| {
                 let history = s.jobs()?;
+                let ps_speeds = s.all_ps_speeds()?;
                 let model = s
                     .model(crate::train::MODEL_NAME)?
                     .map(|(body, _)| serde_json::from_str(&body))
@@ -244,6 +245,7 @@ impl Control {
                 let p = predict(
                     &spec,
                     &history,
+                    &ps_speeds,
                     &cluster,
                     model.as_ref(),
                     now as f64 / 1000.0,

@@ -6,10 +6,11 @@
 use optimizer::live::LiveCluster;
 use optimizer::profile::{History, LearnedModel, Predictor, ProfileSample};
 use optimizer::sizing::{LearnedDemand, PastJob};
+use optimizer::throughput::ps_speed::PsSpeedPoint;
 use vocab::{JobSpec, Role};
 
 use crate::BrainError;
-use crate::store::{JobRow, JobState, Shape};
+use crate::store::{JobRow, JobState, PsSpeedsByJob, Shape};
 
 /// The spec with every count and resource filled in, its shape, and why.
 #[derive(Clone, Debug)]
@@ -19,11 +20,13 @@ pub struct Prediction {
     pub reasons: Vec<String>,
 }
 
-/// Fills `spec` in. `history` is every job the brain knows (finished ones are used).
+/// Fills `spec` in. `history` is every job the brain knows (finished ones are used), with
+/// the speeds its PS jobs reported per (workers, PS) pair in `ps_speeds`.
 /// `model`, when `brainctl train` stored one, sizes the workers' CPU and memory (at `now_s`).
 pub fn predict(
     spec: &JobSpec,
     history: &[JobRow],
+    ps_speeds: &PsSpeedsByJob,
     cluster: &LiveCluster,
     model: Option<&LearnedModel>,
     now_s: f64,
@@ -64,6 +67,16 @@ pub fn predict(
             workers: shape.workers,
             ps: shape.ps,
             peak_memory_bytes: row.peak_memory_bytes,
+            ps_speed: ps_speeds
+                .get(&row.id)
+                .into_iter()
+                .flatten()
+                .map(|&(workers, ps, samples_per_s)| PsSpeedPoint {
+                    workers,
+                    ps,
+                    samples_per_s,
+                })
+                .collect(),
         });
     }
     let sized = optimizer::sizing::size(spec, &past, cluster, learned)
@@ -114,6 +127,7 @@ pub fn predict(
 mod tests {
     use super::*;
     use crate::store::JobId;
+    use std::collections::BTreeMap;
 
     fn spec(roles: &str) -> JobSpec {
         JobSpec::from_yaml(&format!(
@@ -182,6 +196,7 @@ mod tests {
         let p = predict(
             &spec("  ps: {}\n  worker: {}\n"),
             &[],
+            &BTreeMap::new(),
             &cluster(),
             None,
             0.0,
@@ -207,6 +222,7 @@ mod tests {
         let p = predict(
             &spec("  ps: {}\n  worker: { min: 1, max: 8 }\n"),
             &history,
+            &BTreeMap::new(),
             &cluster(),
             None,
             0.0,
@@ -223,11 +239,49 @@ mod tests {
     }
 
     #[test]
+    fn the_ps_speeds_of_similar_finished_jobs_choose_the_ps_count() {
+        // 1 ms of compute and 2 ms of PS traffic per worker per PS, per sample: PS-bound.
+        let speed = |w: u32, p: u32| w as f64 / (1e-3 + 2e-3 * w as f64 / p as f64);
+        let mut history = [
+            past("a", 4, 1, 100, JobState::Succeeded),
+            past("b", 4, 1, 100, JobState::Succeeded),
+            past("failed", 4, 1, 100, JobState::Failed),
+        ];
+        for (i, row) in history.iter_mut().enumerate() {
+            row.id = JobId(i as u64 + 1);
+        }
+        let speeds = |pairs: &[(u32, u32)]| {
+            pairs
+                .iter()
+                .map(|&(w, p)| (w, p, speed(w, p)))
+                .collect::<Vec<_>>()
+        };
+        let mut ps_speeds = BTreeMap::new();
+        ps_speeds.insert(JobId(1), speeds(&[(2, 1), (4, 1)]));
+        ps_speeds.insert(JobId(2), speeds(&[(4, 2)]));
+        // A failed job's speeds are not used: they would say more PS never pay.
+        ps_speeds.insert(JobId(3), vec![(4, 3, 1.0), (4, 4, 1.0)]);
+        let s = spec("  ps: { max: 4 }\n  worker: { replicas: 4 }\n");
+        let p = predict(&s, &history, &ps_speeds, &cluster(), None, 0.0).unwrap();
+        // At 4 workers: 444 samples/s with 1 PS, 800 with 2, 1,091 with 3, 1,333 with 4.
+        assert_eq!(p.shape.ps, 4, "{:?}", p.reasons);
+        assert!(
+            p.reasons.iter().any(|r| r
+                .contains("ps replicas: 4 (Optimus' PS model from 3 (workers, ps) pairs of a, b")),
+            "{:?}",
+            p.reasons
+        );
+        // Without the speeds, the median of the counts the jobs ended at.
+        let p = predict(&s, &history, &BTreeMap::new(), &cluster(), None, 0.0).unwrap();
+        assert_eq!(p.shape.ps, 1, "{:?}", p.reasons);
+    }
+
+    #[test]
     fn what_the_user_gave_is_kept() {
         let p = predict(
             &spec("  ps: { replicas: 3 }\n  worker: { replicas: 5, max: 8, resources: { cpu: 2, memory: 1Gi } }\n"),
             &[past("a", 2, 1, 100, JobState::Succeeded)],
-            &cluster(), None, 0.0)
+            &BTreeMap::new(), &cluster(), None, 0.0)
         .unwrap();
         assert_eq!((p.shape.ps, p.shape.workers), (3, 5));
         assert_eq!(p.shape.worker_millicores, 2000);

@@ -204,7 +204,15 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
              checkpoint: {{ dir: checkpoints, every_shards: 10 }}\n"
         ))
         .unwrap();
-        brain::predict::predict(&spec, &jobs, &cluster, Some(&model), now_s).unwrap()
+        brain::predict::predict(
+            &spec,
+            &jobs,
+            &Default::default(),
+            &cluster,
+            Some(&model),
+            now_s,
+        )
+        .unwrap()
     };
     let big = sized(256);
     assert!(

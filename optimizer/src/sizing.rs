@@ -6,7 +6,9 @@
 //! settings or command). From those the job takes the median worker and PS counts and their
 //! peak memory per process with a 25 % margin; a stored job-profile model, when the caller
 //! passes its answer ([`LearnedDemand`]), sizes the workers' CPU (in whole scheduling slots)
-//! and memory instead. Without either a job starts at its minimum (at least 2 workers where its
+//! and memory instead. Once similar PS jobs have reported speeds at two PS counts or more, the
+//! PS count comes from their pooled speed model ([`PsSpeedModel`], Optimus') at the job's
+//! worker count instead of their median. Without either a job starts at its minimum (at least 2 workers where its
 //! bounds allow), with one slot of CPU per process and 512 MiB. A bound the user left out becomes what the cluster can hold. What
 //! the user gave is kept as given.
 
@@ -15,6 +17,7 @@ use vocab::{Bytes, JobSpec, Millicores, Resources, Role};
 
 use crate::error::PolicyError;
 use crate::live::LiveCluster;
+use crate::throughput::ps_speed::{PsSpeedModel, PsSpeedPoint};
 
 const DEFAULT_MEMORY: u64 = 512 << 20;
 const MEMORY_MARGIN: f64 = 1.25;
@@ -28,6 +31,8 @@ pub struct PastJob {
     pub ps: u32,
     /// The job's peak memory over all its processes.
     pub peak_memory_bytes: u64,
+    /// Speeds it reported per (workers, PS) pair (a PS job's; empty otherwise).
+    pub ps_speed: Vec<PsSpeedPoint>,
 }
 
 /// What a trained job-profile model says a worker of this job needs (its margin included).
@@ -89,7 +94,8 @@ pub fn size(
         ));
     }
 
-    for role in [Role::Ps, Role::Worker] {
+    // Workers first: a PS count from similar jobs' speed model is chosen for them.
+    for role in [Role::Worker, Role::Ps] {
         let Some(r) = spec.roles.get(&role).cloned() else {
             continue;
         };
@@ -189,10 +195,14 @@ pub fn size(
                     Role::Worker => p.workers as u64,
                 })
                 .collect();
-            let (n, why) = match median(past) {
-                Some(n) => (n as i64, "the median of similar jobs"),
-                None if role == Role::Worker => (2, "default"),
-                None => (1, "default"),
+            let modelled = (role == Role::Ps)
+                .then(|| ps_from_model(&spec, &similar, min, max))
+                .flatten();
+            let (n, why) = match (modelled, median(past)) {
+                (Some((n, why)), _) => (n, why),
+                (None, Some(n)) => (n as i64, "the median of similar jobs".to_string()),
+                (None, None) if role == Role::Worker => (2, "default".to_string()),
+                (None, None) => (1, "default".to_string()),
             };
             let n = (n / unit * unit).clamp(min, max);
             reasons.push(format!(
@@ -205,6 +215,41 @@ pub fn size(
     spec.validate()
         .map_err(|e| PolicyError::InvalidProblem(e.to_string()))?;
     Ok(Sized { spec, reasons })
+}
+
+/// The PS count Optimus' PS model of the similar jobs' speeds ([`PsSpeedModel`], their
+/// (workers, PS) pairs pooled: the same workload) gives the job at its worker count: the
+/// fewest PS within 5 % of the best predicted speed in `[min, max]`, as the live round
+/// chooses. `None` while those jobs span fewer than two PS counts (three pairs).
+fn ps_from_model(
+    spec: &JobSpec,
+    similar: &[&PastJob],
+    min: i64,
+    max: i64,
+) -> Option<(i64, String)> {
+    let workers = spec.roles.get(&Role::Worker)?.replicas? as u32;
+    let points: Vec<PsSpeedPoint> = similar.iter().flat_map(|p| p.ps_speed.clone()).collect();
+    let model = PsSpeedModel::fit(&points).ok()?;
+    let (lo, hi) = (min.max(1) as u32, max.max(1) as u32);
+    let best = model.best_ps(workers, lo, hi, 0.05);
+    let from: Vec<&str> = similar
+        .iter()
+        .filter(|p| !p.ps_speed.is_empty())
+        .map(|p| p.name.as_str())
+        .collect();
+    let predicted: Vec<String> = (lo..=hi.min(lo + 7))
+        .map(|p| format!("{p} ps {:.0}", model.samples_per_s(workers, p)))
+        .collect();
+    Some((
+        best as i64,
+        format!(
+            "Optimus' PS model from {} (workers, ps) pairs of {} predicts samples/s at {workers} \
+             workers: {}; the fewest within 5 % of the best",
+            model.pairs,
+            from.join(", "),
+            predicted.join(", ")
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -235,6 +280,7 @@ mod tests {
             workers,
             ps,
             peak_memory_bytes: peak_mib << 20,
+            ps_speed: Vec::new(),
         }
     }
 
@@ -327,5 +373,65 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("slot is 0"), "{e}");
+    }
+
+    #[test]
+    fn similar_jobs_speeds_at_two_ps_counts_choose_the_ps_count() {
+        // Seconds per sample per worker: 1 ms of compute, 1 ms of traffic per worker per PS
+        // (PS-bound as workers grow).
+        let truth = |w: u32, p: u32| w as f64 / (1e-3 + 1e-3 * w as f64 / p as f64);
+        let with = |name, pairs: &[(u32, u32)]| {
+            let mut j = past(name, 4, 1, 0);
+            j.ps_speed = pairs
+                .iter()
+                .map(|&(workers, ps)| PsSpeedPoint {
+                    workers,
+                    ps,
+                    samples_per_s: truth(workers, ps),
+                })
+                .collect();
+            j
+        };
+        // Every past job ended at 1 PS (the median says 1), but two of them ran at 2 PS too.
+        let history = [
+            with("a", &[(2, 1), (4, 1), (4, 2)]),
+            with("b", &[(4, 1), (4, 2)]),
+            past("c", 4, 1, 0),
+        ];
+        let spec4 = spec(
+            "  ps: { max: 8 }
+  worker: { replicas: 8 }
+",
+        );
+        let s = size(&spec4, &history, &cluster(), None).unwrap();
+        let ps = count(&s, Role::Ps);
+        // At 8 workers: more PS keep paying until the 5 % tolerance.
+        let best = (1..=8).map(|p| truth(8, p)).fold(0.0, f64::max);
+        let want = (1..=8).find(|&p| truth(8, p) >= 0.95 * best).unwrap();
+        assert_eq!(ps, want as i64, "{:?}", s.reasons);
+        assert!(ps > 1);
+        assert!(
+            s.reasons
+                .iter()
+                .any(|r| r.contains("Optimus' PS model from 3 (workers, ps) pairs of a, b")),
+            "{:?}",
+            s.reasons
+        );
+        // One PS count only: no model, the median.
+        let s = size(&spec4, &[with("a", &[(2, 1), (4, 1)])], &cluster(), None).unwrap();
+        assert_eq!(count(&s, Role::Ps), 1);
+        assert!(
+            s.reasons
+                .iter()
+                .any(|r| r.contains("the median of similar jobs"))
+        );
+        // The user's count is kept.
+        let given = spec(
+            "  ps: { replicas: 1 }
+  worker: { replicas: 8 }
+",
+        );
+        let s = size(&given, &history, &cluster(), None).unwrap();
+        assert_eq!(count(&s, Role::Ps), 1);
     }
 }

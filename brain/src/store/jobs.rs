@@ -4,6 +4,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::*;
 
+/// Per job, the mean samples/s at each (workers, PS) pair: `(workers, ps, samples_per_s)`.
+pub type PsSpeedsByJob = std::collections::BTreeMap<JobId, Vec<(u32, u32, f64)>>;
+
 impl Store {
     /// Registers `name`, or finds it registered (a restarted job master keeps its id and gets
     /// its address updated). Returns the id and the newest plan version.
@@ -214,6 +217,29 @@ impl Store {
         )?;
         let rows = stmt.query_map([id], |r| Ok((r.get::<_, i64>(0)? as u32, r.get(1)?)))?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Every job's mean samples/s per (workers, PS) pair, in one query (sizing a submission
+    /// from the PS jobs before it).
+    pub fn all_ps_speeds(&self) -> Result<PsSpeedsByJob, BrainError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT job_id, workers, ps, sum_samples_per_second / reports FROM ps_speeds
+             ORDER BY job_id, workers, ps",
+        )?;
+        let mut out = PsSpeedsByJob::new();
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                JobId(r.get::<_, i64>(0)? as u64),
+                r.get::<_, i64>(1)? as u32,
+                r.get::<_, i64>(2)? as u32,
+                r.get(3)?,
+            ))
+        })?;
+        for row in rows {
+            let (job, w, p, sps) = row?;
+            out.entry(job).or_default().push((w, p, sps));
+        }
+        Ok(out)
     }
 
     /// Mean samples/s the job reported at each (workers, PS) pair.

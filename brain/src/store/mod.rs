@@ -20,6 +20,7 @@ mod reports;
 #[cfg(test)]
 mod tests;
 
+pub use jobs::PsSpeedsByJob;
 pub use processes::{CPU_SAMPLES, ProcessSample};
 pub use records::{JobRow, JobState, Metric, Shape, StoredPlan};
 pub use reports::PlanCounts;

@@ -116,6 +116,11 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     assert_eq!((ps.len(), workers.len()), (1, 0));
     // Speeds by (workers, PS), for the job's PS speed model.
     assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 10.0)]);
+    s.add_metrics(a, &[metric(2, 30.0)]).unwrap();
+    assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 20.0)]);
+    let all = s.all_ps_speeds().unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[&a], vec![(2, 1, 20.0)]);
     assert_eq!(ps[0].cpu_samples, vec![vocab::Millicores(990)]);
     let added = Change {
         at_s: 30.0,
