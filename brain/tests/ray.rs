@@ -1,7 +1,9 @@
 //! The brain on a Ray cluster (the head `.ci/run` starts, 8 logical CPUs; see
 //! `job-master/tests/ray.rs`): its capacity is read from Ray's state API, not from `--cpus`,
-//! and a resource-free job submitted to it runs its processes as Ray jobs. Without
-//! `BRAIN_RAY_ADDRESS` the test says so and passes, unless `BRAIN_REQUIRE_RAY=1`.
+//! and a resource-free job submitted to it runs its processes as Ray jobs; a job whose
+//! workers Ray cannot place (another Ray user holds the CPUs) is shrunk by the brain's
+//! `pending_shrink` to what runs, and finishes. Without `BRAIN_RAY_ADDRESS` the tests say so
+//! and pass, unless `BRAIN_REQUIRE_RAY=1`. They share the cluster, so they run one at a time.
 
 mod common;
 
@@ -9,19 +11,30 @@ use std::time::{Duration, Instant};
 
 use common::{bin_dir, brainctl};
 
-#[test]
-fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
-    let Some(address) = std::env::var("BRAIN_RAY_ADDRESS")
+/// The tests share one Ray cluster: one at a time.
+static RAY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The Ray cluster's dashboard, or `None` (said so) where there is none.
+fn ray_address() -> Option<String> {
+    let address = std::env::var("BRAIN_RAY_ADDRESS")
         .ok()
-        .filter(|a| !a.is_empty())
-    else {
+        .filter(|a| !a.is_empty());
+    if address.is_none() {
         test_support::optional_server(
             "BRAIN_REQUIRE_RAY",
             "a Ray cluster",
             "set BRAIN_RAY_ADDRESS to its dashboard, as .ci/run does with .ci/ray-head",
         );
+    }
+    address
+}
+
+#[test]
+fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
+    let Some(address) = ray_address() else {
         return;
     };
+    let _one = RAY.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let (child, addr) = common::spawn_brain(|cmd| {
         // --cpus 1: what Ray says replaces it.
@@ -98,9 +111,150 @@ fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
     assert!(written.contains("type: ray"), "{written}");
 }
 
+/// Another Ray user's job holding `cpus` CPUs until dropped (then stopped).
+struct Blocker {
+    address: String,
+    id: String,
+}
+
+impl Blocker {
+    fn start(address: &str, cpus: u32) -> Blocker {
+        let id = format!("blocker-{}", std::process::id());
+        let body = serde_json::json!({
+            "entrypoint": "sleep 900",
+            "submission_id": id,
+            "entrypoint_num_cpus": cpus,
+        });
+        let answer = post(&format!("{address}/api/jobs/"), &body);
+        assert!(answer.contains(&id), "{answer}");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let status = get(&format!("{address}/api/jobs/{id}"));
+            if status.contains("\"RUNNING\"") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the blocker did not start: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Blocker {
+            address: address.into(),
+            id,
+        }
+    }
+}
+
+impl Drop for Blocker {
+    fn drop(&mut self) {
+        post(
+            &format!("{}/api/jobs/{}/stop", self.address, self.id),
+            &serde_json::json!({}),
+        );
+    }
+}
+
+#[test]
+fn workers_ray_cannot_place_are_given_up_by_the_brain_and_the_job_finishes() {
+    let Some(address) = ray_address() else {
+        return;
+    };
+    let _one = RAY.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    // Another Ray user holds 6 of the 8 CPUs: the brain, which plans Ray's whole capacity,
+    // starts the job at its request (1 PS + 4 workers of 1 CPU); Ray places two processes.
+    let blocker = Blocker::start(&address, 6);
+    std::fs::write(
+        dir.path().join("policy.toml"),
+        "[[heuristics]]\nkind = \"pending_shrink\"\npending_timeout_s = 5\n\
+         [scheduler]\nkind = \"fifo\"\n[live]\ninterval_s = 1\ncooldown_s = 600\n",
+    )
+    .unwrap();
+    let (child, addr) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--max-processes", "8"])
+            .args(["--ray-address", &address])
+            .arg("--database")
+            .arg(dir.path().join("brain.db"))
+            .arg("--runs-dir")
+            .arg(dir.path().join("runs"))
+            .arg("--policy")
+            .arg(dir.path().join("policy.toml"))
+            .arg("--job-master-bin")
+            .arg(bin_dir().join("job-master"))
+            .args([
+                "--job-master-arg=--brain-interval-ms",
+                "--job-master-arg=300",
+            ])
+            .stderr(std::fs::File::create(dir.path().join("brain.log")).unwrap());
+    });
+    let _brain = child;
+    let url = format!("http://{addr}");
+    let name = format!("pending-{}", std::process::id());
+    let spec = dir.path().join("job.yaml");
+    // About 25 s on one worker (200 µs per sample): the shrink comes long before the end.
+    std::fs::write(
+        &spec,
+        format!(
+            "name: {name}\nkind: ps\nroles:\n  ps: {{ replicas: 1, resources: {{ cpu: 1 }} }}\n  \
+             worker: {{ replicas: 4, min: 1, max: 4, resources: {{ cpu: 1 }} }}\n\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 200 }}\n\
+             data: {{ num_samples: 120000, shard_size: 1000, eval_samples: 2000 }}\n\
+             checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", spec.to_str().unwrap(), "--wait", "--brain", &url]);
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    assert!(ok, "{out}\n{}", log());
+    drop(blocker);
+    let report = dir
+        .path()
+        .join("runs")
+        .join(&name)
+        .join("master/report.json");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    // The brain's plan gave up the three workers Ray never placed; nothing else changed.
+    let events: Vec<&str> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect();
+    let plans: Vec<&&str> = events
+        .iter()
+        .filter(|e| e.contains(" accepted: "))
+        .collect();
+    assert_eq!(plans.len(), 1, "{events:#?}");
+    assert!(
+        plans[0].contains("ps 1, worker 4 -> ps 1, worker 1"),
+        "{events:#?}"
+    );
+    assert_eq!(report["exactly_once"], "ok", "{report:#}");
+    let (ok, status) = brainctl(&["status", &name, "--brain", &url]);
+    assert!(ok && status.contains("succeeded"), "{status}");
+}
+
 /// GET `url`'s body (on a runtime of its own: the test is synchronous).
 fn get(url: &str) -> String {
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(async { reqwest::get(url).await.unwrap().text().await.unwrap() })
+}
+
+/// POST `body` as JSON to `url`; the answer's body.
+fn post(url: &str, body: &serde_json::Value) -> String {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    })
 }
