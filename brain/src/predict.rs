@@ -67,6 +67,7 @@ pub fn predict(
             workers: shape.workers,
             ps: shape.ps,
             peak_memory_bytes: row.peak_memory_bytes,
+            peak_ps_millicores: row.peak_ps_millicores,
             ps_speed: ps_speeds
                 .get(&row.id)
                 .into_iter()
@@ -187,6 +188,7 @@ mod tests {
             reported_workers: workers,
             peak_process_millicores: 0,
             peak_process_memory_bytes: 0,
+            peak_ps_millicores: 0,
             cancel_requested: None,
         }
     }

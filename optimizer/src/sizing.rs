@@ -3,14 +3,18 @@
 //!
 //! The caller (the live brain) picks the history: [`PastJob`]s are finished, successful jobs
 //! with the counts they ended at. "Like it" means the same kind and the same workload (built-in
-//! settings or command). From those the job takes the median worker and PS counts and their
-//! peak memory per process with a 25 % margin; a stored job-profile model, when the caller
-//! passes its answer ([`LearnedDemand`]), sizes the workers' CPU (in whole scheduling slots)
-//! and memory instead. Once similar PS jobs have reported speeds at two PS counts or more, the
-//! PS count comes from their pooled speed model ([`PsSpeedModel`], Optimus') at the job's
-//! worker count instead of their median. Without either a job starts at its minimum (at least 2 workers where its
-//! bounds allow), with one slot of CPU per process and 512 MiB. A bound the user left out becomes what the cluster can hold. What
-//! the user gave is kept as given.
+//! settings or command). From those the job takes:
+//! * worker and PS counts: their medians; once they reported speeds at two PS counts or more,
+//!   the PS count from their pooled speed model ([`PsSpeedModel`], Optimus') at the job's
+//!   worker count instead;
+//! * memory: their peak per process + 25 %;
+//! * a PS's CPU: the median peak of their parameter servers + 25 %, in whole scheduling slots.
+//!
+//! A stored job-profile model, when the caller passes its answer ([`LearnedDemand`]), sizes the
+//! workers' CPU (in whole slots) and memory instead. Without history a job starts at its
+//! minimum (at least 2 workers where its bounds allow), with one slot of CPU per process and
+//! 512 MiB. A bound the user left out becomes what the cluster can hold. What the user gave is
+//! kept as given.
 
 use vocab::spec::RoleSpec;
 use vocab::{Bytes, JobSpec, Millicores, Resources, Role};
@@ -21,6 +25,7 @@ use crate::throughput::ps_speed::{PsSpeedModel, PsSpeedPoint};
 
 const DEFAULT_MEMORY: u64 = 512 << 20;
 const MEMORY_MARGIN: f64 = 1.25;
+const CPU_MARGIN: f64 = 1.25;
 
 /// A finished, successful job the brain knows, with the counts it ended at.
 #[derive(Clone, Debug)]
@@ -33,6 +38,8 @@ pub struct PastJob {
     pub peak_memory_bytes: u64,
     /// Speeds it reported per (workers, PS) pair (a PS job's; empty otherwise).
     pub ps_speed: Vec<PsSpeedPoint>,
+    /// The most CPU one of its parameter servers used (0: not reported).
+    pub peak_ps_millicores: u64,
 }
 
 /// What a trained job-profile model says a worker of this job needs (its margin included).
@@ -127,8 +134,35 @@ pub fn size(
                 Millicores(slots * slot)
             }
             (None, _) => {
-                reasons.push(format!("{role} cpu: {slot}m, one scheduling slot"));
-                Millicores(slot)
+                let peaks: Vec<u64> = similar
+                    .iter()
+                    .map(|p| p.peak_ps_millicores)
+                    .filter(|&m| m > 0)
+                    .collect();
+                match median(peaks).filter(|_| role == Role::Ps) {
+                    Some(peak) => {
+                        // Whole slots, as the scheduler hands them out; never more than the
+                        // cluster.
+                        let want = peak as f64 * CPU_MARGIN;
+                        let most = (cluster.cpu_millicores / slot).max(1);
+                        let slots = ((want / slot as f64).ceil() as u64).clamp(1, most);
+                        reasons.push(format!(
+                            "ps cpu: {}m ({slots} slot(s) of {slot}m), the median peak of similar \
+                             jobs' parameter servers ({peak}m) + 25 %{}",
+                            slots * slot,
+                            if want > (most * slot) as f64 {
+                                ", capped at the cluster's CPU"
+                            } else {
+                                ""
+                            }
+                        ));
+                        Millicores(slots * slot)
+                    }
+                    None => {
+                        reasons.push(format!("{role} cpu: {slot}m, one scheduling slot"));
+                        Millicores(slot)
+                    }
+                }
             }
         };
         let memory = match (resources.memory, learned) {
@@ -281,6 +315,7 @@ mod tests {
             ps,
             peak_memory_bytes: peak_mib << 20,
             ps_speed: Vec::new(),
+            peak_ps_millicores: 0,
         }
     }
 
@@ -373,6 +408,58 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("slot is 0"), "{e}");
+    }
+
+    #[test]
+    fn a_ps_gets_the_median_peak_cpu_of_similar_jobs_ps_in_whole_slots() {
+        let with = |name, peak| PastJob {
+            peak_ps_millicores: peak,
+            ..past(name, 2, 1, 0)
+        };
+        let cpu = |s: &Sized, role| s.spec.roles[&role].resources.as_ref().unwrap().cpu;
+        // Peaks 900, 1,300 and 2,500m (and one job that never reported its PS): median 1,300m
+        // + 25 % = 1,625m, two slots of 1,000m.
+        let history = [
+            with("a", 900),
+            with("b", 1300),
+            with("c", 2500),
+            with("d", 0),
+        ];
+        let s = size(
+            &spec("  ps: {}\n  worker: {}\n"),
+            &history,
+            &cluster(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(cpu(&s, Role::Ps), Some(Millicores(2000)), "{:?}", s.reasons);
+        assert_eq!(cpu(&s, Role::Worker), Some(Millicores(1000)));
+        assert!(
+            s.reasons.iter().any(|r| r.contains(
+                "ps cpu: 2000m (2 slot(s) of 1000m), the median peak of similar jobs' parameter \
+                 servers (1300m) + 25 %"
+            )),
+            "{:?}",
+            s.reasons
+        );
+        // Never more than the cluster holds, and said so.
+        let s = size(
+            &spec("  ps: {}\n  worker: {}\n"),
+            &[with("a", 50_000)],
+            &cluster(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(cpu(&s, Role::Ps), Some(Millicores(8000)));
+        assert!(
+            s.reasons
+                .iter()
+                .any(|r| r.contains("capped at the cluster's CPU"))
+        );
+        // What the user gave is kept.
+        let given = spec("  ps: { resources: { cpu: 500m } }\n  worker: {}\n");
+        let s = size(&given, &history, &cluster(), None).unwrap();
+        assert_eq!(cpu(&s, Role::Ps), Some(Millicores(500)));
     }
 
     #[test]

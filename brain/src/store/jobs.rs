@@ -291,7 +291,7 @@ impl Store {
                     (SELECT COALESCE(MAX(version), 0) FROM plans
                      WHERE job_id = jobs.id AND accepted = 0) AS rejected_version,
                     reported_workers, peak_process_millicores, peak_process_memory_bytes,
-                    cancel_requested
+                    cancel_requested, peak_ps_millicores
              FROM jobs WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
         )?;
         let rows = stmt.query_map([only], |r| {
@@ -334,6 +334,7 @@ impl Store {
                 reported_workers: count("reported_workers")? as u32,
                 peak_process_millicores: count("peak_process_millicores")?,
                 peak_process_memory_bytes: count("peak_process_memory_bytes")?,
+                peak_ps_millicores: count("peak_ps_millicores")?,
                 cancel_requested: r.get("cancel_requested")?,
             })
         })?;

@@ -143,6 +143,7 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE ps_speeds (job_id INTEGER NOT NULL REFERENCES jobs(id), workers INTEGER NOT NULL,
          ps INTEGER NOT NULL, reports INTEGER NOT NULL, sum_samples_per_second REAL NOT NULL,
          PRIMARY KEY (job_id, workers, ps))",
+    "ALTER TABLE jobs ADD COLUMN peak_ps_millicores INTEGER NOT NULL DEFAULT 0",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

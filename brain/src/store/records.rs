@@ -307,6 +307,8 @@ pub struct JobRow {
     /// The most CPU and memory one of its processes used (from the reports' sums).
     pub peak_process_millicores: u64,
     pub peak_process_memory_bytes: u64,
+    /// The most CPU one of its parameter servers used (from the per-process reports).
+    pub peak_ps_millicores: u64,
     /// Why an operator asked to cancel it, while its job master has not yet ended it.
     pub cancel_requested: Option<String>,
 }

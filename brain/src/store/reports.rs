@@ -37,6 +37,14 @@ impl Store {
             .map(|m| per(m.cpu_millicores, m))
             .max()
             .unwrap_or(0);
+        // The most CPU one of its parameter servers used (sizes the PS of jobs like it).
+        let peak_ps_cpu = reports
+            .iter()
+            .flat_map(|m| &m.processes)
+            .filter(|p| p.role == vocab::Role::Ps)
+            .map(|p| p.cpu_millicores)
+            .max()
+            .unwrap_or(0);
         let peak_mem = reports
             .iter()
             .map(|m| per(m.memory_bytes, m))
@@ -69,14 +77,16 @@ impl Store {
         tx.execute(
             "UPDATE jobs SET samples_done = MAX(samples_done, ?2), reported_workers = ?3,
                  peak_process_millicores = MAX(peak_process_millicores, ?4),
-                 peak_process_memory_bytes = MAX(peak_process_memory_bytes, ?5)
+                 peak_process_memory_bytes = MAX(peak_process_memory_bytes, ?5),
+                 peak_ps_millicores = MAX(peak_ps_millicores, ?6)
              WHERE id = ?1",
             params![
                 id,
                 samples_done as i64,
                 last.workers,
                 peak_cpu as i64,
-                peak_mem as i64
+                peak_mem as i64,
+                peak_ps_cpu as i64
             ],
         )?;
         tx.execute(

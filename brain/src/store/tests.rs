@@ -118,6 +118,8 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 10.0)]);
     s.add_metrics(a, &[metric(2, 30.0)]).unwrap();
     assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 20.0)]);
+    // The PS's peak CPU, kept for sizing the PS of jobs like it.
+    assert_eq!(s.job(a).unwrap().peak_ps_millicores, 990);
     let all = s.all_ps_speeds().unwrap();
     assert_eq!(all.len(), 1);
     assert_eq!(all[&a], vec![(2, 1, 20.0)]);
