@@ -16,9 +16,12 @@
 //! against the others.
 //!
 //! A PS job with reported speeds at two PS counts or more gets its PS count from its speed model
-//! ([`PsSpeedModel`], Optimus'): at the workers the scheduler gave it, the fewest PS within 5 %
-//! of the best predicted speed in its spec's bounds. That choice comes first; `hot_ps`'s "one
-//! more PS" is the fallback while no model can be fitted.
+//! ([`PsSpeedModel`], Optimus'): the scheduler weighs its slots by the model's best split into
+//! PS and workers, and the slots it gives are split the same way (`Sized::split`: the fewest PS
+//! within 5 % of the best predicted speed in its spec's bounds); where the round then changes
+//! its workers (cool-down, repair), the best PS count at those. That choice comes first;
+//! `hot_ps`'s "one more PS" is the fallback while no model can be fitted. New PS take first the
+//! slots of workers the same plan removes ([`add_ps`]).
 
 use super::*;
 use crate::heuristics::{Action, Change, ChangeKind, HeuristicKind, JobRuntime, Proposal};
@@ -77,29 +80,41 @@ pub(super) fn propose(
         .collect()
 }
 
+/// The PS counts the round may choose for `job`: its spec's bounds, widened to its count.
+pub(super) fn ps_range(job: &LiveJob) -> (u32, u32) {
+    (job.min_ps.max(1).min(job.ps), job.max_ps.max(job.ps))
+}
+
+/// A running PS job's PS speed model where the round may change its PS count now: no plan on
+/// its way, no PS count change within `cooldown_s`, and reports at two PS counts or more.
+pub(super) fn ps_model(job: &LiveJob, cooldown_s: f64, now_s: f64) -> Option<PsSpeedModel> {
+    let recent = job
+        .history
+        .iter()
+        .any(|c| c.kind == ChangeKind::PsCount && now_s - c.at_s < cooldown_s);
+    if job.state != LiveState::Running || job.ps == 0 || job.plan_in_flight || recent {
+        return None;
+    }
+    PsSpeedModel::fit(&job.ps_speed).ok()
+}
+
 /// The PS count from each running PS job's speed model, ahead of the heuristics' PS proposals
-/// (which it replaces), at most once per `cooldown_s`.
-pub(super) fn model_ps(
-    jobs: &[Sized],
-    proposals: &mut [Vec<(&'static str, Proposal)>],
-    cooldown_s: f64,
-    now_s: f64,
-) {
+/// (which it replaces), at most once per `cooldown_s`: the count the scheduler's slots were
+/// split into where the job got that split's workers, else the best at the workers it got.
+pub(super) fn model_ps(jobs: &[Sized], proposals: &mut [Vec<(&'static str, Proposal)>]) {
     for (s, props) in jobs.iter().zip(proposals.iter_mut()) {
         let job = s.job;
-        if !s.running() || job.ps == 0 || job.plan_in_flight || s.to == 0 {
-            continue;
-        }
-        let recent = job
-            .history
-            .iter()
-            .any(|c| c.kind == ChangeKind::PsCount && now_s - c.at_s < cooldown_s);
-        let Ok(model) = PsSpeedModel::fit(&job.ps_speed) else {
+        let Some(model) = s.ps_model.as_ref().filter(|_| s.to > 0) else {
             continue;
         };
-        let (lo, hi) = (job.min_ps.max(1).min(job.ps), job.max_ps.max(job.ps));
-        let best = model.best_ps(s.to, lo, hi, 0.05);
-        if recent || best == job.ps {
+        let best = match s.joint {
+            Some((w, p)) if w == s.to => p,
+            _ => {
+                let (lo, hi) = ps_range(job);
+                model.best_ps(s.to, lo, hi, 0.05)
+            }
+        };
+        if best == job.ps {
             continue;
         }
         props.retain(|(_, p)| !matches!(p.action, Action::SetCount { role: Role::Ps, .. }));
@@ -252,27 +267,30 @@ pub(super) fn apply_freeing(
     deferred
 }
 
-/// One more PS for a running job where the round leaves no room for it: the job gives up one
-/// node unit of its own workers (down to its minimum) and its new PS takes their slots in the
-/// same plan. A PS-bound job gains from the PS what it loses in workers. Returns the round's
-/// slots and processes in use after the trade, or `None` (nothing changed) where the workers
-/// it may give up do not make room.
-fn trade(
+/// More PS for a job (`ps` of them, `ps_slots` more slots), giving up `give` workers of its
+/// own for them (down to its minimum). The workers the plan removes from a running job (those
+/// given up, and a shrink of the same round) make room for its new PS first: the job master
+/// carries both out in one plan, so those slots are not held past it. Returns the round's
+/// slots and processes in use after the change, or `None` (nothing changed) where it does not
+/// fit.
+fn add_ps(
     s: &mut Sized,
-    ps: u32,
-    ps_slots: u64,
+    (ps, ps_slots): (u32, u64),
+    give: u32,
     (used, procs): (u64, u32),
-    total_slots: u64,
-    max_processes: u32,
+    (total_slots, max_processes): (u64, u32),
 ) -> Option<(u64, u32)> {
-    let unit = s.job.node_unit.max(1);
-    if !s.running() || s.to < s.job.min_workers.max(1) + unit {
+    if give > 0 && (!s.running() || s.to < s.job.min_workers.max(1) + give) {
         return None;
     }
     let (slots_before, procs_before) = (s.slots(s.counted(s.to)), s.processes(s.counted(s.to)));
     let before = (s.to, s.traded, s.ps, s.ps_slots);
-    s.to -= unit;
-    s.traded += unit;
+    s.to -= give;
+    if s.running() {
+        let leaving = s.job.held_workers.saturating_sub(s.traded + s.to);
+        let needed = ps_slots.div_ceil(s.worker_slots.max(1) as u64) as u32;
+        s.traded += leaving.min(needed);
+    }
     s.ps = ps;
     s.ps_slots += ps_slots as u32;
     let used = used - slots_before + s.slots(s.counted(s.to));
@@ -284,8 +302,9 @@ fn trade(
     None
 }
 
-/// After the repair: one more PS and more CPU for hot PS, where the room left allows, in
-/// submission order; one more PS where none is left, for workers of its own ([`trade`]).
+/// After the repair: more PS and more CPU for hot PS, where the room left allows, in
+/// submission order. More PS where no room is left trade one node unit of the job's own
+/// workers for them ([`add_ps`]): a PS-bound job gains from the PS what it loses in workers.
 pub(super) fn grow_if_room(
     jobs: &mut [Sized],
     deferred: Vec<Vec<(&'static str, Proposal)>>,
@@ -304,74 +323,77 @@ pub(super) fn grow_if_room(
             .total_cmp(&jobs[b].job.submitted_s)
             .then(jobs[a].job.id.cmp(&jobs[b].job.id))
     });
+    let room = (total_slots, max_processes);
     let mut deferred: Vec<Option<Vec<_>>> = deferred.into_iter().map(Some).collect();
     for i in order {
         let s = &mut jobs[i];
         for (name, p) in deferred[i].take().unwrap_or_default() {
-            let (slots, processes) = match &p.action {
-                Action::SetCount { count, .. } => {
-                    let more = count - s.ps;
-                    (more as u64 * s.ps_slot_each as u64, more)
-                }
-                Action::Migrate(m) => {
-                    let cpu = m.resources.cpu.map_or(0, |c| c.0);
-                    let old = process_slots(s, m.key.role, m.key.index, slot);
-                    (slots_of(cpu, slot).saturating_sub(old) as u64, 0)
-                }
-            };
-            let why_not = if let Action::SetCount { count, .. } = &p.action
-                && *count > s.job.max_ps
-            {
-                Some(format!(
-                    "its spec allows at most {} ps",
-                    s.job.max_ps.max(s.job.ps)
-                ))
-            } else if let Action::Migrate(m) = &p.action
-                && m.key.role == Role::Worker
-            {
-                Some(
-                    "a worker's CPU changes only with its role's (every worker holds the same \
-                      slots)"
-                        .to_string(),
-                )
-            } else if used + slots > total_slots || procs + processes > max_processes {
-                let why = format!(
+            let short = |slots: u64, processes: u32| {
+                format!(
                     "it needs {slots} more slot(s) and {processes} more process(es), the round \
                      leaves {} slot(s) and {} process(es)",
                     total_slots.saturating_sub(used),
                     max_processes.saturating_sub(procs)
-                );
-                let was = s.to;
-                if let Action::SetCount { count, .. } = &p.action
-                    && let Some((u, n)) =
-                        trade(s, *count, slots, (used, procs), total_slots, max_processes)
-                {
-                    used = u;
-                    procs = n;
-                    s.reasons.push(format!(
-                        "{name}: {}; {why}: traded for workers of its own ({was} -> {} workers)",
-                        p.reason, s.to
-                    ));
-                    record_only(s, &p, now_s);
-                    continue;
-                }
-                Some(why)
-            } else {
-                None
+                )
             };
-            if let Some(why) = why_not {
+            let why = match &p.action {
+                Action::SetCount { count, .. } if *count > s.job.max_ps => Some(format!(
+                    "its spec allows at most {} ps",
+                    s.job.max_ps.max(s.job.ps)
+                )),
+                Action::SetCount { count, .. } => {
+                    let more = count - s.ps;
+                    let need = (*count, more as u64 * s.ps_slot_each as u64);
+                    let was = s.to;
+                    let unit = s.job.node_unit.max(1);
+                    match add_ps(s, need, 0, (used, procs), room) {
+                        Some(after) => {
+                            (used, procs) = after;
+                            record(s, name, &p, now_s);
+                            None
+                        }
+                        None => {
+                            let why = short(need.1, more);
+                            match add_ps(s, need, unit, (used, procs), room) {
+                                Some(after) => {
+                                    (used, procs) = after;
+                                    s.reasons.push(format!(
+                                        "{name}: {}; {why}: traded for workers of its own \
+                                         ({was} -> {} workers)",
+                                        p.reason, s.to
+                                    ));
+                                    record_only(s, &p, now_s);
+                                    None
+                                }
+                                None => Some(why),
+                            }
+                        }
+                    }
+                }
+                Action::Migrate(m) if m.key.role == Role::Worker => Some(
+                    "a worker's CPU changes only with its role's (every worker holds the same \
+                     slots)"
+                        .to_string(),
+                ),
+                Action::Migrate(m) => {
+                    let cpu = m.resources.cpu.map_or(0, |c| c.0);
+                    let old = process_slots(s, m.key.role, m.key.index, slot);
+                    let slots = slots_of(cpu, slot).saturating_sub(old) as u64;
+                    if used + slots > total_slots {
+                        Some(short(slots, 0))
+                    } else {
+                        s.migrations.push(m.clone());
+                        s.ps_slots += slots as u32;
+                        used += slots;
+                        record(s, name, &p, now_s);
+                        None
+                    }
+                }
+            };
+            if let Some(why) = why {
                 s.reasons
                     .push(format!("{name} wanted: {}; not done: {why}", p.reason));
-                continue;
             }
-            match &p.action {
-                Action::SetCount { count, .. } => s.ps = *count,
-                Action::Migrate(m) => s.migrations.push(m.clone()),
-            }
-            s.ps_slots += slots as u32;
-            used += slots;
-            procs += processes;
-            record(s, name, &p, now_s);
         }
     }
     // A migration of a process the round removes would be refused by the job master.
@@ -478,14 +500,16 @@ mod tests {
         assert_eq!((d.to_ps, d.to_workers), (1, 2));
         assert!(!d.changes(), "{d:?}");
         assert!(d.reasons.iter().any(|r| r.contains("not done")), "{d:?}");
-        // A worker's slots held by a shrink still on its way are the job's own to trade.
+        // The slot of a worker still leaving (a shrink on its way) is the job's own: its new
+        // PS takes it, no other worker is given up.
         let mut shrinking = full.clone();
         shrinking.cluster = cluster(4);
         shrinking.jobs[0].held_workers = 3;
         let plan = decide(&shrinking, &h);
         let d = decision(&plan, 1);
-        assert_eq!((d.to_ps, d.to_workers), (2, 1), "{d:?}");
-        assert!(plan.cpu_millicores <= 4000, "{plan:?}");
+        assert_eq!((d.to_ps, d.to_workers), (2, 2), "{d:?}");
+        assert!(!d.reasons.iter().any(|r| r.contains("traded")), "{d:?}");
+        assert_eq!(plan.cpu_millicores, 4000, "{plan:?}");
         // Not while a plan is on its way.
         let mut busy = snap.clone();
         busy.jobs[0].plan_in_flight = true;
@@ -531,6 +555,39 @@ mod tests {
         again.jobs[0].ps_processes[0].cpu_samples.clear();
         let plan = decide(&again, &Heuristics::default());
         assert_eq!(decision(&plan, 1).to_ps, 1);
+    }
+
+    #[test]
+    fn the_scheduler_s_slots_are_split_between_ps_and_workers_by_the_ps_model() {
+        // 1 PS + 4 workers on 6 CPUs, 0.8 ms of traffic per worker per PS. Per split of 6
+        // slots: 1 PS + 5 workers 1,000 samples/s, 2 + 4 1,538, 3 + 3 1,667, 4 + 2 1,429.
+        let mut j = hot_ps_job(1);
+        j.workers = 4;
+        j.held_workers = 4;
+        j.max_workers = 5;
+        j.max_ps = 4;
+        j.ps_speed = ps_speeds(0.8e-3);
+        for p in &mut j.ps_processes {
+            p.cpu_samples.clear();
+        }
+        let snap = one(j, 6);
+        let plan = decide(&snap, &Heuristics::default());
+        let d = decision(&plan, 1);
+        assert_eq!((d.to_ps, d.to_workers), (3, 3), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("6 of 6 slots: 3 workers beside 3 ps")),
+            "{d:?}"
+        );
+        assert!(!d.reasons.iter().any(|r| r.contains("traded")), "{d:?}");
+        assert_eq!((plan.cpu_millicores, plan.processes), (6000, 6));
+        // The slots the scheduler weighs are the split's: the job's goodput table is the
+        // PS model's best split, so 6 slots predict 1,667 samples/s, not 5 workers' speed.
+        assert!(
+            (d.predicted_samples_per_s - 3.0 / 1.8e-3).abs() < 1.0,
+            "{d:?}"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::heuristics::{Change, Heuristics, ProcessRuntime, SpeedPoint};
 use crate::plan::{Migration, Role};
 use crate::schedule::{JobView, NodeView, Scheduler, Snapshot};
 use crate::throughput::amdahl::AmdahlModel;
-use crate::throughput::ps_speed::PsSpeedPoint;
+use crate::throughput::ps_speed::{PsSpeedModel, PsSpeedPoint};
 use crate::units::{JobId, WorkerType};
 
 mod checks;
@@ -210,6 +210,12 @@ struct Sized<'a> {
     /// Workers whose slots the job's own new PS take in this plan (`correct::grow_if_room`):
     /// they are not held past the plan, since the job master carries both out together.
     traded: u32,
+    /// A running PS job's PS speed model, where the round may change its PS count: the
+    /// scheduler's goodput table and the split of the slots it gives weigh PS and workers
+    /// together ([`Sized::split`]).
+    ps_model: Option<PsSpeedModel>,
+    /// The (workers, PS) that split chose for the slots the scheduler gave.
+    joint: Option<(u32, u32)>,
     pinned: bool,
     reasons: Vec<String>,
 }
@@ -243,13 +249,71 @@ impl Sized<'_> {
     }
     /// Workers that `slots` slots hold: whole node units within the bounds, 0 below the minimum.
     fn workers_in(&self, slots: u32) -> u32 {
+        self.workers_with(slots, self.ps_slots)
+    }
+    /// Workers that `slots` slots hold beside parameter servers holding `ps_slots`.
+    fn workers_with(&self, slots: u32, ps_slots: u32) -> u32 {
         let unit = self.job.node_unit.max(1);
-        let w = slots.saturating_sub(self.ps_slots) / self.worker_slots;
+        let w = slots.saturating_sub(ps_slots) / self.worker_slots;
         let w = (w / unit * unit).min(self.job.max_workers);
         if w < self.job.min_workers.max(1) {
             0
         } else {
             w
+        }
+    }
+    /// Slots `p` parameter servers hold: what the job's hold now at its PS count, a new
+    /// one's each otherwise.
+    fn ps_slots_at(&self, p: u32) -> u32 {
+        if p == self.job.ps {
+            self.ps_slots
+        } else {
+            p * self.ps_slot_each
+        }
+    }
+    /// The (workers, PS) that `slots` slots hold best by the job's PS speed model: over the
+    /// spec's PS bounds, the fewest PS within 5 % of the best predicted speed (as
+    /// [`PsSpeedModel::best_ps`] chooses). `(0, current PS)` where no split reaches the
+    /// minimum of workers.
+    fn split(&self, model: &PsSpeedModel, slots: u32) -> (u32, u32) {
+        let (lo, hi) = correct::ps_range(self.job);
+        let options: Vec<(u32, u32, f64)> = (lo..=hi)
+            .map(|p| {
+                let w = self.workers_with(slots, self.ps_slots_at(p));
+                (
+                    w,
+                    p,
+                    if w > 0 {
+                        model.samples_per_s(w, p)
+                    } else {
+                        0.0
+                    },
+                )
+            })
+            .collect();
+        let best = options.iter().map(|o| o.2).fold(0.0, f64::max);
+        options
+            .iter()
+            .find(|o| best > 0.0 && o.2 >= best * 0.95)
+            .map_or((0, self.job.ps), |o| (o.0, o.1))
+    }
+    /// Predicted samples/s at `workers` workers and `ps` PS: by the PS speed model where the
+    /// round weighs PS, else by the speed model over workers.
+    fn predicted(&self, workers: u32, ps: u32) -> f64 {
+        match &self.ps_model {
+            Some(m) => m.samples_per_s(workers, ps),
+            None => self.model.samples_per_s(workers),
+        }
+    }
+    /// Predicted samples/s on `slots` slots: the job's speed model at the workers they hold,
+    /// or its PS speed model at their best split.
+    fn goodput(&self, slots: u32) -> f64 {
+        match &self.ps_model {
+            Some(m) => match self.split(m, slots) {
+                (0, _) => 0.0,
+                (w, p) => m.samples_per_s(w, p),
+            },
+            None => self.model.samples_per_s(self.workers_in(slots)),
         }
     }
 }
@@ -354,6 +418,8 @@ pub fn plan_round(
                 corrections: Vec::new(),
                 to: 0,
                 traded: 0,
+                ps_model: correct::ps_model(job, config.cooldown_s, now),
+                joint: None,
                 pinned: false,
                 reasons,
             }
@@ -396,7 +462,14 @@ pub fn plan_round(
         let given: u32 = assignment
             .get(&s.job.id)
             .map_or(0, |slots| slots.iter().map(|x| x.1).sum());
-        let fit = s.workers_in(given);
+        let fit = match &s.ps_model {
+            Some(m) => {
+                let (w, p) = s.split(m, given);
+                s.joint = (w > 0).then_some((w, p));
+                w
+            }
+            None => s.workers_in(given),
+        };
         let cooling = s
             .job
             .last_change_s
@@ -422,8 +495,11 @@ pub fn plan_round(
                     ));
                 } else {
                     s.to = fit;
+                    let ps = s.joint.map_or(String::new(), |(_, p)| {
+                        format!(" beside {p} ps (their split from its PS speed model)")
+                    });
                     s.reasons.push(format!(
-                        "{} gives it {given} of {total_slots} slots: {fit} workers",
+                        "{} gives it {given} of {total_slots} slots: {fit} workers{ps}",
                         scheduler.name()
                     ));
                 }
@@ -451,7 +527,7 @@ pub fn plan_round(
 
     let slot = cluster.slot_millicores;
     let mut proposals = correct::propose(&jobs, heuristics, now, &mut notes);
-    correct::model_ps(&jobs, &mut proposals, config.cooldown_s, now);
+    correct::model_ps(&jobs, &mut proposals);
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
     repair(
         &mut jobs,
@@ -482,13 +558,11 @@ pub fn plan_round(
                 LiveState::Running => s.job.workers,
                 LiveState::Queued => 0,
             };
+            let predicted = s.predicted(s.to, s.ps);
+            let before = s.predicted(from, s.job.ps);
             let mut reasons = s.reasons;
-            if from != s.to && from > 0 {
-                reasons.push(format!(
-                    "predicted {:.0} -> {:.0} samples/s",
-                    s.model.samples_per_s(from),
-                    s.model.samples_per_s(s.to)
-                ));
+            if (from != s.to || s.ps != s.job.ps) && from > 0 {
+                reasons.push(format!("predicted {before:.0} -> {predicted:.0} samples/s"));
             }
             Decision {
                 job: s.job.id,
@@ -500,7 +574,7 @@ pub fn plan_round(
                 to_ps: s.ps,
                 migrations: s.migrations,
                 corrections: s.corrections,
-                predicted_samples_per_s: s.model.samples_per_s(s.to),
+                predicted_samples_per_s: predicted,
                 reasons,
             }
         })
@@ -519,10 +593,15 @@ pub fn plan_round(
 /// The scheduler's view of one job, in slots.
 fn view(s: &Sized, total_slots: u32) -> JobView {
     let job = s.job;
-    let max_slots = s.slots(job.max_workers).min(total_slots as u64) as u32;
-    let goodput: Vec<f64> = (0..=max_slots)
-        .map(|r| s.model.samples_per_s(s.workers_in(r)))
-        .collect();
+    let max_slots = match &s.ps_model {
+        Some(_) => {
+            let (_, hi) = correct::ps_range(job);
+            (s.ps_slots_at(hi) + job.max_workers * s.worker_slots) as u64
+        }
+        None => s.slots(job.max_workers),
+    }
+    .min(total_slots as u64) as u32;
+    let goodput: Vec<f64> = (0..=max_slots).map(|r| s.goodput(r)).collect();
     let running = job.state == LiveState::Running;
     let held = if running {
         s.slots(s.counted(job.workers)) as u32
@@ -803,9 +882,10 @@ mod tests {
             0.0f64..100.0,
             any::<bool>(),
             any::<bool>(),
+            prop::option::of(0.0f64..2e-3),
         )
             .prop_map(
-                move |(running, ps, min, span, unit, speed, changed, hot, oom)| {
+                move |(running, ps, min, span, unit, speed, changed, hot, oom, traffic)| {
                     let mut j = job(
                         id,
                         if running {
@@ -818,6 +898,18 @@ mod tests {
                     );
                     j.ps = ps;
                     j.max_ps = ps + 1;
+                    // Speeds at two PS counts: the round weighs PS and workers together.
+                    if let Some(traffic) = traffic.filter(|_| ps > 0) {
+                        j.ps_speed = [(1, 1), (2, 1), (1, 2), (3, 2)]
+                            .into_iter()
+                            .map(|(workers, ps)| PsSpeedPoint {
+                                workers,
+                                ps,
+                                samples_per_s: workers as f64
+                                    / (1e-3 + traffic * workers as f64 / ps as f64),
+                            })
+                            .collect();
+                    }
                     j.held_workers = if running {
                         min + (changed as u32 % 3)
                     } else {
@@ -886,7 +978,9 @@ mod tests {
                     // In cool-down only the heuristics may shrink it (pending, poor speed-up).
                     if cooling && !with_heuristics { prop_assert_eq!(d.to_workers, j.workers); }
                     if cooling { prop_assert!(d.to_workers <= j.workers, "{d:?}"); }
-                    prop_assert!(d.to_ps >= j.ps && d.to_ps <= j.ps + 1, "{d:?}");
+                    // PS within the spec's bounds (those the hot PS adds, or the PS model picks).
+                    let (lo, hi) = if j.ps == 0 { (0, 0) } else { (1, j.max_ps) };
+                    prop_assert!(d.to_ps >= lo && d.to_ps <= hi, "{d:?}");
                 } else if d.to_workers > 0 {
                     prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers);
                     prop_assert_eq!(d.to_workers % j.node_unit, 0);
