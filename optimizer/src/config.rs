@@ -154,6 +154,16 @@ mod tests {
                 "speed_up.shrink_efficiency",
             ),
             ("[allocation\n", "invalid policy settings"),
+            (
+                "[[heuristics]]\nkind = \"hot_ps\"\n[[heuristics]]\nkind = \"oom_growth\"\n\
+                 [[heuristics]]\nkind = \"hot_ps\"\nmax_ps = 2\n",
+                "heuristics[2]: hot_ps is already heuristics[0]",
+            ),
+            (
+                "[[heuristics]]\nkind = \"hot_ps\"\nmax_cpu = 400\n\
+                 [[heuristics]]\nkind = \"pending_shrink\"\nmin_ps_cpu = 500\n",
+                "heuristics[1].min_ps_cpu (500m) is above heuristics[0].max_cpu (400m)",
+            ),
         ] {
             let e = PolicyConfig::from_toml(text).unwrap_err().to_string();
             assert!(e.contains(expected), "{text:?}: {e}");

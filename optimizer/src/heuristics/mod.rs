@@ -201,10 +201,40 @@ impl Default for Heuristics {
 }
 
 impl Heuristics {
+    /// Each heuristic's settings, then what they say together: one table per heuristic (two
+    /// would contradict each other), and a PS that `pending_shrink` may not shrink below
+    /// `min_ps_cpu` must be allowed at least that much by `hot_ps.max_cpu`.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        self.heuristics
-            .iter()
-            .try_for_each(|h| h.heuristic().validate())
+        for (i, h) in self.heuristics.iter().enumerate() {
+            h.heuristic()
+                .validate()
+                .map_err(|e| PolicyError::InvalidConfig(format!("heuristics[{i}]: {e}")))?;
+            let name = h.heuristic().name();
+            if let Some(first) = self.heuristics[..i]
+                .iter()
+                .position(|o| o.heuristic().name() == name)
+            {
+                return Err(PolicyError::InvalidConfig(format!(
+                    "heuristics[{i}]: {name} is already heuristics[{first}]; two tables of one \
+                     heuristic contradict each other: keep one"
+                )));
+            }
+        }
+        let find = |f: fn(&HeuristicKind) -> bool| self.heuristics.iter().position(f);
+        if let (Some(p), Some(h)) = (
+            find(|h| matches!(h, HeuristicKind::PendingShrink(_))),
+            find(|h| matches!(h, HeuristicKind::HotPs(_))),
+        ) && let (HeuristicKind::PendingShrink(pending), HeuristicKind::HotPs(hot)) =
+            (&self.heuristics[p], &self.heuristics[h])
+            && pending.min_ps_cpu > hot.max_cpu
+        {
+            return Err(PolicyError::InvalidConfig(format!(
+                "heuristics[{p}].min_ps_cpu ({}m) is above heuristics[{h}].max_cpu ({}m): \
+                 pending_shrink would keep a PS above the most CPU hot_ps allows one",
+                pending.min_ps_cpu.0, hot.max_cpu.0
+            )));
+        }
+        Ok(())
     }
 
     /// Every heuristic's proposals in order, each with the heuristic's name; a later proposal
