@@ -47,6 +47,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
         platform: PlatformConfig::External,
         brain: None,
         resume: false,
+        advertise: None,
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {

@@ -94,6 +94,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             incarnation,
             resources: ctx.launch_resources(key).as_ref().map(pb::Resources::from),
             process_joins: ctx.process_joins(),
+            checkpoint_token: self.shared.checkpoint_token.clone(),
         }))
     }
 
@@ -350,6 +351,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     restarts: s.restart_count as u32,
                     sample: s.sample.as_ref().map(pb::ResourceSample::from),
                     pid: s.process_pid,
+                    host: s.host.clone(),
                     resources: ctx
                         .launch_resources(s.key)
                         .as_ref()

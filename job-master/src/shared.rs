@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     /// The brain this master takes its plans from, if any: plans from anywhere else are
     /// refused, so that two planners never race over one job's plan versions.
     pub managed_by: Option<String>,
+    /// What this master wrote to the checkpoint directory's shared marker.
+    pub checkpoint_token: String,
 }
 
 impl Shared {

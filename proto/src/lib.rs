@@ -20,6 +20,11 @@ pub mod service {
 /// memory limit (what a cgroup's OOM killer would do): the job master counts these as OOM kills.
 pub const OUT_OF_MEMORY: &str = "out of memory";
 
+/// How an agent's `ProcessExit.agent_reason` begins when its node does not see the job's
+/// checkpoint directory as the job master wrote it: the job fails at once with the reason (every
+/// node must share the directory; relaunching cannot help).
+pub const CHECKPOINT_NOT_SHARED: &str = "checkpoint directory not shared";
+
 /// The checkpoint manifest (`manifest.json` in a checkpoint directory): the file contract between
 /// the job master, which writes it when a checkpoint commits, and the training processes, which
 /// resume from it. Paths are absolute.
@@ -27,6 +32,9 @@ pub mod checkpoint {
     use serde::{Deserialize, Serialize};
 
     pub const MANIFEST_FILE: &str = "manifest.json";
+    /// The file in a checkpoint directory the job master writes a token to at its start, for
+    /// every agent to read back (`RegisterAgentResponse.checkpoint_token`).
+    pub const SHARED_MARKER: &str = ".brain-shared";
 
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]

@@ -4,11 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use proto::CHECKPOINT_NOT_SHARED;
+use proto::checkpoint::SHARED_MARKER;
 use proto::jobmaster::v1 as pb;
 use tokio::process::{Child, Command};
 
@@ -25,6 +28,9 @@ pub struct AgentArgs {
     pub incarnation: u64,
     /// Give up when the master has not answered for this long.
     pub master_timeout: Duration,
+    /// The address the process serves on and other nodes reach it by [default:
+    /// [`node_address`]].
+    pub advertise: Option<IpAddr>,
 }
 
 /// Connects to the master, retrying until `timeout`.
@@ -44,18 +50,45 @@ pub async fn connect(addr: &str, timeout: Duration) -> Result<MasterClient, Erro
     }
 }
 
-/// Reserves a loopback port for the training process's service (PS endpoint, ring endpoint or
+/// Reserves a port on `host` for the training process's service (PS endpoint, ring endpoint or
 /// torch store), as torchrun does for MASTER_PORT: bind port 0, note the port, release it.
-fn reserve_port() -> Result<String, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Io {
-        path: "127.0.0.1:0".into(),
+fn reserve_port(host: IpAddr) -> Result<String, Error> {
+    let io = |e| Error::Io {
+        path: format!("{host}:0").into(),
         source: e,
-    })?;
-    let addr = l.local_addr().map_err(|e| Error::Io {
-        path: "127.0.0.1:0".into(),
+    };
+    let l = std::net::TcpListener::bind((host, 0)).map_err(io)?;
+    Ok(l.local_addr().map_err(io)?.to_string())
+}
+
+/// The address this node is reached by: the one it reaches the master from (the local end of a
+/// UDP socket "connected" to the master: a route lookup, no packet is sent). On one machine that
+/// is 127.0.0.1; on a cluster, the node's address on the network the master is on.
+pub async fn node_address(master: &str) -> Result<IpAddr, Error> {
+    let authority = master
+        .split_once("://")
+        .map_or(master, |(_, rest)| rest)
+        .trim_end_matches('/');
+    let io = |e| Error::Io {
+        path: format!("the route to the job master at {master}").into(),
         source: e,
-    })?;
-    Ok(addr.to_string())
+    };
+    let target = tokio::net::lookup_host(authority)
+        .await
+        .map_err(io)?
+        .next()
+        .ok_or_else(|| Error::Master {
+            addr: master.into(),
+            problem: "its host name resolves to no address".into(),
+        })?;
+    let unspecified: IpAddr = if target.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    let socket = std::net::UdpSocket::bind((unspecified, 0)).map_err(io)?;
+    socket.connect(target).map_err(io)?;
+    Ok(socket.local_addr().map_err(io)?.ip())
 }
 
 /// Why a process resident in `rss` bytes must end under a limit of `limit` bytes (0: none).
@@ -270,6 +303,31 @@ async fn report_exit<F: Future<Output = ()>>(
     }
 }
 
+/// Why this node cannot take part: it does not see in the checkpoint directory the token the
+/// master wrote there (another node's directory of the same path, or none). `None` when it
+/// does, or when the master asks for no check.
+fn checkpoint_not_shared(
+    reg: &pb::RegisterAgentResponse,
+    host: IpAddr,
+    master: &str,
+) -> Option<String> {
+    if reg.checkpoint_token.is_empty() {
+        return None;
+    }
+    let path = std::path::Path::new(&reg.checkpoint_dir).join(SHARED_MARKER);
+    let seen = match std::fs::read_to_string(&path) {
+        Ok(s) if s == reg.checkpoint_token => return None,
+        Ok(s) => format!("holds {:?}", s.chars().take(40).collect::<String>()),
+        Err(e) => format!("cannot be read ({e})"),
+    };
+    Some(format!(
+        "{CHECKPOINT_NOT_SHARED}: on this node ({host}) {} {seen} instead of the token the job \
+         master at {master} wrote there: every node must see the job's checkpoint directory \
+         (a shared filesystem mounted at the same path)",
+        path.display()
+    ))
+}
+
 /// What [`report_exit`] sends.
 fn exit_of(process: pb::ProcessRef, exit_code: i32, signal: i32, why: String) -> pb::ProcessExit {
     pb::ProcessExit {
@@ -284,13 +342,17 @@ fn exit_of(process: pb::ProcessRef, exit_code: i32, signal: i32, why: String) ->
 /// Returns the exit code the agent process should end with.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<i32, Error> {
     let mut client = connect(&args.master, args.master_timeout).await?;
-    let mut service_addr = reserve_port()?;
+    let host = match args.advertise {
+        Some(ip) => ip,
+        None => node_address(&args.master).await?,
+    };
+    let mut service_addr = reserve_port(host)?;
     let reg = client
         .register_agent(pb::RegisterAgentRequest {
             role: args.role as i32,
             index: args.index,
             incarnation: args.incarnation,
-            host: "127.0.0.1".into(),
+            host: host.to_string(),
             agent_pid: std::process::id(),
             service_addr: service_addr.clone(),
         })
@@ -317,6 +379,14 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
         "registered"
     );
 
+    tokio::pin!(shutdown);
+    if let Some(why) = checkpoint_not_shared(&reg, host, &args.master) {
+        tracing::error!("{why}");
+        let exit = exit_of(me(incarnation), 1, 0, why);
+        report_exit(&mut client, exit, args.master_timeout, &mut shutdown).await?;
+        return Ok(1);
+    }
+
     let mut child: Option<(Child, ProcSampler)> = None;
     let mut need_join = true;
     let mut last_ok = Instant::now();
@@ -324,7 +394,6 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
         reg.heartbeat_interval_ms.max(10) as u64,
     ));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
     loop {
         if need_join && child.is_none() {
             // The rendezvous the process starts in (None: it joins itself), once ready.
@@ -446,7 +515,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                                 need_join = true;
                                 // A new port for the new group (MASTER_PORT when this is rank 0):
                                 // the old group's sockets may linger.
-                                match reserve_port() {
+                                match reserve_port(host) {
                                     Ok(a) => service_addr = a,
                                     Err(e) => tracing::warn!("keeping {service_addr}: {e}"),
                                 }
@@ -485,7 +554,56 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::over_memory;
+    use super::*;
+
+    #[tokio::test]
+    async fn the_node_address_is_the_one_that_routes_to_the_master() {
+        let local: IpAddr = Ipv4Addr::LOCALHOST.into();
+        assert_eq!(node_address("http://127.0.0.1:5000").await.unwrap(), local);
+        assert_eq!(node_address("127.0.0.1:5000/").await.unwrap(), local);
+        assert!(matches!(
+            node_address("http://[::1]:5000").await,
+            Ok(IpAddr::V6(_)) | Err(_)
+        ));
+        assert!(
+            node_address("http://no-such-host.invalid:5000")
+                .await
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_directory_not_shared_is_named_with_what_this_node_sees() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = pb::RegisterAgentResponse {
+            checkpoint_dir: dir.path().display().to_string(),
+            checkpoint_token: "token-1".into(),
+            ..Default::default()
+        };
+        let host: IpAddr = Ipv4Addr::new(10, 0, 0, 7).into();
+        let master = "http://10.0.0.1:5000";
+
+        let missing = checkpoint_not_shared(&reg, host, master).expect("no marker");
+        assert!(missing.starts_with(CHECKPOINT_NOT_SHARED), "{missing}");
+        assert!(missing.contains("10.0.0.7") && missing.contains("cannot be read"));
+
+        std::fs::write(dir.path().join(SHARED_MARKER), "token-0").unwrap();
+        let other = checkpoint_not_shared(&reg, host, master).expect("another job's marker");
+        assert!(other.contains("holds \"token-0\""), "{other}");
+
+        std::fs::write(dir.path().join(SHARED_MARKER), "token-1").unwrap();
+        assert_eq!(checkpoint_not_shared(&reg, host, master), None);
+
+        let unchecked = pb::RegisterAgentResponse {
+            checkpoint_token: String::new(),
+            ..reg
+        };
+        assert_eq!(
+            checkpoint_not_shared(&unchecked, host, "x"),
+            None,
+            "a master that writes no token asks for no check"
+        );
+    }
 
     #[test]
     fn only_a_process_over_a_set_limit_is_out_of_memory() {

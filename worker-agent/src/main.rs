@@ -57,6 +57,11 @@ enum Command {
         /// Exit when the master has not answered for this many seconds.
         #[arg(long, default_value_t = 15)]
         master_timeout_secs: u64,
+        /// The address the training process serves on (PS, ring member, torch store) and the
+        /// other nodes reach it by [default: this node's address on the route to the master:
+        /// 127.0.0.1 when the master is on this machine].
+        #[arg(long, env = "BRAIN_ADVERTISE_HOST")]
+        advertise: Option<std::net::IpAddr>,
     },
     /// Run the built-in workload (started by the agent, with its environment).
     Workload {
@@ -124,6 +129,7 @@ fn main() -> std::process::ExitCode {
                 index,
                 incarnation,
                 master_timeout_secs,
+                advertise,
             } => {
                 let args = AgentArgs {
                     master,
@@ -134,6 +140,7 @@ fn main() -> std::process::ExitCode {
                     index,
                     incarnation,
                     master_timeout: Duration::from_secs(master_timeout_secs),
+                    advertise,
                 };
                 run(args, terminated()).await
             }

@@ -111,6 +111,13 @@ impl JobContext {
             self.log(now_ms, format!("{key} finished"));
             return Ok(self.check_done(now_ms));
         }
+        if let Some(why) = agent_reason.filter(|r| r.starts_with(proto::CHECKPOINT_NOT_SHARED)) {
+            // Another incarnation would land on a node like this one, or on this one again.
+            let reason = format!("{key}: {why}");
+            self.log(now_ms, reason.clone());
+            self.phase = JobPhase::Failed { reason };
+            return Ok(Vec::new());
+        }
         if agent_reason.is_some_and(|r| r.starts_with(proto::OUT_OF_MEMORY)) {
             self.slots.get_mut(&key).expect("checked").oom_kills += 1;
         }

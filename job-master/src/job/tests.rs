@@ -225,6 +225,30 @@ fn exceeding_the_relaunch_limit_fails_the_job_with_the_reason() {
 }
 
 #[test]
+fn a_node_without_the_shared_checkpoint_directory_fails_the_job_at_once() {
+    let mut ctx = running("ps", 1, 2, 0);
+    let why = format!(
+        "{}: on this node (10.0.0.7) /ckpt/.brain-shared cannot be read",
+        proto::CHECKPOINT_NOT_SHARED
+    );
+    let effects = ctx.process_exited(W1, 1, 1, 0, Some(&why), 5).unwrap();
+    assert!(effects.is_empty(), "no relaunch: {effects:?}");
+    let JobPhase::Failed { reason } = &ctx.phase else {
+        panic!("{:?}", ctx.phase)
+    };
+    assert!(
+        reason.starts_with("worker-1: ") && reason.contains("10.0.0.7"),
+        "{reason}"
+    );
+    let ps_agent = ctx.slots[&PS0].agent_id;
+    assert_eq!(
+        ctx.heartbeat(PS0, ps_agent, 1, None, 0, 10).unwrap().0,
+        AgentAction::Shutdown,
+        "the other processes are told to stop"
+    );
+}
+
+#[test]
 fn a_lost_agent_is_replaced_and_its_late_registration_adopted() {
     let (mut ctx, _) = JobContext::new(spec("ps", 1, 1, 0), "t".into(), Timing::default(), 0);
     let (agent, _) = ctx

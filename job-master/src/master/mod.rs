@@ -3,11 +3,12 @@
 //! acknowledged, and returns a [`JobReport`] when the job ends.
 
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::checkpoint::{MANIFEST_FILE, Manifest, Part};
+use proto::checkpoint::{MANIFEST_FILE, Manifest, Part, SHARED_MARKER};
 use proto::jobmaster::v1 as pb;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -50,6 +51,43 @@ pub struct MasterConfig {
     /// starting `spec` afresh; the spec must name the same job.
     #[serde(default)]
     pub resume: bool,
+    /// The address agents on other nodes reach the master by, when the listener's own is not
+    /// one (it listens on 0.0.0.0); the listener's port goes with it.
+    #[serde(default)]
+    pub advertise: Option<IpAddr>,
+}
+
+/// The address agents reach the master by: the listener's, with its IP replaced by `advertise`.
+/// A listener on every interface (0.0.0.0) needs `advertise`: its own address reaches nothing.
+fn advertised(listener: &TcpListener, advertise: Option<IpAddr>) -> Result<SocketAddr, Error> {
+    let addr = listener.local_addr().map_err(|e| Error::Io {
+        path: "the master's listener".into(),
+        source: e,
+    })?;
+    match advertise {
+        Some(ip) => Ok(SocketAddr::new(ip, addr.port())),
+        None if addr.ip().is_unspecified() => Err(Error::InvalidRequest(format!(
+            "the master listens on {addr}, which no agent can connect to: give the address \
+             agents reach this machine by (--advertise)"
+        ))),
+        None => Ok(addr),
+    }
+}
+
+/// Writes a fresh token to the checkpoint directory's [`SHARED_MARKER`] for every agent to read
+/// back: an agent on a node that does not share the directory reads something else (or
+/// nothing) and says so before it trains.
+fn mark_shared(dir: &Path) -> Result<String, Error> {
+    let token = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let path = dir.join(SHARED_MARKER);
+    write_atomic(&path, token.as_bytes()).map_err(|e| Error::Io { path, source: e })?;
+    Ok(token)
 }
 
 /// The job to run and the agents to launch first: `spec` afresh, or, with `resume`, the
@@ -109,6 +147,7 @@ pub async fn run(
         platform,
         brain,
         resume,
+        advertise,
     } = config;
     spec.validate().map_err(vocab::Error::from)?;
     vocab::spec::host::check(&spec).map_err(vocab::Error::from)?;
@@ -120,10 +159,8 @@ pub async fn run(
         path: spec.checkpoint.dir.clone(),
         source: e,
     })?;
-    let addr = listener.local_addr().map_err(|e| Error::Io {
-        path: run_dir.clone(),
-        source: e,
-    })?;
+    let addr = advertised(&listener, advertise)?;
+    let checkpoint_token = mark_shared(&spec.checkpoint.dir)?;
     let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
     let job = Arc::new(Mutex::new(ctx));
     let persister = Persister::new(&run_dir);
@@ -177,6 +214,7 @@ pub async fn run(
         ps_stats: Mutex::default(),
         capacity: platform.capacity(),
         managed_by: brain.as_ref().map(|l| l.url.clone()),
+        checkpoint_token,
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -284,4 +322,40 @@ pub async fn run(
         crate::brain_link::report_outcome(link, &report, addr).await;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn agents_get_the_listeners_address_or_the_advertised_one() {
+        let local = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = local.local_addr().unwrap().port();
+        assert_eq!(
+            advertised(&local, None).unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], port))
+        );
+        let every = TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let port = every.local_addr().unwrap().port();
+        let err = advertised(&every, None).unwrap_err().to_string();
+        assert!(err.contains("--advertise"), "{err}");
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(
+            advertised(&every, Some(ip)).unwrap(),
+            SocketAddr::new(ip, port)
+        );
+    }
+
+    #[test]
+    fn each_start_writes_a_fresh_token_to_the_checkpoint_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = mark_shared(dir.path()).unwrap();
+        let second = mark_shared(dir.path()).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(SHARED_MARKER)).unwrap(),
+            second
+        );
+    }
 }

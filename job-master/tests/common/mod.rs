@@ -164,6 +164,7 @@ pub async fn start_on(
         platform,
         brain: None,
         resume: false,
+        advertise: None,
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running {
@@ -176,11 +177,37 @@ pub async fn start_on(
 impl Running {
     /// Waits for the job to end (a hang fails the test instead of the CI run).
     pub async fn report(&mut self) -> JobReport {
-        tokio::time::timeout(Duration::from_secs(300), &mut self.handle)
-            .await
-            .expect("the job did not end within 300 s")
-            .expect("the job master task panicked")
-            .expect("the job master returned an error")
+        match tokio::time::timeout(Duration::from_secs(300), &mut self.handle).await {
+            Ok(ended) => ended
+                .expect("the job master task panicked")
+                .expect("the job master returned an error"),
+            Err(_) => panic!(
+                "the job did not end within 300 s; its status: {:#?}\nits last events:\n{}",
+                status(self.addr).await,
+                self.last_events(40)
+            ),
+        }
+    }
+
+    /// The last `n` events of the job's persisted context, one per line.
+    pub fn last_events(&self, n: usize) -> String {
+        let path = self.run_dir.join(job_master::persist::CONTEXT_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return format!("({} cannot be read)", path.display());
+        };
+        let ctx: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let events = ctx["events"].as_array().cloned().unwrap_or_default();
+        events[events.len().saturating_sub(n)..]
+            .iter()
+            .map(|e| {
+                format!(
+                    "{:>9} ms  {}",
+                    e["at_ms"],
+                    e["text"].as_str().unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
@@ -199,6 +226,7 @@ pub async fn wait_for(
     pred: impl Fn(&pb::JobStatus) -> bool,
 ) -> pb::JobStatus {
     let start = Instant::now();
+    let mut last = None;
     loop {
         if let Some(s) = status(addr).await {
             if pred(&s) {
@@ -209,8 +237,12 @@ pub async fn wait_for(
                 "job failed while waiting for {what}: {}",
                 s.reason
             );
+            last = Some(s);
         }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out waiting for {what}; the last status: {last:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

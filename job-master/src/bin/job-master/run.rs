@@ -23,9 +23,13 @@ pub struct RunArgs {
     /// unfinished job is refused.
     #[arg(long)]
     resume: bool,
-    /// Address the master serves agents on.
+    /// Address the master serves agents on. On a cluster of several machines, an address the
+    /// other nodes reach (this machine's on their network), or 0.0.0.0:PORT with --advertise.
     #[arg(long, default_value = "127.0.0.1:0", env = "BRAIN_JOB_MASTER_LISTEN")]
     listen: String,
+    /// The address agents on other nodes reach this machine by, when --listen is 0.0.0.0.
+    #[arg(long, env = "BRAIN_JOB_MASTER_ADVERTISE")]
+    advertise: Option<std::net::IpAddr>,
     /// The worker-agent binary [default: next to this binary].
     #[arg(long, env = "BRAIN_WORKER_AGENT_BIN")]
     agent_bin: Option<PathBuf>,
@@ -159,6 +163,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         run_dir,
         resume,
         listen,
+        advertise,
         agent_bin,
         heartbeat_interval_ms,
         heartbeat_timeout_ms,
@@ -185,7 +190,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    let addr = listener.local_addr()?;
+    let mut addr = listener.local_addr()?;
+    if let Some(ip) = advertise {
+        addr.set_ip(ip);
+    }
     let config = MasterConfig {
         spec,
         run_dir: run_dir.clone(),
@@ -210,6 +218,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             }
         }),
         resume,
+        advertise,
     };
     println!("job master on {addr}, run directory {}", run_dir.display());
     let progress = tokio::spawn(show_progress(

@@ -11,8 +11,8 @@ pub async fn status(master: &str) -> anyhow::Result<std::process::ExitCode> {
     let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
     println!("{}", summary_line(&s));
     println!(
-        "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}  given",
-        "process", "incarnation", "state", "pid", "cpu (m)", "rss (MiB)", "gpu"
+        "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5}  given",
+        "process", "incarnation", "state", "host", "pid", "cpu (m)", "rss (MiB)", "gpu"
     );
     for p in &s.processes {
         let role = if p.role == pb::Role::Ps as i32 {
@@ -43,10 +43,11 @@ pub async fn status(master: &str) -> anyhow::Result<std::process::ExitCode> {
             },
         );
         println!(
-            "{:<10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>5}  {given}",
+            "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5}  {given}",
             format!("{role}-{}", p.index),
             p.incarnation,
             p.state,
+            if p.host.is_empty() { "-" } else { &p.host },
             p.pid,
             cpu,
             rss,

@@ -1,0 +1,334 @@
+//! Jobs across the nodes of a real multi-node Ray cluster: `.ci/ray-cluster start DIR` runs three
+//! Ray nodes on this machine, each in a network namespace of its own with its own address on a
+//! bridge (10.213.X.10-12; the job master listens on the bridge's 10.213.X.1), 4 CPUs each.
+//! `.ci/run` starts it, exports `BRAIN_RAY_CLUSTER=DIR` and stops it afterwards. Without it the
+//! tests say so and pass, unless `BRAIN_REQUIRE_RAY_CLUSTER=1`.
+//!
+//! What they show: agents, parameter servers and ring members on different nodes reach each
+//! other and the master by their nodes' addresses; a node SIGKILLed under a running job costs
+//! the job nothing (its processes come back on the nodes left, every sample once per epoch), and
+//! a node that comes back is used again.
+//!
+//! The tests share the one cluster, so they take turns.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use job_master::job::Timing;
+use job_master::platform::PlatformConfig;
+use job_master::spec::JobSpec;
+use job_master::{JobReport, MasterConfig};
+use proto::jobmaster::v1 as pb;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The harness's state directory: its dashboard, the host's address, the nodes.
+struct Cluster {
+    dir: PathBuf,
+    dashboard: String,
+    host: String,
+    /// Each node's address, by node index (0: the head).
+    nodes: Vec<String>,
+}
+
+impl Cluster {
+    fn from_env() -> Option<Cluster> {
+        let dir = match std::env::var("BRAIN_RAY_CLUSTER") {
+            Ok(d) if !d.is_empty() => PathBuf::from(d),
+            _ => {
+                test_support::optional_server(
+                    "BRAIN_REQUIRE_RAY_CLUSTER",
+                    "a multi-node Ray cluster",
+                    "start one with `.ci/ray-cluster start DIR` (as root) and set \
+                     BRAIN_RAY_CLUSTER=DIR, as .ci/run does",
+                );
+                return None;
+            }
+        };
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.join(f).display()))
+                .trim()
+                .to_string()
+        };
+        let nodes = read("nodes")
+            .lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .nth(2)
+                    .expect("index ns address")
+                    .to_string()
+            })
+            .collect();
+        Some(Cluster {
+            dashboard: read("address"),
+            host: read("host"),
+            nodes,
+            dir,
+        })
+    }
+
+    fn script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/ray-cluster")
+    }
+
+    /// `.ci/ray-cluster kill|revive DIR N`.
+    fn node(&self, what: &str, index: usize) {
+        let out = std::process::Command::new(Self::script())
+            .arg(what)
+            .arg(&self.dir)
+            .arg(index.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ray-cluster {what} {index}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Alive nodes by Ray's state API.
+    async fn alive(&self) -> usize {
+        let api = job_master::platform::ray::api::RayApi::new(&self.dashboard).unwrap();
+        api.cluster().await.map_or(0, |c| c.nodes.len())
+    }
+
+    async fn wait_alive(&self, want: usize, within: Duration) {
+        let start = std::time::Instant::now();
+        while self.alive().await != want {
+            assert!(
+                start.elapsed() < within,
+                "Ray does not show {want} alive nodes after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn platform(&self) -> PlatformConfig {
+        PlatformConfig::Ray {
+            address: self.dashboard.clone(),
+            agent_bin: Some(agent_bin()),
+            max_processes: None,
+            place_timeout_ms: Some(120_000),
+            env: Default::default(),
+        }
+    }
+
+    /// Starts `spec` with its master on the bridge, where every node reaches it.
+    async fn start(&self, spec: JobSpec, dir: &Path) -> Running {
+        let listener = tokio::net::TcpListener::bind((self.host.as_str(), 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let run_dir = dir.join("run");
+        let config = MasterConfig {
+            spec,
+            run_dir: run_dir.clone(),
+            timing: Timing {
+                heartbeat_timeout_ms: 6_000,
+                ..test_timing()
+            },
+            platform: self.platform(),
+            brain: None,
+            resume: false,
+            advertise: None,
+        };
+        let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
+        Running {
+            addr,
+            handle,
+            run_dir,
+        }
+    }
+}
+
+/// A job's spec: `ps` parameter servers of 1 CPU and `workers` workers of 3 CPUs (a node has 4:
+/// no two workers share a node).
+fn spec(
+    dir: &Path,
+    kind: &str,
+    ps: u32,
+    workers: u32,
+    samples: u64,
+    epochs: u32,
+    delay_us: u64,
+) -> JobSpec {
+    let ps_role = if ps > 0 {
+        format!("  ps: {{ replicas: {ps}, resources: {{ cpu: 1, memory: 256Mi }} }}\n")
+    } else {
+        String::new()
+    };
+    let yaml = format!(
+        r#"
+name: mn-{kind}-{pid}
+kind: {kind}
+roles:
+{ps_role}  worker: {{ replicas: {workers}, min: 1, max: 3, resources: {{ cpu: 3, memory: 256Mi }} }}
+workload:
+  builtin: {{ seed: 5, num_fields: 8, vocab_per_field: 500, hash_buckets: 16384, batch_size: 128, learning_rate: 0.1, step_delay_us: {delay_us} }}
+data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 5000 }}
+epochs: {epochs}
+checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
+"#,
+        ckpt = dir.join("ckpt").display(),
+        pid = std::process::id()
+    );
+    let spec = JobSpec::from_yaml(&yaml).expect("test spec parses");
+    spec.validate().expect("test spec is valid");
+    spec
+}
+
+/// The hosts the job's live processes of `role` registered from.
+fn hosts(s: &pb::JobStatus, role: pb::Role) -> Vec<String> {
+    s.processes
+        .iter()
+        .filter(|p| p.role == role as i32 && p.state == "running")
+        .map(|p| p.host.clone())
+        .collect()
+}
+
+fn host_of(s: &pb::JobStatus, role: pb::Role, index: u32) -> (String, u64) {
+    let p = s
+        .processes
+        .iter()
+        .find(|p| p.role == role as i32 && p.index == index)
+        .unwrap();
+    (p.host.clone(), p.incarnation)
+}
+
+async fn all_running(addr: SocketAddr, workers: usize) -> pb::JobStatus {
+    wait_for(
+        addr,
+        Duration::from_secs(120),
+        "every process running",
+        |s| {
+            hosts(s, pb::Role::Worker).len() == workers
+                && s.processes
+                    .iter()
+                    .all(|p| p.state == "running" || p.state == "removed")
+                && s.processes.iter().all(|p| !p.host.is_empty())
+        },
+    )
+    .await
+}
+
+fn assert_every_sample_once(report: &JobReport, samples: u64, epochs: u64) {
+    assert!(
+        report.succeeded(),
+        "{:?}: {:#?}",
+        report.reason,
+        report.events
+    );
+    assert_eq!(report.exactly_once, "ok", "{:#?}", report.events);
+    assert_eq!(report.samples_per_epoch.len() as u64, epochs);
+    assert!(
+        report.samples_per_epoch.values().all(|&n| n == samples),
+        "{:?}",
+        report.samples_per_epoch
+    );
+}
+
+/// An allreduce ring of three workers, one per node: each member connects to its neighbour on
+/// another node by the address it registered, and the job trains every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_spans_three_nodes_by_their_addresses() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 30_000;
+    let mut run = cluster
+        .start(spec(dir.path(), "allreduce", 0, 3, N, 2, 0), dir.path())
+        .await;
+    let s = all_running(run.addr, 3).await;
+    let workers: BTreeSet<String> = hosts(&s, pb::Role::Worker).into_iter().collect();
+    let nodes: BTreeSet<String> = cluster.nodes.iter().cloned().collect();
+    assert_eq!(workers, nodes, "one worker per node, by its node's address");
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 2);
+    assert!(report.restarts.is_empty(), "{:#?}", report.events);
+}
+
+/// A ps job's worker loses its node (every process on it SIGKILLed, Ray marks it dead): the
+/// worker comes back on a node left and the job goes on, nothing lost or applied twice. When the
+/// node is back, a third worker (3 CPUs: only that node has them free) is placed on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_lost_under_a_ps_job_costs_nothing_and_is_used_again_when_back() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(60))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 60_000;
+    const EPOCHS: u64 = 4;
+    let mut run = cluster
+        .start(
+            spec(dir.path(), "ps", 1, 2, N, EPOCHS as u32, 40_000),
+            dir.path(),
+        )
+        .await;
+    let addr = run.addr;
+    let s = all_running(addr, 2).await;
+    // A worker on a node other than the head's (two workers never share a node).
+    let (victim, (lost_host, before)) = (0..2)
+        .map(|i| (i, host_of(&s, pb::Role::Worker, i)))
+        .find(|(_, (h, _))| *h != cluster.nodes[0])
+        .expect("a worker on a non-head node");
+    let node = cluster.nodes.iter().position(|n| *n == lost_host).unwrap();
+    shards_at_least(addr, 4).await;
+    cluster.node("kill", node);
+
+    // The worker comes back elsewhere (a new incarnation on a node left).
+    let s = wait_for(
+        addr,
+        Duration::from_secs(150),
+        "the lost worker back elsewhere",
+        |s| {
+            let (h, inc) = host_of(s, pb::Role::Worker, victim);
+            inc > before && h != lost_host && hosts(s, pb::Role::Worker).len() == 2
+        },
+    )
+    .await;
+    assert!(
+        s.processes
+            .iter()
+            .all(|p| p.state != "running" || p.host != lost_host),
+        "a process still counted on the lost node: {s:#?}"
+    );
+    cluster
+        .wait_alive(cluster.nodes.len() - 1, Duration::from_secs(90))
+        .await;
+
+    cluster.node("revive", node);
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(90))
+        .await;
+    rescale_workers(addr, 1, 3).await;
+    let s = all_running(addr, 3).await;
+    assert_eq!(
+        host_of(&s, pb::Role::Worker, 2).0,
+        lost_host,
+        "the third worker fits only on the node that came back"
+    );
+
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, EPOCHS);
+    assert_ps_applied_each_sample_once(&report, N, EPOCHS);
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains(&format!("worker-{victim} failed"))),
+        "{:#?}",
+        report.events
+    );
+}
