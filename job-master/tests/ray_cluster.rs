@@ -156,6 +156,7 @@ fn spec(
     workers: u32,
     samples: u64,
     epochs: u32,
+    // Sleep per sample trained: a 1,000-sample shard takes a worker 1,000 × this.
     delay_us: u64,
 ) -> JobSpec {
     let ps_role = if ps > 0 {
@@ -269,10 +270,10 @@ async fn a_node_lost_under_a_ps_job_costs_nothing_and_is_used_again_when_back() 
         .await;
     let dir = tempfile::tempdir().unwrap();
     const N: u64 = 60_000;
-    const EPOCHS: u64 = 4;
+    const EPOCHS: u64 = 3;
     let mut run = cluster
         .start(
-            spec(dir.path(), "ps", 1, 2, N, EPOCHS as u32, 40_000),
+            spec(dir.path(), "ps", 1, 2, N, EPOCHS as u32, 1_000),
             dir.path(),
         )
         .await;
