@@ -84,7 +84,7 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
                     resources: Some(proto::jobmaster::v1::Resources {
                         cpu_millicores: 1000,
                         memory_bytes: 2 << 30,
-                        gpus: 0,
+                        ..Default::default()
                     }),
                     cpu_millicores: 900 + k,
                     memory_bytes: 1 << 30,

@@ -325,7 +325,7 @@ async fn round_with(jobs: usize) {
                     worker_resources: Some(jm::Resources {
                         cpu_millicores: 1000,
                         memory_bytes: 1 << 30,
-                        gpus: 0,
+                        ..Default::default()
                     }),
                     ps_resources: None,
                     total_samples: 1_000_000,

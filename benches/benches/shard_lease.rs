@@ -73,6 +73,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
             host: "127.0.0.1".into(),
             agent_pid: 0,
             service_addr: "127.0.0.1:1".into(),
+            devices: String::new(),
         })
         .await
         .unwrap();

@@ -1,20 +1,33 @@
-//! What the brain may hand out: from its config (`[cluster] cpus`), or, with
-//! `[cluster] ray_address`, read from a Ray cluster's state API before every round (alive nodes'
-//! CPUs), in the form the optimizer's live snapshot takes ([`LiveCluster`]).
+//! What the brain may hand out: from its config (`[cluster] cpus` and `[[cluster.gpu_nodes]]`),
+//! or, with `[cluster] ray_address`, read from a Ray cluster's state API before every round
+//! (alive nodes' CPUs, and each node's GPUs with their model), in the form the optimizer's live
+//! snapshot takes ([`LiveCluster`]).
 
-use optimizer::live::LiveCluster;
+use optimizer::live::{ANY_MODEL, LiveCluster, LiveNode};
 use ray_client::{RayApi, RayCluster};
 
 use crate::BrainError;
 
 /// The live cluster a Ray cluster's nodes make: every alive node's CPUs (Ray's logical CPUs),
-/// in slots of `slot_millicores`, for at most `max_processes` processes.
+/// in slots of `slot_millicores`, for at most `max_processes` processes; each node with GPUs
+/// by its address, with their model (its `accelerator_type:MODEL` resource, else
+/// [`ANY_MODEL`]).
 pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> LiveCluster {
     let cpus = ray.sum(|n| &n.total).cpus;
     LiveCluster {
         cpu_millicores: (cpus * 1000.0).round() as u64,
         slot_millicores,
         max_processes,
+        nodes: ray
+            .nodes
+            .iter()
+            .filter(|n| n.total.gpus >= 1.0)
+            .map(|n| LiveNode {
+                name: n.ip.clone(),
+                gpus: n.total.gpus.floor() as u32,
+                gpu_type: n.total.gpu_type().unwrap_or(ANY_MODEL).to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -59,13 +72,19 @@ mod tests {
     use ray_client::{RayNode, RayResources};
 
     #[test]
-    fn every_alive_nodes_cpus_count() {
+    fn every_alive_nodes_cpus_count_and_its_gpus_by_model() {
         let node = |cpus: f64, free: f64| RayNode {
             node_id: format!("n{cpus}"),
             ip: "127.0.0.1".into(),
             is_head: false,
             total: RayResources {
                 cpus,
+                gpus: if cpus > 5.0 { 2.0 } else { 0.0 },
+                custom: if cpus > 5.0 {
+                    [("accelerator_type:V100".to_string(), 1.0)].into()
+                } else {
+                    Default::default()
+                },
                 ..Default::default()
             },
             available: RayResources {
@@ -81,7 +100,12 @@ mod tests {
             LiveCluster {
                 cpu_millicores: 12_500,
                 slot_millicores: 500,
-                max_processes: 40
+                max_processes: 40,
+                nodes: vec![LiveNode {
+                    name: "127.0.0.1".into(),
+                    gpus: 2,
+                    gpu_type: "V100".into()
+                }]
             }
         );
     }

@@ -461,6 +461,8 @@ impl Control {
                 ps_processes,
                 worker_processes,
                 history: store.corrections(row.id),
+                worker_gpus: shape.worker_gpus,
+                gpu_type: shape.gpu_type.clone(),
             });
         }
         Ok(LiveSnapshot {
@@ -499,7 +501,7 @@ impl Control {
                 let job = JobId(d.job.0);
                 let why = d.reasons.join("; ");
                 if d.starts() {
-                    if let Err(e) = self.start(job, d.to_workers).await {
+                    if let Err(e) = self.start(job, d.to_workers, d.gpu_type.clone()).await {
                         tracing::warn!("cannot start {job}: {e}");
                         let msg = e.to_string();
                         let _ = self
@@ -542,16 +544,27 @@ impl Control {
         })
     }
 
-    async fn start(&self, job: JobId, workers: u32) -> Result<(), BrainError> {
+    /// Starts a queued job's master with `workers` workers; a GPU job's on GPU model
+    /// `gpu_type`, which its workers then ask the platform for.
+    async fn start(
+        &self,
+        job: JobId,
+        workers: u32,
+        gpu_type: Option<String>,
+    ) -> Result<(), BrainError> {
         let row = self.with_store(move |s| s.job(job)).await?;
-        let spec: JobSpec = serde_norway::from_str(row.spec.as_deref().unwrap_or_default())
+        let mut spec: JobSpec = serde_norway::from_str(row.spec.as_deref().unwrap_or_default())
             .map_err(|e| BrainError::Stored {
                 what: format!("spec of {job}"),
                 problem: e.to_string(),
             })?;
+        if let Some(model) = &gpu_type {
+            let worker = spec.roles.entry(vocab::Role::Worker).or_default();
+            worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
+        }
         let run_dir = self.launcher.start(job, &spec, workers)?;
         let dir = run_dir.display().to_string();
-        self.with_store(move |s| s.started(job, workers, &dir, now_unix_ms()))
+        self.with_store(move |s| s.started(job, workers, gpu_type.as_deref(), &dir, now_unix_ms()))
             .await?;
         self.metrics.started.inc();
         tracing::info!(%job, workers, run_dir = %run_dir.display(), "job master started");

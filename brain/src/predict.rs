@@ -112,11 +112,17 @@ pub fn predict(
         worker_millicores: wr.cpu.map_or(cluster.slot_millicores, |c| c.0),
         worker_memory_bytes: wr.memory.map_or(0, |m| m.0),
         worker_gpus: wr.gpu.unwrap_or(0),
+        gpu_type: wr.gpu_type.clone(),
         ps_millicores: pr.cpu.map_or(0, |c| c.0),
         ps_memory_bytes: pr.memory.map_or(0, |m| m.0),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
+    if let Some(why) =
+        optimizer::live::unplaceable(&cluster.nodes, shape.worker_gpus, shape.gpu_type.as_deref())
+    {
+        return Err(BrainError::InvalidArgument(why));
+    }
     Ok(Prediction {
         spec,
         shape,
@@ -144,6 +150,7 @@ mod tests {
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 64,
+            nodes: Vec::new(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::routing::get;
-use optimizer::live::LiveCluster;
+use optimizer::live::{LiveCluster, LiveNode};
 use proto::service::v1::brain_server::BrainServer;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -61,6 +61,10 @@ pub struct ClusterConfig {
     /// as Ray jobs, and its alive nodes' CPUs, read before every round, replace `cpus`.
     #[serde(default)]
     pub ray_address: Option<String>,
+    /// The nodes with GPUs, without a Ray cluster (with one, Ray's nodes replace them), e.g.
+    /// `[[cluster.gpu_nodes]] name = "gpu-1"`, `gpus = 4`, `gpu_type = "A100"`.
+    #[serde(default)]
+    pub gpu_nodes: Vec<LiveNode>,
 }
 
 fn default_cpus() -> f64 {
@@ -80,6 +84,7 @@ impl Default for ClusterConfig {
             slot_millicores: default_slot(),
             max_processes: default_max_processes(),
             ray_address: None,
+            gpu_nodes: Vec::new(),
         }
     }
 }
@@ -119,6 +124,15 @@ impl BrainConfig {
             ray_client::RayApi::new(a)
                 .map_err(|e| BrainError::Config(format!("cluster.ray_address: {e}")))?;
         }
+        for (i, n) in c.gpu_nodes.iter().enumerate() {
+            if n.name.is_empty() || n.gpus == 0 || n.gpu_type.is_empty() {
+                return Err(BrainError::Config(format!(
+                    "cluster.gpu_nodes[{i}]: a name, 1 GPU or more and a gpu_type are needed \
+                     (got {:?}, {}, {:?})",
+                    n.name, n.gpus, n.gpu_type
+                )));
+            }
+        }
         if c.max_processes == 0 {
             return Err(BrainError::Config("cluster.max_processes is 0".into()));
         }
@@ -133,6 +147,7 @@ impl BrainConfig {
             cpu_millicores: (self.cluster.cpus * 1000.0).round() as u64,
             slot_millicores: self.cluster.slot_millicores,
             max_processes: self.cluster.max_processes,
+            nodes: self.cluster.gpu_nodes.clone(),
         }
     }
 }
@@ -179,11 +194,14 @@ pub async fn run(
         .as_ref()
         .map(|s| crate::sink::Sink::start(s, metrics.clone()))
         .transpose()?;
+    // Read before the first request: a submission is checked against the nodes' GPUs.
+    let capacity = crate::capacity::Source::new(config.cluster.ray_address.as_deref())?;
+    let cluster = capacity.read(&config.live_cluster()).await;
     let control = Arc::new(Control::new(
         store.clone(),
         config.policy.clone(),
-        config.live_cluster(),
-        crate::capacity::Source::new(config.cluster.ray_address.as_deref())?,
+        cluster,
+        capacity,
         launcher,
         metrics.clone(),
         sink,

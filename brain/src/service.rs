@@ -42,6 +42,11 @@ fn resources(r: Option<jm::Resources>) -> (u64, u64, u32) {
 }
 
 fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
+    let gpu_type = s
+        .worker_resources
+        .as_ref()
+        .map(|r| r.gpu_type.clone())
+        .filter(|t| !t.is_empty());
     let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(s.worker_resources);
     let (ps_millicores, ps_memory_bytes, _) = resources(s.ps_resources);
     Ok(Shape {
@@ -59,6 +64,7 @@ fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         worker_millicores,
         worker_memory_bytes,
         worker_gpus,
+        gpu_type,
         ps_millicores,
         ps_memory_bytes,
         total_samples: s.total_samples,
@@ -79,11 +85,13 @@ fn shape_to(s: Shape) -> pb::JobShape {
             cpu_millicores: s.worker_millicores,
             memory_bytes: s.worker_memory_bytes,
             gpus: s.worker_gpus,
+            gpu_type: s.gpu_type.clone().unwrap_or_default(),
         }),
         ps_resources: Some(jm::Resources {
             cpu_millicores: s.ps_millicores,
             memory_bytes: s.ps_memory_bytes,
             gpus: 0,
+            gpu_type: String::new(),
         }),
         total_samples: s.total_samples,
     }
@@ -471,7 +479,7 @@ impl pb::brain_server::Brain for BrainService {
 fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
     let role = vocab::Role::try_from(p.role)
         .map_err(|e| Status::invalid_argument(format!("process {}: {}", p.index, e.0)))?;
-    let limits = p.resources.unwrap_or_default();
+    let limits = p.resources.clone().unwrap_or_default();
     Ok(ProcessSample {
         role,
         index: p.index,

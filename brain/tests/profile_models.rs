@@ -100,7 +100,7 @@ fn history_db(path: &Path, n: usize) {
         let job = store
             .submit(&format!("hist-{i}"), &spec, &shape, &[], at)
             .unwrap();
-        store.started(job, 2, "/nowhere", at + 1000).unwrap();
+        store.started(job, 2, None, "/nowhere", at + 1000).unwrap();
         let per_cpu = (batch as f64 * 4.0 * noise) as u64;
         let per_mem = (batch as f64 * 2.0 * noise * 1048576.0) as u64;
         store
@@ -193,6 +193,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
         cpu_millicores: 8_000,
         slot_millicores: 500,
         max_processes: 64,
+        nodes: Vec::new(),
     };
     let jobs = store.jobs().unwrap();
     let now_s = 1_700_000_000.0 + 61.0 * 3600.0;

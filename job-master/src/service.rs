@@ -77,6 +77,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             .shared
             .apply(|ctx, now| {
                 let v = ctx.register_agent(key, r.incarnation, r.host, r.service_addr, now)?;
+                ctx.set_devices(key, r.devices, now);
                 Ok((v, ctx.advance(now)))
             })
             .await?;
@@ -352,6 +353,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     sample: s.sample.as_ref().map(pb::ResourceSample::from),
                     pid: s.process_pid,
                     host: s.host.clone(),
+                    devices: s.devices.clone(),
                     resources: ctx
                         .launch_resources(s.key)
                         .as_ref()

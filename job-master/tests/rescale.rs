@@ -123,7 +123,7 @@ fn migration(role: pb::Role, index: u32, cpu: u64, memory: u64, reason: &str) ->
         resources: Some(pb::Resources {
             cpu_millicores: cpu,
             memory_bytes: memory,
-            gpus: 0,
+            ..Default::default()
         }),
         reason: reason.into(),
     }
@@ -158,7 +158,7 @@ async fn migrations_replace_a_ps_and_a_worker_with_new_resources_and_keep_the_st
         process(&before, pb::Role::Ps, 1),
         process(&before, pb::Role::Worker, 0),
     );
-    assert_eq!(ps1.resources.unwrap().memory_bytes, GI);
+    assert_eq!(ps1.resources.as_ref().unwrap().memory_bytes, GI);
 
     let mut p = plan(1, None, None);
     p.migrations = vec![
@@ -171,7 +171,7 @@ async fn migrations_replace_a_ps_and_a_worker_with_new_resources_and_keep_the_st
         let role = pb::Role::try_from(old.role).unwrap();
         let now = process(&s, role, old.index);
         assert!(now.incarnation > old.incarnation, "{now:?} after {old:?}");
-        let r = now.resources.unwrap();
+        let r = now.resources.clone().unwrap();
         assert_eq!((r.cpu_millicores, r.memory_bytes), want, "{now:?}");
     }
     // The PS that stayed kept its process and its resources.

@@ -44,13 +44,20 @@ impl JobConfig {
 }
 
 impl From<&ProcessResources> for vocab::Resources {
-    /// What a plan asks for: the CPU, the memory and the number of GPUs (of any type).
+    /// What a plan asks for: the CPU, the memory and the GPUs (of their type when they are of
+    /// one).
     fn from(r: &ProcessResources) -> Self {
         let gpus: u32 = r.gpus.values().sum();
+        let mut types = r.gpus.iter().filter(|(_, n)| **n > 0).map(|(t, _)| t);
+        let gpu_type = match (types.next(), types.next()) {
+            (Some(t), None) => Some(t.0.clone()),
+            _ => None,
+        };
         vocab::Resources {
             cpu: Some(r.cpu),
             memory: Some(r.memory),
             gpu: (gpus > 0).then_some(gpus),
+            gpu_type,
             custom: Default::default(),
         }
     }

@@ -208,6 +208,7 @@ pub fn size(
             cpu: Some(cpu),
             memory: Some(memory),
             gpu: resources.gpu,
+            gpu_type: resources.gpu_type.clone(),
             custom: resources.custom.clone(),
         });
         let unit = r.node_unit.unwrap_or(1).max(1);
@@ -304,6 +305,7 @@ mod tests {
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 64,
+            nodes: Vec::new(),
         }
     }
 

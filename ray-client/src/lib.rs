@@ -85,6 +85,16 @@ pub struct RayJobInfo {
     pub entrypoint: Option<String>,
 }
 
+/// The custom resource by which Ray marks a node's GPU model (`accelerator_type:V100`: Ray
+/// declares it for the GPUs it detects; `ray start --resources` declares it by hand).
+pub const GPU_TYPE_PREFIX: &str = "accelerator_type:";
+
+/// What a process asks for to land on a node with GPU model `model`, as Ray's own
+/// `accelerator_type` option does: a sliver of the node's marker, so any number fit.
+pub fn gpu_type_request(model: &str) -> (String, f64) {
+    (format!("{GPU_TYPE_PREFIX}{model}"), 0.001)
+}
+
 /// What one process asks Ray for: CPUs, GPUs, memory and custom resources.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RayResources {
@@ -105,6 +115,13 @@ impl RayResources {
                 .custom
                 .iter()
                 .all(|(k, v)| *v <= room.custom.get(k).copied().unwrap_or(0.0) + EPS)
+    }
+
+    /// The GPU model these resources mark (a node's `accelerator_type:MODEL`), if any.
+    pub fn gpu_type(&self) -> Option<&str> {
+        self.custom
+            .keys()
+            .find_map(|k| k.strip_prefix(GPU_TYPE_PREFIX))
     }
 
     /// `self − other`, never below zero.
@@ -494,6 +511,19 @@ impl RayApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodes_gpu_model_is_its_accelerator_type_resource() {
+        let mut m = BTreeMap::new();
+        m.insert("GPU".to_string(), 2.0);
+        m.insert("accelerator_type:V100".to_string(), 1.0);
+        let r = RayResources::from_map(&m);
+        assert_eq!((r.gpus, r.gpu_type()), (2.0, Some("V100")));
+        assert_eq!(RayResources::default().gpu_type(), None);
+        let (name, amount) = gpu_type_request("A100");
+        assert_eq!(name, "accelerator_type:A100");
+        assert!(amount > 0.0 && amount < 0.01);
+    }
 
     #[test]
     fn resource_names_are_camel_cased_as_the_cluster_status_does() {

@@ -42,6 +42,7 @@ impl From<pb::Resources> for Resources {
             cpu: (r.cpu_millicores > 0).then_some(Millicores(r.cpu_millicores)),
             memory: (r.memory_bytes > 0).then_some(Bytes(r.memory_bytes)),
             gpu: (r.gpus > 0).then_some(r.gpus),
+            gpu_type: (!r.gpu_type.is_empty()).then_some(r.gpu_type),
             custom: Default::default(),
         }
     }
@@ -53,6 +54,7 @@ impl From<&Resources> for pb::Resources {
             cpu_millicores: r.cpu.map_or(0, |c| c.0),
             memory_bytes: r.memory.map_or(0, |m| m.0),
             gpus: r.gpu.unwrap_or(0),
+            gpu_type: r.gpu_type.clone().unwrap_or_default(),
         }
     }
 }
@@ -144,7 +146,7 @@ mod tests {
         let wire = pb::ScalePlan::from(&plan);
         assert_eq!(ScalePlan::try_from(wire.clone()), Ok(plan));
         let mut twice = wire.clone();
-        twice.roles.push(twice.roles[0]);
+        twice.roles.push(twice.roles[0].clone());
         assert!(
             ScalePlan::try_from(twice)
                 .unwrap_err()

@@ -216,7 +216,7 @@ fn child_env(
     env.insert("BRAIN_SERVICE_ADDR".into(), service_addr.into());
     env.insert("BRAIN_CHECKPOINT_DIR".into(), reg.checkpoint_dir.clone());
     // What the process was given, as the Kubernetes downward API would tell it.
-    let r = reg.resources.unwrap_or_default();
+    let r = reg.resources.clone().unwrap_or_default();
     env.insert("BRAIN_CPU_MILLICORES".into(), r.cpu_millicores.to_string());
     env.insert("BRAIN_MEMORY_BYTES".into(), r.memory_bytes.to_string());
     env.insert("BRAIN_GPUS".into(), r.gpus.to_string());
@@ -355,6 +355,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             host: host.to_string(),
             agent_pid: std::process::id(),
             service_addr: service_addr.clone(),
+            devices: std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default(),
         })
         .await
         .map_err(|status| Error::Refused {
@@ -363,7 +364,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
         })?
         .into_inner();
     let gpu = GpuProbe::new();
-    let memory_limit = reg.resources.map_or(0, |r| r.memory_bytes);
+    let memory_limit = reg.resources.as_ref().map_or(0, |r| r.memory_bytes);
     let grace = Duration::from_millis(reg.grace_period_ms as u64);
     let mut incarnation = reg.incarnation;
     let me = |inc: u64| pb::ProcessRef {

@@ -96,20 +96,23 @@ impl Store {
         Ok(JobId(id as u64))
     }
 
-    /// Records that the brain started a queued job's master with `workers` workers.
+    /// Records that the brain started a queued job's master with `workers` workers (of GPU
+    /// model `gpu_type`, for a GPU job: kept in its shape).
     pub fn started(
         &mut self,
         job: JobId,
         workers: u32,
+        gpu_type: Option<&str>,
         run_dir: &str,
         now_unix_ms: i64,
     ) -> Result<(), BrainError> {
         let id = self.known(job)?;
         self.conn.execute(
             "UPDATE jobs SET state = 'running', workers = ?2, peak_workers = MAX(peak_workers, ?2),
-                 run_dir = ?3, last_change_unix_ms = ?4, started_unix_ms = ?4
+                 run_dir = ?3, last_change_unix_ms = ?4, started_unix_ms = ?4,
+                 shape = CASE WHEN ?5 IS NULL THEN shape ELSE json_set(shape, '$.gpu_type', ?5) END
              WHERE id = ?1 AND state = 'queued'",
-            params![id, workers, run_dir, now_unix_ms],
+            params![id, workers, run_dir, now_unix_ms, gpu_type],
         )?;
         Ok(())
     }

@@ -161,6 +161,10 @@ pub struct Shape {
     pub worker_millicores: u64,
     pub worker_memory_bytes: u64,
     pub worker_gpus: u32,
+    /// The GPU model its workers run on: the one it asked for, or the one a round started it
+    /// on (none: any, until it starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     pub ps_millicores: u64,
     pub ps_memory_bytes: u64,
     /// Samples over all epochs.

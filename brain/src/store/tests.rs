@@ -97,7 +97,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         ..Shape::default()
     };
     let a = s.submit("p", "name: p", &shape, &[], 10).unwrap();
-    s.started(a, 2, "/tmp/p", 20).unwrap();
+    s.started(a, 2, None, "/tmp/p", 20).unwrap();
     let mut m = metric(1, 10.0);
     m.processes = vec![ProcessSample {
         role: vocab::Role::Ps,
@@ -246,7 +246,10 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
         "4 parameter servers is outside the job's bounds [1, 3]"
     );
     // A row stored before the bounds were kept: the PS count it has, no other.
-    let old = Shape { max_ps: 0, ..ps };
+    let old = Shape {
+        max_ps: 0,
+        ..ps.clone()
+    };
     assert!(old.check_plan(None, Some(2)).is_err());
     assert_eq!(
         ps.check_plan(None, Some(0)).unwrap_err(),

@@ -42,11 +42,28 @@ impl JobContext {
         {
             c.set_ps(key.index, service_addr);
         }
+        let host = &self.slots[&key].host;
         self.log(
             now_ms,
-            format!("{key} registered (incarnation {incarnation}, agent {agent_id})"),
+            format!("{key} registered on {host} (incarnation {incarnation}, agent {agent_id})"),
         );
         Ok((agent_id, incarnation))
+    }
+
+    /// The GPUs the platform gave `key`'s process (CUDA_VISIBLE_DEVICES), as its agent
+    /// registered them; said in the events when there are any.
+    pub fn set_devices(&mut self, key: SlotKey, devices: String, now_ms: u64) {
+        let Some(slot) = self.slots.get_mut(&key) else {
+            return;
+        };
+        if devices.is_empty() && slot.devices.is_empty() {
+            return;
+        }
+        let host = slot.host.clone();
+        slot.devices = devices.clone();
+        if !devices.is_empty() {
+            self.log(now_ms, format!("{key} has GPUs {devices} on {host}"));
+        }
     }
 
     /// Liveness and a resource sample; returns the action and the incarnation to run.

@@ -100,6 +100,9 @@ pub struct Slot {
     pub last_heartbeat_ms: u64,
     pub service_addr: Option<String>,
     pub host: String,
+    /// The GPUs its process is given (CUDA_VISIBLE_DEVICES), empty: none.
+    #[serde(default)]
+    pub devices: String,
     pub sample: Option<Sample>,
     /// pid of the training process as the agent last reported it.
     #[serde(default)]
@@ -139,6 +142,7 @@ impl Slot {
             last_heartbeat_ms: now_ms,
             service_addr: None,
             host: String::new(),
+            devices: String::new(),
             sample: None,
             process_pid: 0,
             resources: None,

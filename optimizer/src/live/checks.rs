@@ -45,6 +45,35 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
         }
     }
     let cluster = &snapshot.cluster;
+    let models = gpu_models(&cluster.nodes);
+    let mut gpus: BTreeMap<&str, u32> = BTreeMap::new();
+    for d in plan.decisions.iter().filter(|d| d.to_workers > 0) {
+        let job = jobs[&d.job];
+        if job.worker_gpus == 0 {
+            continue;
+        }
+        let Some(model) = d.gpu_type.as_deref().filter(|m| models.contains_key(*m)) else {
+            if d.starts() || d.to_workers > d.from_workers {
+                return Err(PolicyError::InvalidAssignment(format!(
+                    "{} ({}) starts or grows on GPU model {:?}, which no node has",
+                    d.job, d.name, d.gpu_type
+                )));
+            }
+            continue;
+        };
+        let held = if d.state == LiveState::Running {
+            d.to_workers.max(job.held_workers)
+        } else {
+            d.to_workers
+        };
+        *gpus.entry(model).or_default() += held * job.worker_gpus;
+    }
+    if let Some((m, n)) = gpus.iter().find(|(m, n)| added && **n > models[**m].1) {
+        return Err(PolicyError::InvalidAssignment(format!(
+            "the round uses {n} {m} GPUs of {} while starting or growing a job",
+            models[*m].1
+        )));
+    }
     let over =
         plan.cpu_millicores > cluster.cpu_millicores || plan.processes > cluster.max_processes;
     if over && added {

@@ -29,6 +29,12 @@ pub struct Decision {
     pub corrections: Vec<Change>,
     pub predicted_samples_per_s: f64,
     pub reasons: Vec<String>,
+    /// A GPU job's GPU model (the one it starts on, or runs on) and where its workers' GPUs
+    /// fit (node, GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_placement: Vec<(String, u32)>,
 }
 
 impl Decision {

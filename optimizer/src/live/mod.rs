@@ -23,8 +23,11 @@
 //!   while its processes still run (but to the job itself at once: a PS-bound job may trade a
 //!   worker for one more PS in one plan).
 //!
-//! Then the operator's heuristics correct the running jobs (`correct.rs`: PS count, processes'
-//! resources, speed-up gating). [`LiveRound`] wraps the round as a [`Scheduler`] so the what-if
+//! Jobs whose workers ask for GPUs are planned first, by GPU model on the GPU nodes
+//! (`gpu.rs`); the CPU they take leaves the rest of the pool to the CPU jobs.
+//!
+//! Then the operator's heuristics correct the running CPU jobs (`correct.rs`: PS count,
+//! processes' resources, speed-up gating). [`LiveRound`] wraps the round as a [`Scheduler`] so the what-if
 //! simulator replays it (`brainctl whatif --live-round`).
 
 use std::collections::BTreeMap;
@@ -43,11 +46,13 @@ use crate::units::{JobId, WorkerType};
 mod checks;
 mod correct;
 mod decision;
+mod gpu;
 mod replay;
 
 pub use checks::check_postconditions;
 use checks::repair;
 pub use decision::{Decision, RoundPlan};
+pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use replay::LiveRound;
 
 /// What the brain may hand out.
@@ -60,6 +65,9 @@ pub struct LiveCluster {
     pub slot_millicores: u64,
     /// Processes (PS and workers of all jobs) that may run at once.
     pub max_processes: u32,
+    /// The nodes with GPUs, for the jobs whose workers ask for GPUs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<LiveNode>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +133,12 @@ pub struct LiveJob {
     /// The corrections the brain made to it, for the heuristics' cool-downs.
     #[serde(default)]
     pub history: Vec<Change>,
+    /// GPUs per worker (0: a CPU job) and their model: the one it asked for (queued), the one
+    /// it runs on (running); none: any.
+    #[serde(default)]
+    pub worker_gpus: u32,
+    #[serde(default)]
+    pub gpu_type: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -373,10 +387,35 @@ pub fn plan_round(
     per_worker.sort_by(f64::total_cmp);
     let prior = per_worker.get(per_worker.len() / 2).copied().unwrap_or(1.0);
 
+    let gpu_jobs: Vec<(usize, &LiveJob)> = snapshot
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.worker_gpus > 0)
+        .collect();
+    let gpu = gpu::plan_gpu_jobs(
+        &gpu_jobs,
+        cluster,
+        scheduler,
+        config,
+        now,
+        prior,
+        total_slots as u64,
+        cluster.max_processes,
+        &mut notes,
+    )?;
+    // What the GPU jobs leave to the CPU jobs.
+    let total_slots = total_slots.saturating_sub(gpu.cpu_slots as u32);
+    let max_processes = cluster.max_processes.saturating_sub(gpu.processes);
+
+    let cpu_at: Vec<usize> = (0..snapshot.jobs.len())
+        .filter(|&i| snapshot.jobs[i].worker_gpus == 0)
+        .collect();
     let mut jobs: Vec<Sized> = snapshot
         .jobs
         .iter()
         .zip(fits)
+        .filter(|(job, _)| job.worker_gpus == 0)
         .map(|(job, fit)| {
             let mut reasons = Vec::new();
             let model = match fit {
@@ -529,26 +568,22 @@ pub fn plan_round(
     let mut proposals = correct::propose(&jobs, heuristics, now, &mut notes);
     correct::model_ps(&jobs, &mut proposals);
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
-    repair(
-        &mut jobs,
-        total_slots as u64,
-        cluster.max_processes,
-        &mut notes,
-    );
+    repair(&mut jobs, total_slots as u64, max_processes, &mut notes);
     correct::grow_if_room(
         &mut jobs,
         deferred,
         total_slots as u64,
-        cluster.max_processes,
+        max_processes,
         slot,
         now,
     );
 
-    let mut cpu = 0u64;
-    let mut processes = 0u32;
-    let decisions = jobs
+    let mut cpu = gpu.cpu_slots * slot;
+    let mut processes = gpu.processes;
+    let mut decisions: Vec<(usize, Decision)> = jobs
         .into_iter()
-        .map(|s| {
+        .zip(cpu_at)
+        .map(|(s, at)| {
             if s.to > 0 || s.running() {
                 let n = s.counted(s.to);
                 cpu += s.slots(n) * slot;
@@ -564,7 +599,7 @@ pub fn plan_round(
             if (from != s.to || s.ps != s.job.ps) && from > 0 {
                 reasons.push(format!("predicted {before:.0} -> {predicted:.0} samples/s"));
             }
-            Decision {
+            let decision = Decision {
                 job: s.job.id,
                 name: s.job.name.clone(),
                 state: s.job.state,
@@ -576,12 +611,17 @@ pub fn plan_round(
                 corrections: s.corrections,
                 predicted_samples_per_s: predicted,
                 reasons,
-            }
+                gpu_type: None,
+                gpu_placement: Vec::new(),
+            };
+            (at, decision)
         })
         .collect();
+    decisions.extend(gpu.decisions);
+    decisions.sort_by_key(|d| d.0);
     let plan = RoundPlan {
         scheduler: scheduler.name().to_string(),
-        decisions,
+        decisions: decisions.into_iter().map(|d| d.1).collect(),
         cpu_millicores: cpu,
         processes,
         notes,
@@ -671,6 +711,7 @@ mod tests {
             cpu_millicores: cpus * 1000,
             slot_millicores: 1000,
             max_processes: 64,
+            nodes: Vec::new(),
         }
     }
 
@@ -964,7 +1005,7 @@ mod tests {
             let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps + j.workers.max(j.held_workers)).sum();
             let snap = LiveSnapshot {
                 now_s: 50.0,
-                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32 },
+                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32, nodes: Vec::new() },
                 jobs: jobs.clone(),
             };
             let plan = plan_round(&snap, scheduler.scheduler(), &config(), &heuristics).unwrap();

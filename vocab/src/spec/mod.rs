@@ -30,6 +30,10 @@ pub struct Resources {
     #[serde(default, with = "crate::units::quantity::opt_memory")]
     pub memory: Option<Bytes>,
     pub gpu: Option<u32>,
+    /// The GPU model the process needs (`V100`, `A100`, ...: Ray's `accelerator_type`); none:
+    /// any. Needs `gpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     /// Custom resources by name (a platform's own, e.g. Ray's `--resources`), amounts > 0.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub custom: BTreeMap<String, f64>,
@@ -459,6 +463,24 @@ impl JobSpec {
                     "0 must be more than zero",
                 ));
             }
+            if let Some(t) = &res.gpu_type {
+                if res.gpu.unwrap_or(0) == 0 {
+                    return Err(SpecError::new(
+                        p("resources.gpu_type"),
+                        format!("{t:?} needs gpu: 1 or more"),
+                    ));
+                }
+                if t.is_empty()
+                    || !t
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                {
+                    return Err(SpecError::new(
+                        p("resources.gpu_type"),
+                        format!("{t:?} is not a GPU model name (letters, digits, - _ .)"),
+                    ));
+                }
+            }
             for (name, amount) in &res.custom {
                 let at = p(&format!("resources.custom.{name}"));
                 if name.is_empty() || matches!(name.as_str(), "CPU" | "GPU" | "memory") {
@@ -576,6 +598,20 @@ checkpoint: { dir: /tmp/brain-spec-test }
             err(&GOOD.replace("memory: 1Gi }", "memory: 1Gi, custom: { slot: 0 } }"))
                 .contains("roles.worker.resources.custom.slot: 0 must be more than zero")
         );
+    }
+
+    #[test]
+    fn a_gpu_type_names_a_model_and_needs_gpus() {
+        let with = |extra: &str| GOOD.replace("memory: 1Gi }", &format!("memory: 1Gi, {extra} }}"));
+        let spec = JobSpec::from_yaml(&with("gpu: 2, gpu_type: A100")).unwrap();
+        spec.validate().unwrap();
+        let res = spec.roles[&Role::Worker].resources.clone().unwrap();
+        assert_eq!((res.gpu, res.gpu_type.as_deref()), (Some(2), Some("A100")));
+        assert!(
+            err(&with("gpu_type: A100"))
+                .contains("roles.worker.resources.gpu_type: \"A100\" needs gpu: 1 or more")
+        );
+        assert!(err(&with("gpu: 1, gpu_type: \"A 100\"")).contains("is not a GPU model name"));
     }
 
     #[test]

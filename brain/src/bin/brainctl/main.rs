@@ -373,7 +373,7 @@ fn main() -> anyhow::Result<()> {
                     d.predicted_samples_per_second
                 );
                 for m in &d.migrations {
-                    let r = m.resources.unwrap_or_default();
+                    let r = m.resources.clone().unwrap_or_default();
                     println!(
                         "       migrates {}-{} to {}m CPU, {} MiB ({})",
                         if m.role == proto::jobmaster::v1::Role::Ps as i32 {

@@ -93,7 +93,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
             resources: Some(pb::Resources {
                 cpu_millicores: cpu,
                 memory_bytes: memory,
-                gpus: 0,
+                ..Default::default()
             }),
             reason,
         });

@@ -38,7 +38,7 @@ use self::api::{RayApi, RayCluster, RayError, RayJobStatus, RayResources, Submit
 use super::{AgentLaunch, Platform, PlatformEvent};
 use crate::error::Error;
 use crate::scale::Capacity;
-use crate::spec::{Bytes, Millicores, Resources};
+use crate::spec::{Bytes, Millicores, Resources, Role};
 use vocab::SlotKey;
 
 /// How the Ray platform reaches and uses a Ray cluster.
@@ -105,6 +105,10 @@ struct Inner {
     slots: Mutex<BTreeMap<SlotKey, Slot>>,
     /// One placement decision at a time, so two launches never count the same room.
     placing: Mutex<()>,
+    /// Parameter servers of this job waiting for room: no worker is placed meanwhile, so
+    /// workers never take the room a PS needs (a PS job cannot train without its PS, and
+    /// workers given up for room would leave it waiting for ever).
+    waiting_ps: std::sync::atomic::AtomicUsize,
     recent: std::sync::Mutex<Vec<Placement>>,
     /// Each alive node's totals, as last read.
     totals: std::sync::Mutex<Vec<RayResources>>,
@@ -119,11 +123,16 @@ pub struct RayPlatform {
 /// would let any number of agents pile onto one node).
 pub fn request_of(r: Option<&Resources>) -> RayResources {
     let r = r.cloned().unwrap_or_default();
+    let mut custom = r.custom;
+    if let Some(model) = &r.gpu_type {
+        let (name, amount) = ray_client::gpu_type_request(model);
+        custom.insert(name, amount);
+    }
     RayResources {
         cpus: r.cpu.map_or(1.0, |c| c.0 as f64 / 1000.0),
         gpus: r.gpu.unwrap_or(0) as f64,
         memory_bytes: r.memory.map_or(0, |m| m.0),
-        custom: r.custom,
+        custom,
     }
 }
 
@@ -214,6 +223,7 @@ impl RayPlatform {
                 events,
                 slots: Mutex::default(),
                 placing: Mutex::default(),
+                waiting_ps: Default::default(),
                 recent: std::sync::Mutex::default(),
                 totals: std::sync::Mutex::new(totals),
             }),
@@ -255,8 +265,22 @@ impl Inner {
         &self,
         req: &SubmitRequest,
         need: &RayResources,
+        role: Role,
         cancel: &mut watch::Receiver<bool>,
     ) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        struct Waiting<'a>(Option<&'a std::sync::atomic::AtomicUsize>);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if let Some(n) = self.0 {
+                    n.fetch_sub(1, SeqCst);
+                }
+            }
+        }
+        let _waiting = Waiting((role == Role::Ps).then(|| {
+            self.waiting_ps.fetch_add(1, SeqCst);
+            &self.waiting_ps
+        }));
         let refused = |problem: String| Error::Launch {
             platform: "ray",
             what: format!("agent {}", req.submission_id),
@@ -268,7 +292,9 @@ impl Inner {
             if *cancel.borrow() {
                 return Err(refused("stopped before Ray placed it".into()));
             }
-            {
+            if role == Role::Worker && self.waiting_ps.load(SeqCst) > 0 {
+                last = "a parameter server of the job is placed first".into();
+            } else {
                 let _one_at_a_time = self.placing.lock().await;
                 match self.api.cluster().await {
                     Ok(cluster) => {
@@ -519,7 +545,7 @@ impl Platform for RayPlatform {
         let inner = self.inner.clone();
         let (key, incarnation) = (l.key, l.incarnation);
         tokio::spawn(async move {
-            let description = match inner.place(&req, &need, &mut cancel_rx).await {
+            let description = match inner.place(&req, &need, key.role, &mut cancel_rx).await {
                 Ok(()) => {
                     let _ = submitted_tx.send(true);
                     tracing::debug!(%key, incarnation, id, "agent submitted to Ray");
@@ -655,10 +681,15 @@ mod tests {
             cpu: Some(Millicores(500)),
             memory: Some(Bytes(1 << 30)),
             gpu: Some(1),
+            gpu_type: Some("V100".into()),
             custom: [("slot".to_string(), 2.0)].into(),
         };
         let q = request_of(Some(&r));
         assert_eq!((q.cpus, q.gpus, q.memory_bytes), (0.5, 1.0, 1 << 30));
         assert_eq!(q.custom.get("slot"), Some(&2.0));
+        assert!(
+            q.custom.contains_key("accelerator_type:V100"),
+            "lands on a V100 node only: {q:?}"
+        );
     }
 }

@@ -1,0 +1,794 @@
+//! GPU jobs in the live round: jobs whose workers ask for GPUs are planned on the cluster's GPU
+//! nodes, by GPU model, with the same [`Scheduler`] the what-if simulator runs on GPU types.
+//!
+//! A scheduling unit is one GPU and a worker type is a GPU model: each node with GPUs is a
+//! [`NodeView`] of its model, and a job of `g` GPUs per worker has goodput
+//! `speed(⌊r/g⌋ workers)` on `r` GPUs of a model it may run on (the one it asked for, the one it
+//! runs on, or any when it named none) and 0 on the others. A running job stays on its model
+//! (changing it would move every worker); a queued one starts on the model the scheduler picks.
+//!
+//! What the scheduler returns is then made to hold on the real nodes: every worker's `g` GPUs
+//! on one node (best fit, running jobs first), every job's CPU (its PS and workers, in slots)
+//! out of the CPU pool the CPU jobs share, and the process cap. What does not fit is withdrawn
+//! as in the CPU jobs' repair: admissions newest first, then growth, then running jobs
+//! above their minimum (a job on a node that was lost shrinks to what the nodes left hold).
+//! The heuristics (PS count, resources) correct CPU jobs only.
+
+use super::*;
+use crate::schedule::Slots;
+
+/// A node's GPUs as the round sees them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveNode {
+    /// How the platform names it (a Ray node: its address).
+    pub name: String,
+    pub gpus: u32,
+    /// Its GPU model (`V100`); GPUs of no declared model are of model [`ANY_MODEL`].
+    pub gpu_type: String,
+}
+
+/// The model of GPUs a node declares without one.
+pub const ANY_MODEL: &str = "GPU";
+
+/// The cluster's GPU models (sorted) and, per model, the GPUs of its largest node and all.
+pub fn gpu_models(nodes: &[LiveNode]) -> BTreeMap<String, (u32, u32)> {
+    let mut out: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| n.gpus > 0) {
+        let e = out.entry(n.gpu_type.clone()).or_default();
+        e.0 = e.0.max(n.gpus);
+        e.1 += n.gpus;
+    }
+    out
+}
+
+/// Why a job asking for `gpus` GPUs of `model` per worker can never run on `nodes`, naming the
+/// cluster's models and sizes; `None` when some node holds a worker.
+pub fn unplaceable(nodes: &[LiveNode], gpus: u32, model: Option<&str>) -> Option<String> {
+    if gpus == 0 {
+        return None;
+    }
+    let models = gpu_models(nodes);
+    let fits = models
+        .iter()
+        .any(|(m, (largest, _))| model.is_none_or(|want| want == m) && *largest >= gpus);
+    if fits {
+        return None;
+    }
+    let have = if models.is_empty() {
+        "the cluster has no GPUs".to_string()
+    } else {
+        let list: Vec<String> = models
+            .iter()
+            .map(|(m, (largest, total))| format!("{m}: {total} GPUs, at most {largest} on a node"))
+            .collect();
+        format!("the cluster has {}", list.join("; "))
+    };
+    let want = match model {
+        Some(m) if !models.contains_key(m) => format!("GPU model {m:?}, which no node has"),
+        Some(m) => format!("{gpus} {m} GPUs per worker, more than any node holds"),
+        None => format!("{gpus} GPUs per worker, more than any node holds"),
+    };
+    Some(format!("the job asks for {want}: {have}"))
+}
+
+/// One GPU job while the round sizes it.
+struct Gpu<'a> {
+    job: &'a LiveJob,
+    model: AmdahlModel,
+    /// GPUs per worker.
+    g: u32,
+    /// Per GPU model (index into the round's models): whether the job may run on it.
+    allowed: Vec<bool>,
+    /// The model it runs on (running) or was given (starting).
+    on: Option<usize>,
+    to: u32,
+    pinned: bool,
+    /// Its workers no longer all fit on its model's nodes (a node was lost): it is counted at
+    /// its new size at once, since what it held there is gone.
+    lost: bool,
+    ps_slots: u64,
+    worker_slots: u64,
+    reasons: Vec<String>,
+    placement: Vec<(usize, u32)>,
+}
+
+impl Gpu<'_> {
+    fn running(&self) -> bool {
+        self.job.state == LiveState::Running
+    }
+    /// Workers counted against capacity at size `to`: a running job keeps what it holds until
+    /// a shrink is carried out.
+    fn counted(&self, to: u32) -> u32 {
+        if self.running() && !self.lost {
+            to.max(self.job.held_workers)
+        } else {
+            to
+        }
+    }
+    fn active(&self) -> bool {
+        self.running() || self.to > 0
+    }
+    fn cpu_slots(&self) -> u64 {
+        if self.active() {
+            self.ps_slots + self.counted(self.to) as u64 * self.worker_slots
+        } else {
+            0
+        }
+    }
+    fn processes(&self) -> u32 {
+        if self.active() {
+            self.job.ps + self.counted(self.to)
+        } else {
+            0
+        }
+    }
+    fn workers_in(&self, gpus: u32) -> u32 {
+        let unit = self.job.node_unit.max(1);
+        let w = (gpus / self.g / unit * unit).min(self.job.max_workers);
+        if w < self.job.min_workers.max(1) {
+            0
+        } else {
+            w
+        }
+    }
+    fn shrink(&self) -> u32 {
+        self.to.saturating_sub(self.job.node_unit.max(1))
+    }
+}
+
+/// The GPU jobs' decisions, by their index in the snapshot, and what they use of the CPU pool
+/// (slots) and of the process cap.
+pub(super) struct GpuRound {
+    pub decisions: Vec<(usize, Decision)>,
+    pub cpu_slots: u64,
+    pub processes: u32,
+}
+
+/// Sizes the GPU jobs (`gpu_jobs`: index in the snapshot, job). `cpu_slots` and
+/// `max_processes` are what the whole cluster has; the CPU jobs get what these leave.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn plan_gpu_jobs(
+    gpu_jobs: &[(usize, &LiveJob)],
+    cluster: &LiveCluster,
+    scheduler: &dyn Scheduler,
+    config: &LiveConfig,
+    now: f64,
+    prior: f64,
+    cpu_slots: u64,
+    max_processes: u32,
+    notes: &mut Vec<String>,
+) -> Result<GpuRound, PolicyError> {
+    if gpu_jobs.is_empty() {
+        return Ok(GpuRound {
+            decisions: Vec::new(),
+            cpu_slots: 0,
+            processes: 0,
+        });
+    }
+    let nodes: Vec<LiveNode> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.gpus > 0)
+        .cloned()
+        .collect();
+    let models: Vec<String> = gpu_models(&nodes).into_keys().collect();
+    let model_of: Vec<usize> = nodes
+        .iter()
+        .map(|n| {
+            models
+                .iter()
+                .position(|m| *m == n.gpu_type)
+                .expect("listed")
+        })
+        .collect();
+    let index_of = |t: &str| models.iter().position(|m| m == t);
+    let slot = cluster.slot_millicores;
+
+    let mut jobs: Vec<Gpu> = gpu_jobs
+        .iter()
+        .map(|&(_, job)| {
+            let mut reasons = Vec::new();
+            let model = match AmdahlModel::fit(&job.speed) {
+                Ok(m) => {
+                    reasons.push(format!(
+                        "speed model 1/samples_per_s = {:.3e} + {:.3e}/workers from {} worker \
+                         count(s)",
+                        m.serial, m.parallel, m.counts_seen
+                    ));
+                    m
+                }
+                Err(_) => {
+                    reasons.push(format!(
+                        "no speed reported yet: assumed {prior:.1} samples/s per worker, linear"
+                    ));
+                    AmdahlModel::linear(prior)
+                }
+            };
+            let wanted = job.gpu_type.as_deref();
+            let allowed = models
+                .iter()
+                .map(|m| wanted.is_none_or(|w| w == m))
+                .collect();
+            let on = match (job.state, wanted) {
+                (LiveState::Running, Some(w)) => index_of(w),
+                (LiveState::Running, None) => (models.len() == 1).then_some(0),
+                (LiveState::Queued, _) => None,
+            };
+            Gpu {
+                job,
+                model,
+                g: job.worker_gpus.max(1),
+                allowed,
+                on,
+                to: 0,
+                pinned: false,
+                lost: false,
+                ps_slots: job.ps as u64 * slots_of(job.ps_millicores, slot) as u64,
+                worker_slots: slots_of(job.worker_millicores, slot) as u64,
+                reasons,
+                placement: Vec::new(),
+            }
+        })
+        .collect();
+
+    // Where the running jobs are now, as the round would place them at their sizes.
+    for j in jobs.iter_mut().filter(|j| j.running()) {
+        j.to = j.job.workers;
+    }
+    let (current, short) = pack(&nodes, &model_of, &jobs);
+    for (i, placed) in short {
+        let j = &jobs[i];
+        notes.push(format!(
+            "{} ({}): {placed} of its {} workers fit on the {} nodes now",
+            j.job.id,
+            j.job.name,
+            j.counted(j.to),
+            model_name_of(&models, j.on)
+        ));
+    }
+    for j in &mut jobs {
+        j.to = 0;
+    }
+
+    let total_gpus: u32 = nodes.iter().map(|n| n.gpus).sum();
+    let views: Vec<JobView> = jobs
+        .iter()
+        .zip(&current)
+        .map(|(j, here)| {
+            let job = j.job;
+            let max = (job.max_workers * j.g).min(total_gpus);
+            let goodput: Vec<Vec<f64>> = j
+                .allowed
+                .iter()
+                .map(|&ok| {
+                    (0..=max)
+                        .map(|r| match j.workers_in(r) {
+                            w if ok && w > 0 => j.model.samples_per_s(w),
+                            _ => 0.0,
+                        })
+                        .collect()
+                })
+                .collect();
+            let held: u32 = here.iter().map(|x| x.1).sum();
+            JobView {
+                id: job.id,
+                submitted_s: job.submitted_s,
+                requested_replicas: (job.workers.max(job.min_workers) * j.g).min(max),
+                max_replicas: max,
+                attained_gpu_s: job.running_s * held as f64,
+                running_s: job.running_s,
+                restarts: job.restarts,
+                peak_replicas: job.peak_workers.max(job.workers) * j.g,
+                last_change_s: job.last_change_s,
+                current: here.clone(),
+                goodput: Arc::from(goodput),
+                remaining: job.samples_left.max(0.0),
+            }
+        })
+        .collect();
+    let assignment = if nodes.is_empty() {
+        notes.push("the cluster has no GPUs: GPU jobs wait, running ones keep their size".into());
+        BTreeMap::new()
+    } else {
+        let mut sorted = views;
+        sorted.sort_by(|a, b| {
+            a.submitted_s
+                .total_cmp(&b.submitted_s)
+                .then(a.id.cmp(&b.id))
+        });
+        scheduler.schedule(&Snapshot {
+            now_s: now,
+            worker_types: models.iter().cloned().map(WorkerType).collect(),
+            nodes: nodes
+                .iter()
+                .zip(&model_of)
+                .map(|(n, &t)| NodeView {
+                    worker_type: t,
+                    gpus: n.gpus,
+                })
+                .collect(),
+            jobs: sorted,
+        })?
+    };
+
+    for j in &mut jobs {
+        let slots = assignment.get(&j.job.id).cloned().unwrap_or_default();
+        let given: u32 = slots.iter().map(|x| x.1).sum();
+        let given_on = slots.first().and_then(|(n, _)| model_of.get(*n).copied());
+        let fit = match given_on {
+            Some(t) if j.allowed[t] && j.on.is_none_or(|on| on == t) => j.workers_in(given),
+            _ => 0,
+        };
+        let cooling = j
+            .job
+            .last_change_s
+            .map(|t| t + config.cooldown_s - now)
+            .filter(|left| *left > 0.0);
+        let name = scheduler.name();
+        match j.job.state {
+            LiveState::Running => {
+                j.to = j.job.workers;
+                if let Some(left) = cooling.filter(|_| fit != j.job.workers) {
+                    j.pinned = true;
+                    j.reasons.push(format!(
+                        "{name} would give {fit} workers; kept at {} for {left:.0} s more of \
+                         cool-down",
+                        j.job.workers
+                    ));
+                } else if fit == 0 {
+                    j.pinned = true;
+                    j.reasons.push(format!(
+                        "{name} gives it {given} GPUs, below its minimum; a running job keeps \
+                         its size"
+                    ));
+                } else {
+                    j.to = fit;
+                    j.reasons.push(format!(
+                        "{name} gives it {given} {} GPUs: {fit} workers of {} GPUs",
+                        model_name_of(&models, j.on),
+                        j.g
+                    ));
+                }
+            }
+            LiveState::Queued => {
+                j.to = fit;
+                if fit > 0 {
+                    j.on = given_on;
+                    j.reasons.push(format!(
+                        "{name} starts it on {given} {} GPUs: {fit} workers of {} GPUs \
+                         (predicted {})",
+                        model_name_of(&models, given_on),
+                        j.g,
+                        j.job.workers
+                    ));
+                } else {
+                    j.reasons.push(format!(
+                        "waits: {name} gives it {given} GPUs, fewer than its minimum of {} \
+                         workers of {} GPUs need",
+                        j.job.min_workers, j.g
+                    ));
+                }
+            }
+        }
+    }
+
+    // Make it hold on the nodes, the CPU pool and the process cap.
+    loop {
+        let (placed, short) = pack(&nodes, &model_of, &jobs);
+        let cpu: u64 = jobs.iter().map(Gpu::cpu_slots).sum();
+        let procs: u32 = jobs.iter().map(Gpu::processes).sum();
+        if short.is_empty() && cpu <= cpu_slots && procs <= max_processes {
+            for (j, here) in jobs.iter_mut().zip(placed) {
+                j.placement = here;
+            }
+            break;
+        }
+        let stuck = short.first().map(|s| s.0);
+        let why = match stuck {
+            Some(i) => format!(
+                "withdrawn: the workers of {} GPUs each do not all fit on the {} nodes",
+                jobs[i].g,
+                model_name_of(&models, jobs[i].on)
+            ),
+            None => format!(
+                "withdrawn: {cpu} CPU slots of {cpu_slots} and {procs} processes of \
+                 {max_processes} asked"
+            ),
+        };
+        let same_model = |j: &Gpu| stuck.is_none_or(|i| j.on == jobs[i].on);
+        let pick = jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| !j.running() && j.to > 0 && same_model(j))
+            .max_by(|a, b| {
+                a.1.job
+                    .submitted_s
+                    .total_cmp(&b.1.job.submitted_s)
+                    .then(a.1.job.id.cmp(&b.1.job.id))
+            })
+            .map(|(i, _)| (i, "start"))
+            .or_else(|| {
+                jobs.iter()
+                    .enumerate()
+                    .filter(|(_, j)| {
+                        j.running() && !j.pinned && j.to > j.job.workers && same_model(j)
+                    })
+                    .max_by_key(|(_, j)| (j.to - j.job.workers, std::cmp::Reverse(j.job.id)))
+                    .map(|(i, _)| (i, "growth"))
+            })
+            .or_else(|| {
+                // A running job whose workers no longer fit: down to what its nodes hold.
+                let (i, placed) = *short.first()?;
+                let j = &jobs[i];
+                let unit = j.job.node_unit.max(1);
+                let fits = (placed / unit * unit).max(j.job.min_workers.max(1));
+                (j.running() && (!j.lost || fits < j.to)).then_some((i, "lost"))
+            })
+            .or_else(|| {
+                jobs.iter()
+                    .enumerate()
+                    .filter(|(_, j)| {
+                        j.running() && j.shrink() >= j.job.min_workers.max(1) && same_model(j)
+                    })
+                    .max_by_key(|(_, j)| (j.to, std::cmp::Reverse(j.job.id)))
+                    .map(|(i, _)| (i, "size"))
+            });
+        let Some((i, what)) = pick else {
+            notes.push(format!(
+                "GPU jobs over capacity even at their minimum sizes ({why}); they keep them"
+            ));
+            for (j, here) in jobs.iter_mut().zip(placed) {
+                j.placement = here;
+            }
+            break;
+        };
+        if what == "lost" {
+            let placed = short.first().map_or(0, |s| s.1);
+            let j = &mut jobs[i];
+            let unit = j.job.node_unit.max(1);
+            j.lost = true;
+            j.to = (placed / unit * unit).max(j.job.min_workers.max(1));
+            j.reasons.push(format!(
+                "{placed} of its workers fit on the {} nodes left: shrunk to {}",
+                model_name_of(&models, j.on),
+                j.to
+            ));
+            continue;
+        }
+        let j = &mut jobs[i];
+        let smaller = j.shrink();
+        if what == "start" && smaller < j.job.min_workers.max(1) {
+            j.to = 0;
+            j.on = None;
+            j.reasons.push(format!("start {why}"));
+        } else {
+            j.to = if what == "growth" {
+                smaller.max(j.job.workers)
+            } else {
+                smaller
+            };
+            // A running job that shrinks no longer holds what it gives up.
+            j.reasons.push(format!(
+                "{} {why}",
+                match what {
+                    "start" => "starts smaller:",
+                    "growth" => "growth",
+                    _ => "shrunk toward its minimum:",
+                }
+            ));
+        }
+    }
+
+    let mut cpu = 0;
+    let mut processes = 0;
+    let decisions = jobs
+        .into_iter()
+        .zip(gpu_jobs)
+        .map(|(j, &(at, job))| {
+            cpu += j.cpu_slots();
+            processes += j.processes();
+            let from = match job.state {
+                LiveState::Running => job.workers,
+                LiveState::Queued => 0,
+            };
+            let predicted = j.model.samples_per_s(j.to);
+            let mut reasons = j.reasons;
+            if !j.placement.is_empty() {
+                let list: Vec<String> = j
+                    .placement
+                    .iter()
+                    .map(|(n, k)| format!("{} ×{k}", nodes[*n].name))
+                    .collect();
+                reasons.push(format!("its GPUs fit on {}", list.join(", ")));
+            }
+            if from != j.to && from > 0 {
+                reasons.push(format!(
+                    "predicted {:.0} -> {predicted:.0} samples/s",
+                    j.model.samples_per_s(from)
+                ));
+            }
+            let decision = Decision {
+                job: job.id,
+                name: job.name.clone(),
+                state: job.state,
+                from_workers: from,
+                to_workers: j.to,
+                ps: job.ps,
+                to_ps: job.ps,
+                migrations: Vec::new(),
+                corrections: Vec::new(),
+                predicted_samples_per_s: predicted,
+                reasons,
+                gpu_type: j.on.map(|t| models[t].clone()).or(job.gpu_type.clone()),
+                gpu_placement: j
+                    .placement
+                    .iter()
+                    .map(|(n, k)| (nodes[*n].name.clone(), *k))
+                    .collect(),
+            };
+            (at, decision)
+        })
+        .collect();
+    Ok(GpuRound {
+        decisions,
+        cpu_slots: cpu,
+        processes,
+    })
+}
+
+fn model_name_of(models: &[String], t: Option<usize>) -> &str {
+    t.map_or(ANY_MODEL, |t| models[t].as_str())
+}
+
+/// Places every active job's counted workers on the nodes of its model, running jobs first,
+/// each worker on the node with the fewest free GPUs that hold it. Per job its placement
+/// (node, GPUs), and the jobs some of whose workers fit nowhere (job, workers placed).
+fn pack(nodes: &[LiveNode], model_of: &[usize], jobs: &[Gpu]) -> (Vec<Slots>, Vec<(usize, u32)>) {
+    let mut free: Vec<u32> = nodes.iter().map(|n| n.gpus).collect();
+    let mut out = vec![Vec::new(); jobs.len()];
+    let mut short = Vec::new();
+    let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].active()).collect();
+    order.sort_by_key(|&i| (!jobs[i].running(), jobs[i].job.id));
+    for i in order {
+        let j = &jobs[i];
+        let Some(m) = j.on else { continue };
+        let mut here: BTreeMap<usize, u32> = BTreeMap::new();
+        let want = j.counted(j.to);
+        let mut placed = 0;
+        while placed < want {
+            let Some(best) = (0..nodes.len())
+                .filter(|&n| model_of[n] == m && free[n] >= j.g)
+                .min_by_key(|&n| (free[n], n))
+            else {
+                short.push((i, placed));
+                break;
+            };
+            free[best] -= j.g;
+            *here.entry(best).or_default() += j.g;
+            placed += 1;
+        }
+        out[i] = here.into_iter().collect();
+    }
+    (out, short)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::tests::{cluster, config, decision, elastic, job, none};
+
+    fn node(name: &str, gpus: u32, model: &str) -> LiveNode {
+        LiveNode {
+            name: name.into(),
+            gpus,
+            gpu_type: model.into(),
+        }
+    }
+
+    /// 16 CPUs and the CI harness's GPU nodes: a V100 node of 2, an A100 node of 4.
+    fn two_models() -> LiveCluster {
+        LiveCluster {
+            nodes: vec![
+                node("cpu", 0, ""),
+                node("v", 2, "V100"),
+                node("a", 4, "A100"),
+            ],
+            ..cluster(16)
+        }
+    }
+
+    fn gpu_job(id: u64, state: LiveState, workers: u32, gpus: u32, model: Option<&str>) -> LiveJob {
+        LiveJob {
+            worker_gpus: gpus,
+            gpu_type: model.map(str::to_string),
+            max_workers: 4,
+            ..job(
+                id,
+                state,
+                workers,
+                &[(workers.max(1), 100.0 * workers.max(1) as f64)],
+            )
+        }
+    }
+
+    fn round(snap: &LiveSnapshot) -> RoundPlan {
+        plan_round(snap, elastic().scheduler(), &config(), &none()).unwrap()
+    }
+
+    #[test]
+    fn gpu_jobs_start_on_the_model_they_ask_for_and_fit_its_nodes() {
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: two_models(),
+            jobs: vec![
+                gpu_job(1, LiveState::Queued, 4, 1, Some("A100")),
+                gpu_job(2, LiveState::Queued, 2, 1, Some("V100")),
+                gpu_job(3, LiveState::Queued, 2, 1, Some("H100")),
+            ],
+        };
+        let plan = round(&snap);
+        let a = decision(&plan, 1);
+        assert_eq!(
+            (a.to_workers, a.gpu_type.as_deref()),
+            (4, Some("A100")),
+            "{a:?}"
+        );
+        assert_eq!(a.gpu_placement, vec![("a".to_string(), 4)]);
+        let v = decision(&plan, 2);
+        assert_eq!(
+            (v.to_workers, v.gpu_type.as_deref()),
+            (2, Some("V100")),
+            "{v:?}"
+        );
+        assert_eq!(v.gpu_placement, vec![("v".to_string(), 2)]);
+        let h = decision(&plan, 3);
+        assert_eq!(h.to_workers, 0, "no H100 node: it waits: {h:?}");
+        assert!(h.gpu_placement.is_empty());
+        // Their workers' CPU comes out of the pool: 6 workers of one slot.
+        assert_eq!(plan.cpu_millicores, 6000);
+    }
+
+    #[test]
+    fn a_job_of_any_model_takes_what_is_free_and_a_running_one_stays_on_its_model() {
+        let mut running = gpu_job(1, LiveState::Running, 2, 1, Some("V100"));
+        running.max_workers = 8;
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: two_models(),
+            jobs: vec![running, gpu_job(2, LiveState::Queued, 2, 1, None)],
+        };
+        let plan = round(&snap);
+        let r = decision(&plan, 1);
+        assert_eq!(r.gpu_type.as_deref(), Some("V100"));
+        assert!(r.to_workers <= 2, "only 2 V100s exist: {r:?}");
+        let q = decision(&plan, 2);
+        assert_eq!(q.gpu_type.as_deref(), Some("A100"), "{q:?}");
+        assert!(q.to_workers >= 2, "{q:?}");
+    }
+
+    #[test]
+    fn workers_of_several_gpus_are_whole_on_one_node() {
+        // Two nodes of 3 GPUs: 6 GPUs in all, but a worker of 2 fits once per node.
+        let c = LiveCluster {
+            nodes: vec![node("x", 3, "A100"), node("y", 3, "A100")],
+            ..cluster(16)
+        };
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: c,
+            jobs: vec![gpu_job(1, LiveState::Queued, 3, 2, None)],
+        };
+        let plan = round(&snap);
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(
+            d.gpu_placement,
+            vec![("x".to_string(), 2), ("y".to_string(), 2)]
+        );
+    }
+
+    #[test]
+    fn a_running_job_whose_node_was_lost_shrinks_to_what_is_left() {
+        let mut j = gpu_job(1, LiveState::Running, 4, 1, Some("A100"));
+        j.held_workers = 4;
+        j.last_change_s = Some(99.0); // in cool-down: kept unless it cannot be
+        let c = LiveCluster {
+            nodes: vec![node("a1", 2, "A100")], // a second node of 2 was lost
+            ..cluster(16)
+        };
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: c,
+            jobs: vec![j],
+        };
+        let plan = round(&snap);
+        let d = decision(&plan, 1);
+        assert_eq!((d.from_workers, d.to_workers), (4, 2), "{d:?}");
+        assert!(d.reasons.iter().any(|r| r.contains("nodes left")), "{d:?}");
+    }
+
+    #[test]
+    fn cpu_jobs_get_the_cpu_gpu_jobs_leave() {
+        let mut cpu_job = job(2, LiveState::Queued, 8, &[]);
+        cpu_job.max_workers = 16;
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: LiveCluster {
+                nodes: vec![node("a", 4, "A100")],
+                ..cluster(6)
+            },
+            jobs: vec![gpu_job(1, LiveState::Queued, 4, 1, None), cpu_job],
+        };
+        let plan = round(&snap);
+        assert_eq!(decision(&plan, 1).to_workers, 4);
+        assert!(decision(&plan, 2).to_workers <= 2, "{plan:?}");
+        assert!(plan.cpu_millicores <= 6000, "{plan:?}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever the scheduler: no node gives more GPUs than it has, every worker's GPUs
+        /// are on one node of the job's model, and what a job starts on is a model it may.
+        #[test]
+        fn no_node_is_oversubscribed_and_workers_are_whole(
+            sizes in proptest::collection::vec((0u32..5, 0usize..2), 1..5),
+            specs in proptest::collection::vec((1u32..4, 1u32..3, proptest::option::of(0usize..2)), 1..6),
+            which in 0usize..3,
+        ) {
+            use crate::schedule::{Fifo, SchedulerKind};
+            let models = ["V100", "A100"];
+            let nodes: Vec<LiveNode> = sizes.iter().enumerate()
+                .map(|(i, &(g, m))| node(&format!("n{i}"), g, models[m]))
+                .collect();
+            let jobs: Vec<LiveJob> = specs.iter().enumerate()
+                .map(|(i, &(w, g, m))| gpu_job(i as u64 + 1, LiveState::Queued, w, g, m.map(|m| models[m])))
+                .collect();
+            let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();
+            let snap = LiveSnapshot {
+                now_s: 100.0,
+                cluster: LiveCluster { nodes: nodes.clone(), ..cluster(64) },
+                jobs: jobs.clone(),
+            };
+            let plan = plan_round(&snap, scheduler.scheduler(), &config(), &none()).unwrap();
+            let mut used: BTreeMap<String, u32> = BTreeMap::new();
+            for (d, j) in plan.decisions.iter().zip(&jobs) {
+                let gpus: u32 = d.gpu_placement.iter().map(|p| p.1).sum();
+                proptest::prop_assert_eq!(gpus, d.to_workers * j.worker_gpus, "{:?}", d);
+                for (n, k) in &d.gpu_placement {
+                    proptest::prop_assert_eq!(k % j.worker_gpus, 0);
+                    let at = nodes.iter().find(|x| &x.name == n).unwrap();
+                    proptest::prop_assert_eq!(Some(&at.gpu_type), d.gpu_type.as_ref());
+                    *used.entry(n.clone()).or_default() += k;
+                }
+                if let (Some(want), true) = (&j.gpu_type, d.to_workers > 0) {
+                    proptest::prop_assert_eq!(Some(want), d.gpu_type.as_ref());
+                }
+            }
+            for n in &nodes {
+                proptest::prop_assert!(used.get(&n.name).copied().unwrap_or(0) <= n.gpus, "{:?} {:?}", used, plan);
+            }
+        }
+    }
+
+    #[test]
+    fn a_model_no_node_has_or_a_worker_larger_than_any_node_is_named_with_the_cluster() {
+        let nodes = two_models().nodes;
+        assert_eq!(unplaceable(&nodes, 2, Some("V100")), None);
+        assert_eq!(unplaceable(&nodes, 4, None), None);
+        assert_eq!(unplaceable(&nodes, 0, Some("H100")), None);
+        let e = unplaceable(&nodes, 1, Some("H100")).unwrap();
+        assert!(e.contains("\"H100\", which no node has"), "{e}");
+        assert!(
+            e.contains("A100: 4 GPUs, at most 4 on a node; V100: 2 GPUs, at most 2 on a node"),
+            "{e}"
+        );
+        let e = unplaceable(&nodes, 3, Some("V100")).unwrap();
+        assert!(
+            e.contains("3 V100 GPUs per worker, more than any node holds"),
+            "{e}"
+        );
+        let e = unplaceable(&[], 1, None).unwrap();
+        assert!(e.contains("the cluster has no GPUs"), "{e}");
+    }
+}
