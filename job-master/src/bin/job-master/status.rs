@@ -34,8 +34,18 @@ pub async fn status(master: &str) -> anyhow::Result<std::process::ExitCode> {
         let given = p.resources.as_ref().map_or_else(
             || "-".to_string(),
             |r| {
+                let model = if r.gpu_type.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", r.gpu_type)
+                };
+                let devices = if p.devices.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (devices {})", p.devices)
+                };
                 format!(
-                    "{}m cpu, {:.0} MiB, {} gpu",
+                    "{}m cpu, {:.0} MiB, {}{model} gpu{devices}",
                     r.cpu_millicores,
                     r.memory_bytes as f64 / 1048576.0,
                     r.gpus

@@ -1,0 +1,169 @@
+//! Issue 20's figure: the decision time of one live round (`optimizer::live::plan_round`, what
+//! the brain runs between reading its store and dispatching plans) with 1,000 GPU jobs over 3
+//! GPU models on 100 nodes, per scheduler: the median of 5 rounds, and what the round decided.
+//!
+//! The cluster is Sia's three models at 100 nodes: 34 nodes of 4 K80s, 33 of 4 P100s, 33 of 8
+//! V100s (532 GPUs). The first jobs run (1 to 4 workers, a fifth of them of 2 GPUs per worker,
+//! on one model, with reported speeds) until they hold about 70 % of the GPUs; the rest wait
+//! (a third ask for a model, the others take any). Run with
+//! `cargo bench -p benches --bench gpu_round`.
+
+use std::time::Instant;
+
+use optimizer::heuristics::{Heuristics, SpeedPoint};
+use optimizer::live::{
+    LiveCluster, LiveConfig, LiveJob, LiveNode, LiveSnapshot, LiveState, plan_round,
+};
+use optimizer::schedule::SchedulerKind;
+use optimizer::units::JobId;
+
+const MODELS: [&str; 3] = ["K80", "P100", "V100"];
+
+fn snapshot() -> LiveSnapshot {
+    let mut nodes = Vec::new();
+    for i in 0..100 {
+        let (model, gpus) = match i % 3 {
+            0 => (MODELS[0], 4),
+            1 => (MODELS[1], 4),
+            _ => (MODELS[2], 8),
+        };
+        nodes.push(LiveNode {
+            name: format!("10.0.{}.{}", i / 250, i % 250 + 1),
+            gpus,
+            gpu_type: model.into(),
+        });
+    }
+    // A small deterministic generator: the same snapshot every run.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut used = vec![0u32; nodes.len()];
+    let jobs = (0..1000u64)
+        .map(|i| {
+            let gpus = if next(5) == 0 { 2 } else { 1 };
+            let mut workers = 1 + next(4) as u32;
+            let mut state = LiveState::Queued;
+            let mut model = (next(3) == 0).then(|| MODELS[next(3) as usize].to_string());
+            if i < 600 && used.iter().sum::<u32>() < 370 {
+                // Running where its workers fit now.
+                let m = next(3) as usize;
+                let mut placed = 0;
+                for (n, node) in nodes.iter().enumerate() {
+                    while placed < workers
+                        && node.gpu_type == MODELS[m]
+                        && used[n] + gpus <= node.gpus
+                    {
+                        used[n] += gpus;
+                        placed += 1;
+                    }
+                }
+                if placed > 0 {
+                    workers = placed;
+                    state = LiveState::Running;
+                    model = Some(MODELS[m].to_string());
+                }
+            }
+            let per = 50.0 + next(100) as f64;
+            LiveJob {
+                id: JobId(i + 1),
+                name: format!("job-{i}"),
+                state,
+                submitted_s: i as f64,
+                worker_millicores: 1000,
+                workers,
+                held_workers: if state == LiveState::Running {
+                    workers
+                } else {
+                    0
+                },
+                min_workers: 1,
+                max_workers: 8,
+                node_unit: 1,
+                speed: if state == LiveState::Running {
+                    vec![SpeedPoint {
+                        workers,
+                        samples_per_s: per * workers as f64 * 0.9,
+                    }]
+                } else {
+                    Vec::new()
+                },
+                samples_left: 1e6 + next(1_000_000) as f64,
+                last_change_s: (state == LiveState::Running).then_some(0.0),
+                running_s: 100.0,
+                peak_workers: workers,
+                worker_gpus: gpus,
+                gpu_type: model,
+                ..LiveJob::default()
+            }
+        })
+        .collect();
+    LiveSnapshot {
+        now_s: 1000.0,
+        cluster: LiveCluster {
+            cpu_millicores: 100 * 64 * 1000,
+            slot_millicores: 1000,
+            max_processes: 10_000,
+            nodes,
+        },
+        jobs,
+    }
+}
+
+fn main() {
+    let snap = snapshot();
+    let running = snap
+        .jobs
+        .iter()
+        .filter(|j| j.state == LiveState::Running)
+        .count();
+    println!(
+        "one live round: {} GPU jobs ({running} running), {} nodes, 532 GPUs of 3 models \
+         (median of 5)",
+        snap.jobs.len(),
+        snap.cluster.nodes.len()
+    );
+    println!(
+        "{:<12} {:>12} {:>10} {:>10} {:>10}",
+        "scheduler", "round (ms)", "started", "resized", "GPUs used"
+    );
+    let config = LiveConfig {
+        cooldown_s: 0.0,
+        ..LiveConfig::default()
+    };
+    let heuristics = Heuristics { heuristics: vec![] };
+    for name in ["elastic_lp", "pollux", "optimus", "fifo"] {
+        let kind: SchedulerKind =
+            serde_json::from_value(serde_json::json!({ "kind": name })).expect("a scheduler");
+        let mut times = Vec::new();
+        let mut last = None;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let plan =
+                plan_round(&snap, kind.scheduler(), &config, &heuristics).expect("the round plans");
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            last = Some(plan);
+        }
+        times.sort_by(f64::total_cmp);
+        let plan = last.expect("five rounds");
+
+        let started = plan.decisions.iter().filter(|d| d.starts()).count();
+        let resized = plan
+            .decisions
+            .iter()
+            .filter(|d| d.state == LiveState::Running && d.to_workers != d.from_workers)
+            .count();
+        let gpus: u32 = plan
+            .decisions
+            .iter()
+            .map(|d| d.gpu_placement.iter().map(|p| p.1).sum::<u32>())
+            .sum();
+        println!(
+            "{:<12} {:>12.1} {:>10} {:>10} {:>10}",
+            plan.scheduler, times[2], started, resized, gpus
+        );
+    }
+}
