@@ -135,6 +135,9 @@ impl Launcher {
             .arg("--max-processes")
             .arg(self.max_processes.to_string())
             .args(&self.config.job_master_args)
+            // The platform is the spec's, as the brain wrote it: not one the brain's own
+            // environment names for `job-master run --ray-address`.
+            .env_remove("BRAIN_RAY_ADDRESS")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -66,30 +66,61 @@ impl ProcSampler {
 /// NVML, if it loads on this machine.
 pub struct GpuProbe {
     nvml: Option<Nvml>,
+    /// The devices this process was given (`CUDA_VISIBLE_DEVICES`: NVML indices or UUIDs);
+    /// `None`: every device.
+    only: Option<Vec<String>>,
+}
+
+/// Whether device `index` (UUID `uuid`) is one of `only`'s.
+fn visible(only: Option<&[String]>, index: u32, uuid: impl FnOnce() -> Option<String>) -> bool {
+    let Some(only) = only else {
+        return true;
+    };
+    if only.iter().any(|d| *d == index.to_string()) {
+        return true;
+    }
+    uuid().is_some_and(|u| {
+        only.iter()
+            .any(|d| u.starts_with(d.as_str()) && d.starts_with("GPU-"))
+    })
 }
 
 impl GpuProbe {
     /// Tries to load NVML once; logs "no GPU" once when it cannot.
     pub fn new() -> Self {
-        match Nvml::init() {
+        let only = std::env::var("CUDA_VISIBLE_DEVICES").ok().map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_string)
+                .collect()
+        });
+        let nvml = match Nvml::init() {
             Ok(nvml) => {
-                tracing::info!("NVML loaded: {} GPU(s)", nvml.device_count().unwrap_or(0));
-                Self { nvml: Some(nvml) }
+                tracing::info!(
+                    "NVML loaded: {} GPU(s); sampling {}",
+                    nvml.device_count().unwrap_or(0),
+                    only.as_ref()
+                        .map_or("all".to_string(), |d: &Vec<String>| d.join(","))
+                );
+                Some(nvml)
             }
             Err(e) => {
                 tracing::info!(
                     "no GPU: NVML is not available ({e}); reporting CPU and memory only"
                 );
-                Self { nvml: None }
+                None
             }
-        }
+        };
+        Self { nvml, only }
     }
 
     pub fn present(&self) -> bool {
         self.nvml.is_some()
     }
 
-    /// (mean utilisation %, memory used by `pid`) over all devices.
+    /// (mean utilisation %, memory used by `pid`) over the process's devices (all when it was
+    /// given none in particular).
     pub fn sample(&self, pid: u32) -> Option<(u32, u64)> {
         let nvml = self.nvml.as_ref()?;
         let count = nvml.device_count().ok()?;
@@ -98,6 +129,9 @@ impl GpuProbe {
             let Ok(dev) = nvml.device_by_index(i) else {
                 continue;
             };
+            if !visible(self.only.as_deref(), i, || dev.uuid().ok()) {
+                continue;
+            }
             if let Ok(u) = dev.utilization_rates() {
                 util += u.gpu;
                 n += 1;
@@ -136,6 +170,21 @@ pub fn sample(proc: &mut ProcSampler, gpu: &GpuProbe, pid: u32) -> Option<Resour
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_devices_a_process_was_given_are_sampled() {
+        let given = vec!["1".to_string(), "GPU-abcd".to_string()];
+        let no_uuid = || None;
+        assert!(visible(None, 3, no_uuid));
+        assert!(visible(Some(&given), 1, no_uuid));
+        assert!(!visible(Some(&given), 0, no_uuid));
+        assert!(visible(Some(&given), 0, || Some("GPU-abcd-1234".into())));
+        assert!(!visible(Some(&given), 2, || Some("GPU-ffff".into())));
+        assert!(
+            !visible(Some(&[]), 0, no_uuid),
+            "CUDA_VISIBLE_DEVICES= hides all"
+        );
+    }
 
     #[test]
     fn samples_a_busy_child_process() {

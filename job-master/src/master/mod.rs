@@ -172,11 +172,13 @@ pub async fn run(
         PlatformConfig::Local {
             agent_bin,
             max_processes,
+            gpus,
         } => Arc::new(LocalPlatform::new(
             agent_bin.unwrap_or_else(LocalPlatform::default_agent_bin),
             run_dir.join("logs"),
             ev_tx,
             max_processes,
+            gpus.unwrap_or_else(crate::platform::local::machine_gpus),
         )?),
         PlatformConfig::External => {
             drop(ev_tx);

@@ -1,6 +1,8 @@
 //! The local platform: each agent is a child process of the job master on this machine, with its
 //! output in `RUN_DIR/logs/<role>-<index>.<incarnation>.log`. Agents get SIGTERM if the master
-//! dies (PR_SET_PDEATHSIG), so no process outlives the job.
+//! dies (PR_SET_PDEATHSIG), so no process outlives the job. A process that asks for `gpu: N` is
+//! given N of the machine's GPUs no other live process of the job holds, as its
+//! `CUDA_VISIBLE_DEVICES`.
 
 use crate::scale::Capacity;
 use crate::spec::{Bytes, Millicores};
@@ -22,6 +24,43 @@ struct Running {
     incarnation: u64,
     pid: u32,
     exited: watch::Receiver<bool>,
+    /// The GPUs it was given (freed when it is reaped).
+    gpus: Vec<String>,
+}
+
+/// This machine's GPUs as `CUDA_VISIBLE_DEVICES` names them: the job master's own
+/// `CUDA_VISIBLE_DEVICES` when set (a share of the machine someone gave it), else every GPU
+/// NVML sees (indices), else none.
+pub fn machine_gpus() -> Vec<String> {
+    if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
+        return v
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(str::to_string)
+            .collect();
+    }
+    nvml_wrapper::Nvml::init()
+        .and_then(|n| n.device_count())
+        .map_or(Vec::new(), |n| (0..n).map(|i| i.to_string()).collect())
+}
+
+/// `need` of `all` GPUs that `taken` does not hold, in order; the reason when too few are free.
+fn pick_gpus(all: &[String], taken: &[&String], need: u32) -> Result<Vec<String>, String> {
+    let free: Vec<String> = all.iter().filter(|d| !taken.contains(d)).cloned().collect();
+    if (free.len() as u64) < need as u64 {
+        return Err(format!(
+            "it needs {need} GPU(s); {} of this machine's {} ({}) are free",
+            free.len(),
+            all.len(),
+            if all.is_empty() {
+                "none found: set CUDA_VISIBLE_DEVICES or the local platform's gpus".to_string()
+            } else {
+                all.join(",")
+            }
+        ));
+    }
+    Ok(free.into_iter().take(need as usize).collect())
 }
 
 pub struct LocalPlatform {
@@ -30,6 +69,7 @@ pub struct LocalPlatform {
     events: mpsc::UnboundedSender<PlatformEvent>,
     agents: Arc<Mutex<BTreeMap<SlotKey, Running>>>,
     capacity: Capacity,
+    gpus: Vec<String>,
 }
 
 impl LocalPlatform {
@@ -38,6 +78,7 @@ impl LocalPlatform {
         log_dir: PathBuf,
         events: mpsc::UnboundedSender<PlatformEvent>,
         max_processes: Option<u32>,
+        gpus: Vec<String>,
     ) -> Result<Self, Error> {
         if !agent_bin.is_file() {
             return Err(Error::Launch {
@@ -69,8 +110,9 @@ impl LocalPlatform {
                         .map(|i| i.ram_total())
                         .unwrap_or(u64::MAX),
                 ),
-                gpus: 0,
+                gpus: gpus.len() as u32,
             },
+            gpus,
         })
     }
 
@@ -119,7 +161,26 @@ impl Platform for LocalPlatform {
             path: log_path.clone(),
             source: e,
         })?;
+        let need = l.resources.as_ref().and_then(|r| r.gpu).unwrap_or(0);
+        let gpus = if need == 0 {
+            Vec::new()
+        } else {
+            let agents = self.agents.lock().await;
+            let taken: Vec<&String> = agents
+                .iter()
+                .filter(|(k, r)| **k != l.key && !*r.exited.borrow())
+                .flat_map(|(_, r)| &r.gpus)
+                .collect();
+            pick_gpus(&self.gpus, &taken, need).map_err(|problem| Error::Launch {
+                platform: "local",
+                what: format!("agent {}", l.key),
+                problem,
+            })?
+        };
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
+        if !gpus.is_empty() {
+            cmd.env("CUDA_VISIBLE_DEVICES", gpus.join(","));
+        }
         cmd.arg("agent")
             .arg("--master")
             .arg(format!("http://{}", l.master_addr))
@@ -153,6 +214,7 @@ impl Platform for LocalPlatform {
                 incarnation: l.incarnation,
                 pid,
                 exited: rx,
+                gpus,
             },
         );
         let events = self.events.clone();
@@ -224,5 +286,24 @@ impl Platform for LocalPlatform {
 
     async fn running(&self) -> usize {
         self.agents.lock().await.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_gpus;
+
+    #[test]
+    fn gpus_go_to_one_process_at_a_time_and_too_few_are_named() {
+        let all: Vec<String> = ["0", "1", "2"].map(String::from).to_vec();
+        assert_eq!(pick_gpus(&all, &[], 2).unwrap(), ["0", "1"]);
+        assert_eq!(pick_gpus(&all, &[&all[0]], 2).unwrap(), ["1", "2"]);
+        let e = pick_gpus(&all, &[&all[0], &all[2]], 2).unwrap_err();
+        assert_eq!(
+            e,
+            "it needs 2 GPU(s); 1 of this machine's 3 (0,1,2) are free"
+        );
+        let e = pick_gpus(&[], &[], 1).unwrap_err();
+        assert!(e.contains("none found"), "{e}");
     }
 }

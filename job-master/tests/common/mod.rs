@@ -143,6 +143,7 @@ pub async fn start_with(spec: JobSpec, dir: &Path, timing: Timing) -> Running {
     let platform = PlatformConfig::Local {
         agent_bin: Some(agent_bin()),
         max_processes: None,
+        gpus: None,
     };
     start_on(spec, dir, timing, platform).await
 }

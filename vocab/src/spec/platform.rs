@@ -16,6 +16,11 @@ pub enum PlatformConfig {
         /// Processes of the job this machine may run at once (default 32).
         #[serde(default)]
         max_processes: Option<u32>,
+        /// The GPUs processes are given, as `CUDA_VISIBLE_DEVICES` names them (indices or
+        /// UUIDs) [default: the job master's own `CUDA_VISIBLE_DEVICES`, else every GPU NVML
+        /// sees, else none].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpus: Option<Vec<String>>,
     },
     /// Agents are started by someone else; the master only waits for them to register.
     External,
@@ -44,6 +49,7 @@ impl Default for PlatformConfig {
         PlatformConfig::Local {
             agent_bin: None,
             max_processes: None,
+            gpus: None,
         }
     }
 }

@@ -99,6 +99,7 @@ fn choose_platform(
     let local = |agent_bin| PlatformConfig::Local {
         agent_bin,
         max_processes: Some(max_processes.unwrap_or(32)),
+        gpus: None,
     };
     Ok(match (flag, spec) {
         (Some(PlatformKind::Local), _) => local(agent_bin),
@@ -147,10 +148,12 @@ fn choose_platform(
             Some(PlatformConfig::Local {
                 agent_bin: spec_bin,
                 max_processes: spec_max,
+                gpus,
             }),
         ) => PlatformConfig::Local {
             agent_bin: agent_bin.or(spec_bin),
             max_processes: max_processes.or(spec_max).or(Some(32)),
+            gpus,
         },
         (None, Some(PlatformConfig::External)) => PlatformConfig::External,
         (None, None) => local(agent_bin),
@@ -328,7 +331,8 @@ mod tests {
             local,
             PlatformConfig::Local {
                 agent_bin: None,
-                max_processes: Some(32)
+                max_processes: Some(32),
+                gpus: None,
             }
         );
         // The spec's Ray platform, its address replaced by the flag.
@@ -352,7 +356,8 @@ mod tests {
             p.unwrap(),
             PlatformConfig::Local {
                 agent_bin: None,
-                max_processes: Some(4)
+                max_processes: Some(4),
+                gpus: None,
             }
         );
         // --platform ray takes the spec's settings and the flag's address.
