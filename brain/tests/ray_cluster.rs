@@ -10,50 +10,10 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
 use std::time::{Duration, Instant};
 
 use common::{bin_dir, brainctl};
-
-struct Cluster {
-    dashboard: String,
-    host: String,
-    /// Each node's address, by node index (0: the head).
-    nodes: Vec<String>,
-}
-
-fn cluster() -> Option<Cluster> {
-    let dir = match std::env::var("BRAIN_RAY_CLUSTER") {
-        Ok(d) if !d.is_empty() => PathBuf::from(d),
-        _ => {
-            test_support::optional_server(
-                "BRAIN_REQUIRE_RAY_CLUSTER",
-                "a multi-node Ray cluster",
-                "start one with `.ci/ray-cluster start DIR` (as root) and set \
-                 BRAIN_RAY_CLUSTER=DIR, as .ci/run does",
-            );
-            return None;
-        }
-    };
-    let read = |f: &str| {
-        std::fs::read_to_string(dir.join(f))
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(f).display()))
-            .trim()
-            .to_string()
-    };
-    Some(Cluster {
-        dashboard: read("address"),
-        host: read("host"),
-        nodes: read("nodes")
-            .lines()
-            .map(|l| {
-                l.split_whitespace()
-                    .nth(2)
-                    .expect("index ns address")
-                    .into()
-            })
-            .collect(),
-    })
-}
 
 fn spec(dir: &Path, name: &str, resources: &str) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
@@ -88,7 +48,7 @@ fn devices(events: &[&str]) -> BTreeMap<String, (String, String)> {
 
 #[test]
 fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
-    let Some(c) = cluster() else {
+    let Some(c) = test_support::ray_cluster() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -19,58 +19,27 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use job_master::JobReport;
 use job_master::job::Timing;
 use job_master::platform::PlatformConfig;
 use job_master::spec::JobSpec;
-use job_master::{JobReport, MasterConfig};
 use proto::jobmaster::v1 as pb;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The harness's state directory: its dashboard, the host's address, the nodes.
-struct Cluster {
-    dir: PathBuf,
-    dashboard: String,
-    host: String,
-    /// Each node's address, by node index (0: the head).
-    nodes: Vec<String>,
+/// The harness's cluster, with what the tests do to it.
+struct Cluster(test_support::RayClusterDir);
+
+impl std::ops::Deref for Cluster {
+    type Target = test_support::RayClusterDir;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Cluster {
     fn from_env() -> Option<Cluster> {
-        let dir = match std::env::var("BRAIN_RAY_CLUSTER") {
-            Ok(d) if !d.is_empty() => PathBuf::from(d),
-            _ => {
-                test_support::optional_server(
-                    "BRAIN_REQUIRE_RAY_CLUSTER",
-                    "a multi-node Ray cluster",
-                    "start one with `.ci/ray-cluster start DIR` (as root) and set \
-                     BRAIN_RAY_CLUSTER=DIR, as .ci/run does",
-                );
-                return None;
-            }
-        };
-        let read = |f: &str| {
-            std::fs::read_to_string(dir.join(f))
-                .unwrap_or_else(|e| panic!("{}: {e}", dir.join(f).display()))
-                .trim()
-                .to_string()
-        };
-        let nodes = read("nodes")
-            .lines()
-            .map(|l| {
-                l.split_whitespace()
-                    .nth(2)
-                    .expect("index ns address")
-                    .to_string()
-            })
-            .collect();
-        Some(Cluster {
-            dashboard: read("address"),
-            host: read("host"),
-            nodes,
-            dir,
-        })
+        test_support::ray_cluster().map(Cluster)
     }
 
     fn script() -> PathBuf {
@@ -121,29 +90,11 @@ impl Cluster {
 
     /// Starts `spec` with its master on the bridge, where every node reaches it.
     async fn start(&self, spec: JobSpec, dir: &Path) -> Running {
-        let listener = tokio::net::TcpListener::bind((self.host.as_str(), 0))
-            .await
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let run_dir = dir.join("run");
-        let config = MasterConfig {
-            spec,
-            run_dir: run_dir.clone(),
-            timing: Timing {
-                heartbeat_timeout_ms: 6_000,
-                ..test_timing()
-            },
-            platform: self.platform(),
-            brain: None,
-            resume: false,
-            advertise: None,
+        let timing = Timing {
+            heartbeat_timeout_ms: 6_000,
+            ..test_timing()
         };
-        let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
-        Running {
-            addr,
-            handle,
-            run_dir,
-        }
+        start_at(&self.host, spec, dir, timing, self.platform()).await
     }
 }
 

@@ -38,6 +38,20 @@ pub enum RayError {
     Unexpected { what: String, problem: String },
 }
 
+impl RayError {
+    /// Whether asking again later may succeed: the dashboard unreachable, or busy (Ray's own
+    /// "No available agent to submit job, please try again later", HTTP 503).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RayError::Unreachable { .. } => true,
+            RayError::Http { status, text, .. } => {
+                *status == 503 || (*status >= 500 && text.contains("try again later"))
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A Ray job's life as the Jobs API reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -511,6 +525,26 @@ impl RayApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_or_unreachable_dashboard_is_worth_asking_again() {
+        let http = |status, text: &str| RayError::Http {
+            what: "submitting x".into(),
+            status,
+            text: text.into(),
+        };
+        assert!(
+            http(
+                500,
+                "No available agent to submit job, please try again later."
+            )
+            .is_transient()
+        );
+        assert!(http(503, "busy").is_transient());
+        assert!(!http(500, "RuntimeError: bad entrypoint").is_transient());
+        assert!(!http(400, "try again later").is_transient());
+        assert!(!RayError::Duplicate("x".into()).is_transient());
+    }
 
     #[test]
     fn a_nodes_gpu_model_is_its_accelerator_type_resource() {

@@ -290,6 +290,54 @@ pub fn optional_server(require: &str, what: &str, how: &str) {
     ));
 }
 
+/// The multi-node Ray cluster `.ci/ray-cluster start DIR` made, from `BRAIN_RAY_CLUSTER=DIR`.
+pub struct RayClusterDir {
+    pub dir: std::path::PathBuf,
+    /// The head's dashboard, `http://NODE0:8265`.
+    pub dashboard: String,
+    /// This machine's address on the nodes' bridge (where processes here are reached).
+    pub host: String,
+    /// Each node's address, by node index (0: the head).
+    pub nodes: Vec<String>,
+}
+
+/// The cluster of `BRAIN_RAY_CLUSTER`, or `None` (said so, or a failure with
+/// `BRAIN_REQUIRE_RAY_CLUSTER=1`) where there is none.
+pub fn ray_cluster() -> Option<RayClusterDir> {
+    let dir = match std::env::var("BRAIN_RAY_CLUSTER") {
+        Ok(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => {
+            optional_server(
+                "BRAIN_REQUIRE_RAY_CLUSTER",
+                "a multi-node Ray cluster",
+                "start one with `.ci/ray-cluster start DIR` (as root) and set \
+                 BRAIN_RAY_CLUSTER=DIR, as .ci/run does",
+            );
+            return None;
+        }
+    };
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(f).display()))
+            .trim()
+            .to_string()
+    };
+    Some(RayClusterDir {
+        dashboard: read("address"),
+        host: read("host"),
+        nodes: read("nodes")
+            .lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .nth(2)
+                    .expect("index ns address")
+                    .into()
+            })
+            .collect(),
+        dir,
+    })
+}
+
 /// Prints `*** SKIPPED: why ***` where it is seen even when the test passes (straight to the
 /// process's stderr: the test harness captures only `eprintln!`).
 pub fn skipped(why: &str) {

@@ -155,7 +155,18 @@ pub async fn start_on(
     timing: Timing,
     platform: PlatformConfig,
 ) -> Running {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start_at("127.0.0.1", spec, dir, timing, platform).await
+}
+
+/// Starts the job on `platform` with its master listening on `ip` (port 0).
+pub async fn start_at(
+    ip: &str,
+    spec: JobSpec,
+    dir: &Path,
+    timing: Timing,
+    platform: PlatformConfig,
+) -> Running {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let run_dir = dir.join("run");
     let config = MasterConfig {

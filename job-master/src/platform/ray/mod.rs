@@ -311,22 +311,29 @@ impl Inner {
                                 need: need.clone(),
                                 running_since: None,
                             });
-                            return match self.api.submit(req).await {
-                                Ok(()) => Ok(()),
-                                Err(RayError::Duplicate(id)) => self.adopt(&id).await,
+                            match self.api.submit(req).await {
+                                Ok(()) => return Ok(()),
+                                Err(RayError::Duplicate(id)) => return self.adopt(&id).await,
+                                // Asked again on the next pass, until the deadline.
+                                Err(e) if e.is_transient() => {
+                                    self.forget(&req.submission_id);
+                                    tracing::warn!(id = %req.submission_id, "{e}; trying again");
+                                    last = e.to_string();
+                                }
                                 Err(e) => {
                                     self.forget(&req.submission_id);
-                                    Err(e.into())
+                                    return Err(e.into());
                                 }
-                            };
+                            }
+                        } else {
+                            let free = cluster
+                                .nodes
+                                .iter()
+                                .map(|n| format!("{}: {}", n.ip, describe(&n.available)))
+                                .collect::<Vec<_>>()
+                                .join("; ");
+                            last = format!("no node has room (free: {free})");
                         }
-                        let free = cluster
-                            .nodes
-                            .iter()
-                            .map(|n| format!("{}: {}", n.ip, describe(&n.available)))
-                            .collect::<Vec<_>>()
-                            .join("; ");
-                        last = format!("no node has room (free: {free})");
                     }
                     Err(e) => last = e.to_string(),
                 }
