@@ -139,6 +139,27 @@ impl Blocker {
             );
             std::thread::sleep(Duration::from_millis(300));
         }
+        // Ray's usage report lags placement by seconds: until it shows the blocker's CPUs, the
+        // platform would count them free and submit processes Ray keeps waiting.
+        loop {
+            let status: serde_json::Value =
+                serde_json::from_str(&get(&format!("{address}/api/cluster_status")))
+                    .unwrap_or_default();
+            let used: f64 = status
+                .pointer("/data/clusterStatus/loadMetricsReport/usageByNode")
+                .and_then(|u| u.as_object())
+                .map_or(0.0, |nodes| {
+                    nodes.values().filter_map(|n| n["CPU"][0].as_f64()).sum()
+                });
+            if used >= cpus as f64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Ray's usage report never showed the blocker's {cpus} CPUs: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
         Blocker {
             address: address.into(),
             id,

@@ -52,13 +52,23 @@ pub fn start_master(
     run_dir: &Path,
     ray: Option<&str>,
 ) -> (test_support::Spawned, String) {
+    start_master_at(spec, run_dir, ray, "127.0.0.1")
+}
+
+/// [`start_master`] listening on `ip` (a multi-node cluster's nodes reach it there).
+pub fn start_master_at(
+    spec: &Path,
+    run_dir: &Path,
+    ray: Option<&str>,
+    ip: &str,
+) -> (test_support::Spawned, String) {
     let mut cmd = std::process::Command::new(release_bin("job-master"));
     cmd.arg("run")
         .arg(spec)
         .args(platform_args(ray))
         .arg("--run-dir")
         .arg(run_dir)
-        .args(["--listen", "127.0.0.1:0", "--progress-secs", "3600"])
+        .args(["--listen", &format!("{ip}:0"), "--progress-secs", "3600"])
         .env("BRAIN_WORKER_AGENT_BIN", release_bin("worker-agent"))
         .stderr(std::process::Stdio::null());
     test_support::spawn_announcing(
