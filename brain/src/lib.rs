@@ -15,7 +15,8 @@
 //! * [`control`]: the live optimisation loop (timer and events, snapshot, the operator's
 //!   scheduler through [`optimizer::live`], plans dispatched, cool-downs, policy reload);
 //!   [`launch`] starts the job masters of submitted jobs; [`metrics`] is `GET /metrics`;
-//!   [`capacity`] is what the brain may hand out (its config, or a Ray cluster's CPUs).
+//!   [`capacity`] is what the brain may hand out (its config, or a Ray cluster's CPUs and its
+//!   nodes' GPUs by model).
 //!
 //! * [`sink`]: raw metric time series to InfluxDB (1.x HTTP API or 2.x through influxdb2).
 //! * [`train`]: `brainctl train`: job-profile models ([`optimizer::profile`]) fitted on the

@@ -189,22 +189,7 @@ pub(super) fn plan_gpu_jobs(
         .iter()
         .map(|&(_, job)| {
             let mut reasons = Vec::new();
-            let model = match AmdahlModel::fit(&job.speed) {
-                Ok(m) => {
-                    reasons.push(format!(
-                        "speed model 1/samples_per_s = {:.3e} + {:.3e}/workers from {} worker \
-                         count(s)",
-                        m.serial, m.parallel, m.counts_seen
-                    ));
-                    m
-                }
-                Err(_) => {
-                    reasons.push(format!(
-                        "no speed reported yet: assumed {prior:.1} samples/s per worker, linear"
-                    ));
-                    AmdahlModel::linear(prior)
-                }
-            };
+            let model = speed_model(AmdahlModel::fit(&job.speed).ok(), prior, &mut reasons);
             let wanted = job.gpu_type.as_deref();
             let allowed = models
                 .iter()

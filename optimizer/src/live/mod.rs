@@ -332,6 +332,26 @@ impl Sized<'_> {
     }
 }
 
+/// The job's fitted speed model, or, without one, `prior` samples/s per worker, linear; the
+/// reason goes to `reasons`.
+fn speed_model(fit: Option<AmdahlModel>, prior: f64, reasons: &mut Vec<String>) -> AmdahlModel {
+    match fit {
+        Some(m) => {
+            reasons.push(format!(
+                "speed model 1/samples_per_s = {:.3e} + {:.3e}/workers from {} worker count(s)",
+                m.serial, m.parallel, m.counts_seen
+            ));
+            m
+        }
+        None => {
+            reasons.push(format!(
+                "no speed reported yet: assumed {prior:.1} samples/s per worker, linear"
+            ));
+            AmdahlModel::linear(prior)
+        }
+    }
+}
+
 fn slots_of(millicores: u64, slot: u64) -> u32 {
     millicores.div_ceil(slot).max(1) as u32
 }
@@ -418,22 +438,7 @@ pub fn plan_round(
         .filter(|(job, _)| job.worker_gpus == 0)
         .map(|(job, fit)| {
             let mut reasons = Vec::new();
-            let model = match fit {
-                Some(m) => {
-                    reasons.push(format!(
-                        "speed model 1/samples_per_s = {:.3e} + {:.3e}/workers from {} worker \
-                         count(s)",
-                        m.serial, m.parallel, m.counts_seen
-                    ));
-                    m
-                }
-                None => {
-                    reasons.push(format!(
-                        "no speed reported yet: assumed {prior:.1} samples/s per worker, linear"
-                    ));
-                    AmdahlModel::linear(prior)
-                }
-            };
+            let model = speed_model(fit, prior, &mut reasons);
             let slot = cluster.slot_millicores;
             let ps_slot_each = slots_of(job.ps_millicores, slot);
             // What the job holds for its PS: each as reported (a migration may have given one
