@@ -161,9 +161,10 @@ impl RayResources {
                 "CPU" => r.cpus = *v,
                 "GPU" => r.gpus = *v,
                 "memory" => r.memory_bytes = v.max(0.0) as u64,
-                // Ray's own bookkeeping, not something a process asks for.
+                // Ray's own bookkeeping, not something a process asks for (`node:ADDRESS`
+                // is: a sliver of it pins a process to that node).
                 "object_store_memory" => {}
-                k if k.starts_with("node:") => {}
+                k if k.starts_with("node:__internal") => {}
                 _ => {
                     r.custom.insert(k.clone(), *v);
                 }
@@ -597,12 +598,13 @@ mod tests {
     }
 
     #[test]
-    fn resource_maps_drop_rays_bookkeeping() {
+    fn resource_maps_drop_rays_bookkeeping_and_keep_the_node_marker() {
         let m: BTreeMap<String, f64> = [
             ("CPU", 4.0),
             ("GPU", 1.0),
             ("memory", 1e9),
             ("object_store_memory", 5e8),
+            ("node:__internal_head__", 1.0),
             ("node:127.0.0.1", 1.0),
             ("brain_slot", 3.0),
         ]
@@ -611,7 +613,15 @@ mod tests {
         .collect();
         let r = RayResources::from_map(&m);
         assert_eq!((r.cpus, r.gpus, r.memory_bytes), (4.0, 1.0, 1_000_000_000));
-        assert_eq!(r.custom, [("brain_slot".to_string(), 3.0)].into());
+        // A process may ask for a sliver of `node:ADDRESS` to be pinned to that node.
+        assert_eq!(
+            r.custom,
+            [
+                ("brain_slot".to_string(), 3.0),
+                ("node:127.0.0.1".to_string(), 1.0)
+            ]
+            .into()
+        );
     }
 
     #[test]
