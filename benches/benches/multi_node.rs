@@ -17,9 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{start_master_at, stop_master};
-use job_master::scale::ScalePlan;
-use job_master::spec::Role;
+use common::{alternate_rescales, master_client, start_master_at, stop_master, transitions};
 use proto::jobmaster::v1 as pb;
 
 const FIRSTS: usize = 5;
@@ -39,29 +37,10 @@ fn spec(dir: &Path, resources: &str) -> PathBuf {
     path
 }
 
-async fn client(addr: &str) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
-    loop {
-        if let Ok(c) =
-            pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await
-        {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn step(c: &mut pb::job_master_client::JobMasterClient<tonic::transport::Channel>) -> u64 {
     c.get_status(pb::StatusRequest {})
         .await
         .map_or(0, |s| s.into_inner().global_step)
-}
-
-fn transitions(run_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read(run_dir.join("job-context.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["transitions"].as_array().cloned())
-        .unwrap_or_default()
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -81,7 +60,7 @@ async fn measure(
         let spec = spec(dir.path(), resources);
         let t0 = Instant::now();
         let (mut master, addr) = start_master_at(&spec, &dir.path().join("run"), ray, &c.host);
-        let mut client = client(&addr).await;
+        let mut client = master_client(&addr).await;
         while step(&mut client).await == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -93,33 +72,11 @@ async fn measure(
     let spec = spec(dir.path(), resources);
     let run_dir = dir.path().join("run");
     let (mut master, addr) = start_master_at(&spec, &run_dir, ray, &c.host);
-    let mut client = client(&addr).await;
+    let mut client = master_client(&addr).await;
     while step(&mut client).await == 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for version in 1..=2 * EVENTS {
-        let workers = if version % 2 == 1 { 4 } else { 2 };
-        let a = client
-            .apply_scale_plan(pb::ScalePlan::from(&ScalePlan::count(
-                version,
-                Role::Worker,
-                workers,
-            )))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(a.accepted, "{}", a.reason);
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let t = transitions(&run_dir);
-            if t.len() as u64 == version && !t[version as usize - 1]["resumed_ms"].is_null() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "plan {version}: {:?}", t.last());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    alternate_rescales(&mut client, &run_dir, EVENTS, Duration::from_secs(90)).await;
     stop_master(&mut master.child);
     let mut up = [Vec::new(), Vec::new()];
     let mut down = [Vec::new(), Vec::new()];

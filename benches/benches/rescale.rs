@@ -12,13 +12,11 @@
 
 mod common;
 
-use std::path::Path;
+use common::{
+    alternate_rescales, master_client, ray_address, start_master, stop_master, transitions,
+};
+use std::time::Duration;
 
-use common::{ray_address, start_master, stop_master};
-use std::time::{Duration, Instant};
-
-use job_master::scale::ScalePlan;
-use job_master::spec::Role;
 use proto::jobmaster::v1 as pb;
 use worker_agent::workload::model::{SparseTable, ps_owner};
 use worker_agent::workload::ps_server::{PsService, serve};
@@ -28,26 +26,6 @@ const EVENTS: usize = 20;
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-async fn client(addr: &str) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
-    loop {
-        if let Ok(c) =
-            pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await
-        {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The transitions recorded in the persisted job context.
-fn transitions(run_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read(run_dir.join("job-context.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["transitions"].as_array().cloned())
-        .unwrap_or_default()
 }
 
 async fn allreduce_rescale(ray: Option<&str>, events: usize) {
@@ -63,7 +41,7 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
     std::fs::write(&spec, yaml).unwrap();
     let run_dir = dir.path().join("run");
     let (mut master, addr) = start_master(&spec, &run_dir, ray);
-    let mut c = client(&addr).await;
+    let mut c = master_client(&addr).await;
     // Training first.
     while c
         .get_status(pb::StatusRequest {})
@@ -74,34 +52,7 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for version in 1..=(2 * events as u64) {
-        let workers = if version % 2 == 1 { 4 } else { 2 };
-        let a = c
-            .apply_scale_plan(pb::ScalePlan::from(&ScalePlan::count(
-                version,
-                Role::Worker,
-                workers,
-            )))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(a.accepted, "{}", a.reason);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let t = transitions(&run_dir);
-            if t.len() as u64 == version && !t[version as usize - 1]["resumed_ms"].is_null() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "plan {version} did not complete: {:?}",
-                t.last()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // Let the new group train a little before the next change.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    alternate_rescales(&mut c, &run_dir, events as u64, Duration::from_secs(60)).await;
     stop_master(&mut master.child);
     let t = transitions(&run_dir);
     let on = if ray.is_some() {

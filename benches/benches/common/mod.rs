@@ -95,3 +95,70 @@ pub fn stop_master(child: &mut std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A gRPC client of the job master at `addr`, once it answers.
+pub async fn master_client(
+    addr: &str,
+) -> proto::jobmaster::v1::job_master_client::JobMasterClient<tonic::transport::Channel> {
+    loop {
+        if let Ok(c) = proto::jobmaster::v1::job_master_client::JobMasterClient::connect(format!(
+            "http://{addr}"
+        ))
+        .await
+        {
+            return c;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The transitions recorded in the job master's persisted context in `run_dir`.
+pub fn transitions(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read(run_dir.join("job-context.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["transitions"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Sends plans 1..=2·`events` alternating 2 → 4 and 4 → 2 workers, each once the one before
+/// has every worker training again (and 300 ms of training more).
+pub async fn alternate_rescales(
+    client: &mut proto::jobmaster::v1::job_master_client::JobMasterClient<
+        tonic::transport::Channel,
+    >,
+    run_dir: &Path,
+    events: u64,
+    within: std::time::Duration,
+) {
+    use job_master::scale::ScalePlan;
+    use job_master::spec::Role;
+    for version in 1..=2 * events {
+        let workers = if version % 2 == 1 { 4 } else { 2 };
+        let a = client
+            .apply_scale_plan(proto::jobmaster::v1::ScalePlan::from(&ScalePlan::count(
+                version,
+                Role::Worker,
+                workers,
+            )))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(a.accepted, "{}", a.reason);
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let t = transitions(run_dir);
+            if t.len() as u64 == version && !t[version as usize - 1]["resumed_ms"].is_null() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "plan {version} did not complete: {:?}",
+                t.last()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // Let the new group train a little before the next change.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
