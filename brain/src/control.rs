@@ -364,7 +364,7 @@ impl Control {
         if attempt > max_resumes {
             return false;
         }
-        if let Err(e) = self.launcher.resume(job, &run_dir) {
+        if let Err(e) = self.launcher.resume(job, &run_dir).await {
             tracing::warn!("cannot start the master of {job} again: {e}");
             return false;
         }
@@ -562,7 +562,7 @@ impl Control {
             let worker = spec.roles.entry(vocab::Role::Worker).or_default();
             worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
         }
-        let run_dir = self.launcher.start(job, &spec, workers)?;
+        let run_dir = self.launcher.start(job, &spec, workers).await?;
         let dir = run_dir.display().to_string();
         self.with_store(move |s| s.started(job, workers, gpu_type.as_deref(), &dir, now_unix_ms()))
             .await?;

@@ -1,14 +1,20 @@
-//! Starting a submitted job's master as a local process: the spec the brain filled in is
-//! written to the job's run directory with the worker count the round decided, and
-//! `job-master run` is started on it with `--brain` pointing back here. The child is reaped by
-//! a task that reports its exit; a job master outlives a brain that is killed (it keeps
-//! training and reconnects), so a restarted brain learns of it when it registers again. A job
-//! master that dies before its job ended is started again on the same run directory with
-//! `--resume` (see `Control::exited`).
+//! Starting a submitted job's master: the spec the brain filled in is written to the job's run
+//! directory with the worker count the round decided, and `job-master run` is started on it
+//! with `--brain` pointing back here, as a child process of the brain ([`JobMasters::Local`],
+//! the default) or as a Ray job on the brain's Ray cluster ([`JobMasters::Ray`]: Ray places it
+//! on a node, and a node lost takes only that node's masters). Either way a task follows the
+//! master to its end (the child's exit, or the Ray job's terminal status polled from the
+//! dashboard) and reports it; a job master outlives a brain that is killed (it keeps training
+//! and reconnects), so a restarted brain learns of it when it registers again. A job master
+//! that dies before its job ended is started again on the same run directory with `--resume`
+//! (see `Control::exited`); on Ray, on whichever node Ray picks then.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
+use ray_client::{RayApi, RayJobStatus, RuntimeEnv, SubmitRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use vocab::{JobSpec, Role};
@@ -19,7 +25,8 @@ use crate::store::JobId;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LauncherConfig {
-    /// The `job-master` binary [default: next to the running binary].
+    /// The `job-master` binary [default: next to the running binary]; on Ray, at this path on
+    /// the nodes.
     #[serde(default)]
     pub job_master_bin: Option<PathBuf>,
     /// The `worker-agent` binary job masters start [default: next to `job-master`].
@@ -28,6 +35,29 @@ pub struct LauncherConfig {
     /// Extra arguments for `job-master run` (e.g. timing flags).
     #[serde(default)]
     pub job_master_args: Vec<String>,
+    /// Where job masters run [default: local].
+    #[serde(default)]
+    pub job_masters: JobMasters,
+}
+
+/// Where the brain runs the job masters it starts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum JobMasters {
+    /// Child processes of the brain, on its machine (`job_masters = "local"`).
+    #[default]
+    Local,
+    /// Ray jobs on the brain's Ray cluster (`cluster.ray_address`), using no CPU of the jobs':
+    /// Ray places each on a node that has `resources` (custom resources the nodes that may
+    /// hold job masters declare, e.g. `ray start --resources '{"brain_job_master": 8}'`;
+    /// none: wherever Ray's scheduler puts a job driver, the head usually). A master whose
+    /// node is lost is resumed on a node left. The brain's address must be one the nodes reach
+    /// (`advertise`), and `runs_dir` a directory every node shares, at the same path
+    /// (`[launcher.job_masters.ray] resources = { brain_job_master = 1 }`).
+    Ray {
+        #[serde(default)]
+        resources: BTreeMap<String, f64>,
+    },
 }
 
 /// A job master process that ended, as the reaper saw it.
@@ -45,10 +75,16 @@ pub struct Launcher {
     max_processes: u32,
     /// Run the jobs' processes on this Ray cluster.
     ray_address: Option<String>,
+    /// With [`JobMasters::Ray`]: the cluster the masters are submitted to.
+    ray_masters: Option<RayApi>,
     exited: mpsc::UnboundedSender<Exited>,
 }
 
+/// How often the status of a job master running as a Ray job is read.
+const RAY_POLL: Duration = Duration::from_secs(1);
+
 impl Launcher {
+    /// Fails when job masters are to run on Ray and the brain has no Ray cluster.
     pub fn new(
         config: LauncherConfig,
         runs_dir: PathBuf,
@@ -56,15 +92,30 @@ impl Launcher {
         max_processes: u32,
         ray_address: Option<String>,
         exited: mpsc::UnboundedSender<Exited>,
-    ) -> Launcher {
-        Launcher {
+    ) -> Result<Launcher, BrainError> {
+        let ray_masters = match (&config.job_masters, &ray_address) {
+            (JobMasters::Local, _) => None,
+            (JobMasters::Ray { .. }, Some(a)) => Some(
+                RayApi::new(a)
+                    .map_err(|e| BrainError::Config(format!("cluster.ray_address: {e}")))?,
+            ),
+            (JobMasters::Ray { .. }, None) => {
+                return Err(BrainError::Config(
+                    "launcher.job_masters is ray, but the brain has no Ray cluster: set \
+                     cluster.ray_address (--ray-address)"
+                        .into(),
+                ));
+            }
+        };
+        Ok(Launcher {
             config,
             runs_dir,
             brain_url,
             max_processes,
             ray_address,
+            ray_masters,
             exited,
-        }
+        })
     }
 
     fn job_master_bin(&self) -> PathBuf {
@@ -83,7 +134,12 @@ impl Launcher {
 
     /// Writes the job's spec with `workers` workers and starts its master. Returns the run
     /// directory.
-    pub fn start(&self, job: JobId, spec: &JobSpec, workers: u32) -> Result<PathBuf, BrainError> {
+    pub async fn start(
+        &self,
+        job: JobId,
+        spec: &JobSpec,
+        workers: u32,
+    ) -> Result<PathBuf, BrainError> {
         let run_dir = self.run_dir(&spec.name);
         std::fs::create_dir_all(&run_dir)?;
         let mut spec = spec.clone();
@@ -103,14 +159,14 @@ impl Launcher {
         let text = serde_norway::to_string(&spec)
             .map_err(|e| BrainError::Internal(format!("writing the spec of {job}: {e}")))?;
         std::fs::write(run_dir.join("spec.yaml"), text)?;
-        self.spawn(job, &run_dir, false)?;
+        self.spawn(job, &run_dir, false).await?;
         Ok(run_dir)
     }
 
     /// Starts a new master on the unfinished job in `run_dir` after its master died
     /// (`job-master run --resume`: every process anew from the latest checkpoint).
-    pub fn resume(&self, job: JobId, run_dir: &Path) -> Result<(), BrainError> {
-        self.spawn(job, run_dir, true)
+    pub async fn resume(&self, job: JobId, run_dir: &Path) -> Result<(), BrainError> {
+        self.spawn(job, run_dir, true).await
     }
 
     /// Whether the master of the job in `run_dir` left it unfinished: its persisted context
@@ -119,34 +175,53 @@ impl Launcher {
         vocab::run_dir::left_unfinished(&run_dir.join("master"))
     }
 
-    fn spawn(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
+    /// `job-master run` on the job in `run_dir`, binary first.
+    fn command(&self, run_dir: &Path, resume: bool) -> Vec<std::ffi::OsString> {
+        let mut cmd: Vec<std::ffi::OsString> = vec![
+            self.job_master_bin().into(),
+            "run".into(),
+            run_dir.join("spec.yaml").into(),
+            "--run-dir".into(),
+            run_dir.join("master").into(),
+            "--brain".into(),
+            self.brain_url.clone().into(),
+            "--max-processes".into(),
+            self.max_processes.to_string().into(),
+        ];
+        cmd.extend(self.config.job_master_args.iter().map(Into::into));
+        if let Some(agent) = &self.config.agent_bin {
+            cmd.extend(["--agent-bin".into(), agent.into()]);
+        }
+        if resume {
+            cmd.push("--resume".into());
+        }
+        cmd
+    }
+
+    async fn spawn(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
+        match (&self.config.job_masters, &self.ray_masters) {
+            (JobMasters::Ray { resources }, Some(api)) => {
+                self.submit(api, resources, job, run_dir, resume).await
+            }
+            _ => self.spawn_local(job, run_dir, resume),
+        }
+    }
+
+    fn spawn_local(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(run_dir.join("job-master.log"))?;
-        let bin = self.job_master_bin();
+        let command = self.command(run_dir, resume);
+        let bin = PathBuf::from(&command[0]);
         let mut cmd = tokio::process::Command::new(&bin);
-        cmd.arg("run")
-            .arg(run_dir.join("spec.yaml"))
-            .arg("--run-dir")
-            .arg(run_dir.join("master"))
-            .arg("--brain")
-            .arg(&self.brain_url)
-            .arg("--max-processes")
-            .arg(self.max_processes.to_string())
-            .args(&self.config.job_master_args)
+        cmd.args(&command[1..])
             // The platform is the spec's, as the brain wrote it: not one the brain's own
             // environment names for `job-master run --ray-address`.
             .env_remove("BRAIN_RAY_ADDRESS")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        if let Some(agent) = &self.config.agent_bin {
-            cmd.arg("--agent-bin").arg(agent);
-        }
-        if resume {
-            cmd.arg("--resume");
-        }
         let mut child = cmd
             .spawn()
             .map_err(|e| BrainError::Internal(format!("cannot start {}: {e}", bin.display())))?;
@@ -164,11 +239,213 @@ impl Launcher {
         });
         Ok(())
     }
+
+    /// Submits the master as a Ray job (its entrypoint `exec`s `job-master run`, listening on
+    /// every interface of the node Ray picks and advertising the node's address on its route
+    /// to the brain) and follows it to its end. Its output is Ray's job log, copied into the
+    /// run directory's `job-master.log` when it ends.
+    async fn submit(
+        &self,
+        api: &RayApi,
+        resources: &BTreeMap<String, f64>,
+        job: JobId,
+        run_dir: &Path,
+        resume: bool,
+    ) -> Result<(), BrainError> {
+        // A master no node can take would wait in Ray unseen: refused here, with the nodes.
+        if !resources.is_empty()
+            && let Ok(cluster) = api.cluster().await
+            && !cluster.nodes.iter().any(|n| {
+                resources
+                    .iter()
+                    .all(|(k, v)| n.total.custom.get(k).is_some_and(|have| have >= v))
+            })
+        {
+            return Err(BrainError::Config(format!(
+                "launcher.job_masters: no alive node of the Ray cluster at {} declares {} \
+                 (declare it with `ray start --resources` on the nodes job masters may use)",
+                api.address(),
+                resources
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let words: Vec<String> = self
+            .command(run_dir, resume)
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        let command = shlex::try_join(words.iter().map(String::as_str))
+            .map_err(|e| BrainError::Internal(format!("quoting the master of {job}: {e}")))?;
+        let started_ms = crate::control::now_unix_ms();
+        let id = format!("brain-master-{}-{started_ms}", job.0);
+        let mut env: BTreeMap<String, String> = [
+            ("BRAIN_JOB_MASTER_LISTEN", "0.0.0.0:0"),
+            ("BRAIN_JOB_MASTER_ADVERTISE", "auto"),
+            ("NO_COLOR", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for var in ["RUST_LOG", "RUST_BACKTRACE"] {
+            if let Ok(v) = std::env::var(var) {
+                env.insert(var.into(), v);
+            }
+        }
+        let req = SubmitRequest {
+            entrypoint: format!("exec {command}"),
+            submission_id: id.clone(),
+            entrypoint_num_cpus: 0.0,
+            entrypoint_num_gpus: 0.0,
+            entrypoint_memory: None,
+            entrypoint_resources: resources.clone(),
+            runtime_env: RuntimeEnv { env_vars: env },
+            metadata: [
+                ("brain_job".to_string(), job.0.to_string()),
+                ("brain_role".to_string(), "job-master".to_string()),
+            ]
+            .into(),
+        };
+        // A busy dashboard ("try again later") is asked again for a while.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match api.submit(&req).await {
+                Ok(()) => break,
+                Err(e) if e.is_transient() && std::time::Instant::now() < deadline => {
+                    tracing::warn!(id, "submitting a job master to Ray: {e}; trying again");
+                    tokio::time::sleep(RAY_POLL).await;
+                }
+                Err(e) => {
+                    return Err(BrainError::Internal(format!(
+                        "submitting the master of {job} to Ray: {e}"
+                    )));
+                }
+            }
+        }
+        let log = run_dir.join("job-master.log");
+        append(
+            &log,
+            &format!(
+                "job master submitted to Ray at {} as {id}{}\n",
+                api.address(),
+                if resume { " (resume)" } else { "" }
+            ),
+        );
+        let (api, exited) = (api.clone(), self.exited.clone());
+        tokio::spawn(async move {
+            let (status, success) = follow(&api, &id).await;
+            match api.logs(&id).await {
+                Ok(out) => append(&log, &format!("--- Ray's log of {id} ---\n{out}")),
+                Err(e) => append(&log, &format!("Ray's log of {id} could not be read: {e}\n")),
+            }
+            let _ = exited.send(Exited {
+                job,
+                status,
+                success,
+            });
+        });
+        Ok(())
+    }
+}
+
+/// Follows a job master's Ray job to its end: how it ended, and whether it succeeded. A
+/// dashboard that does not answer is said once and asked again: it is not the master ending.
+async fn follow(api: &RayApi, id: &str) -> (String, bool) {
+    let mut unanswered = false;
+    loop {
+        tokio::time::sleep(RAY_POLL).await;
+        match api.job(id).await {
+            Ok(Some(info)) if info.status.is_terminal() => {
+                let mut said = format!("Ray job {id} {}", info.status);
+                if let Some(code) = info.driver_exit_code {
+                    said += &format!(" (exit code {code})");
+                }
+                if let Some(m) = info.message.as_deref().and_then(|m| m.lines().next())
+                    && !m.trim().is_empty()
+                {
+                    said += &format!(": {}", m.trim());
+                }
+                return (said, info.status == RayJobStatus::Succeeded);
+            }
+            Ok(Some(_)) => unanswered = false,
+            Ok(None) => return (format!("Ray job {id} is gone from Ray"), false),
+            Err(e) => {
+                if !unanswered {
+                    tracing::warn!(id, "reading a job master's Ray job: {e}; asking again");
+                }
+                unanswered = true;
+            }
+        }
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    let r = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = r {
+        tracing::warn!("{}: {e}", path.display());
+    }
 }
 
 /// Resolves a relative checkpoint directory of a submitted spec into the job's run directory.
 pub fn place_checkpoints(spec: &mut JobSpec, run_dir: &Path) {
     if spec.checkpoint.dir.is_relative() {
         spec.checkpoint.dir = run_dir.join(&spec.checkpoint.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_masters_on_ray_need_the_brains_ray_cluster() {
+        let config = LauncherConfig {
+            job_masters: JobMasters::Ray {
+                resources: Default::default(),
+            },
+            ..Default::default()
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let launcher = |ray: Option<&str>| {
+            Launcher::new(
+                config.clone(),
+                "runs".into(),
+                "http://10.0.0.1:50070".into(),
+                8,
+                ray.map(String::from),
+                tx.clone(),
+            )
+        };
+        let e = launcher(None).err().unwrap().to_string();
+        assert!(e.contains("cluster.ray_address"), "{e}");
+        let l = launcher(Some("http://10.0.0.2:8265")).unwrap();
+        assert!(l.ray_masters.is_some());
+        // The command a master runs: the run directory's spec, the brain, --resume on resume.
+        let words: Vec<String> = l
+            .command(Path::new("/runs/j"), true)
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            words[1..],
+            [
+                "run",
+                "/runs/j/spec.yaml",
+                "--run-dir",
+                "/runs/j/master",
+                "--brain",
+                "http://10.0.0.1:50070",
+                "--max-processes",
+                "8",
+                "--resume"
+            ]
+        );
     }
 }

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::BrainError;
 use crate::control::Control;
-use crate::launch::{Launcher, LauncherConfig};
+use crate::launch::{JobMasters, Launcher, LauncherConfig};
 use crate::metrics::Metrics;
 use crate::service::BrainService;
 use crate::store::Store;
@@ -35,6 +35,11 @@ pub struct BrainConfig {
     pub cluster: ClusterConfig,
     #[serde(default)]
     pub launcher: LauncherConfig,
+    /// The address job masters on other machines reach the brain by, with the listener's
+    /// port: needed when job masters run on Ray's nodes and the brain listens on every
+    /// interface (0.0.0.0) [default: the listener's address].
+    #[serde(default)]
+    pub advertise: Option<std::net::IpAddr>,
     /// Where raw metric time series go (InfluxDB); without it only summaries are kept.
     #[serde(default)]
     pub sink: Option<crate::sink::SinkConfig>,
@@ -98,6 +103,7 @@ impl BrainConfig {
             runs_dir: default_runs_dir(),
             cluster: ClusterConfig::default(),
             launcher: LauncherConfig::default(),
+            advertise: None,
             sink: None,
         }
     }
@@ -152,6 +158,39 @@ impl BrainConfig {
     }
 }
 
+/// The address the brain's job masters reach it by: `advertise` with the listener's port, else
+/// the listener's (127.0.0.1 for one on every interface: the masters are on this machine). Job
+/// masters on Ray's nodes need an address those reach: a listener on every interface without
+/// `advertise` is refused for them, and a loopback one is said (only nodes on this machine
+/// reach it).
+fn brain_address(
+    listener: std::net::SocketAddr,
+    advertise: Option<std::net::IpAddr>,
+    masters: &JobMasters,
+) -> Result<std::net::SocketAddr, BrainError> {
+    let on_ray = matches!(masters, JobMasters::Ray { .. });
+    let reach = match advertise {
+        Some(ip) => std::net::SocketAddr::new(ip, listener.port()),
+        None if listener.ip().is_unspecified() && on_ray => {
+            return Err(BrainError::Config(format!(
+                "the brain listens on {listener} and its job masters run on Ray's nodes: give \
+                 the address they reach this machine by (advertise, --advertise)"
+            )));
+        }
+        None if listener.ip().is_unspecified() => {
+            std::net::SocketAddr::from(([127, 0, 0, 1], listener.port()))
+        }
+        None => listener,
+    };
+    if on_ray && reach.ip().is_loopback() {
+        tracing::warn!(
+            "job masters run on Ray's nodes and reach the brain at {reach}: only nodes on this \
+             machine can (listen on, or advertise, an address the nodes reach)"
+        );
+    }
+    Ok(reach)
+}
+
 /// Opens the store, starts the optimisation loop and serves until `shutdown`.
 pub async fn run(
     config: BrainConfig,
@@ -174,11 +213,7 @@ pub async fn run(
         .map_err(|e| BrainError::Internal(format!("opening the store: {e}")))??;
     let store = Arc::new(Mutex::new(store));
     let addr = listener.local_addr()?;
-    let reach = if addr.ip().is_unspecified() {
-        std::net::SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
-    };
+    let reach = brain_address(addr, config.advertise, &config.launcher.job_masters)?;
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel();
     let launcher = Launcher::new(
         config.launcher.clone(),
@@ -187,7 +222,7 @@ pub async fn run(
         config.cluster.max_processes,
         config.cluster.ray_address.clone(),
         exited_tx,
-    );
+    )?;
     let metrics = Arc::new(Metrics::default());
     let sink = config
         .sink
@@ -268,4 +303,65 @@ pub async fn run(
     served
         .map_err(|e| BrainError::Internal(format!("serving task: {e}")))?
         .map_err(|e| BrainError::Internal(format!("serving: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, SocketAddr};
+
+    #[test]
+    fn a_config_names_where_job_masters_run_and_rejects_what_it_does_not_know() {
+        let c: BrainConfig = toml::from_str(
+            "database = \"b.db\"\nadvertise = \"10.0.0.1\"\n\
+             [cluster]\nray_address = \"http://10.0.0.2:8265\"\n\
+             [launcher.job_masters.ray]\nresources = { brain_job_master = 1 }\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.advertise, Some([10, 0, 0, 1].into()));
+        assert_eq!(
+            c.launcher.job_masters,
+            JobMasters::Ray {
+                resources: [("brain_job_master".to_string(), 1.0)].into()
+            }
+        );
+        let c: BrainConfig =
+            toml::from_str("database = \"b.db\"\n[launcher]\njob_masters = \"local\"\n").unwrap();
+        assert_eq!(c.launcher.job_masters, JobMasters::Local);
+        let e = toml::from_str::<BrainConfig>(
+            "database = \"b.db\"\n[launcher.job_masters.ray]\nresource = { x = 1 }\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("unexpected keys in table: resource"),
+            "{e}"
+        );
+        let e = toml::from_str::<BrainConfig>(
+            "database = \"b.db\"\n[launcher]\njob_masters = \"kubernetes\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
+    }
+
+    #[test]
+    fn job_masters_on_ray_need_an_address_the_nodes_reach() {
+        let ray = JobMasters::Ray {
+            resources: Default::default(),
+        };
+        let every: SocketAddr = "0.0.0.0:7000".parse().unwrap();
+        let bridge: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        let ip: IpAddr = [10, 0, 0, 9].into();
+        assert_eq!(
+            brain_address(every, None, &JobMasters::Local).unwrap(),
+            "127.0.0.1:7000".parse().unwrap()
+        );
+        assert_eq!(brain_address(bridge, None, &ray).unwrap(), bridge);
+        assert_eq!(
+            brain_address(every, Some(ip), &ray).unwrap(),
+            SocketAddr::new(ip, 7000)
+        );
+        let e = brain_address(every, None, &ray).unwrap_err().to_string();
+        assert!(e.contains("--advertise"), "{e}");
+    }
 }

@@ -5,6 +5,14 @@
 //! (the one they asked for, or the one its round picks), and each worker lands on a node of that
 //! model with GPUs of its own (Ray's `CUDA_VISIBLE_DEVICES`, reported by the agent). Without
 //! `BRAIN_RAY_CLUSTER` the test says so and passes, unless `BRAIN_REQUIRE_RAY_CLUSTER=1`.
+//!
+//! With job masters as Ray jobs on the worker nodes (their `brain_job_master` resource), a node
+//! lost under a running job is planned around: the brain's capacity drops to the nodes left and
+//! the job shrinks onto them; the node back, the job grows onto it again; the node holding the
+//! job master lost, the brain starts the master again elsewhere and the job ends with every
+//! sample once per epoch.
+//!
+//! The tests share the one cluster (and kill its nodes), so they take turns.
 
 mod common;
 
@@ -14,6 +22,27 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{bin_dir, brainctl};
+use proto::jobmaster::v1 as jm;
+use test_support::RayClusterDir;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until Ray shows `want` alive nodes.
+async fn wait_alive(c: &RayClusterDir, want: usize, within: Duration) {
+    let api = ray_client::RayApi::new(&c.dashboard).unwrap();
+    let start = Instant::now();
+    loop {
+        let alive = api.cluster().await.map_or(0, |c| c.nodes.len());
+        if alive == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "Ray shows {alive} alive nodes, not {want}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
 
 fn spec(dir: &Path, name: &str, resources: &str) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
@@ -51,6 +80,12 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
     let Some(c) = test_support::ray_cluster() else {
         return;
     };
+    let _turn = ONE_AT_A_TIME.blocking_lock();
+    tokio::runtime::Runtime::new().unwrap().block_on(wait_alive(
+        &c,
+        c.nodes.len(),
+        Duration::from_secs(90),
+    ));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("policy.toml"),
@@ -173,4 +208,344 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
             "two workers on one node share no GPU: {given:?}"
         );
     }
+}
+
+/// Nodes a test killed, started again when it ends (also when it fails): the next test needs
+/// the whole cluster.
+struct Revive<'a> {
+    cluster: &'a RayClusterDir,
+    dead: BTreeSet<usize>,
+    /// Job masters run as Ray jobs outlive the brain: those started under this directory are
+    /// SIGKILLed at the end (their agents follow when they lose them).
+    masters_of: PathBuf,
+}
+
+impl Revive<'_> {
+    fn kill(&mut self, node: usize) {
+        self.cluster.node("kill", node);
+        self.dead.insert(node);
+    }
+
+    fn revive(&mut self, node: usize) {
+        self.cluster.node("revive", node);
+        self.dead.remove(&node);
+    }
+}
+
+impl Drop for Revive<'_> {
+    fn drop(&mut self) {
+        let dir = self.masters_of.display().to_string();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains("job-master run") && cmd.contains(&dir) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        for &n in &self.dead {
+            self.cluster.node("revive", n);
+        }
+    }
+}
+
+/// The brain's record of its one job.
+async fn record(url: &str) -> proto::service::v1::JobRecord {
+    common::jobs(url)
+        .await
+        .and_then(|j| j.into_iter().next())
+        .expect("the brain answers with its job")
+}
+
+/// The job master's live processes: (role, index, host), and its shards done.
+async fn processes(master: &str) -> Option<(Vec<(i32, u32, String)>, u64)> {
+    let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
+        .await
+        .ok()?;
+    let s = c.get_status(jm::StatusRequest {}).await.ok()?.into_inner();
+    Some((
+        s.processes
+            .iter()
+            .filter(|p| p.state == "running")
+            .map(|p| (p.role, p.index, p.host.clone()))
+            .collect(),
+        s.shards_done,
+    ))
+}
+
+/// Polls the brain's job and its master every 300 ms until `f` says yes (`within` at most).
+async fn until(
+    url: &str,
+    within: Duration,
+    what: &str,
+    log: &dyn Fn() -> String,
+    mut f: impl FnMut(&proto::service::v1::JobRecord, &[(i32, u32, String)], u64) -> bool,
+) -> (proto::service::v1::JobRecord, Vec<(i32, u32, String)>) {
+    let start = Instant::now();
+    loop {
+        let r = record(url).await;
+        let (running, shards) = if r.master_address.is_empty() {
+            (Vec::new(), 0)
+        } else {
+            processes(&r.master_address).await.unwrap_or_default()
+        };
+        if f(&r, &running, shards) {
+            return (r, running);
+        }
+        assert!(
+            !matches!(r.state.as_str(), "succeeded" | "failed" | "cancelled"),
+            "the job ended before {what}: {r:#?}\n{}",
+            log()
+        );
+        assert!(
+            start.elapsed() < within,
+            "not {what} after {within:?}: {r:#?}\nrunning: {running:?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The brain's capacity, CPUs, as `brainctl plan --dry-run` shows it ("... of 12.0 CPUs").
+fn capacity(url: &str) -> Option<f64> {
+    let (ok, out) = brainctl(&["plan", "--dry-run", "--brain", url]);
+    let line = out.lines().find(|l| l.starts_with("scheduler "))?;
+    ok.then(|| {
+        line.split(" of ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+    .flatten()
+}
+
+async fn until_capacity(url: &str, cpus: f64, within: Duration) {
+    let start = Instant::now();
+    while capacity(url) != Some(cpus) {
+        assert!(
+            start.elapsed() < within,
+            "the brain's capacity is {:?} CPUs, not {cpus}, after {within:?}",
+            capacity(url)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Job masters run as Ray jobs on the worker nodes. A PS job (workers of 3 CPUs: one per 4-CPU
+/// node) runs across the three nodes. The worker node without its master is SIGKILLed: Ray
+/// marks it dead, the brain's capacity drops from 12 to 8 CPUs and its round shrinks the job to
+/// 2 workers, which go on; the node revived, the capacity is back and the job grows onto it
+/// again. Then the node holding the job master is killed: Ray fails the master's job, the brain
+/// starts it again with `--resume`, Ray places it on the other worker node, and the job ends
+/// with every sample trained, and applied by its PS, once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Revive {
+        cluster: &c,
+        dead: BTreeSet::new(),
+        masters_of: dir.path().to_path_buf(),
+    };
+    std::fs::write(
+        dir.path().join("policy.toml"),
+        // A move priced at 1 s: the job grows back as soon as the node is.
+        "heuristics = []\n[scheduler]\nkind = \"elastic_lp\"\nrestart_delay_s = 1\n\
+         [live]\ninterval_s = 1\ncooldown_s = 5\n",
+    )
+    .unwrap();
+    let (child, addr) = common::spawn_brain(|cmd| {
+        // On the bridge: the job masters on the nodes reach the brain there.
+        cmd.args([
+            "--listen",
+            &format!("{}:0", c.host),
+            "--max-processes",
+            "12",
+        ])
+        .args(["--ray-address", &c.dashboard])
+        .args(["--job-masters", "ray"])
+        .args(["--job-master-resource", "brain_job_master=1"])
+        .arg("--database")
+        .arg(dir.path().join("brain.db"))
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .arg("--policy")
+        .arg(dir.path().join("policy.toml"))
+        .arg("--job-master-bin")
+        .arg(bin_dir().join("job-master"))
+        .args([
+            "--job-master-arg=--brain-interval-ms=300",
+            "--job-master-arg=--heartbeat-timeout-ms=6000",
+        ])
+        .stderr(std::fs::File::create(dir.path().join("brain.log")).unwrap());
+    });
+    let _brain = child;
+    let url = format!("http://{addr}");
+    let brain_log = dir.path().join("brain.log");
+    let log = || std::fs::read_to_string(&brain_log).unwrap_or_default();
+    until_capacity(&url, 12.0, Duration::from_secs(30)).await;
+
+    const SAMPLES: u64 = 100_000;
+    const EPOCHS: u64 = 3;
+    let name = format!("lost-{}", std::process::id());
+    let path = dir.path().join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\nkind: ps\nroles:\n  ps: {{ replicas: 1, resources: {{ cpu: 1 }} }}\n  \
+             worker: {{ min: 1, max: 3, resources: {{ cpu: 3 }} }}\n\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 1000 }}\n\
+             data: {{ num_samples: {SAMPLES}, shard_size: 1000, eval_samples: 2000 }}\n\
+             epochs: {EPOCHS}\ncheckpoint: {{ dir: checkpoints, every_shards: 10 }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}\n{}", log());
+
+    let worker = jm::Role::Worker as i32;
+    let workers_on = |running: &[(i32, u32, String)]| -> BTreeSet<String> {
+        running
+            .iter()
+            .filter(|(r, _, _)| *r == worker)
+            .map(|(_, _, h)| h.clone())
+            .collect()
+    };
+    let all: BTreeSet<String> = c.nodes.iter().cloned().collect();
+    let (r, _) = until(
+        &url,
+        Duration::from_secs(120),
+        "three workers, one on each node",
+        &log,
+        |_, running, _| workers_on(running) == all,
+    )
+    .await;
+    let master_host = r.master_address.rsplit_once(':').unwrap().0.to_string();
+    let master_node = c
+        .nodes
+        .iter()
+        .position(|n| *n == master_host)
+        .unwrap_or_else(|| panic!("the master runs at {}, not on a node", r.master_address));
+    assert_ne!(master_node, 0, "the head declares no brain_job_master");
+    let other = 3 - master_node;
+    let t0 = Instant::now();
+    let said = |what: &str| eprintln!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
+    said(&format!(
+        "3 workers on the 3 nodes, master on node {master_node}"
+    ));
+
+    // A worker node without the master lost: planned around.
+    nodes.kill(other);
+    said(&format!("node {other} killed"));
+    until_capacity(&url, 8.0, Duration::from_secs(90)).await;
+    said("the brain plans on 8 CPUs");
+    let lost = c.nodes[other].clone();
+    until(
+        &url,
+        Duration::from_secs(150),
+        "the job shrunk onto the two nodes left",
+        &log,
+        |r, running, _| {
+            r.shape.as_ref().is_some_and(|s| s.workers == 2)
+                && workers_on(running).len() == 2
+                && !workers_on(running).contains(&lost)
+        },
+    )
+    .await;
+
+    // Back: used again.
+    said("2 workers on the nodes left");
+    nodes.revive(other);
+    said(&format!("node {other} revived"));
+    until_capacity(&url, 12.0, Duration::from_secs(90)).await;
+    said("the brain plans on 12 CPUs");
+    let (_, _) = until(
+        &url,
+        Duration::from_secs(150),
+        "the job grown onto the node back",
+        &log,
+        |_, running, _| workers_on(running) == all,
+    )
+    .await;
+
+    // The master's node lost: the master resumed on the other worker node.
+    said("3 workers again, one on the node back");
+    nodes.kill(master_node);
+    said(&format!("node {master_node} (the master's) killed"));
+    let (r, _) = until(
+        &url,
+        Duration::from_secs(180),
+        "the master resumed on the other worker node",
+        &log,
+        |r, running, _| {
+            r.master_address
+                .starts_with(&format!("{}:", c.nodes[other]))
+                && workers_on(running).len() == 2
+        },
+    )
+    .await;
+    assert!(
+        r.reasons
+            .iter()
+            .any(|x| x.contains("started again with --resume") && x.contains("Ray job")),
+        "{r:#?}"
+    );
+    said(&format!(
+        "the master resumed on node {other} ({}), 2 workers",
+        r.master_address
+    ));
+    nodes.revive(master_node);
+
+    let start = Instant::now();
+    let r = loop {
+        let r = record(&url).await;
+        if matches!(r.state.as_str(), "succeeded" | "failed" | "cancelled") {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(400),
+            "the job did not end: {r:#?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    said("the job ended");
+    assert_eq!(r.state, "succeeded", "{r:#?}\n{}", log());
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(&r.run_dir).join("master/report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["exactly_once"], "ok", "{report:#}");
+    assert!(
+        report["events"]
+            .to_string()
+            .contains("the job master restarted"),
+        "{report:#}"
+    );
+    for ps in report["ps_stats"].as_array().unwrap() {
+        assert_eq!(
+            ps["applied_samples"].as_u64(),
+            Some(SAMPLES * EPOCHS),
+            "{ps}"
+        );
+    }
+    // The masters' output, from Ray's logs, is in the run directory.
+    let master_log = std::fs::read_to_string(Path::new(&r.run_dir).join("job-master.log")).unwrap();
+    assert!(
+        master_log.matches("job master submitted to Ray").count() == 2
+            && master_log.contains("(resume)"),
+        "{master_log}"
+    );
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
 }

@@ -15,7 +15,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -40,25 +40,6 @@ impl std::ops::Deref for Cluster {
 impl Cluster {
     fn from_env() -> Option<Cluster> {
         test_support::ray_cluster().map(Cluster)
-    }
-
-    fn script() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/ray-cluster")
-    }
-
-    /// `.ci/ray-cluster kill|revive DIR N`.
-    fn node(&self, what: &str, index: usize) {
-        let out = std::process::Command::new(Self::script())
-            .arg(what)
-            .arg(&self.dir)
-            .arg(index.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ray-cluster {what} {index}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
 
     /// Alive nodes by Ray's state API.

@@ -301,6 +301,25 @@ pub struct RayClusterDir {
     pub nodes: Vec<String>,
 }
 
+impl RayClusterDir {
+    /// `.ci/ray-cluster kill|revive DIR N`: SIGKILLs every process of node `index` (a node
+    /// lost), or starts it again.
+    pub fn node(&self, what: &str, index: usize) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/ray-cluster");
+        let out = Command::new(script)
+            .arg(what)
+            .arg(&self.dir)
+            .arg(index.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ray-cluster {what} {index}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// The cluster of `BRAIN_RAY_CLUSTER`, or `None` (said so, or a failure with
 /// `BRAIN_REQUIRE_RAY_CLUSTER=1`) where there is none.
 pub fn ray_cluster() -> Option<RayClusterDir> {

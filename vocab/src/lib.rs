@@ -11,13 +11,16 @@
 //!   job master carries out.
 //! * [`report`]: a job's phase and the report its master writes when it ends.
 //! * [`run_dir`]: the files of a job master's run directory.
+//! * [`net`]: this node's address as a peer reaches it (the route's local end).
 //!
 //! * `wire` (feature `wire`): one `From`/`TryFrom` per job-master wire type.
 //!
-//! Nothing here does I/O beyond reading a spec or context file on request.
+//! Nothing here does I/O beyond reading a spec or context file and looking up a route on
+//! request.
 
 pub mod error;
 pub mod ids;
+pub mod net;
 pub mod plan;
 pub mod report;
 pub mod role;

@@ -50,6 +50,42 @@ struct Cli {
     /// Extra arguments for every `job-master run` the brain starts (repeatable).
     #[arg(long = "job-master-arg", allow_hyphen_values = true)]
     job_master_args: Vec<String>,
+    /// Where job masters run: child processes of the brain (local), or Ray jobs on the
+    /// --ray-address cluster (ray: a node lost takes only its masters, and the brain resumes
+    /// them on nodes left; --runs-dir must be shared by the nodes at the same path)
+    /// [config: launcher.job_masters; default: local].
+    #[arg(long, value_enum)]
+    job_masters: Option<MastersOn>,
+    /// With --job-masters ray: a custom resource the nodes that may hold job masters declare
+    /// (`ray start --resources '{"NAME": N}'`), as NAME=AMOUNT taken per master (repeatable)
+    /// [default: none, Ray's choice of node].
+    #[arg(long = "job-master-resource", value_parser = parse_resource)]
+    job_master_resources: Vec<(String, f64)>,
+    /// The address job masters on other machines reach the brain by, with --listen's port
+    /// (needed for --job-masters ray when --listen is 0.0.0.0) [config: advertise].
+    #[arg(long)]
+    advertise: Option<std::net::IpAddr>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MastersOn {
+    Local,
+    Ray,
+}
+
+fn parse_resource(s: &str) -> Result<(String, f64), String> {
+    let (name, amount) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=AMOUNT, e.g. brain_job_master=1"))?;
+    let amount: f64 = amount
+        .parse()
+        .map_err(|e| format!("{s:?}: the amount: {e}"))?;
+    if name.is_empty() || !(amount.is_finite() && amount > 0.0) {
+        return Err(format!(
+            "{s:?}: expected a resource name and an amount above 0"
+        ));
+    }
+    Ok((name.to_string(), amount))
 }
 
 #[tokio::main]
@@ -91,6 +127,30 @@ async fn main() -> anyhow::Result<()> {
         config.launcher.job_master_bin = Some(b);
     }
     config.launcher.job_master_args.extend(cli.job_master_args);
+    match cli.job_masters {
+        Some(MastersOn::Local) => config.launcher.job_masters = brain::launch::JobMasters::Local,
+        Some(MastersOn::Ray) if config.launcher.job_masters == brain::launch::JobMasters::Local => {
+            config.launcher.job_masters = brain::launch::JobMasters::Ray {
+                resources: Default::default(),
+            }
+        }
+        _ => {}
+    }
+    if !cli.job_master_resources.is_empty() {
+        match &mut config.launcher.job_masters {
+            brain::launch::JobMasters::Ray { resources } => {
+                resources.extend(cli.job_master_resources)
+            }
+            brain::launch::JobMasters::Local => {
+                anyhow::bail!(
+                    "--job-master-resource places job masters on Ray: give --job-masters ray"
+                )
+            }
+        }
+    }
+    if let Some(ip) = cli.advertise {
+        config.advertise = Some(ip);
+    }
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await

@@ -87,7 +87,7 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
 
 /// Withdraws what does not fit: admissions (newest first, made smaller down to their minimum,
 /// then put off), then growth (largest first), then sizes above the minimum (largest first),
-/// one node unit at a time.
+/// one node unit at a time, until the sizes fit once the processes leaving are gone.
 pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: &mut Vec<String>) {
     let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
     loop {
@@ -127,6 +127,18 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
             s.to = shrink(s).max(s.job.workers);
             s.reasons.push(format!("growth {why}"));
             continue;
+        }
+        // Once every shrink is carried out: what is over beyond that is processes still
+        // leaving (a shrink on its way, workers on a node lost not yet seen gone), which a
+        // smaller size would not free.
+        let settled: u64 = jobs.iter().map(|s| s.slots(s.to)).sum();
+        let settled_procs: u32 = jobs.iter().map(|s| s.processes(s.to)).sum();
+        if settled <= slots && settled_procs <= max_processes {
+            notes.push(format!(
+                "{used} slots of {slots} and {procs} processes of {max_processes} held until the \
+                 processes leaving exit; the sizes decided fit"
+            ));
+            return;
         }
         if let Some(s) = jobs
             .iter_mut()

@@ -752,6 +752,30 @@ mod tests {
     }
 
     #[test]
+    fn a_node_lost_under_a_job_shrinks_it_to_what_fits_not_to_its_minimum() {
+        // 3 workers of 3 slots beside a PS of 1 on 12 slots; a node of 4 is lost while its
+        // worker still counts as alive (its master has not seen it gone): 2 workers fit.
+        let mut j = job(1, LiveState::Running, 3, &[(3, 3000.0)]);
+        j.worker_millicores = 3000;
+        j.ps = 1;
+        j.ps_millicores = 1000;
+        j.max_workers = 3;
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
+        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:#?}");
+        assert!(
+            plan.notes
+                .iter()
+                .any(|n| n.contains("held until the processes leaving exit")),
+            "{plan:#?}"
+        );
+    }
+
+    #[test]
     fn what_a_shrinking_job_gives_up_is_handed_out_only_once_it_is_free() {
         // Job 1 runs 2 workers but still holds 4 (its shrink is on its way).
         let mut shrinking = job(1, LiveState::Running, 2, &[(4, 400.0), (2, 210.0)]);

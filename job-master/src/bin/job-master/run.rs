@@ -27,9 +27,11 @@ pub struct RunArgs {
     /// other nodes reach (this machine's on their network), or 0.0.0.0:PORT with --advertise.
     #[arg(long, default_value = "127.0.0.1:0", env = "BRAIN_JOB_MASTER_LISTEN")]
     listen: String,
-    /// The address agents on other nodes reach this machine by, when --listen is 0.0.0.0.
-    #[arg(long, env = "BRAIN_JOB_MASTER_ADVERTISE")]
-    advertise: Option<std::net::IpAddr>,
+    /// The address agents on other nodes reach this machine by, when --listen is 0.0.0.0: an
+    /// IP, or `auto` for this machine's address on its route to the brain (--brain), else to
+    /// the Ray dashboard (how the brain starts job masters on Ray's nodes).
+    #[arg(long, env = "BRAIN_JOB_MASTER_ADVERTISE", value_parser = parse_advertise)]
+    advertise: Option<Advertise>,
     /// The worker-agent binary [default: next to this binary].
     #[arg(long, env = "BRAIN_WORKER_AGENT_BIN")]
     agent_bin: Option<PathBuf>,
@@ -78,6 +80,40 @@ pub struct RunArgs {
     /// How often metrics go to the brain and plans are polled, milliseconds.
     #[arg(long, default_value_t = 1000)]
     brain_interval_ms: u64,
+}
+
+/// `--advertise`: an address, or the one on the route to the brain or Ray.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Advertise {
+    Ip(std::net::IpAddr),
+    Auto,
+}
+
+fn parse_advertise(s: &str) -> Result<Advertise, String> {
+    if s == "auto" {
+        return Ok(Advertise::Auto);
+    }
+    s.parse()
+        .map(Advertise::Ip)
+        .map_err(|e| format!("{e}: expected an IP address or `auto`"))
+}
+
+/// The IP `--advertise` names: `auto` is this machine's end of the route to the brain, or
+/// else to the Ray dashboard the platform uses.
+fn resolve_advertise(
+    advertise: Advertise,
+    brain: Option<&str>,
+    platform: &PlatformConfig,
+) -> anyhow::Result<std::net::IpAddr> {
+    let peer = match (advertise, brain, platform) {
+        (Advertise::Ip(ip), _, _) => return Ok(ip),
+        (Advertise::Auto, Some(brain), _) => brain,
+        (Advertise::Auto, None, PlatformConfig::Ray { address, .. }) => address.as_str(),
+        (Advertise::Auto, None, _) => anyhow::bail!(
+            "--advertise auto finds this machine's address on the route to the brain or the              Ray dashboard: give --brain or a Ray platform, or an IP address"
+        ),
+    };
+    vocab::net::route_source(peer).with_context(|| format!("--advertise auto: the route to {peer}"))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -189,6 +225,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         max_processes,
         spec.platform.clone(),
     )?;
+    let advertise = advertise
+        .map(|a| resolve_advertise(a, brain.as_deref(), &platform))
+        .transpose()?;
     let run_dir = run_dir.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
@@ -322,6 +361,31 @@ mod tests {
             place_timeout_ms: Some(5000),
             env: Default::default(),
         }
+    }
+
+    #[test]
+    fn advertise_is_an_address_or_the_route_to_the_brain_or_ray() {
+        let local: std::net::IpAddr = [127, 0, 0, 1].into();
+        assert_eq!(parse_advertise("127.0.0.1"), Ok(Advertise::Ip(local)));
+        assert_eq!(parse_advertise("auto"), Ok(Advertise::Auto));
+        let e = parse_advertise("somewhere").unwrap_err();
+        assert!(e.contains("an IP address or `auto`"), "{e}");
+        let no_ray = choose_platform(None, None, None, None, None).unwrap();
+        let ip: std::net::IpAddr = [10, 1, 2, 3].into();
+        assert_eq!(
+            resolve_advertise(Advertise::Ip(ip), None, &no_ray).unwrap(),
+            ip
+        );
+        assert_eq!(
+            resolve_advertise(Advertise::Auto, Some("http://127.0.0.1:50070"), &no_ray).unwrap(),
+            local
+        );
+        assert_eq!(
+            resolve_advertise(Advertise::Auto, None, &ray("http://127.0.0.1:8265")).unwrap(),
+            local
+        );
+        let e = resolve_advertise(Advertise::Auto, None, &no_ray).unwrap_err();
+        assert!(e.to_string().contains("give --brain"), "{e}");
     }
 
     #[test]
