@@ -338,6 +338,23 @@ impl Control {
         self.wake();
     }
 
+    /// After a restart: follows again the masters on Ray an earlier run of the brain started
+    /// for the jobs still running (local masters are not the brain's children any more; they
+    /// register again, and their end is read from the store when they report it).
+    pub async fn follow_masters(&self) -> Result<(), BrainError> {
+        let running = self
+            .with_store(|s| s.active())
+            .await?
+            .into_iter()
+            .filter(|r| r.state == JobState::Running && !r.run_dir.is_empty());
+        for row in running {
+            if self.launcher.follow_again(row.id, Path::new(&row.run_dir)) {
+                tracing::info!(job = %row.id, "following its job master on Ray again");
+            }
+        }
+        Ok(())
+    }
+
     /// A master that died before its job ended (killed, out of memory) leaves the job's
     /// context in its run directory: a new master is started on it with `--resume`, which
     /// launches every process anew from the latest checkpoint. At most the policy's

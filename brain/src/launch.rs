@@ -324,15 +324,40 @@ impl Launcher {
                 }
             }
         }
-        let log = run_dir.join("job-master.log");
+        // Where a restarted brain finds the master to follow again.
+        std::fs::write(run_dir.join(RAY_SUBMISSION_FILE), &id)?;
         append(
-            &log,
+            &run_dir.join("job-master.log"),
             &format!(
                 "job master submitted to Ray at {} as {id}{}\n",
                 api.address(),
                 if resume { " (resume)" } else { "" }
             ),
         );
+        self.follow_ray_job(api, job, run_dir, id);
+        Ok(())
+    }
+
+    /// After a restart of the brain: follows again the master that an earlier run of the brain
+    /// submitted to Ray for the job in `run_dir`, so that its end is seen (and a master whose
+    /// node died is resumed). Whether there was one to follow.
+    pub fn follow_again(&self, job: JobId, run_dir: &Path) -> bool {
+        let Some(api) = &self.ray_masters else {
+            return false;
+        };
+        match std::fs::read_to_string(run_dir.join(RAY_SUBMISSION_FILE)) {
+            Ok(id) if !id.trim().is_empty() => {
+                self.follow_ray_job(api, job, run_dir, id.trim().to_string());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A task that follows the master's Ray job `id` to its end, copies its log into the run
+    /// directory's `job-master.log` and reports the end.
+    fn follow_ray_job(&self, api: &RayApi, job: JobId, run_dir: &Path, id: String) {
+        let log = run_dir.join("job-master.log");
         let (api, exited) = (api.clone(), self.exited.clone());
         tokio::spawn(async move {
             let (status, success) = follow(&api, &id).await;
@@ -346,9 +371,11 @@ impl Launcher {
                 success,
             });
         });
-        Ok(())
     }
 }
+
+/// The file in a job's run directory that names its master's latest Ray submission.
+pub const RAY_SUBMISSION_FILE: &str = "job-master.ray";
 
 /// Follows a job master's Ray job to its end: how it ended, and whether it succeeded. A
 /// dashboard that does not answer is said once and asked again: it is not the master ending.

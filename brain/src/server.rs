@@ -241,6 +241,7 @@ pub async fn run(
         metrics.clone(),
         sink,
     )?);
+    control.follow_masters().await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rounds = tokio::spawn(control.clone().run(stop_rx));
     let reaper = {

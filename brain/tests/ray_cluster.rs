@@ -9,8 +9,8 @@
 //! With job masters as Ray jobs on the worker nodes (their `brain_job_master` resource), a node
 //! lost under a running job is planned around: the brain's capacity drops to the nodes left and
 //! the job shrinks onto them; the node back, the job grows onto it again; the node holding the
-//! job master lost, the brain starts the master again elsewhere and the job ends with every
-//! sample once per epoch.
+//! job master lost (after a kill -9 and restart of the brain), the brain starts the master again
+//! elsewhere and the job ends with every sample once per epoch.
 //!
 //! The tests share the one cluster (and kill its nodes), so they take turns.
 
@@ -342,9 +342,10 @@ async fn until_capacity(url: &str, cpus: f64, within: Duration) {
 /// node) runs across the three nodes. The worker node without its master is SIGKILLed: Ray
 /// marks it dead, the brain's capacity drops from 12 to 8 CPUs and its round shrinks the job to
 /// 2 workers, which go on; the node revived, the capacity is back and the job grows onto it
-/// again. Then the node holding the job master is killed: Ray fails the master's job, the brain
-/// starts it again with `--resume`, Ray places it on the other worker node, and the job ends
-/// with every sample trained, and applied by its PS, once per epoch.
+/// again. The brain is then killed -9 and started again (same address and database): it follows
+/// the master's Ray job again. Then the node holding the job master is killed: Ray fails the
+/// master's job, the brain starts it again with `--resume`, Ray places it on the other worker
+/// node, and the job ends with every sample trained, and applied by its PS, once per epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
     let Some(c) = test_support::ray_cluster() else {
@@ -365,35 +366,38 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
          [live]\ninterval_s = 1\ncooldown_s = 5\n",
     )
     .unwrap();
-    let (child, addr) = common::spawn_brain(|cmd| {
-        // On the bridge: the job masters on the nodes reach the brain there.
-        cmd.args([
-            "--listen",
-            &format!("{}:0", c.host),
-            "--max-processes",
-            "12",
-        ])
-        .args(["--ray-address", &c.dashboard])
-        .args(["--job-masters", "ray"])
-        .args(["--job-master-resource", "brain_job_master=1"])
-        .arg("--database")
-        .arg(dir.path().join("brain.db"))
-        .arg("--runs-dir")
-        .arg(dir.path().join("runs"))
-        .arg("--policy")
-        .arg(dir.path().join("policy.toml"))
-        .arg("--job-master-bin")
-        .arg(bin_dir().join("job-master"))
-        .args([
-            "--job-master-arg=--brain-interval-ms=300",
-            "--job-master-arg=--heartbeat-timeout-ms=6000",
-        ])
-        .stderr(std::fs::File::create(dir.path().join("brain.log")).unwrap());
-    });
-    let _brain = child;
+    // On the bridge, where the job masters on the nodes reach it; started again on the same
+    // address (the masters reconnect to it) and the same database.
+    let start_brain = |listen: &str, log: &str| {
+        common::spawn_brain(|cmd| {
+            cmd.args(["--listen", listen, "--max-processes", "12"])
+                .args(["--ray-address", &c.dashboard])
+                .args(["--job-masters", "ray"])
+                .args(["--job-master-resource", "brain_job_master=1"])
+                .arg("--database")
+                .arg(dir.path().join("brain.db"))
+                .arg("--runs-dir")
+                .arg(dir.path().join("runs"))
+                .arg("--policy")
+                .arg(dir.path().join("policy.toml"))
+                .arg("--job-master-bin")
+                .arg(bin_dir().join("job-master"))
+                .args([
+                    "--job-master-arg=--brain-interval-ms=300",
+                    "--job-master-arg=--heartbeat-timeout-ms=6000",
+                ])
+                .stderr(std::fs::File::create(dir.path().join(log)).unwrap());
+        })
+    };
+    let (mut brain, addr) = start_brain(&format!("{}:0", c.host), "brain.log");
     let url = format!("http://{addr}");
-    let brain_log = dir.path().join("brain.log");
-    let log = || std::fs::read_to_string(&brain_log).unwrap_or_default();
+    let log = || {
+        ["brain.log", "brain-again.log"]
+            .iter()
+            .map(|f| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("--- the brain started again ---\n")
+    };
     until_capacity(&url, 12.0, Duration::from_secs(30)).await;
 
     const SAMPLES: u64 = 100_000;
@@ -481,6 +485,12 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
 
     // The master's node lost: the master resumed on the other worker node.
     said("3 workers again, one on the node back");
+
+    // The brain killed and started again: it follows the master on Ray again.
+    brain.kill();
+    let (again, _) = start_brain(&addr, "brain-again.log");
+    brain = again;
+    said("the brain killed -9 and started again");
     nodes.kill(master_node);
     said(&format!("node {master_node} (the master's) killed"));
     let (r, _) = until(
@@ -500,6 +510,11 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
             .iter()
             .any(|x| x.contains("started again with --resume") && x.contains("Ray job")),
         "{r:#?}"
+    );
+    assert!(
+        log().contains("following its job master on Ray again"),
+        "{}",
+        log()
     );
     said(&format!(
         "the master resumed on node {other} ({}), 2 workers",
@@ -548,4 +563,5 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
         "{master_log}"
     );
     wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    brain.kill();
 }
