@@ -2,7 +2,8 @@
 //! output in `RUN_DIR/logs/<role>-<index>.<incarnation>.log`. Agents get SIGTERM if the master
 //! dies (PR_SET_PDEATHSIG), so no process outlives the job. A process that asks for `gpu: N` is
 //! given N of the machine's GPUs no other live process of the job holds, as its
-//! `CUDA_VISIBLE_DEVICES`.
+//! `CUDA_VISIBLE_DEVICES`; one that asks for a `gpu_type` the machine's GPUs (by NVML) are not
+//! of fails to launch, naming them.
 
 use crate::scale::Capacity;
 use crate::spec::{Bytes, Millicores};
@@ -45,6 +46,31 @@ pub fn machine_gpus() -> Vec<String> {
         .map_or(Vec::new(), |n| (0..n).map(|i| i.to_string()).collect())
 }
 
+/// The models of this machine's GPUs as NVML names them (`NVIDIA A100-SXM4-40GB`); empty
+/// without NVML.
+fn machine_gpu_models() -> Vec<String> {
+    let Ok(nvml) = nvml_wrapper::Nvml::init() else {
+        return Vec::new();
+    };
+    let n = nvml.device_count().unwrap_or(0);
+    (0..n)
+        .filter_map(|i| nvml.device_by_index(i).ok()?.name().ok())
+        .collect()
+}
+
+/// Why a process asking for GPU model `model` cannot run here: none of the machine's GPUs
+/// (`models`, NVML's names) is of it (`A100` matches `NVIDIA A100-SXM4-40GB`, any case). Not
+/// checked where the models are unknown (no NVML: GPUs named by configuration only).
+fn wrong_gpu_model(model: &str, models: &[String]) -> Option<String> {
+    let want = model.to_lowercase();
+    (!models.is_empty() && !models.iter().any(|m| m.to_lowercase().contains(&want))).then(|| {
+        format!(
+            "it asks for GPU model {model}; this machine's GPUs are {}",
+            models.join(", ")
+        )
+    })
+}
+
 /// `need` of `all` GPUs that `taken` does not hold, in order; the reason when too few are free.
 fn pick_gpus(all: &[String], taken: &[&String], need: u32) -> Result<Vec<String>, String> {
     let free: Vec<String> = all.iter().filter(|d| !taken.contains(d)).cloned().collect();
@@ -70,6 +96,8 @@ pub struct LocalPlatform {
     agents: Arc<Mutex<BTreeMap<SlotKey, Running>>>,
     capacity: Capacity,
     gpus: Vec<String>,
+    /// The GPUs' models, by NVML (empty without it).
+    gpu_models: Vec<String>,
 }
 
 impl LocalPlatform {
@@ -111,6 +139,11 @@ impl LocalPlatform {
                         .unwrap_or(u64::MAX),
                 ),
                 gpus: gpus.len() as u32,
+            },
+            gpu_models: if gpus.is_empty() {
+                Vec::new()
+            } else {
+                machine_gpu_models()
             },
             gpus,
         })
@@ -162,6 +195,19 @@ impl Platform for LocalPlatform {
             source: e,
         })?;
         let need = l.resources.as_ref().and_then(|r| r.gpu).unwrap_or(0);
+        if let Some(problem) = l
+            .resources
+            .as_ref()
+            .and_then(|r| r.gpu_type.as_deref())
+            .filter(|_| need > 0)
+            .and_then(|model| wrong_gpu_model(model, &self.gpu_models))
+        {
+            return Err(Error::Launch {
+                platform: "local",
+                what: format!("agent {}", l.key),
+                problem,
+            });
+        }
         let gpus = if need == 0 {
             Vec::new()
         } else {
@@ -291,7 +337,21 @@ impl Platform for LocalPlatform {
 
 #[cfg(test)]
 mod tests {
-    use super::pick_gpus;
+    use super::{pick_gpus, wrong_gpu_model};
+
+    #[test]
+    fn a_gpu_model_the_machine_lacks_is_named_with_the_machines() {
+        let models = vec!["NVIDIA A100-SXM4-40GB".to_string(), "Tesla T4".to_string()];
+        assert_eq!(wrong_gpu_model("A100", &models), None);
+        assert_eq!(wrong_gpu_model("t4", &models), None);
+        let e = wrong_gpu_model("H100", &models).unwrap();
+        assert_eq!(
+            e,
+            "it asks for GPU model H100; this machine's GPUs are NVIDIA A100-SXM4-40GB, Tesla T4"
+        );
+        // GPUs named by configuration only: their model is unknown, not checked.
+        assert_eq!(wrong_gpu_model("H100", &[]), None);
+    }
 
     #[test]
     fn gpus_go_to_one_process_at_a_time_and_too_few_are_named() {
