@@ -11,7 +11,25 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use proto::service::v1 as pb;
 
-type Client = pb::brain_client::BrainClient<tonic::transport::Channel>;
+type Client = pb::brain_client::BrainClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, auth::WithToken>,
+>;
+
+async fn client(addr: std::net::SocketAddr, token: Option<auth::Token>) -> Client {
+    loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            return pb::brain_client::BrainClient::with_interceptor(
+                ch,
+                auth::WithToken::new(token),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 type Stop = (
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
@@ -35,15 +53,18 @@ async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
             eprintln!("brain failed: {e}");
         }
     });
+    // Registered by the operator; each job reports with its own secret, as job masters do.
+    let token_file = dir.path().join("operator.token");
+    let operator = loop {
+        if let Ok(t) = auth::read_secret(&token_file) {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let mut op = client(addr, Some(operator)).await;
     let mut out = Vec::new();
     for i in 0..clients {
-        let mut c = loop {
-            if let Ok(c) = Client::connect(format!("http://{addr}")).await {
-                break c;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        let id = c
+        let r = op
             .register_job(pb::RegisterJobRequest {
                 job_name: format!("job-{i}"),
                 master_address: "127.0.0.1:1".into(),
@@ -51,9 +72,11 @@ async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
             })
             .await
             .unwrap()
-            .into_inner()
-            .job_id;
-        out.push((c, id));
+            .into_inner();
+        out.push((
+            client(addr, auth::Token::parse(&r.job_token)).await,
+            r.job_id,
+        ));
     }
     (out, (tx, handle, dir))
 }

@@ -28,6 +28,7 @@ use common::release_bin;
 use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
 use proto::service::v1::brain_client::BrainClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 const SAMPLES: u64 = 40_000;
@@ -56,8 +57,22 @@ fn start_brain(dir: &Path, cpus: u32) -> (Spawned, String) {
     (child, format!("http://{addr}"))
 }
 
-async fn client(url: &str) -> BrainClient<Channel> {
-    BrainClient::connect(url.to_string()).await.unwrap()
+type Client = BrainClient<InterceptedService<Channel, auth::WithToken>>;
+
+/// A client of the brain at `url` sending `token`.
+async fn client_with(url: &str, token: Option<auth::Token>) -> Client {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    BrainClient::with_interceptor(channel, auth::WithToken::new(token))
+}
+
+/// A client with the operator token of the brain whose database is in `dir`.
+async fn client(url: &str, dir: &Path) -> Client {
+    let token = auth::read_secret(&dir.join("operator.token")).unwrap();
+    client_with(url, Some(token)).await
 }
 
 fn spec(name: &str, kind: &str, fixed: bool) -> String {
@@ -103,7 +118,7 @@ async fn run(policy: &str, jobs: &[Submit]) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
     let (mut brain, url) = start_brain(dir.path(), 4);
-    let mut c = client(&url).await;
+    let mut c = client(&url, dir.path()).await;
     let t0 = Instant::now();
     let mut submitted = Vec::new();
     for j in jobs {
@@ -308,10 +323,10 @@ async fn round_with(jobs: usize) {
     )
     .unwrap();
     let (mut brain, url) = start_brain(dir.path(), (jobs * 3) as u32);
-    let mut c = client(&url).await;
+    let mut c = client(&url, dir.path()).await;
     for i in 0..jobs {
         let workers = 1 + (i % 4) as u32;
-        let id = c
+        let registered = c
             .register_job(pb::RegisterJobRequest {
                 job_name: format!("job-{i}"),
                 master_address: "127.0.0.1:9".into(),
@@ -335,8 +350,9 @@ async fn round_with(jobs: usize) {
             })
             .await
             .unwrap()
-            .into_inner()
-            .job_id;
+            .into_inner();
+        let id = registered.job_id;
+        let mut job = client_with(&url, auth::Token::parse(&registered.job_token)).await;
         let per = 500.0 + (i % 7) as f64 * 100.0;
         let reports = (1..=workers)
             .map(|n| pb::MetricReport {
@@ -348,7 +364,7 @@ async fn round_with(jobs: usize) {
                 ..Default::default()
             })
             .collect();
-        c.report_metrics(pb::MetricsBatch {
+        job.report_metrics(pb::MetricsBatch {
             job_id: id,
             reports,
         })

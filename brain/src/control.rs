@@ -96,17 +96,25 @@ pub struct Control {
     pub sink: Option<crate::sink::Sink>,
     /// How often each job's master was started again after it died (this brain's lifetime).
     resumes: Mutex<std::collections::HashMap<JobId, u32>>,
+    /// The tokens callers may present; a job's secret is added when it is minted.
+    pub keys: Arc<crate::auth::Keys>,
+}
+
+/// What the brain's ingest feeds besides the store: its Prometheus counters and, when an
+/// InfluxDB is configured, the raw time series.
+pub struct Outputs {
+    pub metrics: Arc<Metrics>,
+    pub sink: Option<crate::sink::Sink>,
 }
 
 impl Control {
     pub fn new(
         store: Arc<Mutex<Store>>,
         policy_path: Option<PathBuf>,
-        cluster: LiveCluster,
-        capacity: crate::capacity::Source,
+        (cluster, capacity): (LiveCluster, crate::capacity::Source),
         launcher: Launcher,
-        metrics: Arc<Metrics>,
-        sink: Option<crate::sink::Sink>,
+        outputs: Outputs,
+        keys: Arc<crate::auth::Keys>,
     ) -> Result<Control, BrainError> {
         let policy = load_policy(policy_path.as_deref())?;
         Ok(Control {
@@ -118,10 +126,22 @@ impl Control {
             launcher,
             wake: Notify::new(),
             round_lock: tokio::sync::Mutex::new(()),
-            metrics,
-            sink,
+            metrics: outputs.metrics,
+            sink: outputs.sink,
             resumes: Mutex::default(),
+            keys,
         })
+    }
+
+    /// Mints a secret for `job`: its digest goes to the store and the keys, the secret to
+    /// whoever hands it to the job's master.
+    pub async fn mint(&self, job: JobId) -> Result<auth::Token, BrainError> {
+        let token = auth::Token::generate();
+        let digest = token.digest();
+        self.with_store(move |s| s.add_job_token(job, digest, now_unix_ms()))
+            .await?;
+        self.keys.add(digest, job);
+        Ok(token)
     }
 
     /// What the brain may hand out, as last read.
@@ -579,7 +599,8 @@ impl Control {
             let worker = spec.roles.entry(vocab::Role::Worker).or_default();
             worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
         }
-        let run_dir = self.launcher.start(job, &spec, workers).await?;
+        let token = self.mint(job).await?;
+        let run_dir = self.launcher.start(job, &spec, workers, &token).await?;
         let dir = run_dir.display().to_string();
         self.with_store(move |s| s.started(job, workers, gpu_type.as_deref(), &dir, now_unix_ms()))
             .await?;

@@ -139,9 +139,13 @@ impl Launcher {
         job: JobId,
         spec: &JobSpec,
         workers: u32,
+        token: &auth::Token,
     ) -> Result<PathBuf, BrainError> {
         let run_dir = self.run_dir(&spec.name);
         std::fs::create_dir_all(&run_dir)?;
+        // The job's secret, for its master only: an owner-only file whose path goes in argv.
+        auth::write_secret(&run_dir.join(TOKEN_FILE), token)
+            .map_err(|e| BrainError::Internal(e.to_string()))?;
         let mut spec = spec.clone();
         if let Some(w) = spec.roles.get_mut(&Role::Worker) {
             w.replicas = Some(workers as i64);
@@ -187,6 +191,8 @@ impl Launcher {
             self.brain_url.clone().into(),
             "--max-processes".into(),
             self.max_processes.to_string().into(),
+            "--brain-token-file".into(),
+            run_dir.join(TOKEN_FILE).into(),
         ];
         cmd.extend(self.config.job_master_args.iter().map(Into::into));
         if let Some(agent) = &self.config.agent_bin {
@@ -295,7 +301,9 @@ impl Launcher {
             }
         }
         let req = SubmitRequest {
-            entrypoint: format!("exec {command}"),
+            // The platform is the spec's, as the brain wrote it: not one the environment Ray's
+            // node was started in names (`job-master run` reads BRAIN_RAY_ADDRESS).
+            entrypoint: format!("unset BRAIN_RAY_ADDRESS; exec {command}"),
             submission_id: id.clone(),
             entrypoint_num_cpus: 0.0,
             entrypoint_num_gpus: 0.0,
@@ -374,6 +382,9 @@ impl Launcher {
     }
 }
 
+/// The file in a job's run directory that holds its secret (mode 0600), for its master.
+pub const TOKEN_FILE: &str = "brain.token";
+
 /// The file in a job's run directory that names its master's latest Ray submission.
 pub const RAY_SUBMISSION_FILE: &str = "job-master.ray";
 
@@ -389,10 +400,22 @@ async fn follow(api: &RayApi, id: &str) -> (String, bool) {
                 if let Some(code) = info.driver_exit_code {
                     said += &format!(" (exit code {code})");
                 }
-                if let Some(m) = info.message.as_deref().and_then(|m| m.lines().next())
-                    && !m.trim().is_empty()
-                {
-                    said += &format!(": {}", m.trim());
+                // Ray's message may end with the entrypoint's last output: its first line says
+                // what happened, its last lines why.
+                let lines: Vec<&str> = info
+                    .message
+                    .as_deref()
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect();
+                if let Some(first) = lines.first() {
+                    said += &format!(": {first}");
+                }
+                if lines.len() > 1 {
+                    let tail = &lines[lines.len().saturating_sub(5).max(1)..];
+                    said += &format!(" ... {}", tail.join(" | "));
                 }
                 return (said, info.status == RayJobStatus::Succeeded);
             }
@@ -471,6 +494,8 @@ mod tests {
                 "http://10.0.0.1:50070",
                 "--max-processes",
                 "8",
+                "--brain-token-file",
+                "/runs/j/brain.token",
                 "--resume"
             ]
         );

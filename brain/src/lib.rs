@@ -7,6 +7,7 @@
 //! * [`plots`]: the comparison as SVG charts (JCT CDF, GPU utilisation over time).
 //! * [`store`]: the durable state (SQLite, WAL): jobs, metric summaries, plans and their
 //!   acknowledgements.
+//! * [`auth`]: who may call: the operator token, each job's secret, checked by one interceptor.
 //! * [`service`]: the thin tonic adapter of the `brain.service.v1.Brain` API over the store;
 //!   [`server`]: `run(config, listener, shutdown)`, which the `brain` binary and the tests start.
 //! * [`BrainError`]: the crate's one error type, mapped once to `tonic::Status`.
@@ -25,6 +26,7 @@
 //!
 //! Algorithms stay in `optimizer`, file formats in `datasets`.
 
+pub mod auth;
 pub mod capacity;
 pub mod control;
 pub mod launch;
@@ -77,6 +79,10 @@ pub enum BrainError {
     FailedPrecondition(String),
     #[error("{0}")]
     AlreadyExists(String),
+    /// The caller is known but may not do this (another job's id, an operator call made with a
+    /// job's secret).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The metrics sink (InfluxDB) refused or could not be reached; ingest never waits for it.
     #[error("metrics sink: {0}")]
     Sink(String),
@@ -96,6 +102,7 @@ impl From<BrainError> for tonic::Status {
             }
             BrainError::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             BrainError::AlreadyExists(_) => tonic::Status::already_exists(message),
+            BrainError::PermissionDenied(_) => tonic::Status::permission_denied(message),
             BrainError::Internal(_)
             | BrainError::Stored { .. }
             | BrainError::Data(_)
@@ -129,6 +136,10 @@ mod tests {
             Code::AlreadyExists
         );
         assert_eq!(code(BrainError::UnknownJob(3)), Code::NotFound);
+        assert_eq!(
+            code(BrainError::PermissionDenied("x".into())),
+            Code::PermissionDenied
+        );
         assert_eq!(code(BrainError::Internal("x".into())), Code::Internal);
         let stored = BrainError::Stored {
             what: "spec of job 1".into(),

@@ -40,6 +40,10 @@ pub struct BrainConfig {
     /// interface (0.0.0.0) [default: the listener's address].
     #[serde(default)]
     pub advertise: Option<std::net::IpAddr>,
+    /// The operator token's file: created (mode 0600) at the first start, read after; brainctl
+    /// sends what it holds [default: `operator.token` beside the database].
+    #[serde(default)]
+    pub operator_token_file: Option<PathBuf>,
     /// Where raw metric time series go (InfluxDB); without it only summaries are kept.
     #[serde(default)]
     pub sink: Option<crate::sink::SinkConfig>,
@@ -104,6 +108,7 @@ impl BrainConfig {
             cluster: ClusterConfig::default(),
             launcher: LauncherConfig::default(),
             advertise: None,
+            operator_token_file: None,
             sink: None,
         }
     }
@@ -146,6 +151,16 @@ impl BrainConfig {
             sink.validate()?;
         }
         Ok(())
+    }
+
+    /// Where the operator token is kept.
+    pub fn operator_token_file(&self) -> PathBuf {
+        self.operator_token_file.clone().unwrap_or_else(|| {
+            self.database
+                .parent()
+                .unwrap_or(std::path::Path::new(""))
+                .join("operator.token")
+        })
     }
 
     fn live_cluster(&self) -> LiveCluster {
@@ -232,14 +247,27 @@ pub async fn run(
     // Read before the first request: a submission is checked against the nodes' GPUs.
     let capacity = crate::capacity::Source::new(config.cluster.ray_address.as_deref())?;
     let cluster = capacity.read(&config.live_cluster()).await;
+    let token_file = config.operator_token_file();
+    let (operator, created) =
+        auth::read_or_create(&token_file).map_err(|e| BrainError::Config(e.to_string()))?;
+    if created {
+        tracing::info!(path = %token_file.display(), "operator token created");
+    }
+    let known = {
+        let store = store.lock().expect("no panic under the lock");
+        store.job_tokens()?
+    };
+    let keys = Arc::new(crate::auth::Keys::new(operator, known));
     let control = Arc::new(Control::new(
         store.clone(),
         config.policy.clone(),
-        cluster,
-        capacity,
+        (cluster, capacity),
         launcher,
-        metrics.clone(),
-        sink,
+        crate::control::Outputs {
+            metrics: metrics.clone(),
+            sink,
+        },
+        keys.clone(),
     )?);
     control.follow_masters().await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -263,10 +291,13 @@ pub async fn run(
             .unwrap_or_default()
         }
     };
-    let app = tonic::service::Routes::new(BrainServer::new(BrainService::new(control.clone())))
-        .prepare()
-        .into_axum_router()
-        .route("/metrics", get(scrape));
+    let app = tonic::service::Routes::new(BrainServer::with_interceptor(
+        BrainService::new(control.clone()),
+        keys.interceptor(),
+    ))
+    .prepare()
+    .into_axum_router()
+    .route("/metrics", get(scrape));
     tracing::info!(address = %addr, database = %config.database.display(), "brain serving");
     use axum::serve::ListenerExt;
     let listener = listener.tap_io(|tcp| {

@@ -9,6 +9,7 @@ use proto::service::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::BrainError;
+use crate::auth::{self, Caller};
 use crate::control::{Control, now_unix_ms};
 use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, Shape, Store};
 
@@ -130,10 +131,22 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::RegisterJobRequest>,
     ) -> Result<Response<pb::RegisterJobResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let r = request.into_inner();
         let shape = r.shape.map(shape_from).transpose()?;
+        let name = r.job_name.clone();
         let (id, plan_version) = self
             .with_store(move |s| {
+                // A job's secret registers its own job only (a name it would take over, or a
+                // new one, is refused before anything changes).
+                if let Caller::Job(job) = caller {
+                    let own = s.name(job)?;
+                    if own != name {
+                        return Err(BrainError::PermissionDenied(format!(
+                            "the secret of {job} ({own}) cannot register job {name:?}"
+                        )));
+                    }
+                }
                 s.register(
                     &r.job_name,
                     &r.master_address,
@@ -142,10 +155,16 @@ impl pb::brain_server::Brain for BrainService {
                 )
             })
             .await?;
+        // A master started by hand registered with the operator token: its job's own secret.
+        let job_token = match caller {
+            Caller::Operator => self.control.mint(id).await?.expose().to_string(),
+            Caller::Job(_) => String::new(),
+        };
         self.control.wake();
         Ok(Response::new(pb::RegisterJobResponse {
             job_id: id.0,
             plan_version,
+            job_token,
         }))
     }
 
@@ -153,6 +172,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::MetricsBatch>,
     ) -> Result<Response<pb::MetricsAck>, Status> {
+        auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let batch = request.into_inner();
         let reports: Vec<Metric> = batch
             .reports
@@ -214,6 +234,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::GetPlanRequest>,
     ) -> Result<Response<pb::GetPlanResponse>, Status> {
+        auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
         let (plan, cancel) = self
             .with_store(move |s| {
@@ -235,6 +256,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        auth::operator(&request)?;
         let r = request.into_inner();
         let reason = if r.reason.trim().is_empty() {
             "cancelled by an operator".to_string()
@@ -278,6 +300,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::PlanAck>,
     ) -> Result<Response<pb::PlanAckResponse>, Status> {
+        auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let a = request.into_inner();
         self.with_store(move |s| {
             s.ack_plan(
@@ -296,6 +319,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::ProposePlanRequest>,
     ) -> Result<Response<pb::ProposePlanResponse>, Status> {
+        auth::operator(&request)?;
         let r = request.into_inner();
         if r.roles.is_empty() && r.migrations.is_empty() {
             return Err(Status::invalid_argument(
@@ -351,15 +375,17 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::JobRecord>, Status> {
-        let id = JobId(request.into_inner().job_id);
+        let id = JobId(request.get_ref().job_id);
+        auth::operator_or_job(&request, id)?;
         let row = self.with_store(move |s| s.job(id)).await?;
         Ok(Response::new(record(row)))
     }
 
     async fn list_jobs(
         &self,
-        _request: Request<pb::ListJobsRequest>,
+        request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        auth::operator(&request)?;
         let rows = self.with_store(|s| s.jobs()).await?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: rows.into_iter().map(record).collect(),
@@ -370,6 +396,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        auth::operator(&request)?;
         let r = request.into_inner();
         let (id, shape, reasons) = self.control.submit(&r.spec_yaml, &r.origin).await?;
         Ok(Response::new(pb::SubmitJobResponse {
@@ -384,6 +411,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::JobOutcome>,
     ) -> Result<Response<pb::OutcomeAck>, Status> {
+        auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let o = request.into_inner();
         let Some(state) = o.phase.parse().ok().and_then(JobState::ended) else {
             let other = &o.phase;
@@ -412,8 +440,9 @@ impl pb::brain_server::Brain for BrainService {
 
     async fn dry_run(
         &self,
-        _request: Request<pb::DryRunRequest>,
+        request: Request<pb::DryRunRequest>,
     ) -> Result<Response<pb::DryRunResponse>, Status> {
+        auth::operator(&request)?;
         let out = self.control.round(false).await?;
         Ok(Response::new(pb::DryRunResponse {
             scheduler: out.plan.scheduler,
@@ -449,8 +478,9 @@ impl pb::brain_server::Brain for BrainService {
 
     async fn get_policy(
         &self,
-        _request: Request<pb::GetPolicyRequest>,
+        request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::PolicyText>, Status> {
+        auth::operator(&request)?;
         let (policy, path) = self.control.policy();
         Ok(Response::new(pb::PolicyText {
             toml: policy.text,
@@ -462,6 +492,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::PolicyText>,
     ) -> Result<Response<pb::PolicyText>, Status> {
+        auth::operator(&request)?;
         let text = request.into_inner().toml;
         let control = self.control.clone();
         let loaded = tokio::task::spawn_blocking(move || control.set_policy(&text))

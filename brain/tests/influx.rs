@@ -6,6 +6,8 @@
 //! `.ci/run` installs the package and sets `BRAIN_REQUIRE_INFLUXDB=1`, which makes a missing
 //! `influxd` a failure; elsewhere the test says it skipped.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +15,6 @@ use std::time::{Duration, Instant};
 use brain::sink::SinkConfig;
 use brain::sink::influx_v1::{InfluxV1, InfluxV1Config};
 use proto::service::v1 as pb;
-use proto::service::v1::brain_client::BrainClient;
 
 struct Influx {
     child: Child,
@@ -160,13 +161,16 @@ async fn reports_reach_influxdb_and_survive_its_kill_9() {
     let server = tokio::spawn(brain::run(config, listener, async {
         let _ = stopped.await;
     }));
-    let mut c = loop {
-        match BrainClient::connect(format!("http://{addr}")).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+    // The operator token appears beside the database as the brain starts.
+    let token_file = dir.path().join("operator.token");
+    let operator = loop {
+        if let Ok(t) = auth::read_secret(&token_file) {
+            break t;
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let id = c
+    let mut op = common::client_with(&format!("http://{addr}"), Some(operator)).await;
+    let registered = op
         .register_job(pb::RegisterJobRequest {
             job_name: "ctr".into(),
             master_address: "127.0.0.1:9".into(),
@@ -174,8 +178,13 @@ async fn reports_reach_influxdb_and_survive_its_kill_9() {
         })
         .await
         .unwrap()
-        .into_inner()
-        .job_id;
+        .into_inner();
+    let id = registered.job_id;
+    let mut c = common::client_with(
+        &format!("http://{addr}"),
+        auth::Token::parse(&registered.job_token),
+    )
+    .await;
     let send = |from: u64, to: u64| pb::MetricsBatch {
         job_id: id,
         reports: (from..to).map(report).collect(),

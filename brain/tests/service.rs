@@ -5,13 +5,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
+use common::{Client, client_with, operator_client};
 use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
-use proto::service::v1::brain_client::BrainClient;
 use tonic::Code;
-use tonic::transport::Channel;
 
 /// Starts `brain` on port 0; returns the process and its address.
 fn start(db: &Path) -> (common::Brain, String) {
@@ -23,10 +22,6 @@ fn start(db: &Path) -> (common::Brain, String) {
             .stderr(Stdio::null());
     });
     (child, format!("http://{addr}"))
-}
-
-async fn client(addr: &str) -> BrainClient<Channel> {
-    BrainClient::connect(addr.to_string()).await.unwrap()
 }
 
 fn report(step: u64, sps: f64) -> pb::MetricReport {
@@ -49,7 +44,9 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("brain.db");
     let (mut brain, addr) = start(&db);
-    let mut c = client(&addr).await;
+    // The operator registers the jobs (as a job master started by hand does), and each job
+    // master goes on with its job's own secret.
+    let mut c = operator_client(&addr).await;
     let a = c
         .register_job(pb::RegisterJobRequest {
             job_name: "ctr-a".into(),
@@ -70,6 +67,9 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .into_inner();
     assert_ne!(a.job_id, b.job_id);
     assert_eq!(a.plan_version, 0);
+    assert_ne!(a.job_token, b.job_token);
+    let a_token = auth::Token::parse(&a.job_token).expect("a job secret");
+    let mut ja = client_with(&addr, Some(a_token.clone())).await;
 
     // Bad reports: clear errors, nothing stored.
     let bad = [
@@ -84,10 +84,15 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
             Code::InvalidArgument,
             "memory_bytes",
         ),
-        (999, report(1, 1.0), Code::NotFound, "unknown job 999"),
+        (
+            999,
+            report(1, 1.0),
+            Code::PermissionDenied,
+            "cannot act on job 999",
+        ),
     ];
     for (job, r, code, says) in bad {
-        let e = c
+        let e = ja
             .report_metrics(pb::MetricsBatch {
                 job_id: job,
                 reports: vec![report(1, 1.0), r],
@@ -97,7 +102,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         assert_eq!(e.code(), code, "{e:?}");
         assert!(e.message().contains(says), "{}", e.message());
     }
-    let job = |c: &mut BrainClient<Channel>, id| {
+    let job = |c: &mut Client, id| {
         let mut c = c.clone();
         async move {
             c.get_job(pb::GetJobRequest { job_id: id })
@@ -124,7 +129,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .unwrap()
         .into_inner();
     assert_eq!(proposed.version, 1);
-    let plan = c
+    let plan = ja
         .get_plan(pb::GetPlanRequest {
             job_id: a.job_id,
             after_version: 0,
@@ -135,7 +140,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .plan
         .unwrap();
     assert_eq!((plan.version, plan.roles[0].count), (1, 4));
-    c.ack_plan(pb::PlanAck {
+    ja.ack_plan(pb::PlanAck {
         job_id: a.job_id,
         version: 1,
         accepted: true,
@@ -148,7 +153,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
     // A stream of batches; SIGKILL the brain in the middle of it.
     let mut acked = 0u64;
     let stream = {
-        let mut c = c.clone();
+        let mut c = ja.clone();
         let id = a.job_id;
         tokio::spawn(async move {
             let mut acked = 0u64;
@@ -182,8 +187,10 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
     assert!(acked > 0);
 
     let (mut brain, addr) = start(&db);
-    let mut c = client(&addr).await;
-    let again = c
+    let mut c = operator_client(&addr).await;
+    // The job's secret outlives the brain: its master registers again with it.
+    let mut ja = client_with(&addr, Some(a_token)).await;
+    let again = ja
         .register_job(pb::RegisterJobRequest {
             job_name: "ctr-a".into(),
             master_address: "127.0.0.1:7003".into(),
@@ -193,6 +200,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .unwrap()
         .into_inner();
     assert_eq!((again.job_id, again.plan_version), (a.job_id, 1));
+    assert_eq!(again.job_token, "", "a job's secret is not minted again");
     let row = job(&mut c, a.job_id).await;
     // Every acknowledged batch is there; the one in flight is wholly there or not at all.
     assert!(
@@ -212,17 +220,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
     assert_eq!(all.jobs.len(), 2);
 
     // What an operator sees with brainctl.
-    let brainctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_brainctl"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    };
+    let brainctl = common::brainctl;
     let (ok, text) = brainctl(&["jobs", "--brain", &addr]);
     assert!(ok, "{text}");
     assert!(text.contains("ctr-a") && text.contains("ctr-b"), "{text}");

@@ -22,7 +22,9 @@ use crate::shared::Shared;
 use crate::spec::{JobKind, Role};
 use vocab::JobReport;
 
-type Client = pb::brain_client::BrainClient<Channel>;
+type Client = pb::brain_client::BrainClient<
+    tonic::service::interceptor::InterceptedService<Channel, auth::WithToken>,
+>;
 
 /// Reports kept while the brain cannot be reached.
 pub const MAX_QUEUED: usize = 10_000;
@@ -38,6 +40,10 @@ pub struct BrainLink {
     /// How long the job master keeps trying to tell the brain how the job ended.
     #[serde(default = "default_outcome_timeout")]
     pub outcome_timeout_ms: u64,
+    /// What authenticates the calls: the job's secret (a master the brain started), or the
+    /// operator token until registering returns the job's own (a master started by hand).
+    #[serde(skip)]
+    pub token: auth::WithToken,
 }
 
 fn default_interval() -> u64 {
@@ -53,6 +59,7 @@ impl BrainLink {
             url,
             report_interval_ms: default_interval(),
             outcome_timeout_ms: default_outcome_timeout(),
+            token: auth::WithToken::default(),
         }
     }
 }
@@ -63,12 +70,24 @@ fn unix_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-async fn connect(url: &str) -> Option<Client> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+async fn connect(link: &BrainLink) -> Option<Client> {
+    let endpoint = tonic::transport::Endpoint::from_shared(link.url.clone())
         .ok()?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(10));
-    endpoint.connect().await.ok().map(Client::new)
+    let channel = endpoint.connect().await.ok()?;
+    Some(pb::brain_client::BrainClient::with_interceptor(
+        channel,
+        link.token.clone(),
+    ))
+}
+
+/// Takes the job's own secret the brain returned on registering (a master started by hand
+/// registered with the operator token).
+fn keep_job_token(link: &BrainLink, r: &pb::RegisterJobResponse) {
+    if let Some(t) = auth::Token::parse(&r.job_token) {
+        link.token.replace(t);
+    }
 }
 
 /// The job's shape as the brain plans with it.
@@ -189,6 +208,7 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
     let mut acked_reached = 0u64;
     let mut acked_abandoned = 0u64;
     let mut last_brain_version = 0u64;
+    let mut refused: Option<String> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(link.report_interval_ms.max(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -219,7 +239,7 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
             }
         }
         let Some(c) = client.as_mut() else {
-            client = connect(&link.url).await;
+            client = connect(&link).await;
             continue;
         };
         let id = match job_id {
@@ -234,10 +254,25 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
                     .await;
                 match r {
                     Ok(r) => {
-                        let id = r.into_inner().job_id;
+                        let r = r.into_inner();
+                        keep_job_token(&link, &r);
+                        let id = r.job_id;
                         tracing::info!(job_id = id, url = %link.url, "registered with the brain");
                         job_id = Some(id);
                         id
+                    }
+                    Err(e)
+                        if matches!(
+                            e.code(),
+                            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                        ) =>
+                    {
+                        // Said once per refusal; asked again, the token may be fixed meanwhile.
+                        if refused.as_deref() != Some(e.message()) {
+                            tracing::warn!(url = %link.url, "the brain refuses this job master: {}", e.message());
+                            refused = Some(e.message().to_string());
+                        }
+                        continue;
                     }
                     Err(e) => {
                         tracing::debug!("brain register: {e}");
@@ -360,7 +395,7 @@ pub async fn report_outcome(link: &BrainLink, report: &JobReport, master_addr: S
     let deadline = Instant::now() + Duration::from_millis(link.outcome_timeout_ms);
     let total: u64 = report.samples_per_epoch.values().sum();
     loop {
-        if let Some(mut c) = connect(&link.url).await {
+        if let Some(mut c) = connect(link).await {
             let id = c
                 .register_job(pb::RegisterJobRequest {
                     job_name: report.job.clone(),
@@ -368,7 +403,11 @@ pub async fn report_outcome(link: &BrainLink, report: &JobReport, master_addr: S
                     shape: None,
                 })
                 .await
-                .map(|r| r.into_inner().job_id);
+                .map(|r| {
+                    let r = r.into_inner();
+                    keep_job_token(link, &r);
+                    r.job_id
+                });
             if let Ok(id) = id {
                 let r = c
                     .report_outcome(pb::JobOutcome {

@@ -155,6 +155,13 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("binding {}", cli.listen))?;
+    // The operator token exists before anyone is told where to call.
+    let token_file = config.operator_token_file();
+    auth::read_or_create(&token_file)?;
+    println!(
+        "operator token in {} (brainctl --token-file reads it)",
+        token_file.display()
+    );
     // The address actually bound (port 0 picks one), for whoever started us.
     println!("listening on {}", listener.local_addr()?);
     let shutdown = async {

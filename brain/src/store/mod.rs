@@ -19,6 +19,7 @@ mod records;
 mod reports;
 #[cfg(test)]
 mod tests;
+mod tokens;
 
 pub use jobs::PsSpeedsByJob;
 pub use processes::{CPU_SAMPLES, ProcessSample};
@@ -144,6 +145,8 @@ const MIGRATIONS: &[&str] = &[
          ps INTEGER NOT NULL, reports INTEGER NOT NULL, sum_samples_per_second REAL NOT NULL,
          PRIMARY KEY (job_id, workers, ps))",
     "ALTER TABLE jobs ADD COLUMN peak_ps_millicores INTEGER NOT NULL DEFAULT 0",
+    "CREATE TABLE job_tokens (digest BLOB PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
+         created_unix_ms INTEGER NOT NULL)",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

@@ -2,21 +2,93 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
+
+use tonic::transport::Channel;
 
 use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
 use proto::service::v1::brain_client::BrainClient;
 
+/// The operator token file of every brain this test process started, by its `host:port`:
+/// [`brainctl`] and the clients here send the right brain its own.
+static TOKEN_FILES: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+
 /// Starts the `brain` binary (on port 0: `--listen 127.0.0.1:0` is the caller's) as
 /// `configure` sets it up and waits for the address it prints; returns the process (killed
-/// when dropped, also when a test fails) and `host:port`.
+/// when dropped, also when a test fails) and `host:port`. Its operator token is the one
+/// beside its `--database`.
 pub fn spawn_brain(configure: impl FnOnce(&mut Command)) -> (Brain, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_brain"));
     configure(&mut cmd);
-    test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60))
+    let args: Vec<_> = cmd.get_args().map(PathBuf::from).collect();
+    let database = args
+        .iter()
+        .position(|a| a.as_os_str() == "--database")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("brain-data/brain.db"));
+    let token_file = database.with_file_name("operator.token");
+    let (brain, addr) =
+        test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
+    TOKEN_FILES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(addr.clone(), token_file);
+    (brain, addr)
+}
+
+/// The operator token file of the brain at `url` (`http://host:port` or `host:port`).
+pub fn token_file(url: &str) -> PathBuf {
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    TOKEN_FILES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(addr)
+        .cloned()
+        .unwrap_or_else(|| panic!("no brain started at {addr} by this test"))
+}
+
+/// The operator token of the brain at `url`.
+pub fn operator_token(url: &str) -> auth::Token {
+    auth::read_secret(&token_file(url)).unwrap()
+}
+
+/// A client of the brain that sends `token` (none: no header at all).
+pub type Client =
+    BrainClient<tonic::service::interceptor::InterceptedService<Channel, auth::WithToken>>;
+
+pub async fn client_with(url: &str, token: Option<auth::Token>) -> Client {
+    try_client_with(url, token)
+        .await
+        .unwrap_or_else(|| panic!("cannot connect to the brain at {url}"))
+}
+
+/// [`client_with`], or `None` while the brain does not answer.
+pub async fn try_client_with(url: &str, token: Option<auth::Token>) -> Option<Client> {
+    let url = if url.starts_with("http") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    Some(BrainClient::with_interceptor(
+        channel,
+        auth::WithToken::new(token),
+    ))
+}
+
+/// A client of the brain at `url` with its operator token.
+pub async fn operator_client(url: &str) -> Client {
+    client_with(url, Some(operator_token(url))).await
 }
 
 /// Builds the job master and worker agent the brain starts (beside the brain binary).
@@ -27,12 +99,19 @@ pub fn bin_dir() -> PathBuf {
 /// A brain process, killed when dropped (also when a test fails).
 pub type Brain = test_support::Spawned;
 
-/// Runs `brainctl`; returns whether it succeeded and its stdout and stderr.
+/// Runs `brainctl`; returns whether it succeeded and its stdout and stderr. With `--brain URL`
+/// of a brain this test started, it sends that brain's operator token.
 pub fn brainctl(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_brainctl"))
-        .args(args)
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_brainctl"));
+    cmd.args(args);
+    if let Some(url) = args
+        .iter()
+        .position(|a| *a == "--brain")
+        .and_then(|i| args.get(i + 1))
+    {
+        cmd.arg("--token-file").arg(token_file(url));
+    }
+    let out = cmd.output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
@@ -69,7 +148,7 @@ pub fn now_ms() -> u128 {
 }
 
 pub async fn jobs(url: &str) -> Option<Vec<pb::JobRecord>> {
-    let mut c = BrainClient::connect(url.to_string()).await.ok()?;
+    let mut c = try_client_with(url, Some(operator_token(url))).await?;
     Some(
         c.list_jobs(pb::ListJobsRequest {})
             .await

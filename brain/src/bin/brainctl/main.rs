@@ -22,9 +22,26 @@ use proto::service::v1::brain_client::BrainClient;
              cluster."
 )]
 struct Cli {
+    /// The operator token the brain wrote at its first start (mode 0600, beside its database),
+    /// sent with every call to the brain.
+    #[arg(
+        long,
+        global = true,
+        env = "BRAIN_TOKEN_FILE",
+        default_value = "brain-data/operator.token"
+    )]
+    token_file: PathBuf,
     #[command(subcommand)]
     command: Command,
 }
+
+/// `--token-file`, for every call to the brain.
+static TOKEN_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// A client of the brain that sends the operator token.
+type Client = BrainClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, auth::WithToken>,
+>;
 
 #[derive(Subcommand)]
 enum Command {
@@ -139,15 +156,23 @@ enum PolicyAction {
 /// Asks a running brain, on a runtime of its own (the rest of brainctl is synchronous).
 fn ask_brain<T>(
     address: &str,
-    f: impl AsyncFnOnce(BrainClient<tonic::transport::Channel>) -> Result<T, tonic::Status>,
+    f: impl AsyncFnOnce(Client) -> Result<T, tonic::Status>,
 ) -> anyhow::Result<T> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let client = BrainClient::connect(address.to_string())
+        let path = TOKEN_FILE.get().context("no --token-file")?;
+        let token = auth::read_secret(path).with_context(|| {
+            "the operator token (the brain writes it at its first start beside its database; \
+             --token-file or BRAIN_TOKEN_FILE names another)"
+        })?;
+        let channel = tonic::transport::Endpoint::from_shared(address.to_string())
+            .with_context(|| format!("the brain's address {address}"))?
+            .connect()
             .await
             .with_context(|| format!("connecting to the brain at {address}"))?;
+        let client = BrainClient::with_interceptor(channel, auth::WithToken::new(Some(token)));
         f(client)
             .await
             .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
@@ -215,10 +240,7 @@ fn print_shape(s: &pb::JobShape) {
 }
 
 /// A job id, or a name looked up among the brain's jobs.
-async fn job_id(
-    c: &mut BrainClient<tonic::transport::Channel>,
-    job: &str,
-) -> Result<u64, tonic::Status> {
+async fn job_id(c: &mut Client, job: &str) -> Result<u64, tonic::Status> {
     if let Ok(id) = job.parse() {
         return Ok(id);
     }
@@ -230,7 +252,11 @@ async fn job_id(
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    TOKEN_FILE
+        .set(cli.token_file)
+        .expect("set once, before any call");
+    match cli.command {
         Command::Jobs { brain } => {
             let jobs = ask_brain(&brain, async |mut c| {
                 Ok(c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs)

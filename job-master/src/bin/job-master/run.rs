@@ -80,6 +80,29 @@ pub struct RunArgs {
     /// How often metrics go to the brain and plans are polled, milliseconds.
     #[arg(long, default_value_t = 1000)]
     brain_interval_ms: u64,
+    /// The token the job master authenticates to the brain with: the job's secret file the
+    /// brain wrote for a master it started, or, started by hand, the operator token (the brain
+    /// then returns the job's own secret when it registers) [default:
+    /// brain-data/operator.token where it exists].
+    #[arg(long, env = "BRAIN_TOKEN_FILE")]
+    brain_token_file: Option<PathBuf>,
+}
+
+/// The brain token: the file named, or the operator token in its default place where it exists.
+fn brain_token(file: Option<PathBuf>) -> anyhow::Result<Option<auth::Token>> {
+    let path = match file {
+        Some(p) => p,
+        None => {
+            let default = PathBuf::from("brain-data/operator.token");
+            if !default.exists() {
+                return Ok(None);
+            }
+            default
+        }
+    };
+    auth::read_secret(&path)
+        .map(Some)
+        .context("--brain-token-file: the token for the brain")
 }
 
 /// `--advertise`: an address, or the one on the route to the brain or Ray.
@@ -216,8 +239,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         ray_address,
         brain,
         brain_interval_ms,
+        brain_token_file,
     } = args;
     let spec = job_master::spec::load(&spec)?;
+    let token = match &brain {
+        Some(url) => {
+            let t = brain_token(brain_token_file)?;
+            if t.is_none() {
+                eprintln!(
+                    "warning: no token for the brain at {url}: it will refuse this job master \
+                     (give --brain-token-file)"
+                );
+            }
+            t
+        }
+        None => None,
+    };
     let platform = choose_platform(
         platform,
         ray_address,
@@ -256,6 +293,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             };
             job_master::brain_link::BrainLink {
                 report_interval_ms: brain_interval_ms,
+                token: auth::WithToken::new(token),
                 ..job_master::brain_link::BrainLink::new(url)
             }
         }),

@@ -1,0 +1,254 @@
+//! Bearer tokens for Brain's gRPC APIs. A [`Token`] is 32 random bytes, written as 64 hex digits;
+//! it travels in the `authorization: Bearer …` header ([`WithToken`] adds it on the client side,
+//! [`bearer`] reads it on the server side), lives on disk only in files its owner alone can read
+//! ([`write_secret`], [`read_secret`]: mode 0600, a file others can read is refused), and never
+//! appears in argv or logs (its `Debug` shows a digest prefix). A server that keeps tokens it
+//! minted keeps their SHA-256 ([`Token::digest`]) and compares in constant time
+//! ([`Token::matches`], [`digest_of`]).
+//!
+//! Who holds which token (the brain's operator token, a job's secret) and what each may do is
+//! the servers' business; this crate only makes, stores, sends and checks them.
+
+use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tonic::metadata::{Ascii, MetadataValue};
+
+/// Where a token travels: the standard header.
+pub const HEADER: &str = "authorization";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "{path}: readable by others (mode {mode:o}): a token file must be its owner's alone \
+         (chmod 600 {path})"
+    )]
+    Exposed { path: PathBuf, mode: u32 },
+    #[error("{path}: not a token (expected 64 hex digits on one line)")]
+    Malformed { path: PathBuf },
+}
+
+/// A secret that authenticates its holder.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token(sha256 {}…)", &hex::encode(self.digest())[..8])
+    }
+}
+
+impl Token {
+    /// A fresh token from the operating system's random source.
+    pub fn generate() -> Token {
+        let mut bytes = [0u8; 32];
+        rand::fill(&mut bytes);
+        Token(hex::encode(bytes))
+    }
+
+    /// A token as written (64 hex digits); `None` otherwise.
+    pub fn parse(text: &str) -> Option<Token> {
+        let t = text.trim();
+        (t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| Token(t.to_ascii_lowercase()))
+    }
+
+    /// The secret itself, for a file or an environment variable only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Its SHA-256: what a server keeps instead of the token.
+    pub fn digest(&self) -> [u8; 32] {
+        digest_of(&self.0)
+    }
+
+    /// Whether `presented` is this token, in time that does not depend on where they differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
+    }
+
+    fn header(&self) -> MetadataValue<Ascii> {
+        format!("Bearer {}", self.0)
+            .parse()
+            .expect("hex digits are a valid header value")
+    }
+}
+
+/// The SHA-256 of a presented token, to look it up among digests a server keeps.
+pub fn digest_of(presented: &str) -> [u8; 32] {
+    Sha256::digest(presented.as_bytes()).into()
+}
+
+/// Whether two digests are equal, in constant time.
+pub fn digests_match(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.ct_eq(b).into()
+}
+
+/// The token a request carries (`authorization: Bearer TOKEN`), if any.
+pub fn bearer<T>(request: &tonic::Request<T>) -> Option<&str> {
+    request
+        .metadata()
+        .get(HEADER)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Writes `token` to `path`, readable and writable by its owner only (mode 0600 from the
+/// moment it exists), replacing what was there.
+pub fn write_secret(path: &Path, token: &Token) -> Result<(), AuthError> {
+    let io = |source| AuthError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        f.write_all(format!("{}\n", token.0).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Reads a token file; refuses one that its group or others may read.
+pub fn read_secret(path: &Path) -> Result<Token, AuthError> {
+    let io = |source| AuthError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(AuthError::Exposed {
+            path: path.to_path_buf(),
+            mode: mode & 0o777,
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(io)?;
+    Token::parse(&text).ok_or_else(|| AuthError::Malformed {
+        path: path.to_path_buf(),
+    })
+}
+
+/// The token in `path`, or a new one written there when the file does not exist (a service's
+/// first start).
+pub fn read_or_create(path: &Path) -> Result<(Token, bool), AuthError> {
+    if path.exists() {
+        return Ok((read_secret(path)?, false));
+    }
+    let token = Token::generate();
+    write_secret(path, &token)?;
+    Ok((token, true))
+}
+
+/// A client interceptor that sends a token with every call; the token may be replaced while
+/// clients hold it (a job master swaps the operator token it registered with for the job's
+/// own), or be absent (the server then answers UNAUTHENTICATED).
+#[derive(Clone, Debug, Default)]
+pub struct WithToken(Arc<RwLock<Option<Token>>>);
+
+impl WithToken {
+    pub fn new(token: Option<Token>) -> WithToken {
+        WithToken(Arc::new(RwLock::new(token)))
+    }
+
+    /// From now on every call through this interceptor (and its clones) sends `token`.
+    pub fn replace(&self, token: Token) {
+        *self.0.write().expect("no panic under the lock") = Some(token);
+    }
+}
+
+impl PartialEq for WithToken {
+    fn eq(&self, other: &WithToken) -> bool {
+        *self.0.read().expect("no panic under the lock")
+            == *other.0.read().expect("no panic under the lock")
+    }
+}
+
+impl tonic::service::Interceptor for WithToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = self.0.read().expect("no panic under the lock").as_ref() {
+            request.metadata_mut().insert(HEADER, t.header());
+        }
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::service::Interceptor;
+
+    #[test]
+    fn tokens_are_random_hex_and_match_only_themselves() {
+        let (a, b) = (Token::generate(), Token::generate());
+        assert_ne!(a, b);
+        assert_eq!(a.expose().len(), 64);
+        assert_eq!(Token::parse(a.expose()), Some(a.clone()));
+        assert!(a.matches(a.expose()));
+        assert!(!a.matches(b.expose()));
+        assert!(!a.matches(""));
+        assert!(!a.matches(&a.expose()[..63]));
+        assert!(digests_match(&a.digest(), &digest_of(a.expose())));
+        assert!(!digests_match(&a.digest(), &b.digest()));
+        assert_eq!(Token::parse("not hex"), None);
+        // Debug never shows the secret.
+        assert!(!format!("{a:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn token_files_are_the_owners_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/operator.token");
+        let (t, created) = read_or_create(&path).unwrap();
+        assert!(created);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(read_or_create(&path).unwrap(), (t.clone(), false));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_secret(&path).unwrap_err().to_string();
+        assert!(e.contains("readable by others (mode 644)"), "{e}");
+        std::fs::write(dir.path().join("bad"), "x").unwrap();
+        std::fs::set_permissions(
+            dir.path().join("bad"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let e = read_secret(&dir.path().join("bad"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a token"), "{e}");
+    }
+
+    #[test]
+    fn the_client_sends_the_token_it_holds_now() {
+        let mut with = WithToken::new(None);
+        let r = with.call(tonic::Request::new(())).unwrap();
+        assert_eq!(bearer(&r), None);
+        let t = Token::generate();
+        with.clone().replace(t.clone());
+        let r = with.call(tonic::Request::new(())).unwrap();
+        assert_eq!(bearer(&r), Some(t.expose()));
+    }
+}
