@@ -243,6 +243,12 @@ impl Control {
         let mut spec: JobSpec = JobSpec::from_yaml(spec_yaml)
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
         let run_dir = self.launcher.run_dir(&spec.name);
+        crate::store::check_name(&spec.name)
+            .and_then(|()| {
+                crate::admission::admit(&spec, &self.policy().0.config.submissions, &run_dir)
+                    .map_err(BrainError::InvalidArgument)
+            })
+            .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
         place_checkpoints(&mut spec, &run_dir);
         std::fs::create_dir_all(&run_dir)?;
         spec.validate()

@@ -7,6 +7,7 @@
 //! * [`plots`]: the comparison as SVG charts (JCT CDF, GPU utilisation over time).
 //! * [`store`]: the durable state (SQLite, WAL): jobs, metric summaries, plans and their
 //!   acknowledgements.
+//! * [`admission`]: what a submitted job may run (the policy's `[submissions]`, env, paths).
 //! * [`auth`]: who may call: the operator token, each job's secret, checked by one interceptor.
 //! * [`service`]: the thin tonic adapter of the `brain.service.v1.Brain` API over the store;
 //!   [`server`]: `run(config, listener, shutdown)`, which the `brain` binary and the tests start.
@@ -26,6 +27,7 @@
 //!
 //! Algorithms stay in `optimizer`, file formats in `datasets`.
 
+pub mod admission;
 pub mod auth;
 pub mod capacity;
 pub mod control;

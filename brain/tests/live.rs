@@ -322,6 +322,11 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
         .unwrap()
         .replace("min: 1", "min: 2");
     std::fs::write(&good, &text).unwrap();
+    let command = text.replace(
+        &text[text.find("  builtin:").unwrap()..text.find("data:").unwrap()],
+        "  command: [python3, train.py]\n",
+    );
+    assert!(command.contains("command: [python3"), "{command}");
     let bad = |name: &str, body: String| {
         let p = d.join(name);
         std::fs::write(&p, body).unwrap();
@@ -346,6 +351,36 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
         (
             bad("ps.yaml", text.replace("kind: allreduce", "kind: ps")),
             "roles.ps",
+        ),
+        // What a job may run: no program the policy does not name, no environment that
+        // changes what runs, nothing outside its run directory, no platform of its own.
+        (
+            bad("command.yaml", command.clone()),
+            "the operator's policy allows no `command:` jobs",
+        ),
+        (
+            bad(
+                "preload.yaml",
+                text.replace(
+                    "workload:\n",
+                    "workload:\n  env: { LD_PRELOAD: /tmp/x.so }\n",
+                ),
+            ),
+            "LD_PRELOAD may not be set",
+        ),
+        (
+            bad(
+                "escape.yaml",
+                text.replace("dir: checkpoints", "dir: ../../elsewhere"),
+            ),
+            "outside the job's run directory",
+        ),
+        (
+            bad(
+                "platform.yaml",
+                format!("{text}platform: {{ type: local, agent_bin: /bin/sh }}\n"),
+            ),
+            "where a job runs is the brain's choice",
         ),
     ];
     for (path, says) in &cases {
@@ -401,7 +436,8 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert!(ok && out.contains("interval_s = 60"), "{out}");
     let good_policy = bad(
         "good.toml",
-        "[live]\ninterval_s = 30\ncooldown_s = 10\n".into(),
+        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3\"]\n"
+            .into(),
     );
     let (ok, out) = brainctl(&[
         "policy",
@@ -413,8 +449,15 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert!(ok, "{out}");
     assert_eq!(
         std::fs::read_to_string(d.join("policy.toml")).unwrap(),
-        "[live]\ninterval_s = 30\ncooldown_s = 10\n"
+        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3\"]\n"
     );
+    // The program the policy now names is accepted (and waits for room like any job).
+    let cmd = bad(
+        "command-ok.yaml",
+        command.replace("name: ok-job", "name: cmd-job"),
+    );
+    let (ok, out) = brainctl(&["submit", cmd.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}");
     let (ok, out) = brainctl(&["plan", "--brain", &url]);
     assert!(!ok && out.contains("--dry-run"), "{out}");
     brain.kill();

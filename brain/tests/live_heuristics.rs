@@ -68,13 +68,11 @@ async fn a_cpu_starved_ps_gets_a_second_ps_from_the_brain_with_the_parameters_un
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The PS is given 100m and uses several times that serving two workers.
-    let spec = format!(
-        "name: ps-bound\nkind: ps\nroles:\n  ps: {{ replicas: 1, max: 2, resources: {{ cpu: 100m }} }}\n  \
-         worker: {{ replicas: 2, min: 1, max: 2 }}\nworkload:\n  builtin: {{ batch_size: 256 }}\n\
-         data: {{ num_samples: 3000000, shard_size: 20000, eval_samples: 2000 }}\n\
-         checkpoint: {{ dir: {}, every_shards: 20 }}\n",
-        d.join("ckpt").display()
-    );
+    let spec = "name: ps-bound\nkind: ps\nroles:\n  ps: { replicas: 1, max: 2, resources: { cpu: 100m } }\n  \
+         worker: { replicas: 2, min: 1, max: 2 }\nworkload:\n  builtin: { batch_size: 256 }\n\
+         data: { num_samples: 3000000, shard_size: 20000, eval_samples: 2000 }\n\
+         checkpoint: { dir: checkpoints, every_shards: 20 }\n"
+        .to_string();
     let heuristics = "[[heuristics]]\nkind = \"hot_ps\"\nmax_ps = 2\ncooldown_s = 600\n";
     let (mut brain, url) = brain_with(d, heuristics, &spec);
     let (job, report) = ended(&url).await;
@@ -112,15 +110,13 @@ async fn a_worker_over_its_memory_limit_comes_back_with_more_memory_and_the_job_
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The built-in worker is resident in about 7 MiB: 4 MiB cannot hold it.
-    let spec = format!(
-        "name: too-small\nkind: ps\nroles:\n  ps: {{ replicas: 1 }}\n  \
-         worker: {{ replicas: 2, min: 1, max: 2, max_restarts: 40, \
-         resources: {{ cpu: 1000m, memory: 4Mi }} }}\n\
-         workload:\n  builtin: {{ batch_size: 256, step_delay_us: 2 }}\n\
-         data: {{ num_samples: 400000, shard_size: 4000, eval_samples: 2000 }}\n\
-         checkpoint: {{ dir: {}, every_shards: 20 }}\n",
-        d.join("ckpt").display()
-    );
+    let spec = "name: too-small\nkind: ps\nroles:\n  ps: { replicas: 1 }\n  \
+         worker: { replicas: 2, min: 1, max: 2, max_restarts: 40, \
+         resources: { cpu: 1000m, memory: 4Mi } }\n\
+         workload:\n  builtin: { batch_size: 256, step_delay_us: 2 }\n\
+         data: { num_samples: 400000, shard_size: 4000, eval_samples: 2000 }\n\
+         checkpoint: { dir: checkpoints, every_shards: 20 }\n"
+        .to_string();
     let (mut brain, url) = brain_with(d, "[[heuristics]]\nkind = \"oom_growth\"\n", &spec);
     let (job, report) = ended(&url).await;
     assert_eq!(job.state, "succeeded", "{job:#?}\n{report:#}");

@@ -27,6 +27,32 @@ use test_support::RayClusterDir;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A brain on the cluster listening on `listen`, with its database, run directories and
+/// policy in `dir` and its log in `dir/log`, plus `extra` arguments.
+fn brain_on(
+    c: &RayClusterDir,
+    dir: &Path,
+    listen: &str,
+    extra: &[String],
+    log: &str,
+) -> (common::Brain, String) {
+    common::spawn_brain(|cmd| {
+        cmd.args(["--listen", listen, "--max-processes", "12"])
+            .args(["--ray-address", &c.dashboard])
+            .arg("--database")
+            .arg(dir.join("brain.db"))
+            .arg("--runs-dir")
+            .arg(dir.join("runs"))
+            .arg("--policy")
+            .arg(dir.join("policy.toml"))
+            .arg("--job-master-bin")
+            .arg(bin_dir().join("job-master"))
+            .arg("--job-master-arg=--brain-interval-ms=300")
+            .args(extra)
+            .stderr(std::fs::File::create(dir.join(log)).unwrap());
+    })
+}
+
 /// Waits until Ray shows `want` alive nodes.
 async fn wait_alive(c: &RayClusterDir, want: usize, within: Duration) {
     let api = ray_client::RayApi::new(&c.dashboard).unwrap();
@@ -92,26 +118,14 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
         "[live]\ninterval_s = 1\ncooldown_s = 600\n",
     )
     .unwrap();
-    let (child, addr) = common::spawn_brain(|cmd| {
-        cmd.args(["--listen", "127.0.0.1:0", "--max-processes", "12"])
-            .args(["--ray-address", &c.dashboard])
-            .arg("--database")
-            .arg(dir.path().join("brain.db"))
-            .arg("--runs-dir")
-            .arg(dir.path().join("runs"))
-            .arg("--policy")
-            .arg(dir.path().join("policy.toml"))
-            .arg("--job-master-bin")
-            .arg(bin_dir().join("job-master"))
-            // The job masters run on this machine; agents on the nodes reach them on the bridge.
-            .arg(format!("--job-master-arg=--listen={}:0", c.host))
-            .args([
-                "--job-master-arg=--brain-interval-ms",
-                "--job-master-arg=300",
-            ])
-            .stderr(std::fs::File::create(dir.path().join("brain.log")).unwrap());
-    });
-    let _brain = child;
+    // The job masters run on this machine; agents on the nodes reach them on the bridge.
+    let (_brain, addr) = brain_on(
+        &c,
+        dir.path(),
+        "127.0.0.1:0",
+        &[format!("--job-master-arg=--listen={}:0", c.host)],
+        "brain.log",
+    );
     let url = format!("http://{addr}");
     let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
     let pid = std::process::id();
@@ -368,27 +382,15 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
     .unwrap();
     // On the bridge, where the job masters on the nodes reach it; started again on the same
     // address (the masters reconnect to it) and the same database.
-    let start_brain = |listen: &str, log: &str| {
-        common::spawn_brain(|cmd| {
-            cmd.args(["--listen", listen, "--max-processes", "12"])
-                .args(["--ray-address", &c.dashboard])
-                .args(["--job-masters", "ray"])
-                .args(["--job-master-resource", "brain_job_master=1"])
-                .arg("--database")
-                .arg(dir.path().join("brain.db"))
-                .arg("--runs-dir")
-                .arg(dir.path().join("runs"))
-                .arg("--policy")
-                .arg(dir.path().join("policy.toml"))
-                .arg("--job-master-bin")
-                .arg(bin_dir().join("job-master"))
-                .args([
-                    "--job-master-arg=--brain-interval-ms=300",
-                    "--job-master-arg=--heartbeat-timeout-ms=6000",
-                ])
-                .stderr(std::fs::File::create(dir.path().join(log)).unwrap());
-        })
-    };
+    let on_ray = [
+        "--job-masters",
+        "ray",
+        "--job-master-resource",
+        "brain_job_master=1",
+        "--job-master-arg=--heartbeat-timeout-ms=6000",
+    ]
+    .map(String::from);
+    let start_brain = |listen: &str, log: &str| brain_on(&c, dir.path(), listen, &on_ray, log);
     let (mut brain, addr) = start_brain(&format!("{}:0", c.host), "brain.log");
     let url = format!("http://{addr}");
     let log = || {

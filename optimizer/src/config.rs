@@ -17,7 +17,8 @@
 //! replays and what the live brain runs each round (`elastic_lp` when none is named); an LP
 //! allocation policy shares the cluster through the `gavel` scheduler's `[scheduler.allocation]`.
 //! `[[heuristics]]` correct running jobs in every live round ([`crate::live`]). `[live]` paces
-//! the live brain ([`LiveConfig`]).
+//! the live brain ([`LiveConfig`]); `[submissions]` says what a submitted job may run
+//! ([`SubmissionPolicy`]).
 //!
 //! Unknown fields and bad values are rejected with their path (`heuristics[0].hot_fracton`).
 //! A top-level `[allocation]` (read by nothing since the LP policies moved under the `gavel`
@@ -42,6 +43,21 @@ pub struct PolicyConfig {
     /// Pacing of the live brain's rounds.
     #[serde(default)]
     pub live: LiveConfig,
+    /// What a job submitted to the live brain may run.
+    #[serde(default)]
+    pub submissions: SubmissionPolicy,
+}
+
+/// What a submitted job may run (`[submissions]`): the brain runs its master and processes as
+/// its own user, so a `command:` job runs only an executable the operator names here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmissionPolicy {
+    /// The programs a `command:` job may start, as its first word must be written (`python3`,
+    /// `/opt/venv/bin/python`); empty (the default): `command:` jobs are refused, only the
+    /// built-in workload runs.
+    #[serde(default)]
+    pub commands: Vec<String>,
 }
 
 fn default_heuristics() -> Vec<HeuristicKind> {

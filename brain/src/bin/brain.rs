@@ -61,6 +61,11 @@ struct Cli {
     /// [default: none, Ray's choice of node].
     #[arg(long = "job-master-resource", value_parser = parse_resource)]
     job_master_resources: Vec<(String, f64)>,
+    /// The operator token's file: created (mode 0600) at the first start, read after; every
+    /// operator call (brainctl) must send it [config: operator_token_file; default:
+    /// operator.token beside the database].
+    #[arg(long)]
+    operator_token_file: Option<PathBuf>,
     /// The address job masters on other machines reach the brain by, with --listen's port
     /// (needed for --job-masters ray when --listen is 0.0.0.0) [config: advertise].
     #[arg(long)]
@@ -150,6 +155,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(ip) = cli.advertise {
         config.advertise = Some(ip);
+    }
+    if let Some(f) = cli.operator_token_file {
+        config.operator_token_file = Some(f);
     }
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(&cli.listen)

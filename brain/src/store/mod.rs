@@ -106,7 +106,7 @@ pub(super) fn json_column<T: serde::de::DeserializeOwned>(
     })
 }
 
-pub(super) fn check_name(name: &str) -> Result<(), BrainError> {
+pub(crate) fn check_name(name: &str) -> Result<(), BrainError> {
     let ok = !name.trim().is_empty()
         && name.len() <= 128
         && name

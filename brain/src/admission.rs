@@ -1,0 +1,164 @@
+//! What a submitted job may run. The brain starts a job's master and processes as its own
+//! user, so before a spec is accepted: a `command:` job's program must be one the operator's
+//! policy names (`[submissions] commands`; none by default: only the built-in workload runs);
+//! the environment it sets may not redirect what runs (`PATH`, `LD_*`, …) nor the brain's own
+//! variables; its checkpoint directory stays inside its run directory; and where it runs is the
+//! brain's choice, not the spec's (`platform` is refused). The job name is checked where the
+//! store takes it.
+
+use std::path::{Component, Path};
+
+use optimizer::config::SubmissionPolicy;
+use vocab::JobSpec;
+
+/// Environment variables a job may not set: they change which program runs or how it loads
+/// (PATH, the dynamic loader's), or belong to the brain, its job master and agents (BRAIN_*,
+/// the GPUs a process was given).
+fn forbidden_env(key: &str) -> bool {
+    key == "PATH"
+        || key == "CUDA_VISIBLE_DEVICES"
+        || key.starts_with("LD_")
+        || key.starts_with("DYLD_")
+        || key.starts_with("BRAIN_")
+}
+
+fn env_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Why `spec` may not run here, or `Ok`. `run_dir` is where the brain would run it.
+pub fn admit(spec: &JobSpec, policy: &SubmissionPolicy, run_dir: &Path) -> Result<(), String> {
+    if let Some(program) = spec.workload.command.as_ref().and_then(|c| c.first())
+        && !policy.commands.iter().any(|allowed| allowed == program)
+    {
+        return Err(if policy.commands.is_empty() {
+            format!(
+                "workload.command: {program:?}: the operator's policy allows no `command:` jobs \
+                 (the brain runs them as its own user); an operator lists the programs they may \
+                 start in [submissions] commands"
+            )
+        } else {
+            format!(
+                "workload.command: {program:?} is not one of the programs the operator's policy \
+                 allows ([submissions] commands = {:?})",
+                policy.commands
+            )
+        });
+    }
+    for key in spec.workload.env.keys() {
+        if !env_name(key) {
+            return Err(format!(
+                "workload.env: {key:?} is not a variable name (letters, digits and _, not \
+                 starting with a digit)"
+            ));
+        }
+        if forbidden_env(key) {
+            return Err(format!(
+                "workload.env: {key} may not be set by a job (it changes what runs or belongs to \
+                 the brain: PATH, LD_*, DYLD_*, BRAIN_*, CUDA_VISIBLE_DEVICES)"
+            ));
+        }
+    }
+    let ckpt = &spec.checkpoint.dir;
+    let inside = if ckpt.is_absolute() {
+        ckpt.starts_with(run_dir) && !ckpt.components().any(|c| matches!(c, Component::ParentDir))
+    } else {
+        ckpt.components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    };
+    if !inside {
+        return Err(format!(
+            "checkpoint.dir: {} is outside the job's run directory {} (give a relative path)",
+            ckpt.display(),
+            run_dir.display()
+        ));
+    }
+    if spec.platform.is_some() {
+        return Err(
+            "platform: where a job runs is the brain's choice (its config); leave it out".into(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: &str, workload: &str, ckpt: &str) -> JobSpec {
+        JobSpec::from_yaml(&format!(
+            "name: j\nkind: allreduce\nroles:\n  worker: {{}}\nworkload:\n{workload}\
+             data: {{ num_samples: 1000, shard_size: 100 }}\ncheckpoint: {{ dir: {ckpt} }}\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_what_the_operator_allows_runs_and_nothing_leaves_the_run_directory() {
+        let run = Path::new("/srv/brain/runs/j");
+        let none = SubmissionPolicy::default();
+        let python = SubmissionPolicy {
+            commands: vec!["python3".into()],
+        };
+        let builtin = spec("", "  builtin: {}\n", "checkpoints");
+        assert_eq!(admit(&builtin, &none, run), Ok(()));
+
+        let cmd = spec("", "  command: [python3, train.py]\n", "checkpoints");
+        let e = admit(&cmd, &none, run).unwrap_err();
+        assert!(e.contains("allows no `command:` jobs"), "{e}");
+        assert_eq!(admit(&cmd, &python, run), Ok(()));
+        let sh = spec(
+            "",
+            "  command: [/bin/sh, -c, \"rm -rf ~\"]\n",
+            "checkpoints",
+        );
+        let e = admit(&sh, &python, run).unwrap_err();
+        assert!(e.contains("\"/bin/sh\" is not one of"), "{e}");
+
+        for (key, says) in [
+            ("LD_PRELOAD", "may not be set"),
+            ("PATH", "may not be set"),
+            ("BRAIN_TOKEN_FILE", "may not be set"),
+            ("\"A-B\"", "not a variable name"),
+            ("\"1X\"", "not a variable name"),
+        ] {
+            let s = spec(
+                "",
+                &format!("  builtin: {{}}\n  env: {{ {key}: x }}\n"),
+                "checkpoints",
+            );
+            let e = admit(&s, &python, run).unwrap_err();
+            assert!(e.contains(says), "{key}: {e}");
+        }
+        let ok_env = spec(
+            "",
+            "  builtin: {}\n  env: { OMP_NUM_THREADS: \"2\" }\n",
+            "ck",
+        );
+        assert_eq!(admit(&ok_env, &none, run), Ok(()));
+
+        for dir in ["/etc/x", "../escape", "a/../../b", "/srv/brain/runs/j/../k"] {
+            let e = admit(&spec("", "  builtin: {}\n", dir), &none, run).unwrap_err();
+            assert!(e.contains("outside the job's run directory"), "{dir}: {e}");
+        }
+        assert_eq!(
+            admit(
+                &spec("", "  builtin: {}\n", "/srv/brain/runs/j/ck"),
+                &none,
+                run
+            ),
+            Ok(())
+        );
+        let local = spec(
+            "platform: { type: local, agent_bin: /bin/sh }\n",
+            "  builtin: {}\n",
+            "ck",
+        );
+        let e = admit(&local, &none, run).unwrap_err();
+        assert!(e.contains("platform"), "{e}");
+    }
+}
