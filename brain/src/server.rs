@@ -44,9 +44,47 @@ pub struct BrainConfig {
     /// sends what it holds [default: `operator.token` beside the database].
     #[serde(default)]
     pub operator_token_file: Option<PathBuf>,
+    /// What one caller may send (`[limits]`).
+    #[serde(default)]
+    pub limits: Limits,
     /// Where raw metric time series go (InfluxDB); without it only summaries are kept.
     #[serde(default)]
     pub sink: Option<crate::sink::SinkConfig>,
+}
+
+/// Sizes the brain refuses to go beyond, each with the reason in the answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// The largest gRPC message the brain decodes, bytes (tonic answers RESOURCE_EXHAUSTED).
+    #[serde(default = "default_message_bytes")]
+    pub max_message_bytes: usize,
+    /// The largest job spec a submission may carry, bytes.
+    #[serde(default = "default_spec_bytes")]
+    pub max_spec_bytes: usize,
+    /// Jobs queued or running at once; a submission beyond is refused until one ends.
+    #[serde(default = "default_active_jobs")]
+    pub max_active_jobs: usize,
+}
+
+fn default_message_bytes() -> usize {
+    4 << 20
+}
+fn default_spec_bytes() -> usize {
+    256 << 10
+}
+fn default_active_jobs() -> usize {
+    10_000
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: default_message_bytes(),
+            max_spec_bytes: default_spec_bytes(),
+            max_active_jobs: default_active_jobs(),
+        }
+    }
 }
 
 fn default_runs_dir() -> PathBuf {
@@ -109,6 +147,7 @@ impl BrainConfig {
             launcher: LauncherConfig::default(),
             advertise: None,
             operator_token_file: None,
+            limits: Limits::default(),
             sink: None,
         }
     }
@@ -143,6 +182,14 @@ impl BrainConfig {
                     n.name, n.gpus, n.gpu_type
                 )));
             }
+        }
+        let l = &self.limits;
+        if l.max_message_bytes < 4096 || l.max_spec_bytes == 0 || l.max_active_jobs == 0 {
+            return Err(BrainError::Config(format!(
+                "limits: max_message_bytes {} (at least 4096), max_spec_bytes {} and \
+                 max_active_jobs {} (at least 1)",
+                l.max_message_bytes, l.max_spec_bytes, l.max_active_jobs
+            )));
         }
         if c.max_processes == 0 {
             return Err(BrainError::Config("cluster.max_processes is 0".into()));
@@ -291,8 +338,10 @@ pub async fn run(
             .unwrap_or_default()
         }
     };
-    let app = tonic::service::Routes::new(BrainServer::with_interceptor(
-        BrainService::new(control.clone()),
+    let api = BrainServer::new(BrainService::new(control.clone(), config.limits.clone()))
+        .max_decoding_message_size(config.limits.max_message_bytes);
+    let app = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
+        api,
         keys.interceptor(),
     ))
     .prepare()
@@ -374,6 +423,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("unknown variant"), "{e}");
+    }
+
+    #[test]
+    fn limits_default_and_bad_ones_are_refused_at_start() {
+        let c: BrainConfig = toml::from_str("database = \"b.db\"\n").unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.limits.max_message_bytes, 4 << 20);
+        let c: BrainConfig =
+            toml::from_str("database = \"b.db\"\n[limits]\nmax_active_jobs = 0\n").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("max_active_jobs 0"), "{e}");
+        let e = toml::from_str::<BrainConfig>("database = \"b.db\"\n[limits]\nmax_jobs = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_jobs"), "{e}");
     }
 
     #[test]

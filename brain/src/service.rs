@@ -15,11 +15,12 @@ use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, S
 
 pub struct BrainService {
     control: Arc<Control>,
+    limits: crate::server::Limits,
 }
 
 impl BrainService {
-    pub fn new(control: Arc<Control>) -> Self {
-        BrainService { control }
+    pub fn new(control: Arc<Control>, limits: crate::server::Limits) -> Self {
+        BrainService { control, limits }
     }
 
     /// Runs `f` on the store off the async threads.
@@ -174,6 +175,13 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::MetricsAck>, Status> {
         auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let batch = request.into_inner();
+        if batch.reports.len() > proto::MAX_REPORTS_PER_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "a batch holds at most {} reports, this one {}: send them in several",
+                proto::MAX_REPORTS_PER_BATCH,
+                batch.reports.len()
+            )));
+        }
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
@@ -398,6 +406,22 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         auth::operator(&request)?;
         let r = request.into_inner();
+        if r.spec_yaml.len() > self.limits.max_spec_bytes {
+            return Err(Status::invalid_argument(format!(
+                "the spec is {} bytes, more than the {} a submission may carry \
+                 (limits.max_spec_bytes)",
+                r.spec_yaml.len(),
+                self.limits.max_spec_bytes
+            )));
+        }
+        let max = self.limits.max_active_jobs;
+        let active = self.with_store(|s| Ok(s.active()?.len())).await?;
+        if active >= max {
+            return Err(Status::resource_exhausted(format!(
+                "{active} jobs are queued or running, the most this brain takes \
+                 (limits.max_active_jobs): submit again when one has ended"
+            )));
+        }
         let (id, shape, reasons) = self.control.submit(&r.spec_yaml, &r.origin).await?;
         Ok(Response::new(pb::SubmitJobResponse {
             job_id: id.0,

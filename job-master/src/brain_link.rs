@@ -4,8 +4,9 @@
 //!
 //! The brain may be down or restarting at any time: the job keeps running at its size, the
 //! reports wait in a bounded queue (the oldest are dropped past [`MAX_QUEUED`], with a
-//! warning) and go in the next batch the brain takes, and registering again finds the same
-//! job id (the brain keys jobs by name).
+//! warning) and go in the next batches the brain takes (at most
+//! [`proto::MAX_REPORTS_PER_BATCH`] each), and registering again finds the same job id (the
+//! brain keys jobs by name).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -283,12 +284,16 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
             }
         };
         if !queued.is_empty() {
+            // At most a batch's worth per tick: a backlog drains over the next ticks.
+            let n = queued.len().min(proto::MAX_REPORTS_PER_BATCH);
             let batch = pb::MetricsBatch {
                 job_id: id,
-                reports: queued.iter().cloned().collect(),
+                reports: queued.iter().take(n).cloned().collect(),
             };
             match c.report_metrics(batch).await {
-                Ok(_) => queued.clear(),
+                Ok(_) => {
+                    queued.drain(..n);
+                }
                 Err(e) if e.code() == tonic::Code::NotFound => {
                     job_id = None;
                     continue;

@@ -16,6 +16,10 @@ pub mod service {
     }
 }
 
+/// The most metric reports one `MetricsBatch` may carry: the brain refuses more, and a job
+/// master with more queued (after the brain was away) sends them in several batches.
+pub const MAX_REPORTS_PER_BATCH: usize = 1_000;
+
 /// How an agent's `ProcessExited.reason` begins when it ended the process for going over its
 /// memory limit (what a cgroup's OOM killer would do): the job master counts these as OOM kills.
 pub const OUT_OF_MEMORY: &str = "out of memory";
