@@ -77,7 +77,7 @@ pub struct Launcher {
     ray_address: Option<String>,
     /// With [`JobMasters::Ray`]: the cluster the masters are submitted to.
     ray_masters: Option<RayApi>,
-    exited: mpsc::UnboundedSender<Exited>,
+    exited: mpsc::Sender<Exited>,
 }
 
 /// How often the status of a job master running as a Ray job is read.
@@ -91,7 +91,7 @@ impl Launcher {
         brain_url: String,
         max_processes: u32,
         ray_address: Option<String>,
-        exited: mpsc::UnboundedSender<Exited>,
+        exited: mpsc::Sender<Exited>,
     ) -> Result<Launcher, BrainError> {
         let ray_masters = match (&config.job_masters, &ray_address) {
             (JobMasters::Local, _) => None,
@@ -237,11 +237,13 @@ impl Launcher {
                 Ok(s) => (s.to_string(), s.success()),
                 Err(e) => (format!("cannot wait: {e}"), false),
             };
-            let _ = exited.send(Exited {
-                job,
-                status,
-                success,
-            });
+            let _ = exited
+                .send(Exited {
+                    job,
+                    status,
+                    success,
+                })
+                .await;
         });
         Ok(())
     }
@@ -373,11 +375,13 @@ impl Launcher {
                 Ok(out) => append(&log, &format!("--- Ray's log of {id} ---\n{out}")),
                 Err(e) => append(&log, &format!("Ray's log of {id} could not be read: {e}\n")),
             }
-            let _ = exited.send(Exited {
-                job,
-                status,
-                success,
-            });
+            let _ = exited
+                .send(Exited {
+                    job,
+                    status,
+                    success,
+                })
+                .await;
         });
     }
 }
@@ -462,7 +466,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let (tx, _rx) = mpsc::unbounded_channel();
+        let (tx, _rx) = mpsc::channel(1);
         let launcher = |ray: Option<&str>| {
             Launcher::new(
                 config.clone(),

@@ -67,7 +67,7 @@ impl Default for Metrics {
         let sink_dropped = Counter::default();
         registry.register(
             "sink_dropped_points",
-            "Raw metric points dropped while the sink was unreachable",
+            "Raw metric points dropped while the sink was unreachable or too far behind",
             sink_dropped.clone(),
         );
         Metrics {

@@ -276,7 +276,8 @@ pub async fn run(
     let store = Arc::new(Mutex::new(store));
     let addr = listener.local_addr()?;
     let reach = brain_address(addr, config.advertise, &config.launcher.job_masters)?;
-    let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel();
+    // One message per job master that ends; a reaper waits while the channel is full.
+    let (exited_tx, mut exited_rx) = tokio::sync::mpsc::channel(1024);
     let launcher = Launcher::new(
         config.launcher.clone(),
         runs_dir,

@@ -96,10 +96,16 @@ pub fn line(job: &str, id: JobId, m: &Metric) -> Result<String, BrainError> {
     String::from_utf8(out).map_err(|e| bad(&e))
 }
 
+/// Accepted batches waiting for the writer task to take them into its queue; beyond, a
+/// batch's points are dropped (counted in `brain_sink_dropped_points_total`): ingest never
+/// waits for the sink.
+const CHANNEL_BATCHES: usize = 1024;
+
 /// The queue in front of the writer task.
 #[derive(Clone)]
 pub struct Sink {
-    tx: mpsc::UnboundedSender<Vec<String>>,
+    tx: mpsc::Sender<Vec<String>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Sink {
@@ -107,20 +113,23 @@ impl Sink {
     pub fn start(config: &SinkConfig, metrics: Arc<Metrics>) -> Result<Sink, BrainError> {
         config.validate()?;
         let writer = config.writer()?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(drain(writer, rx, metrics));
-        Ok(Sink { tx })
+        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+        tokio::spawn(drain(writer, rx, metrics.clone()));
+        Ok(Sink { tx, metrics })
     }
 
-    /// Queues the lines of an accepted batch.
+    /// Queues the lines of an accepted batch; drops them (counted) when the writer is that far
+    /// behind.
     pub fn send(&self, lines: Vec<String>) {
-        let _ = self.tx.send(lines);
+        if let Err(mpsc::error::TrySendError::Full(lines)) = self.tx.try_send(lines) {
+            self.metrics.sink_dropped.inc_by(lines.len() as u64);
+        }
     }
 }
 
 async fn drain(
     writer: Arc<dyn Writer>,
-    mut rx: mpsc::UnboundedReceiver<Vec<String>>,
+    mut rx: mpsc::Receiver<Vec<String>>,
     metrics: Arc<Metrics>,
 ) {
     let mut queue: VecDeque<String> = VecDeque::new();
@@ -172,6 +181,20 @@ async fn drain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writer_that_far_behind_costs_points_not_memory_nor_ingest() {
+        let metrics = Arc::new(Metrics::default());
+        let (tx, _rx) = mpsc::channel(CHANNEL_BATCHES);
+        let sink = Sink {
+            tx,
+            metrics: metrics.clone(),
+        };
+        for _ in 0..CHANNEL_BATCHES + 3 {
+            sink.send(vec!["a".into(), "b".into()]);
+        }
+        assert_eq!(metrics.sink_dropped.get(), 6);
+    }
 
     #[test]
     fn a_report_is_one_line_of_line_protocol_with_millisecond_time() {
