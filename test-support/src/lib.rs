@@ -10,9 +10,12 @@
 //! * [`python_sdk`]: this checkout's Python SDK, built for a test's Python.
 //! * [`optional_server`]: a real server a test needs (Ray, influxd, a Python with packages) is
 //!   missing: say `SKIPPED` loudly, or fail when `.ci/run` made it mandatory.
+//! * [`fuzz`]: mangled text for fuzzing parsers (proptest).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+pub mod fuzz;
+
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
