@@ -11,24 +11,14 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use proto::service::v1 as pb;
 
+mod common;
+
 type Client = pb::brain_client::BrainClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, auth::WithToken>,
 >;
 
 async fn client(addr: std::net::SocketAddr, token: Option<auth::Token>) -> Client {
-    loop {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-        {
-            return pb::brain_client::BrainClient::with_interceptor(
-                ch,
-                auth::WithToken::new(token),
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::brain_client(&format!("http://{addr}"), token).await
 }
 type Stop = (
     tokio::sync::oneshot::Sender<()>,

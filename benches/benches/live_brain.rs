@@ -59,20 +59,10 @@ fn start_brain(dir: &Path, cpus: u32) -> (Spawned, String) {
 
 type Client = BrainClient<InterceptedService<Channel, auth::WithToken>>;
 
-/// A client of the brain at `url` sending `token`.
-async fn client_with(url: &str, token: Option<auth::Token>) -> Client {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    BrainClient::with_interceptor(channel, auth::WithToken::new(token))
-}
-
 /// A client with the operator token of the brain whose database is in `dir`.
 async fn client(url: &str, dir: &Path) -> Client {
     let token = auth::read_secret(&dir.join("operator.token")).unwrap();
-    client_with(url, Some(token)).await
+    common::brain_client(url, Some(token)).await
 }
 
 fn spec(name: &str, kind: &str, fixed: bool) -> String {
@@ -352,7 +342,7 @@ async fn round_with(jobs: usize) {
             .unwrap()
             .into_inner();
         let id = registered.job_id;
-        let mut job = client_with(&url, auth::Token::parse(&registered.job_token)).await;
+        let mut job = common::brain_client(&url, auth::Token::parse(&registered.job_token)).await;
         let per = 500.0 + (i % 7) as f64 * 100.0;
         let reports = (1..=workers)
             .map(|n| pb::MetricReport {

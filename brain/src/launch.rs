@@ -231,12 +231,21 @@ impl Launcher {
         let mut child = cmd
             .spawn()
             .map_err(|e| BrainError::Internal(format!("cannot start {}: {e}", bin.display())))?;
-        let exited = self.exited.clone();
-        tokio::spawn(async move {
-            let (status, success) = match child.wait().await {
+        self.reap(job, async move {
+            match child.wait().await {
                 Ok(s) => (s.to_string(), s.success()),
                 Err(e) => (format!("cannot wait: {e}"), false),
-            };
+            }
+        });
+        Ok(())
+    }
+
+    /// A task that waits for a master's end (`ended`: how it ended, whether it succeeded) and
+    /// reports it.
+    fn reap(&self, job: JobId, ended: impl Future<Output = (String, bool)> + Send + 'static) {
+        let exited = self.exited.clone();
+        tokio::spawn(async move {
+            let (status, success) = ended.await;
             let _ = exited
                 .send(Exited {
                     job,
@@ -245,7 +254,6 @@ impl Launcher {
                 })
                 .await;
         });
-        Ok(())
     }
 
     /// Submits the master as a Ray job (its entrypoint `exec`s `job-master run`, listening on
@@ -368,20 +376,14 @@ impl Launcher {
     /// directory's `job-master.log` and reports the end.
     fn follow_ray_job(&self, api: &RayApi, job: JobId, run_dir: &Path, id: String) {
         let log = run_dir.join("job-master.log");
-        let (api, exited) = (api.clone(), self.exited.clone());
-        tokio::spawn(async move {
-            let (status, success) = follow(&api, &id).await;
+        let api = api.clone();
+        self.reap(job, async move {
+            let ended = follow(&api, &id).await;
             match api.logs(&id).await {
                 Ok(out) => append(&log, &format!("--- Ray's log of {id} ---\n{out}")),
                 Err(e) => append(&log, &format!("Ray's log of {id} could not be read: {e}\n")),
             }
-            let _ = exited
-                .send(Exited {
-                    job,
-                    status,
-                    success,
-                })
-                .await;
+            ended
         });
     }
 }
@@ -400,12 +402,8 @@ async fn follow(api: &RayApi, id: &str) -> (String, bool) {
         tokio::time::sleep(RAY_POLL).await;
         match api.job(id).await {
             Ok(Some(info)) if info.status.is_terminal() => {
-                let mut said = format!("Ray job {id} {}", info.status);
-                if let Some(code) = info.driver_exit_code {
-                    said += &format!(" (exit code {code})");
-                }
-                // Ray's message may end with the entrypoint's last output: its first line says
-                // what happened, its last lines why.
+                let mut said = info.headline(id);
+                // Ray's message may go on with the entrypoint's last output: why it ended.
                 let lines: Vec<&str> = info
                     .message
                     .as_deref()
@@ -414,9 +412,6 @@ async fn follow(api: &RayApi, id: &str) -> (String, bool) {
                     .map(str::trim)
                     .filter(|l| !l.is_empty())
                     .collect();
-                if let Some(first) = lines.first() {
-                    said += &format!(": {first}");
-                }
                 if lines.len() > 1 {
                     let tail = &lines[lines.len().saturating_sub(5).max(1)..];
                     said += &format!(" ... {}", tail.join(" | "));

@@ -99,6 +99,23 @@ pub struct RayJobInfo {
     pub entrypoint: Option<String>,
 }
 
+impl RayJobInfo {
+    /// How the job ended, in one line: `Ray job ID STATUS (exit code N): what Ray says` (the
+    /// first line of Ray's message, which may go on with a copy of the job's output).
+    pub fn headline(&self, id: &str) -> String {
+        let mut d = format!("Ray job {id} {}", self.status);
+        if let Some(code) = self.driver_exit_code {
+            d += &format!(" (exit code {code})");
+        }
+        if let Some(m) = self.message.as_deref().and_then(|m| m.lines().next())
+            && !m.trim().is_empty()
+        {
+            d += &format!(": {}", m.trim().trim_end_matches(','));
+        }
+        d
+    }
+}
+
 /// The custom resource by which Ray marks a node's GPU model (`accelerator_type:V100`: Ray
 /// declares it for the GPUs it detects; `ray start --resources` declares it by hand).
 pub const GPU_TYPE_PREFIX: &str = "accelerator_type:";

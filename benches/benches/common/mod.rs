@@ -22,6 +22,26 @@ pub fn release_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// A client of the brain at `url` (`http://host:port`) that sends `token`, once the brain
+/// accepts connections.
+pub async fn brain_client(
+    url: &str,
+    token: Option<auth::Token>,
+) -> proto::service::v1::brain_client::BrainClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, auth::WithToken>,
+> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).unwrap();
+    loop {
+        if let Ok(channel) = endpoint.connect().await {
+            return proto::service::v1::brain_client::BrainClient::with_interceptor(
+                channel,
+                auth::WithToken::new(token),
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// The Ray cluster to measure on as well (its dashboard), from `BRAIN_RAY_ADDRESS`.
 pub fn ray_address() -> Option<String> {
     std::env::var("BRAIN_RAY_ADDRESS")

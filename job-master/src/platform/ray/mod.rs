@@ -415,9 +415,7 @@ impl Inner {
                         }
                     }
                     if info.status.is_terminal() {
-                        return self
-                            .ending(id, info.status, info.message, info.driver_exit_code)
-                            .await;
+                        return self.ending(id, &info).await;
                     }
                 }
                 Ok(None) => return format!("Ray job {id} is gone from Ray"),
@@ -432,24 +430,9 @@ impl Inner {
         }
     }
 
-    async fn ending(
-        &self,
-        id: &str,
-        status: RayJobStatus,
-        message: Option<String>,
-        exit_code: Option<i64>,
-    ) -> String {
-        let mut d = format!("Ray job {id} {status}");
-        if let Some(code) = exit_code {
-            d += &format!(" (exit code {code})");
-        }
-        // Ray's message may carry a copy of the log: its first line says what happened.
-        if let Some(m) = message.as_deref().and_then(|m| m.lines().next())
-            && !m.trim().is_empty()
-        {
-            d += &format!(": {}", m.trim().trim_end_matches(','));
-        }
-        if status == RayJobStatus::Failed {
+    async fn ending(&self, id: &str, info: &api::RayJobInfo) -> String {
+        let mut d = info.headline(id);
+        if info.status == RayJobStatus::Failed {
             match self.api.logs(id).await {
                 Ok(logs) => {
                     let lines: Vec<&str> = logs.lines().collect();
