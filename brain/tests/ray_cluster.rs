@@ -445,6 +445,17 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
         .unwrap_or_else(|| panic!("the master runs at {}, not on a node", r.master_address));
     assert_ne!(master_node, 0, "the head declares no brain_job_master");
     let other = 3 - master_node;
+    // Trained a while at 3 workers first: the speed the brain measures at 3 is a steady one
+    // (a ramp-up alone would make 3 look no faster than 2, and the job would not grow back).
+    let at_three = r.samples_done;
+    until(
+        &url,
+        Duration::from_secs(60),
+        "30,000 samples more at 3 workers",
+        &log,
+        |r, running, _| workers_on(running) == all && r.samples_done >= at_three + 30_000,
+    )
+    .await;
     let t0 = Instant::now();
     let said = |what: &str| eprintln!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
     said(&format!(
