@@ -6,6 +6,11 @@
 //! minted keeps their SHA-256 ([`Token::digest`]) and compares in constant time
 //! ([`Token::matches`], [`digest_of`]).
 //!
+//! A server that answers one secret only (a job master, a parameter server: the job's secret in
+//! [`JOB_TOKEN_FILE`]) checks it with [`Require`]; raw-TCP peers (the ring all-reduce) exchange a
+//! [`Token::proof`] instead. [`tls`] holds the TLS side: server and client configurations and
+//! the private CA `brainctl certs` makes; [`connect_with`] and [`endpoint`] dial with both.
+//!
 //! Who holds which token (the brain's operator token, a job's secret) and what each may do is
 //! the servers' business; this crate only makes, stores, sends and checks them.
 
@@ -18,20 +23,83 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::metadata::{Ascii, MetadataValue};
 
+pub mod tls;
+
 /// Where a token travels: the standard header.
 pub const HEADER: &str = "authorization";
+
+/// The file in a job master's run directory that holds the job's secret (mode 0600): the brain
+/// writes it before it starts the master, a master started by hand creates it at its first
+/// start. The job master, its agents, its training processes and its parameter servers all
+/// authenticate to each other with it.
+pub const JOB_TOKEN_FILE: &str = "job.token";
+
+/// The environment variable that names the job's secret file to an agent and its training
+/// process (the path only: the secret itself never travels in argv or the environment).
+pub const JOB_TOKEN_ENV: &str = "BRAIN_JOB_TOKEN_FILE";
+
+/// A client channel that sends a token with every call.
+pub type Channel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, WithToken>;
+
+/// Wraps a connected channel so that every call sends `token`.
+pub fn with_token(channel: tonic::transport::Channel, token: WithToken) -> Channel {
+    tonic::service::interceptor::InterceptedService::new(channel, token)
+}
+
+/// Connects to `url` (`http://HOST:PORT`); every call on the channel sends `token`.
+pub async fn connect(url: String, token: &Token) -> Result<Channel, tonic::transport::Error> {
+    connect_with(url, WithToken::new(Some(token.clone())), None).await
+}
+
+/// Connects to `url`, over TLS when `tls` is given (an `http://` URL is then taken as
+/// `https://`); every call on the channel sends the token `token` holds.
+pub async fn connect_with(
+    url: String,
+    token: WithToken,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Channel, tonic::transport::Error> {
+    let channel = endpoint(url, tls)?.connect().await?;
+    Ok(with_token(channel, token))
+}
+
+/// The endpoint for `url`, with TLS when `tls` is given (see [`connect_with`]); it connects
+/// lazily, so that a client can be built before its server answers.
+pub fn endpoint(
+    url: String,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+    match tls {
+        Some(tls) => {
+            let url = match url.strip_prefix("http://") {
+                Some(rest) => format!("https://{rest}"),
+                None => url,
+            };
+            tonic::transport::Endpoint::from_shared(url)?.tls_config(tls)
+        }
+        None => tonic::transport::Endpoint::from_shared(url),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(
-        "{path}: readable by others (mode {mode:o}): a token file must be its owner's alone \
-         (chmod 600 {path})"
+        "{path}: readable by others (mode {mode:o}): a secret (token or private key) must be \
+         its owner's alone (chmod 600 {path})"
     )]
     Exposed { path: PathBuf, mode: u32 },
     #[error("{path}: not a token (expected 64 hex digits on one line)")]
     Malformed { path: PathBuf },
+    #[error(
+        "{JOB_TOKEN_ENV} is not set: a job's processes read the job's secret from the file it \
+         names (the job master's platform sets it; an agent started by hand needs \
+         --token-file with the master's run directory's {JOB_TOKEN_FILE})"
+    )]
+    NoJobToken,
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// A secret that authenticates its holder.
@@ -67,6 +135,17 @@ impl Token {
     /// Its SHA-256: what a server keeps instead of the token.
     pub fn digest(&self) -> [u8; 32] {
         digest_of(&self.0)
+    }
+
+    /// A proof of holding this token bound to `context` (SHA-256 of the token and the
+    /// context, which is of fixed length for each use): what a raw-TCP peer sends instead of
+    /// the token itself, so that a proof seen on the wire is good for that context only.
+    pub fn proof(&self, context: &[u8]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(self.0.as_bytes());
+        h.update([0u8]);
+        h.update(context);
+        h.finalize().into()
     }
 
     /// Whether `presented` is this token, in time that does not depend on where they differ.
@@ -105,6 +184,12 @@ pub fn bearer<T>(request: &tonic::Request<T>) -> Option<&str> {
 /// Writes `token` to `path`, readable and writable by its owner only (mode 0600 from the
 /// moment it exists), replacing what was there.
 pub fn write_secret(path: &Path, token: &Token) -> Result<(), AuthError> {
+    write_private(path, format!("{}\n", token.0).as_bytes())
+}
+
+/// Writes `bytes` to `path`, owner-only (mode 0600) from the moment it exists, replacing what
+/// was there atomically.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), AuthError> {
     let io = |source| AuthError::Io {
         path: path.to_path_buf(),
         source,
@@ -122,27 +207,36 @@ pub fn write_secret(path: &Path, token: &Token) -> Result<(), AuthError> {
             .mode(0o600)
             .open(&tmp)
             .map_err(io)?;
-        f.write_all(format!("{}\n", token.0).as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(io)?;
+        f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io)?;
     }
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Reads a token file; refuses one that its group or others may read.
-pub fn read_secret(path: &Path) -> Result<Token, AuthError> {
-    let io = |source| AuthError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
+/// Refuses a secret file (a token, a private key) that its group or others may read.
+pub fn check_private(path: &Path) -> Result<(), AuthError> {
+    let mode = std::fs::metadata(path)
+        .map_err(|source| AuthError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .permissions()
+        .mode();
     if mode & 0o077 != 0 {
         return Err(AuthError::Exposed {
             path: path.to_path_buf(),
             mode: mode & 0o777,
         });
     }
-    let text = std::fs::read_to_string(path).map_err(io)?;
+    Ok(())
+}
+
+/// Reads a token file; refuses one that its group or others may read.
+pub fn read_secret(path: &Path) -> Result<Token, AuthError> {
+    check_private(path)?;
+    let text = std::fs::read_to_string(path).map_err(|source| AuthError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Token::parse(&text).ok_or_else(|| AuthError::Malformed {
         path: path.to_path_buf(),
     })
@@ -157,6 +251,48 @@ pub fn read_or_create(path: &Path) -> Result<(Token, bool), AuthError> {
     let token = Token::generate();
     write_secret(path, &token)?;
     Ok((token, true))
+}
+
+/// The job's secret, from the file [`JOB_TOKEN_ENV`] names (what a training process reads).
+pub fn job_token_from_env() -> Result<Token, AuthError> {
+    let path = std::env::var_os(JOB_TOKEN_ENV).ok_or(AuthError::NoJobToken)?;
+    read_secret(Path::new(&path))
+}
+
+/// A server interceptor that lets through only calls that carry one token (a job's secret:
+/// the job master's and a parameter server's APIs). Anything else is UNAUTHENTICATED.
+#[derive(Clone)]
+pub struct Require {
+    token: Arc<Token>,
+    server: &'static str,
+}
+
+impl Require {
+    /// `server` names the API in refusals ("the job master", "the parameter server").
+    pub fn new(token: Token, server: &'static str) -> Require {
+        Require {
+            token: Arc::new(token),
+            server,
+        }
+    }
+}
+
+impl tonic::service::Interceptor for Require {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        match bearer(&request) {
+            Some(presented) if self.token.matches(presented) => Ok(request),
+            Some(_) => Err(tonic::Status::unauthenticated(format!(
+                "the token is not this job's secret: {} answers its own job's processes only",
+                self.server
+            ))),
+            None => Err(tonic::Status::unauthenticated(format!(
+                "no token: {} needs `authorization: Bearer TOKEN` with the job's secret (the \
+                 file {JOB_TOKEN_ENV} names; `{JOB_TOKEN_FILE}` in the job master's run \
+                 directory)",
+                self.server
+            ))),
+        }
+    }
 }
 
 /// A client interceptor that sends a token with every call; the token may be replaced while
@@ -212,6 +348,9 @@ mod tests {
         assert!(!a.matches(&a.expose()[..63]));
         assert!(digests_match(&a.digest(), &digest_of(a.expose())));
         assert!(!digests_match(&a.digest(), &b.digest()));
+        assert!(digests_match(&a.proof(b"x"), &a.proof(b"x")));
+        assert!(!digests_match(&a.proof(b"x"), &a.proof(b"y")));
+        assert!(!digests_match(&a.proof(b"x"), &b.proof(b"x")));
         assert_eq!(Token::parse("not hex"), None);
         // Debug never shows the secret.
         assert!(!format!("{a:?}").contains(a.expose()));
@@ -239,6 +378,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a token"), "{e}");
+    }
+
+    #[test]
+    fn a_server_requiring_a_token_lets_only_it_through() {
+        let (t, other) = (Token::generate(), Token::generate());
+        let mut require = Require::new(t.clone(), "the job master");
+        let with = |tok: Option<&Token>| {
+            WithToken::new(tok.cloned())
+                .call(tonic::Request::new(()))
+                .unwrap()
+        };
+        assert!(require.call(with(Some(&t))).is_ok());
+        let e = require.call(with(Some(&other))).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(e.message().contains("not this job's secret"), "{e}");
+        let e = require.call(with(None)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(e.message().contains("no token"), "{e}");
     }
 
     #[test]

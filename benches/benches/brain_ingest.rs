@@ -4,6 +4,10 @@
 //! each report's 6 per-process samples folded into the heuristics' in-memory view.
 //! Throughput is in reports per second.
 //!
+//! The group `brain_ingest_security` measures the same ingest side by side in one run with no
+//! authentication (`insecure`), with tokens (every call's bearer token checked: the default),
+//! and with tokens over mutual TLS (`brain --tls-dir`).
+//!
 //! cargo bench -p benches --bench brain_ingest
 
 use std::time::{Duration, Instant};
@@ -17,8 +21,32 @@ type Client = pb::brain_client::BrainClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, auth::WithToken>,
 >;
 
-async fn client(addr: std::net::SocketAddr, token: Option<auth::Token>) -> Client {
-    common::brain_client(&format!("http://{addr}"), token).await
+/// How callers reach the brain.
+#[derive(Clone, Copy, Debug)]
+enum Security {
+    /// `--insecure`: no token checked, plain text.
+    Insecure,
+    /// The default: every call's token checked, plain text on loopback.
+    Tokens,
+    /// Tokens over mutual TLS.
+    MutualTls,
+}
+
+async fn client(
+    addr: std::net::SocketAddr,
+    token: Option<auth::Token>,
+    tls: Option<&auth::tls::ClientTls>,
+) -> Client {
+    let Some(tls) = tls else {
+        return common::brain_client(&format!("http://{addr}"), token).await;
+    };
+    let endpoint = auth::endpoint(format!("https://{addr}"), Some(tls.config().unwrap())).unwrap();
+    loop {
+        if let Ok(channel) = endpoint.connect().await {
+            return Client::new(auth::with_token(channel, auth::WithToken::new(token)));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 type Stop = (
     tokio::sync::oneshot::Sender<()>,
@@ -27,13 +55,27 @@ type Stop = (
 );
 
 /// Starts a brain on a fresh database; returns one registered client per job.
-async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
+async fn brain(clients: usize, security: Security) -> (Vec<(Client, u64)>, Stop) {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let mut config = brain::BrainConfig::with_database(dir.path().join("brain.db"));
     config.runs_dir = dir.path().join("runs");
+    let mut tls = None;
+    match security {
+        Security::Insecure => config.insecure = true,
+        Security::Tokens => {}
+        Security::MutualTls => {
+            use auth::tls::*;
+            let d = dir.path().join("tls");
+            make(&d, &[]).unwrap();
+            let client = ClientTls::in_dir(&d);
+            config.tls = Some(ServerTls::in_dir(&d));
+            config.launcher.tls = Some(client.clone());
+            tls = Some(client);
+        }
+    }
     let handle = tokio::spawn(async move {
         if let Err(e) = brain::run(config, listener, async {
             let _ = rx.await;
@@ -51,7 +93,7 @@ async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let mut op = client(addr, Some(operator)).await;
+    let mut op = client(addr, Some(operator), tls.as_ref()).await;
     let mut out = Vec::new();
     for i in 0..clients {
         let r = op
@@ -64,7 +106,7 @@ async fn brain(clients: usize) -> (Vec<(Client, u64)>, Stop) {
             .unwrap()
             .into_inner();
         out.push((
-            client(addr, auth::Token::parse(&r.job_token)).await,
+            client(addr, auth::Token::parse(&r.job_token), tls.as_ref()).await,
             r.job_id,
         ));
     }
@@ -120,32 +162,51 @@ fn bench(c: &mut Criterion) {
     for (clients, size) in [(1usize, 1usize), (1, 100), (4, 100), (4, 1000)] {
         g.throughput(Throughput::Elements((clients * size) as u64));
         g.bench_function(format!("{clients} job masters, batches of {size}"), |b| {
-            b.to_async(&rt).iter_custom(|iters| async move {
-                let (cs, s) = brain(clients).await;
-                let start = Instant::now();
-                let mut set = tokio::task::JoinSet::new();
-                for (mut c, id) in cs {
-                    set.spawn(async move {
-                        for i in 0..iters {
-                            c.report_metrics(pb::MetricsBatch {
-                                job_id: id,
-                                reports: batch(size, i * size as u64),
-                            })
-                            .await
-                            .unwrap();
-                        }
-                    });
-                }
-                while let Some(r) = set.join_next().await {
-                    r.unwrap();
-                }
-                let elapsed = start.elapsed();
-                stop(s).await;
-                elapsed
-            });
+            b.to_async(&rt)
+                .iter_custom(|iters| ingest(clients, size, Security::Tokens, iters));
         });
     }
     g.finish();
+    let mut g = c.benchmark_group("brain_ingest_security");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    for (clients, size) in [(1usize, 1usize), (4, 100)] {
+        for security in [Security::Insecure, Security::Tokens, Security::MutualTls] {
+            g.throughput(Throughput::Elements((clients * size) as u64));
+            g.bench_function(
+                format!("{security:?}, {clients} job masters, batches of {size}"),
+                |b| {
+                    b.to_async(&rt)
+                        .iter_custom(|iters| ingest(clients, size, security, iters));
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+/// Time for `clients` job masters to send `iters` batches of `size` reports each.
+async fn ingest(clients: usize, size: usize, security: Security, iters: u64) -> Duration {
+    let (cs, s) = brain(clients, security).await;
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (mut c, id) in cs {
+        set.spawn(async move {
+            for i in 0..iters {
+                c.report_metrics(pb::MetricsBatch {
+                    job_id: id,
+                    reports: batch(size, i * size as u64),
+                })
+                .await
+                .unwrap();
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    let elapsed = start.elapsed();
+    stop(s).await;
+    elapsed
 }
 
 criterion_group!(benches, bench);

@@ -36,10 +36,8 @@ fn spec(dir: &Path, kind: &str, ps: u32, workers: u32, samples: u64) -> PathBuf 
     path
 }
 
-async fn status(addr: &str) -> Option<pb::JobStatus> {
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
-        .await
-        .ok()?;
+async fn status(addr: &str, run_dir: &Path) -> Option<pb::JobStatus> {
+    let mut c = common::try_master_client(addr, run_dir).await?;
     Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
 }
 
@@ -50,7 +48,7 @@ async fn time_to_first_step(ray: Option<&str>) -> Duration {
     let t0 = Instant::now();
     let (mut child, addr) = start_master(&spec, &dir.path().join("run"), ray);
     let t = loop {
-        if let Some(s) = status(&addr).await
+        if let Some(s) = status(&addr, &dir.path().join("run")).await
             && s.global_step > 0
         {
             break t0.elapsed();
@@ -71,7 +69,7 @@ async fn per_worker_throughput(kind: &str, ps: u32, workers: u32) -> f64 {
         if let Ok(Some(_)) = child.child.try_wait() {
             break;
         }
-        if let Some(s) = status(&addr).await
+        if let Some(s) = status(&addr, &dir.path().join("run")).await
             && s.phase == "running"
             && s.samples_per_second > 0.0
             && s.shards_done > 0

@@ -37,7 +37,7 @@ fn spec(dir: &Path, resources: &str) -> PathBuf {
     path
 }
 
-async fn step(c: &mut pb::job_master_client::JobMasterClient<tonic::transport::Channel>) -> u64 {
+async fn step(c: &mut common::MasterClient) -> u64 {
     c.get_status(pb::StatusRequest {})
         .await
         .map_or(0, |s| s.into_inner().global_step)
@@ -60,7 +60,7 @@ async fn measure(
         let spec = spec(dir.path(), resources);
         let t0 = Instant::now();
         let (mut master, addr) = start_master_at(&spec, &dir.path().join("run"), ray, &c.host);
-        let mut client = master_client(&addr).await;
+        let mut client = master_client(&addr, &dir.path().join("run")).await;
         while step(&mut client).await == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -72,7 +72,7 @@ async fn measure(
     let spec = spec(dir.path(), resources);
     let run_dir = dir.path().join("run");
     let (mut master, addr) = start_master_at(&spec, &run_dir, ray, &c.host);
-    let mut client = master_client(&addr).await;
+    let mut client = master_client(&addr, &run_dir).await;
     while step(&mut client).await == 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

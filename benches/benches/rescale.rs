@@ -41,7 +41,7 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
     std::fs::write(&spec, yaml).unwrap();
     let run_dir = dir.path().join("run");
     let (mut master, addr) = start_master(&spec, &run_dir, ray);
-    let mut c = master_client(&addr).await;
+    let mut c = master_client(&addr, &run_dir).await;
     // Training first.
     while c
         .get_status(pb::StatusRequest {})
@@ -88,7 +88,7 @@ async fn allreduce_rescale(ray: Option<&str>, events: usize) {
 
 /// Starts `n` PS on loopback holding `keys` keys split by the layout of `layout` servers
 /// (servers at index ≥ `layout` start empty).
-async fn start_ps(n: u32, layout: u32, keys: u64) -> Vec<String> {
+async fn start_ps(n: u32, layout: u32, keys: u64, token: &auth::Token) -> Vec<String> {
     let mut tables: Vec<SparseTable> = (0..n).map(|_| SparseTable::default()).collect();
     for k in 0..keys {
         let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -101,7 +101,7 @@ async fn start_ps(n: u32, layout: u32, keys: u64) -> Vec<String> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap().to_string());
         let num_ps = if (i as u32) < layout { layout } else { n };
-        let svc = PsService::new(i as u32, num_ps, 0.1, t);
+        let svc = PsService::new(i as u32, num_ps, 0.1, t, token.clone());
         tokio::spawn(serve(svc, listener, std::future::pending()));
     }
     addrs
@@ -117,10 +117,13 @@ async fn ps_reshard() {
         let keys = mb * 1_000_000 / 16;
         for (from, to) in [(2u32, 3u32), (3, 2)] {
             let servers = from.max(to);
-            let addrs = start_ps(servers, from, keys).await;
+            let token = auth::Token::generate();
+            let addrs = start_ps(servers, from, keys, &token).await;
             let old = addrs[..from as usize].to_vec();
             let new = addrs[..to as usize].to_vec();
-            let r = job_master::master::reshard_ps(1, &old, &new).await.unwrap();
+            let r = job_master::master::reshard_ps(1, &old, &new, &token)
+                .await
+                .unwrap();
             println!(
                 "{:<10} {:>9} MB {:>12} {:>14} {:>10} {:>16}",
                 format!("{from} -> {to}"),

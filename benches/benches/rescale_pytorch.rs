@@ -135,9 +135,7 @@ async fn rescale_events<T>(
     let spec = dir.join("job.yaml");
     std::fs::write(&spec, yaml).unwrap();
     let (mut master, addr) = start_master(&spec, &dir.join("run"), None);
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut c = common::master_client(&addr, &dir.join("run")).await;
     stepping(log, 2, 0.0, Duration::from_secs(120));
     let mut version = 0;
     for _ in 0..events {

@@ -14,7 +14,7 @@ use job_master::platform::PlatformConfig;
 use job_master::spec::JobSpec;
 use proto::jobmaster::v1 as pb;
 
-type Client = pb::job_master_client::JobMasterClient<tonic::transport::Channel>;
+type Client = pb::job_master_client::JobMasterClient<auth::Channel>;
 
 fn spec(dir: &std::path::Path, workers: u32, shards: u64) -> JobSpec {
     let yaml = format!(
@@ -48,6 +48,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
         brain: None,
         resume: false,
         advertise: None,
+        token_file: None,
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {
@@ -61,8 +62,10 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
     let mut out = Vec::new();
     for index in 0..clients {
         let mut c = loop {
-            if let Ok(c) = Client::connect(format!("http://{addr}")).await {
-                break c;
+            if let Ok(token) = auth::read_secret(&dir.path().join("run").join(auth::JOB_TOKEN_FILE))
+                && let Ok(c) = auth::connect(format!("http://{addr}"), &token).await
+            {
+                break Client::new(c);
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };

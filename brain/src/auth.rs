@@ -11,7 +11,9 @@
 //!   its outcome, fetch and acknowledge plans, read its record). Another job's id is
 //!   PERMISSION_DENIED. The brain keeps only the secrets' SHA-256, in its store.
 //!
-//! Handlers check the caller with [`operator`], [`job_itself`] and [`operator_or_job`].
+//! Handlers check the caller with [`operator`], [`job_itself`] and [`operator_or_job`]. A brain
+//! started `--insecure` checks no token: every caller is [`Caller::Anyone`] and may do
+//! everything.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -26,18 +28,21 @@ use crate::store::JobId;
 pub enum Caller {
     Operator,
     Job(JobId),
+    /// Anyone at all: the brain runs `--insecure`.
+    Anyone,
 }
 
 /// The tokens the brain accepts.
 pub struct Keys {
-    operator: Token,
+    /// `None`: insecure, no token is checked.
+    operator: Option<Token>,
     jobs: RwLock<HashMap<[u8; 32], JobId>>,
 }
 
 impl Keys {
     pub fn new(operator: Token, jobs: impl IntoIterator<Item = ([u8; 32], JobId)>) -> Keys {
         Keys {
-            operator,
+            operator: Some(operator),
             jobs: RwLock::new(jobs.into_iter().collect()),
         }
     }
@@ -50,15 +55,26 @@ impl Keys {
             .insert(digest, job);
     }
 
+    /// Keys that let everyone through (`--insecure`).
+    pub fn insecure() -> Keys {
+        Keys {
+            operator: None,
+            jobs: RwLock::default(),
+        }
+    }
+
     /// The caller a presented token makes.
     pub fn caller(&self, presented: Option<&str>) -> Result<Caller, Status> {
+        let Some(operator) = &self.operator else {
+            return Ok(Caller::Anyone);
+        };
         let Some(presented) = presented else {
             return Err(Status::unauthenticated(
                 "no token: the brain needs `authorization: Bearer TOKEN` (brainctl reads the \
                  operator token from --token-file, default brain-data/operator.token)",
             ));
         };
-        if self.operator.matches(presented) {
+        if operator.matches(presented) {
             return Ok(Caller::Operator);
         }
         let digest = auth::digest_of(presented);
@@ -94,7 +110,7 @@ pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
 /// Operator calls only.
 pub fn operator<T>(request: &Request<T>) -> Result<(), Status> {
     match caller(request)? {
-        Caller::Operator => Ok(()),
+        Caller::Operator | Caller::Anyone => Ok(()),
         Caller::Job(j) => Err(Status::permission_denied(format!(
             "the secret of {j} cannot make operator calls"
         ))),
@@ -105,6 +121,7 @@ pub fn operator<T>(request: &Request<T>) -> Result<(), Status> {
 pub fn job_itself<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
     match caller(request)? {
         Caller::Job(j) if j == job => Ok(()),
+        Caller::Anyone => Ok(()),
         Caller::Job(j) => Err(Status::permission_denied(format!(
             "the secret of {j} cannot act on {job}"
         ))),
@@ -117,7 +134,7 @@ pub fn job_itself<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
 /// The operator, or the job itself.
 pub fn operator_or_job<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
     match caller(request)? {
-        Caller::Operator => Ok(()),
+        Caller::Operator | Caller::Anyone => Ok(()),
         Caller::Job(j) if j == job => Ok(()),
         Caller::Job(j) => Err(Status::permission_denied(format!(
             "the secret of {j} cannot act on {job}"
@@ -177,5 +194,14 @@ mod tests {
             operator(&Request::new(())).unwrap_err().code(),
             Code::Unauthenticated
         );
+
+        // Insecure: no token, any token, every call.
+        let open = Keys::insecure();
+        assert_eq!(open.caller(None).unwrap(), Caller::Anyone);
+        assert_eq!(open.caller(Some("x")).unwrap(), Caller::Anyone);
+        let anyone = req(Caller::Anyone);
+        assert!(operator(&anyone).is_ok());
+        assert!(job_itself(&anyone, JobId(1)).is_ok());
+        assert!(operator_or_job(&anyone, JobId(2)).is_ok());
     }
 }

@@ -38,6 +38,11 @@ pub struct LauncherConfig {
     /// Where job masters run [default: local].
     #[serde(default)]
     pub job_masters: JobMasters,
+    /// How the job masters the brain starts reach it over TLS (`[launcher.tls]` ca_file: the
+    /// CA that signed the brain's certificate; cert_file and key_file: theirs, for mutual
+    /// TLS). Needed when the brain has `[tls]`.
+    #[serde(default)]
+    pub tls: Option<auth::tls::ClientTls>,
 }
 
 /// Where the brain runs the job masters it starts.
@@ -143,8 +148,9 @@ impl Launcher {
     ) -> Result<PathBuf, BrainError> {
         let run_dir = self.run_dir(&spec.name);
         std::fs::create_dir_all(&run_dir)?;
-        // The job's secret, for its master only: an owner-only file whose path goes in argv.
-        auth::write_secret(&run_dir.join(TOKEN_FILE), token)
+        // The job's secret, for its master and the job's own processes: an owner-only file
+        // whose path goes in argv, where the master looks for its job's secret by default.
+        auth::write_secret(&token_file(&run_dir), token)
             .map_err(|e| BrainError::Internal(e.to_string()))?;
         let mut spec = spec.clone();
         if let Some(w) = spec.roles.get_mut(&Role::Worker) {
@@ -192,8 +198,19 @@ impl Launcher {
             "--max-processes".into(),
             self.max_processes.to_string().into(),
             "--brain-token-file".into(),
-            run_dir.join(TOKEN_FILE).into(),
+            token_file(run_dir).into(),
         ];
+        if let Some(tls) = &self.config.tls {
+            cmd.extend(["--brain-ca".into(), tls.ca_file.clone().into()]);
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                cmd.extend([
+                    "--brain-cert".into(),
+                    cert.into(),
+                    "--brain-key".into(),
+                    key.into(),
+                ]);
+            }
+        }
         cmd.extend(self.config.job_master_args.iter().map(Into::into));
         if let Some(agent) = &self.config.agent_bin {
             cmd.extend(["--agent-bin".into(), agent.into()]);
@@ -388,8 +405,11 @@ impl Launcher {
     }
 }
 
-/// The file in a job's run directory that holds its secret (mode 0600), for its master.
-pub const TOKEN_FILE: &str = "brain.token";
+/// The file that holds a job's secret (mode 0600): `job.token` in its master's run directory,
+/// where the master reads it to talk to the brain and to check its own processes' calls.
+pub fn token_file(run_dir: &Path) -> PathBuf {
+    run_dir.join("master").join(auth::JOB_TOKEN_FILE)
+}
 
 /// The file in a job's run directory that names its master's latest Ray submission.
 pub const RAY_SUBMISSION_FILE: &str = "job-master.ray";
@@ -494,7 +514,7 @@ mod tests {
                 "--max-processes",
                 "8",
                 "--brain-token-file",
-                "/runs/j/brain.token",
+                "/runs/j/master/job.token",
                 "--resume"
             ]
         );

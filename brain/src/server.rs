@@ -47,6 +47,16 @@ pub struct BrainConfig {
     /// What one caller may send (`[limits]`).
     #[serde(default)]
     pub limits: Limits,
+    /// TLS on the brain's address (`[tls]` cert_file, key_file; client_ca_file for mutual TLS:
+    /// every client then presents a certificate that CA signed). `brainctl certs` makes the
+    /// files. Required to listen beyond loopback unless `insecure`.
+    #[serde(default)]
+    pub tls: Option<auth::tls::ServerTls>,
+    /// No token is checked (every caller may do everything), and the brain may listen beyond
+    /// loopback without TLS. For a trusted network and for measuring what security costs,
+    /// never for a shared one.
+    #[serde(default)]
+    pub insecure: bool,
     /// Where raw metric time series go (InfluxDB); without it only summaries are kept.
     #[serde(default)]
     pub sink: Option<crate::sink::SinkConfig>,
@@ -149,6 +159,8 @@ impl BrainConfig {
             operator_token_file: None,
             limits: Limits::default(),
             sink: None,
+            tls: None,
+            insecure: false,
         }
     }
 
@@ -220,6 +232,27 @@ impl BrainConfig {
     }
 }
 
+/// Refuses what would expose the brain: an address beyond loopback without TLS (tokens would
+/// cross the network in the clear), unless `insecure` says so; TLS without the CA the job
+/// masters it starts should trust.
+fn check_exposure(addr: std::net::SocketAddr, config: &BrainConfig) -> Result<(), BrainError> {
+    if config.tls.is_none() && !config.insecure && !addr.ip().is_loopback() {
+        return Err(BrainError::Config(format!(
+            "listening on {addr}, beyond this machine, without TLS: every token would cross the \
+             network in the clear. Give [tls] cert_file and key_file (`brainctl certs` makes \
+             them), or start with --insecure on a network you trust"
+        )));
+    }
+    if config.tls.is_some() && config.launcher.tls.is_none() {
+        return Err(BrainError::Config(
+            "[tls] without [launcher.tls]: the job masters the brain starts need the CA that \
+             signed its certificate (ca_file; with mutual TLS also cert_file and key_file)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The address the brain's job masters reach it by: `advertise` with the listener's port, else
 /// the listener's (127.0.0.1 for one on every interface: the masters are on this machine). Job
 /// masters on Ray's nodes need an address those reach: a listener on every interface without
@@ -275,13 +308,27 @@ pub async fn run(
         .map_err(|e| BrainError::Internal(format!("opening the store: {e}")))??;
     let store = Arc::new(Mutex::new(store));
     let addr = listener.local_addr()?;
+    check_exposure(addr, &config)?;
+    let tls = config
+        .tls
+        .as_ref()
+        .map(auth::tls::ServerTls::config)
+        .transpose()
+        .map_err(|e| BrainError::Config(format!("[tls]: {e}")))?;
     let reach = brain_address(addr, config.advertise, &config.launcher.job_masters)?;
     // One message per job master that ends; a reaper waits while the channel is full.
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::channel(1024);
     let launcher = Launcher::new(
         config.launcher.clone(),
         runs_dir,
-        format!("http://{reach}"),
+        format!(
+            "{}://{reach}",
+            if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            }
+        ),
         config.cluster.max_processes,
         config.cluster.ray_address.clone(),
         exited_tx,
@@ -305,7 +352,15 @@ pub async fn run(
         let store = store.lock().expect("no panic under the lock");
         store.job_tokens()?
     };
-    let keys = Arc::new(crate::auth::Keys::new(operator, known));
+    let keys = Arc::new(if config.insecure {
+        tracing::warn!(
+            "--insecure: no token is checked; anyone who reaches {addr} may submit, cancel and \
+             steer every job"
+        );
+        crate::auth::Keys::insecure()
+    } else {
+        crate::auth::Keys::new(operator, known)
+    });
     let control = Arc::new(Control::new(
         store.clone(),
         config.policy.clone(),
@@ -348,18 +403,24 @@ pub async fn run(
     .prepare()
     .into_axum_router()
     .route("/metrics", get(scrape));
-    tracing::info!(address = %addr, database = %config.database.display(), "brain serving");
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    tracing::info!(address = %addr, database = %config.database.display(), tls = tls.is_some(), "brain serving");
+    // HTTP/1.1 too: Prometheus scrapes GET /metrics on the same address.
+    let mut builder = tonic::transport::Server::builder().accept_http1(true);
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| BrainError::Config(format!("[tls]: {e}")))?;
+    }
     let (quit_tx, quit_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = quit_rx.await;
-            })
-            .into_future(),
+        builder
+            .add_routes(tonic::service::Routes::from(app))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    let _ = quit_rx.await;
+                },
+            ),
     );
     let served = tokio::select! {
         r = &mut server => Some(r),

@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Brain, alive, bin_dir, brainctl, jobs, start_brain};
-use proto::jobmaster::v1 as jm;
+use common::{Brain, alive, bin_dir, brainctl, jobs, master_status, start_brain};
 use proto::service::v1 as pb;
 
 const CPUS: u32 = 4;
@@ -128,7 +127,7 @@ async fn three_jobs_share_four_cpus(scheduler: &str, max_workers: u32) {
                     let mut total = 0;
                     let mut line = Vec::new();
                     for j in jobs.iter().filter(|j| j.state == "running") {
-                        if let Some(n) = alive(&j.master_address).await {
+                        if let Some(n) = alive(&j.master_address, &j.run_dir).await {
                             total += n;
                             line.push(format!("{}:{n}", j.job_name));
                         }
@@ -474,21 +473,39 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
     // one.
     let (mut brain, url) = brain_with_job(d, 600, "scaled", "allreduce", 300);
     let deadline = Instant::now() + Duration::from_secs(120);
-    let master = loop {
+    let (master, run_dir) = loop {
         let all = jobs(&url).await.unwrap_or_default();
         if let Some(j) = all
             .iter()
             .find(|j| j.state == "running" && !j.master_address.is_empty())
         {
-            break j.master_address.clone();
+            break (j.master_address.clone(), j.run_dir.clone());
         }
         assert!(Instant::now() < deadline, "not running: {all:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
-    // Straight to the job master: refused, the brain named.
+    // Straight to the job master: without the job's secret, refused; with it, refused, the
+    // brain named.
     let out = std::process::Command::new(bin_dir().join("job-master"))
         .args(["scale", "--master", &master, "--workers", "3"])
+        .env_remove(auth::JOB_TOKEN_ENV)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("--token-file"), "{said}");
+    let out = std::process::Command::new(bin_dir().join("job-master"))
+        .args([
+            "scale",
+            "--master",
+            &master,
+            "--workers",
+            "3",
+            "--token-file",
+        ])
+        .arg(brain::launch::token_file(Path::new(&run_dir)))
         .output()
         .unwrap();
     let said =
@@ -526,16 +543,9 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
         .unwrap_or_else(|| panic!("no plan version in {said:?}"));
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
-            .await
-            .unwrap();
-        let s = c
-            .get_status(jm::StatusRequest {})
-            .await
-            .unwrap()
-            .into_inner();
+        let s = master_status(&master, &run_dir).await.unwrap();
         if s.reached_plan_version >= version {
-            assert_eq!(alive(&master).await, Some(3), "{s:#?}");
+            assert_eq!(alive(&master, &run_dir).await, Some(3), "{s:#?}");
             break;
         }
         assert!(
@@ -593,7 +603,7 @@ async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
     assert!(report["checkpoints"].as_u64().unwrap() >= 1, "{report:#}");
     // Nothing of the job runs any more: its master is gone, and so are its processes.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while master_pid(&run_dir).is_some() || alive(&master).await.is_some() {
+    while master_pid(&run_dir).is_some() || alive(&master, &run_dir).await.is_some() {
         assert!(Instant::now() < deadline, "the job master still runs");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -10,7 +10,9 @@
 //! lost under a running job is planned around: the brain's capacity drops to the nodes left and
 //! the job shrinks onto them; the node back, the job grows onto it again; the node holding the
 //! job master lost (after a kill -9 and restart of the brain), the brain starts the master again
-//! elsewhere and the job ends with every sample once per epoch.
+//! elsewhere and the job ends with every sample once per epoch. That brain listens on the
+//! bridge, so over mutual TLS: the masters on the nodes present the client certificate
+//! `brainctl certs` made and check the brain's.
 //!
 //! The tests share the one cluster (and kill its nodes), so they take turns.
 
@@ -277,11 +279,8 @@ async fn record(url: &str) -> proto::service::v1::JobRecord {
 }
 
 /// The job master's live processes: (role, index, host), and its shards done.
-async fn processes(master: &str) -> Option<(Vec<(i32, u32, String)>, u64)> {
-    let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
-        .await
-        .ok()?;
-    let s = c.get_status(jm::StatusRequest {}).await.ok()?.into_inner();
+async fn processes(master: &str, run_dir: &str) -> Option<(Vec<(i32, u32, String)>, u64)> {
+    let s = common::master_status(master, run_dir).await?;
     Some((
         s.processes
             .iter()
@@ -306,7 +305,9 @@ async fn until(
         let (running, shards) = if r.master_address.is_empty() {
             (Vec::new(), 0)
         } else {
-            processes(&r.master_address).await.unwrap_or_default()
+            processes(&r.master_address, &r.run_dir)
+                .await
+                .unwrap_or_default()
         };
         if f(&r, &running, shards) {
             return (r, running);
@@ -380,19 +381,26 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
          [live]\ninterval_s = 1\ncooldown_s = 5\n",
     )
     .unwrap();
-    // On the bridge, where the job masters on the nodes reach it; started again on the same
-    // address (the masters reconnect to it) and the same database.
+    // On the bridge, where the job masters on the nodes reach it, so over mutual TLS (a brain
+    // beyond loopback refuses plain text): certificates for the bridge's address, which the
+    // masters on the nodes present and check. Started again on the same address (the masters
+    // reconnect to it) and the same database.
+    let tls = dir.path().join("tls");
+    let (ok, said) = brainctl(&["certs", "--out", tls.to_str().unwrap(), "--host", &c.host]);
+    assert!(ok, "{said}");
     let on_ray = [
         "--job-masters",
         "ray",
         "--job-master-resource",
         "brain_job_master=1",
         "--job-master-arg=--heartbeat-timeout-ms=6000",
+        "--tls-dir",
+        tls.to_str().unwrap(),
     ]
     .map(String::from);
     let start_brain = |listen: &str, log: &str| brain_on(&c, dir.path(), listen, &on_ray, log);
     let (mut brain, addr) = start_brain(&format!("{}:0", c.host), "brain.log");
-    let url = format!("http://{addr}");
+    let url = format!("https://{addr}");
     let log = || {
         ["brain.log", "brain-again.log"]
             .iter()

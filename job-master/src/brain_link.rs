@@ -45,6 +45,10 @@ pub struct BrainLink {
     /// operator token until registering returns the job's own (a master started by hand).
     #[serde(skip)]
     pub token: auth::WithToken,
+    /// TLS to the brain: the CA its certificate chains to (and this master's certificate, for
+    /// mutual TLS).
+    #[serde(default)]
+    pub tls: Option<auth::tls::ClientTls>,
 }
 
 fn default_interval() -> u64 {
@@ -61,6 +65,7 @@ impl BrainLink {
             report_interval_ms: default_interval(),
             outcome_timeout_ms: default_outcome_timeout(),
             token: auth::WithToken::default(),
+            tls: None,
         }
     }
 }
@@ -72,11 +77,29 @@ fn unix_ms() -> i64 {
 }
 
 async fn connect(link: &BrainLink) -> Option<Client> {
-    let endpoint = tonic::transport::Endpoint::from_shared(link.url.clone())
+    let tls = match link
+        .tls
+        .as_ref()
+        .map(auth::tls::ClientTls::config)
+        .transpose()
+    {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::warn!("cannot reach the brain at {}: {e}", link.url);
+            return None;
+        }
+    };
+    let endpoint = auth::endpoint(link.url.clone(), tls)
         .ok()?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(10));
-    let channel = endpoint.connect().await.ok()?;
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!("cannot reach the brain at {}: {e:?}", link.url);
+            return None;
+        }
+    };
     Some(pb::brain_client::BrainClient::with_interceptor(
         channel,
         link.token.clone(),

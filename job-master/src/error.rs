@@ -63,6 +63,8 @@ pub enum Error {
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
     Ray(#[from] ray_client::RayError),
+    #[error("the job's secret: {0}")]
+    Auth(#[from] auth::AuthError),
 }
 
 impl From<Error> for tonic::Status {

@@ -35,6 +35,10 @@ pub(crate) struct Shared {
     pub managed_by: Option<String>,
     /// What this master wrote to the checkpoint directory's shared marker.
     pub checkpoint_token: String,
+    /// The job's secret, which its processes and parameter servers present and expect.
+    pub token: auth::Token,
+    /// Where it is (absolute), for the agents the platform starts.
+    pub token_file: PathBuf,
 }
 
 impl Shared {

@@ -236,6 +236,7 @@ fn launch(index: u32, cpu_millicores: u64) -> AgentLaunch {
             cpu: Some(Millicores(cpu_millicores)),
             ..Default::default()
         }),
+        token_file: "/nonexistent/job.token".into(),
     }
 }
 

@@ -275,6 +275,16 @@ async fn the_scale_command_sends_a_plan_and_waits_for_it() {
     let mut run = start(spec, dir.path()).await;
     let addr = run.addr;
     shards_at_least(addr, 2).await;
+    // Without the job's secret: refused before anything is sent.
+    let out = tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--job", &addr.to_string(), "--workers", "3"])
+        .env_remove(auth::JOB_TOKEN_ENV)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--token-file"));
+    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
     let out = tokio::process::Command::new(job_master_bin())
         .args([
             "scale",
@@ -284,6 +294,8 @@ async fn the_scale_command_sends_a_plan_and_waits_for_it() {
             "3",
             "--wait",
         ])
+        .arg("--token-file")
+        .arg(&secret)
         .output()
         .await
         .unwrap();
@@ -299,6 +311,8 @@ async fn the_scale_command_sends_a_plan_and_waits_for_it() {
     );
     let bad = tokio::process::Command::new(job_master_bin())
         .args(["scale", "--job", &addr.to_string(), "--workers", "99"])
+        .arg("--token-file")
+        .arg(&secret)
         .output()
         .await
         .unwrap();

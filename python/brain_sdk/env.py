@@ -49,6 +49,8 @@ class ProcessEnv:
     kind: str
     # The agent started this process before the rendezvous: it joins itself.
     joins: bool = False
+    # The job's secret file (BRAIN_JOB_TOKEN_FILE): every call to the job master carries it.
+    token_file: str = ""
 
     @property
     def host(self) -> str:
@@ -80,4 +82,32 @@ class ProcessEnv:
             restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
             kind="ps" if env.get("BRAIN_PS_VERSION") else "allreduce",
             joins=joins,
+            token_file=env.get("BRAIN_JOB_TOKEN_FILE", ""),
         )
+
+    def token(self) -> str:
+        """The job's secret, read from the owner-only file the agent named."""
+        return read_secret(self.token_file)
+
+
+def read_secret(path: str) -> str:
+    """A token file as the Rust side writes it: 64 hex digits, readable by its owner only."""
+    if not path:
+        raise BrainError(
+            "BRAIN_JOB_TOKEN_FILE is not set: the job master refuses calls without the job's "
+            "secret; run this script as a Brain job's workload.command, whose agent sets it"
+        )
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError as e:
+        raise BrainError(f"the job's secret {path}: {e.strerror}") from None
+    if mode & 0o077:
+        raise BrainError(
+            f"the job's secret {path}: readable by others (mode {mode & 0o777:o}): "
+            f"chmod 600 {path}"
+        )
+    if len(text) != 64 or any(c not in "0123456789abcdefABCDEF" for c in text):
+        raise BrainError(f"the job's secret {path}: not a token (64 hex digits)")
+    return text

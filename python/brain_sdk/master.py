@@ -24,6 +24,8 @@ def reserve_port(host: str = "127.0.0.1") -> int:
 
 class MasterClient:
     def __init__(self, env: ProcessEnv):
+        # The job's secret first: a process without it learns why before it waits on anything.
+        self._metadata = (("authorization", f"Bearer {env.token()}"),)
         target = env.master.removeprefix("http://")
         self._channel = grpc.insecure_channel(target)
         try:
@@ -38,7 +40,9 @@ class MasterClient:
 
     def _call(self, name: str, request):
         try:
-            return getattr(self._stub, name)(request, timeout=CALL_TIMEOUT_S)
+            return getattr(self._stub, name)(
+                request, timeout=CALL_TIMEOUT_S, metadata=self._metadata
+            )
         except grpc.RpcError as e:
             raise Refused(name, e.code().name, e.details() or "") from None
 

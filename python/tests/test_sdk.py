@@ -92,6 +92,27 @@ class Environment(unittest.TestCase):
         with self.assertRaisesRegex(BrainError, "neither worker nor ps"):
             ProcessEnv.from_env({**ENV, "BRAIN_ROLE": "chief"})
 
+    def test_the_jobs_secret_is_read_from_an_owner_only_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "job.token")
+            with self.assertRaisesRegex(BrainError, "BRAIN_JOB_TOKEN_FILE is not set"):
+                ProcessEnv.from_env(ENV).token()
+            env = ProcessEnv.from_env({**ENV, "BRAIN_JOB_TOKEN_FILE": path})
+            with self.assertRaisesRegex(BrainError, "job.token: No such file"):
+                env.token()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.write(fd, b"ab" * 32 + b"\n")
+            os.close(fd)
+            self.assertEqual(env.token(), "ab" * 32)
+            os.chmod(path, 0o644)
+            with self.assertRaisesRegex(BrainError, "readable by others"):
+                env.token()
+            os.chmod(path, 0o600)
+            with open(path, "w") as f:
+                f.write("short")
+            with self.assertRaisesRegex(BrainError, "not a token"):
+                env.token()
+
     def test_a_bad_batch_size_is_refused_before_anything_starts(self):
         with self.assertRaisesRegex(BrainError, "batch_size=0"):
             ElasticJob(0, env=ProcessEnv.from_env(ENV))

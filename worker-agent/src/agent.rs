@@ -18,7 +18,7 @@ use tokio::process::{Child, Command};
 use crate::error::Error;
 use crate::sampler::{GpuProbe, ProcSampler, sample};
 
-pub type MasterClient = pb::job_master_client::JobMasterClient<tonic::transport::Channel>;
+pub type MasterClient = pb::job_master_client::JobMasterClient<auth::Channel>;
 
 #[derive(Clone, Debug)]
 pub struct AgentArgs {
@@ -31,14 +31,21 @@ pub struct AgentArgs {
     /// The address the process serves on and other nodes reach it by [default:
     /// [`node_address`]].
     pub advertise: Option<IpAddr>,
+    /// The job's secret file, which the agent and its process read (its path goes to the
+    /// process in [`auth::JOB_TOKEN_ENV`]).
+    pub token_file: std::path::PathBuf,
 }
 
-/// Connects to the master, retrying until `timeout`.
-pub async fn connect(addr: &str, timeout: Duration) -> Result<MasterClient, Error> {
+/// Connects to the master, sending the job's secret, retrying until `timeout`.
+pub async fn connect(
+    addr: &str,
+    timeout: Duration,
+    token: &auth::Token,
+) -> Result<MasterClient, Error> {
     let start = Instant::now();
     loop {
-        match pb::job_master_client::JobMasterClient::connect(addr.to_string()).await {
-            Ok(c) => return Ok(c),
+        match auth::connect(addr.to_string(), token).await {
+            Ok(c) => return Ok(MasterClient::new(c)),
             Err(e) if start.elapsed() >= timeout => {
                 return Err(Error::Master {
                     addr: addr.to_string(),
@@ -197,6 +204,10 @@ fn child_env(
         }
     }
     env.insert("BRAIN_MASTER_ADDR".into(), args.master.clone());
+    env.insert(
+        auth::JOB_TOKEN_ENV.into(),
+        args.token_file.to_string_lossy().into_owned(),
+    );
     env.insert("BRAIN_ROLE".into(), role.into());
     env.insert("BRAIN_INDEX".into(), args.index.to_string());
     env.insert("BRAIN_INCARNATION".into(), incarnation.to_string());
@@ -328,7 +339,8 @@ fn exit_of(process: pb::ProcessRef, exit_code: i32, signal: i32, why: String) ->
 /// Runs the agent until the master says the job is over, the master is lost, or `shutdown`.
 /// Returns the exit code the agent process should end with.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<i32, Error> {
-    let mut client = connect(&args.master, args.master_timeout).await?;
+    let token = auth::read_secret(&args.token_file).map_err(|e| Error::Secret(e.to_string()))?;
+    let mut client = connect(&args.master, args.master_timeout, &token).await?;
     let host = match args.advertise {
         Some(ip) => ip,
         None => node_address(&args.master).await?,

@@ -39,6 +39,8 @@ pub enum Error {
     },
     #[error("server error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("the job's secret: {0}")]
+    Secret(String),
 }
 
 impl Error {

@@ -62,6 +62,12 @@ enum Command {
         /// 127.0.0.1 when the master is on this machine].
         #[arg(long, env = "BRAIN_ADVERTISE_HOST")]
         advertise: Option<std::net::IpAddr>,
+        /// The job's secret file (`job.token` in the job master's run directory, owner-only):
+        /// the master, the parameter servers and ring peers refuse calls without it. Its path,
+        /// never the secret, goes on to the training process. The job master's platform sets
+        /// it.
+        #[arg(long, env = auth::JOB_TOKEN_ENV)]
+        token_file: std::path::PathBuf,
     },
     /// Run the built-in workload (started by the agent, with its environment).
     Workload {
@@ -130,6 +136,7 @@ fn main() -> std::process::ExitCode {
                 incarnation,
                 master_timeout_secs,
                 advertise,
+                token_file,
             } => {
                 let args = AgentArgs {
                     master,
@@ -141,6 +148,8 @@ fn main() -> std::process::ExitCode {
                     incarnation,
                     master_timeout: Duration::from_secs(master_timeout_secs),
                     advertise,
+                    // The training process may run elsewhere: it gets the path as an absolute one.
+                    token_file: std::path::absolute(&token_file).unwrap_or(token_file),
                 };
                 run(args, terminated()).await
             }

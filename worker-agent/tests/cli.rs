@@ -7,26 +7,57 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_worker-agent"))
 }
 
+fn agent_to_nowhere(token_file: Option<&std::path::Path>) -> std::process::Output {
+    let mut cmd = bin();
+    cmd.args([
+        "agent",
+        "--master",
+        "http://127.0.0.1:1",
+        "--role",
+        "worker",
+        "--index",
+        "0",
+        "--master-timeout-secs",
+        "1",
+    ])
+    .env_remove(auth::JOB_TOKEN_ENV);
+    if let Some(f) = token_file {
+        cmd.arg("--token-file").arg(f);
+    }
+    cmd.output().unwrap()
+}
+
 #[test]
 fn an_agent_without_a_master_gives_up_with_a_clear_error() {
-    let out = bin()
-        .args([
-            "agent",
-            "--master",
-            "http://127.0.0.1:1",
-            "--role",
-            "worker",
-            "--index",
-            "0",
-            "--master-timeout-secs",
-            "1",
-        ])
-        .output()
-        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("job.token");
+    auth::write_secret(&token, &auth::Token::generate()).unwrap();
+    let out = agent_to_nowhere(Some(&token));
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("cannot reach the job master at http://127.0.0.1:1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_agent_needs_the_jobs_secret_in_a_file_only_its_owner_reads() {
+    let out = agent_to_nowhere(None);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--token-file"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("job.token");
+    auth::write_secret(&token, &auth::Token::generate()).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = agent_to_nowhere(Some(&token));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the job's secret") && stderr.contains("readable by others"),
         "{stderr}"
     );
 }

@@ -116,20 +116,24 @@ pub fn stop_master(child: &mut std::process::Child) {
     let _ = child.wait();
 }
 
-/// A gRPC client of the job master at `addr`, once it answers.
-pub async fn master_client(
-    addr: &str,
-) -> proto::jobmaster::v1::job_master_client::JobMasterClient<tonic::transport::Channel> {
+pub type MasterClient = proto::jobmaster::v1::job_master_client::JobMasterClient<auth::Channel>;
+
+/// A gRPC client of the job master at `addr` with the job's secret from its `run_dir`, once
+/// it answers.
+pub async fn master_client(addr: &str, run_dir: &Path) -> MasterClient {
     loop {
-        if let Ok(c) = proto::jobmaster::v1::job_master_client::JobMasterClient::connect(format!(
-            "http://{addr}"
-        ))
-        .await
-        {
+        if let Some(c) = try_master_client(addr, run_dir).await {
             return c;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// [`master_client`], or `None` if the master or its secret is not there yet.
+pub async fn try_master_client(addr: &str, run_dir: &Path) -> Option<MasterClient> {
+    let token = auth::read_secret(&run_dir.join(auth::JOB_TOKEN_FILE)).ok()?;
+    let channel = auth::connect(format!("http://{addr}"), &token).await.ok()?;
+    Some(MasterClient::new(channel))
 }
 
 /// The transitions recorded in the job master's persisted context in `run_dir`.
@@ -144,9 +148,7 @@ pub fn transitions(run_dir: &Path) -> Vec<serde_json::Value> {
 /// Sends plans 1..=2·`events` alternating 2 → 4 and 4 → 2 workers, each once the one before
 /// has every worker training again (and 300 ms of training more).
 pub async fn alternate_rescales(
-    client: &mut proto::jobmaster::v1::job_master_client::JobMasterClient<
-        tonic::transport::Channel,
-    >,
+    client: &mut MasterClient,
     run_dir: &Path,
     events: u64,
     within: std::time::Duration,

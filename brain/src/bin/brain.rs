@@ -70,6 +70,16 @@ struct Cli {
     /// (needed for --job-masters ray when --listen is 0.0.0.0) [config: advertise].
     #[arg(long)]
     advertise: Option<std::net::IpAddr>,
+    /// Mutual TLS with the files `brainctl certs --out DIR` made: the brain presents
+    /// DIR/brain.pem and admits only clients with a certificate DIR/ca.pem signed; the job
+    /// masters it starts present DIR/client.pem [config: tls, launcher.tls].
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// Check no token and allow listening beyond loopback without TLS: anyone who reaches the
+    /// address may submit, cancel and steer every job. For a network you trust only
+    /// [config: insecure].
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -159,6 +169,11 @@ async fn main() -> anyhow::Result<()> {
     if let Some(f) = cli.operator_token_file {
         config.operator_token_file = Some(f);
     }
+    if let Some(dir) = cli.tls_dir {
+        config.tls = Some(auth::tls::ServerTls::in_dir(&dir));
+        config.launcher.tls = Some(auth::tls::ClientTls::in_dir(&dir));
+    }
+    config.insecure |= cli.insecure;
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await

@@ -18,6 +18,21 @@ use proto::service::v1::brain_client::BrainClient;
 /// [`brainctl`] and the clients here send the right brain its own.
 static TOKEN_FILES: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
 
+/// The `--tls-dir` of every brain this test process started with one, by its `host:port`:
+/// [`brainctl`] and the clients here then speak mutual TLS to it with that directory's files.
+static TLS_DIRS: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+
+fn registered(of: &Mutex<BTreeMap<String, PathBuf>>, url: &str) -> Option<PathBuf> {
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    of.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(addr)
+        .cloned()
+}
+
 /// Starts the `brain` binary (on port 0: `--listen 127.0.0.1:0` is the caller's) as
 /// `configure` sets it up and waits for the address it prints; returns the process (killed
 /// when dropped, also when a test fails) and `host:port`. Its operator token is the one
@@ -33,24 +48,35 @@ pub fn spawn_brain(configure: impl FnOnce(&mut Command)) -> (Brain, String) {
         .cloned()
         .unwrap_or_else(|| PathBuf::from("brain-data/brain.db"));
     let token_file = database.with_file_name("operator.token");
+    let tls_dir = args
+        .iter()
+        .position(|a| a.as_os_str() == "--tls-dir")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let (brain, addr) =
         test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
     TOKEN_FILES
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(addr.clone(), token_file);
+    if let Some(dir) = tls_dir {
+        TLS_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr.clone(), dir);
+    }
     (brain, addr)
 }
 
 /// The operator token file of the brain at `url` (`http://host:port` or `host:port`).
 pub fn token_file(url: &str) -> PathBuf {
-    let addr = url.trim_start_matches("http://").trim_end_matches('/');
-    TOKEN_FILES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(addr)
-        .cloned()
-        .unwrap_or_else(|| panic!("no brain started at {addr} by this test"))
+    registered(&TOKEN_FILES, url)
+        .unwrap_or_else(|| panic!("no brain started at {url} by this test"))
+}
+
+/// The `--tls-dir` the brain at `url` was started with, if any.
+pub fn tls_dir(url: &str) -> Option<PathBuf> {
+    registered(&TLS_DIRS, url)
 }
 
 /// The operator token of the brain at `url`.
@@ -70,16 +96,13 @@ pub async fn client_with(url: &str, token: Option<auth::Token>) -> Client {
 
 /// [`client_with`], or `None` while the brain does not answer.
 pub async fn try_client_with(url: &str, token: Option<auth::Token>) -> Option<Client> {
+    let tls = tls_dir(url).map(|d| auth::tls::ClientTls::in_dir(&d).config().unwrap());
     let url = if url.starts_with("http") {
         url.to_string()
     } else {
         format!("http://{url}")
     };
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .ok()?
-        .connect()
-        .await
-        .ok()?;
+    let channel = auth::endpoint(url, tls).ok()?.connect().await.ok()?;
     Some(BrainClient::with_interceptor(
         channel,
         auth::WithToken::new(token),
@@ -100,7 +123,8 @@ pub fn bin_dir() -> PathBuf {
 pub type Brain = test_support::Spawned;
 
 /// Runs `brainctl`; returns whether it succeeded and its stdout and stderr. With `--brain URL`
-/// of a brain this test started, it sends that brain's operator token.
+/// of a brain this test started, it sends that brain's operator token (over mutual TLS when
+/// the brain has a `--tls-dir`).
 pub fn brainctl(args: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_brainctl"));
     cmd.args(args);
@@ -110,6 +134,9 @@ pub fn brainctl(args: &[&str]) -> (bool, String) {
         .and_then(|i| args.get(i + 1))
     {
         cmd.arg("--token-file").arg(token_file(url));
+        if let Some(dir) = tls_dir(url) {
+            cmd.arg("--tls-dir").arg(dir);
+        }
     }
     let out = cmd.output().unwrap();
     (
@@ -120,7 +147,18 @@ pub fn brainctl(args: &[&str]) -> (bool, String) {
 
 /// Starts `brain` on `listen`; returns the process and the address it bound.
 pub fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
+    start_brain_with(dir, listen, cpus, |_| {})
+}
+
+/// [`start_brain`] with more flags `more` adds.
+pub fn start_brain_with(
+    dir: &Path,
+    listen: &str,
+    cpus: u32,
+    more: impl FnOnce(&mut Command),
+) -> (Brain, String) {
     let (child, addr) = spawn_brain(|cmd| {
+        more(cmd);
         cmd.args(["--listen", listen, "--cpus", &cpus.to_string()])
             .args(["--max-processes", "8"])
             .arg("--database")
@@ -158,12 +196,27 @@ pub async fn jobs(url: &str) -> Option<Vec<pb::JobRecord>> {
     )
 }
 
-/// Training processes alive in a job (any not yet removed or finished), from its master.
-pub async fn alive(master: &str) -> Option<u32> {
-    let mut c = jm::job_master_client::JobMasterClient::connect(format!("http://{master}"))
+pub type MasterClient = jm::job_master_client::JobMasterClient<auth::Channel>;
+
+/// A client of the job master at `master` of the job in `run_dir` (as the brain's record
+/// says), with the job's secret the brain wrote there.
+pub async fn master_client(master: &str, run_dir: &str) -> Option<MasterClient> {
+    let token = auth::read_secret(&brain::launch::token_file(Path::new(run_dir))).ok()?;
+    let channel = auth::connect(format!("http://{master}"), &token)
         .await
         .ok()?;
-    let s = c.get_status(jm::StatusRequest {}).await.ok()?.into_inner();
+    Some(MasterClient::new(channel))
+}
+
+/// The status of the job master at `master` of the job in `run_dir`.
+pub async fn master_status(master: &str, run_dir: &str) -> Option<jm::JobStatus> {
+    let mut c = master_client(master, run_dir).await?;
+    Some(c.get_status(jm::StatusRequest {}).await.ok()?.into_inner())
+}
+
+/// Training processes alive in a job (any not yet removed or finished), from its master.
+pub async fn alive(master: &str, run_dir: &str) -> Option<u32> {
+    let s = master_status(master, run_dir).await?;
     Some(
         s.processes
             .iter()

@@ -18,6 +18,7 @@ pub(super) async fn execute(
                 incarnation,
                 master_addr: addr,
                 resources,
+                token_file: shared.token_file.clone(),
             };
             if let Err(e) = platform.launch(launch).await {
                 shared
@@ -49,7 +50,7 @@ pub(super) async fn execute(
                     let ctx = shared.job.lock().await;
                     (ctx.ledger.done_shards(), ctx.spec.kind.to_string())
                 };
-                match save_ps(id, &dir, &ps, step, kind).await {
+                match save_ps(id, &dir, &ps, step, kind, &shared.token).await {
                     Ok(manifest) => {
                         let r = shared
                             .apply(|ctx, now| {
@@ -80,7 +81,7 @@ pub(super) async fn execute(
         } => {
             let shared = shared.clone();
             tokio::spawn(async move {
-                match reshard_ps(version, &from, &to).await {
+                match reshard_ps(version, &from, &to, &shared.token).await {
                     Ok(record) => {
                         let r = shared
                             .apply(|ctx, now| {
@@ -107,7 +108,7 @@ pub(super) async fn execute(
         }
         Effect::DropPs { ps } => {
             for addr in ps {
-                let r = match ps_client(&addr).await {
+                let r = match ps_client(&addr, &shared.token).await {
                     Ok(mut c) => c
                         .drop(pb::DropRequest {})
                         .await
@@ -134,7 +135,7 @@ pub(super) async fn execute(
             };
             let mut stats = Vec::new();
             for (index, addr) in ps {
-                match ps_stats(&addr).await {
+                match ps_stats(&addr, &shared.token).await {
                     Ok(s) => stats.push(PsStats { index, ..s }),
                     Err(e) => tracing::warn!("cannot read statistics of ps {index}: {e}"),
                 }

@@ -55,6 +55,11 @@ pub struct MasterConfig {
     /// one (it listens on 0.0.0.0); the listener's port goes with it.
     #[serde(default)]
     pub advertise: Option<IpAddr>,
+    /// The job's secret [default: `job.token` in `run_dir`, created at the first start]: every
+    /// call to this master and to the job's parameter servers must carry it. The brain writes
+    /// it for a master it starts.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
 /// The address agents reach the master by: the listener's, with its IP replaced by `advertise`.
@@ -148,6 +153,7 @@ pub async fn run(
         brain,
         resume,
         advertise,
+        token_file,
     } = config;
     spec.validate().map_err(vocab::Error::from)?;
     vocab::spec::host::check(&spec).map_err(vocab::Error::from)?;
@@ -160,6 +166,12 @@ pub async fn run(
         source: e,
     })?;
     let addr = advertised(&listener, advertise)?;
+    let token_file = token_file.unwrap_or_else(|| run_dir.join(auth::JOB_TOKEN_FILE));
+    let token_file = std::path::absolute(&token_file).map_err(|source| Error::Io {
+        path: token_file.clone(),
+        source,
+    })?;
+    let (token, _) = auth::read_or_create(&token_file)?;
     let checkpoint_token = mark_shared(&spec.checkpoint.dir)?;
     let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
     let job = Arc::new(Mutex::new(ctx));
@@ -217,12 +229,15 @@ pub async fn run(
         capacity: platform.capacity(),
         managed_by: brain.as_ref().map(|l| l.url.clone()),
         checkpoint_token,
+        token: token.clone(),
+        token_file,
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
-        .add_service(pb::job_master_server::JobMasterServer::new(
+        .add_service(pb::job_master_server::JobMasterServer::with_interceptor(
             MasterService::new(shared.clone()),
+            auth::Require::new(token, "the job master"),
         ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -3,7 +3,7 @@
 
 use super::*;
 
-type PsClient = pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>;
+type PsClient = pb::parameter_server_client::ParameterServerClient<auth::Channel>;
 
 fn ps_error(addr: &str, problem: impl std::fmt::Display) -> Error {
     Error::Ps {
@@ -12,9 +12,11 @@ fn ps_error(addr: &str, problem: impl std::fmt::Display) -> Error {
     }
 }
 
-pub(super) async fn ps_client(addr: &str) -> Result<PsClient, Error> {
-    PsClient::connect(format!("http://{addr}"))
+/// A client of the parameter server at `addr`, sending the job's secret.
+pub(super) async fn ps_client(addr: &str, token: &auth::Token) -> Result<PsClient, Error> {
+    auth::connect(format!("http://{addr}"), token)
         .await
+        .map(PsClient::new)
         .map_err(|e| ps_error(addr, format!("cannot reach it: {e}")))
 }
 
@@ -24,6 +26,7 @@ pub(super) async fn save_ps(
     ps: &[String],
     step: u64,
     kind: String,
+    token: &auth::Token,
 ) -> Result<PathBuf, Error> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -31,7 +34,7 @@ pub(super) async fn save_ps(
     })?;
     let mut parts = Vec::new();
     for (index, addr) in ps.iter().enumerate() {
-        let resp = ps_client(addr)
+        let resp = ps_client(addr, token)
             .await?
             .save(pb::SaveRequest {
                 dir: dir.display().to_string(),
@@ -67,11 +70,11 @@ pub(super) async fn save_ps(
 }
 
 /// Sum of the PS' order-independent parameter digests (of the keys each owns) and their keys.
-pub(super) async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), Error> {
+pub(super) async fn ps_digest(addrs: &[String], token: &auth::Token) -> Result<(u64, u64), Error> {
     let mut digest = 0u64;
     let mut keys = 0;
     for addr in addrs {
-        let s = ps_client(addr)
+        let s = ps_client(addr, token)
             .await?
             .stats(pb::StatsRequest {})
             .await
@@ -85,14 +88,16 @@ pub(super) async fn ps_digest(addrs: &[String]) -> Result<(u64, u64), Error> {
 
 /// Moves keys from the PS set `from` to the layout `to`: each old PS streams the keys whose
 /// owner changes to their new owner. The digest of the whole parameter set is taken before and
-/// after (nobody pushes meanwhile: the job is at a consistent cut).
+/// after (nobody pushes meanwhile: the job is at a consistent cut). `token` is the job's
+/// secret.
 pub async fn reshard_ps(
     version: u64,
     from: &[String],
     to: &[String],
+    token: &auth::Token,
 ) -> Result<ReshardRecord, Error> {
     let started = Instant::now();
-    let (digest_before, total_keys) = ps_digest(from).await?;
+    let (digest_before, total_keys) = ps_digest(from, token).await?;
     let mut moved_keys = 0;
     let mut moved_bytes = 0;
     let calls: Vec<_> = from
@@ -102,8 +107,9 @@ pub async fn reshard_ps(
             let to = to.to_vec();
             let addr = addr.clone();
             let old = from.len() as u32;
+            let token = token.clone();
             tokio::spawn(async move {
-                let mut c = ps_client(&addr).await?;
+                let mut c = ps_client(&addr, &token).await?;
                 c.reshard(pb::ReshardRequest {
                     num_ps: to.len() as u32,
                     ps: to,
@@ -121,7 +127,7 @@ pub async fn reshard_ps(
         moved_keys += r.moved_keys;
         moved_bytes += r.moved_bytes;
     }
-    let (digest_after, _) = ps_digest(to).await?;
+    let (digest_after, _) = ps_digest(to, token).await?;
     Ok(ReshardRecord {
         version,
         from_ps: from.len() as u32,
@@ -135,8 +141,8 @@ pub async fn reshard_ps(
     })
 }
 
-pub(super) async fn ps_stats(addr: &str) -> Result<PsStats, Error> {
-    let s = ps_client(addr)
+pub(super) async fn ps_stats(addr: &str, token: &auth::Token) -> Result<PsStats, Error> {
+    let s = ps_client(addr, token)
         .await?
         .stats(pb::StatsRequest {})
         .await

@@ -21,7 +21,9 @@ impl Platform for ExternalPlatform {
 
     async fn launch(&self, l: AgentLaunch) -> Result<(), Error> {
         tracing::info!(
-            "waiting for an external agent: worker-agent agent --master http://{} --role {} --index {} --incarnation {}",
+            "waiting for an external agent: {}={} worker-agent agent --master http://{} --role {} --index {} --incarnation {}",
+            auth::JOB_TOKEN_ENV,
+            l.token_file.display(),
             l.master_addr,
             l.key.role,
             l.key.index,

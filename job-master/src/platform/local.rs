@@ -227,7 +227,8 @@ impl Platform for LocalPlatform {
         if !gpus.is_empty() {
             cmd.env("CUDA_VISIBLE_DEVICES", gpus.join(","));
         }
-        cmd.arg("agent")
+        cmd.env(auth::JOB_TOKEN_ENV, &l.token_file)
+            .arg("agent")
             .arg("--master")
             .arg(format!("http://{}", l.master_addr))
             .arg("--role")

@@ -10,6 +10,7 @@ pub mod local;
 pub mod ray;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -24,6 +25,9 @@ pub struct AgentLaunch {
     pub incarnation: u64,
     pub master_addr: SocketAddr,
     pub resources: Option<Resources>,
+    /// The job's secret file (absolute), which the agent and its process read: its path goes
+    /// to the agent in [`auth::JOB_TOKEN_ENV`], never the secret.
+    pub token_file: PathBuf,
 }
 
 /// Something the platform saw happen to an agent.

@@ -3,8 +3,10 @@
 //! is left behind.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use job_master::job::Timing;
@@ -19,9 +21,29 @@ pub fn agent_bin() -> PathBuf {
     test_support::workspace_bins(env!("CARGO_BIN_EXE_job-master")).join("worker-agent")
 }
 
-/// `job-master run` with `args` after the spec, on `127.0.0.1:0`: returns the process (killed
-/// when dropped) and the address it printed.
+/// Where the secret of the job master at each address is (`job.token` in its run directory):
+/// [`client`] and [`status`] send it.
+static SECRETS: Mutex<BTreeMap<SocketAddr, PathBuf>> = Mutex::new(BTreeMap::new());
+
+/// The job master at `addr` keeps its job's secret in `file`.
+pub fn secret_at(addr: SocketAddr, file: PathBuf) {
+    SECRETS.lock().unwrap().insert(addr, file);
+}
+
+/// The secret of the job master at `addr` (read each time: a master writes it as it starts).
+pub fn secret_of(addr: SocketAddr) -> Option<auth::Token> {
+    let file = SECRETS.lock().unwrap().get(&addr).cloned()?;
+    auth::read_secret(&file).ok()
+}
+
+/// `job-master run` with `args` after the spec (which name its `--run-dir`), on
+/// `127.0.0.1:0`: returns the process (killed when dropped) and the address it printed.
 pub fn spawn_run(spec: &Path, args: &[&std::ffi::OsStr]) -> (test_support::Spawned, SocketAddr) {
+    let run_dir = args
+        .iter()
+        .position(|a| *a == "--run-dir")
+        .map(|i| PathBuf::from(args[i + 1]))
+        .expect("spawn_run needs --run-dir");
     let mut cmd = std::process::Command::new(job_master_bin());
     cmd.arg("run")
         .arg(spec)
@@ -30,7 +52,9 @@ pub fn spawn_run(spec: &Path, args: &[&std::ffi::OsStr]) -> (test_support::Spawn
         .env("BRAIN_WORKER_AGENT_BIN", agent_bin());
     let (child, addr) =
         test_support::spawn_announcing(&mut cmd, "job master on ", Duration::from_secs(60));
-    (child, addr.parse().expect("an address"))
+    let addr: SocketAddr = addr.parse().expect("an address");
+    secret_at(addr, run_dir.join(auth::JOB_TOKEN_FILE));
+    (child, addr)
 }
 
 pub fn job_master_bin() -> PathBuf {
@@ -169,6 +193,7 @@ pub async fn start_at(
     let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let run_dir = dir.join("run");
+    secret_at(addr, run_dir.join(auth::JOB_TOKEN_FILE));
     let config = MasterConfig {
         spec,
         run_dir: run_dir.clone(),
@@ -177,6 +202,7 @@ pub async fn start_at(
         brain: None,
         resume: false,
         advertise: None,
+        token_file: None,
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running {
@@ -224,9 +250,7 @@ impl Running {
 }
 
 pub async fn status(addr: SocketAddr) -> Option<pb::JobStatus> {
-    let mut c = pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
-        .await
-        .ok()?;
+    let mut c = try_client(addr).await?;
     Some(c.get_status(pb::StatusRequest {}).await.ok()?.into_inner())
 }
 
@@ -376,12 +400,31 @@ pub fn assert_recovered(report: &JobReport, event: &str) {
 
 // Scale plans and their progress.
 
-pub async fn client(
-    addr: SocketAddr,
-) -> pb::job_master_client::JobMasterClient<tonic::transport::Channel> {
-    pb::job_master_client::JobMasterClient::connect(format!("http://{addr}"))
+pub type Client = pb::job_master_client::JobMasterClient<auth::Channel>;
+
+/// A client of the job master at `addr` with its job's secret.
+pub async fn client(addr: SocketAddr) -> Client {
+    try_client(addr)
         .await
-        .unwrap()
+        .unwrap_or_else(|| panic!("no job master with a secret at {addr}"))
+}
+
+/// [`client`], or `None` while the master or its secret is not there yet.
+pub async fn try_client(addr: SocketAddr) -> Option<Client> {
+    client_with(addr, secret_of(addr)).await
+}
+
+/// A client of the job master at `addr` that sends `token` (or nothing).
+pub async fn client_with(addr: SocketAddr, token: Option<auth::Token>) -> Option<Client> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    Some(Client::new(auth::with_token(
+        channel,
+        auth::WithToken::new(token),
+    )))
 }
 
 pub fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePlan {

@@ -84,8 +84,15 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let mut ended = false;
     let mut evaluate = false;
     'group: loop {
-        let mut ring =
-            Ring::connect(rank, &peers, round, &listener, Duration::from_secs(60)).await?;
+        let mut ring = Ring::connect(
+            rank,
+            &peers,
+            round,
+            &listener,
+            Duration::from_secs(60),
+            &env.token,
+        )
+        .await?;
         let (global, lr) = scaling.at(cfg.batch_size as u64, cfg.learning_rate, ring.world());
         let my_batch = local_batch(global, ring.world(), ring.rank());
         let mut shard: Option<(pb::Shard, u64)> = None;

@@ -46,6 +46,8 @@ pub struct ProcessEnv {
     pub ps_addrs: Vec<String>,
     /// ps jobs: the version of the PS set in `ps_addrs`.
     pub ps_version: u64,
+    /// The job's secret, which the master, the parameter servers and ring peers expect.
+    pub token: auth::Token,
 }
 
 fn var(name: &'static str) -> Result<String, Error> {
@@ -100,6 +102,7 @@ impl ProcessEnv {
             round: parse("BRAIN_RENDEZVOUS_ROUND").unwrap_or(0),
             ps_addrs: list("BRAIN_PS_ADDRS"),
             ps_version: parse("BRAIN_PS_VERSION").unwrap_or(0),
+            token: auth::job_token_from_env().map_err(|e| Error::Secret(e.to_string()))?,
         })
     }
 
@@ -142,7 +145,7 @@ fn refused(call: &'static str) -> impl Fn(tonic::Status) -> Error {
 impl MasterLink {
     pub async fn connect(env: &ProcessEnv) -> Result<Self, Error> {
         Ok(Self {
-            client: connect(&env.master, Duration::from_secs(30)).await?,
+            client: connect(&env.master, Duration::from_secs(30), &env.token).await?,
             me: env.me(),
         })
     }

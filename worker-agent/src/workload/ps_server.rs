@@ -33,20 +33,27 @@ pub struct PsService {
     index: u32,
     lr: f32,
     state: Arc<Mutex<PsState>>,
+    /// The job's secret: what this PS sends to its peers when it hands keys over.
+    token: auth::Token,
 }
 
 /// Keys per Absorb message: 64k keys are 1 MiB on the wire.
 const CHUNK_KEYS: usize = 1 << 16;
 
-type PsClient = pb::parameter_server_client::ParameterServerClient<tonic::transport::Channel>;
+pub type PsClient = pb::parameter_server_client::ParameterServerClient<auth::Channel>;
 
-/// Connects to a PS, retrying while it starts (a PS added by a reshard may still be binding).
-pub async fn ps_client(addr: &str, timeout: Duration) -> Result<PsClient, Error> {
+/// Connects to a PS with the job's secret, retrying while it starts (a PS added by a reshard
+/// may still be binding).
+pub async fn ps_client(
+    addr: &str,
+    timeout: Duration,
+    token: &auth::Token,
+) -> Result<PsClient, Error> {
     let start = std::time::Instant::now();
     loop {
-        match PsClient::connect(format!("http://{addr}")).await {
+        match auth::connect(format!("http://{addr}"), token).await {
             Ok(c) => {
-                return Ok(c
+                return Ok(PsClient::new(c)
                     .max_decoding_message_size(256 << 20)
                     .max_encoding_message_size(256 << 20));
             }
@@ -62,10 +69,11 @@ pub async fn ps_client(addr: &str, timeout: Duration) -> Result<PsClient, Error>
 }
 
 impl PsService {
-    pub fn new(index: u32, num_ps: u32, lr: f32, table: SparseTable) -> Self {
+    pub fn new(index: u32, num_ps: u32, lr: f32, table: SparseTable, token: auth::Token) -> Self {
         Self {
             index,
             lr,
+            token,
             state: Arc::new(Mutex::new(PsState {
                 table,
                 num_ps: num_ps.max(1),
@@ -92,8 +100,9 @@ impl PsService {
         num_ps: u32,
         moving: Vec<(u64, [f32; 2])>,
         applied: Option<pb::AppliedRecord>,
+        token: &auth::Token,
     ) -> Result<(), Error> {
-        let mut client = ps_client(addr, Duration::from_secs(30)).await?;
+        let mut client = ps_client(addr, Duration::from_secs(30), token).await?;
         let mut chunks: Vec<pb::AbsorbChunk> = moving
             .chunks(CHUNK_KEYS)
             .map(|c| pb::AbsorbChunk {
@@ -271,8 +280,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             }
             let addr = r.ps[dest as usize].clone();
             let num_ps = r.num_ps;
+            let token = self.token.clone();
             sends.push(tokio::spawn(async move {
-                Self::send(&addr, num_ps, keys, record).await
+                Self::send(&addr, num_ps, keys, record, &token).await
             }));
         }
         for s in sends {
@@ -332,18 +342,20 @@ impl pb::parameter_server_server::ParameterServer for PsService {
     }
 }
 
-/// Serves `svc` on `listener` until `shutdown`.
+/// Serves `svc` on `listener` until `shutdown`, to callers with the job's secret only.
 pub async fn serve(
     svc: PsService,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    let require = auth::Require::new(svc.token.clone(), "the parameter server");
     tonic::transport::Server::builder()
-        .add_service(
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             pb::parameter_server_server::ParameterServerServer::new(svc)
                 .max_decoding_message_size(256 << 20)
                 .max_encoding_message_size(256 << 20),
-        )
+            require,
+        ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
@@ -410,7 +422,13 @@ pub async fn run(
         }
         None => SparseTable::default(),
     };
-    let svc = PsService::new(env.index, num_ps, cfg.learning_rate, table);
+    let svc = PsService::new(
+        env.index,
+        num_ps,
+        cfg.learning_rate,
+        table,
+        env.token.clone(),
+    );
     let listener = bind_retry(&env.service_addr).await?;
     tracing::info!(addr = %env.service_addr, num_ps, "parameter server ready");
     serve(svc, listener, shutdown).await

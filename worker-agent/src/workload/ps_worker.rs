@@ -7,13 +7,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use proto::jobmaster::v1 as pb;
-use tonic::transport::Channel;
 
 use super::model::{batch_gradient, eval_loss, ps_owner};
+use super::ps_server::{PsClient, ps_client};
 use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
 use crate::error::Error;
-
-type PsClient = pb::parameter_server_client::ParameterServerClient<Channel>;
 
 /// Clients of every parameter server, in PS index order.
 pub struct PsSet {
@@ -22,28 +20,18 @@ pub struct PsSet {
 }
 
 impl PsSet {
-    pub async fn connect(addrs: &[String], timeout: Duration) -> Result<Self, Error> {
+    /// Connects to every PS in `addrs` with the job's secret, waiting up to `timeout` in all
+    /// for those still starting.
+    pub async fn connect(
+        addrs: &[String],
+        timeout: Duration,
+        token: &auth::Token,
+    ) -> Result<Self, Error> {
         let start = Instant::now();
         let mut clients = Vec::new();
         for addr in addrs {
-            loop {
-                match PsClient::connect(format!("http://{addr}")).await {
-                    Ok(c) => {
-                        clients.push(
-                            c.max_decoding_message_size(256 << 20)
-                                .max_encoding_message_size(256 << 20),
-                        );
-                        break;
-                    }
-                    Err(e) if start.elapsed() > timeout => {
-                        return Err(Error::Ps {
-                            addr: addr.clone(),
-                            problem: e.to_string(),
-                        });
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            }
+            let left = timeout.saturating_sub(start.elapsed());
+            clients.push(ps_client(addr, left, token).await?);
         }
         Ok(Self {
             clients,
@@ -128,7 +116,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let mut master = MasterLink::connect(&env).await?;
     let cfg = master.workload().await?;
     let data = generator(&cfg)?;
-    let mut ps = PsSet::connect(&env.ps_addrs, Duration::from_secs(60)).await?;
+    let mut ps = PsSet::connect(&env.ps_addrs, Duration::from_secs(60), &env.token).await?;
     let mut ps_version = env.ps_version;
     let mut progress = Progress::new(0);
     let batch = cfg.batch_size.max(1) as u64;
@@ -142,7 +130,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 return Ok(());
             };
             let cluster = r.cluster.unwrap_or_default();
-            ps = PsSet::connect(&cluster.ps, Duration::from_secs(60)).await?;
+            ps = PsSet::connect(&cluster.ps, Duration::from_secs(60), &env.token).await?;
             tracing::info!(
                 from = ps_version,
                 to = cluster.ps_version,

@@ -1,8 +1,9 @@
 //! Ring all-reduce over TCP between the members of one rendezvous round.
 //!
 //! Rank `r` connects to rank `r+1` and accepts from rank `r-1` (both mod world size); each
-//! connection opens with a handshake (rank, round) so a straggler from an older round is turned
-//! away. `allreduce_sum` is the bandwidth-optimal two-phase ring: reduce-scatter, then
+//! connection opens with a handshake (rank, round, and a proof of the job's secret bound to
+//! both: [`auth::Token::proof`]) so a straggler from an older round, or a connection from
+//! outside the job, is turned away. `allreduce_sum` is the bandwidth-optimal two-phase ring: reduce-scatter, then
 //! all-gather, each `world-1` steps of one chunk, sending and receiving at once.
 
 use std::time::{Duration, Instant};
@@ -12,6 +13,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::error::Error;
+
+/// The handshake: rank (4 bytes), round (8), proof (32).
+const HELLO: usize = 12 + 32;
+
+/// What a ring handshake's proof is bound to: the sender's rank and the round.
+fn context(rank: u32, round: u64) -> [u8; 12] {
+    let mut c = [0u8; 12];
+    c[..4].copy_from_slice(&rank.to_le_bytes());
+    c[4..].copy_from_slice(&round.to_le_bytes());
+    c
+}
 
 pub struct Ring {
     rank: u32,
@@ -29,13 +41,15 @@ impl Ring {
         self.world
     }
 
-    /// Forms the ring for `rank` of `peers.len()` in `round`, listening on `listener`.
+    /// Forms the ring for `rank` of `peers.len()` in `round`, listening on `listener`; every
+    /// member proves it holds the job's secret `token`.
     pub async fn connect(
         rank: u32,
         peers: &[String],
         round: u64,
         listener: &TcpListener,
         timeout: Duration,
+        token: &auth::Token,
     ) -> Result<Self, Error> {
         let world = peers.len() as u32;
         if world <= 1 {
@@ -54,9 +68,9 @@ impl Ring {
                 match TcpStream::connect(&peers[next_rank as usize]).await {
                     Ok(mut s) => {
                         s.set_nodelay(true).ok();
-                        let mut hello = [0u8; 12];
-                        hello[..4].copy_from_slice(&rank.to_le_bytes());
-                        hello[4..].copy_from_slice(&round.to_le_bytes());
+                        let mut hello = [0u8; HELLO];
+                        hello[..12].copy_from_slice(&context(rank, round));
+                        hello[12..].copy_from_slice(&token.proof(&context(rank, round)));
                         if s.write_all(&hello).await.is_ok() {
                             return Ok(s);
                         }
@@ -89,15 +103,20 @@ impl Ring {
                         source: e,
                     })?;
                 s.set_nodelay(true).ok();
-                let mut hello = [0u8; 12];
-                if tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello))
-                    .await
-                    .is_err()
-                {
+                let mut hello = [0u8; HELLO];
+                if !matches!(
+                    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello)).await,
+                    Ok(Ok(_))
+                ) {
                     continue;
                 }
                 let from = u32::from_le_bytes(hello[..4].try_into().expect("4"));
-                let their_round = u64::from_le_bytes(hello[4..].try_into().expect("8"));
+                let their_round = u64::from_le_bytes(hello[4..12].try_into().expect("8"));
+                let proof: [u8; 32] = hello[12..].try_into().expect("32");
+                if !auth::digests_match(&proof, &token.proof(&hello[..12])) {
+                    tracing::warn!("turned away a ring connection without the job's secret");
+                    continue;
+                }
                 if from == prev_rank && their_round == round {
                     return Ok::<_, Error>(s);
                 }
@@ -202,13 +221,16 @@ mod tests {
             .iter()
             .map(|l| l.local_addr().unwrap().to_string())
             .collect();
+        let token = auth::Token::generate();
         let mut tasks = Vec::new();
         for (rank, l) in listeners.into_iter().enumerate() {
             let peers = peers.clone();
+            let token = token.clone();
             tasks.push(tokio::spawn(async move {
-                let mut ring = Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10))
-                    .await
-                    .unwrap();
+                let mut ring =
+                    Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10), &token)
+                        .await
+                        .unwrap();
                 let mut buf: Vec<f64> = (0..len).map(|i| (i * (rank + 1)) as f64).collect();
                 ring.allreduce_sum(&mut buf).await.unwrap();
                 buf
@@ -240,5 +262,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_peer_without_the_jobs_secret_is_turned_away() {
+        let listeners = futures_listeners(2).await;
+        let peers: Vec<String> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let (ours, theirs) = (auth::Token::generate(), auth::Token::generate());
+        let mut ls = listeners.into_iter();
+        let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+        // Rank 1 holds another job's secret: rank 0 never accepts its connection, and a raw
+        // hello with a zero proof is turned away as well.
+        let mut raw = TcpStream::connect(&peers[0]).await.unwrap();
+        raw.write_all(&[0u8; HELLO]).await.unwrap();
+        let p0 = peers.clone();
+        let r0 = tokio::spawn(async move {
+            Ring::connect(0, &p0, 3, &l0, Duration::from_secs(2), &ours)
+                .await
+                .map(|_| ())
+        });
+        let r1 = tokio::spawn(async move {
+            Ring::connect(1, &peers, 3, &l1, Duration::from_secs(2), &theirs)
+                .await
+                .map(|_| ())
+        });
+        let e0 = r0.await.unwrap().unwrap_err().to_string();
+        assert!(e0.contains("no connection from the previous rank"), "{e0}");
+        assert!(r1.await.unwrap().is_err());
     }
 }

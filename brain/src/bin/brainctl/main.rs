@@ -31,12 +31,31 @@ struct Cli {
         default_value = "brain-data/operator.token"
     )]
     token_file: PathBuf,
+    /// TLS to the brain: the CA that signed its certificate (`ca.pem` of `brainctl certs`);
+    /// the brain's address may then be given as http:// or https://.
+    #[arg(long, global = true, env = "BRAIN_CA_FILE")]
+    ca: Option<PathBuf>,
+    /// Mutual TLS: the certificate brainctl presents (`client.pem`), with --tls-key.
+    #[arg(long, global = true, env = "BRAIN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Mutual TLS: brainctl's private key (`client.key`, owner-only).
+    #[arg(long, global = true, env = "BRAIN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS with the files `brainctl certs --out DIR` made: --ca DIR/ca.pem --tls-cert
+    /// DIR/client.pem --tls-key DIR/client.key.
+    #[arg(long, global = true, env = "BRAIN_TLS_DIR", conflicts_with_all = ["ca", "tls_cert", "tls_key"])]
+    tls_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
-/// `--token-file`, for every call to the brain.
-static TOKEN_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+/// How every call reaches the brain: `--token-file` and the TLS flags.
+struct Link {
+    token_file: PathBuf,
+    tls: Option<auth::tls::ClientTls>,
+}
+
+static LINK: std::sync::OnceLock<Link> = std::sync::OnceLock::new();
 
 /// A client of the brain that sends the operator token.
 type Client = BrainClient<
@@ -127,6 +146,18 @@ enum Command {
         #[command(subcommand)]
         action: PolicyAction,
     },
+    /// Make a private CA and, signed by it, the brain's TLS certificate and a client
+    /// certificate (for mutual TLS), then print the configuration that uses them. Nothing is
+    /// ever overwritten; private keys are owner-only.
+    Certs {
+        /// Where to write ca.pem, ca.key, brain.pem, brain.key, client.pem, client.key.
+        #[arg(long, default_value = "brain-data/tls")]
+        out: PathBuf,
+        /// A name or address clients reach the brain by (repeatable); localhost and 127.0.0.1
+        /// are always included.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+    },
     /// Replay job traces on a simulated cluster under each policy, side by side.
     ///
     /// Every trace is replayed under every policy (one simulation per core); the table shows,
@@ -162,15 +193,22 @@ fn ask_brain<T>(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let path = TOKEN_FILE.get().context("no --token-file")?;
-        let token = auth::read_secret(path).with_context(|| {
+        let link = LINK.get().context("no --token-file")?;
+        let token = auth::read_secret(&link.token_file).with_context(|| {
             "the operator token (the brain writes it at its first start beside its database; \
              --token-file or BRAIN_TOKEN_FILE names another)"
         })?;
-        let channel = tonic::transport::Endpoint::from_shared(address.to_string())
+        let tls = link
+            .tls
+            .as_ref()
+            .map(auth::tls::ClientTls::config)
+            .transpose()
+            .context("--ca, --tls-cert, --tls-key")?;
+        let channel = auth::endpoint(address.to_string(), tls)
             .with_context(|| format!("the brain's address {address}"))?
             .connect()
             .await
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
             .with_context(|| format!("connecting to the brain at {address}"))?;
         let client = BrainClient::with_interceptor(channel, auth::WithToken::new(Some(token)));
         f(client)
@@ -253,9 +291,19 @@ async fn job_id(c: &mut Client, job: &str) -> Result<u64, tonic::Status> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    TOKEN_FILE
-        .set(cli.token_file)
-        .expect("set once, before any call");
+    let tls = match cli.tls_dir {
+        Some(dir) => Some(auth::tls::ClientTls::in_dir(&dir)),
+        None => cli.ca.map(|ca_file| auth::tls::ClientTls {
+            ca_file,
+            cert_file: cli.tls_cert,
+            key_file: cli.tls_key,
+        }),
+    };
+    LINK.set(Link {
+        token_file: cli.token_file,
+        tls,
+    })
+    .unwrap_or_else(|_| unreachable!("set once, before any call"));
     match cli.command {
         Command::Jobs { brain } => {
             let jobs = ask_brain(&brain, async |mut c| {
@@ -510,5 +558,39 @@ fn main() -> anyhow::Result<()> {
             }
         },
         Command::Whatif(args) => whatif_cmd::whatif(args),
+        Command::Certs { out, hosts } => certs(&out, &hosts),
     }
+}
+
+/// `brainctl certs`: the files, and the configuration that uses them.
+fn certs(out: &std::path::Path, hosts: &[String]) -> anyhow::Result<()> {
+    use auth::tls::*;
+    let written = auth::tls::make(out, hosts)?;
+    for f in &written {
+        println!("wrote {}", f.display());
+    }
+    let p = |f: &str| out.join(f).display().to_string();
+    println!(
+        "\nIn the brain's configuration (brain --config FILE):\n\n\
+         [tls]\ncert_file = {:?}\nkey_file = {:?}\n\
+         # mutual TLS: every client presents a certificate this CA signed\n\
+         client_ca_file = {:?}\n\n\
+         [launcher.tls]  # how the job masters the brain starts reach it\n\
+         ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n\n\
+         brainctl: --ca {} (mutual TLS: --tls-cert {} --tls-key {})\n\
+         job-master run --brain URL: --brain-ca {} (--brain-cert {} --brain-key {})",
+        p(SERVER_CERT),
+        p(SERVER_KEY),
+        p(CA_CERT),
+        p(CA_CERT),
+        p(CLIENT_CERT),
+        p(CLIENT_KEY),
+        p(CA_CERT),
+        p(CLIENT_CERT),
+        p(CLIENT_KEY),
+        p(CA_CERT),
+        p(CLIENT_CERT),
+        p(CLIENT_KEY),
+    );
+    Ok(())
 }

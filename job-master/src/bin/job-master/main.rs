@@ -39,7 +39,18 @@ enum Command {
         /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319.
         #[arg(long, env = "BRAIN_JOB_MASTER")]
         master: String,
+        #[command(flatten)]
+        secret: JobSecret,
     },
+}
+
+/// The job's secret, which every call to its master carries.
+#[derive(clap::Args)]
+pub struct JobSecret {
+    /// The job's secret file: `job.token` in the job master's run directory, as `job-master
+    /// run` printed it (owner-only; the master refuses calls without it).
+    #[arg(long = "token-file", env = "BRAIN_JOB_TOKEN_FILE")]
+    token_file: PathBuf,
 }
 
 #[tokio::main]
@@ -54,7 +65,7 @@ async fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(args).await,
         Command::Scale(args) => scale::scale(args).await,
         Command::Validate { spec } => validate(&spec),
-        Command::Status { master } => status::status(&master).await,
+        Command::Status { master, secret } => status::status(&master, &secret).await,
     };
     match result {
         Ok(code) => code,
@@ -84,15 +95,21 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-async fn client(
-    master: &str,
-) -> anyhow::Result<pb::job_master_client::JobMasterClient<tonic::transport::Channel>> {
+type Client = pb::job_master_client::JobMasterClient<auth::Channel>;
+
+async fn client(master: &str, secret: &JobSecret) -> anyhow::Result<Client> {
+    let token = auth::read_secret(&secret.token_file).context("--token-file")?;
+    connect(master, token).await
+}
+
+async fn connect(master: &str, token: auth::Token) -> anyhow::Result<Client> {
     let url = if master.starts_with("http") {
         master.to_string()
     } else {
         format!("http://{master}")
     };
-    pb::job_master_client::JobMasterClient::connect(url)
+    auth::connect(url, &token)
         .await
+        .map(Client::new)
         .with_context(|| format!("cannot reach a job master at {master}"))
 }

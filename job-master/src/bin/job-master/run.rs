@@ -86,6 +86,20 @@ pub struct RunArgs {
     /// brain-data/operator.token where it exists].
     #[arg(long, env = "BRAIN_TOKEN_FILE")]
     brain_token_file: Option<PathBuf>,
+    /// TLS to the brain: the CA that signed its certificate (`ca.pem` of `brainctl certs`).
+    #[arg(long)]
+    brain_ca: Option<PathBuf>,
+    /// Mutual TLS to the brain: this master's certificate (with --brain-key).
+    #[arg(long, requires = "brain_key", requires = "brain_ca")]
+    brain_cert: Option<PathBuf>,
+    /// Mutual TLS to the brain: this master's private key (owner-only).
+    #[arg(long, requires = "brain_cert")]
+    brain_key: Option<PathBuf>,
+    /// The job's secret, which the job's agents, processes and parameter servers present and
+    /// this master expects (owner-only) [default: job.token in the run directory, created at
+    /// the first start].
+    #[arg(long)]
+    job_token_file: Option<PathBuf>,
 }
 
 /// The brain token: the file named, or the operator token in its default place where it exists.
@@ -240,6 +254,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         brain,
         brain_interval_ms,
         brain_token_file,
+        job_token_file,
+        brain_ca,
+        brain_cert,
+        brain_key,
     } = args;
     let spec = job_master::spec::load(&spec)?;
     let token = match &brain {
@@ -273,6 +291,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     if let Some(ip) = advertise {
         addr.set_ip(ip);
     }
+    let token_file = job_token_file.unwrap_or_else(|| run_dir.join(auth::JOB_TOKEN_FILE));
+    let (job_token, _) = auth::read_or_create(&token_file)
+        .context("--job-token-file: the job's secret for its processes")?;
     let config = MasterConfig {
         spec,
         run_dir: run_dir.clone(),
@@ -294,15 +315,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             job_master::brain_link::BrainLink {
                 report_interval_ms: brain_interval_ms,
                 token: auth::WithToken::new(token),
+                tls: brain_ca.map(|ca_file| auth::tls::ClientTls {
+                    ca_file,
+                    cert_file: brain_cert,
+                    key_file: brain_key,
+                }),
                 ..job_master::brain_link::BrainLink::new(url)
             }
         }),
         resume,
         advertise,
+        token_file: Some(token_file.clone()),
     };
-    println!("job master on {addr}, run directory {}", run_dir.display());
+    println!(
+        "job master on {addr}, run directory {}, the job's secret in {}",
+        run_dir.display(),
+        token_file.display()
+    );
     let progress = tokio::spawn(show_progress(
         addr,
+        job_token,
         Duration::from_secs(progress_secs.max(1)),
     ));
     let shutdown = async {

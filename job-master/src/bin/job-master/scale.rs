@@ -5,8 +5,8 @@ use std::time::Duration;
 use anyhow::Context;
 use proto::jobmaster::v1 as pb;
 
-use crate::client;
 use crate::status::summary_line;
+use crate::{JobSecret, client};
 
 #[derive(clap::Args)]
 pub struct ScaleArgs {
@@ -38,6 +38,8 @@ pub struct ScaleArgs {
     /// Wait until the job has carried the plan out, printing its progress.
     #[arg(long)]
     wait: bool,
+    #[command(flatten)]
+    secret: JobSecret,
 }
 
 pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -51,8 +53,9 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
         reason,
         version,
         wait,
+        secret,
     } = args;
-    let mut c = client(&master).await?;
+    let mut c = client(&master, &secret).await?;
     let before = c.get_status(pb::StatusRequest {}).await?.into_inner();
     let mut plan = pb::ScalePlan {
         version: version.unwrap_or(before.desired_plan_version + 1),

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use proto::jobmaster::v1 as pb;
 
-use crate::client;
+use crate::{JobSecret, client};
 
-pub async fn status(master: &str) -> anyhow::Result<std::process::ExitCode> {
-    let mut c = client(master).await?;
+pub async fn status(master: &str, secret: &JobSecret) -> anyhow::Result<std::process::ExitCode> {
+    let mut c = client(master, secret).await?;
     let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
     println!("{}", summary_line(&s));
     println!(
@@ -68,9 +68,9 @@ pub async fn status(master: &str) -> anyhow::Result<std::process::ExitCode> {
 }
 
 /// Prints one progress line every `every`, read over the master's own gRPC status call.
-pub async fn show_progress(addr: std::net::SocketAddr, every: Duration) {
+pub async fn show_progress(addr: std::net::SocketAddr, token: auth::Token, every: Duration) {
     let mut client = loop {
-        match pb::job_master_client::JobMasterClient::connect(format!("http://{addr}")).await {
+        match crate::connect(&addr.to_string(), token.clone()).await {
             Ok(c) => break c,
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }

@@ -496,6 +496,12 @@ impl Platform for RayPlatform {
             })?;
         let mut env = inner.settings.env.clone();
         env.insert("BRAIN_RAY_SUBMISSION_ID".into(), id.clone());
+        // The path of the job's secret, not the secret: Ray shows a job's environment on its
+        // dashboard. The run directory is shared with the nodes, as the checkpoints are.
+        env.insert(
+            auth::JOB_TOKEN_ENV.into(),
+            l.token_file.to_string_lossy().into_owned(),
+        );
         // Ray keeps the output in files: no colour codes in them.
         env.entry("NO_COLOR".into()).or_insert_with(|| "1".into());
         for var in ["RUST_LOG", "RUST_BACKTRACE"] {
