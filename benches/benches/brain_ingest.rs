@@ -8,6 +8,10 @@
 //! authentication (`insecure`), with tokens (every call's bearer token checked: the default),
 //! and with tokens over mutual TLS (`brain --tls-dir`).
 //!
+//! The group `brain_ingest_flood` measures the latency of one job's single reports (a call
+//! every 3 ms) alone, while another job floods the brain with batches of 1,000 from 4 connections without
+//! rate limits, and the same flood under the brain's default `[limits]`.
+//!
 //! cargo bench -p benches --bench brain_ingest
 
 use std::time::{Duration, Instant};
@@ -55,13 +59,19 @@ type Stop = (
 );
 
 /// Starts a brain on a fresh database; returns one registered client per job.
-async fn brain(clients: usize, security: Security) -> (Vec<(Client, u64)>, Stop) {
+async fn brain(clients: usize, security: Security, limited: bool) -> (Vec<(Client, u64)>, Stop) {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let mut config = brain::BrainConfig::with_database(dir.path().join("brain.db"));
     config.runs_dir = dir.path().join("runs");
+    // Ingest as fast as the brain takes it: no rate limit per job (each sends far more than a
+    // job master does), unless the limits are what is measured.
+    if !limited {
+        config.limits.calls_per_second = 0;
+        config.limits.reports_per_second = 0;
+    }
     let mut tls = None;
     match security {
         Security::Insecure => config.insecure = true,
@@ -182,11 +192,82 @@ fn bench(c: &mut Criterion) {
         }
     }
     g.finish();
+    let mut g = c.benchmark_group("brain_ingest_flood");
+    // The time measured is the calls' own (not the pauses between them): a short target.
+    g.sample_size(10).measurement_time(Duration::from_secs(2));
+    for flood in [Flood::None, Flood::Unlimited, Flood::Limited] {
+        g.bench_function(format!("one report per call, {flood:?}"), |b| {
+            b.to_async(&rt).iter_custom(|iters| flooded(flood, iters));
+        });
+    }
+    g.finish();
+}
+
+/// What another job does while one job reports.
+#[derive(Clone, Copy, Debug)]
+enum Flood {
+    /// Nothing.
+    None,
+    /// Sends batches of 1,000 reports from 4 connections as fast as it can, no rate limit.
+    Unlimited,
+    /// The same, under the brain's default `[limits]`.
+    Limited,
+}
+
+/// Time one job's `iters` single reports took (their calls only), while another job floods
+/// the brain as `flood` says.
+async fn flooded(flood: Flood, iters: u64) -> Duration {
+    let (mut cs, s) = brain(2, Security::Tokens, matches!(flood, Flood::Limited)).await;
+    let (mut honest, honest_id) = cs.remove(0);
+    let (flooder, flooder_id) = cs.remove(0);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut set = tokio::task::JoinSet::new();
+    if !matches!(flood, Flood::None) {
+        for k in 0..4u64 {
+            let (mut c, done) = (flooder.clone(), done.clone());
+            set.spawn(async move {
+                let mut i = k << 40;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Refusals (RESOURCE_EXHAUSTED) are what the limits are for: go on.
+                    let _ = c
+                        .report_metrics(pb::MetricsBatch {
+                            job_id: flooder_id,
+                            reports: batch(1000, i),
+                        })
+                        .await;
+                    i += 1000;
+                }
+            });
+        }
+        // The flood under way.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Paced as a busy job master (a call every 3 ms, within its own calls_per_second); the
+    // calls' time only is summed.
+    let mut elapsed = Duration::ZERO;
+    for i in 0..iters {
+        let start = Instant::now();
+        honest
+            .report_metrics(pb::MetricsBatch {
+                job_id: honest_id,
+                reports: batch(1, i),
+            })
+            .await
+            .unwrap();
+        elapsed += start.elapsed();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    stop(s).await;
+    elapsed
 }
 
 /// Time for `clients` job masters to send `iters` batches of `size` reports each.
 async fn ingest(clients: usize, size: usize, security: Security, iters: u64) -> Duration {
-    let (cs, s) = brain(clients, security).await;
+    let (cs, s) = brain(clients, security, false).await;
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for (mut c, id) in cs {

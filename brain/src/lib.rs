@@ -9,6 +9,8 @@
 //!   acknowledgements.
 //! * [`admission`]: what a submitted job may run (the policy's `[submissions]`, env, paths).
 //! * [`auth`]: who may call: the operator token, each job's secret, checked by one interceptor.
+//! * [`throttle`]: rate limits per client (calls, reports, submissions), so that a flooding
+//!   client cannot starve the others' ingest.
 //! * [`service`]: the thin tonic adapter of the `brain.service.v1.Brain` API over the store;
 //!   [`server`]: `run(config, listener, shutdown)`, which the `brain` binary and the tests start.
 //! * [`BrainError`]: the crate's one error type, mapped once to `tonic::Status`.
@@ -39,6 +41,7 @@ pub mod server;
 pub mod service;
 pub mod sink;
 pub mod store;
+pub mod throttle;
 pub mod train;
 pub mod whatif;
 

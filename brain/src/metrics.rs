@@ -1,7 +1,8 @@
 //! The brain's own Prometheus metrics, served as text at `GET /metrics` on the brain's port:
 //! jobs by state (read from the store at each scrape), rounds and their solve time, plans
 //! dispatched, jobs submitted and started, metric reports ingested (its `rate()` is the ingest
-//! rate), and points written to (or dropped before) the InfluxDB sink.
+//! rate), points written to (or dropped before) the InfluxDB sink, and calls a rate limit
+//! refused (by limit).
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -23,6 +24,7 @@ pub struct Metrics {
     pub reports: Counter,
     pub sink_points: Counter,
     pub sink_dropped: Counter,
+    throttled: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Default for Metrics {
@@ -70,7 +72,14 @@ impl Default for Metrics {
             "Raw metric points dropped while the sink was unreachable or too far behind",
             sink_dropped.clone(),
         );
+        let throttled = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "throttled",
+            "Calls refused by a rate limit of [limits], by limit",
+            throttled.clone(),
+        );
         Metrics {
+            throttled,
             registry,
             jobs,
             rounds,
@@ -89,6 +98,20 @@ impl Metrics {
     pub fn observe_round(&self, solve_ms: f64) {
         self.rounds.inc();
         self.solve_seconds.observe(solve_ms / 1000.0);
+    }
+
+    /// A call a rate limit (`limits.<limit>`) refused.
+    pub fn throttled(&self, limit: &str) {
+        self.throttled
+            .get_or_create(&vec![("limit".to_string(), limit.to_string())])
+            .inc();
+    }
+
+    /// How many calls `limits.<limit>` refused.
+    pub fn throttled_count(&self, limit: &str) -> u64 {
+        self.throttled
+            .get_or_create(&vec![("limit".to_string(), limit.to_string())])
+            .get()
     }
 
     /// The text exposition, with the job gauges read from `store` now.

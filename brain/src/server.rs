@@ -75,6 +75,17 @@ pub struct Limits {
     /// Jobs queued or running at once; a submission beyond is refused until one ends.
     #[serde(default = "default_active_jobs")]
     pub max_active_jobs: usize,
+    /// RPCs one client (the operator, a job's secret, or under `--insecure` a connection)
+    /// may make per second; beyond, RESOURCE_EXHAUSTED. 0: no limit.
+    #[serde(default = "default_calls_per_second")]
+    pub calls_per_second: u32,
+    /// Metric reports one job may send per second (a whole batch always fits the burst);
+    /// beyond, RESOURCE_EXHAUSTED and the job master sends them later. 0: no limit.
+    #[serde(default = "default_reports_per_second")]
+    pub reports_per_second: u32,
+    /// Jobs one client may submit per minute. 0: no limit.
+    #[serde(default = "default_submissions_per_minute")]
+    pub submissions_per_minute: u32,
 }
 
 fn default_message_bytes() -> usize {
@@ -86,6 +97,15 @@ fn default_spec_bytes() -> usize {
 fn default_active_jobs() -> usize {
     10_000
 }
+fn default_calls_per_second() -> u32 {
+    500
+}
+fn default_reports_per_second() -> u32 {
+    1_000
+}
+fn default_submissions_per_minute() -> u32 {
+    120
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -93,6 +113,9 @@ impl Default for Limits {
             max_message_bytes: default_message_bytes(),
             max_spec_bytes: default_spec_bytes(),
             max_active_jobs: default_active_jobs(),
+            calls_per_second: default_calls_per_second(),
+            reports_per_second: default_reports_per_second(),
+            submissions_per_minute: default_submissions_per_minute(),
         }
     }
 }
@@ -394,10 +417,20 @@ pub async fn run(
             .unwrap_or_default()
         }
     };
-    let api = BrainServer::new(BrainService::new(control.clone(), config.limits.clone()))
-        .max_decoding_message_size(config.limits.max_message_bytes);
-    let app = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
-        api,
+    let throttle = Arc::new(crate::throttle::Throttle::new(
+        &config.limits,
+        control.metrics.clone(),
+    ));
+    let api = BrainServer::new(BrainService::new(
+        control.clone(),
+        config.limits.clone(),
+        throttle.clone(),
+    ))
+    .max_decoding_message_size(config.limits.max_message_bytes);
+    use tonic::service::interceptor::InterceptedService;
+    // The token first (it names the caller), then the caller's rate.
+    let app = tonic::service::Routes::new(InterceptedService::new(
+        InterceptedService::new(api, throttle.interceptor()),
         keys.interceptor(),
     ))
     .prepare()

@@ -12,15 +12,25 @@ use crate::BrainError;
 use crate::auth::{self, Caller};
 use crate::control::{Control, now_unix_ms};
 use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, Shape, Store};
+use crate::throttle::Throttle;
 
 pub struct BrainService {
     control: Arc<Control>,
     limits: crate::server::Limits,
+    throttle: Arc<Throttle>,
 }
 
 impl BrainService {
-    pub fn new(control: Arc<Control>, limits: crate::server::Limits) -> Self {
-        BrainService { control, limits }
+    pub fn new(
+        control: Arc<Control>,
+        limits: crate::server::Limits,
+        throttle: Arc<Throttle>,
+    ) -> Self {
+        BrainService {
+            control,
+            limits,
+            throttle,
+        }
     }
 
     /// Runs `f` on the store off the async threads.
@@ -182,6 +192,8 @@ impl pb::brain_server::Brain for BrainService {
                 batch.reports.len()
             )));
         }
+        self.throttle
+            .reports(JobId(batch.job_id), batch.reports.len())?;
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
@@ -405,6 +417,7 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         auth::operator(&request)?;
+        self.throttle.submission(&request)?;
         let r = request.into_inner();
         if r.spec_yaml.len() > self.limits.max_spec_bytes {
             return Err(Status::invalid_argument(format!(

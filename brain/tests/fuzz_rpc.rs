@@ -11,7 +11,7 @@ mod common;
 use std::process::Stdio;
 
 use common::{Client, client_with, operator_client};
-use proptest::prelude::{Strategy, any, prop_oneof};
+use proptest::prelude::any;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use prost::Message;
 use proto::service::v1 as pb;
@@ -88,57 +88,6 @@ async fn call(
     }
 }
 
-/// One protobuf field with a random value: a varint, a 64- or 32-bit number, or random bytes
-/// (strings, nested messages, packed lists).
-fn field() -> impl Strategy<Value = Vec<u8>> {
-    let varint = |mut v: u64, out: &mut Vec<u8>| loop {
-        let b = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(b);
-            break;
-        }
-        out.push(b | 0x80);
-    };
-    (
-        1u64..8,
-        0u8..4,
-        any::<u64>(),
-        proptest::collection::vec(any::<u8>(), 0..40),
-    )
-        .prop_map(move |(number, kind, value, bytes)| {
-            let mut out = Vec::new();
-            match kind {
-                0 => {
-                    varint(number << 3, &mut out);
-                    varint(value, &mut out);
-                }
-                1 => {
-                    varint(number << 3 | 1, &mut out);
-                    out.extend(value.to_le_bytes());
-                }
-                2 => {
-                    varint(number << 3 | 5, &mut out);
-                    out.extend((value as u32).to_le_bytes());
-                }
-                _ => {
-                    varint(number << 3 | 2, &mut out);
-                    varint(bytes.len() as u64, &mut out);
-                    out.extend(bytes);
-                }
-            }
-            out
-        })
-}
-
-/// A random request: a few well-formed fields with random values, or random bytes.
-fn request() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        4 => proptest::collection::vec(field(), 0..6).prop_map(|f| f.concat()),
-        1 => proptest::collection::vec(any::<u8>(), 0..200),
-    ]
-}
-
 #[test]
 fn random_requests_get_answers_or_clear_refusals_never_a_crash() {
     let dir = tempfile::tempdir().unwrap();
@@ -171,7 +120,7 @@ fn random_requests_get_answers_or_clear_refusals_never_a_crash() {
     });
     let mut runner = TestRunner::new(Config::with_cases(test_support::fuzz::cases(300)));
     let sent = std::sync::atomic::AtomicU32::new(0);
-    let strategy = (any::<u8>(), request(), any::<bool>());
+    let strategy = (any::<u8>(), test_support::fuzz::message(), any::<bool>());
     runner
         .run(&strategy, |(rpc, bytes, real)| {
             let (mut op, mut job) = (op.clone(), job.clone());

@@ -2,6 +2,9 @@
 //! `max_message_bytes` is not decoded, a spec above `max_spec_bytes` and a batch of more than
 //! `proto::MAX_REPORTS_PER_BATCH` reports are refused with the figures, and submissions beyond
 //! `max_active_jobs` queued or running jobs wait for one to end; nothing refused is stored.
+//! A job flooding the brain with reports is refused beyond `calls_per_second` and
+//! `reports_per_second` while another job's reports all land; submissions beyond
+//! `submissions_per_minute` are refused.
 
 mod common;
 
@@ -120,5 +123,162 @@ async fn messages_specs_batches_and_jobs_beyond_the_limits_are_refused() {
     assert_eq!(names, ["first", "second", "reporter"]);
     let reporter = &jobs[2];
     assert_eq!(reporter.reports as usize, proto::MAX_REPORTS_PER_BATCH);
+    brain.kill();
+}
+
+/// Two jobs report to one brain: one floods it from four connections, the other reports ten
+/// times a second as a job master does. The flooder is refused (RESOURCE_EXHAUSTED, naming
+/// the limit) beyond its rates and the store holds no more of its reports than they allow;
+/// every one of the other job's reports is taken and stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flooding_job_is_refused_beyond_its_rate_and_another_job_s_reports_all_land() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    const CALLS: u64 = 50;
+    const REPORTS: u64 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("brain.toml"),
+        format!(
+            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 1\n\
+             [limits]\ncalls_per_second = {CALLS}\nreports_per_second = {REPORTS}\n\
+             submissions_per_minute = 2\n",
+            d.join("brain.db").display(),
+            d.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let (mut brain, addr) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--config"])
+            .arg(d.join("brain.toml"))
+            .arg("--database")
+            .arg(d.join("brain.db"))
+            .stderr(Stdio::null());
+    });
+    let url = format!("http://{addr}");
+    let mut op = operator_client(&url).await;
+    let mut register = async |name: &str| {
+        let r = op
+            .register_job(pb::RegisterJobRequest {
+                job_name: name.into(),
+                master_address: "127.0.0.1:1".into(),
+                shape: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (r.job_id, auth::Token::parse(&r.job_token).unwrap())
+    };
+    let (flooder, flooder_token) = register("flooder").await;
+    let (honest, honest_token) = register("honest").await;
+    let report = |i: u64| pb::MetricReport {
+        at_unix_ms: 1_700_000_000_000 + i as i64,
+        global_step: i,
+        samples_per_second: 10.0,
+        workers: 1,
+        ..Default::default()
+    };
+
+    let run_for = Duration::from_secs(3);
+    let start = Instant::now();
+    let step = Arc::new(AtomicU64::new(0));
+    let (stored, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut floods = Vec::new();
+    for _ in 0..4 {
+        let mut c = client_with(&url, Some(flooder_token.clone())).await;
+        let (step, stored, refused) = (step.clone(), stored.clone(), refused.clone());
+        floods.push(tokio::spawn(async move {
+            while start.elapsed() < run_for {
+                let first = step.fetch_add(100, Ordering::Relaxed);
+                let batch = pb::MetricsBatch {
+                    job_id: flooder,
+                    reports: (first..first + 100).map(report).collect(),
+                };
+                match c.report_metrics(batch).await {
+                    Ok(r) => {
+                        stored.fetch_add(r.into_inner().stored.into(), Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                        assert!(
+                            e.message()
+                                .contains(&format!("job {flooder} is over limits."))
+                                && e.message().contains("try again in"),
+                            "{e:?}"
+                        );
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    let mut c = client_with(&url, Some(honest_token)).await;
+    let mut sent = 0u64;
+    while start.elapsed() < run_for {
+        let r = c
+            .report_metrics(pb::MetricsBatch {
+                job_id: honest,
+                reports: vec![report(sent)],
+            })
+            .await
+            .unwrap_or_else(|e| panic!("the honest job's report {sent} was refused: {e:?}"));
+        assert_eq!(r.into_inner().stored, 1);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for f in floods {
+        f.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let (stored, refused) = (
+        stored.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+    );
+    assert!(refused > 0, "the flooder was never refused");
+    // A whole batch's burst, then the rate.
+    let allowed = proto::MAX_REPORTS_PER_BATCH as f64 + REPORTS as f64 * elapsed;
+    assert!(
+        stored as f64 <= allowed,
+        "the flooder stored {stored} reports in {elapsed:.1} s, more than {allowed}"
+    );
+    let jobs = op
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let reports_of = |name: &str| jobs.iter().find(|j| j.job_name == name).unwrap().reports;
+    assert_eq!(reports_of("honest"), sent);
+    assert_eq!(reports_of("flooder"), stored);
+    assert!(sent >= 10, "{sent}");
+
+    // Two submissions a minute: the third is refused and not stored.
+    let mut submit = async |name: &str| {
+        op.submit_job(pb::SubmitJobRequest {
+            spec_yaml: spec(name, 10),
+            origin: "test".into(),
+        })
+        .await
+    };
+    submit("one").await.unwrap();
+    submit("two").await.unwrap();
+    let e = submit("three").await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message()
+            .contains("the operator is over limits.submissions_per_minute (2 per minute)"),
+        "{e:?}"
+    );
+    let jobs = op
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert!(jobs.iter().all(|j| j.job_name != "three"));
+    assert_eq!(jobs.len(), 4);
     brain.kill();
 }

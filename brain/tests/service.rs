@@ -157,7 +157,8 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         let id = a.job_id;
         tokio::spawn(async move {
             let mut acked = 0u64;
-            for i in 0..100_000u64 {
+            let mut i = 0u64;
+            while i < 100_000 {
                 let reports = (0..10).map(|k| report(i * 10 + k, 100.0)).collect();
                 match c
                     .report_metrics(pb::MetricsBatch {
@@ -166,7 +167,14 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
                     })
                     .await
                 {
-                    Ok(r) => acked += r.into_inner().stored as u64,
+                    Ok(r) => {
+                        acked += r.into_inner().stored as u64;
+                        i += 1;
+                    }
+                    // Over the brain's rate limit: this batch again, a little later.
+                    Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
                     Err(_) => break,
                 }
             }

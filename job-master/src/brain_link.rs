@@ -5,8 +5,8 @@
 //! The brain may be down or restarting at any time: the job keeps running at its size, the
 //! reports wait in a bounded queue (the oldest are dropped past [`MAX_QUEUED`], with a
 //! warning) and go in the next batches the brain takes (at most
-//! [`proto::MAX_REPORTS_PER_BATCH`] each), and registering again finds the same job id (the
-//! brain keys jobs by name).
+//! [`proto::MAX_REPORTS_PER_BATCH`] each; a batch over the brain's rate limit waits for a
+//! later tick), and registering again finds the same job id (the brain keys jobs by name).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -324,6 +324,10 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
                 Err(e) if e.code() == tonic::Code::InvalidArgument => {
                     tracing::warn!("the brain refused a metrics batch: {}", e.message());
                     queued.clear();
+                }
+                // Over the brain's rate limit: the batch stays queued for a later tick.
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                    tracing::debug!("brain report: {}", e.message());
                 }
                 Err(e) => {
                     tracing::debug!("brain report: {e}");

@@ -1,10 +1,11 @@
-//! The state the job master's tasks share (the job context, its persister, the effect queue,
-//! the phase) and the one way to change it: [`Shared::apply`] runs a pure decision of
+//! The state the job master's tasks share (the job context, its persister, the effect queue
+//! ([`EffectQueue`], bounded by admission), the phase) and the one way to change it: [`Shared::apply`] runs a pure decision of
 //! [`crate::job`], queues its effects and waits until the change is durable. The gRPC service,
 //! the brain link and the master's own tasks all go through it; it imports none of them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use proto::checkpoint::{MANIFEST_FILE, Manifest, Part};
@@ -17,11 +18,80 @@ use crate::job::{Effect, JobContext};
 use crate::persist::{Persister, write_atomic};
 use crate::scale::Capacity;
 
+/// Effects waiting for the executor beyond which the job master refuses calls.
+pub const MAX_PENDING_EFFECTS: usize = 4096;
+
+/// The queue from decisions to the effect executor. A channel without a bound, since
+/// decisions queue their effects under the job's lock and the executor takes that lock to
+/// record what came of them (a full bounded channel would deadlock the two), but bounded by
+/// admission: while more than [`MAX_PENDING_EFFECTS`] wait, [`EffectQueue::admit`] refuses the
+/// master's gRPC calls (RESOURCE_EXHAUSTED, the caller tries again) until the executor catches
+/// up. The master's own decisions (timers, exits, effects' results) are not refused: their
+/// effects are bounded by the job's processes.
+#[derive(Clone)]
+pub(crate) struct EffectQueue {
+    tx: mpsc::UnboundedSender<Effect>,
+    pending: Arc<AtomicUsize>,
+}
+
+/// The executor's end of an [`EffectQueue`].
+pub(crate) struct EffectReceiver {
+    rx: mpsc::UnboundedReceiver<Effect>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl EffectQueue {
+    pub fn new() -> (EffectQueue, EffectReceiver) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        (
+            EffectQueue {
+                tx,
+                pending: pending.clone(),
+            },
+            EffectReceiver { rx, pending },
+        )
+    }
+
+    /// Queues `effect` (dropped when the executor has ended: the master is stopping).
+    pub fn send(&self, effect: Effect) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(effect).is_err() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Effects queued and not yet taken by the executor.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Refuses a call while the executor is more than [`MAX_PENDING_EFFECTS`] behind.
+    pub fn admit(&self) -> Result<(), tonic::Status> {
+        let pending = self.pending();
+        if pending > MAX_PENDING_EFFECTS {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "the job master has {pending} effects waiting to run (at most \
+                 {MAX_PENDING_EFFECTS}): try again shortly"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl EffectReceiver {
+    pub async fn recv(&mut self) -> Option<Effect> {
+        let effect = self.rx.recv().await?;
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        Some(effect)
+    }
+}
+
 /// State shared by the gRPC handlers and the background tasks.
 pub(crate) struct Shared {
     pub job: Arc<Mutex<JobContext>>,
     pub persister: Arc<Persister>,
-    pub effects: mpsc::UnboundedSender<Effect>,
+    pub effects: EffectQueue,
     pub started: Instant,
     /// Where this master's clock starts: 0 for a new job, where the last master's clock
     /// stopped for a resumed one.
@@ -68,7 +138,7 @@ impl Shared {
             let durable = durable || !effects.is_empty();
             for e in effects {
                 // The executor ends only with the master; effects after that have no one to run.
-                let _ = self.effects.send(e);
+                self.effects.send(e);
             }
             let new = ctx.phase.phase();
             self.phase
@@ -179,4 +249,37 @@ pub(crate) async fn commit_allreduce_checkpoint(
                 .map(|e| ((), e))
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Role;
+    use vocab::SlotKey;
+
+    #[tokio::test]
+    async fn calls_are_refused_while_the_executor_is_far_behind_and_admitted_once_it_catches_up() {
+        let (queue, mut executor) = EffectQueue::new();
+        let stop = || Effect::StopAgent {
+            key: SlotKey {
+                role: Role::Worker,
+                index: 0,
+            },
+            graceful: true,
+        };
+        for _ in 0..=MAX_PENDING_EFFECTS {
+            queue.admit().unwrap();
+            queue.send(stop());
+        }
+        assert_eq!(queue.pending(), MAX_PENDING_EFFECTS + 1);
+        let e = queue.admit().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("4097 effects waiting"), "{e:?}");
+        executor.recv().await.unwrap();
+        queue.admit().unwrap();
+        // Nothing is counted for an executor that has ended.
+        drop(executor);
+        queue.send(stop());
+        assert_eq!(queue.pending(), MAX_PENDING_EFFECTS);
+    }
 }

@@ -13,8 +13,6 @@ use job_master::platform::PlatformConfig;
 use proto::jobmaster::v1 as pb;
 use tonic::Code;
 
-type Ps = pb::parameter_server_client::ParameterServerClient<auth::Channel>;
-
 /// Every job master RPC once, with default arguments: the codes they were answered with.
 async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
     let process = pb::ProcessRef {
@@ -208,35 +206,6 @@ async fn every_job_master_rpc_needs_the_jobs_own_secret() {
         assert_ne!(code, Code::Unauthenticated, "{rpc} with the job's secret");
     }
     ours.handle.abort();
-}
-
-/// A parameter server over loopback, as the built-in workload serves it.
-async fn start_ps(token: &auth::Token) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let mut table = worker_agent::workload::model::SparseTable::default();
-    table.params.insert(0, [0.5, 1.0]);
-    let svc = worker_agent::workload::ps_server::PsService::new(0, 1, 0.1, table, token.clone());
-    tokio::spawn(worker_agent::workload::ps_server::serve(
-        svc,
-        listener,
-        std::future::pending(),
-    ));
-    addr
-}
-
-async fn ps_with(addr: &str, token: Option<auth::Token>) -> Ps {
-    let channel = loop {
-        if let Ok(c) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-        {
-            break c;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    Ps::new(auth::with_token(channel, auth::WithToken::new(token)))
 }
 
 /// Every parameter server RPC once: the codes they were answered with.

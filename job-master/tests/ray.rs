@@ -241,7 +241,7 @@ fn launch(index: u32, cpu_millicores: u64) -> AgentLaunch {
 }
 
 async fn next_exit(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<PlatformEvent>,
+    events: &mut tokio::sync::mpsc::Receiver<PlatformEvent>,
     within: Duration,
 ) -> String {
     let PlatformEvent::AgentExited { description, .. } =
@@ -298,7 +298,7 @@ async fn capacity_is_read_from_ray_and_only_what_fits_is_submitted() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut events) = tokio::sync::mpsc::channel(16);
     let mut s = settings(&address, "ray-cap");
     s.place_timeout = Duration::from_secs(3);
     let platform = RayPlatform::connect(s, tx).await.unwrap();
@@ -331,7 +331,7 @@ async fn capacity_is_read_from_ray_and_only_what_fits_is_submitted() {
 
     // Room frees up while a process waits: it is placed (after Ray's usage report catches
     // up), and a stop ends it through Ray.
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut events) = tokio::sync::mpsc::channel(16);
     let platform = RayPlatform::connect(settings(&address, "ray-cap2"), tx)
         .await
         .unwrap();

@@ -1,6 +1,7 @@
 //! Mangled text for fuzzing parsers on stable Rust with proptest: a valid document (a seed)
 //! with random edits (characters inserted, deleted and replaced, the text cut short), or random
-//! text. Parsers fed it may accept or refuse it, never panic.
+//! text. Parsers fed it may accept or refuse it, never panic. For RPC handlers, [`message`]:
+//! random protobuf bytes, which each request type decodes as it can.
 
 use proptest::prelude::*;
 
@@ -73,4 +74,55 @@ pub fn cases(default: u32) -> u32 {
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(default)
+}
+
+/// One protobuf field with a random value: a varint, a 64- or 32-bit number, or random bytes
+/// (strings, nested messages, packed lists).
+fn field() -> impl Strategy<Value = Vec<u8>> {
+    let varint = |mut v: u64, out: &mut Vec<u8>| loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            break;
+        }
+        out.push(b | 0x80);
+    };
+    (
+        1u64..8,
+        0u8..4,
+        any::<u64>(),
+        proptest::collection::vec(any::<u8>(), 0..40),
+    )
+        .prop_map(move |(number, kind, value, bytes)| {
+            let mut out = Vec::new();
+            match kind {
+                0 => {
+                    varint(number << 3, &mut out);
+                    varint(value, &mut out);
+                }
+                1 => {
+                    varint(number << 3 | 1, &mut out);
+                    out.extend(value.to_le_bytes());
+                }
+                2 => {
+                    varint(number << 3 | 5, &mut out);
+                    out.extend((value as u32).to_le_bytes());
+                }
+                _ => {
+                    varint(number << 3 | 2, &mut out);
+                    varint(bytes.len() as u64, &mut out);
+                    out.extend(bytes);
+                }
+            }
+            out
+        })
+}
+
+/// A random protobuf message: a few well-formed fields with random values, or random bytes.
+pub fn message() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => proptest::collection::vec(field(), 0..6).prop_map(|f| f.concat()),
+        1 => proptest::collection::vec(any::<u8>(), 0..200),
+    ]
 }

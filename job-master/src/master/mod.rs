@@ -179,7 +179,8 @@ pub async fn run(
     tokio::spawn(persister.clone().run(job.clone()));
     persister.durable(persister.changed()).await?;
 
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    // Agent exits (one per agent that ended); the platform's watchers wait while it is full.
+    let (ev_tx, mut ev_rx) = mpsc::channel(1024);
     let platform: Arc<dyn Platform> = match platform {
         PlatformConfig::Local {
             agent_bin,
@@ -216,12 +217,12 @@ pub async fn run(
             Arc::new(crate::platform::ray::RayPlatform::connect(s, ev_tx).await?)
         }
     };
-    let (eff_tx, mut eff_rx) = mpsc::unbounded_channel();
+    let (effects, mut eff_rx) = crate::shared::EffectQueue::new();
     let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);
     let shared = Arc::new(Shared {
         job: job.clone(),
         persister,
-        effects: eff_tx.clone(),
+        effects: effects.clone(),
         started: Instant::now(),
         clock_offset_ms: clock_ms,
         phase: phase_tx,
@@ -237,7 +238,16 @@ pub async fn run(
     let server = tonic::transport::Server::builder()
         .add_service(pb::job_master_server::JobMasterServer::with_interceptor(
             MasterService::new(shared.clone()),
-            auth::Require::new(token, "the job master"),
+            {
+                // The job's secret first, then room in the effect queue.
+                let mut require = auth::Require::new(token, "the job master");
+                move |request| {
+                    use tonic::service::Interceptor;
+                    let request = require.call(request)?;
+                    effects.admit()?;
+                    Ok(request)
+                }
+            },
         ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -259,7 +269,7 @@ pub async fn run(
         })
     };
     for e in initial {
-        let _ = eff_tx.send(e);
+        shared.effects.send(e);
     }
 
     // Timers and platform events.

@@ -92,7 +92,7 @@ fn pick_gpus(all: &[String], taken: &[&String], need: u32) -> Result<Vec<String>
 pub struct LocalPlatform {
     agent_bin: PathBuf,
     log_dir: PathBuf,
-    events: mpsc::UnboundedSender<PlatformEvent>,
+    events: mpsc::Sender<PlatformEvent>,
     agents: Arc<Mutex<BTreeMap<SlotKey, Running>>>,
     capacity: Capacity,
     gpus: Vec<String>,
@@ -104,7 +104,7 @@ impl LocalPlatform {
     pub fn new(
         agent_bin: PathBuf,
         log_dir: PathBuf,
-        events: mpsc::UnboundedSender<PlatformEvent>,
+        events: mpsc::Sender<PlatformEvent>,
         max_processes: Option<u32>,
         gpus: Vec<String>,
     ) -> Result<Self, Error> {
@@ -282,11 +282,13 @@ impl Platform for LocalPlatform {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
             };
-            let _ = events.send(PlatformEvent::AgentExited {
-                key,
-                incarnation,
-                description,
-            });
+            let _ = events
+                .send(PlatformEvent::AgentExited {
+                    key,
+                    incarnation,
+                    description,
+                })
+                .await;
         });
         tracing::debug!(%key, incarnation, pid, log = %log_path.display(), "agent launched");
         Ok(())

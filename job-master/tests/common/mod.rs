@@ -528,3 +528,35 @@ pub fn torch_with_sdk() -> Option<(String, PathBuf)> {
         ),
     }
 }
+
+/// A client of a parameter server.
+pub type Ps = pb::parameter_server_client::ParameterServerClient<auth::Channel>;
+
+/// A parameter server over loopback, as the built-in workload serves it.
+pub async fn start_ps(token: &auth::Token) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut table = worker_agent::workload::model::SparseTable::default();
+    table.params.insert(0, [0.5, 1.0]);
+    let svc = worker_agent::workload::ps_server::PsService::new(0, 1, 0.1, table, token.clone());
+    tokio::spawn(worker_agent::workload::ps_server::serve(
+        svc,
+        listener,
+        std::future::pending(),
+    ));
+    addr
+}
+
+pub async fn ps_with(addr: &str, token: Option<auth::Token>) -> Ps {
+    let channel = loop {
+        if let Ok(c) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    Ps::new(auth::with_token(channel, auth::WithToken::new(token)))
+}

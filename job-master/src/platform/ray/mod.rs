@@ -101,7 +101,7 @@ struct Inner {
     api: RayApi,
     settings: RaySettings,
     run: String,
-    events: mpsc::UnboundedSender<PlatformEvent>,
+    events: mpsc::Sender<PlatformEvent>,
     slots: Mutex<BTreeMap<SlotKey, Slot>>,
     /// One placement decision at a time, so two launches never count the same room.
     placing: Mutex<()>,
@@ -179,7 +179,7 @@ impl RayPlatform {
     /// Checks that Ray answers and reads its nodes.
     pub async fn connect(
         settings: RaySettings,
-        events: mpsc::UnboundedSender<PlatformEvent>,
+        events: mpsc::Sender<PlatformEvent>,
     ) -> Result<RayPlatform, Error> {
         let api = RayApi::new(&settings.address)?;
         let version = api.version().await?;
@@ -245,12 +245,15 @@ impl RayPlatform {
 }
 
 impl Inner {
-    fn exited(&self, key: SlotKey, incarnation: u64, description: String) {
-        let _ = self.events.send(PlatformEvent::AgentExited {
-            key,
-            incarnation,
-            description,
-        });
+    async fn exited(&self, key: SlotKey, incarnation: u64, description: String) {
+        let _ = self
+            .events
+            .send(PlatformEvent::AgentExited {
+                key,
+                incarnation,
+                description,
+            })
+            .await;
     }
 
     fn forget(&self, submission_id: &str) {
@@ -561,7 +564,7 @@ impl Platform for RayPlatform {
                 }
             }
             let _ = done_tx.send(true);
-            inner.exited(key, incarnation, description);
+            inner.exited(key, incarnation, description).await;
         });
         Ok(())
     }
