@@ -236,8 +236,20 @@ fn launch(index: u32, cpu_millicores: u64) -> AgentLaunch {
             cpu: Some(Millicores(cpu_millicores)),
             ..Default::default()
         }),
-        token_file: "/nonexistent/job.token".into(),
+        token_file: token_file(),
     }
+}
+
+/// A job secret for the agents these tests launch (they read it as they start; an agent
+/// without one exits at once, which Ray would report as a failed job).
+fn token_file() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let file = DIR
+        .get_or_init(|| tempfile::tempdir().unwrap())
+        .path()
+        .join(auth::JOB_TOKEN_FILE);
+    auth::read_or_create(&file).unwrap();
+    file
 }
 
 async fn next_exit(
