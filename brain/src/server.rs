@@ -255,9 +255,24 @@ impl BrainConfig {
     }
 }
 
-/// Refuses what would expose the brain: an address beyond loopback without TLS (tokens would
-/// cross the network in the clear), unless `insecure` says so; TLS without the CA the job
-/// masters it starts should trust.
+impl BrainConfig {
+    /// What serving on `addr` needs, checked before anyone is told the address: refuses what
+    /// would expose the brain (an address beyond loopback without TLS, where tokens would cross
+    /// the network in the clear, unless `insecure` says so; TLS without the CA the job masters
+    /// it starts should trust) and reads the TLS files (the server's configuration).
+    pub fn check_listen(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<Option<tonic::transport::ServerTlsConfig>, BrainError> {
+        check_exposure(addr, self)?;
+        self.tls
+            .as_ref()
+            .map(auth::tls::ServerTls::config)
+            .transpose()
+            .map_err(|e| BrainError::Config(format!("[tls]: {e}")))
+    }
+}
+
 fn check_exposure(addr: std::net::SocketAddr, config: &BrainConfig) -> Result<(), BrainError> {
     if config.tls.is_none() && !config.insecure && !addr.ip().is_loopback() {
         return Err(BrainError::Config(format!(
@@ -331,13 +346,7 @@ pub async fn run(
         .map_err(|e| BrainError::Internal(format!("opening the store: {e}")))??;
     let store = Arc::new(Mutex::new(store));
     let addr = listener.local_addr()?;
-    check_exposure(addr, &config)?;
-    let tls = config
-        .tls
-        .as_ref()
-        .map(auth::tls::ServerTls::config)
-        .transpose()
-        .map_err(|e| BrainError::Config(format!("[tls]: {e}")))?;
+    let tls = config.check_listen(addr)?;
     let reach = brain_address(addr, config.advertise, &config.launcher.job_masters)?;
     // One message per job master that ends; a reaper waits while the channel is full.
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::channel(1024);

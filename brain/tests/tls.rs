@@ -149,6 +149,10 @@ fn a_brain_beyond_loopback_without_tls_refuses_to_start_unless_insecure() {
         err.contains("without TLS") && err.contains("--insecure") && err.contains("brainctl certs"),
         "{err}"
     );
+    // Refused before anything is announced or made.
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!said.contains("listening on"), "{said}");
+    assert!(!dir.path().join("operator.token").exists());
     // TLS without the CA for the masters it starts: refused, named.
     std::fs::write(
         dir.path().join("brain.toml"),

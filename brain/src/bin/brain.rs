@@ -18,8 +18,9 @@ struct Cli {
     /// Address to serve the gRPC API and /metrics on.
     #[arg(long, default_value = "127.0.0.1:50070", env = "BRAIN_LISTEN")]
     listen: String,
-    /// A TOML config file (`database`, `policy`, `runs_dir`, `[cluster]`, `[launcher]`;
-    /// unknown keys are errors).
+    /// A TOML config file (`database`, `policy`, `runs_dir`, `[cluster]`, `[launcher]`,
+    /// `[limits]` (sizes, jobs and rate limits per client), `[tls]`, `[sink]`; unknown keys are
+    /// errors).
     #[arg(long)]
     config: Option<PathBuf>,
     /// SQLite database of jobs, metric summaries and plans (created if missing)
@@ -178,6 +179,8 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("binding {}", cli.listen))?;
+    // Nothing is announced on an address the brain would then refuse to serve.
+    config.check_listen(listener.local_addr()?)?;
     // The operator token exists before anyone is told where to call.
     let token_file = config.operator_token_file();
     auth::read_or_create(&token_file)?;
