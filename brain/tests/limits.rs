@@ -24,21 +24,19 @@ fn spec(name: &str, padding: usize) -> String {
     )
 }
 
-#[tokio::test]
-async fn messages_specs_batches_and_jobs_beyond_the_limits_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// A brain with one CPU (submitted jobs of two workers wait) and `limits` as its `[limits]`;
+/// returns it and its URL.
+fn limited_brain(d: &std::path::Path, limits: &str) -> (common::Brain, String) {
     std::fs::write(
         d.join("brain.toml"),
         format!(
-            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 1\n\
-             [limits]\nmax_message_bytes = 65536\nmax_spec_bytes = 2048\nmax_active_jobs = 2\n",
+            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 1\n[limits]\n{limits}",
             d.join("brain.db").display(),
             d.join("runs").display()
         ),
     )
     .unwrap();
-    let (mut brain, addr) = common::spawn_brain(|cmd| {
+    let (brain, addr) = common::spawn_brain(|cmd| {
         cmd.args(["--listen", "127.0.0.1:0", "--config"])
             .arg(d.join("brain.toml"))
             // Where the registry of the test's brains looks for the operator token.
@@ -46,7 +44,16 @@ async fn messages_specs_batches_and_jobs_beyond_the_limits_are_refused() {
             .arg(d.join("brain.db"))
             .stderr(Stdio::null());
     });
-    let url = format!("http://{addr}");
+    (brain, format!("http://{addr}"))
+}
+
+#[tokio::test]
+async fn messages_specs_batches_and_jobs_beyond_the_limits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut brain, url) = limited_brain(
+        dir.path(),
+        "max_message_bytes = 65536\nmax_spec_bytes = 2048\nmax_active_jobs = 2\n",
+    );
     let mut op = operator_client(&url).await;
     let mut submit = async |text: String| {
         op.submit_job(pb::SubmitJobRequest {
@@ -139,26 +146,13 @@ async fn a_flooding_job_is_refused_beyond_its_rate_and_another_job_s_reports_all
     const CALLS: u64 = 50;
     const REPORTS: u64 = 200;
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::write(
-        d.join("brain.toml"),
-        format!(
-            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 1\n\
-             [limits]\ncalls_per_second = {CALLS}\nreports_per_second = {REPORTS}\n\
-             submissions_per_minute = 2\n",
-            d.join("brain.db").display(),
-            d.join("runs").display()
+    let (mut brain, url) = limited_brain(
+        dir.path(),
+        &format!(
+            "calls_per_second = {CALLS}\nreports_per_second = {REPORTS}\n\
+             submissions_per_minute = 2\n"
         ),
-    )
-    .unwrap();
-    let (mut brain, addr) = common::spawn_brain(|cmd| {
-        cmd.args(["--listen", "127.0.0.1:0", "--config"])
-            .arg(d.join("brain.toml"))
-            .arg("--database")
-            .arg(d.join("brain.db"))
-            .stderr(Stdio::null());
-    });
-    let url = format!("http://{addr}");
+    );
     let mut op = operator_client(&url).await;
     let mut register = async |name: &str| {
         let r = op
