@@ -9,7 +9,9 @@
 //!   operator registers a job master started by hand (returned once in `RegisterJobResponse`):
 //!   what a job master does for its own job only (register under its name, report metrics and
 //!   its outcome, fetch and acknowledge plans, read its record). Another job's id is
-//!   PERMISSION_DENIED. The brain keeps only the secrets' SHA-256, in its store.
+//!   PERMISSION_DENIED. The brain keeps only the secrets' SHA-256, in its store;
+//! * the **metrics token** (`metrics.token` beside the database): `GET /metrics` only (the
+//!   operator token is taken there too), so a Prometheus server holds no power over jobs.
 //!
 //! Handlers check the caller with [`operator`], [`job_itself`] and [`operator_or_job`]. A brain
 //! started `--insecure` checks no token: every caller is [`Caller::Anyone`] and may do
@@ -37,6 +39,8 @@ pub struct Keys {
     /// `None`: insecure, no token is checked.
     operator: Option<Token>,
     jobs: RwLock<HashMap<[u8; 32], JobId>>,
+    /// The scrapers' token for `GET /metrics`, which may do nothing else.
+    scraper: Option<Token>,
 }
 
 impl Keys {
@@ -44,7 +48,25 @@ impl Keys {
         Keys {
             operator: Some(operator),
             jobs: RwLock::new(jobs.into_iter().collect()),
+            scraper: None,
         }
+    }
+
+    /// These keys with `token` taken for `GET /metrics` (besides the operator token).
+    pub fn scraped_with(mut self, token: Token) -> Keys {
+        self.scraper = Some(token);
+        self
+    }
+
+    /// Whether a presented token may read `GET /metrics`: the scrapers' or the operator's
+    /// (anyone's on an insecure brain; never a job's secret).
+    pub fn may_scrape(&self, presented: Option<&str>) -> bool {
+        let Some(operator) = &self.operator else {
+            return true;
+        };
+        presented.is_some_and(|p| {
+            operator.matches(p) || self.scraper.as_ref().is_some_and(|s| s.matches(p))
+        })
     }
 
     /// A job's secret from now on (its digest is in the store already).
@@ -60,6 +82,7 @@ impl Keys {
         Keys {
             operator: None,
             jobs: RwLock::default(),
+            scraper: None,
         }
     }
 
@@ -203,5 +226,22 @@ mod tests {
         assert!(operator(&anyone).is_ok());
         assert!(job_itself(&anyone, JobId(1)).is_ok());
         assert!(operator_or_job(&anyone, JobId(2)).is_ok());
+    }
+
+    #[test]
+    fn the_metrics_token_reads_metrics_and_nothing_else() {
+        let (op, scraper, job) = (Token::generate(), Token::generate(), Token::generate());
+        let keys = Keys::new(op.clone(), [(job.digest(), JobId(1))]).scraped_with(scraper.clone());
+        assert!(keys.may_scrape(Some(scraper.expose())));
+        assert!(keys.may_scrape(Some(op.expose())));
+        assert!(!keys.may_scrape(Some(job.expose())));
+        assert!(!keys.may_scrape(Some("x")));
+        assert!(!keys.may_scrape(None));
+        // No gRPC call at all.
+        assert_eq!(
+            keys.caller(Some(scraper.expose())).unwrap_err().code(),
+            Code::Unauthenticated
+        );
+        assert!(Keys::insecure().may_scrape(None));
     }
 }

@@ -44,6 +44,11 @@ pub struct BrainConfig {
     /// sends what it holds [default: `operator.token` beside the database].
     #[serde(default)]
     pub operator_token_file: Option<PathBuf>,
+    /// The token `GET /metrics` asks for (a scraper's, which may do nothing else; the operator
+    /// token is taken too): created (mode 0600) at the first start [default: `metrics.token`
+    /// beside the database].
+    #[serde(default)]
+    pub metrics_token_file: Option<PathBuf>,
     /// What one caller may send (`[limits]`).
     #[serde(default)]
     pub limits: Limits,
@@ -180,6 +185,7 @@ impl BrainConfig {
             launcher: LauncherConfig::default(),
             advertise: None,
             operator_token_file: None,
+            metrics_token_file: None,
             limits: Limits::default(),
             sink: None,
             tls: None,
@@ -242,6 +248,16 @@ impl BrainConfig {
                 .parent()
                 .unwrap_or(std::path::Path::new(""))
                 .join("operator.token")
+        })
+    }
+
+    /// Where the scrapers' token for `GET /metrics` is kept.
+    pub fn metrics_token_file(&self) -> PathBuf {
+        self.metrics_token_file.clone().unwrap_or_else(|| {
+            self.database
+                .parent()
+                .unwrap_or(std::path::Path::new(""))
+                .join("metrics.token")
         })
     }
 
@@ -380,6 +396,12 @@ pub async fn run(
     if created {
         tracing::info!(path = %token_file.display(), "operator token created");
     }
+    let metrics_file = config.metrics_token_file();
+    let (scraper, created) =
+        auth::read_or_create(&metrics_file).map_err(|e| BrainError::Config(e.to_string()))?;
+    if created {
+        tracing::info!(path = %metrics_file.display(), "metrics token created");
+    }
     let known = {
         let store = store.lock().expect("no panic under the lock");
         store.job_tokens()?
@@ -391,7 +413,7 @@ pub async fn run(
         );
         crate::auth::Keys::insecure()
     } else {
-        crate::auth::Keys::new(operator, known)
+        crate::auth::Keys::new(operator, known).scraped_with(scraper)
     });
     let control = Arc::new(Control::new(
         store.clone(),
@@ -417,13 +439,26 @@ pub async fn run(
     };
 
     let scrape = {
-        let (store, metrics) = (store.clone(), metrics.clone());
-        move || async move {
-            tokio::task::spawn_blocking(move || {
+        let (store, metrics, keys) = (store.clone(), metrics.clone(), keys.clone());
+        move |headers: axum::http::HeaderMap| async move {
+            let presented = headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            if !keys.may_scrape(presented) {
+                return Err((
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    "GET /metrics needs `Authorization: Bearer TOKEN` with the metrics token \
+                     (metrics.token beside the brain's database; Prometheus: \
+                     authorization.credentials_file)\n",
+                ));
+            }
+            Ok(tokio::task::spawn_blocking(move || {
                 metrics.render(&store.lock().expect("no panic under the lock"))
             })
             .await
-            .unwrap_or_default()
+            .unwrap_or_default())
         }
     };
     let throttle = Arc::new(crate::throttle::Throttle::new(

@@ -74,11 +74,14 @@ async fn first_job_ended(url: &str) -> pb::JobRecord {
     }
 }
 
-fn http_get(addr: &str, path: &str) -> String {
+fn http_get(addr: &str, path: &str, token: Option<auth::Token>) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {}\r\n", t.expose()))
+        .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut out = String::new();
@@ -231,7 +234,15 @@ async fn three_jobs_share_four_cpus(scheduler: &str, max_workers: u32) {
     assert!(plans >= 2, "{done:#?}\n{seen:#?}");
     assert!(reached >= 2, "{done:#?}");
 
-    let metrics = http_get(&addr, "/metrics");
+    // Prometheus' scrape needs the metrics token (beside the operator token).
+    let refused = http_get(&addr, "/metrics", None);
+    assert!(
+        refused.starts_with("HTTP/1.1 401") && refused.contains("metrics token"),
+        "{refused}"
+    );
+    let scraper =
+        auth::read_secret(&common::token_file(&addr).with_file_name("metrics.token")).unwrap();
+    let metrics = http_get(&addr, "/metrics", Some(scraper));
     assert!(
         metrics.contains("brain_jobs{state=\"succeeded\"} 3"),
         "{metrics}"

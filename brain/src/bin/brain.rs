@@ -11,7 +11,8 @@ use clap::Parser;
     version,
     about = "The cluster-wide brain: sizes submitted jobs, starts their job masters, takes their \
              metrics and resizes running jobs every round under the operator's policy.",
-    after_help = "The gRPC API and Prometheus' GET /metrics share the --listen address.\n\
+    after_help = "The gRPC API and Prometheus' GET /metrics share the --listen address; \
+                  /metrics asks for the metrics token (metrics.token beside the database).\n\
                   Flags override what a --config file says."
 )]
 struct Cli {
@@ -187,6 +188,12 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "operator token in {} (brainctl --token-file reads it)",
         token_file.display()
+    );
+    let metrics_file = config.metrics_token_file();
+    auth::read_or_create(&metrics_file)?;
+    println!(
+        "metrics token in {} (GET /metrics asks for it: Prometheus'          authorization.credentials_file)",
+        metrics_file.display()
     );
     // The address actually bound (port 0 picks one), for whoever started us.
     println!("listening on {}", listener.local_addr()?);
