@@ -12,9 +12,13 @@
 //!    workers and 1 PS, FIFO, no heuristics).
 //! 3. One optimisation round with 1,000 registered running jobs (each with reported speeds):
 //!    `DryRun` over gRPC, i.e. the SQLite snapshot plus the scheduler, per scheduler.
+//! 4. Ingest while rounds run: 10,000 registered running jobs whose simulated job masters each
+//!    report every 10 s for 60 s, side by side without rounds and with the live round every
+//!    second: report latency (p50, p99, max), reports stored (nothing lost), rounds run and
+//!    their mean solve time (from the brain's `GET /metrics`).
 //!
 //! cargo build --release -p brain -p job-master -p worker-agent && cargo bench -p benches --bench live_brain
-//! (`-- four_jobs`, `-- three_jobs` or `-- round` runs one table)
+//! (`-- four_jobs`, `-- three_jobs`, `-- round` or `-- ingest` runs one table)
 
 mod common;
 
@@ -327,53 +331,7 @@ async fn round_with(jobs: usize) {
     .unwrap();
     let (mut brain, url) = start_brain(dir.path(), (jobs * 3) as u32);
     let mut c = client(&url, dir.path()).await;
-    for i in 0..jobs {
-        let workers = 1 + (i % 4) as u32;
-        let registered = c
-            .register_job(pb::RegisterJobRequest {
-                job_name: format!("job-{i}"),
-                master_address: "127.0.0.1:9".into(),
-                shape: Some(pb::JobShape {
-                    kind: "allreduce".into(),
-                    workers,
-                    min_workers: 1,
-                    max_workers: 8,
-                    worker_node_unit: 1,
-                    ps: 0,
-                    worker_resources: Some(jm::Resources {
-                        cpu_millicores: 1000,
-                        memory_bytes: 1 << 30,
-                        ..Default::default()
-                    }),
-                    ps_resources: None,
-                    total_samples: 1_000_000,
-                    min_ps: 0,
-                    max_ps: 0,
-                }),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let id = registered.job_id;
-        let mut job = common::brain_client(&url, auth::Token::parse(&registered.job_token)).await;
-        let per = 500.0 + (i % 7) as f64 * 100.0;
-        let reports = (1..=workers)
-            .map(|n| pb::MetricReport {
-                at_unix_ms: 1_700_000_000_000 + n as i64,
-                global_step: n as u64,
-                samples_per_second: per * n as f64 / (1.0 + 0.1 * n as f64),
-                workers: n,
-                samples_done: 1000 * i as u64 % 900_000,
-                ..Default::default()
-            })
-            .collect();
-        job.report_metrics(pb::MetricsBatch {
-            job_id: id,
-            reports,
-        })
-        .await
-        .unwrap();
-    }
+    register_running(&url, &c, jobs).await;
     println!(
         "\n{:<14} {:>12} {:>14} {:>14}",
         "scheduler", "solve (ms)", "round (ms)", "resized jobs"
@@ -412,13 +370,210 @@ async fn round_with(jobs: usize) {
     brain.kill();
 }
 
+/// Registers `jobs` running all-reduce jobs through the operator client `c` (1–4 workers each,
+/// with speeds reported at 1..=its workers, as a job master reports them), 16 at a time;
+/// returns each job's client (its own secret, over one of 8 shared connections) and id, in
+/// order.
+async fn register_running(url: &str, c: &Client, jobs: usize) -> Vec<(Client, u64)> {
+    const AT_ONCE: usize = 16;
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).unwrap();
+        channels.push(endpoint.connect().await.unwrap());
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for k in 0..AT_ONCE {
+        let (mut c, channels) = (c.clone(), channels.clone());
+        set.spawn(async move {
+            let mut out = Vec::new();
+            for i in (k..jobs).step_by(AT_ONCE) {
+                let workers = 1 + (i % 4) as u32;
+                let registered = c
+                    .register_job(pb::RegisterJobRequest {
+                        job_name: format!("job-{i}"),
+                        master_address: "127.0.0.1:9".into(),
+                        shape: Some(pb::JobShape {
+                            kind: "allreduce".into(),
+                            workers,
+                            min_workers: 1,
+                            max_workers: 8,
+                            worker_node_unit: 1,
+                            ps: 0,
+                            worker_resources: Some(jm::Resources {
+                                cpu_millicores: 1000,
+                                memory_bytes: 1 << 30,
+                                ..Default::default()
+                            }),
+                            ps_resources: None,
+                            total_samples: 1_000_000,
+                            min_ps: 0,
+                            max_ps: 0,
+                        }),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let id = registered.job_id;
+                let mut job = BrainClient::with_interceptor(
+                    channels[i % channels.len()].clone(),
+                    auth::WithToken::new(auth::Token::parse(&registered.job_token)),
+                );
+                let per = 500.0 + (i % 7) as f64 * 100.0;
+                let reports = (1..=workers)
+                    .map(|n| pb::MetricReport {
+                        at_unix_ms: 1_700_000_000_000 + n as i64,
+                        global_step: n as u64,
+                        samples_per_second: per * n as f64 / (1.0 + 0.1 * n as f64),
+                        workers: n,
+                        samples_done: 1000 * i as u64 % 900_000,
+                        ..Default::default()
+                    })
+                    .collect();
+                job.report_metrics(pb::MetricsBatch {
+                    job_id: id,
+                    reports,
+                })
+                .await
+                .unwrap();
+                out.push((i, job, id));
+            }
+            out
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(r) = set.join_next().await {
+        all.extend(r.unwrap());
+    }
+    all.sort_by_key(|(i, _, _)| *i);
+    all.into_iter().map(|(_, c, id)| (c, id)).collect()
+}
+
+/// A counter or a sum from the brain's `GET /metrics` (with its metrics token).
+fn scraped(url: &str, dir: &Path, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let token = auth::read_secret(&dir.join("metrics.token")).unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        token.expose()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `jobs` simulated job masters, each reporting one report every 10 s (phases spread evenly),
+/// for `secs`, side by side: with no round running, and with the brain's live round every
+/// second (elastic_lp, plans dispatched). Prints the reports' latency, what was stored, and
+/// the rounds run.
+async fn ingest_during_rounds(jobs: usize, secs: u64) {
+    println!(
+        "\n{:<22} {:>9} {:>8} {:>9} {:>9} {:>9} {:>7} {:>16}",
+        "rounds", "reports", "stored", "p50 (ms)", "p99 (ms)", "max (ms)", "rounds", "mean solve (ms)"
+    );
+    for rounds in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("policy.toml"),
+            format!(
+                "[scheduler]\nkind = \"elastic_lp\"\n[live]\ninterval_s = {}\ncooldown_s = 3600\n",
+                if rounds { 1 } else { 3600 }
+            ),
+        )
+        .unwrap();
+        let (mut brain, url) = start_brain(dir.path(), (jobs * 3) as u32);
+        let c = client(&url, dir.path()).await;
+        let clients = register_running(&url, &c, jobs).await;
+        let initial: u64 = (0..jobs).map(|i| 1 + (i % 4) as u64).sum();
+        let (rounds_before, solve_before, solves_before) = (
+            scraped(&url, dir.path(), "brain_rounds_total"),
+            scraped(&url, dir.path(), "brain_round_solve_seconds_sum"),
+            scraped(&url, dir.path(), "brain_round_solve_seconds_count"),
+        );
+        let start = tokio::time::Instant::now() + Duration::from_secs(1);
+        let period = Duration::from_secs(10);
+        let mut set = tokio::task::JoinSet::new();
+        for (k, (mut c, id)) in clients.into_iter().enumerate() {
+            let offset = period * k as u32 / jobs as u32;
+            set.spawn(async move {
+                let mut latencies = Vec::new();
+                let mut n = 0u32;
+                loop {
+                    let at = start + offset + period * n;
+                    if at > start + Duration::from_secs(secs) {
+                        break;
+                    }
+                    tokio::time::sleep_until(at).await;
+                    let t = Instant::now();
+                    c.report_metrics(pb::MetricsBatch {
+                        job_id: id,
+                        reports: vec![pb::MetricReport {
+                            at_unix_ms: 1_700_000_010_000 + 10_000 * n as i64,
+                            global_step: 100 + n as u64,
+                            samples_per_second: 1000.0,
+                            workers: 1,
+                            ..Default::default()
+                        }],
+                    })
+                    .await
+                    .unwrap();
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    n += 1;
+                }
+                latencies
+            });
+        }
+        let mut latencies = Vec::new();
+        while let Some(r) = set.join_next().await {
+            latencies.extend(r.unwrap());
+        }
+        latencies.sort_by(f64::total_cmp);
+        let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+        let mut op = c.clone();
+        let stored: u64 = op
+            .list_jobs(pb::ListJobsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs
+            .iter()
+            .map(|j| j.reports)
+            .sum::<u64>()
+            - initial;
+        let solves = scraped(&url, dir.path(), "brain_round_solve_seconds_count") - solves_before;
+        let solve_s = scraped(&url, dir.path(), "brain_round_solve_seconds_sum") - solve_before;
+        println!(
+            "{:<22} {:>9} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>16}",
+            if rounds { "every second" } else { "none" },
+            latencies.len(),
+            stored,
+            pick(0.5),
+            pick(0.99),
+            pick(1.0),
+            scraped(&url, dir.path(), "brain_rounds_total") - rounds_before,
+            if solves > 0.0 {
+                format!("{:.0}", solve_s / solves * 1000.0)
+            } else {
+                "-".into()
+            }
+        );
+        brain.kill();
+    }
+}
+
 #[tokio::main]
 async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
     // `cargo bench --bench live_brain -- four_jobs` runs that table only (also `three_jobs`,
-    // `round`); no name runs all three.
+    // `round`, `ingest`); no name runs them all.
     let names: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -433,6 +588,13 @@ async fn main() {
     if wanted("round") {
         println!("\none round with 1,000 registered running jobs (median of 5 dry runs):");
         round_with(1000).await;
+    }
+    if wanted("ingest") {
+        println!(
+            "\n10,000 simulated job masters, each reporting every 10 s for 60 s, without and \
+             with the live round every second (10,000 running jobs, elastic_lp):"
+        );
+        ingest_during_rounds(10_000, 60).await;
     }
 }
 

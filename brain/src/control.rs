@@ -1,7 +1,8 @@
 //! The live optimisation loop: on a timer (`[live] interval_s` of the policy file) and on
 //! events (a job submitted, registered, finished, its master gone), it snapshots the queued and
-//! running jobs from the store with their reported speeds, runs [`optimizer::live::plan_round`]
-//! under the operator's scheduler, and carries the decisions out: a queued job that gets room
+//! running jobs from the store with their reported speeds (under the store's lock), runs
+//! [`optimizer::live::plan_round`] under the operator's scheduler (outside it: ingest never
+//! waits for a solve), and carries the decisions out: a queued job that gets room
 //! has its job master started, a running job whose worker count changes gets the next plan
 //! version (which its job master polls). A job whose last plan is not yet acknowledged and
 //! carried out is left alone, as is one in its cool-down.
@@ -524,20 +525,25 @@ impl Control {
         *self.cluster.write().expect("no panic under the lock") = cluster.clone();
         let planned = cluster.clone();
         let now = now_unix_ms();
-        let (plan, solve_ms) = self
-            .with_store(move |s| {
-                let snap = Control::snapshot(s, &cluster, now)?;
-                let started = Instant::now();
-                let plan = plan_round(
-                    &snap,
-                    policy.scheduler().scheduler(),
-                    &policy.config.live,
-                    &policy.config.heuristics(),
-                )
-                .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
-                Ok((plan, started.elapsed().as_secs_f64() * 1000.0))
-            })
+        // The snapshot under the store's lock; the solve outside it, so that ingest and the
+        // job masters' calls never wait for a solve. A job that leaves the queue meanwhile
+        // (cancelled) is not started; a plan for a job that ended meanwhile is never fetched.
+        let snap = self
+            .with_store(move |s| Control::snapshot(s, &cluster, now))
             .await?;
+        let (plan, solve_ms) = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let plan = plan_round(
+                &snap,
+                policy.scheduler().scheduler(),
+                &policy.config.live,
+                &policy.config.heuristics(),
+            )
+            .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
+            Ok::<_, BrainError>((plan, started.elapsed().as_secs_f64() * 1000.0))
+        })
+        .await
+        .map_err(|e| BrainError::Internal(format!("round task: {e}")))??;
         self.metrics.observe_round(solve_ms);
         if dispatch {
             for d in plan.decisions.iter().filter(|d| d.changes()) {
@@ -596,6 +602,10 @@ impl Control {
         gpu_type: Option<String>,
     ) -> Result<(), BrainError> {
         let row = self.with_store(move |s| s.job(job)).await?;
+        if row.state != JobState::Queued {
+            tracing::info!(%job, state = row.state.as_str(), "not started: no longer queued");
+            return Ok(());
+        }
         let mut spec: JobSpec = serde_norway::from_str(row.spec.as_deref().unwrap_or_default())
             .map_err(|e| BrainError::Stored {
                 what: format!("spec of {job}"),
