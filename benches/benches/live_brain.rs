@@ -475,7 +475,14 @@ fn scraped(url: &str, dir: &Path, name: &str) -> f64 {
 async fn ingest_during_rounds(jobs: usize, secs: u64) {
     println!(
         "\n{:<22} {:>9} {:>8} {:>9} {:>9} {:>9} {:>7} {:>16}",
-        "rounds", "reports", "stored", "p50 (ms)", "p99 (ms)", "max (ms)", "rounds", "mean solve (ms)"
+        "rounds",
+        "reports",
+        "stored",
+        "p50 (ms)",
+        "p99 (ms)",
+        "max (ms)",
+        "rounds",
+        "mean solve (ms)"
     );
     for rounds in [false, true] {
         let dir = tempfile::tempdir().unwrap();

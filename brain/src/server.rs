@@ -241,24 +241,26 @@ impl BrainConfig {
         Ok(())
     }
 
+    /// `name` in the database's directory.
+    fn beside_database(&self, name: &str) -> PathBuf {
+        self.database
+            .parent()
+            .unwrap_or(std::path::Path::new(""))
+            .join(name)
+    }
+
     /// Where the operator token is kept.
     pub fn operator_token_file(&self) -> PathBuf {
-        self.operator_token_file.clone().unwrap_or_else(|| {
-            self.database
-                .parent()
-                .unwrap_or(std::path::Path::new(""))
-                .join("operator.token")
-        })
+        self.operator_token_file
+            .clone()
+            .unwrap_or_else(|| self.beside_database("operator.token"))
     }
 
     /// Where the scrapers' token for `GET /metrics` is kept.
     pub fn metrics_token_file(&self) -> PathBuf {
-        self.metrics_token_file.clone().unwrap_or_else(|| {
-            self.database
-                .parent()
-                .unwrap_or(std::path::Path::new(""))
-                .join("metrics.token")
-        })
+        self.metrics_token_file
+            .clone()
+            .unwrap_or_else(|| self.beside_database("metrics.token"))
     }
 
     fn live_cluster(&self) -> LiveCluster {

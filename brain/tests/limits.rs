@@ -238,12 +238,7 @@ async fn a_flooding_job_is_refused_beyond_its_rate_and_another_job_s_reports_all
         stored as f64 <= allowed,
         "the flooder stored {stored} reports in {elapsed:.1} s, more than {allowed}"
     );
-    let jobs = op
-        .list_jobs(pb::ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let jobs = common::jobs(&url).await.unwrap();
     let reports_of = |name: &str| jobs.iter().find(|j| j.job_name == name).unwrap().reports;
     assert_eq!(reports_of("honest"), sent);
     assert_eq!(reports_of("flooder"), stored);
@@ -266,12 +261,7 @@ async fn a_flooding_job_is_refused_beyond_its_rate_and_another_job_s_reports_all
             .contains("the operator is over limits.submissions_per_minute (2 per minute)"),
         "{e:?}"
     );
-    let jobs = op
-        .list_jobs(pb::ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let jobs = common::jobs(&url).await.unwrap();
     assert!(jobs.iter().all(|j| j.job_name != "three"));
     assert_eq!(jobs.len(), 4);
     brain.kill();
