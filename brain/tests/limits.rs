@@ -24,6 +24,17 @@ fn spec(name: &str, padding: usize) -> String {
     )
 }
 
+/// A job's `i`-th metric report.
+fn report(i: u64) -> pb::MetricReport {
+    pb::MetricReport {
+        at_unix_ms: 1_700_000_000_000 + i as i64,
+        global_step: i,
+        samples_per_second: 10.0,
+        workers: 1,
+        ..Default::default()
+    }
+}
+
 /// A brain with one CPU (submitted jobs of two workers wait) and `limits` as its `[limits]`;
 /// returns it and its URL.
 fn limited_brain(d: &std::path::Path, limits: &str) -> (common::Brain, String) {
@@ -89,13 +100,6 @@ async fn messages_specs_batches_and_jobs_beyond_the_limits_are_refused() {
         .unwrap()
         .into_inner();
     let mut job = client_with(&url, auth::Token::parse(&r.job_token)).await;
-    let report = |i: u64| pb::MetricReport {
-        at_unix_ms: 1_700_000_000_000 + i as i64,
-        global_step: i,
-        samples_per_second: 10.0,
-        workers: 1,
-        ..Default::default()
-    };
     let e = job
         .report_metrics(pb::MetricsBatch {
             job_id: r.job_id,
@@ -168,13 +172,6 @@ async fn a_flooding_job_is_refused_beyond_its_rate_and_another_job_s_reports_all
     };
     let (flooder, flooder_token) = register("flooder").await;
     let (honest, honest_token) = register("honest").await;
-    let report = |i: u64| pb::MetricReport {
-        at_unix_ms: 1_700_000_000_000 + i as i64,
-        global_step: i,
-        samples_per_second: 10.0,
-        workers: 1,
-        ..Default::default()
-    };
 
     let run_for = Duration::from_secs(3);
     let start = Instant::now();

@@ -172,12 +172,7 @@ async fn every_job_master_rpc_needs_the_jobs_own_secret() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let their_secret = loop {
-        if let Some(t) = secret_of(theirs.addr) {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let their_secret = wait_secret(theirs.addr).await;
     // The secret is the owner's alone, on disk and in the master's run directory.
     let file = ours.run_dir.join(auth::JOB_TOKEN_FILE);
     use std::os::unix::fs::PermissionsExt;

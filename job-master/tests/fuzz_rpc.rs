@@ -164,13 +164,9 @@ fn random_requests_to_a_job_master_and_a_parameter_server_never_crash_them() {
             PlatformConfig::External,
         )
         .await;
-        let secret = loop {
-            if let Some(t) = secret_of(master.addr) {
-                break t;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
-        let c = client_with(master.addr, Some(secret)).await.unwrap();
+        let c = client_with(master.addr, Some(wait_secret(master.addr).await))
+            .await
+            .unwrap();
         let token = auth::Token::generate();
         let ps = ps_with(&start_ps(&token).await, Some(token)).await;
         (master, c, ps)

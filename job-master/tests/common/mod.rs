@@ -36,6 +36,16 @@ pub fn secret_of(addr: SocketAddr) -> Option<auth::Token> {
     auth::read_secret(&file).ok()
 }
 
+/// The secret of the job master at `addr`, once it has written it.
+pub async fn wait_secret(addr: SocketAddr) -> auth::Token {
+    loop {
+        if let Some(t) = secret_of(addr) {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `job-master run` with `args` after the spec (which name its `--run-dir`), on
 /// `127.0.0.1:0`: returns the process (killed when dropped) and the address it printed.
 pub fn spawn_run(spec: &Path, args: &[&std::ffi::OsStr]) -> (test_support::Spawned, SocketAddr) {
