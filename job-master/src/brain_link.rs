@@ -213,7 +213,7 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
                 memory_bytes: used.rss_bytes,
                 memory_peak_bytes: s.memory_peak,
                 oom_kills: s.oom_kills,
-                pending_ms: if s.phase == SlotPhase::Launching {
+                pending_ms: if s.phase == SlotPhase::Launching && !s.placed {
                     now_ms.saturating_sub(s.last_heartbeat_ms)
                 } else {
                     0

@@ -252,22 +252,21 @@ fn token_file() -> std::path::PathBuf {
     file
 }
 
-async fn next_exit(
+async fn next_event(
     events: &mut tokio::sync::mpsc::Receiver<PlatformEvent>,
     within: Duration,
-) -> String {
-    let PlatformEvent::AgentExited { description, .. } =
-        tokio::time::timeout(within, events.recv())
-            .await
-            .expect("no agent event in time")
-            .expect("events open");
-    description
+) -> PlatformEvent {
+    tokio::time::timeout(within, events.recv())
+        .await
+        .expect("no agent event in time")
+        .expect("events open")
 }
 
 /// Capacity comes from Ray's state (node totals, and what is free once another Ray job holds
 /// 7 of the 8 CPUs); a process that does not fit is never submitted (a PENDING Ray job could
-/// not be stopped) but waits and counts as failed after the placement timeout; one bigger than
-/// any node is refused at once; once room frees up a process is placed, and a stop ends it.
+/// not be stopped) but waits and is reported not placed (still pending) after the placement
+/// timeout; one bigger than any node is refused at once; once room frees up a process is
+/// placed (and the master told), and a stop ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_is_read_from_ray_and_only_what_fits_is_submitted() {
     let Some((address, _turn)) = ray().await else {
@@ -328,12 +327,18 @@ async fn capacity_is_read_from_ray_and_only_what_fits_is_submitted() {
     let e = platform.launch(huge).await.unwrap_err().to_string();
     assert!(e.contains("more than any node"), "{e}");
 
-    // Fits the node but not what is free: waits, never submitted, fails after 3 s.
+    // Fits the node but not what is free: waits, never submitted, reported not placed after
+    // 3 s (pending, not failed).
     let l = launch(1, 2000);
     let id = platform.submission_id(l.key, l.incarnation);
     platform.launch(l).await.unwrap();
-    let why = next_exit(&mut events, Duration::from_secs(20)).await;
-    assert!(why.contains("could not place 2 CPU within 3 s"), "{why}");
+    match next_event(&mut events, Duration::from_secs(20)).await {
+        PlatformEvent::NotPlaced { description, .. } => assert!(
+            description.contains("could not place 2 CPU within 3 s"),
+            "{description}"
+        ),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(
         api.job(&id).await.unwrap(),
         None,
@@ -363,9 +368,20 @@ async fn capacity_is_read_from_ray_and_only_what_fits_is_submitted() {
         assert!(start.elapsed() < Duration::from_secs(60), "never placed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert_eq!(
+        next_event(&mut events, Duration::from_secs(20)).await,
+        PlatformEvent::Placed {
+            key: l.key,
+            incarnation: l.incarnation
+        }
+    );
     platform.stop(l.key, Duration::from_secs(1)).await;
-    let why = next_exit(&mut events, Duration::from_secs(20)).await;
-    assert!(why.contains("STOPPED"), "{why}");
+    match next_event(&mut events, Duration::from_secs(20)).await {
+        PlatformEvent::AgentExited { description, .. } => {
+            assert!(description.contains("STOPPED"), "{description}")
+        }
+        other => panic!("{other:?}"),
+    }
     assert_eq!(
         api.job(&id).await.unwrap().map(|i| i.status),
         Some(RayJobStatus::Stopped)

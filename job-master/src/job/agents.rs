@@ -146,6 +146,52 @@ impl JobContext {
         Ok(self.fail_slot(key, how, false, now_ms))
     }
 
+    /// The platform placed the agent launched for `incarnation` of `key`: it has the register
+    /// timeout from now on. Whether anything changed.
+    pub fn agent_placed(&mut self, key: SlotKey, incarnation: u64, now_ms: u64) -> bool {
+        match self.slots.get_mut(&key) {
+            Some(s)
+                if s.incarnation == incarnation && s.phase == SlotPhase::Launching && !s.placed =>
+            {
+                s.placed = true;
+                s.last_heartbeat_ms = now_ms;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The platform found no room for `key`'s agent in its own time limit: the process is
+    /// still pending, so it is asked for again (same incarnation, no relaunch counted) and
+    /// its pending time keeps running, for the brain to see and to give it up.
+    pub fn agent_not_placed(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        why: String,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        match self.slots.get(&key) {
+            Some(s)
+                if s.incarnation == incarnation
+                    && s.phase == SlotPhase::Launching
+                    && !s.placed
+                    && !self.phase.is_terminal() =>
+            {
+                let waited = now_ms.saturating_sub(s.last_heartbeat_ms);
+                self.log(
+                    now_ms,
+                    format!(
+                        "{key} still pending after {} s, asked for again: {why}",
+                        waited / 1000
+                    ),
+                );
+                vec![Effect::LaunchAgent { key, incarnation }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The agent of `key` is gone (its process ended, or heartbeats stopped).
     pub fn agent_lost(
         &mut self,
@@ -225,6 +271,7 @@ impl JobContext {
         if relaunch_agent {
             let slot = self.slots.get_mut(&key).expect("exists");
             slot.phase = SlotPhase::Launching;
+            slot.placed = false;
             slot.agent_id = 0;
             slot.process_pid = 0;
             // The new agent gets a full timeout to register.

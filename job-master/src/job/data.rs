@@ -474,6 +474,8 @@ impl JobContext {
             .slots
             .values()
             .filter(|s| s.phase != SlotPhase::Removed)
+            // Waiting for room is not a failure: the platform says when it gives up placing.
+            .filter(|s| s.phase != SlotPhase::Launching || s.placed)
             .filter(|s| {
                 let limit = match s.phase {
                     SlotPhase::Launching => register,

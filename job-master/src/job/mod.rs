@@ -129,6 +129,16 @@ pub struct Slot {
     pub oom_kills: u32,
     #[serde(default)]
     pub memory_peak: u64,
+    /// A launching agent the platform has placed (its process started): its register
+    /// timeout runs from then. Until then it is pending: waiting for room is not a failure,
+    /// and the brain is told since when (`last_heartbeat_ms`, the launch).
+    #[serde(default = "placed_before_this_field")]
+    pub placed: bool,
+}
+
+/// State written before slots said whether they were placed: every launch counted as placed.
+fn placed_before_this_field() -> bool {
+    true
 }
 
 impl Slot {
@@ -152,6 +162,7 @@ impl Slot {
             oom_kills: 0,
             memory_peak: 0,
             joined: 0,
+            placed: false,
         }
     }
 }

@@ -256,7 +256,9 @@ fn a_lost_agent_is_replaced_and_its_late_registration_adopted() {
         .unwrap();
     let t = Timing::default().register_timeout_ms + 1;
     ctx.heartbeat(PS0, agent, 1, None, 0, t - 1).unwrap();
-    // The worker's agent never registers: after the registration timeout it is relaunched.
+    assert!(ctx.agent_placed(W0, 1, 0));
+    // The worker's agent, placed, never registers: after the registration timeout it is
+    // relaunched.
     let effects = ctx.tick(t);
     assert_eq!(
         effects,
@@ -281,6 +283,65 @@ fn a_lost_agent_is_replaced_and_its_late_registration_adopted() {
         ctx.register_agent(W0, 1, "h".into(), "c".into(), 40_001)
             .is_err()
     );
+}
+
+#[test]
+fn a_process_the_platform_cannot_place_is_pending_not_lost() {
+    let (mut ctx, _) = JobContext::new(spec("ps", 1, 2, 0), "t".into(), Timing::default(), 0);
+    let (agent, _) = ctx
+        .register_agent(PS0, 1, "h".into(), "a".into(), 1)
+        .unwrap();
+    ctx.agent_placed(W0, 1, 10);
+    let long = 10 * Timing::default().register_timeout_ms;
+    ctx.heartbeat(PS0, agent, 1, None, 0, long).unwrap();
+    // Placed at 10 ms and silent since: lost. Never placed: still waiting, however long.
+    let effects = ctx.tick(long);
+    assert!(
+        effects.contains(&Effect::LaunchAgent {
+            key: W0,
+            incarnation: 2
+        }),
+        "{effects:?}"
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == W1))
+    );
+    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
+    assert_eq!(ctx.restarts.get(&Role::Worker), Some(&1));
+    // The platform gives up placing it in its time: asked for again, the same incarnation,
+    // no relaunch counted, its pending clock kept (the brain gives it up by it).
+    let again = ctx.agent_not_placed(W1, 1, "no node has room".into(), long + 1);
+    assert_eq!(
+        again,
+        vec![Effect::LaunchAgent {
+            key: W1,
+            incarnation: 1
+        }]
+    );
+    assert_eq!(ctx.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(ctx.slots[&W1].last_heartbeat_ms, 0);
+    assert!(
+        ctx.events
+            .last()
+            .unwrap()
+            .text
+            .contains("worker-1 still pending after")
+    );
+    // A late word about an older incarnation, or a placed one, changes nothing.
+    assert!(ctx.agent_not_placed(W0, 1, "x".into(), long + 2).is_empty());
+    assert!(!ctx.agent_placed(W0, 1, long + 2));
+    // Placed at last: the register timeout runs from then.
+    assert!(ctx.agent_placed(W1, 1, long + 3));
+    let w1_relaunched = |effects: &[Effect]| {
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == W1))
+    };
+    let due = long + 3 + Timing::default().register_timeout_ms;
+    assert!(!w1_relaunched(&ctx.tick(due)));
+    assert!(w1_relaunched(&ctx.tick(due + 1)));
 }
 
 #[test]

@@ -94,6 +94,7 @@ impl JobContext {
             .or_insert_with(|| Slot::new(key, 0, now_ms));
         slot.incarnation += 1;
         slot.phase = SlotPhase::Launching;
+        slot.placed = false;
         slot.agent_id = 0;
         slot.process_pid = 0;
         slot.last_heartbeat_ms = now_ms;

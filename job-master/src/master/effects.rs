@@ -20,13 +20,23 @@ pub(super) async fn execute(
                 resources,
                 token_file: shared.token_file.clone(),
             };
-            if let Err(e) = platform.launch(launch).await {
-                shared
-                    .apply_logged("agent launch", |ctx, now| {
-                        ctx.fail(e.to_string(), now);
-                        Ok(((), vec![], true))
-                    })
-                    .await;
+            match platform.launch(launch).await {
+                Err(e) => {
+                    shared
+                        .apply_logged("agent launch", |ctx, now| {
+                            ctx.fail(e.to_string(), now);
+                            Ok(((), vec![], true))
+                        })
+                        .await
+                }
+                Ok(()) if !platform.reports_placement() => {
+                    shared
+                        .apply_logged("agent placed", |ctx, now| {
+                            Ok(((), vec![], ctx.agent_placed(key, incarnation, now)))
+                        })
+                        .await
+                }
+                Ok(()) => {}
             }
         }
         Effect::StopAgent { key, graceful } => {

@@ -287,12 +287,27 @@ pub async fn run(
                             })
                             .await;
                     }
-                    Some(ev) = ev_rx.recv() => {
-                        let PlatformEvent::AgentExited { key, incarnation, description } = ev;
-                        shared
-                            .apply_logged("agent exit", |ctx, now| Ok(((), ctx.agent_lost(key, incarnation, format!("agent process {description}"), now), true)))
-                            .await;
-                    }
+                    Some(ev) = ev_rx.recv() => match ev {
+                        PlatformEvent::Placed { key, incarnation } => {
+                            shared
+                                .apply_logged("agent placed", |ctx, now| {
+                                    Ok(((), vec![], ctx.agent_placed(key, incarnation, now)))
+                                })
+                                .await;
+                        }
+                        PlatformEvent::NotPlaced { key, incarnation, description } => {
+                            shared
+                                .apply_logged("agent not placed", |ctx, now| {
+                                    Ok(((), ctx.agent_not_placed(key, incarnation, description, now), true))
+                                })
+                                .await;
+                        }
+                        PlatformEvent::AgentExited { key, incarnation, description } => {
+                            shared
+                                .apply_logged("agent exit", |ctx, now| Ok(((), ctx.agent_lost(key, incarnation, format!("agent process {description}"), now), true)))
+                                .await;
+                        }
+                    },
                 }
             }
         })

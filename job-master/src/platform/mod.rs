@@ -33,6 +33,16 @@ pub struct AgentLaunch {
 /// Something the platform saw happen to an agent.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PlatformEvent {
+    /// The agent's process was placed and started (platforms that place later than they
+    /// launch, see [`Platform::reports_placement`]); it has the register timeout from now on.
+    Placed { key: SlotKey, incarnation: u64 },
+    /// The platform found no room for the agent in its own time limit and submitted nothing: the
+    /// process is still pending, not lost, and is asked for again without counting a relaunch.
+    NotPlaced {
+        key: SlotKey,
+        incarnation: u64,
+        description: String,
+    },
     AgentExited {
         key: SlotKey,
         incarnation: u64,
@@ -45,6 +55,12 @@ pub trait Platform: Send + Sync {
     fn name(&self) -> &'static str;
     /// Starts an agent. An agent still running for the same slot is stopped first.
     async fn launch(&self, launch: AgentLaunch) -> Result<(), Error>;
+    /// Whether this platform says when a launched agent is placed ([`PlatformEvent::Placed`]);
+    /// otherwise a launch is placed once `launch` returns. Until then the process is pending:
+    /// no register timeout runs, and the brain is told how long it has waited.
+    fn reports_placement(&self) -> bool {
+        false
+    }
     /// Stops the slot's agent: SIGTERM (or the platform's equivalent), then a kill after `grace`.
     async fn stop(&self, key: SlotKey, grace: Duration);
     /// Stops every agent this platform started.

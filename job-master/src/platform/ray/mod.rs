@@ -11,10 +11,12 @@
 //!   submitted that does not fit: before each submission the platform reads every node's free
 //!   resources, subtracts what it submitted itself that Ray's usage report may not show yet
 //!   (it lags placement by seconds), and submits only when some node has room; otherwise it
-//!   waits, re-reading, up to `place_timeout_ms`, then reports the agent as failed to place
-//!   (the job master relaunches or fails the job as for any lost agent). A process bigger than
-//!   any node is refused at once. Should a submitted job still wait (another Ray user took the
-//!   room), a stop is repeated once Ray places it.
+//!   waits, re-reading, up to `place_timeout_ms`, then reports the agent as not placed (the job
+//!   master asks again, without counting a relaunch: the process is pending, and the brain,
+//!   told how long, may give it up). A process bigger than any node is refused at once. Should
+//!   a submitted job still wait (another Ray user took the room), a stop is repeated once Ray
+//!   places it. The job master learns that a process is placed when Ray runs it: only then
+//!   does its register timeout start.
 //! * Each process gets its own `submission_id` (`brain-<job>-<role>-<index>-<incarnation>-<run>`,
 //!   the run part unique per job-master start). A duplicate answers HTTP 500: the platform
 //!   asks Ray for that job and adopts it when it is still live (a retried submission whose
@@ -244,16 +246,19 @@ impl RayPlatform {
     }
 }
 
+/// Why an agent never got into Ray.
+enum Unplaced {
+    /// The master stopped the slot first.
+    Stopped,
+    /// No node had room within `place_timeout`: the process is still pending.
+    NoRoom(Error),
+    /// Ray refused the submission.
+    Refused(Error),
+}
+
 impl Inner {
-    async fn exited(&self, key: SlotKey, incarnation: u64, description: String) {
-        let _ = self
-            .events
-            .send(PlatformEvent::AgentExited {
-                key,
-                incarnation,
-                description,
-            })
-            .await;
+    async fn tell(&self, event: PlatformEvent) {
+        let _ = self.events.send(event).await;
     }
 
     fn forget(&self, submission_id: &str) {
@@ -270,7 +275,7 @@ impl Inner {
         need: &RayResources,
         role: Role,
         cancel: &mut watch::Receiver<bool>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), Unplaced> {
         use std::sync::atomic::Ordering::SeqCst;
         struct Waiting<'a>(Option<&'a std::sync::atomic::AtomicUsize>);
         impl Drop for Waiting<'_> {
@@ -293,7 +298,7 @@ impl Inner {
         let mut last: String;
         loop {
             if *cancel.borrow() {
-                return Err(refused("stopped before Ray placed it".into()));
+                return Err(Unplaced::Stopped);
             }
             if role == Role::Worker && self.waiting_ps.load(SeqCst) > 0 {
                 last = "a parameter server of the job is placed first".into();
@@ -316,7 +321,9 @@ impl Inner {
                             });
                             match self.api.submit(req).await {
                                 Ok(()) => return Ok(()),
-                                Err(RayError::Duplicate(id)) => return self.adopt(&id).await,
+                                Err(RayError::Duplicate(id)) => {
+                                    return self.adopt(&id).await.map_err(Unplaced::Refused);
+                                }
                                 // Asked again on the next pass, until the deadline.
                                 Err(e) if e.is_transient() => {
                                     self.forget(&req.submission_id);
@@ -325,7 +332,7 @@ impl Inner {
                                 }
                                 Err(e) => {
                                     self.forget(&req.submission_id);
-                                    return Err(e.into());
+                                    return Err(Unplaced::Refused(e.into()));
                                 }
                             }
                         } else {
@@ -342,11 +349,11 @@ impl Inner {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(refused(format!(
+                return Err(Unplaced::NoRoom(refused(format!(
                     "Ray could not place {} within {} s: {last}",
                     describe(need),
                     self.settings.place_timeout.as_secs()
-                )));
+                ))));
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll) => {}
@@ -388,16 +395,28 @@ impl Inner {
         }
     }
 
-    /// Follows a submitted job to its end; returns how it ended.
-    async fn watch(&self, id: &str, cancel: &watch::Receiver<bool>) -> String {
+    /// Follows a submitted job to its end, telling the master when Ray runs it; returns how
+    /// it ended.
+    async fn watch(
+        &self,
+        id: &str,
+        cancel: &watch::Receiver<bool>,
+        key: SlotKey,
+        incarnation: u64,
+    ) -> String {
         let mut failures = 0u32;
         let mut stop_sent_while_running = false;
+        let mut placed = false;
         loop {
             tokio::time::sleep(self.settings.poll).await;
             match self.api.job(id).await {
                 Ok(Some(info)) => {
                     failures = 0;
                     if info.status == RayJobStatus::Running {
+                        if !placed {
+                            placed = true;
+                            self.tell(PlatformEvent::Placed { key, incarnation }).await;
+                        }
                         {
                             let mut recent = self.recent.lock().expect("not poisoned");
                             if let Some(p) = recent.iter_mut().find(|p| p.submission_id == id)
@@ -544,15 +563,30 @@ impl Platform for RayPlatform {
         let inner = self.inner.clone();
         let (key, incarnation) = (l.key, l.incarnation);
         tokio::spawn(async move {
-            let description = match inner.place(&req, &need, key.role, &mut cancel_rx).await {
+            let event = match inner.place(&req, &need, key.role, &mut cancel_rx).await {
                 Ok(()) => {
                     let _ = submitted_tx.send(true);
                     tracing::debug!(%key, incarnation, id, "agent submitted to Ray");
-                    let d = inner.watch(&id, &cancel_rx).await;
+                    let description = inner.watch(&id, &cancel_rx, key, incarnation).await;
                     inner.forget(&id);
-                    d
+                    Some(PlatformEvent::AgentExited {
+                        key,
+                        incarnation,
+                        description,
+                    })
                 }
-                Err(why) => why.to_string(),
+                Err(Unplaced::NoRoom(why)) => Some(PlatformEvent::NotPlaced {
+                    key,
+                    incarnation,
+                    description: why.to_string(),
+                }),
+                Err(Unplaced::Refused(why)) => Some(PlatformEvent::AgentExited {
+                    key,
+                    incarnation,
+                    description: why.to_string(),
+                }),
+                // The master stopped it: nothing to tell.
+                Err(Unplaced::Stopped) => None,
             };
             {
                 let mut slots = inner.slots.lock().await;
@@ -564,9 +598,15 @@ impl Platform for RayPlatform {
                 }
             }
             let _ = done_tx.send(true);
-            inner.exited(key, incarnation, description).await;
+            if let Some(event) = event {
+                inner.tell(event).await;
+            }
         });
         Ok(())
+    }
+
+    fn reports_placement(&self) -> bool {
+        true
     }
 
     async fn stop(&self, key: SlotKey, grace: Duration) {
