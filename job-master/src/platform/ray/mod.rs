@@ -285,10 +285,8 @@ impl Inner {
                 }
             }
         }
-        let _waiting = Waiting((role == Role::Ps).then(|| {
-            self.waiting_ps.fetch_add(1, SeqCst);
-            &self.waiting_ps
-        }));
+        // Counted by `launch` already (before any worker could look), given back here.
+        let _waiting = Waiting((role == Role::Ps).then_some(&self.waiting_ps));
         let refused = |problem: String| Error::Launch {
             platform: "ray",
             what: format!("agent {}", req.submission_id),
@@ -524,6 +522,12 @@ impl Platform for RayPlatform {
             auth::JOB_TOKEN_ENV.into(),
             l.token_file.to_string_lossy().into_owned(),
         );
+        if let Some(dir) = &l.tls_dir {
+            env.insert(
+                auth::tls::JOB_TLS_ENV.into(),
+                dir.to_string_lossy().into_owned(),
+            );
+        }
         // Ray keeps the output in files: no colour codes in them.
         env.entry("NO_COLOR".into()).or_insert_with(|| "1".into());
         for var in ["RUST_LOG", "RUST_BACKTRACE"] {
@@ -562,6 +566,13 @@ impl Platform for RayPlatform {
         );
         let inner = self.inner.clone();
         let (key, incarnation) = (l.key, l.incarnation);
+        if key.role == Role::Ps {
+            // Counted now, not when its task first runs: a worker launched right after it
+            // must see it waiting, or it may take the room the PS needs.
+            inner
+                .waiting_ps
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         tokio::spawn(async move {
             let event = match inner.place(&req, &need, key.role, &mut cancel_rx).await {
                 Ok(()) => {
