@@ -52,6 +52,53 @@ pub async fn connect(url: String, token: &Token) -> Result<Channel, tonic::trans
     connect_with(url, WithToken::new(Some(token.clone())), None).await
 }
 
+/// What a process of a job holds to reach the job's others: the job's secret, and the job's
+/// TLS when the job runs with it.
+#[derive(Clone, Debug)]
+pub struct JobCreds {
+    pub token: Token,
+    pub tls: Option<tls::JobTls>,
+}
+
+/// The secret alone: a job without TLS.
+impl From<Token> for JobCreds {
+    fn from(token: Token) -> JobCreds {
+        JobCreds { token, tls: None }
+    }
+}
+
+impl JobCreds {
+    /// The job's secret from the file [`JOB_TOKEN_ENV`] names and its TLS from
+    /// [`tls::JOB_TLS_ENV`] (none when unset): what a job's process is started with.
+    pub fn from_env() -> Result<JobCreds, AuthError> {
+        Ok(JobCreds {
+            token: job_token_from_env()?,
+            tls: tls::JobTls::from_env()?,
+        })
+    }
+
+    /// Connects to `url` (`http://HOST:PORT`: over the job's mutual TLS when it runs with it),
+    /// sending the job's secret with every call.
+    pub async fn connect(&self, url: String) -> Result<Channel, tonic::transport::Error> {
+        connect_with(
+            url,
+            WithToken::new(Some(self.token.clone())),
+            self.tls.as_ref().map(tls::JobTls::client),
+        )
+        .await
+    }
+
+    /// A server builder for one of the job's services: over the job's mutual TLS when it
+    /// runs with it.
+    pub fn server(&self) -> Result<tonic::transport::Server, tonic::transport::Error> {
+        let builder = tonic::transport::Server::builder();
+        match &self.tls {
+            Some(tls) => builder.tls_config(tls.server()),
+            None => Ok(builder),
+        }
+    }
+}
+
 /// Connects to `url`, over TLS when `tls` is given (an `http://` URL is then taken as
 /// `https://`); every call on the channel sends the token `token` holds.
 pub async fn connect_with(

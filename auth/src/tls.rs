@@ -2,6 +2,12 @@
 //! with mutual TLS when it names a client CA), what a client trusts ([`ClientTls`], with its own
 //! certificate for mutual TLS), and [`make`], behind `brainctl certs`: a private CA and the
 //! brain's and its clients' certificates, signed by it (rcgen, ECDSA P-256).
+//!
+//! Inside a job ([`JobTls`]): the job master makes a CA of the job's own and one certificate,
+//! signed by it, that every process of the job presents as a server and as a client (mutual
+//! TLS, the name [`JOB_SERVER_NAME`] whatever the address); the CA's key is thrown away, so no
+//! other certificate can ever chain to it. The files lie beside the job's secret, in the run
+//! directory the job's nodes share, and reach the processes as [`JOB_TLS_ENV`].
 
 use std::path::{Path, PathBuf};
 
@@ -111,8 +117,7 @@ impl ClientTls {
     }
 }
 
-/// The current year, from the system clock (certificates are valid from the year before, so a
-/// node whose clock is a little behind accepts them).
+/// The current year, from the system clock.
 fn this_year() -> i32 {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -145,66 +150,24 @@ pub fn make(dir: &Path, hosts: &[String]) -> Result<Vec<PathBuf>, AuthError> {
             f.display()
         )));
     }
-    let year = this_year();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(tls_err("the CA"))?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.distinguished_name
-        .push(DnType::CommonName, "Brain private CA");
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
-    ca.not_after = rcgen::date_time_ymd(year + 10, 1, 1);
-    let ca_key = KeyPair::generate().map_err(tls_err("the CA's key"))?;
-    let ca_cert = ca.self_signed(&ca_key).map_err(tls_err("the CA"))?;
-    let ca_pem = ca_key.serialize_pem();
-    let issuer = Issuer::new(ca, ca_key);
-
-    let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
-        let mut p = CertificateParams::new(names).map_err(tls_err(cn))?;
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        p.extended_key_usages = vec![usage];
-        p.use_authority_key_identifier_extension = true;
-        p.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
-        p.not_after = rcgen::date_time_ymd(year + 2, 1, 1);
-        let key = KeyPair::generate().map_err(tls_err(cn))?;
-        let cert = p.signed_by(&key, &issuer).map_err(tls_err(cn))?;
-        Ok::<_, AuthError>((cert.pem(), key.serialize_pem()))
-    };
+    let ca = Ca::new("Brain private CA")?;
+    let ca_pem = ca.key_pem.clone();
     let mut names: Vec<String> = hosts.to_vec();
     for default in ["localhost", "127.0.0.1"] {
         if !names.iter().any(|n| n == default) {
             names.push(default.into());
         }
     }
-    let (server, server_key) = leaf(names, "brain", ExtendedKeyUsagePurpose::ServerAuth)?;
-    let (client, client_key) = leaf(
+    let (server, server_key) = ca.leaf(names, "brain", &[ExtendedKeyUsagePurpose::ServerAuth])?;
+    let (client, client_key) = ca.leaf(
         Vec::new(),
         "brain client",
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
     )?;
-    std::fs::create_dir_all(dir).map_err(|source| AuthError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let public = |name: &str, pem: &str| {
-        let path = dir.join(name);
-        std::fs::write(&path, pem).map_err(|source| AuthError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        Ok::<_, AuthError>(path)
-    };
-    let private = |name: &str, pem: &str| {
-        let path = dir.join(name);
-        crate::write_private(&path, pem.as_bytes())?;
-        Ok::<_, AuthError>(path)
-    };
+    let ca_cert = ca.cert;
+    let (public, private) = writers(dir)?;
     Ok(vec![
-        public(CA_CERT, &ca_cert.pem())?,
+        public(CA_CERT, &ca_cert)?,
         private(CA_KEY, &ca_pem)?,
         public(SERVER_CERT, &server)?,
         private(SERVER_KEY, &server_key)?,
@@ -212,6 +175,238 @@ pub fn make(dir: &Path, hosts: &[String]) -> Result<Vec<PathBuf>, AuthError> {
         private(CLIENT_KEY, &client_key)?,
     ])
 }
+
+/// A fresh CA: its certificate (PEM), and what signs with it.
+struct Ca {
+    cert: String,
+    key_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+    year: i32,
+}
+
+impl Ca {
+    /// Valid for 10 years (from the year before: a node whose clock is a little behind accepts it).
+    fn new(name: &str) -> Result<Ca, AuthError> {
+        let year = this_year();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(tls_err(name))?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.distinguished_name.push(DnType::CommonName, name);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        ca.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
+        ca.not_after = rcgen::date_time_ymd(year + 10, 1, 1);
+        let key = KeyPair::generate().map_err(tls_err("the CA's key"))?;
+        let cert = ca.self_signed(&key).map_err(tls_err(name))?;
+        Ok(Ca {
+            cert: cert.pem(),
+            key_pem: key.serialize_pem(),
+            issuer: Issuer::new(ca, key),
+            year,
+        })
+    }
+
+    /// A certificate for `names`, signed by this CA, valid for 2 years; with its key (PEM).
+    fn leaf(
+        &self,
+        names: Vec<String>,
+        cn: &str,
+        usages: &[ExtendedKeyUsagePurpose],
+    ) -> Result<(String, String), AuthError> {
+        let mut p = CertificateParams::new(names).map_err(tls_err(cn))?;
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = usages.to_vec();
+        p.use_authority_key_identifier_extension = true;
+        p.not_before = rcgen::date_time_ymd(self.year - 1, 1, 1);
+        p.not_after = rcgen::date_time_ymd(self.year + 2, 1, 1);
+        let key = KeyPair::generate().map_err(tls_err(cn))?;
+        let cert = p.signed_by(&key, &self.issuer).map_err(tls_err(cn))?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+type Writer<'a> = Box<dyn Fn(&str, &str) -> Result<PathBuf, AuthError> + 'a>;
+
+/// Writers of a public file and of an owner-only one into `dir` (made if missing).
+fn writers(dir: &Path) -> Result<(Writer<'_>, Writer<'_>), AuthError> {
+    std::fs::create_dir_all(dir).map_err(|source| AuthError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let public = move |name: &str, pem: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).map_err(|source| AuthError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    };
+    let private = move |name: &str, pem: &str| {
+        let path = dir.join(name);
+        crate::write_private(&path, pem.as_bytes())?;
+        Ok(path)
+    };
+    Ok((Box::new(public), Box::new(private)))
+}
+
+/// Where a job's processes find the job's TLS files (a directory), when the job runs with TLS.
+pub const JOB_TLS_ENV: &str = "BRAIN_JOB_TLS_DIR";
+/// The name every process of a job presents and checks, whatever address it serves on (a
+/// process's address is known only once it starts, after its certificate was made).
+pub const JOB_SERVER_NAME: &str = "job.brain.internal";
+/// The files of a job's TLS directory.
+pub const JOB_CA: &str = "ca.pem";
+pub const JOB_CERT: &str = "job.pem";
+pub const JOB_KEY: &str = "job.key";
+
+/// A job's TLS: its CA, and the certificate and key every process of the job presents (as a
+/// server and as a client: mutual TLS on every link inside the job).
+#[derive(Clone)]
+pub struct JobTls {
+    dir: PathBuf,
+    ca: Vec<u8>,
+    cert: Vec<u8>,
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for JobTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobTls")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobTls {
+    /// The job's TLS files in `dir`, made first when any is missing (a job master's first
+    /// start; a restarted one keeps the job's).
+    pub fn make_or_load(dir: &Path) -> Result<JobTls, AuthError> {
+        if [JOB_CA, JOB_CERT, JOB_KEY]
+            .iter()
+            .all(|f| dir.join(f).exists())
+        {
+            return JobTls::load(dir);
+        }
+        let ca = Ca::new("Brain job CA")?;
+        let (cert, key) = ca.leaf(
+            vec![JOB_SERVER_NAME.into()],
+            "brain job",
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )?;
+        // The CA's key is not kept: nothing else will ever be signed by it.
+        let (public, private) = writers(dir)?;
+        private(JOB_KEY, &key)?;
+        public(JOB_CERT, &cert)?;
+        public(JOB_CA, &ca.cert)?;
+        JobTls::load(dir)
+    }
+
+    /// The job's TLS files in `dir`, read now (the key must be owner-only).
+    pub fn load(dir: &Path) -> Result<JobTls, AuthError> {
+        Ok(JobTls {
+            dir: dir.to_path_buf(),
+            ca: read(&dir.join(JOB_CA))?,
+            cert: read(&dir.join(JOB_CERT))?,
+            key: read_key(&dir.join(JOB_KEY))?,
+        })
+    }
+
+    /// The job's TLS named by [`JOB_TLS_ENV`]; `None` when the job runs without.
+    pub fn from_env() -> Result<Option<JobTls>, AuthError> {
+        match std::env::var_os(JOB_TLS_ENV) {
+            Some(dir) if !dir.is_empty() => JobTls::load(Path::new(&dir)).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What a server of the job presents; its clients must present the job's certificate.
+    pub fn server(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert, &self.key))
+            .client_ca_root(Certificate::from_pem(&self.ca))
+    }
+
+    /// What a client of the job trusts (the job's CA, under [`JOB_SERVER_NAME`]) and presents.
+    pub fn client(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca))
+            .identity(Identity::from_pem(&self.cert, &self.key))
+            .domain_name(JOB_SERVER_NAME)
+    }
+
+    /// The PEM files' contents.
+    pub fn pem(&self) -> (&[u8], &[u8], &[u8]) {
+        (&self.ca, &self.cert, &self.key)
+    }
+
+    fn parsed(&self) -> Result<Parsed, AuthError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &str, e: rustls::pki_types::pem::Error| {
+            AuthError::Tls(format!("{what} in {}: {e}", self.dir.display()))
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(&self.ca) {
+            roots
+                .add(ca.map_err(|e| bad(JOB_CA, e))?)
+                .map_err(|e| AuthError::Tls(format!("{JOB_CA}: {e}")))?;
+        }
+        let chain = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(JOB_CERT, e))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| bad(JOB_KEY, e))?;
+        Ok((std::sync::Arc::new(roots), chain, key))
+    }
+
+    /// rustls' server side of the job's mutual TLS, for a link that is not gRPC (the
+    /// allreduce ring): the job's certificate presented, the client's required.
+    pub fn rustls_server(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, AuthError> {
+        let (roots, chain, key) = self.parsed()?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|e| AuthError::Tls(e.to_string()))?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| AuthError::Tls(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .map_err(|e| AuthError::Tls(e.to_string()))?;
+        Ok(std::sync::Arc::new(config))
+    }
+
+    /// rustls' client side of the job's mutual TLS (see [`Self::rustls_server`]); the server
+    /// is checked under [`JOB_SERVER_NAME`].
+    pub fn rustls_client(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, AuthError> {
+        let (roots, chain, key) = self.parsed()?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| AuthError::Tls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| AuthError::Tls(e.to_string()))?;
+        Ok(std::sync::Arc::new(config))
+    }
+}
+
+/// The job's CA as trust roots, its certificate chain and key.
+type Parsed = (
+    std::sync::Arc<rustls::RootCertStore>,
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+);
 
 #[cfg(test)]
 mod tests {
@@ -256,5 +451,28 @@ mod tests {
         .unwrap();
         let e = server.config().unwrap_err().to_string();
         assert!(e.contains("readable by others"), "{e}");
+    }
+
+    #[test]
+    fn a_job_keeps_its_certificate_and_no_ca_key_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = JobTls::make_or_load(dir.path()).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [JOB_CA, JOB_KEY, JOB_CERT]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(JOB_KEY))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = JobTls::make_or_load(dir.path()).unwrap();
+        assert_eq!(tls.pem(), again.pem(), "a restarted master keeps the job's");
+        assert!(!format!("{tls:?}").contains("PRIVATE"));
+        tls.server();
+        tls.client();
     }
 }

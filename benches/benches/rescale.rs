@@ -101,7 +101,7 @@ async fn start_ps(n: u32, layout: u32, keys: u64, token: &auth::Token) -> Vec<St
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap().to_string());
         let num_ps = if (i as u32) < layout { layout } else { n };
-        let svc = PsService::new(i as u32, num_ps, 0.1, t, token.clone());
+        let svc = PsService::new(i as u32, num_ps, 0.1, t, token.clone().into());
         tokio::spawn(serve(svc, listener, std::future::pending()));
     }
     addrs
@@ -121,7 +121,7 @@ async fn ps_reshard() {
             let addrs = start_ps(servers, from, keys, &token).await;
             let old = addrs[..from as usize].to_vec();
             let new = addrs[..to as usize].to_vec();
-            let r = job_master::master::reshard_ps(1, &old, &new, &token)
+            let r = job_master::master::reshard_ps(1, &old, &new, &token.clone().into())
                 .await
                 .unwrap();
             println!(

@@ -49,6 +49,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
         resume: false,
         advertise: None,
         token_file: None,
+        job_tls: false,
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {

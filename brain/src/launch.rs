@@ -43,6 +43,11 @@ pub struct LauncherConfig {
     /// TLS). Needed when the brain has `[tls]`.
     #[serde(default)]
     pub tls: Option<auth::tls::ClientTls>,
+    /// Mutual TLS inside each job the brain starts (`job-master run --job-tls`: master,
+    /// agents, training processes, parameter servers, the allreduce ring) [default: on when
+    /// the job masters reach the brain over TLS].
+    #[serde(default)]
+    pub job_tls: Option<bool>,
 }
 
 /// Where the brain runs the job masters it starts.
@@ -210,6 +215,9 @@ impl Launcher {
                     key.into(),
                 ]);
             }
+        }
+        if self.config.job_tls.unwrap_or(self.config.tls.is_some()) {
+            cmd.push("--job-tls".into());
         }
         cmd.extend(self.config.job_master_args.iter().map(Into::into));
         if let Some(agent) = &self.config.agent_bin {
@@ -518,5 +526,45 @@ mod tests {
                 "--resume"
             ]
         );
+    }
+
+    #[test]
+    fn masters_reach_a_brain_over_tls_and_run_their_jobs_with_tls_unless_told_not_to() {
+        let (tx, _rx) = mpsc::channel(1);
+        let words = |config: LauncherConfig| {
+            Launcher::new(
+                config,
+                "runs".into(),
+                "http://b:1".into(),
+                8,
+                None,
+                tx.clone(),
+            )
+            .unwrap()
+            .command(Path::new("/runs/j"), false)
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+        };
+        let plain = words(LauncherConfig::default());
+        assert!(
+            !plain
+                .iter()
+                .any(|w| w.starts_with("--brain-ca") || w == "--job-tls")
+        );
+        let tls = LauncherConfig {
+            tls: Some(auth::tls::ClientTls::in_dir(Path::new("/certs"))),
+            ..Default::default()
+        };
+        let with = words(tls.clone());
+        let at = |w: &str| with.iter().position(|x| x == w);
+        assert_eq!(with[at("--brain-ca").unwrap() + 1], "/certs/ca.pem");
+        assert_eq!(with[at("--brain-cert").unwrap() + 1], "/certs/client.pem");
+        assert!(at("--job-tls").is_some());
+        let without = words(LauncherConfig {
+            job_tls: Some(false),
+            ..tls
+        });
+        assert!(!without.iter().any(|w| w == "--job-tls"));
     }
 }

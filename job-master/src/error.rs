@@ -63,7 +63,7 @@ pub enum Error {
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
     Ray(#[from] ray_client::RayError),
-    #[error("the job's secret: {0}")]
+    #[error("the job's credentials: {0}")]
     Auth(#[from] auth::AuthError),
 }
 

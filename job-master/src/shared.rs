@@ -105,8 +105,9 @@ pub(crate) struct Shared {
     pub managed_by: Option<String>,
     /// What this master wrote to the checkpoint directory's shared marker.
     pub checkpoint_token: String,
-    /// The job's secret, which its processes and parameter servers present and expect.
-    pub token: auth::Token,
+    /// The job's secret, which its processes and parameter servers present and expect, and
+    /// the job's TLS when it runs with it.
+    pub creds: auth::JobCreds,
     /// Where it is (absolute), for the agents the platform starts.
     pub token_file: PathBuf,
 }

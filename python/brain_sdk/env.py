@@ -51,6 +51,9 @@ class ProcessEnv:
     joins: bool = False
     # The job's secret file (BRAIN_JOB_TOKEN_FILE): every call to the job master carries it.
     token_file: str = ""
+    # The job's TLS directory (BRAIN_JOB_TLS_DIR) when the job runs with TLS: calls to the job
+    # master then go over mutual TLS with the job's certificate.
+    tls_dir: str = ""
 
     @property
     def host(self) -> str:
@@ -83,11 +86,36 @@ class ProcessEnv:
             kind="ps" if env.get("BRAIN_PS_VERSION") else "allreduce",
             joins=joins,
             token_file=env.get("BRAIN_JOB_TOKEN_FILE", ""),
+            tls_dir=env.get("BRAIN_JOB_TLS_DIR", ""),
         )
 
     def token(self) -> str:
         """The job's secret, read from the owner-only file the agent named."""
         return read_secret(self.token_file)
+
+
+# The name every process of a job presents and checks, whatever its address (the Rust side's
+# auth::tls::JOB_SERVER_NAME).
+JOB_SERVER_NAME = "job.brain.internal"
+
+
+def read_job_tls(tls_dir: str) -> "tuple[bytes, bytes, bytes]":
+    """The job's CA, certificate and key (owner-only), as the job master wrote them."""
+    out = []
+    for name in ("ca.pem", "job.pem", "job.key"):
+        path = os.path.join(tls_dir, name)
+        try:
+            mode = os.stat(path).st_mode
+            with open(path, "rb") as f:
+                out.append(f.read())
+        except OSError as e:
+            raise BrainError(f"the job's TLS file {path}: {e.strerror}") from None
+        if name.endswith(".key") and mode & 0o077:
+            raise BrainError(
+                f"the job's TLS key {path}: readable by others (mode {mode & 0o777:o}): "
+                f"chmod 600 {path}"
+            )
+    return out[0], out[1], out[2]
 
 
 def read_secret(path: str) -> str:

@@ -8,7 +8,7 @@ import grpc
 
 from ._gen import jobmaster_pb2 as pb
 from ._gen import jobmaster_pb2_grpc as pb_grpc
-from .env import ProcessEnv
+from .env import JOB_SERVER_NAME, ProcessEnv, read_job_tls
 from .errors import BrainError, Refused
 
 # Every call but the rendezvous poll answers at once; this bounds a job master that hangs.
@@ -27,7 +27,18 @@ class MasterClient:
         # The job's secret first: a process without it learns why before it waits on anything.
         self._metadata = (("authorization", f"Bearer {env.token()}"),)
         target = env.master.removeprefix("http://")
-        self._channel = grpc.insecure_channel(target)
+        if env.tls_dir:
+            # The job runs with TLS: mutual TLS with the job's certificate, the master
+            # checked under the job's name (whatever its address).
+            ca, cert, key = read_job_tls(env.tls_dir)
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=ca, private_key=key, certificate_chain=cert
+            )
+            self._channel = grpc.secure_channel(
+                target, creds, options=(("grpc.ssl_target_name_override", JOB_SERVER_NAME),)
+            )
+        else:
+            self._channel = grpc.insecure_channel(target)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=CALL_TIMEOUT_S)
         except grpc.FutureTimeoutError:

@@ -34,17 +34,20 @@ pub struct AgentArgs {
     /// The job's secret file, which the agent and its process read (its path goes to the
     /// process in [`auth::JOB_TOKEN_ENV`]).
     pub token_file: std::path::PathBuf,
+    /// The job's TLS directory when the job runs with TLS (its path goes to the process in
+    /// [`auth::tls::JOB_TLS_ENV`]).
+    pub tls_dir: Option<std::path::PathBuf>,
 }
 
 /// Connects to the master, sending the job's secret, retrying until `timeout`.
 pub async fn connect(
     addr: &str,
     timeout: Duration,
-    token: &auth::Token,
+    creds: &auth::JobCreds,
 ) -> Result<MasterClient, Error> {
     let start = Instant::now();
     loop {
-        match auth::connect(addr.to_string(), token).await {
+        match creds.connect(addr.to_string()).await {
             Ok(c) => return Ok(MasterClient::new(c)),
             Err(e) if start.elapsed() >= timeout => {
                 return Err(Error::Master {
@@ -208,6 +211,12 @@ fn child_env(
         auth::JOB_TOKEN_ENV.into(),
         args.token_file.to_string_lossy().into_owned(),
     );
+    if let Some(dir) = &args.tls_dir {
+        env.insert(
+            auth::tls::JOB_TLS_ENV.into(),
+            dir.to_string_lossy().into_owned(),
+        );
+    }
     env.insert("BRAIN_ROLE".into(), role.into());
     env.insert("BRAIN_INDEX".into(), args.index.to_string());
     env.insert("BRAIN_INCARNATION".into(), incarnation.to_string());
@@ -339,8 +348,17 @@ fn exit_of(process: pb::ProcessRef, exit_code: i32, signal: i32, why: String) ->
 /// Runs the agent until the master says the job is over, the master is lost, or `shutdown`.
 /// Returns the exit code the agent process should end with.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<i32, Error> {
-    let token = auth::read_secret(&args.token_file).map_err(|e| Error::Secret(e.to_string()))?;
-    let mut client = connect(&args.master, args.master_timeout, &token).await?;
+    let secret = |e: auth::AuthError| Error::Secret(e.to_string());
+    let creds = auth::JobCreds {
+        token: auth::read_secret(&args.token_file).map_err(secret)?,
+        tls: args
+            .tls_dir
+            .as_deref()
+            .map(auth::tls::JobTls::load)
+            .transpose()
+            .map_err(secret)?,
+    };
+    let mut client = connect(&args.master, args.master_timeout, &creds).await?;
     let host = match args.advertise {
         Some(ip) => ip,
         None => node_address(&args.master).await?,

@@ -68,6 +68,11 @@ enum Command {
         /// it.
         #[arg(long, env = auth::JOB_TOKEN_ENV)]
         token_file: std::path::PathBuf,
+        /// The job's TLS directory (`tls/` in the job master's run directory), for a job run
+        /// with TLS (`job-master run --job-tls`): the agent, its process, the parameter servers
+        /// and ring peers then speak mutual TLS with the job's certificate. The platform sets it.
+        #[arg(long, env = auth::tls::JOB_TLS_ENV)]
+        tls_dir: Option<std::path::PathBuf>,
     },
     /// Run the built-in workload (started by the agent, with its environment).
     Workload {
@@ -137,6 +142,7 @@ fn main() -> std::process::ExitCode {
                 master_timeout_secs,
                 advertise,
                 token_file,
+                tls_dir,
             } => {
                 let args = AgentArgs {
                     master,
@@ -150,6 +156,7 @@ fn main() -> std::process::ExitCode {
                     advertise,
                     // The training process may run elsewhere: it gets the path as an absolute one.
                     token_file: std::path::absolute(&token_file).unwrap_or(token_file),
+                    tls_dir: tls_dir.map(|d| std::path::absolute(&d).unwrap_or(d)),
                 };
                 run(args, terminated()).await
             }

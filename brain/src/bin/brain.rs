@@ -74,7 +74,8 @@ struct Cli {
     advertise: Option<std::net::IpAddr>,
     /// Mutual TLS with the files `brainctl certs --out DIR` made: the brain presents
     /// DIR/brain.pem and admits only clients with a certificate DIR/ca.pem signed; the job
-    /// masters it starts present DIR/client.pem [config: tls, launcher.tls].
+    /// masters it starts present DIR/client.pem, and run their jobs with mutual TLS inside
+    /// them too (`job-master run --job-tls`) [config: tls, launcher.tls, launcher.job_tls].
     #[arg(long)]
     tls_dir: Option<PathBuf>,
     /// Check no token and allow listening beyond loopback without TLS: anyone who reaches the

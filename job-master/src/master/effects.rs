@@ -19,6 +19,7 @@ pub(super) async fn execute(
                 master_addr: addr,
                 resources,
                 token_file: shared.token_file.clone(),
+                tls_dir: shared.creds.tls.as_ref().map(|t| t.dir().to_path_buf()),
             };
             match platform.launch(launch).await {
                 Err(e) => {
@@ -60,7 +61,7 @@ pub(super) async fn execute(
                     let ctx = shared.job.lock().await;
                     (ctx.ledger.done_shards(), ctx.spec.kind.to_string())
                 };
-                match save_ps(id, &dir, &ps, step, kind, &shared.token).await {
+                match save_ps(id, &dir, &ps, step, kind, &shared.creds).await {
                     Ok(manifest) => {
                         let r = shared
                             .apply(|ctx, now| {
@@ -91,7 +92,7 @@ pub(super) async fn execute(
         } => {
             let shared = shared.clone();
             tokio::spawn(async move {
-                match reshard_ps(version, &from, &to, &shared.token).await {
+                match reshard_ps(version, &from, &to, &shared.creds).await {
                     Ok(record) => {
                         let r = shared
                             .apply(|ctx, now| {
@@ -118,7 +119,7 @@ pub(super) async fn execute(
         }
         Effect::DropPs { ps } => {
             for addr in ps {
-                let r = match ps_client(&addr, &shared.token).await {
+                let r = match ps_client(&addr, &shared.creds).await {
                     Ok(mut c) => c
                         .drop(pb::DropRequest {})
                         .await
@@ -145,7 +146,7 @@ pub(super) async fn execute(
             };
             let mut stats = Vec::new();
             for (index, addr) in ps {
-                match ps_stats(&addr, &shared.token).await {
+                match ps_stats(&addr, &shared.creds).await {
                     Ok(s) => stats.push(PsStats { index, ..s }),
                     Err(e) => tracing::warn!("cannot read statistics of ps {index}: {e}"),
                 }

@@ -60,7 +60,17 @@ pub struct MasterConfig {
     /// it for a master it starts.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Mutual TLS on every link inside the job (agents, training processes and parameter
+    /// servers with this master and with each other, the allreduce ring): the job's own CA
+    /// and certificate, made at the first start in `tls/` of `run_dir` (which the job's nodes
+    /// share, as the secret beside it), reach the processes in [`auth::tls::JOB_TLS_ENV`].
+    /// The brain asks for it when it runs with TLS itself.
+    #[serde(default)]
+    pub job_tls: bool,
 }
+
+/// Where a job master keeps the job's TLS files, in its run directory.
+pub const JOB_TLS_DIR: &str = "tls";
 
 /// The address agents reach the master by: the listener's, with its IP replaced by `advertise`.
 /// A listener on every interface (0.0.0.0) needs `advertise`: its own address reaches nothing.
@@ -154,6 +164,7 @@ pub async fn run(
         resume,
         advertise,
         token_file,
+        job_tls,
     } = config;
     spec.validate().map_err(vocab::Error::from)?;
     vocab::spec::host::check(&spec).map_err(vocab::Error::from)?;
@@ -172,6 +183,16 @@ pub async fn run(
         source,
     })?;
     let (token, _) = auth::read_or_create(&token_file)?;
+    let tls = if job_tls {
+        let dir = std::path::absolute(run_dir.join(JOB_TLS_DIR)).map_err(|source| Error::Io {
+            path: run_dir.join(JOB_TLS_DIR),
+            source,
+        })?;
+        Some(auth::tls::JobTls::make_or_load(&dir)?)
+    } else {
+        None
+    };
+    let creds = auth::JobCreds { token, tls };
     let checkpoint_token = mark_shared(&spec.checkpoint.dir)?;
     let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
     let job = Arc::new(Mutex::new(ctx));
@@ -230,17 +251,18 @@ pub async fn run(
         capacity: platform.capacity(),
         managed_by: brain.as_ref().map(|l| l.url.clone()),
         checkpoint_token,
-        token: token.clone(),
+        creds: creds.clone(),
         token_file,
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let server = creds
+        .server()?
         .add_service(pb::job_master_server::JobMasterServer::with_interceptor(
             MasterService::new(shared.clone()),
             {
                 // The job's secret first, then room in the effect queue.
-                let mut require = auth::Require::new(token, "the job master");
+                let mut require = auth::Require::new(creds.token.clone(), "the job master");
                 move |request| {
                     use tonic::service::Interceptor;
                     let request = require.call(request)?;

@@ -12,9 +12,11 @@ fn ps_error(addr: &str, problem: impl std::fmt::Display) -> Error {
     }
 }
 
-/// A client of the parameter server at `addr`, sending the job's secret.
-pub(super) async fn ps_client(addr: &str, token: &auth::Token) -> Result<PsClient, Error> {
-    auth::connect(format!("http://{addr}"), token)
+/// A client of the parameter server at `addr`, sending the job's secret (over the job's TLS
+/// when it runs with it).
+pub(super) async fn ps_client(addr: &str, creds: &auth::JobCreds) -> Result<PsClient, Error> {
+    creds
+        .connect(format!("http://{addr}"))
         .await
         .map(PsClient::new)
         .map_err(|e| ps_error(addr, format!("cannot reach it: {e}")))
@@ -26,7 +28,7 @@ pub(super) async fn save_ps(
     ps: &[String],
     step: u64,
     kind: String,
-    token: &auth::Token,
+    creds: &auth::JobCreds,
 ) -> Result<PathBuf, Error> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -34,7 +36,7 @@ pub(super) async fn save_ps(
     })?;
     let mut parts = Vec::new();
     for (index, addr) in ps.iter().enumerate() {
-        let resp = ps_client(addr, token)
+        let resp = ps_client(addr, creds)
             .await?
             .save(pb::SaveRequest {
                 dir: dir.display().to_string(),
@@ -70,11 +72,14 @@ pub(super) async fn save_ps(
 }
 
 /// Sum of the PS' order-independent parameter digests (of the keys each owns) and their keys.
-pub(super) async fn ps_digest(addrs: &[String], token: &auth::Token) -> Result<(u64, u64), Error> {
+pub(super) async fn ps_digest(
+    addrs: &[String],
+    creds: &auth::JobCreds,
+) -> Result<(u64, u64), Error> {
     let mut digest = 0u64;
     let mut keys = 0;
     for addr in addrs {
-        let s = ps_client(addr, token)
+        let s = ps_client(addr, creds)
             .await?
             .stats(pb::StatsRequest {})
             .await
@@ -88,16 +93,16 @@ pub(super) async fn ps_digest(addrs: &[String], token: &auth::Token) -> Result<(
 
 /// Moves keys from the PS set `from` to the layout `to`: each old PS streams the keys whose
 /// owner changes to their new owner. The digest of the whole parameter set is taken before and
-/// after (nobody pushes meanwhile: the job is at a consistent cut). `token` is the job's
-/// secret.
+/// after (nobody pushes meanwhile: the job is at a consistent cut). `creds`: the job's secret
+/// and TLS.
 pub async fn reshard_ps(
     version: u64,
     from: &[String],
     to: &[String],
-    token: &auth::Token,
+    creds: &auth::JobCreds,
 ) -> Result<ReshardRecord, Error> {
     let started = Instant::now();
-    let (digest_before, total_keys) = ps_digest(from, token).await?;
+    let (digest_before, total_keys) = ps_digest(from, creds).await?;
     let mut moved_keys = 0;
     let mut moved_bytes = 0;
     let calls: Vec<_> = from
@@ -107,9 +112,9 @@ pub async fn reshard_ps(
             let to = to.to_vec();
             let addr = addr.clone();
             let old = from.len() as u32;
-            let token = token.clone();
+            let creds = creds.clone();
             tokio::spawn(async move {
-                let mut c = ps_client(&addr, &token).await?;
+                let mut c = ps_client(&addr, &creds).await?;
                 c.reshard(pb::ReshardRequest {
                     num_ps: to.len() as u32,
                     ps: to,
@@ -127,7 +132,7 @@ pub async fn reshard_ps(
         moved_keys += r.moved_keys;
         moved_bytes += r.moved_bytes;
     }
-    let (digest_after, _) = ps_digest(to, token).await?;
+    let (digest_after, _) = ps_digest(to, creds).await?;
     Ok(ReshardRecord {
         version,
         from_ps: from.len() as u32,
@@ -141,8 +146,8 @@ pub async fn reshard_ps(
     })
 }
 
-pub(super) async fn ps_stats(addr: &str, token: &auth::Token) -> Result<PsStats, Error> {
-    let s = ps_client(addr, token)
+pub(super) async fn ps_stats(addr: &str, creds: &auth::JobCreds) -> Result<PsStats, Error> {
+    let s = ps_client(addr, creds)
         .await?
         .stats(pb::StatsRequest {})
         .await

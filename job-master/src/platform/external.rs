@@ -20,8 +20,11 @@ impl Platform for ExternalPlatform {
     }
 
     async fn launch(&self, l: AgentLaunch) -> Result<(), Error> {
+        let tls = l.tls_dir.as_ref().map_or(String::new(), |d| {
+            format!("{}={} ", auth::tls::JOB_TLS_ENV, d.display())
+        });
         tracing::info!(
-            "waiting for an external agent: {}={} worker-agent agent --master http://{} --role {} --index {} --incarnation {}",
+            "waiting for an external agent: {tls}{}={} worker-agent agent --master http://{} --role {} --index {} --incarnation {}",
             auth::JOB_TOKEN_ENV,
             l.token_file.display(),
             l.master_addr,

@@ -227,6 +227,9 @@ impl Platform for LocalPlatform {
         if !gpus.is_empty() {
             cmd.env("CUDA_VISIBLE_DEVICES", gpus.join(","));
         }
+        if let Some(dir) = &l.tls_dir {
+            cmd.env(auth::tls::JOB_TLS_ENV, dir);
+        }
         cmd.env(auth::JOB_TOKEN_ENV, &l.token_file)
             .arg("agent")
             .arg("--master")

@@ -28,6 +28,9 @@ pub struct AgentLaunch {
     /// The job's secret file (absolute), which the agent and its process read: its path goes
     /// to the agent in [`auth::JOB_TOKEN_ENV`], never the secret.
     pub token_file: PathBuf,
+    /// The job's TLS directory (absolute) when the job runs with TLS: it goes to the agent in
+    /// [`auth::tls::JOB_TLS_ENV`].
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// Something the platform saw happen to an agent.

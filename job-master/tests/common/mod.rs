@@ -24,6 +24,14 @@ pub fn agent_bin() -> PathBuf {
 /// Where the secret of the job master at each address is (`job.token` in its run directory):
 /// [`client`] and [`status`] send it.
 static SECRETS: Mutex<BTreeMap<SocketAddr, PathBuf>> = Mutex::new(BTreeMap::new());
+/// The TLS directory of each job master started with the job's TLS.
+static TLS_DIRS: Mutex<BTreeMap<SocketAddr, PathBuf>> = Mutex::new(BTreeMap::new());
+
+/// The job's TLS of the master at `addr`, once it has made it; `None` for a job without.
+pub fn tls_of(addr: SocketAddr) -> Option<auth::tls::JobTls> {
+    let dir = TLS_DIRS.lock().unwrap().get(&addr).cloned()?;
+    auth::tls::JobTls::load(&dir).ok()
+}
 
 /// The job master at `addr` keeps its job's secret in `file`.
 pub fn secret_at(addr: SocketAddr, file: PathBuf) {
@@ -200,10 +208,38 @@ pub async fn start_at(
     timing: Timing,
     platform: PlatformConfig,
 ) -> Running {
+    start_full(ip, spec, dir, timing, platform, false).await
+}
+
+/// [`start`] with mutual TLS inside the job (`job-master run --job-tls`); the helpers'
+/// clients then speak it too.
+pub async fn start_tls(spec: JobSpec, dir: &Path) -> Running {
+    let platform = PlatformConfig::Local {
+        agent_bin: Some(agent_bin()),
+        max_processes: None,
+        gpus: None,
+    };
+    start_full("127.0.0.1", spec, dir, test_timing(), platform, true).await
+}
+
+async fn start_full(
+    ip: &str,
+    spec: JobSpec,
+    dir: &Path,
+    timing: Timing,
+    platform: PlatformConfig,
+    job_tls: bool,
+) -> Running {
     let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let run_dir = dir.join("run");
     secret_at(addr, run_dir.join(auth::JOB_TOKEN_FILE));
+    if job_tls {
+        TLS_DIRS
+            .lock()
+            .unwrap()
+            .insert(addr, run_dir.join(job_master::master::JOB_TLS_DIR));
+    }
     let config = MasterConfig {
         spec,
         run_dir: run_dir.clone(),
@@ -213,6 +249,7 @@ pub async fn start_at(
         resume: false,
         advertise: None,
         token_file: None,
+        job_tls,
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running {
@@ -424,9 +461,15 @@ pub async fn try_client(addr: SocketAddr) -> Option<Client> {
     client_with(addr, secret_of(addr)).await
 }
 
-/// A client of the job master at `addr` that sends `token` (or nothing).
+/// A client of the job master at `addr` that sends `token` (or nothing), over the job's TLS
+/// when its master was started with it.
 pub async fn client_with(addr: SocketAddr, token: Option<auth::Token>) -> Option<Client> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    let tls = if TLS_DIRS.lock().unwrap().contains_key(&addr) {
+        Some(tls_of(addr)?.client())
+    } else {
+        None
+    };
+    let channel = auth::endpoint(format!("http://{addr}"), tls)
         .ok()?
         .connect()
         .await
@@ -548,7 +591,8 @@ pub async fn start_ps(token: &auth::Token) -> String {
     let addr = listener.local_addr().unwrap().to_string();
     let mut table = worker_agent::workload::model::SparseTable::default();
     table.params.insert(0, [0.5, 1.0]);
-    let svc = worker_agent::workload::ps_server::PsService::new(0, 1, 0.1, table, token.clone());
+    let svc =
+        worker_agent::workload::ps_server::PsService::new(0, 1, 0.1, table, token.clone().into());
     tokio::spawn(worker_agent::workload::ps_server::serve(
         svc,
         listener,

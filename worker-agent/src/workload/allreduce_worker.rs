@@ -90,7 +90,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             round,
             &listener,
             Duration::from_secs(60),
-            &env.token,
+            &env.creds,
         )
         .await?;
         let (global, lr) = scaling.at(cfg.batch_size as u64, cfg.learning_rate, ring.world());

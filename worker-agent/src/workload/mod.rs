@@ -46,8 +46,9 @@ pub struct ProcessEnv {
     pub ps_addrs: Vec<String>,
     /// ps jobs: the version of the PS set in `ps_addrs`.
     pub ps_version: u64,
-    /// The job's secret, which the master, the parameter servers and ring peers expect.
-    pub token: auth::Token,
+    /// The job's secret, which the master, the parameter servers and ring peers expect, and
+    /// the job's TLS when it runs with it.
+    pub creds: auth::JobCreds,
 }
 
 fn var(name: &'static str) -> Result<String, Error> {
@@ -102,7 +103,7 @@ impl ProcessEnv {
             round: parse("BRAIN_RENDEZVOUS_ROUND").unwrap_or(0),
             ps_addrs: list("BRAIN_PS_ADDRS"),
             ps_version: parse("BRAIN_PS_VERSION").unwrap_or(0),
-            token: auth::job_token_from_env().map_err(|e| Error::Secret(e.to_string()))?,
+            creds: auth::JobCreds::from_env().map_err(|e| Error::Secret(e.to_string()))?,
         })
     }
 
@@ -145,7 +146,7 @@ fn refused(call: &'static str) -> impl Fn(tonic::Status) -> Error {
 impl MasterLink {
     pub async fn connect(env: &ProcessEnv) -> Result<Self, Error> {
         Ok(Self {
-            client: connect(&env.master, Duration::from_secs(30), &env.token).await?,
+            client: connect(&env.master, Duration::from_secs(30), &env.creds).await?,
             me: env.me(),
         })
     }

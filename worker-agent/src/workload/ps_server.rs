@@ -34,7 +34,7 @@ pub struct PsService {
     lr: f32,
     state: Arc<Mutex<PsState>>,
     /// The job's secret: what this PS sends to its peers when it hands keys over.
-    token: auth::Token,
+    creds: auth::JobCreds,
 }
 
 /// Keys per Absorb message: 64k keys are 1 MiB on the wire.
@@ -47,11 +47,11 @@ pub type PsClient = pb::parameter_server_client::ParameterServerClient<auth::Cha
 pub async fn ps_client(
     addr: &str,
     timeout: Duration,
-    token: &auth::Token,
+    creds: &auth::JobCreds,
 ) -> Result<PsClient, Error> {
     let start = std::time::Instant::now();
     loop {
-        match auth::connect(format!("http://{addr}"), token).await {
+        match creds.connect(format!("http://{addr}")).await {
             Ok(c) => {
                 return Ok(PsClient::new(c)
                     .max_decoding_message_size(256 << 20)
@@ -69,11 +69,17 @@ pub async fn ps_client(
 }
 
 impl PsService {
-    pub fn new(index: u32, num_ps: u32, lr: f32, table: SparseTable, token: auth::Token) -> Self {
+    pub fn new(
+        index: u32,
+        num_ps: u32,
+        lr: f32,
+        table: SparseTable,
+        creds: auth::JobCreds,
+    ) -> Self {
         Self {
             index,
             lr,
-            token,
+            creds,
             state: Arc::new(Mutex::new(PsState {
                 table,
                 num_ps: num_ps.max(1),
@@ -100,9 +106,9 @@ impl PsService {
         num_ps: u32,
         moving: Vec<(u64, [f32; 2])>,
         applied: Option<pb::AppliedRecord>,
-        token: &auth::Token,
+        creds: &auth::JobCreds,
     ) -> Result<(), Error> {
-        let mut client = ps_client(addr, Duration::from_secs(30), token).await?;
+        let mut client = ps_client(addr, Duration::from_secs(30), creds).await?;
         let mut chunks: Vec<pb::AbsorbChunk> = moving
             .chunks(CHUNK_KEYS)
             .map(|c| pb::AbsorbChunk {
@@ -280,9 +286,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             }
             let addr = r.ps[dest as usize].clone();
             let num_ps = r.num_ps;
-            let token = self.token.clone();
+            let creds = self.creds.clone();
             sends.push(tokio::spawn(async move {
-                Self::send(&addr, num_ps, keys, record, &token).await
+                Self::send(&addr, num_ps, keys, record, &creds).await
             }));
         }
         for s in sends {
@@ -342,14 +348,16 @@ impl pb::parameter_server_server::ParameterServer for PsService {
     }
 }
 
-/// Serves `svc` on `listener` until `shutdown`, to callers with the job's secret only.
+/// Serves `svc` on `listener` until `shutdown`, to callers with the job's secret only (and,
+/// when the job runs with TLS, the job's certificate).
 pub async fn serve(
     svc: PsService,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let require = auth::Require::new(svc.token.clone(), "the parameter server");
-    tonic::transport::Server::builder()
+    let require = auth::Require::new(svc.creds.token.clone(), "the parameter server");
+    svc.creds
+        .server()?
         .add_service(tonic::service::interceptor::InterceptedService::new(
             pb::parameter_server_server::ParameterServerServer::new(svc)
                 .max_decoding_message_size(256 << 20)
@@ -427,7 +435,7 @@ pub async fn run(
         num_ps,
         cfg.learning_rate,
         table,
-        env.token.clone(),
+        env.creds.clone(),
     );
     let listener = bind_retry(&env.service_addr).await?;
     tracing::info!(addr = %env.service_addr, num_ps, "parameter server ready");

@@ -25,13 +25,13 @@ impl PsSet {
     pub async fn connect(
         addrs: &[String],
         timeout: Duration,
-        token: &auth::Token,
+        creds: &auth::JobCreds,
     ) -> Result<Self, Error> {
         let start = Instant::now();
         let mut clients = Vec::new();
         for addr in addrs {
             let left = timeout.saturating_sub(start.elapsed());
-            clients.push(ps_client(addr, left, token).await?);
+            clients.push(ps_client(addr, left, creds).await?);
         }
         Ok(Self {
             clients,
@@ -116,7 +116,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let mut master = MasterLink::connect(&env).await?;
     let cfg = master.workload().await?;
     let data = generator(&cfg)?;
-    let mut ps = PsSet::connect(&env.ps_addrs, Duration::from_secs(60), &env.token).await?;
+    let mut ps = PsSet::connect(&env.ps_addrs, Duration::from_secs(60), &env.creds).await?;
     let mut ps_version = env.ps_version;
     let mut progress = Progress::new(0);
     let batch = cfg.batch_size.max(1) as u64;
@@ -130,7 +130,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 return Ok(());
             };
             let cluster = r.cluster.unwrap_or_default();
-            ps = PsSet::connect(&cluster.ps, Duration::from_secs(60), &env.token).await?;
+            ps = PsSet::connect(&cluster.ps, Duration::from_secs(60), &env.creds).await?;
             tracing::info!(
                 from = ps_version,
                 to = cluster.ps_version,

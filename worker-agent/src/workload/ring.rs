@@ -3,13 +3,15 @@
 //! Rank `r` connects to rank `r+1` and accepts from rank `r-1` (both mod world size); each
 //! connection opens with a handshake (rank, round, and a proof of the job's secret bound to
 //! both: [`auth::Token::proof`]) so a straggler from an older round, or a connection from
-//! outside the job, is turned away. `allreduce_sum` is the bandwidth-optimal two-phase ring: reduce-scatter, then
-//! all-gather, each `world-1` steps of one chunk, sending and receiving at once.
+//! outside the job, is turned away. When the job runs with TLS each connection is mutual TLS
+//! with the job's certificate first ([`auth::tls::JobTls`]), and the handshake goes inside it.
+//! `allreduce_sum` is the bandwidth-optimal two-phase ring: reduce-scatter, then all-gather,
+//! each `world-1` steps of one chunk, sending and receiving at once.
 
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::error::Error;
@@ -25,11 +27,38 @@ fn context(rank: u32, round: u64) -> [u8; 12] {
     c
 }
 
+/// A ring link: plain TCP, or TLS over it.
+trait Link: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Link for T {}
+
+/// The job's TLS for the ring's two sides, when the job runs with it.
+struct RingTls {
+    connector: tokio_rustls::TlsConnector,
+    acceptor: tokio_rustls::TlsAcceptor,
+    name: tokio_rustls::rustls::pki_types::ServerName<'static>,
+}
+
+impl RingTls {
+    fn of(creds: &auth::JobCreds) -> Result<Option<RingTls>, Error> {
+        let Some(tls) = &creds.tls else {
+            return Ok(None);
+        };
+        let secret = |e: auth::AuthError| Error::Secret(e.to_string());
+        Ok(Some(RingTls {
+            connector: tls.rustls_client().map_err(secret)?.into(),
+            acceptor: tls.rustls_server().map_err(secret)?.into(),
+            name: auth::tls::JOB_SERVER_NAME
+                .try_into()
+                .expect("a valid DNS name"),
+        }))
+    }
+}
+
 pub struct Ring {
     rank: u32,
     world: u32,
-    next: Option<TcpStream>,
-    prev: Option<TcpStream>,
+    next: Option<Box<dyn Link>>,
+    prev: Option<Box<dyn Link>>,
 }
 
 impl Ring {
@@ -42,15 +71,19 @@ impl Ring {
     }
 
     /// Forms the ring for `rank` of `peers.len()` in `round`, listening on `listener`; every
-    /// member proves it holds the job's secret `token`.
+    /// member proves it holds the job's secret (and presents the job's certificate when the
+    /// job runs with TLS).
     pub async fn connect(
         rank: u32,
         peers: &[String],
         round: u64,
         listener: &TcpListener,
         timeout: Duration,
-        token: &auth::Token,
+        creds: &auth::JobCreds,
     ) -> Result<Self, Error> {
+        let token = &creds.token;
+        let tls = RingTls::of(creds)?;
+        let tls = tls.as_ref();
         let world = peers.len() as u32;
         if world <= 1 {
             return Ok(Self {
@@ -66,12 +99,29 @@ impl Ring {
         let connect_next = async {
             loop {
                 match TcpStream::connect(&peers[next_rank as usize]).await {
-                    Ok(mut s) => {
+                    Ok(s) => {
                         s.set_nodelay(true).ok();
+                        let mut s: Box<dyn Link> = match tls {
+                            None => Box::new(s),
+                            Some(t) => match t.connector.connect(t.name.clone(), s).await {
+                                Ok(s) => Box::new(s),
+                                Err(e) if Instant::now() > deadline => {
+                                    return Err(Error::Ring {
+                                        peer: next_rank,
+                                        source: e,
+                                    });
+                                }
+                                Err(e) => {
+                                    tracing::debug!("ring TLS to rank {next_rank}: {e}");
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                    continue;
+                                }
+                            },
+                        };
                         let mut hello = [0u8; HELLO];
                         hello[..12].copy_from_slice(&context(rank, round));
                         hello[12..].copy_from_slice(&token.proof(&context(rank, round)));
-                        if s.write_all(&hello).await.is_ok() {
+                        if s.write_all(&hello).await.is_ok() && s.flush().await.is_ok() {
                             return Ok(s);
                         }
                     }
@@ -89,7 +139,7 @@ impl Ring {
         let accept_prev = async {
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                let (mut s, _) = tokio::time::timeout(left, listener.accept())
+                let (s, _) = tokio::time::timeout(left, listener.accept())
                     .await
                     .map_err(|_| Error::Ring {
                         peer: prev_rank,
@@ -103,6 +153,23 @@ impl Ring {
                         source: e,
                     })?;
                 s.set_nodelay(true).ok();
+                let mut s: Box<dyn Link> = match tls {
+                    None => Box::new(s),
+                    Some(t) => {
+                        match tokio::time::timeout(Duration::from_secs(5), t.acceptor.accept(s))
+                            .await
+                        {
+                            Ok(Ok(s)) => Box::new(s),
+                            Ok(Err(e)) => {
+                                tracing::warn!(
+                                    "turned away a ring connection without the job's certificate: {e}"
+                                );
+                                continue;
+                            }
+                            Err(_) => continue,
+                        }
+                    }
+                };
                 let mut hello = [0u8; HELLO];
                 if !matches!(
                     tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello)).await,
@@ -148,7 +215,12 @@ impl Ring {
         let next_rank = (self.rank + 1) % self.world;
         let prev_rank = (self.rank + self.world - 1) % self.world;
         let w = async {
-            next.write_all(send).await.map_err(|e| Error::Ring {
+            // A TLS link may hold the last record until flushed.
+            next.write_all(send).await?;
+            next.flush().await
+        };
+        let w = async {
+            w.await.map_err(|e| Error::Ring {
                 peer: next_rank,
                 source: e,
             })
@@ -215,20 +287,27 @@ impl Ring {
 mod tests {
     use super::*;
 
-    async fn ring_of(world: usize, len: usize) -> Vec<Vec<f64>> {
+    /// A job's credentials: a fresh secret, and the job's TLS (made in `dir`) when given.
+    fn creds(tls: Option<&std::path::Path>) -> auth::JobCreds {
+        auth::JobCreds {
+            token: auth::Token::generate(),
+            tls: tls.map(|d| auth::tls::JobTls::make_or_load(d).unwrap()),
+        }
+    }
+
+    async fn ring_of(world: usize, len: usize, creds: &auth::JobCreds) -> Vec<Vec<f64>> {
         let listeners: Vec<TcpListener> = futures_listeners(world).await;
         let peers: Vec<String> = listeners
             .iter()
             .map(|l| l.local_addr().unwrap().to_string())
             .collect();
-        let token = auth::Token::generate();
         let mut tasks = Vec::new();
         for (rank, l) in listeners.into_iter().enumerate() {
             let peers = peers.clone();
-            let token = token.clone();
+            let creds = creds.clone();
             tasks.push(tokio::spawn(async move {
                 let mut ring =
-                    Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10), &token)
+                    Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10), &creds)
                         .await
                         .unwrap();
                 let mut buf: Vec<f64> = (0..len).map(|i| (i * (rank + 1)) as f64).collect();
@@ -253,8 +332,17 @@ mod tests {
 
     #[tokio::test]
     async fn every_rank_gets_the_sum_for_any_world_and_length() {
-        for (world, len) in [(1, 5), (2, 7), (3, 10), (4, 3), (5, 1000)] {
-            let out = ring_of(world, len).await;
+        let dir = tempfile::tempdir().unwrap();
+        for (world, len, tls) in [
+            (1, 5, false),
+            (2, 7, false),
+            (3, 10, false),
+            (4, 3, false),
+            (5, 1000, false),
+            (2, 7, true),
+            (3, 100_000, true),
+        ] {
+            let out = ring_of(world, len, &creds(tls.then_some(dir.path()))).await;
             let factor: f64 = (1..=world).map(|r| r as f64).sum();
             for buf in out {
                 for (i, v) in buf.iter().enumerate() {
@@ -271,7 +359,7 @@ mod tests {
             .iter()
             .map(|l| l.local_addr().unwrap().to_string())
             .collect();
-        let (ours, theirs) = (auth::Token::generate(), auth::Token::generate());
+        let (ours, theirs) = (creds(None), creds(None));
         let mut ls = listeners.into_iter();
         let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
         // Rank 1 holds another job's secret: rank 0 never accepts its connection, and a raw
@@ -292,5 +380,43 @@ mod tests {
         let e0 = r0.await.unwrap().unwrap_err().to_string();
         assert!(e0.contains("no connection from the previous rank"), "{e0}");
         assert!(r1.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn over_tls_a_peer_without_the_jobs_certificate_is_turned_away() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ours = creds(Some(a.path()));
+        // The job's secret, but another job's certificate; then a plain TCP peer.
+        let theirs = auth::JobCreds {
+            token: ours.token.clone(),
+            tls: creds(Some(b.path())).tls,
+        };
+        let plain = auth::JobCreds {
+            token: ours.token.clone(),
+            tls: None,
+        };
+        for other in [theirs, plain] {
+            let listeners = futures_listeners(2).await;
+            let peers: Vec<String> = listeners
+                .iter()
+                .map(|l| l.local_addr().unwrap().to_string())
+                .collect();
+            let mut ls = listeners.into_iter();
+            let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+            let (p0, ours) = (peers.clone(), ours.clone());
+            let r0 = tokio::spawn(async move {
+                Ring::connect(0, &p0, 3, &l0, Duration::from_secs(2), &ours)
+                    .await
+                    .map(|_| ())
+            });
+            let r1 = tokio::spawn(async move {
+                Ring::connect(1, &peers, 3, &l1, Duration::from_secs(2), &other)
+                    .await
+                    .map(|_| ())
+            });
+            let e0 = r0.await.unwrap().unwrap_err().to_string();
+            assert!(e0.contains("no connection from the previous rank"), "{e0}");
+            assert!(r1.await.unwrap().is_err());
+        }
     }
 }

@@ -51,6 +51,10 @@ pub struct JobSecret {
     /// run` printed it (owner-only; the master refuses calls without it).
     #[arg(long = "token-file", env = "BRAIN_JOB_TOKEN_FILE")]
     token_file: PathBuf,
+    /// The job's TLS directory (`tls/` in the run directory), for a master run with
+    /// --job-tls: it takes no call without the job's certificate.
+    #[arg(long = "tls-dir", env = "BRAIN_JOB_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -98,17 +102,26 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 type Client = pb::job_master_client::JobMasterClient<auth::Channel>;
 
 async fn client(master: &str, secret: &JobSecret) -> anyhow::Result<Client> {
-    let token = auth::read_secret(&secret.token_file).context("--token-file")?;
-    connect(master, token).await
+    let creds = auth::JobCreds {
+        token: auth::read_secret(&secret.token_file).context("--token-file")?,
+        tls: secret
+            .tls_dir
+            .as_deref()
+            .map(auth::tls::JobTls::load)
+            .transpose()
+            .context("--tls-dir")?,
+    };
+    connect(master, &creds).await
 }
 
-async fn connect(master: &str, token: auth::Token) -> anyhow::Result<Client> {
+async fn connect(master: &str, creds: &auth::JobCreds) -> anyhow::Result<Client> {
     let url = if master.starts_with("http") {
         master.to_string()
     } else {
         format!("http://{master}")
     };
-    auth::connect(url, &token)
+    creds
+        .connect(url)
         .await
         .map(Client::new)
         .with_context(|| format!("cannot reach a job master at {master}"))

@@ -100,6 +100,13 @@ pub struct RunArgs {
     /// the first start].
     #[arg(long)]
     job_token_file: Option<PathBuf>,
+    /// Mutual TLS inside the job: every link between this master and the job's agents,
+    /// training processes and parameter servers, and between those (the allreduce ring too),
+    /// with a CA and a certificate of the job's own, made at the first start in tls/ of the
+    /// run directory (which Ray's nodes must share, as the secret beside it). The brain asks
+    /// for it when it runs with --tls-dir.
+    #[arg(long)]
+    job_tls: bool,
 }
 
 /// The brain token: the file named, or the operator token in its default place where it exists.
@@ -258,6 +265,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         brain_ca,
         brain_cert,
         brain_key,
+        job_tls,
     } = args;
     let spec = job_master::spec::load(&spec)?;
     let token = match &brain {
@@ -294,6 +302,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let token_file = job_token_file.unwrap_or_else(|| run_dir.join(auth::JOB_TOKEN_FILE));
     let (job_token, _) = auth::read_or_create(&token_file)
         .context("--job-token-file: the job's secret for its processes")?;
+    let tls_dir = run_dir.join(job_master::master::JOB_TLS_DIR);
+    let creds = auth::JobCreds {
+        token: job_token,
+        tls: job_tls
+            .then(|| auth::tls::JobTls::make_or_load(&tls_dir))
+            .transpose()
+            .with_context(|| {
+                format!("--job-tls: the job's certificates in {}", tls_dir.display())
+            })?,
+    };
     let config = MasterConfig {
         spec,
         run_dir: run_dir.clone(),
@@ -326,6 +344,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         resume,
         advertise,
         token_file: Some(token_file.clone()),
+        job_tls,
     };
     println!(
         "job master on {addr}, run directory {}, the job's secret in {}",
@@ -334,7 +353,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     );
     let progress = tokio::spawn(show_progress(
         addr,
-        job_token,
+        creds,
         Duration::from_secs(progress_secs.max(1)),
     ));
     let shutdown = async {

@@ -68,9 +68,9 @@ pub async fn status(master: &str, secret: &JobSecret) -> anyhow::Result<std::pro
 }
 
 /// Prints one progress line every `every`, read over the master's own gRPC status call.
-pub async fn show_progress(addr: std::net::SocketAddr, token: auth::Token, every: Duration) {
+pub async fn show_progress(addr: std::net::SocketAddr, creds: auth::JobCreds, every: Duration) {
     let mut client = loop {
-        match crate::connect(&addr.to_string(), token.clone()).await {
+        match crate::connect(&addr.to_string(), &creds).await {
             Ok(c) => break c,
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
