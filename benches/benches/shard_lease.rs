@@ -1,7 +1,9 @@
 //! Shard-lease RPC throughput of the job master: each element is one `LeaseShard` plus one
 //! `ReportShardDone`, over gRPC on loopback, from 1, 8 or 32 concurrent training-process
 //! clients (one connection each), with every change fsynced before it is acknowledged (group
-//! commit). The ledger holds exactly the shards the measurement consumes.
+//! commit). The ledger holds exactly the shards the measurement consumes. Each count is measured
+//! twice side by side: as a job runs by default (the job's secret on every call) and with the
+//! job's mutual TLS (`job-master run --job-tls`).
 //!
 //! cargo bench -p benches --bench shard_lease
 
@@ -32,7 +34,7 @@ type Stop = (
     tempfile::TempDir,
 );
 
-async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
+async fn master(clients: u32, shards: u64, job_tls: bool) -> (Vec<Client>, Stop) {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -49,7 +51,7 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
         resume: false,
         advertise: None,
         token_file: None,
-        job_tls: false,
+        job_tls,
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {
@@ -63,10 +65,21 @@ async fn master(clients: u32, shards: u64) -> (Vec<Client>, Stop) {
     let mut out = Vec::new();
     for index in 0..clients {
         let mut c = loop {
-            if let Ok(token) = auth::read_secret(&dir.path().join("run").join(auth::JOB_TOKEN_FILE))
-                && let Ok(c) = auth::connect(format!("http://{addr}"), &token).await
-            {
-                break Client::new(c);
+            let run = dir.path().join("run");
+            if let Ok(token) = auth::read_secret(&run.join(auth::JOB_TOKEN_FILE)) {
+                let tls = match job_tls {
+                    true => {
+                        auth::tls::JobTls::load(&run.join(job_master::master::JOB_TLS_DIR)).ok()
+                    }
+                    false => None,
+                };
+                if tls.is_some() == job_tls
+                    && let Ok(c) = (auth::JobCreds { token, tls })
+                        .connect(format!("http://{addr}"))
+                        .await
+                {
+                    break Client::new(c);
+                }
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
@@ -128,11 +141,18 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let mut g = c.benchmark_group("shard_lease");
     g.sample_size(10).measurement_time(Duration::from_secs(10));
-    for clients in [1u32, 8, 32] {
+    for (clients, tls) in [1u32, 8, 32]
+        .into_iter()
+        .flat_map(|n| [(n, false), (n, true)])
+    {
         g.throughput(Throughput::Elements(clients as u64));
-        g.bench_function(format!("lease+done, {clients} clients"), |b| {
+        let name = match tls {
+            false => format!("lease+done, {clients} clients"),
+            true => format!("lease+done, {clients} clients, job TLS"),
+        };
+        g.bench_function(name, |b| {
             b.to_async(&rt).iter_custom(|iters| async move {
-                let (cs, m) = master(clients, iters * clients as u64).await;
+                let (cs, m) = master(clients, iters * clients as u64, tls).await;
                 let start = Instant::now();
                 let mut set = tokio::task::JoinSet::new();
                 for (i, c) in cs.into_iter().enumerate() {
