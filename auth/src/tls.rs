@@ -257,6 +257,8 @@ pub const JOB_TLS_ENV: &str = "BRAIN_JOB_TLS_DIR";
 /// The name every process of a job presents and checks, whatever address it serves on (a
 /// process's address is known only once it starts, after its certificate was made).
 pub const JOB_SERVER_NAME: &str = "job.brain.internal";
+/// The job's TLS directory, in the job master's run directory (beside the job's secret).
+pub const JOB_DIR: &str = "tls";
 /// The files of a job's TLS directory.
 pub const JOB_CA: &str = "ca.pem";
 pub const JOB_CERT: &str = "job.pem";

@@ -15,7 +15,8 @@
 //! 4. Ingest while rounds run: 10,000 registered running jobs whose simulated job masters each
 //!    report every 10 s for 60 s, side by side without rounds and with the live round every
 //!    second: report latency (p50, p99, max), reports stored (nothing lost), rounds run and
-//!    their mean solve time (from the brain's `GET /metrics`).
+//!    their mean times (from the brain's `GET /metrics`): the snapshot under the store's lock,
+//!    the solve, and the whole round with its plans stored.
 //!
 //! cargo build --release -p brain -p job-master -p worker-agent && cargo bench -p benches --bench live_brain
 //! (`-- four_jobs`, `-- three_jobs`, `-- round` or `-- ingest` runs one table)
@@ -474,7 +475,7 @@ fn scraped(url: &str, dir: &Path, name: &str) -> f64 {
 /// the rounds run.
 async fn ingest_during_rounds(jobs: usize, secs: u64) {
     println!(
-        "\n{:<22} {:>9} {:>8} {:>9} {:>9} {:>9} {:>7} {:>16}",
+        "\n{:<14} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>14} {:>11} {:>11}",
         "rounds",
         "reports",
         "stored",
@@ -482,7 +483,9 @@ async fn ingest_during_rounds(jobs: usize, secs: u64) {
         "p99 (ms)",
         "max (ms)",
         "rounds",
-        "mean solve (ms)"
+        "snapshot (ms)",
+        "solve (ms)",
+        "round (ms)"
     );
     for rounds in [false, true] {
         let dir = tempfile::tempdir().unwrap();
@@ -498,11 +501,15 @@ async fn ingest_during_rounds(jobs: usize, secs: u64) {
         let c = client(&url, dir.path()).await;
         let clients = register_running(&url, &c, jobs).await;
         let initial: u64 = (0..jobs).map(|i| 1 + (i % 4) as u64).sum();
-        let (rounds_before, solve_before, solves_before) = (
-            scraped(&url, dir.path(), "brain_rounds_total"),
-            scraped(&url, dir.path(), "brain_round_solve_seconds_sum"),
-            scraped(&url, dir.path(), "brain_round_solve_seconds_count"),
-        );
+        let rounds_before = scraped(&url, dir.path(), "brain_rounds_total");
+        let phases = ["snapshot_seconds", "solve_seconds", "seconds"];
+        let mut before = Vec::new();
+        for p in phases {
+            before.push((
+                scraped(&url, dir.path(), &format!("brain_round_{p}_sum")),
+                scraped(&url, dir.path(), &format!("brain_round_{p}_count")),
+            ));
+        }
         let start = tokio::time::Instant::now() + Duration::from_secs(1);
         let period = Duration::from_secs(10);
         let mut set = tokio::task::JoinSet::new();
@@ -553,10 +560,18 @@ async fn ingest_during_rounds(jobs: usize, secs: u64) {
             .map(|j| j.reports)
             .sum::<u64>()
             - initial;
-        let solves = scraped(&url, dir.path(), "brain_round_solve_seconds_count") - solves_before;
-        let solve_s = scraped(&url, dir.path(), "brain_round_solve_seconds_sum") - solve_before;
+        let mut means = Vec::new();
+        for (p, (sum, count)) in phases.iter().zip(before) {
+            let n = scraped(&url, dir.path(), &format!("brain_round_{p}_count")) - count;
+            let s = scraped(&url, dir.path(), &format!("brain_round_{p}_sum")) - sum;
+            means.push(if n > 0.0 {
+                format!("{:.0}", s / n * 1000.0)
+            } else {
+                "-".into()
+            });
+        }
         println!(
-            "{:<22} {:>9} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>16}",
+            "{:<14} {:>8} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>14} {:>11} {:>11}",
             if rounds { "every second" } else { "none" },
             latencies.len(),
             stored,
@@ -564,11 +579,9 @@ async fn ingest_during_rounds(jobs: usize, secs: u64) {
             pick(0.99),
             pick(1.0),
             scraped(&url, dir.path(), "brain_rounds_total") - rounds_before,
-            if solves > 0.0 {
-                format!("{:.0}", solve_s / solves * 1000.0)
-            } else {
-                "-".into()
-            }
+            means[0],
+            means[1],
+            means[2]
         );
         brain.kill();
     }

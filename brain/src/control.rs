@@ -431,12 +431,14 @@ impl Control {
     ) -> Result<LiveSnapshot, BrainError> {
         let now_s = now_ms as f64 / 1000.0;
         let mut jobs = Vec::new();
+        let (mut speeds, mut ps_speeds) = store.active_speeds()?;
         for row in store.active()? {
             let Some(shape) = row.shape.clone() else {
                 continue;
             };
-            let speed = store
-                .speeds(row.id)?
+            let speed = speeds
+                .remove(&row.id)
+                .unwrap_or_default()
                 .into_iter()
                 .map(|(workers, samples_per_s)| SpeedPoint {
                     workers,
@@ -470,11 +472,11 @@ impl Control {
                 ps,
                 min_ps: shape.ps_bounds().0,
                 max_ps: shape.ps_bounds().1,
-                // Only PS jobs have a PS speed model (one query fewer per job on the hot path).
+                // Only PS jobs have a PS speed model.
                 ps_speed: if shape.ps == 0 {
                     Vec::new()
                 } else {
-                    store.ps_speeds(row.id)?
+                    ps_speeds.remove(&row.id).unwrap_or_default()
                 }
                 .into_iter()
                 .map(|(workers, ps, samples_per_s)| PsSpeedPoint {
@@ -528,8 +530,13 @@ impl Control {
         // The snapshot under the store's lock; the solve outside it, so that ingest and the
         // job masters' calls never wait for a solve. A job that leaves the queue meanwhile
         // (cancelled) is not started; a plan for a job that ended meanwhile is never fetched.
-        let snap = self
-            .with_store(move |s| Control::snapshot(s, &cluster, now))
+        let round_started = Instant::now();
+        let (snap, snapshot_ms) = self
+            .with_store(move |s| {
+                let started = Instant::now();
+                let snap = Control::snapshot(s, &cluster, now)?;
+                Ok((snap, started.elapsed().as_secs_f64() * 1000.0))
+            })
             .await?;
         let (plan, solve_ms) = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
@@ -544,7 +551,7 @@ impl Control {
         })
         .await
         .map_err(|e| BrainError::Internal(format!("round task: {e}")))??;
-        self.metrics.observe_round(solve_ms);
+        self.metrics.observe_round(snapshot_ms, solve_ms);
         if dispatch {
             for d in plan.decisions.iter().filter(|d| d.changes()) {
                 let job = JobId(d.job.0);
@@ -586,6 +593,8 @@ impl Control {
                 }
             }
         }
+        self.metrics
+            .observe_round_total(round_started.elapsed().as_secs_f64() * 1000.0);
         Ok(RoundOutcome {
             plan,
             solve_ms,

@@ -1,5 +1,6 @@
 //! The brain's own Prometheus metrics, served as text at `GET /metrics` on the brain's port:
-//! jobs by state (read from the store at each scrape), rounds and their solve time, plans
+//! jobs by state (read from the store at each scrape), rounds and their times (the snapshot
+//! taken under the store's lock, the solve, the whole round with its plans stored), plans
 //! dispatched, jobs submitted and started, metric reports ingested (its `rate()` is the ingest
 //! rate), points written to (or dropped before) the InfluxDB sink, and calls a rate limit
 //! refused (by limit).
@@ -18,6 +19,8 @@ pub struct Metrics {
     jobs: Family<Vec<(String, String)>, Gauge>,
     pub rounds: Counter,
     solve_seconds: Histogram,
+    snapshot_seconds: Histogram,
+    round_seconds: Histogram,
     pub plans: Counter,
     pub submitted: Counter,
     pub started: Counter,
@@ -39,6 +42,18 @@ impl Default for Metrics {
             "round_solve_seconds",
             "Time the scheduler took per round",
             solve_seconds.clone(),
+        );
+        let snapshot_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "round_snapshot_seconds",
+            "Time a round held the store's lock to read what it plans on",
+            snapshot_seconds.clone(),
+        );
+        let round_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "round_seconds",
+            "Time per round: snapshot, solve, plans stored and jobs started",
+            round_seconds.clone(),
         );
         let plans = Counter::default();
         registry.register(
@@ -84,6 +99,8 @@ impl Default for Metrics {
             jobs,
             rounds,
             solve_seconds,
+            snapshot_seconds,
+            round_seconds,
             plans,
             submitted,
             started,
@@ -95,9 +112,16 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe_round(&self, solve_ms: f64) {
+    /// A round's snapshot and solve times.
+    pub fn observe_round(&self, snapshot_ms: f64, solve_ms: f64) {
         self.rounds.inc();
+        self.snapshot_seconds.observe(snapshot_ms / 1000.0);
         self.solve_seconds.observe(solve_ms / 1000.0);
+    }
+
+    /// A whole round's time, its decisions carried out.
+    pub fn observe_round_total(&self, ms: f64) {
+        self.round_seconds.observe(ms / 1000.0);
     }
 
     /// A call a rate limit (`limits.<limit>`) refused.

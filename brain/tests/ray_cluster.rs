@@ -291,6 +291,33 @@ async fn processes(master: &str, run_dir: &str) -> Option<(Vec<(i32, u32, String
     ))
 }
 
+/// The last events of the job master's persisted context in `run_dir`, one per line.
+fn master_events(run_dir: &str) -> String {
+    // The report once the job ended (its events as lines), the context before.
+    let dir = std::path::Path::new(run_dir).join("master");
+    let read = |f: &str| -> serde_json::Value {
+        std::fs::read(dir.join(f))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    };
+    let (report, ctx) = (read("report.json"), read("job-context.json"));
+    let events = report["events"]
+        .as_array()
+        .or(ctx["events"].as_array())
+        .cloned()
+        .unwrap_or_default();
+    let lines: Vec<String> = events[events.len().saturating_sub(60)..]
+        .iter()
+        .map(|e| match e.as_str() {
+            Some(line) => line.to_string(),
+            None => format!("{:>9} ms  {}", e["at_ms"], e["text"].as_str().unwrap_or("")),
+        })
+        .collect();
+    let path = dir.display();
+    format!("job master's last events ({path}):\n{}", lines.join("\n"))
+}
+
 /// Polls the brain's job and its master every 300 ms until `f` says yes (`within` at most).
 async fn until(
     url: &str,
@@ -314,12 +341,14 @@ async fn until(
         }
         assert!(
             !matches!(r.state.as_str(), "succeeded" | "failed" | "cancelled"),
-            "the job ended before {what}: {r:#?}\n{}",
+            "the job ended before {what}: {r:#?}\n{}\n{}",
+            master_events(&r.run_dir),
             log()
         );
         assert!(
             start.elapsed() < within,
-            "not {what} after {within:?}: {r:#?}\nrunning: {running:?}\n{}",
+            "not {what} after {within:?}: {r:#?}\nrunning: {running:?}\n{}\n{}",
+            master_events(&r.run_dir),
             log()
         );
         tokio::time::sleep(Duration::from_millis(300)).await;

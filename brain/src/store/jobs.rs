@@ -4,6 +4,8 @@ use rusqlite::{OptionalExtension, params};
 
 use super::*;
 
+/// Per job, the mean samples/s at each worker count: `(workers, samples_per_s)`.
+pub type SpeedsByJob = std::collections::BTreeMap<JobId, Vec<(u32, f64)>>;
 /// Per job, the mean samples/s at each (workers, PS) pair: `(workers, ps, samples_per_s)`.
 pub type PsSpeedsByJob = std::collections::BTreeMap<JobId, Vec<(u32, u32, f64)>>;
 
@@ -211,17 +213,6 @@ impl Store {
             .query_row("SELECT name FROM jobs WHERE id = ?1", [id], |r| r.get(0))?)
     }
 
-    /// Mean samples/s the job reported at each worker count, by count.
-    pub fn speeds(&self, job: JobId) -> Result<Vec<(u32, f64)>, BrainError> {
-        let id = self.known(job)?;
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT workers, sum_samples_per_second / reports FROM speeds
-             WHERE job_id = ?1 ORDER BY workers",
-        )?;
-        let rows = stmt.query_map([id], |r| Ok((r.get::<_, i64>(0)? as u32, r.get(1)?)))?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
-
     /// Every job's mean samples/s per (workers, PS) pair, in one query (sizing a submission
     /// from the PS jobs before it).
     pub fn all_ps_speeds(&self) -> Result<PsSpeedsByJob, BrainError> {
@@ -262,29 +253,71 @@ impl Store {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
-    /// Jobs queued or running, by id.
+    /// Jobs queued or running, by id (the finished ones are not even read).
     pub fn active(&self) -> Result<Vec<JobRow>, BrainError> {
         Ok(self
-            .rows(None)?
+            .rows(None, true)?
             .into_iter()
             .filter(|r| !r.state.finished())
             .collect())
     }
 
+    /// The queued and running jobs' mean samples/s per worker count and per (workers, PS)
+    /// pair, in two queries (what a round reads for every job).
+    pub fn active_speeds(&self) -> Result<(SpeedsByJob, PsSpeedsByJob), BrainError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT job_id, workers, sum_samples_per_second / reports FROM speeds
+             WHERE job_id IN (SELECT id FROM jobs WHERE state IN ('queued', 'running'))
+             ORDER BY job_id, workers",
+        )?;
+        let mut speeds = SpeedsByJob::new();
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                JobId(r.get::<_, i64>(0)? as u64),
+                r.get::<_, i64>(1)? as u32,
+                r.get(2)?,
+            ))
+        })?;
+        for row in rows {
+            let (job, w, sps) = row?;
+            speeds.entry(job).or_default().push((w, sps));
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT job_id, workers, ps, sum_samples_per_second / reports FROM ps_speeds
+             WHERE job_id IN (SELECT id FROM jobs WHERE state IN ('queued', 'running'))
+             ORDER BY job_id, workers, ps",
+        )?;
+        let mut ps_speeds = PsSpeedsByJob::new();
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                JobId(r.get::<_, i64>(0)? as u64),
+                r.get::<_, i64>(1)? as u32,
+                r.get::<_, i64>(2)? as u32,
+                r.get(3)?,
+            ))
+        })?;
+        for row in rows {
+            let (job, w, p, sps) = row?;
+            ps_speeds.entry(job).or_default().push((w, p, sps));
+        }
+        Ok((speeds, ps_speeds))
+    }
+
     pub fn job(&self, job: JobId) -> Result<JobRow, BrainError> {
         let id = self.known(job)?;
-        self.rows(Some(id))?
+        self.rows(Some(id), false)?
             .pop()
             .ok_or(BrainError::UnknownJob(job.0))
     }
 
     /// Every job, by id.
     pub fn jobs(&self) -> Result<Vec<JobRow>, BrainError> {
-        self.rows(None)
+        self.rows(None, false)
     }
 
-    pub(super) fn rows(&self, only: Option<i64>) -> Result<Vec<JobRow>, BrainError> {
-        let mut stmt = self.conn.prepare(
+    /// Jobs by id: one (`only`), the queued and running ones (`active`), or all.
+    pub(super) fn rows(&self, only: Option<i64>, active: bool) -> Result<Vec<JobRow>, BrainError> {
+        let mut stmt = self.conn.prepare_cached(
             "SELECT id, name, master_address, registered_unix_ms, reports, last_global_step,
                     sum_samples_per_second, peak_memory_bytes, acked_version, reached_version,
                     (SELECT COALESCE(MAX(version), 0) FROM plans WHERE job_id = jobs.id)
@@ -295,9 +328,11 @@ impl Store {
                      WHERE job_id = jobs.id AND accepted = 0) AS rejected_version,
                     reported_workers, peak_process_millicores, peak_process_memory_bytes,
                     cancel_requested, peak_ps_millicores
-             FROM jobs WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
+             FROM jobs WHERE (?1 IS NULL OR id = ?1)
+                 AND (?2 = 0 OR state IN ('queued', 'running'))
+             ORDER BY id",
         )?;
-        let rows = stmt.query_map([only], |r| {
+        let rows = stmt.query_map(rusqlite::params![only, active], |r| {
             let count = |c: &str| r.get::<_, i64>(c).map(|v| v as u64);
             let reports = count("reports")?;
             let sum: f64 = r.get("sum_samples_per_second")?;

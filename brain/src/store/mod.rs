@@ -21,7 +21,7 @@ mod reports;
 mod tests;
 mod tokens;
 
-pub use jobs::PsSpeedsByJob;
+pub use jobs::{PsSpeedsByJob, SpeedsByJob};
 pub use processes::{CPU_SAMPLES, ProcessSample};
 pub use records::{JobRow, JobState, Metric, Shape, StoredPlan};
 pub use reports::PlanCounts;
@@ -147,6 +147,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN peak_ps_millicores INTEGER NOT NULL DEFAULT 0",
     "CREATE TABLE job_tokens (digest BLOB PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
          created_unix_ms INTEGER NOT NULL)",
+    // A round reads the queued and running jobs only, however many have finished.
+    "CREATE INDEX jobs_by_state ON jobs(state)",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

@@ -123,6 +123,22 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     let all = s.all_ps_speeds().unwrap();
     assert_eq!(all.len(), 1);
     assert_eq!(all[&a], vec![(2, 1, 20.0)]);
+    // What a round reads, for the queued and running jobs only.
+    let (speeds, ps_speeds) = s.active_speeds().unwrap();
+    assert_eq!(
+        (speeds[&a].clone(), ps_speeds[&a].clone()),
+        (vec![(2, 20.0)], vec![(2, 1, 20.0)])
+    );
+    let b = s.submit("q", "name: q", &shape, &[], 11).unwrap();
+    s.started(b, 1, None, "/tmp/q", 21).unwrap();
+    s.add_metrics(b, &[metric(1, 5.0)]).unwrap();
+    s.finish(b, JobState::Succeeded, "", 100, 40).unwrap();
+    let (speeds, _) = s.active_speeds().unwrap();
+    assert!(!speeds.contains_key(&b) && speeds.contains_key(&a));
+    assert_eq!(
+        s.active().unwrap().iter().map(|r| r.id).collect::<Vec<_>>(),
+        [a]
+    );
     assert_eq!(ps[0].cpu_samples, vec![vocab::Millicores(990)]);
     let added = Change {
         at_s: 30.0,

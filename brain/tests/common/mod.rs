@@ -202,7 +202,14 @@ pub type MasterClient = jm::job_master_client::JobMasterClient<auth::Channel>;
 /// says), with the job's secret the brain wrote there.
 pub async fn master_client(master: &str, run_dir: &str) -> Option<MasterClient> {
     let token = auth::read_secret(&brain::launch::token_file(Path::new(run_dir))).ok()?;
-    let channel = auth::connect(format!("http://{master}"), &token)
+    // A brain with TLS runs its jobs with TLS inside them: the job's own certificate then.
+    let tls_dir = Path::new(run_dir).join("master").join(auth::tls::JOB_DIR);
+    let tls = match tls_dir.exists() {
+        true => Some(auth::tls::JobTls::load(&tls_dir).ok()?),
+        false => None,
+    };
+    let channel = auth::JobCreds { token, tls }
+        .connect(format!("http://{master}"))
         .await
         .ok()?;
     Some(MasterClient::new(channel))

@@ -70,7 +70,7 @@ pub struct MasterConfig {
 }
 
 /// Where a job master keeps the job's TLS files, in its run directory.
-pub const JOB_TLS_DIR: &str = "tls";
+pub const JOB_TLS_DIR: &str = auth::tls::JOB_DIR;
 
 /// The address agents reach the master by: the listener's, with its IP replaced by `advertise`.
 /// A listener on every interface (0.0.0.0) needs `advertise`: its own address reaches nothing.
