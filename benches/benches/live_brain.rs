@@ -10,7 +10,8 @@
 //!    resource-free specs) vs DLRover's rule (each job at a request of 2 workers, grown while
 //!    it speeds up, the same heuristics, no cluster-wide decision) vs static requests (2
 //!    workers and 1 PS, FIFO, no heuristics).
-//! 3. One optimisation round with 1,000 registered running jobs (each with reported speeds):
+//! 3. One optimisation round with 1,000 and with 10,000 registered running jobs (each with
+//!    reported speeds):
 //!    `DryRun` over gRPC, i.e. the SQLite snapshot plus the scheduler, per scheduler.
 //! 4. Ingest while rounds run: 10,000 registered running jobs whose simulated job masters each
 //!    report every 10 s for 60 s, side by side without rounds and with the live round every
@@ -606,8 +607,10 @@ async fn main() {
         four_job_table().await;
     }
     if wanted("round") {
-        println!("\none round with 1,000 registered running jobs (median of 5 dry runs):");
-        round_with(1000).await;
+        for jobs in [1_000, 10_000] {
+            println!("\none round with {jobs} registered running jobs (median of 5 dry runs):");
+            round_with(jobs).await;
+        }
     }
     if wanted("ingest") {
         println!(
