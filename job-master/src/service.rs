@@ -7,7 +7,7 @@ use proto::jobmaster::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
-use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey};
+use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey, SlotPhase};
 use crate::ledger::LeaseOutcome;
 use crate::scale::ScalePlan;
 use crate::shared::{Shared, commit_allreduce_checkpoint};
@@ -348,7 +348,12 @@ impl pb::job_master_server::JobMaster for MasterService {
                     role: pb::Role::from(s.key.role) as i32,
                     index: s.key.index,
                     incarnation: s.incarnation,
-                    state: format!("{:?}", s.phase).to_lowercase(),
+                    // Launching: "pending" until the platform has placed it.
+                    state: if s.phase == SlotPhase::Launching && !s.placed {
+                        "pending".to_string()
+                    } else {
+                        format!("{:?}", s.phase).to_lowercase()
+                    },
                     restarts: s.restart_count as u32,
                     sample: s.sample.as_ref().map(pb::ResourceSample::from),
                     pid: s.process_pid,

@@ -216,12 +216,18 @@ impl Store {
     /// Every job's mean samples/s per (workers, PS) pair, in one query (sizing a submission
     /// from the PS jobs before it).
     pub fn all_ps_speeds(&self) -> Result<PsSpeedsByJob, BrainError> {
+        self.ps_speeds_by_job(false)
+    }
+
+    /// Mean samples/s per (workers, PS) pair of every job, or of the queued and running ones.
+    fn ps_speeds_by_job(&self, active: bool) -> Result<PsSpeedsByJob, BrainError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT job_id, workers, ps, sum_samples_per_second / reports FROM ps_speeds
+             WHERE ?1 = 0 OR job_id IN (SELECT id FROM jobs WHERE state IN ('queued', 'running'))
              ORDER BY job_id, workers, ps",
         )?;
         let mut out = PsSpeedsByJob::new();
-        let rows = stmt.query_map([], |r| {
+        let rows = stmt.query_map([active], |r| {
             Ok((
                 JobId(r.get::<_, i64>(0)? as u64),
                 r.get::<_, i64>(1)? as u32,
@@ -282,24 +288,7 @@ impl Store {
             let (job, w, sps) = row?;
             speeds.entry(job).or_default().push((w, sps));
         }
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT job_id, workers, ps, sum_samples_per_second / reports FROM ps_speeds
-             WHERE job_id IN (SELECT id FROM jobs WHERE state IN ('queued', 'running'))
-             ORDER BY job_id, workers, ps",
-        )?;
-        let mut ps_speeds = PsSpeedsByJob::new();
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                JobId(r.get::<_, i64>(0)? as u64),
-                r.get::<_, i64>(1)? as u32,
-                r.get::<_, i64>(2)? as u32,
-                r.get(3)?,
-            ))
-        })?;
-        for row in rows {
-            let (job, w, p, sps) = row?;
-            ps_speeds.entry(job).or_default().push((w, p, sps));
-        }
+        let ps_speeds = self.ps_speeds_by_job(true)?;
         Ok((speeds, ps_speeds))
     }
 
