@@ -277,6 +277,18 @@ pub fn simulate(
             goodput: None,
         });
     }
+    // Each job alone on the cluster at its request, for its finish-time fairness: from its
+    // submission to the next round, one restart penalty, then its work.
+    let alone: Vec<Option<f64>> = jobs
+        .iter()
+        .map(|j| {
+            let submit = j.trace.submit_s;
+            let first_round = (submit / config.round_s).ceil() * config.round_s;
+            world
+                .alone_s(j)
+                .map(|work| first_round - submit + config.restart_penalty_s + work)
+        })
+        .collect();
     // Jobs in order of submission (ties by trace order); ids are trace positions.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by(|&a, &b| {
@@ -424,9 +436,28 @@ pub fn simulate(
         }
         t += round;
     }
+    // Jobs in the system, summed over the rounds up to each: a job's mean contention is a
+    // difference of two of these.
+    let mut contention = vec![0.0f64; rounds.len() + 1];
+    for (k, r) in rounds.iter().enumerate() {
+        contention[k + 1] = contention[k] + r.active_jobs as f64;
+    }
+    let rho = |j: &JobState, alone: Option<f64>| -> Option<f64> {
+        let (finish, alone) = (j.finished?, alone?);
+        let jct = finish - j.trace.submit_s;
+        let from = rounds.partition_point(|r| r.time_s < j.trace.submit_s);
+        let to = rounds.partition_point(|r| r.time_s < finish);
+        let sharing = if to > from {
+            ((contention[to] - contention[from]) / (to - from) as f64).max(1.0)
+        } else {
+            1.0
+        };
+        (alone > 0.0).then(|| jct / (sharing * alone))
+    };
     let records: Vec<JobRecord> = jobs
         .iter()
-        .map(|j| JobRecord {
+        .zip(&alone)
+        .map(|(j, &alone)| JobRecord {
             name: j.trace.name.clone(),
             application: j.trace.label().to_string(),
             submit_s: j.trace.submit_s,
@@ -436,6 +467,7 @@ pub fn simulate(
             gpu_seconds: j.attained,
             requested_replicas: j.trace.requested_replicas,
             peak_replicas: j.peak,
+            rho: rho(j, alone),
         })
         .collect();
     let first = records
@@ -520,6 +552,34 @@ mod tests {
         assert!((j.gpu_seconds - 102.0).abs() < 1e-6);
         assert_eq!(r.summary.finished, 1);
         assert!((r.summary.mean_jct_s - 132.0).abs() < 1e-6);
+        // Alone it had the whole cluster: exactly its fair share.
+        assert!((j.rho.unwrap() - 1.0).abs() < 1e-9, "{j:?}");
+        assert_eq!(r.summary.unfair_share, 0.0);
+    }
+
+    #[test]
+    fn finish_time_fairness_compares_a_job_with_its_share_of_the_cluster() {
+        // Two jobs that each need the whole cluster for 600 s, submitted together, FIFO: the
+        // first is done at 630 (30 s penalty + 600 s), its fair share 2 × 630 s: ρ = 0.5. The
+        // second starts at the next round, 660, and ends at 1,290, having shared the cluster
+        // with 2 jobs in 11 of its 22 rounds and with none in the other 11: ρ = 1,290 / (1.5 ×
+        // 630).
+        let trace = [rigid("a", 0.0, 4, 600.0), rigid("b", 0.0, 4, 600.0)];
+        let r = simulate(
+            &trace,
+            &[],
+            &ClusterSpec::uniform(1, 4, "t4"),
+            &Fifo::default(),
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap();
+        let rho: Vec<f64> = r.jobs.iter().map(|j| j.rho.unwrap()).collect();
+        assert!((rho[0] - 0.5).abs() < 1e-9, "{rho:?}");
+        let b = 1290.0 / (1.5 * 630.0);
+        assert!((rho[1] - b).abs() < 1e-9, "{rho:?} vs {b}");
+        assert_eq!(r.summary.unfair_share, 0.5);
+        assert_eq!(r.summary.max_rho, rho[1]);
     }
 
     #[test]

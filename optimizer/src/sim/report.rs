@@ -17,6 +17,12 @@ pub struct JobRecord {
     pub requested_replicas: u32,
     /// The most GPUs it held at once.
     pub peak_replicas: u32,
+    /// Finish-time fairness (Themis' ρ): its JCT over the time it would take on a fair share
+    /// of the cluster, i.e. alone at its request on the type that suits it best, times the
+    /// mean number of jobs in the system while it was (`ρ > 1`: worse off than its fair
+    /// share). `None` for a job that did not finish.
+    #[serde(default)]
+    pub rho: Option<f64>,
 }
 
 impl JobRecord {
@@ -60,6 +66,12 @@ pub struct Summary {
     pub gpu_utilisation: f64,
     pub mean_queueing_s: f64,
     pub restarts: u32,
+    /// Share of the finished jobs with finish-time fairness ρ > 1 (Themis).
+    #[serde(default)]
+    pub unfair_share: f64,
+    /// The largest ρ of a finished job.
+    #[serde(default)]
+    pub max_rho: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -103,6 +115,7 @@ impl Summary {
             .filter_map(|j| j.finish_s)
             .fold(f64::NEG_INFINITY, f64::max);
         let held: f64 = jobs.iter().map(|j| j.gpu_seconds).sum();
+        let rhos: Vec<f64> = jobs.iter().filter_map(|j| j.rho).collect();
         Summary {
             jobs: jobs.len() as u32,
             finished: jcts.len() as u32,
@@ -117,6 +130,13 @@ impl Summary {
             },
             mean_queueing_s: mean(&queueing),
             restarts: jobs.iter().map(|j| j.restarts).sum(),
+            unfair_share: if rhos.is_empty() {
+                f64::NAN
+            } else {
+                // ρ of exactly 1 (a job alone) must not count for rounding.
+                rhos.iter().filter(|&&r| r > 1.0 + 1e-9).count() as f64 / rhos.len() as f64
+            },
+            max_rho: rhos.iter().copied().fold(f64::NAN, f64::max),
         }
     }
 }

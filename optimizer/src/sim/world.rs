@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::schedule::{JobView, Slots};
 use crate::units::JobId;
 
+#[derive(Clone)]
 pub(super) struct JobState<'a> {
     pub(super) trace: &'a TraceJob,
     /// The application a training job trains; `None` for a rigid job.
@@ -124,6 +125,29 @@ impl World {
             goodput: job.goodput.as_ref().expect("computed above").1.clone(),
             remaining: (job.total - job.progress).max(0.0),
         }
+    }
+
+    /// Seconds `job` (as submitted, nothing done yet) takes alone on the cluster at its
+    /// request, packed on the worker type that finishes it soonest; `None` if no type can.
+    pub(super) fn alone_s(&self, job: &JobState) -> Option<f64> {
+        (0..self.per_node.len())
+            .filter(|&t| self.type_gpus[t] >= job.requested)
+            .filter_map(|t| {
+                let mut j = job.clone();
+                if let Some(app) = j.app {
+                    self.gpu[app][t]?;
+                    j.config = self.config_for(&j, app, t, j.requested).0;
+                }
+                j.slots = packed(j.requested, self.per_node[t])
+                    .into_iter()
+                    .enumerate()
+                    .collect();
+                j.worker_type = Some(t);
+                j.rescale_left = 0.0;
+                self.advance(&mut j, 0.0, f64::MAX);
+                j.finished
+            })
+            .min_by(f64::total_cmp)
     }
 
     /// Runs `job` from `t0` for `dt` seconds.
