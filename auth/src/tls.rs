@@ -379,12 +379,16 @@ impl JobTls {
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
                 .build()
                 .map_err(|e| AuthError::Tls(e.to_string()))?;
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| AuthError::Tls(e.to_string()))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)
             .map_err(|e| AuthError::Tls(e.to_string()))?;
+        // A ring link carries data one way only: session tickets the server sent after the
+        // handshake would lie unread at the client, whose close then resets the connection
+        // (RST) and discards what the server had not read yet. No tickets: nothing to resume.
+        config.send_tls13_tickets = 0;
         Ok(std::sync::Arc::new(config))
     }
 
