@@ -103,7 +103,21 @@ impl Ring {
                         s.set_nodelay(true).ok();
                         let mut s: Box<dyn Link> = match tls {
                             None => Box::new(s),
-                            Some(t) => match t.connector.connect(t.name.clone(), s).await {
+                            // A peer that never answers the handshake must not hold the ring
+                            // past its deadline.
+                            Some(t) => match tokio::time::timeout(
+                                deadline
+                                    .saturating_duration_since(Instant::now())
+                                    .max(Duration::from_secs(1)),
+                                t.connector.connect(t.name.clone(), s),
+                            )
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "no TLS handshake from the next rank",
+                                ))
+                            }) {
                                 Ok(s) => Box::new(s),
                                 Err(e) if Instant::now() > deadline => {
                                     return Err(Error::Ring {

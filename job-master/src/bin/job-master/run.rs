@@ -347,9 +347,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         job_tls,
     };
     println!(
-        "job master on {addr}, run directory {}, the job's secret in {}",
+        "job master on {addr}, run directory {}, the job's secret in {}{}",
         run_dir.display(),
-        token_file.display()
+        token_file.display(),
+        creds.tls.as_ref().map_or(String::new(), |t| format!(
+            ", the job's TLS in {}",
+            t.dir().display()
+        ))
     );
     let progress = tokio::spawn(show_progress(
         addr,
