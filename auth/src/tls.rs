@@ -236,12 +236,17 @@ fn writers(dir: &Path) -> Result<(Writer<'_>, Writer<'_>), AuthError> {
         path: dir.to_path_buf(),
         source,
     })?;
+    // Written whole or not at all (a temporary file renamed), as the keys are: a job master
+    // killed while it makes them leaves no truncated certificate behind.
     let public = move |name: &str, pem: &str| {
         let path = dir.join(name);
-        std::fs::write(&path, pem).map_err(|source| AuthError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, pem)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|source| AuthError::Io {
+                path: path.clone(),
+                source,
+            })?;
         Ok(path)
     };
     let private = move |name: &str, pem: &str| {
