@@ -2,13 +2,14 @@
 """Reference solver for the allocation LP instances in datasets/data/lp_instances.
 
 Solves max-sum throughput and heterogeneity-aware max-min fairness with cvxpy + ECOS and prints
-`policy,n_jobs,objective,wall_seconds` (wall = problem build + solve), so a Rust solver can be
+`policy,instance,objective,wall_seconds` (instance: the file name without .json) (wall = problem build + solve), so a Rust solver can be
 compared side by side in one run on the same machine.
 
 Needs: pip install numpy cvxpy ecos
 usage: lp_reference.py INSTANCE.json [INSTANCE.json ...]
 """
 import json
+import os
 import sys
 import time
 
@@ -37,12 +38,13 @@ def solve(inst, policy):
 
 
 def main():
-    print("policy,n_jobs,objective,wall_seconds")
+    print("policy,instance,objective,wall_seconds")
     for path in sys.argv[1:]:
         inst = json.load(open(path))
+        name = os.path.basename(path).removesuffix(".json")
         for policy in ("max_sum_throughput", "max_min_fairness"):
             value, wall = solve(inst, policy)
-            print(f"{policy},{len(inst['jobs'])},{value:.6f},{wall:.4f}", flush=True)
+            print(f"{policy},{name},{value:.6f},{wall:.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 //! * [`problem`]: the snapshot a policy sees (cluster capacity per worker type, jobs with their
 //!   throughput on each type) and the [`problem::Allocation`] it returns.
 //! * [`lp`]: the LP scaffolding every LP policy shares: variables `x[m][j]` (share of time job
-//!   `m` runs on worker type `j`), the base constraints, and clean-up of the solver's answer so
-//!   capacity is never exceeded.
+//!   `m` runs on worker type `j`), the base constraints, two methods that solve it (a structured
+//!   interior-point method, `lp::block_ipm`, with clarabel on the whole LP as checked fallback,
+//!   `lp::general`), and clean-up of the answer so capacity is never exceeded.
 //! * [`policy`]: the [`policy::Policy`] trait and one file per policy, chosen with the serde enum
 //!   [`policy::PolicyKind`] that an operator's TOML names.
 //! * [`throughput`]: throughput models behind one trait, fitted from step-time samples:

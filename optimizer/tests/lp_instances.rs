@@ -6,8 +6,12 @@ use optimizer::policy::{MaxMinFairness, MaxSumThroughput};
 use optimizer::{Policy, Problem};
 
 fn instance(n: usize) -> Problem {
+    load(&format!("gavel_n{n}.json"))
+}
+
+fn load(name: &str) -> Problem {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../datasets/data/lp_instances/gavel_n{n}.json"));
+        .join(format!("../datasets/data/lp_instances/{name}"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str::<GavelInstance>(&text).unwrap().into()
 }
@@ -27,6 +31,40 @@ fn check_feasible(p: &Problem, a: &optimizer::Allocation) {
     for x in a.shares.values() {
         assert!(x.iter().all(|s| (0.0..=1.0).contains(s)));
         assert!(x.iter().sum::<f64>() <= 1.0);
+    }
+}
+
+/// Every job distinct (no classes to merge): both methods, each against the reference optimum.
+#[test]
+fn distinct_jobs_match_the_reference_optimum_with_either_method() {
+    use optimizer::lp::LpSolver;
+    // (file, max-sum optimum, max-min optimum) from SOURCE.md.
+    let reference = [("gavel_n2048_distinct.json", 56574.218985, 0.921930)];
+    for (name, max_sum, max_min) in reference {
+        let p = load(name);
+        for solver in [LpSolver::Structured, LpSolver::General] {
+            let a = MaxSumThroughput {
+                normalize: false,
+                solver,
+            }
+            .allocate(&p, None)
+            .unwrap();
+            check_feasible(&p, &a);
+            let gap = (a.objective - max_sum).abs() / max_sum;
+            assert!(
+                gap <= 1e-6,
+                "{name} {solver:?}: {} vs {max_sum}",
+                a.objective
+            );
+            let a = MaxMinFairness { solver }.allocate(&p, None).unwrap();
+            check_feasible(&p, &a);
+            let gap = (a.objective - max_min).abs() / max_min;
+            assert!(
+                gap <= 1e-6,
+                "{name} {solver:?}: {} vs {max_min}",
+                a.objective
+            );
+        }
     }
 }
 
@@ -66,8 +104,6 @@ fn max_min_fairness_matches_the_reference_optimum() {
 /// 256-job instance with remaining steps 1,000 × (1 + m mod 7): within 1 %.
 #[test]
 fn min_makespan_in_one_lp_matches_gavels_bisection() {
-    use optimizer::PolicyError;
-    use optimizer::lp::AllocationLp;
     use optimizer::policy::MinMakespan;
 
     let mut p = instance(256);
@@ -75,18 +111,45 @@ fn min_makespan_in_one_lp_matches_gavels_bisection() {
         j.remaining_steps = Some(1000.0 * (1 + m % 7) as f64);
     }
     let ours = MinMakespan::default().allocate(&p, None).unwrap().objective;
+    // Gavel's feasibility LP, one variable per job and type: can every job finish within
+    // `makespan`?
     let feasible = |makespan: f64| {
-        let lp = AllocationLp::new(&p).unwrap();
-        let rows = (0..lp.classes.len())
-            .map(|c| {
-                let class = &lp.classes[c];
-                let need = class.remaining_steps.unwrap() / makespan * class.size();
-                lp.row(c, |j| class.throughput[j]).geq(need)
+        use good_lp::{Expression, ProblemVariables, SolverModel, clarabel, variable};
+        let mut vars = ProblemVariables::new();
+        let k = p.cluster.capacity.len();
+        let x: Vec<Vec<_>> = p
+            .jobs
+            .iter()
+            .map(|_| {
+                (0..k)
+                    .map(|_| vars.add(variable().min(0.0).max(1.0)))
+                    .collect()
             })
             .collect();
-        match lp.solve(good_lp::Expression::default(), rows) {
+        let mut rows = Vec::new();
+        for (job, xs) in p.jobs.iter().zip(&x) {
+            let total: Expression = xs.iter().sum();
+            rows.push(total.leq(1.0));
+            let rate: Expression = xs.iter().zip(&job.throughput).map(|(v, t)| *t * *v).sum();
+            rows.push(rate.geq(job.remaining_steps.unwrap() / makespan));
+        }
+        for j in 0..k {
+            let used: Expression = p
+                .jobs
+                .iter()
+                .zip(&x)
+                .map(|(job, xs)| job.scale_factor as f64 * xs[j])
+                .sum();
+            rows.push(used.leq(p.cluster.capacity[j]));
+        }
+        match vars
+            .maximise(Expression::default())
+            .using(clarabel)
+            .with_all(rows)
+            .solve()
+        {
             Ok(_) => true,
-            Err(PolicyError::Infeasible(_)) => false,
+            Err(good_lp::ResolutionError::Infeasible) => false,
             Err(e) => panic!("{e}"),
         }
     };

@@ -8,12 +8,16 @@ use serde::{Deserialize, Serialize};
 
 use super::Policy;
 use crate::error::PolicyError;
-use crate::lp::AllocationLp;
+use crate::lp::{AllocationLp, LpSolver, Objective};
 use crate::problem::{Allocation, Problem};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MaxMinFairness {}
+pub struct MaxMinFairness {
+    /// The LP method; the default is right for every problem (see `crate::lp`).
+    #[serde(default, skip_serializing_if = "LpSolver::is_default")]
+    pub solver: LpSolver,
+}
 
 /// W[m][·] for one job.
 fn normalised(throughput: &[f64], scale_factor: u32, capacity: &[f64]) -> Vec<f64> {
@@ -49,11 +53,11 @@ impl Policy for MaxMinFairness {
         problem: &Problem,
         _previous: Option<&Allocation>,
     ) -> Result<Allocation, PolicyError> {
-        let lp = AllocationLp::new(problem)?;
+        let lp = AllocationLp::new(problem, self.solver)?;
         let cap = &problem.cluster.capacity;
-        let mut a = lp.solve_max_min(|class, j| {
+        let mut a = lp.solve(Objective::MaxMin(|class: &crate::lp::Class, j| {
             normalised(&class.throughput, class.scale_factor, cap)[j] / class.weight
-        })?;
+        }))?;
         let weights: Vec<Vec<f64>> = problem
             .jobs
             .iter()

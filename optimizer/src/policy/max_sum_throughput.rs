@@ -2,12 +2,11 @@
 //! with `normalize`, each job's throughput is divided by its best one, so fast job types do not
 //! crowd out slow ones).
 
-use good_lp::Expression;
 use serde::{Deserialize, Serialize};
 
 use super::Policy;
 use crate::error::PolicyError;
-use crate::lp::AllocationLp;
+use crate::lp::{AllocationLp, LpSolver, Objective};
 use crate::problem::{Allocation, Problem};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -15,6 +14,9 @@ use crate::problem::{Allocation, Problem};
 pub struct MaxSumThroughput {
     #[serde(default)]
     pub normalize: bool,
+    /// The LP method; the default is right for every problem (see `crate::lp`).
+    #[serde(default, skip_serializing_if = "LpSolver::is_default")]
+    pub solver: LpSolver,
 }
 
 impl MaxSumThroughput {
@@ -39,13 +41,10 @@ impl Policy for MaxSumThroughput {
         problem: &Problem,
         _previous: Option<&Allocation>,
     ) -> Result<Allocation, PolicyError> {
-        let lp = AllocationLp::new(problem)?;
-        let mut objective =
-            Expression::with_capacity(lp.classes.len() * problem.cluster.capacity.len());
-        for (c, class) in lp.classes.iter().enumerate() {
-            objective += lp.row(c, self.coef(&class.throughput, class.weight));
-        }
-        let mut a = lp.solve(objective, Vec::new())?;
+        let lp = AllocationLp::new(problem, self.solver)?;
+        let mut a = lp.solve(Objective::Linear(|class: &crate::lp::Class, j| {
+            self.coef(&class.throughput, class.weight)(j)
+        }))?;
         a.objective = problem
             .jobs
             .iter()

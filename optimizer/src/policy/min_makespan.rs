@@ -10,12 +10,16 @@ use serde::{Deserialize, Serialize};
 
 use super::Policy;
 use crate::error::PolicyError;
-use crate::lp::AllocationLp;
+use crate::lp::{AllocationLp, LpSolver, Objective};
 use crate::problem::{Allocation, Problem};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MinMakespan {}
+pub struct MinMakespan {
+    /// The LP method; the default is right for every problem (see `crate::lp`).
+    #[serde(default, skip_serializing_if = "LpSolver::is_default")]
+    pub solver: LpSolver,
+}
 
 impl Policy for MinMakespan {
     fn name(&self) -> &'static str {
@@ -27,7 +31,7 @@ impl Policy for MinMakespan {
         problem: &Problem,
         _previous: Option<&Allocation>,
     ) -> Result<Allocation, PolicyError> {
-        let lp = AllocationLp::new(problem)?;
+        let lp = AllocationLp::new(problem, self.solver)?;
         if let Some(job) = problem.jobs.iter().find(|j| j.remaining_steps.is_none()) {
             return Err(PolicyError::InvalidProblem(format!(
                 "{} has no remaining_steps, which min_makespan needs",
@@ -44,9 +48,9 @@ impl Policy for MinMakespan {
                 job.id
             )));
         }
-        let mut a = lp.solve_max_min(|class, j| {
+        let mut a = lp.solve(Objective::MaxMin(|class: &crate::lp::Class, j| {
             class.throughput[j] / class.remaining_steps.expect("checked above")
-        })?;
+        }))?;
         let slowest = problem
             .jobs
             .iter()
