@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use datasets::export::{Values, write_table};
+use datasets::limits::TraceLimits;
 use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
 use optimizer::live::{LiveConfig, LiveRound};
@@ -61,6 +62,9 @@ pub fn load_policy(path: &Path, live_round: bool) -> Result<NamedPolicy, BrainEr
 pub struct NamedTrace {
     pub name: String,
     pub jobs: Vec<TraceJob>,
+    /// The file it was read from, and as what.
+    pub path: PathBuf,
+    pub format: TraceFormat,
 }
 
 /// How a trace file is laid out.
@@ -145,21 +149,59 @@ pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTr
     files
         .iter()
         .map(|f| {
+            let format = format.of(f)?;
             Ok(NamedTrace {
                 name: f
                     .file_stem()
                     .unwrap_or_default()
                     .to_string_lossy()
                     .to_string(),
-                jobs: match format.of(f)? {
+                jobs: match format {
                     TraceFormat::Philly => datasets::philly::read_jobs(f)?,
                     TraceFormat::Workload | TraceFormat::Auto => {
                         datasets::pollux::read_workload(f)?
                     }
                 },
+                path: f.clone(),
+                format,
             })
         })
         .collect()
+}
+
+/// What the replay of `traces` on `cluster` with `profiles` can honour, `horizon_s` the
+/// latest arrival the operator accepts.
+pub fn limits(cluster: &ClusterSpec, profiles: &[AppProfile], horizon_s: f64) -> TraceLimits {
+    let mut per_type: std::collections::BTreeMap<&str, u32> = Default::default();
+    for n in &cluster.nodes {
+        *per_type.entry(&n.worker_type).or_default() += n.gpus;
+    }
+    TraceLimits {
+        largest_type_gpus: per_type.values().copied().max().unwrap_or(0),
+        horizon_s,
+        batch_sizes: profiles
+            .iter()
+            .filter_map(|p| {
+                let lo = *p.curves.keys().next()?;
+                let hi = *p.curves.keys().last()?;
+                Some((p.name.clone(), (lo, hi)))
+            })
+            .collect(),
+    }
+}
+
+/// Refuses, with file:line:column, the first value of any trace no cluster or profile can
+/// honour (see [`datasets::limits`]).
+pub fn check_traces(traces: &[NamedTrace], limits: &TraceLimits) -> Result<(), BrainError> {
+    for t in traces {
+        match t.format {
+            TraceFormat::Philly => datasets::philly::check_jobs(&t.path, limits)?,
+            TraceFormat::Workload | TraceFormat::Auto => {
+                datasets::pollux::check_workload(&t.path, limits)?
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `workload-10` after `workload-9`.

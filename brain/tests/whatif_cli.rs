@@ -54,7 +54,7 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
         "--profiles".into(),
         profiles.display().to_string(),
         "--cluster".into(),
-        "4x4:t4".into(),
+        "8x4:t4".into(),
         "--seed".into(),
         "7".into(),
         "--node-mtbf-s".into(),
@@ -216,13 +216,13 @@ fn a_replay_through_the_live_round_keeps_the_live_cool_down() {
         // The restarts column, before the two finish-time fairness columns.
         cells[cells.len() - 3].replace(',', "").parse().unwrap()
     };
-    let alone = run(&[], "4x4:t4");
+    let alone = run(&[], "8x4:t4");
     assert!(
         alone.status.success(),
         "{}",
         String::from_utf8_lossy(&alone.stderr)
     );
-    let live_run = run(&["--live-round"], "4x4:t4");
+    let live_run = run(&["--live-round"], "8x4:t4");
     assert!(
         live_run.status.success(),
         "{}",
@@ -234,7 +234,7 @@ fn a_replay_through_the_live_round_keeps_the_live_cool_down() {
         restarts(&live_run),
         restarts(&alone)
     );
-    let mixed = run(&["--live-round"], "2x4:t4,2x4:v100");
+    let mixed = run(&["--live-round"], "8x4:t4,2x4:v100");
     assert!(!mixed.status.success());
     let said = String::from_utf8_lossy(&mixed.stderr);
     assert!(said.contains("the cluster has 2 GPU types"), "{said}");
@@ -321,4 +321,173 @@ fn bad_input_gets_a_clear_error() {
     ] {
         assert!(help.contains(flag), "{flag} in {help}");
     }
+}
+
+/// What no cluster or profile can honour is refused at load with `file:line:column` and the
+/// reason, instead of being replayed into a wrong number (issue 23's four cases, and a Philly
+/// list's).
+#[test]
+fn impossible_traces_are_refused_where_they_are_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = pollux().join("traces");
+    let header = "name,time,application,num_replicas,batch_size\n";
+    let cases = [
+        (
+            "j1,1e300,bert,2,32\n",
+            "t.csv:2:2: `time` is 1e300 s, past the horizon",
+        ),
+        (
+            "j1,0,bert,100000000,32\n",
+            "t.csv:2:4: `num_replicas` is 100000000, but the cluster's largest GPU type has 64",
+        ),
+        (
+            "j1,0,bert,2,99999999999\n",
+            "t.csv:2:5: `batch_size` is 99999999999, outside the 12..384 that bert's training",
+        ),
+        (
+            "j1,0,bert,2,32\nj1,5,bert,1,32\n",
+            "t.csv:3:1: job name `j1` is already used on line 2",
+        ),
+    ];
+    for (rows, expected) in cases {
+        let trace = dir.path().join("t.csv");
+        std::fs::write(&trace, format!("{header}{rows}")).unwrap();
+        let out = brainctl(&[
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--policy",
+            policy("fifo").to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{rows}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing replayed: {rows}");
+    }
+    // A stated horizon lets a late arrival through.
+    let trace = dir.path().join("late.csv");
+    std::fs::write(&trace, format!("{header}j1,1000000,bert,2,192\n")).unwrap();
+    let late = |horizon: &str| {
+        brainctl(&[
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--policy",
+            policy("fifo").to_str().unwrap(),
+            "--horizon-s",
+            horizon,
+        ])
+    };
+    let refused = late("86400");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("late.csv:2:2:"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let ok = late("2000000");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // A Philly list: a job on more GPUs than one type has (33: more than the 16 P100 or the 32
+    // K80, though not more than the cluster's 48), and an arrival past the horizon.
+    let philly = dir.path().join("p.csv");
+    let head = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,1,66.0,a\n";
+    for (row, horizon, expected) in [
+        (
+            "2017-10-09 08:00:00,10.0,33,330.0,a\n",
+            "1000000",
+            "p.csv:3:3: `num_gpus` is 33, but the cluster's largest GPU type has 32",
+        ),
+        (
+            "2017-10-11 07:01:55,10.0,2,20.0,a\n",
+            "86400",
+            "p.csv:3:1: `timestamp` is 172800 s after the first job, past the horizon of 86400 s",
+        ),
+    ] {
+        std::fs::write(&philly, format!("{head}{row}")).unwrap();
+        let out = brainctl(&[
+            "whatif",
+            "--trace",
+            philly.to_str().unwrap(),
+            "--cluster",
+            "2x8:p100,8x4:k80",
+            "--horizon-s",
+            horizon,
+            "--policy",
+            policy("fifo").to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{row}");
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in {stderr}"
+        );
+    }
+}
+
+/// `brainctl trace philly-like` draws a larger list from a real one by whole days; the list
+/// it writes replays, and the same seed writes the same file.
+#[test]
+fn a_philly_like_trace_is_drawn_written_and_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = pollux().join("traces/philly-sample.csv");
+    let draw = |out: &Path, seed: &str| {
+        brainctl(&[
+            "trace",
+            "philly-like",
+            "--from",
+            source.to_str().unwrap(),
+            "--jobs",
+            "3000",
+            "--seed",
+            seed,
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let (a, b) = (dir.path().join("a.csv"), dir.path().join("b.csv"));
+    let run = draw(&a, "1");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&run.stdout).contains("wrote 3000 jobs"),
+        "{}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+    assert!(draw(&b, "1").status.success());
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    // Never overwritten.
+    let again = draw(&a, "2");
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
+    let replay = brainctl(&[
+        "whatif",
+        "--trace",
+        a.to_str().unwrap(),
+        "--cluster",
+        "64x8:p100",
+        "--round-s",
+        "360",
+        "--policy",
+        policy("elastic_lp").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&replay.stderr);
+    assert!(replay.status.success(), "{stderr}");
+    let table = String::from_utf8(replay.stdout).unwrap();
+    let row = table.lines().find(|l| l.starts_with("elastic_lp")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[1..3], ["3000", "3000"], "{table}");
 }

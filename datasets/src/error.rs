@@ -22,6 +22,9 @@ pub enum DatasetError {
         column: usize,
         message: String,
     },
+    /// A trace cannot be drawn from the source given (`synth`).
+    #[error("drawing a trace: {0}")]
+    Synth(String),
     /// Writing an export failed.
     #[error("writing {path}: {message}")]
     Write { path: PathBuf, message: String },

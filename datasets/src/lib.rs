@@ -6,8 +6,12 @@
 //! * `table` (private): delimited tables read with polars, typed cells, errors that name the
 //!   file, line and column of a bad value ([`DatasetError`]).
 //! * [`export`]: result tables written as Parquet and CSV.
+//! * [`limits`]: what a replay can honour ([`limits::TraceLimits`]); the trace readers check a
+//!   file against them and name the file, line and column of the first value it cannot.
 //! * [`pollux`]: Pollux's and Sia's workloads and application profiles.
 //! * [`philly`]: Microsoft's Philly job list (rigid jobs: GPUs and duration).
+//! * [`synth`]: larger traces drawn from a real one's distribution (whole days of a Philly
+//!   job list resampled).
 //! * [`gavel`]: Gavel's job traces (both `.trace` formats).
 //! * [`alibaba`]: Alibaba's 2023 GPU cluster trace (openb pod and node lists).
 
@@ -15,8 +19,10 @@ pub mod alibaba;
 mod error;
 pub mod export;
 pub mod gavel;
+pub mod limits;
 pub mod philly;
 pub mod pollux;
+pub mod synth;
 mod table;
 
 /// The public data this repository carries (`datasets/data/`: profiles, workloads, LP

@@ -18,12 +18,19 @@ use chrono::NaiveDateTime;
 use optimizer::sim::{TraceJob, Work};
 
 use crate::DatasetError;
+use crate::limits::TraceLimits;
 use crate::table::Table;
 
 const COLUMNS: [&str; 5] = ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"];
 
 /// Reads a Philly job list; jobs are named `philly-<line>` after their line in the file.
 pub fn read_jobs(path: &Path) -> Result<Vec<TraceJob>, DatasetError> {
+    read_list(path).map(|(jobs, _)| jobs)
+}
+
+/// Reads a Philly job list: its jobs (as [`read_jobs`]) and the instant its submission times
+/// count from (its earliest timestamp).
+pub fn read_list(path: &Path) -> Result<(Vec<TraceJob>, NaiveDateTime), DatasetError> {
     let t = Table::read_any_order(path, &COLUMNS)?;
     let col = |name: &str| t.column(name).expect("checked by the header");
     let (ts, duration, gpus, gpu_time, cluster) = (
@@ -36,14 +43,7 @@ pub fn read_jobs(path: &Path) -> Result<Vec<TraceJob>, DatasetError> {
     let mut submitted = Vec::with_capacity(t.rows());
     let mut jobs = Vec::with_capacity(t.rows());
     for i in 0..t.rows() {
-        let text = t.text(i, ts)?.trim();
-        let at = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S").map_err(|e| {
-            t.error(
-                i,
-                ts,
-                format!("`timestamp` `{text}` is not YYYY-MM-DD HH:MM:SS: {e}"),
-            )
-        })?;
+        let at = timestamp(&t, i, ts)?;
         let d = t.number(i, duration, 0.0)?;
         if d <= 0.0 {
             return Err(t.error(i, duration, "`duration` is 0, expected > 0 s"));
@@ -59,7 +59,7 @@ pub fn read_jobs(path: &Path) -> Result<Vec<TraceJob>, DatasetError> {
                 format!("`gpu_time` is {g}, but duration × num_gpus is {expected}"),
             ));
         }
-        submitted.push(at.and_utc().timestamp());
+        submitted.push(at);
         jobs.push(TraceJob {
             name: format!("philly-{}", i + 2),
             submit_s: 0.0,
@@ -74,7 +74,63 @@ pub fn read_jobs(path: &Path) -> Result<Vec<TraceJob>, DatasetError> {
     for (job, at) in jobs.iter_mut().zip(submitted) {
         job.submit_s = (at - first) as f64;
     }
-    Ok(jobs)
+    let start = chrono::DateTime::from_timestamp(first, 0)
+        .expect("parsed from a timestamp")
+        .naive_utc();
+    Ok((jobs, start))
+}
+
+/// Checks a Philly job list against what the replay can honour: arrivals within the horizon
+/// of the first, no job on more GPUs than the cluster's largest GPU type has (a rigid job runs
+/// on exactly its GPUs, all of one type).
+pub fn check_jobs(path: &Path, limits: &TraceLimits) -> Result<(), DatasetError> {
+    let t = Table::read_any_order(path, &COLUMNS)?;
+    let col = |name: &str| t.column(name).expect("checked by the header");
+    let (ts, gpus) = (col("timestamp"), col("num_gpus"));
+    let mut at = Vec::with_capacity(t.rows());
+    for i in 0..t.rows() {
+        at.push(timestamp(&t, i, ts)?);
+        let n = t.count(i, gpus, 1)?;
+        if n > u64::from(limits.largest_type_gpus) {
+            return Err(t.error(
+                i,
+                gpus,
+                format!(
+                    "`num_gpus` is {n}, but the cluster's largest GPU type has {} GPUs",
+                    limits.largest_type_gpus
+                ),
+            ));
+        }
+    }
+    let first = at.iter().copied().min().unwrap_or(0);
+    if let Some(i) = at
+        .iter()
+        .position(|&a| (a - first) as f64 > limits.horizon_s)
+    {
+        return Err(t.error(
+            i,
+            ts,
+            format!(
+                "`timestamp` is {} s after the first job, past the horizon of {} s (--horizon-s)",
+                at[i] - first,
+                limits.horizon_s
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Seconds since the epoch of the `timestamp` cell of `row`.
+fn timestamp(t: &Table, row: usize, col: usize) -> Result<i64, DatasetError> {
+    let text = t.text(row, col)?.trim();
+    let at = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S").map_err(|e| {
+        t.error(
+            row,
+            col,
+            format!("`timestamp` `{text}` is not YYYY-MM-DD HH:MM:SS: {e}"),
+        )
+    })?;
+    Ok(at.and_utc().timestamp())
 }
 
 #[cfg(test)]

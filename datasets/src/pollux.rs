@@ -16,6 +16,7 @@ use std::path::Path;
 use optimizer::sim::{AppLimits, AppProfile, CurveRow, StepRow, TraceJob, Work};
 
 use crate::DatasetError;
+use crate::limits::TraceLimits;
 use crate::table::{Layout, Table};
 
 /// The GPU type of the files without a suffix (Pollux measured on AWS g4dn, 4 × T4 per node).
@@ -40,6 +41,69 @@ pub fn read_workload(path: &Path) -> Result<Vec<TraceJob>, DatasetError> {
             })
         })
         .collect()
+}
+
+/// Checks a workload CSV against what the replay can honour: unique job names, arrivals within
+/// the horizon, requests no larger than the cluster's largest GPU type, batch sizes within the
+/// application's training curves (applications without a profile are left to the replay, which
+/// refuses them by name).
+pub fn check_workload(path: &Path, limits: &TraceLimits) -> Result<(), DatasetError> {
+    let t = Table::read(
+        path,
+        Layout::csv(&["name", "time", "application", "num_replicas", "batch_size"]),
+    )?;
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for i in 0..t.rows() {
+        let name = t.text(i, 0)?.trim();
+        if let Some(first) = seen.insert(name, i) {
+            return Err(t.error(
+                i,
+                0,
+                format!(
+                    "job name `{name}` is already used on line {}; names key the per-job results",
+                    t.line(first)
+                ),
+            ));
+        }
+        let at = t.number(i, 1, 0.0)?;
+        if at > limits.horizon_s {
+            return Err(t.error(
+                i,
+                1,
+                format!(
+                    "`time` is {} s, past the horizon of {} s (--horizon-s)",
+                    t.text(i, 1)?.trim(),
+                    limits.horizon_s
+                ),
+            ));
+        }
+        let replicas = t.count(i, 3, 1)?;
+        if replicas > u64::from(limits.largest_type_gpus) {
+            return Err(t.error(
+                i,
+                3,
+                format!(
+                    "`num_replicas` is {replicas}, but the cluster's largest GPU type has {} GPUs",
+                    limits.largest_type_gpus
+                ),
+            ));
+        }
+        let app = t.text(i, 2)?.trim();
+        let batch = t.count(i, 4, 1)?;
+        if let Some(&(lo, hi)) = limits.batch_sizes.get(app)
+            && !(u64::from(lo)..=u64::from(hi)).contains(&batch)
+        {
+            return Err(t.error(
+                i,
+                4,
+                format!(
+                    "`batch_size` is {batch}, outside the {lo}..{hi} that {app}'s training \
+                     curves cover"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What Pollux's artifact sets for its six applications (`applications.py`): epochs to train and

@@ -152,11 +152,16 @@ impl Table {
         self.rows
     }
 
+    /// The line of the file that holds `row`.
+    pub fn line(&self, row: usize) -> usize {
+        self.first_line + row
+    }
+
     /// An error about the cell at (`row`, `col`).
     pub fn error(&self, row: usize, col: usize, message: impl Into<String>) -> DatasetError {
         DatasetError::Value {
             path: self.path.clone(),
-            line: self.first_line + row,
+            line: self.line(row),
             column: col + 1,
             message: message.into(),
         }

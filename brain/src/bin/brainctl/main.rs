@@ -3,6 +3,7 @@
 //! Its doc comments are `--help` texts, where `[live]` names a TOML table, not a link.
 #![allow(rustdoc::broken_intra_doc_links)]
 
+mod trace_cmd;
 mod train;
 mod whatif_cmd;
 
@@ -167,6 +168,11 @@ enum Command {
     /// Pollux's `traces/`), or Philly job lists (`timestamp,duration,num_gpus,gpu_time,cluster`),
     /// whose jobs run for their duration on exactly the GPUs they asked for.
     Whatif(whatif_cmd::WhatifArgs),
+    /// Make traces for `brainctl whatif`: larger ones drawn from a real trace's distribution.
+    Trace {
+        #[command(subcommand)]
+        action: trace_cmd::TraceAction,
+    },
 }
 
 #[derive(Subcommand)]
@@ -558,6 +564,7 @@ fn main() -> anyhow::Result<()> {
             }
         },
         Command::Whatif(args) => whatif_cmd::whatif(args),
+        Command::Trace { action } => trace_cmd::trace(action),
         Command::Certs { out, hosts } => certs(&out, &hosts),
     }
 }

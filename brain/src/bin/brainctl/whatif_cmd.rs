@@ -41,6 +41,10 @@ pub struct WhatifArgs {
     /// Stop the replay at this simulated time; later jobs count as unfinished.
     #[arg(long)]
     max_time_s: Option<f64>,
+    /// Refuse traces with arrivals later than this many seconds after their start (a typo such
+    /// as 1e30 would otherwise replay as a job that never ran).
+    #[arg(long, default_value_t = datasets::limits::DEFAULT_HORIZON_S)]
+    horizon_s: f64,
     /// Seed of every random draw; the same inputs and seed give the same results.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -70,6 +74,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         node_mtbf_s,
         node_repair_s,
         max_time_s,
+        horizon_s,
         seed,
         out,
         jobs,
@@ -108,6 +113,10 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
+    if !(horizon_s.is_finite() && horizon_s > 0.0) {
+        bail!("--horizon-s is {horizon_s}, expected a number of seconds > 0");
+    }
+    whatif::check_traces(&traces, &whatif::limits(&cluster, &profiles, horizon_s))?;
     let total: u64 =
         traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
     let bar = ProgressBar::new(total).with_style(
