@@ -448,11 +448,28 @@ pub fn render_table(results: &[PolicyResult]) -> String {
             .collect::<Vec<_>>()
             .join("  ")
     };
-    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    let mut out = String::from("JCT, queue and rho columns: finished jobs only\n");
+    out.push_str(&line(header.iter().map(|h| h.to_string()).collect()));
     out.push('\n');
     for r in rows {
         out.push_str(&line(r));
         out.push('\n');
+    }
+    for r in results {
+        let why = &r.summary.unfinished;
+        if why.is_empty() {
+            continue;
+        }
+        let parts: Vec<String> = why
+            .iter()
+            .map(|(w, n)| format!("{n} {}", w.as_str()))
+            .collect();
+        out.push_str(&format!(
+            "{}: {} unfinished ({})\n",
+            r.label,
+            why.values().sum::<u32>(),
+            parts.join(", ")
+        ));
     }
     out
 }
@@ -494,6 +511,10 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
             ("queueing_s", num(&|j| j.queueing_s())),
             ("gpu_seconds", num(&|j| Some(j.gpu_seconds))),
             ("rho", num(&|j| j.rho)),
+            (
+                "unfinished",
+                text(&|j| j.2.unfinished.map_or("", |w| w.as_str()).to_string()),
+            ),
             (
                 "restarts",
                 Values::U64(jobs.iter().map(|j| j.2.restarts as u64).collect()),

@@ -491,3 +491,63 @@ fn a_philly_like_trace_is_drawn_written_and_replayed() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cells[1..3], ["3000", "3000"], "{table}");
 }
+
+/// A replay cut by `--max-time-s` counts the jobs it did not finish as unfinished, says why
+/// under the table and in `jobs.csv`, and keeps them out of the JCT columns.
+#[test]
+fn jobs_a_cut_replay_did_not_finish_are_unfinished_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 24);
+    let out = dir.path().join("out");
+    let run = brainctl(&[
+        "whatif",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--profiles",
+        pollux().join("traces").to_str().unwrap(),
+        "--cluster",
+        "8x4:t4",
+        "--max-time-s",
+        "3000",
+        "--policy",
+        policy("fifo").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let table = String::from_utf8(run.stdout).unwrap();
+    assert!(
+        table.starts_with("JCT, queue and rho columns: finished jobs only\n"),
+        "{table}"
+    );
+    let row = table.lines().find(|l| l.starts_with("fifo ")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    let finished: u32 = cells[2].parse().unwrap();
+    assert!(finished > 0 && finished < 24, "{table}");
+    let note = format!(
+        "fifo: {} unfinished ({} cut by max time)",
+        24 - finished,
+        24 - finished
+    );
+    assert!(table.contains(&note), "{note:?} in {table}");
+    // The jobs table says which, and only those have no finish time.
+    let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let header: Vec<&str> = jobs.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let mut cut = 0;
+    for line in jobs.lines().skip(1) {
+        let c: Vec<&str> = line.split(',').collect();
+        let unfinished = c[col("unfinished")].trim_matches('"');
+        assert_eq!(
+            c[col("finish_s")].is_empty(),
+            !unfinished.is_empty(),
+            "{line}"
+        );
+        if !unfinished.is_empty() {
+            assert_eq!(unfinished, "cut by max time");
+            cut += 1;
+        }
+    }
+    assert_eq!(cut, 24 - finished);
+}

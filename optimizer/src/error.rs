@@ -14,4 +14,8 @@ pub enum PolicyError {
     /// A scheduler returned an assignment the cluster cannot honour (a policy bug).
     #[error("invalid assignment: {0}")]
     InvalidAssignment(String),
+    /// A replay broke one of the simulator's invariants (a simulator bug, or input it should
+    /// have refused): its numbers would be wrong, so none are given.
+    #[error("the replay broke an invariant: {0}")]
+    Invariant(String),
 }

@@ -15,7 +15,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 
 use super::app::{App, AppProfile, BatchConfig};
-use super::report::{JobRecord, Report, RoundRecord, Summary};
+use super::report::{JobRecord, Report, RoundRecord, Summary, Unfinished};
 use super::world::{JobState, World};
 use super::{ClusterSpec, TraceJob, Work};
 use crate::error::PolicyError;
@@ -275,6 +275,8 @@ pub fn simulate(
             peak: 0,
             last_change: None,
             goodput: None,
+            least_work_s: 0.0,
+            epoch_best: 0.0,
         });
     }
     // Each job alone on the cluster at its request, for its finish-time fairness: from its
@@ -308,10 +310,19 @@ pub fn simulate(
     let mut t = 0.0f64;
     let round = config.round_s;
     let mut idle_rounds = 0;
+    // Why the loop ended with jobs unfinished, if it did.
+    let mut ended = None;
+    // The end of the last round after which an unfinished job still held GPUs: a replay cut
+    // or stopped with such jobs was busy past its last completion.
+    let mut busy_until = f64::NEG_INFINITY;
     // Jobs submitted and not finished, in order of submission.
     let mut active: Vec<usize> = Vec::new();
     loop {
-        if finished == jobs.len() || config.max_time_s.is_some_and(|m| t >= m) {
+        if finished == jobs.len() {
+            break;
+        }
+        if config.max_time_s.is_some_and(|m| t >= m) {
+            ended = Some(Unfinished::Cut);
             break;
         }
         while next_arrival < order.len() && jobs[order[next_arrival]].trace.submit_s <= t {
@@ -398,10 +409,21 @@ pub fn simulate(
                 job.config = world.config_on(job, gpu, &digits, &world.apps[app]).0;
             }
         }
-        let gpus_used: u32 = active
-            .iter()
-            .flat_map(|&i| jobs[i].slots.iter().map(|s| s.1))
-            .sum();
+        // Invariant: no node holds more GPUs than it has up (GPUs are only given back within
+        // a round, so this holds at every instant of it).
+        let mut held = vec![0u32; cluster.nodes.len()];
+        for &i in &active {
+            for &(n, k) in &jobs[i].slots {
+                held[n] += k;
+            }
+        }
+        if let Some(n) = (0..held.len()).find(|&n| held[n] > snapshot.nodes[n].gpus) {
+            return Err(PolicyError::Invariant(format!(
+                "at {t} s node {n} holds {} GPUs of the {} it has up",
+                held[n], snapshot.nodes[n].gpus
+            )));
+        }
+        let gpus_used: u32 = held.iter().sum();
         let record = RoundRecord {
             time_s: t,
             active_jobs: active.len() as u32,
@@ -428,10 +450,14 @@ pub fn simulate(
             }
         }
         active.retain(|&i| jobs[i].finished.is_none());
+        if active.iter().any(|&i| !jobs[i].slots.is_empty()) {
+            busy_until = t + round;
+        }
         hooks.after_round(&record, finished, jobs.len());
         rounds.push(record);
         if stuck {
             // Every node is up, nothing will arrive, and the scheduler runs nothing: it never will.
+            ended = Some(Unfinished::NeverPlaced);
             break;
         }
         t += round;
@@ -468,6 +494,13 @@ pub fn simulate(
             requested_replicas: j.trace.requested_replicas,
             peak_replicas: j.peak,
             rho: rho(j, alone),
+            unfinished: match (j.finished, ended) {
+                (Some(_), _) => None,
+                (None, Some(Unfinished::NeverPlaced)) if j.started.is_some() => {
+                    Some(Unfinished::Stranded)
+                }
+                (None, why) => Some(why.expect("the loop ends early only with a reason")),
+            },
         })
         .collect();
     let first = records
@@ -477,7 +510,7 @@ pub fn simulate(
     let last = records
         .iter()
         .filter_map(|j| j.finish_s)
-        .fold(f64::NEG_INFINITY, f64::max);
+        .fold(busy_until, f64::max);
     let gpu_seconds_up: f64 = rounds
         .iter()
         .map(|r| {
@@ -485,13 +518,58 @@ pub fn simulate(
             r.gpus_up as f64 * (b - a).max(0.0)
         })
         .sum();
-    Ok(Report {
+    let report = Report {
         policy: scheduler.name().to_string(),
         summary: Summary::of(&records, gpu_seconds_up),
         jobs: records,
         rounds,
         gpu_seconds_up,
-    })
+    };
+    check_invariants(&jobs, &report, config)?;
+    Ok(report)
+}
+
+/// What every replay must satisfy, checked at its end in time linear in its jobs (capacity is
+/// checked each round): a finished job did all its work, took no less than the least time that
+/// work allows, and the utilisation column's GPU-seconds are the jobs' own.
+fn check_invariants(
+    jobs: &[JobState],
+    report: &Report,
+    config: &SimConfig,
+) -> Result<(), PolicyError> {
+    let broken = |m: String| Err(PolicyError::Invariant(m));
+    for j in jobs {
+        let Some(finish) = j.finished else { continue };
+        let name = &j.trace.name;
+        if j.progress < j.total * (1.0 - 1e-9) {
+            return broken(format!(
+                "job {name} finished with {} of its {} done",
+                j.progress, j.total
+            ));
+        }
+        // It starts at a round no earlier than its submission, pays a restart penalty, then
+        // runs its work no faster than the best goodput it had in each epoch.
+        let submit = j.trace.submit_s;
+        let first_round = (submit / config.round_s).ceil() * config.round_s;
+        let least = first_round - submit + config.restart_penalty_s + j.least_work_s;
+        let jct = finish - submit;
+        if jct < least - 1e-6 * least.max(1.0) {
+            return broken(format!(
+                "job {name} finished in {jct} s, but its work takes at least {least} s"
+            ));
+        }
+    }
+    let held: f64 = report.jobs.iter().map(|j| j.gpu_seconds).sum();
+    let u = report.summary.gpu_utilisation;
+    if report.gpu_seconds_up > 0.0
+        && ((u * report.gpu_seconds_up - held).abs() > 1e-6 * held.max(1.0) || u > 1.0 + 1e-9)
+    {
+        return broken(format!(
+            "utilisation {u} of {} GPU-seconds up, but the jobs held {held}",
+            report.gpu_seconds_up
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -675,6 +753,88 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_replay_whose_numbers_would_be_wrong_is_an_error() {
+        // At 1e300 s a round of 60 s no longer moves the clock: the job would "finish" in 0 s.
+        // (`brainctl whatif` refuses such a trace at load; the engine must not report it.)
+        for trace in [[rigid("far", 1e300, 1, 600.0)], [job("far", 1e300, 1, 8)]] {
+            let e = simulate(
+                &trace,
+                &[toy_profile()],
+                &ClusterSpec::uniform(1, 4, "t4"),
+                &Fifo::default(),
+                &SimConfig::default(),
+                &mut (),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&e, PolicyError::Invariant(m) if m.contains("job far finished in 0 s")),
+                "{e}"
+            );
+        }
+    }
+
+    /// Places job 0 on node 0 in the first round it sees it and nothing else, ever.
+    struct OnlyOnce;
+
+    impl Scheduler for OnlyOnce {
+        fn name(&self) -> &'static str {
+            "only-once"
+        }
+        fn elastic(&self) -> bool {
+            false
+        }
+        fn schedule(&self, s: &Snapshot) -> Result<Assignment, PolicyError> {
+            Ok(s.jobs
+                .iter()
+                .filter(|j| j.id == JobId(0) && s.now_s == 0.0)
+                .map(|j| (j.id, vec![(0, j.requested_replicas)]))
+                .collect())
+        }
+    }
+
+    #[test]
+    fn a_job_the_replay_never_finished_says_why_and_stays_out_of_the_jct_figures() {
+        let cluster = ClusterSpec::uniform(1, 4, "t4");
+        // `a` runs in round 0 only (30 s penalty, then 30 s of its 600 s) and is never placed
+        // again; `b` never runs at all.
+        let trace = [rigid("a", 0.0, 2, 600.0), rigid("b", 0.0, 2, 60.0)];
+        let r = simulate(
+            &trace,
+            &[],
+            &cluster,
+            &OnlyOnce,
+            &SimConfig::default(),
+            &mut (),
+        )
+        .unwrap();
+        let why: Vec<_> = r.jobs.iter().map(|j| j.unfinished).collect();
+        assert_eq!(
+            why,
+            [Some(Unfinished::Stranded), Some(Unfinished::NeverPlaced)]
+        );
+        assert_eq!(r.summary.finished, 0);
+        assert!(r.summary.mean_jct_s.is_nan() && r.summary.mean_queueing_s.is_nan());
+        assert_eq!(
+            r.summary.unfinished.values().sum::<u32>(),
+            2,
+            "{:?}",
+            r.summary
+        );
+        // A cut replay: `b` finishes (FIFO, 30 s + 60 s), `a` is still running at 300 s.
+        let config = SimConfig {
+            max_time_s: Some(300.0),
+            ..SimConfig::default()
+        };
+        let r = simulate(&trace, &[], &cluster, &Fifo::default(), &config, &mut ()).unwrap();
+        let why: Vec<_> = r.jobs.iter().map(|j| j.unfinished).collect();
+        assert_eq!(why, [Some(Unfinished::Cut), None]);
+        assert_eq!(r.summary.finished, 1);
+        assert_eq!(r.summary.mean_jct_s, 90.0);
+        assert_eq!(r.summary.mean_queueing_s, 0.0);
+        assert_eq!(r.summary.unfinished.get(&Unfinished::Cut), Some(&1));
+    }
+
     fn rigid(name: &str, submit_s: f64, replicas: u32, duration_s: f64) -> TraceJob {
         TraceJob {
             name: name.into(),
@@ -774,10 +934,44 @@ mod tests {
                         prop_assert_eq!(j.peak_replicas, t.requested_replicas, "{}", s.name());
                         prop_assert!(j.finish_s.unwrap() - j.start_s.unwrap() >= duration_s);
                         prop_assert!(j.gpu_seconds >= duration_s * t.requested_replicas as f64 - 1e-6);
+                        // No faster than the whole cluster allows: the next round, a restart,
+                        // its duration.
+                        let wait = (t.submit_s / 60.0).ceil() * 60.0 - t.submit_s;
+                        prop_assert!(j.jct_s().unwrap() >= wait + 30.0 + duration_s - 1e-6);
                     }
+                    prop_assert_eq!(j.unfinished, None);
                 }
+                // The utilisation column's GPU-seconds are the jobs' own, and no more than were up.
+                let held: f64 = r.jobs.iter().map(|j| j.gpu_seconds).sum();
+                prop_assert!((r.summary.gpu_utilisation * r.gpu_seconds_up - held).abs() < 1e-6 * held.max(1.0));
+                prop_assert!(r.summary.gpu_utilisation <= 1.0 + 1e-9, "{}: {:?}", s.name(), r.summary);
                 let again = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
                 prop_assert_eq!(&again, &r);
+            }
+        }
+
+        /// A replay cut at any time: every job either finished within it or is unfinished
+        /// because of the cut, the JCT figures count only the finished, and the utilisation
+        /// still covers every GPU-second held (the busy time after the last completion too).
+        #[test]
+        fn a_cut_replay_counts_only_what_finished(trace in arb_trace(), cut in 60.0f64..6000.0) {
+            let cluster = ClusterSpec::uniform(2, 4, "t4");
+            let config = SimConfig { max_time_s: Some(cut), ..SimConfig::default() };
+            for s in all() {
+                let r = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
+                let done = r.jobs.iter().filter(|j| j.finish_s.is_some()).count();
+                prop_assert_eq!(r.summary.finished as usize, done);
+                for j in &r.jobs {
+                    match j.finish_s {
+                        Some(f) => prop_assert!(f <= cut + 60.0 && j.unfinished.is_none()),
+                        None => prop_assert_eq!(j.unfinished, Some(Unfinished::Cut)),
+                    }
+                }
+                prop_assert_eq!(
+                    r.summary.unfinished.values().sum::<u32>() as usize,
+                    trace.len() - done
+                );
+                prop_assert!(r.summary.gpu_utilisation <= 1.0 + 1e-9, "{}: {:?}", s.name(), r.summary);
             }
         }
     }

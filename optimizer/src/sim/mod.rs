@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use app::{App, AppLimits, AppProfile, CurveRow, StepRow};
 pub use engine::{SimConfig, simulate};
-pub use report::{JobRecord, Report, RoundRecord, Summary};
+pub use report::{JobRecord, Report, RoundRecord, Summary, Unfinished};
 
 /// One job of a trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

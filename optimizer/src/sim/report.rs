@@ -23,6 +23,33 @@ pub struct JobRecord {
     /// share). `None` for a job that did not finish.
     #[serde(default)]
     pub rho: Option<f64>,
+    /// Why a job has no finish time; `None` for a finished job.
+    #[serde(default)]
+    pub unfinished: Option<Unfinished>,
+}
+
+/// Why a replay ended with a job unfinished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unfinished {
+    /// The replay reached `max_time_s` (`--max-time-s`) first.
+    Cut,
+    /// The replay stopped with the job waiting on an idle cluster (nothing left to arrive, no
+    /// node down, the scheduler running nothing) and it had never had GPUs.
+    NeverPlaced,
+    /// As [`Unfinished::NeverPlaced`], but the job had run before and was not placed again.
+    Stranded,
+}
+
+impl Unfinished {
+    /// How the table and the exported tables say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unfinished::Cut => "cut by max time",
+            Unfinished::NeverPlaced => "never placed",
+            Unfinished::Stranded => "not placed again",
+        }
+    }
 }
 
 impl JobRecord {
@@ -52,7 +79,8 @@ pub struct RoundRecord {
     pub decide_us: u64,
 }
 
-/// The numbers an operator compares policies by.
+/// The numbers an operator compares policies by. JCT, queueing and ρ are over the finished
+/// jobs only; the others are counted in `unfinished`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub jobs: u32,
@@ -72,6 +100,9 @@ pub struct Summary {
     /// The largest ρ of a finished job.
     #[serde(default)]
     pub max_rho: f64,
+    /// Jobs without a finish time, by why.
+    #[serde(default)]
+    pub unfinished: std::collections::BTreeMap<Unfinished, u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,7 +129,18 @@ impl Summary {
     pub fn of(jobs: &[JobRecord], gpu_seconds_up: f64) -> Summary {
         let mut jcts: Vec<f64> = jobs.iter().filter_map(JobRecord::jct_s).collect();
         jcts.sort_by(f64::total_cmp);
-        let queueing: Vec<f64> = jobs.iter().filter_map(JobRecord::queueing_s).collect();
+        // Queueing, as JCT, of the finished jobs only: an unfinished job's wait is cut short.
+        let queueing: Vec<f64> = jobs
+            .iter()
+            .filter(|j| j.finish_s.is_some())
+            .filter_map(JobRecord::queueing_s)
+            .collect();
+        let mut unfinished = std::collections::BTreeMap::new();
+        for j in jobs {
+            if let Some(why) = j.unfinished {
+                *unfinished.entry(why).or_insert(0) += 1;
+            }
+        }
         let mean = |v: &[f64]| {
             if v.is_empty() {
                 f64::NAN
@@ -137,6 +179,7 @@ impl Summary {
                 rhos.iter().filter(|&&r| r > 1.0 + 1e-9).count() as f64 / rhos.len() as f64
             },
             max_rho: rhos.iter().copied().fold(f64::NAN, f64::max),
+            unfinished,
         }
     }
 }

@@ -34,6 +34,12 @@ pub(super) struct JobState<'a> {
     pub(super) last_change: Option<f64>,
     /// Goodput per worker type and size, for the epoch it was computed in.
     pub(super) goodput: Option<(u32, Arc<[Vec<f64>]>)>,
+    /// For the invariants: the least seconds of running (restart penalties aside) its
+    /// finished epochs could have taken, each at the best goodput it ever ran that epoch at
+    /// (a rigid job: its duration)...
+    pub(super) least_work_s: f64,
+    /// ...and that best goodput in the current epoch.
+    pub(super) epoch_best: f64,
 }
 
 /// GPUs per node when `r` are packed on nodes of `per_node`.
@@ -178,6 +184,7 @@ impl World {
                 job.progress = job.total;
                 hold(job, need);
                 job.finished = Some(now + need);
+                job.least_work_s = job.total;
             }
             return;
         };
@@ -192,6 +199,7 @@ impl World {
                 hold(job, left);
                 return;
             }
+            job.epoch_best = job.epoch_best.max(g);
             let next = app.progress_at(job.epoch + 1);
             if job.progress + g * left < next {
                 job.progress += g * left;
@@ -200,6 +208,8 @@ impl World {
             }
             let delta = ((next - job.progress) / g).max(0.0);
             job.progress = next;
+            job.least_work_s += (next - app.progress_at(job.epoch)) / job.epoch_best;
+            job.epoch_best = 0.0;
             job.epoch += 1;
             hold(job, delta);
             now += delta;
