@@ -445,7 +445,9 @@ pub fn simulate(
         for &i in &active {
             world.advance(&mut jobs[i], t, round);
             if jobs[i].finished.is_some() {
-                jobs[i].slots.clear();
+                // What only a running job needs goes (a million-job replay keeps every job).
+                jobs[i].slots = Vec::new();
+                jobs[i].goodput = None;
                 finished += 1;
             }
         }
