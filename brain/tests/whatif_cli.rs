@@ -361,13 +361,7 @@ fn impossible_traces_are_refused_where_they_are_wrong() {
             "--policy",
             policy("fifo").to_str().unwrap(),
         ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{rows}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "expected {expected:?} in {stderr}"
-        );
-        assert!(out.stdout.is_empty(), "nothing replayed: {rows}");
+        assert_refused(&out, expected);
     }
     // A stated horizon lets a late arrival through.
     let trace = dir.path().join("late.csv");
@@ -385,13 +379,7 @@ fn impossible_traces_are_refused_where_they_are_wrong() {
             horizon,
         ])
     };
-    let refused = late("86400");
-    assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("late.csv:2:2:"),
-        "{}",
-        String::from_utf8_lossy(&refused.stderr)
-    );
+    assert_refused(&late("86400"), "late.csv:2:2:");
     let ok = late("2000000");
     assert!(
         ok.status.success(),
@@ -426,13 +414,22 @@ fn impossible_traces_are_refused_where_they_are_wrong() {
             "--policy",
             policy("fifo").to_str().unwrap(),
         ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{row}");
-        assert!(
-            stderr.contains(expected),
-            "expected {expected:?} in {stderr}"
-        );
+        assert_refused(&out, expected);
     }
+}
+
+/// `out` failed, said `expected` on stderr and replayed nothing.
+fn assert_refused(out: &std::process::Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected {expected:?}, it ran: {stderr}"
+    );
+    assert!(
+        stderr.contains(expected),
+        "expected {expected:?} in {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing replayed: {expected}");
 }
 
 /// `brainctl trace philly-like` draws a larger list from a real one by whole days; the list

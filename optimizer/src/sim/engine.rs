@@ -909,6 +909,46 @@ mod tests {
         })
     }
 
+    /// The least seconds a `toy` job of total batch `batch` can train for on `nodes` nodes of
+    /// 4 T4: each epoch at the best goodput of any placement of any size on the whole cluster
+    /// (every per-node count), at the batch size the scheduler's sizing gives it there.
+    fn fastest_toy_s(nodes: usize, batch: u32, sizing: BatchSizing) -> f64 {
+        let app = App::new(&toy_profile()).unwrap();
+        let mut placements: Vec<Vec<u32>> = vec![Vec::new()];
+        for _ in 0..nodes {
+            placements = placements
+                .into_iter()
+                .flat_map(|p| {
+                    (0..=4).map(move |k| {
+                        let mut q = p.clone();
+                        q.push(k);
+                        q
+                    })
+                })
+                .collect();
+        }
+        placements.retain(|p| p.iter().any(|&k| k > 0));
+        (0..app.max_epochs)
+            .map(|e| {
+                let best = placements
+                    .iter()
+                    .map(|p| {
+                        let digits: Vec<u32> = p.iter().copied().filter(|&k| k > 0).collect();
+                        let r: u32 = digits.iter().sum();
+                        match sizing {
+                            BatchSizing::Adaptive => app.best_config(0, &digits, e).1,
+                            BatchSizing::Fixed => {
+                                let b = batch.clamp(app.init_batch_size, app.max_batch_size);
+                                app.goodput(0, &digits, app.fixed_config(r, b), e)
+                            }
+                        }
+                    })
+                    .fold(0.0, f64::max);
+                (app.progress_at(e + 1) - app.progress_at(e)) / best
+            })
+            .sum()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -924,13 +964,22 @@ mod tests {
                 seed,
                 ..SimConfig::default()
             };
+            // Each training job's fastest possible time, at fixed and at adapted batch sizes.
+            let fastest: Vec<[f64; 2]> = trace
+                .iter()
+                .map(|t| match t.work {
+                    Work::Train { batch_size, .. } => [BatchSizing::Fixed, BatchSizing::Adaptive]
+                        .map(|b| fastest_toy_s(3, batch_size, b)),
+                    Work::Rigid { .. } => [0.0; 2],
+                })
+                .collect();
             for s in all() {
                 let r = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
                 for round in &r.rounds {
                     prop_assert!(round.gpus_used <= round.gpus_up, "{}: {round:?}", s.name());
                 }
                 prop_assert_eq!(r.summary.finished as usize, trace.len(), "{}", s.name());
-                for (j, t) in r.jobs.iter().zip(&trace) {
+                for ((j, t), fastest) in r.jobs.iter().zip(&trace).zip(&fastest) {
                     prop_assert!(j.start_s.unwrap() >= j.submit_s && j.finish_s.unwrap() > j.start_s.unwrap());
                     if let Work::Rigid { duration_s, .. } = t.work {
                         prop_assert_eq!(j.peak_replicas, t.requested_replicas, "{}", s.name());
@@ -940,6 +989,17 @@ mod tests {
                         // its duration.
                         let wait = (t.submit_s / 60.0).ceil() * 60.0 - t.submit_s;
                         prop_assert!(j.jct_s().unwrap() >= wait + 30.0 + duration_s - 1e-6);
+                    }
+                    if let Work::Train { .. } = t.work {
+                        // No faster than its fastest possible time on the whole cluster.
+                        let wait = (t.submit_s / 60.0).ceil() * 60.0 - t.submit_s;
+                        let k = usize::from(s.batch_sizing() == BatchSizing::Adaptive);
+                        let least = wait + 30.0 + fastest[k];
+                        prop_assert!(
+                            j.jct_s().unwrap() >= least - 1e-6,
+                            "{}: {} finished in {:?} s, fastest possible {least} s",
+                            s.name(), j.name, j.jct_s()
+                        );
                     }
                     prop_assert_eq!(j.unfinished, None);
                 }
