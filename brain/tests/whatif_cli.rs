@@ -466,10 +466,39 @@ fn a_philly_like_trace_is_drawn_written_and_replayed() {
     );
     assert!(draw(&b, "1").status.success());
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
-    // Never overwritten.
+    // Never overwritten; sizes no replay could hold are refused.
     let again = draw(&a, "2");
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
+    for jobs in ["0", "1000000000000"] {
+        let out = brainctl(&[
+            "trace",
+            "philly-like",
+            "--from",
+            source.to_str().unwrap(),
+            "--jobs",
+            jobs,
+            "--out",
+            dir.path().join("c.csv").to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("expected 1 to 100000000"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let missing = brainctl(&[
+        "trace",
+        "philly-like",
+        "--from",
+        dir.path().join("nope.csv").to_str().unwrap(),
+        "--out",
+        dir.path().join("d.csv").to_str().unwrap(),
+    ]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("nope.csv"));
+    assert!(!dir.path().join("d.csv").exists());
     let replay = brainctl(&[
         "whatif",
         "--trace",

@@ -58,7 +58,7 @@ pub fn philly_like(
         d.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s));
     }
     let mut rng = Pcg64::seed_from_u64(seed);
-    let mut out = Vec::with_capacity(jobs);
+    let mut out = Vec::with_capacity(jobs.min(1 << 24));
     let mut day = 0u64;
     while out.len() < jobs {
         let drawn = &days[rng.random_range(0..days.len())];

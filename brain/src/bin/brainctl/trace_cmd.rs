@@ -27,6 +27,9 @@ pub enum TraceAction {
     },
 }
 
+/// The most jobs `philly-like` draws.
+const MAX_JOBS: usize = 100_000_000;
+
 pub fn trace(action: TraceAction) -> anyhow::Result<()> {
     match action {
         TraceAction::PhillyLike {
@@ -35,8 +38,11 @@ pub fn trace(action: TraceAction) -> anyhow::Result<()> {
             seed,
             out,
         } => {
-            if jobs == 0 {
-                bail!("--jobs is 0, expected at least 1");
+            if jobs == 0 || jobs > MAX_JOBS {
+                bail!(
+                    "--jobs is {jobs}, expected 1 to {MAX_JOBS} (a replay keeps about 0.7 KB a \
+                     job: 100 million jobs need about 70 GB)"
+                );
             }
             if out.exists() {
                 bail!("{} exists; give another --out", out.display());
@@ -46,7 +52,10 @@ pub fn trace(action: TraceAction) -> anyhow::Result<()> {
             // Written beside its final name and renamed: an interrupted run leaves no half
             // trace under that name.
             let part = out.with_extension("csv.part");
-            datasets::synth::write_philly(&part, &drawn, start)?;
+            if let Err(e) = datasets::synth::write_philly(&part, &drawn, start) {
+                let _ = std::fs::remove_file(&part);
+                return Err(e.into());
+            }
             std::fs::rename(&part, &out)
                 .with_context(|| format!("renaming {} to {}", part.display(), out.display()))?;
             let days = drawn.last().map_or(0.0, |j| j.submit_s / 86_400.0).ceil();
