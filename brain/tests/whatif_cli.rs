@@ -32,6 +32,26 @@ fn brainctl(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The table a successful `brainctl whatif` printed.
+fn table_of(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The cells of `policy`'s row of a table.
+fn row<'a>(table: &'a str, policy: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(policy))
+        .unwrap_or_else(|| panic!("no row {policy} in {table}"))
+        .split_whitespace()
+        .collect()
+}
+
 /// The first `n` jobs of Pollux's workload 1.
 fn small_trace(dir: &Path, n: usize) -> PathBuf {
     let text = std::fs::read_to_string(pollux().join("workloads/workload-1.csv")).unwrap();
@@ -145,13 +165,9 @@ fn a_philly_job_list_replays_as_rigid_jobs() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stderr}");
-    let table = String::from_utf8(run.stdout).unwrap();
+    let table = table_of(run);
     for p in ["fifo", "tiresias"] {
-        let row = table.lines().find(|l| l.starts_with(p)).unwrap();
-        let cells: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(&cells[1..3], ["300", "300"], "{table}");
+        assert_eq!(&row(&table, p)[1..3], ["300", "300"], "{table}");
     }
     // Each job held exactly its GPUs for its duration plus one restart penalty per start.
     let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
@@ -349,43 +365,30 @@ fn impossible_traces_are_refused_where_they_are_wrong() {
             "t.csv:3:1: job name `j1` is already used on line 2",
         ),
     ];
+    let fifo = policy("fifo");
+    let replay = |trace: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--policy",
+            fifo.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        brainctl(&args)
+    };
     for (rows, expected) in cases {
         let trace = dir.path().join("t.csv");
         std::fs::write(&trace, format!("{header}{rows}")).unwrap();
-        let out = brainctl(&[
-            "whatif",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--profiles",
-            profiles.to_str().unwrap(),
-            "--policy",
-            policy("fifo").to_str().unwrap(),
-        ]);
-        assert_refused(&out, expected);
+        assert_refused(&replay(&trace, &[]), expected);
     }
     // A stated horizon lets a late arrival through.
-    let trace = dir.path().join("late.csv");
-    std::fs::write(&trace, format!("{header}j1,1000000,bert,2,192\n")).unwrap();
-    let late = |horizon: &str| {
-        brainctl(&[
-            "whatif",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--profiles",
-            profiles.to_str().unwrap(),
-            "--policy",
-            policy("fifo").to_str().unwrap(),
-            "--horizon-s",
-            horizon,
-        ])
-    };
-    assert_refused(&late("86400"), "late.csv:2:2:");
-    let ok = late("2000000");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let late = dir.path().join("late.csv");
+    std::fs::write(&late, format!("{header}j1,1000000,bert,2,192\n")).unwrap();
+    assert_refused(&replay(&late, &["--horizon-s", "86400"]), "late.csv:2:2:");
+    table_of(replay(&late, &["--horizon-s", "2000000"]));
     // A Philly list: a job on more GPUs than one type has (33: more than the 16 P100 or the 32
     // K80, though not more than the cluster's 48), and an arrival past the horizon.
     let philly = dir.path().join("p.csv");
@@ -510,12 +513,12 @@ fn a_philly_like_trace_is_drawn_written_and_replayed() {
         "--policy",
         policy("elastic_lp").to_str().unwrap(),
     ]);
-    let stderr = String::from_utf8_lossy(&replay.stderr);
-    assert!(replay.status.success(), "{stderr}");
-    let table = String::from_utf8(replay.stdout).unwrap();
-    let row = table.lines().find(|l| l.starts_with("elastic_lp")).unwrap();
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(&cells[1..3], ["3000", "3000"], "{table}");
+    let table = table_of(replay);
+    assert_eq!(
+        &row(&table, "elastic_lp")[1..3],
+        ["3000", "3000"],
+        "{table}"
+    );
 }
 
 /// A replay cut by `--max-time-s` counts the jobs it did not finish as unfinished, says why
@@ -540,16 +543,12 @@ fn jobs_a_cut_replay_did_not_finish_are_unfinished_with_the_reason() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stderr}");
-    let table = String::from_utf8(run.stdout).unwrap();
+    let table = table_of(run);
     assert!(
         table.starts_with("JCT, queue and rho columns: finished jobs only\n"),
         "{table}"
     );
-    let row = table.lines().find(|l| l.starts_with("fifo ")).unwrap();
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    let finished: u32 = cells[2].parse().unwrap();
+    let finished: u32 = row(&table, "fifo")[2].parse().unwrap();
     assert!(finished > 0 && finished < 24, "{table}");
     let note = format!(
         "fifo: {} unfinished ({} cut by max time)",
