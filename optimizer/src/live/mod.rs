@@ -582,6 +582,7 @@ mod tests {
         SchedulerKind::ElasticLp(ElasticLp {
             restart_delay_s: 2.0,
             max_growth: 2.0,
+            ..ElasticLp::default()
         })
     }
 
