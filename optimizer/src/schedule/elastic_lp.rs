@@ -687,4 +687,40 @@ mod tests {
         let a = with(&mut s, 2_000.0, 1_500.0);
         assert_eq!(a, (1..=8).map(|j| (j, 1)).collect::<Vec<_>>());
     }
+
+    #[test]
+    fn the_block_method_and_the_general_solver_agree_on_the_optimum() {
+        // Jobs of every kind the tests use: new, running, grown; on 2 and 16 nodes.
+        for (nodes, n) in [(2, 5), (16, 40)] {
+            let mut s = snapshot(nodes, &vec![(1, 64, 0.0); n]);
+            for (i, job) in s.jobs.iter_mut().enumerate() {
+                job.peak_replicas = (i as u32 * 7) % 24;
+                job.remaining = 1e3 * (1 + (i * 37) % 500) as f64;
+            }
+            s.jobs[0].current = vec![(0, 2)];
+            let lp = ElasticLp::default();
+            let configs: Vec<Vec<Config>> = s.jobs.iter().map(|j| lp.configs(j, &s)).collect();
+            let capacity = vec![4 * nodes as u32];
+            let top = configs
+                .iter()
+                .flatten()
+                .map(|c| c.value)
+                .fold(0.0, f64::max);
+            let objective = |x: &[Vec<f64>]| -> f64 {
+                configs
+                    .iter()
+                    .zip(x)
+                    .flat_map(|(cs, xs)| cs.iter().zip(xs).map(|(c, x)| c.value / top * x))
+                    .sum()
+            };
+            let block = ElasticLp::solve_structured(&configs, &capacity, top).unwrap();
+            let general = ElasticLp::solve_general(&configs, &capacity, top).unwrap();
+            let (a, b) = (objective(&block), objective(&general));
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+            for (xs, cs) in block.iter().zip(&configs) {
+                assert!(xs.iter().sum::<f64>() <= 1.0 + 1e-6);
+                assert_eq!(xs.len(), cs.len());
+            }
+        }
+    }
 }
