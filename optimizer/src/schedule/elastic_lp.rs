@@ -489,11 +489,10 @@ impl Scheduler for ElasticLp {
         // Each job's configuration of largest share, the most valuable per GPU first.
         let mut chosen: Vec<(usize, usize, f64)> = Vec::new(); // (job, config, value per GPU)
         for (j, (cs, xs)) in configs.iter().zip(&shares).enumerate() {
-            let best = cs
+            let best = xs
                 .iter()
-                .zip(xs)
+                .copied()
                 .enumerate()
-                .map(|(k, (_, &v))| (k, v))
                 .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
             if let Some((k, share)) = best
                 && share > 1e-3
