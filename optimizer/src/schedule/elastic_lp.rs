@@ -199,9 +199,10 @@ impl ElasticLp {
         Some((value, secs))
     }
 
-    /// The job's candidate configurations, on every type it runs on.
-    fn configs(&self, job: &JobView, snapshot: &Snapshot) -> Vec<Config> {
-        let Some(p) = self.pricing(job, snapshot) else {
+    /// The job's candidate configurations, on every type it runs on (none without pricing:
+    /// a job that runs nowhere).
+    fn configs(&self, job: &JobView, snapshot: &Snapshot, p: Option<&Pricing>) -> Vec<Config> {
+        let Some(p) = p else {
             return Vec::new();
         };
         let mut sizes = Vec::new();
@@ -221,7 +222,7 @@ impl ElasticLp {
         let mut out = Vec::new();
         for t in 0..snapshot.worker_types.len() {
             for &r in &sizes {
-                if let Some((value, secs)) = self.value(job, snapshot, &p, t, r) {
+                if let Some((value, secs)) = self.value(job, snapshot, p, t, r) {
                     out.push(Config { t, r, value, secs });
                 }
             }
@@ -286,6 +287,7 @@ impl ElasticLp {
     fn fill(
         &self,
         snapshot: &Snapshot,
+        pricing: &[Option<Pricing>],
         budget: &mut FreeGpus,
         sizes: &mut Vec<(usize, usize, u32)>,
     ) {
@@ -294,11 +296,6 @@ impl ElasticLp {
         if free.iter().all(|&f| f == 0) {
             return;
         }
-        let pricing: Vec<Option<Pricing>> = snapshot
-            .jobs
-            .iter()
-            .map(|job| self.pricing(job, snapshot))
-            .collect();
         let mut placed: Vec<Option<(usize, u32)>> = vec![None; snapshot.jobs.len()];
         for &(j, t, r) in sizes.iter() {
             placed[j] = Some((t, r));
@@ -469,10 +466,16 @@ impl Scheduler for ElasticLp {
         for n in &snapshot.nodes {
             capacity[n.worker_type] += n.gpus;
         }
+        let pricing: Vec<Option<Pricing>> = snapshot
+            .jobs
+            .iter()
+            .map(|job| self.pricing(job, snapshot))
+            .collect();
         let configs: Vec<Vec<Config>> = snapshot
             .jobs
             .iter()
-            .map(|j| self.configs(j, snapshot))
+            .zip(&pricing)
+            .map(|(j, p)| self.configs(j, snapshot, p.as_ref()))
             .collect();
         if configs.iter().all(Vec::is_empty) {
             return Ok(Assignment::new());
@@ -505,7 +508,9 @@ impl Scheduler for ElasticLp {
         let bound = Self::makespan_bound(&configs, capacity.iter().sum());
         for (j, cs) in configs.iter().enumerate() {
             let job = &snapshot.jobs[j];
-            let rigid = job.min_replicas() == Some(job.max_replicas);
+            let rigid = pricing[j]
+                .as_ref()
+                .is_some_and(|p| p.least == job.max_replicas);
             let fastest = cs.iter().map(|c| c.secs).fold(f64::INFINITY, f64::min);
             if cs.is_empty() || !rigid || fastest < bound {
                 continue;
@@ -543,7 +548,7 @@ impl Scheduler for ElasticLp {
                 sizes.push((j, t, r));
             }
         }
-        self.fill(snapshot, &mut budget, &mut sizes);
+        self.fill(snapshot, &pricing, &mut budget, &mut sizes);
         sizes.sort_by_key(|&(j, _, r)| (std::cmp::Reverse(r), j));
         let sizes = sizes
             .into_iter()
@@ -698,7 +703,11 @@ mod tests {
             }
             s.jobs[0].current = vec![(0, 2)];
             let lp = ElasticLp::default();
-            let configs: Vec<Vec<Config>> = s.jobs.iter().map(|j| lp.configs(j, &s)).collect();
+            let configs: Vec<Vec<Config>> = s
+                .jobs
+                .iter()
+                .map(|j| lp.configs(j, &s, lp.pricing(j, &s).as_ref()))
+                .collect();
             let capacity = vec![4 * nodes as u32];
             let top = configs
                 .iter()
