@@ -402,6 +402,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
         "GPU util %",
         "mean queue s",
         "restarts",
+        "restart GPU %",
         "rho>1 %",
         "max rho",
     ];
@@ -420,6 +421,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
                 format!("{:.1}", 100.0 * s.gpu_utilisation),
                 format!("{:.0}", s.mean_queueing_s),
                 s.restarts.to_string(),
+                format!("{:.1}", 100.0 * s.restart_gpu_share),
                 format!("{:.1}", 100.0 * s.unfair_share),
                 format!("{:.2}", s.max_rho),
             ]
@@ -510,6 +512,7 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
             ("jct_s", num(&|j| j.jct_s())),
             ("queueing_s", num(&|j| j.queueing_s())),
             ("gpu_seconds", num(&|j| Some(j.gpu_seconds))),
+            ("restart_gpu_seconds", num(&|j| Some(j.restart_gpu_seconds))),
             ("rho", num(&|j| j.rho)),
             (
                 "unfinished",
@@ -593,6 +596,7 @@ pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
                 "restarts",
                 Values::U64(results.iter().map(|r| r.summary.restarts as u64).collect()),
             ),
+            ("restart_gpu_share", f(&|r| r.summary.restart_gpu_share)),
             ("unfair_share", f(&|r| r.summary.unfair_share)),
             ("max_rho", f(&|r| r.summary.max_rho)),
             ("slowest_round_ms", f(&|r| r.max_decide_us as f64 / 1000.0)),

@@ -125,6 +125,27 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
         "{jobs}"
     );
     assert_eq!(jobs.lines().count(), 1 + POLICIES.len() * 24);
+    // Each job's GPU-seconds spent (re)starting: some (every job started), within what it held.
+    let header: Vec<&str> = jobs.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (held, restarting) = (col("gpu_seconds"), col("restart_gpu_seconds"));
+    for row in jobs.lines().skip(1) {
+        let cells: Vec<&str> = row.split(',').collect();
+        let (h, r): (f64, f64) = (
+            cells[held].parse().unwrap(),
+            cells[restarting].parse().unwrap(),
+        );
+        assert!(r > 0.0 && r < h, "{row}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert!(
+        summary
+            .lines()
+            .next()
+            .unwrap()
+            .contains(",restarts,restart_gpu_share,"),
+        "{summary}"
+    );
     assert!(
         std::fs::read(out.join("jobs.parquet"))
             .unwrap()
@@ -229,8 +250,9 @@ fn a_replay_through_the_live_round_keeps_the_live_cool_down() {
             .unwrap_or_else(|| panic!("{table}"));
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(&cells[1..3], ["24", "24"], "every job finishes: {table}");
-        // The restarts column, before the two finish-time fairness columns.
-        cells[cells.len() - 3].replace(',', "").parse().unwrap()
+        // The restarts column: after policy, jobs, finished, mean, median and p99 JCT,
+        // makespan, GPU utilisation and mean queueing.
+        cells[9].replace(',', "").parse().unwrap()
     };
     let alone = run(&[], "8x4:t4");
     assert!(

@@ -268,6 +268,7 @@ pub fn simulate(
             },
             rescale_left: 0.0,
             attained: 0.0,
+            restarting: 0.0,
             running_s: 0.0,
             restarts: 0,
             started: None,
@@ -493,6 +494,7 @@ pub fn simulate(
             finish_s: j.finished,
             restarts: j.restarts,
             gpu_seconds: j.attained,
+            restart_gpu_seconds: j.restarting,
             requested_replicas: j.trace.requested_replicas,
             peak_replicas: j.peak,
             rho: rho(j, alone),
@@ -630,6 +632,9 @@ mod tests {
             "{j:?}"
         );
         assert!((j.gpu_seconds - 102.0).abs() < 1e-6);
+        // Its one GPU held through the 30 s start-up, which made no progress.
+        assert!((j.restart_gpu_seconds - 30.0).abs() < 1e-6, "{j:?}");
+        assert!((r.summary.restart_gpu_share - 30.0 / 102.0).abs() < 1e-9);
         assert_eq!(r.summary.finished, 1);
         assert!((r.summary.mean_jct_s - 132.0).abs() < 1e-6);
         // Alone it had the whole cluster: exactly its fair share.
@@ -667,8 +672,8 @@ mod tests {
         // Tiresias demotes after 60 GPU-seconds, on one GPU. a runs 0..60 (30 s penalty, then
         // 30 of its 72 s of work), is demoted and yields to b, which is
         // demoted in turn at 120; a comes back first (earlier in the low queue), pays 30 s
-        // again and needs 72 − 30 − 30 = 12 s more after 180: done at 192. b resumes at 240
-        // with 42 s left after another 30 s restart: done at 312.
+        // again (120–150) and needs its other 42 s: done at 192. b resumes at 240 with 42 s
+        // left after another 30 s restart: done at 312.
         let trace = [job("a", 0.0, 1, 8), job("b", 60.0, 1, 8)];
         let cluster = ClusterSpec::uniform(1, 1, "t4");
         let t = Tiresias {
@@ -700,6 +705,14 @@ mod tests {
             r.jobs[1]
         );
         assert_eq!(r.summary.restarts, 2);
+        // Each started twice on one GPU: 60 GPU-seconds of restarts each, of 132 held.
+        let restarting: Vec<f64> = r.jobs.iter().map(|j| j.restart_gpu_seconds).collect();
+        assert!(
+            restarting.iter().all(|s| (s - 60.0).abs() < 1e-6),
+            "{restarting:?}"
+        );
+        assert!(r.jobs.iter().all(|j| (j.gpu_seconds - 132.0).abs() < 1e-6));
+        assert!((r.summary.restart_gpu_share - 120.0 / 264.0).abs() < 1e-9);
     }
 
     #[test]
@@ -1002,6 +1015,12 @@ mod tests {
                         );
                     }
                     prop_assert_eq!(j.unfinished, None);
+                    // Each start pays the penalty once at most, on no more than its peak GPUs,
+                    // within what it held.
+                    let most = (j.restarts + 1) as f64 * 30.0 * j.peak_replicas as f64;
+                    prop_assert!(j.restart_gpu_seconds > 0.0, "{}: {j:?}", s.name());
+                    prop_assert!(j.restart_gpu_seconds <= most + 1e-6, "{}: {j:?}", s.name());
+                    prop_assert!(j.restart_gpu_seconds < j.gpu_seconds, "{}: {j:?}", s.name());
                 }
                 // The utilisation column's GPU-seconds are the jobs' own, and no more than were up.
                 let held: f64 = r.jobs.iter().map(|j| j.gpu_seconds).sum();

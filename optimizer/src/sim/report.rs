@@ -14,6 +14,10 @@ pub struct JobRecord {
     /// Restarts on a new allocation after the first start (rescales, preemptions, failures).
     pub restarts: u32,
     pub gpu_seconds: f64,
+    /// Of `gpu_seconds`, those held while it started or restarted and made no progress (the
+    /// restart penalty after each start, rescale, move or preemption).
+    #[serde(default)]
+    pub restart_gpu_seconds: f64,
     pub requested_replicas: u32,
     /// The most GPUs it held at once.
     pub peak_replicas: u32,
@@ -94,6 +98,9 @@ pub struct Summary {
     pub gpu_utilisation: f64,
     pub mean_queueing_s: f64,
     pub restarts: u32,
+    /// Share of the GPU-seconds held that jobs spent starting or restarting.
+    #[serde(default)]
+    pub restart_gpu_share: f64,
     /// Share of the finished jobs with finish-time fairness ρ > 1 (Themis).
     #[serde(default)]
     pub unfair_share: f64,
@@ -172,6 +179,11 @@ impl Summary {
             },
             mean_queueing_s: mean(&queueing),
             restarts: jobs.iter().map(|j| j.restarts).sum(),
+            restart_gpu_share: if held > 0.0 {
+                jobs.iter().map(|j| j.restart_gpu_seconds).sum::<f64>() / held
+            } else {
+                0.0
+            },
             unfair_share: if rhos.is_empty() {
                 f64::NAN
             } else {

@@ -26,6 +26,8 @@ pub(super) struct JobState<'a> {
     pub(super) config: BatchConfig,
     pub(super) rescale_left: f64,
     pub(super) attained: f64,
+    /// GPU-seconds of `attained` held while starting or restarting (no progress).
+    pub(super) restarting: f64,
     pub(super) running_s: f64,
     pub(super) restarts: u32,
     pub(super) started: Option<f64>,
@@ -173,6 +175,7 @@ impl World {
         let d = job.rescale_left.min(left);
         job.rescale_left -= d;
         hold(job, d);
+        job.restarting += d * held as f64;
         now += d;
         left -= d;
         let Some(app_i) = job.app else {
