@@ -1017,7 +1017,8 @@ mod tests {
                     prop_assert_eq!(j.unfinished, None);
                     // Each start pays the penalty once at most, on no more than its peak GPUs,
                     // within what it held.
-                    let most = (j.restarts + 1) as f64 * config.restart_penalty_s * j.peak_replicas as f64;
+                    let starts = (j.restarts + 1) as f64;
+                    let most = starts * config.restart_penalty_s * j.peak_replicas as f64;
                     prop_assert!(j.restart_gpu_seconds > 0.0, "{}: {j:?}", s.name());
                     prop_assert!(j.restart_gpu_seconds <= most + 1e-6, "{}: {j:?}", s.name());
                     prop_assert!(j.restart_gpu_seconds < j.gpu_seconds, "{}: {j:?}", s.name());
