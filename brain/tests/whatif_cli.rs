@@ -52,6 +52,31 @@ fn row<'a>(table: &'a str, policy: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// A table the CLI wrote as CSV (no quoted commas in it): its header and its rows' cells.
+struct Csv<'a> {
+    header: Vec<&'a str>,
+    rows: Vec<Vec<&'a str>>,
+}
+
+impl<'a> Csv<'a> {
+    fn parse(text: &'a str) -> Self {
+        let mut lines = text.lines().map(|l| l.split(',').collect::<Vec<_>>());
+        let header = lines.next().expect("a header");
+        Csv {
+            header,
+            rows: lines.collect(),
+        }
+    }
+
+    /// The index of the column named `name`.
+    fn col(&self, name: &str) -> usize {
+        self.header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no column {name} in {:?}", self.header))
+    }
+}
+
 /// The first `n` jobs of Pollux's workload 1.
 fn small_trace(dir: &Path, n: usize) -> PathBuf {
     let text = std::fs::read_to_string(pollux().join("workloads/workload-1.csv")).unwrap();
@@ -126,16 +151,14 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
     );
     assert_eq!(jobs.lines().count(), 1 + POLICIES.len() * 24);
     // Each job's GPU-seconds spent (re)starting: some (every job started), within what it held.
-    let header: Vec<&str> = jobs.lines().next().unwrap().split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
-    let (held, restarting) = (col("gpu_seconds"), col("restart_gpu_seconds"));
-    for row in jobs.lines().skip(1) {
-        let cells: Vec<&str> = row.split(',').collect();
+    let csv = Csv::parse(&jobs);
+    let (held, restarting) = (csv.col("gpu_seconds"), csv.col("restart_gpu_seconds"));
+    for cells in &csv.rows {
         let (h, r): (f64, f64) = (
             cells[held].parse().unwrap(),
             cells[restarting].parse().unwrap(),
         );
-        assert!(r > 0.0 && r < h, "{row}");
+        assert!(r > 0.0 && r < h, "{cells:?}");
     }
     let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert!(
@@ -192,12 +215,11 @@ fn a_philly_job_list_replays_as_rigid_jobs() {
     }
     // Each job held exactly its GPUs for its duration plus one restart penalty per start.
     let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
-    let header: Vec<&str> = jobs.lines().next().unwrap().split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
-    let fifo: Vec<Vec<&str>> = jobs
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect::<Vec<_>>())
+    let csv = Csv::parse(&jobs);
+    let col = |name: &str| csv.col(name);
+    let fifo: Vec<&Vec<&str>> = csv
+        .rows
+        .iter()
         .filter(|c| c[col("policy")] == "fifo")
         .collect();
     for (row, line) in fifo.iter().zip(lines.iter().skip(1)) {
@@ -580,16 +602,15 @@ fn jobs_a_cut_replay_did_not_finish_are_unfinished_with_the_reason() {
     assert!(table.contains(&note), "{note:?} in {table}");
     // The jobs table says which, and only those have no finish time.
     let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
-    let header: Vec<&str> = jobs.lines().next().unwrap().split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let csv = Csv::parse(&jobs);
+    let col = |name: &str| csv.col(name);
     let mut cut = 0;
-    for line in jobs.lines().skip(1) {
-        let c: Vec<&str> = line.split(',').collect();
+    for c in &csv.rows {
         let unfinished = c[col("unfinished")].trim_matches('"');
         assert_eq!(
             c[col("finish_s")].is_empty(),
             !unfinished.is_empty(),
-            "{line}"
+            "{c:?}"
         );
         if !unfinished.is_empty() {
             assert_eq!(unfinished, "cut by max time");
