@@ -281,12 +281,7 @@ impl SimHooks for Timed<'_> {
         (answer, start.elapsed().as_micros() as u64)
     }
 
-    fn after_round(
-        &mut self,
-        _round: &optimizer::sim::RoundRecord,
-        finished: usize,
-        _total: usize,
-    ) {
+    fn after_round(&mut self, _round: &optimizer::sim::RoundRecord, finished: usize) {
         if finished > self.done {
             (self.on_jobs_done)((finished - self.done) as u64);
             self.done = finished;

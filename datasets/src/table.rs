@@ -159,19 +159,19 @@ impl Table {
 
     /// An error about the cell at (`row`, `col`).
     pub fn error(&self, row: usize, col: usize, message: impl Into<String>) -> DatasetError {
-        DatasetError::Value {
-            path: self.path.clone(),
-            line: self.line(row),
-            column: col + 1,
-            message: message.into(),
-        }
+        self.at(row).error(col, message.into())
+    }
+
+    /// Row `row`, for typed access to its cells.
+    pub fn at(&self, row: usize) -> TableRow<'_> {
+        TableRow { table: self, row }
     }
 
     /// The text of a cell; a missing value is an error.
     pub fn text(&self, row: usize, col: usize) -> Result<&str, DatasetError> {
         self.columns[col]
             .get(row)
-            .ok_or_else(|| self.error(row, col, format!("{} is missing", self.label(col))))
+            .ok_or_else(|| self.error(row, col, format!("{} is missing", label(&self.names, col))))
     }
 
     /// The text of a cell, `None` when empty.
@@ -187,10 +187,54 @@ impl Table {
     where
         T::Err: std::fmt::Display,
     {
-        let text = self.text(row, col)?;
+        self.at(row).parse(col)
+    }
+
+    /// A finite number, at least `min`.
+    pub fn number(&self, row: usize, col: usize, min: f64) -> Result<f64, DatasetError> {
+        self.at(row).number(col, min)
+    }
+
+    /// A whole number, at least `min`; `3.0` is accepted, `3.5` is not.
+    pub fn count(&self, row: usize, col: usize, min: u64) -> Result<u64, DatasetError> {
+        self.at(row).count(col, min)
+    }
+}
+
+/// How an error names column `col` of a table whose columns are `names`.
+fn label(names: &[String], col: usize) -> String {
+    match names.get(col) {
+        Some(n) if !n.starts_with("column_") => format!("`{n}`"),
+        _ => format!("field {}", col + 1),
+    }
+}
+
+/// Typed access to the cells of one row, with errors that name the file, line and column: a
+/// row of a [`Table`] or one read by [`CsvRows`].
+pub(crate) trait Cells {
+    /// The text of cell `col`, `None` if the row has no such cell or it is null.
+    fn cell(&self, col: usize) -> Option<&str>;
+    /// The line of the file the row is on.
+    fn line(&self) -> usize;
+    /// An error about cell `col`.
+    fn error(&self, col: usize, message: String) -> DatasetError;
+    /// How errors name column `col`.
+    fn label(&self, col: usize) -> String;
+
+    /// The text of a cell; a missing value is an error.
+    fn text(&self, col: usize) -> Result<&str, DatasetError> {
+        self.cell(col)
+            .ok_or_else(|| self.error(col, format!("{} is missing", self.label(col))))
+    }
+
+    /// A cell parsed as `T` (surrounding spaces ignored).
+    fn parse<T: FromStr>(&self, col: usize) -> Result<T, DatasetError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let text = self.text(col)?;
         text.trim().parse().map_err(|e| {
             self.error(
-                row,
                 col,
                 format!("{} `{text}` is not a valid value: {e}", self.label(col)),
             )
@@ -198,11 +242,10 @@ impl Table {
     }
 
     /// A finite number, at least `min`.
-    pub fn number(&self, row: usize, col: usize, min: f64) -> Result<f64, DatasetError> {
-        let v: f64 = self.parse(row, col)?;
+    fn number(&self, col: usize, min: f64) -> Result<f64, DatasetError> {
+        let v: f64 = self.parse(col)?;
         if !v.is_finite() || v < min {
             return Err(self.error(
-                row,
                 col,
                 format!("{} is {v}, expected a number ≥ {min}", self.label(col)),
             ));
@@ -211,22 +254,141 @@ impl Table {
     }
 
     /// A whole number, at least `min`; `3.0` is accepted, `3.5` is not.
-    pub fn count(&self, row: usize, col: usize, min: u64) -> Result<u64, DatasetError> {
-        let v = self.number(row, col, min as f64)?;
+    fn count(&self, col: usize, min: u64) -> Result<u64, DatasetError> {
+        let v = self.number(col, min as f64)?;
         if v.fract() != 0.0 || v > u32::MAX as f64 * 65536.0 {
             return Err(self.error(
-                row,
                 col,
                 format!("{} is {v}, expected a whole number", self.label(col)),
             ));
         }
         Ok(v as u64)
     }
+}
+
+/// A row of a [`Table`].
+pub(crate) struct TableRow<'a> {
+    table: &'a Table,
+    row: usize,
+}
+
+impl Cells for TableRow<'_> {
+    fn cell(&self, col: usize) -> Option<&str> {
+        self.table.columns[col].get(self.row)
+    }
+
+    fn line(&self) -> usize {
+        self.table.line(self.row)
+    }
+
+    fn error(&self, col: usize, message: String) -> DatasetError {
+        DatasetError::Value {
+            path: self.table.path.clone(),
+            line: self.line(),
+            column: col + 1,
+            message,
+        }
+    }
 
     fn label(&self, col: usize) -> String {
-        match self.names.get(col) {
-            Some(n) if !n.starts_with("column_") => format!("`{n}`"),
-            _ => format!("field {}", col + 1),
+        label(&self.table.names, col)
+    }
+}
+
+/// A CSV read one row at a time, in memory that does not grow with the file (the csv crate):
+/// for files too large to hold, such as a million-job trace.
+pub(crate) struct CsvRows {
+    path: PathBuf,
+    reader: csv::Reader<std::io::BufReader<std::fs::File>>,
+    names: Vec<String>,
+    record: csv::StringRecord,
+}
+
+impl CsvRows {
+    /// Opens a CSV whose header has exactly the columns `header`, in any order.
+    pub fn open_any_order(path: &Path, header: &[&str]) -> Result<CsvRows, DatasetError> {
+        let file = std::fs::File::open(path).map_err(|source| DatasetError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut reader = csv::ReaderBuilder::new()
+            .flexible(true)
+            .from_reader(std::io::BufReader::new(file));
+        let names: Vec<String> = reader
+            .headers()
+            .map_err(|e| DatasetError::format(path, format!("not a readable table: {e}")))?
+            .iter()
+            .map(str::to_string)
+            .collect();
+        let mut found: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut expected = header.to_vec();
+        found.sort_unstable();
+        expected.sort_unstable();
+        if found != expected {
+            return Err(DatasetError::format(
+                path,
+                format!(
+                    "header is `{}`, expected `{}`",
+                    names.join(","),
+                    header.join(",")
+                ),
+            ));
         }
+        Ok(CsvRows {
+            path: path.to_path_buf(),
+            reader,
+            names,
+            record: csv::StringRecord::new(),
+        })
+    }
+
+    /// The index of the column named `name`.
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// The next row, `None` at the end of the file.
+    pub fn next_row(&mut self) -> Result<Option<CsvRow<'_>>, DatasetError> {
+        match self.reader.read_record(&mut self.record) {
+            Ok(true) => Ok(Some(CsvRow { rows: self })),
+            Ok(false) => Ok(None),
+            Err(e) => {
+                let line = e.position().map_or(0, |p| p.line() as usize);
+                Err(DatasetError::Value {
+                    path: self.path.clone(),
+                    line,
+                    column: 1,
+                    message: format!("not a readable row: {e}"),
+                })
+            }
+        }
+    }
+}
+
+/// The row [`CsvRows`] read last.
+pub(crate) struct CsvRow<'a> {
+    rows: &'a CsvRows,
+}
+
+impl Cells for CsvRow<'_> {
+    fn cell(&self, col: usize) -> Option<&str> {
+        self.rows.record.get(col)
+    }
+
+    fn line(&self) -> usize {
+        self.rows.record.position().map_or(0, |p| p.line() as usize)
+    }
+
+    fn error(&self, col: usize, message: String) -> DatasetError {
+        DatasetError::Value {
+            path: self.rows.path.clone(),
+            line: self.line(),
+            column: col + 1,
+            message,
+        }
+    }
+
+    fn label(&self, col: usize) -> String {
+        label(&self.rows.names, col)
     }
 }

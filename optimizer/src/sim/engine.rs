@@ -97,8 +97,8 @@ impl SimConfig {
     }
 }
 
-/// What the caller of [`simulate`] hooks in: timing the scheduler (the simulator reads no
-/// clock) and following progress.
+/// What the caller of a replay hooks in: timing the scheduler (the simulator reads no clock)
+/// and following progress.
 pub trait SimHooks {
     /// Runs the scheduler on `snapshot`; returns its answer and the microseconds it took, where
     /// the caller measures (0 otherwise).
@@ -110,19 +110,39 @@ pub trait SimHooks {
         (scheduler.schedule(snapshot), 0)
     }
 
-    /// After each round: the round, jobs finished so far and jobs in the trace.
-    fn after_round(&mut self, _round: &RoundRecord, _finished: usize, _total: usize) {}
+    /// After each round: the round and the jobs finished so far.
+    fn after_round(&mut self, _round: &RoundRecord, _finished: usize) {}
 }
 
 impl SimHooks for () {}
+
+/// Where [`replay`] puts its records as it makes them, so that a replay holds only the jobs in
+/// the system: [`simulate`] collects them; `brainctl whatif --stream` writes them out.
+pub trait ReplaySink {
+    /// The caller's error: a simulation error, or one the sink or the trace's reader met.
+    type Error: From<PolicyError>;
+    /// A job's record: when it finishes, or at the end of the replay if it did not. `id` is
+    /// its position in the trace.
+    fn job(&mut self, id: usize, record: JobRecord) -> Result<(), Self::Error>;
+    /// Each scheduling round, in order.
+    fn round(&mut self, round: &RoundRecord) -> Result<(), Self::Error>;
+}
+
+/// What a replay knows only at its end.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplayEnd {
+    /// GPU-seconds the nodes were up from the first submission to the last completion (or to
+    /// the end of the last round in which an unfinished job held GPUs).
+    pub gpu_seconds_up: f64,
+}
 
 /// Rounds in a row in which nothing runs, nothing is left to arrive and every node is up,
 /// after which a replay stops with the waiting jobs unfinished.
 const IDLE_ROUNDS: u32 = 1000;
 
-/// Replays `trace` on `cluster` under `scheduler`. A replay stops when every job has finished,
-/// at `max_time_s`, or when the scheduler leaves the jobs waiting on an idle cluster for
-/// `IDLE_ROUNDS` rounds (a job that can never fit); unfinished jobs have no finish time.
+/// Replays `trace` on `cluster` under `scheduler`, every job in memory, and returns the whole
+/// report: the jobs in trace order, the rounds and the exact summary. Every job is checked
+/// before the replay starts. See [`replay`] for when a replay stops.
 pub fn simulate(
     trace: &[TraceJob],
     profiles: &[AppProfile],
@@ -131,58 +151,155 @@ pub fn simulate(
     config: &SimConfig,
     hooks: &mut dyn SimHooks,
 ) -> Result<Report, PolicyError> {
-    config.validate()?;
-    if cluster.nodes.is_empty() || cluster.nodes.iter().any(|n| n.gpus == 0) {
-        return Err(PolicyError::InvalidConfig(
-            "the cluster needs nodes with GPUs".into(),
-        ));
+    let setup = Setup::new(profiles, cluster, scheduler, config)?;
+    for (i, j) in trace.iter().enumerate() {
+        setup.admit(i, j.clone())?;
     }
-    let types = cluster.worker_types();
-    let node_type: Vec<usize> = cluster
-        .nodes
-        .iter()
-        .map(|n| {
-            types
-                .iter()
-                .position(|t| *t == n.worker_type)
-                .expect("listed")
-        })
-        .collect();
-    let mut per_node = vec![0u32; types.len()];
-    let mut type_gpus = vec![0u32; types.len()];
-    for (n, &t) in cluster.nodes.iter().zip(&node_type) {
-        per_node[t] = per_node[t].max(n.gpus);
-        type_gpus[t] += n.gpus;
-    }
-    let mut apps = Vec::new();
-    let mut app_index: HashMap<&str, usize> = HashMap::new();
-    for p in profiles {
-        app_index.insert(p.name.as_str(), apps.len());
-        apps.push(App::new(p)?);
-    }
-    let gpu: Vec<Vec<Option<usize>>> = apps
-        .iter()
-        .map(|a| {
-            let names: Vec<&str> = a.gpu_types().collect();
-            types
-                .iter()
-                .map(|t| names.iter().position(|n| n == t))
-                .collect()
-        })
-        .collect();
-    let world = World {
-        apps,
-        gpu,
-        per_node,
-        type_gpus,
-        node_type,
+    // Jobs in order of submission (ties by trace order); ids are trace positions.
+    let mut order: Vec<usize> = (0..trace.len()).collect();
+    order.sort_by(|&a, &b| {
+        trace[a]
+            .submit_s
+            .total_cmp(&trace[b].submit_s)
+            .then(a.cmp(&b))
+    });
+    let mut sink = Collect {
+        jobs: vec![None; trace.len()],
+        rounds: Vec::new(),
     };
-    let elastic = scheduler.elastic();
-    let sizing = scheduler.batch_sizing();
-    let most_gpus = *world.type_gpus.iter().max().expect("a type");
+    let end = replay(
+        order.iter().map(|&i| Ok((i, trace[i].clone()))),
+        profiles,
+        cluster,
+        scheduler,
+        config,
+        hooks,
+        &mut sink,
+    )?;
+    let jobs: Vec<JobRecord> = sink
+        .jobs
+        .into_iter()
+        .map(|j| j.expect("a replay records every job"))
+        .collect();
+    let report = Report {
+        policy: scheduler.name().to_string(),
+        summary: Summary::of(&jobs, end.gpu_seconds_up),
+        jobs,
+        rounds: sink.rounds,
+        gpu_seconds_up: end.gpu_seconds_up,
+    };
+    // The utilisation column's GPU-seconds are the jobs' own.
+    let held: f64 = report.jobs.iter().map(|j| j.gpu_seconds).sum();
+    let u = report.summary.gpu_utilisation;
+    if report.gpu_seconds_up > 0.0
+        && (u * report.gpu_seconds_up - held).abs() > 1e-6 * held.max(1.0)
+    {
+        return Err(PolicyError::Invariant(format!(
+            "utilisation {u} of {} GPU-seconds up, but the jobs held {held}",
+            report.gpu_seconds_up
+        )));
+    }
+    Ok(report)
+}
 
-    let mut jobs: Vec<JobState> = Vec::with_capacity(trace.len());
-    for j in trace {
+/// [`simulate`]'s sink: every record, by trace position.
+struct Collect {
+    jobs: Vec<Option<JobRecord>>,
+    rounds: Vec<RoundRecord>,
+}
+
+impl ReplaySink for Collect {
+    type Error = PolicyError;
+
+    fn job(&mut self, id: usize, record: JobRecord) -> Result<(), PolicyError> {
+        self.jobs[id] = Some(record);
+        Ok(())
+    }
+
+    fn round(&mut self, round: &RoundRecord) -> Result<(), PolicyError> {
+        self.rounds.push(round.clone());
+        Ok(())
+    }
+}
+
+/// What a replay derives from its inputs before the first round.
+struct Setup<'c> {
+    world: World,
+    types: Vec<String>,
+    elastic: bool,
+    sizing: BatchSizing,
+    /// GPUs of the largest type.
+    most_gpus: u32,
+    app_index: HashMap<String, usize>,
+    config: &'c SimConfig,
+}
+
+impl<'c> Setup<'c> {
+    fn new(
+        profiles: &[AppProfile],
+        cluster: &ClusterSpec,
+        scheduler: &dyn Scheduler,
+        config: &'c SimConfig,
+    ) -> Result<Self, PolicyError> {
+        config.validate()?;
+        if cluster.nodes.is_empty() || cluster.nodes.iter().any(|n| n.gpus == 0) {
+            return Err(PolicyError::InvalidConfig(
+                "the cluster needs nodes with GPUs".into(),
+            ));
+        }
+        let types = cluster.worker_types();
+        let node_type: Vec<usize> = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                types
+                    .iter()
+                    .position(|t| *t == n.worker_type)
+                    .expect("listed")
+            })
+            .collect();
+        let mut per_node = vec![0u32; types.len()];
+        let mut type_gpus = vec![0u32; types.len()];
+        for (n, &t) in cluster.nodes.iter().zip(&node_type) {
+            per_node[t] = per_node[t].max(n.gpus);
+            type_gpus[t] += n.gpus;
+        }
+        let mut apps = Vec::new();
+        let mut app_index = HashMap::new();
+        for p in profiles {
+            app_index.insert(p.name.clone(), apps.len());
+            apps.push(App::new(p)?);
+        }
+        let gpu: Vec<Vec<Option<usize>>> = apps
+            .iter()
+            .map(|a| {
+                let names: Vec<&str> = a.gpu_types().collect();
+                types
+                    .iter()
+                    .map(|t| names.iter().position(|n| n == t))
+                    .collect()
+            })
+            .collect();
+        let most_gpus = *type_gpus.iter().max().expect("a type");
+        Ok(Setup {
+            world: World {
+                apps,
+                gpu,
+                per_node,
+                type_gpus,
+                node_type,
+            },
+            types,
+            elastic: scheduler.elastic(),
+            sizing: scheduler.batch_sizing(),
+            most_gpus,
+            app_index,
+            config,
+        })
+    }
+
+    /// Checks a job of the trace and makes its state, nothing done yet.
+    fn admit(&self, id: usize, j: TraceJob) -> Result<JobState, PolicyError> {
         let bad = |m: String| PolicyError::InvalidConfig(format!("job {}: {m}", j.name));
         if !(j.submit_s.is_finite() && j.submit_s >= 0.0) {
             return Err(bad(format!("submit time {}", j.submit_s)));
@@ -190,6 +307,8 @@ pub fn simulate(
         if j.requested_replicas == 0 {
             return Err(bad("asks for 0 GPUs".into()));
         }
+        let world = &self.world;
+        let most_gpus = self.most_gpus;
         let (app_i, total, batch, requested, max_replicas) = match &j.work {
             Work::Rigid { duration_s, .. } => {
                 if !(duration_s.is_finite() && *duration_s > 0.0) {
@@ -210,7 +329,8 @@ pub fn simulate(
                 application,
                 batch_size,
             } => {
-                let &app_i = app_index
+                let &app_i = self
+                    .app_index
                     .get(application.as_str())
                     .ok_or_else(|| bad(format!("no profile for application {application:?}")))?;
                 if *batch_size == 0 {
@@ -220,11 +340,11 @@ pub fn simulate(
                     return Err(bad(format!(
                         "application {application} has no measurements on any GPU type of the \
                          cluster ({})",
-                        types.join(", ")
+                        self.types.join(", ")
                     )));
                 }
                 let app = &world.apps[app_i];
-                let batch = match (app.fixed_batch_size, sizing) {
+                let batch = match (app.fixed_batch_size, self.sizing) {
                     (Some(b), _) => Some(b),
                     (None, BatchSizing::Fixed) => {
                         Some((*batch_size).clamp(app.init_batch_size, app.max_batch_size))
@@ -234,7 +354,7 @@ pub fn simulate(
                 let by_batch = batch.unwrap_or(app.max_batch_size) / app.min_local_bsz;
                 // Trainers adapt to the GPUs they get, so a job bigger than the cluster shrinks.
                 let requested = j.requested_replicas.min(most_gpus);
-                let max_replicas = if elastic {
+                let max_replicas = if self.elastic {
                     by_batch
                         .min(app.max_replicas.unwrap_or(u32::MAX))
                         .min(most_gpus)
@@ -251,7 +371,8 @@ pub fn simulate(
                 )
             }
         };
-        jobs.push(JobState {
+        let mut job = JobState {
+            id,
             trace: j,
             app: app_i,
             total,
@@ -278,62 +399,200 @@ pub fn simulate(
             goodput: None,
             least_work_s: 0.0,
             epoch_best: 0.0,
-        });
+            alone_s: None,
+            arrived_round: 0,
+            arrived_contention: 0.0,
+        };
+        // Alone on the cluster at its request, for its finish-time fairness: from its
+        // submission to the next round, one restart penalty, then its work.
+        let submit = job.trace.submit_s;
+        let round = self.config.round_s;
+        let first_round = (submit / round).ceil() * round;
+        job.alone_s = world
+            .alone_s(&job)
+            .map(|work| first_round - submit + self.config.restart_penalty_s + work);
+        Ok(job)
     }
-    // Each job alone on the cluster at its request, for its finish-time fairness: from its
-    // submission to the next round, one restart penalty, then its work.
-    let alone: Vec<Option<f64>> = jobs
-        .iter()
-        .map(|j| {
-            let submit = j.trace.submit_s;
-            let first_round = (submit / config.round_s).ceil() * config.round_s;
-            world
-                .alone_s(j)
-                .map(|work| first_round - submit + config.restart_penalty_s + work)
-        })
-        .collect();
-    // Jobs in order of submission (ties by trace order); ids are trace positions.
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| {
-        jobs[a]
-            .trace
-            .submit_s
-            .total_cmp(&jobs[b].trace.submit_s)
-            .then(a.cmp(&b))
-    });
+}
 
+/// The jobs of a trace, checked, as they come.
+struct Arrivals<I> {
+    source: I,
+    last_submit_s: f64,
+}
+
+impl<I, E> Arrivals<I>
+where
+    I: Iterator<Item = Result<(usize, TraceJob), E>>,
+    E: From<PolicyError>,
+{
+    fn next(&mut self, setup: &Setup) -> Result<Option<JobState>, E> {
+        let Some(item) = self.source.next() else {
+            return Ok(None);
+        };
+        let (id, job) = item?;
+        let job = setup.admit(id, job)?;
+        let submit = job.trace.submit_s;
+        if submit < self.last_submit_s {
+            return Err(PolicyError::InvalidConfig(format!(
+                "job {}: submitted at {submit} s, before the job ahead of it in the trace ({} \
+                 s): a streamed trace must be in order of submission",
+                job.trace.name, self.last_submit_s
+            ))
+            .into());
+        }
+        self.last_submit_s = submit;
+        Ok(Some(job))
+    }
+}
+
+/// GPU-seconds up between the first submission and the last completion, summed round by round
+/// as the replay goes. A round counts once the replay is known to be busy past its end; the
+/// rounds since then wait (few: the replay is busy until its last completion) and count in part
+/// at the end.
+struct UpTime {
+    first_s: f64,
+    round_s: f64,
+    sum: f64,
+    busy_to: f64,
+    waiting: std::collections::VecDeque<(f64, u32)>,
+}
+
+impl UpTime {
+    fn round(&mut self, t: f64, gpus_up: u32) {
+        self.waiting.push_back((t, gpus_up));
+        self.settle();
+    }
+
+    fn busy_to(&mut self, s: f64) {
+        self.busy_to = self.busy_to.max(s);
+        self.settle();
+    }
+
+    fn settle(&mut self) {
+        while let Some(&(t, g)) = self.waiting.front()
+            && t + self.round_s <= self.busy_to
+        {
+            self.sum += self.part(t, g);
+            self.waiting.pop_front();
+        }
+    }
+
+    /// The GPU-seconds of the round at `t` between the first submission and `busy_to`.
+    fn part(&self, t: f64, gpus_up: u32) -> f64 {
+        let (a, b) = (t.max(self.first_s), (t + self.round_s).min(self.busy_to));
+        gpus_up as f64 * (b - a).max(0.0)
+    }
+
+    fn total(mut self) -> f64 {
+        for (t, g) in std::mem::take(&mut self.waiting) {
+            self.sum += self.part(t, g);
+        }
+        self.sum
+    }
+}
+
+/// A job's record: `contention` is the jobs in the system summed over the first `rounds`
+/// rounds, the finishing one included when the job finished after its start.
+fn record(
+    j: &JobState,
+    rounds: usize,
+    contention: f64,
+    unfinished: Option<Unfinished>,
+) -> JobRecord {
+    let rho = j.finished.zip(j.alone_s).and_then(|(finish, alone)| {
+        let jct = finish - j.trace.submit_s;
+        let sharing = if rounds > j.arrived_round {
+            ((contention - j.arrived_contention) / (rounds - j.arrived_round) as f64).max(1.0)
+        } else {
+            1.0
+        };
+        (alone > 0.0).then(|| jct / (sharing * alone))
+    });
+    JobRecord {
+        name: j.trace.name.clone(),
+        application: j.trace.label().to_string(),
+        submit_s: j.trace.submit_s,
+        start_s: j.started,
+        finish_s: j.finished,
+        restarts: j.restarts,
+        gpu_seconds: j.attained,
+        restart_gpu_seconds: j.restarting,
+        requested_replicas: j.trace.requested_replicas,
+        peak_replicas: j.peak,
+        rho,
+        unfinished,
+    }
+}
+
+/// Replays the jobs of a trace, given in order of submission with their positions in the trace,
+/// on `cluster` under `scheduler`, and hands each job's record to `sink` when the job finishes
+/// and each round's when it ends. It holds only the jobs submitted and not finished, and the
+/// next to arrive: memory follows the jobs in the system, not the trace's length.
+///
+/// A replay stops when every job has finished, at `max_time_s`, or when the scheduler leaves
+/// the jobs waiting on an idle cluster for `IDLE_ROUNDS` rounds (a job that can never fit);
+/// unfinished jobs, those yet to arrive included, have no finish time. A job submitted before
+/// the one ahead of it is an error.
+pub fn replay<S: ReplaySink>(
+    trace: impl IntoIterator<Item = Result<(usize, TraceJob), S::Error>>,
+    profiles: &[AppProfile],
+    cluster: &ClusterSpec,
+    scheduler: &dyn Scheduler,
+    config: &SimConfig,
+    hooks: &mut dyn SimHooks,
+    sink: &mut S,
+) -> Result<ReplayEnd, S::Error> {
+    let setup = Setup::new(profiles, cluster, scheduler, config)?;
+    let world = &setup.world;
+    let elastic = setup.elastic;
+    let mut arrivals = Arrivals {
+        source: trace.into_iter(),
+        last_submit_s: f64::NEG_INFINITY,
+    };
+    // The next job to arrive.
+    let mut next = arrivals.next(&setup)?;
+    let round = config.round_s;
+    let mut up = UpTime {
+        first_s: next.as_ref().map_or(f64::INFINITY, |j| j.trace.submit_s),
+        round_s: round,
+        sum: 0.0,
+        busy_to: f64::NEG_INFINITY,
+        waiting: Default::default(),
+    };
     let mut rng = Pcg64::seed_from_u64(config.seed);
     let mut down_until = vec![f64::NEG_INFINITY; cluster.nodes.len()];
-    let worker_types: Vec<WorkerType> = types.iter().cloned().map(WorkerType).collect();
-    let mut rounds = Vec::new();
-    let mut next_arrival = 0; // index into order
+    let worker_types: Vec<WorkerType> = setup.types.iter().cloned().map(WorkerType).collect();
     let mut finished = 0;
     let mut t = 0.0f64;
-    let round = config.round_s;
     let mut idle_rounds = 0;
     // Why the loop ended with jobs unfinished, if it did.
     let mut ended = None;
-    // The end of the last round after which an unfinished job still held GPUs: a replay cut
-    // or stopped with such jobs was busy past its last completion.
-    let mut busy_until = f64::NEG_INFINITY;
+    // Rounds recorded, and the jobs in the system summed over them.
+    let mut rounds = 0usize;
+    let mut contention = 0.0f64;
+    // GPU-seconds the jobs held, for the capacity invariant.
+    let mut held_total = 0.0f64;
     // Jobs submitted and not finished, in order of submission.
-    let mut active: Vec<usize> = Vec::new();
+    let mut active: Vec<JobState> = Vec::new();
     loop {
-        if finished == jobs.len() {
+        if active.is_empty() && next.is_none() {
             break;
         }
         if config.max_time_s.is_some_and(|m| t >= m) {
             ended = Some(Unfinished::Cut);
             break;
         }
-        while next_arrival < order.len() && jobs[order[next_arrival]].trace.submit_s <= t {
-            active.push(order[next_arrival]);
-            next_arrival += 1;
+        while let Some(mut job) = next.take_if(|j| j.trace.submit_s <= t) {
+            job.arrived_round = rounds;
+            job.arrived_contention = contention;
+            active.push(job);
+            next = arrivals.next(&setup)?;
         }
         if active.is_empty() {
             // Nothing to do until the next arrival's round.
-            let next = jobs[order[next_arrival]].trace.submit_s;
-            t = (next / round).ceil() * round;
+            let next_s = next.as_ref().expect("a job is left").trace.submit_s;
+            t = (next_s / round).ceil() * round;
             continue;
         }
         // Failures and repairs at the round boundary.
@@ -342,8 +601,7 @@ pub fn simulate(
             for (n, until) in down_until.iter_mut().enumerate() {
                 if *until <= t && rng.random::<f64>() < p {
                     *until = t + f.repair_s;
-                    for &i in &active {
-                        let job = &mut jobs[i];
+                    for job in &mut active {
                         if !job.slots.iter().any(|s| s.0 == n) {
                             continue;
                         }
@@ -363,8 +621,11 @@ pub fn simulate(
             })
             .collect();
         let views = active
-            .iter()
-            .map(|&i| world.view(&mut jobs[i], JobId(i as u64), elastic))
+            .iter_mut()
+            .map(|job| {
+                let id = JobId(job.id as u64);
+                world.view(job, id, elastic)
+            })
             .collect();
         let snapshot = Snapshot {
             now_s: t,
@@ -376,12 +637,11 @@ pub fn simulate(
         let assignment = answer?;
         check(&snapshot, &assignment)?;
         let mut changed = 0;
-        for &i in &active {
+        for job in &mut active {
             let new = assignment
-                .get(&JobId(i as u64))
+                .get(&JobId(job.id as u64))
                 .cloned()
                 .unwrap_or_default();
-            let job = &mut jobs[i];
             if new == job.slots {
                 continue;
             }
@@ -413,8 +673,8 @@ pub fn simulate(
         // Invariant: no node holds more GPUs than it has up (GPUs are only given back within
         // a round, so this holds at every instant of it).
         let mut held = vec![0u32; cluster.nodes.len()];
-        for &i in &active {
-            for &(n, k) in &jobs[i].slots {
+        for job in &active {
+            for &(n, k) in &job.slots {
                 held[n] += k;
             }
         }
@@ -422,13 +682,14 @@ pub fn simulate(
             return Err(PolicyError::Invariant(format!(
                 "at {t} s node {n} holds {} GPUs of the {} it has up",
                 held[n], snapshot.nodes[n].gpus
-            )));
+            ))
+            .into());
         }
         let gpus_used: u32 = held.iter().sum();
-        let record = RoundRecord {
+        let record_now = RoundRecord {
             time_s: t,
             active_jobs: active.len() as u32,
-            queued_jobs: active.iter().filter(|&&i| jobs[i].slots.is_empty()).count() as u32,
+            queued_jobs: active.iter().filter(|j| j.slots.is_empty()).count() as u32,
             gpus_used,
             gpus_up: snapshot.nodes.iter().map(|n| n.gpus).sum(),
             changed_jobs: changed,
@@ -437,27 +698,44 @@ pub fn simulate(
         // Nothing runs, nothing will arrive, every node is up: a scheduler may wait a round
         // on purpose (Pollux does not start a job in the instant it arrives), but one that
         // runs nothing for IDLE_ROUNDS such rounds never will.
-        if gpus_used == 0 && next_arrival == order.len() && down_until.iter().all(|u| *u <= t) {
+        if gpus_used == 0 && next.is_none() && down_until.iter().all(|u| *u <= t) {
             idle_rounds += 1;
         } else {
             idle_rounds = 0;
         }
         let stuck = idle_rounds >= IDLE_ROUNDS;
-        for &i in &active {
-            world.advance(&mut jobs[i], t, round);
-            if jobs[i].finished.is_some() {
-                // What only a running job needs goes (a million-job replay keeps every job).
-                jobs[i].slots = Vec::new();
-                jobs[i].goodput = None;
+        for job in &mut active {
+            world.advance(job, t, round);
+            if job.finished.is_some() {
                 finished += 1;
             }
         }
-        active.retain(|&i| jobs[i].finished.is_none());
-        if active.iter().any(|&i| !jobs[i].slots.is_empty()) {
-            busy_until = t + round;
+        up.round(t, record_now.gpus_up);
+        if active
+            .iter()
+            .any(|j| j.finished.is_none() && !j.slots.is_empty())
+        {
+            up.busy_to(t + round);
         }
-        hooks.after_round(&record, finished, jobs.len());
-        rounds.push(record);
+        let contention_before = contention;
+        rounds += 1;
+        contention += record_now.active_jobs as f64;
+        for job in active.extract_if(.., |j| j.finished.is_some()) {
+            check_job(&job, config)?;
+            let finish = job.finished.expect("finished");
+            up.busy_to(finish);
+            held_total += job.attained;
+            // A job that finished in the instant its round began (a float's last digit) did
+            // not share that round.
+            let r = if t < finish {
+                record(&job, rounds, contention, None)
+            } else {
+                record(&job, rounds - 1, contention_before, None)
+            };
+            sink.job(job.id, r)?;
+        }
+        hooks.after_round(&record_now, finished);
+        sink.round(&record_now)?;
         if stuck {
             // Every node is up, nothing will arrive, and the scheduler runs nothing: it never will.
             ended = Some(Unfinished::NeverPlaced);
@@ -465,112 +743,53 @@ pub fn simulate(
         }
         t += round;
     }
-    // Jobs in the system, summed over the rounds up to each: a job's mean contention is a
-    // difference of two of these.
-    let mut contention = vec![0.0f64; rounds.len() + 1];
-    for (k, r) in rounds.iter().enumerate() {
-        contention[k + 1] = contention[k] + r.active_jobs as f64;
+    let why = |j: &JobState| match ended {
+        Some(Unfinished::NeverPlaced) if j.started.is_some() => Unfinished::Stranded,
+        why => why.expect("the loop ends early only with a reason"),
+    };
+    for job in active.drain(..) {
+        held_total += job.attained;
+        sink.job(job.id, record(&job, rounds, contention, Some(why(&job))))?;
     }
-    let rho = |j: &JobState, alone: Option<f64>| -> Option<f64> {
-        let (finish, alone) = (j.finished?, alone?);
-        let jct = finish - j.trace.submit_s;
-        let from = rounds.partition_point(|r| r.time_s < j.trace.submit_s);
-        let to = rounds.partition_point(|r| r.time_s < finish);
-        let sharing = if to > from {
-            ((contention[to] - contention[from]) / (to - from) as f64).max(1.0)
-        } else {
-            1.0
-        };
-        (alone > 0.0).then(|| jct / (sharing * alone))
-    };
-    let records: Vec<JobRecord> = jobs
-        .iter()
-        .zip(&alone)
-        .map(|(j, &alone)| JobRecord {
-            name: j.trace.name.clone(),
-            application: j.trace.label().to_string(),
-            submit_s: j.trace.submit_s,
-            start_s: j.started,
-            finish_s: j.finished,
-            restarts: j.restarts,
-            gpu_seconds: j.attained,
-            restart_gpu_seconds: j.restarting,
-            requested_replicas: j.trace.requested_replicas,
-            peak_replicas: j.peak,
-            rho: rho(j, alone),
-            unfinished: match (j.finished, ended) {
-                (Some(_), _) => None,
-                (None, Some(Unfinished::NeverPlaced)) if j.started.is_some() => {
-                    Some(Unfinished::Stranded)
-                }
-                (None, why) => Some(why.expect("the loop ends early only with a reason")),
-            },
-        })
-        .collect();
-    let first = records
-        .iter()
-        .map(|j| j.submit_s)
-        .fold(f64::INFINITY, f64::min);
-    let last = records
-        .iter()
-        .filter_map(|j| j.finish_s)
-        .fold(busy_until, f64::max);
-    let gpu_seconds_up: f64 = rounds
-        .iter()
-        .map(|r| {
-            let (a, b) = (r.time_s.max(first), (r.time_s + round).min(last));
-            r.gpus_up as f64 * (b - a).max(0.0)
-        })
-        .sum();
-    let report = Report {
-        policy: scheduler.name().to_string(),
-        summary: Summary::of(&records, gpu_seconds_up),
-        jobs: records,
-        rounds,
-        gpu_seconds_up,
-    };
-    check_invariants(&jobs, &report, config)?;
-    Ok(report)
+    // A replay cut short: the jobs yet to arrive did not finish either.
+    while let Some(job) = next {
+        sink.job(job.id, record(&job, rounds, contention, Some(why(&job))))?;
+        next = arrivals.next(&setup)?;
+    }
+    let gpu_seconds_up = up.total();
+    if held_total > gpu_seconds_up * (1.0 + 1e-9) + 1e-6 {
+        return Err(PolicyError::Invariant(format!(
+            "the jobs held {held_total} GPU-seconds, more than the {gpu_seconds_up} the nodes \
+             were up"
+        ))
+        .into());
+    }
+    Ok(ReplayEnd { gpu_seconds_up })
 }
 
-/// What every replay must satisfy, checked at its end in time linear in its jobs (capacity is
-/// checked each round): a finished job did all its work, took no less than the least time that
-/// work allows, and the utilisation column's GPU-seconds are the jobs' own.
-fn check_invariants(
-    jobs: &[JobState],
-    report: &Report,
-    config: &SimConfig,
-) -> Result<(), PolicyError> {
+/// What every finished job must satisfy: it did all its work and took no less than the least
+/// time that work allows (capacity is checked each round).
+fn check_job(j: &JobState, config: &SimConfig) -> Result<(), PolicyError> {
     let broken = |m: String| Err(PolicyError::Invariant(m));
-    for j in jobs {
-        let Some(finish) = j.finished else { continue };
-        let name = &j.trace.name;
-        if j.progress < j.total * (1.0 - 1e-9) {
-            return broken(format!(
-                "job {name} finished with {} of its {} done",
-                j.progress, j.total
-            ));
-        }
-        // It starts at a round no earlier than its submission, pays a restart penalty, then
-        // runs its work no faster than the best goodput it had in each epoch.
-        let submit = j.trace.submit_s;
-        let first_round = (submit / config.round_s).ceil() * config.round_s;
-        let least = first_round - submit + config.restart_penalty_s + j.least_work_s;
-        let jct = finish - submit;
-        if jct < least - 1e-6 * least.max(1.0) {
-            return broken(format!(
-                "job {name} finished in {jct} s, but its work takes at least {least} s"
-            ));
-        }
-    }
-    let held: f64 = report.jobs.iter().map(|j| j.gpu_seconds).sum();
-    let u = report.summary.gpu_utilisation;
-    if report.gpu_seconds_up > 0.0
-        && ((u * report.gpu_seconds_up - held).abs() > 1e-6 * held.max(1.0) || u > 1.0 + 1e-9)
-    {
+    let Some(finish) = j.finished else {
+        return Ok(());
+    };
+    let name = &j.trace.name;
+    if j.progress < j.total * (1.0 - 1e-9) {
         return broken(format!(
-            "utilisation {u} of {} GPU-seconds up, but the jobs held {held}",
-            report.gpu_seconds_up
+            "job {name} finished with {} of its {} done",
+            j.progress, j.total
+        ));
+    }
+    // It starts at a round no earlier than its submission, pays a restart penalty, then runs
+    // its work no faster than the best goodput it had in each epoch.
+    let submit = j.trace.submit_s;
+    let first_round = (submit / config.round_s).ceil() * config.round_s;
+    let least = first_round - submit + config.restart_penalty_s + j.least_work_s;
+    let jct = finish - submit;
+    if jct < least - 1e-6 * least.max(1.0) {
+        return broken(format!(
+            "job {name} finished in {jct} s, but its work takes at least {least} s"
         ));
     }
     Ok(())
@@ -850,6 +1069,55 @@ mod tests {
         assert_eq!(r.summary.unfinished.get(&Unfinished::Cut), Some(&1));
     }
 
+    #[test]
+    fn a_streamed_trace_out_of_order_or_failing_to_read_is_an_error() {
+        let cluster = ClusterSpec::uniform(1, 4, "t4");
+        let run = |jobs: Vec<Result<(usize, TraceJob), PolicyError>>| {
+            let mut sink = Collect {
+                jobs: vec![None; 3],
+                rounds: Vec::new(),
+            };
+            replay(
+                jobs,
+                &[],
+                &cluster,
+                &Fifo::default(),
+                &SimConfig::default(),
+                &mut (),
+                &mut sink,
+            )
+        };
+        let e = run(vec![
+            Ok((0, rigid("a", 100.0, 1, 10.0))),
+            Ok((1, rigid("b", 50.0, 1, 10.0))),
+        ])
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("job b: submitted at 50 s, before the job ahead")
+                && e.to_string().contains("in order of submission"),
+            "{e}"
+        );
+        // The reader's own error comes through as it is.
+        let e = run(vec![
+            Ok((0, rigid("a", 0.0, 1, 10.0))),
+            Err(PolicyError::InvalidConfig("line 3: unreadable".into())),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("line 3: unreadable"), "{e}");
+        // In order, ties too: fine.
+        let end = run(vec![
+            Ok((0, rigid("a", 0.0, 1, 10.0))),
+            Ok((1, rigid("b", 0.0, 1, 10.0))),
+            Ok((2, rigid("c", 70.0, 1, 10.0))),
+        ])
+        .unwrap();
+        // a and b run 0-40 (30 s penalty, 10 s); at 60 nothing is in the system, so the next
+        // round is c's, at 120, done at 160: 4 GPUs up in the rounds at 0 (60 s) and 120 (to
+        // 160, the last completion).
+        assert_eq!(end.gpu_seconds_up, 4.0 * 60.0 + 4.0 * 40.0);
+    }
+
     fn rigid(name: &str, submit_s: f64, replicas: u32, duration_s: f64) -> TraceJob {
         TraceJob {
             name: name.into(),
@@ -1029,6 +1297,62 @@ mod tests {
                 prop_assert!(r.summary.gpu_utilisation <= 1.0 + 1e-9, "{}: {:?}", s.name(), r.summary);
                 let again = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
                 prop_assert_eq!(&again, &r);
+            }
+        }
+
+        /// A streamed replay hands each job to its sink once: a finished job in the round it
+        /// finished (before that round's record), the others after the last round; and what
+        /// it hands over is what `simulate` collects, cut short or not.
+        #[test]
+        fn a_streamed_replay_hands_each_record_over_once_as_it_is_made(
+            trace in arb_trace(),
+            cut in prop::option::of(60.0f64..6000.0),
+        ) {
+            /// Each job with the rounds handed over before it.
+            #[derive(Default)]
+            struct Handed {
+                jobs: Vec<(usize, JobRecord, usize)>,
+                rounds: Vec<RoundRecord>,
+            }
+            impl ReplaySink for Handed {
+                type Error = PolicyError;
+                fn job(&mut self, id: usize, record: JobRecord) -> Result<(), PolicyError> {
+                    self.jobs.push((id, record, self.rounds.len()));
+                    Ok(())
+                }
+                fn round(&mut self, round: &RoundRecord) -> Result<(), PolicyError> {
+                    self.rounds.push(round.clone());
+                    Ok(())
+                }
+            }
+            let cluster = ClusterSpec::uniform(2, 4, "t4");
+            let config = SimConfig { max_time_s: cut, ..SimConfig::default() };
+            let mut order: Vec<usize> = (0..trace.len()).collect();
+            order.sort_by(|&a, &b| trace[a].submit_s.total_cmp(&trace[b].submit_s).then(a.cmp(&b)));
+            for s in all() {
+                let whole = simulate(&trace, &[toy_profile()], &cluster, &s, &config, &mut ()).unwrap();
+                let mut handed = Handed::default();
+                let end = replay(
+                    order.iter().map(|&i| Ok((i, trace[i].clone()))),
+                    &[toy_profile()], &cluster, &s, &config, &mut (), &mut handed,
+                ).unwrap();
+                prop_assert_eq!(end.gpu_seconds_up, whole.gpu_seconds_up);
+                prop_assert_eq!(&handed.rounds, &whole.rounds);
+                for (_, j, before) in &handed.jobs {
+                    match j.finish_s {
+                        // Handed over in the round it finished in, just before that round.
+                        Some(f) => {
+                            let r = &handed.rounds[*before];
+                            prop_assert!(r.time_s < f && f <= r.time_s + 60.0 + 1e-6, "{}: {j:?} at {r:?}", s.name());
+                        }
+                        None => prop_assert_eq!(*before, handed.rounds.len(), "{}: {:?}", s.name(), j),
+                    }
+                }
+                let mut by_id = handed.jobs.clone();
+                by_id.sort_by_key(|(id, _, _)| *id);
+                prop_assert_eq!(by_id.iter().map(|(id, _, _)| *id).collect::<Vec<_>>(), (0..trace.len()).collect::<Vec<_>>());
+                let records: Vec<JobRecord> = by_id.into_iter().map(|(_, j, _)| j).collect();
+                prop_assert_eq!(&records, &whole.jobs);
             }
         }
 

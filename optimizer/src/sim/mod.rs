@@ -5,10 +5,13 @@
 //!   which a job's progress per second follows for any placement and batch size.
 //! * [`engine`]: the event loop: arrivals, a scheduling round every `round_s`, a restart penalty
 //!   whenever a job's allocation changes, progress and completions between rounds, optional
-//!   node failures drawn from a seed.
+//!   node failures drawn from a seed. [`replay`] takes the jobs as they arrive and hands each
+//!   record to a [`ReplaySink`] as it is made, holding only the jobs in the system;
+//!   [`simulate`] runs it over a trace in memory and collects the whole [`Report`].
 //! * [`report`]: what a run produces: one record per job and per round, and the summary an
 //!   operator compares policies by (JCT mean, median and p99, makespan, GPU utilisation,
-//!   queueing delay, restarts).
+//!   queueing delay, restarts): exact from the records, or built job by job in bounded memory
+//!   ([`SummaryBuilder`], quantiles from a sketch).
 //!
 //! Nothing here reads a file or the clock: traces and profiles come in as values (the
 //! `datasets` crate parses them) and the same inputs and seed always give the same report.
@@ -21,8 +24,10 @@ mod world;
 use serde::{Deserialize, Serialize};
 
 pub use app::{App, AppLimits, AppProfile, CurveRow, StepRow};
-pub use engine::{SimConfig, simulate};
-pub use report::{JobRecord, Report, RoundRecord, Summary, Unfinished};
+pub use engine::{ReplayEnd, ReplaySink, SimConfig, replay, simulate};
+pub use report::{
+    JobRecord, Report, RoundRecord, SKETCH_ACCURACY, Summary, SummaryBuilder, Unfinished,
+};
 
 /// One job of a trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -9,8 +9,10 @@ use crate::schedule::{JobView, Slots};
 use crate::units::JobId;
 
 #[derive(Clone)]
-pub(super) struct JobState<'a> {
-    pub(super) trace: &'a TraceJob,
+pub(super) struct JobState {
+    /// Its position in the trace: its id for the scheduler.
+    pub(super) id: usize,
+    pub(super) trace: TraceJob,
     /// The application a training job trains; `None` for a rigid job.
     pub(super) app: Option<usize>,
     /// Progress at which the job is done: the application's total, or a rigid job's seconds.
@@ -42,6 +44,13 @@ pub(super) struct JobState<'a> {
     pub(super) least_work_s: f64,
     /// ...and that best goodput in the current epoch.
     pub(super) epoch_best: f64,
+    /// Seconds it would take alone at its request, from its submission (its finish-time
+    /// fairness' yardstick); `None` if no type can run it.
+    pub(super) alone_s: Option<f64>,
+    /// Rounds recorded before it arrived, and the jobs in the system summed over them: with
+    /// the same at its finish, its mean contention.
+    pub(super) arrived_round: usize,
+    pub(super) arrived_contention: f64,
 }
 
 /// GPUs per node when `r` are packed on nodes of `per_node`.
