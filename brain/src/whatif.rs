@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use datasets::export::{Values, write_table};
+use datasets::export::{Cell, CsvRowWriter, Values, columns, write_table};
 use datasets::limits::TraceLimits;
 use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
@@ -12,7 +12,8 @@ use optimizer::live::{LiveConfig, LiveRound};
 use optimizer::schedule::{Assignment, Scheduler, SchedulerKind, Snapshot};
 use optimizer::sim::engine::{NodeFailures, SimHooks};
 use optimizer::sim::{
-    AppProfile, ClusterSpec, Report, SimConfig, Summary, TraceJob, Work, simulate,
+    AppProfile, ClusterSpec, JobRecord, ReplaySink, Report, RoundRecord, SimConfig, Summary,
+    SummaryBuilder, TraceJob, Work, replay, simulate,
 };
 
 use crate::BrainError;
@@ -121,8 +122,8 @@ pub fn applications(traces: &[NamedTrace]) -> Vec<&str> {
     out
 }
 
-/// Reads traces; a directory stands for the `*.csv` files in it, in name order.
-pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTrace>, BrainError> {
+/// The trace files `paths` name: a directory stands for the `*.csv` files in it, in name order.
+pub fn trace_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, BrainError> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
@@ -146,16 +147,25 @@ pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTr
             files.push(p.clone());
         }
     }
-    files
+    Ok(files)
+}
+
+/// A trace's name: its file's stem.
+fn stem(path: &Path) -> String {
+    path.file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string()
+}
+
+/// Reads traces; a directory stands for the `*.csv` files in it, in name order.
+pub fn load_traces(paths: &[PathBuf], format: TraceFormat) -> Result<Vec<NamedTrace>, BrainError> {
+    trace_files(paths)?
         .iter()
         .map(|f| {
             let format = format.of(f)?;
             Ok(NamedTrace {
-                name: f
-                    .file_stem()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .to_string(),
+                name: stem(f),
                 jobs: match format {
                     TraceFormat::Philly => datasets::philly::read_jobs(f)?,
                     TraceFormat::Workload | TraceFormat::Auto => {
@@ -298,63 +308,33 @@ pub fn run(
     options: &Options,
     on_jobs_done: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<PolicyResult>, BrainError> {
-    let tasks: Vec<(usize, usize)> = (0..policies.len())
-        .flat_map(|p| (0..traces.len()).map(move |t| (p, t)))
-        .collect();
-    let next = Mutex::new(0usize);
-    let results: Mutex<Vec<Option<Result<Report, BrainError>>>> =
-        Mutex::new((0..tasks.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..options.parallel.max(1).min(tasks.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let k = {
-                        let mut n = next.lock().expect("no panics while held");
-                        let k = *n;
-                        *n += 1;
-                        k
-                    };
-                    let Some(&(p, t)) = tasks.get(k) else { break };
-                    let mut hooks = Timed {
-                        on_jobs_done,
-                        done: 0,
-                    };
-                    let policy = &policies[p];
-                    let live = policy
-                        .live_round
-                        .clone()
-                        .map(|c| LiveRound::new(policy.scheduler.scheduler(), c));
-                    let scheduler: &dyn Scheduler = match &live {
-                        Some(l) => l,
-                        None => &policy.scheduler,
-                    };
-                    let report = simulate(
-                        &traces[t].jobs,
-                        profiles,
-                        &options.cluster,
-                        scheduler,
-                        &options.sim,
-                        &mut hooks,
-                    )
-                    .map_err(|source| BrainError::Simulation {
-                        trace: traces[t].name.clone(),
-                        policy: policies[p].label.clone(),
-                        source,
-                    });
-                    results.lock().expect("no panics while held")[k] = Some(report);
-                }
-            });
-        }
+    let results = each_replay(policies.len(), traces.len(), options.parallel, |p, t| {
+        let mut hooks = Timed {
+            on_jobs_done,
+            done: 0,
+        };
+        with_scheduler(&policies[p], |scheduler| {
+            simulate(
+                &traces[t].jobs,
+                profiles,
+                &options.cluster,
+                scheduler,
+                &options.sim,
+                &mut hooks,
+            )
+        })
+        .map_err(|source| BrainError::Simulation {
+            trace: traces[t].name.clone(),
+            policy: policies[p].label.clone(),
+            source,
+        })
     });
-    let mut results = results
-        .into_inner()
-        .expect("no panics while held")
-        .into_iter();
+    let mut results = results.into_iter();
     let mut out = Vec::new();
     for policy in policies {
         let mut runs = Vec::new();
         for trace in traces {
-            let report = results.next().flatten().expect("every task ran")?;
+            let report = results.next().expect("every task ran")?;
             runs.push((trace.name.clone(), report));
         }
         let jobs: Vec<_> = runs
@@ -373,6 +353,290 @@ pub fn run(
             .flat_map(|(_, r)| r.rounds.iter().map(|x| x.decide_us))
             .max()
             .unwrap_or(0);
+        out.push(PolicyResult {
+            label: policy.label.clone(),
+            runs,
+            summary,
+            max_decide_us,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `replay(policy, trace)` for every policy and trace, `parallel` at once; the results by
+/// policy, then trace.
+fn each_replay<T: Send>(
+    policies: usize,
+    traces: usize,
+    parallel: usize,
+    replay: impl Fn(usize, usize) -> T + Sync,
+) -> Vec<T> {
+    let tasks: Vec<(usize, usize)> = (0..policies)
+        .flat_map(|p| (0..traces).map(move |t| (p, t)))
+        .collect();
+    let next = Mutex::new(0usize);
+    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..tasks.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.max(1).min(tasks.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let k = {
+                        let mut n = next.lock().expect("no panics while held");
+                        let k = *n;
+                        *n += 1;
+                        k
+                    };
+                    let Some(&(p, t)) = tasks.get(k) else { break };
+                    let result = replay(p, t);
+                    results.lock().expect("no panics while held")[k] = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("no panics while held")
+        .into_iter()
+        .map(|r| r.expect("every task ran"))
+        .collect()
+}
+
+/// Calls `f` with the policy's scheduler, inside the live brain's round with `--live-round`.
+fn with_scheduler<T>(policy: &NamedPolicy, f: impl FnOnce(&dyn Scheduler) -> T) -> T {
+    match policy.live_round.clone() {
+        Some(c) => f(&LiveRound::new(policy.scheduler.scheduler(), c)),
+        None => f(&policy.scheduler),
+    }
+}
+
+/// A Philly job list to replay row by row (`--stream`).
+#[derive(Clone, Debug)]
+pub struct StreamedTrace {
+    pub name: String,
+    pub path: PathBuf,
+    /// Its jobs, as [`check_streamed`] counted them.
+    pub jobs: u64,
+}
+
+/// Checks job lists for a replay row by row, reading each once in bounded memory: each must be
+/// a Philly job list, in order of submission, within `limits` (see [`datasets::philly::JobStream`]).
+/// Returns them with their jobs counted.
+pub fn check_streamed(
+    paths: &[PathBuf],
+    format: TraceFormat,
+    limits: &TraceLimits,
+    on_rows: &dyn Fn(u64),
+) -> Result<Vec<StreamedTrace>, BrainError> {
+    trace_files(paths)?
+        .into_iter()
+        .map(|path| {
+            if format.of(&path)? != TraceFormat::Philly {
+                return Err(BrainError::Config(format!(
+                    "{}: --stream replays Philly job lists \
+                     (timestamp,duration,num_gpus,gpu_time,cluster) row by row; this is a \
+                     workload CSV: replay it without --stream",
+                    path.display()
+                )));
+            }
+            let mut jobs = 0u64;
+            for job in datasets::philly::JobStream::open(&path, limits.clone())? {
+                job?;
+                jobs += 1;
+                if jobs.is_multiple_of(65_536) {
+                    on_rows(65_536);
+                }
+            }
+            on_rows(jobs % 65_536);
+            Ok(StreamedTrace {
+                name: stem(&path),
+                path,
+                jobs,
+            })
+        })
+        .collect()
+}
+
+/// Where a streamed replay writes its records as they are made: `jobs.csv` and `rounds.csv`
+/// in a directory, shared by the replays running at once (rows of several replays interleave,
+/// each row names its policy and trace; a replay's jobs come in the order they finished).
+pub struct StreamOutputs {
+    jobs: Mutex<CsvRowWriter>,
+    rounds: Mutex<CsvRowWriter>,
+}
+
+impl StreamOutputs {
+    pub fn create(dir: &Path) -> Result<StreamOutputs, BrainError> {
+        create_dir(dir)?;
+        Ok(StreamOutputs {
+            jobs: Mutex::new(CsvRowWriter::create(&dir.join("jobs.csv"), &JOB_COLUMNS)?),
+            rounds: Mutex::new(CsvRowWriter::create(
+                &dir.join("rounds.csv"),
+                &ROUND_COLUMNS,
+            )?),
+        })
+    }
+
+    /// Writes out what is buffered; returns the files' paths.
+    pub fn finish(self) -> Result<Vec<PathBuf>, BrainError> {
+        let mut paths = Vec::new();
+        for w in [self.jobs, self.rounds] {
+            let mut w = w.into_inner().expect("no panics while held");
+            w.flush()?;
+            paths.push(w.path().to_path_buf());
+        }
+        Ok(paths)
+    }
+}
+
+/// Rows a replay gathers before it takes the shared writer.
+const STREAM_BATCH: usize = 4096;
+
+/// A streamed replay's sink: its summary built job by job, its rows out in batches.
+struct StreamSink<'a> {
+    policy: &'a str,
+    trace: &'a str,
+    summary: SummaryBuilder,
+    max_decide_us: u64,
+    out: Option<&'a StreamOutputs>,
+    jobs: Vec<Vec<Cell>>,
+    rounds: Vec<Vec<Cell>>,
+}
+
+/// What stops a streamed replay: the replay's own error, or the trace's reader or the writers.
+enum StreamError {
+    Replay(optimizer::PolicyError),
+    Other(BrainError),
+}
+
+impl From<optimizer::PolicyError> for StreamError {
+    fn from(e: optimizer::PolicyError) -> Self {
+        StreamError::Replay(e)
+    }
+}
+
+impl StreamSink<'_> {
+    /// Writes the rows gathered (all of them with `all`, else once a batch is full).
+    fn write(&mut self, all: bool) -> Result<(), StreamError> {
+        let Some(out) = self.out else {
+            return Ok(());
+        };
+        for (rows, writer) in [(&mut self.jobs, &out.jobs), (&mut self.rounds, &out.rounds)] {
+            if rows.is_empty() || (!all && rows.len() < STREAM_BATCH) {
+                continue;
+            }
+            let mut w = writer.lock().expect("no panics while held");
+            for row in rows.drain(..) {
+                w.write(&row)
+                    .map_err(|e| StreamError::Other(BrainError::Data(e)))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ReplaySink for StreamSink<'_> {
+    type Error = StreamError;
+
+    fn job(&mut self, _id: usize, record: JobRecord) -> Result<(), StreamError> {
+        self.summary.add(&record);
+        if self.out.is_some() {
+            self.jobs.push(job_row(self.policy, self.trace, &record));
+        }
+        self.write(false)
+    }
+
+    fn round(&mut self, round: &RoundRecord) -> Result<(), StreamError> {
+        self.max_decide_us = self.max_decide_us.max(round.decide_us);
+        if self.out.is_some() {
+            self.rounds.push(round_row(self.policy, self.trace, round));
+        }
+        self.write(false)
+    }
+}
+
+/// Replays Philly job lists row by row under every policy, in memory that follows the jobs in
+/// the system and not the lists' length: each job's and round's record goes to `out` as it is
+/// made, and the summaries are built job by job, their median and p99 JCT from a quantile
+/// sketch within [`optimizer::sim::SKETCH_ACCURACY`]. The reports hold no jobs or rounds.
+pub fn run_streamed(
+    traces: &[StreamedTrace],
+    limits: &TraceLimits,
+    policies: &[NamedPolicy],
+    options: &Options,
+    out: Option<&StreamOutputs>,
+    on_jobs_done: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<PolicyResult>, BrainError> {
+    let results = each_replay(policies.len(), traces.len(), options.parallel, |p, t| {
+        let (policy, trace) = (&policies[p], &traces[t]);
+        let mut sink = StreamSink {
+            policy: &policy.label,
+            trace: &trace.name,
+            summary: SummaryBuilder::default(),
+            max_decide_us: 0,
+            out,
+            jobs: Vec::new(),
+            rounds: Vec::new(),
+        };
+        let mut hooks = Timed {
+            on_jobs_done,
+            done: 0,
+        };
+        let jobs = datasets::philly::JobStream::open(&trace.path, limits.clone())?
+            .enumerate()
+            .map(|(i, job)| {
+                job.map(|j| (i, j))
+                    .map_err(|e| StreamError::Other(e.into()))
+            });
+        let end = with_scheduler(policy, |scheduler| {
+            replay(
+                jobs,
+                &[],
+                &options.cluster,
+                scheduler,
+                &options.sim,
+                &mut hooks,
+                &mut sink,
+            )
+        })
+        .and_then(|end| sink.write(true).map(|()| end))
+        .map_err(|e| match e {
+            StreamError::Replay(source) => BrainError::Simulation {
+                trace: trace.name.clone(),
+                policy: policy.label.clone(),
+                source,
+            },
+            StreamError::Other(e) => e,
+        })?;
+        Ok::<_, BrainError>((sink.summary, end.gpu_seconds_up, sink.max_decide_us))
+    });
+    let mut results = results.into_iter();
+    let mut out = Vec::new();
+    for policy in policies {
+        let mut runs = Vec::new();
+        let mut pooled = SummaryBuilder::default();
+        let (mut up, mut max_decide_us) = (0.0, 0);
+        for trace in traces {
+            let (summary, trace_up, decide_us) = results.next().expect("every task ran")?;
+            pooled.merge(&summary);
+            up += trace_up;
+            max_decide_us = max_decide_us.max(decide_us);
+            runs.push((
+                trace.name.clone(),
+                Report {
+                    policy: policy.label.clone(),
+                    jobs: Vec::new(),
+                    rounds: Vec::new(),
+                    summary: summary.summary(trace_up),
+                    gpu_seconds_up: trace_up,
+                },
+            ));
+        }
+        let mut summary = pooled.summary(up);
+        // Traces are separate replays: the makespan is the longest, not the pooled span.
+        summary.makespan_s = runs
+            .iter()
+            .map(|(_, r)| r.summary.makespan_s)
+            .fold(0.0, f64::max);
         out.push(PolicyResult {
             label: policy.label.clone(),
             runs,
@@ -471,98 +735,110 @@ pub fn render_table(results: &[PolicyResult]) -> String {
     out
 }
 
+/// The columns of the jobs table, one row per job of each (policy, trace) replay.
+pub const JOB_COLUMNS: [&str; 16] = [
+    "policy",
+    "trace",
+    "job",
+    "application",
+    "submit_s",
+    "start_s",
+    "finish_s",
+    "jct_s",
+    "queueing_s",
+    "gpu_seconds",
+    "restart_gpu_seconds",
+    "rho",
+    "unfinished",
+    "restarts",
+    "requested_gpus",
+    "peak_gpus",
+];
+
+/// A job's row of the jobs table.
+fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
+    let text = |s: &str| Cell::Text(s.to_string());
+    vec![
+        text(policy),
+        text(trace),
+        text(&j.name),
+        text(&j.application),
+        Cell::F64(Some(j.submit_s)),
+        Cell::F64(j.start_s),
+        Cell::F64(j.finish_s),
+        Cell::F64(j.jct_s()),
+        Cell::F64(j.queueing_s()),
+        Cell::F64(Some(j.gpu_seconds)),
+        Cell::F64(Some(j.restart_gpu_seconds)),
+        Cell::F64(j.rho),
+        text(j.unfinished.map_or("", |w| w.as_str())),
+        Cell::U64(j.restarts as u64),
+        Cell::U64(j.requested_replicas as u64),
+        Cell::U64(j.peak_replicas as u64),
+    ]
+}
+
+/// The columns of the rounds table.
+pub const ROUND_COLUMNS: [&str; 9] = [
+    "policy",
+    "trace",
+    "time_s",
+    "active_jobs",
+    "queued_jobs",
+    "gpus_used",
+    "gpus_up",
+    "changed_jobs",
+    "decide_us",
+];
+
+/// A round's row of the rounds table.
+fn round_row(policy: &str, trace: &str, r: &RoundRecord) -> Vec<Cell> {
+    vec![
+        Cell::Text(policy.to_string()),
+        Cell::Text(trace.to_string()),
+        Cell::F64(Some(r.time_s)),
+        Cell::U64(r.active_jobs as u64),
+        Cell::U64(r.queued_jobs as u64),
+        Cell::U64(r.gpus_used as u64),
+        Cell::U64(r.gpus_up as u64),
+        Cell::U64(r.changed_jobs as u64),
+        Cell::U64(r.decide_us),
+    ]
+}
+
 /// Writes `jobs.{parquet,csv}`, `rounds.{parquet,csv}` and `summary.{parquet,csv}` into `dir`.
 pub fn write_outputs(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf>, BrainError> {
+    create_dir(dir)?;
+    let mut written = Vec::new();
+    let runs = || {
+        results.iter().flat_map(|r| {
+            r.runs
+                .iter()
+                .map(move |(t, rep)| (r.label.as_str(), t, rep))
+        })
+    };
+    let jobs = runs().flat_map(|(p, t, rep)| rep.jobs.iter().map(move |j| job_row(p, t, j)));
+    written.extend(write_table(&dir.join("jobs"), columns(&JOB_COLUMNS, jobs))?);
+    let rounds = runs().flat_map(|(p, t, rep)| rep.rounds.iter().map(move |r| round_row(p, t, r)));
+    written.extend(write_table(
+        &dir.join("rounds"),
+        columns(&ROUND_COLUMNS, rounds),
+    )?);
+    written.extend(write_summary(dir, results)?);
+    Ok(written)
+}
+
+fn create_dir(dir: &Path) -> Result<(), BrainError> {
     std::fs::create_dir_all(dir).map_err(|source| datasets::DatasetError::Io {
         path: dir.to_path_buf(),
         source,
     })?;
+    Ok(())
+}
+
+/// Writes `summary.{parquet,csv}` into `dir`: one row per policy.
+pub fn write_summary(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf>, BrainError> {
     let mut written = Vec::new();
-    let jobs: Vec<(&str, &str, &optimizer::sim::JobRecord)> = results
-        .iter()
-        .flat_map(|r| {
-            r.runs.iter().flat_map(move |(t, rep)| {
-                rep.jobs
-                    .iter()
-                    .map(move |j| (r.label.as_str(), t.as_str(), j))
-            })
-        })
-        .collect();
-    let text = |f: &dyn Fn(&(&str, &str, &optimizer::sim::JobRecord)) -> String| {
-        Values::Text(jobs.iter().map(f).collect())
-    };
-    let num = |f: &dyn Fn(&optimizer::sim::JobRecord) -> Option<f64>| {
-        Values::F64(jobs.iter().map(|j| f(j.2)).collect())
-    };
-    written.extend(write_table(
-        &dir.join("jobs"),
-        vec![
-            ("policy", text(&|j| j.0.to_string())),
-            ("trace", text(&|j| j.1.to_string())),
-            ("job", text(&|j| j.2.name.clone())),
-            ("application", text(&|j| j.2.application.clone())),
-            ("submit_s", num(&|j| Some(j.submit_s))),
-            ("start_s", num(&|j| j.start_s)),
-            ("finish_s", num(&|j| j.finish_s)),
-            ("jct_s", num(&|j| j.jct_s())),
-            ("queueing_s", num(&|j| j.queueing_s())),
-            ("gpu_seconds", num(&|j| Some(j.gpu_seconds))),
-            ("restart_gpu_seconds", num(&|j| Some(j.restart_gpu_seconds))),
-            ("rho", num(&|j| j.rho)),
-            (
-                "unfinished",
-                text(&|j| j.2.unfinished.map_or("", |w| w.as_str()).to_string()),
-            ),
-            (
-                "restarts",
-                Values::U64(jobs.iter().map(|j| j.2.restarts as u64).collect()),
-            ),
-            (
-                "requested_gpus",
-                Values::U64(jobs.iter().map(|j| j.2.requested_replicas as u64).collect()),
-            ),
-            (
-                "peak_gpus",
-                Values::U64(jobs.iter().map(|j| j.2.peak_replicas as u64).collect()),
-            ),
-        ],
-    )?);
-    let rounds: Vec<(&str, &str, &optimizer::sim::RoundRecord)> = results
-        .iter()
-        .flat_map(|r| {
-            r.runs.iter().flat_map(move |(t, rep)| {
-                rep.rounds
-                    .iter()
-                    .map(move |x| (r.label.as_str(), t.as_str(), x))
-            })
-        })
-        .collect();
-    let count = |f: &dyn Fn(&optimizer::sim::RoundRecord) -> u64| {
-        Values::U64(rounds.iter().map(|r| f(r.2)).collect())
-    };
-    written.extend(write_table(
-        &dir.join("rounds"),
-        vec![
-            (
-                "policy",
-                Values::Text(rounds.iter().map(|r| r.0.to_string()).collect()),
-            ),
-            (
-                "trace",
-                Values::Text(rounds.iter().map(|r| r.1.to_string()).collect()),
-            ),
-            (
-                "time_s",
-                Values::F64(rounds.iter().map(|r| Some(r.2.time_s)).collect()),
-            ),
-            ("active_jobs", count(&|r| r.active_jobs as u64)),
-            ("queued_jobs", count(&|r| r.queued_jobs as u64)),
-            ("gpus_used", count(&|r| r.gpus_used as u64)),
-            ("gpus_up", count(&|r| r.gpus_up as u64)),
-            ("changed_jobs", count(&|r| r.changed_jobs as u64)),
-            ("decide_us", count(&|r| r.decide_us)),
-        ],
-    )?);
     let f = |g: &dyn Fn(&PolicyResult) -> f64| {
         Values::F64(results.iter().map(|r| Some(g(r))).collect())
     };
