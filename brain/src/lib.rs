@@ -3,7 +3,9 @@
 //! * [`whatif`]: the what-if simulator front end: loads traces, application profiles and
 //!   operators' policy files, replays every trace under every policy with
 //!   [`optimizer::sim::simulate`] (in parallel, one simulation per core), prints the side-by-side
-//!   table and writes per-job and per-round results as Parquet and CSV.
+//!   table and writes per-job and per-round results as Parquet and CSV; or, for job lists too
+//!   large to hold, replays them row by row with [`optimizer::sim::replay`] and writes the
+//!   records as they are made.
 //! * [`plots`]: the comparison as SVG charts (JCT CDF, GPU utilisation over time).
 //! * [`store`]: the durable state (SQLite, WAL): jobs, metric summaries, plans and their
 //!   acknowledgements.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use datasets::export::{Cell, CsvRowWriter, Values, columns, write_table};
+use datasets::export::{Cell, TableWriter, Values, columns, write_table};
 use datasets::limits::TraceLimits;
 use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
@@ -456,23 +456,21 @@ pub fn check_streamed(
         .collect()
 }
 
-/// Where a streamed replay writes its records as they are made: `jobs.csv` and `rounds.csv`
-/// in a directory, shared by the replays running at once (rows of several replays interleave,
-/// each row names its policy and trace; a replay's jobs come in the order they finished).
+/// Where a streamed replay writes its records as they are made: the `jobs` and `rounds` tables
+/// (CSV and Parquet) in a directory, shared by the replays running at once (batches of several
+/// replays interleave, each row names its policy and trace; a replay's jobs come in the order
+/// they finished).
 pub struct StreamOutputs {
-    jobs: Mutex<CsvRowWriter>,
-    rounds: Mutex<CsvRowWriter>,
+    jobs: Mutex<TableWriter>,
+    rounds: Mutex<TableWriter>,
 }
 
 impl StreamOutputs {
     pub fn create(dir: &Path) -> Result<StreamOutputs, BrainError> {
         create_dir(dir)?;
         Ok(StreamOutputs {
-            jobs: Mutex::new(CsvRowWriter::create(&dir.join("jobs.csv"), &JOB_COLUMNS)?),
-            rounds: Mutex::new(CsvRowWriter::create(
-                &dir.join("rounds.csv"),
-                &ROUND_COLUMNS,
-            )?),
+            jobs: Mutex::new(TableWriter::create(&dir.join("jobs"), &JOB_COLUMNS)?),
+            rounds: Mutex::new(TableWriter::create(&dir.join("rounds"), &ROUND_COLUMNS)?),
         })
     }
 
@@ -480,9 +478,7 @@ impl StreamOutputs {
     pub fn finish(self) -> Result<Vec<PathBuf>, BrainError> {
         let mut paths = Vec::new();
         for w in [self.jobs, self.rounds] {
-            let mut w = w.into_inner().expect("no panics while held");
-            w.flush()?;
-            paths.push(w.path().to_path_buf());
+            paths.extend(w.into_inner().expect("no panics while held").finish()?);
         }
         Ok(paths)
     }
@@ -524,11 +520,11 @@ impl StreamSink<'_> {
             if rows.is_empty() || (!all && rows.len() < STREAM_BATCH) {
                 continue;
             }
-            let mut w = writer.lock().expect("no panics while held");
-            for row in rows.drain(..) {
-                w.write(&row)
-                    .map_err(|e| StreamError::Other(BrainError::Data(e)))?;
-            }
+            writer
+                .lock()
+                .expect("no panics while held")
+                .write_batch(std::mem::take(rows))
+                .map_err(|e| StreamError::Other(BrainError::Data(e)))?;
         }
         Ok(())
     }

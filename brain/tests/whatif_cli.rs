@@ -622,7 +622,7 @@ fn jobs_a_cut_replay_did_not_finish_are_unfinished_with_the_reason() {
 
 /// `--stream` replays a job list row by row: the same table as the replay in memory (its
 /// median and p99 JCT within the sketch's 0.1 %), the same jobs and rounds in jobs.csv and
-/// rounds.csv (in the order they were made), a cut replay's unfinished jobs too; a list out of
+/// rounds.csv (in the order they were made; Parquet copies beside them), a cut replay's unfinished jobs too; a list out of
 /// order, or a workload CSV, is refused before anything runs.
 #[test]
 fn a_streamed_replay_reports_what_the_replay_in_memory_does() {
@@ -716,7 +716,12 @@ fn a_streamed_replay_reports_what_the_replay_in_memory_does() {
         assert!(a.1 == b.1, "{table} differs");
     }
     assert!(streamed_dir.join("summary.csv").exists());
-    assert!(!streamed_dir.join("jobs.parquet").exists());
+    for t in ["jobs.parquet", "rounds.parquet", "summary.parquet"] {
+        assert!(
+            std::fs::metadata(streamed_dir.join(t)).unwrap().len() > 0,
+            "{t}"
+        );
+    }
 
     // Out of order: refused at its line, before anything runs.
     let text = std::fs::read_to_string(&list).unwrap();

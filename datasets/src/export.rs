@@ -1,6 +1,7 @@
 //! Writing result tables (the simulator's per-job and per-round records) as Parquet and CSV
-//! with polars, for notebooks and spreadsheets; or, for tables too large to hold, as CSV one row
-//! at a time ([`CsvRowWriter`]).
+//! with polars, for notebooks and spreadsheets; whole ([`write_table`]), or batch by batch for
+//! tables too large to hold ([`TableWriter`]: CSV rows appended, Parquet row groups of
+//! [`ROW_GROUP_ROWS`]).
 
 use std::path::{Path, PathBuf};
 
@@ -70,7 +71,7 @@ pub fn columns<'n>(
 
 /// A CSV table written one row at a time, in memory that does not grow with it.
 #[derive(Debug)]
-pub struct CsvRowWriter {
+pub(crate) struct CsvRowWriter {
     path: PathBuf,
     writer: csv::Writer<std::io::BufWriter<std::fs::File>>,
     columns: usize,
@@ -129,6 +130,132 @@ impl CsvRowWriter {
     }
 }
 
+/// Rows of a Parquet row group [`TableWriter`] writes: few enough to hold (a few MB of
+/// columns), enough that the file's footer, which lists every row group and stays in memory
+/// until the end, grows by little (16 row groups a million rows).
+pub const ROW_GROUP_ROWS: usize = 65_536;
+
+/// A table written batch by batch to `<stem>.csv` and `<stem>.parquet`, in memory that
+/// follows a row group and not the table (but for the Parquet footer, a few KB a row group):
+/// the same files [`write_table`] writes for the same rows.
+pub struct TableWriter {
+    names: Vec<String>,
+    csv: CsvRowWriter,
+    parquet_path: PathBuf,
+    /// Made with the first batch's schema.
+    parquet: Option<polars::io::parquet::write::BatchedWriter<std::fs::File>>,
+    /// Rows not yet in a row group.
+    pending: Option<DataFrame>,
+}
+
+impl TableWriter {
+    /// Creates `<stem>.csv` (with its header) and, at the first batch, `<stem>.parquet`.
+    pub fn create(stem: &Path, names: &[&str]) -> Result<TableWriter, DatasetError> {
+        Ok(TableWriter {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            csv: CsvRowWriter::create(&stem.with_extension("csv"), names)?,
+            parquet_path: stem.with_extension("parquet"),
+            parquet: None,
+            pending: None,
+        })
+    }
+
+    fn fail(&self, e: impl std::fmt::Display) -> DatasetError {
+        DatasetError::Write {
+            path: self.parquet_path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Appends `rows`: CSV lines, and one Parquet row group.
+    pub fn write_batch(&mut self, rows: Vec<Vec<Cell>>) -> Result<(), DatasetError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for r in &rows {
+            self.csv.write(r)?;
+        }
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let df = frame(columns(&names, rows)).map_err(|e| self.fail(e))?;
+        let pending = match self.pending.take() {
+            Some(mut p) => {
+                p.vstack_mut(&df).map_err(|e| self.fail(e))?;
+                p
+            }
+            None => df,
+        };
+        if pending.height() < ROW_GROUP_ROWS {
+            self.pending = Some(pending);
+            return Ok(());
+        }
+        self.write_row_group(pending)
+    }
+
+    /// Writes `df` as one row group.
+    fn write_row_group(&mut self, mut df: DataFrame) -> Result<(), DatasetError> {
+        // A row group per chunk: one chunk.
+        df.rechunk_mut();
+        if self.parquet.is_none() {
+            let file =
+                std::fs::File::create(&self.parquet_path).map_err(|source| DatasetError::Io {
+                    path: self.parquet_path.clone(),
+                    source,
+                })?;
+            let w = ParquetWriter::new(file)
+                .batched(df.schema())
+                .map_err(|e| self.fail(e))?;
+            self.parquet = Some(w);
+        }
+        let w = self.parquet.as_mut().expect("made above");
+        w.write_batch(&df).map_err(|e| DatasetError::Write {
+            path: self.parquet_path.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Writes out the rest; returns the Parquet and CSV paths. A table that got no rows is
+    /// written whole, its columns as text.
+    pub fn finish(mut self) -> Result<[PathBuf; 2], DatasetError> {
+        self.csv.flush()?;
+        if let Some(df) = self.pending.take() {
+            self.write_row_group(df)?;
+        }
+        let csv = self.csv.path().to_path_buf();
+        match &self.parquet {
+            Some(w) => {
+                w.finish().map_err(|e| self.fail(e))?;
+            }
+            None => {
+                let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+                let mut df = frame(columns(&names, [])).map_err(|e| self.fail(e))?;
+                let file = std::fs::File::create(&self.parquet_path).map_err(|source| {
+                    DatasetError::Io {
+                        path: self.parquet_path.clone(),
+                        source,
+                    }
+                })?;
+                ParquetWriter::new(file)
+                    .finish(&mut df)
+                    .map_err(|e| self.fail(e))?;
+            }
+        }
+        Ok([self.parquet_path.clone(), csv])
+    }
+}
+
+/// The columns as a polars frame.
+fn frame(columns: Vec<(&str, Values)>) -> PolarsResult<DataFrame> {
+    let cols: Vec<Column> = columns
+        .into_iter()
+        .map(|(name, v)| match v {
+            Values::F64(x) => Column::new(name.into(), x),
+            Values::U64(x) => Column::new(name.into(), x),
+            Values::Text(x) => Column::new(name.into(), x),
+        })
+        .collect();
+    DataFrame::new_infer_height(cols)
+}
+
 /// Writes `columns` to `<stem>.parquet` and `<stem>.csv`; returns both paths.
 pub fn write_table(
     stem: &Path,
@@ -140,15 +267,7 @@ pub fn write_table(
         path: path.to_path_buf(),
         message: e.to_string(),
     };
-    let cols: Vec<Column> = columns
-        .into_iter()
-        .map(|(name, v)| match v {
-            Values::F64(x) => Column::new(name.into(), x),
-            Values::U64(x) => Column::new(name.into(), x),
-            Values::Text(x) => Column::new(name.into(), x),
-        })
-        .collect();
-    let mut df = DataFrame::new_infer_height(cols).map_err(|e| fail(&parquet, &e))?;
+    let mut df = frame(columns).map_err(|e| fail(&parquet, &e))?;
     let create = |path: &Path| {
         std::fs::File::create(path).map_err(|source| DatasetError::Io {
             path: path.to_path_buf(),
@@ -199,6 +318,32 @@ mod tests {
             std::fs::read_to_string(whole).unwrap(),
             std::fs::read_to_string(&path).unwrap()
         );
+        // Batch by batch, both files: the CSV as written whole, the Parquet the same frame.
+        let mut t = TableWriter::create(&dir.path().join("batched"), &names).unwrap();
+        t.write_batch(rows[..2].to_vec()).unwrap();
+        t.write_batch(Vec::new()).unwrap();
+        t.write_batch(rows[2..].to_vec()).unwrap();
+        let [parquet, csv] = t.finish().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(csv).unwrap(),
+            std::fs::read_to_string(&path).unwrap()
+        );
+        let read = |p: &Path| {
+            ParquetReader::new(std::fs::File::open(p).unwrap())
+                .finish()
+                .unwrap()
+        };
+        let batched = read(&parquet);
+        assert_eq!(batched.shape(), (rows.len(), 3));
+        assert!(batched.equals_missing(&read(&dir.path().join("whole.parquet"))));
+        // No rows: still both files, with the header.
+        let t = TableWriter::create(&dir.path().join("empty"), &names).unwrap();
+        let [parquet, csv] = t.finish().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(csv).unwrap(),
+            "name,jct_s,restarts\n"
+        );
+        assert_eq!(read(&parquet).shape(), (0, 3));
         // A place it cannot write: an error with the path.
         let e = CsvRowWriter::create(&dir.path().join("no/such/dir.csv"), &names).unwrap_err();
         assert!(e.to_string().contains("no/such/dir.csv"), "{e}");
@@ -227,6 +372,38 @@ mod tests {
         assert_eq!(
             df.column("restarts").unwrap().u64().unwrap().get(1),
             Some(3)
+        );
+    }
+
+    #[test]
+    fn a_table_of_several_row_groups_reads_back_as_written_whole() {
+        let names = ["job", "finish_s", "restarts"];
+        let rows: Vec<Vec<Cell>> = (0..2 * ROW_GROUP_ROWS + 10)
+            .map(|i| {
+                vec![
+                    Cell::Text(format!("j{i}")),
+                    Cell::F64((i % 3 != 0).then_some(i as f64 / 4.0)),
+                    Cell::U64(i as u64 % 7),
+                ]
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let [whole, whole_csv] =
+            write_table(&dir.path().join("whole"), columns(&names, rows.clone())).unwrap();
+        let mut t = TableWriter::create(&dir.path().join("batched"), &names).unwrap();
+        for batch in rows.chunks(4096) {
+            t.write_batch(batch.to_vec()).unwrap();
+        }
+        let [parquet, csv] = t.finish().unwrap();
+        let read = |p: &Path| {
+            ParquetReader::new(std::fs::File::open(p).unwrap())
+                .finish()
+                .unwrap()
+        };
+        assert!(read(&parquet).equals_missing(&read(&whole)));
+        assert_eq!(
+            std::fs::read_to_string(csv).unwrap(),
+            std::fs::read_to_string(whole_csv).unwrap()
         );
     }
 }

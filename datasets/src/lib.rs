@@ -3,13 +3,15 @@
 //! training-data generator lives with that workload, in `worker-agent`, so the worker agent
 //! builds without polars or the solvers.)
 //!
-//! * `table` (private): delimited tables read with polars, typed cells, errors that name the
-//!   file, line and column of a bad value ([`DatasetError`]).
-//! * [`export`]: result tables written as Parquet and CSV.
+//! * `table` (private): delimited tables read with polars, or row by row with the csv crate for
+//!   files too large to hold; typed cells, errors that name the file, line and column of a bad
+//!   value ([`DatasetError`]).
+//! * [`export`]: result tables written as Parquet and CSV, or as CSV one row at a time.
 //! * [`limits`]: what a replay can honour ([`limits::TraceLimits`]); the trace readers check a
 //!   file against them and name the file, line and column of the first value it cannot.
 //! * [`pollux`]: Pollux's and Sia's workloads and application profiles.
-//! * [`philly`]: Microsoft's Philly job list (rigid jobs: GPUs and duration).
+//! * [`philly`]: Microsoft's Philly job list (rigid jobs: GPUs and duration), read whole or
+//!   row by row ([`philly::JobStream`]).
 //! * [`synth`]: larger traces drawn from a real one's distribution (whole days of a Philly
 //!   job list resampled).
 //! * [`gavel`]: Gavel's job traces (both `.trace` formats).

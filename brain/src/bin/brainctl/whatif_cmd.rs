@@ -62,9 +62,9 @@ pub struct WhatifArgs {
     live_round: bool,
     /// Replay Philly job lists row by row, in memory that follows the jobs in the system and
     /// not the trace's length (a million-job list: see `brainctl trace philly-like`). The
-    /// rows must be in order of submission. With --out, jobs.csv and rounds.csv are written as
-    /// the replay goes (each replay's jobs in the order they finished; no Parquet copies and
-    /// no charts), and summary.{csv,parquet} at the end. The median and p99 JCT come from a
+    /// rows must be in order of submission. With --out, the jobs and rounds tables (CSV and
+    /// Parquet) are written as the replay goes (each replay's jobs in the order they finished;
+    /// no charts), and the summary at the end. The median and p99 JCT come from a
     /// quantile sketch, within 0.1 % of the exact figures; the others are exact.
     #[arg(long)]
     stream: bool,
