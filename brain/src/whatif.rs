@@ -275,6 +275,28 @@ pub struct PolicyResult {
     pub max_decide_us: u64,
 }
 
+impl PolicyResult {
+    /// A policy's result over `runs`: `summary` is over their jobs pooled, but for the
+    /// makespan, the longest run's (traces are separate replays, not one pooled span).
+    fn of(
+        label: &str,
+        runs: Vec<(String, Report)>,
+        mut summary: Summary,
+        max_decide_us: u64,
+    ) -> Self {
+        summary.makespan_s = runs
+            .iter()
+            .map(|(_, r)| r.summary.makespan_s)
+            .fold(0.0, f64::max);
+        PolicyResult {
+            label: label.to_string(),
+            runs,
+            summary,
+            max_decide_us,
+        }
+    }
+}
+
 struct Timed<'a> {
     on_jobs_done: &'a (dyn Fn(u64) + Sync),
     done: usize,
@@ -342,23 +364,18 @@ pub fn run(
             .flat_map(|(_, r)| r.jobs.iter().cloned())
             .collect();
         let up: f64 = runs.iter().map(|(_, r)| r.gpu_seconds_up).sum();
-        let mut summary = Summary::of(&jobs, up);
-        // Traces are separate replays: the makespan is the longest, not the pooled span.
-        summary.makespan_s = runs
-            .iter()
-            .map(|(_, r)| r.summary.makespan_s)
-            .fold(0.0, f64::max);
+        let summary = Summary::of(&jobs, up);
         let max_decide_us = runs
             .iter()
             .flat_map(|(_, r)| r.rounds.iter().map(|x| x.decide_us))
             .max()
             .unwrap_or(0);
-        out.push(PolicyResult {
-            label: policy.label.clone(),
+        out.push(PolicyResult::of(
+            &policy.label,
             runs,
             summary,
             max_decide_us,
-        });
+        ));
     }
     Ok(out)
 }
@@ -627,18 +644,12 @@ pub fn run_streamed(
                 },
             ));
         }
-        let mut summary = pooled.summary(up);
-        // Traces are separate replays: the makespan is the longest, not the pooled span.
-        summary.makespan_s = runs
-            .iter()
-            .map(|(_, r)| r.summary.makespan_s)
-            .fold(0.0, f64::max);
-        out.push(PolicyResult {
-            label: policy.label.clone(),
+        out.push(PolicyResult::of(
+            &policy.label,
             runs,
-            summary,
+            pooled.summary(up),
             max_decide_us,
-        });
+        ));
     }
     Ok(out)
 }

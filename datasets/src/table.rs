@@ -214,12 +214,21 @@ fn label(names: &[String], col: usize) -> String {
 pub(crate) trait Cells {
     /// The text of cell `col`, `None` if the row has no such cell or it is null.
     fn cell(&self, col: usize) -> Option<&str>;
-    /// The line of the file the row is on.
+    /// The file the row is in, and the line it is on.
+    fn path(&self) -> &Path;
     fn line(&self) -> usize;
-    /// An error about cell `col`.
-    fn error(&self, col: usize, message: String) -> DatasetError;
     /// How errors name column `col`.
     fn label(&self, col: usize) -> String;
+
+    /// An error about cell `col`.
+    fn error(&self, col: usize, message: String) -> DatasetError {
+        DatasetError::Value {
+            path: self.path().to_path_buf(),
+            line: self.line(),
+            column: col + 1,
+            message,
+        }
+    }
 
     /// The text of a cell; a missing value is an error.
     fn text(&self, col: usize) -> Result<&str, DatasetError> {
@@ -277,17 +286,12 @@ impl Cells for TableRow<'_> {
         self.table.columns[col].get(self.row)
     }
 
-    fn line(&self) -> usize {
-        self.table.line(self.row)
+    fn path(&self) -> &Path {
+        &self.table.path
     }
 
-    fn error(&self, col: usize, message: String) -> DatasetError {
-        DatasetError::Value {
-            path: self.table.path.clone(),
-            line: self.line(),
-            column: col + 1,
-            message,
-        }
+    fn line(&self) -> usize {
+        self.table.line(self.row)
     }
 
     fn label(&self, col: usize) -> String {
@@ -379,13 +383,8 @@ impl Cells for CsvRow<'_> {
         self.rows.record.position().map_or(0, |p| p.line() as usize)
     }
 
-    fn error(&self, col: usize, message: String) -> DatasetError {
-        DatasetError::Value {
-            path: self.rows.path.clone(),
-            line: self.line(),
-            column: col + 1,
-            message,
-        }
+    fn path(&self) -> &Path {
+        &self.rows.path
     }
 
     fn label(&self, col: usize) -> String {
