@@ -499,6 +499,20 @@ impl StreamOutputs {
         }
         Ok(paths)
     }
+
+    /// After a replay that stopped: removes the tables it had begun (a Parquet file without
+    /// its footer does not read, a CSV cut short reads as if complete); returns their paths.
+    pub fn abandon(self) -> Vec<PathBuf> {
+        let mut paths = Vec::new();
+        for w in [self.jobs, self.rounds] {
+            for path in w.into_inner().expect("no panics while held").paths() {
+                if std::fs::remove_file(&path).is_ok() {
+                    paths.push(path);
+                }
+            }
+        }
+        paths
+    }
 }
 
 /// Rows a replay gathers before it takes the shared writer.

@@ -749,3 +749,70 @@ fn a_streamed_replay_reports_what_the_replay_in_memory_does() {
     let workload = small_trace(dir2.path(), 5);
     assert_refused(&run(&workload), "replay it without --stream");
 }
+
+/// A streamed replay that stops part way (here a job bigger than the cluster, past limits that
+/// let it through) is an error naming the trace and policy, and the tables it had begun to
+/// write can be removed: none is left to read as if it were complete.
+#[test]
+fn a_streamed_replay_that_stops_leaves_no_partial_tables() {
+    use brain::whatif::{self, NamedPolicy, Options, StreamOutputs};
+    use optimizer::schedule::{Fifo, SchedulerKind};
+    use optimizer::sim::{ClusterSpec, SimConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("list.csv");
+    let mut text = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
+    // One job every 10 s, each 1 s on 1 GPU: the cluster keeps up, and most have finished,
+    // and been written out, when the replay meets the last job.
+    for i in 0..5000 {
+        let t = i * 10;
+        text.push_str(&format!(
+            "2017-10-09 {:02}:{:02}:{:02},1,1,1,a\n",
+            t / 3600,
+            t / 60 % 60,
+            t % 60
+        ));
+    }
+    text.push_str("2017-10-09 23:00:00,60,16,960,a\n");
+    std::fs::write(&list, text).unwrap();
+    let cluster = ClusterSpec::parse("1x8:p100").unwrap();
+    // Limits of a larger cluster: the check lets the 16-GPU job through, the replay does not.
+    let limits = whatif::limits(&ClusterSpec::parse("2x8:p100").unwrap(), &[], 1e9);
+    let traces =
+        whatif::check_streamed(&[list], whatif::TraceFormat::Auto, &limits, &|_| {}).unwrap();
+    assert_eq!(traces[0].jobs, 5001);
+    let out = dir.path().join("out");
+    let outputs = StreamOutputs::create(&out).unwrap();
+    let policies = [NamedPolicy {
+        label: "fifo".into(),
+        scheduler: SchedulerKind::Fifo(Fifo::default()),
+        live_round: None,
+    }];
+    let options = Options {
+        cluster,
+        sim: SimConfig::default(),
+        parallel: 1,
+    };
+    let e = whatif::run_streamed(
+        &traces,
+        &limits,
+        &policies,
+        &options,
+        Some(&outputs),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("simulating list under fifo") && e.contains("does not fit"),
+        "{e}"
+    );
+    // The jobs that finished before it went out as they finished (a batch of 4,096 rows, all
+    // but the writer's last buffer on disk).
+    let written = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let lines = written.lines().count();
+    assert!(lines > 4000, "{lines}");
+    let removed = outputs.abandon();
+    assert_eq!(removed.len(), 2, "{removed:?}");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}

@@ -167,7 +167,12 @@ impl TableWriter {
         }
     }
 
-    /// Appends `rows`: CSV lines, and one Parquet row group.
+    /// The Parquet and CSV paths.
+    pub fn paths(&self) -> [PathBuf; 2] {
+        [self.parquet_path.clone(), self.csv.path().to_path_buf()]
+    }
+
+    /// Appends `rows`: CSV lines now, Parquet rows in row groups of [`ROW_GROUP_ROWS`].
     pub fn write_batch(&mut self, rows: Vec<Vec<Cell>>) -> Result<(), DatasetError> {
         if rows.is_empty() {
             return Ok(());

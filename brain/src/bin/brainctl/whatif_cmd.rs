@@ -193,15 +193,32 @@ fn whatif_streamed(
         .transpose()?;
     let bar = jobs_bar(total);
     let on_done = |n: u64| bar.inc(n);
-    let results = whatif::run_streamed(
+    let replayed = whatif::run_streamed(
         &traces,
         &limits,
         policies,
         options,
         outputs.as_ref(),
         &on_done,
-    )?;
+    );
     bar.finish_and_clear();
+    let results = match replayed {
+        Ok(results) => results,
+        Err(e) => {
+            let Some(outputs) = outputs else {
+                return Err(e.into());
+            };
+            let removed: Vec<String> = outputs
+                .abandon()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            return Err(anyhow::Error::from(e).context(format!(
+                "the replay stopped; the tables it had begun are removed ({})",
+                removed.join(", ")
+            )));
+        }
+    };
     print!("{}", whatif::render_table(&results));
     println!(
         "median and p99 JCT: from a quantile sketch, within {} % of the exact figures (--stream)",
