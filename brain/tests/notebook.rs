@@ -1,5 +1,6 @@
 //! The analysis notebook (`notebooks/whatif.ipynb`) executed headless on a small replay's
-//! Parquet tables, as a user would run it: `brainctl whatif --out DIR`, then nbconvert.
+//! Parquet tables, as a user would run it: `brainctl whatif --out DIR`, then nbconvert; and on
+//! the tables a replay row by row (`--stream`) writes as it goes.
 //!
 //! It needs a Python with the packages of `notebooks/requirements.txt`: `BRAIN_PYTHON` names
 //! it (`.ci/run` creates a virtualenv and sets it, with `BRAIN_REQUIRE_NOTEBOOK=1` so a missing
@@ -9,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 #[test]
-fn the_notebook_runs_on_a_small_replay() {
+fn the_notebook_runs_on_a_small_replay_whole_or_streamed() {
     let python = std::env::var("BRAIN_PYTHON").unwrap_or_else(|_| "python3".into());
     let ready = Command::new(&python)
         .args(["-c", "import polars, matplotlib, nbconvert, ipykernel"])
@@ -57,8 +58,53 @@ fn the_notebook_runs_on_a_small_replay() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let executed = dir.path().join("executed.ipynb");
-    let nb = Command::new(&python)
+    execute(&python, &root, &out, "fifo, pollux, elastic_lp");
+
+    // A Philly job list replayed row by row: the same notebook reads its tables.
+    let text = std::fs::read_to_string(data.join("traces/philly-sample.csv")).unwrap();
+    let mut lines: Vec<&str> = text.lines().take(301).collect();
+    let header = lines.remove(0);
+    lines.sort_by_key(|l| l.split(',').next().unwrap_or_default().to_string());
+    let list = dir.path().join("list.csv");
+    std::fs::write(&list, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+    let streamed = dir.path().join("streamed");
+    let mut args = vec![
+        "whatif".to_string(),
+        "--trace".into(),
+        list.display().to_string(),
+        "--cluster".into(),
+        "8x8:p100".into(),
+        "--round-s".into(),
+        "360".into(),
+        "--stream".into(),
+        "--out".into(),
+        streamed.display().to_string(),
+    ];
+    for p in ["fifo", "elastic_lp"] {
+        args.push("--policy".into());
+        args.push(
+            root.join(format!("examples/policies/{p}.toml"))
+                .display()
+                .to_string(),
+        );
+    }
+    let run = Command::new(env!("CARGO_BIN_EXE_brainctl"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    execute(&python, &root, &streamed, "fifo, elastic_lp");
+}
+
+/// Runs the notebook on the tables in `out`; its consistency cell must pass for `policies`
+/// and its charts be written.
+fn execute(python: &str, root: &Path, out: &Path, policies: &str) {
+    let executed = out.join("executed.ipynb");
+    let nb = Command::new(python)
         .args([
             "-m",
             "nbconvert",
@@ -69,7 +115,7 @@ fn the_notebook_runs_on_a_small_replay() {
         ])
         .arg(&executed)
         .arg(root.join("notebooks/whatif.ipynb"))
-        .env("WHATIF_OUT", &out)
+        .env("WHATIF_OUT", out)
         .output()
         .unwrap();
     assert!(
@@ -79,7 +125,7 @@ fn the_notebook_runs_on_a_small_replay() {
     );
     let text = std::fs::read_to_string(&executed).unwrap();
     assert!(
-        text.contains("tables consistent for fifo, pollux, elastic_lp"),
+        text.contains(&format!("tables consistent for {policies}")),
         "the notebook's consistency cell did not pass"
     );
     for chart in ["notebook_jct_cdf.png", "notebook_utilisation.png"] {
