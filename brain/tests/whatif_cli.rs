@@ -748,6 +748,18 @@ fn a_streamed_replay_reports_what_the_replay_in_memory_does() {
     let dir2 = tempfile::tempdir().unwrap();
     let workload = small_trace(dir2.path(), 5);
     assert_refused(&run(&workload), "replay it without --stream");
+    // Profiles are for training jobs, which a streamed list has none of.
+    let with_profiles = brainctl(&[
+        "whatif",
+        "--trace",
+        list.to_str().unwrap(),
+        "--profiles",
+        pollux().join("traces").to_str().unwrap(),
+        "--policy",
+        policy("fifo").to_str().unwrap(),
+        "--stream",
+    ]);
+    assert_refused(&with_profiles, "--profiles is not read with --stream");
 }
 
 /// A streamed replay that stops part way (here a job bigger than the cluster, past limits that

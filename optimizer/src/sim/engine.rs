@@ -298,7 +298,8 @@ impl<'c> Setup<'c> {
         })
     }
 
-    /// Checks a job of the trace and makes its state, nothing done yet.
+    /// Checks a job of the trace and makes its state, nothing done yet (its time alone to be
+    /// filled in).
     fn admit(&self, id: usize, j: TraceJob) -> Result<JobState, PolicyError> {
         let bad = |m: String| PolicyError::InvalidConfig(format!("job {}: {m}", j.name));
         if !(j.submit_s.is_finite() && j.submit_s >= 0.0) {
@@ -371,7 +372,7 @@ impl<'c> Setup<'c> {
                 )
             }
         };
-        let mut job = JobState {
+        Ok(JobState {
             id,
             trace: j,
             app: app_i,
@@ -402,16 +403,18 @@ impl<'c> Setup<'c> {
             alone_s: None,
             arrived_round: 0,
             arrived_contention: 0.0,
-        };
-        // Alone on the cluster at its request, for its finish-time fairness: from its
-        // submission to the next round, one restart penalty, then its work.
+        })
+    }
+
+    /// Seconds `job` would take alone on the cluster at its request, for its finish-time
+    /// fairness: from its submission to the next round, one restart penalty, then its work.
+    fn alone_s(&self, job: &JobState) -> Option<f64> {
         let submit = job.trace.submit_s;
         let round = self.config.round_s;
         let first_round = (submit / round).ceil() * round;
-        job.alone_s = world
-            .alone_s(&job)
-            .map(|work| first_round - submit + self.config.restart_penalty_s + work);
-        Ok(job)
+        self.world
+            .alone_s(job)
+            .map(|work| first_round - submit + self.config.restart_penalty_s + work)
     }
 }
 
@@ -431,7 +434,8 @@ where
             return Ok(None);
         };
         let (id, job) = item?;
-        let job = setup.admit(id, job)?;
+        let mut job = setup.admit(id, job)?;
+        job.alone_s = setup.alone_s(&job);
         let submit = job.trace.submit_s;
         if submit < self.last_submit_s {
             return Err(PolicyError::InvalidConfig(format!(

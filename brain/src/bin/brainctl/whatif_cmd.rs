@@ -108,6 +108,11 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     let parallel =
         jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if stream {
+        if profiles.is_some() {
+            bail!(
+                "--profiles is not read with --stream: it replays Philly job lists, which need none"
+            );
+        }
         let options = whatif::Options {
             cluster,
             sim,
