@@ -32,31 +32,18 @@ fn the_notebook_runs_on_a_small_replay_whole_or_streamed() {
     let lines: Vec<&str> = text.lines().take(25).collect();
     std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
     let out = dir.path().join("out");
-    let mut args = vec![
-        "whatif".to_string(),
-        "--trace".into(),
-        trace.display().to_string(),
-        "--profiles".into(),
-        data.join("traces").display().to_string(),
-        "--out".into(),
-        out.display().to_string(),
-    ];
-    for p in ["fifo", "pollux", "elastic_lp"] {
-        args.push("--policy".into());
-        args.push(
-            root.join(format!("examples/policies/{p}.toml"))
-                .display()
-                .to_string(),
-        );
-    }
-    let run = Command::new(env!("CARGO_BIN_EXE_brainctl"))
-        .args(&args)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    let profiles = data.join("traces");
+    whatif(
+        &root,
+        &[
+            "--trace".as_ref(),
+            trace.as_os_str(),
+            "--profiles".as_ref(),
+            profiles.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ],
+        &["fifo", "pollux", "elastic_lp"],
     );
     execute(&python, &root, &out, "fifo, pollux, elastic_lp");
 
@@ -68,36 +55,38 @@ fn the_notebook_runs_on_a_small_replay_whole_or_streamed() {
     let list = dir.path().join("list.csv");
     std::fs::write(&list, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
     let streamed = dir.path().join("streamed");
-    let mut args = vec![
-        "whatif".to_string(),
-        "--trace".into(),
-        list.display().to_string(),
-        "--cluster".into(),
-        "8x8:p100".into(),
-        "--round-s".into(),
-        "360".into(),
-        "--stream".into(),
-        "--out".into(),
-        streamed.display().to_string(),
-    ];
-    for p in ["fifo", "elastic_lp"] {
-        args.push("--policy".into());
-        args.push(
-            root.join(format!("examples/policies/{p}.toml"))
-                .display()
-                .to_string(),
-        );
+    whatif(
+        &root,
+        &[
+            "--trace".as_ref(),
+            list.as_os_str(),
+            "--cluster".as_ref(),
+            "8x8:p100".as_ref(),
+            "--round-s".as_ref(),
+            "360".as_ref(),
+            "--stream".as_ref(),
+            "--out".as_ref(),
+            streamed.as_os_str(),
+        ],
+        &["fifo", "elastic_lp"],
+    );
+    execute(&python, &root, &streamed, "fifo, elastic_lp");
+}
+
+/// Runs `brainctl whatif` with `args` under the example `policies`; it must succeed.
+fn whatif(root: &Path, args: &[&std::ffi::OsStr], policies: &[&str]) {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_brainctl"));
+    run.arg("whatif").args(args);
+    for p in policies {
+        run.arg("--policy")
+            .arg(root.join(format!("examples/policies/{p}.toml")));
     }
-    let run = Command::new(env!("CARGO_BIN_EXE_brainctl"))
-        .args(&args)
-        .output()
-        .unwrap();
+    let run = run.output().unwrap();
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    execute(&python, &root, &streamed, "fifo, elastic_lp");
 }
 
 /// Runs the notebook on the tables in `out`; its consistency cell must pass for `policies`
