@@ -265,11 +265,6 @@ impl SummaryBuilder {
         }
     }
 
-    /// GPU-seconds the jobs held.
-    pub fn held_gpu_seconds(&self) -> f64 {
-        self.held
-    }
-
     /// The `q`-quantile of the JCTs, within [`SKETCH_ACCURACY`]: between the two ranks around
     /// `q`, as [`quantile`].
     fn jct_quantile(&self, q: f64) -> f64 {
