@@ -8,6 +8,8 @@
 //!   node failures drawn from a seed. [`replay`] takes the jobs as they arrive and hands each
 //!   record to a [`ReplaySink`] as it is made, holding only the jobs in the system;
 //!   [`simulate`] runs it over a trace in memory and collects the whole [`Report`].
+//! * `setup` (private): what a replay derives before its first round, and each job of the
+//!   trace checked and made ready as it arrives.
 //! * [`report`]: what a run produces: one record per job and per round, and the summary an
 //!   operator compares policies by (JCT mean, median and p99, makespan, GPU utilisation,
 //!   queueing delay, restarts): exact from the records, or built job by job in bounded memory
@@ -19,6 +21,7 @@
 pub mod app;
 pub mod engine;
 pub mod report;
+mod setup;
 mod world;
 
 use serde::{Deserialize, Serialize};
