@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::PolicyError;
 use crate::heuristics::{HeuristicKind, Heuristics};
 use crate::live::LiveConfig;
-use crate::schedule::SchedulerKind;
+use crate::schedule::{Scheduler, SchedulerKind};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,6 +84,14 @@ impl PolicyConfig {
             let path = e.path().to_string();
             PolicyError::InvalidConfig(format!("{path}: {}", e.inner().message()))
         })?;
+        if let Some(s) = &config.scheduler {
+            s.validate().map_err(|e| match e {
+                PolicyError::InvalidConfig(m) => {
+                    PolicyError::InvalidConfig(format!("scheduler: {m}"))
+                }
+                e => e,
+            })?;
+        }
         config.heuristics().validate()?;
         config.live.validate()?;
         Ok(config)
@@ -179,6 +187,18 @@ mod tests {
                 "[[heuristics]]\nkind = \"hot_ps\"\nmax_cpu = 400\n\
                  [[heuristics]]\nkind = \"pending_shrink\"\nmin_ps_cpu = 500\n",
                 "heuristics[1].min_ps_cpu (500m) is above heuristics[0].max_cpu (400m)",
+            ),
+            (
+                "[scheduler]\nkind = \"elastic_lp\"\nfairness_weight = -0.1\n",
+                "scheduler: fairness_weight is -0.1, expected 0 or more",
+            ),
+            (
+                "[scheduler]\nkind = \"pollux\"\np = 2\n",
+                "scheduler: p is 2, expected a negative number",
+            ),
+            (
+                "[scheduler]\nkind = \"dlrover\"\ngrow_efficiency = 0.1\n",
+                "scheduler: efficiencies grow 0.1 / shrink 0.4",
             ),
         ] {
             let e = PolicyConfig::from_toml(text).unwrap_err().to_string();

@@ -19,6 +19,17 @@ fn seeds() -> Vec<String> {
     out
 }
 
+#[test]
+fn every_example_policy_loads() {
+    let seeds = seeds();
+    assert!(seeds.len() >= 10, "{} example policies", seeds.len());
+    for text in seeds {
+        if let Err(e) = PolicyConfig::from_toml(&text) {
+            panic!("{e}\n{text}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 

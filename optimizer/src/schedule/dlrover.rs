@@ -46,7 +46,7 @@ impl Default for DlRover {
 }
 
 impl DlRover {
-    fn validate(&self) -> Result<(), PolicyError> {
+    fn check_settings(&self) -> Result<(), PolicyError> {
         let bad = |m: String| Err(PolicyError::InvalidConfig(m));
         let unit = |v: f64| v.is_finite() && v >= 0.0;
         if !(unit(self.grow_efficiency)
@@ -89,8 +89,12 @@ impl Scheduler for DlRover {
         true
     }
 
+    fn validate(&self) -> Result<(), PolicyError> {
+        self.check_settings()
+    }
+
     fn schedule(&self, snapshot: &Snapshot) -> Result<Assignment, PolicyError> {
-        self.validate()?;
+        self.check_settings()?;
         let mut budget = FreeGpus::new(&snapshot.nodes);
         // (job, type, GPUs, wants to grow)
         let mut sizes: Vec<(&JobView, usize, u32, bool)> = Vec::new();

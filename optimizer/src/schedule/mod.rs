@@ -172,6 +172,12 @@ pub trait Scheduler {
     /// Whether jobs may run at sizes other than the one they asked for.
     fn elastic(&self) -> bool;
 
+    /// Checks the scheduler's settings, as loading a policy file does; `schedule` checks
+    /// them again.
+    fn validate(&self) -> Result<(), PolicyError> {
+        Ok(())
+    }
+
     fn schedule(&self, snapshot: &Snapshot) -> Result<Assignment, PolicyError>;
 }
 
@@ -211,6 +217,9 @@ impl Scheduler for SchedulerKind {
     }
     fn elastic(&self) -> bool {
         self.scheduler().elastic()
+    }
+    fn validate(&self) -> Result<(), PolicyError> {
+        self.scheduler().validate()
     }
     fn schedule(&self, snapshot: &Snapshot) -> Result<Assignment, PolicyError> {
         self.scheduler().schedule(snapshot)

@@ -65,7 +65,7 @@ struct Candidate<'a> {
 }
 
 impl Pollux {
-    fn validate(&self) -> Result<(), PolicyError> {
+    fn check_settings(&self) -> Result<(), PolicyError> {
         let bad = |m: String| Err(PolicyError::InvalidConfig(m));
         if !(self.p.is_finite() && self.p < 0.0) {
             return bad(format!("p is {}, expected a negative number", self.p));
@@ -178,8 +178,12 @@ impl Scheduler for Pollux {
         true
     }
 
+    fn validate(&self) -> Result<(), PolicyError> {
+        self.check_settings()
+    }
+
     fn schedule(&self, snapshot: &Snapshot) -> Result<Assignment, PolicyError> {
-        self.validate()?;
+        self.check_settings()?;
         if snapshot.jobs.is_empty() {
             return Ok(Assignment::new());
         }
