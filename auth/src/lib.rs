@@ -10,12 +10,14 @@
 //! [`JOB_TOKEN_FILE`]) checks it with [`Require`]; raw-TCP peers (the ring all-reduce) exchange a
 //! [`Token::proof`] instead. [`tls`] holds the TLS side: server and client configurations and
 //! the private CA `brainctl certs` makes; [`connect_with`] and [`endpoint`] dial with both.
+//! [`listen`] is how every server takes its connections: handshake and idle timeouts, caps in
+//! all and per peer, so that nobody locks a server out without a credential.
 //!
 //! Who holds which token (the brain's operator token, a job's secret) and what each may do is
 //! the servers' business; this crate only makes, stores, sends and checks them.
 
 use std::io;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -23,6 +25,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::metadata::{Ascii, MetadataValue};
 
+pub mod listen;
 pub mod tls;
 
 /// Where a token travels: the standard header.
@@ -88,14 +91,19 @@ impl JobCreds {
         .await
     }
 
-    /// A server builder for one of the job's services: over the job's mutual TLS when it
-    /// runs with it.
-    pub fn server(&self) -> Result<tonic::transport::Server, tonic::transport::Error> {
-        let builder = tonic::transport::Server::builder();
-        match &self.tls {
-            Some(tls) => builder.tls_config(tls.server()),
-            None => Ok(builder),
-        }
+    /// How one of the job's servers takes its connections ([`listen::incoming`]): under
+    /// `limits`, over the job's mutual TLS when it runs with it.
+    pub fn listening(
+        &self,
+        name: &'static str,
+        limits: listen::ConnLimits,
+    ) -> Result<listen::Listening, AuthError> {
+        let tls = self
+            .tls
+            .as_ref()
+            .map(tls::JobTls::rustls_grpc_server)
+            .transpose()?;
+        Ok(listen::Listening::new(name, limits, tls))
     }
 }
 
@@ -137,6 +145,11 @@ pub enum AuthError {
          its owner's alone (chmod 600 {path})"
     )]
     Exposed { path: PathBuf, mode: u32 },
+    #[error(
+        "{path}: {what}: a secret (token or private key) must be a regular file of the user who \
+         reads it"
+    )]
+    NotPlain { path: PathBuf, what: String },
     #[error("{path}: not a token (expected 64 hex digits on one line)")]
     Malformed { path: PathBuf },
     #[error(
@@ -259,40 +272,94 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), AuthError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Refuses a secret file (a token, a private key) that its group or others may read.
+/// Refuses a secret file (a token, a private key) that is not a regular file of this process's
+/// user that only that user may read (see [`read_private`]).
 pub fn check_private(path: &Path) -> Result<(), AuthError> {
-    let mode = std::fs::metadata(path)
-        .map_err(|source| AuthError::Io {
+    open_private(path).map(drop)
+}
+
+/// Opens a secret file, refusing what is not a regular file owned by this process's user and
+/// readable by it alone: a symbolic link (not followed), a FIFO or device (opened without
+/// waiting, so a FIFO planted where a token was expected cannot hang the reader), another
+/// user's file, one its group or others may read.
+fn open_private(path: &Path) -> Result<std::fs::File, AuthError> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::MetadataExt;
+    let io = |source| AuthError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                AuthError::NotPlain {
+                    path: path.to_path_buf(),
+                    what: "a symbolic link".into(),
+                }
+            } else {
+                io(e)
+            }
+        })?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.file_type().is_file() {
+        return Err(AuthError::NotPlain {
             path: path.to_path_buf(),
-            source,
-        })?
-        .permissions()
-        .mode();
+            what: "not a regular file".into(),
+        });
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(AuthError::NotPlain {
+            path: path.to_path_buf(),
+            what: format!(
+                "owned by user {}, not by this process's user {me}",
+                meta.uid()
+            ),
+        });
+    }
+    let mode = meta.mode();
     if mode & 0o077 != 0 {
         return Err(AuthError::Exposed {
             path: path.to_path_buf(),
             mode: mode & 0o777,
         });
     }
-    Ok(())
+    Ok(file)
 }
 
-/// Reads a token file; refuses one that its group or others may read.
+/// The bytes of a secret file, checked as [`check_private`] says.
+pub fn read_private(path: &Path) -> Result<Vec<u8>, AuthError> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_private(path)?
+        .take(1 << 20)
+        .read_to_end(&mut bytes)
+        .map_err(|source| AuthError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(bytes)
+}
+
+/// Reads a token file (see [`check_private`] for what is refused).
 pub fn read_secret(path: &Path) -> Result<Token, AuthError> {
-    check_private(path)?;
-    let text = std::fs::read_to_string(path).map_err(|source| AuthError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Token::parse(&text).ok_or_else(|| AuthError::Malformed {
-        path: path.to_path_buf(),
-    })
+    let bytes = read_private(path)?;
+    std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(Token::parse)
+        .ok_or_else(|| AuthError::Malformed {
+            path: path.to_path_buf(),
+        })
 }
 
 /// The token in `path`, or a new one written there when the file does not exist (a service's
 /// first start).
 pub fn read_or_create(path: &Path) -> Result<(Token, bool), AuthError> {
-    if path.exists() {
+    // A link is there even when it leads nowhere: read (and refused), never written through.
+    if path.symlink_metadata().is_ok() {
         return Ok((read_secret(path)?, false));
     }
     let token = Token::generate();
@@ -381,6 +448,7 @@ impl tonic::service::Interceptor for WithToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use tonic::service::Interceptor;
 
     #[test]
@@ -425,6 +493,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a token"), "{e}");
+    }
+
+    /// Issue 40, attack 10: `brainctl` hung on a FIFO token file and followed a symbolic link
+    /// to another user's token file.
+    #[test]
+    fn a_token_file_must_be_a_regular_file_of_the_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.token");
+        let t = Token::generate();
+        write_secret(&real, &t).unwrap();
+        assert_eq!(read_secret(&real).unwrap(), t);
+        let link = dir.path().join("link.token");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = read_secret(&link).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link"), "{e}");
+        let e = read_or_create(&link).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link"), "{e}");
+        let fifo = dir.path().join("fifo.token");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Refused at once: nothing waits for a writer.
+        let e = read_secret(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs.token");
+            write_secret(&theirs, &t).unwrap();
+            nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let e = read_secret(&theirs).unwrap_err().to_string();
+            assert!(e.contains("owned by user 65534"), "{e}");
+        }
     }
 
     #[test]

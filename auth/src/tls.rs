@@ -61,8 +61,7 @@ fn read(path: &Path) -> Result<Vec<u8>, AuthError> {
 
 /// A private key: refused when its group or others may read it.
 fn read_key(path: &Path) -> Result<Vec<u8>, AuthError> {
-    crate::check_private(path)?;
-    read(path)
+    crate::read_private(path)
 }
 
 impl ServerTls {
@@ -85,6 +84,53 @@ impl ServerTls {
             c = c.client_ca_root(Certificate::from_pem(read(ca)?));
         }
         Ok(c)
+    }
+}
+
+impl ServerTls {
+    /// The server's TLS as rustls takes it, for [`crate::listen::incoming`] (which does the
+    /// handshake, under its timeout): HTTP/2 and HTTP/1.1 offered (`GET /metrics`), the
+    /// clients' certificates required when `client_ca_file` is given.
+    pub fn rustls(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, AuthError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |path: &Path, e: rustls::pki_types::pem::Error| {
+            AuthError::Tls(format!("{}: {e}", path.display()))
+        };
+        let cert = read(&self.cert_file)?;
+        let chain = CertificateDer::pem_slice_iter(&cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(&self.cert_file, e))?;
+        let key = PrivateKeyDer::from_pem_slice(&read_key(&self.key_file)?)
+            .map_err(|e| bad(&self.key_file, e))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| AuthError::Tls(e.to_string()))?;
+        let builder = match &self.client_ca_file {
+            Some(ca) => {
+                let pem = read(ca)?;
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_slice_iter(&pem) {
+                    roots
+                        .add(c.map_err(|e| bad(ca, e))?)
+                        .map_err(|e| AuthError::Tls(format!("{}: {e}", ca.display())))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    std::sync::Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| AuthError::Tls(e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| AuthError::Tls(e.to_string()))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(std::sync::Arc::new(config))
     }
 }
 
@@ -394,6 +440,14 @@ impl JobTls {
         // handshake would lie unread at the client, whose close then resets the connection
         // (RST) and discards what the server had not read yet. No tickets: nothing to resume.
         config.send_tls13_tickets = 0;
+        Ok(std::sync::Arc::new(config))
+    }
+
+    /// rustls' server side of the job's mutual TLS for its gRPC servers (the job master, a
+    /// parameter server), for [`crate::listen::incoming`]: HTTP/2 offered.
+    pub fn rustls_grpc_server(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, AuthError> {
+        let mut config = (*self.rustls_server()?).clone();
+        config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(std::sync::Arc::new(config))
     }
 

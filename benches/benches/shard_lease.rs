@@ -52,6 +52,7 @@ async fn master(clients: u32, shards: u64, job_tls: bool) -> (Vec<Client>, Stop)
         advertise: None,
         token_file: None,
         job_tls,
+        connections: Default::default(),
     };
     let handle = tokio::spawn(async move {
         let r = job_master::run(config, listener, async {

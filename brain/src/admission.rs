@@ -11,17 +11,6 @@ use std::path::{Component, Path};
 use optimizer::config::SubmissionPolicy;
 use vocab::JobSpec;
 
-/// Environment variables a job may not set: they change which program runs or how it loads
-/// (PATH, the dynamic loader's), or belong to the brain, its job master and agents (BRAIN_*,
-/// the GPUs a process was given).
-fn forbidden_env(key: &str) -> bool {
-    key == "PATH"
-        || key == "CUDA_VISIBLE_DEVICES"
-        || key.starts_with("LD_")
-        || key.starts_with("DYLD_")
-        || key.starts_with("BRAIN_")
-}
-
 fn env_name(key: &str) -> bool {
     let mut chars = key.chars();
     chars
@@ -32,20 +21,32 @@ fn env_name(key: &str) -> bool {
 
 /// Why `spec` may not run here, or `Ok`. `run_dir` is where the brain would run it.
 pub fn admit(spec: &JobSpec, policy: &SubmissionPolicy, run_dir: &Path) -> Result<(), String> {
-    if let Some(program) = spec.workload.command.as_ref().and_then(|c| c.first())
-        && !policy.commands.iter().any(|allowed| allowed == program)
+    if let Some(command) = spec.workload.command.as_ref()
+        && !policy
+            .commands
+            .iter()
+            .any(|allowed| allowed.matches(command))
     {
+        // Quoted in part only: a refusal must not carry a command of any length back.
+        let mut shown = shlex::try_join(command.iter().take(8).map(String::as_str))
+            .unwrap_or_else(|_| format!("{command:?}"));
+        if shown.len() > 200 || command.len() > 8 {
+            shown = shown.chars().take(200).collect::<String>() + " …";
+        }
         return Err(if policy.commands.is_empty() {
             format!(
-                "workload.command: {program:?}: the operator's policy allows no `command:` jobs \
-                 (the brain runs them as its own user); an operator lists the programs they may \
-                 start in [submissions] commands"
+                "workload.command: `{shown}`: the operator's policy allows no `command:` jobs; an \
+                 operator lists the whole commands jobs may run in [submissions] commands"
             )
         } else {
             format!(
-                "workload.command: {program:?} is not one of the programs the operator's policy \
-                 allows ([submissions] commands = {:?})",
-                policy.commands
+                "workload.command: `{shown}` is not one of the commands the operator's policy \
+                 allows ([submissions] commands = {:?}: the program and a pattern per argument)",
+                policy
+                    .commands
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
             )
         });
     }
@@ -56,10 +57,18 @@ pub fn admit(spec: &JobSpec, policy: &SubmissionPolicy, run_dir: &Path) -> Resul
                  starting with a digit)"
             ));
         }
-        if forbidden_env(key) {
+        if vocab::spec::env::injects(key) {
             return Err(format!(
-                "workload.env: {key} may not be set by a job (it changes what runs or belongs to \
-                 the brain: PATH, LD_*, DYLD_*, BRAIN_*, CUDA_VISIBLE_DEVICES)"
+                "workload.env: {key} may not be set by a job: it makes a loader or an \
+                 interpreter run code the command does not name (PATH, LD_*, DYLD_*, \
+                 PYTHONPATH, PYTHONSTARTUP, BASH_ENV, ENV, NODE_OPTIONS, GCONV_PATH, PERL5OPT, \
+                 … in any case)"
+            ));
+        }
+        if vocab::spec::env::runtime_owned(key) {
+            return Err(format!(
+                "workload.env: {key} may not be set by a job: it is the runtime's (torchrun's \
+                 variables, TF_CONFIG, the devices a process was given, BRAIN_*, in any case)"
             ));
         }
     }
@@ -102,7 +111,7 @@ mod tests {
         let run = Path::new("/srv/brain/runs/j");
         let none = SubmissionPolicy::default();
         let python = SubmissionPolicy {
-            commands: vec!["python3".into()],
+            commands: vec!["python3 train.py ...".to_string().try_into().unwrap()],
         };
         let builtin = spec("", "  builtin: {}\n", "checkpoints");
         assert_eq!(admit(&builtin, &none, run), Ok(()));
@@ -117,11 +126,44 @@ mod tests {
             "checkpoints",
         );
         let e = admit(&sh, &python, run).unwrap_err();
-        assert!(e.contains("\"/bin/sh\" is not one of"), "{e}");
+        assert!(e.contains("`/bin/sh -c 'rm -rf ~'` is not one of"), "{e}");
+        // An allowed interpreter runs only the allowed script (issue 40, attack 5).
+        for argv in [
+            "[python3, -c, \"import os\"]",
+            "[python3, other.py]",
+            "[python3]",
+            "[python3, -m, http.server]",
+        ] {
+            let s = spec("", &format!("  command: {argv}\n"), "checkpoints");
+            let e = admit(&s, &python, run).unwrap_err();
+            assert!(e.contains("is not one of the commands"), "{argv}: {e}");
+        }
+        let with_args = spec(
+            "",
+            "  command: [python3, train.py, --lr, \"0.1\"]\n",
+            "checkpoints",
+        );
+        assert_eq!(admit(&with_args, &python, run), Ok(()));
+        // A refusal quotes the command in part only.
+        let long = spec(
+            "",
+            &format!("  command: [python3, \"{}\"]\n", "x".repeat(10_000)),
+            "checkpoints",
+        );
+        let e = admit(&long, &python, run).unwrap_err();
+        assert!(e.len() < 600, "{}", e.len());
 
         for (key, says) in [
             ("LD_PRELOAD", "may not be set"),
+            ("ld_preload", "loader or an interpreter"),
             ("PATH", "may not be set"),
+            ("PYTHONPATH", "loader or an interpreter"),
+            ("BASH_ENV", "loader or an interpreter"),
+            ("NODE_OPTIONS", "loader or an interpreter"),
+            ("GCONV_PATH", "loader or an interpreter"),
+            ("PERL5OPT", "loader or an interpreter"),
+            ("RANK", "the runtime's"),
+            ("master_addr", "the runtime's"),
             ("BRAIN_TOKEN_FILE", "may not be set"),
             ("\"A-B\"", "not a variable name"),
             ("\"1X\"", "not a variable name"),

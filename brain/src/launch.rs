@@ -152,10 +152,14 @@ impl Launcher {
         token: &auth::Token,
     ) -> Result<PathBuf, BrainError> {
         let run_dir = self.run_dir(&spec.name);
-        std::fs::create_dir_all(&run_dir)?;
-        // The job's secret, for its master and the job's own processes: an owner-only file
-        // whose path goes in argv, where the master looks for its job's secret by default.
-        auth::write_secret(&token_file(&run_dir), token)
+        // Made at submission; a link planted at either path is refused, never followed.
+        vocab::paths::make_dir(&run_dir)?;
+        vocab::paths::make_dir(&run_dir.join("master"))?;
+        // The master's credential with the brain: an owner-only file beside (not in) the
+        // master's run directory, whose path goes in argv. The job's own processes never get
+        // it: they hold the job's secret, which the master makes for them, and which the brain
+        // does not take.
+        auth::write_secret(&credential_file(&run_dir), token)
             .map_err(|e| BrainError::Internal(e.to_string()))?;
         let mut spec = spec.clone();
         if let Some(w) = spec.roles.get_mut(&Role::Worker) {
@@ -173,7 +177,7 @@ impl Launcher {
         }
         let text = serde_norway::to_string(&spec)
             .map_err(|e| BrainError::Internal(format!("writing the spec of {job}: {e}")))?;
-        std::fs::write(run_dir.join("spec.yaml"), text)?;
+        vocab::paths::write_new(&run_dir.join("spec.yaml"), text.as_bytes())?;
         self.spawn(job, &run_dir, false).await?;
         Ok(run_dir)
     }
@@ -203,8 +207,11 @@ impl Launcher {
             "--max-processes".into(),
             self.max_processes.to_string().into(),
             "--brain-token-file".into(),
-            token_file(run_dir).into(),
+            credential_file(run_dir).into(),
         ];
+        if self.config.tls.is_none() {
+            cmd.push("--brain-insecure".into());
+        }
         if let Some(tls) = &self.config.tls {
             cmd.extend(["--brain-ca".into(), tls.ca_file.clone().into()]);
             if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
@@ -239,10 +246,7 @@ impl Launcher {
     }
 
     fn spawn_local(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run_dir.join("job-master.log"))?;
+        let log = vocab::paths::create(&run_dir.join("job-master.log"), true)?;
         let command = self.command(run_dir, resume);
         let bin = PathBuf::from(&command[0]);
         let mut cmd = tokio::process::Command::new(&bin);
@@ -368,7 +372,7 @@ impl Launcher {
             }
         }
         // Where a restarted brain finds the master to follow again.
-        std::fs::write(run_dir.join(RAY_SUBMISSION_FILE), &id)?;
+        vocab::paths::write_new(&run_dir.join(RAY_SUBMISSION_FILE), id.as_bytes())?;
         append(
             &run_dir.join("job-master.log"),
             &format!(
@@ -413,9 +417,15 @@ impl Launcher {
     }
 }
 
-/// The file that holds a job's secret (mode 0600): `job.token` in its master's run directory,
-/// where the master reads it to talk to the brain and to check its own processes' calls.
-pub fn token_file(run_dir: &Path) -> PathBuf {
+/// The file that holds a job master's credential with the brain (mode 0600): `brain.token` in
+/// the job's run directory, outside the master's own, and never named to the job's processes.
+pub fn credential_file(run_dir: &Path) -> PathBuf {
+    run_dir.join("brain.token")
+}
+
+/// The job's secret, which its master makes at its first start and its processes hold:
+/// `job.token` in the master's run directory. The brain does not take it.
+pub fn job_secret_file(run_dir: &Path) -> PathBuf {
     run_dir.join("master").join(auth::JOB_TOKEN_FILE)
 }
 
@@ -460,11 +470,7 @@ async fn follow(api: &RayApi, id: &str) -> (String, bool) {
 
 fn append(path: &Path, text: &str) {
     use std::io::Write;
-    let r = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(text.as_bytes()));
+    let r = vocab::paths::create(path, true).and_then(|mut f| f.write_all(text.as_bytes()));
     if let Err(e) = r {
         tracing::warn!("{}: {e}", path.display());
     }
@@ -522,7 +528,8 @@ mod tests {
                 "--max-processes",
                 "8",
                 "--brain-token-file",
-                "/runs/j/master/job.token",
+                "/runs/j/brain.token",
+                "--brain-insecure",
                 "--resume"
             ]
         );
@@ -552,6 +559,7 @@ mod tests {
                 .iter()
                 .any(|w| w.starts_with("--brain-ca") || w == "--job-tls")
         );
+        assert!(plain.iter().any(|w| w == "--brain-insecure"));
         let tls = LauncherConfig {
             tls: Some(auth::tls::ClientTls::in_dir(Path::new("/certs"))),
             ..Default::default()

@@ -99,9 +99,27 @@ pub enum BrainError {
     Io(#[from] std::io::Error),
 }
 
+/// The longest message a refusal carries: it travels in a header (`grpc-message`), which
+/// clients cap (tonic at 16 KiB of headers), so a refusal that quotes a long input would reach
+/// the client as RESOURCE_EXHAUSTED instead of its reason.
+pub const MAX_STATUS_MESSAGE: usize = 2048;
+
+/// `message`, cut at [`MAX_STATUS_MESSAGE`] bytes (on a character boundary) with "…".
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_STATUS_MESSAGE {
+        let mut end = MAX_STATUS_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
+}
+
 impl From<BrainError> for tonic::Status {
     fn from(e: BrainError) -> Self {
-        let message = e.to_string();
+        let message = bounded(e.to_string());
         match e {
             BrainError::UnknownJob(_) => tonic::Status::not_found(message),
             BrainError::InvalidArgument(_) | BrainError::Config(_) | BrainError::Policy { .. } => {
@@ -125,6 +143,18 @@ impl From<BrainError> for tonic::Status {
 mod tests {
     use super::BrainError;
     use tonic::Code;
+
+    #[test]
+    fn a_refusal_quoting_a_long_input_keeps_its_reason_within_the_header_limit() {
+        let long = format!(
+            "workload.command: {:?} is not allowed",
+            "x".repeat(10 << 10)
+        );
+        let s = tonic::Status::from(BrainError::InvalidArgument(long));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(s.message().len() <= super::MAX_STATUS_MESSAGE + 3);
+        assert!(s.message().starts_with("workload.command: \"xxx"));
+    }
 
     #[test]
     fn each_error_reaches_clients_with_its_own_code() {

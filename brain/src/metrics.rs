@@ -2,8 +2,9 @@
 //! jobs by state (read from the store at each scrape), rounds and their times (the snapshot
 //! taken under the store's lock, the solve, the whole round with its plans stored), plans
 //! dispatched, jobs submitted and started, metric reports ingested (its `rate()` is the ingest
-//! rate), points written to (or dropped before) the InfluxDB sink, and calls a rate limit
-//! refused (by limit).
+//! rate), points written to (or dropped before) the InfluxDB sink, calls a rate limit
+//! refused (by limit), and the listener's connections: open, pending (not yet spoken) and
+//! closed by it, by reason (handshake timed out or failed, idle, closed to make room at a cap).
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -28,6 +29,10 @@ pub struct Metrics {
     pub sink_points: Counter,
     pub sink_dropped: Counter,
     throttled: Family<Vec<(String, String)>, Counter>,
+    connections: Family<Vec<(String, String)>, Gauge>,
+    connections_closed: Family<Vec<(String, String)>, Counter>,
+    /// The listener's counts, read at each scrape.
+    pub conn_stats: std::sync::Arc<auth::listen::ConnStats>,
 }
 
 impl Default for Metrics {
@@ -93,7 +98,24 @@ impl Default for Metrics {
             "Calls refused by a rate limit of [limits], by limit",
             throttled.clone(),
         );
+        let connections = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "connections",
+            "Connections to the brain's address now, by state (open; pending: not yet through \
+             its handshake)",
+            connections.clone(),
+        );
+        let connections_closed = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Connections the listener closed, by reason (handshake_timeout, handshake_failed, \
+             idle, evicted: closed to make room at a cap)",
+            connections_closed.clone(),
+        );
         Metrics {
+            connections,
+            connections_closed,
+            conn_stats: Default::default(),
             throttled,
             registry,
             jobs,
@@ -138,6 +160,27 @@ impl Metrics {
             .get()
     }
 
+    fn render_connections(&self) {
+        let c = self.conn_stats.counts();
+        let label = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        for (state, n) in [("open", c.open), ("pending", c.pending)] {
+            self.connections
+                .get_or_create(&label("state", state))
+                .set(n as i64);
+        }
+        for (reason, total) in [
+            ("handshake_timeout", c.handshake_timeouts),
+            ("handshake_failed", c.handshake_failures),
+            ("idle", c.idle_closed),
+            ("evicted", c.evicted),
+        ] {
+            let counter = self
+                .connections_closed
+                .get_or_create(&label("reason", reason));
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
+
     /// The text exposition, with the job gauges read from `store` now.
     pub fn render(&self, store: &Store) -> String {
         if let Ok(rows) = store.jobs() {
@@ -154,6 +197,7 @@ impl Metrics {
                     .set(n as i64);
             }
         }
+        self.render_connections();
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String");
         out

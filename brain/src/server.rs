@@ -91,6 +91,11 @@ pub struct Limits {
     /// Jobs one client may submit per minute. 0: no limit.
     #[serde(default = "default_submissions_per_minute")]
     pub submissions_per_minute: u32,
+    /// How the brain's listener treats connections before any token is seen
+    /// (`[limits.connections]` handshake_timeout_ms, idle_timeout_ms, max_connections,
+    /// max_per_peer).
+    #[serde(default)]
+    pub connections: auth::listen::ConnLimits,
 }
 
 fn default_message_bytes() -> usize {
@@ -121,6 +126,7 @@ impl Default for Limits {
             calls_per_second: default_calls_per_second(),
             reports_per_second: default_reports_per_second(),
             submissions_per_minute: default_submissions_per_minute(),
+            connections: auth::listen::ConnLimits::default(),
         }
     }
 }
@@ -232,6 +238,9 @@ impl BrainConfig {
                 l.max_message_bytes, l.max_spec_bytes, l.max_active_jobs
             )));
         }
+        l.connections
+            .validate("limits.connections")
+            .map_err(BrainError::Config)?;
         if c.max_processes == 0 {
             return Err(BrainError::Config("cluster.max_processes is 0".into()));
         }
@@ -273,7 +282,54 @@ impl BrainConfig {
     }
 }
 
+/// The directory beside the database where the brain keeps the CA and certificate it makes
+/// itself (TLS by default).
+pub const TLS_DIR: &str = "tls";
+
 impl BrainConfig {
+    /// TLS by default, as tokens are: unless the config names its own (`[tls]`) or says
+    /// `insecure`, the brain serves with a certificate of its own, made at its first start with
+    /// a private CA of its own in [`TLS_DIR`] beside the database (keys owner-only), for
+    /// localhost, 127.0.0.1 and `hosts`. Clients pin that CA (`brainctl` finds it there, as it
+    /// finds the operator token; the job masters the brain starts are given it), so a server
+    /// that is not this brain never receives a token. The brain does not ask clients for
+    /// certificates (tokens name them); `[tls] client_ca_file` does. Returns the directory
+    /// when the brain's own TLS is used.
+    pub fn default_tls(&mut self, hosts: &[String]) -> Result<Option<PathBuf>, BrainError> {
+        if self.tls.is_some() || self.insecure {
+            return Ok(None);
+        }
+        use auth::tls::{CA_CERT, SERVER_CERT, SERVER_KEY};
+        let dir = self.beside_database(TLS_DIR);
+        if ![CA_CERT, SERVER_CERT, SERVER_KEY]
+            .iter()
+            .all(|f| dir.join(f).exists())
+        {
+            if let Some(parent) = dir.parent().filter(|d| !d.as_os_str().is_empty()) {
+                private_dir(parent)?;
+            }
+            auth::tls::make(&dir, hosts).map_err(|e| {
+                BrainError::Config(format!(
+                    "making the brain's certificate in {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        self.tls = Some(auth::tls::ServerTls {
+            cert_file: dir.join(SERVER_CERT),
+            key_file: dir.join(SERVER_KEY),
+            client_ca_file: None,
+        });
+        if self.launcher.tls.is_none() {
+            self.launcher.tls = Some(auth::tls::ClientTls {
+                ca_file: dir.join(CA_CERT),
+                cert_file: None,
+                key_file: None,
+            });
+        }
+        Ok(Some(dir))
+    }
+
     /// What serving on `addr` needs, checked before anyone is told the address: refuses what
     /// would expose the brain (an address beyond loopback without TLS, where tokens would cross
     /// the network in the clear, unless `insecure` says so; TLS without the CA the job masters
@@ -281,11 +337,11 @@ impl BrainConfig {
     pub fn check_listen(
         &self,
         addr: std::net::SocketAddr,
-    ) -> Result<Option<tonic::transport::ServerTlsConfig>, BrainError> {
+    ) -> Result<Option<Arc<rustls::ServerConfig>>, BrainError> {
         check_exposure(addr, self)?;
         self.tls
             .as_ref()
-            .map(auth::tls::ServerTls::config)
+            .map(auth::tls::ServerTls::rustls)
             .transpose()
             .map_err(|e| BrainError::Config(format!("[tls]: {e}")))
     }
@@ -342,6 +398,40 @@ fn brain_address(
     Ok(reach)
 }
 
+/// Makes `dir` (with its parents) owner-only (0700) when it is made here; one that exists is
+/// said in the log when others may read it (the operator chose it; it may be shared).
+fn private_dir(dir: &std::path::Path) -> Result<(), BrainError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+            tracing::warn!(
+                "{} may be read by others (mode {:o}): the brain's data is its user's alone \
+                 (chmod 700 {})",
+                dir.display(),
+                m.permissions().mode() & 0o777,
+                dir.display()
+            );
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(_) => Ok(std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?),
+    }
+}
+
+/// Makes the file at `path` owner-only (0600) if it exists.
+fn private_file(path: &std::path::Path) -> Result<(), BrainError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => Ok(
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?,
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Opens the store, starts the optimisation loop and serves until `shutdown`.
 pub async fn run(
     config: BrainConfig,
@@ -349,19 +439,28 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BrainError> {
     config.validate()?;
+    // Everything the brain and the job masters it starts write is their user's alone: the
+    // store, specs (with their env values), logs, tokens.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     if let Some(dir) = config
         .database
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
     {
-        std::fs::create_dir_all(dir)?;
+        private_dir(dir)?;
     }
-    std::fs::create_dir_all(&config.runs_dir)?;
+    private_dir(&config.runs_dir)?;
     let runs_dir = std::path::absolute(&config.runs_dir)?;
     let path = config.database.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&path))
         .await
         .map_err(|e| BrainError::Internal(format!("opening the store: {e}")))??;
+    // A store an older brain made world-readable is made private.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut f = config.database.clone().into_os_string();
+        f.push(suffix);
+        private_file(std::path::Path::new(&f))?;
+    }
     let store = Arc::new(Mutex::new(store));
     let addr = listener.local_addr()?;
     let tls = config.check_listen(addr)?;
@@ -483,23 +582,22 @@ pub async fn run(
     .into_axum_router()
     .route("/metrics", get(scrape));
     tracing::info!(address = %addr, database = %config.database.display(), tls = tls.is_some(), "brain serving");
-    // HTTP/1.1 too: Prometheus scrapes GET /metrics on the same address.
+    // HTTP/1.1 too: Prometheus scrapes GET /metrics on the same address. TLS and the
+    // connection limits are the listener's (`auth::listen`).
     let mut builder = tonic::transport::Server::builder().accept_http1(true);
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| BrainError::Config(format!("[tls]: {e}")))?;
-    }
+    let listening = auth::listen::Listening {
+        name: "brain",
+        limits: config.limits.connections,
+        tls,
+        stats: metrics.conn_stats.clone(),
+    };
     let (quit_tx, quit_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(
         builder
             .add_routes(tonic::service::Routes::from(app))
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                async {
-                    let _ = quit_rx.await;
-                },
-            ),
+            .serve_with_incoming_shutdown(auth::listen::incoming(listener, listening), async {
+                let _ = quit_rx.await;
+            }),
     );
     let served = tokio::select! {
         r = &mut server => Some(r),

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,21 +71,6 @@ async fn first_job_ended(url: &str) -> pb::JobRecord {
         assert!(Instant::now() < deadline, "the job did not end: {all:#?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-fn http_get(addr: &str, path: &str, token: Option<auth::Token>) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let authorization = token
-        .map(|t| format!("Authorization: Bearer {}\r\n", t.expose()))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,14 +219,12 @@ async fn three_jobs_share_four_cpus(scheduler: &str, max_workers: u32) {
     assert!(reached >= 2, "{done:#?}");
 
     // Prometheus' scrape needs the metrics token (beside the operator token).
-    let refused = http_get(&addr, "/metrics", None);
+    let (status, refused) = common::get(&addr, "/metrics", None);
     assert!(
-        refused.starts_with("HTTP/1.1 401") && refused.contains("metrics token"),
-        "{refused}"
+        status == 401 && refused.contains("metrics token"),
+        "{status} {refused}"
     );
-    let scraper =
-        auth::read_secret(&common::token_file(&addr).with_file_name("metrics.token")).unwrap();
-    let metrics = http_get(&addr, "/metrics", Some(scraper));
+    let metrics = common::scrape(&addr);
     assert!(
         metrics.contains("brain_jobs{state=\"succeeded\"} 3"),
         "{metrics}"
@@ -446,7 +428,7 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert!(ok && out.contains("interval_s = 60"), "{out}");
     let good_policy = bad(
         "good.toml",
-        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3\"]\n"
+        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3 train.py ...\"]\n"
             .into(),
     );
     let (ok, out) = brainctl(&[
@@ -459,7 +441,7 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert!(ok, "{out}");
     assert_eq!(
         std::fs::read_to_string(d.join("policy.toml")).unwrap(),
-        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3\"]\n"
+        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3 train.py ...\"]\n"
     );
     // The program the policy now names is accepted (and waits for room like any job).
     let cmd = bad(
@@ -516,14 +498,18 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
             "3",
             "--token-file",
         ])
-        .arg(brain::launch::token_file(Path::new(&run_dir)))
+        .arg(brain::launch::job_secret_file(Path::new(&run_dir)))
+        // The brain's jobs run with TLS inside them: the job's own certificate.
+        .arg("--tls-dir")
+        .arg(Path::new(&run_dir).join("master").join(auth::tls::JOB_DIR))
         .output()
         .unwrap();
     let said =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{said}");
     assert!(
-        said.contains(&format!("job scaled is managed by the brain at {url}")),
+        said.contains("job scaled is managed by the brain at https://")
+            && said.contains(url.trim_start_matches("http://")),
         "{said}"
     );
 

@@ -48,16 +48,92 @@ pub struct PolicyConfig {
     pub submissions: SubmissionPolicy,
 }
 
-/// What a submitted job may run (`[submissions]`): the brain runs its master and processes as
-/// its own user, so a `command:` job runs only an executable the operator names here.
+/// What a submitted job may run (`[submissions]`): a `command:` job runs only a whole command
+/// the operator allows here, program and arguments, so that an allowed interpreter is no way
+/// to run code of the job's choosing (`python3 -c CODE`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmissionPolicy {
-    /// The programs a `command:` job may start, as its first word must be written (`python3`,
-    /// `/opt/venv/bin/python`); empty (the default): `command:` jobs are refused, only the
+    /// The commands a `command:` job may run, each written as a command line (shell words):
+    /// the program as the job writes it, then one pattern per argument (`*` any text, `?` one
+    /// character, `[..]` a class, within the word); a last word `...` lets any further
+    /// arguments follow. `"python3 examples/pytorch-ddp/train.py ..."` allows that script with
+    /// any arguments, and no other. Empty (the default): `command:` jobs are refused, only the
     /// built-in workload runs.
     #[serde(default)]
-    pub commands: Vec<String>,
+    pub commands: Vec<CommandPattern>,
+}
+
+/// One allowed command: the program, a pattern per argument, and whether more may follow.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CommandPattern {
+    text: String,
+    program: String,
+    args: Vec<glob::Pattern>,
+    more: bool,
+}
+
+impl TryFrom<String> for CommandPattern {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let words = shlex::split(&text)
+            .ok_or_else(|| format!("{text:?}: not a command line (unbalanced quotes)"))?;
+        let (program, rest) = words
+            .split_first()
+            .ok_or_else(|| format!("{text:?}: an empty command"))?;
+        if program.contains(['*', '?', '[']) || program == "..." {
+            return Err(format!(
+                "{text:?}: the program is named as written, without patterns"
+            ));
+        }
+        let more = rest.last().is_some_and(|w| w == "...");
+        let rest = if more { &rest[..rest.len() - 1] } else { rest };
+        let args = rest
+            .iter()
+            .map(|w| {
+                if w == "..." {
+                    return Err(format!("{text:?}: `...` may only end a command"));
+                }
+                glob::Pattern::new(w).map_err(|e| format!("{text:?}: {w:?}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(CommandPattern {
+            program: program.clone(),
+            args,
+            more,
+            text,
+        })
+    }
+}
+
+impl From<CommandPattern> for String {
+    fn from(p: CommandPattern) -> String {
+        p.text
+    }
+}
+
+impl CommandPattern {
+    /// Whether `argv` (program first) is this command.
+    pub fn matches(&self, argv: &[String]) -> bool {
+        let Some((program, args)) = argv.split_first() else {
+            return false;
+        };
+        let count_ok = if self.more {
+            args.len() >= self.args.len()
+        } else {
+            args.len() == self.args.len()
+        };
+        *program == self.program
+            && count_ok
+            && self.args.iter().zip(args).all(|(p, a)| p.matches(a))
+    }
+
+    /// As the operator wrote it.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
 }
 
 fn default_heuristics() -> Vec<HeuristicKind> {
@@ -158,6 +234,37 @@ mod tests {
     }
 
     #[test]
+    fn an_allowed_command_is_a_whole_command_line() {
+        let c = PolicyConfig::from_toml(
+            "[submissions]\ncommands = [\"python3 train.py --lr=* ...\", \"/bin/echo hi\"]\n",
+        )
+        .unwrap();
+        let allowed = |argv: &[&str]| {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            c.submissions.commands.iter().any(|p| p.matches(&argv))
+        };
+        assert!(allowed(&["python3", "train.py", "--lr=0.1"]));
+        assert!(allowed(&[
+            "python3", "train.py", "--lr=0.1", "--epochs", "2"
+        ]));
+        assert!(allowed(&["/bin/echo", "hi"]));
+        for no in [
+            &["python3", "-c", "import os"][..],
+            &["python3", "train.py"],
+            &["python3", "other.py", "--lr=1"],
+            &["/bin/echo", "hi", "there"],
+            &["/bin/echo"],
+            &["echo", "hi"],
+            &[],
+        ] {
+            assert!(!allowed(no), "{no:?}");
+        }
+        // It is written back as the operator wrote it.
+        let back = toml::to_string(&c.submissions).unwrap();
+        assert!(back.contains("python3 train.py --lr=* ..."), "{back}");
+    }
+
+    #[test]
     fn mistakes_are_reported_with_their_path() {
         for (text, expected) in [
             (
@@ -199,6 +306,19 @@ mod tests {
             (
                 "[scheduler]\nkind = \"dlrover\"\ngrow_efficiency = 0.1\n",
                 "scheduler: efficiencies grow 0.1 / shrink 0.4",
+            ),
+            (
+                "[submissions]\ncommands = [\"python3 ... x\"]\n",
+                "`...` may only end a command",
+            ),
+            (
+                "[submissions]\ncommands = [\"py* train.py\"]\n",
+                "the program is named as written",
+            ),
+            ("[submissions]\ncommands = [\"\"]\n", "an empty command"),
+            (
+                "[submissions]\ncommands = [\"python3 'x\"]\n",
+                "unbalanced quotes",
             ),
         ] {
             let e = PolicyConfig::from_toml(text).unwrap_err().to_string();

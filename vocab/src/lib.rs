@@ -12,6 +12,8 @@
 //! * [`report`]: a job's phase and the report its master writes when it ends.
 //! * [`run_dir`]: the files of a job master's run directory.
 //! * [`net`]: this node's address as a peer reaches it (the route's local end).
+//! * [`paths`]: paths from user input kept inside their directory; files and directories made
+//!   without following planted links.
 //!
 //! * `wire` (feature `wire`): one `From`/`TryFrom` per job-master wire type.
 //!
@@ -21,6 +23,7 @@
 pub mod error;
 pub mod ids;
 pub mod net;
+pub mod paths;
 pub mod plan;
 pub mod report;
 pub mod role;

@@ -174,7 +174,14 @@ fn child_env(
     incarnation: u64,
     service_addr: &str,
 ) -> BTreeMap<String, String> {
-    let mut env = BTreeMap::new();
+    // The job's own variables first: what the runtime sets below replaces any of the same
+    // name (the spec's validation refuses them; this holds for a master that did not check).
+    let mut env: BTreeMap<String, String> = reg
+        .env
+        .iter()
+        .filter(|(k, _)| !vocab::spec::env::runtime_owned(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let role = role_name(args.role);
     // What torchrun gives a process: this agent is a "node" running one process.
     env.insert("LOCAL_RANK".into(), "0".into());
@@ -227,9 +234,6 @@ fn child_env(
     env.insert("BRAIN_CPU_MILLICORES".into(), r.cpu_millicores.to_string());
     env.insert("BRAIN_MEMORY_BYTES".into(), r.memory_bytes.to_string());
     env.insert("BRAIN_GPUS".into(), r.gpus.to_string());
-    for (k, v) in &reg.env {
-        env.insert(k.clone(), v.clone());
-    }
     env
 }
 

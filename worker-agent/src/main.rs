@@ -114,6 +114,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A parameter server holds a descriptor per connection: room for many.
+    if let Err(e) = auth::listen::raise_open_files() {
+        tracing::warn!("cannot raise the open-file limit: {e}");
+    }
     // The agent and the workload processes are small: one thread drives them; the PS serves
     // from a multi-threaded runtime so pulls and pushes of several workers run in parallel.
     let multi = matches!(

@@ -76,11 +76,13 @@ struct Cli {
     /// DIR/brain.pem and admits only clients with a certificate DIR/ca.pem signed; the job
     /// masters it starts present DIR/client.pem, and run their jobs with mutual TLS inside
     /// them too (`job-master run --job-tls`) [config: tls, launcher.tls, launcher.job_tls].
+    /// Without it (and without [tls]) the brain still serves TLS, with a certificate and CA of
+    /// its own made at its first start in tls/ beside the database; clients pin that CA.
     #[arg(long)]
     tls_dir: Option<PathBuf>,
-    /// Check no token and allow listening beyond loopback without TLS: anyone who reaches the
-    /// address may submit, cancel and steer every job. For a network you trust only
-    /// [config: insecure].
+    /// Check no token and serve without TLS (plain text, also beyond loopback): anyone who
+    /// reaches the address may submit, cancel and steer every job, and a client cannot tell
+    /// the brain from an impostor. For a network you trust only [config: insecure].
     #[arg(long)]
     insecure: bool,
 }
@@ -115,6 +117,11 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A connection takes a descriptor: room for many, not the common 1,024.
+    match auth::listen::raise_open_files() {
+        Ok(n) => tracing::debug!("open-file limit {n}"),
+        Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+    }
     let mut config = match &cli.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -181,21 +188,48 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("binding {}", cli.listen))?;
+    let bound = listener.local_addr()?;
+    // TLS by default, on loopback too: a certificate of the brain's own, pinned by its clients.
+    let hosts: Vec<String> = [Some(bound.ip()), config.advertise]
+        .into_iter()
+        .flatten()
+        .filter(|ip| !ip.is_unspecified())
+        .map(|ip| ip.to_string())
+        .collect();
+    // A listener on every interface without --advertise: no name for the certificate to
+    // carry; such a brain needs [tls] (`brainctl certs --host`) or --insecure (checked below).
+    let nameless = bound.ip().is_unspecified() && config.advertise.is_none();
+    if !nameless && let Some(dir) = config.default_tls(&hosts)? {
+        println!(
+            "TLS with the brain's own certificate: {} (clients check it against {}; brainctl \
+             run from here finds it, elsewhere --ca)",
+            dir.join(auth::tls::SERVER_CERT).display(),
+            dir.join(auth::tls::CA_CERT).display()
+        );
+    }
     // Nothing is announced on an address the brain would then refuse to serve.
-    config.check_listen(listener.local_addr()?)?;
-    // The operator token exists before anyone is told where to call.
-    let token_file = config.operator_token_file();
-    auth::read_or_create(&token_file)?;
-    println!(
-        "operator token in {} (brainctl --token-file reads it)",
-        token_file.display()
-    );
-    let metrics_file = config.metrics_token_file();
-    auth::read_or_create(&metrics_file)?;
-    println!(
-        "metrics token in {} (GET /metrics asks for it: Prometheus'          authorization.credentials_file)",
-        metrics_file.display()
-    );
+    config.check_listen(bound)?;
+    if config.insecure {
+        println!(
+            "--insecure: no token is checked and nothing is encrypted; anyone who reaches {bound} \
+             may submit, cancel and steer every job (brainctl --insecure talks to it)"
+        );
+    } else {
+        // The operator token exists before anyone is told where to call.
+        let token_file = config.operator_token_file();
+        auth::read_or_create(&token_file)?;
+        println!(
+            "operator token in {} (brainctl --token-file reads it)",
+            token_file.display()
+        );
+        let metrics_file = config.metrics_token_file();
+        auth::read_or_create(&metrics_file)?;
+        println!(
+            "metrics token in {} (GET /metrics asks for it: Prometheus' \
+             authorization.credentials_file)",
+            metrics_file.display()
+        );
+    }
     // The address actually bound (port 0 picks one), for whoever started us.
     println!("listening on {}", listener.local_addr()?);
     let shutdown = async {

@@ -243,7 +243,7 @@ impl Control {
         } else {
             origin.to_string()
         };
-        let mut spec: JobSpec = JobSpec::from_yaml(spec_yaml)
+        let spec: JobSpec = JobSpec::from_yaml(spec_yaml)
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
         let run_dir = self.launcher.run_dir(&spec.name);
         crate::store::check_name(&spec.name)
@@ -252,11 +252,59 @@ impl Control {
                     .map_err(BrainError::InvalidArgument)
             })
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
-        place_checkpoints(&mut spec, &run_dir);
-        std::fs::create_dir_all(&run_dir)?;
+        let name = spec.name.clone();
+        let taken = self.with_store(move |s| s.job_by_name(&name)).await?;
+        if let Some(row) = taken {
+            return Err(BrainError::AlreadyExists(format!(
+                "the name {:?} is taken by {} ({}); give the job another name",
+                row.name,
+                row.id,
+                row.state.as_str()
+            )));
+        }
+        // The run directory is new: made here, or the submission is refused (anything already
+        // at its path, a planted link included, is never used). A refusal from here on
+        // leaves nothing behind.
+        vocab::paths::make_dir(&run_dir)
+            .and_then(|made| {
+                made.then_some(()).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!(
+                            "{} exists already (left by an earlier brain?): remove it or give \
+                             the job another name",
+                            run_dir.display()
+                        ),
+                    )
+                })
+            })
+            .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+        let r = self.submit_in(spec, &run_dir, &origin).await;
+        if r.is_err() {
+            let _ = std::fs::remove_dir_all(&run_dir);
+        }
+        r
+    }
+
+    /// [`Self::submit`] once the job's run directory is made.
+    async fn submit_in(
+        &self,
+        mut spec: JobSpec,
+        run_dir: &std::path::Path,
+        origin: &str,
+    ) -> Result<(JobId, Shape, Vec<String>), BrainError> {
+        place_checkpoints(&mut spec, run_dir);
+        vocab::paths::inside(run_dir, &spec.checkpoint.dir)
+            .map(|resolved| spec.checkpoint.dir = resolved)
+            .map_err(|e| {
+                BrainError::InvalidArgument(format!(
+                    "{origin}: checkpoint.dir: {e} (it must stay inside the job's run directory)"
+                ))
+            })?;
         spec.validate()
             .and_then(|()| vocab::spec::host::check(&spec))
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+        let origin = origin.to_string();
         let cluster = self.cluster();
         let (id, shape, reasons) = self
             .with_store(move |s| {

@@ -299,6 +299,18 @@ impl Store {
             .ok_or(BrainError::UnknownJob(job.0))
     }
 
+    /// The job named `name`, if any (names are never reused).
+    pub fn job_by_name(&self, name: &str) -> Result<Option<JobRow>, BrainError> {
+        let id: Option<i64> = self
+            .conn
+            .query_row("SELECT id FROM jobs WHERE name = ?1", [name], |r| r.get(0))
+            .optional()?;
+        match id {
+            Some(id) => Ok(self.rows(Some(id), false)?.pop()),
+            None => Ok(None),
+        }
+    }
+
     /// Every job, by id.
     pub fn jobs(&self) -> Result<Vec<JobRow>, BrainError> {
         self.rows(None, false)

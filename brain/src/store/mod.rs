@@ -106,19 +106,11 @@ pub(super) fn json_column<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A job's name is a DNS-1123 label (`vocab::spec::limits::dns_label`): it becomes a
+/// directory under the runs directory, so `.`, `..`, `/` never get there.
 pub(crate) fn check_name(name: &str) -> Result<(), BrainError> {
-    let ok = !name.trim().is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(BrainError::InvalidArgument(format!(
-            "job name {name:?}: expected 1 to 128 letters, digits, '-', '_' or '.'"
-        )))
-    }
+    vocab::spec::limits::dns_label(name)
+        .map_err(|e| BrainError::InvalidArgument(format!("job name {e}")))
 }
 
 /// Columns added after the first release of the schema, in order; `user_version` counts how

@@ -22,6 +22,10 @@ static TOKEN_FILES: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new(
 /// [`brainctl`] and the clients here then speak mutual TLS to it with that directory's files.
 static TLS_DIRS: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
 
+/// The CA of every brain this test process started with its own TLS (neither `--tls-dir` nor
+/// `--insecure`: the default), by its `host:port`.
+static OWN_CAS: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+
 fn registered(of: &Mutex<BTreeMap<String, PathBuf>>, url: &str) -> Option<PathBuf> {
     let addr = url
         .trim_start_matches("http://")
@@ -40,32 +44,64 @@ fn registered(of: &Mutex<BTreeMap<String, PathBuf>>, url: &str) -> Option<PathBu
 pub fn spawn_brain(configure: impl FnOnce(&mut Command)) -> (Brain, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_brain"));
     configure(&mut cmd);
-    let args: Vec<_> = cmd.get_args().map(PathBuf::from).collect();
-    let database = args
-        .iter()
-        .position(|a| a.as_os_str() == "--database")
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| PathBuf::from("brain-data/brain.db"));
-    let token_file = database.with_file_name("operator.token");
-    let tls_dir = args
-        .iter()
-        .position(|a| a.as_os_str() == "--tls-dir")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
     let (brain, addr) =
         test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
+    register(&addr, &cmd);
+    (brain, addr)
+}
+
+/// Notes how clients reach the brain that `cmd` started at `addr` (its token file, its TLS),
+/// from the flags `cmd` gave it (the binary may come after a wrapper such as `prlimit`).
+pub fn register(addr: &str, cmd: &Command) {
+    let args: Vec<_> = cmd.get_args().map(PathBuf::from).collect();
+    let after = |flag: &str| {
+        args.iter()
+            .position(|a| a.as_os_str() == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let database = after("--database").unwrap_or_else(|| PathBuf::from("brain-data/brain.db"));
+    let token_file = database.with_file_name("operator.token");
+    let insecure = args.iter().any(|a| a.as_os_str() == "--insecure");
     TOKEN_FILES
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(addr.clone(), token_file);
-    if let Some(dir) = tls_dir {
-        TLS_DIRS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(addr.clone(), dir);
+        .insert(addr.to_string(), token_file.clone());
+    match after("--tls-dir") {
+        Some(dir) => {
+            TLS_DIRS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(addr.to_string(), dir);
+        }
+        None if !insecure => {
+            OWN_CAS.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                addr.to_string(),
+                token_file
+                    .with_file_name(brain::server::TLS_DIR)
+                    .join(auth::tls::CA_CERT),
+            );
+        }
+        None => {}
     }
-    (brain, addr)
+}
+
+/// How clients reach the brain at `url`: mutual TLS with its `--tls-dir`, TLS checked against
+/// the CA it made itself, or plain text (`--insecure`).
+pub fn client_tls(url: &str) -> Option<auth::tls::ClientTls> {
+    if let Some(d) = tls_dir(url) {
+        return Some(auth::tls::ClientTls::in_dir(&d));
+    }
+    registered(&OWN_CAS, url).map(|ca_file| auth::tls::ClientTls {
+        ca_file,
+        cert_file: None,
+        key_file: None,
+    })
+}
+
+/// The CA file the brain at `url` made itself, if it runs with its own TLS.
+pub fn own_ca(url: &str) -> Option<PathBuf> {
+    registered(&OWN_CAS, url)
 }
 
 /// The operator token file of the brain at `url` (`http://host:port` or `host:port`).
@@ -96,7 +132,7 @@ pub async fn client_with(url: &str, token: Option<auth::Token>) -> Client {
 
 /// [`client_with`], or `None` while the brain does not answer.
 pub async fn try_client_with(url: &str, token: Option<auth::Token>) -> Option<Client> {
-    let tls = tls_dir(url).map(|d| auth::tls::ClientTls::in_dir(&d).config().unwrap());
+    let tls = client_tls(url).map(|t| t.config().unwrap());
     let url = if url.starts_with("http") {
         url.to_string()
     } else {
@@ -136,6 +172,10 @@ pub fn brainctl(args: &[&str]) -> (bool, String) {
         cmd.arg("--token-file").arg(token_file(url));
         if let Some(dir) = tls_dir(url) {
             cmd.arg("--tls-dir").arg(dir);
+        } else if let Some(ca) = own_ca(url) {
+            cmd.arg("--ca").arg(ca);
+        } else {
+            cmd.arg("--insecure");
         }
     }
     let out = cmd.output().unwrap();
@@ -199,9 +239,9 @@ pub async fn jobs(url: &str) -> Option<Vec<pb::JobRecord>> {
 pub type MasterClient = jm::job_master_client::JobMasterClient<auth::Channel>;
 
 /// A client of the job master at `master` of the job in `run_dir` (as the brain's record
-/// says), with the job's secret the brain wrote there.
+/// says), with the job's secret its master made there.
 pub async fn master_client(master: &str, run_dir: &str) -> Option<MasterClient> {
-    let token = auth::read_secret(&brain::launch::token_file(Path::new(run_dir))).ok()?;
+    let token = auth::read_secret(&brain::launch::job_secret_file(Path::new(run_dir))).ok()?;
     // A brain with TLS runs its jobs with TLS inside them: the job's own certificate then.
     let tls_dir = Path::new(run_dir).join("master").join(auth::tls::JOB_DIR);
     let tls = match tls_dir.exists() {
@@ -230,4 +270,59 @@ pub async fn alive(master: &str, run_dir: &str) -> Option<u32> {
             .filter(|p| !matches!(p.state.as_str(), "removed" | "succeeded"))
             .count() as u32,
     )
+}
+
+/// `GET path` on the brain at `url` (`http://` or `https://HOST:PORT`) with `token` as a
+/// bearer token, over the TLS its clients use; the status and the body.
+pub fn get(url: &str, path: &str, token: Option<&auth::Token>) -> (u16, String) {
+    let mut client = reqwest::Client::builder();
+    if let Some(tls) = client_tls(url) {
+        let ca = std::fs::read(&tls.ca_file).unwrap();
+        client = client.add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap());
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            let mut identity = std::fs::read(cert).unwrap();
+            identity.extend(std::fs::read(key).unwrap());
+            client = client.identity(reqwest::Identity::from_pem(&identity).unwrap());
+        }
+    }
+    let client = client.build().unwrap();
+    let scheme = if client_tls(url).is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    let full = format!("{scheme}://{addr}{path}");
+    let token = token.cloned();
+    // A thread of its own: callers may be inside a runtime already.
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let mut req = client.get(&full);
+                if let Some(t) = token {
+                    req = req.bearer_auth(t.expose());
+                }
+                let r = req
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("GET {full}: {e}"));
+                (r.status().as_u16(), r.text().await.unwrap())
+            })
+    })
+    .join()
+    .unwrap()
+}
+
+/// `GET /metrics` of the brain at `url` with its metrics token (beside its operator token).
+pub fn scrape(url: &str) -> String {
+    let token = auth::read_secret(&token_file(url).with_file_name("metrics.token")).unwrap();
+    let (status, body) = get(url, "/metrics", Some(&token));
+    assert_eq!(status, 200, "GET /metrics: {body}");
+    body
 }

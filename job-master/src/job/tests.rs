@@ -532,3 +532,51 @@ fn the_context_round_trips_through_json() {
     let back: JobContext = serde_json::from_str(&json).unwrap();
     assert_eq!(back, ctx);
 }
+
+/// A spec at every limit `vocab::spec::limits` sets is valid, and the job master takes it
+/// without a panic or an allocation beyond its shards (issue 40: `num_samples` of i64::MAX
+/// used to end in "capacity overflow"); one past a limit is refused with the limit.
+#[test]
+fn a_spec_at_the_limits_is_taken_and_one_past_them_refused() {
+    use vocab::spec::limits::*;
+    let at = |samples: i64, shard: i64, workers: i64| {
+        JobSpec::from_yaml(&format!(
+            "name: big\nkind: ps\nroles:\n  ps: {{ replicas: 1, max_restarts: {MAX_RESTARTS} }}\n  \
+             worker: {{ replicas: {workers}, max: {MAX_REPLICAS}, resources: {{ cpu: 1024, \
+             memory: 64Ti, gpu: {MAX_GPUS} }} }}\n\
+             workload:\n  builtin: {{ hash_buckets: {MAX_HASH_BUCKETS}, num_fields: {MAX_FIELDS}, \
+             batch_size: {MAX_BATCH}, step_delay_us: {MAX_STEP_DELAY_US} }}\n\
+             data: {{ num_samples: {samples}, shard_size: {shard}, eval_samples: \
+             {MAX_EVAL_SAMPLES} }}\nepochs: {MAX_EPOCHS}\n\
+             checkpoint: {{ dir: /tmp/brain-job-test }}\n"
+        ))
+        .unwrap()
+    };
+    // Every shard of every epoch at the limit.
+    let shard = (MAX_SAMPLES as u64 * MAX_EPOCHS as u64).div_ceil(MAX_SHARDS) as i64;
+    let spec = at(MAX_SAMPLES, shard, 1);
+    spec.validate().unwrap();
+    let (ctx, _) = JobContext::new(spec, "big-1".into(), Timing::default(), 0);
+    assert!(ctx.spec.shards_per_epoch() * MAX_EPOCHS as u64 <= MAX_SHARDS);
+    for (spec, says) in [
+        (at(i64::MAX, shard, 1), "data.num_samples"),
+        (at(MAX_SAMPLES, 1, 1), "data.shard_size"),
+        (at(1000, 10, MAX_REPLICAS + 1), "roles.worker.replicas"),
+    ] {
+        let e = spec.validate().unwrap_err().to_string();
+        assert!(e.starts_with(says) && e.contains("limit"), "{e}");
+    }
+    for (res, says) in [
+        ("{ memory: 1e30 }", "roles.worker.resources.memory"),
+        ("{ cpu: 100000 }", "roles.worker.resources.cpu"),
+        ("{ gpu: 65 }", "roles.worker.resources.gpu"),
+    ] {
+        let s = JobSpec::from_yaml(&format!(
+            "name: j\nkind: allreduce\nroles:\n  worker: {{ resources: {res} }}\nworkload:\n  \
+             builtin: {{}}\ndata: {{ num_samples: 10, shard_size: 1 }}\ncheckpoint: {{ dir: /t }}\n"
+        ))
+        .unwrap();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.starts_with(says) && e.contains("above the limit"), "{e}");
+    }
+}

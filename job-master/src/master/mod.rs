@@ -67,6 +67,9 @@ pub struct MasterConfig {
     /// The brain asks for it when it runs with TLS itself.
     #[serde(default)]
     pub job_tls: bool,
+    /// How the master's listener treats connections (timeouts, caps: [`auth::listen`]).
+    #[serde(default)]
+    pub connections: auth::listen::ConnLimits,
 }
 
 /// Where a job master keeps the job's TLS files, in its run directory.
@@ -165,6 +168,7 @@ pub async fn run(
         advertise,
         token_file,
         job_tls,
+        connections,
     } = config;
     spec.validate().map_err(vocab::Error::from)?;
     vocab::spec::host::check(&spec).map_err(vocab::Error::from)?;
@@ -256,8 +260,8 @@ pub async fn run(
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = creds
-        .server()?
+    let listening = creds.listening("job master", connections)?;
+    let server = tonic::transport::Server::builder()
         .add_service(pb::job_master_server::JobMasterServer::with_interceptor(
             MasterService::new(shared.clone()),
             {
@@ -271,12 +275,9 @@ pub async fn run(
                 }
             },
         ))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async {
-                let _ = stop_rx.await;
-            },
-        );
+        .serve_with_incoming_shutdown(auth::listen::incoming(listener, listening), async {
+            let _ = stop_rx.await;
+        });
     let server = tokio::spawn(server);
     tracing::info!(%addr, "job master listening");
 

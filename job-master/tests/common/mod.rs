@@ -250,6 +250,7 @@ async fn start_full(
         advertise: None,
         token_file: None,
         job_tls,
+        connections: Default::default(),
     };
     let handle = tokio::spawn(job_master::run(config, listener, std::future::pending()));
     Running {

@@ -7,7 +7,9 @@
 //! can be created). Replicas and resources are optional: omitted means "the brain decides"; a
 //! job master run without a brain falls back to the role's `min`.
 
+pub mod env;
 pub mod host;
+pub mod limits;
 mod platform;
 
 use std::collections::BTreeMap;
@@ -260,8 +262,10 @@ impl JobSpec {
         Ok(spec)
     }
 
-    /// Parses YAML, rejecting unknown fields and wrong types with the field's path.
+    /// Parses YAML, rejecting unknown fields and wrong types with the field's path, and
+    /// aliases before anything is built ([`refuse_aliases`]).
     pub fn from_yaml(text: &str) -> Result<JobSpec, SpecError> {
+        refuse_aliases(text)?;
         let de = serde_norway::Deserializer::from_str(text);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -279,20 +283,7 @@ impl JobSpec {
     /// Checks everything the types cannot, without looking at this machine (the program and
     /// the checkpoint directory are [`host::check`]'s). The first problem found is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
-        if self.name.is_empty()
-            || !self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        {
-            return Err(SpecError::new(
-                "name",
-                format!(
-                    "{:?} must be non-empty and use only letters, digits, '-', '_' and '.'",
-                    self.name
-                ),
-            ));
-        }
+        limits::dns_label(&self.name).map_err(|e| SpecError::new("name", e))?;
         if !self.roles.contains_key(&Role::Worker) {
             return Err(SpecError::new(
                 "roles.worker",
@@ -319,14 +310,68 @@ impl JobSpec {
         }
         self.validate_workload()?;
         positive("data.num_samples", self.data.num_samples)?;
+        limits::at_most(
+            "data.num_samples",
+            self.data.num_samples,
+            limits::MAX_SAMPLES,
+        )?;
         positive("data.shard_size", self.data.shard_size)?;
-        non_negative("data.eval_samples", self.data.eval_samples)?;
         positive("epochs", self.epochs)?;
+        limits::at_most("epochs", self.epochs, limits::MAX_EPOCHS)?;
+        let shards = self.shards_per_epoch() * self.epochs as u64;
+        if shards > limits::MAX_SHARDS {
+            return Err(SpecError::new(
+                "data.shard_size",
+                format!(
+                    "{} is too small for {} samples over {} epochs: {shards} shards in all, above \
+                     the limit of {}",
+                    self.data.shard_size,
+                    self.data.num_samples,
+                    self.epochs,
+                    limits::MAX_SHARDS
+                ),
+            ));
+        }
+        non_negative("data.eval_samples", self.data.eval_samples)?;
+        limits::at_most(
+            "data.eval_samples",
+            self.data.eval_samples,
+            limits::MAX_EVAL_SAMPLES,
+        )?;
         non_negative("checkpoint.every_shards", self.checkpoint.every_shards)?;
         Ok(())
     }
 
     fn validate_workload(&self) -> Result<(), SpecError> {
+        if self.workload.env.len() > limits::MAX_ENV_VARS {
+            return Err(SpecError::new(
+                "workload.env",
+                format!(
+                    "sets {} variables, above the limit of {}",
+                    self.workload.env.len(),
+                    limits::MAX_ENV_VARS
+                ),
+            ));
+        }
+        for (key, value) in &self.workload.env {
+            if env::runtime_owned(key) {
+                return Err(SpecError::new(
+                    format!("workload.env.{key}"),
+                    "is the runtime's to set (torchrun's variables, TF_CONFIG, the devices a \
+                     process was given, BRAIN_*, in any case): a job may not set it",
+                ));
+            }
+            if key.len() > limits::MAX_WORD_BYTES || value.len() > limits::MAX_ENV_VALUE_BYTES {
+                return Err(SpecError::new(
+                    "workload.env",
+                    format!(
+                        "a variable's name is above {} bytes or its value above {} bytes",
+                        limits::MAX_WORD_BYTES,
+                        limits::MAX_ENV_VALUE_BYTES
+                    ),
+                ));
+            }
+        }
         if let Some(g) = self.workload.grace_period_ms
             && !(0..=MAX_GRACE_PERIOD_MS).contains(&g)
         {
@@ -364,6 +409,20 @@ impl JobSpec {
                 "workload.command",
                 "is empty: give the program and its arguments",
             )),
+            (None, Some(cmd)) if cmd.len() > limits::MAX_COMMAND_WORDS => Err(SpecError::new(
+                "workload.command",
+                format!(
+                    "has {} words, above the limit of {}",
+                    cmd.len(),
+                    limits::MAX_COMMAND_WORDS
+                ),
+            )),
+            (None, Some(cmd)) if cmd.iter().any(|w| w.len() > limits::MAX_WORD_BYTES) => {
+                Err(SpecError::new(
+                    "workload.command",
+                    format!("has a word of more than {} bytes", limits::MAX_WORD_BYTES),
+                ))
+            }
             // Whether the program runs here is the host's check (`host::check`).
             (None, Some(_)) => Ok(()),
             (Some(b), None) => {
@@ -372,6 +431,19 @@ impl JobSpec {
                 positive("workload.builtin.hash_buckets", b.hash_buckets)?;
                 positive("workload.builtin.batch_size", b.batch_size)?;
                 non_negative("workload.builtin.step_delay_us", b.step_delay_us)?;
+                for (field, v, max) in [
+                    ("num_fields", b.num_fields, limits::MAX_FIELDS),
+                    (
+                        "vocab_per_field",
+                        b.vocab_per_field,
+                        limits::MAX_VOCAB_PER_FIELD,
+                    ),
+                    ("hash_buckets", b.hash_buckets, limits::MAX_HASH_BUCKETS),
+                    ("batch_size", b.batch_size, limits::MAX_BATCH),
+                    ("step_delay_us", b.step_delay_us, limits::MAX_STEP_DELAY_US),
+                ] {
+                    limits::at_most(&format!("workload.builtin.{field}"), v, max)?;
+                }
                 if !(b.learning_rate.is_finite() && b.learning_rate > 0.0) {
                     return Err(SpecError::new(
                         "workload.builtin.learning_rate",
@@ -452,8 +524,10 @@ impl JobSpec {
                     format!("{n} must not be negative"),
                 ));
             }
-            Some(n) => u32::try_from(n)
-                .map_err(|_| SpecError::new(p("max_restarts"), format!("{n} is too large")))?,
+            Some(n) => {
+                limits::at_most(&p("max_restarts"), n, limits::MAX_RESTARTS)?;
+                n as u32
+            }
             None => 3,
         };
         if let Some(res) = &r.resources {
@@ -462,6 +536,20 @@ impl JobSpec {
                     p("resources.cpu"),
                     "0 must be more than zero",
                 ));
+            }
+            if let Some(Millicores(m)) = res.cpu {
+                limits::at_most_u64(&p("resources.cpu"), m, limits::MAX_CPU_MILLICORES, "m")?;
+            }
+            if let Some(Bytes(b)) = res.memory {
+                limits::at_most_u64(
+                    &p("resources.memory"),
+                    b,
+                    limits::MAX_MEMORY_BYTES,
+                    " bytes",
+                )?;
+            }
+            if let Some(g) = res.gpu {
+                limits::at_most_u64(&p("resources.gpu"), g.into(), limits::MAX_GPUS.into(), "")?;
             }
             if let Some(t) = &res.gpu_type {
                 if res.gpu.unwrap_or(0) == 0 {
@@ -511,6 +599,34 @@ impl JobSpec {
     }
 }
 
+/// Refuses a YAML text with an alias (`*name`, also in a merge key `<<: *name`), read event by
+/// event before any value is built: an alias repeats what its anchor names, so a spec of a
+/// few kilobytes could otherwise expand to gigabytes ("billion laughs"). A text the event
+/// reader cannot read is refused with its reason.
+pub fn refuse_aliases(text: &str) -> Result<(), SpecError> {
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        match parser.next_token() {
+            Ok((Event::StreamEnd, _)) => return Ok(()),
+            Ok((Event::Alias(_), mark)) => {
+                return Err(SpecError::new(
+                    "spec",
+                    format!(
+                        "line {}, column {}: a YAML alias (*name): aliases are not accepted in a \
+                         job spec (each repeats what its anchor names, so a small spec could \
+                         expand without bound); write the value out",
+                        mark.line(),
+                        mark.col() + 1
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(SpecError::new("spec", format!("not YAML: {e}"))),
+        }
+    }
+}
+
 fn positive(path: &str, v: i64) -> Result<(), SpecError> {
     if v <= 0 {
         return Err(SpecError::new(
@@ -535,6 +651,7 @@ fn to_count(path: &str, v: i64) -> Result<u32, SpecError> {
             format!("{v} must be greater than zero"),
         ));
     }
+    limits::at_most(path, v, limits::MAX_REPLICAS)?;
     u32::try_from(v).map_err(|_| SpecError::new(path, format!("{v} is too large")))
 }
 

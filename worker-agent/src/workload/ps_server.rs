@@ -356,18 +356,18 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let require = auth::Require::new(svc.creds.token.clone(), "the parameter server");
-    svc.creds
-        .server()?
+    let listening = svc
+        .creds
+        .listening("parameter server", auth::listen::ConnLimits::default())
+        .map_err(|e| Error::Secret(e.to_string()))?;
+    tonic::transport::Server::builder()
         .add_service(tonic::service::interceptor::InterceptedService::new(
             pb::parameter_server_server::ParameterServerServer::new(svc)
                 .max_decoding_message_size(256 << 20)
                 .max_encoding_message_size(256 << 20),
             require,
         ))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(auth::listen::incoming(listener, listening), shutdown)
         .await?;
     Ok(())
 }

@@ -61,6 +61,103 @@ pub struct Ring {
     prev: Option<Box<dyn Link>>,
 }
 
+/// Connections from would-be previous ranks being vetted at once; at this many, the oldest is
+/// dropped to take a new one, so that silent connections cannot hold the ring's port.
+const VETTING: usize = 64;
+
+/// Takes the connection of the previous rank in `round`: every accepted connection is vetted
+/// (TLS when the job has it, then the hello) in a task of its own, so that connections that
+/// never speak, or speak wrongly, do not hold up the real one; the first that passes is it.
+async fn accept_prev(
+    listener: &TcpListener,
+    prev_rank: u32,
+    round: u64,
+    deadline: Instant,
+    token: &auth::Token,
+    tls: Option<&RingTls>,
+) -> Result<Box<dyn Link>, Error> {
+    let mut vetting = tokio::task::JoinSet::new();
+    let mut order = std::collections::VecDeque::new();
+    let timed_out = || Error::Ring {
+        peer: prev_rank,
+        source: std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no connection from the previous rank",
+        ),
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::select! {
+            accepted = tokio::time::timeout(left, listener.accept()) => {
+                let (s, _) = accepted.map_err(|_| timed_out())?.map_err(|e| Error::Ring {
+                    peer: prev_rank,
+                    source: e,
+                })?;
+                s.set_nodelay(true).ok();
+                if order.len() >= VETTING
+                    && let Some(oldest) = order.pop_front()
+                {
+                    tokio::task::AbortHandle::abort(&oldest);
+                }
+                let (token, acceptor) = (token.clone(), tls.map(|t| t.acceptor.clone()));
+                order.push_back(vetting.spawn(vet(s, acceptor, token, prev_rank, round)));
+            }
+            Some(done) = vetting.join_next_with_id(), if !vetting.is_empty() => {
+                if let Ok((id, vetted)) = done {
+                    order.retain(|h: &tokio::task::AbortHandle| h.id() != id);
+                    if let Some(link) = vetted {
+                        return Ok(link);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One connection to the ring's port: the link when it is the previous rank of this round.
+async fn vet(
+    s: TcpStream,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    token: auth::Token,
+    prev_rank: u32,
+    round: u64,
+) -> Option<Box<dyn Link>> {
+    let mut s: Box<dyn Link> = match acceptor {
+        None => Box::new(s),
+        Some(a) => match tokio::time::timeout(Duration::from_secs(5), a.accept(s)).await {
+            Ok(Ok(s)) => Box::new(s),
+            Ok(Err(e)) => {
+                tracing::warn!("turned away a ring connection without the job's certificate: {e}");
+                return None;
+            }
+            Err(_) => return None,
+        },
+    };
+    let mut hello = [0u8; HELLO];
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello)).await,
+        Ok(Ok(_))
+    ) {
+        return None;
+    }
+    let from = u32::from_le_bytes(hello[..4].try_into().expect("4"));
+    let their_round = u64::from_le_bytes(hello[4..12].try_into().expect("8"));
+    let proof: [u8; 32] = hello[12..].try_into().expect("32");
+    if !auth::digests_match(&proof, &token.proof(&hello[..12])) {
+        tracing::warn!("turned away a ring connection without the job's secret");
+        return None;
+    }
+    if from == prev_rank && their_round == round {
+        return Some(s);
+    }
+    tracing::warn!(
+        from,
+        their_round,
+        "turned away a ring connection from another round"
+    );
+    None
+}
+
 impl Ring {
     pub fn rank(&self) -> u32 {
         self.rank
@@ -150,64 +247,7 @@ impl Ring {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        let accept_prev = async {
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let (s, _) = tokio::time::timeout(left, listener.accept())
-                    .await
-                    .map_err(|_| Error::Ring {
-                        peer: prev_rank,
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "no connection from the previous rank",
-                        ),
-                    })?
-                    .map_err(|e| Error::Ring {
-                        peer: prev_rank,
-                        source: e,
-                    })?;
-                s.set_nodelay(true).ok();
-                let mut s: Box<dyn Link> = match tls {
-                    None => Box::new(s),
-                    Some(t) => {
-                        match tokio::time::timeout(Duration::from_secs(5), t.acceptor.accept(s))
-                            .await
-                        {
-                            Ok(Ok(s)) => Box::new(s),
-                            Ok(Err(e)) => {
-                                tracing::warn!(
-                                    "turned away a ring connection without the job's certificate: {e}"
-                                );
-                                continue;
-                            }
-                            Err(_) => continue,
-                        }
-                    }
-                };
-                let mut hello = [0u8; HELLO];
-                if !matches!(
-                    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hello)).await,
-                    Ok(Ok(_))
-                ) {
-                    continue;
-                }
-                let from = u32::from_le_bytes(hello[..4].try_into().expect("4"));
-                let their_round = u64::from_le_bytes(hello[4..12].try_into().expect("8"));
-                let proof: [u8; 32] = hello[12..].try_into().expect("32");
-                if !auth::digests_match(&proof, &token.proof(&hello[..12])) {
-                    tracing::warn!("turned away a ring connection without the job's secret");
-                    continue;
-                }
-                if from == prev_rank && their_round == round {
-                    return Ok::<_, Error>(s);
-                }
-                tracing::warn!(
-                    from,
-                    their_round,
-                    "turned away a ring connection from another round"
-                );
-            }
-        };
+        let accept_prev = accept_prev(listener, prev_rank, round, deadline, token, tls);
         let (next, prev) = tokio::try_join!(connect_next, accept_prev)?;
         Ok(Self {
             rank,

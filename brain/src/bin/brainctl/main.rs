@@ -46,6 +46,11 @@ struct Cli {
     /// DIR/client.pem --tls-key DIR/client.key.
     #[arg(long, global = true, env = "BRAIN_TLS_DIR", conflicts_with_all = ["ca", "tls_cert", "tls_key"])]
     tls_dir: Option<PathBuf>,
+    /// Talk to a brain started with --insecure: plain text, no token sent. Without it
+    /// brainctl checks the brain's certificate before it sends the operator token: against
+    /// --ca, or the CA the brain made beside its database (tls/ca.pem next to --token-file).
+    #[arg(long, global = true, env = "BRAIN_INSECURE", conflicts_with_all = ["ca", "tls_cert", "tls_key", "tls_dir"])]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,7 +58,46 @@ struct Cli {
 /// How every call reaches the brain: `--token-file` and the TLS flags.
 struct Link {
     token_file: PathBuf,
+    /// `None`: plain text, no token (`--insecure`).
     tls: Option<auth::tls::ClientTls>,
+}
+
+/// The CA that checks the brain: what the flags name, else the one the brain made beside its
+/// database (`tls/ca.pem` in the token file's directory); `None` with `--insecure`. Without
+/// either, nothing is sent: a token goes only to a server that proved it is the brain.
+fn brain_tls(cli: &Cli) -> anyhow::Result<Option<auth::tls::ClientTls>> {
+    if cli.insecure {
+        return Ok(None);
+    }
+    if let Some(dir) = &cli.tls_dir {
+        return Ok(Some(auth::tls::ClientTls::in_dir(dir)));
+    }
+    if let Some(ca_file) = &cli.ca {
+        return Ok(Some(auth::tls::ClientTls {
+            ca_file: ca_file.clone(),
+            cert_file: cli.tls_cert.clone(),
+            key_file: cli.tls_key.clone(),
+        }));
+    }
+    let beside = cli
+        .token_file
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join(brain::server::TLS_DIR)
+        .join(auth::tls::CA_CERT);
+    if beside.exists() {
+        return Ok(Some(auth::tls::ClientTls {
+            ca_file: beside,
+            cert_file: None,
+            key_file: None,
+        }));
+    }
+    bail!(
+        "no CA to check the brain's certificate with: {} does not exist. Give --ca with the \
+         brain's tls/ca.pem (beside its database), or --insecure for a brain started with \
+         --insecure",
+        beside.display()
+    )
 }
 
 static LINK: std::sync::OnceLock<Link> = std::sync::OnceLock::new();
@@ -175,6 +219,16 @@ enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command calls a running brain (the others work on files alone).
+    fn talks_to_a_brain(&self) -> bool {
+        !matches!(
+            self,
+            Command::Train(_) | Command::Certs { .. } | Command::Whatif(_) | Command::Trace { .. }
+        )
+    }
+}
+
 #[derive(Subcommand)]
 enum PolicyAction {
     /// Print the policy in force and the file it lives in.
@@ -200,10 +254,14 @@ fn ask_brain<T>(
         .build()?;
     rt.block_on(async {
         let link = LINK.get().context("no --token-file")?;
-        let token = auth::read_secret(&link.token_file).with_context(|| {
-            "the operator token (the brain writes it at its first start beside its database; \
-             --token-file or BRAIN_TOKEN_FILE names another)"
-        })?;
+        // Plain text (--insecure): the brain checks no token, and none is sent.
+        let token = match &link.tls {
+            None => None,
+            Some(_) => Some(auth::read_secret(&link.token_file).with_context(|| {
+                "the operator token (the brain writes it at its first start beside its \
+                 database; --token-file or BRAIN_TOKEN_FILE names another)"
+            })?),
+        };
         let tls = link
             .tls
             .as_ref()
@@ -216,7 +274,7 @@ fn ask_brain<T>(
             .await
             .map_err(|e| anyhow::anyhow!("{e:?}"))
             .with_context(|| format!("connecting to the brain at {address}"))?;
-        let client = BrainClient::with_interceptor(channel, auth::WithToken::new(Some(token)));
+        let client = BrainClient::with_interceptor(channel, auth::WithToken::new(token));
         f(client)
             .await
             .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
@@ -297,16 +355,14 @@ async fn job_id(c: &mut Client, job: &str) -> Result<u64, tonic::Status> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let tls = match cli.tls_dir {
-        Some(dir) => Some(auth::tls::ClientTls::in_dir(&dir)),
-        None => cli.ca.map(|ca_file| auth::tls::ClientTls {
-            ca_file,
-            cert_file: cli.tls_cert,
-            key_file: cli.tls_key,
-        }),
+    // Offline commands (whatif, trace, train, certs) talk to no brain: nothing to check.
+    let tls = if cli.command.talks_to_a_brain() {
+        brain_tls(&cli)?
+    } else {
+        None
     };
     LINK.set(Link {
-        token_file: cli.token_file,
+        token_file: cli.token_file.clone(),
         tls,
     })
     .unwrap_or_else(|_| unreachable!("set once, before any call"));

@@ -65,6 +65,10 @@ async fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // A server holds a descriptor per connection: room for many, not the common 1,024.
+    if let Err(e) = auth::listen::raise_open_files() {
+        tracing::warn!("cannot raise the open-file limit: {e}");
+    }
     let result = match Cli::parse().command {
         Command::Run(args) => run::run(args).await,
         Command::Scale(args) => scale::scale(args).await,

@@ -86,9 +86,14 @@ pub struct RunArgs {
     /// brain-data/operator.token where it exists].
     #[arg(long, env = "BRAIN_TOKEN_FILE")]
     brain_token_file: Option<PathBuf>,
-    /// TLS to the brain: the CA that signed its certificate (`ca.pem` of `brainctl certs`).
+    /// TLS to the brain: the CA that signed its certificate, checked before any token is sent
+    /// [default: brain-data/tls/ca.pem, the CA a brain makes at its first start, where it
+    /// exists].
     #[arg(long)]
     brain_ca: Option<PathBuf>,
+    /// Talk to a brain started with --insecure: plain text, the brain not checked.
+    #[arg(long, conflicts_with = "brain_ca")]
+    brain_insecure: bool,
     /// Mutual TLS to the brain: this master's certificate (with --brain-key).
     #[arg(long, requires = "brain_key", requires = "brain_ca")]
     brain_cert: Option<PathBuf>,
@@ -241,6 +246,8 @@ fn choose_platform(
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+    // The job's context (its spec and env values), logs and checkpoints are its user's alone.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let RunArgs {
         spec,
         run_dir,
@@ -263,11 +270,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         brain_token_file,
         job_token_file,
         brain_ca,
+        brain_insecure,
         brain_cert,
         brain_key,
         job_tls,
     } = args;
     let spec = job_master::spec::load(&spec)?;
+    // A token goes only to a server that proved it is the brain.
+    let brain_ca = match (&brain, brain_ca, brain_insecure) {
+        (Some(url), None, false) => {
+            let default = PathBuf::from("brain-data/tls/ca.pem");
+            if !default.exists() {
+                anyhow::bail!(
+                    "--brain {url}: no CA to check the brain's certificate with ({} does not \
+                     exist): give --brain-ca with the brain's tls/ca.pem, or --brain-insecure \
+                     for a brain started with --insecure",
+                    default.display()
+                );
+            }
+            Some(default)
+        }
+        (_, ca, _) => ca,
+    };
     let token = match &brain {
         Some(url) => {
             let t = brain_token(brain_token_file)?;
@@ -345,6 +369,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         advertise,
         token_file: Some(token_file.clone()),
         job_tls,
+        connections: Default::default(),
     };
     println!(
         "job master on {addr}, run directory {}, the job's secret in {}{}",
