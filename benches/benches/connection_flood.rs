@@ -1,6 +1,7 @@
 //! A real client's latency while the brain is flooded with connections that never speak
 //! (issue 40, attack 1). A release `brain` runs with its open-file limit at 1,024 (soft and
-//! hard, the common default it cannot raise), plain and with mutual TLS; a thread holds 3,000
+//! hard, the common default it cannot raise), in plain text (`--insecure`) and with its own TLS
+//! (the default: a certificate it makes, pinned by the client); a thread holds 3,000
 //! connections to it that never send a byte (or never start their TLS handshake), renewing each
 //! the brain closes. A client measures `ListJobs` on a fresh connection each time (connect,
 //! TLS, the call: what `brainctl` pays) and on one kept connection, first alone, then under the
@@ -26,7 +27,7 @@ type Client = pb::brain_client::BrainClient<
 const CALLS: usize = 300;
 const HELD: usize = 3000;
 
-fn start_brain(d: &Path, tls: Option<&Path>) -> (test_support::Spawned, String) {
+fn start_brain(d: &Path, insecure: bool) -> (test_support::Spawned, String) {
     let mut cmd = Command::new("prlimit");
     cmd.arg("--nofile=1024:1024")
         .arg(common::release_bin("brain"))
@@ -36,8 +37,8 @@ fn start_brain(d: &Path, tls: Option<&Path>) -> (test_support::Spawned, String) 
         .arg("--runs-dir")
         .arg(d.join("runs"))
         .stderr(std::fs::File::create(d.join("brain.log")).unwrap());
-    if let Some(tls) = tls {
-        cmd.arg("--tls-dir").arg(tls);
+    if insecure {
+        cmd.arg("--insecure");
     }
     test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60))
 }
@@ -136,12 +137,12 @@ fn main() {
     for with_tls in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let tls = with_tls.then(|| {
-            let t = d.join("tls");
-            auth::tls::make(&t, &[]).unwrap();
-            auth::tls::ClientTls::in_dir(&t)
+        let (_brain, addr) = start_brain(d, !with_tls);
+        let tls = with_tls.then(|| auth::tls::ClientTls {
+            ca_file: d.join("tls").join(auth::tls::CA_CERT),
+            cert_file: None,
+            key_file: None,
         });
-        let (_brain, addr) = start_brain(d, with_tls.then(|| d.join("tls")).as_deref());
         let token = auth::read_secret(&d.join("operator.token")).unwrap();
         for flooded in [false, true] {
             let stop = Arc::new(AtomicBool::new(false));
@@ -156,7 +157,11 @@ fn main() {
                 let (ms, failed) = rt.block_on(measure(&addr, &token, tls.as_ref(), fresh));
                 println!(
                     "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {failed} of {CALLS} | {} |",
-                    if with_tls { "mutual TLS" } else { "plain" },
+                    if with_tls {
+                        "its own TLS (default)"
+                    } else {
+                        "plain (--insecure)"
+                    },
                     if fresh { "new per call" } else { "kept" },
                     if flooded {
                         format!("{HELD} silent held")

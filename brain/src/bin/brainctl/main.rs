@@ -244,6 +244,9 @@ enum PolicyAction {
     },
 }
 
+/// How long connecting to the brain (TCP and the TLS handshake) may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Asks a running brain, on a runtime of its own (the rest of brainctl is synchronous).
 fn ask_brain<T>(
     address: &str,
@@ -268,10 +271,20 @@ fn ask_brain<T>(
             .map(auth::tls::ClientTls::config)
             .transpose()
             .context("--ca, --tls-cert, --tls-key")?;
-        let channel = auth::endpoint(address.to_string(), tls)
+        // A server that takes the connection but never completes the handshake (not the
+        // brain) is given up on.
+        let endpoint = auth::endpoint(address.to_string(), tls)
             .with_context(|| format!("the brain's address {address}"))?
-            .connect()
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
             .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no TLS handshake within {} s: whatever answers there is not the brain",
+                    CONNECT_TIMEOUT.as_secs()
+                )
+            })
+            .with_context(|| format!("connecting to the brain at {address}"))?
             .map_err(|e| anyhow::anyhow!("{e:?}"))
             .with_context(|| format!("connecting to the brain at {address}"))?;
         let client = BrainClient::with_interceptor(channel, auth::WithToken::new(token));
