@@ -40,6 +40,7 @@ fn start_brain(d: &Path, insecure: bool) -> (test_support::Spawned, String) {
     if insecure {
         cmd.arg("--insecure");
     }
+    test_support::brain_run_as(&mut cmd);
     test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60))
 }
 

@@ -71,6 +71,7 @@ fn start_brain(dir: &Path, cpus: u32) -> (Spawned, String) {
         ])
         .env("RUST_LOG", "warn")
         .stderr(Stdio::null());
+    test_support::brain_run_as(&mut cmd);
     let (child, addr) =
         test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
     (child, format!("http://{addr}"))
@@ -78,10 +79,24 @@ fn start_brain(dir: &Path, cpus: u32) -> (Spawned, String) {
 
 type Client = BrainClient<InterceptedService<Channel, auth::WithToken>>;
 
-/// A client with the operator token of the brain whose database is in `dir`.
+/// A client with the operator token of the brain whose database is in `dir`, over the TLS
+/// the brain made itself there (its default).
 async fn client(url: &str, dir: &Path) -> Client {
     let token = auth::read_secret(&dir.join("operator.token")).unwrap();
-    common::brain_client(url, Some(token)).await
+    let tls = auth::tls::ClientTls {
+        ca_file: dir.join("tls").join(auth::tls::CA_CERT),
+        cert_file: None,
+        key_file: None,
+    }
+    .config()
+    .unwrap();
+    let endpoint = auth::endpoint(url.to_string(), Some(tls)).unwrap();
+    loop {
+        if let Ok(channel) = endpoint.connect().await {
+            return BrainClient::with_interceptor(channel, auth::WithToken::new(Some(token)));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn spec(name: &str, kind: &str, fixed: bool) -> String {

@@ -48,6 +48,13 @@ pub struct LauncherConfig {
     /// the job masters reach the brain over TLS].
     #[serde(default)]
     pub job_tls: Option<bool>,
+    /// How the jobs' `command:` processes are confined (`[launcher.sandbox]` run_as: the
+    /// unprivileged user they run as, required when the brain runs as root; isolation:
+    /// "bwrap" (the default) or "none"; read_only: their code and interpreters beyond the
+    /// system and the working directory). The brain's data and runs directories are hidden
+    /// from them whatever this says.
+    #[serde(default)]
+    pub sandbox: vocab::sandbox::Sandbox,
 }
 
 /// Where the brain runs the job masters it starts.
@@ -80,6 +87,8 @@ pub struct Exited {
 
 pub struct Launcher {
     config: LauncherConfig,
+    /// `config.sandbox` with the brain's own directories hidden, as the job masters get it.
+    sandbox: vocab::sandbox::Sandbox,
     runs_dir: PathBuf,
     brain_url: String,
     max_processes: u32,
@@ -98,6 +107,7 @@ impl Launcher {
     pub fn new(
         config: LauncherConfig,
         runs_dir: PathBuf,
+        data_dir: Option<PathBuf>,
         brain_url: String,
         max_processes: u32,
         ray_address: Option<String>,
@@ -117,7 +127,11 @@ impl Launcher {
                 ));
             }
         };
+        let mut sandbox = config.sandbox.clone();
+        sandbox.hide.push(runs_dir.clone());
+        sandbox.hide.extend(data_dir);
         Ok(Launcher {
+            sandbox,
             config,
             runs_dir,
             brain_url,
@@ -134,6 +148,31 @@ impl Launcher {
                 .ok()
                 .and_then(|p| p.parent().map(|d| d.join("job-master")))
                 .unwrap_or_else(|| PathBuf::from("job-master"))
+        })
+    }
+
+    /// The sandbox the job masters hand their agents, as [`vocab::sandbox::SANDBOX_ENV`] says it.
+    fn sandbox_json(&self) -> Result<String, BrainError> {
+        serde_json::to_string(&self.sandbox)
+            .map_err(|e| BrainError::Internal(format!("the sandbox: {e}")))
+    }
+
+    /// Why `command:` jobs cannot run here now, if they cannot: their sandbox is not available
+    /// (bubblewrap missing) or their user unknown.
+    pub fn command_jobs_refused(&self) -> Option<String> {
+        let s = &self.config.sandbox;
+        if let Some(name) = &s.run_as
+            && let Err(e) = run_as_user(name)
+        {
+            return Some(e);
+        }
+        (s.isolation == vocab::sandbox::Isolation::Bwrap
+            && vocab::spec::host::resolve_program("bwrap").is_none())
+        .then(|| {
+            "`command:` jobs run in a sandbox (bubblewrap), which is not installed on the \
+             brain's machine: install it (Debian: apt-get install bubblewrap), or set \
+             [launcher.sandbox] isolation = \"none\" on a cluster you trust"
+                .to_string()
         })
     }
 
@@ -254,6 +293,7 @@ impl Launcher {
             // The platform is the spec's, as the brain wrote it: not one the brain's own
             // environment names for `job-master run --ray-address`.
             .env_remove("BRAIN_RAY_ADDRESS")
+            .env(vocab::sandbox::SANDBOX_ENV, self.sandbox_json()?)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -334,6 +374,7 @@ impl Launcher {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        env.insert(vocab::sandbox::SANDBOX_ENV.into(), self.sandbox_json()?);
         for var in ["RUST_LOG", "RUST_BACKTRACE"] {
             if let Ok(v) = std::env::var(var) {
                 env.insert(var.into(), v);
@@ -414,6 +455,36 @@ impl Launcher {
             }
             ended
         });
+    }
+}
+
+/// The unprivileged user `name` (its uid), or why it cannot be one.
+pub fn run_as_user(name: &str) -> Result<u32, String> {
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(u)) if !u.uid.is_root() => Ok(u.uid.as_raw()),
+        Ok(Some(_)) => Err(format!(
+            "[launcher.sandbox] run_as: {name:?} is root: jobs run as an unprivileged user"
+        )),
+        Ok(None) => Err(format!(
+            "[launcher.sandbox] run_as: no user named {name:?} on this machine (make one: \
+             useradd --system --no-create-home {name})"
+        )),
+        Err(e) => Err(format!("[launcher.sandbox] run_as: looking up {name:?}: {e}")),
+    }
+}
+
+/// Refuses a brain that runs as root and would run its jobs as root: `[launcher.sandbox]
+/// run_as` must name an unprivileged user who exists.
+pub fn check_run_as(config: &LauncherConfig) -> Result<(), BrainError> {
+    match &config.sandbox.run_as {
+        Some(name) => run_as_user(name).map(drop).map_err(BrainError::Config),
+        None if nix::unistd::geteuid().is_root() => Err(BrainError::Config(
+            "the brain runs as root and would run its jobs as root: name an unprivileged user \
+             for them ([launcher.sandbox] run_as, --run-as USER; make one with `useradd \
+             --system --no-create-home brain-job`)"
+                .into(),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -500,6 +571,7 @@ mod tests {
             Launcher::new(
                 config.clone(),
                 "runs".into(),
+                None,
                 "http://10.0.0.1:50070".into(),
                 8,
                 ray.map(String::from),
@@ -542,6 +614,7 @@ mod tests {
             Launcher::new(
                 config,
                 "runs".into(),
+                None,
                 "http://b:1".into(),
                 8,
                 None,

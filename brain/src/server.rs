@@ -467,9 +467,17 @@ pub async fn run(
     let reach = brain_address(addr, config.advertise, &config.launcher.job_masters)?;
     // One message per job master that ends; a reaper waits while the channel is full.
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::channel(1024);
+    // Hidden from the jobs' processes: the store, the tokens, the other jobs' directories.
+    let data_dir = config
+        .database
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(std::path::absolute)
+        .transpose()?;
     let launcher = Launcher::new(
         config.launcher.clone(),
         runs_dir,
+        data_dir,
         format!(
             "{}://{reach}",
             if config.tls.is_some() {

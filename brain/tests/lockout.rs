@@ -30,6 +30,7 @@ fn brain_at_1024(d: &Path, insecure: bool) -> (test_support::Spawned, String) {
     if insecure {
         cmd.arg("--insecure");
     }
+    test_support::brain_run_as(&mut cmd);
     let (brain, addr) =
         test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
     common::register(&addr, &cmd);

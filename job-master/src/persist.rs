@@ -106,11 +106,26 @@ impl Persister {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably (temp file, fsync, rename, fsync dir).
+/// Writes `bytes` to `path` atomically and durably (temp file, fsync, rename, fsync dir). A
+/// master running as root gives the file to the directory's owner: a checkpoint directory
+/// belongs to the user the job's processes run as (`[launcher.sandbox] run_as`), who must read
+/// the manifests written there.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    if nix::unistd::geteuid().is_root() {
+        let owner = std::fs::metadata(dir)?;
+        if owner.uid() != 0 {
+            nix::unistd::fchown(
+                tmp.as_file(),
+                Some(nix::unistd::Uid::from_raw(owner.uid())),
+                Some(nix::unistd::Gid::from_raw(owner.gid())),
+            )
+            .map_err(std::io::Error::from)?;
+        }
+    }
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;

@@ -407,3 +407,29 @@ mod tests {
         assert!(!alive(pid));
     }
 }
+
+/// The user a brain started by a test runs its jobs' processes as (`brain --run-as`), when the
+/// tests run as root (a brain refuses to run jobs as root): `BRAIN_TEST_RUN_AS`, or
+/// `brain-job`, which must exist (`.ci/run` makes it: `useradd --system --no-create-home
+/// brain-job`). `None` when the tests do not run as root.
+pub fn run_as() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let name = std::env::var("BRAIN_TEST_RUN_AS").unwrap_or_else(|_| "brain-job".into());
+    match nix::unistd::User::from_name(&name) {
+        Ok(Some(_)) => Some(name),
+        _ => panic!(
+            "the tests run as root, and a brain runs its jobs as an unprivileged user: make \
+             {name:?} (`useradd --system --no-create-home {name}`; .ci/run does) or name \
+             another in BRAIN_TEST_RUN_AS"
+        ),
+    }
+}
+
+/// Adds `--run-as USER` ([`run_as`]) to a `brain` command line when the tests run as root.
+pub fn brain_run_as(cmd: &mut Command) {
+    if let Some(user) = run_as() {
+        cmd.args(["--run-as", &user]);
+    }
+}

@@ -11,6 +11,7 @@
 //!   job master carries out.
 //! * [`report`]: a job's phase and the report its master writes when it ends.
 //! * [`run_dir`]: the files of a job master's run directory.
+//! * [`sandbox`]: how a job's `command:` processes are confined (user, bubblewrap's view).
 //! * [`net`]: this node's address as a peer reaches it (the route's local end).
 //! * [`paths`]: paths from user input kept inside their directory; files and directories made
 //!   without following planted links.
@@ -28,6 +29,7 @@ pub mod plan;
 pub mod report;
 pub mod role;
 pub mod run_dir;
+pub mod sandbox;
 pub mod spec;
 pub mod units;
 #[cfg(feature = "wire")]

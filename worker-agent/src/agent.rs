@@ -37,6 +37,8 @@ pub struct AgentArgs {
     /// The job's TLS directory when the job runs with TLS (its path goes to the process in
     /// [`auth::tls::JOB_TLS_ENV`]).
     pub tls_dir: Option<std::path::PathBuf>,
+    /// How a `command:` process is confined ([`crate::sandbox`]); none: as this agent's user.
+    pub sandbox: Option<vocab::sandbox::Sandbox>,
 }
 
 /// Connects to the master, sending the job's secret, retrying until `timeout`.
@@ -108,11 +110,25 @@ fn role_name(role: pb::Role) -> &'static str {
     }
 }
 
+/// Whether the training process runs confined (a `command:` with a sandbox).
+fn confined(args: &AgentArgs, reg: &pb::RegisterAgentResponse) -> bool {
+    args.sandbox.is_some() && !reg.command.is_empty()
+}
+
 /// Stops a training process: SIGTERM, up to `grace`, then SIGKILL. Says why when it had to
 /// be killed.
-async fn stop(child: &mut Child, grace: Duration) -> Option<String> {
+async fn stop(child: &mut Child, grace: Duration, confined: bool) -> Option<String> {
     if let Some(pid) = child.id() {
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        // A confined command is bubblewrap's descendant: the signal goes to it (bubblewrap
+        // would die at once and take it along).
+        let targets = if confined {
+            crate::sandbox::signal_targets(pid)
+        } else {
+            vec![pid as i32]
+        };
+        for p in targets {
+            let _ = kill(Pid::from_raw(p), Signal::SIGTERM);
+        }
         if tokio::time::timeout(grace, child.wait()).await.is_ok() {
             return None;
         }
@@ -243,6 +259,9 @@ fn spawn(
     env: BTreeMap<String, String>,
     kind: &str,
 ) -> Result<Child, Error> {
+    let mut user = None;
+    let mut umask = None;
+    let mut overrides = Vec::new();
     let mut cmd = if reg.command.is_empty() {
         let exe = std::env::current_exe().map_err(|e| Error::Spawn {
             program: "worker-agent".into(),
@@ -256,16 +275,51 @@ fn spawn(
         };
         c.arg("workload").arg(what);
         c
+    } else if let Some(sandbox) = &args.sandbox {
+        let slot = format!("{}-{}", role_name(args.role), args.index);
+        let start = crate::sandbox::prepare(
+            sandbox,
+            &slot,
+            &args.token_file,
+            args.tls_dir.as_deref(),
+            std::path::Path::new(&reg.checkpoint_dir),
+            &reg.command,
+        )
+        .map_err(|e| Error::Spawn {
+            program: reg.command[0].clone(),
+            source: e,
+        })?;
+        let mut c = Command::new(&start.program);
+        c.args(&start.args);
+        user = start.user;
+        overrides = start.env;
+        // bubblewrap makes the sandbox's directories with the umask it inherits: the job's
+        // user must traverse them (what it writes stays in its own 0700 directories).
+        umask = Some(0o022);
+        c
     } else {
         let mut c = Command::new(&reg.command[0]);
         c.args(&reg.command[1..]);
         c
     };
-    cmd.envs(env).stdin(Stdio::null()).kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    cmd.envs(env)
+        .envs(overrides)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    // SAFETY: umask, setgroups, setgid, setuid and prctl are async-signal-safe system calls;
+    // nothing else runs between fork and exec.
     #[allow(unsafe_code)]
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if let Some(mask) = umask {
+                nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));
+            }
+            if let Some((uid, gid)) = user {
+                nix::unistd::setgroups(&[]).map_err(std::io::Error::from)?;
+                nix::unistd::setgid(gid).map_err(std::io::Error::from)?;
+                nix::unistd::setuid(uid).map_err(std::io::Error::from)?;
+            }
+            // After the user switch, which clears it.
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
             Ok(())
         });
@@ -461,7 +515,13 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             world = join.as_ref().map(|r| r.world_size),
                             "training process started"
                         );
-                        child = Some((c, ProcSampler::new(pid)));
+                        let sampler = ProcSampler::new(pid);
+                        let sampler = if confined(&args, &reg) {
+                            sampler.with_descendants()
+                        } else {
+                            sampler
+                        };
+                        child = Some((c, sampler));
                     }
                     Err(e) => {
                         // Reported like a shell that cannot run the program (127), so the
@@ -495,7 +555,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 }
             }
             _ = heartbeat.tick() => {
-                let s = child.as_mut().and_then(|(c, ps)| c.id().and_then(|pid| sample(ps, &gpu, pid)));
+                let s = child
+                    .as_mut()
+                    .and_then(|(c, ps)| c.id().and_then(|_| sample(ps, &gpu)));
                 if let (Some(rss), Some((c, _))) = (s.as_ref().map(|s| s.rss_bytes), child.as_mut())
                     && let Some(why) = over_memory(rss, memory_limit)
                 {
@@ -524,7 +586,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             pb::AgentAction::Restart => {
                                 if let Some((mut c, _)) = child.take() {
                                     tracing::info!(from = incarnation, to = r.incarnation, "restarting the training process");
-                                    if let Some(why) = stop(&mut c, grace).await {
+                                    if let Some(why) = stop(&mut c, grace, confined(&args, &reg)).await {
                                         tracing::warn!(incarnation, "{why}");
                                         // The master records it against the replaced incarnation.
                                         let exit = exit_of(me(incarnation), -1, 9, why);
@@ -544,7 +606,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             }
                             pb::AgentAction::Shutdown => {
                                 if let Some((mut c, _)) = child.take() {
-                                    let _ = stop(&mut c, grace).await;
+                                    let _ = stop(&mut c, grace, confined(&args, &reg)).await;
                                 }
                                 tracing::info!("the job master says the job is over");
                                 return Ok(0);
@@ -556,7 +618,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                         tracing::warn!("heartbeat failed: {status}");
                         if last_ok.elapsed() > args.master_timeout {
                             if let Some((mut c, _)) = child.take() {
-                                stop(&mut c, grace).await;
+                                stop(&mut c, grace, confined(&args, &reg)).await;
                             }
                             return Err(Error::Master { addr: args.master.clone(), problem: format!("no answer for {:?}", args.master_timeout) });
                         }
@@ -566,7 +628,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             _ = tokio::time::sleep(Duration::from_millis(100)), if need_join => {}
             _ = &mut shutdown => {
                 if let Some((mut c, _)) = child.take() {
-                    stop(&mut c, grace).await;
+                    stop(&mut c, grace, confined(&args, &reg)).await;
                 }
                 return Ok(0);
             }

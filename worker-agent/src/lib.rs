@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod error;
 pub mod sampler;
+pub mod sandbox;
 pub mod workload;
 
 pub use error::Error;

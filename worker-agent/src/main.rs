@@ -73,6 +73,11 @@ enum Command {
         /// and ring peers then speak mutual TLS with the job's certificate. The platform sets it.
         #[arg(long, env = auth::tls::JOB_TLS_ENV)]
         tls_dir: Option<std::path::PathBuf>,
+        /// How `command:` processes are confined (JSON, `vocab::sandbox::Sandbox`): the user
+        /// they run as and bubblewrap's view. A brain's job masters set it; none: they run as
+        /// this agent's user, unconfined (a job master run by hand).
+        #[arg(long, env = vocab::sandbox::SANDBOX_ENV, value_parser = parse_sandbox)]
+        sandbox: Option<vocab::sandbox::Sandbox>,
     },
     /// Run the built-in workload (started by the agent, with its environment).
     Workload {
@@ -104,6 +109,10 @@ enum Command {
         #[arg(long, default_value_t = 0.1)]
         learning_rate: f32,
     },
+}
+
+fn parse_sandbox(s: &str) -> Result<vocab::sandbox::Sandbox, String> {
+    serde_json::from_str(s).map_err(|e| format!("not a sandbox (JSON): {e}"))
 }
 
 fn main() -> std::process::ExitCode {
@@ -147,6 +156,7 @@ fn main() -> std::process::ExitCode {
                 advertise,
                 token_file,
                 tls_dir,
+                sandbox,
             } => {
                 let args = AgentArgs {
                     master,
@@ -161,6 +171,7 @@ fn main() -> std::process::ExitCode {
                     // The training process may run elsewhere: it gets the path as an absolute one.
                     token_file: std::path::absolute(&token_file).unwrap_or(token_file),
                     tls_dir: tls_dir.map(|d| std::path::absolute(&d).unwrap_or(d)),
+                    sandbox,
                 };
                 run(args, terminated()).await
             }

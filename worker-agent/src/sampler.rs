@@ -10,12 +10,14 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use proto::jobmaster::v1::ResourceSample;
 
-/// CPU time and RSS of a process, from `/proc/<pid>/stat`.
+/// CPU time and RSS of a process, from `/proc/<pid>/stat`; of the process and its descendants
+/// for a confined one (bubblewrap is the agent's child, the command its descendant).
 pub struct ProcSampler {
     pid: i32,
     last: Option<(Instant, u64)>,
     ticks_per_second: u64,
     page_size: u64,
+    tree: bool,
 }
 
 impl ProcSampler {
@@ -25,6 +27,25 @@ impl ProcSampler {
             last: None,
             ticks_per_second: procfs::ticks_per_second().max(1),
             page_size: procfs::page_size(),
+            tree: false,
+        }
+    }
+
+    /// Samples the process with its descendants.
+    pub fn with_descendants(mut self) -> Self {
+        self.tree = true;
+        self
+    }
+
+    /// The processes sampled: the process, and its descendants when so made.
+    pub fn pids(&self) -> Vec<u32> {
+        if self.tree {
+            crate::sandbox::process_tree(self.pid as u32)
+                .into_iter()
+                .map(|(p, _)| p as u32)
+                .collect()
+        } else {
+            vec![self.pid as u32]
         }
     }
 
@@ -32,7 +53,23 @@ impl ProcSampler {
     /// averaged over the process's lifetime so far.
     pub fn sample(&mut self) -> Option<(u64, u64)> {
         let p = procfs::process::Process::new(self.pid).ok()?;
-        let stat = p.stat().ok()?;
+        let mut stat = p.stat().ok()?;
+        if self.tree {
+            // The tree's CPU time and resident pages, under the root's start time.
+            let (mut ticks, mut rss) = (0, 0);
+            for pid in self.pids() {
+                if let Some(s) = procfs::process::Process::new(pid as i32)
+                    .ok()
+                    .and_then(|p| p.stat().ok())
+                {
+                    ticks += s.utime + s.stime;
+                    rss += s.rss;
+                }
+            }
+            stat.utime = ticks;
+            stat.stime = 0;
+            stat.rss = rss;
+        }
         let ticks = stat.utime + stat.stime;
         let now = Instant::now();
         let millicores = match self.last {
@@ -119,9 +156,9 @@ impl GpuProbe {
         self.nvml.is_some()
     }
 
-    /// (mean utilisation %, memory used by `pid`) over the process's devices (all when it was
+    /// (mean utilisation %, memory used by `pids`) over the process's devices (all when it was
     /// given none in particular).
-    pub fn sample(&self, pid: u32) -> Option<(u32, u64)> {
+    pub fn sample(&self, pids: &[u32]) -> Option<(u32, u64)> {
         let nvml = self.nvml.as_ref()?;
         let count = nvml.device_count().ok()?;
         let (mut util, mut mem, mut n) = (0u32, 0u64, 0u32);
@@ -137,7 +174,7 @@ impl GpuProbe {
                 n += 1;
             }
             if let Ok(procs) = dev.running_compute_processes() {
-                for p in procs.into_iter().filter(|p| p.pid == pid) {
+                for p in procs.into_iter().filter(|p| pids.contains(&p.pid)) {
                     if let UsedGpuMemory::Used(b) = p.used_gpu_memory {
                         mem += b;
                     }
@@ -154,10 +191,11 @@ impl Default for GpuProbe {
     }
 }
 
-/// One sample of `pid` in the wire form.
-pub fn sample(proc: &mut ProcSampler, gpu: &GpuProbe, pid: u32) -> Option<ResourceSample> {
+/// One sample of the process `proc` follows, in the wire form.
+pub fn sample(proc: &mut ProcSampler, gpu: &GpuProbe) -> Option<ResourceSample> {
     let (cpu_millicores, rss_bytes) = proc.sample()?;
-    let (gpu_utilization_percent, gpu_memory_used_bytes) = gpu.sample(pid).unwrap_or((0, 0));
+    let (gpu_utilization_percent, gpu_memory_used_bytes) =
+        gpu.sample(&proc.pids()).unwrap_or((0, 0));
     Some(ResourceSample {
         cpu_millicores,
         rss_bytes,
@@ -214,7 +252,7 @@ mod tests {
         }
         assert!(!gpu.present());
         let mut p = ProcSampler::new(std::process::id());
-        let s = sample(&mut p, &gpu, std::process::id()).unwrap();
+        let s = sample(&mut p, &gpu).unwrap();
         assert!(!s.gpu_present);
         assert!(s.rss_bytes > 0);
     }

@@ -85,6 +85,12 @@ struct Cli {
     /// the brain from an impostor. For a network you trust only [config: insecure].
     #[arg(long)]
     insecure: bool,
+    /// The unprivileged user the jobs' `command:` processes run as, in a bubblewrap sandbox
+    /// that shows them only the system, their code and working directory (read only) and
+    /// their checkpoint directory; required when the brain runs as root
+    /// [config: launcher.sandbox.run_as].
+    #[arg(long, env = "BRAIN_RUN_AS")]
+    run_as: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -184,7 +190,12 @@ async fn main() -> anyhow::Result<()> {
         config.launcher.tls = Some(auth::tls::ClientTls::in_dir(&dir));
     }
     config.insecure |= cli.insecure;
+    if let Some(user) = cli.run_as {
+        config.launcher.sandbox.run_as = Some(user);
+    }
     config.validate()?;
+    // Never the jobs as root.
+    brain::launch::check_run_as(&config.launcher)?;
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("binding {}", cli.listen))?;

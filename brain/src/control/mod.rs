@@ -252,6 +252,13 @@ impl Control {
                     .map_err(BrainError::InvalidArgument)
             })
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
+        if spec.workload.command.is_some()
+            && let Some(why) = self.launcher.command_jobs_refused()
+        {
+            return Err(BrainError::FailedPrecondition(format!(
+                "{origin}: workload.command: {why}"
+            )));
+        }
         let name = spec.name.clone();
         let taken = self.with_store(move |s| s.job_by_name(&name)).await?;
         if let Some(row) = taken {

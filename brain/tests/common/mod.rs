@@ -44,6 +44,7 @@ fn registered(of: &Mutex<BTreeMap<String, PathBuf>>, url: &str) -> Option<PathBu
 pub fn spawn_brain(configure: impl FnOnce(&mut Command)) -> (Brain, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_brain"));
     configure(&mut cmd);
+    test_support::brain_run_as(&mut cmd);
     let (brain, addr) =
         test_support::spawn_announcing(&mut cmd, "listening on ", Duration::from_secs(60));
     register(&addr, &cmd);

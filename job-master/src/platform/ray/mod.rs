@@ -340,6 +340,10 @@ impl Platform for RayPlatform {
                 env.entry(var.into()).or_insert(v);
             }
         }
+        // How the brain confines `command:` processes, to the agent on whichever node.
+        if let Ok(v) = std::env::var(vocab::sandbox::SANDBOX_ENV) {
+            env.insert(vocab::sandbox::SANDBOX_ENV.into(), v);
+        }
         let req = SubmitRequest {
             // exec: the agent is the job's process, so Ray's stop signals reach it.
             entrypoint: format!("exec {command}"),
