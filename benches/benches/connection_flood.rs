@@ -144,7 +144,12 @@ fn main() {
             cert_file: None,
             key_file: None,
         });
-        let token = auth::read_secret(&d.join("operator.token")).unwrap();
+        // An --insecure brain checks no token (and may not have written one yet).
+        let token = if with_tls {
+            auth::read_secret(&d.join("operator.token")).unwrap()
+        } else {
+            auth::Token::generate()
+        };
         for flooded in [false, true] {
             let stop = Arc::new(AtomicBool::new(false));
             let made = Arc::new(AtomicUsize::new(0));

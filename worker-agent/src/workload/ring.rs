@@ -406,6 +406,44 @@ mod tests {
         }
     }
 
+    /// Issue 40, attack 1 on the ring: connections that never speak, more than are vetted at
+    /// once, are held on every rank's port before the ring forms (each used to hold the accept
+    /// loop for 5 s, one after another); the ring forms and sums, plain and over TLS.
+    #[tokio::test]
+    async fn silent_connections_on_the_ring_ports_do_not_stop_it_forming() {
+        let dir = tempfile::tempdir().unwrap();
+        for creds in [creds(None), creds(Some(dir.path()))] {
+            let listeners = futures_listeners(3).await;
+            let peers: Vec<String> = listeners
+                .iter()
+                .map(|l| l.local_addr().unwrap().to_string())
+                .collect();
+            let mut silent = Vec::new();
+            for p in &peers {
+                for _ in 0..(2 * VETTING) {
+                    silent.push(TcpStream::connect(p).await.unwrap());
+                }
+            }
+            let mut tasks = Vec::new();
+            for (rank, l) in listeners.into_iter().enumerate() {
+                let (peers, creds) = (peers.clone(), creds.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut ring =
+                        Ring::connect(rank as u32, &peers, 9, &l, Duration::from_secs(20), &creds)
+                            .await
+                            .unwrap();
+                    let mut buf = vec![rank as f64 + 1.0; 5];
+                    ring.allreduce_sum(&mut buf).await.unwrap();
+                    buf
+                }));
+            }
+            for t in tasks {
+                assert_eq!(t.await.unwrap(), vec![6.0; 5]);
+            }
+            drop(silent);
+        }
+    }
+
     #[tokio::test]
     async fn a_peer_without_the_jobs_secret_is_turned_away() {
         let listeners = futures_listeners(2).await;
