@@ -9,7 +9,6 @@
 //!
 //! cargo build --release -p brain && cargo bench -p benches --bench connection_flood
 
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -106,28 +105,6 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-fn flood(
-    addr: String,
-    stop: Arc<AtomicBool>,
-    made: Arc<AtomicUsize>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut open = std::collections::VecDeque::new();
-        while !stop.load(Ordering::Relaxed) {
-            match TcpStream::connect(&addr) {
-                Ok(s) => {
-                    open.push_back(s);
-                    made.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-            if open.len() > HELD {
-                open.pop_front();
-            }
-        }
-    })
-}
-
 fn main() {
     auth::listen::raise_open_files().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -153,7 +130,14 @@ fn main() {
         for flooded in [false, true] {
             let stop = Arc::new(AtomicBool::new(false));
             let made = Arc::new(AtomicUsize::new(0));
-            let flooder = flooded.then(|| flood(addr.clone(), stop.clone(), made.clone()));
+            let flooder = flooded.then(|| {
+                test_support::hold_silent_connections(
+                    addr.clone(),
+                    HELD,
+                    stop.clone(),
+                    made.clone(),
+                )
+            });
             if flooded {
                 while made.load(Ordering::Relaxed) < HELD {
                     std::thread::sleep(Duration::from_millis(50));

@@ -469,7 +469,9 @@ pub fn run_as_user(name: &str) -> Result<u32, String> {
             "[launcher.sandbox] run_as: no user named {name:?} on this machine (make one: \
              useradd --system --no-create-home {name})"
         )),
-        Err(e) => Err(format!("[launcher.sandbox] run_as: looking up {name:?}: {e}")),
+        Err(e) => Err(format!(
+            "[launcher.sandbox] run_as: looking up {name:?}: {e}"
+        )),
     }
 }
 

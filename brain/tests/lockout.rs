@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -37,31 +36,6 @@ fn brain_at_1024(d: &Path, insecure: bool) -> (test_support::Spawned, String) {
     (brain, addr)
 }
 
-/// Holds `held` connections to `addr` that never send a byte, replacing each the brain closes
-/// (the oldest first), until `stop`; counts the connections made.
-fn flood(
-    addr: String,
-    held: usize,
-    stop: Arc<AtomicBool>,
-    made: Arc<AtomicUsize>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut open = std::collections::VecDeque::new();
-        while !stop.load(Ordering::Relaxed) {
-            match TcpStream::connect(&addr) {
-                Ok(s) => {
-                    open.push_back(s);
-                    made.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-            if open.len() > held {
-                open.pop_front();
-            }
-        }
-    })
-}
-
 fn served_under_flood(insecure: bool) {
     // The flood holds thousands of descriptors in this process.
     auth::listen::raise_open_files().unwrap();
@@ -72,7 +46,8 @@ fn served_under_flood(insecure: bool) {
 
     let stop = Arc::new(AtomicBool::new(false));
     let made = Arc::new(AtomicUsize::new(0));
-    let flooder = flood(addr.clone(), 3000, stop.clone(), made.clone());
+    let flooder =
+        test_support::hold_silent_connections(addr.clone(), 3000, stop.clone(), made.clone());
     // The flood is well past the brain's 1,024 descriptors before the client comes.
     test_support::wait_until(Duration::from_secs(60), "3,000 connections", || {
         (made.load(Ordering::Relaxed) >= 3000).then_some(())

@@ -121,13 +121,8 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
     assert!(!ok && said.contains("is not one of the commands"), "{said}");
 
     let probe = spec("probe", &format!("[/bin/sh, {:?}]", script));
-    let (ok, said) = common::brainctl(&[
-        "submit",
-        probe.to_str().unwrap(),
-        "--brain",
-        &url,
-        "--wait",
-    ]);
+    let (ok, said) =
+        common::brainctl(&["submit", probe.to_str().unwrap(), "--brain", &url, "--wait"]);
     assert!(ok, "{said}\n{}", log(&run));
     let report = std::fs::read_to_string(run.join("checkpoints/probe-0.txt"))
         .unwrap_or_else(|e| panic!("{e}\n{}", log(&run)));
@@ -153,7 +148,10 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         "checkpoints=writable".into(),
         "home=hidden".into(),
     ] {
-        assert!(report.lines().any(|l| l == line), "{line} not in:\n{report}");
+        assert!(
+            report.lines().any(|l| l == line),
+            "{line} not in:\n{report}"
+        );
     }
     assert!(!code.join("planted").exists());
 }
@@ -185,7 +183,10 @@ fn a_root_brain_without_a_user_for_its_jobs_refuses_to_start() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("runs as root") && err.contains("--run-as"), "{err}");
+    assert!(
+        err.contains("runs as root") && err.contains("--run-as"),
+        "{err}"
+    );
     for (user, says) in [("root", "is root"), ("no-such-user-x", "no user named")] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_brain"))
             .args(["--listen", "127.0.0.1:0", "--cpus", "2", "--run-as", user])

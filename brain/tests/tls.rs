@@ -138,7 +138,12 @@ fn a_job_runs_over_mutual_tls_and_clients_without_the_right_certificates_are_ref
 fn a_brain_beyond_loopback_without_tls_refuses_to_start_unless_insecure() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_brain"))
-        .args(test_support::run_as().map(|u| ["--run-as".to_string(), u]).into_iter().flatten())
+        .args(
+            test_support::run_as()
+                .map(|u| ["--run-as".to_string(), u])
+                .into_iter()
+                .flatten(),
+        )
         .args(["--listen", "0.0.0.0:0", "--cpus", "2"])
         .arg("--database")
         .arg(dir.path().join("brain.db"))
@@ -164,7 +169,12 @@ fn a_brain_beyond_loopback_without_tls_refuses_to_start_unless_insecure() {
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_brain"))
-        .args(test_support::run_as().map(|u| ["--run-as".to_string(), u]).into_iter().flatten())
+        .args(
+            test_support::run_as()
+                .map(|u| ["--run-as".to_string(), u])
+                .into_iter()
+                .flatten(),
+        )
         .args(["--listen", "127.0.0.1:0", "--config"])
         .arg(dir.path().join("brain.toml"))
         .output()

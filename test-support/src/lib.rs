@@ -367,6 +367,59 @@ pub fn skipped(why: &str) {
     let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {why} ***\n");
 }
 
+/// The user a brain started by a test runs its jobs' processes as (`brain --run-as`), when the
+/// tests run as root (a brain refuses to run jobs as root): `BRAIN_TEST_RUN_AS`, or
+/// `brain-job`, which must exist (`.ci/run` makes it: `useradd --system --no-create-home
+/// brain-job`). `None` when the tests do not run as root.
+pub fn run_as() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let name = std::env::var("BRAIN_TEST_RUN_AS").unwrap_or_else(|_| "brain-job".into());
+    match nix::unistd::User::from_name(&name) {
+        Ok(Some(_)) => Some(name),
+        _ => panic!(
+            "the tests run as root, and a brain runs its jobs as an unprivileged user: make \
+             {name:?} (`useradd --system --no-create-home {name}`; .ci/run does) or name \
+             another in BRAIN_TEST_RUN_AS"
+        ),
+    }
+}
+
+/// Adds `--run-as USER` ([`run_as`]) to a `brain` command line when the tests run as root.
+pub fn brain_run_as(cmd: &mut Command) {
+    if let Some(user) = run_as() {
+        cmd.args(["--run-as", &user]);
+    }
+}
+
+/// Holds `held` TCP connections to `addr` that never send a byte, replacing each the server
+/// closes (the oldest first), until `stop` is set; counts the connections made in `made`. What
+/// an attacker without a credential does to lock a server out.
+pub fn hold_silent_connections(
+    addr: String,
+    held: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let mut open = std::collections::VecDeque::new();
+        while !stop.load(Ordering::Relaxed) {
+            match std::net::TcpStream::connect(&addr) {
+                Ok(s) => {
+                    open.push_back(s);
+                    made.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+            if open.len() > held {
+                open.pop_front();
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,31 +458,5 @@ mod tests {
         kill9(pid);
         child.wait(Duration::from_secs(10));
         assert!(!alive(pid));
-    }
-}
-
-/// The user a brain started by a test runs its jobs' processes as (`brain --run-as`), when the
-/// tests run as root (a brain refuses to run jobs as root): `BRAIN_TEST_RUN_AS`, or
-/// `brain-job`, which must exist (`.ci/run` makes it: `useradd --system --no-create-home
-/// brain-job`). `None` when the tests do not run as root.
-pub fn run_as() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return None;
-    }
-    let name = std::env::var("BRAIN_TEST_RUN_AS").unwrap_or_else(|_| "brain-job".into());
-    match nix::unistd::User::from_name(&name) {
-        Ok(Some(_)) => Some(name),
-        _ => panic!(
-            "the tests run as root, and a brain runs its jobs as an unprivileged user: make \
-             {name:?} (`useradd --system --no-create-home {name}`; .ci/run does) or name \
-             another in BRAIN_TEST_RUN_AS"
-        ),
-    }
-}
-
-/// Adds `--run-as USER` ([`run_as`]) to a `brain` command line when the tests run as root.
-pub fn brain_run_as(cmd: &mut Command) {
-    if let Some(user) = run_as() {
-        cmd.args(["--run-as", &user]);
     }
 }

@@ -163,7 +163,10 @@ mod tests {
         at(&["--ro-bind", "/opt/venv", "/opt/venv"]);
         at(&["--symlink", "usr/bin", "/bin"]);
         at(&["--unshare-ipc", "--unshare-pid"]);
-        assert!(!a.iter().any(|w| w == "--unshare-net" || w == "--unshare-all"));
+        assert!(
+            !a.iter()
+                .any(|w| w == "--unshare-net" || w == "--unshare-all")
+        );
         assert_eq!(&a[a.len() - 3..], ["--chdir", "/srv", "--"]);
         let json = serde_json::to_string(&sb).unwrap();
         assert_eq!(serde_json::from_str::<Sandbox>(&json).unwrap(), sb);

@@ -67,7 +67,9 @@ pub fn prepare(
     }
     let own = |p: &Path| -> io::Result<()> {
         match user {
-            Some((uid, gid)) => nix::unistd::chown(p, Some(uid), Some(gid)).map_err(io::Error::from),
+            Some((uid, gid)) => {
+                nix::unistd::chown(p, Some(uid), Some(gid)).map_err(io::Error::from)
+            }
             None => Ok(()),
         }
     };
