@@ -123,6 +123,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // What the brain writes (its certificate's keys, tokens, store, specs) is its user's alone.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     // A connection takes a descriptor: room for many, not the common 1,024.
     match auth::listen::raise_open_files() {
         Ok(n) => tracing::debug!("open-file limit {n}"),
