@@ -220,12 +220,12 @@ impl Guard {
         let id = {
             let mut t = self.table.lock().expect("no panic under the lock");
             if t.per_peer.get(&peer).copied().unwrap_or(0) >= self.limits.max_per_peer
-                && let Some(v) = victim(&t, Some(peer))
+                && let Some(v) = victim(&t, Some(peer), &[])
             {
                 victims.push(v);
             }
             if t.slots.len() - victims.len() >= self.cap
-                && let Some(v) = victim(&t, None).filter(|v| !victims.contains(v))
+                && let Some(v) = victim(&t, None, &victims)
             {
                 victims.push(v);
             }
@@ -332,11 +332,11 @@ fn release_peer(t: &mut Table, peer: IpAddr) {
 }
 
 /// The connection to close to make room: the oldest pending one (of `peer` when given), else
-/// the one idle longest.
-fn victim(t: &Table, peer: Option<IpAddr>) -> Option<u64> {
+/// the one idle longest; none of `chosen`.
+fn victim(t: &Table, peer: Option<IpAddr>, chosen: &[u64]) -> Option<u64> {
     t.slots
         .iter()
-        .filter(|(_, s)| peer.is_none_or(|p| s.peer == p))
+        .filter(|(id, s)| peer.is_none_or(|p| s.peer == p) && !chosen.contains(id))
         .min_by_key(|(id, s)| {
             (
                 !s.pending.load(Ordering::Acquire),
