@@ -1,0 +1,112 @@
+//! How brainctl reaches a running brain: the operator token, and the TLS that proves the server
+//! is the brain before the token is sent (the CA the flags name, or the one the brain made
+//! beside its database); plain text only with `--insecure`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use proto::service::v1::brain_client::BrainClient;
+
+use crate::Cli;
+
+/// How every call reaches the brain: `--token-file` and the TLS flags.
+pub struct Link {
+    pub token_file: PathBuf,
+    /// `None`: plain text, no token (`--insecure`).
+    pub tls: Option<auth::tls::ClientTls>,
+}
+
+/// The CA that checks the brain: what the flags name, else the one the brain made beside its
+/// database (`tls/ca.pem` in the token file's directory); `None` with `--insecure`. Without
+/// either, nothing is sent: a token goes only to a server that proved it is the brain.
+pub fn brain_tls(cli: &Cli) -> anyhow::Result<Option<auth::tls::ClientTls>> {
+    if cli.insecure {
+        return Ok(None);
+    }
+    if let Some(dir) = &cli.tls_dir {
+        return Ok(Some(auth::tls::ClientTls::in_dir(dir)));
+    }
+    if let Some(ca_file) = &cli.ca {
+        return Ok(Some(auth::tls::ClientTls {
+            ca_file: ca_file.clone(),
+            cert_file: cli.tls_cert.clone(),
+            key_file: cli.tls_key.clone(),
+        }));
+    }
+    let beside = cli
+        .token_file
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join(brain::server::TLS_DIR)
+        .join(auth::tls::CA_CERT);
+    if beside.exists() {
+        return Ok(Some(auth::tls::ClientTls {
+            ca_file: beside,
+            cert_file: None,
+            key_file: None,
+        }));
+    }
+    bail!(
+        "no CA to check the brain's certificate with: {} does not exist. Give --ca with the \
+         brain's tls/ca.pem (beside its database), or --insecure for a brain started with \
+         --insecure",
+        beside.display()
+    )
+}
+
+pub static LINK: std::sync::OnceLock<Link> = std::sync::OnceLock::new();
+
+/// A client of the brain that sends the operator token.
+pub type Client = BrainClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, auth::WithToken>,
+>;
+
+/// How long connecting to the brain (TCP and the TLS handshake) may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Asks a running brain, on a runtime of its own (the rest of brainctl is synchronous).
+pub fn ask_brain<T>(
+    address: &str,
+    f: impl AsyncFnOnce(Client) -> Result<T, tonic::Status>,
+) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let link = LINK.get().context("no --token-file")?;
+        // Plain text (--insecure): the brain checks no token, and none is sent.
+        let token = match &link.tls {
+            None => None,
+            Some(_) => Some(auth::read_secret(&link.token_file).with_context(|| {
+                "the operator token (the brain writes it at its first start beside its \
+                 database; --token-file or BRAIN_TOKEN_FILE names another)"
+            })?),
+        };
+        let tls = link
+            .tls
+            .as_ref()
+            .map(auth::tls::ClientTls::config)
+            .transpose()
+            .context("--ca, --tls-cert, --tls-key")?;
+        // A server that takes the connection but never completes the handshake (not the
+        // brain) is given up on.
+        let endpoint = auth::endpoint(address.to_string(), tls)
+            .with_context(|| format!("the brain's address {address}"))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no TLS handshake within {} s: whatever answers there is not the brain",
+                    CONNECT_TIMEOUT.as_secs()
+                )
+            })
+            .with_context(|| format!("connecting to the brain at {address}"))?
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .with_context(|| format!("connecting to the brain at {address}"))?;
+        let client = BrainClient::with_interceptor(channel, auth::WithToken::new(token));
+        f(client)
+            .await
+            .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
+    })
+}
