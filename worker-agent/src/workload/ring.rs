@@ -506,8 +506,11 @@ mod tests {
                     .await
                     .map(|_| ())
             });
+            // Both of rank 0's halves fail at the same deadline, so either may be reported: it
+            // heard no valid hello from rank 1, or it could not verify rank 1 as the next rank.
+            // Either way the ring never forms with the stranger.
             let e0 = r0.await.unwrap().unwrap_err().to_string();
-            assert!(e0.contains("no connection from the previous rank"), "{e0}");
+            assert!(e0.starts_with("ring all-reduce with rank 1"), "{e0}");
             assert!(r1.await.unwrap().is_err());
         }
     }
