@@ -144,7 +144,7 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
             // What a job master sends: each of its 6 processes, as the heuristics read them.
             processes: (0..6u32)
                 .map(|i| pb::ProcessReport {
-                    role: if i < 2 { 1 } else { 2 },
+                    role: if i < 2 { "ps" } else { "worker" }.into(),
                     index: i % 4,
                     resources: Some(proto::jobmaster::v1::Resources {
                         cpu_millicores: 1000,

@@ -142,7 +142,7 @@ async fn rescale_events<T>(
         for (workers, measured) in [(4u32, true), (2, false)] {
             std::thread::sleep(Duration::from_secs(2));
             version += 1;
-            let plan = pb::ScalePlan::from(&ScalePlan::count(version, Role::Worker, workers));
+            let plan = pb::ScalePlan::from(&ScalePlan::count(version, Role::WORKER, workers));
             let t0 = now_s();
             let a = c.apply_scale_plan(plan).await.unwrap().into_inner();
             assert!(a.accepted, "{}", a.reason);

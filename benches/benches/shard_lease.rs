@@ -85,7 +85,7 @@ async fn master(clients: u32, shards: u64, job_tls: bool) -> (Vec<Client>, Stop)
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         c.register_agent(pb::RegisterAgentRequest {
-            role: pb::Role::Worker as i32,
+            role: "worker".into(),
             index,
             incarnation: 1,
             host: "127.0.0.1".into(),
@@ -109,14 +109,14 @@ async fn stop((tx, handle, dir): Stop) {
 
 async fn lease_and_done(mut c: Client, index: u32, n: u64) {
     let me = pb::ProcessRef {
-        role: pb::Role::Worker as i32,
+        role: "worker".into(),
         index,
         incarnation: 1,
     };
     for _ in 0..n {
         let r = c
             .lease_shard(pb::LeaseShardRequest {
-                process: Some(me),
+                process: Some(me.clone()),
                 cluster_version: 0,
                 round: 0,
             })
@@ -125,7 +125,7 @@ async fn lease_and_done(mut c: Client, index: u32, n: u64) {
             .into_inner();
         let shard = r.shard.expect("enough shards for the measurement");
         c.report_shard_done(pb::ShardDone {
-            process: Some(me),
+            process: Some(me.clone()),
             shard_id: shard.id,
             epoch: shard.epoch,
             samples: 1,

@@ -201,7 +201,7 @@ impl Launcher {
         auth::write_secret(&credential_file(&run_dir), token)
             .map_err(|e| BrainError::Internal(e.to_string()))?;
         let mut spec = spec.clone();
-        if let Some(w) = spec.roles.get_mut(&Role::Worker) {
+        if let Some(w) = spec.roles.get_mut(&Role::WORKER) {
             w.replicas = Some(workers as i64);
         }
         // On the brain's Ray cluster unless the job names a platform of its own.

@@ -87,11 +87,11 @@ pub fn predict(
         spec.role_plan(role)
             .map_err(|e| BrainError::InvalidArgument(e.to_string()))
     };
-    let w = plan(Role::Worker)?;
+    let w = plan(Role::WORKER)?;
     let ps = spec
         .roles
-        .contains_key(&Role::Ps)
-        .then(|| plan(Role::Ps))
+        .contains_key(&Role::PS)
+        .then(|| plan(Role::PS))
         .transpose()?;
     let res = |role| {
         spec.roles
@@ -99,7 +99,7 @@ pub fn predict(
             .and_then(|r| r.resources.clone())
             .unwrap_or_default()
     };
-    let (wr, pr) = (res(Role::Worker), res(Role::Ps));
+    let (wr, pr) = (res(Role::WORKER), res(Role::PS));
     let shape = Shape {
         kind: spec.kind,
         workers: w.replicas,

@@ -352,8 +352,8 @@ impl pb::brain_server::Brain for BrainService {
             migrations: r.migrations,
         })
         .map_err(|e| Status::invalid_argument(e.0))?;
-        let workers = plan.count_of(vocab::Role::Worker);
-        let ps = plan.count_of(vocab::Role::Ps);
+        let workers = plan.count_of(vocab::Role::WORKER);
+        let ps = plan.count_of(vocab::Role::PS);
         let id = JobId(r.job_id);
         let row = self.with_store(move |s| s.job(id)).await?;
         if row.state != JobState::Running {
@@ -545,7 +545,7 @@ impl pb::brain_server::Brain for BrainService {
 
 /// A process report as the store keeps it; a report without a role is refused.
 fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
-    let role = vocab::Role::try_from(p.role)
+    let role = vocab::wire::role(&p.role)
         .map_err(|e| Status::invalid_argument(format!("process {}: {}", p.index, e.0)))?;
     let limits = p.resources.clone().unwrap_or_default();
     Ok(ProcessSample {

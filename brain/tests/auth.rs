@@ -111,7 +111,7 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
             .propose_plan(pb::ProposePlanRequest {
                 job_id: job,
                 roles: vec![jm::RoleTarget {
-                    role: jm::Role::Worker as i32,
+                    role: "worker".into(),
                     count: 2,
                     resources: None,
                 }],

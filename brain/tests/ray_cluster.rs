@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{bin_dir, brainctl};
-use proto::jobmaster::v1 as jm;
 use test_support::RayClusterDir;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -279,13 +278,13 @@ async fn record(url: &str) -> proto::service::v1::JobRecord {
 }
 
 /// The job master's live processes: (role, index, host), and its shards done.
-async fn processes(master: &str, run_dir: &str) -> Option<(Vec<(i32, u32, String)>, u64)> {
+async fn processes(master: &str, run_dir: &str) -> Option<(Vec<(String, u32, String)>, u64)> {
     let s = common::master_status(master, run_dir).await?;
     Some((
         s.processes
             .iter()
             .filter(|p| p.state == "running")
-            .map(|p| (p.role, p.index, p.host.clone()))
+            .map(|p| (p.role.clone(), p.index, p.host.clone()))
             .collect(),
         s.shards_done,
     ))
@@ -324,8 +323,8 @@ async fn until(
     within: Duration,
     what: &str,
     log: &dyn Fn() -> String,
-    mut f: impl FnMut(&proto::service::v1::JobRecord, &[(i32, u32, String)], u64) -> bool,
-) -> (proto::service::v1::JobRecord, Vec<(i32, u32, String)>) {
+    mut f: impl FnMut(&proto::service::v1::JobRecord, &[(String, u32, String)], u64) -> bool,
+) -> (proto::service::v1::JobRecord, Vec<(String, u32, String)>) {
     let start = Instant::now();
     loop {
         let r = record(url).await;
@@ -457,8 +456,8 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
     let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
     assert!(ok, "{out}\n{}", log());
 
-    let worker = jm::Role::Worker as i32;
-    let workers_on = |running: &[(i32, u32, String)]| -> BTreeSet<String> {
+    let worker = "worker";
+    let workers_on = |running: &[(String, u32, String)]| -> BTreeSet<String> {
         running
             .iter()
             .filter(|(r, _, _)| *r == worker)

@@ -132,11 +132,11 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
             gpu_type: r.gpu_type.unwrap_or_default(),
         }
     };
-    let w = plan(Role::Worker);
+    let w = plan(Role::WORKER);
     pb::JobShape {
         kind: spec.kind.to_string(),
         workers: counts
-            .get(&Role::Worker)
+            .get(&Role::WORKER)
             .copied()
             .filter(|n| *n > 0)
             .or(w.as_ref().map(|p| p.replicas))
@@ -146,17 +146,17 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         worker_node_unit: w.as_ref().map_or(1, |p| p.node_unit),
         ps: match spec.kind {
             JobKind::Ps => counts
-                .get(&Role::Ps)
+                .get(&Role::PS)
                 .copied()
                 .filter(|n| *n > 0)
-                .or(plan(Role::Ps).map(|p| p.replicas))
+                .or(plan(Role::PS).map(|p| p.replicas))
                 .unwrap_or(1),
             JobKind::Allreduce => 0,
         },
-        min_ps: plan(Role::Ps).map_or(0, |p| p.min),
-        max_ps: plan(Role::Ps).map_or(0, |p| p.max),
-        worker_resources: Some(res(Role::Worker)),
-        ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::Ps)),
+        min_ps: plan(Role::PS).map_or(0, |p| p.min),
+        max_ps: plan(Role::PS).map_or(0, |p| p.max),
+        worker_resources: Some(res(Role::WORKER)),
+        ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::PS)),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
     }
 }
@@ -175,8 +175,8 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
         } else {
             0.0
         },
-        workers: counts.get(&Role::Worker).copied().unwrap_or(0),
-        ps: counts.get(&Role::Ps).copied().unwrap_or(0),
+        workers: counts.get(&Role::WORKER).copied().unwrap_or(0),
+        ps: counts.get(&Role::PS).copied().unwrap_or(0),
         cpu_millicores: live()
             .filter_map(|s| s.sample.as_ref())
             .map(|x| x.cpu_millicores)
@@ -201,7 +201,7 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
             let given = ctx.launch_resources(s.key).unwrap_or_default();
             let used = s.sample.clone().unwrap_or_default();
             pb::ProcessReport {
-                role: jm::Role::from(s.key.role) as i32,
+                role: s.key.role.to_string(),
                 index: s.key.index,
                 resources: Some(jm::Resources {
                     cpu_millicores: given.cpu.map_or(0, |c| c.0),

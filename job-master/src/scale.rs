@@ -131,7 +131,7 @@ pub fn validate(
         total = total.saturating_add(count);
     }
     for (&role, target) in &plan.roles {
-        if role == Role::Ps && spec.kind != JobKind::Ps {
+        if role == Role::PS && spec.kind != JobKind::Ps {
             return Err(PlanRejection::NoParameterServers(spec.kind));
         }
         let Ok(bounds) = spec.role_plan(role) else {
@@ -237,7 +237,7 @@ mod tests {
         };
         if let Some(n) = ps {
             p.roles.insert(
-                Role::Ps,
+                Role::PS,
                 RoleTarget {
                     count: n,
                     resources: None,
@@ -246,7 +246,7 @@ mod tests {
         }
         if let Some(n) = workers {
             p.roles.insert(
-                Role::Worker,
+                Role::WORKER,
                 RoleTarget {
                     count: n,
                     resources: None,
@@ -257,7 +257,7 @@ mod tests {
     }
 
     fn current() -> BTreeMap<Role, u32> {
-        [(Role::Ps, 2), (Role::Worker, 2)].into()
+        [(Role::PS, 2), (Role::WORKER, 2)].into()
     }
 
     #[test]
@@ -288,7 +288,7 @@ mod tests {
                 .contains("12 processes are more than the platform can place (10)")
         );
         let mut big = plan(None, Some(2));
-        big.roles.get_mut(&Role::Worker).unwrap().resources = Some(Resources {
+        big.roles.get_mut(&Role::WORKER).unwrap().resources = Some(Resources {
             cpu: Some(Millicores(4000)),
             ..Default::default()
         });
@@ -305,14 +305,14 @@ mod tests {
         let mut mig = plan(None, Some(1));
         mig.migrations.push(Migration {
             key: SlotKey {
-                role: Role::Worker,
+                role: Role::WORKER,
                 index: 1,
             },
             resources: Resources::default(),
             reason: "oom".into(),
         });
         let live = [SlotKey {
-            role: Role::Worker,
+            role: Role::WORKER,
             index: 1,
         }];
         assert!(

@@ -23,15 +23,15 @@ impl MasterService {
     }
 }
 
-fn role(r: i32) -> Result<Role, Error> {
-    Role::try_from(r).map_err(|e| Error::InvalidRequest(e.0))
+fn role(r: &str) -> Result<Role, Error> {
+    vocab::wire::role(r).map_err(|e| Error::InvalidRequest(e.0))
 }
 
 fn process(p: Option<pb::ProcessRef>) -> Result<(SlotKey, u64), Error> {
     let p = p.ok_or_else(|| Error::InvalidRequest("process is missing".into()))?;
     Ok((
         SlotKey {
-            role: role(p.role)?,
+            role: role(&p.role)?,
             index: p.index,
         },
         p.incarnation,
@@ -70,7 +70,7 @@ impl pb::job_master_server::JobMaster for MasterService {
     ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
         let r = req.into_inner();
         let key = SlotKey {
-            role: role(r.role)?,
+            role: role(&r.role)?,
             index: r.index,
         };
         let (agent_id, incarnation) = self
@@ -207,7 +207,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         })?;
         let ps_replicas = ctx
             .spec
-            .role_plan(Role::Ps)
+            .role_plan(Role::PS)
             .map(|p| p.replicas)
             .unwrap_or(0);
         Ok(Response::new(pb::WorkloadConfig {
@@ -235,7 +235,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         let ps_version =
-            (key.role == Role::Worker && r.cluster_version > 0).then_some(r.cluster_version);
+            (key.role == Role::WORKER && r.cluster_version > 0).then_some(r.cluster_version);
         // A "wait" changes nothing worth a durable write; grants and removals do.
         let v = self
             .shared
@@ -345,7 +345,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .slots
                 .values()
                 .map(|s| pb::ProcessStatus {
-                    role: pb::Role::from(s.key.role) as i32,
+                    role: s.key.role.to_string(),
                     index: s.key.index,
                     incarnation: s.incarnation,
                     // Launching: "pending" until the platform has placed it.

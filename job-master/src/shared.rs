@@ -263,7 +263,7 @@ mod tests {
         let (queue, mut executor) = EffectQueue::new();
         let stop = || Effect::StopAgent {
             key: SlotKey {
-                role: Role::Worker,
+                role: Role::WORKER,
                 index: 0,
             },
             graceful: true,

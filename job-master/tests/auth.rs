@@ -16,18 +16,18 @@ use tonic::Code;
 /// Every job master RPC once, with default arguments: the codes they were answered with.
 async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
     let process = pb::ProcessRef {
-        role: pb::Role::Worker as i32,
+        role: "worker".into(),
         index: 0,
         incarnation: 1,
     };
-    let me = Some(process);
+    let me = Some(process.clone());
     let code = |r: Result<(), tonic::Status>| r.err().map_or(Code::Ok, |s| s.code());
     vec![
         (
             "RegisterAgent",
             code(
                 c.register_agent(pb::RegisterAgentRequest {
-                    role: pb::Role::Worker as i32,
+                    role: "worker".into(),
                     index: 0,
                     incarnation: 1,
                     host: "127.0.0.1".into(),
@@ -42,7 +42,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "Heartbeat",
             code(
                 c.heartbeat(pb::HeartbeatRequest {
-                    process: me,
+                    process: me.clone(),
                     ..Default::default()
                 })
                 .await
@@ -53,7 +53,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "ReportProcessExit",
             code(
                 c.report_process_exit(pb::ProcessExit {
-                    process: me,
+                    process: me.clone(),
                     exit_code: 1,
                     ..Default::default()
                 })
@@ -65,7 +65,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "JoinRendezvous",
             code(
                 c.join_rendezvous(pb::JoinRendezvousRequest {
-                    process: me,
+                    process: me.clone(),
                     ..Default::default()
                 })
                 .await
@@ -77,7 +77,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "LeaseShard",
             code(
                 c.lease_shard(pb::LeaseShardRequest {
-                    process: me,
+                    process: me.clone(),
                     ..Default::default()
                 })
                 .await
@@ -88,7 +88,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "ReportShardDone",
             code(
                 c.report_shard_done(pb::ShardDone {
-                    process: me,
+                    process: me.clone(),
                     shard_id: 0,
                     ..Default::default()
                 })
@@ -100,7 +100,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "ReportMetrics",
             code(
                 c.report_metrics(pb::TrainingMetrics {
-                    process: me,
+                    process: me.clone(),
                     global_step: 1_000_000,
                     ..Default::default()
                 })
@@ -112,7 +112,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             "CommitCheckpoint",
             code(
                 c.commit_checkpoint(pb::CheckpointCommit {
-                    process: me,
+                    process: me.clone(),
                     step: 1,
                     path: "/etc/passwd".into(),
                     ..Default::default()
@@ -143,7 +143,7 @@ fn visible(s: &pb::JobStatus) -> String {
         s.global_step,
         s.processes
             .iter()
-            .map(|p| (p.role, p.index, p.incarnation, p.state.clone()))
+            .map(|p| (p.role.clone(), p.index, p.incarnation, p.state.clone()))
             .collect::<Vec<_>>()
     )
 }

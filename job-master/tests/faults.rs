@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use common::*;
 use job_master::spec::Role;
-use proto::jobmaster::v1 as pb;
 
 const N: u64 = 40_000;
 
@@ -23,10 +22,10 @@ async fn killing_a_ps_worker_mid_epoch_relaunches_it_and_loses_nothing() {
     let spec = builtin_spec(dir.path(), "kill-worker", "ps", 2, 3, N, 2, 150, 10);
     let mut run = start(spec, dir.path()).await;
     shards_at_least(run.addr, 8).await;
-    let victim = pid_of(run.addr, pb::Role::Worker, 1).await;
+    let victim = pid_of(run.addr, "worker", 1).await;
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     assert!(report.samples_per_epoch.values().all(|&s| s == N));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_recovered(&report, "worker-1 failed (killed by signal 9)");
@@ -47,11 +46,11 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
         |s| s.checkpoints >= 1 && s.shards_done >= 12,
     )
     .await;
-    let victim = pid_of(run.addr, pb::Role::Worker, 2).await;
+    let victim = pid_of(run.addr, "worker", 2).await;
     let before = status(run.addr).await.unwrap();
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     // The final model counted each sample exactly once per epoch, through the rollback.
     assert_eq!(report.applied_samples, 2 * N);
     assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
@@ -87,10 +86,10 @@ async fn killing_a_ps_restores_it_from_the_latest_checkpoint() {
         |s| s.checkpoints >= 1 && s.shards_done >= 15,
     )
     .await;
-    let victim = pid_of(run.addr, pb::Role::Ps, 1).await;
+    let victim = pid_of(run.addr, "ps", 1).await;
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&Role::Ps), Some(&1));
+    assert_eq!(report.restarts.get(&Role::PS), Some(&1));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_recovered(&report, "ps-1 failed (killed by signal 9)");
     assert_recovered(&report, "every process restarts from checkpoint");
@@ -110,7 +109,7 @@ async fn killing_an_agent_relaunches_it_and_leaves_no_orphan() {
     let spec = builtin_spec(dir.path(), "kill-agent", "ps", 1, 2, N, 1, 150, 0);
     let mut run = start(spec, dir.path()).await;
     shards_at_least(run.addr, 5).await;
-    let trainer = pid_of(run.addr, pb::Role::Worker, 0).await;
+    let trainer = pid_of(run.addr, "worker", 0).await;
     kill9(parent_of(trainer));
     let report = run.report().await;
     assert_recovered(
@@ -118,7 +117,7 @@ async fn killing_an_agent_relaunches_it_and_leaves_no_orphan() {
         "worker-0 failed (agent lost: agent process signal: 9",
     );
     assert_ps_applied_each_sample_once(&report, N, 1);
-    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     assert!(
         !std::path::Path::new(&format!("/proc/{trainer}")).exists() || {
             let s = std::fs::read_to_string(format!("/proc/{trainer}/stat")).unwrap_or_default();
@@ -140,7 +139,7 @@ async fn a_silent_agent_is_declared_lost_after_the_heartbeat_timeout() {
     timing.heartbeat_timeout_ms = 1_500;
     let mut run = start_with(spec, dir.path(), timing).await;
     shards_at_least(run.addr, 5).await;
-    let trainer = pid_of(run.addr, pb::Role::Worker, 1).await;
+    let trainer = pid_of(run.addr, "worker", 1).await;
     let agent = parent_of(trainer);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(agent as i32),
@@ -148,7 +147,7 @@ async fn a_silent_agent_is_declared_lost_after_the_heartbeat_timeout() {
     )
     .unwrap();
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     assert_recovered(&report, "worker-1 failed (agent lost: no heartbeat for");
     assert_ps_applied_each_sample_once(&report, N, 1);
     assert_no_process_left(run.addr).await;

@@ -68,7 +68,7 @@ async fn answered(
 async fn a_ps_job_resharded_over_the_jobs_tls_trains_each_sample_once_and_refuses_others() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = builtin_spec(dir.path(), "tls-ps", "ps", 1, 2, N, 1, 60, 10);
-    let ps = spec.roles.get_mut(&job_master::spec::Role::Ps).unwrap();
+    let ps = spec.roles.get_mut(&job_master::spec::Role::PS).unwrap();
     (ps.min, ps.max) = (Some(1), Some(2));
     let mut run = start_tls(spec, dir.path()).await;
     let addr = run.addr;

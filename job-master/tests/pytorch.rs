@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use proto::jobmaster::v1 as pb;
 
 fn torch_python() -> Option<String> {
     python_with("torch", "BRAIN_TORCH_PYTHON", "BRAIN_REQUIRE_TORCH")
@@ -120,7 +119,7 @@ async fn a_ddp_script_rescaled_2_3_1_and_killed_resumes_from_its_checkpoints_and
 
     // kill -9 of a rank mid-epoch, once the group of 3 has checkpointed.
     checkpoint_after(&ckpt, std::time::SystemTime::now()).await;
-    kill9(pid_of(addr, pb::Role::Worker, 1).await);
+    kill9(pid_of(addr, "worker", 1).await);
     let r2 = resumed(&ckpt, r.len() + 1, wait).await;
 
     checkpoint_after(&ckpt, std::time::SystemTime::now()).await;

@@ -76,7 +76,7 @@ fn events(path: &Path) -> Vec<Event> {
 fn worker_pids(s: &pb::JobStatus) -> Vec<(u32, u32)> {
     s.processes
         .iter()
-        .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
+        .filter(|p| p.role == "worker" && p.state != "removed")
         .map(|p| (p.index, p.pid))
         .collect()
 }
@@ -152,7 +152,7 @@ async fn an_sdk_script_rescaled_2_4_2_in_place_and_killed_trains_every_sample_on
 
     // kill -9 of a rank mid-epoch: the group restarts from the latest cut.
     shards_at_least(addr, s.shards_done + 4).await;
-    kill9(pid_of(addr, pb::Role::Worker, 1).await);
+    kill9(pid_of(addr, "worker", 1).await);
 
     let report = run.report().await;
     assert!(report.data_tracked);

@@ -15,7 +15,6 @@ use job_master::platform::ray::api::{RayApi, RayError, RayJobStatus, SubmitReque
 use job_master::platform::ray::{RayPlatform, RaySettings};
 use job_master::platform::{AgentLaunch, Platform, PlatformConfig, PlatformEvent};
 use job_master::spec::{Millicores, Role};
-use proto::jobmaster::v1 as pb;
 use tokio::sync::MutexGuard;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -178,7 +177,7 @@ async fn killing_a_worker_inside_ray_relaunches_it_and_loses_nothing() {
     let spec = builtin_spec(dir.path(), "ray-kill", "ps", 1, 2, N, 2, 150, 10);
     let mut run = start_on(spec, dir.path(), test_timing(), on_ray(&address)).await;
     shards_at_least(run.addr, 8).await;
-    let trainer = pid_of(run.addr, pb::Role::Worker, 1).await;
+    let trainer = pid_of(run.addr, "worker", 1).await;
     let agent = parent_of(trainer);
     // The agent is the Ray job's process: its command line is the entrypoint Ray ran.
     let cmdline = std::fs::read(format!("/proc/{agent}/cmdline")).unwrap();
@@ -199,7 +198,7 @@ async fn killing_a_worker_inside_ray_relaunches_it_and_loses_nothing() {
     );
     kill9(agent);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     assert!(report.samples_per_epoch.values().all(|&s| s == N));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_recovered(
@@ -226,7 +225,7 @@ fn settings(address: &str, job: &str) -> RaySettings {
 fn launch(index: u32, cpu_millicores: u64) -> AgentLaunch {
     AgentLaunch {
         key: job_master::job::SlotKey {
-            role: Role::Worker,
+            role: Role::WORKER,
             index,
         },
         incarnation: 1,

@@ -117,19 +117,19 @@ checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
 }
 
 /// The hosts the job's live processes of `role` registered from.
-fn hosts(s: &pb::JobStatus, role: pb::Role) -> Vec<String> {
+fn hosts(s: &pb::JobStatus, role: &str) -> Vec<String> {
     s.processes
         .iter()
-        .filter(|p| p.role == role as i32 && p.state == "running")
+        .filter(|p| p.role == role && p.state == "running")
         .map(|p| p.host.clone())
         .collect()
 }
 
-fn host_of(s: &pb::JobStatus, role: pb::Role, index: u32) -> (String, u64) {
+fn host_of(s: &pb::JobStatus, role: &str, index: u32) -> (String, u64) {
     let p = s
         .processes
         .iter()
-        .find(|p| p.role == role as i32 && p.index == index)
+        .find(|p| p.role == role && p.index == index)
         .unwrap();
     (p.host.clone(), p.incarnation)
 }
@@ -140,7 +140,7 @@ async fn all_running(addr: SocketAddr, workers: usize) -> pb::JobStatus {
         Duration::from_secs(120),
         "every process running",
         |s| {
-            hosts(s, pb::Role::Worker).len() == workers
+            hosts(s, "worker").len() == workers
                 && s.processes
                     .iter()
                     .all(|p| p.state == "running" || p.state == "removed")
@@ -180,7 +180,7 @@ async fn a_ring_spans_three_nodes_by_their_addresses() {
         .start(spec(dir.path(), "allreduce", 0, 3, N, 2, 0), dir.path())
         .await;
     let s = all_running(run.addr, 3).await;
-    let workers: BTreeSet<String> = hosts(&s, pb::Role::Worker).into_iter().collect();
+    let workers: BTreeSet<String> = hosts(&s, "worker").into_iter().collect();
     let nodes: BTreeSet<String> = cluster.nodes.iter().cloned().collect();
     assert_eq!(workers, nodes, "one worker per node, by its node's address");
     let report = run.report().await;
@@ -213,7 +213,7 @@ async fn a_node_lost_under_a_ps_job_costs_nothing_and_is_used_again_when_back() 
     let s = all_running(addr, 2).await;
     // A worker on a node other than the head's (two workers never share a node).
     let (victim, (lost_host, before)) = (0..2)
-        .map(|i| (i, host_of(&s, pb::Role::Worker, i)))
+        .map(|i| (i, host_of(&s, "worker", i)))
         .find(|(_, (h, _))| *h != cluster.nodes[0])
         .expect("a worker on a non-head node");
     let node = cluster.nodes.iter().position(|n| *n == lost_host).unwrap();
@@ -226,8 +226,8 @@ async fn a_node_lost_under_a_ps_job_costs_nothing_and_is_used_again_when_back() 
         Duration::from_secs(150),
         "the lost worker back elsewhere",
         |s| {
-            let (h, inc) = host_of(s, pb::Role::Worker, victim);
-            inc > before && h != lost_host && hosts(s, pb::Role::Worker).len() == 2
+            let (h, inc) = host_of(s, "worker", victim);
+            inc > before && h != lost_host && hosts(s, "worker").len() == 2
         },
     )
     .await;
@@ -248,7 +248,7 @@ async fn a_node_lost_under_a_ps_job_costs_nothing_and_is_used_again_when_back() 
     rescale_workers(addr, 1, 3).await;
     let s = all_running(addr, 3).await;
     assert_eq!(
-        host_of(&s, pb::Role::Worker, 2).0,
+        host_of(&s, "worker", 2).0,
         lost_host,
         "the third worker fits only on the node that came back"
     );

@@ -33,7 +33,7 @@ async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
     shards_at_least(addr, done + 6).await;
     send(addr, plan(2, Some(1), None)).await;
     // Mid-transition: kill the survivor's training process.
-    let victim = pid_of(addr, pb::Role::Worker, 0).await;
+    let victim = pid_of(addr, "worker", 0).await;
     kill9(victim);
     let s = reached(addr, 2).await;
     assert_eq!(live_workers(&s), 1);
@@ -60,7 +60,7 @@ async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
 async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = builtin_spec(dir.path(), "ps-rescale", "ps", 1, 3, N, 2, 60, 10);
-    let ps = spec.roles.get_mut(&job_master::spec::Role::Ps).unwrap();
+    let ps = spec.roles.get_mut(&job_master::spec::Role::PS).unwrap();
     (ps.min, ps.max) = (Some(1), Some(4));
     let cfg = workload_of(&spec);
     let mut run = start(spec, dir.path()).await;
@@ -68,7 +68,7 @@ async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exact
     shards_at_least(addr, 8).await;
 
     send(addr, plan(1, Some(2), Some(3))).await;
-    let victim = pid_of(addr, pb::Role::Worker, 0).await;
+    let victim = pid_of(addr, "worker", 0).await;
     kill9(victim);
     let s = reached(addr, 1).await;
     assert_eq!(live_workers(&s), 2);
@@ -82,7 +82,7 @@ async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exact
     let done = s.shards_done;
     shards_at_least(addr, done + 8).await;
     send(addr, plan(3, Some(3), None)).await;
-    let victim = pid_of(addr, pb::Role::Ps, 1).await;
+    let victim = pid_of(addr, "ps", 1).await;
     kill9(victim);
     let s = reached(addr, 3).await;
     assert_eq!(live_workers(&s), 3);
@@ -116,9 +116,9 @@ async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exact
     assert_no_process_left(addr).await;
 }
 
-fn migration(role: pb::Role, index: u32, cpu: u64, memory: u64, reason: &str) -> pb::Migration {
+fn migration(role: &str, index: u32, cpu: u64, memory: u64, reason: &str) -> pb::Migration {
     pb::Migration {
-        role: role as i32,
+        role: role.into(),
         index,
         resources: Some(pb::Resources {
             cpu_millicores: cpu,
@@ -129,10 +129,10 @@ fn migration(role: pb::Role, index: u32, cpu: u64, memory: u64, reason: &str) ->
     }
 }
 
-fn process(s: &pb::JobStatus, role: pb::Role, index: u32) -> pb::ProcessStatus {
+fn process(s: &pb::JobStatus, role: &str, index: u32) -> pb::ProcessStatus {
     s.processes
         .iter()
-        .find(|p| p.role == role as i32 && p.index == index)
+        .find(|p| p.role == role && p.index == index)
         .cloned()
         .unwrap_or_else(|| panic!("no {role:?} {index} in {:?}", s.processes))
 }
@@ -147,39 +147,32 @@ async fn migrations_replace_a_ps_and_a_worker_with_new_resources_and_keep_the_st
     let mut spec = builtin_spec(dir.path(), "ps-migrate", "ps", 2, 2, N, 2, 60, 10);
     let ps_res: job_master::spec::Resources =
         serde_norway::from_str("{ cpu: 1, memory: 1Gi }").unwrap();
-    let ps = spec.roles.get_mut(&job_master::spec::Role::Ps).unwrap();
+    let ps = spec.roles.get_mut(&job_master::spec::Role::PS).unwrap();
     ps.resources = Some(ps_res);
     let cfg = workload_of(&spec);
     let mut run = start(spec, dir.path()).await;
     let addr = run.addr;
     shards_at_least(addr, 8).await;
     let before = status(addr).await.unwrap();
-    let (ps1, w0) = (
-        process(&before, pb::Role::Ps, 1),
-        process(&before, pb::Role::Worker, 0),
-    );
+    let (ps1, w0) = (process(&before, "ps", 1), process(&before, "worker", 0));
     assert_eq!(ps1.resources.as_ref().unwrap().memory_bytes, GI);
 
     let mut p = plan(1, None, None);
     p.migrations = vec![
-        migration(pb::Role::Ps, 1, 2000, 2 * GI, "hot ps"),
-        migration(pb::Role::Worker, 0, 500, 3 * GI / 2, "out of memory"),
+        migration("ps", 1, 2000, 2 * GI, "hot ps"),
+        migration("worker", 0, 500, 3 * GI / 2, "out of memory"),
     ];
     send(addr, p).await;
     let s = reached(addr, 1).await;
     for (old, want) in [(&ps1, (2000, 2 * GI)), (&w0, (500, 3 * GI / 2))] {
-        let role = pb::Role::try_from(old.role).unwrap();
-        let now = process(&s, role, old.index);
+        let now = process(&s, &old.role, old.index);
         assert!(now.incarnation > old.incarnation, "{now:?} after {old:?}");
         let r = now.resources.clone().unwrap();
         assert_eq!((r.cpu_millicores, r.memory_bytes), want, "{now:?}");
     }
     // The PS that stayed kept its process and its resources.
-    let ps0 = process(&s, pb::Role::Ps, 0);
-    assert_eq!(
-        ps0.incarnation,
-        process(&before, pb::Role::Ps, 0).incarnation
-    );
+    let ps0 = process(&s, "ps", 0);
+    assert_eq!(ps0.incarnation, process(&before, "ps", 0).incarnation);
     assert_eq!(ps0.resources.unwrap().memory_bytes, GI);
 
     let report = run.report().await;
@@ -210,12 +203,12 @@ async fn an_allreduce_worker_migrates_at_a_reformation() {
     let mut run = start(spec, dir.path()).await;
     let addr = run.addr;
     shards_at_least(addr, 5).await;
-    let old = process(&status(addr).await.unwrap(), pb::Role::Worker, 1);
+    let old = process(&status(addr).await.unwrap(), "worker", 1);
     let mut p = plan(1, None, None);
-    p.migrations = vec![migration(pb::Role::Worker, 1, 1500, GI, "more cpu")];
+    p.migrations = vec![migration("worker", 1, 1500, GI, "more cpu")];
     send(addr, p).await;
     let s = reached(addr, 1).await;
-    let now = process(&s, pb::Role::Worker, 1);
+    let now = process(&s, "worker", 1);
     assert!(now.incarnation > old.incarnation);
     assert_eq!(now.resources.unwrap().cpu_millicores, 1500);
     assert_eq!(live_workers(&s), 2);

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use proto::jobmaster::v1 as pb;
 
 fn tf_python() -> Option<String> {
     python_with("tensorflow", "BRAIN_TF_PYTHON", "BRAIN_REQUIRE_TF")
@@ -89,7 +88,7 @@ async fn a_tf_ps_job_survives_a_worker_kill_and_a_rescale_and_succeeds() {
     wait_until("a first checkpoint", || ckpt.join("checkpoint").exists()).await;
 
     // kill -9 of TF worker 0 (Brain's worker 1; worker 0 is the chief).
-    kill9(pid_of(addr, pb::Role::Worker, 1).await);
+    kill9(pid_of(addr, "worker", 1).await);
     wait_until("a resume after the kill", || !resumes(&ckpt).is_empty()).await;
 
     send(addr, plan(1, Some(4), None)).await;

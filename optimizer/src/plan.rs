@@ -37,8 +37,9 @@ impl JobConfig {
     /// Processes of `role`.
     pub fn count(&self, role: Role) -> u32 {
         match role {
-            Role::Ps => self.ps,
-            Role::Worker => self.workers,
+            Role::PS => self.ps,
+            Role::WORKER => self.workers,
+            _ => 0,
         }
     }
 }

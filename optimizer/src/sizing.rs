@@ -102,7 +102,7 @@ pub fn size(
     }
 
     // Workers first: a PS count from similar jobs' speed model is chosen for them.
-    for role in [Role::Worker, Role::Ps] {
+    for role in [Role::WORKER, Role::PS] {
         let Some(r) = spec.roles.get(&role).cloned() else {
             continue;
         };
@@ -111,7 +111,7 @@ pub fn size(
         let cpu = match (resources.cpu, learned) {
             (Some(c), _) => c,
             (None, Some(l))
-                if role == Role::Worker
+                if role == Role::WORKER
                     && l.worker_millicores.is_finite()
                     && l.worker_millicores > 0.0 =>
             {
@@ -139,7 +139,7 @@ pub fn size(
                     .map(|p| p.peak_ps_millicores)
                     .filter(|&m| m > 0)
                     .collect();
-                match median(peaks).filter(|_| role == Role::Ps) {
+                match median(peaks).filter(|_| role == Role::PS) {
                     Some(peak) => {
                         // Whole slots, as the scheduler hands them out; never more than the
                         // cluster.
@@ -167,7 +167,7 @@ pub fn size(
         };
         let memory = match (resources.memory, learned) {
             (Some(m), _) => m,
-            (None, Some(l)) if role == Role::Worker => {
+            (None, Some(l)) if role == Role::WORKER => {
                 let mib = l.worker_mib.max(64.0) as u64;
                 reasons.push(format!(
                     "worker memory: {mib} MiB from the job-profile model ({} jobs, margin for \
@@ -225,18 +225,20 @@ pub fn size(
             let max = r.max.unwrap_or(min);
             let past: Vec<u64> = similar
                 .iter()
-                .map(|p| match role {
-                    Role::Ps => p.ps as u64,
-                    Role::Worker => p.workers as u64,
+                .filter_map(|p| match role {
+                    Role::PS => Some(p.ps as u64),
+                    Role::WORKER => Some(p.workers as u64),
+                    // Past jobs record their ps and workers only.
+                    _ => None,
                 })
                 .collect();
-            let modelled = (role == Role::Ps)
+            let modelled = (role == Role::PS)
                 .then(|| ps_from_model(&spec, &similar, min, max))
                 .flatten();
             let (n, why) = match (modelled, median(past)) {
                 (Some((n, why)), _) => (n, why),
                 (None, Some(n)) => (n as i64, "the median of similar jobs".to_string()),
-                (None, None) if role == Role::Worker => (2, "default".to_string()),
+                (None, None) if role == Role::WORKER => (2, "default".to_string()),
                 (None, None) => (1, "default".to_string()),
             };
             let n = (n / unit * unit).clamp(min, max);
@@ -262,7 +264,7 @@ fn ps_from_model(
     min: i64,
     max: i64,
 ) -> Option<(i64, String)> {
-    let workers = spec.roles.get(&Role::Worker)?.replicas? as u32;
+    let workers = spec.roles.get(&Role::WORKER)?.replicas? as u32;
     let points: Vec<PsSpeedPoint> = similar.iter().flat_map(|p| p.ps_speed.clone()).collect();
     let model = PsSpeedModel::fit(&points).ok()?;
     let (lo, hi) = (min.max(1) as u32, max.max(1) as u32);
@@ -342,13 +344,13 @@ mod tests {
             Some(learned),
         )
         .unwrap();
-        assert_eq!((count(&s, Role::Ps), count(&s, Role::Worker)), (2, 3));
+        assert_eq!((count(&s, Role::PS), count(&s, Role::WORKER)), (2, 3));
         let memory = |role| s.spec.roles[&role].resources.as_ref().unwrap().memory;
-        assert_eq!(memory(Role::Worker), Some(Bytes(300 << 20)));
+        assert_eq!(memory(Role::WORKER), Some(Bytes(300 << 20)));
         // CPU in whole slots: 1,700m predicted is two slots of 1,000m; the PS keeps one.
         let cpu = |role| s.spec.roles[&role].resources.as_ref().unwrap().cpu;
-        assert_eq!(cpu(Role::Worker), Some(Millicores(2_000)));
-        assert_eq!(cpu(Role::Ps), Some(Millicores(1_000)));
+        assert_eq!(cpu(Role::WORKER), Some(Millicores(2_000)));
+        assert_eq!(cpu(Role::PS), Some(Millicores(1_000)));
         let why = "worker cpu: 2000m (2 slot(s) of 1000m) from the job-profile model (1700m \
                    predicted; 40 jobs, margin for 95 % of jobs)";
         assert!(s.reasons.iter().any(|r| r == why), "{:?}", s.reasons);
@@ -364,7 +366,7 @@ mod tests {
             Some(huge),
         )
         .unwrap();
-        let res = capped.spec.roles[&Role::Worker].resources.as_ref().unwrap();
+        let res = capped.spec.roles[&Role::WORKER].resources.as_ref().unwrap();
         assert_eq!(res.cpu, Some(Millicores(8_000)));
         assert!(
             capped
@@ -375,7 +377,7 @@ mod tests {
             capped.reasons
         );
         // The PS is sized from history: 500 MiB over 5 processes, + 25 %.
-        assert_eq!(memory(Role::Ps), Some(Bytes(125 << 20)));
+        assert_eq!(memory(Role::PS), Some(Bytes(125 << 20)));
         assert!(
             s.reasons
                 .iter()
@@ -398,7 +400,7 @@ mod tests {
         )
         .unwrap();
         // The median 7 rounded down to the node unit.
-        assert_eq!(count(&s, Role::Worker), 6, "{:?}", s.reasons);
+        assert_eq!(count(&s, Role::WORKER), 6, "{:?}", s.reasons);
         let e = size(
             &spec("  ps: {}\n  worker: {}\n"),
             &[],
@@ -434,8 +436,8 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(cpu(&s, Role::Ps), Some(Millicores(2000)), "{:?}", s.reasons);
-        assert_eq!(cpu(&s, Role::Worker), Some(Millicores(1000)));
+        assert_eq!(cpu(&s, Role::PS), Some(Millicores(2000)), "{:?}", s.reasons);
+        assert_eq!(cpu(&s, Role::WORKER), Some(Millicores(1000)));
         assert!(
             s.reasons.iter().any(|r| r.contains(
                 "ps cpu: 2000m (2 slot(s) of 1000m), the median peak of similar jobs' parameter \
@@ -452,7 +454,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(cpu(&s, Role::Ps), Some(Millicores(8000)));
+        assert_eq!(cpu(&s, Role::PS), Some(Millicores(8000)));
         assert!(
             s.reasons
                 .iter()
@@ -461,7 +463,7 @@ mod tests {
         // What the user gave is kept.
         let given = spec("  ps: { resources: { cpu: 500m } }\n  worker: {}\n");
         let s = size(&given, &history, &cluster(), None).unwrap();
-        assert_eq!(cpu(&s, Role::Ps), Some(Millicores(500)));
+        assert_eq!(cpu(&s, Role::PS), Some(Millicores(500)));
     }
 
     #[test]
@@ -493,7 +495,7 @@ mod tests {
 ",
         );
         let s = size(&spec4, &history, &cluster(), None).unwrap();
-        let ps = count(&s, Role::Ps);
+        let ps = count(&s, Role::PS);
         // At 8 workers: more PS keep paying until the 5 % tolerance.
         let best = (1..=8).map(|p| truth(8, p)).fold(0.0, f64::max);
         let want = (1..=8).find(|&p| truth(8, p) >= 0.95 * best).unwrap();
@@ -508,7 +510,7 @@ mod tests {
         );
         // One PS count only: no model, the median.
         let s = size(&spec4, &[with("a", &[(2, 1), (4, 1)])], &cluster(), None).unwrap();
-        assert_eq!(count(&s, Role::Ps), 1);
+        assert_eq!(count(&s, Role::PS), 1);
         assert!(
             s.reasons
                 .iter()
@@ -521,6 +523,6 @@ mod tests {
 ",
         );
         let s = size(&given, &history, &cluster(), None).unwrap();
-        assert_eq!(count(&s, Role::Ps), 1);
+        assert_eq!(count(&s, Role::PS), 1);
     }
 }

@@ -1,6 +1,7 @@
 """Who this training process is, from the environment its worker agent set."""
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -26,6 +27,9 @@ def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> in
         return int(raw)
     except ValueError:
         raise BrainError(f"{name}={raw!r} is not a whole number") from None
+
+
+_ROLE_NAME = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,10 @@ class ProcessEnv:
         env = os.environ if env is None else env
         joins = env.get("BRAIN_PROCESS_JOINS") == "1"
         role = _required(env, "BRAIN_ROLE")
-        if role not in ("worker", "ps"):
-            raise BrainError(f"BRAIN_ROLE={role!r} is neither worker nor ps")
+        if not _ROLE_NAME.fullmatch(role):
+            raise BrainError(
+                f"BRAIN_ROLE={role!r} is not a role name (a DNS label starting with a letter)"
+            )
         return cls(
             master=_required(env, "BRAIN_MASTER_ADDR"),
             role=role,

@@ -46,8 +46,8 @@ class MasterClient:
                 f"the job master at {env.master} did not answer within {CALL_TIMEOUT_S:.0f} s"
             ) from None
         self._stub = pb_grpc.JobMasterStub(self._channel)
-        role = pb.ROLE_WORKER if env.role == "worker" else pb.ROLE_PS
-        self.me = pb.ProcessRef(role=role, index=env.index, incarnation=env.incarnation)
+        # The role group by name, as the job master launched this process.
+        self.me = pb.ProcessRef(role=env.role, index=env.index, incarnation=env.incarnation)
 
     def _call(self, name: str, request):
         try:

@@ -14,24 +14,9 @@ use crate::units::{Bytes, Millicores};
 #[error("{0}")]
 pub struct WireError(pub String);
 
-impl From<Role> for pb::Role {
-    fn from(r: Role) -> Self {
-        match r {
-            Role::Ps => pb::Role::Ps,
-            Role::Worker => pb::Role::Worker,
-        }
-    }
-}
-
-impl TryFrom<i32> for Role {
-    type Error = WireError;
-    fn try_from(r: i32) -> Result<Self, WireError> {
-        match pb::Role::try_from(r) {
-            Ok(pb::Role::Ps) => Ok(Role::Ps),
-            Ok(pb::Role::Worker) => Ok(Role::Worker),
-            _ => Err(WireError(format!("role {r} is not ps or worker"))),
-        }
-    }
+/// The role a wire message names (a role group's name, e.g. `"worker"`).
+pub fn role(name: &str) -> Result<Role, WireError> {
+    Role::new(name).map_err(WireError)
 }
 
 /// Zero means "not given" on the wire (proto3 has no absent scalars). The wire carries no
@@ -67,7 +52,7 @@ impl TryFrom<pb::ScalePlan> for ScalePlan {
             ..Default::default()
         };
         for t in p.roles {
-            let role = Role::try_from(t.role)?;
+            let role = role(&t.role)?;
             let target = RoleTarget {
                 count: t.count,
                 resources: t.resources.map(Resources::from),
@@ -79,7 +64,7 @@ impl TryFrom<pb::ScalePlan> for ScalePlan {
         for m in p.migrations {
             plan.migrations.push(Migration {
                 key: SlotKey {
-                    role: Role::try_from(m.role)?,
+                    role: role(&m.role)?,
                     index: m.index,
                 },
                 resources: m.resources.unwrap_or_default().into(),
@@ -98,7 +83,7 @@ impl From<&ScalePlan> for pb::ScalePlan {
                 .roles
                 .iter()
                 .map(|(&role, t)| pb::RoleTarget {
-                    role: pb::Role::from(role) as i32,
+                    role: role.to_string(),
                     count: t.count,
                     resources: t.resources.as_ref().map(pb::Resources::from),
                 })
@@ -111,7 +96,7 @@ impl From<&ScalePlan> for pb::ScalePlan {
 impl From<&Migration> for pb::Migration {
     fn from(m: &Migration) -> Self {
         pb::Migration {
-            role: pb::Role::from(m.key.role) as i32,
+            role: m.key.role.to_string(),
             index: m.key.index,
             resources: Some((&m.resources).into()),
             reason: m.reason.clone(),
@@ -125,16 +110,16 @@ mod tests {
 
     #[test]
     fn a_plan_survives_the_wire_and_a_bad_one_is_refused() {
-        let mut plan = ScalePlan::count(3, Role::Worker, 4);
-        plan.roles.get_mut(&Role::Worker).unwrap().resources = Some(Resources {
+        let mut plan = ScalePlan::count(3, Role::WORKER, 4);
+        plan.roles.get_mut(&Role::WORKER).unwrap().resources = Some(Resources {
             cpu: Some(Millicores(1500)),
             memory: Some(Bytes(1 << 30)),
             ..Default::default()
         });
-        plan.set_count(Role::Ps, 2);
+        plan.set_count(Role::PS, 2);
         plan.migrations.push(Migration {
             key: SlotKey {
-                role: Role::Ps,
+                role: Role::PS,
                 index: 1,
             },
             resources: Resources {
@@ -154,10 +139,8 @@ mod tests {
                 .contains("named twice")
         );
         let mut bad = wire;
-        bad.roles[0].role = 7;
-        assert_eq!(
-            ScalePlan::try_from(bad).unwrap_err().0,
-            "role 7 is not ps or worker"
-        );
+        bad.roles[0].role = "Rollout Engine".into();
+        let e = ScalePlan::try_from(bad).unwrap_err().0;
+        assert!(e.starts_with("role name"), "{e}");
     }
 }

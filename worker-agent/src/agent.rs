@@ -23,7 +23,7 @@ pub type MasterClient = pb::job_master_client::JobMasterClient<auth::Channel>;
 #[derive(Clone, Debug)]
 pub struct AgentArgs {
     pub master: String,
-    pub role: pb::Role,
+    pub role: vocab::Role,
     pub index: u32,
     pub incarnation: u64,
     /// Give up when the master has not answered for this long.
@@ -101,13 +101,6 @@ fn over_memory(rss: u64, limit: u64) -> Option<String> {
             limit as f64 / MIB
         )
     })
-}
-
-fn role_name(role: pb::Role) -> &'static str {
-    match role {
-        pb::Role::Ps => "ps",
-        _ => "worker",
-    }
 }
 
 /// Whether the training process runs confined (a `command:` with a sandbox).
@@ -198,7 +191,7 @@ fn child_env(
         .filter(|(k, _)| !vocab::spec::env::runtime_owned(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let role = role_name(args.role);
+    let role = args.role;
     // What torchrun gives a process: this agent is a "node" running one process.
     env.insert("LOCAL_RANK".into(), "0".into());
     env.insert("LOCAL_WORLD_SIZE".into(), "1".into());
@@ -214,7 +207,7 @@ fn child_env(
                 "TORCHELASTIC_RESTART_COUNT".into(),
                 join.restart_count.to_string(),
             );
-            if let Some(tf) = tf_config(role, service_addr, join) {
+            if let Some(tf) = tf_config(role.as_str(), service_addr, join) {
                 env.insert("TF_CONFIG".into(), tf.to_string());
             }
             if let Some(c) = &join.cluster {
@@ -240,7 +233,7 @@ fn child_env(
             dir.to_string_lossy().into_owned(),
         );
     }
-    env.insert("BRAIN_ROLE".into(), role.into());
+    env.insert("BRAIN_ROLE".into(), role.to_string());
     env.insert("BRAIN_INDEX".into(), args.index.to_string());
     env.insert("BRAIN_INCARNATION".into(), incarnation.to_string());
     env.insert("BRAIN_SERVICE_ADDR".into(), service_addr.into());
@@ -269,14 +262,14 @@ fn spawn(
         })?;
         let mut c = Command::new(exe);
         let what = match (kind, args.role) {
-            ("ps", pb::Role::Ps) => "ps-server",
+            ("ps", vocab::Role::PS) => "ps-server",
             ("ps", _) => "ps-worker",
             _ => "allreduce-worker",
         };
         c.arg("workload").arg(what);
         c
     } else if let Some(sandbox) = &args.sandbox {
-        let slot = format!("{}-{}", role_name(args.role), args.index);
+        let slot = format!("{}-{}", args.role, args.index);
         let start = crate::sandbox::prepare(
             sandbox,
             &slot,
@@ -424,7 +417,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     let mut service_addr = reserve_port(host)?;
     let reg = client
         .register_agent(pb::RegisterAgentRequest {
-            role: args.role as i32,
+            role: args.role.to_string(),
             index: args.index,
             incarnation: args.incarnation,
             host: host.to_string(),
@@ -443,12 +436,12 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     let grace = Duration::from_millis(reg.grace_period_ms as u64);
     let mut incarnation = reg.incarnation;
     let me = |inc: u64| pb::ProcessRef {
-        role: args.role as i32,
+        role: args.role.to_string(),
         index: args.index,
         incarnation: inc,
     };
     tracing::info!(
-        role = role_name(args.role),
+        role = args.role.as_str(),
         index = args.index,
         incarnation,
         agent = reg.agent_id,

@@ -17,12 +17,6 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Role {
-    Ps,
-    Worker,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
 enum Builtin {
     /// A parameter server holding one partition of the model.
     PsServer,
@@ -47,8 +41,9 @@ enum Command {
         /// The job master's address, e.g. http://127.0.0.1:7000.
         #[arg(long, env = "BRAIN_MASTER_ADDR")]
         master: String,
-        #[arg(long, value_enum)]
-        role: Role,
+        /// The role group this process belongs to (`worker`, `ps`, `rollout`, ...).
+        #[arg(long)]
+        role: vocab::Role,
         #[arg(long)]
         index: u32,
         /// The incarnation the master launched this agent for.
@@ -160,10 +155,7 @@ fn main() -> std::process::ExitCode {
             } => {
                 let args = AgentArgs {
                     master,
-                    role: match role {
-                        Role::Ps => pb::Role::Ps,
-                        Role::Worker => pb::Role::Worker,
-                    },
+                    role,
                     index,
                     incarnation,
                     master_timeout: Duration::from_secs(master_timeout_secs),

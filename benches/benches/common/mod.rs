@@ -160,7 +160,7 @@ pub async fn alternate_rescales(
         let a = client
             .apply_scale_plan(proto::jobmaster::v1::ScalePlan::from(&ScalePlan::count(
                 version,
-                Role::Worker,
+                Role::WORKER,
                 workers,
             )))
             .await

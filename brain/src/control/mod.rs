@@ -583,7 +583,7 @@ impl Control {
                 problem: e.to_string(),
             })?;
         if let Some(model) = &gpu_type {
-            let worker = spec.roles.entry(vocab::Role::Worker).or_default();
+            let worker = spec.roles.entry(vocab::Role::WORKER).or_default();
             worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
         }
         let token = self.mint(job).await?;

@@ -103,7 +103,7 @@ impl Processes {
                 .map(|(_, p)| p.clone())
                 .collect()
         };
-        (role(Role::Ps), role(Role::Worker))
+        (role(Role::PS), role(Role::WORKER))
     }
 
     pub(super) fn changes(&self, job: JobId) -> Vec<Change> {
@@ -138,7 +138,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &c)| ProcessSample {
-                    role: Role::Ps,
+                    role: Role::PS,
                     index: i as u32,
                     cpu_limit: 1000,
                     memory_limit: 1 << 30,

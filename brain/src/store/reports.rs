@@ -41,7 +41,7 @@ impl Store {
         let peak_ps_cpu = reports
             .iter()
             .flat_map(|m| &m.processes)
-            .filter(|p| p.role == vocab::Role::Ps)
+            .filter(|p| p.role == vocab::Role::PS)
             .map(|p| p.cpu_millicores)
             .max()
             .unwrap_or(0);

@@ -100,7 +100,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     s.started(a, 2, None, "/tmp/p", 20).unwrap();
     let mut m = metric(1, 10.0);
     m.processes = vec![ProcessSample {
-        role: vocab::Role::Ps,
+        role: vocab::Role::PS,
         index: 0,
         cpu_limit: 1000,
         memory_limit: 0,

@@ -36,7 +36,7 @@ impl JobContext {
         slot.service_addr = Some(service_addr.clone());
         // A PS added by a reshard enters the published cluster when the reshard is done.
         let fresh = self.slots[&key].fresh;
-        if key.role == Role::Ps
+        if key.role == Role::PS
             && !fresh
             && let Some(c) = self.group.cluster_mut()
         {
@@ -123,7 +123,7 @@ impl JobContext {
         if phase == SlotPhase::Removing && exit_code == 0 && signal == 0 {
             return Ok(self.remove_slot(key, now_ms));
         }
-        if exit_code == 0 && signal == 0 && key.role == Role::Worker {
+        if exit_code == 0 && signal == 0 && key.role == Role::WORKER {
             self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
             self.log(now_ms, format!("{key} finished"));
             return Ok(self.check_done(now_ms));
@@ -221,7 +221,7 @@ impl JobContext {
         // A command's cluster spec (TF_CONFIG) names every task's address, so any of its
         // failures restarts the group.
         let group = !(self.spec.kind == JobKind::Ps
-            && key.role == Role::Worker
+            && key.role == Role::WORKER
             && !self.restarts_to_rescale());
         if !group && self.slots[&key].phase == SlotPhase::Removing {
             self.log(now_ms, format!("{key} failed ({how}) while leaving"));

@@ -103,7 +103,7 @@ mod tests {
             "a second changes nothing"
         );
         assert!(matches!(
-            ctx.apply_plan(ScalePlan::count(1, Role::Worker, 2), &Default::default(), 5),
+            ctx.apply_plan(ScalePlan::count(1, Role::WORKER, 2), &Default::default(), 5),
             Err(PlanRejection::NotRunning("being cancelled"))
         ));
         ctx.checkpoint_committed(1, "/tmp/m.json".into(), 1, 0, 6)

@@ -62,15 +62,15 @@ fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
     let views = everyone_joins(&mut ctx, 1);
     assert!(views.values().all(|v| v.ready && v.world_size == 2));
     let (w0, w1, w2) = (
-        key(Role::Worker, 0),
-        key(Role::Worker, 1),
-        key(Role::Worker, 2),
+        key(Role::WORKER, 0),
+        key(Role::WORKER, 1),
+        key(Role::WORKER, 2),
     );
 
     // 2 -> 3: no cut to wait for; the new worker launches and both survivors restart.
     let effects = ctx
         .apply_plan(
-            ScalePlan::count(1, Role::Worker, 3),
+            ScalePlan::count(1, Role::WORKER, 3),
             &Capacity::default(),
             10,
         )
@@ -105,7 +105,7 @@ fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
     // 3 -> 1: the removed workers' agents are stopped (their grace period applies).
     let effects = ctx
         .apply_plan(
-            ScalePlan::count(2, Role::Worker, 1),
+            ScalePlan::count(2, Role::WORKER, 1),
             &Capacity::default(),
             20,
         )
@@ -145,9 +145,9 @@ fn a_process_killed_after_its_grace_period_is_recorded() {
         0,
     );
     everyone_joins(&mut ctx, 1);
-    let w1 = key(Role::Worker, 1);
+    let w1 = key(Role::WORKER, 1);
     ctx.apply_plan(
-        ScalePlan::count(1, Role::Worker, 1),
+        ScalePlan::count(1, Role::WORKER, 1),
         &Capacity::default(),
         10,
     )
@@ -156,7 +156,7 @@ fn a_process_killed_after_its_grace_period_is_recorded() {
     // incarnation changes nothing but is written down.
     let why = "did not exit within its grace period of 7000 ms after SIGTERM and was killed";
     let effects = ctx
-        .process_exited(key(Role::Worker, 0), 1, -1, 9, Some(why), 11)
+        .process_exited(key(Role::WORKER, 0), 1, -1, 9, Some(why), 11)
         .unwrap();
     assert!(effects.is_empty());
     assert!(
@@ -190,21 +190,21 @@ fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
             );
         }
     }
-    let v = ctx.join_rendezvous(key(Role::Worker, 0), 1, 3).unwrap();
+    let v = ctx.join_rendezvous(key(Role::WORKER, 0), 1, 3).unwrap();
     let cluster = v.cluster.unwrap();
     assert_eq!((cluster.ps.len(), cluster.workers.len()), (1, 3));
     // Adding a worker restarts every task, parameter servers too, with a new cluster spec.
     ctx.apply_plan(
-        ScalePlan::count(1, Role::Worker, 4),
+        ScalePlan::count(1, Role::WORKER, 4),
         &Capacity::default(),
         5,
     )
     .unwrap();
-    assert_eq!(ctx.slots[&key(Role::Ps, 0)].phase, SlotPhase::Restarting);
+    assert_eq!(ctx.slots[&key(Role::PS, 0)].phase, SlotPhase::Restarting);
     let views = everyone_joins(&mut ctx, 6);
     assert!(views.values().all(|v| v.ready), "{views:?}");
     assert_eq!(
-        views[&key(Role::Worker, 3)]
+        views[&key(Role::WORKER, 3)]
             .cluster
             .as_ref()
             .unwrap()
@@ -215,9 +215,9 @@ fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
     ctx.advance(7);
     assert_eq!(ctx.plans.reached, 1);
     // The chief (worker 0) exits 0; the other TF servers never end on their own.
-    let inc = ctx.slots[&key(Role::Worker, 0)].incarnation;
+    let inc = ctx.slots[&key(Role::WORKER, 0)].incarnation;
     let effects = ctx
-        .process_exited(key(Role::Worker, 0), inc, 0, 0, None, 8)
+        .process_exited(key(Role::WORKER, 0), inc, 0, 0, None, 8)
         .unwrap();
     assert_eq!(effects, vec![Effect::Finish]);
 }
@@ -236,14 +236,14 @@ fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
     };
     let (mut ctx, _) = JobContext::new(spec, "t-1".into(), timing, 0);
     everyone_joins(&mut ctx, 1);
-    let (w0, w2) = (key(Role::Worker, 0), key(Role::Worker, 2));
+    let (w0, w2) = (key(Role::WORKER, 0), key(Role::WORKER, 2));
     // Worker 0 holds a shard and never gives it back: the cut cannot be reached.
     assert!(matches!(
         ctx.lease(w0, 1).unwrap().outcome,
         LeaseOutcome::Granted(_)
     ));
     ctx.apply_plan(
-        ScalePlan::count(1, Role::Worker, 3),
+        ScalePlan::count(1, Role::WORKER, 3),
         &Capacity::default(),
         10,
     )
@@ -260,7 +260,7 @@ fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
         "the worker the plan added leaves: {effects:?}"
     );
     assert!(ctx.transition.is_none());
-    assert_eq!(ctx.role_counts()[&Role::Worker], 2);
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
     let abandoned = ctx.plans.abandoned.clone().unwrap();
     assert_eq!(abandoned.version, 1);
     assert!(
@@ -271,7 +271,7 @@ fn a_cut_that_never_comes_is_abandoned_and_the_job_keeps_its_size() {
     assert!(!ctx.checkpoint_pending);
     // The job goes on: a newer plan is accepted.
     ctx.apply_plan(
-        ScalePlan::count(2, Role::Worker, 1),
+        ScalePlan::count(2, Role::WORKER, 1),
         &Capacity::default(),
         deadline + 2,
     )
@@ -284,7 +284,7 @@ fn any_failure_of_a_ps_command_restarts_every_task() {
         JobContext::new(command_spec("ps", 1, 2), "t-1".into(), Timing::default(), 0);
     everyone_joins(&mut ctx, 1);
     // A worker dies: its address is in every task's TF_CONFIG, so all of them restart.
-    let w1 = key(Role::Worker, 1);
+    let w1 = key(Role::WORKER, 1);
     ctx.process_exited(w1, 1, -1, 9, None, 2).unwrap();
     for (k, s) in &ctx.slots {
         assert_eq!(
@@ -316,11 +316,11 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
     let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
     assert!(!ctx.restarts_to_rescale());
     let views = everyone_joins(&mut ctx, 1);
-    let round = views[&key(Role::Worker, 0)].round;
+    let round = views[&key(Role::WORKER, 0)].round;
     let (w0, w1, w2) = (
-        key(Role::Worker, 0),
-        key(Role::Worker, 1),
-        key(Role::Worker, 2),
+        key(Role::WORKER, 0),
+        key(Role::WORKER, 1),
+        key(Role::WORKER, 2),
     );
     let (lease, _) = ctx.lease_with(w0, 1, None, Some(round), 2).unwrap();
     let shard = granted(lease).expect("a shard");
@@ -328,7 +328,7 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
 
     let effects = ctx
         .apply_plan(
-            ScalePlan::count(1, Role::Worker, 3),
+            ScalePlan::count(1, Role::WORKER, 3),
             &Capacity::default(),
             3,
         )
@@ -419,7 +419,7 @@ fn a_checkpoint_outside_a_cut_counts_only_when_the_master_tracks_no_data() {
     ctx.checkpoint_committed(1, "/tmp/sigterm/manifest.json".into(), 40, 0, 2)
         .unwrap();
     assert_eq!(ctx.latest_checkpoint().unwrap().step, 40);
-    let w0 = key(Role::Worker, 0);
+    let w0 = key(Role::WORKER, 0);
     ctx.lease_with(w0, 1, None, None, 3).unwrap();
     assert!(
         ctx.checkpoint_committed(2, "/tmp/later/manifest.json".into(), 41, 0, 4)
@@ -432,7 +432,7 @@ fn a_checkpoint_outside_a_cut_counts_only_when_the_master_tracks_no_data() {
 fn a_script_that_stops_leasing_before_the_end_of_its_data_fails_the_job() {
     let (mut ctx, _) = JobContext::new(in_place_spec(1), "t-1".into(), Timing::default(), 0);
     everyone_joins(&mut ctx, 1);
-    let w0 = key(Role::Worker, 0);
+    let w0 = key(Role::WORKER, 0);
     let shard = granted(ctx.lease_with(w0, 1, None, None, 2).unwrap().0).unwrap();
     ctx.shard_done(w0, 1, shard.id, 3).unwrap();
     ctx.process_exited(w0, 1, 0, 0, None, 4).unwrap();
@@ -451,12 +451,12 @@ fn a_plan_whose_new_processes_start_after_the_data_ran_out_is_abandoned_and_the_
     let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
     everyone_joins(&mut ctx, 1);
     let (w0, w1, w2) = (
-        key(Role::Worker, 0),
-        key(Role::Worker, 1),
-        key(Role::Worker, 2),
+        key(Role::WORKER, 0),
+        key(Role::WORKER, 1),
+        key(Role::WORKER, 2),
     );
     ctx.apply_plan(
-        ScalePlan::count(1, Role::Worker, 3),
+        ScalePlan::count(1, Role::WORKER, 3),
         &Capacity::default(),
         2,
     )

@@ -27,7 +27,7 @@ impl JobContext {
             let s = self.slots.get_mut(&key).expect("checked");
             if s.service_addr.as_deref() != Some(addr.as_str()) {
                 s.service_addr = Some(addr.clone());
-                if key.role == Role::Ps
+                if key.role == Role::PS
                     && !s.fresh
                     && let Some(c) = self.group.cluster_mut()
                 {
@@ -57,12 +57,12 @@ impl JobContext {
         if !slot.phase.is_live() {
             // A removed allreduce member learns it here, at the step boundary where the group
             // re-forms; it leaves without holding anything.
-            if self.spec.kind == JobKind::Allreduce && key.role == Role::Worker {
+            if self.spec.kind == JobKind::Allreduce && key.role == Role::WORKER {
                 // Its agent learns from its next heartbeat that it is done; no stop needed.
                 let _ = self.remove_slot(key, now_ms);
             }
             view.removed = slot.phase == SlotPhase::Removed
-                || (self.spec.kind == JobKind::Allreduce && key.role == Role::Worker);
+                || (self.spec.kind == JobKind::Allreduce && key.role == Role::WORKER);
             if view.removed {
                 return Ok(view);
             }
@@ -107,17 +107,17 @@ impl JobContext {
                 let live_workers = self
                     .slots
                     .values()
-                    .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
+                    .filter(|s| s.key.role == Role::WORKER && s.phase.is_live())
                     .count() as u32;
                 let ps_to = self
                     .transition
                     .as_ref()
-                    .and_then(|t| t.to.get(&Role::Ps).copied());
+                    .and_then(|t| t.to.get(&Role::PS).copied());
                 // Workers start only once every PS of the layout runs its current incarnation:
                 // an old PS process about to restart must never receive a push.
                 let layout_running = self.ps_layout_running();
                 let cluster = self.group.cluster_mut().expect("ps jobs have one");
-                if key.role == Role::Worker {
+                if key.role == Role::WORKER {
                     cluster.set_worker(key.index, addr);
                 }
                 if let Some((joined, all)) = barrier {
@@ -126,15 +126,15 @@ impl JobContext {
                         view.round = cluster.version;
                         view.rank = key.index;
                         view.world_size = match key.role {
-                            Role::Ps => cluster.expected_ps,
-                            Role::Worker => live_workers,
+                            Role::PS => cluster.expected_ps,
+                            _ => live_workers,
                         };
                     } else {
                         view.waiting_reason = format!(
                             "waiting for every task of the cluster to join ({joined} of {all} have)"
                         );
                     }
-                } else if key.role == Role::Ps {
+                } else if key.role == Role::PS {
                     // A PS needs nothing from the others to start. One added by a reshard serves
                     // the new layout and starts empty.
                     view.ready = true;
@@ -165,7 +165,7 @@ impl JobContext {
             if s.phase == SlotPhase::Restarting {
                 s.phase = SlotPhase::Running;
             }
-            if key.role == Role::Worker
+            if key.role == Role::WORKER
                 && let Some(c) = self.group.cluster()
             {
                 s.ps_version = c.ps_version;
@@ -197,7 +197,7 @@ impl JobContext {
         let mut effects = Vec::new();
         let layout = self.group.cluster().map_or(0, |c| c.ps_version);
         let phase = self.slots[&key].phase;
-        let ps_worker = self.spec.kind == JobKind::Ps && key.role == Role::Worker;
+        let ps_worker = self.spec.kind == JobKind::Ps && key.role == Role::WORKER;
         // An allreduce member being removed stays in the ring until the group re-forms.
         if phase == SlotPhase::Removed || (ps_worker && phase == SlotPhase::Removing) {
             // A removed ps worker hands back what it holds and leaves.
@@ -376,7 +376,7 @@ impl JobContext {
             return Vec::new();
         }
         let chief = SlotKey {
-            role: Role::Worker,
+            role: Role::WORKER,
             index: 0,
         };
         // A ps command runs TF's ParameterServerStrategy: worker 0 is the chief and the only
@@ -391,7 +391,7 @@ impl JobContext {
             || self
                 .slots
                 .values()
-                .filter(|s| s.key.role == Role::Worker && s.phase.is_live())
+                .filter(|s| s.key.role == Role::WORKER && s.phase.is_live())
                 .all(|s| s.phase == SlotPhase::Succeeded);
         let data_done = if self.is_builtin() {
             self.ledger.is_complete() && self.final_eval_loss.is_some()
@@ -437,7 +437,7 @@ impl JobContext {
             .slots
             .values()
             .filter(|s| {
-                s.key.role == Role::Worker
+                s.key.role == Role::WORKER
                     && matches!(
                         s.phase,
                         SlotPhase::Launching | SlotPhase::Running | SlotPhase::Restarting
@@ -508,7 +508,7 @@ impl JobContext {
         let workers: Vec<(&SlotKey, &MetricsRecord)> = self
             .metrics
             .iter()
-            .filter(|(k, _)| k.role == Role::Worker)
+            .filter(|(k, _)| k.role == Role::WORKER)
             .collect();
         let step = match self.spec.kind {
             JobKind::Allreduce => workers

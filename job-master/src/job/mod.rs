@@ -459,7 +459,7 @@ impl JobContext {
                 });
             }
             match (spec.kind, role) {
-                (JobKind::Allreduce, Role::Worker) => {
+                (JobKind::Allreduce, Role::WORKER) => {
                     let mut r = RoundRendezvous::new(
                         plan.min,
                         plan.max,
@@ -471,7 +471,7 @@ impl JobContext {
                     r.launch_wait_ms = timing.register_timeout_ms;
                     group = Some(Group::Allreduce(r));
                 }
-                (JobKind::Ps, Role::Ps) => group = Some(Group::Ps(PsCluster::new(plan.replicas))),
+                (JobKind::Ps, Role::PS) => group = Some(Group::Ps(PsCluster::new(plan.replicas))),
                 _ => {}
             }
         }

@@ -31,12 +31,12 @@ fn ev(workers: u32) -> impl Strategy<Value = Ev> {
 fn key(i: u32) -> SlotKey {
     if i == 9 {
         SlotKey {
-            role: Role::Ps,
+            role: Role::PS,
             index: 0,
         }
     } else {
         SlotKey {
-            role: Role::Worker,
+            role: Role::WORKER,
             index: i,
         }
     }
@@ -60,12 +60,12 @@ enum Pe {
 fn pkey(i: u32) -> SlotKey {
     if i >= 10 {
         SlotKey {
-            role: Role::Ps,
+            role: Role::PS,
             index: i - 10,
         }
     } else {
         SlotKey {
-            role: Role::Worker,
+            role: Role::WORKER,
             index: i,
         }
     }
@@ -111,9 +111,9 @@ proptest! {
                 Pe::Plan { workers, ps } => {
                     version += 1;
                     let mut plan = ScalePlan { version, ..Default::default() };
-                    plan.roles.insert(Role::Worker, crate::scale::RoleTarget { count: workers, resources: None });
+                    plan.roles.insert(Role::WORKER, crate::scale::RoleTarget { count: workers, resources: None });
                     if kind == "ps" {
-                        plan.roles.insert(Role::Ps, crate::scale::RoleTarget { count: ps, resources: None });
+                        plan.roles.insert(Role::PS, crate::scale::RoleTarget { count: ps, resources: None });
                     }
                     let before = ctx.clone();
                     if ctx.apply_plan(plan, &cap, now).is_err() {
@@ -130,7 +130,7 @@ proptest! {
                     let inc = ctx.slots[&k].incarnation;
                     let _ = ctx.join_rendezvous(k, inc, now);
                     let _ = ctx.advance(now);
-                    if k.role == Role::Worker && !held.contains_key(&i) {
+                    if k.role == Role::WORKER && !held.contains_key(&i) {
                         let layout = ctx.group.cluster().map(|c| c.ps_version);
                         if let Ok((LeaseView { outcome: LeaseOutcome::Granted(s), .. }, _)) = ctx.lease_with(k, inc, layout, None, now) {
                             held.insert(i, (s.id, inc));
@@ -158,8 +158,8 @@ proptest! {
                     if let Some(t) = ctx.transition.clone().filter(|t| t.resharding) {
                         let record = ReshardRecord {
                             version: t.plan.version,
-                            from_ps: t.from[&Role::Ps],
-                            to_ps: t.to[&Role::Ps],
+                            from_ps: t.from[&Role::PS],
+                            to_ps: t.to[&Role::PS],
                             moved_keys: 1,
                             moved_bytes: 16,
                             total_keys: 2,

@@ -102,13 +102,13 @@ impl JobContext {
             s.fresh = false;
         }
         if let Some(c) = self.group.cluster_mut() {
-            let n = to[&Role::Ps];
+            let n = to[&Role::PS];
             c.expected_ps = n;
             c.ps.retain(|&i, _| i < n);
             c.ps_version += 1;
         }
         if let Some(r) = self.group.rendezvous_mut() {
-            r.expected = to[&Role::Worker];
+            r.expected = to[&Role::WORKER];
         }
         let round_after = self
             .group

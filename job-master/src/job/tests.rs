@@ -18,15 +18,15 @@ fn spec(kind: &str, ps: u32, workers: u32, every_shards: u32) -> JobSpec {
 }
 
 pub(super) const W0: SlotKey = SlotKey {
-    role: Role::Worker,
+    role: Role::WORKER,
     index: 0,
 };
 const W1: SlotKey = SlotKey {
-    role: Role::Worker,
+    role: Role::WORKER,
     index: 1,
 };
 const PS0: SlotKey = SlotKey {
-    role: Role::Ps,
+    role: Role::PS,
     index: 0,
 };
 
@@ -194,7 +194,7 @@ fn an_allreduce_worker_failure_opens_a_new_round_for_everyone() {
     assert!(ctx.group.rendezvous().unwrap().current().is_none());
     // The neighbour's ring error arrives with the old incarnation: ignored, not counted.
     ctx.process_exited(W0, 1, 1, 0, None, 3).unwrap();
-    assert_eq!(ctx.restarts[&Role::Worker], 1);
+    assert_eq!(ctx.restarts[&Role::WORKER], 1);
     assert!(!ctx.join_rendezvous(W0, 2, 4).unwrap().ready);
     let v = ctx.join_rendezvous(W1, 2, 4).unwrap();
     assert!(v.ready);
@@ -309,7 +309,7 @@ fn a_process_the_platform_cannot_place_is_pending_not_lost() {
             .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == W1))
     );
     assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
-    assert_eq!(ctx.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(ctx.restarts.get(&Role::WORKER), Some(&1));
     // The platform gives up placing it in its time: asked for again, the same incarnation,
     // no relaunch counted, its pending clock kept (the brain gives it up by it).
     let again = ctx.agent_not_placed(W1, 1, "no node has room".into(), long + 1);
@@ -320,7 +320,7 @@ fn a_process_the_platform_cannot_place_is_pending_not_lost() {
             incarnation: 1
         }]
     );
-    assert_eq!(ctx.restarts.get(&Role::Worker), Some(&1));
+    assert_eq!(ctx.restarts.get(&Role::WORKER), Some(&1));
     assert_eq!(ctx.slots[&W1].last_heartbeat_ms, 0);
     assert!(
         ctx.events
@@ -373,7 +373,7 @@ fn the_job_succeeds_once_all_data_is_done_evaluated_and_workers_exited() {
 
 /// Makes the workers of `ctx` elastic between 1 and 4.
 fn elastic(ctx: &mut JobContext) {
-    let w = ctx.spec.roles.get_mut(&Role::Worker).unwrap();
+    let w = ctx.spec.roles.get_mut(&Role::WORKER).unwrap();
     (w.min, w.max) = (Some(1), Some(4));
     if let Some(r) = ctx.group.rendezvous_mut() {
         (r.min, r.max) = (1, 4);
@@ -386,7 +386,7 @@ fn workers(version: u64, n: u32) -> ScalePlan {
         ..Default::default()
     };
     p.roles.insert(
-        Role::Worker,
+        Role::WORKER,
         crate::scale::RoleTarget {
             count: n,
             resources: None,
@@ -403,7 +403,7 @@ fn an_allreduce_plan_drains_checkpoints_and_re_forms_the_group_with_survivors() 
     let s = lease(&mut ctx, W0, 1).unwrap();
     let effects = ctx.apply_plan(workers(1, 3), &cap, 5).unwrap();
     let w2 = SlotKey {
-        role: Role::Worker,
+        role: Role::WORKER,
         index: 2,
     };
     assert!(effects.contains(&Effect::LaunchAgent {
@@ -436,7 +436,7 @@ fn an_allreduce_plan_drains_checkpoints_and_re_forms_the_group_with_survivors() 
     assert!(ctx.join_rendezvous(W0, 1, 13).unwrap().ready);
     ctx.advance(14);
     assert_eq!(ctx.plans.reached, 2);
-    assert_eq!(ctx.role_counts()[&Role::Worker], 1);
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 1);
     ctx.ledger.verify_exactly_once(false).unwrap();
 }
 
@@ -447,7 +447,7 @@ fn a_worker_that_joins_after_its_round_closed_is_taken_in_by_one_more_re_formati
     elastic(&mut ctx);
     ctx.group.rendezvous_mut().unwrap().launch_wait_ms = 3_000;
     let w2 = SlotKey {
-        role: Role::Worker,
+        role: Role::WORKER,
         index: 2,
     };
     ctx.apply_plan(workers(1, 3), &cap, 10).unwrap();

@@ -129,8 +129,9 @@ impl JobContext {
         self.ledger.release(&key.role.to_string(), key.index);
         if let Some(c) = self.group.cluster_mut() {
             match key.role {
-                Role::Worker => c.remove_worker(key.index),
-                Role::Ps => c.remove_ps(key.index),
+                Role::WORKER => c.remove_worker(key.index),
+                Role::PS => c.remove_ps(key.index),
+                _ => {}
             }
         }
         if self.evaluator == Some(key) {
@@ -153,19 +154,19 @@ impl JobContext {
                 self.role_resources.insert(role, r.clone());
             }
         }
-        let ps_change = from.get(&Role::Ps) != to.get(&Role::Ps);
+        let ps_change = from.get(&Role::PS) != to.get(&Role::PS);
         let mut effects = Vec::new();
         for (&role, &n) in &to {
             let now = from[&role];
             for index in now..n {
-                let fresh = role == Role::Ps;
+                let fresh = role == Role::PS;
                 effects.push(self.launch_slot(SlotKey { role, index }, fresh, now_ms));
             }
             for index in n..now {
                 let key = SlotKey { role, index };
                 let slot = self.slots.get_mut(&key).expect("live slot");
                 if matches!(slot.phase, SlotPhase::Launching | SlotPhase::Restarting)
-                    && role == Role::Worker
+                    && role == Role::WORKER
                 {
                     effects.extend(self.remove_slot(key, now_ms));
                 } else {
@@ -176,7 +177,7 @@ impl JobContext {
         let restart = self.restarts_to_rescale() && (from != to || !plan.migrations.is_empty());
         let mut state_moves = false;
         for m in &plan.migrations {
-            let stateless = self.spec.kind == JobKind::Ps && m.key.role == Role::Worker && !restart;
+            let stateless = self.spec.kind == JobKind::Ps && m.key.role == Role::WORKER && !restart;
             self.slots.get_mut(&m.key).expect("validated").migrate_to = Some(m.resources.clone());
             self.log(
                 now_ms,
@@ -209,7 +210,7 @@ impl JobContext {
         // A script that joins the rendezvous itself is started at once: the group trains on
         // until the processes a plan adds have imported their framework and joined.
         let warm_up =
-            needs_cut && self.process_joins() && to.get(&Role::Worker) > from.get(&Role::Worker);
+            needs_cut && self.process_joins() && to.get(&Role::WORKER) > from.get(&Role::WORKER);
         let (step, how) = if restart {
             (
                 Step::Settle,
@@ -291,7 +292,7 @@ impl JobContext {
             return Vec::new();
         }
         let to = t.to.clone();
-        let ps_change = t.from.get(&Role::Ps) != t.to.get(&Role::Ps);
+        let ps_change = t.from.get(&Role::PS) != t.to.get(&Role::PS);
         let migrating: Vec<SlotKey> = self.keys_where(|s| s.migrate_to.is_some());
         let mut effects = Vec::new();
         match self.spec.kind {
@@ -301,7 +302,7 @@ impl JobContext {
                     .rendezvous_mut()
                     .expect("allreduce jobs have one");
                 rdzv.invalidate();
-                rdzv.expected = to[&Role::Worker];
+                rdzv.expected = to[&Role::WORKER];
                 let round_after = rdzv.next_round_number();
                 for key in migrating {
                     effects.push(self.launch_slot(key, false, now_ms));
@@ -336,7 +337,7 @@ impl JobContext {
     pub(super) fn ps_layout_running(&self) -> bool {
         self.slots
             .values()
-            .filter(|s| s.key.role == Role::Ps && s.phase.is_live())
+            .filter(|s| s.key.role == Role::PS && s.phase.is_live())
             .all(|s| s.phase == SlotPhase::Running && s.service_addr.is_some())
             && self.group.cluster().is_some_and(PsCluster::ps_complete)
     }
@@ -363,7 +364,7 @@ impl JobContext {
                 }
                 Step::Launch => {
                     let waited = now_ms.saturating_sub(t.step_started_ms);
-                    let (from, to) = (t.from[&Role::Worker], t.to[&Role::Worker]);
+                    let (from, to) = (t.from[&Role::WORKER], t.to[&Role::WORKER]);
                     let version = t.plan.version;
                     let rdzv = self.group.rendezvous().expect("allreduce jobs have one");
                     let late: Vec<u32> = (from..to).filter(|&i| !rdzv.has_joined(i)).collect();
@@ -412,11 +413,11 @@ impl JobContext {
                     if t.resharding {
                         return effects;
                     }
-                    let (from, to) = (t.from[&Role::Ps], t.to[&Role::Ps]);
+                    let (from, to) = (t.from[&Role::PS], t.to[&Role::PS]);
                     let addr = |i: u32| {
                         self.slots
                             .get(&SlotKey {
-                                role: Role::Ps,
+                                role: Role::PS,
                                 index: i,
                             })
                             // A PS being removed still serves until every worker switched.
@@ -455,18 +456,18 @@ impl JobContext {
                     let switched = self
                         .slots
                         .values()
-                        .filter(|s| s.key.role == Role::Worker && s.phase == SlotPhase::Running)
+                        .filter(|s| s.key.role == Role::WORKER && s.phase == SlotPhase::Running)
                         .all(|s| s.ps_version == layout);
                     if !(self.ps_layout_running() && switched) {
                         return effects;
                     }
                     // Every worker uses the new layout: lent keys can go, old PS can stop.
-                    let ps_change = t.from.get(&Role::Ps) != t.to.get(&Role::Ps);
+                    let ps_change = t.from.get(&Role::PS) != t.to.get(&Role::PS);
                     if ps_change && let Some(c) = self.group.cluster() {
                         effects.push(Effect::DropPs { ps: c.ps_addrs() });
                     }
                     let retiring: Vec<SlotKey> = self
-                        .keys_where(|s| s.key.role == Role::Ps && s.phase == SlotPhase::Removing);
+                        .keys_where(|s| s.key.role == Role::PS && s.phase == SlotPhase::Removing);
                     for key in retiring {
                         effects.extend(self.remove_slot(key, now_ms));
                     }
@@ -529,7 +530,7 @@ impl JobContext {
         };
         self.plans.reached = t.plan.version;
         let awaiting: Vec<SlotKey> =
-            self.keys_where(|s| s.key.role == Role::Worker && s.phase == SlotPhase::Running);
+            self.keys_where(|s| s.key.role == Role::WORKER && s.phase == SlotPhase::Running);
         let steps_at_reach = awaiting
             .iter()
             .map(|k| (*k, self.metrics.get(k).map_or(0, |m| m.global_step)))

@@ -332,7 +332,7 @@ pub async fn wait_for(
 }
 
 /// pid of the training process of `role`/`index`, once it runs.
-pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
+pub async fn pid_of(addr: SocketAddr, role: &str, index: u32) -> u32 {
     let s = wait_for(
         addr,
         Duration::from_secs(30),
@@ -340,13 +340,13 @@ pub async fn pid_of(addr: SocketAddr, role: pb::Role, index: u32) -> u32 {
         |s| {
             s.processes
                 .iter()
-                .any(|p| p.role == role as i32 && p.index == index && p.pid != 0)
+                .any(|p| p.role == role && p.index == index && p.pid != 0)
         },
     )
     .await;
     s.processes
         .iter()
-        .find(|p| p.role == role as i32 && p.index == index)
+        .find(|p| p.role == role && p.index == index)
         .unwrap()
         .pid
 }
@@ -486,10 +486,10 @@ pub fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePla
         version,
         ..Default::default()
     };
-    for (role, n) in [(pb::Role::Worker, workers), (pb::Role::Ps, ps)] {
+    for (role, n) in [("worker", workers), ("ps", ps)] {
         if let Some(count) = n {
             p.roles.push(pb::RoleTarget {
-                role: role as i32,
+                role: role.into(),
                 count,
                 resources: None,
             });
@@ -541,7 +541,7 @@ pub async fn shards_at_least(addr: SocketAddr, n: u64) {
 pub fn live_workers(s: &pb::JobStatus) -> usize {
     s.processes
         .iter()
-        .filter(|p| p.role == pb::Role::Worker as i32 && p.state != "removed")
+        .filter(|p| p.role == "worker" && p.state != "removed")
         .count()
 }
 

@@ -107,7 +107,7 @@ impl Heuristic for HotPs {
                     n + 1
                 ),
                 action: Action::SetCount {
-                    role: Role::Ps,
+                    role: Role::PS,
                     count: n + 1,
                 },
             }]);
@@ -117,7 +117,7 @@ impl Heuristic for HotPs {
             let limit = p.resources.cpu.0 as f64;
             if job.cooling(
                 ChangeKind::PsCpu,
-                Some((Role::Ps, p.index)),
+                Some((Role::PS, p.index)),
                 self.cooldown_s,
             ) || p.resources.cpu >= self.max_cpu
             {
@@ -142,7 +142,7 @@ impl Heuristic for HotPs {
                 ),
                 action: Action::Migrate(Migration {
                     key: SlotKey {
-                        role: Role::Ps,
+                        role: Role::PS,
                         index: p.index,
                     },
                     resources: (&resources).into(),
@@ -204,7 +204,7 @@ mod tests {
         j.history.push(Change {
             at_s: j.now_s - 100.0,
             kind: ChangeKind::PsCpu,
-            process: Some((Role::Ps, 1)),
+            process: Some((Role::PS, 1)),
         });
         assert!(HotPs::default().propose(&j).unwrap().is_empty());
         j.now_s += 600.0;
@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(
             p[0].action,
             Action::SetCount {
-                role: Role::Ps,
+                role: Role::PS,
                 count: 3
             }
         );

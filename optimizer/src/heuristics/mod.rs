@@ -100,7 +100,7 @@ impl JobRuntime {
                 self.min_workers, self.max_workers
             ));
         }
-        for (role, list) in [(Role::Ps, &self.ps), (Role::Worker, &self.workers)] {
+        for (role, list) in [(Role::PS, &self.ps), (Role::WORKER, &self.workers)] {
             for p in list {
                 if let Some(t) = p.pending_since_s
                     && !(t.is_finite() && t <= self.now_s)
@@ -344,7 +344,7 @@ pub(crate) mod tests {
         assert_eq!(plan.version, 7);
         assert_eq!(plan.migrations.len(), 1, "{plan:?}");
         let m = &plan.migrations[0];
-        assert_eq!((m.key.role, m.key.index), (Role::Ps, 0));
+        assert_eq!((m.key.role, m.key.index), (Role::PS, 0));
         assert!(
             m.resources.memory.unwrap().0 > 1024 << 20,
             "OOM first: {m:?}"
@@ -415,11 +415,11 @@ pub(crate) mod tests {
             let h = Heuristics::default();
             let plan = h.plan(&j, 3).unwrap();
             proptest::prop_assert_eq!(&h.plan(&j, 3).unwrap(), &plan);
-            if let Some(&w) = plan.count_of(Role::Worker).as_ref() {
+            if let Some(&w) = plan.count_of(Role::WORKER).as_ref() {
                 proptest::prop_assert!(w >= j.min_workers && w <= j.max_workers, "{plan:?}");
                 proptest::prop_assert!(!j.cooling(ChangeKind::Workers, None, 300.0) || w <= j.config.workers);
             }
-            if let Some(ps) = plan.count_of(Role::Ps) {
+            if let Some(ps) = plan.count_of(Role::PS) {
                 proptest::prop_assert_eq!(ps, j.config.ps + 1);
                 proptest::prop_assert!(ps <= HotPs::default().max_ps);
             }

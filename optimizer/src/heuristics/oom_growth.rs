@@ -50,8 +50,8 @@ impl Heuristic for OomGrowth {
         let all = job
             .ps
             .iter()
-            .map(|p| (Role::Ps, p))
-            .chain(job.workers.iter().map(|p| (Role::Worker, p)));
+            .map(|p| (Role::PS, p))
+            .chain(job.workers.iter().map(|p| (Role::WORKER, p)));
         for (role, p) in all {
             let old = p.resources.memory.0;
             if p.oom_kills == 0 || old >= self.max_memory.0 {

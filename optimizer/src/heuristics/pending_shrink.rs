@@ -90,7 +90,7 @@ impl Heuristic for PendingShrink {
                     self.pending_timeout_s, job.config.workers
                 ),
                 action: Action::SetCount {
-                    role: Role::Worker,
+                    role: Role::WORKER,
                     count: target,
                 },
             });
@@ -112,7 +112,7 @@ impl Heuristic for PendingShrink {
                 ),
                 action: Action::Migrate(Migration {
                     key: SlotKey {
-                        role: Role::Ps,
+                        role: Role::PS,
                         index: p.index,
                     },
                     resources: (&resources).into(),
@@ -140,7 +140,7 @@ mod tests {
         assert_eq!(
             p[0].action,
             Action::SetCount {
-                role: Role::Worker,
+                role: Role::WORKER,
                 count: 3
             }
         );
@@ -151,7 +151,7 @@ mod tests {
         assert_eq!(
             p[0].action,
             Action::SetCount {
-                role: Role::Worker,
+                role: Role::WORKER,
                 count: 2
             }
         );

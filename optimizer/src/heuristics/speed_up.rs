@@ -126,7 +126,7 @@ impl Heuristic for SpeedUp {
             Ok(vec![Proposal {
                 kind: ChangeKind::Workers,
                 action: Action::SetCount {
-                    role: Role::Worker,
+                    role: Role::WORKER,
                     count,
                 },
                 reason,

@@ -21,8 +21,10 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
             added = true;
         }
         if let Some(m) = d.migrations.iter().find(|m| match m.key.role {
-            Role::Ps => m.key.index >= d.to_ps,
-            Role::Worker => m.key.index >= d.to_workers,
+            Role::PS => m.key.index >= d.to_ps,
+            Role::WORKER => m.key.index >= d.to_workers,
+            // The brain sizes a job's ps and worker roles; it migrates no other.
+            _ => true,
         }) {
             return Err(PolicyError::InvalidAssignment(format!(
                 "{} ({}) migrates {}, which the decision does not keep",

@@ -117,7 +117,7 @@ pub(super) fn model_ps(jobs: &[Sized], proposals: &mut [Vec<(&'static str, Propo
         if best == job.ps {
             continue;
         }
-        props.retain(|(_, p)| !matches!(p.action, Action::SetCount { role: Role::Ps, .. }));
+        props.retain(|(_, p)| !matches!(p.action, Action::SetCount { role: Role::PS, .. }));
         props.insert(
             0,
             (
@@ -125,7 +125,7 @@ pub(super) fn model_ps(jobs: &[Sized], proposals: &mut [Vec<(&'static str, Propo
                 Proposal {
                     kind: ChangeKind::PsCount,
                     action: Action::SetCount {
-                        role: Role::Ps,
+                        role: Role::PS,
                         count: best,
                     },
                     reason: format!(
@@ -148,12 +148,10 @@ pub(super) fn model_ps(jobs: &[Sized], proposals: &mut [Vec<(&'static str, Propo
 fn grows(s: &Sized, p: &Proposal, slot: u64) -> bool {
     match &p.action {
         Action::SetCount {
-            role: Role::Ps,
+            role: Role::PS,
             count,
         } => *count > s.ps,
-        Action::SetCount {
-            role: Role::Worker, ..
-        } => false,
+        Action::SetCount { .. } => false,
         Action::Migrate(m) => m.resources.cpu.is_some_and(|cpu| {
             slots_of(cpu.0, slot) > process_slots(s, m.key.role, m.key.index, slot)
         }),
@@ -163,8 +161,9 @@ fn grows(s: &Sized, p: &Proposal, slot: u64) -> bool {
 /// Slots process `index` of `role` holds now.
 fn process_slots(s: &Sized, role: Role, index: u32, slot: u64) -> u32 {
     let (list, role_cpu) = match role {
-        Role::Ps => (&s.job.ps_processes, s.job.ps_millicores),
-        Role::Worker => (&s.job.worker_processes, s.job.worker_millicores),
+        Role::PS => (&s.job.ps_processes, s.job.ps_millicores),
+        Role::WORKER => (&s.job.worker_processes, s.job.worker_millicores),
+        _ => return 0,
     };
     let cpu = list
         .iter()
@@ -226,7 +225,7 @@ pub(super) fn apply_freeing(
             }
             match &p.action {
                 Action::SetCount {
-                    role: Role::Worker,
+                    role: Role::WORKER,
                     count,
                 } => {
                     // Fewer workers frees room; more is the scheduler's to decide. The
@@ -241,7 +240,7 @@ pub(super) fn apply_freeing(
                     }
                 }
                 Action::SetCount {
-                    role: Role::Ps,
+                    role: Role::PS,
                     count,
                 } => {
                     // Fewer PS (a model's choice) frees their slots.
@@ -252,9 +251,13 @@ pub(super) fn apply_freeing(
                         record(s, name, &p, now_s);
                     }
                 }
+                Action::SetCount { role, .. } => s.reasons.push(format!(
+                    "{name} wanted: {}; not done: the brain sizes no {role} role",
+                    p.reason
+                )),
                 Action::Migrate(m) => {
-                    if let (Role::Ps, Some(cpu)) = (m.key.role, m.resources.cpu) {
-                        let old = process_slots(s, Role::Ps, m.key.index, slot);
+                    if let (Role::PS, Some(cpu)) = (m.key.role, m.resources.cpu) {
+                        let old = process_slots(s, Role::PS, m.key.index, slot);
                         s.ps_slots = s.ps_slots.saturating_sub(old) + slots_of(cpu.0, slot);
                     }
                     s.migrations.push(m.clone());
@@ -370,7 +373,7 @@ pub(super) fn grow_if_room(
                         }
                     }
                 }
-                Action::Migrate(m) if m.key.role == Role::Worker => Some(
+                Action::Migrate(m) if m.key.role == Role::WORKER => Some(
                     "a worker's CPU changes only with its role's (every worker holds the same \
                      slots)"
                         .to_string(),
@@ -400,8 +403,9 @@ pub(super) fn grow_if_room(
     for s in jobs.iter_mut() {
         let (workers, ps) = (s.to, s.ps);
         s.migrations.retain(|m| match m.key.role {
-            Role::Ps => m.key.index < ps,
-            Role::Worker => m.key.index < workers,
+            Role::PS => m.key.index < ps,
+            Role::WORKER => m.key.index < workers,
+            _ => false,
         });
     }
 }
@@ -470,8 +474,8 @@ mod tests {
         assert_eq!(d.corrections[0].kind, ChangeKind::PsCount);
         assert_eq!(plan.cpu_millicores, 4000);
         let sp = d.scale_plan(7);
-        assert_eq!(sp.count_of(Role::Ps), Some(2));
-        assert_eq!(sp.count_of(Role::Worker), None, "{sp:?}");
+        assert_eq!(sp.count_of(Role::PS), Some(2));
+        assert_eq!(sp.count_of(Role::WORKER), None, "{sp:?}");
         // A full cluster: the job trades one of its workers for the PS, in one plan.
         let full = LiveSnapshot {
             cluster: cluster(3),
@@ -489,7 +493,7 @@ mod tests {
         assert_eq!((plan.cpu_millicores, plan.processes), (3000, 3));
         let sp = d.scale_plan(8);
         assert_eq!(
-            (sp.count_of(Role::Ps), sp.count_of(Role::Worker)),
+            (sp.count_of(Role::PS), sp.count_of(Role::WORKER)),
             (Some(2), Some(1))
         );
         // At its minimum of workers it has none to give: nothing added, and the reason says so.
@@ -602,7 +606,7 @@ mod tests {
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
         assert_eq!((d.ps, d.to_ps), (3, 1), "{d:?}");
-        assert_eq!(d.scale_plan(2).count_of(Role::Ps), Some(1));
+        assert_eq!(d.scale_plan(2).count_of(Role::PS), Some(1));
     }
 
     #[test]
@@ -643,7 +647,7 @@ mod tests {
         let d = decision(&plan, 1);
         assert_eq!(d.to_workers, 2, "cool-down keeps the count");
         assert_eq!(d.migrations.len(), 1, "{d:?}");
-        assert_eq!(d.migrations[0].key.role, Role::Worker);
+        assert_eq!(d.migrations[0].key.role, Role::WORKER);
         assert_eq!(d.migrations[0].resources.memory, Some(Bytes(120 << 20)));
         assert!(d.changes());
         assert!(d.scale_plan(1).roles.is_empty());

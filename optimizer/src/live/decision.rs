@@ -56,10 +56,10 @@ impl Decision {
             ..Default::default()
         };
         if self.to_workers != self.from_workers {
-            plan.set_count(Role::Worker, self.to_workers);
+            plan.set_count(Role::WORKER, self.to_workers);
         }
         if self.to_ps != self.ps {
-            plan.set_count(Role::Ps, self.to_ps);
+            plan.set_count(Role::PS, self.to_ps);
         }
         plan
     }

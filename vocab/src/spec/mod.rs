@@ -335,9 +335,9 @@ checkpoint: { dir: /tmp/brain-spec-test }
     fn good_spec_parses_units_and_bounds() {
         let spec = JobSpec::from_yaml(GOOD).unwrap();
         spec.validate().unwrap();
-        let w = spec.role_plan(Role::Worker).unwrap();
+        let w = spec.role_plan(Role::WORKER).unwrap();
         assert_eq!((w.replicas, w.min, w.max, w.node_unit), (3, 1, 4, 1));
-        let res = spec.roles[&Role::Worker].resources.clone().unwrap();
+        let res = spec.roles[&Role::WORKER].resources.clone().unwrap();
         assert_eq!(res.cpu, Some(Millicores(500)));
         assert_eq!(res.memory, Some(Bytes(1 << 30)));
         assert_eq!(spec.shards_per_epoch(), 10);
@@ -351,7 +351,7 @@ checkpoint: { dir: /tmp/brain-spec-test }
         ) + "platform: { type: ray, address: \"http://127.0.0.1:8265\", env: { A: b } }\n";
         let spec = JobSpec::from_yaml(&yaml).unwrap();
         spec.validate().unwrap();
-        let res = spec.roles[&Role::Worker].resources.clone().unwrap();
+        let res = spec.roles[&Role::WORKER].resources.clone().unwrap();
         assert_eq!(res.custom.get("brain_slot"), Some(&1.5));
         match spec.platform {
             Some(PlatformConfig::Ray { address, env, .. }) => {
@@ -381,7 +381,7 @@ checkpoint: { dir: /tmp/brain-spec-test }
         let with = |extra: &str| GOOD.replace("memory: 1Gi }", &format!("memory: 1Gi, {extra} }}"));
         let spec = JobSpec::from_yaml(&with("gpu: 2, gpu_type: A100")).unwrap();
         spec.validate().unwrap();
-        let res = spec.roles[&Role::Worker].resources.clone().unwrap();
+        let res = spec.roles[&Role::WORKER].resources.clone().unwrap();
         assert_eq!((res.gpu, res.gpu_type.as_deref()), (Some(2), Some("A100")));
         assert!(
             err(&with("gpu_type: A100"))
@@ -437,7 +437,7 @@ checkpoint: { dir: /tmp/brain-spec-test }
     #[test]
     fn omitted_replicas_fall_back_to_min() {
         let spec = JobSpec::from_yaml(&GOOD.replace("replicas: 3, min: 1", "min: 2")).unwrap();
-        assert_eq!(spec.role_plan(Role::Worker).unwrap().replicas, 2);
+        assert_eq!(spec.role_plan(Role::WORKER).unwrap().replicas, 2);
     }
 
     fn err(yaml: &str) -> String {

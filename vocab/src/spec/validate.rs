@@ -12,13 +12,13 @@ impl JobSpec {
     /// the checkpoint directory are [`host::check`]'s). The first problem found is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
         limits::dns_label(&self.name).map_err(|e| SpecError::new("name", e))?;
-        if !self.roles.contains_key(&Role::Worker) {
+        if !self.roles.contains_key(&Role::WORKER) {
             return Err(SpecError::new(
                 "roles.worker",
                 "is missing: every job needs workers",
             ));
         }
-        match (self.kind, self.roles.contains_key(&Role::Ps)) {
+        match (self.kind, self.roles.contains_key(&Role::PS)) {
             (JobKind::Ps, false) => {
                 return Err(SpecError::new(
                     "roles.ps",

@@ -34,7 +34,7 @@ use crate::error::Error;
 #[derive(Clone, Debug)]
 pub struct ProcessEnv {
     pub master: String,
-    pub role: pb::Role,
+    pub role: vocab::Role,
     pub index: u32,
     pub incarnation: u64,
     pub service_addr: String,
@@ -79,16 +79,7 @@ fn list(name: &'static str) -> Vec<String> {
 
 impl ProcessEnv {
     pub fn from_env() -> Result<Self, Error> {
-        let role = match var("BRAIN_ROLE")?.as_str() {
-            "ps" => pb::Role::Ps,
-            "worker" => pb::Role::Worker,
-            other => {
-                return Err(Error::Env {
-                    name: "BRAIN_ROLE",
-                    problem: format!("{other:?} is not ps or worker"),
-                });
-            }
-        };
+        let role = parse::<vocab::Role>("BRAIN_ROLE")?;
         let resume = std::env::var("BRAIN_RESUME_FROM").unwrap_or_default();
         Ok(Self {
             master: var("BRAIN_MASTER_ADDR")?,
@@ -109,7 +100,7 @@ impl ProcessEnv {
 
     pub fn me(&self) -> pb::ProcessRef {
         pb::ProcessRef {
-            role: self.role as i32,
+            role: self.role.to_string(),
             index: self.index,
             incarnation: self.incarnation,
         }
@@ -154,7 +145,7 @@ impl MasterLink {
     pub async fn workload(&mut self) -> Result<pb::WorkloadConfig, Error> {
         Ok(self
             .client
-            .get_workload(self.me)
+            .get_workload(self.me.clone())
             .await
             .map_err(refused("GetWorkload"))?
             .into_inner())
@@ -170,7 +161,7 @@ impl MasterLink {
         Ok(self
             .client
             .lease_shard(pb::LeaseShardRequest {
-                process: Some(self.me),
+                process: Some(self.me.clone()),
                 cluster_version: ps_version,
                 round,
             })
@@ -188,7 +179,7 @@ impl MasterLink {
                 .client
                 .join_rendezvous(pb::JoinRendezvousRequest {
                     service_addr: String::new(),
-                    process: Some(self.me),
+                    process: Some(self.me.clone()),
                 })
                 .await
                 .map_err(refused("JoinRendezvous"))?
@@ -206,7 +197,7 @@ impl MasterLink {
     pub async fn done(&mut self, shard: &pb::Shard) -> Result<(), Error> {
         self.client
             .report_shard_done(pb::ShardDone {
-                process: Some(self.me),
+                process: Some(self.me.clone()),
                 shard_id: shard.id,
                 epoch: shard.epoch,
                 samples: shard.end - shard.start,
@@ -217,7 +208,7 @@ impl MasterLink {
     }
 
     pub async fn metrics(&mut self, mut m: pb::TrainingMetrics) -> Result<(), Error> {
-        m.process = Some(self.me);
+        m.process = Some(self.me.clone());
         self.client
             .report_metrics(m)
             .await
@@ -228,7 +219,7 @@ impl MasterLink {
     pub async fn commit(&mut self, step: u64, path: String, digest: String) -> Result<(), Error> {
         self.client
             .commit_checkpoint(pb::CheckpointCommit {
-                process: Some(self.me),
+                process: Some(self.me.clone()),
                 step,
                 path,
                 digest,

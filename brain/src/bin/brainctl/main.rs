@@ -108,6 +108,9 @@ enum Command {
         /// Target number of parameter servers (ps jobs; keys are resharded while training).
         #[arg(long)]
         ps: Option<u32>,
+        /// Target count of any role group by name, e.g. `--role rollout=4` (repeatable).
+        #[arg(long = "role", value_name = "ROLE=N")]
+        roles: Vec<vocab::role::RoleCount>,
         /// Why (recorded with the plan).
         #[arg(long, default_value = "by hand (brainctl scale)")]
         reason: String,
@@ -424,11 +427,7 @@ fn main() -> anyhow::Result<()> {
                     let r = m.resources.clone().unwrap_or_default();
                     println!(
                         "       migrates {}-{} to {}m CPU, {} MiB ({})",
-                        if m.role == proto::jobmaster::v1::Role::Ps as i32 {
-                            "ps"
-                        } else {
-                            "worker"
-                        },
+                        if m.role == "ps" { "ps" } else { "worker" },
                         m.index,
                         r.cpu_millicores,
                         r.memory_bytes >> 20,
@@ -445,25 +444,23 @@ fn main() -> anyhow::Result<()> {
             job,
             workers,
             ps,
+            roles,
             reason,
             brain,
         } => {
-            if workers.is_none() && ps.is_none() {
-                bail!("say what to change: --workers N and/or --ps M");
+            let targets =
+                vocab::role::role_targets(workers, ps, &roles).map_err(anyhow::Error::msg)?;
+            if targets.is_empty() {
+                bail!("say what to change: --workers N, --ps M and/or --role NAME=N");
             }
-            let roles: Vec<_> = [
-                (proto::jobmaster::v1::Role::Worker, workers),
-                (proto::jobmaster::v1::Role::Ps, ps),
-            ]
-            .into_iter()
-            .filter_map(|(role, n)| {
-                n.map(|count| proto::jobmaster::v1::RoleTarget {
-                    role: role as i32,
+            let roles: Vec<_> = targets
+                .into_iter()
+                .map(|(role, count)| proto::jobmaster::v1::RoleTarget {
+                    role: role.to_string(),
                     count,
                     resources: None,
                 })
-            })
-            .collect();
+                .collect();
             let version = ask_brain(&brain, async |mut c| {
                 let id = job_id(&mut c, &job).await?;
                 Ok(c.propose_plan(pb::ProposePlanRequest {

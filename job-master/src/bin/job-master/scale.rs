@@ -19,6 +19,10 @@ pub struct ScaleArgs {
     /// Target number of parameter servers (ps jobs): keys are resharded while training.
     #[arg(long)]
     ps: Option<u32>,
+    /// Target count of any role group by name, e.g. `--role rollout=4` (repeatable). The
+    /// other roles keep running untouched where the role's topology allows it.
+    #[arg(long = "role", value_name = "ROLE=N")]
+    roles: Vec<vocab::role::RoleCount>,
     /// Replace one process (e.g. ps-1 or worker-0) by one with the --cpu/--memory given,
     /// handing its state over.
     #[arg(long)]
@@ -47,6 +51,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
         master,
         workers,
         ps,
+        roles,
         migrate,
         cpu,
         memory,
@@ -61,14 +66,13 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
         version: version.unwrap_or(before.desired_plan_version + 1),
         ..Default::default()
     };
-    for (role, count) in [(pb::Role::Worker, workers), (pb::Role::Ps, ps)] {
-        if let Some(count) = count {
-            plan.roles.push(pb::RoleTarget {
-                role: role as i32,
-                count,
-                resources: None,
-            });
-        }
+    let targets = vocab::role::role_targets(workers, ps, &roles).map_err(anyhow::Error::msg)?;
+    for (role, count) in targets {
+        plan.roles.push(pb::RoleTarget {
+            role: role.to_string(),
+            count,
+            resources: None,
+        });
     }
     if let Some(m) = migrate {
         if cpu.is_none() && memory.is_none() {
@@ -88,10 +92,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
             .context("--memory")?
             .unwrap_or(0);
         plan.migrations.push(pb::Migration {
-            role: match key.role {
-                job_master::spec::Role::Ps => pb::Role::Ps,
-                job_master::spec::Role::Worker => pb::Role::Worker,
-            } as i32,
+            role: key.role.to_string(),
             index: key.index,
             resources: Some(pb::Resources {
                 cpu_millicores: cpu,
@@ -102,7 +103,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
         });
     }
     if plan.roles.is_empty() && plan.migrations.is_empty() {
-        anyhow::bail!("nothing to do: give --workers, --ps or --migrate");
+        anyhow::bail!("nothing to do: give --workers, --ps, --role or --migrate");
     }
     let answer = c.apply_scale_plan(plan.clone()).await?.into_inner();
     if !answer.accepted {

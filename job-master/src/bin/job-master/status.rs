@@ -15,11 +15,7 @@ pub async fn status(master: &str, secret: &JobSecret) -> anyhow::Result<std::pro
         "process", "incarnation", "state", "host", "pid", "cpu (m)", "rss (MiB)", "gpu"
     );
     for p in &s.processes {
-        let role = if p.role == pb::Role::Ps as i32 {
-            "ps"
-        } else {
-            "worker"
-        };
+        let role = if p.role == "ps" { "ps" } else { "worker" };
         let (cpu, rss, gpu) = p
             .sample
             .as_ref()

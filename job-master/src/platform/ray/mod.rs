@@ -375,7 +375,7 @@ impl Platform for RayPlatform {
         );
         let inner = self.inner.clone();
         let (key, incarnation) = (l.key, l.incarnation);
-        if key.role == Role::Ps {
+        if key.role == Role::PS {
             // Counted now, not when its task first runs: a worker launched right after it
             // must see it waiting, or it may take the room the PS needs.
             inner

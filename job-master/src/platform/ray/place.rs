@@ -105,7 +105,7 @@ impl Inner {
             }
         }
         // Counted by `launch` already (before any worker could look), given back here.
-        let _waiting = Waiting((role == Role::Ps).then_some(&self.waiting_ps));
+        let _waiting = Waiting((role == Role::PS).then_some(&self.waiting_ps));
         let refused = |problem: String| Error::Launch {
             platform: "ray",
             what: format!("agent {}", req.submission_id),
@@ -117,7 +117,7 @@ impl Inner {
             if *cancel.borrow() {
                 return Err(Unplaced::Stopped);
             }
-            if role == Role::Worker && self.waiting_ps.load(SeqCst) > 0 {
+            if role == Role::WORKER && self.waiting_ps.load(SeqCst) > 0 {
                 last = "a parameter server of the job is placed first".into();
             } else {
                 let _one_at_a_time = self.placing.lock().await;
