@@ -21,56 +21,12 @@ fn env_name(key: &str) -> bool {
 
 /// Why `spec` may not run here, or `Ok`. `run_dir` is where the brain would run it.
 pub fn admit(spec: &JobSpec, policy: &SubmissionPolicy, run_dir: &Path) -> Result<(), String> {
-    if let Some(command) = spec.workload.command.as_ref()
-        && !policy
-            .commands
-            .iter()
-            .any(|allowed| allowed.matches(command))
-    {
-        // Quoted in part only: a refusal must not carry a command of any length back.
-        let mut shown = shlex::try_join(command.iter().take(8).map(String::as_str))
-            .unwrap_or_else(|_| format!("{command:?}"));
-        if shown.len() > 200 || command.len() > 8 {
-            shown = shown.chars().take(200).collect::<String>() + " …";
-        }
-        return Err(if policy.commands.is_empty() {
-            format!(
-                "workload.command: `{shown}`: the operator's policy allows no `command:` jobs; an \
-                 operator lists the whole commands jobs may run in [submissions] commands"
-            )
-        } else {
-            format!(
-                "workload.command: `{shown}` is not one of the commands the operator's policy \
-                 allows ([submissions] commands = {:?}: the program and a pattern per argument)",
-                policy
-                    .commands
-                    .iter()
-                    .map(|c| c.as_str())
-                    .collect::<Vec<_>>()
-            )
-        });
+    // The workload's program and every service or single role's.
+    for (path, command) in spec.commands() {
+        check_command(&path, command, policy)?;
     }
-    for key in spec.workload.env.keys() {
-        if !env_name(key) {
-            return Err(format!(
-                "workload.env: {key:?} is not a variable name (letters, digits and _, not \
-                 starting with a digit)"
-            ));
-        }
-        if vocab::spec::env::injects(key) {
-            return Err(format!(
-                "workload.env: {key} may not be set by a job: it makes a loader or an \
-                 interpreter run code the command does not name (PATH, LD_*, DYLD_*, \
-                 PYTHONPATH, PYTHONSTARTUP, BASH_ENV, ENV, NODE_OPTIONS, GCONV_PATH, PERL5OPT, \
-                 … in any case)"
-            ));
-        }
-        if vocab::spec::env::runtime_owned(key) {
-            return Err(format!(
-                "workload.env: {key} may not be set by a job: it is the runtime's (torchrun's \
-                 variables, TF_CONFIG, the devices a process was given, BRAIN_*, in any case)"
-            ));
-        }
+    for (path, env) in spec.envs() {
+        check_env(&path, env)?;
     }
     let ckpt = &spec.checkpoint.dir;
     let inside = if ckpt.is_absolute() {
@@ -90,6 +46,66 @@ pub fn admit(spec: &JobSpec, policy: &SubmissionPolicy, run_dir: &Path) -> Resul
         return Err(
             "platform: where a job runs is the brain's choice (its config); leave it out".into(),
         );
+    }
+    Ok(())
+}
+
+/// Why a program may not run here: the operator's allow-list does not name it.
+fn check_command(path: &str, command: &[String], policy: &SubmissionPolicy) -> Result<(), String> {
+    if policy
+        .commands
+        .iter()
+        .any(|allowed| allowed.matches(command))
+    {
+        return Ok(());
+    }
+    // Quoted in part only: a refusal must not carry a command of any length back.
+    let mut shown = shlex::try_join(command.iter().take(8).map(String::as_str))
+        .unwrap_or_else(|_| format!("{command:?}"));
+    if shown.len() > 200 || command.len() > 8 {
+        shown = shown.chars().take(200).collect::<String>() + " …";
+    }
+    Err(if policy.commands.is_empty() {
+        format!(
+            "{path}: `{shown}`: the operator's policy allows no `command:` jobs; an \
+             operator lists the whole commands jobs may run in [submissions] commands"
+        )
+    } else {
+        format!(
+            "{path}: `{shown}` is not one of the commands the operator's policy \
+             allows ([submissions] commands = {:?}: the program and a pattern per argument)",
+            policy
+                .commands
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+        )
+    })
+}
+
+/// A job's extra environment may not redirect what runs nor set the runtime's variables.
+fn check_env(path: &str, env: &std::collections::BTreeMap<String, String>) -> Result<(), String> {
+    for key in env.keys() {
+        if !env_name(key) {
+            return Err(format!(
+                "{path}: {key:?} is not a variable name (letters, digits and _, not \
+                 starting with a digit)"
+            ));
+        }
+        if vocab::spec::env::injects(key) {
+            return Err(format!(
+                "{path}: {key} may not be set by a job: it makes a loader or an \
+                 interpreter run code the command does not name (PATH, LD_*, DYLD_*, \
+                 PYTHONPATH, PYTHONSTARTUP, BASH_ENV, ENV, NODE_OPTIONS, GCONV_PATH, PERL5OPT, \
+                 … in any case)"
+            ));
+        }
+        if vocab::spec::env::runtime_owned(key) {
+            return Err(format!(
+                "{path}: {key} may not be set by a job: it is the runtime's (torchrun's \
+                 variables, TF_CONFIG, the devices a process was given, BRAIN_*, in any case)"
+            ));
+        }
     }
     Ok(())
 }

@@ -82,20 +82,31 @@ impl pb::job_master_server::JobMaster for MasterService {
             })
             .await?;
         let ctx = self.shared.job.lock().await;
+        // A service or single role runs its own program with its own environment.
+        let (command, env) = match ctx.spec.roles.get(&key.role) {
+            Some(r) if ctx.is_service(key.role) => {
+                (r.command.clone().unwrap_or_default(), r.env.clone())
+            }
+            _ => (
+                ctx.spec.workload.command.clone().unwrap_or_default(),
+                ctx.spec.workload.env.clone(),
+            ),
+        };
         Ok(Response::new(pb::RegisterAgentResponse {
             job_name: ctx.spec.name.clone(),
             job_kind: ctx.spec.kind.to_string(),
             heartbeat_interval_ms: ctx.timing.heartbeat_interval_ms as u32,
             grace_period_ms: ctx.grace_period_ms() as u32,
-            command: ctx.spec.workload.command.clone().unwrap_or_default(),
-            env: ctx.spec.workload.env.clone().into_iter().collect(),
+            command,
+            env: env.into_iter().collect(),
             checkpoint_dir: ctx.spec.checkpoint.dir.display().to_string(),
             run_id: ctx.run_id.clone(),
             agent_id,
             incarnation,
             resources: ctx.launch_resources(key).as_ref().map(pb::Resources::from),
-            process_joins: ctx.process_joins(),
+            process_joins: ctx.process_joins() && !ctx.is_service(key.role),
             checkpoint_token: self.shared.checkpoint_token.clone(),
+            topology: ctx.spec.topology(key.role).to_string(),
         }))
     }
 
@@ -342,8 +353,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             shards_done: ctx.ledger.done_shards(),
             shards_total: ctx.ledger.total_shards(),
             processes: ctx
-                .slots
-                .values()
+                .all_slots()
                 .map(|s| pb::ProcessStatus {
                     role: s.key.role.to_string(),
                     index: s.key.index,

@@ -103,6 +103,12 @@ fn over_memory(rss: u64, limit: u64) -> Option<String> {
     })
 }
 
+/// Whether the process belongs to a service or single role: it runs its role's own program,
+/// started at once, outside the training group's rendezvous.
+fn own_role(reg: &pb::RegisterAgentResponse) -> bool {
+    matches!(reg.topology.as_str(), "service" | "single")
+}
+
 /// Whether the training process runs confined (a `command:` with a sandbox).
 fn confined(args: &AgentArgs, reg: &pb::RegisterAgentResponse) -> bool {
     args.sandbox.is_some() && !reg.command.is_empty()
@@ -218,10 +224,13 @@ fn child_env(
             env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
             env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
         }
+        // A service or single role's process has no group to join.
+        None if own_role(reg) => {}
         None => {
             env.insert("BRAIN_PROCESS_JOINS".into(), "1".into());
         }
     }
+    env.insert("BRAIN_TOPOLOGY".into(), reg.topology.clone());
     env.insert("BRAIN_MASTER_ADDR".into(), args.master.clone());
     env.insert(
         auth::JOB_TOKEN_ENV.into(),
@@ -466,7 +475,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     loop {
         if need_join && child.is_none() {
             // The rendezvous the process starts in (None: it joins itself), once ready.
-            let ready = if reg.process_joins {
+            let ready = if reg.process_joins || own_role(&reg) {
                 Some(None)
             } else {
                 match client

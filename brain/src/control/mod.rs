@@ -252,11 +252,11 @@ impl Control {
                     .map_err(BrainError::InvalidArgument)
             })
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
-        if spec.workload.command.is_some()
+        if let Some((path, _)) = spec.commands().first()
             && let Some(why) = self.launcher.command_jobs_refused()
         {
             return Err(BrainError::FailedPrecondition(format!(
-                "{origin}: workload.command: {why}"
+                "{origin}: {path}: {why}"
             )));
         }
         let name = spec.name.clone();

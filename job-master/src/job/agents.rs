@@ -28,21 +28,21 @@ impl JobContext {
         }
         let agent_id = self.next_agent_id;
         self.next_agent_id += 1;
-        let slot = self.slots.get_mut(&key).expect("checked");
+        let slot = self.any_slot_mut(key).expect("checked");
         slot.agent_id = agent_id;
         slot.phase = SlotPhase::Running;
         slot.last_heartbeat_ms = now_ms;
         slot.host = host;
         slot.service_addr = Some(service_addr.clone());
         // A PS added by a reshard enters the published cluster when the reshard is done.
-        let fresh = self.slots[&key].fresh;
+        let fresh = self.any_slot(key).is_some_and(|s| s.fresh);
         if key.role == Role::PS
             && !fresh
             && let Some(c) = self.group.cluster_mut()
         {
             c.set_ps(key.index, service_addr);
         }
-        let host = &self.slots[&key].host;
+        let host = &self.any_slot(key).expect("checked").host;
         self.log(
             now_ms,
             format!("{key} registered on {host} (incarnation {incarnation}, agent {agent_id})"),
@@ -53,7 +53,7 @@ impl JobContext {
     /// The GPUs the platform gave `key`'s process (CUDA_VISIBLE_DEVICES), as its agent
     /// registered them; said in the events when there are any.
     pub fn set_devices(&mut self, key: SlotKey, devices: String, now_ms: u64) {
-        let Some(slot) = self.slots.get_mut(&key) else {
+        let Some(slot) = self.any_slot_mut(key) else {
             return;
         };
         if devices.is_empty() && slot.devices.is_empty() {
@@ -77,7 +77,8 @@ impl JobContext {
         now_ms: u64,
     ) -> Result<(AgentAction, u64, u64), Error> {
         let terminal = self.phase.is_terminal();
-        let slot = self.slots.get_mut(&key).ok_or(Error::UnknownProcess {
+        let service = self.is_service(key.role);
+        let slot = self.any_slot_mut(key).ok_or(Error::UnknownProcess {
             role: key.role.to_string(),
             index: key.index,
         })?;
@@ -94,6 +95,11 @@ impl JobContext {
         }
         if incarnation < slot.incarnation {
             return Ok((AgentAction::Restart, slot.incarnation, slot.restart_count));
+        }
+        // A service process has no rendezvous to join: its agent running the current
+        // incarnation is what makes it run again.
+        if service && slot.phase == SlotPhase::Restarting && process_pid != 0 {
+            slot.phase = SlotPhase::Running;
         }
         Ok((AgentAction::Continue, slot.incarnation, slot.restart_count))
     }
@@ -116,8 +122,14 @@ impl JobContext {
             }
             return Ok(Vec::new());
         }
-        let phase = self.slots[&key].phase;
+        let phase = self.any_slot(key).expect("current").phase;
         if phase == SlotPhase::Removed {
+            return Ok(Vec::new());
+        }
+        if exit_code == 0 && signal == 0 && self.is_service(key.role) {
+            // A service that ends on its own is done; it is not relaunched.
+            self.any_slot_mut(key).expect("checked").phase = SlotPhase::Succeeded;
+            self.log(now_ms, format!("{key} finished"));
             return Ok(Vec::new());
         }
         if phase == SlotPhase::Removing && exit_code == 0 && signal == 0 {
@@ -136,7 +148,7 @@ impl JobContext {
             return Ok(Vec::new());
         }
         if agent_reason.is_some_and(|r| r.starts_with(proto::OUT_OF_MEMORY)) {
-            self.slots.get_mut(&key).expect("checked").oom_kills += 1;
+            self.any_slot_mut(key).expect("checked").oom_kills += 1;
         }
         let how = match agent_reason {
             Some(why) => why.to_string(),
@@ -149,7 +161,7 @@ impl JobContext {
     /// The platform placed the agent launched for `incarnation` of `key`: it has the register
     /// timeout from now on. Whether anything changed.
     pub fn agent_placed(&mut self, key: SlotKey, incarnation: u64, now_ms: u64) -> bool {
-        match self.slots.get_mut(&key) {
+        match self.any_slot_mut(key) {
             Some(s)
                 if s.incarnation == incarnation && s.phase == SlotPhase::Launching && !s.placed =>
             {
@@ -171,7 +183,7 @@ impl JobContext {
         why: String,
         now_ms: u64,
     ) -> Vec<Effect> {
-        match self.slots.get(&key) {
+        match self.any_slot(key) {
             Some(s)
                 if s.incarnation == incarnation
                     && s.phase == SlotPhase::Launching
@@ -200,7 +212,7 @@ impl JobContext {
         why: String,
         now_ms: u64,
     ) -> Vec<Effect> {
-        match self.slots.get(&key) {
+        match self.any_slot(key) {
             Some(s)
                 if s.incarnation == agent_incarnation
                     && !self.phase.is_terminal()
@@ -217,12 +229,17 @@ impl JobContext {
         relaunch_agent: bool,
         now_ms: u64,
     ) -> Vec<Effect> {
+        if self.is_service(key.role) {
+            return self.fail_service(key, how, relaunch_agent, now_ms);
+        }
         // Only a ps job's worker holds no model state; anything else loses state or the ring.
         // A command's cluster spec (TF_CONFIG) names every task's address, so any of its
-        // failures restarts the group.
-        let group = !(self.spec.kind == JobKind::Ps
-            && key.role == Role::WORKER
-            && !self.restarts_to_rescale());
+        // failures restarts the group. A role whose failover is `job` restarts everything.
+        let whole_job = self.spec.failover(key.role) == crate::spec::Failover::Job;
+        let group = whole_job
+            || !(self.spec.kind == JobKind::Ps
+                && key.role == Role::WORKER
+                && !self.restarts_to_rescale());
         if !group && self.slots[&key].phase == SlotPhase::Removing {
             self.log(now_ms, format!("{key} failed ({how}) while leaving"));
             return self.remove_slot(key, now_ms);
@@ -257,6 +274,9 @@ impl JobContext {
         let mut effects = Vec::new();
         if group {
             effects.extend(self.group_restart(now_ms, &format!("{key} failed")));
+            if whole_job {
+                self.restart_every_service();
+            }
         } else {
             self.ledger.release(&key.role.to_string(), key.index);
             if let Some(c) = self.group.cluster_mut() {

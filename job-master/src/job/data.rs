@@ -22,7 +22,7 @@ impl JobContext {
         service_addr: Option<String>,
         now_ms: u64,
     ) -> Result<JoinView, Error> {
-        self.current(key, incarnation)?;
+        self.training(key, incarnation)?;
         if let Some(addr) = service_addr {
             let s = self.slots.get_mut(&key).expect("checked");
             if s.service_addr.as_deref() != Some(addr.as_str()) {
@@ -190,7 +190,7 @@ impl JobContext {
         round: Option<u64>,
         now_ms: u64,
     ) -> Result<(LeaseView, Vec<Effect>), Error> {
-        self.current(key, incarnation)?;
+        self.training(key, incarnation)?;
         self.check_round(key, round)?;
         self.leased_any = true;
         let holder = Self::holder(key, incarnation);
@@ -275,7 +275,7 @@ impl JobContext {
         shard: u64,
         now_ms: u64,
     ) -> Result<Vec<Effect>, Error> {
-        self.current(key, incarnation)?;
+        self.training(key, incarnation)?;
         let holder = Self::holder(key, incarnation);
         self.ledger.complete(&holder, shard).map_err(|e| match e {
             crate::ledger::LedgerError::UnknownShard(id) => Error::UnknownShard(id),
@@ -314,7 +314,7 @@ impl JobContext {
         final_model_digest: Option<String>,
         now_ms: u64,
     ) -> Result<Vec<Effect>, Error> {
-        self.current(key, incarnation)?;
+        self.training(key, incarnation)?;
         for (name, v) in [
             ("loss", m.loss),
             ("samples_per_second", m.samples_per_second),
@@ -471,8 +471,7 @@ impl JobContext {
             self.grace_period_ms(),
         );
         let late: Vec<(SlotKey, u64, u64)> = self
-            .slots
-            .values()
+            .all_slots()
             .filter(|s| s.phase != SlotPhase::Removed)
             // Waiting for room is not a failure: the platform says when it gives up placing.
             .filter(|s| s.phase != SlotPhase::Launching || s.placed)

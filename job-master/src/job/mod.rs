@@ -40,6 +40,7 @@ use crate::scale::{Capacity, PlanBook, ScalePlan};
 use crate::spec::{JobKind, JobSpec, Resources, Role};
 
 pub use cancel::Cancelling;
+pub use services::RoleGroup;
 pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
@@ -52,6 +53,9 @@ mod data;
 #[cfg(test)]
 mod properties;
 mod reshard;
+mod services;
+#[cfg(test)]
+mod services_tests;
 #[cfg(test)]
 mod tests;
 mod transition;
@@ -399,6 +403,10 @@ pub struct JobContext {
     /// that reads its own data never does.
     #[serde(default)]
     pub leased_any: bool,
+    /// The role groups outside the training group (service and single roles), each with its
+    /// desired size and its processes ([`services`]).
+    #[serde(default)]
+    pub services: BTreeMap<Role, RoleGroup>,
 }
 
 /// How a job's processes form a group: an allreduce job's workers meet in rendezvous rounds; a
@@ -448,7 +456,7 @@ impl JobContext {
         let mut slots = BTreeMap::new();
         let mut effects = Vec::new();
         let mut group = None;
-        for (&role, _) in spec.roles.iter() {
+        for role in spec.roles.keys().copied().filter(|&r| spec.is_training(r)) {
             let plan = spec.role_plan(role).expect("validated spec");
             for index in 0..plan.replicas {
                 let key = SlotKey { role, index };
@@ -509,7 +517,9 @@ impl JobContext {
             reshards: Vec::new(),
             role_resources: BTreeMap::new(),
             leased_any: false,
+            services: BTreeMap::new(),
         };
+        effects.extend(ctx.start_services(now_ms));
         ctx.log(
             now_ms,
             format!(
@@ -553,10 +563,12 @@ impl JobContext {
         // Nobody is left to stop or to tell: only the launches below matter.
         let _ = self.group_restart(now_ms, "the job master restarted");
         let keys: Vec<SlotKey> = self.keys_where(|s| s.phase != SlotPhase::Removed);
-        Ok(keys
+        let mut effects: Vec<Effect> = keys
             .into_iter()
             .map(|k| self.launch_slot(k, false, now_ms))
-            .collect())
+            .collect();
+        effects.extend(self.resume_services(now_ms));
+        Ok(effects)
     }
 
     fn log(&mut self, at_ms: u64, text: String) {
@@ -597,7 +609,7 @@ impl JobContext {
     }
 
     fn slot(&self, key: SlotKey) -> Result<&Slot, Error> {
-        self.slots.get(&key).ok_or(Error::UnknownProcess {
+        self.any_slot(key).ok_or(Error::UnknownProcess {
             role: key.role.to_string(),
             index: key.index,
         })
@@ -646,7 +658,7 @@ impl JobContext {
             .roles
             .get(&key.role)
             .and_then(|r| r.resources.clone());
-        match self.slots.get(&key).and_then(|s| s.resources.clone()) {
+        match self.any_slot(key).and_then(|s| s.resources.clone()) {
             // A migrated process gets new CPU and memory; plans do not carry custom
             // resources, so it keeps its role's.
             Some(mut r) => {

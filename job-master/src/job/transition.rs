@@ -9,7 +9,7 @@ impl JobContext {
     /// Live slots of each role.
     pub fn role_counts(&self) -> BTreeMap<Role, u32> {
         let mut counts: BTreeMap<Role, u32> = self.spec.roles.keys().map(|&r| (r, 0)).collect();
-        for s in self.slots.values().filter(|s| s.phase.is_live()) {
+        for s in self.all_slots().filter(|s| s.phase.is_live()) {
             *counts.entry(s.key.role).or_default() += 1;
         }
         counts
@@ -42,7 +42,7 @@ impl JobContext {
     /// out now, or queued behind the transition in progress, replacing an older queued plan.
     pub fn apply_plan(
         &mut self,
-        plan: ScalePlan,
+        mut plan: ScalePlan,
         cap: &Capacity,
         now_ms: u64,
     ) -> Result<Vec<Effect>, PlanRejection> {
@@ -59,6 +59,20 @@ impl JobContext {
         let live: Vec<SlotKey> = self.keys_where(|s| s.phase.is_live());
         crate::scale::validate(&plan, &self.spec, &self.role_counts(), &live, cap)?;
         self.plans.desired = plan.version;
+        // Service and single roles resize now, whatever the training group is doing.
+        let mut effects = self.apply_service_targets(&mut plan, now_ms);
+        if plan.is_empty() && self.transition.is_none() {
+            self.plans.reached = plan.version;
+            self.log(
+                now_ms,
+                format!(
+                    "plan {} reached: {}",
+                    plan.version,
+                    Self::describe(&self.role_counts())
+                ),
+            );
+            return Ok(effects);
+        }
         if let Some(t) = &self.transition {
             let replaced = self.plans.queued.replace(plan.clone());
             self.log(
@@ -72,9 +86,10 @@ impl JobContext {
                         .unwrap_or_default()
                 ),
             );
-            return Ok(Vec::new());
+            return Ok(effects);
         }
-        Ok(self.start_transition(plan, now_ms))
+        effects.extend(self.start_transition(plan, now_ms));
+        Ok(effects)
     }
 
     pub(super) fn describe(counts: &BTreeMap<Role, u32>) -> String {

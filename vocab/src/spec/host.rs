@@ -9,13 +9,15 @@ use crate::error::SpecError;
 
 /// Checks `spec` against this machine; the first problem found is returned.
 pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
-    if let Some(program) = spec.workload.command.as_ref().and_then(|c| c.first())
-        && resolve_program(program).is_none()
-    {
-        return Err(SpecError::new(
-            "workload.command[0]",
-            format!("{program:?} is not an executable file nor found on PATH"),
-        ));
+    for (path, command) in spec.commands() {
+        if let Some(program) = command.first()
+            && resolve_program(program).is_none()
+        {
+            return Err(SpecError::new(
+                format!("{path}[0]"),
+                format!("{program:?} is not an executable file nor found on PATH"),
+            ));
+        }
     }
     check_writable_dir("checkpoint.dir", &spec.checkpoint.dir)
 }

@@ -43,6 +43,8 @@ pub const MAX_COMMAND_WORDS: usize = 1024;
 pub const MAX_WORD_BYTES: usize = 4096;
 /// Environment variables a job sets, and bytes of one value.
 pub const MAX_ENV_VARS: usize = 256;
+/// Role groups one job may name.
+pub const MAX_ROLES: usize = 64;
 pub const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
 
 /// Whether `name` is a DNS-1123 label: 1 to 63 lower-case letters, digits and '-', starting and

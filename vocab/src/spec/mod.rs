@@ -11,6 +11,7 @@ pub mod env;
 pub mod host;
 pub mod limits;
 mod platform;
+mod roles;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use platform::PlatformConfig;
+pub use roles::{Failover, Topology};
 
 use crate::error::{Error, SpecError};
 use crate::role::{JobKind, Role};
@@ -42,7 +44,8 @@ pub struct Resources {
     pub custom: BTreeMap<String, f64>,
 }
 
-/// One role of the job: how many processes, how elastic, how big each is.
+/// One role group of the job: how many processes, how elastic, how big each is, and (for a
+/// role outside the training group) what it runs; see [`roles`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoleSpec {
@@ -55,6 +58,20 @@ pub struct RoleSpec {
     pub resources: Option<Resources>,
     /// Relaunches allowed for this role before the job fails.
     pub max_restarts: Option<i64>,
+    /// How its processes relate [default: the training group's for `worker` and `ps` (from
+    /// `kind`), else `service`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+    /// What restarts when one of its processes fails [default: `process` for services, single
+    /// roles and a ps job's workers; `role` for parameter servers and an all-reduce group].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failover>,
+    /// argv of a service or single role's program (the training roles run `workload`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Extra environment of a service or single role's processes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// Settings of the built-in reference workload (a sparse CTR model on generated data).
@@ -432,6 +449,95 @@ checkpoint: { dir: /tmp/brain-spec-test }
             )),
             "workload.rescale: applies to a command: the built-in workload always re-forms in place"
         );
+    }
+
+    #[test]
+    fn roles_are_named_groups_with_a_topology_a_failover_level_and_their_own_program() {
+        let rl = GOOD.replace("kind: ps", "kind: allreduce").replace(
+            "  ps: { replicas: 2 }\n",
+            "  rollout: { replicas: 2, max: 4, command: [python3, rollout.py], env: { A: b } }\n  \
+             driver: { topology: single, failover: job, command: [drive] }\n",
+        );
+        let spec = JobSpec::from_yaml(&rl).unwrap();
+        spec.validate().unwrap();
+        let (rollout, driver) = (Role::new("rollout").unwrap(), Role::new("driver").unwrap());
+        assert_eq!(spec.topology(Role::WORKER), Topology::Allreduce);
+        assert_eq!(spec.topology(rollout), Topology::Service);
+        assert_eq!(spec.topology(driver), Topology::Single);
+        assert_eq!(spec.failover(Role::WORKER), Failover::Role);
+        assert_eq!(spec.failover(rollout), Failover::Process);
+        assert_eq!(spec.failover(driver), Failover::Job);
+        assert_eq!(
+            spec.service_roles().collect::<Vec<_>>(),
+            vec![driver, rollout]
+        );
+        let paths: Vec<String> = spec.commands().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(paths, ["roles.driver.command", "roles.rollout.command"]);
+        // A ps job's roles keep their meaning.
+        let ps = JobSpec::from_yaml(GOOD).unwrap();
+        assert_eq!(ps.topology(Role::PS), Topology::Ps);
+        assert_eq!(ps.failover(Role::WORKER), Failover::Process);
+        assert_eq!(ps.failover(Role::PS), Failover::Role);
+
+        for (bad, want) in [
+            (
+                rl.replace("command: [python3, rollout.py], ", ""),
+                "roles.rollout.command: is missing: a service role runs its own program",
+            ),
+            (
+                rl.replace("topology: single, ", "topology: single, replicas: 2, "),
+                "roles.driver.replicas: a single role has exactly one process",
+            ),
+            (
+                rl.replace("max: 4, command", "topology: ps, max: 4, command"),
+                "roles.rollout.topology: ps: parameter servers need workers that read them",
+            ),
+            (
+                rl.replace("max: 4, command", "topology: allreduce, max: 4, command"),
+                "roles.rollout.topology: allreduce: a job has one all-reduce group for now",
+            ),
+            (
+                rl.replace(
+                    "worker: { replicas: 3",
+                    "worker: { failover: process, replicas: 3",
+                ),
+                "roles.worker.failover: process: one member of an all-reduce group cannot",
+            ),
+            (
+                rl.replace(
+                    "worker: { replicas: 3",
+                    "worker: { topology: service, replicas: 3",
+                ),
+                "roles.worker.topology: service: the worker role of a allreduce job is the \
+                 training group's (allreduce)",
+            ),
+            (
+                rl.replace(
+                    "worker: { replicas: 3",
+                    "worker: { command: [x], replicas: 3",
+                ),
+                "roles.worker.command: is for service and single roles",
+            ),
+            (
+                rl.replace("env: { A: b }", "env: { BRAIN_ROLE: x }"),
+                "roles.rollout.env.BRAIN_ROLE: is the runtime's to set",
+            ),
+            (rl.replace("rollout: {", "Rollout: {"), "role name"),
+            (
+                rl.replace("failover: job", "failover: sometimes"),
+                "unknown variant `sometimes`",
+            ),
+            (
+                GOOD.replace(
+                    "ps: { replicas: 2 }",
+                    "ps: { replicas: 2, failover: process }",
+                ),
+                "roles.ps.failover: process: a parameter server holds model state",
+            ),
+        ] {
+            let e = err(&bad);
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! limits, the workload's settings, variables a job may not set), said with the field's path
 //! and the bad value, without looking at the machine (that is [`super::host`]).
 
-use super::{JobSpec, MAX_GRACE_PERIOD_MS, Rescale, Resources, RolePlan, env, limits};
+use super::{JobSpec, MAX_GRACE_PERIOD_MS, Rescale, Resources, RolePlan, limits};
 use crate::error::SpecError;
 use crate::role::{JobKind, Role};
 use crate::units::{Bytes, Millicores};
@@ -36,6 +36,7 @@ impl JobSpec {
         for role in self.roles.keys() {
             self.role_plan(*role)?;
         }
+        self.validate_roles()?;
         self.validate_workload()?;
         positive("data.num_samples", self.data.num_samples)?;
         limits::at_most(
@@ -71,35 +72,7 @@ impl JobSpec {
     }
 
     fn validate_workload(&self) -> Result<(), SpecError> {
-        if self.workload.env.len() > limits::MAX_ENV_VARS {
-            return Err(SpecError::new(
-                "workload.env",
-                format!(
-                    "sets {} variables, above the limit of {}",
-                    self.workload.env.len(),
-                    limits::MAX_ENV_VARS
-                ),
-            ));
-        }
-        for (key, value) in &self.workload.env {
-            if env::runtime_owned(key) {
-                return Err(SpecError::new(
-                    format!("workload.env.{key}"),
-                    "is the runtime's to set (torchrun's variables, TF_CONFIG, the devices a \
-                     process was given, BRAIN_*, in any case): a job may not set it",
-                ));
-            }
-            if key.len() > limits::MAX_WORD_BYTES || value.len() > limits::MAX_ENV_VALUE_BYTES {
-                return Err(SpecError::new(
-                    "workload.env",
-                    format!(
-                        "a variable's name is above {} bytes or its value above {} bytes",
-                        limits::MAX_WORD_BYTES,
-                        limits::MAX_ENV_VALUE_BYTES
-                    ),
-                ));
-            }
-        }
+        super::roles::check_env("workload.env", &self.workload.env)?;
         if let Some(g) = self.workload.grace_period_ms
             && !(0..=MAX_GRACE_PERIOD_MS).contains(&g)
         {
@@ -133,26 +106,8 @@ impl JobSpec {
                 "workload",
                 "sets both builtin and command: choose one",
             )),
-            (None, Some(cmd)) if cmd.is_empty() => Err(SpecError::new(
-                "workload.command",
-                "is empty: give the program and its arguments",
-            )),
-            (None, Some(cmd)) if cmd.len() > limits::MAX_COMMAND_WORDS => Err(SpecError::new(
-                "workload.command",
-                format!(
-                    "has {} words, above the limit of {}",
-                    cmd.len(),
-                    limits::MAX_COMMAND_WORDS
-                ),
-            )),
-            (None, Some(cmd)) if cmd.iter().any(|w| w.len() > limits::MAX_WORD_BYTES) => {
-                Err(SpecError::new(
-                    "workload.command",
-                    format!("has a word of more than {} bytes", limits::MAX_WORD_BYTES),
-                ))
-            }
             // Whether the program runs here is the host's check (`host::check`).
-            (None, Some(_)) => Ok(()),
+            (None, Some(cmd)) => super::roles::check_command("workload.command", cmd),
             (Some(b), None) => {
                 positive("workload.builtin.num_fields", b.num_fields)?;
                 positive("workload.builtin.vocab_per_field", b.vocab_per_field)?;

@@ -1,0 +1,297 @@
+//! Role groups outside the training group: `service` roles (independent replicas: rollout
+//! engines, reward models) and `single` roles (one driver). Each is a [`RoleGroup`] with its
+//! desired size apart from the processes observed; it is started with the job, restarted at
+//! its failover level and resized on its own, without pausing or restarting another role:
+//!
+//! * failover `process`: only the failed process restarts;
+//! * failover `role`: every process of its group restarts;
+//! * failover `job`: the training group restarts from its latest checkpoint and every service
+//!   group restarts.
+//!
+//! A service process has no rendezvous, no data shards and no checkpoint of the master's: its
+//! agent starts it at once. The job ends when its training group does; the services are then
+//! told to shut down.
+
+use super::*;
+use crate::spec::Failover;
+
+/// One role group outside the training group: what it should be and what runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoleGroup {
+    /// The processes it should have: the spec's replicas, then what plans ask.
+    pub desired: u32,
+    /// Its processes by index, as observed (removed ones stay, for their index).
+    pub slots: BTreeMap<u32, Slot>,
+    /// Relaunches so far (against the role's `max_restarts`).
+    pub restarts: u32,
+    /// Resources a plan set for the processes launched from then on; none: the role's.
+    pub resources: Option<Resources>,
+}
+
+impl RoleGroup {
+    /// Processes that count as members (not removed).
+    pub fn live(&self) -> u32 {
+        self.slots.values().filter(|s| s.phase.is_live()).count() as u32
+    }
+}
+
+impl JobContext {
+    /// The spec's service and single roles at their starting size; the agents to launch.
+    pub(super) fn start_services(&mut self, now_ms: u64) -> Vec<Effect> {
+        let roles: Vec<Role> = self.spec.service_roles().collect();
+        let mut effects = Vec::new();
+        for role in roles {
+            let replicas = self.spec.role_plan(role).expect("validated spec").replicas;
+            self.services.insert(role, RoleGroup::default());
+            effects.extend(self.resize_service(role, replicas, None, now_ms));
+        }
+        effects
+    }
+
+    /// Whether `role` is a service or single role of this job.
+    pub fn is_service(&self, role: Role) -> bool {
+        self.services.contains_key(&role)
+    }
+
+    /// The current incarnation of a training process: a service or single role has no
+    /// rendezvous, data shards or metrics of the training group.
+    pub(super) fn training(&self, key: SlotKey, incarnation: u64) -> Result<&Slot, Error> {
+        if self.is_service(key.role) {
+            return Err(Error::InvalidRequest(format!(
+                "{key} is a {} role: it has no rendezvous, data shards or training metrics",
+                self.spec.topology(key.role)
+            )));
+        }
+        self.current(key, incarnation)
+    }
+
+    /// The slot of `key`, in the training group or a service group.
+    pub(super) fn any_slot(&self, key: SlotKey) -> Option<&Slot> {
+        match self.services.get(&key.role) {
+            Some(g) => g.slots.get(&key.index),
+            None => self.slots.get(&key),
+        }
+    }
+
+    pub(super) fn any_slot_mut(&mut self, key: SlotKey) -> Option<&mut Slot> {
+        match self.services.get_mut(&key.role) {
+            Some(g) => g.slots.get_mut(&key.index),
+            None => self.slots.get_mut(&key),
+        }
+    }
+
+    /// Every slot of the job: the training group's, then each service group's.
+    pub fn all_slots(&self) -> impl Iterator<Item = &Slot> {
+        self.slots
+            .values()
+            .chain(self.services.values().flat_map(|g| g.slots.values()))
+    }
+
+    /// Sets `role`'s size to `count`: new processes start (a removed index comes back with a
+    /// new incarnation), the highest indexes leave (SIGTERM, their grace period, gone). No
+    /// other process is touched.
+    pub(super) fn resize_service(
+        &mut self,
+        role: Role,
+        count: u32,
+        resources: Option<Resources>,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let group = self.services.get_mut(&role).expect("a service role");
+        let from = group.live();
+        group.desired = count;
+        if resources.is_some() {
+            group.resources = resources;
+        }
+        let launch_with = group.resources.clone();
+        let mut effects = Vec::new();
+        for index in 0..count {
+            let key = SlotKey { role, index };
+            let slot = group
+                .slots
+                .entry(index)
+                .or_insert_with(|| Slot::new(key, 0, now_ms));
+            if slot.phase.is_live() && slot.incarnation > 0 {
+                continue;
+            }
+            slot.incarnation += 1;
+            slot.phase = SlotPhase::Launching;
+            slot.placed = false;
+            slot.agent_id = 0;
+            slot.process_pid = 0;
+            slot.sample = None;
+            slot.last_heartbeat_ms = now_ms;
+            slot.resources = launch_with.clone();
+            effects.push(Effect::LaunchAgent {
+                key,
+                incarnation: slot.incarnation,
+            });
+        }
+        for (&index, slot) in group.slots.range_mut(count..) {
+            if slot.phase == SlotPhase::Removed {
+                continue;
+            }
+            slot.phase = SlotPhase::Removed;
+            effects.push(Effect::StopAgent {
+                key: SlotKey { role, index },
+                graceful: true,
+            });
+        }
+        if from != count {
+            self.log(now_ms, format!("{role} resized: {from} -> {count}"));
+        }
+        effects
+    }
+
+    /// A process of a service group failed (`how`); `relaunch_agent` when its agent is gone.
+    /// What restarts follows the role's failover level.
+    pub(super) fn fail_service(
+        &mut self,
+        key: SlotKey,
+        how: String,
+        relaunch_agent: bool,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let limit = self
+            .spec
+            .role_plan(key.role)
+            .expect("validated")
+            .max_restarts;
+        let group = self.services.get_mut(&key.role).expect("a service role");
+        group.restarts += 1;
+        let count = group.restarts;
+        if count > limit {
+            let reason = format!(
+                "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
+                key.role
+            );
+            self.log(now_ms, reason.clone());
+            self.phase = JobPhase::Failed { reason };
+            return Vec::new();
+        }
+        let failover = self.spec.failover(key.role);
+        self.log(
+            now_ms,
+            format!(
+                "{key} failed ({how}); relaunch {count} of {limit} for {} (failover: {failover})",
+                key.role
+            ),
+        );
+        let mut effects = Vec::new();
+        match failover {
+            Failover::Process => self.restart_service_slot(key),
+            Failover::Role => self.restart_service_group(key.role),
+            Failover::Job => {
+                effects.extend(self.group_restart(now_ms, &format!("{key} failed")));
+                self.restart_every_service();
+            }
+        }
+        if relaunch_agent {
+            effects.extend(self.relaunch_service_agent(key, now_ms));
+        }
+        effects
+    }
+
+    /// The process of `key` restarts with a new incarnation (its agent is told at its next
+    /// heartbeat).
+    fn restart_service_slot(&mut self, key: SlotKey) {
+        if let Some(slot) = self.any_slot_mut(key)
+            && slot.phase.is_live()
+        {
+            slot.incarnation += 1;
+            slot.restart_count += 1;
+            if slot.phase != SlotPhase::Launching {
+                slot.phase = SlotPhase::Restarting;
+            }
+        }
+    }
+
+    /// Every live process of `role`'s group restarts.
+    fn restart_service_group(&mut self, role: Role) {
+        let keys: Vec<SlotKey> = self.services[&role]
+            .slots
+            .values()
+            .filter(|s| s.phase.is_live())
+            .map(|s| s.key)
+            .collect();
+        for key in keys {
+            self.restart_service_slot(key);
+        }
+    }
+
+    /// Every service group restarts (a failure with failover `job`).
+    pub(super) fn restart_every_service(&mut self) {
+        let roles: Vec<Role> = self.services.keys().copied().collect();
+        for role in roles {
+            self.restart_service_group(role);
+        }
+    }
+
+    /// The agent of `key` is gone: a new one is launched for the slot's current incarnation.
+    fn relaunch_service_agent(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+        let Some(slot) = self.any_slot_mut(key) else {
+            return Vec::new();
+        };
+        if !slot.phase.is_live() {
+            return Vec::new();
+        }
+        slot.phase = SlotPhase::Launching;
+        slot.placed = false;
+        slot.agent_id = 0;
+        slot.process_pid = 0;
+        slot.last_heartbeat_ms = now_ms;
+        vec![
+            Effect::StopAgent {
+                key,
+                graceful: false,
+            },
+            Effect::LaunchAgent {
+                key,
+                incarnation: slot.incarnation,
+            },
+        ]
+    }
+
+    /// After the master restarted: every service process is launched anew.
+    pub(super) fn resume_services(&mut self, now_ms: u64) -> Vec<Effect> {
+        let keys: Vec<SlotKey> = self
+            .services
+            .values()
+            .flat_map(|g| g.slots.values())
+            .filter(|s| s.phase.is_live())
+            .map(|s| s.key)
+            .collect();
+        let mut effects = Vec::new();
+        for key in keys {
+            self.restart_service_slot(key);
+            effects.extend(
+                self.relaunch_service_agent(key, now_ms)
+                    .into_iter()
+                    .filter(|e| matches!(e, Effect::LaunchAgent { .. })),
+            );
+        }
+        effects
+    }
+
+    /// Takes the service roles' targets out of `plan` and carries them out at once: they need
+    /// no cut and touch no other role. Returns the effects; `plan` keeps the training group's
+    /// part.
+    pub(super) fn apply_service_targets(
+        &mut self,
+        plan: &mut ScalePlan,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let roles: Vec<Role> = plan
+            .roles
+            .keys()
+            .copied()
+            .filter(|r| self.is_service(*r))
+            .collect();
+        let mut effects = Vec::new();
+        for role in roles {
+            let target = plan.roles.remove(&role).expect("listed");
+            effects.extend(self.resize_service(role, target.count, target.resources, now_ms));
+        }
+        effects
+    }
+}

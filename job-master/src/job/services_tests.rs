@@ -1,0 +1,228 @@
+//! Unit tests of role groups outside the training group: started with the job, restarted at
+//! their failover level, resized without touching the training group.
+
+use super::*;
+use crate::scale::Capacity;
+
+fn spec(rollout: &str) -> JobSpec {
+    let spec = JobSpec::from_yaml(&format!(
+        "name: rl\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 1, max: 4 }}\n\
+         \x20 rollout: {{ replicas: 2, min: 1, max: 4, command: [rollout, --fast]{rollout} }}\n\
+         \x20 driver: {{ topology: single, command: [drive], env: {{ MODE: eval }} }}\n\
+         workload:\n  builtin: {{}}\n\
+         data: {{ num_samples: 1000, shard_size: 10 }}\ncheckpoint: {{ dir: /tmp/brain-svc-test }}\n"
+    ))
+    .unwrap();
+    spec.validate().unwrap();
+    spec
+}
+
+fn rollout(index: u32) -> SlotKey {
+    SlotKey {
+        role: Role::new("rollout").unwrap(),
+        index,
+    }
+}
+
+fn worker(index: u32) -> SlotKey {
+    SlotKey {
+        role: Role::WORKER,
+        index,
+    }
+}
+
+fn launched(effects: &[Effect]) -> Vec<SlotKey> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::LaunchAgent { key, .. } => Some(*key),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Registers every launching slot of the job (training and services).
+fn register_all(ctx: &mut JobContext, now: u64) {
+    let keys: Vec<(SlotKey, u64)> = ctx
+        .all_slots()
+        .filter(|s| s.phase == SlotPhase::Launching)
+        .map(|s| (s.key, s.incarnation))
+        .collect();
+    for (k, inc) in keys {
+        ctx.register_agent(k, inc, "h".into(), format!("127.0.0.1:{}", k.index), now)
+            .unwrap();
+    }
+}
+
+fn incarnations(ctx: &JobContext) -> BTreeMap<SlotKey, u64> {
+    ctx.all_slots().map(|s| (s.key, s.incarnation)).collect()
+}
+
+#[test]
+fn service_roles_start_with_the_job_apart_from_the_training_group() {
+    let (ctx, effects) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    let keys = launched(&effects);
+    assert_eq!(keys.len(), 5, "{keys:?}");
+    assert!(keys.contains(&rollout(1)));
+    assert_eq!(
+        ctx.slots.len(),
+        2,
+        "only the workers are the training group's"
+    );
+    assert_eq!(ctx.services[&Role::new("rollout").unwrap()].desired, 2);
+    assert_eq!(ctx.services[&Role::new("driver").unwrap()].live(), 1);
+    assert!(ctx.is_service(Role::new("driver").unwrap()));
+    assert!(!ctx.is_service(Role::WORKER));
+    // A service has no rendezvous or data.
+    let e = ctx
+        .clone()
+        .join_rendezvous(rollout(0), 1, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout-0 is a service role"), "{e}");
+}
+
+#[test]
+fn a_failed_service_process_restarts_alone_by_default() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let before = incarnations(&ctx);
+    let effects = ctx.process_exited(rollout(1), 1, 1, 0, None, 10).unwrap();
+    assert!(effects.is_empty(), "{effects:?}");
+    let after = incarnations(&ctx);
+    for (k, inc) in &before {
+        let want = if *k == rollout(1) { inc + 1 } else { *inc };
+        assert_eq!(after[k], want, "{k}");
+    }
+    assert_eq!(
+        ctx.any_slot(rollout(1)).unwrap().phase,
+        SlotPhase::Restarting
+    );
+    // Its agent learns the new incarnation at its next heartbeat.
+    let agent = ctx.any_slot(rollout(1)).unwrap().agent_id;
+    let (action, inc, _) = ctx.heartbeat(rollout(1), agent, 1, None, 0, 11).unwrap();
+    assert_eq!((action, inc), (AgentAction::Restart, 2));
+    let (action, _, _) = ctx.heartbeat(rollout(1), agent, 2, None, 4242, 12).unwrap();
+    assert_eq!(action, AgentAction::Continue);
+    assert_eq!(ctx.any_slot(rollout(1)).unwrap().phase, SlotPhase::Running);
+    // A lost agent is relaunched for the same slot; nobody else moves.
+    let effects = ctx.agent_lost(rollout(0), 1, "gone".into(), 20);
+    assert_eq!(launched(&effects), vec![rollout(0)]);
+    assert_eq!(ctx.phase, JobPhase::Running);
+}
+
+#[test]
+fn failover_role_restarts_the_group_and_job_restarts_everything() {
+    let (mut ctx, _) = JobContext::new(spec(", failover: role"), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let before = incarnations(&ctx);
+    ctx.process_exited(rollout(0), 1, 0, 9, None, 10).unwrap();
+    let after = incarnations(&ctx);
+    for (k, inc) in &before {
+        let moved = k.role.as_str() == "rollout";
+        assert_eq!(after[k], inc + u64::from(moved), "{k}");
+    }
+
+    let (mut ctx, _) = JobContext::new(spec(", failover: job"), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let before = incarnations(&ctx);
+    ctx.process_exited(rollout(0), 1, 0, 9, None, 10).unwrap();
+    let after = incarnations(&ctx);
+    for (k, inc) in &before {
+        assert_eq!(after[k], inc + 1, "{k}: every process restarts");
+    }
+    assert_eq!(ctx.generation, 1, "the training group restarted");
+}
+
+#[test]
+fn a_service_over_its_restart_limit_fails_the_job() {
+    let (mut ctx, _) = JobContext::new(spec(", max_restarts: 1"), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    ctx.process_exited(rollout(0), 1, 1, 0, None, 10).unwrap();
+    ctx.process_exited(rollout(0), 2, 1, 0, None, 20).unwrap();
+    match &ctx.phase {
+        JobPhase::Failed { reason } => {
+            assert!(reason.contains("exceed the limit of 1"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn resizing_a_service_touches_no_other_process_and_is_reached_at_once() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let before = incarnations(&ctx);
+    let role = Role::new("rollout").unwrap();
+    let effects = ctx
+        .apply_plan(ScalePlan::count(1, role, 4), &Capacity::default(), 10)
+        .unwrap();
+    assert_eq!(launched(&effects), vec![rollout(2), rollout(3)]);
+    assert_eq!(ctx.plans.reached, 1);
+    assert!(ctx.transition.is_none(), "no cut, no transition");
+    for (k, inc) in &before {
+        assert_eq!(incarnations(&ctx)[k], *inc, "{k} untouched");
+    }
+    // 4 -> 1: the highest indexes leave with a grace period.
+    let effects = ctx
+        .apply_plan(ScalePlan::count(2, role, 1), &Capacity::default(), 20)
+        .unwrap();
+    let stopped: Vec<SlotKey> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::StopAgent {
+                key,
+                graceful: true,
+            } => Some(*key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped, vec![rollout(1), rollout(2), rollout(3)]);
+    assert_eq!(ctx.role_counts()[&role], 1);
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
+    // Back to 2: index 1 returns with a new incarnation.
+    let effects = ctx
+        .apply_plan(ScalePlan::count(3, role, 2), &Capacity::default(), 30)
+        .unwrap();
+    assert_eq!(launched(&effects), vec![rollout(1)]);
+    assert!(ctx.any_slot(rollout(1)).unwrap().incarnation > before[&rollout(1)]);
+    // Bounds hold for services as for any role; unknown roles are refused.
+    let e = ctx
+        .apply_plan(ScalePlan::count(4, role, 5), &Capacity::default(), 40)
+        .unwrap_err();
+    assert_eq!(e.to_string(), "rollout count 5 is outside [min 1, max 4]");
+    let e = ctx
+        .apply_plan(
+            ScalePlan::count(4, Role::new("critic").unwrap(), 1),
+            &Capacity::default(),
+            40,
+        )
+        .unwrap_err();
+    assert_eq!(e.to_string(), "the job has no critic role");
+}
+
+#[test]
+fn a_plan_for_workers_and_a_service_resizes_the_service_now_and_the_workers_by_transition() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let mut plan = ScalePlan::count(1, Role::WORKER, 3);
+    plan.set_count(Role::new("rollout").unwrap(), 3);
+    let effects = ctx.apply_plan(plan, &Capacity::default(), 10).unwrap();
+    let keys = launched(&effects);
+    assert!(keys.contains(&rollout(2)), "{keys:?}");
+    assert!(keys.contains(&worker(2)), "{keys:?}");
+    let t = ctx.transition.as_ref().expect("the workers' transition");
+    assert!(!t.plan.roles.contains_key(&Role::new("rollout").unwrap()));
+}
+
+#[test]
+fn a_restarted_master_relaunches_the_services_too() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let effects = ctx.resume(100).unwrap();
+    let keys = launched(&effects);
+    assert_eq!(keys.len(), 5, "{keys:?}");
+    let text = serde_json::to_string(&ctx).unwrap();
+    let back: JobContext = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, ctx, "the role groups persist");
+}

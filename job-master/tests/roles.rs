@@ -1,0 +1,208 @@
+//! Jobs of several roles, with real processes: an all-reduce training group (the built-in
+//! workload) beside a `service` role (rollout engines) and a `single` role (a driver), each
+//! running its own command. A killed process restarts at its role's failover level and no
+//! further; a service role is resized by `job-master scale --role` while the training group
+//! trains on, untouched.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use job_master::spec::{JobSpec, Role};
+use proto::jobmaster::v1 as pb;
+
+const N: u64 = 60_000;
+
+/// The job: 2 all-reduce workers, `rollout` engines (2, elastic 1..4) and one `driver`. Each
+/// service process writes what it was told (role, index, topology, its env) to `out`, then
+/// sleeps until it is stopped.
+fn spec(dir: &Path, rollout_extra: &str) -> JobSpec {
+    let out = dir.join("seen");
+    std::fs::create_dir_all(&out).unwrap();
+    let script = format!(
+        "echo \"$BRAIN_ROLE $BRAIN_INDEX $BRAIN_TOPOLOGY $MODE ${{BRAIN_PROCESS_JOINS:-none}} \
+         ${{RANK:-none}}\" > {}/$BRAIN_ROLE-$BRAIN_INDEX.$$; exec sleep 600",
+        out.display()
+    );
+    let yaml = builtin_yaml(dir, "rl-roles", "allreduce", 0, 2, N, 1, 1000, 10).replace(
+        "workload:",
+        &format!(
+            "  rollout: {{ replicas: 2, min: 1, max: 4, max_restarts: 5, command: [/bin/sh, -c, \
+             {script:?}], env: {{ MODE: rollout }}{rollout_extra} }}\n  driver: {{ topology: \
+             single, command: [/bin/sh, -c, {script:?}], env: {{ MODE: drive }} }}\nworkload:"
+        ),
+    );
+    let spec = JobSpec::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    spec.validate().unwrap();
+    spec
+}
+
+type Seen = BTreeMap<(String, u32), (u64, u32)>;
+
+/// Role and index → (incarnation, pid) of every process that runs.
+fn seen(s: &pb::JobStatus) -> Seen {
+    s.processes
+        .iter()
+        .filter(|p| p.state == "running" && p.pid != 0)
+        .map(|p| ((p.role.clone(), p.index), (p.incarnation, p.pid)))
+        .collect()
+}
+
+async fn all_running(addr: std::net::SocketAddr, n: usize, why: &str) -> pb::JobStatus {
+    wait_for(addr, Duration::from_secs(60), why, |s| {
+        seen(s).len() == n && s.processes.iter().filter(|p| p.state == "running").count() == n
+    })
+    .await
+}
+
+fn of_role(s: &Seen, role: &str) -> Seen {
+    s.iter()
+        .filter(|((r, _), _)| r == role)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(spec(dir.path(), ""), dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 2).await;
+    let before = seen(&all_running(addr, 5, "2 workers, 2 rollouts and a driver").await);
+
+    // Each service process got its role's program and env, and no training group.
+    let files: Vec<String> = std::fs::read_dir(dir.path().join("seen"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    for want in [
+        "rollout 0 service rollout none none",
+        "rollout 1 service rollout none none",
+        "driver 0 single drive none none",
+    ] {
+        assert!(files.iter().any(|f| f.trim() == want), "{want}: {files:?}");
+    }
+
+    // kill -9 one rollout engine: it alone restarts (failover: process).
+    kill9(before[&("rollout".to_string(), 1)].1);
+    let s = wait_for(addr, Duration::from_secs(30), "rollout-1 back", |s| {
+        seen(s)
+            .get(&("rollout".to_string(), 1))
+            .is_some_and(|&(inc, _)| inc == 2)
+    })
+    .await;
+    let after = seen(&s);
+    for (k, v) in &before {
+        if k.0 != "rollout" || k.1 != 1 {
+            assert_eq!(after.get(k), Some(v), "{k:?} must not have moved");
+        }
+    }
+
+    // 2 -> 4 rollout engines by the CLI while the workers train: no worker pauses.
+    let step_before = status(addr).await.unwrap().global_step;
+    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
+    let out = tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--job", &addr.to_string(), "--role", "rollout=4"])
+        .arg("--wait")
+        .arg("--token-file")
+        .arg(&secret)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("plan 1 reached"), "{stdout}");
+    let s = all_running(addr, 7, "4 rollouts").await;
+    let grown = seen(&s);
+    assert_eq!(of_role(&grown, "worker"), of_role(&before, "worker"));
+    assert_eq!(of_role(&grown, "driver"), of_role(&before, "driver"));
+    let s = wait_for(addr, Duration::from_secs(30), "the workers go on", |s| {
+        s.global_step > step_before
+    })
+    .await;
+    assert_eq!(of_role(&seen(&s), "worker"), of_role(&before, "worker"));
+
+    // 4 -> 1: the engines above index 0 leave; nobody else moves.
+    let bad = tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--job", &addr.to_string(), "--role", "critic=1"])
+        .arg("--token-file")
+        .arg(&secret)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("the job has no critic role"));
+    let mut p = plan(3, None, None);
+    p.roles.push(pb::RoleTarget {
+        role: "rollout".into(),
+        count: 1,
+        resources: None,
+    });
+    send(addr, p).await;
+    let s = wait_for(addr, Duration::from_secs(30), "one rollout left", |s| {
+        s.processes
+            .iter()
+            .filter(|p| p.role == "rollout" && p.state == "removed")
+            .count()
+            == 3
+    })
+    .await;
+    let shrunk = seen(&s);
+    assert_eq!(of_role(&shrunk, "worker"), of_role(&before, "worker"));
+    assert_eq!(
+        of_role(&shrunk, "rollout").keys().collect::<Vec<_>>(),
+        vec![&("rollout".to_string(), 0)]
+    );
+
+    // A worker killed: the all-reduce group restarts (failover: role); the services stay.
+    let services_before = seen(&status(addr).await.unwrap());
+    kill9(services_before[&("worker".to_string(), 0)].1);
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
+    let ctx = context(&run.run_dir);
+    let rollout0 = &ctx["services"]["rollout"]["slots"]["0"];
+    let driver0 = &ctx["services"]["driver"]["slots"]["0"];
+    assert_eq!(rollout0["incarnation"], 1, "{rollout0}");
+    assert_eq!(driver0["incarnation"], 1, "{driver0}");
+    assert_eq!(ctx["services"]["rollout"]["slots"]["1"]["incarnation"], 2);
+    assert_no_process_left(addr).await;
+}
+
+/// `failover: job` on a service: its failure restarts every process of the job, the training
+/// group from its latest checkpoint, and the job still trains each sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_with_failover_job_restarts_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(spec(dir.path(), ", failover: job"), dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 2).await;
+    let before = seen(&all_running(addr, 5, "every process").await);
+    kill9(before[&("rollout".to_string(), 0)].1);
+    let s = wait_for(
+        addr,
+        Duration::from_secs(60),
+        "every process restarted",
+        |s| {
+            let now = seen(s);
+            now.len() == 5
+                && before
+                    .iter()
+                    .all(|(k, (inc, _))| now.get(k).is_some_and(|n| n.0 > *inc))
+        },
+    )
+    .await;
+    assert!(seen(&s).values().all(|(_, pid)| *pid != 0));
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert_each_sample_once(&report, N, 1);
+    assert_no_process_left(addr).await;
+}
