@@ -425,6 +425,7 @@ async fn register_running(url: &str, c: &Client, jobs: usize) -> Vec<(Client, u6
                             total_samples: 1_000_000,
                             min_ps: 0,
                             max_ps: 0,
+                            services: Vec::new(),
                         }),
                     })
                     .await

@@ -116,6 +116,25 @@ pub fn predict(
         ps_millicores: pr.cpu.map_or(0, |c| c.0),
         ps_memory_bytes: pr.memory.map_or(0, |m| m.0),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
+        services: spec
+            .service_roles()
+            .filter_map(|role| {
+                let p = spec.role_plan(role).ok()?;
+                let r = res(role);
+                Some((
+                    role,
+                    crate::store::ServiceShape {
+                        topology: spec.topology(role).to_string(),
+                        count: p.replicas,
+                        min: p.min,
+                        max: p.max,
+                        millicores: r.cpu.map_or(cluster.slot_millicores, |c| c.0),
+                        memory_bytes: r.memory.map_or(0, |m| m.0),
+                        gpus: r.gpu.unwrap_or(0),
+                    },
+                ))
+            })
+            .collect(),
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
     if let Some(why) =

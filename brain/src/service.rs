@@ -11,7 +11,9 @@ use tonic::{Request, Response, Status};
 use crate::BrainError;
 use crate::auth::{self, Caller};
 use crate::control::{Control, now_unix_ms};
-use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, Shape, Store};
+use crate::store::{
+    JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, ServiceShape, Shape, Store,
+};
 use crate::throttle::Throttle;
 
 pub struct BrainService {
@@ -80,6 +82,25 @@ fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         ps_millicores,
         ps_memory_bytes,
         total_samples: s.total_samples,
+        services: s
+            .services
+            .into_iter()
+            .map(|r| {
+                let role = vocab::wire::role(&r.role)
+                    .map_err(|e| BrainError::InvalidArgument(format!("job shape: {e}")))?;
+                let (millicores, memory_bytes, gpus) = resources(r.resources);
+                let shape = ServiceShape {
+                    topology: r.topology,
+                    count: r.count,
+                    min: r.min,
+                    max: r.max,
+                    millicores,
+                    memory_bytes,
+                    gpus,
+                };
+                Ok((role, shape))
+            })
+            .collect::<Result<_, BrainError>>()?,
     })
 }
 
@@ -106,6 +127,23 @@ fn shape_to(s: Shape) -> pb::JobShape {
             gpu_type: String::new(),
         }),
         total_samples: s.total_samples,
+        services: s
+            .services
+            .iter()
+            .map(|(role, r)| pb::RoleShape {
+                role: role.to_string(),
+                topology: r.topology.clone(),
+                count: r.count,
+                min: r.min,
+                max: r.max,
+                resources: Some(jm::Resources {
+                    cpu_millicores: r.millicores,
+                    memory_bytes: r.memory_bytes,
+                    gpus: r.gpus,
+                    gpu_type: String::new(),
+                }),
+            })
+            .collect(),
     }
 }
 
@@ -364,7 +402,7 @@ impl pb::brain_server::Brain for BrainService {
             )));
         }
         if let Some(shape) = &row.shape {
-            shape.check_plan(workers, ps).map_err(|why| {
+            shape.check_plan(&plan).map_err(|why| {
                 Status::invalid_argument(format!("job {}: {why}; nothing changed", row.name))
             })?;
         }

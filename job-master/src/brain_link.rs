@@ -158,6 +158,21 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         worker_resources: Some(res(Role::WORKER)),
         ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::PS)),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
+        services: ctx
+            .services
+            .iter()
+            .filter_map(|(&role, g)| {
+                let p = plan(role)?;
+                Some(pb::RoleShape {
+                    role: role.to_string(),
+                    topology: spec.topology(role).to_string(),
+                    count: g.live(),
+                    min: p.min,
+                    max: p.max,
+                    resources: Some(res(role)),
+                })
+            })
+            .collect(),
     }
 }
 

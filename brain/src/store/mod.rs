@@ -23,7 +23,7 @@ mod tokens;
 
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
 pub use processes::{CPU_SAMPLES, ProcessSample};
-pub use records::{JobRow, JobState, Metric, Shape, StoredPlan};
+pub use records::{JobRow, JobState, Metric, ServiceShape, Shape, StoredPlan};
 pub use reports::PlanCounts;
 
 pub struct Store {

@@ -1,6 +1,8 @@
 //! The records the store keeps and hands out: metric reports with their checks, job states,
 //! shapes, job rows and stored plans.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::JobId;
@@ -169,12 +171,52 @@ pub struct Shape {
     pub ps_memory_bytes: u64,
     /// Samples over all epochs.
     pub total_samples: u64,
+    /// The role groups outside the training group, by role name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub services: BTreeMap<vocab::Role, ServiceShape>,
+}
+
+/// A service or single role of a job as the brain keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceShape {
+    pub topology: String,
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+    pub millicores: u64,
+    pub memory_bytes: u64,
+    pub gpus: u32,
 }
 
 impl Shape {
     /// Whether an operator's plan to `workers` workers and `ps` parameter servers fits this
     /// job (its bounds and node unit, its kind); the reason when not.
-    pub fn check_plan(&self, workers: Option<u32>, ps: Option<u32>) -> Result<(), String> {
+    /// Whether the counts `plan` sets for any role fit this job: its training group's as
+    /// [`Shape::check_counts`], its service roles' within their bounds; a role the job does not
+    /// have is refused by name.
+    pub fn check_plan(&self, plan: &vocab::ScalePlan) -> Result<(), String> {
+        for (&role, t) in &plan.roles {
+            if role == vocab::Role::WORKER || role == vocab::Role::PS {
+                continue;
+            }
+            let Some(s) = self.services.get(&role) else {
+                return Err(format!("the job has no {role} role"));
+            };
+            if !(s.min..=s.max).contains(&t.count) {
+                return Err(format!(
+                    "{} {role} is outside the role's bounds [{}, {}]",
+                    t.count, s.min, s.max
+                ));
+            }
+        }
+        self.check_counts(
+            plan.count_of(vocab::Role::WORKER),
+            plan.count_of(vocab::Role::PS),
+        )
+    }
+
+    pub fn check_counts(&self, workers: Option<u32>, ps: Option<u32>) -> Result<(), String> {
         if let Some(w) = workers {
             if !(self.min_workers..=self.max_workers).contains(&w) {
                 return Err(format!(

@@ -239,26 +239,26 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
         worker_millicores: 1000,
         ..Default::default()
     };
-    assert!(shape.check_plan(Some(4), None).is_ok());
+    assert!(shape.check_counts(Some(4), None).is_ok());
     assert_eq!(
-        shape.check_plan(Some(10), None).unwrap_err(),
+        shape.check_counts(Some(10), None).unwrap_err(),
         "10 workers is outside the job's bounds [2, 8]"
     );
     assert_eq!(
-        shape.check_plan(Some(3), None).unwrap_err(),
+        shape.check_counts(Some(3), None).unwrap_err(),
         "3 workers is not a multiple of the job's node_unit 2"
     );
-    assert!(shape.check_plan(None, Some(1)).is_err());
+    assert!(shape.check_counts(None, Some(1)).is_err());
     let ps = Shape {
         kind: vocab::JobKind::Ps,
         ps: 1,
         max_ps: 3,
         ps_millicores: 1000,
-        ..shape
+        ..shape.clone()
     };
-    assert!(ps.check_plan(Some(2), Some(3)).is_ok());
+    assert!(ps.check_counts(Some(2), Some(3)).is_ok());
     assert_eq!(
-        ps.check_plan(None, Some(4)).unwrap_err(),
+        ps.check_counts(None, Some(4)).unwrap_err(),
         "4 parameter servers is outside the job's bounds [1, 3]"
     );
     // A row stored before the bounds were kept: the PS count it has, no other.
@@ -266,9 +266,36 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
         max_ps: 0,
         ..ps.clone()
     };
-    assert!(old.check_plan(None, Some(2)).is_err());
+    assert!(old.check_counts(None, Some(2)).is_err());
     assert_eq!(
-        ps.check_plan(None, Some(0)).unwrap_err(),
+        ps.check_counts(None, Some(0)).unwrap_err(),
         "a ps job needs at least 1 parameter server"
     );
+    // Service roles: by name, within their own bounds.
+    let rollout = vocab::Role::new("rollout").unwrap();
+    let mut rl = shape.clone();
+    rl.services.insert(
+        rollout,
+        crate::store::ServiceShape {
+            topology: "service".into(),
+            count: 2,
+            min: 1,
+            max: 4,
+            ..Default::default()
+        },
+    );
+    let plan = |role, n| vocab::ScalePlan::count(0, role, n);
+    assert!(rl.check_plan(&plan(rollout, 4)).is_ok());
+    assert_eq!(
+        rl.check_plan(&plan(rollout, 5)).unwrap_err(),
+        "5 rollout is outside the role's bounds [1, 4]"
+    );
+    assert_eq!(
+        rl.check_plan(&plan(vocab::Role::new("critic").unwrap(), 1))
+            .unwrap_err(),
+        "the job has no critic role"
+    );
+    assert!(rl.check_plan(&plan(vocab::Role::WORKER, 10)).is_err());
+    let text = serde_json::to_string(&rl).unwrap();
+    assert_eq!(serde_json::from_str::<Shape>(&text).unwrap(), rl);
 }

@@ -253,6 +253,17 @@ fn print_shape(s: &pb::JobShape) {
     if s.ps > 0 {
         println!("  {} ps of {}", s.ps, res(&s.ps_resources));
     }
+    for r in &s.services {
+        println!(
+            "  {} {} ({}, min {}, max {}) of {}",
+            r.count,
+            r.role,
+            r.topology,
+            r.min,
+            r.max,
+            res(&r.resources)
+        );
+    }
     println!("  {} samples to train", s.total_samples);
 }
 
