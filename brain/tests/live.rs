@@ -528,7 +528,10 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
     );
     let (ok, said) = brainctl(&["scale", "scaled", "--brain", &url]);
     assert!(!ok);
-    assert!(said.contains("--workers N, --ps M and/or --role NAME=N"), "{said}");
+    assert!(
+        said.contains("--workers N, --ps M and/or --role NAME=N"),
+        "{said}"
+    );
     let (ok, said) = brainctl(&["scale", "scaled", "--role", "critic=1", "--brain", &url]);
     assert!(!ok);
     assert!(

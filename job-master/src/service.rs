@@ -205,6 +205,43 @@ impl pb::job_master_server::JobMaster for MasterService {
         }))
     }
 
+    async fn serve_role(
+        &self,
+        req: Request<pb::ServeRoleRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        self.shared
+            .apply(|ctx, now| {
+                ctx.serve_role(key, incarnation, r.address, now)?;
+                Ok(((), Vec::new()))
+            })
+            .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn get_role_group(
+        &self,
+        req: Request<pb::RoleGroupRequest>,
+    ) -> Result<Response<pb::RoleGroupResponse>, Status> {
+        let role = role(&req.into_inner().role)?;
+        let ctx = self.shared.job.lock().await;
+        let (topology, members, desired) = ctx.role_group(role)?;
+        Ok(Response::new(pb::RoleGroupResponse {
+            role: role.to_string(),
+            topology: topology.to_string(),
+            members: members
+                .into_iter()
+                .map(|(index, incarnation, address)| pb::RoleMember {
+                    index,
+                    incarnation,
+                    address,
+                })
+                .collect(),
+            desired,
+        }))
+    }
+
     async fn get_workload(
         &self,
         req: Request<pb::ProcessRef>,

@@ -206,3 +206,119 @@ async fn a_service_with_failover_job_restarts_everything() {
     assert_each_sample_once(&report, N, 1);
     assert_no_process_left(addr).await;
 }
+
+/// Calls between roles through the SDK: a `driver` calls the `reward` role's method on every
+/// member, on any, on the lowest index. A reward engine killed with kill -9 is called again on
+/// its successor, the role resized to 3 is called on its new member, and no call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_call_each_other_and_follow_restarts_and_resizes() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        eprintln!("SKIPPED: no Python with torch and the SDK's build requirements");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("calls.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/role_calls.py");
+    let argv = |mode: &str| {
+        format!(
+            "[{python:?}, {:?}, {mode}, --out, {:?}]",
+            script.display().to_string(),
+            out.display().to_string()
+        )
+    };
+    let yaml = builtin_yaml(dir.path(), "rl-calls", "allreduce", 0, 1, N, 1, 1000, 10).replace(
+        "workload:",
+        &format!(
+            "  reward: {{ replicas: 2, min: 1, max: 4, command: {}, env: {{ PYTHONPATH: {:?} }} }}\n  \
+             driver: {{ topology: single, command: {}, env: {{ PYTHONPATH: {:?} }} }}\nworkload:",
+            argv("serve"),
+            sdk.display().to_string(),
+            argv("drive"),
+            sdk.display().to_string(),
+        ),
+    );
+    let spec = JobSpec::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+
+    let lines = |path: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    // [index, incarnation] of each member an `all` call reached.
+    let reached = |l: &serde_json::Value| -> Vec<(u64, u64)> {
+        l["all"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let until = async |want: &dyn Fn(&serde_json::Value) -> bool, why: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            if lines(&out).iter().any(want) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no call {why}: {:?}",
+                lines(&out).last()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    until(&|l| reached(l) == [(0, 1), (1, 1)], "reached both engines").await;
+    let first = lines(&out)
+        .into_iter()
+        .find(|l| reached(l).len() == 2)
+        .unwrap();
+    assert_eq!(first["rank0"][0], 0, "{first}");
+    assert!(
+        first["remote_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("ValueError: as asked")),
+        "{first}"
+    );
+    assert!(
+        first["private"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot be called")),
+        "{first}"
+    );
+
+    kill9(pid_of(addr, "reward", 1).await);
+    until(
+        &|l| reached(l) == [(0, 1), (1, 2)],
+        "reached reward-1's successor",
+    )
+    .await;
+    let mut p = plan(1, None, None);
+    p.roles.push(pb::RoleTarget {
+        role: "reward".into(),
+        count: 3,
+        resources: None,
+    });
+    send(addr, p).await;
+    until(&|l| reached(l).len() == 3, "reached the new engine").await;
+
+    let all = lines(&out);
+    let errors: Vec<&serde_json::Value> = all.iter().filter(|l| l.get("error").is_some()).collect();
+    assert!(errors.is_empty(), "calls failed: {errors:?}");
+    // `any` went round the members.
+    let anys: std::collections::BTreeSet<u64> =
+        all.iter().filter_map(|l| l["any"][0].as_u64()).collect();
+    assert!(anys.len() >= 2, "{anys:?}");
+
+    // The training group went on untouched.
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&Role::WORKER), None);
+    assert_no_process_left(addr).await;
+}

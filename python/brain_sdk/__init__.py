@@ -28,8 +28,12 @@ Run it as a job's `workload.command` with `rescale: in_place` (allreduce jobs) a
 The SDK logs what it does to the `brain_sdk` logger (`logging`): DEBUG shows each step of a
 re-formation and checkpoint with its time.
 
+Calls between the roles of a job (a trainer asking rollout engines for episodes, a reward
+model scoring them): `brain_sdk.roles.serve(obj)` in the callee, `brain_sdk.roles.group(name)
+.call(method, ...)` in the caller (`roles.py`).
+
 Modules: `env` (who this process is), `master` (gRPC calls, stubs generated from proto/ at
-build time into `_gen`), `job`, `checkpoint`, `pytorch`, `errors`.
+build time into `_gen`), `job`, `checkpoint`, `pytorch`, `roles`, `errors`.
 """
 
 from .env import ProcessEnv

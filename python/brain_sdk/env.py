@@ -58,6 +58,9 @@ class ProcessEnv:
     # The job's TLS directory (BRAIN_JOB_TLS_DIR) when the job runs with TLS: calls to the job
     # master then go over mutual TLS with the job's certificate.
     tls_dir: str = ""
+    # The topology of its role: "allreduce" or "ps" (the training group), "service" or
+    # "single" (a role of its own); empty from an agent that predates roles.
+    topology: str = ""
 
     @property
     def host(self) -> str:
@@ -68,6 +71,8 @@ class ProcessEnv:
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "ProcessEnv":
         env = os.environ if env is None else env
         joins = env.get("BRAIN_PROCESS_JOINS") == "1"
+        # A service or single role's process has no training group: its rank is its index.
+        own_role = env.get("BRAIN_TOPOLOGY") in ("service", "single")
         role = _required(env, "BRAIN_ROLE")
         if not _ROLE_NAME.fullmatch(role):
             raise BrainError(
@@ -80,8 +85,8 @@ class ProcessEnv:
             incarnation=_int(env, "BRAIN_INCARNATION"),
             # A process that joins the rendezvous itself (BRAIN_PROCESS_JOINS) learns these
             # from the job master when it does.
-            rank=_int(env, "RANK", 0 if joins else None),
-            world_size=_int(env, "WORLD_SIZE", 0 if joins else None),
+            rank=_int(env, "RANK", 0 if joins or own_role else None),
+            world_size=_int(env, "WORLD_SIZE", 0 if joins or own_role else None),
             service_addr=env.get("BRAIN_SERVICE_ADDR", ""),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1") or "127.0.0.1",
             master_port=_int(env, "MASTER_PORT", 0),
@@ -90,6 +95,7 @@ class ProcessEnv:
             resume_from=env.get("BRAIN_RESUME_FROM") or None,
             restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
             kind="ps" if env.get("BRAIN_PS_VERSION") else "allreduce",
+            topology=env.get("BRAIN_TOPOLOGY", ""),
             joins=joins,
             token_file=env.get("BRAIN_JOB_TOKEN_FILE", ""),
             tls_dir=env.get("BRAIN_JOB_TLS_DIR", ""),

@@ -95,5 +95,13 @@ class MasterClient:
                 return r
             time.sleep(0.01)
 
+    def serve_role(self, address: str) -> None:
+        """This process serves calls from the job's other roles at `address`."""
+        self._call("ServeRole", pb.ServeRoleRequest(process=self.me, address=address))
+
+    def role_group(self, role: str) -> "pb.RoleGroupResponse":
+        """The serving members of `role` as they are now."""
+        return self._call("GetRoleGroup", pb.RoleGroupRequest(role=role))
+
     def close(self) -> None:
         self._channel.close()

@@ -138,6 +138,11 @@ pub struct Slot {
     /// and the brain is told since when (`last_heartbeat_ms`, the launch).
     #[serde(default = "placed_before_this_field")]
     pub placed: bool,
+    /// The incarnation that serves calls from other roles (0: none does), and where.
+    #[serde(default)]
+    pub serving: u64,
+    #[serde(default)]
+    pub serve_addr: Option<String>,
 }
 
 /// State written before slots said whether they were placed: every launch counted as placed.
@@ -167,6 +172,8 @@ impl Slot {
             memory_peak: 0,
             joined: 0,
             placed: false,
+            serving: 0,
+            serve_addr: None,
         }
     }
 }

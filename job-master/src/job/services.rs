@@ -13,7 +13,7 @@
 //! told to shut down.
 
 use super::*;
-use crate::spec::Failover;
+use crate::spec::{Failover, Topology};
 
 /// One role group outside the training group: what it should be and what runs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -271,6 +271,53 @@ impl JobContext {
             );
         }
         effects
+    }
+
+    /// The current incarnation of `key` serves calls from other roles at `address`.
+    pub fn serve_role(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        address: String,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        self.current(key, incarnation)?;
+        if address.len() > 256 || address.rsplit_once(':').is_none() {
+            return Err(Error::InvalidRequest(format!(
+                "{key} serves at {:?}: not host:port",
+                address.chars().take(64).collect::<String>()
+            )));
+        }
+        let slot = self.any_slot_mut(key).expect("current");
+        let changed = slot.serving != incarnation || slot.serve_addr.as_deref() != Some(&address);
+        slot.serving = incarnation;
+        slot.serve_addr = Some(address.clone());
+        if changed {
+            self.log(now_ms, format!("{key} serves calls at {address}"));
+        }
+        Ok(())
+    }
+
+    /// The serving members of `role` as they are now (index, incarnation, address), its
+    /// topology and the processes it should have.
+    pub fn role_group(
+        &self,
+        role: Role,
+    ) -> Result<(Topology, Vec<(u32, u64, String)>, u32), Error> {
+        if !self.spec.roles.contains_key(&role) {
+            return Err(Error::InvalidRequest(format!("the job has no {role} role")));
+        }
+        let members = self
+            .all_slots()
+            .filter(|s| s.key.role == role)
+            .filter(|s| s.phase == SlotPhase::Running && s.serving == s.incarnation)
+            .filter_map(|s| Some((s.key.index, s.incarnation, s.serve_addr.clone()?)))
+            .collect();
+        let desired = match self.services.get(&role) {
+            Some(g) => g.desired,
+            None => self.role_counts().get(&role).copied().unwrap_or(0),
+        };
+        Ok((self.spec.topology(role), members, desired))
     }
 
     /// Takes the service roles' targets out of `plan` and carries them out at once: they need

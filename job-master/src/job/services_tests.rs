@@ -226,3 +226,30 @@ fn a_restarted_master_relaunches_the_services_too() {
     let back: JobContext = serde_json::from_str(&text).unwrap();
     assert_eq!(back, ctx, "the role groups persist");
 }
+
+#[test]
+fn a_role_group_lists_the_members_that_serve_calls() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let role = Role::new("rollout").unwrap();
+    let (topology, members, desired) = ctx.role_group(role).unwrap();
+    assert_eq!(
+        (topology.as_str(), members.len(), desired),
+        ("service", 0, 2)
+    );
+    ctx.serve_role(rollout(1), 1, "127.0.0.1:7001".into(), 2)
+        .unwrap();
+    let (_, members, _) = ctx.role_group(role).unwrap();
+    assert_eq!(members, vec![(1, 1, "127.0.0.1:7001".to_string())]);
+    // A stale incarnation or a bad address is refused; a restarted member leaves the list
+    // until its successor serves.
+    assert!(
+        ctx.serve_role(rollout(0), 9, "127.0.0.1:1".into(), 3)
+            .is_err()
+    );
+    assert!(ctx.serve_role(rollout(0), 1, "nowhere".into(), 3).is_err());
+    ctx.process_exited(rollout(1), 1, 1, 0, None, 4).unwrap();
+    assert!(ctx.role_group(role).unwrap().1.is_empty());
+    let e = ctx.role_group(Role::new("critic").unwrap()).unwrap_err();
+    assert_eq!(e.to_string(), "invalid request: the job has no critic role");
+}

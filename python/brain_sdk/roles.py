@@ -1,0 +1,273 @@
+"""Calls between the roles of one job: a process of one role calls a method of another role's
+processes, over the job's own channels (its secret, and its TLS when the job runs with it).
+
+    # in a reward engine (a `service` role named `reward`):
+    class Reward:
+        def score(self, episode):
+            return float(sum(episode))
+    brain_sdk.roles.serve(Reward())              # blocks; serves until the process is stopped
+
+    # in any other process of the job (the trainer, a driver):
+    reward = brain_sdk.roles.group("reward")
+    reward.call("score", ep)                     # any one member, round robin
+    reward.call("score", ep, how="rank0")        # the member of lowest index
+    reward.call("score", ep, how="all")          # each member; results in index order
+
+The callee group is read from the job master as it is now, and again after a failed call:
+callers follow resizes and restarts. A call to a process that died is retried on its successor
+(the same index, a new incarnation) or, for `any`, on another member, until `timeout`; then it
+raises `BrainError` with the reason. Nothing waits without a deadline.
+
+Arguments and results travel pickled: only processes holding the job's secret (and its
+certificate, with TLS) can call, as for every channel inside a job. A method whose name starts
+with `_` cannot be called. An exception in the callee reaches the caller as `RemoteError`
+(not retried: the callee ran).
+"""
+
+import hmac
+import itertools
+import pickle
+import threading
+import time
+from concurrent import futures
+from typing import Any, List, Optional
+
+import grpc
+
+from .env import JOB_SERVER_NAME, ProcessEnv, read_job_tls
+from .errors import BrainError
+from .master import MasterClient
+
+# The one method a role server answers: a pickled (method, args, kwargs) in, a pickled
+# ("ok", result) or ("error", text) out.
+_CALL = "/brain.roles.v1.Role/Call"
+_HOWS = ("any", "rank0", "all")
+
+
+class RemoteError(BrainError):
+    """The callee ran the method and it raised."""
+
+
+class _Departed(BrainError):
+    """A plan removed the member's index from its role."""
+
+
+class _Unreachable(Exception):
+    """A member did not answer (it died, or is not serving yet): worth a retry."""
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def _tls(env: ProcessEnv):
+    return read_job_tls(env.tls_dir) if env.tls_dir else None
+
+
+class RoleServer:
+    """Serves `obj`'s public methods to the job's other processes at this process's
+    BRAIN_SERVICE_ADDR, and tells the job master so (the process becomes a member of its role
+    group). `stop()` ends it."""
+
+    def __init__(self, obj: Any, env: Optional[ProcessEnv] = None, workers: int = 8):
+        self.env = env or ProcessEnv.from_env()
+        if not self.env.service_addr:
+            raise BrainError("BRAIN_SERVICE_ADDR is not set: run this as a Brain job's process")
+        self._obj = obj
+        self._token = self.env.token().encode()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._call, request_deserializer=_identity, response_serializer=_identity
+        )
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("brain.roles.v1.Role", {"Call": handler}),)
+        )
+        tls = _tls(self.env)
+        if tls:
+            ca, cert, key = tls
+            creds = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=True
+            )
+            port = self._server.add_secure_port(self.env.service_addr, creds)
+        else:
+            port = self._server.add_insecure_port(self.env.service_addr)
+        if port == 0:
+            raise BrainError(f"cannot listen on {self.env.service_addr} to serve calls")
+        self._server.start()
+        self._master = MasterClient(self.env)
+        self._master.serve_role(self.env.service_addr)
+
+    def _call(self, request: bytes, context) -> bytes:
+        given = dict(context.invocation_metadata()).get("authorization", "")
+        if not hmac.compare_digest(given.encode(), b"Bearer " + self._token):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "the job's secret is required")
+        try:
+            method, args, kwargs = pickle.loads(request)
+        except Exception as e:  # noqa: BLE001 - any malformed request is refused alike
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a call: {e}")
+        if not isinstance(method, str) or method.startswith("_"):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{method!r} cannot be called")
+        fn = getattr(self._obj, method, None)
+        if not callable(fn):
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"{self.env.role} has no method {method!r}",
+            )
+        try:
+            return pickle.dumps(("ok", fn(*args, **kwargs)))
+        except Exception as e:  # noqa: BLE001 - the caller gets what the method raised
+            return pickle.dumps(("error", f"{type(e).__name__}: {e}"))
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    def stop(self, grace: float = 1.0) -> None:
+        self._server.stop(grace)
+        self._master.close()
+
+
+def serve(obj: Any, block: bool = True, env: Optional[ProcessEnv] = None) -> RoleServer:
+    """Serves `obj`'s methods to the job's other roles; with `block`, until the process ends."""
+    server = RoleServer(obj, env)
+    if block:
+        server.wait()
+    return server
+
+
+class Group:
+    """Another role of the job, as its callers see it: `call` reaches its members."""
+
+    def __init__(
+        self,
+        role: str,
+        env: Optional[ProcessEnv] = None,
+        timeout: float = 30.0,
+        refresh_every: float = 1.0,
+    ):
+        self.role = role
+        self.timeout = timeout
+        # The members are read again at most this often before a call (and after any failed
+        # one), so that callers follow resizes.
+        self.refresh_every = refresh_every
+        self._refreshed = 0.0
+        self.env = env or ProcessEnv.from_env()
+        self._metadata = (("authorization", f"Bearer {self.env.token()}"),)
+        self._tls = _tls(self.env)
+        self._master = MasterClient(self.env)
+        self._channels = {}
+        self._lock = threading.Lock()
+        self._next = itertools.count()
+        self.members: List[Any] = []
+        self.desired = 0
+        self.refresh()
+
+    def refresh(self) -> List[Any]:
+        """Reads the group's serving members from the job master (index order)."""
+        answer = self._master.role_group(self.role)
+        self._refreshed = time.monotonic()
+        self.members = list(answer.members)
+        self.desired = answer.desired
+        return self.members
+
+    def _channel(self, address: str):
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                if self._tls:
+                    ca, cert, key = self._tls
+                    creds = grpc.ssl_channel_credentials(
+                        root_certificates=ca, private_key=key, certificate_chain=cert
+                    )
+                    ch = grpc.secure_channel(
+                        address,
+                        creds,
+                        options=(("grpc.ssl_target_name_override", JOB_SERVER_NAME),),
+                    )
+                else:
+                    ch = grpc.insecure_channel(address)
+                self._channels[address] = ch
+            return ch
+
+    def _one(self, member, payload: bytes, deadline: float):
+        call = self._channel(member.address).unary_unary(
+            _CALL, request_serializer=_identity, response_deserializer=_identity
+        )
+        try:
+            answer = call(
+                payload,
+                timeout=max(0.05, deadline - time.monotonic()),
+                metadata=self._metadata,
+                wait_for_ready=False,
+            )
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise _Unreachable(f"{self.role}-{member.index}: {e.details()}") from None
+            raise BrainError(
+                f"{self.role}-{member.index} refused the call: {e.details()} ({e.code().name})"
+            ) from None
+        status, value = pickle.loads(answer)
+        if status == "error":
+            raise RemoteError(f"{self.role}-{member.index}: {value}")
+        return value
+
+    def _member(self, index: Optional[int], deadline: float, why: str):
+        """A serving member (of `index`, or any in turn), waiting for one until `deadline`."""
+        while True:
+            members = self.members
+            if index is not None:
+                members = [m for m in members if m.index == index]
+            if members:
+                return members[next(self._next) % len(members)]
+            if index is not None and index >= self.desired:
+                raise _Departed(f"{self.role}-{index} left the role (resized to {self.desired})")
+            if time.monotonic() >= deadline:
+                which = f"{self.role}-{index}" if index is not None else f"any {self.role}"
+                raise BrainError(f"no {which} serves within {self.timeout:.0f} s{why}")
+            time.sleep(0.1)
+            self.refresh()
+
+    def _with_retry(self, index: Optional[int], payload: bytes, deadline: float):
+        why = ""
+        while True:
+            member = self._member(index, deadline, why)
+            try:
+                return self._one(member, payload, deadline)
+            except _Unreachable as e:
+                why = f" (last: {e})"
+                if time.monotonic() >= deadline:
+                    raise BrainError(f"{e}; gave up after {self.timeout:.0f} s") from None
+                time.sleep(0.1)
+                self.refresh()
+
+    def call(self, method: str, *args, how: str = "any", **kwargs):
+        """Calls `method(*args, **kwargs)` on one member (`any`: round robin; `rank0`: the
+        lowest index) or on each (`all`: a list in index order)."""
+        if how not in _HOWS:
+            raise BrainError(f"how={how!r}: expected one of {', '.join(_HOWS)}")
+        payload = pickle.dumps((method, args, kwargs))
+        if time.monotonic() - self._refreshed >= self.refresh_every:
+            self.refresh()
+        deadline = time.monotonic() + self.timeout
+        if how == "any":
+            return self._with_retry(None, payload, deadline)
+        if not self.members:
+            self._member(None, deadline, "")
+        if how == "rank0":
+            return self._with_retry(min(m.index for m in self.members), payload, deadline)
+        out = []
+        for i in sorted({m.index for m in self.members}):
+            try:
+                out.append(self._with_retry(i, payload, deadline))
+            except _Departed:
+                pass  # resized away meanwhile: not a member any more
+        return out
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._master.close()
+
+
+def group(role: str, timeout: float = 30.0, refresh_every: float = 1.0) -> Group:
+    """The role `role` of this job, to call its members."""
+    return Group(role, timeout=timeout, refresh_every=refresh_every)
