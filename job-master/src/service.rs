@@ -226,19 +226,20 @@ impl pb::job_master_server::JobMaster for MasterService {
     ) -> Result<Response<pb::RoleGroupResponse>, Status> {
         let role = role(&req.into_inner().role)?;
         let ctx = self.shared.job.lock().await;
-        let (topology, members, desired) = ctx.role_group(role)?;
+        let view = ctx.role_group(role)?;
         Ok(Response::new(pb::RoleGroupResponse {
             role: role.to_string(),
-            topology: topology.to_string(),
-            members: members
+            topology: view.topology.to_string(),
+            members: view
+                .members
                 .into_iter()
-                .map(|(index, incarnation, address)| pb::RoleMember {
-                    index,
-                    incarnation,
-                    address,
+                .map(|m| pb::RoleMember {
+                    index: m.index,
+                    incarnation: m.incarnation,
+                    address: m.address,
                 })
                 .collect(),
-            desired,
+            desired: view.desired,
         }))
     }
 

@@ -28,6 +28,24 @@ pub struct RoleGroup {
     pub resources: Option<Resources>,
 }
 
+/// A role group as its callers see it ([`JobContext::role_group`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoleView {
+    pub topology: Topology,
+    /// The processes that serve calls, in index order.
+    pub members: Vec<Member>,
+    /// The processes the role should have.
+    pub desired: u32,
+}
+
+/// One process of a role that serves calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    pub index: u32,
+    pub incarnation: u64,
+    pub address: String,
+}
+
 impl RoleGroup {
     /// Processes that count as members (not removed).
     pub fn live(&self) -> u32 {
@@ -298,12 +316,9 @@ impl JobContext {
         Ok(())
     }
 
-    /// The serving members of `role` as they are now (index, incarnation, address), its
-    /// topology and the processes it should have.
-    pub fn role_group(
-        &self,
-        role: Role,
-    ) -> Result<(Topology, Vec<(u32, u64, String)>, u32), Error> {
+    /// The serving members of `role` as they are now, its topology and the processes it
+    /// should have.
+    pub fn role_group(&self, role: Role) -> Result<RoleView, Error> {
         if !self.spec.roles.contains_key(&role) {
             return Err(Error::InvalidRequest(format!("the job has no {role} role")));
         }
@@ -311,13 +326,23 @@ impl JobContext {
             .all_slots()
             .filter(|s| s.key.role == role)
             .filter(|s| s.phase == SlotPhase::Running && s.serving == s.incarnation)
-            .filter_map(|s| Some((s.key.index, s.incarnation, s.serve_addr.clone()?)))
+            .filter_map(|s| {
+                Some(Member {
+                    index: s.key.index,
+                    incarnation: s.incarnation,
+                    address: s.serve_addr.clone()?,
+                })
+            })
             .collect();
         let desired = match self.services.get(&role) {
             Some(g) => g.desired,
             None => self.role_counts().get(&role).copied().unwrap_or(0),
         };
-        Ok((self.spec.topology(role), members, desired))
+        Ok(RoleView {
+            topology: self.spec.topology(role),
+            members,
+            desired,
+        })
     }
 
     /// Takes the service roles' targets out of `plan` and carries them out at once: they need

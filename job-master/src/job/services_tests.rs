@@ -232,15 +232,22 @@ fn a_role_group_lists_the_members_that_serve_calls() {
     let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
     register_all(&mut ctx, 1);
     let role = Role::new("rollout").unwrap();
-    let (topology, members, desired) = ctx.role_group(role).unwrap();
+    let view = ctx.role_group(role).unwrap();
     assert_eq!(
-        (topology.as_str(), members.len(), desired),
+        (view.topology.as_str(), view.members.len(), view.desired),
         ("service", 0, 2)
     );
     ctx.serve_role(rollout(1), 1, "127.0.0.1:7001".into(), 2)
         .unwrap();
-    let (_, members, _) = ctx.role_group(role).unwrap();
-    assert_eq!(members, vec![(1, 1, "127.0.0.1:7001".to_string())]);
+    let members = ctx.role_group(role).unwrap().members;
+    assert_eq!(
+        members,
+        vec![services::Member {
+            index: 1,
+            incarnation: 1,
+            address: "127.0.0.1:7001".into()
+        }]
+    );
     // A stale incarnation or a bad address is refused; a restarted member leaves the list
     // until its successor serves.
     assert!(
@@ -249,7 +256,7 @@ fn a_role_group_lists_the_members_that_serve_calls() {
     );
     assert!(ctx.serve_role(rollout(0), 1, "nowhere".into(), 3).is_err());
     ctx.process_exited(rollout(1), 1, 1, 0, None, 4).unwrap();
-    assert!(ctx.role_group(role).unwrap().1.is_empty());
+    assert!(ctx.role_group(role).unwrap().members.is_empty());
     let e = ctx.role_group(Role::new("critic").unwrap()).unwrap_err();
     assert_eq!(e.to_string(), "invalid request: the job has no critic role");
 }
