@@ -322,3 +322,72 @@ async fn roles_call_each_other_and_follow_restarts_and_resizes() {
     assert_eq!(report.restarts.get(&Role::WORKER), None);
     assert_no_process_left(addr).await;
 }
+
+/// `brain_sdk.JobBuilder` writes the spec the YAML writes, has the job master validate it, and
+/// runs it to its end with a local job master.
+#[test]
+fn the_python_builder_writes_the_yaml_spec_and_runs_it() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        eprintln!("SKIPPED: no Python with the SDK's build requirements");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (out, run_dir, ckpt) = (
+        dir.path().join("built.yaml"),
+        dir.path().join("run"),
+        dir.path().join("ckpt"),
+    );
+    let script = format!(
+        r#"
+from brain_sdk import JobBuilder
+b = (
+    JobBuilder("built", kind="allreduce")
+    .builtin(seed=3, batch_size=64)
+    .role("worker").total(1).max(2)
+    .role("rollout").run(["/bin/sh", "-c", "exec sleep 600"]).total(2).min(1).max(3)
+    .env(MODE="fast")
+    .role("driver").topology("single").run("/bin/sh -c 'exec sleep 600'").failover("role")
+    .data(num_samples=2000, shard_size=500, eval_samples=500)
+    .checkpoint({ckpt:?}, every_shards=2)
+)
+open({out:?}, "w").write(b.to_yaml())
+print(b.validate(job_master={bin:?}))
+b.run(job_master={bin:?}, args=["--run-dir", {run:?}])
+"#,
+        ckpt = ckpt.display().to_string(),
+        out = out.display().to_string(),
+        bin = job_master_bin().display().to_string(),
+        run = run_dir.display().to_string(),
+    );
+    let done = std::process::Command::new(&python)
+        .args(["-c", &script])
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&done.stdout),
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(done.status.success(), "{said}");
+    let yaml = format!(
+        r#"
+name: built
+kind: allreduce
+roles:
+  worker: {{ replicas: 1, max: 2 }}
+  rollout: {{ replicas: 2, min: 1, max: 3, command: [/bin/sh, -c, exec sleep 600], env: {{ MODE: fast }} }}
+  driver: {{ topology: single, failover: role, command: [/bin/sh, -c, exec sleep 600] }}
+workload:
+  builtin: {{ seed: 3, batch_size: 64 }}
+data: {{ num_samples: 2000, shard_size: 500, eval_samples: 500 }}
+checkpoint: {{ dir: {ckpt:?}, every_shards: 2 }}
+"#,
+        ckpt = ckpt.display().to_string()
+    );
+    let built = JobSpec::from_yaml(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(built, JobSpec::from_yaml(&yaml).unwrap());
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["phase"], "succeeded", "{report}");
+}

@@ -32,13 +32,18 @@ Calls between the roles of a job (a trainer asking rollout engines for episodes,
 model scoring them): `brain_sdk.roles.serve(obj)` in the callee, `brain_sdk.roles.group(name)
 .call(method, ...)` in the caller (`roles.py`).
 
+A job of several roles can be written in Python instead of YAML: `brain_sdk.JobBuilder`
+(`builder.py`) builds the same spec, prints it, validates it, submits it to a brain or runs it
+with a local job master.
+
 Modules: `env` (who this process is), `master` (gRPC calls, stubs generated from proto/ at
-build time into `_gen`), `job`, `checkpoint`, `pytorch`, `roles`, `errors`.
+build time into `_gen`), `job`, `checkpoint`, `pytorch`, `roles`, `builder`, `errors`.
 """
 
+from .builder import JobBuilder
 from .env import ProcessEnv
 from .errors import BrainError, Refused
 from .job import Batch, ElasticJob
 
-__all__ = ["Batch", "BrainError", "ElasticJob", "ProcessEnv", "Refused"]
+__all__ = ["Batch", "BrainError", "ElasticJob", "JobBuilder", "ProcessEnv", "Refused"]
 __version__ = "0.1.0"

@@ -271,3 +271,24 @@ class Group:
 def group(role: str, timeout: float = 30.0, refresh_every: float = 1.0) -> Group:
     """The role `role` of this job, to call its members."""
     return Group(role, timeout=timeout, refresh_every=refresh_every)
+
+
+def _serve_named(target: str) -> None:
+    """`python -m brain_sdk.roles module:Class`: serves an instance of Class."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise SystemExit(f"{target!r}: expected module:Class")
+    cls = getattr(importlib.import_module(module), name, None)
+    if cls is None:
+        raise SystemExit(f"{module} has no {name}")
+    serve(cls())
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m brain_sdk.roles module:Class")
+    _serve_named(sys.argv[1])

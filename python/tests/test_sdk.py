@@ -89,8 +89,13 @@ class Environment(unittest.TestCase):
             ProcessEnv.from_env(env)
         with self.assertRaisesRegex(BrainError, "RANK='one' is not a whole number"):
             ProcessEnv.from_env({**ENV, "RANK": "one"})
-        with self.assertRaisesRegex(BrainError, "neither worker nor ps"):
-            ProcessEnv.from_env({**ENV, "BRAIN_ROLE": "chief"})
+        with self.assertRaisesRegex(BrainError, "is not a role name"):
+            ProcessEnv.from_env({**ENV, "BRAIN_ROLE": "Chief Engineer"})
+        # Any role group by name; a service's process has no rank of a training group.
+        self.assertEqual(ProcessEnv.from_env({**ENV, "BRAIN_ROLE": "rollout"}).role, "rollout")
+        service = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE")}
+        service.update(BRAIN_ROLE="reward", BRAIN_TOPOLOGY="service")
+        self.assertEqual(ProcessEnv.from_env(service).topology, "service")
 
     def test_the_jobs_secret_is_read_from_an_owner_only_file(self):
         with tempfile.TemporaryDirectory() as d:
@@ -147,3 +152,44 @@ class Checkpoints(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Builder(unittest.TestCase):
+    def test_roles_programs_and_bounds_land_where_the_yaml_puts_them(self):
+        import sys
+
+        from brain_sdk import JobBuilder
+
+        spec = (
+            JobBuilder("rl", kind="allreduce")
+            .env(OMP_NUM_THREADS="1")
+            .role("worker").run("python3 train.py --fast").resource(cpu=2, memory="1Gi").total(2)
+            .role("rollout").run("rl.rollout:Engine").total(2).min(1).max(4).per_group(1)
+            .env(MODE="fast").failover("process")
+            .role("driver").topology("single").run(["drive", "--once"])
+            .data(num_samples=100, shard_size=10)
+            .checkpoint("ckpt")
+            .build()
+        )
+        self.assertEqual(spec["workload"]["command"], ["python3", "train.py", "--fast"])
+        self.assertEqual(spec["workload"]["env"], {"OMP_NUM_THREADS": "1"})
+        self.assertEqual(spec["roles"]["worker"], {"resources": {"cpu": 2, "memory": "1Gi"}, "replicas": 2})
+        self.assertEqual(
+            spec["roles"]["rollout"]["command"],
+            [sys.executable, "-m", "brain_sdk.roles", "rl.rollout:Engine"],
+        )
+        self.assertEqual(spec["roles"]["rollout"]["env"], {"MODE": "fast"})
+        self.assertEqual(spec["roles"]["driver"], {"topology": "single", "command": ["drive", "--once"]})
+        self.assertEqual(json.loads(JobBuilder("x").to_yaml())["name"], "x")
+
+    def test_what_the_builder_cannot_say_is_refused_with_the_reason(self):
+        from brain_sdk import JobBuilder
+
+        with self.assertRaisesRegex(BrainError, "fractions of a GPU are not supported yet"):
+            JobBuilder("x").role("rollout").resource(gpu=0.4)
+        with self.assertRaisesRegex(BrainError, r"call \.role\(name\) first"):
+            JobBuilder("x").total(2)
+        with self.assertRaisesRegex(BrainError, "kind 'mpi'"):
+            JobBuilder("x", kind="mpi")
+        with self.assertRaisesRegex(BrainError, "give the program"):
+            JobBuilder("x").role("a").run([])

@@ -89,9 +89,21 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     println!("{} ({} job) is valid:", spec.name, spec.kind);
     for role in spec.roles.keys() {
         let p = spec.role_plan(*role)?;
+        let program = match spec.roles[role].command.as_ref() {
+            Some(argv) => shlex::try_join(argv.iter().map(String::as_str))
+                .unwrap_or_else(|_| format!("{argv:?}")),
+            None => "the job's workload".to_string(),
+        };
         println!(
-            "  {role}: {} replicas (min {}, max {}, node_unit {}, max_restarts {})",
-            p.replicas, p.min, p.max, p.node_unit, p.max_restarts
+            "  {role} ({}, failover {}): {} replicas (min {}, max {}, node_unit {}, max_restarts \
+             {}), runs {program}",
+            spec.topology(*role),
+            spec.failover(*role),
+            p.replicas,
+            p.min,
+            p.max,
+            p.node_unit,
+            p.max_restarts
         );
     }
     println!(
