@@ -17,8 +17,9 @@
 
 `build()` returns the spec as the dict a YAML spec parses to; the job master validates it (its
 field paths name what is wrong). A role's program is an argv list, a shell-free string split
-like a shell would, or `module:Class`: the SDK then serves an instance of that class to the
-job's other roles (`python -m brain_sdk.roles module:Class`, see `roles`). The training roles
+like a shell would, or `module:Class` / `path/to/file.py:Class`: the SDK then serves an
+instance of that class to the job's other roles (`python -m brain_sdk.roles module:Class`, see
+`roles`). The training roles
 (`worker`, and `ps` in a ps job) run the job's workload: give it with `.role("worker").run(...)`
 or `.builtin(...)`.
 
@@ -42,9 +43,9 @@ Program = Union[str, Sequence[str]]
 
 def _program(program: Program) -> List[str]:
     if isinstance(program, str):
-        head = program.split(":", 1)
-        if len(head) == 2 and "/" not in program and " " not in program and head[0] and head[1]:
-            # module:Class: served to the other roles by the SDK.
+        module, _, name = program.rpartition(":")
+        if module and name.isidentifier() and " " not in program:
+            # module:Class or path/to/file.py:Class: served to the other roles by the SDK.
             return [sys.executable, "-m", "brain_sdk.roles", program]
         return shlex.split(program)
     argv = [str(w) for w in program]

@@ -27,6 +27,7 @@ with `_` cannot be called. An exception in the callee reaches the caller as `Rem
 import hmac
 import itertools
 import pickle
+import sys
 import threading
 import time
 from concurrent import futures
@@ -273,22 +274,42 @@ def group(role: str, timeout: float = 30.0, refresh_every: float = 1.0) -> Group
     return Group(role, timeout=timeout, refresh_every=refresh_every)
 
 
-def _serve_named(target: str) -> None:
-    """`python -m brain_sdk.roles module:Class`: serves an instance of Class."""
+def load_target(target: str):
+    """The class `module:Class` or `path/to/file.py:Class` names."""
     import importlib
+    import importlib.util
+    import os
 
-    module, _, name = target.partition(":")
-    if not module or not name:
-        raise SystemExit(f"{target!r}: expected module:Class")
-    cls = getattr(importlib.import_module(module), name, None)
+    module, _, name = target.rpartition(":")
+    if not module or not name.isidentifier():
+        raise BrainError(f"{target!r}: expected module:Class or path/to/file.py:Class")
+    if module.endswith(".py"):
+        if not os.path.isfile(module):
+            raise BrainError(f"{target!r}: {module} is not a file")
+        spec = importlib.util.spec_from_file_location(
+            os.path.splitext(os.path.basename(module))[0], module
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(module)
+    cls = getattr(mod, name, None)
     if cls is None:
-        raise SystemExit(f"{module} has no {name}")
+        raise BrainError(f"{module} has no {name}")
+    return cls
+
+
+def _serve_named(target: str) -> None:
+    """`python -m brain_sdk.roles TARGET`: serves an instance of the class TARGET names."""
+    try:
+        cls = load_target(target)
+    except BrainError as e:
+        raise SystemExit(str(e)) from None
     serve(cls())
 
 
 if __name__ == "__main__":
-    import sys
-
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m brain_sdk.roles module:Class")
+        raise SystemExit("usage: python -m brain_sdk.roles module:Class | path/to/file.py:Class")
     _serve_named(sys.argv[1])
