@@ -160,8 +160,14 @@ def train(args) -> int:
     model = DDP(policy)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     rollout, critic = roles.group("rollout", timeout=120), roles.group("critic", timeout=120)
+    def log(line):
+        if rank == 0 and args.log:
+            with open(args.log, "a") as f:
+                f.write(json.dumps({**line, "at": round(time.time(), 3), "pid": os.getpid()}) + "\n")
+
     for update in range(start, args.updates):
         began = time.monotonic()
+        log({"begin": update + 1})
         version = update + 1
         weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         engines = len(rollout.call("set_weights", version, weights, how="all"))
@@ -197,16 +203,14 @@ def train(args) -> int:
             tmp = ckpt + ".tmp"
             torch.save({"policy": policy.state_dict(), "update": update + 1}, tmp)
             os.replace(tmp, ckpt)
-            if args.log:
-                line = {
+            log(
+                {
                     "update": update + 1,
                     "return": round(avg, 4),
                     "engines": engines,
                     "seconds": round(time.monotonic() - began, 3),
-                    "pid": os.getpid(),
                 }
-                with open(args.log, "a") as f:
-                    f.write(json.dumps(line) + "\n")
+            )
         if args.update_sleep:
             time.sleep(args.update_sleep)
     dist.barrier()
@@ -224,7 +228,11 @@ def main() -> int:
     t.add_argument("--ppo-steps", type=int, default=4)
     t.add_argument("--lr", type=float, default=0.02)
     t.add_argument("--update-sleep", type=float, default=0.0, help="seconds (tests)")
-    t.add_argument("--log", default="", help="append one JSON line per update (rank 0)")
+    t.add_argument(
+        "--log",
+        default="",
+        help="append JSON lines (rank 0): {begin: N} as update N starts, then its return",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     return train(args)

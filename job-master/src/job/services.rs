@@ -360,9 +360,27 @@ impl JobContext {
             .filter(|r| self.is_service(*r))
             .collect();
         let mut effects = Vec::new();
+        let mut restart = Vec::new();
         for role in roles {
             let target = plan.roles.remove(&role).expect("listed");
+            let from = self.services[&role].live();
             effects.extend(self.resize_service(role, target.count, target.resources, now_ms));
+            if from != target.count
+                && self.spec.roles[&role].rescale == Some(crate::spec::Rescale::Restart)
+            {
+                restart.push(role.to_string());
+            }
+        }
+        if !restart.is_empty() {
+            // The role's programs cannot take a change of its membership: every process of
+            // the job restarts at the new size.
+            let why = format!(
+                "plan {} resizes {} (rescale: restart)",
+                plan.version,
+                restart.join(", ")
+            );
+            effects.extend(self.group_restart(now_ms, &why));
+            self.restart_every_service();
         }
         effects
     }

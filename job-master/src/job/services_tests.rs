@@ -260,3 +260,25 @@ fn a_role_group_lists_the_members_that_serve_calls() {
     let e = ctx.role_group(Role::new("critic").unwrap()).unwrap_err();
     assert_eq!(e.to_string(), "invalid request: the job has no critic role");
 }
+
+#[test]
+fn a_service_with_rescale_restart_restarts_the_job_when_resized() {
+    let (mut ctx, _) = JobContext::new(
+        spec(", rescale: restart"),
+        "r".into(),
+        Timing::default(),
+        0,
+    );
+    register_all(&mut ctx, 1);
+    let before = incarnations(&ctx);
+    let role = Role::new("rollout").unwrap();
+    ctx.apply_plan(ScalePlan::count(1, role, 3), &Capacity::default(), 10)
+        .unwrap();
+    assert_eq!(ctx.generation, 1, "the training group restarted");
+    let after = incarnations(&ctx);
+    for (k, inc) in &before {
+        assert!(after[k] > *inc, "{k} restarted");
+    }
+    assert!(after.contains_key(&rollout(2)));
+    assert_eq!(ctx.plans.reached, 1);
+}

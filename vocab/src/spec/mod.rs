@@ -72,6 +72,12 @@ pub struct RoleSpec {
     /// Extra environment of a service or single role's processes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// How a plan resizes a service role [default: `in_place`: only its own processes start
+    /// or stop]. `restart`: every process of the job restarts at the new size (the training
+    /// group from its latest checkpoint), for programs that cannot take a change of another
+    /// role's membership (DLRover's unified controller resizes a role only this way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescale: Option<Rescale>,
 }
 
 /// Settings of the built-in reference workload (a sparse CTR model on generated data).
@@ -517,6 +523,13 @@ checkpoint: { dir: /tmp/brain-spec-test }
                     "worker: { command: [x], replicas: 3",
                 ),
                 "roles.worker.command: is for service and single roles",
+            ),
+            (
+                rl.replace(
+                    "worker: { replicas: 3",
+                    "worker: { rescale: restart, replicas: 3",
+                ),
+                "roles.worker.rescale: is for service and single roles",
             ),
             (
                 rl.replace("env: { A: b }", "env: { BRAIN_ROLE: x }"),

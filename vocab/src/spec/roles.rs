@@ -203,15 +203,19 @@ impl JobSpec {
             let topology = r.topology.unwrap_or(natural);
             self.validate_failover(role, topology, r.failover)?;
             if topology.is_training() {
-                if r.command.is_some() || !r.env.is_empty() {
+                let field = if r.command.is_some() {
+                    Some("command")
+                } else if r.rescale.is_some() {
+                    Some("rescale")
+                } else {
+                    (!r.env.is_empty()).then_some("env")
+                };
+                if let Some(field) = field {
                     return Err(SpecError::new(
-                        p(if r.command.is_some() {
-                            "command"
-                        } else {
-                            "env"
-                        }),
+                        p(field),
                         "is for service and single roles: the training roles run the job's \
-                         workload (workload.command or workload.builtin, workload.env)",
+                         workload (workload.command or workload.builtin, workload.env, \
+                         workload.rescale)",
                     ));
                 }
                 continue;
