@@ -263,12 +263,8 @@ fn a_role_group_lists_the_members_that_serve_calls() {
 
 #[test]
 fn a_service_with_rescale_restart_restarts_the_job_when_resized() {
-    let (mut ctx, _) = JobContext::new(
-        spec(", rescale: restart"),
-        "r".into(),
-        Timing::default(),
-        0,
-    );
+    let (mut ctx, _) =
+        JobContext::new(spec(", rescale: restart"), "r".into(), Timing::default(), 0);
     register_all(&mut ctx, 1);
     let before = incarnations(&ctx);
     let role = Role::new("rollout").unwrap();
