@@ -265,3 +265,67 @@ async fn a_node_lost_under_a_ps_job_costs_nothing_and_is_used_again_when_back() 
         report.events
     );
 }
+
+/// A job of roles on the cluster: an allreduce ring of two workers (3 CPUs each, one per node)
+/// beside a service role of rollout engines (1 CPU each, their own command) that lands on the
+/// CPUs left. A killed engine restarts alone; the role resized 2 → 3 starts one more engine
+/// while the ring trains on untouched; the job trains every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_roles_run_beside_the_training_group_across_nodes() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 40_000;
+    let mut spec = spec(dir.path(), "allreduce", 0, 2, N, 1, 500);
+    let yaml = "{ replicas: 2, min: 1, max: 3, resources: { cpu: 1, memory: 64Mi }, \
+                command: [/bin/sh, -c, exec sleep 600] }";
+    spec.roles.insert(
+        job_master::spec::Role::new("rollout").unwrap(),
+        serde_norway::from_str(yaml).unwrap(),
+    );
+    spec.validate().unwrap();
+    let mut run = cluster.start(spec, dir.path()).await;
+    let engines = |s: &pb::JobStatus| {
+        s.processes
+            .iter()
+            .filter(|p| p.role == "rollout" && p.state == "running" && !p.host.is_empty())
+            .map(|p| (p.index, p.incarnation, p.host.clone()))
+            .collect::<Vec<_>>()
+    };
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "2 engines and 2 workers",
+        |s| engines(s).len() == 2 && hosts(s, "worker").len() == 2,
+    )
+    .await;
+    let workers = host_of(&s, "worker", 0);
+    let nodes: BTreeSet<String> = cluster.nodes.iter().cloned().collect();
+    assert!(
+        engines(&s).iter().all(|(_, _, h)| nodes.contains(h)),
+        "{s:#?}"
+    );
+
+    kill9(pid_of(run.addr, "rollout", 1).await);
+    wait_for(run.addr, Duration::from_secs(120), "rollout-1 back", |s| {
+        engines(s).iter().any(|(i, inc, _)| *i == 1 && *inc == 2)
+    })
+    .await;
+    let mut p = plan(1, None, None);
+    p.roles.push(pb::RoleTarget {
+        role: "rollout".into(),
+        count: 3,
+        resources: None,
+    });
+    send(run.addr, p).await;
+    let s = wait_for(run.addr, Duration::from_secs(120), "3 engines", |s| {
+        engines(s).len() == 3
+    })
+    .await;
+    assert_eq!(host_of(&s, "worker", 0), workers, "the ring did not move");
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 1);
+    assert!(report.restarts.is_empty(), "{:#?}", report.events);
+}

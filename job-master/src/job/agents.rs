@@ -247,20 +247,9 @@ impl JobContext {
         let count = self.restarts.entry(key.role).or_insert(0);
         *count += 1;
         let count = *count;
-        let limit = self
-            .spec
-            .role_plan(key.role)
-            .expect("validated")
-            .max_restarts;
-        if count > limit {
-            let reason = format!(
-                "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
-                key.role
-            );
-            self.log(now_ms, reason.clone());
-            self.phase = JobPhase::Failed { reason };
+        let Some(limit) = self.restart_allowed(key, count, &how, now_ms) else {
             return Vec::new();
-        }
+        };
         self.log(
             now_ms,
             format!(
@@ -306,6 +295,32 @@ impl JobContext {
             });
         }
         effects
+    }
+
+    /// The role's `max_restarts` when `count` relaunches of `key`'s role are within it; else
+    /// the job fails, saying why, and `None`.
+    pub(super) fn restart_allowed(
+        &mut self,
+        key: SlotKey,
+        count: u32,
+        how: &str,
+        now_ms: u64,
+    ) -> Option<u32> {
+        let limit = self
+            .spec
+            .role_plan(key.role)
+            .expect("validated")
+            .max_restarts;
+        if count <= limit {
+            return Some(limit);
+        }
+        let reason = format!(
+            "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
+            key.role
+        );
+        self.log(now_ms, reason.clone());
+        self.phase = JobPhase::Failed { reason };
+        None
     }
 
     /// Every process restarts from the latest checkpoint; the ledger rolls back to it. During a

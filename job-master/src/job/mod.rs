@@ -151,6 +151,18 @@ fn placed_before_this_field() -> bool {
 }
 
 impl Slot {
+    /// The slot starts over: an agent is to be launched for its next incarnation.
+    fn relaunched(&mut self, now_ms: u64) {
+        self.incarnation += 1;
+        self.phase = SlotPhase::Launching;
+        self.placed = false;
+        self.agent_id = 0;
+        self.process_pid = 0;
+        self.sample = None;
+        // The new agent gets a full timeout to register.
+        self.last_heartbeat_ms = now_ms;
+    }
+
     fn new(key: SlotKey, incarnation: u64, now_ms: u64) -> Self {
         Slot {
             key,

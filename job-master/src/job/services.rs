@@ -132,13 +132,7 @@ impl JobContext {
             if slot.phase.is_live() && slot.incarnation > 0 {
                 continue;
             }
-            slot.incarnation += 1;
-            slot.phase = SlotPhase::Launching;
-            slot.placed = false;
-            slot.agent_id = 0;
-            slot.process_pid = 0;
-            slot.sample = None;
-            slot.last_heartbeat_ms = now_ms;
+            slot.relaunched(now_ms);
             slot.resources = launch_with.clone();
             effects.push(Effect::LaunchAgent {
                 key,
@@ -170,23 +164,12 @@ impl JobContext {
         relaunch_agent: bool,
         now_ms: u64,
     ) -> Vec<Effect> {
-        let limit = self
-            .spec
-            .role_plan(key.role)
-            .expect("validated")
-            .max_restarts;
         let group = self.services.get_mut(&key.role).expect("a service role");
         group.restarts += 1;
         let count = group.restarts;
-        if count > limit {
-            let reason = format!(
-                "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
-                key.role
-            );
-            self.log(now_ms, reason.clone());
-            self.phase = JobPhase::Failed { reason };
+        let Some(limit) = self.restart_allowed(key, count, &how, now_ms) else {
             return Vec::new();
-        }
+        };
         let failover = self.spec.failover(key.role);
         self.log(
             now_ms,

@@ -107,14 +107,8 @@ impl JobContext {
             .slots
             .entry(key)
             .or_insert_with(|| Slot::new(key, 0, now_ms));
-        slot.incarnation += 1;
-        slot.phase = SlotPhase::Launching;
-        slot.placed = false;
-        slot.agent_id = 0;
-        slot.process_pid = 0;
-        slot.last_heartbeat_ms = now_ms;
+        slot.relaunched(now_ms);
         slot.service_addr = None;
-        slot.sample = None;
         slot.ps_version = 0;
         slot.fresh = fresh;
         if let Some(r) = slot.migrate_to.take() {
