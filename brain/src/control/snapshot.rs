@@ -1,5 +1,8 @@
 //! What a live round plans on: the queued and running jobs from the store, with their reported
 //! speeds (all of them in two queries), processes and corrections, read under the store's lock.
+//!
+//! The round sizes a job's training group; the service and single roles of running jobs hold
+//! their CPU and processes outside it, so the cluster the round plans on is what they leave.
 
 use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState};
@@ -16,11 +19,20 @@ pub(super) fn take(
 ) -> Result<LiveSnapshot, BrainError> {
     let now_s = now_ms as f64 / 1000.0;
     let mut jobs = Vec::new();
+    let mut cluster = cluster.clone();
     let (mut speeds, mut ps_speeds) = store.active_speeds()?;
     for row in store.active()? {
         let Some(shape) = row.shape.clone() else {
             continue;
         };
+        if row.state == JobState::Running {
+            for s in shape.services.values() {
+                cluster.cpu_millicores = cluster
+                    .cpu_millicores
+                    .saturating_sub(u64::from(s.count) * s.millicores);
+                cluster.max_processes = cluster.max_processes.saturating_sub(s.count);
+            }
+        }
         let speed = speeds
             .remove(&row.id)
             .unwrap_or_default()
@@ -98,7 +110,53 @@ pub(super) fn take(
     }
     Ok(LiveSnapshot {
         now_s,
-        cluster: cluster.clone(),
+        cluster,
         jobs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ServiceShape, Shape};
+
+    #[test]
+    fn running_jobs_service_roles_hold_their_cpu_and_processes_outside_the_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
+        let mut shape = Shape {
+            kind: vocab::JobKind::Allreduce,
+            workers: 2,
+            min_workers: 1,
+            max_workers: 4,
+            node_unit: 1,
+            worker_millicores: 1000,
+            total_samples: 1000,
+            ..Default::default()
+        };
+        shape.services.insert(
+            vocab::Role::new("rollout").unwrap(),
+            ServiceShape {
+                topology: "service".into(),
+                count: 3,
+                min: 1,
+                max: 4,
+                millicores: 500,
+                ..Default::default()
+            },
+        );
+        store
+            .register("rl", "127.0.0.1:1", Some(&shape), 10)
+            .unwrap();
+        let cluster = LiveCluster {
+            cpu_millicores: 8000,
+            slot_millicores: 1000,
+            max_processes: 16,
+            nodes: Vec::new(),
+        };
+        let snap = take(&store, &cluster, 20).unwrap();
+        assert_eq!(snap.jobs.len(), 1);
+        assert_eq!(snap.cluster.cpu_millicores, 8000 - 3 * 500);
+        assert_eq!(snap.cluster.max_processes, 16 - 3);
+    }
 }
