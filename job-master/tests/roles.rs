@@ -391,3 +391,74 @@ checkpoint: {{ dir: {ckpt:?}, every_shards: 2 }}
         serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["phase"], "succeeded", "{report}");
 }
+
+/// kill -9 of the job master of a job with service roles: its agents, training and service
+/// processes go with it; `job-master run --resume` starts the training group from its latest
+/// checkpoint and every service process anew (the size a plan gave the role is kept), and the
+/// job trains every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_job_master_resumes_its_service_roles_at_their_planned_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec_file = dir.path().join("job.yaml");
+    let yaml = serde_norway::to_string(&spec(dir.path(), "")).unwrap();
+    std::fs::write(&spec_file, yaml).unwrap();
+    let run_dir = dir.path().join("run");
+    let args = |resume: bool| {
+        let mut a: Vec<std::ffi::OsString> = vec![
+            "--run-dir".into(),
+            run_dir.clone().into(),
+            "--heartbeat-interval-ms".into(),
+            "200".into(),
+        ];
+        if resume {
+            a.push("--resume".into());
+        }
+        a
+    };
+    let first_args = args(false);
+    let (mut first, addr) = spawn_run(
+        &spec_file,
+        &first_args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>(),
+    );
+    shards_at_least(addr, 12).await;
+    all_running(addr, 5, "every process").await;
+    let mut p = plan(1, None, None);
+    p.roles.push(pb::RoleTarget {
+        role: "rollout".into(),
+        count: 3,
+        resources: None,
+    });
+    send(addr, p).await;
+    all_running(addr, 6, "3 rollouts").await;
+    kill9(first.pid());
+    first.wait(Duration::from_secs(30));
+    assert_no_process_left(addr).await;
+
+    let second_args = args(true);
+    let (mut second, addr) = spawn_run(
+        &spec_file,
+        &second_args
+            .iter()
+            .map(|a| a.as_os_str())
+            .collect::<Vec<_>>(),
+    );
+    let s = all_running(addr, 6, "every process back, 3 rollouts").await;
+    assert!(
+        seen(&s)
+            .iter()
+            .filter(|((r, _), _)| r == "rollout")
+            .all(|(_, (inc, _))| *inc >= 2),
+        "{s:?}"
+    );
+    let status = tokio::task::spawn_blocking(move || second.wait(Duration::from_secs(300)))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "the resumed job master exited with {status}"
+    );
+    let report: job_master::JobReport =
+        serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
+    assert_each_sample_once(&report, N, 1);
+    assert_no_process_left(addr).await;
+}
