@@ -155,7 +155,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 ring.allreduce_sum(&mut grad).await?;
                 model.apply(&grad, total, lr);
                 model.applied_samples += total;
-                model.applied_index_sum += header[4] as u64;
+                model.applied_index_sum = model.applied_index_sum.wrapping_add(header[4] as u64);
                 grad.iter_mut().for_each(|g| *g = 0.0);
                 // Throughput counts this rank's samples; the loss is the global batch's mean.
                 progress.record(n, header[3] * n as f64 / total as f64);
