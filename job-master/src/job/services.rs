@@ -194,10 +194,11 @@ impl JobContext {
     }
 
     /// The process of `key` restarts with a new incarnation (its agent is told at its next
-    /// heartbeat).
+    /// heartbeat). One that finished (exit 0) stays finished.
     fn restart_service_slot(&mut self, key: SlotKey) {
         if let Some(slot) = self.any_slot_mut(key)
             && slot.phase.is_live()
+            && slot.phase != SlotPhase::Succeeded
         {
             slot.incarnation += 1;
             slot.restart_count += 1;
@@ -259,7 +260,7 @@ impl JobContext {
             .services
             .values()
             .flat_map(|g| g.slots.values())
-            .filter(|s| s.phase.is_live())
+            .filter(|s| s.phase.is_live() && s.phase != SlotPhase::Succeeded)
             .map(|s| s.key)
             .collect();
         let mut effects = Vec::new();

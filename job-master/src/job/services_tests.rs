@@ -278,3 +278,20 @@ fn a_service_with_rescale_restart_restarts_the_job_when_resized() {
     assert!(after.contains_key(&rollout(2)));
     assert_eq!(ctx.plans.reached, 1);
 }
+
+#[test]
+fn a_service_that_finished_stays_finished() {
+    let (mut ctx, _) = JobContext::new(spec(", failover: role"), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    ctx.process_exited(rollout(0), 1, 0, 0, None, 5).unwrap();
+    assert_eq!(
+        ctx.any_slot(rollout(0)).unwrap().phase,
+        SlotPhase::Succeeded
+    );
+    // Its group restarts on another member's failure, and after a master restart: it does not.
+    ctx.process_exited(rollout(1), 1, 1, 0, None, 6).unwrap();
+    assert_eq!(ctx.any_slot(rollout(0)).unwrap().incarnation, 1);
+    let keys = launched(&ctx.resume(10).unwrap());
+    assert!(!keys.contains(&rollout(0)), "{keys:?}");
+    assert!(keys.contains(&rollout(1)), "{keys:?}");
+}
