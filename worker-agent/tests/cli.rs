@@ -85,14 +85,18 @@ fn a_bad_role_is_refused_by_the_argument_parser() {
             "--master",
             "http://127.0.0.1:1",
             "--role",
-            "chief",
+            "Chief_1",
             "--index",
             "0",
         ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'chief'"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value 'Chief_1'") && stderr.contains("is not a DNS-1123 label"),
+        "{stderr}"
+    );
 }
 
 #[test]
