@@ -148,7 +148,12 @@ def train(args) -> int:
 
     from brain_sdk import roles
 
+    from brain_sdk.env import gloo_on_node_address
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Ranks on other nodes reach this one at its node's address (not what the host name
+    # resolves to, 127.0.0.1 in a container or network namespace).
+    gloo_on_node_address()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     policy = policy_net()
     start = 0
@@ -235,7 +240,17 @@ def main() -> int:
     )
     args = p.parse_args()
     torch.set_num_threads(1)
-    return train(args)
+    try:
+        return train(args)
+    except Exception:
+        # Said in the log too: on a cluster the process's own output is on another node.
+        if args.log:
+            import traceback
+
+            with open(args.log, "a") as f:
+                line = {"error": traceback.format_exc(), "rank": os.environ.get("RANK")}
+                f.write(json.dumps(line) + "\n")
+        raise
 
 
 if __name__ == "__main__":

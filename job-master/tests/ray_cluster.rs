@@ -329,3 +329,48 @@ async fn service_roles_run_beside_the_training_group_across_nodes() {
     assert_every_sample_once(&report, N, 1);
     assert!(report.restarts.is_empty(), "{:#?}", report.events);
 }
+
+/// The reinforcement-learning example (`examples/rl-ppo`: an actor all-reduce group, rollout
+/// engines, a reward model and a critic, real PyTorch) on the three nodes: its roles' processes
+/// spread over the nodes call each other by their nodes' addresses, and it learns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rl_example_learns_across_nodes() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let Some((python, sdk)) = torch_with_sdk() else {
+        eprintln!("SKIPPED: no Python with torch and the SDK's build requirements");
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("returns.jsonl");
+    let mut spec = common::rl::rl_spec(&python, &sdk, dir.path(), &log);
+    // A whole node's CPUs per actor rank: the ranks land on two nodes, the other roles where
+    // there is room.
+    let mut worker = spec.roles[&job_master::spec::Role::WORKER].clone();
+    worker.resources = Some(serde_norway::from_str("{ cpu: 3, memory: 1Gi }").unwrap());
+    spec.roles.insert(job_master::spec::Role::WORKER, worker);
+    spec.validate().unwrap();
+    let mut run = cluster.start(spec, dir.path()).await;
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(180),
+        "every role running",
+        |s| s.processes.len() == 6 && s.processes.iter().all(|p| p.state == "running"),
+    )
+    .await;
+    let nodes: BTreeSet<String> = s.processes.iter().map(|p| p.host.clone()).collect();
+    assert!(nodes.len() >= 2, "the roles span nodes: {nodes:?}");
+    let actor: BTreeSet<String> = hosts(&s, "worker").into_iter().collect();
+    assert_eq!(actor.len(), 2, "one actor rank per node: {actor:?}");
+    let report = run.report().await;
+    assert!(
+        report.succeeded(),
+        "{:?}\n{}\n{}",
+        report.reason,
+        run.last_events(30),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    common::rl::assert_learned_once_each(&common::rl::updates(&log));
+}

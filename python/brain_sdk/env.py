@@ -151,3 +151,37 @@ def read_secret(path: str) -> str:
     if len(text) != 64 or any(c not in "0123456789abcdefABCDEF" for c in text):
         raise BrainError(f"the job's secret {path}: not a token (64 hex digits)")
     return text
+
+
+def node_interface(ip: str) -> Optional[str]:
+    """The name of this node's network interface that holds IPv4 address `ip` (the address
+    the agent registered the process from), or None. torch's gloo binds to the address its
+    host name resolves to, which inside a container or network namespace is often 127.0.0.1:
+    set GLOO_SOCKET_IFNAME to this (as `gloo_on_node_address` does) so ranks on other nodes
+    reach it."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address on it
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None
+
+
+def gloo_on_node_address(env: Optional["ProcessEnv"] = None) -> Optional[str]:
+    """Makes torch's gloo use the interface of this process's node address (unless
+    GLOO_SOCKET_IFNAME is set already); returns the interface used."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return os.environ["GLOO_SOCKET_IFNAME"]
+    env = env or ProcessEnv.from_env()
+    name = node_interface(env.host)
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    return name

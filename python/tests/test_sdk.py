@@ -193,3 +193,11 @@ class Builder(unittest.TestCase):
             JobBuilder("x", kind="mpi")
         with self.assertRaisesRegex(BrainError, "give the program"):
             JobBuilder("x").role("a").run([])
+
+
+class NodeInterface(unittest.TestCase):
+    def test_the_interface_holding_an_address_is_found(self):
+        from brain_sdk.env import node_interface
+
+        self.assertEqual(node_interface("127.0.0.1"), "lo")
+        self.assertIsNone(node_interface("192.0.2.77"))  # TEST-NET-1: nobody's

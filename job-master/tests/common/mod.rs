@@ -3,6 +3,8 @@
 //! is left behind.
 #![allow(dead_code)]
 
+pub mod rl;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
