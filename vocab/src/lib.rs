@@ -4,9 +4,11 @@
 //!
 //! * [`ids`]: [`JobId`], [`WorkerType`].
 //! * [`units`]: [`Millicores`], [`Bytes`], and the Kubernetes-style quantities a spec writes.
-//! * [`role`]: [`JobKind`], [`Role`], [`SlotKey`] (`worker-3`).
-//! * [`spec`]: the job spec a user writes ([`JobSpec`]), its pure validation, and apart from it
-//!   the checks that touch the machine ([`spec::host`]).
+//! * [`role`]: [`JobKind`], [`Role`] (a role group's name: `worker`, `ps`, `rollout`, ...),
+//!   [`SlotKey`] (`worker-3`), role counts as command lines write them (`rollout=4`).
+//! * [`spec`]: the job spec a user writes ([`JobSpec`]): its role groups (the training group
+//!   `kind` names, service and single roles with their topology and failover level), its pure
+//!   validation, and apart from it the checks that touch the machine ([`spec::host`]).
 //! * [`plan`]: the versioned [`ScalePlan`] (per-role targets, migrations) the brain sends and a
 //!   job master carries out.
 //! * [`report`]: a job's phase and the report its master writes when it ends.

@@ -4,6 +4,8 @@
 //!   job master, joins the rendezvous, launches the training process with the torchrun
 //!   environment (and TF_CONFIG for ps jobs), forwards SIGTERM with a grace period, reports
 //!   exits and sends heartbeats carrying [`sampler`] readings (procfs; NVML when it loads).
+//!   A process of a service or single role (a role of the job's own beside its training
+//!   group) runs its role's command and env, started at once without a rendezvous.
 //! * [`workload`] is the training the agent launches when a job names no command: a
 //!   parameter server, a ps worker and a ring all-reduce worker, all real training of a sparse
 //!   CTR model on the generated data of `workload::ctr`.

@@ -1,9 +1,10 @@
 //! The job's state and every decision the master takes about it (pure: no I/O, no clock).
 //!
-//! [`JobContext`] is what is persisted: slots (one per process), the shard ledger, rendezvous,
-//! checkpoints, restart counts and the event log. Each method takes the time as `now_ms` and
-//! returns [`Effect`]s that the async shell ([`crate::master`]) carries out: launch or stop an
-//! agent through the platform, save a PS checkpoint, finish the job.
+//! [`JobContext`] is what is persisted: slots (one per process of the training group), the
+//! service role groups, the shard ledger, rendezvous, checkpoints, restart counts and the event
+//! log. Each method takes the time as `now_ms` and returns [`Effect`]s that the async shell
+//! ([`crate::master`]) carries out: launch or stop an agent through the platform, save a PS
+//! checkpoint, finish the job.
 //!
 //! Recovery rules:
 //! * ps job, a worker fails: only that worker restarts; its leased shard returns to the queue
@@ -12,6 +13,9 @@
 //!   broken, so every process restarts from the latest checkpoint and the ledger rolls back to
 //!   the data position that checkpoint recorded.
 //! * A slot that fails more than its role's `max_restarts` fails the job.
+//! * Service and single roles (the spec's roles outside the training group) are role groups of
+//!   their own ([`services`]): a failure restarts the process, its group or the whole job as
+//!   the role's failover level says; a plan resizes them at once, touching no other role.
 //!
 //! Scale plans (see [`crate::scale`]) are carried out one at a time by a [`Transition`]:
 //! * ps job, workers only: new workers start and join at once; a removed worker finishes its
