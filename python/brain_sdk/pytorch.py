@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from .env import gloo_on_node_address
 from .errors import BrainError
 
 
@@ -30,6 +31,12 @@ class TorchCollective:
     def form(self, rank: int, world_size: int, addr: str, port: int) -> None:
         if not port:
             raise BrainError("MASTER_PORT is not set: the agent gives it to every process")
+        # Ranks on other nodes reach this one at its node's address, not at what the host name
+        # resolves to (127.0.0.1 in a container or a network namespace).
+        try:
+            gloo_on_node_address()
+        except BrainError:
+            pass  # not under an agent (a unit test): gloo's own choice
         dist.init_process_group(
             self.backend,
             init_method=f"tcp://{addr}:{port}",
