@@ -30,15 +30,6 @@ use job_master::scale::ScalePlan;
 use job_master::spec::Role;
 use proto::jobmaster::v1 as pb;
 
-fn python() -> Option<String> {
-    let python = std::env::var("BRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(python)
-}
-
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch-ddp/train_plain.py")
 }
@@ -307,7 +298,7 @@ fn row(name: &str, v: &[f64]) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let Some(python) = python() else {
+    let Some(python) = common::torch_python("torch") else {
         test_support::skipped("no Python with torch (set BRAIN_TORCH_PYTHON)");
         return;
     };

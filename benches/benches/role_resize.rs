@@ -19,20 +19,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{master_client, start_master, stop_master};
 use proto::jobmaster::v1 as pb;
-
-fn python() -> Option<String> {
-    let python = std::env::var("BRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import torch, grpc"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(python)
-}
 
 fn now_s() -> f64 {
     SystemTime::now()
@@ -201,7 +191,7 @@ async fn one(python: &str, sdk: &Path, rescale: &str) -> Measured {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let Some(python) = python() else {
+    let Some(python) = common::torch_python("torch, grpc") else {
         eprintln!("role_resize: SKIPPED (no Python with torch and grpcio: set BRAIN_TORCH_PYTHON)");
         return;
     };

@@ -222,16 +222,8 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
     );
     assert_eq!(context(&run_dir), ctx);
 
-    let (mut second, addr) = spawn_master(&spec, &run_dir, true);
-    let status = tokio::task::spawn_blocking(move || second.wait(Duration::from_secs(300)))
-        .await
-        .unwrap();
-    assert!(
-        status.success(),
-        "the resumed job master exited with {status}"
-    );
-    let report: job_master::JobReport =
-        serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
+    let (second, addr) = spawn_master(&spec, &run_dir, true);
+    let report = finished_run(second, &run_dir).await;
     assert!(report.samples_per_epoch.values().all(|&s| s == N));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_recovered(

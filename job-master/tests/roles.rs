@@ -435,7 +435,7 @@ async fn a_killed_job_master_resumes_its_service_roles_at_their_planned_size() {
     assert_no_process_left(addr).await;
 
     let second_args = args(true);
-    let (mut second, addr) = spawn_run(
+    let (second, addr) = spawn_run(
         &spec_file,
         &second_args
             .iter()
@@ -450,15 +450,7 @@ async fn a_killed_job_master_resumes_its_service_roles_at_their_planned_size() {
             .all(|(_, (inc, _))| *inc >= 2),
         "{s:?}"
     );
-    let status = tokio::task::spawn_blocking(move || second.wait(Duration::from_secs(300)))
-        .await
-        .unwrap();
-    assert!(
-        status.success(),
-        "the resumed job master exited with {status}"
-    );
-    let report: job_master::JobReport =
-        serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
+    let report = finished_run(second, &run_dir).await;
     assert_each_sample_once(&report, N, 1);
     assert_no_process_left(addr).await;
 }

@@ -22,6 +22,17 @@ pub fn release_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// The Python to run PyTorch scripts with (`BRAIN_TORCH_PYTHON`, else `python3`), if it
+/// imports `modules` (e.g. "torch" or "torch, grpc").
+pub fn torch_python(modules: &str) -> Option<String> {
+    let python = std::env::var("BRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
 /// A client of the brain at `url` (`http://host:port`) that sends `token`, once the brain
 /// accepts connections.
 pub async fn brain_client(

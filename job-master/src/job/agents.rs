@@ -278,23 +278,31 @@ impl JobContext {
             effects.extend(self.ps_checkpoint_if_drained());
         }
         if relaunch_agent {
-            let slot = self.slots.get_mut(&key).expect("exists");
-            slot.phase = SlotPhase::Launching;
-            slot.placed = false;
-            slot.agent_id = 0;
-            slot.process_pid = 0;
-            // The new agent gets a full timeout to register.
-            slot.last_heartbeat_ms = now_ms;
-            effects.push(Effect::StopAgent {
-                key,
-                graceful: false,
-            });
-            effects.push(Effect::LaunchAgent {
-                key,
-                incarnation: slot.incarnation,
-            });
+            effects.extend(self.relaunch_agent(key, now_ms));
         }
         effects
+    }
+
+    /// The agent of `key` is gone: a new one is launched for the slot's current incarnation
+    /// (the old one stopped at once, in case it is only silent).
+    pub(super) fn relaunch_agent(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+        let slot = self.any_slot_mut(key).expect("exists");
+        slot.phase = SlotPhase::Launching;
+        slot.placed = false;
+        slot.agent_id = 0;
+        slot.process_pid = 0;
+        // The new agent gets a full timeout to register.
+        slot.last_heartbeat_ms = now_ms;
+        vec![
+            Effect::StopAgent {
+                key,
+                graceful: false,
+            },
+            Effect::LaunchAgent {
+                key,
+                incarnation: slot.incarnation,
+            },
+        ]
     }
 
     /// The role's `max_restarts` when `count` relaunches of `key`'s role are within it; else

@@ -231,27 +231,10 @@ impl JobContext {
 
     /// The agent of `key` is gone: a new one is launched for the slot's current incarnation.
     fn relaunch_service_agent(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
-        let Some(slot) = self.any_slot_mut(key) else {
-            return Vec::new();
-        };
-        if !slot.phase.is_live() {
+        if !self.any_slot(key).is_some_and(|s| s.phase.is_live()) {
             return Vec::new();
         }
-        slot.phase = SlotPhase::Launching;
-        slot.placed = false;
-        slot.agent_id = 0;
-        slot.process_pid = 0;
-        slot.last_heartbeat_ms = now_ms;
-        vec![
-            Effect::StopAgent {
-                key,
-                graceful: false,
-            },
-            Effect::LaunchAgent {
-                key,
-                incarnation: slot.incarnation,
-            },
-        ]
+        self.relaunch_agent(key, now_ms)
     }
 
     /// After the master restarted: every service process is launched anew.

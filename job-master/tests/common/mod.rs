@@ -397,6 +397,16 @@ pub async fn assert_no_process_left(addr: SocketAddr) {
     }
 }
 
+/// Waits for a `job-master run` process (`spawn_run`) to end, which must be a success, and
+/// reads the report it wrote in `run_dir`.
+pub async fn finished_run(mut master: test_support::Spawned, run_dir: &Path) -> JobReport {
+    let status = tokio::task::spawn_blocking(move || master.wait(Duration::from_secs(300)))
+        .await
+        .unwrap();
+    assert!(status.success(), "the job master exited with {status}");
+    serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap()
+}
+
 /// Reads the persisted job context.
 pub fn context(run_dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(run_dir.join("job-context.json")).unwrap()).unwrap()
