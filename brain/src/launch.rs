@@ -48,7 +48,7 @@ pub struct LauncherConfig {
     /// the job masters reach the brain over TLS].
     #[serde(default)]
     pub job_tls: Option<bool>,
-    /// How the jobs' `command:` processes are confined (`[launcher.sandbox]` run_as: the
+    /// How the jobs' processes are confined (`[launcher.sandbox]` run_as: the
     /// unprivileged user they run as, required when the brain runs as root; isolation:
     /// "bwrap" (the default) or "none"; read_only: their code and interpreters beyond the
     /// system and the working directory). The brain's data and runs directories are hidden
@@ -157,9 +157,10 @@ impl Launcher {
             .map_err(|e| BrainError::Internal(format!("the sandbox: {e}")))
     }
 
-    /// Why `command:` jobs cannot run here now, if they cannot: their sandbox is not available
-    /// (bubblewrap missing) or their user unknown.
-    pub fn command_jobs_refused(&self) -> Option<String> {
+    /// Why jobs cannot run here now, if they cannot: their sandbox is not available
+    /// (bubblewrap missing) or their user unknown. Every job's processes run in it, the
+    /// built-in workload's as a `command:`'s.
+    pub fn jobs_refused(&self) -> Option<String> {
         let s = &self.config.sandbox;
         if let Some(name) = &s.run_as
             && let Err(e) = run_as_user(name)
@@ -169,8 +170,8 @@ impl Launcher {
         (s.isolation == vocab::sandbox::Isolation::Bwrap
             && vocab::spec::host::resolve_program("bwrap").is_none())
         .then(|| {
-            "`command:` jobs run in a sandbox (bubblewrap), which is not installed on the \
-             brain's machine: install it (Debian: apt-get install bubblewrap), or set \
+            "jobs run in a sandbox (bubblewrap), which is not installed on the brain's \
+             machine: install it (Debian: apt-get install bubblewrap), or set \
              [launcher.sandbox] isolation = \"none\" on a cluster you trust"
                 .to_string()
         })
@@ -262,9 +263,14 @@ impl Launcher {
                 ]);
             }
         }
-        if self.config.job_tls.unwrap_or(self.config.tls.is_some()) {
-            cmd.push("--job-tls".into());
-        }
+        cmd.push(
+            if self.config.job_tls.unwrap_or(self.config.tls.is_some()) {
+                "--job-tls"
+            } else {
+                "--job-insecure"
+            }
+            .into(),
+        );
         cmd.extend(self.config.job_master_args.iter().map(Into::into));
         if let Some(agent) = &self.config.agent_bin {
             cmd.extend(["--agent-bin".into(), agent.into()]);
@@ -635,6 +641,7 @@ mod tests {
                 .any(|w| w.starts_with("--brain-ca") || w == "--job-tls")
         );
         assert!(plain.iter().any(|w| w == "--brain-insecure"));
+        assert!(plain.iter().any(|w| w == "--job-insecure"));
         let tls = LauncherConfig {
             tls: Some(auth::tls::ClientTls::in_dir(Path::new("/certs"))),
             ..Default::default()
@@ -649,5 +656,6 @@ mod tests {
             ..tls
         });
         assert!(!without.iter().any(|w| w == "--job-tls"));
+        assert!(without.iter().any(|w| w == "--job-insecure"));
     }
 }

@@ -614,3 +614,140 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
     wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
     brain.kill();
 }
+
+/// Jobs on the nodes run confined as they do on the brain's machine (issue 40, attack 5): the
+/// sandbox reaches the agents on the nodes in their environment. A `command:` job of three
+/// workers (one on each node) probes what it sees: the job's user, the brain's data hidden,
+/// its code read only, its own secret. A parameter-server job of the built-in workload runs
+/// there as the job's user too, without privileges, and trains to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_on_the_nodes_run_as_their_user_in_the_sandbox() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    if vocab::spec::host::resolve_program("bwrap").is_none() {
+        panic!("the Ray cluster's tests need bubblewrap (apt-get install bubblewrap)");
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (code, data) = (dir.path().join("code"), dir.path().join("data"));
+    let script = common::confined::write_probe(&code);
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(
+        data.join("policy.toml"),
+        format!(
+            "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 600\n\
+             [submissions]\ncommands = [{:?}]\n",
+            format!("/bin/sh {}", script.display())
+        ),
+    )
+    .unwrap();
+    let config = dir.path().join("brain.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "database = {:?}\n[launcher.sandbox]\nread_only = [{code:?}]\n",
+            data.join("brain.db")
+        ),
+    )
+    .unwrap();
+    let (_brain, addr) = brain_on(
+        &c,
+        &data,
+        "127.0.0.1:0",
+        &[
+            format!("--job-master-arg=--listen={}:0", c.host),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+        "brain.log",
+    );
+    let url = format!("http://{addr}");
+    let log = || std::fs::read_to_string(data.join("brain.log")).unwrap_or_default();
+
+    // The probe, one worker on each node.
+    let run = data.join("runs/probe");
+    let probe = dir.path().join("probe.yaml");
+    std::fs::write(
+        &probe,
+        format!(
+            "name: probe\nkind: allreduce\nroles:\n  worker: {{ replicas: 3, min: 3, max: 3, \
+             resources: {{ cpu: 3 }} }}\n\
+             workload:\n  command: [/bin/sh, {script:?}]\n  \
+             env: {{ DATA: {data:?}, CODE: {code:?}, RUN: {run:?} }}\n\
+             data: {{ num_samples: 30, shard_size: 10 }}\ncheckpoint: {{ dir: checkpoints }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, said) = brainctl(&["submit", probe.to_str().unwrap(), "--brain", &url, "--wait"]);
+    assert!(
+        ok,
+        "{said}\n{}\n{}",
+        log(),
+        master_events(run.to_str().unwrap())
+    );
+    let mut nodes = BTreeSet::new();
+    for i in 0..3 {
+        let report = std::fs::read_to_string(run.join(format!("checkpoints/probe-{i}.txt")))
+            .unwrap_or_else(|e| panic!("worker {i}: {e}\n{}", log()));
+        common::confined::assert_probe(&report, "probe");
+        nodes.extend(
+            report
+                .lines()
+                .filter_map(|l| l.strip_prefix("node="))
+                .map(String::from),
+        );
+    }
+    assert_eq!(
+        nodes,
+        c.nodes.iter().cloned().collect::<BTreeSet<_>>(),
+        "the probes ran on {nodes:?}"
+    );
+    assert!(!code.join("planted").exists());
+
+    // The built-in workload, seen from outside while it trains on the nodes.
+    let run = data.join("runs/builtin");
+    let builtin = dir.path().join("builtin.yaml");
+    std::fs::write(
+        &builtin,
+        "name: builtin\nkind: ps\nroles:\n  ps: { replicas: 1, min: 1, max: 1, resources: { cpu: 1 } }\n  \
+         worker: { replicas: 3, min: 3, max: 3, resources: { cpu: 3 } }\n\
+         workload:\n  builtin: { batch_size: 64, step_delay_us: 300 }\n\
+         data: { num_samples: 12000, shard_size: 500, eval_samples: 1000 }\n\
+         checkpoint: { dir: checkpoints, every_shards: 4 }\n",
+    )
+    .unwrap();
+    let (ok, said) = brainctl(&["submit", builtin.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{said}\n{}", log());
+    let mut seen = BTreeMap::new();
+    let start = Instant::now();
+    let r = loop {
+        common::confined::look_at_builtin(&run.join("checkpoints"), &data, &mut seen);
+        let r = common::jobs(&url)
+            .await
+            .and_then(|j| j.into_iter().find(|r| r.job_name == "builtin"))
+            .expect("the brain answers with the job");
+        if matches!(r.state.as_str(), "succeeded" | "failed" | "cancelled") {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "the job did not end: {r:#?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        r.state,
+        "succeeded",
+        "{r:#?}\n{}",
+        master_events(&r.run_dir)
+    );
+    let kinds: BTreeSet<&str> = seen.values().map(|s| s.what.as_str()).collect();
+    assert!(
+        kinds.contains("ps-server") && kinds.contains("ps-worker"),
+        "the job's processes were not all seen: {seen:?}"
+    );
+    common::confined::assert_confined(&seen);
+}

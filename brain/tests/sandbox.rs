@@ -25,23 +25,6 @@ fn have_bwrap() -> bool {
     false
 }
 
-/// What the job's process finds, one `what=how` per line.
-const PROBE: &str = r#"
-out="$BRAIN_CHECKPOINT_DIR/probe-$BRAIN_INDEX.txt"
-{
-  echo "uid=$(id -u)"
-  if [ -e "$DATA/brain.db" ] || [ -e "$DATA/operator.token" ] || [ -e "$DATA/tls" ]; then echo "data=visible"; else echo "data=hidden"; fi
-  echo "runs=$(ls "$DATA/runs" | tr '\n' ' ')"
-  echo "run=$(ls -A "$RUN" | tr '\n' ' ')"
-  if cat "$DATA/operator.token" >/dev/null 2>&1; then echo "operator_token=read"; else echo "operator_token=unreadable"; fi
-  if [ -e "$RUN/brain.token" ]; then echo "credential=visible"; else echo "credential=hidden"; fi
-  if echo x > "$CODE/planted" 2>/dev/null; then echo "code=writable"; else echo "code=read-only"; fi
-  if [ -s "$BRAIN_JOB_TOKEN_FILE" ] && [ -r "$BRAIN_JOB_TOKEN_FILE" ]; then echo "secret=own"; else echo "secret=missing"; fi
-  if echo x > "$BRAIN_CHECKPOINT_DIR/written"; then echo "checkpoints=writable"; fi
-  if [ -e /root/.bashrc ] || [ -e /home ]; then echo "home=visible"; else echo "home=hidden"; fi
-} > "$out"
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
     if !have_bwrap() {
@@ -50,16 +33,8 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let code = d.join("code");
-    std::fs::create_dir(&code).unwrap();
     let data = d.join("data");
-    let script = code.join("job.sh");
-    std::fs::write(&script, PROBE).unwrap();
-    // Code the job's user may read (the test's directory is root's).
-    for p in [d, code.as_path(), script.as_path()] {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = if p.is_dir() { 0o755 } else { 0o644 };
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
+    let script = common::confined::write_probe(&code);
     let allowed = format!("/bin/sh {}", script.display());
     std::fs::write(
         d.join("policy.toml"),
@@ -126,33 +101,7 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
     assert!(ok, "{said}\n{}", log(&run));
     let report = std::fs::read_to_string(run.join("checkpoints/probe-0.txt"))
         .unwrap_or_else(|e| panic!("{e}\n{}", log(&run)));
-    let uid = test_support::run_as()
-        .map(|u| {
-            nix::unistd::User::from_name(&u)
-                .unwrap()
-                .unwrap()
-                .uid
-                .to_string()
-        })
-        .unwrap_or_else(|| nix::unistd::geteuid().to_string());
-    for line in [
-        format!("uid={uid}"),
-        "data=hidden".into(),
-        // Of the runs directory only the way to its own checkpoints and secrets.
-        "runs=probe ".into(),
-        "run=checkpoints master ".into(),
-        "operator_token=unreadable".into(),
-        "credential=hidden".into(),
-        "code=read-only".into(),
-        "secret=own".into(),
-        "checkpoints=writable".into(),
-        "home=hidden".into(),
-    ] {
-        assert!(
-            report.lines().any(|l| l == line),
-            "{line} not in:\n{report}"
-        );
-    }
+    common::confined::assert_probe(&report, "probe");
     assert!(!code.join("planted").exists());
 }
 
@@ -199,4 +148,82 @@ fn a_root_brain_without_a_user_for_its_jobs_refuses_to_start() {
         assert!(err.contains(says), "{err}");
     }
     assert!(!dir.path().join("operator.token").exists());
+}
+
+/// The built-in workload (Brain's own code, no user code) runs confined too: as the job's
+/// user, without privileges, the brain's data out of its sight. A parameter-server job, whose
+/// servers write their checkpoint parts into directories the master makes, trains to the end
+/// that way.
+#[test]
+fn the_built_in_workload_runs_as_the_jobs_user_in_the_sandbox_too() {
+    if !have_bwrap() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("data");
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n",
+    )
+    .unwrap();
+    let (_b, addr) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--cpus", "4"])
+            .arg("--database")
+            .arg(data.join("brain.db"))
+            .arg("--runs-dir")
+            .arg(data.join("runs"))
+            .arg("--policy")
+            .arg(d.join("policy.toml"))
+            .arg("--job-master-bin")
+            .arg(common::bin_dir().join("job-master"))
+            .stderr(std::fs::File::create(d.join("brain.log")).unwrap());
+    });
+    let url = format!("http://{addr}");
+    let run = data.join("runs").join("builtin");
+    let spec = d.join("builtin.yaml");
+    std::fs::write(
+        &spec,
+        "name: builtin\nkind: ps\nroles:\n  ps: { replicas: 1, min: 1, max: 1 }\n  \
+         worker: { replicas: 2, min: 2, max: 2 }\n\
+         workload:\n  builtin: { batch_size: 64, step_delay_us: 300 }\n\
+         data: { num_samples: 12000, shard_size: 500, eval_samples: 1000 }\n\
+         checkpoint: { dir: checkpoints, every_shards: 4 }\n",
+    )
+    .unwrap();
+    let submit = {
+        let (spec, url) = (spec.clone(), url.clone());
+        std::thread::spawn(move || {
+            common::brainctl(&["submit", spec.to_str().unwrap(), "--brain", &url, "--wait"])
+        })
+    };
+    // Every process of the job, seen while they train.
+    let checkpoints = run.join("checkpoints");
+    let mut seen = std::collections::BTreeMap::new();
+    let start = std::time::Instant::now();
+    while !submit.is_finished() && start.elapsed() < std::time::Duration::from_secs(120) {
+        common::confined::look_at_builtin(&checkpoints, &data, &mut seen);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (ok, said) = submit.join().unwrap();
+    assert!(ok, "{said}\n{}", log(&run));
+    let kinds: std::collections::BTreeSet<&str> = seen.values().map(|s| s.what.as_str()).collect();
+    assert!(
+        kinds.contains("ps-server") && kinds.contains("ps-worker"),
+        "the job's processes were not all seen: {seen:?}\n{}",
+        log(&run)
+    );
+    common::confined::assert_confined(&seen);
+    let uid = common::confined::job_uid();
+    // The parameter server wrote its checkpoint parts as the job's user.
+    let parts: Vec<_> = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ckpt-"))
+        .collect();
+    assert!(!parts.is_empty(), "no parameter-server checkpoint");
+    for p in parts {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(p.metadata().unwrap().uid(), uid.as_raw(), "{:?}", p.path());
+    }
 }

@@ -106,25 +106,49 @@ impl Persister {
     }
 }
 
+/// The owner a master running as root gives what it makes in `dir` to: `dir`'s, when that is
+/// not root (a checkpoint directory belongs to the user the job's processes run as,
+/// `[launcher.sandbox] run_as`). None: keep the master's own.
+fn owner_for(dir: &Path) -> std::io::Result<Option<(nix::unistd::Uid, nix::unistd::Gid)>> {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let m = std::fs::metadata(dir)?;
+    Ok((m.uid() != 0).then(|| {
+        (
+            nix::unistd::Uid::from_raw(m.uid()),
+            nix::unistd::Gid::from_raw(m.gid()),
+        )
+    }))
+}
+
+/// Makes the directory `dir` inside an existing one for the job's processes to write in (a
+/// parameter server's checkpoint part): a master running as root gives it to the owner of the
+/// directory above, as [`write_atomic`] gives files.
+pub fn create_dir_for_processes(dir: &Path) -> std::io::Result<()> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    if let Some((uid, gid)) = owner_for(parent)? {
+        nix::unistd::chown(dir, Some(uid), Some(gid)).map_err(std::io::Error::from)?;
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` atomically and durably (temp file, fsync, rename, fsync dir). A
 /// master running as root gives the file to the directory's owner: a checkpoint directory
 /// belongs to the user the job's processes run as (`[launcher.sandbox] run_as`), who must read
 /// the manifests written there.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    if nix::unistd::geteuid().is_root() {
-        let owner = std::fs::metadata(dir)?;
-        if owner.uid() != 0 {
-            nix::unistd::fchown(
-                tmp.as_file(),
-                Some(nix::unistd::Uid::from_raw(owner.uid())),
-                Some(nix::unistd::Gid::from_raw(owner.gid())),
-            )
-            .map_err(std::io::Error::from)?;
-        }
+    if let Some((uid, gid)) = owner_for(dir)? {
+        nix::unistd::fchown(tmp.as_file(), Some(uid), Some(gid)).map_err(std::io::Error::from)?;
     }
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;

@@ -4,7 +4,9 @@
 //! (the keys a reshard moves), and the allreduce ring. A PS job resharded 1 -> 2 and an
 //! allreduce job run to the end exactly once over it; a client with the job's secret but no
 //! TLS, or with another job's certificate, is refused by the master and by a PS. The Python
-//! SDK's calls go over it too (a PyTorch DDP script; skipped without torch).
+//! SDK's calls go over it too (a PyTorch DDP script; skipped without torch). A job master run
+//! by hand speaks it unless told `--job-insecure`, and `job-master status --run-dir` finds
+//! the master, the secret and the TLS in the run directory.
 
 mod common;
 
@@ -115,6 +117,54 @@ async fn a_ps_job_resharded_over_the_jobs_tls_trains_each_sample_once_and_refuse
         "{r:?}"
     );
     assert_no_process_left(addr).await;
+}
+
+/// Tokens go to no impostor inside a job run by hand either (issue 40, attack 4): `job-master
+/// run` with no flag makes the job's TLS, and a client that speaks plain text with the job's
+/// secret gets no answer; `--job-insecure` is plain text, as it says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_master_run_by_hand_speaks_the_jobs_tls_unless_told_otherwise() {
+    for insecure in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("job.yaml");
+        std::fs::write(
+            &spec,
+            builtin_yaml(dir.path(), "by-hand", "ps", 1, 2, 30_000, 1, 300, 4),
+        )
+        .unwrap();
+        let run_dir = dir.path().join("run");
+        let mut args: Vec<&std::ffi::OsStr> = vec!["--run-dir".as_ref(), run_dir.as_os_str()];
+        if insecure {
+            args.push("--job-insecure".as_ref());
+        }
+        let (master, addr) = spawn_run(&spec, &args);
+        let token = wait_secret(addr).await;
+        let tls_dir = run_dir.join(job_master::master::JOB_TLS_DIR);
+        assert_eq!(tls_dir.is_dir(), !insecure);
+        let plain = answered(&addr.to_string(), &token, None, false).await;
+        assert_eq!(plain, insecure, "plain text answered: {plain}");
+        if !insecure {
+            let tls = auth::tls::JobTls::load(&tls_dir).unwrap();
+            assert!(answered(&addr.to_string(), &token, Some(&tls), false).await);
+        }
+        // The operator's view from the run directory alone.
+        let mut status = std::process::Command::new(job_master_bin());
+        status.arg("status").arg("--run-dir").arg(&run_dir);
+        if insecure {
+            status.arg("--insecure");
+        }
+        let out = status.output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("ps-0") && said.contains("worker-1"),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = finished_run(master, &run_dir).await;
+        assert!(report.succeeded(), "{:?}", report.reason);
+        assert_eq!(report.exactly_once, "ok");
+        assert_ps_applied_each_sample_once(&report, 30_000, 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

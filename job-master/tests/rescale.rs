@@ -260,12 +260,13 @@ async fn rejected_plans_leave_the_job_untouched() {
     assert_eq!(report.transitions.len(), 1);
 }
 
-/// `job-master scale` sends a plan by hand and follows it.
+/// `job-master scale` sends a plan by hand and follows it, finding the master, the job's
+/// secret and its TLS from the run directory alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scale_command_sends_a_plan_and_waits_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let spec = builtin_spec(dir.path(), "cli-scale", "ps", 1, 2, 30_000, 1, 60, 0);
-    let mut run = start(spec, dir.path()).await;
+    let mut run = start_tls(spec, dir.path()).await;
     let addr = run.addr;
     shards_at_least(addr, 2).await;
     // Without the job's secret: refused before anything is sent.
@@ -277,18 +278,20 @@ async fn the_scale_command_sends_a_plan_and_waits_for_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--token-file"));
+    // Plain text to a master of a job with TLS: no answer, nothing sent in the clear.
     let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
     let out = tokio::process::Command::new(job_master_bin())
-        .args([
-            "scale",
-            "--job",
-            &addr.to_string(),
-            "--workers",
-            "3",
-            "--wait",
-        ])
+        .args(["scale", "--job", &addr.to_string(), "--workers", "3"])
         .arg("--token-file")
         .arg(&secret)
+        .arg("--insecure")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--workers", "3", "--wait", "--run-dir"])
+        .arg(&run.run_dir)
         .output()
         .await
         .unwrap();

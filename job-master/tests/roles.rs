@@ -109,6 +109,7 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
         .arg("--wait")
         .arg("--token-file")
         .arg(&secret)
+        .arg("--insecure")
         .output()
         .await
         .unwrap();
@@ -134,6 +135,7 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
         .args(["scale", "--job", &addr.to_string(), "--role", "critic=1"])
         .arg("--token-file")
         .arg(&secret)
+        .arg("--insecure")
         .output()
         .await
         .unwrap();

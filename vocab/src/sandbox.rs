@@ -1,5 +1,5 @@
-//! How a job's `command:` processes are confined when the brain runs them: as which user, and
-//! in which sandbox. The brain's operator sets it (`[launcher.sandbox]`); the brain hands it to
+//! How a job's processes (its `command:`, or the built-in workload) are confined when the brain
+//! runs them: as which user, and in which sandbox. The brain's operator sets it (`[launcher.sandbox]`); the brain hands it to
 //! the job masters it starts in [`SANDBOX_ENV`], and they to their agents, which start each
 //! process as [`Sandbox::run_as`] inside bubblewrap, seeing the system and the job's code read
 //! only, its checkpoint directory writable, its own copy of the job's secret, a private `/tmp`,
@@ -28,7 +28,7 @@ pub enum Isolation {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Sandbox {
-    /// The unprivileged user `command:` processes run as. Required when the brain runs as
+    /// The unprivileged user a job's processes run as. Required when the brain runs as
     /// root; without it (a brain that is not root) they run as the brain's user, sandboxed.
     #[serde(default)]
     pub run_as: Option<String>,

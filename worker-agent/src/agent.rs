@@ -37,7 +37,7 @@ pub struct AgentArgs {
     /// The job's TLS directory when the job runs with TLS (its path goes to the process in
     /// [`auth::tls::JOB_TLS_ENV`]).
     pub tls_dir: Option<std::path::PathBuf>,
-    /// How a `command:` process is confined ([`crate::sandbox`]); none: as this agent's user.
+    /// How the job's processes are confined ([`crate::sandbox`]); none: as this agent's user.
     pub sandbox: Option<vocab::sandbox::Sandbox>,
 }
 
@@ -109,9 +109,10 @@ fn own_role(reg: &pb::RegisterAgentResponse) -> bool {
     matches!(reg.topology.as_str(), "service" | "single")
 }
 
-/// Whether the training process runs confined (a `command:` with a sandbox).
-fn confined(args: &AgentArgs, reg: &pb::RegisterAgentResponse) -> bool {
-    args.sandbox.is_some() && !reg.command.is_empty()
+/// Whether the training process runs confined: every process does where a sandbox is set
+/// (a `command:` and the built-in workload alike).
+fn confined(args: &AgentArgs) -> bool {
+    args.sandbox.is_some()
 }
 
 /// Stops a training process: SIGTERM, up to `grace`, then SIGKILL. Says why when it had to
@@ -264,20 +265,37 @@ fn spawn(
     let mut user = None;
     let mut umask = None;
     let mut overrides = Vec::new();
-    let mut cmd = if reg.command.is_empty() {
-        let exe = std::env::current_exe().map_err(|e| Error::Spawn {
-            program: "worker-agent".into(),
-            source: e,
-        })?;
-        let mut c = Command::new(exe);
+    let program = reg
+        .command
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "built-in workload".into());
+    let spawn_err = |source| Error::Spawn {
+        program: program.clone(),
+        source,
+    };
+    // The built-in workload is this program, started again: confined like any command, with
+    // the program itself in the sandbox's view.
+    let mut sandbox = args.sandbox.clone();
+    let command = if reg.command.is_empty() {
+        let exe = std::env::current_exe().map_err(spawn_err)?;
         let what = match (kind, args.role) {
             ("ps", vocab::Role::PS) => "ps-server",
             ("ps", _) => "ps-worker",
             _ => "allreduce-worker",
         };
-        c.arg("workload").arg(what);
-        c
-    } else if let Some(sandbox) = &args.sandbox {
+        if let Some(s) = &mut sandbox {
+            s.read_only.push(exe.clone());
+        }
+        vec![
+            exe.to_string_lossy().into_owned(),
+            "workload".into(),
+            what.into(),
+        ]
+    } else {
+        reg.command.clone()
+    };
+    let mut cmd = if let Some(sandbox) = &sandbox {
         let slot = format!("{}-{}", args.role, args.index);
         let start = crate::sandbox::prepare(
             sandbox,
@@ -285,12 +303,9 @@ fn spawn(
             &args.token_file,
             args.tls_dir.as_deref(),
             std::path::Path::new(&reg.checkpoint_dir),
-            &reg.command,
+            &command,
         )
-        .map_err(|e| Error::Spawn {
-            program: reg.command[0].clone(),
-            source: e,
-        })?;
+        .map_err(spawn_err)?;
         let mut c = Command::new(&start.program);
         c.args(&start.args);
         user = start.user;
@@ -300,8 +315,8 @@ fn spawn(
         umask = Some(0o022);
         c
     } else {
-        let mut c = Command::new(&reg.command[0]);
-        c.args(&reg.command[1..]);
+        let mut c = Command::new(&command[0]);
+        c.args(&command[1..]);
         c
     };
     cmd.envs(env)
@@ -326,12 +341,7 @@ fn spawn(
             Ok(())
         });
     }
-    let program = reg
-        .command
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "built-in workload".into());
-    cmd.spawn().map_err(|e| Error::Spawn { program, source: e })
+    cmd.spawn().map_err(spawn_err)
 }
 
 fn exit_parts(status: std::process::ExitStatus) -> (i32, i32) {
@@ -518,7 +528,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             "training process started"
                         );
                         let sampler = ProcSampler::new(pid);
-                        let sampler = if confined(&args, &reg) {
+                        let sampler = if confined(&args) {
                             sampler.with_descendants()
                         } else {
                             sampler
@@ -588,7 +598,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             pb::AgentAction::Restart => {
                                 if let Some((mut c, _)) = child.take() {
                                     tracing::info!(from = incarnation, to = r.incarnation, "restarting the training process");
-                                    if let Some(why) = stop(&mut c, grace, confined(&args, &reg)).await {
+                                    if let Some(why) = stop(&mut c, grace, confined(&args)).await {
                                         tracing::warn!(incarnation, "{why}");
                                         // The master records it against the replaced incarnation.
                                         let exit = exit_of(me(incarnation), -1, 9, why);
@@ -608,7 +618,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                             }
                             pb::AgentAction::Shutdown => {
                                 if let Some((mut c, _)) = child.take() {
-                                    let _ = stop(&mut c, grace, confined(&args, &reg)).await;
+                                    let _ = stop(&mut c, grace, confined(&args)).await;
                                 }
                                 tracing::info!("the job master says the job is over");
                                 return Ok(0);
@@ -620,7 +630,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                         tracing::warn!("heartbeat failed: {status}");
                         if last_ok.elapsed() > args.master_timeout {
                             if let Some((mut c, _)) = child.take() {
-                                stop(&mut c, grace, confined(&args, &reg)).await;
+                                stop(&mut c, grace, confined(&args)).await;
                             }
                             return Err(Error::Master { addr: args.master.clone(), problem: format!("no answer for {:?}", args.master_timeout) });
                         }
@@ -630,7 +640,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             _ = tokio::time::sleep(Duration::from_millis(100)), if need_join => {}
             _ = &mut shutdown => {
                 if let Some((mut c, _)) = child.take() {
-                    stop(&mut c, grace, confined(&args, &reg)).await;
+                    stop(&mut c, grace, confined(&args)).await;
                 }
                 return Ok(0);
             }

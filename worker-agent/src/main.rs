@@ -68,8 +68,8 @@ enum Command {
         /// and ring peers then speak mutual TLS with the job's certificate. The platform sets it.
         #[arg(long, env = auth::tls::JOB_TLS_ENV)]
         tls_dir: Option<std::path::PathBuf>,
-        /// How `command:` processes are confined (JSON, `vocab::sandbox::Sandbox`): the user
-        /// they run as and bubblewrap's view. A brain's job masters set it; none: they run as
+        /// How the job's processes (a `command:` or the built-in workload) are confined (JSON,
+        /// `vocab::sandbox::Sandbox`): the user they run as and bubblewrap's view. A brain's job masters set it; none: they run as
         /// this agent's user, unconfined (a job master run by hand).
         #[arg(long, env = vocab::sandbox::SANDBOX_ENV, value_parser = parse_sandbox)]
         sandbox: Option<vocab::sandbox::Sandbox>,

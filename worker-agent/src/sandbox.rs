@@ -1,12 +1,13 @@
-//! Starting a `command:` process confined ([`vocab::sandbox::Sandbox`]): as the unprivileged
-//! user the brain's operator named, inside bubblewrap. Before each start the agent gives the
-//! process its own copies of the job's secret and TLS files (owned by that user: a secret must
-//! be its reader's), makes the checkpoint directory that user's, and builds bubblewrap's view
-//! (the system and the job's code read only, the brain's data hidden, the checkpoint directory
-//! writable). bubblewrap builds the sandbox as the agent's user (root, when there is a user to
-//! run as: only it reaches the job's directories), and the command drops to the job's user
-//! inside it (`setpriv`: no groups, no capabilities, no new privileges); without a sandbox the
-//! user is switched between fork and exec.
+//! Starting a job's process confined ([`vocab::sandbox::Sandbox`]): a `command:` or the
+//! built-in workload, as the unprivileged user the brain's operator named, inside bubblewrap.
+//! Before each start the agent gives the process its own copies of the job's secret and TLS
+//! files (owned by that user: a secret must be its reader's), makes the checkpoint directory
+//! that user's, and builds bubblewrap's view (the system and the job's code read only, the
+//! brain's data hidden, the checkpoint directory writable). bubblewrap builds the sandbox as
+//! the agent's user (root, when there is a user to run as: only it reaches the job's
+//! directories), and the command drops to the job's user inside it (`setpriv`: no groups, no
+//! capabilities, no new privileges); without a sandbox the user is switched between fork and
+//! exec.
 //!
 //! bubblewrap stays the agent's child and the command its descendant: [`process_tree`] finds
 //! the command (what a SIGTERM must reach, so that it can checkpoint) and what to sample.
@@ -126,7 +127,7 @@ pub fn prepare(
     // The user's home is not in the sandbox: a writable one that is.
     env.push(("HOME".into(), "/tmp".into()));
     let bwrap = bwrap().ok_or_else(|| {
-        io_err("bubblewrap (bwrap) is not installed: `command:` processes run in it")
+        io_err("bubblewrap (bwrap) is not installed: a job's processes run in it")
     })?;
     let cwd = std::env::current_dir()?;
     let (links, dirs) = system_entries();

@@ -85,9 +85,10 @@ struct Cli {
     /// the brain from an impostor. For a network you trust only [config: insecure].
     #[arg(long)]
     insecure: bool,
-    /// The unprivileged user the jobs' `command:` processes run as, in a bubblewrap sandbox
-    /// that shows them only the system, their code and working directory (read only) and
-    /// their checkpoint directory; required when the brain runs as root
+    /// The unprivileged user the jobs' processes run as (a `command:` and the built-in
+    /// workload alike), in a bubblewrap sandbox that shows them only the system, their code
+    /// and working directory (read only) and their checkpoint directory; required when the
+    /// brain runs as root
     /// [config: launcher.sandbox.run_as].
     #[arg(long, env = "BRAIN_RUN_AS")]
     run_as: Option<String>,

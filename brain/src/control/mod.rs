@@ -252,12 +252,8 @@ impl Control {
                     .map_err(BrainError::InvalidArgument)
             })
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
-        if let Some((path, _)) = spec.commands().first()
-            && let Some(why) = self.launcher.command_jobs_refused()
-        {
-            return Err(BrainError::FailedPrecondition(format!(
-                "{origin}: {path}: {why}"
-            )));
+        if let Some(why) = self.launcher.jobs_refused() {
+            return Err(BrainError::FailedPrecondition(format!("{origin}: {why}")));
         }
         let name = spec.name.clone();
         let taken = self.with_store(move |s| s.job_by_name(&name)).await?;

@@ -75,6 +75,10 @@ pub struct MasterConfig {
 /// Where a job master keeps the job's TLS files, in its run directory.
 pub const JOB_TLS_DIR: &str = auth::tls::JOB_DIR;
 
+/// The file in the run directory that holds the address the master serves on (as agents reach
+/// it), written once the job is started or resumed: `job-master status --run-dir` reads it.
+pub const ADDRESS_FILE: &str = "master.addr";
+
 /// The address agents reach the master by: the listener's, with its IP replaced by `advertise`.
 /// A listener on every interface (0.0.0.0) needs `advertise`: its own address reaches nothing.
 fn advertised(listener: &TcpListener, advertise: Option<IpAddr>) -> Result<SocketAddr, Error> {
@@ -199,6 +203,13 @@ pub async fn run(
     let creds = auth::JobCreds { token, tls };
     let checkpoint_token = mark_shared(&spec.checkpoint.dir)?;
     let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
+    let addr_file = run_dir.join(ADDRESS_FILE);
+    crate::persist::write_atomic(&addr_file, format!("{addr}\n").as_bytes()).map_err(|e| {
+        Error::Io {
+            path: addr_file,
+            source: e,
+        }
+    })?;
     let job = Arc::new(Mutex::new(ctx));
     let persister = Persister::new(&run_dir);
     tokio::spawn(persister.clone().run(job.clone()));

@@ -30,7 +30,7 @@ pub(super) async fn save_ps(
     kind: String,
     creds: &auth::JobCreds,
 ) -> Result<PathBuf, Error> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+    crate::persist::create_dir_for_processes(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         source,
     })?;

@@ -57,7 +57,9 @@ pub async fn wait_secret(addr: SocketAddr) -> auth::Token {
 }
 
 /// `job-master run` with `args` after the spec (which name its `--run-dir`), on
-/// `127.0.0.1:0`: returns the process (killed when dropped) and the address it printed.
+/// `127.0.0.1:0`: returns the process (killed when dropped) and the address it printed. The
+/// helpers' clients speak the job's TLS with it, as any client must (unless `args` say
+/// `--job-insecure`).
 pub fn spawn_run(spec: &Path, args: &[&std::ffi::OsStr]) -> (test_support::Spawned, SocketAddr) {
     let run_dir = args
         .iter()
@@ -74,6 +76,13 @@ pub fn spawn_run(spec: &Path, args: &[&std::ffi::OsStr]) -> (test_support::Spawn
         test_support::spawn_announcing(&mut cmd, "job master on ", Duration::from_secs(60));
     let addr: SocketAddr = addr.parse().expect("an address");
     secret_at(addr, run_dir.join(auth::JOB_TOKEN_FILE));
+    // The job's TLS, made before the master announces itself, unless run --job-insecure.
+    if !args.iter().any(|a| *a == "--job-insecure") {
+        TLS_DIRS
+            .lock()
+            .unwrap()
+            .insert(addr, run_dir.join(job_master::master::JOB_TLS_DIR));
+    }
     (child, addr)
 }
 

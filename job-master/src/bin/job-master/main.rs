@@ -36,25 +36,91 @@ enum Command {
     Validate { spec: PathBuf },
     /// Show a running job: phase, progress, and every process with its pid and resources.
     Status {
-        /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319.
-        #[arg(long, env = "BRAIN_JOB_MASTER")]
-        master: String,
         #[command(flatten)]
-        secret: JobSecret,
+        master: MasterArgs,
     },
 }
 
-/// The job's secret, which every call to its master carries.
+/// Which running job master to call, and the job's secret (and TLS) every call carries: from
+/// its run directory, or each given.
 #[derive(clap::Args)]
-pub struct JobSecret {
-    /// The job's secret file: `job.token` in the job master's run directory, as `job-master
-    /// run` printed it (owner-only; the master refuses calls without it).
+pub struct MasterArgs {
+    /// The job's run directory (`job-master run`'s --run-dir, runs/<job name> by default):
+    /// the master's address, the job's secret and its TLS are read from it.
+    #[arg(long, env = "BRAIN_JOB_RUN_DIR")]
+    run_dir: Option<PathBuf>,
+    /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319
+    /// [default: master.addr in --run-dir].
+    #[arg(long, alias = "job", env = "BRAIN_JOB_MASTER")]
+    master: Option<String>,
+    /// The job's secret file (owner-only; the master refuses calls without it) [default:
+    /// job.token in --run-dir].
     #[arg(long = "token-file", env = "BRAIN_JOB_TOKEN_FILE")]
-    token_file: PathBuf,
-    /// The job's TLS directory (`tls/` in the run directory), for a master run with
-    /// --job-tls: it takes no call without the job's certificate.
+    token_file: Option<PathBuf>,
+    /// The job's TLS directory, which proves the master is the job's and this client one of
+    /// the job's [default: tls/ beside the secret file].
     #[arg(long = "tls-dir", env = "BRAIN_JOB_TLS_DIR")]
     tls_dir: Option<PathBuf>,
+    /// Plain text, the master not checked: for a master run with --job-insecure (overrides
+    /// --tls-dir).
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl MasterArgs {
+    /// The master's address and the job's credentials.
+    fn resolve(&self) -> anyhow::Result<(String, auth::JobCreds)> {
+        let from_run_dir = |file: &str| self.run_dir.as_ref().map(|d| d.join(file));
+        let master = match (&self.master, from_run_dir(job_master::master::ADDRESS_FILE)) {
+            (Some(m), _) => m.clone(),
+            (None, Some(f)) => std::fs::read_to_string(&f)
+                .with_context(|| {
+                    format!(
+                        "--run-dir: the master's address ({}); is the job running there?",
+                        f.display()
+                    )
+                })?
+                .trim()
+                .to_string(),
+            (None, None) => anyhow::bail!(
+                "which job master? give --run-dir DIR (the job's run directory), or --master \
+                 ADDR with --token-file FILE"
+            ),
+        };
+        let token_file = self
+            .token_file
+            .clone()
+            .or_else(|| from_run_dir(auth::JOB_TOKEN_FILE))
+            .context("--token-file: the job's secret file (job.token in its run directory)")?;
+        let tls_dir = match (&self.tls_dir, self.insecure) {
+            (_, true) => None,
+            (Some(d), false) => Some(d.clone()),
+            (None, false) => {
+                let beside = token_file
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join(job_master::master::JOB_TLS_DIR);
+                if !beside.is_dir() {
+                    anyhow::bail!(
+                        "no TLS directory beside {} ({} does not exist): give --tls-dir, or \
+                         --insecure for a master run with --job-insecure",
+                        token_file.display(),
+                        beside.display()
+                    );
+                }
+                Some(beside)
+            }
+        };
+        let creds = auth::JobCreds {
+            token: auth::read_secret(&token_file).context("--token-file")?,
+            tls: tls_dir
+                .as_deref()
+                .map(auth::tls::JobTls::load)
+                .transpose()
+                .context("--tls-dir")?,
+        };
+        Ok((master, creds))
+    }
 }
 
 #[tokio::main]
@@ -73,7 +139,7 @@ async fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(args).await,
         Command::Scale(args) => scale::scale(args).await,
         Command::Validate { spec } => validate(&spec),
-        Command::Status { master, secret } => status::status(&master, &secret).await,
+        Command::Status { master } => status::status(&master).await,
     };
     match result {
         Ok(code) => code,
@@ -117,17 +183,10 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 
 type Client = pb::job_master_client::JobMasterClient<auth::Channel>;
 
-async fn client(master: &str, secret: &JobSecret) -> anyhow::Result<Client> {
-    let creds = auth::JobCreds {
-        token: auth::read_secret(&secret.token_file).context("--token-file")?,
-        tls: secret
-            .tls_dir
-            .as_deref()
-            .map(auth::tls::JobTls::load)
-            .transpose()
-            .context("--tls-dir")?,
-    };
-    connect(master, &creds).await
+/// A client of the master `args` name, with the job's credentials.
+async fn client(args: &MasterArgs) -> anyhow::Result<Client> {
+    let (master, creds) = args.resolve()?;
+    connect(&master, &creds).await
 }
 
 async fn connect(master: &str, creds: &auth::JobCreds) -> anyhow::Result<Client> {

@@ -105,13 +105,18 @@ pub struct RunArgs {
     /// the first start].
     #[arg(long)]
     job_token_file: Option<PathBuf>,
-    /// Mutual TLS inside the job: every link between this master and the job's agents,
-    /// training processes and parameter servers, and between those (the allreduce ring too),
-    /// with a CA and a certificate of the job's own, made at the first start in tls/ of the
-    /// run directory (which Ray's nodes must share, as the secret beside it). The brain asks
-    /// for it when it runs with --tls-dir.
-    #[arg(long)]
+    /// Mutual TLS inside the job, the default: every link between this master and the job's
+    /// agents, training processes and parameter servers, and between those (the allreduce
+    /// ring too), with a CA and a certificate of the job's own, made at the first start in
+    /// tls/ of the run directory (which Ray's nodes must share, as the secret beside it).
+    /// Kept for the command lines that name it.
+    #[arg(long, hide = true, conflicts_with = "job_insecure")]
     job_tls: bool,
+    /// Plain text inside the job: no process can tell its master or its peers from an
+    /// impostor on their port, and the job's secret goes to whoever listens there. On a
+    /// machine and network you trust only.
+    #[arg(long)]
+    job_insecure: bool,
 }
 
 /// The brain token: the file named, or the operator token in its default place where it exists.
@@ -273,8 +278,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         brain_insecure,
         brain_cert,
         brain_key,
-        job_tls,
+        job_tls: _,
+        job_insecure,
     } = args;
+    let job_tls = !job_insecure;
     let spec = job_master::spec::load(&spec)?;
     // A token goes only to a server that proved it is the brain.
     let brain_ca = match (&brain, brain_ca, brain_insecure) {
@@ -332,9 +339,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         tls: job_tls
             .then(|| auth::tls::JobTls::make_or_load(&tls_dir))
             .transpose()
-            .with_context(|| {
-                format!("--job-tls: the job's certificates in {}", tls_dir.display())
-            })?,
+            .with_context(|| format!("the job's certificates in {}", tls_dir.display()))?,
     };
     let config = MasterConfig {
         spec,

@@ -6,13 +6,10 @@ use anyhow::Context;
 use proto::jobmaster::v1 as pb;
 
 use crate::status::summary_line;
-use crate::{JobSecret, client};
+use crate::{MasterArgs, client};
 
 #[derive(clap::Args)]
 pub struct ScaleArgs {
-    /// The job master's address as `job-master run` printed it, e.g. 127.0.0.1:40319.
-    #[arg(long, alias = "job", env = "BRAIN_JOB_MASTER")]
-    master: String,
     /// Target number of workers.
     #[arg(long)]
     workers: Option<u32>,
@@ -43,12 +40,11 @@ pub struct ScaleArgs {
     #[arg(long)]
     wait: bool,
     #[command(flatten)]
-    secret: JobSecret,
+    master: MasterArgs,
 }
 
 pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
     let ScaleArgs {
-        master,
         workers,
         ps,
         roles,
@@ -58,9 +54,9 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
         reason,
         version,
         wait,
-        secret,
+        master,
     } = args;
-    let mut c = client(&master, &secret).await?;
+    let mut c = client(&master).await?;
     let before = c.get_status(pb::StatusRequest {}).await?.into_inner();
     let mut plan = pb::ScalePlan {
         version: version.unwrap_or(before.desired_plan_version + 1),

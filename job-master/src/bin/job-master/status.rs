@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use proto::jobmaster::v1 as pb;
 
-use crate::{JobSecret, client};
+use crate::{MasterArgs, client};
 
-pub async fn status(master: &str, secret: &JobSecret) -> anyhow::Result<std::process::ExitCode> {
-    let mut c = client(master, secret).await?;
+pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCode> {
+    let mut c = client(master).await?;
     let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
     println!("{}", summary_line(&s));
     println!(
@@ -15,7 +15,6 @@ pub async fn status(master: &str, secret: &JobSecret) -> anyhow::Result<std::pro
         "process", "incarnation", "state", "host", "pid", "cpu (m)", "rss (MiB)", "gpu"
     );
     for p in &s.processes {
-        let role = if p.role == "ps" { "ps" } else { "worker" };
         let (cpu, rss, gpu) = p
             .sample
             .as_ref()
@@ -50,7 +49,7 @@ pub async fn status(master: &str, secret: &JobSecret) -> anyhow::Result<std::pro
         );
         println!(
             "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5}  {given}",
-            format!("{role}-{}", p.index),
+            format!("{}-{}", p.role, p.index),
             p.incarnation,
             p.state,
             if p.host.is_empty() { "-" } else { &p.host },
