@@ -610,6 +610,7 @@ mod tests {
                 "--brain-token-file",
                 "/runs/j/brain.token",
                 "--brain-insecure",
+                "--job-insecure",
                 "--resume"
             ]
         );
