@@ -53,20 +53,12 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         ),
     )
     .unwrap();
-    let (_b, addr) = common::spawn_brain(|cmd| {
-        cmd.arg("--config")
-            .arg(d.join("brain.toml"))
-            .args(["--listen", "127.0.0.1:0", "--cpus", "2"])
-            .arg("--database")
-            .arg(data.join("brain.db"))
-            .arg("--runs-dir")
-            .arg(data.join("runs"))
-            .arg("--policy")
-            .arg(d.join("policy.toml"))
-            .arg("--job-master-bin")
-            .arg(common::bin_dir().join("job-master"))
-            .stderr(std::fs::File::create(d.join("brain.log")).unwrap());
-    });
+    let (_b, addr) = brain_in(
+        d,
+        &data,
+        "2",
+        &["--config", d.join("brain.toml").to_str().unwrap()],
+    );
     let url = format!("http://{addr}");
     let run = data.join("runs").join("probe");
     let spec = |name: &str, command: &str| {
@@ -103,6 +95,24 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         .unwrap_or_else(|e| panic!("{e}\n{}", log(&run)));
     common::confined::assert_probe(&report, "probe");
     assert!(!code.join("planted").exists());
+}
+
+/// A brain of `cpus` CPUs with its policy and log in `d`, its store and runs in `data`, and
+/// `extra` arguments.
+fn brain_in(d: &Path, data: &Path, cpus: &str, extra: &[&str]) -> (common::Brain, String) {
+    common::spawn_brain(|cmd| {
+        cmd.args(extra)
+            .args(["--listen", "127.0.0.1:0", "--cpus", cpus])
+            .arg("--database")
+            .arg(data.join("brain.db"))
+            .arg("--runs-dir")
+            .arg(data.join("runs"))
+            .arg("--policy")
+            .arg(d.join("policy.toml"))
+            .arg("--job-master-bin")
+            .arg(common::bin_dir().join("job-master"))
+            .stderr(std::fs::File::create(d.join("brain.log")).unwrap());
+    })
 }
 
 fn log(run: &Path) -> String {
@@ -167,18 +177,7 @@ fn the_built_in_workload_runs_as_the_jobs_user_in_the_sandbox_too() {
         "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n",
     )
     .unwrap();
-    let (_b, addr) = common::spawn_brain(|cmd| {
-        cmd.args(["--listen", "127.0.0.1:0", "--cpus", "4"])
-            .arg("--database")
-            .arg(data.join("brain.db"))
-            .arg("--runs-dir")
-            .arg(data.join("runs"))
-            .arg("--policy")
-            .arg(d.join("policy.toml"))
-            .arg("--job-master-bin")
-            .arg(common::bin_dir().join("job-master"))
-            .stderr(std::fs::File::create(d.join("brain.log")).unwrap());
-    });
+    let (_b, addr) = brain_in(d, &data, "4", &[]);
     let url = format!("http://{addr}");
     let run = data.join("runs").join("builtin");
     let spec = d.join("builtin.yaml");

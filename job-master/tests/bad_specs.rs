@@ -48,20 +48,25 @@ fn run_spec(yaml: &str) -> (i32, String) {
     )
 }
 
-#[test]
-fn the_good_spec_is_accepted() {
+/// `job-master validate` of `yaml`.
+fn validate(yaml: &str) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("job.yaml");
     std::fs::write(
         &spec,
-        GOOD.replace("CKPT", &dir.path().join("ckpt").display().to_string()),
+        yaml.replace("CKPT", &dir.path().join("ckpt").display().to_string()),
     )
     .unwrap();
-    let out = Command::new(job_master_bin())
+    Command::new(job_master_bin())
         .arg("validate")
         .arg(&spec)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn the_good_spec_is_accepted() {
+    let out = validate(GOOD);
     assert!(
         out.status.success(),
         "{}",
@@ -130,6 +135,14 @@ fn bad_specs_are_rejected_with_the_field_path_and_value() {
             GOOD.replace("epochs: 1", "epochs: 0"),
             "epochs: 0 must be greater than zero",
         ),
+        (
+            format!("{GOOD}placement:\n  - {{ roles: [ps, critic], strategy: pack }}\n"),
+            "placement[0].roles: names critic, which is not a role of the job",
+        ),
+        (
+            format!("{GOOD}placement:\n  - {{ roles: [worker], strategy: pack }}\n"),
+            "roles.worker: is in placement group worker and so fixed in size",
+        ),
     ];
     assert!(cases.len() >= 8);
     for (yaml, expected) in cases {
@@ -144,6 +157,32 @@ fn bad_specs_are_rejected_with_the_field_path_and_value() {
             "expected {expected:?} in: {stderr}"
         );
     }
+}
+
+/// Local processes share one machine: a strict spread of two cannot be held there, and says so
+/// before anything starts; `validate` shows the groups.
+#[test]
+fn a_placement_one_machine_cannot_hold_is_refused_at_start() {
+    let placed = GOOD.replace("replicas: 2, min: 1, max: 4", "replicas: 2, min: 2, max: 2");
+    let (code, stderr) = run_spec(&format!(
+        "{placed}placement:\n  - {{ roles: [worker], strategy: strict_spread }}\n"
+    ));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("placement group worker is strict_spread over 2 processes")
+            && stderr.contains("--platform ray"),
+        "{stderr}"
+    );
+    let out = validate(&format!(
+        "{placed}placement:\n  - {{ roles: [ps, worker], strategy: strict_pack }}\n"
+    ));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && said.contains("placement group ps+worker (strict_pack): 3 processes"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

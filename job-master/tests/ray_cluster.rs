@@ -374,3 +374,155 @@ async fn the_rl_example_learns_across_nodes() {
     );
     common::rl::assert_learned_once_each(&common::rl::updates(&log));
 }
+
+/// A job whose processes are placed by `placement` (YAML list items, indented two spaces):
+/// two workers of 1 CPU (fixed), a critic of 1 CPU and `rollouts` engines of half a CPU.
+fn placed_spec(dir: &Path, name: &str, rollouts: u32, placement: &str) -> JobSpec {
+    let yaml = format!(
+        r#"
+name: {name}-{pid}
+kind: allreduce
+roles:
+  worker: {{ replicas: 2, min: 2, max: 2, resources: {{ cpu: 1, memory: 256Mi }} }}
+  critic: {{ replicas: 1, topology: single, resources: {{ cpu: 1, memory: 64Mi }}, command: [/bin/sh, -c, exec sleep 600] }}
+  rollout: {{ replicas: {rollouts}, min: {rollouts}, max: {rollouts}, resources: {{ cpu: "500m", memory: 64Mi }}, command: [/bin/sh, -c, exec sleep 600] }}
+workload:
+  builtin: {{ seed: 5, num_fields: 8, vocab_per_field: 500, hash_buckets: 16384, batch_size: 128, learning_rate: 0.1, step_delay_us: 2000 }}
+data: {{ num_samples: 30000, shard_size: 1000, eval_samples: 2000 }}
+checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
+placement:
+{placement}"#,
+        ckpt = dir.join("ckpt").display(),
+        pid = std::process::id()
+    );
+    let spec = JobSpec::from_yaml(&yaml).expect("test spec parses");
+    spec.validate().expect("test spec is valid");
+    spec
+}
+
+/// Placement groups on the three nodes (issue 41, item 3). The training group and a critic
+/// share one node (`strict_pack`); three rollout engines take one node each
+/// (`strict_spread`): each group is laid out whole before its processes are submitted, and
+/// each process is pinned to its bundle's node. An engine killed comes back on its node. A
+/// group the cluster cannot hold (four engines strictly spread over three nodes) leaves its
+/// processes pending with the reason, and starts none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(90))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let groups = "  - { roles: [worker, critic], strategy: strict_pack }\n  \
+                  - { roles: [rollout], strategy: strict_spread }\n";
+    let spec = placed_spec(dir.path(), "placed", 3, groups);
+    let mut run = cluster.start(spec, dir.path()).await;
+    let running = |s: &pb::JobStatus, role: &str| {
+        s.processes
+            .iter()
+            .filter(|p| p.role == role && p.state == "running" && !p.host.is_empty())
+            .map(|p| (p.index, p.incarnation, p.host.clone()))
+            .collect::<Vec<_>>()
+    };
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "2 workers, the critic and 3 engines running",
+        |s| {
+            running(s, "worker").len() == 2
+                && running(s, "critic").len() == 1
+                && running(s, "rollout").len() == 3
+        },
+    )
+    .await;
+    let packed: BTreeSet<String> = ["worker", "critic"]
+        .iter()
+        .flat_map(|r| running(&s, r))
+        .map(|(_, _, h)| h)
+        .collect();
+    assert_eq!(packed.len(), 1, "worker+critic on one node: {s:#?}");
+    let spread: BTreeSet<String> = running(&s, "rollout")
+        .into_iter()
+        .map(|(_, _, h)| h)
+        .collect();
+    assert_eq!(
+        spread,
+        cluster.nodes.iter().cloned().collect::<BTreeSet<_>>(),
+        "one engine on each node: {s:#?}"
+    );
+
+    // An engine killed: back in its bundle, on its node.
+    let (_, _, host) = running(&s, "rollout")
+        .into_iter()
+        .find(|(i, _, _)| *i == 1)
+        .unwrap();
+    kill9(pid_of(run.addr, "rollout", 1).await);
+    let s = wait_for(run.addr, Duration::from_secs(120), "rollout-1 back", |s| {
+        running(s, "rollout")
+            .iter()
+            .any(|(i, inc, _)| *i == 1 && *inc == 2)
+    })
+    .await;
+    assert!(
+        running(&s, "rollout").contains(&(1, 2, host.clone())),
+        "rollout-1 left its node {host}: {s:#?}"
+    );
+    let report = run.report().await;
+    assert_every_sample_once(&report, 30_000, 1);
+    assert!(
+        report.events.iter().any(|e| e
+            .contains("placement group rollout (strict_spread, 3 processes")
+            && e.contains("laid out")),
+        "{:#?}",
+        report.events
+    );
+    // Four engines strictly spread over three nodes: pending, with the reason, none started.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = placed_spec(
+        dir.path(),
+        "unplaceable",
+        4,
+        "  - { roles: [rollout], strategy: strict_spread }\n",
+    );
+    let platform = PlatformConfig::Ray {
+        address: cluster.dashboard.clone(),
+        agent_bin: Some(agent_bin()),
+        max_processes: None,
+        place_timeout_ms: Some(5_000),
+        env: Default::default(),
+    };
+    let timing = Timing {
+        heartbeat_timeout_ms: 6_000,
+        ..test_timing()
+    };
+    let run = start_at(&cluster.host, spec, dir.path(), timing, platform).await;
+    let start = std::time::Instant::now();
+    let said = |e: &serde_json::Value| {
+        let t = e["text"].as_str().unwrap_or("");
+        t.contains("placement group rollout (strict_spread)") && t.contains("it needs 4 nodes")
+    };
+    loop {
+        let ctx = std::fs::read(run.run_dir.join("job-context.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        if ctx
+            .as_ref()
+            .and_then(|c| c["events"].as_array())
+            .is_some_and(|ev| ev.iter().any(said))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "no reason given: {:#}",
+            ctx.map_or(serde_json::Value::Null, |c| c["events"].clone())
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let s = status(run.addr).await.unwrap();
+    assert!(running(&s, "rollout").is_empty(), "{s:#?}");
+    run.handle.abort();
+}

@@ -23,8 +23,14 @@ instance of that class to the job's other roles (`python -m brain_sdk.roles modu
 (`worker`, and `ps` in a ps job) run the job's workload: give it with `.role("worker").run(...)`
 or `.builtin(...)`.
 
-Not yet: fractional GPUs and placement constraints (colocation, spread); a fraction of a GPU is
-refused here with that reason rather than rounded.
+Placement: `.colocate("actor", "critic")` keeps those roles' processes on one node
+(`strict_pack`; `strict=False` for `pack`), `.spread("rollout")` puts them on different nodes
+(`strict_spread`; `strict=False` for `spread`): each is a placement group, laid out whole before
+its processes start (docs/roles.md). A placed role is fixed in size: give it `.total(n)` and no
+other bounds.
+
+Not yet: fractional GPUs and device colocation; a fraction of a GPU is refused here with that
+reason rather than rounded.
 """
 
 import json
@@ -204,6 +210,33 @@ class JobBuilder:
         """How a command's training group follows a plan: `restart` or `in_place` (SDK)."""
         self._spec["workload"]["rescale"] = how
         return self
+
+    # --- placement -----------------------------------------------------------------------
+
+    _STRATEGIES = ("strict_pack", "pack", "strict_spread", "spread")
+
+    def place(self, *roles: str, strategy: str) -> "JobBuilder":
+        """A placement group of `roles` with one of Ray's strategies: `strict_pack`, `pack`,
+        `strict_spread` or `spread`."""
+        if not roles:
+            raise BrainError("place(): name the roles to place")
+        if strategy not in self._STRATEGIES:
+            raise BrainError(
+                f"place(): strategy {strategy!r}: expected one of {', '.join(self._STRATEGIES)}"
+            )
+        self._spec.setdefault("placement", []).append(
+            {"roles": list(roles), "strategy": strategy}
+        )
+        return self
+
+    def colocate(self, *roles: str, strict: bool = True) -> "JobBuilder":
+        """The processes of `roles` on one node (`strict_pack`), or as few as can be (`pack`)."""
+        return self.place(*roles, strategy="strict_pack" if strict else "pack")
+
+    def spread(self, *roles: str, strict: bool = True) -> "JobBuilder":
+        """The processes of `roles` each on a node of its own (`strict_spread`), or on as many
+        as can be (`spread`)."""
+        return self.place(*roles, strategy="strict_spread" if strict else "spread")
 
     def build(self) -> Dict[str, Any]:
         """The spec, as the dict its YAML parses to."""

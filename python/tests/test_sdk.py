@@ -182,6 +182,30 @@ class Builder(unittest.TestCase):
         self.assertEqual(spec["roles"]["driver"], {"topology": "single", "command": ["drive", "--once"]})
         self.assertEqual(json.loads(JobBuilder("x").to_yaml())["name"], "x")
 
+    def test_placement_groups_land_where_the_yaml_puts_them(self):
+        from brain_sdk import JobBuilder
+
+        spec = (
+            JobBuilder("rl")
+            .role("worker").total(2)
+            .role("critic").topology("single").run(["critic"]).total(1)
+            .role("rollout").run(["engine"]).total(3)
+            .colocate("worker", "critic")
+            .spread("rollout", strict=False)
+            .build()
+        )
+        self.assertEqual(
+            spec["placement"],
+            [
+                {"roles": ["worker", "critic"], "strategy": "strict_pack"},
+                {"roles": ["rollout"], "strategy": "spread"},
+            ],
+        )
+        with self.assertRaisesRegex(BrainError, "strategy 'sideways'"):
+            JobBuilder("x").place("worker", strategy="sideways")
+        with self.assertRaisesRegex(BrainError, "name the roles"):
+            JobBuilder("x").colocate()
+
     def test_what_the_builder_cannot_say_is_refused_with_the_reason(self):
         from brain_sdk import JobBuilder
 

@@ -594,6 +594,11 @@ impl JobContext {
         Ok(effects)
     }
 
+    /// Records what happened outside the job's own decisions (the platform's doing).
+    pub fn note(&mut self, at_ms: u64, text: String) {
+        self.log(at_ms, text);
+    }
+
     fn log(&mut self, at_ms: u64, text: String) {
         tracing::info!(job = %self.spec.name, "{text}");
         self.events.push(Event { at_ms, text });

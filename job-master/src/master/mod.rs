@@ -96,6 +96,46 @@ fn advertised(listener: &TcpListener, advertise: Option<IpAddr>) -> Result<Socke
     }
 }
 
+/// Refuses a placement one machine cannot hold: local processes all share it, so `pack`,
+/// `strict_pack` and `spread` hold trivially, and `strict_spread` of two or more does not.
+fn local_placement(spec: &JobSpec) -> Result<(), Error> {
+    for g in &spec.placement {
+        let n = spec.bundles(g).len();
+        if g.strategy == vocab::spec::Strategy::StrictSpread && n > 1 {
+            return Err(Error::InvalidRequest(format!(
+                "placement group {} is strict_spread over {n} processes, but local processes \
+                 all run on this one machine: run the job on a cluster (--platform ray), or \
+                 use spread",
+                g.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The job's placement groups as the Ray platform reserves them: each process's bundle asks
+/// for what its role's spec gives it.
+fn placement_plans(spec: &JobSpec) -> Vec<crate::platform::ray::GroupPlan> {
+    spec.placement
+        .iter()
+        .map(|g| crate::platform::ray::GroupPlan {
+            name: g.name(),
+            strategy: g.strategy,
+            bundles: spec
+                .bundles(g)
+                .into_iter()
+                .map(|(role, index)| {
+                    let r = spec.roles.get(&role).and_then(|r| r.resources.as_ref());
+                    (
+                        vocab::SlotKey { role, index },
+                        crate::platform::ray::request_of(r),
+                    )
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Writes a fresh token to the checkpoint directory's [`SHARED_MARKER`] for every agent to read
 /// back: an agent on a node that does not share the directory reads something else (or
 /// nothing) and says so before it trains.
@@ -176,6 +216,9 @@ pub async fn run(
     } = config;
     spec.validate().map_err(vocab::Error::from)?;
     vocab::spec::host::check(&spec).map_err(vocab::Error::from)?;
+    if matches!(platform, PlatformConfig::Local { .. }) {
+        local_placement(&spec)?;
+    }
     std::fs::create_dir_all(&run_dir).map_err(|e| Error::Io {
         path: run_dir.clone(),
         source: e,
@@ -250,6 +293,7 @@ pub async fn run(
                 s.place_timeout = Duration::from_millis(ms);
             }
             s.env = env;
+            s.placement = placement_plans(&job.lock().await.spec);
             Arc::new(crate::platform::ray::RayPlatform::connect(s, ev_tx).await?)
         }
     };
@@ -336,6 +380,14 @@ pub async fn run(
                                 })
                                 .await;
                         }
+                        PlatformEvent::Note(text) => {
+                            shared
+                                .apply_logged("platform note", |ctx, now| {
+                                    ctx.note(now, text);
+                                    Ok(((), vec![], true))
+                                })
+                                .await;
+                        }
                         PlatformEvent::AgentExited { key, incarnation, description } => {
                             shared
                                 .apply_logged("agent exit", |ctx, now| Ok(((), ctx.agent_lost(key, incarnation, format!("agent process {description}"), now), true)))
@@ -403,6 +455,47 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn placed(strategy: &str, rollouts: u32) -> JobSpec {
+        JobSpec::from_yaml(&format!(
+            "name: p\nkind: allreduce\nroles:\n  worker: {{ replicas: 1 }}\n  \
+             rollout: {{ replicas: {rollouts}, topology: service, command: [/bin/true], \
+             resources: {{ cpu: 2 }} }}\nworkload: {{ builtin: {{}} }}\n\
+             data: {{ num_samples: 10, shard_size: 1 }}\ncheckpoint: {{ dir: /tmp/p }}\n\
+             placement:\n  - {{ roles: [rollout], strategy: {strategy} }}\n"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn one_machine_holds_every_placement_but_a_strict_spread_of_several() {
+        for s in ["strict_pack", "pack", "spread"] {
+            assert!(local_placement(&placed(s, 3)).is_ok(), "{s}");
+        }
+        assert!(local_placement(&placed("strict_spread", 1)).is_ok());
+        let e = local_placement(&placed("strict_spread", 2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("strict_spread over 2 processes") && e.contains("--platform ray"),
+            "{e}"
+        );
+        // The Ray platform's bundles: each process asks for its role's resources.
+        let plans = placement_plans(&placed("strict_spread", 2));
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].name, "rollout");
+        assert_eq!(
+            plans[0]
+                .bundles
+                .iter()
+                .map(|(k, r)| (k.to_string(), r.cpus))
+                .collect::<Vec<_>>(),
+            vec![
+                ("rollout-0".to_string(), 2.0),
+                ("rollout-1".to_string(), 2.0)
+            ]
+        );
+    }
 
     #[tokio::test]
     async fn agents_get_the_listeners_address_or_the_advertised_one() {

@@ -51,6 +51,9 @@ pub enum PlatformEvent {
         incarnation: u64,
         description: String,
     },
+    /// Something the platform did for the job as a whole (a placement group reserved), for
+    /// the job's events.
+    Note(String),
 }
 
 #[async_trait::async_trait]

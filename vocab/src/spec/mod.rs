@@ -10,6 +10,7 @@
 pub mod env;
 pub mod host;
 pub mod limits;
+mod placement;
 mod platform;
 mod roles;
 mod validate;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use placement::{PlacementGroup, Strategy};
 pub use platform::PlatformConfig;
 pub use roles::{Failover, Topology};
 
@@ -249,6 +251,10 @@ pub struct JobSpec {
     /// overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<PlatformConfig>,
+    /// Processes placed together or apart, each group reserved whole before its processes
+    /// start (`placement::PlacementGroup`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<PlacementGroup>,
 }
 
 fn default_epochs() -> i64 {

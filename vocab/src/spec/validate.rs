@@ -37,6 +37,7 @@ impl JobSpec {
             self.role_plan(*role)?;
         }
         self.validate_roles()?;
+        self.validate_placement()?;
         self.validate_workload()?;
         positive("data.num_samples", self.data.num_samples)?;
         limits::at_most(

@@ -172,6 +172,14 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
             p.max_restarts
         );
     }
+    for g in &spec.placement {
+        println!(
+            "  placement group {} ({}): {} processes laid out together before they start",
+            g.name(),
+            g.strategy.as_str(),
+            spec.bundles(g).len()
+        );
+    }
     println!(
         "  data: {} samples in {} shards per epoch, {} epochs",
         spec.data.num_samples,

@@ -3,7 +3,8 @@
 //! the worker-agent binary (which must exist at the same path on Ray's nodes) with the slot's
 //! role, index and incarnation; the process's CPU, GPU, memory and custom resources become
 //! `entrypoint_num_cpus`, `entrypoint_num_gpus`, `entrypoint_memory` and
-//! `entrypoint_resources`, so Ray places it where they are free.
+//! `entrypoint_resources`, so Ray places it where they are free. A process of a placement group
+//! (the spec's `placement:`) is pinned to the node its group's layout gave it (`group`).
 //!
 //! How Ray's rough edges are met (the HTTP side is in [`api`], placement in `place`):
 //! * A PENDING Ray job cannot be stopped until Ray places it (Ray answers "stopped" and keeps
@@ -29,8 +30,10 @@
 
 pub use ray_client as api;
 
+mod group;
 mod place;
 
+pub use group::GroupPlan;
 pub use place::request_of;
 use place::{Placement, Unplaced, describe};
 
@@ -67,6 +70,9 @@ pub struct RaySettings {
     pub usage_lag: Duration,
     /// Environment variables for every agent.
     pub env: BTreeMap<String, String>,
+    /// The job's placement groups ([`group`]): each laid over the nodes whole before its
+    /// processes are submitted, each process pinned to its bundle's node.
+    pub placement: Vec<GroupPlan>,
 }
 
 impl RaySettings {
@@ -80,6 +86,7 @@ impl RaySettings {
             poll: Duration::from_millis(250),
             usage_lag: Duration::from_secs(10),
             env: BTreeMap::new(),
+            placement: Vec::new(),
         }
     }
 }
@@ -110,6 +117,9 @@ struct Inner {
     recent: std::sync::Mutex<Vec<Placement>>,
     /// Each alive node's totals, as last read.
     totals: std::sync::Mutex<Vec<RayResources>>,
+    /// Each placement group's layout (its bundles' node addresses), by its place in
+    /// `settings.placement`, once laid out.
+    groups: Mutex<Vec<Option<Vec<String>>>>,
 }
 
 pub struct RayPlatform {
@@ -157,6 +167,7 @@ impl RayPlatform {
                 .map_or(0, |d| d.as_millis() as u64 & 0xffff_ffff)
         );
         let totals = cluster.nodes.iter().map(|n| n.total.clone()).collect();
+        let groups = Mutex::new(vec![None; settings.placement.len()]);
         Ok(RayPlatform {
             inner: Arc::new(Inner {
                 api,
@@ -168,6 +179,7 @@ impl RayPlatform {
                 waiting_ps: Default::default(),
                 recent: std::sync::Mutex::default(),
                 totals: std::sync::Mutex::new(totals),
+                groups,
             }),
             capacity,
         })
@@ -175,18 +187,26 @@ impl RayPlatform {
 
     /// The submission id of a slot's incarnation in this run of the job master.
     pub fn submission_id(&self, key: SlotKey, incarnation: u64) -> String {
-        let job: String = self
-            .inner
-            .settings
-            .job_name
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
+        let job = self.inner.job_part();
         format!("brain-{job}-{key}-{incarnation}-{}", self.inner.run)
     }
 }
 
 impl Inner {
+    /// The job's name as it goes into submission ids.
+    fn job_part(&self) -> String {
+        self.settings
+            .job_name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect()
+    }
+
+    /// Something for the job's events.
+    async fn note(&self, text: String) {
+        self.tell(PlatformEvent::Note(text)).await;
+    }
+
     async fn tell(&self, event: PlatformEvent) {
         let _ = self.events.send(event).await;
     }
@@ -301,6 +321,11 @@ impl Platform for RayPlatform {
             });
         }
         let id = self.submission_id(l.key, l.incarnation);
+        let group = inner
+            .settings
+            .placement
+            .iter()
+            .position(|g| g.bundles.iter().any(|(k, _)| *k == l.key));
         let command = [
             inner.settings.agent_bin.to_string_lossy().into_owned(),
             "agent".into(),
@@ -383,7 +408,20 @@ impl Platform for RayPlatform {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         tokio::spawn(async move {
-            let event = match inner.place(&req, &need, key.role, &mut cancel_rx).await {
+            let (mut req, mut need) = (req, need);
+            let pinned = match group {
+                None => Ok(()),
+                // On its bundle's node; the group is laid out first.
+                Some(g) => inner.bundle_node(g, key).await.map(|ip| {
+                    need = group::pinned(&need, &ip);
+                    req.entrypoint_resources = need.custom.clone();
+                }),
+            };
+            let placed = match pinned {
+                Ok(()) => inner.place(&req, &need, key.role, &mut cancel_rx).await,
+                Err(e) => Err(Unplaced::NoRoom(e)),
+            };
+            let event = match placed {
                 Ok(()) => {
                     let _ = submitted_tx.send(true);
                     tracing::debug!(%key, incarnation, id, "agent submitted to Ray");

@@ -1,0 +1,278 @@
+//! Placement groups on Ray for a job's `placement:` (`vocab::spec::PlacementGroup`): one bundle
+//! per process, laid over the nodes by the group's strategy all at once, before any of its
+//! processes is submitted; each process is then pinned to its bundle's node (`node:<address>`,
+//! the resource Ray gives every node) and asks for its own resources there as any process does.
+//!
+//! Why not Ray's own placement groups: a Ray job cannot make one through the Job Submission
+//! API, and a driver of ours that did (tried on Ray 2.60, the version `.ci` installs) hit two
+//! faults of Ray's: jobs submitted into a group's bundles never gave the bundle's resources back
+//! when they ended (`bundle_group_<i>_<id>` stayed 999.999 of 1000 with every job and its
+//! supervisor actor dead), and removing a group whose bundles Ray still counted as used made the
+//! raylet abort (`ReturnBundle`: "Bundle resources are still in use"), taking the node and every
+//! process on it down. So the master places the bundles itself, on the nodes' free room as Ray
+//! reports it less what the master submitted that the report does not show yet, and keeps each
+//! bundle's node for the job's life: a process that fails comes back on its bundle's node. A
+//! group is laid out again only when a node it used is gone from Ray. What this gives up against
+//! Ray's groups: the room is not held for the group between the layout and the submissions (a
+//! process that then finds its node full waits, and says so, as any process does).
+
+use super::Inner;
+use super::api::{RayCluster, RayResources};
+use super::describe;
+use crate::error::Error;
+use vocab::SlotKey;
+use vocab::spec::Strategy;
+
+/// One placement group of the job as planned: its strategy and its bundles in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupPlan {
+    /// `actor+critic`.
+    pub name: String,
+    pub strategy: Strategy,
+    pub bundles: Vec<(SlotKey, RayResources)>,
+}
+
+/// The resource that pins a process to the node at `ip`: a sliver of `node:<ip>`.
+pub(super) fn pin(ip: &str) -> (String, f64) {
+    (format!("node:{ip}"), 0.001)
+}
+
+fn plus(a: &RayResources, b: &RayResources) -> RayResources {
+    let mut custom = a.custom.clone();
+    for (k, v) in &b.custom {
+        *custom.entry(k.clone()).or_default() += v;
+    }
+    RayResources {
+        cpus: a.cpus + b.cpus,
+        gpus: a.gpus + b.gpus,
+        memory_bytes: a.memory_bytes.saturating_add(b.memory_bytes),
+        custom,
+    }
+}
+
+/// Lays `bundles` over `nodes` (address, free room) by `strategy`; returns each bundle's node
+/// address, or why the nodes cannot hold them.
+pub(super) fn lay_out(
+    strategy: Strategy,
+    bundles: &[RayResources],
+    nodes: &[(String, RayResources)],
+) -> Result<Vec<String>, String> {
+    let free: Vec<RayResources> = nodes.iter().map(|(_, r)| r.clone()).collect();
+    let mut room = free.clone();
+    // The nodes with the most free CPU first, as Ray's own spread would.
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by(|a, b| room[*b].cpus.total_cmp(&room[*a].cpus));
+    let mut at: Vec<Option<usize>> = vec![None; bundles.len()];
+    match strategy {
+        Strategy::StrictPack => {
+            let all = bundles
+                .iter()
+                .fold(RayResources::default(), |s, b| plus(&s, b));
+            let n = order
+                .iter()
+                .copied()
+                .find(|n| all.fits_in(&room[*n]))
+                .ok_or_else(|| {
+                    format!(
+                        "no node has room for its {} processes together ({})",
+                        bundles.len(),
+                        describe(&all)
+                    )
+                })?;
+            at.iter_mut().for_each(|a| *a = Some(n));
+        }
+        Strategy::Pack | Strategy::Spread | Strategy::StrictSpread => {
+            // The largest first, so that the small ones fill what is left.
+            let mut big: Vec<usize> = (0..bundles.len()).collect();
+            big.sort_by(|a, b| bundles[*b].cpus.total_cmp(&bundles[*a].cpus));
+            let mut members = vec![0usize; nodes.len()];
+            for b in big {
+                let fits = order
+                    .iter()
+                    .copied()
+                    .filter(|n| bundles[b].fits_in(&room[*n]))
+                    .filter(|n| strategy != Strategy::StrictSpread || members[*n] == 0);
+                let chosen = match strategy {
+                    // Where the group is already, then the most free.
+                    Strategy::Pack => fits.max_by_key(|n| (members[*n], usize::MAX - *n)),
+                    // Where the group is least, then the most free (the order's first).
+                    _ => fits.min_by_key(|n| members[*n]),
+                };
+                let Some(n) = chosen else {
+                    return Err(match strategy {
+                        Strategy::StrictSpread => format!(
+                            "it needs {} nodes each with room for one of its processes ({}), \
+                             and {} of the {} nodes have that room",
+                            bundles.len(),
+                            describe(&bundles[b]),
+                            free.iter().filter(|r| bundles[b].fits_in(r)).count(),
+                            nodes.len()
+                        ),
+                        _ => format!(
+                            "no node has room for its process {} ({})",
+                            b,
+                            describe(&bundles[b])
+                        ),
+                    });
+                };
+                room[n] = room[n].minus(&bundles[b]);
+                members[n] += 1;
+                at[b] = Some(n);
+            }
+        }
+    }
+    Ok(at
+        .into_iter()
+        .map(|n| nodes[n.expect("every bundle laid")].0.clone())
+        .collect())
+}
+
+impl Inner {
+    /// The node address of `key`'s bundle in group `g`, laying the group out first when it
+    /// has no layout yet, or a node of its layout is gone. `Err`: why the cluster cannot hold
+    /// the group now (the process stays pending and is asked for again).
+    pub(super) async fn bundle_node(&self, g: usize, key: SlotKey) -> Result<String, Error> {
+        let plan = &self.settings.placement[g];
+        let unplaced = |problem: String| Error::Launch {
+            platform: "ray",
+            what: format!("placement group {} ({})", plan.name, plan.strategy.as_str()),
+            problem,
+        };
+        let index = plan
+            .bundles
+            .iter()
+            .position(|(k, _)| *k == key)
+            .ok_or_else(|| unplaced(format!("{key} has no bundle in it")))?;
+        let mut layouts = self.groups.lock().await;
+        let cluster = self.api.cluster().await?;
+        let alive = |ip: &String| cluster.nodes.iter().any(|n| n.ip == *ip);
+        if let Some(nodes) = &layouts[g]
+            && nodes.iter().all(alive)
+        {
+            return Ok(nodes[index].clone());
+        }
+        let nodes = self.lay_out_group(plan, &cluster).map_err(unplaced)?;
+        self.note(format!(
+            "placement group {} ({}, {} processes of {}) laid out: {}",
+            plan.name,
+            plan.strategy.as_str(),
+            plan.bundles.len(),
+            plan.bundles
+                .iter()
+                .map(|(k, r)| format!("{k} {}", describe(r)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            plan.bundles
+                .iter()
+                .zip(&nodes)
+                .map(|((k, _), n)| format!("{k} on {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .await;
+        let node = nodes[index].clone();
+        layouts[g] = Some(nodes);
+        Ok(node)
+    }
+
+    /// Lays the group out on the nodes' free room less what this master submitted that Ray's
+    /// report may not show yet.
+    fn lay_out_group(&self, plan: &GroupPlan, cluster: &RayCluster) -> Result<Vec<String>, String> {
+        let room: Vec<(String, RayResources)> = {
+            let recent = self.recent.lock().expect("not poisoned");
+            cluster
+                .nodes
+                .iter()
+                .map(|n| {
+                    let mut free = n.available.clone();
+                    for p in recent.iter().filter(|p| p.node_id == n.node_id) {
+                        if p.running_since
+                            .is_none_or(|t| t.elapsed() < self.settings.usage_lag)
+                        {
+                            free = free.minus(&p.need);
+                        }
+                    }
+                    (n.ip.clone(), free)
+                })
+                .collect()
+        };
+        let bundles: Vec<RayResources> = plan.bundles.iter().map(|(_, r)| r.clone()).collect();
+        lay_out(plan.strategy, &bundles, &room).map_err(|why| {
+            format!(
+                "the cluster cannot hold it now: {why} (free: {})",
+                room.iter()
+                    .map(|(ip, r)| format!("{ip}: {}", describe(r)))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        })
+    }
+}
+
+/// Every process of the group, with its pinning resource added.
+pub(super) fn pinned(need: &RayResources, ip: &str) -> RayResources {
+    let mut r = need.clone();
+    let (k, v) = pin(ip);
+    r.custom.insert(k, v);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpus(n: f64) -> RayResources {
+        RayResources {
+            cpus: n,
+            ..Default::default()
+        }
+    }
+
+    fn nodes(free: &[f64]) -> Vec<(String, RayResources)> {
+        free.iter()
+            .enumerate()
+            .map(|(i, c)| (format!("10.0.0.{i}"), cpus(*c)))
+            .collect()
+    }
+
+    #[test]
+    fn each_strategy_lays_the_bundles_out_as_rays_would_or_says_why_not() {
+        let three = [cpus(1.0), cpus(1.0), cpus(1.0)];
+        // strict_pack: one node with room for all three, the freest.
+        assert_eq!(
+            lay_out(Strategy::StrictPack, &three, &nodes(&[2.0, 4.0, 3.0])).unwrap(),
+            vec!["10.0.0.1"; 3]
+        );
+        let e = lay_out(Strategy::StrictPack, &three, &nodes(&[2.0, 2.0, 2.0])).unwrap_err();
+        assert!(
+            e.contains("no node has room for its 3 processes together (3 CPU)"),
+            "{e}"
+        );
+        // strict_spread: one per node, or none.
+        let mut spread = lay_out(Strategy::StrictSpread, &three, &nodes(&[1.0, 4.0, 2.0])).unwrap();
+        spread.sort();
+        assert_eq!(spread, vec!["10.0.0.0", "10.0.0.1", "10.0.0.2"]);
+        let four = [cpus(0.5), cpus(0.5), cpus(0.5), cpus(0.5)];
+        let e = lay_out(Strategy::StrictSpread, &four, &nodes(&[4.0, 4.0, 4.0])).unwrap_err();
+        assert!(
+            e.contains("it needs 4 nodes") && e.contains("3 of the 3 nodes"),
+            "{e}"
+        );
+        let e = lay_out(Strategy::StrictSpread, &three, &nodes(&[4.0, 0.5, 4.0])).unwrap_err();
+        assert!(e.contains("2 of the 3 nodes have that room"), "{e}");
+        // pack: as few nodes as the room allows.
+        let packed = lay_out(Strategy::Pack, &three, &nodes(&[2.0, 1.0, 0.0])).unwrap();
+        assert_eq!(packed.iter().filter(|n| *n == "10.0.0.0").count(), 2);
+        // spread: as many as the room allows.
+        let spread = lay_out(Strategy::Spread, &three, &nodes(&[3.0, 3.0])).unwrap();
+        assert!(spread.contains(&"10.0.0.0".into()) && spread.contains(&"10.0.0.1".into()));
+        assert!(lay_out(Strategy::Spread, &[cpus(5.0)], &nodes(&[4.0])).is_err());
+    }
+
+    #[test]
+    fn a_pinned_process_asks_for_a_sliver_of_its_node() {
+        let r = pinned(&cpus(1.5), "10.0.0.7");
+        assert_eq!(r.cpus, 1.5);
+        assert_eq!(r.custom.get("node:10.0.0.7"), Some(&0.001));
+    }
+}
