@@ -294,6 +294,14 @@ async fn roles_call_each_other_and_follow_restarts_and_resizes() {
             .is_some_and(|e| e.contains("cannot be called")),
         "{first}"
     );
+    // driver-0 → reward-0 → reward-0: refused at once, the chain named.
+    assert!(
+        first["cycle"].as_str().is_some_and(|e| {
+            e.contains("a cycle of calls that can never be served")
+                && e.contains("driver-0 → reward-0 → reward-0")
+        }),
+        "{first}"
+    );
 
     kill9(pid_of(addr, "reward", 1).await);
     until(

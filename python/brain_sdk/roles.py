@@ -10,6 +10,7 @@ processes, over the job's own channels (its secret, and its TLS when the job run
     # in any other process of the job (the trainer, a driver):
     reward = brain_sdk.roles.group("reward")
     reward.call("score", ep)                     # any one member, round robin
+    reward.call("score", ep, how="round_robin")  # the same, by its other name
     reward.call("score", ep, how="rank0")        # the member of lowest index
     reward.call("score", ep, how="all")          # each member; results in index order
 
@@ -17,6 +18,11 @@ The callee group is read from the job master as it is now, and again after a fai
 callers follow resizes and restarts. A call to a process that died is retried on its successor
 (the same index, a new incarnation) or, for `any`, on another member, until `timeout`; then it
 raises `BrainError` with the reason. Nothing waits without a deadline.
+
+A call carries its chain of callers (`driver-0 → reward-1`). A call that would come back to a
+process already waiting up its chain (`driver-0 → reward-1 → reward-1`) is a cycle that can
+never be served once the callee's threads are all waiting: it is refused at once, naming the
+chain, and reaches the caller as `BrainError`; so is a chain deeper than 32 calls.
 
 Arguments and results travel pickled: only processes holding the job's secret (and its
 certificate, with TLS) can call, as for every channel inside a job. A method whose name starts
@@ -42,7 +48,30 @@ from .master import MasterClient
 # The one method a role server answers: a pickled (method, args, kwargs) in, a pickled
 # ("ok", result) or ("error", text) out.
 _CALL = "/brain.roles.v1.Role/Call"
-_HOWS = ("any", "rank0", "all")
+_HOWS = ("any", "round_robin", "rank0", "all")
+# The metadata that carries a call's chain of callers ("driver-0,reward-1").
+_CHAIN = "brain-call-chain"
+_MAX_DEPTH = 32
+# The chain of the call this thread is serving, if it serves one.
+_serving = threading.local()
+
+
+def _caller_chain(env: ProcessEnv) -> List[str]:
+    """The chain a call made now carries: the one this thread serves, or this process."""
+    return getattr(_serving, "chain", None) or [f"{env.role}-{env.index}"]
+
+
+def refused_chain(chain: List[str], me: str) -> Optional[str]:
+    """Why a call with callers `chain` cannot be served by `me`, if it cannot."""
+    if me in chain:
+        return (
+            "a cycle of calls that can never be served: "
+            + " → ".join(chain + [me])
+            + f" ({me} is waiting for a call that comes back to it)"
+        )
+    if len(chain) >= _MAX_DEPTH:
+        return f"calls nested more than {_MAX_DEPTH} deep: " + " → ".join(chain[:4] + ["…", me])
+    return None
 
 
 class RemoteError(BrainError):
@@ -99,9 +128,15 @@ class RoleServer:
         self._master.serve_role(self.env.service_addr)
 
     def _call(self, request: bytes, context) -> bytes:
-        given = dict(context.invocation_metadata()).get("authorization", "")
+        metadata = dict(context.invocation_metadata())
+        given = metadata.get("authorization", "")
         if not hmac.compare_digest(given.encode(), b"Bearer " + self._token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "the job's secret is required")
+        chain = [c for c in metadata.get(_CHAIN, "").split(",") if c]
+        me = f"{self.env.role}-{self.env.index}"
+        why = refused_chain(chain, me)
+        if why:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         try:
             method, args, kwargs = pickle.loads(request)
         except Exception as e:  # noqa: BLE001 - any malformed request is refused alike
@@ -114,10 +149,13 @@ class RoleServer:
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"{self.env.role} has no method {method!r}",
             )
+        _serving.chain = chain + [me]
         try:
             return pickle.dumps(("ok", fn(*args, **kwargs)))
         except Exception as e:  # noqa: BLE001 - the caller gets what the method raised
             return pickle.dumps(("error", f"{type(e).__name__}: {e}"))
+        finally:
+            _serving.chain = None
 
     def wait(self) -> None:
         self._server.wait_for_termination()
@@ -197,7 +235,7 @@ class Group:
             answer = call(
                 payload,
                 timeout=max(0.05, deadline - time.monotonic()),
-                metadata=self._metadata,
+                metadata=self._metadata + ((_CHAIN, ",".join(_caller_chain(self.env))),),
                 wait_for_ready=False,
             )
         except grpc.RpcError as e:
@@ -241,15 +279,15 @@ class Group:
                 self.refresh()
 
     def call(self, method: str, *args, how: str = "any", **kwargs):
-        """Calls `method(*args, **kwargs)` on one member (`any`: round robin; `rank0`: the
-        lowest index) or on each (`all`: a list in index order)."""
+        """Calls `method(*args, **kwargs)` on one member (`any` or `round_robin`: each in turn;
+        `rank0`: the lowest index) or on each (`all`: a list in index order)."""
         if how not in _HOWS:
             raise BrainError(f"how={how!r}: expected one of {', '.join(_HOWS)}")
         payload = pickle.dumps((method, args, kwargs))
         if time.monotonic() - self._refreshed >= self.refresh_every:
             self.refresh()
         deadline = time.monotonic() + self.timeout
-        if how == "any":
+        if how in ("any", "round_robin"):
             return self._with_retry(None, payload, deadline)
         if not self.members:
             self._member(None, deadline, "")

@@ -219,6 +219,19 @@ class Builder(unittest.TestCase):
             JobBuilder("x").role("a").run([])
 
 
+class CallChains(unittest.TestCase):
+    def test_a_call_coming_back_up_its_chain_is_refused_with_the_chain(self):
+        from brain_sdk.roles import refused_chain
+
+        self.assertIsNone(refused_chain(["driver-0"], "reward-1"))
+        self.assertIsNone(refused_chain(["driver-0", "reward-1"], "critic-0"))
+        why = refused_chain(["driver-0", "reward-1"], "reward-1")
+        self.assertIn("a cycle of calls that can never be served", why)
+        self.assertIn("driver-0 → reward-1 → reward-1", why)
+        deep = [f"a-{i}" for i in range(32)]
+        self.assertIn("nested more than 32 deep", refused_chain(deep, "b-0"))
+
+
 class NodeInterface(unittest.TestCase):
     def test_the_interface_holding_an_address_is_found(self):
         from brain_sdk.env import node_interface

@@ -2,8 +2,9 @@
 
 `serve`: a `reward` engine: `score(x)` answers (its index, its incarnation, 2 * x).
 `drive`: calls the reward role in each way every 0.1 s and appends one JSON line per round to
-`--out`: {"all": [[index, incarnation, value], ...], "any": [...], "rank0": [...]}, or
-{"error": "..."} when a call fails.
+`--out`: {"all": [[index, incarnation, value], ...], "any": [...], "rank0": [...], and what a
+failing method, a private one and a cycle of calls (`loop`) said}, or {"error": "..."} when a
+call fails.
 """
 
 import argparse
@@ -25,6 +26,10 @@ class Reward:
 
     def fail(self):
         raise ValueError("as asked")
+
+    def loop(self):
+        # Calls its own role's first member, which calls it again: a cycle the SDK refuses.
+        return roles.group("reward", timeout=10).call("loop", how="rank0")
 
 
 def main() -> int:
@@ -54,6 +59,11 @@ def main() -> int:
                 reward.call("_private")
             except brain_sdk.BrainError as e:
                 line["private"] = str(e)
+            try:
+                reward.call("loop", how="rank0")
+                line["cycle"] = None
+            except brain_sdk.BrainError as e:
+                line["cycle"] = str(e)
         except brain_sdk.BrainError as e:
             line = {"error": str(e)}
         with open(a.out, "a") as f:
