@@ -376,7 +376,7 @@ async fn the_rl_example_learns_across_nodes() {
 }
 
 /// A job whose processes are placed by `placement` (YAML list items, indented two spaces):
-/// two workers of 1 CPU (fixed), a critic of 1 CPU and `rollouts` engines of half a CPU.
+/// two workers of 1 CPU (fixed), a critic of 1 CPU and `rollouts` engines of half a CPU (1-4).
 fn placed_spec(dir: &Path, name: &str, rollouts: u32, placement: &str) -> JobSpec {
     let yaml = format!(
         r#"
@@ -385,10 +385,10 @@ kind: allreduce
 roles:
   worker: {{ replicas: 2, min: 2, max: 2, resources: {{ cpu: 1, memory: 256Mi }} }}
   critic: {{ replicas: 1, topology: single, resources: {{ cpu: 1, memory: 64Mi }}, command: [/bin/sh, -c, exec sleep 600] }}
-  rollout: {{ replicas: {rollouts}, min: {rollouts}, max: {rollouts}, resources: {{ cpu: "500m", memory: 64Mi }}, command: [/bin/sh, -c, exec sleep 600] }}
+  rollout: {{ replicas: {rollouts}, min: 1, max: 4, resources: {{ cpu: "500m", memory: 64Mi }}, command: [/bin/sh, -c, exec sleep 600] }}
 workload:
   builtin: {{ seed: 5, num_fields: 8, vocab_per_field: 500, hash_buckets: 16384, batch_size: 128, learning_rate: 0.1, step_delay_us: 2000 }}
-data: {{ num_samples: 30000, shard_size: 1000, eval_samples: 2000 }}
+data: {{ num_samples: 60000, shard_size: 1000, eval_samples: 2000 }}
 checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
 placement:
 {placement}"#,
@@ -400,11 +400,32 @@ placement:
     spec
 }
 
+/// Waits until the job's persisted events hold one `pred` accepts.
+async fn until_event(run_dir: &Path, within: Duration, pred: impl Fn(&str) -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        let ctx = std::fs::read(run_dir.join("job-context.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let events = ctx.map_or(serde_json::Value::Null, |c| c["events"].clone());
+        if events
+            .as_array()
+            .is_some_and(|ev| ev.iter().any(|e| pred(e["text"].as_str().unwrap_or(""))))
+        {
+            return;
+        }
+        assert!(start.elapsed() < within, "no such event in {events:#}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Placement groups on the three nodes (issue 41, item 3). The training group and a critic
 /// share one node (`strict_pack`); three rollout engines take one node each
 /// (`strict_spread`): each group is laid out whole before its processes are submitted, and
-/// each process is pinned to its bundle's node. An engine killed comes back on its node. A
-/// group the cluster cannot hold (four engines strictly spread over three nodes) leaves its
+/// each process is pinned to its bundle's node. An engine killed comes back on its node. The
+/// engines grown to four: the fourth waits with the reason (no node free of the group), the
+/// others run on, and the job ends untouched once they are three again. A group the cluster
+/// cannot hold from the start (four engines strictly spread over three nodes) leaves its
 /// processes pending with the reason, and starts none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
@@ -419,7 +440,25 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
     let groups = "  - { roles: [worker, critic], strategy: strict_pack }\n  \
                   - { roles: [rollout], strategy: strict_spread }\n";
     let spec = placed_spec(dir.path(), "placed", 3, groups);
-    let mut run = cluster.start(spec, dir.path()).await;
+    let platform = PlatformConfig::Ray {
+        address: cluster.dashboard.clone(),
+        agent_bin: Some(agent_bin()),
+        max_processes: None,
+        place_timeout_ms: Some(5_000),
+        env: Default::default(),
+    };
+    let timing = Timing {
+        heartbeat_timeout_ms: 6_000,
+        ..test_timing()
+    };
+    let mut run = start_at(
+        &cluster.host,
+        spec,
+        dir.path(),
+        timing.clone(),
+        platform.clone(),
+    )
+    .await;
     let running = |s: &pb::JobStatus, role: &str| {
         s.processes
             .iter()
@@ -470,12 +509,36 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
         running(&s, "rollout").contains(&(1, 2, host.clone())),
         "rollout-1 left its node {host}: {s:#?}"
     );
+
+    // Grown to 4: a fourth node free of the group there is not, so rollout-3 waits, with the
+    // reason, while the others run on; back to 3, the job goes on untouched.
+    let mut p = plan(1, None, None);
+    p.roles.push(pb::RoleTarget {
+        role: "rollout".into(),
+        count: 4,
+        resources: None,
+    });
+    send(run.addr, p).await;
+    until_event(&run.run_dir, Duration::from_secs(60), |t| {
+        t.contains("rollout-3 still pending") && t.contains("it needs 4 nodes")
+    })
+    .await;
+    let s = status(run.addr).await.unwrap();
+    assert_eq!(running(&s, "rollout").len(), 3, "{s:#?}");
+    let mut p = plan(2, None, None);
+    p.roles.push(pb::RoleTarget {
+        role: "rollout".into(),
+        count: 3,
+        resources: None,
+    });
+    send(run.addr, p).await;
     let report = run.report().await;
-    assert_every_sample_once(&report, 30_000, 1);
+    assert_every_sample_once(&report, 60_000, 1);
+    assert!(report.restarts.is_empty(), "{:#?}", report.events);
     assert!(
         report.events.iter().any(|e| e
-            .contains("placement group rollout (strict_spread, 3 processes")
-            && e.contains("laid out")),
+            .contains("placement group rollout (strict_spread) laid out: rollout-0")
+            && e.contains("rollout-2")),
         "{:#?}",
         report.events
     );
@@ -487,41 +550,11 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
         4,
         "  - { roles: [rollout], strategy: strict_spread }\n",
     );
-    let platform = PlatformConfig::Ray {
-        address: cluster.dashboard.clone(),
-        agent_bin: Some(agent_bin()),
-        max_processes: None,
-        place_timeout_ms: Some(5_000),
-        env: Default::default(),
-    };
-    let timing = Timing {
-        heartbeat_timeout_ms: 6_000,
-        ..test_timing()
-    };
     let run = start_at(&cluster.host, spec, dir.path(), timing, platform).await;
-    let start = std::time::Instant::now();
-    let said = |e: &serde_json::Value| {
-        let t = e["text"].as_str().unwrap_or("");
+    until_event(&run.run_dir, Duration::from_secs(90), |t| {
         t.contains("placement group rollout (strict_spread)") && t.contains("it needs 4 nodes")
-    };
-    loop {
-        let ctx = std::fs::read(run.run_dir.join("job-context.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-        if ctx
-            .as_ref()
-            .and_then(|c| c["events"].as_array())
-            .is_some_and(|ev| ev.iter().any(said))
-        {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "no reason given: {:#}",
-            ctx.map_or(serde_json::Value::Null, |c| c["events"].clone())
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     let s = status(run.addr).await.unwrap();
     assert!(running(&s, "rollout").is_empty(), "{s:#?}");
     run.handle.abort();

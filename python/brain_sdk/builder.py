@@ -26,8 +26,7 @@ or `.builtin(...)`.
 Placement: `.colocate("actor", "critic")` keeps those roles' processes on one node
 (`strict_pack`; `strict=False` for `pack`), `.spread("rollout")` puts them on different nodes
 (`strict_spread`; `strict=False` for `spread`): each is a placement group, laid out whole before
-its processes start (docs/roles.md). A placed role is fixed in size: give it `.total(n)` and no
-other bounds.
+its processes start, more laid out beside them as a role grows (docs/roles.md).
 
 Not yet: fractional GPUs and device colocation; a fraction of a GPU is refused here with that
 reason rather than rounded.

@@ -97,15 +97,20 @@ fn advertised(listener: &TcpListener, advertise: Option<IpAddr>) -> Result<Socke
 }
 
 /// Refuses a placement one machine cannot hold: local processes all share it, so `pack`,
-/// `strict_pack` and `spread` hold trivially, and `strict_spread` of two or more does not.
+/// `strict_pack` and `spread` hold trivially, and `strict_spread` of two or more (at the
+/// roles' `max`) does not.
 fn local_placement(spec: &JobSpec) -> Result<(), Error> {
     for g in &spec.placement {
-        let n = spec.bundles(g).len();
+        let n: u32 = g
+            .roles
+            .iter()
+            .map(|r| spec.role_plan(*r).map_or(0, |p| p.max))
+            .sum();
         if g.strategy == vocab::spec::Strategy::StrictSpread && n > 1 {
             return Err(Error::InvalidRequest(format!(
-                "placement group {} is strict_spread over {n} processes, but local processes \
-                 all run on this one machine: run the job on a cluster (--platform ray), or \
-                 use spread",
+                "placement group {} is strict_spread over up to {n} processes, but local \
+                 processes all run on this one machine: run the job on a cluster (--platform \
+                 ray), or use spread",
                 g.name()
             )));
         }
@@ -121,16 +126,18 @@ fn placement_plans(spec: &JobSpec) -> Vec<crate::platform::ray::GroupPlan> {
         .map(|g| crate::platform::ray::GroupPlan {
             name: g.name(),
             strategy: g.strategy,
-            bundles: spec
+            roles: g
+                .roles
+                .iter()
+                .map(|role| {
+                    let r = spec.roles.get(role).and_then(|r| r.resources.as_ref());
+                    (*role, crate::platform::ray::request_of(r))
+                })
+                .collect(),
+            initial: spec
                 .bundles(g)
                 .into_iter()
-                .map(|(role, index)| {
-                    let r = spec.roles.get(&role).and_then(|r| r.resources.as_ref());
-                    (
-                        vocab::SlotKey { role, index },
-                        crate::platform::ray::request_of(r),
-                    )
-                })
+                .map(|(role, index)| vocab::SlotKey { role, index })
                 .collect(),
         })
         .collect()
@@ -477,23 +484,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("strict_spread over 2 processes") && e.contains("--platform ray"),
+            e.contains("strict_spread over up to 2 processes") && e.contains("--platform ray"),
             "{e}"
         );
         // The Ray platform's bundles: each process asks for its role's resources.
         let plans = placement_plans(&placed("strict_spread", 2));
         assert_eq!(plans.len(), 1);
         assert_eq!(plans[0].name, "rollout");
+        let rollout: vocab::Role = "rollout".parse().unwrap();
+        assert_eq!(plans[0].roles[&rollout].cpus, 2.0);
         assert_eq!(
             plans[0]
-                .bundles
+                .initial
                 .iter()
-                .map(|(k, r)| (k.to_string(), r.cpus))
+                .map(|k| k.to_string())
                 .collect::<Vec<_>>(),
-            vec![
-                ("rollout-0".to_string(), 2.0),
-                ("rollout-1".to_string(), 2.0)
-            ]
+            vec!["rollout-0", "rollout-1"]
         );
     }
 

@@ -9,8 +9,9 @@
 //! every process shares the one machine, so `strict_spread` of more than one process cannot be
 //! held there and is refused at start.
 //!
-//! A placement group is fixed in size: a role in one runs at exactly its `replicas` (its `min`
-//! and `max` equal them), and no plan resizes it.
+//! A group's roles may be resized: a process beyond the group's first ones is laid out beside
+//! them as the strategy says (on a node of its own for `strict_spread`, on the group's node for
+//! `strict_pack`), or waits with the reason when no node can take it.
 
 use serde::{Deserialize, Serialize};
 
@@ -85,8 +86,8 @@ impl JobSpec {
             .find(|(_, g)| g.roles.contains(&role))
     }
 
-    /// The processes of a group in bundle order: each role in the group's order, its indices
-    /// 0.. up to its replicas.
+    /// The processes a group starts with, in bundle order: each role in the group's order, its
+    /// indices 0.. up to its replicas (its `min` when it gives none).
     pub fn bundles(&self, group: &PlacementGroup) -> Vec<(Role, u32)> {
         group
             .roles
@@ -98,7 +99,7 @@ impl JobSpec {
             .collect()
     }
 
-    /// `placement:`'s checks: known roles, each in one group at most, and fixed in size.
+    /// `placement:`'s checks: known roles, each in one group at most.
     pub(super) fn validate_placement(&self) -> Result<(), SpecError> {
         if self.placement.len() > MAX_GROUPS {
             return Err(SpecError::new(
@@ -119,7 +120,7 @@ impl JobSpec {
                 ));
             }
             for role in &g.roles {
-                let Some(spec) = self.roles.get(role) else {
+                if !self.roles.contains_key(role) {
                     return Err(SpecError::new(
                         p("roles"),
                         format!(
@@ -131,7 +132,7 @@ impl JobSpec {
                                 .join(", ")
                         ),
                     ));
-                };
+                }
                 if seen.contains(role) {
                     return Err(SpecError::new(
                         p("roles"),
@@ -139,20 +140,6 @@ impl JobSpec {
                     ));
                 }
                 seen.push(*role);
-                let plan = self.role_plan(*role)?;
-                if spec.replicas.is_none() || plan.min != plan.max {
-                    return Err(SpecError::new(
-                        format!("roles.{role}"),
-                        format!(
-                            "is in placement group {} and so fixed in size (a placement group \
-                             is laid out whole): give replicas, and min and max equal to them \
-                             (now min {}, max {})",
-                            g.name(),
-                            plan.min,
-                            plan.max
-                        ),
-                    ));
-                }
             }
         }
         Ok(())
@@ -205,10 +192,6 @@ mod tests {
             (
                 "placement:\n  - { roles: [worker], strategy: pack }\n  - { roles: [critic, worker], strategy: spread }\n",
                 "placement[1].roles: names worker, which an earlier group places already",
-            ),
-            (
-                "placement:\n  - { roles: [rollout], strategy: strict_spread }\n",
-                "roles.rollout: is in placement group rollout and so fixed in size",
             ),
             (
                 "placement:\n  - { roles: [worker], strategy: sideways }\n",

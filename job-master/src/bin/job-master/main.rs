@@ -174,7 +174,8 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     }
     for g in &spec.placement {
         println!(
-            "  placement group {} ({}): {} processes laid out together before they start",
+            "  placement group {} ({}): {} processes laid out together before they start, \
+             more beside them as the roles grow",
             g.name(),
             g.strategy.as_str(),
             spec.bundles(g).len()

@@ -16,20 +16,24 @@
 //! Ray's groups: the room is not held for the group between the layout and the submissions (a
 //! process that then finds its node full waits, and says so, as any process does).
 
+use std::collections::BTreeMap;
+
 use super::Inner;
 use super::api::{RayCluster, RayResources};
 use super::describe;
 use crate::error::Error;
-use vocab::SlotKey;
 use vocab::spec::Strategy;
+use vocab::{Role, SlotKey};
 
-/// One placement group of the job as planned: its strategy and its bundles in order.
+/// One placement group of the job as planned: its strategy, what each of its roles' processes
+/// asks for, and the processes it starts with (laid out together, before any is submitted).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupPlan {
     /// `actor+critic`.
     pub name: String,
     pub strategy: Strategy,
-    pub bundles: Vec<(SlotKey, RayResources)>,
+    pub roles: BTreeMap<Role, RayResources>,
+    pub initial: Vec<SlotKey>,
 }
 
 /// The resource that pins a process to the node at `ip`: a sliver of `node:<ip>`.
@@ -50,14 +54,15 @@ fn plus(a: &RayResources, b: &RayResources) -> RayResources {
     }
 }
 
-/// Lays `bundles` over `nodes` (address, free room) by `strategy`; returns each bundle's node
-/// address, or why the nodes cannot hold them.
+/// Lays `bundles` over `nodes` (address, free room, and how many of the group's processes are
+/// laid out there already) by `strategy`; returns each bundle's node address, or why the nodes
+/// cannot hold them.
 pub(super) fn lay_out(
     strategy: Strategy,
     bundles: &[RayResources],
-    nodes: &[(String, RayResources)],
+    nodes: &[(String, RayResources, usize)],
 ) -> Result<Vec<String>, String> {
-    let free: Vec<RayResources> = nodes.iter().map(|(_, r)| r.clone()).collect();
+    let free: Vec<RayResources> = nodes.iter().map(|(_, r, _)| r.clone()).collect();
     let mut room = free.clone();
     // The nodes with the most free CPU first, as Ray's own spread would.
     let mut order: Vec<usize> = (0..nodes.len()).collect();
@@ -68,16 +73,25 @@ pub(super) fn lay_out(
             let all = bundles
                 .iter()
                 .fold(RayResources::default(), |s, b| plus(&s, b));
+            // Where the group is already, if it is anywhere.
+            let home = order.iter().copied().find(|n| nodes[*n].2 > 0);
             let n = order
                 .iter()
                 .copied()
+                .filter(|n| home.is_none_or(|h| h == *n))
                 .find(|n| all.fits_in(&room[*n]))
-                .ok_or_else(|| {
-                    format!(
+                .ok_or_else(|| match home {
+                    Some(h) => format!(
+                        "its node {} has no room for {} more of its processes ({})",
+                        nodes[h].0,
+                        bundles.len(),
+                        describe(&all)
+                    ),
+                    None => format!(
                         "no node has room for its {} processes together ({})",
                         bundles.len(),
                         describe(&all)
-                    )
+                    ),
                 })?;
             at.iter_mut().for_each(|a| *a = Some(n));
         }
@@ -85,7 +99,7 @@ pub(super) fn lay_out(
             // The largest first, so that the small ones fill what is left.
             let mut big: Vec<usize> = (0..bundles.len()).collect();
             big.sort_by(|a, b| bundles[*b].cpus.total_cmp(&bundles[*a].cpus));
-            let mut members = vec![0usize; nodes.len()];
+            let mut members: Vec<usize> = nodes.iter().map(|(_, _, m)| *m).collect();
             for b in big {
                 let fits = order
                     .iter()
@@ -103,7 +117,7 @@ pub(super) fn lay_out(
                         Strategy::StrictSpread => format!(
                             "it needs {} nodes each with room for one of its processes ({}), \
                              and {} of the {} nodes have that room",
-                            bundles.len(),
+                            bundles.len() + nodes.iter().map(|(_, _, m)| m).sum::<usize>(),
                             describe(&bundles[b]),
                             free.iter().filter(|r| bundles[b].fits_in(r)).count(),
                             nodes.len()
@@ -128,9 +142,11 @@ pub(super) fn lay_out(
 }
 
 impl Inner {
-    /// The node address of `key`'s bundle in group `g`, laying the group out first when it
-    /// has no layout yet, or a node of its layout is gone. `Err`: why the cluster cannot hold
-    /// the group now (the process stays pending and is asked for again).
+    /// The node address of `key`'s bundle in group `g`. The group's first processes are laid
+    /// out together at the first launch; a process beyond them (the role grown) is laid out
+    /// beside the group as its strategy says; a process whose node is gone from Ray is laid out
+    /// anew. `Err`: why the cluster cannot hold it now (the process stays pending and is asked
+    /// for again).
     pub(super) async fn bundle_node(&self, g: usize, key: SlotKey) -> Result<String, Error> {
         let plan = &self.settings.placement[g];
         let unplaced = |problem: String| Error::Launch {
@@ -138,47 +154,90 @@ impl Inner {
             what: format!("placement group {} ({})", plan.name, plan.strategy.as_str()),
             problem,
         };
-        let index = plan
-            .bundles
-            .iter()
-            .position(|(k, _)| *k == key)
-            .ok_or_else(|| unplaced(format!("{key} has no bundle in it")))?;
         let mut layouts = self.groups.lock().await;
-        let cluster = self.api.cluster().await?;
-        let alive = |ip: &String| cluster.nodes.iter().any(|n| n.ip == *ip);
-        if let Some(nodes) = &layouts[g]
-            && nodes.iter().all(alive)
-        {
-            return Ok(nodes[index].clone());
+        let layout = &mut layouts[g];
+        if let Some(node) = layout.get(&key) {
+            return Ok(node.clone());
         }
-        let nodes = self.lay_out_group(plan, &cluster).map_err(unplaced)?;
+        let cluster = self.api.cluster().await?;
+        layout.retain(|_, ip| cluster.nodes.iter().any(|n| n.ip == *ip));
+        let keys: Vec<SlotKey> = if layout.is_empty() {
+            let mut first = plan.initial.clone();
+            if !first.contains(&key) {
+                first.push(key);
+            }
+            first
+        } else {
+            vec![key]
+        };
+        let bundles = keys
+            .iter()
+            .map(|k| {
+                plan.roles
+                    .get(&k.role)
+                    .cloned()
+                    .ok_or_else(|| unplaced(format!("{k} is not of its roles")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let nodes = self
+            .lay_out_group(plan, &cluster, layout, &bundles)
+            .map_err(unplaced)?;
         self.note(format!(
-            "placement group {} ({}, {} processes of {}) laid out: {}",
+            "placement group {} ({}) laid out: {}{}",
             plan.name,
             plan.strategy.as_str(),
-            plan.bundles.len(),
-            plan.bundles
-                .iter()
-                .map(|(k, r)| format!("{k} {}", describe(r)))
+            keys.iter()
+                .zip(&bundles)
+                .zip(&nodes)
+                .map(|((k, r), n)| format!("{k} ({}) on {n}", describe(r)))
                 .collect::<Vec<_>>()
                 .join(", "),
-            plan.bundles
-                .iter()
-                .zip(&nodes)
-                .map(|((k, _), n)| format!("{k} on {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            if layout.is_empty() {
+                String::new()
+            } else {
+                format!(", beside {} of the group", layout.len())
+            }
         ))
         .await;
-        let node = nodes[index].clone();
-        layouts[g] = Some(nodes);
-        Ok(node)
+        layout.extend(keys.into_iter().zip(nodes));
+        Ok(layout[&key].clone())
     }
 
-    /// Lays the group out on the nodes' free room less what this master submitted that Ray's
-    /// report may not show yet.
-    fn lay_out_group(&self, plan: &GroupPlan, cluster: &RayCluster) -> Result<Vec<String>, String> {
-        let room: Vec<(String, RayResources)> = {
+    /// [`Self::bundle_node`], asked again every poll until the place timeout (or a stop) while
+    /// the cluster cannot hold the process.
+    pub(super) async fn bundle_node_within(
+        &self,
+        g: usize,
+        key: SlotKey,
+        cancel: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<String, Error> {
+        let deadline = std::time::Instant::now() + self.settings.place_timeout;
+        loop {
+            match self.bundle_node(g, key).await {
+                Ok(ip) => return Ok(ip),
+                Err(e) if std::time::Instant::now() >= deadline || *cancel.borrow() => {
+                    return Err(e);
+                }
+                Err(_) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.settings.poll) => {}
+                        _ = cancel.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lays `bundles` out beside the group's `layout` on the nodes' free room less what this
+    /// master submitted that Ray's report may not show yet.
+    fn lay_out_group(
+        &self,
+        plan: &GroupPlan,
+        cluster: &RayCluster,
+        layout: &BTreeMap<SlotKey, String>,
+        bundles: &[RayResources],
+    ) -> Result<Vec<String>, String> {
+        let room: Vec<(String, RayResources, usize)> = {
             let recent = self.recent.lock().expect("not poisoned");
             cluster
                 .nodes
@@ -192,16 +251,16 @@ impl Inner {
                             free = free.minus(&p.need);
                         }
                     }
-                    (n.ip.clone(), free)
+                    let members = layout.values().filter(|ip| **ip == n.ip).count();
+                    (n.ip.clone(), free, members)
                 })
                 .collect()
         };
-        let bundles: Vec<RayResources> = plan.bundles.iter().map(|(_, r)| r.clone()).collect();
-        lay_out(plan.strategy, &bundles, &room).map_err(|why| {
+        lay_out(plan.strategy, bundles, &room).map_err(|why| {
             format!(
                 "the cluster cannot hold it now: {why} (free: {})",
                 room.iter()
-                    .map(|(ip, r)| format!("{ip}: {}", describe(r)))
+                    .map(|(ip, r, _)| format!("{ip}: {}", describe(r)))
                     .collect::<Vec<_>>()
                     .join("; ")
             )
@@ -228,10 +287,10 @@ mod tests {
         }
     }
 
-    fn nodes(free: &[f64]) -> Vec<(String, RayResources)> {
+    fn nodes(free: &[f64]) -> Vec<(String, RayResources, usize)> {
         free.iter()
             .enumerate()
-            .map(|(i, c)| (format!("10.0.0.{i}"), cpus(*c)))
+            .map(|(i, c)| (format!("10.0.0.{i}"), cpus(*c), 0))
             .collect()
     }
 
@@ -267,6 +326,47 @@ mod tests {
         let spread = lay_out(Strategy::Spread, &three, &nodes(&[3.0, 3.0])).unwrap();
         assert!(spread.contains(&"10.0.0.0".into()) && spread.contains(&"10.0.0.1".into()));
         assert!(lay_out(Strategy::Spread, &[cpus(5.0)], &nodes(&[4.0])).is_err());
+    }
+
+    #[test]
+    fn a_grown_group_is_laid_out_beside_the_processes_it_has() {
+        // Members on nodes 0 and 1 already.
+        let mut at = nodes(&[4.0, 4.0, 4.0, 1.0]);
+        at[0].2 = 1;
+        at[1].2 = 1;
+        // strict_spread: a node free of the group, with room.
+        assert_eq!(
+            lay_out(Strategy::StrictSpread, &[cpus(1.0)], &at).unwrap(),
+            vec!["10.0.0.2"]
+        );
+        at[2].2 = 1;
+        at[3].1 = cpus(0.5);
+        let e = lay_out(Strategy::StrictSpread, &[cpus(1.0)], &at).unwrap_err();
+        assert!(
+            e.contains("it needs 4 nodes") && e.contains("3 of the 4 nodes"),
+            "{e}"
+        );
+        // spread: the node with the fewest of the group.
+        assert_eq!(
+            lay_out(Strategy::Spread, &[cpus(0.5)], &at).unwrap(),
+            vec!["10.0.0.3"]
+        );
+        // pack: where the group is; strict_pack: only there.
+        let mut home = nodes(&[4.0, 1.0, 4.0]);
+        home[1].2 = 2;
+        assert_eq!(
+            lay_out(Strategy::Pack, &[cpus(1.0)], &home).unwrap(),
+            vec!["10.0.0.1"]
+        );
+        assert_eq!(
+            lay_out(Strategy::StrictPack, &[cpus(1.0)], &home).unwrap(),
+            vec!["10.0.0.1"]
+        );
+        let e = lay_out(Strategy::StrictPack, &[cpus(2.0)], &home).unwrap_err();
+        assert!(
+            e.contains("its node 10.0.0.1 has no room for 1 more"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -117,9 +117,9 @@ struct Inner {
     recent: std::sync::Mutex<Vec<Placement>>,
     /// Each alive node's totals, as last read.
     totals: std::sync::Mutex<Vec<RayResources>>,
-    /// Each placement group's layout (its bundles' node addresses), by its place in
-    /// `settings.placement`, once laid out.
-    groups: Mutex<Vec<Option<Vec<String>>>>,
+    /// Each placement group's layout (each process's node address), by its place in
+    /// `settings.placement`.
+    groups: Mutex<Vec<BTreeMap<SlotKey, String>>>,
 }
 
 pub struct RayPlatform {
@@ -167,7 +167,7 @@ impl RayPlatform {
                 .map_or(0, |d| d.as_millis() as u64 & 0xffff_ffff)
         );
         let totals = cluster.nodes.iter().map(|n| n.total.clone()).collect();
-        let groups = Mutex::new(vec![None; settings.placement.len()]);
+        let groups = Mutex::new(vec![BTreeMap::new(); settings.placement.len()]);
         Ok(RayPlatform {
             inner: Arc::new(Inner {
                 api,
@@ -325,7 +325,7 @@ impl Platform for RayPlatform {
             .settings
             .placement
             .iter()
-            .position(|g| g.bundles.iter().any(|(k, _)| *k == l.key));
+            .position(|g| g.roles.contains_key(&l.key.role));
         let command = [
             inner.settings.agent_bin.to_string_lossy().into_owned(),
             "agent".into(),
@@ -411,14 +411,19 @@ impl Platform for RayPlatform {
             let (mut req, mut need) = (req, need);
             let pinned = match group {
                 None => Ok(()),
-                // On its bundle's node; the group is laid out first.
-                Some(g) => inner.bundle_node(g, key).await.map(|ip| {
-                    need = group::pinned(&need, &ip);
-                    req.entrypoint_resources = need.custom.clone();
-                }),
+                // On its bundle's node; the group is laid out first, asked again until the
+                // place timeout when the cluster cannot hold it.
+                Some(g) => inner
+                    .bundle_node_within(g, key, &mut cancel_rx)
+                    .await
+                    .map(|ip| {
+                        need = group::pinned(&need, &ip);
+                        req.entrypoint_resources = need.custom.clone();
+                    }),
             };
             let placed = match pinned {
                 Ok(()) => inner.place(&req, &need, key.role, &mut cancel_rx).await,
+                Err(_) if *cancel_rx.borrow() => Err(Unplaced::Stopped),
                 Err(e) => Err(Unplaced::NoRoom(e)),
             };
             let event = match placed {
