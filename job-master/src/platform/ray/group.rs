@@ -11,8 +11,8 @@
 //! raylet abort (`ReturnBundle`: "Bundle resources are still in use"), taking the node and every
 //! process on it down. So the master places the bundles itself, on the nodes' free room as Ray
 //! reports it less what the master submitted that the report does not show yet, and keeps each
-//! bundle's node for the job's life: a process that fails comes back on its bundle's node. A
-//! group is laid out again only when a node it used is gone from Ray. What this gives up against
+//! bundle's node for the job's life: a process that fails comes back on its bundle's node, and
+//! only a process whose node is gone from Ray is laid out anew. What this gives up against
 //! Ray's groups: the room is not held for the group between the layout and the submissions (a
 //! process that then finds its node full waits, and says so, as any process does).
 
