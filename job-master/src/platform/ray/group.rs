@@ -243,14 +243,7 @@ impl Inner {
                 .nodes
                 .iter()
                 .map(|n| {
-                    let mut free = n.available.clone();
-                    for p in recent.iter().filter(|p| p.node_id == n.node_id) {
-                        if p.running_since
-                            .is_none_or(|t| t.elapsed() < self.settings.usage_lag)
-                        {
-                            free = free.minus(&p.need);
-                        }
-                    }
+                    let free = super::place::room_on(n, &recent, self.settings.usage_lag);
                     let members = layout.values().filter(|ip| **ip == n.ip).count();
                     (n.ip.clone(), free, members)
                 })

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::Inner;
-use super::api::{RayCluster, RayError, RayResources, SubmitRequest};
+use super::api::{RayCluster, RayError, RayNode, RayResources, SubmitRequest};
 use crate::error::Error;
 use crate::spec::{Resources, Role};
 
@@ -63,17 +63,24 @@ fn choose_node(
         .nodes
         .iter()
         .filter_map(|n| {
-            let mut room = n.available.clone();
-            for p in recent.iter().filter(|p| p.node_id == n.node_id) {
-                if p.running_since.is_none_or(|t| t.elapsed() < lag) {
-                    room = room.minus(&p.need);
-                }
-            }
+            let room = room_on(n, recent, lag);
             need.fits_in(&room).then(|| (room.cpus, n.node_id.clone()))
         })
         // The node with the most CPU left, as Ray's spread would.
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, id)| id)
+}
+
+/// What is free on node `n`: what Ray reports, less `recent` placements of ours there that
+/// its report may not show yet (submitted, or running for less than `lag`).
+pub(super) fn room_on(n: &RayNode, recent: &[Placement], lag: Duration) -> RayResources {
+    let mut room = n.available.clone();
+    for p in recent.iter().filter(|p| p.node_id == n.node_id) {
+        if p.running_since.is_none_or(|t| t.elapsed() < lag) {
+            room = room.minus(&p.need);
+        }
+    }
+    room
 }
 
 /// Why an agent never got into Ray.
