@@ -36,8 +36,9 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
     let data = d.join("data");
     let script = common::confined::write_probe(&code);
     let allowed = format!("/bin/sh {}", script.display());
+    std::fs::create_dir(&data).unwrap();
     std::fs::write(
-        d.join("policy.toml"),
+        data.join("policy.toml"),
         format!(
             "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n\
              [submissions]\ncommands = [{allowed:?}]\n"
@@ -53,12 +54,9 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         ),
     )
     .unwrap();
-    let (_b, addr) = brain_in(
-        d,
-        &data,
-        "2",
-        &["--config", d.join("brain.toml").to_str().unwrap()],
-    );
+    let (_b, addr) = common::start_brain_with(&data, "127.0.0.1:0", 2, |cmd| {
+        cmd.arg("--config").arg(d.join("brain.toml"));
+    });
     let url = format!("http://{addr}");
     let run = data.join("runs").join("probe");
     let spec = |name: &str, command: &str| {
@@ -95,24 +93,6 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         .unwrap_or_else(|e| panic!("{e}\n{}", log(&run)));
     common::confined::assert_probe(&report, "probe");
     assert!(!code.join("planted").exists());
-}
-
-/// A brain of `cpus` CPUs with its policy and log in `d`, its store and runs in `data`, and
-/// `extra` arguments.
-fn brain_in(d: &Path, data: &Path, cpus: &str, extra: &[&str]) -> (common::Brain, String) {
-    common::spawn_brain(|cmd| {
-        cmd.args(extra)
-            .args(["--listen", "127.0.0.1:0", "--cpus", cpus])
-            .arg("--database")
-            .arg(data.join("brain.db"))
-            .arg("--runs-dir")
-            .arg(data.join("runs"))
-            .arg("--policy")
-            .arg(d.join("policy.toml"))
-            .arg("--job-master-bin")
-            .arg(common::bin_dir().join("job-master"))
-            .stderr(std::fs::File::create(d.join("brain.log")).unwrap());
-    })
 }
 
 fn log(run: &Path) -> String {
@@ -172,12 +152,13 @@ fn the_built_in_workload_runs_as_the_jobs_user_in_the_sandbox_too() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let data = d.join("data");
+    std::fs::create_dir(&data).unwrap();
     std::fs::write(
-        d.join("policy.toml"),
+        data.join("policy.toml"),
         "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n",
     )
     .unwrap();
-    let (_b, addr) = brain_in(d, &data, "4", &[]);
+    let (_b, addr) = common::start_brain(&data, "127.0.0.1:0", 4);
     let url = format!("http://{addr}");
     let run = data.join("runs").join("builtin");
     let spec = d.join("builtin.yaml");

@@ -60,22 +60,32 @@ impl Cluster {
     }
 
     fn platform(&self) -> PlatformConfig {
+        self.platform_within(120_000)
+    }
+
+    /// The Ray platform, a process given up as not placed after `place_timeout_ms`.
+    fn platform_within(&self, place_timeout_ms: u64) -> PlatformConfig {
         PlatformConfig::Ray {
             address: self.dashboard.clone(),
             agent_bin: Some(agent_bin()),
             max_processes: None,
-            place_timeout_ms: Some(120_000),
+            place_timeout_ms: Some(place_timeout_ms),
             env: Default::default(),
         }
     }
 
     /// Starts `spec` with its master on the bridge, where every node reaches it.
     async fn start(&self, spec: JobSpec, dir: &Path) -> Running {
+        self.start_on(spec, dir, self.platform()).await
+    }
+
+    /// [`Self::start`] on `platform`.
+    async fn start_on(&self, spec: JobSpec, dir: &Path, platform: PlatformConfig) -> Running {
         let timing = Timing {
             heartbeat_timeout_ms: 6_000,
             ..test_timing()
         };
-        start_at(&self.host, spec, dir, timing, self.platform()).await
+        start_at(&self.host, spec, dir, timing, platform).await
     }
 }
 
@@ -440,25 +450,10 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
     let groups = "  - { roles: [worker, critic], strategy: strict_pack }\n  \
                   - { roles: [rollout], strategy: strict_spread }\n";
     let spec = placed_spec(dir.path(), "placed", 3, groups);
-    let platform = PlatformConfig::Ray {
-        address: cluster.dashboard.clone(),
-        agent_bin: Some(agent_bin()),
-        max_processes: None,
-        place_timeout_ms: Some(5_000),
-        env: Default::default(),
-    };
-    let timing = Timing {
-        heartbeat_timeout_ms: 6_000,
-        ..test_timing()
-    };
-    let mut run = start_at(
-        &cluster.host,
-        spec,
-        dir.path(),
-        timing.clone(),
-        platform.clone(),
-    )
-    .await;
+    // Waiting processes say why within 5 s.
+    let mut run = cluster
+        .start_on(spec, dir.path(), cluster.platform_within(5_000))
+        .await;
     let running = |s: &pb::JobStatus, role: &str| {
         s.processes
             .iter()
@@ -550,7 +545,9 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
         4,
         "  - { roles: [rollout], strategy: strict_spread }\n",
     );
-    let run = start_at(&cluster.host, spec, dir.path(), timing, platform).await;
+    let run = cluster
+        .start_on(spec, dir.path(), cluster.platform_within(5_000))
+        .await;
     until_event(&run.run_dir, Duration::from_secs(90), |t| {
         t.contains("placement group rollout (strict_spread)") && t.contains("it needs 4 nodes")
     })
