@@ -106,10 +106,11 @@ pub(super) fn lay_out(
                     .copied()
                     .filter(|n| bundles[b].fits_in(&room[*n]))
                     .filter(|n| strategy != Strategy::StrictSpread || members[*n] == 0);
+                // `fits` goes most free first, and `min_by_key` keeps the first of equals.
                 let chosen = match strategy {
-                    // Where the group is already, then the most free.
-                    Strategy::Pack => fits.max_by_key(|n| (members[*n], usize::MAX - *n)),
-                    // Where the group is least, then the most free (the order's first).
+                    // Where the group is most, then the most free.
+                    Strategy::Pack => fits.min_by_key(|n| std::cmp::Reverse(members[*n])),
+                    // Where the group is least, then the most free.
                     _ => fits.min_by_key(|n| members[*n]),
                 };
                 let Some(n) = chosen else {
@@ -315,6 +316,11 @@ mod tests {
         // pack: as few nodes as the room allows.
         let packed = lay_out(Strategy::Pack, &three, &nodes(&[2.0, 1.0, 0.0])).unwrap();
         assert_eq!(packed.iter().filter(|n| *n == "10.0.0.0").count(), 2);
+        // Between equal nodes, the freest first: node 1 here.
+        assert_eq!(
+            lay_out(Strategy::Pack, &[cpus(1.0)], &nodes(&[2.0, 3.0])).unwrap(),
+            vec!["10.0.0.1"]
+        );
         // spread: as many as the room allows.
         let spread = lay_out(Strategy::Spread, &three, &nodes(&[3.0, 3.0])).unwrap();
         assert!(spread.contains(&"10.0.0.0".into()) && spread.contains(&"10.0.0.1".into()));
