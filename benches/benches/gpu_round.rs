@@ -95,7 +95,7 @@ fn snapshot() -> LiveSnapshot {
                 last_change_s: (state == LiveState::Running).then_some(0.0),
                 running_s: 100.0,
                 peak_workers: workers,
-                worker_gpus: gpus,
+                worker_gpus: optimizer::units::Gpus::whole(gpus),
                 gpu_type: model,
                 ..LiveJob::default()
             }

@@ -111,7 +111,7 @@ pub fn predict(
         max_ps: ps.as_ref().map_or(0, |p| p.max),
         worker_millicores: wr.cpu.map_or(cluster.slot_millicores, |c| c.0),
         worker_memory_bytes: wr.memory.map_or(0, |m| m.0),
-        worker_gpus: wr.gpu.unwrap_or(0),
+        worker_gpus: wr.gpu.unwrap_or_default(),
         gpu_type: wr.gpu_type.clone(),
         ps_millicores: pr.cpu.map_or(0, |c| c.0),
         ps_memory_bytes: pr.memory.map_or(0, |m| m.0),
@@ -130,7 +130,7 @@ pub fn predict(
                         max: p.max,
                         millicores: r.cpu.map_or(cluster.slot_millicores, |c| c.0),
                         memory_bytes: r.memory.map_or(0, |m| m.0),
-                        gpus: r.gpu.unwrap_or(0),
+                        gpus: r.gpu.unwrap_or_default(),
                     },
                 ))
             })

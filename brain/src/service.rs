@@ -51,8 +51,14 @@ impl BrainService {
     }
 }
 
-fn resources(r: Option<jm::Resources>) -> (u64, u64, u32) {
-    r.map_or((0, 0, 0), |r| (r.cpu_millicores, r.memory_bytes, r.gpus))
+fn resources(r: Option<jm::Resources>) -> (u64, u64, vocab::Gpus) {
+    r.map_or((0, 0, vocab::Gpus::ZERO), |r| {
+        (
+            r.cpu_millicores,
+            r.memory_bytes,
+            vocab::Gpus::from_milli(r.gpu_milli),
+        )
+    })
 }
 
 fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
@@ -117,13 +123,13 @@ fn shape_to(s: Shape) -> pb::JobShape {
         worker_resources: Some(jm::Resources {
             cpu_millicores: s.worker_millicores,
             memory_bytes: s.worker_memory_bytes,
-            gpus: s.worker_gpus,
+            gpu_milli: s.worker_gpus.milli(),
             gpu_type: s.gpu_type.clone().unwrap_or_default(),
         }),
         ps_resources: Some(jm::Resources {
             cpu_millicores: s.ps_millicores,
             memory_bytes: s.ps_memory_bytes,
-            gpus: 0,
+            gpu_milli: 0,
             gpu_type: String::new(),
         }),
         total_samples: s.total_samples,
@@ -139,7 +145,7 @@ fn shape_to(s: Shape) -> pb::JobShape {
                 resources: Some(jm::Resources {
                     cpu_millicores: r.millicores,
                     memory_bytes: r.memory_bytes,
-                    gpus: r.gpus,
+                    gpu_milli: r.gpus.milli(),
                     gpu_type: String::new(),
                 }),
             })
@@ -591,7 +597,7 @@ fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
         index: p.index,
         cpu_limit: limits.cpu_millicores,
         memory_limit: limits.memory_bytes,
-        gpus: limits.gpus,
+        gpus: vocab::Gpus::from_milli(limits.gpu_milli),
         cpu_millicores: p.cpu_millicores,
         memory_bytes: p.memory_bytes,
         memory_peak_bytes: p.memory_peak_bytes,

@@ -79,12 +79,12 @@ pub fn from_store(rows: &[JobRow]) -> Vec<ProfileSample> {
                 requested: Some(Demand([
                     shape.worker_millicores as f64,
                     (shape.worker_memory_bytes >> 20) as f64,
-                    shape.worker_gpus as f64,
+                    shape.worker_gpus.as_f64(),
                 ])),
                 used: Demand([
                     r.peak_process_millicores as f64,
                     (r.peak_process_memory_bytes as f64 / 1048576.0).ceil(),
-                    shape.worker_gpus as f64,
+                    shape.worker_gpus.as_f64(),
                 ]),
             })
         })

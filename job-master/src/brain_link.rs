@@ -128,7 +128,7 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         jm::Resources {
             cpu_millicores: r.cpu.map_or(1000, |c| c.0),
             memory_bytes: r.memory.map_or(0, |m| m.0),
-            gpus: r.gpu.unwrap_or(0),
+            gpu_milli: r.gpu.map_or(0, vocab::Gpus::milli),
             gpu_type: r.gpu_type.unwrap_or_default(),
         }
     };
@@ -221,7 +221,7 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
                 resources: Some(jm::Resources {
                     cpu_millicores: given.cpu.map_or(0, |c| c.0),
                     memory_bytes: given.memory.map_or(0, |m| m.0),
-                    gpus: given.gpu.unwrap_or(0),
+                    gpu_milli: given.gpu.map_or(0, vocab::Gpus::milli),
                     gpu_type: given.gpu_type.unwrap_or_default(),
                 }),
                 cpu_millicores: used.cpu_millicores,

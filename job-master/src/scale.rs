@@ -109,7 +109,7 @@ fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), Plan
         ));
     }
     if let Some(g) = r.gpu
-        && g > cap.gpus
+        && g > vocab::Gpus::whole(cap.gpus)
     {
         return Err(too_large(format!("{g} GPUs"), cap.gpus.to_string()));
     }

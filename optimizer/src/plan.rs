@@ -20,7 +20,7 @@ pub struct ProcessResources {
     pub memory: Bytes,
     /// GPUs by type; empty for CPU-only processes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub gpus: BTreeMap<WorkerType, u32>,
+    pub gpus: BTreeMap<WorkerType, vocab::Gpus>,
 }
 
 /// A candidate (or the current) configuration of a job.
@@ -48,8 +48,8 @@ impl From<&ProcessResources> for vocab::Resources {
     /// What a plan asks for: the CPU, the memory and the GPUs (of their type when they are of
     /// one).
     fn from(r: &ProcessResources) -> Self {
-        let gpus: u32 = r.gpus.values().sum();
-        let mut types = r.gpus.iter().filter(|(_, n)| **n > 0).map(|(t, _)| t);
+        let gpus: vocab::Gpus = r.gpus.values().copied().sum();
+        let mut types = r.gpus.iter().filter(|(_, n)| !n.is_zero()).map(|(t, _)| t);
         let gpu_type = match (types.next(), types.next()) {
             (Some(t), None) => Some(t.0.clone()),
             _ => None,
@@ -57,7 +57,7 @@ impl From<&ProcessResources> for vocab::Resources {
         vocab::Resources {
             cpu: Some(r.cpu),
             memory: Some(r.memory),
-            gpu: (gpus > 0).then_some(gpus),
+            gpu: (!gpus.is_zero()).then_some(gpus),
             gpu_type,
             custom: Default::default(),
         }

@@ -125,7 +125,7 @@ class JobBuilder:
         gpu_type: Optional[str] = None,
     ) -> "JobBuilder":
         """Resources of each process of the role: cores (2, 0.5, "500m"), memory (bytes or
-        "2Gi"), whole GPUs and their model."""
+        "2Gi"), GPUs (whole, or a share of one device such as 0.4) and their model."""
         r = self._role("resource")
         res = r.spec.setdefault("resources", {})
         if cpu is not None:
@@ -133,11 +133,12 @@ class JobBuilder:
         if memory is not None:
             res["memory"] = memory
         if gpu is not None:
-            if float(gpu) != int(gpu):
+            g = float(gpu)
+            if g < 0 or (g > 1 and g != int(g)):
                 raise BrainError(
-                    f"gpu={gpu}: fractions of a GPU are not supported yet (whole GPUs only)"
+                    f"gpu={gpu}: a share of one device (below 1) or whole GPUs"
                 )
-            res["gpu"] = int(gpu)
+            res["gpu"] = int(g) if g == int(g) else g
         if gpu_type is not None:
             res["gpu_type"] = gpu_type
         return self
@@ -214,23 +215,32 @@ class JobBuilder:
 
     _STRATEGIES = ("strict_pack", "pack", "strict_spread", "spread")
 
-    def place(self, *roles: str, strategy: str) -> "JobBuilder":
+    def place(self, *roles: str, strategy: str, share_devices: bool = False) -> "JobBuilder":
         """A placement group of `roles` with one of Ray's strategies: `strict_pack`, `pack`,
-        `strict_spread` or `spread`."""
+        `strict_spread` or `spread`. With `share_devices`, process i of each role shares one
+        GPU with process i of the others (each role asks for a share, e.g. gpu=0.5)."""
         if not roles:
             raise BrainError("place(): name the roles to place")
         if strategy not in self._STRATEGIES:
             raise BrainError(
                 f"place(): strategy {strategy!r}: expected one of {', '.join(self._STRATEGIES)}"
             )
-        self._spec.setdefault("placement", []).append(
-            {"roles": list(roles), "strategy": strategy}
-        )
+        group = {"roles": list(roles), "strategy": strategy}
+        if share_devices:
+            group["share_devices"] = True
+        self._spec.setdefault("placement", []).append(group)
         return self
 
-    def colocate(self, *roles: str, strict: bool = True) -> "JobBuilder":
-        """The processes of `roles` on one node (`strict_pack`), or as few as can be (`pack`)."""
-        return self.place(*roles, strategy="strict_pack" if strict else "pack")
+    def colocate(
+        self, *roles: str, strict: bool = True, share_devices: bool = False
+    ) -> "JobBuilder":
+        """The processes of `roles` on one node (`strict_pack`), or as few as can be (`pack`);
+        with `share_devices`, process i of each role on one GPU too."""
+        return self.place(
+            *roles,
+            strategy="strict_pack" if strict else "pack",
+            share_devices=share_devices,
+        )
 
     def spread(self, *roles: str, strict: bool = True) -> "JobBuilder":
         """The processes of `roles` each on a node of its own (`strict_spread`), or on as many

@@ -201,6 +201,19 @@ class Builder(unittest.TestCase):
                 {"roles": ["rollout"], "strategy": "spread"},
             ],
         )
+        shared = (
+            JobBuilder("rl")
+            .role("worker").total(2).resource(gpu=0.6)
+            .role("rollout").run(["engine"]).total(2).resource(gpu=0.4)
+            .colocate("worker", "rollout", strict=False, share_devices=True)
+            .build()
+        )
+        self.assertEqual(
+            shared["placement"],
+            [{"roles": ["worker", "rollout"], "strategy": "pack", "share_devices": True}],
+        )
+        self.assertEqual(shared["roles"]["rollout"]["resources"], {"gpu": 0.4})
+        self.assertEqual(shared["roles"]["worker"]["resources"], {"gpu": 0.6})
         with self.assertRaisesRegex(BrainError, "strategy 'sideways'"):
             JobBuilder("x").place("worker", strategy="sideways")
         with self.assertRaisesRegex(BrainError, "name the roles"):
@@ -209,8 +222,8 @@ class Builder(unittest.TestCase):
     def test_what_the_builder_cannot_say_is_refused_with_the_reason(self):
         from brain_sdk import JobBuilder
 
-        with self.assertRaisesRegex(BrainError, "fractions of a GPU are not supported yet"):
-            JobBuilder("x").role("rollout").resource(gpu=0.4)
+        with self.assertRaisesRegex(BrainError, "a share of one device"):
+            JobBuilder("x").role("rollout").resource(gpu=1.5)
         with self.assertRaisesRegex(BrainError, r"call \.role\(name\) first"):
             JobBuilder("x").total(2)
         with self.assertRaisesRegex(BrainError, "kind 'mpi'"):

@@ -43,4 +43,4 @@ pub use plan::{Migration, RoleTarget, ScalePlan};
 pub use report::{JobPhase, JobReport, Phase};
 pub use role::{JobKind, Role, SlotKey};
 pub use spec::{JobSpec, Resources};
-pub use units::{Bytes, Millicores};
+pub use units::{Bytes, Gpus, Millicores};

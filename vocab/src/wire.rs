@@ -7,7 +7,7 @@ use proto::jobmaster::v1 as pb;
 use crate::plan::{Migration, RoleTarget, ScalePlan};
 use crate::role::{Role, SlotKey};
 use crate::spec::Resources;
-use crate::units::{Bytes, Millicores};
+use crate::units::{Bytes, Gpus, Millicores};
 
 /// A wire message that does not make a valid value.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -26,7 +26,7 @@ impl From<pb::Resources> for Resources {
         Resources {
             cpu: (r.cpu_millicores > 0).then_some(Millicores(r.cpu_millicores)),
             memory: (r.memory_bytes > 0).then_some(Bytes(r.memory_bytes)),
-            gpu: (r.gpus > 0).then_some(r.gpus),
+            gpu: (r.gpu_milli > 0).then_some(Gpus::from_milli(r.gpu_milli)),
             gpu_type: (!r.gpu_type.is_empty()).then_some(r.gpu_type),
             custom: Default::default(),
         }
@@ -38,7 +38,7 @@ impl From<&Resources> for pb::Resources {
         pb::Resources {
             cpu_millicores: r.cpu.map_or(0, |c| c.0),
             memory_bytes: r.memory.map_or(0, |m| m.0),
-            gpus: r.gpu.unwrap_or(0),
+            gpu_milli: r.gpu.map_or(0, Gpus::milli),
             gpu_type: r.gpu_type.clone().unwrap_or_default(),
         }
     }

@@ -252,7 +252,10 @@ fn child_env(
     let r = reg.resources.clone().unwrap_or_default();
     env.insert("BRAIN_CPU_MILLICORES".into(), r.cpu_millicores.to_string());
     env.insert("BRAIN_MEMORY_BYTES".into(), r.memory_bytes.to_string());
-    env.insert("BRAIN_GPUS".into(), r.gpus.to_string());
+    env.insert(
+        "BRAIN_GPUS".into(),
+        vocab::Gpus::from_milli(r.gpu_milli).to_string(),
+    );
     env
 }
 

@@ -26,7 +26,7 @@ pub struct ProcessSample {
     /// What it is launched with (0: no limit).
     pub cpu_limit: u64,
     pub memory_limit: u64,
-    pub gpus: u32,
+    pub gpus: vocab::Gpus,
     pub cpu_millicores: u64,
     pub memory_bytes: u64,
     pub memory_peak_bytes: u64,
@@ -146,7 +146,7 @@ mod tests {
                     memory_bytes: 100,
                     memory_peak_bytes: 200,
                     pending_ms,
-                    gpus: 0,
+                    gpus: vocab::Gpus::ZERO,
                     oom_kills: 0,
                 })
                 .collect(),

@@ -162,7 +162,8 @@ pub struct Shape {
     pub max_ps: u32,
     pub worker_millicores: u64,
     pub worker_memory_bytes: u64,
-    pub worker_gpus: u32,
+    /// GPUs per worker (a share of one device, or whole ones).
+    pub worker_gpus: vocab::Gpus,
     /// The GPU model its workers run on: the one it asked for, or the one a round started it
     /// on (none: any, until it starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,7 +187,7 @@ pub struct ServiceShape {
     pub max: u32,
     pub millicores: u64,
     pub memory_bytes: u64,
-    pub gpus: u32,
+    pub gpus: vocab::Gpus,
 }
 
 impl Shape {

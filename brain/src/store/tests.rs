@@ -104,7 +104,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         index: 0,
         cpu_limit: 1000,
         memory_limit: 0,
-        gpus: 0,
+        gpus: vocab::Gpus::ZERO,
         cpu_millicores: 990,
         memory_bytes: 5,
         memory_peak_bytes: 7,

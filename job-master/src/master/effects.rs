@@ -12,7 +12,10 @@ pub(super) async fn execute(
 ) {
     match effect {
         Effect::LaunchAgent { key, incarnation } => {
-            let resources = shared.job.lock().await.launch_resources(key);
+            let (resources, device_share) = {
+                let ctx = shared.job.lock().await;
+                (ctx.launch_resources(key), ctx.spec.device_share(key))
+            };
             let launch = AgentLaunch {
                 key,
                 incarnation,
@@ -20,6 +23,7 @@ pub(super) async fn execute(
                 resources,
                 token_file: shared.token_file.clone(),
                 tls_dir: shared.creds.tls.as_ref().map(|t| t.dir().to_path_buf()),
+                device_share,
             };
             match platform.launch(launch).await {
                 Err(e) => {

@@ -126,6 +126,7 @@ fn placement_plans(spec: &JobSpec) -> Vec<crate::platform::ray::GroupPlan> {
         .map(|g| crate::platform::ray::GroupPlan {
             name: g.name(),
             strategy: g.strategy,
+            share_devices: g.share_devices,
             roles: g
                 .roles
                 .iter()

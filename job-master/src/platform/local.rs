@@ -2,8 +2,11 @@
 //! output in `RUN_DIR/logs/<role>-<index>.<incarnation>.log`. Agents get SIGTERM if the master
 //! dies (PR_SET_PDEATHSIG), so no process outlives the job. A process that asks for `gpu: N` is
 //! given N of the machine's GPUs no other live process of the job holds, as its
-//! `CUDA_VISIBLE_DEVICES`; one that asks for a `gpu_type` the machine's GPUs (by NVML) are not
-//! of fails to launch, naming them.
+//! `CUDA_VISIBLE_DEVICES`; one that asks for a share (`gpu: 0.4`) is given one GPU with that
+//! much left, shared with other such processes up to one device: the device of its partners
+//! when its role shares devices (`placement:` with `share_devices`), else the fullest device
+//! with room for its partners' shares too. One that asks for a `gpu_type` the machine's GPUs
+//! (by NVML) are not of fails to launch, naming them.
 
 use crate::scale::Capacity;
 use crate::spec::{Bytes, Millicores};
@@ -19,7 +22,8 @@ use tokio::sync::{Mutex, mpsc, watch};
 
 use super::{AgentLaunch, Platform, PlatformEvent};
 use crate::error::Error;
-use vocab::SlotKey;
+use vocab::spec::DeviceShare;
+use vocab::{Gpus, SlotKey};
 
 struct Running {
     incarnation: u64,
@@ -27,6 +31,8 @@ struct Running {
     exited: watch::Receiver<bool>,
     /// The GPUs it was given (freed when it is reaped).
     gpus: Vec<String>,
+    /// What it takes of each of them (a whole one, or its share).
+    share: Gpus,
 }
 
 /// This machine's GPUs as `CUDA_VISIBLE_DEVICES` names them: the job master's own
@@ -71,22 +77,73 @@ fn wrong_gpu_model(model: &str, models: &[String]) -> Option<String> {
     })
 }
 
-/// `need` of `all` GPUs that `taken` does not hold, in order; the reason when too few are free.
-fn pick_gpus(all: &[String], taken: &[&String], need: u32) -> Result<Vec<String>, String> {
-    let free: Vec<String> = all.iter().filter(|d| !taken.contains(d)).cloned().collect();
-    if (free.len() as u64) < need as u64 {
-        return Err(format!(
-            "it needs {need} GPU(s); {} of this machine's {} ({}) are free",
-            free.len(),
-            all.len(),
-            if all.is_empty() {
-                "none found: set CUDA_VISIBLE_DEVICES or the local platform's gpus".to_string()
-            } else {
-                all.join(",")
-            }
-        ));
+/// `all` GPUs as the reasons name them.
+fn listed(all: &[String]) -> String {
+    if all.is_empty() {
+        "none found: set CUDA_VISIBLE_DEVICES or the local platform's gpus".to_string()
+    } else {
+        all.join(",")
     }
-    Ok(free.into_iter().take(need as usize).collect())
+}
+
+/// The GPUs of `all` a process asking for `need` gets, given what each has given out (`used`,
+/// thousandths): whole GPUs that nobody uses, in order; for a share, its partners' device
+/// (`partners`: where the live processes it shares a device with run), or else the fullest
+/// device with room for `bundle` (its share and its partners'). The reason when none can.
+fn pick_gpus(
+    all: &[String],
+    used: &BTreeMap<String, u32>,
+    need: Gpus,
+    partners: &[String],
+    bundle: Gpus,
+) -> Result<Vec<String>, String> {
+    let used_of = |d: &String| used.get(d).copied().unwrap_or(0);
+    if !need.is_fraction() {
+        let free: Vec<String> = all.iter().filter(|d| used_of(d) == 0).cloned().collect();
+        let n = need.devices() as usize;
+        if free.len() < n {
+            return Err(format!(
+                "it needs {need} GPU(s); {} of this machine's {} ({}) are free",
+                free.len(),
+                all.len(),
+                listed(all)
+            ));
+        }
+        return Ok(free.into_iter().take(n).collect());
+    }
+    let left = |d: &String| 1000u32.saturating_sub(used_of(d));
+    if let Some(d) = partners.first() {
+        return if left(d) >= need.milli() {
+            Ok(vec![d.clone()])
+        } else {
+            Err(format!(
+                "it shares GPU {d} with its partners and needs {need} of it; {} is free",
+                Gpus::from_milli(left(d))
+            ))
+        };
+    }
+    let room = bundle.max(need).milli();
+    all.iter()
+        .filter(|d| left(d) >= room)
+        .max_by_key(|d| (used_of(d), std::cmp::Reverse(*d)))
+        .map(|d| vec![d.clone()])
+        .ok_or_else(|| {
+            format!(
+                "it needs {} of one GPU{}; none of this machine's {} ({}) has that free ({})",
+                Gpus::from_milli(room),
+                if room > need.milli() {
+                    format!(" ({need}, and its partners' shares beside it)")
+                } else {
+                    String::new()
+                },
+                all.len(),
+                listed(all),
+                all.iter()
+                    .map(|d| format!("{d}: {} free", Gpus::from_milli(left(d))))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
 }
 
 pub struct LocalPlatform {
@@ -149,6 +206,32 @@ impl LocalPlatform {
         })
     }
 
+    /// The GPUs `key`'s process gets for `need` ([`pick_gpus`]) beside the job's other live
+    /// processes (`agents`).
+    fn gpus_for(
+        &self,
+        agents: &BTreeMap<SlotKey, Running>,
+        key: SlotKey,
+        need: Gpus,
+        share: Option<&DeviceShare>,
+    ) -> Result<Vec<String>, String> {
+        let live = agents
+            .iter()
+            .filter(|(k, r)| **k != key && !*r.exited.borrow());
+        let mut used: BTreeMap<String, u32> = BTreeMap::new();
+        for (_, r) in live.clone() {
+            for d in &r.gpus {
+                *used.entry(d.clone()).or_default() += r.share.milli();
+            }
+        }
+        let partners: Vec<String> = live
+            .filter(|(k, _)| share.is_some_and(|s| s.partners.contains(k)))
+            .flat_map(|(_, r)| r.gpus.clone())
+            .collect();
+        let bundle = share.map_or(need, |s| s.bundle);
+        pick_gpus(&self.gpus, &used, need, &partners, bundle)
+    }
+
     /// The worker-agent binary beside the running executable, where cargo puts it.
     pub fn default_agent_bin() -> PathBuf {
         std::env::current_exe()
@@ -194,12 +277,12 @@ impl Platform for LocalPlatform {
             path: log_path.clone(),
             source: e,
         })?;
-        let need = l.resources.as_ref().and_then(|r| r.gpu).unwrap_or(0);
+        let need = l.resources.as_ref().and_then(|r| r.gpu).unwrap_or_default();
         if let Some(problem) = l
             .resources
             .as_ref()
             .and_then(|r| r.gpu_type.as_deref())
-            .filter(|_| need > 0)
+            .filter(|_| !need.is_zero())
             .and_then(|model| wrong_gpu_model(model, &self.gpu_models))
         {
             return Err(Error::Launch {
@@ -208,20 +291,18 @@ impl Platform for LocalPlatform {
                 problem,
             });
         }
-        let gpus = if need == 0 {
+        // Held from the choice of GPUs until the process is listed with them, so that two
+        // launches never pick the same room.
+        let mut agents = self.agents.lock().await;
+        let gpus = if need.is_zero() {
             Vec::new()
         } else {
-            let agents = self.agents.lock().await;
-            let taken: Vec<&String> = agents
-                .iter()
-                .filter(|(k, r)| **k != l.key && !*r.exited.borrow())
-                .flat_map(|(_, r)| &r.gpus)
-                .collect();
-            pick_gpus(&self.gpus, &taken, need).map_err(|problem| Error::Launch {
-                platform: "local",
-                what: format!("agent {}", l.key),
-                problem,
-            })?
+            self.gpus_for(&agents, l.key, need, l.device_share.as_ref())
+                .map_err(|problem| Error::Launch {
+                    platform: "local",
+                    what: format!("agent {}", l.key),
+                    problem,
+                })?
         };
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
         if !gpus.is_empty() {
@@ -258,15 +339,17 @@ impl Platform for LocalPlatform {
         })?;
         let pid = child.id().unwrap_or(0);
         let (tx, rx) = watch::channel(false);
-        self.agents.lock().await.insert(
+        agents.insert(
             l.key,
             Running {
                 incarnation: l.incarnation,
                 pid,
                 exited: rx,
                 gpus,
+                share: need.min(Gpus::ONE),
             },
         );
+        drop(agents);
         let events = self.events.clone();
         let agents = self.agents.clone();
         let (key, incarnation) = (l.key, l.incarnation);
@@ -343,7 +426,7 @@ impl Platform for LocalPlatform {
 
 #[cfg(test)]
 mod tests {
-    use super::{pick_gpus, wrong_gpu_model};
+    use super::{BTreeMap, Gpus, pick_gpus, wrong_gpu_model};
 
     #[test]
     fn a_gpu_model_the_machine_lacks_is_named_with_the_machines() {
@@ -359,17 +442,58 @@ mod tests {
         assert_eq!(wrong_gpu_model("H100", &[]), None);
     }
 
+    fn used(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        pairs.iter().map(|(d, m)| (d.to_string(), *m)).collect()
+    }
+
     #[test]
     fn gpus_go_to_one_process_at_a_time_and_too_few_are_named() {
         let all: Vec<String> = ["0", "1", "2"].map(String::from).to_vec();
-        assert_eq!(pick_gpus(&all, &[], 2).unwrap(), ["0", "1"]);
-        assert_eq!(pick_gpus(&all, &[&all[0]], 2).unwrap(), ["1", "2"]);
-        let e = pick_gpus(&all, &[&all[0], &all[2]], 2).unwrap_err();
+        let two = Gpus::whole(2);
+        assert_eq!(
+            pick_gpus(&all, &used(&[]), two, &[], two).unwrap(),
+            ["0", "1"]
+        );
+        let zero_taken = used(&[("0", 1000)]);
+        assert_eq!(
+            pick_gpus(&all, &zero_taken, two, &[], two).unwrap(),
+            ["1", "2"]
+        );
+        // A device shared at all is not free for a whole-GPU process.
+        let e = pick_gpus(&all, &used(&[("0", 1000), ("2", 300)]), two, &[], two).unwrap_err();
         assert_eq!(
             e,
             "it needs 2 GPU(s); 1 of this machine's 3 (0,1,2) are free"
         );
-        let e = pick_gpus(&[], &[], 1).unwrap_err();
+        let e = pick_gpus(&[], &used(&[]), Gpus::ONE, &[], Gpus::ONE).unwrap_err();
         assert!(e.contains("none found"), "{e}");
+    }
+
+    #[test]
+    fn shares_of_a_gpu_pack_onto_one_device_beside_their_partners() {
+        let all: Vec<String> = ["0", "1"].map(String::from).to_vec();
+        let (share, none) = (Gpus::from_milli(400), &[] as &[String]);
+        // The fullest device with room: 1 (0.5 used) before 0 (free).
+        let on = used(&[("1", 500)]);
+        assert_eq!(pick_gpus(&all, &on, share, none, share).unwrap(), ["1"]);
+        // With room for its partners too (0.4 + 0.6): only the free device holds them.
+        assert_eq!(pick_gpus(&all, &on, share, none, Gpus::ONE).unwrap(), ["0"]);
+        // Beside a partner that runs: its device, or the reason.
+        let partner = ["1".to_string()];
+        assert_eq!(
+            pick_gpus(&all, &on, share, &partner, Gpus::ONE).unwrap(),
+            ["1"]
+        );
+        let e = pick_gpus(&all, &used(&[("1", 700)]), share, &partner, Gpus::ONE).unwrap_err();
+        assert_eq!(
+            e,
+            "it shares GPU 1 with its partners and needs 0.4 of it; 0.3 is free"
+        );
+        let e = pick_gpus(&all, &used(&[("0", 700), ("1", 800)]), share, none, share).unwrap_err();
+        assert_eq!(
+            e,
+            "it needs 0.4 of one GPU; none of this machine's 2 (0,1) has that free (0: 0.3 \
+             free, 1: 0.2 free)"
+        );
     }
 }

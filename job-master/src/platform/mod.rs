@@ -31,6 +31,8 @@ pub struct AgentLaunch {
     /// The job's TLS directory (absolute) when the job runs with TLS: it goes to the agent in
     /// [`auth::tls::JOB_TLS_ENV`].
     pub tls_dir: Option<PathBuf>,
+    /// The processes it shares its GPU with (a `placement:` group with `share_devices`).
+    pub device_share: Option<vocab::spec::DeviceShare>,
 }
 
 /// Something the platform saw happen to an agent.

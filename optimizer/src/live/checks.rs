@@ -51,7 +51,7 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
     let mut gpus: BTreeMap<&str, u32> = BTreeMap::new();
     for d in plan.decisions.iter().filter(|d| d.to_workers > 0) {
         let job = jobs[&d.job];
-        if job.worker_gpus == 0 {
+        if job.worker_gpus.is_zero() {
             continue;
         }
         let Some(model) = d.gpu_type.as_deref().filter(|m| models.contains_key(*m)) else {
@@ -68,7 +68,7 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
         } else {
             d.to_workers
         };
-        *gpus.entry(model).or_default() += held * job.worker_gpus;
+        *gpus.entry(model).or_default() += job.worker_gpus.devices_for(held);
     }
     if let Some((m, n)) = gpus.iter().find(|(m, n)| added && **n > models[**m].1) {
         return Err(PolicyError::InvalidAssignment(format!(

@@ -4,7 +4,10 @@
 //! A scheduling unit is one GPU and a worker type is a GPU model: each node with GPUs is a
 //! [`NodeView`] of its model, and a job of `g` GPUs per worker has goodput
 //! `speed(⌊r/g⌋ workers)` on `r` GPUs of a model it may run on (the one it asked for, the one it
-//! runs on, or any when it named none) and 0 on the others. A running job stays on its model
+//! runs on, or any when it named none) and 0 on the others. A worker asking for a share of a
+//! device (`g` < 1) packs `⌊1/g⌋` of the job's workers onto each GPU the job is given: a GPU
+//! is shared by one job's processes, never by two jobs, so a job's speed never depends on
+//! another's load on its devices. A running job stays on its model
 //! (changing it would move every worker); a queued one starts on the model the scheduler picks.
 //!
 //! What the scheduler returns is then made to hold on the real nodes: every worker's `g` GPUs
@@ -16,6 +19,7 @@
 
 use super::*;
 use crate::schedule::Slots;
+use vocab::Gpus;
 
 /// A node's GPUs as the round sees them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,14 +48,14 @@ pub fn gpu_models(nodes: &[LiveNode]) -> BTreeMap<String, (u32, u32)> {
 
 /// Why a job asking for `gpus` GPUs of `model` per worker can never run on `nodes`, naming the
 /// cluster's models and sizes; `None` when some node holds a worker.
-pub fn unplaceable(nodes: &[LiveNode], gpus: u32, model: Option<&str>) -> Option<String> {
-    if gpus == 0 {
+pub fn unplaceable(nodes: &[LiveNode], gpus: Gpus, model: Option<&str>) -> Option<String> {
+    if gpus.is_zero() {
         return None;
     }
     let models = gpu_models(nodes);
     let fits = models
         .iter()
-        .any(|(m, (largest, _))| model.is_none_or(|want| want == m) && *largest >= gpus);
+        .any(|(m, (largest, _))| model.is_none_or(|want| want == m) && *largest >= gpus.devices());
     if fits {
         return None;
     }
@@ -76,8 +80,8 @@ pub fn unplaceable(nodes: &[LiveNode], gpus: u32, model: Option<&str>) -> Option
 struct Gpu<'a> {
     job: &'a LiveJob,
     model: AmdahlModel,
-    /// GPUs per worker.
-    g: u32,
+    /// GPUs per worker (whole, or a share of one device).
+    g: Gpus,
     /// Per GPU model (index into the round's models): whether the job may run on it.
     allowed: Vec<bool>,
     /// The model it runs on (running) or was given (starting).
@@ -125,7 +129,7 @@ impl Gpu<'_> {
     }
     fn workers_in(&self, gpus: u32) -> u32 {
         let unit = self.job.node_unit.max(1);
-        let w = (gpus / self.g / unit * unit).min(self.job.max_workers);
+        let w = (self.g.fit_in(gpus) / unit * unit).min(self.job.max_workers);
         if w < self.job.min_workers.max(1) {
             0
         } else {
@@ -203,7 +207,7 @@ pub(super) fn plan_gpu_jobs(
             Gpu {
                 job,
                 model,
-                g: job.worker_gpus.max(1),
+                g: job.worker_gpus.max(Gpus::from_milli(1)),
                 allowed,
                 on,
                 to: 0,
@@ -242,7 +246,7 @@ pub(super) fn plan_gpu_jobs(
         .zip(&current)
         .map(|(j, here)| {
             let job = j.job;
-            let max = (job.max_workers * j.g).min(total_gpus);
+            let max = j.g.devices_for(job.max_workers).min(total_gpus);
             let goodput: Vec<Vec<f64>> = j
                 .allowed
                 .iter()
@@ -259,12 +263,12 @@ pub(super) fn plan_gpu_jobs(
             JobView {
                 id: job.id,
                 submitted_s: job.submitted_s,
-                requested_replicas: (job.workers.max(job.min_workers) * j.g).min(max),
+                requested_replicas: j.g.devices_for(job.workers.max(job.min_workers)).min(max),
                 max_replicas: max,
                 attained_gpu_s: job.running_s * held as f64,
                 running_s: job.running_s,
                 restarts: job.restarts,
-                peak_replicas: job.peak_workers.max(job.workers) * j.g,
+                peak_replicas: j.g.devices_for(job.peak_workers.max(job.workers)),
                 last_change_s: job.last_change_s,
                 current: here.clone(),
                 goodput: Arc::from(goodput),
@@ -527,8 +531,9 @@ fn model_name_of(models: &[String], t: Option<usize>) -> &str {
 }
 
 /// Places every active job's counted workers on the nodes of its model, running jobs first,
-/// each worker on the node with the fewest free GPUs that hold it. Per job its placement
-/// (node, GPUs), and the jobs some of whose workers fit nowhere (job, workers placed).
+/// each worker (or each GPU of workers sharing one) on the node with the fewest free GPUs that
+/// hold it. Per job its placement (node, GPUs), and the jobs some of whose workers fit nowhere
+/// (job, workers placed).
 fn pack(nodes: &[LiveNode], model_of: &[usize], jobs: &[Gpu]) -> (Vec<Slots>, Vec<(usize, u32)>) {
     let mut free: Vec<u32> = nodes.iter().map(|n| n.gpus).collect();
     let mut out = vec![Vec::new(); jobs.len()];
@@ -540,18 +545,20 @@ fn pack(nodes: &[LiveNode], model_of: &[usize], jobs: &[Gpu]) -> (Vec<Slots>, Ve
         let Some(m) = j.on else { continue };
         let mut here: BTreeMap<usize, u32> = BTreeMap::new();
         let want = j.counted(j.to);
+        // A unit: one worker's whole GPUs, or one GPU its sharing workers pack onto.
+        let (unit_gpus, per_unit) = (j.g.devices(), j.g.per_device());
         let mut placed = 0;
         while placed < want {
             let Some(best) = (0..nodes.len())
-                .filter(|&n| model_of[n] == m && free[n] >= j.g)
+                .filter(|&n| model_of[n] == m && free[n] >= unit_gpus)
                 .min_by_key(|&n| (free[n], n))
             else {
                 short.push((i, placed));
                 break;
             };
-            free[best] -= j.g;
-            *here.entry(best).or_default() += j.g;
-            placed += 1;
+            free[best] -= unit_gpus;
+            *here.entry(best).or_default() += unit_gpus;
+            placed = (placed + per_unit).min(want);
         }
         out[i] = here.into_iter().collect();
     }
@@ -584,6 +591,16 @@ mod tests {
     }
 
     fn gpu_job(id: u64, state: LiveState, workers: u32, gpus: u32, model: Option<&str>) -> LiveJob {
+        share_job(id, state, workers, Gpus::whole(gpus), model)
+    }
+
+    fn share_job(
+        id: u64,
+        state: LiveState,
+        workers: u32,
+        gpus: Gpus,
+        model: Option<&str>,
+    ) -> LiveJob {
         LiveJob {
             worker_gpus: gpus,
             gpu_type: model.map(str::to_string),
@@ -694,6 +711,55 @@ mod tests {
     }
 
     #[test]
+    fn workers_with_a_share_of_a_gpu_pack_onto_the_devices_their_job_is_given() {
+        // 0.5 GPU per worker: the V100 node's 2 GPUs hold 4 workers; a 0.4 job gets 2 a GPU.
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: LiveCluster {
+                nodes: vec![node("v", 2, "V100")],
+                ..cluster(16)
+            },
+            jobs: vec![share_job(
+                1,
+                LiveState::Queued,
+                4,
+                Gpus::from_milli(500),
+                Some("V100"),
+            )],
+        };
+        let plan = round(&snap);
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 4, "{d:?}");
+        assert_eq!(d.gpu_placement, vec![("v".to_string(), 2)], "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("4 workers of 0.5 GPUs")),
+            "{d:?}"
+        );
+        // Two such jobs: a GPU is never shared between jobs, so they get one node's 2 each.
+        let mut two = snap.clone();
+        two.cluster.nodes = vec![node("v", 2, "V100"), node("w", 2, "V100")];
+        two.jobs.push(share_job(
+            2,
+            LiveState::Queued,
+            3,
+            Gpus::from_milli(400),
+            None,
+        ));
+        let plan = round(&two);
+        let (a, b) = (decision(&plan, 1), decision(&plan, 2));
+        let used: u32 = [a, b]
+            .iter()
+            .flat_map(|d| d.gpu_placement.iter().map(|p| p.1))
+            .sum();
+        assert!(used <= 4, "{plan:?}");
+        // 3 or 4 workers of 0.4 (the round may grow it to its max): 2 to a GPU.
+        assert!(b.to_workers >= 3, "{b:?}");
+        assert_eq!(b.gpu_placement.iter().map(|p| p.1).sum::<u32>(), 2, "{b:?}");
+    }
+
+    #[test]
     fn cpu_jobs_get_the_cpu_gpu_jobs_leave() {
         let mut cpu_job = job(2, LiveState::Queued, 8, &[]);
         cpu_job.max_workers = 16;
@@ -718,7 +784,7 @@ mod tests {
         #[test]
         fn no_node_is_oversubscribed_and_workers_are_whole(
             sizes in proptest::collection::vec((0u32..5, 0usize..2), 1..5),
-            specs in proptest::collection::vec((1u32..4, 1u32..3, proptest::option::of(0usize..2)), 1..6),
+            specs in proptest::collection::vec((1u32..4, 0usize..4, proptest::option::of(0usize..2)), 1..6),
             which in 0usize..3,
         ) {
             use crate::schedule::{Fifo, SchedulerKind};
@@ -727,7 +793,10 @@ mod tests {
                 .map(|(i, &(g, m))| node(&format!("n{i}"), g, models[m]))
                 .collect();
             let jobs: Vec<LiveJob> = specs.iter().enumerate()
-                .map(|(i, &(w, g, m))| gpu_job(i as u64 + 1, LiveState::Queued, w, g, m.map(|m| models[m])))
+                .map(|(i, &(w, g, m))| {
+                    let g = [Gpus::from_milli(300), Gpus::from_milli(500), Gpus::ONE, Gpus::whole(2)][g];
+                    share_job(i as u64 + 1, LiveState::Queued, w, g, m.map(|m| models[m]))
+                })
                 .collect();
             let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();
             let snap = LiveSnapshot {
@@ -739,9 +808,10 @@ mod tests {
             let mut used: BTreeMap<String, u32> = BTreeMap::new();
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 let gpus: u32 = d.gpu_placement.iter().map(|p| p.1).sum();
-                proptest::prop_assert_eq!(gpus, d.to_workers * j.worker_gpus, "{:?}", d);
+                // Shares pack onto whole devices: no more than the workers need.
+                proptest::prop_assert_eq!(gpus, j.worker_gpus.devices_for(d.to_workers), "{:?}", d);
                 for (n, k) in &d.gpu_placement {
-                    proptest::prop_assert_eq!(k % j.worker_gpus, 0);
+                    proptest::prop_assert_eq!(k % j.worker_gpus.devices(), 0);
                     let at = nodes.iter().find(|x| &x.name == n).unwrap();
                     proptest::prop_assert_eq!(Some(&at.gpu_type), d.gpu_type.as_ref());
                     *used.entry(n.clone()).or_default() += k;
@@ -759,21 +829,26 @@ mod tests {
     #[test]
     fn a_model_no_node_has_or_a_worker_larger_than_any_node_is_named_with_the_cluster() {
         let nodes = two_models().nodes;
-        assert_eq!(unplaceable(&nodes, 2, Some("V100")), None);
-        assert_eq!(unplaceable(&nodes, 4, None), None);
-        assert_eq!(unplaceable(&nodes, 0, Some("H100")), None);
-        let e = unplaceable(&nodes, 1, Some("H100")).unwrap();
+        let g = Gpus::whole;
+        assert_eq!(unplaceable(&nodes, g(2), Some("V100")), None);
+        assert_eq!(unplaceable(&nodes, g(4), None), None);
+        assert_eq!(unplaceable(&nodes, g(0), Some("H100")), None);
+        assert_eq!(
+            unplaceable(&nodes, Gpus::from_milli(500), Some("V100")),
+            None
+        );
+        let e = unplaceable(&nodes, g(1), Some("H100")).unwrap();
         assert!(e.contains("\"H100\", which no node has"), "{e}");
         assert!(
             e.contains("A100: 4 GPUs, at most 4 on a node; V100: 2 GPUs, at most 2 on a node"),
             "{e}"
         );
-        let e = unplaceable(&nodes, 3, Some("V100")).unwrap();
+        let e = unplaceable(&nodes, g(3), Some("V100")).unwrap();
         assert!(
             e.contains("3 V100 GPUs per worker, more than any node holds"),
             "{e}"
         );
-        let e = unplaceable(&[], 1, None).unwrap();
+        let e = unplaceable(&[], Gpus::from_milli(100), None).unwrap();
         assert!(e.contains("the cluster has no GPUs"), "{e}");
     }
 }

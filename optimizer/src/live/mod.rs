@@ -140,7 +140,7 @@ pub struct LiveJob {
     /// GPUs per worker (0: a CPU job) and their model: the one it asked for (queued), the one
     /// it runs on (running); none: any.
     #[serde(default)]
-    pub worker_gpus: u32,
+    pub worker_gpus: vocab::Gpus,
     #[serde(default)]
     pub gpu_type: Option<String>,
 }
@@ -269,7 +269,7 @@ pub fn plan_round(
         .jobs
         .iter()
         .enumerate()
-        .filter(|(_, j)| j.worker_gpus > 0)
+        .filter(|(_, j)| !j.worker_gpus.is_zero())
         .collect();
     let gpu = gpu::plan_gpu_jobs(
         &gpu_jobs,
@@ -287,13 +287,13 @@ pub fn plan_round(
     let max_processes = cluster.max_processes.saturating_sub(gpu.processes);
 
     let cpu_at: Vec<usize> = (0..snapshot.jobs.len())
-        .filter(|&i| snapshot.jobs[i].worker_gpus == 0)
+        .filter(|&i| snapshot.jobs[i].worker_gpus.is_zero())
         .collect();
     let mut jobs: Vec<Sized> = snapshot
         .jobs
         .iter()
         .zip(fits)
-        .filter(|(job, _)| job.worker_gpus == 0)
+        .filter(|(job, _)| job.worker_gpus.is_zero())
         .map(|(job, fit)| {
             let mut reasons = Vec::new();
             let model = speed_model(fit, prior, &mut reasons);

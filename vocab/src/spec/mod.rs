@@ -21,13 +21,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use placement::{PlacementGroup, Strategy};
+pub use placement::{DeviceShare, PlacementGroup, Strategy};
 pub use platform::PlatformConfig;
 pub use roles::{Failover, Topology};
 
 use crate::error::{Error, SpecError};
 use crate::role::{JobKind, Role};
-use crate::units::{Bytes, Millicores};
+use crate::units::{Bytes, Gpus, Millicores};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,7 +36,8 @@ pub struct Resources {
     pub cpu: Option<Millicores>,
     #[serde(default, with = "crate::units::quantity::opt_memory")]
     pub memory: Option<Bytes>,
-    pub gpu: Option<u32>,
+    /// GPUs per process: whole (`2`) or a share of one device (`0.4`, processes sharing it).
+    pub gpu: Option<Gpus>,
     /// The GPU model the process needs (`V100`, `A100`, ...: Ray's `accelerator_type`); none:
     /// any. Needs `gpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -411,11 +412,22 @@ checkpoint: { dir: /tmp/brain-spec-test }
         let spec = JobSpec::from_yaml(&with("gpu: 2, gpu_type: A100")).unwrap();
         spec.validate().unwrap();
         let res = spec.roles[&Role::WORKER].resources.clone().unwrap();
-        assert_eq!((res.gpu, res.gpu_type.as_deref()), (Some(2), Some("A100")));
+        assert_eq!(
+            (res.gpu, res.gpu_type.as_deref()),
+            (Some(Gpus::whole(2)), Some("A100"))
+        );
         assert!(
             err(&with("gpu_type: A100"))
-                .contains("roles.worker.resources.gpu_type: \"A100\" needs gpu: 1 or more")
+                .contains("roles.worker.resources.gpu_type: \"A100\" needs a gpu above 0")
         );
+        // A share of one device, or whole devices: never 1.5.
+        let spec = JobSpec::from_yaml(&with("gpu: 0.4")).unwrap();
+        spec.validate().unwrap();
+        let res = spec.roles[&Role::WORKER].resources.clone().unwrap();
+        assert_eq!(res.gpu, Some(Gpus::from_milli(400)));
+        assert!(err(&with("gpu: 1.5")).contains(
+            "roles.worker.resources.gpu: 1.5: a process shares a device only for less than one GPU"
+        ));
         assert!(err(&with("gpu: 1, gpu_type: \"A 100\"")).contains("is not a GPU model name"));
     }
 

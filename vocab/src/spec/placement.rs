@@ -9,6 +9,12 @@
 //! every process shares the one machine, so `strict_spread` of more than one process cannot be
 //! held there and is refused at start.
 //!
+//! A group may also share devices (`share_devices: true`): process `i` of each of its roles
+//! runs on one GPU with process `i` of the others (the actor and the rollout engine of one
+//! device, as colocated RL frameworks run them). Each such role asks for a share of a device
+//! (`gpu: 0.5`) and the shares of the group's roles add up to at most one device; the group's
+//! strategy then lays out one bundle per index, the processes of an index together.
+//!
 //! A group's roles may be resized: a process beyond the group's first ones is laid out beside
 //! them as the strategy says (on a node of its own for `strict_spread`, on the group's node for
 //! `strict_pack`), or waits with the reason when no node can take it.
@@ -17,7 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use super::JobSpec;
 use crate::error::SpecError;
-use crate::role::Role;
+use crate::role::{Role, SlotKey};
+use crate::units::Gpus;
 
 /// At most this many placement groups per job.
 pub const MAX_GROUPS: usize = 16;
@@ -64,6 +71,19 @@ pub struct PlacementGroup {
     /// The roles whose processes the group holds, each process one bundle.
     pub roles: Vec<Role>,
     pub strategy: Strategy,
+    /// Process `i` of each role shares one GPU with process `i` of the others.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_devices: bool,
+}
+
+/// Whom a process shares its device with, and the share the device must have free for all of
+/// them (a `placement:` group with `share_devices`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceShare {
+    /// The processes of the same index in the group's other roles.
+    pub partners: Vec<SlotKey>,
+    /// What the index's processes take of the device together.
+    pub bundle: Gpus,
 }
 
 impl PlacementGroup {
@@ -99,7 +119,80 @@ impl JobSpec {
             .collect()
     }
 
-    /// `placement:`'s checks: known roles, each in one group at most.
+    /// The GPU share a role's processes ask for (none: zero).
+    pub fn gpu_of(&self, role: Role) -> Gpus {
+        self.roles
+            .get(&role)
+            .and_then(|r| r.resources.as_ref())
+            .and_then(|r| r.gpu)
+            .unwrap_or_default()
+    }
+
+    /// Whom `key`'s process shares its device with, when its role is in a group that shares
+    /// devices.
+    pub fn device_share(&self, key: SlotKey) -> Option<DeviceShare> {
+        let (_, g) = self.placement_of(key.role)?;
+        g.share_devices.then(|| DeviceShare {
+            partners: g
+                .roles
+                .iter()
+                .filter(|r| **r != key.role)
+                .map(|&role| SlotKey {
+                    role,
+                    index: key.index,
+                })
+                .collect(),
+            bundle: g.roles.iter().map(|r| self.gpu_of(*r)).sum(),
+        })
+    }
+
+    /// `share_devices`: every role asks for a share below one device, of one model, and the
+    /// shares add up to at most one.
+    fn validate_shared_devices(&self, i: usize, g: &PlacementGroup) -> Result<(), SpecError> {
+        let path = format!("placement[{i}].share_devices");
+        for role in &g.roles {
+            let share = self.gpu_of(*role);
+            if !share.is_fraction() {
+                return Err(SpecError::new(
+                    &path,
+                    format!(
+                        "role {role} asks for gpu: {share}; processes share a device only with \
+                         a share of one below 1 (e.g. gpu: 0.5)"
+                    ),
+                ));
+            }
+        }
+        let total: Gpus = g.roles.iter().map(|r| self.gpu_of(*r)).sum();
+        if total > Gpus::ONE {
+            return Err(SpecError::new(
+                &path,
+                format!(
+                    "the shares of {} add up to {total}, more than one device",
+                    g.roles
+                        .iter()
+                        .map(|r| format!("{r} ({})", self.gpu_of(*r)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let model = |r: &Role| {
+            self.roles[r]
+                .resources
+                .as_ref()
+                .and_then(|x| x.gpu_type.clone())
+        };
+        if g.roles.iter().any(|r| model(r) != model(&g.roles[0])) {
+            return Err(SpecError::new(
+                &path,
+                "its roles ask for different GPU models (gpu_type); one device has one model",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `placement:`'s checks: known roles, each in one group at most; shared devices as
+    /// [`Self::validate_shared_devices`].
     pub(super) fn validate_placement(&self) -> Result<(), SpecError> {
         if self.placement.len() > MAX_GROUPS {
             return Err(SpecError::new(
@@ -141,6 +234,9 @@ impl JobSpec {
                 }
                 seen.push(*role);
             }
+            if g.share_devices {
+                self.validate_shared_devices(i, g)?;
+            }
         }
         Ok(())
     }
@@ -176,6 +272,62 @@ mod tests {
         );
         assert_eq!(g.name(), "critic+worker");
         assert!(s.placement_of("rollout".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn roles_share_devices_index_by_index_within_one_device() {
+        let with = |gpus: (&str, &str), extra: &str| {
+            let yaml = format!(
+                "name: j\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, resources: {{ gpu: {} }} }}\n  \
+                 rollout: {{ replicas: 3, topology: service, command: [/bin/true], resources: {{ gpu: {} }} }}\n\
+                 workload: {{ builtin: {{}} }}\ndata: {{ num_samples: 10, shard_size: 1 }}\n\
+                 checkpoint: {{ dir: /tmp/x }}\n\
+                 placement:\n  - {{ roles: [worker, rollout], strategy: pack, share_devices: true }}\n{extra}",
+                gpus.0, gpus.1
+            );
+            let s = JobSpec::from_yaml(&yaml).map_err(|e| e.to_string())?;
+            s.validate().map_err(|e| e.to_string())?;
+            Ok::<_, String>(s)
+        };
+        let s = with(("0.6", "0.4"), "").unwrap();
+        let rollout: Role = "rollout".parse().unwrap();
+        let share = s
+            .device_share(SlotKey {
+                role: rollout,
+                index: 1,
+            })
+            .unwrap();
+        assert_eq!(
+            share.partners,
+            vec![SlotKey {
+                role: Role::WORKER,
+                index: 1
+            }]
+        );
+        assert_eq!(share.bundle, Gpus::ONE);
+        assert!(
+            s.device_share(SlotKey {
+                role: rollout,
+                index: 0
+            })
+            .is_some()
+        );
+        let e = with(("0.6", "0.5"), "").unwrap_err();
+        assert!(
+            e.contains(
+                "placement[0].share_devices: the shares of worker (0.6), rollout (0.5) add up \
+                 to 1.1, more than one device"
+            ),
+            "{e}"
+        );
+        let e = with(("1", "0.5"), "").unwrap_err();
+        assert!(
+            e.contains("role worker asks for gpu: 1; processes share a device only"),
+            "{e}"
+        );
+        // Written back as it was read.
+        let yaml = serde_norway::to_string(&s).unwrap();
+        assert!(yaml.contains("share_devices: true"), "{yaml}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::{JobSpec, MAX_GRACE_PERIOD_MS, Rescale, Resources, RolePlan, limits};
 use crate::error::SpecError;
 use crate::role::{JobKind, Role};
-use crate::units::{Bytes, Millicores};
+use crate::units::{Bytes, Gpus, Millicores};
 
 impl JobSpec {
     /// Checks everything the types cannot, without looking at this machine (the program and
@@ -248,13 +248,27 @@ fn check_resources(p: &dyn Fn(&str) -> String, res: &Resources) -> Result<(), Sp
         )?;
     }
     if let Some(g) = res.gpu {
-        limits::at_most_u64(&p("resources.gpu"), g.into(), limits::MAX_GPUS.into(), "")?;
+        if g > Gpus::whole(limits::MAX_GPUS) {
+            return Err(SpecError::new(
+                p("resources.gpu"),
+                format!("{g} is above the limit of {}", limits::MAX_GPUS),
+            ));
+        }
+        if g > Gpus::ONE && !g.is_whole() {
+            return Err(SpecError::new(
+                p("resources.gpu"),
+                format!(
+                    "{g}: a process shares a device only for less than one GPU; above one, \
+                     ask for whole GPUs"
+                ),
+            ));
+        }
     }
     if let Some(t) = &res.gpu_type {
-        if res.gpu.unwrap_or(0) == 0 {
+        if res.gpu.unwrap_or_default().is_zero() {
             return Err(SpecError::new(
                 p("resources.gpu_type"),
-                format!("{t:?} needs gpu: 1 or more"),
+                format!("{t:?} needs a gpu above 0"),
             ));
         }
         if t.is_empty()

@@ -233,8 +233,8 @@ fn print_shape(s: &pb::JobShape) {
                 "{}m cpu, {} MiB{}",
                 r.cpu_millicores,
                 r.memory_bytes >> 20,
-                if r.gpus > 0 {
-                    format!(", {} gpu", r.gpus)
+                if r.gpu_milli > 0 {
+                    format!(", {} gpu", vocab::Gpus::from_milli(r.gpu_milli))
                 } else {
                     String::new()
                 }

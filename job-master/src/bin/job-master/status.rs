@@ -43,7 +43,7 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
                     "{}m cpu, {:.0} MiB, {}{model} gpu{devices}",
                     r.cpu_millicores,
                     r.memory_bytes as f64 / 1048576.0,
-                    r.gpus
+                    vocab::Gpus::from_milli(r.gpu_milli)
                 )
             },
         );

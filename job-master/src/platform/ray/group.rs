@@ -15,6 +15,13 @@
 //! only a process whose node is gone from Ray is laid out anew. What this gives up against
 //! Ray's groups: the room is not held for the group between the layout and the submissions (a
 //! process that then finds its node full waits, and says so, as any process does).
+//!
+//! A group that shares devices (`share_devices`) is laid out one bundle per index, holding
+//! process `i` of each of its roles; a process whose partner of its index is laid out already
+//! goes to its node. On that node each process asks Ray for its share of a GPU (`num_gpus:
+//! 0.5`), and Ray hands shares out of one device while it has room (its fractional GPUs), so
+//! the partners' `CUDA_VISIBLE_DEVICES` name one GPU; the agents report the devices they were
+//! given, which the cluster test checks.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +39,8 @@ pub struct GroupPlan {
     /// `actor+critic`.
     pub name: String,
     pub strategy: Strategy,
+    /// Process `i` of each role is one bundle (they share a device).
+    pub share_devices: bool,
     pub roles: BTreeMap<Role, RayResources>,
     pub initial: Vec<SlotKey>,
 }
@@ -162,6 +171,15 @@ impl Inner {
         }
         let cluster = self.api.cluster().await?;
         layout.retain(|_, ip| cluster.nodes.iter().any(|n| n.ip == *ip));
+        if plan.share_devices
+            && let Some(ip) = layout
+                .iter()
+                .find(|(k, _)| k.index == key.index)
+                .map(|(_, ip)| ip.clone())
+        {
+            layout.insert(key, ip.clone());
+            return Ok(ip);
+        }
         let keys: Vec<SlotKey> = if layout.is_empty() {
             let mut first = plan.initial.clone();
             if !first.contains(&key) {
@@ -171,13 +189,25 @@ impl Inner {
         } else {
             vec![key]
         };
-        let bundles = keys
+        // A bundle: one process, or the processes of one index sharing a device.
+        let units: Vec<Vec<SlotKey>> = if plan.share_devices {
+            let mut by_index: BTreeMap<u32, Vec<SlotKey>> = BTreeMap::new();
+            for k in &keys {
+                by_index.entry(k.index).or_default().push(*k);
+            }
+            by_index.into_values().collect()
+        } else {
+            keys.iter().map(|k| vec![*k]).collect()
+        };
+        let bundles = units
             .iter()
-            .map(|k| {
-                plan.roles
-                    .get(&k.role)
-                    .cloned()
-                    .ok_or_else(|| unplaced(format!("{k} is not of its roles")))
+            .map(|unit| {
+                unit.iter().try_fold(RayResources::default(), |sum, k| {
+                    plan.roles
+                        .get(&k.role)
+                        .map(|r| plus(&sum, r))
+                        .ok_or_else(|| unplaced(format!("{k} is not of its roles")))
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let nodes = self
@@ -187,10 +217,14 @@ impl Inner {
             "placement group {} ({}) laid out: {}{}",
             plan.name,
             plan.strategy.as_str(),
-            keys.iter()
+            units
+                .iter()
                 .zip(&bundles)
                 .zip(&nodes)
-                .map(|((k, r), n)| format!("{k} ({}) on {n}", describe(r)))
+                .map(|((unit, r), n)| {
+                    let names: Vec<String> = unit.iter().map(|k| k.to_string()).collect();
+                    format!("{} ({}) on {n}", names.join("+"), describe(r))
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
             if layout.is_empty() {
@@ -200,7 +234,9 @@ impl Inner {
             }
         ))
         .await;
-        layout.extend(keys.into_iter().zip(nodes));
+        for (unit, node) in units.into_iter().zip(nodes) {
+            layout.extend(unit.into_iter().map(|k| (k, node.clone())));
+        }
         Ok(layout[&key].clone())
     }
 

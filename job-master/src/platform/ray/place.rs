@@ -31,7 +31,7 @@ pub fn request_of(r: Option<&Resources>) -> RayResources {
     }
     RayResources {
         cpus: r.cpu.map_or(1.0, |c| c.0 as f64 / 1000.0),
-        gpus: r.gpu.unwrap_or(0) as f64,
+        gpus: r.gpu.unwrap_or_default().as_f64(),
         memory_bytes: r.memory.map_or(0, |m| m.0),
         custom,
     }
@@ -284,7 +284,7 @@ mod tests {
         let r = Resources {
             cpu: Some(Millicores(500)),
             memory: Some(Bytes(1 << 30)),
-            gpu: Some(1),
+            gpu: Some(vocab::Gpus::ONE),
             gpu_type: Some("V100".into()),
             custom: [("slot".to_string(), 2.0)].into(),
         };
