@@ -556,3 +556,83 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
     assert!(running(&s, "rollout").is_empty(), "{s:#?}");
     run.handle.abort();
 }
+
+/// Device colocation on the three nodes (issue 41, item 3): two workers and two rollout
+/// engines each ask for half a GPU, in a group that shares devices and spreads: worker-i and
+/// rollout-i are laid out as one bundle, so they run on one node and Ray hands them their
+/// halves of one GPU (the same `CUDA_VISIBLE_DEVICES`, as their agents report it), while the
+/// two indices go to two GPU nodes. The job trains each sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_sharing_devices_get_halves_of_one_gpu_on_one_node() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(90))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"
+name: shared-{pid}
+kind: allreduce
+roles:
+  worker: {{ replicas: 2, min: 2, max: 2, resources: {{ cpu: 1, memory: 256Mi, gpu: 0.5 }} }}
+  rollout: {{ replicas: 2, resources: {{ cpu: "500m", memory: 64Mi, gpu: 0.5 }}, command: [/bin/sh, -c, exec sleep 600] }}
+workload:
+  builtin: {{ seed: 5, num_fields: 8, vocab_per_field: 500, hash_buckets: 16384, batch_size: 128, learning_rate: 0.1, step_delay_us: 2000 }}
+data: {{ num_samples: 30000, shard_size: 1000, eval_samples: 2000 }}
+checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
+placement:
+  - {{ roles: [worker, rollout], strategy: strict_spread, share_devices: true }}
+"#,
+        ckpt = dir.path().join("ckpt").display(),
+        pid = std::process::id()
+    );
+    let spec = JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let mut run = cluster
+        .start_on(spec, dir.path(), cluster.platform_within(5_000))
+        .await;
+    let placed = |s: &pb::JobStatus, role: &str, i: u32| {
+        s.processes
+            .iter()
+            .find(|p| p.role == role && p.index == i && p.state == "running")
+            .filter(|p| !p.host.is_empty() && !p.devices.is_empty())
+            .map(|p| (p.host.clone(), p.devices.clone()))
+    };
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "2 workers and 2 engines running with their devices",
+        |s| {
+            ["worker", "rollout"]
+                .iter()
+                .all(|r| (0..2).all(|i| placed(s, r, i).is_some()))
+        },
+    )
+    .await;
+    for i in 0..2 {
+        let (w, r) = (placed(&s, "worker", i), placed(&s, "rollout", i));
+        assert_eq!(w, r, "worker-{i} and rollout-{i} share a GPU: {s:#?}");
+        assert!(
+            !w.as_ref().unwrap().1.contains(','),
+            "one device each: {s:#?}"
+        );
+    }
+    assert_ne!(
+        placed(&s, "worker", 0).unwrap().0,
+        placed(&s, "worker", 1).unwrap().0,
+        "the two pairs strictly spread: {s:#?}"
+    );
+    let report = run.report().await;
+    assert_every_sample_once(&report, 30_000, 1);
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("laid out: worker-0+rollout-0 (1.5 CPU, 1 GPU")),
+        "{:#?}",
+        report.events
+    );
+}
