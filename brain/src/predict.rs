@@ -137,9 +137,8 @@ pub fn predict(
             .collect(),
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
-    if let Some(why) =
-        optimizer::live::unplaceable(&cluster.nodes, shape.worker_gpus, shape.gpu_type.as_deref())
-    {
+    // Every role's GPUs, and each placement group whole, on the cluster's GPU nodes.
+    if let Some(why) = optimizer::live::never_holds(&spec, &cluster.nodes) {
         return Err(BrainError::InvalidArgument(why));
     }
     Ok(Prediction {

@@ -239,3 +239,101 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
     assert!(!ok && text.contains("unknown job 999"), "{text}");
     brain.kill();
 }
+
+/// A job whose GPUs the cluster's GPU nodes can never hold is refused at submission with the
+/// reason, whole roles and placement groups alike (issue 41, item 3), and nothing is stored;
+/// shares of a device that fit are accepted, with their share in the job's shape.
+#[tokio::test]
+async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("brain.toml"),
+        format!(
+            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 16\n\
+             [[cluster.gpu_nodes]]\nname = \"v\"\ngpus = 2\ngpu_type = \"V100\"\n\
+             [[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n",
+            d.join("brain.db").display(),
+            d.join("runs").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("policy.toml"),
+        "[submissions]\ncommands = [\"/bin/sleep 600\"]\n",
+    )
+    .unwrap();
+    let (_brain, addr) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--config"])
+            .arg(d.join("brain.toml"))
+            .arg("--database")
+            .arg(d.join("brain.db"))
+            .arg("--policy")
+            .arg(d.join("policy.toml"))
+            .stderr(Stdio::null());
+    });
+    let url = format!("http://{addr}");
+    let mut op = operator_client(&url).await;
+    let spec = |name: &str, rollouts: u32, group: &str| {
+        format!(
+            "name: {name}\nkind: allreduce\nroles:\n  \
+             worker: {{ replicas: 2, min: 2, max: 2, resources: {{ cpu: 1, gpu: 0.5 }} }}\n  \
+             rollout: {{ replicas: {rollouts}, command: [/bin/sleep, \"600\"], \
+             resources: {{ cpu: 0.5, gpu: 0.5 }} }}\n\
+             workload:\n  builtin: {{}}\ndata: {{ num_samples: 1000, shard_size: 100 }}\n\
+             checkpoint: {{ dir: checkpoints }}\nplacement:\n  - {group}\n"
+        )
+    };
+    let shared = "{ roles: [worker, rollout], strategy: strict_spread, share_devices: true }";
+    for (name, text, says) in [
+        (
+            "three-pairs",
+            spec("three-pairs", 3, shared),
+            "placement[0] (worker+rollout): strict_spread needs 3 nodes each with 1 GPUs or \
+             more, and 2 node(s) have that",
+        ),
+        (
+            "packed",
+            spec(
+                "packed",
+                4,
+                "{ roles: [worker, rollout], strategy: strict_pack }",
+            )
+            .replace("cpu: 1, gpu: 0.5", "cpu: 1, gpu: 2"),
+            "strict_pack needs 6 GPUs on one node",
+        ),
+    ] {
+        let e = op
+            .submit_job(pb::SubmitJobRequest {
+                spec_yaml: text,
+                origin: name.into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{name}: {e:?}");
+        assert!(e.message().contains(says), "{name}: {e:?}");
+        assert!(
+            e.message()
+                .contains("A100: 4 GPUs, at most 4 on a node; V100: 2 GPUs, at most 2 on a node"),
+            "{name}: {e:?}"
+        );
+    }
+    let listed = op
+        .list_jobs(pb::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.jobs.is_empty(), "{listed:?}");
+    // Two pairs fit (one per GPU node); the shape keeps the shares.
+    let ok = op
+        .submit_job(pb::SubmitJobRequest {
+            spec_yaml: spec("two-pairs", 2, shared),
+            origin: "two-pairs".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let shape = ok.shape.unwrap();
+    assert_eq!(shape.worker_resources.unwrap().gpu_milli, 500);
+    assert_eq!(shape.services[0].resources.clone().unwrap().gpu_milli, 500);
+}

@@ -26,7 +26,8 @@
 //! `sized.rs` holds one job's arithmetic while the round sizes it (slots, workers, PS split).
 //!
 //! Jobs whose workers ask for GPUs are planned first, by GPU model on the GPU nodes
-//! (`gpu.rs`); the CPU they take leaves the rest of the pool to the CPU jobs.
+//! (`gpu.rs`); the CPU they take leaves the rest of the pool to the CPU jobs. `hold.rs` says
+//! at submission whether the GPU nodes can ever hold a job's roles and placement groups.
 //!
 //! Then the operator's heuristics correct the running CPU jobs (`correct.rs`: PS count,
 //! processes' resources, speed-up gating). [`LiveRound`] wraps the round as a [`Scheduler`] so the what-if
@@ -49,6 +50,7 @@ mod checks;
 mod correct;
 mod decision;
 mod gpu;
+mod hold;
 mod replay;
 mod sized;
 
@@ -56,6 +58,7 @@ pub use checks::check_postconditions;
 use checks::repair;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
+pub use hold::never_holds;
 pub use replay::LiveRound;
 use sized::{Sized, slots_of, speed_model};
 

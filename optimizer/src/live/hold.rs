@@ -1,0 +1,198 @@
+//! Whether the cluster's GPU nodes can ever hold a job, checked at submission: every role's
+//! process on some node of its model ([`unplaceable`]), and each `placement:` group as a
+//! whole: a `strict_pack` group's GPUs on one node, a `strict_spread` group's processes with
+//! GPUs on as many nodes, a group that shares devices one device per index. The brain knows
+//! nodes by their GPUs only (the CPU pool is one), so only GPUs are checked here; a group whose
+//! CPU no node holds is left pending by its job master with the reason.
+
+use vocab::spec::{PlacementGroup, Strategy};
+use vocab::{Gpus, JobSpec};
+
+use super::gpu::{LiveNode, gpu_models, unplaceable};
+
+/// Why `spec` (its counts filled in) can never run on `nodes`; `None` when it may.
+pub fn never_holds(spec: &JobSpec, nodes: &[LiveNode]) -> Option<String> {
+    for (role, r) in &spec.roles {
+        let (gpus, model) = r.resources.as_ref().map_or((Gpus::ZERO, None), |r| {
+            (r.gpu.unwrap_or_default(), r.gpu_type.as_deref())
+        });
+        if let Some(why) = unplaceable(nodes, gpus, model) {
+            return Some(format!("role {role}: {why}"));
+        }
+    }
+    spec.placement.iter().enumerate().find_map(|(i, g)| {
+        group_never_holds(spec, g, nodes).map(|why| format!("placement[{i}] ({}): {why}", g.name()))
+    })
+}
+
+/// Each bundle's GPUs (one per process, or one per index when the group shares devices) and
+/// the model the group asks for.
+fn bundles(spec: &JobSpec, g: &PlacementGroup) -> (Vec<Gpus>, Option<String>) {
+    let model = g.roles.iter().find_map(|r| {
+        spec.roles[r]
+            .resources
+            .as_ref()
+            .and_then(|x| x.gpu_type.clone())
+    });
+    let count = |r: &vocab::Role| spec.role_plan(*r).map_or(0, |p| p.replicas);
+    let out = if g.share_devices {
+        let n = g.roles.iter().map(count).max().unwrap_or(0);
+        vec![Gpus::ONE; n as usize]
+    } else {
+        g.roles
+            .iter()
+            .flat_map(|r| std::iter::repeat_n(spec.gpu_of(*r), count(r) as usize))
+            .filter(|g| !g.is_zero())
+            .collect()
+    };
+    (out, model)
+}
+
+fn group_never_holds(spec: &JobSpec, g: &PlacementGroup, nodes: &[LiveNode]) -> Option<String> {
+    let (bundles, model) = bundles(spec, g);
+    if bundles.is_empty() {
+        return None;
+    }
+    let of_model: Vec<u32> = nodes
+        .iter()
+        .filter(|n| n.gpus > 0 && model.as_deref().is_none_or(|m| m == n.gpu_type))
+        .map(|n| n.gpus)
+        .collect();
+    let have = || {
+        let models = gpu_models(nodes);
+        if models.is_empty() {
+            "the cluster has no GPUs".to_string()
+        } else {
+            let list: Vec<String> = models
+                .iter()
+                .map(|(m, (largest, total))| {
+                    format!("{m}: {total} GPUs, at most {largest} on a node")
+                })
+                .collect();
+            format!("the cluster has {}", list.join("; "))
+        }
+    };
+    match g.strategy {
+        Strategy::StrictPack => {
+            // At least: the whole devices, and the shares packed as tightly as they can be.
+            let whole: u32 = bundles
+                .iter()
+                .filter(|b| !b.is_fraction())
+                .map(|b| b.devices())
+                .sum();
+            let shares: u32 = bundles
+                .iter()
+                .filter(|b| b.is_fraction())
+                .map(|b| b.milli())
+                .sum();
+            let need = whole + shares.div_ceil(1000);
+            let largest = of_model.iter().copied().max().unwrap_or(0);
+            (need > largest).then(|| {
+                format!(
+                    "strict_pack needs {need} GPUs on one node for its {} processes with GPUs, \
+                     more than any node holds: {}",
+                    bundles.len(),
+                    have()
+                )
+            })
+        }
+        Strategy::StrictSpread => {
+            let smallest = bundles.iter().map(|b| b.devices()).min().unwrap_or(0);
+            let fit = of_model.iter().filter(|n| **n >= smallest).count();
+            (fit < bundles.len()).then(|| {
+                format!(
+                    "strict_spread needs {} nodes each with {smallest} GPUs or more, and {fit} \
+                     node(s) have that: {}",
+                    bundles.len(),
+                    have()
+                )
+            })
+        }
+        Strategy::Pack | Strategy::Spread => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes() -> Vec<LiveNode> {
+        [("cpu", 0, ""), ("v", 2, "V100"), ("a", 4, "A100")]
+            .iter()
+            .map(|(n, g, m)| LiveNode {
+                name: n.to_string(),
+                gpus: *g,
+                gpu_type: m.to_string(),
+            })
+            .collect()
+    }
+
+    fn spec(worker_gpu: &str, rollouts: u32, rollout_gpu: &str, group: &str) -> JobSpec {
+        let yaml = format!(
+            "name: j\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, resources: {{ gpu: {worker_gpu} }} }}\n  \
+             rollout: {{ replicas: {rollouts}, topology: service, command: [/bin/true], resources: {{ gpu: {rollout_gpu} }} }}\n\
+             workload: {{ builtin: {{}} }}\ndata: {{ num_samples: 10, shard_size: 1 }}\n\
+             checkpoint: {{ dir: /tmp/x }}\nplacement:\n  - {group}\n"
+        );
+        let s = JobSpec::from_yaml(&yaml).unwrap();
+        s.validate().unwrap();
+        s
+    }
+
+    #[test]
+    fn groups_no_node_set_can_hold_are_named_and_the_others_pass() {
+        let n = nodes();
+        // 2 workers of 1 and 2 engines of 0.5 on one node: 3 GPUs, the A100 node holds 4.
+        let ok = spec(
+            "1",
+            2,
+            "0.5",
+            "{ roles: [worker, rollout], strategy: strict_pack }",
+        );
+        assert_eq!(never_holds(&ok, &n), None);
+        // 2 of 2 and 2 of 0.5: 5 GPUs on one node, more than any.
+        let e = never_holds(
+            &spec(
+                "2",
+                2,
+                "0.5",
+                "{ roles: [worker, rollout], strategy: strict_pack }",
+            ),
+            &n,
+        )
+        .unwrap();
+        assert!(
+            e.contains("placement[0] (worker+rollout): strict_pack needs 5 GPUs on one node"),
+            "{e}"
+        );
+        // 3 engines with GPUs strictly spread: only 2 nodes have GPUs.
+        let e = never_holds(
+            &spec(
+                "0.5",
+                3,
+                "0.5",
+                "{ roles: [rollout], strategy: strict_spread }",
+            ),
+            &n,
+        )
+        .unwrap();
+        assert!(
+            e.contains("strict_spread needs 3 nodes each with 1 GPUs or more, and 2"),
+            "{e}"
+        );
+        // Shared devices: one per index, spread over the 2 GPU nodes.
+        let shared = "{ roles: [worker, rollout], strategy: strict_spread, share_devices: true }";
+        assert_eq!(never_holds(&spec("0.5", 2, "0.5", shared), &n), None);
+        assert!(never_holds(&spec("0.5", 3, "0.5", shared), &n).is_some());
+        // A role alone no node holds is named.
+        let e = never_holds(
+            &spec("8", 1, "0.5", "{ roles: [rollout], strategy: pack }"),
+            &n,
+        )
+        .unwrap();
+        assert!(
+            e.starts_with("role worker: the job asks for 8 GPUs per worker"),
+            "{e}"
+        );
+    }
+}
