@@ -426,6 +426,7 @@ async fn register_running(url: &str, c: &Client, jobs: usize) -> Vec<(Client, u6
                             min_ps: 0,
                             max_ps: 0,
                             services: Vec::new(),
+                            worker_bundle_gpu_milli: 0,
                         }),
                     })
                     .await

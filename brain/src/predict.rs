@@ -131,10 +131,12 @@ pub fn predict(
                         millicores: r.cpu.map_or(cluster.slot_millicores, |c| c.0),
                         memory_bytes: r.memory.map_or(0, |m| m.0),
                         gpus: r.gpu.unwrap_or_default(),
+                        shares_worker_devices: spec.shares_worker_devices(role),
                     },
                 ))
             })
             .collect(),
+        worker_bundle_gpus: spec.worker_bundle(),
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
     // Every role's GPUs, and each placement group whole, on the cluster's GPU nodes.

@@ -103,10 +103,13 @@ fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
                     millicores,
                     memory_bytes,
                     gpus,
+                    shares_worker_devices: r.shares_worker_devices,
                 };
                 Ok((role, shape))
             })
             .collect::<Result<_, BrainError>>()?,
+        worker_bundle_gpus: (s.worker_bundle_gpu_milli > 0)
+            .then(|| vocab::Gpus::from_milli(s.worker_bundle_gpu_milli)),
     })
 }
 
@@ -148,8 +151,10 @@ fn shape_to(s: Shape) -> pb::JobShape {
                     gpu_milli: r.gpus.milli(),
                     gpu_type: String::new(),
                 }),
+                shares_worker_devices: r.shares_worker_devices,
             })
             .collect(),
+        worker_bundle_gpu_milli: s.worker_bundle_gpus.map_or(0, vocab::Gpus::milli),
     }
 }
 

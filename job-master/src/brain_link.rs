@@ -170,9 +170,11 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
                     min: p.min,
                     max: p.max,
                     resources: Some(res(role)),
+                    shares_worker_devices: spec.shares_worker_devices(role),
                 })
             })
             .collect(),
+        worker_bundle_gpu_milli: spec.worker_bundle().map_or(0, vocab::Gpus::milli),
     }
 }
 

@@ -2,7 +2,9 @@
 //! speeds (all of them in two queries), processes and corrections, read under the store's lock.
 //!
 //! The round sizes a job's training group; the service and single roles of running jobs hold
-//! their CPU and processes outside it, so the cluster the round plans on is what they leave.
+//! their CPU, processes and GPUs outside it, so the cluster the round plans on is what they
+//! leave. A role that shares the workers' devices (`placement:` with `share_devices`) holds
+//! no GPU of its own: the round places each worker with its device's whole bundle.
 
 use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState};
@@ -31,6 +33,13 @@ pub(super) fn take(
                     .cpu_millicores
                     .saturating_sub(u64::from(s.count) * s.millicores);
                 cluster.max_processes = cluster.max_processes.saturating_sub(s.count);
+                if !s.shares_worker_devices {
+                    take_gpus(
+                        &mut cluster.nodes,
+                        s.gpus.devices_for(s.count),
+                        shape.gpu_type.as_deref(),
+                    );
+                }
             }
         }
         let speed = speeds
@@ -104,7 +113,7 @@ pub(super) fn take(
             ps_processes,
             worker_processes,
             history: store.corrections(row.id),
-            worker_gpus: shape.worker_gpus,
+            worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
         });
     }
@@ -113,6 +122,22 @@ pub(super) fn take(
         cluster,
         jobs,
     })
+}
+
+/// Takes `n` GPUs off the nodes of `model` (any model when none), one at a time from the node
+/// with the most left: where a running job's service processes hold them (the brain does not
+/// know which node; the freest is the one Ray's own spread would use).
+fn take_gpus(nodes: &mut [optimizer::live::LiveNode], n: u32, model: Option<&str>) {
+    for _ in 0..n {
+        let Some(node) = nodes
+            .iter_mut()
+            .filter(|x| x.gpus > 0 && model.is_none_or(|m| m == x.gpu_type))
+            .max_by_key(|x| x.gpus)
+        else {
+            return;
+        };
+        node.gpus -= 1;
+    }
 }
 
 #[cfg(test)]
@@ -142,21 +167,51 @@ mod tests {
                 min: 1,
                 max: 4,
                 millicores: 500,
+                // Half a GPU beside each worker's half: no GPU of its own.
+                gpus: vocab::Gpus::from_milli(500),
+                shares_worker_devices: true,
                 ..Default::default()
             },
         );
+        // Three rewards of half a GPU each, on devices of their own: two GPUs.
+        shape.services.insert(
+            vocab::Role::new("reward").unwrap(),
+            ServiceShape {
+                topology: "service".into(),
+                count: 3,
+                min: 3,
+                max: 3,
+                millicores: 500,
+                gpus: vocab::Gpus::from_milli(500),
+                ..Default::default()
+            },
+        );
+        shape.worker_gpus = vocab::Gpus::from_milli(500);
+        shape.worker_bundle_gpus = Some(vocab::Gpus::ONE);
         store
             .register("rl", "127.0.0.1:1", Some(&shape), 10)
             .unwrap();
+        let node = |name: &str, gpus: u32, model: &str| optimizer::live::LiveNode {
+            name: name.into(),
+            gpus,
+            gpu_type: model.into(),
+        };
         let cluster = LiveCluster {
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 16,
-            nodes: Vec::new(),
+            nodes: vec![node("v", 2, "V100"), node("a", 4, "A100")],
         };
         let snap = take(&store, &cluster, 20).unwrap();
         assert_eq!(snap.jobs.len(), 1);
-        assert_eq!(snap.cluster.cpu_millicores, 8000 - 3 * 500);
-        assert_eq!(snap.cluster.max_processes, 16 - 3);
+        assert_eq!(snap.cluster.cpu_millicores, 8000 - 6 * 500);
+        assert_eq!(snap.cluster.max_processes, 16 - 6);
+        // The rewards' two GPUs come off the freest node; each worker is placed with its
+        // device's whole bundle (its half and a rollout engine's).
+        assert_eq!(
+            snap.cluster.nodes,
+            vec![node("v", 2, "V100"), node("a", 2, "A100")]
+        );
+        assert_eq!(snap.jobs[0].worker_gpus, vocab::Gpus::ONE);
     }
 }

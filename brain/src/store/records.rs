@@ -175,6 +175,10 @@ pub struct Shape {
     /// The role groups outside the training group, by role name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub services: BTreeMap<vocab::Role, ServiceShape>,
+    /// What one device holds per worker when the workers share their devices with other
+    /// roles (`placement:` with `share_devices`): the round places workers by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_bundle_gpus: Option<vocab::Gpus>,
 }
 
 /// A service or single role of a job as the brain keeps it.
@@ -188,6 +192,9 @@ pub struct ServiceShape {
     pub millicores: u64,
     pub memory_bytes: u64,
     pub gpus: vocab::Gpus,
+    /// Its processes share the workers' devices: its GPUs are counted in theirs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shares_worker_devices: bool,
 }
 
 impl Shape {

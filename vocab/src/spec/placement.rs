@@ -146,6 +146,26 @@ impl JobSpec {
         })
     }
 
+    /// What one device holds per worker index when the training group shares its devices with
+    /// other roles (a `share_devices` group with `worker` in it): the group's shares added up.
+    /// The brain places workers by it.
+    pub fn worker_bundle(&self) -> Option<Gpus> {
+        self.device_share(SlotKey {
+            role: Role::WORKER,
+            index: 0,
+        })
+        .map(|s| s.bundle)
+    }
+
+    /// Whether `role`'s processes share the training group's devices (their GPUs are counted
+    /// in the workers' bundles).
+    pub fn shares_worker_devices(&self, role: Role) -> bool {
+        role != Role::WORKER
+            && self
+                .placement_of(role)
+                .is_some_and(|(_, g)| g.share_devices && g.roles.contains(&Role::WORKER))
+    }
+
     /// `share_devices`: every role asks for a share below one device, of one model, and the
     /// shares add up to at most one.
     fn validate_shared_devices(&self, i: usize, g: &PlacementGroup) -> Result<(), SpecError> {
@@ -305,6 +325,8 @@ mod tests {
             }]
         );
         assert_eq!(share.bundle, Gpus::ONE);
+        assert_eq!(s.worker_bundle(), Some(Gpus::ONE));
+        assert!(s.shares_worker_devices(rollout) && !s.shares_worker_devices(Role::WORKER));
         assert!(
             s.device_share(SlotKey {
                 role: rollout,
