@@ -141,6 +141,7 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
             samples_done: (from + k) * 100,
             memory_bytes: 4 << 30,
             gpu_utilisation_pct: 80.0,
+            role_rates: Vec::new(),
             // What a job master sends: each of its 6 processes, as the heuristics read them.
             processes: (0..6u32)
                 .map(|i| pb::ProcessReport {

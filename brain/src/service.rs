@@ -263,6 +263,23 @@ impl pb::brain_server::Brain for BrainService {
                     gpu_utilisation_pct: m.gpu_utilisation_pct,
                     samples_done: m.samples_done,
                     processes,
+                    role_rates: m
+                        .role_rates
+                        .iter()
+                        .map(|r| {
+                            let role = vocab::wire::role(&r.role).map_err(|e| {
+                                Status::invalid_argument(format!("role rate: {}", e.0))
+                            })?;
+                            Ok::<_, Status>((
+                                role,
+                                optimizer::live::RoleRate {
+                                    served_per_s: r.served_per_s,
+                                    busy_share: r.busy_share,
+                                    callers_wait_share: r.callers_wait_share,
+                                },
+                            ))
+                        })
+                        .collect::<Result<_, _>>()?,
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -401,8 +418,16 @@ impl pb::brain_server::Brain for BrainService {
             migrations: r.migrations,
         })
         .map_err(|e| Status::invalid_argument(e.0))?;
-        let workers = plan.count_of(vocab::Role::WORKER);
-        let ps = plan.count_of(vocab::Role::PS);
+        let counts = PlanCounts {
+            workers: plan.count_of(vocab::Role::WORKER),
+            ps: plan.count_of(vocab::Role::PS),
+            services: plan
+                .roles
+                .iter()
+                .filter(|(r, _)| **r != vocab::Role::WORKER && **r != vocab::Role::PS)
+                .map(|(r, t)| (*r, t.count))
+                .collect(),
+        };
         let id = JobId(r.job_id);
         let row = self.with_store(move |s| s.job(id)).await?;
         if row.state != JobState::Running {
@@ -430,7 +455,7 @@ impl pb::brain_server::Brain for BrainService {
                     JobId(r.job_id),
                     &body,
                     &r.reason,
-                    PlanCounts { workers, ps },
+                    counts,
                     &[],
                     now_unix_ms(),
                 )

@@ -103,6 +103,7 @@ fn start_influx(bin: &str, dir: &Path, http: u16, rpc: u16) -> Influx {
 
 fn report(i: u64) -> pb::MetricReport {
     pb::MetricReport {
+        role_rates: Vec::new(),
         at_unix_ms: 1_700_000_000_000 + i as i64 * 1000,
         global_step: i,
         samples_per_second: 100.0 + i as f64,
@@ -277,6 +278,7 @@ async fn the_v2_writer_sends_what_influxdb_2_expects() {
             gpu_utilisation_pct: 0.0,
             samples_done: 5,
             processes: Vec::new(),
+            role_rates: Vec::new(),
         },
     )
     .unwrap();

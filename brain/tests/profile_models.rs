@@ -117,6 +117,7 @@ fn history_db(path: &Path, n: usize) {
                     gpu_utilisation_pct: 0.0,
                     samples_done: 6000,
                     processes: Vec::new(),
+                    role_rates: Vec::new(),
                 }],
             )
             .unwrap();

@@ -26,6 +26,7 @@ fn start(db: &Path) -> (common::Brain, String) {
 
 fn report(step: u64, sps: f64) -> pb::MetricReport {
     pb::MetricReport {
+        role_rates: Vec::new(),
         at_unix_ms: 1_700_000_000_000 + step as i64,
         global_step: step,
         samples_per_second: sps,

@@ -205,6 +205,7 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
         gpu_utilisation_pct: 0.0,
         samples_done: (ctx.ledger.done_shards() * ctx.spec.data.shard_size as u64).min(total),
         processes: processes(ctx, now_ms),
+        role_rates: crate::service::role_rates(ctx, now_ms),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The gRPC adapter: converts wire messages to domain calls on [`crate::job::JobContext`] and
 //! back. No decisions are taken here.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use proto::jobmaster::v1 as pb;
@@ -60,6 +61,24 @@ impl From<&Sample> for pb::ResourceSample {
             gpu_memory_used_bytes: x.gpu_memory_used_bytes,
         }
     }
+}
+
+impl From<&crate::job::RoleRate> for pb::RoleRate {
+    fn from(r: &crate::job::RoleRate) -> pb::RoleRate {
+        pb::RoleRate {
+            role: r.role.to_string(),
+            processes: r.processes,
+            served_per_s: r.served_per_s,
+            busy_share: r.busy_share,
+            callers_wait_share: r.callers_wait_share,
+            callers: r.callers,
+        }
+    }
+}
+
+/// The job's role rates now, as the wire carries them.
+pub(crate) fn role_rates(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::RoleRate> {
+    ctx.calls.rates(now_ms).iter().map(pb::RoleRate::from).collect()
 }
 
 #[tonic::async_trait]
@@ -214,6 +233,38 @@ impl pb::job_master_server::JobMaster for MasterService {
         self.shared
             .apply(|ctx, now| {
                 ctx.serve_role(key, incarnation, r.address, now)?;
+                Ok(((), Vec::new()))
+            })
+            .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn report_calls(
+        &self,
+        req: Request<pb::CallReport>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let mut calls = BTreeMap::new();
+        for c in r.calls {
+            if calls
+                .insert(role(&c.role)?, (c.calls, c.waited_s))
+                .is_some()
+            {
+                return Err(Status::invalid_argument(format!(
+                    "role {} is named twice",
+                    c.role
+                )));
+            }
+        }
+        let totals = crate::job::CallTotals {
+            calls,
+            served: r.served,
+            busy_s: r.busy_s,
+        };
+        self.shared
+            .apply(|ctx, now| {
+                ctx.report_calls(key, incarnation, totals, now)?;
                 Ok(((), Vec::new()))
             })
             .await?;
@@ -423,6 +474,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             desired_plan_version: ctx.plans.desired,
             reached_plan_version: ctx.plans.reached,
             transition: ctx.transition_status(self.shared.now_ms()),
+            role_rates: role_rates(&ctx, self.shared.now_ms()),
         }))
     }
 

@@ -103,5 +103,20 @@ class MasterClient:
         """The serving members of `role` as they are now."""
         return self._call("GetRoleGroup", pb.RoleGroupRequest(role=role))
 
+    def report_calls(self, calls, served: int, busy_s: float) -> None:
+        """This process's running totals of calls between roles: `calls` maps a role called to
+        (calls, seconds waited); `served`/`busy_s` what it served."""
+        self._call(
+            "ReportCalls",
+            pb.CallReport(
+                process=self.me,
+                calls=[
+                    pb.CallsTo(role=r, calls=n, waited_s=w) for r, (n, w) in sorted(calls.items())
+                ],
+                served=served,
+                busy_s=busy_s,
+            ),
+        )
+
     def close(self) -> None:
         self._channel.close()

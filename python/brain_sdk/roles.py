@@ -24,6 +24,11 @@ process already waiting up its chain (`driver-0 → reward-1 → reward-1`) is a
 never be served once the callee's threads are all waiting: it is refused at once, naming the
 chain, and reaches the caller as `BrainError`; so is a chain deeper than 32 calls.
 
+The calls are counted: each process sends its job master, about once a second, the calls it made
+to each role and the time it waited in them, and the calls it served and the time it spent
+serving (`CallReport`). The master turns them into each role's rates (`job-master status`), and
+the brain gives free capacity to the role its callers wait for.
+
 Arguments and results travel pickled: only processes holding the job's secret (and its
 certificate, with TLS) can call, as for every channel inside a job. A method whose name starts
 with `_` cannot be called. An exception in the callee reaches the caller as `RemoteError`
@@ -54,6 +59,62 @@ _CHAIN = "brain-call-chain"
 _MAX_DEPTH = 32
 # The chain of the call this thread is serving, if it serves one.
 _serving = threading.local()
+
+
+class _Tally:
+    """This process's running totals of calls, sent to its job master by a daemon thread about
+    once a second while they change. Reporting never fails a call: a
+    master that cannot be reached is tried again at the next tick."""
+
+    EVERY_S = 1.0
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.calls = {}
+        self.served = 0
+        self.busy_s = 0.0
+        self._sent = None
+        self._thread = None
+        self._env = None
+
+    def called(self, env: ProcessEnv, role: str, waited_s: float) -> None:
+        with self._lock:
+            n, w = self.calls.get(role, (0, 0.0))
+            self.calls[role] = (n + 1, w + waited_s)
+            self._start(env)
+
+    def serving(self, env: ProcessEnv, busy_s: float) -> None:
+        with self._lock:
+            self.served += 1
+            self.busy_s += busy_s
+            self._start(env)
+
+    def _start(self, env: ProcessEnv) -> None:
+        if self._thread is None:
+            self._env = env
+            self._thread = threading.Thread(target=self._run, name="brain-call-tally", daemon=True)
+            self._thread.start()
+
+    def _now(self):
+        with self._lock:
+            return (dict(self.calls), self.served, self.busy_s)
+
+    def _run(self) -> None:
+        master = None
+        while True:
+            time.sleep(self.EVERY_S)
+            totals = self._now()
+            if totals == self._sent:
+                continue
+            try:
+                master = master or MasterClient(self._env)
+                master.report_calls(*totals)
+                self._sent = totals
+            except BrainError:
+                master = None  # tried again at the next tick
+
+
+_tally = _Tally()
 
 
 def _caller_chain(env: ProcessEnv) -> List[str]:
@@ -150,12 +211,14 @@ class RoleServer:
                 f"{self.env.role} has no method {method!r}",
             )
         _serving.chain = chain + [me]
+        started = time.monotonic()
         try:
             return pickle.dumps(("ok", fn(*args, **kwargs)))
         except Exception as e:  # noqa: BLE001 - the caller gets what the method raised
             return pickle.dumps(("error", f"{type(e).__name__}: {e}"))
         finally:
             _serving.chain = None
+            _tally.serving(self.env, time.monotonic() - started)
 
     def wait(self) -> None:
         self._server.wait_for_termination()
@@ -283,6 +346,13 @@ class Group:
         `rank0`: the lowest index) or on each (`all`: a list in index order)."""
         if how not in _HOWS:
             raise BrainError(f"how={how!r}: expected one of {', '.join(_HOWS)}")
+        started = time.monotonic()
+        try:
+            return self._call(method, args, kwargs, how)
+        finally:
+            _tally.called(self.env, self.role, time.monotonic() - started)
+
+    def _call(self, method: str, args, kwargs, how: str):
         payload = pickle.dumps((method, args, kwargs))
         if time.monotonic() - self._refreshed >= self.refresh_every:
             self.refresh()

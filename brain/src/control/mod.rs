@@ -533,7 +533,9 @@ impl Control {
                 let counts = PlanCounts {
                     workers: (d.to_workers != d.from_workers).then_some(d.to_workers),
                     ps: (d.to_ps != d.ps).then_some(d.to_ps),
+                    services: d.role_targets.iter().map(|(r, _, to)| (*r, *to)).collect(),
                 };
+                let ps = counts.ps;
                 let (from, migrations) = (d.from_workers, d.migrations.len());
                 let r = self
                     .with_store(move |s| {
@@ -545,7 +547,7 @@ impl Control {
                 match r {
                     Ok(v) => {
                         self.metrics.plans.inc();
-                        tracing::info!(%job, version = v, from, to, ps = ?counts.ps, migrations, "plan dispatched");
+                        tracing::info!(%job, version = v, from, to, ps = ?ps, migrations, "plan dispatched");
                     }
                     Err(e) => tracing::warn!("cannot store a plan for {job}: {e}"),
                 }

@@ -115,6 +115,7 @@ pub(super) fn take(
             history: store.corrections(row.id),
             worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
+            roles: service_roles(&shape, store.role_rates(row.id)),
         });
     }
     Ok(LiveSnapshot {
@@ -122,6 +123,27 @@ pub(super) fn take(
         cluster,
         jobs,
     })
+}
+
+/// A job's service roles (not single ones: those are one process) with their newest rates:
+/// what the round may resize against each other.
+fn service_roles(
+    shape: &crate::store::Shape,
+    rates: Vec<(vocab::Role, optimizer::live::RoleRate)>,
+) -> Vec<optimizer::live::LiveRole> {
+    shape
+        .services
+        .iter()
+        .filter(|(_, s)| s.topology == "service")
+        .map(|(role, s)| optimizer::live::LiveRole {
+            role: *role,
+            count: s.count,
+            min: s.min,
+            max: s.max,
+            millicores: s.millicores,
+            rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
+        })
+        .collect()
 }
 
 /// Takes `n` GPUs off the nodes of `model` (any model when none), one at a time from the node

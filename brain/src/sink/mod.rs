@@ -209,6 +209,7 @@ mod tests {
             gpu_utilisation_pct: 0.0,
             samples_done: 9000,
             processes: Vec::new(),
+            role_rates: Vec::new(),
         };
         let l = line("ctr a", JobId(7), &m).unwrap();
         assert!(l.starts_with("job_metrics,job=ctr\\ a,job_id=7 "), "{l}");

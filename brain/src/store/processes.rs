@@ -40,6 +40,8 @@ pub(super) struct JobProcesses {
     at_unix_ms: i64,
     processes: BTreeMap<(Role, u32), ProcessRuntime>,
     changes: Vec<Change>,
+    /// The called roles' rates, as the newest report gave them.
+    rates: Vec<(Role, optimizer::live::RoleRate)>,
 }
 
 #[derive(Debug, Default)]
@@ -88,7 +90,13 @@ impl Processes {
                 next.insert((p.role, p.index), r);
             }
             entry.processes = next;
+            entry.rates = m.role_rates.clone();
         }
+    }
+
+    /// The called roles' rates of the job's newest report.
+    pub(super) fn rates(&self, job: JobId) -> Vec<(Role, optimizer::live::RoleRate)> {
+        self.jobs.get(&job).map(|j| j.rates.clone()).unwrap_or_default()
     }
 
     /// The job's parameter servers and workers, by index.

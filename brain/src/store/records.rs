@@ -21,6 +21,8 @@ pub struct Metric {
     pub samples_done: u64,
     /// Each process of the job (empty from job masters that do not report them).
     pub processes: Vec<super::ProcessSample>,
+    /// Each called role's rates over its master's window (calls between roles).
+    pub role_rates: Vec<(vocab::Role, optimizer::live::RoleRate)>,
 }
 
 /// Values no real job reports: beyond them a report is a bug or an attack, not a measurement.
@@ -33,6 +35,18 @@ const MAX_STEP: u64 = 1 << 53;
 impl Metric {
     /// Rejects NaN, negative and absurdly large values, naming the field and the value.
     pub fn validate(&self) -> Result<(), String> {
+        for (role, r) in &self.role_rates {
+            let share = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+            if !(share(r.busy_share)
+                && share(r.callers_wait_share)
+                && r.served_per_s.is_finite()
+                && (0.0..=MAX_SAMPLES_PER_SECOND).contains(&r.served_per_s))
+            {
+                return Err(format!(
+                    "role rate of {role} is {r:?}: shares from 0 to 1 and a finite rate expected"
+                ));
+            }
+        }
         let sps = self.samples_per_second;
         if !(sps.is_finite() && (0.0..=MAX_SAMPLES_PER_SECOND).contains(&sps)) {
             return Err(format!(

@@ -1,14 +1,18 @@
 //! What job masters send (metric batches, per-worker-count speeds) and the plans they are sent.
 
+use std::collections::BTreeMap;
+
 use rusqlite::{OptionalExtension, params};
 
 use super::*;
 
 /// The counts a plan sets (`None`: the plan leaves it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PlanCounts {
     pub workers: Option<u32>,
     pub ps: Option<u32>,
+    /// Service roles the plan resizes: their counts in the job's shape from now on.
+    pub services: BTreeMap<vocab::Role, u32>,
 }
 
 impl Store {
@@ -119,13 +123,19 @@ impl Store {
         self.processes.of(job)
     }
 
+    /// The called roles' rates of the job's newest report (calls between roles).
+    pub fn role_rates(&self, job: JobId) -> Vec<(vocab::Role, optimizer::live::RoleRate)> {
+        self.processes.rates(job)
+    }
+
     /// The heuristics' corrections sent to the job (this brain's lifetime).
     pub fn corrections(&self, job: JobId) -> Vec<optimizer::heuristics::Change> {
         self.processes.changes(job)
     }
 
     /// Stores `body` as the job's next plan version.
-    /// `workers` and `ps`, when the plan sets them, become the counts in force; the
+    /// `workers`, `ps` and the service roles' counts, when the plan sets them, become the
+    /// counts in force (a resized role also marks the job changed, for the cool-down); the
     /// heuristics' `corrections` are remembered for their cool-downs.
     pub fn propose_plan(
         &mut self,
@@ -136,7 +146,11 @@ impl Store {
         corrections: &[optimizer::heuristics::Change],
         now_unix_ms: i64,
     ) -> Result<u64, BrainError> {
-        let PlanCounts { workers, ps } = counts;
+        let PlanCounts {
+            workers,
+            ps,
+            services,
+        } = counts;
         let id = self.known(job)?;
         let tx = self.conn.transaction()?;
         let version = newest_version(&tx, id)? + 1;
@@ -158,6 +172,15 @@ impl Store {
                 "UPDATE jobs SET shape = json_set(shape, '$.ps', ?2)
                  WHERE id = ?1 AND shape IS NOT NULL",
                 params![id, p],
+            )?;
+        }
+        for (role, n) in &services {
+            // Role names are DNS labels: quoted, they make a JSON path as they are.
+            tx.execute(
+                "UPDATE jobs SET shape = json_set(shape, ?3, ?2), last_change_unix_ms = ?4
+                 WHERE id = ?1 AND shape IS NOT NULL
+                   AND json_type(shape, ?3) IS NOT NULL",
+                params![id, n, format!("$.services.\"{role}\".count"), now_unix_ms],
             )?;
         }
         tx.commit()?;

@@ -14,6 +14,7 @@ fn metric(step: u64, sps: f64) -> Metric {
         gpu_utilisation_pct: 50.0,
         samples_done: step * 10,
         processes: Vec::new(),
+        role_rates: Vec::new(),
     }
 }
 
@@ -37,7 +38,7 @@ fn jobs_plans_and_summaries_survive_a_reopen() {
             "grow",
             PlanCounts {
                 workers: Some(4),
-                ps: None,
+                ..Default::default()
             },
             &[],
             30,
@@ -150,8 +151,8 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         &|v| vec![v as u8],
         "one more ps",
         PlanCounts {
-            workers: None,
             ps: Some(2),
+            ..Default::default()
         },
         std::slice::from_ref(&added),
         30,
@@ -298,4 +299,63 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
     assert!(rl.check_plan(&plan(vocab::Role::WORKER, 10)).is_err());
     let text = serde_json::to_string(&rl).unwrap();
     assert_eq!(serde_json::from_str::<Shape>(&text).unwrap(), rl);
+}
+
+#[test]
+fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest_report_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
+    let rollout = vocab::Role::new("roll-out").unwrap();
+    let mut shape = Shape {
+        kind: vocab::JobKind::Allreduce,
+        workers: 2,
+        min_workers: 1,
+        max_workers: 2,
+        node_unit: 1,
+        worker_millicores: 1000,
+        total_samples: 1000,
+        ..Default::default()
+    };
+    shape.services.insert(
+        rollout,
+        ServiceShape {
+            topology: "service".into(),
+            count: 1,
+            min: 1,
+            max: 4,
+            millicores: 500,
+            ..Default::default()
+        },
+    );
+    let (a, _) = s.register("rl", "127.0.0.1:1", Some(&shape), 10).unwrap();
+    let rate = optimizer::live::RoleRate {
+        served_per_s: 4.0,
+        busy_share: 0.9,
+        callers_wait_share: 0.7,
+    };
+    let mut m = metric(10, 100.0);
+    m.role_rates = vec![(rollout, rate)];
+    s.add_metrics(a, &[m]).unwrap();
+    assert_eq!(s.role_rates(a), vec![(rollout, rate)]);
+    // A rate outside its range is refused, and nothing of the batch is kept.
+    let mut bad = metric(20, 100.0);
+    bad.role_rates = vec![(rollout, optimizer::live::RoleRate { busy_share: 1.5, ..rate })];
+    assert!(s.add_metrics(a, &[bad]).is_err());
+    assert_eq!(s.role_rates(a), vec![(rollout, rate)]);
+
+    s.propose_plan(
+        a,
+        &|v| vec![v as u8],
+        "more engines",
+        PlanCounts {
+            services: [(rollout, 3)].into(),
+            ..Default::default()
+        },
+        &[],
+        50,
+    )
+    .unwrap();
+    let row = s.job(a).unwrap();
+    assert_eq!(row.shape.unwrap().services[&rollout].count, 3);
+    assert_eq!(row.last_change_unix_ms, Some(50));
 }

@@ -43,12 +43,14 @@ use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
 use crate::scale::{Capacity, PlanBook, ScalePlan};
 use crate::spec::{JobKind, JobSpec, Resources, Role};
 
+pub use calls::{CallRates, CallTotals, RoleRate};
 pub use cancel::Cancelling;
 pub use services::RoleGroup;
 pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
 mod agents;
+mod calls;
 mod cancel;
 mod checkpoint;
 #[cfg(test)]
@@ -430,6 +432,9 @@ pub struct JobContext {
     /// desired size and its processes ([`services`]).
     #[serde(default)]
     pub services: BTreeMap<Role, RoleGroup>,
+    /// Rates of the calls between its roles ([`calls`]); not persisted.
+    #[serde(skip)]
+    pub calls: CallRates,
 }
 
 /// How a job's processes form a group: an allreduce job's workers meet in rendezvous rounds; a
@@ -541,6 +546,7 @@ impl JobContext {
             role_resources: BTreeMap::new(),
             leased_any: false,
             services: BTreeMap::new(),
+            calls: CallRates::default(),
         };
         effects.extend(ctx.start_services(now_ms));
         ctx.log(

@@ -283,6 +283,33 @@ impl JobContext {
         Ok(())
     }
 
+    /// `key`'s running totals of calls between roles ([`super::calls`]); refused from a
+    /// process that is not current, with figures that are not finite and non-negative, or
+    /// naming a role the job has not.
+    pub fn report_calls(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        totals: super::CallTotals,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        self.current(key, incarnation)?;
+        let bad = |x: f64| !x.is_finite() || x < 0.0;
+        if bad(totals.busy_s) || totals.calls.values().any(|(_, w)| bad(*w)) {
+            return Err(Error::InvalidRequest(format!(
+                "{key} reports calls with a time that is not a finite, non-negative number of \
+                 seconds"
+            )));
+        }
+        if let Some(role) = totals.calls.keys().find(|r| !self.spec.roles.contains_key(r)) {
+            return Err(Error::InvalidRequest(format!(
+                "{key} reports calls to {role}: the job has no {role} role"
+            )));
+        }
+        self.calls.record(key, incarnation, totals, now_ms);
+        Ok(())
+    }
+
     /// The serving members of `role` as they are now, its topology and the processes it
     /// should have.
     pub fn role_group(&self, role: Role) -> Result<RoleView, Error> {

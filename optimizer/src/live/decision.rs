@@ -35,6 +35,9 @@ pub struct Decision {
     pub gpu_type: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_placement: Vec<(String, u32)>,
+    /// Service roles of a running job resized: (role, from, to).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub role_targets: Vec<(Role, u32, u32)>,
 }
 
 impl Decision {
@@ -43,7 +46,9 @@ impl Decision {
     pub fn changes(&self) -> bool {
         self.from_workers != self.to_workers
             || (self.state == LiveState::Running
-                && (self.ps != self.to_ps || !self.migrations.is_empty()))
+                && (self.ps != self.to_ps
+                    || !self.migrations.is_empty()
+                    || !self.role_targets.is_empty()))
     }
 
     /// The plan that carries a running job's decision out: the counts that change, the
@@ -60,6 +65,9 @@ impl Decision {
         }
         if self.to_ps != self.ps {
             plan.set_count(Role::PS, self.to_ps);
+        }
+        for (role, _, to) in &self.role_targets {
+            plan.set_count(*role, *to);
         }
         plan
     }

@@ -515,6 +515,7 @@ pub(super) fn plan_gpu_jobs(
                     .iter()
                     .map(|(n, k)| (nodes[*n].name.clone(), *k))
                     .collect(),
+                role_targets: Vec::new(),
             };
             (at, decision)
         })

@@ -52,6 +52,7 @@ mod decision;
 mod gpu;
 mod hold;
 mod replay;
+mod roles;
 mod sized;
 
 pub use checks::check_postconditions;
@@ -60,6 +61,7 @@ pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::never_holds;
 pub use replay::LiveRound;
+pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
 
 /// What the brain may hand out.
@@ -144,6 +146,9 @@ pub struct LiveJob {
     /// it runs on (running); none: any.
     #[serde(default)]
     pub worker_gpus: vocab::Gpus,
+    /// Its service roles, with their rates (running jobs; `roles.rs` sizes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<LiveRole>,
     #[serde(default)]
     pub gpu_type: Option<String>,
 }
@@ -173,6 +178,9 @@ pub struct LiveConfig {
     /// checkpoint) after it died before its job ended; then the job is recorded failed.
     #[serde(default = "default_max_resumes")]
     pub max_resumes: u32,
+    /// How rounds size a running job's service roles against each other (`roles.rs`).
+    #[serde(default)]
+    pub roles: RolesConfig,
 }
 
 fn default_interval() -> f64 {
@@ -195,6 +203,7 @@ impl Default for LiveConfig {
             cooldown_s: default_cooldown(),
             pin_while_plan_in_flight: true,
             max_resumes: default_max_resumes(),
+            roles: RolesConfig::default(),
         }
     }
 }
@@ -212,6 +221,9 @@ impl LiveConfig {
                 "live.cooldown_s is {}, expected 0 or more",
                 self.cooldown_s
             )));
+        }
+        if let Some(why) = self.roles.problem() {
+            return Err(PolicyError::InvalidConfig(why));
         }
         Ok(())
     }
@@ -479,17 +491,32 @@ pub fn plan_round(
                 reasons,
                 gpu_type: None,
                 gpu_placement: Vec::new(),
+                role_targets: Vec::new(),
             };
             (at, decision)
         })
         .collect();
     decisions.extend(gpu.decisions);
     decisions.sort_by_key(|d| d.0);
+    // The service roles of running jobs, on what the training groups leave.
+    let jobs: Vec<&LiveJob> = decisions.iter().map(|(at, _)| &snapshot.jobs[*at]).collect();
+    let mut ds: Vec<&mut Decision> = decisions.iter_mut().map(|(_, d)| d).collect();
+    let taken = roles::balance(
+        &jobs,
+        &mut ds,
+        &config.roles,
+        config.cooldown_s,
+        now,
+        roles::Room {
+            cpu_millicores: cluster.cpu_millicores.saturating_sub(cpu),
+            processes: cluster.max_processes.saturating_sub(processes),
+        },
+    );
     let plan = RoundPlan {
         scheduler: scheduler.name().to_string(),
         decisions: decisions.into_iter().map(|d| d.1).collect(),
-        cpu_millicores: cpu,
-        processes,
+        cpu_millicores: cpu + taken.cpu_millicores,
+        processes: processes + taken.processes,
         notes,
     };
     check_postconditions(snapshot, &plan)?;

@@ -1,0 +1,193 @@
+//! Rates of the calls between a job's roles: what each role served and how long its callers
+//! waited for it, over the last [`WINDOW_MS`]. The SDK's processes report running totals
+//! (`ReportCalls`); the master keeps each process's last totals, adds what each report adds to
+//! per-role sums, and samples the sums, so that a rate is a difference over the window. A
+//! restarted process (a new incarnation) starts its totals from zero. Not persisted: rates
+//! start again after a master restart.
+//!
+//! These figures are what the brain gives capacity by (a role whose callers spend their time
+//! waiting for it is the one that bounds the job), and what `job-master status` shows.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use vocab::{Role, SlotKey};
+
+/// The window rates are measured over.
+pub const WINDOW_MS: u64 = 30_000;
+/// A rate needs at least this much of a window.
+const MIN_SPAN_MS: u64 = 2_000;
+
+/// One process's running totals, as its last report gave them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallTotals {
+    /// Calls it made and seconds it waited in them, by the role called.
+    pub calls: BTreeMap<Role, (u64, f64)>,
+    pub served: u64,
+    pub busy_s: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Sums {
+    served: u64,
+    busy_s: f64,
+    calls_in: u64,
+    waited_s: f64,
+}
+
+/// One role's rates over the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoleRate {
+    pub role: Role,
+    /// Its processes that served in the window.
+    pub processes: u32,
+    pub served_per_s: f64,
+    /// Share of its serving processes' time spent serving.
+    pub busy_share: f64,
+    /// Share of its callers' time spent waiting in calls to it.
+    pub callers_wait_share: f64,
+    pub callers: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallRates {
+    last: BTreeMap<SlotKey, (u64, CallTotals)>,
+    sums: BTreeMap<Role, Sums>,
+    samples: VecDeque<(u64, BTreeMap<Role, Sums>)>,
+    /// When each process last served, and last called each role.
+    served_at: BTreeMap<SlotKey, u64>,
+    called_at: BTreeMap<(Role, SlotKey), u64>,
+}
+
+impl CallRates {
+    /// Folds in `key`'s totals (of `incarnation`) at `now_ms`.
+    pub fn record(&mut self, key: SlotKey, incarnation: u64, t: CallTotals, now_ms: u64) {
+        let zero = CallTotals::default();
+        let prev = match self.last.get(&key) {
+            Some((inc, p)) if *inc == incarnation => p,
+            _ => &zero,
+        };
+        // A total below the last one (it should not happen) counts from zero.
+        let du = |new: u64, old: u64| if new >= old { new - old } else { new };
+        let df = |new: f64, old: f64| if new >= old { new - old } else { new };
+        let own = self.sums.entry(key.role).or_default();
+        let served = du(t.served, prev.served);
+        own.served += served;
+        own.busy_s += df(t.busy_s, prev.busy_s);
+        if served > 0 {
+            self.served_at.insert(key, now_ms);
+        }
+        for (callee, &(calls, waited)) in &t.calls {
+            let (pc, pw) = prev.calls.get(callee).copied().unwrap_or((0, 0.0));
+            let s = self.sums.entry(*callee).or_default();
+            let n = du(calls, pc);
+            s.calls_in += n;
+            s.waited_s += df(waited, pw);
+            if n > 0 {
+                self.called_at.insert((*callee, key), now_ms);
+            }
+        }
+        self.last.insert(key, (incarnation, t));
+        self.samples.push_back((now_ms, self.sums.clone()));
+        // Keep one sample at or before the window's start, as the base of its differences.
+        while self.samples.len() > 1 && self.samples[1].0 + WINDOW_MS <= now_ms {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Each role's rates over the window that ends at `now_ms` (roles that served or were
+    /// called in it), in role order.
+    pub fn rates(&self, now_ms: u64) -> Vec<RoleRate> {
+        let Some((base_at, base)) = self.samples.front() else {
+            return Vec::new();
+        };
+        let span = now_ms.saturating_sub(*base_at).min(WINDOW_MS);
+        if span < MIN_SPAN_MS {
+            return Vec::new();
+        }
+        let dt = span as f64 / 1000.0;
+        let since = now_ms.saturating_sub(WINDOW_MS);
+        let mut out = Vec::new();
+        for (role, now) in &self.sums {
+            let then = base.get(role).copied().unwrap_or_default();
+            let processes = self
+                .served_at
+                .iter()
+                .filter(|(k, at)| k.role == *role && **at >= since)
+                .count() as u32;
+            let callers = self
+                .called_at
+                .iter()
+                .filter(|((callee, _), at)| callee == role && **at >= since)
+                .count() as u32;
+            if processes == 0 && callers == 0 {
+                continue;
+            }
+            let share = |x: f64, n: u32| (x / (dt * n.max(1) as f64)).clamp(0.0, 1.0);
+            out.push(RoleRate {
+                role: *role,
+                processes,
+                served_per_s: (now.served - then.served) as f64 / dt,
+                busy_share: share(now.busy_s - then.busy_s, processes),
+                callers_wait_share: share(now.waited_s - then.waited_s, callers),
+                callers,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(role: &str, index: u32) -> SlotKey {
+        SlotKey {
+            role: role.parse().unwrap(),
+            index,
+        }
+    }
+
+    fn caller(calls: u64, waited: f64) -> CallTotals {
+        CallTotals {
+            calls: [("rollout".parse().unwrap(), (calls, waited))].into(),
+            ..Default::default()
+        }
+    }
+
+    fn server(served: u64, busy: f64) -> CallTotals {
+        CallTotals {
+            served,
+            busy_s: busy,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rates_are_differences_over_the_window_and_a_restart_counts_from_zero() {
+        let mut r = CallRates::default();
+        let (w, e0, e1) = (key("worker", 0), key("rollout", 0), key("rollout", 1));
+        // Over 10 s: the worker waits 8 s in 50 calls; the two engines serve 25 each, busy 4 s.
+        r.record(w, 1, caller(0, 0.0), 0);
+        r.record(e0, 1, server(0, 0.0), 0);
+        r.record(e1, 1, server(0, 0.0), 0);
+        r.record(w, 1, caller(50, 8.0), 10_000);
+        r.record(e0, 1, server(25, 4.0), 10_000);
+        r.record(e1, 1, server(25, 4.0), 10_000);
+        let rates = r.rates(10_000);
+        assert_eq!(rates.len(), 1, "{rates:?}");
+        let x = &rates[0];
+        assert_eq!((x.role, x.processes, x.callers), ("rollout".parse().unwrap(), 2, 1));
+        assert!((x.served_per_s - 5.0).abs() < 1e-9, "{x:?}");
+        assert!((x.busy_share - 0.4).abs() < 1e-9, "{x:?}");
+        assert!((x.callers_wait_share - 0.8).abs() < 1e-9, "{x:?}");
+        // Engine 1 restarts: its new totals count from zero, not as a fall.
+        r.record(e1, 2, server(5, 1.0), 12_000);
+        let x = &r.rates(12_000)[0];
+        assert!((x.served_per_s - 55.0 / 12.0).abs() < 1e-9, "{x:?}");
+        // Long after, the window has moved past everything: nobody served or called in it.
+        r.record(w, 1, caller(50, 8.0), 60_000);
+        assert!(r.rates(60_000).is_empty());
+        // Too short a window says nothing.
+        assert!(CallRates::default().rates(1_000).is_empty());
+    }
+}

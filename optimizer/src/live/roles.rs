@@ -1,0 +1,341 @@
+//! Sizing the roles of a running job against each other: after the round has sized the
+//! training groups, the CPU and processes it leaves go to the service roles that bound their
+//! job, and a role that idles gives some back.
+//!
+//! What bounds a job is read from the calls between its roles (the job master's rates over the
+//! last window): a role whose callers spend at least `grow_wait_share` of their time waiting
+//! for it while its processes are busy at least `grow_busy_share` of theirs is the bottleneck
+//! (a trainer waiting for rollouts). It grows to `⌈n / (1 − wait)⌉` processes (what would let
+//! its callers stop waiting if the rate grew with the count), at least one more, within its
+//! `max` and the room left; the roles whose callers wait most go first. A role whose callers
+//! wait at most `shrink_wait_share` and whose processes are busy at most `shrink_busy_share`
+//! shrinks to what would keep them busy at `grow_busy_share` (at least its `min`), at most
+//! one role step a round. A job changed less than `cooldown_s` ago, or with a plan on its way,
+//! keeps its roles. Roles without rates (no calls in the window) keep their size.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Decision, LiveJob, LiveState};
+use crate::plan::Role;
+
+/// One service role of a running job, as the round sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveRole {
+    pub role: Role,
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+    /// CPU of each of its processes.
+    pub millicores: u64,
+    /// Its rates over the last window; none: nobody called it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RoleRate>,
+}
+
+/// A role's rates as its job master measured them over its window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleRate {
+    pub served_per_s: f64,
+    /// Share of its processes' time spent serving (0 to 1).
+    pub busy_share: f64,
+    /// Share of its callers' time spent waiting for it (0 to 1).
+    pub callers_wait_share: f64,
+}
+
+/// `[live.roles]`: when a role counts as the one that bounds its job, or as idle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolesConfig {
+    /// Whether rounds resize service roles at all.
+    #[serde(default = "default_on")]
+    pub enabled: bool,
+    #[serde(default = "default_grow_wait")]
+    pub grow_wait_share: f64,
+    #[serde(default = "default_grow_busy")]
+    pub grow_busy_share: f64,
+    #[serde(default = "default_shrink_wait")]
+    pub shrink_wait_share: f64,
+    #[serde(default = "default_shrink_busy")]
+    pub shrink_busy_share: f64,
+}
+
+fn default_on() -> bool {
+    true
+}
+fn default_grow_wait() -> f64 {
+    0.25
+}
+fn default_grow_busy() -> f64 {
+    0.6
+}
+fn default_shrink_wait() -> f64 {
+    0.05
+}
+fn default_shrink_busy() -> f64 {
+    0.2
+}
+
+impl Default for RolesConfig {
+    fn default() -> Self {
+        RolesConfig {
+            enabled: true,
+            grow_wait_share: default_grow_wait(),
+            grow_busy_share: default_grow_busy(),
+            shrink_wait_share: default_shrink_wait(),
+            shrink_busy_share: default_shrink_busy(),
+        }
+    }
+}
+
+impl RolesConfig {
+    /// Why the shares make no sense; `None` when they do.
+    pub fn problem(&self) -> Option<String> {
+        let shares = [
+            ("grow_wait_share", self.grow_wait_share),
+            ("grow_busy_share", self.grow_busy_share),
+            ("shrink_wait_share", self.shrink_wait_share),
+            ("shrink_busy_share", self.shrink_busy_share),
+        ];
+        if let Some((name, v)) = shares
+            .iter()
+            .find(|(_, v)| !v.is_finite() || !(0.0..=1.0).contains(v))
+        {
+            return Some(format!("live.roles.{name} = {v}: a share from 0 to 1"));
+        }
+        (self.shrink_wait_share >= self.grow_wait_share
+            || self.shrink_busy_share >= self.grow_busy_share)
+            .then(|| {
+                "live.roles: the shrink shares must be below the grow shares, or a role would \
+                 grow and shrink on the same figures"
+                    .to_string()
+            })
+    }
+}
+
+/// Room the round left: CPU and processes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Room {
+    pub cpu_millicores: u64,
+    pub processes: u32,
+}
+
+/// Resizes the service roles of the running `jobs` (their decisions alongside) within
+/// `room`; returns what the changes take of it (growth less nothing: a shrink frees its room
+/// only once carried out, at a later round).
+pub fn balance(
+    jobs: &[&LiveJob],
+    decisions: &mut [&mut Decision],
+    config: &RolesConfig,
+    cooldown_s: f64,
+    now_s: f64,
+    mut room: Room,
+) -> Room {
+    let start = room;
+    if !config.enabled {
+        return Room {
+            cpu_millicores: 0,
+            processes: 0,
+        };
+    }
+    // (job, role, wait): the bottlenecks, those whose callers wait most first.
+    let mut grow: Vec<(usize, usize, f64)> = Vec::new();
+    for (j, job) in jobs.iter().enumerate() {
+        let d = &mut decisions[j];
+        let resting = job.state != LiveState::Running
+            || job.plan_in_flight
+            || d.changes()
+            || job
+                .last_change_s
+                .is_some_and(|t| now_s - t < cooldown_s);
+        if resting {
+            continue;
+        }
+        for (r, role) in job.roles.iter().enumerate() {
+            let Some(rate) = role.rate else { continue };
+            if rate.callers_wait_share >= config.grow_wait_share
+                && rate.busy_share >= config.grow_busy_share
+            {
+                if role.count < role.max {
+                    grow.push((j, r, rate.callers_wait_share));
+                } else {
+                    d.reasons.push(format!(
+                        "{}: its callers wait {:.0}% of their time for it, but it is at its \
+                         max of {}",
+                        role.role,
+                        rate.callers_wait_share * 100.0,
+                        role.max
+                    ));
+                }
+            } else if rate.callers_wait_share <= config.shrink_wait_share
+                && rate.busy_share <= config.shrink_busy_share
+                && role.count > role.min
+                && d.role_targets.is_empty()
+            {
+                let keep = (role.count as f64 * rate.busy_share / config.grow_busy_share).ceil()
+                    as u32;
+                let to = keep.clamp(role.min.max(1), role.count - 1);
+                d.role_targets.push((role.role, role.count, to));
+                d.reasons.push(format!(
+                    "{}: {} -> {to}: busy {:.0}% of its time, its callers wait {:.0}% for it \
+                     ({:.1} calls/s)",
+                    role.role,
+                    role.count,
+                    rate.busy_share * 100.0,
+                    rate.callers_wait_share * 100.0,
+                    rate.served_per_s
+                ));
+            }
+        }
+    }
+    grow.sort_by(|a, b| b.2.total_cmp(&a.2));
+    for (j, r, wait) in grow {
+        let (job, d) = (jobs[j], &mut decisions[j]);
+        if !d.role_targets.is_empty() {
+            continue; // one role step per job a round
+        }
+        let role = &job.roles[r];
+        let rate = role.rate.expect("has a rate");
+        let want = ((role.count as f64 / (1.0 - wait).max(0.05)).ceil() as u32)
+            .max(role.count + 1)
+            .min(role.max);
+        let by_cpu = room
+            .cpu_millicores
+            .checked_div(role.millicores)
+            .unwrap_or(u64::MAX)
+            .min(u32::MAX as u64) as u32;
+        let more = (want - role.count).min(by_cpu).min(room.processes);
+        let figures = format!(
+            "its callers wait {:.0}% of their time for it, busy {:.0}% ({:.1} calls/s)",
+            wait * 100.0,
+            rate.busy_share * 100.0,
+            rate.served_per_s
+        );
+        if more == 0 {
+            d.reasons.push(format!(
+                "{}: {figures}; no room left for another process of {} m",
+                role.role, role.millicores
+            ));
+            continue;
+        }
+        let to = role.count + more;
+        room.cpu_millicores -= more as u64 * role.millicores;
+        room.processes -= more;
+        d.role_targets.push((role.role, role.count, to));
+        d.reasons.push(format!(
+            "{}: {} -> {to}: it bounds the job: {figures}",
+            role.role, role.count
+        ));
+    }
+    Room {
+        cpu_millicores: start.cpu_millicores - room.cpu_millicores,
+        processes: start.processes - room.processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::tests::{cluster, config, decision, job, none};
+    use crate::live::{LiveSnapshot, plan_round};
+    use crate::schedule::{Fifo, SchedulerKind};
+
+    fn rollout(count: u32, busy: f64, wait: f64) -> LiveRole {
+        LiveRole {
+            role: "rollout".parse().unwrap(),
+            count,
+            min: 1,
+            max: 4,
+            millicores: 500,
+            rate: Some(RoleRate {
+                served_per_s: 10.0,
+                busy_share: busy,
+                callers_wait_share: wait,
+            }),
+        }
+    }
+
+    /// A running job of 2 workers at their max (so the round leaves them), its rollout role
+    /// as given, on a cluster of `cpus`.
+    fn round_with(role: LiveRole, cpus: u64, last_change_s: f64) -> Decision {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        j.max_workers = 2;
+        j.min_workers = 2;
+        j.last_change_s = Some(last_change_s);
+        j.roles = vec![role];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(cpus),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            SchedulerKind::Fifo(Fifo::default()).scheduler(),
+            &config(),
+            &none(),
+        )
+        .unwrap();
+        assert!(plan.cpu_millicores <= cpus * 1000, "{plan:?}");
+        decision(&plan, 1).clone()
+    }
+
+    #[test]
+    fn the_role_its_callers_wait_for_grows_within_its_max_and_the_room() {
+        let r: Role = "rollout".parse().unwrap();
+        // Callers wait 80%: 1 engine → ⌈1 / 0.2⌉ = 5, at most its max of 4.
+        let d = round_with(rollout(1, 0.9, 0.8), 16, 0.0);
+        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.contains("rollout: 1 -> 4: it bounds the job: its callers wait 80%")),
+            "{d:?}"
+        );
+        assert_eq!(d.scale_plan(7).count_of(r), Some(4));
+        // 2 workers take 2 of 3 cores: room for 2 engines of 0.5 more.
+        let d = round_with(rollout(1, 0.9, 0.8), 3, 0.0);
+        assert_eq!(d.role_targets, vec![(r, 1, 3)], "{d:?}");
+        // No room at all: it stays, saying why.
+        let d = round_with(rollout(1, 0.9, 0.8), 2, 0.0);
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.reasons.iter().any(|x| x.contains("no room left")), "{d:?}");
+        // At its max: it stays, saying so.
+        let d = round_with(rollout(4, 0.9, 0.8), 16, 0.0);
+        assert!(d.reasons.iter().any(|x| x.contains("at its max of 4")), "{d:?}");
+        // Waiting callers but idle engines (the wait is elsewhere): no growth.
+        let d = round_with(rollout(1, 0.3, 0.8), 16, 0.0);
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        // Within the cool-down: nothing.
+        let d = round_with(rollout(1, 0.9, 0.8), 16, 95.0);
+        assert!(d.role_targets.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn an_idle_role_gives_back_what_it_does_not_use_down_to_its_min() {
+        let r: Role = "rollout".parse().unwrap();
+        // 4 engines busy 10%, nobody waits: ⌈4 × 0.1 / 0.6⌉ = 1.
+        let d = round_with(rollout(4, 0.1, 0.0), 16, 0.0);
+        assert_eq!(d.role_targets, vec![(r, 4, 1)], "{d:?}");
+        // Busy enough, or its callers waiting a little: it keeps its size.
+        assert!(round_with(rollout(4, 0.5, 0.0), 16, 0.0).role_targets.is_empty());
+        assert!(round_with(rollout(4, 0.1, 0.1), 16, 0.0).role_targets.is_empty());
+        // No rate (nobody called it in the window): it keeps its size.
+        let mut quiet = rollout(4, 0.0, 0.0);
+        quiet.rate = None;
+        assert!(round_with(quiet, 16, 0.0).role_targets.is_empty());
+    }
+
+    #[test]
+    fn shares_that_make_no_sense_are_refused() {
+        let mut c = RolesConfig::default();
+        assert_eq!(c.problem(), None);
+        c.grow_wait_share = 1.5;
+        assert!(c.problem().unwrap().contains("live.roles.grow_wait_share = 1.5"));
+        let c = RolesConfig {
+            shrink_busy_share: 0.7,
+            ..RolesConfig::default()
+        };
+        assert!(c.problem().unwrap().contains("below the grow shares"));
+    }
+}
