@@ -576,6 +576,15 @@ impl pb::brain_server::Brain for BrainService {
                     migrations: d.migrations.iter().map(jm::Migration::from).collect(),
                     predicted_samples_per_second: d.predicted_samples_per_s,
                     reasons: d.reasons,
+                    role_targets: d
+                        .role_targets
+                        .iter()
+                        .map(|(role, _, to)| jm::RoleTarget {
+                            role: role.to_string(),
+                            count: *to,
+                            resources: None,
+                        })
+                        .collect(),
                 })
                 .collect(),
             cpu_millicores: out.plan.cpu_millicores,

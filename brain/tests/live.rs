@@ -3,7 +3,8 @@
 //! masters, resizes them as jobs arrive and finish, and is killed with SIGKILL in the middle and
 //! started again on the same database. Every job must finish with each sample consumed exactly
 //! once, the training processes must never hold more than the 4 CPUs, and what the brain
-//! stored before the kill (plans, metric summaries) must be there after it.
+//! stored before the kill (plans, metric summaries) must be there after it. And the brain
+//! sizing the roles of one job against each other, from the rates of the calls between them.
 
 mod common;
 
@@ -616,4 +617,131 @@ async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
     let (ok, out) = brainctl(&["cancel", "doomed", "--brain", &url]);
     assert!(!ok && out.contains("already cancelled"), "{out}");
     brain.kill();
+}
+
+/// The brain sizes roles within a job (issue 41, item 6): a job master run by hand registers
+/// a job whose driver (a `single` role, four threads) keeps calling a rollout role of one
+/// engine that serves one episode at a time, beside a training group of two built-in workers.
+/// The SDK counts the calls; the job master turns them into the rollout role's rates (its
+/// callers wait nearly all their time for it, and it is busy all of its own); the brain's round
+/// grows the role to its max of 3 with that reason, and the training group is not restarted
+/// (the workers keep their first incarnation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brain_grows_the_role_its_job_waits_for() {
+    let Some((python, sdk)) = test_support::torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 2\n",
+    )
+    .unwrap();
+    let (_brain, addr) = start_brain(d, "127.0.0.1:0", 8);
+    let url = format!("http://{addr}");
+    std::fs::write(
+        d.join("engine.py"),
+        "import threading, time\n\
+         class Engine:\n    def __init__(self):\n        self.lock = threading.Lock()\n\
+         \x20   def episode(self, n):\n        with self.lock:\n            time.sleep(0.1)\n\
+         \x20       return n\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("driver.py"),
+        "import threading, time\nfrom brain_sdk import roles\n\
+         g = roles.group('rollout', timeout=60)\n\
+         def loop():\n    i = 0\n    while True:\n        g.call('episode', i)\n        i += 1\n\
+         for _ in range(4):\n    threading.Thread(target=loop, daemon=True).start()\n\
+         while True:\n    time.sleep(1)\n",
+    )
+    .unwrap();
+    let env = format!("env: {{ PYTHONPATH: {:?} }}", sdk.display().to_string());
+    let spec = d.join("balance.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name: balance-{pid}\nkind: allreduce\nroles:\n  \
+             worker: {{ replicas: 2, min: 2, max: 2, resources: {{ cpu: 0.5 }} }}\n  \
+             driver: {{ topology: single, command: [{python:?}, {driver:?}], {env}, \
+             resources: {{ cpu: 0.25 }} }}\n  \
+             rollout: {{ replicas: 1, min: 1, max: 3, command: [{python:?}, -m, brain_sdk.roles, \
+             {engine:?}], {env}, resources: {{ cpu: 0.25 }} }}\n\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 3000 }}\n\
+             data: {{ num_samples: 60000, shard_size: 1000, eval_samples: 2000 }}\n\
+             checkpoint: {{ dir: {ckpt:?} }}\n",
+            pid = std::process::id(),
+            driver = d.join("driver.py").display().to_string(),
+            engine = format!("{}:Engine", d.join("engine.py").display()),
+            ckpt = d.join("ckpt").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let run_dir = d.join("run");
+    let mut master = std::process::Command::new(bin_dir().join("job-master"));
+    master
+        .arg("run")
+        .arg(&spec)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(["--listen", "127.0.0.1:0", "--brain", &url])
+        .args(["--brain-interval-ms", "300"])
+        .arg("--brain-token-file")
+        .arg(common::token_file(&url))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(d.join("job-master.log")).unwrap());
+    match common::own_ca(&url) {
+        Some(ca) => master.arg("--brain-ca").arg(ca),
+        None => master.arg("--brain-insecure"),
+    };
+    let mut master = master.spawn().unwrap();
+    let status = || {
+        let out = std::process::Command::new(bin_dir().join("job-master"))
+            .arg("status")
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let running = |s: &str, key: &str| {
+        s.lines()
+            .any(|l| l.starts_with(&format!("{key} ")) && l.contains("running"))
+    };
+    let start = Instant::now();
+    let mut first = String::new();
+    loop {
+        let s = status();
+        if first.is_empty() && running(&s, "worker-0") && running(&s, "worker-1") {
+            first = s.clone();
+        }
+        if running(&s, "rollout-2") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the rollout role did not grow to 3: {s}\n{}",
+            std::fs::read_to_string(d.join("job-master.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let s = status();
+    // Its rates, as the job master measured them from the SDK's counts.
+    assert!(
+        s.contains("calls between roles")
+            && s.lines().any(|l| l.trim_start().starts_with("rollout ")),
+        "{s}"
+    );
+    // The training group went on: its workers are still their first incarnation.
+    for w in ["worker-0", "worker-1"] {
+        let line = s.lines().find(|l| l.starts_with(&format!("{w} "))).unwrap();
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some("1"),
+            "{w} was restarted: {s}\n(first: {first})"
+        );
+    }
+    let _ = master.kill();
+    let _ = master.wait();
 }

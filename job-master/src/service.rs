@@ -78,7 +78,11 @@ impl From<&crate::job::RoleRate> for pb::RoleRate {
 
 /// The job's role rates now, as the wire carries them.
 pub(crate) fn role_rates(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::RoleRate> {
-    ctx.calls.rates(now_ms).iter().map(pb::RoleRate::from).collect()
+    ctx.calls
+        .rates(now_ms)
+        .iter()
+        .map(pb::RoleRate::from)
+        .collect()
 }
 
 #[tonic::async_trait]

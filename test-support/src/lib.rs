@@ -7,7 +7,8 @@
 //! * [`wait_until`]: polling with a deadline and a message that says what was awaited.
 //! * [`workspace_bins`]: the `job-master` and `worker-agent` binaries, built once per test
 //!   binary so that a test never runs a stale one.
-//! * [`python_sdk`]: this checkout's Python SDK, built for a test's Python.
+//! * [`python_sdk`]: this checkout's Python SDK, built for a test's Python; [`python_with`] and
+//!   [`torch_with_sdk`] find the Python (and build the SDK for it).
 //! * [`optional_server`]: a real server a test needs (Ray, influxd, a Python with packages) is
 //!   missing: say `SKIPPED` loudly, or fail when `.ci/run` made it mandatory.
 //! * [`fuzz`]: mangled text for fuzzing parsers (proptest).
@@ -279,6 +280,39 @@ pub fn python_sdk(python: &str) -> Result<PathBuf, String> {
             Ok(dir)
         })
         .clone()
+}
+
+/// The Python named by `var` (else `python3`) when it imports `module`; otherwise SKIPPED, or
+/// a failure when `require` is set (as `.ci/run` sets it).
+pub fn python_with(module: &str, var: &str, require: &str) -> Option<String> {
+    let python = std::env::var(var).unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .env("TF_CPP_MIN_LOG_LEVEL", "3")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    optional_server(
+        require,
+        &format!("a Python with {module}"),
+        &format!("set {var} to one, as .ci/run does with its virtualenv"),
+    );
+    None
+}
+
+/// The torch Python of [`python_with`] and a directory to put on its `PYTHONPATH` that holds
+/// this checkout's SDK ([`python_sdk`]).
+pub fn torch_with_sdk() -> Option<(String, PathBuf)> {
+    let python = python_with("torch", "BRAIN_TORCH_PYTHON", "BRAIN_REQUIRE_TORCH")?;
+    match python_sdk(&python) {
+        Ok(dir) => Some((python, dir)),
+        Err(e) => panic!(
+            "cannot build the SDK in python/ with {python} (it needs the build requirements of \
+             python/pyproject.toml, as .ci/run installs them): {e}"
+        ),
+    }
 }
 
 /// A real server or tool a test needs is missing (`what`, and how to get it in `how`).

@@ -96,7 +96,10 @@ impl Processes {
 
     /// The called roles' rates of the job's newest report.
     pub(super) fn rates(&self, job: JobId) -> Vec<(Role, optimizer::live::RoleRate)> {
-        self.jobs.get(&job).map(|j| j.rates.clone()).unwrap_or_default()
+        self.jobs
+            .get(&job)
+            .map(|j| j.rates.clone())
+            .unwrap_or_default()
     }
 
     /// The job's parameter servers and workers, by index.

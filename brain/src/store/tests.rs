@@ -339,7 +339,13 @@ fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest
     assert_eq!(s.role_rates(a), vec![(rollout, rate)]);
     // A rate outside its range is refused, and nothing of the batch is kept.
     let mut bad = metric(20, 100.0);
-    bad.role_rates = vec![(rollout, optimizer::live::RoleRate { busy_share: 1.5, ..rate })];
+    bad.role_rates = vec![(
+        rollout,
+        optimizer::live::RoleRate {
+            busy_share: 1.5,
+            ..rate
+        },
+    )];
     assert!(s.add_metrics(a, &[bad]).is_err());
     assert_eq!(s.role_rates(a), vec![(rollout, rate)]);
 

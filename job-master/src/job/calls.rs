@@ -176,7 +176,10 @@ mod tests {
         let rates = r.rates(10_000);
         assert_eq!(rates.len(), 1, "{rates:?}");
         let x = &rates[0];
-        assert_eq!((x.role, x.processes, x.callers), ("rollout".parse().unwrap(), 2, 1));
+        assert_eq!(
+            (x.role, x.processes, x.callers),
+            ("rollout".parse().unwrap(), 2, 1)
+        );
         assert!((x.served_per_s - 5.0).abs() < 1e-9, "{x:?}");
         assert!((x.busy_share - 0.4).abs() < 1e-9, "{x:?}");
         assert!((x.callers_wait_share - 0.8).abs() < 1e-9, "{x:?}");

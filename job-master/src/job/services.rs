@@ -301,7 +301,11 @@ impl JobContext {
                  seconds"
             )));
         }
-        if let Some(role) = totals.calls.keys().find(|r| !self.spec.roles.contains_key(r)) {
+        if let Some(role) = totals
+            .calls
+            .keys()
+            .find(|r| !self.spec.roles.contains_key(r))
+        {
             return Err(Error::InvalidRequest(format!(
                 "{key} reports calls to {role}: the job has no {role} role"
             )));

@@ -566,42 +566,12 @@ pub fn live_workers(s: &pb::JobStatus) -> usize {
         .count()
 }
 
-/// The Python named by `var` (else `python3`) when it imports `module`; otherwise SKIPPED, or
-/// a failure when `require` is set (as `.ci/run` sets it).
-pub fn python_with(module: &str, var: &str, require: &str) -> Option<String> {
-    let python = std::env::var(var).unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&python)
-        .args(["-c", &format!("import {module}")])
-        .env("TF_CPP_MIN_LOG_LEVEL", "3")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(python);
-    }
-    test_support::optional_server(
-        require,
-        &format!("a Python with {module}"),
-        &format!("set {var} to one, as .ci/run does with its virtualenv"),
-    );
-    None
-}
+#[allow(unused_imports)]
+pub use test_support::{python_with, torch_with_sdk};
 
 /// `examples/PATH` of this repository.
 pub fn example_script(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{path}"))
-}
-
-/// The torch Python of [`python_with`] and a directory to put on its `PYTHONPATH` that holds
-/// this checkout's SDK ([`test_support::python_sdk`]).
-pub fn torch_with_sdk() -> Option<(String, PathBuf)> {
-    let python = python_with("torch", "BRAIN_TORCH_PYTHON", "BRAIN_REQUIRE_TORCH")?;
-    match test_support::python_sdk(&python) {
-        Ok(dir) => Some((python, dir)),
-        Err(e) => panic!(
-            "cannot build the SDK in python/ with {python} (it needs the build requirements of \
-             python/pyproject.toml, as .ci/run installs them): {e}"
-        ),
-    }
 }
 
 /// A client of a parameter server.

@@ -499,7 +499,10 @@ pub fn plan_round(
     decisions.extend(gpu.decisions);
     decisions.sort_by_key(|d| d.0);
     // The service roles of running jobs, on what the training groups leave.
-    let jobs: Vec<&LiveJob> = decisions.iter().map(|(at, _)| &snapshot.jobs[*at]).collect();
+    let jobs: Vec<&LiveJob> = decisions
+        .iter()
+        .map(|(at, _)| &snapshot.jobs[*at])
+        .collect();
     let mut ds: Vec<&mut Decision> = decisions.iter_mut().map(|(_, d)| d).collect();
     let taken = roles::balance(
         &jobs,

@@ -146,9 +146,7 @@ pub fn balance(
         let resting = job.state != LiveState::Running
             || job.plan_in_flight
             || d.changes()
-            || job
-                .last_change_s
-                .is_some_and(|t| now_s - t < cooldown_s);
+            || job.last_change_s.is_some_and(|t| now_s - t < cooldown_s);
         if resting {
             continue;
         }
@@ -173,8 +171,8 @@ pub fn balance(
                 && role.count > role.min
                 && d.role_targets.is_empty()
             {
-                let keep = (role.count as f64 * rate.busy_share / config.grow_busy_share).ceil()
-                    as u32;
+                let keep =
+                    (role.count as f64 * rate.busy_share / config.grow_busy_share).ceil() as u32;
                 let to = keep.clamp(role.min.max(1), role.count - 1);
                 d.role_targets.push((role.role, role.count, to));
                 d.reasons.push(format!(
@@ -299,10 +297,16 @@ mod tests {
         // No room at all: it stays, saying why.
         let d = round_with(rollout(1, 0.9, 0.8), 2, 0.0);
         assert!(d.role_targets.is_empty(), "{d:?}");
-        assert!(d.reasons.iter().any(|x| x.contains("no room left")), "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains("no room left")),
+            "{d:?}"
+        );
         // At its max: it stays, saying so.
         let d = round_with(rollout(4, 0.9, 0.8), 16, 0.0);
-        assert!(d.reasons.iter().any(|x| x.contains("at its max of 4")), "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains("at its max of 4")),
+            "{d:?}"
+        );
         // Waiting callers but idle engines (the wait is elsewhere): no growth.
         let d = round_with(rollout(1, 0.3, 0.8), 16, 0.0);
         assert!(d.role_targets.is_empty(), "{d:?}");
@@ -318,8 +322,16 @@ mod tests {
         let d = round_with(rollout(4, 0.1, 0.0), 16, 0.0);
         assert_eq!(d.role_targets, vec![(r, 4, 1)], "{d:?}");
         // Busy enough, or its callers waiting a little: it keeps its size.
-        assert!(round_with(rollout(4, 0.5, 0.0), 16, 0.0).role_targets.is_empty());
-        assert!(round_with(rollout(4, 0.1, 0.1), 16, 0.0).role_targets.is_empty());
+        assert!(
+            round_with(rollout(4, 0.5, 0.0), 16, 0.0)
+                .role_targets
+                .is_empty()
+        );
+        assert!(
+            round_with(rollout(4, 0.1, 0.1), 16, 0.0)
+                .role_targets
+                .is_empty()
+        );
         // No rate (nobody called it in the window): it keeps its size.
         let mut quiet = rollout(4, 0.0, 0.0);
         quiet.rate = None;
@@ -331,7 +343,11 @@ mod tests {
         let mut c = RolesConfig::default();
         assert_eq!(c.problem(), None);
         c.grow_wait_share = 1.5;
-        assert!(c.problem().unwrap().contains("live.roles.grow_wait_share = 1.5"));
+        assert!(
+            c.problem()
+                .unwrap()
+                .contains("live.roles.grow_wait_share = 1.5")
+        );
         let c = RolesConfig {
             shrink_busy_share: 0.7,
             ..RolesConfig::default()

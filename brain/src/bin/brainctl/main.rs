@@ -408,7 +408,8 @@ fn main() -> anyhow::Result<()> {
                 println!("note: {note}");
             }
             for d in &r.decisions {
-                let corrected = d.ps != d.to_ps || !d.migrations.is_empty();
+                let corrected =
+                    d.ps != d.to_ps || !d.migrations.is_empty() || !d.role_targets.is_empty();
                 let change = if d.from_workers == d.to_workers && corrected {
                     "corrects".to_string()
                 } else if d.from_workers == d.to_workers {
@@ -444,6 +445,9 @@ fn main() -> anyhow::Result<()> {
                         r.memory_bytes >> 20,
                         m.reason
                     );
+                }
+                for t in &d.role_targets {
+                    println!("       resizes role {} to {}", t.role, t.count);
                 }
                 for why in &d.reasons {
                     println!("       - {why}");

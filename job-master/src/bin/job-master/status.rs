@@ -59,6 +59,20 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
             gpu
         );
     }
+    if !s.role_rates.is_empty() {
+        println!("calls between roles (last 30 s):");
+    }
+    for r in &s.role_rates {
+        println!(
+            "  {:<10} {} serving, {:.1} calls/s, busy {:.0}%; {} caller(s) wait {:.0}% of their time",
+            r.role,
+            r.processes,
+            r.served_per_s,
+            r.busy_share * 100.0,
+            r.callers,
+            r.callers_wait_share * 100.0
+        );
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }
 
