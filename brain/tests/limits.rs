@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::process::Stdio;
-
 use common::{client_with, operator_client};
 use proto::service::v1 as pb;
 use tonic::Code;
@@ -38,24 +36,11 @@ fn report(i: u64) -> pb::MetricReport {
 /// A brain with one CPU (submitted jobs of two workers wait) and `limits` as its `[limits]`;
 /// returns it and its URL.
 fn limited_brain(d: &std::path::Path, limits: &str) -> (common::Brain, String) {
-    std::fs::write(
-        d.join("brain.toml"),
-        format!(
-            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 1\n[limits]\n{limits}",
-            d.join("brain.db").display(),
-            d.join("runs").display()
-        ),
+    common::configured_brain(
+        d,
+        &format!("[cluster]\ncpus = 1\n[limits]\n{limits}"),
+        |_| {},
     )
-    .unwrap();
-    let (brain, addr) = common::spawn_brain(|cmd| {
-        cmd.args(["--listen", "127.0.0.1:0", "--config"])
-            .arg(d.join("brain.toml"))
-            // Where the registry of the test's brains looks for the operator token.
-            .arg("--database")
-            .arg(d.join("brain.db"))
-            .stderr(Stdio::null());
-    });
-    (brain, format!("http://{addr}"))
 }
 
 #[tokio::test]

@@ -249,31 +249,19 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(
-        d.join("brain.toml"),
-        format!(
-            "database = \"{}\"\nruns_dir = \"{}\"\n[cluster]\ncpus = 16\n\
-             [[cluster.gpu_nodes]]\nname = \"v\"\ngpus = 2\ngpu_type = \"V100\"\n\
-             [[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n",
-            d.join("brain.db").display(),
-            d.join("runs").display()
-        ),
-    )
-    .unwrap();
-    std::fs::write(
         d.join("policy.toml"),
         "[submissions]\ncommands = [\"/bin/sleep 600\"]\n",
     )
     .unwrap();
-    let (_brain, addr) = common::spawn_brain(|cmd| {
-        cmd.args(["--listen", "127.0.0.1:0", "--config"])
-            .arg(d.join("brain.toml"))
-            .arg("--database")
-            .arg(d.join("brain.db"))
-            .arg("--policy")
-            .arg(d.join("policy.toml"))
-            .stderr(Stdio::null());
-    });
-    let url = format!("http://{addr}");
+    let (_brain, url) = common::configured_brain(
+        d,
+        "[cluster]\ncpus = 16\n\
+         [[cluster.gpu_nodes]]\nname = \"v\"\ngpus = 2\ngpu_type = \"V100\"\n\
+         [[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n",
+        |cmd| {
+            cmd.arg("--policy").arg(d.join("policy.toml"));
+        },
+    );
     let mut op = operator_client(&url).await;
     let spec = |name: &str, rollouts: u32, group: &str| {
         format!(

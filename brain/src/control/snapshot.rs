@@ -125,8 +125,8 @@ pub(super) fn take(
     })
 }
 
-/// A job's service roles (not single ones: those are one process) with their newest rates:
-/// what the round may resize against each other.
+/// A job's service and single roles with their newest rates: what a start must leave room
+/// for, and what the round may resize against each other (service roles).
 fn service_roles(
     shape: &crate::store::Shape,
     rates: Vec<(vocab::Role, optimizer::live::RoleRate)>,
@@ -134,13 +134,13 @@ fn service_roles(
     shape
         .services
         .iter()
-        .filter(|(_, s)| s.topology == "service")
         .map(|(role, s)| optimizer::live::LiveRole {
             role: *role,
             count: s.count,
             min: s.min,
             max: s.max,
             millicores: s.millicores,
+            single: s.topology == "single",
             rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
         })
         .collect()

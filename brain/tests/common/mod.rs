@@ -188,6 +188,30 @@ pub fn brainctl(args: &[&str]) -> (bool, String) {
     )
 }
 
+/// Starts `brain` on port 0 with a config file in `d` (its database and runs there, then
+/// `toml`: tables such as `[cluster]` or `[limits]`) and `more` flags; the process and its URL.
+pub fn configured_brain(d: &Path, toml: &str, more: impl FnOnce(&mut Command)) -> (Brain, String) {
+    std::fs::write(
+        d.join("brain.toml"),
+        format!(
+            "database = \"{}\"\nruns_dir = \"{}\"\n{toml}",
+            d.join("brain.db").display(),
+            d.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let (brain, addr) = spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--config"])
+            .arg(d.join("brain.toml"))
+            // Where the registry of the test's brains looks for the operator token.
+            .arg("--database")
+            .arg(d.join("brain.db"))
+            .stderr(std::process::Stdio::null());
+        more(cmd);
+    });
+    (brain, format!("http://{addr}"))
+}
+
 /// Starts `brain` on `listen`; returns the process and the address it bound.
 pub fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
     start_brain_with(dir, listen, cpus, |_| {})

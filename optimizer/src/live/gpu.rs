@@ -59,21 +59,27 @@ pub fn unplaceable(nodes: &[LiveNode], gpus: Gpus, model: Option<&str>) -> Optio
     if fits {
         return None;
     }
-    let have = if models.is_empty() {
-        "the cluster has no GPUs".to_string()
-    } else {
-        let list: Vec<String> = models
-            .iter()
-            .map(|(m, (largest, total))| format!("{m}: {total} GPUs, at most {largest} on a node"))
-            .collect();
-        format!("the cluster has {}", list.join("; "))
-    };
+    let have = cluster_gpus(nodes);
     let want = match model {
         Some(m) if !models.contains_key(m) => format!("GPU model {m:?}, which no node has"),
         Some(m) => format!("{gpus} {m} GPUs per worker, more than any node holds"),
         None => format!("{gpus} GPUs per worker, more than any node holds"),
     };
     Some(format!("the job asks for {want}: {have}"))
+}
+
+/// The cluster's GPUs as a refusal names them: `the cluster has A100: 4 GPUs, at most 4 on a
+/// node; V100: ...`, or that it has none.
+pub(super) fn cluster_gpus(nodes: &[LiveNode]) -> String {
+    let models = gpu_models(nodes);
+    if models.is_empty() {
+        return "the cluster has no GPUs".to_string();
+    }
+    let list: Vec<String> = models
+        .iter()
+        .map(|(m, (largest, total))| format!("{m}: {total} GPUs, at most {largest} on a node"))
+        .collect();
+    format!("the cluster has {}", list.join("; "))
 }
 
 /// One GPU job while the round sizes it.

@@ -8,7 +8,7 @@
 use vocab::spec::{PlacementGroup, Strategy};
 use vocab::{Gpus, JobSpec};
 
-use super::gpu::{LiveNode, gpu_models, unplaceable};
+use super::gpu::{LiveNode, cluster_gpus, unplaceable};
 
 /// Why `spec` (its counts filled in) can never run on `nodes`; `None` when it may.
 pub fn never_holds(spec: &JobSpec, nodes: &[LiveNode]) -> Option<String> {
@@ -58,20 +58,7 @@ fn group_never_holds(spec: &JobSpec, g: &PlacementGroup, nodes: &[LiveNode]) -> 
         .filter(|n| n.gpus > 0 && model.as_deref().is_none_or(|m| m == n.gpu_type))
         .map(|n| n.gpus)
         .collect();
-    let have = || {
-        let models = gpu_models(nodes);
-        if models.is_empty() {
-            "the cluster has no GPUs".to_string()
-        } else {
-            let list: Vec<String> = models
-                .iter()
-                .map(|(m, (largest, total))| {
-                    format!("{m}: {total} GPUs, at most {largest} on a node")
-                })
-                .collect();
-            format!("the cluster has {}", list.join("; "))
-        }
-    };
+    let have = || cluster_gpus(nodes);
     match g.strategy {
         Strategy::StrictPack => {
             // At least: the whole devices, and the shares packed as tightly as they can be.

@@ -498,12 +498,18 @@ pub fn plan_round(
         .collect();
     decisions.extend(gpu.decisions);
     decisions.sort_by_key(|d| d.0);
-    // The service roles of running jobs, on what the training groups leave.
+    // The roles beside the training groups: a start's must fit too; then the service roles
+    // of running jobs, on what is left.
     let jobs: Vec<&LiveJob> = decisions
         .iter()
         .map(|(at, _)| &snapshot.jobs[*at])
         .collect();
     let mut ds: Vec<&mut Decision> = decisions.iter_mut().map(|(_, d)| d).collect();
+    let capacity = roles::Room {
+        cpu_millicores: cluster.cpu_millicores,
+        processes: cluster.max_processes,
+    };
+    roles::admit(&jobs, &mut ds, slot, capacity, &mut cpu, &mut processes);
     let taken = roles::balance(
         &jobs,
         &mut ds,

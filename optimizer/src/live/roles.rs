@@ -12,6 +12,10 @@
 //! shrinks to what would keep them busy at `grow_busy_share` (at least its `min`), at most
 //! one role step a round. A job changed less than `cooldown_s` ago, or with a plan on its way,
 //! keeps its roles. Roles without rates (no calls in the window) keep their size.
+//!
+//! A queued job the round starts brings its service and single roles with it ([`admit`]):
+//! it starts only if they fit, beside its training group, in what the round leaves (jobs in
+//! submission order); otherwise its start is withdrawn with the figures and it waits.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +32,9 @@ pub struct LiveRole {
     pub max: u32,
     /// CPU of each of its processes.
     pub millicores: u64,
+    /// A `single` role (one driver): counted, never resized.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub single: bool,
     /// Its rates over the last window; none: nobody called it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<RoleRate>,
@@ -121,6 +128,68 @@ pub struct Room {
     pub processes: u32,
 }
 
+/// Lets the queued jobs the round starts (`decisions[j].starts()`) start only where their
+/// service and single roles fit too, in submission order, within `capacity` less what the
+/// round uses (`cpu`, `processes`, updated: the roles of a start added, the training group of
+/// a withdrawn start taken off; `slot` is the round's slot size).
+pub fn admit(
+    jobs: &[&LiveJob],
+    decisions: &mut [&mut Decision],
+    slot: u64,
+    capacity: Room,
+    cpu: &mut u64,
+    processes: &mut u32,
+) {
+    let mut order: Vec<usize> = (0..jobs.len())
+        .filter(|&j| decisions[j].starts() && !jobs[j].roles.is_empty())
+        .collect();
+    order.sort_by(|a, b| {
+        jobs[*a]
+            .submitted_s
+            .total_cmp(&jobs[*b].submitted_s)
+            .then(jobs[*a].id.cmp(&jobs[*b].id))
+    });
+    for j in order {
+        let (job, d) = (jobs[j], &mut decisions[j]);
+        let need_cpu: u64 = job
+            .roles
+            .iter()
+            .map(|r| r.count as u64 * r.millicores)
+            .sum();
+        let need: u32 = job.roles.iter().map(|r| r.count).sum();
+        let left_cpu = capacity.cpu_millicores.saturating_sub(*cpu);
+        let left = capacity.processes.saturating_sub(*processes);
+        let names: Vec<String> = job
+            .roles
+            .iter()
+            .map(|r| format!("{} ×{}", r.role, r.count))
+            .collect();
+        if need_cpu <= left_cpu && need <= left {
+            *cpu += need_cpu;
+            *processes += need;
+            d.reasons.push(format!(
+                "its roles {} start with it ({need_cpu} m, {need} processes)",
+                names.join(", ")
+            ));
+            continue;
+        }
+        let slots_of = |m: u64| m.div_ceil(slot.max(1)).max(1);
+        let own = (d.to_ps as u64 * slots_of(job.ps_millicores)
+            + d.to_workers as u64 * slots_of(job.worker_millicores))
+            * slot;
+        *cpu = cpu.saturating_sub(own);
+        *processes = processes.saturating_sub(d.to_ps + d.to_workers);
+        d.reasons.push(format!(
+            "waits: its roles {} need {need_cpu} m and {need} processes beside its {} workers; \
+             the round leaves {left_cpu} m and {left} processes",
+            names.join(", "),
+            d.to_workers
+        ));
+        d.to_workers = 0;
+        d.gpu_placement.clear();
+    }
+}
+
 /// Resizes the service roles of the running `jobs` (their decisions alongside) within
 /// `room`; returns what the changes take of it (growth less nothing: a shrink frees its room
 /// only once carried out, at a later round).
@@ -150,7 +219,7 @@ pub fn balance(
         if resting {
             continue;
         }
-        for (r, role) in job.roles.iter().enumerate() {
+        for (r, role) in job.roles.iter().enumerate().filter(|(_, x)| !x.single) {
             let Some(rate) = role.rate else { continue };
             if rate.callers_wait_share >= config.grow_wait_share
                 && rate.busy_share >= config.grow_busy_share
@@ -246,6 +315,7 @@ mod tests {
             min: 1,
             max: 4,
             millicores: 500,
+            single: false,
             rate: Some(RoleRate {
                 served_per_s: 10.0,
                 busy_share: busy,
@@ -336,6 +406,52 @@ mod tests {
         let mut quiet = rollout(4, 0.0, 0.0);
         quiet.rate = None;
         assert!(round_with(quiet, 16, 0.0).role_targets.is_empty());
+    }
+
+    #[test]
+    fn a_queued_job_starts_only_where_its_roles_fit_beside_it() {
+        // Two queued jobs of 2 workers (1 core each) with 3 engines of 1 core: on 8 cores the
+        // first starts with its engines (5 cores), the second's 5 do not fit in the 3 left.
+        let queued = |id: u64| {
+            let mut j = job(id, LiveState::Queued, 2, &[]);
+            j.max_workers = 2;
+            j.min_workers = 2;
+            let mut r = rollout(3, 0.0, 0.0);
+            r.millicores = 1000;
+            r.rate = None;
+            j.roles = vec![r];
+            j
+        };
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![queued(1), queued(2)],
+        };
+        let plan = plan_round(
+            &snap,
+            SchedulerKind::Fifo(Fifo::default()).scheduler(),
+            &config(),
+            &none(),
+        )
+        .unwrap();
+        let (a, b) = (decision(&plan, 1), decision(&plan, 2));
+        assert_eq!(a.to_workers, 2, "{a:?}");
+        assert!(
+            a.reasons
+                .iter()
+                .any(|r| r.contains("its roles rollout ×3 start with it")),
+            "{a:?}"
+        );
+        assert_eq!(b.to_workers, 0, "{b:?}");
+        assert!(
+            b.reasons.iter().any(|r| r.contains(
+                "waits: its roles rollout ×3 need 3000 m and 3 processes beside its 2 workers"
+            )),
+            "{b:?}"
+        );
+        // What the round uses: the first job and its engines, nothing of the second.
+        assert_eq!(plan.cpu_millicores, 5000, "{plan:?}");
+        assert_eq!(plan.processes, 5, "{plan:?}");
     }
 
     #[test]
