@@ -175,10 +175,23 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     for g in &spec.placement {
         println!(
             "  placement group {} ({}): {} processes laid out together before they start, \
-             more beside them as the roles grow",
+             more beside them as the roles grow{}",
             g.name(),
             g.strategy.as_str(),
-            spec.bundles(g).len()
+            spec.bundles(g).len(),
+            if g.share_devices {
+                format!(
+                    "; process i of each role shares one GPU ({} of it: {})",
+                    g.roles.iter().map(|r| spec.gpu_of(*r)).sum::<vocab::Gpus>(),
+                    g.roles
+                        .iter()
+                        .map(|r| format!("{r} {}", spec.gpu_of(*r)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            } else {
+                String::new()
+            }
         );
     }
     println!(
