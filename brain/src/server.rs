@@ -22,7 +22,9 @@ use crate::store::Store;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BrainConfig {
-    /// The SQLite database (created if missing; WAL mode).
+    /// The SQLite database (created if missing; WAL mode) [default: brain-data/brain.db, or
+    /// the command line's `--database`].
+    #[serde(default = "default_database")]
     pub database: PathBuf,
     /// The operator's policy file (TOML, see `optimizer::config`); read again when it
     /// changes. Without one the defaults apply and `brainctl policy set` is refused.
@@ -129,6 +131,10 @@ impl Default for Limits {
             connections: auth::listen::ConnLimits::default(),
         }
     }
+}
+
+fn default_database() -> PathBuf {
+    PathBuf::from("brain-data/brain.db")
 }
 
 fn default_runs_dir() -> PathBuf {
@@ -676,6 +682,9 @@ mod tests {
     fn limits_default_and_bad_ones_are_refused_at_start() {
         let c: BrainConfig = toml::from_str("database = \"b.db\"\n").unwrap();
         assert_eq!(c.limits, Limits::default());
+        // A file without `database` takes the default (the command line may name one).
+        let c: BrainConfig = toml::from_str("[cluster]\ncpus = 2\n").unwrap();
+        assert_eq!(c.database, PathBuf::from("brain-data/brain.db"));
         assert_eq!(c.limits.max_message_bytes, 4 << 20);
         let c: BrainConfig =
             toml::from_str("database = \"b.db\"\n[limits]\nmax_active_jobs = 0\n").unwrap();

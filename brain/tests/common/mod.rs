@@ -188,16 +188,13 @@ pub fn brainctl(args: &[&str]) -> (bool, String) {
     )
 }
 
-/// Starts `brain` on port 0 with a config file in `d` (its database and runs there, then
-/// `toml`: tables such as `[cluster]` or `[limits]`) and `more` flags; the process and its URL.
+/// Starts `brain` on port 0 with a config file in `d` (its runs there, then `toml`: tables
+/// such as `[cluster]` or `[limits]`; the database is the command line's `--database`, in `d`)
+/// and `more` flags; the process and its URL.
 pub fn configured_brain(d: &Path, toml: &str, more: impl FnOnce(&mut Command)) -> (Brain, String) {
     std::fs::write(
         d.join("brain.toml"),
-        format!(
-            "database = \"{}\"\nruns_dir = \"{}\"\n{toml}",
-            d.join("brain.db").display(),
-            d.join("runs").display()
-        ),
+        format!("runs_dir = \"{}\"\n{toml}", d.join("runs").display()),
     )
     .unwrap();
     let (brain, addr) = spawn_brain(|cmd| {
