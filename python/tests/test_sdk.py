@@ -245,6 +245,24 @@ class CallChains(unittest.TestCase):
         self.assertIn("nested more than 32 deep", refused_chain(deep, "b-0"))
 
 
+class CallTally(unittest.TestCase):
+    def test_calls_and_serving_add_up_to_the_totals_the_master_is_sent(self):
+        from brain_sdk.roles import _Tally
+
+        t = _Tally()
+        started = []
+        t._start = started.append  # no reporter thread, no master
+        t.called("env", "rollout", 0.5)
+        t.called("env", "rollout", 0.25)
+        t.called("env", "reward", 1.0)
+        t.serving("env", 0.2)
+        self.assertEqual(
+            t._now(), ({"rollout": (2, 0.75), "reward": (1, 1.0)}, 1, 0.2)
+        )
+        # The reporter is asked to start with the process's environment.
+        self.assertEqual(started, ["env"] * 4)
+
+
 class NodeInterface(unittest.TestCase):
     def test_the_interface_holding_an_address_is_found(self):
         from brain_sdk.env import node_interface

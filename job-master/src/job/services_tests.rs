@@ -295,3 +295,63 @@ fn a_service_that_finished_stays_finished() {
     assert!(!keys.contains(&rollout(0)), "{keys:?}");
     assert!(keys.contains(&rollout(1)), "{keys:?}");
 }
+
+#[test]
+fn call_reports_become_role_rates_and_bad_ones_are_refused() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let role = Role::new("rollout").unwrap();
+    let calls = |n: u64, waited: f64| CallTotals {
+        calls: [(role, (n, waited))].into(),
+        ..Default::default()
+    };
+    let served = |n: u64, busy: f64| CallTotals {
+        served: n,
+        busy_s: busy,
+        ..Default::default()
+    };
+    ctx.report_calls(worker(0), 1, calls(0, 0.0), 1_000)
+        .unwrap();
+    ctx.report_calls(rollout(0), 1, served(0, 0.0), 1_000)
+        .unwrap();
+    ctx.report_calls(worker(0), 1, calls(40, 9.0), 11_000)
+        .unwrap();
+    ctx.report_calls(rollout(0), 1, served(40, 10.0), 11_000)
+        .unwrap();
+    let rates = ctx.calls.rates(11_000);
+    assert_eq!(rates.len(), 1, "{rates:?}");
+    assert_eq!(
+        (rates[0].role, rates[0].processes, rates[0].callers),
+        (role, 1, 1)
+    );
+    assert!((rates[0].served_per_s - 4.0).abs() < 1e-9, "{rates:?}");
+    assert!(
+        (rates[0].callers_wait_share - 0.9).abs() < 1e-9,
+        "{rates:?}"
+    );
+    // A stale incarnation, a time that is not a number, a role the job has not: refused.
+    assert!(
+        ctx.report_calls(rollout(0), 7, served(1, 0.1), 12_000)
+            .is_err()
+    );
+    let e = ctx
+        .report_calls(rollout(0), 1, served(41, f64::NAN), 12_000)
+        .unwrap_err();
+    assert!(e.to_string().contains("not a finite, non-negative"), "{e}");
+    let critic = Role::new("critic").unwrap();
+    let e = ctx
+        .report_calls(
+            worker(0),
+            1,
+            CallTotals {
+                calls: [(critic, (1, 0.1))].into(),
+                ..Default::default()
+            },
+            12_000,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("the job has no critic role"), "{e}");
+    // The rates are not persisted: a master that restarts measures again.
+    let back: JobContext = serde_json::from_str(&serde_json::to_string(&ctx).unwrap()).unwrap();
+    assert!(back.calls.rates(12_000).is_empty());
+}
