@@ -9,9 +9,11 @@
 //! its callers stop waiting if the rate grew with the count), at least one more, within its
 //! `max` and the room left; the roles whose callers wait most go first. A role whose callers
 //! wait at most `shrink_wait_share` and whose processes are busy at most `shrink_busy_share`
-//! shrinks to what would keep them busy at `grow_busy_share` (at least its `min`), at most
-//! one role step a round. A job changed less than `cooldown_s` ago, or with a plan on its way,
-//! keeps its roles. Roles without rates (no calls in the window) keep their size.
+//! shrinks to what would keep them busy at `grow_busy_share` (at least its `min`); what it
+//! gives up is handed out at a later round, once carried out. Each role moves one step a
+//! round, in one plan for the job. A job changed less than `cooldown_s` ago, or with a plan
+//! on its way, keeps its roles. Roles without rates (no calls in the window) keep their
+//! size.
 //!
 //! A queued job the round starts brings its service and single roles with it ([`admit`]):
 //! it starts only if they fit, beside its training group, in what the round leaves (jobs in
@@ -191,8 +193,8 @@ pub fn admit(
 }
 
 /// Resizes the service roles of the running `jobs` (their decisions alongside) within
-/// `room`; returns what the changes take of it (growth less nothing: a shrink frees its room
-/// only once carried out, at a later round).
+/// `room`; returns what the changes take of it (growth; a shrink frees its room only once
+/// carried out, at a later round).
 pub fn balance(
     jobs: &[&LiveJob],
     decisions: &mut [&mut Decision],
@@ -224,81 +226,82 @@ pub fn balance(
             if rate.callers_wait_share >= config.grow_wait_share
                 && rate.busy_share >= config.grow_busy_share
             {
-                if role.count < role.max {
-                    grow.push((j, r, rate.callers_wait_share));
-                } else {
-                    d.reasons.push(format!(
-                        "{}: its callers wait {:.0}% of their time for it, but it is at its \
-                         max of {}",
-                        role.role,
-                        rate.callers_wait_share * 100.0,
-                        role.max
-                    ));
-                }
+                grow.push((j, r, rate.callers_wait_share));
             } else if rate.callers_wait_share <= config.shrink_wait_share
                 && rate.busy_share <= config.shrink_busy_share
                 && role.count > role.min
-                && d.role_targets.is_empty()
             {
-                let keep =
-                    (role.count as f64 * rate.busy_share / config.grow_busy_share).ceil() as u32;
-                let to = keep.clamp(role.min.max(1), role.count - 1);
-                d.role_targets.push((role.role, role.count, to));
-                d.reasons.push(format!(
-                    "{}: {} -> {to}: busy {:.0}% of its time, its callers wait {:.0}% for it \
-                     ({:.1} calls/s)",
-                    role.role,
-                    role.count,
-                    rate.busy_share * 100.0,
-                    rate.callers_wait_share * 100.0,
-                    rate.served_per_s
-                ));
+                shrink(role, &rate, config, d);
             }
         }
     }
     grow.sort_by(|a, b| b.2.total_cmp(&a.2));
     for (j, r, wait) in grow {
-        let (job, d) = (jobs[j], &mut decisions[j]);
-        if !d.role_targets.is_empty() {
-            continue; // one role step per job a round
-        }
-        let role = &job.roles[r];
-        let rate = role.rate.expect("has a rate");
-        let want = ((role.count as f64 / (1.0 - wait).max(0.05)).ceil() as u32)
-            .max(role.count + 1)
-            .min(role.max);
-        let by_cpu = room
-            .cpu_millicores
-            .checked_div(role.millicores)
-            .unwrap_or(u64::MAX)
-            .min(u32::MAX as u64) as u32;
-        let more = (want - role.count).min(by_cpu).min(room.processes);
-        let figures = format!(
-            "its callers wait {:.0}% of their time for it, busy {:.0}% ({:.1} calls/s)",
-            wait * 100.0,
-            rate.busy_share * 100.0,
-            rate.served_per_s
-        );
-        if more == 0 {
-            d.reasons.push(format!(
-                "{}: {figures}; no room left for another process of {} m",
-                role.role, role.millicores
-            ));
-            continue;
-        }
-        let to = role.count + more;
-        room.cpu_millicores -= more as u64 * role.millicores;
-        room.processes -= more;
-        d.role_targets.push((role.role, role.count, to));
-        d.reasons.push(format!(
-            "{}: {} -> {to}: it bounds the job: {figures}",
-            role.role, role.count
-        ));
+        grow_one(&jobs[j].roles[r], wait, &mut room, decisions[j]);
     }
     Room {
         cpu_millicores: start.cpu_millicores - room.cpu_millicores,
         processes: start.processes - room.processes,
     }
+}
+
+/// An idle role down to what would keep its processes busy at `grow_busy_share`, not below
+/// its min.
+fn shrink(role: &LiveRole, rate: &RoleRate, config: &RolesConfig, d: &mut Decision) {
+    let keep = (role.count as f64 * rate.busy_share / config.grow_busy_share).ceil() as u32;
+    let to = keep.clamp(role.min.max(1), role.count - 1);
+    d.role_targets.push((role.role, role.count, to));
+    d.reasons.push(format!(
+        "{}: {} -> {to}: busy {:.0}% of its time, its callers wait {:.0}% for it ({:.1} calls/s)",
+        role.role,
+        role.count,
+        rate.busy_share * 100.0,
+        rate.callers_wait_share * 100.0,
+        rate.served_per_s
+    ));
+}
+
+/// A role its callers wait for (`wait` of their time) up to `⌈n / (1 − wait)⌉` processes,
+/// within its max and `room` (taken from it); or the reason it stays.
+fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
+    let rate = role.rate.unwrap_or_default();
+    let figures = format!(
+        "its callers wait {:.0}% of their time for it, busy {:.0}% ({:.1} calls/s)",
+        wait * 100.0,
+        rate.busy_share * 100.0,
+        rate.served_per_s
+    );
+    if role.count >= role.max {
+        d.reasons.push(format!(
+            "{}: {figures}, but it is at its max of {}",
+            role.role, role.max
+        ));
+        return;
+    }
+    let want = ((role.count as f64 / (1.0 - wait).max(0.05)).ceil() as u32)
+        .max(role.count + 1)
+        .min(role.max);
+    let by_cpu = room
+        .cpu_millicores
+        .checked_div(role.millicores)
+        .unwrap_or(u64::MAX)
+        .min(u32::MAX as u64) as u32;
+    let more = (want - role.count).min(by_cpu).min(room.processes);
+    if more == 0 {
+        d.reasons.push(format!(
+            "{}: {figures}; no room left for another process of {} m",
+            role.role, role.millicores
+        ));
+        return;
+    }
+    let to = role.count + more;
+    room.cpu_millicores -= more as u64 * role.millicores;
+    room.processes -= more;
+    d.role_targets.push((role.role, role.count, to));
+    d.reasons.push(format!(
+        "{}: {} -> {to}: it bounds the job: {figures}",
+        role.role, role.count
+    ));
 }
 
 #[cfg(test)]
@@ -452,6 +455,32 @@ mod tests {
         // What the round uses: the first job and its engines, nothing of the second.
         assert_eq!(plan.cpu_millicores, 5000, "{plan:?}");
         assert_eq!(plan.processes, 5, "{plan:?}");
+    }
+
+    #[test]
+    fn a_busy_role_grows_and_an_idle_one_shrinks_in_one_plan() {
+        let mut reward = rollout(3, 0.05, 0.0);
+        reward.role = "reward".parse().unwrap();
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        (j.min_workers, j.max_workers, j.last_change_s) = (2, 2, Some(0.0));
+        j.roles = vec![rollout(1, 0.9, 0.5), reward];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(16),
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snap,
+            SchedulerKind::Fifo(Fifo::default()).scheduler(),
+            &config(),
+            &none(),
+        )
+        .unwrap();
+        let d = decision(&plan, 1);
+        let (ro, re): (Role, Role) = ("rollout".parse().unwrap(), "reward".parse().unwrap());
+        assert_eq!(d.role_targets, vec![(re, 3, 1), (ro, 1, 2)], "{d:?}");
+        let p = d.scale_plan(3);
+        assert_eq!((p.count_of(ro), p.count_of(re)), (Some(2), Some(1)));
     }
 
     #[test]

@@ -189,27 +189,7 @@ impl Inner {
         } else {
             vec![key]
         };
-        // A bundle: one process, or the processes of one index sharing a device.
-        let units: Vec<Vec<SlotKey>> = if plan.share_devices {
-            let mut by_index: BTreeMap<u32, Vec<SlotKey>> = BTreeMap::new();
-            for k in &keys {
-                by_index.entry(k.index).or_default().push(*k);
-            }
-            by_index.into_values().collect()
-        } else {
-            keys.iter().map(|k| vec![*k]).collect()
-        };
-        let bundles = units
-            .iter()
-            .map(|unit| {
-                unit.iter().try_fold(RayResources::default(), |sum, k| {
-                    plan.roles
-                        .get(&k.role)
-                        .map(|r| plus(&sum, r))
-                        .ok_or_else(|| unplaced(format!("{k} is not of its roles")))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let (units, bundles) = bundles_of(plan, &keys).map_err(unplaced)?;
         let nodes = self
             .lay_out_group(plan, &cluster, layout, &bundles)
             .map_err(unplaced)?;
@@ -296,6 +276,36 @@ impl Inner {
             )
         })
     }
+}
+
+/// `keys` as the group's bundles: one a process, or the processes of one index when the
+/// group shares devices; with what each bundle asks for together. `Err`: a key of no role of
+/// the group.
+fn bundles_of(
+    plan: &GroupPlan,
+    keys: &[SlotKey],
+) -> Result<(Vec<Vec<SlotKey>>, Vec<RayResources>), String> {
+    let units: Vec<Vec<SlotKey>> = if plan.share_devices {
+        let mut by_index: BTreeMap<u32, Vec<SlotKey>> = BTreeMap::new();
+        for k in keys {
+            by_index.entry(k.index).or_default().push(*k);
+        }
+        by_index.into_values().collect()
+    } else {
+        keys.iter().map(|k| vec![*k]).collect()
+    };
+    let bundles = units
+        .iter()
+        .map(|unit| {
+            unit.iter().try_fold(RayResources::default(), |sum, k| {
+                plan.roles
+                    .get(&k.role)
+                    .map(|r| plus(&sum, r))
+                    .ok_or_else(|| format!("{k} is not of its roles"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((units, bundles))
 }
 
 /// Every process of the group, with its pinning resource added.
@@ -402,6 +412,44 @@ mod tests {
             e.contains("its node 10.0.0.1 has no room for 1 more"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_group_that_shares_devices_is_one_bundle_per_index() {
+        let (w, r): (Role, Role) = ("worker".parse().unwrap(), "rollout".parse().unwrap());
+        let half = RayResources {
+            cpus: 1.0,
+            gpus: 0.5,
+            ..Default::default()
+        };
+        let plan = GroupPlan {
+            name: "worker+rollout".into(),
+            strategy: Strategy::StrictSpread,
+            share_devices: true,
+            roles: [(w, half.clone()), (r, half.clone())].into(),
+            initial: Vec::new(),
+        };
+        let k = |role, index| SlotKey { role, index };
+        let keys = [k(w, 0), k(w, 1), k(r, 0), k(r, 1), k(r, 2)];
+        let (units, bundles) = bundles_of(&plan, &keys).unwrap();
+        assert_eq!(
+            units,
+            vec![
+                vec![k(w, 0), k(r, 0)],
+                vec![k(w, 1), k(r, 1)],
+                vec![k(r, 2)]
+            ]
+        );
+        assert_eq!((bundles[0].cpus, bundles[0].gpus), (2.0, 1.0));
+        assert_eq!((bundles[2].cpus, bundles[2].gpus), (1.0, 0.5));
+        // Without sharing: a bundle a process.
+        let apart = GroupPlan {
+            share_devices: false,
+            ..plan.clone()
+        };
+        assert_eq!(bundles_of(&apart, &keys).unwrap().0.len(), 5);
+        let critic: Role = "critic".parse().unwrap();
+        assert!(bundles_of(&plan, &[k(critic, 0)]).is_err());
     }
 
     #[test]
