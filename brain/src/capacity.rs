@@ -1,12 +1,79 @@
 //! What the brain may hand out: from its config (`[cluster] cpus` and `[[cluster.gpu_nodes]]`),
 //! or, with `[cluster] ray_address`, read from a Ray cluster's state API before every round
 //! (alive nodes' CPUs, and each node's GPUs with their model), in the form the optimizer's live
-//! snapshot takes ([`LiveCluster`]).
+//! snapshot takes ([`LiveCluster`]), with the nodes it is made of ([`NodeInfo`]). A cordoned
+//! node ([`crate::store::Cordon`]) is taken out of what a round plans on ([`without`]).
 
 use optimizer::live::{ANY_MODEL, LiveCluster, LiveNode};
 use ray_client::{RayApi, RayCluster};
 
 use crate::BrainError;
+use crate::store::Cordon;
+
+/// The node of the CPU pool without Ray: the brain's own machine, where its jobs run.
+pub const LOCAL_NODE: &str = "local";
+
+/// A node the brain plans on: a Ray node by its address; without Ray, the CPU pool
+/// ([`LOCAL_NODE`]) and each configured GPU node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub cpu_millicores: u64,
+    pub gpus: u32,
+    pub gpu_type: String,
+}
+
+/// The nodes a Ray cluster's alive nodes make.
+pub fn nodes_of_ray(ray: &RayCluster) -> Vec<NodeInfo> {
+    ray.nodes
+        .iter()
+        .map(|n| NodeInfo {
+            name: n.ip.clone(),
+            cpu_millicores: (n.total.cpus * 1000.0).round() as u64,
+            gpus: n.total.gpus.floor() as u32,
+            gpu_type: n.total.gpu_type().unwrap_or(ANY_MODEL).to_string(),
+        })
+        .collect()
+}
+
+/// The nodes of a fixed capacity: the CPU pool and the GPU nodes.
+pub fn fixed_nodes(cluster: &LiveCluster) -> Vec<NodeInfo> {
+    let pool = NodeInfo {
+        name: LOCAL_NODE.into(),
+        cpu_millicores: cluster.cpu_millicores,
+        gpus: 0,
+        gpu_type: String::new(),
+    };
+    std::iter::once(pool)
+        .chain(cluster.nodes.iter().map(|n| NodeInfo {
+            name: n.name.clone(),
+            cpu_millicores: 0,
+            gpus: n.gpus,
+            gpu_type: n.gpu_type.clone(),
+        }))
+        .collect()
+}
+
+/// `cluster` (made of `nodes`) without the cordoned nodes: their CPU out of the pool, their
+/// GPUs out of the GPU nodes.
+pub fn without(cluster: &LiveCluster, nodes: &[NodeInfo], cordons: &[Cordon]) -> LiveCluster {
+    let out = |name: &str| cordons.iter().any(|c| c.node == name);
+    let cpu: u64 = nodes
+        .iter()
+        .filter(|n| out(&n.name))
+        .map(|n| n.cpu_millicores)
+        .sum();
+    LiveCluster {
+        cpu_millicores: cluster.cpu_millicores.saturating_sub(cpu),
+        nodes: cluster
+            .nodes
+            .iter()
+            .filter(|n| !out(&n.name))
+            .cloned()
+            .collect(),
+        ..cluster.clone()
+    }
+}
 
 /// The live cluster a Ray cluster's nodes make: every alive node's CPUs (Ray's logical CPUs),
 /// in slots of `slot_millicores`, for at most `max_processes` processes; each node with GPUs
@@ -48,13 +115,16 @@ impl Source {
         })
     }
 
-    /// The capacity now: `last` when it is fixed, or when Ray does not answer (said once per
-    /// failure in the log).
-    pub async fn read(&self, last: &LiveCluster) -> LiveCluster {
+    /// The capacity now and its nodes: `last` when it is fixed, or when Ray does not answer
+    /// (said once per failure in the log).
+    pub async fn read(&self, last: &(LiveCluster, Vec<NodeInfo>)) -> (LiveCluster, Vec<NodeInfo>) {
         match self {
-            Source::Fixed => last.clone(),
+            Source::Fixed => (last.0.clone(), fixed_nodes(&last.0)),
             Source::Ray(api) => match api.cluster().await {
-                Ok(c) => from_ray(&c, last.slot_millicores, last.max_processes),
+                Ok(c) => (
+                    from_ray(&c, last.0.slot_millicores, last.0.max_processes),
+                    nodes_of_ray(&c),
+                ),
                 Err(e) => {
                     tracing::warn!(
                         "cannot read the cluster from Ray, planning with the last capacity: {e}"
@@ -92,9 +162,35 @@ mod tests {
                 ..Default::default()
             },
         };
-        let ray = RayCluster {
+        let mut ray = RayCluster {
             nodes: vec![node(8.0, 1.0), node(4.5, 4.5)],
         };
+        ray.nodes[1].ip = "127.0.0.2".into();
+        let nodes = nodes_of_ray(&ray);
+        assert_eq!(
+            nodes
+                .iter()
+                .map(|n| (n.name.as_str(), n.cpu_millicores, n.gpus))
+                .collect::<Vec<_>>(),
+            vec![("127.0.0.1", 8000, 2), ("127.0.0.2", 4500, 0)]
+        );
+        // The GPU node cordoned: its CPUs and GPUs out; the other cordoned: its CPUs out.
+        let cordon = |node: &str| Cordon {
+            node: node.into(),
+            reason: "slow".into(),
+            since_unix_ms: 0,
+            until_unix_ms: None,
+        };
+        let all = from_ray(&ray, 500, 40);
+        let out = without(&all, &nodes, &[cordon("127.0.0.1")]);
+        assert_eq!((out.cpu_millicores, out.nodes.len()), (4500, 0));
+        let out = without(&all, &nodes, &[cordon("127.0.0.2")]);
+        assert_eq!((out.cpu_millicores, out.nodes.len()), (8000, 1));
+        // Without Ray: the pool is `local`; a GPU node cordoned leaves the CPU.
+        let fixed = fixed_nodes(&all);
+        assert_eq!(fixed[0].name, LOCAL_NODE);
+        let out = without(&all, &fixed, &[cordon("127.0.0.1")]);
+        assert_eq!((out.cpu_millicores, out.nodes.len()), (12_500, 0));
         assert_eq!(
             from_ray(&ray, 500, 40),
             LiveCluster {

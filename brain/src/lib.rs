@@ -78,6 +78,9 @@ pub enum BrainError {
     },
     #[error("unknown job {0}")]
     UnknownJob(u64),
+    /// A name (a node) the brain does not know; the message names those it does.
+    #[error("{0}")]
+    NotFound(String),
     /// The caller's request is wrong whatever the brain's state.
     #[error("{0}")]
     InvalidArgument(String),
@@ -121,7 +124,9 @@ impl From<BrainError> for tonic::Status {
     fn from(e: BrainError) -> Self {
         let message = bounded(e.to_string());
         match e {
-            BrainError::UnknownJob(_) => tonic::Status::not_found(message),
+            BrainError::UnknownJob(_) | BrainError::NotFound(_) => {
+                tonic::Status::not_found(message)
+            }
             BrainError::InvalidArgument(_) | BrainError::Config(_) | BrainError::Policy { .. } => {
                 tonic::Status::invalid_argument(message)
             }

@@ -504,7 +504,9 @@ pub async fn run(
         .transpose()?;
     // Read before the first request: a submission is checked against the nodes' GPUs.
     let capacity = crate::capacity::Source::new(config.cluster.ray_address.as_deref())?;
-    let cluster = capacity.read(&config.live_cluster()).await;
+    let fixed = config.live_cluster();
+    let nodes = crate::capacity::fixed_nodes(&fixed);
+    let cluster = capacity.read(&(fixed, nodes)).await;
     let token_file = config.operator_token_file();
     let (operator, created) =
         auth::read_or_create(&token_file).map_err(|e| BrainError::Config(e.to_string()))?;

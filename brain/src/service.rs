@@ -61,6 +61,20 @@ fn resources(r: Option<jm::Resources>) -> (u64, u64, vocab::Gpus) {
     })
 }
 
+fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
+    let c = n.cordon.as_ref();
+    pb::NodeState {
+        name: n.node.name.clone(),
+        cpu_millicores: n.node.cpu_millicores,
+        gpus: n.node.gpus,
+        gpu_type: n.node.gpu_type.clone(),
+        state: if c.is_some() { "cordoned" } else { "ok" }.into(),
+        reason: c.map(|c| c.reason.clone()).unwrap_or_default(),
+        since_unix_ms: c.map_or(0, |c| c.since_unix_ms),
+        until_unix_ms: c.and_then(|c| c.until_unix_ms).unwrap_or(0),
+    }
+}
+
 fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
     let gpu_type = s
         .worker_resources
@@ -336,6 +350,36 @@ impl pb::brain_server::Brain for BrainService {
             .transpose()
             .map_err(|e| Status::internal(format!("stored plan does not decode: {e}")))?;
         Ok(Response::new(pb::GetPlanResponse { plan, cancel }))
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        auth::operator(&request)?;
+        let nodes = self.control.node_states().await?;
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: nodes.iter().map(node_state).collect(),
+        }))
+    }
+
+    async fn cordon_node(
+        &self,
+        request: Request<pb::CordonNodeRequest>,
+    ) -> Result<Response<pb::NodeState>, Status> {
+        auth::operator(&request)?;
+        let r = request.into_inner();
+        let n = self.control.cordon(&r.node, &r.reason, r.for_s).await?;
+        Ok(Response::new(node_state(&n)))
+    }
+
+    async fn uncordon_node(
+        &self,
+        request: Request<pb::UncordonNodeRequest>,
+    ) -> Result<Response<pb::NodeState>, Status> {
+        auth::operator(&request)?;
+        let n = self.control.uncordon(&request.into_inner().node).await?;
+        Ok(Response::new(node_state(&n)))
     }
 
     async fn cancel_job(

@@ -31,9 +31,12 @@ enum Rpc {
     GetPolicy,
     SetPolicy,
     CancelJob,
+    ListNodes,
+    CordonNode,
+    UncordonNode,
 }
 
-const ALL: [Rpc; 13] = [
+const ALL: [Rpc; 16] = [
     Rpc::RegisterJob,
     Rpc::ReportMetrics,
     Rpc::GetPlan,
@@ -47,6 +50,9 @@ const ALL: [Rpc; 13] = [
     Rpc::GetPolicy,
     Rpc::SetPolicy,
     Rpc::CancelJob,
+    Rpc::ListNodes,
+    Rpc::CordonNode,
+    Rpc::UncordonNode,
 ];
 
 impl Rpc {
@@ -161,6 +167,21 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
             })
             .await
             .map(drop),
+        Rpc::ListNodes => c.list_nodes(pb::ListNodesRequest {}).await.map(drop),
+        Rpc::CordonNode => c
+            .cordon_node(pb::CordonNodeRequest {
+                node: "local".into(),
+                reason: "steal the cluster".into(),
+                for_s: 0,
+            })
+            .await
+            .map(drop),
+        Rpc::UncordonNode => c
+            .uncordon_node(pb::UncordonNodeRequest {
+                node: "local".into(),
+            })
+            .await
+            .map(drop),
     }
 }
 
@@ -176,7 +197,12 @@ async fn state(op: &mut Client) -> String {
         .await
         .unwrap()
         .into_inner();
-    format!("{jobs:?}\n{policy:?}")
+    let nodes = op
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    format!("{jobs:?}\n{policy:?}\n{nodes:?}")
 }
 
 #[tokio::test]

@@ -54,7 +54,10 @@ without_job!(
     pb::SubmitJobRequest,
     pb::DryRunRequest,
     pb::GetPolicyRequest,
-    pb::PolicyText
+    pb::PolicyText,
+    pb::ListNodesRequest,
+    pb::CordonNodeRequest,
+    pb::UncordonNodeRequest
 );
 
 fn set_job<T: JobIdOf>(req: &mut T, job: u64) {
@@ -63,7 +66,7 @@ fn set_job<T: JobIdOf>(req: &mut T, job: u64) {
     }
 }
 
-/// RPC number `rpc` (of 13) with `bytes` as its request; `None` when they do not decode.
+/// RPC number `rpc` (of 16) with `bytes` as its request; `None` when they do not decode.
 async fn call(
     op: &mut Client,
     job: &mut Client,
@@ -71,7 +74,7 @@ async fn call(
     bytes: &[u8],
     real: Option<u64>,
 ) -> Option<Result<(), tonic::Status>> {
-    match rpc % 13 {
+    match rpc % 16 {
         0 => send!(job, register_job, pb::RegisterJobRequest, bytes, real),
         1 => send!(job, report_metrics, pb::MetricsBatch, bytes, real),
         2 => send!(job, get_plan, pb::GetPlanRequest, bytes, real),
@@ -84,7 +87,10 @@ async fn call(
         9 => send!(op, dry_run, pb::DryRunRequest, bytes, real),
         10 => send!(op, get_policy, pb::GetPolicyRequest, bytes, real),
         11 => send!(op, set_policy, pb::PolicyText, bytes, real),
-        _ => send!(op, cancel_job, pb::CancelJobRequest, bytes, real),
+        12 => send!(op, cancel_job, pb::CancelJobRequest, bytes, real),
+        13 => send!(op, list_nodes, pb::ListNodesRequest, bytes, real),
+        14 => send!(op, cordon_node, pb::CordonNodeRequest, bytes, real),
+        _ => send!(op, uncordon_node, pb::UncordonNodeRequest, bytes, real),
     }
 }
 
@@ -130,7 +136,7 @@ fn random_requests_get_answers_or_clear_refusals_never_a_crash() {
             {
                 return Err(TestCaseError::fail(format!(
                     "rpc {} with {bytes:?}: {e:?}",
-                    rpc % 13
+                    rpc % 16
                 )));
             }
             if answer.is_some() {

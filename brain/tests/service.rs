@@ -326,3 +326,87 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
     assert_eq!(shape.worker_resources.unwrap().gpu_milli, 500);
     assert_eq!(shape.services[0].resources.clone().unwrap().gpu_milli, 500);
 }
+
+/// Cordoned nodes (issue 42, item 2): `brainctl nodes` lists the brain's nodes (the CPU pool
+/// `local` and the configured GPU nodes); a cordon carries its reason, since and until when,
+/// takes the node out of what rounds plan on, survives a kill -9 of the brain, expires, and is
+/// lifted by `uncordon`. Unknown nodes and empty reasons are refused, changing nothing.
+#[test]
+fn nodes_are_cordoned_with_a_reason_until_lifted_or_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let toml = "[cluster]\ncpus = 16\n\
+                [[cluster.gpu_nodes]]\nname = \"v\"\ngpus = 2\ngpu_type = \"V100\"\n\
+                [[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n";
+    let (mut brain, url) = common::configured_brain(d, toml, |_| {});
+    let ctl = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--brain", url.as_str()]);
+        common::brainctl(&all)
+    };
+    let line = |out: &str, node: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(node))
+            .unwrap_or_else(|| panic!("no {node} in {out}"))
+            .to_string()
+    };
+    let (ok, out) = ctl(&["nodes"]);
+    assert!(ok, "{out}");
+    assert!(
+        line(&out, "local").contains("16.0") && line(&out, "local").contains(" ok"),
+        "{out}"
+    );
+    assert!(line(&out, "a").contains("4 A100"), "{out}");
+
+    let (ok, out) = ctl(&[
+        "nodes",
+        "cordon",
+        "a",
+        "--reason",
+        "ECC errors",
+        "--for",
+        "1h",
+    ]);
+    assert!(ok, "{out}");
+    let a = line(&out, "a");
+    assert!(
+        a.contains("cordoned") && a.contains("ECC errors (since ") && a.contains(", until "),
+        "{out}"
+    );
+    // The CPU pool cordoned too: a round plans on no CPU.
+    let (ok, out) = ctl(&["nodes", "cordon", "local", "--reason", "maintenance"]);
+    assert!(ok && out.contains("until uncordoned"), "{out}");
+    let (ok, plan) = ctl(&["plan", "--dry-run"]);
+    assert!(ok && plan.contains("of 0.0 CPUs"), "{plan}");
+
+    // Refused, changing nothing.
+    let (ok, out) = ctl(&["nodes", "cordon", "zz", "--reason", "x"]);
+    assert!(
+        !ok && out.contains("no node \"zz\": the brain's nodes are local, v, a"),
+        "{out}"
+    );
+    let (ok, out) = ctl(&["nodes", "cordon", "v", "--reason", " "]);
+    assert!(!ok && out.contains("a cordon needs a reason"), "{out}");
+    let (ok, out) = ctl(&["nodes", "uncordon", "v"]);
+    assert!(!ok && out.contains("node v is not cordoned"), "{out}");
+
+    // kill -9: the cordons are in the store.
+    brain.kill();
+    let (_brain, url2) = common::configured_brain(d, toml, |_| {});
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url2]);
+    assert!(ok, "{out}");
+    assert!(line(&out, "a").contains("ECC errors"), "{out}");
+    assert!(line(&out, "v").contains(" ok"), "{out}");
+    let (ok, out) = common::brainctl(&["nodes", "uncordon", "local", "--brain", &url2]);
+    assert!(ok && line(&out, "local").contains(" ok"), "{out}");
+    let (ok, plan) = common::brainctl(&["plan", "--dry-run", "--brain", &url2]);
+    assert!(ok && plan.contains("of 16.0 CPUs"), "{plan}");
+    // A short cordon expires by itself.
+    let (ok, out) = common::brainctl(&[
+        "nodes", "cordon", "v", "--reason", "slow", "--for", "1s", "--brain", &url2,
+    ]);
+    assert!(ok, "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url2]);
+    assert!(ok && line(&out, "v").contains(" ok"), "{out}");
+}

@@ -28,6 +28,8 @@ use crate::BrainError;
 use crate::launch::{Exited, Launcher, place_checkpoints};
 use crate::metrics::Metrics;
 use crate::predict::predict;
+mod nodes;
+pub use nodes::NodeState;
 mod snapshot;
 
 use crate::store::{JobId, JobState, PlanCounts, Shape, Store};
@@ -88,7 +90,8 @@ pub struct Control {
     pub store: Arc<Mutex<Store>>,
     policy: RwLock<LoadedPolicy>,
     policy_path: Option<PathBuf>,
-    cluster: std::sync::RwLock<LiveCluster>,
+    /// The capacity as last read, with its nodes (cordoned ones included).
+    cluster: std::sync::RwLock<(LiveCluster, Vec<crate::capacity::NodeInfo>)>,
     capacity: crate::capacity::Source,
     launcher: Launcher,
     wake: Notify,
@@ -114,7 +117,10 @@ impl Control {
     pub fn new(
         store: Arc<Mutex<Store>>,
         policy_path: Option<PathBuf>,
-        (cluster, capacity): (LiveCluster, crate::capacity::Source),
+        (cluster, capacity): (
+            (LiveCluster, Vec<crate::capacity::NodeInfo>),
+            crate::capacity::Source,
+        ),
         launcher: Launcher,
         outputs: Outputs,
         keys: Arc<crate::auth::Keys>,
@@ -147,11 +153,22 @@ impl Control {
         Ok(token)
     }
 
-    /// What the brain may hand out, as last read.
+    /// What the brain may hand out, as last read (cordoned nodes included: what a job could
+    /// ever run on).
     pub fn cluster(&self) -> LiveCluster {
         self.cluster
             .read()
             .expect("no panic under the lock")
+            .0
+            .clone()
+    }
+
+    /// The nodes the capacity was last read from.
+    pub fn nodes(&self) -> Vec<crate::capacity::NodeInfo> {
+        self.cluster
+            .read()
+            .expect("no panic under the lock")
+            .1
             .clone()
     }
 
@@ -481,10 +498,18 @@ impl Control {
         let _one = self.round_lock.lock().await;
         self.reload_if_changed();
         let policy = self.policy.read().expect("no panic under the lock").clone();
-        let cluster = self.capacity.read(&self.cluster()).await;
-        *self.cluster.write().expect("no panic under the lock") = cluster.clone();
-        let planned = cluster.clone();
+        let last = self
+            .cluster
+            .read()
+            .expect("no panic under the lock")
+            .clone();
+        let (cluster, nodes) = self.capacity.read(&last).await;
+        *self.cluster.write().expect("no panic under the lock") = (cluster.clone(), nodes.clone());
         let now = now_unix_ms();
+        // Cordoned nodes are not planned on: no process goes there, and jobs on them shrink.
+        let cordons = self.with_store(move |s| s.cordons(now)).await?;
+        let cluster = crate::capacity::without(&cluster, &nodes, &cordons);
+        let planned = cluster.clone();
         // The snapshot under the store's lock; the solve outside it, so that ingest and the
         // job masters' calls never wait for a solve. A job that leaves the queue meanwhile
         // (cancelled) is not started; a plan for a job that ended meanwhile is never fetched.

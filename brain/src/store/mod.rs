@@ -1,5 +1,5 @@
 //! The brain's durable state in an embedded SQLite database (WAL): jobs, per-job metric
-//! summaries, scale plans and their acknowledgements. Every change is one transaction, so a
+//! summaries, scale plans and their acknowledgements, cordoned nodes. Every change is one transaction, so a
 //! brain killed at any instant reopens with each change either wholly there or not at all.
 //!
 //! Raw metric time series are not kept here (they belong in the InfluxDB sink); each accepted
@@ -13,6 +13,7 @@ use crate::BrainError;
 
 pub use vocab::JobId;
 
+mod cordons;
 mod jobs;
 mod processes;
 mod records;
@@ -21,6 +22,7 @@ mod reports;
 mod tests;
 mod tokens;
 
+pub use cordons::Cordon;
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
 pub use processes::{CPU_SAMPLES, ProcessSample};
 pub use records::{JobRow, JobState, Metric, ServiceShape, Shape, StoredPlan};
@@ -141,6 +143,8 @@ const MIGRATIONS: &[&str] = &[
          created_unix_ms INTEGER NOT NULL)",
     // A round reads the queued and running jobs only, however many have finished.
     "CREATE INDEX jobs_by_state ON jobs(state)",
+    "CREATE TABLE cordons (node TEXT PRIMARY KEY, reason TEXT NOT NULL,
+         since_unix_ms INTEGER NOT NULL, until_unix_ms INTEGER)",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

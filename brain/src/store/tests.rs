@@ -365,3 +365,33 @@ fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest
     assert_eq!(row.shape.unwrap().services[&rollout].count, 3);
     assert_eq!(row.last_change_unix_ms, Some(50));
 }
+
+#[test]
+fn cordons_hold_until_lifted_or_expired_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("brain.db");
+    let mut s = Store::open(&path).unwrap();
+    let c = |node: &str, until| Cordon {
+        node: node.into(),
+        reason: format!("{node} is slow"),
+        since_unix_ms: 100,
+        until_unix_ms: until,
+    };
+    s.cordon(&c("10.0.0.2", None)).unwrap();
+    s.cordon(&c("10.0.0.3", Some(1_000))).unwrap();
+    drop(s);
+    let mut s = Store::open(&path).unwrap();
+    assert_eq!(
+        s.cordons(500).unwrap(),
+        vec![c("10.0.0.2", None), c("10.0.0.3", Some(1_000))]
+    );
+    // Expired: gone; cordoned again: the new reason.
+    assert_eq!(s.cordons(1_000).unwrap(), vec![c("10.0.0.2", None)]);
+    let mut again = c("10.0.0.2", Some(5_000));
+    again.reason = "ECC errors".into();
+    s.cordon(&again).unwrap();
+    assert_eq!(s.cordons(1_000).unwrap(), vec![again]);
+    assert!(s.uncordon("10.0.0.2").unwrap());
+    assert!(!s.uncordon("10.0.0.2").unwrap());
+    assert!(s.cordons(1_000).unwrap().is_empty());
+}
