@@ -97,6 +97,9 @@ pub struct Launcher {
     /// With [`JobMasters::Ray`]: the cluster the masters are submitted to.
     ray_masters: Option<RayApi>,
     exited: mpsc::Sender<Exited>,
+    /// The nodes cordoned as the brain last read them: the masters it starts are told
+    /// (`--cordoned`), so that no process of theirs starts there.
+    cordoned: std::sync::RwLock<Vec<String>>,
 }
 
 /// How often the status of a job master running as a Ray job is read.
@@ -139,7 +142,13 @@ impl Launcher {
             ray_address,
             ray_masters,
             exited,
+            cordoned: std::sync::RwLock::default(),
         })
+    }
+
+    /// The nodes cordoned now, for the masters started from now on.
+    pub fn set_cordoned(&self, nodes: Vec<String>) {
+        *self.cordoned.write().expect("not poisoned") = nodes;
     }
 
     fn job_master_bin(&self) -> PathBuf {
@@ -277,6 +286,9 @@ impl Launcher {
         }
         if resume {
             cmd.push("--resume".into());
+        }
+        for node in self.cordoned.read().expect("not poisoned").iter() {
+            cmd.extend(["--cordoned".into(), node.into()]);
         }
         cmd
     }

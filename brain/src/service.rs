@@ -336,12 +336,16 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::GetPlanResponse>, Status> {
         auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
-        let (plan, cancel) = self
+        let (plan, cancel, cordoned_nodes) = self
             .with_store(move |s| {
                 let job = JobId(r.job_id);
                 Ok((
                     s.plan_after(job, r.after_version)?,
                     s.job(job)?.cancel_requested.unwrap_or_default(),
+                    s.cordons(now_unix_ms())?
+                        .into_iter()
+                        .map(|c| c.node)
+                        .collect(),
                 ))
             })
             .await?;
@@ -349,7 +353,11 @@ impl pb::brain_server::Brain for BrainService {
             .map(|p| jm::ScalePlan::decode(p.body.as_slice()))
             .transpose()
             .map_err(|e| Status::internal(format!("stored plan does not decode: {e}")))?;
-        Ok(Response::new(pb::GetPlanResponse { plan, cancel }))
+        Ok(Response::new(pb::GetPlanResponse {
+            plan,
+            cancel,
+            cordoned_nodes,
+        }))
     }
 
     async fn list_nodes(

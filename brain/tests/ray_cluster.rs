@@ -225,6 +225,119 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
     }
 }
 
+/// A node the operator cordoned (issue 42, item 2) on the three nodes: `brainctl nodes` lists
+/// Ray's nodes with it cordoned and why; the brain plans without its CPUs, and the job
+/// master of a job it starts, told of the cordon with its plans, places none of the job's
+/// processes there. Uncordoned, it is offered again.
+#[test]
+fn a_cordoned_node_gets_no_process_of_the_brains_jobs() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.blocking_lock();
+    tokio::runtime::Runtime::new().unwrap().block_on(wait_alive(
+        &c,
+        c.nodes.len(),
+        Duration::from_secs(90),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("policy.toml"),
+        "[live]\ninterval_s = 1\ncooldown_s = 600\n",
+    )
+    .unwrap();
+    let (_brain, addr) = brain_on(
+        &c,
+        dir.path(),
+        "127.0.0.1:0",
+        &[format!("--job-master-arg=--listen={}:0", c.host)],
+        "brain.log",
+    );
+    let url = format!("http://{addr}");
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    // The node a job master would choose first among equals (the last Ray lists), so that a
+    // master not told of the cordon would put a process there.
+    let cordoned = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(ray_client::RayApi::new(&c.dashboard).unwrap().cluster())
+        .unwrap()
+        .nodes
+        .last()
+        .unwrap()
+        .ip
+        .clone();
+    let (ok, out) = brainctl(&[
+        "nodes",
+        "cordon",
+        &cordoned,
+        "--reason",
+        "ECC errors",
+        "--brain",
+        &url,
+    ]);
+    assert!(ok, "{out}\n{}", log());
+    let (ok, out) = brainctl(&["nodes", "--brain", &url]);
+    assert!(ok, "{out}");
+    for n in &c.nodes {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(n.as_str()))
+            .unwrap_or_else(|| panic!("{n} not listed: {out}"));
+        assert_eq!(
+            line.contains("cordoned") && line.contains("ECC errors"),
+            *n == cordoned,
+            "{out}"
+        );
+    }
+    // Two workers of 2.5 CPUs: one a node (4 CPUs each); the two nodes left take them.
+    let name = format!("spared-{}", std::process::id());
+    let path = spec(dir.path(), &name, "cpu: 2.5");
+    let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}\n{}", log());
+    let start = Instant::now();
+    loop {
+        let (ok, status) = brainctl(&["status", &name, "--brain", &url]);
+        assert!(ok, "{status}");
+        if status.contains("succeeded") {
+            break;
+        }
+        assert!(
+            !status.contains("failed") && start.elapsed() < Duration::from_secs(300),
+            "{status}\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let run = dir.path().join("runs").join(&name);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
+    assert_eq!(report["exactly_once"], "ok", "{report:#}");
+    let events: Vec<&str> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect();
+    let hosts: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|e| e.split_once(" registered on ").map(|(_, t)| t))
+        .filter_map(|t| t.split_whitespace().next())
+        .collect();
+    assert!(!hosts.is_empty(), "{events:#?}");
+    assert!(
+        !hosts.contains(cordoned.as_str()),
+        "a process went to the cordoned {cordoned}: {events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains(&format!("nodes cordoned by the brain: {cordoned}"))),
+        "{events:#?}"
+    );
+    let (ok, out) = brainctl(&["nodes", "uncordon", &cordoned, "--brain", &url]);
+    assert!(ok && out.contains(" ok"), "{out}");
+}
+
 /// Nodes a test killed, started again when it ends (also when it fails): the next test needs
 /// the whole cluster.
 struct Revive<'a> {

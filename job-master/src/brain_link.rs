@@ -49,6 +49,10 @@ pub struct BrainLink {
     /// mutual TLS).
     #[serde(default)]
     pub tls: Option<auth::tls::ClientTls>,
+    /// The nodes the brain had cordoned when it started this master: no process goes there
+    /// (later cordons come with its plans).
+    #[serde(default)]
+    pub cordoned: Vec<String>,
 }
 
 fn default_interval() -> u64 {
@@ -66,6 +70,7 @@ impl BrainLink {
             outcome_timeout_ms: default_outcome_timeout(),
             token: auth::WithToken::default(),
             tls: None,
+            cordoned: Vec::new(),
         }
     }
 }
@@ -242,7 +247,12 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
 }
 
 /// Reports and polls until the task is aborted (the job master aborts it when the job ends).
-pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: SocketAddr) {
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    link: BrainLink,
+    master_addr: SocketAddr,
+    platform: Arc<dyn crate::platform::Platform>,
+) {
     let mut client: Option<Client> = None;
     let mut job_id: Option<u64> = None;
     let mut queued: VecDeque<pb::MetricReport> = VecDeque::new();
@@ -363,6 +373,7 @@ pub(crate) async fn run(shared: Arc<Shared>, link: BrainLink, master_addr: Socke
         {
             Ok(r) => {
                 let r = r.into_inner();
+                platform.cordon(&r.cordoned_nodes);
                 if !r.cancel.is_empty() {
                     let why = format!("asked through the brain: {}", r.cancel);
                     shared

@@ -508,6 +508,8 @@ impl Control {
         let now = now_unix_ms();
         // Cordoned nodes are not planned on: no process goes there, and jobs on them shrink.
         let cordons = self.with_store(move |s| s.cordons(now)).await?;
+        self.launcher
+            .set_cordoned(cordons.iter().map(|c| c.node.clone()).collect());
         let cluster = crate::capacity::without(&cluster, &nodes, &cordons);
         let planned = cluster.clone();
         // The snapshot under the store's lock; the solve outside it, so that ingest and the

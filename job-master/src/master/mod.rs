@@ -305,6 +305,10 @@ pub async fn run(
             Arc::new(crate::platform::ray::RayPlatform::connect(s, ev_tx).await?)
         }
     };
+    if let Some(link) = &brain {
+        // Before the first launch: no process starts on a node the brain cordoned.
+        platform.cordon(&link.cordoned);
+    }
     let (effects, mut eff_rx) = crate::shared::EffectQueue::new();
     let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);
     let shared = Arc::new(Shared {
@@ -407,9 +411,14 @@ pub async fn run(
         })
     };
 
-    let link = brain
-        .clone()
-        .map(|link| tokio::spawn(crate::brain_link::run(shared.clone(), link, addr)));
+    let link = brain.clone().map(|link| {
+        tokio::spawn(crate::brain_link::run(
+            shared.clone(),
+            link,
+            addr,
+            platform.clone(),
+        ))
+    });
 
     tokio::pin!(shutdown);
     loop {

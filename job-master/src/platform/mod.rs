@@ -69,6 +69,9 @@ pub trait Platform: Send + Sync {
     fn reports_placement(&self) -> bool {
         false
     }
+    /// The nodes its brain cordoned (by the names the brain lists them by): no new process
+    /// is placed there. Platforms of one machine ignore it.
+    fn cordon(&self, _nodes: &[String]) {}
     /// Stops the slot's agent: SIGTERM (or the platform's equivalent), then a kill after `grace`.
     async fn stop(&self, key: SlotKey, grace: Duration);
     /// Stops every agent this platform started.

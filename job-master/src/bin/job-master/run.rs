@@ -94,6 +94,11 @@ pub struct RunArgs {
     /// Talk to a brain started with --insecure: plain text, the brain not checked.
     #[arg(long, conflicts_with = "brain_ca")]
     brain_insecure: bool,
+    /// A node the brain cordoned (its address on Ray; repeatable): no process of the job goes
+    /// there. The brain passes its cordons when it starts a master; later ones come with its
+    /// plans.
+    #[arg(long = "cordoned", value_name = "NODE", requires = "brain")]
+    cordoned: Vec<String>,
     /// Mutual TLS to the brain: this master's certificate (with --brain-key).
     #[arg(long, requires = "brain_key", requires = "brain_ca")]
     brain_cert: Option<PathBuf>,
@@ -276,6 +281,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         job_token_file,
         brain_ca,
         brain_insecure,
+        cordoned,
         brain_cert,
         brain_key,
         job_tls: _,
@@ -367,6 +373,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
                     cert_file: brain_cert,
                     key_file: brain_key,
                 }),
+                cordoned,
                 ..job_master::brain_link::BrainLink::new(url)
             }
         }),

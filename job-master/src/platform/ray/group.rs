@@ -169,7 +169,8 @@ impl Inner {
         if let Some(node) = layout.get(&key) {
             return Ok(node.clone());
         }
-        let cluster = self.api.cluster().await?;
+        // A node gone from Ray, or cordoned by the brain: its processes are laid out anew.
+        let cluster = self.offered(self.api.cluster().await?);
         layout.retain(|_, ip| cluster.nodes.iter().any(|n| n.ip == *ip));
         if plan.share_devices
             && let Some(ip) = layout

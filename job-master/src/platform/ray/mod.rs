@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, mpsc, watch};
 
-use self::api::{RayApi, RayJobStatus, RayResources, SubmitRequest};
+use self::api::{RayApi, RayCluster, RayJobStatus, RayResources, SubmitRequest};
 use super::{AgentLaunch, Platform, PlatformEvent};
 use crate::error::Error;
 use crate::scale::Capacity;
@@ -120,6 +120,17 @@ struct Inner {
     /// Each placement group's layout (each process's node address), by its place in
     /// `settings.placement`.
     groups: Mutex<Vec<BTreeMap<SlotKey, String>>>,
+    /// Nodes the brain cordoned (addresses): not offered to new processes.
+    cordoned: std::sync::RwLock<Vec<String>>,
+}
+
+impl Inner {
+    /// `cluster` less the nodes the brain cordoned: where new processes may go.
+    fn offered(&self, mut cluster: RayCluster) -> RayCluster {
+        let out = self.cordoned.read().expect("not poisoned");
+        cluster.nodes.retain(|n| !out.contains(&n.ip));
+        cluster
+    }
 }
 
 pub struct RayPlatform {
@@ -180,6 +191,7 @@ impl RayPlatform {
                 recent: std::sync::Mutex::default(),
                 totals: std::sync::Mutex::new(totals),
                 groups,
+                cordoned: std::sync::RwLock::default(),
             }),
             capacity,
         })
@@ -470,6 +482,26 @@ impl Platform for RayPlatform {
 
     fn reports_placement(&self) -> bool {
         true
+    }
+
+    fn cordon(&self, nodes: &[String]) {
+        let mut now = self.inner.cordoned.write().expect("not poisoned");
+        if *now == nodes {
+            return;
+        }
+        *now = nodes.to_vec();
+        let said = if nodes.is_empty() {
+            "no node is cordoned any more: every node is offered to new processes".to_string()
+        } else {
+            format!(
+                "nodes cordoned by the brain: {}; no new process goes there",
+                nodes.join(", ")
+            )
+        };
+        let events = self.inner.events.clone();
+        tokio::spawn(async move {
+            let _ = events.send(PlatformEvent::Note(said)).await;
+        });
     }
 
     async fn stop(&self, key: SlotKey, grace: Duration) {

@@ -132,18 +132,22 @@ impl Inner {
                     Ok(cluster) => {
                         *self.totals.lock().expect("not poisoned") =
                             cluster.nodes.iter().map(|n| n.total.clone()).collect();
+                        let cluster = self.offered(cluster);
                         let node = {
                             let recent = self.recent.lock().expect("not poisoned");
                             choose_node(&cluster, &recent, need, self.settings.usage_lag)
                         };
                         if let Some(node_id) = node {
+                            // Ray places a job wherever it has room: with nodes cordoned, the
+                            // process is pinned to the node chosen here, off them.
+                            let pinned = self.pin_off_cordons(&cluster, &node_id, req);
                             self.recent.lock().expect("not poisoned").push(Placement {
                                 submission_id: req.submission_id.clone(),
                                 node_id,
                                 need: need.clone(),
                                 running_since: None,
                             });
-                            match self.api.submit(req).await {
+                            match self.api.submit(pinned.as_ref().unwrap_or(req)).await {
                                 Ok(()) => return Ok(()),
                                 Err(RayError::Duplicate(id)) => {
                                     return self.adopt(&id).await.map_err(Unplaced::Refused);
@@ -184,6 +188,24 @@ impl Inner {
                 _ = cancel.changed() => {}
             }
         }
+    }
+
+    /// `req` pinned to node `node_id` of `cluster` when the brain cordoned any node; `None`
+    /// (as it is) otherwise.
+    fn pin_off_cordons(
+        &self,
+        cluster: &RayCluster,
+        node_id: &str,
+        req: &SubmitRequest,
+    ) -> Option<SubmitRequest> {
+        if self.cordoned.read().expect("not poisoned").is_empty() {
+            return None;
+        }
+        let ip = &cluster.nodes.iter().find(|n| n.node_id == node_id)?.ip;
+        let mut pinned = req.clone();
+        let (k, v) = super::group::pin(ip);
+        pinned.entrypoint_resources.insert(k, v);
+        Some(pinned)
     }
 
     /// A duplicate submission id: ours if Ray still runs it (a retried submission whose first
