@@ -71,6 +71,51 @@ async fn wait_alive(c: &RayClusterDir, want: usize, within: Duration) {
     }
 }
 
+/// A brain on the Ray cluster that runs jobs (rounds every second, no resize for 600 s), its
+/// job masters on this machine (agents on the nodes reach them on the bridge), logging to
+/// `dir/brain.log`; the process and its URL. Waits for every node first.
+fn brain_for_jobs(c: &RayClusterDir, dir: &Path) -> (common::Brain, String) {
+    tokio::runtime::Runtime::new().unwrap().block_on(wait_alive(
+        c,
+        c.nodes.len(),
+        Duration::from_secs(90),
+    ));
+    std::fs::write(
+        dir.join("policy.toml"),
+        "[live]\ninterval_s = 1\ncooldown_s = 600\n",
+    )
+    .unwrap();
+    let (brain, addr) = brain_on(
+        c,
+        dir,
+        "127.0.0.1:0",
+        &[format!("--job-master-arg=--listen={}:0", c.host)],
+        "brain.log",
+    );
+    (brain, format!("http://{addr}"))
+}
+
+/// Waits up to 300 s for every job of `names` to succeed (a failure fails the test at once,
+/// with `log`).
+fn wait_succeeded(url: &str, names: &[&str], log: &dyn Fn() -> String) {
+    let start = Instant::now();
+    for name in names {
+        loop {
+            let (ok, status) = brainctl(&["status", name, "--brain", url]);
+            assert!(ok, "{status}");
+            if status.contains("succeeded") {
+                break;
+            }
+            assert!(
+                !status.contains("failed") && start.elapsed() < Duration::from_secs(300),
+                "{status}\n{}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
 fn spec(dir: &Path, name: &str, resources: &str) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(
@@ -108,26 +153,8 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
         return;
     };
     let _turn = ONE_AT_A_TIME.blocking_lock();
-    tokio::runtime::Runtime::new().unwrap().block_on(wait_alive(
-        &c,
-        c.nodes.len(),
-        Duration::from_secs(90),
-    ));
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("policy.toml"),
-        "[live]\ninterval_s = 1\ncooldown_s = 600\n",
-    )
-    .unwrap();
-    // The job masters run on this machine; agents on the nodes reach them on the bridge.
-    let (_brain, addr) = brain_on(
-        &c,
-        dir.path(),
-        "127.0.0.1:0",
-        &[format!("--job-master-arg=--listen={}:0", c.host)],
-        "brain.log",
-    );
-    let url = format!("http://{addr}");
+    let (_brain, url) = brain_for_jobs(&c, dir.path());
     let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
     let pid = std::process::id();
 
@@ -164,22 +191,7 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
         let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
         assert!(ok, "{out}\n{}", log());
     }
-    let start = Instant::now();
-    for name in [&a100, &any] {
-        loop {
-            let (ok, status) = brainctl(&["status", name, "--brain", &url]);
-            assert!(ok, "{status}");
-            if status.contains("succeeded") {
-                break;
-            }
-            assert!(
-                !status.contains("failed") && start.elapsed() < Duration::from_secs(300),
-                "{status}\n{}",
-                log()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
+    wait_succeeded(&url, &[&a100, &any], &log);
 
     // The model each ran on, its nodes, and each worker's GPUs.
     let node_of_model: BTreeMap<&str, &str> =
@@ -235,25 +247,8 @@ fn a_cordoned_node_gets_no_process_of_the_brains_jobs() {
         return;
     };
     let _turn = ONE_AT_A_TIME.blocking_lock();
-    tokio::runtime::Runtime::new().unwrap().block_on(wait_alive(
-        &c,
-        c.nodes.len(),
-        Duration::from_secs(90),
-    ));
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("policy.toml"),
-        "[live]\ninterval_s = 1\ncooldown_s = 600\n",
-    )
-    .unwrap();
-    let (_brain, addr) = brain_on(
-        &c,
-        dir.path(),
-        "127.0.0.1:0",
-        &[format!("--job-master-arg=--listen={}:0", c.host)],
-        "brain.log",
-    );
-    let url = format!("http://{addr}");
+    let (_brain, url) = brain_for_jobs(&c, dir.path());
     let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
     // The node a job master would choose first among equals (the last Ray lists), so that a
     // master not told of the cordon would put a process there.
@@ -294,20 +289,7 @@ fn a_cordoned_node_gets_no_process_of_the_brains_jobs() {
     let path = spec(dir.path(), &name, "cpu: 2.5");
     let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
     assert!(ok, "{out}\n{}", log());
-    let start = Instant::now();
-    loop {
-        let (ok, status) = brainctl(&["status", &name, "--brain", &url]);
-        assert!(ok, "{status}");
-        if status.contains("succeeded") {
-            break;
-        }
-        assert!(
-            !status.contains("failed") && start.elapsed() < Duration::from_secs(300),
-            "{status}\n{}",
-            log()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_succeeded(&url, &[&name], &log);
     let run = dir.path().join("runs").join(&name);
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
