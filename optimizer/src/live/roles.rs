@@ -311,6 +311,17 @@ mod tests {
     use crate::live::{LiveSnapshot, plan_round};
     use crate::schedule::{Fifo, SchedulerKind};
 
+    /// One round of `snap` under FIFO, the test config and no heuristics.
+    fn fifo_round(snap: &LiveSnapshot) -> crate::live::RoundPlan {
+        plan_round(
+            snap,
+            SchedulerKind::Fifo(Fifo::default()).scheduler(),
+            &config(),
+            &none(),
+        )
+        .unwrap()
+    }
+
     fn rollout(count: u32, busy: f64, wait: f64) -> LiveRole {
         LiveRole {
             role: "rollout".parse().unwrap(),
@@ -340,13 +351,7 @@ mod tests {
             cluster: cluster(cpus),
             jobs: vec![j],
         };
-        let plan = plan_round(
-            &snap,
-            SchedulerKind::Fifo(Fifo::default()).scheduler(),
-            &config(),
-            &none(),
-        )
-        .unwrap();
+        let plan = fifo_round(&snap);
         assert!(plan.cpu_millicores <= cpus * 1000, "{plan:?}");
         decision(&plan, 1).clone()
     }
@@ -430,13 +435,7 @@ mod tests {
             cluster: cluster(8),
             jobs: vec![queued(1), queued(2)],
         };
-        let plan = plan_round(
-            &snap,
-            SchedulerKind::Fifo(Fifo::default()).scheduler(),
-            &config(),
-            &none(),
-        )
-        .unwrap();
+        let plan = fifo_round(&snap);
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
         assert_eq!(a.to_workers, 2, "{a:?}");
         assert!(
@@ -469,13 +468,7 @@ mod tests {
             cluster: cluster(16),
             jobs: vec![j],
         };
-        let plan = plan_round(
-            &snap,
-            SchedulerKind::Fifo(Fifo::default()).scheduler(),
-            &config(),
-            &none(),
-        )
-        .unwrap();
+        let plan = fifo_round(&snap);
         let d = decision(&plan, 1);
         let (ro, re): (Role, Role) = ("rollout".parse().unwrap(), "reward".parse().unwrap());
         assert_eq!(d.role_targets, vec![(re, 3, 1), (ro, 1, 2)], "{d:?}");
