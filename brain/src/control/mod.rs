@@ -507,7 +507,12 @@ impl Control {
         *self.cluster.write().expect("no panic under the lock") = (cluster.clone(), nodes.clone());
         let now = now_unix_ms();
         // Cordoned nodes are not planned on: no process goes there, and jobs on them shrink.
-        let cordons = self.with_store(move |s| s.cordons(now)).await?;
+        let cordons = self
+            .with_store(move |s| {
+                s.prune_cordons(now)?;
+                s.cordons(now)
+            })
+            .await?;
         self.launcher
             .set_cordoned(cordons.iter().map(|c| c.node.clone()).collect());
         let cluster = crate::capacity::without(&cluster, &nodes, &cordons);

@@ -1,6 +1,7 @@
 //! Cordoned nodes: a node the operator (or a check) found faulty is taken out of the capacity
 //! the brain plans on, with its reason, since when and, optionally, until when. An expired
-//! cordon no longer counts; it is dropped the next time the cordons are read.
+//! cordon no longer counts; each round drops the expired ones ([`Store::prune_cordons`]), so
+//! that reading them (every job master's plan poll) never writes.
 
 use rusqlite::params;
 
@@ -38,16 +39,22 @@ impl Store {
             > 0)
     }
 
-    /// The cordons in force at `now_unix_ms`, by node; expired ones are dropped.
-    pub fn cordons(&mut self, now_unix_ms: i64) -> Result<Vec<Cordon>, BrainError> {
+    /// Drops the cordons expired at `now_unix_ms`.
+    pub fn prune_cordons(&mut self, now_unix_ms: i64) -> Result<(), BrainError> {
         self.conn.execute(
             "DELETE FROM cordons WHERE until_unix_ms IS NOT NULL AND until_unix_ms <= ?1",
             [now_unix_ms],
         )?;
+        Ok(())
+    }
+
+    /// The cordons in force at `now_unix_ms`, by node (a read: expired ones are left out).
+    pub fn cordons(&self, now_unix_ms: i64) -> Result<Vec<Cordon>, BrainError> {
         let mut stmt = self.conn.prepare(
-            "SELECT node, reason, since_unix_ms, until_unix_ms FROM cordons ORDER BY node",
+            "SELECT node, reason, since_unix_ms, until_unix_ms FROM cordons
+             WHERE until_unix_ms IS NULL OR until_unix_ms > ?1 ORDER BY node",
         )?;
-        let rows = stmt.query_map([], |r| {
+        let rows = stmt.query_map([now_unix_ms], |r| {
             Ok(Cordon {
                 node: r.get(0)?,
                 reason: r.get(1)?,

@@ -385,8 +385,10 @@ fn cordons_hold_until_lifted_or_expired_and_survive_a_reopen() {
         s.cordons(500).unwrap(),
         vec![c("10.0.0.2", None), c("10.0.0.3", Some(1_000))]
     );
-    // Expired: gone; cordoned again: the new reason.
+    // Expired: gone (left out, then dropped); cordoned again: the new reason.
     assert_eq!(s.cordons(1_000).unwrap(), vec![c("10.0.0.2", None)]);
+    s.prune_cordons(1_000).unwrap();
+    assert_eq!(s.cordons(0).unwrap(), vec![c("10.0.0.2", None)]);
     let mut again = c("10.0.0.2", Some(5_000));
     again.reason = "ECC errors".into();
     s.cordon(&again).unwrap();
