@@ -11,9 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::BrainError;
 use crate::auth::{self, Caller};
 use crate::control::{Control, now_unix_ms};
-use crate::store::{
-    JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, ServiceShape, Shape, Store,
-};
+use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, Shape, Store};
 use crate::throttle::Throttle;
 
 pub struct BrainService {
@@ -51,126 +49,8 @@ impl BrainService {
     }
 }
 
-fn resources(r: Option<jm::Resources>) -> (u64, u64, vocab::Gpus) {
-    r.map_or((0, 0, vocab::Gpus::ZERO), |r| {
-        (
-            r.cpu_millicores,
-            r.memory_bytes,
-            vocab::Gpus::from_milli(r.gpu_milli),
-        )
-    })
-}
-
-fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
-    let c = n.cordon.as_ref();
-    pb::NodeState {
-        name: n.node.name.clone(),
-        cpu_millicores: n.node.cpu_millicores,
-        gpus: n.node.gpus,
-        gpu_type: n.node.gpu_type.clone(),
-        state: if c.is_some() { "cordoned" } else { "ok" }.into(),
-        reason: c.map(|c| c.reason.clone()).unwrap_or_default(),
-        since_unix_ms: c.map_or(0, |c| c.since_unix_ms),
-        until_unix_ms: c.and_then(|c| c.until_unix_ms).unwrap_or(0),
-    }
-}
-
-fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
-    let gpu_type = s
-        .worker_resources
-        .as_ref()
-        .map(|r| r.gpu_type.clone())
-        .filter(|t| !t.is_empty());
-    let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(s.worker_resources);
-    let (ps_millicores, ps_memory_bytes, _) = resources(s.ps_resources);
-    Ok(Shape {
-        kind: s
-            .kind
-            .parse()
-            .map_err(|e| BrainError::InvalidArgument(format!("job shape: {e}")))?,
-        workers: s.workers,
-        min_workers: s.min_workers,
-        max_workers: s.max_workers,
-        node_unit: s.worker_node_unit,
-        ps: s.ps,
-        min_ps: s.min_ps,
-        max_ps: s.max_ps,
-        worker_millicores,
-        worker_memory_bytes,
-        worker_gpus,
-        gpu_type,
-        ps_millicores,
-        ps_memory_bytes,
-        total_samples: s.total_samples,
-        services: s
-            .services
-            .into_iter()
-            .map(|r| {
-                let role = vocab::wire::role(&r.role)
-                    .map_err(|e| BrainError::InvalidArgument(format!("job shape: {e}")))?;
-                let (millicores, memory_bytes, gpus) = resources(r.resources);
-                let shape = ServiceShape {
-                    topology: r.topology,
-                    count: r.count,
-                    min: r.min,
-                    max: r.max,
-                    millicores,
-                    memory_bytes,
-                    gpus,
-                    shares_worker_devices: r.shares_worker_devices,
-                };
-                Ok((role, shape))
-            })
-            .collect::<Result<_, BrainError>>()?,
-        worker_bundle_gpus: (s.worker_bundle_gpu_milli > 0)
-            .then(|| vocab::Gpus::from_milli(s.worker_bundle_gpu_milli)),
-    })
-}
-
-fn shape_to(s: Shape) -> pb::JobShape {
-    pb::JobShape {
-        kind: s.kind.to_string(),
-        workers: s.workers,
-        min_workers: s.min_workers,
-        max_workers: s.max_workers,
-        worker_node_unit: s.node_unit,
-        ps: s.ps,
-        min_ps: s.min_ps,
-        max_ps: s.max_ps,
-        worker_resources: Some(jm::Resources {
-            cpu_millicores: s.worker_millicores,
-            memory_bytes: s.worker_memory_bytes,
-            gpu_milli: s.worker_gpus.milli(),
-            gpu_type: s.gpu_type.clone().unwrap_or_default(),
-        }),
-        ps_resources: Some(jm::Resources {
-            cpu_millicores: s.ps_millicores,
-            memory_bytes: s.ps_memory_bytes,
-            gpu_milli: 0,
-            gpu_type: String::new(),
-        }),
-        total_samples: s.total_samples,
-        services: s
-            .services
-            .iter()
-            .map(|(role, r)| pb::RoleShape {
-                role: role.to_string(),
-                topology: r.topology.clone(),
-                count: r.count,
-                min: r.min,
-                max: r.max,
-                resources: Some(jm::Resources {
-                    cpu_millicores: r.millicores,
-                    memory_bytes: r.memory_bytes,
-                    gpu_milli: r.gpus.milli(),
-                    gpu_type: String::new(),
-                }),
-                shares_worker_devices: r.shares_worker_devices,
-            })
-            .collect(),
-        worker_bundle_gpu_milli: s.worker_bundle_gpus.map_or(0, vocab::Gpus::milli),
-    }
-}
+mod shapes;
+use shapes::{node_state, shape_from, shape_to};
 
 fn record(row: JobRow) -> pb::JobRecord {
     pb::JobRecord {
