@@ -140,18 +140,19 @@ impl pb::job_master_server::JobMaster for MasterService {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         // Liveness and samples need no durable write: after a restart, agents heartbeat again.
-        let (action, incarnation, restart_count) = self
+        let ((action, incarnation, restart_count), capture_stacks) = self
             .shared
             .apply_if(|ctx, now| {
-                ctx.heartbeat(
+                let v = ctx.heartbeat(
                     key,
                     r.agent_id,
                     incarnation,
                     r.sample.map(Sample::from),
                     r.process_pid,
                     now,
-                )
-                .map(|v| (v, vec![], false))
+                )?;
+                let capture = ctx.stacks_wanted(key, incarnation);
+                Ok(((v, capture), vec![], false))
             })
             .await?;
         Ok(Response::new(pb::HeartbeatResponse {
@@ -162,6 +163,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             } as i32,
             restart_count,
             incarnation,
+            capture_stacks,
         }))
     }
 
@@ -239,6 +241,25 @@ impl pb::job_master_server::JobMaster for MasterService {
                 ctx.serve_role(key, incarnation, r.address, now)?;
                 Ok(((), Vec::new()))
             })
+            .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn report_stacks(
+        &self,
+        req: Request<pb::ProcessStacks>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        // The agent cuts at 64 KiB; the rest is room for its own line of notes.
+        if r.text.len() > 80 * 1024 {
+            return Err(Status::invalid_argument(format!(
+                "stacks of {} bytes: at most 80 KiB",
+                r.text.len()
+            )));
+        }
+        self.shared
+            .apply(|ctx, now| Ok(((), ctx.stacks_reported(key, incarnation, r.text, now))))
             .await?;
         Ok(Response::new(pb::Ack {}))
     }
@@ -402,6 +423,8 @@ impl pb::job_master_server::JobMaster for MasterService {
             samples_total: r.samples_total,
             applied_samples: r.applied_samples,
             applied_index_sum: r.applied_index_sum,
+            steps: r.steps,
+            compute_seconds: r.compute_seconds,
         };
         self.shared
             .apply(|ctx, now| {
@@ -466,6 +489,12 @@ impl pb::job_master_server::JobMaster for MasterService {
                         .launch_resources(s.key)
                         .as_ref()
                         .map(pb::Resources::from),
+                    step_compute_ms: ctx.step_compute_ms(s.key, s.incarnation).unwrap_or(0.0),
+                    straggler_ratio: ctx
+                        .stability
+                        .stragglers
+                        .get(&s.key)
+                        .map_or(0.0, |x| x.ratio()),
                 })
                 .collect(),
             rendezvous_round: ctx
@@ -479,6 +508,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             reached_plan_version: ctx.plans.reached,
             transition: ctx.transition_status(self.shared.now_ms()),
             role_rates: role_rates(&ctx, self.shared.now_ms()),
+            hangs: ctx.stability.hangs.len() as u32,
         }))
     }
 

@@ -109,6 +109,49 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             ),
         ),
         (
+            "ServeRole",
+            code(
+                c.serve_role(pb::ServeRoleRequest {
+                    process: me.clone(),
+                    address: "127.0.0.1:1".into(),
+                })
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "GetRoleGroup",
+            code(
+                c.get_role_group(pb::RoleGroupRequest {
+                    role: "worker".into(),
+                })
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "ReportCalls",
+            code(
+                c.report_calls(pb::CallReport {
+                    process: me.clone(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "ReportStacks",
+            code(
+                c.report_stacks(pb::ProcessStacks {
+                    process: me.clone(),
+                    text: "forged".into(),
+                })
+                .await
+                .map(drop),
+            ),
+        ),
+        (
             "CommitCheckpoint",
             code(
                 c.commit_checkpoint(pb::CheckpointCommit {
@@ -186,7 +229,7 @@ async fn every_job_master_rpc_needs_the_jobs_own_secret() {
     ] {
         let mut c = client_with(ours.addr, token).await.unwrap();
         let answers = every_master_rpc(&mut c).await;
-        assert_eq!(answers.len(), 11, "every RPC of the JobMaster service");
+        assert_eq!(answers.len(), 15, "every RPC of the JobMaster service");
         for (rpc, code) in answers {
             assert_eq!(code, Code::Unauthenticated, "{rpc} with {who}");
         }

@@ -36,7 +36,7 @@ macro_rules! send {
     }};
 }
 
-/// JobMaster RPC number `rpc` (of 11) with `bytes` as its request; `None` when they do not
+/// JobMaster RPC number `rpc` (of 12) with `bytes` as its request; `None` when they do not
 /// decode.
 async fn master_call(
     c: &mut Client,
@@ -44,7 +44,7 @@ async fn master_call(
     bytes: &[u8],
     dir: &std::path::Path,
 ) -> Option<Result<(), tonic::Status>> {
-    match rpc % 11 {
+    match rpc % 12 {
         0 => send!(
             c,
             register_agent,
@@ -85,6 +85,7 @@ async fn master_call(
             }
         ),
         9 => send!(c, get_status, pb::StatusRequest, bytes),
+        10 => send!(c, report_stacks, pb::ProcessStacks, bytes),
         _ => send!(c, apply_scale_plan, pb::ScalePlan, bytes),
     }
 }

@@ -174,6 +174,55 @@ async fn an_sdk_script_rescaled_2_4_2_in_place_and_killed_trains_every_sample_on
     );
 }
 
+/// A rank frozen with SIGSTOP: its peer blocks in a collective, the job master finds the
+/// group hung (no step for far longer than a step takes), the agents capture the stacks (the
+/// frozen one's thread states, its peer's Python stack through the SDK's faulthandler), and
+/// the group restarts from its latest cut: every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_rank_is_found_hung_with_its_peer_s_python_stack() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
+    let mut spec = spec(&python, &sdk, &ckpt, &log);
+    spec.epochs = 1;
+    spec.stability.hang_min_s = 5.0;
+    spec.stability.hang_after_steps = 20.0;
+    let mut run = start(spec, dir.path()).await;
+    let s = wait_for(run.addr, Duration::from_secs(120), "a checkpoint", |s| {
+        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
+    })
+    .await;
+    shards_at_least(run.addr, s.shards_done + 2).await;
+    let frozen = pid_of(run.addr, "worker", 1).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(frozen as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let report = run.report().await;
+    assert_each_sample_once(&report, SAMPLES, 1);
+    assert_eq!(report.hangs.len(), 1, "{:#?}", report.events);
+    let stacks = &report.hangs[0].stacks;
+    assert!(
+        stacks["worker-1"].contains("is stopped (SIGSTOP)"),
+        "{stacks:#?}"
+    );
+    // Its peer's own Python stack, as faulthandler writes it, down into the collective.
+    let peer = &stacks["worker-0"];
+    assert!(peer.contains("most recent call first"), "{peer}");
+    assert!(peer.contains("brain_sdk"), "{peer}");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("every process restarts from checkpoint")),
+        "{:#?}",
+        report.events
+    );
+}
+
 /// The SDK's own unit tests (`python/tests`: step slicing, environment, checkpoint files).
 #[test]
 fn the_sdk_unit_tests_pass() {

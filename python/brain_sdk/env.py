@@ -61,6 +61,9 @@ class ProcessEnv:
     # The topology of its role: "allreduce" or "ps" (the training group), "service" or
     # "single" (a role of its own); empty from an agent that predates roles.
     topology: str = ""
+    # Where the process writes its threads' stacks on SIGUSR1 (BRAIN_STACKS_FILE): its agent
+    # asks for them when the job master finds the group hung.
+    stacks_file: str = ""
 
     @property
     def host(self) -> str:
@@ -99,6 +102,7 @@ class ProcessEnv:
             joins=joins,
             token_file=env.get("BRAIN_JOB_TOKEN_FILE", ""),
             tls_dir=env.get("BRAIN_JOB_TLS_DIR", ""),
+            stacks_file=env.get("BRAIN_STACKS_FILE", ""),
         )
 
     def token(self) -> str:

@@ -19,8 +19,15 @@ a checkpoint holds exactly the shards done before it: after a kill -9 the job ma
 ledger back to the checkpoint the new processes load, and every sample is trained once per
 epoch. The SDK also counts the samples applied and the sum of their indices (kept in the
 checkpoint), which the job's report compares with the data set.
+
+For the job master's straggler and hang detection, each report also says how many steps the
+rank trained and the seconds of its own work in them: the body of the loop, or, under
+`ElasticDDP`, up to the moment its backward pass handed over its last gradients (the wait for
+slower ranks is not its own). On SIGUSR1 the process writes every thread's stack to the file
+its agent names (Python's faulthandler), which the agent reads when the group looks hung.
 """
 
+import faulthandler
 import logging
 import os
 import signal
@@ -36,6 +43,23 @@ from .errors import BrainError
 from .master import MasterClient, reserve_port
 
 log = logging.getLogger("brain_sdk")
+
+# The stacks file stays open for faulthandler for the life of the process.
+_stacks_file = None
+
+
+def install_stack_dump(path: str) -> None:
+    """On SIGUSR1, every thread's Python stack is appended to `path` (idempotent)."""
+    global _stacks_file
+    if _stacks_file is not None or not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        _stacks_file = open(path, "a")
+    except OSError as e:
+        log.warning("no stack dumps on SIGUSR1: %s: %s", path, e)
+        return
+    faulthandler.register(signal.SIGUSR1, file=_stacks_file, all_threads=True)
 
 
 def local_batch(global_batch: int, world: int, rank: int) -> int:
@@ -123,6 +147,7 @@ class ElasticJob:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise BrainError(f"batch_size={batch_size!r}: give the global batch, a whole number >= 1")
         self.env = env or ProcessEnv.from_env()
+        install_stack_dump(self.env.stacks_file)
         self.batch_size = batch_size
         self.rank, self.world_size, self.round = (
             self.env.rank,
@@ -176,6 +201,13 @@ class ElasticJob:
         self._last_report: Optional[float] = None
         self._samples_at_report = 0
         self._since = time.monotonic()
+        # Seconds of this rank's own work in its steps, and the counts at the last report.
+        self._compute_s = 0.0
+        self._compute_at_report = 0.0
+        self._step_at_report = 0
+        # Set by ElasticDDP's gradient hook: when this rank's backward handed over its last
+        # gradients in the step under way.
+        self._compute_mark: Optional[float] = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -283,6 +315,8 @@ class ElasticJob:
         # The job master times a rescale until every rank reports a step: report the next.
         self._last_report = None
         self._samples_at_report = self.samples_total
+        self._step_at_report = self.step
+        self._compute_at_report = self._compute_s
         self._since = time.monotonic()
         return True
 
@@ -298,8 +332,12 @@ class ElasticJob:
         now = time.monotonic()
         since = self._last_report if self._last_report is not None else self._since
         sps = (self.samples_total - self._samples_at_report) / max(now - since, 1e-3)
+        steps = max(self.step - self._step_at_report, 0)
+        compute = max(self._compute_s - self._compute_at_report, 0.0)
         self._last_report = now
         self._samples_at_report = self.samples_total
+        self._step_at_report = self.step
+        self._compute_at_report = self._compute_s
         return pb.TrainingMetrics(
             global_step=self.step,
             samples_per_second=sps,
@@ -307,7 +345,15 @@ class ElasticJob:
             samples_total=self.samples_total,
             applied_samples=self.applied_samples,
             applied_index_sum=self.applied_index_sum,
+            steps=steps,
+            compute_seconds=compute,
         )
+
+    def mark_compute_done(self) -> None:
+        """This rank's own work of the step ends now (what follows is waiting for the
+        others). `ElasticDDP` calls it from its gradient hook; a script that averages its
+        gradients itself may call it right before its collective."""
+        self._compute_mark = time.monotonic()
 
     def _report_if_due(self) -> None:
         if self.step == 0:
@@ -371,6 +417,8 @@ class ElasticJob:
                     mine = slice_of(
                         ranges, total * self._group.rank // world, total * (self._group.rank + 1) // world
                     )
+                    began = time.monotonic()
+                    self._compute_mark = None
                     yield Batch(
                         indices=mine,
                         step=self.step + 1,
@@ -378,6 +426,9 @@ class ElasticJob:
                         global_samples=total,
                         world_size=world,
                     )
+                    mark = self._compute_mark
+                    ended_at = mark if mark is not None and mark >= began else time.monotonic()
+                    self._compute_s += ended_at - began
                     # The step is over: it is applied on every rank.
                     self.step += 1
                     self.applied_samples += total

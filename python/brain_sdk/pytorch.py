@@ -5,7 +5,9 @@
   one small all_gather per step (CPU tensors). Re-forming destroys the groups and starts new
   ones at the new rank, size and store address.
 * `ElasticDDP(job, model)` is DistributedDataParallel that is rebuilt on every rank right after
-  the group re-forms (a DDP instance is tied to the group it was built in).
+  the group re-forms (a DDP instance is tied to the group it was built in). Its gradient hook
+  (DDP's own all-reduce) tells the job when this rank's backward pass handed over its last
+  gradients: the end of its own work in the step, what straggler detection compares.
 * `ElasticBatchSampler(job)` is a `torch.utils.data.Sampler` of index lists, for
   `DataLoader(dataset, batch_sampler=..., num_workers=0)`: each list is one step's `indices`.
 """
@@ -15,6 +17,7 @@ from typing import Any, Iterator, List
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from .env import gloo_on_node_address
@@ -68,14 +71,30 @@ class ElasticDDP:
     def __init__(self, job: Any, model: torch.nn.Module, **ddp_kwargs: Any):
         self.module = model
         self._kwargs = ddp_kwargs
+        self._job = job
         job.form_group()
-        self.ddp = DistributedDataParallel(model, **ddp_kwargs)
+        self.ddp = self._build()
         job.on_reform(self._rebuild)
+
+    def _build(self) -> DistributedDataParallel:
+        ddp = DistributedDataParallel(self.module, **self._kwargs)
+        ddp.register_comm_hook(None, self._hook)
+        return ddp
+
+    def _hook(
+        self, state: Any, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        # A bucket of gradients is ready: the last call of a step is where this rank's own
+        # backward work ended. Then DDP's default all-reduce.
+        mark = getattr(self._job, "mark_compute_done", None)
+        if mark is not None:
+            mark()
+        return default_hooks.allreduce_hook(state, bucket)
 
     def _rebuild(self) -> None:
         # Built in the new group: DDP broadcasts rank 0's parameters, which every survivor
         # and every new rank (loaded from the cut checkpoint) already share.
-        self.ddp = DistributedDataParallel(self.module, **self._kwargs)
+        self.ddp = self._build()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)

@@ -269,3 +269,35 @@ class NodeInterface(unittest.TestCase):
 
         self.assertEqual(node_interface("127.0.0.1"), "lo")
         self.assertIsNone(node_interface("192.0.2.77"))  # TEST-NET-1: nobody's
+
+
+class StackDumps(unittest.TestCase):
+    def test_sigusr1_appends_every_thread_s_stack_to_the_agent_s_file(self):
+        # In a child process: faulthandler's registration lasts for the life of the process.
+        import subprocess
+        import sys
+        import textwrap
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "stacks", "worker-0.txt")
+            script = textwrap.dedent(
+                f"""
+                import os, signal, time
+                from brain_sdk.job import install_stack_dump
+                install_stack_dump({path!r})
+                def stuck_in_a_collective():
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                    time.sleep(0.2)
+                stuck_in_a_collective()
+                print("alive")
+                """
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+            )
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("alive", out.stdout, "SIGUSR1 did not end the process")
+            with open(path) as f:
+                text = f.read()
+            self.assertIn("stuck_in_a_collective", text)
+            self.assertIn("most recent call first", text)

@@ -151,6 +151,18 @@ pub struct JobReport {
     pub transitions: Vec<TransitionRecord>,
     pub reshards: Vec<ReshardRecord>,
     pub events: Vec<String>,
+    /// The hangs the master found, each with the stacks captured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hangs: Vec<HangRecord>,
+}
+
+/// A hang the job master found: when (ms since the job started), why, and the stacks its
+/// agents captured, by process (`worker-1`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HangRecord {
+    pub at_ms: u64,
+    pub why: String,
+    pub stacks: BTreeMap<String, String>,
 }
 
 fn tracked() -> bool {

@@ -128,6 +128,8 @@ async fn stop(child: &mut Child, grace: Duration, confined: bool) -> Option<Stri
         };
         for p in targets {
             let _ = kill(Pid::from_raw(p), Signal::SIGTERM);
+            // A stopped (frozen) process handles SIGTERM only once it runs again.
+            let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
         }
         if tokio::time::timeout(grace, child.wait()).await.is_ok() {
             return None;
@@ -248,6 +250,11 @@ fn child_env(
     env.insert("BRAIN_INCARNATION".into(), incarnation.to_string());
     env.insert("BRAIN_SERVICE_ADDR".into(), service_addr.into());
     env.insert("BRAIN_CHECKPOINT_DIR".into(), reg.checkpoint_dir.clone());
+    let stacks = crate::stacks::stacks_file(&reg.checkpoint_dir, role.as_str(), args.index);
+    env.insert(
+        crate::stacks::STACKS_FILE_ENV.into(),
+        stacks.to_string_lossy().into_owned(),
+    );
     // What the process was given, as the Kubernetes downward API would tell it.
     let r = reg.resources.clone().unwrap_or_default();
     env.insert("BRAIN_CPU_MILLICORES".into(), r.cpu_millicores.to_string());
@@ -345,6 +352,38 @@ fn spawn(
         });
     }
     cmd.spawn().map_err(spawn_err)
+}
+
+/// Captures the stacks of the training process `pid` (the process under bubblewrap for a
+/// confined command) and sends them to the master, off the heartbeat loop.
+fn send_stacks(
+    args: &AgentArgs,
+    reg: &pb::RegisterAgentResponse,
+    mut client: MasterClient,
+    me: pb::ProcessRef,
+    pid: u32,
+) {
+    let pid = if confined(args) {
+        crate::sandbox::signal_targets(pid)
+            .first()
+            .map_or(pid, |&p| p as u32)
+    } else {
+        pid
+    };
+    let file = crate::stacks::stacks_file(&reg.checkpoint_dir, args.role.as_str(), args.index);
+    tokio::spawn(async move {
+        let text = crate::stacks::capture(pid, &file).await;
+        tracing::info!(pid, "stacks captured for the job master");
+        if let Err(status) = client
+            .report_stacks(pb::ProcessStacks {
+                process: Some(me),
+                text,
+            })
+            .await
+        {
+            tracing::warn!("the master refused the stacks: {status}");
+        }
+    });
 }
 
 fn exit_parts(status: std::process::ExitStatus) -> (i32, i32) {
@@ -481,6 +520,8 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     let mut child: Option<(Child, ProcSampler)> = None;
     let mut need_join = true;
     let mut last_ok = Instant::now();
+    // The incarnation whose stacks were captured (the master asks until they arrive).
+    let mut captured = 0;
     let mut heartbeat = tokio::time::interval(Duration::from_millis(
         reg.heartbeat_interval_ms.max(10) as u64,
     ));
@@ -597,6 +638,12 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                     Ok(r) => {
                         last_ok = Instant::now();
                         let r = r.into_inner();
+                        if r.capture_stacks && captured != incarnation
+                            && let Some(pid) = child.as_ref().and_then(|(c, _)| c.id())
+                        {
+                            captured = incarnation;
+                            send_stacks(&args, &reg, client.clone(), me(incarnation), pid);
+                        }
                         match pb::AgentAction::try_from(r.action).unwrap_or(pb::AgentAction::Continue) {
                             pb::AgentAction::Restart => {
                                 if let Some((mut c, _)) = child.take() {

@@ -4,6 +4,7 @@
 //!   job master, joins the rendezvous, launches the training process with the torchrun
 //!   environment (and TF_CONFIG for ps jobs), forwards SIGTERM with a grace period, reports
 //!   exits and sends heartbeats carrying [`sampler`] readings (procfs; NVML when it loads).
+//!   When the master thinks its process hung, [`stacks`] captures what its threads are doing.
 //!   A process of a service or single role (a role of the job's own beside its training
 //!   group) runs its role's command and env, started at once without a rendezvous.
 //! * [`workload`] is the training the agent launches when a job names no command: a
@@ -14,6 +15,7 @@ pub mod agent;
 pub mod error;
 pub mod sampler;
 pub mod sandbox;
+pub mod stacks;
 pub mod workload;
 
 pub use error::Error;

@@ -105,6 +105,9 @@ impl JobContext {
         if self.cancel_after_checkpoint(Some(id), now_ms) {
             return Ok(Vec::new());
         }
+        if let Some(effects) = self.replace_after_cut(now_ms) {
+            return Ok(effects);
+        }
         Ok(self.on_cut(now_ms))
     }
 
@@ -117,6 +120,12 @@ impl JobContext {
                 now_ms,
                 format!("checkpoint failed, training goes on without it: {problem}"),
             );
+            if let Some(key) = self.stability.replace_at_cut.take() {
+                self.log(
+                    now_ms,
+                    format!("straggler {key} is not replaced: no checkpoint to restart from"),
+                );
+            }
             self.cancel_after_checkpoint(None, now_ms);
         }
     }

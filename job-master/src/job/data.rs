@@ -349,8 +349,15 @@ impl JobContext {
                 );
             }
         }
+        let mut effects = self.observe_steps(
+            key,
+            incarnation,
+            m.global_step,
+            m.steps,
+            m.compute_seconds,
+            now_ms,
+        );
         self.metrics.insert(key, m);
-        let mut effects = Vec::new();
         if let Some(loss) = final_eval_loss {
             if !loss.is_finite() {
                 return Err(Error::InvalidRequest(format!("final_eval_loss is {loss}")));
@@ -362,7 +369,7 @@ impl JobContext {
                     now_ms,
                     format!("final held-out log-loss {loss:.5} (evaluated by {key})"),
                 );
-                effects = self.check_done(now_ms);
+                effects.extend(self.check_done(now_ms));
             }
         }
         Ok(effects)
@@ -489,7 +496,10 @@ impl JobContext {
         let marker = (self.transition.as_ref().map(|t| t.step), self.plans.reached);
         let mut effects = self.advance(now_ms);
         let moved = marker != (self.transition.as_ref().map(|t| t.step), self.plans.reached);
-        let changed = closed || moved || !late.is_empty() || !effects.is_empty();
+        let capturing = self.stability.capturing.is_some();
+        effects.extend(self.check_hangs(now_ms));
+        let hang = capturing != self.stability.capturing.is_some();
+        let changed = closed || moved || hang || !late.is_empty() || !effects.is_empty();
         for (key, inc, silent) in late {
             effects.extend(self.agent_lost(
                 key,

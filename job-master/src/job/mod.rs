@@ -46,6 +46,7 @@ use crate::spec::{JobKind, JobSpec, Resources, Role};
 pub use calls::{CallRates, CallTotals, RoleRate};
 pub use cancel::Cancelling;
 pub use services::RoleGroup;
+pub use stability::{HangRecord, Stability, Straggler};
 pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
@@ -62,6 +63,9 @@ mod reshard;
 mod services;
 #[cfg(test)]
 mod services_tests;
+mod stability;
+#[cfg(test)]
+mod stability_tests;
 #[cfg(test)]
 mod tests;
 mod transition;
@@ -213,6 +217,11 @@ pub struct MetricsRecord {
     pub samples_total: u64,
     pub applied_samples: u64,
     pub applied_index_sum: u64,
+    /// Steps since its previous report and the seconds of its own work in them.
+    #[serde(default)]
+    pub steps: u32,
+    #[serde(default)]
+    pub compute_seconds: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -242,6 +251,9 @@ pub enum Effect {
     },
     /// All work is done: collect final statistics, then call [`JobContext::finish`].
     Finish,
+    /// New processes of the job go to none of these nodes (a straggler ran there), besides
+    /// the nodes the brain cordoned.
+    AvoidNodes(Vec<String>),
     /// Move keys from the PS at `from` (the old layout) to their owners among `to`, then call
     /// [`JobContext::reshard_done`] (or [`JobContext::reshard_failed`]).
     ReshardPs {
@@ -432,6 +444,9 @@ pub struct JobContext {
     /// desired size and its processes ([`services`]).
     #[serde(default)]
     pub services: BTreeMap<Role, RoleGroup>,
+    /// Stragglers, hangs and the nodes the job avoids ([`stability`]).
+    #[serde(default)]
+    pub stability: Stability,
     /// Rates of the calls between its roles ([`calls`]); not persisted.
     #[serde(skip)]
     pub calls: CallRates,
@@ -546,6 +561,7 @@ impl JobContext {
             role_resources: BTreeMap::new(),
             leased_any: false,
             services: BTreeMap::new(),
+            stability: Stability::default(),
             calls: CallRates::default(),
         };
         effects.extend(ctx.start_services(now_ms));

@@ -121,6 +121,7 @@ pub(super) async fn execute(
                 }
             });
         }
+        Effect::AvoidNodes(nodes) => platform.avoid(&nodes),
         Effect::DropPs { ps } => {
             for addr in ps {
                 let r = match ps_client(&addr, &shared.creds).await {

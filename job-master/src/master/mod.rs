@@ -309,6 +309,11 @@ pub async fn run(
         // Before the first launch: no process starts on a node the brain cordoned.
         platform.cordon(&link.cordoned);
     }
+    // A continued job keeps avoiding the nodes its stragglers ran on.
+    let avoided: Vec<String> = job.lock().await.stability.avoided.keys().cloned().collect();
+    if !avoided.is_empty() {
+        platform.avoid(&avoided);
+    }
     let (effects, mut eff_rx) = crate::shared::EffectQueue::new();
     let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);
     let shared = Arc::new(Shared {

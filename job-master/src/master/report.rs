@@ -44,5 +44,6 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
             .iter()
             .map(|e| format!("{:>8} ms  {}", e.at_ms, e.text))
             .collect(),
+        hangs: ctx.stability.hangs.clone(),
     }
 }

@@ -72,6 +72,9 @@ pub trait Platform: Send + Sync {
     /// The nodes its brain cordoned (by the names the brain lists them by): no new process
     /// is placed there. Platforms of one machine ignore it.
     fn cordon(&self, _nodes: &[String]) {}
+    /// The nodes this job avoids (by their addresses: a straggler of the job ran there), as
+    /// `cordon` but the job's own choice. Platforms of one machine ignore it.
+    fn avoid(&self, _nodes: &[String]) {}
     /// Stops the slot's agent: SIGTERM (or the platform's equivalent), then a kill after `grace`.
     async fn stop(&self, key: SlotKey, grace: Duration);
     /// Stops every agent this platform started.

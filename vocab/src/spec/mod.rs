@@ -13,6 +13,7 @@ pub mod limits;
 mod placement;
 mod platform;
 mod roles;
+mod stability;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use placement::{DeviceShare, PlacementGroup, Strategy};
 pub use platform::PlatformConfig;
 pub use roles::{Failover, Topology};
+pub use stability::{StabilitySpec, StragglerAction};
 
 use crate::error::{Error, SpecError};
 use crate::role::{JobKind, Role};
@@ -256,6 +258,9 @@ pub struct JobSpec {
     /// start (`placement::PlacementGroup`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<PlacementGroup>,
+    /// When a training process is a straggler or hung, and what is done about a straggler.
+    #[serde(default, skip_serializing_if = "StabilitySpec::is_default")]
+    pub stability: StabilitySpec,
 }
 
 fn default_epochs() -> i64 {

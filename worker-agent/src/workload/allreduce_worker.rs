@@ -9,7 +9,7 @@
 //! the end of the data, the loop ends and the designated rank evaluates the final model.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::jobmaster::v1 as pb;
 
@@ -129,7 +129,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                     }
                 }
             }
-            // Local batch.
+            // Local batch: this rank's own work, timed for straggler detection.
+            let computing = Instant::now();
             let (n, loss, isum) = match &shard {
                 Some((s, pos)) => {
                     let n = my_batch.min(s.end - pos);
@@ -140,6 +141,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 None => (0, 0.0, 0),
             };
             simulated_compute(&cfg, n).await;
+            let took = computing.elapsed();
             let mut header = [
                 n as f64,
                 (ended && shard.is_none()) as u8 as f64,
@@ -159,6 +161,11 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 grad.iter_mut().for_each(|g| *g = 0.0);
                 // Throughput counts this rank's samples; the loss is the global batch's mean.
                 progress.record(n, header[3] * n as f64 / total as f64);
+                if n > 0 {
+                    // Scaled to a full local batch: a rank's last batch of a shard is short,
+                    // and ranks are compared step for step.
+                    progress.computed(took.mul_f64(my_batch as f64 / n as f64));
+                }
             }
             if let Some((s, pos)) = shard.as_mut() {
                 *pos += n;

@@ -230,12 +230,16 @@ impl MasterLink {
     }
 }
 
-/// Tracks throughput and loss and says when a metrics report is due (the first step, then once
-/// a second).
+/// Tracks throughput, loss and compute time, and says when a metrics report is due (the first
+/// step, then once a second).
 pub struct Progress {
     started: Instant,
     last_report: Option<Instant>,
     samples_at_last: u64,
+    steps_at_last: u64,
+    /// Seconds of this process's own work (outside collectives and waits), all steps.
+    compute_s: f64,
+    compute_at_last: f64,
     pub step: u64,
     pub samples: u64,
     pub loss_ema: Option<f64>,
@@ -247,6 +251,9 @@ impl Progress {
             started: Instant::now(),
             last_report: None,
             samples_at_last: 0,
+            steps_at_last: step,
+            compute_s: 0.0,
+            compute_at_last: 0.0,
             step,
             samples: 0,
             loss_ema: None,
@@ -262,10 +269,17 @@ impl Progress {
         }
     }
 
+    /// Time this process spent on its own work in the step it is recording.
+    pub fn computed(&mut self, took: Duration) {
+        self.compute_s += took.as_secs_f64();
+    }
+
     /// Makes the next recorded step report at once (after the group changed).
     pub fn report_next(&mut self) {
         self.last_report = None;
         self.samples_at_last = self.samples;
+        self.steps_at_last = self.step;
+        self.compute_at_last = self.compute_s;
         self.started = Instant::now();
     }
 
@@ -281,13 +295,19 @@ impl Progress {
         }
         let secs = now.duration_since(since).as_secs_f64().max(1e-3);
         let sps = (self.samples - self.samples_at_last) as f64 / secs;
+        let steps = self.step.saturating_sub(self.steps_at_last);
+        let compute_seconds = self.compute_s - self.compute_at_last;
         self.last_report = Some(now);
         self.samples_at_last = self.samples;
+        self.steps_at_last = self.step;
+        self.compute_at_last = self.compute_s;
         Some(pb::TrainingMetrics {
             global_step: self.step,
             samples_per_second: sps,
             loss: self.loss_ema.unwrap_or(0.0),
             samples_total: self.samples,
+            steps: steps.min(u32::MAX as u64) as u32,
+            compute_seconds,
             ..Default::default()
         })
     }

@@ -156,6 +156,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 let mut start = shard.start;
                 while start < shard.end {
                     let n = batch.min(shard.end - start);
+                    // A ps worker waits for nobody: its whole step is its own work.
+                    let computing = Instant::now();
                     let samples: Vec<_> = (start..start + n).map(|i| data.sample(i)).collect();
                     let weights = ps
                         .pull(samples.iter().flat_map(|s| s.keys.iter().copied()))
@@ -169,6 +171,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                     simulated_compute(&cfg, n).await;
                     ps.push(&grads, shard.epoch, start, n as u32).await?;
                     progress.record(n, loss);
+                    // Scaled to a full batch (a shard's last one is short).
+                    progress.computed(computing.elapsed().mul_f64(batch as f64 / n as f64));
                     if let Some(m) = progress.due() {
                         master.metrics(m).await?;
                     }

@@ -11,8 +11,16 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
     let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
     println!("{}", summary_line(&s));
     println!(
-        "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5}  given",
-        "process", "incarnation", "state", "host", "pid", "cpu (m)", "rss (MiB)", "gpu"
+        "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5} {:>14}  given",
+        "process",
+        "incarnation",
+        "state",
+        "host",
+        "pid",
+        "cpu (m)",
+        "rss (MiB)",
+        "gpu",
+        "step work (ms)"
     );
     for p in &s.processes {
         let (cpu, rss, gpu) = p
@@ -47,8 +55,14 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
                 )
             },
         );
+        // Its own work per step, and how many times its group's median when it straggles.
+        let work = match (p.step_compute_ms, p.straggler_ratio) {
+            (w, _) if w <= 0.0 => "-".to_string(),
+            (w, r) if r > 0.0 => format!("{w:.1} ({r:.2}x!)"),
+            (w, _) => format!("{w:.1}"),
+        };
         println!(
-            "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5}  {given}",
+            "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5} {:>14}  {given}",
             format!("{}-{}", p.role, p.index),
             p.incarnation,
             p.state,
@@ -56,7 +70,23 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
             p.pid,
             cpu,
             rss,
-            gpu
+            gpu,
+            work
+        );
+    }
+    let stragglers: Vec<String> = s
+        .processes
+        .iter()
+        .filter(|p| p.straggler_ratio > 0.0)
+        .map(|p| format!("{}-{} ({:.2}x)", p.role, p.index, p.straggler_ratio))
+        .collect();
+    if !stragglers.is_empty() {
+        println!("stragglers: {}", stragglers.join(", "));
+    }
+    if s.hangs > 0 {
+        println!(
+            "hangs found: {} (their stacks are in the job's report.json when it ends)",
+            s.hangs
         );
     }
     if !s.role_rates.is_empty() {

@@ -122,14 +122,26 @@ struct Inner {
     groups: Mutex<Vec<BTreeMap<SlotKey, String>>>,
     /// Nodes the brain cordoned (addresses): not offered to new processes.
     cordoned: std::sync::RwLock<Vec<String>>,
+    /// Nodes the job avoids (addresses where a straggler of it ran): not offered either.
+    avoided: std::sync::RwLock<Vec<String>>,
 }
 
 impl Inner {
-    /// `cluster` less the nodes the brain cordoned: where new processes may go.
+    /// `cluster` less the nodes the brain cordoned and those the job avoids: where new
+    /// processes may go.
     fn offered(&self, mut cluster: RayCluster) -> RayCluster {
         let out = self.cordoned.read().expect("not poisoned");
-        cluster.nodes.retain(|n| !out.contains(&n.ip));
+        let avoided = self.avoided.read().expect("not poisoned");
         cluster
+            .nodes
+            .retain(|n| !out.contains(&n.ip) && !avoided.contains(&n.ip));
+        cluster
+    }
+
+    /// Whether any node is kept from new processes.
+    fn any_node_kept(&self) -> bool {
+        !self.cordoned.read().expect("not poisoned").is_empty()
+            || !self.avoided.read().expect("not poisoned").is_empty()
     }
 }
 
@@ -192,6 +204,7 @@ impl RayPlatform {
                 totals: std::sync::Mutex::new(totals),
                 groups,
                 cordoned: std::sync::RwLock::default(),
+                avoided: std::sync::RwLock::default(),
             }),
             capacity,
         })
@@ -482,6 +495,22 @@ impl Platform for RayPlatform {
 
     fn reports_placement(&self) -> bool {
         true
+    }
+
+    fn avoid(&self, nodes: &[String]) {
+        let mut now = self.inner.avoided.write().expect("not poisoned");
+        if *now == nodes {
+            return;
+        }
+        *now = nodes.to_vec();
+        let said = format!(
+            "nodes this job avoids (a straggler of it ran there): {}; no new process of it goes there",
+            nodes.join(", ")
+        );
+        let events = self.inner.events.clone();
+        tokio::spawn(async move {
+            let _ = events.send(PlatformEvent::Note(said)).await;
+        });
     }
 
     fn cordon(&self, nodes: &[String]) {

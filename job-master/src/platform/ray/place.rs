@@ -198,7 +198,7 @@ impl Inner {
         node_id: &str,
         req: &SubmitRequest,
     ) -> Option<SubmitRequest> {
-        if self.cordoned.read().expect("not poisoned").is_empty() {
+        if !self.any_node_kept() {
             return None;
         }
         let ip = &cluster.nodes.iter().find(|n| n.node_id == node_id)?.ip;

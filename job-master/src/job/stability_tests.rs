@@ -1,0 +1,302 @@
+//! Straggler and hang detection on simulated reports: a healthy group with step jitter is
+//! never flagged (a soak of simulated hours), a slowed rank is flagged within three reports,
+//! a silent group is found hung, its stacks asked for and the group restarted.
+
+use super::stability::CAPTURE_WAIT_MS;
+use super::tests::running;
+use super::*;
+use crate::spec::StragglerAction;
+
+const REPORT_MS: u64 = 1000;
+
+fn worker(index: u32) -> SlotKey {
+    SlotKey {
+        role: Role::WORKER,
+        index,
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so a soak is the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in [-1, 1).
+    fn symmetric(&mut self) -> f64 {
+        2.0 * self.unit() - 1.0
+    }
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit().max(1e-300), self.unit());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// Each worker reports `steps` steps of `base_ms` each, times its own slowdown, times the
+/// jitter of each step; returns the report numbers at which each worker was first flagged.
+fn soak(
+    ctx: &mut JobContext,
+    reports: u64,
+    steps: u32,
+    jitter: &mut dyn FnMut() -> f64,
+    slowdown: impl Fn(u32, u64) -> f64,
+) -> BTreeMap<u32, u64> {
+    let workers: Vec<u32> = ctx.slots.keys().map(|k| k.index).collect();
+    let mut flagged = BTreeMap::new();
+    for r in 1..=reports {
+        for &w in &workers {
+            let compute_ms: f64 = (0..steps)
+                .map(|_| 50.0 * slowdown(w, r) * (1.0 + jitter()))
+                .sum();
+            let m = MetricsRecord {
+                global_step: r * steps as u64,
+                steps,
+                compute_seconds: compute_ms / 1000.0,
+                ..Default::default()
+            };
+            ctx.report_metrics(worker(w), 1, m, None, None, r * REPORT_MS)
+                .unwrap();
+            if ctx.stability.stragglers.contains_key(&worker(w)) {
+                flagged.entry(w).or_insert(r);
+            }
+        }
+    }
+    flagged
+}
+
+#[test]
+fn a_healthy_group_with_ten_percent_step_jitter_is_never_flagged() {
+    // 8 ranks, 10,000 reports each (about 2.8 hours of one-second reports).
+    // Uniform ±10 % on every step, one step a report: the harshest case for a mean.
+    let mut ctx = running("allreduce", 0, 8, 1000);
+    let mut rng = Rng(7);
+    let flagged = soak(
+        &mut ctx,
+        10_000,
+        1,
+        &mut || 0.1 * rng.symmetric(),
+        |_, _| 1.0,
+    );
+    assert!(flagged.is_empty(), "false alarms: {flagged:?}");
+    // Normal jitter (10 % standard deviation) on each of 10 steps a report.
+    let mut ctx = running("allreduce", 0, 8, 1000);
+    let mut rng = Rng(11);
+    let flagged = soak(&mut ctx, 10_000, 10, &mut || 0.1 * rng.normal(), |_, _| 1.0);
+    assert!(flagged.is_empty(), "false alarms: {flagged:?}");
+    assert!(
+        !ctx.events.iter().any(|e| e.text.contains("straggler")),
+        "{:?}",
+        ctx.events.last()
+    );
+}
+
+#[test]
+fn a_rank_slowed_one_and_a_half_times_is_flagged_within_three_reports() {
+    let mut ctx = running("allreduce", 0, 8, 1000);
+    let mut rng = Rng(3);
+    // Worker 5 slows down during report 100: half of that report's steps are slow.
+    let flagged = soak(
+        &mut ctx,
+        200,
+        10,
+        &mut || 0.1 * rng.symmetric(),
+        |w, r| match (w, r) {
+            (5, 100) => 1.25,
+            (5, r) if r > 100 => 1.5,
+            _ => 1.0,
+        },
+    );
+    assert_eq!(flagged.keys().copied().collect::<Vec<_>>(), vec![5]);
+    assert!(flagged[&5] <= 102, "flagged at report {}", flagged[&5]);
+    let event = ctx
+        .events
+        .iter()
+        .find(|e| e.text.starts_with("straggler: worker-5"))
+        .expect("an event");
+    assert!(event.text.contains("action: report"), "{}", event.text);
+    assert!(event.text.contains("1.5"), "{}", event.text);
+    // It is only reported: nothing restarted.
+    assert!(ctx.slots.values().all(|s| s.incarnation == 1));
+}
+
+#[test]
+fn a_ps_straggler_is_replaced_alone_off_its_node() {
+    let mut ctx = running("ps", 1, 3, 1000);
+    ctx.spec.stability.straggler_action = StragglerAction::Replace;
+    let mut effects = Vec::new();
+    // Flagged, and replaced, at its second slow report.
+    for r in 1..=2u64 {
+        for w in 0..3 {
+            let slow = if w == 2 { 2.0 } else { 1.0 };
+            let m = MetricsRecord {
+                global_step: r * 10,
+                steps: 10,
+                compute_seconds: 0.5 * slow,
+                ..Default::default()
+            };
+            effects.extend(
+                ctx.report_metrics(worker(w), 1, m, None, None, r * REPORT_MS)
+                    .unwrap(),
+            );
+        }
+    }
+    assert!(
+        effects.contains(&Effect::AvoidNodes(vec!["127.0.0.1".into()])),
+        "{effects:?}"
+    );
+    assert!(effects.contains(&Effect::LaunchAgent {
+        key: worker(2),
+        incarnation: 2
+    }));
+    assert_eq!(ctx.slots[&worker(0)].incarnation, 1);
+    assert_eq!(ctx.slots[&worker(1)].incarnation, 1);
+    assert_eq!(ctx.generation, 0, "no group restart");
+    assert!(ctx.stability.avoided.contains_key("127.0.0.1"));
+}
+
+#[test]
+fn an_allreduce_straggler_is_replaced_after_a_checkpoint_at_the_cut() {
+    let mut ctx = running("allreduce", 0, 2, 1000);
+    ctx.spec.stability.straggler_action = StragglerAction::Replace;
+    for r in 1..=2u64 {
+        for w in 0..2 {
+            let m = MetricsRecord {
+                global_step: r * 10,
+                steps: 10,
+                compute_seconds: if w == 1 { 1.0 } else { 0.5 },
+                ..Default::default()
+            };
+            ctx.report_metrics(worker(w), 1, m, None, None, r * REPORT_MS)
+                .unwrap();
+        }
+    }
+    assert_eq!(ctx.stability.replace_at_cut, Some(worker(1)));
+    assert!(ctx.checkpoint_pending, "a cut is asked for first");
+    let g = ctx.generation;
+    let effects = ctx
+        .checkpoint_committed(1, "/tmp/m".into(), 20, g, 3 * REPORT_MS)
+        .unwrap();
+    assert_eq!(ctx.generation, g + 1, "the group restarts from the cut");
+    assert!(effects.contains(&Effect::StopAgent {
+        key: worker(1),
+        graceful: false
+    }));
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::StopAgent { key, .. } if *key == worker(0))),
+        "worker 0 keeps its agent: {effects:?}"
+    );
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text.contains("from checkpoint 1"))
+    );
+}
+
+/// Every agent heartbeats at `now_ms` (they are alive; their processes may not be).
+fn beat(ctx: &mut JobContext, now_ms: u64) {
+    for w in 0..2 {
+        let s = &ctx.slots[&worker(w)];
+        let (agent, inc) = (s.agent_id, s.incarnation);
+        ctx.heartbeat(worker(w), agent, inc, None, 42, now_ms)
+            .unwrap();
+    }
+}
+
+/// Ticks at `now_ms` after the agents' heartbeats.
+fn tick(ctx: &mut JobContext, now_ms: u64) {
+    beat(ctx, now_ms);
+    ctx.tick(now_ms);
+}
+
+/// Two workers step once a second for five seconds, then fall silent.
+fn silent_group() -> JobContext {
+    let mut ctx = running("allreduce", 0, 2, 1000);
+    ctx.spec.stability.hang_min_s = 3.0;
+    ctx.spec.stability.hang_after_steps = 3.0;
+    lease(&mut ctx, worker(0), 1).unwrap();
+    for r in 1..=5u64 {
+        for w in 0..2 {
+            let m = MetricsRecord {
+                global_step: r,
+                steps: 1,
+                compute_seconds: 0.5,
+                ..Default::default()
+            };
+            ctx.report_metrics(worker(w), 1, m, None, None, r * REPORT_MS)
+                .unwrap();
+        }
+    }
+    ctx
+}
+
+use super::tests::lease;
+
+#[test]
+fn a_silent_group_is_hung_its_stacks_are_captured_then_it_restarts() {
+    let mut ctx = silent_group();
+    tick(&mut ctx, 7_000);
+    assert!(
+        ctx.stability.capturing.is_none(),
+        "2 s of silence is not a hang"
+    );
+    tick(&mut ctx, 8_100);
+    let c = ctx.stability.capturing.clone().expect("a hang");
+    assert_eq!(c.awaiting.len(), 2, "every rank's stacks");
+    assert!(ctx.stacks_wanted(worker(0), 1) && ctx.stacks_wanted(worker(1), 1));
+    assert!(
+        ctx.stacks_reported(worker(0), 1, "process 1 (x) is sleeping\n".into(), 8_300)
+            .is_empty()
+    );
+    assert_eq!(ctx.generation, 0, "waits for the other's stacks");
+    ctx.stacks_reported(
+        worker(1),
+        1,
+        "process 2 (x) is stopped (SIGSTOP)\n".into(),
+        8_400,
+    );
+    assert_eq!(ctx.generation, 1, "the group restarted");
+    assert!(ctx.stability.capturing.is_none());
+    let h = ctx.stability.hangs.last().unwrap();
+    assert!(h.why.contains("made no step for"), "{}", h.why);
+    assert_eq!(h.stacks.len(), 2);
+    assert!(h.stacks["worker-1"].contains("SIGSTOP"));
+    assert!(ctx.events.iter().any(|e| e.text.contains("failed (hung:")));
+    assert_eq!(ctx.restarts[&Role::WORKER], 1, "a hang counts as a failure");
+}
+
+#[test]
+fn a_hang_restarts_without_the_stacks_that_do_not_come() {
+    let mut ctx = silent_group();
+    tick(&mut ctx, 8_100);
+    ctx.stacks_reported(worker(0), 1, "x".into(), 8_200);
+    tick(&mut ctx, 8_100 + CAPTURE_WAIT_MS / 2);
+    assert_eq!(ctx.generation, 0, "{:#?}", ctx.events);
+    tick(&mut ctx, 8_200 + CAPTURE_WAIT_MS);
+    assert_eq!(ctx.generation, 1);
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text.starts_with("no stacks from worker-1"))
+    );
+    // The new incarnations are not hung: they have made no step yet.
+    tick(&mut ctx, 60_000);
+    assert!(ctx.stability.capturing.is_none());
+}
+
+#[test]
+fn a_transition_holds_the_hang_clock() {
+    let mut ctx = silent_group();
+    // As if a plan held the group still until 7.5 s.
+    ctx.stability.quiet_until_ms = 7_500;
+    tick(&mut ctx, 9_000);
+    assert!(ctx.stability.capturing.is_none());
+    tick(&mut ctx, 10_600);
+    assert!(ctx.stability.capturing.is_some());
+}

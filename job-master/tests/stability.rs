@@ -1,0 +1,117 @@
+//! Slow and frozen training processes, for real: a rank duty-cycled with SIGSTOP/SIGCONT is
+//! flagged as a straggler and replaced; a rank frozen with SIGSTOP is found hung, the stacks
+//! of the group are captured and the group restarts from its latest checkpoint. Every sample
+//! is trained once throughout.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use job_master::spec::{Role, StragglerAction};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const N: u64 = 40_000;
+
+/// Stops `pid` for `stopped` out of every `period` until `done` or the process is gone: a
+/// node that gives the process only part of its CPU.
+fn duty_cycle(pid: u32, stopped: Duration, period: Duration, done: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let pid = Pid::from_raw(pid as i32);
+        while !done.load(Ordering::Relaxed) {
+            if kill(pid, Signal::SIGSTOP).is_err() {
+                return;
+            }
+            std::thread::sleep(stopped);
+            let _ = kill(pid, Signal::SIGCONT);
+            std::thread::sleep(period - stopped);
+        }
+        let _ = kill(pid, Signal::SIGCONT);
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_slowed_mid_run_is_flagged_and_replaced_and_no_sample_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "straggler", "allreduce", 0, 3, N, 1, 300, 8);
+    spec.stability.straggler_action = StragglerAction::Replace;
+    let mut run = start(spec, dir.path()).await;
+    shards_at_least(run.addr, 4).await;
+    let slow = pid_of(run.addr, "worker", 2).await;
+    let done = Arc::new(AtomicBool::new(false));
+    // Half of every 200 ms stopped: about half its speed.
+    duty_cycle(
+        slow,
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+        done.clone(),
+    );
+    let report = run.report().await;
+    done.store(true, Ordering::Relaxed);
+    assert_each_sample_once(&report, N, 1);
+    assert_recovered(
+        &report,
+        "straggler: worker-2 on 127.0.0.1 computes a step in",
+    );
+    assert_recovered(&report, "action: replace");
+    assert_recovered(
+        &report,
+        "straggler worker-2 replaced: every process restarts from checkpoint",
+    );
+    for healthy in ["straggler: worker-0", "straggler: worker-1"] {
+        assert!(
+            !report.events.iter().any(|e| e.contains(healthy)),
+            "a healthy rank was flagged: {:#?}",
+            report.events
+        );
+    }
+    assert!(report.hangs.is_empty(), "a slow rank is not a hang");
+    assert_no_process_left(run.addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_rank_is_found_hung_its_stacks_captured_and_the_group_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "frozen", "allreduce", 0, 3, N, 1, 150, 8);
+    spec.stability.hang_min_s = 2.0;
+    spec.stability.hang_after_steps = 20.0;
+    let mut run = start(spec, dir.path()).await;
+    wait_for(
+        run.addr,
+        Duration::from_secs(60),
+        "a checkpoint and more shards",
+        |s| s.checkpoints >= 1 && s.shards_done >= 10,
+    )
+    .await;
+    let frozen = pid_of(run.addr, "worker", 1).await;
+    kill(Pid::from_raw(frozen as i32), Signal::SIGSTOP).unwrap();
+    let report = run.report().await;
+    assert_each_sample_once(&report, N, 1);
+    assert_recovered(&report, "hang: the worker group made no step for");
+    assert_recovered(&report, "failed (hung: worker-");
+    assert_recovered(&report, "every process restarts from checkpoint");
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
+    assert_eq!(report.hangs.len(), 1, "{:#?}", report.hangs);
+    let hang = &report.hangs[0];
+    assert!(hang.why.contains("made no step for"), "{}", hang.why);
+    assert_eq!(
+        hang.stacks.len(),
+        3,
+        "every rank's stacks: {:#?}",
+        hang.stacks
+    );
+    let stacks = &hang.stacks["worker-1"];
+    assert!(
+        stacks.contains(&format!("process {frozen} (")) && stacks.contains("is stopped (SIGSTOP)"),
+        "{stacks}"
+    );
+    assert!(
+        hang.stacks["worker-0"].contains("thread"),
+        "{:#?}",
+        hang.stacks
+    );
+    assert_no_process_left(run.addr).await;
+}
