@@ -13,8 +13,11 @@
 //! * [`shared`] holds the state the tasks share and applies every decision durably;
 //!   [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin
 //!   tonic adapter over [`job`] through [`shared`].
+//! * [`diagnose`] turns a persisted context into a diagnosis: the timeline of its troubles,
+//!   the hangs with their stacks, its effective training time.
 
 pub mod brain_link;
+pub mod diagnose;
 pub mod error;
 pub mod job;
 pub mod ledger;

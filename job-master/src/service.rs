@@ -459,6 +459,7 @@ impl pb::job_master_server::JobMaster for MasterService {
     ) -> Result<Response<pb::JobStatus>, Status> {
         let ctx = self.shared.job.lock().await;
         let (global_step, samples_per_second, loss) = ctx.progress();
+        let effective = ctx.effective_training(self.shared.now_ms());
         Ok(Response::new(pb::JobStatus {
             phase: ctx.phase.name().to_string(),
             reason: ctx.phase.reason().unwrap_or_default().to_string(),
@@ -509,6 +510,9 @@ impl pb::job_master_server::JobMaster for MasterService {
             transition: ctx.transition_status(self.shared.now_ms()),
             role_rates: role_rates(&ctx, self.shared.now_ms()),
             hangs: ctx.stability.hangs.len() as u32,
+            training_ms: effective.training_ms,
+            lost_training_ms: effective.lost_ms,
+            wall_ms: effective.wall_ms,
         }))
     }
 

@@ -90,13 +90,13 @@ async fn a_frozen_rank_is_found_hung_its_stacks_captured_and_the_group_recovers(
     kill(Pid::from_raw(frozen as i32), Signal::SIGSTOP).unwrap();
     let report = run.report().await;
     assert_each_sample_once(&report, N, 1);
-    assert_recovered(&report, "hang: the worker group made no step for");
-    assert_recovered(&report, "failed (hung: worker-");
+    assert_recovered(&report, "hang: the worker group reported no step for");
+    assert_recovered(&report, "failed (hung: the worker group");
     assert_recovered(&report, "every process restarts from checkpoint");
     assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     assert_eq!(report.hangs.len(), 1, "{:#?}", report.hangs);
     let hang = &report.hangs[0];
-    assert!(hang.why.contains("made no step for"), "{}", hang.why);
+    assert!(hang.why.contains("reported no step for"), "{}", hang.why);
     assert_eq!(
         hang.stacks.len(),
         3,
@@ -113,5 +113,38 @@ async fn a_frozen_rank_is_found_hung_its_stacks_captured_and_the_group_recovers(
         "{:#?}",
         hang.stacks
     );
+    let e = report.effective_training.clone().unwrap();
+    assert!(e.share > 0.0 && e.share < 1.0, "{e:?}");
+    assert!(
+        e.training_ms + 2_000 < e.wall_ms,
+        "the hang is not training: {e:?}"
+    );
     assert_no_process_left(run.addr).await;
+
+    // The diagnosis, from the run directory.
+    let out = std::process::Command::new(job_master_bin())
+        .arg("diagnose")
+        .arg(&run.run_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "job frozen (allreduce): succeeded",
+        "effective training time: ",
+        "relaunches: worker 1",
+        "hang        hang: the worker group reported no step",
+        "fault       worker-",
+        "restart     ",
+        "checkpoint  checkpoint 1 committed",
+        "hangs: 1",
+        "is stopped (SIGSTOP)",
+        "stragglers now: none",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
 }

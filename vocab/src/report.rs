@@ -154,6 +154,21 @@ pub struct JobReport {
     /// The hangs the master found, each with the stacks captured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hangs: Vec<HangRecord>,
+    /// How much of its wall time the job trained (none from a master before this field).
+    #[serde(default)]
+    pub effective_training: Option<EffectiveTraining>,
+}
+
+/// The share of a job's wall time its training group spent making progress that was kept.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EffectiveTraining {
+    pub wall_ms: u64,
+    /// Training whose work was kept.
+    pub training_ms: u64,
+    /// Training thrown away by restarts from an earlier checkpoint.
+    pub lost_ms: u64,
+    /// `training_ms / wall_ms`.
+    pub share: f64,
 }
 
 /// A hang the job master found: when (ms since the job started), why, and the stacks its

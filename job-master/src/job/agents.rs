@@ -143,7 +143,7 @@ impl JobContext {
         if let Some(why) = agent_reason.filter(|r| r.starts_with(proto::CHECKPOINT_NOT_SHARED)) {
             // Another incarnation would land on a node like this one, or on this one again.
             let reason = format!("{key}: {why}");
-            self.log(now_ms, reason.clone());
+            self.log_as(EventKind::Fault, now_ms, reason.clone());
             self.phase = JobPhase::Failed { reason };
             return Ok(Vec::new());
         }
@@ -241,7 +241,11 @@ impl JobContext {
                 && key.role == Role::WORKER
                 && !self.restarts_to_rescale());
         if !group && self.slots[&key].phase == SlotPhase::Removing {
-            self.log(now_ms, format!("{key} failed ({how}) while leaving"));
+            self.log_as(
+                EventKind::Fault,
+                now_ms,
+                format!("{key} failed ({how}) while leaving"),
+            );
             return self.remove_slot(key, now_ms);
         }
         let count = self.restarts.entry(key.role).or_insert(0);
@@ -250,7 +254,8 @@ impl JobContext {
         let Some(limit) = self.restart_allowed(key, count, &how, now_ms) else {
             return Vec::new();
         };
-        self.log(
+        self.log_as(
+            EventKind::Fault,
             now_ms,
             format!(
                 "{key} failed ({how}); relaunch {count} of {limit} for {}",
@@ -326,7 +331,7 @@ impl JobContext {
             "{key} failed ({how}); {} relaunches exceed the limit of {limit}",
             key.role
         );
-        self.log(now_ms, reason.clone());
+        self.log_as(EventKind::Fault, now_ms, reason.clone());
         self.phase = JobPhase::Failed { reason };
         None
     }
@@ -378,12 +383,14 @@ impl JobContext {
             None => "the start".into(),
         };
         self.ledger.restore(&snap);
+        self.training_rolled_back();
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;
         self.shards_since_checkpoint = 0;
         self.final_eval_loss = None;
         self.final_model_digest = None;
-        self.log(
+        self.log_as(
+            EventKind::Restart,
             now_ms,
             format!(
                 "{why}: every process restarts from {from} (generation {})",

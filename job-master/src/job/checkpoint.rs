@@ -77,11 +77,13 @@ impl JobContext {
             ledger: self.ledger.snapshot(),
             taken_at_ms: now_ms,
             step,
+            training_ms: self.training_time.training_ms,
         });
         if !drained {
             // A command that reads its own data saved when it chose (on SIGTERM, say): the
             // next launch resumes from it.
-            self.log(
+            self.log_as(
+                EventKind::Checkpoint,
                 now_ms,
                 format!(
                     "checkpoint {id} committed by the script at step {step}: {}",
@@ -93,7 +95,8 @@ impl JobContext {
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;
         self.shards_since_checkpoint = 0;
-        self.log(
+        self.log_as(
+            EventKind::Checkpoint,
             now_ms,
             format!(
                 "checkpoint {id} committed at step {step} ({} of {} shards done): {}",
@@ -116,12 +119,14 @@ impl JobContext {
         if generation == self.generation && self.checkpoint_pending {
             self.checkpoint_pending = false;
             self.checkpoint_saving = false;
-            self.log(
+            self.log_as(
+                EventKind::Checkpoint,
                 now_ms,
                 format!("checkpoint failed, training goes on without it: {problem}"),
             );
             if let Some(key) = self.stability.replace_at_cut.take() {
-                self.log(
+                self.log_as(
+                    EventKind::Straggler,
                     now_ms,
                     format!("straggler {key} is not replaced: no checkpoint to restart from"),
                 );

@@ -343,7 +343,8 @@ impl JobContext {
             if r.awaiting.is_empty() {
                 r.resumed_ms = Some(now_ms);
                 let (v, ms) = (r.version, now_ms.saturating_sub(r.accepted_ms));
-                self.log(
+                self.log_as(
+                    EventKind::Plan,
                     now_ms,
                     format!("plan {v}: every worker is training again, {ms} ms after the plan"),
                 );
@@ -432,7 +433,7 @@ impl JobContext {
 
     pub fn fail(&mut self, reason: String, now_ms: u64) {
         if !self.phase.is_terminal() {
-            self.log(now_ms, format!("job failed: {reason}"));
+            self.log_as(EventKind::Fault, now_ms, format!("job failed: {reason}"));
             self.phase = JobPhase::Failed { reason };
         }
     }

@@ -45,6 +45,7 @@ use crate::spec::{JobKind, JobSpec, Resources, Role};
 
 pub use calls::{CallRates, CallTotals, RoleRate};
 pub use cancel::Cancelling;
+pub use effective::TrainingTime;
 pub use services::RoleGroup;
 pub use stability::{HangRecord, Stability, Straggler};
 pub use vocab::SlotKey;
@@ -57,6 +58,7 @@ mod checkpoint;
 #[cfg(test)]
 mod command_tests;
 mod data;
+mod effective;
 #[cfg(test)]
 mod properties;
 mod reshard;
@@ -207,6 +209,9 @@ pub struct CheckpointRecord {
     pub ledger: LedgerSnapshot,
     pub taken_at_ms: u64,
     pub step: u64,
+    /// The job's effective training time when it was taken ([`effective`]).
+    #[serde(default)]
+    pub training_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -228,6 +233,48 @@ pub struct MetricsRecord {
 pub struct Event {
     pub at_ms: u64,
     pub text: String,
+    /// What it is about, for a diagnosis' timeline; most events are plain progress.
+    #[serde(default, skip_serializing_if = "EventKind::is_info")]
+    pub kind: EventKind,
+}
+
+/// What an event of the job is about.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// Progress: registrations, the first step, the end.
+    #[default]
+    Info,
+    /// A process failed or the job did.
+    Fault,
+    /// Processes restarted as a group (from a checkpoint).
+    Restart,
+    /// A scale plan: accepted, its steps, reached, abandoned.
+    Plan,
+    Checkpoint,
+    Straggler,
+    Hang,
+    /// Where processes may go: cordoned or avoided nodes, placement (the platform's notes).
+    Node,
+}
+
+impl EventKind {
+    pub fn is_info(&self) -> bool {
+        *self == EventKind::Info
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Info => "info",
+            EventKind::Fault => "fault",
+            EventKind::Restart => "restart",
+            EventKind::Plan => "plan",
+            EventKind::Checkpoint => "checkpoint",
+            EventKind::Straggler => "straggler",
+            EventKind::Hang => "hang",
+            EventKind::Node => "node",
+        }
+    }
 }
 
 /// What the shell must do after a decision.
@@ -447,6 +494,9 @@ pub struct JobContext {
     /// Stragglers, hangs and the nodes the job avoids ([`stability`]).
     #[serde(default)]
     pub stability: Stability,
+    /// Time spent training, kept and lost ([`effective`]).
+    #[serde(default)]
+    pub training_time: TrainingTime,
     /// Rates of the calls between its roles ([`calls`]); not persisted.
     #[serde(skip)]
     pub calls: CallRates,
@@ -562,6 +612,7 @@ impl JobContext {
             leased_any: false,
             services: BTreeMap::new(),
             stability: Stability::default(),
+            training_time: TrainingTime::default(),
             calls: CallRates::default(),
         };
         effects.extend(ctx.start_services(now_ms));
@@ -616,14 +667,19 @@ impl JobContext {
         Ok(effects)
     }
 
-    /// Records what happened outside the job's own decisions (the platform's doing).
+    /// Records what happened outside the job's own decisions (the platform's doing: where
+    /// processes may go).
     pub fn note(&mut self, at_ms: u64, text: String) {
-        self.log(at_ms, text);
+        self.log_as(EventKind::Node, at_ms, text);
     }
 
     fn log(&mut self, at_ms: u64, text: String) {
-        tracing::info!(job = %self.spec.name, "{text}");
-        self.events.push(Event { at_ms, text });
+        self.log_as(EventKind::Info, at_ms, text);
+    }
+
+    fn log_as(&mut self, kind: EventKind, at_ms: u64, text: String) {
+        tracing::info!(job = %self.spec.name, kind = kind.as_str(), "{text}");
+        self.events.push(Event { at_ms, text, kind });
         if self.events.len() > MAX_EVENTS {
             self.events.drain(..self.events.len() - MAX_EVENTS);
         }

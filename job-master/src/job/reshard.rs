@@ -48,7 +48,7 @@ impl JobContext {
                 c.ps.insert(i, addr);
             }
         }
-        self.log(
+        self.log_as(EventKind::Plan,
             now_ms,
             format!(
                 "plan {}: ps {} -> {} moved {} of {} keys ({} bytes) in {} ms; parameter digest {:016x} before and after",

@@ -150,7 +150,11 @@ impl JobContext {
             });
         }
         if from != count {
-            self.log(now_ms, format!("{role} resized: {from} -> {count}"));
+            self.log_as(
+                EventKind::Plan,
+                now_ms,
+                format!("{role} resized: {from} -> {count}"),
+            );
         }
         effects
     }
@@ -171,7 +175,8 @@ impl JobContext {
             return Vec::new();
         };
         let failover = self.spec.failover(key.role);
-        self.log(
+        self.log_as(
+            EventKind::Fault,
             now_ms,
             format!(
                 "{key} failed ({how}); relaunch {count} of {limit} for {} (failover: {failover})",

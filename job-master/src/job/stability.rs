@@ -76,6 +76,12 @@ pub struct StepProgress {
     pub at_ms: u64,
     /// Wall time per step, ms, averaged over its recent reports (0: not known yet).
     pub typical_ms: f64,
+    /// When it last reported, and the time between its reports, ms (averaged; 0: not known):
+    /// a hang is never called before three report intervals passed without a step.
+    #[serde(default)]
+    pub reported_ms: u64,
+    #[serde(default)]
+    pub report_gap_ms: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -135,20 +141,34 @@ impl JobContext {
     }
 
     fn observe_progress(&mut self, key: SlotKey, incarnation: u64, step: u64, now_ms: u64) {
-        let p = self.stability.progress.entry(key).or_insert(StepProgress {
+        let fresh = StepProgress {
             incarnation,
             step,
             at_ms: now_ms,
             typical_ms: 0.0,
-        });
+            reported_ms: now_ms,
+            report_gap_ms: 0.0,
+        };
+        let known = self.stability.progress.contains_key(&key);
+        let p = self.stability.progress.entry(key).or_insert(fresh.clone());
+        if !known {
+            self.count_training(0.0, now_ms);
+            return;
+        }
         if p.incarnation != incarnation {
-            *p = StepProgress {
-                incarnation,
-                step,
-                at_ms: now_ms,
-                typical_ms: 0.0,
-            };
-        } else if step > p.step {
+            *p = fresh;
+            // Its first report follows its first step: the group trains from here.
+            self.count_training(0.0, now_ms);
+            return;
+        }
+        let gap = now_ms.saturating_sub(p.reported_ms) as f64;
+        p.report_gap_ms = if p.report_gap_ms == 0.0 {
+            gap
+        } else {
+            0.8 * p.report_gap_ms + 0.2 * gap
+        };
+        p.reported_ms = now_ms;
+        if step > p.step {
             let per_step = now_ms.saturating_sub(p.at_ms) as f64 / (step - p.step) as f64;
             p.typical_ms = if p.typical_ms == 0.0 {
                 per_step
@@ -157,6 +177,8 @@ impl JobContext {
             };
             p.step = step;
             p.at_ms = now_ms;
+            let typical = p.typical_ms;
+            self.count_training(typical, now_ms);
         }
     }
 
@@ -203,7 +225,8 @@ impl JobContext {
                 median_ms: med,
             };
             let action = self.spec.stability.straggler_action;
-            self.log(
+            self.log_as(
+                EventKind::Straggler,
                 now_ms,
                 format!(
                     "straggler: {key} on {host} computes a step in {step_ms:.1} ms, {:.2}x the \
@@ -221,7 +244,7 @@ impl JobContext {
             s.median_ms = med;
             if fine {
                 self.stability.stragglers.remove(&key);
-                self.log(
+                self.log_as(EventKind::Straggler,
                     now_ms,
                     format!(
                         "{key} is no longer a straggler: {step_ms:.1} ms a step, the median {med:.1} ms"
@@ -239,7 +262,8 @@ impl JobContext {
             || self.stability.replace_at_cut.is_some()
             || self.stability.capturing.is_some()
         {
-            self.log(
+            self.log_as(
+                EventKind::Straggler,
                 now_ms,
                 format!(
                     "{key} is not replaced now: the group is busy (a plan, a hang or a replacement)"
@@ -261,7 +285,8 @@ impl JobContext {
             && key.role == Role::WORKER
             && !self.restarts_to_rescale();
         if alone {
-            self.log(
+            self.log_as(
+                EventKind::Straggler,
                 now_ms,
                 format!("replacing straggler {key}: a new process off {host}"),
             );
@@ -274,7 +299,8 @@ impl JobContext {
             slot.restart_count += 1;
             effects.extend(self.relaunch_agent(key, now_ms));
         } else if self.data_tracked() && self.is_builtin_or_sdk() {
-            self.log(
+            self.log_as(
+                EventKind::Straggler,
                 now_ms,
                 format!(
                     "replacing straggler {key}: checkpoint at a consistent cut, then the group \
@@ -342,7 +368,8 @@ impl JobContext {
         } else {
             vec![(key, incarnation)]
         };
-        self.log(
+        self.log_as(
+            EventKind::Hang,
             now_ms,
             format!(
                 "hang: {why}; capturing the stacks of {}",
@@ -399,14 +426,18 @@ impl JobContext {
                 t if t > 0.0 => t,
                 _ => self.step_compute_ms(s.key, s.incarnation).unwrap_or(0.0),
             };
-            let limit = self.spec.stability.hang_after_ms(typical);
+            let limit = self
+                .spec
+                .stability
+                .hang_after_ms(typical)
+                .max((3.0 * p.report_gap_ms) as u64);
             (silent > limit).then(|| {
                 (
                     s.key,
                     s.incarnation,
                     format!(
-                        "{} made no step for {:.1} s after step {} (a step takes {:.0} ms; the \
-                         limit is {:.1} s)",
+                        "{} reported no step for {:.1} s, since step {} (a step takes {:.0} ms; \
+                         the limit is {:.1} s)",
                         if allreduce {
                             format!("the {} group", s.key.role)
                         } else {
@@ -463,7 +494,11 @@ impl JobContext {
             };
             h.stacks.insert(key.to_string(), text);
         }
-        self.log(now_ms, format!("stacks of {key} captured: {first}"));
+        self.log_as(
+            EventKind::Hang,
+            now_ms,
+            format!("stacks of {key} captured: {first}"),
+        );
         if self
             .stability
             .capturing
@@ -481,7 +516,8 @@ impl JobContext {
             return Vec::new();
         };
         if !c.awaiting.is_empty() {
-            self.log(
+            self.log_as(
+                EventKind::Hang,
                 now_ms,
                 format!(
                     "no stacks from {} within {} s",

@@ -264,7 +264,7 @@ fn a_silent_group_is_hung_its_stacks_are_captured_then_it_restarts() {
     assert_eq!(ctx.generation, 1, "the group restarted");
     assert!(ctx.stability.capturing.is_none());
     let h = ctx.stability.hangs.last().unwrap();
-    assert!(h.why.contains("made no step for"), "{}", h.why);
+    assert!(h.why.contains("reported no step for"), "{}", h.why);
     assert_eq!(h.stacks.len(), 2);
     assert!(h.stacks["worker-1"].contains("SIGSTOP"));
     assert!(ctx.events.iter().any(|e| e.text.contains("failed (hung:")));

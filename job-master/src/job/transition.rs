@@ -63,7 +63,8 @@ impl JobContext {
         let mut effects = self.apply_service_targets(&mut plan, now_ms);
         if plan.is_empty() && self.transition.is_none() {
             self.plans.reached = plan.version;
-            self.log(
+            self.log_as(
+                EventKind::Plan,
                 now_ms,
                 format!(
                     "plan {} reached: {}",
@@ -75,7 +76,8 @@ impl JobContext {
         }
         if let Some(t) = &self.transition {
             let replaced = self.plans.queued.replace(plan.clone());
-            self.log(
+            self.log_as(
+                EventKind::Plan,
                 now_ms,
                 format!(
                     "plan {} queued behind plan {}{}",
@@ -236,7 +238,8 @@ impl JobContext {
             (Step::Settle, "")
         };
         let version = plan.version;
-        self.log(
+        self.log_as(
+            EventKind::Plan,
             now_ms,
             format!(
                 "plan {version} accepted: {} -> {}{how}",
@@ -280,7 +283,8 @@ impl JobContext {
             }
             t.step = step;
             t.step_started_ms = now_ms;
-            self.log(
+            self.log_as(
+                EventKind::Plan,
                 now_ms,
                 format!(
                     "plan {v}: {} done in {took} ms; {}",
@@ -501,7 +505,7 @@ impl JobContext {
                                 effects.extend(self.group_restart(now_ms, &why));
                                 continue;
                             }
-                            self.log(now_ms, format!("{why}; re-forming"));
+                            self.log_as(EventKind::Plan, now_ms, format!("{why}; re-forming"));
                             self.checkpoint_pending = true;
                             self.set_step(Step::Cut, now_ms);
                             return effects;
@@ -554,7 +558,8 @@ impl JobContext {
             awaiting,
             steps_at_reach,
         });
-        self.log(
+        self.log_as(
+            EventKind::Plan,
             now_ms,
             format!(
                 "plan {} reached in {} ms: {}",
@@ -592,7 +597,8 @@ impl JobContext {
         self.role_resources = t.prior_resources;
         self.checkpoint_pending = false;
         let reason = format!("plan {} abandoned: {why}", t.plan.version);
-        self.log(
+        self.log_as(
+            EventKind::Plan,
             now_ms,
             format!("{reason}; the job goes on with {}", Self::describe(&t.from)),
         );

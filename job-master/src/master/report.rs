@@ -45,5 +45,6 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
             .map(|e| format!("{:>8} ms  {}", e.at_ms, e.text))
             .collect(),
         hangs: ctx.stability.hangs.clone(),
+        effective_training: Some(ctx.effective_training(now_ms)),
     }
 }

@@ -39,6 +39,16 @@ enum Command {
         #[command(flatten)]
         master: MasterArgs,
     },
+    /// What went wrong in a job and what it cost, read from its run directory (running or
+    /// ended): the timeline of faults, restarts, plans, checkpoints, stragglers, hangs and
+    /// nodes; each hang with the stacks captured; the job's effective training time.
+    Diagnose {
+        /// The job's run directory (`job-master run`'s --run-dir, runs/<job name> by default).
+        run_dir: PathBuf,
+        /// Every event, not only those about trouble or change.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 /// Which running job master to call, and the job's secret (and TLS) every call carries: from
@@ -140,6 +150,7 @@ async fn main() -> std::process::ExitCode {
         Command::Scale(args) => scale::scale(args).await,
         Command::Validate { spec } => validate(&spec),
         Command::Status { master } => status::status(&master).await,
+        Command::Diagnose { run_dir, all } => diagnose(&run_dir, all),
     };
     match result {
         Ok(code) => code,
@@ -148,6 +159,31 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+fn diagnose(run_dir: &std::path::Path, all: bool) -> anyhow::Result<std::process::ExitCode> {
+    let context = run_dir.join(job_master::persist::CONTEXT_FILE);
+    let ctx = job_master::persist::load(&context).with_context(|| {
+        format!(
+            "{}: is this a job's run directory (job-master run --run-dir)?",
+            run_dir.display()
+        )
+    })?;
+    let report_file = run_dir.join(vocab::run_dir::REPORT_FILE);
+    // A report is the ended job's; a run directory whose job runs again may hold an old one.
+    let ended = ctx.phase.is_terminal();
+    let report: Option<vocab::report::JobReport> = match std::fs::read(&report_file) {
+        Ok(bytes) if ended => Some(
+            serde_json::from_slice(&bytes)
+                .with_context(|| format!("{}: not a job report", report_file.display()))?,
+        ),
+        _ => None,
+    };
+    print!(
+        "{}",
+        job_master::diagnose::diagnosis(&ctx, report.as_ref(), all)
+    );
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {

@@ -83,6 +83,15 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
     if !stragglers.is_empty() {
         println!("stragglers: {}", stragglers.join(", "));
     }
+    if s.wall_ms > 0 {
+        println!(
+            "effective training time: {:.1} % of {:.1} s ({:.1} s trained, {:.1} s thrown away by restarts)",
+            100.0 * s.training_ms as f64 / s.wall_ms as f64,
+            s.wall_ms as f64 / 1000.0,
+            s.training_ms as f64 / 1000.0,
+            s.lost_training_ms as f64 / 1000.0
+        );
+    }
     if s.hangs > 0 {
         println!(
             "hangs found: {} (their stacks are in the job's report.json when it ends)",

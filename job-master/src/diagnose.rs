@@ -1,0 +1,138 @@
+//! A job's diagnosis: what went wrong and what it cost, from its persisted context (and its
+//! report, once it ended). What `job-master diagnose RUN_DIR` prints.
+//!
+//! The timeline holds the events that are about trouble or change (faults, group restarts,
+//! plans, checkpoints, stragglers, hangs, nodes), with the first and the last event; the
+//! hangs come with the stacks captured; then the stragglers flagged now, the nodes the job
+//! avoids, and its effective training time.
+
+use std::fmt::Write;
+
+use crate::job::{EventKind, JobContext};
+use vocab::report::JobReport;
+
+/// The diagnosis of the job in `ctx` (its `report` when it has ended), every event with `all`.
+pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> String {
+    let mut out = String::new();
+    let (phase, reason) = match report {
+        Some(r) => (r.phase.to_string(), r.reason.clone()),
+        None => (
+            ctx.phase.name().to_string(),
+            ctx.phase.reason().map(str::to_string),
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "job {} ({}): {phase}{}",
+        ctx.spec.name,
+        ctx.spec.kind,
+        reason.map(|r| format!(": {r}")).unwrap_or_default()
+    );
+    let e = report
+        .and_then(|r| r.effective_training.clone())
+        .unwrap_or_else(|| ctx.effective_training(ctx.clock_ms()));
+    let _ = writeln!(
+        out,
+        "effective training time: {:.1} % of {:.1} s ({:.1} s trained and kept, {:.1} s thrown away by restarts)",
+        100.0 * e.share,
+        e.wall_ms as f64 / 1000.0,
+        e.training_ms as f64 / 1000.0,
+        e.lost_ms as f64 / 1000.0
+    );
+    let restarts: Vec<String> = ctx
+        .restarts
+        .iter()
+        .map(|(role, n)| format!("{role} {n}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "relaunches: {}; checkpoints: {}; plans reached: {}",
+        if restarts.is_empty() {
+            "none".to_string()
+        } else {
+            restarts.join(", ")
+        },
+        ctx.checkpoints.len(),
+        ctx.transitions.len()
+    );
+    timeline(&mut out, ctx, all);
+    hangs(&mut out, ctx);
+    let stragglers: Vec<String> = ctx
+        .stability
+        .stragglers
+        .iter()
+        .map(|(k, s)| {
+            format!(
+                "{k} on {} ({:.1} ms a step, {:.2}x the median)",
+                s.host,
+                s.step_ms,
+                s.ratio()
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "stragglers now: {}",
+        if stragglers.is_empty() {
+            "none".to_string()
+        } else {
+            stragglers.join("; ")
+        }
+    );
+    let avoided: Vec<String> = ctx
+        .stability
+        .avoided
+        .iter()
+        .map(|(n, why)| format!("{n} ({why})"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "nodes this job avoids: {}",
+        if avoided.is_empty() {
+            "none".to_string()
+        } else {
+            avoided.join("; ")
+        }
+    );
+    out
+}
+
+fn timeline(out: &mut String, ctx: &JobContext, all: bool) {
+    let _ = writeln!(
+        out,
+        "timeline ({}):",
+        if all {
+            "every event"
+        } else {
+            "faults, restarts, plans, checkpoints, stragglers, hangs, nodes; --all for every event"
+        }
+    );
+    let last = ctx.events.len().saturating_sub(1);
+    for (i, e) in ctx.events.iter().enumerate() {
+        if all || e.kind != EventKind::Info || i == 0 || i == last {
+            let _ = writeln!(
+                out,
+                "  {:>9.3} s  {:<10}  {}",
+                e.at_ms as f64 / 1000.0,
+                e.kind.as_str(),
+                e.text
+            );
+        }
+    }
+}
+
+fn hangs(out: &mut String, ctx: &JobContext) {
+    let _ = writeln!(out, "hangs: {}", ctx.stability.hangs.len());
+    for h in &ctx.stability.hangs {
+        let _ = writeln!(out, "  at {:.3} s: {}", h.at_ms as f64 / 1000.0, h.why);
+        if h.stacks.is_empty() {
+            let _ = writeln!(out, "    (no stacks kept)");
+        }
+        for (process, text) in &h.stacks {
+            let _ = writeln!(out, "    {process}:");
+            for line in text.lines() {
+                let _ = writeln!(out, "      {line}");
+            }
+        }
+    }
+}
