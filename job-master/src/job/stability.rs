@@ -152,13 +152,13 @@ impl JobContext {
         let known = self.stability.progress.contains_key(&key);
         let p = self.stability.progress.entry(key).or_insert(fresh.clone());
         if !known {
-            self.count_training(0.0, now_ms);
+            self.training_resumed(now_ms);
             return;
         }
         if p.incarnation != incarnation {
             *p = fresh;
             // Its first report follows its first step: the group trains from here.
-            self.count_training(0.0, now_ms);
+            self.training_resumed(now_ms);
             return;
         }
         let gap = now_ms.saturating_sub(p.reported_ms) as f64;
@@ -177,8 +177,8 @@ impl JobContext {
             };
             p.step = step;
             p.at_ms = now_ms;
-            let typical = p.typical_ms;
-            self.count_training(typical, now_ms);
+            let (typical, gap) = (p.typical_ms, p.report_gap_ms);
+            self.count_training(typical, gap, now_ms);
         }
     }
 

@@ -161,10 +161,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 grad.iter_mut().for_each(|g| *g = 0.0);
                 // Throughput counts this rank's samples; the loss is the global batch's mean.
                 progress.record(n, header[3] * n as f64 / total as f64);
-                if n > 0 {
-                    // Scaled to a full local batch: a rank's last batch of a shard is short,
-                    // and ranks are compared step for step.
-                    progress.computed(took.mul_f64(my_batch as f64 / n as f64));
+                if n == my_batch {
+                    progress.computed(took);
                 }
             }
             if let Some((s, pos)) = shard.as_mut() {

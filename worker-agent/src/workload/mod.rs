@@ -236,8 +236,10 @@ pub struct Progress {
     started: Instant,
     last_report: Option<Instant>,
     samples_at_last: u64,
-    steps_at_last: u64,
-    /// Seconds of this process's own work (outside collectives and waits), all steps.
+    /// Steps timed (full batches) and the seconds of this process's own work in them (outside
+    /// collectives and waits), and both at the last report.
+    timed_steps: u64,
+    timed_at_last: u64,
     compute_s: f64,
     compute_at_last: f64,
     pub step: u64,
@@ -251,7 +253,8 @@ impl Progress {
             started: Instant::now(),
             last_report: None,
             samples_at_last: 0,
-            steps_at_last: step,
+            timed_steps: 0,
+            timed_at_last: 0,
             compute_s: 0.0,
             compute_at_last: 0.0,
             step,
@@ -269,8 +272,10 @@ impl Progress {
         }
     }
 
-    /// Time this process spent on its own work in the step it is recording.
+    /// Time this process spent on its own work in a step of a full batch (a shard's short
+    /// last batch is not timed: its fixed costs would weigh more than a full one's).
     pub fn computed(&mut self, took: Duration) {
+        self.timed_steps += 1;
         self.compute_s += took.as_secs_f64();
     }
 
@@ -278,7 +283,7 @@ impl Progress {
     pub fn report_next(&mut self) {
         self.last_report = None;
         self.samples_at_last = self.samples;
-        self.steps_at_last = self.step;
+        self.timed_at_last = self.timed_steps;
         self.compute_at_last = self.compute_s;
         self.started = Instant::now();
     }
@@ -295,11 +300,11 @@ impl Progress {
         }
         let secs = now.duration_since(since).as_secs_f64().max(1e-3);
         let sps = (self.samples - self.samples_at_last) as f64 / secs;
-        let steps = self.step.saturating_sub(self.steps_at_last);
+        let steps = self.timed_steps - self.timed_at_last;
         let compute_seconds = self.compute_s - self.compute_at_last;
         self.last_report = Some(now);
         self.samples_at_last = self.samples;
-        self.steps_at_last = self.step;
+        self.timed_at_last = self.timed_steps;
         self.compute_at_last = self.compute_s;
         Some(pb::TrainingMetrics {
             global_step: self.step,

@@ -171,8 +171,9 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                     simulated_compute(&cfg, n).await;
                     ps.push(&grads, shard.epoch, start, n as u32).await?;
                     progress.record(n, loss);
-                    // Scaled to a full batch (a shard's last one is short).
-                    progress.computed(computing.elapsed().mul_f64(batch as f64 / n as f64));
+                    if n == batch {
+                        progress.computed(computing.elapsed());
+                    }
                     if let Some(m) = progress.due() {
                         master.metrics(m).await?;
                     }
