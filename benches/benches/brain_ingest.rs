@@ -159,6 +159,7 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
                     pending_ms: 0,
                 })
                 .collect(),
+            ..Default::default()
         })
         .collect()
 }

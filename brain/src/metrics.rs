@@ -4,7 +4,9 @@
 //! dispatched, jobs submitted and started, metric reports ingested (its `rate()` is the ingest
 //! rate), points written to (or dropped before) the InfluxDB sink, calls a rate limit
 //! refused (by limit), and the listener's connections: open, pending (not yet spoken) and
-//! closed by it, by reason (handshake timed out or failed, idle, closed to make room at a cap).
+//! closed by it, by reason (handshake timed out or failed, idle, closed to make room at a cap),
+//! and, for each running job, its effective training time, the training its restarts threw
+//! away and its stragglers now (its newest report).
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -12,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 use crate::store::{JobState, Store};
 
@@ -31,6 +34,11 @@ pub struct Metrics {
     throttled: Family<Vec<(String, String)>, Counter>,
     connections: Family<Vec<(String, String)>, Gauge>,
     connections_closed: Family<Vec<(String, String)>, Counter>,
+    /// Per running job, by name: effective training time (a share), training thrown away
+    /// (seconds), stragglers now.
+    job_effective: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    job_lost_seconds: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    job_stragglers: Family<Vec<(String, String)>, Gauge>,
     /// The listener's counts, read at each scrape.
     pub conn_stats: std::sync::Arc<auth::listen::ConnStats>,
 }
@@ -112,7 +120,29 @@ impl Default for Metrics {
              idle, evicted: closed to make room at a cap)",
             connections_closed.clone(),
         );
+        let job_effective = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "job_effective_training_ratio",
+            "Share of a running job's wall time its training group spent making progress that \
+             was kept, by job",
+            job_effective.clone(),
+        );
+        let job_lost_seconds = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "job_lost_training_seconds",
+            "Training a running job's restarts threw away (since its last checkpoint), by job",
+            job_lost_seconds.clone(),
+        );
+        let job_stragglers = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "job_stragglers",
+            "Training processes a running job flags as stragglers now, by job",
+            job_stragglers.clone(),
+        );
         Metrics {
+            job_effective,
+            job_lost_seconds,
+            job_stragglers,
             connections,
             connections_closed,
             conn_stats: Default::default(),
@@ -181,6 +211,26 @@ impl Metrics {
         }
     }
 
+    /// Each running job's effective training time and stragglers; jobs that ended leave.
+    fn render_jobs(&self, store: &Store, rows: &[crate::store::JobRow]) {
+        self.job_effective.clear();
+        self.job_lost_seconds.clear();
+        self.job_stragglers.clear();
+        for row in rows.iter().filter(|r| r.state == JobState::Running) {
+            let label = vec![("job".to_string(), row.name.clone())];
+            let (effective, stragglers) = store.stability(row.id);
+            if let Some(e) = effective {
+                self.job_effective.get_or_create(&label).set(e.share);
+                self.job_lost_seconds
+                    .get_or_create(&label)
+                    .set(e.lost_ms as f64 / 1000.0);
+            }
+            self.job_stragglers
+                .get_or_create(&label)
+                .set(stragglers.len() as i64);
+        }
+    }
+
     /// The text exposition, with the job gauges read from `store` now.
     pub fn render(&self, store: &Store) -> String {
         if let Ok(rows) = store.jobs() {
@@ -196,6 +246,7 @@ impl Metrics {
                     .get_or_create(&vec![("state".to_string(), state.as_str().to_string())])
                     .set(n as i64);
             }
+            self.render_jobs(store, &rows);
         }
         self.render_connections();
         let mut out = String::new();

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::BrainError;
 use crate::auth::{self, Caller};
 use crate::control::{Control, now_unix_ms};
-use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, ProcessSample, Shape, Store};
+use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, Shape, Store};
 use crate::throttle::Throttle;
 
 pub struct BrainService {
@@ -49,6 +49,7 @@ impl BrainService {
     }
 }
 
+mod reports;
 mod shapes;
 use shapes::{node_state, shape_from, shape_to};
 
@@ -140,42 +141,7 @@ impl pb::brain_server::Brain for BrainService {
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
-            .map(|m| {
-                let processes = m
-                    .processes
-                    .iter()
-                    .map(process_sample)
-                    .collect::<Result<_, _>>()?;
-                Ok::<_, Status>(Metric {
-                    at_unix_ms: m.at_unix_ms,
-                    global_step: m.global_step,
-                    samples_per_second: m.samples_per_second,
-                    workers: m.workers,
-                    ps: m.ps,
-                    cpu_millicores: m.cpu_millicores,
-                    memory_bytes: m.memory_bytes,
-                    gpu_utilisation_pct: m.gpu_utilisation_pct,
-                    samples_done: m.samples_done,
-                    processes,
-                    role_rates: m
-                        .role_rates
-                        .iter()
-                        .map(|r| {
-                            let role = vocab::wire::role(&r.role).map_err(|e| {
-                                Status::invalid_argument(format!("role rate: {}", e.0))
-                            })?;
-                            Ok::<_, Status>((
-                                role,
-                                optimizer::live::RoleRate {
-                                    served_per_s: r.served_per_s,
-                                    busy_share: r.busy_share,
-                                    callers_wait_share: r.callers_wait_share,
-                                },
-                            ))
-                        })
-                        .collect::<Result<_, _>>()?,
-                })
-            })
+            .map(reports::metric)
             .collect::<Result<_, _>>()?;
         let want_lines = self.control.sink.is_some();
         let job = JobId(batch.job_id);
@@ -556,23 +522,4 @@ impl pb::brain_server::Brain for BrainService {
             path: path.map(|p| p.display().to_string()).unwrap_or_default(),
         }))
     }
-}
-
-/// A process report as the store keeps it; a report without a role is refused.
-fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
-    let role = vocab::wire::role(&p.role)
-        .map_err(|e| Status::invalid_argument(format!("process {}: {}", p.index, e.0)))?;
-    let limits = p.resources.clone().unwrap_or_default();
-    Ok(ProcessSample {
-        role,
-        index: p.index,
-        cpu_limit: limits.cpu_millicores,
-        memory_limit: limits.memory_bytes,
-        gpus: vocab::Gpus::from_milli(limits.gpu_milli),
-        cpu_millicores: p.cpu_millicores,
-        memory_bytes: p.memory_bytes,
-        memory_peak_bytes: p.memory_peak_bytes,
-        oom_kills: p.oom_kills,
-        pending_ms: p.pending_ms,
-    })
 }

@@ -114,6 +114,7 @@ fn report(i: u64) -> pb::MetricReport {
         gpu_utilisation_pct: 0.0,
         samples_done: i * 10,
         processes: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -279,6 +280,7 @@ async fn the_v2_writer_sends_what_influxdb_2_expects() {
             samples_done: 5,
             processes: Vec::new(),
             role_rates: Vec::new(),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -118,6 +118,7 @@ fn history_db(path: &Path, n: usize) {
                     samples_done: 6000,
                     processes: Vec::new(),
                     role_rates: Vec::new(),
+                    ..Default::default()
                 }],
             )
             .unwrap();

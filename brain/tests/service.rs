@@ -37,6 +37,7 @@ fn report(step: u64, sps: f64) -> pb::MetricReport {
         gpu_utilisation_pct: 0.0,
         samples_done: step * 100,
         processes: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -409,4 +410,86 @@ fn nodes_are_cordoned_with_a_reason_until_lifted_or_expired() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (ok, out) = common::brainctl(&["nodes", "--brain", &url2]);
     assert!(ok && line(&out, "v").contains(" ok"), "{out}");
+}
+
+/// A running job's stragglers and effective training time, as its job master reports them
+/// (issue 42, items 2 and 5): `brainctl nodes` shows the node holding a straggler (the local
+/// pool, without Ray) with the job and the process, `/metrics` has the job's effective
+/// training time, the training its restarts threw away and its stragglers; a report with an
+/// impossible ratio is refused with the field, changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
+    let r = operator_client(&url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "slowpoke".into(),
+            master_address: "127.0.0.1:7001".into(),
+            shape: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let straggler = |ratio: f64| pb::StragglerReport {
+        role: "worker".into(),
+        index: 2,
+        host: "127.0.0.1".into(),
+        ratio,
+    };
+    let with = |ratio: f64| pb::MetricReport {
+        training_ms: 45_000,
+        lost_training_ms: 3_000,
+        wall_ms: 50_000,
+        stragglers: vec![straggler(ratio)],
+        ..report(10, 100.0)
+    };
+    let e = job
+        .report_metrics(pb::MetricsBatch {
+            job_id: r.job_id,
+            reports: vec![with(f64::NAN)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("straggler worker-2"), "{e:?}");
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url]);
+    assert!(ok && out.contains(" ok"), "{out}");
+
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![with(1.92)],
+    })
+    .await
+    .unwrap();
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url]);
+    assert!(ok, "{out}");
+    let local = out.lines().find(|l| l.starts_with("local")).unwrap();
+    assert!(
+        local.contains("straggler") && local.contains("stragglers: slowpoke worker-2 (1.92x)"),
+        "{out}"
+    );
+    let metrics = common::scrape(&url);
+    for want in [
+        "brain_job_effective_training_ratio{job=\"slowpoke\"} 0.9",
+        "brain_job_lost_training_seconds{job=\"slowpoke\"} 3.0",
+        "brain_job_stragglers{job=\"slowpoke\"} 1",
+    ] {
+        assert!(metrics.contains(want), "no {want} in\n{metrics}");
+    }
+    // The straggler recovers: the node is ok again.
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![pb::MetricReport {
+            stragglers: Vec::new(),
+            ..with(1.0)
+        }],
+    })
+    .await
+    .unwrap();
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url]);
+    assert!(ok, "{out}");
+    let local = out.lines().find(|l| l.starts_with("local")).unwrap();
+    assert!(local.contains(" ok"), "{out}");
 }

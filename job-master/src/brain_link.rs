@@ -189,6 +189,7 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
     let counts = ctx.role_counts();
     let live = || ctx.slots.values().filter(|s| s.phase.is_live());
     let total = ctx.spec.data.num_samples as u64 * ctx.spec.epochs as u64;
+    let effective = ctx.effective_training(now_ms);
     pb::MetricReport {
         at_unix_ms: unix_ms(),
         global_step,
@@ -211,6 +212,20 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
         samples_done: (ctx.ledger.done_shards() * ctx.spec.data.shard_size as u64).min(total),
         processes: processes(ctx, now_ms),
         role_rates: crate::service::role_rates(ctx, now_ms),
+        training_ms: effective.training_ms,
+        lost_training_ms: effective.lost_ms,
+        wall_ms: effective.wall_ms,
+        stragglers: ctx
+            .stability
+            .stragglers
+            .iter()
+            .map(|(k, s)| pb::StragglerReport {
+                role: k.role.to_string(),
+                index: k.index,
+                host: s.host.clone(),
+                ratio: s.ratio(),
+            })
+            .collect(),
     }
 }
 

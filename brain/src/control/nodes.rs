@@ -1,7 +1,8 @@
 //! The nodes the brain plans on, as an operator sees and cordons them (`brainctl nodes`): the
 //! capacity's nodes as last read, each with its cordon if it has one. A cordon is kept in the
 //! store (it survives a restart) and taken out of every round's capacity
-//! ([`crate::capacity::without`]); the round after a change comes at once.
+//! ([`crate::capacity::without`]); the round after a change comes at once. A node where a
+//! running job flagged a straggler says so (the job's newest report), cordoned or not.
 
 use super::{Control, now_unix_ms};
 use crate::BrainError;
@@ -12,24 +13,44 @@ use crate::store::Cordon;
 const MAX_REASON: usize = 512;
 const MAX_FOR_S: u64 = 366 * 24 * 3600;
 
-/// One node and its cordon, if any.
+/// One node, its cordon if any, and the running jobs' stragglers on it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeState {
     pub node: NodeInfo,
     pub cordon: Option<Cordon>,
+    /// e.g. `ctr-3 worker-2 (1.92x)`.
+    pub stragglers: Vec<String>,
 }
 
 impl Control {
     /// Every node, with its cordon.
     pub async fn node_states(&self) -> Result<Vec<NodeState>, BrainError> {
         let now = now_unix_ms();
-        let cordons = self.with_store(move |s| s.cordons(now)).await?;
-        Ok(self
-            .nodes()
-            .into_iter()
+        let (cordons, stragglers) = self
+            .with_store(move |s| {
+                let mut stragglers = Vec::new();
+                for row in s.jobs()? {
+                    if row.state == crate::store::JobState::Running {
+                        for n in s.stability(row.id).1 {
+                            let what = format!("{} {} ({:.2}x)", row.name, n.process, n.ratio);
+                            stragglers.push((n.host, what));
+                        }
+                    }
+                }
+                Ok((s.cordons(now)?, stragglers))
+            })
+            .await?;
+        let nodes = self.nodes();
+        Ok(nodes
+            .iter()
             .map(|node| NodeState {
                 cordon: cordons.iter().find(|c| c.node == node.name).cloned(),
-                node,
+                stragglers: stragglers
+                    .iter()
+                    .filter(|(host, _)| on_node(host, &node.name, &nodes))
+                    .map(|(_, what)| what.clone())
+                    .collect(),
+                node: node.clone(),
             })
             .collect())
     }
@@ -67,6 +88,7 @@ impl Control {
         Ok(NodeState {
             node: info,
             cordon: Some(cordon),
+            stragglers: Vec::new(),
         })
     }
 
@@ -84,6 +106,7 @@ impl Control {
         Ok(NodeState {
             node: info,
             cordon: None,
+            stragglers: Vec::new(),
         })
     }
 
@@ -103,5 +126,32 @@ impl Control {
                         .join(", ")
                 ))
             })
+    }
+}
+
+/// Whether a process on `host` runs on node `node`: the node of that address, or, where no
+/// node has it (no Ray: the brain's jobs run on its own machine), the local CPU pool.
+fn on_node(host: &str, node: &str, nodes: &[NodeInfo]) -> bool {
+    host == node || (node == crate::capacity::LOCAL_NODE && !nodes.iter().any(|n| n.name == host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_straggler_is_on_the_node_of_its_address_else_on_the_local_pool() {
+        let node = |name: &str| NodeInfo {
+            name: name.into(),
+            cpu_millicores: 1000,
+            gpus: 0,
+            gpu_type: String::new(),
+        };
+        let ray = [node("10.0.0.1"), node("10.0.0.2")];
+        assert!(on_node("10.0.0.2", "10.0.0.2", &ray));
+        assert!(!on_node("10.0.0.2", "10.0.0.1", &ray));
+        let local = [node("local"), node("gpu-a")];
+        assert!(on_node("127.0.0.1", "local", &local));
+        assert!(!on_node("127.0.0.1", "gpu-a", &local));
     }
 }

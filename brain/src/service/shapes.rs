@@ -23,10 +23,16 @@ pub(super) fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
         cpu_millicores: n.node.cpu_millicores,
         gpus: n.node.gpus,
         gpu_type: n.node.gpu_type.clone(),
-        state: if c.is_some() { "cordoned" } else { "ok" }.into(),
+        state: match (c.is_some(), n.stragglers.is_empty()) {
+            (true, _) => "cordoned",
+            (false, false) => "straggler",
+            (false, true) => "ok",
+        }
+        .into(),
         reason: c.map(|c| c.reason.clone()).unwrap_or_default(),
         since_unix_ms: c.map_or(0, |c| c.since_unix_ms),
         until_unix_ms: c.and_then(|c| c.until_unix_ms).unwrap_or(0),
+        stragglers: n.stragglers.clone(),
     }
 }
 

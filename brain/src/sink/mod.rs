@@ -210,6 +210,7 @@ mod tests {
             samples_done: 9000,
             processes: Vec::new(),
             role_rates: Vec::new(),
+            ..Default::default()
         };
         let l = line("ctr a", JobId(7), &m).unwrap();
         assert!(l.starts_with("job_metrics,job=ctr\\ a,job_id=7 "), "{l}");

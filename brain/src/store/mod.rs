@@ -25,7 +25,7 @@ mod tokens;
 pub use cordons::Cordon;
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
 pub use processes::{CPU_SAMPLES, ProcessSample};
-pub use records::{JobRow, JobState, Metric, ServiceShape, Shape, StoredPlan};
+pub use records::{JobRow, JobState, Metric, ServiceShape, Shape, StoredPlan, StragglerNote};
 pub use reports::PlanCounts;
 
 pub struct Store {

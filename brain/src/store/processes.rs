@@ -42,6 +42,9 @@ pub(super) struct JobProcesses {
     changes: Vec<Change>,
     /// The called roles' rates, as the newest report gave them.
     rates: Vec<(Role, optimizer::live::RoleRate)>,
+    /// Its effective training time and stragglers, as the newest report gave them.
+    effective: Option<vocab::report::EffectiveTraining>,
+    stragglers: Vec<super::StragglerNote>,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +94,8 @@ impl Processes {
             }
             entry.processes = next;
             entry.rates = m.role_rates.clone();
+            entry.effective = m.effective.clone().or(entry.effective.take());
+            entry.stragglers = m.stragglers.clone();
         }
     }
 
@@ -99,6 +104,20 @@ impl Processes {
         self.jobs
             .get(&job)
             .map(|j| j.rates.clone())
+            .unwrap_or_default()
+    }
+
+    /// The job's effective training time and stragglers of its newest report.
+    pub(super) fn stability(
+        &self,
+        job: JobId,
+    ) -> (
+        Option<vocab::report::EffectiveTraining>,
+        Vec<super::StragglerNote>,
+    ) {
+        self.jobs
+            .get(&job)
+            .map(|j| (j.effective.clone(), j.stragglers.clone()))
             .unwrap_or_default()
     }
 

@@ -23,6 +23,18 @@ pub struct Metric {
     pub processes: Vec<super::ProcessSample>,
     /// Each called role's rates over its master's window (calls between roles).
     pub role_rates: Vec<(vocab::Role, optimizer::live::RoleRate)>,
+    /// The job's effective training time so far (none: not measured).
+    pub effective: Option<vocab::report::EffectiveTraining>,
+    /// Its training processes flagged as stragglers now.
+    pub stragglers: Vec<StragglerNote>,
+}
+
+/// A straggler a job master reported: which process, on which node, how much slower.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StragglerNote {
+    pub process: vocab::SlotKey,
+    pub host: String,
+    pub ratio: f64,
 }
 
 /// Values no real job reports: beyond them a report is a bug or an attack, not a measurement.
@@ -71,6 +83,26 @@ impl Metric {
         }
         if self.memory_bytes > MAX_MEMORY_BYTES {
             return Err(format!("memory_bytes is {}", self.memory_bytes));
+        }
+        if let Some(e) = &self.effective
+            && (e.training_ms > e.wall_ms || !(0.0..=1.0).contains(&e.share))
+        {
+            return Err(format!(
+                "effective training {e:?}: more training than wall time"
+            ));
+        }
+        if self.stragglers.len() > MAX_PROCESSES as usize {
+            return Err(format!("{} stragglers", self.stragglers.len()));
+        }
+        for s in &self.stragglers {
+            if !(s.ratio.is_finite() && (1.0..=1e6).contains(&s.ratio)) || s.host.len() > 255 {
+                return Err(format!(
+                    "straggler {}: ratio {} (1 to a million) on a host of {} bytes (at most 255)",
+                    s.process,
+                    s.ratio,
+                    s.host.len()
+                ));
+            }
         }
         if self.processes.len() > MAX_PROCESSES as usize {
             return Err(format!("{} processes", self.processes.len()));

@@ -123,6 +123,18 @@ impl Store {
         self.processes.of(job)
     }
 
+    /// The job's effective training time and stragglers, as its newest report gave them
+    /// (kept in memory: a restarted brain hears them again with the next report).
+    pub fn stability(
+        &self,
+        job: JobId,
+    ) -> (
+        Option<vocab::report::EffectiveTraining>,
+        Vec<super::StragglerNote>,
+    ) {
+        self.processes.stability(job)
+    }
+
     /// The called roles' rates of the job's newest report (calls between roles).
     pub fn role_rates(&self, job: JobId) -> Vec<(vocab::Role, optimizer::live::RoleRate)> {
         self.processes.rates(job)

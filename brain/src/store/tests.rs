@@ -15,6 +15,7 @@ fn metric(step: u64, sps: f64) -> Metric {
         samples_done: step * 10,
         processes: Vec::new(),
         role_rates: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -4,6 +4,7 @@
 #![allow(rustdoc::broken_intra_doc_links)]
 
 mod link;
+mod nodes_cmd;
 mod trace_cmd;
 mod train;
 mod whatif_cmd;
@@ -131,12 +132,13 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
-    /// List the nodes the brain plans on (ok or cordoned, why, since and until when), or
+    /// List the nodes the brain plans on (ok, cordoned: why, since and until when; or holding
+    /// a running job's stragglers: which, how much slower), or
     /// cordon and uncordon one. A cordoned node is taken out of every round's capacity: no
     /// process of a new plan goes there and jobs on it are planned off it.
     Nodes {
         #[command(subcommand)]
-        action: Option<NodesAction>,
+        action: Option<nodes_cmd::NodesAction>,
         /// The brain's gRPC address.
         #[arg(long, global = true, default_value = "http://127.0.0.1:50070")]
         brain: String,
@@ -192,22 +194,6 @@ impl Command {
 }
 
 #[derive(Subcommand)]
-enum NodesAction {
-    /// Take NODE (its name in `brainctl nodes`) out of what the brain plans on.
-    Cordon {
-        node: String,
-        /// Why (shown with the node).
-        #[arg(long)]
-        reason: String,
-        /// For how long (`30m`, `2h`, `1d`) [default: until uncordoned].
-        #[arg(long = "for", value_parser = humantime::parse_duration)]
-        for_: Option<std::time::Duration>,
-    },
-    /// Give NODE back to the brain's rounds.
-    Uncordon { node: String },
-}
-
-#[derive(Subcommand)]
 enum PolicyAction {
     /// Print the policy in force and the file it lives in.
     Show {
@@ -220,46 +206,6 @@ enum PolicyAction {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
-}
-
-/// A time of the brain's clock (Unix ms) as an RFC 3339 UTC time, to the second.
-fn at(unix_ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms.max(0) as u64);
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
-fn print_nodes(nodes: &[pb::NodeState]) {
-    println!(
-        "{:<20} {:>8} {:>10}  {:<9} why",
-        "node", "cpus", "gpus", "state"
-    );
-    for n in nodes {
-        let gpus = match (n.gpus, n.gpu_type.as_str()) {
-            (0, _) => "-".to_string(),
-            (g, "") => g.to_string(),
-            (g, t) => format!("{g} {t}"),
-        };
-        let why = match n.state.as_str() {
-            "cordoned" => format!(
-                "{} (since {}{})",
-                n.reason,
-                at(n.since_unix_ms),
-                if n.until_unix_ms > 0 {
-                    format!(", until {}", at(n.until_unix_ms))
-                } else {
-                    ", until uncordoned".to_string()
-                }
-            ),
-            _ => String::new(),
-        };
-        println!(
-            "{:<20} {:>8.1} {:>10}  {:<9} {why}",
-            n.name,
-            n.cpu_millicores as f64 / 1000.0,
-            gpus,
-            n.state
-        );
-    }
 }
 
 fn print_jobs(jobs: &[pb::JobRecord]) {
@@ -579,34 +525,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Train(args) => train::train(args),
-        Command::Nodes { action, brain } => {
-            let nodes = ask_brain(&brain, async |mut c| {
-                Ok(match action {
-                    None => {
-                        c.list_nodes(pb::ListNodesRequest {})
-                            .await?
-                            .into_inner()
-                            .nodes
-                    }
-                    Some(NodesAction::Cordon { node, reason, for_ }) => vec![
-                        c.cordon_node(pb::CordonNodeRequest {
-                            node,
-                            reason,
-                            for_s: for_.map_or(0, |d| d.as_secs().max(1)),
-                        })
-                        .await?
-                        .into_inner(),
-                    ],
-                    Some(NodesAction::Uncordon { node }) => vec![
-                        c.uncordon_node(pb::UncordonNodeRequest { node })
-                            .await?
-                            .into_inner(),
-                    ],
-                })
-            })?;
-            print_nodes(&nodes);
-            Ok(())
-        }
+        Command::Nodes { action, brain } => nodes_cmd::nodes(action, &brain),
         Command::Policy { action } => match action {
             PolicyAction::Show { brain } => {
                 let p = ask_brain(&brain, async |mut c| {

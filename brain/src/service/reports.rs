@@ -1,0 +1,87 @@
+//! A job master's metric reports on the wire, to the store's [`Metric`]: a report naming no
+//! role, or a role that is not a role name, is refused with the field.
+
+use proto::service::v1 as pb;
+use tonic::Status;
+
+use crate::store::{Metric, ProcessSample, StragglerNote};
+
+pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
+    let processes = m
+        .processes
+        .iter()
+        .map(process_sample)
+        .collect::<Result<_, _>>()?;
+    let role_rates = m
+        .role_rates
+        .iter()
+        .map(|r| {
+            let role = vocab::wire::role(&r.role)
+                .map_err(|e| Status::invalid_argument(format!("role rate: {}", e.0)))?;
+            Ok::<_, Status>((
+                role,
+                optimizer::live::RoleRate {
+                    served_per_s: r.served_per_s,
+                    busy_share: r.busy_share,
+                    callers_wait_share: r.callers_wait_share,
+                },
+            ))
+        })
+        .collect::<Result<_, _>>()?;
+    let stragglers = m
+        .stragglers
+        .iter()
+        .map(|s| {
+            let role = vocab::wire::role(&s.role)
+                .map_err(|e| Status::invalid_argument(format!("straggler: {}", e.0)))?;
+            Ok::<_, Status>(StragglerNote {
+                process: vocab::SlotKey {
+                    role,
+                    index: s.index,
+                },
+                host: s.host.clone(),
+                ratio: s.ratio,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let effective = (m.wall_ms > 0).then(|| vocab::report::EffectiveTraining {
+        wall_ms: m.wall_ms,
+        training_ms: m.training_ms,
+        lost_ms: m.lost_training_ms,
+        share: m.training_ms as f64 / m.wall_ms as f64,
+    });
+    Ok(Metric {
+        at_unix_ms: m.at_unix_ms,
+        global_step: m.global_step,
+        samples_per_second: m.samples_per_second,
+        workers: m.workers,
+        ps: m.ps,
+        cpu_millicores: m.cpu_millicores,
+        memory_bytes: m.memory_bytes,
+        gpu_utilisation_pct: m.gpu_utilisation_pct,
+        samples_done: m.samples_done,
+        processes,
+        role_rates,
+        effective,
+        stragglers,
+    })
+}
+
+/// A process report as the store keeps it; a report without a role is refused.
+fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
+    let role = vocab::wire::role(&p.role)
+        .map_err(|e| Status::invalid_argument(format!("process {}: {}", p.index, e.0)))?;
+    let limits = p.resources.clone().unwrap_or_default();
+    Ok(ProcessSample {
+        role,
+        index: p.index,
+        cpu_limit: limits.cpu_millicores,
+        memory_limit: limits.memory_bytes,
+        gpus: vocab::Gpus::from_milli(limits.gpu_milli),
+        cpu_millicores: p.cpu_millicores,
+        memory_bytes: p.memory_bytes,
+        memory_peak_bytes: p.memory_peak_bytes,
+        oom_kills: p.oom_kills,
+        pending_ms: p.pending_ms,
+    })
+}
