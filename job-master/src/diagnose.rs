@@ -47,11 +47,7 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
     let _ = writeln!(
         out,
         "relaunches: {}; checkpoints: {}; plans reached: {}",
-        if restarts.is_empty() {
-            "none".to_string()
-        } else {
-            restarts.join(", ")
-        },
+        listed(&restarts, ", "),
         ctx.checkpoints.len(),
         ctx.transitions.len()
     );
@@ -70,31 +66,24 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
             )
         })
         .collect();
-    let _ = writeln!(
-        out,
-        "stragglers now: {}",
-        if stragglers.is_empty() {
-            "none".to_string()
-        } else {
-            stragglers.join("; ")
-        }
-    );
+    let _ = writeln!(out, "stragglers now: {}", listed(&stragglers, "; "));
     let avoided: Vec<String> = ctx
         .stability
         .avoided
         .iter()
         .map(|(n, why)| format!("{n} ({why})"))
         .collect();
-    let _ = writeln!(
-        out,
-        "nodes this job avoids: {}",
-        if avoided.is_empty() {
-            "none".to_string()
-        } else {
-            avoided.join("; ")
-        }
-    );
+    let _ = writeln!(out, "nodes this job avoids: {}", listed(&avoided, "; "));
     out
+}
+
+/// `items` joined by `sep`, or `none`.
+fn listed(items: &[String], sep: &str) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(sep)
+    }
 }
 
 fn timeline(out: &mut String, ctx: &JobContext, all: bool) {

@@ -89,6 +89,65 @@ impl Cluster {
     }
 }
 
+/// A rank slowed on its node (a SIGSTOP/SIGCONT duty cycle) is flagged as a straggler and,
+/// with `straggler_action: replace`, replaced on another node: after a checkpoint at a cut the
+/// group restarts with the rank on the one node left free, the job avoids the slow node from
+/// then on, and every sample is trained once (issue 42, items 3 and 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_straggler_is_replaced_on_another_node() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(60))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 60_000;
+    let mut spec = spec(dir.path(), "allreduce", 0, 2, N, 1, 300);
+    spec.stability.straggler_action = job_master::spec::StragglerAction::Replace;
+    let mut run = cluster.start(spec, dir.path()).await;
+    let s = all_running(run.addr, 2).await;
+    let (slow_host, _) = host_of(&s, "worker", 1);
+    shards_at_least(run.addr, 4).await;
+    let slowed = duty_cycle(
+        pid_of(run.addr, "worker", 1).await,
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+    );
+    // Two workers of 3 CPUs on nodes of 4: the replacement can only go to the third node.
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "worker-1 running on another node",
+        |s| {
+            s.processes.iter().any(|p| {
+                p.role == "worker"
+                    && p.index == 1
+                    && p.state == "running"
+                    && !p.host.is_empty()
+                    && p.host != slow_host
+            })
+        },
+    )
+    .await;
+    drop(slowed);
+    assert!(!hosts(&s, "worker").contains(&slow_host), "{s:#?}");
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 1);
+    for event in [
+        format!("straggler: worker-1 on {slow_host} computes a step in"),
+        format!("nodes this job avoids (a straggler of it ran there): {slow_host}"),
+        "straggler worker-1 replaced: every process restarts from checkpoint".to_string(),
+    ] {
+        assert!(
+            report.events.iter().any(|e| e.contains(&event)),
+            "no {event:?} in {:#?}",
+            report.events
+        );
+    }
+}
+
 /// A job's spec: `ps` parameter servers of 1 CPU and `workers` workers of 3 CPUs (a node has 4:
 /// no two workers share a node).
 fn spec(

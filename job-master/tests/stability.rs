@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -16,23 +14,6 @@ use nix::unistd::Pid;
 
 const N: u64 = 40_000;
 
-/// Stops `pid` for `stopped` out of every `period` until `done` or the process is gone: a
-/// node that gives the process only part of its CPU.
-fn duty_cycle(pid: u32, stopped: Duration, period: Duration, done: Arc<AtomicBool>) {
-    std::thread::spawn(move || {
-        let pid = Pid::from_raw(pid as i32);
-        while !done.load(Ordering::Relaxed) {
-            if kill(pid, Signal::SIGSTOP).is_err() {
-                return;
-            }
-            std::thread::sleep(stopped);
-            let _ = kill(pid, Signal::SIGCONT);
-            std::thread::sleep(period - stopped);
-        }
-        let _ = kill(pid, Signal::SIGCONT);
-    });
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_slowed_mid_run_is_flagged_and_replaced_and_no_sample_is_lost() {
     let dir = tempfile::tempdir().unwrap();
@@ -41,16 +22,10 @@ async fn a_rank_slowed_mid_run_is_flagged_and_replaced_and_no_sample_is_lost() {
     let mut run = start(spec, dir.path()).await;
     shards_at_least(run.addr, 4).await;
     let slow = pid_of(run.addr, "worker", 2).await;
-    let done = Arc::new(AtomicBool::new(false));
     // Half of every 200 ms stopped: about half its speed.
-    duty_cycle(
-        slow,
-        Duration::from_millis(100),
-        Duration::from_millis(200),
-        done.clone(),
-    );
+    let slowed = duty_cycle(slow, Duration::from_millis(100), Duration::from_millis(200));
     let report = run.report().await;
-    done.store(true, Ordering::Relaxed);
+    drop(slowed);
     assert_each_sample_once(&report, N, 1);
     assert_recovered(
         &report,

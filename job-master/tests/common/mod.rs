@@ -606,3 +606,34 @@ pub async fn ps_with(addr: &str, token: Option<auth::Token>) -> Ps {
     };
     Ps::new(auth::with_token(channel, auth::WithToken::new(token)))
 }
+
+/// Stops `pid` for `stopped` out of every `period` until the guard is dropped or the process
+/// is gone: a node that gives the process only part of its time.
+#[allow(dead_code)]
+pub fn duty_cycle(pid: u32, stopped: Duration, period: Duration) -> DutyCycle {
+    use nix::sys::signal::{Signal, kill};
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if kill(pid, Signal::SIGSTOP).is_err() {
+                return;
+            }
+            std::thread::sleep(stopped);
+            let _ = kill(pid, Signal::SIGCONT);
+            std::thread::sleep(period - stopped);
+        }
+        let _ = kill(pid, Signal::SIGCONT);
+    });
+    DutyCycle(done)
+}
+
+/// Ends a [`duty_cycle`] when dropped.
+pub struct DutyCycle(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DutyCycle {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
