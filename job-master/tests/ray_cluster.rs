@@ -148,6 +148,62 @@ async fn a_straggler_is_replaced_on_another_node() {
     }
 }
 
+/// A rank frozen on its node (SIGSTOP) stops the whole ring: the job master finds the group
+/// hung, the agents on every node send the stacks (the frozen rank's threads all stopped), and
+/// the group restarts from its latest checkpoint; every sample is trained once (issue 42,
+/// items 4 and 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_frozen_on_its_node_is_found_hung_and_the_group_recovers() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(60))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 30_000;
+    let mut spec = spec(dir.path(), "allreduce", 0, 3, N, 1, 300);
+    spec.stability.hang_min_s = 3.0;
+    spec.stability.hang_after_steps = 20.0;
+    let mut run = cluster.start(spec, dir.path()).await;
+    all_running(run.addr, 3).await;
+    wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "a checkpoint and more shards",
+        |s| s.checkpoints >= 1 && s.shards_done >= 12,
+    )
+    .await;
+    let frozen = pid_of(run.addr, "worker", 1).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(frozen as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 1);
+    assert_eq!(report.hangs.len(), 1, "{:#?}", report.events);
+    let stacks = &report.hangs[0].stacks;
+    assert_eq!(stacks.len(), 3, "every node's rank: {stacks:#?}");
+    assert!(
+        stacks["worker-1"].contains(&format!("process {frozen} (")),
+        "{stacks:#?}"
+    );
+    assert!(
+        stacks["worker-1"].contains("is stopped (SIGSTOP)"),
+        "{stacks:#?}"
+    );
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("every process restarts from checkpoint")),
+        "{:#?}",
+        report.events
+    );
+}
+
 /// A job's spec: `ps` parameter servers of 1 CPU and `workers` workers of 3 CPUs (a node has 4:
 /// no two workers share a node).
 fn spec(
