@@ -56,6 +56,10 @@ pub struct Stability {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Straggler {
     pub since_ms: u64,
+    /// `straggler_action: replace` acted on it (a group busy then is tried again at the next
+    /// slow report).
+    #[serde(default)]
+    pub replaced: bool,
     pub host: String,
     /// Its compute per step and its group's median, ms (the latest report).
     pub step_ms: f64,
@@ -220,6 +224,7 @@ impl JobContext {
             let host = self.slots[&key].host.clone();
             let s = Straggler {
                 since_ms: now_ms,
+                replaced: false,
                 host: host.clone(),
                 step_ms,
                 median_ms: med,
@@ -242,6 +247,12 @@ impl JobContext {
         } else if let Some(s) = self.stability.stragglers.get_mut(&key) {
             s.step_ms = step_ms;
             s.median_ms = med;
+            let retry = slow
+                && !s.replaced
+                && self.spec.stability.straggler_action == StragglerAction::Replace;
+            if retry {
+                return self.replace_straggler(key, now_ms);
+            }
             if fine {
                 self.stability.stragglers.remove(&key);
                 self.log_as(EventKind::Straggler,
@@ -272,6 +283,9 @@ impl JobContext {
             return Vec::new();
         }
         let host = self.slots[&key].host.clone();
+        if let Some(s) = self.stability.stragglers.get_mut(&key) {
+            s.replaced = true;
+        }
         let mut effects = Vec::new();
         if !host.is_empty() {
             self.stability

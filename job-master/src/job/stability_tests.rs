@@ -300,3 +300,45 @@ fn a_transition_holds_the_hang_clock() {
     tick(&mut ctx, 10_600);
     assert!(ctx.stability.capturing.is_some());
 }
+
+#[test]
+fn a_straggler_found_while_the_group_is_busy_is_replaced_once_it_is_not() {
+    let mut ctx = running("ps", 1, 3, 1000);
+    ctx.spec.stability.straggler_action = StragglerAction::Replace;
+    // A replacement already waits for its cut: the new straggler waits its turn.
+    ctx.stability.replace_at_cut = Some(worker(0));
+    let report = |ctx: &mut JobContext, r: u64| {
+        let mut effects = Vec::new();
+        for w in 0..3 {
+            let m = MetricsRecord {
+                global_step: r * 10,
+                steps: 10,
+                compute_seconds: if w == 2 { 1.0 } else { 0.5 },
+                ..Default::default()
+            };
+            let inc = ctx.slots[&worker(w)].incarnation;
+            effects.extend(
+                ctx.report_metrics(worker(w), inc, m, None, None, r * REPORT_MS)
+                    .unwrap(),
+            );
+        }
+        effects
+    };
+    report(&mut ctx, 1);
+    let effects = report(&mut ctx, 2);
+    assert!(effects.is_empty(), "{effects:?}");
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text.contains("worker-2 is not replaced now"))
+    );
+    ctx.stability.replace_at_cut = None;
+    let effects = report(&mut ctx, 3);
+    assert!(
+        effects.contains(&Effect::LaunchAgent {
+            key: worker(2),
+            incarnation: 2
+        }),
+        "{effects:?}"
+    );
+}
