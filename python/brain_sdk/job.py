@@ -233,6 +233,8 @@ class ElasticJob:
             raise BrainError(f"checkpoint {path} was not written by brain_sdk")
         meta = blob["brain_sdk"]
         self.step = int(meta["step"])
+        # Steps restored are not steps this process timed.
+        self._step_at_report = self.step
         self.applied_samples = int(meta["applied_samples"])
         self.applied_index_sum = int(meta["applied_index_sum"])
         return blob["user"]
