@@ -141,11 +141,7 @@ async fn a_silent_agent_is_declared_lost_after_the_heartbeat_timeout() {
     shards_at_least(run.addr, 5).await;
     let trainer = pid_of(run.addr, "worker", 1).await;
     let agent = parent_of(trainer);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
+    freeze(agent);
     let report = run.report().await;
     assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     assert_recovered(&report, "worker-1 failed (agent lost: no heartbeat for");

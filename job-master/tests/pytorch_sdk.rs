@@ -196,11 +196,7 @@ async fn a_frozen_rank_is_found_hung_with_its_peer_s_python_stack() {
     .await;
     shards_at_least(run.addr, s.shards_done + 2).await;
     let frozen = pid_of(run.addr, "worker", 1).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(frozen as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
+    freeze(frozen);
     let report = run.report().await;
     assert_each_sample_once(&report, SAMPLES, 1);
     assert_eq!(report.hangs.len(), 1, "{:#?}", report.events);
@@ -213,14 +209,7 @@ async fn a_frozen_rank_is_found_hung_with_its_peer_s_python_stack() {
     let peer = &stacks["worker-0"];
     assert!(peer.contains("most recent call first"), "{peer}");
     assert!(peer.contains("brain_sdk"), "{peer}");
-    assert!(
-        report
-            .events
-            .iter()
-            .any(|e| e.contains("every process restarts from checkpoint")),
-        "{:#?}",
-        report.events
-    );
+    assert_recovered(&report, "every process restarts from checkpoint");
 }
 
 /// The SDK's own unit tests (`python/tests`: step slicing, environment, checkpoint files).

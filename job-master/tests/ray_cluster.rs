@@ -140,11 +140,7 @@ async fn a_straggler_is_replaced_on_another_node() {
         format!("nodes this job avoids (a straggler of it ran there): {slow_host}"),
         "straggler worker-1 replaced: every process restarts from checkpoint".to_string(),
     ] {
-        assert!(
-            report.events.iter().any(|e| e.contains(&event)),
-            "no {event:?} in {:#?}",
-            report.events
-        );
+        assert_recovered(&report, &event);
     }
 }
 
@@ -176,11 +172,7 @@ async fn a_rank_frozen_on_its_node_is_found_hung_and_the_group_recovers() {
     )
     .await;
     let frozen = pid_of(run.addr, "worker", 1).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(frozen as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
+    freeze(frozen);
     let report = run.report().await;
     assert_every_sample_once(&report, N, 1);
     assert_eq!(report.hangs.len(), 1, "{:#?}", report.events);
@@ -194,14 +186,7 @@ async fn a_rank_frozen_on_its_node_is_found_hung_and_the_group_recovers() {
         stacks["worker-1"].contains("is stopped (SIGSTOP)"),
         "{stacks:#?}"
     );
-    assert!(
-        report
-            .events
-            .iter()
-            .any(|e| e.contains("every process restarts from checkpoint")),
-        "{:#?}",
-        report.events
-    );
+    assert_recovered(&report, "every process restarts from checkpoint");
 }
 
 /// A job's spec: `ps` parameter servers of 1 CPU and `workers` workers of 3 CPUs (a node has 4:

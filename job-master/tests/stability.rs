@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use common::*;
 use job_master::spec::{Role, StragglerAction};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
 const N: u64 = 40_000;
 
@@ -62,7 +60,7 @@ async fn a_frozen_rank_is_found_hung_its_stacks_captured_and_the_group_recovers(
     )
     .await;
     let frozen = pid_of(run.addr, "worker", 1).await;
-    kill(Pid::from_raw(frozen as i32), Signal::SIGSTOP).unwrap();
+    freeze(frozen);
     let report = run.report().await;
     assert_each_sample_once(&report, N, 1);
     assert_recovered(&report, "hang: the worker group reported no step for");

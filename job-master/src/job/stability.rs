@@ -312,7 +312,8 @@ impl JobContext {
             slot.incarnation += 1;
             slot.restart_count += 1;
             effects.extend(self.relaunch_agent(key, now_ms));
-        } else if self.data_tracked() && self.is_builtin_or_sdk() {
+        } else if self.data_tracked() && !self.restarts_to_rescale() {
+            // The built-in workload or a script on the SDK: it checkpoints at the master's cuts.
             self.log_as(
                 EventKind::Straggler,
                 now_ms,
@@ -328,12 +329,6 @@ impl JobContext {
             effects.extend(self.restart_replacing(key, now_ms));
         }
         effects
-    }
-
-    /// Whether the group takes checkpoints at the master's cuts (the built-in workload or a
-    /// script on the SDK; not a command that saves on SIGTERM).
-    fn is_builtin_or_sdk(&self) -> bool {
-        !self.restarts_to_rescale()
     }
 
     /// The group restarts (from the checkpoint just taken) with `key` on a new agent.

@@ -607,6 +607,16 @@ pub async fn ps_with(addr: &str, token: Option<auth::Token>) -> Ps {
     Ps::new(auth::with_token(channel, auth::WithToken::new(token)))
 }
 
+/// Freezes `pid` (SIGSTOP): alive, holding its sockets, making no progress.
+#[allow(dead_code)]
+pub fn freeze(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+}
+
 /// Stops `pid` for `stopped` out of every `period` until the guard is dropped or the process
 /// is gone: a node that gives the process only part of its time.
 #[allow(dead_code)]
