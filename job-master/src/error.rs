@@ -65,6 +65,10 @@ pub enum Error {
     Ray(#[from] ray_client::RayError),
     #[error("the job's credentials: {0}")]
     Auth(#[from] auth::AuthError),
+    #[error("this is pre-run check {current}, not {got}: the process belongs to an older check")]
+    StaleCheck { got: String, current: String },
+    #[error("the pre-run check: {0}")]
+    Precheck(String),
 }
 
 impl From<Error> for tonic::Status {
@@ -73,9 +77,10 @@ impl From<Error> for tonic::Status {
         match e {
             Error::Spec(_) | Error::InvalidRequest(_) => tonic::Status::invalid_argument(msg),
             Error::UnknownProcess { .. } | Error::UnknownShard(_) => tonic::Status::not_found(msg),
-            Error::StaleIncarnation { .. } | Error::StaleRound { .. } | Error::NotLeased { .. } => {
-                tonic::Status::failed_precondition(msg)
-            }
+            Error::StaleIncarnation { .. }
+            | Error::StaleRound { .. }
+            | Error::NotLeased { .. }
+            | Error::StaleCheck { .. } => tonic::Status::failed_precondition(msg),
             _ => tonic::Status::internal(msg),
         }
     }

@@ -13,6 +13,8 @@
 //! * [`shared`] holds the state the tasks share and applies every decision durably;
 //!   [`master`] is the async shell: `run(config, listener, shutdown)`; [`service`] is the thin
 //!   tonic adapter over [`job`] through [`shared`].
+//! * [`precheck`] runs the pre-run check (the spec's `precheck:`) over the nodes the platform
+//!   offers before the first launch; the job avoids the faulty nodes and stragglers it finds.
 //! * [`diagnose`] turns a persisted context into a diagnosis: the timeline of its troubles,
 //!   the hangs with their stacks, its effective training time.
 
@@ -24,6 +26,7 @@ pub mod ledger;
 pub mod master;
 pub mod persist;
 pub mod platform;
+pub mod precheck;
 pub mod rendezvous;
 pub mod scale;
 pub mod service;

@@ -212,6 +212,58 @@ async fn a_frozen_rank_is_found_hung_with_its_peer_s_python_stack() {
     assert_recovered(&report, "every process restarts from checkpoint");
 }
 
+/// The pre-run check (`precheck:`) on the one node of the local platform: its check process
+/// times a torch matmul before the first launch, the time is in the report, and the job
+/// trains as usual after it. A Python the check cannot run in fails the job before anything
+/// starts, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pre_run_check_times_the_node_before_training_and_refuses_a_broken_one() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
+    let mut spec = spec(&python, &sdk, &ckpt, &log);
+    spec.epochs = 1;
+    spec.precheck.enabled = Some(true);
+    spec.precheck.matmul_size = Some(256);
+    let mut run = start(spec.clone(), dir.path()).await;
+    let report = run.report().await;
+    assert_each_sample_once(&report, SAMPLES, 1);
+    let check = report.precheck.as_ref().expect("a pre-run check");
+    assert_eq!(check.nodes.len(), 1, "{check:#?}");
+    let node = &check.nodes[0];
+    assert_eq!(node.health, vocab::report::NodeHealth::Healthy, "{node:#?}");
+    assert!(node.matmul_ms.is_some_and(|ms| ms > 0.0), "{node:#?}");
+    assert!(check.elapsed_ms > 0);
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("pre-run check of 1 node(s) took")),
+        "{:#?}",
+        report.events
+    );
+
+    // A Python without torch: the node is faulty, and there is no other.
+    let dir = tempfile::tempdir().unwrap();
+    spec.precheck.python = Some("/nonexistent/python3".into());
+    spec.checkpoint.dir = dir.path().join("ckpt");
+    let run = start(spec, dir.path()).await;
+    let err = tokio::time::timeout(Duration::from_secs(120), run.handle)
+        .await
+        .expect("the job master gave up in time")
+        .unwrap()
+        .expect_err("no healthy node");
+    let text = err.to_string();
+    assert!(
+        text.contains("no healthy node: 127.0.0.1 is faulty"),
+        "{text}"
+    );
+    assert!(text.contains("/nonexistent/python3"), "{text}");
+    assert!(processes_of(run.addr).is_empty());
+}
+
 /// The SDK's own unit tests (`python/tests`: step slicing, environment, checkpoint files).
 #[test]
 fn the_sdk_unit_tests_pass() {

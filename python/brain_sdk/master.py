@@ -22,29 +22,38 @@ def reserve_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def open_channel(master: str, tls_dir: str) -> grpc.Channel:
+    """A channel to the job master at `master` (`http://host:port`), over mutual TLS with the
+    job's certificate when the job runs with TLS (`tls_dir`), ready or refused within
+    CALL_TIMEOUT_S."""
+    target = master.removeprefix("http://")
+    if tls_dir:
+        # The job runs with TLS: mutual TLS with the job's certificate, the master checked
+        # under the job's name (whatever its address).
+        ca, cert, key = read_job_tls(tls_dir)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+        channel = grpc.secure_channel(
+            target, creds, options=(("grpc.ssl_target_name_override", JOB_SERVER_NAME),)
+        )
+    else:
+        channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=CALL_TIMEOUT_S)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise BrainError(
+            f"the job master at {master} did not answer within {CALL_TIMEOUT_S:.0f} s"
+        ) from None
+    return channel
+
+
 class MasterClient:
     def __init__(self, env: ProcessEnv):
         # The job's secret first: a process without it learns why before it waits on anything.
         self._metadata = (("authorization", f"Bearer {env.token()}"),)
-        target = env.master.removeprefix("http://")
-        if env.tls_dir:
-            # The job runs with TLS: mutual TLS with the job's certificate, the master
-            # checked under the job's name (whatever its address).
-            ca, cert, key = read_job_tls(env.tls_dir)
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=ca, private_key=key, certificate_chain=cert
-            )
-            self._channel = grpc.secure_channel(
-                target, creds, options=(("grpc.ssl_target_name_override", JOB_SERVER_NAME),)
-            )
-        else:
-            self._channel = grpc.insecure_channel(target)
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=CALL_TIMEOUT_S)
-        except grpc.FutureTimeoutError:
-            raise BrainError(
-                f"the job master at {env.master} did not answer within {CALL_TIMEOUT_S:.0f} s"
-            ) from None
+        self._channel = open_channel(env.master, env.tls_dir)
         self._stub = pb_grpc.JobMasterStub(self._channel)
         # The role group by name, as the job master launched this process.
         self.me = pb.ProcessRef(role=env.role, index=env.index, incarnation=env.incarnation)

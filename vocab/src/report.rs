@@ -157,6 +157,74 @@ pub struct JobReport {
     /// How much of its wall time the job trained (none from a master before this field).
     #[serde(default)]
     pub effective_training: Option<EffectiveTraining>,
+    /// The pre-run check, when the job ran one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precheck: Option<PrecheckRecord>,
+}
+
+/// What a job's pre-run check found (the spec's `precheck:`), node by node, and how long it
+/// took.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrecheckRecord {
+    /// From the first check process launched to the verdict.
+    pub elapsed_ms: u64,
+    pub nodes: Vec<PrecheckNode>,
+}
+
+impl PrecheckRecord {
+    /// The nodes the job must not use: faulty and stragglers.
+    pub fn unhealthy(&self) -> impl Iterator<Item = &PrecheckNode> {
+        self.nodes
+            .iter()
+            .filter(|n| n.health != NodeHealth::Healthy)
+    }
+}
+
+/// How a node came out of a pre-run check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeHealth {
+    #[default]
+    Healthy,
+    /// Slower than the check's ratio times the median.
+    Straggler,
+    /// Failed its matmul, or every all-reduce round it took part in, or never answered.
+    Faulty,
+}
+
+impl NodeHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeHealth::Healthy => "healthy",
+            NodeHealth::Straggler => "straggler",
+            NodeHealth::Faulty => "faulty",
+        }
+    }
+}
+
+/// One node's figures in a pre-run check.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrecheckNode {
+    /// Its address, as the platform names it.
+    pub node: String,
+    pub health: NodeHealth,
+    /// The matmul's time (none: it failed or never reported).
+    pub matmul_ms: Option<f64>,
+    /// Each all-reduce round it took part in: the round, its peers, and the time (none:
+    /// failed).
+    pub rounds: Vec<PrecheckRound>,
+    /// Why it is not healthy, with the figures.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrecheckRound {
+    pub round: u32,
+    pub peers: Vec<String>,
+    pub allreduce_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 /// The share of a job's wall time its training group spent making progress that was kept.

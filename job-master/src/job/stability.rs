@@ -21,6 +21,7 @@ use std::collections::{BTreeSet, VecDeque};
 use super::*;
 use crate::spec::StragglerAction;
 pub use vocab::report::HangRecord;
+use vocab::report::PrecheckRecord;
 
 /// Reports of compute per step kept per process (the test is the last two).
 const WINDOW: usize = 3;
@@ -51,6 +52,9 @@ pub struct Stability {
     pub hangs: Vec<HangRecord>,
     /// A transition held the group still until then: no hang is counted before.
     pub quiet_until_ms: u64,
+    /// What the pre-run check found, when the job ran one.
+    #[serde(default)]
+    pub precheck: Option<PrecheckRecord>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,6 +115,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl JobContext {
+    /// Takes the pre-run check's verdict: its faulty nodes and stragglers are avoided from
+    /// now on, each said in the job's events with the figures. Returns the nodes to avoid.
+    pub fn precheck_done(&mut self, record: PrecheckRecord, now_ms: u64) -> Vec<String> {
+        let mut avoid = Vec::new();
+        for n in record.unhealthy() {
+            let why = format!(
+                "the pre-run check found it {}: {}",
+                n.health.as_str(),
+                n.why
+            );
+            self.log_as(
+                EventKind::Node,
+                now_ms,
+                format!("node {} avoided: {why}", n.node),
+            );
+            self.stability.avoided.insert(n.node.clone(), why);
+            avoid.push(n.node.clone());
+        }
+        let healthy = record.nodes.len() - avoid.len();
+        self.log_as(
+            EventKind::Node,
+            now_ms,
+            format!(
+                "pre-run check of {} node(s) took {:.1} s: {healthy} healthy",
+                record.nodes.len(),
+                record.elapsed_ms as f64 / 1000.0
+            ),
+        );
+        self.stability.precheck = Some(record);
+        avoid
+    }
+
     /// A training process reported `steps` steps with `compute_s` seconds of its own work and
     /// its step counter at `global_step`: its progress and compute are recorded, and its
     /// group is checked for stragglers.

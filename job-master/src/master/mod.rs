@@ -203,6 +203,37 @@ fn start_or_resume(
     Ok((ctx, launches, 0))
 }
 
+/// The pre-run check's processes: the workload's environment, with the job's secret and TLS
+/// directory by path as the agents get them; one GPU each for a job that uses GPUs. The
+/// addresses are the caller's.
+fn precheck_run(
+    ctx: &JobContext,
+    settings: vocab::spec::Precheck,
+    creds: &auth::JobCreds,
+    token_file: &Path,
+) -> crate::precheck::CheckRun {
+    let mut env = ctx.spec.workload.env.clone();
+    env.insert(
+        auth::JOB_TOKEN_ENV.into(),
+        token_file.to_string_lossy().into_owned(),
+    );
+    if let Some(tls) = &creds.tls {
+        env.insert(
+            auth::tls::JOB_TLS_ENV.into(),
+            tls.dir().to_string_lossy().into_owned(),
+        );
+    }
+    crate::precheck::CheckRun {
+        settings,
+        env,
+        gpus: u32::from(ctx.spec.uses_gpu()),
+        bind: std::net::Ipv4Addr::LOCALHOST.into(),
+        advertise: std::net::Ipv4Addr::LOCALHOST.into(),
+        creds: creds.clone(),
+        connections: Default::default(),
+    }
+}
+
 /// Runs one job to its end on `listener` (use port 0 in tests). Resolves when the job succeeded,
 /// failed, or `shutdown` fired; every agent is stopped before it returns.
 pub async fn run(
@@ -313,6 +344,44 @@ pub async fn run(
     let avoided: Vec<String> = job.lock().await.stability.avoided.keys().cloned().collect();
     if !avoided.is_empty() {
         platform.avoid(&avoided);
+    }
+    // Before the first launch: the pre-run check, once per job (a resumed job that finished
+    // it keeps avoiding what it found).
+    let precheck = {
+        let ctx = job.lock().await;
+        ctx.spec
+            .precheck()
+            .filter(|_| ctx.stability.precheck.is_none())
+    };
+    if let Some(settings) = precheck {
+        let local = listener.local_addr().map_err(|source| Error::Io {
+            path: "the job master's listener".into(),
+            source,
+        })?;
+        let check = precheck_run(&*job.lock().await, settings, &creds, &token_file);
+        let check = crate::precheck::CheckRun {
+            bind: local.ip(),
+            advertise: addr.ip(),
+            connections: connections.clone(),
+            ..check
+        };
+        let record = crate::precheck::run(platform.clone(), check).await?;
+        if record.unhealthy().count() == record.nodes.len() {
+            // Not kept: the job is run again (`--resume`) once the nodes are mended, and
+            // checks them again.
+            let why: Vec<String> = record
+                .nodes
+                .iter()
+                .map(|n| format!("{} is {}: {}", n.node, n.health.as_str(), n.why))
+                .collect();
+            return Err(Error::Precheck(format!(
+                "no healthy node: {}",
+                why.join("; ")
+            )));
+        }
+        let avoid = job.lock().await.precheck_done(record, clock_ms);
+        persister.durable(persister.changed()).await?;
+        platform.avoid(&avoid);
     }
     let (effects, mut eff_rx) = crate::shared::EffectQueue::new();
     let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);

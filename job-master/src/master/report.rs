@@ -45,6 +45,7 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
             .map(|e| format!("{:>8} ms  {}", e.at_ms, e.text))
             .collect(),
         hangs: ctx.stability.hangs.clone(),
+        precheck: ctx.stability.precheck.clone(),
         effective_training: Some(ctx.effective_training(now_ms)),
     }
 }

@@ -419,6 +419,60 @@ impl Platform for LocalPlatform {
         self.capacity.clone()
     }
 
+    /// This machine, the one node.
+    async fn check_nodes(&self) -> Result<Vec<super::CheckNode>, Error> {
+        Ok(vec![super::CheckNode {
+            name: "127.0.0.1".into(),
+            gpus: self.gpus.len() as u32,
+        }])
+    }
+
+    /// A child process with its output in `RUN_DIR/logs/<id>.log`, killed at its timeout.
+    async fn run_check(
+        &self,
+        _node: &super::CheckNode,
+        c: super::CheckLaunch,
+    ) -> Result<(), String> {
+        let log_path = self.log_dir.join(format!("{}.log", c.id));
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let (program, args) = c.argv.split_first().ok_or("an empty command line")?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .envs(&c.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2))
+            .kill_on_drop(true);
+        if c.gpus > 0 && !self.gpus.is_empty() {
+            let n = (c.gpus as usize).min(self.gpus.len());
+            cmd.env("CUDA_VISIBLE_DEVICES", self.gpus[..n].join(","));
+        }
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("{program}: {e}"))?;
+        let status = match tokio::time::timeout(c.timeout, child.wait()).await {
+            Ok(Ok(status)) if status.success() => return Ok(()),
+            Ok(Ok(status)) => status.to_string(),
+            Ok(Err(e)) => format!("wait failed: {e}"),
+            Err(_) => {
+                let _ = child.kill().await;
+                format!("still running after {} s: killed", c.timeout.as_secs())
+            }
+        };
+        let out = std::fs::read_to_string(&log_path).unwrap_or_default();
+        Err(format!("{status}; {}", super::last_lines(&out, 8)))
+    }
+
     async fn running(&self) -> usize {
         self.agents.lock().await.len()
     }

@@ -58,6 +58,28 @@ pub enum PlatformEvent {
     Note(String),
 }
 
+/// A node a pre-run check covers: where the job's processes may go.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckNode {
+    /// Its address (what `avoid` and the brain's cordons name it by).
+    pub name: String,
+    /// The GPUs it has (0: the check runs on its CPU).
+    pub gpus: u32,
+}
+
+/// One check process to run on a node until it ends.
+#[derive(Clone, Debug)]
+pub struct CheckLaunch {
+    /// Unique in the job (part of its log's name and its platform id).
+    pub id: String,
+    pub argv: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Whole GPUs it is given (the node's device for the check).
+    pub gpus: u32,
+    /// Stopped after this long.
+    pub timeout: Duration,
+}
+
 #[async_trait::async_trait]
 pub trait Platform: Send + Sync {
     fn name(&self) -> &'static str;
@@ -83,6 +105,34 @@ pub trait Platform: Send + Sync {
     async fn running(&self) -> usize;
     /// What this platform can place for the job; scale plans beyond it are rejected.
     fn capacity(&self) -> Capacity;
+    /// The nodes where the job's processes may go now (neither cordoned nor avoided): what a
+    /// pre-run check covers.
+    async fn check_nodes(&self) -> Result<Vec<CheckNode>, Error> {
+        Err(Error::InvalidRequest(format!(
+            "the {} platform runs no pre-run check: turn `precheck:` off",
+            self.name()
+        )))
+    }
+    /// Runs one check process on `node` and waits for it: `Ok` when it exited 0, else why not
+    /// (with the end of its output).
+    async fn run_check(&self, node: &CheckNode, check: CheckLaunch) -> Result<(), String> {
+        let _ = (node, check);
+        Err(format!(
+            "the {} platform runs no check process",
+            self.name()
+        ))
+    }
 }
 
 pub use vocab::spec::PlatformConfig;
+
+/// The last `n` lines of a process's output, for an error that says why it failed.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(n)..].join("\n");
+    if tail.is_empty() {
+        "no output".into()
+    } else {
+        format!("last output:\n{tail}")
+    }
+}

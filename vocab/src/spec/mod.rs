@@ -12,6 +12,7 @@ pub mod host;
 pub mod limits;
 mod placement;
 mod platform;
+mod precheck;
 mod roles;
 mod stability;
 mod validate;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use placement::{DeviceShare, PlacementGroup, Strategy};
 pub use platform::PlatformConfig;
+pub use precheck::{Precheck, PrecheckSpec};
 pub use roles::{Failover, Topology};
 pub use stability::{StabilitySpec, StragglerAction};
 
@@ -261,6 +263,9 @@ pub struct JobSpec {
     /// When a training process is a straggler or hung, and what is done about a straggler.
     #[serde(default, skip_serializing_if = "StabilitySpec::is_default")]
     pub stability: StabilitySpec,
+    /// The check each node runs before training (`precheck::PrecheckSpec`).
+    #[serde(default, skip_serializing_if = "PrecheckSpec::is_default")]
+    pub precheck: PrecheckSpec,
 }
 
 fn default_epochs() -> i64 {

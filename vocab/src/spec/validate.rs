@@ -39,6 +39,7 @@ impl JobSpec {
         self.validate_roles()?;
         self.validate_placement()?;
         self.validate_stability()?;
+        self.validate_precheck()?;
         self.validate_workload()?;
         positive("data.num_samples", self.data.num_samples)?;
         limits::at_most(

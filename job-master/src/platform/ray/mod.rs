@@ -304,13 +304,10 @@ impl Inner {
         let mut d = info.headline(id);
         if info.status == RayJobStatus::Failed {
             match self.api.logs(id).await {
-                Ok(logs) => {
-                    let lines: Vec<&str> = logs.lines().collect();
-                    let tail = lines[lines.len().saturating_sub(10)..].join("\n");
-                    if !tail.is_empty() {
-                        d += &format!("; last output:\n{tail}");
-                    }
+                Ok(logs) if !logs.trim().is_empty() => {
+                    d += &format!("; {}", super::last_lines(&logs, 10));
                 }
+                Ok(_) => {}
                 Err(e) => d += &format!("; its log could not be read: {e}"),
             }
         }
@@ -577,5 +574,81 @@ impl Platform for RayPlatform {
 
     fn capacity(&self) -> Capacity {
         self.capacity.clone()
+    }
+
+    /// The alive nodes neither the brain cordoned nor the job avoids.
+    async fn check_nodes(&self) -> Result<Vec<super::CheckNode>, Error> {
+        let cluster = self.inner.api.cluster().await?;
+        Ok(self
+            .inner
+            .offered(cluster)
+            .nodes
+            .iter()
+            .map(|n| super::CheckNode {
+                name: n.ip.clone(),
+                gpus: n.total.gpus as u32,
+            })
+            .collect())
+    }
+
+    /// A Ray job pinned to the node (`node:<ip>`), asking for no CPU (a check must run on a
+    /// busy node too) and for the GPUs it checks.
+    async fn run_check(
+        &self,
+        node: &super::CheckNode,
+        c: super::CheckLaunch,
+    ) -> Result<(), String> {
+        let inner = &self.inner;
+        let id = format!("brain-{}-{}-{}", inner.job_part(), c.id, inner.run);
+        let command = shlex::try_join(c.argv.iter().map(String::as_str))
+            .map_err(|e| format!("cannot quote its command line: {e}"))?;
+        let mut env = inner.settings.env.clone();
+        env.extend(c.env);
+        env.entry("NO_COLOR".into()).or_insert_with(|| "1".into());
+        let req = SubmitRequest {
+            entrypoint: format!("exec {command}"),
+            submission_id: id.clone(),
+            entrypoint_num_cpus: 0.0,
+            entrypoint_num_gpus: f64::from(c.gpus.min(node.gpus)),
+            entrypoint_memory: None,
+            entrypoint_resources: [group::pin(&node.name)].into(),
+            runtime_env: api::RuntimeEnv { env_vars: env },
+            metadata: [
+                ("brain_job".to_string(), inner.settings.job_name.clone()),
+                ("brain_check".to_string(), c.id.clone()),
+            ]
+            .into(),
+        };
+        inner
+            .api
+            .submit(&req)
+            .await
+            .map_err(|e| format!("Ray refused it: {e}"))?;
+        let deadline = Instant::now() + c.timeout;
+        let mut failures = 0u32;
+        loop {
+            tokio::time::sleep(inner.settings.poll).await;
+            match inner.api.job(&id).await {
+                Ok(Some(info)) if info.status == RayJobStatus::Succeeded => return Ok(()),
+                Ok(Some(info)) if info.status.is_terminal() => {
+                    return Err(inner.ending(&id, &info).await);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(format!("Ray job {id} is gone from Ray")),
+                Err(e) => {
+                    failures += 1;
+                    if failures as u128 * inner.settings.poll.as_millis() > 30_000 {
+                        return Err(format!("lost contact with Ray while watching {id}: {e}"));
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = inner.api.stop(&id).await;
+                return Err(format!(
+                    "Ray job {id} still running after {} s: stopped",
+                    c.timeout.as_secs()
+                ));
+            }
+        }
     }
 }
