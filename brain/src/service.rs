@@ -138,6 +138,12 @@ impl pb::brain_server::Brain for BrainService {
         }
         self.throttle
             .reports(JobId(batch.job_id), batch.reports.len())?;
+        let faulty: Vec<(String, String)> = batch
+            .reports
+            .iter()
+            .flat_map(|r| &r.faulty_nodes)
+            .map(|f| (f.host.clone(), f.why.clone()))
+            .collect();
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
@@ -171,6 +177,7 @@ impl pb::brain_server::Brain for BrainService {
             sink.send(lines);
         }
         self.control.metrics.reports.inc_by(stored as u64);
+        self.control.cordon_faulty(job, faulty).await?;
         Ok(Response::new(pb::MetricsAck {
             stored: stored as u32,
         }))

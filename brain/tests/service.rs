@@ -493,3 +493,58 @@ async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
     let local = out.lines().find(|l| l.starts_with("local")).unwrap();
     assert!(local.contains(" ok"), "{out}");
 }
+
+/// A node a job's pre-run check found faulty is cordoned by the brain, with the check's
+/// reason and an expiry (the policy's `live.faulty_node_cordon_s`); an address the brain does
+/// not plan on is left alone, and an operator's uncordon lifts it (issue 42, item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_it_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(
+        dir.path(),
+        "[cluster]\ncpus = 8\n[[cluster.gpu_nodes]]\nname = \"gpu-1\"\ngpus = 4\ngpu_type = \"A100\"\n",
+        |_| {},
+    );
+    let r = operator_client(&url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "checked".into(),
+            master_address: "127.0.0.1:7001".into(),
+            shape: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let fault = |host: &str| pb::NodeFault {
+        host: host.into(),
+        why: "every all-reduce failed (with 10.0.0.2: connection refused)".into(),
+    };
+    let with = pb::MetricReport {
+        faulty_nodes: vec![fault("gpu-1"), fault("10.9.9.9"), fault("gpu-1")],
+        ..report(10, 100.0)
+    };
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![with.clone(), with],
+    })
+    .await
+    .unwrap();
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url]);
+    assert!(ok, "{out}");
+    let gpu = out.lines().find(|l| l.starts_with("gpu-1")).unwrap();
+    assert!(gpu.contains("cordoned"), "{out}");
+    assert!(
+        out.contains("the pre-run check of job checked found it faulty: every all-reduce failed"),
+        "{out}"
+    );
+    assert!(out.contains("until"), "an expiry: {out}");
+    assert!(!out.contains("10.9.9.9"), "{out}");
+    let local = out.lines().find(|l| l.starts_with("local")).unwrap();
+    assert!(local.contains(" ok"), "{out}");
+    let (ok, out) = common::brainctl(&["nodes", "uncordon", "gpu-1", "--brain", &url]);
+    assert!(ok, "{out}");
+    let (_, out) = common::brainctl(&["nodes", "--brain", &url]);
+    let gpu = out.lines().find(|l| l.starts_with("gpu-1")).unwrap();
+    assert!(gpu.contains(" ok"), "{out}");
+}

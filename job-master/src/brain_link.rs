@@ -226,6 +226,17 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
                 ratio: s.ratio(),
             })
             .collect(),
+        faulty_nodes: ctx
+            .stability
+            .precheck
+            .iter()
+            .flat_map(|r| r.unhealthy())
+            .filter(|n| n.health == vocab::report::NodeHealth::Faulty)
+            .map(|n| pb::NodeFault {
+                host: n.node.clone(),
+                why: n.why.clone(),
+            })
+            .collect(),
     }
 }
 

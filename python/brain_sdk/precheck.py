@@ -26,7 +26,7 @@ import grpc
 
 from ._gen import jobmaster_pb2 as pb
 from ._gen import jobmaster_pb2_grpc as pb_grpc
-from .env import read_secret
+from .env import node_interface, read_secret
 from .errors import Refused
 from .master import open_channel
 
@@ -132,6 +132,12 @@ def run(args) -> int:
         return 1
     cuda = torch.cuda.is_available()
     address = node_address(args.master)
+    # gloo (and NCCL's bootstrap) bind where the host name resolves, often 127.0.0.1 in a
+    # container or network namespace: the interface of the node's address instead.
+    interface = node_interface(address)
+    if interface:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     own_store = dist.TCPStore(
         address, 0, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=60),

@@ -342,18 +342,53 @@ impl RayClusterDir {
     /// `.ci/ray-cluster kill|revive DIR N`: SIGKILLs every process of node `index` (a node
     /// lost), or starts it again.
     pub fn node(&self, what: &str, index: usize) {
+        self.script(&[what, &index.to_string()]);
+    }
+
+    /// `.ci/ray-cluster slow DIR N PERCENT`: caps node `index` at `percent` % of one CPU
+    /// (every process of it, those it starts later too) until the guard is dropped.
+    #[must_use]
+    pub fn slow(&self, index: usize, percent: u32) -> SlowNode<'_> {
+        self.script(&["slow", &index.to_string(), &percent.to_string()]);
+        SlowNode {
+            cluster: self,
+            index,
+        }
+    }
+
+    fn script(&self, args: &[&str]) {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/ray-cluster");
+        let (what, rest) = args.split_first().expect("a command");
+        let shown = rest.join(" ");
         let out = Command::new(script)
             .arg(what)
             .arg(&self.dir)
-            .arg(index.to_string())
+            .args(rest)
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "ray-cluster {what} {index}: {}",
+            "ray-cluster {what} {shown}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// A node [`RayClusterDir::slow`] capped: uncapped when dropped.
+pub struct SlowNode<'a> {
+    cluster: &'a RayClusterDir,
+    index: usize,
+}
+
+impl Drop for SlowNode<'_> {
+    fn drop(&mut self) {
+        // Not asserted: a drop while a failed test unwinds must not abort.
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/ray-cluster");
+        let _ = Command::new(script)
+            .arg("fast")
+            .arg(&self.cluster.dir)
+            .arg(self.index.to_string())
+            .output();
     }
 }
 

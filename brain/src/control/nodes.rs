@@ -110,6 +110,44 @@ impl Control {
         })
     }
 
+    /// Cordons the nodes `job`'s pre-run check found faulty (`(address, why)`), for the
+    /// policy's `live.faulty_node_cordon_s`: each node the brain plans on by that name, not
+    /// cordoned already (an operator's cordon stays as it is). Addresses the brain does not
+    /// know are left alone: they are not its to plan on.
+    pub async fn cordon_faulty(
+        &self,
+        job: crate::store::JobId,
+        faults: Vec<(String, String)>,
+    ) -> Result<(), BrainError> {
+        let for_s = self.policy().0.config.live.faulty_node_cordon_s;
+        if faults.is_empty() || for_s == 0 {
+            return Ok(());
+        }
+        let now = now_unix_ms();
+        let (name, cordons) = self
+            .with_store(move |s| Ok((s.name(job)?, s.cordons(now)?)))
+            .await?;
+        let nodes = self.nodes();
+        let mut done: Vec<String> = cordons.into_iter().map(|c| c.node).collect();
+        for (host, why) in faults {
+            if !nodes.iter().any(|n| n.name == host) || done.contains(&host) {
+                continue;
+            }
+            let mut reason = format!("the pre-run check of job {name} found it faulty: {why}");
+            if reason.len() > MAX_REASON {
+                let mut end = MAX_REASON - 3;
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                reason.truncate(end);
+                reason.push_str("...");
+            }
+            self.cordon(&host, &reason, for_s.min(MAX_FOR_S)).await?;
+            done.push(host);
+        }
+        Ok(())
+    }
+
     fn known_node(&self, node: &str) -> Result<NodeInfo, BrainError> {
         let nodes = self.nodes();
         nodes

@@ -362,7 +362,7 @@ pub async fn run(
         let check = crate::precheck::CheckRun {
             bind: local.ip(),
             advertise: addr.ip(),
-            connections: connections.clone(),
+            connections,
             ..check
         };
         let record = crate::precheck::run(platform.clone(), check).await?;

@@ -266,7 +266,24 @@ impl Board {
             groups.push(vec![slow, fast]);
         }
         left.extend(passed);
-        groups.extend(left.chunks_exact(2).map(|c| c.to_vec()));
+        groups.extend(self.pair_anew(left));
+        groups
+    }
+
+    /// Pairs `nodes` in order, each with the first one left that was not its partner in
+    /// round 1 (so two nodes whose first round failed are not put together again).
+    fn pair_anew(&self, mut nodes: Vec<usize>) -> Vec<Vec<usize>> {
+        let partner = |i: usize| match self.nodes[i].rounds.first() {
+            Some(Some((group, _))) => group.clone(),
+            _ => Vec::new(),
+        };
+        let mut groups = Vec::new();
+        while nodes.len() >= 2 {
+            let a = nodes.remove(0);
+            let before = partner(a);
+            let b = nodes.iter().position(|n| !before.contains(n)).unwrap_or(0);
+            groups.push(vec![a, nodes.remove(b)]);
+        }
         groups
     }
 
@@ -545,6 +562,17 @@ mod tests {
         assert_eq!(b.second_pairs(), vec![vec![2, 0]]);
         round(&mut b, &speed, &[2]);
         assert_eq!(health(&b.verdict(0)), vec![H, H, F]);
+    }
+
+    #[test]
+    fn with_no_round_passed_the_second_pairs_nodes_that_were_not_paired_before() {
+        // Node 1 is broken; round 1 pairs it with 0 and 2 sits out, both fail.
+        let mut b = board(3);
+        matmul(&mut b, &[Some(10.0); 3]);
+        round(&mut b, &[5.0; 3], &[1]);
+        assert_eq!(b.second_pairs(), vec![vec![0, 2]]);
+        round(&mut b, &[5.0; 3], &[1]);
+        assert_eq!(health(&b.verdict(0)), vec![H, F, H]);
     }
 
     #[test]

@@ -56,7 +56,8 @@ struct State {
 /// verdict.
 pub async fn run(platform: Arc<dyn Platform>, c: CheckRun) -> Result<PrecheckRecord, Error> {
     let started = Instant::now();
-    let nodes = platform.check_nodes().await?;
+    let mut nodes = platform.check_nodes().await?;
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
     if nodes.is_empty() {
         return Err(Error::Precheck(
             "no node to check: every node is cordoned or avoided".into(),
@@ -136,7 +137,7 @@ fn serve(
     c: &CheckRun,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
-    let listening = c.creds.listening("pre-run check", c.connections.clone())?;
+    let listening = c.creds.listening("pre-run check", c.connections)?;
     let require = auth::Require::new(c.creds.token.clone(), "the job master's pre-run check");
     let server = tonic::transport::Server::builder()
         .add_service(pb::pre_check_server::PreCheckServer::with_interceptor(
@@ -306,5 +307,96 @@ impl pb::pre_check_server::PreCheck for CheckService {
         Ok(tonic::Response::new(
             CheckService::step(self, request.into_inner()).await?,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(check: &str, nodes: usize) -> Arc<State> {
+        let (step, _) = watch::channel(0);
+        Arc::new(State {
+            check: check.into(),
+            board: Mutex::new(Board::new(
+                (0..nodes).map(|i| format!("10.0.0.{i}")).collect(),
+                2.0,
+            )),
+            step,
+            reported: Notify::new(),
+            round_timeout_s: 5,
+        })
+    }
+
+    /// The check server refuses a caller without the job's secret, a process of another
+    /// check, and a node outside it; the step answers once every node has reported.
+    #[tokio::test]
+    async fn the_check_server_wants_the_secret_and_this_check_and_answers_each_step_once_all_reported()
+     {
+        let token = auth::Token::generate();
+        let creds = auth::JobCreds::from(token.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let st = state("precheck-1", 2);
+        let run = CheckRun {
+            settings: Precheck {
+                matmul_size: 64,
+                allreduce_mb: 1,
+                straggler_ratio: 2.0,
+                step_timeout_s: 5,
+                python: "python3".into(),
+            },
+            env: BTreeMap::new(),
+            gpus: 0,
+            bind: std::net::Ipv4Addr::LOCALHOST.into(),
+            advertise: std::net::Ipv4Addr::LOCALHOST.into(),
+            creds: creds.clone(),
+            connections: Default::default(),
+        };
+        let (_stop, stop_rx) = tokio::sync::oneshot::channel();
+        let _server = serve(st.clone(), listener, &run, stop_rx).unwrap();
+        let report = |node: u32, check: &str| pb::PreCheckReport {
+            check: check.into(),
+            node,
+            step: 0,
+            ok: true,
+            millis: 3.0,
+            store: format!("127.0.0.1:{}", 9000 + node),
+            ..Default::default()
+        };
+
+        let anyone = auth::connect_with(url.clone(), auth::WithToken::new(None), None)
+            .await
+            .unwrap();
+        let e = pb::pre_check_client::PreCheckClient::new(anyone)
+            .step(report(0, "precheck-1"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+
+        let channel = creds.connect(url).await.unwrap();
+        let mut client = pb::pre_check_client::PreCheckClient::new(channel);
+        let e = client.step(report(0, "precheck-0")).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("older check"), "{e:?}");
+        let e = client.step(report(7, "precheck-1")).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+
+        // Both nodes report their matmul; the clock lays out round 1: one pair.
+        let driver = tokio::spawn({
+            let st = st.clone();
+            async move { drive(&st).await }
+        });
+        let (mut c0, mut c1) = (client.clone(), client.clone());
+        let (a, b) = tokio::join!(
+            c0.step(report(0, "precheck-1")),
+            c1.step(report(1, "precheck-1"))
+        );
+        let (a, b) = (a.unwrap().into_inner(), b.unwrap().into_inner());
+        assert_eq!((a.step, a.rank, a.world), (1, 0, 2), "{a:?}");
+        assert_eq!((b.step, b.rank, b.world), (1, 1, 2), "{b:?}");
+        assert_eq!(a.store, "127.0.0.1:9000");
+        assert_eq!(a.backend, "gloo");
+        driver.abort();
     }
 }

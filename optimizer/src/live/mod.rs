@@ -181,6 +181,10 @@ pub struct LiveConfig {
     /// How rounds size a running job's service roles against each other (`roles.rs`).
     #[serde(default)]
     pub roles: RolesConfig,
+    /// How long a node a job's pre-run check found faulty stays cordoned, seconds (`brainctl
+    /// nodes uncordon` lifts it sooner); 0: such a node is not cordoned.
+    #[serde(default = "default_faulty_cordon")]
+    pub faulty_node_cordon_s: u64,
 }
 
 fn default_interval() -> f64 {
@@ -195,6 +199,9 @@ fn default_true() -> bool {
 fn default_max_resumes() -> u32 {
     3
 }
+fn default_faulty_cordon() -> u64 {
+    3600
+}
 
 impl Default for LiveConfig {
     fn default() -> Self {
@@ -204,6 +211,7 @@ impl Default for LiveConfig {
             pin_while_plan_in_flight: true,
             max_resumes: default_max_resumes(),
             roles: RolesConfig::default(),
+            faulty_node_cordon_s: default_faulty_cordon(),
         }
     }
 }

@@ -501,7 +501,7 @@ impl Platform for RayPlatform {
         }
         *now = nodes.to_vec();
         let said = format!(
-            "nodes this job avoids (a straggler of it ran there): {}; no new process of it goes there",
+            "nodes this job avoids (its pre-run check or a straggler of it found them slow or faulty): {}; no new process of it goes there",
             nodes.join(", ")
         );
         let events = self.inner.events.clone();
