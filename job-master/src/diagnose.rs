@@ -51,6 +51,7 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
         ctx.checkpoints.len(),
         ctx.transitions.len()
     );
+    precheck(&mut out, ctx);
     timeline(&mut out, ctx, all);
     hangs(&mut out, ctx);
     let stragglers: Vec<String> = ctx
@@ -107,6 +108,44 @@ fn timeline(out: &mut String, ctx: &JobContext, all: bool) {
                 e.text
             );
         }
+    }
+}
+
+/// The pre-run check, node by node, when the job ran one.
+fn precheck(out: &mut String, ctx: &JobContext) {
+    let Some(check) = &ctx.stability.precheck else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "pre-run check: {} node(s) in {:.1} s",
+        check.nodes.len(),
+        check.elapsed_ms as f64 / 1000.0
+    );
+    for n in &check.nodes {
+        let rounds: Vec<String> = n
+            .rounds
+            .iter()
+            .map(|r| match r.allreduce_ms {
+                Some(ms) => format!("r{} {ms:.1} ms", r.round),
+                None => format!("r{} failed", r.round),
+            })
+            .collect();
+        let matmul = n
+            .matmul_ms
+            .map_or_else(|| "failed".to_string(), |ms| format!("{ms:.1} ms"));
+        let _ = writeln!(
+            out,
+            "  {:<16} {:<9}  matmul {matmul}; all-reduce {}{}",
+            n.node,
+            n.health.as_str(),
+            listed(&rounds, ", "),
+            if n.why.is_empty() {
+                String::new()
+            } else {
+                format!("\n      {}", n.why)
+            }
+        );
     }
 }
 

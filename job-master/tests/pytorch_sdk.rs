@@ -244,6 +244,14 @@ async fn the_pre_run_check_times_the_node_before_training_and_refuses_a_broken_o
         "{:#?}",
         report.events
     );
+    let ctx =
+        job_master::persist::load(&run.run_dir.join(job_master::persist::CONTEXT_FILE)).unwrap();
+    let text = job_master::diagnose::diagnosis(&ctx, Some(&report), false);
+    assert!(text.contains("pre-run check: 1 node(s) in"), "{text}");
+    assert!(
+        text.contains("127.0.0.1        healthy    matmul"),
+        "{text}"
+    );
 
     // A Python without torch: the node is faulty, and there is no other.
     let dir = tempfile::tempdir().unwrap();
