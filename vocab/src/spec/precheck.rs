@@ -8,7 +8,8 @@
 //! **faulty**; one whose matmul, or each of whose rounds, took `straggler_ratio` times the
 //! median or more is a **straggler**. The job avoids both and starts on the healthy nodes.
 //!
-//! On by default for a job that asks for a GPU, off otherwise (the built-in CPU examples).
+//! On by default for a command (a torch script) that asks for a GPU, off otherwise (the
+//! built-in workload computes on the CPU).
 
 use std::path::Path;
 
@@ -20,7 +21,7 @@ use crate::error::SpecError;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrecheckSpec {
-    /// Run the check [default: on when a role asks for a GPU].
+    /// Run the check [default: on when a role asks for a GPU and the workload is a command].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// The side of the square matrices multiplied [default: 1024; from 64 to 16384].
@@ -68,7 +69,10 @@ impl JobSpec {
     /// The pre-run check this job runs, defaults resolved; `None` when it runs none.
     pub fn precheck(&self) -> Option<Precheck> {
         let p = &self.precheck;
-        if !p.enabled.unwrap_or_else(|| self.uses_gpu()) {
+        // The built-in workload computes on the CPU in Rust: nothing for a torch check to vouch
+        // for.
+        let default = self.uses_gpu() && self.workload.command.is_some();
+        if !p.enabled.unwrap_or(default) {
             return None;
         }
         let python = p.python.clone().unwrap_or_else(|| {
@@ -156,6 +160,11 @@ mod tests {
         });
         assert!(gpu.precheck().is_some());
         gpu.precheck.enabled = Some(false);
+        assert_eq!(gpu.precheck(), None);
+        // The built-in workload's GPU jobs are not checked unless asked.
+        gpu.precheck.enabled = None;
+        gpu.workload.command = None;
+        gpu.workload.builtin = Some(Default::default());
         assert_eq!(gpu.precheck(), None);
     }
 
