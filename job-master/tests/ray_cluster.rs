@@ -205,6 +205,105 @@ async fn the_pre_run_check_finds_a_throttled_node_and_the_job_runs_without_it() 
     );
 }
 
+/// A node whose GPUs another Ray user holds has no room for its check process: the pre-run
+/// check gives it up after half a step's time and says the node is unchecked, neither faulty
+/// nor a straggler (nothing is known against it, so nothing is avoided or cordoned); the other
+/// nodes are checked, and the job runs (issue 42, item 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_its_gpus_taken_is_left_unchecked_not_called_faulty() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(60))
+        .await;
+    // Node 1's two GPUs, held by someone else's Ray job.
+    let api = job_master::platform::ray::api::RayApi::new(&cluster.dashboard).unwrap();
+    let busy_ip = cluster.nodes[1].clone();
+    let holder = format!("gpu-holder-{}", std::process::id());
+    api.submit(&job_master::platform::ray::api::SubmitRequest {
+        entrypoint: "exec sleep 600".into(),
+        submission_id: holder.clone(),
+        entrypoint_num_cpus: 0.0,
+        entrypoint_num_gpus: 2.0,
+        entrypoint_memory: None,
+        entrypoint_resources: [(format!("node:{busy_ip}"), 0.001)].into(),
+        runtime_env: Default::default(),
+        metadata: Default::default(),
+    })
+    .await
+    .unwrap();
+    struct Stop<'a>(&'a job_master::platform::ray::api::RayApi, String);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let (api, id) = (self.0.clone(), self.1.clone());
+            let _ = std::thread::spawn(move || {
+                tokio::runtime::Runtime::new()
+                    .unwrap()
+                    .block_on(async { api.stop(&id).await })
+            })
+            .join();
+        }
+    }
+    let _holder = Stop(&api, holder.clone());
+    let start = std::time::Instant::now();
+    while api.job(&holder).await.unwrap().map(|j| j.status)
+        != Some(job_master::platform::ray::api::RayJobStatus::Running)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the holder never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 10_000;
+    let mut spec = spec(dir.path(), "allreduce", 0, 2, N, 1, 100);
+    let worker = spec.roles.get_mut(&vocab::Role::WORKER).unwrap();
+    worker.resources = Some(job_master::spec::Resources {
+        cpu: Some(vocab::Millicores(1000)),
+        gpu: Some(vocab::Gpus::whole(1)),
+        ..Default::default()
+    });
+    spec.precheck.enabled = Some(true);
+    spec.precheck.python = Some(python);
+    spec.precheck.matmul_size = Some(256);
+    spec.precheck.allreduce_mb = Some(1);
+    spec.precheck.step_timeout_s = Some(20);
+    spec.workload
+        .env
+        .insert("PYTHONPATH".into(), sdk.display().to_string());
+    spec.workload
+        .env
+        .insert("OMP_NUM_THREADS".into(), "1".into());
+    let mut run = cluster.start(spec, dir.path()).await;
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 1);
+    let check = report.precheck.as_ref().expect("a pre-run check");
+    for n in &check.nodes {
+        let want = if n.node == busy_ip {
+            vocab::report::NodeHealth::Unchecked
+        } else {
+            vocab::report::NodeHealth::Healthy
+        };
+        assert_eq!(n.health, want, "{check:#?}");
+    }
+    assert_recovered(
+        &report,
+        &format!("node {busy_ip} not checked (the job may use it): Ray did not start"),
+    );
+    assert!(
+        !report.events.iter().any(|e| e.contains("avoided")),
+        "{:#?}",
+        report.events
+    );
+}
+
 /// A rank frozen on its node (SIGSTOP) stops the whole ring: the job master finds the group
 /// hung, the agents on every node send the stacks (the frozen rank's threads all stopped), and
 /// the group restarts from its latest checkpoint; every sample is trained once (issue 42,

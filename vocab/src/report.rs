@@ -176,7 +176,7 @@ impl PrecheckRecord {
     pub fn unhealthy(&self) -> impl Iterator<Item = &PrecheckNode> {
         self.nodes
             .iter()
-            .filter(|n| n.health != NodeHealth::Healthy)
+            .filter(|n| matches!(n.health, NodeHealth::Straggler | NodeHealth::Faulty))
     }
 }
 
@@ -190,6 +190,9 @@ pub enum NodeHealth {
     Straggler,
     /// Failed its matmul, or every all-reduce round it took part in, or never answered.
     Faulty,
+    /// Its check process found no room on the node (its resources were taken): nothing is
+    /// known against it, and the job may use it.
+    Unchecked,
 }
 
 impl NodeHealth {
@@ -198,6 +201,15 @@ impl NodeHealth {
             NodeHealth::Healthy => "healthy",
             NodeHealth::Straggler => "straggler",
             NodeHealth::Faulty => "faulty",
+            NodeHealth::Unchecked => "unchecked",
+        }
+    }
+
+    /// As a sentence says it: "found it a straggler".
+    pub fn phrase(self) -> &'static str {
+        match self {
+            NodeHealth::Straggler => "a straggler",
+            other => other.as_str(),
         }
     }
 }

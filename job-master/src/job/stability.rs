@@ -21,7 +21,7 @@ use std::collections::{BTreeSet, VecDeque};
 use super::*;
 use crate::spec::StragglerAction;
 pub use vocab::report::HangRecord;
-use vocab::report::PrecheckRecord;
+use vocab::report::{NodeHealth, PrecheckRecord};
 
 /// Reports of compute per step kept per process (the test is the last two).
 const WINDOW: usize = 3;
@@ -122,7 +122,7 @@ impl JobContext {
         for n in record.unhealthy() {
             let why = format!(
                 "the pre-run check found it {}: {}",
-                n.health.as_str(),
+                n.health.phrase(),
                 n.why
             );
             self.log_as(
@@ -133,14 +133,35 @@ impl JobContext {
             self.stability.avoided.insert(n.node.clone(), why);
             avoid.push(n.node.clone());
         }
-        let healthy = record.nodes.len() - avoid.len();
+        let mut unchecked = 0;
+        for n in record
+            .nodes
+            .iter()
+            .filter(|n| n.health == NodeHealth::Unchecked)
+        {
+            unchecked += 1;
+            self.log_as(
+                EventKind::Node,
+                now_ms,
+                format!(
+                    "node {} not checked (the job may use it): {}",
+                    n.node, n.why
+                ),
+            );
+        }
+        let healthy = record.nodes.len() - avoid.len() - unchecked;
         self.log_as(
             EventKind::Node,
             now_ms,
             format!(
-                "pre-run check of {} node(s) took {:.1} s: {healthy} healthy",
+                "pre-run check of {} node(s) took {:.1} s: {healthy} healthy{}",
                 record.nodes.len(),
-                record.elapsed_ms as f64 / 1000.0
+                record.elapsed_ms as f64 / 1000.0,
+                if unchecked > 0 {
+                    format!(", {unchecked} not checked")
+                } else {
+                    String::new()
+                }
             ),
         );
         self.stability.precheck = Some(record);

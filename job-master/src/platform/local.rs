@@ -430,6 +430,23 @@ impl Platform for LocalPlatform {
     /// A child process with its output in `RUN_DIR/logs/<id>.log`, killed at its timeout.
     async fn run_check(
         &self,
+        node: &super::CheckNode,
+        c: super::CheckLaunch,
+    ) -> Result<(), super::CheckEnd> {
+        self.run_check_process(node, c)
+            .await
+            .map_err(super::CheckEnd::Failed)
+    }
+
+    async fn running(&self) -> usize {
+        self.agents.lock().await.len()
+    }
+}
+
+impl LocalPlatform {
+    /// [`Platform::run_check`]'s process; why it failed.
+    async fn run_check_process(
+        &self,
         _node: &super::CheckNode,
         c: super::CheckLaunch,
     ) -> Result<(), String> {
@@ -471,10 +488,6 @@ impl Platform for LocalPlatform {
         };
         let out = std::fs::read_to_string(&log_path).unwrap_or_default();
         Err(format!("{status}; {}", super::last_lines(&out, 8)))
-    }
-
-    async fn running(&self) -> usize {
-        self.agents.lock().await.len()
     }
 }
 

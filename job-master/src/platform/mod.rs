@@ -78,6 +78,17 @@ pub struct CheckLaunch {
     pub gpus: u32,
     /// Stopped after this long.
     pub timeout: Duration,
+    /// Given up after this long when the platform has not started it (no room on the node).
+    pub place_within: Duration,
+}
+
+/// Why a check process did not end well.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckEnd {
+    /// The platform found no room for it on its node in time: the node stays unchecked.
+    NotPlaced(String),
+    /// It failed, or ran past its timeout (with the end of its output).
+    Failed(String),
 }
 
 #[async_trait::async_trait]
@@ -115,12 +126,12 @@ pub trait Platform: Send + Sync {
     }
     /// Runs one check process on `node` and waits for it: `Ok` when it exited 0, else why not
     /// (with the end of its output).
-    async fn run_check(&self, node: &CheckNode, check: CheckLaunch) -> Result<(), String> {
+    async fn run_check(&self, node: &CheckNode, check: CheckLaunch) -> Result<(), CheckEnd> {
         let _ = (node, check);
-        Err(format!(
+        Err(CheckEnd::Failed(format!(
             "the {} platform runs no check process",
             self.name()
-        ))
+        )))
     }
 }
 

@@ -33,6 +33,8 @@ struct Node {
     rounds: Vec<Option<(Vec<usize>, Outcome)>>,
     /// Its process ended (or never started) before the check was done, and why.
     gone: Option<String>,
+    /// ... because the platform found no room for it there: nothing is known against it.
+    unplaced: bool,
 }
 
 /// What a node's process does next.
@@ -86,6 +88,7 @@ impl Board {
                     cuda: false,
                     rounds: Vec::new(),
                     gone: None,
+                    unplaced: false,
                 })
                 .collect(),
             step: 0,
@@ -169,6 +172,16 @@ impl Board {
             n.matmul = Outcome::Failed(why.to_string());
         }
         n.gone.get_or_insert_with(|| why.to_string());
+    }
+
+    /// A node's process could not be placed (no room on the node): the node stays out of the
+    /// check, unchecked rather than faulty.
+    pub fn unplaced(&mut self, node: usize, why: &str) {
+        if self.done() || node >= self.nodes.len() {
+            return;
+        }
+        self.lost(node, why);
+        self.nodes[node].unplaced = true;
     }
 
     /// Whether every node has answered the current step.
@@ -354,6 +367,11 @@ impl Board {
             rounds,
             why: String::new(),
         };
+        if n.unplaced {
+            out.health = NodeHealth::Unchecked;
+            out.why = n.gone.clone().unwrap_or_default();
+            return out;
+        }
         if let Outcome::Failed(e) = &n.matmul {
             out.health = NodeHealth::Faulty;
             out.why = format!("its matmul failed: {e}");
@@ -603,6 +621,40 @@ mod tests {
         assert_eq!(health(&v), vec![H, F, F]);
         assert!(v.nodes[1].why.contains("illegal memory access"));
         assert!(v.nodes[2].why.contains("exited with status 1"));
+    }
+
+    #[test]
+    fn a_node_with_no_room_for_its_check_is_unchecked_and_left_out_of_the_rounds() {
+        let mut b = board(3);
+        b.unplaced(1, "no room there for it: 1 GPU(s)");
+        for i in [0, 2] {
+            b.report(&Report {
+                node: i,
+                step: 0,
+                ok: true,
+                millis: 10.0,
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        assert!(b.all_reported());
+        b.advance("no answer");
+        assert_eq!(
+            b.next(0, 0),
+            Next::Round {
+                step: 1,
+                rank: 0,
+                world: 2,
+                store: String::new(),
+                backend: "gloo",
+            }
+        );
+        round(&mut b, &[5.0; 3], &[]);
+        round(&mut b, &[5.0; 3], &[]);
+        let v = b.verdict(0);
+        assert_eq!(health(&v), vec![H, NodeHealth::Unchecked, H]);
+        assert!(v.nodes[1].why.contains("no room"), "{:?}", v.nodes[1]);
+        assert_eq!(v.unhealthy().count(), 0);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use vocab::report::PrecheckRecord;
 use vocab::spec::Precheck;
 
 use crate::error::Error;
-use crate::platform::{CheckLaunch, CheckNode, Platform};
+use crate::platform::{CheckEnd, CheckLaunch, CheckNode, Platform};
 use board::{Board, Next, Report};
 
 /// How long a step call waits before it answers "again" (no connection sits silent long).
@@ -185,6 +185,9 @@ fn launch(c: &CheckRun, id: &str, i: usize, url: &str) -> CheckLaunch {
         timeout: Duration::from_secs(
             u64::from(s.step_timeout_s) * u64::from(board::ROUNDS + 1) + 60,
         ),
+        // Before the first step's time is up, so that a node without room counts as
+        // unchecked, not as one that never answered.
+        place_within: Duration::from_secs(u64::from(s.step_timeout_s) / 2),
     }
 }
 
@@ -199,12 +202,20 @@ async fn watch_process(
     let ended = platform.run_check(&node, launch).await;
     let mut board = state.board.lock().await;
     if !board.done() {
-        let why = match ended {
-            Ok(()) => "its check process exited before the check was done".to_string(),
-            Err(why) => format!("its check process failed: {why}"),
-        };
-        tracing::warn!(node = %node.name, "pre-run check: {why}");
-        board.lost(i, &why);
+        match ended {
+            Err(CheckEnd::NotPlaced(why)) => {
+                tracing::warn!(node = %node.name, "pre-run check: not checked: {why}");
+                board.unplaced(i, &why);
+            }
+            other => {
+                let why = match other {
+                    Err(CheckEnd::Failed(why)) => format!("its check process failed: {why}"),
+                    _ => "its check process exited before the check was done".to_string(),
+                };
+                tracing::warn!(node = %node.name, "pre-run check: {why}");
+                board.lost(i, &why);
+            }
+        }
         drop(board);
         state.reported.notify_one();
     }

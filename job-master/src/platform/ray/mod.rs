@@ -127,6 +127,20 @@ struct Inner {
 }
 
 impl Inner {
+    /// Whether `node` has `gpus` GPUs free now (as Ray's usage report says); a node Ray cannot
+    /// be asked about is taken to have them.
+    async fn room_on(&self, node: &super::CheckNode, gpus: u32) -> bool {
+        let want = f64::from(gpus.min(node.gpus));
+        match self.api.cluster().await {
+            Ok(c) => c
+                .nodes
+                .iter()
+                .find(|n| n.ip == node.name)
+                .is_some_and(|n| n.available.gpus >= want),
+            Err(_) => true,
+        }
+    }
+
     /// `cluster` less the nodes the brain cordoned and those the job avoids: where new
     /// processes may go.
     fn offered(&self, mut cluster: RayCluster) -> RayCluster {
@@ -592,16 +606,18 @@ impl Platform for RayPlatform {
     }
 
     /// A Ray job pinned to the node (`node:<ip>`), asking for no CPU (a check must run on a
-    /// busy node too) and for the GPUs it checks.
+    /// busy node too) and for the GPUs it checks. One Ray has not started within the launch's
+    /// `place_within` (the GPUs are taken) is stopped and reported not placed.
     async fn run_check(
         &self,
         node: &super::CheckNode,
         c: super::CheckLaunch,
-    ) -> Result<(), String> {
+    ) -> Result<(), super::CheckEnd> {
+        use super::CheckEnd::{Failed, NotPlaced};
         let inner = &self.inner;
         let id = format!("brain-{}-{}-{}", inner.job_part(), c.id, inner.run);
         let command = shlex::try_join(c.argv.iter().map(String::as_str))
-            .map_err(|e| format!("cannot quote its command line: {e}"))?;
+            .map_err(|e| Failed(format!("cannot quote its command line: {e}")))?;
         let mut env = inner.settings.env.clone();
         env.extend(c.env);
         env.entry("NO_COLOR".into()).or_insert_with(|| "1".into());
@@ -623,31 +639,44 @@ impl Platform for RayPlatform {
             .api
             .submit(&req)
             .await
-            .map_err(|e| format!("Ray refused it: {e}"))?;
-        let deadline = Instant::now() + c.timeout;
-        let mut failures = 0u32;
+            .map_err(|e| Failed(format!("Ray refused it: {e}")))?;
+        let start = Instant::now();
+        let (mut failures, mut started) = (0u32, false);
         loop {
             tokio::time::sleep(inner.settings.poll).await;
             match inner.api.job(&id).await {
                 Ok(Some(info)) if info.status == RayJobStatus::Succeeded => return Ok(()),
                 Ok(Some(info)) if info.status.is_terminal() => {
-                    return Err(inner.ending(&id, &info).await);
+                    return Err(Failed(inner.ending(&id, &info).await));
                 }
-                Ok(Some(_)) => {}
-                Ok(None) => return Err(format!("Ray job {id} is gone from Ray")),
+                Ok(Some(info)) => started |= info.status != RayJobStatus::Pending,
+                Ok(None) => return Err(Failed(format!("Ray job {id} is gone from Ray"))),
                 Err(e) => {
                     failures += 1;
                     if failures as u128 * inner.settings.poll.as_millis() > 30_000 {
-                        return Err(format!("lost contact with Ray while watching {id}: {e}"));
+                        return Err(Failed(format!(
+                            "lost contact with Ray while watching {id}: {e}"
+                        )));
                     }
                 }
             }
-            if Instant::now() > deadline {
+            // Not started yet: given up only when the node has no room for it (a slow node
+            // is slow to start it too, and that is for the check to find).
+            if !started && start.elapsed() > c.place_within && !inner.room_on(node, c.gpus).await {
                 let _ = inner.api.stop(&id).await;
-                return Err(format!(
+                return Err(NotPlaced(format!(
+                    "Ray did not start its check process on the node within {} s (no room \
+                     there for it: {} GPU(s))",
+                    c.place_within.as_secs(),
+                    c.gpus.min(node.gpus)
+                )));
+            }
+            if start.elapsed() > c.timeout {
+                let _ = inner.api.stop(&id).await;
+                return Err(Failed(format!(
                     "Ray job {id} still running after {} s: stopped",
                     c.timeout.as_secs()
-                ));
+                )));
             }
         }
     }
