@@ -191,6 +191,41 @@ impl Launcher {
         self.runs_dir.join(name)
     }
 
+    /// `job-master diagnose` of the job `name`'s master run directory (every event with
+    /// `all`), as it prints it.
+    pub async fn diagnose(&self, name: &str, all: bool) -> Result<String, BrainError> {
+        let dir = self.run_dir(name).join("master");
+        if !dir.join(vocab::run_dir::CONTEXT_FILE).is_file() {
+            return Err(BrainError::FailedPrecondition(format!(
+                "job {name} has nothing to diagnose yet: its master has not written {}",
+                dir.join(vocab::run_dir::CONTEXT_FILE).display()
+            )));
+        }
+        let mut cmd = tokio::process::Command::new(self.job_master_bin());
+        cmd.arg("diagnose").arg(&dir).kill_on_drop(true);
+        if all {
+            cmd.arg("--all");
+        }
+        let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+            .await
+            .map_err(|_| {
+                BrainError::Internal(format!(
+                    "job-master diagnose {} took over 60 s",
+                    dir.display()
+                ))
+            })?
+            .map_err(|e| BrainError::Internal(format!("job-master diagnose: {e}")))?;
+        if !out.status.success() {
+            return Err(BrainError::Internal(format!(
+                "job-master diagnose {} failed ({}): {}",
+                dir.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Writes the job's spec with `workers` workers and starts its master. Returns the run
     /// directory.
     pub async fn start(

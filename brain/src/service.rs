@@ -243,6 +243,16 @@ impl pb::brain_server::Brain for BrainService {
         Ok(Response::new(node_state(&n)))
     }
 
+    async fn diagnose(
+        &self,
+        request: Request<pb::DiagnoseRequest>,
+    ) -> Result<Response<pb::DiagnoseResponse>, Status> {
+        auth::operator(&request)?;
+        let r = request.into_inner();
+        let text = self.control.diagnose(JobId(r.job_id), r.all).await?;
+        Ok(Response::new(pb::DiagnoseResponse { text }))
+    }
+
     async fn cancel_job(
         &self,
         request: Request<pb::CancelJobRequest>,

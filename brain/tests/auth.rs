@@ -34,9 +34,10 @@ enum Rpc {
     ListNodes,
     CordonNode,
     UncordonNode,
+    Diagnose,
 }
 
-const ALL: [Rpc; 16] = [
+const ALL: [Rpc; 17] = [
     Rpc::RegisterJob,
     Rpc::ReportMetrics,
     Rpc::GetPlan,
@@ -53,6 +54,7 @@ const ALL: [Rpc; 16] = [
     Rpc::ListNodes,
     Rpc::CordonNode,
     Rpc::UncordonNode,
+    Rpc::Diagnose,
 ];
 
 impl Rpc {
@@ -179,6 +181,13 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
         Rpc::UncordonNode => c
             .uncordon_node(pb::UncordonNodeRequest {
                 node: "local".into(),
+            })
+            .await
+            .map(drop),
+        Rpc::Diagnose => c
+            .diagnose(pb::DiagnoseRequest {
+                job_id: job,
+                all: true,
             })
             .await
             .map(drop),

@@ -46,7 +46,8 @@ with_job!(
     pb::ProposePlanRequest,
     pb::GetJobRequest,
     pb::JobOutcome,
-    pb::CancelJobRequest
+    pb::CancelJobRequest,
+    pb::DiagnoseRequest
 );
 without_job!(
     pb::RegisterJobRequest,
@@ -74,7 +75,7 @@ async fn call(
     bytes: &[u8],
     real: Option<u64>,
 ) -> Option<Result<(), tonic::Status>> {
-    match rpc % 16 {
+    match rpc % 17 {
         0 => send!(job, register_job, pb::RegisterJobRequest, bytes, real),
         1 => send!(job, report_metrics, pb::MetricsBatch, bytes, real),
         2 => send!(job, get_plan, pb::GetPlanRequest, bytes, real),
@@ -90,7 +91,8 @@ async fn call(
         12 => send!(op, cancel_job, pb::CancelJobRequest, bytes, real),
         13 => send!(op, list_nodes, pb::ListNodesRequest, bytes, real),
         14 => send!(op, cordon_node, pb::CordonNodeRequest, bytes, real),
-        _ => send!(op, uncordon_node, pb::UncordonNodeRequest, bytes, real),
+        15 => send!(op, uncordon_node, pb::UncordonNodeRequest, bytes, real),
+        _ => send!(op, diagnose, pb::DiagnoseRequest, bytes, real),
     }
 }
 

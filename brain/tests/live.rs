@@ -299,6 +299,14 @@ async fn a_killed_job_master_is_started_again_and_its_job_ends_exactly_once() {
     for ps in report["ps_stats"].as_array().unwrap() {
         assert_eq!(ps["applied_samples"].as_u64(), Some(2 * 40_000), "{ps}");
     }
+    // The operator's diagnosis, through the brain: the kill and the restart it cost.
+    let (ok, text) = brainctl(&["diagnose", "resumed", "--brain", &url]);
+    assert!(ok, "{text}");
+    assert!(text.contains("job resumed (ps): succeeded"), "{text}");
+    assert!(text.contains("effective training time:"), "{text}");
+    assert!(text.contains("the job master restarted"), "{text}");
+    let (ok, text) = brainctl(&["diagnose", "no-such-job", "--brain", &url]);
+    assert!(!ok && text.contains("no-such-job"), "{text}");
     brain.kill();
 }
 

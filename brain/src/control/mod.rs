@@ -177,6 +177,12 @@ impl Control {
         self.wake.notify_one();
     }
 
+    /// A job's diagnosis, as its master's `job-master diagnose` prints it.
+    pub async fn diagnose(&self, job: JobId, all: bool) -> Result<String, BrainError> {
+        let name = self.with_store(move |s| s.name(job)).await?;
+        self.launcher.diagnose(&name, all).await
+    }
+
     pub fn policy(&self) -> (LoadedPolicy, Option<PathBuf>) {
         (
             self.policy.read().expect("no panic under the lock").clone(),

@@ -74,6 +74,20 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
+    /// What went wrong in one job (running or ended) and what it cost: its effective training
+    /// time, its pre-run check, a timeline of faults, relaunches, plans, checkpoints,
+    /// stragglers, hangs (with the stacks captured) and nodes. The brain reads the job's run
+    /// directory on its own machine (`job-master diagnose` of it).
+    Diagnose {
+        /// The job's id or name (from `brainctl jobs`).
+        job: String,
+        /// Every event in the timeline, not only those about trouble or change.
+        #[arg(long)]
+        all: bool,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
     /// Submit a job spec (YAML) that names no replicas or resources: the brain predicts them
     /// from its history, records why, and starts the job's master when a round gives it room.
     /// Counts or resources the spec does name are kept.
@@ -344,6 +358,17 @@ fn main() -> anyhow::Result<()> {
             if !record.outcome.is_empty() {
                 println!("outcome: {}", record.outcome);
             }
+            Ok(())
+        }
+        Command::Diagnose { job, all, brain } => {
+            let text = ask_brain(&brain, async |mut c| {
+                let job_id = job_id(&mut c, &job).await?;
+                Ok(c.diagnose(pb::DiagnoseRequest { job_id, all })
+                    .await?
+                    .into_inner()
+                    .text)
+            })?;
+            print!("{text}");
             Ok(())
         }
         Command::Submit { spec, brain, wait } => {
