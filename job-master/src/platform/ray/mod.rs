@@ -127,8 +127,10 @@ struct Inner {
 }
 
 impl Inner {
-    /// Whether `node` has `gpus` GPUs free now (as Ray's usage report says); a node Ray cannot
-    /// be asked about is taken to have them.
+    /// Whether `node` may have `gpus` GPUs free now: false only when Ray lists it with fewer
+    /// available. A node Ray does not list as alive now (a busy raylet may miss its
+    /// heartbeats), or a Ray that does not answer, is taken to have them: its check goes on,
+    /// and a node that never answers is for the check to judge.
     async fn room_on(&self, node: &super::CheckNode, gpus: u32) -> bool {
         let want = f64::from(gpus.min(node.gpus));
         match self.api.cluster().await {
@@ -136,7 +138,7 @@ impl Inner {
                 .nodes
                 .iter()
                 .find(|n| n.ip == node.name)
-                .is_some_and(|n| n.available.gpus >= want),
+                .is_none_or(|n| n.available.gpus >= want),
             Err(_) => true,
         }
     }
