@@ -203,35 +203,67 @@ fn start_or_resume(
     Ok((ctx, launches, 0))
 }
 
-/// The pre-run check's processes: the workload's environment, with the job's secret and TLS
-/// directory by path as the agents get them; one GPU each for a job that uses GPUs. The
-/// addresses are the caller's.
-fn precheck_run(
-    ctx: &JobContext,
-    settings: vocab::spec::Precheck,
-    creds: &auth::JobCreds,
-    token_file: &Path,
-) -> crate::precheck::CheckRun {
-    let mut env = ctx.spec.workload.env.clone();
-    env.insert(
-        auth::JOB_TOKEN_ENV.into(),
-        token_file.to_string_lossy().into_owned(),
-    );
-    if let Some(tls) = &creds.tls {
+/// The pre-run check, once per job, before the first launch (a resumed job that finished it
+/// keeps avoiding what it found): its processes get the workload's environment with the job's
+/// secret and TLS directory by path, as the agents do, and one GPU each for a job that uses
+/// GPUs. The job then avoids the nodes it found faulty or slow; with no healthy node it stops.
+async fn pre_run_check(
+    job: &Mutex<JobContext>,
+    platform: &Arc<dyn Platform>,
+    persister: &Persister,
+    (bind, advertise): (std::net::IpAddr, std::net::IpAddr),
+    (creds, token_file): (&auth::JobCreds, &Path),
+    connections: auth::listen::ConnLimits,
+    clock_ms: u64,
+) -> Result<(), Error> {
+    let check = {
+        let ctx = job.lock().await;
+        let Some(settings) = ctx
+            .spec
+            .precheck()
+            .filter(|_| ctx.stability.precheck.is_none())
+        else {
+            return Ok(());
+        };
+        let mut env = ctx.spec.workload.env.clone();
         env.insert(
-            auth::tls::JOB_TLS_ENV.into(),
-            tls.dir().to_string_lossy().into_owned(),
+            auth::JOB_TOKEN_ENV.into(),
+            token_file.to_string_lossy().into_owned(),
         );
+        if let Some(tls) = &creds.tls {
+            env.insert(
+                auth::tls::JOB_TLS_ENV.into(),
+                tls.dir().to_string_lossy().into_owned(),
+            );
+        }
+        crate::precheck::CheckRun {
+            settings,
+            env,
+            gpus: u32::from(ctx.spec.uses_gpu()),
+            bind,
+            advertise,
+            creds: creds.clone(),
+            connections,
+        }
+    };
+    let record = crate::precheck::run(platform.clone(), check).await?;
+    if record.unhealthy().count() == record.nodes.len() {
+        // Not kept: the job is run again (`--resume`) once the nodes are mended, and checks
+        // them again.
+        let why: Vec<String> = record
+            .nodes
+            .iter()
+            .map(|n| format!("{} is {}: {}", n.node, n.health.as_str(), n.why))
+            .collect();
+        return Err(Error::Precheck(format!(
+            "no healthy node: {}",
+            why.join("; ")
+        )));
     }
-    crate::precheck::CheckRun {
-        settings,
-        env,
-        gpus: u32::from(ctx.spec.uses_gpu()),
-        bind: std::net::Ipv4Addr::LOCALHOST.into(),
-        advertise: std::net::Ipv4Addr::LOCALHOST.into(),
-        creds: creds.clone(),
-        connections: Default::default(),
-    }
+    let avoid = job.lock().await.precheck_done(record, clock_ms);
+    persister.durable(persister.changed()).await?;
+    platform.avoid(&avoid);
+    Ok(())
 }
 
 /// Runs one job to its end on `listener` (use port 0 in tests). Resolves when the job succeeded,
@@ -345,44 +377,20 @@ pub async fn run(
     if !avoided.is_empty() {
         platform.avoid(&avoided);
     }
-    // Before the first launch: the pre-run check, once per job (a resumed job that finished
-    // it keeps avoiding what it found).
-    let precheck = {
-        let ctx = job.lock().await;
-        ctx.spec
-            .precheck()
-            .filter(|_| ctx.stability.precheck.is_none())
-    };
-    if let Some(settings) = precheck {
-        let local = listener.local_addr().map_err(|source| Error::Io {
-            path: "the job master's listener".into(),
-            source,
-        })?;
-        let check = precheck_run(&*job.lock().await, settings, &creds, &token_file);
-        let check = crate::precheck::CheckRun {
-            bind: local.ip(),
-            advertise: addr.ip(),
-            connections,
-            ..check
-        };
-        let record = crate::precheck::run(platform.clone(), check).await?;
-        if record.unhealthy().count() == record.nodes.len() {
-            // Not kept: the job is run again (`--resume`) once the nodes are mended, and
-            // checks them again.
-            let why: Vec<String> = record
-                .nodes
-                .iter()
-                .map(|n| format!("{} is {}: {}", n.node, n.health.as_str(), n.why))
-                .collect();
-            return Err(Error::Precheck(format!(
-                "no healthy node: {}",
-                why.join("; ")
-            )));
-        }
-        let avoid = job.lock().await.precheck_done(record, clock_ms);
-        persister.durable(persister.changed()).await?;
-        platform.avoid(&avoid);
-    }
+    let local = listener.local_addr().map_err(|source| Error::Io {
+        path: "the job master's listener".into(),
+        source,
+    })?;
+    pre_run_check(
+        &job,
+        &platform,
+        &persister,
+        (local.ip(), addr.ip()),
+        (&creds, &token_file),
+        connections,
+        clock_ms,
+    )
+    .await?;
     let (effects, mut eff_rx) = crate::shared::EffectQueue::new();
     let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);
     let shared = Arc::new(Shared {
