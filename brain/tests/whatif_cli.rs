@@ -589,7 +589,7 @@ fn jobs_a_cut_replay_did_not_finish_are_unfinished_with_the_reason() {
     ]);
     let table = table_of(run);
     assert!(
-        table.starts_with("JCT, queue and rho columns: finished jobs only\n"),
+        table.starts_with("JCT, queue, rho and eff train columns: finished jobs only\n"),
         "{table}"
     );
     let finished: u32 = row(&table, "fifo")[2].parse().unwrap();
@@ -799,6 +799,7 @@ fn a_streamed_replay_that_stops_leaves_no_partial_tables() {
         label: "fifo".into(),
         scheduler: SchedulerKind::Fifo(Fifo::default()),
         live_round: None,
+        handling: None,
     }];
     let options = Options {
         cluster,
@@ -827,4 +828,148 @@ fn a_streamed_replay_that_stops_leaves_no_partial_tables() {
     let removed = outputs.abandon();
     assert_eq!(removed.len(), 2, "{removed:?}");
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}
+
+/// Faults from a fault trace and at a rate (issue 42, item 8): `--fault-handling both` gives
+/// each policy a row per handling, side by side; a hang costs the step clock's 125 s when
+/// detected and the collective's 30 minutes when not; every job still finishes; the jobs
+/// table carries each job's faults, stalled GPU-seconds and effective training time; and bad
+/// fault settings are refused by name.
+#[test]
+fn faults_are_detected_or_waited_out_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 24);
+    let faults = dir.path().join("faults.csv");
+    std::fs::write(
+        &faults,
+        "time_s,node,kind,seconds,factor\n3000,2,hang,600,\n3000,5,hang,600,\n",
+    )
+    .unwrap();
+    let profiles = pollux().join("traces");
+    let (fifo, elastic_lp) = (policy("fifo"), policy("elastic_lp"));
+    let replay = |extra: &[&str], out: &Path| {
+        let mut args = vec![
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--cluster",
+            "8x4:t4",
+            "--policy",
+            fifo.to_str().unwrap(),
+            "--policy",
+            elastic_lp.to_str().unwrap(),
+            "--fault-handling",
+            "both",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        brainctl(&args)
+    };
+    // The scripted hangs alone: FIFO places the same jobs either way until they strike.
+    let out = dir.path().join("hangs");
+    let table = table_of(replay(&["--faults", faults.to_str().unwrap()], &out));
+    // Columns: ... max rho (12), faults (13), stalled GPU % (14), eff train % (15).
+    let stalled = |label: &str| -> f64 { row(&table, label)[14].parse().unwrap() };
+    for label in [
+        "fifo/detect",
+        "fifo/wait",
+        "elastic_lp/detect",
+        "elastic_lp/wait",
+    ] {
+        assert_eq!(row(&table, label)[2], "24", "{label} finished all: {table}");
+        assert!(
+            row(&table, label)[13].parse::<u32>().unwrap() > 0,
+            "{table}"
+        );
+    }
+    assert!(
+        stalled("fifo/wait") > 5.0 * stalled("fifo/detect") && stalled("fifo/detect") > 0.0,
+        "{table}"
+    );
+    let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let csv = Csv::parse(&jobs);
+    assert_eq!(csv.rows.len(), 4 * 24);
+    let num = |cells: &Vec<&str>, name: &str| -> f64 { cells[csv.col(name)].parse().unwrap() };
+    let mut struck = 0;
+    for c in &csv.rows {
+        let span = num(c, "finish_s") - num(c, "start_s");
+        let eff = num(c, "effective_training");
+        assert!(eff > 0.0 && eff <= 1.0 + 1e-9, "{c:?}");
+        assert!((eff - num(c, "training_s") / span).abs() < 1e-6, "{c:?}");
+        assert!(
+            num(c, "stalled_gpu_seconds") <= num(c, "gpu_seconds"),
+            "{c:?}"
+        );
+        if num(c, "faults") > 0.0 {
+            struck += 1;
+        }
+    }
+    assert!(struck > 0, "{jobs}");
+    let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert!(
+        summary
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",faults,stalled_gpu_share,effective_training,slowest_round_ms"),
+        "{summary}"
+    );
+    // At a rate, with slowdowns: still every job once, under both handlings.
+    let out = dir.path().join("rates");
+    let table = table_of(replay(
+        &[
+            "--gpu-mtbf-s",
+            "2e6",
+            "--hang-share",
+            "0.5",
+            "--slowdown-mtbs-s",
+            "40000",
+            "--slowdown-s",
+            "1800",
+            "--seed",
+            "3",
+        ],
+        &out,
+    ));
+    for label in [
+        "fifo/detect",
+        "fifo/wait",
+        "elastic_lp/detect",
+        "elastic_lp/wait",
+    ] {
+        assert_eq!(row(&table, label)[2], "24", "{label}: {table}");
+    }
+    // Bad settings: refused by name, nothing replayed.
+    let bad_faults = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad_faults,
+        "time_s,node,kind,seconds,factor\n60,9,crash,60,\n",
+    )
+    .unwrap();
+    for (extra, expected) in [
+        (
+            vec!["--faults", bad_faults.to_str().unwrap()],
+            "bad.csv:2:2: node 9 is not in the cluster, whose nodes are 0 to 7",
+        ),
+        (
+            vec!["--node-mtbf-s", "1e5", "--hang-share", "2"],
+            "hang_share 2 is not in [0, 1]",
+        ),
+        (
+            vec!["--slowdown-mtbs-s", "1e5", "--slowdown-factor", "1.5"],
+            "factor 1.5",
+        ),
+        (
+            vec!["--node-mtbf-s", "1e5", "--gpu-mtbf-s", "1e5"],
+            "cannot be used with",
+        ),
+    ] {
+        let out = dir.path().join("refused");
+        let run = replay(&extra, &out);
+        assert_refused(&run, expected);
+        assert!(!out.exists(), "{extra:?} wrote {}", out.display());
+    }
 }

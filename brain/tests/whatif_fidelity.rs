@@ -30,16 +30,19 @@ fn pollux_optimus_and_tiresias_match_their_published_mean_jcts() {
             label: "pollux".into(),
             scheduler: SchedulerKind::Pollux(Pollux::default()),
             live_round: None,
+            handling: None,
         },
         NamedPolicy {
             label: "optimus".into(),
             scheduler: SchedulerKind::Optimus(Optimus::default()),
             live_round: None,
+            handling: None,
         },
         NamedPolicy {
             label: "tiresias".into(),
             scheduler: SchedulerKind::Tiresias(Tiresias::default()),
             live_round: None,
+            handling: None,
         },
     ];
     let options = Options {
@@ -87,6 +90,7 @@ fn ours_beats_pollux_on_its_workloads_and_sia_on_saturn() {
         label: "elastic_lp".into(),
         scheduler: SchedulerKind::ElasticLp(ElasticLp::default()),
         live_round: None,
+        handling: None,
     }];
     let options = |cluster: &str| Options {
         cluster: ClusterSpec::parse(cluster).unwrap(),

@@ -14,12 +14,14 @@
 //!   row by row ([`philly::JobStream`]).
 //! * [`synth`]: larger traces drawn from a real one's distribution (whole days of a Philly
 //!   job list resampled).
+//! * [`faults`]: fault traces (crashes, hangs and slowdowns at set times on set nodes).
 //! * [`gavel`]: Gavel's job traces (both `.trace` formats).
 //! * [`alibaba`]: Alibaba's 2023 GPU cluster trace (openb pod and node lists).
 
 pub mod alibaba;
 mod error;
 pub mod export;
+pub mod faults;
 pub mod gavel;
 pub mod limits;
 pub mod philly;

@@ -21,7 +21,7 @@ use optimizer::PolicyError;
 use optimizer::config::PolicyConfig;
 use optimizer::live::{LiveConfig, LiveRound};
 use optimizer::schedule::{Assignment, Scheduler, SchedulerKind, Snapshot};
-use optimizer::sim::engine::{NodeFailures, SimHooks};
+use optimizer::sim::engine::{Handling, SimHooks};
 use optimizer::sim::{
     AppProfile, ClusterSpec, Report, SimConfig, Summary, TraceJob, Work, simulate,
 };
@@ -36,6 +36,44 @@ pub struct NamedPolicy {
     /// Replay through the live brain's round around the scheduler, with this `[live]` pacing
     /// (`--live-round`); `None`: the scheduler alone, as a simulator would.
     pub live_round: Option<LiveConfig>,
+    /// How its replays handle faults, where it differs from the options' (`--fault-handling
+    /// both`: each policy twice, its label saying which).
+    pub handling: Option<Handling>,
+}
+
+impl NamedPolicy {
+    /// The simulator's settings for its replays: `sim` with its fault handling.
+    pub fn sim(&self, sim: &SimConfig) -> SimConfig {
+        let mut sim = sim.clone();
+        if let Some(h) = self.handling {
+            sim.fault_handling.handling = h;
+        }
+        sim
+    }
+}
+
+/// Each policy under each of `handlings`: with more than one, a policy's rows are labelled
+/// `POLICY/detect`, `POLICY/wait`, all of one handling first.
+pub fn with_handlings(policies: &[NamedPolicy], handlings: &[Handling]) -> Vec<NamedPolicy> {
+    if handlings.len() < 2 {
+        return policies
+            .iter()
+            .map(|p| NamedPolicy {
+                handling: handlings.first().copied(),
+                ..p.clone()
+            })
+            .collect();
+    }
+    handlings
+        .iter()
+        .flat_map(|h| {
+            policies.iter().map(move |p| NamedPolicy {
+                label: format!("{}/{}", p.label, h.as_str()),
+                handling: Some(*h),
+                ..p.clone()
+            })
+        })
+        .collect()
 }
 
 /// Reads an operator's policy file; it must have a `[scheduler]` table. With `live_round`, the
@@ -65,6 +103,7 @@ pub fn load_policy(path: &Path, live_round: bool) -> Result<NamedPolicy, BrainEr
         label,
         scheduler,
         live_round: live_round.then_some(config.live),
+        handling: None,
     })
 }
 
@@ -351,7 +390,7 @@ pub fn run(
                 profiles,
                 &options.cluster,
                 scheduler,
-                &options.sim,
+                &policies[p].sim(&options.sim),
                 &mut hooks,
             )
         })
@@ -434,9 +473,4 @@ pub(crate) fn with_scheduler<T>(policy: &NamedPolicy, f: impl FnOnce(&dyn Schedu
         Some(c) => f(&LiveRound::new(policy.scheduler.scheduler(), c)),
         None => f(&policy.scheduler),
     }
-}
-
-/// Node failures from the two CLI numbers, when the MTBF is given.
-pub fn failures(mtbf_s: Option<f64>, repair_s: f64) -> Option<NodeFailures> {
-    mtbf_s.map(|mtbf_s| NodeFailures { mtbf_s, repair_s })
 }

@@ -211,7 +211,7 @@ pub fn run_streamed(
                 &[],
                 &options.cluster,
                 scheduler,
-                &options.sim,
+                &policy.sim(&options.sim),
                 &mut hooks,
                 &mut sink,
             )

@@ -26,6 +26,9 @@ pub fn render_table(results: &[PolicyResult]) -> String {
         "restart GPU %",
         "rho>1 %",
         "max rho",
+        "faults",
+        "stalled GPU %",
+        "eff train %",
     ];
     let rows: Vec<Vec<String>> = results
         .iter()
@@ -45,6 +48,9 @@ pub fn render_table(results: &[PolicyResult]) -> String {
                 format!("{:.1}", 100.0 * s.restart_gpu_share),
                 format!("{:.1}", 100.0 * s.unfair_share),
                 format!("{:.2}", s.max_rho),
+                s.faults.to_string(),
+                format!("{:.1}", 100.0 * s.stalled_gpu_share),
+                format!("{:.1}", 100.0 * s.effective_training),
             ]
         })
         .collect();
@@ -71,7 +77,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
             .collect::<Vec<_>>()
             .join("  ")
     };
-    let mut out = String::from("JCT, queue and rho columns: finished jobs only\n");
+    let mut out = String::from("JCT, queue, rho and eff train columns: finished jobs only\n");
     out.push_str(&line(header.iter().map(|h| h.to_string()).collect()));
     out.push('\n');
     for r in rows {
@@ -98,7 +104,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
 }
 
 /// The columns of the jobs table, one row per job of each (policy, trace) replay.
-pub const JOB_COLUMNS: [&str; 16] = [
+pub const JOB_COLUMNS: [&str; 20] = [
     "policy",
     "trace",
     "job",
@@ -115,6 +121,10 @@ pub const JOB_COLUMNS: [&str; 16] = [
     "restarts",
     "requested_gpus",
     "peak_gpus",
+    "training_s",
+    "effective_training",
+    "stalled_gpu_seconds",
+    "faults",
 ];
 
 /// A job's row of the jobs table.
@@ -137,6 +147,10 @@ pub(super) fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
         Cell::U64(j.restarts as u64),
         Cell::U64(j.requested_replicas as u64),
         Cell::U64(j.peak_replicas as u64),
+        Cell::F64(Some(j.training_s)),
+        Cell::F64(j.effective_training()),
+        Cell::F64(Some(j.stalled_gpu_seconds)),
+        Cell::U64(j.faults as u64),
     ]
 }
 
@@ -232,6 +246,12 @@ pub fn write_summary(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
             ("restart_gpu_share", f(&|r| r.summary.restart_gpu_share)),
             ("unfair_share", f(&|r| r.summary.unfair_share)),
             ("max_rho", f(&|r| r.summary.max_rho)),
+            (
+                "faults",
+                Values::U64(results.iter().map(|r| r.summary.faults as u64).collect()),
+            ),
+            ("stalled_gpu_share", f(&|r| r.summary.stalled_gpu_share)),
+            ("effective_training", f(&|r| r.summary.effective_training)),
             ("slowest_round_ms", f(&|r| r.max_decide_us as f64 / 1000.0)),
         ],
     )?);

@@ -8,11 +8,15 @@
 //! that finishes mid-round finishes at that instant and its GPUs wait for the next round. Idle
 //! stretches (nothing submitted yet) are skipped.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 
 use super::app::AppProfile;
+pub use super::faults::{
+    FaultHandling, FaultKind, Handling, NodeFailures, ScriptedFault, Slowdowns,
+};
+use super::faults::{Hit, NodeFaults};
 use super::report::{JobRecord, Report, RoundRecord, Summary, Unfinished};
 use super::setup::{Arrivals, Setup};
 use super::world::JobState;
@@ -20,14 +24,6 @@ use super::{ClusterSpec, TraceJob};
 use crate::error::PolicyError;
 use crate::schedule::{Assignment, NodeView, Scheduler, Snapshot, check};
 use crate::units::{JobId, WorkerType};
-
-/// Nodes fail independently, exponentially with mean `mtbf_s`, and are back after `repair_s`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodeFailures {
-    pub mtbf_s: f64,
-    pub repair_s: f64,
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,7 +36,15 @@ pub struct SimConfig {
     pub restart_penalty_s: f64,
     #[serde(default)]
     pub node_failures: Option<NodeFailures>,
-    /// Seed of every random draw (node failures).
+    #[serde(default)]
+    pub slowdowns: Option<Slowdowns>,
+    /// Faults at set times (a fault trace), besides those drawn at random.
+    #[serde(default)]
+    pub faults: Vec<ScriptedFault>,
+    /// How failures and slowdowns are noticed and handled.
+    #[serde(default)]
+    pub fault_handling: FaultHandling,
+    /// Seed of every random draw (node failures and slowdowns).
     #[serde(default)]
     pub seed: u64,
     /// Simulated time after which the run stops; unfinished jobs have no finish time.
@@ -61,6 +65,9 @@ impl Default for SimConfig {
             round_s: default_round(),
             restart_penalty_s: default_penalty(),
             node_failures: None,
+            slowdowns: None,
+            faults: Vec::new(),
+            fault_handling: FaultHandling::default(),
             seed: 0,
             max_time_s: None,
         }
@@ -76,17 +83,12 @@ impl SimConfig {
         if !(self.restart_penalty_s.is_finite() && self.restart_penalty_s >= 0.0) {
             return bad(format!("restart_penalty_s is {}", self.restart_penalty_s));
         }
-        if let Some(f) = &self.node_failures
-            && !(f.mtbf_s.is_finite()
-                && f.mtbf_s > 0.0
-                && f.repair_s.is_finite()
-                && f.repair_s >= 0.0)
-        {
-            return bad(format!(
-                "node failures: mtbf_s {}, repair_s {}",
-                f.mtbf_s, f.repair_s
-            ));
-        }
+        super::faults::validate(
+            self.node_failures.as_ref(),
+            self.slowdowns.as_ref(),
+            &self.faults,
+            &self.fault_handling,
+        )?;
         if let Some(m) = self.max_time_s
             && !(m.is_finite() && m > 0.0)
         {
@@ -293,6 +295,9 @@ fn record(
         restarts: j.restarts,
         gpu_seconds: j.attained,
         restart_gpu_seconds: j.restarting,
+        training_s: j.training_s,
+        stalled_gpu_seconds: j.stalled,
+        faults: j.faults,
         requested_replicas: j.trace.requested_replicas,
         peak_replicas: j.peak,
         rho,
@@ -336,7 +341,8 @@ pub fn replay<S: ReplaySink>(
         waiting: Default::default(),
     };
     let mut rng = Pcg64::seed_from_u64(config.seed);
-    let mut down_until = vec![f64::NEG_INFINITY; cluster.nodes.len()];
+    let mut faults = NodeFaults::new(cluster.nodes.len(), &config.faults)?;
+    let node_gpus: Vec<u32> = cluster.nodes.iter().map(|n| n.gpus).collect();
     let worker_types: Vec<WorkerType> = setup.types.iter().cloned().map(WorkerType).collect();
     let mut finished = 0;
     let mut t = 0.0f64;
@@ -370,49 +376,24 @@ pub fn replay<S: ReplaySink>(
             t = (next_s / round).ceil() * round;
             continue;
         }
-        // Failures and repairs at the round boundary.
-        if let Some(f) = &config.node_failures {
-            let p = 1.0 - (-round / f.mtbf_s).exp();
-            for (n, until) in down_until.iter_mut().enumerate() {
-                if *until <= t && rng.random::<f64>() < p {
-                    *until = t + f.repair_s;
-                    for job in &mut active {
-                        if !job.slots.iter().any(|s| s.0 == n) {
-                            continue;
-                        }
-                        job.slots.clear();
-                        job.rescale_left = 0.0;
-                    }
-                }
-            }
+        // Faults at the round boundary.
+        for hit in faults.round(t, round, &node_gpus, config, &mut rng) {
+            strike(&mut active, hit);
         }
-        let nodes: Vec<NodeView> = cluster
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(n, spec)| NodeView {
-                worker_type: world.node_type[n],
-                gpus: if down_until[n] > t { 0 } else { spec.gpus },
-            })
-            .collect();
-        let views = active
-            .iter_mut()
-            .map(|job| {
-                let id = JobId(job.id as u64);
-                world.view(job, id, elastic)
-            })
-            .collect();
-        let snapshot = Snapshot {
-            now_s: t,
-            worker_types: worker_types.clone(),
-            nodes,
-            jobs: views,
-        };
+        let snapshot = snapshot_at(
+            t,
+            &mut active,
+            &faults,
+            world,
+            cluster,
+            &worker_types,
+            elastic,
+        );
         let (answer, decide_us) = hooks.decide(scheduler, &snapshot);
         let assignment = answer?;
         check(&snapshot, &assignment)?;
         let mut changed = 0;
-        for job in &mut active {
+        for job in active.iter_mut().filter(|j| j.stall_left == 0.0) {
             let new = assignment
                 .get(&JobId(job.id as u64))
                 .cloned()
@@ -447,16 +428,19 @@ pub fn replay<S: ReplaySink>(
         }
         // Invariant: no node holds more GPUs than it has up (GPUs are only given back within
         // a round, so this holds at every instant of it).
+        let up_now: Vec<u32> = (0..node_gpus.len())
+            .map(|n| faults.gpus_up(n, t, node_gpus[n]))
+            .collect();
         let mut held = vec![0u32; cluster.nodes.len()];
         for job in &active {
             for &(n, k) in &job.slots {
                 held[n] += k;
             }
         }
-        if let Some(n) = (0..held.len()).find(|&n| held[n] > snapshot.nodes[n].gpus) {
+        if let Some(n) = (0..held.len()).find(|&n| held[n] > up_now[n]) {
             return Err(PolicyError::Invariant(format!(
                 "at {t} s node {n} holds {} GPUs of the {} it has up",
-                held[n], snapshot.nodes[n].gpus
+                held[n], up_now[n]
             ))
             .into());
         }
@@ -466,21 +450,30 @@ pub fn replay<S: ReplaySink>(
             active_jobs: active.len() as u32,
             queued_jobs: active.iter().filter(|j| j.slots.is_empty()).count() as u32,
             gpus_used,
-            gpus_up: snapshot.nodes.iter().map(|n| n.gpus).sum(),
+            gpus_up: up_now.iter().sum(),
             changed_jobs: changed,
             decide_us,
         };
         // Nothing runs, nothing will arrive, every node is up: a scheduler may wait a round
         // on purpose (Pollux does not start a job in the instant it arrives), but one that
         // runs nothing for IDLE_ROUNDS such rounds never will.
-        if gpus_used == 0 && next.is_none() && down_until.iter().all(|u| *u <= t) {
+        if gpus_used == 0
+            && next.is_none()
+            && !faults.any_out(t)
+            && active.iter().all(|j| j.stall_left == 0.0)
+        {
             idle_rounds += 1;
         } else {
             idle_rounds = 0;
         }
         let stuck = idle_rounds >= IDLE_ROUNDS;
         for job in &mut active {
-            world.advance(job, t, round);
+            let speed = job
+                .slots
+                .iter()
+                .map(|s| faults.speed(s.0))
+                .fold(1.0, f64::min);
+            world.advance(job, t, round, speed);
             if job.finished.is_some() {
                 finished += 1;
             }
@@ -540,6 +533,76 @@ pub fn replay<S: ReplaySink>(
         .into());
     }
     Ok(ReplayEnd { gpu_seconds_up })
+}
+
+/// Applies a fault to the jobs it strikes. A failed node's GPUs are gone at once; a job on it
+/// keeps its others and makes no progress until the failure is noticed (at once if it is
+/// noticed in no time). A job on a node found slow is moved off now. A job already stalled only
+/// loses the node's GPUs.
+fn strike(active: &mut [JobState], hit: Hit) {
+    let (node, detect_s) = match hit {
+        Hit::Failed { node, detect_s } => (node, detect_s),
+        Hit::Isolated { node } => (node, 0.0),
+    };
+    for job in active.iter_mut() {
+        if !job.slots.iter().any(|s| s.0 == node) {
+            continue;
+        }
+        if job.stall_left > 0.0 {
+            job.slots.retain(|s| s.0 != node);
+            continue;
+        }
+        job.faults += 1;
+        job.rescale_left = 0.0;
+        if detect_s > 0.0 {
+            job.slots.retain(|s| s.0 != node);
+            job.stall_left = detect_s;
+        } else {
+            job.slots.clear();
+        }
+    }
+}
+
+/// What the scheduler sees at `t`: the jobs in the system but those stalled by a fault not yet
+/// noticed, and each node's GPUs up less those the stalled jobs hold.
+fn snapshot_at(
+    t: f64,
+    active: &mut [JobState],
+    faults: &NodeFaults,
+    world: &super::world::World,
+    cluster: &ClusterSpec,
+    worker_types: &[WorkerType],
+    elastic: bool,
+) -> Snapshot {
+    let mut stalled = vec![0u32; cluster.nodes.len()];
+    for job in active.iter().filter(|j| j.stall_left > 0.0) {
+        for &(n, k) in &job.slots {
+            stalled[n] += k;
+        }
+    }
+    let nodes = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(n, spec)| NodeView {
+            worker_type: world.node_type[n],
+            gpus: faults.gpus_up(n, t, spec.gpus).saturating_sub(stalled[n]),
+        })
+        .collect();
+    let jobs = active
+        .iter_mut()
+        .filter(|j| j.stall_left == 0.0)
+        .map(|job| {
+            let id = JobId(job.id as u64);
+            world.view(job, id, elastic)
+        })
+        .collect();
+    Snapshot {
+        now_s: t,
+        worker_types: worker_types.to_vec(),
+        nodes,
+        jobs,
+    }
 }
 
 /// What every finished job must satisfy: it did all its work and took no less than the least
@@ -1009,7 +1072,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
 
-        /// Under every scheduler, with node failures: no round uses more GPUs than are up, every
+        /// Under every scheduler, with node failures (crashes and hangs) and slowdowns, detected
+        /// or waited out: no round uses more GPUs than are up, every
         /// job finishes exactly once after it was submitted, a rigid job only ever holds what
         /// it asked for and runs at least its duration, and the same seed gives the same
         /// report.
@@ -1017,7 +1081,18 @@ mod tests {
         fn capacity_holds_and_every_job_finishes_once(trace in arb_trace(), seed in 0u64..1000) {
             let cluster = ClusterSpec::uniform(3, 4, "t4");
             let config = SimConfig {
-                node_failures: Some(NodeFailures { mtbf_s: 20_000.0, repair_s: 600.0 }),
+                node_failures: Some(NodeFailures {
+                    mtbf_s: 20_000.0,
+                    repair_s: 600.0,
+                    per_gpu: false,
+                    hang_share: 0.5,
+                }),
+                slowdowns: Some(Slowdowns { mtbs_s: 20_000.0, factor: 0.5, duration_s: 900.0 }),
+                fault_handling: FaultHandling {
+                    handling: if seed % 2 == 0 { Handling::DetectAndIsolate } else { Handling::WaitForCrash },
+                    hang_timeout_s: 300.0,
+                    ..FaultHandling::default()
+                },
                 seed,
                 ..SimConfig::default()
             };

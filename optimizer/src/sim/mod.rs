@@ -5,9 +5,11 @@
 //!   which a job's progress per second follows for any placement and batch size.
 //! * [`engine`]: the event loop: arrivals, a scheduling round every `round_s`, a restart penalty
 //!   whenever a job's allocation changes, progress and completions between rounds, optional
-//!   node failures drawn from a seed. [`replay`] takes the jobs as they arrive and hands each
+//!   faults drawn from a seed. [`replay`] takes the jobs as they arrive and hands each
 //!   record to a [`ReplaySink`] as it is made, holding only the jobs in the system;
 //!   [`simulate`] runs it over a trace in memory and collects the whole [`Report`].
+//! * [`faults`]: nodes that fail (their jobs' processes exit or hang) or slow down, and how
+//!   the system under test notices and handles them (detect and isolate, or wait for the crash).
 //! * `setup` (private): what a replay derives before its first round, and each job of the
 //!   trace checked and made ready as it arrives.
 //! * [`report`]: what a run produces: one record per job and per round, and the summary an
@@ -20,6 +22,9 @@
 
 pub mod app;
 pub mod engine;
+#[cfg(test)]
+mod fault_replay_tests;
+pub mod faults;
 pub mod report;
 mod setup;
 mod world;

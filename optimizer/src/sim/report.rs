@@ -18,6 +18,16 @@ pub struct JobRecord {
     /// restart penalty after each start, rescale, move or preemption).
     #[serde(default)]
     pub restart_gpu_seconds: f64,
+    /// Seconds of training at full speed that its progress equals: the time it made progress,
+    /// each second weighed by its slowest node's speed (restarts, stalls and waits excluded).
+    #[serde(default)]
+    pub training_s: f64,
+    /// Of `gpu_seconds`, those held while a fault that stopped it went unnoticed.
+    #[serde(default)]
+    pub stalled_gpu_seconds: f64,
+    /// Faults that struck it: failures of its nodes, and moves off a node found slow.
+    #[serde(default)]
+    pub faults: u32,
     pub requested_replicas: u32,
     /// The most GPUs it held at once.
     pub peak_replicas: u32,
@@ -64,6 +74,13 @@ impl JobRecord {
     pub fn queueing_s(&self) -> Option<f64> {
         self.start_s.map(|s| s - self.submit_s)
     }
+
+    /// Its effective training time: the share of its time from its first start to its finish
+    /// spent training at full speed (`training_s`); `None` for a job that did not finish.
+    pub fn effective_training(&self) -> Option<f64> {
+        let span = self.finish_s? - self.start_s?;
+        (span > 0.0).then(|| self.training_s / span)
+    }
 }
 
 /// The cluster at one scheduling round.
@@ -101,6 +118,16 @@ pub struct Summary {
     /// Share of the GPU-seconds held that jobs spent starting or restarting.
     #[serde(default)]
     pub restart_gpu_share: f64,
+    /// Effective training time of the finished jobs: their training seconds over their time
+    /// from first start to finish, summed.
+    #[serde(default)]
+    pub effective_training: f64,
+    /// Share of the GPU-seconds held that jobs spent stalled by a fault not yet noticed.
+    #[serde(default)]
+    pub stalled_gpu_share: f64,
+    /// Faults that struck jobs.
+    #[serde(default)]
+    pub faults: u32,
     /// Share of the finished jobs with finish-time fairness ρ > 1 (Themis).
     #[serde(default)]
     pub unfair_share: f64,
@@ -172,7 +199,12 @@ pub struct SummaryBuilder {
     last_finish_s: f64,
     held: f64,
     restart_held: f64,
+    stalled_held: f64,
     restarts: u32,
+    faults: u32,
+    /// Of the finished jobs: training seconds, and seconds from first start to finish.
+    training_s: f64,
+    span_s: f64,
     rhos: u32,
     unfair: u32,
     max_rho: f64,
@@ -194,7 +226,11 @@ impl Default for SummaryBuilder {
             last_finish_s: f64::NEG_INFINITY,
             held: 0.0,
             restart_held: 0.0,
+            stalled_held: 0.0,
             restarts: 0,
+            faults: 0,
+            training_s: 0.0,
+            span_s: 0.0,
             rhos: 0,
             unfair: 0,
             max_rho: f64::NAN,
@@ -218,7 +254,9 @@ impl SummaryBuilder {
         self.first_submit_s = self.first_submit_s.min(j.submit_s);
         self.held += j.gpu_seconds;
         self.restart_held += j.restart_gpu_seconds;
+        self.stalled_held += j.stalled_gpu_seconds;
         self.restarts += j.restarts;
+        self.faults += j.faults;
         if let Some(why) = j.unfinished {
             *self.unfinished.entry(why).or_insert(0) += 1;
         }
@@ -231,6 +269,10 @@ impl SummaryBuilder {
         if let Some(q) = j.queueing_s() {
             self.queueing_sum += q;
             self.queued += 1;
+        }
+        if let Some(start) = j.start_s {
+            self.training_s += j.training_s;
+            self.span_s += j.finish_s.expect("has a JCT") - start;
         }
         if let Some(r) = j.rho {
             self.rhos += 1;
@@ -256,7 +298,11 @@ impl SummaryBuilder {
         self.last_finish_s = self.last_finish_s.max(o.last_finish_s);
         self.held += o.held;
         self.restart_held += o.restart_held;
+        self.stalled_held += o.stalled_held;
         self.restarts += o.restarts;
+        self.faults += o.faults;
+        self.training_s += o.training_s;
+        self.span_s += o.span_s;
         self.rhos += o.rhos;
         self.unfair += o.unfair;
         self.max_rho = self.max_rho.max(o.max_rho);
@@ -316,6 +362,17 @@ impl SummaryBuilder {
             } else {
                 0.0
             },
+            effective_training: if self.span_s > 0.0 {
+                self.training_s / self.span_s
+            } else {
+                f64::NAN
+            },
+            stalled_gpu_share: if self.held > 0.0 {
+                self.stalled_held / self.held
+            } else {
+                0.0
+            },
+            faults: self.faults,
             unfair_share: ratio(self.unfair as f64, self.rhos),
             max_rho: self.max_rho,
             unfinished: self.unfinished.clone(),
@@ -355,6 +412,9 @@ mod tests {
                         restarts,
                         gpu_seconds: wait,
                         restart_gpu_seconds: wait / 3.0,
+                        training_s: 10f64.powf(log_run) / 2.0,
+                        stalled_gpu_seconds: wait / 5.0,
+                        faults: restarts / 2,
                         requested_replicas: 1,
                         peak_replicas: 1,
                         rho: finish.and(rho),
@@ -382,8 +442,8 @@ mod tests {
             a.merge(&b);
             let built = a.summary(1e9);
             prop_assert_eq!(
-                (built.jobs, built.finished, built.restarts, &built.unfinished),
-                (exact.jobs, exact.finished, exact.restarts, &exact.unfinished)
+                (built.jobs, built.finished, built.restarts, built.faults, &built.unfinished),
+                (exact.jobs, exact.finished, exact.restarts, exact.faults, &exact.unfinished)
             );
             for (x, y) in [
                 (built.mean_jct_s, exact.mean_jct_s),
@@ -391,6 +451,8 @@ mod tests {
                 (built.gpu_utilisation, exact.gpu_utilisation),
                 (built.mean_queueing_s, exact.mean_queueing_s),
                 (built.restart_gpu_share, exact.restart_gpu_share),
+                (built.effective_training, exact.effective_training),
+                (built.stalled_gpu_share, exact.stalled_gpu_share),
                 (built.unfair_share, exact.unfair_share),
                 (built.max_rho, exact.max_rho),
             ] {

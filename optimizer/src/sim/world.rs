@@ -31,6 +31,15 @@ pub(super) struct JobState {
     /// GPU-seconds of `attained` held while starting or restarting (no progress).
     pub(super) restarting: f64,
     pub(super) running_s: f64,
+    /// Seconds of training at full speed that its progress equals: time making progress
+    /// times its slowest node's speed (restarts, stalls and waits excluded).
+    pub(super) training_s: f64,
+    /// Seconds left until the fault that stopped it is noticed (it holds its GPUs and makes
+    /// no progress meanwhile), and the GPU-seconds it held so.
+    pub(super) stall_left: f64,
+    pub(super) stalled: f64,
+    /// Faults that struck it: failures of its nodes, and moves off a node found slow.
+    pub(super) faults: u32,
     pub(super) restarts: u32,
     pub(super) started: Option<f64>,
     pub(super) finished: Option<f64>,
@@ -161,14 +170,29 @@ impl World {
                     .collect();
                 j.worker_type = Some(t);
                 j.rescale_left = 0.0;
-                self.advance(&mut j, 0.0, f64::MAX);
+                self.advance(&mut j, 0.0, f64::MAX, 1.0);
                 j.finished
             })
             .min_by(f64::total_cmp)
     }
 
-    /// Runs `job` from `t0` for `dt` seconds.
-    pub(super) fn advance(&self, job: &mut JobState, t0: f64, dt: f64) {
+    /// Runs `job` from `t0` for `dt` seconds at `speed` (its slowest node's, 1 when well): a
+    /// stalled job only waits out its stall, then gives its GPUs back.
+    pub(super) fn advance(&self, job: &mut JobState, t0: f64, dt: f64, speed: f64) {
+        if job.stall_left > 0.0 {
+            let held: u32 = job.slots.iter().map(|s| s.1).sum();
+            let d = job.stall_left.min(dt);
+            job.attained += d * held as f64;
+            job.stalled += d * held as f64;
+            job.running_s += d;
+            job.stall_left -= d;
+            if job.stall_left <= 1e-9 {
+                job.stall_left = 0.0;
+                job.slots.clear();
+                job.rescale_left = 0.0;
+            }
+            return;
+        }
         if job.slots.is_empty() || job.finished.is_some() {
             return;
         }
@@ -188,11 +212,14 @@ impl World {
         now += d;
         left -= d;
         let Some(app_i) = job.app else {
-            let need = job.total - job.progress;
+            // One second of its duration per second, at full speed.
+            let need = (job.total - job.progress) / speed;
             if left < need {
-                job.progress += left;
+                job.progress += left * speed;
+                job.training_s += left * speed;
                 hold(job, left);
             } else {
+                job.training_s += job.total - job.progress;
                 job.progress = job.total;
                 hold(job, need);
                 job.finished = Some(now + need);
@@ -206,7 +233,7 @@ impl World {
             return;
         };
         while left > 1e-9 && job.finished.is_none() {
-            let g = app.goodput(gpu, &digits, job.config, job.epoch);
+            let g = app.goodput(gpu, &digits, job.config, job.epoch) * speed;
             if g <= 0.0 {
                 hold(job, left);
                 return;
@@ -215,10 +242,12 @@ impl World {
             let next = app.progress_at(job.epoch + 1);
             if job.progress + g * left < next {
                 job.progress += g * left;
+                job.training_s += left * speed;
                 hold(job, left);
                 return;
             }
             let delta = ((next - job.progress) / g).max(0.0);
+            job.training_s += delta * speed;
             job.progress = next;
             job.least_work_s += (next - app.progress_at(job.epoch)) / job.epoch_best;
             job.epoch_best = 0.0;

@@ -189,7 +189,7 @@ enum Command {
     /// known by their profiles (directories of measured step times and training curves, as in
     /// Pollux's `traces/`), or Philly job lists (`timestamp,duration,num_gpus,gpu_time,cluster`),
     /// whose jobs run for their duration on exactly the GPUs they asked for.
-    Whatif(whatif_cmd::WhatifArgs),
+    Whatif(Box<whatif_cmd::WhatifArgs>),
     /// Make traces for `brainctl whatif`: larger ones drawn from a real trace's distribution.
     Trace {
         #[command(subcommand)]
@@ -581,7 +581,7 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             }
         },
-        Command::Whatif(args) => whatif_cmd::whatif(args),
+        Command::Whatif(args) => whatif_cmd::whatif(*args),
         Command::Trace { action } => trace_cmd::trace(action),
         Command::Certs { out, hosts } => certs(&out, &hosts),
     }
