@@ -5,7 +5,8 @@
 //! on a node, and a node lost takes only that node's masters). Either way a task follows the
 //! master to its end (the child's exit, or the Ray job's terminal status polled from the
 //! dashboard) and reports it; a job master outlives a brain that is killed (it keeps training
-//! and reconnects), so a restarted brain learns of it when it registers again. A job master
+//! and reconnects), and a restarted brain follows it again (a local one by the pid recorded
+//! in its run directory: `master_process`). A job master
 //! that dies before its job ended is started again on the same run directory with `--resume`
 //! (see `Control::exited`); on Ray, on whichever node Ray picks then.
 
@@ -20,6 +21,7 @@ use tokio::sync::mpsc;
 use vocab::{JobSpec, Role};
 
 use crate::BrainError;
+use crate::master_process::MasterProcess;
 use crate::store::JobId;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -353,6 +355,15 @@ impl Launcher {
         let mut child = cmd
             .spawn()
             .map_err(|e| BrainError::Internal(format!("cannot start {}: {e}", bin.display())))?;
+        // For a brain started again after this one: which process to follow.
+        match child.id().and_then(MasterProcess::of) {
+            Some(p) => {
+                if let Err(e) = p.write(run_dir) {
+                    tracing::warn!(%job, "cannot record its job master's pid: {e}");
+                }
+            }
+            None => tracing::warn!(%job, "its job master ended as it started"),
+        }
         self.reap(job, async move {
             match child.wait().await {
                 Ok(s) => (s.to_string(), s.success()),
@@ -480,11 +491,26 @@ impl Launcher {
     }
 
     /// After a restart of the brain: follows again the master that an earlier run of the brain
-    /// submitted to Ray for the job in `run_dir`, so that its end is seen (and a master whose
-    /// node died is resumed). Whether there was one to follow.
+    /// started for the job in `run_dir` (a local process by its recorded pid, or a Ray job), so
+    /// that its end is seen and a master that died is resumed: also one that died while no
+    /// brain ran, whose end is reported at once. Whether there was one to follow.
     pub fn follow_again(&self, job: JobId, run_dir: &Path) -> bool {
         let Some(api) = &self.ray_masters else {
-            return false;
+            let Some(master) = MasterProcess::read(run_dir) else {
+                return false;
+            };
+            self.reap(job, async move {
+                master.ended(Duration::from_millis(500)).await;
+                (
+                    format!(
+                        "process {} ended, not the brain's child (started by an earlier run \
+                         of the brain): its exit status is unknown",
+                        master.pid
+                    ),
+                    false,
+                )
+            });
+            return true;
         };
         match std::fs::read_to_string(run_dir.join(RAY_SUBMISSION_FILE)) {
             Ok(id) if !id.trim().is_empty() => {

@@ -20,7 +20,9 @@
 //! * [`predict`]: sizes a job submitted without replicas or resources from the brain's history.
 //! * [`control`]: the live optimisation loop (timer and events, snapshot, the operator's
 //!   scheduler through [`optimizer::live`], plans dispatched, cool-downs, policy reload);
-//!   [`launch`] starts the job masters of submitted jobs; [`metrics`] is `GET /metrics`;
+//!   [`launch`] starts the job masters of submitted jobs and follows them to their end, also
+//!   after a restart of the brain ([`master_process`]: a local master by its recorded pid);
+//!   [`metrics`] is `GET /metrics`;
 //!   [`capacity`] is what the brain may hand out (its config, or a Ray cluster's CPUs and its
 //!   nodes' GPUs by model).
 //!
@@ -36,6 +38,7 @@ pub mod auth;
 pub mod capacity;
 pub mod control;
 pub mod launch;
+pub mod master_process;
 pub mod metrics;
 pub mod plots;
 pub mod predict;

@@ -155,6 +155,45 @@ pub fn kill9(pid: u32) {
     .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
 }
 
+/// Freezes `pid` (SIGSTOP): alive, holding its sockets, making no progress.
+pub fn freeze(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+}
+
+/// Stops `pid` for `stopped` out of every `period` until the guard is dropped or the process
+/// is gone: a node that gives the process only part of its time.
+pub fn duty_cycle(pid: u32, stopped: Duration, period: Duration) -> DutyCycle {
+    use nix::sys::signal::{Signal, kill};
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if kill(pid, Signal::SIGSTOP).is_err() {
+                return;
+            }
+            std::thread::sleep(stopped);
+            let _ = kill(pid, Signal::SIGCONT);
+            std::thread::sleep(period - stopped);
+        }
+        let _ = kill(pid, Signal::SIGCONT);
+    });
+    DutyCycle(done)
+}
+
+/// Ends a [`duty_cycle`] when dropped.
+pub struct DutyCycle(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DutyCycle {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Whether `pid` is a live process (a zombie is not).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {

@@ -441,9 +441,9 @@ impl Control {
         self.wake();
     }
 
-    /// After a restart: follows again the masters on Ray an earlier run of the brain started
-    /// for the jobs still running (local masters are not the brain's children any more; they
-    /// register again, and their end is read from the store when they report it).
+    /// After a restart: follows again the masters an earlier run of the brain started for the
+    /// jobs still running (local masters, no longer the brain's children, by the pid each
+    /// recorded; on Ray, by their Ray jobs), so that one that died is resumed.
     pub async fn follow_masters(&self) -> Result<(), BrainError> {
         let running = self
             .with_store(|s| s.active())
@@ -452,7 +452,7 @@ impl Control {
             .filter(|r| r.state == JobState::Running && !r.run_dir.is_empty());
         for row in running {
             if self.launcher.follow_again(row.id, Path::new(&row.run_dir)) {
-                tracing::info!(job = %row.id, "following its job master on Ray again");
+                tracing::info!(job = %row.id, "following its job master again");
             }
         }
         Ok(())

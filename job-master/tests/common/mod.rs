@@ -363,7 +363,7 @@ pub async fn pid_of(addr: SocketAddr, role: &str, index: u32) -> u32 {
 }
 
 #[allow(unused_imports)]
-pub use test_support::{kill9, parent_of};
+pub use test_support::{DutyCycle, duty_cycle, freeze, kill9, parent_of};
 
 /// Processes whose command line or environment names the master at `addr`: its agents and
 /// their training processes.
@@ -605,45 +605,4 @@ pub async fn ps_with(addr: &str, token: Option<auth::Token>) -> Ps {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     Ps::new(auth::with_token(channel, auth::WithToken::new(token)))
-}
-
-/// Freezes `pid` (SIGSTOP): alive, holding its sockets, making no progress.
-#[allow(dead_code)]
-pub fn freeze(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
-}
-
-/// Stops `pid` for `stopped` out of every `period` until the guard is dropped or the process
-/// is gone: a node that gives the process only part of its time.
-#[allow(dead_code)]
-pub fn duty_cycle(pid: u32, stopped: Duration, period: Duration) -> DutyCycle {
-    use nix::sys::signal::{Signal, kill};
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = done.clone();
-    std::thread::spawn(move || {
-        let pid = nix::unistd::Pid::from_raw(pid as i32);
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            if kill(pid, Signal::SIGSTOP).is_err() {
-                return;
-            }
-            std::thread::sleep(stopped);
-            let _ = kill(pid, Signal::SIGCONT);
-            std::thread::sleep(period - stopped);
-        }
-        let _ = kill(pid, Signal::SIGCONT);
-    });
-    DutyCycle(done)
-}
-
-/// Ends a [`duty_cycle`] when dropped.
-pub struct DutyCycle(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl Drop for DutyCycle {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
 }
