@@ -320,6 +320,97 @@ fn a_cordoned_node_gets_no_process_of_the_brains_jobs() {
     assert!(ok && out.contains(" ok"), "{out}");
 }
 
+/// A node cordoned while a process of a job runs there (issue 42, item 2): the job master,
+/// told at its next plan poll, moves the process off it (the group checkpoints at a cut and
+/// restarts on the nodes left), and the job ends with every sample trained once.
+#[test]
+fn a_process_on_a_node_cordoned_mid_run_moves_off_it() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = brain_for_jobs(&c, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    let name = format!("moved-{}", std::process::id());
+    let path = dir.path().join(format!("{name}.yaml"));
+    // Two workers of 2.5 CPUs, one a node, long enough to be cordoned mid-run.
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 2, max: 2, \
+             resources: {{ cpu: 2.5 }} }}\n\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 600 }}\n\
+             data: {{ num_samples: 60000, shard_size: 500, eval_samples: 2000 }}\n\
+             checkpoint: {{ dir: checkpoints, every_shards: 10 }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}\n{}", log());
+    let context = dir
+        .path()
+        .join("runs")
+        .join(&name)
+        .join("master/job-context.json");
+    let host = test_support::wait_until(Duration::from_secs(120), "worker-0 registered", || {
+        let ctx: serde_json::Value = serde_json::from_slice(&std::fs::read(&context).ok()?).ok()?;
+        ctx["events"].as_array()?.iter().find_map(|e| {
+            let text = e["text"].as_str()?;
+            let rest = text.strip_prefix("worker-0 registered on ")?;
+            Some(rest.split_whitespace().next()?.to_string())
+        })
+    });
+    let (ok, out) = brainctl(&[
+        "nodes",
+        "cordon",
+        &host,
+        "--reason",
+        "ECC errors",
+        "--brain",
+        &url,
+    ]);
+    assert!(ok, "{out}\n{}", log());
+    wait_succeeded(&url, &[&name], &log);
+    let run = dir.path().join("runs").join(&name);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
+    assert_eq!(report["exactly_once"], "ok", "{report:#}");
+    let events: Vec<&str> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect();
+    let moved = events
+        .iter()
+        .position(|e| {
+            e.ends_with(&format!(
+                "runs on {host}, which the brain cordoned: it moves off"
+            ))
+        })
+        .unwrap_or_else(|| panic!("no move off {host}: {events:#?}"));
+    assert!(
+        events[moved..]
+            .iter()
+            .any(|e| e.contains(&format!("moved off cordoned node {host}"))),
+        "{events:#?}"
+    );
+    let after: Vec<&&str> = events[moved..]
+        .iter()
+        .filter(|e| e.contains(" registered on "))
+        .collect();
+    assert!(!after.is_empty(), "{events:#?}");
+    assert!(
+        after
+            .iter()
+            .all(|e| !e.contains(&format!(" registered on {host} "))),
+        "a process came back to the cordoned {host}: {events:#?}"
+    );
+    let (ok, out) = brainctl(&["nodes", "uncordon", &host, "--brain", &url]);
+    assert!(ok, "{out}");
+}
+
 /// Nodes a test killed, started again when it ends (also when it fails): the next test needs
 /// the whole cluster.
 struct Revive<'a> {

@@ -400,6 +400,17 @@ pub(crate) async fn run(
             Ok(r) => {
                 let r = r.into_inner();
                 platform.cordon(&r.cordoned_nodes);
+                if !r.cordoned_nodes.is_empty() {
+                    // A process already on a node the brain cordoned moves off it.
+                    let nodes = r.cordoned_nodes.clone();
+                    shared
+                        .apply_logged("moving off cordoned nodes", move |ctx, now| {
+                            let moved = ctx.nodes_cordoned(&nodes, now);
+                            let acted = moved.is_some();
+                            Ok(((), moved.unwrap_or_default(), acted))
+                        })
+                        .await;
+                }
                 if !r.cancel.is_empty() {
                     let why = format!("asked through the brain: {}", r.cancel);
                     shared

@@ -125,10 +125,14 @@ impl JobContext {
                 format!("checkpoint failed, training goes on without it: {problem}"),
             );
             if let Some(key) = self.stability.replace_at_cut.take() {
+                let what = match self.stability.moving_off.take() {
+                    Some(node) => format!("{key} is not moved off cordoned node {node}"),
+                    None => format!("straggler {key} is not replaced"),
+                };
                 self.log_as(
                     EventKind::Straggler,
                     now_ms,
-                    format!("straggler {key} is not replaced: no checkpoint to restart from"),
+                    format!("{what}: no checkpoint to restart from"),
                 );
             }
             self.cancel_after_checkpoint(None, now_ms);

@@ -199,6 +199,67 @@ fn an_allreduce_straggler_is_replaced_after_a_checkpoint_at_the_cut() {
     );
 }
 
+#[test]
+fn an_allreduce_group_on_a_node_the_brain_cordons_moves_off_it_after_a_cut() {
+    let mut ctx = running("allreduce", 0, 2, 1000);
+    let node = ctx.slots[&worker(0)].host.clone();
+    assert!(ctx.nodes_cordoned(&["10.0.0.9".into()], 100).is_none());
+    let effects = ctx.nodes_cordoned(std::slice::from_ref(&node), 100);
+    assert!(effects.is_some());
+    assert_eq!(ctx.stability.replace_at_cut, Some(worker(0)));
+    assert!(ctx.checkpoint_pending, "a cut is asked for first");
+    assert!(
+        ctx.events.iter().any(|e| e.text
+            == format!("worker-0 runs on {node}, which the brain cordoned: it moves off")),
+        "{:#?}",
+        ctx.events
+    );
+    // The brain says it again at every poll: one move at a time.
+    assert!(
+        ctx.nodes_cordoned(std::slice::from_ref(&node), 200)
+            .is_none()
+    );
+    let g = ctx.generation;
+    ctx.checkpoint_committed(1, "/tmp/m".into(), 20, g, 300)
+        .unwrap();
+    assert_eq!(ctx.generation, g + 1, "the group restarts from the cut");
+    assert!(
+        ctx.events.iter().any(|e| e
+            .text
+            .contains(&format!("worker-0 moved off cordoned node {node}"))),
+        "{:#?}",
+        ctx.events
+    );
+    assert_eq!(ctx.stability.moving_off, None);
+    // Relaunched, nothing runs on the node until the platform places the new processes.
+    assert!(
+        ctx.nodes_cordoned(std::slice::from_ref(&node), 400)
+            .is_none()
+    );
+}
+
+#[test]
+fn a_ps_worker_on_a_node_the_brain_cordons_moves_off_it_alone() {
+    let mut ctx = running("ps", 1, 3, 1000);
+    let node = ctx.slots[&worker(0)].host.clone();
+    let effects = ctx
+        .nodes_cordoned(std::slice::from_ref(&node), 100)
+        .unwrap();
+    assert!(effects.contains(&Effect::LaunchAgent {
+        key: worker(0),
+        incarnation: 2
+    }));
+    assert_eq!(ctx.generation, 0, "no group restart");
+    assert!(
+        ctx.events.iter().any(|e| e.text
+            == format!("moving worker-0 off cordoned node {node}: a new process off {node}")),
+        "{:#?}",
+        ctx.events
+    );
+    // It avoids nothing of its own: the brain's cordon keeps new processes off the node.
+    assert!(ctx.stability.avoided.is_empty());
+}
+
 /// Every agent heartbeats at `now_ms` (they are alive; their processes may not be).
 fn beat(ctx: &mut JobContext, now_ms: u64) {
     for w in 0..2 {
