@@ -493,12 +493,11 @@ impl Launcher {
     /// After a restart of the brain: follows again the master that an earlier run of the brain
     /// started for the job in `run_dir` (a local process by its recorded pid, or a Ray job), so
     /// that its end is seen and a master that died is resumed: also one that died while no
-    /// brain ran, whose end is reported at once. Whether there was one to follow.
-    pub fn follow_again(&self, job: JobId, run_dir: &Path) -> bool {
+    /// brain ran, whose end is reported at once. How it is followed (`on Ray`, `by its pid`),
+    /// or `None` when there was none to follow.
+    pub fn follow_again(&self, job: JobId, run_dir: &Path) -> Option<&'static str> {
         let Some(api) = &self.ray_masters else {
-            let Some(master) = MasterProcess::read(run_dir) else {
-                return false;
-            };
+            let master = MasterProcess::read(run_dir)?;
             self.reap(job, async move {
                 master.ended(Duration::from_millis(500)).await;
                 (
@@ -510,14 +509,14 @@ impl Launcher {
                     false,
                 )
             });
-            return true;
+            return Some("by its pid");
         };
         match std::fs::read_to_string(run_dir.join(RAY_SUBMISSION_FILE)) {
             Ok(id) if !id.trim().is_empty() => {
                 self.follow_ray_job(api, job, run_dir, id.trim().to_string());
-                true
+                Some("on Ray")
             }
-            _ => false,
+            _ => None,
         }
     }
 

@@ -218,7 +218,11 @@ impl Metrics {
         self.job_stragglers.clear();
         for row in rows.iter().filter(|r| r.state == JobState::Running) {
             let label = vec![("job".to_string(), row.name.clone())];
-            let (effective, stragglers) = store.stability(row.id);
+            let crate::store::JobStability {
+                effective,
+                stragglers,
+                ..
+            } = store.stability(row.id);
             if let Some(e) = effective {
                 self.job_effective.get_or_create(&label).set(e.share);
                 self.job_lost_seconds

@@ -142,6 +142,7 @@ impl pb::brain_server::Brain for BrainService {
             .reports
             .iter()
             .flat_map(|r| &r.faulty_nodes)
+            .filter(|f| !f.straggler)
             .map(|f| (f.host.clone(), f.why.clone()))
             .collect();
         let reports: Vec<Metric> = batch

@@ -72,17 +72,6 @@ fn spec(dir: &Path, name: &str, kind: &str, samples: u64) -> std::path::PathBuf 
     path
 }
 
-/// The pid of the `job-master run` process whose command line names `run_dir`.
-fn master_pid(run_dir: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        (cmd.contains("job-master") && cmd.contains(" run ") && cmd.contains(run_dir))
-            .then_some(pid)
-    })
-}
-
 /// The running training processes of the running jobs: (job, role, pid).
 async fn training_processes(url: &str) -> Vec<(String, String, u32)> {
     let mut out = Vec::new();
@@ -134,7 +123,7 @@ impl Soak {
                 let Some(j) = running.get(self.rng.random_range(0..running.len().max(1))) else {
                     return false;
                 };
-                let Some(pid) = master_pid(&j.run_dir) else {
+                let Some(pid) = common::master_pid(&j.run_dir) else {
                     return false;
                 };
                 test_support::kill9(pid);

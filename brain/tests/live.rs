@@ -237,17 +237,6 @@ async fn three_jobs_share_four_cpus(scheduler: &str, max_workers: u32) {
     brain.kill();
 }
 
-/// The pid of the `job-master run` process whose command line names `run_dir`.
-fn master_pid(run_dir: &str) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        (cmd.contains("job-master") && cmd.contains(" run ") && cmd.contains(run_dir))
-            .then_some(pid)
-    })
-}
-
 /// kill -9 of a job master the brain started, after a checkpoint: the brain starts it again
 /// with `--resume`, says so in the job's reasons, and the job still ends with every sample
 /// applied by its PS exactly once per epoch.
@@ -274,12 +263,8 @@ async fn a_killed_job_master_is_started_again_and_its_job_ends_exactly_once() {
         assert!(Instant::now() < deadline, "no checkpoint: {all:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let pid = master_pid(&run_dir).expect("the job master runs");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let pid = common::master_pid(&run_dir).expect("the job master runs");
+    test_support::kill9(pid);
 
     let job = first_job_ended(&url).await;
     assert_eq!(job.state, "succeeded", "{job:#?}");
@@ -618,7 +603,7 @@ async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
     assert!(report["checkpoints"].as_u64().unwrap() >= 1, "{report:#}");
     // Nothing of the job runs any more: its master is gone, and so are its processes.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while master_pid(&run_dir).is_some() || alive(&master, &run_dir).await.is_some() {
+    while common::master_pid(&run_dir).is_some() || alive(&master, &run_dir).await.is_some() {
         assert!(Instant::now() < deadline, "the job master still runs");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

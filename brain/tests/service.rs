@@ -496,7 +496,8 @@ async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
 
 /// A node a job's pre-run check found faulty is cordoned by the brain, with the check's
 /// reason and an expiry (the policy's `live.faulty_node_cordon_s`); an address the brain does
-/// not plan on is left alone, and an operator's uncordon lifts it (issue 42, item 2).
+/// not plan on is left alone, and an operator's uncordon lifts it; a node it found slow is
+/// shown as a straggler with the check's figures, not cordoned (issue 42, item 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_it_expires() {
     let dir = tempfile::tempdir().unwrap();
@@ -519,9 +520,16 @@ async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_i
     let fault = |host: &str| pb::NodeFault {
         host: host.into(),
         why: "every all-reduce failed (with 10.0.0.2: connection refused)".into(),
+        straggler: false,
+    };
+    // Slow, not broken: shown as a straggler, not cordoned.
+    let slow = pb::NodeFault {
+        host: "local".into(),
+        why: "its matmul took 22.8 ms, 7.30x the median of the others (3.1 ms)".into(),
+        straggler: true,
     };
     let with = pb::MetricReport {
-        faulty_nodes: vec![fault("gpu-1"), fault("10.9.9.9"), fault("gpu-1")],
+        faulty_nodes: vec![fault("gpu-1"), fault("10.9.9.9"), fault("gpu-1"), slow],
         ..report(10, 100.0)
     };
     job.report_metrics(pb::MetricsBatch {
@@ -541,7 +549,12 @@ async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_i
     assert!(out.contains("until"), "an expiry: {out}");
     assert!(!out.contains("10.9.9.9"), "{out}");
     let local = out.lines().find(|l| l.starts_with("local")).unwrap();
-    assert!(local.contains(" ok"), "{out}");
+    assert!(
+        local.contains("straggler")
+            && local.contains("checked pre-run check: its matmul took 22.8 ms, 7.30x")
+            && !local.contains("cordoned"),
+        "{out}"
+    );
     let (ok, out) = common::brainctl(&["nodes", "uncordon", "gpu-1", "--brain", &url]);
     assert!(ok, "{out}");
     let (_, out) = common::brainctl(&["nodes", "--brain", &url]);

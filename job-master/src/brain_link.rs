@@ -231,10 +231,17 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
             .precheck
             .iter()
             .flat_map(|r| r.unhealthy())
-            .filter(|n| n.health == vocab::report::NodeHealth::Faulty)
-            .map(|n| pb::NodeFault {
-                host: n.node.clone(),
-                why: n.why.clone(),
+            .filter_map(|n| {
+                let straggler = match n.health {
+                    vocab::report::NodeHealth::Faulty => false,
+                    vocab::report::NodeHealth::Straggler => true,
+                    _ => return None,
+                };
+                Some(pb::NodeFault {
+                    host: n.node.clone(),
+                    why: n.why.clone(),
+                    straggler,
+                })
             })
             .collect(),
     }

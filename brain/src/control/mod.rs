@@ -451,8 +451,8 @@ impl Control {
             .into_iter()
             .filter(|r| r.state == JobState::Running && !r.run_dir.is_empty());
         for row in running {
-            if self.launcher.follow_again(row.id, Path::new(&row.run_dir)) {
-                tracing::info!(job = %row.id, "following its job master again");
+            if let Some(how) = self.launcher.follow_again(row.id, Path::new(&row.run_dir)) {
+                tracing::info!(job = %row.id, "following its job master {how} again");
             }
         }
         Ok(())

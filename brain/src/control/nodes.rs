@@ -31,8 +31,13 @@ impl Control {
                 let mut stragglers = Vec::new();
                 for row in s.jobs()? {
                     if row.state == crate::store::JobState::Running {
-                        for n in s.stability(row.id).1 {
+                        let stability = s.stability(row.id);
+                        for n in stability.stragglers {
                             let what = format!("{} {} ({:.2}x)", row.name, n.process, n.ratio);
+                            stragglers.push((n.host, what));
+                        }
+                        for n in stability.slow_nodes {
+                            let what = format!("{} pre-run check: {}", row.name, n.why);
                             stragglers.push((n.host, what));
                         }
                     }

@@ -4,7 +4,7 @@
 use proto::service::v1 as pb;
 use tonic::Status;
 
-use crate::store::{Metric, ProcessSample, StragglerNote};
+use crate::store::{Metric, ProcessSample, SlowNode, StragglerNote};
 
 pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
     let processes = m
@@ -50,6 +50,15 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
         lost_ms: m.lost_training_ms,
         share: m.training_ms as f64 / m.wall_ms as f64,
     });
+    let slow_nodes = m
+        .faulty_nodes
+        .iter()
+        .filter(|f| f.straggler)
+        .map(|f| SlowNode {
+            host: f.host.clone(),
+            why: f.why.clone(),
+        })
+        .collect();
     Ok(Metric {
         at_unix_ms: m.at_unix_ms,
         global_step: m.global_step,
@@ -64,6 +73,7 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
         role_rates,
         effective,
         stragglers,
+        slow_nodes,
     })
 }
 

@@ -24,8 +24,10 @@ mod tokens;
 
 pub use cordons::Cordon;
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
-pub use processes::{CPU_SAMPLES, ProcessSample};
-pub use records::{JobRow, JobState, Metric, ServiceShape, Shape, StoredPlan, StragglerNote};
+pub use processes::{CPU_SAMPLES, JobStability, ProcessSample};
+pub use records::{
+    JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,
+};
 pub use reports::PlanCounts;
 
 pub struct Store {

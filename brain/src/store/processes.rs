@@ -45,6 +45,16 @@ pub(super) struct JobProcesses {
     /// Its effective training time and stragglers, as the newest report gave them.
     effective: Option<vocab::report::EffectiveTraining>,
     stragglers: Vec<super::StragglerNote>,
+    slow_nodes: Vec<super::SlowNode>,
+}
+
+/// A job's effective training time, its stragglers and the nodes its pre-run check found
+/// slow, as its newest report gave them.
+#[derive(Clone, Debug, Default)]
+pub struct JobStability {
+    pub effective: Option<vocab::report::EffectiveTraining>,
+    pub stragglers: Vec<super::StragglerNote>,
+    pub slow_nodes: Vec<super::SlowNode>,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +106,7 @@ impl Processes {
             entry.rates = m.role_rates.clone();
             entry.effective = m.effective.clone().or(entry.effective.take());
             entry.stragglers = m.stragglers.clone();
+            entry.slow_nodes = m.slow_nodes.clone();
         }
     }
 
@@ -107,17 +118,15 @@ impl Processes {
             .unwrap_or_default()
     }
 
-    /// The job's effective training time and stragglers of its newest report.
-    pub(super) fn stability(
-        &self,
-        job: JobId,
-    ) -> (
-        Option<vocab::report::EffectiveTraining>,
-        Vec<super::StragglerNote>,
-    ) {
+    /// The job's effective training time, stragglers and slow nodes of its newest report.
+    pub(super) fn stability(&self, job: JobId) -> JobStability {
         self.jobs
             .get(&job)
-            .map(|j| (j.effective.clone(), j.stragglers.clone()))
+            .map(|j| JobStability {
+                effective: j.effective.clone(),
+                stragglers: j.stragglers.clone(),
+                slow_nodes: j.slow_nodes.clone(),
+            })
             .unwrap_or_default()
     }
 

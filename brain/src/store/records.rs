@@ -27,6 +27,15 @@ pub struct Metric {
     pub effective: Option<vocab::report::EffectiveTraining>,
     /// Its training processes flagged as stragglers now.
     pub stragglers: Vec<StragglerNote>,
+    /// The nodes its pre-run check found slow (the job avoids them).
+    pub slow_nodes: Vec<SlowNode>,
+}
+
+/// A node a job's pre-run check found slow: its address and why, with the figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlowNode {
+    pub host: String,
+    pub why: String,
 }
 
 /// A straggler a job master reported: which process, on which node, how much slower.
@@ -103,6 +112,20 @@ impl Metric {
                     s.host.len()
                 ));
             }
+        }
+        if self.slow_nodes.len() > MAX_PROCESSES as usize {
+            return Err(format!("{} slow nodes", self.slow_nodes.len()));
+        }
+        if let Some(n) = self
+            .slow_nodes
+            .iter()
+            .find(|n| n.host.len() > 255 || n.why.len() > 4096)
+        {
+            return Err(format!(
+                "a slow node of {} bytes (at most 255), why of {} bytes (at most 4,096)",
+                n.host.len(),
+                n.why.len()
+            ));
         }
         if self.processes.len() > MAX_PROCESSES as usize {
             return Err(format!("{} processes", self.processes.len()));

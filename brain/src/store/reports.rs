@@ -125,13 +125,7 @@ impl Store {
 
     /// The job's effective training time and stragglers, as its newest report gave them
     /// (kept in memory: a restarted brain hears them again with the next report).
-    pub fn stability(
-        &self,
-        job: JobId,
-    ) -> (
-        Option<vocab::report::EffectiveTraining>,
-        Vec<super::StragglerNote>,
-    ) {
+    pub fn stability(&self, job: JobId) -> super::processes::JobStability {
         self.processes.stability(job)
     }
 

@@ -350,3 +350,14 @@ pub fn scrape(url: &str) -> String {
     assert_eq!(status, 200, "GET /metrics: {body}");
     body
 }
+
+/// The pid of the `job-master run` process whose command line names `run_dir`.
+pub fn master_pid(run_dir: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (cmd.contains("job-master") && cmd.contains(" run ") && cmd.contains(run_dir))
+            .then_some(pid)
+    })
+}
