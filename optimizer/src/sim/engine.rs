@@ -1,12 +1,14 @@
 //! The event loop of a simulation.
 //!
-//! Time advances in scheduling rounds of `round_s`. At each round boundary: nodes may fail or
-//! come back, the scheduler sees a [`Snapshot`] of the jobs submitted and not finished, and its
-//! [`Assignment`] is applied: a job whose GPUs change restarts and makes no progress for
-//! `restart_penalty_s`. Between boundaries every running job progresses at its true goodput on
-//! its placement, epoch by epoch (a rigid job: one second of its duration per second); a job
-//! that finishes mid-round finishes at that instant and its GPUs wait for the next round. Idle
-//! stretches (nothing submitted yet) are skipped.
+//! Time advances in scheduling rounds of `round_s`. At each round boundary: faults strike and
+//! nodes come back ([`super::faults`]: a job stalled by a fault not yet noticed holds its GPUs
+//! out of the scheduler's sight), the scheduler sees a [`Snapshot`] of the other jobs submitted
+//! and not finished, and its [`Assignment`] is applied: a job whose GPUs change restarts and
+//! makes no progress for `restart_penalty_s`. Between boundaries every running job progresses
+//! at its true goodput on its placement (times its slowest node's speed), epoch by epoch (a
+//! rigid job: one second of its duration per second); a job that finishes mid-round finishes
+//! at that instant and its GPUs wait for the next round. Idle stretches (nothing submitted
+//! yet) are skipped.
 
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
