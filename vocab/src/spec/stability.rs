@@ -94,9 +94,23 @@ impl StabilitySpec {
 }
 
 impl JobSpec {
-    /// Checks `stability:`: each number in its range.
+    /// Checks `stability:`: each number in its range, and an action on stragglers only where
+    /// the training group can have one (a straggler is found against its peers).
     pub(super) fn validate_stability(&self) -> Result<(), SpecError> {
         let s = &self.stability;
+        if s.straggler_action != StragglerAction::Report
+            && let Ok(workers) = self.role_plan(crate::Role::WORKER)
+            && workers.max < 2
+        {
+            return Err(SpecError::new(
+                "stability.straggler_action",
+                format!(
+                    "{} cannot apply: the worker group has at most {} process, and a straggler \
+                     is found against its peers (use `report`, or allow 2 workers or more)",
+                    s.straggler_action, workers.max
+                ),
+            ));
+        }
         for (field, v, lo, hi) in [
             ("straggler_ratio", s.straggler_ratio, 1.1, 10.0),
             ("hang_after_steps", s.hang_after_steps, 3.0, 100_000.0),
@@ -143,6 +157,27 @@ mod tests {
         assert!(e.to_string().contains("report"), "{e}");
         let e = spec("stability: {hang_after: 3}").unwrap_err();
         assert!(e.to_string().contains("hang_after"), "{e}");
+    }
+
+    #[test]
+    fn an_action_on_stragglers_needs_a_group_that_can_have_one() {
+        let one = |stability: &str| {
+            let text = format!(
+                "name: j\nkind: allreduce\nroles: {{worker: {{replicas: 1, max: 1}}}}\n\
+                 workload: {{builtin: {{}}}}\ndata: {{num_samples: 100, shard_size: 10}}\n\
+                 checkpoint: {{dir: /tmp/c}}\n{stability}"
+            );
+            JobSpec::from_yaml(&text).and_then(|s| s.validate().map(|()| s))
+        };
+        let e = one("stability: {straggler_action: replace}").unwrap_err();
+        assert_eq!(e.path, "stability.straggler_action", "{e}");
+        assert!(
+            e.to_string()
+                .contains("replace cannot apply: the worker group has at most 1 process"),
+            "{e}"
+        );
+        assert!(one("stability: {straggler_action: report}").is_ok());
+        assert!(one("").is_ok());
     }
 
     #[test]
