@@ -290,16 +290,8 @@ fn a_cordoned_node_gets_no_process_of_the_brains_jobs() {
     let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
     assert!(ok, "{out}\n{}", log());
     wait_succeeded(&url, &[&name], &log);
-    let run = dir.path().join("runs").join(&name);
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
-    assert_eq!(report["exactly_once"], "ok", "{report:#}");
-    let events: Vec<&str> = report["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e.as_str())
-        .collect();
+    let report = ended_exactly_once(&dir.path().join("runs").join(&name));
+    let events = events_of(&report);
     let hosts: BTreeSet<&str> = events
         .iter()
         .filter_map(|e| e.split_once(" registered on ").map(|(_, t)| t))
@@ -372,16 +364,8 @@ fn a_process_on_a_node_cordoned_mid_run_moves_off_it() {
     ]);
     assert!(ok, "{out}\n{}", log());
     wait_succeeded(&url, &[&name], &log);
-    let run = dir.path().join("runs").join(&name);
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
-    assert_eq!(report["exactly_once"], "ok", "{report:#}");
-    let events: Vec<&str> = report["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e.as_str())
-        .collect();
+    let report = ended_exactly_once(&dir.path().join("runs").join(&name));
+    let events = events_of(&report);
     let moved = events
         .iter()
         .position(|e| {
@@ -409,6 +393,24 @@ fn a_process_on_a_node_cordoned_mid_run_moves_off_it() {
     );
     let (ok, out) = brainctl(&["nodes", "uncordon", &host, "--brain", &url]);
     assert!(ok, "{out}");
+}
+
+/// The report of the job ended in `run`, which trained every sample once.
+fn ended_exactly_once(run: &Path) -> serde_json::Value {
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
+    assert_eq!(report["exactly_once"], "ok", "{report:#}");
+    report
+}
+
+/// A report's events, as text.
+fn events_of(report: &serde_json::Value) -> Vec<&str> {
+    report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect()
 }
 
 /// Nodes a test killed, started again when it ends (also when it fails): the next test needs

@@ -59,6 +59,7 @@ mod checkpoint;
 mod command_tests;
 mod data;
 mod effective;
+mod moves;
 #[cfg(test)]
 mod properties;
 mod reshard;
