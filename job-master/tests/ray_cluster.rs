@@ -144,6 +144,62 @@ async fn a_straggler_is_replaced_on_another_node() {
     }
 }
 
+/// `straggler_action: shrink` where no node is spare: three ranks of 3 CPUs fill the three
+/// nodes of 4; rank 1 is slowed, shrunk out, and the job goes on with two ranks on the two
+/// other nodes (worker-1's index gets a new process where worker-2 freed room, worker-2
+/// leaves); every sample once (issue 42, item 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_straggler_is_shrunk_out_where_no_node_is_spare() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    cluster
+        .wait_alive(cluster.nodes.len(), Duration::from_secs(60))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 60_000;
+    let mut spec = spec(dir.path(), "allreduce", 0, 3, N, 1, 300);
+    spec.stability.straggler_action = job_master::spec::StragglerAction::Shrink;
+    let mut run = cluster.start(spec, dir.path()).await;
+    let s = all_running(run.addr, 3).await;
+    let (slow_host, _) = host_of(&s, "worker", 1);
+    shards_at_least(run.addr, 4).await;
+    let slowed = duty_cycle(
+        pid_of(run.addr, "worker", 1).await,
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+    );
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "two workers running, neither on the slow node",
+        |s| {
+            let h = hosts(s, "worker");
+            h.len() == 2
+                && !h.contains(&slow_host)
+                && s.processes
+                    .iter()
+                    .all(|p| p.role != "worker" || p.index < 2 || p.state != "running")
+        },
+    )
+    .await;
+    drop(slowed);
+    assert_eq!(hosts(&s, "worker").len(), 2, "{s:#?}");
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 1);
+    for event in [
+        format!("straggler: worker-1 on {slow_host} computes a step in"),
+        "shrinking straggler worker-1 out (worker-1 gets a new process, worker-2 leaves)"
+            .to_string(),
+        "straggler worker-1 shrunk out: the worker group goes on with 2: every process \
+         restarts from checkpoint"
+            .to_string(),
+    ] {
+        assert_recovered(&report, &event);
+    }
+}
+
 /// A node capped at a sliver of one CPU (a cgroup quota on every process of it, those it
 /// starts later too) is found by the pre-run check (`precheck:`): its torch matmul is timed at
 /// several times the other nodes' median, so it is a straggler; the job avoids it from its

@@ -1,5 +1,5 @@
 //! Slow and frozen training processes, for real: a rank duty-cycled with SIGSTOP/SIGCONT is
-//! flagged as a straggler and replaced; a rank frozen with SIGSTOP is found hung, the stacks
+//! flagged as a straggler and replaced, or shrunk out (the group goes on one smaller); a rank frozen with SIGSTOP is found hung, the stacks
 //! of the group are captured and the group restarts from its latest checkpoint. Every sample
 //! is trained once throughout.
 
@@ -42,6 +42,80 @@ async fn a_rank_slowed_mid_run_is_flagged_and_replaced_and_no_sample_is_lost() {
         );
     }
     assert!(report.hangs.is_empty(), "a slow rank is not a hang");
+    assert_no_process_left(run.addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_slowed_mid_run_is_shrunk_out_and_the_group_goes_on_smaller() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "shrink", "allreduce", 0, 3, N, 1, 300, 8);
+    spec.roles.get_mut(&Role::WORKER).unwrap().min = Some(2);
+    spec.stability.straggler_action = StragglerAction::Shrink;
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    shards_at_least(run.addr, 4).await;
+    // Rank 1, not the last: its index gets a new process and worker-2 leaves.
+    let slow = pid_of(run.addr, "worker", 1).await;
+    let slowed = duty_cycle(slow, Duration::from_millis(100), Duration::from_millis(200));
+    let report = run.report().await;
+    drop(slowed);
+    assert_each_sample_once(&report, N, 1);
+    assert_recovered(
+        &report,
+        "straggler: worker-1 on 127.0.0.1 computes a step in",
+    );
+    assert_recovered(&report, "action: shrink");
+    assert_recovered(
+        &report,
+        "shrinking straggler worker-1 out (worker-1 gets a new process, worker-2 leaves)",
+    );
+    assert_recovered(&report, "worker-2 left the job");
+    assert_recovered(
+        &report,
+        "straggler worker-1 shrunk out: the worker group goes on with 2: every process \
+         restarts from checkpoint",
+    );
+    assert!(
+        !report
+            .events
+            .iter()
+            .any(|e| e.contains("straggler: worker-0")),
+        "a healthy rank was flagged: {:#?}",
+        report.events
+    );
+    assert_no_process_left(run.addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_ps_worker_of_the_last_index_is_shrunk_out_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "shrink-ps", "ps", 1, 3, N, 1, 300, 8);
+    spec.roles.get_mut(&Role::WORKER).unwrap().min = Some(1);
+    spec.stability.straggler_action = StragglerAction::Shrink;
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    shards_at_least(run.addr, 4).await;
+    let slow = pid_of(run.addr, "worker", 2).await;
+    let slowed = duty_cycle(slow, Duration::from_millis(100), Duration::from_millis(200));
+    let report = run.report().await;
+    drop(slowed);
+    assert_ps_applied_each_sample_once(&report, N, 1);
+    assert_recovered(
+        &report,
+        "straggler worker-2 shrunk out: the worker group goes on with 2; its process stops",
+    );
+    assert_recovered(&report, "worker-2 left the job");
+    assert!(
+        !report.events.iter().any(|e| e.contains("restarts from")),
+        "a ps worker leaves alone: {:#?}",
+        report.events
+    );
+    assert_eq!(
+        report.restarts.get(&Role::WORKER),
+        None,
+        "{:?}",
+        report.restarts
+    );
     assert_no_process_left(run.addr).await;
 }
 

@@ -125,8 +125,10 @@ impl JobContext {
                 format!("checkpoint failed, training goes on without it: {problem}"),
             );
             if let Some(key) = self.stability.replace_at_cut.take() {
+                let shrinking = std::mem::take(&mut self.stability.shrinking);
                 let what = match self.stability.moving_off.take() {
                     Some(node) => format!("{key} is not moved off cordoned node {node}"),
+                    None if shrinking => format!("straggler {key} is not shrunk out"),
                     None => format!("straggler {key} is not replaced"),
                 };
                 self.log_as(

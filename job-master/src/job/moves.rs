@@ -1,24 +1,38 @@
 //! Moving a training process to a new one elsewhere: a straggler replaced
-//! (`straggler_action: replace`), or a process on a node the brain cordoned. A ps worker moves
-//! alone at once; an all-reduce group (or a ps job's parameter server) first takes a checkpoint
-//! at a consistent cut and restarts from it, so nothing trained is lost. The platform places
-//! the new process off the nodes the job avoids and the brain cordoned.
+//! (`straggler_action: replace`) or shrunk out (`shrink`), or a process on a node the brain
+//! cordoned. A ps worker moves alone at once; an all-reduce group (or a ps job's parameter
+//! server) first takes a checkpoint at a consistent cut and restarts from it, so nothing
+//! trained is lost. The platform places the new process off the nodes the job avoids and the
+//! brain cordoned.
+//!
+//! A shrink keeps the group's indices contiguous (a plan adds and removes at the end): the
+//! straggler's index moves as a replacement does, unless it is the last, and the last index
+//! leaves the job, so the group goes on one smaller and off the straggler's node.
 
 use super::*;
+use crate::spec::StragglerAction;
 
 impl JobContext {
-    /// Replaces straggler `key` on another node (see the module's doc).
-    pub(super) fn replace_straggler(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+    /// Acts on straggler `key` as the job's `straggler_action` says, `replace` or `shrink`
+    /// (see the module's doc); its node is avoided by the job from then on.
+    pub(super) fn act_on_straggler(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+        let action = self.spec.stability.straggler_action;
         if self.group_busy() {
+            let what = match action {
+                StragglerAction::Shrink => "shrunk out",
+                _ => "replaced",
+            };
             self.log_as(
                 EventKind::Straggler,
                 now_ms,
                 format!(
-                    "{key} is not replaced now: the group is busy (a plan, a hang or a replacement)"
+                    "{key} is not {what} now: the group is busy (a plan, a hang or a replacement)"
                 ),
             );
             return Vec::new();
         }
+        self.stability.shrinking =
+            action == StragglerAction::Shrink && self.may_shrink(key, now_ms);
         let host = self.slots[&key].host.clone();
         if let Some(s) = self.stability.stragglers.get_mut(&key) {
             s.replaced = true;
@@ -33,6 +47,50 @@ impl JobContext {
             ));
         }
         effects.extend(self.move_off(key, now_ms));
+        effects
+    }
+
+    /// A shrink leaves the role at least its `min` (and one process): else the straggler is
+    /// replaced, and an event says why.
+    fn may_shrink(&mut self, key: SlotKey, now_ms: u64) -> bool {
+        let live = self.role_counts().get(&key.role).copied().unwrap_or(0);
+        let min = self.spec.role_plan(key.role).map_or(live, |p| p.min).max(1);
+        if key.role == Role::WORKER && live > min {
+            return true;
+        }
+        self.log_as(
+            EventKind::Straggler,
+            now_ms,
+            format!(
+                "{key} is replaced, not shrunk out: its group has {live} {}(s), its min is {min}",
+                key.role
+            ),
+        );
+        false
+    }
+
+    /// The highest index of `role` still in the job: the one a shrink takes out.
+    fn last_live(&self, role: Role) -> Option<SlotKey> {
+        self.slots
+            .values()
+            .filter(|s| s.key.role == role && s.phase.is_live())
+            .map(|s| s.key)
+            .max_by_key(|k| k.index)
+    }
+
+    /// The shrink under way takes the last index out of the job (see the module's doc); the
+    /// straggler's own flag goes with it when it is that last one.
+    fn take_last_out(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
+        self.stability.shrinking = false;
+        let Some(last) = self.last_live(key.role) else {
+            return Vec::new();
+        };
+        let effects = self.remove_slot(last, now_ms);
+        self.stability.stragglers.remove(&last);
+        let left = self.role_counts().get(&key.role).copied().unwrap_or(0);
+        if let Some(r) = self.group.rendezvous_mut() {
+            r.expected = left;
+        }
         effects
     }
 
@@ -84,6 +142,27 @@ impl JobContext {
                 format!("moving {key} off cordoned node {node}"),
                 format!("{key} moved off cordoned node {node}"),
             ),
+            None if self.stability.shrinking => {
+                let live = self.role_counts().get(&key.role).copied().unwrap_or(0);
+                let last = self.last_live(key.role).map_or(key.index, |k| k.index);
+                let how = if last == key.index {
+                    String::new()
+                } else {
+                    let last = SlotKey {
+                        role: key.role,
+                        index: last,
+                    };
+                    format!(" ({key} gets a new process, {last} leaves)")
+                };
+                (
+                    format!("shrinking straggler {key} out{how}"),
+                    format!(
+                        "straggler {key} shrunk out: the {} group goes on with {}",
+                        key.role,
+                        live.saturating_sub(1)
+                    ),
+                )
+            }
             None => (
                 format!("replacing straggler {key}"),
                 format!("straggler {key} replaced"),
@@ -101,12 +180,22 @@ impl JobContext {
             && key.role == Role::WORKER
             && !self.restarts_to_rescale();
         if alone {
-            self.log_as(
-                EventKind::Straggler,
-                now_ms,
-                format!("{doing}: a new process off {host}"),
-            );
+            let shrink = self.stability.shrinking;
+            let (doing, done) = self.moving(key);
+            let last = self.last_live(key.role) == Some(key);
+            let what = if shrink && last {
+                format!("{done}; its process stops")
+            } else {
+                format!("{doing}: a new process off {host}")
+            };
+            self.log_as(EventKind::Straggler, now_ms, what);
             self.stability.moving_off = None;
+            if shrink {
+                effects.extend(self.take_last_out(key, now_ms));
+                if last {
+                    return effects;
+                }
+            }
             self.ledger.release(&key.role.to_string(), key.index);
             if let Some(c) = self.group.cluster_mut() {
                 c.remove_worker(key.index);
@@ -138,7 +227,11 @@ impl JobContext {
     fn restart_replacing(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
         let (_, done) = self.moving(key);
         self.stability.moving_off = None;
-        let mut effects = self.group_restart(now_ms, &done);
+        let mut effects = Vec::new();
+        if self.stability.shrinking {
+            effects.extend(self.take_last_out(key, now_ms));
+        }
+        effects.extend(self.group_restart(now_ms, &done));
         if self.slots.get(&key).is_some_and(|s| s.phase.is_live()) {
             effects.extend(self.relaunch_agent(key, now_ms));
         }

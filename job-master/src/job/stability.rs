@@ -7,8 +7,9 @@
 //!   reports in a row is a straggler; the event says by how much. With `straggler_action:
 //!   replace` its node is avoided by the job from then on, and the process is replaced: a ps
 //!   worker alone at once, an all-reduce group after a checkpoint at a consistent cut (nothing
-//!   trained is lost), both with a new agent that the platform places elsewhere (`moves.rs`,
-//!   which also moves a process off a node the brain cordoned).
+//!   trained is lost), both with a new agent that the platform places elsewhere; with `shrink`
+//!   the group goes on one process smaller instead (`moves.rs`, which also moves a process off
+//!   a node the brain cordoned).
 //! * **Hangs**: a training process with a shard to train (any, for an all-reduce rank) and no
 //!   step for `hang_after_steps` of its typical steps (never sooner than `hang_min_s`) is hung.
 //!   Its agent (every rank's, in an all-reduce group) captures the stacks; once they are in,
@@ -51,6 +52,9 @@ pub struct Stability {
     /// move is a straggler's replacement).
     #[serde(default)]
     pub moving_off: Option<String>,
+    /// The move under way shrinks the group by one (`straggler_action: shrink`).
+    #[serde(default)]
+    pub shrinking: bool,
     /// A hang whose stacks are being captured.
     pub capturing: Option<Capture>,
     /// The hangs found, with the stacks captured.
@@ -65,8 +69,8 @@ pub struct Stability {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Straggler {
     pub since_ms: u64,
-    /// `straggler_action: replace` acted on it (a group busy then is tried again at the next
-    /// slow report).
+    /// `straggler_action` (`replace` or `shrink`) acted on it (a group busy then is tried
+    /// again at the next slow report).
     #[serde(default)]
     pub replaced: bool,
     pub host: String,
@@ -303,17 +307,17 @@ impl JobContext {
                 ),
             );
             self.stability.stragglers.insert(key, s);
-            if action == StragglerAction::Replace {
-                return self.replace_straggler(key, now_ms);
+            if action != StragglerAction::Report {
+                return self.act_on_straggler(key, now_ms);
             }
         } else if let Some(s) = self.stability.stragglers.get_mut(&key) {
             s.step_ms = step_ms;
             s.median_ms = med;
             let retry = slow
                 && !s.replaced
-                && self.spec.stability.straggler_action == StragglerAction::Replace;
+                && self.spec.stability.straggler_action != StragglerAction::Report;
             if retry {
-                return self.replace_straggler(key, now_ms);
+                return self.act_on_straggler(key, now_ms);
             }
             if fine {
                 self.stability.stragglers.remove(&key);

@@ -403,3 +403,165 @@ fn a_straggler_found_while_the_group_is_busy_is_replaced_once_it_is_not() {
         "{effects:?}"
     );
 }
+
+/// Two reports in which worker `slow` computes twice as long as the others; the effects.
+fn slow_reports(ctx: &mut JobContext, slow: u32) -> Vec<Effect> {
+    let workers: Vec<u32> = ctx
+        .slots
+        .keys()
+        .filter(|k| k.role == Role::WORKER)
+        .map(|k| k.index)
+        .collect();
+    let mut effects = Vec::new();
+    for r in 1..=2u64 {
+        for &w in &workers {
+            let m = MetricsRecord {
+                global_step: r * 10,
+                steps: 10,
+                compute_seconds: if w == slow { 1.0 } else { 0.5 },
+                ..Default::default()
+            };
+            effects.extend(
+                ctx.report_metrics(worker(w), 1, m, None, None, r * REPORT_MS)
+                    .unwrap(),
+            );
+        }
+    }
+    effects
+}
+
+/// A job of `workers` workers, `min` of them at least, that shrinks its stragglers out.
+fn shrinking(kind: &str, ps: u32, workers: u32, min: i64) -> JobContext {
+    let mut ctx = running(kind, ps, workers, 1000);
+    ctx.spec.roles.get_mut(&Role::WORKER).unwrap().min = Some(min);
+    ctx.spec.stability.straggler_action = StragglerAction::Shrink;
+    ctx
+}
+
+fn stopped(effects: &[Effect], w: u32, how: bool) -> bool {
+    effects.contains(&Effect::StopAgent {
+        key: worker(w),
+        graceful: how,
+    })
+}
+
+fn has_event(ctx: &JobContext, text: &str) -> bool {
+    ctx.events.iter().any(|e| e.text.contains(text))
+}
+
+#[test]
+fn a_ps_straggler_that_is_not_the_last_shrinks_the_group_by_its_last_index() {
+    let mut ctx = shrinking("ps", 1, 3, 2);
+    for w in 0..3 {
+        super::tests::lease(&mut ctx, worker(w), 1).expect("a shard");
+    }
+    let effects = slow_reports(&mut ctx, 1);
+    assert!(effects.contains(&Effect::AvoidNodes(vec!["127.0.0.1".into()])));
+    // worker-2 leaves (gracefully); worker-1 gets a new process off the node.
+    assert!(stopped(&effects, 2, true), "{effects:?}");
+    assert!(effects.contains(&Effect::LaunchAgent {
+        key: worker(1),
+        incarnation: 2
+    }));
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == worker(2)))
+    );
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
+    assert_eq!(ctx.slots[&worker(2)].phase, SlotPhase::Removed);
+    assert_eq!(ctx.generation, 0, "no group restart");
+    assert!(has_event(&ctx, "action: shrink"));
+    assert!(has_event(
+        &ctx,
+        "shrinking straggler worker-1 out (worker-1 gets a new process, worker-2 leaves)"
+    ));
+    // The shards the two held go back to the queue, to be trained once by someone else.
+    assert_eq!(ctx.ledger.in_flight(), 1, "worker-0's only");
+}
+
+#[test]
+fn a_ps_straggler_that_is_the_last_index_simply_leaves() {
+    let mut ctx = shrinking("ps", 1, 3, 1);
+    let effects = slow_reports(&mut ctx, 2);
+    assert!(stopped(&effects, 2, true), "{effects:?}");
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::LaunchAgent { .. })),
+        "{effects:?}"
+    );
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
+    assert!(
+        !ctx.stability.stragglers.contains_key(&worker(2)),
+        "its flag leaves with it"
+    );
+    assert!(ctx.stability.avoided.contains_key("127.0.0.1"));
+    assert!(has_event(
+        &ctx,
+        "straggler worker-2 shrunk out: the worker group goes on with 2; its process stops"
+    ));
+}
+
+#[test]
+fn an_allreduce_group_shrinks_at_a_cut_and_restarts_one_smaller() {
+    let mut ctx = shrinking("allreduce", 0, 3, 2);
+    let effects = slow_reports(&mut ctx, 0);
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::StopAgent { .. })),
+        "a cut first: {effects:?}"
+    );
+    assert_eq!(ctx.stability.replace_at_cut, Some(worker(0)));
+    assert!(ctx.checkpoint_pending);
+    let g = ctx.generation;
+    let effects = ctx
+        .checkpoint_committed(1, "/tmp/m".into(), 20, g, 3 * REPORT_MS)
+        .unwrap();
+    assert_eq!(ctx.generation, g + 1, "the group restarts from the cut");
+    assert!(stopped(&effects, 2, true), "{effects:?}");
+    assert!(
+        stopped(&effects, 0, false),
+        "worker-0 moves to a new agent: {effects:?}"
+    );
+    assert!(!stopped(&effects, 1, false) && !stopped(&effects, 1, true));
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
+    assert_eq!(ctx.group.rendezvous().unwrap().expected, 2);
+    assert!(!ctx.stability.shrinking);
+    assert!(has_event(
+        &ctx,
+        "straggler worker-0 shrunk out: the worker group goes on with 2: every process restarts from checkpoint 1"
+    ));
+}
+
+#[test]
+fn a_group_at_its_min_replaces_its_straggler_instead() {
+    let mut ctx = shrinking("ps", 1, 2, 2);
+    let effects = slow_reports(&mut ctx, 0);
+    assert!(has_event(
+        &ctx,
+        "worker-0 is replaced, not shrunk out: its group has 2 worker(s), its min is 2"
+    ));
+    assert!(effects.contains(&Effect::LaunchAgent {
+        key: worker(0),
+        incarnation: 2
+    }));
+    assert!(!stopped(&effects, 1, true));
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
+}
+
+#[test]
+fn a_cut_that_fails_leaves_the_group_whole() {
+    let mut ctx = shrinking("allreduce", 0, 3, 2);
+    slow_reports(&mut ctx, 1);
+    assert!(ctx.stability.shrinking);
+    let g = ctx.generation;
+    ctx.checkpoint_failed(g, "disk full".into(), 3 * REPORT_MS);
+    assert!(!ctx.stability.shrinking && ctx.stability.replace_at_cut.is_none());
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 3);
+    assert!(has_event(
+        &ctx,
+        "straggler worker-1 is not shrunk out: no checkpoint to restart from"
+    ));
+}

@@ -24,6 +24,13 @@ pub enum StragglerAction {
     /// all-reduce group first takes a checkpoint at a consistent cut and restarts from it (no
     /// step lost), a ps worker is relaunched alone.
     Replace,
+    /// Take it out of the group: the group goes on one process smaller at once, without
+    /// waiting for room elsewhere, and the job avoids the node from then on. The group keeps
+    /// its indices: a straggler that is not the last gets a new process (placed off the node)
+    /// and the last process leaves. An all-reduce group does it at a consistent cut, as
+    /// `replace` does. At the role's `min`, the straggler is replaced instead. The brain may
+    /// grow the group again later, on other nodes.
+    Shrink,
 }
 
 impl StragglerAction {
@@ -31,6 +38,7 @@ impl StragglerAction {
         match self {
             StragglerAction::Report => "report",
             StragglerAction::Replace => "replace",
+            StragglerAction::Shrink => "shrink",
         }
     }
 }
@@ -111,6 +119,18 @@ impl JobSpec {
                 ),
             ));
         }
+        if s.straggler_action == StragglerAction::Shrink
+            && let Ok(workers) = self.role_plan(crate::Role::WORKER)
+            && workers.min >= workers.max
+        {
+            return Err(SpecError::new(
+                "stability.straggler_action",
+                format!(
+                    "shrink cannot apply: the worker group's min is {}, its max {}, so it can                      never lose a process (set `roles.worker.min` below `max`, or use `replace`)",
+                    workers.min, workers.max
+                ),
+            ));
+        }
         for (field, v, lo, hi) in [
             ("straggler_ratio", s.straggler_ratio, 1.1, 10.0),
             ("hang_after_steps", s.hang_after_steps, 3.0, 100_000.0),
@@ -153,7 +173,7 @@ mod tests {
         assert!(e.to_string().contains("from 1.1 to 10"), "{e}");
         let e = spec("stability: {hang_min_s: 0}").unwrap_err();
         assert_eq!(e.path, "stability.hang_min_s", "{e}");
-        let e = spec("stability: {straggler_action: shrink}").unwrap_err();
+        let e = spec("stability: {straggler_action: sideways}").unwrap_err();
         assert!(e.to_string().contains("report"), "{e}");
         let e = spec("stability: {hang_after: 3}").unwrap_err();
         assert!(e.to_string().contains("hang_after"), "{e}");
@@ -178,6 +198,28 @@ mod tests {
         );
         assert!(one("stability: {straggler_action: report}").is_ok());
         assert!(one("").is_ok());
+    }
+
+    #[test]
+    fn shrink_needs_a_worker_group_that_may_lose_a_process() {
+        let with = |roles: &str| {
+            let text = format!(
+                "name: j\nkind: allreduce\nroles: {{worker: {roles}}}\n\
+                 workload: {{builtin: {{}}}}\ndata: {{num_samples: 100, shard_size: 10}}\n\
+                 checkpoint: {{dir: /tmp/c}}\nstability: {{straggler_action: shrink}}"
+            );
+            JobSpec::from_yaml(&text).and_then(|s| s.validate().map(|()| s))
+        };
+        let e = with("{replicas: 3}").unwrap_err();
+        assert_eq!(e.path, "stability.straggler_action", "{e}");
+        assert!(
+            e.to_string()
+                .contains("shrink cannot apply: the worker group's min is 3, its max 3"),
+            "{e}"
+        );
+        let s = with("{replicas: 3, min: 2}").unwrap();
+        assert_eq!(s.stability.straggler_action, StragglerAction::Shrink);
+        assert_eq!(s.stability.straggler_action.to_string(), "shrink");
     }
 
     #[test]
