@@ -1,17 +1,23 @@
 //! Chaos soak (issue 42, item 7): three jobs (two all-reduce, one parameter-server) run through
-//! the brain on 4 CPUs of local processes while a seeded random schedule injects faults, one
-//! every 3 to 6 seconds: kill -9 of a training process (the built-in workload runs inside its
-//! worker agent, so the agent dies with it), of a job master (the brain starts it again with
-//! `--resume`), of the brain itself (started again on the same database and address), a
-//! training process slowed for 8 s (duty-cycled with SIGSTOP/SIGCONT, with its sandbox: a slow
-//! node), and one frozen for good (SIGSTOP: a hang the job master must find). At the end every job succeeded,
-//! every sample was trained once per epoch (a ps job's parameter servers applied each once),
-//! the brain's store lost nothing across its restarts (report counts and plan versions never go
-//! back) and holds each job once.
+//! the brain while a seeded random schedule injects faults, one every 3 to 6 seconds: kill -9
+//! of a training process (the built-in workload runs inside its worker agent, so the agent dies
+//! with it), of a job master (the brain starts it again with `--resume`), of the brain itself
+//! (started again on the same database and address), a training process slowed for 8 s
+//! (duty-cycled with SIGSTOP/SIGCONT, with its sandbox), and one frozen for good (SIGSTOP: a
+//! hang the job master must find). At the end every job succeeded, every sample was trained
+//! once per epoch (a ps job's parameter servers applied each once), the brain's store lost
+//! nothing across its restarts (report counts and plan versions never go back) and holds each
+//! job once. One job replaces its stragglers, another shrinks them out.
 //!
-//! CI runs the short form (10 faults, two of each kind, in shuffled order); by hand,
-//! `BRAIN_CHAOS_FAULTS=100 BRAIN_CHAOS_SAMPLES=400000 BRAIN_CHAOS_SEED=7 cargo test -p brain
-//! --test chaos -- --nocapture` runs longer. It prints what it injected.
+//! It runs twice: on 4 CPUs of local processes, and on the three-node Ray cluster of
+//! `.ci/ray-cluster` (job masters as Ray jobs on the worker nodes, over mutual TLS), where
+//! whole worker nodes are also killed (every process of the node SIGKILLed; started again 12 s
+//! later) and slowed (capped at a quarter of one CPU for 8 s). Without `BRAIN_RAY_CLUSTER` the
+//! second says so and passes, unless `BRAIN_REQUIRE_RAY_CLUSTER=1`.
+//!
+//! CI runs the short form (10 faults locally, 14 on Ray: two of each kind, in shuffled order);
+//! by hand, `BRAIN_CHAOS_FAULTS=100 BRAIN_CHAOS_SAMPLES=400000 BRAIN_CHAOS_SEED=7 cargo test -p
+//! brain --test chaos -- --nocapture` runs longer. It prints what it injected.
 
 mod common;
 
@@ -19,14 +25,22 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::ray::{Revive, brain_on, masters_on_ray, wait_alive};
 use common::{Brain, brainctl, jobs, master_status, start_brain};
 use proto::service::v1 as pb;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
+use test_support::{RayClusterDir, SlowNode};
 
 const CPUS: u32 = 4;
 const EPOCHS: u64 = 2;
+/// How long a killed node stays down, and a slowed one slow.
+const NODE_DOWN: Duration = Duration::from_secs(12);
+const NODE_SLOW: Duration = Duration::from_secs(8);
+
+/// The two soaks share this machine's two cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -35,6 +49,10 @@ enum Fault {
     KillBrain,
     SlowProcess,
     FreezeProcess,
+    /// A worker node of the Ray cluster lost: every process of it SIGKILLed.
+    KillNode,
+    /// A worker node of the Ray cluster capped at a quarter of one CPU.
+    SlowNode,
 }
 
 const FAULTS: [Fault; 5] = [
@@ -45,6 +63,44 @@ const FAULTS: [Fault; 5] = [
     Fault::FreezeProcess,
 ];
 
+/// Where the soak runs.
+enum Place<'a> {
+    /// Local processes, the brain on 127.0.0.1 with 4 CPUs.
+    Local,
+    /// The three-node Ray cluster: the brain on the bridge with `flags`; the worker nodes (1
+    /// and 2) may be killed and slowed.
+    Ray {
+        cluster: &'a RayClusterDir,
+        flags: Vec<String>,
+        nodes: Revive<'a>,
+        /// A node killed, and when it is started again.
+        down: Option<(usize, Instant)>,
+        /// A node slowed, until then.
+        slow: Option<(SlowNode<'a>, Instant)>,
+    },
+}
+
+impl Place<'_> {
+    /// The brain at `listen` with its data in `dir`, as the place runs it (its `nth` start
+    /// logs to `dir/brain-N.log` on Ray).
+    fn start_brain(&self, dir: &Path, listen: &str, nth: u32) -> (Brain, String) {
+        match self {
+            Place::Local => start_brain(dir, listen, CPUS),
+            Place::Ray { cluster, flags, .. } => {
+                brain_on(cluster, dir, listen, flags, &format!("brain-{nth}.log"))
+            }
+        }
+    }
+
+    fn faults(&self) -> Vec<Fault> {
+        let mut all = FAULTS.to_vec();
+        if matches!(self, Place::Ray { .. }) {
+            all.extend([Fault::KillNode, Fault::SlowNode]);
+        }
+        all
+    }
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -52,9 +108,9 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// A job of `samples` samples, two epochs, that finds a hang within seconds and replaces a
-/// straggler, and whose roles may be relaunched as often as the soak kills them.
-fn spec(dir: &Path, name: &str, kind: &str, samples: u64) -> std::path::PathBuf {
+/// A job of `samples` samples, two epochs, that finds a hang within seconds and acts on a
+/// straggler as `action` says, and whose roles may be relaunched as often as the soak kills them.
+fn spec(dir: &Path, name: &str, kind: &str, action: &str, samples: u64) -> std::path::PathBuf {
     let ps = if kind == "ps" {
         "  ps:\n    max_restarts: 1000\n"
     } else {
@@ -65,7 +121,7 @@ fn spec(dir: &Path, name: &str, kind: &str, samples: u64) -> std::path::PathBuf 
          max_restarts: 1000\nworkload:\n  builtin:\n    batch_size: 128\n    step_delay_us: 600\n\
          data:\n  num_samples: {samples}\n  shard_size: 500\n  eval_samples: 2000\n\
          epochs: {EPOCHS}\ncheckpoint:\n  dir: checkpoints\n  every_shards: 8\n\
-         stability:\n  hang_min_s: 3\n  hang_after_steps: 20\n  straggler_action: replace\n"
+         stability:\n  hang_min_s: 3\n  hang_after_steps: 20\n  straggler_action: {action}\n"
     );
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, text).unwrap();
@@ -92,7 +148,8 @@ async fn training_processes(url: &str) -> Vec<(String, String, u32)> {
 }
 
 /// The soak's state: the brain (replaced when killed), what it has injected.
-struct Soak {
+struct Soak<'a> {
+    place: Place<'a>,
     dir: std::path::PathBuf,
     brain: Brain,
     addr: String,
@@ -105,10 +162,14 @@ struct Soak {
     frozen: Vec<u32>,
 }
 
-impl Soak {
+impl Soak<'_> {
     /// Injects `fault` on a target drawn at random; false when there was none to strike.
     async fn inject(&mut self, fault: Fault, t0: Instant) -> bool {
         let what = match fault {
+            Fault::KillNode | Fault::SlowNode => match self.strike_node(fault).await {
+                Some(what) => what,
+                None => return false,
+            },
             Fault::KillBrain => {
                 self.kill_brain().await;
                 "the brain".to_string()
@@ -144,7 +205,9 @@ impl Soak {
                     .chain(test_support::descendants(pid))
                     .collect();
                 match fault {
-                    Fault::KillProcess => test_support::kill9(pid),
+                    Fault::KillProcess | Fault::KillNode | Fault::SlowNode => {
+                        test_support::kill9(pid)
+                    }
                     Fault::SlowProcess => {
                         for &p in &tree {
                             self.slowed.push((
@@ -179,13 +242,77 @@ impl Soak {
         true
     }
 
+    /// Kills or slows a worker node of the Ray cluster drawn at random: none while another is
+    /// down or slow, or while Ray does not yet show every node alive again. What was done,
+    /// or `None`.
+    async fn strike_node(&mut self, fault: Fault) -> Option<String> {
+        let Place::Ray {
+            cluster,
+            nodes,
+            down,
+            slow,
+            ..
+        } = &mut self.place
+        else {
+            return None;
+        };
+        if down.is_some() || slow.is_some() {
+            return None;
+        }
+        let api = ray_client::RayApi::new(&cluster.dashboard).unwrap();
+        if api.cluster().await.map_or(0, |c| c.nodes.len()) != cluster.nodes.len() {
+            return None;
+        }
+        let n = self.rng.random_range(1..cluster.nodes.len());
+        if fault == Fault::KillNode {
+            nodes.kill(n);
+            *down = Some((n, Instant::now() + NODE_DOWN));
+            Some(format!("node {n} ({})", cluster.nodes[n]))
+        } else {
+            *slow = Some((cluster.slow(n, 25), Instant::now() + NODE_SLOW));
+            Some(format!("node {n} ({}) at 25 % of a CPU", cluster.nodes[n]))
+        }
+    }
+
+    /// A node down or slow long enough is started again or uncapped.
+    fn heal_nodes(&mut self, t0: Instant, all: bool) {
+        let Place::Ray {
+            nodes, down, slow, ..
+        } = &mut self.place
+        else {
+            return;
+        };
+        if let Some((n, at)) = *down
+            && (all || Instant::now() >= at)
+        {
+            nodes.revive(n);
+            *down = None;
+            self.log.push(format!(
+                "{:>6.1} s  node {n} started again",
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        if slow
+            .as_ref()
+            .is_some_and(|(_, at)| all || Instant::now() >= *at)
+        {
+            *slow = None;
+        }
+    }
+
+    /// The brain started again on the same database and address.
+    fn start_brain(&self, listen: &str) -> (Brain, String) {
+        let nth = self.injected.get(&Fault::KillBrain).copied().unwrap_or(0) + 1;
+        self.place.start_brain(&self.dir, listen, nth)
+    }
+
     /// kill -9 of the brain, started again on the same database and address; what it had
     /// stored must be there after.
     async fn kill_brain(&mut self) {
         let before = jobs(&self.url).await.unwrap_or_default();
         self.brain.kill();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (brain, addr) = start_brain(&self.dir, &self.addr, CPUS);
+        let (brain, addr) = self.start_brain(&self.addr.clone());
         assert_eq!(addr, self.addr);
         self.brain = brain;
         let after = jobs(&self.url).await.unwrap();
@@ -209,29 +336,59 @@ impl Soak {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chaos_soak_through_the_brain_loses_and_repeats_nothing() {
-    let faults: u32 = env_or("BRAIN_CHAOS_FAULTS", 10);
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    soak(Place::Local, dir.path(), 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chaos_soak_on_the_ray_cluster_with_whole_nodes_lost_loses_and_repeats_nothing() {
+    let Some(cluster) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    wait_alive(&cluster, cluster.nodes.len(), Duration::from_secs(90)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let place = Place::Ray {
+        cluster: &cluster,
+        flags: masters_on_ray(&cluster, dir.path()),
+        nodes: Revive::new(&cluster, dir.path()),
+        down: None,
+        slow: None,
+    };
+    soak(place, dir.path(), 14).await;
+    wait_alive(&cluster, cluster.nodes.len(), Duration::from_secs(90)).await;
+}
+
+/// The soak at `place`, in `d`: `faults` faults unless `BRAIN_CHAOS_FAULTS` says otherwise.
+async fn soak(place: Place<'_>, d: &Path, faults: u32) {
+    let faults: u32 = env_or("BRAIN_CHAOS_FAULTS", faults);
     let samples: u64 = env_or("BRAIN_CHAOS_SAMPLES", 80_000);
     let seed: u64 = env_or("BRAIN_CHAOS_SEED", 1);
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
     std::fs::write(
         d.join("policy.toml"),
         "heuristics = []\n[scheduler]\nkind = \"pollux\"\nrestart_delay_s = 3\nmax_growth = 2\n\
          [live]\ninterval_s = 1\ncooldown_s = 3\nmax_resumes = 1000\n",
     )
     .unwrap();
-    let (brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
-    let url = format!("http://{addr}");
-    for (name, kind) in [
-        ("chaos-a", "allreduce"),
-        ("chaos-b", "ps"),
-        ("chaos-c", "allreduce"),
+    let kinds = place.faults();
+    let (scheme, listen) = match &place {
+        Place::Local => ("http", "127.0.0.1:0".to_string()),
+        Place::Ray { cluster, .. } => ("https", format!("{}:0", cluster.host)),
+    };
+    let (brain, addr) = place.start_brain(d, &listen, 0);
+    let url = format!("{scheme}://{addr}");
+    for (name, kind, action) in [
+        ("chaos-a", "allreduce", "replace"),
+        ("chaos-b", "ps", "replace"),
+        ("chaos-c", "allreduce", "shrink"),
     ] {
-        let path = spec(d, name, kind, samples);
+        let path = spec(d, name, kind, action, samples);
         let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
         assert!(ok, "{text}");
     }
     let mut soak = Soak {
+        place,
         dir: d.to_path_buf(),
         brain,
         addr,
@@ -249,10 +406,11 @@ async fn a_chaos_soak_through_the_brain_loses_and_repeats_nothing() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     while done < faults && soak.all_ended().await.is_none() {
         if order.is_empty() {
-            order = FAULTS.to_vec();
+            order = kinds.clone();
             order.shuffle(&mut soak.rng);
         }
         soak.slowed.retain(|(until, _)| Instant::now() < *until);
+        soak.heal_nodes(t0, false);
         if soak.inject(order[0], t0).await {
             order.remove(0);
             done += 1;
@@ -263,6 +421,7 @@ async fn a_chaos_soak_through_the_brain_loses_and_repeats_nothing() {
         }
     }
     soak.slowed.clear();
+    soak.heal_nodes(t0, true);
     eprintln!(
         "chaos (seed {seed}, {samples} samples x {EPOCHS} epochs a job): {:?}\n{}",
         soak.injected,
@@ -285,8 +444,8 @@ async fn a_chaos_soak_through_the_brain_loses_and_repeats_nothing() {
     eprintln!("chaos over in {:.0} s", t0.elapsed().as_secs_f64());
     let log = soak.log.join("\n");
     // The short form strikes with every kind of fault.
-    if faults >= FAULTS.len() as u32 {
-        for f in FAULTS {
+    if faults >= kinds.len() as u32 {
+        for &f in &kinds {
             assert!(
                 soak.injected.get(&f).is_some_and(|n| *n > 0),
                 "{f:?}: {log}"
@@ -297,14 +456,21 @@ async fn a_chaos_soak_through_the_brain_loses_and_repeats_nothing() {
     let mut names: Vec<&str> = ended.iter().map(|j| j.job_name.as_str()).collect();
     names.sort();
     assert_eq!(names, ["chaos-a", "chaos-b", "chaos-c"], "{ended:#?}");
-    // Each job master killed was started again once, and said so.
+    // Each job master killed was started again once, and said so (on Ray, also those on a
+    // node lost).
     let resumed = ended
         .iter()
         .flat_map(|j| &j.reasons)
         .filter(|r| r.contains("started again with --resume"))
         .count();
     let masters_killed = soak.injected.get(&Fault::KillMaster).copied().unwrap_or(0);
-    assert_eq!(resumed as u32, masters_killed, "{ended:#?}\n{log}");
+    // A node lost takes the masters it runs with it (three jobs: at most three).
+    let nodes_killed = soak.injected.get(&Fault::KillNode).copied().unwrap_or(0);
+    assert!(
+        (masters_killed..=masters_killed + 3 * nodes_killed).contains(&(resumed as u32)),
+        "{resumed} masters resumed, {masters_killed} killed, {nodes_killed} nodes lost: \
+         {ended:#?}\n{log}"
+    );
     let mut hangs = 0;
     for j in &ended {
         assert_eq!(j.state, "succeeded", "{j:#?}\n{log}");

@@ -23,53 +23,11 @@ use std::path::{Path, PathBuf};
 
 use std::time::{Duration, Instant};
 
-use common::{bin_dir, brainctl};
+use common::brainctl;
+use common::ray::{Revive, brain_on, masters_on_ray, until_capacity, wait_alive};
 use test_support::RayClusterDir;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A brain on the cluster listening on `listen`, with its database, run directories and
-/// policy in `dir` and its log in `dir/log`, plus `extra` arguments.
-fn brain_on(
-    c: &RayClusterDir,
-    dir: &Path,
-    listen: &str,
-    extra: &[String],
-    log: &str,
-) -> (common::Brain, String) {
-    common::spawn_brain(|cmd| {
-        cmd.args(["--listen", listen, "--max-processes", "12"])
-            .args(["--ray-address", &c.dashboard])
-            .arg("--database")
-            .arg(dir.join("brain.db"))
-            .arg("--runs-dir")
-            .arg(dir.join("runs"))
-            .arg("--policy")
-            .arg(dir.join("policy.toml"))
-            .arg("--job-master-bin")
-            .arg(bin_dir().join("job-master"))
-            .arg("--job-master-arg=--brain-interval-ms=300")
-            .args(extra)
-            .stderr(std::fs::File::create(dir.join(log)).unwrap());
-    })
-}
-
-/// Waits until Ray shows `want` alive nodes.
-async fn wait_alive(c: &RayClusterDir, want: usize, within: Duration) {
-    let api = ray_client::RayApi::new(&c.dashboard).unwrap();
-    let start = Instant::now();
-    loop {
-        let alive = api.cluster().await.map_or(0, |c| c.nodes.len());
-        if alive == want {
-            return;
-        }
-        assert!(
-            start.elapsed() < within,
-            "Ray shows {alive} alive nodes, not {want}, after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 /// A brain on the Ray cluster that runs jobs (rounds every second, no resize for 600 s), its
 /// job masters on this machine (agents on the nodes reach them on the bridge), logging to
@@ -413,50 +371,6 @@ fn events_of(report: &serde_json::Value) -> Vec<&str> {
         .collect()
 }
 
-/// Nodes a test killed, started again when it ends (also when it fails): the next test needs
-/// the whole cluster.
-struct Revive<'a> {
-    cluster: &'a RayClusterDir,
-    dead: BTreeSet<usize>,
-    /// Job masters run as Ray jobs outlive the brain: those started under this directory are
-    /// SIGKILLed at the end (their agents follow when they lose them).
-    masters_of: PathBuf,
-}
-
-impl Revive<'_> {
-    fn kill(&mut self, node: usize) {
-        self.cluster.node("kill", node);
-        self.dead.insert(node);
-    }
-
-    fn revive(&mut self, node: usize) {
-        self.cluster.node("revive", node);
-        self.dead.remove(&node);
-    }
-}
-
-impl Drop for Revive<'_> {
-    fn drop(&mut self) {
-        let dir = self.masters_of.display().to_string();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
-                continue;
-            };
-            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("job-master run") && cmd.contains(&dir) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-        for &n in &self.dead {
-            self.cluster.node("revive", n);
-        }
-    }
-}
-
 /// The brain's record of its one job.
 async fn record(url: &str) -> proto::service::v1::JobRecord {
     common::jobs(url)
@@ -542,33 +456,6 @@ async fn until(
     }
 }
 
-/// The brain's capacity, CPUs, as `brainctl plan --dry-run` shows it ("... of 12.0 CPUs").
-fn capacity(url: &str) -> Option<f64> {
-    let (ok, out) = brainctl(&["plan", "--dry-run", "--brain", url]);
-    let line = out.lines().find(|l| l.starts_with("scheduler "))?;
-    ok.then(|| {
-        line.split(" of ")
-            .nth(1)?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
-    .flatten()
-}
-
-async fn until_capacity(url: &str, cpus: f64, within: Duration) {
-    let start = Instant::now();
-    while capacity(url) != Some(cpus) {
-        assert!(
-            start.elapsed() < within,
-            "the brain's capacity is {:?} CPUs, not {cpus}, after {within:?}",
-            capacity(url)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Job masters run as Ray jobs on the worker nodes. A PS job (workers of 3 CPUs: one per 4-CPU
 /// node) runs across the three nodes. The worker node without its master is SIGKILLed: Ray
 /// marks it dead, the brain's capacity drops from 12 to 8 CPUs and its round shrinks the job to
@@ -585,11 +472,7 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
     let _turn = ONE_AT_A_TIME.lock().await;
     wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = Revive {
-        cluster: &c,
-        dead: BTreeSet::new(),
-        masters_of: dir.path().to_path_buf(),
-    };
+    let mut nodes = Revive::new(&c, dir.path());
     std::fs::write(
         dir.path().join("policy.toml"),
         // A move priced at 1 s: the job grows back as soon as the node is.
@@ -601,19 +484,7 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
     // beyond loopback refuses plain text): certificates for the bridge's address, which the
     // masters on the nodes present and check. Started again on the same address (the masters
     // reconnect to it) and the same database.
-    let tls = dir.path().join("tls");
-    let (ok, said) = brainctl(&["certs", "--out", tls.to_str().unwrap(), "--host", &c.host]);
-    assert!(ok, "{said}");
-    let on_ray = [
-        "--job-masters",
-        "ray",
-        "--job-master-resource",
-        "brain_job_master=1",
-        "--job-master-arg=--heartbeat-timeout-ms=6000",
-        "--tls-dir",
-        tls.to_str().unwrap(),
-    ]
-    .map(String::from);
+    let on_ray = masters_on_ray(&c, dir.path());
     let start_brain = |listen: &str, log: &str| brain_on(&c, dir.path(), listen, &on_ray, log);
     let (mut brain, addr) = start_brain(&format!("{}:0", c.host), "brain.log");
     let url = format!("https://{addr}");

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod confined;
+pub mod ray;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
