@@ -507,7 +507,13 @@ impl pb::job_master_server::JobMaster for MasterService {
             checkpoints: ctx.checkpoints.len() as u32,
             desired_plan_version: ctx.plans.desired,
             reached_plan_version: ctx.plans.reached,
-            transition: ctx.transition_status(self.shared.now_ms()),
+            transition: match self.shared.prechecking() {
+                Some(took) => format!(
+                    "pre-run check under way for {} s: nothing is launched until it ends",
+                    took.as_secs()
+                ),
+                None => ctx.transition_status(self.shared.now_ms()),
+            },
             role_rates: role_rates(&ctx, self.shared.now_ms()),
             hangs: ctx.stability.hangs.len() as u32,
             training_ms: effective.training_ms,

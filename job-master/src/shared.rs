@@ -92,7 +92,12 @@ pub(crate) struct Shared {
     pub job: Arc<Mutex<JobContext>>,
     pub persister: Arc<Persister>,
     pub effects: EffectQueue,
-    pub started: Instant,
+    /// When this master's clock started: as the job's first processes launch, after the
+    /// pre-run check (see [`Self::precheck_over`]).
+    pub started: std::sync::Mutex<Instant>,
+    /// Since when the pre-run check runs, while it does: nothing is launched yet, a plan is
+    /// refused and the status says so.
+    pub prechecking: std::sync::Mutex<Option<Instant>>,
     /// Where this master's clock starts: 0 for a new job, where the last master's clock
     /// stopped for a resumed one.
     pub clock_offset_ms: u64,
@@ -114,7 +119,21 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn now_ms(&self) -> u64 {
-        self.clock_offset_ms + self.started.elapsed().as_millis() as u64
+        let started = *self.started.lock().unwrap_or_else(|e| e.into_inner());
+        self.clock_offset_ms + started.elapsed().as_millis() as u64
+    }
+
+    /// How long the pre-run check has run, while it runs.
+    pub fn prechecking(&self) -> Option<std::time::Duration> {
+        let since = *self.prechecking.lock().unwrap_or_else(|e| e.into_inner());
+        since.map(|t| t.elapsed())
+    }
+
+    /// The pre-run check is over: the job's clock starts now (the check is not the job's
+    /// time: its launches are timed from here).
+    pub fn precheck_over(&self) {
+        *self.prechecking.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 
     /// Runs a decision, hands its effects to the executor and waits until the change is durable.
@@ -179,6 +198,19 @@ impl Shared {
         &self,
         plan: crate::scale::ScalePlan,
     ) -> Result<pb::ScalePlanAnswer, Error> {
+        if let Some(took) = self.prechecking() {
+            let ctx = self.job.lock().await;
+            return Ok(pb::ScalePlanAnswer {
+                accepted: false,
+                reason: format!(
+                    "the pre-run check is under way ({} s so far): nothing is launched until \
+                     it ends, and a plan is taken after it",
+                    took.as_secs()
+                ),
+                desired_version: ctx.plans.desired,
+                reached_version: ctx.plans.reached,
+            });
+        }
         let capacity = self.capacity.clone();
         let answer = self
             .apply(|ctx, now| {

@@ -228,6 +228,31 @@ async fn the_pre_run_check_times_the_node_before_training_and_refuses_a_broken_o
     spec.precheck.enabled = Some(true);
     spec.precheck.matmul_size = Some(256);
     let mut run = start(spec.clone(), dir.path()).await;
+    // The master answers while the check runs (torch's import alone takes seconds): its
+    // status says so, nothing is launched, and a plan is refused with the reason.
+    let during = wait_for(
+        run.addr,
+        Duration::from_secs(30),
+        "the check's status",
+        |s| !s.transition.is_empty(),
+    )
+    .await;
+    assert!(
+        during.transition.contains("pre-run check under way for"),
+        "{during:#?}"
+    );
+    assert!(during.processes.iter().all(|p| p.pid == 0), "{during:#?}");
+    let answer = client(run.addr)
+        .await
+        .apply_scale_plan(plan(1, Some(1), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!answer.accepted, "{answer:?}");
+    assert!(
+        answer.reason.contains("the pre-run check is under way"),
+        "{answer:?}"
+    );
     let report = run.report().await;
     assert_each_sample_once(&report, SAMPLES, 1);
     let check = report.precheck.as_ref().expect("a pre-run check");

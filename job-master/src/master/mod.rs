@@ -381,23 +381,14 @@ pub async fn run(
         path: "the job master's listener".into(),
         source,
     })?;
-    pre_run_check(
-        &job,
-        &platform,
-        &persister,
-        (local.ip(), addr.ip()),
-        (&creds, &token_file),
-        connections,
-        clock_ms,
-    )
-    .await?;
     let (effects, mut eff_rx) = crate::shared::EffectQueue::new();
     let (phase_tx, mut phase_rx) = watch::channel(vocab::Phase::Running);
     let shared = Arc::new(Shared {
         job: job.clone(),
         persister,
         effects: effects.clone(),
-        started: Instant::now(),
+        started: std::sync::Mutex::new(Instant::now()),
+        prechecking: std::sync::Mutex::new(Some(Instant::now())),
         clock_offset_ms: clock_ms,
         phase: phase_tx,
         ps_stats: Mutex::default(),
@@ -429,6 +420,24 @@ pub async fn run(
         });
     let server = tokio::spawn(server);
     tracing::info!(%addr, "job master listening");
+
+    // The master answers its status during the check (which says so) and refuses plans.
+    let checked = pre_run_check(
+        &job,
+        &platform,
+        &shared.persister,
+        (local.ip(), addr.ip()),
+        (&creds, &shared.token_file),
+        connections,
+        clock_ms,
+    )
+    .await;
+    shared.precheck_over();
+    if let Err(e) = checked {
+        let _ = stop_tx.send(());
+        let _ = server.await;
+        return Err(e);
+    }
 
     // Effects executor.
     let exec = {
