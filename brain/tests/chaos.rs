@@ -360,6 +360,37 @@ async fn a_chaos_soak_on_the_ray_cluster_with_whole_nodes_lost_loses_and_repeats
     wait_alive(&cluster, cluster.nodes.len(), Duration::from_secs(90)).await;
 }
 
+/// The last lines of the brain's logs and of the job masters' logs of the jobs not ended:
+/// what a soak that did not end needs to be understood (its directory is gone after).
+fn stuck_logs(d: &Path, all: &[pb::JobRecord]) -> String {
+    let tail = |path: &Path, n: usize| {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(n);
+        format!(
+            "--- {} (last {n} lines)\n{}",
+            path.display(),
+            lines[from..].join("\n")
+        )
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "log") {
+            out.push(tail(&p, 40));
+        }
+    }
+    for j in all
+        .iter()
+        .filter(|j| j.state == "running" || j.state == "queued")
+    {
+        let run = Path::new(&j.run_dir);
+        out.push(tail(&run.join("job-master.log"), 60));
+        out.push(tail(&run.join("master/events.log"), 30));
+    }
+    out.join("\n")
+}
+
 /// The soak at `place`, in `d`: `faults` faults unless `BRAIN_CHAOS_FAULTS` says otherwise.
 async fn soak(place: Place<'_>, d: &Path, faults: u32) {
     let faults: u32 = env_or("BRAIN_CHAOS_FAULTS", faults);
@@ -433,12 +464,14 @@ async fn soak(place: Place<'_>, d: &Path, faults: u32) {
         if let Some(all) = soak.all_ended().await {
             break all;
         }
-        assert!(
-            Instant::now() < deadline,
-            "jobs did not end: {:#?}\n{}",
-            jobs(&url).await,
-            soak.log.join("\n")
-        );
+        if Instant::now() >= deadline {
+            let all = jobs(&url).await.unwrap_or_default();
+            panic!(
+                "jobs did not end: {all:#?}\n{}\n{}",
+                soak.log.join("\n"),
+                stuck_logs(d, &all)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     eprintln!("chaos over in {:.0} s", t0.elapsed().as_secs_f64());
@@ -495,8 +528,10 @@ async fn soak(place: Place<'_>, d: &Path, faults: u32) {
             }
         }
     }
-    // A frozen worker is found hung (unless another fault restarted its group first).
-    if soak.injected.contains_key(&Fault::FreezeProcess) {
+    // A frozen worker is found hung, unless another fault restarted its group first: locally
+    // that leaves at least one of the two; on Ray a node lost or a master killed restarts the
+    // group too, and both freezes can go that way (seed 1 did), so there it is only printed.
+    if soak.injected.contains_key(&Fault::FreezeProcess) && matches!(soak.place, Place::Local) {
         assert!(hangs > 0, "no hang found: {log}");
     }
     eprintln!(

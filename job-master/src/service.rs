@@ -130,6 +130,12 @@ impl pb::job_master_server::JobMaster for MasterService {
             process_joins: ctx.process_joins() && !ctx.is_service(key.role),
             checkpoint_token: self.shared.checkpoint_token.clone(),
             topology: ctx.spec.topology(key.role).to_string(),
+            flash_budget_bytes: ctx
+                .spec
+                .checkpoint
+                .flash
+                .as_ref()
+                .map_or(0, vocab::spec::FlashSpec::budget),
         }))
     }
 
@@ -450,6 +456,26 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (key, incarnation) = process(r.process)?;
         commit_allreduce_checkpoint(&self.shared, key, incarnation, r.step, r.path, r.digest)
             .await?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn report_checkpoint_part(
+        &self,
+        req: Request<pb::CheckpointPart>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let written = crate::job::flash::PartWritten {
+            step: r.step,
+            rank: r.rank,
+            parts: r.parts,
+            part: crate::job::flash::FlashPart {
+                path: r.path.into(),
+                digest: r.digest,
+                bytes: r.bytes,
+            },
+        };
+        crate::shared::flash_part_written(&self.shared, key, incarnation, written).await?;
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -268,6 +268,67 @@ pub(crate) async fn commit_allreduce_checkpoint(
             digest,
             keys: 0,
         }),
+        shards: Vec::new(),
+    };
+    let path = dir.join(MANIFEST_FILE);
+    let json =
+        serde_json::to_vec_pretty(&manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+    write_atomic(&path, &json).map_err(|e| Error::Io {
+        path: path.clone(),
+        source: e,
+    })?;
+    shared
+        .apply(|ctx, now| {
+            ctx.checkpoint_committed(id, path, step, generation, now)
+                .map(|e| ((), e))
+        })
+        .await
+}
+
+/// A flash checkpoint's part written out (see [`crate::job::flash`]): once every part of the
+/// step is in, its manifest goes beside the parts (`flash/step-S/manifest.json`) and the step
+/// is the checkpoint to restore from.
+pub(crate) async fn flash_part_written(
+    shared: &Shared,
+    key: crate::job::SlotKey,
+    incarnation: u64,
+    written: crate::job::flash::PartWritten,
+) -> Result<(), Error> {
+    let (step, parts, id, generation) = {
+        let mut ctx = shared.job.lock().await;
+        let now = shared.now_ms();
+        let Some((step, done)) = ctx.flash_part_written(key, incarnation, written, now)? else {
+            return Ok(());
+        };
+        let (id, _) = ctx.next_checkpoint_dir();
+        (step, done, id, ctx.generation)
+    };
+    let part = |(rank, p): (&u32, &crate::job::flash::FlashPart)| Part {
+        index: *rank,
+        path: p.path.to_string_lossy().into_owned(),
+        digest: p.digest.clone(),
+        keys: p.bytes,
+    };
+    let mut all: Vec<Part> = parts.written.iter().map(part).collect();
+    let (model, shards) = if parts.parts == 1 {
+        (all.pop(), Vec::new())
+    } else {
+        (None, all)
+    };
+    let dir = parts
+        .written
+        .values()
+        .next()
+        .and_then(|p| p.path.parent())
+        .map(PathBuf::from)
+        .ok_or_else(|| Error::InvalidRequest("a flash step with no part".into()))?;
+    let manifest = Manifest {
+        id,
+        kind: "flash".into(),
+        step,
+        ps: Vec::new(),
+        model,
+        shards,
     };
     let path = dir.join(MANIFEST_FILE);
     let json =

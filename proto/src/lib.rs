@@ -44,7 +44,8 @@ pub mod checkpoint {
     #[serde(deny_unknown_fields)]
     pub struct Manifest {
         pub id: u64,
-        /// `ps` or `allreduce`.
+        /// `ps`, `allreduce` or `flash` (written out of shared memory: `model` for a
+        /// replicated state, `shards` for a sharded one).
         pub kind: String,
         /// Training step (allreduce) or shards done (ps) when it was taken.
         pub step: u64,
@@ -54,6 +55,9 @@ pub mod checkpoint {
         /// The replicated model and optimiser state (allreduce jobs).
         #[serde(default)]
         pub model: Option<Part>,
+        /// A flash checkpoint of a sharded state: each rank's part, by rank.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub shards: Vec<Part>,
     }
 
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import pickle
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .errors import BrainError
 
@@ -99,3 +99,22 @@ def manifest_model(manifest_path: str) -> Tuple[str, str, int]:
             f"for a script (kind {m.get('kind')!r})"
         )
     return part["path"], part["digest"], int(m.get("step", 0))
+
+
+def manifest_parts(manifest_path: str) -> Tuple[str, int, List[Tuple[str, str]]]:
+    """A job master's manifest: its kind, its step, and its files with their digests: a
+    flash checkpoint's parts by rank (`shards`, or the one `model` of a replicated state),
+    another's model file."""
+    try:
+        with open(manifest_path, "rb") as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BrainError(f"cannot read checkpoint manifest {manifest_path}: {e}") from None
+    parts = [p for p in m.get("shards") or [] if isinstance(p, dict)]
+    if not parts and isinstance(m.get("model"), dict):
+        parts = [m["model"]]
+    return (
+        str(m.get("kind", "")),
+        int(m.get("step", 0)),
+        [(p["path"], p["digest"]) for p in parts if "path" in p and "digest" in p],
+    )

@@ -64,6 +64,10 @@ class ProcessEnv:
     # Where the process writes its threads' stacks on SIGUSR1 (BRAIN_STACKS_FILE): its agent
     # asks for them when the job master finds the group hung.
     stacks_file: str = ""
+    # The agent's shared memory for flash checkpoints (BRAIN_FLASH_DIR) and its budget in bytes
+    # for two copies (BRAIN_FLASH_BUDGET); empty/0 when the job has none (checkpoint.flash).
+    flash_dir: str = ""
+    flash_budget: int = 0
 
     @property
     def host(self) -> str:
@@ -103,6 +107,8 @@ class ProcessEnv:
             token_file=env.get("BRAIN_JOB_TOKEN_FILE", ""),
             tls_dir=env.get("BRAIN_JOB_TLS_DIR", ""),
             stacks_file=env.get("BRAIN_STACKS_FILE", ""),
+            flash_dir=env.get("BRAIN_FLASH_DIR", ""),
+            flash_budget=_int(env, "BRAIN_FLASH_BUDGET", 0),
         )
 
     def token(self) -> str:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from . import checkpoint as ckpt
+from . import flash
 from ._gen import jobmaster_pb2 as pb
 from .env import ProcessEnv
 from .errors import BrainError
@@ -208,6 +209,9 @@ class ElasticJob:
         # Set by ElasticDDP's gradient hook: when this rank's backward handed over its last
         # gradients in the step under way.
         self._compute_mark: Optional[float] = None
+        #: Where `restore()` read the state: "memory" (this node's flash copy), "disk", or None.
+        self.restored_from: Optional[str] = None
+        self._flash: Optional[flash.FlashStore] = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -224,13 +228,24 @@ class ElasticJob:
 
     def restore(self) -> Optional[Any]:
         """The state saved in the checkpoint this process resumes from (its SHA-256 checked),
-        or None when it starts fresh. Restores the SDK's step and sample counters too."""
+        or None when it starts fresh. Restores the SDK's step and sample counters too.
+
+        A flash checkpoint (`save_async`) is read from this node's shared memory when its
+        agent holds the committed copy (a process restarted here), else from disk;
+        `self.restored_from` says which ("memory" or "disk"), and so does the log."""
         if not self.resume_from:
             return None
+        kind, step, parts = ckpt.manifest_parts(self.resume_from)
+        if kind == "flash":
+            return self._restore_flash(step, parts)
         path, digest, _ = ckpt.manifest_model(self.resume_from)
         blob = ckpt.read_verified(path, digest)
         if not (isinstance(blob, dict) and "brain_sdk" in blob and "user" in blob):
             raise BrainError(f"checkpoint {path} was not written by brain_sdk")
+        self.restored_from = "disk"
+        return self._restored(blob)
+
+    def _restored(self, blob: Any) -> Any:
         meta = blob["brain_sdk"]
         self.step = int(meta["step"])
         # Steps restored are not steps this process timed.
@@ -238,6 +253,106 @@ class ElasticJob:
         self.applied_samples = int(meta["applied_samples"])
         self.applied_index_sum = int(meta["applied_index_sum"])
         return blob["user"]
+
+    def _restore_flash(self, step: int, parts: List[Tuple[str, str]]) -> Any:
+        # One part: a replicated state (rank 0 wrote it out); else this rank's shard.
+        if len(parts) == 1:
+            path, digest = parts[0]
+        elif self.rank < len(parts):
+            path, digest = parts[self.rank]
+        else:
+            raise BrainError(
+                f"flash checkpoint {self.resume_from} has {len(parts)} shards, and this is rank "
+                f"{self.rank} of {self.world_size}: a sharded state restores at its own size"
+            )
+        store = self._flash_store(required=False)
+        held = None
+        if store is not None:
+            # This rank's own part, as written out; or (replicated, another rank) the copy it
+            # kept in memory at the committed step.
+            mine = len(parts) > 1 or self.rank == 0
+            held = store.holding(step, digest if mine else None)
+        if held is not None:
+            state, fields = flash.read_state(held)
+            self.restored_from = "memory"
+        else:
+            got = ckpt.sha256_of(path)
+            if got != digest:
+                raise BrainError(
+                    f"flash checkpoint {path} is damaged: its SHA-256 is {got}, the manifest "
+                    f"says {digest}"
+                )
+            state, fields = flash.read_state(path)
+            self.restored_from = "disk"
+        log.info("restored step %d from %s (%s)", step, self.restored_from, held or path)
+        return self._restored({"user": state, "brain_sdk": fields["sdk"]})
+
+    def _flash_store(self, required: bool = True) -> Optional[flash.FlashStore]:
+        if self._flash is None and self.env.flash_dir and self.env.flash_budget > 0:
+            self._flash = flash.FlashStore(self.env.flash_dir, self.env.flash_budget)
+        if self._flash is None and required:
+            raise BrainError(
+                "flash checkpoints are off for this job: give it shared memory for them "
+                "(checkpoint: {flash: {memory: 4Gi}} in its spec), or save with checkpoint()"
+            )
+        return self._flash
+
+    def save_async(
+        self, state: Any = None, *, sharded: bool = False, fallback: Optional[str] = None
+    ) -> dict:
+        """Saves a checkpoint of `state` (default: what `save_with` gives) the fast way: it is
+        copied into shared memory that this process's worker agent holds, and training goes on
+        at once; the agent writes the copy to the checkpoint directory behind it (with its
+        SHA-256), and the job master commits the step once every part of it is written.
+
+        `sharded=False` (a replicated state, as under DDP): every rank keeps its copy in memory
+        (to restore from after a restart on its node) and rank 0's is written out.
+        `sharded=True`: each rank's state is its own shard, every rank calls this at the same
+        step, and the step is committed once every shard is written.
+
+        A process holds at most two copies: a save while the previous one is still being
+        written out goes to the other; a copy not yet written out is replaced by the newer (its
+        step is dropped whole, never mixed). A state over half the job's flash memory
+        (`checkpoint.flash.memory`) is refused with the sizes, unless `fallback="sync"`, which
+        saves it with `checkpoint()` instead.
+
+        For a script that reads its own data (as `checkpoint()`): where the job master leases
+        the data, its checkpoints are taken at its cuts. Returns what was done: `slot`, `bytes`,
+        `blocked_s` (the time training waited), `dropped` (a step replaced before it was
+        written out, or None)."""
+        if fallback not in (None, "sync"):
+            raise BrainError(f"fallback={fallback!r}: None or 'sync'")
+        if state is None:
+            if self._save is None:
+                raise BrainError("nothing to save: pass the state, or call job.save_with(fn)")
+            state = self._save()
+        started = time.perf_counter()
+        try:
+            store = self._flash_store()
+            done = store.save(
+                state,
+                step=self.step,
+                rank=self.rank,
+                world=self.world_size if sharded else 1,
+                persist=sharded or self.rank == 0,
+                incarnation=self.env.incarnation,
+                sdk={
+                    "step": self.step,
+                    "applied_samples": self.applied_samples,
+                    "applied_index_sum": self.applied_index_sum,
+                },
+            )
+        except BrainError as e:
+            if fallback != "sync" or "budget" not in str(e):
+                raise
+            log.warning("%s: saving synchronously instead", e)
+            path = self.checkpoint()
+            return {"slot": None, "bytes": os.path.getsize(path), "dropped": None,
+                    "blocked_s": time.perf_counter() - started, "sync": path}
+        done["blocked_s"] = time.perf_counter() - started
+        if done["dropped"] is not None:
+            log.info("flash: step %d replaced before it was written out", done["dropped"])
+        return done
 
     def checkpoint(self) -> str:
         """Saves the state now and has the job master record it; returns the file's path.

@@ -51,6 +51,8 @@ pub struct Confined<'a> {
     pub cwd: &'a Path,
     /// The checkpoint directory (writable).
     pub checkpoint_dir: &'a Path,
+    /// The process's flash checkpoint slots in shared memory (writable), when the job has them.
+    pub flash_dir: Option<&'a Path>,
     /// The process's own copies of the job's secret and TLS files (read only).
     pub secrets: &'a Path,
     /// GPU device files to pass through (`/dev/nvidia*`).
@@ -123,6 +125,10 @@ impl Sandbox {
         }
         parents(&mut a, p.checkpoint_dir);
         a.extend(["--bind".into(), s(p.checkpoint_dir), s(p.checkpoint_dir)]);
+        if let Some(flash) = p.flash_dir {
+            parents(&mut a, flash);
+            a.extend(["--bind".into(), s(flash), s(flash)]);
+        }
         parents(&mut a, p.secrets);
         a.extend(["--ro-bind".into(), s(p.secrets), s(p.secrets)]);
         a.extend(["--chdir".into(), s(p.cwd), "--".into()]);
@@ -146,6 +152,7 @@ mod tests {
         let a = sb.bwrap_args(&Confined {
             cwd: Path::new("/srv"),
             checkpoint_dir: Path::new("/srv/brain-data/runs/j/checkpoints"),
+            flash_dir: None,
             secrets: Path::new("/srv/brain-data/runs/j/master/sandbox/worker-0"),
             devices: &[],
             system_links: &links,

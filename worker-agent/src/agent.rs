@@ -270,6 +270,33 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
         return Ok(1);
     }
 
+    // Flash checkpoints: the process's slots in shared memory, written out behind it.
+    let flash = match reg.flash_budget_bytes {
+        0 => None,
+        budget => {
+            let root = std::env::var_os(crate::flash::ROOT_ENV).map_or_else(
+                || crate::flash::DEFAULT_ROOT.into(),
+                std::path::PathBuf::from,
+            );
+            Some(crate::flash::FlashDir::open(
+                &root,
+                &reg.run_id,
+                args.role.as_str(),
+                args.index,
+                budget,
+            )?)
+        }
+    };
+    let _writer = flash.clone().map(|f| {
+        crate::flash::Writer::start(
+            f,
+            reg.checkpoint_dir.clone().into(),
+            client.clone(),
+            args.role.to_string(),
+            args.index,
+        )
+    });
+
     let mut child: Option<(Child, ProcSampler)> = None;
     let mut need_join = true;
     let mut last_ok = Instant::now();
@@ -312,7 +339,14 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 }
             };
             if let Some(join) = ready {
-                let env = child_env(&args, &reg, join.as_ref(), incarnation, &service_addr);
+                let mut env = child_env(&args, &reg, join.as_ref(), incarnation, &service_addr);
+                if let Some(f) = &flash {
+                    env.insert(
+                        crate::flash::DIR_ENV.into(),
+                        f.dir.to_string_lossy().into_owned(),
+                    );
+                    env.insert(crate::flash::BUDGET_ENV.into(), f.budget.to_string());
+                }
                 match spawn(&args, &reg, env, &reg.job_kind) {
                     Ok(c) => {
                         let pid = c.id().unwrap_or(0);
@@ -424,6 +458,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                                     let _ = stop(&mut c, grace, confined(&args)).await;
                                 }
                                 tracing::info!("the job master says the job is over");
+                                if let Some(f) = &flash {
+                                    f.remove();
+                                }
                                 return Ok(0);
                             }
                             _ => {}

@@ -212,6 +212,7 @@ pub(crate) fn spawn(
             &args.token_file,
             args.tls_dir.as_deref(),
             std::path::Path::new(&reg.checkpoint_dir),
+            env.get(crate::flash::DIR_ENV).map(std::path::Path::new),
             &command,
         )
         .map_err(spawn_err)?;

@@ -57,6 +57,7 @@ pub fn prepare(
     token_file: &Path,
     tls_dir: Option<&Path>,
     checkpoint_dir: &Path,
+    flash_dir: Option<&Path>,
     command: &[String],
 ) -> io::Result<Start> {
     let user = sandbox.run_as.as_deref().map(user).transpose()?;
@@ -112,6 +113,9 @@ pub fn prepare(
     // What the process writes: the checkpoint directory, its user's.
     if root {
         own(checkpoint_dir)?;
+        if let Some(flash) = flash_dir {
+            own(flash)?;
+        }
     }
     let (program, rest) = command
         .split_first()
@@ -135,6 +139,7 @@ pub fn prepare(
     let mut args = sandbox.bwrap_args(&Confined {
         cwd: &cwd,
         checkpoint_dir,
+        flash_dir,
         secrets: &secrets,
         devices: &devices,
         system_links: &links,

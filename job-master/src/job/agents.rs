@@ -384,6 +384,7 @@ impl JobContext {
         };
         self.ledger.restore(&snap);
         self.training_rolled_back();
+        self.flash_dropped_on_restart(now_ms);
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;
         self.shards_since_checkpoint = 0;

@@ -59,6 +59,7 @@ mod checkpoint;
 mod command_tests;
 mod data;
 mod effective;
+pub mod flash;
 mod moves;
 #[cfg(test)]
 mod properties;
@@ -498,6 +499,9 @@ pub struct JobContext {
     /// Time spent training, kept and lost ([`effective`]).
     #[serde(default)]
     pub training_time: TrainingTime,
+    /// Flash checkpoint parts written out, per step, until the step is committed ([`flash`]).
+    #[serde(default)]
+    pub flash: flash::FlashParts,
     /// Rates of the calls between its roles ([`calls`]); not persisted.
     #[serde(skip)]
     pub calls: CallRates,
@@ -614,6 +618,7 @@ impl JobContext {
             services: BTreeMap::new(),
             stability: Stability::default(),
             training_time: TrainingTime::default(),
+            flash: flash::FlashParts::default(),
             calls: CallRates::default(),
         };
         effects.extend(ctx.start_services(now_ms));

@@ -58,6 +58,7 @@ pub(super) async fn save_ps(
         step,
         ps: parts,
         model: None,
+        shards: Vec::new(),
     };
     let path = dir.join(MANIFEST_FILE);
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Checkpoint {

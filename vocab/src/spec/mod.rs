@@ -234,6 +234,28 @@ pub struct CheckpointSpec {
     /// Take a checkpoint after this many shards are done (0: only at the start).
     #[serde(default = "default_every_shards")]
     pub every_shards: i64,
+    /// Flash checkpoints (`job.save_async` in the SDK): shared memory on each training
+    /// process's node, held by its agent, for at most two copies of its state [default: none,
+    /// flash checkpoints off].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash: Option<FlashSpec>,
+}
+
+/// `checkpoint.flash`: how much shared memory each training process gets for its copies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashSpec {
+    /// Bytes for two copies of one process's state (e.g. `4Gi`: states up to 2 GiB) [from 1Mi
+    /// to 1Ti].
+    #[serde(with = "crate::units::quantity::opt_memory")]
+    pub memory: Option<Bytes>,
+}
+
+impl FlashSpec {
+    /// The budget in bytes (0 when unset).
+    pub fn budget(&self) -> u64 {
+        self.memory.map_or(0, |b| b.0)
+    }
 }
 
 fn default_every_shards() -> i64 {

@@ -126,7 +126,8 @@ impl JobSpec {
             return Err(SpecError::new(
                 "stability.straggler_action",
                 format!(
-                    "shrink cannot apply: the worker group's min is {}, its max {}, so it can                      never lose a process (set `roles.worker.min` below `max`, or use `replace`)",
+                    "shrink cannot apply: the worker group's min is {}, its max {}, so it can \
+                     never lose a process (set `roles.worker.min` below `max`, or use `replace`)",
                     workers.min, workers.max
                 ),
             ));
@@ -214,7 +215,7 @@ mod tests {
         assert_eq!(e.path, "stability.straggler_action", "{e}");
         assert!(
             e.to_string()
-                .contains("shrink cannot apply: the worker group's min is 3, its max 3"),
+                .contains("its max 3, so it can never lose a process (set `roles.worker.min`"),
             "{e}"
         );
         let s = with("{replicas: 3, min: 2}").unwrap();

@@ -71,6 +71,16 @@ impl JobSpec {
             limits::MAX_EVAL_SAMPLES,
         )?;
         non_negative("checkpoint.every_shards", self.checkpoint.every_shards)?;
+        if let Some(f) = &self.checkpoint.flash {
+            const MIB: u64 = 1 << 20;
+            let b = f.budget();
+            if !(MIB..=MIB << 20).contains(&b) {
+                return Err(SpecError::new(
+                    "checkpoint.flash.memory",
+                    format!("{b} bytes is out of range: from 1Mi to 1Ti"),
+                ));
+            }
+        }
         Ok(())
     }
 

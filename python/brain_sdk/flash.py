@@ -1,0 +1,315 @@
+"""Flash checkpoints: a copy of the state in shared memory that the process's worker agent holds.
+
+`ElasticJob.save_async` copies the state into memory (tmpfs) and returns; the agent writes the
+copy to the checkpoint directory behind the training, with its SHA-256, and the job master
+commits the checkpoint once every part of that step is written. The copy outlives the training
+process (it belongs to the agent), so a process restarted on the same node restores from
+memory when the copy is the newest committed checkpoint.
+
+The agent gives each training process a directory on tmpfs (`BRAIN_FLASH_DIR`) and a budget in
+bytes (`BRAIN_FLASH_BUDGET`) for two copies at most: `slot-0` and `slot-1`. A slot is one file,
+
+    b"BRAINFL1" | meta length (u64, little-endian) | meta (pickle) | tensor bytes
+
+each tensor's bytes starting on a 64-byte boundary, and beside it `slot-N.json`, its state,
+replaced whole (write and rename):
+
+    {"state": "writing" | "ready" | "persisting" | "persisted", "save": n, "step": s,
+     "rank": r, "world": w, "persist": true, "bytes": b, "digest": "...", "path": "..."}
+
+Whoever changes a slot holds an exclusive `flock` on its file: this process while it copies the
+state in, the agent while it writes the copy out. The process never waits for the agent: a slot
+being written out is left alone, and a copy still waiting to be written out is replaced by a
+newer one (that older step is dropped whole, never mixed with the newer).
+"""
+
+import fcntl
+import io
+import json
+import mmap
+import os
+import pickle
+import struct
+from typing import Any, Dict, List, Optional, Tuple
+
+from .errors import BrainError
+
+try:  # PyTorch is optional: the SDK's core runs without it.
+    import torch as _torch
+except ImportError:  # pragma: no cover - depends on the environment
+    _torch = None
+
+MAGIC = b"BRAINFL1"
+ALIGN = 64
+SLOTS = 2
+_HEAD = struct.Struct("<8sQ")
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+class _Ref:
+    """A tensor in a snapshot: where its bytes are, and what they are."""
+
+    __slots__ = ("offset", "nbytes", "dtype", "shape")
+
+    def __init__(self, offset: int, nbytes: int, dtype: str, shape: Tuple[int, ...]):
+        self.offset, self.nbytes, self.dtype, self.shape = offset, nbytes, dtype, shape
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles the state's structure; its tensors become references to bytes after it."""
+
+    def __init__(self, f):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors: List[Any] = []
+        self._seen: Dict[int, int] = {}
+
+    def persistent_id(self, obj):
+        if _torch is not None and isinstance(obj, _torch.Tensor):
+            # The same tensor twice (tied weights) is one tensor after a restore too.
+            i = self._seen.get(id(obj))
+            if i is None:
+                i = self._seen[id(obj)] = len(self.tensors)
+                self.tensors.append(obj)
+            return ("t", i)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, f, tensors: List[Any]):
+        super().__init__(f)
+        self._tensors = tensors
+
+    def persistent_load(self, pid):
+        kind, i = pid
+        if kind != "t":  # pragma: no cover - only this module writes snapshots
+            raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+        return self._tensors[i]
+
+
+def _dtype(name: str):
+    return getattr(_torch, name.split(".", 1)[1])
+
+
+def layout(state: Any, extra: Dict[str, Any]) -> Tuple[bytes, List[Any], List[int], int]:
+    """The snapshot's meta (pickled), its tensors, each tensor's offset, and the file's size."""
+    buf = io.BytesIO()
+    p = _Pickler(buf)
+    p.dump(state)
+    refs = []
+    for t in p.tensors:
+        refs.append((t.numel() * t.element_size(), str(t.dtype), tuple(t.shape)))
+    meta = pickle.dumps(
+        {"state": buf.getvalue(), "tensors": refs, **extra}, protocol=pickle.HIGHEST_PROTOCOL
+    )
+    offset = _align(_HEAD.size + len(meta))
+    offsets = []
+    for nbytes, _, _ in refs:
+        offsets.append(offset)
+        offset = _align(offset + nbytes)
+    return meta, p.tensors, offsets, offset
+
+
+def _copy_in(mm: mmap.mmap, tensor: Any, offset: int) -> None:
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return
+    dst = _torch.frombuffer(mm, dtype=_torch.uint8, count=nbytes, offset=offset)
+    src = tensor.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()
+    # A device tensor comes over in this one copy.
+    dst.copy_(src.reshape(-1).view(_torch.uint8))
+
+
+def read_state(path: str) -> Tuple[Any, Dict[str, Any]]:
+    """The state in snapshot file `path` (its tensors copied out of it: the slot may be written
+    again later) and the snapshot's own fields."""
+    if _torch is None:
+        raise BrainError("a flash checkpoint holds torch tensors, and torch does not import")
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < _HEAD.size:
+            raise BrainError(f"{path} is not a flash checkpoint: {size} bytes")
+        # Private and writable (never written): torch reads from it without a warning.
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        with mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=prot) as mm:
+            magic, meta_len = _HEAD.unpack_from(mm, 0)
+            if magic != MAGIC or _HEAD.size + meta_len > size:
+                raise BrainError(f"{path} is not a flash checkpoint (or is cut short)")
+            meta = pickle.loads(mm[_HEAD.size : _HEAD.size + meta_len])
+            offset = _align(_HEAD.size + meta_len)
+            tensors = []
+            for nbytes, dtype, shape in meta["tensors"]:
+                if offset + nbytes > size:
+                    raise BrainError(f"{path} is cut short: a tensor ends past {size} bytes")
+                t = _torch.empty(shape, dtype=_dtype(dtype))
+                if nbytes:
+                    src = _torch.frombuffer(mm, dtype=_torch.uint8, count=nbytes, offset=offset)
+                    t.reshape(-1).view(_torch.uint8).copy_(src)
+                    del src
+                tensors.append(t)
+                offset = _align(offset + nbytes)
+            state = _Unpickler(io.BytesIO(meta["state"]), tensors).load()
+    fields = {k: v for k, v in meta.items() if k not in ("state", "tensors")}
+    return state, fields
+
+
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: str, value: Dict[str, Any]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+class FlashStore:
+    """This process's two slots in its agent's shared memory."""
+
+    def __init__(self, directory: str, budget: int):
+        self.directory = directory
+        self.budget = budget
+        self._maps: Dict[int, Tuple[int, Optional[mmap.mmap], int]] = {}
+        self._save = 0
+        for s in range(SLOTS):
+            st = self.status(s)
+            if st:
+                self._save = max(self._save, int(st.get("save", 0)))
+
+    def slot_file(self, slot: int) -> str:
+        return os.path.join(self.directory, f"slot-{slot}")
+
+    def status(self, slot: int) -> Optional[Dict[str, Any]]:
+        return _read_json(self.slot_file(slot) + ".json")
+
+    def _fd(self, slot: int) -> int:
+        held = self._maps.get(slot)
+        if held:
+            return held[0]
+        fd = os.open(self.slot_file(slot), os.O_RDWR | os.O_CREAT, 0o600)
+        self._maps[slot] = (fd, None, 0)
+        return fd
+
+    def _map(self, slot: int, size: int) -> mmap.mmap:
+        """The slot's file mapped at `size` bytes, under its lock (kept mapped: its pages stay
+        in place for the next save of the same size)."""
+        fd, mm, held = self._maps[slot]
+        if mm is not None and held == size:
+            return mm
+        if mm is not None:
+            mm.close()
+        os.ftruncate(fd, size)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mm = mmap.mmap(fd, size, flags=flags)
+        self._maps[slot] = (fd, mm, size)
+        return mm
+
+    def _candidates(self) -> List[int]:
+        """The slots to try, best first: free or older ones, then a copy still waiting to be
+        written out (dropped for the newer), then one left "persisting" by an agent that died
+        (its lock is free)."""
+        states = [self.status(s) or {} for s in range(SLOTS)]
+        order = {None: 0, "persisted": 0, "kept": 0, "writing": 0, "ready": 1, "persisting": 2}
+        return sorted(
+            range(SLOTS),
+            key=lambda s: (order.get(states[s].get("state"), 0), int(states[s].get("save", 0))),
+        )
+
+    def save(
+        self,
+        state: Any,
+        *,
+        step: int,
+        rank: int,
+        world: int,
+        persist: bool,
+        incarnation: int,
+        sdk: Dict[str, Any],
+    ) -> Dict[str, Any]:
+        """Copies `state` into a slot and marks it ready for the agent; what was done. `world`
+        is how many parts make the step (1: a replicated state, written out by rank 0 alone);
+        a copy with `persist` false stays in memory only."""
+        if _torch is None:
+            raise BrainError("save_async copies torch tensors, and torch does not import")
+        self._save += 1
+        extra = {
+            "step": step,
+            "rank": rank,
+            "world": world,
+            "save": self._save,
+            "incarnation": incarnation,
+            "sdk": sdk,
+        }
+        meta, tensors, offsets, size = layout(state, extra)
+        if 2 * size > self.budget:
+            raise BrainError(
+                f"the state is {gib(size)}, and the flash memory budget of {gib(self.budget)} "
+                f"holds two copies of at most {gib(self.budget // 2)} each: raise "
+                f"checkpoint.flash.memory, or save synchronously (job.checkpoint())"
+            )
+        for slot in self._candidates():
+            fd = self._fd(slot)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # the agent is writing it out: the other one
+            try:
+                before = self.status(slot) or {}
+                dropped = None
+                if before.get("state") in ("ready", "persisting"):
+                    dropped = int(before.get("step", -1))
+                status = self.slot_file(slot) + ".json"
+                _write_json(status, {"state": "writing", **_public(extra)})
+                mm = self._map(slot, size)
+                _HEAD.pack_into(mm, 0, MAGIC, len(meta))
+                mm[_HEAD.size : _HEAD.size + len(meta)] = meta
+                for t, off in zip(tensors, offsets):
+                    _copy_in(mm, t, off)
+                _write_json(
+                    status, {"state": "ready", "persist": persist, "bytes": size, **_public(extra)}
+                )
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            return {"slot": slot, "bytes": size, "dropped": dropped}
+        raise BrainError(
+            f"no flash slot is free in {self.directory}: its agent holds both (is another "
+            f"process saving into this directory?)"
+        )
+
+    def holding(self, step: int, digest: Optional[str]) -> Optional[str]:
+        """The slot file that holds step `step` as committed, if this node has it: written out
+        by its agent with `digest`, or kept in memory only (a replicated state that rank 0
+        wrote out)."""
+        for s in range(SLOTS):
+            st = self.status(s) or {}
+            if int(st.get("step", -1)) != step:
+                continue
+            if (st.get("state") == "kept" and digest is None) or (
+                st.get("state") == "persisted" and st.get("digest") == digest
+            ):
+                return self.slot_file(s)
+        return None
+
+    def close(self) -> None:
+        for fd, mm, _ in self._maps.values():
+            if mm is not None:
+                mm.close()
+            os.close(fd)
+        self._maps.clear()
+
+
+def _public(extra: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: extra[k] for k in ("step", "rank", "world", "save", "incarnation")}

@@ -1,0 +1,120 @@
+"""Flash checkpoint slots (`brain_sdk.flash`), the process's half, without an agent: the agent's
+part is played here by flock and the slots' state files. Needs torch."""
+
+import fcntl
+import json
+import os
+import tempfile
+import unittest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the SDK's core runs without torch
+    torch = None
+
+from brain_sdk import BrainError
+from brain_sdk import flash
+
+
+def _set(store, slot, **fields):
+    path = store.slot_file(slot) + ".json"
+    with open(path) as f:
+        st = json.load(f)
+    st.update(fields)
+    with open(path, "w") as f:
+        json.dump(st, f)
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class FlashSlots(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.store = flash.FlashStore(self.dir.name, 64 << 20)
+
+    def tearDown(self):
+        self.store.close()
+        self.dir.cleanup()
+
+    def save(self, state, step):
+        return self.store.save(
+            state, step=step, rank=0, world=1, persist=True, incarnation=1, sdk={"step": step}
+        )
+
+    def test_a_state_round_trips_with_its_dtypes_shapes_and_tied_tensors(self):
+        w = torch.randn(4, 5)
+        state = {
+            "model": {"w": w, "tied": w, "t": w.t()},
+            "opt": [torch.arange(7), torch.zeros(2, dtype=torch.bool), torch.empty(0, 3)],
+            "epoch": 3,
+            "name": "x",
+        }
+        done = self.save(state, 12)
+        back, fields = flash.read_state(self.store.slot_file(done["slot"]))
+        self.assertTrue(torch.equal(back["model"]["w"], w))
+        self.assertIs(back["model"]["tied"], back["model"]["w"])
+        self.assertTrue(torch.equal(back["model"]["t"], w.t()))
+        self.assertEqual(back["opt"][1].dtype, torch.bool)
+        self.assertEqual(tuple(back["opt"][2].shape), (0, 3))
+        self.assertEqual((back["epoch"], back["name"]), (3, "x"))
+        self.assertEqual((fields["step"], fields["sdk"]), (12, {"step": 12}))
+        # What is read back is a copy: the slot may be written again under it.
+        self.save({"model": {"w": torch.zeros(4, 5)}}, 13)
+        self.save({"model": {"w": torch.zeros(4, 5)}}, 14)
+        self.assertTrue(torch.equal(back["model"]["w"], w))
+
+    def test_two_copies_at_most_and_one_not_written_out_is_replaced_whole(self):
+        a = self.save({"x": torch.ones(3)}, 1)
+        b = self.save({"x": torch.ones(3) * 2}, 2)
+        self.assertNotEqual(a["slot"], b["slot"])
+        self.assertIsNone(a["dropped"])
+        # Neither is written out yet: the third save replaces the older, step 1.
+        c = self.save({"x": torch.ones(3) * 3}, 3)
+        self.assertEqual((c["slot"], c["dropped"]), (a["slot"], 1))
+        steps = sorted(self.store.status(s)["step"] for s in range(flash.SLOTS))
+        self.assertEqual(steps, [2, 3])
+
+    def test_a_slot_being_written_out_is_never_touched(self):
+        a = self.save({"x": torch.ones(3)}, 1)
+        b = self.save({"x": torch.ones(3) * 2}, 2)
+        # The agent writes slot a out (its lock held), slot b has been written out.
+        _set(self.store, a["slot"], state="persisting")
+        _set(self.store, b["slot"], state="persisted", digest="d")
+        with open(self.store.slot_file(a["slot"])) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            c = self.save({"x": torch.ones(3) * 3}, 3)
+            self.assertEqual(c["slot"], b["slot"])
+            with self.assertRaises(BrainError):
+                _set(self.store, b["slot"], state="persisting")
+                with open(self.store.slot_file(b["slot"])) as also:
+                    fcntl.flock(also, fcntl.LOCK_EX)
+                    self.save({"x": torch.ones(3) * 4}, 4)
+        back, _ = flash.read_state(self.store.slot_file(a["slot"]))
+        self.assertTrue(torch.equal(back["x"], torch.ones(3)), "step 1 was not mixed")
+
+    def test_a_state_over_half_the_budget_is_refused_with_the_sizes(self):
+        with self.assertRaises(BrainError) as e:
+            self.save({"x": torch.zeros(40 << 20, dtype=torch.uint8)}, 1)
+        text = str(e.exception)
+        self.assertIn("the state is 0.04 GiB", text)
+        self.assertIn("two copies of at most 0.03 GiB", text)
+        self.assertEqual([self.store.status(s) for s in range(flash.SLOTS)], [None, None])
+
+    def test_the_committed_copy_is_found_by_its_step_and_digest(self):
+        a = self.save({"x": torch.ones(3)}, 5)
+        _set(self.store, a["slot"], state="persisted", digest="abc")
+        self.assertEqual(self.store.holding(5, "abc"), self.store.slot_file(a["slot"]))
+        self.assertIsNone(self.store.holding(5, "other"))
+        self.assertIsNone(self.store.holding(4, "abc"))
+        _set(self.store, a["slot"], state="kept")
+        self.assertEqual(self.store.holding(5, None), self.store.slot_file(a["slot"]))
+
+    def test_a_file_that_is_not_a_snapshot_is_refused(self):
+        path = os.path.join(self.dir.name, "junk")
+        with open(path, "wb") as f:
+            f.write(b"not a snapshot at all")
+        with self.assertRaises(BrainError):
+            flash.read_state(path)
+
+
+if __name__ == "__main__":
+    unittest.main()

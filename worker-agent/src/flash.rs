@@ -1,0 +1,408 @@
+//! Flash checkpoints, the agent's half. The training process copies its state into one of two
+//! slots in shared memory that this agent holds (`python/brain_sdk/flash.py` has the format)
+//! and goes on training; the agent writes the newest copy that is ready out to the checkpoint
+//! directory behind it, with its SHA-256, and tells the job master, which commits the step once
+//! every part of it is written. The slots outlive the training process (a process restarted
+//! here restores from them) and an agent killed -9 (the next agent of the same process adopts
+//! them); the agent removes them when the job ends.
+//!
+//! A slot is changed only under an exclusive `flock` on its file: the process while it copies
+//! in, the agent while it writes out. The agent never touches a slot being copied into and the
+//! process never one being written out, so a written-out file is one whole step.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use proto::jobmaster::v1 as pb;
+
+use crate::agent::MasterClient;
+use crate::error::Error;
+
+/// Slots per process: the copy being written out and the next one.
+pub const SLOTS: u32 = 2;
+/// The environment variables the process finds its slots and their budget in.
+pub const DIR_ENV: &str = "BRAIN_FLASH_DIR";
+pub const BUDGET_ENV: &str = "BRAIN_FLASH_BUDGET";
+/// Where the slots go (a directory per run under it) [default: [`DEFAULT_ROOT`], on tmpfs].
+pub const ROOT_ENV: &str = "BRAIN_FLASH_ROOT";
+pub const DEFAULT_ROOT: &str = "/dev/shm/brain-flash";
+/// How often the agent looks for a copy to write out.
+const WRITE_OUT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A slot's state, `slot-N.json` beside its file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlotStatus {
+    /// `writing` (the process copies in), `ready` (whole, to be written out), `persisting`
+    /// (the agent writes it out), `persisted` (on disk: `path`, `digest`), `kept` (a copy
+    /// kept in memory only: another rank writes the step out).
+    pub state: String,
+    pub save: u64,
+    pub step: u64,
+    pub rank: u32,
+    pub world: u32,
+    /// The incarnation of the process that made the copy.
+    #[serde(default)]
+    pub incarnation: u64,
+    /// Whether this copy is written out (a replicated state is written by rank 0 only).
+    #[serde(default)]
+    pub persist: bool,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub path: String,
+}
+
+/// A part written out: what the job master is told.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Written {
+    pub step: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub save: u64,
+    pub incarnation: u64,
+    pub path: PathBuf,
+    pub digest: String,
+    pub bytes: u64,
+    pub took: std::time::Duration,
+}
+
+/// One training process's slots.
+#[derive(Clone, Debug)]
+pub struct FlashDir {
+    pub dir: PathBuf,
+    pub budget: u64,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl FlashDir {
+    /// The slots of process `role`-`index` of run `run` under `root` (on tmpfs: `/dev/shm`),
+    /// created owner-only, or adopted from an earlier agent of the same process: a slot it
+    /// left `persisting` (it died writing it out) is `ready` again.
+    pub fn open(
+        root: &Path,
+        run: &str,
+        role: &str,
+        index: u32,
+        budget: u64,
+    ) -> Result<Self, Error> {
+        let safe = |s: &str| {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect::<String>()
+        };
+        let dir = root.join(safe(run)).join(format!("{}-{index}", safe(role)));
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io(&dir))?;
+        let me = Self { dir, budget };
+        for slot in 0..SLOTS {
+            if let Some(mut s) = me.status(slot)
+                && s.state == "persisting"
+            {
+                s.state = "ready".into();
+                me.set_status(slot, &s)?;
+            }
+        }
+        Ok(me)
+    }
+
+    pub fn slot_file(&self, slot: u32) -> PathBuf {
+        self.dir.join(format!("slot-{slot}"))
+    }
+
+    fn status_file(&self, slot: u32) -> PathBuf {
+        self.dir.join(format!("slot-{slot}.json"))
+    }
+
+    pub fn status(&self, slot: u32) -> Option<SlotStatus> {
+        let text = std::fs::read(self.status_file(slot)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn set_status(&self, slot: u32, s: &SlotStatus) -> Result<(), Error> {
+        let path = self.status_file(slot);
+        let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
+        let json = serde_json::to_vec(s).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        std::fs::write(&tmp, json).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))
+    }
+
+    /// The newest ready copy, written out to `checkpoint_dir` (`flash/step-S/part-R.bin`, by a
+    /// temporary name, synced, renamed), its slot marked `persisted`; a copy kept in memory
+    /// only is marked `kept`. `None` when nothing is ready, or the process holds the slot.
+    pub fn write_out(&self, checkpoint_dir: &Path) -> Result<Option<Written>, Error> {
+        let newest = (0..SLOTS)
+            .filter_map(|s| self.status(s).map(|st| (s, st)))
+            .filter(|(_, st)| st.state == "ready")
+            .max_by_key(|(_, st)| st.save);
+        let Some((slot, _)) = newest else {
+            return Ok(None);
+        };
+        let path = self.slot_file(slot);
+        let file = File::open(&path).map_err(io(&path))?;
+        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(f) => f,
+            // The process is copying into it: next time.
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
+            Err((_, e)) => return Err(io(&path)(e.into())),
+        };
+        // Under the lock, it is what it was (or the process replaced it: next time).
+        let Some(mut status) = self.status(slot).filter(|s| s.state == "ready") else {
+            return Ok(None);
+        };
+        if !status.persist {
+            status.state = "kept".into();
+            self.set_status(slot, &status)?;
+            return Ok(None);
+        }
+        status.state = "persisting".into();
+        self.set_status(slot, &status)?;
+        let started = std::time::Instant::now();
+        let dir = checkpoint_dir
+            .join("flash")
+            .join(format!("step-{:010}", status.step));
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let out = dir.join(format!("part-{}.bin", status.rank));
+        let (digest, bytes) = copy_hashed(&mut file, &out)?;
+        status.state = "persisted".into();
+        status.digest = digest.clone();
+        status.path = out.to_string_lossy().into_owned();
+        self.set_status(slot, &status)?;
+        drop(file);
+        Ok(Some(Written {
+            step: status.step,
+            rank: status.rank,
+            world: status.world,
+            save: status.save,
+            incarnation: status.incarnation,
+            path: out,
+            digest,
+            bytes,
+            took: started.elapsed(),
+        }))
+    }
+
+    /// The job is over: its copies go.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The task that writes the copies out and tells the job master (see the module's doc);
+/// stopped when dropped.
+pub struct Writer(tokio::task::JoinHandle<()>);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Writer {
+    /// Starts writing `dir`'s copies of process `role`-`index` out to `checkpoint_dir`.
+    pub fn start(
+        dir: FlashDir,
+        checkpoint_dir: PathBuf,
+        mut client: MasterClient,
+        role: String,
+        index: u32,
+    ) -> Writer {
+        Writer(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WRITE_OUT_EVERY).await;
+                let (d, c) = (dir.clone(), checkpoint_dir.clone());
+                let w = match tokio::task::spawn_blocking(move || d.write_out(&c)).await {
+                    Ok(Ok(Some(w))) => w,
+                    Ok(Ok(None)) | Err(_) => continue,
+                    Ok(Err(e)) => {
+                        tracing::warn!("flash checkpoint not written out: {e}");
+                        continue;
+                    }
+                };
+                tracing::info!(
+                    step = w.step,
+                    rank = w.rank,
+                    bytes = w.bytes,
+                    ms = w.took.as_millis() as u64,
+                    path = %w.path.display(),
+                    "flash checkpoint part written out"
+                );
+                let part = pb::CheckpointPart {
+                    process: Some(pb::ProcessRef {
+                        role: role.clone(),
+                        index,
+                        incarnation: w.incarnation,
+                    }),
+                    step: w.step,
+                    rank: w.rank,
+                    parts: w.world,
+                    path: w.path.to_string_lossy().into_owned(),
+                    digest: w.digest,
+                    bytes: w.bytes,
+                };
+                for _ in 0..10 {
+                    match client.report_checkpoint_part(part.clone()).await {
+                        Ok(_) => break,
+                        Err(s) if s.code() == tonic::Code::Unavailable => {
+                            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        }
+                        Err(s) => {
+                            tracing::warn!(
+                                step = part.step,
+                                "the job master refused the part: {s}"
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+}
+
+/// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
+/// sees the whole file or none. Its SHA-256 (hex) and length.
+fn copy_hashed(from: &mut File, to: &Path) -> Result<(String, u64), Error> {
+    let tmp = to.with_extension(format!("bin.tmp-{}", std::process::id()));
+    let mut out = File::create(&tmp).map_err(io(&tmp))?;
+    let mut sha = Sha256::new();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = from.read(&mut buf).map_err(io(to))?;
+        if n == 0 {
+            break;
+        }
+        sha.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(io(&tmp))?;
+        bytes += n as u64;
+    }
+    out.sync_all().map_err(io(&tmp))?;
+    drop(out);
+    std::fs::rename(&tmp, to).map_err(io(to))?;
+    if let Some(parent) = to.parent() {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io(parent))?;
+    }
+    Ok((hex::encode(sha.finalize()), bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(dir: &FlashDir, slot: u32, save: u64, step: u64, body: &[u8]) {
+        std::fs::write(dir.slot_file(slot), body).unwrap();
+        dir.set_status(
+            slot,
+            &SlotStatus {
+                state: "ready".into(),
+                save,
+                step,
+                rank: 1,
+                world: 2,
+                persist: true,
+                bytes: body.len() as u64,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_newest_ready_copy_is_written_out_whole_with_its_digest() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20).unwrap();
+        assert!(
+            dir.write_out(ckpt.path()).unwrap().is_none(),
+            "nothing ready"
+        );
+        ready(&dir, 0, 1, 10, b"older");
+        ready(&dir, 1, 2, 20, b"newer");
+        let w = dir.write_out(ckpt.path()).unwrap().unwrap();
+        assert_eq!((w.step, w.rank, w.world, w.save, w.bytes), (20, 1, 2, 2, 5));
+        assert_eq!(std::fs::read(&w.path).unwrap(), b"newer");
+        assert!(
+            w.path.ends_with("flash/step-0000000020/part-1.bin"),
+            "{:?}",
+            w.path
+        );
+        let sha = hex::encode(Sha256::digest(b"newer"));
+        assert_eq!(w.digest, sha);
+        let s = dir.status(1).unwrap();
+        assert_eq!(
+            (s.state.as_str(), s.digest.as_str()),
+            ("persisted", sha.as_str())
+        );
+        // No temporary file is left beside it.
+        let names: Vec<_> = std::fs::read_dir(w.path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn a_slot_the_process_holds_is_left_for_later() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        ready(&dir, 0, 1, 10, b"state");
+        let held = Flock::lock(
+            File::open(dir.slot_file(0)).unwrap(),
+            FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        assert!(dir.write_out(ckpt.path()).unwrap().is_none());
+        assert_eq!(dir.status(0).unwrap().state, "ready");
+        drop(held);
+        assert!(dir.write_out(ckpt.path()).unwrap().is_some());
+    }
+
+    #[test]
+    fn an_agent_that_died_writing_out_leaves_the_copy_to_the_next_one() {
+        let shm = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        ready(&dir, 0, 1, 10, b"state");
+        let mut s = dir.status(0).unwrap();
+        s.state = "persisting".into();
+        dir.set_status(0, &s).unwrap();
+        let again = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        assert_eq!(again.status(0).unwrap().state, "ready");
+    }
+
+    #[test]
+    fn a_copy_kept_in_memory_only_is_not_written_out() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20).unwrap();
+        ready(&dir, 0, 1, 10, b"state");
+        let mut s = dir.status(0).unwrap();
+        s.persist = false;
+        dir.set_status(0, &s).unwrap();
+        assert!(dir.write_out(ckpt.path()).unwrap().is_none());
+        assert_eq!(dir.status(0).unwrap().state, "kept");
+        assert!(!ckpt.path().join("flash").exists());
+    }
+}
