@@ -395,3 +395,123 @@ checkpoint: {{ dir: {:?} }}
         report.events
     );
 }
+
+/// Flash checkpoints (`tests/scripts/sdk_flash.py`, issue 43): two ranks save a replicated
+/// tensor state with `job.save_async`; their agents write rank 0's copy out and the master
+/// commits each step. Rank 1's process is killed -9: the group restarts, and rank 0 restores
+/// from the copy its agent holds in memory; rank 1's copies are taken away first, so it
+/// restores from disk. Both resume at the committed step with the state whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_checkpoint_is_restored_from_memory_on_its_node_and_from_disk_elsewhere() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("flash.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
+    let argv = [
+        python.clone(),
+        script.display().to_string(),
+        "--target".into(),
+        "1200".into(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
+    let yaml = format!(
+        r#"
+name: flash
+kind: allreduce
+roles:
+  worker: {{ replicas: 2 }}
+workload:
+  command: {argv:?}
+  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
+data: {{ num_samples: 100, shard_size: 10 }}
+checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
+"#,
+        dir.path().join("ckpt")
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let entries = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "a flash checkpoint",
+        |s| s.checkpoints >= 2,
+    )
+    .await;
+    // Rank 1's copies leave its node's memory: it must read the committed step from disk.
+    let slots = std::path::PathBuf::from("/dev/shm/brain-flash")
+        .join(format!("flash-{}", std::process::id()))
+        .join("worker-1");
+    assert!(slots.join("slot-0.json").exists(), "{}", slots.display());
+    let victim = pid_of(run.addr, "worker", 1).await;
+    for e in std::fs::read_dir(&slots).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    test_support::kill9(victim);
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    let all = entries();
+    let starts: Vec<&serde_json::Value> = all.iter().filter(|e| e.get("from").is_some()).collect();
+    assert_eq!(starts.len(), 4, "two starts of two ranks: {all:#?}");
+    let again = |rank: u64| {
+        starts[2..]
+            .iter()
+            .find(|s| s["rank"] == rank)
+            .unwrap_or_else(|| panic!("rank {rank} restarted: {all:#?}"))
+    };
+    assert_eq!(again(0)["from"], "memory", "{all:#?}");
+    assert_eq!(again(1)["from"], "disk", "{all:#?}");
+    for r in [0, 1] {
+        assert!(again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
+        assert_eq!(again(r)["whole"], true, "{all:#?}");
+    }
+    assert_eq!(
+        again(0)["resumed"],
+        again(1)["resumed"],
+        "the same committed step"
+    );
+    // Every save was a memory copy; the steps committed are flash manifests beside the parts.
+    let saves: Vec<f64> = all
+        .iter()
+        .filter_map(|e| e.get("blocked_s").and_then(serde_json::Value::as_f64))
+        .collect();
+    assert!(saves.len() >= 100, "{}", saves.len());
+    let committed: Vec<&String> = report
+        .events
+        .iter()
+        .filter(|e| e.contains("committed by the script"))
+        .collect();
+    assert!(!committed.is_empty(), "{:#?}", report.events);
+    let manifest = dir
+        .path()
+        .join("ckpt/flash")
+        .read_dir()
+        .unwrap()
+        .filter_map(|e| {
+            let m = e.unwrap().path().join("manifest.json");
+            m.exists().then_some(m)
+        })
+        .max()
+        .expect("a flash manifest");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(m["kind"], "flash", "{m}");
+    assert!(
+        m["model"]["path"].as_str().unwrap().ends_with("part-0.bin"),
+        "{m}"
+    );
+    // The job over, its agents let the copies go.
+    assert!(
+        !slots.parent().unwrap().exists()
+            || std::fs::read_dir(slots.parent().unwrap()).unwrap().count() == 0
+    );
+}

@@ -14,7 +14,8 @@ bytes (`BRAIN_FLASH_BUDGET`) for two copies at most: `slot-0` and `slot-1`. A sl
 each tensor's bytes starting on a 64-byte boundary, and beside it `slot-N.json`, its state,
 replaced whole (write and rename):
 
-    {"state": "writing" | "ready" | "persisting" | "persisted", "save": n, "step": s,
+    {"state": "writing" | "ready" | "persisting" | "persisted" | "committed" | "kept",
+     "save": n, "step": s,
      "rank": r, "world": w, "persist": true, "bytes": b, "digest": "...", "path": "..."}
 
 Whoever changes a slot holds an exclusive `flock` on its file: this process while it copies the
@@ -30,6 +31,7 @@ import mmap
 import os
 import pickle
 import struct
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import BrainError
@@ -137,9 +139,10 @@ def read_state(path: str) -> Tuple[Any, Dict[str, Any]]:
         size = os.fstat(f.fileno()).st_size
         if size < _HEAD.size:
             raise BrainError(f"{path} is not a flash checkpoint: {size} bytes")
-        # Private and writable (never written): torch reads from it without a warning.
-        prot = mmap.PROT_READ | mmap.PROT_WRITE
-        with mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=prot) as mm:
+        # Read only, its pages mapped in one go (a fault per page would cost more than the
+        # copy out).
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ) as mm:
             magic, meta_len = _HEAD.unpack_from(mm, 0)
             if magic != MAGIC or _HEAD.size + meta_len > size:
                 raise BrainError(f"{path} is not a flash checkpoint (or is cut short)")
@@ -151,7 +154,12 @@ def read_state(path: str) -> Tuple[Any, Dict[str, Any]]:
                     raise BrainError(f"{path} is cut short: a tensor ends past {size} bytes")
                 t = _torch.empty(shape, dtype=_dtype(dtype))
                 if nbytes:
-                    src = _torch.frombuffer(mm, dtype=_torch.uint8, count=nbytes, offset=offset)
+                    with warnings.catch_warnings():
+                        # Read only, and only read from: torch's warning is about writing.
+                        warnings.simplefilter("ignore", UserWarning)
+                        src = _torch.frombuffer(
+                            mm, dtype=_torch.uint8, count=nbytes, offset=offset
+                        )
                     t.reshape(-1).view(_torch.uint8).copy_(src)
                     del src
                 tensors.append(t)
@@ -218,14 +226,22 @@ class FlashStore:
         return mm
 
     def _candidates(self) -> List[int]:
-        """The slots to try, best first: free or older ones, then a copy still waiting to be
-        written out (dropped for the newer), then one left "persisting" by an agent that died
-        (its lock is free)."""
+        """The slots this save may take, best first. The newest copy the job master committed
+        (else the newest written out, or kept) is never taken: it is what a restart on this
+        node restores from. Of the others: a free or older one, then a copy still waiting to
+        be written out (dropped for the newer), then one left "persisting" by an agent that
+        died (its lock is free)."""
         states = [self.status(s) or {} for s in range(SLOTS)]
-        order = {None: 0, "persisted": 0, "kept": 0, "writing": 0, "ready": 1, "persisting": 2}
+        save = lambda s: int(states[s].get("save", 0))  # noqa: E731
+        held = [s for s in range(SLOTS) if states[s].get("state") == "committed"] or [
+            s for s in range(SLOTS) if states[s].get("state") in ("persisted", "kept")
+        ]
+        keep = max(held, key=save) if held else None
+        order = {None: 0, "persisted": 0, "kept": 0, "committed": 0, "writing": 0,
+                 "ready": 1, "persisting": 2}
         return sorted(
-            range(SLOTS),
-            key=lambda s: (order.get(states[s].get("state"), 0), int(states[s].get("save", 0))),
+            (s for s in range(SLOTS) if s != keep),
+            key=lambda s: (order.get(states[s].get("state"), 0), save(s)),
         )
 
     def save(
@@ -283,11 +299,10 @@ class FlashStore:
                 )
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-            return {"slot": slot, "bytes": size, "dropped": dropped}
-        raise BrainError(
-            f"no flash slot is free in {self.directory}: its agent holds both (is another "
-            f"process saving into this directory?)"
-        )
+            return {"slot": slot, "bytes": size, "dropped": dropped, "skipped": False}
+        # The other slot is being written out and this one holds the committed copy: the
+        # save is skipped rather than waited for (the next one goes ahead).
+        return {"slot": None, "bytes": size, "dropped": step, "skipped": True}
 
     def holding(self, step: int, digest: Optional[str]) -> Optional[str]:
         """The slot file that holds step `step` as committed, if this node has it: written out
@@ -298,7 +313,7 @@ class FlashStore:
             if int(st.get("step", -1)) != step:
                 continue
             if (st.get("state") == "kept" and digest is None) or (
-                st.get("state") == "persisted" and st.get("digest") == digest
+                st.get("state") in ("persisted", "committed") and st.get("digest") == digest
             ):
                 return self.slot_file(s)
         return None

@@ -310,16 +310,17 @@ class ElasticJob:
         `sharded=True`: each rank's state is its own shard, every rank calls this at the same
         step, and the step is committed once every shard is written.
 
-        A process holds at most two copies: a save while the previous one is still being
-        written out goes to the other; a copy not yet written out is replaced by the newer (its
-        step is dropped whole, never mixed). A state over half the job's flash memory
+        A process holds at most two copies, and never gives up the newest committed one (a
+        restart on this node restores from it): a save goes to the other slot, replacing a
+        copy not yet written out (its step is dropped whole, never mixed); while that slot is
+        being written out, the save is skipped (`skipped`), never waited for. A state over half the job's flash memory
         (`checkpoint.flash.memory`) is refused with the sizes, unless `fallback="sync"`, which
         saves it with `checkpoint()` instead.
 
         For a script that reads its own data (as `checkpoint()`): where the job master leases
         the data, its checkpoints are taken at its cuts. Returns what was done: `slot`, `bytes`,
         `blocked_s` (the time training waited), `dropped` (a step replaced before it was
-        written out, or None)."""
+        written out, or this one when `skipped`), `skipped`."""
         if fallback not in (None, "sync"):
             raise BrainError(f"fallback={fallback!r}: None or 'sync'")
         if state is None:
@@ -348,9 +349,11 @@ class ElasticJob:
             log.warning("%s: saving synchronously instead", e)
             path = self.checkpoint()
             return {"slot": None, "bytes": os.path.getsize(path), "dropped": None,
-                    "blocked_s": time.perf_counter() - started, "sync": path}
+                    "skipped": False, "blocked_s": time.perf_counter() - started, "sync": path}
         done["blocked_s"] = time.perf_counter() - started
-        if done["dropped"] is not None:
+        if done["skipped"]:
+            log.info("flash: step %d skipped: the previous copy is still being written out", self.step)
+        elif done["dropped"] is not None:
             log.info("flash: step %d replaced before it was written out", done["dropped"])
         return done
 

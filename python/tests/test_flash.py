@@ -73,23 +73,34 @@ class FlashSlots(unittest.TestCase):
         steps = sorted(self.store.status(s)["step"] for s in range(flash.SLOTS))
         self.assertEqual(steps, [2, 3])
 
-    def test_a_slot_being_written_out_is_never_touched(self):
+    def test_a_slot_being_written_out_is_never_touched_nor_the_committed_copy(self):
         a = self.save({"x": torch.ones(3)}, 1)
         b = self.save({"x": torch.ones(3) * 2}, 2)
-        # The agent writes slot a out (its lock held), slot b has been written out.
+        # The agent writes slot a out (its lock held); slot b is committed.
         _set(self.store, a["slot"], state="persisting")
-        _set(self.store, b["slot"], state="persisted", digest="d")
+        _set(self.store, b["slot"], state="committed", digest="d")
         with open(self.store.slot_file(a["slot"])) as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             c = self.save({"x": torch.ones(3) * 3}, 3)
-            self.assertEqual(c["slot"], b["slot"])
-            with self.assertRaises(BrainError):
-                _set(self.store, b["slot"], state="persisting")
-                with open(self.store.slot_file(b["slot"])) as also:
-                    fcntl.flock(also, fcntl.LOCK_EX)
-                    self.save({"x": torch.ones(3) * 4}, 4)
+            self.assertEqual((c["slot"], c["skipped"], c["dropped"]), (None, True, 3))
+            # b only waiting to be written out: the save replaces it.
+            _set(self.store, b["slot"], state="ready")
+            d = self.save({"x": torch.ones(3) * 4}, 4)
+            self.assertEqual((d["slot"], d["dropped"]), (b["slot"], 2))
         back, _ = flash.read_state(self.store.slot_file(a["slot"]))
         self.assertTrue(torch.equal(back["x"], torch.ones(3)), "step 1 was not mixed")
+        # An agent that died writing a out left it "persisting", its lock free: taken.
+        _set(self.store, b["slot"], state="committed", digest="d")
+        e = self.save({"x": torch.ones(3) * 5}, 5)
+        self.assertEqual((e["slot"], e["dropped"]), (a["slot"], 1))
+
+    def test_the_newest_committed_copy_is_kept_whatever_the_saves_after_it(self):
+        a = self.save({"x": torch.ones(3)}, 1)
+        _set(self.store, a["slot"], state="committed", digest="d")
+        for step in range(2, 8):
+            got = self.save({"x": torch.ones(3) * step}, step)
+            self.assertNotEqual(got["slot"], a["slot"])
+        self.assertEqual(self.store.holding(1, "d"), self.store.slot_file(a["slot"]))
 
     def test_a_state_over_half_the_budget_is_refused_with_the_sizes(self):
         with self.assertRaises(BrainError) as e:

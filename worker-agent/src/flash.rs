@@ -38,8 +38,9 @@ const WRITE_OUT_EVERY: std::time::Duration = std::time::Duration::from_millis(10
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SlotStatus {
     /// `writing` (the process copies in), `ready` (whole, to be written out), `persisting`
-    /// (the agent writes it out), `persisted` (on disk: `path`, `digest`), `kept` (a copy
-    /// kept in memory only: another rank writes the step out).
+    /// (the agent writes it out), `persisted` (on disk: `path`, `digest`), `committed` (the
+    /// job master committed it: the process keeps it), `kept` (a copy kept in memory only:
+    /// another rank writes the step out).
     pub state: String,
     pub save: u64,
     pub step: u64,
@@ -67,6 +68,8 @@ pub struct Written {
     pub world: u32,
     pub save: u64,
     pub incarnation: u64,
+    /// The slot it was written out of.
+    pub slot: u32,
     pub path: PathBuf,
     pub digest: String,
     pub bytes: u64,
@@ -194,11 +197,30 @@ impl FlashDir {
             world: status.world,
             save: status.save,
             incarnation: status.incarnation,
+            slot,
             path: out,
             digest,
             bytes,
             took: started.elapsed(),
         }))
+    }
+
+    /// The job master committed the copy of save `save` in `slot` (a replicated state: its
+    /// one part): the process keeps it from then on (a restart here restores from it). Left
+    /// as it is when the process holds the slot or has replaced the copy.
+    pub fn committed(&self, slot: u32, save: u64) -> Result<(), Error> {
+        let path = self.slot_file(slot);
+        let file = File::open(&path).map_err(io(&path))?;
+        let Ok(_held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+            return Ok(());
+        };
+        match self.status(slot) {
+            Some(mut s) if s.save == save && s.state == "persisted" => {
+                s.state = "committed".into();
+                self.set_status(slot, &s)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The job is over: its copies go.
@@ -256,12 +278,22 @@ impl Writer {
                     rank: w.rank,
                     parts: w.world,
                     path: w.path.to_string_lossy().into_owned(),
-                    digest: w.digest,
+                    digest: w.digest.clone(),
                     bytes: w.bytes,
                 };
                 for _ in 0..10 {
                     match client.report_checkpoint_part(part.clone()).await {
-                        Ok(_) => break,
+                        Ok(_) => {
+                            // One part is the whole step: the master has committed it.
+                            if part.parts == 1 {
+                                let d = dir.clone();
+                                let (slot, save) = (w.slot, w.save);
+                                let _ =
+                                    tokio::task::spawn_blocking(move || d.committed(slot, save))
+                                        .await;
+                            }
+                            break;
+                        }
                         Err(s) if s.code() == tonic::Code::Unavailable => {
                             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                         }
@@ -377,7 +409,15 @@ mod tests {
         assert!(dir.write_out(ckpt.path()).unwrap().is_none());
         assert_eq!(dir.status(0).unwrap().state, "ready");
         drop(held);
-        assert!(dir.write_out(ckpt.path()).unwrap().is_some());
+        let w = dir.write_out(ckpt.path()).unwrap().unwrap();
+        dir.committed(w.slot, w.save + 1).unwrap();
+        assert_eq!(
+            dir.status(0).unwrap().state,
+            "persisted",
+            "another save's commit"
+        );
+        dir.committed(w.slot, w.save).unwrap();
+        assert_eq!(dir.status(0).unwrap().state, "committed");
     }
 
     #[test]

@@ -1,0 +1,180 @@
+"""Training blocked per checkpoint save, side by side in one run (issue 43, item 5), and the
+restore of the same state from shared memory and from disk.
+
+For each state size (parameters + optimiser state of an MLP trained with Adam on CPU), every
+method saves the same state `--saves` times after one warm-up save, and the table prints the
+median time training was blocked per save:
+
+* `save_async`: brain_sdk's flash copy into a slot of shared memory (the agent's write-out to
+  disk is not part of what training waits for, and is not run here);
+* `sdk sync`: brain_sdk's synchronous checkpoint file (torch.save, fsync, rename, digest);
+* `torch.save`: to a file, then fsync;
+* `dcp.async_save`: torch.distributed.checkpoint.async_save, blocked until it returns (its
+  staging copy); the background write is waited for before the next save.
+
+Restore: the state read back from its shared-memory slot, and from its file on disk with the
+page cache dropped first where this process may (root), else said.
+
+    python benches/flash_checkpoint.py --gib 1 4 --dir /var/tmp/flash-bench
+
+Needs torch and the SDK on PYTHONPATH (python/, with its generated stubs built).
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+from brain_sdk import checkpoint as ckpt
+from brain_sdk import flash
+
+
+def state_of(gib: float):
+    """An MLP whose parameters and Adam state (two moments) come to about `gib` GiB."""
+    params = int(gib * (1 << 30) / 4 / 3)
+    width = 4096
+    layers = max(1, params // (width * width))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(8, width)
+    model(x).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}
+
+
+def nbytes(state) -> int:
+    total = 0
+
+    def walk(v):
+        nonlocal total
+        if isinstance(v, torch.Tensor):
+            total += v.numel() * v.element_size()
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(state)
+    return total
+
+
+def timed(fn, saves: int):
+    fn(0)  # warm-up: first-touch of pages, file creation
+    times = []
+    for i in range(1, saves + 1):
+        t = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def run(gib: float, disk: str, shm: str, saves: int):
+    state = state_of(gib)
+    size = nbytes(state)
+    rows = []
+    store = flash.FlashStore(shm, 2 * size + (64 << 20))
+
+    def save_async(i):
+        r = store.save(state, step=i, rank=0, world=1, persist=True, incarnation=1, sdk={})
+        # The agent would write it out; here it is marked written out so the slots cycle.
+        flash._write_json(store.slot_file(r["slot"]) + ".json",
+                          {**store.status(r["slot"]), "state": "persisted", "digest": "-"})
+
+    rows.append(("save_async (flash)", timed(save_async, saves)))
+
+    def sdk_sync(i):
+        ckpt.write_atomic(os.path.join(disk, "sdk", f"state-{i % 2}.pt"), state)
+
+    rows.append(("sdk sync checkpoint", timed(sdk_sync, saves)))
+    shutil.rmtree(os.path.join(disk, "sdk"))
+
+    def torch_save(i):
+        path = os.path.join(disk, f"torch-{i % 2}.pt")
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    rows.append(("torch.save + fsync", timed(torch_save, saves)))
+    for i in range(2):
+        os.unlink(os.path.join(disk, f"torch-{i}.pt"))
+
+    try:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29541")
+            dist.init_process_group("gloo", rank=0, world_size=1)
+        pending = []
+
+        def dcp_async(i):
+            if pending:
+                pending.pop().result()
+            pending.append(dcp.async_save(state, checkpoint_id=os.path.join(disk, f"dcp-{i}")))
+
+        rows.append(("dcp.async_save", timed(dcp_async, saves)))
+        if pending:
+            pending.pop().result()
+    except Exception as e:  # noqa: BLE001 - the row says why it is missing
+        rows.append((f"dcp.async_save: {type(e).__name__}: {e}", float("nan")))
+
+    # Restore: the newest slot from memory, and the same bytes from disk.
+    slot = max(range(flash.SLOTS), key=lambda s: (store.status(s) or {}).get("save", 0))
+    t = time.perf_counter()
+    flash.read_state(store.slot_file(slot))
+    from_memory = time.perf_counter() - t
+    on_disk = os.path.join(disk, "part-0.bin")
+    shutil.copyfile(store.slot_file(slot), on_disk)
+    dropped = drop_caches()
+    t = time.perf_counter()
+    flash.read_state(on_disk)
+    from_disk = time.perf_counter() - t
+    store.close()
+    return size, rows, from_memory, from_disk, dropped
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gib", type=float, nargs="+", default=[1.0])
+    p.add_argument("--saves", type=int, default=3)
+    p.add_argument("--dir", default=None, help="a directory on disk [default: a temporary one]")
+    args = p.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, median of {args.saves} saves after one warm-up")
+    print(f"{'state':>9}  {'method':<24} {'blocked s':>10} {'s per GiB':>10}")
+    for gib in args.gib:
+        disk = tempfile.mkdtemp(prefix="flash-bench-", dir=args.dir)
+        shm = tempfile.mkdtemp(prefix="flash-bench-", dir="/dev/shm")
+        try:
+            size, rows, mem, dsk, dropped = run(gib, disk, shm, args.saves)
+        finally:
+            shutil.rmtree(disk, ignore_errors=True)
+            shutil.rmtree(shm, ignore_errors=True)
+        g = size / (1 << 30)
+        for name, s in rows:
+            print(f"{g:>7.2f} G  {name:<24} {s:>10.3f} {s / g:>10.3f}")
+        cache = "page cache dropped" if dropped else "page cache NOT dropped (not root)"
+        print(f"{g:>7.2f} G  restore from memory {mem:.3f} s, from disk {dsk:.3f} s "
+              f"({dsk / mem:.1f}x; {cache})")
+
+
+if __name__ == "__main__":
+    main()
