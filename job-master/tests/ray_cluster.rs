@@ -95,53 +95,26 @@ impl Cluster {
 /// then on, and every sample is trained once (issue 42, items 3 and 6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_straggler_is_replaced_on_another_node() {
-    let Some(cluster) = Cluster::from_env() else {
-        return;
-    };
-    let _turn = ONE_AT_A_TIME.lock().await;
-    cluster
-        .wait_alive(cluster.nodes.len(), Duration::from_secs(60))
-        .await;
-    let dir = tempfile::tempdir().unwrap();
-    const N: u64 = 60_000;
-    let mut spec = spec(dir.path(), "allreduce", 0, 2, N, 1, 300);
-    spec.stability.straggler_action = job_master::spec::StragglerAction::Replace;
-    let mut run = cluster.start(spec, dir.path()).await;
-    let s = all_running(run.addr, 2).await;
-    let (slow_host, _) = host_of(&s, "worker", 1);
-    shards_at_least(run.addr, 4).await;
-    let slowed = duty_cycle(
-        pid_of(run.addr, "worker", 1).await,
-        Duration::from_millis(100),
-        Duration::from_millis(200),
-    );
     // Two workers of 3 CPUs on nodes of 4: the replacement can only go to the third node.
-    let s = wait_for(
-        run.addr,
-        Duration::from_secs(120),
-        "worker-1 running on another node",
-        |s| {
-            s.processes.iter().any(|p| {
-                p.role == "worker"
-                    && p.index == 1
-                    && p.state == "running"
-                    && !p.host.is_empty()
-                    && p.host != slow_host
-            })
-        },
+    let moved = |slow: &str, s: &pb::JobStatus| {
+        s.processes.iter().any(|p| {
+            p.role == "worker"
+                && p.index == 1
+                && p.state == "running"
+                && !p.host.is_empty()
+                && p.host != slow
+        })
+    };
+    slow_rank_1(
+        job_master::spec::StragglerAction::Replace,
+        2,
+        &moved,
+        &[
+            "found them slow or faulty): {slow}",
+            "straggler worker-1 replaced: every process restarts from checkpoint",
+        ],
     )
     .await;
-    drop(slowed);
-    assert!(!hosts(&s, "worker").contains(&slow_host), "{s:#?}");
-    let report = run.report().await;
-    assert_every_sample_once(&report, N, 1);
-    for event in [
-        format!("straggler: worker-1 on {slow_host} computes a step in"),
-        format!("found them slow or faulty): {slow_host}"),
-        "straggler worker-1 replaced: every process restarts from checkpoint".to_string(),
-    ] {
-        assert_recovered(&report, &event);
-    }
 }
 
 /// `straggler_action: shrink` where no node is spare: three ranks of 3 CPUs fill the three
@@ -150,6 +123,37 @@ async fn a_straggler_is_replaced_on_another_node() {
 /// leaves); every sample once (issue 42, item 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_straggler_is_shrunk_out_where_no_node_is_spare() {
+    let two_left = |slow: &str, s: &pb::JobStatus| {
+        let h = hosts(s, "worker");
+        h.len() == 2
+            && !h.iter().any(|x| x == slow)
+            && s.processes
+                .iter()
+                .all(|p| p.role != "worker" || p.index < 2 || p.state != "running")
+    };
+    slow_rank_1(
+        job_master::spec::StragglerAction::Shrink,
+        3,
+        &two_left,
+        &[
+            "shrinking straggler worker-1 out (worker-1 gets a new process, worker-2 leaves)",
+            "straggler worker-1 shrunk out: the worker group goes on with 2: every process \
+         restarts from checkpoint",
+        ],
+    )
+    .await;
+}
+
+/// An all-reduce job of `workers` ranks of 3 CPUs with `action` on stragglers; rank 1 is
+/// duty-cycled once training, until `after(slow host, status)` holds; then no worker runs on
+/// the slow node, the job trains every sample once and logs each of `events` (`{slow}`: the
+/// slow node).
+async fn slow_rank_1(
+    action: job_master::spec::StragglerAction,
+    workers: u32,
+    after: &dyn Fn(&str, &pb::JobStatus) -> bool,
+    events: &[&str],
+) {
     let Some(cluster) = Cluster::from_env() else {
         return;
     };
@@ -159,10 +163,10 @@ async fn a_straggler_is_shrunk_out_where_no_node_is_spare() {
         .await;
     let dir = tempfile::tempdir().unwrap();
     const N: u64 = 60_000;
-    let mut spec = spec(dir.path(), "allreduce", 0, 3, N, 1, 300);
-    spec.stability.straggler_action = job_master::spec::StragglerAction::Shrink;
+    let mut spec = spec(dir.path(), "allreduce", 0, workers, N, 1, 300);
+    spec.stability.straggler_action = action;
     let mut run = cluster.start(spec, dir.path()).await;
-    let s = all_running(run.addr, 3).await;
+    let s = all_running(run.addr, workers as usize).await;
     let (slow_host, _) = host_of(&s, "worker", 1);
     shards_at_least(run.addr, 4).await;
     let slowed = duty_cycle(
@@ -173,30 +177,20 @@ async fn a_straggler_is_shrunk_out_where_no_node_is_spare() {
     let s = wait_for(
         run.addr,
         Duration::from_secs(120),
-        "two workers running, neither on the slow node",
-        |s| {
-            let h = hosts(s, "worker");
-            h.len() == 2
-                && !h.contains(&slow_host)
-                && s.processes
-                    .iter()
-                    .all(|p| p.role != "worker" || p.index < 2 || p.state != "running")
-        },
+        &format!("the straggler's action ({action}) carried out"),
+        |s| after(&slow_host, s),
     )
     .await;
     drop(slowed);
-    assert_eq!(hosts(&s, "worker").len(), 2, "{s:#?}");
+    assert!(!hosts(&s, "worker").contains(&slow_host), "{s:#?}");
     let report = run.report().await;
     assert_every_sample_once(&report, N, 1);
-    for event in [
-        format!("straggler: worker-1 on {slow_host} computes a step in"),
-        "shrinking straggler worker-1 out (worker-1 gets a new process, worker-2 leaves)"
-            .to_string(),
-        "straggler worker-1 shrunk out: the worker group goes on with 2: every process \
-         restarts from checkpoint"
-            .to_string(),
-    ] {
-        assert_recovered(&report, &event);
+    assert_recovered(
+        &report,
+        &format!("straggler: worker-1 on {slow_host} computes a step in"),
+    );
+    for event in events {
+        assert_recovered(&report, &event.replace("{slow}", &slow_host));
     }
 }
 
