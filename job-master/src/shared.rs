@@ -270,19 +270,7 @@ pub(crate) async fn commit_allreduce_checkpoint(
         }),
         shards: Vec::new(),
     };
-    let path = dir.join(MANIFEST_FILE);
-    let json =
-        serde_json::to_vec_pretty(&manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
-    write_atomic(&path, &json).map_err(|e| Error::Io {
-        path: path.clone(),
-        source: e,
-    })?;
-    shared
-        .apply(|ctx, now| {
-            ctx.checkpoint_committed(id, path, step, generation, now)
-                .map(|e| ((), e))
-        })
-        .await
+    commit_manifest(shared, &dir, &manifest, generation).await
 }
 
 /// A flash checkpoint's part written out (see [`crate::job::flash`]): once every part of the
@@ -330,13 +318,25 @@ pub(crate) async fn flash_part_written(
         model,
         shards,
     };
+    commit_manifest(shared, &dir, &manifest, generation).await
+}
+
+/// Writes `manifest` into `dir` (atomically) and records it as the checkpoint to restore from;
+/// `generation` is the one its save started in.
+async fn commit_manifest(
+    shared: &Shared,
+    dir: &std::path::Path,
+    manifest: &Manifest,
+    generation: u64,
+) -> Result<(), Error> {
     let path = dir.join(MANIFEST_FILE);
     let json =
-        serde_json::to_vec_pretty(&manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        serde_json::to_vec_pretty(manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
     write_atomic(&path, &json).map_err(|e| Error::Io {
         path: path.clone(),
         source: e,
     })?;
+    let (id, step) = (manifest.id, manifest.step);
     shared
         .apply(|ctx, now| {
             ctx.checkpoint_committed(id, path, step, generation, now)
