@@ -80,7 +80,7 @@ def main():
     # last_step: when this process finished its last step in the old group (the pause of a
     # re-formation runs from there to the first step in the new one).
     job.on_reform(lambda: event("reform", last_step=job.last_step_time))
-    event("start", resumed=state is not None, device=str(device))
+    event("start", resumed=state is not None, device=str(device), restored_from=job.restored_from)
 
     orders = {}
     loss_fn = nn.MSELoss(reduction="sum")

@@ -454,6 +454,16 @@ impl pb::job_master_server::JobMaster for MasterService {
     ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
+        if r.in_memory {
+            let step = r.step;
+            self.shared
+                .apply(|ctx, now| {
+                    ctx.cut_in_memory(key, incarnation, step, now)
+                        .map(|e| ((), e))
+                })
+                .await?;
+            return Ok(Response::new(pb::Ack {}));
+        }
         commit_allreduce_checkpoint(&self.shared, key, incarnation, r.step, r.path, r.digest)
             .await?;
         Ok(Response::new(pb::Ack {}))

@@ -515,3 +515,97 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
             || std::fs::read_dir(slots.parent().unwrap()).unwrap().count() == 0
     );
 }
+
+/// The DDP example with flash memory (`checkpoint.flash.memory`): every consistent cut is a
+/// copy in the agents' memory, the cut ends without waiting for a disk and the copy is
+/// committed once written out. A rank killed with kill -9 restarts the group, and both ranks
+/// restore the committed cut from their node's memory; a shrink's cut ends the same way; every
+/// sample is trained once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_from_memory() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
+    let mut spec = spec(&python, &sdk, &ckpt, &log);
+    spec.epochs = 2;
+    spec.checkpoint.flash = Some(vocab::spec::FlashSpec {
+        memory: Some(vocab::Bytes(16 << 20)),
+    });
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    let s = wait_for(addr, Duration::from_secs(120), "a checkpoint", |s| {
+        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
+    })
+    .await;
+    shards_at_least(addr, s.shards_done + 2).await;
+    kill9(pid_of(addr, "worker", 1).await);
+    // The group back at work from the cut, then 2 -> 1 in place.
+    let s = wait_for(addr, Duration::from_secs(120), "the restarted group", |s| {
+        s.processes.iter().all(|p| p.incarnation >= 2 && p.pid > 0)
+    })
+    .await;
+    let after = s.checkpoints + 1;
+    wait_for(
+        addr,
+        Duration::from_secs(120),
+        "a cut after the restart",
+        |s| s.checkpoints >= after,
+    )
+    .await;
+    send(addr, plan(1, Some(1), None)).await;
+    reached(addr, 1).await;
+
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_each_sample_once(&report, SAMPLES, 2);
+    let text = report.events.join("\n");
+    // Every checkpoint committed was a cut held in memory: no rank 0 saved one to disk.
+    assert!(
+        report
+            .events
+            .iter()
+            .filter(|e| e.contains("committed at step"))
+            .all(|e| e.contains("the cut held in memory written out")),
+        "{text}"
+    );
+    let held = report
+        .events
+        .iter()
+        .filter(|e| e.contains("held in memory") && e.contains("training goes on"))
+        .count();
+    let written = report
+        .events
+        .iter()
+        .filter(|e| e.contains("the cut held in memory written out"))
+        .count();
+    assert!(held >= 3 && written >= 2, "{text}");
+    // The plan's cut ended without a disk write (a shrink loads nothing new): the cut held in
+    // memory comes between the plan's cut step and its re-formation.
+    let at = |what: &str| {
+        report
+            .events
+            .iter()
+            .position(|e| e.contains(what))
+            .unwrap_or_else(|| panic!("{what:?} in {text}"))
+    };
+    let (cut, reform) = (at("plan 1 accepted"), at("plan 1: cut done"));
+    assert!(
+        report.events[cut..reform]
+            .iter()
+            .any(|e| e.contains("held in memory") && e.contains("training goes on")),
+        "{text}"
+    );
+    // Both ranks of the restarted group read the cut from their node's memory.
+    let restarted: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "start" && e["resumed"] == true)
+        .collect();
+    assert_eq!(restarted.len(), 2, "{restarted:#?}");
+    for e in &restarted {
+        assert_eq!(e["restored_from"], "memory", "{restarted:#?}");
+    }
+}

@@ -14,9 +14,11 @@ bytes (`BRAIN_FLASH_BUDGET`) for two copies at most: `slot-0` and `slot-1`. A sl
 each tensor's bytes starting on a 64-byte boundary, and beside it `slot-N.json`, its state,
 replaced whole (write and rename):
 
-    {"state": "writing" | "ready" | "persisting" | "persisted" | "committed" | "kept",
+    {"state": "writing" | "held" | "ready" | "persisting" | "persisted" | "committed" | "kept",
      "save": n, "step": s,
      "rank": r, "world": w, "persist": true, "bytes": b, "digest": "...", "path": "..."}
+
+("held": a consistent cut's copy the agent leaves alone until the job master knows of the cut.)
 
 Whoever changes a slot holds an exclusive `flock` on its file: this process while it copies the
 state in, the agent while it writes the copy out. The process never waits for the agent: a slot
@@ -238,7 +240,7 @@ class FlashStore:
         ]
         keep = max(held, key=save) if held else None
         order = {None: 0, "persisted": 0, "kept": 0, "committed": 0, "writing": 0,
-                 "ready": 1, "persisting": 2}
+                 "held": 1, "ready": 1, "persisting": 2}
         return sorted(
             (s for s in range(SLOTS) if s != keep),
             key=lambda s: (order.get(states[s].get("state"), 0), save(s)),
@@ -254,10 +256,13 @@ class FlashStore:
         persist: bool,
         incarnation: int,
         sdk: Dict[str, Any],
+        hold: bool = False,
     ) -> Dict[str, Any]:
         """Copies `state` into a slot and marks it ready for the agent; what was done. `world`
         is how many parts make the step (1: a replicated state, written out by rank 0 alone);
-        a copy with `persist` false stays in memory only."""
+        a copy with `persist` false stays in memory only. With `hold`, the copy is `held`: the
+        agent leaves it until `release(slot)` (a cut's copy, written out only once the job
+        master knows the cut is held)."""
         if _torch is None:
             raise BrainError("save_async copies torch tensors, and torch does not import")
         self._save += 1
@@ -285,7 +290,7 @@ class FlashStore:
             try:
                 before = self.status(slot) or {}
                 dropped = None
-                if before.get("state") in ("ready", "persisting"):
+                if before.get("state") in ("held", "ready", "persisting"):
                     dropped = int(before.get("step", -1))
                 status = self.slot_file(slot) + ".json"
                 _write_json(status, {"state": "writing", **_public(extra)})
@@ -295,7 +300,9 @@ class FlashStore:
                 for t, off in zip(tensors, offsets):
                     _copy_in(mm, t, off)
                 _write_json(
-                    status, {"state": "ready", "persist": persist, "bytes": size, **_public(extra)}
+                    status,
+                    {"state": "held" if hold else "ready", "persist": persist, "bytes": size,
+                     **_public(extra)},
                 )
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -303,6 +310,18 @@ class FlashStore:
         # The other slot is being written out and this one holds the committed copy: the
         # save is skipped rather than waited for (the next one goes ahead).
         return {"slot": None, "bytes": size, "dropped": step, "skipped": True}
+
+    def release(self, slot: int) -> None:
+        """A `held` copy becomes ready to be written out."""
+        fd = self._fd(slot)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            st = self.status(slot) or {}
+            if st.get("state") == "held":
+                st["state"] = "ready"
+                _write_json(self.slot_file(slot) + ".json", st)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def holding(self, step: int, digest: Optional[str]) -> Optional[str]:
         """The slot file that holds step `step` as committed, if this node has it: written out

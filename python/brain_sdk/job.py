@@ -14,7 +14,8 @@ When no rank has samples, the flags decide, the same on every rank: all at the e
 data - the loop ends; all told to re-form - the process group is rebuilt in place at the new
 size (survivors keep their pid and memory, new ranks load the checkpoint of the cut); all told
 a checkpoint is due - rank 0 saves the script's state at this drained step boundary and the job
-master records it. A shard is therefore done only once the step that applied it is over, and
+master records it (with flash memory for the job, every rank copies it into its agent's memory
+instead, and the agent writes rank 0's copy out behind the training: see `_cut`). A shard is therefore done only once the step that applied it is over, and
 a checkpoint holds exactly the shards done before it: after a kill -9 the job master rolls the
 ledger back to the checkpoint the new processes load, and every sample is trained once per
 epoch. The SDK also counts the samples applied and the sum of their indices (kept in the
@@ -40,7 +41,7 @@ from . import checkpoint as ckpt
 from . import flash
 from ._gen import jobmaster_pb2 as pb
 from .env import ProcessEnv
-from .errors import BrainError
+from .errors import BrainError, Refused
 from .master import MasterClient, reserve_port
 
 log = logging.getLogger("brain_sdk")
@@ -211,6 +212,10 @@ class ElasticJob:
         self._compute_mark: Optional[float] = None
         #: Where `restore()` read the state: "memory" (this node's flash copy), "disk", or None.
         self.restored_from: Optional[str] = None
+        #: The latest consistent cut this process took part in: `step`, `held` ("memory": a
+        #: flash copy, written out behind the training; "disk": saved by rank 0 before the
+        #: group went on) and `blocked_s` (the time it took this rank).
+        self.last_cut: Optional[dict] = None
         self._flash: Optional[flash.FlashStore] = None
 
     # -- state ---------------------------------------------------------------------------
@@ -318,7 +323,8 @@ class ElasticJob:
         saves it with `checkpoint()` instead.
 
         For a script that reads its own data (as `checkpoint()`): where the job master leases
-        the data, its checkpoints are taken at its cuts. Returns what was done: `slot`, `bytes`,
+        the data, its checkpoints are taken at its cuts, and `batches()` saves there this way
+        by itself when the job has flash memory. Returns what was done: `slot`, `bytes`,
         `blocked_s` (the time training waited), `dropped` (a step replaced before it was
         written out, or this one when `skipped`), `skipped`."""
         if fallback not in (None, "sync"):
@@ -573,12 +579,63 @@ class ElasticJob:
                         self._leave("removed by a scale plan at the re-formation")
                     break
                 if flags[1] == world:
-                    if self._group.rank == 0:
-                        log.debug("checkpoint due at a drained step boundary: saving")
-                        self.checkpoint()
-                        log.debug("checkpoint committed")
+                    self._cut()
                 else:
                     time.sleep(0.005)
+
+    def _cut(self) -> None:
+        """A checkpoint is due at this drained step boundary (every rank here). With flash
+        memory for the job (`checkpoint.flash.memory`), every rank copies the state into its
+        agent's memory (a restart on its node restores from there) and rank 0 tells the job
+        master: the cut ends without waiting for a disk, and rank 0's agent writes the copy
+        out behind the training. Otherwise, or where the copy cannot be taken (over the
+        budget, the other slot still being written out, the master refusing), rank 0 saves it
+        to disk and the master records it."""
+        rank0 = self._group.rank == 0
+        began = time.perf_counter()
+        how = "disk"
+        store = self._flash_store(required=False)
+        if store is not None and self._cut_in_memory(store, rank0):
+            how = "memory"
+        elif rank0:
+            self.checkpoint()
+        self.last_cut = {"step": self.step, "held": how, "blocked_s": time.perf_counter() - began}
+        log.debug("cut at step %d held in %s", self.step, how)
+
+    def _cut_in_memory(self, store: "flash.FlashStore", rank0: bool) -> bool:
+        try:
+            done = store.save(
+                self._save(),
+                step=self.step,
+                rank=0,
+                world=1,
+                persist=rank0,
+                incarnation=self.env.incarnation,
+                sdk={
+                    "step": self.step,
+                    "applied_samples": self.applied_samples,
+                    "applied_index_sum": self.applied_index_sum,
+                },
+                hold=rank0,
+            )
+        except BrainError as e:
+            log.warning("cut at step %d: %s; saved to disk instead", self.step, e)
+            return False
+        if not rank0:
+            return True
+        if done["skipped"]:
+            log.info("cut at step %d: the previous cut is still being written out; saved to "
+                     "disk instead", self.step)
+            return False
+        try:
+            self.master.cut_in_memory(self.step)
+        except Refused as e:
+            if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                raise
+            log.warning("cut at step %d: %s; saved to disk instead", self.step, e)
+            return False
+        store.release(done["slot"])
+        return True
 
     def _leave(self, why: str) -> None:
         self.master.close()

@@ -90,6 +90,14 @@ class MasterClient:
             pb.CheckpointCommit(process=self.me, step=step, path=path, digest=digest),
         )
 
+    def cut_in_memory(self, step: int) -> None:
+        """The consistent cut at `step` is held in the agents' shared memory (rank 0 says so):
+        the job master ends the cut, and commits the step once its agent wrote it out."""
+        self._call(
+            "CommitCheckpoint",
+            pb.CheckpointCommit(process=self.me, step=step, in_memory=True),
+        )
+
     def rejoin(self, service_addr: str) -> Optional["pb.JoinRendezvousResponse"]:
         """Joins the rendezvous again, serving the new group's store at `service_addr` if this
         process becomes rank 0, and waits until the round forms. None: a plan removed it."""

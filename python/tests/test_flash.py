@@ -94,6 +94,28 @@ class FlashSlots(unittest.TestCase):
         e = self.save({"x": torch.ones(3) * 5}, 5)
         self.assertEqual((e["slot"], e["dropped"]), (a["slot"], 1))
 
+    def test_a_held_copy_waits_for_its_release_and_is_replaced_like_a_ready_one(self):
+        a = self.store.save(
+            {"x": torch.ones(3)}, step=4, rank=0, world=1, persist=True, incarnation=1,
+            sdk={"step": 4}, hold=True,
+        )
+        # The agent writes out "ready" copies only: a cut's copy waits for the master's word.
+        self.assertEqual(self.store.status(a["slot"])["state"], "held")
+        self.store.release(a["slot"])
+        st = self.store.status(a["slot"])
+        self.assertEqual((st["state"], st["step"], st["persist"]), ("ready", 4, True))
+        # Released twice, or a slot no longer held: nothing changes.
+        _set(self.store, a["slot"], state="persisted", digest="d")
+        self.store.release(a["slot"])
+        self.assertEqual(self.store.status(a["slot"])["state"], "persisted")
+        # A held copy never released (the master refused the cut) is dropped for a newer save.
+        b = self.store.save(
+            {"x": torch.ones(3)}, step=5, rank=0, world=1, persist=True, incarnation=1,
+            sdk={"step": 5}, hold=True,
+        )
+        c = self.save({"x": torch.ones(3)}, 6)
+        self.assertEqual((c["slot"], c["dropped"]), (b["slot"], 5))
+
     def test_the_newest_committed_copy_is_kept_whatever_the_saves_after_it(self):
         a = self.save({"x": torch.ones(3)}, 1)
         _set(self.store, a["slot"], state="committed", digest="d")

@@ -62,6 +62,9 @@ impl JobContext {
                 ),
             });
         }
+        if let Some(cut) = self.flash.cuts.remove(&step) {
+            return Ok(self.held_cut_committed(id, manifest, step, cut, now_ms));
+        }
         let drained = self.checkpoint_pending && self.ledger.in_flight() == 0;
         if !drained && self.data_tracked() {
             return Err(Error::Checkpoint {
@@ -79,6 +82,7 @@ impl JobContext {
             step,
             training_ms: self.training_time.training_ms,
         });
+        self.flash_cuts_superseded(step, now_ms);
         if !drained {
             // A command that reads its own data saved when it chose (on SIGTERM, say): the
             // next launch resumes from it.
@@ -92,9 +96,6 @@ impl JobContext {
             );
             return Ok(Vec::new());
         }
-        self.checkpoint_pending = false;
-        self.checkpoint_saving = false;
-        self.shards_since_checkpoint = 0;
         self.log_as(
             EventKind::Checkpoint,
             now_ms,
@@ -105,13 +106,22 @@ impl JobContext {
                 manifest.display()
             ),
         );
+        Ok(self.cut_committed(id, now_ms))
+    }
+
+    /// The pending cut's checkpoint `id` is committed: training goes on, or what waited for
+    /// the cut (a cancel, a straggler's restart, the rest of a plan) starts.
+    pub(super) fn cut_committed(&mut self, id: u64, now_ms: u64) -> Vec<Effect> {
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
         if self.cancel_after_checkpoint(Some(id), now_ms) {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         if let Some(effects) = self.replace_after_cut(now_ms) {
-            return Ok(effects);
+            return effects;
         }
-        Ok(self.on_cut(now_ms))
+        self.on_cut(now_ms)
     }
 
     /// A checkpoint could not be written: training goes on without it.

@@ -229,7 +229,9 @@ impl JobContext {
                 Some(s) => LeaseView::of(LeaseOutcome::Granted(s)),
                 None => {
                     let mut v = LeaseView::of(LeaseOutcome::Wait);
-                    v.checkpoint_due = self.spec.kind == JobKind::Allreduce;
+                    // A cut held in memory that the job waits to see written out is taken.
+                    v.checkpoint_due =
+                        self.spec.kind == JobKind::Allreduce && !self.checkpoint_saving;
                     v
                 }
             };

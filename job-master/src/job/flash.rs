@@ -4,6 +4,13 @@
 //! the checkpoint to restore from); never with a part missing. A partly written step is dropped,
 //! with the ranks missing in the job's events, when a newer step is complete or the group
 //! restarts (its processes are gone).
+//!
+//! For a job whose data the master leases, flash saves are taken at its consistent cuts only:
+//! the ranks copy the state into memory at the drained step boundary and rank 0 says so
+//! (`cut_in_memory`); the cut ends there, without waiting for a disk, and its step is committed
+//! with the ledger as it was at the cut once the copy is written out. A cut that the job
+//! restarts or stops after (a cancel, a straggler moved or shrunk out, a plan that launches
+//! processes, which load it from disk) waits for that commit, as a synchronous save would.
 
 use super::*;
 
@@ -11,6 +18,18 @@ use super::*;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FlashParts {
     pub steps: BTreeMap<u64, FlashStep>,
+    /// Consistent cuts held in memory and not yet written out, by step.
+    #[serde(default)]
+    pub cuts: BTreeMap<u64, HeldCut>,
+}
+
+/// A consistent cut whose state the processes hold in shared memory: what its checkpoint
+/// record gets once the copy is written out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeldCut {
+    pub ledger: LedgerSnapshot,
+    pub taken_at_ms: u64,
+    pub training_ms: u64,
 }
 
 /// One step's parts so far.
@@ -65,12 +84,13 @@ impl JobContext {
         now_ms: u64,
     ) -> Result<Option<(u64, FlashStep)>, Error> {
         self.may_commit(key, incarnation)?;
-        if self.data_tracked() {
+        if self.data_tracked() && !self.flash.cuts.contains_key(&w.step) {
             return Err(Error::InvalidRequest(format!(
                 "flash checkpoint of step {}: this job's data is leased by the job master, so \
                  its checkpoints are taken at the master's consistent cuts (the SDK saves there \
-                 itself); a flash save anywhere else would not match the shards done",
-                w.step
+                 itself), and step {} is not a cut held in memory; a flash save anywhere else \
+                 would not match the shards done",
+                w.step, w.step
             )));
         }
         if w.parts == 0 || w.rank >= w.parts {
@@ -140,9 +160,150 @@ impl JobContext {
         Ok(Some((w.step, done)))
     }
 
+    /// Rank `key` (rank 0 of the group) holds the pending cut's state at `step` in memory,
+    /// as every rank does. The cut ends now, and training goes on while the copy is written
+    /// out; unless the job restarts or stops after the cut, which then waits for the commit.
+    pub fn cut_in_memory(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        step: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Error> {
+        self.current(key, incarnation)?;
+        let drained = self.checkpoint_pending && self.ledger.in_flight() == 0;
+        if !(drained && !self.checkpoint_saving && self.spec.kind == JobKind::Allreduce) {
+            return Err(Error::InvalidRequest(format!(
+                "a cut held in memory at step {step}: no drained cut is pending (every lease \
+                 back and no checkpoint of it under way)"
+            )));
+        }
+        if let Some(last) = self.checkpoints.last()
+            && step <= last.step
+        {
+            return Err(Error::InvalidRequest(format!(
+                "a cut held in memory at step {step}: the latest committed checkpoint is at \
+                 step {}",
+                last.step
+            )));
+        }
+        self.flash.cuts.insert(
+            step,
+            HeldCut {
+                ledger: self.ledger.snapshot(),
+                taken_at_ms: now_ms,
+                training_ms: self.training_time.training_ms,
+            },
+        );
+        let shards = format!(
+            "{} of {} shards done",
+            self.ledger.done_shards(),
+            self.ledger.total_shards()
+        );
+        if let Some(why) = self.cut_waits_for_disk() {
+            self.checkpoint_saving = true;
+            self.log_as(
+                EventKind::Checkpoint,
+                now_ms,
+                format!(
+                    "cut at step {step} held in memory ({shards}); {why}, so the job waits for \
+                     it to be written out"
+                ),
+            );
+            return Ok(Vec::new());
+        }
+        self.checkpoint_pending = false;
+        self.shards_since_checkpoint = 0;
+        self.log_as(
+            EventKind::Checkpoint,
+            now_ms,
+            format!(
+                "cut at step {step} held in memory ({shards}): training goes on while it is \
+                 written out"
+            ),
+        );
+        Ok(self.on_cut(now_ms))
+    }
+
+    /// Why the pending cut must be on disk before the job moves on, if it must.
+    fn cut_waits_for_disk(&self) -> Option<&'static str> {
+        if self.cancelling.is_some() {
+            return Some("the job is cancelled after it");
+        }
+        if self.stability.replace_at_cut.is_some() {
+            return Some("the group restarts from it");
+        }
+        let t = self.transition.as_ref()?;
+        let grows = t.to.get(&Role::WORKER) > t.from.get(&Role::WORKER);
+        let moving = self.slots.values().any(|s| s.migrate_to.is_some());
+        (grows || moving).then_some("the plan's new processes load it from disk")
+    }
+
+    /// The copy of the cut held in memory at `step` is written out and committed as `id`: it
+    /// is the checkpoint to restore from, with the ledger as it was at the cut.
+    pub(super) fn held_cut_committed(
+        &mut self,
+        id: u64,
+        manifest: PathBuf,
+        step: u64,
+        cut: HeldCut,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let behind = now_ms.saturating_sub(cut.taken_at_ms);
+        self.checkpoints.push(CheckpointRecord {
+            id,
+            manifest: manifest.clone(),
+            ledger: cut.ledger,
+            taken_at_ms: cut.taken_at_ms,
+            step,
+            training_ms: cut.training_ms,
+        });
+        self.flash_cuts_superseded(step, now_ms);
+        self.log_as(
+            EventKind::Checkpoint,
+            now_ms,
+            format!(
+                "checkpoint {id} committed at step {step}, the cut held in memory written out \
+                 {behind} ms after it: {}",
+                manifest.display()
+            ),
+        );
+        if self.checkpoint_pending && self.checkpoint_saving {
+            // The job waited for it on disk.
+            return self.cut_committed(id, now_ms);
+        }
+        Vec::new()
+    }
+
+    /// A checkpoint at `step` is committed: the cuts held in memory before it are dropped.
+    pub(super) fn flash_cuts_superseded(&mut self, step: u64, now_ms: u64) {
+        let older: Vec<u64> = self.flash.cuts.range(..step).map(|(s, _)| *s).collect();
+        for s in older {
+            self.flash.cuts.remove(&s);
+            self.log_as(
+                EventKind::Checkpoint,
+                now_ms,
+                format!(
+                    "the cut held in memory at step {s} is not committed: it was not written \
+                     out before the checkpoint of step {step}"
+                ),
+            );
+        }
+    }
+
     /// The group restarts: the steps partly written are dropped (the processes that were to
     /// write the rest are gone), each with the ranks missing.
     pub(super) fn flash_dropped_on_restart(&mut self, now_ms: u64) {
+        for (s, _) in std::mem::take(&mut self.flash.cuts) {
+            self.log_as(
+                EventKind::Checkpoint,
+                now_ms,
+                format!(
+                    "the cut held in memory at step {s} is not committed: the group restarted \
+                     before it was written out"
+                ),
+            );
+        }
         for (s, dropped) in std::mem::take(&mut self.flash.steps) {
             self.log_as(
                 EventKind::Checkpoint,
@@ -316,5 +477,127 @@ mod tests {
             .flash_part_written(w(0), 1, part(3, 0, 1), 1)
             .unwrap_err();
         assert!(e.to_string().contains("consistent cuts"), "{e}");
+    }
+
+    /// The built-in allreduce workload of two ranks, a checkpoint due every 2 shards, and
+    /// both ranks drained at the cut (2 shards done).
+    fn drained_at_a_cut() -> JobContext {
+        let mut ctx = super::super::tests::running("allreduce", 0, 2, 2);
+        for r in [0, 1] {
+            let s = super::super::tests::lease(&mut ctx, w(r), 1).unwrap();
+            ctx.shard_done(w(r), 1, s, 2).unwrap();
+        }
+        assert!(ctx.checkpoint_pending && ctx.ledger.in_flight() == 0);
+        assert!(ctx.lease(w(0), 1).unwrap().checkpoint_due);
+        ctx
+    }
+
+    #[test]
+    fn a_cut_held_in_memory_ends_at_once_and_commits_later_with_the_ledger_at_the_cut() {
+        let mut ctx = drained_at_a_cut();
+        ctx.cut_in_memory(w(0), 1, 5, 10).unwrap();
+        assert!(!ctx.checkpoint_pending, "the cut is over");
+        assert!(events(&ctx).contains("cut at step 5 held in memory (2 of 10 shards done)"));
+        // Training goes on while the copy is written out.
+        let s = super::super::tests::lease(&mut ctx, w(0), 1).expect("a lease after the cut");
+        ctx.shard_done(w(0), 1, s, 12).unwrap();
+        // A part of a step that is no cut is refused; the cut's commits it.
+        let e = ctx
+            .flash_part_written(w(0), 1, part(6, 0, 1), 13)
+            .unwrap_err();
+        assert!(e.to_string().contains("not a cut held in memory"), "{e}");
+        let (step, _) = ctx
+            .flash_part_written(w(0), 1, part(5, 0, 1), 14)
+            .unwrap()
+            .unwrap();
+        let g = ctx.generation;
+        let effects = ctx
+            .checkpoint_committed(1, "/c/flash/step-5/manifest.json".into(), step, g, 20)
+            .unwrap();
+        assert!(effects.is_empty(), "{effects:?}");
+        let c = ctx.latest_checkpoint().unwrap();
+        assert_eq!((c.step, c.taken_at_ms), (5, 10));
+        assert!(ctx.flash.cuts.is_empty());
+        assert!(
+            events(&ctx).contains("the cut held in memory written out 10 ms after it"),
+            "{}",
+            events(&ctx)
+        );
+        // A restart rolls the ledger back to the cut, not to the commit: the shard done
+        // after the cut is trained again.
+        assert_eq!(ctx.ledger.done_shards(), 3);
+        ctx.process_exited(w(1), 1, 1, 0, None, 30).unwrap();
+        assert_eq!(ctx.ledger.done_shards(), 2);
+        assert_eq!(
+            ctx.join_rendezvous(w(0), 2, 31).unwrap().resume_from,
+            Some("/c/flash/step-5/manifest.json".into())
+        );
+    }
+
+    #[test]
+    fn a_cut_the_job_stops_after_waits_for_its_copy_on_disk() {
+        let mut ctx = super::super::tests::running("allreduce", 0, 2, 0);
+        let s = super::super::tests::lease(&mut ctx, w(0), 1).unwrap();
+        ctx.shard_done(w(0), 1, s, 2).unwrap();
+        assert!(ctx.cancel("asked".into(), 3).is_empty());
+        ctx.cut_in_memory(w(0), 1, 4, 5).unwrap();
+        assert!(ctx.checkpoint_pending && ctx.checkpoint_saving);
+        assert!(
+            events(&ctx).contains("the job is cancelled after it, so the job waits for it"),
+            "{}",
+            events(&ctx)
+        );
+        // Nobody saves it again, nobody trains on.
+        let v = ctx.lease(w(1), 1).unwrap();
+        assert_eq!((v.outcome, v.checkpoint_due), (LeaseOutcome::Wait, false));
+        assert!(ctx.cut_in_memory(w(0), 1, 4, 6).is_err());
+        ctx.flash_part_written(w(0), 1, part(4, 0, 1), 7)
+            .unwrap()
+            .unwrap();
+        let g = ctx.generation;
+        ctx.checkpoint_committed(1, "/c/m.json".into(), 4, g, 8)
+            .unwrap();
+        assert!(
+            matches!(&ctx.phase, JobPhase::Cancelled { reason } if reason.contains("after checkpoint 1")),
+            "{:?}",
+            ctx.phase
+        );
+    }
+
+    #[test]
+    fn a_cut_not_written_out_before_a_restart_or_a_newer_checkpoint_is_never_committed() {
+        let mut ctx = drained_at_a_cut();
+        // Not pending any more: a second word of the same cut is refused.
+        ctx.cut_in_memory(w(0), 1, 5, 10).unwrap();
+        let e = ctx.cut_in_memory(w(0), 1, 5, 11).unwrap_err();
+        assert!(e.to_string().contains("no drained cut is pending"), "{e}");
+        ctx.process_exited(w(1), 1, 1, 0, None, 12).unwrap();
+        assert!(ctx.flash.cuts.is_empty());
+        assert!(
+            events(&ctx)
+                .contains("the cut held in memory at step 5 is not committed: the group restarted"),
+            "{}",
+            events(&ctx)
+        );
+        // The stopped process's agent writes its copy out late: refused.
+        assert!(ctx.flash_part_written(w(0), 1, part(5, 0, 1), 13).is_err());
+        assert!(ctx.checkpoints.is_empty());
+
+        // Held at step 5, then a synchronous save at step 9 commits first: step 5 never is.
+        let mut ctx = drained_at_a_cut();
+        ctx.cut_in_memory(w(0), 1, 5, 10).unwrap();
+        for r in [0, 1] {
+            let s = super::super::tests::lease(&mut ctx, w(r), 1).unwrap();
+            ctx.shard_done(w(r), 1, s, 12).unwrap();
+        }
+        let g = ctx.generation;
+        ctx.checkpoint_committed(1, "/c/sync.json".into(), 9, g, 14)
+            .unwrap();
+        assert!(ctx.flash.cuts.is_empty());
+        assert!(events(&ctx).contains(
+            "the cut held in memory at step 5 is not committed: it was not written out before \
+             the checkpoint of step 9"
+        ));
+        assert!(ctx.flash_part_written(w(0), 1, part(5, 0, 1), 15).is_err());
     }
 }

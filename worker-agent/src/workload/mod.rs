@@ -223,6 +223,7 @@ impl MasterLink {
                 step,
                 path,
                 digest,
+                in_memory: false,
             })
             .await
             .map_err(refused("CommitCheckpoint"))?;
