@@ -460,6 +460,12 @@ impl Launcher {
             ]
             .into(),
         };
+        // Where a restarted brain finds the master to follow again: recorded before the
+        // submission, so that a brain killed right after submitting never leaves a master
+        // running that nobody follows (a restarted brain would start a second one on the same
+        // run directory). A submission that never happened is "gone from Ray" to the brain
+        // that reads it: the master is started again.
+        vocab::paths::write_new(&run_dir.join(RAY_SUBMISSION_FILE), id.as_bytes())?;
         // A busy dashboard ("try again later") is asked again for a while.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
@@ -476,8 +482,6 @@ impl Launcher {
                 }
             }
         }
-        // Where a restarted brain finds the master to follow again.
-        vocab::paths::write_new(&run_dir.join(RAY_SUBMISSION_FILE), id.as_bytes())?;
         append(
             &run_dir.join("job-master.log"),
             &format!(

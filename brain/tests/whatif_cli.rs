@@ -910,11 +910,10 @@ fn faults_are_detected_or_waited_out_side_by_side() {
     assert!(struck > 0, "{jobs}");
     let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert!(
-        summary
-            .lines()
-            .next()
-            .unwrap()
-            .ends_with(",faults,stalled_gpu_share,effective_training,slowest_round_ms"),
+        summary.lines().next().unwrap().ends_with(
+            ",faults,stalled_gpu_share,effective_training,lost_training_s,lost_per_fault_s,\
+                 saving_gpu_share,slowest_round_ms"
+        ),
         "{summary}"
     );
     // At a rate, with slowdowns: still every job once, under both handlings.
@@ -965,6 +964,103 @@ fn faults_are_detected_or_waited_out_side_by_side() {
         (
             vec!["--node-mtbf-s", "1e5", "--gpu-mtbf-s", "1e5"],
             "cannot be used with",
+        ),
+    ] {
+        let out = dir.path().join("refused");
+        let run = replay(&extra, &out);
+        assert_refused(&run, expected);
+        assert!(!out.exists(), "{extra:?} wrote {}", out.display());
+    }
+}
+
+/// Work lost to failures (issue 43, item 6): with `--checkpoint-every-s`, a crash takes each
+/// training job on the node back to its last save; the jobs table says how much training each
+/// lost and what its saves held, the summary and the table the total; saving more often loses
+/// less; bad checkpoint settings are refused by name.
+#[test]
+fn a_failure_loses_the_training_since_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 24);
+    let faults = dir.path().join("faults.csv");
+    std::fs::write(
+        &faults,
+        "time_s,node,kind,seconds,factor\n3000,2,crash,600,\n3000,5,crash,600,\n",
+    )
+    .unwrap();
+    let profiles = pollux().join("traces");
+    let fifo = policy("fifo");
+    let replay = |extra: &[&str], out: &Path| {
+        let mut args = vec![
+            "whatif",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--cluster",
+            "8x4:t4",
+            "--policy",
+            fifo.to_str().unwrap(),
+            "--faults",
+            faults.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        brainctl(&args)
+    };
+    let lost = |every: &str| {
+        let out = dir.path().join(format!("every-{every}"));
+        let table = table_of(replay(
+            &["--checkpoint-every-s", every, "--checkpoint-save-s", "5"],
+            &out,
+        ));
+        assert_eq!(row(&table, "fifo")[2], "24", "{table}");
+        // Columns: ... eff train % (15), lost train s (16).
+        let total: f64 = row(&table, "fifo")[16].parse().unwrap();
+        let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+        let csv = Csv::parse(&jobs);
+        let per_job: Vec<(f64, f64, f64)> = csv
+            .rows
+            .iter()
+            .map(|c| {
+                let num = |name: &str| -> f64 { c[csv.col(name)].parse().unwrap() };
+                (
+                    num("lost_training_s"),
+                    num("saving_gpu_seconds"),
+                    num("faults"),
+                )
+            })
+            .collect();
+        // Only a job a fault struck lost training; every job that ran saved.
+        assert!(
+            per_job.iter().all(|&(l, _, f)| l == 0.0 || f > 0.0),
+            "{jobs}"
+        );
+        assert!(per_job.iter().any(|&(_, s, _)| s > 0.0), "{jobs}");
+        let sum: f64 = per_job.iter().map(|p| p.0).sum();
+        assert!((sum - total).abs() <= 1.0, "{sum} vs {total}: {table}");
+        let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+        assert!(summary.contains("lost_per_fault_s"), "{summary}");
+        total
+    };
+    let (rarely, often) = (lost("1800"), lost("60"));
+    assert!(rarely > 0.0, "the crashes cost training");
+    assert!(
+        often < rarely,
+        "every 60 s: {often}, every 1800 s: {rarely}"
+    );
+    // Without a model nothing is lost.
+    let table = table_of(replay(&[], &dir.path().join("none")));
+    assert_eq!(row(&table, "fifo")[16], "0", "{table}");
+    for (extra, expected) in [
+        (vec!["--checkpoint-every-s", "0"], "checkpoint every_s is 0"),
+        (
+            vec!["--checkpoint-every-s", "60", "--checkpoint-save-s=-1"],
+            "checkpoint save_s is -1",
+        ),
+        (
+            vec!["--checkpoint-save-s", "5"],
+            "--checkpoint-every-s <SECONDS>",
         ),
     ] {
         let out = dir.path().join("refused");

@@ -1,10 +1,11 @@
 //! A job's diagnosis: what went wrong and what it cost, from its persisted context (and its
 //! report, once it ended). What `job-master diagnose RUN_DIR` prints.
 //!
-//! The timeline holds the events that are about trouble or change (faults, group restarts,
-//! plans, checkpoints, stragglers, hangs, nodes), with the first and the last event; the
-//! hangs come with the stacks captured; then the stragglers flagged now, the nodes the job
-//! avoids, and its effective training time.
+//! After its effective training time, the work each group restart threw away (steps and
+//! training since the checkpoint it went back to). The timeline holds the events that are about
+//! trouble or change (faults, group restarts, plans, checkpoints, stragglers, hangs, nodes),
+//! with the first and the last event; the hangs come with the stacks captured; then the
+//! stragglers flagged now and the nodes the job avoids.
 
 use std::fmt::Write;
 
@@ -51,6 +52,7 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
         ctx.checkpoints.len(),
         ctx.transitions.len()
     );
+    lost(&mut out, ctx);
     precheck(&mut out, ctx);
     timeline(&mut out, ctx, all);
     hangs(&mut out, ctx);
@@ -76,6 +78,29 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
         .collect();
     let _ = writeln!(out, "nodes this job avoids: {}", listed(&avoided, "; "));
     out
+}
+
+/// The work each group restart threw away: the steps and training since the checkpoint it
+/// went back to.
+fn lost(out: &mut String, ctx: &JobContext) {
+    let losses = &ctx.training_time.losses;
+    let steps: u64 = losses.iter().map(|l| l.steps).sum();
+    let ms: u64 = losses.iter().map(|l| l.ms).sum();
+    let _ = writeln!(
+        out,
+        "work lost to restarts: {} restart(s), {steps} steps, {:.1} s of training",
+        losses.len(),
+        ms as f64 / 1000.0
+    );
+    for l in losses {
+        let _ = writeln!(
+            out,
+            "  at {:.3} s: {}; {}",
+            l.at_ms as f64 / 1000.0,
+            l.why,
+            l.describe()
+        );
+    }
 }
 
 /// `items` joined by `sep`, or `none`.

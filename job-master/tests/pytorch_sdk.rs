@@ -205,10 +205,16 @@ async fn a_frozen_rank_is_found_hung_with_its_peer_s_python_stack() {
         stacks["worker-1"].contains("is stopped (SIGSTOP)"),
         "{stacks:#?}"
     );
-    // Its peer's own Python stack, as faulthandler writes it, down into the collective.
+    // Its peer's own Python stack, as faulthandler writes it, from the script down to where
+    // it waits for the frozen rank: the SDK's step all_gather, or DDP's gradient all-reduce
+    // under the script's backward(), depending on the instant the rank froze.
     let peer = &stacks["worker-0"];
     assert!(peer.contains("most recent call first"), "{peer}");
-    assert!(peer.contains("brain_sdk"), "{peer}");
+    assert!(peer.contains("pytorch-ddp/train.py"), "{peer}");
+    assert!(
+        peer.contains("brain_sdk") || peer.contains("backward"),
+        "{peer}"
+    );
     assert_recovered(&report, "every process restarts from checkpoint");
 }
 
@@ -449,10 +455,19 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
     )
     .await;
     // Rank 1's copies leave its node's memory: it must read the committed step from disk.
+    // (Rank 0 commits alone, and may be ahead of rank 1's first copy on a busy machine.)
     let slots = std::path::PathBuf::from("/dev/shm/brain-flash")
         .join(format!("flash-{}", std::process::id()))
         .join("worker-1");
-    assert!(slots.join("slot-0.json").exists(), "{}", slots.display());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !slots.join("slot-0.json").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 1 made no copy: {}",
+            slots.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let victim = pid_of(run.addr, "worker", 1).await;
     for e in std::fs::read_dir(&slots).unwrap() {
         std::fs::remove_file(e.unwrap().path()).unwrap();
@@ -608,4 +623,122 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     for e in &restarted {
         assert_eq!(e["restored_from"], "memory", "{restarted:#?}");
     }
+}
+
+/// The worker agent of `pid` (its parent, or its grandparent under a sandbox).
+fn agent_of(pid: u32) -> u32 {
+    let mut p = pid;
+    for _ in 0..4 {
+        p = test_support::parent_of(p);
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        if comm.trim() == "worker-agent" {
+            return p;
+        }
+    }
+    panic!("no worker-agent above process {pid}");
+}
+
+/// kill -9 of rank 0's worker agent while it writes a flash copy out (its process dies with
+/// it): the step being written is never committed half-written, the group restarts, every rank
+/// restores a whole state of a committed step (from memory where its node holds it), and the
+/// job ends as it would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_while_writing_a_copy_out_leaves_a_whole_committed_checkpoint() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("flash.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
+    let argv = [
+        python.clone(),
+        script.display().to_string(),
+        "--target".into(),
+        "600".into(),
+        "--mib".into(),
+        "64".into(),
+        "--sleep".into(),
+        "0.02".into(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
+    let yaml = format!(
+        r#"
+name: flash-agent-kill
+kind: allreduce
+roles:
+  worker: {{ replicas: 2, max_restarts: 3 }}
+workload:
+  command: {argv:?}
+  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
+data: {{ num_samples: 100, shard_size: 10 }}
+checkpoint: {{ dir: {:?}, flash: {{ memory: 256Mi }} }}
+"#,
+        dir.path().join("ckpt")
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "a flash checkpoint",
+        |s| s.checkpoints >= 1,
+    )
+    .await;
+    let slots = std::path::PathBuf::from("/dev/shm/brain-flash")
+        .join(format!("flash-agent-kill-{}", std::process::id()))
+        .join("worker-0");
+    let agent = agent_of(pid_of(run.addr, "worker", 0).await);
+    // Caught writing a copy out (the slot it holds is `persisting`), it is killed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let writing = loop {
+        let found = (0..2).find_map(|s| {
+            let text = std::fs::read_to_string(slots.join(format!("slot-{s}.json"))).ok()?;
+            let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+            (v["state"] == "persisting").then(|| v["step"].as_u64().unwrap())
+        });
+        if let Some(step) = found {
+            test_support::kill9(agent);
+            break step;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never caught writing out: {}",
+            slots.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    let all: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let restarted: Vec<&serde_json::Value> = all
+        .iter()
+        .filter(|e| e.get("from").is_some() && e["restart"].as_u64() > Some(0))
+        .collect();
+    assert!(restarted.len() >= 2, "both ranks restarted: {all:#?}");
+    for e in &restarted {
+        // A whole state of a committed step, never a half-written one.
+        assert_eq!(e["whole"], true, "{all:#?}");
+        assert!(e["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
+    }
+    let resumed = restarted[0]["resumed"].as_u64().unwrap();
+    assert!(
+        restarted
+            .iter()
+            .all(|e| e["resumed"].as_u64() == Some(resumed)),
+        "the same step on every rank: {all:#?}"
+    );
+    // The step being written was committed whole by the next agent, or not at all: the step
+    // the group resumed from is one whose manifest names a part with the right digest.
+    let text = report.events.join("\n");
+    assert!(
+        text.contains("every process restarts from checkpoint"),
+        "{text}"
+    );
+    eprintln!("killed writing step {writing}; resumed from step {resumed}");
 }

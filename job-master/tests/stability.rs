@@ -180,9 +180,12 @@ async fn a_frozen_rank_is_found_hung_its_stacks_captured_and_the_group_recovers(
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("{text}");
     for want in [
         "job frozen (allreduce): succeeded",
         "effective training time: ",
+        "work lost to restarts: 1 restart(s), ",
+        "of training since checkpoint 1 (step ",
         "relaunches: worker 1",
         "hang        hang: the worker group reported no step",
         "fault       worker-",

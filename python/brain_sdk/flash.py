@@ -14,7 +14,8 @@ bytes (`BRAIN_FLASH_BUDGET`) for two copies at most: `slot-0` and `slot-1`. A sl
 each tensor's bytes starting on a 64-byte boundary, and beside it `slot-N.json`, its state,
 replaced whole (write and rename):
 
-    {"state": "writing" | "held" | "ready" | "persisting" | "persisted" | "committed" | "kept",
+    {"state": "writing" | "held" | "ready" | "persisting" | "persisted" | "committed" | "refused"
+              | "kept",
      "save": n, "step": s,
      "rank": r, "world": w, "persist": true, "bytes": b, "digest": "...", "path": "..."}
 
@@ -235,14 +236,24 @@ class FlashStore:
         died (its lock is free)."""
         states = [self.status(s) or {} for s in range(SLOTS)]
         save = lambda s: int(states[s].get("save", 0))  # noqa: E731
-        held = [s for s in range(SLOTS) if states[s].get("state") == "committed"] or [
+        committed = [s for s in range(SLOTS) if states[s].get("state") == "committed"]
+        held = committed or [
             s for s in range(SLOTS) if states[s].get("state") in ("persisted", "kept")
         ]
         keep = max(held, key=save) if held else None
-        order = {None: 0, "persisted": 0, "kept": 0, "committed": 0, "writing": 0,
-                 "held": 1, "ready": 1, "persisting": 2}
+
+        def answer_due(s: int) -> bool:
+            # A replicated copy written out after the committed one, the job master's answer
+            # not yet back: it may be the step the master commits now. Left alone (the save
+            # is skipped) until the agent marks it committed or refused.
+            st = states[s]
+            return (st.get("state") == "persisted" and int(st.get("world", 1)) == 1
+                    and keep in committed and save(s) > save(keep))
+
+        order = {None: 0, "persisted": 0, "kept": 0, "committed": 0, "refused": 0,
+                 "writing": 0, "held": 1, "ready": 1, "persisting": 2}
         return sorted(
-            (s for s in range(SLOTS) if s != keep),
+            (s for s in range(SLOTS) if s != keep and not answer_due(s)),
             key=lambda s: (order.get(states[s].get("state"), 0), save(s)),
         )
 

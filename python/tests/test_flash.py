@@ -116,6 +116,24 @@ class FlashSlots(unittest.TestCase):
         c = self.save({"x": torch.ones(3)}, 6)
         self.assertEqual((c["slot"], c["dropped"]), (b["slot"], 5))
 
+    def test_a_copy_written_out_and_not_yet_answered_is_never_replaced(self):
+        a = self.save({"x": torch.ones(3)}, 1)
+        b = self.save({"x": torch.ones(3) * 2}, 2)
+        _set(self.store, a["slot"], state="committed", digest="da")
+        # b is written out; the job master may be committing step 2 right now.
+        _set(self.store, b["slot"], state="persisted", digest="db")
+        c = self.save({"x": torch.ones(3) * 3}, 3)
+        self.assertEqual((c["slot"], c["skipped"]), (None, True))
+        self.assertEqual(self.store.holding(2, "db"), self.store.slot_file(b["slot"]))
+        self.assertEqual(self.store.holding(1, "da"), self.store.slot_file(a["slot"]))
+        # Committed: the older copy goes. Refused: the refused one goes.
+        _set(self.store, b["slot"], state="committed")
+        d = self.save({"x": torch.ones(3) * 4}, 4)
+        self.assertEqual(d["slot"], a["slot"])
+        _set(self.store, a["slot"], state="refused")
+        e = self.save({"x": torch.ones(3) * 5}, 5)
+        self.assertEqual(e["slot"], a["slot"])
+
     def test_the_newest_committed_copy_is_kept_whatever_the_saves_after_it(self):
         a = self.save({"x": torch.ones(3)}, 1)
         _set(self.store, a["slot"], state="committed", digest="d")

@@ -93,7 +93,9 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 impl FlashDir {
     /// The slots of process `role`-`index` of run `run` under `root` (on tmpfs: `/dev/shm`),
     /// created owner-only, or adopted from an earlier agent of the same process: a slot it
-    /// left `persisting` (it died writing it out) is `ready` again.
+    /// left `persisting` (it died writing it out) is `ready` again, and so is a replicated
+    /// state's copy it wrote out without hearing the job master's answer (`persisted`): it is
+    /// written out and reported again, and settled by the answer.
     pub fn open(
         root: &Path,
         run: &str,
@@ -119,7 +121,7 @@ impl FlashDir {
         let me = Self { dir, budget };
         for slot in 0..SLOTS {
             if let Some(mut s) = me.status(slot)
-                && s.state == "persisting"
+                && (s.state == "persisting" || (s.state == "persisted" && s.world == 1))
             {
                 s.state = "ready".into();
                 me.set_status(slot, &s)?;
@@ -205,10 +207,11 @@ impl FlashDir {
         }))
     }
 
-    /// The job master committed the copy of save `save` in `slot` (a replicated state: its
-    /// one part): the process keeps it from then on (a restart here restores from it). Left
-    /// as it is when the process holds the slot or has replaced the copy.
-    pub fn committed(&self, slot: u32, save: u64) -> Result<(), Error> {
+    /// The job master answered for the copy of save `save` in `slot` (a replicated state: its
+    /// one part): `committed` (the process keeps it from then on: a restart here restores
+    /// from it) or refused (`refused`: the process may reuse the slot). Left as it is when the
+    /// process holds the slot or has replaced the copy.
+    pub fn settled(&self, slot: u32, save: u64, committed: bool) -> Result<(), Error> {
         let path = self.slot_file(slot);
         let file = File::open(&path).map_err(io(&path))?;
         let Ok(_held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
@@ -216,7 +219,7 @@ impl FlashDir {
         };
         match self.status(slot) {
             Some(mut s) if s.save == save && s.state == "persisted" => {
-                s.state = "committed".into();
+                s.state = if committed { "committed" } else { "refused" }.into();
                 self.set_status(slot, &s)
             }
             _ => Ok(()),
@@ -286,11 +289,7 @@ impl Writer {
                         Ok(_) => {
                             // One part is the whole step: the master has committed it.
                             if part.parts == 1 {
-                                let d = dir.clone();
-                                let (slot, save) = (w.slot, w.save);
-                                let _ =
-                                    tokio::task::spawn_blocking(move || d.committed(slot, save))
-                                        .await;
+                                settle(&dir, &w, true).await;
                             }
                             break;
                         }
@@ -302,6 +301,9 @@ impl Writer {
                                 step = part.step,
                                 "the job master refused the part: {s}"
                             );
+                            if part.parts == 1 {
+                                settle(&dir, &w, false).await;
+                            }
                             break;
                         }
                     }
@@ -309,6 +311,12 @@ impl Writer {
             }
         }))
     }
+}
+
+/// Marks the slot of `w` with the job master's answer (see [`FlashDir::settled`]).
+async fn settle(dir: &FlashDir, w: &Written, committed: bool) {
+    let (d, slot, save) = (dir.clone(), w.slot, w.save);
+    let _ = tokio::task::spawn_blocking(move || d.settled(slot, save, committed)).await;
 }
 
 /// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
@@ -410,14 +418,42 @@ mod tests {
         assert_eq!(dir.status(0).unwrap().state, "ready");
         drop(held);
         let w = dir.write_out(ckpt.path()).unwrap().unwrap();
-        dir.committed(w.slot, w.save + 1).unwrap();
+        dir.settled(w.slot, w.save + 1, true).unwrap();
         assert_eq!(
             dir.status(0).unwrap().state,
             "persisted",
             "another save's commit"
         );
-        dir.committed(w.slot, w.save).unwrap();
+        dir.settled(w.slot, w.save, true).unwrap();
         assert_eq!(dir.status(0).unwrap().state, "committed");
+    }
+
+    #[test]
+    fn a_refused_copy_is_marked_so_and_one_never_answered_is_reported_again() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        ready(&dir, 0, 1, 10, b"state");
+        let w = dir.write_out(ckpt.path()).unwrap().unwrap();
+        dir.settled(w.slot, w.save, false).unwrap();
+        assert_eq!(dir.status(0).unwrap().state, "refused");
+        // An agent that died before the master's answer: its successor writes the copy out
+        // and reports it again.
+        ready(&dir, 1, 2, 20, b"later");
+        let mut s = dir.status(1).unwrap();
+        (s.rank, s.world) = (0, 1);
+        dir.set_status(1, &s).unwrap();
+        dir.write_out(ckpt.path()).unwrap().unwrap();
+        assert_eq!(dir.status(1).unwrap().state, "persisted");
+        let again = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        assert_eq!(again.status(1).unwrap().state, "ready");
+        assert_eq!(again.status(0).unwrap().state, "refused");
+        // A shard's part written out stays so: its step is committed with the other parts.
+        let shard = FlashDir::open(shm.path(), "r", "worker", 2, 1 << 20).unwrap();
+        ready(&shard, 0, 1, 10, b"shard");
+        shard.write_out(ckpt.path()).unwrap().unwrap();
+        let again = FlashDir::open(shm.path(), "r", "worker", 2, 1 << 20).unwrap();
+        assert_eq!(again.status(0).unwrap().state, "persisted");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
         "faults",
         "stalled GPU %",
         "eff train %",
+        "lost train s",
     ];
     let rows: Vec<Vec<String>> = results
         .iter()
@@ -51,6 +52,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
                 s.faults.to_string(),
                 format!("{:.1}", 100.0 * s.stalled_gpu_share),
                 format!("{:.1}", 100.0 * s.effective_training),
+                format!("{:.0}", s.lost_training_s),
             ]
         })
         .collect();
@@ -104,7 +106,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
 }
 
 /// The columns of the jobs table, one row per job of each (policy, trace) replay.
-pub const JOB_COLUMNS: [&str; 20] = [
+pub const JOB_COLUMNS: [&str; 22] = [
     "policy",
     "trace",
     "job",
@@ -125,6 +127,8 @@ pub const JOB_COLUMNS: [&str; 20] = [
     "effective_training",
     "stalled_gpu_seconds",
     "faults",
+    "lost_training_s",
+    "saving_gpu_seconds",
 ];
 
 /// A job's row of the jobs table.
@@ -151,6 +155,8 @@ pub(super) fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
         Cell::F64(j.effective_training()),
         Cell::F64(Some(j.stalled_gpu_seconds)),
         Cell::U64(j.faults as u64),
+        Cell::F64(Some(j.lost_training_s)),
+        Cell::F64(Some(j.saving_gpu_seconds)),
     ]
 }
 
@@ -252,6 +258,9 @@ pub fn write_summary(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf
             ),
             ("stalled_gpu_share", f(&|r| r.summary.stalled_gpu_share)),
             ("effective_training", f(&|r| r.summary.effective_training)),
+            ("lost_training_s", f(&|r| r.summary.lost_training_s)),
+            ("lost_per_fault_s", f(&|r| r.summary.lost_per_fault_s)),
+            ("saving_gpu_share", f(&|r| r.summary.saving_gpu_share)),
             ("slowest_round_ms", f(&|r| r.max_decide_us as f64 / 1000.0)),
         ],
     )?);

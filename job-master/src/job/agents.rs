@@ -383,7 +383,10 @@ impl JobContext {
             None => "the start".into(),
         };
         self.ledger.restore(&snap);
-        self.training_rolled_back();
+        let lost = self
+            .training_rolled_back(why, now_ms)
+            .map(|l| format!("; {} are lost", l.describe()))
+            .unwrap_or_default();
         self.flash_dropped_on_restart(now_ms);
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;
@@ -394,7 +397,7 @@ impl JobContext {
             EventKind::Restart,
             now_ms,
             format!(
-                "{why}: every process restarts from {from} (generation {})",
+                "{why}: every process restarts from {from} (generation {}){lost}",
                 self.generation
             ),
         );

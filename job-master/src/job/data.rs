@@ -352,6 +352,7 @@ impl JobContext {
                 );
             }
         }
+        self.step_reported(m.global_step);
         let mut effects = self.observe_steps(
             key,
             incarnation,

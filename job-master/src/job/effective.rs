@@ -6,7 +6,8 @@
 //! plan's pause, waiting for room) counts only one typical step, and the first report of a
 //! process (re)started counts nothing before it. When the group restarts from a
 //! checkpoint, the training time after that checkpoint was thrown away: it moves from
-//! `training_ms` to `lost_ms`.
+//! `training_ms` to `lost_ms`, and the restart's [`WorkLost`] says how much, in steps too (those
+//! the group's processes reported past the checkpoint).
 
 use super::*;
 
@@ -21,6 +22,41 @@ pub struct TrainingTime {
     pub training_ms: u64,
     /// Training thrown away by restarts from an earlier checkpoint, ms.
     pub lost_ms: u64,
+    /// The furthest step the processes of this generation reported.
+    #[serde(default)]
+    pub step: u64,
+    /// What each group restart threw away, in order.
+    #[serde(default)]
+    pub losses: Vec<WorkLost>,
+}
+
+/// The work a group restart threw away: the training since the checkpoint it resumed from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkLost {
+    pub at_ms: u64,
+    /// What restarted the group.
+    pub why: String,
+    /// The checkpoint it went back to (`None`: the start), and that checkpoint's step.
+    pub checkpoint: Option<u64>,
+    pub from_step: u64,
+    /// Steps reported past it, and training time since it, thrown away.
+    pub steps: u64,
+    pub ms: u64,
+}
+
+impl WorkLost {
+    /// "N steps and S s of training since checkpoint C (step K)".
+    pub fn describe(&self) -> String {
+        let since = match self.checkpoint {
+            Some(id) => format!("checkpoint {id} (step {})", self.from_step),
+            None => "the start".into(),
+        };
+        format!(
+            "{} steps and {:.1} s of training since {since}",
+            self.steps,
+            self.ms as f64 / 1000.0
+        )
+    }
 }
 
 impl JobContext {
@@ -47,20 +83,38 @@ impl JobContext {
         self.training_time.last_step_ms = Some(now_ms);
     }
 
-    /// The group restarts from the latest checkpoint (or the start): what it trained since is
-    /// lost.
-    pub(super) fn training_rolled_back(&mut self) {
+    /// The group restarts (for `why`) from the latest checkpoint (or the start): what it
+    /// trained since is lost. `None` for a command that resumes from a checkpoint of its own,
+    /// which the master does not know.
+    pub(super) fn training_rolled_back(&mut self, why: &str, now_ms: u64) -> Option<WorkLost> {
         if self.restarts_to_rescale() && self.checkpoints.is_empty() {
-            // A command resumes from its own checkpoint, which the master does not know.
-            return;
+            return None;
         }
-        let kept = self
-            .latest_checkpoint()
-            .map_or(0, |c| c.training_ms)
-            .min(self.training_time.training_ms);
+        let (checkpoint, from_step, kept) = match self.latest_checkpoint() {
+            Some(c) => (Some(c.id), c.step, c.training_ms),
+            None => (None, 0, 0),
+        };
         let t = &mut self.training_time;
-        t.lost_ms += t.training_ms - kept;
+        let kept = kept.min(t.training_ms);
+        let lost = WorkLost {
+            at_ms: now_ms,
+            why: why.to_string(),
+            checkpoint,
+            from_step,
+            steps: t.step.saturating_sub(from_step),
+            ms: t.training_ms - kept,
+        };
+        t.lost_ms += lost.ms;
         t.training_ms = kept;
+        t.step = from_step;
+        t.losses.push(lost.clone());
+        Some(lost)
+    }
+
+    /// A process of the current generation reported reaching `step`.
+    pub(super) fn step_reported(&mut self, step: u64) {
+        let t = &mut self.training_time;
+        t.step = t.step.max(step);
     }
 
     /// Wall time, effective training time and the time thrown away, at `now_ms`.
@@ -102,10 +156,21 @@ mod tests {
         });
         ctx.count_training(20.0, 1000.0, 11_000);
         ctx.count_training(20.0, 1000.0, 12_000);
+        ctx.step_reported(530);
+        ctx.step_reported(540);
         // A hang of a minute, then steps again after the restart.
-        ctx.training_rolled_back();
+        let lost = ctx.training_rolled_back("hung", 72_000).unwrap();
         assert_eq!(ctx.training_time.training_ms, 9_000);
         assert_eq!(ctx.training_time.lost_ms, 2_000);
+        assert_eq!((lost.steps, lost.ms, lost.from_step), (40, 2_000, 500));
+        assert_eq!(
+            lost.describe(),
+            "40 steps and 2.0 s of training since checkpoint 1 (step 500)"
+        );
+        // A second restart before any new step loses nothing more.
+        let again = ctx.training_rolled_back("again", 72_500).unwrap();
+        assert_eq!((again.steps, again.ms), (0, 0));
+        assert_eq!(ctx.training_time.losses.len(), 2);
         ctx.count_training(20.0, 1000.0, 72_000);
         ctx.count_training(20.0, 1000.0, 73_000);
         assert_eq!(ctx.training_time.training_ms, 9_000 + 20 + 1_000);

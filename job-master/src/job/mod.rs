@@ -45,7 +45,7 @@ use crate::spec::{JobKind, JobSpec, Resources, Role};
 
 pub use calls::{CallRates, CallTotals, RoleRate};
 pub use cancel::Cancelling;
-pub use effective::TrainingTime;
+pub use effective::{TrainingTime, WorkLost};
 pub use services::RoleGroup;
 pub use stability::{HangRecord, Stability, Straggler};
 pub use vocab::SlotKey;

@@ -15,6 +15,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 
 use super::app::AppProfile;
+use super::checkpoints::CheckpointModel;
 pub use super::faults::{
     FaultHandling, FaultKind, Handling, NodeFailures, ScriptedFault, Slowdowns,
 };
@@ -46,6 +47,10 @@ pub struct SimConfig {
     /// How failures and slowdowns are noticed and handled.
     #[serde(default)]
     pub fault_handling: FaultHandling,
+    /// How often training jobs save, and what a save costs them: a failure then takes a job
+    /// back to its last save. `None`: no work is lost to a fault.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointModel>,
     /// Seed of every random draw (node failures and slowdowns).
     #[serde(default)]
     pub seed: u64,
@@ -70,6 +75,7 @@ impl Default for SimConfig {
             slowdowns: None,
             faults: Vec::new(),
             fault_handling: FaultHandling::default(),
+            checkpoint: None,
             seed: 0,
             max_time_s: None,
         }
@@ -91,6 +97,9 @@ impl SimConfig {
             &self.faults,
             &self.fault_handling,
         )?;
+        if let Some(c) = &self.checkpoint {
+            c.validate()?;
+        }
         if let Some(m) = self.max_time_s
             && !(m.is_finite() && m > 0.0)
         {
@@ -300,6 +309,8 @@ fn record(
         training_s: j.training_s,
         stalled_gpu_seconds: j.stalled,
         faults: j.faults,
+        lost_training_s: j.lost_training_s,
+        saving_gpu_seconds: j.saving,
         requested_replicas: j.trace.requested_replicas,
         peak_replicas: j.peak,
         rho,
@@ -380,7 +391,7 @@ pub fn replay<S: ReplaySink>(
         }
         // Faults at the round boundary.
         for hit in faults.round(t, round, &node_gpus, config, &mut rng) {
-            strike(&mut active, hit);
+            strike(&mut active, hit, config.checkpoint.is_some());
         }
         let snapshot = snapshot_at(
             t,
@@ -475,7 +486,7 @@ pub fn replay<S: ReplaySink>(
                 .iter()
                 .map(|s| faults.speed(s.0))
                 .fold(1.0, f64::min);
-            world.advance(job, t, round, speed);
+            world.advance(job, t, round, speed, config.checkpoint.as_ref());
             if job.finished.is_some() {
                 finished += 1;
             }
@@ -540,11 +551,12 @@ pub fn replay<S: ReplaySink>(
 /// Applies a fault to the jobs it strikes. A failed node's GPUs are gone at once; a job on it
 /// keeps its others and makes no progress until the failure is noticed (at once if it is
 /// noticed in no time). A job on a node found slow is moved off now. A job already stalled only
-/// loses the node's GPUs.
-fn strike(active: &mut [JobState], hit: Hit) {
-    let (node, detect_s) = match hit {
-        Hit::Failed { node, detect_s } => (node, detect_s),
-        Hit::Isolated { node } => (node, 0.0),
+/// loses the node's GPUs. With checkpoints (`saves`), a failure takes a training job back to
+/// its last save; a move off a slow node loses nothing (a consistent cut comes first).
+fn strike(active: &mut [JobState], hit: Hit, saves: bool) {
+    let (node, detect_s, failed) = match hit {
+        Hit::Failed { node, detect_s } => (node, detect_s, true),
+        Hit::Isolated { node } => (node, 0.0, false),
     };
     for job in active.iter_mut() {
         if !job.slots.iter().any(|s| s.0 == node) {
@@ -556,6 +568,9 @@ fn strike(active: &mut [JobState], hit: Hit) {
         }
         job.faults += 1;
         job.rescale_left = 0.0;
+        if failed && saves && job.app.is_some() {
+            job.roll_back();
+        }
         if detect_s > 0.0 {
             job.slots.retain(|s| s.0 != node);
             job.stall_left = detect_s;
@@ -1095,6 +1110,8 @@ mod tests {
                     hang_timeout_s: 300.0,
                     ..FaultHandling::default()
                 },
+                // Failures then take training jobs back to their last save.
+                checkpoint: (seed % 3 != 0).then_some(CheckpointModel { every_s: 120.0, save_s: 2.0 }),
                 seed,
                 ..SimConfig::default()
             };
@@ -1136,6 +1153,12 @@ mod tests {
                         );
                     }
                     prop_assert_eq!(j.unfinished, None);
+                    // Work is lost to failures only with a checkpoint model, and never more
+                    // than the job trained.
+                    prop_assert!(j.lost_training_s >= 0.0, "{j:?}");
+                    if config.checkpoint.is_none() {
+                        prop_assert_eq!(j.lost_training_s, 0.0);
+                    }
                     // Each start pays the penalty once at most, on no more than its peak GPUs,
                     // within what it held.
                     let starts = (j.restarts + 1) as f64;

@@ -10,6 +10,8 @@
 //!   [`simulate`] runs it over a trace in memory and collects the whole [`Report`].
 //! * [`faults`]: nodes that fail (their jobs' processes exit or hang) or slow down, and how
 //!   the system under test notices and handles them (detect and isolate, or wait for the crash).
+//! * [`checkpoints`]: how often jobs save and what a save costs them; a failure takes a job
+//!   back to its last save, and the training lost is counted.
 //! * `setup` (private): what a replay derives before its first round, and each job of the
 //!   trace checked and made ready as it arrives.
 //! * [`report`]: what a run produces: one record per job and per round, and the summary an
@@ -21,6 +23,7 @@
 //! `datasets` crate parses them) and the same inputs and seed always give the same report.
 
 pub mod app;
+pub mod checkpoints;
 pub mod engine;
 #[cfg(test)]
 mod fault_replay_tests;
@@ -32,6 +35,7 @@ mod world;
 use serde::{Deserialize, Serialize};
 
 pub use app::{App, AppLimits, AppProfile, CurveRow, StepRow};
+pub use checkpoints::{CheckpointModel, young_interval_s};
 pub use engine::{ReplayEnd, ReplaySink, SimConfig, replay, simulate};
 pub use report::{
     JobRecord, Report, RoundRecord, SKETCH_ACCURACY, Summary, SummaryBuilder, Unfinished,

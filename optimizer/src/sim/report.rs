@@ -28,6 +28,13 @@ pub struct JobRecord {
     /// Faults that struck it: failures of its nodes, and moves off a node found slow.
     #[serde(default)]
     pub faults: u32,
+    /// Seconds of training that failures threw away (the training since its last save; with
+    /// a checkpoint model only).
+    #[serde(default)]
+    pub lost_training_s: f64,
+    /// Of `gpu_seconds`, those held while it saved checkpoints.
+    #[serde(default)]
+    pub saving_gpu_seconds: f64,
     pub requested_replicas: u32,
     /// The most GPUs it held at once.
     pub peak_replicas: u32,
@@ -128,6 +135,14 @@ pub struct Summary {
     /// Faults that struck jobs.
     #[serde(default)]
     pub faults: u32,
+    /// Seconds of training that failures threw away, over every job, and per fault.
+    #[serde(default)]
+    pub lost_training_s: f64,
+    #[serde(default)]
+    pub lost_per_fault_s: f64,
+    /// Share of the GPU-seconds held that jobs spent saving checkpoints.
+    #[serde(default)]
+    pub saving_gpu_share: f64,
     /// Share of the finished jobs with finish-time fairness ρ > 1 (Themis).
     #[serde(default)]
     pub unfair_share: f64,
@@ -200,8 +215,10 @@ pub struct SummaryBuilder {
     held: f64,
     restart_held: f64,
     stalled_held: f64,
+    saving_held: f64,
     restarts: u32,
     faults: u32,
+    lost_training_s: f64,
     /// Of the finished jobs: training seconds, and seconds from first start to finish.
     training_s: f64,
     span_s: f64,
@@ -227,8 +244,10 @@ impl Default for SummaryBuilder {
             held: 0.0,
             restart_held: 0.0,
             stalled_held: 0.0,
+            saving_held: 0.0,
             restarts: 0,
             faults: 0,
+            lost_training_s: 0.0,
             training_s: 0.0,
             span_s: 0.0,
             rhos: 0,
@@ -255,8 +274,10 @@ impl SummaryBuilder {
         self.held += j.gpu_seconds;
         self.restart_held += j.restart_gpu_seconds;
         self.stalled_held += j.stalled_gpu_seconds;
+        self.saving_held += j.saving_gpu_seconds;
         self.restarts += j.restarts;
         self.faults += j.faults;
+        self.lost_training_s += j.lost_training_s;
         if let Some(why) = j.unfinished {
             *self.unfinished.entry(why).or_insert(0) += 1;
         }
@@ -299,8 +320,10 @@ impl SummaryBuilder {
         self.held += o.held;
         self.restart_held += o.restart_held;
         self.stalled_held += o.stalled_held;
+        self.saving_held += o.saving_held;
         self.restarts += o.restarts;
         self.faults += o.faults;
+        self.lost_training_s += o.lost_training_s;
         self.training_s += o.training_s;
         self.span_s += o.span_s;
         self.rhos += o.rhos;
@@ -373,6 +396,17 @@ impl SummaryBuilder {
                 0.0
             },
             faults: self.faults,
+            lost_training_s: self.lost_training_s,
+            lost_per_fault_s: if self.faults > 0 {
+                self.lost_training_s / self.faults as f64
+            } else {
+                0.0
+            },
+            saving_gpu_share: if self.held > 0.0 {
+                self.saving_held / self.held
+            } else {
+                0.0
+            },
             unfair_share: ratio(self.unfair as f64, self.rhos),
             max_rho: self.max_rho,
             unfinished: self.unfinished.clone(),
@@ -415,6 +449,8 @@ mod tests {
                         training_s: 10f64.powf(log_run) / 2.0,
                         stalled_gpu_seconds: wait / 5.0,
                         faults: restarts / 2,
+                        lost_training_s: wait / 7.0,
+                        saving_gpu_seconds: wait / 11.0,
                         requested_replicas: 1,
                         peak_replicas: 1,
                         rho: finish.and(rho),
@@ -453,6 +489,9 @@ mod tests {
                 (built.restart_gpu_share, exact.restart_gpu_share),
                 (built.effective_training, exact.effective_training),
                 (built.stalled_gpu_share, exact.stalled_gpu_share),
+                (built.lost_training_s, exact.lost_training_s),
+                (built.lost_per_fault_s, exact.lost_per_fault_s),
+                (built.saving_gpu_share, exact.saving_gpu_share),
                 (built.unfair_share, exact.unfair_share),
                 (built.max_rho, exact.max_rho),
             ] {

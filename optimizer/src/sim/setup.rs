@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::app::{App, AppProfile, BatchConfig};
+use super::checkpoints::Saved;
 use super::world::{JobState, World};
 use super::{ClusterSpec, SimConfig, TraceJob, Work};
 use crate::error::PolicyError;
@@ -183,6 +184,11 @@ impl<'c> Setup<'c> {
             training_s: 0.0,
             stall_left: 0.0,
             stalled: 0.0,
+            saved: Saved::default(),
+            since_save_s: 0.0,
+            save_left: 0.0,
+            lost_training_s: 0.0,
+            saving: 0.0,
             faults: 0,
             restarts: 0,
             started: None,

@@ -3,6 +3,7 @@
 
 use super::TraceJob;
 use super::app::{App, BatchConfig};
+use super::checkpoints::{CheckpointModel, Saved};
 use std::sync::Arc;
 
 use crate::schedule::{JobView, Slots};
@@ -38,6 +39,14 @@ pub(super) struct JobState {
     /// no progress meanwhile), and the GPU-seconds it held so.
     pub(super) stall_left: f64,
     pub(super) stalled: f64,
+    /// With a checkpoint model: its last save, the seconds of training since, the seconds
+    /// left of the save under way, the seconds of training lost to failures, and the
+    /// GPU-seconds it held while saving.
+    pub(super) saved: Saved,
+    pub(super) since_save_s: f64,
+    pub(super) save_left: f64,
+    pub(super) lost_training_s: f64,
+    pub(super) saving: f64,
     /// Faults that struck it: failures of its nodes, and moves off a node found slow.
     pub(super) faults: u32,
     pub(super) restarts: u32,
@@ -60,6 +69,34 @@ pub(super) struct JobState {
     /// the same at its finish, its mean contention.
     pub(super) arrived_round: usize,
     pub(super) arrived_contention: f64,
+}
+
+impl JobState {
+    /// A failure took it back to its last save: the training since is lost.
+    pub(super) fn roll_back(&mut self) {
+        let s = self.saved;
+        self.lost_training_s += self.training_s - s.training_s;
+        self.progress = s.progress;
+        self.epoch = s.epoch;
+        self.training_s = s.training_s;
+        self.least_work_s = s.least_work_s;
+        self.epoch_best = s.epoch_best;
+        self.since_save_s = 0.0;
+        self.save_left = 0.0;
+    }
+
+    /// It saves now: what a failure takes it back to.
+    fn save(&mut self, model: &CheckpointModel) {
+        self.saved = Saved {
+            progress: self.progress,
+            epoch: self.epoch,
+            training_s: self.training_s,
+            least_work_s: self.least_work_s,
+            epoch_best: self.epoch_best,
+        };
+        self.since_save_s = 0.0;
+        self.save_left = model.save_s;
+    }
 }
 
 /// GPUs per node when `r` are packed on nodes of `per_node`.
@@ -170,7 +207,7 @@ impl World {
                     .collect();
                 j.worker_type = Some(t);
                 j.rescale_left = 0.0;
-                self.advance(&mut j, 0.0, f64::MAX, 1.0);
+                self.advance(&mut j, 0.0, f64::MAX, 1.0, None);
                 j.finished
             })
             .min_by(f64::total_cmp)
@@ -178,7 +215,14 @@ impl World {
 
     /// Runs `job` from `t0` for `dt` seconds at `speed` (its slowest node's, 1 when well): a
     /// stalled job only waits out its stall, then gives its GPUs back.
-    pub(super) fn advance(&self, job: &mut JobState, t0: f64, dt: f64, speed: f64) {
+    pub(super) fn advance(
+        &self,
+        job: &mut JobState,
+        t0: f64,
+        dt: f64,
+        speed: f64,
+        saves: Option<&CheckpointModel>,
+    ) {
         if job.stall_left > 0.0 {
             let held: u32 = job.slots.iter().map(|s| s.1).sum();
             let d = job.stall_left.min(dt);
@@ -233,6 +277,20 @@ impl World {
             return;
         };
         while left > 1e-9 && job.finished.is_none() {
+            if job.save_left > 0.0 {
+                // A save under way: GPUs held, no progress.
+                let d = job.save_left.min(left);
+                job.save_left = if job.save_left - d <= 1e-9 {
+                    0.0
+                } else {
+                    job.save_left - d
+                };
+                hold(job, d);
+                job.saving += d * held as f64;
+                now += d;
+                left -= d;
+                continue;
+            }
             let g = app.goodput(gpu, &digits, job.config, job.epoch) * speed;
             if g <= 0.0 {
                 hold(job, left);
@@ -240,14 +298,30 @@ impl World {
             }
             job.epoch_best = job.epoch_best.max(g);
             let next = app.progress_at(job.epoch + 1);
+            // Seconds until the next save is due (training seconds run at `speed`).
+            let to_save = saves.map_or(f64::INFINITY, |c| {
+                (c.every_s - job.since_save_s).max(0.0) / speed
+            });
+            let to_epoch = ((next - job.progress) / g).max(0.0);
+            if to_save < to_epoch && to_save <= left {
+                job.progress += g * to_save;
+                job.training_s += to_save * speed;
+                hold(job, to_save);
+                now += to_save;
+                left -= to_save;
+                job.save(saves.expect("a save is due only with a model"));
+                continue;
+            }
             if job.progress + g * left < next {
                 job.progress += g * left;
                 job.training_s += left * speed;
+                job.since_save_s += left * speed;
                 hold(job, left);
                 return;
             }
-            let delta = ((next - job.progress) / g).max(0.0);
+            let delta = to_epoch;
             job.training_s += delta * speed;
+            job.since_save_s += delta * speed;
             job.progress = next;
             job.least_work_s += (next - app.progress_at(job.epoch)) / job.epoch_best;
             job.epoch_best = 0.0;

@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use brain::whatif;
 use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::sim::engine::{FaultHandling, Handling, NodeFailures, Slowdowns};
-use optimizer::sim::{ClusterSpec, SimConfig};
+use optimizer::sim::{CheckpointModel, ClusterSpec, SimConfig};
 
 #[derive(clap::Args)]
 pub struct WhatifArgs {
@@ -116,6 +116,20 @@ struct FaultArgs {
     /// Seconds until a slow node is found a straggler (two one-second reports).
     #[arg(long, default_value_t = 2.0)]
     straggler_detect_s: f64,
+    /// Seconds of training between two checkpoints of each training job: a failure then
+    /// throws away the training since its last one (counted per job in `lost_training_s` and
+    /// in the table's `lost train s`). Without it, a failure loses no work.
+    #[arg(long, value_name = "SECONDS")]
+    checkpoint_every_s: Option<f64>,
+    /// Seconds each checkpoint stops training: the whole write for a synchronous save, the
+    /// memory copy for a flash checkpoint (docs/checkpoints.md has both, measured).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 0.0,
+        requires = "checkpoint_every_s"
+    )]
+    checkpoint_save_s: f64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -145,6 +159,10 @@ impl FaultArgs {
             mtbs_s,
             factor: self.slowdown_factor,
             duration_s: self.slowdown_s,
+        });
+        sim.checkpoint = self.checkpoint_every_s.map(|every_s| CheckpointModel {
+            every_s,
+            save_s: self.checkpoint_save_s,
         });
         sim.fault_handling = FaultHandling {
             handling: Handling::DetectAndIsolate,

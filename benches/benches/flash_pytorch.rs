@@ -1,0 +1,234 @@
+//! Flash checkpoints in a real job (issue 43, items 4 and 5): `job-master run` (release build)
+//! trains `benches/flash_train.py` (an MLP with Adam on the CPU, its state about 1 GiB; one rank,
+//! the job master's data, a consistent cut every 2 shards of 10 steps), side by side in one run:
+//!
+//! * **the cut's pause**: the time each cut held the rank (`job.last_cut`), flash memory
+//!   (`checkpoint.flash`: a copy into the agent's memory) against the synchronous save to disk;
+//! * **the background write's cost to the step rate**: the step's own time while the agent
+//!   writes a copy out, against the steps of the synchronous run (no write behind them) and the
+//!   flash run's other steps;
+//! * **restore after kill -9**: the time `job.restore()` took in the restarted process, from the
+//!   agent's memory, then (its copies removed and the page cache dropped) from disk.
+//!
+//! The state's size is `BRAIN_BENCH_GIB` (default 1), the cuts measured per run
+//! `BRAIN_BENCH_CUTS` (default 5, after one warm-up cut). Needs a Python with torch
+//! (`BRAIN_TORCH_PYTHON`, else `python3`).
+//!
+//! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench flash_pytorch
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{start_master, stop_master};
+use serde_json::Value;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("flash_train.py")
+}
+
+fn lines(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn of<'a>(all: &'a [Value], event: &str) -> Vec<&'a Value> {
+    all.iter().filter(|v| v["event"] == event).collect()
+}
+
+/// Waits until `done(lines)`, for at most `limit`.
+fn wait(log: &Path, limit: Duration, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let all = lines(log);
+        if done(&all) {
+            return all;
+        }
+        assert!(start.elapsed() < limit, "no {what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[derive(Default)]
+struct Run {
+    /// Seconds each measured cut held the rank.
+    cuts: Vec<f64>,
+    held: Vec<String>,
+    /// Step times while a copy was being written out, and the others.
+    writing: Vec<f64>,
+    quiet: Vec<f64>,
+    /// restore() after kill -9: (from, seconds).
+    restores: Vec<(String, f64)>,
+}
+
+fn drop_caches() -> bool {
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+fn kill9(pid: u64) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// The job's run: `cuts` cuts after a warm-up, then (flash) two kill -9s, restored from memory,
+/// then from disk.
+fn run(python: &str, sdk: &Path, gib: f64, flash: bool, cuts: usize) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("events.jsonl");
+    let argv = vec![
+        python.to_string(),
+        script().display().to_string(),
+        "--gib".into(),
+        gib.to_string(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
+    let memory = if flash {
+        format!(
+            ", flash: {{ memory: {}Mi }}",
+            (2.0 * gib * 1024.0) as u64 + 512
+        )
+    } else {
+        String::new()
+    };
+    let yaml = format!(
+        "name: bench-flash\nkind: allreduce\nroles:\n  worker: {{ replicas: 1 }}\n\
+         workload:\n  command: {argv:?}\n  \
+         env: {{ OMP_NUM_THREADS: \"1\", PYTHONPATH: {sdk:?} }}\n\
+         data: {{ num_samples: 10000000, shard_size: 80 }}\n\
+         checkpoint: {{ dir: {:?}, every_shards: 2{memory} }}\n",
+        dir.path().join("ckpt")
+    );
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let (mut master, _addr) = start_master(&spec, &dir.path().join("run"), None);
+    let limit = Duration::from_secs(600);
+    let all = wait(&log, limit, "cuts", |l| of(l, "cut").len() > cuts);
+    let mut out = Run::default();
+    for c in &of(&all, "cut")[1..=cuts] {
+        out.cuts.push(c["blocked_s"].as_f64().unwrap());
+        out.held.push(c["held"].as_str().unwrap_or("?").to_string());
+    }
+    for s in of(&all, "step") {
+        let v = s["s"].as_f64().unwrap();
+        if s["writing"] == true {
+            out.writing.push(v);
+        } else {
+            out.quiet.push(v);
+        }
+    }
+    if flash {
+        for from_disk in [false, true] {
+            let all = lines(&log);
+            let starts = of(&all, "start");
+            let last = starts.last().unwrap();
+            if from_disk {
+                // Its copies gone from the node and nothing cached: it must read the disk.
+                let slots = PathBuf::from(last["flash_dir"].as_str().unwrap());
+                for e in std::fs::read_dir(&slots).unwrap() {
+                    let _ = std::fs::remove_file(e.unwrap().path());
+                }
+                if !drop_caches() {
+                    eprintln!("the page cache could not be dropped (not root)");
+                }
+            }
+            let n = starts.len();
+            kill9(last["pid"].as_u64().unwrap());
+            let all = wait(&log, limit, "a restart", |l| of(l, "start").len() > n);
+            let s = of(&all, "start")[n];
+            out.restores.push((
+                s["restored_from"].as_str().unwrap_or("none").to_string(),
+                s["restore_s"].as_f64().unwrap(),
+            ));
+            // A cut after the restart, so that the next kill has a committed copy to go to.
+            let cuts_now = of(&all, "cut").len();
+            wait(&log, limit, "a cut after the restart", |l| {
+                of(l, "cut").len() > cuts_now + 1
+            });
+        }
+    }
+    stop_master(&mut master.child);
+    out
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        f64::NAN
+    } else {
+        s[s.len() / 2]
+    }
+}
+
+fn range(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.3} s (min {lo:.3}, max {hi:.3}, n {})",
+        median(v),
+        v.len()
+    )
+}
+
+fn main() {
+    let Some(python) = common::torch_python("torch") else {
+        test_support::skipped("no Python with torch (set BRAIN_TORCH_PYTHON)");
+        return;
+    };
+    let sdk = test_support::python_sdk(&python).expect("the SDK builds");
+    let var = |name: &str, default: f64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let gib = var("BRAIN_BENCH_GIB", 1.0);
+    let cuts = var("BRAIN_BENCH_CUTS", 5.0) as usize;
+    let flash = run(&python, &sdk, gib, true, cuts);
+    let sync = run(&python, &sdk, gib, false, cuts);
+    println!(
+        "\nFlash checkpoints in a job: state {gib} GiB, 1 rank, torch on the CPU (1 thread), \
+         {cuts} cuts per run after a warm-up"
+    );
+    println!("the cut's pause (the time it held the rank), median:");
+    println!(
+        "  flash memory   {}  held in: {:?}",
+        range(&flash.cuts),
+        flash.held
+    );
+    println!(
+        "  sync to disk   {}  held in: {:?}",
+        range(&sync.cuts),
+        sync.held
+    );
+    println!("step time, median:");
+    let base = median(&sync.quiet);
+    println!(
+        "  sync run (no write behind)          {}",
+        range(&sync.quiet)
+    );
+    println!(
+        "  flash run, no copy being written    {}",
+        range(&flash.quiet)
+    );
+    println!(
+        "  flash run, a copy being written out {}  ({:+.1} % against the sync run's)",
+        range(&flash.writing),
+        (median(&flash.writing) / base - 1.0) * 100.0
+    );
+    println!("restore after kill -9 (job.restore() in the restarted process):");
+    for (from, s) in &flash.restores {
+        println!("  from {from:<6} {s:.3} s");
+    }
+    if let [(_, m), (_, d)] = flash.restores.as_slice() {
+        println!("  disk / memory: {:.1}x", d / m);
+    }
+}
