@@ -15,6 +15,15 @@ impl JobContext {
         // An agent launched for an incarnation that a group restart has since replaced is adopted
         // with the current one, as long as no agent holds the slot.
         let slot = self.slot(key)?;
+        if slot.phase == SlotPhase::Removed {
+            // A plan took it out of the job; its agent (started again by its platform after
+            // its node was lost, say) must not bring it back: a group that has one member
+            // more than the plan's size never forms as planned.
+            return Err(Error::InvalidRequest(format!(
+                "{key} was removed from the job (incarnation {}): its agent stops",
+                slot.incarnation
+            )));
+        }
         let adoptable = slot.phase == SlotPhase::Launching && incarnation <= slot.incarnation;
         if !adoptable {
             self.current(key, incarnation)?;
@@ -282,7 +291,9 @@ impl JobContext {
             slot.phase = SlotPhase::Restarting;
             effects.extend(self.ps_checkpoint_if_drained());
         }
-        if relaunch_agent {
+        // A plan's leaving member is gone with the restart (it collapsed the plan): nothing
+        // to relaunch. Relaunched, it would come back as a member the plan does not count.
+        if relaunch_agent && self.slots[&key].phase != SlotPhase::Removed {
             effects.extend(self.relaunch_agent(key, now_ms));
         }
         effects

@@ -440,6 +440,50 @@ fn an_allreduce_plan_drains_checkpoints_and_re_forms_the_group_with_survivors() 
     ctx.ledger.verify_exactly_once(false).unwrap();
 }
 
+/// Found by the Ray chaos soak: a plan shrinks 3 -> 2, and the leaving worker's node dies
+/// before the cut. Its agent lost restarts the group (collapsing the plan), and the leaving
+/// worker must stay out: relaunched, it registered and joined a group planned for 2, whose
+/// every round then closed with one member "late", re-forming forever.
+#[test]
+fn a_leaving_worker_lost_before_the_cut_stays_out_and_the_group_forms_at_the_plan_s_size() {
+    let mut ctx = running("allreduce", 0, 3, 0);
+    let cap = Capacity::default();
+    elastic(&mut ctx);
+    let w2 = SlotKey {
+        role: Role::WORKER,
+        index: 2,
+    };
+    ctx.apply_plan(workers(1, 2), &cap, 5).unwrap();
+    assert_eq!(ctx.slots[&w2].phase, SlotPhase::Removing);
+    let effects = ctx.agent_lost(w2, 1, "no heartbeat".into(), 6);
+    assert_eq!(ctx.slots[&w2].phase, SlotPhase::Removed);
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == w2)),
+        "{effects:?}"
+    );
+    // Its agent, started again by its platform, is turned away.
+    let e = ctx
+        .register_agent(w2, 1, "h".into(), "a2".into(), 7)
+        .unwrap_err();
+    assert!(e.to_string().contains("was removed from the job"), "{e}");
+    // The two left re-register, join, and the plan is reached at 2: no endless re-forming.
+    for (i, key) in [W0, W1].into_iter().enumerate() {
+        let inc = ctx.slots[&key].incarnation;
+        ctx.register_agent(key, inc, "h".into(), format!("a{i}"), 8)
+            .unwrap();
+        ctx.join_rendezvous(key, inc, 9).unwrap();
+    }
+    for key in [W0, W1] {
+        let inc = ctx.slots[&key].incarnation;
+        assert!(ctx.join_rendezvous(key, inc, 10).unwrap().ready);
+    }
+    ctx.advance(11);
+    assert_eq!(ctx.plans.reached, 1, "{:#?}", ctx.events);
+    assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
+}
+
 #[test]
 fn a_worker_that_joins_after_its_round_closed_is_taken_in_by_one_more_re_formation() {
     let mut ctx = running("allreduce", 0, 2, 0);

@@ -493,8 +493,17 @@ impl JobContext {
                         now_ms.saturating_sub(t.step_started_ms),
                     );
                     let restarts = self.restarts_to_rescale();
+                    let planned = t.to.get(&Role::WORKER).copied().unwrap_or(0);
                     if let Some(r) = self.rendezvous_now() {
-                        if let Some((closed, late)) = r.late_joiners() {
+                        // Only the plan's own workers are worth re-forming for: one past its
+                        // size is told at the next round that it was removed.
+                        let late = r
+                            .late_joiners()
+                            .map(|(closed, late)| {
+                                (closed, late.into_iter().filter(|&i| i < planned).collect())
+                            })
+                            .filter(|(_, late): &(u64, Vec<u32>)| !late.is_empty());
+                        if let Some((closed, late)) = late {
                             // Workers of this plan joined after the round closed without them
                             // (their platform was slow): re-form once more with them, after a
                             // cut, or (a command) by restarting the group again.
