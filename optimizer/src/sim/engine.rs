@@ -19,10 +19,10 @@ use super::checkpoints::CheckpointModel;
 pub use super::faults::{
     FaultHandling, FaultKind, Handling, NodeFailures, ScriptedFault, Slowdowns,
 };
-use super::faults::{Hit, NodeFaults};
+use super::faults::{NodeFaults, strike};
 use super::report::{JobRecord, Report, RoundRecord, Summary, Unfinished};
 use super::setup::{Arrivals, Setup};
-use super::world::JobState;
+use super::world::{JobState, check_job};
 use super::{ClusterSpec, TraceJob};
 use crate::error::PolicyError;
 use crate::schedule::{Assignment, NodeView, Scheduler, Snapshot, check};
@@ -548,38 +548,6 @@ pub fn replay<S: ReplaySink>(
     Ok(ReplayEnd { gpu_seconds_up })
 }
 
-/// Applies a fault to the jobs it strikes. A failed node's GPUs are gone at once; a job on it
-/// keeps its others and makes no progress until the failure is noticed (at once if it is
-/// noticed in no time). A job on a node found slow is moved off now. A job already stalled only
-/// loses the node's GPUs. With checkpoints (`saves`), a failure takes a training job back to
-/// its last save; a move off a slow node loses nothing (a consistent cut comes first).
-fn strike(active: &mut [JobState], hit: Hit, saves: bool) {
-    let (node, detect_s, failed) = match hit {
-        Hit::Failed { node, detect_s } => (node, detect_s, true),
-        Hit::Isolated { node } => (node, 0.0, false),
-    };
-    for job in active.iter_mut() {
-        if !job.slots.iter().any(|s| s.0 == node) {
-            continue;
-        }
-        if job.stall_left > 0.0 {
-            job.slots.retain(|s| s.0 != node);
-            continue;
-        }
-        job.faults += 1;
-        job.rescale_left = 0.0;
-        if failed && saves && job.app.is_some() {
-            job.roll_back();
-        }
-        if detect_s > 0.0 {
-            job.slots.retain(|s| s.0 != node);
-            job.stall_left = detect_s;
-        } else {
-            job.slots.clear();
-        }
-    }
-}
-
 /// What the scheduler sees at `t`: the jobs in the system but those stalled by a fault not yet
 /// noticed, and each node's GPUs up less those the stalled jobs hold.
 fn snapshot_at(
@@ -620,34 +588,6 @@ fn snapshot_at(
         nodes,
         jobs,
     }
-}
-
-/// What every finished job must satisfy: it did all its work and took no less than the least
-/// time that work allows (capacity is checked each round).
-fn check_job(j: &JobState, config: &SimConfig) -> Result<(), PolicyError> {
-    let broken = |m: String| Err(PolicyError::Invariant(m));
-    let Some(finish) = j.finished else {
-        return Ok(());
-    };
-    let name = &j.trace.name;
-    if j.progress < j.total * (1.0 - 1e-9) {
-        return broken(format!(
-            "job {name} finished with {} of its {} done",
-            j.progress, j.total
-        ));
-    }
-    // It starts at a round no earlier than its submission, pays a restart penalty, then runs
-    // its work no faster than the best goodput it had in each epoch.
-    let submit = j.trace.submit_s;
-    let first_round = (submit / config.round_s).ceil() * config.round_s;
-    let least = first_round - submit + config.restart_penalty_s + j.least_work_s;
-    let jct = finish - submit;
-    if jct < least - 1e-6 * least.max(1.0) {
-        return broken(format!(
-            "job {name} finished in {jct} s, but its work takes at least {least} s"
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use super::world::JobState;
 use crate::error::PolicyError;
 
 /// Nodes fail independently, exponentially with mean `mtbf_s` (per node, or per GPU with
@@ -365,6 +366,38 @@ impl NodeFaults {
     /// Whether some node is down or isolated at `t` (capacity may yet come back).
     pub(super) fn any_out(&self, t: f64) -> bool {
         self.down_until.iter().any(|u| *u > t) || self.slow.iter().flatten().any(|s| s.isolated)
+    }
+}
+
+/// Applies a fault to the jobs it strikes. A failed node's GPUs are gone at once; a job on it
+/// keeps its others and makes no progress until the failure is noticed (at once if it is
+/// noticed in no time). A job on a node found slow is moved off now. A job already stalled only
+/// loses the node's GPUs. With checkpoints (`saves`), a failure takes a training job back to
+/// its last save; a move off a slow node loses nothing (a consistent cut comes first).
+pub(super) fn strike(active: &mut [JobState], hit: Hit, saves: bool) {
+    let (node, detect_s, failed) = match hit {
+        Hit::Failed { node, detect_s } => (node, detect_s, true),
+        Hit::Isolated { node } => (node, 0.0, false),
+    };
+    for job in active.iter_mut() {
+        if !job.slots.iter().any(|s| s.0 == node) {
+            continue;
+        }
+        if job.stall_left > 0.0 {
+            job.slots.retain(|s| s.0 != node);
+            continue;
+        }
+        job.faults += 1;
+        job.rescale_left = 0.0;
+        if failed && saves && job.app.is_some() {
+            job.roll_back();
+        }
+        if detect_s > 0.0 {
+            job.slots.retain(|s| s.0 != node);
+            job.stall_left = detect_s;
+        } else {
+            job.slots.clear();
+        }
     }
 }
 

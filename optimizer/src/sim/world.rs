@@ -1,11 +1,12 @@
 //! The simulated world: each job's state, the cluster's GPUs per node and type, and how a job
 //! progresses on a placement.
 
-use super::TraceJob;
 use super::app::{App, BatchConfig};
 use super::checkpoints::{CheckpointModel, Saved};
+use super::{SimConfig, TraceJob};
 use std::sync::Arc;
 
+use crate::error::PolicyError;
 use crate::schedule::{JobView, Slots};
 use crate::units::JobId;
 
@@ -336,4 +337,32 @@ impl World {
             }
         }
     }
+}
+
+/// What every finished job must satisfy: it did all its work and took no less than the least
+/// time that work allows (capacity is checked each round).
+pub(super) fn check_job(j: &JobState, config: &SimConfig) -> Result<(), PolicyError> {
+    let broken = |m: String| Err(PolicyError::Invariant(m));
+    let Some(finish) = j.finished else {
+        return Ok(());
+    };
+    let name = &j.trace.name;
+    if j.progress < j.total * (1.0 - 1e-9) {
+        return broken(format!(
+            "job {name} finished with {} of its {} done",
+            j.progress, j.total
+        ));
+    }
+    // It starts at a round no earlier than its submission, pays a restart penalty, then runs
+    // its work no faster than the best goodput it had in each epoch.
+    let submit = j.trace.submit_s;
+    let first_round = (submit / config.round_s).ceil() * config.round_s;
+    let least = first_round - submit + config.restart_penalty_s + j.least_work_s;
+    let jct = finish - submit;
+    if jct < least - 1e-6 * least.max(1.0) {
+        return broken(format!(
+            "job {name} finished in {jct} s, but its work takes at least {least} s"
+        ));
+    }
+    Ok(())
 }
