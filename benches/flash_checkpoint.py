@@ -1,9 +1,9 @@
 """Training blocked per checkpoint save, side by side in one run (issue 43, item 5), and the
 restore of the same state from shared memory and from disk.
 
-For each state size (parameters + optimiser state of an MLP trained with Adam on CPU), every
-method saves the same state `--saves` times after one warm-up save, and the table prints the
-median time training was blocked per save:
+For each state size (parameters + optimiser state of an MLP trained with Adam, on the CPU or,
+with `--device cuda`, on the GPU), every method saves the same state `--saves` times after one
+warm-up save, and the table prints the median time training was blocked per save:
 
 * `save_async`: brain_sdk's flash copy into a slot of shared memory (the agent's write-out to
   disk is not part of what training waits for, and is not run here);
@@ -13,9 +13,11 @@ median time training was blocked per save:
   staging copy); the background write is waited for before the next save.
 
 Restore: the state read back from its shared-memory slot, and from its file on disk with the
-page cache dropped first where this process may (root), else said.
+page cache dropped first where this process may (root), else said; with `--device cuda`, up to
+its tensors back on the GPU.
 
     python benches/flash_checkpoint.py --gib 1 4 --dir /var/tmp/flash-bench
+    python benches/flash_checkpoint.py --gib 1 4 --device cuda     # the state on the GPU
 
 Needs torch and the SDK on PYTHONPATH (python/, with its generated stubs built).
 """
@@ -33,14 +35,15 @@ from brain_sdk import checkpoint as ckpt
 from brain_sdk import flash
 
 
-def state_of(gib: float):
-    """An MLP whose parameters and Adam state (two moments) come to about `gib` GiB."""
+def state_of(gib: float, device: str):
+    """An MLP whose parameters and Adam state (two moments) come to about `gib` GiB, on `device`."""
     params = int(gib * (1 << 30) / 4 / 3)
     width = 4096
     layers = max(1, params // (width * width))
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(8, width)
+    x = torch.randn(8, width, device=device)
     model(x).sum().backward()
     opt.step()
     return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}
@@ -64,14 +67,42 @@ def nbytes(state) -> int:
     return total
 
 
-def timed(fn, saves: int):
+def sync(device: str):
+    """Waits for the GPU's queued work, so a time covers what it started there."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, saves: int, device: str):
     fn(0)  # warm-up: first-touch of pages, file creation
     times = []
     for i in range(1, saves + 1):
+        sync(device)
         t = time.perf_counter()
         fn(i)
+        sync(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def to_device(v, device: str):
+    """The state read back, its tensors moved onto `device` (where training would use them)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, dict):
+        return {k: to_device(x, device) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(to_device(x, device) for x in v)
+    return v
+
+
+def restored(path: str, device: str) -> float:
+    """Seconds to read the state in snapshot file `path` back onto `device`."""
+    t = time.perf_counter()
+    state, _ = flash.read_state(path)
+    to_device(state, device)
+    sync(device)
+    return time.perf_counter() - t
 
 
 def drop_caches() -> bool:
@@ -84,8 +115,8 @@ def drop_caches() -> bool:
         return False
 
 
-def run(gib: float, disk: str, shm: str, saves: int):
-    state = state_of(gib)
+def run(gib: float, disk: str, shm: str, saves: int, device: str, methods):
+    state = state_of(gib, device)
     size = nbytes(state)
     rows = []
     store = flash.FlashStore(shm, 2 * size + (64 << 20))
@@ -96,13 +127,14 @@ def run(gib: float, disk: str, shm: str, saves: int):
         flash._write_json(store.slot_file(r["slot"]) + ".json",
                           {**store.status(r["slot"]), "state": "persisted", "digest": "-"})
 
-    rows.append(("save_async (flash)", timed(save_async, saves)))
+    rows.append(("save_async (flash)", timed(save_async, saves, device)))
 
     def sdk_sync(i):
         ckpt.write_atomic(os.path.join(disk, "sdk", f"state-{i % 2}.pt"), state)
 
-    rows.append(("sdk sync checkpoint", timed(sdk_sync, saves)))
-    shutil.rmtree(os.path.join(disk, "sdk"))
+    if "sdk" in methods:
+        rows.append(("sdk sync checkpoint", timed(sdk_sync, saves, device)))
+        shutil.rmtree(os.path.join(disk, "sdk"))
 
     def torch_save(i):
         path = os.path.join(disk, f"torch-{i % 2}.pt")
@@ -111,11 +143,14 @@ def run(gib: float, disk: str, shm: str, saves: int):
             f.flush()
             os.fsync(f.fileno())
 
-    rows.append(("torch.save + fsync", timed(torch_save, saves)))
-    for i in range(2):
-        os.unlink(os.path.join(disk, f"torch-{i}.pt"))
+    if "torch" in methods:
+        rows.append(("torch.save + fsync", timed(torch_save, saves, device)))
+        for i in range(2):
+            os.unlink(os.path.join(disk, f"torch-{i}.pt"))
 
     try:
+        if "dcp" not in methods:
+            raise LookupError("not asked for")
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
@@ -130,23 +165,21 @@ def run(gib: float, disk: str, shm: str, saves: int):
                 pending.pop().result()
             pending.append(dcp.async_save(state, checkpoint_id=os.path.join(disk, f"dcp-{i}")))
 
-        rows.append(("dcp.async_save", timed(dcp_async, saves)))
+        rows.append(("dcp.async_save", timed(dcp_async, saves, device)))
         if pending:
             pending.pop().result()
+    except LookupError:
+        pass
     except Exception as e:  # noqa: BLE001 - the row says why it is missing
         rows.append((f"dcp.async_save: {type(e).__name__}: {e}", float("nan")))
 
     # Restore: the newest slot from memory, and the same bytes from disk.
     slot = max(range(flash.SLOTS), key=lambda s: (store.status(s) or {}).get("save", 0))
-    t = time.perf_counter()
-    flash.read_state(store.slot_file(slot))
-    from_memory = time.perf_counter() - t
+    from_memory = restored(store.slot_file(slot), device)
     on_disk = os.path.join(disk, "part-0.bin")
     shutil.copyfile(store.slot_file(slot), on_disk)
     dropped = drop_caches()
-    t = time.perf_counter()
-    flash.read_state(on_disk)
-    from_disk = time.perf_counter() - t
+    from_disk = restored(on_disk, device)
     store.close()
     return size, rows, from_memory, from_disk, dropped
 
@@ -156,15 +189,25 @@ def main():
     p.add_argument("--gib", type=float, nargs="+", default=[1.0])
     p.add_argument("--saves", type=int, default=3)
     p.add_argument("--dir", default=None, help="a directory on disk [default: a temporary one]")
+    p.add_argument("--device", default="cpu",
+                   help="where the state lives: cpu, or cuda (the GPU: saves copy it off the device, "
+                        "restores put it back)")
+    p.add_argument("--methods", nargs="+", default=["sdk", "torch", "dcp"],
+                   choices=["sdk", "torch", "dcp"],
+                   help="the methods set beside save_async (always measured) [default: all]")
     args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: torch {torch.__version__} sees no GPU")
     torch.set_num_threads(os.cpu_count() or 1)
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, median of {args.saves} saves after one warm-up")
+    on = torch.cuda.get_device_name() if args.device.startswith("cuda") else "the CPU"
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, state on {on}, "
+          f"median of {args.saves} saves after one warm-up")
     print(f"{'state':>9}  {'method':<24} {'blocked s':>10} {'s per GiB':>10}")
     for gib in args.gib:
         disk = tempfile.mkdtemp(prefix="flash-bench-", dir=args.dir)
         shm = tempfile.mkdtemp(prefix="flash-bench-", dir="/dev/shm")
         try:
-            size, rows, mem, dsk, dropped = run(gib, disk, shm, args.saves)
+            size, rows, mem, dsk, dropped = run(gib, disk, shm, args.saves, args.device, args.methods)
         finally:
             shutil.rmtree(disk, ignore_errors=True)
             shutil.rmtree(shm, ignore_errors=True)

@@ -178,6 +178,18 @@ impl Launcher {
         {
             return Some(e);
         }
+        if let Some(name) = &s.run_as
+            && s.isolation == vocab::sandbox::Isolation::None
+        {
+            // Without the sandbox's bind mounts the job's user would have to traverse the
+            // brain's own directories (mode 0700) to reach its secrets and checkpoints.
+            return Some(format!(
+                "jobs run as {name} with isolation = \"none\" could not reach their secrets \
+                 and checkpoint directories, which lie in the brain's private runs directory: \
+                 use bubblewrap (isolation = \"bwrap\", the default), or run the brain as the \
+                 user its jobs should run as, without run_as"
+            ));
+        }
         (s.isolation == vocab::sandbox::Isolation::Bwrap
             && vocab::spec::host::resolve_program("bwrap").is_none())
         .then(|| {
@@ -641,6 +653,41 @@ pub fn place_checkpoints(spec: &mut JobSpec, run_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job user without the sandbox could not reach its files in the brain's private runs
+    /// directory (seen on a GPU machine without bubblewrap): refused, saying what to do.
+    #[test]
+    fn jobs_run_as_another_user_without_a_sandbox_are_refused_with_the_way_out() {
+        let (tx, _rx) = mpsc::channel(1);
+        let refused = |run_as: Option<&str>, isolation| {
+            let config = LauncherConfig {
+                sandbox: vocab::sandbox::Sandbox {
+                    run_as: run_as.map(String::from),
+                    isolation,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Launcher::new(
+                config,
+                "runs".into(),
+                None,
+                "http://b:1".into(),
+                8,
+                None,
+                tx.clone(),
+            )
+            .unwrap()
+            .jobs_refused()
+        };
+        // A user that exists and is not root on every Linux machine.
+        let why = refused(Some("nobody"), vocab::sandbox::Isolation::None).unwrap();
+        assert!(
+            why.contains("nobody") && why.contains("isolation = \"bwrap\""),
+            "{why}"
+        );
+        assert_eq!(refused(None, vocab::sandbox::Isolation::None), None);
+    }
 
     #[test]
     fn job_masters_on_ray_need_the_brains_ray_cluster() {

@@ -6,7 +6,7 @@
 //! refused (by limit), and the listener's connections: open, pending (not yet spoken) and
 //! closed by it, by reason (handshake timed out or failed, idle, closed to make room at a cap),
 //! and, for each running job, its effective training time, the training its restarts threw
-//! away and its stragglers now (its newest report).
+//! away, its stragglers now and its GPU use, per job and per process (its newest report).
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -39,6 +39,11 @@ pub struct Metrics {
     job_effective: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     job_lost_seconds: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     job_stragglers: Family<Vec<(String, String)>, Gauge>,
+    /// Per running job's GPU users (NVML on their nodes): the job's mean device utilisation
+    /// (by job), and each process's device utilisation and GPU memory (by job, role, index).
+    job_gpu_utilisation: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    process_gpu_utilisation: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    process_gpu_memory: Family<Vec<(String, String)>, Gauge>,
     /// The listener's counts, read at each scrape.
     pub conn_stats: std::sync::Arc<auth::listen::ConnStats>,
 }
@@ -139,7 +144,30 @@ impl Default for Metrics {
             "Training processes a running job flags as stragglers now, by job",
             job_stragglers.clone(),
         );
+        let job_gpu_utilisation = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "job_gpu_utilisation_pct",
+            "Mean utilisation (0 to 100) of the GPUs a running job's processes use, by job",
+            job_gpu_utilisation.clone(),
+        );
+        let process_gpu_utilisation =
+            Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "process_gpu_utilisation_pct",
+            "Utilisation (0 to 100) of the GPUs a running job's process was given, as NVML on \
+             its node sees them, by job, role and index",
+            process_gpu_utilisation.clone(),
+        );
+        let process_gpu_memory = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "process_gpu_memory_bytes",
+            "GPU memory a running job's process holds, by job, role and index",
+            process_gpu_memory.clone(),
+        );
         Metrics {
+            job_gpu_utilisation,
+            process_gpu_utilisation,
+            process_gpu_memory,
             job_effective,
             job_lost_seconds,
             job_stragglers,
@@ -216,7 +244,11 @@ impl Metrics {
         self.job_effective.clear();
         self.job_lost_seconds.clear();
         self.job_stragglers.clear();
+        self.job_gpu_utilisation.clear();
+        self.process_gpu_utilisation.clear();
+        self.process_gpu_memory.clear();
         for row in rows.iter().filter(|r| r.state == JobState::Running) {
+            self.render_gpu(&row.name, &store.gpu_use(row.id));
             let label = vec![("job".to_string(), row.name.clone())];
             let crate::store::JobStability {
                 effective,
@@ -232,6 +264,29 @@ impl Metrics {
             self.job_stragglers
                 .get_or_create(&label)
                 .set(stragglers.len() as i64);
+        }
+    }
+
+    /// A running job's GPU series; none for a job none of whose processes uses a GPU.
+    fn render_gpu(&self, job: &str, gpu: &crate::store::JobGpuUse) {
+        if gpu.processes.is_empty() {
+            return;
+        }
+        self.job_gpu_utilisation
+            .get_or_create(&vec![("job".to_string(), job.to_string())])
+            .set(gpu.utilisation_pct);
+        for p in &gpu.processes {
+            let label = vec![
+                ("job".to_string(), job.to_string()),
+                ("role".to_string(), p.process.role.to_string()),
+                ("index".to_string(), p.process.index.to_string()),
+            ];
+            self.process_gpu_utilisation
+                .get_or_create(&label)
+                .set(p.utilisation_pct);
+            self.process_gpu_memory
+                .get_or_create(&label)
+                .set(p.memory_bytes as i64);
         }
     }
 

@@ -53,8 +53,20 @@ mod reports;
 mod shapes;
 use shapes::{node_state, shape_from, shape_to};
 
-fn record(row: JobRow) -> pb::JobRecord {
+fn record((row, gpu): (JobRow, crate::store::JobGpuUse)) -> pb::JobRecord {
     pb::JobRecord {
+        gpu_utilisation_pct: gpu.utilisation_pct,
+        gpu_memory_bytes: gpu.memory_bytes(),
+        gpu_processes: gpu
+            .processes
+            .iter()
+            .map(|p| pb::ProcessGpu {
+                role: p.process.role.to_string(),
+                index: p.process.index,
+                utilisation_pct: p.utilisation_pct,
+                memory_bytes: p.memory_bytes,
+            })
+            .collect(),
         job_id: row.id.0,
         job_name: row.name,
         master_address: row.master_address,
@@ -387,7 +399,9 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::JobRecord>, Status> {
         let id = JobId(request.get_ref().job_id);
         auth::operator_or_job(&request, id)?;
-        let row = self.with_store(move |s| s.job(id)).await?;
+        let row = self
+            .with_store(move |s| Ok((s.job(id)?, s.gpu_use(id))))
+            .await?;
         Ok(Response::new(record(row)))
     }
 
@@ -396,7 +410,18 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         auth::operator(&request)?;
-        let rows = self.with_store(|s| s.jobs()).await?;
+        let rows = self
+            .with_store(|s| {
+                let rows = s.jobs()?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| {
+                        let gpu = s.gpu_use(r.id);
+                        (r, gpu)
+                    })
+                    .collect::<Vec<_>>())
+            })
+            .await?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: rows.into_iter().map(record).collect(),
         }))

@@ -494,6 +494,90 @@ async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
     assert!(local.contains(" ok"), "{out}");
 }
 
+/// A job's GPU use as its master reports it (NVML per process, on the agents' nodes) reaches
+/// `brainctl jobs` (the job's mean utilisation and memory, and each process's) and
+/// `/metrics` (per job, and per process by role and index); a process without a GPU is left
+/// out; an impossible utilisation is refused with the process and the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_gpu_use_per_process_reaches_brainctl_jobs_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
+    let r = operator_client(&url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "gpujob".into(),
+            master_address: "127.0.0.1:7001".into(),
+            shape: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let process = |index: u32, gpu_milli: u32, util: f64, mem: u64| pb::ProcessReport {
+        role: "worker".into(),
+        index,
+        resources: Some(proto::jobmaster::v1::Resources {
+            cpu_millicores: 1000,
+            gpu_milli,
+            ..Default::default()
+        }),
+        cpu_millicores: 900,
+        memory_bytes: 1 << 30,
+        gpu_utilisation_pct: util,
+        gpu_memory_bytes: mem,
+        ..Default::default()
+    };
+    let with = |util: f64| pb::MetricReport {
+        gpu_utilisation_pct: 75.0,
+        processes: vec![
+            process(0, 500, util, 3 << 30),
+            process(1, 500, 70.0, 1 << 30),
+            // Given no GPU and holding none: not a GPU user.
+            process(2, 0, 0.0, 0),
+        ],
+        ..report(10, 100.0)
+    };
+    let e = job
+        .report_metrics(pb::MetricsBatch {
+            job_id: r.job_id,
+            reports: vec![with(140.0)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("worker-0") && e.message().contains("gpu_utilisation_pct"),
+        "{e:?}"
+    );
+    let (ok, out) = common::brainctl(&["jobs", "--brain", &url]);
+    assert!(ok && !out.contains("gpu: worker"), "{out}");
+
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![with(80.0)],
+    })
+    .await
+    .unwrap();
+    let (ok, out) = common::brainctl(&["jobs", "--brain", &url]);
+    assert!(ok, "{out}");
+    let row = out.lines().find(|l| l.contains("gpujob")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[8..10], ["75", "4096"], "{out}");
+    assert!(
+        out.contains("gpu: worker-0 80% 3072 MiB, worker-1 70% 1024 MiB\n"),
+        "{out}"
+    );
+    let metrics = common::scrape(&url);
+    for want in [
+        "brain_job_gpu_utilisation_pct{job=\"gpujob\"} 75.0",
+        "brain_process_gpu_utilisation_pct{job=\"gpujob\",role=\"worker\",index=\"0\"} 80.0",
+        "brain_process_gpu_memory_bytes{job=\"gpujob\",role=\"worker\",index=\"1\"} 1073741824",
+    ] {
+        assert!(metrics.contains(want), "no {want} in\n{metrics}");
+    }
+    assert!(!metrics.contains("index=\"2\""), "{metrics}");
+}
+
 /// A node a job's pre-run check found faulty is cordoned by the brain, with the check's
 /// reason and an expiry (the policy's `live.faulty_node_cordon_s`); an address the brain does
 /// not plan on is left alone, and an operator's uncordon lifts it; a node it found slow is

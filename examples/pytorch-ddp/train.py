@@ -45,6 +45,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=20000, help="the job's data.num_samples")
     p.add_argument("--features", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64, help="the hidden layer's width")
     p.add_argument("--batch-size", type=int, default=64, help="global, over every rank")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (tests)")
@@ -66,7 +67,9 @@ def main():
     # group trains on, and the group waits for it only from the moment it has joined.
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(args.features, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    model = nn.Sequential(
+        nn.Linear(args.features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)
+    ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     x, y = dataset(args.samples, args.features, args.seed)
 

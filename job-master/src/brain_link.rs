@@ -208,7 +208,7 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
             .filter_map(|s| s.sample.as_ref())
             .map(|x| x.rss_bytes)
             .sum(),
-        gpu_utilisation_pct: 0.0,
+        gpu_utilisation_pct: gpu_utilisation(ctx),
         samples_done: (ctx.ledger.done_shards() * ctx.spec.data.shard_size as u64).min(total),
         processes: processes(ctx, now_ms),
         role_rates: crate::service::role_rates(ctx, now_ms),
@@ -247,6 +247,31 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
     }
 }
 
+/// The mean utilisation of the devices of the job's live processes that use a GPU (given one,
+/// or holding memory on one); 0 when none does. A process given no GPU on a node whose GPUs
+/// NVML samples all reports their utilisation too: it counts only once it holds memory there.
+fn gpu_utilisation(ctx: &crate::job::JobContext) -> f64 {
+    let using: Vec<f64> = ctx
+        .slots
+        .values()
+        .filter(|s| s.phase.is_live())
+        .filter_map(|s| {
+            let x = s.sample.as_ref().filter(|x| x.gpu_present)?;
+            let given = ctx
+                .launch_resources(s.key)
+                .and_then(|r| r.gpu)
+                .is_some_and(|g| g.milli() > 0);
+            (given || x.gpu_memory_used_bytes > 0)
+                .then_some(f64::from(x.gpu_utilization_percent.min(100)))
+        })
+        .collect();
+    if using.is_empty() {
+        0.0
+    } else {
+        using.iter().sum::<f64>() / using.len() as f64
+    }
+}
+
 /// Each process that is or will be running, with what it was given and what it used.
 fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport> {
     use crate::job::SlotPhase;
@@ -274,6 +299,12 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
                 } else {
                     0
                 },
+                gpu_utilisation_pct: if used.gpu_present {
+                    f64::from(used.gpu_utilization_percent.min(100))
+                } else {
+                    0.0
+                },
+                gpu_memory_bytes: used.gpu_memory_used_bytes,
             }
         })
         .collect()
@@ -545,5 +576,77 @@ pub async fn report_outcome(link: &BrainLink, report: &JobReport, master_addr: S
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobContext, Sample, Timing};
+    use vocab::SlotKey;
+
+    #[test]
+    fn gpu_use_reaches_the_report_per_process_and_as_the_mean_of_those_using_one() {
+        let spec = vocab::spec::JobSpec::from_yaml(
+            "name: g\nkind: allreduce\nroles:\n  worker: { replicas: 3, resources: { gpu: 0.5 } }\n\
+             workload:\n  builtin: {}\ndata: { num_samples: 100, shard_size: 10 }\n\
+             checkpoint: { dir: /tmp/brain-gpu-test, every_shards: 0 }\n",
+        )
+        .unwrap();
+        let (mut ctx, _) = JobContext::new(spec, "g-1".into(), Timing::default(), 0);
+        let gpu = |util, mem| Sample {
+            cpu_millicores: 100,
+            rss_bytes: 1 << 20,
+            gpu_present: true,
+            gpu_utilization_percent: util,
+            gpu_memory_used_bytes: mem,
+        };
+        let w = |index| SlotKey {
+            role: Role::WORKER,
+            index,
+        };
+        ctx.slots.get_mut(&w(0)).unwrap().sample = Some(gpu(90, 3 << 30));
+        ctx.slots.get_mut(&w(1)).unwrap().sample = Some(gpu(70, 0));
+        // Worker 2 has not sampled yet: it counts in neither figure.
+        let r = report(&ctx, 0);
+        assert_eq!(r.gpu_utilisation_pct, 80.0);
+        let by_index: Vec<(u32, f64, u64)> = r
+            .processes
+            .iter()
+            .map(|p| (p.index, p.gpu_utilisation_pct, p.gpu_memory_bytes))
+            .collect();
+        assert_eq!(
+            by_index,
+            vec![(0, 90.0, 3 << 30), (1, 70.0, 0), (2, 0.0, 0)]
+        );
+        // A machine without NVML reports no GPU use.
+        for s in ctx.slots.values_mut() {
+            s.sample = Some(Sample {
+                gpu_present: false,
+                ..gpu(0, 0)
+            });
+        }
+        assert_eq!(report(&ctx, 0).gpu_utilisation_pct, 0.0);
+    }
+
+    #[test]
+    fn a_process_given_no_gpu_counts_only_once_it_holds_gpu_memory() {
+        let spec = vocab::spec::JobSpec::from_yaml(
+            "name: g\nkind: allreduce\nroles:\n  worker: { replicas: 2 }\n\
+             workload:\n  builtin: {}\ndata: { num_samples: 100, shard_size: 10 }\n\
+             checkpoint: { dir: /tmp/brain-gpu-test, every_shards: 0 }\n",
+        )
+        .unwrap();
+        let (mut ctx, _) = JobContext::new(spec, "g-1".into(), Timing::default(), 0);
+        let sample = |util, mem| Sample {
+            gpu_present: true,
+            gpu_utilization_percent: util,
+            gpu_memory_used_bytes: mem,
+            ..Sample::default()
+        };
+        let mut slots = ctx.slots.values_mut();
+        slots.next().unwrap().sample = Some(sample(40, 0));
+        slots.next().unwrap().sample = Some(sample(60, 1 << 20));
+        assert_eq!(report(&ctx, 0).gpu_utilisation_pct, 60.0);
     }
 }

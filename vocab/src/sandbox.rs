@@ -91,6 +91,10 @@ impl Sandbox {
             "/proc",
             "--dev",
             "/dev",
+            // Writable by the job's user, sticky like a system's /tmp (torch and tempfile need
+            // one; bubblewrap would make it root's, 0755).
+            "--perms",
+            "1777",
             "--tmpfs",
             "/tmp",
         ]
@@ -115,7 +119,11 @@ impl Sandbox {
                 a.extend(["--perms".into(), "0755".into(), "--dir".into(), s(dir)]);
             }
         };
-        for dir in self.read_only.iter().map(PathBuf::as_path).chain([p.cwd]) {
+        // A path inside /usr or /etc is there already (bound again, through a link such as
+        // /usr/local/cuda -> cuda-13.0, bubblewrap fails to start).
+        let system = |d: &Path| d.starts_with("/usr") || d.starts_with("/etc");
+        let read_only = self.read_only.iter().map(PathBuf::as_path);
+        for dir in read_only.filter(|d| !system(d)).chain([p.cwd]) {
             parents(&mut a, dir);
             a.extend(["--ro-bind".into(), s(dir), s(dir)]);
         }
@@ -145,7 +153,7 @@ mod tests {
         let sb = Sandbox {
             run_as: Some("brain-job".into()),
             isolation: Isolation::Bwrap,
-            read_only: vec!["/opt/venv".into()],
+            read_only: vec!["/opt/venv".into(), "/usr/local/cuda".into()],
             hide: vec!["/srv/brain-data".into()],
         };
         let links = [(PathBuf::from("/bin"), PathBuf::from("usr/bin"))];
@@ -168,6 +176,10 @@ mod tests {
         let ckpt = at(&["--bind", "/srv/brain-data/runs/j/checkpoints"]);
         assert!(cwd < hidden && hidden < ckpt, "{a:?}");
         at(&["--ro-bind", "/opt/venv", "/opt/venv"]);
+        // Under /usr already: not bound again.
+        assert!(!a.iter().any(|w| w == "/usr/local/cuda"), "{a:?}");
+        // A private /tmp the job's user may write.
+        at(&["--perms", "1777", "--tmpfs", "/tmp"]);
         at(&["--symlink", "usr/bin", "/bin"]);
         at(&["--unshare-ipc", "--unshare-pid"]);
         assert!(

@@ -24,7 +24,7 @@ mod tokens;
 
 pub use cordons::Cordon;
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
-pub use processes::{CPU_SAMPLES, JobStability, ProcessSample};
+pub use processes::{CPU_SAMPLES, GpuUse, JobGpuUse, JobStability, ProcessSample};
 pub use records::{
     JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,
 };

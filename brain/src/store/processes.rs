@@ -32,6 +32,33 @@ pub struct ProcessSample {
     pub memory_peak_bytes: u64,
     pub oom_kills: u32,
     pub pending_ms: u64,
+    /// Its GPUs at the last sample (NVML on its node): the utilisation of the devices it was
+    /// given (0 to 100) and its own memory on them; 0 without NVML or GPUs.
+    pub gpu_utilisation_pct: f64,
+    pub gpu_memory_bytes: u64,
+}
+
+/// One process's GPU use, as the job's newest report gave it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuUse {
+    pub process: vocab::SlotKey,
+    pub utilisation_pct: f64,
+    pub memory_bytes: u64,
+}
+
+/// A job's GPU use, as its newest report gave it: the mean utilisation of its processes'
+/// devices (those that use one), and each process given a GPU or holding memory on one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobGpuUse {
+    pub utilisation_pct: f64,
+    pub processes: Vec<GpuUse>,
+}
+
+impl JobGpuUse {
+    /// The GPU memory its processes hold in all.
+    pub fn memory_bytes(&self) -> u64 {
+        self.processes.iter().map(|p| p.memory_bytes).sum()
+    }
 }
 
 /// A job's processes and corrections.
@@ -46,6 +73,7 @@ pub(super) struct JobProcesses {
     effective: Option<vocab::report::EffectiveTraining>,
     stragglers: Vec<super::StragglerNote>,
     slow_nodes: Vec<super::SlowNode>,
+    gpu: JobGpuUse,
 }
 
 /// A job's effective training time, its stragglers and the nodes its pre-run check found
@@ -107,7 +135,16 @@ impl Processes {
             entry.effective = m.effective.clone().or(entry.effective.take());
             entry.stragglers = m.stragglers.clone();
             entry.slow_nodes = m.slow_nodes.clone();
+            entry.gpu = gpu_use(m);
         }
+    }
+
+    /// The job's GPU use of its newest report.
+    pub(super) fn gpu(&self, job: JobId) -> JobGpuUse {
+        self.jobs
+            .get(&job)
+            .map(|j| j.gpu.clone())
+            .unwrap_or_default()
     }
 
     /// The called roles' rates of the job's newest report.
@@ -166,6 +203,26 @@ impl Processes {
     }
 }
 
+/// The GPU use one report gives: the processes given a GPU or holding memory on one.
+fn gpu_use(m: &Metric) -> JobGpuUse {
+    JobGpuUse {
+        utilisation_pct: m.gpu_utilisation_pct,
+        processes: m
+            .processes
+            .iter()
+            .filter(|p| p.gpus.milli() > 0 || p.gpu_memory_bytes > 0)
+            .map(|p| GpuUse {
+                process: vocab::SlotKey {
+                    role: p.role,
+                    index: p.index,
+                },
+                utilisation_pct: p.gpu_utilisation_pct,
+                memory_bytes: p.gpu_memory_bytes,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +244,8 @@ mod tests {
                     pending_ms,
                     gpus: vocab::Gpus::ZERO,
                     oom_kills: 0,
+                    gpu_utilisation_pct: 0.0,
+                    gpu_memory_bytes: 0,
                 })
                 .collect(),
             ..Default::default()

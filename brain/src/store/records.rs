@@ -141,9 +141,20 @@ impl Metric {
                     p.cpu_millicores, p.cpu_limit
                 ));
             }
-            if [p.memory_limit, p.memory_bytes, p.memory_peak_bytes]
-                .iter()
-                .any(|m| *m > MAX_MEMORY_BYTES)
+            let gpu = p.gpu_utilisation_pct;
+            if !(gpu.is_finite() && (0.0..=100.0).contains(&gpu)) {
+                return Err(format!(
+                    "process {name}: gpu_utilisation_pct is {gpu}, expected 0 to 100"
+                ));
+            }
+            if [
+                p.memory_limit,
+                p.memory_bytes,
+                p.memory_peak_bytes,
+                p.gpu_memory_bytes,
+            ]
+            .iter()
+            .any(|m| *m > MAX_MEMORY_BYTES)
             {
                 return Err(format!("process {name}: memory out of range"));
             }

@@ -129,6 +129,11 @@ impl Store {
         self.processes.stability(job)
     }
 
+    /// The job's GPU use, as its newest report gave it (kept in memory, like its stability).
+    pub fn gpu_use(&self, job: JobId) -> super::processes::JobGpuUse {
+        self.processes.gpu(job)
+    }
+
     /// The called roles' rates of the job's newest report (calls between roles).
     pub fn role_rates(&self, job: JobId) -> Vec<(vocab::Role, optimizer::live::RoleRate)> {
         self.processes.rates(job)

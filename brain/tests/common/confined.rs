@@ -21,6 +21,7 @@ out="$BRAIN_CHECKPOINT_DIR/probe-$BRAIN_INDEX.txt"
   if echo x > "$CODE/planted" 2>/dev/null; then echo "code=writable"; else echo "code=read-only"; fi
   if [ -s "$BRAIN_JOB_TOKEN_FILE" ] && [ -r "$BRAIN_JOB_TOKEN_FILE" ]; then echo "secret=own"; else echo "secret=missing"; fi
   if echo x > "$BRAIN_CHECKPOINT_DIR/written"; then echo "checkpoints=writable"; fi
+  if t=$(mktemp) && echo x > "$t" && rm "$t"; then echo "tmp=writable"; else echo "tmp=read-only"; fi
   if [ -e /root/.bashrc ] || [ -e /home ]; then echo "home=visible"; else echo "home=hidden"; fi
 } > "$out"
 "#;
@@ -55,7 +56,8 @@ pub fn job_uid() -> nix::unistd::Uid {
 
 /// Checks a probe's report of job `job`: the job's user, the brain's data hidden but the way
 /// to the job's own checkpoints and secrets, the operator token and the master's credential
-/// out of reach, the code read only, the secret its own, the checkpoints writable, no home.
+/// out of reach, the code read only, the secret its own, the checkpoints and a private /tmp
+/// writable (torch and Python's tempfile need one), no home.
 pub fn assert_probe(report: &str, job: &str) {
     for line in [
         format!("uid={}", job_uid()),
@@ -67,6 +69,7 @@ pub fn assert_probe(report: &str, job: &str) {
         "code=read-only".into(),
         "secret=own".into(),
         "checkpoints=writable".into(),
+        "tmp=writable".into(),
         "home=hidden".into(),
     ] {
         assert!(

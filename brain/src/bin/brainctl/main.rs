@@ -224,8 +224,17 @@ enum PolicyAction {
 
 fn print_jobs(jobs: &[pb::JobRecord]) {
     println!(
-        "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12} {:>9}  plan (newest/accepted/reached)",
-        "id", "name", "state", "workers", "reports", "last step", "samples/s", "peak MiB"
+        "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12} {:>9} {:>6} {:>8}  plan (newest/accepted/reached)",
+        "id",
+        "name",
+        "state",
+        "workers",
+        "reports",
+        "last step",
+        "samples/s",
+        "peak MiB",
+        "gpu %",
+        "gpu MiB"
     );
     for j in jobs {
         let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
@@ -235,8 +244,16 @@ fn print_jobs(jobs: &[pb::JobRecord]) {
                 s.workers.to_string()
             }
         });
+        let (gpu_pct, gpu_mib) = if j.gpu_processes.is_empty() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!("{:.0}", j.gpu_utilisation_pct),
+                (j.gpu_memory_bytes >> 20).to_string(),
+            )
+        };
         println!(
-            "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12.1} {:>9}  {}/{}/{}",
+            "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12.1} {:>9} {:>6} {:>8}  {}/{}/{}",
             j.job_id,
             j.job_name,
             j.state,
@@ -245,10 +262,28 @@ fn print_jobs(jobs: &[pb::JobRecord]) {
             j.last_global_step,
             j.mean_samples_per_second,
             j.peak_memory_bytes >> 20,
+            gpu_pct,
+            gpu_mib,
             j.plan_version,
             j.acked_version,
             j.reached_version
         );
+        if !j.gpu_processes.is_empty() {
+            let each: Vec<String> = j
+                .gpu_processes
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}-{} {:.0}% {} MiB",
+                        p.role,
+                        p.index,
+                        p.utilisation_pct,
+                        p.memory_bytes >> 20
+                    )
+                })
+                .collect();
+            println!("      gpu: {}", each.join(", "));
+        }
     }
 }
 
