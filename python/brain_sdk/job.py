@@ -277,9 +277,21 @@ class ElasticJob:
             # kept in memory at the committed step.
             mine = len(parts) > 1 or self.rank == 0
             held = store.holding(step, digest if mine else None)
+        read = None
         if held is not None:
-            state, fields = flash.read_state(held)
-            self.restored_from = "memory"
+            try:
+                read = flash.read_state(held)
+                self.restored_from = "memory"
+            except (OSError, BrainError) as e:
+                # Gone from shared memory (removed by hand, the node's tmpfs cleaned) or cut
+                # short: the copy written out is the same step.
+                log.warning(
+                    "the copy of step %d held in memory (%s) cannot be read (%s): restoring "
+                    "from disk", step, held, e,
+                )
+                held = None
+        if read is not None:
+            state, fields = read
         else:
             got = ckpt.sha256_of(path)
             if got != digest:

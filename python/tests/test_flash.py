@@ -167,5 +167,65 @@ class FlashSlots(unittest.TestCase):
             flash.read_state(path)
 
 
+@unittest.skipIf(torch is None, "torch is not installed")
+class RestoreFromMemoryOrDisk(unittest.TestCase):
+    """`ElasticJob`'s restore of a committed flash checkpoint, the master left out: the copy
+    this node holds, else the one on disk."""
+
+    def setUp(self):
+        from brain_sdk import checkpoint as ckpt
+        from brain_sdk.job import ElasticJob
+
+        self.dir = tempfile.TemporaryDirectory()
+        os.mkdir(os.path.join(self.dir.name, "shm"))
+        self.store = flash.FlashStore(os.path.join(self.dir.name, "shm"), 64 << 20)
+        self.state = {"w": torch.arange(10.0)}
+        done = self.store.save(
+            self.state, step=7, rank=0, world=1, persist=True, incarnation=1,
+            sdk={"step": 7, "applied_samples": 70, "applied_index_sum": 2415},
+        )
+        self.slot = self.store.slot_file(done["slot"])
+        # The agent's half: the copy written out with its digest, and committed.
+        self.disk = os.path.join(self.dir.name, "part-0.bin")
+        with open(self.slot, "rb") as src, open(self.disk, "wb") as dst:
+            dst.write(src.read())
+        self.digest = ckpt.sha256_of(self.disk)
+        _set(self.store, done["slot"], state="committed", digest=self.digest)
+        self.job = ElasticJob.__new__(ElasticJob)
+        self.job.rank, self.job.world_size, self.job.resume_from = 0, 1, "manifest"
+        self.job._flash = self.store
+
+    def tearDown(self):
+        self.store.close()
+        self.dir.cleanup()
+
+    def restore(self):
+        return self.job._restore_flash(7, [(self.disk, self.digest)])
+
+    def test_the_copy_in_memory_is_read_when_the_node_holds_it(self):
+        back = self.restore()
+        self.assertEqual(self.job.restored_from, "memory")
+        self.assertTrue(torch.equal(back["w"], self.state["w"]))
+        self.assertEqual((self.job.step, self.job.applied_samples), (7, 70))
+
+    def test_a_copy_gone_from_memory_is_read_from_disk_instead_of_failing(self):
+        # Its state file says the slot holds the step, the slot itself is gone (removed by
+        # hand, the node's tmpfs cleaned): the process restarted crash-looped on it before.
+        os.unlink(self.slot)
+        with self.assertLogs("brain_sdk", level="WARNING") as logs:
+            back = self.restore()
+        self.assertEqual(self.job.restored_from, "disk")
+        self.assertTrue(torch.equal(back["w"], self.state["w"]))
+        self.assertIn("restoring from disk", "\n".join(logs.output))
+
+    def test_a_damaged_copy_on_disk_is_refused_when_memory_has_none(self):
+        os.unlink(self.slot)
+        with open(self.disk, "r+b") as f:
+            f.seek(100)
+            f.write(b"x")
+        with self.assertRaisesRegex(BrainError, "damaged"):
+            self.restore()
+
+
 if __name__ == "__main__":
     unittest.main()
