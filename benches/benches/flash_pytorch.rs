@@ -220,8 +220,10 @@ fn main() {
         range(&flash.quiet)
     );
     println!(
-        "  flash run, a copy being written out {}  ({:+.1} % against the sync run's)",
+        "  flash run, a copy being written out {}  ({:+.1} % against the flash run's other \
+         steps, {:+.1} % against the sync run's)",
         range(&flash.writing),
+        (median(&flash.writing) / median(&flash.quiet) - 1.0) * 100.0,
         (median(&flash.writing) / base - 1.0) * 100.0
     );
     println!("restore after kill -9 (job.restore() in the restarted process):");
