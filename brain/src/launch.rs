@@ -440,7 +440,7 @@ impl Launcher {
             .collect();
         let command = shlex::try_join(words.iter().map(String::as_str))
             .map_err(|e| BrainError::Internal(format!("quoting the master of {job}: {e}")))?;
-        let started_ms = crate::control::now_unix_ms();
+        let started_ms = crate::now_unix_ms();
         let id = format!("brain-master-{}-{started_ms}", job.0);
         let mut env: BTreeMap<String, String> = [
             ("BRAIN_JOB_MASTER_LISTEN", "0.0.0.0:0"),

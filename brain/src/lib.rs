@@ -12,7 +12,7 @@
 //! * [`admission`]: what a submitted job may run (the policy's `[submissions]`, env, paths).
 //! * [`auth`]: who may call: the operator token, each job's secret, checked by one interceptor.
 //! * [`throttle`]: rate limits per client (calls, reports, submissions), so that a flooding
-//!   client cannot starve the others' ingest.
+//!   client cannot starve the others' ingest; [`limits`]: the sizes and rates configured.
 //! * [`service`]: the thin tonic adapter of the `brain.service.v1.Brain` API over the store;
 //!   [`server`]: `run(config, listener, shutdown)`, which the `brain` binary and the tests start.
 //! * [`BrainError`]: the crate's one error type, mapped once to `tonic::Status`.
@@ -33,11 +33,19 @@
 //!
 //! Algorithms stay in `optimizer`, file formats in `datasets`.
 
+/// Milliseconds since the Unix epoch, as this machine's clock reads them (0 before 1970).
+pub fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 pub mod admission;
 pub mod auth;
 pub mod capacity;
 pub mod control;
 pub mod launch;
+pub mod limits;
 pub mod master_process;
 pub mod metrics;
 pub mod plots;

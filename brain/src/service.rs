@@ -16,14 +16,14 @@ use crate::throttle::Throttle;
 
 pub struct BrainService {
     control: Arc<Control>,
-    limits: crate::server::Limits,
+    limits: crate::limits::Limits,
     throttle: Arc<Throttle>,
 }
 
 impl BrainService {
     pub fn new(
         control: Arc<Control>,
-        limits: crate::server::Limits,
+        limits: crate::limits::Limits,
         throttle: Arc<Throttle>,
     ) -> Self {
         BrainService {

@@ -19,8 +19,8 @@ use governor::{DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
 use tonic::{Request, Status};
 
 use crate::auth::{self, Caller};
+use crate::limits::Limits;
 use crate::metrics::Metrics;
-use crate::server::Limits;
 use crate::store::JobId;
 
 /// Whom a limit counts against.

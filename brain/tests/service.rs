@@ -494,6 +494,55 @@ async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
     assert!(local.contains(" ok"), "{out}");
 }
 
+/// A user's error is one plain line (its causes after colons), never a backtrace, even with
+/// `RUST_BACKTRACE=1`; an unreachable brain says what to check (issue 44, item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brainctl_errors_say_what_to_check_without_a_backtrace() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_brainctl"))
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Nothing listens on port 1.
+    let err = run(&["jobs", "--insecure", "--brain", "http://127.0.0.1:1"]);
+    assert!(
+        err.contains("cannot reach the brain at http://127.0.0.1:1")
+            && err.contains("refused")
+            && err.contains("is the brain running"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("acktrace") && !err.contains("ConnectError"),
+        "{err}"
+    );
+    // A refusal by a running brain.
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
+    let (ok, out) = common::brainctl(&["status", "no-such-job", "--brain", &url]);
+    assert!(!ok && out.contains("no job named \"no-such-job\""), "{out}");
+    let token = common::token_file(&url);
+    let ca = common::own_ca(&url).expect("the brain's own CA");
+    let err = run(&[
+        "status",
+        "no-such-job",
+        "--brain",
+        &url,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--ca",
+        ca.to_str().unwrap(),
+    ]);
+    assert!(
+        err.starts_with("error: the brain answered NotFound: no job named"),
+        "{err}"
+    );
+    assert!(!err.contains("acktrace"), "{err}");
+}
+
 /// A job's GPU use as its master reports it (NVML per process, on the agents' nodes) reaches
 /// `brainctl jobs` (the job's mean utilisation and memory, and each process's) and
 /// `/metrics` (per job, and per process by role and index); a process without a GPU is left

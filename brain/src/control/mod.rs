@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use optimizer::config::PolicyConfig;
 use optimizer::live::{LiveCluster, LiveState, RoundPlan, plan_round};
@@ -37,11 +37,7 @@ mod snapshot;
 
 use crate::store::{JobId, JobState, PlanCounts, Shape, Store};
 
-pub fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub use crate::now_unix_ms;
 
 /// The policy in force and where it came from.
 #[derive(Clone, Debug)]

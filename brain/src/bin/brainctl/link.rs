@@ -54,6 +54,29 @@ pub fn brain_tls(cli: &Cli) -> anyhow::Result<Option<auth::tls::ClientTls>> {
     )
 }
 
+/// Why the brain at `address` could not be reached, with what to check: the innermost cause
+/// (refused, no route, a TLS handshake that failed) rather than the transport's wrapper.
+fn unreachable_brain(address: &str, e: &tonic::transport::Error) -> anyhow::Error {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    let cause = cause.to_string();
+    let hint = if cause.contains("refused") {
+        "is the brain running, listening there? (`brain` prints `listening on ADDRESS` when it \
+         starts; give --brain URL for another address)"
+    } else if cause.to_lowercase().contains("certificate")
+        || cause.contains("InvalidContentType")
+        || cause.contains("tls")
+    {
+        "the TLS handshake failed: a brain started with --insecure needs brainctl --insecure; \
+         else check --ca names the CA that signed the brain's certificate"
+    } else {
+        "check the address (--brain URL) and that this machine can reach it"
+    };
+    anyhow::anyhow!("cannot reach the brain at {address}: {cause}. {hint}")
+}
+
 pub static LINK: std::sync::OnceLock<Link> = std::sync::OnceLock::new();
 
 /// A client of the brain that sends the operator token.
@@ -102,11 +125,26 @@ pub fn ask_brain<T>(
                 )
             })
             .with_context(|| format!("connecting to the brain at {address}"))?
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
-            .with_context(|| format!("connecting to the brain at {address}"))?;
+            .map_err(|e| unreachable_brain(address, &e))?;
         let client = BrainClient::with_interceptor(channel, auth::WithToken::new(token));
         f(client)
             .await
             .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
     })
+}
+
+/// A job id, or a name looked up among the brain's jobs.
+pub async fn job_id(c: &mut Client, job: &str) -> Result<u64, tonic::Status> {
+    if let Ok(id) = job.parse() {
+        return Ok(id);
+    }
+    let jobs = c
+        .list_jobs(proto::service::v1::ListJobsRequest {})
+        .await?
+        .into_inner()
+        .jobs;
+    jobs.iter()
+        .find(|j| j.job_name == job)
+        .map(|j| j.job_id)
+        .ok_or_else(|| tonic::Status::not_found(format!("no job named {job:?}")))
 }

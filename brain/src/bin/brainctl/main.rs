@@ -1,20 +1,31 @@
-//! `brainctl`: the operator's command line.
+//! `brainctl`: the operator's command line. This file holds the flags and the commands'
+//! `--help` texts; each command lives in a module of its own (`jobs_cmd`: jobs and status,
+//! `submit_cmd`, `plan_cmd`, `scale_cmd`, `cancel_cmd`, `diagnose_cmd`, `nodes_cmd`,
+//! `policy_cmd`, `certs_cmd`, `train`, `whatif_cmd`, `trace_cmd`), and `link` is how they
+//! reach a running brain.
 //!
 //! Its doc comments are `--help` texts, where `[live]` names a TOML table, not a link.
 #![allow(rustdoc::broken_intra_doc_links)]
 
+mod cancel_cmd;
+mod certs_cmd;
+mod diagnose_cmd;
+mod jobs_cmd;
 mod link;
 mod nodes_cmd;
+mod plan_cmd;
+mod policy_cmd;
+mod scale_cmd;
+mod submit_cmd;
 mod trace_cmd;
 mod train;
 mod whatif_cmd;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use link::{Client, LINK, Link, ask_brain, brain_tls};
-use proto::service::v1 as pb;
+use link::{LINK, Link, brain_tls};
 
 #[derive(Parser)]
 #[command(
@@ -167,7 +178,7 @@ enum Command {
     /// cooldown_s, pin_while_plan_in_flight, max_resumes pace the rounds).
     Policy {
         #[command(subcommand)]
-        action: PolicyAction,
+        action: policy_cmd::PolicyAction,
     },
     /// Make a private CA and, signed by it, the brain's TLS certificate and a client
     /// certificate (for mutual TLS), then print the configuration that uses them. Nothing is
@@ -207,141 +218,20 @@ impl Command {
     }
 }
 
-#[derive(Subcommand)]
-enum PolicyAction {
-    /// Print the policy in force and the file it lives in.
-    Show {
-        #[arg(long, default_value = "http://127.0.0.1:50070")]
-        brain: String,
-    },
-    /// Check a policy file and make it the brain's policy from the next round on.
-    Set {
-        file: PathBuf,
-        #[arg(long, default_value = "http://127.0.0.1:50070")]
-        brain: String,
-    },
-}
-
-fn print_jobs(jobs: &[pb::JobRecord]) {
-    println!(
-        "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12} {:>9} {:>6} {:>8}  plan (newest/accepted/reached)",
-        "id",
-        "name",
-        "state",
-        "workers",
-        "reports",
-        "last step",
-        "samples/s",
-        "peak MiB",
-        "gpu %",
-        "gpu MiB"
-    );
-    for j in jobs {
-        let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
-            if s.ps > 0 {
-                format!("{}+{}ps", s.workers, s.ps)
-            } else {
-                s.workers.to_string()
-            }
-        });
-        let (gpu_pct, gpu_mib) = if j.gpu_processes.is_empty() {
-            ("-".to_string(), "-".to_string())
-        } else {
-            (
-                format!("{:.0}", j.gpu_utilisation_pct),
-                (j.gpu_memory_bytes >> 20).to_string(),
-            )
-        };
-        println!(
-            "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12.1} {:>9} {:>6} {:>8}  {}/{}/{}",
-            j.job_id,
-            j.job_name,
-            j.state,
-            workers,
-            j.reports,
-            j.last_global_step,
-            j.mean_samples_per_second,
-            j.peak_memory_bytes >> 20,
-            gpu_pct,
-            gpu_mib,
-            j.plan_version,
-            j.acked_version,
-            j.reached_version
-        );
-        if !j.gpu_processes.is_empty() {
-            let each: Vec<String> = j
-                .gpu_processes
-                .iter()
-                .map(|p| {
-                    format!(
-                        "{}-{} {:.0}% {} MiB",
-                        p.role,
-                        p.index,
-                        p.utilisation_pct,
-                        p.memory_bytes >> 20
-                    )
-                })
-                .collect();
-            println!("      gpu: {}", each.join(", "));
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        // The error and its causes on one line each, never a backtrace (RUST_BACKTRACE is for
+        // our bugs, not for a refusal or a missing file).
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }
 
-fn print_shape(s: &pb::JobShape) {
-    let res = |r: &Option<proto::jobmaster::v1::Resources>| {
-        r.as_ref().map_or("-".to_string(), |r| {
-            format!(
-                "{}m cpu, {} MiB{}",
-                r.cpu_millicores,
-                r.memory_bytes >> 20,
-                if r.gpu_milli > 0 {
-                    format!(", {} gpu", vocab::Gpus::from_milli(r.gpu_milli))
-                } else {
-                    String::new()
-                }
-            )
-        })
-    };
-    println!(
-        "{} job: {} workers (min {}, max {}, node unit {}) of {}",
-        s.kind,
-        s.workers,
-        s.min_workers,
-        s.max_workers,
-        s.worker_node_unit,
-        res(&s.worker_resources)
-    );
-    if s.ps > 0 {
-        println!("  {} ps of {}", s.ps, res(&s.ps_resources));
-    }
-    for r in &s.services {
-        println!(
-            "  {} {} ({}, min {}, max {}) of {}",
-            r.count,
-            r.role,
-            r.topology,
-            r.min,
-            r.max,
-            res(&r.resources)
-        );
-    }
-    println!("  {} samples to train", s.total_samples);
-}
-
-/// A job id, or a name looked up among the brain's jobs.
-async fn job_id(c: &mut Client, job: &str) -> Result<u64, tonic::Status> {
-    if let Ok(id) = job.parse() {
-        return Ok(id);
-    }
-    let jobs = c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs;
-    jobs.iter()
-        .find(|j| j.job_name == job)
-        .map(|j| j.job_id)
-        .ok_or_else(|| tonic::Status::not_found(format!("no job named {job:?}")))
-}
-
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn run(cli: Cli) -> anyhow::Result<()> {
     // Offline commands (whatif, trace, train, certs) talk to no brain: nothing to check.
     let tls = if cli.command.talks_to_a_brain() {
         brain_tls(&cli)?
@@ -354,179 +244,11 @@ fn main() -> anyhow::Result<()> {
     })
     .unwrap_or_else(|_| unreachable!("set once, before any call"));
     match cli.command {
-        Command::Jobs { brain } => {
-            let jobs = ask_brain(&brain, async |mut c| {
-                Ok(c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs)
-            })?;
-            print_jobs(&jobs);
-            Ok(())
-        }
-        Command::Status { job, brain } => {
-            let record = ask_brain(&brain, async |mut c| {
-                let id = job_id(&mut c, &job).await?;
-                Ok(c.get_job(pb::GetJobRequest { job_id: id })
-                    .await?
-                    .into_inner())
-            })?;
-            print_jobs(std::slice::from_ref(&record));
-            if let Some(shape) = &record.shape {
-                print_shape(shape);
-            }
-            if !record.reasons.is_empty() {
-                println!("sized by the brain because:");
-                for r in &record.reasons {
-                    println!("  - {r}");
-                }
-            }
-            println!(
-                "master: {}",
-                if record.master_address.is_empty() {
-                    "(not started)"
-                } else {
-                    &record.master_address
-                }
-            );
-            if !record.run_dir.is_empty() {
-                println!("run directory: {}", record.run_dir);
-            }
-            println!("samples trained: {}", record.samples_done);
-            if !record.outcome.is_empty() {
-                println!("outcome: {}", record.outcome);
-            }
-            Ok(())
-        }
-        Command::Diagnose { job, all, brain } => {
-            let text = ask_brain(&brain, async |mut c| {
-                let job_id = job_id(&mut c, &job).await?;
-                Ok(c.diagnose(pb::DiagnoseRequest { job_id, all })
-                    .await?
-                    .into_inner()
-                    .text)
-            })?;
-            print!("{text}");
-            Ok(())
-        }
-        Command::Submit { spec, brain, wait } => {
-            let text = std::fs::read_to_string(&spec)
-                .with_context(|| format!("reading {}", spec.display()))?;
-            let origin = spec.display().to_string();
-            let answer = ask_brain(&brain, async |mut c| {
-                Ok(c.submit_job(pb::SubmitJobRequest {
-                    spec_yaml: text,
-                    origin,
-                })
-                .await?
-                .into_inner())
-            })?;
-            println!("job {} {}", answer.job_id, answer.state);
-            if let Some(shape) = &answer.shape {
-                print_shape(shape);
-            }
-            for r in &answer.reasons {
-                println!("  - {r}");
-            }
-            if !wait {
-                return Ok(());
-            }
-            let id = answer.job_id;
-            let mut last = String::new();
-            loop {
-                let record = ask_brain(&brain, async |mut c| {
-                    Ok(c.get_job(pb::GetJobRequest { job_id: id })
-                        .await?
-                        .into_inner())
-                })?;
-                let line = format!(
-                    "{} workers {} samples {}/{}",
-                    record.state,
-                    record.shape.as_ref().map_or(0, |s| s.workers),
-                    record.samples_done,
-                    record.shape.as_ref().map_or(0, |s| s.total_samples)
-                );
-                if line != last {
-                    println!("{line}");
-                    last = line;
-                }
-                match record.state.as_str() {
-                    "succeeded" => {
-                        println!("{}", record.outcome);
-                        return Ok(());
-                    }
-                    "failed" => bail!("job {id} failed: {}", record.outcome),
-                    _ => std::thread::sleep(std::time::Duration::from_secs(1)),
-                }
-            }
-        }
-        Command::Plan { dry_run, brain } => {
-            if !dry_run {
-                bail!(
-                    "the brain dispatches plans itself every round; `brainctl plan --dry-run` \
-                     shows what the next one would decide"
-                );
-            }
-            let r = ask_brain(&brain, async |mut c| {
-                Ok(c.dry_run(pb::DryRunRequest {}).await?.into_inner())
-            })?;
-            println!(
-                "scheduler {}: {:.1} of {:.1} CPUs, {} of {} processes after the round (solved in {:.2} ms)",
-                r.scheduler,
-                r.cpu_millicores as f64 / 1000.0,
-                r.capacity_millicores as f64 / 1000.0,
-                r.processes,
-                r.max_processes,
-                r.solve_ms
-            );
-            for note in &r.notes {
-                println!("note: {note}");
-            }
-            for d in &r.decisions {
-                let corrected =
-                    d.ps != d.to_ps || !d.migrations.is_empty() || !d.role_targets.is_empty();
-                let change = if d.from_workers == d.to_workers && corrected {
-                    "corrects".to_string()
-                } else if d.from_workers == d.to_workers {
-                    "keeps".to_string()
-                } else if d.state == "queued" && d.to_workers > 0 {
-                    "starts".to_string()
-                } else if d.state == "queued" {
-                    "waits".to_string()
-                } else {
-                    "resizes".to_string()
-                };
-                println!(
-                    "{:>4} {:<24} {:<8} {change} {} -> {} workers{} (predicted {:.0} samples/s)",
-                    d.job_id,
-                    d.job_name,
-                    d.state,
-                    d.from_workers,
-                    d.to_workers,
-                    match (d.ps, d.to_ps) {
-                        (0, 0) => String::new(),
-                        (a, b) if a == b => format!(" + {a} ps"),
-                        (a, b) => format!(" + {a} -> {b} ps"),
-                    },
-                    d.predicted_samples_per_second
-                );
-                for m in &d.migrations {
-                    let r = m.resources.clone().unwrap_or_default();
-                    println!(
-                        "       migrates {}-{} to {}m CPU, {} MiB ({})",
-                        if m.role == "ps" { "ps" } else { "worker" },
-                        m.index,
-                        r.cpu_millicores,
-                        r.memory_bytes >> 20,
-                        m.reason
-                    );
-                }
-                for t in &d.role_targets {
-                    println!("       resizes role {} to {}", t.role, t.count);
-                }
-                for why in &d.reasons {
-                    println!("       - {why}");
-                }
-            }
-            Ok(())
-        }
+        Command::Jobs { brain } => jobs_cmd::jobs(&brain),
+        Command::Status { job, brain } => jobs_cmd::status(&job, &brain),
+        Command::Diagnose { job, all, brain } => diagnose_cmd::diagnose(&job, all, &brain),
+        Command::Submit { spec, brain, wait } => submit_cmd::submit(&spec, &brain, wait),
+        Command::Plan { dry_run, brain } => plan_cmd::plan(dry_run, &brain),
         Command::Scale {
             job,
             workers,
@@ -534,123 +256,13 @@ fn main() -> anyhow::Result<()> {
             roles,
             reason,
             brain,
-        } => {
-            let targets =
-                vocab::role::role_targets(workers, ps, &roles).map_err(anyhow::Error::msg)?;
-            if targets.is_empty() {
-                bail!("say what to change: --workers N, --ps M and/or --role NAME=N");
-            }
-            let roles: Vec<_> = targets
-                .into_iter()
-                .map(|(role, count)| proto::jobmaster::v1::RoleTarget {
-                    role: role.to_string(),
-                    count,
-                    resources: None,
-                })
-                .collect();
-            let version = ask_brain(&brain, async |mut c| {
-                let id = job_id(&mut c, &job).await?;
-                Ok(c.propose_plan(pb::ProposePlanRequest {
-                    job_id: id,
-                    roles,
-                    migrations: Vec::new(),
-                    reason,
-                })
-                .await?
-                .into_inner()
-                .version)
-            })?;
-            println!(
-                "plan {version} proposed for {job}; its job master takes it at its next poll \
-                 (`brainctl status {job}` shows the plan reached)"
-            );
-            Ok(())
-        }
-        Command::Cancel { job, reason, brain } => {
-            let state = ask_brain(&brain, async |mut c| {
-                let id = job_id(&mut c, &job).await?;
-                Ok(c.cancel_job(pb::CancelJobRequest { job_id: id, reason })
-                    .await?
-                    .into_inner()
-                    .state)
-            })?;
-            if state == "cancelled" {
-                println!("{job} cancelled before it started");
-            } else {
-                println!(
-                    "{job} is being cancelled: its job master takes a last checkpoint and stops \
-                     every process at its next poll (`brainctl status {job}` shows it end)"
-                );
-            }
-            Ok(())
-        }
+        } => scale_cmd::scale(&job, workers, ps, &roles, reason, &brain),
+        Command::Cancel { job, reason, brain } => cancel_cmd::cancel(&job, reason, &brain),
         Command::Train(args) => train::train(args),
         Command::Nodes { action, brain } => nodes_cmd::nodes(action, &brain),
-        Command::Policy { action } => match action {
-            PolicyAction::Show { brain } => {
-                let p = ask_brain(&brain, async |mut c| {
-                    Ok(c.get_policy(pb::GetPolicyRequest {}).await?.into_inner())
-                })?;
-                if p.path.is_empty() {
-                    println!("# no policy file: the defaults are in force");
-                } else {
-                    println!("# {}", p.path);
-                }
-                print!("{}", p.toml);
-                Ok(())
-            }
-            PolicyAction::Set { file, brain } => {
-                let text = std::fs::read_to_string(&file)
-                    .with_context(|| format!("reading {}", file.display()))?;
-                optimizer::config::PolicyConfig::from_toml(&text)
-                    .with_context(|| format!("{} is not a valid policy", file.display()))?;
-                let p = ask_brain(&brain, async |mut c| {
-                    Ok(c.set_policy(pb::PolicyText {
-                        toml: text,
-                        path: String::new(),
-                    })
-                    .await?
-                    .into_inner())
-                })?;
-                println!("policy set: written to {}", p.path);
-                Ok(())
-            }
-        },
+        Command::Policy { action } => policy_cmd::policy(action),
         Command::Whatif(args) => whatif_cmd::whatif(*args),
         Command::Trace { action } => trace_cmd::trace(action),
-        Command::Certs { out, hosts } => certs(&out, &hosts),
+        Command::Certs { out, hosts } => certs_cmd::certs(&out, &hosts),
     }
-}
-
-/// `brainctl certs`: the files, and the configuration that uses them.
-fn certs(out: &std::path::Path, hosts: &[String]) -> anyhow::Result<()> {
-    use auth::tls::*;
-    let written = auth::tls::make(out, hosts)?;
-    for f in &written {
-        println!("wrote {}", f.display());
-    }
-    let p = |f: &str| out.join(f).display().to_string();
-    println!(
-        "\nIn the brain's configuration (brain --config FILE):\n\n\
-         [tls]\ncert_file = {:?}\nkey_file = {:?}\n\
-         # mutual TLS: every client presents a certificate this CA signed\n\
-         client_ca_file = {:?}\n\n\
-         [launcher.tls]  # how the job masters the brain starts reach it\n\
-         ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n\n\
-         brainctl: --ca {} (mutual TLS: --tls-cert {} --tls-key {})\n\
-         job-master run --brain URL: --brain-ca {} (--brain-cert {} --brain-key {})",
-        p(SERVER_CERT),
-        p(SERVER_KEY),
-        p(CA_CERT),
-        p(CA_CERT),
-        p(CLIENT_CERT),
-        p(CLIENT_KEY),
-        p(CA_CERT),
-        p(CLIENT_CERT),
-        p(CLIENT_KEY),
-        p(CA_CERT),
-        p(CLIENT_CERT),
-        p(CLIENT_KEY),
-    );
-    Ok(())
 }

@@ -1,0 +1,157 @@
+//! `brainctl jobs` and `brainctl status`: the brain's jobs with their metric summaries, GPU
+//! use and plan versions, and one job in full (size, why, master, outcome).
+
+use proto::service::v1 as pb;
+
+use crate::link::{ask_brain, job_id};
+
+/// `brainctl jobs`.
+pub fn jobs(brain: &str) -> anyhow::Result<()> {
+    let jobs = ask_brain(brain, async |mut c| {
+        Ok(c.list_jobs(pb::ListJobsRequest {}).await?.into_inner().jobs)
+    })?;
+    print_jobs(&jobs);
+    Ok(())
+}
+
+/// `brainctl status JOB`.
+pub fn status(job: &str, brain: &str) -> anyhow::Result<()> {
+    let record = ask_brain(brain, async |mut c| {
+        let id = job_id(&mut c, job).await?;
+        Ok(c.get_job(pb::GetJobRequest { job_id: id })
+            .await?
+            .into_inner())
+    })?;
+    print_jobs(std::slice::from_ref(&record));
+    if let Some(shape) = &record.shape {
+        print_shape(shape);
+    }
+    if !record.reasons.is_empty() {
+        println!("sized by the brain because:");
+        for r in &record.reasons {
+            println!("  - {r}");
+        }
+    }
+    println!(
+        "master: {}",
+        if record.master_address.is_empty() {
+            "(not started)"
+        } else {
+            &record.master_address
+        }
+    );
+    if !record.run_dir.is_empty() {
+        println!("run directory: {}", record.run_dir);
+    }
+    println!("samples trained: {}", record.samples_done);
+    if !record.outcome.is_empty() {
+        println!("outcome: {}", record.outcome);
+    }
+    Ok(())
+}
+
+pub fn print_jobs(jobs: &[pb::JobRecord]) {
+    println!(
+        "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12} {:>9} {:>6} {:>8}  plan (newest/accepted/reached)",
+        "id",
+        "name",
+        "state",
+        "workers",
+        "reports",
+        "last step",
+        "samples/s",
+        "peak MiB",
+        "gpu %",
+        "gpu MiB"
+    );
+    for j in jobs {
+        let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
+            if s.ps > 0 {
+                format!("{}+{}ps", s.workers, s.ps)
+            } else {
+                s.workers.to_string()
+            }
+        });
+        let (gpu_pct, gpu_mib) = if j.gpu_processes.is_empty() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!("{:.0}", j.gpu_utilisation_pct),
+                (j.gpu_memory_bytes >> 20).to_string(),
+            )
+        };
+        println!(
+            "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12.1} {:>9} {:>6} {:>8}  {}/{}/{}",
+            j.job_id,
+            j.job_name,
+            j.state,
+            workers,
+            j.reports,
+            j.last_global_step,
+            j.mean_samples_per_second,
+            j.peak_memory_bytes >> 20,
+            gpu_pct,
+            gpu_mib,
+            j.plan_version,
+            j.acked_version,
+            j.reached_version
+        );
+        if !j.gpu_processes.is_empty() {
+            let each: Vec<String> = j
+                .gpu_processes
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}-{} {:.0}% {} MiB",
+                        p.role,
+                        p.index,
+                        p.utilisation_pct,
+                        p.memory_bytes >> 20
+                    )
+                })
+                .collect();
+            println!("      gpu: {}", each.join(", "));
+        }
+    }
+}
+
+pub fn print_shape(s: &pb::JobShape) {
+    let res = |r: &Option<proto::jobmaster::v1::Resources>| {
+        r.as_ref().map_or("-".to_string(), |r| {
+            format!(
+                "{}m cpu, {} MiB{}",
+                r.cpu_millicores,
+                r.memory_bytes >> 20,
+                if r.gpu_milli > 0 {
+                    format!(", {} gpu", vocab::Gpus::from_milli(r.gpu_milli))
+                } else {
+                    String::new()
+                }
+            )
+        })
+    };
+    println!(
+        "{} job: {} workers (min {}, max {}, node unit {}) of {}",
+        s.kind,
+        s.workers,
+        s.min_workers,
+        s.max_workers,
+        s.worker_node_unit,
+        res(&s.worker_resources)
+    );
+    if s.ps > 0 {
+        println!("  {} ps of {}", s.ps, res(&s.ps_resources));
+    }
+    for r in &s.services {
+        println!(
+            "  {} {} ({}, min {}, max {}) of {}",
+            r.count,
+            r.role,
+            r.topology,
+            r.min,
+            r.max,
+            res(&r.resources)
+        );
+    }
+    println!("  {} samples to train", s.total_samples);
+}
