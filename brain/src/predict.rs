@@ -20,6 +20,16 @@ pub struct Prediction {
     pub reasons: Vec<String>,
 }
 
+/// The workers a finished job ended at: what its last report said ran, else the count its last
+/// plan set (the stored shape keeps the submitted count: sizing from it would only echo the
+/// brain's earlier predictions).
+fn ended_workers(row: &JobRow, shape: &Shape) -> u32 {
+    [row.reported_workers, row.workers, shape.workers]
+        .into_iter()
+        .find(|&n| n > 0)
+        .unwrap_or(0)
+}
+
 /// Fills `spec` in. `history` is every job the brain knows (finished ones are used), with
 /// the speeds its PS jobs reported per (workers, PS) pair in `ps_speeds`.
 /// `model`, when `brainctl train` stored one, sizes the workers' CPU and memory (at `now_s`).
@@ -64,7 +74,7 @@ pub fn predict(
         past.push(PastJob {
             name: row.name.clone(),
             spec,
-            workers: shape.workers,
+            workers: ended_workers(row, shape),
             ps: shape.ps,
             peak_memory_bytes: row.peak_memory_bytes,
             peak_ps_millicores: row.peak_ps_millicores,
@@ -265,6 +275,31 @@ mod tests {
                 .iter()
                 .any(|r| r.contains("3 similar finished job(s): a, b, c"))
         );
+    }
+
+    /// Jobs submitted at 2 workers that the brain grew to 6 teach the next one 6, not the 2
+    /// they were first given (issue 44: sizing echoed its own earlier predictions).
+    #[test]
+    fn history_gives_the_counts_jobs_ended_at_not_those_they_were_submitted_with() {
+        let grown = |name: &str, reported: u32| {
+            let mut row = past(name, 2, 1, 600, JobState::Succeeded);
+            row.workers = 6;
+            row.peak_workers = 6;
+            row.reported_workers = reported;
+            row
+        };
+        // One ended its last report at 6; one whose last report said nothing uses its plan's.
+        let history = [grown("a", 6), grown("b", 0), grown("c", 6)];
+        let p = predict(
+            &spec("  ps: {}\n  worker: { min: 1, max: 8 }\n"),
+            &history,
+            &BTreeMap::new(),
+            &cluster(),
+            None,
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(p.shape.workers, 6, "{:?}", p.reasons);
     }
 
     #[test]

@@ -542,10 +542,10 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::PolicyText>, Status> {
         auth::operator(&request)?;
-        let (policy, path) = self.control.policy();
+        let (policy, _) = self.control.policy();
         Ok(Response::new(pb::PolicyText {
             toml: policy.text,
-            path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+            path: self.control.policy_source(),
         }))
     }
 
@@ -559,10 +559,9 @@ impl pb::brain_server::Brain for BrainService {
         let loaded = tokio::task::spawn_blocking(move || control.set_policy(&text))
             .await
             .map_err(|e| Status::internal(format!("policy task: {e}")))??;
-        let (_, path) = self.control.policy();
         Ok(Response::new(pb::PolicyText {
             toml: loaded.text,
-            path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+            path: self.control.policy_source(),
         }))
     }
 }

@@ -29,7 +29,8 @@ use crate::store::{JobRow, JobState};
 /// A history `brainctl train --evaluate` can score.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HistoryKind {
-    /// The brain's own finished jobs (at least 40).
+    /// The brain's own finished jobs (scored once there are 40; the model itself is fitted
+    /// from 20).
     Own,
     /// Alibaba's GPU trace of 2023: pods' CPU, memory and GPU.
     #[value(name = "alibaba-2023")]

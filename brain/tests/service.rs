@@ -494,6 +494,68 @@ async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
     assert!(local.contains(" ok"), "{out}");
 }
 
+/// `brainctl policy set` puts a policy in force without rewriting the file the brain was
+/// started with (its comments stay); the brain keeps it across a restart; an edit of the file
+/// afterwards is read again and put in force (issue 44, items 7 and 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_set_through_the_brain_is_kept_by_it_and_an_edited_file_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    let original = "# the operator's own notes\n[live]\ninterval_s = 1\n";
+    std::fs::write(&file, original).unwrap();
+    let start = || {
+        common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |cmd| {
+            cmd.arg("--policy").arg(&file);
+        })
+    };
+    let show = |url: &str| {
+        let (ok, out) = common::brainctl(&["policy", "show", "--brain", url]);
+        assert!(ok, "{out}");
+        out
+    };
+    let (brain, url) = start();
+    let out = show(&url);
+    assert!(
+        out.contains("interval_s = 1") && out.contains(&file.display().to_string()),
+        "{out}"
+    );
+    let new = dir.path().join("new.toml");
+    std::fs::write(&new, "[live]\ninterval_s = 3\n").unwrap();
+    let (ok, out) = common::brainctl(&["policy", "set", new.to_str().unwrap(), "--brain", &url]);
+    assert!(ok && out.contains("kept in the brain's database"), "{out}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
+    assert!(show(&url).contains("interval_s = 3"));
+
+    // A restarted brain keeps the operator's last word, not the older file.
+    drop(brain);
+    let (_brain, url) = start();
+    let out = show(&url);
+    assert!(
+        out.contains("interval_s = 3") && out.contains("kept in the brain's database"),
+        "{out}"
+    );
+    // The file edited afterwards is read again at the next round, and is in force.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&file, "[live]\ninterval_s = 2\n").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = show(&url);
+        if out.contains("interval_s = 2") {
+            assert!(!out.contains("kept in the brain's database"), "{out}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edit was not read: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "[live]\ninterval_s = 2\n"
+    );
+}
+
 /// A user's error is one plain line (its causes after colons), never a backtrace, even with
 /// `RUST_BACKTRACE=1`; an unreachable brain says what to check (issue 44, item 7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,7 +44,12 @@ pub use crate::now_unix_ms;
 pub struct LoadedPolicy {
     pub config: PolicyConfig,
     pub text: String,
+    /// The policy file's modification time when this was put in force: the file is read
+    /// again once it changes (also after a policy set through the brain).
     modified: Option<SystemTime>,
+    /// Set through the brain (`brainctl policy set`) at this time, kept in its database;
+    /// none: read from the policy file (or the defaults).
+    set_unix_ms: Option<i64>,
 }
 
 impl LoadedPolicy {
@@ -75,6 +80,33 @@ pub fn load_policy(path: Option<&Path>) -> Result<LoadedPolicy, BrainError> {
         config,
         text,
         modified: path.and_then(modified),
+        set_unix_ms: None,
+    })
+}
+
+/// The policy a brain starts with: the one set through it (kept in `store`) when that is newer
+/// than the policy file, else the file's: the operator's last word either way.
+fn starting_policy(store: &Store, path: Option<&Path>) -> Result<LoadedPolicy, BrainError> {
+    let from_file = load_policy(path)?;
+    let Some((text, set_unix_ms)) = store.stored_policy()? else {
+        return Ok(from_file);
+    };
+    let file_ms = from_file.modified.map_or(i64::MIN, |t| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    });
+    if file_ms > set_unix_ms {
+        return Ok(from_file);
+    }
+    let config = PolicyConfig::from_toml(&text).map_err(|e| BrainError::Stored {
+        what: "the policy set through the brain".into(),
+        problem: e.to_string(),
+    })?;
+    Ok(LoadedPolicy {
+        config,
+        text,
+        set_unix_ms: Some(set_unix_ms),
+        ..from_file
     })
 }
 
@@ -124,7 +156,10 @@ impl Control {
         outputs: Outputs,
         keys: Arc<crate::auth::Keys>,
     ) -> Result<Control, BrainError> {
-        let policy = load_policy(policy_path.as_deref())?;
+        let policy = starting_policy(
+            &store.lock().expect("no panic while the store is held"),
+            policy_path.as_deref(),
+        )?;
         Ok(Control {
             store,
             policy: RwLock::new(policy),
@@ -189,25 +224,41 @@ impl Control {
         )
     }
 
-    /// Checks `text`, writes it to the policy file and puts it in force.
+    /// Where the policy in force came from, for `brainctl policy show`.
+    pub fn policy_source(&self) -> String {
+        let (policy, path) = self.policy();
+        let file = path.map(|p| p.display().to_string());
+        match (policy.set_unix_ms, file) {
+            (Some(at), Some(file)) => format!(
+                "set with `brainctl policy set` (unix ms {at}), kept in the brain's database; \
+                 {file} is read again once it changes"
+            ),
+            (Some(at), None) => format!(
+                "set with `brainctl policy set` (unix ms {at}), kept in the brain's database"
+            ),
+            (None, Some(file)) => file,
+            (None, None) => String::new(),
+        }
+    }
+
+    /// Checks `text`, keeps it in the store (the policy file is never written) and puts it in
+    /// force; an edit of the policy file later puts the file's in force again.
     pub fn set_policy(&self, text: &str) -> Result<LoadedPolicy, BrainError> {
-        let Some(path) = &self.policy_path else {
-            return Err(BrainError::FailedPrecondition(
-                "this brain runs without a policy file: start it with --policy FILE".into(),
-            ));
-        };
         let config = PolicyConfig::from_toml(text)
             .map_err(|e| BrainError::InvalidArgument(format!("the policy is not valid: {e}")))?;
-        let tmp = path.with_extension("toml.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, path)?;
+        let now = now_unix_ms();
+        self.store
+            .lock()
+            .expect("no panic while the store is held")
+            .set_policy(text, now)?;
         let loaded = LoadedPolicy {
             config,
             text: text.to_string(),
-            modified: modified(path),
+            modified: self.policy_path.as_deref().and_then(modified),
+            set_unix_ms: Some(now),
         };
         *self.policy.write().expect("no panic under the lock") = loaded.clone();
-        tracing::info!(path = %path.display(), "policy set");
+        tracing::info!("policy set through the brain: in force from the next round");
         self.wake();
         Ok(loaded)
     }

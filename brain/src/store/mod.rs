@@ -15,6 +15,7 @@ pub use vocab::JobId;
 
 mod cordons;
 mod jobs;
+mod policy;
 mod processes;
 mod records;
 mod reports;
@@ -147,6 +148,8 @@ const MIGRATIONS: &[&str] = &[
     "CREATE INDEX jobs_by_state ON jobs(state)",
     "CREATE TABLE cordons (node TEXT PRIMARY KEY, reason TEXT NOT NULL,
          since_unix_ms INTEGER NOT NULL, until_unix_ms INTEGER)",
+    "CREATE TABLE policy_set (id INTEGER PRIMARY KEY CHECK (id = 1), toml TEXT NOT NULL,
+         set_unix_ms INTEGER NOT NULL)",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

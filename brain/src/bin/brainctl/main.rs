@@ -168,10 +168,10 @@ enum Command {
         #[arg(long, global = true, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
-    /// Fit the job-profile model on the brain's finished jobs and store it in its database (the
-    /// brain sizes submitted jobs' memory with it from then on); with --evaluate, score it
-    /// against DLRover's rule, the user's request and the global median on a time-ordered
-    /// split of that history and of Alibaba's 2023 and 2025 GPU traces.
+    /// Fit the job-profile model on the brain's finished jobs (20 at least) and store it in its
+    /// database (the brain sizes submitted jobs' worker CPU and memory with it from then on);
+    /// with --evaluate, score it against DLRover's rule, the user's request and the global
+    /// median on a time-ordered split of that history and of Alibaba's 2023 and 2025 GPU traces.
     Train(train::TrainArgs),
     /// Show or set the operator's policy of a running brain (TOML: [scheduler] sizes the jobs,
     /// [[heuristics]] correct their PS count and processes' resources, [live] interval_s,

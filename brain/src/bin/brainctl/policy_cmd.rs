@@ -15,7 +15,9 @@ pub enum PolicyAction {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
-    /// Check a policy file and make it the brain's policy from the next round on.
+    /// Check a policy file and make it the brain's policy from the next round on. The brain
+    /// keeps it in its database (also across restarts); the policy file it was started with is
+    /// never rewritten, and is put in force again if it is edited later.
     Set {
         file: PathBuf,
         #[arg(long, default_value = "http://127.0.0.1:50070")]
@@ -30,7 +32,7 @@ pub fn policy(action: PolicyAction) -> anyhow::Result<()> {
                 Ok(c.get_policy(pb::GetPolicyRequest {}).await?.into_inner())
             })?;
             if p.path.is_empty() {
-                println!("# no policy file: the defaults are in force");
+                println!("# no policy file and none set: the defaults are in force");
             } else {
                 println!("# {}", p.path);
             }
@@ -50,7 +52,7 @@ pub fn policy(action: PolicyAction) -> anyhow::Result<()> {
                 .await?
                 .into_inner())
             })?;
-            println!("policy set: written to {}", p.path);
+            println!("policy set, in force from the next round: {}", p.path);
             Ok(())
         }
     }
