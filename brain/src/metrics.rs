@@ -6,7 +6,9 @@
 //! refused (by limit), and the listener's connections: open, pending (not yet spoken) and
 //! closed by it, by reason (handshake timed out or failed, idle, closed to make room at a cap),
 //! and, for each running job, its effective training time, the training its restarts threw
-//! away, its stragglers now and its GPU use, per job and per process (its newest report).
+//! away, its stragglers now and its GPU use, per job and per process (its newest report), its
+//! size, processes by role (running and waiting), recent speed, CPU, memory and plan; and per
+//! node the brain plans on its CPU, GPUs by model and whether it is cordoned.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -17,6 +19,100 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 use crate::store::{JobState, Store};
+
+type Labels = Vec<(String, String)>;
+
+/// The per-job series of running jobs.
+#[derive(Default)]
+struct JobGauges {
+    workers: Family<Labels, Gauge>,
+    processes: Family<Labels, Gauge>,
+    waiting: Family<Labels, Gauge>,
+    samples_per_second: Family<Labels, Gauge<f64, AtomicU64>>,
+    cpu_cores: Family<Labels, Gauge<f64, AtomicU64>>,
+    memory_bytes: Family<Labels, Gauge>,
+    plan_version: Family<Labels, Gauge>,
+}
+
+impl JobGauges {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "job_workers",
+            "Workers a running job's newest plan sets, by job",
+            self.workers.clone(),
+        );
+        r.register(
+            "job_processes",
+            "A running job's processes running now, by job and role (its newest report)",
+            self.processes.clone(),
+        );
+        r.register(
+            "job_waiting_processes",
+            "A running job's processes launched and waiting for room to run, by job and role",
+            self.waiting.clone(),
+        );
+        r.register(
+            "job_samples_per_second",
+            "A running job's training speed, the mean of its reports over the last 30 s, by job",
+            self.samples_per_second.clone(),
+        );
+        r.register(
+            "job_cpu_cores",
+            "CPU a running job's processes use, by job",
+            self.cpu_cores.clone(),
+        );
+        r.register(
+            "job_memory_bytes",
+            "Resident memory of a running job's processes, by job",
+            self.memory_bytes.clone(),
+        );
+        r.register(
+            "job_plan_version",
+            "The newest plan the brain made for a running job, by job",
+            self.plan_version.clone(),
+        );
+    }
+
+    fn clear(&self) {
+        self.workers.clear();
+        self.processes.clear();
+        self.waiting.clear();
+        self.samples_per_second.clear();
+        self.cpu_cores.clear();
+        self.memory_bytes.clear();
+        self.plan_version.clear();
+    }
+
+    fn set(&self, row: &crate::store::JobRow, s: &crate::store::JobSnapshot) {
+        let job = vec![("job".to_string(), row.name.clone())];
+        self.workers.get_or_create(&job).set(i64::from(row.workers));
+        self.plan_version
+            .get_or_create(&job)
+            .set(row.plan_version as i64);
+        if s.at_unix_ms == 0 {
+            return; // no report yet
+        }
+        self.samples_per_second
+            .get_or_create(&job)
+            .set(s.samples_per_second);
+        self.cpu_cores
+            .get_or_create(&job)
+            .set(s.cpu_millicores as f64 / 1000.0);
+        self.memory_bytes
+            .get_or_create(&job)
+            .set(s.memory_bytes as i64);
+        for (role, running, waiting) in &s.roles {
+            let label = vec![
+                ("job".to_string(), row.name.clone()),
+                ("role".to_string(), role.to_string()),
+            ];
+            self.processes
+                .get_or_create(&label)
+                .set(i64::from(*running));
+            self.waiting.get_or_create(&label).set(i64::from(*waiting));
+        }
+    }
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -44,6 +140,14 @@ pub struct Metrics {
     job_gpu_utilisation: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     process_gpu_utilisation: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     process_gpu_memory: Family<Vec<(String, String)>, Gauge>,
+    /// Per running job: its size in force, processes by role (running, waiting), a recent
+    /// speed, CPU and memory in use, its newest plan.
+    job: JobGauges,
+    /// Per node the brain plans on: CPU, GPUs by model, cordoned; GPUs by model in all.
+    node_cpu_cores: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    node_gpus: Family<Vec<(String, String)>, Gauge>,
+    node_cordoned: Family<Vec<(String, String)>, Gauge>,
+    cluster_gpus: Family<Vec<(String, String)>, Gauge>,
     /// The listener's counts, read at each scrape.
     pub conn_stats: std::sync::Arc<auth::listen::ConnStats>,
 }
@@ -164,7 +268,38 @@ impl Default for Metrics {
             "GPU memory a running job's process holds, by job, role and index",
             process_gpu_memory.clone(),
         );
+        let job = JobGauges::default();
+        job.register(&mut registry);
+        let node_cpu_cores = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "node_cpu_cores",
+            "CPU a node offers the brain's jobs (without Ray: the local pool), by node",
+            node_cpu_cores.clone(),
+        );
+        let node_gpus = Family::<Labels, Gauge>::default();
+        registry.register(
+            "node_gpus",
+            "GPUs of a node, by node and GPU model",
+            node_gpus.clone(),
+        );
+        let node_cordoned = Family::<Labels, Gauge>::default();
+        registry.register(
+            "node_cordoned",
+            "1 while a node is cordoned (out of every round's capacity), else 0, by node",
+            node_cordoned.clone(),
+        );
+        let cluster_gpus = Family::<Labels, Gauge>::default();
+        registry.register(
+            "cluster_gpus",
+            "GPUs the brain plans on (cordoned nodes' left out), by GPU model",
+            cluster_gpus.clone(),
+        );
         Metrics {
+            job,
+            node_cpu_cores,
+            node_gpus,
+            node_cordoned,
+            cluster_gpus,
             job_gpu_utilisation,
             process_gpu_utilisation,
             process_gpu_memory,
@@ -247,8 +382,10 @@ impl Metrics {
         self.job_gpu_utilisation.clear();
         self.process_gpu_utilisation.clear();
         self.process_gpu_memory.clear();
+        self.job.clear();
         for row in rows.iter().filter(|r| r.state == JobState::Running) {
             self.render_gpu(&row.name, &store.gpu_use(row.id));
+            self.job.set(row, &store.snapshot(row.id));
             let label = vec![("job".to_string(), row.name.clone())];
             let crate::store::JobStability {
                 effective,
@@ -290,8 +427,56 @@ impl Metrics {
         }
     }
 
-    /// The text exposition, with the job gauges read from `store` now.
-    pub fn render(&self, store: &Store) -> String {
+    /// The nodes the brain plans on, with the cordons in force.
+    fn render_nodes(&self, nodes: &[crate::capacity::NodeInfo], cordoned: &[String]) {
+        self.node_cpu_cores.clear();
+        self.node_gpus.clear();
+        self.node_cordoned.clear();
+        self.cluster_gpus.clear();
+        let mut by_model: std::collections::BTreeMap<&str, i64> = Default::default();
+        for n in nodes {
+            let node = vec![("node".to_string(), n.name.clone())];
+            let out = cordoned.contains(&n.name);
+            if n.cpu_millicores > 0 {
+                self.node_cpu_cores
+                    .get_or_create(&node)
+                    .set(n.cpu_millicores as f64 / 1000.0);
+            }
+            if n.gpus > 0 {
+                let model = if n.gpu_type.is_empty() {
+                    "any"
+                } else {
+                    &n.gpu_type
+                };
+                self.node_gpus
+                    .get_or_create(&vec![
+                        ("node".to_string(), n.name.clone()),
+                        ("gpu_type".to_string(), model.to_string()),
+                    ])
+                    .set(i64::from(n.gpus));
+                if !out {
+                    *by_model.entry(model).or_default() += i64::from(n.gpus);
+                }
+            }
+            self.node_cordoned.get_or_create(&node).set(i64::from(out));
+        }
+        for (model, gpus) in by_model {
+            self.cluster_gpus
+                .get_or_create(&vec![("gpu_type".to_string(), model.to_string())])
+                .set(gpus);
+        }
+    }
+
+    /// The text exposition, with the job gauges read from `store` now and the nodes the brain
+    /// plans on.
+    pub fn render(&self, store: &Store, nodes: &[crate::capacity::NodeInfo]) -> String {
+        let cordoned: Vec<String> = store
+            .cordons(crate::now_unix_ms())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.node)
+            .collect();
+        self.render_nodes(nodes, &cordoned);
         if let Ok(rows) = store.jobs() {
             for state in [
                 JobState::Queued,

@@ -494,6 +494,7 @@ pub async fn run(
 
     let scrape = {
         let (store, metrics, keys) = (store.clone(), metrics.clone(), keys.clone());
+        let control = control.clone();
         move |headers: axum::http::HeaderMap| async move {
             let presented = headers
                 .get(axum::http::header::AUTHORIZATION)
@@ -508,8 +509,9 @@ pub async fn run(
                      authorization.credentials_file)\n",
                 ));
             }
+            let nodes = control.nodes();
             Ok(tokio::task::spawn_blocking(move || {
-                metrics.render(&store.lock().expect("no panic under the lock"))
+                metrics.render(&store.lock().expect("no panic under the lock"), &nodes)
             })
             .await
             .unwrap_or_default())

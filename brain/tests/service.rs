@@ -494,6 +494,77 @@ async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
     assert!(local.contains(" ok"), "{out}");
 }
 
+/// Per-job, per-role and per-node series in `/metrics` (issue 44, item 3): a running job's
+/// size, processes running and waiting by role, its speed over the last 30 s (not since its
+/// start), CPU, memory and plan; each node's CPU and GPUs by model, cordoned or not, and the
+/// cluster's GPUs by model without the cordoned node's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_series_per_job_role_and_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(
+        dir.path(),
+        "[cluster]\ncpus = 8\n[[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n\
+         [[cluster.gpu_nodes]]\nname = \"b\"\ngpus = 2\ngpu_type = \"A100\"\n",
+        |_| {},
+    );
+    let r = operator_client(&url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "watched".into(),
+            master_address: "127.0.0.1:7001".into(),
+            shape: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let process = |role: &str, index: u32, pending_ms: u64| pb::ProcessReport {
+        role: role.into(),
+        index,
+        pending_ms,
+        ..Default::default()
+    };
+    // Its start (torch imported, nothing trained), then 60 s at 1,000 samples/s.
+    let at = |s: i64, sps: f64| pb::MetricReport {
+        at_unix_ms: 1_700_000_000_000 + s * 1000,
+        processes: vec![
+            process("worker", 0, 0),
+            process("worker", 1, 0),
+            process("worker", 2, 4000),
+            process("ps", 0, 0),
+        ],
+        ..report(s as u64, sps)
+    };
+    let mut reports = vec![at(0, 10.0)];
+    reports.extend((1..=6).map(|i| at(i * 10, 1000.0)));
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports,
+    })
+    .await
+    .unwrap();
+    let (ok, out) = common::brainctl(&["nodes", "cordon", "b", "--reason", "test", "--brain", &url]);
+    assert!(ok, "{out}");
+    let metrics = common::scrape(&url);
+    for want in [
+        "brain_job_samples_per_second{job=\"watched\"} 1000.0",
+        "brain_job_processes{job=\"watched\",role=\"worker\"} 2",
+        "brain_job_waiting_processes{job=\"watched\",role=\"worker\"} 1",
+        "brain_job_processes{job=\"watched\",role=\"ps\"} 1",
+        "brain_job_cpu_cores{job=\"watched\"} 3.0",
+        "brain_job_memory_bytes{job=\"watched\"} 2147483648",
+        "brain_job_plan_version{job=\"watched\"} 0",
+        "brain_node_cpu_cores{node=\"local\"} 8.0",
+        "brain_node_gpus{node=\"a\",gpu_type=\"A100\"} 4",
+        "brain_node_gpus{node=\"b\",gpu_type=\"A100\"} 2",
+        "brain_node_cordoned{node=\"b\"} 1",
+        "brain_node_cordoned{node=\"a\"} 0",
+        "brain_cluster_gpus{gpu_type=\"A100\"} 4",
+    ] {
+        assert!(metrics.contains(want), "no {want} in\n{metrics}");
+    }
+}
+
 /// `brainctl policy set` puts a policy in force without rewriting the file the brain was
 /// started with (its comments stay); the brain keeps it across a restart; an edit of the file
 /// afterwards is read again and put in force (issue 44, items 7 and 8).

@@ -25,7 +25,9 @@ mod tokens;
 
 pub use cordons::Cordon;
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
-pub use processes::{CPU_SAMPLES, GpuUse, JobGpuUse, JobStability, ProcessSample};
+pub use processes::{
+    CPU_SAMPLES, GpuUse, JobGpuUse, JobSnapshot, JobStability, ProcessSample, SPEED_WINDOW_MS,
+};
 pub use records::{
     JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,
 };

@@ -61,6 +61,22 @@ impl JobGpuUse {
     }
 }
 
+/// How far back [`JobSnapshot::samples_per_second`] looks: a recent speed, not the mean
+/// since the job started (which counts its start-up).
+pub const SPEED_WINDOW_MS: i64 = 30_000;
+
+/// A running job as its newest reports saw it: for `/metrics` and `brainctl`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobSnapshot {
+    pub at_unix_ms: i64,
+    /// The mean of its reports' speeds over the last [`SPEED_WINDOW_MS`] before its newest.
+    pub samples_per_second: f64,
+    pub cpu_millicores: u64,
+    pub memory_bytes: u64,
+    /// Its processes by role: (role, running, waiting to run).
+    pub roles: Vec<(Role, u32, u32)>,
+}
+
 /// A job's processes and corrections.
 #[derive(Clone, Debug, Default)]
 pub(super) struct JobProcesses {
@@ -74,6 +90,9 @@ pub(super) struct JobProcesses {
     stragglers: Vec<super::StragglerNote>,
     slow_nodes: Vec<super::SlowNode>,
     gpu: JobGpuUse,
+    /// (at, samples/s) of its reports over the speed window, oldest first.
+    speeds: std::collections::VecDeque<(i64, f64)>,
+    snapshot: JobSnapshot,
 }
 
 /// A job's effective training time, its stragglers and the nodes its pre-run check found
@@ -136,7 +155,24 @@ impl Processes {
             entry.stragglers = m.stragglers.clone();
             entry.slow_nodes = m.slow_nodes.clone();
             entry.gpu = gpu_use(m);
+            entry.speeds.push_back((m.at_unix_ms, m.samples_per_second));
+            while entry
+                .speeds
+                .front()
+                .is_some_and(|&(at, _)| at < m.at_unix_ms - SPEED_WINDOW_MS)
+            {
+                entry.speeds.pop_front();
+            }
+            entry.snapshot = snapshot(m, &entry.speeds);
         }
+    }
+
+    /// The job as its newest reports saw it.
+    pub(super) fn snapshot(&self, job: JobId) -> JobSnapshot {
+        self.jobs
+            .get(&job)
+            .map(|j| j.snapshot.clone())
+            .unwrap_or_default()
     }
 
     /// The job's GPU use of its newest report.
@@ -203,6 +239,26 @@ impl Processes {
     }
 }
 
+/// What one report says of the job, with the speed over the window `speeds` holds.
+fn snapshot(m: &Metric, speeds: &std::collections::VecDeque<(i64, f64)>) -> JobSnapshot {
+    let mut roles: BTreeMap<Role, (u32, u32)> = BTreeMap::new();
+    for p in &m.processes {
+        let (running, waiting) = roles.entry(p.role).or_default();
+        if p.pending_ms > 0 {
+            *waiting += 1;
+        } else {
+            *running += 1;
+        }
+    }
+    JobSnapshot {
+        at_unix_ms: m.at_unix_ms,
+        samples_per_second: speeds.iter().map(|s| s.1).sum::<f64>() / speeds.len().max(1) as f64,
+        cpu_millicores: m.cpu_millicores,
+        memory_bytes: m.memory_bytes,
+        roles: roles.into_iter().map(|(r, (a, b))| (r, a, b)).collect(),
+    }
+}
+
 /// The GPU use one report gives: the processes given a GPU or holding memory on one.
 fn gpu_use(m: &Metric) -> JobGpuUse {
     JobGpuUse {
@@ -250,6 +306,28 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_speed_is_the_mean_of_the_last_window_and_processes_are_counted_by_role() {
+        let mut p = Processes::default();
+        let job = JobId(1);
+        let at = |t: i64, sps: f64, pending: u64| Metric {
+            samples_per_second: sps,
+            ..report(t, &[100, 100], pending)
+        };
+        // A slow start, then 40 s at 100, then 200: the window holds the last 30 s only.
+        p.fold(job, &[at(0, 5.0, 0)]);
+        for t in 1..=4 {
+            p.fold(job, &[at(t * 10_000, 100.0, 0)]);
+        }
+        p.fold(job, &[at(50_000, 200.0, 0)]);
+        let s = p.snapshot(job);
+        // 20, 30, 40, 50 s: (100 + 100 + 100 + 200) / 4.
+        assert_eq!(s.samples_per_second, 125.0);
+        assert_eq!(s.roles, vec![(Role::PS, 2, 0)]);
+        p.fold(job, &[at(60_000, 200.0, 500)]);
+        assert_eq!(p.snapshot(job).roles, vec![(Role::PS, 0, 2)]);
     }
 
     #[test]

@@ -129,6 +129,12 @@ impl Store {
         self.processes.stability(job)
     }
 
+    /// The job as its newest reports saw it: a recent speed, CPU and memory, processes by role
+    /// (kept in memory, like its stability).
+    pub fn snapshot(&self, job: JobId) -> super::processes::JobSnapshot {
+        self.processes.snapshot(job)
+    }
+
     /// The job's GPU use, as its newest report gave it (kept in memory, like its stability).
     pub fn gpu_use(&self, job: JobId) -> super::processes::JobGpuUse {
         self.processes.gpu(job)
