@@ -15,7 +15,8 @@ fn failed(path: &Path, e: impl std::fmt::Display) -> BrainError {
     BrainError::Internal(format!("drawing {}: {e}", path.display()))
 }
 
-/// Writes `jct_cdf.svg` and `utilisation.svg` into `dir`; returns their paths.
+/// Writes `jct_cdf.svg` and the utilisation over time into `dir`: `utilisation.svg` for one
+/// trace, `utilisation-TRACE.svg` for each of several; returns their paths.
 pub fn draw(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf>, BrainError> {
     std::fs::create_dir_all(dir).map_err(|source| datasets::DatasetError::Io {
         path: dir.to_path_buf(),
@@ -23,9 +24,34 @@ pub fn draw(dir: &Path, results: &[PolicyResult]) -> Result<Vec<PathBuf>, BrainE
     })?;
     let cdf = dir.join("jct_cdf.svg");
     jct_cdf(&cdf, results).map_err(|e| failed(&cdf, e))?;
-    let util = dir.join("utilisation.svg");
-    utilisation(&util, results).map_err(|e| failed(&util, e))?;
-    Ok(vec![cdf, util])
+    let mut written = vec![cdf];
+    let traces: Vec<String> = results
+        .first()
+        .map(|r| r.runs.iter().map(|(t, _)| t.clone()).collect())
+        .unwrap_or_default();
+    for (i, trace) in traces.iter().enumerate() {
+        let util = if traces.len() == 1 {
+            dir.join("utilisation.svg")
+        } else {
+            dir.join(format!("utilisation-{}.svg", file_safe(trace)))
+        };
+        utilisation(&util, results, i, trace).map_err(|e| failed(&util, e))?;
+        written.push(util);
+    }
+    Ok(written)
+}
+
+/// A trace's name as a file name: letters, digits, `-`, `_` and `.` kept, others `_`.
+fn file_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
@@ -93,16 +119,16 @@ fn jct_cdf(path: &Path, results: &[PolicyResult]) -> DrawResult {
     Ok(())
 }
 
-/// GPUs in use / GPUs up per round, of each policy's first trace, hours on x.
-fn utilisation(path: &Path, results: &[PolicyResult]) -> DrawResult {
-    let trace = results
-        .first()
-        .and_then(|r| r.runs.first())
-        .map_or(String::new(), |(t, _)| t.clone());
+/// GPUs in use / GPUs up per round, of each policy's replay of trace number `index` (named
+/// `trace`), hours on x.
+fn utilisation(path: &Path, results: &[PolicyResult], index: usize, trace: &str) -> DrawResult {
     let lines: Vec<(String, Vec<(f64, f64)>)> = results
         .iter()
         .map(|r| {
-            let rounds = r.runs.first().map_or(&[][..], |(_, rep)| &rep.rounds[..]);
+            let rounds = r
+                .runs
+                .get(index)
+                .map_or(&[][..], |(_, rep)| &rep.rounds[..]);
             let step = rounds.len().div_ceil(MAX_POINTS).max(1);
             let points = rounds
                 .chunks(step)

@@ -543,7 +543,8 @@ async fn metrics_have_series_per_job_role_and_node() {
     })
     .await
     .unwrap();
-    let (ok, out) = common::brainctl(&["nodes", "cordon", "b", "--reason", "test", "--brain", &url]);
+    let (ok, out) =
+        common::brainctl(&["nodes", "cordon", "b", "--reason", "test", "--brain", &url]);
     assert!(ok, "{out}");
     let metrics = common::scrape(&url);
     for want in [

@@ -1069,3 +1069,73 @@ fn a_failure_loses_the_training_since_the_last_checkpoint() {
         assert!(!out.exists(), "{extra:?} wrote {}", out.display());
     }
 }
+
+/// Rows named by `--label` (two policy files of one name are refused until labelled), progress
+/// off a terminal as lines, and one utilisation chart per trace (issue 44, item 7).
+#[test]
+fn rows_are_labelled_progress_shows_off_a_terminal_and_each_trace_gets_its_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = small_trace(dir.path(), 12);
+    let second = dir.path().join("second.csv");
+    std::fs::copy(&first, &second).unwrap();
+    // Two variants of one policy, both in files named policy.toml.
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (d, s) in [(&a, "fifo"), (&b, "tiresias")] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::copy(policy(s), d.join("policy.toml")).unwrap();
+    }
+    let (pa, pb) = (a.join("policy.toml"), b.join("policy.toml"));
+    let profiles = pollux().join("traces");
+    let out = dir.path().join("out");
+    let replay = |labels: &[&str]| {
+        let mut args = vec![
+            "whatif",
+            "--trace",
+            first.to_str().unwrap(),
+            "--trace",
+            second.to_str().unwrap(),
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--policy",
+            pa.to_str().unwrap(),
+            "--policy",
+            pb.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        for l in labels {
+            args.extend(["--label", l]);
+        }
+        brainctl(&args)
+    };
+    let refused = replay(&[]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && err.contains("both be named \"policy\"")
+            && err.contains("--label"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused replay writes nothing");
+    let wrong = replay(&["only-one"]);
+    assert!(!wrong.status.success());
+
+    let done = replay(&["fifo-variant", "tiresias-variant"]);
+    let progress = String::from_utf8_lossy(&done.stderr).into_owned();
+    let table = table_of(done);
+    assert_eq!(row(&table, "fifo-variant")[1], "24", "{table}");
+    assert_eq!(row(&table, "tiresias-variant")[1], "24", "{table}");
+    // Not a terminal here: progress comes as lines, the last at every job.
+    assert!(
+        progress.contains("whatif: 48/48 jobs finished (100 %)"),
+        "{progress}"
+    );
+    for chart in ["utilisation-small.svg", "utilisation-second.svg"] {
+        let svg = std::fs::read_to_string(out.join(chart)).unwrap();
+        assert!(
+            svg.contains("fifo-variant") && svg.contains("tiresias-variant"),
+            "{chart}"
+        );
+    }
+    assert!(!out.join("utilisation.svg").exists());
+}

@@ -27,6 +27,10 @@ pub struct WhatifArgs {
     /// A policy file with a `[scheduler]` table (see examples/policies); repeat to compare.
     #[arg(long = "policy", required = true, value_name = "TOML")]
     policies: Vec<PathBuf>,
+    /// The name of each policy's row, in the order of the --policy flags (default: its file's
+    /// name without `.toml`; two policies may not share a name).
+    #[arg(long = "label", value_name = "NAME")]
+    labels: Vec<String>,
     /// Seconds of simulated time between scheduling rounds.
     #[arg(long, default_value_t = 60.0)]
     round_s: f64,
@@ -44,7 +48,7 @@ pub struct WhatifArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Directory for the results: jobs, rounds and summary as Parquet and CSV, and the
-    /// charts jct_cdf.svg and utilisation.svg.
+    /// charts jct_cdf.svg and utilisation.svg (several traces: one utilisation-TRACE.svg each).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Simulations at once (default: the cores available).
@@ -186,6 +190,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         profiles,
         cluster,
         policies,
+        labels,
         round_s,
         restart_penalty_s,
         faults,
@@ -207,10 +212,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     };
     let handlings = faults.config(&mut sim, &cluster)?;
     sim.validate()?;
-    let policies = policies
-        .iter()
-        .map(|p| whatif::load_policy(p, live_round))
-        .collect::<Result<Vec<_>, _>>()?;
+    let policies = labelled(&policies, &labels, live_round)?;
     let policies = whatif::with_handlings(&policies, &handlings);
     if !(horizon_s.is_finite() && horizon_s > 0.0) {
         bail!("--horizon-s is {horizon_s}, expected a number of seconds > 0");
@@ -261,7 +263,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     };
     let on_done = |n: u64| bar.inc(n);
     let results = whatif::run(&traces, &profiles, &policies, &options, &on_done)?;
-    bar.finish_and_clear();
+    bar.finish();
     print!("{}", whatif::render_table(&results));
     eprintln!("{}", whatif::render_timing(&results));
     if let Some(dir) = out {
@@ -274,14 +276,105 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A progress bar over `total` jobs.
-fn jobs_bar(total: u64) -> ProgressBar {
-    ProgressBar::new(total).with_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished ({eta} left)",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
+/// The policies, each named by its --label or its file's name; two of one name are refused.
+fn labelled(
+    paths: &[PathBuf],
+    labels: &[String],
+    live_round: bool,
+) -> anyhow::Result<Vec<whatif::NamedPolicy>> {
+    if !labels.is_empty() && labels.len() != paths.len() {
+        bail!(
+            "{} --label for {} --policy: give one label per policy, in the same order",
+            labels.len(),
+            paths.len()
+        );
+    }
+    let mut policies = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let mut p = whatif::load_policy(path, live_round)?;
+        if let Some(label) = labels.get(i) {
+            if label.trim().is_empty() {
+                bail!("--label {}: a row's name may not be empty", i + 1);
+            }
+            p.label = label.clone();
+        }
+        if let Some(j) = policies
+            .iter()
+            .position(|q: &whatif::NamedPolicy| q.label == p.label)
+        {
+            bail!(
+                "two policies would both be named {:?} ({} and {}): name them with --label, one \
+                 per --policy",
+                p.label,
+                paths[j].display(),
+                path.display()
+            );
+        }
+        policies.push(p);
+    }
+    Ok(policies)
+}
+
+/// Progress over `total` jobs: a bar on a terminal; elsewhere (a log, CI) a line at every
+/// tenth of the way, so that a long replay shows it is alive.
+enum Progress {
+    Bar(ProgressBar),
+    Lines {
+        total: u64,
+        done: std::sync::atomic::AtomicU64,
+        started: std::time::Instant,
+    },
+}
+
+impl Progress {
+    fn inc(&self, n: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self {
+            Progress::Bar(bar) => bar.inc(n),
+            Progress::Lines {
+                total,
+                done,
+                started,
+            } => {
+                let before = done.fetch_add(n, Relaxed);
+                let tenth = |x: u64| x * 10 / (*total).max(1);
+                if tenth(before + n) > tenth(before) {
+                    eprintln!(
+                        "whatif: {}/{total} jobs finished ({} %), {:.0} s",
+                        before + n,
+                        (before + n) * 100 / (*total).max(1),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Progress over `total` jobs (see [`Progress`]).
+fn jobs_bar(total: u64) -> Progress {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return Progress::Lines {
+            total,
+            done: Default::default(),
+            started: std::time::Instant::now(),
+        };
+    }
+    Progress::Bar(
+        ProgressBar::new(total).with_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished ({eta} left)",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        ),
     )
 }
 
@@ -316,7 +409,7 @@ fn whatif_streamed(
         outputs.as_ref(),
         &on_done,
     );
-    bar.finish_and_clear();
+    bar.finish();
     let results = match replayed {
         Ok(results) => results,
         Err(e) => {
