@@ -53,8 +53,42 @@ mod reports;
 mod shapes;
 use shapes::{node_state, shape_from, shape_to};
 
-fn record((row, gpu): (JobRow, crate::store::JobGpuUse)) -> pb::JobRecord {
+/// What a job's record carries beside its row: kept in memory (its newest reports, the last
+/// round) or read on demand (its plans, for GetJob only).
+#[derive(Default)]
+struct Extras {
+    gpu: crate::store::JobGpuUse,
+    snapshot: crate::store::JobSnapshot,
+    waiting: String,
+    plans: Vec<crate::store::PlanEntry>,
+}
+
+/// The plans `GetJob` shows, newest first.
+const PLANS_SHOWN: usize = 10;
+
+fn record((row, extras): (JobRow, Extras)) -> pb::JobRecord {
+    let Extras {
+        gpu,
+        snapshot,
+        waiting,
+        plans,
+    } = extras;
     pb::JobRecord {
+        recent_samples_per_second: snapshot.samples_per_second,
+        waiting_reason: waiting,
+        plans: plans
+            .into_iter()
+            .map(|p| pb::PlanEntry {
+                version: p.version,
+                reason: p.reason,
+                created_unix_ms: p.created_unix_ms,
+                answer: match p.accepted {
+                    Some(true) => "accepted".into(),
+                    Some(false) => format!("refused: {}", p.answer),
+                    None => String::new(),
+                },
+            })
+            .collect(),
         gpu_utilisation_pct: gpu.utilisation_pct,
         gpu_memory_bytes: gpu.memory_bytes(),
         gpu_processes: gpu
@@ -266,6 +300,40 @@ impl pb::brain_server::Brain for BrainService {
         Ok(Response::new(pb::DiagnoseResponse { text }))
     }
 
+    async fn job_events(
+        &self,
+        request: Request<pb::JobEventsRequest>,
+    ) -> Result<Response<pb::JobEventsResponse>, Status> {
+        auth::operator(&request)?;
+        let text = self.control.events(JobId(request.get_ref().job_id)).await?;
+        Ok(Response::new(pb::JobEventsResponse { text }))
+    }
+
+    async fn job_logs(
+        &self,
+        request: Request<pb::JobLogsRequest>,
+    ) -> Result<Response<pb::JobLogsResponse>, Status> {
+        auth::operator(&request)?;
+        let r = request.into_inner();
+        if r.process.len() > 128 {
+            return Err(Status::invalid_argument(format!(
+                "a process name of {} bytes: at most 128 (e.g. worker-0)",
+                r.process.len()
+            )));
+        }
+        let (log, text, next_offset, ended) = self
+            .control
+            .logs(JobId(r.job_id), r.process, r.incarnation, r.offset)
+            .await?;
+        Ok(Response::new(pb::JobLogsResponse {
+            path: log.path.display().to_string(),
+            incarnation: log.incarnation,
+            text,
+            next_offset,
+            ended,
+        }))
+    }
+
     async fn cancel_job(
         &self,
         request: Request<pb::CancelJobRequest>,
@@ -399,10 +467,19 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::JobRecord>, Status> {
         let id = JobId(request.get_ref().job_id);
         auth::operator_or_job(&request, id)?;
-        let row = self
-            .with_store(move |s| Ok((s.job(id)?, s.gpu_use(id))))
+        let (row, mut extras) = self
+            .with_store(move |s| {
+                let extras = Extras {
+                    gpu: s.gpu_use(id),
+                    snapshot: s.snapshot(id),
+                    plans: s.plan_history(id, PLANS_SHOWN)?,
+                    ..Default::default()
+                };
+                Ok((s.job(id)?, extras))
+            })
             .await?;
-        Ok(Response::new(record(row)))
+        extras.waiting = self.control.waiting_reason(id);
+        Ok(Response::new(record((row, extras))))
     }
 
     async fn list_jobs(
@@ -416,14 +493,25 @@ impl pb::brain_server::Brain for BrainService {
                 Ok(rows
                     .into_iter()
                     .map(|r| {
-                        let gpu = s.gpu_use(r.id);
-                        (r, gpu)
+                        let extras = Extras {
+                            gpu: s.gpu_use(r.id),
+                            snapshot: s.snapshot(r.id),
+                            ..Default::default()
+                        };
+                        (r, extras)
                     })
                     .collect::<Vec<_>>())
             })
             .await?;
+        let control = &self.control;
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: rows.into_iter().map(record).collect(),
+            jobs: rows
+                .into_iter()
+                .map(|(row, mut extras)| {
+                    extras.waiting = control.waiting_reason(row.id);
+                    record((row, extras))
+                })
+                .collect(),
         }))
     }
 

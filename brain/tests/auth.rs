@@ -35,9 +35,11 @@ enum Rpc {
     CordonNode,
     UncordonNode,
     Diagnose,
+    JobEvents,
+    JobLogs,
 }
 
-const ALL: [Rpc; 17] = [
+const ALL: [Rpc; 19] = [
     Rpc::RegisterJob,
     Rpc::ReportMetrics,
     Rpc::GetPlan,
@@ -55,6 +57,8 @@ const ALL: [Rpc; 17] = [
     Rpc::CordonNode,
     Rpc::UncordonNode,
     Rpc::Diagnose,
+    Rpc::JobEvents,
+    Rpc::JobLogs,
 ];
 
 impl Rpc {
@@ -188,6 +192,19 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
             .diagnose(pb::DiagnoseRequest {
                 job_id: job,
                 all: true,
+            })
+            .await
+            .map(drop),
+        Rpc::JobEvents => c
+            .job_events(pb::JobEventsRequest { job_id: job })
+            .await
+            .map(drop),
+        Rpc::JobLogs => c
+            .job_logs(pb::JobLogsRequest {
+                job_id: job,
+                process: "worker-0".into(),
+                offset: 0,
+                incarnation: 0,
             })
             .await
             .map(drop),

@@ -47,7 +47,9 @@ with_job!(
     pb::GetJobRequest,
     pb::JobOutcome,
     pb::CancelJobRequest,
-    pb::DiagnoseRequest
+    pb::DiagnoseRequest,
+    pb::JobEventsRequest,
+    pb::JobLogsRequest
 );
 without_job!(
     pb::RegisterJobRequest,
@@ -67,7 +69,7 @@ fn set_job<T: JobIdOf>(req: &mut T, job: u64) {
     }
 }
 
-/// RPC number `rpc` (of 16) with `bytes` as its request; `None` when they do not decode.
+/// RPC number `rpc` (of 19) with `bytes` as its request; `None` when they do not decode.
 async fn call(
     op: &mut Client,
     job: &mut Client,
@@ -75,7 +77,7 @@ async fn call(
     bytes: &[u8],
     real: Option<u64>,
 ) -> Option<Result<(), tonic::Status>> {
-    match rpc % 17 {
+    match rpc % 19 {
         0 => send!(job, register_job, pb::RegisterJobRequest, bytes, real),
         1 => send!(job, report_metrics, pb::MetricsBatch, bytes, real),
         2 => send!(job, get_plan, pb::GetPlanRequest, bytes, real),
@@ -92,7 +94,9 @@ async fn call(
         13 => send!(op, list_nodes, pb::ListNodesRequest, bytes, real),
         14 => send!(op, cordon_node, pb::CordonNodeRequest, bytes, real),
         15 => send!(op, uncordon_node, pb::UncordonNodeRequest, bytes, real),
-        _ => send!(op, diagnose, pb::DiagnoseRequest, bytes, real),
+        16 => send!(op, diagnose, pb::DiagnoseRequest, bytes, real),
+        17 => send!(op, job_events, pb::JobEventsRequest, bytes, real),
+        _ => send!(op, job_logs, pb::JobLogsRequest, bytes, real),
     }
 }
 
@@ -138,7 +142,7 @@ fn random_requests_get_answers_or_clear_refusals_never_a_crash() {
             {
                 return Err(TestCaseError::fail(format!(
                     "rpc {} with {bytes:?}: {e:?}",
-                    rpc % 16
+                    rpc % 19
                 )));
             }
             if answer.is_some() {

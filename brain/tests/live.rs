@@ -392,6 +392,9 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert_eq!(all[0].state, "queued", "{all:?}");
     let (ok, out) = brainctl(&["plan", "--dry-run", "--brain", &url]);
     assert!(ok && out.contains("waits"), "{out}");
+    // Its status says why it waits, as the brain's round decided.
+    let (ok, out) = brainctl(&["status", "ok-job", "--brain", &url]);
+    assert!(ok && out.contains("waiting: "), "{out}");
     // Cancelling: an unknown job is refused; the queued one is cancelled before it starts, and
     // a second cancel says it has ended.
     let (ok, out) = brainctl(&["cancel", "nope", "--brain", &url]);
@@ -433,9 +436,12 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
         &url,
     ]);
     assert!(ok, "{out}");
+    // In force, kept by the brain; the file it was started with is not rewritten.
+    let (ok, out) = brainctl(&["policy", "show", "--brain", &url]);
+    assert!(ok && out.contains("commands = [\"python3 train.py ...\"]"), "{out}");
     assert_eq!(
         std::fs::read_to_string(d.join("policy.toml")).unwrap(),
-        "[live]\ninterval_s = 30\ncooldown_s = 10\n[submissions]\ncommands = [\"python3 train.py ...\"]\n"
+        "[live]\ninterval_s = 60\n"
     );
     // The program the policy now names is accepted (and waits for room like any job).
     let cmd = bad(
@@ -554,10 +560,65 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // While it runs: its events and a worker's output through the brain (issue 44, item 2).
+    let (ok, events) = brainctl(&["events", "scaled", "--brain", &url]);
+    assert!(ok && events.contains("plan"), "{events}");
     // The job runs to its end at the operator's size.
     let job = first_job_ended(&url).await;
     assert_eq!(job.state, "succeeded", "{job:#?}");
+    // Its plan with the operator's reason and the master's answer; its output, plain text,
+    // followed to the end; a process it never had is named with those it had.
+    let (ok, status) = brainctl(&["status", "scaled", "--brain", &url]);
+    assert!(
+        ok && status.contains(&format!("v{version} by hand (brainctl scale): accepted")),
+        "{status}"
+    );
+    let (ok, log) = brainctl(&[
+        "logs", "scaled", "--role", "worker", "--index", "2", "--follow", "--brain", &url,
+    ]);
+    assert!(
+        ok && log.contains("INFO") && !log.contains('\u{1b}'),
+        "{log}"
+    );
+    let (ok, out) = brainctl(&["logs", "scaled", "--index", "7", "--brain", &url]);
+    assert!(
+        !ok && out.contains("no output of worker-7; there is output of")
+            && out.contains("worker-2"),
+        "{out}"
+    );
+    // The same from the run directory alone, without the brain.
+    let out = std::process::Command::new(bin_dir().join("job-master"))
+        .arg("events")
+        .arg(Path::new(&run_dir).join("master"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        events_after(&url, "scaled")
+    );
+    let out = std::process::Command::new(bin_dir().join("job-master"))
+        .arg("logs")
+        .arg(Path::new(&run_dir).join("master"))
+        .args(["--index", "2", "--follow"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // brainctl's output holds the file's name (on stderr) before its text.
+    let text: String = log
+        .lines()
+        .filter(|l| !l.starts_with("== "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), text);
     brain.kill();
+}
+
+/// The job's events as `brainctl events` prints them now.
+fn events_after(url: &str, job: &str) -> String {
+    let (ok, out) = brainctl(&["events", job, "--brain", url]);
+    assert!(ok, "{out}");
+    out
 }
 
 /// An operator cancels a running job through the brain: its job master takes a last

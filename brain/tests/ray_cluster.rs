@@ -663,11 +663,14 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
             "{ps}"
         );
     }
-    // The masters' output, from Ray's logs, is in the run directory.
+    // The masters' output, from Ray's logs, is in the run directory. A resume Ray places on
+    // the node being lost before its health check has marked it dead fails at once and is
+    // resumed again (seen once in CI: three submissions, the middle one's log empty), so the
+    // count is at least two; each resume follows the end of the one before.
     let master_log = std::fs::read_to_string(Path::new(&r.run_dir).join("job-master.log")).unwrap();
+    let submitted = master_log.matches("job master submitted to Ray").count();
     assert!(
-        master_log.matches("job master submitted to Ray").count() == 2
-            && master_log.contains("(resume)"),
+        submitted >= 2 && master_log.matches("(resume)").count() == submitted - 1,
         "{master_log}"
     );
     wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;

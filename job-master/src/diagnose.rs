@@ -1,5 +1,6 @@
 //! A job's diagnosis: what went wrong and what it cost, from its persisted context (and its
-//! report, once it ended). What `job-master diagnose RUN_DIR` prints.
+//! report, once it ended). What `job-master diagnose RUN_DIR` prints; and its events alone
+//! ([`events`], `job-master events RUN_DIR`).
 //!
 //! After its effective training time, the work each group restart threw away (steps and
 //! training since the checkpoint it went back to). The timeline holds the events that are about
@@ -110,6 +111,22 @@ fn listed(items: &[String], sep: &str) -> String {
     } else {
         items.join(sep)
     }
+}
+
+/// Every event of the job, one line each: seconds since its start, kind, text (what
+/// `job-master events` and `brainctl events` print).
+pub fn events(ctx: &JobContext) -> String {
+    let mut out = String::new();
+    for e in &ctx.events {
+        let _ = writeln!(
+            out,
+            "{:>9.3} s  {:<10}  {}",
+            e.at_ms as f64 / 1000.0,
+            e.kind.as_str(),
+            e.text
+        );
+    }
+    out
 }
 
 fn timeline(out: &mut String, ctx: &JobContext, all: bool) {

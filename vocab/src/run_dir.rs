@@ -11,6 +11,96 @@ pub const CONTEXT_FILE: &str = "job-context.json";
 /// The final report ([`crate::report::JobReport`]), written when the job has ended.
 pub const REPORT_FILE: &str = "report.json";
 
+/// The processes' output, one file per process and incarnation: `logs/worker-0.1.log`.
+pub const LOGS_DIR: &str = "logs";
+
+/// One process's output file in a master's run directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessLog {
+    /// The process, as its role and index name it (`worker-0`).
+    pub process: String,
+    /// Its incarnation (1 for the first launch, one more per relaunch).
+    pub incarnation: u64,
+    pub path: std::path::PathBuf,
+}
+
+/// Every process's output files in `master_dir`, by process then incarnation.
+pub fn process_logs(master_dir: &Path) -> Vec<ProcessLog> {
+    let mut logs: Vec<ProcessLog> = std::fs::read_dir(master_dir.join(LOGS_DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (process, incarnation) = name.strip_suffix(".log")?.rsplit_once('.')?;
+            let (role, index) = process.rsplit_once('-')?;
+            (!role.is_empty() && index.parse::<u32>().is_ok()).then_some(())?;
+            Some(ProcessLog {
+                process: process.to_string(),
+                incarnation: incarnation.parse().ok()?,
+                path: e.path(),
+            })
+        })
+        .collect();
+    logs.sort_by(|a, b| (&a.process, a.incarnation).cmp(&(&b.process, b.incarnation)));
+    logs
+}
+
+/// The output of `process`'s newest incarnation, or why there is none (naming those there are).
+pub fn newest_log(master_dir: &Path, process: &str) -> Result<ProcessLog, String> {
+    let logs = process_logs(master_dir);
+    if let Some(log) = logs.iter().rev().find(|l| l.process == process) {
+        return Ok(log.clone());
+    }
+    let mut there: Vec<&str> = logs.iter().map(|l| l.process.as_str()).collect();
+    there.dedup();
+    Err(if there.is_empty() {
+        format!(
+            "no process output in {} yet",
+            master_dir.join(LOGS_DIR).display()
+        )
+    } else {
+        format!(
+            "no output of {process}; there is output of {}",
+            there.join(", ")
+        )
+    })
+}
+
+/// At most `max` bytes of `path` from byte `offset` on, as text (invalid UTF-8 replaced, colour
+/// escapes of older logs removed), and the offset after them. An offset past the end (the file
+/// was replaced) starts again at 0.
+pub fn read_log(path: &Path, offset: u64, max: u64) -> std::io::Result<(String, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let from = if offset > len { 0 } else { offset };
+    f.seek(SeekFrom::Start(from))?;
+    let mut bytes = Vec::new();
+    f.take(max).read_to_end(&mut bytes)?;
+    let next = from + bytes.len() as u64;
+    Ok((strip_ansi(&String::from_utf8_lossy(&bytes)), next))
+}
+
+/// `text` without ANSI escape sequences (`ESC [ ... letter`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Whether the master of the job in `master_dir` left it unfinished: its persisted context
 /// says it still runs and there is no report. A missing or unreadable context is not
 /// unfinished work (nothing can be resumed from it).
@@ -29,6 +119,53 @@ pub fn left_unfinished(master_dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_logs_are_found_by_process_and_incarnation_and_read_from_an_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join(LOGS_DIR);
+        std::fs::create_dir(&logs).unwrap();
+        for f in [
+            "worker-0.1.log",
+            "worker-0.2.log",
+            "worker-10.1.log",
+            "ps-0.1.log",
+            "x.log",
+        ] {
+            std::fs::write(logs.join(f), "").unwrap();
+        }
+        let found: Vec<(String, u64)> = process_logs(dir.path())
+            .into_iter()
+            .map(|l| (l.process, l.incarnation))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("ps-0", 1),
+                ("worker-0", 1),
+                ("worker-0", 2),
+                ("worker-10", 1)
+            ]
+            .map(|(p, i)| (p.to_string(), i))
+        );
+        assert_eq!(newest_log(dir.path(), "worker-0").unwrap().incarnation, 2);
+        let e = newest_log(dir.path(), "worker-3").unwrap_err();
+        assert!(e.contains("ps-0, worker-0, worker-10"), "{e}");
+        let path = logs.join("worker-0.2.log");
+        std::fs::write(
+            &path,
+            "\u{1b}[2m2026\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m started\nmore\n",
+        )
+        .unwrap();
+        let (text, next) = read_log(&path, 0, 1 << 20).unwrap();
+        assert_eq!(text, "2026  INFO started\nmore\n");
+        let (rest, end) = read_log(&path, next - 5, 1 << 20).unwrap();
+        assert_eq!((rest.as_str(), end), ("more\n", next));
+        assert_eq!(read_log(&path, next, 10).unwrap(), (String::new(), next));
+        // A replaced, shorter file is read from its start.
+        std::fs::write(&path, "new\n").unwrap();
+        assert_eq!(read_log(&path, next, 10).unwrap(), ("new\n".to_string(), 4));
+    }
 
     #[test]
     fn only_a_running_context_without_a_report_is_unfinished() {

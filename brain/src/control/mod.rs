@@ -39,6 +39,9 @@ use crate::store::{JobId, JobState, PlanCounts, Shape, Store};
 
 pub use crate::now_unix_ms;
 
+/// The most of a process's output one `JobLogs` answer carries.
+pub const LOG_PIECE_BYTES: u64 = 256 << 10;
+
 /// The policy in force and where it came from.
 #[derive(Clone, Debug)]
 pub struct LoadedPolicy {
@@ -128,6 +131,8 @@ pub struct Control {
     wake: Notify,
     /// One round at a time (timer, events and dry runs).
     round_lock: tokio::sync::Mutex<()>,
+    /// Why each queued job waits, as the last dispatching round said.
+    waiting: RwLock<std::collections::HashMap<JobId, String>>,
     pub metrics: Arc<Metrics>,
     /// Raw metric time series, when an InfluxDB is configured.
     pub sink: Option<crate::sink::Sink>,
@@ -169,6 +174,7 @@ impl Control {
             launcher,
             wake: Notify::new(),
             round_lock: tokio::sync::Mutex::new(()),
+            waiting: Default::default(),
             metrics: outputs.metrics,
             sink: outputs.sink,
             resumes: Mutex::default(),
@@ -215,6 +221,38 @@ impl Control {
     pub async fn diagnose(&self, job: JobId, all: bool) -> Result<String, BrainError> {
         let name = self.with_store(move |s| s.name(job)).await?;
         self.launcher.diagnose(&name, all).await
+    }
+
+    /// A job's events, one a line, from its run directory.
+    pub async fn events(&self, job: JobId) -> Result<String, BrainError> {
+        let name = self.with_store(move |s| s.name(job)).await?;
+        self.launcher.events(&name).await
+    }
+
+    /// A piece of one process's output (see [`Launcher::logs`]), and whether the job ended.
+    pub async fn logs(
+        &self,
+        job: JobId,
+        process: String,
+        incarnation: u64,
+        offset: u64,
+    ) -> Result<(vocab::run_dir::ProcessLog, String, u64, bool), BrainError> {
+        let row = self.with_store(move |s| s.job(job)).await?;
+        let ended = !matches!(row.state, JobState::Queued | JobState::Running);
+        let (log, text, next) =
+            self.launcher
+                .logs(&row.name, &process, incarnation, offset, LOG_PIECE_BYTES)?;
+        Ok((log, text, next, ended))
+    }
+
+    /// Why `job` waits, if it is queued and the last round said.
+    pub fn waiting_reason(&self, job: JobId) -> String {
+        self.waiting
+            .read()
+            .expect("no panic under the lock")
+            .get(&job)
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn policy(&self) -> (LoadedPolicy, Option<PathBuf>) {
@@ -474,6 +512,19 @@ impl Control {
         .map_err(|e| BrainError::Internal(format!("round task: {e}")))??;
         self.metrics.observe_round(snapshot_ms, solve_ms);
         if dispatch {
+            *self.waiting.write().expect("no panic under the lock") = plan
+                .decisions
+                .iter()
+                .filter(|d| d.state == LiveState::Queued && !d.starts())
+                .map(|d| {
+                    let why = if d.reasons.is_empty() {
+                        "the round gave it no room".to_string()
+                    } else {
+                        d.reasons.join("; ")
+                    };
+                    (JobId(d.job.0), why)
+                })
+                .collect();
             for d in plan.decisions.iter().filter(|d| d.changes()) {
                 let job = JobId(d.job.0);
                 let why = d.reasons.join("; ");

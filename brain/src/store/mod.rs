@@ -31,7 +31,7 @@ pub use processes::{
 pub use records::{
     JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,
 };
-pub use reports::PlanCounts;
+pub use reports::{PlanCounts, PlanEntry};
 
 pub struct Store {
     conn: Connection,

@@ -15,6 +15,17 @@ pub struct PlanCounts {
     pub services: BTreeMap<vocab::Role, u32>,
 }
 
+/// One plan of a job, as `brainctl status` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanEntry {
+    pub version: u64,
+    pub reason: String,
+    pub created_unix_ms: i64,
+    /// Its job master's answer: accepted or refused; none yet.
+    pub accepted: Option<bool>,
+    pub answer: String,
+}
+
 impl Store {
     /// Checks every report, then folds them all into the job's summary in one transaction:
     /// a batch with one bad report changes nothing.
@@ -203,6 +214,26 @@ impl Store {
         tx.commit()?;
         self.processes.corrected(job, corrections);
         Ok(version)
+    }
+
+    /// The job's newest `limit` plans, newest first: each version's reason, when it was made and
+    /// its job master's answer (none yet: not acknowledged).
+    pub fn plan_history(&self, job: JobId, limit: usize) -> Result<Vec<PlanEntry>, BrainError> {
+        let id = self.known(job)?;
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT version, reason, created_unix_ms, accepted, answer FROM plans
+             WHERE job_id = ?1 ORDER BY version DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![id, limit as i64], |r| {
+            Ok(PlanEntry {
+                version: r.get::<_, i64>(0)? as u64,
+                reason: r.get(1)?,
+                created_unix_ms: r.get(2)?,
+                accepted: r.get(3)?,
+                answer: r.get::<_, Option<String>>(4)?.unwrap_or_default(),
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// The newest plan above `after`, if any.

@@ -77,6 +77,17 @@ fn jobs_plans_and_summaries_survive_a_reopen() {
         (2, 2, 1)
     );
     assert_eq!(s.jobs().unwrap().len(), 1);
+    // The plans with their reasons and answers, newest first (brainctl status).
+    let history = s.plan_history(a, 10).unwrap();
+    let seen: Vec<(u64, &str, i64, Option<bool>)> = history
+        .iter()
+        .map(|p| (p.version, p.reason.as_str(), p.created_unix_ms, p.accepted))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(2, "grow more", 40, Some(true)), (1, "grow", 30, None)]
+    );
+    assert_eq!(s.plan_history(a, 1).unwrap().len(), 1);
 }
 
 /// A plan that adds a PS changes the count the brain plans with; what each process reported

@@ -338,7 +338,7 @@ pub async fn run(
             gpus,
         } => Arc::new(LocalPlatform::new(
             agent_bin.unwrap_or_else(LocalPlatform::default_agent_bin),
-            run_dir.join("logs"),
+            run_dir.join(vocab::run_dir::LOGS_DIR),
             ev_tx,
             max_processes,
             gpus.unwrap_or_else(crate::platform::local::machine_gpus),

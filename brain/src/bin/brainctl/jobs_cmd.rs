@@ -1,5 +1,6 @@
-//! `brainctl jobs` and `brainctl status`: the brain's jobs with their metric summaries, GPU
-//! use and plan versions, and one job in full (size, why, master, outcome).
+//! `brainctl jobs` and `brainctl status`: the brain's jobs with their metric summaries (a
+//! running job's samples/s is its speed over the last 30 s, an ended one's its mean), GPU use
+//! and plan versions, and one job in full (size, why, why it waits, plans, master, outcome).
 
 use proto::service::v1 as pb;
 
@@ -43,7 +44,28 @@ pub fn status(job: &str, brain: &str) -> anyhow::Result<()> {
     if !record.run_dir.is_empty() {
         println!("run directory: {}", record.run_dir);
     }
+    if !record.waiting_reason.is_empty() {
+        println!("waiting: {}", record.waiting_reason);
+    }
+    if record.recent_samples_per_second > 0.0 {
+        println!(
+            "speed now: {:.1} samples/s (the last 30 s of reports; {:.1} on average since it \
+             started)",
+            record.recent_samples_per_second, record.mean_samples_per_second
+        );
+    }
     println!("samples trained: {}", record.samples_done);
+    if !record.plans.is_empty() {
+        println!("plans (newest first):");
+        for p in &record.plans {
+            let answer = if p.answer.is_empty() {
+                "not answered yet"
+            } else {
+                &p.answer
+            };
+            println!("  v{} {}: {answer}", p.version, p.reason);
+        }
+    }
     if !record.outcome.is_empty() {
         println!("outcome: {}", record.outcome);
     }
@@ -88,7 +110,11 @@ pub fn print_jobs(jobs: &[pb::JobRecord]) {
             workers,
             j.reports,
             j.last_global_step,
-            j.mean_samples_per_second,
+            if j.state == "running" && j.recent_samples_per_second > 0.0 {
+                j.recent_samples_per_second
+            } else {
+                j.mean_samples_per_second
+            },
             j.peak_memory_bytes >> 20,
             gpu_pct,
             gpu_mib,

@@ -10,8 +10,10 @@
 mod cancel_cmd;
 mod certs_cmd;
 mod diagnose_cmd;
+mod events_cmd;
 mod jobs_cmd;
 mod link;
+mod logs_cmd;
 mod nodes_cmd;
 mod plan_cmd;
 mod policy_cmd;
@@ -76,8 +78,9 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
     },
-    /// Show one job of a running brain: its state, size, why the brain sized it so, its
-    /// metrics and plans, and how it ended.
+    /// Show one job of a running brain: its state, size, why the brain sized it so, why it
+    /// waits (queued), its speed now, its newest plans with their reasons and answers, and how
+    /// it ended.
     Status {
         /// The job's id or name (from `brainctl jobs`).
         job: String,
@@ -95,6 +98,34 @@ enum Command {
         /// Every event in the timeline, not only those about trouble or change.
         #[arg(long)]
         all: bool,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// Every event of one job (running or ended), one a line: seconds since its start, kind,
+    /// text (faults, restarts, plans, checkpoints, ...), as its master recorded them.
+    Events {
+        /// The job's id or name (from `brainctl jobs`).
+        job: String,
+        /// The brain's gRPC address.
+        #[arg(long, default_value = "http://127.0.0.1:50070")]
+        brain: String,
+    },
+    /// The output of one process of a job (its newest incarnation: after a relaunch, the new
+    /// one's), read by the brain from the job's run directory; with --follow, what it writes
+    /// next too, until the job ends.
+    Logs {
+        /// The job's id or name (from `brainctl jobs`).
+        job: String,
+        /// The process's role.
+        #[arg(long, default_value = "worker")]
+        role: String,
+        /// The process's index in its role.
+        #[arg(long, default_value_t = 0)]
+        index: u32,
+        /// Go on printing what it writes until the job has ended.
+        #[arg(long)]
+        follow: bool,
         /// The brain's gRPC address.
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
@@ -247,6 +278,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs { brain } => jobs_cmd::jobs(&brain),
         Command::Status { job, brain } => jobs_cmd::status(&job, &brain),
         Command::Diagnose { job, all, brain } => diagnose_cmd::diagnose(&job, all, &brain),
+        Command::Events { job, brain } => events_cmd::events(&job, &brain),
+        Command::Logs {
+            job,
+            role,
+            index,
+            follow,
+            brain,
+        } => logs_cmd::logs(&job, &role, index, follow, &brain),
         Command::Submit { spec, brain, wait } => submit_cmd::submit(&spec, &brain, wait),
         Command::Plan { dry_run, brain } => plan_cmd::plan(dry_run, &brain),
         Command::Scale {

@@ -3,6 +3,7 @@
 //! [`run`] (with the platform choice), [`scale`], [`status`] (and the progress line);
 //! `validate` is here.
 
+mod logs;
 mod run;
 mod scale;
 mod status;
@@ -49,6 +50,15 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Every event of a job (running or ended), one line each: seconds since its start, kind,
+    /// text. Read from its run directory.
+    Events {
+        /// The job's run directory (`job-master run`'s --run-dir, runs/<job name> by default).
+        run_dir: PathBuf,
+    },
+    /// The output of one process of a job (its newest incarnation), read from its run
+    /// directory's logs/; with --follow, what it writes next too, until the job ends.
+    Logs(logs::LogsArgs),
 }
 
 /// Which running job master to call, and the job's secret (and TLS) every call carries: from
@@ -140,6 +150,8 @@ async fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: log files stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // A server holds a descriptor per connection: room for many, not the common 1,024.
     if let Err(e) = auth::listen::raise_open_files() {
@@ -151,6 +163,8 @@ async fn main() -> std::process::ExitCode {
         Command::Validate { spec } => validate(&spec),
         Command::Status { master } => status::status(&master).await,
         Command::Diagnose { run_dir, all } => diagnose(&run_dir, all),
+        Command::Events { run_dir } => events(&run_dir),
+        Command::Logs(args) => logs::logs(&args).await,
     };
     match result {
         Ok(code) => code,
@@ -161,14 +175,24 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-fn diagnose(run_dir: &std::path::Path, all: bool) -> anyhow::Result<std::process::ExitCode> {
+/// The job context persisted in `run_dir`.
+fn context_in(run_dir: &std::path::Path) -> anyhow::Result<job_master::job::JobContext> {
     let context = run_dir.join(job_master::persist::CONTEXT_FILE);
-    let ctx = job_master::persist::load(&context).with_context(|| {
+    job_master::persist::load(&context).with_context(|| {
         format!(
             "{}: is this a job's run directory (job-master run --run-dir)?",
             run_dir.display()
         )
-    })?;
+    })
+}
+
+fn events(run_dir: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
+    print!("{}", job_master::diagnose::events(&context_in(run_dir)?));
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn diagnose(run_dir: &std::path::Path, all: bool) -> anyhow::Result<std::process::ExitCode> {
+    let ctx = context_in(run_dir)?;
     let report_file = run_dir.join(vocab::run_dir::REPORT_FILE);
     // A report is the ended job's; a run directory whose job runs again may hold an old one.
     let ended = ctx.phase.is_terminal();
