@@ -438,7 +438,10 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     assert!(ok, "{out}");
     // In force, kept by the brain; the file it was started with is not rewritten.
     let (ok, out) = brainctl(&["policy", "show", "--brain", &url]);
-    assert!(ok && out.contains("commands = [\"python3 train.py ...\"]"), "{out}");
+    assert!(
+        ok && out.contains("commands = [\"python3 train.py ...\"]"),
+        "{out}"
+    );
     assert_eq!(
         std::fs::read_to_string(d.join("policy.toml")).unwrap(),
         "[live]\ninterval_s = 60\n"

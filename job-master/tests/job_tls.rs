@@ -182,7 +182,7 @@ async fn an_allreduce_job_rescaled_over_the_jobs_tls_ring_trains_each_sample_onc
 }
 
 /// The SDK (Python gRPC) reaches a master that takes TLS only: a DDP script trains to the
-/// end. (torch's own store and gloo are not TLS: see the README's threat model.)
+/// end. (torch's own store and gloo are not TLS: see the threat model in docs/operators.md.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pytorch_script_reaches_its_master_over_the_jobs_tls_through_the_sdk() {
     let Some((python, sdk)) = torch_with_sdk() else {

@@ -26,14 +26,14 @@
 //! Pollux does), so long jobs advance side by side where GPUs do the most work. With the fill
 //! step below, on Pollux's workloads it shortened the makespan by 5–8 % at every load and the
 //! p99 JCT by 4 % and 1 % at 1.0× and 1.5× load, and raised the p99 at 0.5× by 2 % (the
-//! README's what-if section has the figures, and what still loses to Pollux-style).
+//! docs/whatif.md has the figures, and what still loses to Pollux-style).
 //!
 //! The third term, off by default (`w` = `fairness_weight` = 0), is proportional fairness:
 //! `ln(1 + s)` grows ever more slowly with the speedup, so with `w` > 0 a GPU is worth more to
 //! a job that has few than to one that has many, and every job advances. It trades mean JCT
 //! for the tail: on Pollux's workloads at 1.0× load `w` = 0.002 with a 120 s restart price
 //! (examples/policies/elastic_lp_balanced.toml) took the makespan from 82,637 to 76,248 s and
-//! raised the mean JCT from 2,352 to 2,689 s (the README's what-if section has every trace).
+//! raised the mean JCT from 2,352 to 2,689 s (docs/whatif.md has every trace).
 //!
 //! The LP has the allocation policies' block-angular shape (each job's shares are its own block,
 //! summing to at most 1; the capacity rows couple them), so it is solved by the block
