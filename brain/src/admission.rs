@@ -50,6 +50,32 @@ pub fn admit(spec: &JobSpec, policy: &SubmissionPolicy, run_dir: &Path) -> Resul
     Ok(())
 }
 
+/// What each program of `spec` is on this machine: `worker runs python3 = /opt/venv/bin/python3
+/// (the brain's PATH, which its jobs inherit)`; a program a relative path names resolves in the
+/// job's working directory (the brain's), and one that is not found is said so (the job would
+/// fail to start). The brain records these with the job's sizing reasons, so that the user sees
+/// at submission which interpreter will run the script.
+pub fn programs(spec: &JobSpec) -> Vec<String> {
+    spec.commands()
+        .into_iter()
+        .filter_map(|(path, command)| {
+            let program = command.first()?;
+            let what = path.trim_end_matches(".command");
+            Some(match vocab::spec::host::resolve_program(program) {
+                Some(p) if program.contains('/') => format!("{what} runs {}", p.display()),
+                Some(p) => format!(
+                    "{what} runs {program} = {} (the brain's PATH, which its jobs inherit)",
+                    p.display()
+                ),
+                None => format!(
+                    "{what} runs {program}, which is not found on the brain's PATH: the job's \
+                     processes will fail to start"
+                ),
+            })
+        })
+        .collect()
+}
+
 /// Why a program may not run here: the operator's allow-list does not name it.
 fn check_command(path: &str, command: &[String], policy: &SubmissionPolicy) -> Result<(), String> {
     if policy
@@ -120,6 +146,29 @@ mod tests {
              data: {{ num_samples: 1000, shard_size: 100 }}\ncheckpoint: {{ dir: {ckpt} }}\n{extra}"
         ))
         .unwrap()
+    }
+
+    /// The interpreter a command job will run is said at submission (issue 44: a script ran
+    /// with a python3 that had no torch, and the only word was "exited with code 1").
+    #[test]
+    fn each_program_is_resolved_on_the_brains_path_and_said() {
+        let found = spec("", "  command: [sh, train.sh]\n", "checkpoints");
+        let said = programs(&found);
+        let sh = vocab::spec::host::resolve_program("sh").unwrap();
+        assert_eq!(
+            said,
+            vec![format!(
+                "workload runs sh = {} (the brain's PATH, which its jobs inherit)",
+                sh.display()
+            )]
+        );
+        let missing = spec("", "  command: [no-such-python9, x.py]\n", "checkpoints");
+        assert!(
+            programs(&missing)[0].contains("no-such-python9, which is not found"),
+            "{:?}",
+            programs(&missing)
+        );
+        assert!(programs(&spec("", "  builtin: {}\n", "checkpoints")).is_empty());
     }
 
     #[test]

@@ -453,8 +453,10 @@ impl Control {
                     .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
                 let yaml = serde_norway::to_string(&p.spec)
                     .map_err(|e| BrainError::Internal(format!("writing the spec: {e}")))?;
-                let id = s.submit(&p.spec.name, &yaml, &p.shape, &p.reasons, now_unix_ms())?;
-                Ok((id, p.shape, p.reasons))
+                let mut reasons = p.reasons;
+                reasons.extend(crate::admission::programs(&p.spec));
+                let id = s.submit(&p.spec.name, &yaml, &p.shape, &reasons, now_unix_ms())?;
+                Ok((id, p.shape, reasons))
             })
             .await?;
         self.metrics.submitted.inc();
