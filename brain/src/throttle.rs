@@ -130,7 +130,7 @@ pub struct Throttle {
 
 impl Throttle {
     pub fn new(limits: &Limits, metrics: std::sync::Arc<Metrics>) -> Throttle {
-        Throttle {
+        let t = Throttle {
             calls: Limit::new(
                 "calls_per_second",
                 limits.calls_per_second,
@@ -151,7 +151,17 @@ impl Throttle {
                 true,
             ),
             metrics,
+        };
+        // Each limit's refusals count from 0, so that a rate() over them is defined before
+        // the first refusal.
+        for limit in [
+            "calls_per_second",
+            "reports_per_second",
+            "submissions_per_minute",
+        ] {
+            t.metrics.throttled_count(limit);
         }
+        t
     }
 
     fn counted<T>(&self, limit: &'static str, r: Result<T, Status>) -> Result<T, Status> {

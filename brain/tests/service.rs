@@ -566,6 +566,88 @@ async fn metrics_have_series_per_job_role_and_node() {
     }
 }
 
+/// The Grafana dashboard in the repository queries only series the brain exports: every
+/// `brain_...` name in its expressions is a metric family of `/metrics` (issue 44, item 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_queries_only_series_the_brain_exports() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/grafana/brain-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(
+        dir.path(),
+        "[cluster]\ncpus = 8\n[[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n",
+        |_| {},
+    );
+    // A running job that reports everything a series is made of (a series appears with its
+    // first sample).
+    let r = operator_client(&url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "shown".into(),
+            master_address: "127.0.0.1:7001".into(),
+            shape: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![pb::MetricReport {
+            training_ms: 45_000,
+            lost_training_ms: 3_000,
+            wall_ms: 50_000,
+            gpu_utilisation_pct: 50.0,
+            processes: vec![pb::ProcessReport {
+                role: "worker".into(),
+                resources: Some(proto::jobmaster::v1::Resources {
+                    gpu_milli: 1000,
+                    ..Default::default()
+                }),
+                gpu_utilisation_pct: 50.0,
+                gpu_memory_bytes: 1 << 30,
+                ..Default::default()
+            }],
+            ..report(10, 100.0)
+        }],
+    })
+    .await
+    .unwrap();
+    let metrics = common::scrape(&url);
+    let mut names = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(at) = rest.find("brain_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                names.push(name);
+            }
+        }
+    }
+    assert!(names.len() >= 20, "{names:?}");
+    for name in names {
+        let family = ["_bucket", "_total", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        assert!(
+            metrics.contains(&format!("# TYPE {family} ")),
+            "the dashboard queries {name}, which /metrics does not export:\n{metrics}"
+        );
+    }
+}
+
 /// `brainctl policy set` puts a policy in force without rewriting the file the brain was
 /// started with (its comments stay); the brain keeps it across a restart; an edit of the file
 /// afterwards is read again and put in force (issue 44, items 7 and 8).
