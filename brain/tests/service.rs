@@ -421,17 +421,7 @@ fn nodes_are_cordoned_with_a_reason_until_lifted_or_expired() {
 async fn a_jobs_stragglers_and_effective_training_reach_nodes_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
-    let r = operator_client(&url)
-        .await
-        .register_job(pb::RegisterJobRequest {
-            job_name: "slowpoke".into(),
-            master_address: "127.0.0.1:7001".into(),
-            shape: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let (r, mut job) = registered(&url, "slowpoke").await;
     let straggler = |ratio: f64| pb::StragglerReport {
         role: "worker".into(),
         index: 2,
@@ -507,17 +497,7 @@ async fn metrics_have_series_per_job_role_and_node() {
          [[cluster.gpu_nodes]]\nname = \"b\"\ngpus = 2\ngpu_type = \"A100\"\n",
         |_| {},
     );
-    let r = operator_client(&url)
-        .await
-        .register_job(pb::RegisterJobRequest {
-            job_name: "watched".into(),
-            master_address: "127.0.0.1:7001".into(),
-            shape: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let (r, mut job) = registered(&url, "watched").await;
     let process = |role: &str, index: u32, pending_ms: u64| pb::ProcessReport {
         role: role.into(),
         index,
@@ -586,17 +566,7 @@ async fn the_grafana_dashboard_queries_only_series_the_brain_exports() {
     );
     // A running job that reports everything a series is made of (a series appears with its
     // first sample).
-    let r = operator_client(&url)
-        .await
-        .register_job(pb::RegisterJobRequest {
-            job_name: "shown".into(),
-            master_address: "127.0.0.1:7001".into(),
-            shape: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let (r, mut job) = registered(&url, "shown").await;
     job.report_metrics(pb::MetricsBatch {
         job_id: r.job_id,
         reports: vec![pb::MetricReport {
@@ -710,6 +680,23 @@ async fn a_policy_set_through_the_brain_is_kept_by_it_and_an_edited_file_is_relo
     );
 }
 
+/// Registers job `name` as a job master started by hand would: its registration, and a
+/// client holding the job's secret.
+async fn registered(url: &str, name: &str) -> (pb::RegisterJobResponse, Client) {
+    let r = operator_client(url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: name.into(),
+            master_address: "127.0.0.1:7001".into(),
+            shape: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let job = client_with(url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    (r, job)
+}
+
 /// A user's error is one plain line (its causes after colons), never a backtrace, even with
 /// `RUST_BACKTRACE=1`; an unreachable brain says what to check (issue 44, item 7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -767,17 +754,7 @@ async fn brainctl_errors_say_what_to_check_without_a_backtrace() {
 async fn a_jobs_gpu_use_per_process_reaches_brainctl_jobs_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
-    let r = operator_client(&url)
-        .await
-        .register_job(pb::RegisterJobRequest {
-            job_name: "gpujob".into(),
-            master_address: "127.0.0.1:7001".into(),
-            shape: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let (r, mut job) = registered(&url, "gpujob").await;
     let process = |index: u32, gpu_milli: u32, util: f64, mem: u64| pb::ProcessReport {
         role: "worker".into(),
         index,
@@ -855,17 +832,7 @@ async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_i
         "[cluster]\ncpus = 8\n[[cluster.gpu_nodes]]\nname = \"gpu-1\"\ngpus = 4\ngpu_type = \"A100\"\n",
         |_| {},
     );
-    let r = operator_client(&url)
-        .await
-        .register_job(pb::RegisterJobRequest {
-            job_name: "checked".into(),
-            master_address: "127.0.0.1:7001".into(),
-            shape: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut job = client_with(&url, Some(auth::Token::parse(&r.job_token).unwrap())).await;
+    let (r, mut job) = registered(&url, "checked").await;
     let fault = |host: &str| pb::NodeFault {
         host: host.into(),
         why: "every all-reduce failed (with 10.0.0.2: connection refused)".into(),
