@@ -118,15 +118,19 @@ fn listed(items: &[String], sep: &str) -> String {
 pub fn events(ctx: &JobContext) -> String {
     let mut out = String::new();
     for e in &ctx.events {
-        let _ = writeln!(
-            out,
-            "{:>9.3} s  {:<10}  {}",
-            e.at_ms as f64 / 1000.0,
-            e.kind.as_str(),
-            e.text
-        );
+        let _ = writeln!(out, "{}", event_line(e));
     }
     out
+}
+
+/// One event as a line: seconds since the job's start, kind, text.
+fn event_line(e: &crate::job::Event) -> String {
+    format!(
+        "{:>9.3} s  {:<10}  {}",
+        e.at_ms as f64 / 1000.0,
+        e.kind.as_str(),
+        e.text
+    )
 }
 
 fn timeline(out: &mut String, ctx: &JobContext, all: bool) {
@@ -142,13 +146,7 @@ fn timeline(out: &mut String, ctx: &JobContext, all: bool) {
     let last = ctx.events.len().saturating_sub(1);
     for (i, e) in ctx.events.iter().enumerate() {
         if all || e.kind != EventKind::Info || i == 0 || i == last {
-            let _ = writeln!(
-                out,
-                "  {:>9.3} s  {:<10}  {}",
-                e.at_ms as f64 / 1000.0,
-                e.kind.as_str(),
-                e.text
-            );
+            let _ = writeln!(out, "  {}", event_line(e));
         }
     }
 }

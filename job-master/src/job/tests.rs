@@ -484,6 +484,46 @@ fn a_leaving_worker_lost_before_the_cut_stays_out_and_the_group_forms_at_the_pla
     assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
 }
 
+/// A worker the platform never places (its node lost, no room elsewhere) does not hold a plan
+/// in Settle, where every routine checkpoint would re-form the group: after the register
+/// timeout the plan is reached without it, saying so, and no transition is left in which a
+/// checkpoint would re-form the group
+/// (the Ray chaos soak's chaos-a re-formed every 8 shards with a 30 s wait each).
+#[test]
+fn a_worker_never_placed_does_not_hold_the_plan() {
+    let mut ctx = running("allreduce", 0, 2, 0);
+    let cap = Capacity::default();
+    elastic(&mut ctx);
+    ctx.timing.register_timeout_ms = 3_000;
+    ctx.group.rendezvous_mut().unwrap().launch_wait_ms = 3_000;
+    ctx.apply_plan(workers(1, 3), &cap, 10).unwrap();
+    assert!(ctx.lease(W1, 1).unwrap().checkpoint_due);
+    ctx.checkpoint_committed(1, "/tmp/m.json".into(), 0, 0, 20)
+        .unwrap();
+    // Worker 2 is launched and never placed; the survivors re-form without it.
+    ctx.join_rendezvous(W0, 1, 30).unwrap();
+    ctx.join_rendezvous(W1, 1, 30).unwrap();
+    ctx.tick(3_100);
+    assert!(ctx.join_rendezvous(W0, 1, 3_100).unwrap().ready);
+    assert!(ctx.join_rendezvous(W1, 1, 3_100).unwrap().ready);
+    // Settle gives a launching worker as long as last call would have (from 3,080 ms) ...
+    ctx.tick(3_200);
+    assert_eq!(ctx.plans.reached, 0);
+    // ... and then does not wait for it any more.
+    ctx.tick(6_200);
+    assert_eq!(ctx.plans.reached, 1, "{:#?}", ctx.events);
+    assert!(
+        ctx.events.iter().any(|e| e
+            .text
+            .contains("reached without worker-2, still waiting for room")),
+        "{:#?}",
+        ctx.events
+    );
+    // No transition is left for a routine checkpoint to re-form the group in.
+    assert!(ctx.transition.is_none());
+    assert!(!ctx.lease(W0, 1).unwrap().reform);
+}
+
 #[test]
 fn a_worker_that_joins_after_its_round_closed_is_taken_in_by_one_more_re_formation() {
     let mut ctx = running("allreduce", 0, 2, 0);

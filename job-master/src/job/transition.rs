@@ -525,11 +525,24 @@ impl JobContext {
                             return effects;
                         }
                     }
+                    // A process the platform has found no room for within the register
+                    // timeout does not hold the plan: it is reached without it (the brain sees
+                    // it pending and may give it up). Waiting on would keep the plan in
+                    // Settle, where every routine checkpoint re-forms the group (seen in the
+                    // Ray chaos soak: a worker unplaceable after its node was lost, the group
+                    // re-formed every 8 shards with a 30 s wait each).
+                    let wait = self.timing.register_timeout_ms;
+                    let unplaced: Vec<SlotKey> = self.keys_where(|s| {
+                        s.phase == SlotPhase::Launching
+                            && !s.placed
+                            && now_ms.saturating_sub(s.last_heartbeat_ms) >= wait
+                    });
                     let settled = self.slots.values().all(|s| {
-                        !matches!(
-                            s.phase,
-                            SlotPhase::Removing | SlotPhase::Launching | SlotPhase::Restarting
-                        ) && s.migrate_to.is_none()
+                        unplaced.contains(&s.key)
+                            || !matches!(
+                                s.phase,
+                                SlotPhase::Removing | SlotPhase::Launching | SlotPhase::Restarting
+                            ) && s.migrate_to.is_none()
                     });
                     let formed = self.spec.kind == JobKind::Ps
                         || self
@@ -539,6 +552,18 @@ impl JobContext {
                             .is_some_and(|r| r.number >= round_after);
                     if !(settled && formed) {
                         return effects;
+                    }
+                    if !unplaced.is_empty() {
+                        self.log_as(
+                            EventKind::Plan,
+                            now_ms,
+                            format!(
+                                "plan {version}: reached without {}, still waiting for room after \
+                                 {} s",
+                                listed(&unplaced),
+                                wait / 1000
+                            ),
+                        );
                     }
                     effects.extend(self.finish_transition(now_ms));
                 }
@@ -620,4 +645,12 @@ impl JobContext {
         }
         effects
     }
+}
+
+/// `keys` as `worker-1, worker-2`.
+fn listed(keys: &[SlotKey]) -> String {
+    keys.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
