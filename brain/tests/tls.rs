@@ -83,7 +83,7 @@ fn a_job_runs_over_mutual_tls_and_clients_without_the_right_certificates_are_ref
         foreign_flags.iter().map(|s| s.as_os_str()).collect();
     let (ok, said) = brainctl_with(&url, &foreign_flags, &["jobs"]);
     assert!(!ok);
-    assert!(said.contains("connecting to the brain"), "{said}");
+    assert!(said.contains("cannot reach the brain"), "{said}");
     assert!(said.to_lowercase().contains("certificate"), "{said}");
 
     // The right CA but a client certificate another CA signed: the brain refuses it.
