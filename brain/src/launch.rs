@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use ray_client::{RayApi, RayJobStatus, RuntimeEnv, SubmitRequest};
+use ray_client::{RayApi, RuntimeEnv, SubmitRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use vocab::{JobSpec, Role};
@@ -203,80 +203,6 @@ impl Launcher {
     /// The run directory of a job.
     pub fn run_dir(&self, name: &str) -> PathBuf {
         self.runs_dir.join(name)
-    }
-
-    /// `job-master diagnose` of the job `name`'s master run directory (every event with
-    /// `all`), as it prints it.
-    pub async fn diagnose(&self, name: &str, all: bool) -> Result<String, BrainError> {
-        let all = if all { &["--all"][..] } else { &[] };
-        self.read_run_dir(name, "diagnose", "to diagnose", all)
-            .await
-    }
-
-    /// `job-master events` of the job `name`'s master run directory: every event, one a line.
-    pub async fn events(&self, name: &str) -> Result<String, BrainError> {
-        self.read_run_dir(name, "events", "to show", &[]).await
-    }
-
-    /// What `job-master TOOL MASTER_DIR ARGS` prints of job `name` (the brain's own run
-    /// directory of it, never a path a caller names); `nothing` says what there is not yet.
-    async fn read_run_dir(
-        &self,
-        name: &str,
-        tool: &str,
-        nothing: &str,
-        args: &[&str],
-    ) -> Result<String, BrainError> {
-        let dir = self.run_dir(name).join("master");
-        if !dir.join(vocab::run_dir::CONTEXT_FILE).is_file() {
-            return Err(BrainError::FailedPrecondition(format!(
-                "job {name} has nothing {nothing} yet: its master has not written {}",
-                dir.join(vocab::run_dir::CONTEXT_FILE).display()
-            )));
-        }
-        let mut cmd = tokio::process::Command::new(self.job_master_bin());
-        cmd.arg(tool).arg(&dir).args(args).kill_on_drop(true);
-        let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
-            .await
-            .map_err(|_| {
-                BrainError::Internal(format!(
-                    "job-master {tool} {} took over 60 s",
-                    dir.display()
-                ))
-            })?
-            .map_err(|e| BrainError::Internal(format!("job-master {tool}: {e}")))?;
-        if !out.status.success() {
-            return Err(BrainError::Internal(format!(
-                "job-master {tool} {} failed ({}): {}",
-                dir.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Up to `max` bytes of `process`'s output in job `name`, from `offset` into incarnation
-    /// `incarnation` (0: the newest; when a newer one exists, it is read from its start):
-    /// the file, its incarnation, the text and the next offset.
-    pub fn logs(
-        &self,
-        name: &str,
-        process: &str,
-        incarnation: u64,
-        offset: u64,
-        max: u64,
-    ) -> Result<(vocab::run_dir::ProcessLog, String, u64), BrainError> {
-        let dir = self.run_dir(name).join("master");
-        let log = vocab::run_dir::newest_log(&dir, process)
-            .map_err(|e| BrainError::NotFound(format!("job {name}: {e}")))?;
-        let offset = if log.incarnation == incarnation {
-            offset
-        } else {
-            0
-        };
-        let (text, next) = vocab::run_dir::read_log(&log.path, offset, max)?;
-        Ok((log, text, next))
     }
 
     /// Writes the job's spec with `workers` workers and starts its master. Returns the run
@@ -574,21 +500,6 @@ impl Launcher {
             _ => None,
         }
     }
-
-    /// A task that follows the master's Ray job `id` to its end, copies its log into the run
-    /// directory's `job-master.log` and reports the end.
-    fn follow_ray_job(&self, api: &RayApi, job: JobId, run_dir: &Path, id: String) {
-        let log = run_dir.join("job-master.log");
-        let api = api.clone();
-        self.reap(job, async move {
-            let ended = follow(&api, &id).await;
-            match api.logs(&id).await {
-                Ok(out) => append(&log, &format!("--- Ray's log of {id} ---\n{out}")),
-                Err(e) => append(&log, &format!("Ray's log of {id} could not be read: {e}\n")),
-            }
-            ended
-        });
-    }
 }
 
 /// The unprivileged user `name` (its uid), or why it cannot be one.
@@ -638,42 +549,6 @@ pub fn job_secret_file(run_dir: &Path) -> PathBuf {
 /// The file in a job's run directory that names its master's latest Ray submission.
 pub const RAY_SUBMISSION_FILE: &str = "job-master.ray";
 
-/// Follows a job master's Ray job to its end: how it ended, and whether it succeeded. A
-/// dashboard that does not answer is said once and asked again: it is not the master ending.
-async fn follow(api: &RayApi, id: &str) -> (String, bool) {
-    let mut unanswered = false;
-    loop {
-        tokio::time::sleep(RAY_POLL).await;
-        match api.job(id).await {
-            Ok(Some(info)) if info.status.is_terminal() => {
-                let mut said = info.headline(id);
-                // Ray's message may go on with the entrypoint's last output: why it ended.
-                let lines: Vec<&str> = info
-                    .message
-                    .as_deref()
-                    .unwrap_or_default()
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .collect();
-                if lines.len() > 1 {
-                    let tail = &lines[lines.len().saturating_sub(5).max(1)..];
-                    said += &format!(" ... {}", tail.join(" | "));
-                }
-                return (said, info.status == RayJobStatus::Succeeded);
-            }
-            Ok(Some(_)) => unanswered = false,
-            Ok(None) => return (format!("Ray job {id} is gone from Ray"), false),
-            Err(e) => {
-                if !unanswered {
-                    tracing::warn!(id, "reading a job master's Ray job: {e}; asking again");
-                }
-                unanswered = true;
-            }
-        }
-    }
-}
-
 fn append(path: &Path, text: &str) {
     use std::io::Write;
     let r = vocab::paths::create(path, true).and_then(|mut f| f.write_all(text.as_bytes()));
@@ -688,6 +563,9 @@ pub fn place_checkpoints(spec: &mut JobSpec, run_dir: &Path) {
         spec.checkpoint.dir = run_dir.join(&spec.checkpoint.dir);
     }
 }
+
+mod ray_follow;
+mod reading;
 
 #[cfg(test)]
 mod tests {

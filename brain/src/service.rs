@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::BrainError;
 use crate::auth::{self, Caller};
 use crate::control::{Control, now_unix_ms};
-use crate::store::{JobId, JobRow, JobState, Metric, PlanCounts, Shape, Store};
+use crate::store::{JobId, JobState, Metric, PlanCounts, Store};
 use crate::throttle::Throttle;
 
 pub struct BrainService {
@@ -49,82 +49,11 @@ impl BrainService {
     }
 }
 
+mod records;
 mod reports;
 mod shapes;
+use records::{Extras, PLANS_SHOWN, record};
 use shapes::{node_state, shape_from, shape_to};
-
-/// What a job's record carries beside its row: kept in memory (its newest reports, the last
-/// round) or read on demand (its plans, for GetJob only).
-#[derive(Default)]
-struct Extras {
-    gpu: crate::store::JobGpuUse,
-    snapshot: crate::store::JobSnapshot,
-    waiting: String,
-    plans: Vec<crate::store::PlanEntry>,
-}
-
-/// The plans `GetJob` shows, newest first.
-const PLANS_SHOWN: usize = 10;
-
-fn record((row, extras): (JobRow, Extras)) -> pb::JobRecord {
-    let Extras {
-        gpu,
-        snapshot,
-        waiting,
-        plans,
-    } = extras;
-    pb::JobRecord {
-        recent_samples_per_second: snapshot.samples_per_second,
-        waiting_reason: waiting,
-        plans: plans
-            .into_iter()
-            .map(|p| pb::PlanEntry {
-                version: p.version,
-                reason: p.reason,
-                created_unix_ms: p.created_unix_ms,
-                answer: match p.accepted {
-                    Some(true) => "accepted".into(),
-                    Some(false) => format!("refused: {}", p.answer),
-                    None => String::new(),
-                },
-            })
-            .collect(),
-        gpu_utilisation_pct: gpu.utilisation_pct,
-        gpu_memory_bytes: gpu.memory_bytes(),
-        gpu_processes: gpu
-            .processes
-            .iter()
-            .map(|p| pb::ProcessGpu {
-                role: p.process.role.to_string(),
-                index: p.process.index,
-                utilisation_pct: p.utilisation_pct,
-                memory_bytes: p.memory_bytes,
-            })
-            .collect(),
-        job_id: row.id.0,
-        job_name: row.name,
-        master_address: row.master_address,
-        registered_unix_ms: row.registered_unix_ms,
-        reports: row.reports,
-        last_global_step: row.last_global_step,
-        mean_samples_per_second: row.mean_samples_per_second,
-        peak_memory_bytes: row.peak_memory_bytes,
-        plan_version: row.plan_version,
-        acked_version: row.acked_version,
-        reached_version: row.reached_version,
-        state: row.state.as_str().to_string(),
-        shape: row.shape.map(|s| {
-            shape_to(Shape {
-                workers: row.workers,
-                ..s
-            })
-        }),
-        reasons: row.reasons,
-        samples_done: row.samples_done,
-        outcome: row.outcome,
-        run_dir: row.run_dir,
-    }
-}
 
 #[tonic::async_trait]
 impl pb::brain_server::Brain for BrainService {

@@ -73,6 +73,9 @@ mod stability_tests;
 #[cfg(test)]
 mod tests;
 mod transition;
+mod transition_end;
+#[cfg(test)]
+mod transition_tests;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SlotPhase {

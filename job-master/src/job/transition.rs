@@ -1,4 +1,4 @@
-//! Scale plans: acceptance, the transition that carries one out, and its end.
+//! Scale plans: acceptance and the transition that carries one out (its end: `transition_end`).
 
 use std::collections::BTreeMap;
 
@@ -569,81 +569,6 @@ impl JobContext {
                 }
             }
         }
-    }
-
-    pub(super) fn finish_transition(&mut self, now_ms: u64) -> Vec<Effect> {
-        let Some(t) = self.transition.take() else {
-            return Vec::new();
-        };
-        self.plans.reached = t.plan.version;
-        let awaiting: Vec<SlotKey> =
-            self.keys_where(|s| s.key.role == Role::WORKER && s.phase == SlotPhase::Running);
-        let steps_at_reach = awaiting
-            .iter()
-            .map(|k| (*k, self.metrics.get(k).map_or(0, |m| m.global_step)))
-            .collect();
-        self.transitions.push(TransitionRecord {
-            version: t.plan.version,
-            from: t.from.clone(),
-            to: t.to.clone(),
-            accepted_ms: t.started_ms,
-            reached_ms: now_ms,
-            resumed_ms: None,
-            awaiting,
-            steps_at_reach,
-        });
-        self.log_as(
-            EventKind::Plan,
-            now_ms,
-            format!(
-                "plan {} reached in {} ms: {}",
-                t.plan.version,
-                now_ms.saturating_sub(t.started_ms),
-                Self::describe(&t.to)
-            ),
-        );
-        match self.plans.queued.take() {
-            Some(next) => self.start_transition(next, now_ms),
-            None => Vec::new(),
-        }
-    }
-
-    /// Gives up the plan in progress before anything moved: the processes it launched leave,
-    /// the ones it would have removed stay, resources are as before. The next queued plan (if
-    /// any) starts.
-    pub(super) fn abandon_transition(&mut self, why: String, now_ms: u64) -> Vec<Effect> {
-        let Some(t) = self.transition.take() else {
-            return Vec::new();
-        };
-        let mut effects = Vec::new();
-        let added: Vec<SlotKey> = self.keys_where(|s| {
-            s.phase.is_live() && s.key.index >= t.from.get(&s.key.role).copied().unwrap_or(0)
-        });
-        for key in added {
-            effects.extend(self.remove_slot(key, now_ms));
-        }
-        for s in self.slots.values_mut() {
-            s.migrate_to = None;
-            if s.phase == SlotPhase::Removing {
-                s.phase = SlotPhase::Running;
-            }
-        }
-        self.role_resources = t.prior_resources;
-        self.checkpoint_pending = false;
-        let reason = format!("plan {} abandoned: {why}", t.plan.version);
-        self.log_as(
-            EventKind::Plan,
-            now_ms,
-            format!("{reason}; the job goes on with {}", Self::describe(&t.from)),
-        );
-        self.plans.abandoned = Some(crate::scale::AbandonedPlan {
-            version: t.plan.version,
-            reason,
-        });
-        if let Some(next) = self.plans.queued.take() {
-            effects.extend(self.start_transition(next, now_ms));
-        }
-        effects
     }
 }
 
