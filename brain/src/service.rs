@@ -367,6 +367,15 @@ impl pb::brain_server::Brain for BrainService {
                 Status::invalid_argument(format!("job {}: {why}; nothing changed", row.name))
             })?;
         }
+        let notes = match self.control.preview(id, &counts).await {
+            Ok(notes) => notes,
+            Err(why) if r.force => vec![format!("proposed anyway (--force): {why}")],
+            Err(why) => {
+                return Err(Status::failed_precondition(format!(
+                    "{why}; nothing changed (`brainctl scale --force` proposes it anyway)"
+                )));
+            }
+        };
         let version = self
             .with_store(move |s| {
                 let body = |version: u64| {
@@ -387,7 +396,7 @@ impl pb::brain_server::Brain for BrainService {
             })
             .await?;
         self.control.metrics.plans.inc();
-        Ok(Response::new(pb::ProposePlanResponse { version }))
+        Ok(Response::new(pb::ProposePlanResponse { version, notes }))
     }
 
     async fn get_job(

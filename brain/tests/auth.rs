@@ -129,6 +129,7 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
                 }],
                 migrations: vec![],
                 reason: "steal".into(),
+                force: false,
             })
             .await
             .map(drop),

@@ -458,6 +458,59 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
     brain.kill();
 }
 
+/// A size beyond the cluster's capacity, which the next round would undo at once, is refused
+/// with the round's reason and changes nothing; `--force` proposes it anyway, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_beyond_capacity_is_refused_with_the_reason_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 600\n",
+    )
+    .unwrap();
+    // Two CPUs; the job may take up to four workers of one CPU each.
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", 2);
+    let url = format!("http://{addr}");
+    let path = spec(d, "big", "allreduce", 300);
+    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{text}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !jobs(&url)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .any(|j| j.state == "running")
+    {
+        assert!(Instant::now() < deadline, "not running");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (ok, said) = brainctl(&["scale", "big", "--workers", "4", "--brain", &url]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("the brain's next round would change big again at once")
+            && said.contains("slots of 2")
+            && said.contains("nothing changed (`brainctl scale --force` proposes it anyway)"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("panicked") && !said.contains("backtrace"),
+        "{said}"
+    );
+    let (ok, said) = brainctl(&["status", "big", "--brain", &url]);
+    assert!(ok && !said.contains("by hand"), "no plan was made: {said}");
+    let (ok, said) = brainctl(&["scale", "big", "--workers", "4", "--force", "--brain", &url]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("plan 1 proposed for big")
+            && said.contains(
+                "note: proposed anyway (--force): the brain's next round would change big again"
+            ),
+        "{said}"
+    );
+    brain.kill();
+}
+
 /// An operator resizes a brain-managed job through the brain (`brainctl scale`), whose job
 /// master refuses plans from anywhere else; counts the job cannot take are refused with the
 /// reason and change nothing.
@@ -545,6 +598,13 @@ async fn an_operator_scales_a_brain_managed_job_through_the_brain_only() {
     // A count it can take: a versioned plan its job master carries out.
     let (ok, said) = brainctl(&["scale", "scaled", "--workers", "3", "--brain", &url]);
     assert!(ok, "{said}");
+    // The operator is told how long the brain keeps this size.
+    assert!(
+        said.contains(
+            "note: the brain's rounds keep this size for the policy's cool-down of 600 s"
+        ),
+        "{said}"
+    );
     let version: u64 = said
         .split_whitespace()
         .nth(1)

@@ -126,6 +126,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
             }],
             migrations: vec![],
             reason: "grow".into(),
+            force: false,
         })
         .await
         .unwrap()

@@ -14,6 +14,9 @@ use crate::scale::ScalePlan;
 use crate::shared::{Shared, commit_allreduce_checkpoint};
 use crate::spec::Role;
 
+/// How many of a failed process's last output lines its event shows.
+const OUTPUT_LINES: usize = 12;
+
 pub struct MasterService {
     shared: Arc<Shared>,
 }
@@ -179,11 +182,33 @@ impl pb::job_master_server::JobMaster for MasterService {
     ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
+        let output = match (&self.shared.output_dir, r.exit_code != 0 || r.signal != 0) {
+            (Some(dir), true) => {
+                // The agent's file: it holds each process incarnation the agent started.
+                let (dir, process) = (dir.clone(), key.to_string());
+                tokio::task::spawn_blocking(move || {
+                    let log = vocab::run_dir::newest_log(&dir, &process).ok()?;
+                    let lines = vocab::run_dir::last_output(&log.path, OUTPUT_LINES).ok()?;
+                    Some((log.path.display().to_string(), lines))
+                })
+                .await
+                .ok()
+                .flatten()
+            }
+            _ => None,
+        };
         self.shared
             .apply(|ctx, now| {
                 let why = (!r.agent_reason.is_empty()).then_some(r.agent_reason.as_str());
-                ctx.process_exited(key, incarnation, r.exit_code, r.signal, why, now)
-                    .map(|e| ((), e))
+                // An older incarnation's end was expected: its output is not news.
+                let output = output
+                    .filter(|_| ctx.current(key, incarnation).is_ok() && !ctx.phase.is_terminal());
+                let effects =
+                    ctx.process_exited(key, incarnation, r.exit_code, r.signal, why, now)?;
+                if let Some((log, lines)) = &output {
+                    ctx.note_output(key, log, lines, now);
+                }
+                Ok(((), effects))
             })
             .await?;
         Ok(Response::new(pb::Ack {}))

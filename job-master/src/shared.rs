@@ -115,6 +115,9 @@ pub(crate) struct Shared {
     pub creds: auth::JobCreds,
     /// Where it is (absolute), for the agents the platform starts.
     pub token_file: PathBuf,
+    /// The run directory, when the platform writes the processes' output files in it (local
+    /// processes): a failed process's last lines are read from there.
+    pub output_dir: Option<PathBuf>,
 }
 
 impl Shared {

@@ -206,7 +206,7 @@ kind: allreduce
 roles:
   worker: { replicas: 2, max_restarts: 2 }
 workload:
-  command: [sh, -c, "echo rank $RANK of $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT; exit 3"]
+  command: [sh, -c, "echo rank $RANK of $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT; echo the last words of $RANK >&2; exit 3"]
 data: { num_samples: 100, shard_size: 10 }
 checkpoint: { dir: CKPT }
 "#
@@ -235,6 +235,30 @@ checkpoint: { dir: CKPT }
     assert!(
         stdout.contains("relaunches exceed the limit of 2"),
         "{stdout}"
+    );
+    // The failure names the failed process's output file; its last lines are an event.
+    let log = stdout
+        .split("its output: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no output file named in {stdout}"));
+    assert!(
+        log.starts_with(&dir.path().join("run/logs/worker-").display().to_string())
+            && log.ends_with(".1.log"),
+        "{log}"
+    );
+    // The agent's one file holds each incarnation it started, the last one's words last.
+    let rank = log.rsplit('/').next().unwrap()[7..]
+        .split('.')
+        .next()
+        .unwrap();
+    let context = std::fs::read_to_string(dir.path().join("run/job-context.json")).unwrap();
+    assert!(
+        context.contains(&format!("last output ({log}):"))
+            && context.contains(&format!(
+                "rank {rank} of 2 restart 2\\nthe last words of {rank}\","
+            )),
+        "{context}"
     );
     // The address it bound, as it printed it.
     let addr = stdout

@@ -82,6 +82,38 @@ pub fn read_log(path: &Path, offset: u64, max: u64) -> std::io::Result<(String, 
     Ok((strip_ansi(&String::from_utf8_lossy(&bytes)), next))
 }
 
+/// The last `lines` lines the training process wrote to `path`, without its agent's own log
+/// lines (`2026-...Z  INFO worker_agent...`): what a user needs to see why it failed. Reads at
+/// most the file's last 64 KiB.
+pub fn last_output(path: &Path, lines: usize) -> std::io::Result<Vec<String>> {
+    const TAIL: u64 = 64 << 10;
+    let len = std::fs::metadata(path)?.len();
+    let (text, _) = read_log(path, len.saturating_sub(TAIL), TAIL)?;
+    let mut kept: Vec<String> = text
+        .lines()
+        // A cut first line is not shown half.
+        .skip(usize::from(len > TAIL))
+        .filter(|l| !is_agent_line(l) && !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    kept.drain(..kept.len().saturating_sub(lines));
+    Ok(kept)
+}
+
+/// Whether `line` is one of the worker agent's own log lines (its tracing format: an RFC 3339
+/// time, a level, then the `worker_agent` target).
+fn is_agent_line(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    let (Some(at), Some(level), Some(target)) = (words.next(), words.next(), words.next()) else {
+        return false;
+    };
+    at.len() > 20
+        && at.as_bytes()[4] == b'-'
+        && at.ends_with('Z')
+        && ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level)
+        && target.starts_with("worker_agent")
+}
+
 /// `text` without ANSI escape sequences (`ESC [ ... letter`).
 fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -119,6 +151,30 @@ pub fn left_unfinished(master_dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_output_keeps_the_process_lines_not_the_agents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker-1.2.log");
+        std::fs::write(
+            &path,
+            "2026-11-27T03:06:39.826543Z  INFO worker_agent::agent: registered role=\"worker\"\n\
+             Traceback (most recent call last):\n  File \"train.py\", line 3\n\n\
+             ModuleNotFoundError: No module named 'torch'\n\
+             \u{1b}[2m2026-11-27T03:07:09.064151Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m \
+             \u{1b}[2mworker_agent::agent\u{1b}[0m: training process exited exit_code=1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            last_output(&path, 2).unwrap(),
+            [
+                "  File \"train.py\", line 3",
+                "ModuleNotFoundError: No module named 'torch'"
+            ]
+        );
+        assert_eq!(last_output(&path, 10).unwrap().len(), 3);
+        assert!(last_output(&dir.path().join("none.log"), 3).is_err());
+    }
 
     #[test]
     fn process_logs_are_found_by_process_and_incarnation_and_read_from_an_offset() {

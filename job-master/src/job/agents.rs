@@ -167,6 +167,24 @@ impl JobContext {
         Ok(self.fail_slot(key, how, false, now_ms))
     }
 
+    /// What `key`'s failed process last wrote (`lines`, from its output file `log`, read by the
+    /// master): an event with the file and those lines, and the file named in the job's
+    /// failure when this process's failure ended the job.
+    pub fn note_output(&mut self, key: SlotKey, log: &str, lines: &[String], now_ms: u64) {
+        let text = if lines.is_empty() {
+            format!("{key} wrote nothing before it ended; its output: {log}")
+        } else {
+            format!("{key}'s last output ({log}):\n{}", lines.join("\n"))
+        };
+        self.log_as(EventKind::Fault, now_ms, text);
+        if let JobPhase::Failed { reason } = &mut self.phase
+            && reason.starts_with(&format!("{key} "))
+            && !reason.contains(log)
+        {
+            reason.push_str(&format!("; its output: {log}"));
+        }
+    }
+
     /// The platform placed the agent launched for `incarnation` of `key`: it has the register
     /// timeout from now on. Whether anything changed.
     pub fn agent_placed(&mut self, key: SlotKey, incarnation: u64, now_ms: u64) -> bool {

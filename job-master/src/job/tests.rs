@@ -217,6 +217,23 @@ fn exceeding_the_relaunch_limit_fails_the_job_with_the_reason() {
         "{reason}"
     );
     assert!(reason.contains("limit of 2"), "{reason}");
+    // The master reads the process's last lines: they become an event and the failure
+    // names the file.
+    let lines = vec!["ModuleNotFoundError: No module named 'torch'".to_string()];
+    ctx.note_output(W0, "/runs/j/logs/worker-0.3.log", &lines, 9);
+    let JobPhase::Failed { reason } = &ctx.phase else {
+        panic!("{:?}", ctx.phase)
+    };
+    assert!(
+        reason.ends_with("; its output: /runs/j/logs/worker-0.3.log"),
+        "{reason}"
+    );
+    let last = &ctx.events.last().unwrap().text;
+    assert!(
+        last.starts_with("worker-0's last output (/runs/j/logs/worker-0.3.log):\n")
+            && last.ends_with("No module named 'torch'"),
+        "{last}"
+    );
     let ps_agent = ctx.slots[&PS0].agent_id;
     assert_eq!(
         ctx.heartbeat(PS0, ps_agent, 1, None, 0, 10).unwrap().0,

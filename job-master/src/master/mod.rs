@@ -331,6 +331,7 @@ pub async fn run(
 
     // Agent exits (one per agent that ended); the platform's watchers wait while it is full.
     let (ev_tx, mut ev_rx) = mpsc::channel(1024);
+    let output_dir = matches!(platform, PlatformConfig::Local { .. }).then(|| run_dir.clone());
     let platform: Arc<dyn Platform> = match platform {
         PlatformConfig::Local {
             agent_bin,
@@ -397,6 +398,7 @@ pub async fn run(
         checkpoint_token,
         creds: creds.clone(),
         token_file,
+        output_dir,
     });
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -155,7 +155,9 @@ enum Command {
     },
     /// Resize a running job through the brain: a versioned plan like the brain's own, which
     /// its job master carries out (a job master a brain manages refuses plans from anywhere
-    /// else). Counts outside the job's bounds or node unit are refused with the reason.
+    /// else). Counts outside the job's bounds or node unit are refused with the reason, and
+    /// so is a size the brain's next round would change again at once (beyond the cluster's
+    /// capacity, say) unless `--force`; the cool-down the plan starts is said.
     Scale {
         /// The job's id or name (from `brainctl jobs`).
         job: String,
@@ -171,6 +173,10 @@ enum Command {
         /// Why (recorded with the plan).
         #[arg(long, default_value = "by hand (brainctl scale)")]
         reason: String,
+        /// Propose it even when the brain's next round would change the job again at once
+        /// (beyond the cluster's capacity or the job's bounds): refused without it, saying why.
+        #[arg(long)]
+        force: bool,
         /// The brain's gRPC address.
         #[arg(long, default_value = "http://127.0.0.1:50070")]
         brain: String,
@@ -294,8 +300,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ps,
             roles,
             reason,
+            force,
             brain,
-        } => scale_cmd::scale(&job, workers, ps, &roles, reason, &brain),
+        } => scale_cmd::scale(&job, (workers, ps, &roles), reason, force, &brain),
         Command::Cancel { job, reason, brain } => cancel_cmd::cancel(&job, reason, &brain),
         Command::Train(args) => train::train(args),
         Command::Nodes { action, brain } => nodes_cmd::nodes(action, &brain),

@@ -1,5 +1,7 @@
 //! `brainctl scale JOB --workers N --ps M --role NAME=N`: a versioned plan proposed through
-//! the brain, which the job's master carries out.
+//! the brain, which the job's master carries out. The brain first runs its next round on the
+//! new size: a plan that round would undo at once (beyond capacity, outside the job's bounds)
+//! is refused with the round's reasons unless `--force`; the cool-down it starts is said.
 
 use anyhow::bail;
 use proto::service::v1 as pb;
@@ -8,10 +10,9 @@ use crate::link::{ask_brain, job_id};
 
 pub fn scale(
     job: &str,
-    workers: Option<u32>,
-    ps: Option<u32>,
-    roles: &[vocab::role::RoleCount],
+    (workers, ps, roles): (Option<u32>, Option<u32>, &[vocab::role::RoleCount]),
     reason: String,
+    force: bool,
     brain: &str,
 ) -> anyhow::Result<()> {
     let targets = vocab::role::role_targets(workers, ps, roles).map_err(anyhow::Error::msg)?;
@@ -26,21 +27,25 @@ pub fn scale(
             resources: None,
         })
         .collect();
-    let version = ask_brain(brain, async |mut c| {
+    let answer = ask_brain(brain, async |mut c| {
         let id = job_id(&mut c, job).await?;
         Ok(c.propose_plan(pb::ProposePlanRequest {
             job_id: id,
             roles,
             migrations: Vec::new(),
             reason,
+            force,
         })
         .await?
-        .into_inner()
-        .version)
+        .into_inner())
     })?;
     println!(
-        "plan {version} proposed for {job}; its job master takes it at its next poll \
-         (`brainctl status {job}` shows the plan reached)"
+        "plan {} proposed for {job}; its job master takes it at its next poll \
+         (`brainctl status {job}` shows the plan reached)",
+        answer.version
     );
+    for note in &answer.notes {
+        println!("note: {note}");
+    }
     Ok(())
 }

@@ -433,9 +433,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
              the job master cannot say whether every sample was read once per epoch)"
         );
     }
+    let relaunches: Vec<String> = report
+        .restarts
+        .iter()
+        .map(|(role, n)| format!("{role} {n}"))
+        .collect();
     println!(
-        "relaunches: {:?}; checkpoints: {}",
-        report.restarts, report.checkpoints
+        "relaunches: {}; checkpoints: {}",
+        if relaunches.is_empty() {
+            "none".to_string()
+        } else {
+            relaunches.join(", ")
+        },
+        report.checkpoints
     );
     for ps in &report.ps_stats {
         println!(
