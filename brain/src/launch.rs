@@ -566,6 +566,7 @@ pub fn place_checkpoints(spec: &mut JobSpec, run_dir: &Path) {
 
 mod ray_follow;
 mod reading;
+pub use reading::LogFrom;
 
 #[cfg(test)]
 mod tests {

@@ -22,7 +22,8 @@
 //!   scheduler through [`optimizer::live`], plans dispatched, cool-downs, policy reload);
 //!   [`launch`] starts the job masters of submitted jobs and follows them to their end, also
 //!   after a restart of the brain ([`master_process`]: a local master by its recorded pid);
-//!   [`metrics`] is `GET /metrics`;
+//!   [`metrics`] is `GET /metrics`; [`console`] the web console under `/console` (pages
+//!   rendered here over the same handlers as the API);
 //!   [`capacity`] is what the brain may hand out (its config, or a Ray cluster's CPUs and its
 //!   nodes' GPUs by model).
 //!
@@ -43,6 +44,7 @@ pub fn now_unix_ms() -> i64 {
 pub mod admission;
 pub mod auth;
 pub mod capacity;
+pub mod console;
 pub mod control;
 pub mod launch;
 pub mod limits;

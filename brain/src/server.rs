@@ -521,6 +521,12 @@ pub async fn run(
         &config.limits,
         control.metrics.clone(),
     ));
+    let console = crate::console::router(Arc::new(crate::console::Console::new(
+        BrainService::new(control.clone(), config.limits.clone(), throttle.clone()),
+        control.clone(),
+        keys.clone(),
+        tls.is_some(),
+    )));
     let api = BrainServer::new(BrainService::new(
         control.clone(),
         config.limits.clone(),
@@ -535,7 +541,8 @@ pub async fn run(
     ))
     .prepare()
     .into_axum_router()
-    .route("/metrics", get(scrape));
+    .route("/metrics", get(scrape))
+    .merge(console);
     tracing::info!(address = %addr, database = %config.database.display(), tls = tls.is_some(), "brain serving");
     // HTTP/1.1 too: Prometheus scrapes GET /metrics on the same address. TLS and the
     // connection limits are the listener's (`auth::listen`).

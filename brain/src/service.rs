@@ -233,7 +233,8 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::JobEventsRequest>,
     ) -> Result<Response<pb::JobEventsResponse>, Status> {
-        auth::operator(&request)?;
+        // The operator, or the job itself (its owner signed in with its secret).
+        auth::operator_or_job(&request, JobId(request.get_ref().job_id))?;
         let text = self.control.events(JobId(request.get_ref().job_id)).await?;
         Ok(Response::new(pb::JobEventsResponse { text }))
     }
@@ -242,7 +243,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::JobLogsRequest>,
     ) -> Result<Response<pb::JobLogsResponse>, Status> {
-        auth::operator(&request)?;
+        auth::operator_or_job(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
         if r.process.len() > 128 {
             return Err(Status::invalid_argument(format!(
@@ -252,7 +253,12 @@ impl pb::brain_server::Brain for BrainService {
         }
         let (log, text, next_offset, ended) = self
             .control
-            .logs(JobId(r.job_id), r.process, r.incarnation, r.offset)
+            .logs(
+                JobId(r.job_id),
+                r.process,
+                r.incarnation,
+                crate::launch::LogFrom::new(r.offset, r.tail),
+            )
             .await?;
         Ok(Response::new(pb::JobLogsResponse {
             path: log.path.display().to_string(),

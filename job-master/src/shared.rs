@@ -1,5 +1,5 @@
 //! The state the job master's tasks share (the job context, its persister, the effect queue
-//! ([`EffectQueue`], bounded by admission), the phase) and the one way to change it: [`Shared::apply`] runs a pure decision of
+//! (`EffectQueue`, bounded by admission), the phase) and the one way to change it: `Shared::apply` runs a pure decision of
 //! [`crate::job`], queues its effects and waits until the change is durable. The gRPC service,
 //! the brain link and the master's own tasks all go through it; it imports none of them.
 

@@ -235,13 +235,13 @@ impl Control {
         job: JobId,
         process: String,
         incarnation: u64,
-        offset: u64,
+        from: crate::launch::LogFrom,
     ) -> Result<(vocab::run_dir::ProcessLog, String, u64, bool), BrainError> {
         let row = self.with_store(move |s| s.job(job)).await?;
         let ended = !matches!(row.state, JobState::Queued | JobState::Running);
         let (log, text, next) =
             self.launcher
-                .logs(&row.name, &process, incarnation, offset, LOG_PIECE_BYTES)?;
+                .logs(&row.name, &process, incarnation, from, LOG_PIECE_BYTES)?;
         Ok((log, text, next, ended))
     }
 

@@ -57,26 +57,49 @@ impl Launcher {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Up to `max` bytes of `process`'s output in job `name`, from `offset` into incarnation
-    /// `incarnation` (0: the newest; when a newer one exists, it is read from its start):
-    /// the file, its incarnation, the text and the next offset.
+    /// Up to `max` bytes of `process`'s output in job `name`, from where `from` says into
+    /// incarnation `incarnation` (0: the newest; when a newer one exists, it is read from its
+    /// start): the file, its incarnation, the text and the next offset.
     pub fn logs(
         &self,
         name: &str,
         process: &str,
         incarnation: u64,
-        offset: u64,
+        from: LogFrom,
         max: u64,
     ) -> Result<(vocab::run_dir::ProcessLog, String, u64), BrainError> {
         let dir = self.run_dir(name).join("master");
         let log = vocab::run_dir::newest_log(&dir, process)
             .map_err(|e| BrainError::NotFound(format!("job {name}: {e}")))?;
-        let offset = if log.incarnation == incarnation {
-            offset
-        } else {
-            0
+        let offset = match from {
+            LogFrom::Tail(bytes) => {
+                let len = std::fs::metadata(&log.path)?.len();
+                len.saturating_sub(bytes.min(max))
+            }
+            LogFrom::Offset(offset) if log.incarnation == incarnation => offset,
+            LogFrom::Offset(_) => 0,
         };
         let (text, next) = vocab::run_dir::read_log(&log.path, offset, max)?;
         Ok((log, text, next))
+    }
+}
+
+/// Where a read of a process's output starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFrom {
+    /// This byte of the incarnation asked for.
+    Offset(u64),
+    /// The newest incarnation's last this many bytes.
+    Tail(u64),
+}
+
+impl LogFrom {
+    /// From a request's `offset` and `tail` (which wins when not 0).
+    pub fn new(offset: u64, tail: u64) -> LogFrom {
+        if tail > 0 {
+            LogFrom::Tail(tail)
+        } else {
+            LogFrom::Offset(offset)
+        }
     }
 }

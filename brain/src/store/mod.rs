@@ -1,5 +1,6 @@
 //! The brain's durable state in an embedded SQLite database (WAL): jobs, per-job metric
-//! summaries, scale plans and their acknowledgements, cordoned nodes. Every change is one transaction, so a
+//! summaries, scale plans and their acknowledgements, cordoned nodes, each job's timeline (its
+//! size and speed every few seconds). Every change is one transaction, so a
 //! brain killed at any instant reopens with each change either wholly there or not at all.
 //!
 //! Raw metric time series are not kept here (they belong in the InfluxDB sink); each accepted
@@ -21,6 +22,7 @@ mod records;
 mod reports;
 #[cfg(test)]
 mod tests;
+mod timeline;
 mod tokens;
 
 pub use cordons::Cordon;
@@ -32,6 +34,7 @@ pub use records::{
     JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,
 };
 pub use reports::{PlanCounts, PlanEntry};
+pub use timeline::{TIMELINE_STEP_MS, TimelinePoint};
 
 pub struct Store {
     conn: Connection,
@@ -152,6 +155,10 @@ const MIGRATIONS: &[&str] = &[
          since_unix_ms INTEGER NOT NULL, until_unix_ms INTEGER)",
     "CREATE TABLE policy_set (id INTEGER PRIMARY KEY CHECK (id = 1), toml TEXT NOT NULL,
          set_unix_ms INTEGER NOT NULL)",
+    // A job's size and speed over time (the console's timeline), a point per TIMELINE_STEP_MS.
+    "CREATE TABLE timeline (job_id INTEGER NOT NULL REFERENCES jobs(id), at_unix_ms INTEGER NOT NULL,
+         workers INTEGER NOT NULL, ps INTEGER NOT NULL, samples_per_second REAL NOT NULL,
+         PRIMARY KEY (job_id, at_unix_ms))",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

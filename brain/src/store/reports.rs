@@ -118,6 +118,7 @@ impl Store {
                 peak as i64
             ],
         )?;
+        Store::add_timeline(&tx, id, reports)?;
         tx.commit()?;
         self.processes.fold(job, reports);
         Ok(reports.len())

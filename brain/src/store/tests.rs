@@ -411,3 +411,39 @@ fn cordons_hold_until_lifted_or_expired_and_survive_a_reopen() {
     assert!(!s.uncordon("10.0.0.2").unwrap());
     assert!(s.cordons(1_000).unwrap().is_empty());
 }
+
+#[test]
+fn the_timeline_keeps_a_point_per_step_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("brain.db");
+    let mut s = Store::open(&path).unwrap();
+    let (a, _) = s.register("a", "127.0.0.1:1", None, 10).unwrap();
+    let at = |ms: i64, workers: u32, sps: f64| Metric {
+        at_unix_ms: 1_700_000_000_000 + ms,
+        workers,
+        ..metric(ms as u64, sps)
+    };
+    // A batch makes one point: its newest size, its mean speed.
+    s.add_metrics(a, &[at(0, 2, 100.0), at(1_000, 2, 300.0)])
+        .unwrap();
+    // Within the step of the last point: none.
+    s.add_metrics(a, &[at(4_000, 3, 50.0)]).unwrap();
+    s.add_metrics(a, &[at(7_000, 4, 400.0)]).unwrap();
+    drop(s);
+    let s = Store::open(&path).unwrap();
+    let points = s.timeline(a, 100).unwrap();
+    let got: Vec<(i64, u32, f64)> = points
+        .iter()
+        .map(|p| {
+            (
+                p.at_unix_ms - 1_700_000_000_000,
+                p.workers,
+                p.samples_per_second,
+            )
+        })
+        .collect();
+    assert_eq!(got, [(1_000, 2, 200.0), (7_000, 4, 400.0)]);
+    // The newest ones when there are more than asked.
+    assert_eq!(s.timeline(a, 1).unwrap()[0].workers, 4);
+    assert!(s.timeline(JobId(99), 10).is_err());
+}

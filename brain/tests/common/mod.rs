@@ -300,27 +300,9 @@ pub async fn alive(master: &str, run_dir: &str) -> Option<u32> {
 /// `GET path` on the brain at `url` (`http://` or `https://HOST:PORT`) with `token` as a
 /// bearer token, over the TLS its clients use; the status and the body.
 pub fn get(url: &str, path: &str, token: Option<&auth::Token>) -> (u16, String) {
-    let mut client = reqwest::Client::builder();
-    if let Some(tls) = client_tls(url) {
-        let ca = std::fs::read(&tls.ca_file).unwrap();
-        client = client.add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap());
-        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
-            let mut identity = std::fs::read(cert).unwrap();
-            identity.extend(std::fs::read(key).unwrap());
-            client = client.identity(reqwest::Identity::from_pem(&identity).unwrap());
-        }
-    }
+    let (client, base) = http_client(url);
     let client = client.build().unwrap();
-    let scheme = if client_tls(url).is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_start_matches("https://")
-        .trim_end_matches('/');
-    let full = format!("{scheme}://{addr}{path}");
+    let full = format!("{base}{path}");
     let token = token.cloned();
     // A thread of its own: callers may be inside a runtime already.
     std::thread::spawn(move || {
@@ -342,6 +324,31 @@ pub fn get(url: &str, path: &str, token: Option<&auth::Token>) -> (u16, String) 
     })
     .join()
     .unwrap()
+}
+
+/// An HTTP client set up for the brain at `url` (its CA, its client certificate when it asks
+/// for one) and the base URL to reach it by (`https://HOST:PORT`).
+pub fn http_client(url: &str) -> (reqwest::ClientBuilder, String) {
+    let mut client = reqwest::Client::builder();
+    if let Some(tls) = client_tls(url) {
+        let ca = std::fs::read(&tls.ca_file).unwrap();
+        client = client.add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap());
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            let mut identity = std::fs::read(cert).unwrap();
+            identity.extend(std::fs::read(key).unwrap());
+            client = client.identity(reqwest::Identity::from_pem(&identity).unwrap());
+        }
+    }
+    let scheme = if client_tls(url).is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    (client, format!("{scheme}://{addr}"))
 }
 
 /// `GET /metrics` of the brain at `url` with its metrics token (beside its operator token).

@@ -14,7 +14,7 @@
 //!   the data position that checkpoint recorded.
 //! * A slot that fails more than its role's `max_restarts` fails the job.
 //! * Service and single roles (the spec's roles outside the training group) are role groups of
-//!   their own ([`services`]): a failure restarts the process, its group or the whole job as
+//!   their own (`services`): a failure restarts the process, its group or the whole job as
 //!   the role's failover level says; a plan resizes them at once, touching no other role.
 //!
 //! Scale plans (see [`crate::scale`]) are carried out one at a time by a [`Transition`]:
@@ -214,7 +214,7 @@ pub struct CheckpointRecord {
     pub ledger: LedgerSnapshot,
     pub taken_at_ms: u64,
     pub step: u64,
-    /// The job's effective training time when it was taken ([`effective`]).
+    /// The job's effective training time when it was taken (`effective`).
     #[serde(default)]
     pub training_ms: u64,
 }
@@ -493,19 +493,19 @@ pub struct JobContext {
     #[serde(default)]
     pub leased_any: bool,
     /// The role groups outside the training group (service and single roles), each with its
-    /// desired size and its processes ([`services`]).
+    /// desired size and its processes (`services`).
     #[serde(default)]
     pub services: BTreeMap<Role, RoleGroup>,
-    /// Stragglers, hangs and the nodes the job avoids ([`stability`]).
+    /// Stragglers, hangs and the nodes the job avoids (`stability`).
     #[serde(default)]
     pub stability: Stability,
-    /// Time spent training, kept and lost ([`effective`]).
+    /// Time spent training, kept and lost (`effective`).
     #[serde(default)]
     pub training_time: TrainingTime,
     /// Flash checkpoint parts written out, per step, until the step is committed ([`flash`]).
     #[serde(default)]
     pub flash: flash::FlashParts,
-    /// Rates of the calls between its roles ([`calls`]); not persisted.
+    /// Rates of the calls between its roles (`calls`); not persisted.
     #[serde(skip)]
     pub calls: CallRates,
 }

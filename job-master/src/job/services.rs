@@ -288,7 +288,7 @@ impl JobContext {
         Ok(())
     }
 
-    /// `key`'s running totals of calls between roles ([`super::calls`]); refused from a
+    /// `key`'s running totals of calls between roles (`super::calls`); refused from a
     /// process that is not current, with figures that are not finite and non-negative, or
     /// naming a role the job has not.
     pub fn report_calls(

@@ -52,7 +52,7 @@ pub struct Resources {
 }
 
 /// One role group of the job: how many processes, how elastic, how big each is, and (for a
-/// role outside the training group) what it runs; see [`roles`].
+/// role outside the training group) what it runs; see `roles`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoleSpec {

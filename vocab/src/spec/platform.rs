@@ -24,7 +24,7 @@ pub enum PlatformConfig {
     },
     /// Agents are started by someone else; the master only waits for them to register.
     External,
-    /// Each agent is a Ray job on an existing Ray cluster (see [`ray`]).
+    /// Each agent is a Ray job on an existing Ray cluster (see `ray`).
     Ray {
         /// The Ray dashboard (Job Submission API), e.g. `http://127.0.0.1:8265`.
         address: String,

@@ -9,7 +9,7 @@ use crate::units::{Bytes, Gpus, Millicores};
 
 impl JobSpec {
     /// Checks everything the types cannot, without looking at this machine (the program and
-    /// the checkpoint directory are [`host::check`]'s). The first problem found is returned.
+    /// the checkpoint directory are `host::check`'s). The first problem found is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
         limits::dns_label(&self.name).map_err(|e| SpecError::new("name", e))?;
         if !self.roles.contains_key(&Role::WORKER) {

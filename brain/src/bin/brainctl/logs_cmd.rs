@@ -23,6 +23,7 @@ pub fn logs(job: &str, role: &str, index: u32, follow: bool, brain: &str) -> any
                 process: process.clone(),
                 offset,
                 incarnation,
+                tail: 0,
             })
             .await?
             .into_inner())

@@ -71,7 +71,7 @@ pub struct RaySettings {
     pub usage_lag: Duration,
     /// Environment variables for every agent.
     pub env: BTreeMap<String, String>,
-    /// The job's placement groups ([`group`]): each laid over the nodes whole before its
+    /// The job's placement groups (`group`): each laid over the nodes whole before its
     /// processes are submitted, each process pinned to its bundle's node.
     pub placement: Vec<GroupPlan>,
 }
@@ -582,7 +582,7 @@ impl Platform for RayPlatform {
         self.inner.check_nodes().await
     }
 
-    /// A Ray job pinned to the node ([`check`]).
+    /// A Ray job pinned to the node (`check`).
     async fn run_check(
         &self,
         node: &super::CheckNode,
