@@ -48,6 +48,15 @@ def main():
     def text(css):
         return driver.find_element(By.CSS_SELECTOR, css).text
 
+    def at(suffix, timeout=20):
+        """Waits for the browser to be at a URL ending in `suffix` (a click returns before the
+        navigation it starts has committed)."""
+        deadline = time.time() + timeout
+        while not driver.current_url.split("?")[0].endswith(suffix):
+            if time.time() > deadline:
+                raise AssertionError(f"not at ...{suffix} but at {driver.current_url}")
+            time.sleep(0.1)
+
     def wait_for(what, check, url=None, timeout=120):
         deadline = time.time() + timeout
         while True:
@@ -66,16 +75,16 @@ def main():
     try:
         # Nothing without signing in.
         driver.get(a.url + "/console")
-        assert driver.current_url.endswith("/console/login"), driver.current_url
+        at("/console/login")
         shot("sign-in")
         driver.find_element(By.ID, "token").send_keys("not-a-token")
         driver.find_element(By.ID, "sign-in").click()
-        assert "not one this brain gave" in text("#error"), driver.page_source
+        wait_for("the refusal", lambda: "not one this brain gave" in text("#error"), timeout=20)
         shot("wrong-token")
         with open(a.token_file) as f:
             driver.find_element(By.ID, "token").send_keys(f.read().strip())
         driver.find_element(By.ID, "sign-in").click()
-        assert driver.current_url.endswith("/console"), driver.current_url
+        at("/console")
         assert "operator" in text("#who")
         shot("signed-in")
 
@@ -87,6 +96,7 @@ def main():
             for row in driver.find_elements(By.CSS_SELECTOR, "#jobs tr")))
         shot("job-running")
         driver.find_element(By.LINK_TEXT, a.job).click()
+        wait_for("the job's page", lambda: "/console/jobs/" in driver.current_url, timeout=20)
         job_url = driver.current_url.split("?")[0]
         assert text("#state") == "running"
         shot("job-page")
@@ -97,7 +107,7 @@ def main():
         workers = 1 if started > 1 else 2
         driver.find_element(By.ID, "workers").send_keys(str(workers))
         driver.find_element(By.ID, "scale-submit").click()
-        assert "Plan 1 proposed" in text("#notice"), driver.page_source
+        wait_for("the plan proposed", lambda: "Plan 1 proposed" in text("#notice"), timeout=20)
         shot("scale-proposed")
         wait_for("the plan to be reached", lambda: text("#reached") == "1 of 1"
                  and text("#sizes").startswith(f"worker {workers} "), url=job_url)
@@ -120,17 +130,19 @@ def main():
 
         # Cancelled from the page.
         driver.find_element(By.ID, "cancel-submit").click()
-        assert "cancelling" in text("#notice"), driver.page_source
+        wait_for("the job cancelling", lambda: "cancelling" in text("#notice"), timeout=20)
         wait_for("the job to be cancelled", lambda: text("#state") == "cancelled", url=job_url)
         shot("cancelled")
 
         driver.find_element(By.ID, "sign-out").click()
-        assert driver.current_url.endswith("/console/login"), driver.current_url
+        at("/console/login")
         driver.get(a.url + "/console")
-        assert driver.current_url.endswith("/console/login"), driver.current_url
+        at("/console/login")
         shot("signed-out")
     except AssertionError as e:
-        print(f"console_browser: {e}", file=sys.stderr)
+        shot("failed")
+        print(f"console_browser: {e}\nthe page at {driver.current_url}:\n{driver.page_source[:3000]}",
+              file=sys.stderr)
         return 1
     finally:
         driver.quit()
