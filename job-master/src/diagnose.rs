@@ -50,7 +50,7 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
         out,
         "relaunches: {}; checkpoints: {}; plans reached: {}",
         listed(&restarts, ", "),
-        ctx.checkpoints.len(),
+        ctx.committed_checkpoints(),
         ctx.transitions.len()
     );
     lost(&mut out, ctx);

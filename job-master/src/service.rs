@@ -565,7 +565,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .map(|r| r.next_round_number())
                 .unwrap_or(0),
             final_eval_loss: ctx.final_eval_loss,
-            checkpoints: ctx.checkpoints.len() as u32,
+            checkpoints: ctx.committed_checkpoints() as u32,
             desired_plan_version: ctx.plans.desired,
             reached_plan_version: ctx.plans.reached,
             transition: match self.shared.prechecking() {

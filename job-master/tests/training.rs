@@ -116,3 +116,42 @@ async fn agents_report_cpu_and_rss_and_no_gpu() {
         assert!(!agent_log.contains("ERROR"), "{agent_log}");
     }
 }
+
+/// `checkpoint.keep: 2`: the job checkpoints often, but only the newest two committed
+/// checkpoints stay on disk (and in the record), and the job still ends exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_newest_checkpoints_the_spec_keeps_stay_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = builtin_spec(dir.path(), "kept", "ps", 1, 2, 20_000, 1, 0, 4);
+    spec.checkpoint.keep = Some(2);
+    let ckpt_dir = spec.checkpoint.dir.clone();
+    let mut run = start(spec, dir.path()).await;
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.exactly_once, "ok");
+    assert!(
+        report.checkpoints >= 3,
+        "{} checkpoints",
+        report.checkpoints
+    );
+    // The deletions follow the durable record; give the last one a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let on_disk: Vec<_> = std::fs::read_dir(&ckpt_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join("manifest.json").exists())
+            .map(|e| e.file_name())
+            .collect();
+        if on_disk.len() == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{on_disk:?} of {} committed",
+            report.checkpoints
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_no_process_left(run.addr).await;
+}

@@ -94,7 +94,7 @@ impl JobContext {
                     manifest.display()
                 ),
             );
-            return Ok(Vec::new());
+            return Ok(self.prune_checkpoints(now_ms));
         }
         self.log_as(
             EventKind::Checkpoint,
@@ -106,7 +106,59 @@ impl JobContext {
                 manifest.display()
             ),
         );
-        Ok(self.cut_committed(id, now_ms))
+        let mut effects = self.prune_checkpoints(now_ms);
+        effects.extend(self.cut_committed(id, now_ms));
+        Ok(effects)
+    }
+
+    /// The committed checkpoints beyond the spec's `checkpoint.keep` (the oldest) are dropped
+    /// from the record, each said in an event; their directories to delete. A directory that
+    /// a kept checkpoint also lives in, or the checkpoint root itself, is never deleted.
+    pub(super) fn prune_checkpoints(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(keep) = self.spec.checkpoint.keep else {
+            return Vec::new();
+        };
+        let over = self.checkpoints.len().saturating_sub(keep.max(1) as usize);
+        if over == 0 {
+            return Vec::new();
+        }
+        let gone: Vec<CheckpointRecord> = self.checkpoints.drain(..over).collect();
+        self.checkpoints_deleted += over;
+        let kept: Vec<PathBuf> = self
+            .checkpoints
+            .iter()
+            .filter_map(|c| c.manifest.parent().map(std::path::Path::to_path_buf))
+            .collect();
+        let root = self.spec.checkpoint.dir.clone();
+        let mut dirs = Vec::new();
+        for c in gone {
+            let dir = c.manifest.parent().map(std::path::Path::to_path_buf);
+            let removable = dir
+                .as_ref()
+                .filter(|d| !kept.iter().any(|k| k.starts_with(d)) && **d != root);
+            self.log_as(
+                EventKind::Checkpoint,
+                now_ms,
+                match removable {
+                    Some(d) => format!(
+                        "checkpoint {} (step {}) deleted: checkpoint.keep is {keep}: {}",
+                        c.id,
+                        c.step,
+                        d.display()
+                    ),
+                    None => format!(
+                        "checkpoint {} (step {}) dropped from the record (checkpoint.keep is \
+                         {keep}); its directory holds a kept one too and stays",
+                        c.id, c.step
+                    ),
+                },
+            );
+            dirs.extend(removable.cloned());
+        }
+        if dirs.is_empty() {
+            return Vec::new();
+        }
+        vec![Effect::RemoveCheckpoints { dirs }]
     }
 
     /// The pending cut's checkpoint `id` is committed: training goes on, or what waited for

@@ -484,3 +484,55 @@ fn a_plan_whose_new_processes_start_after_the_data_ran_out_is_abandoned_and_the_
             .any(|e| e.text.contains("plan 1 abandoned: every shard was done")),
     );
 }
+
+#[test]
+fn checkpoints_beyond_keep_leave_the_record_and_their_directories_are_deleted() {
+    let mut spec = in_place_spec(2);
+    spec.checkpoint.keep = Some(2);
+    let root = spec.checkpoint.dir.clone();
+    let (mut ctx, _) = JobContext::new(spec, "t-1".into(), Timing::default(), 0);
+    everyone_joins(&mut ctx, 1);
+    let removed = |effects: &[Effect]| -> Vec<PathBuf> {
+        effects
+            .iter()
+            .flat_map(|e| match e {
+                Effect::RemoveCheckpoints { dirs } => dirs.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    for (id, step) in [(1, 10), (2, 20)] {
+        let manifest = root.join(format!("s{step}/manifest.json"));
+        let effects = ctx
+            .checkpoint_committed(id, manifest, step, 0, step)
+            .unwrap();
+        assert!(removed(&effects).is_empty(), "{effects:?}");
+    }
+    let effects = ctx
+        .checkpoint_committed(3, root.join("s30/manifest.json"), 30, 0, 30)
+        .unwrap();
+    assert_eq!(removed(&effects), [root.join("s10")]);
+    let ids: Vec<u64> = ctx.checkpoints.iter().map(|c| c.id).collect();
+    assert_eq!(ids, [2, 3]);
+    assert_eq!(ctx.latest_checkpoint().unwrap().step, 30);
+    let said = &ctx.events.last().unwrap().text;
+    assert!(
+        said.starts_with("checkpoint 1 (step 10) deleted: checkpoint.keep is 2"),
+        "{said}"
+    );
+    // A manifest in the checkpoint root itself: dropped from the record when older than the
+    // kept ones, its directory (the root, holding the others) never deleted.
+    let mut spec = in_place_spec(1);
+    spec.checkpoint.keep = Some(1);
+    let root = spec.checkpoint.dir.clone();
+    let (mut ctx, _) = JobContext::new(spec, "t-2".into(), Timing::default(), 0);
+    everyone_joins(&mut ctx, 1);
+    ctx.checkpoint_committed(1, root.join("manifest.json"), 5, 0, 5)
+        .unwrap();
+    let effects = ctx
+        .checkpoint_committed(2, root.join("s6/manifest.json"), 6, 0, 6)
+        .unwrap();
+    assert!(removed(&effects).is_empty(), "{effects:?}");
+    assert_eq!(ctx.checkpoints.len(), 1);
+    assert!(ctx.events.last().unwrap().text.contains("stays"));
+}

@@ -268,11 +268,12 @@ impl JobContext {
                 manifest.display()
             ),
         );
+        let mut effects = self.prune_checkpoints(now_ms);
         if self.checkpoint_pending && self.checkpoint_saving {
             // The job waited for it on disk.
-            return self.cut_committed(id, now_ms);
+            effects.extend(self.cut_committed(id, now_ms));
         }
-        Vec::new()
+        effects
     }
 
     /// A checkpoint at `step` is committed: the cuts held in memory before it are dropped.

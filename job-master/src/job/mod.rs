@@ -318,6 +318,11 @@ pub enum Effect {
     DropPs {
         ps: Vec<String>,
     },
+    /// Delete these checkpoints' directories (beyond `checkpoint.keep`) once the context
+    /// that no longer lists them is durable.
+    RemoveCheckpoints {
+        dirs: Vec<PathBuf>,
+    },
 }
 
 /// Where a transition is.
@@ -461,7 +466,11 @@ pub struct JobContext {
     pub ledger: ShardLedger,
     /// How the processes form a group: rendezvous rounds (allreduce) or a PS cluster.
     pub group: Group,
+    /// The committed checkpoints kept (all of them, unless `checkpoint.keep` says fewer).
     pub checkpoints: Vec<CheckpointRecord>,
+    /// Committed checkpoints dropped beyond `checkpoint.keep`.
+    #[serde(default)]
+    pub checkpoints_deleted: usize,
     pub checkpoint_pending: bool,
     /// A ps checkpoint save is under way (the effect was emitted).
     pub checkpoint_saving: bool,
@@ -601,6 +610,7 @@ impl JobContext {
             ledger,
             group: group.expect("a validated spec has workers, and PS for a ps job"),
             checkpoints: Vec::new(),
+            checkpoints_deleted: 0,
             checkpoint_pending: false,
             checkpoint_saving: false,
             cancelling: None,
@@ -763,6 +773,11 @@ impl JobContext {
 
     pub fn latest_checkpoint(&self) -> Option<&CheckpointRecord> {
         self.checkpoints.last()
+    }
+
+    /// Checkpoints committed so far, kept or deleted since.
+    pub fn committed_checkpoints(&self) -> usize {
+        self.checkpoints.len() + self.checkpoints_deleted
     }
 
     /// What `key`'s current incarnation is launched with: its own resources (from a plan or a

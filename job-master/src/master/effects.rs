@@ -88,6 +88,24 @@ pub(super) async fn execute(
                 }
             });
         }
+        Effect::RemoveCheckpoints { dirs } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                // Only once the record without them is on disk: a master resumed from an
+                // older record could otherwise restore from a directory already gone.
+                if let Err(e) = shared.persister.durable(shared.persister.changed()).await {
+                    tracing::warn!("old checkpoints kept: the job context is not durable: {e}");
+                    return;
+                }
+                for dir in dirs {
+                    if let Err(e) = tokio::fs::remove_dir_all(&dir).await
+                        && e.kind() != std::io::ErrorKind::NotFound
+                    {
+                        tracing::warn!("cannot delete old checkpoint {}: {e}", dir.display());
+                    }
+                }
+            });
+        }
         Effect::ReshardPs {
             version,
             from,

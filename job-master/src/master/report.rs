@@ -33,7 +33,7 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
         shards_done: ctx.ledger.done_shards(),
         shards_total: ctx.ledger.total_shards(),
         restarts: ctx.restarts.clone(),
-        checkpoints: ctx.checkpoints.len(),
+        checkpoints: ctx.committed_checkpoints(),
         ps_stats,
         applied_samples: applied.applied_samples,
         applied_index_sum: applied.applied_index_sum,

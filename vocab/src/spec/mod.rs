@@ -239,6 +239,12 @@ pub struct CheckpointSpec {
     /// flash checkpoints off].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flash: Option<FlashSpec>,
+    /// Committed checkpoints kept on disk: once a newer one is committed (and recorded), the
+    /// directories of those beyond the newest `keep` are deleted [default: every one kept].
+    /// At least 1 (the one a restart resumes from); 2 or more leave a previous one to fall
+    /// back on when the newest turns out damaged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<u32>,
 }
 
 /// `checkpoint.flash`: how much shared memory each training process gets for its copies.
@@ -637,6 +643,16 @@ checkpoint: { dir: /tmp/brain-spec-test }
             err(&GOOD.replace("cpu: \"500m\"", "cpu: lots"))
                 .contains("roles.worker.resources: cpu quantity \"lots\"")
         );
+        let keep = |n: &str| {
+            GOOD.replace(
+                "checkpoint: { dir: /tmp/brain-spec-test }",
+                &format!("checkpoint: {{ dir: /tmp/brain-spec-test, keep: {n} }}"),
+            )
+        };
+        assert!(err(&keep("0")).contains("checkpoint.keep: 0 would delete the checkpoint"));
+        let spec = JobSpec::from_yaml(&keep("3")).unwrap();
+        spec.validate().unwrap();
+        assert_eq!(spec.checkpoint.keep, Some(3));
     }
 
     #[test]

@@ -71,6 +71,12 @@ impl JobSpec {
             limits::MAX_EVAL_SAMPLES,
         )?;
         non_negative("checkpoint.every_shards", self.checkpoint.every_shards)?;
+        if self.checkpoint.keep == Some(0) {
+            return Err(SpecError::new(
+                "checkpoint.keep",
+                "0 would delete the checkpoint a restart resumes from: keep at least 1",
+            ));
+        }
         if let Some(f) = &self.checkpoint.flash {
             const MIB: u64 = 1 << 20;
             let b = f.budget();
