@@ -68,6 +68,17 @@ pub struct BrainConfig {
     /// Where raw metric time series go (InfluxDB); without it only summaries are kept.
     #[serde(default)]
     pub sink: Option<crate::sink::SinkConfig>,
+    /// The web console (`[console.whatif]`: the traces its what-if page replays).
+    #[serde(default)]
+    pub console: ConsoleConfig,
+}
+
+/// `[console]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleConfig {
+    #[serde(default)]
+    pub whatif: crate::console::whatif::WhatifSettings,
 }
 
 fn default_database() -> PathBuf {
@@ -139,6 +150,7 @@ impl BrainConfig {
             sink: None,
             tls: None,
             insecure: false,
+            console: ConsoleConfig::default(),
         }
     }
 
@@ -146,6 +158,7 @@ impl BrainConfig {
         if self.database.as_os_str().is_empty() {
             return Err(BrainError::Config("database: an empty path".into()));
         }
+        self.console.whatif.validate()?;
         let c = &self.cluster;
         if !(c.cpus.is_finite() && c.cpus > 0.0 && c.cpus < 1e6) {
             return Err(BrainError::Config(format!(
@@ -526,6 +539,7 @@ pub async fn run(
         control.clone(),
         keys.clone(),
         tls.is_some(),
+        config.console.whatif.clone(),
     )));
     let api = BrainServer::new(BrainService::new(
         control.clone(),

@@ -391,3 +391,75 @@ async fn a_real_browser_signs_in_and_scales_and_cancels_a_job_it_watched_appear(
     assert_eq!(job.reached_version, 1, "{job:#?}");
     brain.kill();
 }
+
+/// The what-if page replays a trace the config names under the policy in force and a policy
+/// file, with the figures `brainctl whatif` prints for the same replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whatif_page_replays_a_configured_trace_as_brainctl_whatif_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let trace = root.join("datasets/data/pollux/workloads/workload-1.csv");
+    let pollux = root.join("examples/policies/pollux.toml");
+    let (mut brain, url) = common::configured_brain(
+        d,
+        &format!(
+            "[console.whatif]\ntraces = [\"{}\"]\npolicies = [\"{}\"]\ncluster = \"8x4:t4\"\n",
+            trace.display(),
+            pollux.display()
+        ),
+        |_| {},
+    );
+    let mut v = Visitor::new(&url);
+    let operator = std::fs::read_to_string(token_file(&url)).unwrap();
+    v.sign_in(operator.trim()).await;
+    let (status, _, page) = v.get("/console/whatif").await;
+    assert!(
+        status.is_success() && page.contains("workload-1.csv"),
+        "{page}"
+    );
+    let token = csrf(&page);
+    let (status, _, page) = v
+        .post(
+            "/console/whatif",
+            &[("csrf", &token), ("trace", "0"), ("policy", "0")],
+            &[],
+        )
+        .await;
+    assert!(status.is_success(), "{page}");
+    assert!(page.contains("id=\"whatif-table\""), "{page}");
+    assert!(
+        page.contains("in force (elastic_lp)") && page.contains("<svg"),
+        "{page}"
+    );
+    // The pollux row is the one brainctl whatif prints for the same replay.
+    let (ok, out) = brainctl(&[
+        "whatif",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policy",
+        pollux.to_str().unwrap(),
+        "--cluster",
+        "8x4:t4",
+    ]);
+    assert!(ok, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("pollux"))
+        .unwrap_or_else(|| panic!("no pollux row in {out}"));
+    // The same figures (the columns are as wide as the longest label).
+    let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let on_page = page
+        .lines()
+        .find(|l| l.trim_start().starts_with("pollux "))
+        .unwrap_or_else(|| panic!("no pollux row on {page}"));
+    assert_eq!(words(on_page), words(row));
+    // Without its CSRF token: refused; a trace it does not name: said.
+    let (status, _, _) = v.post("/console/whatif", &[("trace", "0")], &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (_, _, page) = v
+        .post("/console/whatif", &[("csrf", &token), ("trace", "7")], &[])
+        .await;
+    assert!(page.contains("no trace number 7"), "{page}");
+    brain.kill();
+}

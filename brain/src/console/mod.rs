@@ -7,6 +7,8 @@
 //!   (HttpOnly, SameSite=Strict) and each session's CSRF token.
 //! * [`pages`]: the markup, rendered on the server (no script, no build chain).
 //! * [`chart`]: a job's timeline as SVG.
+//! * [`whatif`]: the what-if page: a configured trace replayed under the policy in force and
+//!   chosen policy files, with `brainctl whatif`'s code, table and charts.
 //!
 //! The handlers here are thin: each calls the brain's own gRPC handlers ([`BrainService`])
 //! in-process, as the session's caller, so the console can do exactly what that caller could
@@ -18,6 +20,7 @@
 pub mod chart;
 pub mod pages;
 pub mod session;
+pub mod whatif;
 
 use std::sync::Arc;
 
@@ -26,6 +29,7 @@ use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use optimizer::schedule::Scheduler;
 use proto::service::v1 as pb;
 use proto::service::v1::brain_server::Brain;
 use serde::Deserialize;
@@ -48,16 +52,27 @@ pub struct Console {
     sessions: Sessions,
     /// Served under TLS: the cookie says `Secure`.
     secure: bool,
+    whatif: whatif::WhatifSettings,
+    /// One what-if replay at a time.
+    replaying: tokio::sync::Mutex<()>,
 }
 
 impl Console {
-    pub fn new(api: BrainService, control: Arc<Control>, keys: Arc<Keys>, secure: bool) -> Self {
+    pub fn new(
+        api: BrainService,
+        control: Arc<Control>,
+        keys: Arc<Keys>,
+        secure: bool,
+        whatif: whatif::WhatifSettings,
+    ) -> Self {
         Console {
             api,
             control,
             keys,
             sessions: Sessions::default(),
             secure,
+            whatif,
+            replaying: tokio::sync::Mutex::new(()),
         }
     }
 }
@@ -70,6 +85,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/console/login", get(login_page).post(login))
         .route("/console/logout", post(logout))
         .route("/console/policy", get(policy))
+        .route("/console/whatif", get(whatif_page).post(whatif_replay))
         .route("/console/jobs/{id}", get(job))
         .route("/console/jobs/{id}/scale", post(scale))
         .route("/console/jobs/{id}/cancel", post(cancel))
@@ -431,4 +447,78 @@ async fn cancel(
         Err(e) => (false, e.message().to_string()),
     };
     c.job_page(&s, id, None, Some(notice)).await
+}
+
+/// The operator's session (the what-if page is theirs alone), or the answer to give.
+fn operator_only(s: &Session) -> Result<(), Box<Response>> {
+    if matches!(s.caller, Caller::Job(_)) {
+        let page = pages::error(Some(s), "The what-if page is the operator's.");
+        return Err(Box::new(
+            (StatusCode::FORBIDDEN, Html(page.into_string())).into_response(),
+        ));
+    }
+    Ok(())
+}
+
+/// The policy in force as the what-if replays it, and its label.
+fn in_force(c: &Console) -> (crate::whatif::NamedPolicy, String) {
+    let scheduler = c.control.policy().0.scheduler();
+    let label = format!("in force ({})", scheduler.name());
+    (
+        crate::whatif::NamedPolicy {
+            label: label.clone(),
+            scheduler,
+            live_round: None,
+            handling: None,
+        },
+        label,
+    )
+}
+
+async fn whatif_page(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let Some(s) = c.sessions.get(&headers) else {
+        return to_sign_in();
+    };
+    if let Err(answer) = operator_only(&s) {
+        return *answer;
+    }
+    let (_, label) = in_force(&c);
+    Html(whatif::page(&s, &c.whatif, &label, None).into_string()).into_response()
+}
+
+async fn whatif_replay(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let (mut csrf, mut trace, mut chosen) = (String::new(), None, Vec::new());
+    for (k, v) in form_urlencoded::parse(&body) {
+        match &*k {
+            "csrf" => csrf = v.into_owned(),
+            "trace" => trace = v.parse::<usize>().ok(),
+            "policy" => chosen.extend(v.parse::<usize>().ok()),
+            _ => {}
+        }
+    }
+    let s = match posted(&c, &headers, &csrf) {
+        Ok(s) => s,
+        Err(answer) => return *answer,
+    };
+    if let Err(answer) = operator_only(&s) {
+        return *answer;
+    }
+    let (policy, label) = in_force(&c);
+    let outcome = match trace {
+        None => Err("Say which trace to replay.".to_string()),
+        Some(trace) => {
+            let _one = c.replaying.lock().await;
+            let settings = c.whatif.clone();
+            tokio::task::spawn_blocking(move || {
+                whatif::compare(&settings, trace, &chosen, policy).map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("the replay failed: {e}")))
+        }
+    };
+    Html(whatif::page(&s, &c.whatif, &label, Some(outcome)).into_string()).into_response()
 }

@@ -47,6 +47,7 @@ pub fn layout(
                         @if !matches!(s.caller, Caller::Job(_)) {
                             a href="/console" { "Cluster and jobs" }
                             a href="/console/policy" { "Policy and next round" }
+                            a href="/console/whatif" { "What-if" }
                         }
                         span id="who" { "signed in as " (s.who()) }
                         form method="post" action="/console/logout" {
