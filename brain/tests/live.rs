@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Brain, alive, bin_dir, brainctl, jobs, master_status, start_brain};
+use common::{Brain, alive, bin_dir, brainctl, jobs, master_status, start_brain, start_brain_with};
 use proto::service::v1 as pb;
 
 const CPUS: u32 = 4;
@@ -861,4 +861,75 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
     }
     let _ = master.kill();
     let _ = master.wait();
+}
+
+/// GPU use as the agents sample it (here from the device stand-in, `BRAIN_GPU_STANDIN`, on a
+/// machine without a GPU; NVML on one with) reaches `brainctl jobs` and `/metrics`, per
+/// process and per job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_use_the_agents_sample_reaches_brainctl_jobs_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 3600\n",
+    )
+    .unwrap();
+    let gpus = d.join("gpus.json");
+    std::fs::write(
+        &gpus,
+        r#"{"devices": [{"utilisation_pct": 37, "memory_bytes": 566231040}]}"#,
+    )
+    .unwrap();
+    // Readable by the job's user too (the agents run as the brain's user; the file is theirs).
+    let (mut brain, addr) = start_brain_with(d, "127.0.0.1:0", 4, |cmd| {
+        cmd.env("BRAIN_GPU_STANDIN", &gpus);
+    });
+    let url = format!("http://{addr}");
+    let path = spec_max(d, "gpu-seen", "allreduce", 4000, 2);
+    let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let job = loop {
+        let all = jobs(&url).await.unwrap_or_default();
+        // Every worker's report in (they start a moment apart).
+        if let Some(j) = all.iter().find(|j| {
+            j.shape
+                .as_ref()
+                .is_some_and(|s| s.workers > 0 && j.gpu_processes.len() == s.workers as usize)
+        }) {
+            break j.clone();
+        }
+        assert!(Instant::now() < deadline, "no GPU use reported: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(job.gpu_utilisation_pct, 37.0, "{job:#?}");
+    // Each process's 540 MiB, summed over the job's.
+    let processes = job.gpu_processes.len() as u64;
+    assert_eq!(job.gpu_memory_bytes, processes * 566_231_040, "{job:#?}");
+    let (ok, out) = brainctl(&["jobs", "--brain", &url]);
+    assert!(ok, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("gpu-seen") || l.contains(" gpu-seen "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains(" 37 ") && row.contains(&format!(" {} ", processes * 540)),
+        "{out}"
+    );
+    assert!(out.contains("worker-0 37% 540 MiB"), "{out}");
+    let metrics = common::scrape(&addr);
+    assert!(
+        metrics.contains("brain_job_gpu_utilisation_pct{job=\"gpu-seen\"} 37"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "brain_process_gpu_memory_bytes{job=\"gpu-seen\",role=\"worker\",index=\"0\"} 566231040"
+        ),
+        "{metrics}"
+    );
+    let (ok, out) = brainctl(&["cancel", "gpu-seen", "--brain", &url]);
+    assert!(ok, "{out}");
+    brain.kill();
 }

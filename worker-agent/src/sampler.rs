@@ -100,9 +100,35 @@ impl ProcSampler {
     }
 }
 
-/// NVML, if it loads on this machine.
+/// Names a JSON file that stands in for the node's GPUs, read at every sample, on machines
+/// without one (the tests' device stand-in; never set where NVML is meant to be read):
+/// `{"devices": [{"utilisation_pct": 37, "memory_bytes": 536870912}]}`, each device's
+/// utilisation and the memory the sampled process holds on it.
+pub const GPU_STANDIN_ENV: &str = "BRAIN_GPU_STANDIN";
+
+/// Where GPU figures come from.
+enum Devices {
+    Nvml(Nvml),
+    /// The file [`GPU_STANDIN_ENV`] names.
+    StandIn(std::path::PathBuf),
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StandIn {
+    devices: Vec<StandInDevice>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StandInDevice {
+    utilisation_pct: u32,
+    memory_bytes: u64,
+}
+
+/// NVML if it loads on this machine (or the device stand-in).
 pub struct GpuProbe {
-    nvml: Option<Nvml>,
+    nvml: Option<Devices>,
     /// The devices this process was given (`CUDA_VISIBLE_DEVICES`: NVML indices or UUIDs);
     /// `None`: every device.
     only: Option<Vec<String>>,
@@ -132,6 +158,16 @@ impl GpuProbe {
                 .map(str::to_string)
                 .collect()
         });
+        if let Some(path) = std::env::var_os(GPU_STANDIN_ENV) {
+            tracing::warn!(
+                "GPU figures from the stand-in {} ({GPU_STANDIN_ENV}), not NVML",
+                std::path::Path::new(&path).display()
+            );
+            return Self {
+                nvml: Some(Devices::StandIn(path.into())),
+                only,
+            };
+        }
         let nvml = match Nvml::init() {
             Ok(nvml) => {
                 tracing::info!(
@@ -140,7 +176,7 @@ impl GpuProbe {
                     only.as_ref()
                         .map_or("all".to_string(), |d: &Vec<String>| d.join(","))
                 );
-                Some(nvml)
+                Some(Devices::Nvml(nvml))
             }
             Err(e) => {
                 tracing::info!(
@@ -159,7 +195,10 @@ impl GpuProbe {
     /// (mean utilisation %, memory used by `pids`) over the process's devices (all when it was
     /// given none in particular).
     pub fn sample(&self, pids: &[u32]) -> Option<(u32, u64)> {
-        let nvml = self.nvml.as_ref()?;
+        let nvml = match self.nvml.as_ref()? {
+            Devices::Nvml(nvml) => nvml,
+            Devices::StandIn(path) => return self.stand_in(path),
+        };
         let count = nvml.device_count().ok()?;
         let (mut util, mut mem, mut n) = (0u32, 0u64, 0u32);
         for i in 0..count {
@@ -179,6 +218,30 @@ impl GpuProbe {
                         mem += b;
                     }
                 }
+            }
+        }
+        Some((util / n.max(1), mem))
+    }
+
+    /// What the stand-in file says of the devices this process was given; none when it cannot
+    /// be read (said in the log).
+    fn stand_in(&self, path: &std::path::Path) -> Option<(u32, u64)> {
+        let read = std::fs::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<StandIn>(&b).map_err(|e| e.to_string()));
+        let standin = match read {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("the GPU stand-in {}: {e}", path.display());
+                return None;
+            }
+        };
+        let (mut util, mut mem, mut n) = (0u32, 0u64, 0u32);
+        for (i, d) in standin.devices.iter().enumerate() {
+            if visible(self.only.as_deref(), i as u32, || None) {
+                util += d.utilisation_pct.min(100);
+                mem += d.memory_bytes;
+                n += 1;
             }
         }
         Some((util / n.max(1), mem))
@@ -242,6 +305,27 @@ mod tests {
             cpu > 200,
             "a busy loop uses a good part of a core, got {cpu} millicores"
         );
+    }
+
+    #[test]
+    fn the_stand_in_reports_the_devices_a_process_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.json");
+        std::fs::write(
+            &path,
+            r#"{"devices": [{"utilisation_pct": 30, "memory_bytes": 100},
+                            {"utilisation_pct": 50, "memory_bytes": 200}]}"#,
+        )
+        .unwrap();
+        let probe = |only: Option<Vec<String>>| GpuProbe {
+            nvml: Some(Devices::StandIn(path.clone())),
+            only,
+        };
+        assert!(probe(None).present());
+        assert_eq!(probe(None).sample(&[1]), Some((40, 300)));
+        assert_eq!(probe(Some(vec!["1".into()])).sample(&[1]), Some((50, 200)));
+        std::fs::write(&path, "{\"devices\": 3}").unwrap();
+        assert_eq!(probe(None).sample(&[1]), None);
     }
 
     #[test]
