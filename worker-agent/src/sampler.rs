@@ -108,7 +108,7 @@ pub const GPU_STANDIN_ENV: &str = "BRAIN_GPU_STANDIN";
 
 /// Where GPU figures come from.
 enum Devices {
-    Nvml(Nvml),
+    Nvml(Box<Nvml>),
     /// The file [`GPU_STANDIN_ENV`] names.
     StandIn(std::path::PathBuf),
 }
@@ -176,7 +176,7 @@ impl GpuProbe {
                     only.as_ref()
                         .map_or("all".to_string(), |d: &Vec<String>| d.join(","))
                 );
-                Some(Devices::Nvml(nvml))
+                Some(Devices::Nvml(Box::new(nvml)))
             }
             Err(e) => {
                 tracing::info!(
