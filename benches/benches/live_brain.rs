@@ -24,7 +24,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use std::time::{Duration, Instant};
@@ -350,14 +350,23 @@ async fn round_with(jobs: usize) {
     let mut c = client(&url, dir.path()).await;
     register_running(&url, &c, jobs).await;
     println!(
-        "\n{:<14} {:>12} {:>14} {:>14}",
-        "scheduler", "solve (ms)", "round (ms)", "resized jobs"
+        "\n{:<24} {:>12} {:>14} {:>14}",
+        "policy", "solve (ms)", "round (ms)", "resized jobs"
     );
-    for kind in ["elastic_lp", "pollux", "optimus", "fifo"] {
+    // Every shipped policy (examples/policies/), as an operator would put it in force.
+    let mut shipped: Vec<PathBuf> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policies"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect();
+    shipped.sort();
+    for file in shipped {
+        let kind = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&file).unwrap();
         c.set_policy(pb::PolicyText {
-            toml: format!(
-                "[scheduler]\nkind = \"{kind}\"\n[live]\ninterval_s = 3600\ncooldown_s = 0\n"
-            ),
+            toml: format!("{text}\n[live]\ninterval_s = 3600\ncooldown_s = 0\n"),
             path: String::new(),
         })
         .await
@@ -380,7 +389,7 @@ async fn round_with(jobs: usize) {
         solve.sort_by(f64::total_cmp);
         round.sort_by(f64::total_cmp);
         println!(
-            "{kind:<14} {:>12.1} {:>14.1} {:>14}",
+            "{kind:<24} {:>12.1} {:>14.1} {:>14}",
             solve[2], round[2], changed
         );
     }
