@@ -134,7 +134,7 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
     // The same seed gives the same report; node failures make the seed matter.
     let again = brainctl(&args);
     assert_eq!(String::from_utf8(again.stdout).unwrap(), expected);
-    for stem in ["jobs", "rounds", "summary"] {
+    for stem in ["jobs", "rounds", "summary", "bound"] {
         for ext in ["parquet", "csv"] {
             let f = out.join(format!("{stem}.{ext}"));
             assert!(
@@ -159,6 +159,21 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
             cells[restarting].parse().unwrap(),
         );
         assert!(r > 0.0 && r < h, "{cells:?}");
+    }
+    // The bound's row first, then each policy's figures over it: none below 1.
+    let bound_csv = std::fs::read_to_string(out.join("bound.csv")).unwrap();
+    let bound = Csv::parse(&bound_csv);
+    assert_eq!(bound.rows.len(), 1 + POLICIES.len());
+    assert_eq!(bound.rows[0][bound.col("policy")], "lower bound");
+    for c in [
+        "mean_jct_over_bound",
+        "p99_jct_over_bound",
+        "makespan_over_bound",
+    ] {
+        for row in &bound.rows {
+            let v: f64 = row[bound.col(c)].parse().unwrap();
+            assert!(v >= 1.0, "{c} {row:?}");
+        }
     }
     let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert!(

@@ -133,6 +133,7 @@ pub fn compare(
         parallel: 1,
     };
     let results = whatif::run(&traces, &profiles, &policies, &options, &|_| {})?;
+    let bound = whatif::bound(&traces, &profiles, &options)?;
     let dir = tempfile::tempdir()?;
     let charts = crate::plots::draw(dir.path(), &results)?
         .into_iter()
@@ -147,7 +148,11 @@ pub fn compare(
         })
         .collect();
     Ok(Comparison {
-        table: whatif::render_table(&results),
+        table: format!(
+            "{}\n{}",
+            whatif::render_table(&results),
+            whatif::render_bound(&results, &bound)
+        ),
         charts,
     })
 }

@@ -2,11 +2,14 @@
 //!
 //! This module loads policies and traces, checks them and runs every (policy, trace) replay in
 //! memory; `stream` replays job lists too large to hold row by row (`--stream`), and
-//! `tables` renders the side-by-side table and writes the result tables.
+//! `tables` renders the side-by-side table and writes the result tables; `bound` the lower
+//! bound no scheduler beats on the same traces and cluster, and each policy's distance to it.
 
+mod bound;
 mod stream;
 mod tables;
 
+pub use bound::{BoundRow, bound, render_bound, write_bound};
 pub use stream::{StreamOutputs, StreamedTrace, check_streamed, run_streamed};
 pub use tables::{
     JOB_COLUMNS, ROUND_COLUMNS, render_table, render_timing, write_outputs, write_summary,

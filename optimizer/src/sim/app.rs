@@ -104,6 +104,51 @@ pub struct App {
     cache: RefCell<HashMap<StepKey, (f64, f64)>>,
 }
 
+/// A placement of `r` GPUs on exactly `k` nodes of at most `per_node` each that `measured`
+/// does not name, the most packed first; `None` when every one is measured.
+fn unmeasured_partition(
+    r: u32,
+    k: u32,
+    per_node: u32,
+    measured: impl Fn(&[u32]) -> bool,
+) -> Option<Vec<u32>> {
+    // Non-increasing parts, each from 1 to per_node, summing to r.
+    fn walk(
+        left: u32,
+        slots: u32,
+        cap: u32,
+        part: &mut Vec<u32>,
+        found: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> bool {
+        if slots == 0 {
+            return left == 0 && found(part);
+        }
+        let most = cap.min(left.saturating_sub(slots - 1));
+        let least = left.div_ceil(slots);
+        for g in (least..=most).rev() {
+            part.push(g);
+            if walk(left - g, slots - 1, g, part, found) {
+                return true;
+            }
+            part.pop();
+        }
+        false
+    }
+    if k == 0 || r < k || r > k * per_node {
+        return None;
+    }
+    let mut answer = None;
+    let mut part = Vec::with_capacity(k as usize);
+    walk(r, k, per_node, &mut part, &mut |p| {
+        if measured(p) {
+            return false;
+        }
+        answer = Some(p.to_vec());
+        true
+    });
+    answer
+}
+
 /// The lexicographically smallest rotation without empty nodes, as the measurements name it.
 fn normalise(placement: &[u32]) -> Vec<u32> {
     let p: Vec<u32> = placement.iter().copied().filter(|&g| g > 0).collect();
@@ -255,6 +300,42 @@ impl App {
     /// Progress needed to finish the job.
     pub fn total_progress(&self) -> f64 {
         self.progress_at(self.max_epochs)
+    }
+
+    /// Placements of `r` GPUs of type `gpu` on at most `nodes` nodes of at most `per_node`
+    /// GPUs each that, between them, have every step time any such placement has: each
+    /// measured placement that fits, and for each node count one that is not measured (the
+    /// others of that count read the same row of the measurement table). What a bound on the
+    /// best goodput has to look at, without enumerating every placement.
+    pub fn step_time_classes(
+        &self,
+        gpu: usize,
+        r: u32,
+        nodes: u32,
+        per_node: u32,
+    ) -> Vec<Vec<u32>> {
+        let Some(steps) = self.gpus.values().nth(gpu) else {
+            return Vec::new();
+        };
+        let per_node = per_node.max(1);
+        let mut out: Vec<Vec<u32>> = steps
+            .exact
+            .keys()
+            .filter(|p| {
+                p.iter().sum::<u32>() == r
+                    && p.len() as u32 <= nodes
+                    && p.iter().all(|&g| g <= per_node)
+            })
+            .cloned()
+            .collect();
+        for k in r.div_ceil(per_node)..=r.min(nodes) {
+            if let Some(p) =
+                unmeasured_partition(r, k, per_node, |p| steps.exact.contains_key(&normalise(p)))
+            {
+                out.push(p);
+            }
+        }
+        out
     }
 
     /// (step time, sync time) in seconds on GPU type `gpu` (index among [`App::gpu_types`]).

@@ -591,7 +591,7 @@ fn snapshot_at(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use proptest::prelude::*;
 
     use super::*;
@@ -601,7 +601,7 @@ mod tests {
     use crate::sim::Work;
     use crate::sim::app::{App, tests::toy_profile};
 
-    fn job(name: &str, submit_s: f64, replicas: u32, batch: u32) -> TraceJob {
+    pub(crate) fn job(name: &str, submit_s: f64, replicas: u32, batch: u32) -> TraceJob {
         TraceJob {
             name: name.into(),
             submit_s,
@@ -613,7 +613,7 @@ mod tests {
         }
     }
 
-    fn all() -> Vec<SchedulerKind> {
+    pub(crate) fn all() -> Vec<SchedulerKind> {
         vec![
             SchedulerKind::Fifo(Fifo::default()),
             SchedulerKind::Tiresias(Tiresias::default()),
@@ -914,7 +914,7 @@ mod tests {
         assert_eq!(end.gpu_seconds_up, 4.0 * 60.0 + 4.0 * 40.0);
     }
 
-    fn rigid(name: &str, submit_s: f64, replicas: u32, duration_s: f64) -> TraceJob {
+    pub(crate) fn rigid(name: &str, submit_s: f64, replicas: u32, duration_s: f64) -> TraceJob {
         TraceJob {
             name: name.into(),
             submit_s,
@@ -965,7 +965,7 @@ mod tests {
         );
     }
 
-    fn arb_trace() -> impl Strategy<Value = Vec<TraceJob>> {
+    pub(crate) fn arb_trace() -> impl Strategy<Value = Vec<TraceJob>> {
         proptest::collection::vec(
             (
                 0.0f64..2000.0,
@@ -989,7 +989,7 @@ mod tests {
     /// The least seconds a `toy` job of total batch `batch` can train for on `nodes` nodes of
     /// 4 T4: each epoch at the best goodput of any placement of any size on the whole cluster
     /// (every per-node count), at the batch size the scheduler's sizing gives it there.
-    fn fastest_toy_s(nodes: usize, batch: u32, sizing: BatchSizing) -> f64 {
+    pub(crate) fn fastest_toy_s(nodes: usize, batch: u32, sizing: BatchSizing) -> f64 {
         let app = App::new(&toy_profile()).unwrap();
         let mut placements: Vec<Vec<u32>> = vec![Vec::new()];
         for _ in 0..nodes {

@@ -23,6 +23,7 @@
 //! `datasets` crate parses them) and the same inputs and seed always give the same report.
 
 pub mod app;
+pub mod bound;
 pub mod checkpoints;
 pub mod engine;
 #[cfg(test)]
@@ -35,6 +36,7 @@ mod world;
 use serde::{Deserialize, Serialize};
 
 pub use app::{App, AppLimits, AppProfile, CurveRow, StepRow};
+pub use bound::{LowerBound, lower_bound};
 pub use checkpoints::{CheckpointModel, young_interval_s};
 pub use engine::{ReplayEnd, ReplaySink, SimConfig, replay, simulate};
 pub use report::{

@@ -264,10 +264,13 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     let on_done = |n: u64| bar.inc(n);
     let results = whatif::run(&traces, &profiles, &policies, &options, &on_done)?;
     bar.finish();
+    let bound = whatif::bound(&traces, &profiles, &options)?;
     print!("{}", whatif::render_table(&results));
+    print!("\n{}", whatif::render_bound(&results, &bound));
     eprintln!("{}", whatif::render_timing(&results));
     if let Some(dir) = out {
         let mut written = whatif::write_outputs(&dir, &results)?;
+        written.extend(whatif::write_bound(&dir, &results, &bound)?);
         written.extend(brain::plots::draw(&dir, &results)?);
         for path in written {
             eprintln!("wrote {}", path.display());
