@@ -148,6 +148,8 @@ pub struct Metrics {
     node_gpus: Family<Vec<(String, String)>, Gauge>,
     node_cordoned: Family<Vec<(String, String)>, Gauge>,
     cluster_gpus: Family<Vec<(String, String)>, Gauge>,
+    /// GPUs the running jobs hold, by model (their sizes in force).
+    cluster_gpus_held: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     /// The listener's counts, read at each scrape.
     pub conn_stats: std::sync::Arc<auth::listen::ConnStats>,
 }
@@ -289,6 +291,13 @@ impl Default for Metrics {
             node_cordoned.clone(),
         );
         let cluster_gpus = Family::<Labels, Gauge>::default();
+        let cluster_gpus_held = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "cluster_gpus_held",
+            "GPUs the running jobs hold (their sizes in force), by GPU model; 'any' for jobs \
+             that name none",
+            cluster_gpus_held.clone(),
+        );
         registry.register(
             "cluster_gpus",
             "GPUs the brain plans on (cordoned nodes' left out), by GPU model",
@@ -300,6 +309,7 @@ impl Default for Metrics {
             node_gpus,
             node_cordoned,
             cluster_gpus,
+            cluster_gpus_held,
             job_gpu_utilisation,
             process_gpu_utilisation,
             process_gpu_memory,
@@ -467,6 +477,29 @@ impl Metrics {
         }
     }
 
+    /// The GPUs the running jobs hold by model: each one's workers and parameter servers at
+    /// its size in force, and its service roles that do not share the workers' devices.
+    fn render_gpus_held(&self, rows: &[crate::store::JobRow]) {
+        self.cluster_gpus_held.clear();
+        let mut by_model: std::collections::BTreeMap<String, u64> = Default::default();
+        for row in rows.iter().filter(|r| r.state == JobState::Running) {
+            let Some(s) = &row.shape else { continue };
+            let mut milli = u64::from(s.worker_gpus.milli()) * u64::from(s.workers);
+            for svc in s.services.values().filter(|v| !v.shares_worker_devices) {
+                milli += u64::from(svc.gpus.milli()) * u64::from(svc.count);
+            }
+            if milli > 0 {
+                let model = s.gpu_type.clone().unwrap_or_else(|| "any".into());
+                *by_model.entry(model).or_default() += milli;
+            }
+        }
+        for (model, milli) in by_model {
+            self.cluster_gpus_held
+                .get_or_create(&vec![("gpu_type".to_string(), model)])
+                .set(milli as f64 / 1000.0);
+        }
+    }
+
     /// The text exposition, with the job gauges read from `store` now and the nodes the brain
     /// plans on.
     pub fn render(&self, store: &Store, nodes: &[crate::capacity::NodeInfo]) -> String {
@@ -491,6 +524,7 @@ impl Metrics {
                     .set(n as i64);
             }
             self.render_jobs(store, &rows);
+            self.render_gpus_held(&rows);
         }
         self.render_connections();
         let mut out = String::new();

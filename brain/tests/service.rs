@@ -524,6 +524,30 @@ async fn metrics_have_series_per_job_role_and_node() {
     })
     .await
     .unwrap();
+    // A job whose two workers hold half an A100 each.
+    operator_client(&url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "on-gpus".into(),
+            master_address: "127.0.0.1:7002".into(),
+            shape: Some(pb::JobShape {
+                kind: "allreduce".into(),
+                workers: 2,
+                min_workers: 1,
+                max_workers: 4,
+                worker_node_unit: 1,
+                worker_resources: Some(jm::Resources {
+                    cpu_millicores: 1000,
+                    memory_bytes: 1 << 30,
+                    gpu_milli: 500,
+                    gpu_type: "A100".into(),
+                }),
+                total_samples: 1000,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
     let (ok, out) =
         common::brainctl(&["nodes", "cordon", "b", "--reason", "test", "--brain", &url]);
     assert!(ok, "{out}");
@@ -542,6 +566,7 @@ async fn metrics_have_series_per_job_role_and_node() {
         "brain_node_cordoned{node=\"b\"} 1",
         "brain_node_cordoned{node=\"a\"} 0",
         "brain_cluster_gpus{gpu_type=\"A100\"} 4",
+        "brain_cluster_gpus_held{gpu_type=\"A100\"} 1.0",
     ] {
         assert!(metrics.contains(want), "no {want} in\n{metrics}");
     }

@@ -10,7 +10,8 @@
 //! The policy file is read again when it changes on disk (or through `brainctl policy set`); a
 //! file that does not parse is logged and the policy in force stays.
 //!
-//! `snapshot.rs` reads what a round plans on from the store; `masters.rs` follows the job
+//! `snapshot.rs` reads what a round plans on from the store; `preview.rs` tries an operator's
+//! plan on the next round before it is proposed; `masters.rs` follows the job
 //! masters to their end (and resumes one that died early); `nodes.rs` is the operator's view
 //! of the nodes and their cordons.
 
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use optimizer::config::PolicyConfig;
-use optimizer::live::{LiveCluster, LiveSnapshot, LiveState, RoundPlan, plan_round};
+use optimizer::live::{LiveCluster, LiveState, RoundPlan};
 use optimizer::schedule::{ElasticLp, SchedulerKind};
 use prost::Message;
 use proto::jobmaster::v1 as jm;
@@ -33,7 +34,9 @@ use crate::predict::predict;
 mod masters;
 mod nodes;
 pub use nodes::NodeState;
+mod preview;
 mod snapshot;
+use snapshot::solve;
 
 use crate::store::{JobId, JobState, PlanCounts, Shape, Store};
 
@@ -538,111 +541,6 @@ impl Control {
         })
     }
 
-    /// What a round plans on, now: the cluster as the capacity source reads it (cordoned
-    /// nodes left out, which also tells the launcher) and the jobs in the store; with the
-    /// cluster planned on and how long the snapshot took (ms).
-    async fn snapshot(&self) -> Result<(LiveSnapshot, LiveCluster, f64), BrainError> {
-        let last = self
-            .cluster
-            .read()
-            .expect("no panic under the lock")
-            .clone();
-        let (cluster, nodes) = self.capacity.read(&last).await;
-        *self.cluster.write().expect("no panic under the lock") = (cluster.clone(), nodes.clone());
-        let now = now_unix_ms();
-        // Cordoned nodes are not planned on: no process goes there, and jobs on them shrink.
-        let cordons = self
-            .with_store(move |s| {
-                s.prune_cordons(now)?;
-                s.cordons(now)
-            })
-            .await?;
-        self.launcher
-            .set_cordoned(cordons.iter().map(|c| c.node.clone()).collect());
-        let cluster = crate::capacity::without(&cluster, &nodes, &cordons);
-        let planned = cluster.clone();
-        // The snapshot under the store's lock; the solve outside it, so that ingest and the
-        // job masters' calls never wait for a solve. A job that leaves the queue meanwhile
-        // (cancelled) is not started; a plan for a job that ended meanwhile is never fetched.
-        let (snap, snapshot_ms) = self
-            .with_store(move |s| {
-                let started = Instant::now();
-                let snap = snapshot::take(s, &cluster, now)?;
-                Ok((snap, started.elapsed().as_secs_f64() * 1000.0))
-            })
-            .await?;
-        Ok((snap, planned, snapshot_ms))
-    }
-
-    /// What the next round would make of running job `job` once `counts` are carried out (an
-    /// operator's plan): `Err` with the round's reasons when it would change the job again
-    /// at once (beyond the cluster's capacity, outside the job's bounds); else notes for the
-    /// operator (the cool-down the plan starts, or one it cuts short). Dispatches nothing.
-    pub async fn preview(&self, job: JobId, counts: &PlanCounts) -> Result<Vec<String>, String> {
-        let policy = self.policy.read().expect("no panic under the lock").clone();
-        let cooldown_s = policy.config.live.cooldown_s;
-        let (mut snap, _, _) = self.snapshot().await.map_err(|e| e.to_string())?;
-        let now_s = snap.now_s;
-        let Some(j) = snap.jobs.iter_mut().find(|j| j.id.0 == job.0) else {
-            return Ok(Vec::new());
-        };
-        let mut notes = Vec::new();
-        if let Some(at) = j.last_change_s.filter(|at| now_s - at < cooldown_s) {
-            notes.push(format!(
-                "{} started or changed size {:.0} s ago, inside the policy's cool-down of {cooldown_s:.0} s \
-                 (live.cooldown_s): this plan replaces that change",
-                j.name,
-                (now_s - at).max(0.0)
-            ));
-        }
-        if let Some(w) = counts.workers {
-            j.workers = w;
-            j.held_workers = w;
-            j.peak_workers = j.peak_workers.max(w);
-        }
-        if let Some(ps) = counts.ps {
-            j.ps = ps;
-        }
-        for (role, n) in &counts.services {
-            if let Some(r) = j.roles.iter_mut().find(|r| r.role == *role) {
-                r.count = *n;
-            }
-        }
-        j.last_change_s = Some(now_s);
-        j.plan_in_flight = false;
-        let name = j.name.clone();
-        let (plan, _) = solve(snap, policy).await.map_err(|e| e.to_string())?;
-        if let Some(d) = plan
-            .decisions
-            .iter()
-            .find(|d| d.job.0 == job.0 && d.changes())
-        {
-            return Err(format!(
-                "the brain's next round would change {name} again at once, to {} workers{}: {}",
-                d.to_workers,
-                if d.to_ps != d.ps {
-                    format!(" and {} parameter servers", d.to_ps)
-                } else {
-                    String::new()
-                },
-                {
-                    let mut said: Vec<&str> = Vec::new();
-                    for r in &d.reasons {
-                        if !said.contains(&r.as_str()) {
-                            said.push(r);
-                        }
-                    }
-                    said.join("; ")
-                }
-            ));
-        }
-        notes.push(format!(
-            "the brain's rounds keep this size for the policy's cool-down of {cooldown_s:.0} s \
-             (live.cooldown_s); after it the policy may resize {name} again"
-        ));
-        Ok(notes)
-    }
-
     /// Starts a queued job's master with `workers` workers; a GPU job's on GPU model
     /// `gpu_type`, which its workers then ask the platform for.
     async fn start(
@@ -692,22 +590,4 @@ impl Control {
             }
         }
     }
-}
-
-/// Runs one round's solve on `snap` under `policy`, off the async runtime; with how long the
-/// solve took (ms).
-async fn solve(snap: LiveSnapshot, policy: LoadedPolicy) -> Result<(RoundPlan, f64), BrainError> {
-    tokio::task::spawn_blocking(move || {
-        let started = Instant::now();
-        let plan = plan_round(
-            &snap,
-            policy.scheduler().scheduler(),
-            &policy.config.live,
-            &policy.config.heuristics(),
-        )
-        .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
-        Ok::<_, BrainError>((plan, started.elapsed().as_secs_f64() * 1000.0))
-    })
-    .await
-    .map_err(|e| BrainError::Internal(format!("round task: {e}")))?
 }

@@ -1,13 +1,18 @@
 //! What a live round plans on: the queued and running jobs from the store, with their reported
 //! speeds (all of them in two queries), processes and corrections, read under the store's lock.
 //!
+//! `Control::snapshot` takes it (after reading the capacity and the cordons) and [`solve`]
+//! runs the operator's scheduler on it off the async threads.
+//!
 //! The round sizes a job's training group; the service and single roles of running jobs hold
 //! their CPU, processes and GPUs outside it, so the cluster the round plans on is what they
 //! leave. A role that shares the workers' devices (`placement:` with `share_devices`) holds
 //! no GPU of its own: the round places each worker with its device's whole bundle.
 
+use std::time::Instant;
+
 use optimizer::heuristics::SpeedPoint;
-use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState};
+use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState, RoundPlan, plan_round};
 use optimizer::throughput::ps_speed::PsSpeedPoint;
 
 use crate::BrainError;
@@ -160,6 +165,65 @@ fn take_gpus(nodes: &mut [optimizer::live::LiveNode], n: u32, model: Option<&str
         };
         node.gpus -= 1;
     }
+}
+
+impl super::Control {
+    /// What a round plans on, now: the cluster as the capacity source reads it (cordoned
+    /// nodes left out, which also tells the launcher) and the jobs in the store; with the
+    /// cluster planned on and how long the snapshot took (ms).
+    pub(super) async fn snapshot(&self) -> Result<(LiveSnapshot, LiveCluster, f64), BrainError> {
+        let last = self
+            .cluster
+            .read()
+            .expect("no panic under the lock")
+            .clone();
+        let (cluster, nodes) = self.capacity.read(&last).await;
+        *self.cluster.write().expect("no panic under the lock") = (cluster.clone(), nodes.clone());
+        let now = crate::now_unix_ms();
+        // Cordoned nodes are not planned on: no process goes there, and jobs on them shrink.
+        let cordons = self
+            .with_store(move |s| {
+                s.prune_cordons(now)?;
+                s.cordons(now)
+            })
+            .await?;
+        self.launcher
+            .set_cordoned(cordons.iter().map(|c| c.node.clone()).collect());
+        let cluster = crate::capacity::without(&cluster, &nodes, &cordons);
+        let planned = cluster.clone();
+        // The snapshot under the store's lock; the solve outside it, so that ingest and the
+        // job masters' calls never wait for a solve. A job that leaves the queue meanwhile
+        // (cancelled) is not started; a plan for a job that ended meanwhile is never fetched.
+        let (snap, snapshot_ms) = self
+            .with_store(move |s| {
+                let started = Instant::now();
+                let snap = take(s, &cluster, now)?;
+                Ok((snap, started.elapsed().as_secs_f64() * 1000.0))
+            })
+            .await?;
+        Ok((snap, planned, snapshot_ms))
+    }
+}
+
+/// Runs one round's solve on `snap` under `policy`, off the async runtime; with how long the
+/// solve took (ms).
+pub(super) async fn solve(
+    snap: LiveSnapshot,
+    policy: super::LoadedPolicy,
+) -> Result<(RoundPlan, f64), BrainError> {
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let plan = plan_round(
+            &snap,
+            policy.scheduler().scheduler(),
+            &policy.config.live,
+            &policy.config.heuristics(),
+        )
+        .map_err(|e| BrainError::Internal(format!("the round failed: {e}")))?;
+        Ok::<_, BrainError>((plan, started.elapsed().as_secs_f64() * 1000.0))
+    })
+    .await
+    .map_err(|e| BrainError::Internal(format!("round task: {e}")))?
 }
 
 #[cfg(test)]

@@ -47,13 +47,20 @@ pub fn bound(
         mean_from.push(b.mean_from);
     }
     alone.sort_by(f64::total_cmp);
-    mean_from.dedup();
+    let mean_from = {
+        let on = |k: &str| mean_from.iter().filter(|f| **f == k).count();
+        match (on("alone"), on("capacity")) {
+            (_, 0) => "alone".to_string(),
+            (0, _) => "capacity".to_string(),
+            (a, c) => format!("alone on {a} traces, capacity on {c}"),
+        }
+    };
     Ok(BoundRow {
         jobs: alone.len(),
         mean_jct_s: sum / alone.len().max(1) as f64,
         p99_jct_s: optimizer::sim::report::quantile(&alone, 0.99),
         makespan_s: makespan,
-        mean_from: mean_from.join("+"),
+        mean_from,
         makespan_from: makespan_from.join("+"),
     })
 }
