@@ -524,30 +524,7 @@ async fn metrics_have_series_per_job_role_and_node() {
     })
     .await
     .unwrap();
-    // A job whose two workers hold half an A100 each.
-    operator_client(&url)
-        .await
-        .register_job(pb::RegisterJobRequest {
-            job_name: "on-gpus".into(),
-            master_address: "127.0.0.1:7002".into(),
-            shape: Some(pb::JobShape {
-                kind: "allreduce".into(),
-                workers: 2,
-                min_workers: 1,
-                max_workers: 4,
-                worker_node_unit: 1,
-                worker_resources: Some(jm::Resources {
-                    cpu_millicores: 1000,
-                    memory_bytes: 1 << 30,
-                    gpu_milli: 500,
-                    gpu_type: "A100".into(),
-                }),
-                total_samples: 1000,
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap();
+    on_gpus(&url).await;
     let (ok, out) =
         common::brainctl(&["nodes", "cordon", "b", "--reason", "test", "--brain", &url]);
     assert!(ok, "{out}");
@@ -615,6 +592,7 @@ async fn the_grafana_dashboard_queries_only_series_the_brain_exports() {
     })
     .await
     .unwrap();
+    on_gpus(&url).await;
     let metrics = common::scrape(&url);
     let mut names = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
@@ -708,6 +686,33 @@ async fn a_policy_set_through_the_brain_is_kept_by_it_and_an_edited_file_is_relo
 
 /// Registers job `name` as a job master started by hand would: its registration, and a
 /// client holding the job's secret.
+/// Registers `on-gpus`, a running job whose two workers hold half an A100 each.
+async fn on_gpus(url: &str) {
+    operator_client(url)
+        .await
+        .register_job(pb::RegisterJobRequest {
+            job_name: "on-gpus".into(),
+            master_address: "127.0.0.1:7002".into(),
+            shape: Some(pb::JobShape {
+                kind: "allreduce".into(),
+                workers: 2,
+                min_workers: 1,
+                max_workers: 4,
+                worker_node_unit: 1,
+                worker_resources: Some(jm::Resources {
+                    cpu_millicores: 1000,
+                    memory_bytes: 1 << 30,
+                    gpu_milli: 500,
+                    gpu_type: "A100".into(),
+                }),
+                total_samples: 1000,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+}
+
 async fn registered(url: &str, name: &str) -> (pb::RegisterJobResponse, Client) {
     let r = operator_client(url)
         .await
