@@ -81,8 +81,8 @@ type Client = BrainClient<InterceptedService<Channel, auth::WithToken>>;
 
 /// A client with the operator token of the brain whose database is in `dir`, over the TLS
 /// the brain made itself there (its default).
-async fn client(url: &str, dir: &Path) -> Client {
-    let token = auth::read_secret(&dir.join("operator.token")).unwrap();
+/// The brain at `url` (its data in `dir`) as its clients reach it: over its own TLS.
+fn endpoint(url: &str, dir: &Path) -> tonic::transport::Endpoint {
     let tls = auth::tls::ClientTls {
         ca_file: dir.join("tls").join(auth::tls::CA_CERT),
         cert_file: None,
@@ -90,7 +90,12 @@ async fn client(url: &str, dir: &Path) -> Client {
     }
     .config()
     .unwrap();
-    let endpoint = auth::endpoint(url.to_string(), Some(tls)).unwrap();
+    auth::endpoint(url.to_string(), Some(tls)).unwrap()
+}
+
+async fn client(url: &str, dir: &Path) -> Client {
+    let token = auth::read_secret(&dir.join("operator.token")).unwrap();
+    let endpoint = endpoint(url, dir);
     loop {
         if let Ok(channel) = endpoint.connect().await {
             return BrainClient::with_interceptor(channel, auth::WithToken::new(Some(token)));
@@ -348,7 +353,7 @@ async fn round_with(jobs: usize) {
     .unwrap();
     let (mut brain, url) = start_brain(dir.path(), (jobs * 3) as u32);
     let mut c = client(&url, dir.path()).await;
-    register_running(&url, &c, jobs).await;
+    register_running(&url, dir.path(), &c, jobs).await;
     println!(
         "\n{:<24} {:>12} {:>14} {:>14}",
         "policy", "solve (ms)", "round (ms)", "resized jobs"
@@ -400,12 +405,11 @@ async fn round_with(jobs: usize) {
 /// with speeds reported at 1..=its workers, as a job master reports them), 16 at a time;
 /// returns each job's client (its own secret, over one of 8 shared connections) and id, in
 /// order.
-async fn register_running(url: &str, c: &Client, jobs: usize) -> Vec<(Client, u64)> {
+async fn register_running(url: &str, dir: &Path, c: &Client, jobs: usize) -> Vec<(Client, u64)> {
     const AT_ONCE: usize = 16;
     let mut channels = Vec::new();
     for _ in 0..8 {
-        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).unwrap();
-        channels.push(endpoint.connect().await.unwrap());
+        channels.push(endpoint(url, dir).connect().await.unwrap());
     }
     let mut set = tokio::task::JoinSet::new();
     for k in 0..AT_ONCE {
@@ -526,7 +530,7 @@ async fn ingest_during_rounds(jobs: usize, secs: u64) {
         .unwrap();
         let (mut brain, url) = start_brain(dir.path(), (jobs * 3) as u32);
         let c = client(&url, dir.path()).await;
-        let clients = register_running(&url, &c, jobs).await;
+        let clients = register_running(&url, dir.path(), &c, jobs).await;
         let initial: u64 = (0..jobs).map(|i| 1 + (i % 4) as u64).sum();
         let rounds_before = scraped(&url, dir.path(), "brain_rounds_total");
         let phases = ["snapshot_seconds", "solve_seconds", "seconds"];

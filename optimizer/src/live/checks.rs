@@ -90,65 +90,123 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
 /// Withdraws what does not fit: admissions (newest first, made smaller down to their minimum,
 /// then put off), then growth (largest first), then sizes above the minimum (largest first),
 /// one node unit at a time, until the sizes fit once the processes leaving are gone.
+///
+/// The totals are kept as sizes change and each step's job comes from a heap (a round of
+/// 10,000 jobs may take thousands of steps; summing and scanning every job at each one took
+/// most of Optimus' round).
 pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: &mut Vec<String>) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
     let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
+    // The three steps' candidates and their order (greatest first), as they stand now.
+    let admission =
+        |s: &Sized| (!s.running() && s.to > 0).then_some((OrdF64(s.job.submitted_s), s.job.id));
+    let growth = |s: &Sized| {
+        (s.running() && !s.pinned && s.to > s.job.workers)
+            .then(|| (s.to - s.job.workers, Reverse(s.job.id)))
+    };
+    let toward_min = |s: &Sized| {
+        (s.running() && shrink(s) >= s.job.min_workers.max(1)).then_some((s.to, Reverse(s.job.id)))
+    };
+    fn heap<K: Ord>(jobs: &[Sized], key: impl Fn(&Sized) -> Option<K>) -> BinaryHeap<(K, usize)> {
+        jobs.iter()
+            .enumerate()
+            .filter_map(|(i, s)| key(s).map(|k| (k, i)))
+            .collect()
+    }
+    let mut firsts = heap(jobs, admission);
+    let mut grown = heap(jobs, growth);
+    let mut large = heap(jobs, toward_min);
+    let counted = |s: &Sized| (s.slots(s.counted(s.to)), s.processes(s.counted(s.to)));
+    let settled = |s: &Sized| (s.slots(s.to), s.processes(s.to));
+    let mut t = Totals::default();
+    for s in jobs.iter() {
+        t.add(counted(s), settled(s));
+    }
+    // Job `i` goes to size `to`, and the totals follow.
+    let resize = |jobs: &mut [Sized], t: &mut Totals, i: usize, to: u32, why: String| {
+        t.remove(counted(&jobs[i]), settled(&jobs[i]));
+        jobs[i].to = to;
+        jobs[i].reasons.push(why);
+        t.add(counted(&jobs[i]), settled(&jobs[i]));
+    };
     loop {
-        let used: u64 = jobs.iter().map(|s| s.slots(s.counted(s.to))).sum();
-        let procs: u32 = jobs.iter().map(|s| s.processes(s.counted(s.to))).sum();
+        let Totals {
+            used,
+            procs,
+            held,
+            held_procs,
+        } = t;
         if used <= slots && procs <= max_processes {
             return;
         }
         let why = format!(
             "withdrawn: {used} slots of {slots} and {procs} processes of {max_processes} asked"
         );
-        if let Some(s) = jobs
-            .iter_mut()
-            .filter(|s| !s.running() && s.to > 0)
-            .max_by(|a, b| {
-                a.job
-                    .submitted_s
-                    .total_cmp(&b.job.submitted_s)
-                    .then(a.job.id.cmp(&b.job.id))
-            })
-        {
+        // A heap's top, if it still is a candidate at the key it was pushed with.
+        fn top<K: Ord + Copy>(
+            heap: &mut BinaryHeap<(K, usize)>,
+            now: impl Fn(usize) -> Option<K>,
+        ) -> Option<usize> {
+            while let Some((k, i)) = heap.pop() {
+                match now(i) {
+                    Some(current) if current == k => return Some(i),
+                    Some(current) => heap.push((current, i)),
+                    None => {}
+                }
+            }
+            None
+        }
+        if let Some(i) = top(&mut firsts, |i| admission(&jobs[i])) {
+            let s = &jobs[i];
             let smaller = shrink(s);
-            if smaller >= s.job.min_workers.max(1) {
-                s.to = smaller;
-                s.reasons.push(format!("starts smaller: {why}"));
+            let (to, said) = if smaller >= s.job.min_workers.max(1) {
+                (smaller, format!("starts smaller: {why}"))
             } else {
-                s.to = 0;
-                s.reasons.push(format!("start {why}"));
+                (0, format!("start {why}"))
+            };
+            resize(jobs, &mut t, i, to, said);
+            if let Some(k) = admission(&jobs[i]) {
+                firsts.push((k, i));
+            }
+            if let Some(k) = toward_min(&jobs[i]) {
+                large.push((k, i));
             }
             continue;
         }
-        if let Some(s) = jobs
-            .iter_mut()
-            .filter(|s| s.running() && !s.pinned && s.to > s.job.workers)
-            .max_by_key(|s| (s.to - s.job.workers, std::cmp::Reverse(s.job.id)))
-        {
-            s.to = shrink(s).max(s.job.workers);
-            s.reasons.push(format!("growth {why}"));
+        if let Some(i) = top(&mut grown, |i| growth(&jobs[i])) {
+            let to = shrink(&jobs[i]).max(jobs[i].job.workers);
+            resize(jobs, &mut t, i, to, format!("growth {why}"));
+            if let Some(k) = growth(&jobs[i]) {
+                grown.push((k, i));
+            }
+            if let Some(k) = toward_min(&jobs[i]) {
+                large.push((k, i));
+            }
             continue;
         }
         // Once every shrink is carried out: what is over beyond that is processes still
         // leaving (a shrink on its way, workers on a node lost not yet seen gone), which a
         // smaller size would not free.
-        let settled: u64 = jobs.iter().map(|s| s.slots(s.to)).sum();
-        let settled_procs: u32 = jobs.iter().map(|s| s.processes(s.to)).sum();
-        if settled <= slots && settled_procs <= max_processes {
+        if held <= slots && held_procs <= max_processes {
             notes.push(format!(
                 "{used} slots of {slots} and {procs} processes of {max_processes} held until the \
                  processes leaving exit; the sizes decided fit"
             ));
             return;
         }
-        if let Some(s) = jobs
-            .iter_mut()
-            .filter(|s| s.running() && shrink(s) >= s.job.min_workers.max(1))
-            .max_by_key(|s| (s.to, std::cmp::Reverse(s.job.id)))
-        {
-            s.to = shrink(s);
-            s.reasons.push(format!("shrunk toward its minimum: {why}"));
+        if let Some(i) = top(&mut large, |i| toward_min(&jobs[i])) {
+            let to = shrink(&jobs[i]);
+            resize(
+                jobs,
+                &mut t,
+                i,
+                to,
+                format!("shrunk toward its minimum: {why}"),
+            );
+            if let Some(k) = toward_min(&jobs[i]) {
+                large.push((k, i));
+            }
             continue;
         }
         notes.push(format!(
@@ -156,5 +214,49 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
              processes of {max_processes}"
         ));
         return;
+    }
+}
+
+/// Slots and processes the sizes take, counted as held (a running job's shrink not carried out
+/// yet still holds its processes) and settled (once every shrink is).
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    used: u64,
+    procs: u32,
+    held: u64,
+    held_procs: u32,
+}
+
+impl Totals {
+    fn add(&mut self, (slots, procs): (u64, u32), (settled, settled_procs): (u64, u32)) {
+        self.used += slots;
+        self.procs += procs;
+        self.held += settled;
+        self.held_procs += settled_procs;
+    }
+
+    fn remove(&mut self, (slots, procs): (u64, u32), (settled, settled_procs): (u64, u32)) {
+        self.used -= slots;
+        self.procs -= procs;
+        self.held -= settled;
+        self.held_procs -= settled_procs;
+    }
+}
+
+/// An `f64` ordered by `total_cmp`, for a heap's key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
     }
 }
