@@ -357,13 +357,13 @@ pub fn carry_out(
     sizes: Vec<(JobId, usize, u32)>,
     packing: Packing,
 ) -> Result<Assignment, PolicyError> {
-    // By job: 10,000 jobs each looked up in a list of 10,000 sizes took most of a round.
-    let decided: std::collections::HashMap<JobId, (usize, u32)> =
-        sizes.iter().map(|&(id, t, r)| (id, (t, r))).collect();
+    // A set: 10,000 jobs each looked up in a list of 10,000 sizes took most of a round. (A
+    // job may be named more than once; it keeps its GPUs when any of its sizes is the one it
+    // runs at.)
+    let decided: std::collections::HashSet<(JobId, usize, u32)> = sizes.iter().copied().collect();
     let (mut out, mut free) = keep_current(snapshot, |job| {
-        decided.get(&job.id).is_some_and(|&(t, r)| {
-            r == job.current_replicas() && Some(t) == job.current_type(&snapshot.nodes)
-        })
+        job.current_type(&snapshot.nodes)
+            .is_some_and(|t| decided.contains(&(job.id, t, job.current_replicas())))
     });
     place_rest(&mut out, &mut free, sizes, packing)?;
     Ok(out)
