@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{brainctl, http_client, jobs, start_brain, token_file};
+use common::{brainctl, http_client, jobs, token_file};
 use reqwest::StatusCode;
 
 /// A job that runs for minutes unless cancelled (a step of 128 samples sleeps about 0.5 s).
@@ -28,13 +28,7 @@ fn slow_spec(dir: &Path, name: &str) -> PathBuf {
 /// A brain of 4 CPUs that resizes no job by itself (a long cool-down), with `names` submitted
 /// and running; its URL.
 async fn brain_with_running(d: &Path, names: &[&str]) -> (common::Brain, String) {
-    std::fs::write(
-        d.join("policy.toml"),
-        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 3600\n",
-    )
-    .unwrap();
-    let (brain, addr) = start_brain(d, "127.0.0.1:0", 4);
-    let url = format!("http://{addr}");
+    let (brain, url) = common::still_brain(d, 4);
     for name in names {
         let (ok, out) = brainctl(&[
             "submit",
@@ -339,13 +333,8 @@ async fn a_real_browser_signs_in_and_scales_and_cancels_a_job_it_watched_appear(
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("policy.toml"),
-        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 3600\n",
-    )
-    .unwrap();
-    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", 4);
-    let url = format!("http://{addr}");
+    let (mut brain, url) = common::still_brain(d, 4);
+    let addr = url.trim_start_matches("http://").to_string();
     let spec = slow_spec(d, "watched");
     let ca = common::own_ca(&url).expect("the brain's own TLS");
     let submit = serde_json::json!([

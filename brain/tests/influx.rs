@@ -27,16 +27,6 @@ impl Drop for Influx {
     }
 }
 
-/// influxd is killed with SIGKILL and started again on the same ports, where the brain's sink
-/// still points, so its ports are chosen here rather than by influxd binding port 0.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn influxd() -> Option<String> {
     let found = Command::new("sh")
         .args(["-c", "command -v influxd"])
@@ -144,7 +134,9 @@ async fn reports_reach_influxdb_and_survive_its_kill_9() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (http, rpc) = (free_port(), free_port());
+    // influxd is killed with SIGKILL and started again on the same ports, where the brain's
+    // sink still points, so its ports are chosen here rather than by influxd binding port 0.
+    let (http, rpc) = (common::free_port(), common::free_port());
     let influx = start_influx(&bin, dir.path(), http, rpc);
     let sink = InfluxV1Config {
         url: format!("http://127.0.0.1:{http}"),

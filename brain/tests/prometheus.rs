@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{brainctl, jobs, start_brain, token_file};
+use common::{brainctl, jobs, token_file};
 
 /// Asks Prometheus at `base` for `query`; the samples' values by their labels.
 async fn query(base: &str, query: &str) -> Vec<(serde_json::Value, f64)> {
@@ -32,15 +32,6 @@ async fn query(base: &str, query: &str) -> Vec<(serde_json::Value, f64)> {
         .collect()
 }
 
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_brain_and_finds_per_job_role_and_node_series() {
     // Debian's package puts it here.
@@ -55,13 +46,8 @@ async fn prometheus_scrapes_the_brain_and_finds_per_job_role_and_node_series() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("policy.toml"),
-        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 3600\n",
-    )
-    .unwrap();
-    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", 4);
-    let url = format!("http://{addr}");
+    let (mut brain, url) = common::still_brain(d, 4);
+    let addr = url.trim_start_matches("http://").to_string();
     let spec = d.join("scraped.yaml");
     std::fs::write(
         &spec,
@@ -90,7 +76,7 @@ async fn prometheus_scrapes_the_brain_and_finds_per_job_role_and_node_series() {
         ),
     )
     .unwrap();
-    let web = format!("127.0.0.1:{}", free_port());
+    let web = format!("127.0.0.1:{}", common::free_port());
     let log = std::fs::File::create(d.join("prometheus.log")).unwrap();
     let mut server = test_support::Spawned {
         child: std::process::Command::new(prometheus)

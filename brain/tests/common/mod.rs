@@ -210,6 +210,28 @@ pub fn configured_brain(d: &Path, toml: &str, more: impl FnOnce(&mut Command)) -
     (brain, format!("http://{addr}"))
 }
 
+/// A brain on `cpus` CPUs in `d` that resizes no job by itself (rounds every second, an hour
+/// of cool-down, no heuristics): what a test does to its jobs is all that happens to them.
+/// The process and its URL.
+pub fn still_brain(d: &Path, cpus: u32) -> (Brain, String) {
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 3600\n",
+    )
+    .unwrap();
+    let (brain, addr) = start_brain(d, "127.0.0.1:0", cpus);
+    (brain, format!("http://{addr}"))
+}
+
+/// A port nothing listens on now (for a server that must be told its port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Starts `brain` on `listen`; returns the process and the address it bound.
 pub fn start_brain(dir: &Path, listen: &str, cpus: u32) -> (Brain, String) {
     start_brain_with(dir, listen, cpus, |_| {})
