@@ -964,4 +964,119 @@ mod tests {
             }
         }
     }
+
+    /// The capacity repair as it was before it kept running totals and heaps: a scan of every
+    /// job at each step. The reference `repair` must agree with.
+    fn repair_by_scans(
+        jobs: &mut [Sized],
+        slots: u64,
+        max_processes: u32,
+        notes: &mut Vec<String>,
+    ) {
+        let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
+        loop {
+            let used: u64 = jobs.iter().map(|s| s.slots(s.counted(s.to))).sum();
+            let procs: u32 = jobs.iter().map(|s| s.processes(s.counted(s.to))).sum();
+            if used <= slots && procs <= max_processes {
+                return;
+            }
+            let why = format!(
+                "withdrawn: {used} slots of {slots} and {procs} processes of {max_processes} asked"
+            );
+            if let Some(s) = jobs
+                .iter_mut()
+                .filter(|s| !s.running() && s.to > 0)
+                .max_by(|a, b| {
+                    a.job
+                        .submitted_s
+                        .total_cmp(&b.job.submitted_s)
+                        .then(a.job.id.cmp(&b.job.id))
+                })
+            {
+                let smaller = shrink(s);
+                if smaller >= s.job.min_workers.max(1) {
+                    s.to = smaller;
+                    s.reasons.push(format!("starts smaller: {why}"));
+                } else {
+                    s.to = 0;
+                    s.reasons.push(format!("start {why}"));
+                }
+                continue;
+            }
+            if let Some(s) = jobs
+                .iter_mut()
+                .filter(|s| s.running() && !s.pinned && s.to > s.job.workers)
+                .max_by_key(|s| (s.to - s.job.workers, std::cmp::Reverse(s.job.id)))
+            {
+                s.to = shrink(s).max(s.job.workers);
+                s.reasons.push(format!("growth {why}"));
+                continue;
+            }
+            let settled: u64 = jobs.iter().map(|s| s.slots(s.to)).sum();
+            let settled_procs: u32 = jobs.iter().map(|s| s.processes(s.to)).sum();
+            if settled <= slots && settled_procs <= max_processes {
+                notes.push(format!(
+                    "{used} slots of {slots} and {procs} processes of {max_processes} held until \
+                     the processes leaving exit; the sizes decided fit"
+                ));
+                return;
+            }
+            if let Some(s) = jobs
+                .iter_mut()
+                .filter(|s| s.running() && shrink(s) >= s.job.min_workers.max(1))
+                .max_by_key(|s| (s.to, std::cmp::Reverse(s.job.id)))
+            {
+                s.to = shrink(s);
+                s.reasons.push(format!("shrunk toward its minimum: {why}"));
+                continue;
+            }
+            notes.push(format!(
+                "over capacity even with every job at its minimum: {used} slots of {slots}, \
+                 {procs} processes of {max_processes}"
+            ));
+            return;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The repair with running totals and heaps withdraws exactly what the scans did, in
+        /// the same order, with the same reasons and notes.
+        #[test]
+        fn the_repair_decides_as_the_scans_did(
+            jobs in (1u64..12).prop_flat_map(|n| (1..=n).map(arb_job).collect::<Vec<_>>()),
+            sizes in prop::collection::vec((0u32..9, any::<bool>(), 0u32..4, 1u32..3), 12),
+            slots in 0u64..40,
+            procs in 0u32..40,
+        ) {
+            let make = || -> Vec<Sized> {
+                jobs.iter().zip(&sizes).map(|(job, &(to, pinned, held, worker_slots))| Sized {
+                    job,
+                    model: AmdahlModel { serial: 0.001, parallel: 0.01, counts_seen: 1 },
+                    ps: job.ps,
+                    ps_slots: job.ps,
+                    ps_slot_each: 1,
+                    worker_slots,
+                    migrations: Vec::new(),
+                    corrections: Vec::new(),
+                    to: if job.state == LiveState::Running { to.max(held) } else { to },
+                    traded: held.min(1),
+                    ps_model: None,
+                    joint: None,
+                    pinned,
+                    reasons: Vec::new(),
+                }).collect()
+            };
+            let (mut a, mut b) = (make(), make());
+            let (mut notes_a, mut notes_b) = (Vec::new(), Vec::new());
+            repair(&mut a, slots, procs, &mut notes_a);
+            repair_by_scans(&mut b, slots, procs, &mut notes_b);
+            prop_assert_eq!(&notes_a, &notes_b);
+            for (x, y) in a.iter().zip(&b) {
+                prop_assert_eq!(x.to, y.to, "{}", x.job.id);
+                prop_assert_eq!(&x.reasons, &y.reasons);
+            }
+        }
+    }
 }
