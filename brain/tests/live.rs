@@ -464,14 +464,8 @@ async fn bad_submissions_get_clear_errors_and_change_nothing() {
 async fn scaling_beyond_capacity_is_refused_with_the_reason_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("policy.toml"),
-        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 600\n",
-    )
-    .unwrap();
     // Two CPUs; the job may take up to four workers of one CPU each.
-    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", 2);
-    let url = format!("http://{addr}");
+    let (mut brain, url) = common::still_brain(d, 2);
     let path = spec(d, "big", "allreduce", 300);
     let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
     assert!(ok, "{text}");

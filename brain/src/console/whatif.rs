@@ -108,18 +108,7 @@ pub fn compare(
             path.display()
         )));
     }
-    let profiles = match whatif::applications(&traces) {
-        names if names.is_empty() => Vec::new(),
-        names => {
-            let dir = whatif::default_profiles(path).ok_or_else(|| {
-                BrainError::Config(format!(
-                    "no application profiles (a traces/ folder) beside {}",
-                    path.display()
-                ))
-            })?;
-            datasets::pollux::read_apps_named(&dir, &names)?
-        }
-    };
+    let profiles = whatif::profiles_for(&traces, None)?;
     let cluster = optimizer::sim::ClusterSpec::parse(&settings.cluster)
         .map_err(|e| BrainError::Config(format!("console.whatif.cluster: {e}")))?;
     whatif::check_traces(

@@ -307,6 +307,38 @@ pub fn default_profiles(trace: &Path) -> Option<PathBuf> {
         .find(|c| c.is_dir())
 }
 
+/// The application profiles the training jobs of `traces` need: from `given`, else the
+/// `traces/` folder beside or above the first trace ([`default_profiles`]); none when every
+/// job is rigid.
+pub fn profiles_for(
+    traces: &[NamedTrace],
+    given: Option<&Path>,
+) -> Result<Vec<optimizer::sim::AppProfile>, BrainError> {
+    let names = applications(traces);
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let first = traces
+        .first()
+        .map(|t| t.path.as_path())
+        .unwrap_or(Path::new(""));
+    let dir = match given {
+        Some(d) => d.to_path_buf(),
+        None => default_profiles(first).ok_or_else(|| {
+            BrainError::Config(format!(
+                "no application profiles (a traces/ folder) beside {}: give --profiles DIR",
+                first.display()
+            ))
+        })?,
+    };
+    datasets::pollux::read_apps_named(&dir, &names).map_err(|e| {
+        BrainError::Config(format!(
+            "reading application profiles in {}: {e}",
+            dir.display()
+        ))
+    })
+}
+
 #[derive(Clone, Debug)]
 pub struct Options {
     pub cluster: ClusterSpec,

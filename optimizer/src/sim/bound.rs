@@ -329,6 +329,12 @@ mod tests {
         }
     }
 
+    /// The replay of rigid jobs `trace` under FIFO.
+    fn fifo(trace: &[TraceJob], cluster: &ClusterSpec, config: &SimConfig) -> crate::sim::Report {
+        let fifo = crate::schedule::Fifo::default();
+        simulate(trace, &[], cluster, &fifo, config, &mut ()).unwrap()
+    }
+
     #[test]
     fn jobs_queued_for_the_whole_cluster_meet_the_capacity_bound() {
         // Three rigid jobs of every GPU, 100 s each, at once; rounds of 10 s, no penalty:
@@ -345,15 +351,7 @@ mod tests {
         let b = lower_bound(&trace, &[], &cluster, &config).unwrap();
         assert_eq!((b.mean_from, b.makespan_from), ("capacity", "capacity"));
         assert_eq!((b.mean_jct_s, b.makespan_s), (200.0, 300.0));
-        let r = simulate(
-            &trace,
-            &[],
-            &cluster,
-            &crate::schedule::Fifo::default(),
-            &config,
-            &mut (),
-        )
-        .unwrap();
+        let r = fifo(&trace, &cluster, &config);
         assert_eq!((r.summary.mean_jct_s, r.summary.makespan_s), (200.0, 300.0));
     }
 
@@ -364,15 +362,7 @@ mod tests {
         let cluster = ClusterSpec::uniform(1, 4, "t4");
         let config = SimConfig::default();
         let b = lower_bound(&trace, &[], &cluster, &config).unwrap();
-        let r = simulate(
-            &trace,
-            &[],
-            &cluster,
-            &crate::schedule::Fifo::default(),
-            &config,
-            &mut (),
-        )
-        .unwrap();
+        let r = fifo(&trace, &cluster, &config);
         assert!(
             (r.summary.mean_jct_s - b.mean_jct_s).abs() < 1e-9,
             "{b:?} {:?}",

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use brain::whatif;
 use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::sim::engine::{FaultHandling, Handling, NodeFailures, Slowdowns};
@@ -233,25 +233,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         return whatif_streamed(&trace_paths, format, &policies, &options, horizon_s, out);
     }
     let traces = whatif::load_traces(&trace_paths, format)?;
-    let profiles_dir = match profiles {
-        Some(p) => Some(p),
-        None if whatif::applications(&traces).is_empty() => None,
-        None => match whatif::default_profiles(&trace_paths[0]) {
-            Some(p) => Some(p),
-            None => bail!(
-                "no application profiles beside {}: give --profiles DIR",
-                trace_paths[0].display()
-            ),
-        },
-    };
-    let profiles = match profiles_dir {
-        Some(dir) => {
-            let names = whatif::applications(&traces);
-            datasets::pollux::read_apps_named(&dir, &names)
-                .with_context(|| format!("reading application profiles in {}", dir.display()))?
-        }
-        None => Vec::new(),
-    };
+    let profiles = whatif::profiles_for(&traces, profiles.as_deref())?;
     whatif::check_traces(&traces, &whatif::limits(&cluster, &profiles, horizon_s))?;
     let total: u64 =
         traces.iter().map(|t| t.jobs.len() as u64).sum::<u64>() * policies.len() as u64;
