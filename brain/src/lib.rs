@@ -83,11 +83,12 @@ pub enum BrainError {
     /// something else. Never replaced by a default.
     #[error("the job store holds a bad {what}: {problem}")]
     Stored { what: String, problem: String },
-    #[error("simulating {trace} under {policy}: {source}")]
+    /// (Not a `source`: the message says it, and a chain would say it twice.)
+    #[error("simulating {trace} under {policy}: {error}")]
     Simulation {
         trace: String,
         policy: String,
-        source: optimizer::PolicyError,
+        error: optimizer::PolicyError,
     },
     #[error("unknown job {0}")]
     UnknownJob(u64),

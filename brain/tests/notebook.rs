@@ -42,10 +42,23 @@ fn the_notebook_runs_on_a_small_replay_whole_or_streamed() {
             profiles.as_os_str(),
             "--out".as_ref(),
             out.as_os_str(),
+            "--offline-slot-s".as_ref(),
+            "600".as_ref(),
         ],
         &["fifo", "pollux", "elastic_lp"],
     );
-    execute(&python, &root, &out, "fifo, pollux, elastic_lp");
+    let text = execute(&python, &root, &out, "fifo, pollux, elastic_lp");
+    // The bound's table read, checked against the summary, drawn; the offline plan beside it.
+    assert!(
+        text.contains("no policy beats the bound"),
+        "the bound was not checked"
+    );
+    assert!(
+        text.contains("offline plan: mean JCT"),
+        "the offline plan was not read"
+    );
+    let png = std::fs::read(out.join("notebook_bound.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
 
     // A Philly job list replayed row by row: the same notebook reads its tables.
     let text = std::fs::read_to_string(data.join("traces/philly-sample.csv")).unwrap();
@@ -70,7 +83,11 @@ fn the_notebook_runs_on_a_small_replay_whole_or_streamed() {
         ],
         &["fifo", "elastic_lp"],
     );
-    execute(&python, &root, &streamed, "fifo, elastic_lp");
+    let text = execute(&python, &root, &streamed, "fifo, elastic_lp");
+    assert!(
+        text.contains("no bound table"),
+        "a streamed replay writes no bound"
+    );
 }
 
 /// Runs `brainctl whatif` with `args` under the example `policies`; it must succeed.
@@ -90,8 +107,8 @@ fn whatif(root: &Path, args: &[&std::ffi::OsStr], policies: &[&str]) {
 }
 
 /// Runs the notebook on the tables in `out`; its consistency cell must pass for `policies`
-/// and its charts be written.
-fn execute(python: &str, root: &Path, out: &Path, policies: &str) {
+/// and its charts be written. Returns the executed notebook's text.
+fn execute(python: &str, root: &Path, out: &Path, policies: &str) -> String {
     let executed = out.join("executed.ipynb");
     let nb = Command::new(python)
         .args([
@@ -121,4 +138,5 @@ fn execute(python: &str, root: &Path, out: &Path, policies: &str) {
         let png = std::fs::read(out.join(chart)).unwrap();
         assert!(png.starts_with(b"\x89PNG"), "{chart}");
     }
+    text
 }

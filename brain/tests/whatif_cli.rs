@@ -1154,3 +1154,70 @@ fn rows_are_labelled_progress_shows_off_a_terminal_and_each_trace_gets_its_chart
     }
     assert!(!out.join("utilisation.svg").exists());
 }
+
+/// `--offline-slot-s`: the offline plan of a small trace, solved exactly, beside the bound;
+/// its table written with `--out`; a slot off the rounds refused.
+#[test]
+fn the_offline_plan_of_a_small_trace_sits_above_the_bound_and_its_relaxation() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(dir.path(), 8);
+    let out = dir.path().join("out");
+    let profiles = pollux().join("traces");
+    let (trace, profiles, out_s) = (
+        trace.display().to_string(),
+        profiles.display().to_string(),
+        out.display().to_string(),
+    );
+    let elastic = policy("elastic_lp").display().to_string();
+    let base = [
+        "whatif",
+        "--trace",
+        &trace,
+        "--profiles",
+        &profiles,
+        "--cluster",
+        "8x4:t4",
+        "--policy",
+        &elastic,
+    ];
+    let run = brainctl(&[&base[..], &["--offline-slot-s", "600", "--out", &out_s]].concat());
+    let table = table_of(run);
+    assert!(
+        table.contains("offline plan (every arrival known, never resized, slots of 600 s"),
+        "{table}"
+    );
+    assert!(table.contains("solved exactly"), "{table}");
+    let split = &table[table.find("offline plan").unwrap()..];
+    let cells = row(split, "elastic_lp");
+    assert_eq!(cells.len(), 4, "{table}");
+    // Over the bound, over the plan, and the plan over the bound: over × plan = bound's.
+    let x = |c: &str| -> f64 { c.trim_end_matches('x').parse().unwrap() };
+    assert!(
+        (x(cells[2]) * x(cells[3]) - x(cells[1])).abs() < 0.02,
+        "{table}"
+    );
+    let text = std::fs::read_to_string(out.join("offline.csv")).unwrap();
+    let csv = Csv::parse(&text);
+    let get = |c: &str| -> f64 { csv.rows[0][csv.col(c)].parse().unwrap() };
+    assert_eq!(csv.rows[0][csv.col("exact")], "true");
+    assert_eq!(get("jobs"), 8.0);
+    assert!(
+        get("relaxation_mean_jct_s") <= get("model_mean_jct_s") + 1e-6,
+        "{text}"
+    );
+    assert!(get("mean_jct_s") >= get("bound_mean_jct_s"), "{text}");
+    assert!(out.join("offline.parquet").exists());
+
+    let off_round = brainctl(&[&base[..], &["--offline-slot-s", "90"]].concat());
+    assert_refused(&off_round, "not a multiple of the 60 s round");
+    let too_big = brainctl(
+        &[
+            &base[..],
+            &["--offline-slot-s", "60", "--offline-max-variables", "100"],
+        ]
+        .concat(),
+    );
+    assert_refused(&too_big, "more than the 100 allowed");
+    let alone = brainctl(&[&base[..], &["--offline-exact-variables", "10"]].concat());
+    assert_refused(&alone, "--offline-slot-s");
+}

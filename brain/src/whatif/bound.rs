@@ -33,10 +33,10 @@ pub fn bound(
     let (mut mean_from, mut makespan_from) = (Vec::new(), Vec::new());
     for t in traces {
         let b = optimizer::sim::lower_bound(&t.jobs, profiles, &options.cluster, &options.sim)
-            .map_err(|source| BrainError::Simulation {
+            .map_err(|error| BrainError::Simulation {
                 trace: t.name.clone(),
                 policy: "the lower bound".into(),
-                source,
+                error,
             })?;
         sum += b.mean_jct_s * t.jobs.len() as f64;
         alone.extend(b.alone_s.iter().copied());

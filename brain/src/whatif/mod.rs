@@ -3,13 +3,17 @@
 //! This module loads policies and traces, checks them and runs every (policy, trace) replay in
 //! memory; `stream` replays job lists too large to hold row by row (`--stream`), and
 //! `tables` renders the side-by-side table and writes the result tables; `bound` the lower
-//! bound no scheduler beats on the same traces and cluster, and each policy's distance to it.
+//! bound no scheduler beats on the same traces and cluster, and each policy's distance to it;
+//! `offline` the best plan that never resizes a job on small traces (`--offline-slot-s`), which
+//! splits that distance.
 
 mod bound;
+mod offline;
 mod stream;
 mod tables;
 
 pub use bound::{BoundRow, bound, render_bound, write_bound};
+pub use offline::{OfflineRow, offline, render_offline, write_offline};
 pub use stream::{StreamOutputs, StreamedTrace, check_streamed, run_streamed};
 pub use tables::{
     JOB_COLUMNS, ROUND_COLUMNS, render_table, render_timing, write_outputs, write_summary,
@@ -429,10 +433,10 @@ pub fn run(
                 &mut hooks,
             )
         })
-        .map_err(|source| BrainError::Simulation {
+        .map_err(|error| BrainError::Simulation {
             trace: traces[t].name.clone(),
             policy: policies[p].label.clone(),
-            source,
+            error,
         })
     });
     let mut results = results.into_iter();

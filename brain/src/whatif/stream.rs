@@ -218,10 +218,10 @@ pub fn run_streamed(
         })
         .and_then(|end| sink.write(true).map(|()| end))
         .map_err(|e| match e {
-            StreamError::Replay(source) => BrainError::Simulation {
+            StreamError::Replay(error) => BrainError::Simulation {
                 trace: trace.name.clone(),
                 policy: policy.label.clone(),
-                source,
+                error,
             },
             StreamError::Other(e) => e,
         })?;

@@ -12,6 +12,9 @@
 //!   the system under test notices and handles them (detect and isolate, or wait for the crash).
 //! * [`checkpoints`]: how often jobs save and what a save costs them; a failure takes a job
 //!   back to its last save, and the training lost is counted.
+//! * [`bound`]: a lower bound on mean JCT, p99 JCT and makespan no scheduler beats on a trace;
+//!   [`offline`]: on small traces, the best plan that never resizes a job, from a time-indexed
+//!   model solved with every arrival known, and the scheduler that replays it.
 //! * `setup` (private): what a replay derives before its first round, and each job of the
 //!   trace checked and made ready as it arrives.
 //! * [`report`]: what a run produces: one record per job and per round, and the summary an
@@ -29,6 +32,7 @@ pub mod engine;
 #[cfg(test)]
 mod fault_replay_tests;
 pub mod faults;
+pub mod offline;
 pub mod report;
 mod setup;
 mod world;

@@ -67,6 +67,32 @@ pub struct WhatifArgs {
     /// quantile sketch, within 0.1 % of the exact figures; the others are exact.
     #[arg(long)]
     stream: bool,
+    /// Also find the offline plan of each trace (small traces: tens of jobs, a few nodes): the
+    /// best schedule that never resizes a job, with every arrival known in advance, from a
+    /// time-indexed model in slots of this many seconds (a multiple of --round-s), solved
+    /// exactly when it is small enough, replayed; printed beside the lower bound, with each
+    /// policy's distance to the bound split at it (docs/whatif.md, "How tight the bound is").
+    #[arg(long, value_name = "SECONDS")]
+    offline_slot_s: Option<f64>,
+    /// The largest offline model (in variables) also solved exactly by branch and bound; a
+    /// larger one is only relaxed and rounded. Branch and bound can take long: 17–33 s for
+    /// 5,234 variables and 5 min for 7,491 were measured (docs/whatif.md).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3000,
+        requires = "offline_slot_s"
+    )]
+    offline_exact_variables: usize,
+    /// The largest offline model (in variables) built at all; a larger one is refused with its
+    /// size.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 60_000,
+        requires = "offline_slot_s"
+    )]
+    offline_max_variables: usize,
     #[command(flatten)]
     faults: FaultArgs,
 }
@@ -201,6 +227,9 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         jobs,
         live_round,
         stream,
+        offline_slot_s,
+        offline_exact_variables,
+        offline_max_variables,
     } = args;
     let cluster = ClusterSpec::parse(&cluster)?;
     let mut sim = SimConfig {
@@ -212,6 +241,17 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     };
     let handlings = faults.config(&mut sim, &cluster)?;
     sim.validate()?;
+    if let Some(slot_s) = offline_slot_s {
+        optimizer::sim::offline::OfflineOptions {
+            slot_s,
+            max_variables: offline_max_variables,
+            max_exact_variables: offline_exact_variables,
+        }
+        .validate(&sim)?;
+        if stream {
+            bail!("--offline-slot-s is for small traces in memory, not with --stream");
+        }
+    }
     let policies = labelled(&policies, &labels, live_round)?;
     let policies = whatif::with_handlings(&policies, &handlings);
     if !(horizon_s.is_finite() && horizon_s > 0.0) {
@@ -247,12 +287,30 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     let results = whatif::run(&traces, &profiles, &policies, &options, &on_done)?;
     bar.finish();
     let bound = whatif::bound(&traces, &profiles, &options)?;
+    // Found before anything is printed: a model too large prints no half report.
+    let offline = match offline_slot_s {
+        Some(slot_s) => {
+            let o = optimizer::sim::offline::OfflineOptions {
+                slot_s,
+                max_variables: offline_max_variables,
+                max_exact_variables: offline_exact_variables,
+            };
+            Some(whatif::offline(&traces, &profiles, &options, &o)?)
+        }
+        None => None,
+    };
     print!("{}", whatif::render_table(&results));
     print!("\n{}", whatif::render_bound(&results, &bound));
+    if let Some(o) = &offline {
+        print!("\n{}", whatif::render_offline(&results, &bound, o));
+    }
     eprintln!("{}", whatif::render_timing(&results));
     if let Some(dir) = out {
         let mut written = whatif::write_outputs(&dir, &results)?;
         written.extend(whatif::write_bound(&dir, &results, &bound)?);
+        if let Some(o) = &offline {
+            written.extend(whatif::write_offline(&dir, &bound, o)?);
+        }
         written.extend(brain::plots::draw(&dir, &results)?);
         for path in written {
             eprintln!("wrote {}", path.display());
