@@ -101,9 +101,10 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
     // The three steps' candidates and their order (greatest first), as they stand now.
     let admission =
         |s: &Sized| (!s.running() && s.to > 0).then_some((OrdF64(s.job.submitted_s), s.job.id));
+    // Growth a heuristic capped (pinned) is growth too: withdrawing it is always safe, and
+    // keeping it let a round grow a job while over capacity on processes still leaving.
     let growth = |s: &Sized| {
-        (s.running() && !s.pinned && s.to > s.job.workers)
-            .then(|| (s.to - s.job.workers, Reverse(s.job.id)))
+        (s.running() && s.to > s.job.workers).then(|| (s.to - s.job.workers, Reverse(s.job.id)))
     };
     let toward_min = |s: &Sized| {
         (s.running() && shrink(s) >= s.job.min_workers.max(1)).then_some((s.to, Reverse(s.job.id)))

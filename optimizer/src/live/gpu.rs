@@ -406,9 +406,7 @@ pub(super) fn plan_gpu_jobs(
             .or_else(|| {
                 jobs.iter()
                     .enumerate()
-                    .filter(|(_, j)| {
-                        j.running() && !j.pinned && j.to > j.job.workers && same_model(j)
-                    })
+                    .filter(|(_, j)| j.running() && j.to > j.job.workers && same_model(j))
                     .max_by_key(|(_, j)| (j.to - j.job.workers, std::cmp::Reverse(j.job.id)))
                     .map(|(i, _)| (i, "growth"))
             })

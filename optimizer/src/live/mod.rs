@@ -1005,7 +1005,7 @@ mod tests {
             }
             if let Some(s) = jobs
                 .iter_mut()
-                .filter(|s| s.running() && !s.pinned && s.to > s.job.workers)
+                .filter(|s| s.running() && s.to > s.job.workers)
                 .max_by_key(|s| (s.to - s.job.workers, std::cmp::Reverse(s.job.id)))
             {
                 s.to = shrink(s).max(s.job.workers);

@@ -63,7 +63,9 @@ impl Sized<'_> {
     pub(super) fn workers_with(&self, slots: u32, ps_slots: u32) -> u32 {
         let unit = self.job.node_unit.max(1);
         let w = slots.saturating_sub(ps_slots) / self.worker_slots;
-        let w = (w / unit * unit).min(self.job.max_workers);
+        // The most whole node units within the maximum (a maximum that is not a multiple of
+        // the unit made sizes that were not either).
+        let w = (w / unit * unit).min(self.job.max_workers / unit * unit);
         if w < self.job.min_workers.max(1) {
             0
         } else {
