@@ -31,13 +31,12 @@ pub fn bound(
     let mut alone = Vec::new();
     let (mut sum, mut makespan) = (0.0, 0.0f64);
     let (mut mean_from, mut makespan_from) = (Vec::new(), Vec::new());
-    for t in traces {
-        let b = optimizer::sim::lower_bound(&t.jobs, profiles, &options.cluster, &options.sim)
-            .map_err(|error| BrainError::Simulation {
-                trace: t.name.clone(),
-                policy: "the lower bound".into(),
-                error,
-            })?;
+    for (t, b) in traces.iter().zip(per_trace(traces, profiles, options)) {
+        let b = b.map_err(|error| BrainError::Simulation {
+            trace: t.name.clone(),
+            policy: "the lower bound".into(),
+            error,
+        })?;
         sum += b.mean_jct_s * t.jobs.len() as f64;
         alone.extend(b.alone_s.iter().copied());
         if b.makespan_s > makespan {
@@ -48,11 +47,20 @@ pub fn bound(
     }
     alone.sort_by(f64::total_cmp);
     let mean_from = {
-        let on = |k: &str| mean_from.iter().filter(|f| **f == k).count();
-        match (on("alone"), on("capacity")) {
-            (_, 0) => "alone".to_string(),
-            (0, _) => "capacity".to_string(),
-            (a, c) => format!("alone on {a} traces, capacity on {c}"),
+        // Which bound gave each trace's mean: one name when it was the same for all.
+        let kinds = ["alone", "capacity", "rate-capped"];
+        let counts: Vec<(&str, usize)> = kinds
+            .iter()
+            .map(|k| (*k, mean_from.iter().filter(|f| *f == k).count()))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        match counts.as_slice() {
+            [(k, _)] => k.to_string(),
+            many => many
+                .iter()
+                .map(|(k, n)| format!("{k} on {n} traces"))
+                .collect::<Vec<_>>()
+                .join(", "),
         }
     };
     Ok(BoundRow {
@@ -63,6 +71,41 @@ pub fn bound(
         mean_from,
         makespan_from: makespan_from.join("+"),
     })
+}
+
+/// Each trace's bound, `options.parallel` at a time (the rate-capped LP takes seconds on a
+/// trace of a few hundred jobs).
+fn per_trace(
+    traces: &[NamedTrace],
+    profiles: &[AppProfile],
+    options: &Options,
+) -> Vec<Result<optimizer::sim::LowerBound, optimizer::PolicyError>> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<Option<_>>> = Mutex::new((0..traces.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..options.parallel.clamp(1, traces.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(t) = traces.get(i) else { break };
+                    let b = optimizer::sim::lower_bound(
+                        &t.jobs,
+                        profiles,
+                        &options.cluster,
+                        &options.sim,
+                    );
+                    out.lock().expect("no bound panicked")[i] = Some(b);
+                }
+            });
+        }
+    });
+    out.into_inner()
+        .expect("no bound panicked")
+        .into_iter()
+        .map(|b| b.expect("every trace bounded"))
+        .collect()
 }
 
 /// A policy's figure over the bound's; none when the policy left jobs unfinished (its JCTs are

@@ -12,7 +12,8 @@
 //!   the system under test notices and handles them (detect and isolate, or wait for the crash).
 //! * [`checkpoints`]: how often jobs save and what a save costs them; a failure takes a job
 //!   back to its last save, and the training lost is counted.
-//! * [`bound`]: a lower bound on mean JCT, p99 JCT and makespan no scheduler beats on a trace;
+//! * [`bound`]: a lower bound on mean JCT, p99 JCT and makespan no scheduler beats on a trace
+//!   (with `rate_bound`, private: the rate-capped LP on the mean);
 //!   [`offline`]: on small traces, the best plan that never resizes a job, from a time-indexed
 //!   model solved with every arrival known, and the scheduler that replays it.
 //! * `setup` (private): what a replay derives before its first round, and each job of the
@@ -33,6 +34,7 @@ pub mod engine;
 mod fault_replay_tests;
 pub mod faults;
 pub mod offline;
+mod rate_bound;
 pub mod report;
 mod setup;
 mod world;
