@@ -126,12 +126,7 @@ pub fn render_bound(results: &[PolicyResult], b: &BoundRow) -> String {
          ({}), p99 JCT {:.0} s (alone), makespan {:.0} s ({})\n",
         b.mean_jct_s, b.mean_from, b.p99_jct_s, b.makespan_s, b.makespan_from
     );
-    let width = results
-        .iter()
-        .map(|r| r.label.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let width = label_width(results, 6);
     out.push_str(&format!(
         "{:<width$}  {:>10}  {:>9}  {:>10}\n",
         "over the bound", "mean JCT", "p99 JCT", "makespan"
@@ -147,6 +142,16 @@ pub fn render_bound(results: &[PolicyResult], b: &BoundRow) -> String {
         ));
     }
     out
+}
+
+/// The width of the policies' column: their longest label, at least `least`.
+pub(super) fn label_width(results: &[PolicyResult], least: usize) -> usize {
+    results
+        .iter()
+        .map(|r| r.label.len())
+        .max()
+        .unwrap_or(least)
+        .max(least)
 }
 
 /// Writes `bound.{parquet,csv}` into `dir`: the bound's row, then each policy's figures and

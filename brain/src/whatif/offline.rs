@@ -103,12 +103,7 @@ pub fn render_offline(results: &[PolicyResult], b: &BoundRow, o: &OfflineRow) ->
         o.p99_jct_s,
         o.makespan_s
     );
-    let width = results
-        .iter()
-        .map(|r| r.label.len())
-        .max()
-        .unwrap_or(6)
-        .max(14);
+    let width = super::bound::label_width(results, 14);
     out.push_str(&format!(
         "{:<width$}  {:>12}  {:>12}  {:>12}\n",
         "mean JCT", "over bound", "over plan", "plan/bound"

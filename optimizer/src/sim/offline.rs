@@ -735,39 +735,26 @@ mod tests {
         let trace = [rigid("a", 0.0, 4, 3000.0), rigid("b", 0.0, 4, 3000.0)];
         let cluster = ClusterSpec::uniform(1, 4, "t4");
         let config = SimConfig::default();
-        let e = offline_plan(
-            &trace,
-            &[],
-            &cluster,
-            &config,
-            &OfflineOptions {
-                slot_s: 90.0,
-                ..OfflineOptions::default()
-            },
-        )
-        .unwrap_err();
+        let refused = |options: OfflineOptions| {
+            offline_plan(&trace, &[], &cluster, &config, &options)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refused(OfflineOptions {
+            slot_s: 90.0,
+            ..OfflineOptions::default()
+        });
+        assert!(e.contains("not a multiple of the 60 s round"), "{e}");
+        let e = refused(OfflineOptions {
+            slot_s: 60.0,
+            max_variables: 10,
+            ..OfflineOptions::default()
+        });
         assert!(
-            e.to_string().contains("not a multiple of the 60 s round"),
+            e.contains("2 jobs over 102 slots of 60 s has 104 variables"),
             "{e}"
         );
-        let e = offline_plan(
-            &trace,
-            &[],
-            &cluster,
-            &config,
-            &OfflineOptions {
-                slot_s: 60.0,
-                max_variables: 10,
-                ..OfflineOptions::default()
-            },
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("2 jobs over 102 slots of 60 s has 104 variables"),
-            "{e}"
-        );
-        assert!(e.to_string().contains("more than the 10 allowed"), "{e}");
+        assert!(e.contains("more than the 10 allowed"), "{e}");
         let e = offline_plan(&[], &[], &cluster, &config, &OfflineOptions::default()).unwrap_err();
         assert!(e.to_string().contains("no jobs"), "{e}");
     }
