@@ -39,8 +39,9 @@ pub struct LowerBound {
     pub p99_jct_s: f64,
     /// From the first submission to the last completion.
     pub makespan_s: f64,
-    /// The rate-capped LP's bound on the mean JCT (`rate_bound.rs`).
-    pub rate_capped_mean_jct_s: f64,
+    /// The rate-capped LP's bound on the mean JCT (`rate_bound.rs`); `None` for a trace too
+    /// large for it.
+    pub rate_capped_mean_jct_s: Option<f64>,
     /// Which bound gave the mean JCT ("alone", "capacity" or "rate-capped") and the makespan
     /// ("alone" or "capacity").
     pub mean_from: &'static str,
@@ -150,7 +151,7 @@ pub fn lower_bound(
     let capacity = rate_bound::type_capacity(cluster);
     let lp = rate_bound::rate_capped_mean(&capped, &capacity, end, rate_bound::SLOTS)?;
     b.rate_capped_mean_jct_s = lp;
-    if lp > b.mean_jct_s {
+    if let Some(lp) = lp.filter(|lp| *lp > b.mean_jct_s) {
         b.mean_jct_s = lp;
         b.mean_from = "rate-capped";
     }
@@ -231,7 +232,7 @@ fn combine(
     let (mean_jct_s, mean_from) = pick(mean_alone, mean_capacity);
     let (makespan_s, makespan_from) = pick(span_alone, span_capacity);
     LowerBound {
-        rate_capped_mean_jct_s: 0.0,
+        rate_capped_mean_jct_s: None,
         p99_jct_s: quantile(&sorted, 0.99),
         alone_s,
         work_gpu_s,

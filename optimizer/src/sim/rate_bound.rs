@@ -46,18 +46,23 @@ pub(super) struct CappedJob {
 /// jobs: 32 slots 1,407 s in 4 s, 64 slots 1,451 s in 16 s, 128 slots 1,493 s in 79 s).
 pub(super) const SLOTS: usize = 48;
 
+/// The most variables the LP is built with: a larger trace (Philly's 82,247 jobs, say) gets
+/// the other bounds only.
+pub(super) const MAX_VARIABLES: usize = 300_000;
+
 /// The LP's bound on the sum of completion times minus submissions, divided by the jobs: a
-/// mean JCT no schedule beats. `end_s` is where the slots end (any time: work after it is
-/// counted at it); `capacity[t]` the GPUs of type `t`.
+/// mean JCT no schedule beats; `None` when the LP would have more than [`MAX_VARIABLES`].
+/// `end_s` is where the slots end (any time: work after it is counted at it); `capacity[t]`
+/// the GPUs of type `t`.
 pub(super) fn rate_capped_mean(
     jobs: &[CappedJob],
     capacity: &[u32],
     end_s: f64,
     slots: usize,
-) -> Result<f64, PolicyError> {
+) -> Result<Option<f64>, PolicyError> {
     use good_lp::{Expression, ProblemVariables, SolverModel, clarabel, variable};
     if jobs.is_empty() {
-        return Ok(0.0);
+        return Ok(Some(0.0));
     }
     let start = jobs
         .iter()
@@ -65,6 +70,14 @@ pub(super) fn rate_capped_mean(
         .fold(f64::INFINITY, f64::min);
     let end = end_s.max(start + 1.0);
     let delta = (end - start) / slots as f64;
+    let first_slot = |j: &CappedJob| (((j.release_s - start) / delta).floor() as usize).min(slots);
+    let size: usize = jobs
+        .iter()
+        .map(|j| (slots - first_slot(j)) * (hull(&j.configs).len() + 1))
+        .sum();
+    if size > MAX_VARIABLES {
+        return Ok(None);
+    }
     let t = |k: usize| start + k as f64 * delta;
     let mut vars = ProblemVariables::new();
     let mut rows = Vec::new();
@@ -76,7 +89,7 @@ pub(super) fn rate_capped_mean(
         submitted += j.submit_s;
         let fastest = j.configs.iter().map(|c| c.2).fold(0.0, f64::max);
         let configs = hull(&j.configs);
-        let first = (((j.release_s - start) / delta).floor() as usize).min(slots);
+        let first = first_slot(j);
         // Its completion: at least its alone bound; the objective.
         let c = vars.add(variable().min(j.alone_end_s));
         goal += c;
@@ -132,7 +145,7 @@ pub(super) fn rate_capped_mean(
     use good_lp::Solution;
     // An interior point's objective is within its tolerance above the optimum: keep below.
     let sum = solution.eval(&goal) * (1.0 - 1e-6);
-    Ok((sum - submitted) / jobs.len() as f64)
+    Ok(Some((sum - submitted) / jobs.len() as f64))
 }
 
 /// The configurations on the upper concave hull of (GPUs, rate) per type, with the origin: any
@@ -223,6 +236,21 @@ mod tests {
     }
 
     #[test]
+    fn an_lp_too_large_is_left_out() {
+        let jobs: Vec<CappedJob> = (0..1000)
+            .map(|i| {
+                job(
+                    f64::from(i),
+                    100.0,
+                    (1..=8).map(|r| (0, r, f64::from(r))).collect(),
+                )
+            })
+            .collect();
+        // 1,000 jobs × up to 600 slots × 2 variables: over the limit.
+        assert_eq!(rate_capped_mean(&jobs, &[8], 2000.0, 600).unwrap(), None);
+    }
+
+    #[test]
     fn the_hull_keeps_what_sharing_cannot_beat() {
         // Rates 10, 15, 16, 30 at 1, 2, 3, 4 GPUs: 3 GPUs (16) lies under the chord from 2 to 4.
         let h = hull(&[(0, 1, 10.0), (0, 2, 15.0), (0, 3, 16.0), (0, 4, 30.0)]);
@@ -241,14 +269,14 @@ mod tests {
             job(0.0, 100.0, vec![(0, 1, 1.0)]),
             job(0.0, 100.0, vec![(0, 1, 1.0)]),
         ];
-        let b = rate_capped_mean(&jobs, &[1], 400.0, 200).unwrap();
+        let b = rate_capped_mean(&jobs, &[1], 400.0, 200).unwrap().unwrap();
         assert!(b > 100.0 + 40.0 && b <= 150.0 + 1e-6, "{b}");
     }
 
     #[test]
     fn a_lone_job_is_bounded_by_its_alone_time() {
         let jobs = [job(10.0, 100.0, vec![(0, 1, 1.0), (0, 2, 1.8)])];
-        let b = rate_capped_mean(&jobs, &[2], 200.0, 50).unwrap();
+        let b = rate_capped_mean(&jobs, &[2], 200.0, 50).unwrap().unwrap();
         // Its alone bound, less the solver's tolerance (taken on the safe side).
         let alone = 100.0 / 1.8;
         assert!(b <= alone && b > alone - 1e-3, "{b}");
