@@ -303,23 +303,8 @@ pub fn offline_plan(
         return Err(PolicyError::InvalidConfig("the trace has no jobs".into()));
     }
     let model = build(trace, profiles, cluster, config, options.slot_s)?;
-    // The shortest of a few greedy list schedules (release order, each job at the fewest GPUs
-    // within a factor of its fastest time) bounds the horizon.
     let n = trace.len();
-    let mut by_release: Vec<usize> = (0..n).collect();
-    by_release.sort_by_key(|&j| (model.release[j], j));
-    let horizon = [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, f64::INFINITY]
-        .into_iter()
-        .map(|f| {
-            let config = model.within(f);
-            let start = model.list_schedule(&by_release, &config);
-            (0..n)
-                .map(|j| start[j] + model.slots(&model.configs[j][config[j]]))
-                .max()
-                .expect("a job")
-        })
-        .min()
-        .expect("a factor");
+    let horizon = model.horizon();
     let variables = model.variables(horizon);
     if variables > options.max_variables {
         return Err(PolicyError::InvalidConfig(format!(
@@ -329,57 +314,27 @@ pub fn offline_plan(
         )));
     }
     let relaxed = solve(&model, horizon, false)?;
-    let mut mean_end = vec![0.0; n];
-    let relaxation_mean_jct_s = relaxed.objective / n as f64;
-    // A job the relaxation starts after the horizon (its tail) completes no sooner than there.
-    for (j, &(x, end)) in relaxed.tail.iter().enumerate() {
-        mean_end[j] += x * end;
-    }
-    // Rounding: each job at its most-used configuration, in order of LP mean completion.
-    let mut config_of = vec![0; n];
-    let mut weight: Vec<BTreeMap<usize, f64>> = vec![BTreeMap::new(); n];
-    for &(j, c, s, x) in &relaxed.values {
-        *weight[j].entry(c).or_default() += x;
-        mean_end[j] += x * (s as f64 * model.slot_s + model.configs[j][c].duration_s);
-    }
-    for j in 0..n {
-        config_of[j] = weight[j]
-            .iter()
-            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)))
-            .map_or(0, |(c, _)| *c);
-    }
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| mean_end[a].total_cmp(&mean_end[b]).then(a.cmp(&b)));
+    let (order, config_of) = model.round(&relaxed);
     let (order, config_of) = model.improve(order, config_of);
     let starts = model.list_schedule(&order, &config_of);
-    let rounded = model.plan(
-        &config_of
-            .iter()
-            .copied()
-            .zip(starts.iter().copied())
-            .collect::<Vec<_>>(),
-    );
+    let choice: Vec<(usize, usize)> = config_of.iter().copied().zip(starts).collect();
+    let rounded = model.plan(&choice);
     let replay = |plan: &Plan| -> Result<Report, PolicyError> {
-        let planned = Planned::new(plan);
-        simulate(trace, profiles, cluster, &planned, config, &mut ())
+        simulate(
+            trace,
+            profiles,
+            cluster,
+            &Planned::new(plan),
+            config,
+            &mut (),
+        )
     };
     let rounded_replay = replay(&rounded)?;
     // The exact plan is sought among plans that end by the rounding's end, if later than the
     // horizon, so that the rounding is one of them.
-    let end = (0..n)
-        .map(|j| starts[j] + model.slots(&model.configs[j][config_of[j]]))
-        .max()
-        .expect("a job")
-        .max(horizon);
+    let end = model.end(&choice).max(horizon);
     let exact = if model.variables(end) <= options.max_exact_variables {
-        let found = solve(&model, end, true)?;
-        let mut choice = vec![(0, 0); n];
-        for &(j, c, s, x) in &found.values {
-            if x > 0.5 {
-                choice[j] = (c, s);
-            }
-        }
-        let plan = model.plan(&choice);
+        let plan = model.plan(&model.exact(end)?);
         let report = replay(&plan)?;
         Some((plan, report))
     } else {
@@ -389,11 +344,75 @@ pub fn offline_plan(
         slot_s: options.slot_s,
         variables,
         horizon_slots: horizon,
-        relaxation_mean_jct_s,
+        relaxation_mean_jct_s: relaxed.objective / n as f64,
         rounded,
         rounded_replay,
         exact,
     })
+}
+
+impl Model {
+    /// Slots to the makespan of the shortest of a few greedy list schedules (release order,
+    /// each job at the fewest GPUs within a factor of its fastest time).
+    fn horizon(&self) -> usize {
+        let n = self.configs.len();
+        let mut by_release: Vec<usize> = (0..n).collect();
+        by_release.sort_by_key(|&j| (self.release[j], j));
+        [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, f64::INFINITY]
+            .into_iter()
+            .map(|f| {
+                let config = self.within(f);
+                let start = self.list_schedule(&by_release, &config);
+                self.end(&config.into_iter().zip(start).collect::<Vec<_>>())
+            })
+            .min()
+            .expect("a factor")
+    }
+
+    /// The slot after the last of `choice` (job → configuration, start slot) ends.
+    fn end(&self, choice: &[(usize, usize)]) -> usize {
+        choice
+            .iter()
+            .enumerate()
+            .map(|(j, &(c, s))| s + self.slots(&self.configs[j][c]))
+            .max()
+            .expect("a job")
+    }
+
+    /// The relaxation rounded: each job at its most-used configuration, in order of its LP
+    /// mean completion (a share started after the horizon completing no sooner than there).
+    fn round(&self, relaxed: &Solved) -> (Vec<usize>, Vec<usize>) {
+        let n = self.configs.len();
+        let mut mean_end: Vec<f64> = relaxed.tail.iter().map(|&(x, end)| x * end).collect();
+        let mut weight: Vec<BTreeMap<usize, f64>> = vec![BTreeMap::new(); n];
+        for &(j, c, s, x) in &relaxed.values {
+            *weight[j].entry(c).or_default() += x;
+            mean_end[j] += x * (s as f64 * self.slot_s + self.configs[j][c].duration_s);
+        }
+        let config_of = weight
+            .iter()
+            .map(|w| {
+                w.iter()
+                    .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)))
+                    .map_or(0, |(c, _)| *c)
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| mean_end[a].total_cmp(&mean_end[b]).then(a.cmp(&b)));
+        (order, config_of)
+    }
+
+    /// The best plan that ends within `horizon` slots, by branch and bound.
+    fn exact(&self, horizon: usize) -> Result<Vec<(usize, usize)>, PolicyError> {
+        let found = solve(self, horizon, true)?;
+        let mut choice = vec![(0, 0); self.configs.len()];
+        for &(j, c, s, x) in &found.values {
+            if x > 0.5 {
+                choice[j] = (c, s);
+            }
+        }
+        Ok(choice)
+    }
 }
 
 /// The model's jobs: release slots and configurations.

@@ -60,7 +60,7 @@ pub(super) fn rate_capped_mean(
     end_s: f64,
     slots: usize,
 ) -> Result<Option<f64>, PolicyError> {
-    use good_lp::{Expression, ProblemVariables, SolverModel, clarabel, variable};
+    use good_lp::{Expression, ProblemVariables, SolverModel, clarabel};
     if jobs.is_empty() {
         return Ok(Some(0.0));
     }
@@ -69,63 +69,25 @@ pub(super) fn rate_capped_mean(
         .map(|j| j.release_s)
         .fold(f64::INFINITY, f64::min);
     let end = end_s.max(start + 1.0);
-    let delta = (end - start) / slots as f64;
-    let first_slot = |j: &CappedJob| (((j.release_s - start) / delta).floor() as usize).min(slots);
+    let grid = Grid {
+        start,
+        delta: (end - start) / slots as f64,
+        count: slots,
+    };
     let size: usize = jobs
         .iter()
-        .map(|j| (slots - first_slot(j)) * (hull(&j.configs).len() + 1))
+        .map(|j| (slots - grid.first(j.release_s)) * (hull(&j.configs).len() + 1))
         .sum();
     if size > MAX_VARIABLES {
         return Ok(None);
     }
-    let t = |k: usize| start + k as f64 * delta;
     let mut vars = ProblemVariables::new();
     let mut rows = Vec::new();
     // Per (slot, type), the GPUs held.
     let mut hold: Vec<Vec<Expression>> = vec![vec![Expression::default(); capacity.len()]; slots];
     let mut goal = Expression::default();
-    let mut submitted = 0.0;
     for j in jobs {
-        submitted += j.submit_s;
-        let fastest = j.configs.iter().map(|c| c.2).fold(0.0, f64::max);
-        let configs = hull(&j.configs);
-        let first = first_slot(j);
-        // Its completion: at least its alone bound; the objective.
-        let c = vars.add(variable().min(j.alone_end_s));
-        goal += c;
-        // C − Σ a s − y t_K ≥ T / 2, and Σ a + y = 1.
-        let mut mean: Expression = c.into();
-        let mut done = Expression::default();
-        for (k, held) in hold.iter_mut().enumerate().skip(first) {
-            let share = if k == first {
-                ((t(k + 1) - j.release_s) / delta).clamp(0.0, 1.0)
-            } else {
-                1.0
-            };
-            let a = vars.add(variable().min(0.0).max(1.0));
-            mean.add_mul(-t(k).max(j.release_s), a);
-            done += a;
-            let mut time = Expression::default();
-            let mut rate: Expression = a.into();
-            for &(ty, r, g) in &configs {
-                let x = vars.add(variable().min(0.0).max(1.0));
-                time += x;
-                rate.add_mul(-delta * g / j.work, x);
-                held[ty].add_mul(f64::from(r), x);
-            }
-            rows.push(time.leq(share));
-            rows.push(rate.leq(0.0));
-        }
-        let y = vars.add(variable().min(0.0).max(1.0));
-        done += y;
-        mean.add_mul(-t(slots).max(j.release_s), y);
-        rows.push(done.eq(1.0));
-        let half = if fastest > 0.0 {
-            j.work / fastest / 2.0
-        } else {
-            0.0
-        };
-        rows.push(mean.geq(half));
+        goal += job_rows(j, &grid, &mut vars, &mut rows, &mut hold);
     }
     for per_type in hold {
         for (held, &gpus) in per_type.into_iter().zip(capacity) {
@@ -145,7 +107,77 @@ pub(super) fn rate_capped_mean(
     use good_lp::Solution;
     // An interior point's objective is within its tolerance above the optimum: keep below.
     let sum = solution.eval(&goal) * (1.0 - 1e-6);
+    let submitted: f64 = jobs.iter().map(|j| j.submit_s).sum();
     Ok(Some((sum - submitted) / jobs.len() as f64))
+}
+
+/// The LP's slots: `count` of `delta` seconds from `start`.
+struct Grid {
+    start: f64,
+    delta: f64,
+    count: usize,
+}
+
+impl Grid {
+    fn t(&self, k: usize) -> f64 {
+        self.start + k as f64 * self.delta
+    }
+
+    /// The slot a job released at `release_s` first progresses in.
+    fn first(&self, release_s: f64) -> usize {
+        (((release_s - self.start) / self.delta).floor() as usize).min(self.count)
+    }
+}
+
+/// Job `j`'s variables and rows (its shares, its work per slot, its completion); the GPUs its
+/// shares hold go to `hold`. Returns its completion.
+fn job_rows(
+    j: &CappedJob,
+    grid: &Grid,
+    vars: &mut good_lp::ProblemVariables,
+    rows: &mut Vec<good_lp::Constraint>,
+    hold: &mut [Vec<good_lp::Expression>],
+) -> good_lp::Variable {
+    use good_lp::{Expression, variable};
+    let fastest = j.configs.iter().map(|c| c.2).fold(0.0, f64::max);
+    let configs = hull(&j.configs);
+    let first = grid.first(j.release_s);
+    // Its completion: at least its alone bound.
+    let c = vars.add(variable().min(j.alone_end_s));
+    // C − Σ a s − y t_K ≥ T / 2, and Σ a + y = 1.
+    let mut mean: Expression = c.into();
+    let mut done = Expression::default();
+    for (k, held) in hold.iter_mut().enumerate().skip(first) {
+        let share = if k == first {
+            ((grid.t(k + 1) - j.release_s) / grid.delta).clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let a = vars.add(variable().min(0.0).max(1.0));
+        mean.add_mul(-grid.t(k).max(j.release_s), a);
+        done += a;
+        let mut time = Expression::default();
+        let mut rate: Expression = a.into();
+        for &(ty, r, g) in &configs {
+            let x = vars.add(variable().min(0.0).max(1.0));
+            time += x;
+            rate.add_mul(-grid.delta * g / j.work, x);
+            held[ty].add_mul(f64::from(r), x);
+        }
+        rows.push(time.leq(share));
+        rows.push(rate.leq(0.0));
+    }
+    let y = vars.add(variable().min(0.0).max(1.0));
+    done += y;
+    mean.add_mul(-grid.t(grid.count).max(j.release_s), y);
+    rows.push(done.eq(1.0));
+    let half = if fastest > 0.0 {
+        j.work / fastest / 2.0
+    } else {
+        0.0
+    };
+    rows.push(mean.geq(half));
+    c
 }
 
 /// The configurations on the upper concave hull of (GPUs, rate) per type, with the origin: any
