@@ -40,8 +40,12 @@ use super::app::App;
 use super::setup::Setup;
 use super::{AppProfile, ClusterSpec, Report, SimConfig, TraceJob, Work, simulate};
 use crate::error::PolicyError;
-use crate::schedule::{Assignment, BatchSizing, Scheduler, Snapshot, keep_current};
-use crate::units::JobId;
+
+mod planned;
+mod solve;
+
+pub use planned::Planned;
+use solve::{Solved, solve};
 
 /// How the offline model is cut and how far it is solved.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -423,7 +427,10 @@ fn build(
     config: &SimConfig,
     slot_s: f64,
 ) -> Result<Model, PolicyError> {
-    let planned = Planned { starts: Vec::new() };
+    let planned = Planned::new(&Plan {
+        jobs: Vec::new(),
+        model_mean_jct_s: 0.0,
+    });
     let setup = Setup::new(profiles, cluster, &planned, config)?;
     let world = &setup.world;
     let nodes_of: Vec<u32> = (0..world.per_node.len())
@@ -523,143 +530,6 @@ fn train_s(app: &App, gpu: usize, placement: &[u32], batch: Option<u32>) -> Opti
         seconds += span / g;
     }
     Some(seconds)
-}
-
-/// A solution of the model: its objective (sum of completion minus submission) and the
-/// nonzero (job, configuration, start slot, value).
-struct Solved {
-    objective: f64,
-    values: Vec<(usize, usize, usize, f64)>,
-    /// Relaxed only: per job, its share started after the horizon and the least completion
-    /// time such a start has.
-    tail: Vec<(f64, f64)>,
-}
-
-/// The time-indexed model over `horizon` slots, relaxed or with binary starts. Relaxed, each
-/// job may also start after the horizon (its tail) at the least completion time that has,
-/// holding no GPUs: the relaxation then bounds every plan, not only those that end in time.
-/// With binary starts it is the best plan that ends within the horizon.
-fn solve(model: &Model, horizon: usize, integral: bool) -> Result<Solved, PolicyError> {
-    use microlp::{ComparisonOp, OptimizationDirection, Problem};
-    let mut p = Problem::new(OptimizationDirection::Minimize);
-    let mut vars = Vec::new();
-    let mut tails = Vec::new();
-    // Per (type, slot), the (variable, GPUs) that hold it.
-    let mut hold: Vec<Vec<Vec<(microlp::Variable, f64)>>> =
-        vec![vec![Vec::new(); horizon]; model.capacity.len()];
-    for (j, configs) in model.configs.iter().enumerate() {
-        let mut once = Vec::new();
-        for (c, conf) in configs.iter().enumerate() {
-            let len = model.slots(conf);
-            for s in model.release[j]..(horizon + 1).saturating_sub(len) {
-                let jct = s as f64 * model.slot_s + conf.duration_s - model.submit[j];
-                let v = if integral {
-                    p.add_binary_var(jct)
-                } else {
-                    p.add_var(jct, (0.0, 1.0))
-                };
-                once.push((v, 1.0));
-                for held in &mut hold[conf.worker_type][s..s + len] {
-                    held.push((v, f64::from(conf.replicas)));
-                }
-                vars.push((j, c, s, v));
-            }
-        }
-        if !integral {
-            let end = configs
-                .iter()
-                .map(|c| {
-                    let first = (horizon + 1)
-                        .saturating_sub(model.slots(c))
-                        .max(model.release[j]);
-                    first as f64 * model.slot_s + c.duration_s
-                })
-                .fold(f64::INFINITY, f64::min);
-            let v = p.add_var(end - model.submit[j], (0.0, 1.0));
-            once.push((v, 1.0));
-            tails.push((v, end));
-        }
-        p.add_constraint(once.as_slice(), ComparisonOp::Eq, 1.0);
-    }
-    for (t, slots) in hold.iter().enumerate() {
-        for terms in slots.iter().filter(|h| !h.is_empty()) {
-            p.add_constraint(
-                terms.as_slice(),
-                ComparisonOp::Le,
-                f64::from(model.capacity[t]),
-            );
-        }
-    }
-    let solution = p
-        .solve()
-        .map_err(|e| PolicyError::Solver(format!("the offline model: {e}")))?;
-    let values = vars
-        .into_iter()
-        .map(|(j, c, s, v)| (j, c, s, solution[v]))
-        .filter(|v| v.3 > 1e-9)
-        .collect();
-    let tail = tails.iter().map(|&(v, end)| (solution[v], end)).collect();
-    Ok(Solved {
-        objective: solution.objective(),
-        values,
-        tail,
-    })
-}
-
-/// The scheduler that carries out a [`Plan`] in the replay: each job at its configuration from
-/// its planned round, or the first round after where its GPUs are free; never resized.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Planned {
-    /// (start, job, worker type, GPUs), in order of start.
-    starts: Vec<(f64, JobId, usize, u32)>,
-}
-
-impl Planned {
-    pub fn new(plan: &Plan) -> Self {
-        let mut starts: Vec<(f64, JobId, usize, u32)> = plan
-            .jobs
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.start_s, JobId(i as u64), p.worker_type, p.replicas))
-            .collect();
-        starts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        Planned { starts }
-    }
-}
-
-impl Scheduler for Planned {
-    fn name(&self) -> &'static str {
-        "offline plan"
-    }
-
-    fn batch_sizing(&self) -> BatchSizing {
-        BatchSizing::Adaptive
-    }
-
-    fn elastic(&self) -> bool {
-        true
-    }
-
-    fn schedule(&self, snapshot: &Snapshot) -> Result<Assignment, PolicyError> {
-        let (mut out, mut free) = keep_current(snapshot, |_| true);
-        let waiting: std::collections::BTreeSet<JobId> = snapshot
-            .jobs
-            .iter()
-            .filter(|j| j.current.is_empty())
-            .map(|j| j.id)
-            .collect();
-        for &(start, id, t, r) in &self.starts {
-            if start > snapshot.now_s + 1e-6 {
-                break;
-            }
-            if waiting.contains(&id)
-                && let Some(slots) = free.take(t, r)
-            {
-                out.insert(id, slots);
-            }
-        }
-        Ok(out)
-    }
 }
 
 #[cfg(test)]
