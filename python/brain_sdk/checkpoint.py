@@ -69,8 +69,9 @@ def write_atomic(path: str, state: Any) -> str:
     return out.sha.hexdigest()
 
 
-def read_verified(path: str, digest: Optional[str]) -> Any:
-    """Reads a checkpoint file, refusing one whose SHA-256 is not `digest`."""
+def read_verified(path: str, digest: Optional[str], device: Any = None) -> Any:
+    """Reads a checkpoint file, refusing one whose SHA-256 is not `digest`; its tensors are
+    made on `device` (`torch.load`'s `map_location`; default the CPU)."""
     if digest is not None:
         got = sha256_of(path)
         if got != digest:
@@ -81,7 +82,7 @@ def read_verified(path: str, digest: Optional[str]) -> Any:
         if _torch is not None:
             # The file is this job's own checkpoint (the digest was checked): it may hold
             # optimiser state and plain Python values, not only tensors.
-            return _torch.load(f, map_location="cpu", weights_only=False)
+            return _torch.load(f, map_location=device or "cpu", weights_only=False)
         return pickle.load(f)
 
 

@@ -27,9 +27,11 @@ being written out is left alone, and a copy still waiting to be written out is r
 newer one (that older step is dropped whole, never mixed with the newer).
 """
 
+import contextlib
 import fcntl
 import io
 import json
+import logging
 import mmap
 import os
 import pickle
@@ -37,6 +39,7 @@ import struct
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import checkpoint as ckpt
 from .errors import BrainError
 
 try:  # PyTorch is optional: the SDK's core runs without it.
@@ -48,6 +51,7 @@ MAGIC = b"BRAINFL1"
 ALIGN = 64
 SLOTS = 2
 _HEAD = struct.Struct("<8sQ")
+log = logging.getLogger("brain_sdk")
 
 
 def _align(n: int) -> int:
@@ -133,11 +137,17 @@ def _copy_in(mm: mmap.mmap, tensor: Any, offset: int) -> None:
     dst.copy_(src.reshape(-1).view(_torch.uint8))
 
 
-def read_state(path: str) -> Tuple[Any, Dict[str, Any]]:
+def read_state(path: str, device: Any = None) -> Tuple[Any, Dict[str, Any]]:
     """The state in snapshot file `path` (its tensors copied out of it: the slot may be written
-    again later) and the snapshot's own fields."""
+    again later) and the snapshot's own fields.
+
+    `device` (a torch device or its name, as `torch.load`'s `map_location`): where the tensors
+    are made; each comes straight from the mapping in one copy. For a GPU the mapping is
+    page-locked for the copies where the driver allows it (read-only host registration), so
+    they run at the bus's speed; `fields["read_pinned"]` says whether it was."""
     if _torch is None:
         raise BrainError("a flash checkpoint holds torch tensors, and torch does not import")
+    device = _torch.device(device if device is not None else "cpu")
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < _HEAD.size:
@@ -150,26 +160,77 @@ def read_state(path: str) -> Tuple[Any, Dict[str, Any]]:
             if magic != MAGIC or _HEAD.size + meta_len > size:
                 raise BrainError(f"{path} is not a flash checkpoint (or is cut short)")
             meta = pickle.loads(mm[_HEAD.size : _HEAD.size + meta_len])
-            offset = _align(_HEAD.size + meta_len)
-            tensors = []
-            for nbytes, dtype, shape in meta["tensors"]:
-                if offset + nbytes > size:
-                    raise BrainError(f"{path} is cut short: a tensor ends past {size} bytes")
-                t = _torch.empty(shape, dtype=_dtype(dtype))
-                if nbytes:
-                    with warnings.catch_warnings():
-                        # Read only, and only read from: torch's warning is about writing.
-                        warnings.simplefilter("ignore", UserWarning)
-                        src = _torch.frombuffer(
-                            mm, dtype=_torch.uint8, count=nbytes, offset=offset
-                        )
-                    t.reshape(-1).view(_torch.uint8).copy_(src)
-                    del src
-                tensors.append(t)
-                offset = _align(offset + nbytes)
+            with warnings.catch_warnings():
+                # Read only, and only read from: torch's warning is about writing.
+                warnings.simplefilter("ignore", UserWarning)
+                whole = _torch.frombuffer(mm, dtype=_torch.uint8)
+            with _page_locked(whole, device) as pinned:
+                start = _align(_HEAD.size + meta_len)
+                tensors = _tensors_of(path, whole, meta["tensors"], start, device, pinned)
+            del whole
             state = _Unpickler(io.BytesIO(meta["state"]), tensors).load()
     fields = {k: v for k, v in meta.items() if k not in ("state", "tensors")}
+    fields["read_pinned"] = pinned
     return state, fields
+
+
+def _tensors_of(
+    path: str, whole: Any, refs: List[Any], offset: int, device: Any, pinned: bool
+) -> List[Any]:
+    """The tensors of snapshot `path`, copied out of its bytes `whole` (from `offset` on) onto
+    `device`."""
+    size = whole.numel()
+    tensors = []
+    for nbytes, dtype, shape in refs:
+        if offset + nbytes > size:
+            raise BrainError(f"{path} is cut short: a tensor ends past {size} bytes")
+        t = _torch.empty(shape, dtype=_dtype(dtype), device=device)
+        if nbytes:
+            src = whole[offset : offset + nbytes]
+            t.reshape(-1).view(_torch.uint8).copy_(src, non_blocking=pinned)
+        tensors.append(t)
+        offset = _align(offset + nbytes)
+    if pinned:
+        # The copies were queued: the mapping goes once they are done.
+        _torch.cuda.synchronize(device)
+    return tensors
+
+
+@contextlib.contextmanager
+def _page_locked(whole: Any, device: Any):
+    """Registers the mapping `whole` with CUDA as page-locked, read-only host memory while the
+    copies to `device` (a GPU) run: yields whether it is. Elsewhere, or where the driver
+    refuses, it yields False and the copies go through the driver's staging buffers."""
+    if device.type != "cuda" or whole.numel() == 0 or os.environ.get("BRAIN_FLASH_PIN") == "0":
+        yield False
+        return
+    ptr, size = whole.data_ptr(), whole.numel()
+    try:
+        rt = _torch.cuda.cudart()
+        # cudaHostRegisterPortable | cudaHostRegisterReadOnly: the mapping is read only.
+        err = rt.cudaHostRegister(ptr, size, 0x1 | 0x8)
+        locked = int(getattr(err, "value", err)) == 0
+    except (AttributeError, RuntimeError, TypeError) as e:  # a torch without it
+        log.debug("cannot page-lock the snapshot for its copies to %s: %s", device, e)
+        locked = False
+    if not locked:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        rt.cudaHostUnregister(ptr)
+
+
+def read_verified(path: str, digest: str, device: Any = None) -> Tuple[Any, Dict[str, Any]]:
+    """`read_state` of a snapshot written out to disk, refused unless its SHA-256 is `digest`
+    (as a restore from disk reads it: the file is checked, then read)."""
+    got = ckpt.sha256_of(path)
+    if got != digest:
+        raise BrainError(
+            f"flash checkpoint {path} is damaged: its SHA-256 is {got}, the manifest says {digest}"
+        )
+    return read_state(path, device)
 
 
 def _read_json(path: str) -> Optional[Dict[str, Any]]:

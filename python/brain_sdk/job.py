@@ -231,9 +231,12 @@ class ElasticJob:
         self.resume_from = r.resume_from or None
         self.restart_count = r.restart_count
 
-    def restore(self) -> Optional[Any]:
+    def restore(self, device: Any = None) -> Optional[Any]:
         """The state saved in the checkpoint this process resumes from (its SHA-256 checked),
         or None when it starts fresh. Restores the SDK's step and sample counters too.
+
+        `device` (as `torch.load`'s `map_location`, e.g. "cuda:0"): where its tensors are
+        made, each in one copy (default: the CPU).
 
         A flash checkpoint (`save_async`) is read from this node's shared memory when its
         agent holds the committed copy (a process restarted here), else from disk;
@@ -242,9 +245,9 @@ class ElasticJob:
             return None
         kind, step, parts = ckpt.manifest_parts(self.resume_from)
         if kind == "flash":
-            return self._restore_flash(step, parts)
+            return self._restore_flash(step, parts, device)
         path, digest, _ = ckpt.manifest_model(self.resume_from)
-        blob = ckpt.read_verified(path, digest)
+        blob = ckpt.read_verified(path, digest, device)
         if not (isinstance(blob, dict) and "brain_sdk" in blob and "user" in blob):
             raise BrainError(f"checkpoint {path} was not written by brain_sdk")
         self.restored_from = "disk"
@@ -259,7 +262,9 @@ class ElasticJob:
         self.applied_index_sum = int(meta["applied_index_sum"])
         return blob["user"]
 
-    def _restore_flash(self, step: int, parts: List[Tuple[str, str]]) -> Any:
+    def _restore_flash(
+        self, step: int, parts: List[Tuple[str, str]], device: Any = None
+    ) -> Any:
         # One part: a replicated state (rank 0 wrote it out); else this rank's shard.
         if len(parts) == 1:
             path, digest = parts[0]
@@ -280,7 +285,7 @@ class ElasticJob:
         read = None
         if held is not None:
             try:
-                read = flash.read_state(held)
+                read = flash.read_state(held, device)
                 self.restored_from = "memory"
             except (OSError, BrainError) as e:
                 # Gone from shared memory (removed by hand, the node's tmpfs cleaned) or cut
@@ -293,13 +298,7 @@ class ElasticJob:
         if read is not None:
             state, fields = read
         else:
-            got = ckpt.sha256_of(path)
-            if got != digest:
-                raise BrainError(
-                    f"flash checkpoint {path} is damaged: its SHA-256 is {got}, the manifest "
-                    f"says {digest}"
-                )
-            state, fields = flash.read_state(path)
+            state, fields = flash.read_verified(path, digest, device)
             self.restored_from = "disk"
         log.info("restored step %d from %s (%s)", step, self.restored_from, held or path)
         return self._restored({"user": state, "brain_sdk": fields["sdk"]})

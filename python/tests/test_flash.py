@@ -199,8 +199,27 @@ class RestoreFromMemoryOrDisk(unittest.TestCase):
         self.store.close()
         self.dir.cleanup()
 
-    def restore(self):
-        return self.job._restore_flash(7, [(self.disk, self.digest)])
+    def restore(self, device=None):
+        return self.job._restore_flash(7, [(self.disk, self.digest)], device)
+
+    def devices(self):
+        """CPU, and the GPU where there is one (the device checks run these tests there)."""
+        return ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
+
+    def test_each_tensor_is_made_on_the_device_asked_for_from_memory_and_from_disk(self):
+        for device in self.devices():
+            with self.subTest(device=device):
+                back = self.restore(device)
+                self.assertEqual(self.job.restored_from, "memory")
+                self.assertEqual(back["w"].device, torch.device(device))
+                self.assertTrue(torch.equal(back["w"].cpu(), self.state["w"]))
+                state, fields = flash.read_verified(self.disk, self.digest, device)
+                self.assertEqual(state["w"].device, torch.device(device))
+                self.assertTrue(torch.equal(state["w"].cpu(), self.state["w"]))
+                # The copies to a GPU run from page-locked memory where the driver allows it;
+                # on the CPU nothing is locked.
+                if device == "cpu":
+                    self.assertFalse(fields["read_pinned"])
 
     def test_the_copy_in_memory_is_read_when_the_node_holds_it(self):
         back = self.restore()
