@@ -402,30 +402,52 @@ checkpoint: {{ dir: {:?} }}
     );
 }
 
-/// Flash checkpoints (`tests/scripts/sdk_flash.py`, issue 43): two ranks save a replicated
-/// tensor state with `job.save_async`; their agents write rank 0's copy out and the master
-/// commits each step. Rank 1's process is killed -9: the group restarts, and rank 0 restores
-/// from the copy its agent holds in memory; rank 1's copies are taken away first, so it
-/// restores from disk. Both resume at the committed step with the state whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flash_checkpoint_is_restored_from_memory_on_its_node_and_from_disk_elsewhere() {
-    let Some((python, sdk)) = torch_with_sdk() else {
-        return;
-    };
+/// What `flash_restart` saw: the script's log and the newest flash manifest (its parts in
+/// `_dir`, kept while this lives).
+struct FlashRestart {
+    log: Vec<serde_json::Value>,
+    manifest: serde_json::Value,
+    _dir: tempfile::TempDir,
+}
+
+impl FlashRestart {
+    /// The second start of `rank` (after the group restart).
+    fn again(&self, rank: u64) -> &serde_json::Value {
+        let starts: Vec<&serde_json::Value> =
+            self.log.iter().filter(|e| e.get("from").is_some()).collect();
+        assert_eq!(starts.len(), 4, "two starts of two ranks: {:#?}", self.log);
+        starts[2..]
+            .iter()
+            .find(|s| s["rank"] == rank)
+            .unwrap_or_else(|| panic!("rank {rank} restarted: {:#?}", self.log))
+    }
+}
+
+/// `tests/scripts/sdk_flash.py` on two ranks saving with `job.save_async` (`--sharded`: each
+/// rank its own shard) until the master has committed two steps; then rank 1's copies are
+/// taken out of its node's memory and its process is killed -9, so the group restarts and
+/// rank 1 must restore from disk. Runs the job to its end; asserts it succeeded, that the
+/// slots were let go, and that every save was a memory copy.
+async fn flash_restart(python: &str, sdk: &Path, sharded: bool) -> FlashRestart {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("flash.jsonl");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
-    let argv = [
-        python.clone(),
+    let mut argv = vec![
+        python.to_string(),
         script.display().to_string(),
         "--target".into(),
         "1200".into(),
         "--log".into(),
         log.display().to_string(),
     ];
+    if sharded {
+        argv.push("--sharded".into());
+    }
+    // The two tests run in one process: their runs (named by job and process) must differ.
+    let name = if sharded { "flash-sharded" } else { "flash" };
     let yaml = format!(
         r#"
-name: flash
+name: {name}
 kind: allreduce
 roles:
   worker: {{ replicas: 2 }}
@@ -440,13 +462,6 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
     let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
     spec.validate().unwrap();
     let mut run = start(spec, dir.path()).await;
-    let entries = || -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
     wait_for(
         run.addr,
         Duration::from_secs(120),
@@ -455,9 +470,10 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
     )
     .await;
     // Rank 1's copies leave its node's memory: it must read the committed step from disk.
-    // (Rank 0 commits alone, and may be ahead of rank 1's first copy on a busy machine.)
+    // (A replicated state is committed by rank 0 alone, which may be ahead of rank 1's first
+    // copy on a busy machine.)
     let slots = std::path::PathBuf::from("/dev/shm/brain-flash")
-        .join(format!("flash-{}", std::process::id()))
+        .join(format!("{name}-{}", std::process::id()))
         .join("worker-1");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !slots.join("slot-0.json").exists() {
@@ -475,38 +491,22 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
     test_support::kill9(victim);
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
-    let all = entries();
-    let starts: Vec<&serde_json::Value> = all.iter().filter(|e| e.get("from").is_some()).collect();
-    assert_eq!(starts.len(), 4, "two starts of two ranks: {all:#?}");
-    let again = |rank: u64| {
-        starts[2..]
-            .iter()
-            .find(|s| s["rank"] == rank)
-            .unwrap_or_else(|| panic!("rank {rank} restarted: {all:#?}"))
-    };
-    assert_eq!(again(0)["from"], "memory", "{all:#?}");
-    assert_eq!(again(1)["from"], "disk", "{all:#?}");
-    for r in [0, 1] {
-        assert!(again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
-        assert_eq!(again(r)["whole"], true, "{all:#?}");
-    }
-    assert_eq!(
-        again(0)["resumed"],
-        again(1)["resumed"],
-        "the same committed step"
-    );
+    let log: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     // Every save was a memory copy; the steps committed are flash manifests beside the parts.
-    let saves: Vec<f64> = all
-        .iter()
-        .filter_map(|e| e.get("blocked_s").and_then(serde_json::Value::as_f64))
-        .collect();
-    assert!(saves.len() >= 100, "{}", saves.len());
-    let committed: Vec<&String> = report
-        .events
-        .iter()
-        .filter(|e| e.contains("committed by the script"))
-        .collect();
-    assert!(!committed.is_empty(), "{:#?}", report.events);
+    let saves = log.iter().filter(|e| e.get("blocked_s").is_some()).count();
+    assert!(saves >= 100, "{saves}");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("committed by the script")),
+        "{:#?}",
+        report.events
+    );
     let manifest = dir
         .path()
         .join("ckpt/flash")
@@ -518,16 +518,86 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
         })
         .max()
         .expect("a flash manifest");
-    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let manifest = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    // The job over, its agents let the copies go.
+    assert!(
+        !slots.parent().unwrap().exists()
+            || std::fs::read_dir(slots.parent().unwrap()).unwrap().count() == 0
+    );
+    FlashRestart {
+        log,
+        manifest,
+        _dir: dir,
+    }
+}
+
+/// Flash checkpoints (issue 43): two ranks save a replicated tensor state; their agents write
+/// rank 0's copy out and the master commits each step. After rank 1's kill -9 (its copies gone
+/// first), rank 0 restores from the copy its agent holds in memory and rank 1 from disk. Both
+/// resume at the committed step with the state whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_checkpoint_is_restored_from_memory_on_its_node_and_from_disk_elsewhere() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let run = flash_restart(&python, &sdk, false).await;
+    let all = &run.log;
+    assert_eq!(run.again(0)["from"], "memory", "{all:#?}");
+    assert_eq!(run.again(1)["from"], "disk", "{all:#?}");
+    for r in [0, 1] {
+        assert!(run.again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
+        assert_eq!(run.again(r)["whole"], true, "{all:#?}");
+    }
+    assert_eq!(
+        run.again(0)["resumed"],
+        run.again(1)["resumed"],
+        "the same committed step"
+    );
+    let m = &run.manifest;
     assert_eq!(m["kind"], "flash", "{m}");
     assert!(
         m["model"]["path"].as_str().unwrap().ends_with("part-0.bin"),
         "{m}"
     );
-    // The job over, its agents let the copies go.
-    assert!(
-        !slots.parent().unwrap().exists()
-            || std::fs::read_dir(slots.parent().unwrap()).unwrap().count() == 0
+}
+
+/// Sharded flash checkpoints end to end (issue 43): each rank saves its own shard
+/// (`save_async(sharded=True)`); a step is committed only once both shards are written out, in
+/// one manifest naming both parts. After rank 1's kill -9 (its copies gone first), rank 0
+/// restores its own shard from memory and rank 1 its own from disk, at the same step, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its_own() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let run = flash_restart(&python, &sdk, true).await;
+    let all = &run.log;
+    assert_eq!(run.again(0)["from"], "memory", "{all:#?}");
+    assert_eq!(run.again(1)["from"], "disk", "{all:#?}");
+    for r in [0, 1] {
+        assert_eq!(run.again(r)["shard"], r, "its own shard: {all:#?}");
+        assert_eq!(run.again(r)["whole"], true, "{all:#?}");
+        assert!(run.again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
+    }
+    assert_eq!(
+        run.again(0)["resumed"],
+        run.again(1)["resumed"],
+        "the same committed step"
+    );
+    let m = &run.manifest;
+    assert_eq!(m["kind"], "flash", "{m}");
+    let parts: Vec<&str> = m["shards"]
+        .as_array()
+        .unwrap_or_else(|| panic!("shards in {m}"))
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(parts.len(), 2, "{m}");
+    assert!(parts[0].ends_with("part-0.bin") && parts[1].ends_with("part-1.bin"), "{m}");
+    assert_ne!(
+        std::fs::read(parts[0]).unwrap(),
+        std::fs::read(parts[1]).unwrap(),
+        "two shards, not one state twice"
     );
 }
 
