@@ -413,8 +413,11 @@ struct FlashRestart {
 impl FlashRestart {
     /// The second start of `rank` (after the group restart).
     fn again(&self, rank: u64) -> &serde_json::Value {
-        let starts: Vec<&serde_json::Value> =
-            self.log.iter().filter(|e| e.get("from").is_some()).collect();
+        let starts: Vec<&serde_json::Value> = self
+            .log
+            .iter()
+            .filter(|e| e.get("from").is_some())
+            .collect();
         assert_eq!(starts.len(), 4, "two starts of two ranks: {:#?}", self.log);
         starts[2..]
             .iter()
@@ -426,8 +429,9 @@ impl FlashRestart {
 /// `tests/scripts/sdk_flash.py` on two ranks saving with `job.save_async` (`--sharded`: each
 /// rank its own shard) until the master has committed two steps; then rank 1's copies are
 /// taken out of its node's memory and its process is killed -9, so the group restarts and
-/// rank 1 must restore from disk. Runs the job to its end; asserts it succeeded, that the
-/// slots were let go, and that every save was a memory copy.
+/// rank 1 must restore from disk, and a process's slots that no agent will remove are planted
+/// beside them. Runs the job to its end; asserts it succeeded, that every save was a memory
+/// copy, and that no copy is left on the node.
 async fn flash_restart(python: &str, sdk: &Path, sharded: bool) -> FlashRestart {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("flash.jsonl");
@@ -488,6 +492,10 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
     for e in std::fs::read_dir(&slots).unwrap() {
         std::fs::remove_file(e.unwrap().path()).unwrap();
     }
+    // What an agent killed -9 and never started again leaves: its process's slots.
+    let orphan = slots.with_file_name("worker-9");
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("slot-0"), b"left behind").unwrap();
     test_support::kill9(victim);
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
@@ -519,10 +527,11 @@ checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
         .max()
         .expect("a flash manifest");
     let manifest = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
-    // The job over, its agents let the copies go.
+    // The job over, its agents let the copies go, and the job master what was left.
     assert!(
-        !slots.parent().unwrap().exists()
-            || std::fs::read_dir(slots.parent().unwrap()).unwrap().count() == 0
+        !slots.parent().unwrap().exists(),
+        "{:?}",
+        std::fs::read_dir(slots.parent().unwrap()).map(|d| d.count())
     );
     FlashRestart {
         log,
@@ -593,7 +602,10 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
         .map(|p| p["path"].as_str().unwrap())
         .collect();
     assert_eq!(parts.len(), 2, "{m}");
-    assert!(parts[0].ends_with("part-0.bin") && parts[1].ends_with("part-1.bin"), "{m}");
+    assert!(
+        parts[0].ends_with("part-0.bin") && parts[1].ends_with("part-1.bin"),
+        "{m}"
+    );
     assert_ne!(
         std::fs::read(parts[0]).unwrap(),
         std::fs::read(parts[1]).unwrap(),

@@ -13,6 +13,7 @@
 //!   job master carries out.
 //! * [`report`]: a job's phase and the report its master writes when it ends.
 //! * [`run_dir`]: the files of a job master's run directory.
+//! * [`flash`]: where a node's flash checkpoint copies live (a directory per run and process).
 //! * [`sandbox`]: how a job's `command:` processes are confined (user, bubblewrap's view).
 //! * [`net`]: this node's address as a peer reaches it (the route's local end).
 //! * [`paths`]: paths from user input kept inside their directory; files and directories made
@@ -24,6 +25,7 @@
 //! request.
 
 pub mod error;
+pub mod flash;
 pub mod ids;
 pub mod net;
 pub mod paths;

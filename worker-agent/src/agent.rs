@@ -273,19 +273,13 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     // Flash checkpoints: the process's slots in shared memory, written out behind it.
     let flash = match reg.flash_budget_bytes {
         0 => None,
-        budget => {
-            let root = std::env::var_os(crate::flash::ROOT_ENV).map_or_else(
-                || crate::flash::DEFAULT_ROOT.into(),
-                std::path::PathBuf::from,
-            );
-            Some(crate::flash::FlashDir::open(
-                &root,
-                &reg.run_id,
-                args.role.as_str(),
-                args.index,
-                budget,
-            )?)
-        }
+        budget => Some(crate::flash::FlashDir::open(
+            &vocab::flash::root(),
+            &reg.run_id,
+            args.role.as_str(),
+            args.index,
+            budget,
+        )?),
     };
     let _writer = flash.clone().map(|f| {
         crate::flash::Writer::start(

@@ -28,9 +28,6 @@ pub const SLOTS: u32 = 2;
 /// The environment variables the process finds its slots and their budget in.
 pub const DIR_ENV: &str = "BRAIN_FLASH_DIR";
 pub const BUDGET_ENV: &str = "BRAIN_FLASH_BUDGET";
-/// Where the slots go (a directory per run under it) [default: [`DEFAULT_ROOT`], on tmpfs].
-pub const ROOT_ENV: &str = "BRAIN_FLASH_ROOT";
-pub const DEFAULT_ROOT: &str = "/dev/shm/brain-flash";
 /// How often the agent looks for a copy to write out.
 const WRITE_OUT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -103,18 +100,7 @@ impl FlashDir {
         index: u32,
         budget: u64,
     ) -> Result<Self, Error> {
-        let safe = |s: &str| {
-            s.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect::<String>()
-        };
-        let dir = root.join(safe(run)).join(format!("{}-{index}", safe(role)));
+        let dir = vocab::flash::process_dir(root, run, role, index);
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io(&dir))?;
@@ -321,8 +307,45 @@ async fn settle(dir: &FlashDir, w: &Written, committed: bool) {
 
 /// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
 /// sees the whole file or none. Its SHA-256 (hex) and length.
+/// The name a part is written under before it is renamed into place: `part-R.bin.tmp-HOST-PID`
+/// (the host too: a checkpoint directory may be shared by nodes).
+fn tmp_prefix(to: &Path) -> String {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = to.file_name().unwrap_or_default().to_string_lossy();
+    format!("{name}.tmp-{host}-")
+}
+
+/// Removes what an agent of this node killed while writing `to` out left of it: its temporary
+/// file, named with a process that no longer runs here.
+fn remove_stale_tmp(to: &Path) {
+    let (Some(dir), prefix) = (to.parent(), tmp_prefix(to)) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => tracing::info!("removed {}, left by an agent killed mid-write", name),
+                Err(err) => tracing::warn!("cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
+}
+
 fn copy_hashed(from: &mut File, to: &Path) -> Result<(String, u64), Error> {
-    let tmp = to.with_extension(format!("bin.tmp-{}", std::process::id()));
+    remove_stale_tmp(to);
+    let tmp = to.with_file_name(format!("{}{}", tmp_prefix(to), std::process::id()));
     let mut out = File::create(&tmp).map_err(io(&tmp))?;
     let mut sha = Sha256::new();
     let mut buf = vec![0u8; 8 << 20];
@@ -401,6 +424,45 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn what_an_agent_killed_mid_write_left_here_is_removed_and_nothing_else() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20).unwrap();
+        let step = ckpt.path().join("flash/step-0000000020");
+        std::fs::create_dir_all(&step).unwrap();
+        let prefix = tmp_prefix(&step.join("part-1.bin"));
+        // A process that ran here and is gone, one that runs (pid 1), another node's agent.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let left = [
+            format!("{prefix}{}", gone.id()),
+            format!("{prefix}1"),
+            format!("part-1.bin.tmp-elsewhere-{}", gone.id()),
+            format!("{}{}", tmp_prefix(&step.join("part-0.bin")), gone.id()),
+        ];
+        for name in &left {
+            std::fs::write(step.join(name), b"half").unwrap();
+        }
+        ready(&dir, 0, 1, 20, b"whole");
+        let w = dir.write_out(ckpt.path()).unwrap().unwrap();
+        assert_eq!(std::fs::read(&w.path).unwrap(), b"whole");
+        let mut names: Vec<String> = std::fs::read_dir(&step)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut kept = vec![
+            "part-1.bin".to_string(),
+            left[1].clone(),
+            left[2].clone(),
+            left[3].clone(),
+        ];
+        kept.sort();
+        // Only this part's own leftover from a dead agent of this node goes.
+        assert_eq!(names, kept);
     }
 
     #[test]

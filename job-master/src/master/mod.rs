@@ -551,6 +551,7 @@ pub async fn run(
     }
 
     let ctx = job.lock().await.clone();
+    report::remove_flash_leftovers(&ctx.run_id);
     let report = build_report(&ctx, shared.ps_stats.lock().await.clone(), shared.now_ms());
     if let Ok(json) = serde_json::to_vec_pretty(&report) {
         let path = run_dir.join(vocab::run_dir::REPORT_FILE);

@@ -1,4 +1,4 @@
-//! The report a job master writes when its job has ended.
+//! The report a job master writes when its job has ended, and what its run left on this node.
 
 use super::*;
 
@@ -47,5 +47,28 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
         hangs: ctx.stability.hangs.clone(),
         precheck: ctx.stability.precheck.clone(),
         effective_training: Some(ctx.effective_training(now_ms)),
+    }
+}
+
+/// Removes run `run_id`'s flash copies on this node once every agent has stopped: the agents
+/// told the job is over removed their own, so what is left was an agent's killed -9 and never
+/// started again (or the run's empty directory).
+pub(super) fn remove_flash_leftovers(run_id: &str) {
+    let dir = vocab::flash::run_dir(&vocab::flash::root(), run_id);
+    let left: Vec<String> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => return,
+    };
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) if !left.is_empty() => tracing::info!(
+            "removed the flash copies agents left in {}: {}",
+            dir.display(),
+            left.join(", ")
+        ),
+        Ok(()) => {}
+        Err(e) => tracing::warn!("cannot remove {}: {e}", dir.display()),
     }
 }
