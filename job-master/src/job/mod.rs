@@ -31,6 +31,9 @@
 //!   allreduce worker at the cut, restoring from the cut checkpoint.
 //! * A failure during a transition restarts the group from the latest checkpoint directly in the
 //!   target layout (a PS restores the keys it owns in the new layout from every partition).
+//!
+//! A plan's acceptance and its transition's start are in `transition`, each step's handler in
+//! `advance`, its end (reached, abandoned) in `transition_end`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,6 +54,7 @@ pub use stability::{HangRecord, Stability, Straggler};
 pub use vocab::SlotKey;
 pub use vocab::report::{JobPhase, ReshardRecord, TransitionRecord};
 
+mod advance;
 mod agents;
 mod calls;
 mod cancel;
