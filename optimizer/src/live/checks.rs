@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use ordered_float::OrderedFloat;
+
 use super::*;
 
 /// What every round must hold, whatever the scheduler said: a job that changes size lands
@@ -99,8 +101,9 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
     use std::collections::BinaryHeap;
     let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
     // The three steps' candidates and their order (greatest first), as they stand now.
-    let admission =
-        |s: &Sized| (!s.running() && s.to > 0).then_some((OrdF64(s.job.submitted_s), s.job.id));
+    let admission = |s: &Sized| {
+        (!s.running() && s.to > 0).then_some((OrderedFloat(s.job.submitted_s), s.job.id))
+    };
     // Growth a heuristic capped (pinned) is growth too: withdrawing it is always safe, and
     // keeping it let a round grow a job while over capacity on processes still leaving.
     let growth = |s: &Sized| {
@@ -241,23 +244,5 @@ impl Totals {
         self.procs -= procs;
         self.held -= settled;
         self.held_procs -= settled_procs;
-    }
-}
-
-/// An `f64` ordered by `total_cmp`, for a heap's key.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct OrdF64(f64);
-
-impl Eq for OrdF64 {}
-
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
     }
 }

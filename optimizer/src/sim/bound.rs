@@ -246,21 +246,11 @@ fn combine(
 /// Completion times of jobs released at `release` needing `work` on one machine of speed
 /// `speed`, shortest remaining work first (preemptive).
 fn srpt(release: &[f64], work: &[f64], speed: f64) -> Vec<f64> {
+    use ordered_float::OrderedFloat;
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    #[derive(PartialEq)]
-    struct Left(f64, usize);
-    impl Eq for Left {}
-    impl PartialOrd for Left {
-        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-            Some(self.cmp(o))
-        }
-    }
-    impl Ord for Left {
-        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-            self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
-        }
-    }
+    /// Work left, then the job's index.
+    type Left = (OrderedFloat<f64>, usize);
     let mut order: Vec<usize> = (0..release.len()).collect();
     order.sort_by(|&a, &b| release[a].total_cmp(&release[b]).then(a.cmp(&b)));
     let mut done = vec![0.0; release.len()];
@@ -272,16 +262,16 @@ fn srpt(release: &[f64], work: &[f64], speed: f64) -> Vec<f64> {
         }
         while next < order.len() && release[order[next]] <= t {
             let j = order[next];
-            queue.push(Reverse(Left(work[j] / speed, j)));
+            queue.push(Reverse((OrderedFloat(work[j] / speed), j)));
             next += 1;
         }
-        let Reverse(Left(left, j)) = queue.pop().expect("a job is queued");
+        let Reverse((OrderedFloat(left), j)) = queue.pop().expect("a job is queued");
         let until = order.get(next).map_or(f64::INFINITY, |&k| release[k]);
         if t + left <= until {
             t += left;
             done[j] = t;
         } else {
-            queue.push(Reverse(Left(left - (until - t), j)));
+            queue.push(Reverse((OrderedFloat(left - (until - t)), j)));
             t = until;
         }
     }
