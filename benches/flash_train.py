@@ -1,12 +1,14 @@
-"""The training process of `benches/benches/flash_pytorch.rs`: an MLP trained with Adam on the
-CPU, its parameters and optimiser state about --gib GiB, on the job master's data through
+"""The training process of `benches/benches/flash_pytorch.rs`: an MLP trained with Adam on
+--device (the CPU, or a GPU: `cuda`), its parameters and optimiser state about --gib GiB, on the job master's data through
 brain_sdk's `batches()`, so its checkpoints are taken at the master's consistent cuts (through
 flash memory when the job has `checkpoint.flash`, else synchronously to disk).
 
 One JSON line per event to --log:
 
-* `start`: pid, restart, restored_from, restore_s (the time `job.restore()` took), flash_dir;
-* `step`: s (the step's own time: forward, backward, optimiser), writing (this process's agent
+* `start`: pid, restart, restored_from, restore_s (the time `job.restore()` took, the state
+  back on the device), flash_dir;
+* `step`: s (the step's own time: forward, backward, optimiser, waited for on a GPU), writing
+  (this process's agent
   was writing a copy of its state out when the step began or ended);
 * `cut`: step, held ("memory" or "disk"), blocked_s (the time the cut held this rank).
 """
@@ -24,7 +26,15 @@ p = argparse.ArgumentParser()
 p.add_argument("--gib", type=float, default=1.0)
 p.add_argument("--log", required=True)
 p.add_argument("--batch-size", type=int, default=8)
+p.add_argument("--device", default="cpu")
 args = p.parse_args()
+on_gpu = args.device.startswith("cuda")
+
+
+def sync():
+    """Waits for the GPU's queued work, so a time covers what it started there."""
+    if on_gpu:
+        torch.cuda.synchronize()
 
 
 def log(entry):
@@ -35,12 +45,15 @@ def log(entry):
 WIDTH = 4096
 layers = max(1, int(args.gib * (1 << 30) / 4 / 3) // (WIDTH * WIDTH))
 model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
+model = model.to(args.device)
 opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-x = torch.randn(args.batch_size, WIDTH)
+x = torch.randn(args.batch_size, WIDTH, device=args.device)
 
 job = brain_sdk.ElasticJob(batch_size=args.batch_size)
+sync()
 began = time.perf_counter()
-state = job.restore()
+state = job.restore(device=args.device)
+sync()
 restore_s = time.perf_counter() - began
 if state is not None:
     model.load_state_dict(state["model"])
@@ -53,7 +66,8 @@ else:
 job.save_with(lambda: {"model": model.state_dict(), "optim": opt.state_dict()})
 flash_dir = job.env.flash_dir or ""
 log({"event": "start", "pid": os.getpid(), "restart": job.restart_count,
-     "restored_from": job.restored_from, "restore_s": restore_s, "flash_dir": flash_dir})
+     "restored_from": job.restored_from, "restore_s": restore_s, "flash_dir": flash_dir,
+     "device": str(x.device)})
 
 
 def writing() -> bool:
@@ -73,10 +87,12 @@ def writing() -> bool:
 seen_cut = None
 for batch in job.batches():
     w = writing()
+    sync()
     t = time.perf_counter()
     model(x).sum().backward()
     opt.step()
     opt.zero_grad()
+    sync()
     s = time.perf_counter() - t
     log({"event": "step", "s": s, "writing": w or writing()})
     if job.last_cut is not None and job.last_cut is not seen_cut:

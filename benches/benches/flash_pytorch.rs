@@ -11,8 +11,13 @@
 //!   agent's memory, then (its copies removed and the page cache dropped) from disk.
 //!
 //! The state's size is `BRAIN_BENCH_GIB` (default 1), the cuts measured per run
-//! `BRAIN_BENCH_CUTS` (default 5, after one warm-up cut). Needs a Python with torch
-//! (`BRAIN_TORCH_PYTHON`, else `python3`).
+//! `BRAIN_BENCH_CUTS` (default 5, after one warm-up cut), the shards between cuts
+//! `BRAIN_BENCH_EVERY_SHARDS` (default 2; on a GPU, steps take milliseconds: a cut due before
+//! the previous copy is written out is saved to disk instead, so give it at least the write's
+//! time), where it lives `BRAIN_BENCH_DEVICE`
+//! (`cpu`, or `cuda`: a GPU; the cut copies it off the device, the restore puts it back). Needs
+//! a Python with torch (`BRAIN_TORCH_PYTHON`, else `python3`); the SDK is built from `python/`
+//! unless `BRAIN_SDK_DIR` names one built already (a machine without its build tools).
 //!
 //! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench flash_pytorch
 
@@ -79,7 +84,48 @@ fn kill9(pid: u64) {
 
 /// The job's run: `cuts` cuts after a warm-up, then (flash) two kill -9s, restored from memory,
 /// then from disk.
-fn run(python: &str, sdk: &Path, gib: f64, flash: bool, cuts: usize) -> Run {
+/// What the job is: its state's size and device, the shards between its cuts.
+struct Setup<'a> {
+    python: &'a str,
+    sdk: &'a Path,
+    gib: f64,
+    device: &'a str,
+    every_shards: u32,
+}
+
+/// Waits until the newest cut held in memory is committed (its manifest written), so that a
+/// process killed now has a copy in memory to restore from.
+fn wait_committed(log: &Path, ckpt: &Path, limit: Duration) {
+    let all = wait(log, limit, "a cut held in memory", |l| {
+        of(l, "cut").iter().any(|c| c["held"] == "memory")
+    });
+    let cut = of(&all, "cut")
+        .into_iter()
+        .rfind(|c| c["held"] == "memory")
+        .expect("waited for");
+    let step = cut["step"].as_u64().unwrap();
+    let manifest = ckpt
+        .join("flash")
+        .join(format!("step-{step:010}"))
+        .join("manifest.json");
+    let start = Instant::now();
+    while !manifest.exists() {
+        assert!(
+            start.elapsed() < limit,
+            "step {step} not committed in {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
+    let Setup {
+        python,
+        sdk,
+        gib,
+        device,
+        every_shards,
+    } = *setup;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("events.jsonl");
     let argv = vec![
@@ -89,6 +135,8 @@ fn run(python: &str, sdk: &Path, gib: f64, flash: bool, cuts: usize) -> Run {
         gib.to_string(),
         "--log".into(),
         log.display().to_string(),
+        "--device".into(),
+        device.to_string(),
     ];
     let memory = if flash {
         format!(
@@ -103,7 +151,7 @@ fn run(python: &str, sdk: &Path, gib: f64, flash: bool, cuts: usize) -> Run {
          workload:\n  command: {argv:?}\n  \
          env: {{ OMP_NUM_THREADS: \"1\", PYTHONPATH: {sdk:?} }}\n\
          data: {{ num_samples: 10000000, shard_size: 80 }}\n\
-         checkpoint: {{ dir: {:?}, every_shards: 2{memory} }}\n",
+         checkpoint: {{ dir: {:?}, every_shards: {every_shards}{memory} }}\n",
         dir.path().join("ckpt")
     );
     let spec = dir.path().join("job.yaml");
@@ -140,6 +188,9 @@ fn run(python: &str, sdk: &Path, gib: f64, flash: bool, cuts: usize) -> Run {
                 }
             }
             let n = starts.len();
+            if !from_disk {
+                wait_committed(&log, &dir.path().join("ckpt"), limit);
+            }
             kill9(last["pid"].as_u64().unwrap());
             let all = wait(&log, limit, "a restart", |l| of(l, "start").len() > n);
             let s = of(&all, "start")[n];
@@ -183,7 +234,10 @@ fn main() {
         test_support::skipped("no Python with torch (set BRAIN_TORCH_PYTHON)");
         return;
     };
-    let sdk = test_support::python_sdk(&python).expect("the SDK builds");
+    let sdk = match std::env::var_os("BRAIN_SDK_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => test_support::python_sdk(&python).expect("the SDK builds"),
+    };
     let var = |name: &str, default: f64| {
         std::env::var(name)
             .ok()
@@ -192,11 +246,21 @@ fn main() {
     };
     let gib = var("BRAIN_BENCH_GIB", 1.0);
     let cuts = var("BRAIN_BENCH_CUTS", 5.0) as usize;
-    let flash = run(&python, &sdk, gib, true, cuts);
-    let sync = run(&python, &sdk, gib, false, cuts);
+    let device = std::env::var("BRAIN_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let every_shards = var("BRAIN_BENCH_EVERY_SHARDS", 2.0) as u32;
+    let setup = Setup {
+        python: &python,
+        sdk: &sdk,
+        gib,
+        device: &device,
+        every_shards,
+    };
+    let flash = run(&setup, true, cuts);
+    let sync = run(&setup, false, cuts);
     println!(
-        "\nFlash checkpoints in a job: state {gib} GiB, 1 rank, torch on the CPU (1 thread), \
-         {cuts} cuts per run after a warm-up"
+        "\nFlash checkpoints in a job: state {gib} GiB on {device}, 1 rank, torch with 1 CPU \
+         thread, {cuts} cuts per run after a warm-up, a cut every {every_shards} shards of 10 \
+         steps"
     );
     println!("the cut's pause (the time it held the rank), median:");
     println!(
