@@ -292,6 +292,7 @@ impl JobContext {
             && self.shards_since_checkpoint >= every
             && !self.ledger.is_complete()
             && !self.checkpoint_pending
+            && !self.routine_cut_waits_for_write(now_ms)
         {
             self.checkpoint_pending = true;
             self.log(

@@ -14,6 +14,13 @@
 
 use super::*;
 
+/// How long a routine checkpoint waits for the cut held in memory before it to be written out.
+/// A cut taken while the previous copy is still being written finds no free slot and is saved
+/// to disk instead, holding the group for the whole write (seen on a GPU, where steps take
+/// milliseconds). Past this, a copy that is not coming (its write-out failing) no longer holds
+/// the job's checkpoints back.
+pub const HELD_CUT_DEFERS_MS: u64 = 10 * 60 * 1000;
+
 /// The steps whose parts are coming in.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FlashParts {
@@ -223,6 +230,15 @@ impl JobContext {
             ),
         );
         Ok(self.on_cut(now_ms))
+    }
+
+    /// Whether a routine checkpoint, due by its count of shards, waits: a cut held in memory
+    /// (taken less than [`HELD_CUT_DEFERS_MS`] ago) is still being written out.
+    pub(super) fn routine_cut_waits_for_write(&self, now_ms: u64) -> bool {
+        self.flash
+            .cuts
+            .values()
+            .any(|c| now_ms.saturating_sub(c.taken_at_ms) < HELD_CUT_DEFERS_MS)
     }
 
     /// Why the pending cut must be on disk before the job moves on, if it must.
@@ -584,21 +600,65 @@ mod tests {
         assert!(ctx.flash_part_written(w(0), 1, part(5, 0, 1), 13).is_err());
         assert!(ctx.checkpoints.is_empty());
 
-        // Held at step 5, then a synchronous save at step 9 commits first: step 5 never is.
+        // Held at step 5, its copy not written out for longer than a routine checkpoint waits
+        // for it; then a synchronous save at step 9 commits first: step 5 never is.
         let mut ctx = drained_at_a_cut();
         ctx.cut_in_memory(w(0), 1, 5, 10).unwrap();
+        let late = 10 + HELD_CUT_DEFERS_MS;
         for r in [0, 1] {
             let s = super::super::tests::lease(&mut ctx, w(r), 1).unwrap();
-            ctx.shard_done(w(r), 1, s, 12).unwrap();
+            ctx.shard_done(w(r), 1, s, late).unwrap();
         }
+        assert!(ctx.checkpoint_pending);
         let g = ctx.generation;
-        ctx.checkpoint_committed(1, "/c/sync.json".into(), 9, g, 14)
+        ctx.checkpoint_committed(1, "/c/sync.json".into(), 9, g, late + 2)
             .unwrap();
         assert!(ctx.flash.cuts.is_empty());
         assert!(events(&ctx).contains(
             "the cut held in memory at step 5 is not committed: it was not written out before \
              the checkpoint of step 9"
         ));
-        assert!(ctx.flash_part_written(w(0), 1, part(5, 0, 1), 15).is_err());
+        assert!(
+            ctx.flash_part_written(w(0), 1, part(5, 0, 1), late + 3)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_routine_checkpoint_waits_for_the_cut_held_in_memory_before_it_to_be_written_out() {
+        let both_done = |ctx: &mut JobContext, at| {
+            for r in [0, 1] {
+                let s = super::super::tests::lease(ctx, w(r), 1).unwrap();
+                ctx.shard_done(w(r), 1, s, at).unwrap();
+            }
+        };
+        let mut ctx = drained_at_a_cut();
+        ctx.cut_in_memory(w(0), 1, 5, 10).unwrap();
+        // Due by its count of shards, but the copy of step 5 is still being written out: a cut
+        // now would find no free slot and hold the group for a write to disk.
+        both_done(&mut ctx, 12);
+        assert!(!ctx.checkpoint_pending);
+        let training_goes_on = ctx.lease(w(0), 1).unwrap().outcome;
+        assert!(matches!(training_goes_on, LeaseOutcome::Granted(_)));
+        // Written out and committed: the next shard done makes it due.
+        let (step, _) = ctx
+            .flash_part_written(w(0), 1, part(5, 0, 1), 13)
+            .unwrap()
+            .unwrap();
+        let g = ctx.generation;
+        ctx.checkpoint_committed(1, "/c/flash/step-5/manifest.json".into(), step, g, 14)
+            .unwrap();
+        let s = super::super::tests::lease(&mut ctx, w(1), 1).unwrap();
+        ctx.shard_done(w(1), 1, s, 15).unwrap();
+        assert!(ctx.checkpoint_pending);
+
+        // A copy that is not coming holds the checkpoints back for a while only.
+        let mut ctx = drained_at_a_cut();
+        ctx.cut_in_memory(w(0), 1, 5, 10).unwrap();
+        both_done(&mut ctx, 10 + HELD_CUT_DEFERS_MS - 1);
+        assert!(!ctx.checkpoint_pending);
+        let s = super::super::tests::lease(&mut ctx, w(0), 1).unwrap();
+        ctx.shard_done(w(0), 1, s, 10 + HELD_CUT_DEFERS_MS).unwrap();
+        assert!(ctx.checkpoint_pending);
     }
 }
