@@ -424,6 +424,23 @@ impl FlashRestart {
             .find(|s| s["rank"] == rank)
             .unwrap_or_else(|| panic!("rank {rank} restarted: {:#?}", self.log))
     }
+
+    /// Rank 0 restored from memory and rank 1 from disk, at the same committed step (past
+    /// the first), each state whole.
+    fn restored_alike(&self) {
+        let all = &self.log;
+        assert_eq!(self.again(0)["from"], "memory", "{all:#?}");
+        assert_eq!(self.again(1)["from"], "disk", "{all:#?}");
+        for r in [0, 1] {
+            assert!(self.again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
+            assert_eq!(self.again(r)["whole"], true, "{all:#?}");
+        }
+        assert_eq!(
+            self.again(0)["resumed"],
+            self.again(1)["resumed"],
+            "the same committed step"
+        );
+    }
 }
 
 /// `tests/scripts/sdk_flash.py` on two ranks saving with `job.save_async` (`--sharded`: each
@@ -550,18 +567,7 @@ async fn a_flash_checkpoint_is_restored_from_memory_on_its_node_and_from_disk_el
         return;
     };
     let run = flash_restart(&python, &sdk, false).await;
-    let all = &run.log;
-    assert_eq!(run.again(0)["from"], "memory", "{all:#?}");
-    assert_eq!(run.again(1)["from"], "disk", "{all:#?}");
-    for r in [0, 1] {
-        assert!(run.again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
-        assert_eq!(run.again(r)["whole"], true, "{all:#?}");
-    }
-    assert_eq!(
-        run.again(0)["resumed"],
-        run.again(1)["resumed"],
-        "the same committed step"
-    );
+    run.restored_alike();
     let m = &run.manifest;
     assert_eq!(m["kind"], "flash", "{m}");
     assert!(
@@ -580,19 +586,10 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
         return;
     };
     let run = flash_restart(&python, &sdk, true).await;
-    let all = &run.log;
-    assert_eq!(run.again(0)["from"], "memory", "{all:#?}");
-    assert_eq!(run.again(1)["from"], "disk", "{all:#?}");
+    run.restored_alike();
     for r in [0, 1] {
-        assert_eq!(run.again(r)["shard"], r, "its own shard: {all:#?}");
-        assert_eq!(run.again(r)["whole"], true, "{all:#?}");
-        assert!(run.again(r)["resumed"].as_u64().unwrap() >= 10, "{all:#?}");
+        assert_eq!(run.again(r)["shard"], r, "its own shard: {:#?}", run.log);
     }
-    assert_eq!(
-        run.again(0)["resumed"],
-        run.again(1)["resumed"],
-        "the same committed step"
-    );
     let m = &run.manifest;
     assert_eq!(m["kind"], "flash", "{m}");
     let parts: Vec<&str> = m["shards"]
