@@ -305,8 +305,6 @@ async fn settle(dir: &FlashDir, w: &Written, committed: bool) {
     let _ = tokio::task::spawn_blocking(move || d.settled(slot, save, committed)).await;
 }
 
-/// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
-/// sees the whole file or none. Its SHA-256 (hex) and length.
 /// The name a part is written under before it is renamed into place: `part-R.bin.tmp-HOST-PID`
 /// (the host too: a checkpoint directory may be shared by nodes).
 fn tmp_prefix(to: &Path) -> String {
@@ -343,6 +341,8 @@ fn remove_stale_tmp(to: &Path) {
     }
 }
 
+/// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
+/// sees the whole file or none. Its SHA-256 (hex) and length.
 fn copy_hashed(from: &mut File, to: &Path) -> Result<(String, u64), Error> {
     remove_stale_tmp(to);
     let tmp = to.with_file_name(format!("{}{}", tmp_prefix(to), std::process::id()));

@@ -34,7 +34,7 @@ job = brain_sdk.ElasticJob(batch_size=1)
 base = job.rank * 1_000_000 if args.sharded else 0
 state = job.restore()
 count = int(state["count"]) if state else 0
-w = state["w"] if state else torch.zeros(args.mib * (1 << 20) // 4)
+w = state["w"] if state else torch.full((args.mib * (1 << 20) // 4,), float(base))
 shard = int(state["rank"]) if state else job.rank
 log({"rank": job.rank, "world": job.world_size, "restart": job.restart_count,
      "resumed": count, "from": job.restored_from, "shard": shard,
