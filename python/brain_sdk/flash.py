@@ -155,45 +155,56 @@ def read_state(path: str, device: Any = None) -> Tuple[Any, Dict[str, Any]]:
         # Read only, its pages mapped in one go (a fault per page would cost more than the
         # copy out).
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        with mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ) as mm:
-            magic, meta_len = _HEAD.unpack_from(mm, 0)
-            if magic != MAGIC or _HEAD.size + meta_len > size:
-                raise BrainError(f"{path} is not a flash checkpoint (or is cut short)")
-            meta = pickle.loads(mm[_HEAD.size : _HEAD.size + meta_len])
-            with warnings.catch_warnings():
-                # Read only, and only read from: torch's warning is about writing.
-                warnings.simplefilter("ignore", UserWarning)
-                whole = _torch.frombuffer(mm, dtype=_torch.uint8)
-            with _page_locked(whole, device) as pinned:
-                start = _align(_HEAD.size + meta_len)
-                tensors = _tensors_of(path, whole, meta["tensors"], start, device, pinned)
-            del whole
-            state = _Unpickler(io.BytesIO(meta["state"]), tensors).load()
+        mm = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+    try:
+        magic, meta_len = _HEAD.unpack_from(mm, 0)
+        if magic != MAGIC or _HEAD.size + meta_len > size:
+            raise BrainError(f"{path} is not a flash checkpoint (or is cut short)")
+        meta = pickle.loads(mm[_HEAD.size : _HEAD.size + meta_len])
+        offsets = _offsets(path, meta["tensors"], _align(_HEAD.size + meta_len), size)
+        with warnings.catch_warnings():
+            # Read only, and only read from: torch's warning is about writing.
+            warnings.simplefilter("ignore", UserWarning)
+            whole = _torch.frombuffer(mm, dtype=_torch.uint8)
+        with _page_locked(whole, device) as pinned:
+            tensors = [
+                _tensor_of(whole, ref, offset, device, pinned)
+                for ref, offset in zip(meta["tensors"], offsets)
+            ]
+        del whole
+        state = _Unpickler(io.BytesIO(meta["state"]), tensors).load()
+    finally:
+        try:
+            mm.close()
+        except BufferError:
+            # Something still exports its buffer: it is unmapped when that goes; an error
+            # raised while copying is what the caller must see, not this.
+            pass
     fields = {k: v for k, v in meta.items() if k not in ("state", "tensors")}
     fields["read_pinned"] = pinned
     return state, fields
 
 
-def _tensors_of(
-    path: str, whole: Any, refs: List[Any], offset: int, device: Any, pinned: bool
-) -> List[Any]:
-    """The tensors of snapshot `path`, copied out of its bytes `whole` (from `offset` on) onto
-    `device`."""
-    size = whole.numel()
-    tensors = []
-    for nbytes, dtype, shape in refs:
+def _offsets(path: str, refs: List[Any], offset: int, size: int) -> List[int]:
+    """Where each tensor of snapshot `path` (`size` bytes) starts, from `offset` on; a tensor
+    that would end past the file is refused before anything is copied."""
+    offsets = []
+    for nbytes, _, _ in refs:
         if offset + nbytes > size:
             raise BrainError(f"{path} is cut short: a tensor ends past {size} bytes")
-        t = _torch.empty(shape, dtype=_dtype(dtype), device=device)
-        if nbytes:
-            src = whole[offset : offset + nbytes]
-            t.reshape(-1).view(_torch.uint8).copy_(src, non_blocking=pinned)
-        tensors.append(t)
+        offsets.append(offset)
         offset = _align(offset + nbytes)
-    if pinned:
-        # The copies were queued: the mapping goes once they are done.
-        _torch.cuda.synchronize(device)
-    return tensors
+    return offsets
+
+
+def _tensor_of(whole: Any, ref: Any, offset: int, device: Any, pinned: bool) -> Any:
+    """The tensor `ref` (bytes, dtype, shape) at `offset` of a snapshot's bytes `whole`, made on
+    `device` in one copy (queued, from page-locked memory)."""
+    nbytes, dtype, shape = ref
+    t = _torch.empty(shape, dtype=_dtype(dtype), device=device)
+    if nbytes:
+        t.reshape(-1).view(_torch.uint8).copy_(whole[offset : offset + nbytes], non_blocking=pinned)
+    return t
 
 
 @contextlib.contextmanager
@@ -219,6 +230,8 @@ def _page_locked(whole: Any, device: Any):
     try:
         yield True
     finally:
+        # The copies queued from it are done before it is unregistered (and unmapped).
+        _torch.cuda.synchronize(device)
         rt.cudaHostUnregister(ptr)
 
 

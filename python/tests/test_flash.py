@@ -159,6 +159,21 @@ class FlashSlots(unittest.TestCase):
         _set(self.store, a["slot"], state="kept")
         self.assertEqual(self.store.holding(5, None), self.store.slot_file(a["slot"]))
 
+    def test_a_snapshot_cut_short_is_refused_with_the_reason(self):
+        done = self.save({"w": torch.arange(1000.0), "v": torch.ones(100)}, 3)
+        with open(self.store.slot_file(done["slot"]), "rb") as f:
+            whole = f.read(done["bytes"])
+        cut = os.path.join(self.dir.name, "cut")
+        with open(cut, "wb") as f:
+            f.write(whole[:-200])
+        # Refused with the reason, before any tensor is copied; the whole file reads back.
+        with self.assertRaisesRegex(BrainError, "cut short"):
+            flash.read_state(cut)
+        with open(cut, "wb") as f:
+            f.write(whole)
+        back, _ = flash.read_state(cut)
+        self.assertTrue(torch.equal(back["w"], torch.arange(1000.0)))
+
     def test_a_file_that_is_not_a_snapshot_is_refused(self):
         path = os.path.join(self.dir.name, "junk")
         with open(path, "wb") as f:
