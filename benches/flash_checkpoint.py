@@ -171,9 +171,17 @@ def run(gib: float, disk: str, shm: str, saves: int, device: str, methods):
     restores = {}
     if device.startswith("cuda"):
         # Through the driver's staging buffers, the mapping not page-locked.
+        before = os.environ.get("BRAIN_FLASH_PIN")
         os.environ["BRAIN_FLASH_PIN"] = "0"
-        restores["memory, not page-locked"] = restored(lambda: flash.read_state(held, device), device)[0]
-        del os.environ["BRAIN_FLASH_PIN"]
+        try:
+            restores["memory, not page-locked"] = restored(
+                lambda: flash.read_state(held, device), device)[0]
+        finally:
+            # As the caller had it (page-locking on unless it said otherwise).
+            if before is None:
+                del os.environ["BRAIN_FLASH_PIN"]
+            else:
+                os.environ["BRAIN_FLASH_PIN"] = before
     took, fields = restored(lambda: flash.read_state(held, device), device)
     restores["memory" + (", page-locked" if fields["read_pinned"] else "")] = took
     on_disk = os.path.join(disk, "part-0.bin")

@@ -35,7 +35,8 @@ impl JobContext {
         effects
     }
 
-    fn step_of(&self) -> &Transition {
+    /// The transition whose step is being advanced.
+    fn in_hand(&self) -> &Transition {
         self.transition.as_ref().expect("a step of a transition")
     }
 
@@ -50,7 +51,7 @@ impl JobContext {
             effects.extend(self.check_done(now_ms));
             return Next::Again;
         }
-        let t = self.step_of();
+        let t = self.in_hand();
         let waited = now_ms.saturating_sub(t.step_started_ms);
         let (from, to) = (t.from[&Role::WORKER], t.to[&Role::WORKER]);
         let version = t.plan.version;
@@ -76,7 +77,7 @@ impl JobContext {
     /// Cut: the cut itself ends the step (`on_cut`); here only its timeout, which gives the
     /// plan up when nothing has moved yet, else restarts the group in the plan's layout.
     fn cut_overdue(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Next {
-        let t = self.step_of();
+        let t = self.in_hand();
         let waited = now_ms.saturating_sub(t.step_started_ms);
         if waited <= self.timing.cut_timeout_ms {
             return Next::Wait;
@@ -106,7 +107,7 @@ impl JobContext {
     /// Reshard: once every PS of the old and the new layout serves, the keys move (the shell
     /// answers with `reshard_done`).
     fn reshard_ps(&mut self, effects: &mut Vec<Effect>) -> Next {
-        let t = self.step_of();
+        let t = self.in_hand();
         if t.resharding {
             return Next::Wait;
         }
@@ -139,7 +140,7 @@ impl JobContext {
 
     /// Reform: the group's round after the cut has formed.
     fn reformed(&mut self, now_ms: u64) -> Next {
-        let round_after = self.step_of().round_after;
+        let round_after = self.in_hand().round_after;
         let formed = self
             .group
             .rendezvous()
@@ -163,7 +164,7 @@ impl JobContext {
         if !(self.ps_layout_running() && switched) {
             return Next::Wait;
         }
-        let t = self.step_of();
+        let t = self.in_hand();
         let ps_change = t.from.get(&Role::PS) != t.to.get(&Role::PS);
         if ps_change && let Some(c) = self.group.cluster() {
             effects.push(Effect::DropPs { ps: c.ps_addrs() });
@@ -181,7 +182,7 @@ impl JobContext {
     /// unplaced) and the group has formed at its size: the plan is reached. Workers of the plan
     /// that joined too late for the round re-form the group once more.
     fn settled(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Next {
-        let t = self.step_of();
+        let t = self.in_hand();
         let (version, round_after) = (t.plan.version, t.round_after);
         let waited = now_ms.saturating_sub(t.step_started_ms);
         let planned = t.to.get(&Role::WORKER).copied().unwrap_or(0);
