@@ -731,12 +731,13 @@ async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
 }
 
 /// The brain sizes roles within a job (issue 41, item 6): a job master run by hand registers
-/// a job whose driver (a `single` role, four threads) keeps calling a rollout role of one
-/// engine that serves one episode at a time, beside a training group of two built-in workers.
-/// The SDK counts the calls; the job master turns them into the rollout role's rates (its
-/// callers wait nearly all their time for it, and it is busy all of its own); the brain's round
-/// grows the role to its max of 3 with that reason, and the training group is not restarted
-/// (the workers keep their first incarnation).
+/// a job whose training group (two workers, up to four) and driver (a `single` role, two
+/// threads) keep calling a rollout role of one engine that serves one episode at a time. The
+/// SDK counts the calls; the job master turns them into the rollout role's rates (its callers,
+/// the workers among them, wait nearly all their time for it, and it is busy all of its own).
+/// The brain's round grows the role to its max of 3, and holds the workers at 2 though there
+/// is room for more (more workers would wait as well): they are never resized or restarted
+/// (they keep their first incarnation).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_brain_grows_the_role_its_job_waits_for() {
     let Some((python, sdk)) = test_support::torch_with_sdk() else {
@@ -746,7 +747,8 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
     let d = dir.path();
     std::fs::write(
         d.join("policy.toml"),
-        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 2\n",
+        // A cool-down long enough for the first rates to come in before the first resize.
+        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 10\n",
     )
     .unwrap();
     let (_brain, addr) = start_brain(d, "127.0.0.1:0", 8);
@@ -764,8 +766,15 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
         "import threading, time\nfrom brain_sdk import roles\n\
          g = roles.group('rollout', timeout=60)\n\
          def loop():\n    i = 0\n    while True:\n        g.call('episode', i)\n        i += 1\n\
-         for _ in range(4):\n    threading.Thread(target=loop, daemon=True).start()\n\
+         for _ in range(2):\n    threading.Thread(target=loop, daemon=True).start()\n\
          while True:\n    time.sleep(1)\n",
+    )
+    .unwrap();
+    // The training group's program: each worker keeps calling the engine too.
+    std::fs::write(
+        d.join("worker.py"),
+        "from brain_sdk import roles\ng = roles.group('rollout', timeout=60)\ni = 0\n\
+         while True:\n    g.call('episode', i)\n    i += 1\n",
     )
     .unwrap();
     let env = format!("env: {{ PYTHONPATH: {:?} }}", sdk.display().to_string());
@@ -774,16 +783,17 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
         &spec,
         format!(
             "name: balance-{pid}\nkind: allreduce\nroles:\n  \
-             worker: {{ replicas: 2, min: 2, max: 2, resources: {{ cpu: 0.5 }} }}\n  \
+             worker: {{ replicas: 2, min: 2, max: 4, resources: {{ cpu: 0.5 }} }}\n  \
              driver: {{ topology: single, command: [{python:?}, {driver:?}], {env}, \
              resources: {{ cpu: 0.25 }} }}\n  \
              rollout: {{ replicas: 1, min: 1, max: 3, command: [{python:?}, -m, brain_sdk.roles, \
              {engine:?}], {env}, resources: {{ cpu: 0.25 }} }}\n\
-             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 3000 }}\n\
-             data: {{ num_samples: 60000, shard_size: 1000, eval_samples: 2000 }}\n\
+             workload:\n  command: [{python:?}, {worker:?}]\n  {env}\n\
+             data: {{ num_samples: 60000, shard_size: 1000 }}\n\
              checkpoint: {{ dir: {ckpt:?} }}\n",
             pid = std::process::id(),
             driver = d.join("driver.py").display().to_string(),
+            worker = d.join("worker.py").display().to_string(),
             engine = format!("{}:Engine", d.join("engine.py").display()),
             ckpt = d.join("ckpt").display().to_string(),
         ),
@@ -844,7 +854,13 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
             && s.lines().any(|l| l.trim_start().starts_with("rollout ")),
         "{s}"
     );
-    // The training group went on: its workers are still their first incarnation.
+    // The workers wait for the engine too: held at 2 (never a third), and the training
+    // group went on: its workers are still their first incarnation.
+    assert!(
+        !s.lines().any(|l| l.starts_with("worker-2 ")),
+        "the workers were grown: {s}"
+    );
+    assert!(s.contains("callers by role: driver ×1"), "{s}");
     for w in ["worker-0", "worker-1"] {
         let line = s.lines().find(|l| l.starts_with(&format!("{w} "))).unwrap();
         assert_eq!(

@@ -75,6 +75,15 @@ impl From<&crate::job::RoleRate> for pb::RoleRate {
             busy_share: r.busy_share,
             callers_wait_share: r.callers_wait_share,
             callers: r.callers,
+            caller_waits: r
+                .by_caller
+                .iter()
+                .map(|(role, wait_share, callers)| pb::CallerWait {
+                    role: role.to_string(),
+                    wait_share: *wait_share,
+                    callers: *callers,
+                })
+                .collect(),
         }
     }
 }

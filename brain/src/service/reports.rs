@@ -24,6 +24,7 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
                     served_per_s: r.served_per_s,
                     busy_share: r.busy_share,
                     callers_wait_share: r.callers_wait_share,
+                    training_wait_share: training_wait(r),
                 },
             ))
         })
@@ -75,6 +76,16 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
         stragglers,
         slow_nodes,
     })
+}
+
+/// How much of its time the job's training group (its `worker`s) spent waiting for the role
+/// (0 when they do not call it).
+fn training_wait(r: &proto::jobmaster::v1::RoleRate) -> f64 {
+    r.caller_waits
+        .iter()
+        .filter(|c| c.role == vocab::Role::WORKER.as_str())
+        .map(|c| c.wait_share)
+        .fold(0.0, f64::max)
 }
 
 /// A process report as the store keeps it; a report without a role is refused.

@@ -60,6 +60,7 @@ impl Metric {
             let share = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
             if !(share(r.busy_share)
                 && share(r.callers_wait_share)
+                && share(r.training_wait_share)
                 && r.served_per_s.is_finite()
                 && (0.0..=MAX_SAMPLES_PER_SECOND).contains(&r.served_per_s))
             {

@@ -346,6 +346,7 @@ fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest
         served_per_s: 4.0,
         busy_share: 0.9,
         callers_wait_share: 0.7,
+        training_wait_share: 0.6,
     };
     let mut m = metric(10, 100.0);
     m.role_rates = vec![(rollout, rate)];

@@ -26,12 +26,14 @@ pub struct CallTotals {
     pub busy_s: f64,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Sums {
     served: u64,
     busy_s: f64,
     calls_in: u64,
     waited_s: f64,
+    /// `waited_s` by the callers' role.
+    waited_by: BTreeMap<Role, f64>,
 }
 
 /// One role's rates over the window.
@@ -46,6 +48,9 @@ pub struct RoleRate {
     /// Share of its callers' time spent waiting in calls to it.
     pub callers_wait_share: f64,
     pub callers: u32,
+    /// The same by the callers' role: (role, share of its calling processes' time spent
+    /// waiting in calls to this one, how many called), in role order.
+    pub by_caller: Vec<(Role, f64, u32)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -81,7 +86,9 @@ impl CallRates {
             let s = self.sums.entry(*callee).or_default();
             let n = du(calls, pc);
             s.calls_in += n;
-            s.waited_s += df(waited, pw);
+            let w = df(waited, pw);
+            s.waited_s += w;
+            *s.waited_by.entry(key.role).or_default() += w;
             if n > 0 {
                 self.called_at.insert((*callee, key), now_ms);
             }
@@ -107,8 +114,9 @@ impl CallRates {
         let dt = span as f64 / 1000.0;
         let since = now_ms.saturating_sub(WINDOW_MS);
         let mut out = Vec::new();
+        let none = Sums::default();
         for (role, now) in &self.sums {
-            let then = base.get(role).copied().unwrap_or_default();
+            let then = base.get(role).unwrap_or(&none);
             let processes = self
                 .served_at
                 .iter()
@@ -123,6 +131,21 @@ impl CallRates {
                 continue;
             }
             let share = |x: f64, n: u32| (x / (dt * n.max(1) as f64)).clamp(0.0, 1.0);
+            let by_caller = now
+                .waited_by
+                .iter()
+                .filter_map(|(caller, waited)| {
+                    let n = self
+                        .called_at
+                        .iter()
+                        .filter(|((callee, k), at)| {
+                            callee == role && k.role == *caller && **at >= since
+                        })
+                        .count() as u32;
+                    let before = then.waited_by.get(caller).copied().unwrap_or(0.0);
+                    (n > 0).then(|| (*caller, share(waited - before, n), n))
+                })
+                .collect();
             out.push(RoleRate {
                 role: *role,
                 processes,
@@ -130,6 +153,7 @@ impl CallRates {
                 busy_share: share(now.busy_s - then.busy_s, processes),
                 callers_wait_share: share(now.waited_s - then.waited_s, callers),
                 callers,
+                by_caller,
             });
         }
         out
@@ -192,5 +216,38 @@ mod tests {
         assert!(r.rates(60_000).is_empty());
         // Too short a window says nothing.
         assert!(CallRates::default().rates(1_000).is_empty());
+    }
+
+    #[test]
+    fn each_callers_role_has_its_own_wait() {
+        let mut r = CallRates::default();
+        let (w0, w1, d, e) = (
+            key("worker", 0),
+            key("worker", 1),
+            key("driver", 0),
+            key("rollout", 0),
+        );
+        for k in [w0, w1, d] {
+            r.record(k, 1, caller(0, 0.0), 0);
+        }
+        r.record(e, 1, server(0, 0.0), 0);
+        // Over 10 s the two workers wait 8 s and 6 s for the engine, the driver 1 s.
+        r.record(w0, 1, caller(40, 8.0), 10_000);
+        r.record(w1, 1, caller(30, 6.0), 10_000);
+        r.record(d, 1, caller(5, 1.0), 10_000);
+        r.record(e, 1, server(75, 9.0), 10_000);
+        let x = &r.rates(10_000)[0];
+        assert_eq!(x.callers, 3, "{x:?}");
+        assert!((x.callers_wait_share - 0.5).abs() < 1e-9, "{x:?}");
+        let by: Vec<(String, f64, u32)> = x
+            .by_caller
+            .iter()
+            .map(|(role, share, n)| (role.to_string(), *share, *n))
+            .collect();
+        assert_eq!(by.len(), 2, "{by:?}");
+        assert_eq!((by[0].0.as_str(), by[0].2), ("driver", 1), "{by:?}");
+        assert!((by[0].1 - 0.1).abs() < 1e-9, "{by:?}");
+        assert_eq!((by[1].0.as_str(), by[1].2), ("worker", 2), "{by:?}");
+        assert!((by[1].1 - 0.7).abs() < 1e-9, "{by:?}");
     }
 }

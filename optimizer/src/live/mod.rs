@@ -253,20 +253,36 @@ pub fn plan_round(
     }
     let total_slots = (cluster.cpu_millicores / cluster.slot_millicores) as u32;
     let now = snapshot.now_s;
+    // A role that holds up its job's training group gets the room first: the group is not
+    // grown (more workers would wait as well), and what the role would grow by is kept free.
+    let holdups: BTreeMap<usize, roles::Holdup> = snapshot
+        .jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, j)| {
+            roles::holdup(j, &config.roles, config.cooldown_s, now).map(|h| (i, h))
+        })
+        .collect();
     // A plan on its way pins its job like a change made just now (a policy choice).
-    // Copied only when some job is pinned: the round is the brain's hot path.
-    let pinned;
-    let snapshot =
-        if config.pin_while_plan_in_flight && snapshot.jobs.iter().any(|j| j.plan_in_flight) {
-            let mut copy = snapshot.clone();
+    // Copied only when some job is pinned or held: the round is the brain's hot path.
+    let pinning = config.pin_while_plan_in_flight && snapshot.jobs.iter().any(|j| j.plan_in_flight);
+    let adjusted;
+    let snapshot = if pinning || !holdups.is_empty() {
+        let mut copy = snapshot.clone();
+        if pinning {
             for j in copy.jobs.iter_mut().filter(|j| j.plan_in_flight) {
                 j.last_change_s = Some(now);
             }
-            pinned = copy;
-            &pinned
-        } else {
-            snapshot
-        };
+        }
+        for i in holdups.keys() {
+            let j = &mut copy.jobs[*i];
+            j.max_workers = j.max_workers.min(j.workers.max(j.min_workers));
+        }
+        adjusted = copy;
+        &adjusted
+    } else {
+        snapshot
+    };
     let mut notes = Vec::new();
 
     // A job without reported speeds runs, until it reports, at the median per-worker speed of
@@ -356,6 +372,14 @@ pub fn plan_round(
         .filter(|s| s.running())
         .map(|s| s.slots(s.counted(s.job.workers)))
         .sum();
+    let (total_slots, max_processes) = keep_room_for_holdups(
+        &holdups,
+        &jobs,
+        current,
+        total_slots,
+        max_processes,
+        cluster,
+    );
     let assignment = if current <= total_slots as u64 {
         let view = Snapshot {
             now_s: now,
@@ -506,6 +530,11 @@ pub fn plan_round(
         .collect();
     decisions.extend(gpu.decisions);
     decisions.sort_by_key(|d| d.0);
+    for (at, d) in &mut decisions {
+        if let Some(h) = holdups.get(at) {
+            d.reasons.push(h.reason(d.to_workers));
+        }
+    }
     // The roles beside the training groups: a start's must fit too; then the service roles
     // of running jobs, on what is left.
     let jobs: Vec<&LiveJob> = decisions
@@ -538,6 +567,34 @@ pub fn plan_round(
     };
     check_postconditions(snapshot, &plan)?;
     Ok(plan)
+}
+
+/// The CPU slots and processes the training groups may be sized in, once what the roles that
+/// hold up their jobs would grow by is kept free (out of what the running jobs leave free,
+/// never making them give up any).
+fn keep_room_for_holdups(
+    holdups: &BTreeMap<usize, roles::Holdup>,
+    jobs: &[Sized],
+    current: u64,
+    total_slots: u32,
+    max_processes: u32,
+    cluster: &LiveCluster,
+) -> (u32, u32) {
+    if holdups.is_empty() {
+        return (total_slots, max_processes);
+    }
+    let wanted: u64 = holdups.values().map(roles::Holdup::millicores_wanted).sum();
+    let processes: u32 = holdups.values().map(|h| h.more).sum();
+    let running: u32 = jobs
+        .iter()
+        .filter(|s| s.running())
+        .map(|s| s.processes(s.counted(s.job.workers)))
+        .sum();
+    let slots = wanted
+        .div_ceil(cluster.slot_millicores)
+        .min((total_slots as u64).saturating_sub(current)) as u32;
+    let processes = processes.min(max_processes.saturating_sub(running));
+    (total_slots - slots, max_processes - processes)
 }
 
 /// The scheduler's view of one job, in slots.
@@ -930,8 +987,25 @@ mod tests {
             extra in 0u64..12,
             which in 0usize..3,
             with_heuristics in any::<bool>(),
+            rates in proptest::collection::vec((0.0f64..1.0, 0.0f64..1.0, 0.0f64..1.0, 1u32..5), 6),
         ) {
             let heuristics = if with_heuristics { Heuristics::default() } else { none() };
+            // Running jobs' rollout roles, busy or not, their callers (the workers among them)
+            // waiting or not.
+            let mut jobs = jobs;
+            for (j, &(busy, wait, training, count)) in jobs.iter_mut().zip(&rates) {
+                if j.state == LiveState::Running {
+                    j.roles = vec![LiveRole {
+                        role: "rollout".parse().unwrap(),
+                        count,
+                        min: 1,
+                        max: 4,
+                        millicores: 500,
+                        single: false,
+                        rate: Some(RoleRate { served_per_s: 1.0, busy_share: busy, callers_wait_share: wait, training_wait_share: training.min(wait) }),
+                    }];
+                }
+            }
             let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();
             // A cluster the running jobs fit in, with `extra` CPUs more.
             let held: u64 = jobs.iter().filter(|j| j.state == LiveState::Running)
@@ -950,6 +1024,10 @@ mod tests {
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 if j.state == LiveState::Running {
                     prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers.max(j.workers), "{d:?}");
+                    // A job a role holds up is never grown.
+                    if roles::holdup(j, &config().roles, 10.0, 50.0).is_some() {
+                        prop_assert!(d.to_workers <= j.workers.max(j.min_workers), "{d:?}");
+                    }
                     let cooling = j.last_change_s.is_some_and(|t| t + 10.0 > 50.0);
                     // In cool-down only the heuristics may shrink it (pending, poor speed-up).
                     if cooling && !with_heuristics { prop_assert_eq!(d.to_workers, j.workers); }

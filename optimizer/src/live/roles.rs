@@ -51,6 +51,10 @@ pub struct RoleRate {
     pub busy_share: f64,
     /// Share of its callers' time spent waiting for it (0 to 1).
     pub callers_wait_share: f64,
+    /// Share of the job's training group's time spent waiting for it (0 to 1; 0 when the
+    /// training group does not call it): whether it is the training that the role holds up.
+    #[serde(default)]
+    pub training_wait_share: f64,
 }
 
 /// `[live.roles]`: when a role counts as the one that bounds its job, or as idle.
@@ -245,6 +249,76 @@ pub fn balance(
     }
 }
 
+/// What a role its callers wait for (`wait` of their time) would grow to with room enough:
+/// `⌈n / (1 − wait)⌉` processes, at least one more, at most its max.
+fn target(role: &LiveRole, wait: f64) -> u32 {
+    ((role.count as f64 / (1.0 - wait).max(0.05)).ceil() as u32)
+        .max(role.count + 1)
+        .min(role.max)
+}
+
+/// A service role that holds up its job's training group: the group spends at least
+/// `grow_wait_share` of its time waiting for it while its processes are busy at least
+/// `grow_busy_share` of theirs, and it may grow.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Holdup {
+    pub role: Role,
+    /// Share of the training group's time spent waiting for it.
+    pub training_wait: f64,
+    /// Processes it would grow by this round with room enough (0 while its job rests: a
+    /// plan on its way, or within its cool-down) and the CPU of each.
+    pub more: u32,
+    pub millicores: u64,
+}
+
+impl Holdup {
+    /// What a round keeps free for it before it sizes the training groups.
+    pub fn millicores_wanted(&self) -> u64 {
+        self.more as u64 * self.millicores
+    }
+
+    /// What its job's decision says of it.
+    pub fn reason(&self, workers: u32) -> String {
+        format!(
+            "its workers wait {:.0}% of their time for {}, which holds the job up: they are held \
+             at {workers}, and room goes to {} first",
+            self.training_wait * 100.0,
+            self.role,
+            self.role
+        )
+    }
+}
+
+/// The role that holds up running `job`'s training group the most, if one does (see
+/// [`Holdup`]). Its training group is then not grown: more workers would wait as well.
+pub fn holdup(job: &LiveJob, config: &RolesConfig, cooldown_s: f64, now_s: f64) -> Option<Holdup> {
+    if !config.enabled || job.state != LiveState::Running {
+        return None;
+    }
+    let (role, rate) = job
+        .roles
+        .iter()
+        .filter(|r| !r.single && r.count < r.max)
+        .filter_map(|r| r.rate.map(|rate| (r, rate)))
+        .filter(|(_, x)| {
+            x.training_wait_share >= config.grow_wait_share
+                && x.callers_wait_share >= config.grow_wait_share
+                && x.busy_share >= config.grow_busy_share
+        })
+        .max_by(|a, b| a.1.training_wait_share.total_cmp(&b.1.training_wait_share))?;
+    let resting = job.plan_in_flight || job.last_change_s.is_some_and(|t| now_s - t < cooldown_s);
+    Some(Holdup {
+        role: role.role,
+        training_wait: rate.training_wait_share,
+        more: if resting {
+            0
+        } else {
+            target(role, rate.callers_wait_share) - role.count
+        },
+        millicores: role.millicores,
+    })
+}
+
 /// An idle role down to what would keep its processes busy at `grow_busy_share`, not below
 /// its min.
 fn shrink(role: &LiveRole, rate: &RoleRate, config: &RolesConfig, d: &mut Decision) {
@@ -278,9 +352,7 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
         ));
         return;
     }
-    let want = ((role.count as f64 / (1.0 - wait).max(0.05)).ceil() as u32)
-        .max(role.count + 1)
-        .min(role.max);
+    let want = target(role, wait);
     let by_cpu = room
         .cpu_millicores
         .checked_div(role.millicores)
@@ -307,7 +379,7 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::tests::{cluster, config, decision, job, none};
+    use crate::live::tests::{cluster, config, decision, elastic, job, none};
     use crate::live::{LiveSnapshot, plan_round};
     use crate::schedule::{Fifo, SchedulerKind};
 
@@ -334,6 +406,7 @@ mod tests {
                 served_per_s: 10.0,
                 busy_share: busy,
                 callers_wait_share: wait,
+                training_wait_share: 0.0,
             }),
         }
     }
@@ -474,6 +547,95 @@ mod tests {
         assert_eq!(d.role_targets, vec![(re, 3, 1), (ro, 1, 2)], "{d:?}");
         let p = d.scale_plan(3);
         assert_eq!((p.count_of(ro), p.count_of(re)), (Some(2), Some(1)));
+    }
+
+    /// A running job of 2 workers (up to 8) whose workers wait `training_wait` of their time
+    /// for its one busy rollout engine (callers wait 80%), beside `others`, on `cpus` cores.
+    fn held_round(training_wait: f64, cpus: u64, others: Vec<LiveJob>) -> RoundPlanOf {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        let mut r = rollout(1, 0.9, 0.8);
+        r.rate.as_mut().unwrap().training_wait_share = training_wait;
+        j.roles = vec![r];
+        let mut jobs = vec![j];
+        jobs.extend(others);
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(cpus),
+            jobs,
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
+        assert!(plan.cpu_millicores <= cpus * 1000, "{plan:?}");
+        RoundPlanOf(plan)
+    }
+
+    struct RoundPlanOf(crate::live::RoundPlan);
+
+    #[test]
+    fn a_role_that_holds_up_the_training_gets_the_room_not_more_workers() {
+        let r: Role = "rollout".parse().unwrap();
+        // The workers do not call the engine (a driver does): the round grows them as
+        // before, into the room, and the engine gets what is left.
+        let plan = held_round(0.0, 8, vec![]).0;
+        let d = decision(&plan, 1);
+        assert!(d.to_workers > 2, "{d:?}");
+        assert!(
+            !d.reasons.iter().any(|x| x.contains("holds the job up")),
+            "{d:?}"
+        );
+        // The workers wait 70% of their time for it: more workers would wait as well. They
+        // are held at 2 and the engine grows to its max of 4.
+        let plan = held_round(0.7, 8, vec![]).0;
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains(
+                "its workers wait 70% of their time for rollout, which holds the job up: they \
+                 are held at 2"
+            )),
+            "{d:?}"
+        );
+        // A queued job that would take every core: the engine's growth is kept free for it
+        // first (3 × 0.5 cores: 2 slots), the queued job starts in the rest.
+        let queued = job(2, LiveState::Queued, 8, &[]);
+        let plan = held_round(0.7, 8, vec![queued.clone()]).0;
+        let (a, b) = (decision(&plan, 1), decision(&plan, 2));
+        assert_eq!(a.role_targets, vec![(r, 1, 4)], "{a:?}");
+        assert_eq!(b.to_workers, 4, "{b:?}");
+        // Without the wait, the workers and the queued job take every core, the engine none.
+        let plan = held_round(0.0, 8, vec![queued]).0;
+        let (a, b) = (decision(&plan, 1), decision(&plan, 2));
+        assert!(a.role_targets.is_empty(), "{a:?}");
+        assert_eq!((a.to_workers, b.to_workers), (4, 4), "{a:?} {b:?}");
+    }
+
+    #[test]
+    fn a_role_at_its_max_or_idle_holds_nothing_up() {
+        let config = RolesConfig::default();
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        let mut r = rollout(4, 0.9, 0.8);
+        r.rate.as_mut().unwrap().training_wait_share = 0.8;
+        j.roles = vec![r.clone()];
+        // At its max: growing it is not possible, so the workers are not held.
+        assert_eq!(holdup(&j, &config, 10.0, 100.0), None);
+        // Idle engines: the wait is elsewhere.
+        r.count = 1;
+        r.rate.as_mut().unwrap().busy_share = 0.3;
+        j.roles = vec![r.clone()];
+        assert_eq!(holdup(&j, &config, 10.0, 100.0), None);
+        // Busy: held; within the job's cool-down it is held but nothing is kept for it.
+        r.rate.as_mut().unwrap().busy_share = 0.9;
+        j.roles = vec![r];
+        let h = holdup(&j, &config, 10.0, 100.0).unwrap();
+        assert_eq!((h.more, h.millicores_wanted()), (3, 1500), "{h:?}");
+        j.last_change_s = Some(95.0);
+        assert_eq!(holdup(&j, &config, 10.0, 100.0).unwrap().more, 0);
+        // Turned off: nothing.
+        let off = RolesConfig {
+            enabled: false,
+            ..RolesConfig::default()
+        };
+        assert_eq!(holdup(&j, &off, 10.0, 100.0), None);
     }
 
     #[test]

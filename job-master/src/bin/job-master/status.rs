@@ -111,6 +111,14 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
             r.callers,
             r.callers_wait_share * 100.0
         );
+        if r.caller_waits.len() > 1 {
+            let by: Vec<String> = r
+                .caller_waits
+                .iter()
+                .map(|c| format!("{} ×{} {:.0}%", c.role, c.callers, c.wait_share * 100.0))
+                .collect();
+            println!("  {:<10} callers by role: {}", "", by.join(", "));
+        }
     }
     Ok(std::process::ExitCode::SUCCESS)
 }
