@@ -259,9 +259,7 @@ pub fn plan_round(
         .jobs
         .iter()
         .enumerate()
-        .filter_map(|(i, j)| {
-            roles::holdup(j, &config.roles, config.cooldown_s, now).map(|h| (i, h))
-        })
+        .filter_map(|(i, j)| roles::holdup(j, &config.roles).map(|h| (i, h)))
         .collect();
     // A plan on its way pins its job like a change made just now (a policy choice).
     // Copied only when some job is pinned or held: the round is the brain's hot path.
@@ -553,6 +551,7 @@ pub fn plan_round(
         &config.roles,
         config.cooldown_s,
         now,
+        slot,
         roles::Room {
             cpu_millicores: cluster.cpu_millicores.saturating_sub(cpu),
             processes: cluster.max_processes.saturating_sub(processes),
@@ -1025,7 +1024,7 @@ mod tests {
                 if j.state == LiveState::Running {
                     prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers.max(j.workers), "{d:?}");
                     // A job a role holds up is never grown.
-                    if roles::holdup(j, &config().roles, 10.0, 50.0).is_some() {
+                    if roles::holdup(j, &config().roles).is_some() {
                         prop_assert!(d.to_workers <= j.workers.max(j.min_workers), "{d:?}");
                     }
                     let cooling = j.last_change_s.is_some_and(|t| t + 10.0 > 50.0);

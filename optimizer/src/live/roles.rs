@@ -15,6 +15,12 @@
 //! on its way, keeps its roles. Roles without rates (no calls in the window) keep their
 //! size.
 //!
+//! A bottleneck the job's own training group waits for ([`Holdup`]) comes before the training
+//! groups: the round does not grow that group (more workers would wait as well) and keeps what
+//! the role would grow by free before it sizes them. With no room at all, the group gives a
+//! node unit of its workers to the role when its wait says that many of them idle anyway
+//! (`training_gives`); the role grows into that room once it is free.
+//!
 //! A queued job the round starts brings its service and single roles with it ([`admit`]):
 //! it starts only if they fit, beside its training group, in what the round leaves (jobs in
 //! submission order); otherwise its start is withdrawn with the figures and it waits.
@@ -197,7 +203,8 @@ pub fn admit(
 }
 
 /// Resizes the service roles of the running `jobs` (their decisions alongside) within
-/// `room`; returns what the changes take of it (growth; a shrink frees its room only once
+/// `room` (`slot`: the round's CPU slot), or has a training group give workers to the role
+/// that holds it up; returns what the changes take of it (growth; a shrink frees its room only once
 /// carried out, at a later round).
 pub fn balance(
     jobs: &[&LiveJob],
@@ -205,6 +212,7 @@ pub fn balance(
     config: &RolesConfig,
     cooldown_s: f64,
     now_s: f64,
+    slot: u64,
     mut room: Room,
 ) -> Room {
     let start = room;
@@ -241,7 +249,10 @@ pub fn balance(
     }
     grow.sort_by(|a, b| b.2.total_cmp(&a.2));
     for (j, r, wait) in grow {
-        grow_one(&jobs[j].roles[r], wait, &mut room, decisions[j]);
+        let role = &jobs[j].roles[r];
+        if !grow_one(role, wait, &mut room, decisions[j]) {
+            training_gives(jobs[j], role, config, slot, decisions[j]);
+        }
     }
     Room {
         cpu_millicores: start.cpu_millicores - room.cpu_millicores,
@@ -265,8 +276,9 @@ pub struct Holdup {
     pub role: Role,
     /// Share of the training group's time spent waiting for it.
     pub training_wait: f64,
-    /// Processes it would grow by this round with room enough (0 while its job rests: a
-    /// plan on its way, or within its cool-down) and the CPU of each.
+    /// Processes it would grow by with room enough, and the CPU of each: what rounds keep
+    /// free for it, also while its job rests (a plan on its way, its cool-down), so that room
+    /// its own workers gave up for it is not taken by other jobs meanwhile.
     pub more: u32,
     pub millicores: u64,
 }
@@ -291,7 +303,7 @@ impl Holdup {
 
 /// The role that holds up running `job`'s training group the most, if one does (see
 /// [`Holdup`]). Its training group is then not grown: more workers would wait as well.
-pub fn holdup(job: &LiveJob, config: &RolesConfig, cooldown_s: f64, now_s: f64) -> Option<Holdup> {
+pub fn holdup(job: &LiveJob, config: &RolesConfig) -> Option<Holdup> {
     if !config.enabled || job.state != LiveState::Running {
         return None;
     }
@@ -306,15 +318,10 @@ pub fn holdup(job: &LiveJob, config: &RolesConfig, cooldown_s: f64, now_s: f64) 
                 && x.busy_share >= config.grow_busy_share
         })
         .max_by(|a, b| a.1.training_wait_share.total_cmp(&b.1.training_wait_share))?;
-    let resting = job.plan_in_flight || job.last_change_s.is_some_and(|t| now_s - t < cooldown_s);
     Some(Holdup {
         role: role.role,
         training_wait: rate.training_wait_share,
-        more: if resting {
-            0
-        } else {
-            target(role, rate.callers_wait_share) - role.count
-        },
+        more: target(role, rate.callers_wait_share) - role.count,
         millicores: role.millicores,
     })
 }
@@ -335,9 +342,46 @@ fn shrink(role: &LiveRole, rate: &RoleRate, config: &RolesConfig, d: &mut Decisi
     ));
 }
 
+/// With no room left for a role that holds up its job's training group, the group gives up a
+/// node unit of workers for it: when the share of their time they wait says that many of them
+/// idle anyway (`wait ≥ unit / workers`), they stay within their min, the round changes
+/// nothing else of the job, and what they free takes at least one process of the role. The
+/// role grows into that room at a later round, once it is free (kept for it: [`Holdup`]).
+/// CPU jobs only (the round does not place roles' GPUs).
+fn training_gives(
+    job: &LiveJob,
+    role: &LiveRole,
+    config: &RolesConfig,
+    slot: u64,
+    d: &mut Decision,
+) {
+    let Some(rate) = role.rate else { return };
+    let (unit, workers) = (job.node_unit.max(1), job.workers);
+    let wait = rate.training_wait_share;
+    let freed = unit as u64 * job.worker_millicores.div_ceil(slot.max(1)) * slot;
+    if wait < config.grow_wait_share
+        || !job.worker_gpus.is_zero()
+        || d.changes()
+        || workers < job.min_workers + unit
+        || wait < unit as f64 / workers as f64
+        || freed < role.millicores
+    {
+        return;
+    }
+    d.to_workers = workers - unit;
+    d.reasons.push(format!(
+        "{unit} of its {workers} workers give their CPU ({freed} m) to {}: they wait {:.0}% of \
+         their time for it, as if {:.1} of them idled; it grows into that room once it is free",
+        role.role,
+        wait * 100.0,
+        wait * workers as f64
+    ));
+}
+
 /// A role its callers wait for (`wait` of their time) up to `⌈n / (1 − wait)⌉` processes,
-/// within its max and `room` (taken from it); or the reason it stays.
-fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
+/// within its max and `room` (taken from it); or the reason it stays. False when it stays for
+/// lack of room.
+fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) -> bool {
     let rate = role.rate.unwrap_or_default();
     let figures = format!(
         "its callers wait {:.0}% of their time for it, busy {:.0}% ({:.1} calls/s)",
@@ -350,7 +394,7 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
             "{}: {figures}, but it is at its max of {}",
             role.role, role.max
         ));
-        return;
+        return true;
     }
     let want = target(role, wait);
     let by_cpu = room
@@ -364,7 +408,7 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
             "{}: {figures}; no room left for another process of {} m",
             role.role, role.millicores
         ));
-        return;
+        return false;
     }
     let to = role.count + more;
     room.cpu_millicores -= more as u64 * role.millicores;
@@ -374,6 +418,7 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) {
         "{}: {} -> {to}: it bounds the job: {figures}",
         role.role, role.count
     ));
+    true
 }
 
 #[cfg(test)]
@@ -610,6 +655,63 @@ mod tests {
     }
 
     #[test]
+    fn with_no_room_the_waiting_workers_give_one_of_theirs_to_the_role() {
+        let r: Role = "rollout".parse().unwrap();
+        // 2 workers on 2 cores, waiting 70% of their time for the engine: as if 1.4 of them
+        // idled. One gives its core; the engine does not grow in the same round.
+        let plan = held_round(0.7, 2, vec![]).0;
+        let d = decision(&plan, 1);
+        assert_eq!((d.from_workers, d.to_workers), (2, 1), "{d:?}");
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains(
+                "1 of its 2 workers give their CPU (1000 m) to rollout: they wait 70% of their \
+                 time for it, as if 1.4 of them idled"
+            )),
+            "{d:?}"
+        );
+        // Once it is free, a later round keeps it for the engine, which grows into it (two
+        // processes of 0.5), though a queued job would take every core.
+        let mut j = job(1, LiveState::Running, 1, &[(2, 100.0)]);
+        let mut role = rollout(1, 0.9, 0.8);
+        role.rate.as_mut().unwrap().training_wait_share = 0.7;
+        j.roles = vec![role];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(2),
+            jobs: vec![j, job(2, LiveState::Queued, 8, &[])],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
+        let (a, b) = (decision(&plan, 1), decision(&plan, 2));
+        assert_eq!(a.role_targets, vec![(r, 1, 3)], "{a:?}");
+        assert_eq!((a.to_workers, b.to_workers), (1, 0), "{a:?} {b:?}");
+        // Waiting less than one worker's share (40% of 2), or at their min: nobody gives.
+        let d = decision(&held_round(0.4, 2, vec![]).0, 1).clone();
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        let d = decision(&held_round_min(0.7, 2, 2).0, 1).clone();
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains("no room left")),
+            "{d:?}"
+        );
+    }
+
+    /// [`held_round`] with the workers' min at `min`.
+    fn held_round_min(training_wait: f64, cpus: u64, min: u32) -> RoundPlanOf {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        j.min_workers = min;
+        let mut r = rollout(1, 0.9, 0.8);
+        r.rate.as_mut().unwrap().training_wait_share = training_wait;
+        j.roles = vec![r];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(cpus),
+            jobs: vec![j],
+        };
+        RoundPlanOf(plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap())
+    }
+
+    #[test]
     fn a_role_at_its_max_or_idle_holds_nothing_up() {
         let config = RolesConfig::default();
         let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
@@ -617,25 +719,23 @@ mod tests {
         r.rate.as_mut().unwrap().training_wait_share = 0.8;
         j.roles = vec![r.clone()];
         // At its max: growing it is not possible, so the workers are not held.
-        assert_eq!(holdup(&j, &config, 10.0, 100.0), None);
+        assert_eq!(holdup(&j, &config), None);
         // Idle engines: the wait is elsewhere.
         r.count = 1;
         r.rate.as_mut().unwrap().busy_share = 0.3;
         j.roles = vec![r.clone()];
-        assert_eq!(holdup(&j, &config, 10.0, 100.0), None);
-        // Busy: held; within the job's cool-down it is held but nothing is kept for it.
+        assert_eq!(holdup(&j, &config), None);
+        // Busy: held, and what it would grow by is kept for it.
         r.rate.as_mut().unwrap().busy_share = 0.9;
         j.roles = vec![r];
-        let h = holdup(&j, &config, 10.0, 100.0).unwrap();
+        let h = holdup(&j, &config).unwrap();
         assert_eq!((h.more, h.millicores_wanted()), (3, 1500), "{h:?}");
-        j.last_change_s = Some(95.0);
-        assert_eq!(holdup(&j, &config, 10.0, 100.0).unwrap().more, 0);
         // Turned off: nothing.
         let off = RolesConfig {
             enabled: false,
             ..RolesConfig::default()
         };
-        assert_eq!(holdup(&j, &off, 10.0, 100.0), None);
+        assert_eq!(holdup(&j, &off), None);
     }
 
     #[test]
