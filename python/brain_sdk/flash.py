@@ -36,6 +36,7 @@ import mmap
 import os
 import pickle
 import struct
+import time
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -51,6 +52,8 @@ MAGIC = b"BRAINFL1"
 ALIGN = 64
 SLOTS = 2
 _HEAD = struct.Struct("<8sQ")
+# How often a save that waits for a free slot looks again.
+_WAIT_POLL_S = 0.005
 log = logging.getLogger("brain_sdk")
 
 
@@ -342,12 +345,15 @@ class FlashStore:
         incarnation: int,
         sdk: Dict[str, Any],
         hold: bool = False,
+        wait_s: float = 0.0,
     ) -> Dict[str, Any]:
         """Copies `state` into a slot and marks it ready for the agent; what was done. `world`
         is how many parts make the step (1: a replicated state, written out by rank 0 alone);
         a copy with `persist` false stays in memory only. With `hold`, the copy is `held`: the
         agent leaves it until `release(slot)` (a cut's copy, written out only once the job
-        master knows the cut is held)."""
+        master knows the cut is held). With no slot free (the other being written out, or
+        waiting for the job master's answer), the save is skipped, or with `wait_s` waits up to
+        that long for one (`waited_s` in what was done)."""
         if _torch is None:
             raise BrainError("save_async copies torch tensors, and torch does not import")
         self._save += 1
@@ -366,6 +372,18 @@ class FlashStore:
                 f"holds two copies of at most {gib(self.budget // 2)} each: raise "
                 f"checkpoint.flash.memory, or save synchronously (job.checkpoint())"
             )
+        began = time.monotonic()
+        while True:
+            done = self._try_save(extra, meta, tensors, offsets, size, hold, persist)
+            waited = time.monotonic() - began
+            if not done["skipped"] or waited >= wait_s:
+                done["waited_s"] = waited
+                return done
+            time.sleep(min(_WAIT_POLL_S, max(wait_s - waited, 0.0)))
+
+    def _try_save(self, extra, meta, tensors, offsets, size, hold, persist) -> Dict[str, Any]:
+        """One try of `save`: the copy into the best free slot, or skipped."""
+        step = extra["step"]
         for slot in self._candidates():
             fd = self._fd(slot)
             try:
@@ -392,8 +410,8 @@ class FlashStore:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             return {"slot": slot, "bytes": size, "dropped": dropped, "skipped": False}
-        # The other slot is being written out and this one holds the committed copy: the
-        # save is skipped rather than waited for (the next one goes ahead).
+        # The other slot is being written out (or its answer is due) and this one holds the
+        # committed copy: skipped (the next one goes ahead), or `save` tries again.
         return {"slot": None, "bytes": size, "dropped": step, "skipped": True}
 
     def release(self, slot: int) -> None:

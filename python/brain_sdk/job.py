@@ -45,6 +45,10 @@ from .errors import BrainError, Refused
 from .master import MasterClient, reserve_port
 
 log = logging.getLogger("brain_sdk")
+#: How long rank 0 waits at a consistent cut for a free flash slot (the other still being
+#: written out by its agent) before it saves the cut to disk itself. The group is paused at the
+#: cut either way: what is left of a write-out is never longer than a whole write of its own.
+CUT_WAIT_S = 300.0
 
 # The stacks file stays open for faulthandler for the life of the process.
 _stacks_file = None
@@ -600,8 +604,9 @@ class ElasticJob:
         agent's memory (a restart on its node restores from there) and rank 0 tells the job
         master: the cut ends without waiting for a disk, and rank 0's agent writes the copy
         out behind the training. Otherwise, or where the copy cannot be taken (over the
-        budget, the other slot still being written out, the master refusing), rank 0 saves it
-        to disk and the master records it."""
+        budget, the master refusing, the other slot still being written out after `CUT_WAIT_S`:
+        rank 0 waits for that write-out to end first), rank 0 saves it to disk and the master
+        records it."""
         rank0 = self._group.rank == 0
         began = time.perf_counter()
         how = "disk"
@@ -628,6 +633,9 @@ class ElasticJob:
                     "applied_index_sum": self.applied_index_sum,
                 },
                 hold=rank0,
+                # The group waits at the cut either way: for the previous copy's write-out to
+                # end (at most what is left of it), rather than for a whole write of its own.
+                wait_s=CUT_WAIT_S if rank0 else 0.0,
             )
         except BrainError as e:
             log.warning("cut at step %d: %s; saved to disk instead", self.step, e)
@@ -635,9 +643,12 @@ class ElasticJob:
         if not rank0:
             return True
         if done["skipped"]:
-            log.info("cut at step %d: the previous cut is still being written out; saved to "
-                     "disk instead", self.step)
+            log.info("cut at step %d: the previous cut still being written out after %.0f s; "
+                     "saved to disk instead", self.step, done["waited_s"])
             return False
+        if done["waited_s"] > 0.01:
+            log.info("cut at step %d: waited %.2f s for the previous copy's write-out",
+                     self.step, done["waited_s"])
         try:
             self.master.cut_in_memory(self.step)
         except Refused as e:

@@ -5,6 +5,8 @@ import fcntl
 import json
 import os
 import tempfile
+import threading
+import time
 import unittest
 
 try:
@@ -21,8 +23,10 @@ def _set(store, slot, **fields):
     with open(path) as f:
         st = json.load(f)
     st.update(fields)
-    with open(path, "w") as f:
+    # Replaced whole, as the agent does: a save running beside it never reads half a file.
+    with open(path + ".tmp", "w") as f:
         json.dump(st, f)
+    os.replace(path + ".tmp", path)
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -133,6 +137,46 @@ class FlashSlots(unittest.TestCase):
         _set(self.store, a["slot"], state="refused")
         e = self.save({"x": torch.ones(3) * 5}, 5)
         self.assertEqual(e["slot"], a["slot"])
+
+    def test_a_save_told_to_wait_lands_once_the_write_out_and_its_answer_are_in(self):
+        a = self.save({"x": torch.ones(3)}, 1)
+        b = self.save({"x": torch.ones(3) * 2}, 2)
+        _set(self.store, a["slot"], state="committed", digest="da")
+        _set(self.store, b["slot"], state="persisting")
+        held = open(self.store.slot_file(b["slot"]))
+        fcntl.flock(held, fcntl.LOCK_EX)
+
+        def agent():
+            # The agent ends its write-out of step 2 (its answer then due), then hears the job
+            # master commit it.
+            time.sleep(0.3)
+            _set(self.store, b["slot"], state="persisted", digest="db")
+            fcntl.flock(held, fcntl.LOCK_UN)
+            time.sleep(0.2)
+            _set(self.store, b["slot"], state="committed")
+
+        began = time.monotonic()
+        t = threading.Thread(target=agent)
+        t.start()
+        # Not told to wait, or not long enough: skipped.
+        c = self.save({"x": torch.ones(3) * 3}, 3)
+        self.assertTrue(c["skipped"], c)
+        c = self.store.save({"x": torch.ones(3) * 3}, step=3, rank=0, world=1, persist=True,
+                            incarnation=1, sdk={"step": 3}, wait_s=0.1)
+        self.assertTrue(c["skipped"], c)
+        self.assertGreaterEqual(c["waited_s"], 0.1)
+        # Told to wait: it lands once step 2 is committed, in step 1's slot.
+        d = self.store.save({"x": torch.ones(3) * 4}, step=4, rank=0, world=1, persist=True,
+                            incarnation=1, sdk={"step": 4}, wait_s=10)
+        landed = time.monotonic() - began
+        t.join()
+        held.close()
+        self.assertEqual((d["slot"], d["skipped"]), (a["slot"], False), d)
+        self.assertGreaterEqual(landed, 0.5)
+        self.assertLess(d["waited_s"], 5)
+        self.assertEqual(self.store.holding(2, "db"), self.store.slot_file(b["slot"]))
+        back, _ = flash.read_state(self.store.slot_file(d["slot"]))
+        self.assertTrue(torch.equal(back["x"], torch.ones(3) * 4))
 
     def test_the_newest_committed_copy_is_kept_whatever_the_saves_after_it(self):
         a = self.save({"x": torch.ones(3)}, 1)
