@@ -730,124 +730,166 @@ async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
     brain.kill();
 }
 
-/// The brain sizes roles within a job (issue 41, item 6): a job master run by hand registers
-/// a job whose training group (two workers, up to four) and driver (a `single` role, two
-/// threads) keep calling a rollout role of one engine that serves one episode at a time. The
-/// SDK counts the calls; the job master turns them into the rollout role's rates (its callers,
-/// the workers among them, wait nearly all their time for it, and it is busy all of its own).
-/// The brain's round grows the role to its max of 3, and holds the workers at 2 though there
-/// is room for more (more workers would wait as well): they are never resized or restarted
-/// (they keep their first incarnation).
+/// A job master run by hand with a brain of `cpus` CPUs: a job whose training group (two
+/// workers of `worker_cpu`, `worker_min` to 4) and driver (a `single` role, two threads) keep
+/// calling a rollout role of one engine (`rollout_cpu`, up to 3) that serves one episode at a
+/// time. The SDK counts the calls; the job master turns them into the rollout role's rates and
+/// sends them to the brain. Killed when dropped.
+struct RoleJob {
+    dir: tempfile::TempDir,
+    _brain: Brain,
+    master: std::process::Child,
+}
+
+impl Drop for RoleJob {
+    fn drop(&mut self) {
+        let _ = self.master.kill();
+        let _ = self.master.wait();
+    }
+}
+
+impl RoleJob {
+    fn start(python: &str, sdk: &Path, cpus: u32, worker: (u32, f64), rollout_cpu: f64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(
+            d.join("policy.toml"),
+            // A cool-down long enough for the first rates to come in before the first resize.
+            "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 10\n",
+        )
+        .unwrap();
+        let (brain, addr) = start_brain(d, "127.0.0.1:0", cpus);
+        let url = format!("http://{addr}");
+        std::fs::write(
+            d.join("engine.py"),
+            "import threading, time\n\
+             class Engine:\n    def __init__(self):\n        self.lock = threading.Lock()\n\
+             \x20   def episode(self, n):\n        with self.lock:\n            time.sleep(0.1)\n\
+             \x20       return n\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("driver.py"),
+            "import threading, time\nfrom brain_sdk import roles\n\
+             g = roles.group('rollout', timeout=60)\n\
+             def loop():\n    i = 0\n    while True:\n        g.call('episode', i)\n        i += 1\n\
+             for _ in range(2):\n    threading.Thread(target=loop, daemon=True).start()\n\
+             while True:\n    time.sleep(1)\n",
+        )
+        .unwrap();
+        // The training group's program: each worker keeps calling the engine too.
+        std::fs::write(
+            d.join("worker.py"),
+            "from brain_sdk import roles\ng = roles.group('rollout', timeout=60)\ni = 0\n\
+             while True:\n    g.call('episode', i)\n    i += 1\n",
+        )
+        .unwrap();
+        let env = format!("env: {{ PYTHONPATH: {:?} }}", sdk.display().to_string());
+        let spec = d.join("balance.yaml");
+        std::fs::write(
+            &spec,
+            format!(
+                "name: balance-{pid}-{cpus}\nkind: allreduce\nroles:\n  \
+                 worker: {{ replicas: 2, min: {min}, max: 4, resources: {{ cpu: {wcpu} }} }}\n  \
+                 driver: {{ topology: single, command: [{python:?}, {driver:?}], {env}, \
+                 resources: {{ cpu: 0.25 }} }}\n  \
+                 rollout: {{ replicas: 1, min: 1, max: 3, command: [{python:?}, -m, \
+                 brain_sdk.roles, {engine:?}], {env}, resources: {{ cpu: {rcpu} }} }}\n\
+                 workload:\n  command: [{python:?}, {worker:?}]\n  {env}\n\
+                 data: {{ num_samples: 60000, shard_size: 1000 }}\n\
+                 checkpoint: {{ dir: {ckpt:?} }}\n",
+                pid = std::process::id(),
+                min = worker.0,
+                wcpu = worker.1,
+                rcpu = rollout_cpu,
+                driver = d.join("driver.py").display().to_string(),
+                worker = d.join("worker.py").display().to_string(),
+                engine = format!("{}:Engine", d.join("engine.py").display()),
+                ckpt = d.join("ckpt").display().to_string(),
+            ),
+        )
+        .unwrap();
+        let mut master = std::process::Command::new(bin_dir().join("job-master"));
+        master
+            .arg("run")
+            .arg(&spec)
+            .arg("--run-dir")
+            .arg(d.join("run"))
+            .args(["--listen", "127.0.0.1:0", "--brain", &url])
+            .args(["--brain-interval-ms", "300"])
+            .arg("--brain-token-file")
+            .arg(common::token_file(&url))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("job-master.log")).unwrap());
+        match common::own_ca(&url) {
+            Some(ca) => master.arg("--brain-ca").arg(ca),
+            None => master.arg("--brain-insecure"),
+        };
+        let master = master.spawn().unwrap();
+        RoleJob {
+            dir,
+            _brain: brain,
+            master,
+        }
+    }
+
+    /// `job-master status` now.
+    fn status(&self) -> String {
+        let out = std::process::Command::new(bin_dir().join("job-master"))
+            .arg("status")
+            .arg("--run-dir")
+            .arg(self.dir.path().join("run"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// Waits up to 120 s for `done` of the status (`what`); the status then.
+    async fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.status();
+            if done(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{what}: {s}\n{}",
+                std::fs::read_to_string(self.dir.path().join("job-master.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Whether process `key` runs, by a `job-master status`.
+fn runs(s: &str, key: &str) -> bool {
+    s.lines()
+        .any(|l| l.starts_with(&format!("{key} ")) && l.contains("running"))
+}
+
+/// The brain sizes roles within a job (issue 41, item 6), on a [`RoleJob`] with room (8 CPUs,
+/// workers of 0.5, engines of 0.25): the rollout role's callers, the workers among them, wait
+/// nearly all their time for it, and it is busy all of its own. The brain's round grows the
+/// role to its max of 3, and holds the workers at 2 though there is room for more (more
+/// workers would wait as well): they are never resized or restarted (they keep their first
+/// incarnation).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_brain_grows_the_role_its_job_waits_for() {
     let Some((python, sdk)) = test_support::torch_with_sdk() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::write(
-        d.join("policy.toml"),
-        // A cool-down long enough for the first rates to come in before the first resize.
-        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 10\n",
-    )
-    .unwrap();
-    let (_brain, addr) = start_brain(d, "127.0.0.1:0", 8);
-    let url = format!("http://{addr}");
-    std::fs::write(
-        d.join("engine.py"),
-        "import threading, time\n\
-         class Engine:\n    def __init__(self):\n        self.lock = threading.Lock()\n\
-         \x20   def episode(self, n):\n        with self.lock:\n            time.sleep(0.1)\n\
-         \x20       return n\n",
-    )
-    .unwrap();
-    std::fs::write(
-        d.join("driver.py"),
-        "import threading, time\nfrom brain_sdk import roles\n\
-         g = roles.group('rollout', timeout=60)\n\
-         def loop():\n    i = 0\n    while True:\n        g.call('episode', i)\n        i += 1\n\
-         for _ in range(2):\n    threading.Thread(target=loop, daemon=True).start()\n\
-         while True:\n    time.sleep(1)\n",
-    )
-    .unwrap();
-    // The training group's program: each worker keeps calling the engine too.
-    std::fs::write(
-        d.join("worker.py"),
-        "from brain_sdk import roles\ng = roles.group('rollout', timeout=60)\ni = 0\n\
-         while True:\n    g.call('episode', i)\n    i += 1\n",
-    )
-    .unwrap();
-    let env = format!("env: {{ PYTHONPATH: {:?} }}", sdk.display().to_string());
-    let spec = d.join("balance.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "name: balance-{pid}\nkind: allreduce\nroles:\n  \
-             worker: {{ replicas: 2, min: 2, max: 4, resources: {{ cpu: 0.5 }} }}\n  \
-             driver: {{ topology: single, command: [{python:?}, {driver:?}], {env}, \
-             resources: {{ cpu: 0.25 }} }}\n  \
-             rollout: {{ replicas: 1, min: 1, max: 3, command: [{python:?}, -m, brain_sdk.roles, \
-             {engine:?}], {env}, resources: {{ cpu: 0.25 }} }}\n\
-             workload:\n  command: [{python:?}, {worker:?}]\n  {env}\n\
-             data: {{ num_samples: 60000, shard_size: 1000 }}\n\
-             checkpoint: {{ dir: {ckpt:?} }}\n",
-            pid = std::process::id(),
-            driver = d.join("driver.py").display().to_string(),
-            worker = d.join("worker.py").display().to_string(),
-            engine = format!("{}:Engine", d.join("engine.py").display()),
-            ckpt = d.join("ckpt").display().to_string(),
-        ),
-    )
-    .unwrap();
-    let run_dir = d.join("run");
-    let mut master = std::process::Command::new(bin_dir().join("job-master"));
-    master
-        .arg("run")
-        .arg(&spec)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .args(["--listen", "127.0.0.1:0", "--brain", &url])
-        .args(["--brain-interval-ms", "300"])
-        .arg("--brain-token-file")
-        .arg(common::token_file(&url))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(d.join("job-master.log")).unwrap());
-    match common::own_ca(&url) {
-        Some(ca) => master.arg("--brain-ca").arg(ca),
-        None => master.arg("--brain-insecure"),
-    };
-    let mut master = master.spawn().unwrap();
-    let status = || {
-        let out = std::process::Command::new(bin_dir().join("job-master"))
-            .arg("status")
-            .arg("--run-dir")
-            .arg(&run_dir)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    let running = |s: &str, key: &str| {
-        s.lines()
-            .any(|l| l.starts_with(&format!("{key} ")) && l.contains("running"))
-    };
-    let start = Instant::now();
-    let mut first = String::new();
-    loop {
-        let s = status();
-        if first.is_empty() && running(&s, "worker-0") && running(&s, "worker-1") {
-            first = s.clone();
-        }
-        if running(&s, "rollout-2") {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "the rollout role did not grow to 3: {s}\n{}",
-            std::fs::read_to_string(d.join("job-master.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let s = status();
+    let job = RoleJob::start(&python, &sdk, 8, (2, 0.5), 0.25);
+    let first = job
+        .wait_for("the workers did not start", |s| {
+            runs(s, "worker-0") && runs(s, "worker-1")
+        })
+        .await;
+    let s = job
+        .wait_for("the rollout role did not grow to 3", |s| {
+            runs(s, "rollout-2")
+        })
+        .await;
     // Its rates, as the job master measured them from the SDK's counts.
     assert!(
         s.contains("calls between roles")
@@ -869,8 +911,27 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
             "{w} was restarted: {s}\n(first: {first})"
         );
     }
-    let _ = master.kill();
-    let _ = master.wait();
+}
+
+/// With no room for the engine (4 CPUs; the driver and one engine of 1 CPU hold 1.25, the two
+/// workers of 1 CPU 2, and 0.75 is left), the workers, waiting most of their time for it, give
+/// one of theirs: the training group goes down to one worker, and the engine grows into the
+/// CPU it freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_wait_for_a_role_give_it_one_of_theirs_when_no_room_is_left() {
+    let Some((python, sdk)) = test_support::torch_with_sdk() else {
+        return;
+    };
+    let job = RoleJob::start(&python, &sdk, 4, (1, 1.0), 1.0);
+    job.wait_for("the workers did not start", |s| {
+        runs(s, "worker-0") && runs(s, "worker-1")
+    })
+    .await;
+    let s = job
+        .wait_for("the engines did not grow", |s| runs(s, "rollout-1"))
+        .await;
+    assert!(!runs(&s, "worker-1"), "worker-1 still runs: {s}");
+    assert!(runs(&s, "worker-0"), "{s}");
 }
 
 /// GPU use as the agents sample it (here from the device stand-in, `BRAIN_GPU_STANDIN`, on a
