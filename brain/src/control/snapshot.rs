@@ -145,6 +145,11 @@ fn service_roles(
             min: s.min,
             max: s.max,
             millicores: s.millicores,
+            gpus: if s.shares_worker_devices {
+                vocab::Gpus::ZERO
+            } else {
+                s.gpus
+            },
             single: s.topology == "single",
             rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
         })
@@ -299,5 +304,19 @@ mod tests {
             vec![node("v", 2, "V100"), node("a", 2, "A100")]
         );
         assert_eq!(snap.jobs[0].worker_gpus, vocab::Gpus::ONE);
+        // What a start would have to place for its roles: the rewards' own GPUs, none for
+        // the engines that share the workers' devices.
+        let gpus: Vec<(String, vocab::Gpus)> = snap.jobs[0]
+            .roles
+            .iter()
+            .map(|r| (r.role.to_string(), r.gpus))
+            .collect();
+        assert_eq!(
+            gpus,
+            vec![
+                ("reward".into(), vocab::Gpus::from_milli(500)),
+                ("rollout".into(), vocab::Gpus::ZERO)
+            ]
+        );
     }
 }

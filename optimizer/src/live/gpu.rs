@@ -382,8 +382,9 @@ pub(super) fn plan_gpu_jobs(
         let stuck = short.first().map(|s| s.0);
         let why = match stuck {
             Some(i) => format!(
-                "withdrawn: the workers of {} GPUs each do not all fit on the {} nodes",
+                "withdrawn: the workers of {} GPUs each{} do not all fit on the {} nodes",
                 jobs[i].g,
+                roles_with_gpus(jobs[i].job),
                 model_name_of(&models, jobs[i].on)
             ),
             None => format!(
@@ -531,6 +532,21 @@ pub(super) fn plan_gpu_jobs(
     })
 }
 
+/// `" and its roles' (rollout ×2 of 1 GPUs)"` for a job whose roles have GPUs of their own.
+fn roles_with_gpus(job: &LiveJob) -> String {
+    let list: Vec<String> = job
+        .roles
+        .iter()
+        .filter(|r| !r.gpus.is_zero())
+        .map(|r| format!("{} ×{} of {} GPUs", r.role, r.count, r.gpus))
+        .collect();
+    if list.is_empty() {
+        String::new()
+    } else {
+        format!(" and its roles' ({})", list.join(", "))
+    }
+}
+
 fn model_name_of(models: &[String], t: Option<usize>) -> &str {
     t.map_or(ANY_MODEL, |t| models[t].as_str())
 }
@@ -550,24 +566,51 @@ fn pack(nodes: &[LiveNode], model_of: &[usize], jobs: &[Gpu]) -> (Vec<Slots>, Ve
         let Some(m) = j.on else { continue };
         let mut here: BTreeMap<usize, u32> = BTreeMap::new();
         let want = j.counted(j.to);
-        // A unit: one worker's whole GPUs, or one GPU its sharing workers pack onto.
-        let (unit_gpus, per_unit) = (j.g.devices(), j.g.per_device());
-        let mut placed = 0;
-        while placed < want {
-            let Some(best) = (0..nodes.len())
-                .filter(|&n| model_of[n] == m && free[n] >= unit_gpus)
-                .min_by_key(|&n| (free[n], n))
-            else {
-                short.push((i, placed));
-                break;
-            };
-            free[best] -= unit_gpus;
-            *here.entry(best).or_default() += unit_gpus;
-            placed = (placed + per_unit).min(want);
+        let placed = place(&mut free, &mut here, nodes, model_of, m, j.g, want);
+        if placed < want {
+            short.push((i, placed));
+        } else if !j.running() {
+            // A start: its roles' processes with GPUs of their own must find them too (a
+            // running job's roles hold theirs already, outside the round).
+            for r in j.job.roles.iter().filter(|r| !r.gpus.is_zero()) {
+                if place(&mut free, &mut here, nodes, model_of, m, r.gpus, r.count) < r.count {
+                    short.push((i, placed));
+                    break;
+                }
+            }
         }
         out[i] = here.into_iter().collect();
     }
     (out, short)
+}
+
+/// Places up to `want` processes of `g` GPUs each on the free GPUs of the nodes of model `m`,
+/// each (or each device its sharing processes pack onto) on the node with the fewest free
+/// GPUs that holds it; how many it placed.
+fn place(
+    free: &mut [u32],
+    here: &mut BTreeMap<usize, u32>,
+    nodes: &[LiveNode],
+    model_of: &[usize],
+    m: usize,
+    g: Gpus,
+    want: u32,
+) -> u32 {
+    // A unit: one process's whole GPUs, or one GPU its sharing processes pack onto.
+    let (unit_gpus, per_unit) = (g.devices(), g.per_device());
+    let mut placed = 0;
+    while placed < want {
+        let Some(best) = (0..nodes.len())
+            .filter(|&n| model_of[n] == m && free[n] >= unit_gpus)
+            .min_by_key(|&n| (free[n], n))
+        else {
+            break;
+        };
+        free[best] -= unit_gpus;
+        *here.entry(best).or_default() += unit_gpus;
+        placed = (placed + per_unit).min(want);
+    }
+    placed
 }
 
 #[cfg(test)]
@@ -621,6 +664,71 @@ mod tests {
 
     fn round(snap: &LiveSnapshot) -> RoundPlan {
         plan_round(snap, elastic().scheduler(), &config(), &none()).unwrap()
+    }
+
+    #[test]
+    fn a_start_finds_gpus_for_its_roles_too_or_waits() {
+        // One node of 4 A100s. Job 1: 2 workers of 1 GPU and 2 rollout engines of 1 GPU each;
+        // job 2, later: 2 workers of 1 GPU. Job 1 takes all 4 GPUs; job 2 waits.
+        let with_roles = |gpus: Gpus| {
+            let mut j = gpu_job(1, LiveState::Queued, 2, 1, Some("A100"));
+            j.max_workers = 2;
+            j.roles = vec![crate::live::LiveRole {
+                role: "rollout".parse().unwrap(),
+                count: 2,
+                min: 1,
+                max: 4,
+                millicores: 500,
+                gpus,
+                single: false,
+                rate: None,
+            }];
+            j
+        };
+        let snap = |gpus: Gpus| {
+            let mut later = gpu_job(2, LiveState::Queued, 2, 1, Some("A100"));
+            later.max_workers = 2;
+            LiveSnapshot {
+                now_s: 100.0,
+                cluster: LiveCluster {
+                    nodes: vec![node("a", 4, "A100")],
+                    ..cluster(16)
+                },
+                jobs: vec![with_roles(gpus), later],
+            }
+        };
+        let plan = round(&snap(Gpus::ONE));
+        let (a, b) = (decision(&plan, 1), decision(&plan, 2));
+        assert_eq!(a.to_workers, 2, "{a:?}");
+        assert_eq!(a.gpu_placement, vec![("a".to_string(), 4)], "{a:?}");
+        assert_eq!(b.to_workers, 0, "{b:?}");
+        assert!(
+            b.reasons.iter().any(|r| r.contains("start withdrawn")),
+            "{b:?}"
+        );
+        // Engines that share a device (0.5 each) take one GPU between them: on 5, both start.
+        let mut s = snap(Gpus::from_milli(500));
+        s.cluster.nodes = vec![node("a", 5, "A100")];
+        let plan = round(&s);
+        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers, 2, "{plan:?}");
+        // Roles without GPUs of their own: both start on 4.
+        let plan = round(&snap(Gpus::ZERO));
+        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers, 2, "{plan:?}");
+        // One engine too many for the node: job 1 starts smaller, or not at all, never
+        // without its engines' GPUs.
+        let mut big = snap(Gpus::whole(2));
+        big.jobs.truncate(1);
+        let plan = round(&big);
+        let a = decision(&plan, 1);
+        assert_eq!(a.to_workers, 0, "{a:?}");
+        assert!(
+            a.reasons
+                .iter()
+                .any(|r| r.contains("and its roles' (rollout ×2 of 2 GPUs) do not all fit")),
+            "{a:?}"
+        );
     }
 
     #[test]

@@ -1000,6 +1000,7 @@ mod tests {
                         min: 1,
                         max: 4,
                         millicores: 500,
+                        gpus: vocab::Gpus::ZERO,
                         single: false,
                         rate: Some(RoleRate { served_per_s: 1.0, busy_share: busy, callers_wait_share: wait, training_wait_share: training.min(wait) }),
                     }];

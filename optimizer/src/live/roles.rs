@@ -40,6 +40,10 @@ pub struct LiveRole {
     pub max: u32,
     /// CPU of each of its processes.
     pub millicores: u64,
+    /// GPUs of each of its processes on devices of their own (none: it has none, or it shares
+    /// the workers' devices), of the job's GPU model: what a start must find room for too.
+    #[serde(default)]
+    pub gpus: vocab::Gpus,
     /// A `single` role (one driver): counted, never resized.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub single: bool,
@@ -446,6 +450,7 @@ mod tests {
             min: 1,
             max: 4,
             millicores: 500,
+            gpus: vocab::Gpus::ZERO,
             single: false,
             rate: Some(RoleRate {
                 served_per_s: 10.0,
