@@ -673,16 +673,9 @@ mod tests {
         let with_roles = |gpus: Gpus| {
             let mut j = gpu_job(1, LiveState::Queued, 2, 1, Some("A100"));
             j.max_workers = 2;
-            j.roles = vec![crate::live::LiveRole {
-                role: "rollout".parse().unwrap(),
-                count: 2,
-                min: 1,
-                max: 4,
-                millicores: 500,
-                gpus,
-                single: false,
-                rate: None,
-            }];
+            let mut r = crate::live::tests::rollout(2, 0.0, 0.0);
+            (r.gpus, r.rate) = (gpus, None);
+            j.roles = vec![r];
             j
         };
         let snap = |gpus: Gpus| {

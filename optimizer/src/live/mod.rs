@@ -672,6 +672,26 @@ mod tests {
         }
     }
 
+    /// A rollout role of `count` engines (1 to 4, 0.5 CPU each), busy `busy` of their time,
+    /// its callers waiting `wait` of theirs (none of them the workers).
+    pub(super) fn rollout(count: u32, busy: f64, wait: f64) -> LiveRole {
+        LiveRole {
+            role: "rollout".parse().unwrap(),
+            count,
+            min: 1,
+            max: 4,
+            millicores: 500,
+            gpus: vocab::Gpus::ZERO,
+            single: false,
+            rate: Some(RoleRate {
+                served_per_s: 10.0,
+                busy_share: busy,
+                callers_wait_share: wait,
+                training_wait_share: 0.0,
+            }),
+        }
+    }
+
     pub(super) fn cluster(cpus: u64) -> LiveCluster {
         LiveCluster {
             cpu_millicores: cpus * 1000,
@@ -994,16 +1014,9 @@ mod tests {
             let mut jobs = jobs;
             for (j, &(busy, wait, training, count)) in jobs.iter_mut().zip(&rates) {
                 if j.state == LiveState::Running {
-                    j.roles = vec![LiveRole {
-                        role: "rollout".parse().unwrap(),
-                        count,
-                        min: 1,
-                        max: 4,
-                        millicores: 500,
-                        gpus: vocab::Gpus::ZERO,
-                        single: false,
-                        rate: Some(RoleRate { served_per_s: 1.0, busy_share: busy, callers_wait_share: wait, training_wait_share: training.min(wait) }),
-                    }];
+                    let mut r = rollout(count, busy, wait);
+                    r.rate.as_mut().unwrap().training_wait_share = training.min(wait);
+                    j.roles = vec![r];
                 }
             }
             let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();

@@ -428,7 +428,7 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::tests::{cluster, config, decision, elastic, job, none};
+    use crate::live::tests::{cluster, config, decision, elastic, job, none, rollout};
     use crate::live::{LiveSnapshot, plan_round};
     use crate::schedule::{Fifo, SchedulerKind};
 
@@ -441,24 +441,6 @@ mod tests {
             &none(),
         )
         .unwrap()
-    }
-
-    fn rollout(count: u32, busy: f64, wait: f64) -> LiveRole {
-        LiveRole {
-            role: "rollout".parse().unwrap(),
-            count,
-            min: 1,
-            max: 4,
-            millicores: 500,
-            gpus: vocab::Gpus::ZERO,
-            single: false,
-            rate: Some(RoleRate {
-                served_per_s: 10.0,
-                busy_share: busy,
-                callers_wait_share: wait,
-                training_wait_share: 0.0,
-            }),
-        }
     }
 
     /// A running job of 2 workers at their max (so the round leaves them), its rollout role
