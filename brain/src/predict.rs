@@ -33,11 +33,21 @@ fn ended_workers(row: &JobRow, shape: &Shape) -> u32 {
 /// Fills `spec` in. `history` is every job the brain knows (finished ones are used), with
 /// the speeds its PS jobs reported per (workers, PS) pair in `ps_speeds`.
 /// `model`, when `brainctl train` stored one, sizes the workers' CPU and memory (at `now_s`).
+/// The CPU of the nodes a submission is checked against: each node's with CPU to hand out,
+/// and whether they are where the processes run (a Ray cluster's nodes; without Ray the pool
+/// is one and the GPU nodes have none of their own: a strict spread is not checked).
+#[derive(Clone, Debug, Default)]
+pub struct NodeCpus {
+    pub cpus: Vec<u64>,
+    pub spread: bool,
+}
+
 pub fn predict(
     spec: &JobSpec,
     history: &[JobRow],
     ps_speeds: &PsSpeedsByJob,
     cluster: &LiveCluster,
+    node_cpus: &NodeCpus,
     model: Option<&LearnedModel>,
     now_s: f64,
 ) -> Result<Prediction, BrainError> {
@@ -153,6 +163,15 @@ pub fn predict(
     if let Some(why) = optimizer::live::never_holds(&spec, &cluster.nodes) {
         return Err(BrainError::InvalidArgument(why));
     }
+    // Every process's CPU, and each placement group's, on the nodes' CPUs.
+    if let Some(why) = optimizer::live::never_holds_cpu(
+        &spec,
+        &node_cpus.cpus,
+        cluster.slot_millicores,
+        node_cpus.spread,
+    ) {
+        return Err(BrainError::InvalidArgument(why));
+    }
     Ok(Prediction {
         spec,
         shape,
@@ -237,6 +256,7 @@ mod tests {
             &[],
             &BTreeMap::new(),
             &cluster(),
+            &NodeCpus::default(),
             None,
             0.0,
         )
@@ -263,6 +283,7 @@ mod tests {
             &history,
             &BTreeMap::new(),
             &cluster(),
+            &NodeCpus::default(),
             None,
             0.0,
         )
@@ -295,6 +316,7 @@ mod tests {
             &history,
             &BTreeMap::new(),
             &cluster(),
+            &NodeCpus::default(),
             None,
             0.0,
         )
@@ -326,7 +348,16 @@ mod tests {
         // A failed job's speeds are not used: they would say more PS never pay.
         ps_speeds.insert(JobId(3), vec![(4, 3, 1.0), (4, 4, 1.0)]);
         let s = spec("  ps: { max: 4 }\n  worker: { replicas: 4 }\n");
-        let p = predict(&s, &history, &ps_speeds, &cluster(), None, 0.0).unwrap();
+        let p = predict(
+            &s,
+            &history,
+            &ps_speeds,
+            &cluster(),
+            &NodeCpus::default(),
+            None,
+            0.0,
+        )
+        .unwrap();
         // At 4 workers: 444 samples/s with 1 PS, 800 with 2, 1,091 with 3, 1,333 with 4.
         assert_eq!(p.shape.ps, 4, "{:?}", p.reasons);
         assert!(
@@ -336,7 +367,16 @@ mod tests {
             p.reasons
         );
         // Without the speeds, the median of the counts the jobs ended at.
-        let p = predict(&s, &history, &BTreeMap::new(), &cluster(), None, 0.0).unwrap();
+        let p = predict(
+            &s,
+            &history,
+            &BTreeMap::new(),
+            &cluster(),
+            &NodeCpus::default(),
+            None,
+            0.0,
+        )
+        .unwrap();
         assert_eq!(p.shape.ps, 1, "{:?}", p.reasons);
     }
 
@@ -345,7 +385,7 @@ mod tests {
         let p = predict(
             &spec("  ps: { replicas: 3 }\n  worker: { replicas: 5, max: 8, resources: { cpu: 2, memory: 1Gi } }\n"),
             &[past("a", 2, 1, 100, JobState::Succeeded)],
-            &BTreeMap::new(), &cluster(), None, 0.0)
+            &BTreeMap::new(), &cluster(), &NodeCpus::default(), None, 0.0)
         .unwrap();
         assert_eq!((p.shape.ps, p.shape.workers), (3, 5));
         assert_eq!(p.shape.worker_millicores, 2000);

@@ -245,7 +245,8 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
 
 /// A job whose GPUs the cluster's GPU nodes can never hold is refused at submission with the
 /// reason, whole roles and placement groups alike (issue 41, item 3), and nothing is stored;
-/// shares of a device that fit are accepted, with their share in the job's shape.
+/// so is one whose processes or packed group ask for more CPU than the cluster has; shares of
+/// a device that fit are accepted, with their share in the job's shape.
 #[tokio::test]
 async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
     let dir = tempfile::tempdir().unwrap();
@@ -315,6 +316,35 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
         .unwrap()
         .into_inner();
     assert!(listed.jobs.is_empty(), "{listed:?}");
+    // Engines of 24 CPUs on a cluster of 16, or a pack of 17: never, whatever the GPUs.
+    for (name, text, says) in [
+        (
+            "wide",
+            spec("wide", 2, shared).replace("cpu: 0.5, gpu: 0.5", "cpu: 24, gpu: 0.5"),
+            "role rollout: each process asks for 24 CPUs, and the cluster's 1 node(s) have at \
+             most 16 CPUs",
+        ),
+        (
+            "big-pack",
+            spec(
+                "big-pack",
+                2,
+                "{ roles: [worker, rollout], strategy: strict_pack }",
+            )
+            .replace("cpu: 1, gpu: 0.5", "cpu: 8, gpu: 0.5"),
+            "placement[0] (worker+rollout): strict_pack needs 17 CPUs on one node",
+        ),
+    ] {
+        let e = op
+            .submit_job(pb::SubmitJobRequest {
+                spec_yaml: text,
+                origin: name.into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{name}: {e:?}");
+        assert!(e.message().contains(says), "{name}: {e:?}");
+    }
     // Two pairs fit (one per GPU node); the shape keeps the shares.
     let ok = op
         .submit_job(pb::SubmitJobRequest {

@@ -423,6 +423,16 @@ impl Control {
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
         let origin = origin.to_string();
         let cluster = self.cluster();
+        let nodes = self.nodes();
+        let node_cpus = crate::predict::NodeCpus {
+            cpus: nodes
+                .iter()
+                .map(|n| n.cpu_millicores)
+                .filter(|&m| m > 0)
+                .collect(),
+            // Without Ray the CPU is one pool and the processes run beside the brain.
+            spread: !nodes.iter().any(|n| n.name == crate::capacity::LOCAL_NODE),
+        };
         let (id, shape, reasons) = self
             .with_store(move |s| {
                 let history = s.jobs()?;
@@ -441,6 +451,7 @@ impl Control {
                     &history,
                     &ps_speeds,
                     &cluster,
+                    &node_cpus,
                     model.as_ref(),
                     now as f64 / 1000.0,
                 )

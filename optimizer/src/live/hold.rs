@@ -25,6 +25,92 @@ pub fn never_holds(spec: &JobSpec, nodes: &[LiveNode]) -> Option<String> {
     })
 }
 
+/// Why `spec` (its counts filled in) can never get its CPU on nodes of `node_cpus` millicores
+/// each (the nodes with CPU to hand out): a process asking more than every node has, a
+/// `strict_pack` group more than every node has, and, where `spread` (the nodes are the ones
+/// processes run on, as a Ray cluster's), a `strict_spread` group of more bundles than there
+/// are nodes that hold one. A group that shares devices is one bundle per index, otherwise
+/// one per process. `default_cpu`: the CPU of a process whose role names none. `None` when it
+/// may, or when no node's CPU is known.
+pub fn never_holds_cpu(
+    spec: &JobSpec,
+    node_cpus: &[u64],
+    default_cpu: u64,
+    spread: bool,
+) -> Option<String> {
+    let largest = node_cpus.iter().copied().max()?;
+    let cpu_of = |r: &vocab::Role| {
+        spec.roles[r]
+            .resources
+            .as_ref()
+            .and_then(|x| x.cpu)
+            .map_or(default_cpu, |c| c.0)
+    };
+    let count = |r: &vocab::Role| spec.role_plan(*r).map_or(0, |p| p.replicas);
+    let have = || {
+        format!(
+            "the cluster's {} node(s) have at most {} CPUs",
+            node_cpus.len(),
+            cpus(largest)
+        )
+    };
+    for role in spec.roles.keys().filter(|r| count(r) > 0) {
+        if cpu_of(role) > largest {
+            return Some(format!(
+                "role {role}: each process asks for {} CPUs, and {}",
+                cpus(cpu_of(role)),
+                have()
+            ));
+        }
+    }
+    spec.placement.iter().enumerate().find_map(|(i, g)| {
+        let bundles: Vec<u64> = if g.share_devices {
+            let n = g.roles.iter().map(count).max().unwrap_or(0);
+            (0..n)
+                .map(|i| g.roles.iter().filter(|r| count(r) > i).map(cpu_of).sum())
+                .collect()
+        } else {
+            g.roles
+                .iter()
+                .flat_map(|r| std::iter::repeat_n(cpu_of(r), count(r) as usize))
+                .collect()
+        };
+        let why = match g.strategy {
+            Strategy::StrictPack => {
+                let need: u64 = bundles.iter().sum();
+                (need > largest).then(|| {
+                    format!(
+                        "strict_pack needs {} CPUs on one node, and {}",
+                        cpus(need),
+                        have()
+                    )
+                })
+            }
+            Strategy::StrictSpread if spread => {
+                let smallest = bundles.iter().copied().min().unwrap_or(0);
+                let fit = node_cpus.iter().filter(|c| **c >= smallest).count();
+                (fit < bundles.len()).then(|| {
+                    format!(
+                        "strict_spread needs {} nodes each with {} CPUs or more, and {fit} of \
+                         the cluster's {} node(s) have that",
+                        bundles.len(),
+                        cpus(smallest),
+                        node_cpus.len()
+                    )
+                })
+            }
+            Strategy::StrictSpread | Strategy::Pack | Strategy::Spread => None,
+        };
+        why.map(|why| format!("placement[{i}] ({}): {why}", g.name()))
+    })
+}
+
+/// Millicores as CPUs (`1.5`).
+fn cpus(m: u64) -> String {
+    let s = format!("{:.3}", m as f64 / 1000.0);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// Each bundle's GPUs (one per process, or one per index when the group shares devices) and
 /// the model the group asks for.
 fn bundles(spec: &JobSpec, g: &PlacementGroup) -> (Vec<Gpus>, Option<String>) {
@@ -124,6 +210,60 @@ mod tests {
         let s = JobSpec::from_yaml(&yaml).unwrap();
         s.validate().unwrap();
         s
+    }
+
+    #[test]
+    fn processes_and_groups_no_node_has_the_cpu_for_are_named() {
+        let yaml = |rollout_cpu: &str, group: &str| {
+            let s = JobSpec::from_yaml(&format!(
+                "name: j\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, resources: {{ cpu: 2 }} }}\n  \
+                 rollout: {{ replicas: 3, topology: service, command: [/bin/true], resources: {{ cpu: {rollout_cpu} }} }}\n\
+                 workload: {{ builtin: {{}} }}\ndata: {{ num_samples: 10, shard_size: 1 }}\n\
+                 checkpoint: {{ dir: /tmp/x }}\nplacement:\n  - {group}\n"
+            ))
+            .unwrap();
+            s.validate().unwrap();
+            s
+        };
+        // Three nodes of 4 CPUs (a node of GPUs only has none to hand out).
+        let nodes = [4000, 4000, 4000];
+        let spread = "{ roles: [rollout], strategy: strict_spread }";
+        assert_eq!(
+            never_holds_cpu(&yaml("1", spread), &nodes, 1000, true),
+            None
+        );
+        // An engine of 6 CPUs: no node has them.
+        assert_eq!(
+            never_holds_cpu(&yaml("6", spread), &nodes, 1000, true).as_deref(),
+            Some(
+                "role rollout: each process asks for 6 CPUs, and the cluster's 3 node(s) have at most 4 CPUs"
+            )
+        );
+        // Two workers of 2 and three engines of 0.5 packed on one node: 5.5 CPUs.
+        let pack = "{ roles: [worker, rollout], strategy: strict_pack }";
+        assert_eq!(
+            never_holds_cpu(&yaml("0.5", pack), &nodes, 1000, true).as_deref(),
+            Some(
+                "placement[0] (worker+rollout): strict_pack needs 5.5 CPUs on one node, and the cluster's 3 node(s) have at most 4 CPUs"
+            )
+        );
+        assert_eq!(
+            never_holds_cpu(&yaml("0.5", pack), &[4000, 8000], 1000, true),
+            None
+        );
+        // Three engines strictly spread over two nodes: never.
+        assert!(
+            never_holds_cpu(&yaml("1", spread), &[4000, 4000], 1000, true)
+                .unwrap()
+                .contains("strict_spread needs 3 nodes each with 1 CPUs or more, and 2 of the cluster's 2 node(s) have that")
+        );
+        // Nodes that are not where the processes run (the brain's own pool): no spread check.
+        assert_eq!(
+            never_holds_cpu(&yaml("1", spread), &[4000], 1000, false),
+            None
+        );
+        // No node's CPU known: nothing to say.
+        assert_eq!(never_holds_cpu(&yaml("6", spread), &[], 1000, true), None);
     }
 
     #[test]
