@@ -212,6 +212,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
             &jobs,
             &Default::default(),
             &cluster,
+            &Default::default(),
             Some(&model),
             now_s,
         )
