@@ -105,6 +105,50 @@ fn devices(events: &[&str]) -> BTreeMap<String, (String, String)> {
     out
 }
 
+/// A job whose processes, or whose strictly spread group, the nodes' CPUs can never hold is
+/// refused at submission with the reason (issue 41, item 3): the brain knows each Ray node's
+/// CPUs (4 on each of the three here). Nothing of it is stored.
+#[test]
+fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = brain_for_jobs(&c, dir.path());
+    let pid = std::process::id();
+    let wide = spec(dir.path(), &format!("wide-{pid}"), "cpu: 6");
+    let (ok, out) = brainctl(&["submit", wide.to_str().unwrap(), "--brain", &url]);
+    assert!(
+        !ok && out.contains("role worker: each process asks for 6 CPUs, and the cluster's"),
+        "{out}"
+    );
+    // Four workers strictly spread over the three nodes.
+    let spread = dir.path().join("spread.yaml");
+    std::fs::write(
+        &spread,
+        format!(
+            "name: spread-{pid}\nkind: allreduce\nroles:\n  worker: {{ replicas: 4, min: 4, \
+             max: 4, resources: {{ cpu: 1 }} }}\n\
+             workload:\n  builtin: {{ batch_size: 128 }}\n\
+             data: {{ num_samples: 20000, shard_size: 500 }}\n\
+             checkpoint: {{ dir: checkpoints }}\n\
+             placement:\n  - {{ roles: [worker], strategy: strict_spread }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", spread.to_str().unwrap(), "--brain", &url]);
+    assert!(
+        !ok && out.contains("strict_spread needs 4 nodes each with 1 CPUs or more, and 3 of"),
+        "{out}"
+    );
+    let (ok, out) = brainctl(&["jobs", "--brain", &url]);
+    assert!(
+        ok && !out.contains("wide-") && !out.contains("spread-"),
+        "{out}"
+    );
+}
+
 #[test]
 fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
     let Some(c) = test_support::ray_cluster() else {
