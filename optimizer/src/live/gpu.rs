@@ -532,8 +532,47 @@ pub(super) fn plan_gpu_jobs(
     })
 }
 
+/// The GPUs the round leaves on each of `nodes` once the GPU jobs' decisions are placed.
+pub(super) fn left_after(nodes: &[LiveNode], decisions: &[(usize, Decision)]) -> Vec<LiveNode> {
+    let mut left = nodes.to_vec();
+    for (name, k) in decisions.iter().flat_map(|(_, d)| &d.gpu_placement) {
+        if let Some(n) = left.iter_mut().find(|n| n.name == *name) {
+            n.gpus = n.gpus.saturating_sub(*k);
+        }
+    }
+    left
+}
+
+/// Places a starting CPU job's roles' processes that have GPUs of their own on the GPUs left
+/// on `nodes` (of the job's GPU model; any, when it names none), each on the node with the
+/// fewest left that holds it, and takes them off; whether all fit (`nodes` unchanged when
+/// not).
+pub(super) fn place_roles(job: &LiveJob, nodes: &mut [LiveNode]) -> bool {
+    let mut left: Vec<u32> = nodes.iter().map(|n| n.gpus).collect();
+    let of_model = |n: &LiveNode| job.gpu_type.as_deref().is_none_or(|m| m == n.gpu_type);
+    for r in job.roles.iter().filter(|r| !r.gpus.is_zero()) {
+        // A unit: one process's whole GPUs, or one GPU its sharing processes pack onto.
+        let (unit, per_unit) = (r.gpus.devices(), r.gpus.per_device());
+        let mut placed = 0;
+        while placed < r.count {
+            let Some(best) = (0..nodes.len())
+                .filter(|&n| of_model(&nodes[n]) && left[n] >= unit)
+                .min_by_key(|&n| (left[n], n))
+            else {
+                return false;
+            };
+            left[best] -= unit;
+            placed = (placed + per_unit).min(r.count);
+        }
+    }
+    for (n, l) in nodes.iter_mut().zip(left) {
+        n.gpus = l;
+    }
+    true
+}
+
 /// `" and its roles' (rollout ×2 of 1 GPUs)"` for a job whose roles have GPUs of their own.
-fn roles_with_gpus(job: &LiveJob) -> String {
+pub(super) fn roles_with_gpus(job: &LiveJob) -> String {
     let list: Vec<String> = job
         .roles
         .iter()
@@ -722,6 +761,42 @@ mod tests {
                 .any(|r| r.contains("and its roles' (rollout ×2 of 2 GPUs) do not all fit")),
             "{a:?}"
         );
+    }
+
+    #[test]
+    fn a_cpu_job_starts_only_where_its_roles_gpus_are_left() {
+        // A running GPU job holds `held` of the node's 4 A100s; a queued CPU job (2 workers)
+        // has a reward role of 2 processes with 1 GPU each.
+        let snap = |held: u32| {
+            let mut running = gpu_job(1, LiveState::Running, held, 1, Some("A100"));
+            (running.min_workers, running.max_workers) = (held, held);
+            let mut cpu_job = job(2, LiveState::Queued, 2, &[]);
+            cpu_job.max_workers = 2;
+            let mut reward = crate::live::tests::rollout(2, 0.0, 0.0);
+            reward.role = "reward".parse().unwrap();
+            (reward.gpus, reward.rate) = (Gpus::ONE, None);
+            cpu_job.roles = vec![reward];
+            LiveSnapshot {
+                now_s: 100.0,
+                cluster: LiveCluster {
+                    nodes: vec![node("a", 4, "A100")],
+                    ..cluster(16)
+                },
+                jobs: vec![running, cpu_job],
+            }
+        };
+        let plan = round(&snap(2));
+        assert_eq!(decision(&plan, 2).to_workers, 2, "{plan:?}");
+        let plan = round(&snap(3));
+        let d = decision(&plan, 2);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r
+                == "waits: its roles' GPUs (reward ×2 of 1 GPUs) do not fit on the GPUs the round leaves"),
+            "{d:?}"
+        );
+        // What it would have used of the CPU pool is not counted.
+        assert_eq!(plan.processes, 3, "{plan:?}");
     }
 
     #[test]

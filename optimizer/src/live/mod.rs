@@ -539,12 +539,21 @@ pub fn plan_round(
         .iter()
         .map(|(at, _)| &snapshot.jobs[*at])
         .collect();
+    let mut gpus_left = gpu::left_after(&cluster.nodes, &decisions);
     let mut ds: Vec<&mut Decision> = decisions.iter_mut().map(|(_, d)| d).collect();
     let capacity = roles::Room {
         cpu_millicores: cluster.cpu_millicores,
         processes: cluster.max_processes,
     };
-    roles::admit(&jobs, &mut ds, slot, capacity, &mut cpu, &mut processes);
+    roles::admit(
+        &jobs,
+        &mut ds,
+        slot,
+        capacity,
+        &mut cpu,
+        &mut processes,
+        &mut gpus_left,
+    );
     let taken = roles::balance(
         &jobs,
         &mut ds,

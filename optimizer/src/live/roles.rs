@@ -147,7 +147,9 @@ pub struct Room {
 /// Lets the queued jobs the round starts (`decisions[j].starts()`) start only where their
 /// service and single roles fit too, in submission order, within `capacity` less what the
 /// round uses (`cpu`, `processes`, updated: the roles of a start added, the training group of
-/// a withdrawn start taken off; `slot` is the round's slot size).
+/// a withdrawn start taken off; `slot` is the round's slot size). A CPU job's roles with GPUs
+/// of their own must fit on the GPUs the round leaves (`gpus_left`, taken from); a GPU job's
+/// were placed with its workers by the GPU round.
 pub fn admit(
     jobs: &[&LiveJob],
     decisions: &mut [&mut Decision],
@@ -155,6 +157,7 @@ pub fn admit(
     capacity: Room,
     cpu: &mut u64,
     processes: &mut u32,
+    gpus_left: &mut [super::LiveNode],
 ) {
     let mut order: Vec<usize> = (0..jobs.len())
         .filter(|&j| decisions[j].starts() && !jobs[j].roles.is_empty())
@@ -180,7 +183,10 @@ pub fn admit(
             .iter()
             .map(|r| format!("{} ×{}", r.role, r.count))
             .collect();
-        if need_cpu <= left_cpu && need <= left {
+        let fits = need_cpu <= left_cpu && need <= left;
+        let gpus_fit =
+            !fits || !job.worker_gpus.is_zero() || super::gpu::place_roles(job, gpus_left);
+        if fits && gpus_fit {
             *cpu += need_cpu;
             *processes += need;
             d.reasons.push(format!(
@@ -195,12 +201,19 @@ pub fn admit(
             * slot;
         *cpu = cpu.saturating_sub(own);
         *processes = processes.saturating_sub(d.to_ps + d.to_workers);
-        d.reasons.push(format!(
-            "waits: its roles {} need {need_cpu} m and {need} processes beside its {} workers; \
-             the round leaves {left_cpu} m and {left} processes",
-            names.join(", "),
-            d.to_workers
-        ));
+        d.reasons.push(if fits {
+            format!(
+                "waits: its roles' GPUs{} do not fit on the GPUs the round leaves",
+                super::gpu::roles_with_gpus(job).trim_start_matches(" and its roles'")
+            )
+        } else {
+            format!(
+                "waits: its roles {} need {need_cpu} m and {need} processes beside its {} \
+                 workers; the round leaves {left_cpu} m and {left} processes",
+                names.join(", "),
+                d.to_workers
+            )
+        });
         d.to_workers = 0;
         d.gpu_placement.clear();
     }
