@@ -50,7 +50,13 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
     let before = status(run.addr).await.unwrap();
     kill9(victim);
     let report = run.report().await;
-    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
+    // (Once in CI, 2026-11-27, two restarts were counted here; the events say why.)
+    assert_eq!(
+        report.restarts.get(&Role::WORKER),
+        Some(&1),
+        "{:#?}",
+        report.events
+    );
     // The final model counted each sample exactly once per epoch, through the rollback.
     assert_eq!(report.applied_samples, 2 * N);
     assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
