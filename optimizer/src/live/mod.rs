@@ -50,6 +50,7 @@ mod checks;
 mod correct;
 mod decision;
 mod gpu;
+mod gpu_place;
 mod hold;
 mod replay;
 mod roles;
@@ -539,7 +540,7 @@ pub fn plan_round(
         .iter()
         .map(|(at, _)| &snapshot.jobs[*at])
         .collect();
-    let mut gpus_left = gpu::left_after(&cluster.nodes, &decisions);
+    let mut gpus_left = gpu_place::left_after(&cluster.nodes, &decisions);
     let mut ds: Vec<&mut Decision> = decisions.iter_mut().map(|(_, d)| d).collect();
     let capacity = roles::Room {
         cpu_millicores: cluster.cpu_millicores,

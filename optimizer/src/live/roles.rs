@@ -185,7 +185,7 @@ pub fn admit(
             .collect();
         let fits = need_cpu <= left_cpu && need <= left;
         let gpus_fit =
-            !fits || !job.worker_gpus.is_zero() || super::gpu::place_roles(job, gpus_left);
+            !fits || !job.worker_gpus.is_zero() || super::gpu_place::place_roles(job, gpus_left);
         if fits && gpus_fit {
             *cpu += need_cpu;
             *processes += need;
@@ -204,7 +204,7 @@ pub fn admit(
         d.reasons.push(if fits {
             format!(
                 "waits: its roles' GPUs{} do not fit on the GPUs the round leaves",
-                super::gpu::roles_with_gpus(job).trim_start_matches(" and its roles'")
+                super::gpu_place::roles_with_gpus(job).trim_start_matches(" and its roles'")
             )
         } else {
             format!(
