@@ -440,6 +440,7 @@ async fn register_running(url: &str, dir: &Path, c: &Client, jobs: usize) -> Vec
                             max_ps: 0,
                             services: Vec::new(),
                             worker_bundle_gpu_milli: 0,
+                            training_role: String::new(),
                         }),
                     })
                     .await

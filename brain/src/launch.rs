@@ -18,7 +18,7 @@ use std::time::Duration;
 use ray_client::{RayApi, RuntimeEnv, SubmitRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
-use vocab::{JobSpec, Role};
+use vocab::JobSpec;
 
 use crate::BrainError;
 use crate::master_process::MasterProcess;
@@ -225,7 +225,8 @@ impl Launcher {
         auth::write_secret(&credential_file(&run_dir), token)
             .map_err(|e| BrainError::Internal(e.to_string()))?;
         let mut spec = spec.clone();
-        if let Some(w) = spec.roles.get_mut(&Role::WORKER) {
+        let trainer = spec.training_role();
+        if let Some(w) = spec.roles.get_mut(&trainer) {
             w.replicas = Some(workers as i64);
         }
         // On the brain's Ray cluster unless the job names a platform of its own.

@@ -107,7 +107,8 @@ pub fn predict(
         spec.role_plan(role)
             .map_err(|e| BrainError::InvalidArgument(e.to_string()))
     };
-    let w = plan(Role::WORKER)?;
+    let trainer = spec.training_role();
+    let w = plan(trainer)?;
     let ps = spec
         .roles
         .contains_key(&Role::PS)
@@ -119,7 +120,7 @@ pub fn predict(
             .and_then(|r| r.resources.clone())
             .unwrap_or_default()
     };
-    let (wr, pr) = (res(Role::WORKER), res(Role::PS));
+    let (wr, pr) = (res(trainer), res(Role::PS));
     let shape = Shape {
         kind: spec.kind,
         workers: w.replicas,
@@ -157,6 +158,7 @@ pub fn predict(
             })
             .collect(),
         worker_bundle_gpus: spec.worker_bundle(),
+        training_role: Some(trainer).filter(|&r| r != Role::WORKER),
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
     // Every role's GPUs, and each placement group whole, on the cluster's GPU nodes.

@@ -120,13 +120,23 @@ impl pb::brain_server::Brain for BrainService {
             .filter(|f| !f.straggler)
             .map(|f| (f.host.clone(), f.why.clone()))
             .collect();
+        let job = JobId(batch.job_id);
+        // Whose waits are the training's: the job's training role (`worker` unless its spec
+        // names its all-reduce group otherwise).
+        let trainer = self
+            .with_store(move |s| {
+                Ok(s.job(job)
+                    .ok()
+                    .and_then(|r| r.shape)
+                    .map_or(vocab::Role::WORKER, |x| x.trainer()))
+            })
+            .await?;
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
-            .map(reports::metric)
+            .map(|m| reports::metric(m, trainer))
             .collect::<Result<_, _>>()?;
         let want_lines = self.control.sink.is_some();
-        let job = JobId(batch.job_id);
         let (stored, lines) = self
             .with_store(move |s| {
                 let stored = s.add_metrics(job, &reports)?;
@@ -349,18 +359,22 @@ impl pb::brain_server::Brain for BrainService {
             migrations: r.migrations,
         })
         .map_err(|e| Status::invalid_argument(e.0))?;
+        let id = JobId(r.job_id);
+        let row = self.with_store(move |s| s.job(id)).await?;
+        let trainer = row
+            .shape
+            .as_ref()
+            .map_or(vocab::Role::WORKER, |s| s.trainer());
         let counts = PlanCounts {
-            workers: plan.count_of(vocab::Role::WORKER),
+            workers: plan.count_of(trainer),
             ps: plan.count_of(vocab::Role::PS),
             services: plan
                 .roles
                 .iter()
-                .filter(|(r, _)| **r != vocab::Role::WORKER && **r != vocab::Role::PS)
+                .filter(|(r, _)| **r != trainer && **r != vocab::Role::PS)
                 .map(|(r, t)| (*r, t.count))
                 .collect(),
         };
-        let id = JobId(r.job_id);
-        let row = self.with_store(move |s| s.job(id)).await?;
         if row.state != JobState::Running {
             return Err(Status::failed_precondition(format!(
                 "job {} is {}: only a running job can be scaled",

@@ -137,11 +137,13 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
             gpu_type: r.gpu_type.unwrap_or_default(),
         }
     };
-    let w = plan(Role::WORKER);
+    let trainer = spec.training_role();
+    let w = plan(trainer);
     pb::JobShape {
         kind: spec.kind.to_string(),
+        training_role: trainer.to_string(),
         workers: counts
-            .get(&Role::WORKER)
+            .get(&trainer)
             .copied()
             .filter(|n| *n > 0)
             .or(w.as_ref().map(|p| p.replicas))
@@ -160,7 +162,7 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         },
         min_ps: plan(Role::PS).map_or(0, |p| p.min),
         max_ps: plan(Role::PS).map_or(0, |p| p.max),
-        worker_resources: Some(res(Role::WORKER)),
+        worker_resources: Some(res(trainer)),
         ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::PS)),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
         services: ctx
@@ -198,7 +200,7 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
         } else {
             0.0
         },
-        workers: counts.get(&Role::WORKER).copied().unwrap_or(0),
+        workers: counts.get(&ctx.trainer()).copied().unwrap_or(0),
         ps: counts.get(&Role::PS).copied().unwrap_or(0),
         cpu_millicores: live()
             .filter_map(|s| s.sample.as_ref())

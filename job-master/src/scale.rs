@@ -52,6 +52,10 @@ pub enum PlanRejection {
     NoParameterServers(JobKind),
     #[error("the job has no {0} role")]
     NoSuchRole(Role),
+    #[error(
+        "the job has no worker role: its training group is {0} (`--role {0}=N`, not `--workers`)"
+    )]
+    TrainingNamed(Role),
     #[error("{role} count {count} is outside [min {min}, max {max}]")]
     OutOfBounds {
         role: Role,
@@ -135,7 +139,12 @@ pub fn validate(
             return Err(PlanRejection::NoParameterServers(spec.kind));
         }
         let Ok(bounds) = spec.role_plan(role) else {
-            return Err(PlanRejection::NoSuchRole(role));
+            let trainer = spec.training_role();
+            return Err(if role == Role::WORKER && trainer != Role::WORKER {
+                PlanRejection::TrainingNamed(trainer)
+            } else {
+                PlanRejection::NoSuchRole(role)
+            });
         };
         let count = target.count;
         if count < bounds.min || count > bounds.max {

@@ -260,6 +260,75 @@ async fn rejected_plans_leave_the_job_untouched() {
     assert_eq!(report.transitions.len(), 1);
 }
 
+/// An all-reduce group named freely (`actor`, `topology: allreduce`) is the job's training
+/// group under that name: its processes are `actor-N`, a plan resizes it by name (one naming
+/// `worker` is refused with the group's name), a killed rank restarts the group, and every
+/// sample is consumed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_reduce_group_named_actor_is_resized_by_its_name_and_finishes_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = builtin_yaml(dir.path(), "actor", "allreduce", 0, 2, N, 1, 60, 10)
+        .replace("  worker: {", "  actor: { topology: allreduce,");
+    let spec = vocab::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let cfg = workload_of(&spec);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    shards_at_least(addr, 4).await;
+    let actors = |s: &pb::JobStatus| {
+        s.processes
+            .iter()
+            .filter(|p| p.state != "removed")
+            .map(|p| p.role.clone())
+            .collect::<Vec<_>>()
+    };
+    let s = status(addr).await.unwrap();
+    assert_eq!(actors(&s), ["actor", "actor"], "{:?}", s.processes);
+    let mut c = client(addr).await;
+    let a = c
+        .apply_scale_plan(plan(1, Some(3), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !a.accepted
+            && a.reason
+                .contains("its training group is actor (`--role actor=N`"),
+        "{}",
+        a.reason
+    );
+    let by_name = |version, count| pb::ScalePlan {
+        version,
+        roles: vec![pb::RoleTarget {
+            role: "actor".into(),
+            count,
+            resources: None,
+        }],
+        ..Default::default()
+    };
+    send(addr, by_name(1, 3)).await;
+    let s = reached(addr, 1).await;
+    assert_eq!(actors(&s), ["actor"; 3], "{:?}", s.processes);
+    // A rank killed: the group restarts from its checkpoint (failover: role).
+    let done = s.shards_done;
+    shards_at_least(addr, done + 4).await;
+    kill9(pid_of(addr, "actor", 1).await);
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_each_sample_once(&report, N, 1);
+    assert_eq!(report.transitions.len(), 1);
+    let actor = vocab::Role::new("actor").unwrap();
+    assert!(
+        report.restarts.get(&actor).copied().unwrap_or(0) >= 1,
+        "{:?}",
+        report.restarts
+    );
+    assert!(!report.restarts.contains_key(&vocab::Role::WORKER));
+    let (reference, _) = reference::train_dense(&cfg, 1000).unwrap();
+    assert_close(report.final_eval_loss.unwrap(), reference);
+    assert_no_process_left(addr).await;
+}
+
 /// `job-master scale` sends a plan by hand and follows it, finding the master, the job's
 /// secret and its TLS from the run directory alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,8 +101,10 @@ pub fn size(
         ));
     }
 
-    // Workers first: a PS count from similar jobs' speed model is chosen for them.
-    for role in [Role::WORKER, Role::PS] {
+    // Workers (the training group, whatever its name) first: a PS count from similar jobs'
+    // speed model is chosen for them.
+    let trainer = spec.training_role();
+    for role in [trainer, Role::PS] {
         let Some(r) = spec.roles.get(&role).cloned() else {
             continue;
         };
@@ -111,7 +113,7 @@ pub fn size(
         let cpu = match (resources.cpu, learned) {
             (Some(c), _) => c,
             (None, Some(l))
-                if role == Role::WORKER
+                if role == trainer
                     && l.worker_millicores.is_finite()
                     && l.worker_millicores > 0.0 =>
             {
@@ -167,7 +169,7 @@ pub fn size(
         };
         let memory = match (resources.memory, learned) {
             (Some(m), _) => m,
-            (None, Some(l)) if role == Role::WORKER => {
+            (None, Some(l)) if role == trainer => {
                 let mib = l.worker_mib.max(64.0) as u64;
                 reasons.push(format!(
                     "worker memory: {mib} MiB from the job-profile model ({} jobs, margin for \
@@ -225,11 +227,13 @@ pub fn size(
             let max = r.max.unwrap_or(min);
             let past: Vec<u64> = similar
                 .iter()
-                .filter_map(|p| match role {
-                    Role::PS => Some(p.ps as u64),
-                    Role::WORKER => Some(p.workers as u64),
+                .filter_map(|p| {
                     // Past jobs record their ps and workers only.
-                    _ => None,
+                    if role == Role::PS {
+                        Some(p.ps as u64)
+                    } else {
+                        (role == trainer).then_some(p.workers as u64)
+                    }
                 })
                 .collect();
             let modelled = (role == Role::PS)
@@ -238,7 +242,7 @@ pub fn size(
             let (n, why) = match (modelled, median(past)) {
                 (Some((n, why)), _) => (n, why),
                 (None, Some(n)) => (n as i64, "the median of similar jobs".to_string()),
-                (None, None) if role == Role::WORKER => (2, "default".to_string()),
+                (None, None) if role == trainer => (2, "default".to_string()),
                 (None, None) => (1, "default".to_string()),
             };
             let n = (n / unit * unit).clamp(min, max);
@@ -264,7 +268,7 @@ fn ps_from_model(
     min: i64,
     max: i64,
 ) -> Option<(i64, String)> {
-    let workers = spec.roles.get(&Role::WORKER)?.replicas? as u32;
+    let workers = spec.roles.get(&spec.training_role())?.replicas? as u32;
     let points: Vec<PsSpeedPoint> = similar.iter().flat_map(|p| p.ps_speed.clone()).collect();
     let model = PsSpeedModel::fit(&points).ok()?;
     let (lo, hi) = (min.max(1) as u32, max.max(1) as u32);

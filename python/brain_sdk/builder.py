@@ -19,9 +19,10 @@
 field paths name what is wrong). A role's program is an argv list, a shell-free string split
 like a shell would, or `module:Class` / `path/to/file.py:Class`: the SDK then serves an
 instance of that class to the job's other roles (`python -m brain_sdk.roles module:Class`, see
-`roles`). The training roles
-(`worker`, and `ps` in a ps job) run the job's workload: give it with `.role("worker").run(...)`
-or `.builtin(...)`.
+`roles`). The training roles run the job's workload: `worker` (and `ps` in a ps job), or in an
+allreduce job the role given `.topology("allreduce")` (an `actor`, a `trainer`: the all-reduce
+group named freely); give it with `.role("actor").topology("allreduce").run(...)` or
+`.builtin(...)`, in any order.
 
 Placement: `.colocate("actor", "critic")` keeps those roles' processes on one node
 (`strict_pack`; `strict=False` for `pack`), `.spread("rollout")` puts them on different nodes
@@ -63,13 +64,15 @@ class _Role:
     def __init__(self, name: str):
         self.name = name
         self.spec: Dict[str, Any] = {}
+        # What it runs and its environment: the role's own, or, for the training roles, the
+        # job's workload (decided at build(), when every role's topology is known).
+        self.program: Optional[List[str]] = None
+        self.env: Dict[str, str] = {}
 
 
 class JobBuilder:
     """A job spec, one role at a time. Methods after `.role(name)` set that role; the others
     set the job."""
-
-    _TRAINING = ("worker", "ps")
 
     def __init__(self, name: str, kind: str = "allreduce"):
         if kind not in ("allreduce", "ps"):
@@ -98,18 +101,13 @@ class JobBuilder:
         args: Sequence[str] = (),
     ) -> Any:
         """With a program: the current role's program (argv, a command line, or
-        `module:Class`, served to the other roles; for `worker` and `ps` the job's workload
+        `module:Class`, served to the other roles; for the training roles the job's workload
         command). Without: runs the job to its end with a local job master (`job-master run`,
         `args` after the spec), raising CalledProcessError if it did not succeed."""
         if program is None:
             exe = _binary("job-master", job_master)
             return self._with_file([exe, "run"], list(args), absolute=True, check=True)
-        r = self._role("run")
-        argv = _program(program)
-        if r.name in self._TRAINING:
-            self._spec["workload"]["command"] = argv
-        else:
-            r.spec["command"] = argv
+        self._role("run").program = _program(program)
         return self
 
     def builtin(self, **settings: Any) -> "JobBuilder":
@@ -162,8 +160,9 @@ class JobBuilder:
         return self
 
     def topology(self, topology: str) -> "JobBuilder":
-        """`service` (independent replicas; the default for roles other than worker and ps)
-        or `single` (one process)."""
+        """`service` (independent replicas; the default for roles other than worker and ps),
+        `single` (one process), or `allreduce`: this role is the job's all-reduce training
+        group, in place of `worker`."""
         self._role("topology").spec["topology"] = topology
         return self
 
@@ -178,12 +177,12 @@ class JobBuilder:
 
     def env(self, **variables: str) -> "JobBuilder":
         """Extra environment: of the current role's processes, or of the training processes
-        (before any `.role`, or on worker/ps)."""
+        (before any `.role`, or on a training role)."""
         r = self._current
-        if r is None or r.name in self._TRAINING:
+        if r is None:
             self._spec["workload"].setdefault("env", {}).update(variables)
         else:
-            r.spec.setdefault("env", {}).update(variables)
+            r.env.update(variables)
         return self
 
     # --- the job ---------------------------------------------------------------------------
@@ -247,11 +246,39 @@ class JobBuilder:
         as can be (`spread`)."""
         return self.place(*roles, strategy="strict_spread" if strict else "spread")
 
+    def _training(self) -> List[str]:
+        """The roles that run the job's workload: `ps` and `worker` of a ps job; of an
+        allreduce job the one said `.topology("allreduce")`, else `worker`."""
+        if self._spec["kind"] == "ps":
+            return ["ps", "worker"]
+        named = [n for n, r in self._roles.items() if r.spec.get("topology") == "allreduce"]
+        return named or ["worker"]
+
     def build(self) -> Dict[str, Any]:
         """The spec, as the dict its YAML parses to."""
         spec = json.loads(json.dumps(self._spec))
+        training = self._training()
         for name, r in self._roles.items():
-            spec["roles"][name] = dict(r.spec)
+            role = dict(r.spec)
+            if name not in training:
+                if r.program is not None:
+                    role["command"] = list(r.program)
+                if r.env:
+                    role["env"] = dict(r.env)
+            else:
+                workload = spec["workload"]
+                if r.program is not None:
+                    given = workload.get("command")
+                    if given is not None and given != r.program:
+                        raise BrainError(
+                            f"role {name}: run() gives the training roles a second program "
+                            f"({' '.join(r.program)!r} after {' '.join(given)!r}); they run one "
+                            "workload"
+                        )
+                    workload["command"] = list(r.program)
+                if r.env:
+                    workload.setdefault("env", {}).update(r.env)
+            spec["roles"][name] = role
         return spec
 
     def to_yaml(self) -> str:

@@ -182,6 +182,27 @@ class Builder(unittest.TestCase):
         self.assertEqual(spec["roles"]["driver"], {"topology": "single", "command": ["drive", "--once"]})
         self.assertEqual(json.loads(JobBuilder("x").to_yaml())["name"], "x")
 
+    def test_the_all_reduce_group_is_named_by_its_topology_said_in_any_order(self):
+        from brain_sdk import JobBuilder
+
+        spec = (
+            JobBuilder("rl")
+            .role("actor").run("python3 train.py").env(A="1").total(2).topology("allreduce")
+            .role("rollout").run(["engine"]).env(B="2")
+            .build()
+        )
+        self.assertEqual(spec["workload"]["command"], ["python3", "train.py"])
+        self.assertEqual(spec["workload"]["env"], {"A": "1"})
+        self.assertEqual(spec["roles"]["actor"], {"replicas": 2, "topology": "allreduce"})
+        self.assertEqual(spec["roles"]["rollout"], {"command": ["engine"], "env": {"B": "2"}})
+        # Without the topology, `actor` is a service with a program of its own.
+        plain = JobBuilder("rl").role("actor").run(["a"]).role("worker").run(["t"]).build()
+        self.assertEqual(plain["roles"]["actor"], {"command": ["a"]})
+        self.assertEqual(plain["workload"]["command"], ["t"])
+        # A ps job's training roles run one workload.
+        with self.assertRaisesRegex(BrainError, "role worker: run\\(\\) gives the training roles a second"):
+            JobBuilder("p", kind="ps").role("ps").run(["a"]).role("worker").run(["b"]).build()
+
     def test_placement_groups_land_where_the_yaml_puts_them(self):
         from brain_sdk import JobBuilder
 

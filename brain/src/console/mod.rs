@@ -346,7 +346,8 @@ fn process_names(shape: Option<&pb::JobShape>) -> Vec<String> {
     let Some(s) = shape else {
         return Vec::new();
     };
-    let mut names: Vec<String> = (0..s.workers).map(|i| format!("worker-{i}")).collect();
+    let trainer = pages::trainer(s);
+    let mut names: Vec<String> = (0..s.workers).map(|i| format!("{trainer}-{i}")).collect();
     names.extend((0..s.ps).map(|i| format!("ps-{i}")));
     for r in &s.services {
         names.extend((0..r.count).map(|i| format!("{}-{i}", r.role)));
@@ -360,6 +361,9 @@ struct ScaleForm {
     csrf: String,
     #[serde(default)]
     workers: String,
+    /// The role `workers` counts: the job's training group's name (`worker` when left out).
+    #[serde(default)]
+    training_role: String,
     #[serde(default)]
     ps: String,
     #[serde(default)]
@@ -392,7 +396,11 @@ async fn scale(
         Err(why) => (false, why),
         Ok((None, None)) => (false, "Say how many workers (or ps) to scale to.".into()),
         Ok((workers, ps)) => {
-            let roles = [("worker", workers), ("ps", ps)]
+            let trainer = match form.training_role.trim() {
+                "" => "worker",
+                name => name,
+            };
+            let roles = [(trainer, workers), ("ps", ps)]
                 .into_iter()
                 .filter_map(|(role, n)| {
                     n.map(|count| proto::jobmaster::v1::RoleTarget {

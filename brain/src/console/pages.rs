@@ -94,14 +94,25 @@ pub fn error(session: Option<&Session>, message: &str) -> Markup {
     )
 }
 
+/// The role name of a job's training group: `worker`, or its all-reduce group's own name.
+pub fn trainer(s: &pb::JobShape) -> &str {
+    match s.training_role.as_str() {
+        "" => "worker",
+        name => name,
+    }
+}
+
 /// The sizes of a job's role groups, e.g. `worker 3 [1, 4], ps 1, rollout 2`.
 pub fn sizes(shape: Option<&pb::JobShape>) -> String {
     let Some(s) = shape else {
         return String::new();
     };
     let mut parts = vec![format!(
-        "worker {} [{}, {}]",
-        s.workers, s.min_workers, s.max_workers
+        "{} {} [{}, {}]",
+        trainer(s),
+        s.workers,
+        s.min_workers,
+        s.max_workers
     )];
     if s.ps > 0 {
         parts.push(format!("ps {}", s.ps));
@@ -246,7 +257,9 @@ pub fn job(s: &Session, v: &JobView<'_>) -> Markup {
         @if operator && running {
             form method="post" action=(format!("{url}/scale")) id="scale" {
                 input type="hidden" name="csrf" value=(s.csrf);
-                label { "workers " input type="number" name="workers" min="0" id="workers"; }
+                @let trainer = j.shape.as_ref().map_or("worker", trainer);
+                input type="hidden" name="training_role" value=(trainer);
+                label { (trainer) " " input type="number" name="workers" min="0" id="workers"; }
                 @if j.shape.as_ref().is_some_and(|s| s.ps > 0) {
                     " " label { "ps " input type="number" name="ps" min="0"; }
                 }

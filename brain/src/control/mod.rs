@@ -529,8 +529,14 @@ impl Control {
                 let (from, migrations) = (d.from_workers, d.migrations.len());
                 let r = self
                     .with_store(move |s| {
-                        let body =
-                            |version| jm::ScalePlan::from(&d.scale_plan(version)).encode_to_vec();
+                        // The plan names the training group as the job does.
+                        let trainer = s
+                            .job(job)?
+                            .shape
+                            .map_or(vocab::Role::WORKER, |x| x.trainer());
+                        let body = |version| {
+                            jm::ScalePlan::from(&d.scale_plan(version, trainer)).encode_to_vec()
+                        };
                         s.propose_plan(job, &body, &why, counts, &d.corrections, now_unix_ms())
                     })
                     .await;
@@ -571,7 +577,7 @@ impl Control {
                 problem: e.to_string(),
             })?;
         if let Some(model) = &gpu_type {
-            let worker = spec.roles.entry(vocab::Role::WORKER).or_default();
+            let worker = spec.roles.entry(spec.training_role()).or_default();
             worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
         }
         let token = self.mint(job).await?;

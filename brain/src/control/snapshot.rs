@@ -62,7 +62,7 @@ pub(super) fn take(
         let plan_in_flight = (row.plan_version > row.reached_version
             && row.plan_version != row.rejected_version)
             || row.cancel_requested.is_some();
-        let (ps_processes, worker_processes) = store.processes(row.id);
+        let (ps_processes, worker_processes) = store.processes(row.id, shape.trainer());
         // The PS count the job master reports, unless a plan that changes it is on its way.
         let ps = if ps_processes.is_empty() {
             shape.ps

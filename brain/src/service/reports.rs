@@ -6,7 +6,8 @@ use tonic::Status;
 
 use crate::store::{Metric, ProcessSample, SlowNode, StragglerNote};
 
-pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
+/// `trainer` is the job's training role: its callers' waits are the training's.
+pub(super) fn metric(m: pb::MetricReport, trainer: vocab::Role) -> Result<Metric, Status> {
     let processes = m
         .processes
         .iter()
@@ -24,7 +25,7 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
                     served_per_s: r.served_per_s,
                     busy_share: r.busy_share,
                     callers_wait_share: r.callers_wait_share,
-                    training_wait_share: training_wait(r),
+                    training_wait_share: training_wait(r, trainer),
                 },
             ))
         })
@@ -78,12 +79,12 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
     })
 }
 
-/// How much of its time the job's training group (its `worker`s) spent waiting for the role
-/// (0 when they do not call it).
-fn training_wait(r: &proto::jobmaster::v1::RoleRate) -> f64 {
+/// How much of its time the job's training group (its `trainer` role) spent waiting for the
+/// role (0 when they do not call it).
+fn training_wait(r: &proto::jobmaster::v1::RoleRate, trainer: vocab::Role) -> f64 {
     r.caller_waits
         .iter()
-        .filter(|c| c.role == vocab::Role::WORKER.as_str())
+        .filter(|c| c.role == trainer.as_str())
         .map(|c| c.wait_share)
         .fold(0.0, f64::max)
 }

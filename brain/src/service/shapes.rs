@@ -37,6 +37,12 @@ pub(super) fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
 }
 
 pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
+    if s.kind == "ps" && !matches!(s.training_role.as_str(), "" | "worker") {
+        return Err(BrainError::InvalidArgument(format!(
+            "job shape: training_role {:?}: a ps job's training group is its `worker` role",
+            s.training_role
+        )));
+    }
     let gpu_type = s
         .worker_resources
         .as_ref()
@@ -85,12 +91,20 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
             .collect::<Result<_, BrainError>>()?,
         worker_bundle_gpus: (s.worker_bundle_gpu_milli > 0)
             .then(|| vocab::Gpus::from_milli(s.worker_bundle_gpu_milli)),
+        training_role: match s.training_role.as_str() {
+            "" => None,
+            name => Some(vocab::wire::role(name).map_err(|e| {
+                BrainError::InvalidArgument(format!("job shape: training_role: {}", e.0))
+            })?)
+            .filter(|&r| r != vocab::Role::WORKER),
+        },
     })
 }
 
 pub(super) fn shape_to(s: Shape) -> pb::JobShape {
     pb::JobShape {
         kind: s.kind.to_string(),
+        training_role: s.trainer().to_string(),
         workers: s.workers,
         min_workers: s.min_workers,
         max_workers: s.max_workers,

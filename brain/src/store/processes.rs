@@ -203,8 +203,12 @@ impl Processes {
             .unwrap_or_default()
     }
 
-    /// The job's parameter servers and workers, by index.
-    pub(super) fn of(&self, job: JobId) -> (Vec<ProcessRuntime>, Vec<ProcessRuntime>) {
+    /// The job's parameter servers and workers (its `trainer` role's processes), by index.
+    pub(super) fn of(
+        &self,
+        job: JobId,
+        trainer: Role,
+    ) -> (Vec<ProcessRuntime>, Vec<ProcessRuntime>) {
         let Some(j) = self.jobs.get(&job) else {
             return Default::default();
         };
@@ -215,7 +219,7 @@ impl Processes {
                 .map(|(_, p)| p.clone())
                 .collect()
         };
-        (role(Role::PS), role(Role::WORKER))
+        (role(Role::PS), role(trainer))
     }
 
     pub(super) fn changes(&self, job: JobId) -> Vec<Change> {
@@ -336,7 +340,7 @@ mod tests {
         let job = JobId(1);
         p.fold(job, &[report(3000, &[30], 0), report(1000, &[10, 11], 0)]);
         p.fold(job, &[report(2000, &[20, 21], 0)]); // older than what is known: ignored
-        let (ps, workers) = p.of(job);
+        let (ps, workers) = p.of(job, Role::WORKER);
         assert!(workers.is_empty());
         assert_eq!(ps.len(), 1, "ps-1 left in the 3000 report: {ps:?}");
         assert_eq!(
@@ -348,10 +352,10 @@ mod tests {
         for t in 0..40 {
             p.fold(job, &[report(4000 + t, &[t as u64], 0)]);
         }
-        assert_eq!(p.of(job).0[0].cpu_samples.len(), CPU_SAMPLES);
+        assert_eq!(p.of(job, Role::WORKER).0[0].cpu_samples.len(), CPU_SAMPLES);
         p.fold(job, &[report(10_000, &[0], 1500)]);
-        assert_eq!(p.of(job).0[0].pending_since_s, Some(8.5));
+        assert_eq!(p.of(job, Role::WORKER).0[0].pending_since_s, Some(8.5));
         p.forget(job);
-        assert!(p.of(job).0.is_empty());
+        assert!(p.of(job, Role::WORKER).0.is_empty());
     }
 }

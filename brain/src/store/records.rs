@@ -260,6 +260,10 @@ pub struct Shape {
     /// roles (`placement:` with `share_devices`): the round places workers by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_bundle_gpus: Option<vocab::Gpus>,
+    /// The training group's role name when it is not `worker` (an all-reduce group named
+    /// freely, e.g. `actor`): the role whose counts are `workers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_role: Option<vocab::Role>,
 }
 
 /// A service or single role of a job as the brain keeps it.
@@ -279,17 +283,28 @@ pub struct ServiceShape {
 }
 
 impl Shape {
-    /// Whether an operator's plan to `workers` workers and `ps` parameter servers fits this
-    /// job (its bounds and node unit, its kind); the reason when not.
+    /// The training group's role: `worker`, or the name its spec gave it.
+    pub fn trainer(&self) -> vocab::Role {
+        self.training_role.unwrap_or(vocab::Role::WORKER)
+    }
+
     /// Whether the counts `plan` sets for any role fit this job: its training group's as
     /// [`Shape::check_counts`], its service roles' within their bounds; a role the job does not
     /// have is refused by name.
     pub fn check_plan(&self, plan: &vocab::ScalePlan) -> Result<(), String> {
         for (&role, t) in &plan.roles {
-            if role == vocab::Role::WORKER || role == vocab::Role::PS {
+            if role == self.trainer() || role == vocab::Role::PS {
                 continue;
             }
             let Some(s) = self.services.get(&role) else {
+                if role == vocab::Role::WORKER {
+                    return Err(format!(
+                        "the job has no worker role: its training group is {} (`--role {}=N`, \
+                         not `--workers`)",
+                        self.trainer(),
+                        self.trainer()
+                    ));
+                }
                 return Err(format!("the job has no {role} role"));
             };
             if !(s.min..=s.max).contains(&t.count) {
@@ -300,11 +315,13 @@ impl Shape {
             }
         }
         self.check_counts(
-            plan.count_of(vocab::Role::WORKER),
+            plan.count_of(self.trainer()),
             plan.count_of(vocab::Role::PS),
         )
     }
 
+    /// Whether an operator's plan to `workers` workers and `ps` parameter servers fits this
+    /// job (its bounds and node unit, its kind); the reason when not.
     pub fn check_counts(&self, workers: Option<u32>, ps: Option<u32>) -> Result<(), String> {
         if let Some(w) = workers {
             if !(self.min_workers..=self.max_workers).contains(&w) {

@@ -124,15 +124,17 @@ impl Store {
         Ok(reports.len())
     }
 
-    /// The job's parameter servers and workers as its latest reports described them.
+    /// The job's parameter servers and workers (the processes of its training role,
+    /// `trainer`) as its latest reports described them.
     pub fn processes(
         &self,
         job: JobId,
+        trainer: vocab::Role,
     ) -> (
         Vec<optimizer::heuristics::ProcessRuntime>,
         Vec<optimizer::heuristics::ProcessRuntime>,
     ) {
-        self.processes.of(job)
+        self.processes.of(job, trainer)
     }
 
     /// The job's effective training time and stragglers, as its newest report gave them

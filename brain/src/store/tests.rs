@@ -127,7 +127,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         gpu_memory_bytes: 0,
     }];
     s.add_metrics(a, &[m]).unwrap();
-    let (ps, workers) = s.processes(a);
+    let (ps, workers) = s.processes(a, vocab::Role::WORKER);
     assert_eq!((ps.len(), workers.len()), (1, 0));
     // Speeds by (workers, PS), for the job's PS speed model.
     assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 10.0)]);
@@ -177,7 +177,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     assert_eq!(row.workers, 2, "the worker count and its cool-down stay");
     assert_eq!(s.corrections(a), vec![added]);
     s.finish(a, JobState::Succeeded, "done", 100, 40).unwrap();
-    assert!(s.processes(a).0.is_empty() && s.corrections(a).is_empty());
+    assert!(s.processes(a, vocab::Role::WORKER).0.is_empty() && s.corrections(a).is_empty());
 }
 
 #[test]

@@ -53,7 +53,7 @@ impl JobContext {
         }
         let t = self.in_hand();
         let waited = now_ms.saturating_sub(t.step_started_ms);
-        let (from, to) = (t.from[&Role::WORKER], t.to[&Role::WORKER]);
+        let (from, to) = (t.from[&self.trainer()], t.to[&self.trainer()]);
         let version = t.plan.version;
         let rdzv = self.group.rendezvous().expect("allreduce jobs have one");
         let late: Vec<u32> = (from..to).filter(|&i| !rdzv.has_joined(i)).collect();
@@ -159,7 +159,7 @@ impl JobContext {
         let switched = self
             .slots
             .values()
-            .filter(|s| s.key.role == Role::WORKER && s.phase == SlotPhase::Running)
+            .filter(|s| s.key.role == self.trainer() && s.phase == SlotPhase::Running)
             .all(|s| s.ps_version == layout);
         if !(self.ps_layout_running() && switched) {
             return Next::Wait;
@@ -185,7 +185,7 @@ impl JobContext {
         let t = self.in_hand();
         let (version, round_after) = (t.plan.version, t.round_after);
         let waited = now_ms.saturating_sub(t.step_started_ms);
-        let planned = t.to.get(&Role::WORKER).copied().unwrap_or(0);
+        let planned = t.to.get(&self.trainer()).copied().unwrap_or(0);
         if let Some(r) = self.rendezvous_now() {
             // Only the plan's own workers are worth re-forming for: one past its size is told
             // at the next round that it was removed.

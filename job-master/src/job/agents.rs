@@ -144,7 +144,7 @@ impl JobContext {
         if phase == SlotPhase::Removing && exit_code == 0 && signal == 0 {
             return Ok(self.remove_slot(key, now_ms));
         }
-        if exit_code == 0 && signal == 0 && key.role == Role::WORKER {
+        if exit_code == 0 && signal == 0 && key.role == self.trainer() {
             self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
             self.log(now_ms, format!("{key} finished"));
             return Ok(self.check_done(now_ms));
@@ -265,7 +265,7 @@ impl JobContext {
         let whole_job = self.spec.failover(key.role) == crate::spec::Failover::Job;
         let group = whole_job
             || !(self.spec.kind == JobKind::Ps
-                && key.role == Role::WORKER
+                && key.role == self.trainer()
                 && !self.restarts_to_rescale());
         if !group && self.slots[&key].phase == SlotPhase::Removing {
             self.log_as(

@@ -57,12 +57,12 @@ impl JobContext {
         if !slot.phase.is_live() {
             // A removed allreduce member learns it here, at the step boundary where the group
             // re-forms; it leaves without holding anything.
-            if self.spec.kind == JobKind::Allreduce && key.role == Role::WORKER {
+            if self.spec.kind == JobKind::Allreduce && key.role == self.trainer() {
                 // Its agent learns from its next heartbeat that it is done; no stop needed.
                 let _ = self.remove_slot(key, now_ms);
             }
             view.removed = slot.phase == SlotPhase::Removed
-                || (self.spec.kind == JobKind::Allreduce && key.role == Role::WORKER);
+                || (self.spec.kind == JobKind::Allreduce && key.role == self.trainer());
             if view.removed {
                 return Ok(view);
             }
@@ -107,7 +107,7 @@ impl JobContext {
                 let live_workers = self
                     .slots
                     .values()
-                    .filter(|s| s.key.role == Role::WORKER && s.phase.is_live())
+                    .filter(|s| s.key.role == self.trainer() && s.phase.is_live())
                     .count() as u32;
                 let ps_to = self
                     .transition
@@ -116,8 +116,9 @@ impl JobContext {
                 // Workers start only once every PS of the layout runs its current incarnation:
                 // an old PS process about to restart must never receive a push.
                 let layout_running = self.ps_layout_running();
+                let trainer = self.trainer();
                 let cluster = self.group.cluster_mut().expect("ps jobs have one");
-                if key.role == Role::WORKER {
+                if key.role == trainer {
                     cluster.set_worker(key.index, addr);
                 }
                 if let Some((joined, all)) = barrier {
@@ -161,11 +162,12 @@ impl JobContext {
             }
         }
         if view.ready {
+            let trainer = self.trainer();
             let s = self.slots.get_mut(&key).expect("checked");
             if s.phase == SlotPhase::Restarting {
                 s.phase = SlotPhase::Running;
             }
-            if key.role == Role::WORKER
+            if key.role == trainer
                 && let Some(c) = self.group.cluster()
             {
                 s.ps_version = c.ps_version;
@@ -197,7 +199,7 @@ impl JobContext {
         let mut effects = Vec::new();
         let layout = self.group.cluster().map_or(0, |c| c.ps_version);
         let phase = self.slots[&key].phase;
-        let ps_worker = self.spec.kind == JobKind::Ps && key.role == Role::WORKER;
+        let ps_worker = self.spec.kind == JobKind::Ps && key.role == self.trainer();
         // An allreduce member being removed stays in the ring until the group re-forms.
         if phase == SlotPhase::Removed || (ps_worker && phase == SlotPhase::Removing) {
             // A removed ps worker hands back what it holds and leaves.
@@ -388,7 +390,7 @@ impl JobContext {
             return Vec::new();
         }
         let chief = SlotKey {
-            role: Role::WORKER,
+            role: self.trainer(),
             index: 0,
         };
         // A ps command runs TF's ParameterServerStrategy: worker 0 is the chief and the only
@@ -403,7 +405,7 @@ impl JobContext {
             || self
                 .slots
                 .values()
-                .filter(|s| s.key.role == Role::WORKER && s.phase.is_live())
+                .filter(|s| s.key.role == self.trainer() && s.phase.is_live())
                 .all(|s| s.phase == SlotPhase::Succeeded);
         let data_done = if self.is_builtin() {
             self.ledger.is_complete() && self.final_eval_loss.is_some()
@@ -449,7 +451,7 @@ impl JobContext {
             .slots
             .values()
             .filter(|s| {
-                s.key.role == Role::WORKER
+                s.key.role == self.trainer()
                     && matches!(
                         s.phase,
                         SlotPhase::Launching | SlotPhase::Running | SlotPhase::Restarting
@@ -522,7 +524,7 @@ impl JobContext {
         let workers: Vec<(&SlotKey, &MetricsRecord)> = self
             .metrics
             .iter()
-            .filter(|(k, _)| k.role == Role::WORKER)
+            .filter(|(k, _)| k.role == self.trainer())
             .collect();
         let step = match self.spec.kind {
             JobKind::Allreduce => workers

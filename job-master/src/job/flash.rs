@@ -250,7 +250,7 @@ impl JobContext {
             return Some("the group restarts from it");
         }
         let t = self.transition.as_ref()?;
-        let grows = t.to.get(&Role::WORKER) > t.from.get(&Role::WORKER);
+        let grows = t.to.get(&self.trainer()) > t.from.get(&self.trainer());
         let moving = self.slots.values().any(|s| s.migrate_to.is_some());
         (grows || moving).then_some("the plan's new processes load it from disk")
     }

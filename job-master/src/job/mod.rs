@@ -581,7 +581,7 @@ impl JobContext {
                 });
             }
             match (spec.kind, role) {
-                (JobKind::Allreduce, Role::WORKER) => {
+                (JobKind::Allreduce, _) if role == spec.training_role() => {
                     let mut r = RoundRendezvous::new(
                         plan.min,
                         plan.max,
@@ -716,6 +716,12 @@ impl JobContext {
     /// `in_place`): a plan restarts the whole group at the new size, as TorchElastic does.
     pub fn restarts_to_rescale(&self) -> bool {
         !self.is_builtin() && self.spec.workload.rescale != Some(crate::spec::Rescale::InPlace)
+    }
+
+    /// The role of the training group's processes: `worker`, or the all-reduce group's own
+    /// name (`JobSpec::training_role`).
+    pub fn trainer(&self) -> Role {
+        self.spec.training_role()
     }
 
     /// A script on the Python SDK joins the rendezvous itself: its agent starts it at once.

@@ -55,7 +55,7 @@ impl JobContext {
     fn may_shrink(&mut self, key: SlotKey, now_ms: u64) -> bool {
         let live = self.role_counts().get(&key.role).copied().unwrap_or(0);
         let min = self.spec.role_plan(key.role).map_or(live, |p| p.min).max(1);
-        if key.role == Role::WORKER && live > min {
+        if key.role == self.trainer() && live > min {
             return true;
         }
         self.log_as(
@@ -117,7 +117,7 @@ impl JobContext {
             return None;
         }
         // Workers first: a ps worker moves alone; a parameter server takes a cut.
-        let (key, host) = [Role::WORKER, Role::PS].iter().find_map(|role| {
+        let (key, host) = [self.trainer(), Role::PS].iter().find_map(|role| {
             self.slots
                 .values()
                 .find(|s| {
@@ -177,7 +177,7 @@ impl JobContext {
         let (doing, _) = self.moving(key);
         let mut effects = Vec::new();
         let alone = self.spec.kind == JobKind::Ps
-            && key.role == Role::WORKER
+            && key.role == self.trainer()
             && !self.restarts_to_rescale();
         if alone {
             let shrink = self.stability.shrinking;

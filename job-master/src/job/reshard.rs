@@ -107,8 +107,9 @@ impl JobContext {
             c.ps.retain(|&i, _| i < n);
             c.ps_version += 1;
         }
+        let trainer = self.trainer();
         if let Some(r) = self.group.rendezvous_mut() {
-            r.expected = to[&Role::WORKER];
+            r.expected = to[&trainer];
         }
         let round_after = self
             .group

@@ -139,10 +139,10 @@ impl JobContext {
         slot.migrate_to = None;
         self.ledger.release(&key.role.to_string(), key.index);
         if let Some(c) = self.group.cluster_mut() {
-            match key.role {
-                Role::WORKER => c.remove_worker(key.index),
-                Role::PS => c.remove_ps(key.index),
-                _ => {}
+            if key.role == Role::PS {
+                c.remove_ps(key.index);
+            } else if key.role == Role::WORKER {
+                c.remove_worker(key.index);
             }
         }
         if self.evaluator == Some(key) {
@@ -166,6 +166,7 @@ impl JobContext {
             }
         }
         let ps_change = from.get(&Role::PS) != to.get(&Role::PS);
+        let trainer = self.trainer();
         let mut effects = Vec::new();
         for (&role, &n) in &to {
             let now = from[&role];
@@ -177,7 +178,7 @@ impl JobContext {
                 let key = SlotKey { role, index };
                 let slot = self.slots.get_mut(&key).expect("live slot");
                 if matches!(slot.phase, SlotPhase::Launching | SlotPhase::Restarting)
-                    && role == Role::WORKER
+                    && role == trainer
                 {
                     effects.extend(self.remove_slot(key, now_ms));
                 } else {
@@ -188,7 +189,8 @@ impl JobContext {
         let restart = self.restarts_to_rescale() && (from != to || !plan.migrations.is_empty());
         let mut state_moves = false;
         for m in &plan.migrations {
-            let stateless = self.spec.kind == JobKind::Ps && m.key.role == Role::WORKER && !restart;
+            let stateless =
+                self.spec.kind == JobKind::Ps && m.key.role == self.trainer() && !restart;
             self.slots.get_mut(&m.key).expect("validated").migrate_to = Some(m.resources.clone());
             self.log(
                 now_ms,
@@ -220,8 +222,9 @@ impl JobContext {
         // again at the target size with a new rank layout, port and restart count.
         // A script that joins the rendezvous itself is started at once: the group trains on
         // until the processes a plan adds have imported their framework and joined.
-        let warm_up =
-            needs_cut && self.process_joins() && to.get(&Role::WORKER) > from.get(&Role::WORKER);
+        let warm_up = needs_cut
+            && self.process_joins()
+            && to.get(&self.trainer()) > from.get(&self.trainer());
         let (step, how) = if restart {
             (
                 Step::Settle,
@@ -306,6 +309,7 @@ impl JobContext {
         }
         let to = t.to.clone();
         let ps_change = t.from.get(&Role::PS) != t.to.get(&Role::PS);
+        let trainer = self.trainer();
         let migrating: Vec<SlotKey> = self.keys_where(|s| s.migrate_to.is_some());
         let mut effects = Vec::new();
         match self.spec.kind {
@@ -315,7 +319,7 @@ impl JobContext {
                     .rendezvous_mut()
                     .expect("allreduce jobs have one");
                 rdzv.invalidate();
-                rdzv.expected = to[&Role::WORKER];
+                rdzv.expected = to[&trainer];
                 let round_after = rdzv.next_round_number();
                 for key in migrating {
                     effects.push(self.launch_slot(key, false, now_ms));

@@ -20,7 +20,7 @@ use crate::persist::{Persister, write_atomic};
 use crate::platform::local::LocalPlatform;
 use crate::platform::{AgentLaunch, Platform, PlatformConfig, PlatformEvent};
 use crate::service::MasterService;
-use crate::spec::{JobSpec, Role};
+use crate::spec::JobSpec;
 pub use vocab::report::{JobReport, PsStats};
 
 mod effects;

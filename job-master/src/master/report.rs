@@ -6,7 +6,7 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
     let applied = ctx
         .metrics
         .get(&crate::job::SlotKey {
-            role: Role::WORKER,
+            role: ctx.trainer(),
             index: ctx.evaluator.map(|k| k.index).unwrap_or(0),
         })
         .cloned()

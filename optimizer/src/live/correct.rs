@@ -477,7 +477,7 @@ mod tests {
         assert!(d.reasons.iter().any(|r| r.contains("1 -> 2 ps")), "{d:?}");
         assert_eq!(d.corrections[0].kind, ChangeKind::PsCount);
         assert_eq!(plan.cpu_millicores, 4000);
-        let sp = d.scale_plan(7);
+        let sp = d.scale_plan(7, Role::WORKER);
         assert_eq!(sp.count_of(Role::PS), Some(2));
         assert_eq!(sp.count_of(Role::WORKER), None, "{sp:?}");
         // A full cluster: the job trades one of its workers for the PS, in one plan.
@@ -495,7 +495,7 @@ mod tests {
             "{d:?}"
         );
         assert_eq!((plan.cpu_millicores, plan.processes), (3000, 3));
-        let sp = d.scale_plan(8);
+        let sp = d.scale_plan(8, Role::WORKER);
         assert_eq!(
             (sp.count_of(Role::PS), sp.count_of(Role::WORKER)),
             (Some(2), Some(1))
@@ -610,7 +610,7 @@ mod tests {
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
         assert_eq!((d.ps, d.to_ps), (3, 1), "{d:?}");
-        assert_eq!(d.scale_plan(2).count_of(Role::PS), Some(1));
+        assert_eq!(d.scale_plan(2, Role::WORKER).count_of(Role::PS), Some(1));
     }
 
     #[test]
@@ -666,7 +666,7 @@ mod tests {
             d.reasons
         );
         assert!(d.changes());
-        assert!(d.scale_plan(1).roles.is_empty());
+        assert!(d.scale_plan(1, Role::WORKER).roles.is_empty());
     }
 
     #[test]

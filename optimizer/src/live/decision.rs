@@ -52,16 +52,24 @@ impl Decision {
     }
 
     /// The plan that carries a running job's decision out: the counts that change, the
-    /// migrations, and the reasons.
-    pub fn scale_plan(&self, version: u64) -> ScalePlan {
+    /// migrations, and the reasons. The round sizes a job's training group as its `workers`
+    /// (the heuristics name its processes `worker-N`); `trainer` is the role the job calls it
+    /// (`worker`, or an all-reduce group's own name), and the plan speaks that name.
+    pub fn scale_plan(&self, version: u64, trainer: Role) -> ScalePlan {
+        let named = |mut m: Migration| {
+            if m.key.role == Role::WORKER {
+                m.key.role = trainer;
+            }
+            m
+        };
         let mut plan = ScalePlan {
             version,
-            migrations: self.migrations.clone(),
+            migrations: self.migrations.iter().cloned().map(named).collect(),
             reasons: self.reasons.clone(),
             ..Default::default()
         };
         if self.to_workers != self.from_workers {
-            plan.set_count(Role::WORKER, self.to_workers);
+            plan.set_count(trainer, self.to_workers);
         }
         if self.to_ps != self.ps {
             plan.set_count(Role::PS, self.to_ps);

@@ -486,7 +486,7 @@ mod tests {
                 .any(|x| x.contains("rollout: 1 -> 4: it bounds the job: its callers wait 80%")),
             "{d:?}"
         );
-        assert_eq!(d.scale_plan(7).count_of(r), Some(4));
+        assert_eq!(d.scale_plan(7, Role::WORKER).count_of(r), Some(4));
         // 2 workers take 2 of 3 cores: room for 2 engines of 0.5 more.
         let d = round_with(rollout(1, 0.9, 0.8), 3, 0.0);
         assert_eq!(d.role_targets, vec![(r, 1, 3)], "{d:?}");
@@ -590,7 +590,7 @@ mod tests {
         let d = decision(&plan, 1);
         let (ro, re): (Role, Role) = ("rollout".parse().unwrap(), "reward".parse().unwrap());
         assert_eq!(d.role_targets, vec![(re, 3, 1), (ro, 1, 2)], "{d:?}");
-        let p = d.scale_plan(3);
+        let p = d.scale_plan(3, Role::WORKER);
         assert_eq!((p.count_of(ro), p.count_of(re)), (Some(2), Some(1)));
     }
 

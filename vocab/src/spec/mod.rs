@@ -610,6 +610,76 @@ checkpoint: { dir: /tmp/brain-spec-test }
     }
 
     #[test]
+    fn the_all_reduce_group_is_named_freely() {
+        let actor = GOOD.replace("kind: ps", "kind: allreduce").replace(
+            "  ps: { replicas: 2 }\n  worker: { replicas: 3",
+            "  rollout: { replicas: 2, command: [python3, rollout.py] }\n  \
+             actor: { topology: allreduce, replicas: 3",
+        );
+        let spec = JobSpec::from_yaml(&actor).unwrap();
+        spec.validate().unwrap();
+        let (a, rollout) = (Role::new("actor").unwrap(), Role::new("rollout").unwrap());
+        assert_eq!(spec.training_role(), a);
+        assert!(spec.is_training(a) && !spec.is_training(rollout));
+        assert_eq!(spec.failover(a), Failover::Role);
+        assert_eq!(spec.service_roles().collect::<Vec<_>>(), vec![rollout]);
+        // A `worker` beside it is one more role, with a program of its own.
+        let beside = actor.replace(
+            "  rollout:",
+            "  worker: { topology: service, command: [w] }\n  rollout:",
+        );
+        let spec = JobSpec::from_yaml(&beside).unwrap();
+        spec.validate().unwrap();
+        assert_eq!(spec.training_role(), a);
+        assert_eq!(spec.topology(Role::WORKER), Topology::Service);
+        // A ps job's and a plain allreduce job's training group is `worker`.
+        assert_eq!(
+            JobSpec::from_yaml(GOOD).unwrap().training_role(),
+            Role::WORKER
+        );
+
+        for (bad, want) in [
+            (
+                actor.replace(
+                    "command: [python3",
+                    "topology: allreduce, command: [python3",
+                ),
+                "roles.rollout.topology: allreduce: a job has one all-reduce group for now, and \
+                 actor is it",
+            ),
+            (
+                actor.replace("  rollout:", "  worker: { replicas: 2 }\n  rollout:"),
+                "roles.actor.topology: allreduce: a job has one all-reduce group for now, and \
+                 worker is it",
+            ),
+            (
+                actor.replace("topology: allreduce, ", ""),
+                "roles.worker: is missing: every job needs workers (a `worker` role, or in an \
+                 allreduce job one role with `topology: allreduce`)",
+            ),
+            (
+                GOOD.replace("  ps: {", "  actor: { topology: allreduce }\n  ps: {"),
+                "roles.actor.topology: allreduce: a ps job's training group is its `ps` and \
+                 `worker` roles",
+            ),
+            (
+                actor.replace(
+                    "replicas: 3, min: 1",
+                    "failover: process, replicas: 3, min: 1",
+                ),
+                "roles.actor.failover: process: one member of an all-reduce group cannot",
+            ),
+            (
+                actor.replace("replicas: 3, min: 1", "command: [x], replicas: 3, min: 1"),
+                "roles.actor.command: is for service and single roles",
+            ),
+        ] {
+            let e = err(&bad);
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        }
+    }
+
+    #[test]
     fn omitted_replicas_fall_back_to_min() {
         let spec = JobSpec::from_yaml(&GOOD.replace("replicas: 3, min: 1", "min: 2")).unwrap();
         assert_eq!(spec.role_plan(Role::WORKER).unwrap().replicas, 2);

@@ -147,11 +147,11 @@ impl JobSpec {
     }
 
     /// What one device holds per worker index when the training group shares its devices with
-    /// other roles (a `share_devices` group with `worker` in it): the group's shares added up.
+    /// other roles (a `share_devices` group with the training role in it): the group's shares added up.
     /// The brain places workers by it.
     pub fn worker_bundle(&self) -> Option<Gpus> {
         self.device_share(SlotKey {
-            role: Role::WORKER,
+            role: self.training_role(),
             index: 0,
         })
         .map(|s| s.bundle)
@@ -160,10 +160,11 @@ impl JobSpec {
     /// Whether `role`'s processes share the training group's devices (their GPUs are counted
     /// in the workers' bundles).
     pub fn shares_worker_devices(&self, role: Role) -> bool {
-        role != Role::WORKER
+        let trainer = self.training_role();
+        role != trainer
             && self
                 .placement_of(role)
-                .is_some_and(|(_, g)| g.share_devices && g.roles.contains(&Role::WORKER))
+                .is_some_and(|(_, g)| g.share_devices && g.roles.contains(&trainer))
     }
 
     /// `share_devices`: every role asks for a share below one device, of one model, and the

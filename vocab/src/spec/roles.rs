@@ -2,8 +2,9 @@
 //! processes fails (its failover level), and what a role outside the training group runs.
 //!
 //! A job is a set of named role groups. Its **training group** is what `kind` names: `ps` +
-//! `worker` (topology `ps`) or one `worker` group (topology `allreduce`); it runs the job's
-//! `workload` and reads its `data`. Any other role is a **service** (independent replicas: a
+//! `worker` (topology `ps`) or one all-reduce group (topology `allreduce`), named freely: the
+//! role that says `topology: allreduce` (an `actor`, a `trainer`), else `worker`
+//! ([`JobSpec::training_role`]); it runs the job's `workload` and reads its `data`. Any other role is a **service** (independent replicas: a
 //! rollout engine, a reward model) or a **single** process (a driver); it runs its own
 //! `command`, with its own `env`, resources and bounds, and is started, restarted and resized
 //! on its own: growing or shrinking it never touches another role.
@@ -83,15 +84,29 @@ impl std::fmt::Display for Failover {
 }
 
 impl JobSpec {
+    /// The role whose processes train: a ps job's `worker`s; an allreduce job's all-reduce
+    /// group, the role that says `topology: allreduce`, else `worker`. Plans, reports and the
+    /// brain's rounds size the training group under this name.
+    pub fn training_role(&self) -> Role {
+        match self.kind {
+            JobKind::Ps => Role::WORKER,
+            JobKind::Allreduce => self
+                .roles
+                .iter()
+                .find(|(_, r)| r.topology == Some(Topology::Allreduce))
+                .map_or(Role::WORKER, |(&role, _)| role),
+        }
+    }
+
     /// The topology of `role`: the spec's, else what the job's kind makes of the training
-    /// roles (`worker` and `ps`), else `service`.
+    /// roles (`worker` and `ps`, or the all-reduce group), else `service`.
     pub fn topology(&self, role: Role) -> Topology {
         if let Some(t) = self.roles.get(&role).and_then(|r| r.topology) {
             return t;
         }
         match (self.kind, role) {
             (JobKind::Ps, Role::PS | Role::WORKER) => Topology::Ps,
-            (JobKind::Allreduce, Role::WORKER) => Topology::Allreduce,
+            (JobKind::Allreduce, _) if role == self.training_role() => Topology::Allreduce,
             _ => Topology::Service,
         }
     }
@@ -159,12 +174,40 @@ impl JobSpec {
                 ),
             ));
         }
+        let trainer = self.training_role();
+        // A second all-reduce group: one beside the declared one, or one beside a `worker`
+        // that names no topology (which is the group by default).
+        let declared = |role: Role| self.roles[&role].topology == Some(Topology::Allreduce);
+        let default_worker = self
+            .roles
+            .get(&Role::WORKER)
+            .is_some_and(|w| w.topology.is_none());
+        if self.kind == JobKind::Allreduce
+            && let Some(second) =
+                self.roles.keys().copied().find(|&r| {
+                    declared(r) && (r != trainer || (default_worker && r != Role::WORKER))
+                })
+        {
+            let group = if second == trainer && default_worker {
+                Role::WORKER
+            } else {
+                trainer
+            };
+            return Err(SpecError::new(
+                format!("roles.{second}.topology"),
+                format!(
+                    "allreduce: a job has one all-reduce group for now, and {group} is it (a \
+                     `worker` role without a topology is the group); make {second} a service \
+                     or single role, or name only one role the all-reduce group"
+                ),
+            ));
+        }
         for (&role, r) in &self.roles {
             let p = |field: &str| format!("roles.{role}.{field}");
-            let training = matches!(
-                (self.kind, role),
-                (JobKind::Ps, Role::PS | Role::WORKER) | (JobKind::Allreduce, Role::WORKER)
-            );
+            let training = match self.kind {
+                JobKind::Ps => role == Role::PS || role == Role::WORKER,
+                JobKind::Allreduce => role == trainer,
+            };
             let natural = match self.kind {
                 JobKind::Ps if training => Topology::Ps,
                 JobKind::Allreduce if training => Topology::Allreduce,
@@ -180,7 +223,7 @@ impl JobSpec {
                         ),
                     ));
                 }
-                Some(t @ Topology::Ps) => {
+                Some(t @ Topology::Ps) if !training => {
                     return Err(SpecError::new(
                         p("topology"),
                         format!(
@@ -189,12 +232,12 @@ impl JobSpec {
                         ),
                     ));
                 }
-                Some(t @ Topology::Allreduce) => {
+                Some(t @ Topology::Allreduce) if !training => {
                     return Err(SpecError::new(
                         p("topology"),
                         format!(
-                            "{t}: a job has one all-reduce group for now, its `worker` role \
-                             (`kind: allreduce`); make {role} a service or single role"
+                            "{t}: a ps job's training group is its `ps` and `worker` roles; make \
+                             {role} a service or single role (or the job `kind: allreduce`)"
                         ),
                     ));
                 }

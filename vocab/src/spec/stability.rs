@@ -107,7 +107,7 @@ impl JobSpec {
     pub(super) fn validate_stability(&self) -> Result<(), SpecError> {
         let s = &self.stability;
         if s.straggler_action != StragglerAction::Report
-            && let Ok(workers) = self.role_plan(crate::Role::WORKER)
+            && let Ok(workers) = self.role_plan(self.training_role())
             && workers.max < 2
         {
             return Err(SpecError::new(
@@ -120,15 +120,17 @@ impl JobSpec {
             ));
         }
         if s.straggler_action == StragglerAction::Shrink
-            && let Ok(workers) = self.role_plan(crate::Role::WORKER)
+            && let Ok(workers) = self.role_plan(self.training_role())
             && workers.min >= workers.max
         {
             return Err(SpecError::new(
                 "stability.straggler_action",
                 format!(
                     "shrink cannot apply: the worker group's min is {}, its max {}, so it can \
-                     never lose a process (set `roles.worker.min` below `max`, or use `replace`)",
-                    workers.min, workers.max
+                     never lose a process (set `roles.{}.min` below `max`, or use `replace`)",
+                    workers.min,
+                    workers.max,
+                    self.training_role()
                 ),
             ));
         }

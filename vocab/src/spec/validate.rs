@@ -12,10 +12,11 @@ impl JobSpec {
     /// the checkpoint directory are `host::check`'s). The first problem found is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
         limits::dns_label(&self.name).map_err(|e| SpecError::new("name", e))?;
-        if !self.roles.contains_key(&Role::WORKER) {
+        if !self.roles.contains_key(&self.training_role()) {
             return Err(SpecError::new(
                 "roles.worker",
-                "is missing: every job needs workers",
+                "is missing: every job needs workers (a `worker` role, or in an allreduce job \
+                 one role with `topology: allreduce`)",
             ));
         }
         match (self.kind, self.roles.contains_key(&Role::PS)) {

@@ -161,7 +161,8 @@ enum Command {
     Scale {
         /// The job's id or name (from `brainctl jobs`).
         job: String,
-        /// Target number of workers.
+        /// Target number of workers (the `worker` role; a training group named otherwise,
+        /// e.g. an all-reduce `actor`, is resized with `--role actor=N`).
         #[arg(long)]
         workers: Option<u32>,
         /// Target number of parameter servers (ps jobs; keys are resharded while training).

@@ -59,7 +59,7 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
             let r = m.resources.clone().unwrap_or_default();
             println!(
                 "       migrates {}-{} to {}m CPU, {} MiB ({})",
-                if m.role == "ps" { "ps" } else { "worker" },
+                m.role,
                 m.index,
                 r.cpu_millicores,
                 r.memory_bytes >> 20,

@@ -10,7 +10,8 @@ use crate::{MasterArgs, client};
 
 #[derive(clap::Args)]
 pub struct ScaleArgs {
-    /// Target number of workers.
+    /// Target number of workers (the `worker` role; a training group named otherwise, e.g. an
+    /// all-reduce `actor`, is resized with `--role actor=N`).
     #[arg(long)]
     workers: Option<u32>,
     /// Target number of parameter servers (ps jobs): keys are resharded while training.
