@@ -1004,3 +1004,85 @@ async fn gpu_use_the_agents_sample_reaches_brainctl_jobs_and_metrics() {
     assert!(ok, "{out}");
     brain.kill();
 }
+
+/// A job whose all-reduce group is named `actor` (`topology: allreduce`), through the brain:
+/// sized at submission under that name, grown by the brain's own rounds with plans that name
+/// it (a plan naming `worker` would be refused by its master), resized by an operator by name
+/// (`--workers` refused with the group's name), shown as `actor` by `brainctl jobs`, and ended
+/// with every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brain_sizes_grows_and_scales_a_training_group_by_its_own_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[scheduler]\nkind = \"pollux\"\nmax_growth = 2\n[live]\n\
+         interval_s = 1\ncooldown_s = 10\n",
+    )
+    .unwrap();
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
+    let url = format!("http://{addr}");
+    let text = std::fs::read_to_string(spec(d, "named", "allreduce", 1500))
+        .unwrap()
+        .replace(
+            "  worker:\n    min: 1",
+            "  actor:\n    topology: allreduce\n    replicas: 1\n    min: 1",
+        );
+    let path = d.join("named-actor.yaml");
+    std::fs::write(&path, text).unwrap();
+    let (ok, said) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok && said.contains("queued"), "{said}");
+
+    // The brain's round grows the lone job past the 1 it asked for: its plan names `actor`,
+    // which the master takes.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (master, run_dir) = loop {
+        let all = jobs(&url).await.unwrap_or_default();
+        if let Some(j) = all.first()
+            && j.state == "running"
+            && j.reached_version >= 1
+            && let Some(s) = master_status(&j.master_address, &j.run_dir).await
+            && s.processes.iter().filter(|p| p.role == "actor").count() > 1
+        {
+            assert!(s.processes.iter().all(|p| p.role == "actor"), "{s:?}");
+            break (j.master_address.clone(), j.run_dir.clone());
+        }
+        assert!(Instant::now() < deadline, "not grown: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let (ok, listed) = brainctl(&["jobs", "--brain", &url]);
+    assert!(ok && listed.contains(" actor "), "{listed}");
+    let (ok, one) = brainctl(&["status", "named", "--brain", &url]);
+    assert!(ok && one.contains("actor (its training group)"), "{one}");
+
+    // By hand: `--workers` names a role the job does not have; `--role actor=N` is the way.
+    let (ok, said) = brainctl(&["scale", "named", "--workers", "2", "--brain", &url]);
+    assert!(!ok);
+    assert!(
+        said.contains("the job has no worker role: its training group is actor"),
+        "{said}"
+    );
+    let (ok, said) = brainctl(&["scale", "named", "--role", "actor=1", "--brain", &url]);
+    assert!(ok, "{said}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(s) = master_status(&master, &run_dir).await
+            && s.processes
+                .iter()
+                .filter(|p| p.role == "actor" && p.state != "removed")
+                .count()
+                == 1
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not scaled to 1 actor");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    let j = first_job_ended(&url).await;
+    assert_eq!(j.state, "succeeded", "{j:#?}");
+    assert!(j.outcome.contains("exactly-once: ok"), "{j:#?}");
+    // The round's growth and the operator's shrink, both carried out.
+    assert!(j.reached_version >= 2, "{j:#?}");
+    brain.kill();
+}

@@ -17,7 +17,8 @@ HERE = "examples/rl-ppo/rl.py"
 def job(updates: int = 40, log: str = "runs/rl-ppo/returns.jsonl") -> JobBuilder:
     return (
         JobBuilder("rl-ppo", kind="allreduce")
-        .role("worker")
+        .role("actor")
+        .topology("allreduce")
         .run(["python3", HERE, "train", "--updates", str(updates), "--log", log])
         .total(2)
         .max_restarts(3)

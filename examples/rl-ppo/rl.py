@@ -8,7 +8,7 @@ best policy's is 1 - 0.02 * (CELLS - 1).
 
 The roles (`job.yaml` beside this file, or `build_job.py` with the SDK's JobBuilder):
 
-* `worker` (the training group, all-reduce, 2 ranks): the actor. Each update it pushes its
+* `actor` (the training group, all-reduce, 2 ranks: `topology: allreduce`). Each update it pushes its
   policy weights to every rollout engine, asks the engines for episodes, asks the critic for
   state values, and takes PPO steps (clipped objective) whose gradients DDP averages over the
   ranks (gloo). Rank 0 then fits the critic to the episodes' returns, saves a checkpoint, and
@@ -226,7 +226,7 @@ def train(args) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
-    t = sub.add_parser("train", help="the actor: the job's worker role")
+    t = sub.add_parser("train", help="the actor: the job's training group")
     t.add_argument("--updates", type=int, default=40)
     t.add_argument("--episodes", type=int, default=16, help="episodes per rank per update")
     t.add_argument("--episodes-per-call", type=int, default=4)

@@ -675,9 +675,9 @@ async fn the_rl_example_learns_across_nodes() {
     let mut spec = common::rl::rl_spec(&python, &sdk, dir.path(), &log);
     // A whole node's CPUs per actor rank: the ranks land on two nodes, the other roles where
     // there is room.
-    let mut worker = spec.roles[&job_master::spec::Role::WORKER].clone();
-    worker.resources = Some(serde_norway::from_str("{ cpu: 3, memory: 1Gi }").unwrap());
-    spec.roles.insert(job_master::spec::Role::WORKER, worker);
+    let actor = job_master::spec::Role::new("actor").unwrap();
+    spec.roles.get_mut(&actor).unwrap().resources =
+        Some(serde_norway::from_str("{ cpu: 3, memory: 1Gi }").unwrap());
     spec.validate().unwrap();
     let mut run = cluster.start(spec, dir.path()).await;
     let s = wait_for(
@@ -689,7 +689,7 @@ async fn the_rl_example_learns_across_nodes() {
     .await;
     let nodes: BTreeSet<String> = s.processes.iter().map(|p| p.host.clone()).collect();
     assert!(nodes.len() >= 2, "the roles span nodes: {nodes:?}");
-    let actor: BTreeSet<String> = hosts(&s, "worker").into_iter().collect();
+    let actor: BTreeSet<String> = hosts(&s, "actor").into_iter().collect();
     assert_eq!(actor.len(), 2, "one actor rank per node: {actor:?}");
     let report = run.report().await;
     assert!(

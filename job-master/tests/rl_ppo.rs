@@ -20,7 +20,7 @@ use proto::jobmaster::v1 as pb;
 fn workers(s: &pb::JobStatus) -> Vec<(u32, u64, u32)> {
     s.processes
         .iter()
-        .filter(|p| p.role == "worker")
+        .filter(|p| p.role == "actor")
         .map(|p| (p.index, p.incarnation, p.pid))
         .collect()
 }
@@ -71,7 +71,7 @@ async fn the_rl_example_learns_while_its_rollout_role_is_resized() {
         report.reason,
         run.last_events(30)
     );
-    assert_eq!(report.restarts.get(&Role::WORKER), None);
+    assert_eq!(report.restarts.get(&Role::new("actor").unwrap()), None);
     assert_learned_once_each(&updates(&log));
     assert_no_process_left(addr).await;
 }

@@ -90,6 +90,9 @@ pub fn print_jobs(jobs: &[pb::JobRecord]) {
         let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
             if s.ps > 0 {
                 format!("{}+{}ps", s.workers, s.ps)
+            } else if !matches!(s.training_role.as_str(), "" | "worker") {
+                // A training group named otherwise says its name: `4 actor`.
+                format!("{} {}", s.workers, s.training_role)
             } else {
                 s.workers.to_string()
             }
@@ -156,8 +159,12 @@ pub fn print_shape(s: &pb::JobShape) {
             )
         })
     };
+    let trainer = match s.training_role.as_str() {
+        "" | "worker" => "workers".to_string(),
+        name => format!("{name} (its training group)"),
+    };
     println!(
-        "{} job: {} workers (min {}, max {}, node unit {}) of {}",
+        "{} job: {} {trainer} (min {}, max {}, node unit {}) of {}",
         s.kind,
         s.workers,
         s.min_workers,
