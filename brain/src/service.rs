@@ -541,7 +541,22 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::DryRunRequest>,
     ) -> Result<Response<pb::DryRunResponse>, Status> {
         auth::operator(&request)?;
-        let out = self.control.round(false).await?;
+        let mut out = self.control.round(false).await?;
+        // Migrations name the training group's processes as the job does (the round keys
+        // them `worker`).
+        for d in out
+            .plan
+            .decisions
+            .iter_mut()
+            .filter(|d| !d.migrations.is_empty())
+        {
+            let job = JobId(d.job.0);
+            let trainer = self
+                .with_store(move |s| Ok(s.job(job)?.shape.map(|x| x.trainer())))
+                .await?
+                .unwrap_or(vocab::Role::WORKER);
+            d.migrations = d.scale_plan(0, trainer).migrations;
+        }
         Ok(Response::new(pb::DryRunResponse {
             scheduler: out.plan.scheduler,
             decisions: out

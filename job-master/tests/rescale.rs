@@ -324,6 +324,14 @@ async fn an_all_reduce_group_named_actor_is_resized_by_its_name_and_finishes_exa
         report.restarts
     );
     assert!(!report.restarts.contains_key(&vocab::Role::WORKER));
+    // `job-master logs` without --role reads the training group's rank 0: actor-0.
+    let out = std::process::Command::new(job_master_bin())
+        .arg("logs")
+        .arg(&run.run_dir)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.contains("actor-0"), "{said}");
     let (reference, _) = reference::train_dense(&cfg, 1000).unwrap();
     assert_close(report.final_eval_loss.unwrap(), reference);
     assert_no_process_left(addr).await;

@@ -397,6 +397,31 @@ checkpoint: {{ dir: {ckpt:?}, every_shards: 2 }}
     );
     let built = JobSpec::from_yaml(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(built, JobSpec::from_yaml(&yaml).unwrap());
+    // The RL example's `build_job.py` writes its `job.yaml` (the actor named by its topology),
+    // a role's `module:Class` run by the builder's own Python.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/rl-ppo");
+    let printed = std::process::Command::new(&python)
+        .arg(example.join("build_job.py"))
+        .arg("--dry-run")
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        printed.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let mut from_builder = JobSpec::from_yaml(&text).unwrap();
+    for r in from_builder.roles.values_mut() {
+        if let Some(argv) = r.command.as_mut()
+            && argv[1..3] == ["-m", "brain_sdk.roles"]
+        {
+            argv[0] = "python3".into();
+        }
+    }
+    let yaml = std::fs::read_to_string(example.join("job.yaml")).unwrap();
+    assert_eq!(from_builder, JobSpec::from_yaml(&yaml).unwrap());
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["phase"], "succeeded", "{report}");

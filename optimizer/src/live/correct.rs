@@ -500,6 +500,13 @@ mod tests {
             (sp.count_of(Role::PS), sp.count_of(Role::WORKER)),
             (Some(2), Some(1))
         );
+        // The count goes to the role the job calls its training group.
+        let actor = Role::new("actor").unwrap();
+        let named = d.scale_plan(8, actor);
+        assert_eq!(
+            (named.count_of(actor), named.count_of(Role::WORKER)),
+            (Some(1), None)
+        );
         // At its minimum of workers it has none to give: nothing added, and the reason says so.
         let mut at_min = full.clone();
         at_min.jobs[0].min_workers = 2;
@@ -667,6 +674,14 @@ mod tests {
         );
         assert!(d.changes());
         assert!(d.scale_plan(1, Role::WORKER).roles.is_empty());
+        // A training group the job names `actor`: the plan's migrations name its processes.
+        let actor = Role::new("actor").unwrap();
+        let named = d.scale_plan(1, actor);
+        assert!(
+            named.migrations.iter().all(|m| m.key.role == actor),
+            "{named:?}"
+        );
+        assert_eq!(named.migrations.len(), 2);
     }
 
     #[test]

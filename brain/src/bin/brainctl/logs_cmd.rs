@@ -12,9 +12,28 @@ use crate::link::{ask_brain, job_id};
 /// How often --follow asks for more.
 const POLL: Duration = Duration::from_millis(1000);
 
-pub fn logs(job: &str, role: &str, index: u32, follow: bool, brain: &str) -> anyhow::Result<()> {
-    let process = format!("{role}-{index}");
-    let id = ask_brain(brain, async |mut c| job_id(&mut c, job).await)?;
+/// `role` left out: the job's training group (`worker`, or its all-reduce group's own name).
+pub fn logs(
+    job: &str,
+    role: Option<&str>,
+    index: u32,
+    follow: bool,
+    brain: &str,
+) -> anyhow::Result<()> {
+    let (id, trainer) = ask_brain(brain, async |mut c| {
+        let id = job_id(&mut c, job).await?;
+        let record = c
+            .get_job(pb::GetJobRequest { job_id: id })
+            .await?
+            .into_inner();
+        let trainer = record
+            .shape
+            .map(|s| s.training_role)
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| "worker".into());
+        Ok((id, trainer))
+    })?;
+    let process = format!("{}-{index}", role.unwrap_or(&trainer));
     let (mut incarnation, mut offset) = (0, 0);
     loop {
         let piece = ask_brain(brain, async |mut c| {

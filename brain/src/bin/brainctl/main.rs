@@ -117,9 +117,10 @@ enum Command {
     Logs {
         /// The job's id or name (from `brainctl jobs`).
         job: String,
-        /// The process's role.
-        #[arg(long, default_value = "worker")]
-        role: String,
+        /// The process's role [default: the job's training group: `worker`, or its all-reduce
+        /// group's own name].
+        #[arg(long)]
+        role: Option<String>,
         /// The process's index in its role.
         #[arg(long, default_value_t = 0)]
         index: u32,
@@ -292,7 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             index,
             follow,
             brain,
-        } => logs_cmd::logs(&job, &role, index, follow, &brain),
+        } => logs_cmd::logs(&job, role.as_deref(), index, follow, &brain),
         Command::Submit { spec, brain, wait } => submit_cmd::submit(&spec, &brain, wait),
         Command::Plan { dry_run, brain } => plan_cmd::plan(dry_run, &brain),
         Command::Scale {

@@ -10,9 +10,10 @@ use vocab::run_dir::{REPORT_FILE, newest_log, read_log};
 pub struct LogsArgs {
     /// The job's run directory (`job-master run`'s --run-dir, runs/<job name> by default).
     run_dir: PathBuf,
-    /// The process's role.
-    #[arg(long, default_value = "worker")]
-    role: String,
+    /// The process's role [default: the job's training group: `worker`, or its all-reduce
+    /// group's own name].
+    #[arg(long)]
+    role: Option<String>,
     /// The process's index in its role.
     #[arg(long, default_value_t = 0)]
     index: u32,
@@ -21,12 +22,26 @@ pub struct LogsArgs {
     follow: bool,
 }
 
+/// The training group's role name, from the job's spec in the run directory's context
+/// (`worker` when it cannot be read).
+fn training_role(run_dir: &std::path::Path) -> String {
+    std::fs::read(run_dir.join(vocab::run_dir::CONTEXT_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| serde_json::from_value::<vocab::JobSpec>(v["spec"].clone()).ok())
+        .map_or_else(|| "worker".into(), |s| s.training_role().to_string())
+}
+
 /// How often --follow looks for more.
 const POLL: Duration = Duration::from_millis(500);
 
 pub async fn logs(args: &LogsArgs) -> anyhow::Result<std::process::ExitCode> {
     use std::io::Write;
-    let process = format!("{}-{}", args.role, args.index);
+    let role = args
+        .role
+        .clone()
+        .unwrap_or_else(|| training_role(&args.run_dir));
+    let process = format!("{role}-{}", args.index);
     let mut log = newest_log(&args.run_dir, &process).map_err(anyhow::Error::msg)?;
     eprintln!(
         "== {} (incarnation {})",
