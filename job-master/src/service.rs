@@ -267,6 +267,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             removed: v.removed,
+            state_from_rank0: v.state_from_rank0.unwrap_or(0),
         }))
     }
 

@@ -621,8 +621,9 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
 /// The DDP example with flash memory (`checkpoint.flash.memory`): every consistent cut is a
 /// copy in the agents' memory, the cut ends without waiting for a disk and the copy is
 /// committed once written out. A rank killed with kill -9 restarts the group, and both ranks
-/// restore the committed cut from their node's memory; a shrink's cut ends the same way; every
-/// sample is trained once.
+/// restore the committed cut from their node's memory; a grow's cut ends the same way, the
+/// rank it adds getting the cut's state from rank 0 over the new group (no disk read), and a
+/// shrink's too; every sample is trained once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_from_memory() {
     let Some((python, sdk)) = torch_with_sdk() else {
@@ -656,8 +657,17 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         |s| s.checkpoints >= after,
     )
     .await;
-    send(addr, plan(1, Some(1), None)).await;
-    reached(addr, 1).await;
+    send(addr, plan(1, Some(3), None)).await;
+    let s = reached(addr, 1).await;
+    // The group of 3 trains to a cut of its own before the shrink (a cut at the step already
+    // committed would have nothing new to hold, and is saved to disk).
+    let after = s.checkpoints + 2;
+    wait_for(addr, Duration::from_secs(120), "a cut at 3", |s| {
+        s.checkpoints >= after
+    })
+    .await;
+    send(addr, plan(2, Some(1), None)).await;
+    reached(addr, 2).await;
 
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
@@ -682,9 +692,10 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         .iter()
         .filter(|e| e.contains("the cut held in memory written out"))
         .count();
-    assert!(held >= 3 && written >= 2, "{text}");
-    // The plan's cut ended without a disk write (a shrink loads nothing new): the cut held in
-    // memory comes between the plan's cut step and its re-formation.
+    assert!(held >= 4 && written >= 2, "{text}");
+    // Each plan's cut ended without a disk write (the grow's new rank gets the state from rank
+    // 0, a shrink loads nothing new): the cut held in memory comes between the plan's cut step
+    // and its re-formation.
     let at = |what: &str| {
         report
             .events
@@ -692,24 +703,38 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
             .position(|e| e.contains(what))
             .unwrap_or_else(|| panic!("{what:?} in {text}"))
     };
-    let (cut, reform) = (at("plan 1 accepted"), at("plan 1: cut done"));
-    assert!(
-        report.events[cut..reform]
+    for (plan, from_rank0) in [(1, true), (2, false)] {
+        let (cut, reform) = (
+            at(&format!("plan {plan} accepted")),
+            at(&format!("plan {plan}: cut done")),
+        );
+        // The plan's own cut is the last one before its re-formation (periodic cuts may come
+        // while its processes start).
+        let held = report.events[cut..reform]
             .iter()
-            .any(|e| e.contains("held in memory") && e.contains("training goes on")),
-        "{text}"
-    );
-    // Both ranks of the restarted group read the cut from their node's memory.
-    let restarted: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .rev()
+            .find(|e| e.contains("held in memory") && e.contains("training goes on"))
+            .unwrap_or_else(|| panic!("plan {plan}'s cut held in memory: {text}"));
+        assert_eq!(
+            held.contains("from rank 0 over the new group"),
+            from_rank0,
+            "{text}"
+        );
+    }
+    // Both ranks of the restarted group read the cut from their node's memory; the rank the
+    // grow added got it from rank 0.
+    let resumed: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|e| e["event"] == "start" && e["resumed"] == true)
         .collect();
-    assert_eq!(restarted.len(), 2, "{restarted:#?}");
-    for e in &restarted {
-        assert_eq!(e["restored_from"], "memory", "{restarted:#?}");
-    }
+    let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
+    assert_eq!(
+        (from("memory"), from("peer"), resumed.len()),
+        (2, 1, 3),
+        "{resumed:#?}"
+    );
 }
 
 /// The worker agent of `pid` (its parent, or its grandparent under a sandbox).

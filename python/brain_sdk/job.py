@@ -12,7 +12,9 @@ Each step, every rank of the group:
 
 When no rank has samples, the flags decide, the same on every rank: all at the end of the
 data - the loop ends; all told to re-form - the process group is rebuilt in place at the new
-size (survivors keep their pid and memory, new ranks load the checkpoint of the cut); all told
+size (survivors keep their pid and memory; new ranks load the checkpoint of the cut, or, when
+the cut is held in flash memory, get its state from rank 0 over the new group: the group never
+waits for a disk write, see `_state_from_rank0`); all told
 a checkpoint is due - rank 0 saves the script's state at this drained step boundary and the job
 master records it (with flash memory for the job, every rank copies it into its agent's memory
 instead, and the agent writes rank 0's copy out behind the training: see `_cut`). A shard is therefore done only once the step that applied it is over, and
@@ -163,6 +165,10 @@ class ElasticJob:
         self._store = (self.env.master_addr, self.env.master_port)
         self.resume_from = self.env.resume_from
         self.restart_count = self.env.restart_count
+        # The step of a cut held in memory whose state rank 0 sends the round's ranks as the
+        # group forms (0: none), and what a rank new to the group got (for `restore()`).
+        self._peer_step = 0
+        self._peer_state: Optional[Tuple[int, bytes]] = None
         if collective is not None:
             self._group = collective
         elif self.env.kind == "ps":
@@ -214,7 +220,8 @@ class ElasticJob:
         # Set by ElasticDDP's gradient hook: when this rank's backward handed over its last
         # gradients in the step under way.
         self._compute_mark: Optional[float] = None
-        #: Where `restore()` read the state: "memory" (this node's flash copy), "disk", or None.
+        #: Where `restore()` read the state: "memory" (this node's flash copy), "disk",
+        #: "peer" (rank 0's, sent over the group when a plan added this process), or None.
         self.restored_from: Optional[str] = None
         #: The latest consistent cut this process took part in: `step`, `held` ("memory": a
         #: flash copy, written out behind the training; "disk": saved by rank 0 before the
@@ -234,6 +241,7 @@ class ElasticJob:
         self._store = (r.master_addr, r.master_port)
         self.resume_from = r.resume_from or None
         self.restart_count = r.restart_count
+        self._peer_step = int(r.state_from_rank0)
 
     def restore(self, device: Any = None) -> Optional[Any]:
         """The state saved in the checkpoint this process resumes from (its SHA-256 checked),
@@ -245,6 +253,16 @@ class ElasticJob:
         A flash checkpoint (`save_async`) is read from this node's shared memory when its
         agent holds the committed copy (a process restarted here), else from disk;
         `self.restored_from` says which ("memory" or "disk"), and so does the log."""
+        if self._peer_step or self._peer_state is not None:
+            # Added by a plan whose cut is held in memory: rank 0 sends its state as the
+            # group forms.
+            self.form_group()
+            step, data = self._peer_state
+            self._peer_state = None
+            blob = ckpt.loads(data, device)
+            self.restored_from = "peer"
+            log.info("restored step %d from rank 0 over the group (%d bytes)", step, len(data))
+            return self._restored(blob)
         if not self.resume_from:
             return None
         kind, step, parts = ckpt.manifest_parts(self.resume_from)
@@ -358,11 +376,7 @@ class ElasticJob:
                 world=self.world_size if sharded else 1,
                 persist=sharded or self.rank == 0,
                 incarnation=self.env.incarnation,
-                sdk={
-                    "step": self.step,
-                    "applied_samples": self.applied_samples,
-                    "applied_index_sum": self.applied_index_sum,
-                },
+                sdk=self._sdk_fields(),
             )
         except BrainError as e:
             if fallback != "sync" or "budget" not in str(e):
@@ -386,14 +400,7 @@ class ElasticJob:
         a checkpoint anywhere else would not match the shards done, and is refused."""
         if self._save is None:
             raise BrainError("nothing to save: call job.save_with(fn) before training")
-        state = {
-            "user": self._save(),
-            "brain_sdk": {
-                "step": self.step,
-                "applied_samples": self.applied_samples,
-                "applied_index_sum": self.applied_index_sum,
-            },
-        }
+        state = {"user": self._save(), "brain_sdk": self._sdk_fields()}
         directory = os.path.join(
             self.env.checkpoint_dir,
             f"sdk-r{self.round:04d}-s{self.step:08d}-i{self.env.incarnation}",
@@ -428,6 +435,8 @@ class ElasticJob:
         if not self._formed:
             self._group.form(self.rank, self.world_size, *self._store)
             self._formed = True
+            if self._peer_step:
+                self._state_from_rank0(survivor=False)
 
     def on_reform(self, fn: Callable[[], None]) -> None:
         """`fn()` runs on every rank right after the group re-formed in place (rebuild DDP
@@ -450,6 +459,8 @@ class ElasticJob:
         self._formed = True
         self.reforms += 1
         log.debug("process group formed")
+        if self._peer_step:
+            self._state_from_rank0(survivor=True)
         for fn in self._on_reform:
             fn()
         log.debug("re-formation callbacks done")
@@ -627,11 +638,7 @@ class ElasticJob:
                 world=1,
                 persist=rank0,
                 incarnation=self.env.incarnation,
-                sdk={
-                    "step": self.step,
-                    "applied_samples": self.applied_samples,
-                    "applied_index_sum": self.applied_index_sum,
-                },
+                sdk=self._sdk_fields(),
                 hold=rank0,
                 # The group waits at the cut either way: for the previous copy's write-out to
                 # end (at most what is left of it), rather than for a whole write of its own.
@@ -658,6 +665,48 @@ class ElasticJob:
             return False
         store.release(done["slot"])
         return True
+
+    def _state_from_rank0(self, survivor: bool) -> None:
+        """The group was formed after a cut held in memory that a plan grew it at: rank 0 (a
+        survivor, holding the state of the cut: nothing was trained since) sends that state to
+        every rank over the new group, and a rank the plan added keeps it for `restore()`
+        rather than waiting for the copy to be written out and reading it from disk. Every
+        rank of the round takes part (a collective); survivors drop what they get."""
+        step, self._peer_step = self._peer_step, 0
+        send = getattr(self._group, "broadcast_bytes", None)
+        if send is None:
+            raise BrainError(
+                "the job master sends this round the cut's state from rank 0, and this "
+                "process's collective cannot broadcast (it has no broadcast_bytes)"
+            )
+        rank0 = self._group.rank == 0
+        if rank0 and not survivor:
+            raise BrainError(
+                f"rank 0 of the round formed after the cut at step {step} is a new process: "
+                "it holds no state to send"
+            )
+        data = None
+        if rank0:
+            if self._save is None:
+                raise BrainError("call job.save_with(fn) first: rank 0 sends the cut's state")
+            data = ckpt.dumps({"user": self._save(), "brain_sdk": self._sdk_fields()})
+        began = time.perf_counter()
+        data = send(data)
+        log.info(
+            "cut at step %d: its state (%d bytes) %s rank 0 over the group in %.2f s",
+            step, len(data), "sent by" if rank0 else "received from",
+            time.perf_counter() - began,
+        )
+        if not survivor:
+            self._peer_state = (step, data)
+
+    def _sdk_fields(self) -> dict:
+        """The SDK's own counters a checkpoint keeps beside the script's state."""
+        return {
+            "step": self.step,
+            "applied_samples": self.applied_samples,
+            "applied_index_sum": self.applied_index_sum,
+        }
 
     def _leave(self, why: str) -> None:
         self.master.close()

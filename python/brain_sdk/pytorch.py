@@ -2,8 +2,9 @@
 
 * `TorchCollective` is the group `ElasticJob` steps with: torch.distributed's default group
   (the script's backend) plus, when that backend is not gloo, a gloo group for the SDK's
-  one small all_gather per step (CPU tensors). Re-forming destroys the groups and starts new
-  ones at the new rank, size and store address.
+  one small all_gather per step (CPU tensors), and for the state rank 0 sends the ranks a
+  plan added (`broadcast_bytes`). Re-forming destroys the groups and starts new ones at the
+  new rank, size and store address.
 * `ElasticDDP(job, model)` is DistributedDataParallel that is rebuilt on every rank right after
   the group re-forms (a DDP instance is tied to the group it was built in). Its gradient hook
   (DDP's own all-reduce) tells the job when this rank's backward pass handed over its last
@@ -13,7 +14,7 @@
 """
 
 from datetime import timedelta
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,22 @@ class TorchCollective:
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         dist.all_gather(out, t, group=self._sdk_group)
         return [o.tolist() for o in out]
+
+    def broadcast_bytes(self, data: Optional[bytes]) -> bytes:
+        """Rank 0's `data` on every rank, over the SDK's gloo group (CPU tensors whatever
+        the script's backend)."""
+        n = torch.tensor([len(data) if self.rank == 0 and data is not None else 0])
+        dist.broadcast(n, src=0, group=self._sdk_group)
+        if self.rank == 0 and data is None:
+            raise BrainError("rank 0 sends the state: it has none to send")
+        if int(n.item()) == 0:
+            return b""
+        if self.rank == 0:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            buf = torch.empty(int(n.item()), dtype=torch.uint8)
+        dist.broadcast(buf, src=0, group=self._sdk_group)
+        return data if self.rank == 0 else bytes(buf.untyped_storage())
 
     def leave(self) -> None:
         if dist.is_initialized():

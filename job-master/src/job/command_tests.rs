@@ -387,6 +387,11 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
     }
     let v = ctx.join_rendezvous(w0, 1, 9).unwrap();
     assert!(v.ready && v.world_size == 3 && v.round > round, "{v:?}");
+    // Not reached until every member has heard of the round: one removed before that would
+    // leave the others waiting for it.
+    ctx.advance(10);
+    assert_eq!(ctx.plans.reached, 0);
+    assert!(ctx.join_rendezvous(w2, 1, 10).unwrap().ready);
     ctx.advance(10);
     assert_eq!(ctx.plans.reached, 1);
     assert_eq!(
@@ -409,6 +414,84 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
         )
     );
     assert!(ctx.lease_with(w1, 1, None, Some(v.round), 12).is_ok());
+}
+
+/// A grow whose cut is held in flash memory: the job goes on without waiting for the copy on
+/// disk, and every rank of the round formed after the cut (led by a survivor) is told to take
+/// the cut's state from rank 0; a later round is not.
+#[test]
+fn a_grow_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_round_after_it() {
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let views = everyone_joins(&mut ctx, 1);
+    let round = views[&key(Role::WORKER, 0)].round;
+    let (w0, w1, w2) = (
+        key(Role::WORKER, 0),
+        key(Role::WORKER, 1),
+        key(Role::WORKER, 2),
+    );
+    let shard = granted(ctx.lease_with(w0, 1, None, Some(round), 2).unwrap().0).unwrap();
+    ctx.apply_plan(
+        ScalePlan::count(1, Role::WORKER, 3),
+        &Capacity::default(),
+        3,
+    )
+    .unwrap();
+    ctx.register_agent(w2, 1, "h".into(), "127.0.0.1:9002".into(), 4)
+        .unwrap();
+    assert!(!ctx.join_rendezvous(w2, 1, 5).unwrap().ready);
+    ctx.advance(5);
+    ctx.shard_done(w0, 1, shard.id, 6).unwrap();
+    assert!(
+        ctx.lease_with(w0, 1, None, Some(round), 6)
+            .unwrap()
+            .0
+            .checkpoint_due
+    );
+    ctx.cut_in_memory(w0, 1, 3, 7).unwrap();
+    assert!(
+        !ctx.checkpoint_saving,
+        "the grow does not wait for the disk"
+    );
+    let after = ctx.transition.as_ref().unwrap().round_after;
+    assert_eq!(
+        ctx.flash.peer_round,
+        Some(super::flash::PeerRound {
+            round: after,
+            step: 3,
+            survivors: 2
+        })
+    );
+    let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        text.iter()
+            .any(|e| e.contains("the ranks the plan adds get it from rank 0 over the new group")),
+        "{text:?}"
+    );
+    assert_eq!(ctx.join_rendezvous(w2, 1, 8).unwrap().resume_from, None);
+    for k in [w0, w1] {
+        ctx.join_rendezvous_at(k, 1, Some(format!("127.0.0.1:{}", 8000 + k.index)), 9)
+            .unwrap();
+    }
+    for k in [w2, w0, w1] {
+        let v = ctx.join_rendezvous(k, 1, 9).unwrap();
+        assert!(
+            v.ready && v.round == after && v.world_size == 3,
+            "{k}: {v:?}"
+        );
+        assert_eq!(v.state_from_rank0, Some(3), "{k}: {v:?}");
+    }
+    // A member that polls its answer after the plan is reached is told the same.
+    ctx.transition = None;
+    assert_eq!(
+        ctx.join_rendezvous(w2, 1, 10).unwrap().state_from_rank0,
+        Some(3)
+    );
+    // Only that round: one after it (or one a new process leads) restores as any other.
+    assert_eq!(
+        ctx.peer_state_for(after + 1, &["127.0.0.1:8000".into()]),
+        None
+    );
+    assert_eq!(ctx.peer_state_for(after, &["127.0.0.1:9002".into()]), None);
 }
 
 #[test]

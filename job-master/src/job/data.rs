@@ -53,6 +53,7 @@ impl JobContext {
             restart_count: slot.restart_count,
             resume_from,
             removed: false,
+            state_from_rank0: None,
         };
         if !slot.phase.is_live() {
             // A removed allreduce member learns it here, at the step boundary where the group
@@ -84,6 +85,8 @@ impl JobContext {
                         world_size,
                         peers,
                     } => {
+                        view.state_from_rank0 = self.peer_state_for(round, &peers);
+                        self.slots.get_mut(&key).expect("checked").told_round = round;
                         view.ready = true;
                         view.round = round;
                         view.rank = rank;

@@ -28,6 +28,23 @@ pub struct FlashParts {
     /// Consistent cuts held in memory and not yet written out, by step.
     #[serde(default)]
     pub cuts: BTreeMap<u64, HeldCut>,
+    /// The round after a plan's cut held in memory that grew the group: its ranks take the
+    /// cut's state from rank 0 as the group forms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_round: Option<PeerRound>,
+}
+
+/// A round whose rank 0 (a process that took part in the cut: nothing was trained since)
+/// sends the state of the cut at `step` to every rank over the new group, rather than the
+/// ranks a plan added waiting for the copy on disk. Kept apart from the plan (which may be
+/// reached before every member has polled its answer): every member of the round is told
+/// the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRound {
+    pub round: u64,
+    pub step: u64,
+    /// The training group's size before the plan: slots below it took part in the cut.
+    pub survivors: u32,
 }
 
 /// A consistent cut whose state the processes hold in shared memory: what its checkpoint
@@ -221,15 +238,34 @@ impl JobContext {
         }
         self.checkpoint_pending = false;
         self.shards_since_checkpoint = 0;
+        let trainer = self.trainer();
+        // The plan's own cut (not a periodic one while its processes start) that grows it.
+        let grows_here = self.transition.as_ref().and_then(|t| {
+            (t.step == Step::Cut && t.to.get(&trainer) > t.from.get(&trainer))
+                .then(|| t.from.get(&trainer).copied().unwrap_or(0))
+        });
+        let new_ranks = if grows_here.is_some() {
+            "; the ranks the plan adds get it from rank 0 over the new group"
+        } else {
+            ""
+        };
         self.log_as(
             EventKind::Checkpoint,
             now_ms,
             format!(
                 "cut at step {step} held in memory ({shards}): training goes on while it is \
-                 written out"
+                 written out{new_ranks}"
             ),
         );
-        Ok(self.on_cut(now_ms))
+        let effects = self.on_cut(now_ms);
+        if let (Some(survivors), Some(t)) = (grows_here, &self.transition) {
+            self.flash.peer_round = Some(PeerRound {
+                round: t.round_after,
+                step,
+                survivors,
+            });
+        }
+        Ok(effects)
     }
 
     /// Whether a routine checkpoint, due by its count of shards, waits: a cut held in memory
@@ -252,7 +288,31 @@ impl JobContext {
         let t = self.transition.as_ref()?;
         let grows = t.to.get(&self.trainer()) > t.from.get(&self.trainer());
         let moving = self.slots.values().any(|s| s.migrate_to.is_some());
-        (grows || moving).then_some("the plan's new processes load it from disk")
+        if moving {
+            return Some("the plan's moved processes load it from disk");
+        }
+        // A script on the SDK gets it from rank 0 over the new group instead.
+        (grows && !self.process_joins()).then_some("the plan's new processes load it from disk")
+    }
+
+    /// What a member of `round` (its members' addresses by rank, `peers`) is told about
+    /// state sent from rank 0: the cut's step when the round is the one after a plan's cut
+    /// held in memory that grew the group and its rank 0 took part in that cut. A later round
+    /// (one that did not form in time), or one led by a new process, restores as any other.
+    pub(super) fn peer_state_for(&self, round: u64, peers: &[String]) -> Option<u64> {
+        let p = self.flash.peer_round?;
+        if round != p.round {
+            return None;
+        }
+        let (trainer, first) = (self.trainer(), peers.first()?);
+        self.slots
+            .values()
+            .any(|s| {
+                s.key.role == trainer
+                    && s.key.index < p.survivors
+                    && s.service_addr.as_ref() == Some(first)
+            })
+            .then_some(p.step)
     }
 
     /// The copy of the cut held in memory at `step` is written out and committed as `id`: it
@@ -311,6 +371,8 @@ impl JobContext {
     /// The group restarts: the steps partly written are dropped (the processes that were to
     /// write the rest are gone), each with the ranks missing.
     pub(super) fn flash_dropped_on_restart(&mut self, now_ms: u64) {
+        // Every process restarts: no rank holds a cut's state to send.
+        self.flash.peer_round = None;
         for (s, _) in std::mem::take(&mut self.flash.cuts) {
             self.log_as(
                 EventKind::Checkpoint,

@@ -148,6 +148,11 @@ pub struct Slot {
     /// when every member's current incarnation has).
     #[serde(default)]
     pub joined: u64,
+    /// allreduce: the last round this slot was told it is a member of (a plan is reached only
+    /// once every member of its round has heard so: one removed before that would leave the
+    /// others waiting for it to form the group).
+    #[serde(default)]
+    pub told_round: u64,
     /// Times its process was ended for going over its memory limit, and the highest resident
     /// memory sampled, since its resources last changed (what the brain's `oom_growth` reads).
     #[serde(default)]
@@ -204,6 +209,7 @@ impl Slot {
             oom_kills: 0,
             memory_peak: 0,
             joined: 0,
+            told_round: 0,
             placed: false,
             serving: 0,
             serve_addr: None,
@@ -429,6 +435,9 @@ pub struct JoinView {
     pub resume_from: Option<PathBuf>,
     /// A scale plan removed this process: it must exit 0.
     pub removed: bool,
+    /// The step of a cut held in memory whose state rank 0 sends this round's ranks as it
+    /// forms ([`flash::PeerRound`]).
+    pub state_from_rank0: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
