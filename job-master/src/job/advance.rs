@@ -220,25 +220,12 @@ impl JobContext {
                     SlotPhase::Removing | SlotPhase::Launching | SlotPhase::Restarting
                 ) && s.migrate_to.is_none()
         });
-        let trainer = self.trainer();
-        // Formed, and every member has heard it: a member a next plan removes before it
-        // heard would leave the others waiting for it in their group's forming.
         let formed = self.spec.kind == JobKind::Ps
             || self
                 .group
                 .rendezvous()
                 .and_then(|r| r.current())
-                .is_some_and(|r| {
-                    r.number >= round_after
-                        && r.members.iter().all(|m| {
-                            self.slots
-                                .get(&SlotKey {
-                                    role: trainer,
-                                    index: m.index,
-                                })
-                                .is_none_or(|s| s.told_round >= r.number)
-                        })
-                });
+                .is_some_and(|r| r.number >= round_after);
         if !(settled && formed) {
             return Next::Wait;
         }

@@ -505,6 +505,7 @@ impl JobContext {
             .collect();
         let marker = (self.transition.as_ref().map(|t| t.step), self.plans.reached);
         let mut effects = self.advance(now_ms);
+        effects.extend(self.start_queued(now_ms));
         let moved = marker != (self.transition.as_ref().map(|t| t.step), self.plans.reached);
         let capturing = self.stability.capturing.is_some();
         effects.extend(self.check_hangs(now_ms));

@@ -148,8 +148,8 @@ pub struct Slot {
     /// when every member's current incarnation has).
     #[serde(default)]
     pub joined: u64,
-    /// allreduce: the last round this slot was told it is a member of (a plan is reached only
-    /// once every member of its round has heard so: one removed before that would leave the
+    /// allreduce: the last round this slot was told it is a member of (a plan starts only once
+    /// every member of the newest round has heard so: one removed before that would leave the
     /// others waiting for it to form the group).
     #[serde(default)]
     pub told_round: u64,

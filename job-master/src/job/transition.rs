@@ -90,6 +90,19 @@ impl JobContext {
             );
             return Ok(effects);
         }
+        if self.round_unheard() {
+            let version = plan.version;
+            self.plans.queued = Some(plan);
+            self.log_as(
+                EventKind::Plan,
+                now_ms,
+                format!(
+                    "plan {version} waits until every member of the group's newest round has \
+                     heard of it"
+                ),
+            );
+            return Ok(effects);
+        }
         effects.extend(self.start_transition(plan, now_ms));
         Ok(effects)
     }

@@ -35,10 +35,48 @@ impl JobContext {
                 Self::describe(&t.to)
             ),
         );
+        self.start_queued(now_ms)
+    }
+
+    /// The queued plan starts, unless a member of the group's newest round has not heard of
+    /// it yet ([`JobContext::round_unheard`]): then it waits, and a tick starts it.
+    pub(super) fn start_queued(&mut self, now_ms: u64) -> Vec<Effect> {
+        if self.transition.is_some()
+            || self.round_unheard()
+            || self.phase != JobPhase::Running
+            || self.cancelling.is_some()
+        {
+            return Vec::new();
+        }
         match self.plans.queued.take() {
             Some(next) => self.start_transition(next, now_ms),
             None => Vec::new(),
         }
+    }
+
+    /// allreduce: a member of the group's newest round (its process as the round has it) has
+    /// not polled its answer yet. A plan that removed it now would tell it "removed" while the
+    /// members that heard wait for it in their group's forming (until the collective's
+    /// timeout): a plan waits for every member to have heard.
+    pub(super) fn round_unheard(&self) -> bool {
+        let trainer = self.trainer();
+        self.group
+            .rendezvous()
+            .and_then(|r| r.current())
+            .is_some_and(|r| {
+                r.members.iter().any(|m| {
+                    self.slots
+                        .get(&SlotKey {
+                            role: trainer,
+                            index: m.index,
+                        })
+                        .is_some_and(|s| {
+                            s.phase.is_live()
+                                && s.incarnation == m.incarnation
+                                && s.told_round < r.number
+                        })
+                })
+            })
     }
 
     /// Gives up the plan in progress before anything moved: the processes it launched leave,
@@ -73,9 +111,7 @@ impl JobContext {
             version: t.plan.version,
             reason,
         });
-        if let Some(next) = self.plans.queued.take() {
-            effects.extend(self.start_transition(next, now_ms));
-        }
+        effects.extend(self.start_queued(now_ms));
         effects
     }
 }
