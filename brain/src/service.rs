@@ -120,23 +120,13 @@ impl pb::brain_server::Brain for BrainService {
             .filter(|f| !f.straggler)
             .map(|f| (f.host.clone(), f.why.clone()))
             .collect();
-        let job = JobId(batch.job_id);
-        // Whose waits are the training's: the job's training role (`worker` unless its spec
-        // names its all-reduce group otherwise).
-        let trainer = self
-            .with_store(move |s| {
-                Ok(s.job(job)
-                    .ok()
-                    .and_then(|r| r.shape)
-                    .map_or(vocab::Role::WORKER, |x| x.trainer()))
-            })
-            .await?;
         let reports: Vec<Metric> = batch
             .reports
             .into_iter()
-            .map(|m| reports::metric(m, trainer))
+            .map(reports::metric)
             .collect::<Result<_, _>>()?;
         let want_lines = self.control.sink.is_some();
+        let job = JobId(batch.job_id);
         let (stored, lines) = self
             .with_store(move |s| {
                 let stored = s.add_metrics(job, &reports)?;

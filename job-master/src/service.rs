@@ -84,16 +84,26 @@ impl From<&crate::job::RoleRate> for pb::RoleRate {
                     callers: *callers,
                 })
                 .collect(),
+            training_wait_share: 0.0,
         }
     }
 }
 
-/// The job's role rates now, as the wire carries them.
+/// The job's role rates now, as the wire carries them, each with its training group's wait.
 pub(crate) fn role_rates(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::RoleRate> {
+    let trainer = ctx.trainer();
     ctx.calls
         .rates(now_ms)
         .iter()
-        .map(pb::RoleRate::from)
+        .map(|r| pb::RoleRate {
+            training_wait_share: r
+                .by_caller
+                .iter()
+                .filter(|(role, _, _)| *role == trainer)
+                .map(|(_, share, _)| *share)
+                .fold(0.0, f64::max),
+            ..pb::RoleRate::from(r)
+        })
         .collect()
 }
 

@@ -6,8 +6,7 @@ use tonic::Status;
 
 use crate::store::{Metric, ProcessSample, SlowNode, StragglerNote};
 
-/// `trainer` is the job's training role: its callers' waits are the training's.
-pub(super) fn metric(m: pb::MetricReport, trainer: vocab::Role) -> Result<Metric, Status> {
+pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
     let processes = m
         .processes
         .iter()
@@ -25,7 +24,7 @@ pub(super) fn metric(m: pb::MetricReport, trainer: vocab::Role) -> Result<Metric
                     served_per_s: r.served_per_s,
                     busy_share: r.busy_share,
                     callers_wait_share: r.callers_wait_share,
-                    training_wait_share: training_wait(r, trainer),
+                    training_wait_share: r.training_wait_share,
                 },
             ))
         })
@@ -77,16 +76,6 @@ pub(super) fn metric(m: pb::MetricReport, trainer: vocab::Role) -> Result<Metric
         stragglers,
         slow_nodes,
     })
-}
-
-/// How much of its time the job's training group (its `trainer` role) spent waiting for the
-/// role (0 when they do not call it).
-fn training_wait(r: &proto::jobmaster::v1::RoleRate, trainer: vocab::Role) -> f64 {
-    r.caller_waits
-        .iter()
-        .filter(|c| c.role == trainer.as_str())
-        .map(|c| c.wait_share)
-        .fold(0.0, f64::max)
 }
 
 /// A process report as the store keeps it; a report without a role is refused.

@@ -156,10 +156,11 @@ impl JobContext {
     /// Switch: every worker uses the new PS layout; lent keys and retired PS go.
     fn switched(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Next {
         let layout = self.group.cluster().map_or(0, |c| c.ps_version);
+        let trainer = self.trainer();
         let switched = self
             .slots
             .values()
-            .filter(|s| s.key.role == self.trainer() && s.phase == SlotPhase::Running)
+            .filter(|s| s.key.role == trainer && s.phase == SlotPhase::Running)
             .all(|s| s.ps_version == layout);
         if !(self.ps_layout_running() && switched) {
             return Next::Wait;

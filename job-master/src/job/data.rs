@@ -58,12 +58,12 @@ impl JobContext {
         if !slot.phase.is_live() {
             // A removed allreduce member learns it here, at the step boundary where the group
             // re-forms; it leaves without holding anything.
-            if self.spec.kind == JobKind::Allreduce && key.role == self.trainer() {
+            let member = self.spec.kind == JobKind::Allreduce && key.role == self.trainer();
+            if member {
                 // Its agent learns from its next heartbeat that it is done; no stop needed.
                 let _ = self.remove_slot(key, now_ms);
             }
-            view.removed = slot.phase == SlotPhase::Removed
-                || (self.spec.kind == JobKind::Allreduce && key.role == self.trainer());
+            view.removed = slot.phase == SlotPhase::Removed || member;
             if view.removed {
                 return Ok(view);
             }
@@ -107,10 +107,11 @@ impl JobContext {
                     });
                     (joined, all)
                 });
+                let trainer = self.trainer();
                 let live_workers = self
                     .slots
                     .values()
-                    .filter(|s| s.key.role == self.trainer() && s.phase.is_live())
+                    .filter(|s| s.key.role == trainer && s.phase.is_live())
                     .count() as u32;
                 let ps_to = self
                     .transition
@@ -392,8 +393,9 @@ impl JobContext {
         if self.phase != JobPhase::Running {
             return Vec::new();
         }
+        let trainer = self.trainer();
         let chief = SlotKey {
-            role: self.trainer(),
+            role: trainer,
             index: 0,
         };
         // A ps command runs TF's ParameterServerStrategy: worker 0 is the chief and the only
@@ -408,7 +410,7 @@ impl JobContext {
             || self
                 .slots
                 .values()
-                .filter(|s| s.key.role == self.trainer() && s.phase.is_live())
+                .filter(|s| s.key.role == trainer && s.phase.is_live())
                 .all(|s| s.phase == SlotPhase::Succeeded);
         let data_done = if self.is_builtin() {
             self.ledger.is_complete() && self.final_eval_loss.is_some()
@@ -525,10 +527,11 @@ impl JobContext {
     /// The workers' progress: step (the highest for allreduce, the sum for ps), summed
     /// throughput of the workers that are running, and their mean training loss.
     pub fn progress(&self) -> (u64, f64, f64) {
+        let trainer = self.trainer();
         let workers: Vec<(&SlotKey, &MetricsRecord)> = self
             .metrics
             .iter()
-            .filter(|(k, _)| k.role == self.trainer())
+            .filter(|(k, _)| k.role == trainer)
             .collect();
         let step = match self.spec.kind {
             JobKind::Allreduce => workers

@@ -9,8 +9,9 @@ impl JobContext {
             return Vec::new();
         };
         self.plans.reached = t.plan.version;
+        let trainer = self.trainer();
         let awaiting: Vec<SlotKey> =
-            self.keys_where(|s| s.key.role == self.trainer() && s.phase == SlotPhase::Running);
+            self.keys_where(|s| s.key.role == trainer && s.phase == SlotPhase::Running);
         let steps_at_reach = awaiting
             .iter()
             .map(|k| (*k, self.metrics.get(k).map_or(0, |m| m.global_step)))

@@ -2,6 +2,7 @@
 //! running job's samples/s is its speed over the last 30 s, an ended one's its mean), GPU use
 //! and plan versions, and one job in full (size, why, why it waits, plans, master, outcome).
 
+use brain::console::pages::trainer;
 use proto::service::v1 as pb;
 
 use crate::link::{ask_brain, job_id};
@@ -90,9 +91,9 @@ pub fn print_jobs(jobs: &[pb::JobRecord]) {
         let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
             if s.ps > 0 {
                 format!("{}+{}ps", s.workers, s.ps)
-            } else if !matches!(s.training_role.as_str(), "" | "worker") {
+            } else if trainer(s) != "worker" {
                 // A training group named otherwise says its name: `4 actor`.
-                format!("{} {}", s.workers, s.training_role)
+                format!("{} {}", s.workers, trainer(s))
             } else {
                 s.workers.to_string()
             }
@@ -159,8 +160,8 @@ pub fn print_shape(s: &pb::JobShape) {
             )
         })
     };
-    let trainer = match s.training_role.as_str() {
-        "" | "worker" => "workers".to_string(),
+    let trainer = match trainer(s) {
+        "worker" => "workers".to_string(),
         name => format!("{name} (its training group)"),
     };
     println!(

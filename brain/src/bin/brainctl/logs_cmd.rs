@@ -28,9 +28,9 @@ pub fn logs(
             .into_inner();
         let trainer = record
             .shape
-            .map(|s| s.training_role)
-            .filter(|r| !r.is_empty())
-            .unwrap_or_else(|| "worker".into());
+            .as_ref()
+            .map_or("worker", brain::console::pages::trainer)
+            .to_string();
         Ok((id, trainer))
     })?;
     let process = format!("{}-{index}", role.unwrap_or(&trainer));
