@@ -754,8 +754,10 @@ impl RoleJob {
         let d = dir.path();
         std::fs::write(
             d.join("policy.toml"),
-            // A cool-down long enough for the first rates to come in before the first resize.
-            "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 10\n",
+            // A cool-down long enough for the first rates to come in over most of a window
+            // before the first resize, on a loaded machine too (10 s was not on a 2-core CI
+            // run: the workers were grown before their wait was known).
+            "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 20\n",
         )
         .unwrap();
         let (brain, addr) = start_brain(d, "127.0.0.1:0", cpus);
