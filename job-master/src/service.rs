@@ -152,6 +152,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             process_joins: ctx.process_joins() && !ctx.is_service(key.role),
             checkpoint_token: self.shared.checkpoint_token.clone(),
             topology: ctx.spec.topology(key.role).to_string(),
+            own_group: ctx.is_service(key.role),
             flash_budget_bytes: ctx
                 .spec
                 .checkpoint
@@ -289,7 +290,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (key, incarnation) = process(r.process)?;
         self.shared
             .apply(|ctx, now| {
-                ctx.serve_role(key, incarnation, r.address, now)?;
+                ctx.serve_role(key, incarnation, r.address, r.collective_addr, now)?;
                 Ok(((), Vec::new()))
             })
             .await?;
@@ -364,6 +365,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     index: m.index,
                     incarnation: m.incarnation,
                     address: m.address,
+                    collective_addr: m.collective_addr,
                 })
                 .collect(),
             desired: view.desired,

@@ -114,6 +114,7 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
                 c.serve_role(pb::ServeRoleRequest {
                     process: me.clone(),
                     address: "127.0.0.1:1".into(),
+                    collective_addr: String::new(),
                 })
                 .await
                 .map(drop),

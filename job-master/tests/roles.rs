@@ -333,6 +333,133 @@ async fn roles_call_each_other_and_follow_restarts_and_resizes() {
     assert_no_process_left(addr).await;
 }
 
+/// A further all-reduce group (`critic: { topology: allreduce, command: ... }`) beside the
+/// built-in training group: its processes form their own torch.distributed group through
+/// `brain_sdk.roles.collective()` (ranks by index, the world at the role's size) and serve
+/// calls too (rank 1 calls rank 0); a member killed -9 restarts the group whole, `job-master scale --role critic=3`
+/// re-forms it at 3; the training group's processes never move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        eprintln!("SKIPPED: no Python with torch and the SDK's build requirements");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("critic.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/collective_group.py");
+    let yaml = builtin_yaml(dir.path(), "rl-critic", "allreduce", 0, 1, N, 1, 1000, 10).replace(
+        "workload:",
+        &format!(
+            "  critic: {{ topology: allreduce, replicas: 2, min: 1, max: 3, max_restarts: 4, \
+             command: [{python:?}, {:?}, --out, {:?}], env: {{ PYTHONPATH: {:?}, \
+             OMP_NUM_THREADS: \"1\" }} }}\nworkload:",
+            script.display().to_string(),
+            out.display().to_string(),
+            sdk.display().to_string(),
+        ),
+    );
+    let spec = JobSpec::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    // Waits until every index below `world` all-reduced at that world size, at `incarnation`
+    // or later, and returns their lines there.
+    let formed = async |world: u64, incarnation: u64, why: &str| -> Vec<serde_json::Value> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let at: Vec<serde_json::Value> = (0..world)
+                .filter_map(|i| {
+                    lines().into_iter().find(|l| {
+                        l["index"] == i
+                            && l["world"] == world
+                            && l["incarnation"].as_u64() >= Some(incarnation)
+                    })
+                })
+                .collect();
+            if at.len() as u64 == world {
+                return at;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{why}: {:?}\n{}",
+                lines().last(),
+                context(&run.run_dir)["events"]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let first = formed(2, 1, "the critic group of 2 did not form").await;
+    for (rank, l) in first.iter().enumerate() {
+        assert_eq!(
+            (l["rank"].as_u64(), l["sum"].as_f64()),
+            (Some(rank as u64), Some(3.0))
+        );
+    }
+    // Its members serve calls as well: rank 1 reached rank 0.
+    let called = lines()
+        .into_iter()
+        .find_map(|l| l.get("called").cloned())
+        .expect("rank 1's call to rank 0");
+    assert_eq!(called, serde_json::json!([0, 1, 42]));
+    let workers = of_role(&seen(&status(addr).await.unwrap()), "worker");
+    assert_eq!(workers.len(), 1);
+
+    // kill -9 one member: the group restarts whole (failover role) and forms again.
+    kill9(first[1]["pid"].as_u64().unwrap() as u32);
+    let again = formed(2, 2, "the critic group did not form again").await;
+    for l in &again {
+        assert_eq!(l["incarnation"], 2, "{l}");
+        assert_ne!(
+            l["pid"],
+            first[l["index"].as_u64().unwrap() as usize]["pid"]
+        );
+    }
+    assert_eq!(
+        of_role(&seen(&status(addr).await.unwrap()), "worker"),
+        workers
+    );
+
+    // 2 -> 3 by the CLI: the staying two restart, and the three form a group of 3.
+    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
+    let scaled = tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--job", &addr.to_string(), "--role", "critic=3"])
+        .arg("--token-file")
+        .arg(&secret)
+        .arg("--insecure")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        scaled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&scaled.stderr)
+    );
+    let three = formed(3, 1, "the critic group of 3 did not form").await;
+    let sums: Vec<f64> = three.iter().map(|l| l["sum"].as_f64().unwrap()).collect();
+    assert_eq!(sums, [6.0, 6.0, 6.0]);
+    assert_eq!(
+        three[0]["incarnation"], 3,
+        "critic-0 restarted for the resize"
+    );
+    assert_eq!(
+        of_role(&seen(&status(addr).await.unwrap()), "worker"),
+        workers
+    );
+
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.restarts.get(&Role::WORKER), None);
+    assert_no_process_left(addr).await;
+}
+
 /// `brain_sdk.JobBuilder` writes the spec the YAML writes, has the job master validate it, and
 /// runs it to its end with a local job master.
 #[test]

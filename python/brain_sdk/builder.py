@@ -22,7 +22,9 @@ instance of that class to the job's other roles (`python -m brain_sdk.roles modu
 `roles`). The training roles run the job's workload: `worker` (and `ps` in a ps job), or in an
 allreduce job the role given `.topology("allreduce")` (an `actor`, a `trainer`: the all-reduce
 group named freely); give it with `.role("actor").topology("allreduce").run(...)` or
-`.builtin(...)`, in any order.
+`.builtin(...)`, in any order. A further all-reduce group with a program of its own (a critic
+trained by a group of its own, formed with `brain_sdk.roles.collective()`) is
+`.role("critic").topology("allreduce", training=False).run([...])`.
 
 Placement: `.colocate("actor", "critic")` keeps those roles' processes on one node
 (`strict_pack`; `strict=False` for `pack`), `.spread("rollout")` puts them on different nodes
@@ -68,6 +70,9 @@ class _Role:
         # job's workload (decided at build(), when every role's topology is known).
         self.program: Optional[List[str]] = None
         self.env: Dict[str, str] = {}
+        # `.topology("allreduce", training=False)`: a further all-reduce group, which runs
+        # its own program rather than the workload.
+        self.further = False
 
 
 class JobBuilder:
@@ -159,11 +164,19 @@ class JobBuilder:
         self._role("max").spec["max"] = n
         return self
 
-    def topology(self, topology: str) -> "JobBuilder":
+    def topology(self, topology: str, training: bool = True) -> "JobBuilder":
         """`service` (independent replicas; the default for roles other than worker and ps),
         `single` (one process), or `allreduce`: this role is the job's all-reduce training
-        group, in place of `worker`."""
-        self._role("topology").spec["topology"] = topology
+        group, in place of `worker`; with `training=False`, a further all-reduce group that
+        runs its own program (`.run(...)`) beside the training group."""
+        r = self._role("topology")
+        if not training and topology != "allreduce":
+            raise BrainError(
+                f"role {r.name}: training=False is for a further all-reduce group; a "
+                f"{topology} role is never the training group"
+            )
+        r.spec["topology"] = topology
+        r.further = not training
         return self
 
     def failover(self, level: str) -> "JobBuilder":
@@ -251,7 +264,11 @@ class JobBuilder:
         allreduce job the one said `.topology("allreduce")`, else `worker`."""
         if self._spec["kind"] == "ps":
             return ["ps", "worker"]
-        named = [n for n, r in self._roles.items() if r.spec.get("topology") == "allreduce"]
+        named = [
+            n
+            for n, r in self._roles.items()
+            if r.spec.get("topology") == "allreduce" and not r.further
+        ]
         return named or ["worker"]
 
     def build(self) -> Dict[str, Any]:

@@ -68,6 +68,9 @@ class ProcessEnv:
     # for two copies (BRAIN_FLASH_BUDGET); empty/0 when the job has none (checkpoint.flash).
     flash_dir: str = ""
     flash_budget: int = 0
+    # The process runs its role's own program outside the training group (BRAIN_OWN_GROUP): a
+    # service, a single process, or a further all-reduce group (topology "allreduce").
+    own_group: bool = False
 
     @property
     def host(self) -> str:
@@ -78,8 +81,11 @@ class ProcessEnv:
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "ProcessEnv":
         env = os.environ if env is None else env
         joins = env.get("BRAIN_PROCESS_JOINS") == "1"
-        # A service or single role's process has no training group: its rank is its index.
-        own_role = env.get("BRAIN_TOPOLOGY") in ("service", "single")
+        # A process outside the training group (a service or single role, a further all-reduce
+        # group) has no rank from the master: a further group's comes from roles.collective().
+        own_role = (
+            env.get("BRAIN_TOPOLOGY") in ("service", "single") or env.get("BRAIN_OWN_GROUP") == "1"
+        )
         role = _required(env, "BRAIN_ROLE")
         if not _ROLE_NAME.fullmatch(role):
             raise BrainError(
@@ -108,6 +114,7 @@ class ProcessEnv:
             tls_dir=env.get("BRAIN_JOB_TLS_DIR", ""),
             stacks_file=env.get("BRAIN_STACKS_FILE", ""),
             flash_dir=env.get("BRAIN_FLASH_DIR", ""),
+            own_group=env.get("BRAIN_OWN_GROUP") == "1",
             flash_budget=_int(env, "BRAIN_FLASH_BUDGET", 0),
         )
 

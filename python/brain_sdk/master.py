@@ -112,9 +112,15 @@ class MasterClient:
                 return r
             time.sleep(0.01)
 
-    def serve_role(self, address: str) -> None:
-        """This process serves calls from the job's other roles at `address`."""
-        self._call("ServeRole", pb.ServeRoleRequest(process=self.me, address=address))
+    def serve_role(self, address: str, collective_addr: str = "") -> None:
+        """This process serves calls from the job's other roles at `address`; a process of a
+        further all-reduce group also gives where its collective store would listen."""
+        self._call(
+            "ServeRole",
+            pb.ServeRoleRequest(
+                process=self.me, address=address, collective_addr=collective_addr
+            ),
+        )
 
     def role_group(self, role: str) -> "pb.RoleGroupResponse":
         """The serving members of `role` as they are now."""

@@ -12,7 +12,7 @@ processes, over the job's own channels (its secret, and its TLS when the job run
     reward.call("score", ep)                     # any one member, round robin
     reward.call("score", ep, how="round_robin")  # the same, by its other name
     reward.call("score", ep, how="rank0")        # the member of lowest index
-    reward.call("score", ep, how="all")          # each member; results in index order
+    reward.call("score", ep, how="all")          # each member at once; results in index order
 
 The callee group is read from the job master as it is now, and again after a failed call:
 callers follow resizes and restarts. A call to a process that died is retried on its successor
@@ -33,6 +33,19 @@ Arguments and results travel pickled: only processes holding the job's secret (a
 certificate, with TLS) can call, as for every channel inside a job. A method whose name starts
 with `_` cannot be called. An exception in the callee reaches the caller as `RemoteError`
 (not retried: the callee ran).
+
+A further all-reduce group (a role with `topology: allreduce` and a `command` of its own: a
+critic trained by a group of its own beside the job's training group) forms with
+`collective()`:
+
+    # in each process of a role `critic: { topology: allreduce, replicas: 2, command: [...] }`
+    g = brain_sdk.roles.collective()             # torch.distributed is initialised (gloo)
+    state = load_my_state() if g.rank == 0 ...   # the group's own checkpoints are its own
+    dist.all_reduce(t)                           # over the critic's ranks only
+
+Its processes may serve calls too (`serve(obj, block=False)` before or after). A failed process
+restarts the whole group (failover `role`), and a resize restarts it at its new size: each
+process forms the group once, at its start.
 """
 
 import hmac
@@ -46,9 +59,9 @@ from typing import Any, List, Optional
 
 import grpc
 
-from .env import JOB_SERVER_NAME, ProcessEnv, read_job_tls
+from .env import JOB_SERVER_NAME, ProcessEnv, gloo_on_node_address, read_job_tls
 from .errors import BrainError
-from .master import MasterClient
+from .master import MasterClient, reserve_port
 
 # The one method a role server answers: a pickled (method, args, kwargs) in, a pickled
 # ("ok", result) or ("error", text) out.
@@ -186,7 +199,7 @@ class RoleServer:
             raise BrainError(f"cannot listen on {self.env.service_addr} to serve calls")
         self._server.start()
         self._master = MasterClient(self.env)
-        self._master.serve_role(self.env.service_addr)
+        self._master.serve_role(self.env.service_addr, _store_addr(self.env))
 
     def _call(self, request: bytes, context) -> bytes:
         metadata = dict(context.invocation_metadata())
@@ -343,7 +356,8 @@ class Group:
 
     def call(self, method: str, *args, how: str = "any", **kwargs):
         """Calls `method(*args, **kwargs)` on one member (`any` or `round_robin`: each in turn;
-        `rank0`: the lowest index) or on each (`all`: a list in index order)."""
+        `rank0`: the lowest index) or on each (`all`: every member at once, a list in index
+        order; the first failure, by index, is raised once every call has ended)."""
         if how not in _HOWS:
             raise BrainError(f"how={how!r}: expected one of {', '.join(_HOWS)}")
         started = time.monotonic()
@@ -363,18 +377,133 @@ class Group:
             self._member(None, deadline, "")
         if how == "rank0":
             return self._with_retry(min(m.index for m in self.members), payload, deadline)
-        out = []
-        for i in sorted({m.index for m in self.members}):
+        # Each member at once, as a collective group's members must be (each waits in its
+        # all-reduce for the others); the calls carry this thread's chain.
+        indices = sorted({m.index for m in self.members})
+        chain = getattr(_serving, "chain", None)
+        gone = object()
+
+        def each(index: int):
+            _serving.chain = chain
             try:
-                out.append(self._with_retry(i, payload, deadline))
+                return self._with_retry(index, payload, deadline)
             except _Departed:
-                pass  # resized away meanwhile: not a member any more
-        return out
+                return gone  # resized away meanwhile: not a member any more
+            finally:
+                _serving.chain = None
+
+        with futures.ThreadPoolExecutor(max_workers=len(indices)) as pool:
+            results = list(pool.map(each, indices))
+        return [r for r in results if r is not gone]
 
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()
         self._master.close()
+
+
+# Where this process's collective store would listen, once picked (a further all-reduce group's
+# process gives the same address whether it serves calls, forms its group, or both).
+_store = {}
+
+
+def _store_addr(env: ProcessEnv) -> str:
+    """This process's collective store address if it belongs to a further all-reduce group
+    (picked once), else empty."""
+    if env.topology != "allreduce" or not env.own_group:
+        return ""
+    key = (env.role, env.index, env.incarnation)
+    if key not in _store:
+        _store[key] = f"{env.host}:{reserve_port(env.host)}"
+    return _store[key]
+
+
+class Collective:
+    """This process's place in its further all-reduce group, as `collective()` formed it."""
+
+    def __init__(self, role: str, rank: int, world_size: int, store: str, members):
+        self.role = role
+        self.rank = rank
+        self.world_size = world_size
+        # host:port of the store the group formed at (its lowest index's).
+        self.store = store
+        # [(index, incarnation)] of the members, in rank order.
+        self.members = members
+
+    def __repr__(self) -> str:
+        return (
+            f"Collective({self.role}: rank {self.rank} of {self.world_size}, "
+            f"store {self.store})"
+        )
+
+
+def collective(
+    backend: str = "gloo",
+    timeout: float = 300.0,
+    init: bool = True,
+    env: Optional[ProcessEnv] = None,
+) -> Collective:
+    """Forms this process's further all-reduce group (a role with `topology: allreduce` and a
+    command of its own) and, with `init`, initialises torch.distributed over it with `backend`.
+
+    The process tells its job master where its collective store would listen, then waits until
+    the role's size of processes have (each its current incarnation): its rank is its place by
+    index among them, the world size their number, and the group forms at the store of the
+    lowest index. Raises `BrainError` from a process of another kind of role, and when the group
+    has not formed within `timeout` seconds (with how many members were there)."""
+    env = env or ProcessEnv.from_env()
+    if env.topology != "allreduce" or not env.own_group or not env.service_addr:
+        raise BrainError(
+            f"{env.role} is not a further all-reduce group (a role with `topology: allreduce` "
+            f"and a command of its own); its topology is {env.topology or 'unknown'}"
+        )
+    store = _store_addr(env)
+    master = MasterClient(env)
+    try:
+        master.serve_role(env.service_addr, store)
+        deadline = time.monotonic() + timeout
+        while True:
+            view = master.role_group(env.role)
+            members = sorted(view.members, key=lambda m: m.index)
+            me = [m for m in members if m.index == env.index]
+            if me and me[0].incarnation != env.incarnation:
+                raise BrainError(
+                    f"{env.role}-{env.index} incarnation {env.incarnation} is stale: the group "
+                    f"restarted (incarnation {me[0].incarnation} is current)"
+                )
+            if me and len(members) == view.desired and all(m.collective_addr for m in members):
+                break
+            if time.monotonic() > deadline:
+                raise BrainError(
+                    f"the all-reduce group {env.role} did not form within {timeout:.0f} s: "
+                    f"{len(members)} of its {view.desired} processes are there"
+                )
+            time.sleep(0.2)
+    finally:
+        master.close()
+    rank = [m.index for m in members].index(env.index)
+    g = Collective(
+        env.role,
+        rank,
+        len(members),
+        members[0].collective_addr,
+        [(m.index, m.incarnation) for m in members],
+    )
+    if init:
+        import datetime
+
+        import torch.distributed as dist
+
+        if backend == "gloo":
+            gloo_on_node_address(env)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{g.store}",
+            rank=g.rank,
+            world_size=g.world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    return g
 
 
 def group(role: str, timeout: float = 30.0, refresh_every: float = 1.0) -> Group:

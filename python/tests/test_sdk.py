@@ -245,6 +245,21 @@ class Builder(unittest.TestCase):
         # A ps job's training roles run one workload.
         with self.assertRaisesRegex(BrainError, "role worker: run\\(\\) gives the training roles a second"):
             JobBuilder("p", kind="ps").role("ps").run(["a"]).role("worker").run(["b"]).build()
+        # A further all-reduce group runs its own program beside the training group.
+        two = (
+            JobBuilder("rl")
+            .role("critic").topology("allreduce", training=False).run(["critic"]).total(2)
+            .role("actor").topology("allreduce").run(["train"]).total(2)
+            .build()
+        )
+        self.assertEqual(two["workload"]["command"], ["train"])
+        self.assertEqual(
+            two["roles"]["critic"],
+            {"replicas": 2, "topology": "allreduce", "command": ["critic"]},
+        )
+        self.assertEqual(two["roles"]["actor"], {"replicas": 2, "topology": "allreduce"})
+        with self.assertRaisesRegex(BrainError, "training=False is for a further all-reduce"):
+            JobBuilder("rl").role("x").topology("service", training=False)
 
     def test_placement_groups_land_where_the_yaml_puts_them(self):
         from brain_sdk import JobBuilder

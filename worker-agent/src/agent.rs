@@ -100,10 +100,11 @@ fn over_memory(rss: u64, limit: u64) -> Option<String> {
     })
 }
 
-/// Whether the process belongs to a service or single role: it runs its role's own program,
-/// started at once, outside the training group's rendezvous.
+/// Whether the process belongs to a role outside the training group (a service, a single
+/// process, a further all-reduce group): it runs its role's own program, started at once,
+/// outside the training group's rendezvous.
 pub(crate) fn own_role(reg: &pb::RegisterAgentResponse) -> bool {
-    matches!(reg.topology.as_str(), "service" | "single")
+    reg.own_group || matches!(reg.topology.as_str(), "service" | "single")
 }
 
 /// Whether the training process runs confined: every process does where a sandbox is set

@@ -126,8 +126,11 @@ pub(crate) fn child_env(
             env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
             env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
         }
-        // A service or single role's process has no group to join.
-        None if own_role(reg) => {}
+        // A process outside the training group has no group of the master's to join (a
+        // further all-reduce group forms through the SDK).
+        None if own_role(reg) => {
+            env.insert("BRAIN_OWN_GROUP".into(), "1".into());
+        }
         None => {
             env.insert("BRAIN_PROCESS_JOINS".into(), "1".into());
         }

@@ -150,7 +150,9 @@ fn service_roles(
             } else {
                 s.gpus
             },
-            single: s.topology == "single",
+            // A further all-reduce group restarts whole when resized: the round leaves it
+            // at its size (an operator's plan resizes it).
+            single: s.topology == "single" || s.topology == "allreduce",
             rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
         })
         .collect()

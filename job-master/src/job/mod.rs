@@ -169,6 +169,10 @@ pub struct Slot {
     pub serving: u64,
     #[serde(default)]
     pub serve_addr: Option<String>,
+    /// Where the serving incarnation's collective store would listen (a further all-reduce
+    /// group's process; empty otherwise).
+    #[serde(default)]
+    pub collective_addr: String,
 }
 
 /// State written before slots said whether they were placed: every launch counted as placed.
@@ -213,6 +217,7 @@ impl Slot {
             placed: false,
             serving: 0,
             serve_addr: None,
+            collective_addr: String::new(),
         }
     }
 }

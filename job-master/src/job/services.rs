@@ -1,7 +1,8 @@
 //! Role groups outside the training group: `service` roles (independent replicas: rollout
-//! engines, reward models) and `single` roles (one driver). Each is a [`RoleGroup`] with its
-//! desired size apart from the processes observed; it is started with the job, restarted at
-//! its failover level and resized on its own, without pausing or restarting another role:
+//! engines, reward models), `single` roles (one driver) and further `allreduce` groups (a
+//! critic trained by a collective group of its own). Each is a [`RoleGroup`] with its desired
+//! size apart from the processes observed; it is started with the job, restarted at its
+//! failover level and resized on its own, without pausing or restarting another role:
 //!
 //! * failover `process`: only the failed process restarts;
 //! * failover `role`: every process of its group restarts;
@@ -9,8 +10,13 @@
 //!   group restarts.
 //!
 //! A service process has no rendezvous, no data shards and no checkpoint of the master's: its
-//! agent starts it at once. The job ends when its training group does; the services are then
-//! told to shut down.
+//! agent starts it at once. A further all-reduce group forms through the SDK: each process
+//! tells the master where it serves and where its collective store would listen
+//! ([`JobContext::serve_role`]), and once every process of the group's size is there (the
+//! group's [`RoleView`]) they form it, rank by index, at the store of the lowest index. Resizing
+//! such a group restarts every process of it (each must learn the new world size); it
+//! restarts whole when one of its processes fails (failover `role`, or `job`). The job ends
+//! when its training group does; the other groups are then told to shut down.
 
 use super::*;
 use crate::spec::{Failover, Topology};
@@ -44,6 +50,9 @@ pub struct Member {
     pub index: u32,
     pub incarnation: u64,
     pub address: String,
+    /// Where its collective store would listen (host:port), for a member of a further
+    /// all-reduce group; empty otherwise.
+    pub collective_addr: String,
 }
 
 impl RoleGroup {
@@ -107,7 +116,8 @@ impl JobContext {
 
     /// Sets `role`'s size to `count`: new processes start (a removed index comes back with a
     /// new incarnation), the highest indexes leave (SIGTERM, their grace period, gone). No
-    /// other process is touched.
+    /// other process is touched, except in a further all-reduce group, whose staying
+    /// processes restart to form the group at its new size.
     pub(super) fn resize_service(
         &mut self,
         role: Role,
@@ -123,6 +133,7 @@ impl JobContext {
         }
         let launch_with = group.resources.clone();
         let mut effects = Vec::new();
+        let mut staying = Vec::new();
         for index in 0..count {
             let key = SlotKey { role, index };
             let slot = group
@@ -130,6 +141,7 @@ impl JobContext {
                 .entry(index)
                 .or_insert_with(|| Slot::new(key, 0, now_ms));
             if slot.phase.is_live() && slot.incarnation > 0 {
+                staying.push(key);
                 continue;
             }
             slot.relaunched(now_ms);
@@ -150,10 +162,21 @@ impl JobContext {
             });
         }
         if from != count {
+            let regroup = self.spec.topology(role) == Topology::Allreduce && !staying.is_empty();
+            for key in staying.into_iter().filter(|_| regroup) {
+                self.restart_service_slot(key);
+            }
             self.log_as(
                 EventKind::Plan,
                 now_ms,
-                format!("{role} resized: {from} -> {count}"),
+                format!(
+                    "{role} resized: {from} -> {count}{}",
+                    if regroup {
+                        " (an all-reduce group: its processes restart to form it at its new size)"
+                    } else {
+                        ""
+                    }
+                ),
             );
         }
         effects
@@ -263,27 +286,62 @@ impl JobContext {
         effects
     }
 
-    /// The current incarnation of `key` serves calls from other roles at `address`.
+    /// The current incarnation of `key` serves calls from other roles at `address`; a process
+    /// of a further all-reduce group also says where its collective store would listen
+    /// (`collective`, host:port), which makes it a member the group forms with.
     pub fn serve_role(
         &mut self,
         key: SlotKey,
         incarnation: u64,
         address: String,
+        collective: String,
         now_ms: u64,
     ) -> Result<(), Error> {
         self.current(key, incarnation)?;
-        if address.len() > 256 || address.rsplit_once(':').is_none() {
-            return Err(Error::InvalidRequest(format!(
-                "{key} serves at {:?}: not host:port",
-                address.chars().take(64).collect::<String>()
-            )));
+        let host_port = |what: &str, a: &str| {
+            if a.len() > 256 || a.rsplit_once(':').is_none() {
+                return Err(Error::InvalidRequest(format!(
+                    "{key} {what} {:?}: not host:port",
+                    a.chars().take(64).collect::<String>()
+                )));
+            }
+            Ok(())
+        };
+        host_port("serves at", &address)?;
+        let collective_group = self.spec.topology(key.role) == Topology::Allreduce;
+        match (collective.is_empty(), collective_group) {
+            (false, true) => host_port("has its collective store at", &collective)?,
+            (true, false) => {}
+            (false, false) => {
+                return Err(Error::InvalidRequest(format!(
+                    "{key} gives a collective store address, but {} is a {} role: only a \
+                     further all-reduce group forms a collective through the master",
+                    key.role,
+                    self.spec.topology(key.role)
+                )));
+            }
+            (true, true) => {
+                return Err(Error::InvalidRequest(format!(
+                    "{key} is a member of the all-reduce group {}: it joins with the address \
+                     of its collective store (brain_sdk.roles.collective())",
+                    key.role
+                )));
+            }
         }
         let slot = self.any_slot_mut(key).expect("current");
-        let changed = slot.serving != incarnation || slot.serve_addr.as_deref() != Some(&address);
+        let changed = slot.serving != incarnation
+            || slot.serve_addr.as_deref() != Some(&address)
+            || slot.collective_addr != collective;
         slot.serving = incarnation;
         slot.serve_addr = Some(address.clone());
+        slot.collective_addr = collective.clone();
         if changed {
-            self.log(now_ms, format!("{key} serves calls at {address}"));
+            let store = if collective.is_empty() {
+                String::new()
+            } else {
+                format!(" (its collective store at {collective})")
+            };
+            self.log(now_ms, format!("{key} serves calls at {address}{store}"));
         }
         Ok(())
     }
@@ -334,6 +392,7 @@ impl JobContext {
                     index: s.key.index,
                     incarnation: s.incarnation,
                     address: s.serve_addr.clone()?,
+                    collective_addr: s.collective_addr.clone(),
                 })
             })
             .collect();

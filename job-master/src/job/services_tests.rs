@@ -237,7 +237,7 @@ fn a_role_group_lists_the_members_that_serve_calls() {
         (view.topology.as_str(), view.members.len(), view.desired),
         ("service", 0, 2)
     );
-    ctx.serve_role(rollout(1), 1, "127.0.0.1:7001".into(), 2)
+    ctx.serve_role(rollout(1), 1, "127.0.0.1:7001".into(), String::new(), 2)
         .unwrap();
     let members = ctx.role_group(role).unwrap().members;
     assert_eq!(
@@ -245,20 +245,114 @@ fn a_role_group_lists_the_members_that_serve_calls() {
         vec![services::Member {
             index: 1,
             incarnation: 1,
-            address: "127.0.0.1:7001".into()
+            address: "127.0.0.1:7001".into(),
+            collective_addr: String::new(),
         }]
     );
     // A stale incarnation or a bad address is refused; a restarted member leaves the list
     // until its successor serves.
     assert!(
-        ctx.serve_role(rollout(0), 9, "127.0.0.1:1".into(), 3)
+        ctx.serve_role(rollout(0), 9, "127.0.0.1:1".into(), String::new(), 3)
             .is_err()
     );
-    assert!(ctx.serve_role(rollout(0), 1, "nowhere".into(), 3).is_err());
+    assert!(
+        ctx.serve_role(rollout(0), 1, "nowhere".into(), String::new(), 3)
+            .is_err()
+    );
     ctx.process_exited(rollout(1), 1, 1, 0, None, 4).unwrap();
     assert!(ctx.role_group(role).unwrap().members.is_empty());
     let e = ctx.role_group(Role::new("critic").unwrap()).unwrap_err();
     assert_eq!(e.to_string(), "invalid request: the job has no critic role");
+}
+
+/// A further all-reduce group (`topology: allreduce` with a program of its own): its members
+/// say where their collective store would listen, the group's view lists them, a resize
+/// restarts its staying processes (each must learn the new world size) and a failure restarts
+/// it whole; the training group and the services are never touched.
+#[test]
+fn a_further_all_reduce_group_forms_at_its_size_and_restarts_whole() {
+    let spec = JobSpec::from_yaml(
+        "name: rl\nkind: allreduce\nroles:\n  worker: { replicas: 2, min: 1, max: 4 }\n  \
+         rollout: { replicas: 1, command: [rollout] }\n  \
+         critic: { topology: allreduce, replicas: 2, min: 1, max: 3, command: [critic] }\n\
+         workload:\n  builtin: {}\n\
+         data: { num_samples: 1000, shard_size: 10 }\ncheckpoint: { dir: /tmp/brain-svc-test }\n",
+    )
+    .unwrap();
+    let critic = Role::new("critic").unwrap();
+    spec.validate().unwrap();
+    assert_eq!(spec.training_role(), Role::WORKER);
+    assert_eq!(spec.failover(critic), crate::spec::Failover::Role);
+    let (mut ctx, effects) = JobContext::new(spec, "r".into(), Timing::default(), 0);
+    let key = |index| SlotKey {
+        role: critic,
+        index,
+    };
+    assert!(launched(&effects).contains(&key(1)));
+    assert!(ctx.is_service(critic), "outside the training group");
+    register_all(&mut ctx, 1);
+    let view = ctx.role_group(critic).unwrap();
+    assert_eq!(
+        (view.topology, view.desired),
+        (crate::spec::Topology::Allreduce, 2)
+    );
+    assert!(view.members.is_empty());
+    // Its members join with their store's address; no one else gives one.
+    let e = ctx
+        .serve_role(key(0), 1, "127.0.0.1:7000".into(), String::new(), 2)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("joins with the address of its collective store")
+    );
+    let e = ctx
+        .serve_role(rollout(0), 1, "127.0.0.1:7000".into(), "h:1".into(), 2)
+        .unwrap_err();
+    assert!(e.to_string().contains("rollout is a service role"), "{e}");
+    assert!(
+        ctx.serve_role(key(0), 1, "127.0.0.1:7000".into(), "nowhere".into(), 2)
+            .is_err()
+    );
+    for i in 0..2 {
+        ctx.serve_role(
+            key(i),
+            1,
+            format!("127.0.0.1:700{i}"),
+            format!("127.0.0.1:800{i}"),
+            3,
+        )
+        .unwrap();
+    }
+    let members = ctx.role_group(critic).unwrap().members;
+    let stores: Vec<&str> = members.iter().map(|m| m.collective_addr.as_str()).collect();
+    assert_eq!(stores, ["127.0.0.1:8000", "127.0.0.1:8001"]);
+
+    // 2 -> 3: the third starts, the two staying restart to form a group of 3.
+    let before = incarnations(&ctx);
+    let effects = ctx
+        .apply_plan(ScalePlan::count(1, critic, 3), &Capacity::default(), 10)
+        .unwrap();
+    assert_eq!(launched(&effects), vec![key(2)]);
+    let after = incarnations(&ctx);
+    for (k, inc) in &before {
+        let moved = k.role == critic;
+        assert_eq!(after[k], inc + u64::from(moved), "{k}");
+    }
+    assert_eq!(after[&key(2)], 1);
+    assert!(ctx.role_group(critic).unwrap().members.is_empty());
+    assert!(ctx.events.iter().any(|e| e.text.contains(
+        "critic resized: 2 -> 3 (an all-reduce group: its processes restart to form it at its \
+         new size)"
+    )));
+    // A member's failure restarts the group whole (failover role), nothing else.
+    register_all(&mut ctx, 11);
+    let before = incarnations(&ctx);
+    ctx.process_exited(key(1), 2, 0, 9, None, 12).unwrap();
+    let after = incarnations(&ctx);
+    for (k, inc) in &before {
+        let moved = k.role == critic;
+        assert_eq!(after[k], inc + u64::from(moved), "{k}");
+    }
 }
 
 #[test]

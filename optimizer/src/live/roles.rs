@@ -44,7 +44,8 @@ pub struct LiveRole {
     /// the workers' devices), of the job's GPU model: what a start must find room for too.
     #[serde(default)]
     pub gpus: vocab::Gpus,
-    /// A `single` role (one driver): counted, never resized.
+    /// A `single` role (one driver), or a further all-reduce group (which a resize restarts
+    /// whole): counted, never resized by the round.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub single: bool,
     /// Its rates over the last window; none: nobody called it.

@@ -555,8 +555,12 @@ checkpoint: { dir: /tmp/brain-spec-test }
                 "roles.rollout.topology: ps: parameter servers need workers that read them",
             ),
             (
-                rl.replace("max: 4, command", "topology: allreduce, max: 4, command"),
-                "roles.rollout.topology: allreduce: a job has one all-reduce group for now",
+                rl.replace(
+                    "max: 4, command: [python3, rollout.py], env: { A: b }",
+                    "topology: allreduce, max: 4",
+                ),
+                "roles.rollout.topology: allreduce: a job has one training group, and worker \
+                 is it",
             ),
             (
                 rl.replace(
@@ -638,24 +642,52 @@ checkpoint: { dir: /tmp/brain-spec-test }
             Role::WORKER
         );
 
+        // A further all-reduce group runs a program of its own (a critic trained apart): it
+        // is outside the training group, restarts whole, and is allowed in a ps job too.
+        let further = actor.replace(
+            "command: [python3",
+            "topology: allreduce, command: [python3",
+        );
+        let spec = JobSpec::from_yaml(&further).unwrap();
+        spec.validate().unwrap();
+        assert_eq!(spec.training_role(), a);
+        assert!(!spec.is_training(rollout));
+        assert_eq!(spec.topology(rollout), Topology::Allreduce);
+        assert_eq!(spec.failover(rollout), Failover::Role);
+        assert_eq!(spec.service_roles().collect::<Vec<_>>(), vec![rollout]);
+        let ps = GOOD.replace(
+            "  ps: {",
+            "  critic: { topology: allreduce, command: [c] }\n  ps: {",
+        );
+        let spec = JobSpec::from_yaml(&ps).unwrap();
+        spec.validate().unwrap();
+        assert!(!spec.is_training(Role::new("critic").unwrap()));
+
         for (bad, want) in [
             (
                 actor.replace(
-                    "command: [python3",
-                    "topology: allreduce, command: [python3",
+                    "rollout: { replicas: 2, command: [python3, rollout.py] }",
+                    "rollout: { replicas: 2, topology: allreduce }",
                 ),
-                "roles.rollout.topology: allreduce: a job has one all-reduce group for now, and \
-                 actor is it",
+                "roles.rollout.topology: allreduce: a job has one training group, and actor is \
+                 it (a `worker` role without a topology is the group); give rollout a \
+                 `command` of its own to make it a further all-reduce group",
             ),
             (
                 actor.replace("  rollout:", "  worker: { replicas: 2 }\n  rollout:"),
-                "roles.actor.topology: allreduce: a job has one all-reduce group for now, and \
-                 worker is it",
+                "roles.actor.topology: allreduce: a job has one training group, and worker is it",
+            ),
+            (
+                further.replace(
+                    "topology: allreduce, command: [python3",
+                    "topology: allreduce, failover: process, command: [python3",
+                ),
+                "roles.rollout.failover: process: one member of an all-reduce group cannot",
             ),
             (
                 actor.replace("topology: allreduce, ", ""),
                 "roles.worker: is missing: every job needs workers (a `worker` role, or in an \
-                 allreduce job one role with `topology: allreduce`)",
+                 allreduce job one role with `topology: allreduce` that runs the workload",
             ),
             (
                 GOOD.replace("  ps: {", "  actor: { topology: allreduce }\n  ps: {"),
@@ -670,8 +702,10 @@ checkpoint: { dir: /tmp/brain-spec-test }
                 "roles.actor.failover: process: one member of an all-reduce group cannot",
             ),
             (
+                // An all-reduce group with a program of its own is a further group: the
+                // training group is then missing.
                 actor.replace("replicas: 3, min: 1", "command: [x], replicas: 3, min: 1"),
-                "roles.actor.command: is for service and single roles",
+                "roles.worker: is missing: every job needs workers",
             ),
         ] {
             let e = err(&bad);

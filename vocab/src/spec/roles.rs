@@ -3,11 +3,15 @@
 //!
 //! A job is a set of named role groups. Its **training group** is what `kind` names: `ps` +
 //! `worker` (topology `ps`) or one all-reduce group (topology `allreduce`), named freely: the
-//! role that says `topology: allreduce` (an `actor`, a `trainer`), else `worker`
-//! ([`JobSpec::training_role`]); it runs the job's `workload` and reads its `data`. Any other role is a **service** (independent replicas: a
-//! rollout engine, a reward model) or a **single** process (a driver); it runs its own
-//! `command`, with its own `env`, resources and bounds, and is started, restarted and resized
-//! on its own: growing or shrinking it never touches another role.
+//! role that says `topology: allreduce` without a program of its own (an `actor`, a
+//! `trainer`), else `worker` ([`JobSpec::training_role`]); it runs the job's `workload` and
+//! reads its `data`. Any other role runs its own `command`, with its own `env`, resources and
+//! bounds, and is started, restarted and resized on its own (growing or shrinking it never
+//! touches another role): a **service** (independent replicas: a rollout engine, a reward
+//! model), a **single** process (a driver), or a **further all-reduce group** (`topology:
+//! allreduce` with a `command`: a critic trained by a collective group of its own, which forms
+//! through the SDK's `brain_sdk.roles.collective()` and restarts whole when one of its
+//! processes fails or it is resized).
 //!
 //! `kind: ps` and `kind: allreduce` specs without other roles read exactly as before.
 
@@ -21,8 +25,9 @@ use crate::role::{JobKind, Role};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Topology {
-    /// One collective group: rendezvous rounds, consistent cuts (the `worker` role of an
-    /// allreduce job).
+    /// One collective group: the training group of an allreduce job (rendezvous rounds,
+    /// consistent cuts), or a further group with a program of its own, outside the training
+    /// group, that forms at its size and restarts whole.
     Allreduce,
     /// Parameter servers and the workers that read them (both roles of a ps job).
     Ps,
@@ -41,11 +46,6 @@ impl Topology {
             Topology::Service => "service",
             Topology::Single => "single",
         }
-    }
-
-    /// Whether processes of this topology belong to the job's training group.
-    pub fn is_training(self) -> bool {
-        matches!(self, Topology::Allreduce | Topology::Ps)
     }
 }
 
@@ -85,15 +85,16 @@ impl std::fmt::Display for Failover {
 
 impl JobSpec {
     /// The role whose processes train: a ps job's `worker`s; an allreduce job's all-reduce
-    /// group, the role that says `topology: allreduce`, else `worker`. Plans, reports and the
-    /// brain's rounds size the training group under this name.
+    /// group, the role that says `topology: allreduce` and runs the workload (no `command` of
+    /// its own), else `worker`. Plans, reports and the brain's rounds size the training group
+    /// under this name.
     pub fn training_role(&self) -> Role {
         match self.kind {
             JobKind::Ps => Role::WORKER,
             JobKind::Allreduce => self
                 .roles
                 .iter()
-                .find(|(_, r)| r.topology == Some(Topology::Allreduce))
+                .find(|(_, r)| r.topology == Some(Topology::Allreduce) && r.command.is_none())
                 .map_or(Role::WORKER, |(&role, _)| role),
         }
     }
@@ -111,9 +112,13 @@ impl JobSpec {
         }
     }
 
-    /// Whether `role` belongs to the training group (runs the workload, reads the data).
+    /// Whether `role` belongs to the training group (runs the workload, reads the data): a
+    /// further all-reduce group with a program of its own does not.
     pub fn is_training(&self, role: Role) -> bool {
-        self.topology(role).is_training()
+        match self.kind {
+            JobKind::Ps => role == Role::PS || role == Role::WORKER,
+            JobKind::Allreduce => role == self.training_role(),
+        }
     }
 
     /// The failover level of `role`: the spec's, else the default of its place: a ps job's
@@ -175,9 +180,13 @@ impl JobSpec {
             ));
         }
         let trainer = self.training_role();
-        // A second all-reduce group: one beside the declared one, or one beside a `worker`
-        // that names no topology (which is the group by default).
-        let declared = |role: Role| self.roles[&role].topology == Some(Topology::Allreduce);
+        // A second training group: an all-reduce group without a program of its own beside
+        // the declared one, or beside a `worker` that names no topology (which is the group
+        // by default). One with a `command` is a further group of its own.
+        let declared = |role: Role| {
+            let r = &self.roles[&role];
+            r.topology == Some(Topology::Allreduce) && r.command.is_none()
+        };
         let default_worker = self
             .roles
             .get(&Role::WORKER)
@@ -196,18 +205,16 @@ impl JobSpec {
             return Err(SpecError::new(
                 format!("roles.{second}.topology"),
                 format!(
-                    "allreduce: a job has one all-reduce group for now, and {group} is it (a \
-                     `worker` role without a topology is the group); make {second} a service \
-                     or single role, or name only one role the all-reduce group"
+                    "allreduce: a job has one training group, and {group} is it (a `worker` \
+                     role without a topology is the group); give {second} a `command` of its \
+                     own to make it a further all-reduce group, make it a service or single \
+                     role, or name only one role the training group"
                 ),
             ));
         }
         for (&role, r) in &self.roles {
             let p = |field: &str| format!("roles.{role}.{field}");
-            let training = match self.kind {
-                JobKind::Ps => role == Role::PS || role == Role::WORKER,
-                JobKind::Allreduce => role == trainer,
-            };
+            let training = self.is_training(role);
             let natural = match self.kind {
                 JobKind::Ps if training => Topology::Ps,
                 JobKind::Allreduce if training => Topology::Allreduce,
@@ -232,12 +239,14 @@ impl JobSpec {
                         ),
                     ));
                 }
-                Some(t @ Topology::Allreduce) if !training => {
+                Some(t @ Topology::Allreduce) if !training && r.command.is_none() => {
                     return Err(SpecError::new(
                         p("topology"),
                         format!(
-                            "{t}: a ps job's training group is its `ps` and `worker` roles; make \
-                             {role} a service or single role (or the job `kind: allreduce`)"
+                            "{t}: a ps job's training group is its `ps` and `worker` roles; give \
+                             {role} a `command` of its own to make it a further all-reduce \
+                             group, make it a service or single role (or the job `kind: \
+                             allreduce`)"
                         ),
                     ));
                 }
@@ -245,7 +254,7 @@ impl JobSpec {
             }
             let topology = r.topology.unwrap_or(natural);
             self.validate_failover(role, topology, r.failover)?;
-            if topology.is_training() {
+            if training {
                 let field = if r.command.is_some() {
                     Some("command")
                 } else if r.rescale.is_some() {

@@ -16,7 +16,8 @@ impl JobSpec {
             return Err(SpecError::new(
                 "roles.worker",
                 "is missing: every job needs workers (a `worker` role, or in an allreduce job \
-                 one role with `topology: allreduce`)",
+                 one role with `topology: allreduce` that runs the workload: no `command` of \
+                 its own)",
             ));
         }
         match (self.kind, self.roles.contains_key(&Role::PS)) {
