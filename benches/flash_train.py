@@ -9,7 +9,8 @@ One JSON line per event to --log:
   back on the device), flash_dir;
 * `step`: s (the step's own time: forward, backward, optimiser, waited for on a GPU), writing
   (this process's agent
-  was writing a copy of its state out when the step began or ended);
+  was writing a copy of its state out when the step began or ended), rank and world (the
+  group's size at that step);
 * `cut`: step, held ("memory" or "disk"), blocked_s (the time the cut held this rank).
 """
 
@@ -27,6 +28,11 @@ p.add_argument("--gib", type=float, default=1.0)
 p.add_argument("--log", required=True)
 p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--device", default="cpu")
+p.add_argument(
+    "--ddp",
+    action="store_true",
+    help="train through brain_sdk.pytorch.ElasticDDP: the group may grow and shrink in place",
+)
 args = p.parse_args()
 on_gpu = args.device.startswith("cuda")
 
@@ -64,6 +70,12 @@ else:
     opt.step()
     opt.zero_grad()
 job.save_with(lambda: {"model": model.state_dict(), "optim": opt.state_dict()})
+if args.ddp:
+    from brain_sdk.pytorch import ElasticDDP
+
+    net = ElasticDDP(job, model)
+else:
+    net = model
 flash_dir = job.env.flash_dir or ""
 log({"event": "start", "pid": os.getpid(), "restart": job.restart_count,
      "restored_from": job.restored_from, "restore_s": restore_s, "flash_dir": flash_dir,
@@ -89,12 +101,13 @@ for batch in job.batches():
     w = writing()
     sync()
     t = time.perf_counter()
-    model(x).sum().backward()
+    net(x).sum().backward()
     opt.step()
     opt.zero_grad()
     sync()
     s = time.perf_counter() - t
-    log({"event": "step", "s": s, "writing": w or writing()})
+    log({"event": "step", "s": s, "writing": w or writing(), "rank": job.rank,
+         "world": job.world_size})
     if job.last_cut is not None and job.last_cut is not seen_cut:
         seen_cut = job.last_cut
         log({"event": "cut", **seen_cut})

@@ -8,7 +8,12 @@
 //!   writes a copy out, against the steps of the synchronous run (no write behind them) and the
 //!   flash run's other steps;
 //! * **restore after kill -9**: the time `job.restore()` took in the restarted process, from the
-//!   agent's memory, then (its copies removed and the page cache dropped) from disk.
+//!   agent's memory, then (its copies removed and the page cache dropped) from disk;
+//! * **a grow's pause** (`rescale: in_place`, through `ElasticDDP`): the group grown 1 → 2 by a
+//!   plan, `BRAIN_BENCH_GROWS` times (default 2, shrunk back in between): rank 0's gap between
+//!   its last step in the group of 1 and its first in the group of 2, and how the new rank got
+//!   the state (flash: rank 0 sends the cut held in memory over the group, `peer`; synchronous:
+//!   the cut is written to disk and read back, `disk`).
 //!
 //! The state's size is `BRAIN_BENCH_GIB` (default 1), the cuts measured per run
 //! `BRAIN_BENCH_CUTS` (default 5, after one warm-up cut), the shards between cuts
@@ -18,6 +23,8 @@
 //! (`cpu`, or `cuda`: a GPU; the cut copies it off the device, the restore puts it back). Needs
 //! a Python with torch (`BRAIN_TORCH_PYTHON`, else `python3`); the SDK is built from `python/`
 //! unless `BRAIN_SDK_DIR` names one built already (a machine without its build tools).
+//! `BRAIN_BENCH_PARTS` picks what runs: `cuts` (the pause, step-rate and restore figures),
+//! `grow`, or both (default `cuts,grow`).
 //!
 //! cargo build --release -p job-master -p worker-agent && cargo bench -p benches --bench flash_pytorch
 
@@ -118,7 +125,10 @@ fn wait_committed(log: &Path, ckpt: &Path, limit: Duration) {
     }
 }
 
-fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
+/// The bench's job: one rank of `flash_train.py` logging to `log`, its checkpoints under
+/// `dir`, through flash memory or synchronously; with `ddp`, through `ElasticDDP` and
+/// `rescale: in_place`, up to 2 ranks.
+fn job_yaml(setup: &Setup, flash: bool, log: &Path, dir: &Path, ddp: bool) -> String {
     let Setup {
         python,
         sdk,
@@ -126,9 +136,7 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
         device,
         every_shards,
     } = *setup;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("events.jsonl");
-    let argv = vec![
+    let mut argv = vec![
         python.to_string(),
         script().display().to_string(),
         "--gib".into(),
@@ -138,6 +146,11 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
         "--device".into(),
         device.to_string(),
     ];
+    let mut rescale = "";
+    if ddp {
+        argv.push("--ddp".into());
+        rescale = "\n  rescale: in_place";
+    }
     let memory = if flash {
         format!(
             ", flash: {{ memory: {}Mi }}",
@@ -146,16 +159,21 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     } else {
         String::new()
     };
-    let yaml = format!(
-        "name: bench-flash\nkind: allreduce\nroles:\n  worker: {{ replicas: 1 }}\n\
+    format!(
+        "name: bench-flash\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, max: 2 }}\n\
          workload:\n  command: {argv:?}\n  \
-         env: {{ OMP_NUM_THREADS: \"1\", PYTHONPATH: {sdk:?} }}\n\
+         env: {{ OMP_NUM_THREADS: \"1\", PYTHONPATH: {sdk:?} }}{rescale}\n\
          data: {{ num_samples: 10000000, shard_size: 80 }}\n\
          checkpoint: {{ dir: {:?}, every_shards: {every_shards}{memory} }}\n",
-        dir.path().join("ckpt")
-    );
+        dir.join("ckpt")
+    )
+}
+
+fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("events.jsonl");
     let spec = dir.path().join("job.yaml");
-    std::fs::write(&spec, yaml).unwrap();
+    std::fs::write(&spec, job_yaml(setup, flash, &log, dir.path(), false)).unwrap();
     let (mut master, _addr) = start_master(&spec, &dir.path().join("run"), None);
     let limit = Duration::from_secs(600);
     let all = wait(&log, limit, "cuts", |l| of(l, "cut").len() > cuts);
@@ -209,6 +227,111 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     out
 }
 
+/// One grow 1 → 2 of the group.
+struct Grow {
+    /// Rank 0's gap between its last step at 1 and its first at 2 (seconds).
+    gap: f64,
+    /// Median step time of rank 0 just before the plan, and in the group of 2.
+    step_before: f64,
+    step_after: f64,
+    /// Where the cut the new rank started from was held, how it got it, and how long its
+    /// `restore()` took.
+    held: String,
+    restored_from: String,
+    restore_s: f64,
+}
+
+/// `job-master scale` to `workers`, waiting until the plan is carried out.
+fn scale(addr: &str, run_dir: &Path, workers: u32) {
+    let out = std::process::Command::new(common::release_bin("job-master"))
+        .args([
+            "scale",
+            "--job",
+            addr,
+            "--workers",
+            &workers.to_string(),
+            "--wait",
+        ])
+        .arg("--token-file")
+        .arg(run_dir.join(auth::JOB_TOKEN_FILE))
+        .arg("--insecure")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scale to {workers}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Rank 0's steps, as (the time it ended, its own time, the group's size).
+fn rank0_steps(all: &[Value]) -> Vec<(f64, f64, u64)> {
+    of(all, "step")
+        .into_iter()
+        .filter(|s| s["rank"] == 0)
+        .map(|s| {
+            (
+                s["t"].as_f64().unwrap(),
+                s["s"].as_f64().unwrap(),
+                s["world"].as_u64().unwrap_or(1),
+            )
+        })
+        .collect()
+}
+
+/// The job trained through `ElasticDDP`, grown 1 → 2 in place `grows` times (shrunk back in
+/// between), after two cuts (the first pays for the copy's pages).
+fn grow(setup: &Setup, flash: bool, grows: usize) -> Vec<Grow> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("events.jsonl");
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, job_yaml(setup, flash, &log, dir.path(), true)).unwrap();
+    let run_dir = dir.path().join("run");
+    let (mut master, addr) = start_master(&spec, &run_dir, None);
+    let limit = Duration::from_secs(900);
+    wait(&log, limit, "two cuts", |l| of(l, "cut").len() >= 2);
+    let mut out = Vec::new();
+    for _ in 0..grows {
+        let starts = of(&lines(&log), "start").len();
+        let before = rank0_steps(&lines(&log)).len();
+        scale(&addr, &run_dir, 2);
+        // Four steps of rank 0 in the group of 2, and the new rank's start.
+        let all = wait(&log, limit, "steps in the group of 2", |l| {
+            of(l, "start").len() > starts
+                && rank0_steps(l)[before..].iter().filter(|s| s.2 == 2).count() >= 4
+        });
+        let steps = rank0_steps(&all);
+        let first2 = (before..steps.len()).find(|&i| steps[i].2 == 2).unwrap();
+        let at1: Vec<f64> = steps[first2.saturating_sub(6)..first2 - 1]
+            .iter()
+            .map(|s| s.1)
+            .collect();
+        let at2: Vec<f64> = steps[first2 + 1..].iter().map(|s| s.1).collect();
+        let start = of(&all, "start")[starts];
+        let cut = of(&all, "cut")
+            .into_iter()
+            .rfind(|c| c["t"].as_f64().unwrap() <= steps[first2].0)
+            .map_or("?".to_string(), |c| {
+                c["held"].as_str().unwrap_or("?").into()
+            });
+        out.push(Grow {
+            gap: steps[first2].0 - steps[first2 - 1].0,
+            step_before: median(&at1),
+            step_after: median(&at2),
+            held: cut,
+            restored_from: start["restored_from"].as_str().unwrap_or("none").into(),
+            restore_s: start["restore_s"].as_f64().unwrap(),
+        });
+        scale(&addr, &run_dir, 1);
+        let n = rank0_steps(&lines(&log)).len();
+        wait(&log, limit, "steps in the group of 1 again", |l| {
+            rank0_steps(l)[n..].iter().filter(|s| s.2 == 1).count() >= 3
+        });
+    }
+    stop_master(&mut master.child);
+    out
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -255,8 +378,49 @@ fn main() {
         device: &device,
         every_shards,
     };
-    let flash = run(&setup, true, cuts);
-    let sync = run(&setup, false, cuts);
+    let parts = std::env::var("BRAIN_BENCH_PARTS").unwrap_or_else(|_| "cuts,grow".into());
+    let parts: Vec<&str> = parts.split(',').map(str::trim).collect();
+    if let Some(bad) = parts.iter().find(|p| !["cuts", "grow"].contains(p)) {
+        panic!("BRAIN_BENCH_PARTS names {bad:?}: expected cuts, grow or both");
+    }
+    if parts.contains(&"cuts") {
+        let flash = run(&setup, true, cuts);
+        let sync = run(&setup, false, cuts);
+        print_cuts(&setup, cuts, &flash, &sync);
+    }
+    if parts.contains(&"grow") {
+        let grows = var("BRAIN_BENCH_GROWS", 2.0) as usize;
+        let flash = grow(&setup, true, grows);
+        let sync = grow(&setup, false, grows);
+        print_grows(&setup, &flash, &sync);
+    }
+}
+
+/// The grows' table: the flash run's against the synchronous run's.
+fn print_grows(setup: &Setup, flash: &[Grow], sync: &[Grow]) {
+    println!(
+        "\nA grow 1 -> 2 in place (ElasticDDP, rescale: in_place): state {} GiB on {}, torch \
+         with 1 CPU thread per rank",
+        setup.gib, setup.device
+    );
+    println!("rank 0's gap between its last step at 1 and its first at 2, and the new rank:");
+    for (name, runs) in [("flash memory", flash), ("sync to disk", sync)] {
+        let gaps: Vec<f64> = runs.iter().map(|g| g.gap).collect();
+        println!("  {name:<13} gap {}", range(&gaps));
+        for g in runs {
+            println!(
+                "    gap {:.3} s (steps {:.3} s at 1, {:.3} s at 2); the cut held in {}; the \
+                 new rank restored from {} in {:.3} s",
+                g.gap, g.step_before, g.step_after, g.held, g.restored_from, g.restore_s
+            );
+        }
+    }
+}
+
+/// The cuts' table: pause, step time and restore, the flash run's against the synchronous
+/// run's.
+fn print_cuts(setup: &Setup, cuts: usize, flash: &Run, sync: &Run) {
+    let (gib, device, every_shards) = (setup.gib, setup.device, setup.every_shards);
     println!(
         "\nFlash checkpoints in a job: state {gib} GiB on {device}, 1 rank, torch with 1 CPU \
          thread, {cuts} cuts per run after a warm-up, a cut every {every_shards} shards of 10 \

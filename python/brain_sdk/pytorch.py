@@ -66,12 +66,12 @@ class TorchCollective:
             raise BrainError("rank 0 sends the state: it has none to send")
         if int(n.item()) == 0:
             return b""
-        if self.rank == 0:
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        else:
-            buf = torch.empty(int(n.item()), dtype=torch.uint8)
+        # The tensor shares the bytearray's memory: what arrives is read back in one copy
+        # (not byte by byte through the tensor's storage, which took minutes per GiB).
+        got = bytearray(data) if self.rank == 0 else bytearray(int(n.item()))
+        buf = torch.frombuffer(got, dtype=torch.uint8)
         dist.broadcast(buf, src=0, group=self._sdk_group)
-        return data if self.rank == 0 else bytes(buf.untyped_storage())
+        return data if self.rank == 0 else bytes(got)
 
     def leave(self) -> None:
         if dist.is_initialized():
