@@ -8,7 +8,6 @@ and a process launched later finds that manifest in `BRAIN_RESUME_FROM`.
 """
 
 import hashlib
-import io
 import json
 import os
 import pickle
@@ -68,24 +67,6 @@ def write_atomic(path: str, state: Any) -> str:
     finally:
         os.close(directory)
     return out.sha.hexdigest()
-
-
-def dumps(state: Any) -> bytes:
-    """`state` as the bytes a checkpoint file holds (torch.save, else pickle)."""
-    out = io.BytesIO()
-    if _torch is not None:
-        _torch.save(state, out)
-    else:
-        pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
-    return out.getvalue()
-
-
-def loads(data: bytes, device: Any = None) -> Any:
-    """What `dumps` wrote, its tensors made on `device` (default the CPU). Only for bytes of
-    this job's own (a peer's copy of the state): they may hold any Python value."""
-    if _torch is not None:
-        return _torch.load(io.BytesIO(data), map_location=device or "cpu", weights_only=False)
-    return pickle.loads(data)
 
 
 def read_verified(path: str, digest: Optional[str], device: Any = None) -> Any:

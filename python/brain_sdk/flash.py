@@ -128,6 +128,33 @@ def layout(state: Any, extra: Dict[str, Any]) -> Tuple[bytes, List[Any], List[in
     return meta, p.tensors, offsets, offset
 
 
+def skeleton(state: Any) -> Tuple[bytes, List[Any]]:
+    """`state` taken apart to be sent: its structure pickled with its tensors as references
+    (each tensor once), and the tensors themselves, which travel apart as they are."""
+    buf = io.BytesIO()
+    p = _Pickler(buf)
+    p.dump(state)
+    refs = [(t.numel() * t.element_size(), str(t.dtype), tuple(t.shape)) for t in p.tensors]
+    head = pickle.dumps({"state": buf.getvalue(), "tensors": refs}, protocol=pickle.HIGHEST_PROTOCOL)
+    return head, p.tensors
+
+
+def empty_for(head: bytes) -> Tuple[Dict[str, Any], List[Any]]:
+    """What `skeleton` sent as `head`, and an empty CPU tensor for each tensor to receive.
+    Only for bytes of this job's own (a peer's): they may hold any Python value."""
+    meta = pickle.loads(head)
+    tensors = [_torch.empty(shape, dtype=_dtype(dtype)) for _, dtype, shape in meta["tensors"]]
+    return meta, tensors
+
+
+def rebuild(meta: Dict[str, Any], tensors: List[Any], device: Any = None) -> Any:
+    """The state `skeleton` took apart, from its structure and its tensors (moved to `device`,
+    as `torch.load`'s `map_location`, when one is given)."""
+    if device is not None:
+        tensors = [t.to(device) for t in tensors]
+    return _Unpickler(io.BytesIO(meta["state"]), tensors).load()
+
+
 def _copy_in(mm: mmap.mmap, tensor: Any, offset: int) -> None:
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:

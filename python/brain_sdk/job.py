@@ -168,7 +168,8 @@ class ElasticJob:
         # The step of a cut held in memory whose state rank 0 sends the round's ranks as the
         # group forms (0: none), and what a rank new to the group got (for `restore()`).
         self._peer_step = 0
-        self._peer_state: Optional[Tuple[int, bytes]] = None
+        # (step, structure, tensors) of the cut rank 0 sent this process (flash.skeleton).
+        self._peer_state: Optional[Tuple[int, dict, list]] = None
         if collective is not None:
             self._group = collective
         elif self.env.kind == "ps":
@@ -257,11 +258,11 @@ class ElasticJob:
             # Added by a plan whose cut is held in memory: rank 0 sends its state as the
             # group forms.
             self.form_group()
-            step, data = self._peer_state
+            step, meta, tensors = self._peer_state
             self._peer_state = None
-            blob = ckpt.loads(data, device)
+            blob = flash.rebuild(meta, tensors, device)
             self.restored_from = "peer"
-            log.info("restored step %d from rank 0 over the group (%d bytes)", step, len(data))
+            log.info("restored step %d from rank 0 over the group", step)
             return self._restored(blob)
         if not self.resume_from:
             return None
@@ -674,10 +675,12 @@ class ElasticJob:
         rank of the round takes part (a collective); survivors drop what they get."""
         step, self._peer_step = self._peer_step, 0
         send = getattr(self._group, "broadcast_bytes", None)
-        if send is None:
+        send_tensor = getattr(self._group, "broadcast_tensor", None)
+        if send is None or send_tensor is None:
             raise BrainError(
                 "the job master sends this round the cut's state from rank 0, and this "
-                "process's collective cannot broadcast (it has no broadcast_bytes)"
+                "process's collective cannot broadcast (it has no broadcast_bytes and "
+                "broadcast_tensor)"
             )
         rank0 = self._group.rank == 0
         if rank0 and not survivor:
@@ -685,20 +688,30 @@ class ElasticJob:
                 f"rank 0 of the round formed after the cut at step {step} is a new process: "
                 "it holds no state to send"
             )
-        data = None
+        # Its structure first (small), then each tensor as it is: nothing is serialised or
+        # copied on the way but the structure (a GPU's tensors go through the CPU).
+        head, tensors = None, []
         if rank0:
             if self._save is None:
                 raise BrainError("call job.save_with(fn) first: rank 0 sends the cut's state")
-            data = ckpt.dumps({"user": self._save(), "brain_sdk": self._sdk_fields()})
+            head, tensors = flash.skeleton(
+                {"user": self._save(), "brain_sdk": self._sdk_fields()}
+            )
+            tensors = [t.detach().cpu().contiguous() for t in tensors]
         began = time.perf_counter()
-        data = send(data)
+        head = send(head)
+        meta, received = flash.empty_for(head)
+        if rank0:
+            received = tensors
+        for t in received:
+            send_tensor(t)
         log.info(
-            "cut at step %d: its state (%d bytes) %s rank 0 over the group in %.2f s",
-            step, len(data), "sent by" if rank0 else "received from",
-            time.perf_counter() - began,
+            "cut at step %d: its state (%d tensors, %d bytes) %s rank 0 over the group in %.2f s",
+            step, len(received), sum(r[0] for r in meta["tensors"]),
+            "sent by" if rank0 else "received from", time.perf_counter() - began,
         )
         if not survivor:
-            self._peer_state = (step, data)
+            self._peer_state = (step, meta, received)
 
     def _sdk_fields(self) -> dict:
         """The SDK's own counters a checkpoint keeps beside the script's state."""

@@ -73,6 +73,12 @@ class TorchCollective:
         dist.broadcast(buf, src=0, group=self._sdk_group)
         return data if self.rank == 0 else bytes(got)
 
+    def broadcast_tensor(self, t: torch.Tensor) -> None:
+        """Rank 0's contiguous CPU tensor `t` into every rank's `t` (same shape and dtype),
+        over the SDK's gloo group, as bytes (gloo takes every dtype that way)."""
+        if t.numel():
+            dist.broadcast(t.reshape(-1).view(torch.uint8), src=0, group=self._sdk_group)
+
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -308,16 +308,19 @@ impl JobContext {
             Ok(())
         };
         host_port("serves at", &address)?;
-        let collective_group = self.spec.topology(key.role) == Topology::Allreduce;
+        // A further all-reduce group: outside the training group (whose processes may serve
+        // calls too, and form their group through the master's rounds).
+        let collective_group =
+            self.spec.topology(key.role) == Topology::Allreduce && self.is_service(key.role);
         match (collective.is_empty(), collective_group) {
             (false, true) => host_port("has its collective store at", &collective)?,
             (true, false) => {}
             (false, false) => {
                 return Err(Error::InvalidRequest(format!(
-                    "{key} gives a collective store address, but {} is a {} role: only a \
-                     further all-reduce group forms a collective through the master",
-                    key.role,
-                    self.spec.topology(key.role)
+                    "{key} gives a collective store address, but {} is not a further all-reduce \
+                     group (a role with `topology: allreduce` and a command of its own): only \
+                     such a group forms its collective through role calls",
+                    key.role
                 )));
             }
             (true, true) => {

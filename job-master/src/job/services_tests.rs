@@ -308,7 +308,21 @@ fn a_further_all_reduce_group_forms_at_its_size_and_restarts_whole() {
     let e = ctx
         .serve_role(rollout(0), 1, "127.0.0.1:7000".into(), "h:1".into(), 2)
         .unwrap_err();
-    assert!(e.to_string().contains("rollout is a service role"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("rollout is not a further all-reduce group"),
+        "{e}"
+    );
+    // The training group's processes may serve calls, without a store of their own.
+    ctx.serve_role(worker(0), 1, "127.0.0.1:6000".into(), String::new(), 2)
+        .unwrap();
+    let e = ctx
+        .serve_role(worker(0), 1, "127.0.0.1:6000".into(), "h:1".into(), 2)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("worker is not a further all-reduce group")
+    );
     assert!(
         ctx.serve_role(key(0), 1, "127.0.0.1:7000".into(), "nowhere".into(), 2)
             .is_err()
