@@ -700,18 +700,18 @@ class ElasticJob:
             tensors = [t.detach().cpu().contiguous() for t in tensors]
         began = time.perf_counter()
         head = send(head)
-        meta, received = flash.empty_for(head)
-        if rank0:
-            received = tensors
-        for t in received:
+        meta = None
+        if not rank0:
+            meta, tensors = flash.empty_for(head)
+        for t in tensors:
             send_tensor(t)
         log.info(
             "cut at step %d: its state (%d tensors, %d bytes) %s rank 0 over the group in %.2f s",
-            step, len(received), sum(r[0] for r in meta["tensors"]),
+            step, len(tensors), sum(t.numel() * t.element_size() for t in tensors),
             "sent by" if rank0 else "received from", time.perf_counter() - began,
         )
         if not survivor:
-            self._peer_state = (step, meta, received)
+            self._peer_state = (step, meta, tensors)
 
     def _sdk_fields(self) -> dict:
         """The SDK's own counters a checkpoint keeps beside the script's state."""
