@@ -356,15 +356,7 @@ async fn the_scale_command_sends_a_plan_and_waits_for_it() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--token-file"));
     // Plain text to a master of a job with TLS: no answer, nothing sent in the clear.
-    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
-    let out = tokio::process::Command::new(job_master_bin())
-        .args(["scale", "--job", &addr.to_string(), "--workers", "3"])
-        .arg("--token-file")
-        .arg(&secret)
-        .arg("--insecure")
-        .output()
-        .await
-        .unwrap();
+    let out = scale_cli(addr, &run.run_dir, &["--workers", "3"]).await;
     assert_eq!(out.status.code(), Some(2));
     let out = tokio::process::Command::new(job_master_bin())
         .args(["scale", "--workers", "3", "--wait", "--run-dir"])
@@ -382,6 +374,7 @@ async fn the_scale_command_sends_a_plan_and_waits_for_it() {
         stdout.contains("plan 1 accepted") && stdout.contains("plan 1 reached"),
         "{stdout}"
     );
+    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
     let bad = tokio::process::Command::new(job_master_bin())
         .args(["scale", "--job", &addr.to_string(), "--workers", "99"])
         .arg("--token-file")

@@ -103,16 +103,7 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
 
     // 2 -> 4 rollout engines by the CLI while the workers train: no worker pauses.
     let step_before = status(addr).await.unwrap().global_step;
-    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
-    let out = tokio::process::Command::new(job_master_bin())
-        .args(["scale", "--job", &addr.to_string(), "--role", "rollout=4"])
-        .arg("--wait")
-        .arg("--token-file")
-        .arg(&secret)
-        .arg("--insecure")
-        .output()
-        .await
-        .unwrap();
+    let out = scale_cli(addr, &run.run_dir, &["--role", "rollout=4", "--wait"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -131,14 +122,7 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
     assert_eq!(of_role(&seen(&s), "worker"), of_role(&before, "worker"));
 
     // 4 -> 1: the engines above index 0 leave; nobody else moves.
-    let bad = tokio::process::Command::new(job_master_bin())
-        .args(["scale", "--job", &addr.to_string(), "--role", "critic=1"])
-        .arg("--token-file")
-        .arg(&secret)
-        .arg("--insecure")
-        .output()
-        .await
-        .unwrap();
+    let bad = scale_cli(addr, &run.run_dir, &["--role", "critic=1"]).await;
     assert_eq!(bad.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("the job has no critic role"));
     let mut p = plan(3, None, None);
@@ -428,15 +412,7 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
     );
 
     // 2 -> 3 by the CLI: the staying two restart, and the three form a group of 3.
-    let secret = run.run_dir.join(auth::JOB_TOKEN_FILE);
-    let scaled = tokio::process::Command::new(job_master_bin())
-        .args(["scale", "--job", &addr.to_string(), "--role", "critic=3"])
-        .arg("--token-file")
-        .arg(&secret)
-        .arg("--insecure")
-        .output()
-        .await
-        .unwrap();
+    let scaled = scale_cli(addr, &run.run_dir, &["--role", "critic=3"]).await;
     assert!(
         scaled.status.success(),
         "{}",

@@ -519,6 +519,20 @@ pub fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePla
     p
 }
 
+/// `job-master scale --job ADDR ARGS` with the job's secret from `run_dir`, in plain text
+/// (`--insecure`): what it printed and how it exited.
+pub async fn scale_cli(addr: SocketAddr, run_dir: &Path, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(job_master_bin())
+        .args(["scale", "--job", &addr.to_string()])
+        .args(args)
+        .arg("--token-file")
+        .arg(run_dir.join(auth::JOB_TOKEN_FILE))
+        .arg("--insecure")
+        .output()
+        .await
+        .unwrap()
+}
+
 /// Sends a plan that must be accepted.
 pub async fn send(addr: SocketAddr, p: pb::ScalePlan) {
     let a = client(addr)
