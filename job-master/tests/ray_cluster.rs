@@ -53,7 +53,8 @@ impl Cluster {
         while self.alive().await != want {
             assert!(
                 start.elapsed() < within,
-                "Ray does not show {want} alive nodes after {within:?}"
+                "Ray does not show {want} alive nodes after {within:?}\n{}",
+                self.logs()
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -395,6 +395,30 @@ impl RayClusterDir {
         }
     }
 
+    /// The last lines of each node's `ray start` output and of Ray's record of the processes
+    /// that exited: what a test that finds a node gone needs to say why.
+    pub fn logs(&self) -> String {
+        let tail = |path: std::path::PathBuf| {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(15);
+            format!("--- {}\n{}", path.display(), lines[from..].join("\n"))
+        };
+        let mut out: Vec<String> = (0..self.nodes.len())
+            .map(|i| tail(self.dir.join(format!("node{i}.log"))))
+            .collect();
+        let sessions = std::fs::read_dir(self.dir.join("tmp"))
+            .into_iter()
+            .flatten();
+        for s in sessions.flatten() {
+            let exits = s.path().join("logs/ray_process_exit.log");
+            if exits.exists() {
+                out.push(tail(exits));
+            }
+        }
+        out.join("\n")
+    }
+
     fn script(&self, args: &[&str]) {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/ray-cluster");
         let (what, rest) = args.split_first().expect("a command");

@@ -47,7 +47,8 @@ pub async fn wait_alive(c: &RayClusterDir, want: usize, within: Duration) {
         }
         assert!(
             start.elapsed() < within,
-            "Ray shows {alive} alive nodes, not {want}, after {within:?}"
+            "Ray shows {alive} alive nodes, not {want}, after {within:?}\n{}",
+            c.logs()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
