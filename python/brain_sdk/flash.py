@@ -418,6 +418,10 @@ class FlashStore:
             except BlockingIOError:
                 continue  # the agent is writing it out: the other one
             try:
+                # The states were read before the lock: an agent may have ended this slot's
+                # write-out meanwhile (its answer now due, or the copy now the committed one).
+                if slot not in self._candidates():
+                    continue
                 before = self.status(slot) or {}
                 dropped = None
                 if before.get("state") in ("held", "ready", "persisting"):

@@ -178,6 +178,39 @@ class FlashSlots(unittest.TestCase):
         back, _ = flash.read_state(self.store.slot_file(d["slot"]))
         self.assertTrue(torch.equal(back["x"], torch.ones(3) * 4))
 
+    def test_a_write_out_that_ends_between_the_look_and_the_lock_is_left_alone(self):
+        # The save reads the slots' states, then locks the one it chose. An agent that ends
+        # its write-out in between leaves the copy's answer due: it must not be taken (CI
+        # caught a save landing on step 2 this way, under load).
+        a = self.save({"x": torch.ones(3)}, 1)
+        b = self.save({"x": torch.ones(3) * 2}, 2)
+        _set(self.store, a["slot"], state="committed", digest="da")
+        _set(self.store, b["slot"], state="persisting")
+        held = open(self.store.slot_file(b["slot"]))
+        fcntl.flock(held, fcntl.LOCK_EX)
+        looked = self.store._candidates
+        ended = []
+
+        def look_then_the_agent_ends():
+            out = looked()
+            if not ended:
+                ended.append(True)
+                _set(self.store, b["slot"], state="persisted", digest="db")
+                fcntl.flock(held, fcntl.LOCK_UN)
+            return out
+
+        self.store._candidates = look_then_the_agent_ends
+        try:
+            c = self.save({"x": torch.ones(3) * 3}, 3)
+        finally:
+            self.store._candidates = looked
+            held.close()
+        self.assertEqual(ended, [True])
+        self.assertTrue(c["skipped"], c)
+        back, _ = flash.read_state(self.store.slot_file(b["slot"]))
+        self.assertTrue(torch.equal(back["x"], torch.ones(3) * 2))
+        self.assertEqual(self.store.holding(2, "db"), self.store.slot_file(b["slot"]))
+
     def test_the_newest_committed_copy_is_kept_whatever_the_saves_after_it(self):
         a = self.save({"x": torch.ones(3)}, 1)
         _set(self.store, a["slot"], state="committed", digest="d")
