@@ -44,6 +44,17 @@ class FlashSlots(unittest.TestCase):
             state, step=step, rank=0, world=1, persist=True, incarnation=1, sdk={"step": step}
         )
 
+    def step_2_being_written_out(self):
+        """Step 1 committed in one slot, step 2 in the other being written out: its lock held
+        (as the agent holds it) by the file returned."""
+        a = self.save({"x": torch.ones(3)}, 1)
+        b = self.save({"x": torch.ones(3) * 2}, 2)
+        _set(self.store, a["slot"], state="committed", digest="da")
+        _set(self.store, b["slot"], state="persisting")
+        held = open(self.store.slot_file(b["slot"]))
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return a, b, held
+
     def test_a_state_round_trips_with_its_dtypes_shapes_and_tied_tensors(self):
         w = torch.randn(4, 5)
         state = {
@@ -139,12 +150,7 @@ class FlashSlots(unittest.TestCase):
         self.assertEqual(e["slot"], a["slot"])
 
     def test_a_save_told_to_wait_lands_once_the_write_out_and_its_answer_are_in(self):
-        a = self.save({"x": torch.ones(3)}, 1)
-        b = self.save({"x": torch.ones(3) * 2}, 2)
-        _set(self.store, a["slot"], state="committed", digest="da")
-        _set(self.store, b["slot"], state="persisting")
-        held = open(self.store.slot_file(b["slot"]))
-        fcntl.flock(held, fcntl.LOCK_EX)
+        a, b, held = self.step_2_being_written_out()
 
         def agent():
             # The agent ends its write-out of step 2 (its answer then due), then hears the job
@@ -182,12 +188,7 @@ class FlashSlots(unittest.TestCase):
         # The save reads the slots' states, then locks the one it chose. An agent that ends
         # its write-out in between leaves the copy's answer due: it must not be taken (CI
         # caught a save landing on step 2 this way, under load).
-        a = self.save({"x": torch.ones(3)}, 1)
-        b = self.save({"x": torch.ones(3) * 2}, 2)
-        _set(self.store, a["slot"], state="committed", digest="da")
-        _set(self.store, b["slot"], state="persisting")
-        held = open(self.store.slot_file(b["slot"]))
-        fcntl.flock(held, fcntl.LOCK_EX)
+        _, b, held = self.step_2_being_written_out()
         looked = self.store._candidates
         ended = []
 
