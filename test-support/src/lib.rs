@@ -410,7 +410,11 @@ impl RayClusterDir {
         let sessions = std::fs::read_dir(self.dir.join("tmp"))
             .into_iter()
             .flatten();
-        for s in sessions.flatten() {
+        // Each session once: `session_latest` is a link to one of them.
+        for s in sessions
+            .flatten()
+            .filter(|s| s.file_type().is_ok_and(|t| t.is_dir()))
+        {
             let exits = s.path().join("logs/ray_process_exit.log");
             if exits.exists() {
                 out.push(tail(exits));
