@@ -31,7 +31,7 @@ use proto::service::v1 as pb;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
-use test_support::{RayClusterDir, SlowNode};
+use test_support::{RayClusterDir, SlowNode, tail};
 
 const CPUS: u32 = 4;
 const EPOCHS: u64 = 2;
@@ -363,16 +363,6 @@ async fn a_chaos_soak_on_the_ray_cluster_with_whole_nodes_lost_loses_and_repeats
 /// The last lines of the brain's logs and of the job masters' logs of the jobs not ended:
 /// what a soak that did not end needs to be understood (its directory is gone after).
 fn stuck_logs(d: &Path, all: &[pb::JobRecord]) -> String {
-    let tail = |path: &Path, n: usize| {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let from = lines.len().saturating_sub(n);
-        format!(
-            "--- {} (last {n} lines)\n{}",
-            path.display(),
-            lines[from..].join("\n")
-        )
-    };
     let mut out = Vec::new();
     for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
         let p = e.path();

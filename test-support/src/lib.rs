@@ -398,14 +398,8 @@ impl RayClusterDir {
     /// The last lines of each node's `ray start` output and of Ray's record of the processes
     /// that exited: what a test that finds a node gone needs to say why.
     pub fn logs(&self) -> String {
-        let tail = |path: std::path::PathBuf| {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let from = lines.len().saturating_sub(15);
-            format!("--- {}\n{}", path.display(), lines[from..].join("\n"))
-        };
         let mut out: Vec<String> = (0..self.nodes.len())
-            .map(|i| tail(self.dir.join(format!("node{i}.log"))))
+            .map(|i| tail(&self.dir.join(format!("node{i}.log")), 15))
             .collect();
         let sessions = std::fs::read_dir(self.dir.join("tmp"))
             .into_iter()
@@ -417,7 +411,7 @@ impl RayClusterDir {
         {
             let exits = s.path().join("logs/ray_process_exit.log");
             if exits.exists() {
-                out.push(tail(exits));
+                out.push(tail(&exits, 15));
             }
         }
         out.join("\n")
@@ -439,6 +433,19 @@ impl RayClusterDir {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The last `n` lines of the file at `path` under a header naming it (empty when it cannot be
+/// read): what a failing test prints of a log that is gone once it ends.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    format!(
+        "--- {} (last {n} lines)\n{}",
+        path.display(),
+        lines[from..].join("\n")
+    )
 }
 
 /// A node [`RayClusterDir::slow`] capped: uncapped when dropped.
