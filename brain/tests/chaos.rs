@@ -360,16 +360,37 @@ async fn a_chaos_soak_on_the_ray_cluster_with_whole_nodes_lost_loses_and_repeats
     wait_alive(&cluster, cluster.nodes.len(), Duration::from_secs(90)).await;
 }
 
-/// The last lines of the brain's logs and of the job masters' logs of the jobs not ended:
+/// One line per job, with its last reasons: what the brain believed of each when the soak
+/// gave up.
+fn summary(all: &[pb::JobRecord]) -> String {
+    let mut out = Vec::new();
+    for j in all {
+        out.push(format!(
+            "{} ({}): {} at step {}, {} samples, {:.0} samples/s now, plan {}/{}/{} \
+             (set/acked/reached), waiting: {:?}",
+            j.job_name,
+            j.master_address,
+            j.state,
+            j.last_global_step,
+            j.samples_done,
+            j.recent_samples_per_second,
+            j.plan_version,
+            j.acked_version,
+            j.reached_version,
+            j.waiting_reason,
+        ));
+        for r in j.reasons.iter().rev().take(3) {
+            let r: String = r.chars().take(400).collect();
+            out.push(format!("    {r}"));
+        }
+    }
+    out.join("\n")
+}
+
+/// The last lines of the job masters' logs of the jobs not ended and of the brain's logs:
 /// what a soak that did not end needs to be understood (its directory is gone after).
 fn stuck_logs(d: &Path, all: &[pb::JobRecord]) -> String {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.extension().is_some_and(|x| x == "log") {
-            out.push(tail(&p, 40));
-        }
-    }
     for j in all
         .iter()
         .filter(|j| j.state == "running" || j.state == "queued")
@@ -377,6 +398,12 @@ fn stuck_logs(d: &Path, all: &[pb::JobRecord]) -> String {
         let run = Path::new(&j.run_dir);
         out.push(tail(&run.join("job-master.log"), 60));
         out.push(tail(&run.join("master/events.log"), 30));
+    }
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "log") {
+            out.push(tail(&p, 40));
+        }
     }
     out.join("\n")
 }
@@ -456,8 +483,11 @@ async fn soak(place: Place<'_>, d: &Path, faults: u32) {
         }
         if Instant::now() >= deadline {
             let all = jobs(&url).await.unwrap_or_default();
+            // Compact: CI shows the head of a failure's output, so the logs come before any
+            // long dump.
             panic!(
-                "jobs did not end: {all:#?}\n{}\n{}",
+                "jobs did not end:\n{}\n{}\n{}",
+                summary(&all),
                 soak.log.join("\n"),
                 stuck_logs(d, &all)
             );
