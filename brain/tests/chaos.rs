@@ -387,9 +387,9 @@ fn summary(all: &[pb::JobRecord]) -> String {
     out.join("\n")
 }
 
-/// The last lines of the job masters' logs of the jobs not ended and of the brain's logs:
-/// what a soak that did not end needs to be understood (its directory is gone after).
-fn stuck_logs(d: &Path, all: &[pb::JobRecord]) -> String {
+/// The last lines of the job masters' logs and events of the jobs not ended and of the brain's
+/// logs: what a soak that did not end needs to be understood (its directory is gone after).
+fn stuck_logs(d: &Path, url: &str, all: &[pb::JobRecord]) -> String {
     let mut out = Vec::new();
     for j in all
         .iter()
@@ -397,7 +397,14 @@ fn stuck_logs(d: &Path, all: &[pb::JobRecord]) -> String {
     {
         let run = Path::new(&j.run_dir);
         out.push(tail(&run.join("job-master.log"), 60));
-        out.push(tail(&run.join("master/events.log"), 30));
+        let (_, events) = brainctl(&["events", &j.job_name, "--brain", url]);
+        let lines: Vec<&str> = events.lines().collect();
+        out.push(format!(
+            "--- events of {} (last 40 of {})\n{}",
+            j.job_name,
+            lines.len(),
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        ));
     }
     for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
         let p = e.path();
@@ -489,7 +496,7 @@ async fn soak(place: Place<'_>, d: &Path, faults: u32) {
                 "jobs did not end:\n{}\n{}\n{}",
                 summary(&all),
                 soak.log.join("\n"),
-                stuck_logs(d, &all)
+                stuck_logs(d, &url, &all)
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -406,19 +406,42 @@ impl JobContext {
                 .slots
                 .get(&chief)
                 .is_some_and(|s| s.phase == SlotPhase::Succeeded);
-        let workers_done = chief_done
-            || self
-                .slots
-                .values()
-                .filter(|s| s.key.role == trainer && s.phase.is_live())
-                .all(|s| s.phase == SlotPhase::Succeeded);
         let data_done = if self.is_builtin() {
             self.ledger.is_complete() && self.final_eval_loss.is_some()
         } else {
             // A script that leases its shards through the SDK is done when they all are.
             !self.leased_any || self.ledger.is_complete()
         };
+        // Once the data says the work is over (every shard done, and evaluated for the
+        // built-in workload), a worker still waiting to be started (its node lost, no room
+        // anywhere) has nothing left to do: it must not hold the job open for ever. A script
+        // that leases nothing has only its workers' exits to say it is over.
+        let data_accounted = data_done && (self.is_builtin() || self.leased_any);
+        let trainers: Vec<&Slot> = self
+            .slots
+            .values()
+            .filter(|s| s.key.role == trainer && s.phase.is_live())
+            .collect();
+        let unstarted: Vec<SlotKey> = trainers
+            .iter()
+            .filter(|s| data_accounted && s.phase == SlotPhase::Launching)
+            .map(|s| s.key)
+            .collect();
+        let workers_done = chief_done
+            || ((unstarted.is_empty() || trainers.iter().any(|s| s.phase == SlotPhase::Succeeded))
+                && trainers
+                    .iter()
+                    .all(|s| s.phase == SlotPhase::Succeeded || unstarted.contains(&s.key)));
         if workers_done && data_done {
+            for key in unstarted {
+                self.log(
+                    now_ms,
+                    format!(
+                        "{key} was never started (still pending) and the data is all done: \
+                         it is not needed, and is stopped with the job"
+                    ),
+                );
+            }
             self.phase = JobPhase::Finishing;
             return vec![Effect::Finish];
         }

@@ -388,6 +388,49 @@ fn the_job_succeeds_once_all_data_is_done_evaluated_and_workers_exited() {
     ctx.ledger.verify_exactly_once(true).unwrap();
 }
 
+#[test]
+fn a_worker_never_started_does_not_hold_the_job_open_once_the_data_is_done() {
+    // A ps job's worker 1 is lost and asked for again; no room takes it (its node is gone),
+    // while worker 0 does every shard and the final evaluation.
+    let mut ctx = running("ps", 1, 2, 0);
+    assert!(!ctx.agent_lost(W1, 1, "its node died".into(), 2).is_empty());
+    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
+    let mut evaluate = false;
+    while let Some(s) = lease(&mut ctx, W0, 1) {
+        ctx.shard_done(W0, 1, s, 3).unwrap();
+    }
+    if let Ok(v) = ctx.lease(W0, 1) {
+        assert_eq!(v.outcome, LeaseOutcome::EndOfData);
+        evaluate = v.evaluate;
+    }
+    assert!(evaluate, "the only worker evaluates");
+    // Before worker 0 ends, the job is not over.
+    ctx.report_metrics(
+        W0,
+        1,
+        MetricsRecord::default(),
+        Some(0.4),
+        Some("d".into()),
+        5,
+    )
+    .unwrap();
+    assert_eq!(ctx.phase, JobPhase::Running);
+    assert_eq!(
+        ctx.process_exited(W0, 1, 0, 0, None, 6).unwrap(),
+        vec![Effect::Finish]
+    );
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text.contains("worker-1 was never started")),
+        "{:?}",
+        ctx.events.last()
+    );
+    ctx.finish(7);
+    assert_eq!(ctx.phase, JobPhase::Succeeded);
+    ctx.ledger.verify_exactly_once(true).unwrap();
+}
+
 /// Makes the workers of `ctx` elastic between 1 and 4.
 pub(super) fn elastic(ctx: &mut JobContext) {
     let w = ctx.spec.roles.get_mut(&Role::WORKER).unwrap();
