@@ -570,6 +570,57 @@ async fn metrics_have_series_per_job_role_and_node() {
     }
 }
 
+/// A running job whose processes wait to run says which, for how long and why (the platform's
+/// reason its job master passed on), in `brainctl status` (issue 41: a placement that cannot
+/// be met is left pending with the reason); a process starting for a few seconds is not waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_says_which_processes_wait_to_run_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
+    let (r, mut job) = registered(&url, "held").await;
+    let send = |pending_ms: u64, reason: &str| pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![pb::MetricReport {
+            processes: vec![
+                pb::ProcessReport {
+                    role: "worker".into(),
+                    index: 0,
+                    ..Default::default()
+                },
+                pb::ProcessReport {
+                    role: "worker".into(),
+                    index: 2,
+                    pending_ms,
+                    pending_reason: reason.into(),
+                    ..Default::default()
+                },
+            ],
+            ..report(pending_ms, 10.0)
+        }],
+    };
+    job.report_metrics(send(4_000, "")).await.unwrap();
+    let (ok, out) = common::brainctl(&["status", "held", "--brain", &url]);
+    assert!(ok && !out.contains("waiting:"), "{out}");
+    let why = "no node has room for 1 CPU, 512 MiB (most free: 0.5 CPU on 10.0.0.2)";
+    job.report_metrics(send(312_000, why)).await.unwrap();
+    let (ok, out) = common::brainctl(&["status", "held", "--brain", &url]);
+    assert!(
+        ok && out.contains(&format!(
+            "waiting: 1 process waits to run: worker-2 for 312 s ({why})"
+        )),
+        "{out}"
+    );
+    // A reason longer than a few lines is refused with the batch, and changes nothing.
+    let err = job
+        .report_metrics(send(313_000, &"x".repeat(5000)))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("pending reason of 5000 bytes"),
+        "{err}"
+    );
+}
+
 /// The Grafana dashboard in the repository queries only series the brain exports: every
 /// `brain_...` name in its expressions is a metric family of `/metrics` (issue 44, item 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

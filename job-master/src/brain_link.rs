@@ -301,6 +301,12 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
                 } else {
                     0
                 },
+                // The brain takes a reason of a few lines (4 KiB at most).
+                pending_reason: if s.phase == SlotPhase::Launching && !s.placed {
+                    s.pending_reason.chars().take(1000).collect()
+                } else {
+                    String::new()
+                },
                 gpu_utilisation_pct: if used.gpu_present {
                     f64::from(used.gpu_utilization_percent.min(100))
                 } else {

@@ -23,9 +23,12 @@ pub(super) fn record((row, extras): (JobRow, Extras)) -> pb::JobRecord {
     let Extras {
         gpu,
         snapshot,
-        waiting,
+        mut waiting,
         plans,
     } = extras;
+    if waiting.is_empty() && row.state == crate::store::JobState::Running {
+        waiting = pending_reason(&snapshot.pending);
+    }
     pb::JobRecord {
         recent_samples_per_second: snapshot.samples_per_second,
         waiting_reason: waiting,
@@ -76,5 +79,62 @@ pub(super) fn record((row, extras): (JobRow, Extras)) -> pb::JobRecord {
         samples_done: row.samples_done,
         outcome: row.outcome,
         run_dir: row.run_dir,
+    }
+}
+
+/// A process pending at most this long is starting, not waiting: a running job says it waits
+/// only for processes pending longer.
+const PENDING_SHOWN_MS: u64 = 10_000;
+
+/// Why a running job waits: its processes pending longer than [`PENDING_SHOWN_MS`], longest
+/// first, with the platform's reason where it gave one (empty: none waits).
+fn pending_reason(pending: &[crate::store::PendingProcess]) -> String {
+    let long: Vec<String> = pending
+        .iter()
+        .filter(|p| p.pending_ms > PENDING_SHOWN_MS)
+        .map(|p| {
+            let mut s = format!("{} for {} s", p.process, p.pending_ms / 1000);
+            if !p.reason.is_empty() {
+                s += &format!(" ({})", p.reason);
+            }
+            s
+        })
+        .collect();
+    match long.len() {
+        0 => String::new(),
+        1 => format!("1 process waits to run: {}", long[0]),
+        n => format!("{n} processes wait to run: {}", long.join("; ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::PendingProcess;
+
+    #[test]
+    fn a_running_job_says_which_processes_wait_to_run_and_why() {
+        let p = |role, index, pending_ms, reason: &str| PendingProcess {
+            process: vocab::SlotKey { role, index },
+            pending_ms,
+            reason: reason.into(),
+        };
+        assert_eq!(pending_reason(&[]), "");
+        // Starting for a few seconds is not waiting.
+        assert_eq!(pending_reason(&[p(vocab::Role::WORKER, 0, 3_000, "")]), "");
+        assert_eq!(
+            pending_reason(&[
+                p(
+                    vocab::Role::WORKER,
+                    2,
+                    312_400,
+                    "no node has room for 1 CPU"
+                ),
+                p(vocab::Role::PS, 0, 40_000, ""),
+                p(vocab::Role::WORKER, 1, 2_000, ""),
+            ]),
+            "2 processes wait to run: worker-2 for 312 s (no node has room for 1 CPU); \
+             ps-0 for 40 s"
+        );
     }
 }

@@ -94,6 +94,7 @@ fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
         memory_peak_bytes: p.memory_peak_bytes,
         oom_kills: p.oom_kills,
         pending_ms: p.pending_ms,
+        pending_reason: p.pending_reason.clone(),
         gpu_utilisation_pct: p.gpu_utilisation_pct,
         gpu_memory_bytes: p.gpu_memory_bytes,
     })

@@ -32,6 +32,8 @@ pub struct ProcessSample {
     pub memory_peak_bytes: u64,
     pub oom_kills: u32,
     pub pending_ms: u64,
+    /// Why the platform last found no room for it while pending (empty: it did not say).
+    pub pending_reason: String,
     /// Its GPUs at the last sample (NVML on its node): the utilisation of the devices it was
     /// given (0 to 100) and its own memory on them; 0 without NVML or GPUs.
     pub gpu_utilisation_pct: f64,
@@ -75,6 +77,16 @@ pub struct JobSnapshot {
     pub memory_bytes: u64,
     /// Its processes by role: (role, running, waiting to run).
     pub roles: Vec<(Role, u32, u32)>,
+    /// The processes waiting to run, longest first: how long, and why when the platform said.
+    pub pending: Vec<PendingProcess>,
+}
+
+/// A process of a running job that waits to run (launched, not yet started by its platform).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingProcess {
+    pub process: vocab::SlotKey,
+    pub pending_ms: u64,
+    pub reason: String,
 }
 
 /// A job's processes and corrections.
@@ -254,7 +266,22 @@ fn snapshot(m: &Metric, speeds: &std::collections::VecDeque<(i64, f64)>) -> JobS
             *running += 1;
         }
     }
+    let mut pending: Vec<PendingProcess> = m
+        .processes
+        .iter()
+        .filter(|p| p.pending_ms > 0)
+        .map(|p| PendingProcess {
+            process: vocab::SlotKey {
+                role: p.role,
+                index: p.index,
+            },
+            pending_ms: p.pending_ms,
+            reason: p.pending_reason.clone(),
+        })
+        .collect();
+    pending.sort_by_key(|p| std::cmp::Reverse(p.pending_ms));
     JobSnapshot {
+        pending,
         at_unix_ms: m.at_unix_ms,
         samples_per_second: speeds.iter().map(|s| s.1).sum::<f64>() / speeds.len().max(1) as f64,
         cpu_millicores: m.cpu_millicores,
@@ -302,6 +329,7 @@ mod tests {
                     memory_bytes: 100,
                     memory_peak_bytes: 200,
                     pending_ms,
+                    pending_reason: String::new(),
                     gpus: vocab::Gpus::ZERO,
                     oom_kills: 0,
                     gpu_utilisation_pct: 0.0,

@@ -51,6 +51,8 @@ const MAX_SAMPLES_PER_SECOND: f64 = 1e9;
 const MAX_PROCESSES: u32 = 100_000;
 const MAX_MILLICORES: u64 = 1 << 40; // ~1e12 millicores
 const MAX_MEMORY_BYTES: u64 = 1 << 60; // 1 EiB
+/// The longest reason a pending process may carry (job masters send a few lines at most).
+const MAX_PENDING_REASON_BYTES: usize = 4096;
 const MAX_STEP: u64 = 1 << 53;
 
 impl Metric {
@@ -161,6 +163,12 @@ impl Metric {
             }
             if p.pending_ms > (1 << 40) {
                 return Err(format!("process {name}: pending for {} ms", p.pending_ms));
+            }
+            if p.pending_reason.len() > MAX_PENDING_REASON_BYTES {
+                return Err(format!(
+                    "process {name}: a pending reason of {} bytes (at most {MAX_PENDING_REASON_BYTES})",
+                    p.pending_reason.len()
+                ));
             }
         }
         Ok(())

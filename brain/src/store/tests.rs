@@ -123,6 +123,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         memory_peak_bytes: 7,
         oom_kills: 0,
         pending_ms: 0,
+        pending_reason: String::new(),
         gpu_utilisation_pct: 0.0,
         gpu_memory_bytes: 0,
     }];

@@ -193,6 +193,7 @@ impl JobContext {
                 if s.incarnation == incarnation && s.phase == SlotPhase::Launching && !s.placed =>
             {
                 s.placed = true;
+                s.pending_reason.clear();
                 s.last_heartbeat_ms = now_ms;
                 true
             }
@@ -218,6 +219,7 @@ impl JobContext {
                     && !self.phase.is_terminal() =>
             {
                 let waited = now_ms.saturating_sub(s.last_heartbeat_ms);
+                self.any_slot_mut(key).expect("checked").pending_reason = why.clone();
                 self.log(
                     now_ms,
                     format!(
@@ -323,6 +325,7 @@ impl JobContext {
         let slot = self.any_slot_mut(key).expect("exists");
         slot.phase = SlotPhase::Launching;
         slot.placed = false;
+        slot.pending_reason.clear();
         slot.agent_id = 0;
         slot.process_pid = 0;
         // The new agent gets a full timeout to register.

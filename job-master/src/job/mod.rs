@@ -164,6 +164,10 @@ pub struct Slot {
     /// and the brain is told since when (`last_heartbeat_ms`, the launch).
     #[serde(default = "placed_before_this_field")]
     pub placed: bool,
+    /// Why the platform last found no room for it while pending (empty: it did not say, or
+    /// it is placed): what the brain shows as the job's waiting reason.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pending_reason: String,
     /// The incarnation that serves calls from other roles (0: none does), and where.
     #[serde(default)]
     pub serving: u64,
@@ -186,6 +190,7 @@ impl Slot {
         self.incarnation += 1;
         self.phase = SlotPhase::Launching;
         self.placed = false;
+        self.pending_reason.clear();
         self.agent_id = 0;
         self.process_pid = 0;
         self.sample = None;
@@ -215,6 +220,7 @@ impl Slot {
             joined: 0,
             told_round: 0,
             placed: false,
+            pending_reason: String::new(),
             serving: 0,
             serve_addr: None,
             collective_addr: String::new(),

@@ -349,8 +349,11 @@ fn a_process_the_platform_cannot_place_is_pending_not_lost() {
     // A late word about an older incarnation, or a placed one, changes nothing.
     assert!(ctx.agent_not_placed(W0, 1, "x".into(), long + 2).is_empty());
     assert!(!ctx.agent_placed(W0, 1, long + 2));
+    // The platform's reason is kept for the brain until the process is placed.
+    assert_eq!(ctx.slots[&W1].pending_reason, "no node has room");
     // Placed at last: the register timeout runs from then.
     assert!(ctx.agent_placed(W1, 1, long + 3));
+    assert_eq!(ctx.slots[&W1].pending_reason, "");
     let w1_relaunched = |effects: &[Effect]| {
         effects
             .iter()
