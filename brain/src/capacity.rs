@@ -19,6 +19,8 @@ pub const LOCAL_NODE: &str = "local";
 pub struct NodeInfo {
     pub name: String,
     pub cpu_millicores: u64,
+    /// The memory its processes may reserve (Ray's `memory` resource); 0: not known.
+    pub memory_bytes: u64,
     pub gpus: u32,
     pub gpu_type: String,
 }
@@ -30,6 +32,7 @@ pub fn nodes_of_ray(ray: &RayCluster) -> Vec<NodeInfo> {
         .map(|n| NodeInfo {
             name: n.ip.clone(),
             cpu_millicores: (n.total.cpus * 1000.0).round() as u64,
+            memory_bytes: n.total.memory_bytes,
             gpus: n.total.gpus.floor() as u32,
             gpu_type: n.total.gpu_type().unwrap_or(ANY_MODEL).to_string(),
         })
@@ -41,6 +44,7 @@ pub fn fixed_nodes(cluster: &LiveCluster) -> Vec<NodeInfo> {
     let pool = NodeInfo {
         name: LOCAL_NODE.into(),
         cpu_millicores: cluster.cpu_millicores,
+        memory_bytes: 0,
         gpus: 0,
         gpu_type: String::new(),
     };
@@ -48,6 +52,7 @@ pub fn fixed_nodes(cluster: &LiveCluster) -> Vec<NodeInfo> {
         .chain(cluster.nodes.iter().map(|n| NodeInfo {
             name: n.name.clone(),
             cpu_millicores: 0,
+            memory_bytes: 0,
             gpus: n.gpus,
             gpu_type: n.gpu_type.clone(),
         }))

@@ -39,6 +39,8 @@ fn ended_workers(row: &JobRow, shape: &Shape) -> u32 {
 #[derive(Clone, Debug, Default)]
 pub struct NodeCpus {
     pub cpus: Vec<u64>,
+    /// The nodes' memory, where known (a Ray cluster's).
+    pub memory: Vec<u64>,
     pub spread: bool,
 }
 
@@ -172,6 +174,11 @@ pub fn predict(
         cluster.slot_millicores,
         node_cpus.spread,
     ) {
+        return Err(BrainError::InvalidArgument(why));
+    }
+    if let Some(why) =
+        optimizer::live::never_holds_memory(&spec, &node_cpus.memory, node_cpus.spread)
+    {
         return Err(BrainError::InvalidArgument(why));
     }
     Ok(Prediction {

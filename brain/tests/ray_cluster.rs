@@ -105,9 +105,9 @@ fn devices(events: &[&str]) -> BTreeMap<String, (String, String)> {
     out
 }
 
-/// A job whose processes, or whose strictly spread group, the nodes' CPUs can never hold is
-/// refused at submission with the reason (issue 41, item 3): the brain knows each Ray node's
-/// CPUs (4 on each of the three here). Nothing of it is stored.
+/// A job whose processes, or whose strictly spread group, the nodes' CPUs or memory can never
+/// hold is refused at submission with the reason (issue 41, item 3): the brain knows each Ray
+/// node's CPUs and memory (4 and 4 GiB on each of the three here). Nothing of it is stored.
 #[test]
 fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
     let Some(c) = test_support::ray_cluster() else {
@@ -121,6 +121,15 @@ fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
     let (ok, out) = brainctl(&["submit", wide.to_str().unwrap(), "--brain", &url]);
     assert!(
         !ok && out.contains("role worker: each process asks for 6 CPUs, and the cluster's"),
+        "{out}"
+    );
+    // A worker of 6 GiB: each node has 4 GiB for Ray's processes (`.ci/ray-cluster`).
+    let big = spec(dir.path(), &format!("big-{pid}"), "cpu: 1, memory: 6Gi");
+    let (ok, out) = brainctl(&["submit", big.to_str().unwrap(), "--brain", &url]);
+    assert!(
+        !ok && out.contains(
+            "role worker: each process asks for 6 GiB, and the cluster's 3 node(s) have at most 4 GiB"
+        ),
         "{out}"
     );
     // Four workers strictly spread over the three nodes.
@@ -144,7 +153,7 @@ fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
     );
     let (ok, out) = brainctl(&["jobs", "--brain", &url]);
     assert!(
-        ok && !out.contains("wide-") && !out.contains("spread-"),
+        ok && !out.contains("wide-") && !out.contains("big-") && !out.contains("spread-"),
         "{out}"
     );
 }

@@ -430,6 +430,11 @@ impl Control {
                 .map(|n| n.cpu_millicores)
                 .filter(|&m| m > 0)
                 .collect(),
+            memory: nodes
+                .iter()
+                .map(|n| n.memory_bytes)
+                .filter(|&m| m > 0)
+                .collect(),
             // Without Ray the CPU is one pool and the processes run beside the brain.
             spread: !nodes.iter().any(|n| n.name == crate::capacity::LOCAL_NODE),
         };

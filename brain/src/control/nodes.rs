@@ -187,6 +187,7 @@ mod tests {
         let node = |name: &str| NodeInfo {
             name: name.into(),
             cpu_millicores: 1000,
+            memory_bytes: 0,
             gpus: 0,
             gpu_type: String::new(),
         };

@@ -1,9 +1,9 @@
 //! Whether the cluster's GPU nodes can ever hold a job, checked at submission: every role's
 //! process on some node of its model ([`unplaceable`]), and each `placement:` group as a
 //! whole: a `strict_pack` group's GPUs on one node, a `strict_spread` group's processes with
-//! GPUs on as many nodes, a group that shares devices one device per index. The brain knows
-//! nodes by their GPUs only (the CPU pool is one), so only GPUs are checked here; a group whose
-//! CPU no node holds is left pending by its job master with the reason.
+//! GPUs on as many nodes, a group that shares devices one device per index; and the same for
+//! CPU and memory against each node's ([`never_holds_cpu`], [`never_holds_memory`]) where the
+//! nodes' sizes are known. What a node has free at the time is its job master's to wait for.
 
 use vocab::spec::{PlacementGroup, Strategy};
 use vocab::{Gpus, JobSpec};
@@ -25,6 +25,44 @@ pub fn never_holds(spec: &JobSpec, nodes: &[LiveNode]) -> Option<String> {
     })
 }
 
+/// A resource every node has an amount of, checked per process and per placement group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Amount {
+    /// Millicores.
+    Cpu,
+    /// Bytes.
+    Memory,
+}
+
+impl Amount {
+    /// What one process of `role` asks for (`default` when its role names none).
+    fn of(self, spec: &JobSpec, role: &vocab::Role, default: u64) -> u64 {
+        let r = spec.roles[role].resources.as_ref();
+        match self {
+            Amount::Cpu => r.and_then(|x| x.cpu).map_or(default, |c| c.0),
+            Amount::Memory => r.and_then(|x| x.memory).map_or(default, |m| m.0),
+        }
+    }
+
+    /// `v` as a user reads it: `1.5 CPUs`, `6 GiB`.
+    fn show(self, v: u64) -> String {
+        let trim = |s: String| s.trim_end_matches('0').trim_end_matches('.').to_string();
+        match self {
+            Amount::Cpu => format!("{} CPUs", trim(format!("{:.3}", v as f64 / 1000.0))),
+            Amount::Memory if v >= 1 << 30 => {
+                format!(
+                    "{} GiB",
+                    trim(format!("{:.2}", v as f64 / (1u64 << 30) as f64))
+                )
+            }
+            Amount::Memory => format!(
+                "{} MiB",
+                trim(format!("{:.1}", v as f64 / (1u64 << 20) as f64))
+            ),
+        }
+    }
+}
+
 /// Why `spec` (its counts filled in) can never get its CPU on nodes of `node_cpus` millicores
 /// each (the nodes with CPU to hand out): a process asking more than every node has, a
 /// `strict_pack` group more than every node has, and, where `spread` (the nodes are the ones
@@ -38,27 +76,38 @@ pub fn never_holds_cpu(
     default_cpu: u64,
     spread: bool,
 ) -> Option<String> {
-    let largest = node_cpus.iter().copied().max()?;
-    let cpu_of = |r: &vocab::Role| {
-        spec.roles[r]
-            .resources
-            .as_ref()
-            .and_then(|x| x.cpu)
-            .map_or(default_cpu, |c| c.0)
-    };
+    never_holds_amount(Amount::Cpu, spec, node_cpus, default_cpu, spread)
+}
+
+/// As [`never_holds_cpu`], for the memory the processes ask for (those whose role names
+/// none ask for nothing: the platform reserves none for them) on nodes of `node_memory`
+/// bytes each. `None` when it may, or when no node's memory is known.
+pub fn never_holds_memory(spec: &JobSpec, node_memory: &[u64], spread: bool) -> Option<String> {
+    never_holds_amount(Amount::Memory, spec, node_memory, 0, spread)
+}
+
+fn never_holds_amount(
+    what: Amount,
+    spec: &JobSpec,
+    nodes: &[u64],
+    default: u64,
+    spread: bool,
+) -> Option<String> {
+    let largest = nodes.iter().copied().max()?;
+    let of = |r: &vocab::Role| what.of(spec, r, default);
     let count = |r: &vocab::Role| spec.role_plan(*r).map_or(0, |p| p.replicas);
     let have = || {
         format!(
-            "the cluster's {} node(s) have at most {} CPUs",
-            node_cpus.len(),
-            cpus(largest)
+            "the cluster's {} node(s) have at most {}",
+            nodes.len(),
+            what.show(largest)
         )
     };
     for role in spec.roles.keys().filter(|r| count(r) > 0) {
-        if cpu_of(role) > largest {
+        if of(role) > largest {
             return Some(format!(
-                "role {role}: each process asks for {} CPUs, and {}",
-                cpus(cpu_of(role)),
+                "role {role}: each process asks for {}, and {}",
+                what.show(of(role)),
                 have()
             ));
         }
@@ -67,12 +116,12 @@ pub fn never_holds_cpu(
         let bundles: Vec<u64> = if g.share_devices {
             let n = g.roles.iter().map(count).max().unwrap_or(0);
             (0..n)
-                .map(|i| g.roles.iter().filter(|r| count(r) > i).map(cpu_of).sum())
+                .map(|i| g.roles.iter().filter(|r| count(r) > i).map(of).sum())
                 .collect()
         } else {
             g.roles
                 .iter()
-                .flat_map(|r| std::iter::repeat_n(cpu_of(r), count(r) as usize))
+                .flat_map(|r| std::iter::repeat_n(of(r), count(r) as usize))
                 .collect()
         };
         let why = match g.strategy {
@@ -80,22 +129,22 @@ pub fn never_holds_cpu(
                 let need: u64 = bundles.iter().sum();
                 (need > largest).then(|| {
                     format!(
-                        "strict_pack needs {} CPUs on one node, and {}",
-                        cpus(need),
+                        "strict_pack needs {} on one node, and {}",
+                        what.show(need),
                         have()
                     )
                 })
             }
             Strategy::StrictSpread if spread => {
                 let smallest = bundles.iter().copied().min().unwrap_or(0);
-                let fit = node_cpus.iter().filter(|c| **c >= smallest).count();
+                let fit = nodes.iter().filter(|c| **c >= smallest).count();
                 (fit < bundles.len()).then(|| {
                     format!(
-                        "strict_spread needs {} nodes each with {} CPUs or more, and {fit} of \
+                        "strict_spread needs {} nodes each with {} or more, and {fit} of \
                          the cluster's {} node(s) have that",
                         bundles.len(),
-                        cpus(smallest),
-                        node_cpus.len()
+                        what.show(smallest),
+                        nodes.len()
                     )
                 })
             }
@@ -103,12 +152,6 @@ pub fn never_holds_cpu(
         };
         why.map(|why| format!("placement[{i}] ({}): {why}", g.name()))
     })
-}
-
-/// Millicores as CPUs (`1.5`).
-fn cpus(m: u64) -> String {
-    let s = format!("{:.3}", m as f64 / 1000.0);
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Each bundle's GPUs (one per process, or one per index when the group shares devices) and
@@ -264,6 +307,54 @@ mod tests {
         );
         // No node's CPU known: nothing to say.
         assert_eq!(never_holds_cpu(&yaml("6", spread), &[], 1000, true), None);
+    }
+
+    #[test]
+    fn processes_and_groups_no_node_has_the_memory_for_are_named() {
+        let yaml = |rollout_memory: &str, group: &str| {
+            let s = JobSpec::from_yaml(&format!(
+                "name: j\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, resources: {{ memory: 2Gi }} }}\n  \
+                 rollout: {{ replicas: 3, topology: service, command: [/bin/true], resources: {{ memory: {rollout_memory} }} }}\n\
+                 workload: {{ builtin: {{}} }}\ndata: {{ num_samples: 10, shard_size: 1 }}\n\
+                 checkpoint: {{ dir: /tmp/x }}\nplacement:\n  - {group}\n"
+            ))
+            .unwrap();
+            s.validate().unwrap();
+            s
+        };
+        // Three nodes of 4 GiB each (the three-node cluster of `.ci/ray-cluster`).
+        let nodes = [4 << 30, 4 << 30, 4 << 30];
+        let spread = "{ roles: [rollout], strategy: strict_spread }";
+        assert_eq!(never_holds_memory(&yaml("1Gi", spread), &nodes, true), None);
+        assert_eq!(
+            never_holds_memory(&yaml("6Gi", spread), &nodes, true).as_deref(),
+            Some(
+                "role rollout: each process asks for 6 GiB, and the cluster's 3 node(s) have at most 4 GiB"
+            )
+        );
+        // Two workers of 2 GiB and three engines of 512 MiB packed on one node: 5.5 GiB.
+        let pack = "{ roles: [worker, rollout], strategy: strict_pack }";
+        assert_eq!(
+            never_holds_memory(&yaml("512Mi", pack), &nodes, true).as_deref(),
+            Some(
+                "placement[0] (worker+rollout): strict_pack needs 5.5 GiB on one node, and the cluster's 3 node(s) have at most 4 GiB"
+            )
+        );
+        assert!(
+            never_holds_memory(&yaml("3Gi", spread), &[4 << 30, 4 << 30, 2 << 30], true)
+                .unwrap()
+                .contains("strict_spread needs 3 nodes each with 3 GiB or more, and 2 of")
+        );
+        // A role that names no memory asks the platform for none; no node's memory known:
+        // nothing to say.
+        let none = JobSpec::from_yaml(
+            "name: j\nkind: allreduce\nroles:\n  worker: { replicas: 2 }\n\
+             workload: { builtin: {} }\ndata: { num_samples: 10, shard_size: 1 }\n\
+             checkpoint: { dir: /tmp/x }\n",
+        )
+        .unwrap();
+        assert_eq!(never_holds_memory(&none, &[1 << 20], true), None);
+        assert_eq!(never_holds_memory(&yaml("6Gi", spread), &[], true), None);
     }
 
     #[test]

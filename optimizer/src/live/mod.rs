@@ -60,7 +60,7 @@ pub use checks::check_postconditions;
 use checks::repair;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
-pub use hold::{never_holds, never_holds_cpu};
+pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
