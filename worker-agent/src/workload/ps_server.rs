@@ -442,13 +442,26 @@ pub async fn run(
     serve(svc, listener, shutdown).await
 }
 
-/// Binds `addr`, retrying briefly: the previous incarnation's socket may still be closing.
+/// How long [`bind_retry`] waits for its address. The previous incarnation may still hold it:
+/// on Ray a relaunched or migrated process is a new Ray job while the old one's stop goes
+/// through its supervisor, which took over 5 s on a loaded machine (a PS that gave up after
+/// 5 s failed three times running and took its job down: brain/tests/ray.rs in CI).
+const BIND_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Binds `addr`, retrying for up to [`BIND_WAIT`]: the previous incarnation's socket may still
+/// be closing.
 pub async fn bind_retry(addr: &str) -> Result<tokio::net::TcpListener, Error> {
     let mut last = None;
-    for _ in 0..50 {
+    let start = std::time::Instant::now();
+    while start.elapsed() < BIND_WAIT {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => return Ok(l),
-            Err(e) => last = Some(e),
+            Err(e) => {
+                if last.is_none() {
+                    tracing::warn!(addr, "cannot listen yet ({e}): retrying for up to 30 s");
+                }
+                last = Some(e)
+            }
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
