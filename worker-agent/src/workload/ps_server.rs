@@ -448,7 +448,7 @@ pub async fn run(
 /// 5 s failed three times running and took its job down: brain/tests/ray.rs in CI).
 const BIND_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Binds `addr`, retrying for up to [`BIND_WAIT`]: the previous incarnation's socket may still
+/// Binds `addr`, retrying for up to 30 s: the previous incarnation's socket may still
 /// be closing.
 pub async fn bind_retry(addr: &str) -> Result<tokio::net::TcpListener, Error> {
     let mut last = None;
