@@ -61,6 +61,17 @@ impl JobContext {
         self.plans.desired = plan.version;
         // Service and single roles resize now, whatever the training group is doing.
         let mut effects = self.apply_service_targets(&mut plan, now_ms);
+        if self.transition.is_none()
+            && let Some(q) = self.plans.queued.take()
+        {
+            // Queued while no transition runs (waiting for a round to be heard, or left by a
+            // group restart): the newer plan replaces it, never to be carried out after it.
+            self.log_as(
+                EventKind::Plan,
+                now_ms,
+                format!("plan {} replaces queued plan {}", plan.version, q.version),
+            );
+        }
         if plan.is_empty() && self.transition.is_none() {
             self.plans.reached = plan.version;
             self.log_as(

@@ -50,8 +50,9 @@ impl JobContext {
             return Vec::new();
         }
         match self.plans.queued.take() {
-            Some(next) => self.start_transition(next, now_ms),
-            None => Vec::new(),
+            // Never one older than a plan already reached.
+            Some(next) if next.version > self.plans.reached => self.start_transition(next, now_ms),
+            _ => Vec::new(),
         }
     }
 
