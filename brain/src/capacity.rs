@@ -1,6 +1,7 @@
-//! What the brain may hand out: from its config (`[cluster] cpus` and `[[cluster.gpu_nodes]]`),
-//! or, with `[cluster] ray_address`, read from a Ray cluster's state API before every round
-//! (alive nodes' CPUs, and each node's GPUs with their model), in the form the optimizer's live
+//! What the brain may hand out: from its config (`[cluster] cpus`, `memory` and
+//! `[[cluster.gpu_nodes]]`), or, with `[cluster] ray_address`, read from a Ray cluster's state
+//! API before every round (alive nodes' CPUs and memory, and each node's GPUs with their
+//! model), in the form the optimizer's live
 //! snapshot takes ([`LiveCluster`]), with the nodes it is made of ([`NodeInfo`]). A cordoned
 //! node ([`crate::store::Cordon`]) is taken out of what a round plans on ([`without`]).
 
@@ -19,7 +20,8 @@ pub const LOCAL_NODE: &str = "local";
 pub struct NodeInfo {
     pub name: String,
     pub cpu_millicores: u64,
-    /// The memory its processes may reserve (Ray's `memory` resource); 0: not known.
+    /// The memory its processes may reserve (Ray's `memory` resource; the pool's
+    /// `[cluster] memory`, or this machine's, without Ray); 0: not known.
     pub memory_bytes: u64,
     pub gpus: u32,
     pub gpu_type: String,
@@ -39,12 +41,13 @@ pub fn nodes_of_ray(ray: &RayCluster) -> Vec<NodeInfo> {
         .collect()
 }
 
-/// The nodes of a fixed capacity: the CPU pool and the GPU nodes.
-pub fn fixed_nodes(cluster: &LiveCluster) -> Vec<NodeInfo> {
+/// The nodes of a fixed capacity: the CPU pool (with `pool_memory` bytes, 0: not known) and
+/// the GPU nodes.
+pub fn fixed_nodes(cluster: &LiveCluster, pool_memory: u64) -> Vec<NodeInfo> {
     let pool = NodeInfo {
         name: LOCAL_NODE.into(),
         cpu_millicores: cluster.cpu_millicores,
-        memory_bytes: 0,
+        memory_bytes: pool_memory,
         gpus: 0,
         gpu_type: String::new(),
     };
@@ -105,18 +108,19 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
 
 /// Where the capacity comes from.
 pub enum Source {
-    Fixed,
+    /// The config's, with the pool's memory in bytes (0: not known).
+    Fixed { pool_memory: u64 },
     Ray(RayApi),
 }
 
 impl Source {
-    pub fn new(ray_address: Option<&str>) -> Result<Source, BrainError> {
+    pub fn new(ray_address: Option<&str>, pool_memory: u64) -> Result<Source, BrainError> {
         Ok(match ray_address {
             Some(a) => Source::Ray(
                 RayApi::new(a)
                     .map_err(|e| BrainError::Config(format!("cluster.ray_address: {e}")))?,
             ),
-            None => Source::Fixed,
+            None => Source::Fixed { pool_memory },
         })
     }
 
@@ -124,7 +128,9 @@ impl Source {
     /// (said once per failure in the log).
     pub async fn read(&self, last: &(LiveCluster, Vec<NodeInfo>)) -> (LiveCluster, Vec<NodeInfo>) {
         match self {
-            Source::Fixed => (last.0.clone(), fixed_nodes(&last.0)),
+            Source::Fixed { pool_memory } => {
+                (last.0.clone(), fixed_nodes(&last.0, *pool_memory))
+            }
             Source::Ray(api) => match api.cluster().await {
                 Ok(c) => (
                     from_ray(&c, last.0.slot_millicores, last.0.max_processes),
@@ -192,8 +198,11 @@ mod tests {
         let out = without(&all, &nodes, &[cordon("127.0.0.2")]);
         assert_eq!((out.cpu_millicores, out.nodes.len()), (8000, 1));
         // Without Ray: the pool is `local`; a GPU node cordoned leaves the CPU.
-        let fixed = fixed_nodes(&all);
-        assert_eq!(fixed[0].name, LOCAL_NODE);
+        let fixed = fixed_nodes(&all, 8 << 30);
+        assert_eq!(
+            (fixed[0].name.as_str(), fixed[0].memory_bytes),
+            (LOCAL_NODE, 8 << 30)
+        );
         let out = without(&all, &fixed, &[cordon("127.0.0.1")]);
         assert_eq!((out.cpu_millicores, out.nodes.len()), (12_500, 0));
         assert_eq!(

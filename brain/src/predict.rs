@@ -39,7 +39,7 @@ fn ended_workers(row: &JobRow, shape: &Shape) -> u32 {
 #[derive(Clone, Debug, Default)]
 pub struct NodeCpus {
     pub cpus: Vec<u64>,
-    /// The nodes' memory, where known (a Ray cluster's).
+    /// The nodes' memory, where known (a Ray cluster's nodes', or the pool's without Ray).
     pub memory: Vec<u64>,
     pub spread: bool,
 }

@@ -96,6 +96,11 @@ pub struct ClusterConfig {
     /// CPUs for all jobs' processes [default: this machine's].
     #[serde(default = "default_cpus")]
     pub cpus: f64,
+    /// Memory the jobs' processes may reserve, without Ray (`64Gi`): a submission whose
+    /// process, or `strict_pack` group, asks for more is refused [default: this machine's
+    /// physical memory]. With Ray each node's `memory` resource is used instead.
+    #[serde(default, with = "vocab::units::quantity::opt_memory")]
+    pub memory: Option<vocab::Bytes>,
     /// CPU of one scheduling slot (a process gets whole slots), millicores.
     #[serde(default = "default_slot")]
     pub slot_millicores: u64,
@@ -126,6 +131,7 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             cpus: default_cpus(),
+            memory: None,
             slot_millicores: default_slot(),
             max_processes: default_max_processes(),
             ray_address: None,
@@ -172,6 +178,13 @@ impl BrainConfig {
                 c.slot_millicores,
                 c.cpus * 1000.0
             )));
+        }
+        if c.memory.is_some_and(|m| m.0 == 0) {
+            return Err(BrainError::Config(
+                "cluster.memory is 0, expected more (e.g. \"64Gi\"), or leave it out for this \
+                 machine's"
+                    .into(),
+            ));
         }
         if let Some(a) = &c.ray_address {
             ray_client::RayApi::new(a)
@@ -226,6 +239,18 @@ impl BrainConfig {
         self.metrics_token_file
             .clone()
             .unwrap_or_else(|| self.beside_database("metrics.token"))
+    }
+
+    /// The memory of the pool without Ray: `cluster.memory`, else this machine's (0: not
+    /// known, nothing is checked against it).
+    pub fn pool_memory_bytes(&self) -> u64 {
+        self.cluster.memory.map_or_else(
+            || {
+                use procfs::Current;
+                procfs::Meminfo::current().map_or(0, |m| m.mem_total)
+            },
+            |m| m.0,
+        )
     }
 
     fn live_cluster(&self) -> LiveCluster {
@@ -453,9 +478,11 @@ pub async fn run(
         .map(|s| crate::sink::Sink::start(s, metrics.clone()))
         .transpose()?;
     // Read before the first request: a submission is checked against the nodes' GPUs.
-    let capacity = crate::capacity::Source::new(config.cluster.ray_address.as_deref())?;
+    let pool_memory = config.pool_memory_bytes();
+    let capacity =
+        crate::capacity::Source::new(config.cluster.ray_address.as_deref(), pool_memory)?;
     let fixed = config.live_cluster();
-    let nodes = crate::capacity::fixed_nodes(&fixed);
+    let nodes = crate::capacity::fixed_nodes(&fixed, pool_memory);
     let cluster = capacity.read(&(fixed, nodes)).await;
     let token_file = config.operator_token_file();
     let (operator, created) =
@@ -656,6 +683,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_jobs"), "{e}");
+    }
+
+    #[test]
+    fn the_pools_memory_is_the_configs_or_this_machines() {
+        let c: BrainConfig = toml::from_str("[cluster]\nmemory = \"6Gi\"\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.pool_memory_bytes(), 6 << 30);
+        let c: BrainConfig = toml::from_str("[cluster]\ncpus = 2\n").unwrap();
+        let total = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let kib: u64 = total.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(c.pool_memory_bytes(), kib * 1024, "MemTotal");
+        let c: BrainConfig = toml::from_str("[cluster]\nmemory = \"0\"\n").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("cluster.memory is 0"), "{e}");
+        let e = toml::from_str::<BrainConfig>("[cluster]\nmemory = \"lots\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("memory"), "{e}");
     }
 
     #[test]

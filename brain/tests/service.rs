@@ -245,8 +245,9 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
 
 /// A job whose GPUs the cluster's GPU nodes can never hold is refused at submission with the
 /// reason, whole roles and placement groups alike (issue 41, item 3), and nothing is stored;
-/// so is one whose processes or packed group ask for more CPU than the cluster has; shares of
-/// a device that fit are accepted, with their share in the job's shape.
+/// so is one whose processes or packed group ask for more CPU, or memory, than the cluster
+/// has (`[cluster] memory`, the pool's without Ray); shares of a device that fit are
+/// accepted, with their share in the job's shape.
 #[tokio::test]
 async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,7 +259,7 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
     .unwrap();
     let (_brain, url) = common::configured_brain(
         d,
-        "[cluster]\ncpus = 16\n\
+        "[cluster]\ncpus = 16\nmemory = \"8Gi\"\n\
          [[cluster.gpu_nodes]]\nname = \"v\"\ngpus = 2\ngpu_type = \"V100\"\n\
          [[cluster.gpu_nodes]]\nname = \"a\"\ngpus = 4\ngpu_type = \"A100\"\n",
         |cmd| {
@@ -311,6 +312,14 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
             .replace("cpu: 1, gpu: 0.5", "cpu: 8, gpu: 0.5"),
             "placement[0] (worker+rollout): strict_pack needs 17 CPUs on one node",
         ),
+        // Engines of 12 GiB on a pool of 8 GiB (no Ray: `[cluster] memory`).
+        (
+            "heavy",
+            spec("heavy", 2, shared)
+                .replace("cpu: 0.5, gpu: 0.5", "cpu: 0.5, memory: 12Gi, gpu: 0.5"),
+            "role rollout: each process asks for 12 GiB, and the cluster's 1 node(s) have at \
+             most 8 GiB",
+        ),
     ] {
         let e = op
             .submit_job(pb::SubmitJobRequest {
@@ -324,6 +333,7 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
         // A GPU refusal lists the cluster's GPUs.
         assert!(
             says.contains("CPUs")
+                || says.contains("GiB")
                 || e.message().contains(
                     "A100: 4 GPUs, at most 4 on a node; V100: 2 GPUs, at most 2 on a node"
                 ),
