@@ -622,8 +622,9 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
 /// copy in the agents' memory, the cut ends without waiting for a disk and the copy is
 /// committed once written out. A rank killed with kill -9 restarts the group, and both ranks
 /// restore the committed cut from their node's memory; a grow's cut ends the same way, the
-/// rank it adds getting the cut's state from rank 0 over the new group (no disk read), and a
-/// shrink's too; every sample is trained once.
+/// rank it adds getting the cut's state from rank 0 over the new group (no disk read), so does
+/// a move's (the moved rank's new process gets it from rank 0), and a shrink's too; every
+/// sample is trained once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_from_memory() {
     let Some((python, sdk)) = torch_with_sdk() else {
@@ -666,8 +667,28 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         s.checkpoints >= after
     })
     .await;
-    send(addr, plan(2, Some(1), None)).await;
-    reached(addr, 2).await;
+    // Worker 2 moved (new resources): its new process gets the cut's state from rank 0.
+    let moved_from = pid_of(addr, "worker", 2).await;
+    let mut p = plan(2, None, None);
+    p.migrations.push(pb::Migration {
+        role: "worker".into(),
+        index: 2,
+        resources: Some(pb::Resources {
+            cpu_millicores: 1000,
+            ..Default::default()
+        }),
+        reason: "test".into(),
+    });
+    send(addr, p).await;
+    let s = reached(addr, 2).await;
+    assert_ne!(pid_of(addr, "worker", 2).await, moved_from, "worker 2 moved");
+    let after = s.checkpoints + 2;
+    wait_for(addr, Duration::from_secs(120), "a cut after the move", |s| {
+        s.checkpoints >= after
+    })
+    .await;
+    send(addr, plan(3, Some(1), None)).await;
+    reached(addr, 3).await;
 
     let report = run.report().await;
     assert!(report.succeeded(), "{:?}", report.reason);
@@ -693,9 +714,9 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         .filter(|e| e.contains("the cut held in memory written out"))
         .count();
     assert!(held >= 4 && written >= 2, "{text}");
-    // Each plan's cut ended without a disk write (the grow's new rank gets the state from rank
-    // 0, a shrink loads nothing new): the cut held in memory comes between the plan's cut step
-    // and its re-formation.
+    // Each plan's cut ended without a disk write (the grow's new rank and the moved one get the
+    // state from rank 0, a shrink loads nothing new): the cut held in memory comes between the
+    // plan's cut step and its re-formation.
     let at = |what: &str| {
         report
             .events
@@ -703,7 +724,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
             .position(|e| e.contains(what))
             .unwrap_or_else(|| panic!("{what:?} in {text}"))
     };
-    for (plan, from_rank0) in [(1, true), (2, false)] {
+    for (plan, from_rank0) in [(1, true), (2, true), (3, false)] {
         let (cut, reform) = (
             at(&format!("plan {plan} accepted")),
             at(&format!("plan {plan}: cut done")),
@@ -722,7 +743,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         );
     }
     // Both ranks of the restarted group read the cut from their node's memory; the rank the
-    // grow added got it from rank 0.
+    // grow added and the moved one's new process got it from rank 0.
     let resumed: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -732,7 +753,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
     assert_eq!(
         (from("memory"), from("peer"), resumed.len()),
-        (2, 1, 3),
+        (2, 2, 4),
         "{resumed:#?}"
     );
 }

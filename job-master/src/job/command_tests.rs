@@ -468,7 +468,8 @@ fn a_grow_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_round_after_it()
         Some(super::flash::PeerRound {
             round: after,
             step: 3,
-            survivors: 2
+            survivors: 2,
+            moved: Vec::new(),
         })
     );
     let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
@@ -502,6 +503,94 @@ fn a_grow_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_round_after_it()
         None
     );
     assert_eq!(ctx.peer_state_for(after, &["127.0.0.1:9002".into()]), None);
+}
+
+/// A plan that moves a process, with its cut held in flash memory: the job goes on without
+/// waiting for the copy on disk, and the moved process's successor takes the cut's state from
+/// rank 0 (a process that took part in the cut) as the round after it forms. A plan that moves
+/// the process leading that round waits for the disk: nobody there could send the state.
+#[test]
+fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() {
+    let moving = |index: u32, version: u64| {
+        let mut plan = ScalePlan {
+            version,
+            ..Default::default()
+        };
+        plan.migrations.push(vocab::plan::Migration {
+            key: key(Role::WORKER, index),
+            resources: crate::spec::Resources {
+                cpu: Some(vocab::Millicores(2000)),
+                ..Default::default()
+            },
+            reason: "test".into(),
+        });
+        plan
+    };
+    let (w0, w1) = (key(Role::WORKER, 0), key(Role::WORKER, 1));
+    // Moving worker 1: worker 0 leads the round after and sends the cut's state.
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let round = everyone_joins(&mut ctx, 1)[&w0].round;
+    let shard = granted(ctx.lease_with(w0, 1, None, Some(round), 2).unwrap().0).unwrap();
+    ctx.apply_plan(moving(1, 1), &Capacity::default(), 3).unwrap();
+    ctx.shard_done(w0, 1, shard.id, 4).unwrap();
+    assert!(
+        ctx.lease_with(w0, 1, None, Some(round), 5)
+            .unwrap()
+            .0
+            .checkpoint_due
+    );
+    ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
+    assert!(!ctx.checkpoint_saving, "the move does not wait for the disk");
+    let after = ctx.transition.as_ref().unwrap().round_after;
+    assert_eq!(
+        ctx.flash.peer_round,
+        Some(super::flash::PeerRound {
+            round: after,
+            step: 3,
+            survivors: 2,
+            moved: vec![1],
+        })
+    );
+    let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        text.iter().any(|e| e
+            .contains("the processes the plan moves get it from rank 0 over the new group")),
+        "{text:?}"
+    );
+    assert_eq!(ctx.slots[&w1].incarnation, 2, "worker 1 is moved: {text:?}");
+    ctx.register_agent(w1, 2, "h2".into(), "127.0.0.1:9101".into(), 7)
+        .unwrap();
+    ctx.join_rendezvous_at(w1, 2, Some("127.0.0.1:7101".into()), 8)
+        .unwrap();
+    ctx.join_rendezvous_at(w0, 1, Some("127.0.0.1:8000".into()), 8)
+        .unwrap();
+    for (k, inc) in [(w0, 1), (w1, 2)] {
+        let v = ctx.join_rendezvous(k, inc, 9).unwrap();
+        assert!(
+            v.ready && v.round == after && v.world_size == 2,
+            "{k}: {v:?}"
+        );
+        assert_eq!(v.state_from_rank0, Some(3), "{k}: {v:?}");
+    }
+    // The moved process's new address never counts as one that took part in the cut.
+    assert_eq!(ctx.peer_state_for(after, &["127.0.0.1:7101".into()]), None);
+
+    // Moving worker 0, which would lead the round after: the cut waits for the disk.
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let round = everyone_joins(&mut ctx, 1)[&w0].round;
+    let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
+    ctx.apply_plan(moving(0, 1), &Capacity::default(), 3).unwrap();
+    ctx.shard_done(w1, 1, shard.id, 4).unwrap();
+    ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
+    ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
+    assert!(ctx.checkpoint_saving, "the move waits for the disk");
+    assert_eq!(ctx.flash.peer_round, None);
+    let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        text.iter()
+            .any(|e| e.contains("the plan moves the process that leads the next round")),
+        "{text:?}"
+    );
 }
 
 #[test]

@@ -28,8 +28,8 @@ pub struct FlashParts {
     /// Consistent cuts held in memory and not yet written out, by step.
     #[serde(default)]
     pub cuts: BTreeMap<u64, HeldCut>,
-    /// The round after a plan's cut held in memory that grew the group: its ranks take the
-    /// cut's state from rank 0 as the group forms.
+    /// The round after a plan's cut held in memory that grew the group or moved processes of
+    /// it: its ranks take the cut's state from rank 0 as the group forms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_round: Option<PeerRound>,
 }
@@ -39,12 +39,15 @@ pub struct FlashParts {
 /// ranks a plan added waiting for the copy on disk. Kept apart from the plan (which may be
 /// reached before every member has polled its answer): every member of the round is told
 /// the same.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerRound {
     pub round: u64,
     pub step: u64,
-    /// The training group's size before the plan: slots below it took part in the cut.
+    /// The training group's size before the plan: slots below it took part in the cut...
     pub survivors: u32,
+    /// ...but those the plan moved, whose new processes hold nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<u32>,
 }
 
 /// A consistent cut whose state the processes hold in shared memory: what its checkpoint
@@ -239,16 +242,22 @@ impl JobContext {
         self.checkpoint_pending = false;
         self.shards_since_checkpoint = 0;
         let trainer = self.trainer();
-        // The plan's own cut (not a periodic one while its processes start) that grows it.
-        let grows_here = self.transition.as_ref().and_then(|t| {
-            (t.step == Step::Cut && t.to.get(&trainer) > t.from.get(&trainer))
-                .then(|| t.from.get(&trainer).copied().unwrap_or(0))
+        // The plan's own cut (not a periodic one while its processes start) that grows the
+        // group or moves processes of it: what they get from rank 0.
+        let moved = self.moved_trainers();
+        let peers_get = self.transition.as_ref().and_then(|t| {
+            let grows = t.to.get(&trainer) > t.from.get(&trainer);
+            let who = match (grows, moved.is_empty()) {
+                (true, true) => "the ranks the plan adds",
+                (false, false) => "the processes the plan moves",
+                (true, false) => "the ranks the plan adds or moves",
+                (false, true) => return None,
+            };
+            (t.step == Step::Cut).then(|| (who, t.from.get(&trainer).copied().unwrap_or(0)))
         });
-        let new_ranks = if grows_here.is_some() {
-            "; the ranks the plan adds get it from rank 0 over the new group"
-        } else {
-            ""
-        };
+        let new_ranks = peers_get.map_or(String::new(), |(who, _)| {
+            format!("; {who} get it from rank 0 over the new group")
+        });
         self.log_as(
             EventKind::Checkpoint,
             now_ms,
@@ -258,11 +267,12 @@ impl JobContext {
             ),
         );
         let effects = self.on_cut(now_ms);
-        if let (Some(survivors), Some(t)) = (grows_here, &self.transition) {
+        if let (Some((_, survivors)), Some(t)) = (peers_get, &self.transition) {
             self.flash.peer_round = Some(PeerRound {
                 round: t.round_after,
                 step,
                 survivors,
+                moved,
             });
         }
         Ok(effects)
@@ -286,21 +296,51 @@ impl JobContext {
             return Some("the group restarts from it");
         }
         let t = self.transition.as_ref()?;
-        let grows = t.to.get(&self.trainer()) > t.from.get(&self.trainer());
+        let trainer = self.trainer();
+        let grows = t.to.get(&trainer) > t.from.get(&trainer);
+        // A script on the SDK gets it from rank 0 over the new group instead, when rank 0 is
+        // a process that took part in the cut.
         let moving = self.slots.values().any(|s| s.migrate_to.is_some());
         if moving {
-            return Some("the plan's moved processes load it from disk");
+            let only_trainers = self
+                .slots
+                .values()
+                .all(|s| s.migrate_to.is_none() || s.key.role == trainer);
+            if !self.process_joins() || !only_trainers {
+                return Some("the plan's moved processes load it from disk");
+            }
+            // Ranks go by index: the lowest live index leads the round after.
+            let first = self
+                .slots
+                .values()
+                .filter(|s| s.key.role == trainer && s.phase.is_live())
+                .min_by_key(|s| s.key.index);
+            if first.is_some_and(|s| s.migrate_to.is_some()) {
+                return Some(
+                    "the plan moves the process that leads the next round, which holds no state                      to send: the moved processes load it from disk",
+                );
+            }
         }
-        // A script on the SDK gets it from rank 0 over the new group instead.
         (grows && !self.process_joins()).then_some("the plan's new processes load it from disk")
+    }
+
+    /// The training group's processes the transition moves (by index).
+    fn moved_trainers(&self) -> Vec<u32> {
+        let trainer = self.trainer();
+        self.slots
+            .values()
+            .filter(|s| s.key.role == trainer && s.migrate_to.is_some())
+            .map(|s| s.key.index)
+            .collect()
     }
 
     /// What a member of `round` (its members' addresses by rank, `peers`) is told about
     /// state sent from rank 0: the cut's step when the round is the one after a plan's cut
-    /// held in memory that grew the group and its rank 0 took part in that cut. A later round
-    /// (one that did not form in time), or one led by a new process, restores as any other.
+    /// held in memory that grew the group or moved processes of it, and its rank 0 took part
+    /// in that cut. A later round (one that did not form in time), or one led by a new or
+    /// moved process, restores as any other.
     pub(super) fn peer_state_for(&self, round: u64, peers: &[String]) -> Option<u64> {
-        let p = self.flash.peer_round?;
+        let p = self.flash.peer_round.as_ref()?;
         if round != p.round {
             return None;
         }
@@ -310,6 +350,7 @@ impl JobContext {
             .any(|s| {
                 s.key.role == trainer
                     && s.key.index < p.survivors
+                    && !p.moved.contains(&s.key.index)
                     && s.service_addr.as_ref() == Some(first)
             })
             .then_some(p.step)
