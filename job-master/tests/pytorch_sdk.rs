@@ -754,7 +754,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     assert_eq!(
         (from("memory"), from("peer"), resumed.len()),
         (2, 2, 4),
-        "{resumed:#?}"
+        "{resumed:#?}\n{text}"
     );
 }
 

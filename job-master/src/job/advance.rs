@@ -19,6 +19,9 @@ impl JobContext {
         if self.phase != JobPhase::Running {
             return effects;
         }
+        for key in self.keys_where(|s| s.left_to_move) {
+            effects.push(self.launch_slot(key, false, now_ms));
+        }
         while let Some(step) = self.transition.as_ref().map(|t| t.step) {
             let next = match step {
                 Step::Launch => self.launched(now_ms, &mut effects),

@@ -557,7 +557,26 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
             .contains("the processes the plan moves get it from rank 0 over the new group")),
         "{text:?}"
     );
-    assert_eq!(ctx.slots[&w1].incarnation, 2, "worker 1 is moved: {text:?}");
+    // Worker 1's process leaves the old group at its rejoin, as a removed member does, and
+    // only then is its successor launched (stopped at the cut, it would have broken the old
+    // group's last collectives).
+    assert_eq!(ctx.slots[&w1].incarnation, 1, "still in the old group");
+    let v = ctx.join_rendezvous(w1, 1, 7).unwrap();
+    assert!(v.removed && !v.ready, "{v:?}");
+    let launched = ctx.advance(7);
+    assert!(
+        launched.iter().any(|e| matches!(
+            e,
+            Effect::LaunchAgent { key, incarnation: 2 } if *key == w1
+        )),
+        "{launched:?}"
+    );
+    assert_eq!(
+        ctx.slots[&w1].resources.as_ref().and_then(|r| r.cpu),
+        Some(vocab::Millicores(2000)),
+        "with the plan's resources"
+    );
+    assert!(ctx.advance(7).is_empty(), "launched once");
     ctx.register_agent(w1, 2, "h2".into(), "127.0.0.1:9101".into(), 7)
         .unwrap();
     ctx.join_rendezvous_at(w1, 2, Some("127.0.0.1:7101".into()), 8)

@@ -68,6 +68,12 @@ impl JobContext {
                 return Ok(view);
             }
         }
+        if self.moves_out(&slot) {
+            // Its successor is launched by `advance`, once this answer is decided.
+            self.slots.get_mut(&key).expect("checked").left_to_move = true;
+            view.removed = true;
+            return Ok(view);
+        }
         match self.spec.kind {
             JobKind::Allreduce => {
                 let rdzv = self.rendezvous_now().expect("allreduce jobs have one");

@@ -144,6 +144,10 @@ pub struct Slot {
     /// A migration waiting for the cut: relaunch with these resources.
     #[serde(default)]
     pub migrate_to: Option<Resources>,
+    /// allreduce: its moved process has left the old group at the re-formation (told at its
+    /// rejoin, as a removed member is): its successor is launched next.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub left_to_move: bool,
     /// The incarnation that last asked to join the rendezvous (a command's TF cluster starts
     /// when every member's current incarnation has).
     #[serde(default)]
@@ -189,6 +193,7 @@ impl Slot {
     fn relaunched(&mut self, now_ms: u64) {
         self.incarnation += 1;
         self.phase = SlotPhase::Launching;
+        self.left_to_move = false;
         self.placed = false;
         self.pending_reason.clear();
         self.agent_id = 0;
@@ -215,6 +220,7 @@ impl Slot {
             ps_version: 0,
             fresh: false,
             migrate_to: None,
+            left_to_move: false,
             oom_kills: 0,
             memory_peak: 0,
             joined: 0,

@@ -150,6 +150,18 @@ impl JobContext {
         }
     }
 
+    /// allreduce: `slot`'s process is moved by the plan whose cut is done, and asks to join
+    /// the re-formed group: it leaves instead (its successor joins).
+    pub(super) fn moves_out(&self, slot: &Slot) -> bool {
+        slot.migrate_to.is_some()
+            && self.spec.kind == JobKind::Allreduce
+            && slot.key.role == self.trainer()
+            && self
+                .transition
+                .as_ref()
+                .is_some_and(|t| t.step == Step::Reform)
+    }
+
     /// The slot leaves the job: its agent is told to shut down (and stopped).
     pub(super) fn remove_slot(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
         let Some(slot) = self.slots.get_mut(&key) else {
@@ -345,8 +357,15 @@ impl JobContext {
                 rdzv.invalidate();
                 rdzv.expected = to[&trainer];
                 let round_after = rdzv.next_round_number();
+                // A moved process still in the old group leaves it at the re-formation, told
+                // at its rejoin as a removed member is, and its successor is launched then
+                // (`advance`): stopped now, it would break the old group's last collectives
+                // (the step rows that tell every rank to re-form). One not running yet is
+                // launched anew now.
                 for key in migrating {
-                    effects.push(self.launch_slot(key, false, now_ms));
+                    if self.slots[&key].phase != SlotPhase::Running {
+                        effects.push(self.launch_slot(key, false, now_ms));
+                    }
                 }
                 if let Some(t) = self.transition.as_mut() {
                     t.round_after = round_after;
