@@ -157,6 +157,7 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
                     memory_peak_bytes: 1 << 30,
                     oom_kills: 0,
                     pending_ms: 0,
+                    pending_reason: String::new(),
                     // The workers' GPUs, as NVML on their nodes reports them.
                     gpu_utilisation_pct: if i < 2 { 0.0 } else { 80.0 },
                     gpu_memory_bytes: if i < 2 { 0 } else { 20 << 30 },

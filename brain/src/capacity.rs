@@ -109,7 +109,9 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
 /// Where the capacity comes from.
 pub enum Source {
     /// The config's, with the pool's memory in bytes (0: not known).
-    Fixed { pool_memory: u64 },
+    Fixed {
+        pool_memory: u64,
+    },
     Ray(RayApi),
 }
 
@@ -128,9 +130,7 @@ impl Source {
     /// (said once per failure in the log).
     pub async fn read(&self, last: &(LiveCluster, Vec<NodeInfo>)) -> (LiveCluster, Vec<NodeInfo>) {
         match self {
-            Source::Fixed { pool_memory } => {
-                (last.0.clone(), fixed_nodes(&last.0, *pool_memory))
-            }
+            Source::Fixed { pool_memory } => (last.0.clone(), fixed_nodes(&last.0, *pool_memory)),
             Source::Ray(api) => match api.cluster().await {
                 Ok(c) => (
                     from_ray(&c, last.0.slot_millicores, last.0.max_processes),

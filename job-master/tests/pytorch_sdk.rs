@@ -681,11 +681,18 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     });
     send(addr, p).await;
     let s = reached(addr, 2).await;
-    assert_ne!(pid_of(addr, "worker", 2).await, moved_from, "worker 2 moved");
+    assert_ne!(
+        pid_of(addr, "worker", 2).await,
+        moved_from,
+        "worker 2 moved"
+    );
     let after = s.checkpoints + 2;
-    wait_for(addr, Duration::from_secs(120), "a cut after the move", |s| {
-        s.checkpoints >= after
-    })
+    wait_for(
+        addr,
+        Duration::from_secs(120),
+        "a cut after the move",
+        |s| s.checkpoints >= after,
+    )
     .await;
     send(addr, plan(3, Some(1), None)).await;
     reached(addr, 3).await;

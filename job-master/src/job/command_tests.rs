@@ -531,7 +531,8 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
     let round = everyone_joins(&mut ctx, 1)[&w0].round;
     let shard = granted(ctx.lease_with(w0, 1, None, Some(round), 2).unwrap().0).unwrap();
-    ctx.apply_plan(moving(1, 1), &Capacity::default(), 3).unwrap();
+    ctx.apply_plan(moving(1, 1), &Capacity::default(), 3)
+        .unwrap();
     ctx.shard_done(w0, 1, shard.id, 4).unwrap();
     assert!(
         ctx.lease_with(w0, 1, None, Some(round), 5)
@@ -540,7 +541,10 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
             .checkpoint_due
     );
     ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
-    assert!(!ctx.checkpoint_saving, "the move does not wait for the disk");
+    assert!(
+        !ctx.checkpoint_saving,
+        "the move does not wait for the disk"
+    );
     let after = ctx.transition.as_ref().unwrap().round_after;
     assert_eq!(
         ctx.flash.peer_round,
@@ -553,8 +557,9 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     );
     let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
     assert!(
-        text.iter().any(|e| e
-            .contains("the processes the plan moves get it from rank 0 over the new group")),
+        text.iter()
+            .any(|e| e
+                .contains("the processes the plan moves get it from rank 0 over the new group")),
         "{text:?}"
     );
     // Worker 1's process leaves the old group at its rejoin, as a removed member does, and
@@ -598,7 +603,8 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
     let round = everyone_joins(&mut ctx, 1)[&w0].round;
     let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
-    ctx.apply_plan(moving(0, 1), &Capacity::default(), 3).unwrap();
+    ctx.apply_plan(moving(0, 1), &Capacity::default(), 3)
+        .unwrap();
     ctx.shard_done(w1, 1, shard.id, 4).unwrap();
     ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
     ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
