@@ -27,7 +27,7 @@ impl JobContext {
                 Step::Launch => self.launched(now_ms, &mut effects),
                 Step::Cut => self.cut_overdue(now_ms, &mut effects),
                 Step::Reshard => self.reshard_ps(&mut effects),
-                Step::Reform => self.reformed(now_ms),
+                Step::Reform => self.reformed(now_ms, &mut effects),
                 Step::Switch => self.switched(now_ms, &mut effects),
                 Step::Settle => self.settled(now_ms, &mut effects),
             };
@@ -142,8 +142,26 @@ impl JobContext {
     }
 
     /// Reform: the group's round after the cut has formed.
-    fn reformed(&mut self, now_ms: u64) -> Next {
-        let round_after = self.in_hand().round_after;
+    fn reformed(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Next {
+        let (round_after, waited) = {
+            let t = self.in_hand();
+            (t.round_after, now_ms.saturating_sub(t.step_started_ms))
+        };
+        // A moved process that has not left the old group within the register timeout (stuck,
+        // or never asking to join again) is stopped, and its successor launched.
+        if waited > self.timing.register_timeout_ms {
+            let stuck = self.keys_where(|s| s.migrate_to.is_some() && s.phase.is_live());
+            for key in stuck {
+                self.log(
+                    now_ms,
+                    format!(
+                        "{key} has not left the old group {waited} ms after the cut: stopped \
+                         and launched anew"
+                    ),
+                );
+                effects.push(self.launch_slot(key, false, now_ms));
+            }
+        }
         let formed = self
             .group
             .rendezvous()

@@ -599,6 +599,32 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     // The moved process's new address never counts as one that took part in the cut.
     assert_eq!(ctx.peer_state_for(after, &["127.0.0.1:7101".into()]), None);
 
+    // A moved process that never asks to join again is stopped and launched anew after the
+    // register timeout.
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let round = everyone_joins(&mut ctx, 1)[&w0].round;
+    let shard = granted(ctx.lease_with(w0, 1, None, Some(round), 2).unwrap().0).unwrap();
+    ctx.apply_plan(moving(1, 1), &Capacity::default(), 3)
+        .unwrap();
+    ctx.shard_done(w0, 1, shard.id, 4).unwrap();
+    ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
+    ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
+    let timeout = ctx.timing.register_timeout_ms;
+    for k in [w0, w1] {
+        let inc = ctx.slots[&k].incarnation;
+        ctx.heartbeat(k, ctx.slots[&k].agent_id, inc, None, 0, 6 + timeout)
+            .unwrap();
+    }
+    assert!(ctx.tick(6 + timeout).is_empty(), "not before the timeout");
+    let launched = ctx.tick(7 + timeout);
+    assert!(
+        launched.iter().any(|e| matches!(
+            e,
+            Effect::LaunchAgent { key, incarnation: 2 } if *key == w1
+        )),
+        "{launched:?}"
+    );
+
     // Moving worker 0, which would lead the round after: the cut waits for the disk.
     let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
     let round = everyone_joins(&mut ctx, 1)[&w0].round;
