@@ -5,7 +5,8 @@
 //!   passed; while members the master launched are still on their way (a platform such as Ray
 //!   takes seconds to start one), last call waits for them up to `launch_wait_ms`. A closed
 //!   round admits the largest multiple of `node_unit` that fits, lowest indices first; the
-//!   others wait for the next round. Each member gets rank, world size and the peers.
+//!   others wait for the next round. Each member gets rank (by index, but a lead the master
+//!   names for one round first), world size and the peers.
 //! * [`PsCluster`] for ps jobs: a versioned cluster spec that PS and workers join and leave
 //!   independently; a worker is ready once every PS has an address.
 
@@ -23,7 +24,8 @@ pub struct Member {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Round {
     pub number: u64,
-    /// Members in rank order (sorted by index).
+    /// Members in rank order (sorted by index, but a lead the master named first:
+    /// [`RoundRendezvous::lead_next`]).
     pub members: Vec<Member>,
 }
 
@@ -59,6 +61,9 @@ pub struct RoundRendezvous {
     min_reached_at_ms: Option<u64>,
     current: Option<Round>,
     next_round: u64,
+    /// The member to rank 0 in the next round closed, when it is in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lead: Option<u32>,
 }
 
 impl RoundRendezvous {
@@ -75,7 +80,14 @@ impl RoundRendezvous {
             min_reached_at_ms: None,
             current: None,
             next_round: 0,
+            lead: None,
         }
+    }
+
+    /// Member `index` leads (is rank 0 of) the next round closed, when it is in it; the others
+    /// follow by index. For that one round only.
+    pub fn lead_next(&mut self, index: u32) {
+        self.lead = Some(index);
     }
 
     pub fn current(&self) -> Option<&Round> {
@@ -153,7 +165,12 @@ impl RoundRendezvous {
         if size < self.min || size == 0 {
             return false;
         }
-        let members: Vec<Member> = self.waiting.values().take(size as usize).cloned().collect();
+        let mut members: Vec<Member> = self.waiting.values().take(size as usize).cloned().collect();
+        if let Some(lead) = self.lead.take()
+            && let Some(p) = members.iter().position(|m| m.index == lead)
+        {
+            members[..=p].rotate_right(1);
+        }
         for m in &members {
             self.waiting.remove(&m.index);
         }
@@ -295,6 +312,40 @@ mod tests {
             r.join(m(2), 3),
             JoinOutcome::Ready { rank: 2, .. }
         ));
+    }
+
+    #[test]
+    fn a_lead_named_for_the_next_round_is_its_rank_0_and_only_its() {
+        let mut r = RoundRendezvous::new(1, 4, 1, 60_000, 3);
+        r.lead_next(2);
+        for i in [0, 1, 2] {
+            r.join(m(i), 0);
+        }
+        let order = |r: &RoundRendezvous| -> Vec<u32> {
+            r.current()
+                .unwrap()
+                .members
+                .iter()
+                .map(|m| m.index)
+                .collect()
+        };
+        assert_eq!(order(&r), vec![2, 0, 1]);
+        assert!(matches!(
+            r.join(m(2), 1),
+            JoinOutcome::Ready { rank: 0, .. }
+        ));
+        r.invalidate();
+        for i in [0, 1, 2] {
+            r.join(m(i), 2);
+        }
+        assert_eq!(order(&r), vec![0, 1, 2], "one round only");
+        // A lead that is not in the round changes nothing.
+        r.invalidate();
+        r.lead_next(7);
+        for i in [0, 1, 2] {
+            r.join(m(i), 3);
+        }
+        assert_eq!(order(&r), vec![0, 1, 2]);
     }
 
     #[test]

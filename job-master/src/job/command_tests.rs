@@ -507,8 +507,9 @@ fn a_grow_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_round_after_it()
 
 /// A plan that moves a process, with its cut held in flash memory: the job goes on without
 /// waiting for the copy on disk, and the moved process's successor takes the cut's state from
-/// rank 0 (a process that took part in the cut) as the round after it forms. A plan that moves
-/// the process leading that round waits for the disk: nobody there could send the state.
+/// rank 0 (a process that took part in the cut) as the round after it forms; rank 0 of the cut
+/// leads that round whatever the moved indices. A plan that moves rank 0 of the cut waits for
+/// the disk: its copy is the one written out, and its successor holds nothing.
 #[test]
 fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() {
     let moving = |index: u32, version: u64| {
@@ -625,7 +626,45 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
         "{launched:?}"
     );
 
-    // Moving worker 0, which would lead the round after: the cut waits for the disk.
+    // Moving worker 0 when worker 1 was rank 0 of the cut (as after a round it led): worker 1
+    // leads the round after (rank 0) though worker 0's successor has the lower index, and
+    // sends it the state.
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let round = everyone_joins(&mut ctx, 1)[&w0].round;
+    let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
+    ctx.apply_plan(moving(0, 1), &Capacity::default(), 3)
+        .unwrap();
+    ctx.shard_done(w1, 1, shard.id, 4).unwrap();
+    ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
+    ctx.cut_in_memory(w1, 1, 3, 6).unwrap();
+    assert!(
+        !ctx.checkpoint_saving,
+        "the move does not wait for the disk"
+    );
+    let after = ctx.transition.as_ref().unwrap().round_after;
+    assert!(ctx.join_rendezvous(w0, 1, 7).unwrap().removed);
+    ctx.advance(7);
+    ctx.register_agent(w0, 2, "h2".into(), "127.0.0.1:9100".into(), 7)
+        .unwrap();
+    ctx.join_rendezvous_at(w0, 2, Some("127.0.0.1:7100".into()), 8)
+        .unwrap();
+    ctx.join_rendezvous_at(w1, 1, Some("127.0.0.1:8001".into()), 8)
+        .unwrap();
+    for (k, inc, rank) in [(w0, 2, 1), (w1, 1, 0)] {
+        let v = ctx.join_rendezvous(k, inc, 9).unwrap();
+        assert!(v.ready && v.round == after, "{k}: {v:?}");
+        assert_eq!((v.rank, v.state_from_rank0), (rank, Some(3)), "{k}: {v:?}");
+    }
+    // The round after that goes by index again.
+    ctx.transition = None;
+    ctx.group.rendezvous_mut().unwrap().invalidate();
+    for (k, inc) in [(w1, 1), (w0, 2)] {
+        ctx.join_rendezvous(k, inc, 10).unwrap();
+    }
+    assert_eq!(ctx.join_rendezvous(w0, 2, 10).unwrap().rank, 0);
+
+    // Moving rank 0 of the cut: its copy is the one written out, and it would hold nothing
+    // in the round after; the cut waits for the disk.
     let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
     let round = everyone_joins(&mut ctx, 1)[&w0].round;
     let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
@@ -639,7 +678,7 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
     assert!(
         text.iter()
-            .any(|e| e.contains("the plan moves the process that leads the next round")),
+            .any(|e| e.contains("the plan moves rank 0 of the cut, whose copy is the one written")),
         "{text:?}"
     );
 }

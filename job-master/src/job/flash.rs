@@ -227,7 +227,7 @@ impl JobContext {
             self.ledger.done_shards(),
             self.ledger.total_shards()
         );
-        if let Some(why) = self.cut_waits_for_disk() {
+        if let Some(why) = self.cut_waits_for_disk(key) {
             self.checkpoint_saving = true;
             self.log_as(
                 EventKind::Checkpoint,
@@ -267,6 +267,13 @@ impl JobContext {
             ),
         );
         let effects = self.on_cut(now_ms);
+        if peers_get.is_some()
+            && let Some(r) = self.group.rendezvous_mut()
+        {
+            // It holds the cut's state: it sends it as rank 0 of the round after, wherever
+            // the plan put the others (a moved lowest index does not displace it).
+            r.lead_next(key.index);
+        }
         if let (Some((_, survivors)), Some(t)) = (peers_get, &self.transition) {
             self.flash.peer_round = Some(PeerRound {
                 round: t.round_after,
@@ -287,8 +294,9 @@ impl JobContext {
             .any(|c| now_ms.saturating_sub(c.taken_at_ms) < HELD_CUT_DEFERS_MS)
     }
 
-    /// Why the pending cut must be on disk before the job moves on, if it must.
-    fn cut_waits_for_disk(&self) -> Option<&'static str> {
+    /// Why the pending cut (held in memory by `rank0` and the others) must be on disk before
+    /// the job moves on, if it must.
+    fn cut_waits_for_disk(&self, rank0: SlotKey) -> Option<&'static str> {
         if self.cancelling.is_some() {
             return Some("the job is cancelled after it");
         }
@@ -309,15 +317,16 @@ impl JobContext {
             if !self.process_joins() || !only_trainers {
                 return Some("the plan's moved processes load it from disk");
             }
-            // Ranks go by index: the lowest live index leads the round after.
-            let first = self
+            // Rank 0 of the cut leads the round after and sends the state: moved, it would
+            // hold nothing there, and its copy (the one written out) would go with its agent.
+            if self
                 .slots
-                .values()
-                .filter(|s| s.key.role == trainer && s.phase.is_live())
-                .min_by_key(|s| s.key.index);
-            if first.is_some_and(|s| s.migrate_to.is_some()) {
+                .get(&rank0)
+                .is_some_and(|s| s.migrate_to.is_some())
+            {
                 return Some(
-                    "the plan moves the process that leads the next round, which holds no state                      to send: the moved processes load it from disk",
+                    "the plan moves rank 0 of the cut, whose copy is the one written out: the \
+                     moved processes load it from disk",
                 );
             }
         }
