@@ -505,18 +505,18 @@ fn a_grow_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_round_after_it()
     assert_eq!(ctx.peer_state_for(after, &["127.0.0.1:9002".into()]), None);
 }
 
-/// A plan that moves a process, with its cut held in flash memory: the job goes on without
-/// waiting for the copy on disk, and the moved process's successor takes the cut's state from
-/// rank 0 (a process that took part in the cut) as the round after it forms; rank 0 of the cut
-/// leads that round whatever the moved indices. A plan that moves rank 0 of the cut waits for
-/// the disk: its copy is the one written out, and its successor holds nothing.
-#[test]
-fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() {
-    let moving = |index: u32, version: u64| {
-        let mut plan = ScalePlan {
-            version,
-            ..Default::default()
-        };
+/// A job of two workers whose plan moves the workers `moved`: worker 1 trains a shard, worker
+/// 0 drains, and `cut_by` reports the cut held in memory at step 3 (at 6 ms).
+fn moved_at_cut(moved: &[u32], cut_by: SlotKey) -> JobContext {
+    let (w0, w1) = (key(Role::WORKER, 0), key(Role::WORKER, 1));
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let round = everyone_joins(&mut ctx, 1)[&w0].round;
+    let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
+    let mut plan = ScalePlan {
+        version: 1,
+        ..Default::default()
+    };
+    for &index in moved {
         plan.migrations.push(vocab::plan::Migration {
             key: key(Role::WORKER, index),
             resources: crate::spec::Resources {
@@ -525,23 +525,29 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
             },
             reason: "test".into(),
         });
-        plan
-    };
-    let (w0, w1) = (key(Role::WORKER, 0), key(Role::WORKER, 1));
-    // Moving worker 1: worker 0 leads the round after and sends the cut's state.
-    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
-    let round = everyone_joins(&mut ctx, 1)[&w0].round;
-    let shard = granted(ctx.lease_with(w0, 1, None, Some(round), 2).unwrap().0).unwrap();
-    ctx.apply_plan(moving(1, 1), &Capacity::default(), 3)
-        .unwrap();
-    ctx.shard_done(w0, 1, shard.id, 4).unwrap();
+    }
+    ctx.apply_plan(plan, &Capacity::default(), 3).unwrap();
+    ctx.shard_done(w1, 1, shard.id, 4).unwrap();
     assert!(
         ctx.lease_with(w0, 1, None, Some(round), 5)
             .unwrap()
             .0
             .checkpoint_due
     );
-    ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
+    ctx.cut_in_memory(cut_by, 1, 3, 6).unwrap();
+    ctx
+}
+
+/// A plan that moves a process, with its cut held in flash memory: the job goes on without
+/// waiting for the copy on disk, and the moved process's successor takes the cut's state from
+/// rank 0 (a process that took part in the cut) as the round after it forms; rank 0 of the cut
+/// leads that round whatever the moved indices. A plan that moves rank 0 of the cut waits for
+/// the disk: its copy is the one written out, and its successor holds nothing.
+#[test]
+fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() {
+    let (w0, w1) = (key(Role::WORKER, 0), key(Role::WORKER, 1));
+    // Moving worker 1: worker 0 leads the round after and sends the cut's state.
+    let mut ctx = moved_at_cut(&[1], w0);
     assert!(
         !ctx.checkpoint_saving,
         "the move does not wait for the disk"
@@ -602,14 +608,7 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
 
     // A moved process that never asks to join again is stopped and launched anew after the
     // register timeout.
-    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
-    let round = everyone_joins(&mut ctx, 1)[&w0].round;
-    let shard = granted(ctx.lease_with(w0, 1, None, Some(round), 2).unwrap().0).unwrap();
-    ctx.apply_plan(moving(1, 1), &Capacity::default(), 3)
-        .unwrap();
-    ctx.shard_done(w0, 1, shard.id, 4).unwrap();
-    ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
-    ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
+    let mut ctx = moved_at_cut(&[1], w0);
     let timeout = ctx.timing.register_timeout_ms;
     for k in [w0, w1] {
         let inc = ctx.slots[&k].incarnation;
@@ -629,14 +628,7 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     // Moving worker 0 when worker 1 was rank 0 of the cut (as after a round it led): worker 1
     // leads the round after (rank 0) though worker 0's successor has the lower index, and
     // sends it the state.
-    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
-    let round = everyone_joins(&mut ctx, 1)[&w0].round;
-    let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
-    ctx.apply_plan(moving(0, 1), &Capacity::default(), 3)
-        .unwrap();
-    ctx.shard_done(w1, 1, shard.id, 4).unwrap();
-    ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
-    ctx.cut_in_memory(w1, 1, 3, 6).unwrap();
+    let mut ctx = moved_at_cut(&[0], w1);
     assert!(
         !ctx.checkpoint_saving,
         "the move does not wait for the disk"
@@ -665,14 +657,7 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
 
     // Moving rank 0 of the cut: its copy is the one written out, and it would hold nothing
     // in the round after; the cut waits for the disk.
-    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
-    let round = everyone_joins(&mut ctx, 1)[&w0].round;
-    let shard = granted(ctx.lease_with(w1, 1, None, Some(round), 2).unwrap().0).unwrap();
-    ctx.apply_plan(moving(0, 1), &Capacity::default(), 3)
-        .unwrap();
-    ctx.shard_done(w1, 1, shard.id, 4).unwrap();
-    ctx.lease_with(w0, 1, None, Some(round), 5).unwrap();
-    ctx.cut_in_memory(w0, 1, 3, 6).unwrap();
+    let ctx = moved_at_cut(&[0], w0);
     assert!(ctx.checkpoint_saving, "the move waits for the disk");
     assert_eq!(ctx.flash.peer_round, None);
     let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
