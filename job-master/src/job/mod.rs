@@ -61,6 +61,8 @@ mod cancel;
 mod checkpoint;
 #[cfg(test)]
 mod command_tests;
+#[cfg(test)]
+mod cut_memory_tests;
 mod data;
 mod effective;
 pub mod flash;
