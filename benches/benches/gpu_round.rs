@@ -107,6 +107,7 @@ fn snapshot() -> LiveSnapshot {
             cpu_millicores: 100 * 64 * 1000,
             slot_millicores: 1000,
             max_processes: 10_000,
+            memory_bytes: 0,
             nodes,
         },
         jobs,

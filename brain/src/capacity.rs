@@ -62,17 +62,24 @@ pub fn fixed_nodes(cluster: &LiveCluster, pool_memory: u64) -> Vec<NodeInfo> {
         .collect()
 }
 
-/// `cluster` (made of `nodes`) without the cordoned nodes: their CPU out of the pool, their
-/// GPUs out of the GPU nodes.
+/// `cluster` (made of `nodes`) without the cordoned nodes: their CPU and memory out of the
+/// pool, their GPUs out of the GPU nodes.
 pub fn without(cluster: &LiveCluster, nodes: &[NodeInfo], cordons: &[Cordon]) -> LiveCluster {
     let out = |name: &str| cordons.iter().any(|c| c.node == name);
-    let cpu: u64 = nodes
+    let (cpu, memory) = nodes
         .iter()
         .filter(|n| out(&n.name))
-        .map(|n| n.cpu_millicores)
-        .sum();
+        .fold((0, 0), |(c, m), n| {
+            (c + n.cpu_millicores, m + n.memory_bytes)
+        });
+    // A pool whose memory is counted keeps at least a byte of it: 0 would mean "not counted".
+    let memory_bytes = match cluster.memory_bytes {
+        0 => 0,
+        m => m.saturating_sub(memory).max(1),
+    };
     LiveCluster {
         cpu_millicores: cluster.cpu_millicores.saturating_sub(cpu),
+        memory_bytes,
         nodes: cluster
             .nodes
             .iter()
@@ -84,15 +91,17 @@ pub fn without(cluster: &LiveCluster, nodes: &[NodeInfo], cordons: &[Cordon]) ->
 }
 
 /// The live cluster a Ray cluster's nodes make: every alive node's CPUs (Ray's logical CPUs),
-/// in slots of `slot_millicores`, for at most `max_processes` processes; each node with GPUs
+/// in slots of `slot_millicores`, for at most `max_processes` processes, and their memory
+/// (Ray's `memory` resource, what its tasks may reserve); each node with GPUs
 /// by its address, with their model (its `accelerator_type:MODEL` resource, else
 /// [`ANY_MODEL`]).
 pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> LiveCluster {
-    let cpus = ray.sum(|n| &n.total).cpus;
+    let total = ray.sum(|n| &n.total);
     LiveCluster {
-        cpu_millicores: (cpus * 1000.0).round() as u64,
+        cpu_millicores: (total.cpus * 1000.0).round() as u64,
         slot_millicores,
         max_processes,
+        memory_bytes: total.memory_bytes,
         nodes: ray
             .nodes
             .iter()
@@ -211,6 +220,7 @@ mod tests {
                 cpu_millicores: 12_500,
                 slot_millicores: 500,
                 max_processes: 40,
+                memory_bytes: 0,
                 nodes: vec![LiveNode {
                     name: "127.0.0.1".into(),
                     gpus: 2,
@@ -218,5 +228,16 @@ mod tests {
                 }]
             }
         );
+        // Memory: every alive node's (Ray's `memory`), a cordoned node's taken out with its CPU.
+        ray.nodes[0].total.memory_bytes = 6 << 30;
+        ray.nodes[1].total.memory_bytes = 2 << 30;
+        let all = from_ray(&ray, 500, 40);
+        assert_eq!(all.memory_bytes, 8 << 30);
+        let nodes = nodes_of_ray(&ray);
+        let out = without(&all, &nodes, &[cordon("127.0.0.2")]);
+        assert_eq!((out.cpu_millicores, out.memory_bytes), (8000, 6 << 30));
+        // Every node cordoned: the memory stays counted (0 would mean "not counted").
+        let out = without(&all, &nodes, &[cordon("127.0.0.1"), cordon("127.0.0.2")]);
+        assert_eq!((out.cpu_millicores, out.memory_bytes), (0, 1));
     }
 }

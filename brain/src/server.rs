@@ -258,6 +258,7 @@ impl BrainConfig {
             cpu_millicores: (self.cluster.cpus * 1000.0).round() as u64,
             slot_millicores: self.cluster.slot_millicores,
             max_processes: self.cluster.max_processes,
+            memory_bytes: self.pool_memory_bytes(),
             nodes: self.cluster.gpu_nodes.clone(),
         }
     }

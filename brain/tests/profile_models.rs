@@ -195,6 +195,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
         cpu_millicores: 8_000,
         slot_millicores: 500,
         max_processes: 64,
+        memory_bytes: 0,
         nodes: Vec::new(),
     };
     let jobs = store.jobs().unwrap();

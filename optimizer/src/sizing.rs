@@ -311,6 +311,7 @@ mod tests {
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 64,
+            memory_bytes: 0,
             nodes: Vec::new(),
         }
     }

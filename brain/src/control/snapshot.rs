@@ -5,8 +5,8 @@
 //! runs the operator's scheduler on it off the async threads.
 //!
 //! The round sizes a job's training group; the service and single roles of running jobs hold
-//! their CPU, processes and GPUs outside it, so the cluster the round plans on is what they
-//! leave. A role that shares the workers' devices (`placement:` with `share_devices`) holds
+//! their CPU, processes, memory and GPUs outside it, so the cluster the round plans on is what
+//! they leave. A role that shares the workers' devices (`placement:` with `share_devices`) holds
 //! no GPU of its own: the round places each worker with its device's whole bundle.
 
 use std::time::Instant;
@@ -38,6 +38,13 @@ pub(super) fn take(
                     .cpu_millicores
                     .saturating_sub(u64::from(s.count) * s.millicores);
                 cluster.max_processes = cluster.max_processes.saturating_sub(s.count);
+                if cluster.memory_bytes > 0 {
+                    // Counted memory stays counted: at least a byte is left.
+                    cluster.memory_bytes = cluster
+                        .memory_bytes
+                        .saturating_sub(u64::from(s.count) * s.memory_bytes)
+                        .max(1);
+                }
                 if !s.shares_worker_devices {
                     take_gpus(
                         &mut cluster.nodes,
@@ -145,6 +152,7 @@ fn service_roles(
             min: s.min,
             max: s.max,
             millicores: s.millicores,
+            memory_bytes: s.memory_bytes,
             gpus: if s.shares_worker_devices {
                 vocab::Gpus::ZERO
             } else {
@@ -275,6 +283,7 @@ mod tests {
                 min: 3,
                 max: 3,
                 millicores: 500,
+                memory_bytes: 1 << 30,
                 gpus: vocab::Gpus::from_milli(500),
                 ..Default::default()
             },
@@ -293,12 +302,16 @@ mod tests {
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 16,
+            memory_bytes: 16 << 30,
             nodes: vec![node("v", 2, "V100"), node("a", 4, "A100")],
         };
         let snap = take(&store, &cluster, 20).unwrap();
         assert_eq!(snap.jobs.len(), 1);
         assert_eq!(snap.cluster.cpu_millicores, 8000 - 6 * 500);
         assert_eq!(snap.cluster.max_processes, 16 - 6);
+        // The rewards' memory (1 GiB each) is off the pool; the engines ask none.
+        assert_eq!(snap.cluster.memory_bytes, 13 << 30);
+        assert_eq!(snap.jobs[0].roles[0].memory_bytes, 1 << 30);
         // The rewards' two GPUs come off the freest node; each worker is placed with its
         // device's whole bundle (its half and a rollout engine's).
         assert_eq!(

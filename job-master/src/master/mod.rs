@@ -160,6 +160,17 @@ fn mark_shared(dir: &Path) -> Result<String, Error> {
     Ok(token)
 }
 
+/// A new run's id: the job's name, this process's pid and how many runs it started before, so
+/// that two job masters in one process (a test binary's, a program embedding them) never share
+/// their agents' flash directories (each master removes its run's at its end) nor a
+/// torchelastic run id. A resumed run keeps the id it had.
+fn new_run_id(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, Ordering::Relaxed);
+    format!("{name}-{}-{n}", std::process::id())
+}
+
 /// The job to run and the agents to launch first: `spec` afresh, or, with `resume`, the
 /// unfinished job persisted in `run_dir` (see [`JobContext::resume`]), with the clock it stopped
 /// at. A fresh start never overwrites an unfinished job's context.
@@ -198,7 +209,7 @@ fn start_or_resume(
             old.phase.name()
         )));
     }
-    let run_id = format!("{}-{}", spec.name, std::process::id());
+    let run_id = new_run_id(&spec.name);
     let (ctx, launches) = JobContext::new(spec, run_id, timing.clone(), 0);
     Ok((ctx, launches, 0))
 }
@@ -566,6 +577,16 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two runs of one job in one process get ids of their own (a test binary's job masters
+    /// shared `NAME-PID`, and the first to end removed the other's flash copies).
+    #[test]
+    fn runs_in_one_process_never_share_an_id() {
+        let (a, b) = (new_run_id("ddp"), new_run_id("ddp"));
+        let prefix = format!("ddp-{}-", std::process::id());
+        assert!(a.starts_with(&prefix) && b.starts_with(&prefix), "{a} {b}");
+        assert_ne!(a, b);
+    }
 
     fn placed(strategy: &str, rollouts: u32) -> JobSpec {
         JobSpec::from_yaml(&format!(

@@ -78,15 +78,56 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
             models[*m].1
         )));
     }
-    let over =
-        plan.cpu_millicores > cluster.cpu_millicores || plan.processes > cluster.max_processes;
+    let over = plan.cpu_millicores > cluster.cpu_millicores
+        || plan.processes > cluster.max_processes
+        || plan.memory_bytes > Caps::memory_of(cluster);
     if over && added {
         return Err(PolicyError::InvalidAssignment(format!(
-            "the round uses {}m of {}m and {} of {} processes while starting or growing a job",
-            plan.cpu_millicores, cluster.cpu_millicores, plan.processes, cluster.max_processes
+            "the round uses {}m of {}m, {} of {} processes and {} bytes of memory of {} while \
+             starting or growing a job",
+            plan.cpu_millicores,
+            cluster.cpu_millicores,
+            plan.processes,
+            cluster.max_processes,
+            plan.memory_bytes,
+            cluster.memory_bytes
         )));
     }
     Ok(())
+}
+
+/// What the sizes must fit in: CPU slots, processes, memory (`u64::MAX`: not counted).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Caps {
+    pub slots: u64,
+    pub processes: u32,
+    pub memory: u64,
+}
+
+impl Caps {
+    /// Memory `cluster` counts (all of it: not known).
+    pub(super) fn memory_of(cluster: &LiveCluster) -> u64 {
+        match cluster.memory_bytes {
+            0 => u64::MAX,
+            m => m,
+        }
+    }
+
+    /// What is asked of these caps, as the reasons say it (memory only where counted).
+    pub(super) fn asked(&self, slots: u64, processes: u32, memory: u64) -> String {
+        let mut said = format!(
+            "{slots} slots of {} and {processes} processes of {}",
+            self.slots, self.processes
+        );
+        if self.memory != u64::MAX {
+            said.push_str(&format!(
+                " and {} of memory of {}",
+                super::hold::memory_shown(memory),
+                super::hold::memory_shown(self.memory)
+            ));
+        }
+        said
+    }
 }
 
 /// Withdraws what does not fit: admissions (newest first, made smaller down to their minimum,
@@ -96,7 +137,7 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
 /// The totals are kept as sizes change and each step's job comes from a heap (a round of
 /// 10,000 jobs may take thousands of steps; summing and scanning every job at each one took
 /// most of Optimus' round).
-pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: &mut Vec<String>) {
+pub(super) fn repair(jobs: &mut [Sized], caps: Caps, notes: &mut Vec<String>) {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
@@ -121,8 +162,13 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
     let mut firsts = heap(jobs, admission);
     let mut grown = heap(jobs, growth);
     let mut large = heap(jobs, toward_min);
-    let counted = |s: &Sized| (s.slots(s.counted(s.to)), s.processes(s.counted(s.to)));
-    let settled = |s: &Sized| (s.slots(s.to), s.processes(s.to));
+    let amounts = |s: &Sized, n: u32| Amounts {
+        slots: s.slots(n),
+        procs: s.processes(n),
+        memory: s.memory(n),
+    };
+    let counted = |s: &Sized| amounts(s, s.counted(s.to));
+    let settled = |s: &Sized| amounts(s, s.to);
     let mut t = Totals::default();
     for s in jobs.iter() {
         t.add(counted(s), settled(s));
@@ -135,18 +181,11 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
         t.add(counted(&jobs[i]), settled(&jobs[i]));
     };
     loop {
-        let Totals {
-            used,
-            procs,
-            held,
-            held_procs,
-        } = t;
-        if used <= slots && procs <= max_processes {
+        if t.used.fits(caps) {
             return;
         }
-        let why = format!(
-            "withdrawn: {used} slots of {slots} and {procs} processes of {max_processes} asked"
-        );
+        let asked = caps.asked(t.used.slots, t.used.procs, t.used.memory);
+        let why = format!("withdrawn: {asked} asked");
         // A heap's top, if it still is a candidate at the key it was pushed with.
         fn top<K: Ord + Copy>(
             heap: &mut BinaryHeap<(K, usize)>,
@@ -192,10 +231,9 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
         // Once every shrink is carried out: what is over beyond that is processes still
         // leaving (a shrink on its way, workers on a node lost not yet seen gone), which a
         // smaller size would not free.
-        if held <= slots && held_procs <= max_processes {
+        if t.held.fits(caps) {
             notes.push(format!(
-                "{used} slots of {slots} and {procs} processes of {max_processes} held until the \
-                 processes leaving exit; the sizes decided fit"
+                "{asked} held until the processes leaving exit; the sizes decided fit"
             ));
             return;
         }
@@ -214,35 +252,50 @@ pub(super) fn repair(jobs: &mut [Sized], slots: u64, max_processes: u32, notes: 
             continue;
         }
         notes.push(format!(
-            "over capacity even with every job at its minimum: {used} slots of {slots}, {procs} \
-             processes of {max_processes}"
+            "over capacity even with every job at its minimum: {asked}"
         ));
         return;
     }
 }
 
-/// Slots and processes the sizes take, counted as held (a running job's shrink not carried out
-/// yet still holds its processes) and settled (once every shrink is).
+/// Slots, processes and memory of some sizes.
+#[derive(Clone, Copy, Default)]
+struct Amounts {
+    slots: u64,
+    procs: u32,
+    memory: u64,
+}
+
+impl Amounts {
+    fn fits(&self, caps: Caps) -> bool {
+        self.slots <= caps.slots && self.procs <= caps.processes && self.memory <= caps.memory
+    }
+}
+
+/// What the sizes take, counted as held (`used`: a running job's shrink not carried out yet
+/// still holds its processes) and settled (`held`: once every shrink is).
 #[derive(Clone, Copy, Default)]
 struct Totals {
-    used: u64,
-    procs: u32,
-    held: u64,
-    held_procs: u32,
+    used: Amounts,
+    held: Amounts,
 }
 
 impl Totals {
-    fn add(&mut self, (slots, procs): (u64, u32), (settled, settled_procs): (u64, u32)) {
-        self.used += slots;
-        self.procs += procs;
-        self.held += settled;
-        self.held_procs += settled_procs;
+    fn add(&mut self, used: Amounts, settled: Amounts) {
+        self.used.slots += used.slots;
+        self.used.procs += used.procs;
+        self.used.memory += used.memory;
+        self.held.slots += settled.slots;
+        self.held.procs += settled.procs;
+        self.held.memory += settled.memory;
     }
 
-    fn remove(&mut self, (slots, procs): (u64, u32), (settled, settled_procs): (u64, u32)) {
-        self.used -= slots;
-        self.procs -= procs;
-        self.held -= settled;
-        self.held_procs -= settled_procs;
+    fn remove(&mut self, used: Amounts, settled: Amounts) {
+        self.used.slots -= used.slots;
+        self.used.procs -= used.procs;
+        self.used.memory -= used.memory;
+        self.held.slots -= settled.slots;
+        self.held.procs -= settled.procs;
+        self.held.memory -= settled.memory;
     }
 }

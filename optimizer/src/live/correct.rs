@@ -172,6 +172,18 @@ fn process_slots(s: &Sized, role: Role, index: u32, slot: u64) -> u32 {
     slots_of(cpu, slot)
 }
 
+/// Memory of process `index` of `role` as reported, else as its role asks.
+fn process_memory(s: &Sized, role: Role, index: u32) -> u64 {
+    let (list, asked) = match role {
+        Role::PS => (&s.job.ps_processes, s.job.ps_memory_bytes),
+        Role::WORKER => (&s.job.worker_processes, s.job.worker_memory_bytes),
+        _ => return 0,
+    };
+    list.iter()
+        .find(|p| p.index == index)
+        .map_or(asked, |p| p.resources.memory.0)
+}
+
 fn record(s: &mut Sized, name: &str, p: &Proposal, now_s: f64) {
     let why = format!("{name}: {}", p.reason);
     // One reason for several processes changed alike (a whole role grown).
@@ -278,19 +290,20 @@ pub(super) fn apply_freeing(
 /// own for them (down to its minimum). The workers the plan removes from a running job (those
 /// given up, and a shrink of the same round) make room for its new PS first: the job master
 /// carries both out in one plan, so those slots are not held past it. Returns the round's
-/// slots and processes in use after the change, or `None` (nothing changed) where it does not
-/// fit.
+/// slots, processes and memory in use after the change, or `None` (nothing changed) where it
+/// does not fit `caps`.
 fn add_ps(
     s: &mut Sized,
     (ps, ps_slots): (u32, u64),
     give: u32,
-    (used, procs): (u64, u32),
-    (total_slots, max_processes): (u64, u32),
-) -> Option<(u64, u32)> {
+    (used, procs, memory): (u64, u32, u64),
+    caps: Caps,
+) -> Option<(u64, u32, u64)> {
     if give > 0 && (!s.running() || s.to < s.job.min_workers.max(1) + give) {
         return None;
     }
-    let (slots_before, procs_before) = (s.slots(s.counted(s.to)), s.processes(s.counted(s.to)));
+    let n = s.counted(s.to);
+    let before_amounts = (s.slots(n), s.processes(n), s.memory(n));
     let before = (s.to, s.traded, s.ps, s.ps_slots);
     s.to -= give;
     if s.running() {
@@ -300,10 +313,12 @@ fn add_ps(
     }
     s.ps = ps;
     s.ps_slots += ps_slots as u32;
-    let used = used - slots_before + s.slots(s.counted(s.to));
-    let procs = procs - procs_before + s.processes(s.counted(s.to));
-    if used <= total_slots && procs <= max_processes {
-        return Some((used, procs));
+    let n = s.counted(s.to);
+    let used = used - before_amounts.0 + s.slots(n);
+    let procs = procs - before_amounts.1 + s.processes(n);
+    let memory = memory - before_amounts.2 + s.memory(n);
+    if used <= caps.slots && procs <= caps.processes && memory <= caps.memory {
+        return Some((used, procs, memory));
     }
     (s.to, s.traded, s.ps, s.ps_slots) = before;
     None
@@ -315,13 +330,13 @@ fn add_ps(
 pub(super) fn grow_if_room(
     jobs: &mut [Sized],
     deferred: Vec<Vec<(&'static str, Proposal)>>,
-    total_slots: u64,
-    max_processes: u32,
+    caps: Caps,
     slot: u64,
     now_s: f64,
 ) {
     let mut used: u64 = jobs.iter().map(|s| s.slots(s.counted(s.to))).sum();
     let mut procs: u32 = jobs.iter().map(|s| s.processes(s.counted(s.to))).sum();
+    let mut memory: u64 = jobs.iter().map(|s| s.memory(s.counted(s.to))).sum();
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by(|&a, &b| {
         jobs[a]
@@ -330,18 +345,25 @@ pub(super) fn grow_if_room(
             .total_cmp(&jobs[b].job.submitted_s)
             .then(jobs[a].job.id.cmp(&jobs[b].job.id))
     });
-    let room = (total_slots, max_processes);
     let mut deferred: Vec<Option<Vec<_>>> = deferred.into_iter().map(Some).collect();
     for i in order {
         let s = &mut jobs[i];
         for (name, p) in deferred[i].take().unwrap_or_default() {
-            let short = |slots: u64, processes: u32| {
-                format!(
+            let short = |slots: u64, processes: u32, more_memory: u64| {
+                let mut said = format!(
                     "it needs {slots} more slot(s) and {processes} more process(es), the round \
                      leaves {} slot(s) and {} process(es)",
-                    total_slots.saturating_sub(used),
-                    max_processes.saturating_sub(procs)
-                )
+                    caps.slots.saturating_sub(used),
+                    caps.processes.saturating_sub(procs)
+                );
+                if caps.memory != u64::MAX && more_memory > 0 {
+                    said.push_str(&format!(
+                        "; {} more memory, {} left",
+                        super::hold::memory_shown(more_memory),
+                        super::hold::memory_shown(caps.memory.saturating_sub(memory))
+                    ));
+                }
+                said
             };
             let why = match &p.action {
                 Action::SetCount { count, .. } if *count > s.job.max_ps => Some(format!(
@@ -353,17 +375,18 @@ pub(super) fn grow_if_room(
                     let need = (*count, more as u64 * s.ps_slot_each as u64);
                     let was = s.to;
                     let unit = s.job.node_unit.max(1);
-                    match add_ps(s, need, 0, (used, procs), room) {
+                    let in_use = (used, procs, memory);
+                    match add_ps(s, need, 0, in_use, caps) {
                         Some(after) => {
-                            (used, procs) = after;
+                            (used, procs, memory) = after;
                             record(s, name, &p, now_s);
                             None
                         }
                         None => {
-                            let why = short(need.1, more);
-                            match add_ps(s, need, unit, (used, procs), room) {
+                            let why = short(need.1, more, more as u64 * s.job.ps_memory_bytes);
+                            match add_ps(s, need, unit, in_use, caps) {
                                 Some(after) => {
-                                    (used, procs) = after;
+                                    (used, procs, memory) = after;
                                     s.reasons.push(format!(
                                         "{name}: {}; {why}: traded for workers of its own \
                                          ({was} -> {} workers)",
@@ -386,12 +409,16 @@ pub(super) fn grow_if_room(
                     let cpu = m.resources.cpu.map_or(0, |c| c.0);
                     let old = process_slots(s, m.key.role, m.key.index, slot);
                     let slots = slots_of(cpu, slot).saturating_sub(old) as u64;
-                    if used + slots > total_slots {
-                        Some(short(slots, 0))
+                    let more_memory = m.resources.memory.map_or(0, |b| {
+                        b.0.saturating_sub(process_memory(s, m.key.role, m.key.index))
+                    });
+                    if used + slots > caps.slots || memory + more_memory > caps.memory {
+                        Some(short(slots, 0, more_memory))
                     } else {
                         s.migrations.push(m.clone());
                         s.ps_slots += slots as u32;
                         used += slots;
+                        memory += more_memory;
                         record(s, name, &p, now_s);
                         None
                     }

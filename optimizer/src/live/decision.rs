@@ -92,5 +92,8 @@ pub struct RoundPlan {
     /// CPU and processes of the running and starting jobs at the decided sizes.
     pub cpu_millicores: u64,
     pub processes: u32,
+    /// Memory they ask for, bytes (what roles ask no memory for counts nothing).
+    #[serde(default)]
+    pub memory_bytes: u64,
     pub notes: Vec<String>,
 }

@@ -133,6 +133,15 @@ impl Gpu<'_> {
             0
         }
     }
+    /// Memory its processes ask for (as their roles ask).
+    fn memory(&self) -> u64 {
+        if self.active() {
+            self.job.ps as u64 * self.job.ps_memory_bytes
+                + self.counted(self.to) as u64 * self.job.worker_memory_bytes
+        } else {
+            0
+        }
+    }
     fn workers_in(&self, gpus: u32) -> u32 {
         let unit = self.job.node_unit.max(1);
         let w = (self.g.fit_in(gpus) / unit * unit).min(self.job.max_workers);
@@ -148,15 +157,16 @@ impl Gpu<'_> {
 }
 
 /// The GPU jobs' decisions, by their index in the snapshot, and what they use of the CPU pool
-/// (slots) and of the process cap.
+/// (slots), of the process cap and of the memory.
 pub(super) struct GpuRound {
     pub decisions: Vec<(usize, Decision)>,
     pub cpu_slots: u64,
     pub processes: u32,
+    pub memory: u64,
 }
 
-/// Sizes the GPU jobs (`gpu_jobs`: index in the snapshot, job). `cpu_slots` and
-/// `max_processes` are what the whole cluster has; the CPU jobs get what these leave.
+/// Sizes the GPU jobs (`gpu_jobs`: index in the snapshot, job). `caps` are what the whole
+/// cluster has; the CPU jobs get what these leave.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plan_gpu_jobs(
     gpu_jobs: &[(usize, &LiveJob)],
@@ -165,8 +175,7 @@ pub(super) fn plan_gpu_jobs(
     config: &LiveConfig,
     now: f64,
     prior: f64,
-    cpu_slots: u64,
-    max_processes: u32,
+    caps: super::Caps,
     notes: &mut Vec<String>,
 ) -> Result<GpuRound, PolicyError> {
     if gpu_jobs.is_empty() {
@@ -174,6 +183,7 @@ pub(super) fn plan_gpu_jobs(
             decisions: Vec::new(),
             cpu_slots: 0,
             processes: 0,
+            memory: 0,
         });
     }
     let nodes: Vec<LiveNode> = cluster
@@ -373,7 +383,9 @@ pub(super) fn plan_gpu_jobs(
         let (placed, short) = pack(&nodes, &model_of, &jobs);
         let cpu: u64 = jobs.iter().map(Gpu::cpu_slots).sum();
         let procs: u32 = jobs.iter().map(Gpu::processes).sum();
-        if short.is_empty() && cpu <= cpu_slots && procs <= max_processes {
+        let memory: u64 = jobs.iter().map(Gpu::memory).sum();
+        if short.is_empty() && cpu <= caps.slots && procs <= caps.processes && memory <= caps.memory
+        {
             for (j, here) in jobs.iter_mut().zip(placed) {
                 j.placement = here;
             }
@@ -387,10 +399,7 @@ pub(super) fn plan_gpu_jobs(
                 super::gpu_place::roles_with_gpus(jobs[i].job),
                 model_name_of(&models, jobs[i].on)
             ),
-            None => format!(
-                "withdrawn: {cpu} CPU slots of {cpu_slots} and {procs} processes of \
-                 {max_processes} asked"
-            ),
+            None => format!("withdrawn: {} asked", caps.asked(cpu, procs, memory)),
         };
         let same_model = |j: &Gpu| stuck.is_none_or(|i| j.on == jobs[i].on);
         let pick = jobs
@@ -476,12 +485,14 @@ pub(super) fn plan_gpu_jobs(
 
     let mut cpu = 0;
     let mut processes = 0;
+    let mut memory = 0;
     let decisions = jobs
         .into_iter()
         .zip(gpu_jobs)
         .map(|(j, &(at, job))| {
             cpu += j.cpu_slots();
             processes += j.processes();
+            memory += j.memory();
             let from = match job.state {
                 LiveState::Running => job.workers,
                 LiveState::Queued => 0,
@@ -529,6 +540,7 @@ pub(super) fn plan_gpu_jobs(
         decisions,
         cpu_slots: cpu,
         processes,
+        memory,
     })
 }
 

@@ -63,6 +63,11 @@ impl Amount {
     }
 }
 
+/// `bytes` as a user reads them: `6 GiB`, `512 MiB`.
+pub(super) fn memory_shown(bytes: u64) -> String {
+    Amount::Memory.show(bytes)
+}
+
 /// Why `spec` (its counts filled in) can never get its CPU on nodes of `node_cpus` millicores
 /// each (the nodes with CPU to hand out): a process asking more than every node has, a
 /// `strict_pack` group more than every node has, and, where `spread` (the nodes are the ones

@@ -57,13 +57,17 @@ mod roles;
 mod sized;
 
 pub use checks::check_postconditions;
-use checks::repair;
+use checks::{Caps, repair};
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 /// What the brain may hand out.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,6 +79,10 @@ pub struct LiveCluster {
     pub slot_millicores: u64,
     /// Processes (PS and workers of all jobs) that may run at once.
     pub max_processes: u32,
+    /// Memory for all jobs' processes, bytes (0: not known, not counted). A process counts
+    /// the memory its role asks for (none asked: nothing).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_bytes: u64,
     /// The nodes with GPUs, for the jobs whose workers ask for GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<LiveNode>,
@@ -316,13 +324,17 @@ pub fn plan_round(
         config,
         now,
         prior,
-        total_slots as u64,
-        cluster.max_processes,
+        Caps {
+            slots: total_slots as u64,
+            processes: cluster.max_processes,
+            memory: Caps::memory_of(cluster),
+        },
         &mut notes,
     )?;
     // What the GPU jobs leave to the CPU jobs.
     let total_slots = total_slots.saturating_sub(gpu.cpu_slots as u32);
     let max_processes = cluster.max_processes.saturating_sub(gpu.processes);
+    let memory_left = Caps::memory_of(cluster).saturating_sub(gpu.memory);
 
     let cpu_at: Vec<usize> = (0..snapshot.jobs.len())
         .filter(|&i| snapshot.jobs[i].worker_gpus.is_zero())
@@ -477,18 +489,17 @@ pub fn plan_round(
     let mut proposals = correct::propose(&jobs, heuristics, now, &mut notes);
     correct::model_ps(&jobs, &mut proposals);
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
-    repair(&mut jobs, total_slots as u64, max_processes, &mut notes);
-    correct::grow_if_room(
-        &mut jobs,
-        deferred,
-        total_slots as u64,
-        max_processes,
-        slot,
-        now,
-    );
+    let caps = Caps {
+        slots: total_slots as u64,
+        processes: max_processes,
+        memory: memory_left,
+    };
+    repair(&mut jobs, caps, &mut notes);
+    correct::grow_if_room(&mut jobs, deferred, caps, slot, now);
 
     let mut cpu = gpu.cpu_slots * slot;
     let mut processes = gpu.processes;
+    let mut memory = gpu.memory;
     let mut decisions: Vec<(usize, Decision)> = jobs
         .into_iter()
         .zip(cpu_at)
@@ -497,6 +508,7 @@ pub fn plan_round(
                 let n = s.counted(s.to);
                 cpu += s.slots(n) * slot;
                 processes += s.processes(n);
+                memory += s.memory(n);
             }
             let from = match s.job.state {
                 LiveState::Running => s.job.workers,
@@ -545,16 +557,14 @@ pub fn plan_round(
     let capacity = roles::Room {
         cpu_millicores: cluster.cpu_millicores,
         processes: cluster.max_processes,
+        memory_bytes: Caps::memory_of(cluster),
     };
-    roles::admit(
-        &jobs,
-        &mut ds,
-        slot,
-        capacity,
-        &mut cpu,
-        &mut processes,
-        &mut gpus_left,
-    );
+    let mut used = roles::Room {
+        cpu_millicores: cpu,
+        processes,
+        memory_bytes: memory,
+    };
+    roles::admit(&jobs, &mut ds, slot, capacity, &mut used, &mut gpus_left);
     let taken = roles::balance(
         &jobs,
         &mut ds,
@@ -562,16 +572,14 @@ pub fn plan_round(
         config.cooldown_s,
         now,
         slot,
-        roles::Room {
-            cpu_millicores: cluster.cpu_millicores.saturating_sub(cpu),
-            processes: cluster.max_processes.saturating_sub(processes),
-        },
+        capacity.less(used),
     );
     let plan = RoundPlan {
         scheduler: scheduler.name().to_string(),
         decisions: decisions.into_iter().map(|d| d.1).collect(),
-        cpu_millicores: cpu + taken.cpu_millicores,
-        processes: processes + taken.processes,
+        cpu_millicores: used.cpu_millicores + taken.cpu_millicores,
+        processes: used.processes + taken.processes,
+        memory_bytes: used.memory_bytes + taken.memory_bytes,
         notes,
     };
     check_postconditions(snapshot, &plan)?;
@@ -691,6 +699,7 @@ mod tests {
             min: 1,
             max: 4,
             millicores: 500,
+            memory_bytes: 0,
             gpus: vocab::Gpus::ZERO,
             single: false,
             rate: Some(RoleRate {
@@ -707,6 +716,7 @@ mod tests {
             cpu_millicores: cpus * 1000,
             slot_millicores: 1000,
             max_processes: 64,
+            memory_bytes: 0,
             nodes: Vec::new(),
         }
     }
@@ -748,6 +758,52 @@ mod tests {
         assert_eq!((d.from_workers, d.to_workers), (2, 4), "{d:?}");
         assert!(d.changes());
         assert!(d.reasons.iter().any(|r| r.contains("elastic_lp")), "{d:?}");
+    }
+
+    /// The pool's memory bounds the sizes as its CPU does: the job that would double to 4
+    /// workers of 1 GiB grows to 3 in 3.5 GiB, a queued one waits, and with memory not counted
+    /// (0) the CPU alone decides.
+    #[test]
+    fn the_pools_memory_bounds_growth_and_starts() {
+        let mut running = job(1, LiveState::Running, 2, &[(2, 200.0)]);
+        running.worker_memory_bytes = 1 << 30;
+        let mut queued = job(2, LiveState::Queued, 1, &[]);
+        queued.worker_memory_bytes = 1 << 30;
+        queued.max_workers = 1;
+        let snap = |memory_bytes: u64, jobs: Vec<LiveJob>| LiveSnapshot {
+            now_s: 100.0,
+            cluster: LiveCluster {
+                memory_bytes,
+                ..cluster(8)
+            },
+            jobs,
+        };
+        let round = |s: &LiveSnapshot| plan_round(s, elastic().scheduler(), &config(), &none());
+        let plan = round(&snap(7 << 29, vec![running.clone()])).unwrap();
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 3, "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("and 4 GiB of memory of 3.5 GiB asked")),
+            "{d:?}"
+        );
+        assert_eq!(plan.memory_bytes, 3 << 30);
+        // Its 2 workers hold 2 GiB of 2.5: the queued job of 1 GiB does not start.
+        let plan = round(&snap(5 << 29, vec![running.clone(), queued.clone()])).unwrap();
+        assert_eq!(
+            (decision(&plan, 1).to_workers, decision(&plan, 2).to_workers),
+            (2, 0),
+            "{plan:?}"
+        );
+        // Not counted: the CPU alone (8) decides.
+        let plan = round(&snap(0, vec![running, queued])).unwrap();
+        assert_eq!(
+            (decision(&plan, 1).to_workers, decision(&plan, 2).to_workers),
+            (4, 1),
+            "{plan:?}"
+        );
+        assert_eq!(plan.memory_bytes, 5 << 30);
     }
 
     #[test]
@@ -1017,15 +1073,24 @@ mod tests {
             which in 0usize..3,
             with_heuristics in any::<bool>(),
             rates in proptest::collection::vec((0.0f64..1.0, 0.0f64..1.0, 0.0f64..1.0, 1u32..5), 6),
+            memory_extra in prop::option::of(0u64..8),
         ) {
             let heuristics = if with_heuristics { Heuristics::default() } else { none() };
             // Running jobs' rollout roles, busy or not, their callers (the workers among them)
-            // waiting or not.
+            // waiting or not. Where memory is counted: workers of 1 GiB (every third job's ask
+            // none), PS of 64 MiB (as their processes report), engines of 512 MiB.
             let mut jobs = jobs;
             for (j, &(busy, wait, training, count)) in jobs.iter_mut().zip(&rates) {
+                if memory_extra.is_some() {
+                    j.worker_memory_bytes = if j.id.0 % 3 == 0 { 0 } else { 1 << 30 };
+                    j.ps_memory_bytes = 64 << 20;
+                }
                 if j.state == LiveState::Running {
                     let mut r = rollout(count, busy, wait);
                     r.rate.as_mut().unwrap().training_wait_share = training.min(wait);
+                    if memory_extra.is_some() {
+                        r.memory_bytes = 512 << 20;
+                    }
                     j.roles = vec![r];
                 }
             }
@@ -1035,14 +1100,25 @@ mod tests {
                 .map(|j| j.ps as u64 * j.ps_millicores.div_ceil(1000) + j.workers.max(j.held_workers) as u64 * j.worker_millicores.div_ceil(1000))
                 .sum();
             let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps + j.workers.max(j.held_workers)).sum();
+            // As much memory as the running jobs hold with `memory_extra` GiB more (at least
+            // a byte: 0 is "not counted").
+            let memory_bytes = memory_extra.map_or(0, |extra| {
+                let held: u64 = jobs.iter().filter(|j| j.state == LiveState::Running)
+                    .map(|j| j.ps as u64 * j.ps_memory_bytes + j.workers.max(j.held_workers) as u64 * j.worker_memory_bytes)
+                    .sum();
+                (held + (extra << 30)).max(1)
+            });
             let snap = LiveSnapshot {
                 now_s: 50.0,
-                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32, nodes: Vec::new() },
+                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32, memory_bytes, nodes: Vec::new() },
                 jobs: jobs.clone(),
             };
             let plan = plan_round(&snap, scheduler.scheduler(), &config(), &heuristics).unwrap();
             prop_assert!(plan.cpu_millicores <= snap.cluster.cpu_millicores, "{plan:?}");
             prop_assert!(plan.processes <= snap.cluster.max_processes, "{plan:?}");
+            if memory_bytes > 0 {
+                prop_assert!(plan.memory_bytes <= memory_bytes, "{plan:?}");
+            }
             prop_assert!(plan.notes.is_empty(), "{plan:?}");
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 if j.state == LiveState::Running {
@@ -1068,22 +1144,20 @@ mod tests {
 
     /// The capacity repair as it was before it kept running totals and heaps: a scan of every
     /// job at each step. The reference `repair` must agree with.
-    fn repair_by_scans(
-        jobs: &mut [Sized],
-        slots: u64,
-        max_processes: u32,
-        notes: &mut Vec<String>,
-    ) {
+    fn repair_by_scans(jobs: &mut [Sized], caps: checks::Caps, notes: &mut Vec<String>) {
         let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
+        let fits = |slots: u64, procs: u32, memory: u64| {
+            slots <= caps.slots && procs <= caps.processes && memory <= caps.memory
+        };
         loop {
             let used: u64 = jobs.iter().map(|s| s.slots(s.counted(s.to))).sum();
             let procs: u32 = jobs.iter().map(|s| s.processes(s.counted(s.to))).sum();
-            if used <= slots && procs <= max_processes {
+            let memory: u64 = jobs.iter().map(|s| s.memory(s.counted(s.to))).sum();
+            if fits(used, procs, memory) {
                 return;
             }
-            let why = format!(
-                "withdrawn: {used} slots of {slots} and {procs} processes of {max_processes} asked"
-            );
+            let asked = caps.asked(used, procs, memory);
+            let why = format!("withdrawn: {asked} asked");
             if let Some(s) = jobs
                 .iter_mut()
                 .filter(|s| !s.running() && s.to > 0)
@@ -1115,10 +1189,10 @@ mod tests {
             }
             let settled: u64 = jobs.iter().map(|s| s.slots(s.to)).sum();
             let settled_procs: u32 = jobs.iter().map(|s| s.processes(s.to)).sum();
-            if settled <= slots && settled_procs <= max_processes {
+            let settled_memory: u64 = jobs.iter().map(|s| s.memory(s.to)).sum();
+            if fits(settled, settled_procs, settled_memory) {
                 notes.push(format!(
-                    "{used} slots of {slots} and {procs} processes of {max_processes} held until \
-                     the processes leaving exit; the sizes decided fit"
+                    "{asked} held until the processes leaving exit; the sizes decided fit"
                 ));
                 return;
             }
@@ -1132,8 +1206,7 @@ mod tests {
                 continue;
             }
             notes.push(format!(
-                "over capacity even with every job at its minimum: {used} slots of {slots}, \
-                 {procs} processes of {max_processes}"
+                "over capacity even with every job at its minimum: {asked}"
             ));
             return;
         }
@@ -1150,7 +1223,15 @@ mod tests {
             sizes in prop::collection::vec((0u32..9, any::<bool>(), 0u32..4, 1u32..3), 12),
             slots in 0u64..40,
             procs in 0u32..40,
+            memory in prop::option::of(0u64..40),
         ) {
+            // Workers of 1 GiB (every third job's ask none: not counted), PS of 2 GiB (a
+            // running job's as its processes report them: 64 MiB).
+            let jobs: Vec<LiveJob> = jobs.into_iter().map(|mut j| {
+                j.worker_memory_bytes = if j.id.0 % 3 == 0 { 0 } else { 1 << 30 };
+                j.ps_memory_bytes = 2 << 30;
+                j
+            }).collect();
             let make = || -> Vec<Sized> {
                 jobs.iter().zip(&sizes).map(|(job, &(to, pinned, held, worker_slots))| Sized {
                     job,
@@ -1171,8 +1252,13 @@ mod tests {
             };
             let (mut a, mut b) = (make(), make());
             let (mut notes_a, mut notes_b) = (Vec::new(), Vec::new());
-            repair(&mut a, slots, procs, &mut notes_a);
-            repair_by_scans(&mut b, slots, procs, &mut notes_b);
+            let caps = checks::Caps {
+                slots,
+                processes: procs,
+                memory: memory.map_or(u64::MAX, |m| m << 30),
+            };
+            repair(&mut a, caps, &mut notes_a);
+            repair_by_scans(&mut b, caps, &mut notes_b);
             prop_assert_eq!(&notes_a, &notes_b);
             for (x, y) in a.iter().zip(&b) {
                 prop_assert_eq!(x.to, y.to, "{}", x.job.id);

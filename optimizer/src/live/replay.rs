@@ -89,6 +89,7 @@ impl<'a> LiveRound<'a> {
                 cpu_millicores: slots * 1000,
                 slot_millicores: 1000,
                 max_processes: u32::MAX,
+                memory_bytes: 0,
                 nodes: Vec::new(),
             },
             jobs,

@@ -40,6 +40,9 @@ pub struct LiveRole {
     pub max: u32,
     /// CPU of each of its processes.
     pub millicores: u64,
+    /// Memory of each of its processes, bytes (0: none asked).
+    #[serde(default)]
+    pub memory_bytes: u64,
     /// GPUs of each of its processes on devices of their own (none: it has none, or it shares
     /// the workers' devices), of the job's GPU model: what a start must find room for too.
     #[serde(default)]
@@ -138,17 +141,36 @@ impl RolesConfig {
     }
 }
 
-/// Room the round left: CPU and processes.
+/// Room: CPU, processes and memory (`u64::MAX`: memory not counted), of the cluster, used,
+/// or left.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Room {
     pub cpu_millicores: u64,
     pub processes: u32,
+    pub memory_bytes: u64,
+}
+
+impl Room {
+    const NONE: Room = Room {
+        cpu_millicores: 0,
+        processes: 0,
+        memory_bytes: 0,
+    };
+
+    /// What this room leaves once `used` is taken.
+    pub fn less(self, used: Room) -> Room {
+        Room {
+            cpu_millicores: self.cpu_millicores.saturating_sub(used.cpu_millicores),
+            processes: self.processes.saturating_sub(used.processes),
+            memory_bytes: self.memory_bytes.saturating_sub(used.memory_bytes),
+        }
+    }
 }
 
 /// Lets the queued jobs the round starts (`decisions[j].starts()`) start only where their
 /// service and single roles fit too, in submission order, within `capacity` less what the
-/// round uses (`cpu`, `processes`, updated: the roles of a start added, the training group of
-/// a withdrawn start taken off; `slot` is the round's slot size). A CPU job's roles with GPUs
+/// round uses (`used`, updated: the roles of a start added, the training group of a withdrawn
+/// start taken off; `slot` is the round's slot size). A CPU job's roles with GPUs
 /// of their own must fit on the GPUs the round leaves (`gpus_left`, taken from); a GPU job's
 /// were placed with its workers by the GPU round.
 pub fn admit(
@@ -156,8 +178,7 @@ pub fn admit(
     decisions: &mut [&mut Decision],
     slot: u64,
     capacity: Room,
-    cpu: &mut u64,
-    processes: &mut u32,
+    used: &mut Room,
     gpus_left: &mut [super::LiveNode],
 ) {
     let mut order: Vec<usize> = (0..jobs.len())
@@ -177,19 +198,26 @@ pub fn admit(
             .map(|r| r.count as u64 * r.millicores)
             .sum();
         let need: u32 = job.roles.iter().map(|r| r.count).sum();
-        let left_cpu = capacity.cpu_millicores.saturating_sub(*cpu);
-        let left = capacity.processes.saturating_sub(*processes);
+        let need_memory: u64 = job
+            .roles
+            .iter()
+            .map(|r| r.count as u64 * r.memory_bytes)
+            .sum();
+        let left = capacity.less(*used);
         let names: Vec<String> = job
             .roles
             .iter()
             .map(|r| format!("{} ×{}", r.role, r.count))
             .collect();
-        let fits = need_cpu <= left_cpu && need <= left;
+        let fits = need_cpu <= left.cpu_millicores
+            && need <= left.processes
+            && need_memory <= left.memory_bytes;
         let gpus_fit =
             !fits || !job.worker_gpus.is_zero() || super::gpu_place::place_roles(job, gpus_left);
         if fits && gpus_fit {
-            *cpu += need_cpu;
-            *processes += need;
+            used.cpu_millicores += need_cpu;
+            used.processes += need;
+            used.memory_bytes += need_memory;
             d.reasons.push(format!(
                 "its roles {} start with it ({need_cpu} m, {need} processes)",
                 names.join(", ")
@@ -200,20 +228,33 @@ pub fn admit(
         let own = (d.to_ps as u64 * slots_of(job.ps_millicores)
             + d.to_workers as u64 * slots_of(job.worker_millicores))
             * slot;
-        *cpu = cpu.saturating_sub(own);
-        *processes = processes.saturating_sub(d.to_ps + d.to_workers);
+        let own_memory =
+            d.to_ps as u64 * job.ps_memory_bytes + d.to_workers as u64 * job.worker_memory_bytes;
+        used.cpu_millicores = used.cpu_millicores.saturating_sub(own);
+        used.processes = used.processes.saturating_sub(d.to_ps + d.to_workers);
+        used.memory_bytes = used.memory_bytes.saturating_sub(own_memory);
         d.reasons.push(if fits {
             format!(
                 "waits: its roles' GPUs{} do not fit on the GPUs the round leaves",
                 super::gpu_place::roles_with_gpus(job).trim_start_matches(" and its roles'")
             )
         } else {
-            format!(
+            let mut said = format!(
                 "waits: its roles {} need {need_cpu} m and {need} processes beside its {} \
-                 workers; the round leaves {left_cpu} m and {left} processes",
+                 workers; the round leaves {} m and {} processes",
                 names.join(", "),
-                d.to_workers
-            )
+                d.to_workers,
+                left.cpu_millicores,
+                left.processes
+            );
+            if need_memory > left.memory_bytes {
+                said.push_str(&format!(
+                    "; they ask {} of memory, {} is left",
+                    super::hold::memory_shown(need_memory),
+                    super::hold::memory_shown(left.memory_bytes)
+                ));
+            }
+            said
         });
         d.to_workers = 0;
         d.gpu_placement.clear();
@@ -235,10 +276,7 @@ pub fn balance(
 ) -> Room {
     let start = room;
     if !config.enabled {
-        return Room {
-            cpu_millicores: 0,
-            processes: 0,
-        };
+        return Room::NONE;
     }
     // (job, role, wait): the bottlenecks, those whose callers wait most first.
     let mut grow: Vec<(usize, usize, f64)> = Vec::new();
@@ -272,10 +310,7 @@ pub fn balance(
             training_gives(jobs[j], role, config, slot, decisions[j]);
         }
     }
-    Room {
-        cpu_millicores: start.cpu_millicores - room.cpu_millicores,
-        processes: start.processes - room.processes,
-    }
+    start.less(room)
 }
 
 /// What a role its callers wait for (`wait` of their time) would grow to with room enough:
@@ -420,17 +455,34 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) -> bo
         .checked_div(role.millicores)
         .unwrap_or(u64::MAX)
         .min(u32::MAX as u64) as u32;
-    let more = (want - role.count).min(by_cpu).min(room.processes);
+    let by_memory = room
+        .memory_bytes
+        .checked_div(role.memory_bytes)
+        .unwrap_or(u64::MAX)
+        .min(u32::MAX as u64) as u32;
+    let more = (want - role.count)
+        .min(by_cpu)
+        .min(by_memory)
+        .min(room.processes);
     if more == 0 {
+        let mut asks = format!("{} m", role.millicores);
+        if by_memory == 0 {
+            asks.push_str(&format!(
+                " and {} of memory ({} left)",
+                super::hold::memory_shown(role.memory_bytes),
+                super::hold::memory_shown(room.memory_bytes)
+            ));
+        }
         d.reasons.push(format!(
-            "{}: {figures}; no room left for another process of {} m",
-            role.role, role.millicores
+            "{}: {figures}; no room left for another process of {asks}",
+            role.role
         ));
         return false;
     }
     let to = role.count + more;
     room.cpu_millicores -= more as u64 * role.millicores;
     room.processes -= more;
+    room.memory_bytes -= more as u64 * role.memory_bytes;
     d.role_targets.push((role.role, role.count, to));
     d.reasons.push(format!(
         "{}: {} -> {to}: it bounds the job: {figures}",
@@ -496,6 +548,34 @@ mod tests {
         assert!(d.role_targets.is_empty(), "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains("no room left")),
+            "{d:?}"
+        );
+        // Room for 3 more engines by CPU, for one more of 512 MiB by memory (the workers ask
+        // none; the engines running are outside the pool, as the brain counts them).
+        let mut job = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        (job.max_workers, job.min_workers) = (2, 2);
+        let mut engine = rollout(1, 0.9, 0.8);
+        engine.memory_bytes = 512 << 20;
+        job.roles = vec![engine];
+        let snap = |memory_bytes: u64| LiveSnapshot {
+            now_s: 100.0,
+            cluster: crate::live::LiveCluster {
+                memory_bytes,
+                ..cluster(16)
+            },
+            jobs: vec![job.clone()],
+        };
+        let plan = fifo_round(&snap(700 << 20));
+        let d = decision(&plan, 1);
+        assert_eq!(d.role_targets, vec![(r, 1, 2)], "{d:?}");
+        assert_eq!(plan.memory_bytes, 512 << 20);
+        let plan = fifo_round(&snap(100 << 20));
+        let d = decision(&plan, 1);
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains(
+                "no room left for another process of 500 m and 512 MiB of memory (100 MiB left)"
+            )),
             "{d:?}"
         );
         // At its max: it stays, saying so.

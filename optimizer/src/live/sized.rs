@@ -46,6 +46,21 @@ impl Sized<'_> {
             self.ps + workers
         }
     }
+    /// Memory the job's processes ask for at `workers` workers: its PS as reported (a
+    /// correction may have given one more), else as its role asks, and each worker as its role
+    /// asks (a role that asks none counts nothing).
+    pub(super) fn memory(&self, workers: u32) -> u64 {
+        if workers == 0 && !self.running() {
+            return 0;
+        }
+        let job = self.job;
+        let ps = if self.ps == job.ps && job.ps_processes.len() == job.ps as usize {
+            job.ps_processes.iter().map(|p| p.resources.memory.0).sum()
+        } else {
+            self.ps as u64 * job.ps_memory_bytes
+        };
+        ps + workers as u64 * job.worker_memory_bytes
+    }
     /// Workers counted against capacity at size `to`: a running job keeps what it holds
     /// until a shrink is carried out.
     pub(super) fn counted(&self, to: u32) -> u32 {
