@@ -884,10 +884,31 @@ mod tests {
             },
             jobs: vec![gpu_job(1, LiveState::Queued, 4, 1, None), cpu_job],
         };
+        let mut with_memory = snap.clone();
         let plan = round(&snap);
         assert_eq!(decision(&plan, 1).to_workers, 4);
         assert!(decision(&plan, 2).to_workers <= 2, "{plan:?}");
         assert!(plan.cpu_millicores <= 6000, "{plan:?}");
+        // Memory not counted stays so for the CPU jobs (their reasons do not name it).
+        let said = |plan: &RoundPlan| {
+            plan.decisions
+                .iter()
+                .flat_map(|d| d.reasons.iter())
+                .any(|r| r.contains("of memory"))
+        };
+        assert!(!said(&plan), "{plan:?}");
+        // Counted: the GPU job's 4 workers of 1 GiB take 4 of 5 GiB, and the CPU job's of
+        // 1 GiB start with one.
+        with_memory.cluster.memory_bytes = 5 << 30;
+        for j in &mut with_memory.jobs {
+            j.worker_memory_bytes = 1 << 30;
+            j.min_workers = 1;
+        }
+        let plan = round(&with_memory);
+        assert_eq!(decision(&plan, 1).to_workers, 4);
+        assert_eq!(decision(&plan, 2).to_workers, 1, "{plan:?}");
+        assert!(said(&plan), "{plan:?}");
+        assert_eq!(plan.memory_bytes, 5 << 30);
     }
 
     proptest::proptest! {

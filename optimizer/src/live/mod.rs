@@ -334,7 +334,11 @@ pub fn plan_round(
     // What the GPU jobs leave to the CPU jobs.
     let total_slots = total_slots.saturating_sub(gpu.cpu_slots as u32);
     let max_processes = cluster.max_processes.saturating_sub(gpu.processes);
-    let memory_left = Caps::memory_of(cluster).saturating_sub(gpu.memory);
+    // (Memory not counted stays so: `u64::MAX`.)
+    let memory_left = match cluster.memory_bytes {
+        0 => u64::MAX,
+        m => m.saturating_sub(gpu.memory),
+    };
 
     let cpu_at: Vec<usize> = (0..snapshot.jobs.len())
         .filter(|&i| snapshot.jobs[i].worker_gpus.is_zero())
