@@ -249,8 +249,8 @@ pub(crate) async fn commit_allreduce_checkpoint(
     digest: String,
 ) -> Result<(), Error> {
     let (id, dir, generation) = {
-        let ctx = shared.job.lock().await;
-        ctx.may_commit(key, incarnation)?;
+        let mut ctx = shared.job.lock().await;
+        ctx.begin_commit(key, incarnation, step)?;
         let (id, _) = ctx.next_checkpoint_dir();
         let dir = PathBuf::from(&model_path)
             .parent()

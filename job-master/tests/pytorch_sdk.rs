@@ -437,7 +437,7 @@ impl FlashRestart {
         assert_eq!(
             self.again(0)["resumed"],
             self.again(1)["resumed"],
-            "the same committed step"
+            "the same committed step: {all:#?}"
         );
     }
 }

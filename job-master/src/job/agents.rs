@@ -420,6 +420,10 @@ impl JobContext {
             .map(|l| format!("; {} are lost", l.describe()))
             .unwrap_or_default();
         self.flash_dropped_on_restart(now_ms);
+        // The next round is told where to resume afresh; a save of the processes stopped now
+        // may still be committed before it is.
+        self.resume_told = None;
+        self.late_commits.clear();
         self.checkpoint_pending = false;
         self.checkpoint_saving = false;
         self.shards_since_checkpoint = 0;

@@ -2,6 +2,7 @@
 //! from a script whose data the master does not track), and where the next one goes.
 
 use super::*;
+use std::path::Path;
 
 impl JobContext {
     /// For ps jobs: once every lease is back, ask the PS to save.
@@ -43,6 +44,44 @@ impl JobContext {
         }
     }
 
+    /// [`Self::may_commit`] for a checkpoint of `step` whose manifest is about to be written:
+    /// one saved by a process the group has since restarted is marked late.
+    pub fn begin_commit(&mut self, key: SlotKey, incarnation: u64, step: u64) -> Result<(), Error> {
+        self.may_commit(key, incarnation)?;
+        if self.current(key, incarnation).is_err() {
+            self.late_commits.insert(step);
+        }
+        Ok(())
+    }
+
+    /// A checkpoint saved by processes the group has since restarted, its manifest written
+    /// after the new round told its members where to resume: not committed (they resume from
+    /// an older checkpoint, or the start, and a checkpoint of the processes they replaced
+    /// would stand newer than what they train). True when refused, said in an event.
+    fn late_commit_refused(&mut self, step: u64, manifest: &Path, now_ms: u64) -> bool {
+        if !self.late_commits.remove(&step) {
+            return false;
+        }
+        let Some(told) = &self.resume_told else {
+            return false;
+        };
+        let from = match &told.from {
+            Some(m) => m.display().to_string(),
+            None => "the start".into(),
+        };
+        self.log_as(
+            EventKind::Checkpoint,
+            now_ms,
+            format!(
+                "checkpoint of step {step} is not committed: it was saved by processes the group \
+                 has since restarted, and round {} already resumes from {from} ({} left unused)",
+                told.round,
+                manifest.display()
+            ),
+        );
+        true
+    }
+
     /// A checkpoint whose files are written and whose manifest is at `manifest` becomes the one
     /// to restore from. `generation` is the one the save was started in.
     pub fn checkpoint_committed(
@@ -61,6 +100,9 @@ impl JobContext {
                     self.generation
                 ),
             });
+        }
+        if self.late_commit_refused(step, &manifest, now_ms) {
+            return Ok(Vec::new());
         }
         if let Some(cut) = self.flash.cuts.remove(&step) {
             return Ok(self.held_cut_committed(id, manifest, step, cut, now_ms));

@@ -92,6 +92,9 @@ impl JobContext {
                         peers,
                     } => {
                         view.state_from_rank0 = self.peer_state_for(round, &peers);
+                        if !slot.fresh {
+                            view.resume_from = self.resume_of_round(round);
+                        }
                         self.slots.get_mut(&key).expect("checked").told_round = round;
                         view.ready = true;
                         view.round = round;
@@ -184,6 +187,23 @@ impl JobContext {
             }
         }
         Ok(view)
+    }
+
+    /// The checkpoint the members of `round` resume from: the latest when its first member
+    /// is told, and that one for every other member (a commit may come between their answers:
+    /// a part copied before a restart, written out late).
+    fn resume_of_round(&mut self, round: u64) -> Option<PathBuf> {
+        if let Some(t) = &self.resume_told
+            && t.round == round
+        {
+            return t.from.clone();
+        }
+        let from = self.latest_checkpoint().map(|c| c.manifest.clone());
+        self.resume_told = Some(ResumeTold {
+            round,
+            from: from.clone(),
+        });
+        from
     }
 
     #[cfg(test)]

@@ -169,6 +169,9 @@ impl JobContext {
             return Ok(None);
         }
         let done = self.flash.steps.remove(&w.step).expect("just filled");
+        if done.before_restart {
+            self.late_commits.insert(w.step);
+        }
         let older: Vec<u64> = self.flash.steps.range(..w.step).map(|(s, _)| *s).collect();
         for s in older {
             let dropped = self.flash.steps.remove(&s).expect("listed");
@@ -586,6 +589,93 @@ mod tests {
         // Two restarts back: refused.
         ctx.group_restart(5, "again");
         assert!(ctx.flash_part_written(w(0), 1, part(8, 0, 2), 6).is_err());
+    }
+
+    /// The ready answers of ranks 0 and 1 (incarnation `inc`) to one rendezvous round.
+    fn both_told(ctx: &mut JobContext, inc: u64, now: u64) -> [JoinView; 2] {
+        for _ in 0..3 {
+            let views = [0, 1].map(|r| ctx.join_rendezvous(w(r), inc, now).unwrap());
+            if views.iter().all(|v| v.ready) {
+                return views;
+            }
+        }
+        panic!("the round never formed: {:?}", ctx.group)
+    }
+
+    /// Seen in CI: a part copied before a group restart is accepted while the new processes
+    /// join, and its manifest is written (the lock let go) while rank 0 is told to resume
+    /// from the step before; rank 1, told after the commit, resumed from the newer step.
+    #[test]
+    fn every_member_of_a_round_resumes_from_one_checkpoint_and_a_late_part_never_splits_them() {
+        let mut ctx = job(2);
+        let g = ctx.generation;
+        ctx.flash_part_written(w(0), 1, part(20, 0, 1), 1)
+            .unwrap()
+            .unwrap();
+        ctx.checkpoint_committed(1, "/c/flash/step-20/manifest.json".into(), 20, g, 2)
+            .unwrap();
+        ctx.group_restart(3, "rank 1 was killed");
+        // Old rank 0's copy of step 40 is written out as its successor joins.
+        let (step, _) = ctx
+            .flash_part_written(w(0), 1, part(40, 0, 1), 4)
+            .unwrap()
+            .unwrap();
+        let first = ctx.join_rendezvous(w(0), 2, 5).unwrap();
+        assert!(!first.ready);
+        let rank1 = ctx.join_rendezvous(w(1), 2, 6).unwrap();
+        assert!(rank1.ready, "{rank1:?}");
+        let step20: Option<PathBuf> = Some("/c/flash/step-20/manifest.json".into());
+        assert_eq!(rank1.resume_from, step20);
+        // The commit lands between the two answers: not committed, and rank 0 is told the same.
+        let g = ctx.generation;
+        ctx.checkpoint_committed(2, "/c/flash/step-40/manifest.json".into(), step, g, 7)
+            .unwrap();
+        assert_eq!(ctx.latest_checkpoint().unwrap().step, 20);
+        assert!(
+            events(&ctx).contains(
+                "checkpoint of step 40 is not committed: it was saved by processes the group \
+                 has since restarted, and round"
+            ),
+            "{}",
+            events(&ctx)
+        );
+        let rank0 = ctx.join_rendezvous(w(0), 2, 8).unwrap();
+        assert!(rank0.ready);
+        assert_eq!(rank0.resume_from, step20);
+        // The new group's own saves commit as ever.
+        let (step, _) = ctx
+            .flash_part_written(w(0), 2, part(30, 0, 1), 9)
+            .unwrap()
+            .unwrap();
+        ctx.checkpoint_committed(3, "/c/flash/step-30/manifest.json".into(), step, g, 10)
+            .unwrap();
+        assert_eq!(ctx.latest_checkpoint().unwrap().step, 30);
+
+        // So with a synchronous save on SIGTERM by the process a restart stopped.
+        ctx.group_restart(11, "again");
+        ctx.begin_commit(w(0), 2, 35).unwrap();
+        let step30: Option<PathBuf> = Some("/c/flash/step-30/manifest.json".into());
+        for v in both_told(&mut ctx, 3, 12) {
+            assert_eq!(v.resume_from, step30);
+        }
+        let g = ctx.generation;
+        ctx.checkpoint_committed(4, "/c/sync-35/manifest.json".into(), 35, g, 13)
+            .unwrap();
+        assert_eq!(ctx.latest_checkpoint().unwrap().step, 30);
+
+        // A late part committed before any member is told: the round resumes from it, all alike.
+        ctx.group_restart(14, "once more");
+        let (step, _) = ctx
+            .flash_part_written(w(0), 3, part(50, 0, 1), 15)
+            .unwrap()
+            .unwrap();
+        let g = ctx.generation;
+        ctx.checkpoint_committed(5, "/c/flash/step-50/manifest.json".into(), step, g, 16)
+            .unwrap();
+        let step50: Option<PathBuf> = Some("/c/flash/step-50/manifest.json".into());
+        for v in both_told(&mut ctx, 4, 17) {
+            assert_eq!(v.resume_from, step50);
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@
 //! A plan's acceptance and its transition's start are in `transition`, each step's handler in
 //! `advance`, its end (reached, abandoned) in `transition_end`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -440,6 +440,14 @@ impl Default for Timing {
     }
 }
 
+/// Where a rendezvous round's members resume from ([`JobContext::resume_told`]): `from` is
+/// the checkpoint's manifest, None for the start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeTold {
+    pub round: u64,
+    pub from: Option<PathBuf>,
+}
+
 /// The answer to a rendezvous join.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JoinView {
@@ -546,6 +554,16 @@ pub struct JobContext {
     /// Flash checkpoint parts written out, per step, until the step is committed ([`flash`]).
     #[serde(default)]
     pub flash: flash::FlashParts,
+    /// The checkpoint the members of the latest rendezvous round were told to resume from:
+    /// every member of a round is told the same, even where a checkpoint is committed between
+    /// their answers. None since the last group restart until a round tells one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_told: Option<ResumeTold>,
+    /// Checkpoints (by step) saved by processes the group has since restarted (a save on
+    /// SIGTERM, a flash copy written out late), their manifests being written: committed only
+    /// if no round since has been told where to resume.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub late_commits: BTreeSet<u64>,
     /// Rates of the calls between its roles (`calls`); not persisted.
     #[serde(skip)]
     pub calls: CallRates,
@@ -664,6 +682,8 @@ impl JobContext {
             stability: Stability::default(),
             training_time: TrainingTime::default(),
             flash: flash::FlashParts::default(),
+            resume_told: None,
+            late_commits: BTreeSet::new(),
             calls: CallRates::default(),
         };
         effects.extend(ctx.start_services(now_ms));
