@@ -771,7 +771,8 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
 }
 
 /// The flash directory of this test process's run of job `name`: its job master's run id is
-/// the name, the pid and a count of the runs the process started (the one directory so named).
+/// the name, the pid, a count of the runs the process started and 32 random bits (the one
+/// directory so named).
 fn flash_run_dir(name: &str) -> std::path::PathBuf {
     let prefix = format!("{name}-{}-", std::process::id());
     let root = std::path::Path::new(vocab::flash::DEFAULT_ROOT);
@@ -783,7 +784,13 @@ fn flash_run_dir(name: &str) -> std::path::PathBuf {
         .filter(|p| {
             let file = p.file_name().unwrap_or_default().to_string_lossy();
             file.strip_prefix(&prefix)
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+                .and_then(|rest| rest.split_once('-'))
+                .is_some_and(|(n, random)| {
+                    !n.is_empty()
+                        && n.chars().all(|c| c.is_ascii_digit())
+                        && random.len() == 8
+                        && random.chars().all(|c| c.is_ascii_hexdigit())
+                })
         })
         .collect();
     assert_eq!(

@@ -256,7 +256,18 @@ pub fn workspace_bins(beside: &str) -> PathBuf {
                 .expect("a binary path has a directory")
                 .to_path_buf();
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let ok = Command::new(cargo)
+            let mut build = Command::new(cargo);
+            // What cargo sets for a running test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, OUT_DIR,
+            // ...) is what build scripts such as ring's watch (`rerun-if-env-changed`): seen
+            // here, they would rebuild ring, rustls and tonic, and again at the next build
+            // from a shell (a minute and a half each way on 2 cores).
+            for (name, _) in std::env::vars_os() {
+                let n = name.to_string_lossy();
+                if set_for_tests(&n) {
+                    build.env_remove(&name);
+                }
+            }
+            let ok = build
                 .args([
                     "build",
                     "-p",
@@ -287,6 +298,22 @@ pub fn workspace_bins(beside: &str) -> PathBuf {
             dir
         })
         .clone()
+}
+
+/// Whether cargo sets the environment variable `name` for the test binary it runs (and for
+/// build scripts), rather than it coming from the user's environment.
+fn set_for_tests(name: &str) -> bool {
+    ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || [
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+            "OUT_DIR",
+        ]
+        .contains(&name)
 }
 
 /// Builds this checkout's Python SDK (`python/`) with `python` into a directory to put on
@@ -566,6 +593,32 @@ pub fn hold_silent_connections(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_inner_build_drops_what_cargo_set_for_the_test_and_keeps_the_users_settings() {
+        for set in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_BIN_EXE_brain",
+            "OUT_DIR",
+            "CARGO_TARGET_TMPDIR",
+        ] {
+            assert!(set_for_tests(set), "{set}");
+        }
+        for kept in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "RUSTFLAGS",
+            "CC",
+        ] {
+            assert!(!set_for_tests(kept), "{kept}");
+        }
+        // A test binary does run with them.
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+    }
 
     #[test]
     fn the_announced_address_is_read_and_later_output_does_not_block_the_child() {

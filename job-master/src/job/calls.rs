@@ -2,8 +2,12 @@
 //! waited for it, over the last [`WINDOW_MS`]. The SDK's processes report running totals
 //! (`ReportCalls`); the master keeps each process's last totals, adds what each report adds to
 //! per-role sums, and samples the sums, so that a rate is a difference over the window. A
-//! restarted process (a new incarnation) starts its totals from zero. Not persisted: rates
-//! start again after a master restart.
+//! restarted process (a new incarnation) starts its totals from zero. A share (of time busy,
+//! of time waiting) is of the time each process took part within the window, from its first
+//! report: one that began within it (a new engine, a worker still importing its framework when
+//! the window began) is not counted idle before that. A process removed, and one of its index
+//! added again later, is counted from the first one's start, so its share reads low. Not
+//! persisted: rates start again after a master restart.
 //!
 //! These figures are what the brain gives capacity by (a role whose callers spend their time
 //! waiting for it is the one that bounds the job), and what `job-master status` shows.
@@ -16,6 +20,9 @@ use vocab::{Role, SlotKey};
 pub const WINDOW_MS: u64 = 30_000;
 /// A rate needs at least this much of a window.
 const MIN_SPAN_MS: u64 = 2_000;
+/// How often the SDK's processes report: a process's first report covers about this much
+/// before it.
+const REPORT_EVERY_MS: u64 = 1_000;
 
 /// One process's running totals, as its last report gave them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -61,12 +68,19 @@ pub struct CallRates {
     /// When each process last served, and last called each role.
     served_at: BTreeMap<SlotKey, u64>,
     called_at: BTreeMap<(Role, SlotKey), u64>,
+    /// Since when each process (by role and index: a restart's successor goes on) is counted,
+    /// from its first report: a share is of the time it was there, not of a window that began
+    /// before it took part.
+    present_since: BTreeMap<SlotKey, u64>,
 }
 
 impl CallRates {
     /// Folds in `key`'s totals (of `incarnation`) at `now_ms`.
     pub fn record(&mut self, key: SlotKey, incarnation: u64, t: CallTotals, now_ms: u64) {
         let zero = CallTotals::default();
+        self.present_since
+            .entry(key)
+            .or_insert_with(|| now_ms.saturating_sub(REPORT_EVERY_MS));
         let prev = match self.last.get(&key) {
             Some((inc, p)) if *inc == incarnation => p,
             _ => &zero,
@@ -113,46 +127,58 @@ impl CallRates {
         }
         let dt = span as f64 / 1000.0;
         let since = now_ms.saturating_sub(WINDOW_MS);
+        // Seconds of the window process `k` was there (a process that started within it is
+        // not counted idle before its start); never under the shortest span a rate needs.
+        let start = now_ms - span;
+        let present = |k: &SlotKey| {
+            let from = self.present_since.get(k).copied().unwrap_or(start);
+            now_ms.saturating_sub(from.max(start)).max(MIN_SPAN_MS) as f64 / 1000.0
+        };
         let mut out = Vec::new();
         let none = Sums::default();
         for (role, now) in &self.sums {
             let then = base.get(role).unwrap_or(&none);
-            let processes = self
+            let servers: Vec<&SlotKey> = self
                 .served_at
                 .iter()
                 .filter(|(k, at)| k.role == *role && **at >= since)
-                .count() as u32;
-            let callers = self
+                .map(|(k, _)| k)
+                .collect();
+            let calling: Vec<&SlotKey> = self
                 .called_at
                 .iter()
                 .filter(|((callee, _), at)| callee == role && **at >= since)
-                .count() as u32;
-            if processes == 0 && callers == 0 {
+                .map(|((_, k), _)| k)
+                .collect();
+            if servers.is_empty() && calling.is_empty() {
                 continue;
             }
-            let share = |x: f64, n: u32| (x / (dt * n.max(1) as f64)).clamp(0.0, 1.0);
+            // `x` seconds over the time `keys` were there.
+            let share = |x: f64, keys: &[&SlotKey]| {
+                let there: f64 = keys.iter().map(|k| present(k)).sum();
+                (x / there.max(dt.min(MIN_SPAN_MS as f64 / 1000.0))).clamp(0.0, 1.0)
+            };
             let by_caller = now
                 .waited_by
                 .iter()
                 .filter_map(|(caller, waited)| {
-                    let n = self
-                        .called_at
+                    let of_role: Vec<&SlotKey> = calling
                         .iter()
-                        .filter(|((callee, k), at)| {
-                            callee == role && k.role == *caller && **at >= since
-                        })
-                        .count() as u32;
+                        .copied()
+                        .filter(|k| k.role == *caller)
+                        .collect();
                     let before = then.waited_by.get(caller).copied().unwrap_or(0.0);
-                    (n > 0).then(|| (*caller, share(waited - before, n), n))
+                    let n = of_role.len() as u32;
+                    (n > 0).then(|| (*caller, share(waited - before, &of_role), n))
                 })
                 .collect();
             out.push(RoleRate {
                 role: *role,
-                processes,
+                processes: servers.len() as u32,
                 served_per_s: (now.served - then.served) as f64 / dt,
-                busy_share: share(now.busy_s - then.busy_s, processes),
-                callers_wait_share: share(now.waited_s - then.waited_s, callers),
-                callers,
+                busy_share: share(now.busy_s - then.busy_s, &servers),
+                callers_wait_share: share(now.waited_s - then.waited_s, &calling),
+                callers: calling.len() as u32,
                 by_caller,
             });
         }
@@ -216,6 +242,55 @@ mod tests {
         assert!(r.rates(60_000).is_empty());
         // Too short a window says nothing.
         assert!(CallRates::default().rates(1_000).is_empty());
+    }
+
+    /// Seen on a loaded CI machine: the workers began calling 15 s into the window (their
+    /// framework imports took that long), and over the whole window their wait looked like a
+    /// quarter of their time, though they waited all of it once there; the brain grew them.
+    #[test]
+    fn a_process_that_started_within_the_window_is_counted_from_its_start() {
+        let mut r = CallRates::default();
+        let (d, w, e0, e1) = (
+            key("driver", 0),
+            key("worker", 0),
+            key("rollout", 0),
+            key("rollout", 1),
+        );
+        r.record(d, 1, caller(0, 0.0), 0);
+        r.record(e0, 1, server(0, 0.0), 0);
+        // The driver waits half its time from the start; the worker, from its first report at
+        // 16 s (covering the second before it), all of it.
+        r.record(w, 1, caller(10, 1.0), 16_000);
+        r.record(d, 1, caller(100, 10.0), 20_000);
+        r.record(w, 1, caller(50, 5.0), 20_000);
+        // An engine added at 18 s is busy all its time; the first, half of the window.
+        r.record(e1, 1, server(20, 2.0), 19_000);
+        r.record(e1, 1, server(40, 3.0), 20_000);
+        r.record(e0, 1, server(200, 10.0), 20_000);
+        let x = &r.rates(20_000)[0];
+        let by: BTreeMap<String, f64> = x
+            .by_caller
+            .iter()
+            .map(|(role, share, _)| (role.to_string(), *share))
+            .collect();
+        assert!((by["worker"] - 1.0).abs() < 1e-9, "{by:?}");
+        assert!((by["driver"] - 0.5).abs() < 1e-9, "{by:?}");
+        // 15 s waited over the 25 s the two callers were there.
+        assert!((x.callers_wait_share - 0.6).abs() < 1e-9, "{x:?}");
+        // 13 s busy over the 22 s the two engines were there.
+        assert!((x.busy_share - 13.0 / 22.0).abs() < 1e-9, "{x:?}");
+        let worker = |r: &CallRates, now: u64| {
+            r.rates(now)[0]
+                .by_caller
+                .iter()
+                .find(|b| b.0.to_string() == "worker")
+                .map(|b| b.1)
+        };
+        // A quick restart's successor goes on counting from its predecessor's start: 5.5 s
+        // waited over the 6 s the worker was there.
+        r.record(w, 2, caller(5, 0.5), 21_000);
+        let share = worker(&r, 21_000).unwrap();
+        assert!((share - 5.5 / 6.0).abs() < 1e-9, "{share}");
     }
 
     #[test]

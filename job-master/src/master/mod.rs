@@ -160,15 +160,21 @@ fn mark_shared(dir: &Path) -> Result<String, Error> {
     Ok(token)
 }
 
-/// A new run's id: the job's name, this process's pid and how many runs it started before, so
-/// that two job masters in one process (a test binary's, a program embedding them) never share
-/// their agents' flash directories (each master removes its run's at its end) nor a
-/// torchelastic run id. A resumed run keeps the id it had.
+/// A new run's id: the job's name, this process's pid, how many runs it started before and 32
+/// random bits. Two runs never share their agents' flash directories (each master removes its
+/// run's at its end; a process restores what its slots hold) nor a torchelastic run id: not two
+/// job masters in one process (a test binary's, a program embedding them), nor two on different
+/// machines whose agents share a node (masters in containers often have the same pid). A
+/// resumed run keeps the id it had.
 fn new_run_id(name: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static RUNS: AtomicU64 = AtomicU64::new(0);
     let n = RUNS.fetch_add(1, Ordering::Relaxed);
-    format!("{name}-{}-{n}", std::process::id())
+    format!(
+        "{name}-{}-{n}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
 }
 
 /// The job to run and the agents to launch first: `spec` afresh, or, with `resume`, the
@@ -586,6 +592,18 @@ mod tests {
         let prefix = format!("ddp-{}-", std::process::id());
         assert!(a.starts_with(&prefix) && b.starts_with(&prefix), "{a} {b}");
         assert_ne!(a, b);
+        // Its random part tells apart runs of the same name, pid and count elsewhere.
+        let random = |id: &str| id.rsplit('-').next().unwrap().to_string();
+        for id in [&a, &b] {
+            let r = random(id);
+            assert!(
+                r.len() == 8 && r.chars().all(|c| c.is_ascii_hexdigit()),
+                "{id}"
+            );
+        }
+        let many: std::collections::BTreeSet<String> =
+            (0..64).map(|_| random(&new_run_id("ddp"))).collect();
+        assert!(many.len() > 60, "{many:?}");
     }
 
     fn placed(strategy: &str, rollouts: u32) -> JobSpec {
