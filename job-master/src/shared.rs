@@ -249,15 +249,15 @@ pub(crate) async fn commit_allreduce_checkpoint(
     digest: String,
 ) -> Result<(), Error> {
     let (id, dir, generation) = {
-        let mut ctx = shared.job.lock().await;
-        ctx.begin_commit(key, incarnation, step)?;
-        let (id, _) = ctx.next_checkpoint_dir();
         let dir = PathBuf::from(&model_path)
             .parent()
             .map(|p| p.to_path_buf())
             .ok_or_else(|| {
                 Error::InvalidRequest(format!("checkpoint path {model_path:?} has no directory"))
             })?;
+        let mut ctx = shared.job.lock().await;
+        ctx.begin_commit(key, incarnation, step)?;
+        let (id, _) = ctx.next_checkpoint_dir();
         (id, dir, ctx.generation)
     };
     let manifest = Manifest {
@@ -333,13 +333,20 @@ async fn commit_manifest(
     generation: u64,
 ) -> Result<(), Error> {
     let path = dir.join(MANIFEST_FILE);
-    let json =
-        serde_json::to_vec_pretty(manifest).map_err(|e| Error::InvalidRequest(e.to_string()))?;
-    write_atomic(&path, &json).map_err(|e| Error::Io {
-        path: path.clone(),
-        source: e,
-    })?;
+    let written = serde_json::to_vec_pretty(manifest)
+        .map_err(|e| Error::InvalidRequest(e.to_string()))
+        .and_then(|json| {
+            write_atomic(&path, &json).map_err(|e| Error::Io {
+                path: path.clone(),
+                source: e,
+            })
+        });
     let (id, step) = (manifest.id, manifest.step);
+    if let Err(e) = written {
+        // Not committed: a late save's mark goes with it (see `JobContext::begin_commit`).
+        shared.job.lock().await.late_commits.remove(&step);
+        return Err(e);
+    }
     shared
         .apply(|ctx, now| {
             ctx.checkpoint_committed(id, path, step, generation, now)
