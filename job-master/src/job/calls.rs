@@ -156,7 +156,7 @@ impl CallRates {
             // `x` seconds over the time `keys` were there.
             let share = |x: f64, keys: &[&SlotKey]| {
                 let there: f64 = keys.iter().map(|k| present(k)).sum();
-                (x / there.max(dt.min(MIN_SPAN_MS as f64 / 1000.0))).clamp(0.0, 1.0)
+                (x / there.max(MIN_SPAN_MS as f64 / 1000.0)).clamp(0.0, 1.0)
             };
             let by_caller = now
                 .waited_by
