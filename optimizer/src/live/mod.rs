@@ -23,7 +23,8 @@
 //!   while its processes still run (but to the job itself at once: a PS-bound job may trade a
 //!   worker for one more PS in one plan).
 //!
-//! `sized.rs` holds one job's arithmetic while the round sizes it (slots, workers, PS split).
+//! `sized.rs` holds one job's arithmetic while the round sizes it (slots, workers, PS split);
+//! `cpu.rs` runs the scheduler for the CPU jobs and reads their sizes from the slots it gives.
 //! `config.rs` holds the `[live]` settings that pace the rounds.
 //!
 //! Jobs whose workers ask for GPUs are planned first, by GPU model on the GPU nodes
@@ -34,6 +35,7 @@
 //! processes' resources, speed-up gating). [`LiveRound`] wraps the round as a [`Scheduler`] so the what-if
 //! simulator replays it (`brainctl whatif --live-round`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -50,6 +52,7 @@ use crate::units::{JobId, WorkerType};
 mod checks;
 mod config;
 mod correct;
+mod cpu;
 mod decision;
 mod gpu;
 mod gpu_place;
@@ -172,7 +175,11 @@ pub struct LiveSnapshot {
     pub jobs: Vec<LiveJob>,
 }
 
-/// One round: see the module's documentation.
+/// One round: see the module's documentation. Its steps, in order: the jobs pinned and held
+/// for this round; the GPU jobs on the GPU nodes (`gpu.rs`); the CPU jobs in what those leave
+/// (`cpu.rs`); the operator's corrections and the repair to the caps (`correct.rs`,
+/// `checks.rs`); the decisions with what they use; the roles beside the training groups
+/// (`roles.rs`).
 pub fn plan_round(
     snapshot: &LiveSnapshot,
     scheduler: &dyn Scheduler,
@@ -186,7 +193,6 @@ pub fn plan_round(
             "slot_millicores is 0, expected more".into(),
         ));
     }
-    let total_slots = (cluster.cpu_millicores / cluster.slot_millicores) as u32;
     let now = snapshot.now_s;
     // A role that holds up its job's training group gets the room first: the group is not
     // grown (more workers would wait as well), and what the role would grow by is kept free.
@@ -196,26 +202,7 @@ pub fn plan_round(
         .enumerate()
         .filter_map(|(i, j)| roles::holdup(j, &config.roles).map(|h| (i, h)))
         .collect();
-    // A plan on its way pins its job like a change made just now (a policy choice).
-    // Copied only when some job is pinned or held: the round is the brain's hot path.
-    let pinning = config.pin_while_plan_in_flight && snapshot.jobs.iter().any(|j| j.plan_in_flight);
-    let adjusted;
-    let snapshot = if pinning || !holdups.is_empty() {
-        let mut copy = snapshot.clone();
-        if pinning {
-            for j in copy.jobs.iter_mut().filter(|j| j.plan_in_flight) {
-                j.last_change_s = Some(now);
-            }
-        }
-        for i in holdups.keys() {
-            let j = &mut copy.jobs[*i];
-            j.max_workers = j.max_workers.min(j.workers.max(j.min_workers));
-        }
-        adjusted = copy;
-        &adjusted
-    } else {
-        snapshot
-    };
+    let snapshot = &*pinned_and_held(snapshot, config, &holdups);
     let mut notes = Vec::new();
 
     // A job without reported speeds runs, until it reports, at the median per-worker speed of
@@ -225,18 +212,13 @@ pub fn plan_round(
         .iter()
         .map(|j| AmdahlModel::fit(&j.speed).ok())
         .collect();
-    let mut per_worker: Vec<f64> = snapshot
-        .jobs
-        .iter()
-        .zip(&fits)
-        .filter_map(|(j, m)| {
-            let n = j.workers.max(1);
-            m.map(|m| m.samples_per_s(n) / n as f64)
-        })
-        .collect();
-    per_worker.sort_by(f64::total_cmp);
-    let prior = per_worker.get(per_worker.len() / 2).copied().unwrap_or(1.0);
+    let prior = median_per_worker(&snapshot.jobs, &fits);
 
+    let caps = Caps {
+        slots: (cluster.cpu_millicores / cluster.slot_millicores) as u32 as u64,
+        processes: cluster.max_processes,
+        memory: Caps::memory_of(cluster),
+    };
     let gpu_jobs: Vec<(usize, &LiveJob)> = snapshot
         .jobs
         .iter()
@@ -244,255 +226,138 @@ pub fn plan_round(
         .filter(|(_, j)| !j.worker_gpus.is_zero())
         .collect();
     let gpu = gpu::plan_gpu_jobs(
-        &gpu_jobs,
-        cluster,
+        &gpu_jobs, cluster, scheduler, config, now, prior, caps, &mut notes,
+    )?;
+    let cpu = cpu::plan_cpu_jobs(
+        snapshot,
+        fits,
+        prior,
+        cpu::Left::after(&gpu, caps, cluster),
+        &holdups,
         scheduler,
         config,
-        now,
-        prior,
-        Caps {
-            slots: total_slots as u64,
-            processes: cluster.max_processes,
-            memory: Caps::memory_of(cluster),
-        },
         &mut notes,
     )?;
-    // What the GPU jobs leave to the CPU jobs.
-    let total_slots = total_slots.saturating_sub(gpu.cpu_slots as u32);
-    let max_processes = cluster.max_processes.saturating_sub(gpu.processes);
-    // (Memory not counted stays so: `u64::MAX`.)
-    let memory_left = match cluster.memory_bytes {
-        0 => u64::MAX,
-        m => m.saturating_sub(gpu.memory),
-    };
-
-    let cpu_at: Vec<usize> = (0..snapshot.jobs.len())
-        .filter(|&i| snapshot.jobs[i].worker_gpus.is_zero())
-        .collect();
-    let mut jobs: Vec<Sized> = snapshot
-        .jobs
-        .iter()
-        .zip(fits)
-        .filter(|(job, _)| job.worker_gpus.is_zero())
-        .map(|(job, fit)| {
-            let mut reasons = Vec::new();
-            let model = speed_model(fit, prior, &mut reasons);
-            let slot = cluster.slot_millicores;
-            let ps_slot_each = slots_of(job.ps_millicores, slot);
-            // What the job holds for its PS: each as reported (a migration may have given one
-            // more CPU), else the role's.
-            let ps_slots = if job.ps_processes.len() == job.ps as usize {
-                job.ps_processes
-                    .iter()
-                    .map(|p| slots_of(p.resources.cpu.0, slot))
-                    .sum()
-            } else {
-                job.ps * ps_slot_each
-            };
-            Sized {
-                job,
-                model,
-                ps: job.ps,
-                ps_slots,
-                ps_slot_each,
-                worker_slots: slots_of(job.worker_millicores, slot),
-                migrations: Vec::new(),
-                corrections: Vec::new(),
-                to: 0,
-                traded: 0,
-                ps_model: correct::ps_model(job, config.cooldown_s, now),
-                joint: None,
-                pinned: false,
-                reasons,
-            }
-        })
-        .collect();
-
-    let current: u64 = jobs
-        .iter()
-        .filter(|s| s.running())
-        .map(|s| s.slots(s.counted(s.job.workers)))
-        .sum();
-    let (total_slots, max_processes) = keep_room_for_holdups(
-        &holdups,
-        &jobs,
-        current,
-        total_slots,
-        max_processes,
-        cluster,
-    );
-    let assignment = if current <= total_slots as u64 {
-        let view = Snapshot {
-            now_s: now,
-            worker_types: vec![WorkerType("cpu".into())],
-            nodes: vec![NodeView {
-                worker_type: 0,
-                gpus: total_slots,
-            }],
-            jobs: {
-                let mut views: Vec<JobView> = jobs.iter().map(|s| view(s, total_slots)).collect();
-                views.sort_by(|a, b| {
-                    a.submitted_s
-                        .total_cmp(&b.submitted_s)
-                        .then(a.id.cmp(&b.id))
-                });
-                views
-            },
-        };
-        scheduler.schedule(&view)?
-    } else {
-        notes.push(format!(
-            "running jobs hold {current} slots of {total_slots}: the scheduler is skipped and \
-             jobs shrink toward their minimum"
-        ));
-        BTreeMap::new()
-    };
-
-    for s in &mut jobs {
-        let given: u32 = assignment
-            .get(&s.job.id)
-            .map_or(0, |slots| slots.iter().map(|x| x.1).sum());
-        let fit = match &s.ps_model {
-            Some(m) => {
-                let (w, p) = s.split(m, given);
-                s.joint = (w > 0).then_some((w, p));
-                w
-            }
-            None => s.workers_in(given),
-        };
-        let cooling = s
-            .job
-            .last_change_s
-            .map(|t| t + config.cooldown_s - now)
-            .filter(|left| *left > 0.0);
-        match s.job.state {
-            LiveState::Running => {
-                if let Some(left) = cooling.filter(|_| fit != s.job.workers) {
-                    s.to = s.job.workers;
-                    s.pinned = true;
-                    s.reasons.push(format!(
-                        "{} would give {fit} workers; kept at {} for {left:.0} s more of cool-down",
-                        scheduler.name(),
-                        s.job.workers
-                    ));
-                } else if fit == 0 {
-                    s.to = s.job.workers;
-                    s.pinned = true;
-                    s.reasons.push(format!(
-                        "{} gives it {given} slots, below its minimum; a running job keeps its \
-                         size",
-                        scheduler.name()
-                    ));
-                } else {
-                    s.to = fit;
-                    let ps = s.joint.map_or(String::new(), |(_, p)| {
-                        format!(" beside {p} ps (their split from its PS speed model)")
-                    });
-                    s.reasons.push(format!(
-                        "{} gives it {given} of {total_slots} slots: {fit} workers{ps}",
-                        scheduler.name()
-                    ));
-                }
-            }
-            LiveState::Queued => {
-                s.to = fit;
-                s.reasons.push(if fit > 0 {
-                    format!(
-                        "{} starts it with {given} of {total_slots} slots: {fit} workers (predicted {})",
-                        scheduler.name(),
-                        s.job.workers
-                    )
-                } else {
-                    format!(
-                        "waits: {} gives it {given} slots, fewer than its minimum of {} workers \
-                         and {} ps need",
-                        scheduler.name(),
-                        s.job.min_workers,
-                        s.job.ps
-                    )
-                });
-            }
-        }
-    }
+    let cpu_at = cpu.at;
+    let mut jobs = cpu.jobs;
 
     let slot = cluster.slot_millicores;
     let mut proposals = correct::propose(&jobs, heuristics, now, &mut notes);
     correct::model_ps(&jobs, &mut proposals);
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
-    let caps = Caps {
-        slots: total_slots as u64,
-        processes: max_processes,
-        memory: memory_left,
-    };
-    repair(&mut jobs, caps, &mut notes);
-    correct::grow_if_room(&mut jobs, deferred, caps, slot, now);
+    repair(&mut jobs, cpu.caps, &mut notes);
+    correct::grow_if_room(&mut jobs, deferred, cpu.caps, slot, now);
 
-    let mut cpu = gpu.cpu_slots * slot;
-    let mut processes = gpu.processes;
-    let mut memory = gpu.memory;
+    let (mut decisions, used) = decide(jobs, cpu_at, gpu, slot);
+    for (at, d) in &mut decisions {
+        if let Some(h) = holdups.get(at) {
+            d.reasons.push(h.reason(d.to_workers));
+        }
+    }
+    let used = place_roles(snapshot, &mut decisions, config, slot, used);
+    let plan = RoundPlan {
+        scheduler: scheduler.name().to_string(),
+        decisions: decisions.into_iter().map(|d| d.1).collect(),
+        cpu_millicores: used.cpu_millicores,
+        processes: used.processes,
+        memory_bytes: used.memory_bytes,
+        notes,
+    };
+    check_postconditions(snapshot, &plan)?;
+    Ok(plan)
+}
+
+/// The snapshot as this round sizes it: a job with a plan on its way pinned like a change
+/// made just now (a policy choice), and a job whose roles hold up its training group kept
+/// from growing it. Copied only when some job is pinned or held: the round is the brain's hot
+/// path.
+fn pinned_and_held<'a>(
+    snapshot: &'a LiveSnapshot,
+    config: &LiveConfig,
+    holdups: &BTreeMap<usize, roles::Holdup>,
+) -> Cow<'a, LiveSnapshot> {
+    let pinning = config.pin_while_plan_in_flight && snapshot.jobs.iter().any(|j| j.plan_in_flight);
+    if !pinning && holdups.is_empty() {
+        return Cow::Borrowed(snapshot);
+    }
+    let mut copy = snapshot.clone();
+    if pinning {
+        for j in copy.jobs.iter_mut().filter(|j| j.plan_in_flight) {
+            j.last_change_s = Some(snapshot.now_s);
+        }
+    }
+    for i in holdups.keys() {
+        let j = &mut copy.jobs[*i];
+        j.max_workers = j.max_workers.min(j.workers.max(j.min_workers));
+    }
+    Cow::Owned(copy)
+}
+
+/// The median per-worker speed of the jobs with a fitted model (1 when none has one).
+fn median_per_worker(jobs: &[LiveJob], fits: &[Option<AmdahlModel>]) -> f64 {
+    let mut per_worker: Vec<f64> = jobs
+        .iter()
+        .zip(fits)
+        .filter_map(|(j, m)| {
+            let n = j.workers.max(1);
+            m.map(|m| m.samples_per_s(n) / n as f64)
+        })
+        .collect();
+    per_worker.sort_by(f64::total_cmp);
+    per_worker.get(per_worker.len() / 2).copied().unwrap_or(1.0)
+}
+
+/// Every job's decision (by its index in the snapshot: the CPU jobs' at `cpu_at`, then the GPU
+/// jobs'), and the CPU, processes and memory all of them use.
+fn decide(
+    jobs: Vec<Sized>,
+    cpu_at: Vec<usize>,
+    gpu: gpu::GpuRound,
+    slot: u64,
+) -> (Vec<(usize, Decision)>, roles::Room) {
+    let mut used = roles::Room {
+        cpu_millicores: gpu.cpu_slots * slot,
+        processes: gpu.processes,
+        memory_bytes: gpu.memory,
+    };
     let mut decisions: Vec<(usize, Decision)> = jobs
         .into_iter()
         .zip(cpu_at)
         .map(|(s, at)| {
             if s.to > 0 || s.running() {
                 let n = s.counted(s.to);
-                cpu += s.slots(n) * slot;
-                processes += s.processes(n);
-                memory += s.memory(n);
+                used.cpu_millicores += s.slots(n) * slot;
+                used.processes += s.processes(n);
+                used.memory_bytes += s.memory(n);
             }
-            let from = match s.job.state {
-                LiveState::Running => s.job.workers,
-                LiveState::Queued => 0,
-            };
-            let predicted = s.predicted(s.to, s.ps);
-            let before = s.predicted(from, s.job.ps);
-            let mut reasons = s.reasons;
-            if (from != s.to || s.ps != s.job.ps) && from > 0 {
-                reasons.push(format!("predicted {before:.0} -> {predicted:.0} samples/s"));
-            }
-            let decision = Decision {
-                job: s.job.id,
-                name: s.job.name.clone(),
-                state: s.job.state,
-                from_workers: from,
-                to_workers: s.to,
-                ps: s.job.ps,
-                to_ps: s.ps,
-                migrations: s.migrations,
-                corrections: s.corrections,
-                predicted_samples_per_s: predicted,
-                reasons,
-                gpu_type: None,
-                gpu_placement: Vec::new(),
-                role_targets: Vec::new(),
-            };
-            (at, decision)
+            (at, s.decision())
         })
         .collect();
     decisions.extend(gpu.decisions);
     decisions.sort_by_key(|d| d.0);
-    for (at, d) in &mut decisions {
-        if let Some(h) = holdups.get(at) {
-            d.reasons.push(h.reason(d.to_workers));
-        }
-    }
-    // The roles beside the training groups: a start's must fit too; then the service roles
-    // of running jobs, on what is left.
+    (decisions, used)
+}
+
+/// The roles beside the training groups: a start's must fit too; then the service roles of
+/// running jobs, on what is left (`used` by the training groups). What all use in the end.
+fn place_roles(
+    snapshot: &LiveSnapshot,
+    decisions: &mut [(usize, Decision)],
+    config: &LiveConfig,
+    slot: u64,
+    mut used: roles::Room,
+) -> roles::Room {
+    let cluster = &snapshot.cluster;
     let jobs: Vec<&LiveJob> = decisions
         .iter()
         .map(|(at, _)| &snapshot.jobs[*at])
         .collect();
-    let mut gpus_left = gpu_place::left_after(&cluster.nodes, &decisions);
+    let mut gpus_left = gpu_place::left_after(&cluster.nodes, decisions);
     let mut ds: Vec<&mut Decision> = decisions.iter_mut().map(|(_, d)| d).collect();
     let capacity = roles::Room {
         cpu_millicores: cluster.cpu_millicores,
         processes: cluster.max_processes,
         memory_bytes: Caps::memory_of(cluster),
-    };
-    let mut used = roles::Room {
-        cpu_millicores: cpu,
-        processes,
-        memory_bytes: memory,
     };
     roles::admit(&jobs, &mut ds, slot, capacity, &mut used, &mut gpus_left);
     let taken = roles::balance(
@@ -500,87 +365,14 @@ pub fn plan_round(
         &mut ds,
         &config.roles,
         config.cooldown_s,
-        now,
+        snapshot.now_s,
         slot,
         capacity.less(used),
     );
-    let plan = RoundPlan {
-        scheduler: scheduler.name().to_string(),
-        decisions: decisions.into_iter().map(|d| d.1).collect(),
+    roles::Room {
         cpu_millicores: used.cpu_millicores + taken.cpu_millicores,
         processes: used.processes + taken.processes,
         memory_bytes: used.memory_bytes + taken.memory_bytes,
-        notes,
-    };
-    check_postconditions(snapshot, &plan)?;
-    Ok(plan)
-}
-
-/// The CPU slots and processes the training groups may be sized in, once what the roles that
-/// hold up their jobs would grow by is kept free (out of what the running jobs leave free,
-/// never making them give up any).
-fn keep_room_for_holdups(
-    holdups: &BTreeMap<usize, roles::Holdup>,
-    jobs: &[Sized],
-    current: u64,
-    total_slots: u32,
-    max_processes: u32,
-    cluster: &LiveCluster,
-) -> (u32, u32) {
-    if holdups.is_empty() {
-        return (total_slots, max_processes);
-    }
-    let wanted: u64 = holdups.values().map(roles::Holdup::millicores_wanted).sum();
-    let processes: u32 = holdups.values().map(|h| h.more).sum();
-    let running: u32 = jobs
-        .iter()
-        .filter(|s| s.running())
-        .map(|s| s.processes(s.counted(s.job.workers)))
-        .sum();
-    let slots = wanted
-        .div_ceil(cluster.slot_millicores)
-        .min((total_slots as u64).saturating_sub(current)) as u32;
-    let processes = processes.min(max_processes.saturating_sub(running));
-    (total_slots - slots, max_processes - processes)
-}
-
-/// The scheduler's view of one job, in slots.
-fn view(s: &Sized, total_slots: u32) -> JobView {
-    let job = s.job;
-    let max_slots = match &s.ps_model {
-        Some(_) => {
-            let (_, hi) = correct::ps_range(job);
-            (s.ps_slots_at(hi) + job.max_workers * s.worker_slots) as u64
-        }
-        None => s.slots(job.max_workers),
-    }
-    .min(total_slots as u64) as u32;
-    let goodput: Vec<f64> = (0..=max_slots).map(|r| s.goodput(r)).collect();
-    let running = job.state == LiveState::Running;
-    let held = if running {
-        s.slots(s.counted(job.workers)) as u32
-    } else {
-        0
-    };
-    let peak_workers = if running {
-        job.peak_workers.max(job.workers)
-    } else {
-        job.workers
-    };
-    JobView {
-        id: job.id,
-        submitted_s: job.submitted_s,
-        requested_replicas: (s.ps_slots + job.workers.max(job.min_workers) * s.worker_slots)
-            .min(max_slots),
-        max_replicas: max_slots,
-        attained_gpu_s: job.running_s * held as f64,
-        running_s: job.running_s,
-        restarts: job.restarts,
-        peak_replicas: s.ps_slots + peak_workers * s.worker_slots,
-        last_change_s: job.last_change_s,
-        current: if held > 0 { vec![(0, held)] } else { vec![] },
-        goodput: Arc::from(vec![goodput]),
-        remaining: job.samples_left.max(0.0),
     }
 }
 

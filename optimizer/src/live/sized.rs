@@ -130,6 +130,36 @@ impl Sized<'_> {
             None => self.model.samples_per_s(workers),
         }
     }
+    /// The round's decision for the job as sized, with the predicted speed change among its
+    /// reasons.
+    pub(super) fn decision(self) -> Decision {
+        let from = match self.job.state {
+            LiveState::Running => self.job.workers,
+            LiveState::Queued => 0,
+        };
+        let predicted = self.predicted(self.to, self.ps);
+        let before = self.predicted(from, self.job.ps);
+        let mut reasons = self.reasons;
+        if (from != self.to || self.ps != self.job.ps) && from > 0 {
+            reasons.push(format!("predicted {before:.0} -> {predicted:.0} samples/s"));
+        }
+        Decision {
+            job: self.job.id,
+            name: self.job.name.clone(),
+            state: self.job.state,
+            from_workers: from,
+            to_workers: self.to,
+            ps: self.job.ps,
+            to_ps: self.ps,
+            migrations: self.migrations,
+            corrections: self.corrections,
+            predicted_samples_per_s: predicted,
+            reasons,
+            gpu_type: None,
+            gpu_placement: Vec::new(),
+            role_targets: Vec::new(),
+        }
+    }
     /// Predicted samples/s on `slots` slots: the job's speed model at the workers they hold,
     /// or its PS speed model at their best split.
     pub(super) fn goodput(&self, slots: u32) -> f64 {
