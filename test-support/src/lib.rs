@@ -317,16 +317,34 @@ fn set_for_tests(name: &str) -> bool {
 }
 
 /// Builds this checkout's Python SDK (`python/`) with `python` into a directory to put on
-/// `PYTHONPATH`, once per test binary: `pip install --no-build-isolation --target`, with the
-/// grpcio-tools of `python`'s environment (`.ci/run` installs the SDK's pinned build
-/// requirements into its torch virtualenv), so nothing is downloaded. `Err`: pip's output.
+/// `PYTHONPATH`: `pip install --no-build-isolation --target`, with the grpcio-tools of
+/// `python`'s environment (`.ci/run` installs the SDK's pinned build requirements into its
+/// torch virtualenv), so nothing is downloaded. The directory is named by a digest of the
+/// SDK's sources, the job master's `.proto` and `python`, and shared by every test process
+/// (cargo nextest runs each test in one of its own): the first builds it beside and renames
+/// it into place; the others wait for it under a lock and find it. `Err`: pip's output.
 pub fn python_sdk(python: &str) -> Result<PathBuf, String> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("brain-sdk-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let sdk = root.join("python");
+            let key = sources_digest(&[&sdk, &root.join("proto/proto")], python)
+                .map_err(|e| format!("reading {}: {e}", sdk.display()))?;
+            let dir = std::env::temp_dir().join(format!("brain-sdk-{key:016x}"));
+            if dir.is_dir() {
+                return Ok(dir);
+            }
+            // pip builds in the source tree (python/build): one build at a time.
+            let lock = std::fs::File::create(std::env::temp_dir().join("brain-sdk.lock"))
+                .map_err(|e| format!("the SDK build's lock: {e}"))?;
+            let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| format!("the SDK build's lock: {e}"))?;
+            if dir.is_dir() {
+                return Ok(dir);
+            }
+            let building = dir.with_extension(format!("{}.part", std::process::id()));
+            let _ = std::fs::remove_dir_all(&building);
             let out = Command::new(python)
                 .args([
                     "-m",
@@ -336,16 +354,50 @@ pub fn python_sdk(python: &str) -> Result<PathBuf, String> {
                     "--disable-pip-version-check",
                 ])
                 .args(["--no-build-isolation", "--no-deps", "--target"])
-                .arg(&dir)
+                .arg(&building)
                 .arg(&sdk)
                 .output()
                 .map_err(|e| format!("{python}: {e}"))?;
             if !out.status.success() {
+                let _ = std::fs::remove_dir_all(&building);
                 return Err(String::from_utf8_lossy(&out.stderr).into_owned());
             }
+            std::fs::rename(&building, &dir)
+                .map_err(|e| format!("{} not put in place: {e}", dir.display()))?;
             Ok(dir)
         })
         .clone()
+}
+
+/// A digest of the files under `dirs` (paths and contents, in name order; build outputs and
+/// caches left out) and of `salt`.
+fn sources_digest(dirs: &[&Path], salt: &str) -> std::io::Result<u64> {
+    use std::hash::{Hash, Hasher};
+    fn walk(dir: &Path, h: &mut impl Hasher) -> std::io::Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name();
+            let n = name.to_string_lossy();
+            if n == "build" || n == "__pycache__" || n.ends_with(".egg-info") {
+                continue;
+            }
+            let path = e.path();
+            n.hash(h);
+            if e.file_type()?.is_dir() {
+                walk(&path, h)?;
+            } else {
+                std::fs::read(&path)?.hash(h);
+            }
+        }
+        Ok(())
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    salt.hash(&mut h);
+    for d in dirs {
+        walk(d, &mut h)?;
+    }
+    Ok(h.finish())
 }
 
 /// The Python named by `var` (else `python3`) when it imports `module`; otherwise SKIPPED, or
@@ -593,6 +645,29 @@ pub fn hold_silent_connections(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sdk_digest_follows_the_sources_and_not_their_build_outputs() {
+        let d = tempfile_dir("digest");
+        std::fs::create_dir_all(d.join("pkg/__pycache__")).unwrap();
+        std::fs::write(d.join("pkg/a.py"), "x = 1").unwrap();
+        let first = sources_digest(&[&d], "py").unwrap();
+        std::fs::write(d.join("pkg/__pycache__/a.pyc"), "cached").unwrap();
+        std::fs::create_dir_all(d.join("build/lib")).unwrap();
+        std::fs::write(d.join("build/lib/a.py"), "x = 1").unwrap();
+        assert_eq!(sources_digest(&[&d], "py").unwrap(), first);
+        assert_ne!(sources_digest(&[&d], "other python").unwrap(), first);
+        std::fs::write(d.join("pkg/a.py"), "x = 2").unwrap();
+        assert_ne!(sources_digest(&[&d], "py").unwrap(), first);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn tempfile_dir(what: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("test-support-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 
     #[test]
     fn the_inner_build_drops_what_cargo_set_for_the_test_and_keeps_the_users_settings() {
