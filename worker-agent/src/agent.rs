@@ -282,6 +282,18 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             budget,
         )?),
     };
+    if flash.is_some() {
+        tokio::task::spawn_blocking(|| {
+            use crate::flash_leftovers::{LEFTOVER_AFTER, sweep};
+            for dir in sweep(&vocab::flash::root(), LEFTOVER_AFTER) {
+                tracing::info!(
+                    "removed flash copies no agent has held for {} min: {}",
+                    LEFTOVER_AFTER.as_secs() / 60,
+                    dir.display()
+                );
+            }
+        });
+    }
     let _writer = flash.clone().map(|f| {
         crate::flash::Writer::start(
             f,

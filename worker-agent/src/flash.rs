@@ -4,7 +4,8 @@
 //! directory behind it, with its SHA-256, and tells the job master, which commits the step once
 //! every part of it is written. The slots outlive the training process (a process restarted
 //! here restores from them) and an agent killed -9 (the next agent of the same process adopts
-//! them); the agent removes them when the job ends.
+//! them); the agent removes them when the job ends, and an agent starting on the node removes
+//! what no agent has held for a while (`flash_leftovers.rs`).
 //!
 //! A slot is changed only under an exclusive `flock` on its file: the process while it copies
 //! in, the agent while it writes out. The agent never touches a slot being copied into and the
@@ -78,6 +79,8 @@ pub struct Written {
 pub struct FlashDir {
     pub dir: PathBuf,
     pub budget: u64,
+    /// This agent's hold on the directory, for as long as it runs (`flash_leftovers.rs`).
+    _held: Option<std::sync::Arc<crate::flash_leftovers::Held>>,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -101,10 +104,15 @@ impl FlashDir {
         budget: u64,
     ) -> Result<Self, Error> {
         let dir = vocab::flash::process_dir(root, run, role, index);
+        let held = crate::flash_leftovers::hold(&dir).map(std::sync::Arc::new);
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io(&dir))?;
-        let me = Self { dir, budget };
+        let me = Self {
+            dir,
+            budget,
+            _held: held,
+        };
         for slot in 0..SLOTS {
             if let Some(mut s) = me.status(slot)
                 && (s.state == "persisting" || (s.state == "persisted" && s.world == 1))

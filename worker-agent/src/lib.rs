@@ -6,7 +6,8 @@
 //!   exits and sends heartbeats carrying [`sampler`] readings (procfs; NVML when it loads).
 //!   When the master thinks its process hung, [`stacks`] captures what its threads are doing.
 //!   [`flash`] holds the process's flash checkpoint copies in shared memory and writes them
-//!   out to the checkpoint directory behind its training.
+//!   out to the checkpoint directory behind its training; [`flash_leftovers`] removes the
+//!   copies on the node that no agent holds any more.
 //!   `launch` builds the training process's environment, starts it and stops it.
 //!   A process of a service or single role (a role of the job's own beside its training
 //!   group) runs its role's command and env, started at once without a rendezvous.
@@ -17,6 +18,7 @@
 pub mod agent;
 pub mod error;
 pub mod flash;
+pub mod flash_leftovers;
 mod launch;
 pub mod sampler;
 pub mod sandbox;
