@@ -104,6 +104,7 @@ fn snapshot() -> LiveSnapshot {
     LiveSnapshot {
         now_s: 1000.0,
         cluster: LiveCluster {
+            free: Vec::new(),
             cpu_millicores: 100 * 64 * 1000,
             slot_millicores: 1000,
             max_processes: 10_000,

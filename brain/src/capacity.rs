@@ -5,7 +5,7 @@
 //! snapshot takes ([`LiveCluster`]), with the nodes it is made of ([`NodeInfo`]). A cordoned
 //! node ([`crate::store::Cordon`]) is taken out of what a round plans on ([`without`]).
 
-use optimizer::live::{ANY_MODEL, LiveCluster, LiveNode};
+use optimizer::live::{ANY_MODEL, LiveCluster, LiveNode, NodeRoom};
 use ray_client::{RayApi, RayCluster};
 
 use crate::BrainError;
@@ -86,6 +86,12 @@ pub fn without(cluster: &LiveCluster, nodes: &[NodeInfo], cordons: &[Cordon]) ->
             .filter(|n| !out(&n.name))
             .cloned()
             .collect(),
+        free: cluster
+            .free
+            .iter()
+            .filter(|n| !out(&n.name))
+            .cloned()
+            .collect(),
         ..cluster.clone()
     }
 }
@@ -94,7 +100,8 @@ pub fn without(cluster: &LiveCluster, nodes: &[NodeInfo], cordons: &[Cordon]) ->
 /// in slots of `slot_millicores`, for at most `max_processes` processes, and their memory
 /// (Ray's `memory` resource, what its tasks may reserve); each node with GPUs
 /// by its address, with their model (its `accelerator_type:MODEL` resource, else
-/// [`ANY_MODEL`]).
+/// [`ANY_MODEL`]); and each node's CPU and memory free now (Ray's available resources), which
+/// the round places new processes on.
 pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> LiveCluster {
     let total = ray.sum(|n| &n.total);
     LiveCluster {
@@ -110,6 +117,15 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
                 name: n.ip.clone(),
                 gpus: n.total.gpus.floor() as u32,
                 gpu_type: n.total.gpu_type().unwrap_or(ANY_MODEL).to_string(),
+            })
+            .collect(),
+        free: ray
+            .nodes
+            .iter()
+            .map(|n| NodeRoom {
+                name: n.ip.clone(),
+                cpu_millicores: (n.available.cpus * 1000.0).round() as u64,
+                memory_bytes: n.available.memory_bytes,
             })
             .collect(),
     }
@@ -204,6 +220,9 @@ mod tests {
         let all = from_ray(&ray, 500, 40);
         let out = without(&all, &nodes, &[cordon("127.0.0.1")]);
         assert_eq!((out.cpu_millicores, out.nodes.len()), (4500, 0));
+        // Its free room is not placed on either.
+        let free: Vec<&str> = out.free.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(free, ["127.0.0.2"]);
         let out = without(&all, &nodes, &[cordon("127.0.0.2")]);
         assert_eq!((out.cpu_millicores, out.nodes.len()), (8000, 1));
         // Without Ray: the pool is `local`; a GPU node cordoned leaves the CPU.
@@ -217,6 +236,18 @@ mod tests {
         assert_eq!(
             from_ray(&ray, 500, 40),
             LiveCluster {
+                free: vec![
+                    NodeRoom {
+                        name: "127.0.0.1".into(),
+                        cpu_millicores: 1000,
+                        memory_bytes: 0
+                    },
+                    NodeRoom {
+                        name: "127.0.0.2".into(),
+                        cpu_millicores: 4500,
+                        memory_bytes: 0
+                    }
+                ],
                 cpu_millicores: 12_500,
                 slot_millicores: 500,
                 max_processes: 40,

@@ -255,6 +255,7 @@ impl BrainConfig {
 
     fn live_cluster(&self) -> LiveCluster {
         LiveCluster {
+            free: Vec::new(),
             cpu_millicores: (self.cluster.cpus * 1000.0).round() as u64,
             slot_millicores: self.cluster.slot_millicores,
             max_processes: self.cluster.max_processes,

@@ -192,6 +192,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
     // Submission sizes a new job's workers from it: CPU in whole slots (batch 256 used about
     // 1,024m per process, batch 64 about 256m), memory, each with its reason.
     let cluster = optimizer::live::LiveCluster {
+        free: Vec::new(),
         cpu_millicores: 8_000,
         slot_millicores: 500,
         max_processes: 64,

@@ -308,6 +308,7 @@ mod tests {
 
     fn cluster() -> LiveCluster {
         LiveCluster {
+            free: Vec::new(),
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 64,

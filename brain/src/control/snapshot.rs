@@ -299,6 +299,7 @@ mod tests {
             gpu_type: model.into(),
         };
         let cluster = LiveCluster {
+            free: Vec::new(),
             cpu_millicores: 8000,
             slot_millicores: 1000,
             max_processes: 16,

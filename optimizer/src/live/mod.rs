@@ -24,7 +24,9 @@
 //!   worker for one more PS in one plan).
 //!
 //! `sized.rs` holds one job's arithmetic while the round sizes it (slots, workers, PS split);
-//! `cpu.rs` runs the scheduler for the CPU jobs and reads their sizes from the slots it gives.
+//! `cpu.rs` runs the scheduler for the CPU jobs and reads their sizes from the slots it gives;
+//! `nodes.rs` then lets their new processes through only where the nodes' free room holds
+//! them, where the platform reports it.
 //! `config.rs` holds the `[live]` settings that pace the rounds.
 //!
 //! Jobs whose workers ask for GPUs are planned first, by GPU model on the GPU nodes
@@ -57,6 +59,7 @@ mod decision;
 mod gpu;
 mod gpu_place;
 mod hold;
+mod nodes;
 mod replay;
 mod roles;
 mod sized;
@@ -67,6 +70,7 @@ pub use config::LiveConfig;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
+pub use nodes::NodeRoom;
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
@@ -92,6 +96,11 @@ pub struct LiveCluster {
     /// The nodes with GPUs, for the jobs whose workers ask for GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<LiveNode>,
+    /// Each node's free CPU and memory as the platform reports them (a Ray cluster's); empty:
+    /// not known (one machine), the pool alone is counted. `nodes.rs` places the CPU jobs'
+    /// new processes on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub free: Vec<NodeRoom>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,7 +187,7 @@ pub struct LiveSnapshot {
 /// One round: see the module's documentation. Its steps, in order: the jobs pinned and held
 /// for this round; the GPU jobs on the GPU nodes (`gpu.rs`); the CPU jobs in what those leave
 /// (`cpu.rs`); the operator's corrections and the repair to the caps (`correct.rs`,
-/// `checks.rs`); the decisions with what they use; the roles beside the training groups
+/// `checks.rs`); the nodes' free room (`nodes.rs`); the decisions with what they use; the roles beside the training groups
 /// (`roles.rs`).
 pub fn plan_round(
     snapshot: &LiveSnapshot,
@@ -247,6 +256,7 @@ pub fn plan_round(
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
     repair(&mut jobs, cpu.caps, &mut notes);
     correct::grow_if_room(&mut jobs, deferred, cpu.caps, slot, now);
+    nodes::gate(&mut jobs, cluster);
 
     let (mut decisions, used) = decide(jobs, cpu_at, gpu, slot);
     for (at, d) in &mut decisions {
@@ -440,6 +450,7 @@ mod tests {
             max_processes: 64,
             memory_bytes: 0,
             nodes: Vec::new(),
+            free: Vec::new(),
         }
     }
 
@@ -832,7 +843,7 @@ mod tests {
             });
             let snap = LiveSnapshot {
                 now_s: 50.0,
-                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32, memory_bytes, nodes: Vec::new() },
+                cluster: LiveCluster { cpu_millicores: (held + extra) * 1000, slot_millicores: 1000, max_processes: procs + extra as u32, memory_bytes, nodes: Vec::new(), free: Vec::new() },
                 jobs: jobs.clone(),
             };
             let plan = plan_round(&snap, scheduler.scheduler(), &config(), &heuristics).unwrap();

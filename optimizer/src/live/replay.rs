@@ -86,6 +86,7 @@ impl<'a> LiveRound<'a> {
         Ok(LiveSnapshot {
             now_s: s.now_s,
             cluster: LiveCluster {
+                free: Vec::new(),
                 cpu_millicores: slots * 1000,
                 slot_millicores: 1000,
                 max_processes: u32::MAX,
