@@ -1,8 +1,9 @@
 //! The brain on a Ray cluster (the head `.ci/run` starts, 8 logical CPUs; see
 //! `job-master/tests/ray.rs`): its capacity is read from Ray's state API, not from `--cpus`,
-//! and a resource-free job submitted to it runs its processes as Ray jobs; a job whose
-//! workers Ray cannot place (another Ray user holds the CPUs) is shrunk by the brain's
-//! `pending_shrink` to what runs, and finishes. Without `BRAIN_RAY_ADDRESS` the tests say so
+//! and a resource-free job submitted to it runs its processes as Ray jobs; a job beside
+//! another Ray user who holds most CPUs starts with the workers the nodes' free room holds
+//! (`pending_shrink` stays in its policy, for room taken between a round and the placement),
+//! and finishes. Without `BRAIN_RAY_ADDRESS` the tests say so
 //! and pass, unless `BRAIN_REQUIRE_RAY=1`. They share the cluster, so they run one at a time.
 
 mod common;
@@ -177,14 +178,16 @@ impl Drop for Blocker {
 }
 
 #[test]
-fn workers_ray_cannot_place_are_given_up_by_the_brain_and_the_job_finishes() {
+fn a_job_starts_at_what_the_nodes_free_room_holds_beside_another_ray_user() {
     let Some(address) = ray_address() else {
         return;
     };
     let _one = RAY.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    // Another Ray user holds 6 of the 8 CPUs: the brain, which plans Ray's whole capacity,
-    // starts the job at its request (1 PS + 4 workers of 1 CPU); Ray places two processes.
+    // Another Ray user holds 6 of the 8 CPUs. The brain's pool is Ray's whole capacity, which
+    // holds the job's request (1 PS + 4 workers of 1 CPU), but the round places new processes
+    // on the nodes' free room (Ray's available resources): the job starts with the PS and one
+    // worker, and nothing waits for room.
     let blocker = Blocker::start(&address, 6);
     std::fs::write(
         dir.path().join("policy.toml"),
@@ -236,29 +239,24 @@ fn workers_ray_cannot_place_are_given_up_by_the_brain_and_the_job_finishes() {
         .join("master/report.json");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    // The brain's plans gave up the three workers Ray never placed (in one plan, or in two
-    // when their pending clocks straddle a round); nothing else changed.
     let events: Vec<&str> = report["events"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|e| e.as_str())
         .collect();
-    let plans: Vec<&str> = events
-        .iter()
-        .filter_map(|e| e.split_once(" accepted: ").map(|(_, p)| p))
-        .collect();
-    let mut workers = 4;
-    for plan in &plans {
-        let (from, to) = plan.split_once(" -> ").unwrap();
-        assert_eq!(from, format!("ps 1, worker {workers}"), "{events:#?}");
-        let to = to.split(';').next().unwrap();
-        let to: u32 = to.strip_prefix("ps 1, worker ").unwrap().parse().unwrap();
-        assert!(to < workers, "{events:#?}");
-        workers = to;
-    }
-    assert_eq!(workers, 1, "{events:#?}");
-    // A worker waiting for room is pending, not lost: none was relaunched.
+    assert!(
+        events
+            .iter()
+            .any(|e| e.ends_with(&format!("job {name} (ps) started with 2 processes"))),
+        "{events:#?}"
+    );
+    // No plan changed it: the brain held it at what the free room holds.
+    assert!(
+        !events.iter().any(|e| e.contains(" accepted: ")),
+        "{events:#?}"
+    );
+    // No process was lost or relaunched.
     assert!(
         !events.iter().any(|e| e.contains("relaunch")),
         "{events:#?}\n{}",
