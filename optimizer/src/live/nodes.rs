@@ -132,6 +132,9 @@ fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
         ));
     } else {
         s.to = job.workers;
+        // No change of workers is made: none is recorded for the heuristics' cool-downs.
+        s.corrections
+            .retain(|c| c.kind != crate::heuristics::ChangeKind::Workers);
         s.reasons.push(format!(
             "kept at {} workers: no node has room for {what} ({})",
             job.workers,
@@ -316,6 +319,25 @@ mod tests {
         assert!(
             why.starts_with("kept at 2 workers: no node has room for another worker of 2 CPU"),
             "{why}"
+        );
+        assert!(kept.corrections.is_empty(), "{kept:?}");
+        // The speed-up heuristic's growth the nodes cannot hold leaves no change behind
+        // either (it would hold the next try back by its cool-down).
+        let plan = plan_round(
+            &full,
+            &scheduler,
+            &super::super::tests::config(),
+            &Heuristics::default(),
+        )
+        .unwrap();
+        assert_eq!(plan.decisions[0].to_workers, 2, "{:?}", plan.decisions[0]);
+        assert!(
+            !plan.decisions[0]
+                .corrections
+                .iter()
+                .any(|c| c.kind == crate::heuristics::ChangeKind::Workers),
+            "{:?}",
+            plan.decisions[0]
         );
     }
 
