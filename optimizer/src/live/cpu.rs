@@ -15,12 +15,12 @@ pub(super) struct Left {
 
 impl Left {
     /// What is left of `caps` (the whole cluster's) once `gpu` is taken off.
-    pub(super) fn after(gpu: &gpu::GpuRound, caps: Caps, cluster: &LiveCluster) -> Left {
+    pub(super) fn after(gpu: &gpu::GpuRound, caps: Caps) -> Left {
         Left {
             slots: (caps.slots as u32).saturating_sub(gpu.cpu_slots as u32),
-            processes: cluster.max_processes.saturating_sub(gpu.processes),
-            memory: match cluster.memory_bytes {
-                0 => u64::MAX,
+            processes: caps.processes.saturating_sub(gpu.processes),
+            memory: match caps.memory {
+                u64::MAX => u64::MAX,
                 m => m.saturating_sub(gpu.memory),
             },
         }

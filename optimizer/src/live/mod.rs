@@ -241,7 +241,7 @@ pub fn plan_round(
         snapshot,
         fits,
         prior,
-        cpu::Left::after(&gpu, caps, cluster),
+        cpu::Left::after(&gpu, caps),
         &holdups,
         scheduler,
         config,
