@@ -38,6 +38,11 @@ fn brain_for_jobs(c: &RayClusterDir, dir: &Path) -> (common::Brain, String) {
         c.nodes.len(),
         Duration::from_secs(90),
     ));
+    brain_for_jobs_now(c, dir)
+}
+
+/// [`brain_for_jobs`] without waiting for the nodes (an async test waits first).
+fn brain_for_jobs_now(c: &RayClusterDir, dir: &Path) -> (common::Brain, String) {
     std::fs::write(
         dir.join("policy.toml"),
         "[live]\ninterval_s = 1\ncooldown_s = 600\n",
@@ -321,6 +326,97 @@ fn a_cordoned_node_gets_no_process_of_the_brains_jobs() {
     );
     let (ok, out) = brainctl(&["nodes", "uncordon", &cordoned, "--brain", &url]);
     assert!(ok && out.contains(" ok"), "{out}");
+}
+
+/// The round places new processes on the nodes' free room, and holds the room of processes a
+/// job master has not launched yet (issue 41, item 3). Two jobs of two 3-CPU workers: the pool
+/// (12 CPUs) holds both, the nodes (4 CPUs each) three such processes. The first starts; the
+/// second, submitted at once, comes to a round before Ray counts the first's processes (Ray's
+/// free room then still shows three empty nodes), and waits, saying the nodes have no room,
+/// until the first's workers are gone. It never starts beside them, so no process waits on Ray
+/// for room, and both train every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_nodes_cannot_hold_yet_waits_for_the_room_of_one_being_launched() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let (_brain, url) = brain_for_jobs_now(&c, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    let pid = std::process::id();
+    let (first, second) = (format!("first-{pid}"), format!("second-{pid}"));
+    for name in [&first, &second] {
+        // About 15 s on its two workers (300 µs a sample).
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 2, max: \
+                 2, resources: {{ cpu: 3 }} }}\n\
+                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
+                 data: {{ num_samples: 100000, shard_size: 1000, eval_samples: 2000 }}\n\
+                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+            ),
+        )
+        .unwrap();
+        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+        assert!(ok, "{out}\n{}", log());
+    }
+    let of = |jobs: &[proto::service::v1::JobRecord], name: &str| {
+        jobs.iter().find(|j| j.job_name == name).cloned().unwrap()
+    };
+    let (mut waited, start) = (false, Instant::now());
+    loop {
+        // The second's record first: if it runs while both of the first's workers still do,
+        // it started beside them.
+        let jobs = common::jobs(&url).await.expect("the brain answers");
+        let (a, b) = (of(&jobs, &first), of(&jobs, &second));
+        if b.state == "succeeded" {
+            break;
+        }
+        assert!(
+            !matches!(b.state.as_str(), "failed" | "cancelled")
+                && start.elapsed() < Duration::from_secs(300),
+            "{b:#?}\n{}",
+            log()
+        );
+        if b.state == "queued"
+            && b.waiting_reason.contains(
+                "waits: no node has room for its processes of 3 CPU and 512 MiB at its minimum of \
+                 2 workers",
+            )
+        {
+            waited = true;
+        }
+        if b.state == "running" && a.state == "running" && !a.master_address.is_empty() {
+            let running = processes(&a.master_address, &a.run_dir)
+                .await
+                .map(|(p, _)| p.iter().filter(|(role, ..)| role == "worker").count());
+            assert!(
+                running != Some(2),
+                "{second} started while both of {first}'s workers ran: {b:#?}\n{}",
+                log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        waited,
+        "{second} never waited for the nodes' room\n{}",
+        log()
+    );
+    for name in [&first, &second] {
+        let report = ended_exactly_once(&dir.path().join("runs").join(name));
+        let events = events_of(&report);
+        assert!(
+            !events.iter().any(|e| e.contains("still pending")),
+            "a process of {name} waited on Ray for room: {events:#?}"
+        );
+    }
+    let jobs = common::jobs(&url).await.unwrap();
+    assert_eq!(of(&jobs, &first).state, "succeeded");
 }
 
 /// A node cordoned while a process of a job runs there (issue 42, item 2): the job master,

@@ -1,6 +1,6 @@
 //! A client for the parts of a Ray cluster's dashboard HTTP API the Ray platform uses: the Job
 //! Submission REST API (`/api/jobs/`) and the cluster state (`/api/v0/nodes`,
-//! `/api/cluster_status`).
+//! `/api/cluster_status`, `/api/v0/actors`).
 //!
 //! Ray's rough edges, handled here or by the platform:
 //! * error bodies are plain text (often a Python traceback), never JSON: an error keeps the
@@ -11,8 +11,11 @@
 //!   `objectStoreMemory`, a custom `brain_slot` → `brainSlot`) and is empty until the
 //!   autoscaler's monitor has reported, so node totals come from the state API and usage is
 //!   matched to them by name;
-//! * usage lags placement by a few seconds: the platform keeps its own account of what it
-//!   submitted recently (the job master's Ray platform, `job_master::platform::ray`).
+//! * usage lags placement by a few seconds: a node's free room is its total less the larger of
+//!   the usage report and what its alive actors hold (`/api/v0/actors`, current as soon as an
+//!   actor runs; a Ray job's entrypoint resources are its supervisor actor's); the job master's
+//!   Ray platform also keeps its own account of what it submitted recently
+//!   (`job_master::platform::ray`).
 //!
 //! The job master's Ray platform submits agents through it; the brain reads capacity with it.
 
@@ -224,6 +227,27 @@ impl RayCluster {
     }
 }
 
+/// A node's free resources: each of `total` less what is used, the larger of the autoscaler's
+/// `usage` report (`{name: [used, total]}` under camel-cased names, or the names themselves)
+/// and what its alive actors hold (`held`).
+fn free_of(
+    total: &BTreeMap<String, f64>,
+    usage: Option<&serde_json::Map<String, serde_json::Value>>,
+    held: Option<&BTreeMap<String, f64>>,
+) -> BTreeMap<String, f64> {
+    let mut free = BTreeMap::new();
+    for (name, total) in total {
+        let reported = usage
+            .and_then(|u| u.get(&camel_case(name)).or_else(|| u.get(name)))
+            .and_then(|pair| pair.get(0))
+            .and_then(|x| x.as_f64())
+            .unwrap_or(0.0);
+        let by_actors = held.and_then(|h| h.get(name)).copied().unwrap_or(0.0);
+        free.insert(name.clone(), (total - reported.max(by_actors)).max(0.0));
+    }
+    free
+}
+
 /// The name `/api/cluster_status` gives resource `name`: each `_` dropped and the letter after
 /// it upper-cased (`object_store_memory` → `objectStoreMemory`,
 /// `node:__internal_head__` → `node:InternalHead`).
@@ -337,6 +361,57 @@ impl RayApi {
             what: what.into(),
             problem: format!("{e}: {}", text.chars().take(300).collect::<String>()),
         })
+    }
+
+    /// What the alive actors hold, by node id and resource name (their `required_resources`):
+    /// current as soon as an actor runs, where the autoscaler's usage report lags by seconds. A
+    /// Ray job's entrypoint resources are its supervisor actor's.
+    async fn held_by_actors(&self) -> Result<BTreeMap<String, BTreeMap<String, f64>>, RayError> {
+        #[derive(Deserialize)]
+        struct Envelope {
+            data: Data,
+        }
+        #[derive(Deserialize)]
+        struct Data {
+            result: Listed,
+        }
+        #[derive(Deserialize)]
+        struct Listed {
+            result: Vec<Actor>,
+        }
+        #[derive(Deserialize)]
+        struct Actor {
+            #[serde(default)]
+            node_id: Option<String>,
+            state: String,
+            #[serde(default)]
+            required_resources: BTreeMap<String, f64>,
+        }
+        let what = "GET /api/v0/actors";
+        let (status, text) = self
+            .call(
+                what,
+                self.http.get(format!(
+                    "{}/api/v0/actors?detail=1&limit=10000&filter_keys=state&\
+                     filter_predicates=%3D&filter_values=ALIVE",
+                    self.base
+                )),
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::http_error(what, status, &text));
+        }
+        let mut held: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+        for a in Self::json::<Envelope>(what, &text)?.data.result.result {
+            let Some(node) = a.node_id.filter(|_| a.state == "ALIVE") else {
+                continue;
+            };
+            let on = held.entry(node).or_default();
+            for (name, amount) in a.required_resources {
+                *on.entry(name).or_default() += amount;
+            }
+        }
+        Ok(held)
     }
 
     /// Ray's version, e.g. "2.60.0".
@@ -509,19 +584,12 @@ impl RayApi {
             .cloned()
             .unwrap_or_default();
 
+        let held = self.held_by_actors().await?;
+
         let mut out = RayCluster::default();
         for n in nodes.into_iter().filter(|n| n.state == "ALIVE") {
             let usage = by_node.get(&n.node_id).and_then(|u| u.as_object());
-            let mut free = BTreeMap::new();
-            for (name, total) in &n.resources_total {
-                // [used, total] under the camel-cased name (or the name itself).
-                let used = usage
-                    .and_then(|u| u.get(&camel_case(name)).or_else(|| u.get(name)))
-                    .and_then(|pair| pair.get(0))
-                    .and_then(|x| x.as_f64())
-                    .unwrap_or(0.0);
-                free.insert(name.clone(), (total - used).max(0.0));
-            }
+            let free = free_of(&n.resources_total, usage, held.get(&n.node_id));
             out.nodes.push(RayNode {
                 node_id: n.node_id,
                 ip: n.node_ip,
@@ -669,5 +737,26 @@ mod tests {
                 text: "ValueError: boom".into()
             }
         );
+    }
+
+    #[test]
+    fn a_nodes_free_room_counts_the_larger_of_the_usage_report_and_its_actors() {
+        let total: BTreeMap<String, f64> = [("CPU".to_string(), 4.0), ("memory".to_string(), 8.0)]
+            .into_iter()
+            .collect();
+        let usage = serde_json::json!({"CPU": [1.0, 4.0], "memory": [6.0, 8.0]});
+        let usage = usage.as_object();
+        // The report is behind: an actor placed since holds 3 CPUs.
+        let held: BTreeMap<String, f64> = [("CPU".to_string(), 3.0), ("memory".to_string(), 2.0)]
+            .into_iter()
+            .collect();
+        let free = free_of(&total, usage, Some(&held));
+        assert_eq!((free["CPU"], free["memory"]), (1.0, 2.0));
+        // No report yet (the monitor has not run), nor actors: all of it is free.
+        let free = free_of(&total, None, None);
+        assert_eq!((free["CPU"], free["memory"]), (4.0, 8.0));
+        // Never below nothing.
+        let held: BTreeMap<String, f64> = [("CPU".to_string(), 9.0)].into_iter().collect();
+        assert_eq!(free_of(&total, usage, Some(&held))["CPU"], 0.0);
     }
 }

@@ -128,6 +128,7 @@ pub(super) fn take(
             worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
             roles: service_roles(&shape, store.role_rates(row.id)),
+            unlaunched: unplaced(store, &row, &shape, plan_in_flight),
         });
     }
     Ok(LiveSnapshot {
@@ -162,6 +163,75 @@ fn service_roles(
             // at its size (an operator's plan resizes it).
             single: s.topology == "single" || s.topology == "allreduce",
             rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
+        })
+        .collect()
+}
+
+/// The processes without GPUs of a running job that the platform has not placed yet: by role,
+/// those planned beyond those running in its newest report (launched and waiting for the
+/// platform count as not placed: the job master reports them apart). Without a report, all of
+/// them where its job master has not reported since it started or a plan is on its way; none
+/// otherwise (a brain started again hears from it within a report).
+fn unplaced(
+    store: &Store,
+    row: &crate::store::JobRow,
+    shape: &crate::store::Shape,
+    plan_in_flight: bool,
+) -> Vec<optimizer::live::Unlaunched> {
+    if row.state != JobState::Running || row.cancel_requested.is_some() {
+        return Vec::new();
+    }
+    let seen = store.snapshot(row.id);
+    if seen.at_unix_ms == 0 && !plan_in_flight && row.reports > 0 {
+        return Vec::new();
+    }
+    let running: Vec<(vocab::Role, u32)> = seen.roles.iter().map(|(r, n, _)| (*r, *n)).collect();
+    unlaunched(shape, row.workers, &running)
+}
+
+/// The processes without GPUs `shape` plans (its training group at `workers`) beyond those
+/// `running` (role, count), by role.
+fn unlaunched(
+    shape: &crate::store::Shape,
+    workers: u32,
+    running: &[(vocab::Role, u32)],
+) -> Vec<optimizer::live::Unlaunched> {
+    let launched = |role: vocab::Role| {
+        running
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map_or(0, |(_, n)| *n)
+    };
+    let mut planned = vec![(
+        vocab::Role::PS,
+        shape.ps,
+        shape.ps_millicores,
+        shape.ps_memory_bytes,
+    )];
+    if shape.worker_gpus.is_zero() {
+        planned.push((
+            shape.trainer(),
+            workers,
+            shape.worker_millicores,
+            shape.worker_memory_bytes,
+        ));
+    }
+    planned.extend(
+        shape
+            .services
+            .iter()
+            .filter(|(_, s)| s.gpus.is_zero() && !s.shares_worker_devices)
+            .map(|(role, s)| (*role, s.count, s.millicores, s.memory_bytes)),
+    );
+    planned
+        .into_iter()
+        .filter_map(|(role, count, millicores, memory_bytes)| {
+            let count = count.saturating_sub(launched(role));
+            (count > 0).then_some(optimizer::live::Unlaunched {
+                count,
+                millicores,
+                memory_bytes,
+            })
         })
         .collect()
 }
@@ -334,5 +404,114 @@ mod tests {
                 ("rollout".into(), vocab::Gpus::ZERO)
             ]
         );
+    }
+
+    #[test]
+    fn the_processes_the_platform_has_not_placed_yet_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
+        let rollout = vocab::Role::new("rollout").unwrap();
+        let mut shape = Shape {
+            kind: vocab::JobKind::Ps,
+            workers: 2,
+            min_workers: 1,
+            max_workers: 8,
+            node_unit: 1,
+            ps: 1,
+            ps_millicores: 1500,
+            worker_millicores: 2000,
+            worker_memory_bytes: 1 << 30,
+            total_samples: 1000,
+            ..Default::default()
+        };
+        shape.services.insert(
+            rollout,
+            ServiceShape {
+                topology: "service".into(),
+                count: 2,
+                min: 1,
+                max: 4,
+                millicores: 500,
+                ..Default::default()
+            },
+        );
+        let (job, _) = store
+            .register("ps", "127.0.0.1:1", Some(&shape), 10)
+            .unwrap();
+        let cluster = LiveCluster {
+            free: Vec::new(),
+            cpu_millicores: 16_000,
+            slot_millicores: 1000,
+            max_processes: 32,
+            memory_bytes: 0,
+            nodes: Vec::new(),
+        };
+        let u = |count, millicores, memory_bytes| optimizer::live::Unlaunched {
+            count,
+            millicores,
+            memory_bytes,
+        };
+        // Started, its job master not heard from yet: every process is listed.
+        let snap = take(&store, &cluster, 20).unwrap();
+        assert_eq!(
+            snap.jobs[0].unlaunched,
+            vec![u(1, 1500, 0), u(2, 2000, 1 << 30), u(2, 500, 0)]
+        );
+        // Reported, every process running: none is listed.
+        let process = |role: vocab::Role, index: u32| crate::store::ProcessSample {
+            role,
+            index,
+            cpu_limit: 0,
+            memory_limit: 0,
+            gpus: vocab::Gpus::ZERO,
+            cpu_millicores: 0,
+            memory_bytes: 0,
+            memory_peak_bytes: 0,
+            oom_kills: 0,
+            pending_ms: 0,
+            pending_reason: String::new(),
+            gpu_utilisation_pct: 0.0,
+            gpu_memory_bytes: 0,
+        };
+        let mut report = crate::store::Metric {
+            at_unix_ms: 25,
+            workers: 2,
+            ps: 1,
+            processes: vec![
+                process(vocab::Role::PS, 0),
+                process(vocab::Role::WORKER, 0),
+                process(vocab::Role::WORKER, 1),
+                process(rollout, 0),
+                process(rollout, 1),
+            ],
+            ..Default::default()
+        };
+        store.add_metrics(job, &[report.clone()]).unwrap();
+        let snap = take(&store, &cluster, 30).unwrap();
+        assert_eq!(snap.jobs[0].unlaunched, Vec::new());
+        // A worker launched but waiting for the platform: listed.
+        report.at_unix_ms = 26;
+        report.processes[2].pending_ms = 400;
+        store.add_metrics(job, &[report.clone()]).unwrap();
+        let snap = take(&store, &cluster, 30).unwrap();
+        assert_eq!(snap.jobs[0].unlaunched, vec![u(1, 2000, 1 << 30)]);
+        report.at_unix_ms = 27;
+        report.processes[2].pending_ms = 0;
+        store.add_metrics(job, &[report]).unwrap();
+        // A plan of 4 workers on its way: the two it adds are listed.
+        let counts = crate::store::PlanCounts {
+            workers: Some(4),
+            ..Default::default()
+        };
+        store
+            .propose_plan(job, &|v| vec![v as u8], "grow", counts, &[], 30)
+            .unwrap();
+        let snap = take(&store, &cluster, 40).unwrap();
+        assert_eq!(snap.jobs[0].unlaunched, vec![u(2, 2000, 1 << 30)]);
+        // Processes with GPUs are the GPU round's: not listed.
+        let running = [(vocab::Role::PS, 1), (vocab::Role::WORKER, 2), (rollout, 2)];
+        assert_eq!(unlaunched(&shape, 4, &running), vec![u(2, 2000, 1 << 30)]);
+        shape.worker_gpus = vocab::Gpus::ONE;
+        assert_eq!(unlaunched(&shape, 4, &running), Vec::new());
     }
 }

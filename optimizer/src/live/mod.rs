@@ -70,7 +70,7 @@ pub use config::LiveConfig;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
-pub use nodes::NodeRoom;
+pub use nodes::{Free, NodeRoom, Unlaunched};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
@@ -175,6 +175,10 @@ pub struct LiveJob {
     pub roles: Vec<LiveRole>,
     #[serde(default)]
     pub gpu_type: Option<String>,
+    /// Its processes without GPUs that a plan on its way adds and its job master has not
+    /// launched yet, by role (`nodes.rs` holds their room on the nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unlaunched: Vec<Unlaunched>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -256,7 +260,7 @@ pub fn plan_round(
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
     repair(&mut jobs, cpu.caps, &mut notes);
     correct::grow_if_room(&mut jobs, deferred, cpu.caps, slot, now);
-    nodes::gate(&mut jobs, cluster);
+    let free = nodes::gate(&mut jobs, snapshot, &holdups, &mut notes);
 
     let (mut decisions, used) = decide(jobs, cpu_at, gpu, slot);
     for (at, d) in &mut decisions {
@@ -264,7 +268,7 @@ pub fn plan_round(
             d.reasons.push(h.reason(d.to_workers));
         }
     }
-    let used = place_roles(snapshot, &mut decisions, config, slot, used);
+    let used = place_roles(snapshot, &mut decisions, config, slot, used, free);
     let plan = RoundPlan {
         scheduler: scheduler.name().to_string(),
         decisions: decisions.into_iter().map(|d| d.1).collect(),
@@ -356,6 +360,7 @@ fn place_roles(
     config: &LiveConfig,
     slot: u64,
     mut used: roles::Room,
+    mut free: Option<Free>,
 ) -> roles::Room {
     let cluster = &snapshot.cluster;
     let jobs: Vec<&LiveJob> = decisions
@@ -373,11 +378,11 @@ fn place_roles(
     let taken = roles::balance(
         &jobs,
         &mut ds,
-        &config.roles,
-        config.cooldown_s,
+        config,
         snapshot.now_s,
         slot,
         capacity.less(used),
+        free.as_mut(),
     );
     roles::Room {
         cpu_millicores: used.cpu_millicores + taken.cpu_millicores,

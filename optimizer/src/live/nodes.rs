@@ -1,17 +1,27 @@
 //! Each node's free CPU and memory, where the platform reports them ([`LiveCluster::free`]: a
 //! Ray cluster's available resources by node). The round counts CPU and memory in one pool;
-//! this gate then lets the CPU jobs' new processes (a start's PS and workers, a growth's added
-//! workers) through only where they fit on the nodes as they are, each process whole on one
-//! node: room the pool counts but that is split across nodes is not handed out. Growth of
-//! running jobs goes first, then starts, each in submission order; a job's processes are
-//! placed largest first, each on the node with the least room that holds it. A job that does
-//! not fit gets fewer workers, by node units, down to its minimum (a start) or its size (a
-//! growth); below that, a start waits and a growth is not made, with the reason.
+//! this gate then lets new processes through only where they fit on the nodes as they are,
+//! each process whole on one node: room the pool counts but that is split across nodes is not
+//! handed out. In order:
 //!
-//! What the gate does not know: processes of plans the job masters have not yet carried out
-//! (the platform reports the room they will take a moment later), GPU jobs' CPU on their GPU
-//! nodes, and the service roles' processes. The job master still places each process and
-//! waits for a node that holds it.
+//! 1. the processes of plans on their way ([`LiveJob::unlaunched`]: planned, not launched by
+//!    their job master yet, so the platform does not count them) take their room first;
+//! 2. the room a role that holds up its job's training group would grow by is set aside
+//!    ([`roles::Holdup`]), as the pool keeps it;
+//! 3. the growth of running CPU jobs (their added workers and PS), then the starts of queued
+//!    CPU jobs (PS, workers and their service and single roles without GPUs), each in
+//!    submission order. A job's processes are placed largest first, each on the node with the
+//!    least room that holds it. A job that does not fit gets fewer workers, by node units,
+//!    down to its minimum (a start) or its size (a growth); below that, a start waits and a
+//!    growth is not made, with the reason;
+//! 4. what is set aside in 2 is given back, and the room left ([`Free`]) is what the service
+//!    roles grow into (`roles.rs`).
+//!
+//! What the gate does not know: GPU jobs' CPU on their GPU nodes, roles' processes with GPUs
+//! of their own, and processes launched but waiting for the platform to place them. A process
+//! launched after its job master's last report may be counted twice for a round (room held
+//! back, never handed out twice). The job master still places each process and waits for a
+//! node that holds it.
 
 use super::*;
 
@@ -27,26 +37,120 @@ pub struct NodeRoom {
     pub memory_bytes: u64,
 }
 
+/// Processes of one role of a job that its job master has not launched yet (a plan on its
+/// way): the platform does not count their room, so the round takes it off the nodes' free
+/// room before it places new ones. Processes with GPUs are not listed (the GPU round places
+/// them).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unlaunched {
+    pub count: u32,
+    /// CPU of each.
+    pub millicores: u64,
+    /// Memory of each, bytes (0: none asked).
+    #[serde(default)]
+    pub memory_bytes: u64,
+}
+
 /// One process to place: its CPU (millicores) and memory (bytes).
 type Process = (u64, u64);
 
-/// Lets the CPU jobs' new processes through only where they fit on `cluster.free` (see the
-/// module's documentation). Nothing changes when the cluster reports no nodes.
-pub(super) fn gate(jobs: &mut [Sized], cluster: &LiveCluster) {
-    if cluster.free.is_empty() {
-        return;
+/// The nodes' room left as the round places processes on it, in the order of
+/// [`LiveCluster::free`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Free {
+    room: Vec<Process>,
+}
+
+impl Free {
+    /// The room `cluster` reports (memory unbounded where the cluster does not count it);
+    /// none when it reports no nodes.
+    fn of(cluster: &LiveCluster) -> Option<Free> {
+        if cluster.free.is_empty() {
+            return None;
+        }
+        let count_memory = cluster.memory_bytes != 0;
+        let room = cluster
+            .free
+            .iter()
+            .map(|n| match count_memory {
+                true => (n.cpu_millicores, n.memory_bytes),
+                false => (n.cpu_millicores, u64::MAX),
+            })
+            .collect();
+        Some(Free { room })
     }
-    let count_memory = cluster.memory_bytes != 0;
-    let mut room: Vec<Process> = cluster
-        .free
-        .iter()
-        .map(|n| {
-            let memory = if count_memory {
-                n.memory_bytes
-            } else {
-                u64::MAX
+
+    /// Places all of `procs` (see [`placed`]), or none of them: false.
+    fn take(&mut self, procs: Vec<Process>) -> bool {
+        match placed(&self.room, procs) {
+            Some(left) => {
+                self.room = left;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Places up to `n` processes of `p`, one at a time, each on the node with the least
+    /// room that holds it; the nodes they went to (one entry per process placed).
+    fn take_each(&mut self, n: u32, p: Process) -> Vec<usize> {
+        let mut on = Vec::new();
+        for _ in 0..n {
+            let Some((i, best)) = self
+                .room
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, (c, m))| *c >= p.0 && *m >= p.1)
+                .min_by_key(|(_, (c, _))| *c)
+            else {
+                break;
             };
-            (n.cpu_millicores, memory)
+            best.0 -= p.0;
+            best.1 = best.1.saturating_sub(p.1);
+            on.push(i);
+        }
+        on
+    }
+
+    /// How many of `n` processes of `millicores` and `memory_bytes` fit, taken from the room.
+    pub fn take_up_to(&mut self, n: u32, millicores: u64, memory_bytes: u64) -> u32 {
+        self.take_each(n, (millicores, memory_bytes)).len() as u32
+    }
+
+    /// Gives back what [`Free::take_each`] took for processes of `p` on the nodes `on`.
+    fn give_back(&mut self, on: &[usize], p: Process) {
+        for &i in on {
+            self.room[i].0 += p.0;
+            self.room[i].1 = self.room[i].1.saturating_add(p.1);
+        }
+    }
+}
+
+/// Lets the CPU jobs' new processes (`jobs`, sized by the round) through only where they fit
+/// on the nodes' free room, after the plans on their way and what the holdups keep (see the
+/// module's documentation); the room left, for the service roles. Nothing changes, and none
+/// is returned, when the cluster reports no nodes.
+pub(super) fn gate(
+    jobs: &mut [Sized],
+    snapshot: &LiveSnapshot,
+    holdups: &BTreeMap<usize, roles::Holdup>,
+    notes: &mut Vec<String>,
+) -> Option<Free> {
+    let cluster = &snapshot.cluster;
+    let mut free = Free::of(cluster)?;
+    reserve_unlaunched(&mut free, &snapshot.jobs, notes);
+    // Set aside for the roles that hold up their jobs, given back below for them to grow.
+    let kept: Vec<(Vec<usize>, Process)> = holdups
+        .iter()
+        .map(|(&at, h)| {
+            let memory = snapshot.jobs[at]
+                .roles
+                .iter()
+                .find(|r| r.role == h.role)
+                .map_or(0, |r| r.memory_bytes);
+            let p = (h.millicores, memory);
+            (free.take_each(h.more, p), p)
         })
         .collect();
     let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
@@ -58,7 +162,31 @@ pub(super) fn gate(jobs: &mut [Sized], cluster: &LiveCluster) {
             .then(x.id.cmp(&y.id))
     });
     for i in order {
-        gate_one(&mut jobs[i], &mut room, &cluster.free);
+        gate_one(&mut jobs[i], &mut free, &cluster.free);
+    }
+    for (on, p) in &kept {
+        free.give_back(on, *p);
+    }
+    Some(free)
+}
+
+/// Takes the room of the processes the job masters have not launched yet; one that fits on
+/// no node is left out (the platform may count it already: a report older than its launch).
+fn reserve_unlaunched(free: &mut Free, jobs: &[LiveJob], notes: &mut Vec<String>) {
+    let (mut held, mut wanted) = (0, 0);
+    for u in jobs.iter().flat_map(|j| &j.unlaunched) {
+        wanted += u.count;
+        held += free.take_up_to(u.count, u.millicores, u.memory_bytes);
+    }
+    if wanted > 0 {
+        notes.push(format!(
+            "nodes: room held for {held} of {wanted} processes of plans on their way (not \
+             launched yet){}",
+            match held < wanted {
+                true => "; the rest fit on no node, and are taken as counted already",
+                false => "",
+            }
+        ));
     }
 }
 
@@ -70,8 +198,8 @@ fn adds(s: &Sized) -> u32 {
     }
 }
 
-/// Places `s`'s new processes on `room` at the most workers that fit (see [`gate`]).
-fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
+/// Places `s`'s new processes on `free` at the most workers that fit (see [`gate`]).
+fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
     let job = s.job;
     let start = job.state == LiveState::Queued;
     let (base, lowest) = match start {
@@ -86,6 +214,16 @@ fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
     } else {
         s.ps.saturating_sub(job.ps)
     };
+    // A start brings its roles without GPUs of their own (those are the GPU round's).
+    let roles: Vec<Process> = match start {
+        true => job
+            .roles
+            .iter()
+            .filter(|r| r.gpus.is_zero())
+            .flat_map(|r| std::iter::repeat_n((r.millicores, r.memory_bytes), r.count as usize))
+            .collect(),
+        false => Vec::new(),
+    };
     let unit = job.node_unit.max(1);
     let wanted = s.to;
     let mut w = wanted;
@@ -95,13 +233,13 @@ fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
             (job.worker_millicores, job.worker_memory_bytes),
             (w - base) as usize,
         ));
-        if let Some(left) = placed(room, procs) {
-            *room = left;
+        procs.extend_from_slice(&roles);
+        if free.take(procs) {
             if w < wanted {
                 s.to = w;
                 s.reasons.push(format!(
                     "{w} workers, not {wanted}: no more fit on the nodes' free room ({})",
-                    freest(room, nodes)
+                    freest(&free.room, nodes)
                 ));
             }
             return;
@@ -112,7 +250,7 @@ fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
         w -= unit;
     }
     let what = format!(
-        "{} of {} CPU{}",
+        "{} of {} CPU{}{}",
         if start {
             "its processes"
         } else {
@@ -122,13 +260,17 @@ fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
         match job.worker_memory_bytes {
             0 => String::new(),
             m => format!(" and {}", hold::memory_shown(m)),
+        },
+        match roles.len() {
+            0 => String::new(),
+            n => format!(" with its roles' {n}"),
         }
     );
     if start {
         s.to = 0;
         s.reasons.push(format!(
             "waits: no node has room for {what} at its minimum of {lowest} workers ({})",
-            freest(room, nodes)
+            freest(&free.room, nodes)
         ));
     } else {
         s.to = job.workers;
@@ -138,7 +280,7 @@ fn gate_one(s: &mut Sized, room: &mut Vec<Process>, nodes: &[NodeRoom]) {
         s.reasons.push(format!(
             "kept at {} workers: no node has room for {what} ({})",
             job.workers,
-            freest(room, nodes)
+            freest(&free.room, nodes)
         ));
     }
 }
@@ -211,17 +353,22 @@ mod tests {
         }
     }
 
+    /// A pool of `cpus` whose nodes have `free` room.
+    fn round_cluster(free: Vec<NodeRoom>, cpus: u64) -> LiveCluster {
+        LiveCluster {
+            cpu_millicores: cpus * 1000,
+            slot_millicores: 1000,
+            max_processes: 100,
+            memory_bytes: 0,
+            nodes: Vec::new(),
+            free,
+        }
+    }
+
     fn round(jobs: Vec<LiveJob>, free: Vec<NodeRoom>, cpus: u64) -> RoundPlan {
         let snapshot = LiveSnapshot {
             now_s: 100.0,
-            cluster: LiveCluster {
-                cpu_millicores: cpus * 1000,
-                slot_millicores: 1000,
-                max_processes: 100,
-                memory_bytes: 0,
-                nodes: Vec::new(),
-                free,
-            },
+            cluster: round_cluster(free, cpus),
             jobs,
         };
         plan_round(
@@ -392,5 +539,199 @@ mod tests {
         let left = placed(&room, vec![(1000, 0), (2000, 0), (2000, 0)]).unwrap();
         assert_eq!(left, vec![(1000, u64::MAX), (0, u64::MAX)]);
         assert_eq!(placed(&room, vec![(3000, 0), (3000, 0)]), None);
+    }
+
+    /// Nodes of these CPUs free (fractions allowed), named a, b, c, ...
+    fn free(cpus: &[f64]) -> Vec<NodeRoom> {
+        cpus.iter()
+            .enumerate()
+            .map(|(i, c)| NodeRoom {
+                name: ((b'a' + i as u8) as char).to_string(),
+                cpu_millicores: (c * 1000.0) as u64,
+                memory_bytes: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn processes_of_plans_on_their_way_take_their_room_before_new_ones() {
+        // Nodes a (4 CPUs free) and b (2). A running job's plan adds two 2-CPU workers its job
+        // master has not launched: they go to b, then a. A queued job of one 3-CPU worker,
+        // which a alone would hold, then waits.
+        let mut running = cpu_job(1, LiveState::Running, 4, 2);
+        running.plan_in_flight = true;
+        running.unlaunched = vec![Unlaunched {
+            count: 2,
+            millicores: 2000,
+            memory_bytes: 0,
+        }];
+        let queued = cpu_job(2, LiveState::Queued, 1, 3);
+        let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
+        let d = &plan.decisions[1];
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons
+                .last()
+                .unwrap()
+                .contains("a 2 CPU free, b 0 CPU free"),
+            "{d:?}"
+        );
+        assert!(
+            plan.notes.iter().any(|n| n
+                == "nodes: room held for 2 of 2 processes of plans on their way (not \
+                            launched yet)"),
+            "{:?}",
+            plan.notes
+        );
+        // Launched (none listed): the queued job starts.
+        running.unlaunched.clear();
+        let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
+        assert_eq!(plan.decisions[1].to_workers, 1, "{:?}", plan.decisions[1]);
+        // More listed than fits on any node: those are taken as counted by the platform
+        // already (a report older than their launch), not held twice.
+        running.unlaunched = vec![Unlaunched {
+            count: 8,
+            millicores: 1000,
+            memory_bytes: 0,
+        }];
+        let plan = round(vec![running, queued], free(&[4.0, 2.0]), 16);
+        assert!(
+            plan.notes.iter().any(|n| n.starts_with(
+                "nodes: room held for 6 of 8 processes of plans on their way (not launched \
+                 yet); the rest fit on no node"
+            )),
+            "{:?}",
+            plan.notes
+        );
+        assert_eq!(plan.decisions[1].to_workers, 0, "{:?}", plan.decisions[1]);
+    }
+
+    #[test]
+    fn a_start_places_its_roles_processes_with_its_own() {
+        // One 2-CPU worker and two rollout engines of 2 CPUs: 6 CPUs, which the nodes (4, 1,
+        // 1) hold in all but not whole: the start waits and says so. On nodes of 6, 1, 1 it
+        // starts.
+        let mut j = cpu_job(1, LiveState::Queued, 1, 2);
+        let mut engine = super::super::tests::rollout(2, 0.0, 0.0);
+        engine.millicores = 2000;
+        engine.rate = None;
+        j.roles = vec![engine];
+        let plan = round(vec![j.clone()], free(&[4.0, 1.0, 1.0]), 16);
+        let d = &plan.decisions[0];
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(
+                "waits: no node has room for its processes of 2 CPU with its roles' 2 at its \
+                 minimum of 1 workers"
+            )),
+            "{d:?}"
+        );
+        let plan = round(vec![j.clone()], free(&[6.0, 1.0, 1.0]), 16);
+        assert_eq!(plan.decisions[0].to_workers, 1, "{:?}", plan.decisions[0]);
+        // A role with GPUs of its own is the GPU round's: not placed here.
+        j.roles[0].gpus = vocab::Gpus::whole(1);
+        let mut nodes = free(&[2.0]);
+        nodes[0].name = "a".into();
+        let snapshot = LiveSnapshot {
+            now_s: 100.0,
+            cluster: LiveCluster {
+                nodes: vec![LiveNode {
+                    name: "a".into(),
+                    gpus: 2,
+                    gpu_type: ANY_MODEL.into(),
+                }],
+                ..round_cluster(nodes, 16)
+            },
+            jobs: vec![j],
+        };
+        let plan = plan_round(
+            &snapshot,
+            &Fifo::default(),
+            &LiveConfig::default(),
+            &Heuristics::default(),
+        )
+        .unwrap();
+        assert_eq!(plan.decisions[0].to_workers, 1, "{:?}", plan.decisions[0]);
+    }
+
+    #[test]
+    fn a_role_grows_only_by_the_processes_a_node_holds() {
+        // A running job at its size whose callers wait 80% for its one engine of 0.5 CPU: the
+        // pool holds 3 more, the nodes (0.7, 0.4, 0.3 free) one.
+        let r: vocab::Role = "rollout".parse().unwrap();
+        let mut j = cpu_job(1, LiveState::Running, 2, 1);
+        j.speed = vec![SpeedPoint {
+            workers: 2,
+            samples_per_s: 100.0,
+        }];
+        j.roles = vec![super::super::tests::rollout(1, 0.9, 0.8)];
+        let run = |nodes: Vec<NodeRoom>| {
+            let snapshot = LiveSnapshot {
+                now_s: 100.0,
+                cluster: round_cluster(nodes, 16),
+                jobs: vec![j.clone()],
+            };
+            plan_round(
+                &snapshot,
+                &Fifo::default(),
+                &super::super::tests::config(),
+                &super::super::tests::none(),
+            )
+            .unwrap()
+        };
+        let plan = run(Vec::new());
+        assert_eq!(plan.decisions[0].role_targets, vec![(r, 1, 4)]);
+        let plan = run(free(&[0.7, 0.4, 0.3]));
+        let d = &plan.decisions[0];
+        assert_eq!(d.role_targets, vec![(r, 1, 2)], "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.ends_with("as many as the nodes' free room holds")),
+            "{d:?}"
+        );
+        let plan = run(free(&[0.4, 0.4]));
+        let d = &plan.decisions[0];
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.ends_with("no node has room for another process of 500 m")),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn the_room_a_holdup_grows_by_is_kept_on_the_nodes_against_a_start() {
+        // A running job's workers wait 70% for its engine (0.5 CPU, growing by 3); a queued
+        // job of 1-CPU workers would take both nodes' 2 CPUs. The engine's 1.5 CPUs are kept
+        // on one node: the queued job starts on the other, the engine grows to its max.
+        let r: vocab::Role = "rollout".parse().unwrap();
+        let mut held = cpu_job(1, LiveState::Running, 2, 1);
+        held.speed = vec![SpeedPoint {
+            workers: 2,
+            samples_per_s: 100.0,
+        }];
+        held.max_workers = 8;
+        let mut engine = super::super::tests::rollout(1, 0.9, 0.8);
+        engine.rate.as_mut().unwrap().training_wait_share = 0.7;
+        held.roles = vec![engine];
+        let mut queued = cpu_job(2, LiveState::Queued, 4, 1);
+        queued.min_workers = 1;
+        let snapshot = LiveSnapshot {
+            now_s: 100.0,
+            cluster: round_cluster(free(&[2.0, 2.0]), 8),
+            jobs: vec![held, queued],
+        };
+        let plan = plan_round(
+            &snapshot,
+            super::super::tests::elastic().scheduler(),
+            &super::super::tests::config(),
+            &super::super::tests::none(),
+        )
+        .unwrap();
+        let (a, b) = (&plan.decisions[0], &plan.decisions[1]);
+        assert_eq!(a.role_targets, vec![(r, 1, 4)], "{a:?}");
+        assert_eq!(b.to_workers, 2, "{b:?}");
     }
 }

@@ -262,18 +262,20 @@ pub fn admit(
 }
 
 /// Resizes the service roles of the running `jobs` (their decisions alongside) within
-/// `room` (`slot`: the round's CPU slot), or has a training group give workers to the role
-/// that holds it up; returns what the changes take of it (growth; a shrink frees its room only once
-/// carried out, at a later round).
+/// `room` (`slot`: the round's CPU slot) and, where the platform reports nodes, the nodes'
+/// `free` room (each new process whole on one node), or has a training group give workers to
+/// the role that holds it up; returns what the changes take of `room` (growth; a shrink frees
+/// its room only once carried out, at a later round).
 pub fn balance(
     jobs: &[&LiveJob],
     decisions: &mut [&mut Decision],
-    config: &RolesConfig,
-    cooldown_s: f64,
+    live: &super::LiveConfig,
     now_s: f64,
     slot: u64,
     mut room: Room,
+    mut free: Option<&mut super::Free>,
 ) -> Room {
+    let (config, cooldown_s) = (&live.roles, live.cooldown_s);
     let start = room;
     if !config.enabled {
         return Room::NONE;
@@ -306,7 +308,7 @@ pub fn balance(
     grow.sort_by(|a, b| b.2.total_cmp(&a.2));
     for (j, r, wait) in grow {
         let role = &jobs[j].roles[r];
-        if !grow_one(role, wait, &mut room, decisions[j]) {
+        if !grow_one(role, wait, &mut room, free.as_deref_mut(), decisions[j]) {
             training_gives(jobs[j], role, config, slot, decisions[j]);
         }
     }
@@ -434,7 +436,13 @@ fn training_gives(
 /// A role its callers wait for (`wait` of their time) up to `⌈n / (1 − wait)⌉` processes,
 /// within its max and `room` (taken from it); or the reason it stays. False when it stays for
 /// lack of room.
-fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) -> bool {
+fn grow_one(
+    role: &LiveRole,
+    wait: f64,
+    room: &mut Room,
+    free: Option<&mut super::Free>,
+    d: &mut Decision,
+) -> bool {
     let rate = role.rate.unwrap_or_default();
     let figures = format!(
         "its callers wait {:.0}% of their time for it, busy {:.0}% ({:.1} calls/s)",
@@ -460,10 +468,25 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) -> bo
         .checked_div(role.memory_bytes)
         .unwrap_or(u64::MAX)
         .min(u32::MAX as u64) as u32;
-    let more = (want - role.count)
+    let pooled = (want - role.count)
         .min(by_cpu)
         .min(by_memory)
         .min(room.processes);
+    // Each process whole on one node, where the platform reports them.
+    let more = match free {
+        Some(f) if role.gpus.is_zero() && pooled > 0 => {
+            let on_nodes = f.take_up_to(pooled, role.millicores, role.memory_bytes);
+            if on_nodes == 0 {
+                d.reasons.push(format!(
+                    "{}: {figures}; no node has room for another process of {} m",
+                    role.role, role.millicores
+                ));
+                return false;
+            }
+            on_nodes
+        }
+        _ => pooled,
+    };
     if more == 0 {
         let mut asks = format!("{} m", role.millicores);
         if by_memory == 0 {
@@ -485,8 +508,13 @@ fn grow_one(role: &LiveRole, wait: f64, room: &mut Room, d: &mut Decision) -> bo
     room.memory_bytes -= more as u64 * role.memory_bytes;
     d.role_targets.push((role.role, role.count, to));
     d.reasons.push(format!(
-        "{}: {} -> {to}: it bounds the job: {figures}",
-        role.role, role.count
+        "{}: {} -> {to}: it bounds the job: {figures}{}",
+        role.role,
+        role.count,
+        match more < pooled {
+            true => ", as many as the nodes' free room holds",
+            false => "",
+        }
     ));
     true
 }

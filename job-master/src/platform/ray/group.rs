@@ -170,6 +170,7 @@ impl Inner {
             return Ok(node.clone());
         }
         // A node gone from Ray, or cordoned by the brain: its processes are laid out anew.
+        let read_at = std::time::Instant::now();
         let cluster = self.offered(self.api.cluster().await?);
         layout.retain(|_, ip| cluster.nodes.iter().any(|n| n.ip == *ip));
         if plan.share_devices
@@ -192,7 +193,7 @@ impl Inner {
         };
         let (units, bundles) = bundles_of(plan, &keys).map_err(unplaced)?;
         let nodes = self
-            .lay_out_group(plan, &cluster, layout, &bundles)
+            .lay_out_group(plan, (&cluster, read_at), layout, &bundles)
             .map_err(unplaced)?;
         self.note(format!(
             "placement group {} ({}) laid out: {}{}",
@@ -246,12 +247,12 @@ impl Inner {
         }
     }
 
-    /// Lays `bundles` out beside the group's `layout` on the nodes' free room less what this
-    /// master submitted that Ray's report may not show yet.
+    /// Lays `bundles` out beside the group's `layout` on the nodes' free room (`cluster`, as
+    /// read at that instant) less what this master submitted that Ray's answer does not show.
     fn lay_out_group(
         &self,
         plan: &GroupPlan,
-        cluster: &RayCluster,
+        (cluster, read_at): (&RayCluster, std::time::Instant),
         layout: &BTreeMap<SlotKey, String>,
         bundles: &[RayResources],
     ) -> Result<Vec<String>, String> {
@@ -261,7 +262,7 @@ impl Inner {
                 .nodes
                 .iter()
                 .map(|n| {
-                    let free = super::place::room_on(n, &recent, self.settings.usage_lag);
+                    let free = super::place::room_on(n, &recent, read_at);
                     let members = layout.values().filter(|ip| **ip == n.ip).count();
                     (n.ip.clone(), free, members)
                 })

@@ -67,8 +67,6 @@ pub struct RaySettings {
     pub place_timeout: Duration,
     /// How often job status is polled.
     pub poll: Duration,
-    /// How long Ray's usage report may lag a placement.
-    pub usage_lag: Duration,
     /// Environment variables for every agent.
     pub env: BTreeMap<String, String>,
     /// The job's placement groups (`group`): each laid over the nodes whole before its
@@ -85,7 +83,6 @@ impl RaySettings {
             max_processes: None,
             place_timeout: Duration::from_secs(60),
             poll: Duration::from_millis(250),
-            usage_lag: Duration::from_secs(10),
             env: BTreeMap::new(),
             placement: Vec::new(),
         }

@@ -2,7 +2,7 @@
 //! own submissions Ray's usage report does not show yet), and the wait for room before a
 //! submission (see the module above for why nothing is submitted that does not fit).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -52,18 +52,18 @@ pub(super) fn describe(r: &RayResources) -> String {
 }
 
 /// The node a process needing `need` fits on, counting `recent` placements of ours that
-/// Ray's usage report may not show yet; `None` when none has room.
+/// Ray's answer read at `read_at` does not show; `None` when none has room.
 fn choose_node(
     cluster: &RayCluster,
     recent: &[Placement],
     need: &RayResources,
-    lag: Duration,
+    read_at: Instant,
 ) -> Option<String> {
     cluster
         .nodes
         .iter()
         .filter_map(|n| {
-            let room = room_on(n, recent, lag);
+            let room = room_on(n, recent, read_at);
             need.fits_in(&room).then(|| (room.cpus, n.node_id.clone()))
         })
         // The node with the most CPU left, as Ray's spread would.
@@ -71,12 +71,14 @@ fn choose_node(
         .map(|(_, id)| id)
 }
 
-/// What is free on node `n`: what Ray reports, less `recent` placements of ours there that
-/// its report may not show yet (submitted, or running for less than `lag`).
-pub(super) fn room_on(n: &RayNode, recent: &[Placement], lag: Duration) -> RayResources {
+/// What is free on node `n`: what Ray answered when read at `read_at`, less `recent`
+/// placements of ours there that its answer does not show: those not running by then. A
+/// running one does show: the cluster's free room counts what its supervisor actor holds
+/// (`ray_client::RayApi::cluster`), alive before Ray calls the job running.
+pub(super) fn room_on(n: &RayNode, recent: &[Placement], read_at: Instant) -> RayResources {
     let mut room = n.available.clone();
     for p in recent.iter().filter(|p| p.node_id == n.node_id) {
-        if p.running_since.is_none_or(|t| t.elapsed() < lag) {
+        if p.running_since.is_none_or(|t| t >= read_at) {
             room = room.minus(&p.need);
         }
     }
@@ -128,6 +130,7 @@ impl Inner {
                 last = "a parameter server of the job is placed first".into();
             } else {
                 let _one_at_a_time = self.placing.lock().await;
+                let read_at = Instant::now();
                 match self.api.cluster().await {
                     Ok(cluster) => {
                         *self.totals.lock().expect("not poisoned") =
@@ -135,7 +138,7 @@ impl Inner {
                         let cluster = self.offered(cluster);
                         let node = {
                             let recent = self.recent.lock().expect("not poisoned");
-                            choose_node(&cluster, &recent, need, self.settings.usage_lag)
+                            choose_node(&cluster, &recent, need, read_at)
                         };
                         if let Some(node_id) = node {
                             // Ray places a job wherever it has room: with nodes cordoned, the
@@ -247,6 +250,7 @@ mod tests {
     use super::super::api::RayNode;
     use super::*;
     use crate::spec::{Bytes, Millicores};
+    use std::time::Duration;
 
     fn node(id: &str, cpus: f64, free: f64) -> RayNode {
         RayNode {
@@ -272,13 +276,13 @@ mod tests {
     }
 
     #[test]
-    fn recent_placements_count_until_the_usage_report_shows_them() {
+    fn recent_placements_count_until_ray_shows_them_running() {
         let cluster = RayCluster {
             nodes: vec![node("a", 4.0, 4.0), node("b", 2.0, 1.0)],
         };
-        let lag = Duration::from_secs(10);
+        let read_at = Instant::now();
         assert_eq!(
-            choose_node(&cluster, &[], &cpus(2.0), lag).as_deref(),
+            choose_node(&cluster, &[], &cpus(2.0), read_at).as_deref(),
             Some("a")
         );
         let mut recent = vec![Placement {
@@ -287,17 +291,20 @@ mod tests {
             need: cpus(3.0),
             running_since: None,
         }];
-        assert_eq!(choose_node(&cluster, &recent, &cpus(2.0), lag), None);
+        assert_eq!(choose_node(&cluster, &recent, &cpus(2.0), read_at), None);
         // One CPU is left on each node.
-        assert!(choose_node(&cluster, &recent, &cpus(1.0), lag).is_some());
-        assert_eq!(choose_node(&cluster, &recent, &cpus(1.5), lag), None);
-        // Running for longer than the lag: the report counts it, so we no longer do.
-        recent[0].running_since = Some(Instant::now() - Duration::from_secs(11));
+        assert!(choose_node(&cluster, &recent, &cpus(1.0), read_at).is_some());
+        assert_eq!(choose_node(&cluster, &recent, &cpus(1.5), read_at), None);
+        // Running only after the cluster was read: the answer did not show it yet.
+        recent[0].running_since = Some(read_at + Duration::from_millis(5));
+        assert_eq!(choose_node(&cluster, &recent, &cpus(2.0), read_at), None);
+        // Running before: Ray's answer counts it (its supervisor actor), so we no longer do.
+        recent[0].running_since = Some(read_at - Duration::from_millis(5));
         assert_eq!(
-            choose_node(&cluster, &recent, &cpus(2.0), lag).as_deref(),
+            choose_node(&cluster, &recent, &cpus(2.0), read_at).as_deref(),
             Some("a")
         );
-        assert_eq!(choose_node(&cluster, &recent, &cpus(5.0), lag), None);
+        assert_eq!(choose_node(&cluster, &recent, &cpus(5.0), read_at), None);
     }
 
     #[test]
