@@ -11,7 +11,8 @@
 //! 3. the growth of running CPU jobs (their added workers and PS), then the starts of queued
 //!    CPU jobs (PS, workers and their service and single roles without GPUs), each in
 //!    submission order. A job's processes are placed largest first, each on the node with the
-//!    least room that holds it. A job that does not fit gets fewer workers, by node units,
+//!    most CPU left that holds it (the first among equals): the rule by which the job master
+//!    places and pins them on Ray. A job that does not fit gets fewer workers, by node units,
 //!    down to its minimum (a start) or its size (a growth); below that, a start waits and a
 //!    growth is not made, with the reason;
 //! 4. what is set aside in 2 is given back, and the room left ([`Free`]) is what the service
@@ -92,22 +93,16 @@ impl Free {
         }
     }
 
-    /// Places up to `n` processes of `p`, one at a time, each on the node with the least
-    /// room that holds it; the nodes they went to (one entry per process placed).
+    /// Places up to `n` processes of `p`, one at a time (see [`freest`]); the nodes they went
+    /// to (one entry per process placed).
     fn take_each(&mut self, n: u32, p: Process) -> Vec<usize> {
         let mut on = Vec::new();
         for _ in 0..n {
-            let Some((i, best)) = self
-                .room
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, (c, m))| *c >= p.0 && *m >= p.1)
-                .min_by_key(|(_, (c, _))| *c)
-            else {
+            let Some(i) = freest(&self.room, p) else {
                 break;
             };
-            best.0 -= p.0;
-            best.1 = best.1.saturating_sub(p.1);
+            self.room[i].0 -= p.0;
+            self.room[i].1 = self.room[i].1.saturating_sub(p.1);
             on.push(i);
         }
         on
@@ -239,7 +234,7 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
                 s.to = w;
                 s.reasons.push(format!(
                     "{w} workers, not {wanted}: no more fit on the nodes' free room ({})",
-                    freest(&free.room, nodes)
+                    freest_shown(&free.room, nodes)
                 ));
             }
             return;
@@ -270,7 +265,7 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
         s.to = 0;
         s.reasons.push(format!(
             "waits: no node has room for {what} at its minimum of {lowest} workers ({})",
-            freest(&free.room, nodes)
+            freest_shown(&free.room, nodes)
         ));
     } else {
         s.to = job.workers;
@@ -280,30 +275,38 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
         s.reasons.push(format!(
             "kept at {} workers: no node has room for {what} ({})",
             job.workers,
-            freest(&free.room, nodes)
+            freest_shown(&free.room, nodes)
         ));
     }
 }
 
-/// `room` after `procs` are placed, largest first, each on the node with the least CPU that
-/// holds it; `None` when one does not fit.
+/// The node of `room` that `p` goes to: of those that hold it, the one with the most CPU
+/// left, the first among equals. The job master's Ray platform places each process by the
+/// same rule (and pins it there), so what the round counts is where the processes go.
+fn freest(room: &[Process], p: Process) -> Option<usize> {
+    room.iter()
+        .enumerate()
+        .filter(|(_, (c, m))| *c >= p.0 && *m >= p.1)
+        .reduce(|best, x| if x.1.0 > best.1.0 { x } else { best })
+        .map(|(i, _)| i)
+}
+
+/// `room` after `procs` are placed, largest first, each by [`freest`]; `None` when one does
+/// not fit.
 fn placed(room: &[Process], mut procs: Vec<Process>) -> Option<Vec<Process>> {
     procs.sort_by(|a, b| b.cmp(a));
     let mut left = room.to_vec();
-    for (cpu, memory) in procs {
-        let best = left
-            .iter_mut()
-            .filter(|(c, m)| *c >= cpu && *m >= memory)
-            .min_by_key(|(c, _)| *c)?;
-        best.0 -= cpu;
-        best.1 = best.1.saturating_sub(memory);
+    for p in procs {
+        let i = freest(&left, p)?;
+        left[i].0 -= p.0;
+        left[i].1 = left[i].1.saturating_sub(p.1);
     }
     Some(left)
 }
 
 /// The freest nodes' CPU, as the reasons name it: `10.0.0.2 1.5 CPU free, 10.0.0.3 1 CPU
 /// free` (three at most).
-fn freest(room: &[Process], nodes: &[NodeRoom]) -> String {
+fn freest_shown(room: &[Process], nodes: &[NodeRoom]) -> String {
     let mut by: Vec<(u64, &str)> = room
         .iter()
         .zip(nodes)
@@ -533,12 +536,20 @@ mod tests {
     }
 
     #[test]
-    fn processes_go_largest_first_each_to_the_fullest_node_that_holds_it() {
+    fn processes_go_largest_first_each_to_the_freest_node_that_holds_it() {
         let room = vec![(4000, u64::MAX), (2000, u64::MAX)];
-        // 2 then 2 then 1: the first 2 fills b, the second goes to a, the 1 to a.
+        // 2 then 2 then 1: the first 2 goes to a (4 free), the second to a again (the first of
+        // two with 2 free), the 1 to b.
         let left = placed(&room, vec![(1000, 0), (2000, 0), (2000, 0)]).unwrap();
-        assert_eq!(left, vec![(1000, u64::MAX), (0, u64::MAX)]);
+        assert_eq!(left, vec![(0, u64::MAX), (1000, u64::MAX)]);
         assert_eq!(placed(&room, vec![(3000, 0), (3000, 0)]), None);
+        // A 3 then a 1: the 3 to a, the 1 to b (2 free against a's 1).
+        let left = placed(&room, vec![(1000, 0), (3000, 0)]).unwrap();
+        assert_eq!(left, vec![(1000, u64::MAX), (1000, u64::MAX)]);
+        // Memory too: a node without the memory is passed over.
+        let room = vec![(4000, 1 << 30), (2000, 4 << 30)];
+        let left = placed(&room, vec![(1000, 2 << 30)]).unwrap();
+        assert_eq!(left, vec![(4000, 1 << 30), (1000, 2 << 30)]);
     }
 
     /// Nodes of these CPUs free (fractions allowed), named a, b, c, ...
@@ -556,8 +567,8 @@ mod tests {
     #[test]
     fn processes_of_plans_on_their_way_take_their_room_before_new_ones() {
         // Nodes a (4 CPUs free) and b (2). A running job's plan adds two 2-CPU workers its job
-        // master has not launched: they go to b, then a. A queued job of one 3-CPU worker,
-        // which a alone would hold, then waits.
+        // master has not launched: both go to a (the freest, then the first of two equals). A
+        // queued job of one 3-CPU worker, which a alone would hold, then waits.
         let mut running = cpu_job(1, LiveState::Running, 4, 2);
         running.plan_in_flight = true;
         running.unlaunched = vec![Unlaunched {
@@ -573,7 +584,7 @@ mod tests {
             d.reasons
                 .last()
                 .unwrap()
-                .contains("a 2 CPU free, b 0 CPU free"),
+                .contains("b 2 CPU free, a 0 CPU free"),
             "{d:?}"
         );
         assert!(

@@ -3,15 +3,18 @@
 //! the worker-agent binary (which must exist at the same path on Ray's nodes) with the slot's
 //! role, index and incarnation; the process's CPU, GPU, memory and custom resources become
 //! `entrypoint_num_cpus`, `entrypoint_num_gpus`, `entrypoint_memory` and
-//! `entrypoint_resources`, so Ray places it where they are free. A process of a placement group
-//! (the spec's `placement:`) is pinned to the node its group's layout gave it (`group`).
+//! `entrypoint_resources`. Each process is pinned to a node (its address as a Ray resource):
+//! the one with the most CPU left that holds it, off cordoned and avoided nodes, as the brain's
+//! round counts it; a process of a placement group (the spec's `placement:`) to the node its
+//! group's layout gave it (`group`).
 //!
 //! How Ray's rough edges are met (the HTTP side is in [`api`], placement in `place`):
 //! * A PENDING Ray job cannot be stopped until Ray places it (Ray answers "stopped" and keeps
 //!   it waiting, then fails it after its start timeout, 15 min by default). So nothing is
 //!   submitted that does not fit: before each submission the platform reads every node's free
-//!   resources, subtracts what it submitted itself that Ray's usage report may not show yet
-//!   (it lags placement by seconds), and submits only when some node has room; otherwise it
+//!   resources (what its alive actors hold counted at once; Ray's usage report lags placement
+//!   by seconds), subtracts what it submitted itself that Ray does not run yet, and submits
+//!   only when some node has room; otherwise it
 //!   waits, re-reading, up to `place_timeout_ms`, then reports the agent as not placed (the job
 //!   master asks again, without counting a relaunch: the process is pending, and the brain,
 //!   told how long, may give it up). A process bigger than any node is refused at once. Should
@@ -134,12 +137,6 @@ impl Inner {
             .nodes
             .retain(|n| !out.contains(&n.ip) && !avoided.contains(&n.ip));
         cluster
-    }
-
-    /// Whether any node is kept from new processes.
-    fn any_node_kept(&self) -> bool {
-        !self.cordoned.read().expect("not poisoned").is_empty()
-            || !self.avoided.read().expect("not poisoned").is_empty()
     }
 }
 

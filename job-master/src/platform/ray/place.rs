@@ -51,8 +51,20 @@ pub(super) fn describe(r: &RayResources) -> String {
     s
 }
 
+/// `req` pinned to node `node_id` of `cluster` (its address as a Ray resource).
+fn pinned_to(cluster: &RayCluster, node_id: &str, req: &SubmitRequest) -> SubmitRequest {
+    let mut pinned = req.clone();
+    if let Some(n) = cluster.nodes.iter().find(|n| n.node_id == node_id) {
+        let (k, v) = super::group::pin(&n.ip);
+        pinned.entrypoint_resources.insert(k, v);
+    }
+    pinned
+}
+
 /// The node a process needing `need` fits on, counting `recent` placements of ours that
-/// Ray's answer read at `read_at` does not show; `None` when none has room.
+/// Ray's answer read at `read_at` does not show: of those with room, the one with the most
+/// CPU left (the first listed among equals), as the brain's round counts its processes;
+/// `None` when none has room.
 fn choose_node(
     cluster: &RayCluster,
     recent: &[Placement],
@@ -66,8 +78,8 @@ fn choose_node(
             let room = room_on(n, recent, read_at);
             need.fits_in(&room).then(|| (room.cpus, n.node_id.clone()))
         })
-        // The node with the most CPU left, as Ray's spread would.
-        .max_by(|a, b| a.0.total_cmp(&b.0))
+        // The node with the most CPU left; the first among equals.
+        .reduce(|best, x| if x.0 > best.0 { x } else { best })
         .map(|(_, id)| id)
 }
 
@@ -141,16 +153,17 @@ impl Inner {
                             choose_node(&cluster, &recent, need, read_at)
                         };
                         if let Some(node_id) = node {
-                            // Ray places a job wherever it has room: with nodes cordoned, the
-                            // process is pinned to the node chosen here, off them.
-                            let pinned = self.pin_off_cordons(&cluster, &node_id, req);
+                            // Ray would place a job wherever it has room: the process is
+                            // pinned to the node chosen here (off cordoned and avoided nodes,
+                            // where the brain's round counted it).
+                            let pinned = pinned_to(&cluster, &node_id, req);
                             self.recent.lock().expect("not poisoned").push(Placement {
                                 submission_id: req.submission_id.clone(),
                                 node_id,
                                 need: need.clone(),
                                 running_since: None,
                             });
-                            match self.api.submit(pinned.as_ref().unwrap_or(req)).await {
+                            match self.api.submit(&pinned).await {
                                 Ok(()) => return Ok(()),
                                 Err(RayError::Duplicate(id)) => {
                                     return self.adopt(&id).await.map_err(Unplaced::Refused);
@@ -193,24 +206,6 @@ impl Inner {
         }
     }
 
-    /// `req` pinned to node `node_id` of `cluster` when the brain cordoned any node; `None`
-    /// (as it is) otherwise.
-    fn pin_off_cordons(
-        &self,
-        cluster: &RayCluster,
-        node_id: &str,
-        req: &SubmitRequest,
-    ) -> Option<SubmitRequest> {
-        if !self.any_node_kept() {
-            return None;
-        }
-        let ip = &cluster.nodes.iter().find(|n| n.node_id == node_id)?.ip;
-        let mut pinned = req.clone();
-        let (k, v) = super::group::pin(ip);
-        pinned.entrypoint_resources.insert(k, v);
-        Some(pinned)
-    }
-
     /// A duplicate submission id: ours if Ray still runs it (a retried submission whose first
     /// answer was lost), a failure if it already ended.
     async fn adopt(&self, id: &str) -> Result<(), Error> {
@@ -250,6 +245,7 @@ mod tests {
     use super::super::api::RayNode;
     use super::*;
     use crate::spec::{Bytes, Millicores};
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     fn node(id: &str, cpus: f64, free: f64) -> RayNode {
@@ -305,6 +301,36 @@ mod tests {
             Some("a")
         );
         assert_eq!(choose_node(&cluster, &recent, &cpus(5.0), read_at), None);
+    }
+
+    #[test]
+    fn a_process_goes_to_the_freest_node_the_first_of_equals_and_is_pinned_there() {
+        let mut b = node("b", 4.0, 3.0);
+        b.ip = "10.0.0.2".into();
+        let cluster = RayCluster {
+            nodes: vec![node("a", 4.0, 2.0), b, node("c", 4.0, 3.0)],
+        };
+        let now = Instant::now();
+        assert_eq!(
+            choose_node(&cluster, &[], &cpus(1.0), now).as_deref(),
+            Some("b")
+        );
+        let req = SubmitRequest {
+            entrypoint: "exec agent".into(),
+            submission_id: "x".into(),
+            entrypoint_num_cpus: 1.0,
+            entrypoint_num_gpus: 0.0,
+            entrypoint_memory: None,
+            entrypoint_resources: BTreeMap::new(),
+            runtime_env: Default::default(),
+            metadata: BTreeMap::new(),
+        };
+        let pinned = pinned_to(&cluster, "b", &req);
+        assert_eq!(
+            pinned.entrypoint_resources,
+            [("node:10.0.0.2".to_string(), 0.001)].into()
+        );
+        assert_eq!(pinned.entrypoint_num_cpus, 1.0);
     }
 
     #[test]
