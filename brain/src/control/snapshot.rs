@@ -128,7 +128,7 @@ pub(super) fn take(
             worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
             roles: service_roles(&shape, store.role_rates(row.id)),
-            unlaunched: unplaced(store, &row, &shape, plan_in_flight),
+            not_placed: unplaced(store, &row, &shape, plan_in_flight),
         });
     }
     Ok(LiveSnapshot {
@@ -177,7 +177,7 @@ fn unplaced(
     row: &crate::store::JobRow,
     shape: &crate::store::Shape,
     plan_in_flight: bool,
-) -> Vec<optimizer::live::Unlaunched> {
+) -> Vec<optimizer::live::NotPlaced> {
     if row.state != JobState::Running || row.cancel_requested.is_some() {
         return Vec::new();
     }
@@ -186,16 +186,16 @@ fn unplaced(
         return Vec::new();
     }
     let running: Vec<(vocab::Role, u32)> = seen.roles.iter().map(|(r, n, _)| (*r, *n)).collect();
-    unlaunched(shape, row.workers, &running)
+    planned_beyond(shape, row.workers, &running)
 }
 
 /// The processes without GPUs `shape` plans (its training group at `workers`) beyond those
 /// `running` (role, count), by role.
-fn unlaunched(
+fn planned_beyond(
     shape: &crate::store::Shape,
     workers: u32,
     running: &[(vocab::Role, u32)],
-) -> Vec<optimizer::live::Unlaunched> {
+) -> Vec<optimizer::live::NotPlaced> {
     let launched = |role: vocab::Role| {
         running
             .iter()
@@ -227,7 +227,7 @@ fn unlaunched(
         .into_iter()
         .filter_map(|(role, count, millicores, memory_bytes)| {
             let count = count.saturating_sub(launched(role));
-            (count > 0).then_some(optimizer::live::Unlaunched {
+            (count > 0).then_some(optimizer::live::NotPlaced {
                 count,
                 millicores,
                 memory_bytes,
@@ -446,7 +446,7 @@ mod tests {
             memory_bytes: 0,
             nodes: Vec::new(),
         };
-        let u = |count, millicores, memory_bytes| optimizer::live::Unlaunched {
+        let u = |count, millicores, memory_bytes| optimizer::live::NotPlaced {
             count,
             millicores,
             memory_bytes,
@@ -454,7 +454,7 @@ mod tests {
         // Started, its job master not heard from yet: every process is listed.
         let snap = take(&store, &cluster, 20).unwrap();
         assert_eq!(
-            snap.jobs[0].unlaunched,
+            snap.jobs[0].not_placed,
             vec![u(1, 1500, 0), u(2, 2000, 1 << 30), u(2, 500, 0)]
         );
         // Reported, every process running: none is listed.
@@ -488,13 +488,13 @@ mod tests {
         };
         store.add_metrics(job, &[report.clone()]).unwrap();
         let snap = take(&store, &cluster, 30).unwrap();
-        assert_eq!(snap.jobs[0].unlaunched, Vec::new());
+        assert_eq!(snap.jobs[0].not_placed, Vec::new());
         // A worker launched but waiting for the platform: listed.
         report.at_unix_ms = 26;
         report.processes[2].pending_ms = 400;
         store.add_metrics(job, &[report.clone()]).unwrap();
         let snap = take(&store, &cluster, 30).unwrap();
-        assert_eq!(snap.jobs[0].unlaunched, vec![u(1, 2000, 1 << 30)]);
+        assert_eq!(snap.jobs[0].not_placed, vec![u(1, 2000, 1 << 30)]);
         report.at_unix_ms = 27;
         report.processes[2].pending_ms = 0;
         store.add_metrics(job, &[report]).unwrap();
@@ -507,11 +507,14 @@ mod tests {
             .propose_plan(job, &|v| vec![v as u8], "grow", counts, &[], 30)
             .unwrap();
         let snap = take(&store, &cluster, 40).unwrap();
-        assert_eq!(snap.jobs[0].unlaunched, vec![u(2, 2000, 1 << 30)]);
+        assert_eq!(snap.jobs[0].not_placed, vec![u(2, 2000, 1 << 30)]);
         // Processes with GPUs are the GPU round's: not listed.
         let running = [(vocab::Role::PS, 1), (vocab::Role::WORKER, 2), (rollout, 2)];
-        assert_eq!(unlaunched(&shape, 4, &running), vec![u(2, 2000, 1 << 30)]);
+        assert_eq!(
+            planned_beyond(&shape, 4, &running),
+            vec![u(2, 2000, 1 << 30)]
+        );
         shape.worker_gpus = vocab::Gpus::ONE;
-        assert_eq!(unlaunched(&shape, 4, &running), Vec::new());
+        assert_eq!(planned_beyond(&shape, 4, &running), Vec::new());
     }
 }

@@ -70,7 +70,7 @@ pub use config::LiveConfig;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
-pub use nodes::{Free, NodeRoom, Unlaunched};
+pub use nodes::{Free, NodeRoom, NotPlaced};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
@@ -175,10 +175,10 @@ pub struct LiveJob {
     pub roles: Vec<LiveRole>,
     #[serde(default)]
     pub gpu_type: Option<String>,
-    /// Its processes without GPUs that a plan on its way adds and its job master has not
-    /// launched yet, by role (`nodes.rs` holds their room on the nodes).
+    /// Its processes without GPUs that the platform has not placed yet (planned and not
+    /// launched, or launched and waiting), by role (`nodes.rs` holds their room on the nodes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unlaunched: Vec<Unlaunched>,
+    pub not_placed: Vec<NotPlaced>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -191,8 +191,8 @@ pub struct LiveSnapshot {
 /// One round: see the module's documentation. Its steps, in order: the jobs pinned and held
 /// for this round; the GPU jobs on the GPU nodes (`gpu.rs`); the CPU jobs in what those leave
 /// (`cpu.rs`); the operator's corrections and the repair to the caps (`correct.rs`,
-/// `checks.rs`); the nodes' free room (`nodes.rs`); the decisions with what they use; the roles beside the training groups
-/// (`roles.rs`).
+/// `checks.rs`); the nodes' free room (`nodes.rs`); the decisions with what they use; the
+/// roles beside the training groups (`roles.rs`, growing into the nodes' room left).
 pub fn plan_round(
     snapshot: &LiveSnapshot,
     scheduler: &dyn Scheduler,

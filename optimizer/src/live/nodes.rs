@@ -4,8 +4,9 @@
 //! each process whole on one node: room the pool counts but that is split across nodes is not
 //! handed out. In order:
 //!
-//! 1. the processes of plans on their way ([`LiveJob::unlaunched`]: planned, not launched by
-//!    their job master yet, so the platform does not count them) take their room first;
+//! 1. the processes the platform has not placed yet ([`LiveJob::not_placed`]: a start's or a
+//!    plan's not launched by their job master yet, or launched and waiting for the platform),
+//!    which it does not count, take their room first;
 //! 2. the room a role that holds up its job's training group would grow by is set aside
 //!    ([`roles::Holdup`]), as the pool keeps it;
 //! 3. the growth of running CPU jobs (their added workers and PS), then the starts of queued
@@ -38,13 +39,13 @@ pub struct NodeRoom {
     pub memory_bytes: u64,
 }
 
-/// Processes of one role of a job that its job master has not launched yet (a plan on its
-/// way): the platform does not count their room, so the round takes it off the nodes' free
-/// room before it places new ones. Processes with GPUs are not listed (the GPU round places
-/// them).
+/// Processes of one role of a job that the platform has not placed yet (not launched by its
+/// job master, or launched and waiting): the platform does not count their room, so the round
+/// takes it off the nodes' free room before it places new ones. Processes with GPUs are not
+/// listed (the GPU round places them).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Unlaunched {
+pub struct NotPlaced {
     pub count: u32,
     /// CPU of each.
     pub millicores: u64,
@@ -123,9 +124,9 @@ impl Free {
 }
 
 /// Lets the CPU jobs' new processes (`jobs`, sized by the round) through only where they fit
-/// on the nodes' free room, after the plans on their way and what the holdups keep (see the
-/// module's documentation); the room left, for the service roles. Nothing changes, and none
-/// is returned, when the cluster reports no nodes.
+/// on the nodes' free room, after the processes not placed yet and what the holdups keep (see
+/// the module's documentation); the room left, for the service roles. Nothing changes, and
+/// none is returned, when the cluster reports no nodes.
 pub(super) fn gate(
     jobs: &mut [Sized],
     snapshot: &LiveSnapshot,
@@ -134,7 +135,7 @@ pub(super) fn gate(
 ) -> Option<Free> {
     let cluster = &snapshot.cluster;
     let mut free = Free::of(cluster)?;
-    reserve_unlaunched(&mut free, &snapshot.jobs, notes);
+    reserve_not_placed(&mut free, &snapshot.jobs, notes);
     // Set aside for the roles that hold up their jobs, given back below for them to grow.
     let kept: Vec<(Vec<usize>, Process)> = holdups
         .iter()
@@ -165,18 +166,18 @@ pub(super) fn gate(
     Some(free)
 }
 
-/// Takes the room of the processes the job masters have not launched yet; one that fits on
+/// Takes the room of the processes the platform has not placed yet; one that fits on
 /// no node is left out (the platform may count it already: a report older than its launch).
-fn reserve_unlaunched(free: &mut Free, jobs: &[LiveJob], notes: &mut Vec<String>) {
+fn reserve_not_placed(free: &mut Free, jobs: &[LiveJob], notes: &mut Vec<String>) {
     let (mut held, mut wanted) = (0, 0);
-    for u in jobs.iter().flat_map(|j| &j.unlaunched) {
+    for u in jobs.iter().flat_map(|j| &j.not_placed) {
         wanted += u.count;
         held += free.take_up_to(u.count, u.millicores, u.memory_bytes);
     }
     if wanted > 0 {
         notes.push(format!(
-            "nodes: room held for {held} of {wanted} processes of plans on their way (not \
-             launched yet){}",
+            "nodes: room held for {held} of {wanted} processes not placed yet (planned, or \
+             waiting for the platform){}",
             match held < wanted {
                 true => "; the rest fit on no node, and are taken as counted already",
                 false => "",
@@ -571,7 +572,7 @@ mod tests {
         // queued job of one 3-CPU worker, which a alone would hold, then waits.
         let mut running = cpu_job(1, LiveState::Running, 4, 2);
         running.plan_in_flight = true;
-        running.unlaunched = vec![Unlaunched {
+        running.not_placed = vec![NotPlaced {
             count: 2,
             millicores: 2000,
             memory_bytes: 0,
@@ -589,18 +590,18 @@ mod tests {
         );
         assert!(
             plan.notes.iter().any(|n| n
-                == "nodes: room held for 2 of 2 processes of plans on their way (not \
-                            launched yet)"),
+                == "nodes: room held for 2 of 2 processes not placed yet (planned, or \
+                            waiting for the platform)"),
             "{:?}",
             plan.notes
         );
         // Launched (none listed): the queued job starts.
-        running.unlaunched.clear();
+        running.not_placed.clear();
         let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
         assert_eq!(plan.decisions[1].to_workers, 1, "{:?}", plan.decisions[1]);
         // More listed than fits on any node: those are taken as counted by the platform
         // already (a report older than their launch), not held twice.
-        running.unlaunched = vec![Unlaunched {
+        running.not_placed = vec![NotPlaced {
             count: 8,
             millicores: 1000,
             memory_bytes: 0,
@@ -608,8 +609,8 @@ mod tests {
         let plan = round(vec![running, queued], free(&[4.0, 2.0]), 16);
         assert!(
             plan.notes.iter().any(|n| n.starts_with(
-                "nodes: room held for 6 of 8 processes of plans on their way (not launched \
-                 yet); the rest fit on no node"
+                "nodes: room held for 6 of 8 processes not placed yet (planned, or waiting \
+                 for the platform); the rest fit on no node"
             )),
             "{:?}",
             plan.notes
