@@ -128,7 +128,11 @@ pub(super) fn take(
             worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
             roles: service_roles(&shape, store.role_rates(row.id)),
-            not_placed: unplaced(store, &row, &shape, plan_in_flight),
+            // Read only where the round places processes on nodes (it skips this otherwise).
+            not_placed: match cluster.free.is_empty() {
+                true => Vec::new(),
+                false => unplaced(store, &row, &shape, plan_in_flight),
+            },
         });
     }
     Ok(LiveSnapshot {
@@ -438,8 +442,13 @@ mod tests {
         let (job, _) = store
             .register("ps", "127.0.0.1:1", Some(&shape), 10)
             .unwrap();
+        // A cluster that reports its nodes' room (a Ray cluster's).
         let cluster = LiveCluster {
-            free: Vec::new(),
+            free: vec![optimizer::live::NodeRoom {
+                name: "10.0.0.2".into(),
+                cpu_millicores: 16_000,
+                memory_bytes: 0,
+            }],
             cpu_millicores: 16_000,
             slot_millicores: 1000,
             max_processes: 32,

@@ -70,7 +70,7 @@ pub use config::LiveConfig;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
-pub use nodes::{Free, NodeRoom, NotPlaced};
+pub use nodes::{NodeRoom, NotPlaced};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
@@ -360,7 +360,7 @@ fn place_roles(
     config: &LiveConfig,
     slot: u64,
     mut used: roles::Room,
-    mut free: Option<Free>,
+    mut free: Option<nodes::Free>,
 ) -> roles::Room {
     let cluster = &snapshot.cluster;
     let jobs: Vec<&LiveJob> = decisions

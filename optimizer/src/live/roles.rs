@@ -273,7 +273,7 @@ pub fn balance(
     now_s: f64,
     slot: u64,
     mut room: Room,
-    mut free: Option<&mut super::Free>,
+    mut free: Option<&mut super::nodes::Free>,
 ) -> Room {
     let (config, cooldown_s) = (&live.roles, live.cooldown_s);
     let start = room;
@@ -440,7 +440,7 @@ fn grow_one(
     role: &LiveRole,
     wait: f64,
     room: &mut Room,
-    free: Option<&mut super::Free>,
+    free: Option<&mut super::nodes::Free>,
     d: &mut Decision,
 ) -> bool {
     let rate = role.rate.unwrap_or_default();
