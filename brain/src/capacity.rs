@@ -100,8 +100,8 @@ pub fn without(cluster: &LiveCluster, nodes: &[NodeInfo], cordons: &[Cordon]) ->
 /// in slots of `slot_millicores`, for at most `max_processes` processes, and their memory
 /// (Ray's `memory` resource, what its tasks may reserve); each node with GPUs
 /// by its address, with their model (its `accelerator_type:MODEL` resource, else
-/// [`ANY_MODEL`]); and each node's CPU and memory free now (Ray's available resources), which
-/// the round places new processes on.
+/// [`ANY_MODEL`]); and each node's CPU, memory and GPUs free now (Ray's available resources),
+/// which the round places new processes on.
 pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> LiveCluster {
     let total = ray.sum(|n| &n.total);
     LiveCluster {
@@ -126,6 +126,7 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
                 name: n.ip.clone(),
                 cpu_millicores: (n.available.cpus * 1000.0).round() as u64,
                 memory_bytes: n.available.memory_bytes,
+                gpus: vocab::Gpus::from_milli((n.available.gpus * 1000.0).round() as u32),
             })
             .collect(),
     }
@@ -195,6 +196,7 @@ mod tests {
             },
             available: RayResources {
                 cpus: free,
+                gpus: if cpus > 5.0 { 0.5 } else { 0.0 },
                 ..Default::default()
             },
         };
@@ -240,12 +242,14 @@ mod tests {
                     NodeRoom {
                         name: "127.0.0.1".into(),
                         cpu_millicores: 1000,
-                        memory_bytes: 0
+                        memory_bytes: 0,
+                        gpus: vocab::Gpus::from_milli(500),
                     },
                     NodeRoom {
                         name: "127.0.0.2".into(),
                         cpu_millicores: 4500,
-                        memory_bytes: 0
+                        memory_bytes: 0,
+                        gpus: vocab::Gpus::ZERO,
                     }
                 ],
                 cpu_millicores: 12_500,

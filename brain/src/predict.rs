@@ -30,9 +30,6 @@ fn ended_workers(row: &JobRow, shape: &Shape) -> u32 {
         .unwrap_or(0)
 }
 
-/// Fills `spec` in. `history` is every job the brain knows (finished ones are used), with
-/// the speeds its PS jobs reported per (workers, PS) pair in `ps_speeds`.
-/// `model`, when `brainctl train` stored one, sizes the workers' CPU and memory (at `now_s`).
 /// The CPU of the nodes a submission is checked against: each node's with CPU to hand out,
 /// and whether they are where the processes run (a Ray cluster's nodes; without Ray the pool
 /// is one and the GPU nodes have none of their own: a strict spread is not checked).
@@ -42,8 +39,14 @@ pub struct NodeCpus {
     /// The nodes' memory, where known (a Ray cluster's nodes', or the pool's without Ray).
     pub memory: Vec<u64>,
     pub spread: bool,
+    /// Each node's CPU, memory and GPUs where they are where the processes run (`spread`):
+    /// a process with GPUs needs its CPU and memory on a node with its GPUs.
+    pub sizes: Vec<optimizer::live::NodeSize>,
 }
 
+/// Fills `spec` in. `history` is every job the brain knows (finished ones are used), with
+/// the speeds its PS jobs reported per (workers, PS) pair in `ps_speeds`.
+/// `model`, when `brainctl train` stored one, sizes the workers' CPU and memory (at `now_s`).
 pub fn predict(
     spec: &JobSpec,
     history: &[JobRow],
@@ -178,6 +181,13 @@ pub fn predict(
     }
     if let Some(why) =
         optimizer::live::never_holds_memory(&spec, &node_cpus.memory, node_cpus.spread)
+    {
+        return Err(BrainError::InvalidArgument(why));
+    }
+    // A process with GPUs: its CPU and memory beside them, its training group's minimum on
+    // the nodes of one model.
+    if let Some(why) =
+        optimizer::live::never_holds_beside_gpus(&spec, &node_cpus.sizes, cluster.slot_millicores)
     {
         return Err(BrainError::InvalidArgument(why));
     }

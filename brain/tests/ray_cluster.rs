@@ -112,7 +112,8 @@ fn devices(events: &[&str]) -> BTreeMap<String, (String, String)> {
 
 /// A job whose processes, or whose strictly spread group, the nodes' CPUs or memory can never
 /// hold is refused at submission with the reason (issue 41, item 3): the brain knows each Ray
-/// node's CPUs and memory (4 and 4 GiB on each of the three here). Nothing of it is stored.
+/// node's CPUs and memory (4 and 4 GiB on each of the three here), and GPUs, beside which a
+/// process with GPUs needs its CPU. Nothing of it is stored.
 #[test]
 fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
     let Some(c) = test_support::ray_cluster() else {
@@ -137,6 +138,20 @@ fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
         ),
         "{out}"
     );
+    // Two workers of a V100 and 3 CPUs each, both needed: the V100 node's 4 CPUs hold one.
+    let beside = spec(
+        dir.path(),
+        &format!("beside-{pid}"),
+        "cpu: 3, gpu: 1, gpu_type: V100",
+    );
+    let (ok, out) = brainctl(&["submit", beside.to_str().unwrap(), "--brain", &url]);
+    assert!(
+        !ok && out.contains(
+            "role worker: its minimum of 2 processes of 1 V100 GPUs and 3 CPUs each never fits: \
+             the nodes of one GPU model hold 1 such processes at most"
+        ),
+        "{out}"
+    );
     // Four workers strictly spread over the three nodes.
     let spread = dir.path().join("spread.yaml");
     std::fs::write(
@@ -158,7 +173,9 @@ fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
     );
     let (ok, out) = brainctl(&["jobs", "--brain", &url]);
     assert!(
-        ok && !out.contains("wide-") && !out.contains("big-") && !out.contains("spread-"),
+        ok && !["wide-", "big-", "beside-", "spread-"]
+            .iter()
+            .any(|j| out.contains(j)),
         "{out}"
     );
 }
@@ -340,21 +357,56 @@ async fn a_job_the_nodes_cannot_hold_yet_waits_for_the_room_of_one_being_launche
     let Some(c) = test_support::ray_cluster() else {
         return;
     };
+    waits_for_the_room_of_the_first(
+        &c,
+        "replicas: 2, min: 2, max: 2, resources: { cpu: 3 }",
+        "waits: no node has room for its processes of 3 CPU and 512 MiB at its minimum of 2 \
+         workers",
+    )
+    .await;
+}
+
+/// The same for GPU jobs: their new processes must find their CPU beside their GPUs. Two jobs
+/// of one worker with a V100 and 3 CPUs: the cluster's two V100s and 12 CPUs hold both, the
+/// V100 node's 4 CPUs one. The second waits, saying so, until the first's worker is gone,
+/// rather than starting and waiting on Ray for the CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_job_whose_gpu_node_lacks_the_cpu_waits_for_it() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    waits_for_the_room_of_the_first(
+        &c,
+        "replicas: 1, min: 1, max: 1, resources: { cpu: 3, gpu: 1, gpu_type: V100 }",
+        "waits: no node has room for its processes of 1 V100 GPUs and 3 CPU and 512 MiB at its \
+         minimum of 1 workers",
+    )
+    .await;
+}
+
+/// Submits two jobs whose training groups are `workers` (a role's YAML) at once, and checks
+/// that the second waits with `reason` while every worker of the first runs, never starts
+/// beside them, and that both end having trained every sample once, no process waiting on Ray.
+async fn waits_for_the_room_of_the_first(c: &RayClusterDir, workers: &str, reason: &str) {
     let _turn = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
-    let (_brain, url) = brain_for_jobs_now(&c, dir.path());
+    wait_alive(c, c.nodes.len(), Duration::from_secs(90)).await;
+    let (_brain, url) = brain_for_jobs_now(c, dir.path());
     let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
     let pid = std::process::id();
     let (first, second) = (format!("first-{pid}"), format!("second-{pid}"));
+    let size: usize = workers
+        .split_once("replicas: ")
+        .and_then(|(_, r)| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("replicas: N");
     for name in [&first, &second] {
-        // About 15 s on its two workers (300 µs a sample).
+        // About 15 s on two workers (300 µs a sample).
         let path = dir.path().join(format!("{name}.yaml"));
         std::fs::write(
             &path,
             format!(
-                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 2, max: \
-                 2, resources: {{ cpu: 3 }} }}\n\
+                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ {workers} }}\n\
                  workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
                  data: {{ num_samples: 100000, shard_size: 1000, eval_samples: 2000 }}\n\
                  checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
@@ -369,7 +421,7 @@ async fn a_job_the_nodes_cannot_hold_yet_waits_for_the_room_of_one_being_launche
     };
     let (mut waited, start) = (false, Instant::now());
     loop {
-        // The second's record first: if it runs while both of the first's workers still do,
+        // The second's record first: if it runs while every worker of the first still does,
         // it started beside them.
         let jobs = common::jobs(&url).await.expect("the brain answers");
         let (a, b) = (of(&jobs, &first), of(&jobs, &second));
@@ -382,12 +434,7 @@ async fn a_job_the_nodes_cannot_hold_yet_waits_for_the_room_of_one_being_launche
             "{b:#?}\n{}",
             log()
         );
-        if b.state == "queued"
-            && b.waiting_reason.contains(
-                "waits: no node has room for its processes of 3 CPU and 512 MiB at its minimum of \
-                 2 workers",
-            )
-        {
+        if b.state == "queued" && b.waiting_reason.contains(reason) {
             waited = true;
         }
         if b.state == "running" && a.state == "running" && !a.master_address.is_empty() {
@@ -395,8 +442,8 @@ async fn a_job_the_nodes_cannot_hold_yet_waits_for_the_room_of_one_being_launche
                 .await
                 .map(|(p, _)| p.iter().filter(|(role, ..)| role == "worker").count());
             assert!(
-                running != Some(2),
-                "{second} started while both of {first}'s workers ran: {b:#?}\n{}",
+                running != Some(size),
+                "{second} started while every worker of {first} ran: {b:#?}\n{}",
                 log()
             );
         }

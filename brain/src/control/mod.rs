@@ -424,6 +424,7 @@ impl Control {
         let origin = origin.to_string();
         let cluster = self.cluster();
         let nodes = self.nodes();
+        let spread = !nodes.iter().any(|n| n.name == crate::capacity::LOCAL_NODE);
         let node_cpus = crate::predict::NodeCpus {
             cpus: nodes
                 .iter()
@@ -436,7 +437,19 @@ impl Control {
                 .filter(|&m| m > 0)
                 .collect(),
             // Without Ray the CPU is one pool and the processes run beside the brain.
-            spread: !nodes.iter().any(|n| n.name == crate::capacity::LOCAL_NODE),
+            spread,
+            sizes: match spread {
+                true => nodes
+                    .iter()
+                    .map(|n| optimizer::live::NodeSize {
+                        cpu_millicores: n.cpu_millicores,
+                        memory_bytes: n.memory_bytes,
+                        gpus: n.gpus,
+                        gpu_type: n.gpu_type.clone(),
+                    })
+                    .collect(),
+                false => Vec::new(),
+            },
         };
         let (id, shape, reasons) = self
             .with_store(move |s| {

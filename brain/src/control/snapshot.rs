@@ -171,10 +171,10 @@ fn service_roles(
         .collect()
 }
 
-/// The processes without GPUs of a running job that the platform has not placed yet: by role,
-/// those planned beyond those running in its newest report (launched and waiting for the
-/// platform count as not placed: the job master reports them apart). Without a report, all of
-/// them where its job master has not reported since it started or a plan is on its way; none
+/// The processes of a running job that the platform has not placed yet: by role, those
+/// planned beyond those running in its newest report (launched and waiting for the platform
+/// count as not placed: the job master reports them apart). Without a report, all of them
+/// where its job master has not reported since it started or a plan is on its way; none
 /// otherwise (a brain started again hears from it within a report).
 fn unplaced(
     store: &Store,
@@ -193,8 +193,9 @@ fn unplaced(
     planned_beyond(shape, row.workers, &running)
 }
 
-/// The processes without GPUs `shape` plans (its training group at `workers`) beyond those
-/// `running` (role, count), by role.
+/// The processes `shape` plans (its training group at `workers`) beyond those `running`
+/// (role, count), by role, with the GPUs each takes on its node: a worker whose devices
+/// roles share takes the whole bundle, the roles' processes that share it none.
 fn planned_beyond(
     shape: &crate::store::Shape,
     workers: u32,
@@ -206,35 +207,37 @@ fn planned_beyond(
             .find(|(r, _)| *r == role)
             .map_or(0, |(_, n)| *n)
     };
+    let none = vocab::Gpus::ZERO;
     let mut planned = vec![(
         vocab::Role::PS,
         shape.ps,
         shape.ps_millicores,
         shape.ps_memory_bytes,
+        none,
     )];
-    if shape.worker_gpus.is_zero() {
-        planned.push((
-            shape.trainer(),
-            workers,
-            shape.worker_millicores,
-            shape.worker_memory_bytes,
-        ));
-    }
-    planned.extend(
-        shape
-            .services
-            .iter()
-            .filter(|(_, s)| s.gpus.is_zero() && !s.shares_worker_devices)
-            .map(|(role, s)| (*role, s.count, s.millicores, s.memory_bytes)),
-    );
+    planned.push((
+        shape.trainer(),
+        workers,
+        shape.worker_millicores,
+        shape.worker_memory_bytes,
+        shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
+    ));
+    planned.extend(shape.services.iter().map(|(role, s)| {
+        let gpus = match s.shares_worker_devices {
+            true => none,
+            false => s.gpus,
+        };
+        (*role, s.count, s.millicores, s.memory_bytes, gpus)
+    }));
     planned
         .into_iter()
-        .filter_map(|(role, count, millicores, memory_bytes)| {
+        .filter_map(|(role, count, millicores, memory_bytes, gpus)| {
             let count = count.saturating_sub(launched(role));
             (count > 0).then_some(optimizer::live::NotPlaced {
                 count,
                 millicores,
                 memory_bytes,
+                gpus,
             })
         })
         .collect()
@@ -448,6 +451,7 @@ mod tests {
                 name: "10.0.0.2".into(),
                 cpu_millicores: 16_000,
                 memory_bytes: 0,
+                gpus: vocab::Gpus::ZERO,
             }],
             cpu_millicores: 16_000,
             slot_millicores: 1000,
@@ -459,6 +463,7 @@ mod tests {
             count,
             millicores,
             memory_bytes,
+            gpus: vocab::Gpus::ZERO,
         };
         // Started, its job master not heard from yet: every process is listed.
         let snap = take(&store, &cluster, 20).unwrap();
@@ -517,13 +522,39 @@ mod tests {
             .unwrap();
         let snap = take(&store, &cluster, 40).unwrap();
         assert_eq!(snap.jobs[0].not_placed, vec![u(2, 2000, 1 << 30)]);
-        // Processes with GPUs are the GPU round's: not listed.
-        let running = [(vocab::Role::PS, 1), (vocab::Role::WORKER, 2), (rollout, 2)];
+        // Processes with GPUs are listed with them: a worker whose devices a role shares
+        // with the whole bundle, the sharing role's processes with none.
+        let running = [(vocab::Role::PS, 1), (vocab::Role::WORKER, 2), (rollout, 4)];
         assert_eq!(
             planned_beyond(&shape, 4, &running),
             vec![u(2, 2000, 1 << 30)]
         );
-        shape.worker_gpus = vocab::Gpus::ONE;
-        assert_eq!(planned_beyond(&shape, 4, &running), Vec::new());
+        shape.worker_gpus = vocab::Gpus::from_milli(600);
+        let with_gpus = |gpus: u32| optimizer::live::NotPlaced {
+            gpus: vocab::Gpus::from_milli(gpus),
+            ..u(2, 2000, 1 << 30)
+        };
+        assert_eq!(planned_beyond(&shape, 4, &running), vec![with_gpus(600)]);
+        shape.worker_bundle_gpus = Some(vocab::Gpus::ONE);
+        let engines = shape.services.get_mut(&rollout).unwrap();
+        (engines.gpus, engines.shares_worker_devices, engines.count) =
+            (vocab::Gpus::from_milli(400), true, 6);
+        assert_eq!(
+            planned_beyond(&shape, 4, &running),
+            vec![with_gpus(1000), u(2, 500, 0)]
+        );
+        // A role with GPUs of its own: listed with them.
+        shape
+            .services
+            .get_mut(&rollout)
+            .unwrap()
+            .shares_worker_devices = false;
+        assert_eq!(
+            planned_beyond(&shape, 4, &running)[1],
+            optimizer::live::NotPlaced {
+                gpus: vocab::Gpus::from_milli(400),
+                ..u(2, 500, 0)
+            }
+        );
     }
 }

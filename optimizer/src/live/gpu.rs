@@ -15,8 +15,13 @@
 //! out of the CPU pool the CPU jobs share, and the process cap. What does not fit is withdrawn
 //! as in the CPU jobs' repair: admissions newest first, then growth, then running jobs
 //! above their minimum (a job on a node that was lost shrinks to what the nodes left hold).
+//! Where the platform reports each node's free room (`nodes.rs`), the jobs' new processes
+//! must also fit on it, each whole on one node with its GPUs and its CPU and memory, placed as
+//! the job master places them; a start that does not fit starts smaller or waits, a growth
+//! is cut, with the reason and the nodes' room.
 //! The heuristics (PS count, resources) correct CPU jobs only.
 
+use super::nodes::Free;
 use super::*;
 use crate::schedule::Slots;
 use vocab::Gpus;
@@ -163,10 +168,15 @@ pub(super) struct GpuRound {
     pub cpu_slots: u64,
     pub processes: u32,
     pub memory: u64,
+    /// The nodes' free room once the GPU jobs' new processes are placed on it (none: the
+    /// cluster reports no nodes).
+    pub free: Option<Free>,
 }
 
 /// Sizes the GPU jobs (`gpu_jobs`: index in the snapshot, job). `caps` are what the whole
-/// cluster has; the CPU jobs get what these leave.
+/// cluster has; the CPU jobs get what these leave. Where the cluster reports its nodes'
+/// `free` room, the jobs' new processes must fit on it too, each whole on one node with its
+/// GPUs and CPU.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plan_gpu_jobs(
     gpu_jobs: &[(usize, &LiveJob)],
@@ -176,6 +186,7 @@ pub(super) fn plan_gpu_jobs(
     now: f64,
     prior: f64,
     caps: super::Caps,
+    mut free: Option<Free>,
     notes: &mut Vec<String>,
 ) -> Result<GpuRound, PolicyError> {
     if gpu_jobs.is_empty() {
@@ -184,6 +195,7 @@ pub(super) fn plan_gpu_jobs(
             cpu_slots: 0,
             processes: 0,
             memory: 0,
+            free,
         });
     }
     let nodes: Vec<LiveNode> = cluster
@@ -386,6 +398,15 @@ pub(super) fn plan_gpu_jobs(
         let memory: u64 = jobs.iter().map(Gpu::memory).sum();
         if short.is_empty() && cpu <= caps.slots && procs <= caps.processes && memory <= caps.memory
         {
+            if let Some(room) = &free {
+                match on_nodes(&jobs, &models, room) {
+                    Ok(left) => free = Some(left),
+                    Err(cut) => {
+                        cut.apply(&mut jobs[cut.job]);
+                        continue;
+                    }
+                }
+            }
             for (j, here) in jobs.iter_mut().zip(placed) {
                 j.placement = here;
             }
@@ -541,7 +562,132 @@ pub(super) fn plan_gpu_jobs(
         cpu_slots: cpu,
         processes,
         memory,
+        free,
     })
+}
+
+/// A GPU job whose new processes the nodes' free room does not hold: the most workers it
+/// holds (`fits`: 0, none), and why.
+struct Cut {
+    job: usize,
+    fits: u32,
+    asked: String,
+    lowest: u32,
+    room: String,
+}
+
+impl Cut {
+    /// Sizes the job to what fits: a start at fewer workers, down to its minimum, or none (it
+    /// waits); a growth to fewer added workers, or none (it keeps its size).
+    fn apply(&self, j: &mut Gpu) {
+        let Cut {
+            fits, asked, room, ..
+        } = self;
+        if j.running() {
+            j.to = (*fits).max(j.job.workers);
+            j.reasons.push(match fits {
+                0 => format!(
+                    "kept at {} workers: no node has room for another worker of {asked} \
+                     ({room})",
+                    j.job.workers
+                ),
+                w => format!(
+                    "{w} workers, not {}: no more fit on the nodes' free room ({room})",
+                    j.to
+                ),
+            });
+        } else if *fits == 0 {
+            j.reasons.push(format!(
+                "waits: no node has room for its processes of {asked} at its minimum of {} \
+                 workers ({room})",
+                self.lowest
+            ));
+            j.to = 0;
+            j.on = None;
+        } else {
+            j.reasons.push(format!(
+                "starts with {fits} workers, not {}: no more fit on the nodes' free room ({room})",
+                j.to
+            ));
+            j.to = *fits;
+        }
+    }
+}
+
+/// Places the GPU jobs' new processes (a start's PS, workers and roles; a growth's added
+/// workers) on the nodes' free room, running jobs' growth first, then the starts, each in
+/// submission order, as `nodes.rs` places the CPU jobs'. The room left; or the first job
+/// that does not fit whole, with the most workers that do.
+fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Free, Cut> {
+    let adds = |j: &Gpu| match j.running() {
+        true => j.to.saturating_sub(j.counted(j.job.workers)),
+        false => j.to,
+    };
+    let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (jobs[a].job, jobs[b].job);
+        (x.state == LiveState::Queued)
+            .cmp(&(y.state == LiveState::Queued))
+            .then(x.submitted_s.total_cmp(&y.submitted_s))
+            .then(x.id.cmp(&y.id))
+    });
+    let mut free = free.clone();
+    for i in order {
+        let j = &jobs[i];
+        let model = j.on.map(|t| models[t].as_str());
+        let worker = free.process(
+            j.job.worker_millicores,
+            j.job.worker_memory_bytes,
+            j.g,
+            model,
+        );
+        let start = !j.running();
+        let (base, lowest) = match start {
+            true => (0, j.job.min_workers.max(1)),
+            false => (j.counted(j.job.workers), j.counted(j.job.workers) + 1),
+        };
+        let mut fixed = Vec::new();
+        if start {
+            let ps = free.process(j.job.ps_millicores, j.job.ps_memory_bytes, Gpus::ZERO, None);
+            fixed = vec![ps; j.job.ps as usize];
+            fixed.extend(super::nodes::roles_of(j.job, model, &free));
+        }
+        let unit = j.job.node_unit.max(1);
+        let mut w = j.to;
+        let fits = loop {
+            let mut procs = fixed.clone();
+            procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
+            if free.clone().take(procs) {
+                break w;
+            }
+            if w < lowest + unit {
+                break 0;
+            }
+            w -= unit;
+        };
+        if fits == j.to {
+            let mut procs = fixed;
+            procs.extend(std::iter::repeat_n(worker, (fits - base) as usize));
+            free.take(procs);
+            continue;
+        }
+        let roles = fixed.len().saturating_sub(j.job.ps as usize);
+        return Err(Cut {
+            job: i,
+            fits,
+            asked: format!(
+                "{}{}",
+                super::nodes::shown(&worker, &free),
+                match (start, roles) {
+                    (true, n) if n > 0 => format!(" with its roles' {n}"),
+                    _ => String::new(),
+                }
+            ),
+            lowest,
+            room: free.freest_shown(),
+        });
+    }
+    Ok(free)
 }
 
 fn model_name_of(models: &[String], t: Option<usize>) -> &str {
@@ -984,5 +1130,162 @@ mod tests {
         );
         let e = unplaceable(&[], Gpus::from_milli(100), None).unwrap();
         assert!(e.contains("the cluster has no GPUs"), "{e}");
+    }
+
+    /// The CI harness's three nodes of 4 CPUs (none, 2 V100s, 4 A100s) as the platform
+    /// reports their free room: the V100 node with `v_cpus` CPUs and `v_gpus` GPUs free.
+    fn with_room(v_cpus: u64, v_gpus: u32) -> LiveCluster {
+        let room = |name: &str, cpus: u64, gpus: u32| crate::live::NodeRoom {
+            name: name.into(),
+            cpu_millicores: cpus * 1000,
+            memory_bytes: 0,
+            gpus: Gpus::whole(gpus),
+        };
+        LiveCluster {
+            free: vec![room("c", 4, 0), room("v", v_cpus, v_gpus), room("a", 4, 4)],
+            ..three_nodes()
+        }
+    }
+
+    fn three_nodes() -> LiveCluster {
+        LiveCluster {
+            nodes: vec![node("v", 2, "V100"), node("a", 4, "A100")],
+            ..cluster(12)
+        }
+    }
+
+    /// A V100 job of `workers` workers (1 GPU and 3 CPUs each), at least `min`.
+    fn v100_job(id: u64, state: LiveState, workers: u32, min: u32) -> LiveJob {
+        LiveJob {
+            worker_millicores: 3000,
+            min_workers: min,
+            max_workers: workers,
+            ..gpu_job(id, state, workers, 1, Some("V100"))
+        }
+    }
+
+    #[test]
+    fn a_gpu_start_whose_cpu_its_gpu_node_lacks_waits_with_the_nodes_room() {
+        // Two V100 jobs of one worker (1 GPU, 3 CPUs): the pool (12 CPUs, 2 V100s) holds
+        // both; the V100 node's 4 CPUs hold one.
+        let jobs = vec![
+            v100_job(1, LiveState::Queued, 1, 1),
+            v100_job(2, LiveState::Queued, 1, 1),
+        ];
+        let pooled = LiveSnapshot {
+            now_s: 100.0,
+            cluster: three_nodes(),
+            jobs: jobs.clone(),
+        };
+        let plan = round(&pooled);
+        assert_eq!(
+            (decision(&plan, 1).to_workers, decision(&plan, 2).to_workers),
+            (1, 1)
+        );
+        let plan = round(&LiveSnapshot {
+            cluster: with_room(4, 2),
+            ..pooled.clone()
+        });
+        assert_eq!(decision(&plan, 1).to_workers, 1, "{plan:?}");
+        let d = decision(&plan, 2);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r
+                == "waits: no node has room for its processes of 1 V100 GPUs and 3 CPU at its \
+                    minimum of 1 workers (a 4 CPU, 4 A100 GPUs free, c 4 CPU free, v 1 CPU, 1 \
+                    V100 GPUs free)"),
+            "{d:?}"
+        );
+        assert!(d.gpu_placement.is_empty(), "{d:?}");
+        // The CPU jobs get the room the GPU jobs leave on the nodes: a CPU job of one 4-CPU
+        // worker, which c or a hold, starts; one of two waits (v has 1 CPU left).
+        let cpu_job = |id, workers| LiveJob {
+            worker_millicores: 4000,
+            min_workers: workers,
+            max_workers: workers,
+            ..job(id, LiveState::Queued, workers, &[(1, 10.0)])
+        };
+        for (workers, starts) in [(2, 2), (3, 0)] {
+            let mut snap = LiveSnapshot {
+                cluster: with_room(4, 2),
+                ..pooled.clone()
+            };
+            snap.jobs.truncate(1);
+            snap.jobs.push(cpu_job(3, workers));
+            let plan = round(&snap);
+            assert_eq!(decision(&plan, 3).to_workers, starts, "{plan:?}");
+        }
+    }
+
+    #[test]
+    fn a_gpu_start_or_growth_is_cut_to_the_workers_its_gpu_node_holds() {
+        // A job of 2 V100 workers (at least 1) on a V100 node of 4 CPUs: one starts.
+        let snap = |jobs: Vec<LiveJob>, v_cpus, v_gpus| LiveSnapshot {
+            now_s: 100.0,
+            cluster: with_room(v_cpus, v_gpus),
+            jobs,
+        };
+        let plan = round(&snap(vec![v100_job(1, LiveState::Queued, 2, 1)], 4, 2));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r
+                .starts_with("starts with 1 workers, not 2: no more fit on the nodes' free room")),
+            "{d:?}"
+        );
+        // Running at 1 worker, it may grow to 2 (both V100s), but its node has 2 CPUs free.
+        let mut running = v100_job(1, LiveState::Running, 1, 1);
+        running.max_workers = 2;
+        running.speed = vec![
+            SpeedPoint {
+                workers: 1,
+                samples_per_s: 100.0,
+            },
+            SpeedPoint {
+                workers: 2,
+                samples_per_s: 195.0,
+            },
+        ];
+        let plan = round(&snap(vec![running.clone()], 3, 1));
+        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        let plan = round(&snap(vec![running], 2, 1));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(
+                "kept at 1 workers: no node has room for another worker of 1 V100 GPUs and 3 CPU"
+            )),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn gpu_processes_not_placed_yet_hold_their_gpu_nodes_room() {
+        // A running V100 job's worker (1 GPU, 3 CPUs) is planned, not launched: the V100
+        // node's free room (4 CPUs, 2 GPUs) does not show it. A queued V100 job of one such
+        // worker fits the pool and the GPUs the round counts, but not beside it on the node.
+        let mut running = v100_job(1, LiveState::Running, 1, 1);
+        running.not_placed = vec![crate::live::NotPlaced {
+            count: 1,
+            millicores: 3000,
+            memory_bytes: 0,
+            gpus: Gpus::ONE,
+        }];
+        let mut snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: with_room(4, 2),
+            jobs: vec![running, v100_job(2, LiveState::Queued, 1, 1)],
+        };
+        let plan = round(&snap);
+        let d = decision(&plan, 2);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            plan.notes
+                .iter()
+                .any(|n| n.starts_with("nodes: room held for 1 of 1 processes")),
+            "{plan:?}"
+        );
+        snap.jobs[0].not_placed.clear();
+        assert_eq!(decision(&round(&snap), 2).to_workers, 1);
     }
 }

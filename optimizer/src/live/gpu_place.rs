@@ -23,27 +23,35 @@ pub(super) fn left_after(nodes: &[LiveNode], decisions: &[(usize, Decision)]) ->
 /// fewest left that holds it, and takes them off; whether all fit (`nodes` unchanged when
 /// not).
 pub(super) fn place_roles(job: &LiveJob, nodes: &mut [LiveNode]) -> bool {
-    let mut left: Vec<u32> = nodes.iter().map(|n| n.gpus).collect();
-    let of_model = |n: &LiveNode| job.gpu_type.as_deref().is_none_or(|m| m == n.gpu_type);
+    let mut left = nodes.to_vec();
+    let model = job.gpu_type.as_deref();
     for r in job.roles.iter().filter(|r| !r.gpus.is_zero()) {
-        // A unit: one process's whole GPUs, or one GPU its sharing processes pack onto.
-        let (unit, per_unit) = (r.gpus.devices(), r.gpus.per_device());
-        let mut placed = 0;
-        while placed < r.count {
-            let Some(best) = (0..nodes.len())
-                .filter(|&n| of_model(&nodes[n]) && left[n] >= unit)
-                .min_by_key(|&n| (left[n], n))
-            else {
-                return false;
-            };
-            left[best] -= unit;
-            placed = (placed + per_unit).min(r.count);
+        if place_up_to(&mut left, r.gpus, r.count, model) < r.count {
+            return false;
         }
     }
-    for (n, l) in nodes.iter_mut().zip(left) {
-        n.gpus = l;
-    }
+    nodes.clone_from_slice(&left);
     true
+}
+
+/// Places up to `n` processes of `g` GPUs each on the GPUs left on `nodes` (of `model`; any,
+/// when none), each (or each device its sharing processes pack onto) on the node with the
+/// fewest left that holds it, and takes them off; how many it placed.
+pub(super) fn place_up_to(nodes: &mut [LiveNode], g: Gpus, n: u32, model: Option<&str>) -> u32 {
+    // A unit: one process's whole GPUs, or one GPU its sharing processes pack onto.
+    let (unit, per_unit) = (g.devices(), g.per_device());
+    let mut placed = 0;
+    while placed < n {
+        let Some(best) = (0..nodes.len())
+            .filter(|&i| model.is_none_or(|m| m == nodes[i].gpu_type) && nodes[i].gpus >= unit)
+            .min_by_key(|&i| (nodes[i].gpus, i))
+        else {
+            break;
+        };
+        nodes[best].gpus -= unit;
+        placed = (placed + per_unit).min(n);
+    }
+    placed
 }
 
 /// `" and its roles' (rollout ×2 of 1 GPUs)"` for a job whose roles have GPUs of their own.

@@ -159,6 +159,105 @@ fn never_holds_amount(
     })
 }
 
+/// A node's size, for the checks where each node's CPU and memory are its own (a Ray
+/// cluster's nodes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeSize {
+    pub cpu_millicores: u64,
+    /// 0: not known.
+    pub memory_bytes: u64,
+    pub gpus: u32,
+    pub gpu_type: String,
+}
+
+/// Why `spec`'s processes with GPUs can never run with their CPU and memory beside their
+/// GPUs on `nodes`: a role's process whose CPU or memory no node with its GPUs (of its model)
+/// has, or a training group with GPUs whose minimum the nodes of any one model hold fewer
+/// of, each process whole on one node (the round starts the group at its minimum or more, on
+/// one model). Roles whose processes share devices are left to their group's checks.
+/// `default_cpu`: the CPU of a process whose role names none. `None` when it may.
+pub fn never_holds_beside_gpus(
+    spec: &JobSpec,
+    nodes: &[NodeSize],
+    default_cpu: u64,
+) -> Option<String> {
+    let trainer = spec.training_role();
+    for (role, r) in &spec.roles {
+        let g = spec.gpu_of(*role);
+        let Ok(plan) = spec.role_plan(*role) else {
+            continue;
+        };
+        let shares = spec.shares_worker_devices(*role)
+            || (*role == trainer && spec.worker_bundle().is_some());
+        if g.is_zero() || plan.replicas == 0 || shares {
+            continue;
+        }
+        let res = r.resources.as_ref();
+        let model = res.and_then(|x| x.gpu_type.as_deref());
+        let cpu = res.and_then(|x| x.cpu).map_or(default_cpu, |c| c.0);
+        let memory = res.and_then(|x| x.memory).map_or(0, |m| m.0);
+        let with: Vec<&NodeSize> = nodes
+            .iter()
+            .filter(|n| n.gpus >= g.devices() && model.is_none_or(|m| m == n.gpu_type))
+            .collect();
+        let gpus = format!(
+            "{g} {}GPUs",
+            model.map_or(String::new(), |m| format!("{m} "))
+        );
+        let Some(most_cpu) = with.iter().map(|n| n.cpu_millicores).max() else {
+            continue; // `never_holds` names it
+        };
+        if cpu > most_cpu {
+            return Some(format!(
+                "role {role}: each process asks for {} beside {gpus}, and the cluster's {} \
+                 node(s) with those GPUs have at most {}",
+                Amount::Cpu.show(cpu),
+                with.len(),
+                Amount::Cpu.show(most_cpu)
+            ));
+        }
+        let most_memory = with.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
+        if most_memory > 0 && memory > most_memory {
+            return Some(format!(
+                "role {role}: each process asks for {} beside {gpus}, and the cluster's {} \
+                 node(s) with those GPUs have at most {}",
+                Amount::Memory.show(memory),
+                with.len(),
+                Amount::Memory.show(most_memory)
+            ));
+        }
+        if *role != trainer {
+            continue;
+        }
+        // The training group at its minimum, on the nodes of one model.
+        let holds = |n: &NodeSize| {
+            let by = |have: u64, each: u64| have.checked_div(each).unwrap_or(u64::MAX);
+            let by_memory = match n.memory_bytes {
+                0 => u64::MAX,
+                m => by(m, memory),
+            };
+            (g.fit_in(n.gpus) as u64)
+                .min(by(n.cpu_millicores, cpu))
+                .min(by_memory)
+        };
+        let mut by_model: std::collections::BTreeMap<&str, u64> = Default::default();
+        for n in &with {
+            *by_model.entry(n.gpu_type.as_str()).or_default() += holds(n);
+        }
+        let most = by_model.values().copied().max().unwrap_or(0);
+        let min = plan.min.max(1);
+        if most < min as u64 {
+            return Some(format!(
+                "role {role}: its minimum of {min} processes of {gpus} and {} each never fits: \
+                 the nodes of one GPU model hold {most} such processes at most, each whole on \
+                 one node",
+                Amount::Cpu.show(cpu)
+            ));
+        }
+    }
+    None
+}
+
 /// Each bundle's GPUs (one per process, or one per index when the group shares devices) and
 /// the model the group asks for.
 fn bundles(spec: &JobSpec, g: &PlacementGroup) -> (Vec<Gpus>, Option<String>) {
@@ -417,5 +516,79 @@ mod tests {
             e.starts_with("role worker: the job asks for 8 GPUs per worker"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn gpu_processes_whose_cpu_their_gpu_nodes_lack_are_named() {
+        // The CI harness's nodes: 4 CPUs and 4 GiB each; 2 V100s on one, 4 A100s on another.
+        let size = |gpus: u32, model: &str| NodeSize {
+            cpu_millicores: 4000,
+            memory_bytes: 4 << 30,
+            gpus,
+            gpu_type: model.into(),
+        };
+        let nodes = [size(0, ""), size(2, "V100"), size(4, "A100")];
+        let job = |workers: &str, rollout: &str| {
+            let s = JobSpec::from_yaml(&format!(
+                "name: j\nkind: allreduce\nroles:\n  worker: {{ {workers} }}\n  \
+                 rollout: {{ replicas: 1, topology: service, command: [/bin/true], {rollout} }}\n\
+                 workload: {{ builtin: {{}} }}\ndata: {{ num_samples: 10, shard_size: 1 }}\n\
+                 checkpoint: {{ dir: /tmp/x }}\n"
+            ))
+            .unwrap();
+            s.validate().unwrap();
+            s
+        };
+        let check = |workers: &str, rollout: &str| {
+            never_holds_beside_gpus(&job(workers, rollout), &nodes, 1000)
+        };
+        let v100 = |cpu: &str| {
+            format!("replicas: 2, min: 1, resources: {{ cpu: {cpu}, gpu: 1, gpu_type: V100 }}")
+        };
+        assert_eq!(check(&v100("3"), "resources: { cpu: 1 }"), None);
+        // 6 CPUs beside a V100: the V100 node has 4 (the CPU node's 8 would not do).
+        let big = [size(0, ""), size(2, "V100")];
+        let mut wide = big.clone();
+        wide[0].cpu_millicores = 8000;
+        assert_eq!(
+            never_holds_beside_gpus(&job(&v100("6"), "resources: { cpu: 1 }"), &wide, 1000)
+                .as_deref(),
+            Some(
+                "role worker: each process asks for 6 CPUs beside 1 V100 GPUs, and the cluster's \
+                 1 node(s) with those GPUs have at most 4 CPUs"
+            )
+        );
+        // A minimum of 2 workers of 3 CPUs beside a V100: the V100 node holds one.
+        let e = check(
+            "replicas: 2, min: 2, resources: { cpu: 3, gpu: 1, gpu_type: V100 }",
+            "resources: { cpu: 1 }",
+        )
+        .unwrap();
+        assert_eq!(
+            e,
+            "role worker: its minimum of 2 processes of 1 V100 GPUs and 3 CPUs each never fits: \
+             the nodes of one GPU model hold 1 such processes at most, each whole on one node"
+        );
+        // Any model: the A100 node holds one and the V100 node one, but never both for one
+        // job (it runs on one model); of 2 CPUs, each holds 2.
+        let any = |cpu: &str| format!("replicas: 2, min: 2, resources: {{ cpu: {cpu}, gpu: 1 }}");
+        assert!(check(&any("3"), "resources: { cpu: 1 }").is_some());
+        assert_eq!(check(&any("2"), "resources: { cpu: 1 }"), None);
+        // Memory too, and a role with GPUs of its own.
+        assert!(
+            check(&v100("1"), "resources: { cpu: 1, memory: 6Gi, gpu: 1 }")
+                .unwrap()
+                .starts_with("role rollout: each process asks for 6 GiB beside 1 GPUs")
+        );
+        // Roles that share the workers' devices are their group's.
+        let shared = JobSpec::from_yaml(
+            "name: j\nkind: allreduce\nroles:\n  worker: { replicas: 2, min: 2, resources: { cpu: 3, gpu: 0.5 } }\n  \
+             rollout: { replicas: 2, topology: service, command: [/bin/true], resources: { cpu: 1, gpu: 0.5 } }\n\
+             workload: { builtin: {} }\ndata: { num_samples: 10, shard_size: 1 }\n\
+             checkpoint: { dir: /tmp/x }\nplacement:\n  - { roles: [worker, rollout], strategy: strict_pack, share_devices: true }\n",
+        )
+        .unwrap();
+        shared.validate().unwrap();
+        assert_eq!(never_holds_beside_gpus(&shared, &big, 1000), None);
     }
 }

@@ -69,7 +69,9 @@ use checks::{Caps, repair};
 pub use config::LiveConfig;
 pub use decision::{Decision, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
-pub use hold::{never_holds, never_holds_cpu, never_holds_memory};
+pub use hold::{
+    NodeSize, never_holds, never_holds_beside_gpus, never_holds_cpu, never_holds_memory,
+};
 pub use nodes::{NodeRoom, NotPlaced};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
@@ -238,8 +240,14 @@ pub fn plan_round(
         .enumerate()
         .filter(|(_, j)| !j.worker_gpus.is_zero())
         .collect();
-    let gpu = gpu::plan_gpu_jobs(
-        &gpu_jobs, cluster, scheduler, config, now, prior, caps, &mut notes,
+    // The nodes' free room (where the platform reports it), less what processes the platform
+    // has not placed yet will take: the GPU jobs' new processes, then the CPU jobs', must fit.
+    let free = nodes::Free::of(cluster).map(|mut f| {
+        nodes::reserve_not_placed(&mut f, &snapshot.jobs, &mut notes);
+        f
+    });
+    let mut gpu = gpu::plan_gpu_jobs(
+        &gpu_jobs, cluster, scheduler, config, now, prior, caps, free, &mut notes,
     )?;
     let cpu = cpu::plan_cpu_jobs(
         snapshot,
@@ -260,7 +268,7 @@ pub fn plan_round(
     let deferred = correct::apply_freeing(&mut jobs, proposals, heuristics, slot, now);
     repair(&mut jobs, cpu.caps, &mut notes);
     correct::grow_if_room(&mut jobs, deferred, cpu.caps, slot, now);
-    let free = nodes::gate(&mut jobs, snapshot, &holdups, &mut notes);
+    let free = nodes::gate(&mut jobs, snapshot, &holdups, gpu.free.take());
 
     let (mut decisions, used) = decide(jobs, cpu_at, gpu, slot);
     for (at, d) in &mut decisions {
@@ -382,7 +390,10 @@ fn place_roles(
         snapshot.now_s,
         slot,
         capacity.less(used),
-        free.as_mut(),
+        roles::Places {
+            free: free.as_mut(),
+            gpus_left: &mut gpus_left,
+        },
     );
     roles::Room {
         cpu_millicores: used.cpu_millicores + taken.cpu_millicores,

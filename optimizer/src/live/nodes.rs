@@ -1,33 +1,40 @@
-//! Each node's free CPU and memory, where the platform reports them ([`LiveCluster::free`]: a
-//! Ray cluster's available resources by node). The round counts CPU and memory in one pool;
-//! this gate then lets new processes through only where they fit on the nodes as they are,
-//! each process whole on one node: room the pool counts but that is split across nodes is not
-//! handed out. In order:
+//! Each node's free CPU, memory and GPUs, where the platform reports them
+//! ([`LiveCluster::free`]: a Ray cluster's available resources by node, each node's GPUs of
+//! the model [`LiveCluster::nodes`] names). The round counts CPU and memory in one pool and
+//! GPUs by model; this gate then lets new processes through only where they fit on the nodes
+//! as they are, each process whole on one node with its GPUs, CPU and memory: room the pool
+//! counts but that is split across nodes (or a GPU node's GPUs without the CPU beside them)
+//! is not handed out. In order:
 //!
 //! 1. the processes the platform has not placed yet ([`LiveJob::not_placed`]: a start's or a
-//!    plan's not launched by their job master yet, or launched and waiting for the platform),
-//!    which it does not count, take their room first;
-//! 2. the room a role that holds up its job's training group would grow by is set aside
+//!    plan's not launched by their job master yet, or launched and waiting for the platform,
+//!    with their GPUs), which it does not count, take their room first ([`reserve_not_placed`],
+//!    before the GPU round);
+//! 2. the GPU jobs' new processes (`gpu.rs`: a start's PS, workers and roles; a growth's
+//!    workers), by the same rule as in 4, on nodes of their model;
+//! 3. the room a role that holds up its job's training group would grow by is set aside
 //!    ([`roles::Holdup`]), as the pool keeps it;
-//! 3. the growth of running CPU jobs (their added workers and PS), then the starts of queued
-//!    CPU jobs (PS, workers and their service and single roles without GPUs), each in
-//!    submission order. A job's processes are placed largest first, each on the node with the
-//!    most CPU left that holds it (the first among equals): the rule by which the job master
-//!    places and pins them on Ray. A job that does not fit gets fewer workers, by node units,
-//!    down to its minimum (a start) or its size (a growth); below that, a start waits and a
-//!    growth is not made, with the reason;
-//! 4. what is set aside in 2 is given back, and the room left ([`Free`]) is what the service
-//!    roles grow into (`roles.rs`).
+//! 4. the growth of running CPU jobs (their added workers and PS), then the starts of queued
+//!    CPU jobs (PS, workers and their service and single roles, those with GPUs of their own
+//!    with them), each in submission order. A job's processes are placed largest first (those
+//!    with GPUs first), each on the node with the most CPU left that holds it (the first among
+//!    equals): the rule by which the job master places and pins them on Ray. A job that does
+//!    not fit gets fewer workers, by node units, down to its minimum (a start) or its size (a
+//!    growth); below that, a start waits and a growth is not made, with the reason;
+//! 5. what is set aside in 3 is given back, and the room left ([`Free`]) is what the service
+//!    roles grow into (`roles.rs`), those with GPUs too.
 //!
-//! What the gate does not know: GPU jobs' CPU on their GPU nodes, roles' processes with GPUs
-//! of their own, and processes launched but waiting for the platform to place them. A process
-//! launched after its job master's last report may be counted twice for a round (room held
-//! back, never handed out twice). The job master still places each process and waits for a
-//! node that holds it.
+//! GPUs are counted per node as one amount, as Ray counts them: shares of devices on one node
+//! add up whichever device they are on (Ray, like this gate, may then find a node's 0.6 free
+//! split over two devices too small for a 0.5 share). A process launched after its job
+//! master's last report may be counted twice for a round (room held back, never handed out
+//! twice). The job master still places each process and waits for a node that holds it.
+
+use vocab::Gpus;
 
 use super::*;
 
-/// A node's CPU and memory free for new processes, as the platform last reported them.
+/// A node's CPU, memory and GPUs free for new processes, as the platform last reported them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeRoom {
@@ -37,12 +44,19 @@ pub struct NodeRoom {
     /// Free memory, bytes (read only where the cluster's memory is counted).
     #[serde(default)]
     pub memory_bytes: u64,
+    /// Free GPUs (a share of a device counts as its share), of the model
+    /// [`LiveCluster::nodes`] names for the node.
+    #[serde(default, skip_serializing_if = "no_gpus")]
+    pub gpus: vocab::Gpus,
+}
+
+fn no_gpus(g: &Gpus) -> bool {
+    g.is_zero()
 }
 
 /// Processes of one role of a job that the platform has not placed yet (not launched by its
 /// job master, or launched and waiting): the platform does not count their room, so the round
-/// takes it off the nodes' free room before it places new ones. Processes with GPUs are not
-/// listed (the GPU round places them).
+/// takes it off the nodes' free room before it places new ones.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NotPlaced {
@@ -52,39 +66,125 @@ pub struct NotPlaced {
     /// Memory of each, bytes (0: none asked).
     #[serde(default)]
     pub memory_bytes: u64,
+    /// GPUs of each, of the job's GPU model (none: a process without GPUs).
+    #[serde(default, skip_serializing_if = "no_gpus")]
+    pub gpus: vocab::Gpus,
 }
 
-/// One process to place: its CPU (millicores) and memory (bytes).
-type Process = (u64, u64);
+/// A GPU model as [`Free`] numbers them; `None`: any model (a process), no GPUs (a node).
+type Model = Option<u16>;
+
+/// One process to place, or the room left on one node: CPU (millicores), memory (bytes),
+/// GPUs (thousandths of a device) and the GPUs' model. Ordered GPUs first: the largest
+/// processes are placed first, those with GPUs before all others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Process {
+    gpus: u32,
+    cpu: u64,
+    memory: u64,
+    model: Model,
+}
+
+impl Process {
+    /// Whether it fits in the room `r` of a node.
+    fn fits_in(&self, r: &Process) -> bool {
+        r.cpu >= self.cpu
+            && r.memory >= self.memory
+            && (self.gpus == 0
+                || (r.gpus >= self.gpus && self.model.is_none_or(|m| r.model == Some(m))))
+    }
+    fn take_from(&self, r: &mut Process) {
+        r.cpu -= self.cpu;
+        r.memory = r.memory.saturating_sub(self.memory);
+        r.gpus -= self.gpus;
+    }
+    fn give_to(&self, r: &mut Process) {
+        r.cpu += self.cpu;
+        r.memory = r.memory.saturating_add(self.memory);
+        r.gpus += self.gpus;
+    }
+}
 
 /// The nodes' room left as the round places processes on it, in the order of
 /// [`LiveCluster::free`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Free {
     room: Vec<Process>,
+    names: Vec<String>,
+    /// The GPU models of the nodes, as [`Model`] numbers them.
+    models: Vec<String>,
 }
 
 impl Free {
-    /// The room `cluster` reports (memory unbounded where the cluster does not count it);
-    /// none when it reports no nodes.
-    fn of(cluster: &LiveCluster) -> Option<Free> {
+    /// The room `cluster` reports (memory unbounded where the cluster does not count it),
+    /// each node's GPUs of the model [`LiveCluster::nodes`] names for it; none when it reports
+    /// no nodes.
+    pub(super) fn of(cluster: &LiveCluster) -> Option<Free> {
         if cluster.free.is_empty() {
             return None;
         }
         let count_memory = cluster.memory_bytes != 0;
+        let mut models: Vec<String> = Vec::new();
         let room = cluster
             .free
             .iter()
-            .map(|n| match count_memory {
-                true => (n.cpu_millicores, n.memory_bytes),
-                false => (n.cpu_millicores, u64::MAX),
+            .map(|n| {
+                let model = cluster
+                    .nodes
+                    .iter()
+                    .find(|g| g.name == n.name && g.gpus > 0)
+                    .map(|g| match models.iter().position(|m| *m == g.gpu_type) {
+                        Some(i) => i as u16,
+                        None => {
+                            models.push(g.gpu_type.clone());
+                            (models.len() - 1) as u16
+                        }
+                    });
+                Process {
+                    cpu: n.cpu_millicores,
+                    memory: match count_memory {
+                        true => n.memory_bytes,
+                        false => u64::MAX,
+                    },
+                    gpus: match model {
+                        Some(_) => n.gpus.milli(),
+                        None => 0,
+                    },
+                    model,
+                }
             })
             .collect();
-        Some(Free { room })
+        Some(Free {
+            room,
+            names: cluster.free.iter().map(|n| n.name.clone()).collect(),
+            models,
+        })
+    }
+
+    /// A process of `millicores`, `memory_bytes` and `gpus` of GPU model `model` (none: any).
+    pub fn process(
+        &self,
+        millicores: u64,
+        memory_bytes: u64,
+        gpus: Gpus,
+        model: Option<&str>,
+    ) -> Process {
+        Process {
+            gpus: gpus.milli(),
+            cpu: millicores,
+            memory: memory_bytes,
+            // A model no node has: one no node matches.
+            model: model.filter(|_| !gpus.is_zero()).map(|m| {
+                self.models
+                    .iter()
+                    .position(|x| x == m)
+                    .map_or(u16::MAX, |i| i as u16)
+            }),
+        }
     }
 
     /// Places all of `procs` (see [`placed`]), or none of them: false.
-    fn take(&mut self, procs: Vec<Process>) -> bool {
+    pub(super) fn take(&mut self, procs: Vec<Process>) -> bool {
         match placed(&self.room, procs) {
             Some(left) => {
                 self.room = left;
@@ -102,77 +202,74 @@ impl Free {
             let Some(i) = freest(&self.room, p) else {
                 break;
             };
-            self.room[i].0 -= p.0;
-            self.room[i].1 = self.room[i].1.saturating_sub(p.1);
+            p.take_from(&mut self.room[i]);
             on.push(i);
         }
         on
     }
 
-    /// How many of `n` processes of `millicores` and `memory_bytes` fit, taken from the room.
-    pub fn take_up_to(&mut self, n: u32, millicores: u64, memory_bytes: u64) -> u32 {
-        self.take_each(n, (millicores, memory_bytes)).len() as u32
+    /// How many of `n` processes `p` fit, taken from the room.
+    pub fn take_up_to(&mut self, n: u32, p: Process) -> u32 {
+        self.take_each(n, p).len() as u32
     }
 
     /// Gives back what [`Free::take_each`] took for processes of `p` on the nodes `on`.
     fn give_back(&mut self, on: &[usize], p: Process) {
         for &i in on {
-            self.room[i].0 += p.0;
-            self.room[i].1 = self.room[i].1.saturating_add(p.1);
+            p.give_to(&mut self.room[i]);
+        }
+    }
+
+    /// `V100 GPUs `; `GPUs ` for GPUs of no declared model.
+    fn model_shown(&self, m: u16) -> String {
+        match self.models.get(m as usize).map(String::as_str) {
+            Some(ANY_MODEL) | None => "GPUs ".into(),
+            Some(model) => format!("{model} GPUs "),
+        }
+    }
+
+    /// The freest nodes' room, as the reasons name it: `10.0.0.2 1.5 CPU free, 10.0.0.3 1
+    /// CPU, 2 V100 GPUs free` (three at most).
+    pub(super) fn freest_shown(&self) -> String {
+        let mut by: Vec<(&Process, &str)> = self
+            .room
+            .iter()
+            .zip(&self.names)
+            .map(|(r, n)| (r, n.as_str()))
+            .collect();
+        by.sort_by(|a, b| b.0.cpu.cmp(&a.0.cpu).then(a.1.cmp(b.1)));
+        let shown: Vec<String> = by
+            .iter()
+            .take(3)
+            .map(|(r, n)| match r.model {
+                Some(m) => format!(
+                    "{n} {} CPU, {} {}free",
+                    millicores_shown(r.cpu),
+                    Gpus::from_milli(r.gpus),
+                    self.model_shown(m)
+                ),
+                None => format!("{n} {} CPU free", millicores_shown(r.cpu)),
+            })
+            .collect();
+        let more = by.len().saturating_sub(3);
+        match more {
+            0 => shown.join(", "),
+            _ => format!("{} and {more} more", shown.join(", ")),
         }
     }
 }
 
-/// Lets the CPU jobs' new processes (`jobs`, sized by the round) through only where they fit
-/// on the nodes' free room, after the processes not placed yet and what the holdups keep (see
-/// the module's documentation); the room left, for the service roles. Nothing changes, and
-/// none is returned, when the cluster reports no nodes.
-pub(super) fn gate(
-    jobs: &mut [Sized],
-    snapshot: &LiveSnapshot,
-    holdups: &BTreeMap<usize, roles::Holdup>,
-    notes: &mut Vec<String>,
-) -> Option<Free> {
-    let cluster = &snapshot.cluster;
-    let mut free = Free::of(cluster)?;
-    reserve_not_placed(&mut free, &snapshot.jobs, notes);
-    // Set aside for the roles that hold up their jobs, given back below for them to grow.
-    let kept: Vec<(Vec<usize>, Process)> = holdups
-        .iter()
-        .map(|(&at, h)| {
-            let memory = snapshot.jobs[at]
-                .roles
-                .iter()
-                .find(|r| r.role == h.role)
-                .map_or(0, |r| r.memory_bytes);
-            let p = (h.millicores, memory);
-            (free.take_each(h.more, p), p)
-        })
-        .collect();
-    let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (jobs[a].job, jobs[b].job);
-        (x.state == LiveState::Queued)
-            .cmp(&(y.state == LiveState::Queued))
-            .then(x.submitted_s.total_cmp(&y.submitted_s))
-            .then(x.id.cmp(&y.id))
-    });
-    for i in order {
-        gate_one(&mut jobs[i], &mut free, &cluster.free);
-    }
-    for (on, p) in &kept {
-        free.give_back(on, *p);
-    }
-    Some(free)
-}
-
-/// Takes the room of the processes the platform has not placed yet; one that fits on
-/// no node is left out (the platform may count it already: a report older than its launch).
-fn reserve_not_placed(free: &mut Free, jobs: &[LiveJob], notes: &mut Vec<String>) {
+/// Takes the room of the processes the platform has not placed yet off `free`; one that fits
+/// on no node is left out (the platform may count it already: a report older than its
+/// launch).
+pub(super) fn reserve_not_placed(free: &mut Free, jobs: &[LiveJob], notes: &mut Vec<String>) {
     let (mut held, mut wanted) = (0, 0);
-    for u in jobs.iter().flat_map(|j| &j.not_placed) {
-        wanted += u.count;
-        held += free.take_up_to(u.count, u.millicores, u.memory_bytes);
+    for j in jobs {
+        for u in &j.not_placed {
+            wanted += u.count;
+            let p = free.process(u.millicores, u.memory_bytes, u.gpus, j.gpu_type.as_deref());
+            held += free.take_up_to(u.count, p);
+        }
     }
     if wanted > 0 {
         notes.push(format!(
@@ -186,6 +283,47 @@ fn reserve_not_placed(free: &mut Free, jobs: &[LiveJob], notes: &mut Vec<String>
     }
 }
 
+/// Lets the CPU jobs' new processes (`jobs`, sized by the round) through only where they fit
+/// on the nodes' `free` room (after the processes not placed yet and the GPU jobs' new ones),
+/// after what the holdups keep (see the module's documentation); the room left, for the
+/// service roles. Nothing changes, and none is returned, when the cluster reports no nodes.
+pub(super) fn gate(
+    jobs: &mut [Sized],
+    snapshot: &LiveSnapshot,
+    holdups: &BTreeMap<usize, roles::Holdup>,
+    free: Option<Free>,
+) -> Option<Free> {
+    let mut free = free?;
+    // Set aside for the roles that hold up their jobs, given back below for them to grow.
+    let kept: Vec<(Vec<usize>, Process)> = holdups
+        .iter()
+        .map(|(&at, h)| {
+            let memory = snapshot.jobs[at]
+                .roles
+                .iter()
+                .find(|r| r.role == h.role)
+                .map_or(0, |r| r.memory_bytes);
+            let p = free.process(h.millicores, memory, Gpus::ZERO, None);
+            (free.take_each(h.more, p), p)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (jobs[a].job, jobs[b].job);
+        (x.state == LiveState::Queued)
+            .cmp(&(y.state == LiveState::Queued))
+            .then(x.submitted_s.total_cmp(&y.submitted_s))
+            .then(x.id.cmp(&y.id))
+    });
+    for i in order {
+        gate_one(&mut jobs[i], &mut free);
+    }
+    for (on, p) in &kept {
+        free.give_back(on, *p);
+    }
+    Some(free)
+}
+
 /// The workers a job adds in this round (a start: all of them).
 fn adds(s: &Sized) -> u32 {
     match s.job.state {
@@ -194,8 +332,20 @@ fn adds(s: &Sized) -> u32 {
     }
 }
 
+/// The processes of a start's service and single roles (with the GPUs of their own, of GPU
+/// model `model`), which it places with its training group.
+pub(super) fn roles_of(job: &LiveJob, model: Option<&str>, free: &Free) -> Vec<Process> {
+    job.roles
+        .iter()
+        .flat_map(|r| {
+            let p = free.process(r.millicores, r.memory_bytes, r.gpus, model);
+            std::iter::repeat_n(p, r.count as usize)
+        })
+        .collect()
+}
+
 /// Places `s`'s new processes on `free` at the most workers that fit (see [`gate`]).
-fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
+fn gate_one(s: &mut Sized, free: &mut Free) {
     let job = s.job;
     let start = job.state == LiveState::Queued;
     let (base, lowest) = match start {
@@ -210,32 +360,31 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
     } else {
         s.ps.saturating_sub(job.ps)
     };
-    // A start brings its roles without GPUs of their own (those are the GPU round's).
-    let roles: Vec<Process> = match start {
-        true => job
-            .roles
-            .iter()
-            .filter(|r| r.gpus.is_zero())
-            .flat_map(|r| std::iter::repeat_n((r.millicores, r.memory_bytes), r.count as usize))
-            .collect(),
+    // A start brings its roles' processes.
+    let roles = match start {
+        true => roles_of(job, job.gpu_type.as_deref(), free),
         false => Vec::new(),
     };
+    let ps = free.process(job.ps_millicores, job.ps_memory_bytes, Gpus::ZERO, None);
+    let worker = free.process(
+        job.worker_millicores,
+        job.worker_memory_bytes,
+        Gpus::ZERO,
+        None,
+    );
     let unit = job.node_unit.max(1);
     let wanted = s.to;
     let mut w = wanted;
     while w >= lowest {
-        let mut procs = vec![(job.ps_millicores, job.ps_memory_bytes); new_ps as usize];
-        procs.extend(std::iter::repeat_n(
-            (job.worker_millicores, job.worker_memory_bytes),
-            (w - base) as usize,
-        ));
+        let mut procs = vec![ps; new_ps as usize];
+        procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
         procs.extend_from_slice(&roles);
         if free.take(procs) {
             if w < wanted {
                 s.to = w;
                 s.reasons.push(format!(
                     "{w} workers, not {wanted}: no more fit on the nodes' free room ({})",
-                    freest_shown(&free.room, nodes)
+                    free.freest_shown()
                 ));
             }
             return;
@@ -246,17 +395,13 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
         w -= unit;
     }
     let what = format!(
-        "{} of {} CPU{}{}",
+        "{} of {}{}",
         if start {
             "its processes"
         } else {
             "another worker"
         },
-        millicores_shown(job.worker_millicores),
-        match job.worker_memory_bytes {
-            0 => String::new(),
-            m => format!(" and {}", hold::memory_shown(m)),
-        },
+        shown(&worker, free),
         match roles.len() {
             0 => String::new(),
             n => format!(" with its roles' {n}"),
@@ -266,7 +411,7 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
         s.to = 0;
         s.reasons.push(format!(
             "waits: no node has room for {what} at its minimum of {lowest} workers ({})",
-            freest_shown(&free.room, nodes)
+            free.freest_shown()
         ));
     } else {
         s.to = job.workers;
@@ -276,9 +421,23 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
         s.reasons.push(format!(
             "kept at {} workers: no node has room for {what} ({})",
             job.workers,
-            freest_shown(&free.room, nodes)
+            free.freest_shown()
         ));
     }
+}
+
+/// What a process asks, as the reasons name it: `1 GPU and 3 CPU and 512 MiB`, `2 CPU`.
+pub(super) fn shown(p: &Process, free: &Free) -> String {
+    let mut s = String::new();
+    if p.gpus > 0 {
+        let model = p.model.map_or("GPUs ".into(), |m| free.model_shown(m));
+        s = format!("{} {model}and ", Gpus::from_milli(p.gpus));
+    }
+    s += &format!("{} CPU", millicores_shown(p.cpu));
+    if p.memory > 0 {
+        s += &format!(" and {}", hold::memory_shown(p.memory));
+    }
+    s
 }
 
 /// The node of `room` that `p` goes to: of those that hold it, the one with the most CPU
@@ -287,43 +446,21 @@ fn gate_one(s: &mut Sized, free: &mut Free, nodes: &[NodeRoom]) {
 fn freest(room: &[Process], p: Process) -> Option<usize> {
     room.iter()
         .enumerate()
-        .filter(|(_, (c, m))| *c >= p.0 && *m >= p.1)
-        .reduce(|best, x| if x.1.0 > best.1.0 { x } else { best })
+        .filter(|(_, r)| p.fits_in(r))
+        .reduce(|best, x| if x.1.cpu > best.1.cpu { x } else { best })
         .map(|(i, _)| i)
 }
 
-/// `room` after `procs` are placed, largest first, each by [`freest`]; `None` when one does
-/// not fit.
+/// `room` after `procs` are placed, largest first (those with GPUs first), each by
+/// [`freest`]; `None` when one does not fit.
 fn placed(room: &[Process], mut procs: Vec<Process>) -> Option<Vec<Process>> {
     procs.sort_by(|a, b| b.cmp(a));
     let mut left = room.to_vec();
     for p in procs {
         let i = freest(&left, p)?;
-        left[i].0 -= p.0;
-        left[i].1 = left[i].1.saturating_sub(p.1);
+        p.take_from(&mut left[i]);
     }
     Some(left)
-}
-
-/// The freest nodes' CPU, as the reasons name it: `10.0.0.2 1.5 CPU free, 10.0.0.3 1 CPU
-/// free` (three at most).
-fn freest_shown(room: &[Process], nodes: &[NodeRoom]) -> String {
-    let mut by: Vec<(u64, &str)> = room
-        .iter()
-        .zip(nodes)
-        .map(|((c, _), n)| (*c, n.name.as_str()))
-        .collect();
-    by.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
-    let shown: Vec<String> = by
-        .iter()
-        .take(3)
-        .map(|(c, n)| format!("{n} {} CPU free", millicores_shown(*c)))
-        .collect();
-    let more = by.len().saturating_sub(3);
-    match more {
-        0 => shown.join(", "),
-        _ => format!("{} and {more} more", shown.join(", ")),
-    }
 }
 
 /// Millicores as CPUs: `1.5`, `2`.
@@ -345,6 +482,7 @@ mod tests {
             name: name.into(),
             cpu_millicores: cpus * 1000,
             memory_bytes: 0,
+            gpus: Gpus::ZERO,
         }
     }
 
@@ -538,19 +676,55 @@ mod tests {
 
     #[test]
     fn processes_go_largest_first_each_to_the_freest_node_that_holds_it() {
-        let room = vec![(4000, u64::MAX), (2000, u64::MAX)];
+        let p = |cpu: u64, memory: u64| Process {
+            gpus: 0,
+            cpu,
+            memory,
+            model: None,
+        };
+        let room = vec![p(4000, u64::MAX), p(2000, u64::MAX)];
         // 2 then 2 then 1: the first 2 goes to a (4 free), the second to a again (the first of
         // two with 2 free), the 1 to b.
-        let left = placed(&room, vec![(1000, 0), (2000, 0), (2000, 0)]).unwrap();
-        assert_eq!(left, vec![(0, u64::MAX), (1000, u64::MAX)]);
-        assert_eq!(placed(&room, vec![(3000, 0), (3000, 0)]), None);
+        let left = placed(&room, vec![p(1000, 0), p(2000, 0), p(2000, 0)]).unwrap();
+        assert_eq!(left, vec![p(0, u64::MAX), p(1000, u64::MAX)]);
+        assert_eq!(placed(&room, vec![p(3000, 0), p(3000, 0)]), None);
         // A 3 then a 1: the 3 to a, the 1 to b (2 free against a's 1).
-        let left = placed(&room, vec![(1000, 0), (3000, 0)]).unwrap();
-        assert_eq!(left, vec![(1000, u64::MAX), (1000, u64::MAX)]);
+        let left = placed(&room, vec![p(1000, 0), p(3000, 0)]).unwrap();
+        assert_eq!(left, vec![p(1000, u64::MAX), p(1000, u64::MAX)]);
         // Memory too: a node without the memory is passed over.
-        let room = vec![(4000, 1 << 30), (2000, 4 << 30)];
-        let left = placed(&room, vec![(1000, 2 << 30)]).unwrap();
-        assert_eq!(left, vec![(4000, 1 << 30), (1000, 2 << 30)]);
+        let room = vec![p(4000, 1 << 30), p(2000, 4 << 30)];
+        let left = placed(&room, vec![p(1000, 2 << 30)]).unwrap();
+        assert_eq!(left, vec![p(4000, 1 << 30), p(1000, 2 << 30)]);
+        // GPUs: a process with GPUs goes first, to a node with its model and GPUs left (b,
+        // though a has more CPU free); a process of another model fits nowhere.
+        let gpus = |cpu: u64, gpus: u32, model: Model| Process {
+            gpus,
+            cpu,
+            memory: u64::MAX,
+            model,
+        };
+        let room = vec![
+            gpus(4000, 0, None),
+            gpus(3000, 2000, Some(0)),
+            gpus(3000, 1000, Some(1)),
+        ];
+        let want = |cpu, g, m: Model| Process {
+            memory: 0,
+            ..gpus(cpu, g, m)
+        };
+        let left = placed(&room, vec![want(2000, 0, None), want(2000, 2000, Some(0))]).unwrap();
+        assert_eq!(
+            left,
+            vec![
+                gpus(2000, 0, None),
+                gpus(1000, 0, Some(0)),
+                gpus(3000, 1000, Some(1))
+            ]
+        );
+        assert_eq!(placed(&room, vec![want(1000, 1000, Some(7))]), None);
+        // Any model: the freest node with the GPUs.
+        let left = placed(&room, vec![want(1000, 1000, None)]).unwrap();
+        assert_eq!(left[1], gpus(2000, 1000, Some(0)));
     }
 
     /// Nodes of these CPUs free (fractions allowed), named a, b, c, ...
@@ -561,6 +735,7 @@ mod tests {
                 name: ((b'a' + i as u8) as char).to_string(),
                 cpu_millicores: (c * 1000.0) as u64,
                 memory_bytes: 0,
+                gpus: Gpus::ZERO,
             })
             .collect()
     }
@@ -576,6 +751,7 @@ mod tests {
             count: 2,
             millicores: 2000,
             memory_bytes: 0,
+            gpus: Gpus::ZERO,
         }];
         let queued = cpu_job(2, LiveState::Queued, 1, 3);
         let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
@@ -605,6 +781,7 @@ mod tests {
             count: 8,
             millicores: 1000,
             memory_bytes: 0,
+            gpus: Gpus::ZERO,
         }];
         let plan = round(vec![running, queued], free(&[4.0, 2.0]), 16);
         assert!(
@@ -640,30 +817,45 @@ mod tests {
         );
         let plan = round(vec![j.clone()], free(&[6.0, 1.0, 1.0]), 16);
         assert_eq!(plan.decisions[0].to_workers, 1, "{:?}", plan.decisions[0]);
-        // A role with GPUs of its own is the GPU round's: not placed here.
+        // A role with GPUs of its own goes where its GPUs are free: node b, whose CPU holds
+        // the worker and both engines (2 + 2 × 1 CPU), though a has more CPU free.
         j.roles[0].gpus = vocab::Gpus::whole(1);
-        let mut nodes = free(&[2.0]);
-        nodes[0].name = "a".into();
-        let snapshot = LiveSnapshot {
-            now_s: 100.0,
-            cluster: LiveCluster {
-                nodes: vec![LiveNode {
-                    name: "a".into(),
-                    gpus: 2,
-                    gpu_type: ANY_MODEL.into(),
-                }],
-                ..round_cluster(nodes, 16)
-            },
-            jobs: vec![j],
+        j.roles[0].millicores = 1000;
+        let with_gpus = |free_gpus: u32| {
+            let mut nodes = free(&[5.0, 4.0]);
+            nodes[1].gpus = vocab::Gpus::whole(free_gpus);
+            let snapshot = LiveSnapshot {
+                now_s: 100.0,
+                cluster: LiveCluster {
+                    nodes: vec![LiveNode {
+                        name: "b".into(),
+                        gpus: 2,
+                        gpu_type: "V100".into(),
+                    }],
+                    ..round_cluster(nodes, 16)
+                },
+                jobs: vec![j.clone()],
+            };
+            plan_round(
+                &snapshot,
+                &Fifo::default(),
+                &LiveConfig::default(),
+                &Heuristics::default(),
+            )
+            .unwrap()
         };
-        let plan = plan_round(
-            &snapshot,
-            &Fifo::default(),
-            &LiveConfig::default(),
-            &Heuristics::default(),
-        )
-        .unwrap();
-        assert_eq!(plan.decisions[0].to_workers, 1, "{:?}", plan.decisions[0]);
+        assert_eq!(with_gpus(2).decisions[0].to_workers, 1);
+        // One GPU free on b (the other held by a process the round does not know of): the
+        // start waits, naming the nodes' GPUs.
+        let d = &with_gpus(1).decisions[0];
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("waits: no node has room")
+                    && r.ends_with("(a 5 CPU free, b 4 CPU, 1 V100 GPUs free)")),
+            "{d:?}"
+        );
     }
 
     #[test]
@@ -706,9 +898,10 @@ mod tests {
         let d = &plan.decisions[0];
         assert!(d.role_targets.is_empty(), "{d:?}");
         assert!(
-            d.reasons
-                .iter()
-                .any(|x| x.ends_with("no node has room for another process of 500 m")),
+            d.reasons.iter().any(|x| x.ends_with(
+                "no node has room for another process of 0.5 CPU (a 0.4 CPU free, b 0.4 CPU \
+                     free)"
+            )),
             "{d:?}"
         );
     }

@@ -273,7 +273,7 @@ pub fn balance(
     now_s: f64,
     slot: u64,
     mut room: Room,
-    mut free: Option<&mut super::nodes::Free>,
+    mut places: Places,
 ) -> Room {
     let (config, cooldown_s) = (&live.roles, live.cooldown_s);
     let start = room;
@@ -308,7 +308,8 @@ pub fn balance(
     grow.sort_by(|a, b| b.2.total_cmp(&a.2));
     for (j, r, wait) in grow {
         let role = &jobs[j].roles[r];
-        if !grow_one(role, wait, &mut room, free.as_deref_mut(), decisions[j]) {
+        let model = jobs[j].gpu_type.as_deref();
+        if !grow_one(role, model, wait, &mut room, &mut places, decisions[j]) {
             training_gives(jobs[j], role, config, slot, decisions[j]);
         }
     }
@@ -433,14 +434,22 @@ fn training_gives(
     ));
 }
 
+/// Where the roles' new processes go besides the pool: the nodes' free room (where the
+/// platform reports it), else, for processes with GPUs, the GPUs the round leaves.
+pub struct Places<'a> {
+    pub free: Option<&'a mut super::nodes::Free>,
+    pub gpus_left: &'a mut [super::LiveNode],
+}
+
 /// A role its callers wait for (`wait` of their time) up to `⌈n / (1 − wait)⌉` processes,
 /// within its max and `room` (taken from it); or the reason it stays. False when it stays for
 /// lack of room.
 fn grow_one(
     role: &LiveRole,
+    model: Option<&str>,
     wait: f64,
     room: &mut Room,
-    free: Option<&mut super::nodes::Free>,
+    on: &mut Places,
     d: &mut Decision,
 ) -> bool {
     let rate = role.rate.unwrap_or_default();
@@ -472,18 +481,33 @@ fn grow_one(
         .min(by_cpu)
         .min(by_memory)
         .min(room.processes);
-    // Each process whole on one node, where the platform reports them.
-    let more = match free {
-        Some(f) if role.gpus.is_zero() && pooled > 0 => {
-            let on_nodes = f.take_up_to(pooled, role.millicores, role.memory_bytes);
+    // Each process whole on one node, where the platform reports them; else, a process with
+    // GPUs on the GPUs the round leaves.
+    let more = match on.free.as_deref_mut() {
+        Some(f) if pooled > 0 => {
+            let p = f.process(role.millicores, role.memory_bytes, role.gpus, model);
+            let on_nodes = f.take_up_to(pooled, p);
             if on_nodes == 0 {
                 d.reasons.push(format!(
-                    "{}: {figures}; no node has room for another process of {} m",
-                    role.role, role.millicores
+                    "{}: {figures}; no node has room for another process of {} ({})",
+                    role.role,
+                    super::nodes::shown(&p, f),
+                    f.freest_shown()
                 ));
                 return false;
             }
             on_nodes
+        }
+        None if !role.gpus.is_zero() && pooled > 0 => {
+            let fit = super::gpu_place::place_up_to(on.gpus_left, role.gpus, pooled, model);
+            if fit == 0 {
+                d.reasons.push(format!(
+                    "{}: {figures}; no GPUs left for another process of {} GPUs",
+                    role.role, role.gpus
+                ));
+                return false;
+            }
+            fit
         }
         _ => pooled,
     };
@@ -511,9 +535,10 @@ fn grow_one(
         "{}: {} -> {to}: it bounds the job: {figures}{}",
         role.role,
         role.count,
-        match more < pooled {
-            true => ", as many as the nodes' free room holds",
-            false => "",
+        match (more < pooled, role.gpus.is_zero()) {
+            (false, _) => "",
+            (true, true) => ", as many as the nodes' free room holds",
+            (true, false) => ", as many as the free GPUs hold",
         }
     ));
     true
