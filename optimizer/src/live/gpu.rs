@@ -402,7 +402,11 @@ pub(super) fn plan_gpu_jobs(
                 match on_nodes(&jobs, &models, room) {
                     Ok(left) => free = Some(left),
                     Err(cut) => {
-                        cut.apply(&mut jobs[cut.job]);
+                        if cut.fits > 0
+                            || !elsewhere(&mut jobs, cut.job, &nodes, &model_of, &models, room)
+                        {
+                            cut.apply(&mut jobs[cut.job]);
+                        }
                         continue;
                     }
                 }
@@ -612,6 +616,49 @@ impl Cut {
             j.to = *fits;
         }
     }
+}
+
+/// A start that may run on another GPU model than the one the scheduler gave it, and whose
+/// processes that model's nodes do not hold: moved to the first other model it may run on
+/// where, at the scheduler's size or its minimum, both the GPUs the round counts and the
+/// nodes' free room hold it (each model tried once: the one left is no longer allowed).
+/// Whether it moved.
+fn elsewhere(
+    jobs: &mut [Gpu],
+    i: usize,
+    nodes: &[LiveNode],
+    model_of: &[usize],
+    models: &[String],
+    free: &Free,
+) -> bool {
+    let (on, to) = (jobs[i].on, jobs[i].to);
+    if jobs[i].running() {
+        return false;
+    }
+    if let Some(t) = on {
+        jobs[i].allowed[t] = false;
+    }
+    let min = jobs[i].job.min_workers.max(1);
+    let others: Vec<usize> = (0..models.len()).filter(|&t| jobs[i].allowed[t]).collect();
+    for t in others {
+        for size in [to, min] {
+            (jobs[i].on, jobs[i].to) = (Some(t), size);
+            let fits_gpus = pack(nodes, model_of, jobs).1.is_empty();
+            // The jobs placed before it are as before: a cut of another comes after it.
+            let on_nodes = on_nodes(jobs, models, free).map_or_else(|c| c.job != i, |_| true);
+            if fits_gpus && on_nodes {
+                jobs[i].reasons.push(format!(
+                    "moved to {} GPUs: the {} nodes have no room for its processes ({})",
+                    models[t],
+                    model_name_of(models, on),
+                    free.freest_shown()
+                ));
+                return true;
+            }
+        }
+    }
+    (jobs[i].on, jobs[i].to) = (on, to);
+    false
 }
 
 /// Places the GPU jobs' new processes (a start's PS, workers and roles; a growth's added
@@ -1287,5 +1334,55 @@ mod tests {
         );
         snap.jobs[0].not_placed.clear();
         assert_eq!(decision(&round(&snap), 2).to_workers, 1);
+    }
+
+    #[test]
+    fn a_start_of_any_model_whose_nodes_lack_the_cpu_moves_to_another_model() {
+        // A job of one worker of 1 GPU and 3 CPUs, of any model. The scheduler gives it the
+        // model it gives it; that model's node has 1 CPU free, the other's 4.
+        let mut j = v100_job(1, LiveState::Queued, 1, 1);
+        j.gpu_type = None;
+        let snap_of = |j: &LiveJob, cluster: LiveCluster| LiveSnapshot {
+            now_s: 100.0,
+            cluster,
+            jobs: vec![j.clone()],
+        };
+        let snap = |cluster| snap_of(&j, cluster);
+        let given = decision(&round(&snap(with_room(4, 2))), 1)
+            .gpu_type
+            .clone()
+            .unwrap();
+        let starved = |model: &str| {
+            let mut c = with_room(4, 2);
+            let at = if model == "V100" { 1 } else { 2 };
+            c.free[at].cpu_millicores = 1000;
+            c
+        };
+        let plan = round(&snap(starved(&given)));
+        let d = decision(&plan, 1);
+        let other = if given == "V100" { "A100" } else { "V100" };
+        assert_eq!(
+            (d.to_workers, d.gpu_type.as_deref()),
+            (1, Some(other)),
+            "{d:?}"
+        );
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(&format!(
+                "moved to {other} GPUs: the {given} nodes have no room for its processes"
+            ))),
+            "{d:?}"
+        );
+        assert_eq!(d.gpu_placement.len(), 1, "{d:?}");
+        // Both models' nodes short: it waits.
+        let mut c = starved(&given);
+        c.free[1].cpu_millicores = 1000;
+        c.free[2].cpu_millicores = 1000;
+        let d = decision(&round(&snap(c)), 1).clone();
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        // A job that asked for its model stays on it.
+        let mut asked = j.clone();
+        asked.gpu_type = Some(given.clone());
+        let d = decision(&round(&snap_of(&asked, starved(&given))), 1).clone();
+        assert_eq!(d.to_workers, 0, "{d:?}");
     }
 }

@@ -18,7 +18,8 @@
 //!    CPU jobs (PS, workers and their service and single roles, those with GPUs of their own
 //!    with them), each in submission order. A job's processes are placed largest first (those
 //!    with GPUs first), each on the node with the most CPU left that holds it (the first among
-//!    equals): the rule by which the job master places and pins them on Ray. A job that does
+//!    equals; a process without GPUs on a node without GPUs while one holds it): the rule by
+//!    which the job master places and pins them on Ray. A job that does
 //!    not fit gets fewer workers, by node units, down to its minimum (a start) or its size (a
 //!    growth); below that, a start waits and a growth is not made, with the reason;
 //! 5. what is set aside in 3 is given back, and the room left ([`Free`]) is what the service
@@ -440,14 +441,18 @@ pub(super) fn shown(p: &Process, free: &Free) -> String {
     s
 }
 
-/// The node of `room` that `p` goes to: of those that hold it, the one with the most CPU
-/// left, the first among equals. The job master's Ray platform places each process by the
-/// same rule (and pins it there), so what the round counts is where the processes go.
+/// The node of `room` that `p` goes to: of those that hold it (for a process without GPUs,
+/// those without GPUs first: the GPU nodes' CPU is kept for the processes with GPUs), the
+/// one with the most CPU left, the first among equals. The job master's Ray platform places
+/// each process by the same rule (and pins it there), so what the round counts is where the
+/// processes go.
 fn freest(room: &[Process], p: Process) -> Option<usize> {
+    let spares_gpus = |r: &Process| p.gpus > 0 || r.model.is_none();
     room.iter()
         .enumerate()
         .filter(|(_, r)| p.fits_in(r))
-        .reduce(|best, x| if x.1.cpu > best.1.cpu { x } else { best })
+        .map(|(i, r)| (i, (spares_gpus(r), r.cpu)))
+        .reduce(|best, x| if x.1 > best.1 { x } else { best })
         .map(|(i, _)| i)
 }
 
@@ -722,6 +727,17 @@ mod tests {
             ]
         );
         assert_eq!(placed(&room, vec![want(1000, 1000, Some(7))]), None);
+        // A process without GPUs goes to a node without them while one holds it.
+        let room = vec![gpus(2000, 0, None), gpus(8000, 2000, Some(0))];
+        let left = placed(&room, vec![want(1000, 0, None)]).unwrap();
+        assert_eq!(left[0], gpus(1000, 0, None));
+        let left = placed(&room, vec![want(3000, 0, None)]).unwrap();
+        assert_eq!(left[1], gpus(5000, 2000, Some(0)));
+        let room = vec![
+            gpus(4000, 0, None),
+            gpus(3000, 2000, Some(0)),
+            gpus(3000, 1000, Some(1)),
+        ];
         // Any model: the freest node with the GPUs.
         let left = placed(&room, vec![want(1000, 1000, None)]).unwrap();
         assert_eq!(left[1], gpus(2000, 1000, Some(0)));

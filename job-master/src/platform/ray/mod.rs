@@ -4,8 +4,8 @@
 //! role, index and incarnation; the process's CPU, GPU, memory and custom resources become
 //! `entrypoint_num_cpus`, `entrypoint_num_gpus`, `entrypoint_memory` and
 //! `entrypoint_resources`. Each process is pinned to a node (its address as a Ray resource):
-//! the one with the most CPU left that holds it, off cordoned and avoided nodes, as the brain's
-//! round counts it; a process of a placement group (the spec's `placement:`) to the node its
+//! the one with the most CPU left that holds it (for a process without GPUs, a node without
+//! GPUs while one holds it), off cordoned and avoided nodes, as the brain's round counts it; a process of a placement group (the spec's `placement:`) to the node its
 //! group's layout gave it (`group`).
 //!
 //! How Ray's rough edges are met (the HTTP side is in [`api`], placement in `place`):

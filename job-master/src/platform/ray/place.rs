@@ -62,24 +62,31 @@ fn pinned_to(cluster: &RayCluster, node_id: &str, req: &SubmitRequest) -> Submit
 }
 
 /// The node a process needing `need` fits on, counting `recent` placements of ours that
-/// Ray's answer read at `read_at` does not show: of those with room, the one with the most
-/// CPU left (the first listed among equals), as the brain's round counts its processes;
-/// `None` when none has room.
+/// Ray's answer read at `read_at` does not show: of those with room (for a process without
+/// GPUs, those without GPUs first, kept for the processes that need them, as Ray's own
+/// scheduler does), the one with the most CPU left (the first listed among equals), as the
+/// brain's round counts its processes; `None` when none has room.
 fn choose_node(
     cluster: &RayCluster,
     recent: &[Placement],
     need: &RayResources,
     read_at: Instant,
 ) -> Option<String> {
+    let spares_gpus = |n: &RayNode| need.gpus > 0.0 || n.total.gpus <= 0.0;
     cluster
         .nodes
         .iter()
         .filter_map(|n| {
             let room = room_on(n, recent, read_at);
-            need.fits_in(&room).then(|| (room.cpus, n.node_id.clone()))
+            need.fits_in(&room)
+                .then(|| ((spares_gpus(n), room.cpus), n.node_id.clone()))
         })
-        // The node with the most CPU left; the first among equals.
-        .reduce(|best, x| if x.0 > best.0 { x } else { best })
+        // A node without GPUs for a process without them, then the most CPU left; the first
+        // among equals.
+        .reduce(|best, x| {
+            let better = (x.0.0 && !best.0.0) || (x.0.0 == best.0.0 && x.0.1 > best.0.1);
+            if better { x } else { best }
+        })
         .map(|(_, id)| id)
 }
 
@@ -301,6 +308,31 @@ mod tests {
             Some("a")
         );
         assert_eq!(choose_node(&cluster, &recent, &cpus(5.0), read_at), None);
+    }
+
+    #[test]
+    fn a_process_without_gpus_goes_to_a_node_without_them_while_one_holds_it() {
+        let mut gpu = node("g", 8.0, 8.0);
+        gpu.total.gpus = 2.0;
+        gpu.available.gpus = 2.0;
+        let cluster = RayCluster {
+            nodes: vec![gpu, node("c", 4.0, 2.0)],
+        };
+        let now = Instant::now();
+        // g has more CPU left, but c holds it.
+        assert_eq!(
+            choose_node(&cluster, &[], &cpus(2.0), now).as_deref(),
+            Some("c")
+        );
+        assert_eq!(
+            choose_node(&cluster, &[], &cpus(3.0), now).as_deref(),
+            Some("g")
+        );
+        let gpus = RayResources {
+            gpus: 1.0,
+            ..cpus(1.0)
+        };
+        assert_eq!(choose_node(&cluster, &[], &gpus, now).as_deref(), Some("g"));
     }
 
     #[test]
