@@ -123,6 +123,39 @@ fn owner_for(dir: &Path) -> std::io::Result<Option<(nix::unistd::Uid, nix::unist
     }))
 }
 
+/// Gives the checkpoint directory `dir` to the user the job's processes run as
+/// ([`vocab::sandbox::Sandbox::run_as`] of `sandbox`, the JSON the brain hands the master in
+/// [`vocab::sandbox::SANDBOX_ENV`]) when the master runs as root, as each agent does before it
+/// starts a process: what the master writes there before any process started (a cut while
+/// every process still waits for room) is then the processes' to read, not root's alone.
+/// Nothing changes without a sandbox user; a user this machine does not have is left to the
+/// agents to refuse, with the reason.
+pub fn give_to_job_user(dir: &Path, sandbox: Option<&str>) -> std::io::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let Some(json) = sandbox else {
+        return Ok(());
+    };
+    let sandbox: vocab::sandbox::Sandbox = serde_json::from_str(json)
+        .map_err(|e| std::io::Error::other(format!("{}: {e}", vocab::sandbox::SANDBOX_ENV)))?;
+    let Some(name) = sandbox.run_as else {
+        return Ok(());
+    };
+    match nix::unistd::User::from_name(&name).map_err(std::io::Error::from)? {
+        Some(u) if !u.uid.is_root() => {
+            nix::unistd::chown(dir, Some(u.uid), Some(u.gid)).map_err(std::io::Error::from)
+        }
+        _ => {
+            tracing::warn!(
+                "run_as: no unprivileged user named {name:?} here; {} stays the master's",
+                dir.display()
+            );
+            Ok(())
+        }
+    }
+}
+
 /// Makes the directory `dir` inside an existing one for the job's processes to write in (a
 /// parameter server's checkpoint part): a master running as root gives it to the owner of the
 /// directory above, as [`write_atomic`] gives files.
@@ -171,6 +204,30 @@ pub fn load(path: &Path) -> Result<JobContext, Error> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_master_running_as_root_gives_the_checkpoint_directory_to_the_jobs_user() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let Some(nobody) = nix::unistd::User::from_name("nobody").unwrap() else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let owner = || std::fs::metadata(dir.path()).unwrap().uid();
+        give_to_job_user(dir.path(), None).unwrap();
+        give_to_job_user(dir.path(), Some(r#"{"isolation": "none"}"#)).unwrap();
+        give_to_job_user(dir.path(), Some(r#"{"run_as": "no-such-user-here"}"#)).unwrap();
+        assert_eq!(owner(), 0);
+        assert!(give_to_job_user(dir.path(), Some("{not json")).is_err());
+        give_to_job_user(dir.path(), Some(r#"{"run_as": "nobody"}"#)).unwrap();
+        assert_eq!(owner(), nobody.uid.as_raw());
+        // What the master writes there then is the user's too.
+        write_atomic(&dir.path().join("manifest.json"), b"{}").unwrap();
+        let file = std::fs::metadata(dir.path().join("manifest.json")).unwrap();
+        assert_eq!(file.uid(), nobody.uid.as_raw());
+    }
+
     use super::*;
     use crate::job::Timing;
     use crate::spec::JobSpec;

@@ -13,7 +13,8 @@ impl JobContext {
         now_ms: u64,
     ) -> Result<(u64, u64), Error> {
         // An agent launched for an incarnation that a group restart has since replaced is adopted
-        // with the current one, as long as no agent holds the slot.
+        // with the current one, as long as no agent holds the slot. One of a launch since
+        // replaced (a relaunch, a move to other resources) is not: its platform stops it.
         let slot = self.slot(key)?;
         if slot.phase == SlotPhase::Removed {
             // A plan took it out of the job; its agent (started again by its platform after
@@ -24,7 +25,9 @@ impl JobContext {
                 slot.incarnation
             )));
         }
-        let adoptable = slot.phase == SlotPhase::Launching && incarnation <= slot.incarnation;
+        let adoptable = slot.phase == SlotPhase::Launching
+            && incarnation <= slot.incarnation
+            && incarnation >= slot.launched;
         if !adoptable {
             self.current(key, incarnation)?;
         }
@@ -330,6 +333,7 @@ impl JobContext {
         slot.process_pid = 0;
         // The new agent gets a full timeout to register.
         slot.last_heartbeat_ms = now_ms;
+        slot.launched = slot.incarnation;
         vec![
             Effect::StopAgent {
                 key,

@@ -183,6 +183,11 @@ pub struct Slot {
     /// group's process; empty otherwise).
     #[serde(default)]
     pub collective_addr: String,
+    /// The incarnation its agent was last launched for (the platform stops the agent of an
+    /// earlier launch): an agent of an earlier incarnation is not adopted (0: state written
+    /// before this was kept; any is).
+    #[serde(default)]
+    pub launched: u64,
 }
 
 /// State written before slots said whether they were placed: every launch counted as placed.
@@ -194,6 +199,7 @@ impl Slot {
     /// The slot starts over: an agent is to be launched for its next incarnation.
     fn relaunched(&mut self, now_ms: u64) {
         self.incarnation += 1;
+        self.launched = self.incarnation;
         self.phase = SlotPhase::Launching;
         self.left_to_move = false;
         self.placed = false;
@@ -232,6 +238,7 @@ impl Slot {
             serving: 0,
             serve_addr: None,
             collective_addr: String::new(),
+            launched: incarnation,
         }
     }
 }

@@ -266,7 +266,7 @@ fn a_node_without_the_shared_checkpoint_directory_fails_the_job_at_once() {
 }
 
 #[test]
-fn a_lost_agent_is_replaced_and_its_late_registration_adopted() {
+fn a_lost_agent_is_replaced_and_its_late_registration_refused() {
     let (mut ctx, _) = JobContext::new(spec("ps", 1, 1, 0), "t".into(), Timing::default(), 0);
     let (agent, _) = ctx
         .register_agent(PS0, 1, "h".into(), "a".into(), 1)
@@ -290,16 +290,41 @@ fn a_lost_agent_is_replaced_and_its_late_registration_adopted() {
             }
         ]
     );
-    // An agent started for the older incarnation is adopted with the current one.
+    // The agent of the launch replaced registers late: it is not adopted (its platform stops
+    // it; adopted, the slot would be its until it died). The new launch's agent registers.
+    assert!(
+        ctx.register_agent(W0, 1, "h".into(), "b".into(), 40_000)
+            .is_err()
+    );
     let (_, inc) = ctx
-        .register_agent(W0, 1, "h".into(), "b".into(), 40_000)
+        .register_agent(W0, 2, "h".into(), "b".into(), 40_000)
         .unwrap();
-    assert_eq!(inc, ctx.slots[&W0].incarnation);
+    assert_eq!(inc, 2);
     // A registered slot does not adopt stale agents.
     assert!(
         ctx.register_agent(W0, 1, "h".into(), "c".into(), 40_001)
             .is_err()
     );
+}
+
+#[test]
+fn an_agent_launched_before_a_group_restart_is_adopted_with_the_new_incarnation() {
+    let (mut ctx, _) = JobContext::new(spec("ps", 1, 2, 0), "t".into(), Timing::default(), 0);
+    let (ps, _) = ctx
+        .register_agent(PS0, 1, "h".into(), "a".into(), 1)
+        .unwrap();
+    ctx.register_agent(W0, 1, "h".into(), "w0".into(), 1)
+        .unwrap();
+    ctx.heartbeat(PS0, ps, 1, None, 0, 2).unwrap();
+    // worker-1 is still launching when the PS fails: the group restarts, every incarnation
+    // goes up, and worker-1's launch stands.
+    ctx.process_exited(PS0, 1, 1, 0, None, 3).unwrap();
+    let now = ctx.slots[&W1].incarnation;
+    assert!(now > 1, "{:?}", ctx.slots[&W1]);
+    let (_, inc) = ctx
+        .register_agent(W1, 1, "h".into(), "w1".into(), 4)
+        .unwrap();
+    assert_eq!(inc, now);
 }
 
 #[test]

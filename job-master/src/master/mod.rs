@@ -311,10 +311,15 @@ pub async fn run(
         path: run_dir.clone(),
         source: e,
     })?;
-    std::fs::create_dir_all(&spec.checkpoint.dir).map_err(|e| Error::Io {
-        path: spec.checkpoint.dir.clone(),
-        source: e,
-    })?;
+    std::fs::create_dir_all(&spec.checkpoint.dir)
+        .and_then(|()| {
+            let sandbox = std::env::var(vocab::sandbox::SANDBOX_ENV).ok();
+            crate::persist::give_to_job_user(&spec.checkpoint.dir, sandbox.as_deref())
+        })
+        .map_err(|e| Error::Io {
+            path: spec.checkpoint.dir.clone(),
+            source: e,
+        })?;
     let addr = advertised(&listener, advertise)?;
     let token_file = token_file.unwrap_or_else(|| run_dir.join(auth::JOB_TOKEN_FILE));
     let token_file = std::path::absolute(&token_file).map_err(|source| Error::Io {

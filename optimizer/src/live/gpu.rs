@@ -588,6 +588,7 @@ impl Cut {
             fits, asked, room, ..
         } = self;
         if j.running() {
+            let wanted = j.to;
             j.to = (*fits).max(j.job.workers);
             j.reasons.push(match fits {
                 0 => format!(
@@ -596,8 +597,7 @@ impl Cut {
                     j.job.workers
                 ),
                 w => format!(
-                    "{w} workers, not {}: no more fit on the nodes' free room ({room})",
-                    j.to
+                    "{w} workers, not {wanted}: no more fit on the nodes' free room ({room})"
                 ),
             });
         } else if *fits == 0 {
@@ -671,13 +671,7 @@ fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Free, Cut> {
         false => j.to,
     };
     let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (jobs[a].job, jobs[b].job);
-        (x.state == LiveState::Queued)
-            .cmp(&(y.state == LiveState::Queued))
-            .then(x.submitted_s.total_cmp(&y.submitted_s))
-            .then(x.id.cmp(&y.id))
-    });
+    super::nodes::sort_for_placing(&mut order, |i| jobs[i].job);
     let mut free = free.clone();
     for i in order {
         let j = &jobs[i];
@@ -1295,6 +1289,29 @@ mod tests {
         ];
         let plan = round(&snap(vec![running.clone()], 3, 1));
         assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        // On the A100s, from 2 to 4 workers: the node's 4 CPUs free hold one more.
+        let mut a100 = running.clone();
+        (a100.gpu_type, a100.max_workers, a100.workers) = (Some("A100".into()), 4, 2);
+        a100.speed.push(SpeedPoint {
+            workers: 4,
+            samples_per_s: 380.0,
+        });
+        let mut cluster = with_room(4, 2);
+        (cluster.free[2].cpu_millicores, cluster.free[2].gpus) = (4000, Gpus::whole(2));
+        let plan = round(&LiveSnapshot {
+            now_s: 100.0,
+            cluster,
+            jobs: vec![a100],
+        });
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 3, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(
+                "3 workers, not 4: no more fit on the nodes' free room (a 4 CPU, 2 A100 GPUs \
+                 free"
+            )),
+            "{d:?}"
+        );
         let plan = round(&snap(vec![running], 2, 1));
         let d = decision(&plan, 1);
         assert_eq!(d.to_workers, 1, "{d:?}");

@@ -207,24 +207,22 @@ pub fn never_holds_beside_gpus(
         let Some(most_cpu) = with.iter().map(|n| n.cpu_millicores).max() else {
             continue; // `never_holds` names it
         };
-        if cpu > most_cpu {
-            return Some(format!(
-                "role {role}: each process asks for {} beside {gpus}, and the cluster's {} \
-                 node(s) with those GPUs have at most {}",
-                Amount::Cpu.show(cpu),
-                with.len(),
-                Amount::Cpu.show(most_cpu)
-            ));
-        }
         let most_memory = with.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
-        if most_memory > 0 && memory > most_memory {
-            return Some(format!(
-                "role {role}: each process asks for {} beside {gpus}, and the cluster's {} \
-                 node(s) with those GPUs have at most {}",
-                Amount::Memory.show(memory),
-                with.len(),
-                Amount::Memory.show(most_memory)
-            ));
+        for (what, asks, most) in [
+            (Amount::Cpu, cpu, most_cpu),
+            (Amount::Memory, memory, most_memory),
+        ] {
+            // A node's memory of 0: not known.
+            let known = what == Amount::Cpu || most > 0;
+            if known && asks > most {
+                return Some(format!(
+                    "role {role}: each process asks for {} beside {gpus}, and the cluster's {} \
+                     node(s) with those GPUs have at most {}",
+                    what.show(asks),
+                    with.len(),
+                    what.show(most)
+                ));
+            }
         }
         if *role != trainer {
             continue;

@@ -309,13 +309,7 @@ pub(super) fn gate(
         })
         .collect();
     let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (jobs[a].job, jobs[b].job);
-        (x.state == LiveState::Queued)
-            .cmp(&(y.state == LiveState::Queued))
-            .then(x.submitted_s.total_cmp(&y.submitted_s))
-            .then(x.id.cmp(&y.id))
-    });
+    sort_for_placing(&mut order, |i| jobs[i].job);
     for i in order {
         gate_one(&mut jobs[i], &mut free);
     }
@@ -323,6 +317,18 @@ pub(super) fn gate(
         free.give_back(on, *p);
     }
     Some(free)
+}
+
+/// Sorts `order` (jobs by index, `job(i)` each) as their new processes are placed: the
+/// growth of running jobs first, then the starts, each in submission order.
+pub(super) fn sort_for_placing<'a>(order: &mut [usize], job: impl Fn(usize) -> &'a LiveJob) {
+    order.sort_by(|&a, &b| {
+        let (x, y) = (job(a), job(b));
+        (x.state == LiveState::Queued)
+            .cmp(&(y.state == LiveState::Queued))
+            .then(x.submitted_s.total_cmp(&y.submitted_s))
+            .then(x.id.cmp(&y.id))
+    });
 }
 
 /// The workers a job adds in this round (a start: all of them).
@@ -513,13 +519,17 @@ mod tests {
     }
 
     fn round(jobs: Vec<LiveJob>, free: Vec<NodeRoom>, cpus: u64) -> RoundPlan {
-        let snapshot = LiveSnapshot {
+        fifo_round(&LiveSnapshot {
             now_s: 100.0,
             cluster: round_cluster(free, cpus),
             jobs,
-        };
+        })
+    }
+
+    /// A round of `snapshot` under FIFO, the default config and heuristics.
+    fn fifo_round(snapshot: &LiveSnapshot) -> RoundPlan {
         plan_round(
-            &snapshot,
+            snapshot,
             &Fifo::default(),
             &LiveConfig::default(),
             &Heuristics::default(),
@@ -852,13 +862,7 @@ mod tests {
                 },
                 jobs: vec![j.clone()],
             };
-            plan_round(
-                &snapshot,
-                &Fifo::default(),
-                &LiveConfig::default(),
-                &Heuristics::default(),
-            )
-            .unwrap()
+            fifo_round(&snapshot)
         };
         assert_eq!(with_gpus(2).decisions[0].to_workers, 1);
         // One GPU free on b (the other held by a process the round does not know of): the

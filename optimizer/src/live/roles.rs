@@ -631,6 +631,39 @@ mod tests {
             )),
             "{d:?}"
         );
+        // Engines of 1 GPU each: as many more as the GPUs the round leaves hold (those of
+        // the running engines are off the nodes already, as the brain counts them).
+        let mut engine = rollout(1, 0.9, 0.8);
+        engine.gpus = vocab::Gpus::ONE;
+        job.roles = vec![engine];
+        let snap = |gpus_left: u32| LiveSnapshot {
+            now_s: 100.0,
+            cluster: crate::live::LiveCluster {
+                nodes: vec![crate::live::LiveNode {
+                    name: "g".into(),
+                    gpus: gpus_left,
+                    gpu_type: "A100".into(),
+                }],
+                ..cluster(16)
+            },
+            jobs: vec![job.clone()],
+        };
+        let d = decision(&fifo_round(&snap(2)), 1).clone();
+        assert_eq!(d.role_targets, vec![(r, 1, 3)], "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.ends_with("as many as the free GPUs hold")),
+            "{d:?}"
+        );
+        let d = decision(&fifo_round(&snap(0)), 1).clone();
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.ends_with("no GPUs left for another process of 1 GPUs")),
+            "{d:?}"
+        );
         // At its max: it stays, saying so.
         let d = round_with(rollout(4, 0.9, 0.8), 16, 0.0);
         assert!(
