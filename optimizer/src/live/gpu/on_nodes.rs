@@ -1,0 +1,169 @@
+//! The GPU round's check against the nodes' free room (`nodes.rs`): a GPU job's new
+//! processes placed on it as the job master places them ([`on_nodes`]), what is cut when they
+//! do not fit ([`Cut`]), and a start of any model moved to another model's nodes
+//! ([`elsewhere`]).
+
+use super::super::nodes::{self, Free};
+use super::{Gpu, LiveNode, model_name_of, pack};
+use vocab::Gpus;
+
+/// A GPU job whose new processes the nodes' free room does not hold: the most workers it
+/// holds (`fits`: 0, none), and why.
+pub(super) struct Cut {
+    pub(super) job: usize,
+    pub(super) fits: u32,
+    asked: String,
+    lowest: u32,
+    room: String,
+}
+
+impl Cut {
+    /// Sizes the job to what fits: a start at fewer workers, down to its minimum, or none (it
+    /// waits); a growth to fewer added workers, or none (it keeps its size).
+    pub(super) fn apply(&self, j: &mut Gpu) {
+        let Cut {
+            fits, asked, room, ..
+        } = self;
+        if j.running() {
+            let wanted = j.to;
+            j.to = (*fits).max(j.job.workers);
+            j.reasons.push(match fits {
+                0 => format!(
+                    "kept at {} workers: no node has room for another worker of {asked} \
+                     ({room})",
+                    j.job.workers
+                ),
+                w => format!(
+                    "{w} workers, not {wanted}: no more fit on the nodes' free room ({room})"
+                ),
+            });
+        } else if *fits == 0 {
+            j.reasons.push(format!(
+                "waits: no node has room for its processes of {asked} at its minimum of {} \
+                 workers ({room})",
+                self.lowest
+            ));
+            j.to = 0;
+            j.on = None;
+        } else {
+            j.reasons.push(format!(
+                "starts with {fits} workers, not {}: no more fit on the nodes' free room ({room})",
+                j.to
+            ));
+            j.to = *fits;
+        }
+    }
+}
+
+/// A start that may run on another GPU model than the one the scheduler gave it, and whose
+/// processes that model's nodes do not hold: moved to the first other model it may run on
+/// where, at the scheduler's size or its minimum, both the GPUs the round counts and the
+/// nodes' free room hold it (each model tried once: the one left is no longer allowed).
+/// Whether it moved.
+pub(super) fn elsewhere(
+    jobs: &mut [Gpu],
+    i: usize,
+    nodes: &[LiveNode],
+    model_of: &[usize],
+    models: &[String],
+    free: &Free,
+) -> bool {
+    let (on, to) = (jobs[i].on, jobs[i].to);
+    if jobs[i].running() {
+        return false;
+    }
+    if let Some(t) = on {
+        jobs[i].allowed[t] = false;
+    }
+    let min = jobs[i].job.min_workers.max(1);
+    let others: Vec<usize> = (0..models.len()).filter(|&t| jobs[i].allowed[t]).collect();
+    for t in others {
+        for size in [to, min] {
+            (jobs[i].on, jobs[i].to) = (Some(t), size);
+            let fits_gpus = pack(nodes, model_of, jobs).1.is_empty();
+            // The jobs placed before it are as before: a cut of another comes after it.
+            let on_nodes = on_nodes(jobs, models, free).map_or_else(|c| c.job != i, |_| true);
+            if fits_gpus && on_nodes {
+                jobs[i].reasons.push(format!(
+                    "moved to {} GPUs: the {} nodes have no room for its processes ({})",
+                    models[t],
+                    model_name_of(models, on),
+                    free.freest_shown()
+                ));
+                return true;
+            }
+        }
+    }
+    (jobs[i].on, jobs[i].to) = (on, to);
+    false
+}
+
+/// Places the GPU jobs' new processes (a start's PS, workers and roles; a growth's added
+/// workers) on the nodes' free room, running jobs' growth first, then the starts, each in
+/// submission order, as `nodes.rs` places the CPU jobs'. The room left; or the first job
+/// that does not fit whole, with the most workers that do.
+pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Free, Cut> {
+    let adds = |j: &Gpu| match j.running() {
+        true => j.to.saturating_sub(j.counted(j.job.workers)),
+        false => j.to,
+    };
+    let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
+    nodes::sort_for_placing(&mut order, |i| jobs[i].job);
+    let mut free = free.clone();
+    for i in order {
+        let j = &jobs[i];
+        let model = j.on.map(|t| models[t].as_str());
+        let worker = free.process(
+            j.job.worker_millicores,
+            j.job.worker_memory_bytes,
+            j.g,
+            model,
+        );
+        let start = !j.running();
+        let (base, lowest) = match start {
+            true => (0, j.job.min_workers.max(1)),
+            false => (j.counted(j.job.workers), j.counted(j.job.workers) + 1),
+        };
+        let mut fixed = Vec::new();
+        if start {
+            let ps = free.process(j.job.ps_millicores, j.job.ps_memory_bytes, Gpus::ZERO, None);
+            fixed = vec![ps; j.job.ps as usize];
+            fixed.extend(nodes::roles_of(j.job, model, &free));
+        }
+        let unit = j.job.node_unit.max(1);
+        let mut w = j.to;
+        let fits = loop {
+            let mut procs = fixed.clone();
+            procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
+            if free.clone().take(procs) {
+                break w;
+            }
+            if w < lowest + unit {
+                break 0;
+            }
+            w -= unit;
+        };
+        if fits == j.to {
+            let mut procs = fixed;
+            procs.extend(std::iter::repeat_n(worker, (fits - base) as usize));
+            free.take(procs);
+            continue;
+        }
+        let roles = fixed.len().saturating_sub(j.job.ps as usize);
+        return Err(Cut {
+            job: i,
+            fits,
+            asked: format!(
+                "{}{}",
+                nodes::shown(&worker, &free),
+                match (start, roles) {
+                    (true, n) if n > 0 => format!(" with its roles' {n}"),
+                    _ => String::new(),
+                }
+            ),
+            lowest,
+            room: free.freest_shown(),
+        });
+    }
+    Ok(free)
+}
