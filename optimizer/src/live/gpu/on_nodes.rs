@@ -135,7 +135,11 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
         let fits = loop {
             let mut procs = fixed.clone();
             procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
-            if free.clone().take(procs) {
+            let mut trial = free.clone();
+            if trial.take(procs) {
+                if w == j.to {
+                    free = trial;
+                }
                 break w;
             }
             if w < lowest + unit {
@@ -144,9 +148,6 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             w -= unit;
         };
         if fits == j.to {
-            let mut procs = fixed;
-            procs.extend(std::iter::repeat_n(worker, (fits - base) as usize));
-            free.take(procs);
             continue;
         }
         let roles = fixed.len().saturating_sub(j.job.ps as usize);
