@@ -92,6 +92,14 @@ impl Place<'_> {
         }
     }
 
+    /// The Ray dashboard the place's masters run under, if any.
+    fn dashboard(&self) -> Option<&str> {
+        match self {
+            Place::Local => None,
+            Place::Ray { cluster, .. } => Some(&cluster.dashboard),
+        }
+    }
+
     fn faults(&self) -> Vec<Fault> {
         let mut all = FAULTS.to_vec();
         if matches!(self, Place::Ray { .. }) {
@@ -389,21 +397,33 @@ fn summary(all: &[pb::JobRecord]) -> String {
 
 /// The last lines of the job masters' logs and events of the jobs not ended and of the brain's
 /// logs: what a soak that did not end needs to be understood (its directory is gone after).
-fn stuck_logs(d: &Path, url: &str, all: &[pb::JobRecord]) -> String {
+/// On Ray (`dashboard`), a master still running has its output with Ray only: its Ray job's
+/// state and the tail of its log come first, since CI keeps the head of a failure's output.
+async fn stuck_logs(
+    d: &Path,
+    url: &str,
+    dashboard: Option<&str>,
+    all: &[pb::JobRecord],
+) -> String {
     let mut out = Vec::new();
     for j in all
         .iter()
         .filter(|j| j.state == "running" || j.state == "queued")
     {
         let run = Path::new(&j.run_dir);
-        out.push(tail(&run.join("job-master.log"), 60));
+        let log = run.join("job-master.log");
+        out.push(master_says(&j.master_address, &j.run_dir).await);
+        if let Some(dashboard) = dashboard {
+            out.push(ray_master_tail(dashboard, &log, 40).await);
+        }
+        out.push(tail(&log, 60));
         let (_, events) = brainctl(&["events", &j.job_name, "--brain", url]);
         let lines: Vec<&str> = events.lines().collect();
         out.push(format!(
-            "--- events of {} (last 40 of {})\n{}",
+            "--- events of {} (last 25 of {})\n{}",
             j.job_name,
             lines.len(),
-            lines[lines.len().saturating_sub(40)..].join("\n")
+            lines[lines.len().saturating_sub(25)..].join("\n")
         ));
     }
     for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
@@ -411,6 +431,63 @@ fn stuck_logs(d: &Path, url: &str, all: &[pb::JobRecord]) -> String {
         if p.extension().is_some_and(|x| x == "log") {
             out.push(tail(&p, 40));
         }
+    }
+    out.join("\n")
+}
+
+/// What the job master at `addr` says of its job, asked for 10 s at most (a master that does
+/// not answer is itself a finding).
+async fn master_says(addr: &str, run_dir: &str) -> String {
+    let asked = tokio::time::timeout(Duration::from_secs(10), master_status(addr, run_dir));
+    match asked.await {
+        Err(_) => format!("--- the master at {addr} did not answer within 10 s"),
+        Ok(None) => format!("--- the master at {addr} cannot be reached"),
+        Ok(Some(s)) => format!(
+            "--- the master at {addr}: {} {:?}, step {}, shards {}/{}, final loss {:?}, \
+             transition {:?}, plan {}/{}, processes: {}",
+            s.phase,
+            s.reason,
+            s.global_step,
+            s.shards_done,
+            s.shards_total,
+            s.final_eval_loss,
+            s.transition,
+            s.desired_plan_version,
+            s.reached_plan_version,
+            s.processes
+                .iter()
+                .map(|p| format!("{}-{} {}", p.role, p.index, p.state))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The state and last `n` lines of Ray's log of each Ray job the master log `log` names
+/// (`... submitted to Ray at URL as ID`), read from the dashboard while the master runs.
+async fn ray_master_tail(dashboard: &str, log: &Path, n: usize) -> String {
+    let Ok(api) = ray_client::RayApi::new(dashboard) else {
+        return format!("--- {dashboard}: not a dashboard address");
+    };
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut out = Vec::new();
+    for id in text
+        .lines()
+        .filter_map(|l| l.split_once("submitted to Ray at ").map(|(_, r)| r))
+        .filter_map(|r| r.split_once(" as ").map(|(_, id)| id.trim().to_string()))
+    {
+        let state = match api.job(&id).await {
+            Ok(Some(info)) => info.headline(&id),
+            Ok(None) => format!("Ray job {id} is gone from Ray"),
+            Err(e) => format!("Ray job {id}: {e}"),
+        };
+        let logs = api.logs(&id).await.unwrap_or_else(|e| e.to_string());
+        let lines: Vec<&str> = logs.lines().collect();
+        out.push(format!(
+            "--- {state}; Ray's log (last {n} of {} lines)\n{}",
+            lines.len(),
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        ));
     }
     out.join("\n")
 }
@@ -496,7 +573,7 @@ async fn soak(place: Place<'_>, d: &Path, faults: u32) {
                 "jobs did not end:\n{}\n{}\n{}",
                 summary(&all),
                 soak.log.join("\n"),
-                stuck_logs(d, &url, &all)
+                stuck_logs(d, &url, soak.place.dashboard(), &all).await
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
