@@ -399,12 +399,7 @@ fn summary(all: &[pb::JobRecord]) -> String {
 /// logs: what a soak that did not end needs to be understood (its directory is gone after).
 /// On Ray (`dashboard`), a master still running has its output with Ray only: its Ray job's
 /// state and the tail of its log come first, since CI keeps the head of a failure's output.
-async fn stuck_logs(
-    d: &Path,
-    url: &str,
-    dashboard: Option<&str>,
-    all: &[pb::JobRecord],
-) -> String {
+async fn stuck_logs(d: &Path, url: &str, dashboard: Option<&str>, all: &[pb::JobRecord]) -> String {
     let mut out = Vec::new();
     for j in all
         .iter()
