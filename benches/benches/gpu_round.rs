@@ -5,21 +5,30 @@
 //! The cluster is Sia's three models at 100 nodes: 34 nodes of 4 K80s, 33 of 4 P100s, 33 of 8
 //! V100s (532 GPUs). The first jobs run (1 to 4 workers, a fifth of them of 2 GPUs per worker,
 //! on one model, with reported speeds) until they hold about 70 % of the GPUs; the rest wait
-//! (a third ask for a model, the others take any). Run with
+//! (a third ask for a model, the others take any).
+//!
+//! Each scheduler runs twice, side by side: with the GPU pool alone (one machine's view), and
+//! with each node's free room as Ray reports it (its CPU, 8 cores a GPU less a core for each
+//! worker placed on it, and its free GPUs), where the round also places every new process of a
+//! GPU job whole on a node of its model (`LiveCluster::free`, the nodes check). Run with
 //! `cargo bench -p benches --bench gpu_round`.
 
 use std::time::Instant;
 
 use optimizer::heuristics::{Heuristics, SpeedPoint};
 use optimizer::live::{
-    LiveCluster, LiveConfig, LiveJob, LiveNode, LiveSnapshot, LiveState, plan_round,
+    LiveCluster, LiveConfig, LiveJob, LiveNode, LiveSnapshot, LiveState, NodeRoom, plan_round,
 };
 use optimizer::schedule::SchedulerKind;
 use optimizer::units::JobId;
 
 const MODELS: [&str; 3] = ["K80", "P100", "V100"];
 
-fn snapshot() -> LiveSnapshot {
+/// Each node's CPU: 8 cores a GPU.
+const CORES_PER_GPU: u64 = 8;
+
+/// The snapshot, and the workers (1 core each) and GPUs its running jobs hold on each node.
+fn snapshot() -> (LiveSnapshot, Vec<(u64, u32)>) {
     let mut nodes = Vec::new();
     for i in 0..100 {
         let (model, gpus) = match i % 3 {
@@ -42,6 +51,7 @@ fn snapshot() -> LiveSnapshot {
         x % n
     };
     let mut used = vec![0u32; nodes.len()];
+    let mut cores = vec![0u64; nodes.len()];
     let jobs = (0..1000u64)
         .map(|i| {
             let gpus = if next(5) == 0 { 2 } else { 1 };
@@ -58,6 +68,7 @@ fn snapshot() -> LiveSnapshot {
                         && used[n] + gpus <= node.gpus
                     {
                         used[n] += gpus;
+                        cores[n] += 1;
                         placed += 1;
                     }
                 }
@@ -101,36 +112,63 @@ fn snapshot() -> LiveSnapshot {
             }
         })
         .collect();
-    LiveSnapshot {
+    let cpu: u64 = nodes
+        .iter()
+        .map(|n| u64::from(n.gpus) * CORES_PER_GPU * 1000)
+        .sum();
+    let held = cores.into_iter().zip(used).collect();
+    let snap = LiveSnapshot {
         now_s: 1000.0,
         cluster: LiveCluster {
             free: Vec::new(),
-            cpu_millicores: 100 * 64 * 1000,
+            cpu_millicores: cpu,
             slot_millicores: 1000,
             max_processes: 10_000,
             memory_bytes: 0,
             nodes,
         },
         jobs,
-    }
+    };
+    (snap, held)
+}
+
+/// The snapshot with each node's free room: its cores less the workers on it, its GPUs less
+/// those held.
+fn with_rooms(snap: &LiveSnapshot, held: &[(u64, u32)]) -> LiveSnapshot {
+    let mut snap = snap.clone();
+    snap.cluster.free = snap
+        .cluster
+        .nodes
+        .iter()
+        .zip(held)
+        .map(|(n, &(cores, gpus))| NodeRoom {
+            name: n.name.clone(),
+            cpu_millicores: (u64::from(n.gpus) * CORES_PER_GPU - cores) * 1000,
+            memory_bytes: 0,
+            gpus: optimizer::units::Gpus::whole(n.gpus - gpus),
+        })
+        .collect();
+    snap
 }
 
 fn main() {
-    let snap = snapshot();
+    let (snap, held) = snapshot();
+    let rooms = with_rooms(&snap, &held);
     let running = snap
         .jobs
         .iter()
         .filter(|j| j.state == LiveState::Running)
         .count();
     println!(
-        "one live round: {} GPU jobs ({running} running), {} nodes, 532 GPUs of 3 models \
-         (median of 5)",
+        "one live round: {} GPU jobs ({running} running), {} nodes, 532 GPUs of 3 models, \
+         {} cores (median of 5)",
         snap.jobs.len(),
-        snap.cluster.nodes.len()
+        snap.cluster.nodes.len(),
+        snap.cluster.cpu_millicores / 1000
     );
     println!(
-        "{:<12} {:>12} {:>10} {:>10} {:>10}",
-        "scheduler", "round (ms)", "started", "resized", "GPUs used"
+        "{:<12} {:<12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "scheduler", "view", "round (ms)", "started", "resized", "GPUs used", "on nodes"
     );
     let config = LiveConfig {
         cooldown_s: 0.0,
@@ -140,32 +178,45 @@ fn main() {
     for name in ["elastic_lp", "pollux", "optimus", "fifo"] {
         let kind: SchedulerKind =
             serde_json::from_value(serde_json::json!({ "kind": name })).expect("a scheduler");
-        let mut times = Vec::new();
-        let mut last = None;
-        for _ in 0..5 {
-            let t = Instant::now();
-            let plan =
-                plan_round(&snap, kind.scheduler(), &config, &heuristics).expect("the round plans");
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-            last = Some(plan);
+        for (view, snap) in [("pool", &snap), ("node rooms", &rooms)] {
+            let mut times = Vec::new();
+            let mut last = None;
+            for _ in 0..5 {
+                let t = Instant::now();
+                let plan = plan_round(snap, kind.scheduler(), &config, &heuristics)
+                    .expect("the round plans");
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                last = Some(plan);
+            }
+            times.sort_by(f64::total_cmp);
+            let plan = last.expect("five rounds");
+            let started = plan.decisions.iter().filter(|d| d.starts()).count();
+            let resized = plan
+                .decisions
+                .iter()
+                .filter(|d| d.state == LiveState::Running && d.to_workers != d.from_workers)
+                .count();
+            let gpus: u32 = plan
+                .decisions
+                .iter()
+                .map(|d| d.gpu_placement.iter().map(|p| p.1).sum::<u32>())
+                .sum();
+            // Decisions the nodes check changed (cut, moved, kept waiting) say so.
+            let on_nodes = plan
+                .decisions
+                .iter()
+                .filter(|d| {
+                    d.reasons.iter().any(|r| {
+                        ["no node has room", "nodes' free room", "nodes have no room"]
+                            .iter()
+                            .any(|x| r.contains(x))
+                    })
+                })
+                .count();
+            println!(
+                "{:<12} {:<12} {:>12.1} {:>10} {:>10} {:>10} {:>10}",
+                plan.scheduler, view, times[2], started, resized, gpus, on_nodes
+            );
         }
-        times.sort_by(f64::total_cmp);
-        let plan = last.expect("five rounds");
-
-        let started = plan.decisions.iter().filter(|d| d.starts()).count();
-        let resized = plan
-            .decisions
-            .iter()
-            .filter(|d| d.state == LiveState::Running && d.to_workers != d.from_workers)
-            .count();
-        let gpus: u32 = plan
-            .decisions
-            .iter()
-            .map(|d| d.gpu_placement.iter().map(|p| p.1).sum::<u32>())
-            .sum();
-        println!(
-            "{:<12} {:>12.1} {:>10} {:>10} {:>10}",
-            plan.scheduler, times[2], started, resized, gpus
-        );
     }
 }
