@@ -7,7 +7,8 @@
 //! The round sizes a job's training group; the service and single roles of running jobs hold
 //! their CPU, processes, memory and GPUs outside it, so the cluster the round plans on is what
 //! they leave. A role that shares the workers' devices (`placement:` with `share_devices`) holds
-//! no GPU of its own: the round places each worker with its device's whole bundle.
+//! no GPU of its own: the round places each worker with its device's whole bundle, and a
+//! start's worker with its partners' CPU and memory beside it (`LiveRole::beside_workers`).
 
 use std::time::Instant;
 
@@ -163,6 +164,7 @@ fn service_roles(
             } else {
                 s.gpus
             },
+            beside_workers: s.shares_worker_devices,
             // A further all-reduce group restarts whole when resized: the round leaves it
             // at its size (an operator's plan resizes it).
             single: s.topology == "single" || s.topology == "allreduce",
@@ -411,6 +413,14 @@ mod tests {
                 ("rollout".into(), vocab::Gpus::ZERO)
             ]
         );
+        // The engines go beside their workers (the round places each worker with its
+        // engine's CPU); the rewards on their own.
+        let beside: Vec<bool> = snap.jobs[0]
+            .roles
+            .iter()
+            .map(|r| r.beside_workers)
+            .collect();
+        assert_eq!(beside, [false, true]);
     }
 
     #[test]

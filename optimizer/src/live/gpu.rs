@@ -1166,6 +1166,49 @@ mod tests {
     }
 
     #[test]
+    fn a_start_places_each_worker_with_the_processes_that_share_its_device() {
+        // Two V100 workers of 1 CPU, each sharing its device with a rollout engine of 2
+        // CPUs (the worker holds the device's whole bundle). The V100 node has 4 CPUs and both
+        // GPUs free, the CPU node c 4 CPUs. Placed apart, the engines would go to c and both
+        // workers to v; the job master lays each worker and its engine out as one bundle on
+        // one node: v holds one bundle of 3 CPUs, so the start is cut to one worker (its
+        // second engine, without a worker, goes to c alone).
+        let mut job = LiveJob {
+            worker_millicores: 1000,
+            min_workers: 1,
+            max_workers: 2,
+            ..gpu_job(1, LiveState::Queued, 2, 1, Some("V100"))
+        };
+        let mut engine = crate::live::tests::rollout(2, 0.5, 0.0);
+        (engine.millicores, engine.beside_workers) = (2000, true);
+        job.roles = vec![engine];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: with_room(4, 2),
+            jobs: vec![job],
+        };
+        let d = decision(&round(&snap), 1).clone();
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(
+                "starts with 1 workers, not 2: no more fit on the nodes' free room (a 4 CPU, 4 \
+                 A100 GPUs free, c 4 CPU free, v 4 CPU, 2 V100 GPUs free)"
+            )),
+            "{d:?}"
+        );
+        // With 6 CPUs on the V100 node both bundles fit there.
+        let wide = LiveSnapshot {
+            cluster: with_room(6, 2),
+            ..snap.clone()
+        };
+        assert_eq!(decision(&round(&wide), 1).to_workers, 2);
+        // Engines placed on their own (not beside the workers) would have fit the narrow one.
+        let mut apart = snap;
+        apart.jobs[0].roles[0].beside_workers = false;
+        assert_eq!(decision(&round(&apart), 1).to_workers, 2);
+    }
+
+    #[test]
     fn gpu_processes_not_placed_yet_hold_their_gpu_nodes_room() {
         // A running V100 job's worker (1 GPU, 3 CPUs) is planned, not launched: the V100
         // node's free room (4 CPUs, 2 GPUs) does not show it. A queued V100 job of one such

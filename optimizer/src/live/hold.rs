@@ -174,28 +174,62 @@ pub struct NodeSize {
 /// GPUs on `nodes`: a role's process whose CPU or memory no node with its GPUs (of its model)
 /// has, or a training group with GPUs whose minimum the nodes of any one model hold fewer
 /// of, each process whole on one node (the round starts the group at its minimum or more, on
-/// one model). Roles whose processes share devices are left to their group's checks.
-/// `default_cpu`: the CPU of a process whose role names none. `None` when it may.
+/// one model). A worker whose device other roles share counts as its bundle: the device, its
+/// CPU and memory and those of the processes of its index beside it (as the job master lays
+/// them out, on one node); those roles are not checked apart. `default_cpu`: the CPU of a
+/// process whose role names none. `None` when it may.
 pub fn never_holds_beside_gpus(
     spec: &JobSpec,
     nodes: &[NodeSize],
     default_cpu: u64,
 ) -> Option<String> {
     let trainer = spec.training_role();
+    let asks = |r: &vocab::spec::RoleSpec| {
+        let res = r.resources.as_ref();
+        (
+            res.and_then(|x| x.cpu).map_or(default_cpu, |c| c.0),
+            res.and_then(|x| x.memory).map_or(0, |m| m.0),
+        )
+    };
+    // The roles beside each worker, with their processes' count.
+    let partners: Vec<(vocab::Role, u32)> = spec
+        .roles
+        .keys()
+        .filter(|r| spec.shares_worker_devices(**r))
+        .map(|r| (*r, spec.role_plan(*r).map_or(0, |p| p.replicas)))
+        .collect();
     for (role, r) in &spec.roles {
-        let g = spec.gpu_of(*role);
+        let bundle = (*role == trainer).then(|| spec.worker_bundle()).flatten();
+        let g = bundle.unwrap_or_else(|| spec.gpu_of(*role));
         let Ok(plan) = spec.role_plan(*role) else {
             continue;
         };
-        let shares = spec.shares_worker_devices(*role)
-            || (*role == trainer && spec.worker_bundle().is_some());
-        if g.is_zero() || plan.replicas == 0 || shares {
+        if g.is_zero() || plan.replicas == 0 || spec.shares_worker_devices(*role) {
             continue;
         }
         let res = r.resources.as_ref();
         let model = res.and_then(|x| x.gpu_type.as_deref());
-        let cpu = res.and_then(|x| x.cpu).map_or(default_cpu, |c| c.0);
-        let memory = res.and_then(|x| x.memory).map_or(0, |m| m.0);
+        let (own_cpu, own_memory) = asks(r);
+        // Worker `k`'s bundle: itself and the partners of its index.
+        let at = |k: u32| {
+            partners
+                .iter()
+                .filter(|(_, n)| bundle.is_some() && *n > k)
+                .map(|(p, _)| asks(&spec.roles[p]))
+                .fold((own_cpu, own_memory), |(c, m), (pc, pm)| (c + pc, m + pm))
+        };
+        let (cpu, memory) = at(0);
+        let who = match bundle {
+            Some(_) if !partners.is_empty() => format!(
+                "role {role} (with {} beside each process, one device between them)",
+                partners
+                    .iter()
+                    .map(|(p, _)| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+            _ => format!("role {role}"),
+        };
         let with: Vec<&NodeSize> = nodes
             .iter()
             .filter(|n| n.gpus >= g.devices() && model.is_none_or(|m| m == n.gpu_type))
@@ -216,7 +250,7 @@ pub fn never_holds_beside_gpus(
             let known = what == Amount::Cpu || most > 0;
             if known && asks > most {
                 return Some(format!(
-                    "role {role}: each process asks for {} beside {gpus}, and the cluster's {} \
+                    "{who}: each process asks for {} beside {gpus}, and the cluster's {} \
                      node(s) with those GPUs have at most {}",
                     what.show(asks),
                     with.len(),
@@ -227,7 +261,10 @@ pub fn never_holds_beside_gpus(
         if *role != trainer {
             continue;
         }
-        // The training group at its minimum, on the nodes of one model.
+        // The training group at its minimum, on the nodes of one model (where partners are
+        // fewer than the workers, counted at the smallest bundle among the first `min`).
+        let min = plan.min.max(1);
+        let (cpu, memory) = at(min - 1);
         let holds = |n: &NodeSize| {
             let by = |have: u64, each: u64| have.checked_div(each).unwrap_or(u64::MAX);
             let by_memory = match n.memory_bytes {
@@ -243,10 +280,9 @@ pub fn never_holds_beside_gpus(
             *by_model.entry(n.gpu_type.as_str()).or_default() += holds(n);
         }
         let most = by_model.values().copied().max().unwrap_or(0);
-        let min = plan.min.max(1);
         if most < min as u64 {
             return Some(format!(
-                "role {role}: its minimum of {min} processes of {gpus} and {} each never fits: \
+                "{who}: its minimum of {min} processes of {gpus} and {} each never fits: \
                  the nodes of one GPU model hold {most} such processes at most, each whole on \
                  one node",
                 Amount::Cpu.show(cpu)
@@ -578,15 +614,41 @@ mod tests {
                 .unwrap()
                 .starts_with("role rollout: each process asks for 6 GiB beside 1 GPUs")
         );
-        // Roles that share the workers' devices are their group's.
-        let shared = JobSpec::from_yaml(
-            "name: j\nkind: allreduce\nroles:\n  worker: { replicas: 2, min: 2, resources: { cpu: 3, gpu: 0.5 } }\n  \
-             rollout: { replicas: 2, topology: service, command: [/bin/true], resources: { cpu: 1, gpu: 0.5 } }\n\
-             workload: { builtin: {} }\ndata: { num_samples: 10, shard_size: 1 }\n\
-             checkpoint: { dir: /tmp/x }\nplacement:\n  - { roles: [worker, rollout], strategy: strict_pack, share_devices: true }\n",
-        )
-        .unwrap();
-        shared.validate().unwrap();
-        assert_eq!(never_holds_beside_gpus(&shared, &big, 1000), None);
+        // A worker whose device a rollout engine shares counts with the engine beside it:
+        // one V100 and their CPUs added up, on one node.
+        let shared = |worker_cpu: u32, min: u32, engine_cpu: u32, engines: u32| {
+            let s = JobSpec::from_yaml(&format!(
+                "name: j\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: {min}, resources: {{ cpu: {worker_cpu}, gpu: 0.5, gpu_type: V100 }} }}\n  \
+                 rollout: {{ replicas: {engines}, topology: service, command: [/bin/true], resources: {{ cpu: {engine_cpu}, gpu: 0.5, gpu_type: V100 }} }}\n\
+                 workload: {{ builtin: {{}} }}\ndata: {{ num_samples: 10, shard_size: 1 }}\n\
+                 checkpoint: {{ dir: /tmp/x }}\nplacement:\n  - {{ roles: [worker, rollout], strategy: pack, share_devices: true }}\n",
+            ))
+            .unwrap();
+            s.validate().unwrap();
+            never_holds_beside_gpus(&s, &big, 1000)
+        };
+        // Two bundles of 2 CPUs: the V100 node's 4 hold both.
+        assert_eq!(shared(1, 2, 1, 2), None);
+        // A bundle of 3 + 2 CPUs: no V100 node has 5.
+        assert_eq!(
+            shared(3, 1, 2, 2).as_deref(),
+            Some(
+                "role worker (with rollout beside each process, one device between them): each \
+                 process asks for 5 CPUs beside 1 V100 GPUs, and the cluster's 1 node(s) with \
+                 those GPUs have at most 4 CPUs"
+            )
+        );
+        // At a minimum of 2, bundles of 3 + 1 CPUs: the node holds one.
+        assert_eq!(
+            shared(3, 2, 1, 2).as_deref(),
+            Some(
+                "role worker (with rollout beside each process, one device between them): its \
+                 minimum of 2 processes of 1 V100 GPUs and 4 CPUs each never fits: the nodes of \
+                 one GPU model hold 1 such processes at most, each whole on one node"
+            )
+        );
+        // One engine only: the second worker's bundle is the worker alone, so bundles of 2
+        // and 1 CPUs, which the node holds.
+        assert_eq!(shared(1, 2, 1, 1), None);
     }
 }

@@ -449,6 +449,7 @@ mod tests {
             millicores: 500,
             memory_bytes: 0,
             gpus: vocab::Gpus::ZERO,
+            beside_workers: false,
             single: false,
             rate: Some(RoleRate {
                 served_per_s: 10.0,

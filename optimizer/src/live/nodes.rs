@@ -11,7 +11,9 @@
 //!    with their GPUs), which it does not count, take their room first ([`reserve_not_placed`],
 //!    before the GPU round);
 //! 2. the GPU jobs' new processes (`gpu.rs`: a start's PS, workers and roles; a growth's
-//!    workers), by the same rule as in 4, on nodes of their model;
+//!    workers), by the same rule as in 4, on nodes of their model; a start's worker whose
+//!    device other roles share with the processes of its index as one bundle
+//!    ([`with_partners`]), as the job master lays them out;
 //! 3. the room a role that holds up its job's training group would grow by is set aside
 //!    ([`roles::Holdup`]), as the pool keeps it;
 //! 4. the growth of running CPU jobs (their added workers and PS), then the starts of queued
@@ -103,6 +105,16 @@ impl Process {
         r.cpu += self.cpu;
         r.memory = r.memory.saturating_add(self.memory);
         r.gpus += self.gpus;
+    }
+
+    /// The process with `millicores` and `memory_bytes` more beside it on its node (the
+    /// processes that share its devices, laid out with it as one bundle).
+    pub(super) fn with(self, millicores: u64, memory_bytes: u64) -> Process {
+        Process {
+            cpu: self.cpu + millicores,
+            memory: self.memory.saturating_add(memory_bytes),
+            ..self
+        }
     }
 }
 
@@ -340,15 +352,44 @@ fn adds(s: &Sized) -> u32 {
 }
 
 /// The processes of a start's service and single roles (with the GPUs of their own, of GPU
-/// model `model`), which it places with its training group.
+/// model `model`), which it places with its training group; not those that share the
+/// workers' devices, which go with their partner worker ([`with_partners`]).
 pub(super) fn roles_of(job: &LiveJob, model: Option<&str>, free: &Free) -> Vec<Process> {
     job.roles
         .iter()
+        .filter(|r| !r.beside_workers)
         .flat_map(|r| {
             let p = free.process(r.millicores, r.memory_bytes, r.gpus, model);
             std::iter::repeat_n(p, r.count as usize)
         })
         .collect()
+}
+
+/// A start's processes at `w` workers as the job master lays them out where roles share the
+/// workers' devices ([`LiveRole::beside_workers`]): worker `k` with the process `k` of each
+/// such role beside it, as one bundle on one node (`worker` is the worker with its device's
+/// whole bundle of GPUs); the roles' processes past the last worker on their own, with their
+/// CPU and memory.
+pub(super) fn with_partners(job: &LiveJob, worker: Process, w: u32) -> Vec<Process> {
+    let beside: Vec<&LiveRole> = job.roles.iter().filter(|r| r.beside_workers).collect();
+    let mut out: Vec<Process> = (0..w)
+        .map(|k| {
+            beside
+                .iter()
+                .filter(|r| r.count > k)
+                .fold(worker, |p, r| p.with(r.millicores, r.memory_bytes))
+        })
+        .collect();
+    for r in &beside {
+        let alone = Process {
+            gpus: 0,
+            cpu: r.millicores,
+            memory: r.memory_bytes,
+            model: None,
+        };
+        out.extend(std::iter::repeat_n(alone, r.count.saturating_sub(w) as usize));
+    }
+    out
 }
 
 /// Places `s`'s new processes on `free` at the most workers that fit (see [`gate`]).

@@ -47,6 +47,11 @@ pub struct LiveRole {
     /// the workers' devices), of the job's GPU model: what a start must find room for too.
     #[serde(default)]
     pub gpus: vocab::Gpus,
+    /// Its processes share the training group's devices (a `placement:` group with
+    /// `share_devices`): its process `k` runs beside worker `k`, on its node, the two laid out
+    /// as one bundle; its GPUs are the worker's ([`LiveJob::worker_gpus`], the whole bundle).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub beside_workers: bool,
     /// A `single` role (one driver), or a further all-reduce group (which a resize restarts
     /// whole): counted, never resized by the round.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -130,11 +130,17 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             fixed = vec![ps; j.job.ps as usize];
             fixed.extend(nodes::roles_of(j.job, model, &free));
         }
+        // A start's workers go with the processes that share their devices; a growth's added
+        // workers join partners that run already, wherever they are (not known here).
+        let workers = |w: u32| match start {
+            true => nodes::with_partners(j.job, worker, w),
+            false => vec![worker; (w - base) as usize],
+        };
         let unit = j.job.node_unit.max(1);
         let mut w = j.to;
         let fits = loop {
             let mut procs = fixed.clone();
-            procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
+            procs.extend(workers(w));
             let mut trial = free.clone();
             if trial.take(procs) {
                 if w == j.to {
@@ -151,12 +157,13 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             continue;
         }
         let roles = fixed.len().saturating_sub(j.job.ps as usize);
+        let first = workers(base + 1).into_iter().next().unwrap_or(worker);
         return Err(Cut {
             job: i,
             fits,
             asked: format!(
                 "{}{}",
-                nodes::shown(&worker, &free),
+                nodes::shown(&first, &free),
                 match (start, roles) {
                     (true, n) if n > 0 => format!(" with its roles' {n}"),
                     _ => String::new(),
