@@ -387,7 +387,10 @@ pub(super) fn with_partners(job: &LiveJob, worker: Process, w: u32) -> Vec<Proce
             memory: r.memory_bytes,
             model: None,
         };
-        out.extend(std::iter::repeat_n(alone, r.count.saturating_sub(w) as usize));
+        out.extend(std::iter::repeat_n(
+            alone,
+            r.count.saturating_sub(w) as usize,
+        ));
     }
     out
 }
