@@ -41,11 +41,12 @@ fn brain_for_jobs(c: &RayClusterDir, dir: &Path) -> (common::Brain, String) {
     brain_for_jobs_now(c, dir)
 }
 
-/// [`brain_for_jobs`] without waiting for the nodes (an async test waits first).
+/// [`brain_for_jobs`] without waiting for the nodes (an async test waits first). Its jobs may
+/// run `/bin/sleep 600` (a role whose placement is the point, not its program).
 fn brain_for_jobs_now(c: &RayClusterDir, dir: &Path) -> (common::Brain, String) {
     std::fs::write(
         dir.join("policy.toml"),
-        "[live]\ninterval_s = 1\ncooldown_s = 600\n",
+        "[live]\ninterval_s = 1\ncooldown_s = 600\n[submissions]\ncommands = [\"/bin/sleep 600\"]\n",
     )
     .unwrap();
     let (brain, addr) = brain_on(
@@ -152,6 +153,32 @@ fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
         ),
         "{out}"
     );
+    // Two workers of half a V100 and 3 CPUs, each sharing its device with a rollout engine
+    // of 2 CPUs: the job master lays each pair out on one node, and no V100 node has 5 CPUs.
+    let pair = dir.path().join("pair.yaml");
+    std::fs::write(
+        &pair,
+        format!(
+            "name: pair-{pid}\nkind: allreduce\nroles:\n  worker: {{ replicas: 2, min: 1, \
+             max: 2, resources: {{ cpu: 3, gpu: 0.5, gpu_type: V100 }} }}\n  rollout: {{ \
+             replicas: 2, topology: service, command: [/bin/sleep, '600'], resources: {{ cpu: 2, \
+             gpu: 0.5, gpu_type: V100 }} }}\n\
+             workload:\n  builtin: {{ batch_size: 128 }}\n\
+             data: {{ num_samples: 20000, shard_size: 500 }}\n\
+             checkpoint: {{ dir: checkpoints }}\n\
+             placement:\n  - {{ roles: [worker, rollout], strategy: pack, share_devices: true }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", pair.to_str().unwrap(), "--brain", &url]);
+    assert!(
+        !ok && out.contains(
+            "role worker (with rollout beside each process, one device between them): each \
+             process asks for 5 CPUs beside 1 V100 GPUs, and the cluster's 1 node(s) with those \
+             GPUs have at most 4 CPUs"
+        ),
+        "{out}"
+    );
     // Four workers strictly spread over the three nodes.
     let spread = dir.path().join("spread.yaml");
     std::fs::write(
@@ -173,7 +200,7 @@ fn jobs_no_node_has_the_cpu_for_are_refused_at_submission() {
     );
     let (ok, out) = brainctl(&["jobs", "--brain", &url]);
     assert!(
-        ok && !["wide-", "big-", "beside-", "spread-"]
+        ok && !["wide-", "big-", "beside-", "pair-", "spread-"]
             .iter()
             .any(|j| out.contains(j)),
         "{out}"
