@@ -369,9 +369,12 @@ pub(crate) async fn run(
         let id = match job_id {
             Some(id) => id,
             None => {
+                // The name read first: a guard in the request would hold the job's lock (every
+                // RPC, every durable write) through the call, up to its timeout.
+                let job_name = shared.job.lock().await.spec.name.clone();
                 let r = c
                     .register_job(pb::RegisterJobRequest {
-                        job_name: shared.job.lock().await.spec.name.clone(),
+                        job_name,
                         master_address: master_addr.to_string(),
                         shape: Some(shape_now),
                     })
