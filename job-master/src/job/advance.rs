@@ -208,22 +208,6 @@ impl JobContext {
         let (version, round_after) = (t.plan.version, t.round_after);
         let waited = now_ms.saturating_sub(t.step_started_ms);
         let planned = t.to.get(&self.trainer()).copied().unwrap_or(0);
-        if let Some(r) = self.rendezvous_now() {
-            // Only the plan's own workers are worth re-forming for: one past its size is told
-            // at the next round that it was removed.
-            let late = r
-                .late_joiners()
-                .map(|(closed, late)| (closed, late.into_iter().filter(|&i| i < planned).collect()))
-                .filter(|(_, late): &(u64, Vec<u32>)| !late.is_empty());
-            if let Some((closed, late)) = late {
-                return self.reform_for_late(version, closed, &late, now_ms, effects);
-            }
-            // A worker that registered but has not joined yet gets as long as last call would
-            // have given it.
-            if r.launching > 0 && waited < r.launch_wait_ms {
-                return Next::Wait;
-            }
-        }
         // A process the platform has found no room for within the register timeout does not
         // hold the plan: it is reached without it (the brain sees it pending and may give it
         // up). Waiting on would keep the plan in Settle, where every routine checkpoint
@@ -235,6 +219,28 @@ impl JobContext {
                 && !s.placed
                 && now_ms.saturating_sub(s.last_heartbeat_ms) >= wait
         });
+        let trainer = self.trainer();
+        let unplaced_workers = unplaced.iter().filter(|k| k.role == trainer).count() as u32;
+        if let Some(r) = self.rendezvous_now() {
+            // Only the plan's own workers are worth re-forming for: one past its size is told
+            // at the next round that it was removed.
+            let late = r
+                .late_joiners()
+                .map(|(closed, late)| (closed, late.into_iter().filter(|&i| i < planned).collect()))
+                .filter(|(_, late): &(u64, Vec<u32>)| !late.is_empty());
+            if let Some((closed, late)) = late {
+                return self.reform_for_late(version, closed, &late, now_ms, effects);
+            }
+            // A worker on its way that has not joined yet gets as long as last call would have
+            // given it; not one unplaced past the register timeout, which last call waited
+            // for already: a routine checkpoint committed meanwhile would re-form the group
+            // for it again, and again at the next (seen in the Ray chaos soak in CI: a plan
+            // re-formed at every checkpoint for 6 minutes, 30 s each, for a worker Ray had
+            // no room for).
+            if r.launching > unplaced_workers && waited < r.launch_wait_ms {
+                return Next::Wait;
+            }
+        }
         let settled = self.slots.values().all(|s| {
             unplaced.contains(&s.key)
                 || !matches!(

@@ -120,11 +120,10 @@ fn a_worker_never_placed_does_not_hold_the_plan() {
     ctx.tick(3_100);
     assert!(ctx.join_rendezvous(W0, 1, 3_100).unwrap().ready);
     assert!(ctx.join_rendezvous(W1, 1, 3_100).unwrap().ready);
-    // Settle gives a launching worker as long as last call would have (from 3,080 ms) ...
+    // Settle does not give it last call's wait again: last call waited for it already, and a
+    // routine checkpoint committed meanwhile would re-form the group for it once more, and
+    // again at the next (the Ray chaos soak in CI: 6 minutes of re-forming, 30 s each).
     ctx.tick(3_200);
-    assert_eq!(ctx.plans.reached, 0);
-    // ... and then does not wait for it any more.
-    ctx.tick(6_200);
     assert_eq!(ctx.plans.reached, 1, "{:#?}", ctx.events);
     assert!(
         ctx.events.iter().any(|e| e
