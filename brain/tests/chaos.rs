@@ -409,7 +409,7 @@ async fn stuck_logs(d: &Path, url: &str, dashboard: Option<&str>, all: &[pb::Job
         let log = run.join("job-master.log");
         out.push(master_says(&j.master_address, &j.run_dir).await);
         if let Some(dashboard) = dashboard {
-            out.push(ray_master_tail(dashboard, &log, 40).await);
+            out.push(ray_master_tail(dashboard, run, 40).await);
         }
         out.push(tail(&log, 60));
         let (_, events) = brainctl(&["events", &j.job_name, "--brain", url]);
@@ -458,33 +458,29 @@ async fn master_says(addr: &str, run_dir: &str) -> String {
     }
 }
 
-/// The state and last `n` lines of Ray's log of each Ray job the master log `log` names
-/// (`... submitted to Ray at URL as ID`), read from the dashboard while the master runs.
-async fn ray_master_tail(dashboard: &str, log: &Path, n: usize) -> String {
+/// The state and last `n` lines of Ray's log of the master's latest Ray submission (the one
+/// the brain follows, named in the run directory `run`), read from the dashboard while it runs.
+async fn ray_master_tail(dashboard: &str, run: &Path, n: usize) -> String {
+    let file = run.join(brain::launch::RAY_SUBMISSION_FILE);
+    let Ok(id) = std::fs::read_to_string(&file) else {
+        return format!("--- {}: no Ray submission recorded", file.display());
+    };
+    let id = id.trim();
     let Ok(api) = ray_client::RayApi::new(dashboard) else {
         return format!("--- {dashboard}: not a dashboard address");
     };
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut out = Vec::new();
-    for id in text
-        .lines()
-        .filter_map(|l| l.split_once("submitted to Ray at ").map(|(_, r)| r))
-        .filter_map(|r| r.split_once(" as ").map(|(_, id)| id.trim().to_string()))
-    {
-        let state = match api.job(&id).await {
-            Ok(Some(info)) => info.headline(&id),
-            Ok(None) => format!("Ray job {id} is gone from Ray"),
-            Err(e) => format!("Ray job {id}: {e}"),
-        };
-        let logs = api.logs(&id).await.unwrap_or_else(|e| e.to_string());
-        let lines: Vec<&str> = logs.lines().collect();
-        out.push(format!(
-            "--- {state}; Ray's log (last {n} of {} lines)\n{}",
-            lines.len(),
-            lines[lines.len().saturating_sub(n)..].join("\n")
-        ));
-    }
-    out.join("\n")
+    let state = match api.job(id).await {
+        Ok(Some(info)) => info.headline(id),
+        Ok(None) => format!("Ray job {id} is gone from Ray"),
+        Err(e) => format!("Ray job {id}: {e}"),
+    };
+    let logs = api.logs(id).await.unwrap_or_else(|e| e.to_string());
+    let lines: Vec<&str> = logs.lines().collect();
+    format!(
+        "--- {state}; Ray's log (last {n} of {} lines)\n{}",
+        lines.len(),
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    )
 }
 
 /// The soak at `place`, in `d`: `faults` faults unless `BRAIN_CHAOS_FAULTS` says otherwise.

@@ -210,11 +210,12 @@ pub fn never_holds_beside_gpus(
         let res = r.resources.as_ref();
         let model = res.and_then(|x| x.gpu_type.as_deref());
         let (own_cpu, own_memory) = asks(r);
-        // Worker `k`'s bundle: itself and the partners of its index.
+        // Worker `k`'s bundle: itself and the partners of its index (none but a bundle's).
+        let beside: &[(vocab::Role, u32)] = if bundle.is_some() { &partners } else { &[] };
         let at = |k: u32| {
-            partners
+            beside
                 .iter()
-                .filter(|(_, n)| bundle.is_some() && *n > k)
+                .filter(|(_, n)| *n > k)
                 .map(|(p, _)| asks(&spec.roles[p]))
                 .fold((own_cpu, own_memory), |(c, m), (pc, pm)| (c + pc, m + pm))
         };
