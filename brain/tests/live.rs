@@ -754,9 +754,9 @@ impl RoleJob {
         let d = dir.path();
         std::fs::write(
             d.join("policy.toml"),
-            // A cool-down long enough for the first rates to come in over most of a window
-            // before the first resize, on a loaded machine too (10 s was not on a 2-core CI
-            // run: the workers were grown before their wait was known).
+            // A cool-down for the first rates to come in before the first resize (the brain
+            // also holds the workers until the rates cover a window: `[live.roles]
+            // measure_s`; a cool-down alone did not suffice on a loaded 2-core CI run).
             "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 20\n",
         )
         .unwrap();

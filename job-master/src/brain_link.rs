@@ -214,6 +214,8 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
         samples_done: (ctx.ledger.done_shards() * ctx.spec.data.shard_size as u64).min(total),
         processes: processes(ctx, now_ms),
         role_rates: crate::service::role_rates(ctx, now_ms),
+        rates_cover_ms: ctx.calls.cover_ms(now_ms),
+        rates_window_ms: crate::job::CALLS_WINDOW_MS,
         training_ms: effective.training_ms,
         lost_training_ms: effective.lost_ms,
         wall_ms: effective.wall_ms,

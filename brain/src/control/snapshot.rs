@@ -129,6 +129,7 @@ pub(super) fn take(
             worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
             roles: service_roles(&shape, store.role_rates(row.id)),
+            rates_unmeasured_s: store.rates_unmeasured_s(row.id),
             // Read only where the round places processes on nodes (it skips this otherwise).
             not_placed: match cluster.free.is_empty() {
                 true => Vec::new(),

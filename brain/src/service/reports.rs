@@ -72,6 +72,8 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
         samples_done: m.samples_done,
         processes,
         role_rates,
+        rates_cover_ms: m.rates_cover_ms,
+        rates_window_ms: m.rates_window_ms,
         effective,
         stragglers,
         slow_nodes,

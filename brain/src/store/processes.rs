@@ -95,8 +95,10 @@ pub(super) struct JobProcesses {
     at_unix_ms: i64,
     processes: BTreeMap<(Role, u32), ProcessRuntime>,
     changes: Vec<Change>,
-    /// The called roles' rates, as the newest report gave them.
+    /// The called roles' rates, as the newest report gave them, and how much of its master's
+    /// window they still lack, ms.
     rates: Vec<(Role, optimizer::live::RoleRate)>,
+    rates_unmeasured_ms: u64,
     /// Its effective training time and stragglers, as the newest report gave them.
     effective: Option<vocab::report::EffectiveTraining>,
     stragglers: Vec<super::StragglerNote>,
@@ -163,6 +165,7 @@ impl Processes {
             }
             entry.processes = next;
             entry.rates = m.role_rates.clone();
+            entry.rates_unmeasured_ms = m.rates_window_ms.saturating_sub(m.rates_cover_ms);
             entry.effective = m.effective.clone().or(entry.effective.take());
             entry.stragglers = m.stragglers.clone();
             entry.slow_nodes = m.slow_nodes.clone();
@@ -201,6 +204,13 @@ impl Processes {
             .get(&job)
             .map(|j| j.rates.clone())
             .unwrap_or_default()
+    }
+
+    /// Seconds of its master's window the job's rates still lack, by its newest report.
+    pub(super) fn rates_unmeasured_s(&self, job: JobId) -> f64 {
+        self.jobs
+            .get(&job)
+            .map_or(0.0, |j| j.rates_unmeasured_ms as f64 / 1000.0)
     }
 
     /// The job's effective training time, stragglers and slow nodes of its newest report.

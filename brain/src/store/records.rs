@@ -23,6 +23,9 @@ pub struct Metric {
     pub processes: Vec<super::ProcessSample>,
     /// Each called role's rates over its master's window (calls between roles).
     pub role_rates: Vec<(vocab::Role, optimizer::live::RoleRate)>,
+    /// How much of its master's window (`rates_window_ms`; 0: it does not say) the rates cover.
+    pub rates_cover_ms: u64,
+    pub rates_window_ms: u64,
     /// The job's effective training time so far (none: not measured).
     pub effective: Option<vocab::report::EffectiveTraining>,
     /// Its training processes flagged as stragglers now.
@@ -54,6 +57,8 @@ const MAX_MEMORY_BYTES: u64 = 1 << 60; // 1 EiB
 /// The longest reason a pending process may carry (job masters send a few lines at most).
 const MAX_PENDING_REASON_BYTES: usize = 4096;
 const MAX_STEP: u64 = 1 << 53;
+/// The longest window of role rates a job master may measure over (an hour).
+const MAX_RATES_WINDOW_MS: u64 = 3_600_000;
 
 impl Metric {
     /// Rejects NaN, negative and absurdly large values, naming the field and the value.
@@ -70,6 +75,13 @@ impl Metric {
                     "role rate of {role} is {r:?}: shares from 0 to 1 and a finite rate expected"
                 ));
             }
+        }
+        if self.rates_cover_ms > self.rates_window_ms || self.rates_window_ms > MAX_RATES_WINDOW_MS
+        {
+            return Err(format!(
+                "role rates cover {} ms of a window of {} ms: at most the window, of at most {} ms",
+                self.rates_cover_ms, self.rates_window_ms, MAX_RATES_WINDOW_MS
+            ));
         }
         let sps = self.samples_per_second;
         if !(sps.is_finite() && (0.0..=MAX_SAMPLES_PER_SECOND).contains(&sps)) {

@@ -159,6 +159,12 @@ impl Store {
         self.processes.rates(job)
     }
 
+    /// Seconds of its master's window the job's role rates still lack, as its newest report
+    /// gave them (0: a whole window, or a master that does not say).
+    pub fn rates_unmeasured_s(&self, job: JobId) -> f64 {
+        self.processes.rates_unmeasured_s(job)
+    }
+
     /// The heuristics' corrections sent to the job (this brain's lifetime).
     pub fn corrections(&self, job: JobId) -> Vec<optimizer::heuristics::Change> {
         self.processes.changes(job)

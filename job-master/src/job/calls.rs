@@ -115,6 +115,14 @@ impl CallRates {
         }
     }
 
+    /// How much of the window ending at `now_ms` the rates cover: from the first report
+    /// folded in, at most [`WINDOW_MS`]; 0 before any.
+    pub fn cover_ms(&self, now_ms: u64) -> u64 {
+        self.samples
+            .front()
+            .map_or(0, |(at, _)| now_ms.saturating_sub(*at).min(WINDOW_MS))
+    }
+
     /// Each role's rates over the window that ends at `now_ms` (roles that served or were
     /// called in it), in role order.
     pub fn rates(&self, now_ms: u64) -> Vec<RoleRate> {
@@ -242,6 +250,19 @@ mod tests {
         assert!(r.rates(60_000).is_empty());
         // Too short a window says nothing.
         assert!(CallRates::default().rates(1_000).is_empty());
+    }
+
+    #[test]
+    fn the_rates_cover_the_window_from_the_first_report_on() {
+        let mut r = CallRates::default();
+        assert_eq!(r.cover_ms(5_000), 0, "no report yet");
+        r.record(key("worker", 0), 1, caller(1, 0.5), 5_000);
+        assert_eq!(r.cover_ms(5_000), 0);
+        assert_eq!(r.cover_ms(17_000), 12_000);
+        r.record(key("worker", 0), 1, caller(9, 4.0), 40_000);
+        assert_eq!(r.cover_ms(40_000), WINDOW_MS, "at most the window");
+        r.record(key("worker", 0), 1, caller(20, 9.0), 90_000);
+        assert_eq!(r.cover_ms(90_000), WINDOW_MS, "reports go on: still whole");
     }
 
     /// Seen on a loaded CI machine: the workers began calling 15 s into the window (their

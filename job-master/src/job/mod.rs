@@ -46,7 +46,7 @@ use crate::rendezvous::{JoinOutcome, Member, PsCluster, RoundRendezvous};
 use crate::scale::{Capacity, PlanBook, ScalePlan};
 use crate::spec::{JobKind, JobSpec, Resources, Role};
 
-pub use calls::{CallRates, CallTotals, RoleRate};
+pub use calls::{CallRates, CallTotals, RoleRate, WINDOW_MS as CALLS_WINDOW_MS};
 pub use cancel::Cancelling;
 pub use effective::{TrainingTime, WorkLost};
 pub use services::RoleGroup;

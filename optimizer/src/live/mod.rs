@@ -38,7 +38,7 @@
 //! simulator replays it (`brainctl whatif --live-round`).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -76,6 +76,10 @@ pub use nodes::{NodeRoom, NotPlaced};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 use sized::{Sized, slots_of, speed_model};
+
+fn no_seconds(s: &f64) -> bool {
+    *s == 0.0
+}
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
@@ -175,6 +179,11 @@ pub struct LiveJob {
     /// Its service roles, with their rates (running jobs; `roles.rs` sizes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<LiveRole>,
+    /// Seconds of its job master's window its roles' rates still lack (0: a whole window is
+    /// measured, or its master does not say): until then a low or missing wait is not known
+    /// to be low ([`roles::unmeasured`]).
+    #[serde(default, skip_serializing_if = "no_seconds")]
+    pub rates_unmeasured_s: f64,
     #[serde(default)]
     pub gpu_type: Option<String>,
     /// Its processes without GPUs that the platform has not placed yet (planned and not
@@ -217,7 +226,16 @@ pub fn plan_round(
         .enumerate()
         .filter_map(|(i, j)| roles::holdup(j, &config.roles).map(|h| (i, h)))
         .collect();
-    let snapshot = &*pinned_and_held(snapshot, config, &holdups);
+    // A job whose roles' rates do not cover a window yet is not grown either: whether its
+    // training waits for them is not known yet.
+    let unmeasured: BTreeSet<usize> = snapshot
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(i, j)| !holdups.contains_key(i) && roles::unmeasured(j, &config.roles))
+        .map(|(i, _)| i)
+        .collect();
+    let snapshot = &*pinned_and_held(snapshot, config, &holdups, &unmeasured);
     let mut notes = Vec::new();
 
     // A job without reported speeds runs, until it reports, at the median per-worker speed of
@@ -275,6 +293,10 @@ pub fn plan_round(
         if let Some(h) = holdups.get(at) {
             d.reasons.push(h.reason(d.to_workers));
         }
+        if unmeasured.contains(at) {
+            d.reasons
+                .push(roles::unmeasured_reason(&snapshot.jobs[*at], d.to_workers));
+        }
     }
     let used = place_roles(snapshot, &mut decisions, config, slot, used, free);
     let plan = RoundPlan {
@@ -297,9 +319,10 @@ fn pinned_and_held<'a>(
     snapshot: &'a LiveSnapshot,
     config: &LiveConfig,
     holdups: &BTreeMap<usize, roles::Holdup>,
+    unmeasured: &BTreeSet<usize>,
 ) -> Cow<'a, LiveSnapshot> {
     let pinning = config.pin_while_plan_in_flight && snapshot.jobs.iter().any(|j| j.plan_in_flight);
-    if !pinning && holdups.is_empty() {
+    if !pinning && holdups.is_empty() && unmeasured.is_empty() {
         return Cow::Borrowed(snapshot);
     }
     let mut copy = snapshot.clone();
@@ -308,7 +331,7 @@ fn pinned_and_held<'a>(
             j.last_change_s = Some(snapshot.now_s);
         }
     }
-    for i in holdups.keys() {
+    for i in holdups.keys().chain(unmeasured) {
         let j = &mut copy.jobs[*i];
         j.max_workers = j.max_workers.min(j.workers.max(j.min_workers));
     }

@@ -91,6 +91,11 @@ pub struct RolesConfig {
     pub shrink_wait_share: f64,
     #[serde(default = "default_shrink_busy")]
     pub shrink_busy_share: f64,
+    /// The longest a running job with a service role that may grow keeps its training group
+    /// at its size while its roles' rates cover less than a window ([`unmeasured`]), from
+    /// its start, seconds. Bounds the wait for a job whose roles nobody calls.
+    #[serde(default = "default_measure_s")]
+    pub measure_s: f64,
 }
 
 fn default_on() -> bool {
@@ -108,6 +113,9 @@ fn default_shrink_wait() -> f64 {
 fn default_shrink_busy() -> f64 {
     0.2
 }
+fn default_measure_s() -> f64 {
+    120.0
+}
 
 impl Default for RolesConfig {
     fn default() -> Self {
@@ -117,6 +125,7 @@ impl Default for RolesConfig {
             grow_busy_share: default_grow_busy(),
             shrink_wait_share: default_shrink_wait(),
             shrink_busy_share: default_shrink_busy(),
+            measure_s: default_measure_s(),
         }
     }
 }
@@ -135,6 +144,12 @@ impl RolesConfig {
             .find(|(_, v)| !v.is_finite() || !(0.0..=1.0).contains(v))
         {
             return Some(format!("live.roles.{name} = {v}: a share from 0 to 1"));
+        }
+        if !(self.measure_s.is_finite() && (0.0..=86_400.0).contains(&self.measure_s)) {
+            return Some(format!(
+                "live.roles.measure_s = {}: seconds from 0 to 86400",
+                self.measure_s
+            ));
         }
         (self.shrink_wait_share >= self.grow_wait_share
             || self.shrink_busy_share >= self.grow_busy_share)
@@ -385,6 +400,28 @@ pub fn holdup(job: &LiveJob, config: &RolesConfig) -> Option<Holdup> {
         more: target(role, rate.callers_wait_share) - role.count,
         millicores: role.millicores,
     })
+}
+
+/// Whether running `job`'s training group is kept at its size because its roles' rates do not
+/// cover its master's window yet: it has a service role that may grow, so its training may
+/// turn out to wait for it ([`Holdup`]), and a wait measured over a few seconds (a worker
+/// still importing its framework) or not measured at all is no sign that it does not. Within
+/// `measure_s` of the job's start only; shrinking is not held.
+pub fn unmeasured(job: &LiveJob, config: &RolesConfig) -> bool {
+    config.enabled
+        && job.state == LiveState::Running
+        && job.rates_unmeasured_s > 0.0
+        && job.running_s < config.measure_s
+        && job.roles.iter().any(|r| !r.single && r.count < r.max)
+}
+
+/// What the decision of a job held by [`unmeasured`] says of it.
+pub fn unmeasured_reason(job: &LiveJob, workers: u32) -> String {
+    format!(
+        "the rates of the calls to its roles lack {:.0} s of a window: its workers are held at \
+         {workers} until it shows whether they wait for a role",
+        job.rates_unmeasured_s
+    )
 }
 
 /// An idle role down to what would keep its processes busy at `grow_busy_share`, not below
@@ -826,6 +863,60 @@ mod tests {
         assert_eq!((a.to_workers, b.to_workers), (4, 4), "{a:?} {b:?}");
     }
 
+    /// A running job of 2 workers (up to 8) on 8 cores, `running_s` in, whose rollout role
+    /// (`count`, up to 4) has no rates yet and whose master's rates lack `unmeasured_s` of a
+    /// window.
+    fn unmeasured_round(count: u32, unmeasured_s: f64, running_s: f64) -> Decision {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        let mut r = rollout(count, 0.0, 0.0);
+        r.rate = None;
+        j.roles = vec![r];
+        j.rates_unmeasured_s = unmeasured_s;
+        j.running_s = running_s;
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(8),
+            jobs: vec![j],
+        };
+        let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
+        decision(&plan, 1).clone()
+    }
+
+    #[test]
+    fn a_training_group_is_not_grown_before_its_roles_rates_cover_a_window() {
+        // 20 s of the window unmeasured, 10 s in: whether the workers wait for the engine
+        // is not known, so they stay at 2 though the room would take more.
+        let d = unmeasured_round(1, 20.0, 10.0);
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains(
+                "the rates of the calls to its roles lack 20 s of a window: its workers are \
+                 held at 2"
+            )),
+            "{d:?}"
+        );
+        // A whole window measured (and nobody waits): they grow into the room.
+        let d = unmeasured_round(1, 0.0, 10.0);
+        assert!(d.to_workers > 2, "{d:?}");
+        assert!(!d.reasons.iter().any(|x| x.contains("lack")), "{d:?}");
+        // Past `measure_s` (nobody calls its roles): no longer held.
+        let d = unmeasured_round(1, 20.0, 121.0);
+        assert!(d.to_workers > 2, "{d:?}");
+        // A role at its max cannot hold anything up: nothing to wait for.
+        let d = unmeasured_round(4, 20.0, 10.0);
+        assert!(d.to_workers > 2, "{d:?}");
+        // Roles not resized at all: nor held.
+        let off = RolesConfig {
+            enabled: false,
+            ..RolesConfig::default()
+        };
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        j.roles = vec![rollout(1, 0.0, 0.0)];
+        j.rates_unmeasured_s = 20.0;
+        assert!(!unmeasured(&j, &off));
+        assert!(unmeasured(&j, &RolesConfig::default()));
+    }
+
     #[test]
     fn with_no_room_the_waiting_workers_give_one_of_theirs_to_the_role() {
         let r: Role = "rollout".parse().unwrap();
@@ -912,6 +1003,15 @@ mod tests {
 
     #[test]
     fn shares_that_make_no_sense_are_refused() {
+        let bad = RolesConfig {
+            measure_s: f64::NAN,
+            ..RolesConfig::default()
+        };
+        assert!(
+            bad.problem()
+                .unwrap()
+                .contains("live.roles.measure_s = NaN")
+        );
         let mut c = RolesConfig::default();
         assert_eq!(c.problem(), None);
         c.grow_wait_share = 1.5;
