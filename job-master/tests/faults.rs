@@ -78,6 +78,69 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
     assert_no_process_left(run.addr).await;
 }
 
+/// Flash checkpoints in the built-in workload (issue 43): the cuts are copies into the agents'
+/// memory, written out behind the training. After kill -9 of a worker the group restarts from
+/// the latest committed step, and every rank reads it from its node's memory: the parts on
+/// disk are overwritten with garbage from the kill on, so a restore from disk would fail its
+/// digest (and the job with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = builtin_yaml(dir.path(), "flash-ring", "allreduce", 0, 3, N, 2, 150, 8).replace(
+        "every_shards: 8 }",
+        "every_shards: 8, flash: { memory: 4Mi } }",
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let mut run = start(spec, dir.path()).await;
+    let flash = dir.path().join("checkpoints").join("flash");
+    wait_for(
+        run.addr,
+        Duration::from_secs(60),
+        "a flash checkpoint and more shards",
+        |s| s.checkpoints >= 1 && s.shards_done >= 12,
+    )
+    .await;
+    let parts = move || -> Vec<std::path::PathBuf> {
+        let steps = std::fs::read_dir(&flash).into_iter().flatten().flatten();
+        steps
+            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+            .collect()
+    };
+    assert!(!parts().is_empty(), "no flash part written out");
+    kill9(pid_of(run.addr, "worker", 2).await);
+    let spoil = tokio::spawn(async move {
+        loop {
+            for p in parts() {
+                let len = std::fs::metadata(&p).map_or(0, |m| m.len()) as usize;
+                let mut junk = b"BRAR".to_vec();
+                junk.resize(len.max(4), 0xAB);
+                let _ = std::fs::write(&p, junk);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let report = run.report().await;
+    spoil.abort();
+    assert_eq!(
+        report.restarts.get(&Role::WORKER),
+        Some(&1),
+        "{:#?}",
+        report.events
+    );
+    assert_eq!(report.applied_samples, 2 * N);
+    assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
+    assert_recovered(&report, "every process restarts from checkpoint");
+    assert!(
+        report.events.iter().any(|e| e.contains("held in memory")),
+        "{:#?}",
+        report.events
+    );
+    assert_no_process_left(run.addr).await;
+}
+
 /// A PS dies: its partition is restored from the latest checkpoint (digest-checked), every
 /// process restarts from that checkpoint, and the ledger rolls back to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

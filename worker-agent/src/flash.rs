@@ -124,6 +124,16 @@ impl FlashDir {
         Ok(me)
     }
 
+    /// The slots at `dir` as the training process sees them (`flash_copy.rs`): the agent holds
+    /// the directory, not the process.
+    pub fn of_process(dir: PathBuf, budget: u64) -> Self {
+        Self {
+            dir,
+            budget,
+            _held: None,
+        }
+    }
+
     pub fn slot_file(&self, slot: u32) -> PathBuf {
         self.dir.join(format!("slot-{slot}"))
     }
@@ -137,7 +147,7 @@ impl FlashDir {
         serde_json::from_slice(&text).ok()
     }
 
-    fn set_status(&self, slot: u32, s: &SlotStatus) -> Result<(), Error> {
+    pub(crate) fn set_status(&self, slot: u32, s: &SlotStatus) -> Result<(), Error> {
         let path = self.status_file(slot);
         let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
         let json = serde_json::to_vec(s).map_err(|e| Error::InvalidRequest(e.to_string()))?;

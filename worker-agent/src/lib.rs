@@ -7,7 +7,8 @@
 //!   When the master thinks its process hung, [`stacks`] captures what its threads are doing.
 //!   [`flash`] holds the process's flash checkpoint copies in shared memory and writes them
 //!   out to the checkpoint directory behind its training; [`flash_leftovers`] removes the
-//!   copies on the node that no agent holds any more.
+//!   copies on the node that no agent holds any more; [`flash_copy`] is the process's half,
+//!   for the built-in workload.
 //!   `launch` builds the training process's environment, starts it and stops it.
 //!   A process of a service or single role (a role of the job's own beside its training
 //!   group) runs its role's command and env, started at once without a rendezvous.
@@ -18,6 +19,7 @@
 pub mod agent;
 pub mod error;
 pub mod flash;
+pub mod flash_copy;
 pub mod flash_leftovers;
 mod launch;
 pub mod sampler;

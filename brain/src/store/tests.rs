@@ -359,7 +359,10 @@ fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest
     let mut bad = metric(15, 100.0);
     (bad.rates_cover_ms, bad.rates_window_ms) = (31_000, 30_000);
     let e = s.add_metrics(a, &[bad]).unwrap_err().to_string();
-    assert!(e.contains("role rates cover 31000 ms of a window of 30000 ms"), "{e}");
+    assert!(
+        e.contains("role rates cover 31000 ms of a window of 30000 ms"),
+        "{e}"
+    );
     assert_eq!(s.rates_unmeasured_s(a), 18.0);
     // A rate outside its range is refused, and nothing of the batch is kept.
     let mut bad = metric(20, 100.0);

@@ -7,6 +7,12 @@
 //! only after the step that applied its last samples. When the master drains for a checkpoint
 //! and every rank is idle, rank 0 saves the model and commits it; when every rank has reached
 //! the end of the data, the loop ends and the designated rank evaluates the final model.
+//!
+//! With flash checkpoints (`checkpoint.flash`), the cut is a copy into the agents' shared memory
+//! instead (`flash_copy.rs`): every rank keeps its copy (a restart on its node restores from
+//! it), rank 0's is written out by its agent behind the training, and the group goes on as
+//! soon as rank 0 has told the master. A copy that cannot be taken (over the budget, no slot
+//! free, the master refusing it) is saved to disk as before.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,6 +23,7 @@ use super::model::{DenseModel, index_sum};
 use super::ring::Ring;
 use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
 use crate::error::Error;
+use crate::flash_copy::{Copy, Slots};
 
 /// This rank's share of the global batch: split evenly, the remainder to the lowest ranks.
 pub fn local_batch(global: u64, world: u32, rank: u32) -> u64 {
@@ -24,20 +31,73 @@ pub fn local_batch(global: u64, world: u32, rank: u32) -> u64 {
     global / w + u64::from((rank as u64) < global % w)
 }
 
-/// Loads the model a manifest names, or a fresh one.
-pub fn initial_model(env: &ProcessEnv, buckets: u64) -> Result<DenseModel, Error> {
-    match env.manifest()? {
-        Some(m) => {
-            let part = m.model.ok_or_else(|| Error::Checkpoint {
-                path: env.resume_from.clone().unwrap_or_default(),
-                problem: "has no model".into(),
-            })?;
-            let model = DenseModel::load(&PathBuf::from(&part.path), Some(&part.digest))?;
-            tracing::info!(checkpoint = m.id, step = model.step, "model restored");
-            Ok(model)
+/// Loads the model a manifest names, or a fresh one. A flash checkpoint's comes from this
+/// node's memory (`flash`) when a slot holds it whole, else from disk.
+pub fn initial_model(
+    env: &ProcessEnv,
+    buckets: u64,
+    flash: Option<&Slots>,
+) -> Result<DenseModel, Error> {
+    let Some(m) = env.manifest()? else {
+        return Ok(DenseModel::new(buckets));
+    };
+    let part = m.model.ok_or_else(|| Error::Checkpoint {
+        path: env.resume_from.clone().unwrap_or_default(),
+        problem: "has no model".into(),
+    })?;
+    let path = PathBuf::from(&part.path);
+    let (model, from) = match m.kind.as_str() {
+        "flash" => match flash.and_then(|f| f.holding(m.step, &part.digest)) {
+            Some(bytes) => (DenseModel::from_bytes(&bytes, &path)?, "memory"),
+            None => (DenseModel::load_part(&path, &part.digest)?, "disk"),
+        },
+        _ => (DenseModel::load(&path, Some(&part.digest))?, "disk"),
+    };
+    tracing::info!(checkpoint = m.id, step = model.step, from, "model restored");
+    Ok(model)
+}
+
+/// The cut at this drained step boundary, copied into the agent's memory (every rank; rank 0's
+/// copy is written out once the master knows of the cut). Whether the cut is held there:
+/// false where rank 0 saves it to disk instead.
+async fn cut_in_memory(
+    flash: &mut Slots,
+    model: &DenseModel,
+    rank0: bool,
+    incarnation: u64,
+    master: &mut MasterLink,
+) -> Result<bool, Error> {
+    let copy = Copy {
+        step: model.step,
+        rank: 0,
+        world: 1,
+        persist: rank0,
+        incarnation,
+        hold: rank0,
+    };
+    let slot = match flash.copy_in(&model.to_bytes(), copy)? {
+        Ok(slot) => slot,
+        Err(why) => {
+            if rank0 {
+                tracing::warn!(step = model.step, "cut saved to disk: {why}");
+            }
+            return Ok(false);
         }
-        None => Ok(DenseModel::new(buckets)),
+    };
+    if !rank0 {
+        return Ok(true);
     }
+    if let Err(s) = master.cut_in_memory(model.step).await? {
+        tracing::warn!(
+            step = model.step,
+            "cut saved to disk: the job master refused it in memory: {}",
+            s.message()
+        );
+        return Ok(false);
+    }
+    flash.release(slot)?;
+    tracing::debug!(step = model.step, "cut held in memory");
+    Ok(true)
 }
 
 /// How the batch and the learning rate follow the world size (the job spec's `batch_scaling`).
@@ -77,7 +137,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let scaling = BatchScaling::parse(&cfg.batch_scaling)?;
     let data = generator(&cfg)?;
     let listener = super::ps_server::bind_retry(&env.service_addr).await?;
-    let mut model = initial_model(&env, cfg.hash_buckets)?;
+    let mut flash = Slots::from_env();
+    let mut model = initial_model(&env, cfg.hash_buckets, flash.as_ref())?;
     let mut progress = Progress::new(model.step);
     let mut grad = vec![0.0f32; model.weights.len()];
     let (mut rank, mut peers, mut round) = (env.rank, env.ring_peers.clone(), env.round);
@@ -196,7 +257,14 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 continue 'group;
             }
             if header[2] == world {
-                if ring.rank() == 0 {
+                let rank0 = ring.rank() == 0;
+                let held = match flash.as_mut() {
+                    Some(f) => {
+                        cut_in_memory(f, &model, rank0, env.incarnation, &mut master).await?
+                    }
+                    None => false,
+                };
+                if rank0 && !held {
                     let dir = PathBuf::from(&cfg.checkpoint_dir)
                         .join(format!("ar-r{round:04}-s{:08}", model.step));
                     let path = dir.join("model.bin");

@@ -229,6 +229,33 @@ impl MasterLink {
             .map_err(refused("CommitCheckpoint"))?;
         Ok(())
     }
+
+    /// The consistent cut at `step` is held in the agents' memory (rank 0 says so): the master
+    /// ends the cut, and commits the step once the agent has written the copy out. A refusal
+    /// is the master's answer (the cut is then saved to disk); a master out of reach, an error.
+    pub async fn cut_in_memory(&mut self, step: u64) -> Result<Result<(), tonic::Status>, Error> {
+        let r = self
+            .client
+            .commit_checkpoint(pb::CheckpointCommit {
+                process: Some(self.me.clone()),
+                step,
+                in_memory: true,
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(_) => Ok(Ok(())),
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                ) =>
+            {
+                Err(refused("CommitCheckpoint")(s))
+            }
+            Err(s) => Ok(Err(s)),
+        }
+    }
 }
 
 /// Tracks throughput, loss and compute time, and says when a metrics report is due (the first

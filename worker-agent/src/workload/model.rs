@@ -383,7 +383,8 @@ impl DenseModel {
         hex::encode(h.finalize())
     }
 
-    pub fn save(&self, path: &Path) -> Result<String, Error> {
+    /// The model as its checkpoint file holds it.
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut o = Out::default();
         o.0.extend_from_slice(b"BRAR");
         o.u64(self.buckets);
@@ -392,29 +393,48 @@ impl DenseModel {
         o.u64(self.step);
         o.u64(self.applied_samples);
         o.u64(self.applied_index_sum);
-        write(path, &o.0)?;
+        o.0
+    }
+
+    pub fn save(&self, path: &Path) -> Result<String, Error> {
+        write(path, &self.to_bytes())?;
         Ok(self.digest())
     }
 
     pub fn load(path: &Path, expected_digest: Option<&str>) -> Result<Self, Error> {
         let data = read(path, b"BRAR")?;
-        let mut i = In {
-            data: &data,
-            at: 4,
-            path,
-        };
+        let m = Self::from_bytes(&data, path)?;
+        check_digest(path, expected_digest, &m.digest())?;
+        Ok(m)
+    }
+
+    /// The model of a flash checkpoint's part (`path`), whose digest is the SHA-256 of its
+    /// bytes, as the agent that wrote it out computed it.
+    pub fn load_part(path: &Path, file_digest: &str) -> Result<Self, Error> {
+        let data = read(path, b"BRAR")?;
+        check_digest(path, Some(file_digest), &hex::encode(Sha256::digest(&data)))?;
+        Self::from_bytes(&data, path)
+    }
+
+    /// The model `data` (a checkpoint file's bytes, read from `path`) holds.
+    pub fn from_bytes(data: &[u8], path: &Path) -> Result<Self, Error> {
+        if data.get(..4) != Some(b"BRAR") {
+            return Err(Error::Checkpoint {
+                path: path.to_path_buf(),
+                problem: "not a BRAR file".into(),
+            });
+        }
+        let mut i = In { data, at: 4, path };
         let buckets = i.u64()?;
         let n = buckets as usize + 1;
-        let m = DenseModel {
+        Ok(DenseModel {
             buckets,
             weights: i.f32s(n)?,
             acc: i.f32s(n)?,
             step: i.u64()?,
             applied_samples: i.u64()?,
             applied_index_sum: i.u64()?,
-        };
-        check_digest(path, expected_digest, &m.digest())?;
-        Ok(m)
+        })
     }
 }
 
