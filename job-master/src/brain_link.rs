@@ -315,6 +315,10 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
                     0.0
                 },
                 gpu_memory_bytes: used.gpu_memory_used_bytes,
+                host: match s.placed || s.phase != SlotPhase::Launching {
+                    true => s.host.clone(),
+                    false => String::new(),
+                },
             }
         })
         .collect()

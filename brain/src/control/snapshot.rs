@@ -128,7 +128,7 @@ pub(super) fn take(
             history: store.corrections(row.id),
             worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
             gpu_type: shape.gpu_type.clone(),
-            roles: service_roles(&shape, store.role_rates(row.id)),
+            roles: service_roles(&shape, store.role_rates(row.id), |r| store.nodes(row.id, r)),
             rates_unmeasured_s: store.rates_unmeasured_s(row.id),
             // Read only where the round places processes on nodes (it skips this otherwise).
             not_placed: match cluster.free.is_empty() {
@@ -149,6 +149,7 @@ pub(super) fn take(
 fn service_roles(
     shape: &crate::store::Shape,
     rates: Vec<(vocab::Role, optimizer::live::RoleRate)>,
+    nodes: impl Fn(vocab::Role) -> Vec<String>,
 ) -> Vec<optimizer::live::LiveRole> {
     shape
         .services
@@ -166,6 +167,11 @@ fn service_roles(
                 s.gpus
             },
             beside_workers: s.shares_worker_devices,
+            // Where its processes run: a worker added beside one goes to its node.
+            nodes: match s.shares_worker_devices {
+                true => nodes(*role),
+                false => Vec::new(),
+            },
             // A further all-reduce group restarts whole when resized: the round leaves it
             // at its size (an operator's plan resizes it).
             single: s.topology == "single" || s.topology == "allreduce",
@@ -422,6 +428,53 @@ mod tests {
             .map(|r| r.beside_workers)
             .collect();
         assert_eq!(beside, [false, true]);
+        // Where the engines and workers run, as the job master reports them: a worker added
+        // beside an engine goes to its node, an engine added beside a worker to the worker's.
+        let on = |role: &str, index: u32, host: &str| crate::store::ProcessSample {
+            role: vocab::Role::new(role).unwrap(),
+            index,
+            cpu_limit: 0,
+            memory_limit: 0,
+            gpus: vocab::Gpus::ZERO,
+            cpu_millicores: 0,
+            memory_bytes: 0,
+            memory_peak_bytes: 0,
+            oom_kills: 0,
+            pending_ms: 0,
+            pending_reason: String::new(),
+            gpu_utilisation_pct: 0.0,
+            gpu_memory_bytes: 0,
+            host: host.into(),
+        };
+        let report = crate::store::Metric {
+            at_unix_ms: 25,
+            processes: vec![
+                on("worker", 0, "10.0.0.1"),
+                on("worker", 1, "10.0.0.2"),
+                on("rollout", 0, "10.0.0.1"),
+                on("rollout", 2, "10.0.0.3"),
+                on("reward", 0, "10.0.0.3"),
+            ],
+            ..Default::default()
+        };
+        let job = snap.jobs[0].id;
+        store.add_metrics(job, &[report]).unwrap();
+        let snap = take(&store, &cluster, 30).unwrap();
+        let nodes: Vec<&[String]> = snap.jobs[0].roles.iter().map(|r| &r.nodes[..]).collect();
+        assert_eq!(
+            nodes,
+            [
+                &[][..],
+                &["10.0.0.1".to_string(), String::new(), "10.0.0.3".into()][..]
+            ],
+            "the engines' by index; none kept for the rewards, which go anywhere"
+        );
+        let workers: Vec<&str> = snap.jobs[0]
+            .worker_processes
+            .iter()
+            .map(|p| p.node.as_str())
+            .collect();
+        assert_eq!(workers, ["10.0.0.1", "10.0.0.2"]);
     }
 
     #[test]
@@ -497,6 +550,7 @@ mod tests {
             pending_reason: String::new(),
             gpu_utilisation_pct: 0.0,
             gpu_memory_bytes: 0,
+            host: String::new(),
         };
         let mut report = crate::store::Metric {
             at_unix_ms: 25,

@@ -6,6 +6,9 @@ use tonic::Status;
 
 use crate::store::{Metric, ProcessSample, SlowNode, StragglerNote};
 
+/// The longest node name a report may give (an address, a host name).
+const MAX_HOST_CHARS: usize = 255;
+
 pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
     let processes = m
         .processes
@@ -99,5 +102,6 @@ fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
         pending_reason: p.pending_reason.clone(),
         gpu_utilisation_pct: p.gpu_utilisation_pct,
         gpu_memory_bytes: p.gpu_memory_bytes,
+        host: p.host.chars().take(MAX_HOST_CHARS).collect(),
     })
 }

@@ -38,6 +38,8 @@ pub struct ProcessSample {
     /// given (0 to 100) and its own memory on them; 0 without NVML or GPUs.
     pub gpu_utilisation_pct: f64,
     pub gpu_memory_bytes: u64,
+    /// The node it runs on, as the platform names it (empty: not placed, or not said).
+    pub host: String,
 }
 
 /// One process's GPU use, as the job's newest report gave it.
@@ -160,6 +162,7 @@ impl Processes {
                     r.pending_since_s = Some((m.at_unix_ms - p.pending_ms as i64) as f64 / 1000.0);
                 }
                 r.memory_peak = Bytes(p.memory_peak_bytes.max(p.memory_bytes));
+                r.node = p.host.clone();
                 r.oom_kills = p.oom_kills;
                 next.insert((p.role, p.index), r);
             }
@@ -242,6 +245,26 @@ impl Processes {
                 .collect()
         };
         (role(Role::PS), role(trainer))
+    }
+
+    /// The node each process of `role` runs on, by index (empty: not known), as the job's
+    /// newest report gave them.
+    pub(super) fn nodes(&self, job: JobId, role: Role) -> Vec<String> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        let of_role: Vec<(u32, &str)> = j
+            .processes
+            .iter()
+            .filter(|((r, _), _)| *r == role)
+            .map(|((_, i), p)| (*i, p.node.as_str()))
+            .collect();
+        let n = of_role.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
+        let mut out = vec![String::new(); n as usize];
+        for (i, node) in of_role {
+            out[i as usize] = node.to_string();
+        }
+        out
     }
 
     pub(super) fn changes(&self, job: JobId) -> Vec<Change> {
@@ -344,6 +367,7 @@ mod tests {
                     oom_kills: 0,
                     gpu_utilisation_pct: 0.0,
                     gpu_memory_bytes: 0,
+                    host: String::new(),
                 })
                 .collect(),
             ..Default::default()

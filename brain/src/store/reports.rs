@@ -137,6 +137,11 @@ impl Store {
         self.processes.of(job, trainer)
     }
 
+    /// The node each process of the job's `role` runs on, by index (empty: not known).
+    pub fn nodes(&self, job: JobId, role: vocab::Role) -> Vec<String> {
+        self.processes.nodes(job, role)
+    }
+
     /// The job's effective training time and stragglers, as its newest report gave them
     /// (kept in memory: a restarted brain hears them again with the next report).
     pub fn stability(&self, job: JobId) -> super::processes::JobStability {

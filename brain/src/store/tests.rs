@@ -126,10 +126,12 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         pending_reason: String::new(),
         gpu_utilisation_pct: 0.0,
         gpu_memory_bytes: 0,
+        host: "10.0.0.2".into(),
     }];
     s.add_metrics(a, &[m]).unwrap();
     let (ps, workers) = s.processes(a, vocab::Role::WORKER);
     assert_eq!((ps.len(), workers.len()), (1, 0));
+    assert_eq!(ps[0].node, "10.0.0.2", "the node it runs on");
     // Speeds by (workers, PS), for the job's PS speed model.
     assert_eq!(s.ps_speeds(a).unwrap(), vec![(2, 1, 10.0)]);
     s.add_metrics(a, &[metric(2, 30.0)]).unwrap();

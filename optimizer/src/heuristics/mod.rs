@@ -43,6 +43,9 @@ pub struct ProcessRuntime {
     pub oom_kills: u32,
     /// Set while the process waits to be placed: since when (seconds).
     pub pending_since_s: Option<f64>,
+    /// The node it runs on, as the platform names it (empty: not known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
 }
 
 /// Samples per second the job reached with `workers` workers.

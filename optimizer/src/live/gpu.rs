@@ -1208,6 +1208,64 @@ mod tests {
         assert_eq!(decision(&round(&apart), 1).to_workers, 2);
     }
 
+    /// A running V100 job of one worker (1 GPU, 1 CPU) whose rollout engines share the
+    /// workers' devices: engine 0 runs on v1 beside worker 0, engine 1 on v2 (its worker not
+    /// yet there). Three V100 nodes of one device each; v1's is taken, v2 has `v2_cpus` CPUs
+    /// free, v3 4. The decision of growing it to 2.
+    fn grown_beside(v2_cpus: u64, known: bool) -> Decision {
+        let mut job = LiveJob {
+            worker_millicores: 1000,
+            min_workers: 1,
+            max_workers: 2,
+            ..gpu_job(1, LiveState::Running, 1, 1, Some("V100"))
+        };
+        let mut engine = crate::live::tests::rollout(2, 0.5, 0.0);
+        (engine.millicores, engine.beside_workers, engine.rate) = (500, true, None);
+        if known {
+            engine.nodes = vec!["v1".into(), "v2".into()];
+        }
+        job.roles = vec![engine];
+        let room = |name: &str, millicores: u64, gpus: u32| crate::live::NodeRoom {
+            name: name.into(),
+            cpu_millicores: millicores,
+            memory_bytes: 0,
+            gpus: Gpus::whole(gpus),
+        };
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: LiveCluster {
+                nodes: ["v1", "v2", "v3"].map(|n| node(n, 1, "V100")).to_vec(),
+                free: vec![
+                    room("v1", 4000, 0),
+                    room("v2", v2_cpus, 1),
+                    room("v3", 4000, 1),
+                ],
+                ..cluster(12)
+            },
+            jobs: vec![job],
+        };
+        decision(&round(&snap), 1).clone()
+    }
+
+    #[test]
+    fn a_worker_added_beside_a_running_partner_goes_to_its_node() {
+        // v2, where engine 1 runs, has half a CPU: worker 1 does not fit beside it, and it
+        // may go nowhere else (the job master lays the two out as one bundle).
+        let d = grown_beside(500, true);
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(
+                "kept at 1 workers: no node has room for another worker of 1 V100 GPUs and 1 CPU \
+                 on v2, beside the process of its index that shares its device ("
+            )),
+            "{d:?}"
+        );
+        // With the CPU there, it grows beside its engine.
+        assert_eq!(grown_beside(2000, true).to_workers, 2);
+        // Where the engine's node is not known, the worker is placed by its own room (v3).
+        assert_eq!(grown_beside(500, false).to_workers, 2);
+    }
+
     #[test]
     fn gpu_processes_not_placed_yet_hold_their_gpu_nodes_room() {
         // A running V100 job's worker (1 GPU, 3 CPUs) is planned, not launched: the V100

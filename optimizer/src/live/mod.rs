@@ -473,6 +473,7 @@ mod tests {
             memory_bytes: 0,
             gpus: vocab::Gpus::ZERO,
             beside_workers: false,
+            nodes: Vec::new(),
             single: false,
             rate: Some(RoleRate {
                 served_per_s: 10.0,

@@ -198,13 +198,62 @@ impl Free {
 
     /// Places all of `procs` (see [`placed`]), or none of them: false.
     pub(super) fn take(&mut self, procs: Vec<Process>) -> bool {
-        match placed(&self.room, procs) {
+        self.take_pinned(Vec::new(), procs)
+    }
+
+    /// How the platform names node `i`.
+    pub(super) fn name(&self, i: usize) -> &str {
+        &self.names[i]
+    }
+
+    /// The node the platform names `name`, as this room numbers it.
+    pub(super) fn node(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// Places each of `pinned` on its node and all of `rest` (see [`placed`]), or none of
+    /// them: false.
+    pub(super) fn take_pinned(
+        &mut self,
+        pinned: Vec<(Process, usize)>,
+        rest: Vec<Process>,
+    ) -> bool {
+        let mut left = self.room.clone();
+        for (p, i) in pinned {
+            if !p.fits_in(&left[i]) {
+                return false;
+            }
+            p.take_from(&mut left[i]);
+        }
+        match placed(&left, rest) {
             Some(left) => {
                 self.room = left;
                 true
             }
             None => false,
         }
+    }
+
+    /// Places processes of `p` one at a time, in order, each on the node `on(k)` names for
+    /// the `k`-th where it names one, else on the freest, up to `n` and up to the first that
+    /// does not fit: how many.
+    pub(super) fn take_in_order(
+        &mut self,
+        n: u32,
+        p: Process,
+        on: impl Fn(u32) -> Option<usize>,
+    ) -> u32 {
+        for k in 0..n {
+            let at = match on(k) {
+                Some(i) => Some(i).filter(|&i| p.fits_in(&self.room[i])),
+                None => freest(&self.room, p),
+            };
+            let Some(i) = at else {
+                return k;
+            };
+            p.take_from(&mut self.room[i]);
+        }
+        n
     }
 
     /// Places up to `n` processes of `p`, one at a time (see [`freest`]); the nodes they went
@@ -393,6 +442,32 @@ pub(super) fn with_partners(job: &LiveJob, worker: Process, w: u32) -> Vec<Proce
         ));
     }
     out
+}
+
+/// The node each of `job`'s training processes runs on, by index (empty: not known).
+pub(super) fn worker_nodes(job: &LiveJob) -> Vec<&str> {
+    let n = job
+        .worker_processes
+        .iter()
+        .map(|p| p.index + 1)
+        .max()
+        .unwrap_or(0);
+    let mut out = vec![""; n as usize];
+    for p in &job.worker_processes {
+        out[p.index as usize] = &p.node;
+    }
+    out
+}
+
+/// Where a worker added at index `k` to running `job` must go, as `free` numbers the nodes:
+/// the node of a process `k` of a role that shares the workers' devices, where one runs and
+/// its node is known (the job master lays the two out as one bundle).
+pub(super) fn partner_node(job: &LiveJob, k: u32, free: &Free) -> Option<usize> {
+    job.roles
+        .iter()
+        .filter(|r| r.beside_workers && r.count > k)
+        .filter_map(|r| r.nodes.get(k as usize).filter(|n| !n.is_empty()))
+        .find_map(|n| free.node(n))
 }
 
 /// Places `s`'s new processes on `free` at the most workers that fit (see [`gate`]).

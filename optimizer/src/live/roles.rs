@@ -52,6 +52,11 @@ pub struct LiveRole {
     /// as one bundle; its GPUs are the worker's ([`LiveJob::worker_gpus`], the whole bundle).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub beside_workers: bool,
+    /// Where its processes run, by index, as the platform names the nodes (empty: not known),
+    /// for a role beside the workers: a worker added beside process `k` goes to its node, and
+    /// a process `k` added beside worker `k` to the worker's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
     /// A `single` role (one driver), or a further all-reduce group (which a resize restarts
     /// whole): counted, never resized by the round.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -329,7 +334,20 @@ pub fn balance(
     for (j, r, wait) in grow {
         let role = &jobs[j].roles[r];
         let model = jobs[j].gpu_type.as_deref();
-        if !grow_one(role, model, wait, &mut room, &mut places, decisions[j]) {
+        // A role beside the workers: its process `k` goes to worker `k`'s node.
+        let partners = match role.beside_workers {
+            true => super::nodes::worker_nodes(jobs[j]),
+            false => Vec::new(),
+        };
+        if !grow_one(
+            role,
+            model,
+            wait,
+            &partners,
+            &mut room,
+            &mut places,
+            decisions[j],
+        ) {
             training_gives(jobs[j], role, config, slot, decisions[j]);
         }
     }
@@ -490,6 +508,7 @@ fn grow_one(
     role: &LiveRole,
     model: Option<&str>,
     wait: f64,
+    partners: &[&str],
     room: &mut Room,
     on: &mut Places,
     d: &mut Decision,
@@ -528,7 +547,15 @@ fn grow_one(
     let more = match on.free.as_deref_mut() {
         Some(f) if pooled > 0 => {
             let p = f.process(role.millicores, role.memory_bytes, role.gpus, model);
-            let on_nodes = f.take_up_to(pooled, p);
+            // Process `count + k` beside the worker of its index, where that one runs.
+            let node = |k: u32| {
+                let at = partners
+                    .get((role.count + k) as usize)
+                    .filter(|n| !n.is_empty());
+                at.and_then(|n| f.node(n))
+            };
+            let nodes: Vec<Option<usize>> = (0..pooled).map(node).collect();
+            let on_nodes = f.take_in_order(pooled, p, |k| nodes[k as usize]);
             if on_nodes == 0 {
                 d.reasons.push(format!(
                     "{}: {figures}; no node has room for another process of {} ({})",
@@ -861,6 +888,64 @@ mod tests {
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
         assert!(a.role_targets.is_empty(), "{a:?}");
         assert_eq!((a.to_workers, b.to_workers), (4, 4), "{a:?} {b:?}");
+    }
+
+    /// A running job of 2 workers (at their max) on nodes a and b, whose rollout engines
+    /// share the workers' devices (engine 0 beside worker 0 on a) and are waited for; node b
+    /// has `b_millicores` free, c 4 CPUs. The decision.
+    fn beside_round(b_millicores: u64, known: bool) -> Decision {
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        (j.max_workers, j.min_workers) = (2, 2);
+        j.worker_processes = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| crate::heuristics::ProcessRuntime {
+                index: i as u32,
+                node: if known { n.to_string() } else { String::new() },
+                ..Default::default()
+            })
+            .collect();
+        let mut r = rollout(1, 0.9, 0.8);
+        r.beside_workers = true;
+        r.nodes = vec!["a".into()];
+        j.roles = vec![r];
+        let room = |name: &str, millicores: u64| crate::live::NodeRoom {
+            name: name.into(),
+            cpu_millicores: millicores,
+            memory_bytes: 0,
+            gpus: vocab::Gpus::ZERO,
+        };
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: crate::live::LiveCluster {
+                free: vec![room("a", 0), room("b", b_millicores), room("c", 4000)],
+                ..cluster(16)
+            },
+            jobs: vec![j],
+        };
+        decision(&fifo_round(&snap), 1).clone()
+    }
+
+    #[test]
+    fn a_process_added_beside_a_running_worker_goes_to_its_node() {
+        let r: Role = "rollout".parse().unwrap();
+        // Engine 1 goes beside worker 1, on b: b's 0.2 CPU does not hold it, and c, which
+        // has the room, is not where its worker is.
+        let d = beside_round(200, true);
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.contains("no node has room for another process")),
+            "{d:?}"
+        );
+        // With 0.5 CPU free on b, engine 1 goes there, and engines 2 and 3, with no worker
+        // of their index, to c (target ⌈1 / 0.2⌉ = 5, at most its max of 4).
+        let d = beside_round(500, true);
+        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        // Where the workers' nodes are not known, the engines are placed by their own room.
+        let d = beside_round(200, false);
+        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
     }
 
     /// A running job of 2 workers (up to 8) on 8 cores, `running_s` in, whose rollout role

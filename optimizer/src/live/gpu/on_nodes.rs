@@ -131,18 +131,36 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             fixed.extend(nodes::roles_of(j.job, model, &free));
         }
         // A start's workers go with the processes that share their devices; a growth's added
-        // workers join partners that run already, wherever they are (not known here).
+        // workers join the partners that run already, on their nodes where known.
+        let partners: Vec<Option<usize>> = match start {
+            true => Vec::new(),
+            false => (base..j.to)
+                .map(|k| nodes::partner_node(j.job, k, &free))
+                .collect(),
+        };
         let workers = |w: u32| match start {
-            true => nodes::with_partners(j.job, worker, w),
-            false => vec![worker; (w - base) as usize],
+            true => (Vec::new(), nodes::with_partners(j.job, worker, w)),
+            false => {
+                let (pinned, rest): (Vec<_>, Vec<_>) = (base..w)
+                    .map(|k| (worker, partners[(k - base) as usize]))
+                    .partition(|(_, on)| on.is_some());
+                (
+                    pinned
+                        .into_iter()
+                        .map(|(p, on)| (p, on.expect("partitioned")))
+                        .collect(),
+                    rest.into_iter().map(|(p, _)| p).collect(),
+                )
+            }
         };
         let unit = j.job.node_unit.max(1);
         let mut w = j.to;
         let fits = loop {
             let mut procs = fixed.clone();
-            procs.extend(workers(w));
+            let (pinned, rest) = workers(w);
+            procs.extend(rest);
             let mut trial = free.clone();
-            if trial.take(procs) {
+            if trial.take_pinned(pinned, procs) {
                 if w == j.to {
                     free = trial;
                 }
@@ -157,15 +175,24 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             continue;
         }
         let roles = fixed.len().saturating_sub(j.job.ps as usize);
-        let first = workers(base + 1).into_iter().next().unwrap_or(worker);
+        // The first worker that did not fit (a start's with its partners), and the node of
+        // its partner where it must go there.
+        let (first, beside) = match start {
+            true => (workers(1).1.first().copied().unwrap_or(worker), None),
+            false => (worker, partners[(fits.max(base) - base) as usize]),
+        };
         return Err(Cut {
             job: i,
             fits,
             asked: format!(
                 "{}{}",
                 nodes::shown(&first, &free),
-                match (start, roles) {
-                    (true, n) if n > 0 => format!(" with its roles' {n}"),
+                match (start, roles, beside) {
+                    (true, n, _) if n > 0 => format!(" with its roles' {n}"),
+                    (false, _, Some(at)) => format!(
+                        " on {}, beside the process of its index that shares its device",
+                        free.name(at)
+                    ),
                     _ => String::new(),
                 }
             ),
