@@ -14,6 +14,20 @@ fn index_sum_per_epoch() -> u64 {
     N * (N - 1) / 2
 }
 
+/// The all-reduce group restarted once from its checkpoint, and the final model counted each
+/// sample exactly once per epoch (two epochs of `N`), through the rollback.
+fn assert_one_group_restart_and_each_sample_once(report: &job_master::JobReport) {
+    assert_eq!(
+        report.restarts.get(&Role::WORKER),
+        Some(&1),
+        "{:#?}",
+        report.events
+    );
+    assert_eq!(report.applied_samples, 2 * N);
+    assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
+    assert_recovered(report, "every process restarts from checkpoint");
+}
+
 /// A ps job's worker dies mid-epoch: only it is relaunched; its shard goes back to the queue;
 /// the PS ignore the batches of that shard it had already pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,16 +65,7 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
     kill9(victim);
     let report = run.report().await;
     // (Once in CI, 2026-11-27, two restarts were counted here; the events say why.)
-    assert_eq!(
-        report.restarts.get(&Role::WORKER),
-        Some(&1),
-        "{:#?}",
-        report.events
-    );
-    // The final model counted each sample exactly once per epoch, through the rollback.
-    assert_eq!(report.applied_samples, 2 * N);
-    assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
-    assert_recovered(&report, "every process restarts from checkpoint");
+    assert_one_group_restart_and_each_sample_once(&report);
     let ctx = context(&run.run_dir);
     let rolled_back = ctx["ledger"]["history"]
         .as_array()
@@ -124,15 +129,7 @@ async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
     });
     let report = run.report().await;
     spoil.abort();
-    assert_eq!(
-        report.restarts.get(&Role::WORKER),
-        Some(&1),
-        "{:#?}",
-        report.events
-    );
-    assert_eq!(report.applied_samples, 2 * N);
-    assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
-    assert_recovered(&report, "every process restarts from checkpoint");
+    assert_one_group_restart_and_each_sample_once(&report);
     assert!(
         report.events.iter().any(|e| e.contains("held in memory")),
         "{:#?}",

@@ -332,6 +332,26 @@ mod tests {
     use super::*;
     use crate::store::{ServiceShape, Shape};
 
+    /// Process `index` of `role` as a report saw it, running and idle, its node not said.
+    fn sample(role: vocab::Role, index: u32) -> crate::store::ProcessSample {
+        crate::store::ProcessSample {
+            role,
+            index,
+            cpu_limit: 0,
+            memory_limit: 0,
+            gpus: vocab::Gpus::ZERO,
+            cpu_millicores: 0,
+            memory_bytes: 0,
+            memory_peak_bytes: 0,
+            oom_kills: 0,
+            pending_ms: 0,
+            pending_reason: String::new(),
+            gpu_utilisation_pct: 0.0,
+            gpu_memory_bytes: 0,
+            host: String::new(),
+        }
+    }
+
     #[test]
     fn running_jobs_service_roles_hold_their_cpu_and_processes_outside_the_round() {
         let dir = tempfile::tempdir().unwrap();
@@ -431,20 +451,8 @@ mod tests {
         // Where the engines and workers run, as the job master reports them: a worker added
         // beside an engine goes to its node, an engine added beside a worker to the worker's.
         let on = |role: &str, index: u32, host: &str| crate::store::ProcessSample {
-            role: vocab::Role::new(role).unwrap(),
-            index,
-            cpu_limit: 0,
-            memory_limit: 0,
-            gpus: vocab::Gpus::ZERO,
-            cpu_millicores: 0,
-            memory_bytes: 0,
-            memory_peak_bytes: 0,
-            oom_kills: 0,
-            pending_ms: 0,
-            pending_reason: String::new(),
-            gpu_utilisation_pct: 0.0,
-            gpu_memory_bytes: 0,
             host: host.into(),
+            ..sample(vocab::Role::new(role).unwrap(), index)
         };
         let report = crate::store::Metric {
             at_unix_ms: 25,
@@ -536,22 +544,7 @@ mod tests {
             vec![u(1, 1500, 0), u(2, 2000, 1 << 30), u(2, 500, 0)]
         );
         // Reported, every process running: none is listed.
-        let process = |role: vocab::Role, index: u32| crate::store::ProcessSample {
-            role,
-            index,
-            cpu_limit: 0,
-            memory_limit: 0,
-            gpus: vocab::Gpus::ZERO,
-            cpu_millicores: 0,
-            memory_bytes: 0,
-            memory_peak_bytes: 0,
-            oom_kills: 0,
-            pending_ms: 0,
-            pending_reason: String::new(),
-            gpu_utilisation_pct: 0.0,
-            gpu_memory_bytes: 0,
-            host: String::new(),
-        };
+        let process = sample;
         let mut report = crate::store::Metric {
             at_unix_ms: 25,
             workers: 2,
