@@ -181,7 +181,7 @@ pub struct LiveJob {
     pub roles: Vec<LiveRole>,
     /// Seconds of its job master's window its roles' rates still lack (0: a whole window is
     /// measured, or its master does not say): until then a low or missing wait is not known
-    /// to be low ([`roles::unmeasured`]).
+    /// to be low (`roles.rs`, `unmeasured`).
     #[serde(default, skip_serializing_if = "no_seconds")]
     pub rates_unmeasured_s: f64,
     #[serde(default)]

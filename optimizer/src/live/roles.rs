@@ -97,7 +97,7 @@ pub struct RolesConfig {
     #[serde(default = "default_shrink_busy")]
     pub shrink_busy_share: f64,
     /// The longest a running job with a service role that may grow keeps its training group
-    /// at its size while its roles' rates cover less than a window ([`unmeasured`]), from
+    /// at its size while its roles' rates cover less than a window (`unmeasured`), from
     /// its start, seconds. Bounds the wait for a job whose roles nobody calls.
     #[serde(default = "default_measure_s")]
     pub measure_s: f64,
