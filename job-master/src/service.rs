@@ -492,6 +492,15 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .map(|e| ((), e))
             })
             .await?;
+        if !r.restored_from.is_empty() {
+            let (from, step) = (r.restored_from, r.restored_step);
+            self.shared
+                .apply(|ctx, now| {
+                    ctx.restored(key, incarnation, &from, step, now)
+                        .map(|()| ((), Vec::new()))
+                })
+                .await?;
+        }
         Ok(Response::new(pb::Ack {}))
     }
 

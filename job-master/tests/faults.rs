@@ -66,6 +66,12 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
     let report = run.report().await;
     // (Once in CI, 2026-11-27, two restarts were counted here; the events say why.)
     assert_one_group_restart_and_each_sample_once(&report);
+    let from_disk = report
+        .events
+        .iter()
+        .filter(|e| e.contains("(incarnation 2) restored step") && e.ends_with("from disk"))
+        .count();
+    assert_eq!(from_disk, 3, "{:#?}", report.events);
     let ctx = context(&run.run_dir);
     let rolled_back = ctx["ledger"]["history"]
         .as_array()
@@ -132,6 +138,21 @@ async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
     assert_one_group_restart_and_each_sample_once(&report);
     assert!(
         report.events.iter().any(|e| e.contains("held in memory")),
+        "{:#?}",
+        report.events
+    );
+    // Each of the three ranks says where it restored from (`worker-0 (incarnation 2)
+    // restored step 40 from memory`).
+    let from = |what: &str| {
+        report
+            .events
+            .iter()
+            .filter(|e| e.contains("(incarnation 2) restored step") && e.ends_with(what))
+            .count()
+    };
+    assert_eq!(
+        (from("from memory"), from("from disk")),
+        (3, 0),
         "{:#?}",
         report.events
     );

@@ -768,6 +768,17 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         (2, 2, 4),
         "{resumed:#?}\n{text}"
     );
+    // The job's events say it too, from each one's first report.
+    let said = |how: &str| {
+        report
+            .events
+            .iter()
+            .filter(|e| e.contains(") restored step ") && e.ends_with(&format!("from {how}")))
+            .count()
+    };
+    // (A process the shrink removed may leave before its first report.)
+    assert_eq!((said("memory"), said("disk")), (2, 0), "{text}");
+    assert!(said("peer") >= 1, "{text}");
 }
 
 /// The flash directory of this test process's run of job `name`: its job master's run id is

@@ -224,6 +224,9 @@ class ElasticJob:
         #: Where `restore()` read the state: "memory" (this node's flash copy), "disk",
         #: "peer" (rank 0's, sent over the group when a plan added this process), or None.
         self.restored_from: Optional[str] = None
+        # (where from, step) of a restore not yet said in a metrics report: the job's events
+        # show it.
+        self._restore_to_say: Optional[Tuple[str, int]] = None
         #: The latest consistent cut this process took part in: `step`, `held` ("memory": a
         #: flash copy, written out behind the training; "disk": saved by rank 0 before the
         #: group went on) and `blocked_s` (the time it took this rank).
@@ -279,6 +282,7 @@ class ElasticJob:
     def _restored(self, blob: Any) -> Any:
         meta = blob["brain_sdk"]
         self.step = int(meta["step"])
+        self._restore_to_say = (self.restored_from or "disk", self.step)
         # Steps restored are not steps this process timed.
         self._step_at_report = self.step
         self.applied_samples = int(meta["applied_samples"])
@@ -491,6 +495,8 @@ class ElasticJob:
         self._samples_at_report = self.samples_total
         self._step_at_report = self.step
         self._compute_at_report = self._compute_s
+        restored_from, restored_step = self._restore_to_say or ("", 0)
+        self._restore_to_say = None
         return pb.TrainingMetrics(
             global_step=self.step,
             samples_per_second=sps,
@@ -500,6 +506,8 @@ class ElasticJob:
             applied_index_sum=self.applied_index_sum,
             steps=steps,
             compute_seconds=compute,
+            restored_from=restored_from,
+            restored_step=restored_step,
         )
 
     def mark_compute_done(self) -> None:

@@ -27,6 +27,31 @@ impl JobContext {
         }]
     }
 
+    /// `key`'s `incarnation` restored the checkpoint of `step` from `from` (`memory`, `disk`
+    /// or `peer`): an event says so.
+    pub fn restored(
+        &mut self,
+        key: SlotKey,
+        incarnation: u64,
+        from: &str,
+        step: u64,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        self.current(key, incarnation)?;
+        if !matches!(from, "memory" | "disk" | "peer") {
+            return Err(Error::InvalidRequest(format!(
+                "restored_from is {:?}: memory, disk or peer",
+                from.chars().take(40).collect::<String>()
+            )));
+        }
+        self.log_as(
+            EventKind::Checkpoint,
+            now_ms,
+            format!("{key} (incarnation {incarnation}) restored step {step} from {from}"),
+        );
+        Ok(())
+    }
+
     /// Whether `key`'s `incarnation` may commit a checkpoint: the current one, or, for a
     /// script whose data the master does not track, the one just asked to stop (it saves on
     /// SIGTERM within its grace period; its agent starts the next one only after it exited).

@@ -187,6 +187,26 @@ fn a_checkpoint_from_before_a_restart_is_refused() {
 }
 
 #[test]
+fn where_a_process_restored_from_is_an_event_and_nonsense_is_refused() {
+    let mut ctx = running("allreduce", 0, 2, 0);
+    ctx.restored(W1, 1, "memory", 40, 3).unwrap();
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.text == "worker-1 (incarnation 1) restored step 40 from memory"),
+        "{:?}",
+        ctx.events
+    );
+    let e = ctx.restored(W1, 1, "tape", 40, 4).unwrap_err().to_string();
+    assert!(
+        e.contains("restored_from is \"tape\": memory, disk or peer"),
+        "{e}"
+    );
+    // A stale incarnation is refused like any of its calls.
+    assert!(ctx.restored(W1, 7, "disk", 40, 5).is_err());
+}
+
+#[test]
 fn an_allreduce_worker_failure_opens_a_new_round_for_everyone() {
     let mut ctx = running("allreduce", 0, 2, 0);
     let round = ctx.group.rendezvous().unwrap().current().unwrap().number;

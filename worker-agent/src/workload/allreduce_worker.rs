@@ -31,15 +31,16 @@ pub fn local_batch(global: u64, world: u32, rank: u32) -> u64 {
     global / w + u64::from((rank as u64) < global % w)
 }
 
-/// Loads the model a manifest names, or a fresh one. A flash checkpoint's comes from this
-/// node's memory (`flash`) when a slot holds it whole, else from disk.
+/// Loads the model a manifest names, or a fresh one; where from (`memory` or `disk`; none: a
+/// fresh one). A flash checkpoint's comes from this node's memory (`flash`) when a slot holds
+/// it whole, else from disk.
 pub fn initial_model(
     env: &ProcessEnv,
     buckets: u64,
     flash: Option<&Slots>,
-) -> Result<DenseModel, Error> {
+) -> Result<(DenseModel, Option<&'static str>), Error> {
     let Some(m) = env.manifest()? else {
-        return Ok(DenseModel::new(buckets));
+        return Ok((DenseModel::new(buckets), None));
     };
     let part = m.model.ok_or_else(|| Error::Checkpoint {
         path: env.resume_from.clone().unwrap_or_default(),
@@ -54,7 +55,7 @@ pub fn initial_model(
         _ => (DenseModel::load(&path, Some(&part.digest))?, "disk"),
     };
     tracing::info!(checkpoint = m.id, step = model.step, from, "model restored");
-    Ok(model)
+    Ok((model, Some(from)))
 }
 
 /// The cut at this drained step boundary, copied into the agent's memory (every rank; rank 0's
@@ -138,7 +139,9 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let data = generator(&cfg)?;
     let listener = super::ps_server::bind_retry(&env.service_addr).await?;
     let mut flash = Slots::from_env();
-    let mut model = initial_model(&env, cfg.hash_buckets, flash.as_ref())?;
+    let (mut model, restored) = initial_model(&env, cfg.hash_buckets, flash.as_ref())?;
+    // Said in the first report: the job's events show where each process restored from.
+    let mut restored = restored.map(|from| (from, model.step));
     let mut progress = Progress::new(model.step);
     let mut grad = vec![0.0f32; model.weights.len()];
     let (mut rank, mut peers, mut round) = (env.rank, env.ring_peers.clone(), env.round);
@@ -236,6 +239,9 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             if let Some(mut m) = progress.due() {
                 m.applied_samples = model.applied_samples;
                 m.applied_index_sum = model.applied_index_sum;
+                if let Some((from, step)) = restored.take() {
+                    (m.restored_from, m.restored_step) = (from.into(), step);
+                }
                 master.metrics(m).await?;
             }
             if total > 0 {
@@ -283,6 +289,9 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
         }
     }
     let mut m = progress.due().unwrap_or_default();
+    if let Some((from, step)) = restored.take() {
+        (m.restored_from, m.restored_step) = (from.into(), step);
+    }
     m.global_step = model.step;
     m.samples_total = progress.samples;
     m.loss = progress.loss_ema.unwrap_or(0.0);
