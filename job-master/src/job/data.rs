@@ -448,9 +448,22 @@ impl JobContext {
             .values()
             .filter(|s| s.key.role == trainer && s.phase.is_live())
             .collect();
+        // So must an all-reduce worker that registered after the group that did the work
+        // formed without it, and waits to join a round that never comes (its process not
+        // started: seen in CI's Ray chaos soak, a worker placed 40 s late).
+        let round = self.group.rendezvous().and_then(|r| r.current());
+        let outside = |s: &Slot| {
+            matches!(s.phase, SlotPhase::Running | SlotPhase::Restarting)
+                && s.process_pid == 0
+                && round.is_some_and(|r| {
+                    !r.members
+                        .iter()
+                        .any(|m| m.index == s.key.index && m.incarnation == s.incarnation)
+                })
+        };
         let unstarted: Vec<SlotKey> = trainers
             .iter()
-            .filter(|s| data_accounted && s.phase == SlotPhase::Launching)
+            .filter(|s| data_accounted && (s.phase == SlotPhase::Launching || outside(s)))
             .map(|s| s.key)
             .collect();
         let workers_done = chief_done
@@ -460,11 +473,15 @@ impl JobContext {
                     .all(|s| s.phase == SlotPhase::Succeeded || unstarted.contains(&s.key)));
         if workers_done && data_done {
             for key in unstarted {
+                let how = match self.slots.get(&key).map(|s| s.phase) {
+                    Some(SlotPhase::Launching) => "was never started (still pending)",
+                    _ => "never joined the group that did the work (its process not started)",
+                };
                 self.log(
                     now_ms,
                     format!(
-                        "{key} was never started (still pending) and the data is all done: \
-                         it is not needed, and is stopped with the job"
+                        "{key} {how} and the data is all done: it is not needed, and is \
+                         stopped with the job"
                     ),
                 );
             }

@@ -479,6 +479,45 @@ fn a_worker_never_started_does_not_hold_the_job_open_once_the_data_is_done() {
     ctx.ledger.verify_exactly_once(true).unwrap();
 }
 
+#[test]
+fn a_worker_that_never_joined_the_working_group_does_not_hold_the_job_open() {
+    // Seen in CI's Ray chaos soak: a worker placed 40 s late, after the group formed without
+    // it; registered, it waited to join a round that never came, and the job never ended.
+    // Here worker 1's agent came back as incarnation 2 (registered, its process not started)
+    // while the round that does the work holds incarnation 1 of it.
+    let mut ctx = running("allreduce", 0, 2, 0);
+    let w1 = ctx.slots.get_mut(&W1).unwrap();
+    (w1.incarnation, w1.process_pid) = (2, 0);
+    ctx.slots.get_mut(&W0).unwrap().process_pid = 4242;
+    while let Some(s) = lease(&mut ctx, W0, 1) {
+        ctx.shard_done(W0, 1, s, 3).unwrap();
+    }
+    assert!(ctx.lease(W0, 1).unwrap().evaluate);
+    ctx.report_metrics(
+        W0,
+        1,
+        MetricsRecord::default(),
+        Some(0.4),
+        Some("d".into()),
+        5,
+    )
+    .unwrap();
+    assert_eq!(ctx.phase, JobPhase::Running, "worker 0 still runs");
+    assert_eq!(
+        ctx.process_exited(W0, 1, 0, 0, None, 6).unwrap(),
+        vec![Effect::Finish]
+    );
+    assert!(
+        ctx.events.iter().any(|e| e.text
+            == "worker-1 never joined the group that did the work (its process not started) \
+                and the data is all done: it is not needed, and is stopped with the job"),
+        "{:?}",
+        ctx.events.last()
+    );
+    ctx.finish(7);
+    assert_eq!(ctx.phase, JobPhase::Succeeded);
+}
+
 /// Makes the workers of `ctx` elastic between 1 and 4.
 pub(super) fn elastic(ctx: &mut JobContext) {
     let w = ctx.spec.roles.get_mut(&Role::WORKER).unwrap();
