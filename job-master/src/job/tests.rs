@@ -436,23 +436,15 @@ fn the_job_succeeds_once_all_data_is_done_evaluated_and_workers_exited() {
     ctx.ledger.verify_exactly_once(true).unwrap();
 }
 
-#[test]
-fn a_worker_never_started_does_not_hold_the_job_open_once_the_data_is_done() {
-    // A ps job's worker 1 is lost and asked for again; no room takes it (its node is gone),
-    // while worker 0 does every shard and the final evaluation.
-    let mut ctx = running("ps", 1, 2, 0);
-    assert!(!ctx.agent_lost(W1, 1, "its node died".into(), 2).is_empty());
-    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
-    let mut evaluate = false;
-    while let Some(s) = lease(&mut ctx, W0, 1) {
+/// Worker 0 leases every shard, is the one to evaluate, reports the final loss (the job not
+/// over while it runs) and exits 0: the job finishes.
+fn worker_0_does_the_data_alone_and_ends_the_job(ctx: &mut JobContext) {
+    while let Some(s) = lease(ctx, W0, 1) {
         ctx.shard_done(W0, 1, s, 3).unwrap();
     }
-    if let Ok(v) = ctx.lease(W0, 1) {
-        assert_eq!(v.outcome, LeaseOutcome::EndOfData);
-        evaluate = v.evaluate;
-    }
-    assert!(evaluate, "the only worker evaluates");
-    // Before worker 0 ends, the job is not over.
+    let v = ctx.lease(W0, 1).unwrap();
+    assert_eq!(v.outcome, LeaseOutcome::EndOfData);
+    assert!(v.evaluate, "the only worker evaluates");
     ctx.report_metrics(
         W0,
         1,
@@ -462,11 +454,21 @@ fn a_worker_never_started_does_not_hold_the_job_open_once_the_data_is_done() {
         5,
     )
     .unwrap();
-    assert_eq!(ctx.phase, JobPhase::Running);
+    assert_eq!(ctx.phase, JobPhase::Running, "worker 0 still runs");
     assert_eq!(
         ctx.process_exited(W0, 1, 0, 0, None, 6).unwrap(),
         vec![Effect::Finish]
     );
+}
+
+#[test]
+fn a_worker_never_started_does_not_hold_the_job_open_once_the_data_is_done() {
+    // A ps job's worker 1 is lost and asked for again; no room takes it (its node is gone),
+    // while worker 0 does every shard and the final evaluation.
+    let mut ctx = running("ps", 1, 2, 0);
+    assert!(!ctx.agent_lost(W1, 1, "its node died".into(), 2).is_empty());
+    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
+    worker_0_does_the_data_alone_and_ends_the_job(&mut ctx);
     assert!(
         ctx.events
             .iter()
@@ -489,24 +491,7 @@ fn a_worker_that_never_joined_the_working_group_does_not_hold_the_job_open() {
     let w1 = ctx.slots.get_mut(&W1).unwrap();
     (w1.incarnation, w1.process_pid) = (2, 0);
     ctx.slots.get_mut(&W0).unwrap().process_pid = 4242;
-    while let Some(s) = lease(&mut ctx, W0, 1) {
-        ctx.shard_done(W0, 1, s, 3).unwrap();
-    }
-    assert!(ctx.lease(W0, 1).unwrap().evaluate);
-    ctx.report_metrics(
-        W0,
-        1,
-        MetricsRecord::default(),
-        Some(0.4),
-        Some("d".into()),
-        5,
-    )
-    .unwrap();
-    assert_eq!(ctx.phase, JobPhase::Running, "worker 0 still runs");
-    assert_eq!(
-        ctx.process_exited(W0, 1, 0, 0, None, 6).unwrap(),
-        vec![Effect::Finish]
-    );
+    worker_0_does_the_data_alone_and_ends_the_job(&mut ctx);
     assert!(
         ctx.events.iter().any(|e| e.text
             == "worker-1 never joined the group that did the work (its process not started) \
