@@ -479,28 +479,23 @@ impl pb::job_master_server::JobMaster for MasterService {
             steps: r.steps,
             compute_seconds: r.compute_seconds,
         };
+        let (from, step) = (r.restored_from, r.restored_step);
         self.shared
             .apply(|ctx, now| {
-                ctx.report_metrics(
+                let effects = ctx.report_metrics(
                     key,
                     incarnation,
                     m,
                     r.final_eval_loss,
                     r.final_model_digest,
                     now,
-                )
-                .map(|e| ((), e))
+                )?;
+                if !from.is_empty() {
+                    ctx.restored(key, incarnation, &from, step, now)?;
+                }
+                Ok(((), effects))
             })
             .await?;
-        if !r.restored_from.is_empty() {
-            let (from, step) = (r.restored_from, r.restored_step);
-            self.shared
-                .apply(|ctx, now| {
-                    ctx.restored(key, incarnation, &from, step, now)
-                        .map(|()| ((), Vec::new()))
-                })
-                .await?;
-        }
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -12,7 +12,7 @@
 //! writing out is locked and passed over; with none left, the copy is not taken.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -196,9 +196,9 @@ impl Slots {
                 return None;
             }
             let file = File::open(self.dir.slot_file(slot)).ok()?;
-            let locked = Flock::lock(file, FlockArg::LockShared).ok()?;
-            let bytes = std::fs::read(self.dir.slot_file(slot)).ok()?;
-            drop(locked);
+            let mut locked = Flock::lock(file, FlockArg::LockShared).ok()?;
+            let mut bytes = Vec::new();
+            locked.read_to_end(&mut bytes).ok()?;
             (hex::encode(Sha256::digest(&bytes)) == digest).then_some(bytes)
         })
     }

@@ -235,39 +235,37 @@ impl Free {
     }
 
     /// Places processes of `p` one at a time, in order, each on the node `on(k)` names for
-    /// the `k`-th where it names one, else on the freest, up to `n` and up to the first that
-    /// does not fit: how many.
-    pub(super) fn take_in_order(
-        &mut self,
-        n: u32,
-        p: Process,
-        on: impl Fn(u32) -> Option<usize>,
-    ) -> u32 {
+    /// the `k`-th where it names one, else on the freest (see [`freest`]), up to `n` and up
+    /// to the first that does not fit; the nodes they went to (one entry per process placed).
+    fn take_on(&mut self, n: u32, p: Process, on: impl Fn(u32) -> Option<usize>) -> Vec<usize> {
+        let mut went = Vec::new();
         for k in 0..n {
             let at = match on(k) {
                 Some(i) => Some(i).filter(|&i| p.fits_in(&self.room[i])),
                 None => freest(&self.room, p),
             };
             let Some(i) = at else {
-                return k;
-            };
-            p.take_from(&mut self.room[i]);
-        }
-        n
-    }
-
-    /// Places up to `n` processes of `p`, one at a time (see [`freest`]); the nodes they went
-    /// to (one entry per process placed).
-    fn take_each(&mut self, n: u32, p: Process) -> Vec<usize> {
-        let mut on = Vec::new();
-        for _ in 0..n {
-            let Some(i) = freest(&self.room, p) else {
                 break;
             };
             p.take_from(&mut self.room[i]);
-            on.push(i);
+            went.push(i);
         }
-        on
+        went
+    }
+
+    /// [`Free::take_on`], how many.
+    pub(super) fn take_in_order(
+        &mut self,
+        n: u32,
+        p: Process,
+        on: impl Fn(u32) -> Option<usize>,
+    ) -> u32 {
+        self.take_on(n, p, on).len() as u32
+    }
+
+    /// Places up to `n` processes of `p`, each on the freest node; the nodes they went to.
+    fn take_each(&mut self, n: u32, p: Process) -> Vec<usize> {
+        self.take_on(n, p, |_| None)
     }
 
     /// How many of `n` processes `p` fit, taken from the room.

@@ -58,6 +58,13 @@ pub fn initial_model(
     Ok((model, Some(from)))
 }
 
+/// Where this process restored from, in the first report that goes out (then never again).
+fn say_restored(m: &mut pb::TrainingMetrics, restored: &mut Option<(&'static str, u64)>) {
+    if let Some((from, step)) = restored.take() {
+        (m.restored_from, m.restored_step) = (from.into(), step);
+    }
+}
+
 /// The cut at this drained step boundary, copied into the agent's memory (every rank; rank 0's
 /// copy is written out once the master knows of the cut). Whether the cut is held there:
 /// false where rank 0 saves it to disk instead.
@@ -239,9 +246,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             if let Some(mut m) = progress.due() {
                 m.applied_samples = model.applied_samples;
                 m.applied_index_sum = model.applied_index_sum;
-                if let Some((from, step)) = restored.take() {
-                    (m.restored_from, m.restored_step) = (from.into(), step);
-                }
+                say_restored(&mut m, &mut restored);
                 master.metrics(m).await?;
             }
             if total > 0 {
@@ -289,9 +294,7 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
         }
     }
     let mut m = progress.due().unwrap_or_default();
-    if let Some((from, step)) = restored.take() {
-        (m.restored_from, m.restored_step) = (from.into(), step);
-    }
+    say_restored(&mut m, &mut restored);
     m.global_step = model.step;
     m.samples_total = progress.samples;
     m.loss = progress.loss_ema.unwrap_or(0.0);

@@ -141,15 +141,11 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
         let workers = |w: u32| match start {
             true => (Vec::new(), nodes::with_partners(j.job, worker, w)),
             false => {
-                let (pinned, rest): (Vec<_>, Vec<_>) = (base..w)
-                    .map(|k| (worker, partners[(k - base) as usize]))
-                    .partition(|(_, on)| on.is_some());
+                let on = &partners[..(w - base) as usize];
+                let pinned = on.iter().flatten().map(|&i| (worker, i)).collect();
                 (
-                    pinned
-                        .into_iter()
-                        .map(|(p, on)| (p, on.expect("partitioned")))
-                        .collect(),
-                    rest.into_iter().map(|(p, _)| p).collect(),
+                    pinned,
+                    vec![worker; on.iter().filter(|i| i.is_none()).count()],
                 )
             }
         };
