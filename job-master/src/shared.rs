@@ -285,14 +285,15 @@ pub(crate) async fn flash_part_written(
     incarnation: u64,
     written: crate::job::flash::PartWritten,
 ) -> Result<(), Error> {
-    let (step, parts, id, generation) = {
+    let (step, parts, id, generation, ps_job) = {
         let mut ctx = shared.job.lock().await;
         let now = shared.now_ms();
         let Some((step, done)) = ctx.flash_part_written(key, incarnation, written, now)? else {
             return Ok(());
         };
         let (id, _) = ctx.next_checkpoint_dir();
-        (step, done, id, ctx.generation)
+        let ps_job = ctx.spec.kind == vocab::JobKind::Ps;
+        (step, done, id, ctx.generation, ps_job)
     };
     let part = |(rank, p): (&u32, &crate::job::flash::FlashPart)| Part {
         index: *rank,
@@ -301,10 +302,12 @@ pub(crate) async fn flash_part_written(
         keys: p.bytes,
     };
     let mut all: Vec<Part> = parts.written.iter().map(part).collect();
-    let (model, shards) = if parts.parts == 1 {
-        (all.pop(), Vec::new())
-    } else {
-        (None, all)
+    // A ps job's parts are its servers' partitions (by PS index); an allreduce job's, one
+    // replicated model or each rank's shard.
+    let (ps, model, shards) = match (ps_job, parts.parts) {
+        (true, _) => (all, None, Vec::new()),
+        (false, 1) => (Vec::new(), all.pop(), Vec::new()),
+        (false, _) => (Vec::new(), None, all),
     };
     let dir = parts
         .written
@@ -317,7 +320,7 @@ pub(crate) async fn flash_part_written(
         id,
         kind: "flash".into(),
         step,
-        ps: Vec::new(),
+        ps,
         model,
         shards,
     };

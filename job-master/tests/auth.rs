@@ -273,6 +273,7 @@ async fn every_ps_rpc(c: &mut Ps, dir: &std::path::Path) -> Vec<(&'static str, C
                 c.save(pb::SaveRequest {
                     dir: dir.display().to_string(),
                     checkpoint_id: 1,
+                    ..Default::default()
                 })
                 .await
                 .map(drop),

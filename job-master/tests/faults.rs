@@ -97,42 +97,9 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = builtin_yaml(dir.path(), "flash-ring", "allreduce", 0, 3, N, 2, 150, 8).replace(
-        "every_shards: 8 }",
-        "every_shards: 8, flash: { memory: 4Mi } }",
-    );
-    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
-    spec.validate().unwrap();
-    let mut run = start(spec, dir.path()).await;
-    let flash = dir.path().join("checkpoints").join("flash");
-    wait_for(
-        run.addr,
-        Duration::from_secs(60),
-        "a flash checkpoint and more shards",
-        |s| s.checkpoints >= 1 && s.shards_done >= 12,
-    )
-    .await;
-    let parts = move || -> Vec<std::path::PathBuf> {
-        let steps = std::fs::read_dir(&flash).into_iter().flatten().flatten();
-        steps
-            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
-            .collect()
-    };
-    assert!(!parts().is_empty(), "no flash part written out");
+    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-ring", "allreduce", 0).await;
     kill9(pid_of(run.addr, "worker", 2).await);
-    let spoil = tokio::spawn(async move {
-        loop {
-            for p in parts() {
-                let len = std::fs::metadata(&p).map_or(0, |m| m.len()) as usize;
-                let mut junk = b"BRAR".to_vec();
-                junk.resize(len.max(4), 0xAB);
-                let _ = std::fs::write(&p, junk);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    let spoil = spoil_from_now_on(flash, b"BRAR");
     let report = run.report().await;
     spoil.abort();
     assert_one_group_restart_and_each_sample_once(&report);
@@ -155,6 +122,114 @@ async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
         (3, 0),
         "{:#?}",
         report.events
+    );
+    assert_no_process_left(run.addr).await;
+}
+
+/// A built-in job (`kind`, `ps` PS, 3 workers, 2 epochs of `N`) with flash checkpoints every
+/// 8 shards, started in `dir` and run until a checkpoint is committed, 12 shards are done and
+/// a flash part is written out; where its parts go.
+async fn flash_job_past_a_cut(
+    dir: &std::path::Path,
+    name: &str,
+    kind: &str,
+    ps: u32,
+) -> (Running, std::path::PathBuf) {
+    let yaml = builtin_yaml(dir, name, kind, ps, 3, N, 2, 150, 8).replace(
+        "every_shards: 8 }",
+        "every_shards: 8, flash: { memory: 4Mi } }",
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let run = start(spec, dir).await;
+    let flash = dir.join("checkpoints").join("flash");
+    wait_for(
+        run.addr,
+        Duration::from_secs(60),
+        "a flash checkpoint and more shards",
+        |s| s.checkpoints >= 1 && s.shards_done >= 12,
+    )
+    .await;
+    assert!(!flash_parts(&flash).is_empty(), "no flash part written out");
+    (run, flash)
+}
+
+/// The parts of flash checkpoints written out under `flash` (`step-S/part-R.bin`).
+fn flash_parts(flash: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let steps = std::fs::read_dir(flash).into_iter().flatten().flatten();
+    steps
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect()
+}
+
+/// Overwrites every flash part under `flash` with garbage (after the format's `magic`) every
+/// 20 ms until aborted: a restore from disk fails its digest from now on.
+fn spoil_from_now_on(
+    flash: std::path::PathBuf,
+    magic: &'static [u8; 4],
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            for p in flash_parts(&flash) {
+                let len = std::fs::metadata(&p).map_or(0, |m| m.len()) as usize;
+                let mut junk = magic.to_vec();
+                junk.resize(len.max(4), 0xAB);
+                let _ = std::fs::write(&p, junk);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// A ps job with flash checkpoints: at each cut the parameter servers copy their partitions
+/// into their agents' memory and training goes on while the agents write them out. After kill
+/// -9 of a PS every process restarts from the latest committed step, and both PS read their
+/// partitions from their node's memory: the parts on disk are overwritten with garbage from
+/// the kill on, so a restore from disk would fail its digest (and the job with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ps_job_s_flash_cuts_restore_its_servers_from_memory_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-ps", "ps", 2).await;
+    kill9(pid_of(run.addr, "ps", 1).await);
+    let spoil = spoil_from_now_on(flash, b"BRPS");
+    let report = run.report().await;
+    spoil.abort();
+    assert_eq!(
+        report.restarts.get(&Role::PS),
+        Some(&1),
+        "{:#?}",
+        report.events
+    );
+    assert_ps_applied_each_sample_once(&report, N, 2);
+    assert_recovered(&report, "every process restarts from checkpoint");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("held in the parameter servers' memory")),
+        "{:#?}",
+        report.events
+    );
+    // Each PS's log says where its partition came from after the restart.
+    let mut restored = Vec::new();
+    for entry in std::fs::read_dir(run.run_dir.join("logs")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("ps-") {
+            let log = std::fs::read_to_string(&path).unwrap();
+            restored.extend(
+                log.lines()
+                    .filter(|l| l.contains("partition restored"))
+                    .map(|l| format!("{name}: {l}")),
+            );
+        }
+    }
+    assert_eq!(restored.len(), 2, "{restored:#?}");
+    assert!(
+        restored.iter().all(|l| l.contains("from=\"memory\"")),
+        "{restored:#?}"
     );
     assert_no_process_left(run.addr).await;
 }

@@ -44,8 +44,9 @@ pub mod checkpoint {
     #[serde(deny_unknown_fields)]
     pub struct Manifest {
         pub id: u64,
-        /// `ps`, `allreduce` or `flash` (written out of shared memory: `model` for a
-        /// replicated state, `shards` for a sharded one).
+        /// `ps`, `allreduce` or `flash` (written out of shared memory: `ps` for the parameter
+        /// servers' partitions, `model` for a replicated state, `shards` for a sharded one; a
+        /// part's digest is then the SHA-256 of its file).
         pub kind: String,
         /// Training step (allreduce) or shards done (ps) when it was taken.
         pub step: u64,
@@ -67,6 +68,7 @@ pub mod checkpoint {
         pub path: String,
         /// SHA-256 of the part's contents, hex.
         pub digest: String,
+        /// The partition's keys (a PS's part on disk); the part's bytes (a flash part).
         pub keys: u64,
     }
 }

@@ -312,7 +312,7 @@ impl JobContext {
             slot.incarnation += 1;
             slot.restart_count += 1;
             slot.phase = SlotPhase::Restarting;
-            effects.extend(self.ps_checkpoint_if_drained());
+            effects.extend(self.ps_checkpoint_if_drained(now_ms));
         }
         // A plan's leaving member is gone with the restart (it collapsed the plan): nothing
         // to relaunch. Relaunched, it would come back as a member the plan does not count.

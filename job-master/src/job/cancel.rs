@@ -43,7 +43,7 @@ impl JobContext {
             since_ms: now_ms,
         });
         self.checkpoint_pending = true;
-        self.ps_checkpoint_if_drained()
+        self.ps_checkpoint_if_drained(now_ms)
     }
 
     /// A checkpoint committed (`Some(id)`) or failed (`None`) while a cancel waited for it.

@@ -4,9 +4,13 @@
 use super::*;
 use std::path::Path;
 
+use super::flash::HeldCut;
+
 impl JobContext {
-    /// For ps jobs: once every lease is back, ask the PS to save.
-    pub(super) fn ps_checkpoint_if_drained(&mut self) -> Vec<Effect> {
+    /// For ps jobs: once every lease is back, ask the PS to save: into their agents' memory
+    /// when the job has flash checkpoints and nothing after the cut needs it on disk (see
+    /// [`Self::ps_cut_to_disk`]), else to disk.
+    pub(super) fn ps_checkpoint_if_drained(&mut self, now_ms: u64) -> Vec<Effect> {
         if !(self.checkpoint_pending
             && !self.checkpoint_saving
             && self.spec.kind == JobKind::Ps
@@ -19,12 +23,108 @@ impl JobContext {
         };
         self.checkpoint_saving = true;
         let (id, dir) = self.next_checkpoint_dir();
+        let step = self.ledger.done_shards();
+        let generation = self.generation;
+        if self.spec.checkpoint.flash.is_some() && self.ps_cut_to_disk(step).is_none() {
+            // Held before the copies are taken: the agents may write a part out before the
+            // last PS has answered, and a part is taken only for a cut the master holds.
+            self.flash.cuts.insert(
+                step,
+                HeldCut {
+                    ledger: self.ledger.snapshot(),
+                    taken_at_ms: now_ms,
+                    training_ms: self.training_time.training_ms,
+                },
+            );
+            return vec![Effect::CopyPsCut {
+                id,
+                dir,
+                ps,
+                step,
+                generation,
+            }];
+        }
         vec![Effect::SavePsCheckpoint {
             id,
             dir,
             ps,
-            generation: self.generation,
+            step,
+            generation,
         }]
+    }
+
+    /// Why the pending cut of a ps job at `step` goes to disk rather than into memory, if it
+    /// does: what comes after the cut restarts or stops processes (which restore from disk),
+    /// or the step is not newer than the latest checkpoint (the parts of a step are taken
+    /// only once).
+    fn ps_cut_to_disk(&self, step: u64) -> Option<String> {
+        if self.cancelling.is_some() {
+            return Some("the job is cancelled after it".into());
+        }
+        if self.stability.replace_at_cut.is_some() {
+            return Some("a process is replaced after it".into());
+        }
+        if self.transition.is_some() {
+            return Some("a plan goes on after it".into());
+        }
+        let last = self.checkpoints.last().map(|c| c.step);
+        last.filter(|&l| step <= l)
+            .map(|l| format!("no shard was done since the checkpoint of step {l}"))
+    }
+
+    /// Every PS copied its partition of the cut at `step` into its agent's memory: the cut
+    /// ends and training goes on while the agents write the parts out (the step is committed
+    /// once every part is in, [`Self::flash_part_written`]). When something came to need the
+    /// cut on disk meanwhile (a cancel, a plan, a replacement), the job waits for the commit.
+    pub fn ps_cut_in_memory(&mut self, step: u64, generation: u64, now_ms: u64) -> Vec<Effect> {
+        let pending = self.checkpoint_pending && self.checkpoint_saving;
+        if generation != self.generation || !pending || !self.flash.cuts.contains_key(&step) {
+            // Committed already (the parts were written out before the last answer), or
+            // dropped with a restart.
+            return Vec::new();
+        }
+        let shards = format!(
+            "{} of {} shards done",
+            self.ledger.done_shards(),
+            self.ledger.total_shards()
+        );
+        if let Some(why) = self.ps_cut_to_disk(step) {
+            self.log_as(
+                EventKind::Checkpoint,
+                now_ms,
+                format!(
+                    "cut at step {step} held in the parameter servers' memory ({shards}); {why}, \
+                     so the job waits for it to be written out"
+                ),
+            );
+            return Vec::new();
+        }
+        self.log_as(
+            EventKind::Checkpoint,
+            now_ms,
+            format!(
+                "cut at step {step} held in the parameter servers' memory ({shards}): training \
+                 goes on while it is written out"
+            ),
+        );
+        self.checkpoint_pending = false;
+        self.checkpoint_saving = false;
+        self.shards_since_checkpoint = 0;
+        self.on_cut(now_ms)
+    }
+
+    /// A PS could not copy its partition of the cut at `step` into memory (`why`): the cut
+    /// is no longer held there, and the PS save it to disk instead (the caller does that;
+    /// the copies already taken are refused when written out).
+    pub fn ps_cut_not_in_memory(&mut self, step: u64, generation: u64, why: &str, now_ms: u64) {
+        if generation != self.generation || self.flash.cuts.remove(&step).is_none() {
+            return;
+        }
+        self.log_as(
+            EventKind::Checkpoint,
+            now_ms,
+            format!("cut at step {step} saved to disk: {why}"),
+        );
     }
 
     /// `key`'s `incarnation` restored the checkpoint of `step` from `from` (`memory`, `disk`

@@ -335,7 +335,7 @@ impl JobContext {
                 ),
             );
         }
-        let mut effects = self.ps_checkpoint_if_drained();
+        let mut effects = self.ps_checkpoint_if_drained(now_ms);
         effects.extend(self.check_done(now_ms));
         Ok(effects)
     }

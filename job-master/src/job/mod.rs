@@ -69,6 +69,8 @@ pub mod flash;
 mod moves;
 #[cfg(test)]
 mod properties;
+#[cfg(test)]
+mod ps_flash_tests;
 mod reshard;
 mod services;
 #[cfg(test)]
@@ -330,11 +332,23 @@ pub enum Effect {
         key: SlotKey,
         graceful: bool,
     },
-    /// Save every PS at `dir`; `generation` guards against a restart in between.
+    /// Save every PS at `dir` as the checkpoint of `step`; `generation` guards against a
+    /// restart in between.
     SavePsCheckpoint {
         id: u64,
         dir: PathBuf,
         ps: Vec<String>,
+        step: u64,
+        generation: u64,
+    },
+    /// A flash cut (held as [`flash::HeldCut`]): every PS copies its partition of `step` into
+    /// its agent's memory, then [`JobContext::ps_cut_in_memory`]; where one cannot, the cut
+    /// goes to disk as [`Effect::SavePsCheckpoint`] of `id` at `dir` would.
+    CopyPsCut {
+        id: u64,
+        dir: PathBuf,
+        ps: Vec<String>,
+        step: u64,
         generation: u64,
     },
     /// All work is done: collect final statistics, then call [`JobContext::finish`].

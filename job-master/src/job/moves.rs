@@ -216,7 +216,7 @@ impl JobContext {
             );
             self.stability.replace_at_cut = Some(key);
             self.checkpoint_pending = true;
-            effects.extend(self.ps_checkpoint_if_drained());
+            effects.extend(self.ps_checkpoint_if_drained(now_ms));
         } else {
             effects.extend(self.restart_replacing(key, now_ms));
         }

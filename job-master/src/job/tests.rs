@@ -3,7 +3,7 @@
 use super::*;
 use crate::scale::Capacity;
 
-fn spec(kind: &str, ps: u32, workers: u32, every_shards: u32) -> JobSpec {
+pub(super) fn spec(kind: &str, ps: u32, workers: u32, every_shards: u32) -> JobSpec {
     let ps_role = if ps > 0 {
         format!("  ps: {{ replicas: {ps}, max_restarts: 1 }}\n")
     } else {
@@ -25,20 +25,20 @@ pub(super) const W1: SlotKey = SlotKey {
     role: Role::WORKER,
     index: 1,
 };
-const PS0: SlotKey = SlotKey {
+pub(super) const PS0: SlotKey = SlotKey {
     role: Role::PS,
     index: 0,
 };
 
 /// A job whose agents all registered and joined.
 pub(super) fn running(kind: &str, ps: u32, workers: u32, every: u32) -> JobContext {
-    let (mut ctx, effects) = JobContext::new(
-        spec(kind, ps, workers, every),
-        "t-1".into(),
-        Timing::default(),
-        0,
-    );
-    assert_eq!(effects.len(), (ps + workers) as usize);
+    running_spec(spec(kind, ps, workers, every))
+}
+
+/// A job of `spec` whose agents all registered and joined.
+pub(super) fn running_spec(spec: JobSpec) -> JobContext {
+    let (mut ctx, effects) = JobContext::new(spec, "t-1".into(), Timing::default(), 0);
+    assert_eq!(effects.len(), ctx.slots.len());
     for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
         ctx.register_agent(
             key,

@@ -304,7 +304,7 @@ impl JobContext {
         }
         if needs_cut && !warm_up {
             self.checkpoint_pending = true;
-            effects.extend(self.ps_checkpoint_if_drained());
+            effects.extend(self.ps_checkpoint_if_drained(now_ms));
         } else if rdzv_changes {
             // No round is formed yet: the next one simply has the new size.
             effects.extend(self.on_cut(now_ms));

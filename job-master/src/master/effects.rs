@@ -1,7 +1,7 @@
 //! Carrying out the effects the job context returns: agents launched and stopped through the
 //! platform, PS checkpoints and reshards, the final statistics.
 
-use super::ps::{ps_client, ps_stats, reshard_ps, save_ps};
+use super::ps::{copy_ps_cut, ps_client, ps_stats, reshard_ps, save_ps};
 use super::*;
 
 pub(super) async fn execute(
@@ -57,33 +57,39 @@ pub(super) async fn execute(
             id,
             dir,
             ps,
+            step,
             generation,
         } => {
             let shared = shared.clone();
             tokio::spawn(async move {
-                let (step, kind) = {
-                    let ctx = shared.job.lock().await;
-                    (ctx.ledger.done_shards(), ctx.spec.kind.to_string())
-                };
-                match save_ps(id, &dir, &ps, step, kind, &shared.creds).await {
-                    Ok(manifest) => {
-                        let r = shared
-                            .apply(|ctx, now| {
-                                ctx.checkpoint_committed(id, manifest, step, generation, now)
-                                    .map(|e| ((), e))
+                save_ps_and_commit(&shared, id, &dir, &ps, step, generation).await;
+            });
+        }
+        Effect::CopyPsCut {
+            id,
+            dir,
+            ps,
+            step,
+            generation,
+        } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                match copy_ps_cut(&ps, step, &shared.creds).await {
+                    Ok(()) => {
+                        shared
+                            .apply_logged("ps cut in memory", |ctx, now| {
+                                Ok(((), ctx.ps_cut_in_memory(step, generation, now), true))
                             })
                             .await;
-                        if let Err(e) = r {
-                            tracing::warn!("checkpoint {id} dropped: {e}");
-                        }
                     }
-                    Err(problem) => {
+                    Err(why) => {
                         shared
-                            .apply_logged("checkpoint failure", |ctx, now| {
-                                ctx.checkpoint_failed(generation, problem.to_string(), now);
+                            .apply_logged("ps cut to disk", |ctx, now| {
+                                ctx.ps_cut_not_in_memory(step, generation, &why, now);
                                 Ok(((), vec![], true))
                             })
                             .await;
+                        save_ps_and_commit(&shared, id, &dir, &ps, step, generation).await;
                     }
                 }
             });
@@ -178,6 +184,39 @@ pub(super) async fn execute(
             shared
                 .apply_logged("finish", |ctx, now| {
                     ctx.finish(now);
+                    Ok(((), vec![], true))
+                })
+                .await;
+        }
+    }
+}
+
+/// Saves every PS to `dir` as checkpoint `id` of `step`, and commits it (or says it failed).
+async fn save_ps_and_commit(
+    shared: &Shared,
+    id: u64,
+    dir: &std::path::Path,
+    ps: &[String],
+    step: u64,
+    generation: u64,
+) {
+    let kind = shared.job.lock().await.spec.kind.to_string();
+    match save_ps(id, dir, ps, step, kind, &shared.creds).await {
+        Ok(manifest) => {
+            let r = shared
+                .apply(|ctx, now| {
+                    ctx.checkpoint_committed(id, manifest, step, generation, now)
+                        .map(|e| ((), e))
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!("checkpoint {id} dropped: {e}");
+            }
+        }
+        Err(problem) => {
+            shared
+                .apply_logged("checkpoint failure", |ctx, now| {
+                    ctx.checkpoint_failed(generation, problem.to_string(), now);
                     Ok(((), vec![], true))
                 })
                 .await;

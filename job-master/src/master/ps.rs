@@ -41,6 +41,7 @@ pub(super) async fn save_ps(
             .save(pb::SaveRequest {
                 dir: dir.display().to_string(),
                 checkpoint_id: id,
+                ..Default::default()
             })
             .await
             .map_err(|e| ps_error(addr, format!("ps {index} could not save: {}", e.message())))?
@@ -70,6 +71,54 @@ pub(super) async fn save_ps(
         source,
     })?;
     Ok(path)
+}
+
+/// A flash cut: every PS (at once) copies its partition of `step` into its agent's memory.
+/// Why not, if one did not (its answer, or a PS out of reach): the cut then goes to disk.
+pub(super) async fn copy_ps_cut(
+    ps: &[String],
+    step: u64,
+    creds: &auth::JobCreds,
+) -> Result<(), String> {
+    let calls: Vec<_> = ps
+        .iter()
+        .enumerate()
+        .map(|(index, addr)| {
+            let (addr, creds) = (addr.clone(), creds.clone());
+            tokio::spawn(async move {
+                let resp = ps_client(&addr, &creds)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .save(pb::SaveRequest {
+                        in_memory: true,
+                        step,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| format!("ps {index} could not copy it: {}", e.message()))?
+                    .into_inner();
+                match resp.not_in_memory.is_empty() {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "ps {index} could not copy it: {}",
+                        resp.not_in_memory
+                    )),
+                }
+            })
+        })
+        .collect();
+    let mut why = Vec::new();
+    for call in calls {
+        match call.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => why.push(e),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    match why.is_empty() {
+        true => Ok(()),
+        false => Err(why.join("; ")),
+    }
 }
 
 /// Sum of the PS' order-independent parameter digests (of the keys each owns) and their keys.

@@ -247,7 +247,8 @@ impl SparseTable {
         hex::encode(h.finalize())
     }
 
-    pub fn save(&self, path: &Path) -> Result<String, Error> {
+    /// The partition as its checkpoint file holds it.
+    pub fn to_bytes(&self) -> Vec<u8> {
         let (k, w, a) = self.sorted();
         let mut o = Out::default();
         o.0.extend_from_slice(b"BRPS");
@@ -263,17 +264,38 @@ impl SparseTable {
         o.u64(self.applied_samples);
         o.u64(self.applied_index_sum);
         o.u64(self.duplicate_pushes);
-        write(path, &o.0)?;
+        o.0
+    }
+
+    pub fn save(&self, path: &Path) -> Result<String, Error> {
+        write(path, &self.to_bytes())?;
         Ok(self.digest())
     }
 
     pub fn load(path: &Path, expected_digest: Option<&str>) -> Result<Self, Error> {
         let data = read(path, b"BRPS")?;
-        let mut i = In {
-            data: &data,
-            at: 4,
-            path,
-        };
+        let t = Self::from_bytes(&data, path)?;
+        check_digest(path, expected_digest, &t.digest())?;
+        Ok(t)
+    }
+
+    /// The partition of a flash checkpoint's part (`path`), whose digest is the SHA-256 of its
+    /// bytes, as the agent that wrote it out computed it.
+    pub fn load_part(path: &Path, file_digest: &str) -> Result<Self, Error> {
+        let data = read(path, b"BRPS")?;
+        check_digest(path, Some(file_digest), &hex::encode(Sha256::digest(&data)))?;
+        Self::from_bytes(&data, path)
+    }
+
+    /// The partition `data` (a checkpoint file's bytes, read from `path`) holds.
+    pub fn from_bytes(data: &[u8], path: &Path) -> Result<Self, Error> {
+        if data.get(..4) != Some(b"BRPS") {
+            return Err(Error::Checkpoint {
+                path: path.to_path_buf(),
+                problem: "not a BRPS file".into(),
+            });
+        }
+        let mut i = In { data, at: 4, path };
         let n = i.u64()? as usize;
         let k = i.u64s(n)?;
         let w = i.f32s(n)?;
@@ -284,7 +306,7 @@ impl SparseTable {
             let e = i.u32()?;
             applied.insert((e, i.u64()?));
         }
-        let t = SparseTable {
+        Ok(SparseTable {
             params: k
                 .into_iter()
                 .zip(w.into_iter().zip(a))
@@ -294,9 +316,7 @@ impl SparseTable {
             applied_samples: i.u64()?,
             applied_index_sum: i.u64()?,
             duplicate_pushes: i.u64()?,
-        };
-        check_digest(path, expected_digest, &t.digest())?;
-        Ok(t)
+        })
     }
 }
 
@@ -458,6 +478,14 @@ mod tests {
         assert!(SparseTable::load(&p, Some("00")).is_err());
         std::fs::write(&p, b"BRPS\x01").unwrap();
         assert!(SparseTable::load(&p, None).is_err());
+        // A flash part: the file's bytes, checked by their SHA-256.
+        std::fs::write(&p, t.to_bytes()).unwrap();
+        let file = hex::encode(Sha256::digest(t.to_bytes()));
+        assert_eq!(SparseTable::load_part(&p, &file).unwrap(), t);
+        assert!(
+            SparseTable::load_part(&p, &d).is_err(),
+            "not the file's digest"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ use proto::checkpoint::Manifest;
 use super::model::{SparseTable, ps_owner};
 use super::{MasterLink, ProcessEnv};
 use crate::error::Error;
+use crate::flash_copy::{Copy, Slots};
 
 /// What one PS holds: its table (with any keys lent during a reshard) and the layout it serves.
 struct PsState {
@@ -35,6 +36,9 @@ pub struct PsService {
     state: Arc<Mutex<PsState>>,
     /// The job's secret: what this PS sends to its peers when it hands keys over.
     creds: auth::JobCreds,
+    /// Flash checkpoints: this process's slots in its agent's shared memory, and its
+    /// incarnation (what its copies are marked with).
+    flash: Option<(Arc<std::sync::Mutex<Slots>>, u64)>,
 }
 
 /// Keys per Absorb message: 64k keys are 1 MiB on the wire.
@@ -84,7 +88,77 @@ impl PsService {
                 table,
                 num_ps: num_ps.max(1),
             })),
+            flash: None,
         }
+    }
+
+    /// With flash checkpoints: a `Save` in memory copies the partition into `slots`.
+    pub fn with_flash(mut self, slots: Slots, incarnation: u64) -> Self {
+        self.flash = Some((Arc::new(std::sync::Mutex::new(slots)), incarnation));
+        self
+    }
+
+    /// The partition this PS owns (keys lent in a reshard belong to their new owner's part).
+    async fn owned(&self) -> (SparseTable, u32) {
+        let st = self.state.lock().await;
+        let (index, num_ps) = (self.index, st.num_ps);
+        let t = SparseTable {
+            params: st
+                .table
+                .params
+                .iter()
+                .filter(|(k, _)| ps_owner(**k, num_ps) == index)
+                .map(|(k, p)| (*k, *p))
+                .collect(),
+            applied: st.table.applied.clone(),
+            applied_samples: st.table.applied_samples,
+            applied_index_sum: st.table.applied_index_sum,
+            duplicate_pushes: st.table.duplicate_pushes,
+        };
+        (t, num_ps)
+    }
+
+    /// A flash cut: the owned partition copied into this process's slot as part `index` of
+    /// `num_ps` of `step`, written out by the agent behind the training. Why not, if not taken.
+    async fn copy_in(&self, step: u64) -> Result<pb::SaveResponse, Status> {
+        let Some((slots, incarnation)) = self.flash.clone() else {
+            return Ok(pb::SaveResponse {
+                not_in_memory: "this process has no flash memory (its agent gave it none)".into(),
+                ..Default::default()
+            });
+        };
+        let (t, num_ps) = self.owned().await;
+        let keys = t.params.len() as u64;
+        let copy = Copy {
+            step,
+            rank: self.index,
+            world: num_ps,
+            persist: true,
+            incarnation,
+            hold: false,
+        };
+        let taken = tokio::task::spawn_blocking(move || {
+            let bytes = t.to_bytes();
+            let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.copy_in(&bytes, copy)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        let not_in_memory = match taken {
+            Ok(slot) => {
+                tracing::info!(step, slot, keys, "partition copied into memory");
+                String::new()
+            }
+            Err(why) => {
+                tracing::warn!(step, "partition not copied into memory: {why}");
+                why.to_string()
+            }
+        };
+        Ok(pb::SaveResponse {
+            keys,
+            not_in_memory,
+            ..Default::default()
+        })
     }
 
     fn check_owned(&self, keys: &[u64], num_ps: u32) -> Result<(), Status> {
@@ -188,25 +262,11 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         req: Request<pb::SaveRequest>,
     ) -> Result<Response<pb::SaveResponse>, Status> {
         let r = req.into_inner();
+        if r.in_memory {
+            return self.copy_in(r.step).await.map(Response::new);
+        }
         let path = PathBuf::from(&r.dir).join(format!("ps-{:03}.bin", self.index));
-        // Only the keys this PS owns: keys lent in a reshard belong to their new owner's part.
-        let t = {
-            let st = self.state.lock().await;
-            let (index, num_ps) = (self.index, st.num_ps);
-            SparseTable {
-                params: st
-                    .table
-                    .params
-                    .iter()
-                    .filter(|(k, _)| ps_owner(**k, num_ps) == index)
-                    .map(|(k, p)| (*k, *p))
-                    .collect(),
-                applied: st.table.applied.clone(),
-                applied_samples: st.table.applied_samples,
-                applied_index_sum: st.table.applied_index_sum,
-                duplicate_pushes: st.table.duplicate_pushes,
-            }
-        };
+        let (t, _) = self.owned().await;
         let p = path.clone();
         let keys = t.params.len() as u64;
         let digest = tokio::task::spawn_blocking(move || t.save(&p))
@@ -217,6 +277,7 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             path: path.display().to_string(),
             digest,
             keys,
+            ..Default::default()
         }))
     }
 
@@ -374,19 +435,43 @@ pub async fn serve(
 
 /// This PS's partition from a checkpoint taken with any number of PS: the keys it owns among
 /// `num_ps` from every partition; the record of applied batches is the same in every partition
-/// (every PS sees every batch) and is read from the first.
-pub fn restore(manifest: &Manifest, index: u32, num_ps: u32) -> Result<SparseTable, Error> {
+/// (every PS sees every batch) and is read from the first. Where from: `memory` when this
+/// PS's own part of a flash checkpoint of the same layout is whole in its node's memory
+/// (`flash`, its bytes hashing to the manifest's digest), else `disk`.
+pub fn restore(
+    manifest: &Manifest,
+    index: u32,
+    num_ps: u32,
+    flash: Option<&Slots>,
+) -> Result<(SparseTable, &'static str), Error> {
+    let flash_kind = manifest.kind == "flash";
+    let load = |part: &proto::checkpoint::Part| {
+        let path = PathBuf::from(&part.path);
+        match flash_kind {
+            true => SparseTable::load_part(&path, &part.digest),
+            false => SparseTable::load(&path, Some(&part.digest)),
+        }
+    };
     let own = |t: &mut SparseTable| t.params.retain(|k, _| ps_owner(*k, num_ps) == index);
     if manifest.ps.len() == num_ps as usize
         && let Some(part) = manifest.ps.iter().find(|p| p.index == index)
     {
-        let mut t = SparseTable::load(&PathBuf::from(&part.path), Some(&part.digest))?;
+        let held = flash
+            .filter(|_| flash_kind)
+            .and_then(|f| f.holding(manifest.step, &part.digest));
+        let (mut t, from) = match held {
+            Some(bytes) => (
+                SparseTable::from_bytes(&bytes, &PathBuf::from(&part.path))?,
+                "memory",
+            ),
+            None => (load(part)?, "disk"),
+        };
         own(&mut t);
-        return Ok(t);
+        return Ok((t, from));
     }
     let mut out: Option<SparseTable> = None;
     for part in &manifest.ps {
-        let mut t = SparseTable::load(&PathBuf::from(&part.path), Some(&part.digest))?;
+        let mut t = load(part)?;
         own(&mut t);
         match out.as_mut() {
             None => {
@@ -403,7 +488,7 @@ pub fn restore(manifest: &Manifest, index: u32, num_ps: u32) -> Result<SparseTab
             }
         }
     }
-    Ok(out.unwrap_or_default())
+    Ok((out.unwrap_or_default(), "disk"))
 }
 
 /// Runs the PS of this process's environment until `shutdown`.
@@ -419,24 +504,38 @@ pub async fn run(
     } else {
         cfg.ps_replicas
     };
-    let table = match env.manifest()? {
+    let flash = Slots::from_env();
+    let (table, flash) = match env.manifest()? {
         Some(m) => {
             let index = env.index;
-            let t = tokio::task::spawn_blocking(move || restore(&m, index, num_ps))
-                .await
-                .map_err(|e| Error::InvalidRequest(e.to_string()))??;
-            tracing::info!(keys = t.params.len(), num_ps, "partition restored");
-            t
+            let (step, id) = (m.step, m.id);
+            let ((t, from), flash) = tokio::task::spawn_blocking(move || {
+                restore(&m, index, num_ps, flash.as_ref()).map(|r| (r, flash))
+            })
+            .await
+            .map_err(|e| Error::InvalidRequest(e.to_string()))??;
+            tracing::info!(
+                checkpoint = id,
+                step,
+                from,
+                keys = t.params.len(),
+                num_ps,
+                "partition restored"
+            );
+            (t, flash)
         }
-        None => SparseTable::default(),
+        None => (SparseTable::default(), flash),
     };
-    let svc = PsService::new(
+    let mut svc = PsService::new(
         env.index,
         num_ps,
         cfg.learning_rate,
         table,
         env.creds.clone(),
     );
+    if let Some(slots) = flash {
+        svc = svc.with_flash(slots, env.incarnation);
+    }
     let listener = bind_retry(&env.service_addr).await?;
     tracing::info!(addr = %env.service_addr, num_ps, "parameter server ready");
     serve(svc, listener, shutdown).await
@@ -469,4 +568,71 @@ pub async fn bind_retry(addr: &str) -> Result<tokio::net::TcpListener, Error> {
         path: addr.into(),
         source: last.expect("tried"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flash::FlashDir;
+    use proto::checkpoint::Part;
+
+    /// A partition of `keys` (owned by PS `index` of 2) with one batch applied.
+    fn table(keys: &[u64]) -> SparseTable {
+        let mut t = SparseTable::default();
+        t.push(keys, &vec![0.5; keys.len()], 0, 0, 4, 0.1);
+        t
+    }
+
+    #[test]
+    fn a_flash_part_is_restored_from_this_node_s_memory_else_from_disk_its_digest_checked() {
+        let (shm, ckpt) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let owned =
+            |index: u32| -> Vec<u64> { (0..64).filter(|k| ps_owner(*k, 2) == index).collect() };
+        // PS 0 copies its partition into its slot; its agent writes it out.
+        let agent = FlashDir::open(shm.path(), "run/1", "ps", 0, 1 << 20).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let t0 = table(&owned(0));
+        let copy = Copy {
+            step: 8,
+            rank: 0,
+            world: 2,
+            persist: true,
+            incarnation: 1,
+            hold: false,
+        };
+        slots.copy_in(&t0.to_bytes(), copy).unwrap().unwrap();
+        let w = agent.write_out(ckpt.path()).unwrap().unwrap();
+        // PS 1's part, written out on another node.
+        let t1 = table(&owned(1));
+        let p1 = ckpt.path().join("part-1.bin");
+        std::fs::write(&p1, t1.to_bytes()).unwrap();
+        let d1 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(t1.to_bytes()));
+        let part = |index, path: &std::path::Path, digest: &str| Part {
+            index,
+            path: path.display().to_string(),
+            digest: digest.into(),
+            keys: 0,
+        };
+        let manifest = Manifest {
+            id: 3,
+            kind: "flash".into(),
+            step: 8,
+            ps: vec![part(0, &w.path, &w.digest), part(1, &p1, &d1)],
+            model: None,
+            shards: Vec::new(),
+        };
+        // The file on disk is spoiled: from memory it still restores, from disk it is refused.
+        std::fs::write(&w.path, b"BRPS-garbage").unwrap();
+        let (t, from) = restore(&manifest, 0, 2, Some(&slots)).unwrap();
+        assert_eq!((t, from), (t0.clone(), "memory"));
+        assert!(restore(&manifest, 0, 2, None).is_err());
+        // Another layout reads every part from disk.
+        std::fs::write(&w.path, t0.to_bytes()).unwrap();
+        let (t, from) = restore(&manifest, 0, 1, Some(&slots)).unwrap();
+        assert_eq!(from, "disk");
+        assert_eq!(t.params.len(), 64);
+        // PS 1's node holds nothing of it: from disk, digest checked.
+        let (t, from) = restore(&manifest, 1, 2, None).unwrap();
+        assert_eq!((t, from), (t1, "disk"));
+    }
 }
