@@ -376,6 +376,7 @@ impl JobContext {
     /// transition the restart lands directly in the plan's target layout.
     pub(super) fn group_restart(&mut self, now_ms: u64, why: &str) -> Vec<Effect> {
         self.generation += 1;
+        self.late_reform = None;
         let mut effects = Vec::new();
         if self.transition.is_some() {
             effects = self.collapse_transition(now_ms);

@@ -340,6 +340,9 @@ impl JobContext {
         if let Some(effects) = self.replace_after_cut(now_ms) {
             return effects;
         }
+        if self.late_reform_at_cut(now_ms) {
+            return Vec::new();
+        }
         self.on_cut(now_ms)
     }
 
@@ -348,6 +351,8 @@ impl JobContext {
         if generation == self.generation && self.checkpoint_pending {
             self.checkpoint_pending = false;
             self.checkpoint_saving = false;
+            // Late joiners wait for the next try (the next tick sees them still waiting).
+            self.late_reform = None;
             self.log_as(
                 EventKind::Checkpoint,
                 now_ms,

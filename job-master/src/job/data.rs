@@ -270,7 +270,7 @@ impl JobContext {
             v.ps_version = layout;
             return Ok((v, effects));
         }
-        if step == Some(Step::Reform) {
+        if step == Some(Step::Reform) || self.late_reform_reforming() {
             let mut v = LeaseView::of(LeaseOutcome::Wait);
             v.reform = true;
             return Ok((v, effects));
@@ -571,10 +571,20 @@ impl JobContext {
             })
             .map(|s| (s.key, s.incarnation, now_ms - s.last_heartbeat_ms))
             .collect();
-        let marker = (self.transition.as_ref().map(|t| t.step), self.plans.reached);
+        let marker = (
+            self.transition.as_ref().map(|t| t.step),
+            self.plans.reached,
+            self.late_reform,
+        );
         let mut effects = self.advance(now_ms);
         effects.extend(self.start_queued(now_ms));
-        let moved = marker != (self.transition.as_ref().map(|t| t.step), self.plans.reached);
+        effects.extend(self.take_in_late_joiners(now_ms));
+        let moved = marker
+            != (
+                self.transition.as_ref().map(|t| t.step),
+                self.plans.reached,
+                self.late_reform,
+            );
         let capturing = self.stability.capturing.is_some();
         effects.extend(self.check_hangs(now_ms));
         let hang = capturing != self.stability.capturing.is_some();

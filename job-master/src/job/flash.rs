@@ -306,6 +306,9 @@ impl JobContext {
         if self.stability.replace_at_cut.is_some() {
             return Some("the group restarts from it");
         }
+        if self.late_reform == Some(super::late::LateReform::AtCut) {
+            return Some("the workers that joined late load it from disk");
+        }
         let t = self.transition.as_ref()?;
         let trainer = self.trainer();
         let grows = t.to.get(&trainer) > t.from.get(&trainer);

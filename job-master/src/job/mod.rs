@@ -66,6 +66,7 @@ mod cut_memory_tests;
 mod data;
 mod effective;
 pub mod flash;
+pub mod late;
 mod moves;
 #[cfg(test)]
 mod properties;
@@ -585,6 +586,10 @@ pub struct JobContext {
     /// if no round since has been told where to resume.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub late_commits: BTreeSet<u64>,
+    /// A re-formation to take in workers that joined after their round closed, while no
+    /// plan was on its way ([`late`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_reform: Option<late::LateReform>,
     /// Rates of the calls between its roles (`calls`); not persisted.
     #[serde(skip)]
     pub calls: CallRates,
@@ -705,6 +710,7 @@ impl JobContext {
             flash: flash::FlashParts::default(),
             resume_told: None,
             late_commits: BTreeSet::new(),
+            late_reform: None,
             calls: CallRates::default(),
         };
         effects.extend(ctx.start_services(now_ms));
