@@ -482,14 +482,17 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (from, step) = (r.restored_from, r.restored_step);
         self.shared
             .apply(|ctx, now| {
-                let effects = ctx.report_metrics(
-                    key,
-                    incarnation,
-                    m,
-                    r.final_eval_loss,
-                    r.final_model_digest,
-                    now,
-                )?;
+                let effects = match ctx.reports_training(key) {
+                    true => ctx.report_metrics(
+                        key,
+                        incarnation,
+                        m,
+                        r.final_eval_loss,
+                        r.final_model_digest,
+                        now,
+                    )?,
+                    false => Vec::new(),
+                };
                 if !from.is_empty() {
                     ctx.restored(key, incarnation, &from, step, now)?;
                 }

@@ -212,24 +212,25 @@ async fn a_ps_job_s_flash_cuts_restore_its_servers_from_memory_after_kill_9() {
         "{:#?}",
         report.events
     );
-    // Each PS's log says where its partition came from after the restart.
-    let mut restored = Vec::new();
-    for entry in std::fs::read_dir(run.run_dir.join("logs")).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with("ps-") {
-            let log = std::fs::read_to_string(&path).unwrap();
-            restored.extend(
-                log.lines()
-                    .filter(|l| l.contains("partition restored"))
-                    .map(|l| format!("{name}: {l}")),
-            );
-        }
-    }
-    assert_eq!(restored.len(), 2, "{restored:#?}");
+    // Each PS says where its partition came from after the restart (`ps-1 (incarnation 2)
+    // restored step 16 from memory`), in its log and in the job's events.
+    let restored = |from: &str| -> Vec<&String> {
+        let events = report.events.iter();
+        events
+            .filter(|e| e.contains(" ps-") && e.contains(") restored step") && e.ends_with(from))
+            .collect()
+    };
+    assert_eq!(
+        (restored("from memory").len(), restored("from disk").len()),
+        (2, 0),
+        "{:#?}",
+        report.events
+    );
+    let log = std::fs::read_to_string(run.run_dir.join("logs/ps-0.1.log")).unwrap();
     assert!(
-        restored.iter().all(|l| l.contains("from=\"memory\"")),
-        "{restored:#?}"
+        log.lines()
+            .any(|l| l.contains("partition restored") && l.contains("from=\"memory\"")),
+        "{log}"
     );
     assert_no_process_left(run.addr).await;
 }
@@ -259,6 +260,14 @@ async fn killing_a_ps_restores_it_from_the_latest_checkpoint() {
     assert!(
         log.contains("partition restored"),
         "the relaunched PS must load its checkpoint:\n{log}"
+    );
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("ps-1 (incarnation 2) restored step") && e.ends_with("from disk")),
+        "{:#?}",
+        report.events
     );
     assert_no_process_left(run.addr).await;
 }

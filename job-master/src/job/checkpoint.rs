@@ -127,6 +127,12 @@ impl JobContext {
         );
     }
 
+    /// Whether `key`'s metrics reports carry training metrics: a parameter server's carry
+    /// only where it restored its partition from ([`Self::restored`]).
+    pub fn reports_training(&self, key: SlotKey) -> bool {
+        !(self.spec.kind == JobKind::Ps && key.role == Role::PS)
+    }
+
     /// `key`'s `incarnation` restored the checkpoint of `step` from `from` (`memory`, `disk`
     /// or `peer`): an event says so.
     pub fn restored(

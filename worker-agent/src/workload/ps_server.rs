@@ -505,7 +505,7 @@ pub async fn run(
         cfg.ps_replicas
     };
     let flash = Slots::from_env();
-    let (table, flash) = match env.manifest()? {
+    let (table, flash, restored) = match env.manifest()? {
         Some(m) => {
             let index = env.index;
             let (step, id) = (m.step, m.id);
@@ -522,10 +522,20 @@ pub async fn run(
                 num_ps,
                 "partition restored"
             );
-            (t, flash)
+            (t, flash, Some((from, step)))
         }
-        None => (SparseTable::default(), flash),
+        None => (SparseTable::default(), flash, None),
     };
+    if let Some((from, step)) = restored {
+        // The job's events say where each process restored from.
+        master
+            .metrics(pb::TrainingMetrics {
+                restored_from: from.into(),
+                restored_step: step,
+                ..Default::default()
+            })
+            .await?;
+    }
     let mut svc = PsService::new(
         env.index,
         num_ps,
