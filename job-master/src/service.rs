@@ -169,7 +169,7 @@ impl pb::job_master_server::JobMaster for MasterService {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         // Liveness and samples need no durable write: after a restart, agents heartbeat again.
-        let ((action, incarnation, restart_count), capture_stacks) = self
+        let ((action, incarnation, restart_count), capture_stacks, committed_step) = self
             .shared
             .apply_if(|ctx, now| {
                 let v = ctx.heartbeat(
@@ -181,7 +181,8 @@ impl pb::job_master_server::JobMaster for MasterService {
                     now,
                 )?;
                 let capture = ctx.stacks_wanted(key, incarnation);
-                Ok(((v, capture), vec![], false))
+                let committed = ctx.checkpoints.last().map(|c| c.step);
+                Ok(((v, capture, committed), vec![], false))
             })
             .await?;
         Ok(Response::new(pb::HeartbeatResponse {
@@ -193,6 +194,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             restart_count,
             incarnation,
             capture_stacks,
+            committed_step,
         }))
     }
 

@@ -432,6 +432,11 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                     Ok(r) => {
                         last_ok = Instant::now();
                         let r = r.into_inner();
+                        if let (Some(f), Some(step)) = (&flash, r.committed_step)
+                            && let Err(e) = f.mark_committed(step)
+                        {
+                            tracing::warn!(step, "cannot mark the flash copy committed: {e}");
+                        }
                         if r.capture_stacks && captured != incarnation
                             && let Some(pid) = child.as_ref().and_then(|(c, _)| c.id())
                         {

@@ -230,6 +230,25 @@ impl FlashDir {
         }
     }
 
+    /// The job master committed `step` (its heartbeat says so): a copy of it this agent wrote
+    /// out is committed, whichever rank's part completed the step. A sharded step's other
+    /// parts' agents hear it only so; without it they would keep their newest copy written
+    /// out, and a process saving again before the last part lands would give up the copy of
+    /// the step a restart here restores from. A slot being copied into or written out is left
+    /// (the next heartbeat says it again).
+    pub fn mark_committed(&self, step: u64) -> Result<(), Error> {
+        for slot in 0..SLOTS {
+            let Some(s) = self.status(slot) else {
+                continue;
+            };
+            if s.step != step || s.state != "persisted" {
+                continue;
+            }
+            self.settled(slot, s.save, true)?;
+        }
+        Ok(())
+    }
+
     /// The job is over: its copies go.
     pub fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);

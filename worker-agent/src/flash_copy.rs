@@ -256,6 +256,39 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_s_copy_of_the_step_committed_is_kept_once_its_agent_hears_of_the_commit() {
+        // Rank 1 of 2: its part of step 10 is written out, and the step is committed when
+        // rank 0's part lands, which only rank 0's agent is answered; rank 1's agent hears it
+        // from the master's heartbeat.
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let agent = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let shard = |step| Copy {
+            step,
+            rank: 1,
+            world: 2,
+            ..copy(step, false)
+        };
+        let s10 = slots.copy_in(b"10", shard(10)).unwrap().unwrap();
+        let w10 = agent.write_out(ckpt.path()).unwrap().unwrap();
+        agent.mark_committed(9).unwrap();
+        assert_eq!(
+            agent.status(s10).unwrap().state,
+            "persisted",
+            "another step"
+        );
+        agent.mark_committed(10).unwrap();
+        assert_eq!(agent.status(s10).unwrap().state, "committed");
+        // Saves go on before step 20 is committed: each takes the other slot, never step 10's.
+        let s20 = slots.copy_in(b"20", shard(20)).unwrap().unwrap();
+        agent.write_out(ckpt.path()).unwrap().unwrap();
+        let s30 = slots.copy_in(b"30", shard(30)).unwrap().unwrap();
+        assert_eq!((s20, s30), (1 - s10, 1 - s10));
+        assert_eq!(slots.holding(10, &w10.digest).unwrap(), b"10");
+    }
+
+    #[test]
     fn a_state_over_half_the_budget_or_with_no_slot_free_is_not_taken() {
         let shm = tempfile::tempdir().unwrap();
         let agent = FlashDir::open(shm.path(), "run/1", "worker", 0, 64).unwrap();
