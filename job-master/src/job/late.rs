@@ -81,9 +81,14 @@ impl JobContext {
         true
     }
 
-    /// Whether the members are told to leave their round and re-form (for late joiners).
+    /// Whether the members are told to leave their round and re-form (for late joiners): until
+    /// the round that takes them in closes.
     pub(super) fn late_reform_reforming(&self) -> bool {
-        matches!(self.late_reform, Some(LateReform::ToRound(_)))
+        let Some(LateReform::ToRound(n)) = self.late_reform else {
+            return false;
+        };
+        let current = self.group.rendezvous().and_then(|r| r.current());
+        current.is_none_or(|c| c.number < n)
     }
 
     /// The re-formation is over once its round closed.
@@ -173,6 +178,9 @@ mod tests {
         }
         let view = ctx.join_rendezvous(W2, 1, 12).unwrap();
         assert!(view.ready);
+        // Its members train in it at once, before a tick has seen it close.
+        let (v, _) = ctx.lease_with(W2, 1, None, Some(view.round), 12).unwrap();
+        assert!(!v.reform);
         assert_eq!(
             ctx.group
                 .rendezvous()
