@@ -216,6 +216,84 @@ async fn killing_a_worker_inside_ray_relaunches_it_and_loses_nothing() {
     assert_no_process_left(run.addr).await;
 }
 
+/// Another Ray user holding `cpus` of the head's CPUs until stopped; returned once Ray's usage
+/// shows it.
+async fn blocker(api: &RayApi, cpus: f64) -> String {
+    let id = format!("blocker-{}-{cpus}", std::process::id());
+    api.submit(&SubmitRequest {
+        // Bounded: a test that fails before it stops the blocker holds the room no longer.
+        entrypoint: "sleep 180".into(),
+        submission_id: id.clone(),
+        entrypoint_num_cpus: cpus,
+        entrypoint_num_gpus: 0.0,
+        entrypoint_memory: None,
+        entrypoint_resources: Default::default(),
+        runtime_env: Default::default(),
+        metadata: Default::default(),
+    })
+    .await
+    .unwrap();
+    let start = Instant::now();
+    loop {
+        let c = api.cluster().await.unwrap();
+        if c.nodes[0].available.cpus <= c.nodes[0].total.cpus - cpus {
+            return id;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "usage never showed the blocker: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A worker Ray places only after the group's first round closed without it (another Ray
+/// user held the room for it, then left), while no plan is on its way: the group drains to a
+/// cut and re-forms to take it in, and every sample is trained once per epoch. Before, it
+/// waited outside the group until the job ended (seen in CI's Ray chaos soak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_ray_places_after_its_round_closed_is_taken_into_the_group() {
+    let Some((address, _turn)) = ray().await else {
+        return;
+    };
+    let api = RayApi::new(&address).unwrap();
+    // 8 CPUs, 6 held: room for two of the three workers (1 CPU each).
+    let blocker = blocker(&api, 6.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "ray-late", "allreduce", 0, 3, N, 2, 1_000, 8);
+    // The round waits as long for a worker still launching: 8 s here.
+    let timing = job_master::job::Timing {
+        register_timeout_ms: 8_000,
+        ..test_timing()
+    };
+    let mut run = start_on(spec, dir.path(), timing, on_ray(&address)).await;
+    shards_at_least(run.addr, 2).await;
+    api.stop(&blocker).await.unwrap();
+    let report = run.report().await;
+    assert_each_sample_once(&report, N, 2);
+    // Which worker Ray places last is Ray's choice; it starts from the re-formation's cut.
+    for text in [
+        "] joined after round 0 closed without them and no plan is on its way",
+        "the group re-forms from the cut as round 1, with the late worker(s)",
+        "(incarnation 1) restored step",
+    ] {
+        assert!(
+            report.events.iter().any(|e| e.contains(text)),
+            "{text}: {:#?}",
+            report.events
+        );
+    }
+    assert!(
+        !report
+            .events
+            .iter()
+            .any(|e| e.contains("never joined the group")),
+        "{:#?}",
+        report.events
+    );
+    assert_no_process_left(run.addr).await;
+}
+
 fn settings(address: &str, job: &str) -> RaySettings {
     let mut s = RaySettings::new(address, agent_bin(), job);
     s.poll = Duration::from_millis(100);
@@ -284,31 +362,7 @@ async fn capacity_is_read_from_ray_and_only_what_fits_is_submitted() {
     assert!(node.total.memory_bytes > 0);
 
     // Another Ray user takes 7 CPUs.
-    let blocker = format!("blocker-{}", std::process::id());
-    api.submit(&SubmitRequest {
-        entrypoint: "sleep 120".into(),
-        submission_id: blocker.clone(),
-        entrypoint_num_cpus: 7.0,
-        entrypoint_num_gpus: 0.0,
-        entrypoint_memory: None,
-        entrypoint_resources: Default::default(),
-        runtime_env: Default::default(),
-        metadata: Default::default(),
-    })
-    .await
-    .unwrap();
-    let start = Instant::now();
-    loop {
-        let c = api.cluster().await.unwrap();
-        if c.nodes[0].available.cpus <= 1.0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "usage never showed the blocker: {c:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let blocker = blocker(&api, 7.0).await;
 
     let (tx, mut events) = tokio::sync::mpsc::channel(16);
     let mut s = settings(&address, "ray-cap");

@@ -58,8 +58,32 @@ async fn an_allreduce_job_rescaled_2_4_1_3_with_a_kill_finishes_exactly_once() {
 /// killed during the first reshard; then workers 4 → 3 with a PS killed during that transition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exactly_once() {
+    ps_resharded_1_3_2_with_kills(false).await;
+}
+
+/// The same with flash checkpoints: the routine cuts are copies in the PS' memory, the plans'
+/// cuts (which reshard) go to disk, and after the PS killed in the last transition both PS
+/// restore their partitions from memory: a routine cut of the 2-PS layout is committed before
+/// that plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ps_job_with_flash_cuts_resharded_1_3_2_with_kills_finishes_exactly_once() {
+    let report = ps_resharded_1_3_2_with_kills(true).await;
+    let from_memory = report
+        .events
+        .iter()
+        .filter(|e| e.contains(" ps-") && e.contains(") restored step") && e.ends_with("memory"))
+        .count();
+    assert_eq!(from_memory, 2, "{:#?}", report.events);
+}
+
+async fn ps_resharded_1_3_2_with_kills(flash: bool) -> job_master::JobReport {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = builtin_spec(dir.path(), "ps-rescale", "ps", 1, 3, N, 2, 60, 10);
+    if flash {
+        spec.checkpoint.flash = Some(vocab::spec::FlashSpec {
+            memory: Some(vocab::Bytes(4 << 20)),
+        });
+    }
     let ps = spec.roles.get_mut(&job_master::spec::Role::PS).unwrap();
     (ps.min, ps.max) = (Some(1), Some(4));
     let cfg = workload_of(&spec);
@@ -81,6 +105,17 @@ async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exact
 
     let done = s.shards_done;
     shards_at_least(addr, done + 8).await;
+    if flash {
+        // A routine cut (every 10 shards) of the 2-PS layout, held in memory, committed.
+        let taken = s.checkpoints;
+        wait_for(
+            addr,
+            std::time::Duration::from_secs(60),
+            "a routine flash cut after plan 2",
+            |s| s.checkpoints > taken,
+        )
+        .await;
+    }
     send(addr, plan(3, Some(3), None)).await;
     let victim = pid_of(addr, "ps", 1).await;
     kill9(victim);
@@ -114,6 +149,7 @@ async fn a_ps_job_resharded_1_3_2_with_workers_changing_and_kills_finishes_exact
     let (reference, _) = reference::train_sparse(&cfg, 1000).unwrap();
     assert_close(report.final_eval_loss.unwrap(), reference);
     assert_no_process_left(addr).await;
+    report
 }
 
 fn migration(role: &str, index: u32, cpu: u64, memory: u64, reason: &str) -> pb::Migration {
