@@ -4,8 +4,6 @@
 use super::*;
 use std::path::Path;
 
-use super::flash::HeldCut;
-
 impl JobContext {
     /// For ps jobs: once every lease is back, ask the PS to save: into their agents' memory
     /// when the job has flash checkpoints and nothing after the cut needs it on disk (see
@@ -28,14 +26,7 @@ impl JobContext {
         if self.spec.checkpoint.flash.is_some() && self.ps_cut_to_disk(step).is_none() {
             // Held before the copies are taken: the agents may write a part out before the
             // last PS has answered, and a part is taken only for a cut the master holds.
-            self.flash.cuts.insert(
-                step,
-                HeldCut {
-                    ledger: self.ledger.snapshot(),
-                    taken_at_ms: now_ms,
-                    training_ms: self.training_time.training_ms,
-                },
-            );
+            self.hold_cut(step, now_ms);
             return vec![Effect::CopyPsCut {
                 id,
                 dir,

@@ -217,14 +217,7 @@ impl JobContext {
                 last.step
             )));
         }
-        self.flash.cuts.insert(
-            step,
-            HeldCut {
-                ledger: self.ledger.snapshot(),
-                taken_at_ms: now_ms,
-                training_ms: self.training_time.training_ms,
-            },
-        );
+        self.hold_cut(step, now_ms);
         let shards = format!(
             "{} of {} shards done",
             self.ledger.done_shards(),
@@ -286,6 +279,19 @@ impl JobContext {
             });
         }
         Ok(effects)
+    }
+
+    /// The drained cut at `step` is held in memory: what its checkpoint record gets once the
+    /// copy is written out (the ledger as it is now).
+    pub(super) fn hold_cut(&mut self, step: u64, now_ms: u64) {
+        self.flash.cuts.insert(
+            step,
+            HeldCut {
+                ledger: self.ledger.snapshot(),
+                taken_at_ms: now_ms,
+                training_ms: self.training_time.training_ms,
+            },
+        );
     }
 
     /// Whether a routine checkpoint, due by its count of shards, waits: a cut held in memory

@@ -105,7 +105,7 @@ impl JobContext {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{W0, W1, elastic, spec};
+    use super::super::tests::{W0, W1, elastic, round_size, spec};
     use super::*;
 
     const W2: SlotKey = SlotKey {
@@ -181,16 +181,7 @@ mod tests {
         // Its members train in it at once, before a tick has seen it close.
         let (v, _) = ctx.lease_with(W2, 1, None, Some(view.round), 12).unwrap();
         assert!(!v.reform);
-        assert_eq!(
-            ctx.group
-                .rendezvous()
-                .unwrap()
-                .current()
-                .unwrap()
-                .members
-                .len(),
-            3
-        );
+        assert_eq!(round_size(&ctx), 3);
         assert!(ctx.take_in_late_joiners(13).is_empty());
         assert_eq!(ctx.late_reform, None);
         assert!(!ctx.checkpoint_pending);

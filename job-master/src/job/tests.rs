@@ -503,6 +503,12 @@ fn a_worker_that_never_joined_the_working_group_does_not_hold_the_job_open() {
     assert_eq!(ctx.phase, JobPhase::Succeeded);
 }
 
+/// How many members the training group's current round has.
+pub(super) fn round_size(ctx: &JobContext) -> usize {
+    let round = ctx.group.rendezvous().and_then(|r| r.current());
+    round.expect("a closed round").members.len()
+}
+
 /// Makes the workers of `ctx` elastic between 1 and 4.
 pub(super) fn elastic(ctx: &mut JobContext) {
     let w = ctx.spec.roles.get_mut(&Role::WORKER).unwrap();

@@ -1,7 +1,7 @@
 //! Unit tests of an all-reduce job's plans: the cut, the re-formed group, and the ways a
 //! member can miss it (lost before the cut, never placed, joined late).
 
-use super::tests::{W0, W1, elastic, lease, running, workers};
+use super::tests::{W0, W1, elastic, lease, round_size, running, workers};
 use super::*;
 use crate::scale::Capacity;
 
@@ -161,16 +161,7 @@ fn a_worker_that_joins_after_its_round_closed_is_taken_in_by_one_more_re_formati
     assert!(ctx.group.rendezvous().unwrap().current().is_none());
     // ... up to launch_wait_ms; then the round closes with the two.
     ctx.tick(30 + 3_000);
-    assert_eq!(
-        ctx.group
-            .rendezvous()
-            .unwrap()
-            .current()
-            .unwrap()
-            .members
-            .len(),
-        2
-    );
+    assert_eq!(round_size(&ctx), 2);
     assert!(ctx.join_rendezvous(W0, 1, 3_040).unwrap().ready);
     // The plan is not reached while worker 2 has still not joined ...
     ctx.tick(3_100);
