@@ -23,7 +23,7 @@ impl JobContext {
         let (id, dir) = self.next_checkpoint_dir();
         let step = self.ledger.done_shards();
         let generation = self.generation;
-        if self.spec.checkpoint.flash.is_some() && self.ps_cut_to_disk(step).is_none() {
+        if self.spec.checkpoint.flash.is_some() && self.ps_cut_to_disk(step, now_ms).is_none() {
             // Held before the copies are taken: the agents may write a part out before the
             // last PS has answered, and a part is taken only for a cut the master holds.
             self.hold_cut(step, now_ms);
@@ -46,9 +46,9 @@ impl JobContext {
 
     /// Why the pending cut of a ps job at `step` goes to disk rather than into memory, if it
     /// does: what comes after the cut restarts or stops processes (which restore from disk),
-    /// or the step is not newer than the latest checkpoint (the parts of a step are taken
-    /// only once).
-    fn ps_cut_to_disk(&self, step: u64) -> Option<String> {
+    /// the step is not newer than the latest checkpoint (the parts of a step are taken only
+    /// once), or an earlier cut held in memory was never written out.
+    fn ps_cut_to_disk(&self, step: u64, now_ms: u64) -> Option<String> {
         if self.cancelling.is_some() {
             return Some("the job is cancelled after it".into());
         }
@@ -59,8 +59,10 @@ impl JobContext {
             return Some("a plan goes on after it".into());
         }
         let last = self.checkpoints.last().map(|c| c.step);
-        last.filter(|&l| step <= l)
-            .map(|l| format!("no shard was done since the checkpoint of step {l}"))
+        let no_shard = last
+            .filter(|&l| step <= l)
+            .map(|l| format!("no shard was done since the checkpoint of step {l}"));
+        no_shard.or_else(|| self.stale_held_cut_reason(now_ms))
     }
 
     /// Every PS copied its partition of the cut at `step` into its agent's memory: the cut
@@ -79,7 +81,7 @@ impl JobContext {
             self.ledger.done_shards(),
             self.ledger.total_shards()
         );
-        if let Some(why) = self.ps_cut_to_disk(step) {
+        if let Some(why) = self.ps_cut_to_disk(step, now_ms) {
             self.log_as(
                 EventKind::Checkpoint,
                 now_ms,

@@ -217,6 +217,11 @@ impl JobContext {
                 last.step
             )));
         }
+        if let Some(why) = self.stale_held_cut_reason(now_ms) {
+            return Err(Error::InvalidRequest(format!(
+                "a cut held in memory at step {step}: {why}, so this one goes to disk"
+            )));
+        }
         self.hold_cut(step, now_ms);
         let shards = format!(
             "{} of {} shards done",
@@ -301,6 +306,28 @@ impl JobContext {
             .cuts
             .values()
             .any(|c| now_ms.saturating_sub(c.taken_at_ms) < HELD_CUT_DEFERS_MS)
+    }
+
+    /// A cut held in memory that was not written out within [`HELD_CUT_DEFERS_MS`] (its
+    /// write-out failing): the next cut goes to disk instead, so the job gets a checkpoint on
+    /// disk rather than more copies that are not written out either. Its step.
+    pub(super) fn stale_held_cut(&self, now_ms: u64) -> Option<u64> {
+        let stale = |c: &&HeldCut| now_ms.saturating_sub(c.taken_at_ms) >= HELD_CUT_DEFERS_MS;
+        self.flash
+            .cuts
+            .iter()
+            .find(|(_, c)| stale(c))
+            .map(|(step, _)| *step)
+    }
+
+    /// Why the next cut goes to disk rather than into memory because of a stale held cut.
+    pub(super) fn stale_held_cut_reason(&self, now_ms: u64) -> Option<String> {
+        self.stale_held_cut(now_ms).map(|s| {
+            format!(
+                "the cut held in memory at step {s} was not written out within {} min",
+                HELD_CUT_DEFERS_MS / 60_000
+            )
+        })
     }
 
     /// Why the pending cut (held in memory by `rank0` and the others) must be on disk before
@@ -871,5 +898,20 @@ mod tests {
         let s = super::super::tests::lease(&mut ctx, w(0), 1).unwrap();
         ctx.shard_done(w(0), 1, s, 10 + HELD_CUT_DEFERS_MS).unwrap();
         assert!(ctx.checkpoint_pending);
+        // ... and that cut goes to disk: rank 0 is refused a copy in memory, saves to disk,
+        // and the commit drops the stale copy.
+        let late = 10 + HELD_CUT_DEFERS_MS + 1;
+        let e = ctx.cut_in_memory(w(0), 1, 9, late).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "the cut held in memory at step 5 was not written out within 10 min, so \
+                 this one goes to disk"
+            ),
+            "{e}"
+        );
+        let g = ctx.generation;
+        ctx.checkpoint_committed(1, "/c/sync.json".into(), 9, g, late + 1)
+            .unwrap();
+        assert!(ctx.flash.cuts.is_empty() && !ctx.checkpoint_pending);
     }
 }

@@ -190,3 +190,32 @@ fn a_ps_cut_with_no_shard_done_since_the_last_checkpoint_goes_to_disk() {
         "{effects:?}"
     );
 }
+
+#[test]
+fn a_ps_cut_after_one_never_written_out_goes_to_disk() {
+    let mut ctx = flash_job();
+    let Effect::CopyPsCut { generation, .. } = two_shards(&mut ctx, 10)[0] else {
+        panic!()
+    };
+    ctx.ps_cut_in_memory(2, generation, 11);
+    // PS 1's agent never writes its part out; the routine cuts wait for it, for a while.
+    let later = 11 + super::flash::HELD_CUT_DEFERS_MS;
+    let effects = two_shards(&mut ctx, later);
+    assert!(
+        matches!(
+            effects.as_slice(),
+            [Effect::SavePsCheckpoint { step: 4, .. }]
+        ),
+        "{effects:?}"
+    );
+    ctx.checkpoint_committed(
+        1,
+        "/c/ckpt-000001/manifest.json".into(),
+        4,
+        generation,
+        later + 2,
+    )
+    .unwrap();
+    assert!(ctx.flash.cuts.is_empty(), "the stale copy is dropped");
+    assert!(!ctx.checkpoint_pending);
+}
