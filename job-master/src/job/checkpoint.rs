@@ -351,7 +351,9 @@ impl JobContext {
             self.checkpoint_pending = false;
             self.checkpoint_saving = false;
             // Late joiners wait for the next try (the next tick sees them still waiting).
-            self.late_reform = None;
+            if self.late_reform == Some(super::late::LateReform::AtCut) {
+                self.late_reform = None;
+            }
             self.log_as(
                 EventKind::Checkpoint,
                 now_ms,

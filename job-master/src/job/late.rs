@@ -3,7 +3,11 @@
 //! group re-forms once more to take them in, as a plan's Settle does for its own late workers
 //! (`advance.rs`). The group drains to a cut, the cut is committed on disk (the late workers
 //! load it from there), and the members are told to re-form; the next round takes in the late
-//! ones. A command that does not re-form in place restarts the group instead.
+//! ones. A command that does not re-form in place would have to restart the whole group for
+//! them, and a worker slow to start is as slow again after the restart (likely what a CI run
+//! showed: a command's workers at their third incarnation in two minutes, never training):
+//! its late workers are left outside the group until its next plan or restart, said in an
+//! event.
 
 use super::*;
 
@@ -15,6 +19,8 @@ pub enum LateReform {
     AtCut,
     /// The cut is committed: the members re-form until a round numbered at least this closes.
     ToRound(u64),
+    /// A command's late workers, left outside the group until its next restart (or plan).
+    LeftOut,
 }
 
 impl JobContext {
@@ -32,21 +38,23 @@ impl JobContext {
         if !quiet {
             return Vec::new();
         }
-        let trainer = self.trainer();
-        let size = self.role_counts().get(&trainer).copied().unwrap_or(0);
-        let Some((closed, late)) = self.rendezvous_now().and_then(|r| r.late_joiners()) else {
+        let Some((closed, late)) = self.late_joiners() else {
             return Vec::new();
         };
-        let late: Vec<u32> = late.into_iter().filter(|&i| i < size).collect();
-        if late.is_empty() {
-            return Vec::new();
-        }
         let why = format!(
             "worker(s) {late:?} joined after round {closed} closed without them and no plan is \
              on its way"
         );
         if self.restarts_to_rescale() {
-            return self.group_restart(now_ms, &why);
+            self.late_reform = Some(LateReform::LeftOut);
+            self.log(
+                now_ms,
+                format!(
+                    "{why}: a command that does not re-form in place takes them in at its next \
+                     plan or restart"
+                ),
+            );
+            return Vec::new();
         }
         self.log(
             now_ms,
@@ -55,6 +63,15 @@ impl JobContext {
         self.late_reform = Some(LateReform::AtCut);
         self.checkpoint_pending = true;
         Vec::new()
+    }
+
+    /// The workers within the group's size that wait outside its closed round, and the round.
+    fn late_joiners(&mut self) -> Option<(u64, Vec<u32>)> {
+        let trainer = self.trainer();
+        let size = self.role_counts().get(&trainer).copied().unwrap_or(0);
+        let (closed, late) = self.rendezvous_now()?.late_joiners()?;
+        let late: Vec<u32> = late.into_iter().filter(|&i| i < size).collect();
+        (!late.is_empty()).then_some((closed, late))
     }
 
     /// The cut committed: when it was taken for late joiners, the members are told to re-form
@@ -187,6 +204,29 @@ mod tests {
         assert!(!ctx.checkpoint_pending);
         let (v, _) = ctx.lease_with(W0, 1, None, Some(view.round), 14).unwrap();
         assert!(!v.reform);
+    }
+
+    #[test]
+    fn a_command_s_late_worker_is_left_out_until_its_next_restart_said_once() {
+        let (mut ctx, _) = round_without_worker_2();
+        ctx.spec.workload.builtin = None;
+        ctx.spec.workload.command = Some(vec!["train".into()]);
+        assert!(ctx.restarts_to_rescale());
+        let g = ctx.generation;
+        for t in [5, 6] {
+            assert!(ctx.take_in_late_joiners(t).is_empty(), "no restart");
+        }
+        assert_eq!(ctx.generation, g);
+        assert!(!ctx.checkpoint_pending);
+        assert_eq!(ctx.late_reform, Some(LateReform::LeftOut));
+        let said = events(&ctx)
+            .iter()
+            .filter(|e| e.contains("takes them in at its next plan or restart"))
+            .count();
+        assert_eq!(said, 1, "{:?}", events(&ctx));
+        // A restart (for whatever reason) takes everyone in anew.
+        ctx.group_restart(7, "for the test");
+        assert_eq!(ctx.late_reform, None);
     }
 
     #[test]
