@@ -30,6 +30,14 @@ fn two_shards(ctx: &mut JobContext, now: u64) -> Vec<Effect> {
     effects
 }
 
+/// Two shards done at 10 ms: the cut at step 2 is copied into the PS' memory. Its generation.
+fn copying_at_step_2(ctx: &mut JobContext) -> u64 {
+    match two_shards(ctx, 10).as_slice() {
+        [Effect::CopyPsCut { generation, .. }] => *generation,
+        e => panic!("{e:?}"),
+    }
+}
+
 fn part(step: u64, rank: u32) -> PartWritten {
     PartWritten {
         step,
@@ -102,9 +110,7 @@ fn a_ps_cut_in_memory_lets_training_go_on_and_commits_with_the_cut_s_ledger() {
 #[test]
 fn a_ps_cut_commits_even_when_its_parts_are_written_out_before_the_last_copy_answers() {
     let mut ctx = flash_job();
-    let Effect::CopyPsCut { generation, .. } = two_shards(&mut ctx, 10)[0] else {
-        panic!()
-    };
+    let generation = copying_at_step_2(&mut ctx);
     ctx.flash_part_written(PS0, 1, part(2, 0), 11).unwrap();
     ctx.flash_part_written(PS1, 1, part(2, 1), 12).unwrap();
     ctx.checkpoint_committed(1, "/c/m.json".into(), 2, generation, 13)
@@ -119,9 +125,7 @@ fn a_ps_cut_commits_even_when_its_parts_are_written_out_before_the_last_copy_ans
 #[test]
 fn a_ps_cut_that_a_ps_cannot_copy_goes_to_disk_and_refuses_the_copies_taken() {
     let mut ctx = flash_job();
-    let Effect::CopyPsCut { generation, .. } = two_shards(&mut ctx, 10)[0] else {
-        panic!()
-    };
+    let generation = copying_at_step_2(&mut ctx);
     ctx.ps_cut_not_in_memory(2, generation, "ps 1 could not copy it: no slot is free", 11);
     assert!(
         events(&ctx).contains("cut at step 2 saved to disk: ps 1 could not copy it"),
@@ -155,9 +159,7 @@ fn a_ps_cut_that_a_cancel_follows_goes_to_disk_and_one_cancelled_during_the_copy
     assert!(ctx.flash.cuts.is_empty());
     // Cancelled while the PS copy: the cut is held until it is on disk.
     let mut ctx = flash_job();
-    let Effect::CopyPsCut { generation, .. } = two_shards(&mut ctx, 10)[0] else {
-        panic!()
-    };
+    let generation = copying_at_step_2(&mut ctx);
     assert!(ctx.cancel("by the test".into(), 11).is_empty());
     assert!(ctx.ps_cut_in_memory(2, generation, 12).is_empty());
     assert!(ctx.checkpoint_pending && ctx.checkpoint_saving);
@@ -171,9 +173,7 @@ fn a_ps_cut_that_a_cancel_follows_goes_to_disk_and_one_cancelled_during_the_copy
 #[test]
 fn a_ps_cut_with_no_shard_done_since_the_last_checkpoint_goes_to_disk() {
     let mut ctx = flash_job();
-    let Effect::CopyPsCut { generation, .. } = two_shards(&mut ctx, 10)[0] else {
-        panic!()
-    };
+    let generation = copying_at_step_2(&mut ctx);
     ctx.ps_cut_in_memory(2, generation, 11);
     ctx.flash_part_written(PS0, 1, part(2, 0), 12).unwrap();
     ctx.flash_part_written(PS1, 1, part(2, 1), 13).unwrap();
@@ -194,9 +194,7 @@ fn a_ps_cut_with_no_shard_done_since_the_last_checkpoint_goes_to_disk() {
 #[test]
 fn a_ps_cut_after_one_never_written_out_goes_to_disk() {
     let mut ctx = flash_job();
-    let Effect::CopyPsCut { generation, .. } = two_shards(&mut ctx, 10)[0] else {
-        panic!()
-    };
+    let generation = copying_at_step_2(&mut ctx);
     ctx.ps_cut_in_memory(2, generation, 11);
     // PS 1's agent never writes its part out; the routine cuts wait for it, for a while.
     let later = 11 + super::flash::HELD_CUT_DEFERS_MS;
