@@ -181,7 +181,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                     now,
                 )?;
                 let capture = ctx.stacks_wanted(key, incarnation);
-                let committed = ctx.checkpoints.last().map(|c| c.step);
+                let committed = ctx.committed_step();
                 Ok(((v, capture, committed), vec![], false))
             })
             .await?;
@@ -543,6 +543,15 @@ impl pb::job_master_server::JobMaster for MasterService {
         };
         crate::shared::flash_part_written(&self.shared, key, incarnation, written).await?;
         Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn get_committed_step(
+        &self,
+        req: Request<pb::ProcessRef>,
+    ) -> Result<Response<pb::CommittedStep>, Status> {
+        let (key, _) = process(Some(req.into_inner()))?;
+        let step = self.shared.job.lock().await.committed_step_for(key)?;
+        Ok(Response::new(pb::CommittedStep { step }))
     }
 
     async fn get_status(

@@ -585,10 +585,11 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
     };
     let run = flash_restart(&python, &sdk, true).await;
     run.restored_alike();
-    // Rank 0 restores from memory when its node still holds its copy of the committed step:
-    // a sharded step is committed once the last part is written, which its other ranks'
-    // agents hear of at their next heartbeat, so rank 0 may have replaced that copy before
-    // (seen in CI before the heartbeat said so; 3 of 3 runs from memory since, here).
+    // Rank 0 restores from memory when its node still holds its copy of the committed step.
+    // Before replacing a shard's copy its agent has not marked committed, a save asks the job
+    // master, but this script's ranks run free of each other: rank 0 may save again before
+    // rank 1's part of the step lands, and two slots cannot hold that step, the one before it
+    // (still the committed one) and the new copy.
     assert!(
         ["memory", "disk"].contains(&run.again(0)["from"].as_str().unwrap_or_default()),
         "{:#?}",

@@ -38,7 +38,7 @@ import pickle
 import struct
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import checkpoint as ckpt
 from .errors import BrainError
@@ -332,15 +332,33 @@ class FlashStore:
         self._maps[slot] = (fd, mm, size)
         return mm
 
-    def _candidates(self) -> List[int]:
+    def _states(self) -> List[Dict[str, Any]]:
+        return [self.status(s) or {} for s in range(SLOTS)]
+
+    @staticmethod
+    def _unsure(states: List[Dict[str, Any]]) -> bool:
+        """Whether a shard's copy written out may be committed already: its agent hears of a
+        sharded step's commit only at its next heartbeat, so the job master is asked before
+        the slots are chosen."""
+        return any(
+            st.get("state") == "persisted" and int(st.get("world", 1)) > 1 for st in states
+        )
+
+    def _candidates(self, known: Optional[int] = None) -> List[int]:
         """The slots this save may take, best first. The newest copy the job master committed
         (else the newest written out, or kept) is never taken: it is what a restart on this
-        node restores from. Of the others: a free or older one, then a copy still waiting to
-        be written out (dropped for the newer), then one left "persisting" by an agent that
-        died (its lock is free)."""
-        states = [self.status(s) or {} for s in range(SLOTS)]
+        node restores from; a copy written out of step `known` (the step the job master says
+        is committed) counts as committed before its agent marks it. Of the others: a free or
+        older one, then a copy still waiting to be written out (dropped for the newer), then
+        one left "persisting" by an agent that died (its lock is free)."""
+        states = self._states()
         save = lambda s: int(states[s].get("save", 0))  # noqa: E731
-        committed = [s for s in range(SLOTS) if states[s].get("state") == "committed"]
+        committed = [
+            s for s in range(SLOTS)
+            if states[s].get("state") == "committed"
+            or (states[s].get("state") == "persisted" and known is not None
+                and int(states[s].get("step", -1)) == known)
+        ]
         held = committed or [
             s for s in range(SLOTS) if states[s].get("state") in ("persisted", "kept")
         ]
@@ -373,6 +391,7 @@ class FlashStore:
         sdk: Dict[str, Any],
         hold: bool = False,
         wait_s: float = 0.0,
+        committed: Optional[Callable[[], Optional[int]]] = None,
     ) -> Dict[str, Any]:
         """Copies `state` into a slot and marks it ready for the agent; what was done. `world`
         is how many parts make the step (1: a replicated state, written out by rank 0 alone);
@@ -380,7 +399,9 @@ class FlashStore:
         agent leaves it until `release(slot)` (a cut's copy, written out only once the job
         master knows the cut is held). With no slot free (the other being written out, or
         waiting for the job master's answer), the save is skipped, or with `wait_s` waits up to
-        that long for one (`waited_s` in what was done)."""
+        that long for one (`waited_s` in what was done). `committed()` gives the step the job
+        master committed last (None: none, or not known); it is asked only where a shard's copy
+        written out may be that step and its agent has not said so yet."""
         if _torch is None:
             raise BrainError("save_async copies torch tensors, and torch does not import")
         self._save += 1
@@ -400,18 +421,28 @@ class FlashStore:
                 f"checkpoint.flash.memory, or save synchronously (job.checkpoint())"
             )
         began = time.monotonic()
+        known: List[Optional[int]] = []  # asked at most once per save
+
+        def ask() -> Optional[int]:
+            if committed is None or not self._unsure(self._states()):
+                return known[0] if known else None
+            if not known:
+                known.append(committed())
+            return known[0]
+
         while True:
-            done = self._try_save(extra, meta, tensors, offsets, size, hold, persist)
+            done = self._try_save(extra, meta, tensors, offsets, size, hold, persist, ask)
             waited = time.monotonic() - began
             if not done["skipped"] or waited >= wait_s:
                 done["waited_s"] = waited
                 return done
             time.sleep(min(_WAIT_POLL_S, max(wait_s - waited, 0.0)))
 
-    def _try_save(self, extra, meta, tensors, offsets, size, hold, persist) -> Dict[str, Any]:
-        """One try of `save`: the copy into the best free slot, or skipped."""
+    def _try_save(self, extra, meta, tensors, offsets, size, hold, persist, ask) -> Dict[str, Any]:
+        """One try of `save`: the copy into the best free slot, or skipped. `ask()`: the step
+        the job master committed, where it matters."""
         step = extra["step"]
-        for slot in self._candidates():
+        for slot in self._candidates(ask()):
             fd = self._fd(slot)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -420,7 +451,7 @@ class FlashStore:
             try:
                 # The states were read before the lock: an agent may have ended this slot's
                 # write-out meanwhile (its answer now due, or the copy now the committed one).
-                if slot not in self._candidates():
+                if slot not in self._candidates(ask()):
                     continue
                 before = self.status(slot) or {}
                 dropped = None

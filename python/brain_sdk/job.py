@@ -340,6 +340,15 @@ class ElasticJob:
             )
         return self._flash
 
+    def _committed_step(self) -> Optional[int]:
+        """The job master's newest committed step, for the flash slots' choice; None when it
+        cannot say (the slots then keep what their agent marked, as without asking)."""
+        try:
+            return self.master.committed_step()
+        except BrainError as e:
+            log.debug("flash: the committed step is not known: %s", e)
+            return None
+
     def save_async(
         self, state: Any = None, *, sharded: bool = False, fallback: Optional[str] = None
     ) -> dict:
@@ -354,7 +363,8 @@ class ElasticJob:
         step, and the step is committed once every shard is written.
 
         A process holds at most two copies, and never gives up the newest committed one (a
-        restart on this node restores from it): a save goes to the other slot, replacing a
+        restart on this node restores from it; for a sharded step, the job master is asked
+        when the agent has not heard of its commit yet): a save goes to the other slot, replacing a
         copy not yet written out (its step is dropped whole, never mixed); while that slot is
         being written out, the save is skipped (`skipped`), never waited for. A state over half the job's flash memory
         (`checkpoint.flash.memory`) is refused with the sizes, unless `fallback="sync"`, which
@@ -382,6 +392,7 @@ class ElasticJob:
                 persist=sharded or self.rank == 0,
                 incarnation=self.env.incarnation,
                 sdk=self._sdk_fields(),
+                committed=self._committed_step if sharded else None,
             )
         except BrainError as e:
             if fallback != "sync" or "budget" not in str(e):

@@ -98,6 +98,11 @@ class MasterClient:
             pb.CheckpointCommit(process=self.me, step=step, in_memory=True),
         )
 
+    def committed_step(self) -> Optional[int]:
+        """The step of the job's newest committed checkpoint (None: none yet)."""
+        r = self._call("GetCommittedStep", self.me)
+        return r.step if r.HasField("step") else None
+
     def rejoin(self, service_addr: str) -> Optional["pb.JoinRendezvousResponse"]:
         """Joins the rendezvous again, serving the new group's store at `service_addr` if this
         process becomes rank 0, and waits until the round forms. None: a plan removed it."""

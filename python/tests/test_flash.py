@@ -149,6 +149,44 @@ class FlashSlots(unittest.TestCase):
         e = self.save({"x": torch.ones(3) * 5}, 5)
         self.assertEqual(e["slot"], a["slot"])
 
+    def test_a_shard_s_copy_the_job_master_committed_is_kept_before_its_agent_hears(self):
+        def shard(x, step, committed=None):
+            return self.store.save(
+                {"x": torch.ones(3) * x}, step=step, rank=1, world=2, persist=True,
+                incarnation=1, sdk={"step": step}, committed=committed,
+            )
+
+        asked = []
+
+        def master_says(step):
+            def committed():
+                asked.append(step)
+                return step
+            return committed
+
+        a = shard(1, 1)
+        _set(self.store, a["slot"], state="committed", digest="da")
+        # Nothing unsure: the job master is not asked.
+        b = shard(2, 2, master_says(1))
+        self.assertEqual((b["slot"], asked), (1 - a["slot"], []))
+        # Step 2's part is written out; the job master has committed step 2 (the other rank's
+        # part landed last), which this agent has not heard yet: step 1's slot goes.
+        _set(self.store, b["slot"], state="persisted", digest="db")
+        c = shard(3, 3, master_says(2))
+        self.assertEqual((c["slot"], asked), (a["slot"], [2]))
+        self.assertEqual(self.store.holding(2, "db"), self.store.slot_file(b["slot"]))
+        # Step 3's written out too and the master still at step 2: step 3's is replaced,
+        # step 2's kept (not the newest written out, as it would be without asking).
+        _set(self.store, c["slot"], state="persisted", digest="dc")
+        d = shard(4, 4, master_says(2))
+        self.assertEqual((d["slot"], asked), (c["slot"], [2, 2]))
+        self.assertEqual(self.store.holding(2, "db"), self.store.slot_file(b["slot"]))
+        # Without anyone to ask, the copy marked committed is the one kept, as before.
+        _set(self.store, b["slot"], state="committed")
+        _set(self.store, d["slot"], state="persisted", digest="dd")
+        e = shard(5, 5)
+        self.assertEqual(e["slot"], d["slot"])
+
     def test_a_save_told_to_wait_lands_once_the_write_out_and_its_answer_are_in(self):
         a, b, held = self.step_2_being_written_out()
 
@@ -192,8 +230,8 @@ class FlashSlots(unittest.TestCase):
         looked = self.store._candidates
         ended = []
 
-        def look_then_the_agent_ends():
-            out = looked()
+        def look_then_the_agent_ends(known=None):
+            out = looked(known)
             if not ended:
                 ended.append(True)
                 _set(self.store, b["slot"], state="persisted", digest="db")

@@ -9,7 +9,9 @@
 //! (else the newest written out or kept), which is what a restart here restores from, nor a
 //! replicated copy whose answer is still due; of the others a free or older one first, then a
 //! copy still waiting to be written out (dropped whole for the newer one). A slot the agent is
-//! writing out is locked and passed over; with none left, the copy is not taken.
+//! writing out is locked and passed over; with none left, the copy is not taken. A shard's copy
+//! written out counts as committed once the caller says its step is ([`Copy::committed`]): the
+//! agent hears of a sharded step's commit only at its next heartbeat.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -34,6 +36,9 @@ pub struct Copy {
     /// Left `held` (not written out) until [`Slots::release`]: a consistent cut's copy, written
     /// out once the job master knows of the cut.
     pub hold: bool,
+    /// The newest step the job master committed, as the caller knows it (`None`: unknown). A
+    /// copy of it written out is kept as the committed one, even before the agent marks it.
+    pub committed: Option<u64>,
 }
 
 /// Why a copy was not taken.
@@ -93,13 +98,20 @@ impl Slots {
         Slots { dir, save }
     }
 
-    /// The slots `bytes` may go into, best first (see the module's doc).
-    fn candidates(&self) -> Vec<u32> {
+    /// The slots a copy may go into, best first (see the module's doc); `known` is the step
+    /// the caller knows committed.
+    fn candidates(&self, known: Option<u64>) -> Vec<u32> {
         let states: Vec<SlotStatus> = (0..SLOTS)
             .map(|s| self.dir.status(s).unwrap_or_default())
             .collect();
         let of = |s: u32| &states[s as usize];
-        let committed: Vec<u32> = (0..SLOTS).filter(|&s| of(s).state == "committed").collect();
+        let committed: Vec<u32> = (0..SLOTS)
+            .filter(|&s| match of(s).state.as_str() {
+                "committed" => true,
+                "persisted" => known == Some(of(s).step),
+                _ => false,
+            })
+            .collect();
         let held = match committed.is_empty() {
             false => committed.clone(),
             true => (0..SLOTS)
@@ -134,7 +146,7 @@ impl Slots {
                 budget: self.dir.budget,
             }));
         }
-        for slot in self.candidates() {
+        for slot in self.candidates(c.committed) {
             let path = self.dir.slot_file(slot);
             let file = OpenOptions::new()
                 .read(true)
@@ -147,7 +159,7 @@ impl Slots {
                 continue; // the agent is writing it out
             };
             // The agent may have ended its write-out since the states were read.
-            if !self.candidates().contains(&slot) {
+            if !self.candidates(c.committed).contains(&slot) {
                 continue;
             }
             self.save += 1;
@@ -216,6 +228,7 @@ mod tests {
             persist: true,
             incarnation: 1,
             hold,
+            committed: None,
         }
     }
 
@@ -286,6 +299,44 @@ mod tests {
         let s30 = slots.copy_in(b"30", shard(30)).unwrap().unwrap();
         assert_eq!((s20, s30), (1 - s10, 1 - s10));
         assert_eq!(slots.holding(10, &w10.digest).unwrap(), b"10");
+    }
+
+    #[test]
+    fn a_shard_s_copy_of_the_step_committed_is_kept_when_the_caller_knows_before_its_agent() {
+        // Rank 1 of 2: step 10 committed and marked; its part of step 20 written out, and step
+        // 20 committed at the master, which rank 1's agent has not heard yet.
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let agent = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let shard = |step, committed| Copy {
+            step,
+            rank: 1,
+            world: 2,
+            committed,
+            ..copy(step, false)
+        };
+        let s10 = slots.copy_in(b"10", shard(10, None)).unwrap().unwrap();
+        agent.write_out(ckpt.path()).unwrap().unwrap();
+        agent.mark_committed(10).unwrap();
+        let s20 = slots.copy_in(b"20", shard(20, Some(10))).unwrap().unwrap();
+        let w20 = agent.write_out(ckpt.path()).unwrap().unwrap();
+        // Told step 20 is committed, the next copy gives up step 10's slot, not step 20's.
+        let s30 = slots.copy_in(b"30", shard(30, Some(20))).unwrap().unwrap();
+        assert_eq!((s20, s30), (1 - s10, s10));
+        assert_eq!(slots.holding(20, &w20.digest).unwrap(), b"20");
+        // Not told (or told an older step), it takes step 20's: step 10's is the committed
+        // copy it knows of.
+        agent.write_out(ckpt.path()).unwrap().unwrap();
+        agent.mark_committed(30).unwrap();
+        let w40 = {
+            let s40 = slots.copy_in(b"40", shard(40, Some(30))).unwrap().unwrap();
+            assert_eq!(s40, s20);
+            agent.write_out(ckpt.path()).unwrap().unwrap()
+        };
+        let s50 = slots.copy_in(b"50", shard(50, Some(30))).unwrap().unwrap();
+        assert_eq!(s50, s20, "step 40 not known committed: replaced");
+        assert_eq!(slots.holding(40, &w40.digest), None);
     }
 
     #[test]

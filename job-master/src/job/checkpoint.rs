@@ -33,6 +33,7 @@ impl JobContext {
                 ps,
                 step,
                 generation,
+                committed: self.committed_step(),
             }];
         }
         vec![Effect::SavePsCheckpoint {
@@ -58,8 +59,8 @@ impl JobContext {
         if self.transition.is_some() {
             return Some("a plan goes on after it".into());
         }
-        let last = self.checkpoints.last().map(|c| c.step);
-        let no_shard = last
+        let no_shard = self
+            .committed_step()
             .filter(|&l| step <= l)
             .map(|l| format!("no shard was done since the checkpoint of step {l}"));
         no_shard.or_else(|| self.stale_held_cut_reason(now_ms))

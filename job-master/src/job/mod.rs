@@ -351,6 +351,8 @@ pub enum Effect {
         ps: Vec<String>,
         step: u64,
         generation: u64,
+        /// The newest committed step: each PS keeps its copy of it (see `SaveRequest`).
+        committed: Option<u64>,
     },
     /// All work is done: collect final statistics, then call [`JobContext::finish`].
     Finish,
@@ -816,6 +818,17 @@ impl JobContext {
             .workload
             .grace_period_ms
             .map_or(self.timing.grace_period_ms, |g| g.max(0) as u64)
+    }
+
+    /// The step of the newest committed checkpoint, if any.
+    pub fn committed_step(&self) -> Option<u64> {
+        self.checkpoints.last().map(|c| c.step)
+    }
+
+    /// [`Self::committed_step`], asked by process `key` (one of this job's).
+    pub fn committed_step_for(&self, key: SlotKey) -> Result<Option<u64>, Error> {
+        self.slot(key)?;
+        Ok(self.committed_step())
     }
 
     fn slot(&self, key: SlotKey) -> Result<&Slot, Error> {

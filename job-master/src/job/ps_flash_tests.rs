@@ -66,6 +66,7 @@ fn a_ps_cut_in_memory_lets_training_go_on_and_commits_with_the_cut_s_ledger() {
             step: 2,
             generation,
             ps,
+            committed: None,
             ..
         },
     ] = effects.as_slice()
@@ -105,6 +106,21 @@ fn a_ps_cut_in_memory_lets_training_go_on_and_commits_with_the_cut_s_ledger() {
     assert_eq!((rec.step, rec.ledger.done.len()), (2, 2));
     assert_eq!(ctx.ledger.done_shards(), 3);
     assert!(ctx.flash.cuts.is_empty());
+    // The next cut tells each PS the step committed, whose copy it keeps (its agent may not
+    // have heard of the commit yet).
+    let s = lease(&mut ctx, W1, 1).unwrap();
+    let effects = ctx.shard_done(W1, 1, s, 20).unwrap();
+    assert!(
+        matches!(
+            effects.as_slice(),
+            [Effect::CopyPsCut {
+                step: 4,
+                committed: Some(2),
+                ..
+            }]
+        ),
+        "{effects:?}"
+    );
 }
 
 #[test]

@@ -71,10 +71,11 @@ pub(super) async fn execute(
             ps,
             step,
             generation,
+            committed,
         } => {
             let shared = shared.clone();
             tokio::spawn(async move {
-                match copy_ps_cut(&ps, step, &shared.creds).await {
+                match copy_ps_cut(&ps, step, committed, &shared.creds).await {
                     Ok(()) => {
                         shared
                             .apply_logged("ps cut in memory", |ctx, now| {

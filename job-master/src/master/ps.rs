@@ -73,11 +73,13 @@ pub(super) async fn save_ps(
     Ok(path)
 }
 
-/// A flash cut: every PS (at once) copies its partition of `step` into its agent's memory.
-/// Why not, if one did not (its answer, or a PS out of reach): the cut then goes to disk.
+/// A flash cut: every PS (at once) copies its partition of `step` into its agent's memory,
+/// keeping its copy of the `committed` step. Why not, if one did not (its answer, or a PS out
+/// of reach): the cut then goes to disk.
 pub(super) async fn copy_ps_cut(
     ps: &[String],
     step: u64,
+    committed: Option<u64>,
     creds: &auth::JobCreds,
 ) -> Result<(), String> {
     let calls: Vec<_> = ps
@@ -92,6 +94,7 @@ pub(super) async fn copy_ps_cut(
                     .save(pb::SaveRequest {
                         in_memory: true,
                         step,
+                        committed_step: committed,
                         ..Default::default()
                     })
                     .await

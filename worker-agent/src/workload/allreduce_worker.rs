@@ -82,6 +82,8 @@ async fn cut_in_memory(
         persist: rank0,
         incarnation,
         hold: rank0,
+        // A replicated copy: its agent hears the answer for its own part.
+        committed: None,
     };
     let slot = match flash.copy_in(&model.to_bytes(), copy)? {
         Ok(slot) => slot,

@@ -119,8 +119,9 @@ impl PsService {
     }
 
     /// A flash cut: the owned partition copied into this process's slot as part `index` of
-    /// `num_ps` of `step`, written out by the agent behind the training. Why not, if not taken.
-    async fn copy_in(&self, step: u64) -> Result<pb::SaveResponse, Status> {
+    /// `num_ps` of `step`, written out by the agent behind the training, keeping the copy of
+    /// the `committed` step. Why not, if not taken.
+    async fn copy_in(&self, step: u64, committed: Option<u64>) -> Result<pb::SaveResponse, Status> {
         let Some((slots, incarnation)) = self.flash.clone() else {
             return Ok(pb::SaveResponse {
                 not_in_memory: "this process has no flash memory (its agent gave it none)".into(),
@@ -136,6 +137,7 @@ impl PsService {
             persist: true,
             incarnation,
             hold: false,
+            committed,
         };
         let taken = tokio::task::spawn_blocking(move || {
             let bytes = t.to_bytes();
@@ -263,7 +265,10 @@ impl pb::parameter_server_server::ParameterServer for PsService {
     ) -> Result<Response<pb::SaveResponse>, Status> {
         let r = req.into_inner();
         if r.in_memory {
-            return self.copy_in(r.step).await.map(Response::new);
+            return self
+                .copy_in(r.step, r.committed_step)
+                .await
+                .map(Response::new);
         }
         let path = PathBuf::from(&r.dir).join(format!("ps-{:03}.bin", self.index));
         let (t, _) = self.owned().await;
@@ -609,6 +614,7 @@ mod tests {
             persist: true,
             incarnation: 1,
             hold: false,
+            committed: None,
         };
         slots.copy_in(&t0.to_bytes(), copy).unwrap().unwrap();
         let w = agent.write_out(ckpt.path()).unwrap().unwrap();
