@@ -18,7 +18,8 @@
 //! Where the platform reports each node's free room (`nodes.rs`), the jobs' new processes
 //! must also fit on it, each whole on one node with its GPUs and its CPU and memory, placed as
 //! the job master places them; a start that does not fit starts smaller or waits, a growth
-//! is cut, with the reason and the nodes' room (`gpu/on_nodes.rs`).
+//! is cut, with the reason and the nodes' room (`gpu/on_nodes.rs`), and the scheduler runs
+//! again with the jobs cut held there, so the GPUs they could not use go to other jobs.
 //! The heuristics (PS count, resources) correct CPU jobs only.
 
 mod on_nodes;
@@ -94,6 +95,8 @@ pub(super) fn cluster_gpus(nodes: &[LiveNode]) -> String {
 struct Gpu<'a> {
     job: &'a LiveJob,
     model: AmdahlModel,
+    /// Held at what the nodes' free room held in an earlier pass, if it was cut there.
+    cap: Option<&'a NodeCap>,
     /// GPUs per worker (whole, or a share of one device).
     g: Gpus,
     /// Per GPU model (index into the round's models): whether the job may run on it.
@@ -150,9 +153,15 @@ impl Gpu<'_> {
             0
         }
     }
+    /// The most workers the scheduler may give it: its maximum, or what the nodes' room held.
+    fn max_workers(&self) -> u32 {
+        self.cap.map_or(self.job.max_workers, |c| {
+            c.workers.min(self.job.max_workers)
+        })
+    }
     fn workers_in(&self, gpus: u32) -> u32 {
         let unit = self.job.node_unit.max(1);
-        let w = (self.g.fit_in(gpus) / unit * unit).min(self.job.max_workers);
+        let w = (self.g.fit_in(gpus) / unit * unit).min(self.max_workers());
         if w < self.job.min_workers.max(1) {
             0
         } else {
@@ -176,10 +185,24 @@ pub(super) struct GpuRound {
     pub free: Option<Free>,
 }
 
+/// A GPU job that the nodes' free room cut below what the scheduler gave it (its GPUs lack
+/// the CPU or memory beside them): in the next pass the scheduler gives it at most `workers`,
+/// so the GPUs it cannot use go to other jobs; `reason` is the cut's, kept for its decision.
+struct NodeCap {
+    workers: u32,
+    reason: String,
+}
+
+/// Passes of the scheduler in one round at most: the first, and two more with the jobs the
+/// nodes' room cut held at what it holds.
+const MAX_PASSES: usize = 3;
+
 /// Sizes the GPU jobs (`gpu_jobs`: index in the snapshot, job). `caps` are what the whole
 /// cluster has; the CPU jobs get what these leave. Where the cluster reports its nodes'
 /// `free` room, the jobs' new processes must fit on it too, each whole on one node with its
-/// GPUs and CPU.
+/// GPUs and CPU. The scheduler counts GPUs only: where the nodes' room cuts a job below what
+/// it gave (its GPUs without the CPU beside them), it schedules again with that job held at
+/// what fits, so the GPUs it could not use go to the jobs behind it ([`MAX_PASSES`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plan_gpu_jobs(
     gpu_jobs: &[(usize, &LiveJob)],
@@ -189,17 +212,72 @@ pub(super) fn plan_gpu_jobs(
     now: f64,
     prior: f64,
     caps: super::Caps,
-    mut free: Option<Free>,
+    free: Option<Free>,
     notes: &mut Vec<String>,
 ) -> Result<GpuRound, PolicyError> {
+    let mut capped: BTreeMap<JobId, NodeCap> = BTreeMap::new();
+    let mut pass = 1;
+    loop {
+        let mut pass_notes = Vec::new();
+        let (round, cuts) = plan_pass(
+            gpu_jobs,
+            cluster,
+            (scheduler, config),
+            (now, prior),
+            caps,
+            free.clone(),
+            &mut pass_notes,
+            &capped,
+        )?;
+        let new: Vec<(JobId, NodeCap)> = cuts
+            .into_iter()
+            .filter(|(id, _)| !capped.contains_key(id))
+            .collect();
+        if new.is_empty() || pass == MAX_PASSES {
+            notes.extend(pass_notes);
+            if !capped.is_empty() {
+                let held: Vec<String> = capped
+                    .iter()
+                    .map(|(id, c)| format!("{id} at {} workers", c.workers))
+                    .collect();
+                notes.push(format!(
+                    "GPU jobs scheduled again with {} held at what the nodes' free room holds: \
+                     the GPUs they could not use went to the jobs behind them",
+                    held.join(", ")
+                ));
+            }
+            return Ok(round);
+        }
+        capped.extend(new);
+        pass += 1;
+    }
+}
+
+/// One pass of [`plan_gpu_jobs`], the jobs in `capped` given at most their workers there;
+/// the round, and the jobs the nodes' free room cut in this pass.
+#[allow(clippy::too_many_arguments)]
+fn plan_pass(
+    gpu_jobs: &[(usize, &LiveJob)],
+    cluster: &LiveCluster,
+    (scheduler, config): (&dyn Scheduler, &LiveConfig),
+    (now, prior): (f64, f64),
+    caps: super::Caps,
+    mut free: Option<Free>,
+    notes: &mut Vec<String>,
+    capped: &BTreeMap<JobId, NodeCap>,
+) -> Result<(GpuRound, Vec<(JobId, NodeCap)>), PolicyError> {
+    let mut cuts = Vec::new();
     if gpu_jobs.is_empty() {
-        return Ok(GpuRound {
-            decisions: Vec::new(),
-            cpu_slots: 0,
-            processes: 0,
-            memory: 0,
-            free,
-        });
+        return Ok((
+            GpuRound {
+                decisions: Vec::new(),
+                cpu_slots: 0,
+                processes: 0,
+                memory: 0,
+                free,
+            },
+            cuts,
+        ));
     }
     let nodes: Vec<LiveNode> = cluster
         .nodes
@@ -238,6 +316,7 @@ pub(super) fn plan_gpu_jobs(
             Gpu {
                 job,
                 model,
+                cap: capped.get(&job.id),
                 g: job.worker_gpus.max(Gpus::from_milli(1)),
                 allowed,
                 on,
@@ -277,7 +356,7 @@ pub(super) fn plan_gpu_jobs(
         .zip(&current)
         .map(|(j, here)| {
             let job = j.job;
-            let max = j.g.devices_for(job.max_workers).min(total_gpus);
+            let max = j.g.devices_for(j.max_workers()).min(total_gpus);
             let goodput: Vec<Vec<f64>> = j
                 .allowed
                 .iter()
@@ -382,7 +461,8 @@ pub(super) fn plan_gpu_jobs(
                         j.g,
                         j.job.workers
                     ));
-                } else {
+                } else if j.cap.is_none_or(|c| c.workers > 0) {
+                    // (Held at none by the nodes' room: that reason, kept, says why.)
                     j.reasons.push(format!(
                         "waits: {name} gives it {given} GPUs, fewer than its minimum of {} \
                          workers of {} GPUs need",
@@ -408,7 +488,14 @@ pub(super) fn plan_gpu_jobs(
                         if cut.fits > 0
                             || !elsewhere(&mut jobs, cut.job, &nodes, &model_of, &models, room)
                         {
-                            cut.apply(&mut jobs[cut.job]);
+                            let j = &mut jobs[cut.job];
+                            cut.apply(j);
+                            let reason = j.reasons.last().cloned().unwrap_or_default();
+                            let cap = NodeCap {
+                                workers: j.to,
+                                reason,
+                            };
+                            cuts.push((j.job.id, cap));
                         }
                         continue;
                     }
@@ -527,6 +614,9 @@ pub(super) fn plan_gpu_jobs(
             };
             let predicted = j.model.samples_per_s(j.to);
             let mut reasons = j.reasons;
+            if let Some(cap) = j.cap {
+                reasons.push(cap.reason.clone());
+            }
             if !j.placement.is_empty() {
                 let list: Vec<String> = j
                     .placement
@@ -564,13 +654,16 @@ pub(super) fn plan_gpu_jobs(
             (at, decision)
         })
         .collect();
-    Ok(GpuRound {
-        decisions,
-        cpu_slots: cpu,
-        processes,
-        memory,
-        free,
-    })
+    Ok((
+        GpuRound {
+            decisions,
+            cpu_slots: cpu,
+            processes,
+            memory,
+            free,
+        },
+        cuts,
+    ))
 }
 
 fn model_name_of(models: &[String], t: Option<usize>) -> &str {
@@ -1079,6 +1172,11 @@ mod tests {
                     V100 GPUs free)"),
             "{d:?}"
         );
+        // Held at none by the nodes' room in the pass after: no reason blames the scheduler.
+        assert!(
+            !d.reasons.iter().any(|r| r.contains("gives it 0 GPUs")),
+            "{d:?}"
+        );
         assert!(d.gpu_placement.is_empty(), "{d:?}");
         // The CPU jobs get the room the GPU jobs leave on the nodes: a CPU job of one 4-CPU
         // worker, which c or a hold, starts; one of two waits (v has 1 CPU left).
@@ -1098,6 +1196,38 @@ mod tests {
             let plan = round(&snap);
             assert_eq!(decision(&plan, 3).to_workers, starts, "{plan:?}");
         }
+    }
+
+    #[test]
+    fn gpus_a_job_cannot_use_for_want_of_cpu_beside_them_go_to_another_job() {
+        // The V100 node: 2 GPUs and 4 CPUs free. Job 1 (first): 2 workers of 1 V100 and 3
+        // CPUs, at least 1; job 2: 1 worker of 1 V100 and 1 CPU. FIFO gives both GPUs to job
+        // 1, whose second worker the node's CPU does not hold: that V100 goes to job 2.
+        let mut small = v100_job(2, LiveState::Queued, 1, 1);
+        small.worker_millicores = 1000;
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: with_room(4, 2),
+            jobs: vec![v100_job(1, LiveState::Queued, 2, 1), small],
+        };
+        let fifo = crate::schedule::SchedulerKind::Fifo(Default::default());
+        let plan = plan_round(&snap, fifo.scheduler(), &config(), &none()).unwrap();
+        let (one, two) = (decision(&plan, 1), decision(&plan, 2));
+        assert_eq!((one.to_workers, two.to_workers), (1, 1), "{plan:?}");
+        assert!(
+            one.reasons.iter().any(|r| r
+                .starts_with("starts with 1 workers, not 2: no more fit on the nodes' free room")),
+            "{one:?}"
+        );
+        assert_eq!(two.gpu_placement, vec![("v".to_string(), 1)], "{two:?}");
+        assert!(
+            plan.notes.iter().any(|n| n.starts_with(
+                "GPU jobs scheduled again with job 1 at 1 workers held at what the nodes' free \
+                 room holds: the GPUs they could not use went to the jobs behind them"
+            )),
+            "{:?}",
+            plan.notes
+        );
     }
 
     #[test]
