@@ -169,22 +169,22 @@ impl pb::job_master_server::JobMaster for MasterService {
         let r = req.into_inner();
         let (key, incarnation) = process(r.process)?;
         // Liveness and samples need no durable write: after a restart, agents heartbeat again.
-        let ((action, incarnation, restart_count), capture_stacks, committed_step) = self
-            .shared
-            .apply_if(|ctx, now| {
-                let v = ctx.heartbeat(
-                    key,
-                    r.agent_id,
-                    incarnation,
-                    r.sample.map(Sample::from),
-                    r.process_pid,
-                    now,
-                )?;
-                let capture = ctx.stacks_wanted(key, incarnation);
-                let committed = ctx.committed_step();
-                Ok(((v, capture, committed), vec![], false))
-            })
-            .await?;
+        let ((action, incarnation, restart_count), capture_stacks, (committed_step, persist_step)) =
+            self.shared
+                .apply_if(|ctx, now| {
+                    let v = ctx.heartbeat(
+                        key,
+                        r.agent_id,
+                        incarnation,
+                        r.sample.map(Sample::from),
+                        r.process_pid,
+                        now,
+                    )?;
+                    let capture = ctx.stacks_wanted(key, incarnation);
+                    let steps = (ctx.committed_step(), ctx.persist_step_for(key));
+                    Ok(((v, capture, steps), vec![], false))
+                })
+                .await?;
         Ok(Response::new(pb::HeartbeatResponse {
             action: match action {
                 AgentAction::Continue => pb::AgentAction::Continue,
@@ -195,6 +195,7 @@ impl pb::job_master_server::JobMaster for MasterService {
             incarnation,
             capture_stacks,
             committed_step,
+            persist_step,
         }))
     }
 

@@ -574,6 +574,55 @@ async fn a_flash_checkpoint_is_restored_from_memory_on_its_node_and_from_disk_el
     );
 }
 
+/// The copy a process makes right before it ends is still written out and committed: its
+/// agent stays until the job master lets it go, writing out meanwhile. `sdk_flash.py` saves
+/// once, 32 MiB, at its last count, and exits at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_copy_made_just_before_its_process_ends_is_written_out_and_committed() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("flash.jsonl");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
+    let argv = [
+        python,
+        script.display().to_string(),
+        "--target".into(),
+        "50".into(),
+        "--every".into(),
+        "50".into(),
+        "--mib".into(),
+        "32".into(),
+        "--sleep".into(),
+        "0".into(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
+    let yaml = format!(
+        r#"
+name: flash-last
+kind: allreduce
+roles:
+  worker: {{ replicas: 1 }}
+workload:
+  command: {argv:?}
+  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
+data: {{ num_samples: 100, shard_size: 10 }}
+checkpoint: {{ dir: {:?}, flash: {{ memory: 128Mi }} }}
+"#,
+        dir.path().join("ckpt")
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let report = start(spec, dir.path()).await.report().await;
+    let text = report.events.join("\n");
+    assert!(report.succeeded(), "{:?}\n{text}", report.reason);
+    let manifest = dir.path().join("ckpt/flash/step-0000000050/manifest.json");
+    assert!(manifest.exists(), "{}\n{text}", manifest.display());
+    assert!(text.contains("committed by the script"), "{text}");
+}
+
 /// Sharded flash checkpoints end to end (issue 43): each rank saves its own shard
 /// (`save_async(sharded=True)`); a step is committed only once both shards are written out, in
 /// one manifest naming both parts. After rank 1's kill -9 (its copies gone first), each rank
@@ -623,8 +672,8 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
 /// committed once written out. A rank killed with kill -9 restarts the group, and both ranks
 /// restore the committed cut from their node's memory; a grow's cut ends the same way, the
 /// rank it adds getting the cut's state from rank 0 over the new group (no disk read), so does
-/// a move's (the moved rank's new process gets it from rank 0), and a shrink's too; every
-/// sample is trained once.
+/// a move's (the moved ranks' new processes get it from the round's rank 0, though the move
+/// takes rank 0 of the cut), and a shrink's too; every sample is trained once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_from_memory() {
     let Some((python, sdk)) = torch_with_sdk() else {
@@ -669,25 +718,34 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         s.checkpoints >= after
     })
     .await;
-    // Worker 2 moved (new resources): its new process gets the cut's state from rank 0.
-    let moved_from = pid_of(addr, "worker", 2).await;
+    // Workers 0 (rank 0 of the cut) and 2 moved (new resources): worker 1 leads the round
+    // after and sends their new processes the cut's state; worker 0's copy, written out by
+    // its agent after the process left, is the cut's checkpoint (else no cut would follow).
+    let moved_from = [
+        pid_of(addr, "worker", 0).await,
+        pid_of(addr, "worker", 2).await,
+    ];
     let mut p = plan(2, None, None);
-    p.migrations.push(pb::Migration {
-        role: "worker".into(),
-        index: 2,
-        resources: Some(pb::Resources {
-            cpu_millicores: 1000,
-            ..Default::default()
-        }),
-        reason: "test".into(),
-    });
+    for index in [0, 2] {
+        p.migrations.push(pb::Migration {
+            role: "worker".into(),
+            index,
+            resources: Some(pb::Resources {
+                cpu_millicores: 1000,
+                ..Default::default()
+            }),
+            reason: "test".into(),
+        });
+    }
     send(addr, p).await;
     let s = reached(addr, 2).await;
-    assert_ne!(
-        pid_of(addr, "worker", 2).await,
-        moved_from,
-        "worker 2 moved"
-    );
+    for (index, from) in [0, 2].into_iter().zip(moved_from) {
+        assert_ne!(
+            pid_of(addr, "worker", index).await,
+            from,
+            "worker {index} moved"
+        );
+    }
     let after = s.checkpoints + 2;
     wait_for(
         addr,
@@ -728,7 +786,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         .filter(|e| e.contains("the cut held in memory written out"))
         .count();
     assert!(held >= 4 && written >= 2, "{text}");
-    // Each plan's cut ended without a disk write (the grow's new rank and the moved one get the
+    // Each plan's cut ended without a disk write (the grow's new rank and the moved ones get the
     // state from rank 0, a shrink loads nothing new): the cut held in memory comes between the
     // plan's cut step and its re-formation.
     let at = |what: &str| {
@@ -757,7 +815,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         );
     }
     // Both ranks of the restarted group read the cut from their node's memory; the rank the
-    // grow added and the moved one's new process got it from rank 0.
+    // grow added and the moved ones' new processes got it from rank 0.
     let resumed: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -767,7 +825,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
     assert_eq!(
         (from("memory"), from("peer"), resumed.len()),
-        (2, 2, 4),
+        (2, 3, 5),
         "{resumed:#?}\n{text}"
     );
     // The job's events say it too, from each one's first report.

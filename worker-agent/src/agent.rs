@@ -437,6 +437,13 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                         {
                             tracing::warn!(step, "cannot mark the flash copy committed: {e}");
                         }
+                        if let (Some(f), Some(step)) = (&flash, r.persist_step) {
+                            match f.persist_kept(step) {
+                                Ok(true) => tracing::info!(step, "writing out the copy of a cut whose rank 0 was moved"),
+                                Ok(false) => {}
+                                Err(e) => tracing::warn!(step, "cannot write out the kept flash copy: {e}"),
+                            }
+                        }
                         if r.capture_stacks && captured != incarnation
                             && let Some(pid) = child.as_ref().and_then(|(c, _)| c.id())
                         {

@@ -249,6 +249,32 @@ impl FlashDir {
         Ok(())
     }
 
+    /// The job master asks this process's copy of `step` kept in memory (a replicated state,
+    /// written out by rank 0) to be written out too: a plan moved rank 0 of that cut, and this
+    /// process leads the round after. The copy becomes part 0 of the step, ready for
+    /// [`Self::write_out`]. Left as it is when the process holds the slot (the next heartbeat
+    /// says it again), or when no such copy is here. Whether one was made ready.
+    pub fn persist_kept(&self, step: u64) -> Result<bool, Error> {
+        for slot in 0..SLOTS {
+            let kept = |s: &SlotStatus| s.step == step && s.state == "kept" && s.world == 1;
+            if !self.status(slot).is_some_and(|s| kept(&s)) {
+                continue;
+            }
+            let path = self.slot_file(slot);
+            let file = File::open(&path).map_err(io(&path))?;
+            let Ok(_held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+                return Ok(false);
+            };
+            let Some(mut s) = self.status(slot).filter(kept) else {
+                return Ok(false);
+            };
+            (s.state, s.persist, s.rank) = ("ready".into(), true, 0);
+            self.set_status(slot, &s)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// The job is over: its copies go.
     pub fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -579,5 +605,31 @@ mod tests {
         assert!(dir.write_out(ckpt.path()).unwrap().is_none());
         assert_eq!(dir.status(0).unwrap().state, "kept");
         assert!(!ckpt.path().join("flash").exists());
+    }
+
+    #[test]
+    fn a_kept_copy_the_master_asks_for_is_written_out_as_the_step_s_part_0() {
+        // Rank 1's copy of a replicated state at step 10, kept in memory; rank 0 was moved.
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20).unwrap();
+        ready(&dir, 0, 1, 10, b"state at 10");
+        let mut s = dir.status(0).unwrap();
+        (s.persist, s.world) = (false, 1);
+        dir.set_status(0, &s).unwrap();
+        assert!(dir.write_out(ckpt.path()).unwrap().is_none());
+        // Another step, or the process copying into the slot: nothing happens.
+        assert!(!dir.persist_kept(9).unwrap());
+        let file = File::open(dir.slot_file(0)).unwrap();
+        let held = Flock::lock(file, FlockArg::LockExclusive).unwrap();
+        assert!(!dir.persist_kept(10).unwrap());
+        drop(held);
+        assert_eq!(dir.status(0).unwrap().state, "kept");
+        assert!(dir.persist_kept(10).unwrap());
+        let w = dir.write_out(ckpt.path()).unwrap().unwrap();
+        assert_eq!((w.step, w.rank, w.world), (10, 0, 1));
+        assert!(w.path.ends_with("flash/step-0000000010/part-0.bin"));
+        assert_eq!(std::fs::read(&w.path).unwrap(), b"state at 10");
+        assert!(!dir.persist_kept(10).unwrap(), "once");
     }
 }

@@ -121,8 +121,9 @@ fn moved_at_cut(moved: &[u32], cut_by: SlotKey) -> JobContext {
 /// A plan that moves a process, with its cut held in flash memory: the job goes on without
 /// waiting for the copy on disk, and the moved process's successor takes the cut's state from
 /// rank 0 (a process that took part in the cut) as the round after it forms; rank 0 of the cut
-/// leads that round whatever the moved indices. A plan that moves rank 0 of the cut waits for
-/// the disk: its copy is the one written out, and its successor holds nothing.
+/// leads that round whatever the moved indices. A plan that moves rank 0 of the cut has the
+/// lowest index it keeps lead instead, and rank 0's copy is still the one committed; a plan
+/// that moves every process of the cut waits for the disk.
 #[test]
 fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() {
     let (w0, w1) = (key(Role::WORKER, 0), key(Role::WORKER, 1));
@@ -235,15 +236,64 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     }
     assert_eq!(ctx.join_rendezvous(w0, 2, 10).unwrap().rank, 0);
 
-    // Moving rank 0 of the cut: its copy is the one written out, and it would hold nothing
-    // in the round after; the cut waits for the disk.
-    let ctx = moved_at_cut(&[0], w0);
+    // Moving rank 0 of the cut: worker 1, which the plan keeps, leads the round after and
+    // sends the state, and is asked to write its copy out too; rank 0's copy, written out by
+    // its agent once it has been moved, is still the cut's and is committed.
+    let mut ctx = moved_at_cut(&[0], w0);
+    assert!(
+        !ctx.checkpoint_saving,
+        "the move does not wait for the disk"
+    );
+    assert_eq!(
+        (ctx.persist_step_for(w1), ctx.persist_step_for(w0)),
+        (Some(3), None)
+    );
+    let after = ctx.transition.as_ref().unwrap().round_after;
+    assert!(ctx.join_rendezvous(w0, 1, 7).unwrap().removed);
+    ctx.advance(7);
+    assert_eq!(ctx.slots[&w0].incarnation, 2, "its successor launched");
+    ctx.register_agent(w0, 2, "h2".into(), "127.0.0.1:9100".into(), 7)
+        .unwrap();
+    ctx.join_rendezvous_at(w0, 2, Some("127.0.0.1:7100".into()), 8)
+        .unwrap();
+    ctx.join_rendezvous_at(w1, 1, Some("127.0.0.1:8001".into()), 8)
+        .unwrap();
+    for (k, inc, rank) in [(w0, 2, 1), (w1, 1, 0)] {
+        let v = ctx.join_rendezvous(k, inc, 9).unwrap();
+        assert!(v.ready && v.round == after, "{k}: {v:?}");
+        assert_eq!((v.rank, v.state_from_rank0), (rank, Some(3)), "{k}: {v:?}");
+    }
+    let part = super::flash::PartWritten {
+        step: 3,
+        rank: 0,
+        parts: 1,
+        part: super::flash::FlashPart {
+            path: "/c/flash/step-3/part-0.bin".into(),
+            digest: "d0".into(),
+            bytes: 10,
+        },
+    };
+    // Its first incarnation's part is taken, though that process is gone (worker 1's would
+    // be too: it is current).
+    let (step, done) = ctx
+        .flash_part_written(w0, 1, part, 10)
+        .unwrap()
+        .expect("rank 0's copy completes the step");
+    assert_eq!((step, done.written.len()), (3, 1));
+    let generation = ctx.generation;
+    ctx.checkpoint_committed(1, "/c/flash/step-3/manifest.json".into(), 3, generation, 11)
+        .unwrap();
+    assert_eq!(ctx.checkpoints.last().map(|c| c.step), Some(3));
+    assert_eq!(ctx.persist_step_for(w1), None, "committed: asked no more");
+
+    // Moving both: no process of the cut is left to send it; the cut waits for the disk.
+    let ctx = moved_at_cut(&[0, 1], w0);
     assert!(ctx.checkpoint_saving, "the move waits for the disk");
     assert_eq!(ctx.flash.peer_round, None);
     let text: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
     assert!(
         text.iter()
-            .any(|e| e.contains("the plan moves rank 0 of the cut, whose copy is the one written")),
+            .any(|e| e.contains("the plan moves every process of the cut it keeps")),
         "{text:?}"
     );
 }

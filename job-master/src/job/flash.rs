@@ -57,6 +57,16 @@ pub struct HeldCut {
     pub ledger: LedgerSnapshot,
     pub taken_at_ms: u64,
     pub training_ms: u64,
+    /// The process (and its incarnation) whose copy is written out: rank 0 of the cut. Its
+    /// part is taken even after a plan moved it (its successor got the cut's state from the
+    /// round's new rank 0), since the cut is still the state the job goes on from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<(SlotKey, u64)>,
+    /// Where a plan moved rank 0 of the cut: the process that leads the round after in its
+    /// place, which writes its own copy out too ([`JobContext::persist_step_for`]), so the cut
+    /// is committed whether or not the moved one's agent wrote its copy out before it went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lead: Option<SlotKey>,
 }
 
 /// One step's parts so far.
@@ -110,7 +120,15 @@ impl JobContext {
         w: PartWritten,
         now_ms: u64,
     ) -> Result<Option<(u64, FlashStep)>, Error> {
-        self.may_commit(key, incarnation)?;
+        // Rank 0 of a cut still held, though a plan has moved it since: its copy is the cut's.
+        let held_by_it = self
+            .flash
+            .cuts
+            .get(&w.step)
+            .is_some_and(|c| c.by == Some((key, incarnation)));
+        if !held_by_it {
+            self.may_commit(key, incarnation)?;
+        }
         if self.data_tracked() && !self.flash.cuts.contains_key(&w.step) {
             return Err(Error::InvalidRequest(format!(
                 "flash checkpoint of step {}: this job's data is leased by the job master, so \
@@ -134,7 +152,7 @@ impl JobContext {
                 w.step, last.step
             )));
         }
-        let before_restart = self.current(key, incarnation).is_err();
+        let before_restart = !held_by_it && self.current(key, incarnation).is_err();
         if let Some(old) = self.flash.steps.get(&w.step)
             && old.before_restart != before_restart
         {
@@ -223,6 +241,9 @@ impl JobContext {
             )));
         }
         self.hold_cut(step, now_ms);
+        if let Some(c) = self.flash.cuts.get_mut(&step) {
+            c.by = Some((key, incarnation));
+        }
         let shards = format!(
             "{} of {} shards done",
             self.ledger.done_shards(),
@@ -267,13 +288,24 @@ impl JobContext {
                  written out{new_ranks}"
             ),
         );
+        // (Before the cut ends the round the leader is chosen from.)
+        let lead = self.cut_leader(key);
+        if let (Some(c), Some(index)) = (self.flash.cuts.get_mut(&step), lead)
+            && index != key.index
+        {
+            c.lead = Some(SlotKey {
+                role: key.role,
+                index,
+            });
+        }
         let effects = self.on_cut(now_ms);
         if peers_get.is_some()
+            && let Some(lead) = lead
             && let Some(r) = self.group.rendezvous_mut()
         {
             // It holds the cut's state: it sends it as rank 0 of the round after, wherever
             // the plan put the others (a moved lowest index does not displace it).
-            r.lead_next(key.index);
+            r.lead_next(lead);
         }
         if let (Some((_, survivors)), Some(t)) = (peers_get, &self.transition) {
             self.flash.peer_round = Some(PeerRound {
@@ -295,6 +327,8 @@ impl JobContext {
                 ledger: self.ledger.snapshot(),
                 taken_at_ms: now_ms,
                 training_ms: self.training_time.training_ms,
+                by: None,
+                lead: None,
             },
         );
     }
@@ -356,20 +390,54 @@ impl JobContext {
             if !self.process_joins() || !only_trainers {
                 return Some("the plan's moved processes load it from disk");
             }
-            // Rank 0 of the cut leads the round after and sends the state: moved, it would
-            // hold nothing there, and its copy (the one written out) would go with its agent.
-            if self
-                .slots
-                .get(&rank0)
-                .is_some_and(|s| s.migrate_to.is_some())
-            {
+            // Rank 0 of the cut, or where the plan moves it another process of the cut that
+            // the plan keeps, leads the round after and sends the state.
+            if self.cut_leader(rank0).is_none() {
                 return Some(
-                    "the plan moves rank 0 of the cut, whose copy is the one written out: the \
-                     moved processes load it from disk",
+                    "the plan moves every process of the cut it keeps: the moved processes \
+                     load it from disk",
                 );
             }
         }
         (grows && !self.process_joins()).then_some("the plan's new processes load it from disk")
+    }
+
+    /// Who leads the round after the cut held by `rank0` and sends the cut's state (by
+    /// index): `rank0` itself, or where the plan moves it, the lowest index of the cut's
+    /// members that the plan neither moves nor removes. None: no such process.
+    fn cut_leader(&self, rank0: SlotKey) -> Option<u32> {
+        let moved = |index: u32| {
+            self.slots
+                .get(&SlotKey {
+                    role: rank0.role,
+                    index,
+                })
+                .is_some_and(|s| s.migrate_to.is_some())
+        };
+        if !moved(rank0.index) {
+            return Some(rank0.index);
+        }
+        let kept = self.transition.as_ref().map_or(u32::MAX, |t| {
+            t.to.get(&rank0.role).copied().unwrap_or(u32::MAX)
+        });
+        let round = self.group.rendezvous()?.current()?;
+        round
+            .members
+            .iter()
+            .map(|m| m.index)
+            .filter(|&i| i < kept && !moved(i))
+            .min()
+    }
+
+    /// The step of a cut held in memory whose copy process `key` writes out too: it leads the
+    /// round after a plan that moved rank 0 of the cut (see [`HeldCut::lead`]). Said in its
+    /// agent's heartbeats until the step is committed (or the cut dropped).
+    pub fn persist_step_for(&self, key: SlotKey) -> Option<u64> {
+        self.flash
+            .cuts
+            .iter()
+            .find(|(_, c)| c.lead == Some(key))
+            .map(|(step, _)| *step)
     }
 
     /// The training group's processes the transition moves (by index).
