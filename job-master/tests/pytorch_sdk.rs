@@ -442,6 +442,41 @@ impl FlashRestart {
     }
 }
 
+/// A job named `name` whose workers (`worker`: their role's fields, `replicas: 2`) run
+/// `tests/scripts/sdk_flash.py` with `args` (logging to `log`) on `python` with the SDK at
+/// `sdk`, with `memory` of flash memory and its checkpoints under `dir/ckpt`.
+fn sdk_flash_job(
+    (python, sdk): (&str, &Path),
+    dir: &Path,
+    name: &str,
+    worker: &str,
+    memory: &str,
+    log: &Path,
+    args: &[String],
+) -> job_master::spec::JobSpec {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
+    let mut argv = vec![python.to_string(), script.display().to_string()];
+    argv.extend(args.iter().cloned());
+    argv.extend(["--log".to_string(), log.display().to_string()]);
+    let yaml = format!(
+        r#"
+name: {name}
+kind: allreduce
+roles:
+  worker: {{ {worker} }}
+workload:
+  command: {argv:?}
+  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
+data: {{ num_samples: 100, shard_size: 10 }}
+checkpoint: {{ dir: {:?}, flash: {{ memory: {memory} }} }}
+"#,
+        dir.join("ckpt")
+    );
+    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    spec
+}
+
 /// `tests/scripts/sdk_flash.py` on two ranks saving with `job.save_async` (`--sharded`: each
 /// rank its own shard) until the master has committed two steps; then rank 1's copies are
 /// taken out of its node's memory and its process is killed -9, so the group restarts and
@@ -451,36 +486,21 @@ impl FlashRestart {
 async fn flash_restart(python: &str, sdk: &Path, sharded: bool) -> FlashRestart {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("flash.jsonl");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
-    let mut argv = vec![
-        python.to_string(),
-        script.display().to_string(),
-        "--target".into(),
-        "1200".into(),
-        "--log".into(),
-        log.display().to_string(),
-    ];
+    let mut args = vec!["--target".to_string(), "1200".into()];
     if sharded {
-        argv.push("--sharded".into());
+        args.push("--sharded".into());
     }
     // The two tests run in one process: their runs (named by job and process) must differ.
     let name = if sharded { "flash-sharded" } else { "flash" };
-    let yaml = format!(
-        r#"
-name: {name}
-kind: allreduce
-roles:
-  worker: {{ replicas: 2 }}
-workload:
-  command: {argv:?}
-  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
-data: {{ num_samples: 100, shard_size: 10 }}
-checkpoint: {{ dir: {:?}, flash: {{ memory: 64Mi }} }}
-"#,
-        dir.path().join("ckpt")
+    let spec = sdk_flash_job(
+        (python, sdk),
+        dir.path(),
+        name,
+        "replicas: 2",
+        "64Mi",
+        &log,
+        &args,
     );
-    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
-    spec.validate().unwrap();
     let mut run = start(spec, dir.path()).await;
     wait_for(
         run.addr,
@@ -584,37 +604,19 @@ async fn a_flash_copy_made_just_before_its_process_ends_is_written_out_and_commi
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("flash.jsonl");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
-    let argv = [
-        python,
-        script.display().to_string(),
-        "--target".into(),
-        "50".into(),
-        "--every".into(),
-        "50".into(),
-        "--mib".into(),
-        "32".into(),
-        "--sleep".into(),
-        "0".into(),
-        "--log".into(),
-        log.display().to_string(),
-    ];
-    let yaml = format!(
-        r#"
-name: flash-last
-kind: allreduce
-roles:
-  worker: {{ replicas: 1 }}
-workload:
-  command: {argv:?}
-  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
-data: {{ num_samples: 100, shard_size: 10 }}
-checkpoint: {{ dir: {:?}, flash: {{ memory: 128Mi }} }}
-"#,
-        dir.path().join("ckpt")
+    let args = [
+        "--target", "50", "--every", "50", "--mib", "32", "--sleep", "0",
+    ]
+    .map(String::from);
+    let spec = sdk_flash_job(
+        (&python, &sdk),
+        dir.path(),
+        "flash-last",
+        "replicas: 1",
+        "128Mi",
+        &log,
+        &args,
     );
-    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
-    spec.validate().unwrap();
     let report = start(spec, dir.path()).await.report().await;
     let text = report.events.join("\n");
     assert!(report.succeeded(), "{:?}\n{text}", report.reason);
@@ -841,6 +843,61 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     assert!(said("peer") >= 1, "{text}");
 }
 
+/// A worker of the DDP example that starts late (its first process sleeps 15 s before Python
+/// runs; the round waits 4 s for a process not joined yet), with flash memory: the group's
+/// first round closes with the other two, which train;
+/// once it asks to join, the group drains to a cut held in memory and re-forms at once (no
+/// wait for the disk), rank 0 of the cut sending the late worker the cut's state over the new
+/// group; every sample is trained once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_worker_gets_the_cut_from_rank_0_without_waiting_for_the_disk() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
+    let mut spec = spec(&python, &sdk, &ckpt, &log);
+    // Two epochs: the data must last past the late worker's start.
+    spec.epochs = 2;
+    spec.checkpoint.flash = Some(vocab::spec::FlashSpec {
+        memory: Some(vocab::Bytes(16 << 20)),
+    });
+    let late = "[ \"$BRAIN_INDEX.$BRAIN_INCARNATION\" = 2.1 ] && sleep 15; exec \"$@\"";
+    let mut command = vec!["sh".to_string(), "-c".into(), late.into(), "sh".into()];
+    command.extend(spec.workload.command.take().unwrap());
+    spec.workload.command = Some(command);
+    let worker = spec.roles.get_mut(&vocab::Role::WORKER).unwrap();
+    (worker.replicas, worker.min, worker.max) = (Some(3), Some(2), Some(3));
+    spec.validate().unwrap();
+    let timing = job_master::job::Timing {
+        register_timeout_ms: 4_000,
+        ..test_timing()
+    };
+    let report = start_with(spec, dir.path(), timing).await.report().await;
+    let text = report.events.join("\n");
+    assert!(
+        report.succeeded(),
+        "{:?}\n{text}\n{}",
+        report.reason,
+        logs_of(&dir.path().join("run/logs"))
+    );
+    assert_each_sample_once(&report, SAMPLES, 2);
+    for said in [
+        "worker(s) [2] joined after round 0 closed without them",
+        "training goes on while it is written out; the workers that joined late get it from \
+         rank 0 over the new group",
+        "worker-2 (incarnation 1) restored step",
+    ] {
+        assert!(text.contains(said), "{said}: {text}");
+    }
+    assert!(!text.contains("joined late load it from disk"), "{text}");
+    let from_peer = report
+        .events
+        .iter()
+        .any(|e| e.contains("worker-2 (incarnation 1) restored step") && e.ends_with("from peer"));
+    assert!(from_peer, "{text}");
+}
+
 /// The flash directory of this test process's run of job `name`: its job master's run id is
 /// the name, the pid, a count of the runs the process started and 32 random bits (the one
 /// directory so named).
@@ -915,35 +972,16 @@ async fn an_agent_killed_while_writing_a_copy_out_leaves_a_whole_committed_check
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("flash.jsonl");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/sdk_flash.py");
-    let argv = [
-        python.clone(),
-        script.display().to_string(),
-        "--target".into(),
-        "600".into(),
-        "--mib".into(),
-        "64".into(),
-        "--sleep".into(),
-        "0.02".into(),
-        "--log".into(),
-        log.display().to_string(),
-    ];
-    let yaml = format!(
-        r#"
-name: flash-agent-kill
-kind: allreduce
-roles:
-  worker: {{ replicas: 2, max_restarts: 3 }}
-workload:
-  command: {argv:?}
-  env: {{ OMP_NUM_THREADS: "1", PYTHONPATH: {sdk:?} }}
-data: {{ num_samples: 100, shard_size: 10 }}
-checkpoint: {{ dir: {:?}, flash: {{ memory: 256Mi }} }}
-"#,
-        dir.path().join("ckpt")
+    let args = ["--target", "600", "--mib", "64", "--sleep", "0.02"].map(String::from);
+    let spec = sdk_flash_job(
+        (&python, &sdk),
+        dir.path(),
+        "flash-agent-kill",
+        "replicas: 2, max_restarts: 3",
+        "256Mi",
+        &log,
+        &args,
     );
-    let spec = job_master::spec::JobSpec::from_yaml(&yaml).unwrap();
-    spec.validate().unwrap();
     let mut run = start(spec, dir.path()).await;
     wait_for(
         run.addr,

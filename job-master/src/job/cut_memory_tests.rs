@@ -118,6 +118,33 @@ fn moved_at_cut(moved: &[u32], cut_by: SlotKey) -> JobContext {
     ctx
 }
 
+/// `ctx` after a cut held in memory and a plan that moved worker 0 (see [`moved_at_cut`]): the
+/// move goes on without waiting for the disk, worker 0's process leaves, its successor is
+/// launched, and the round after forms with worker 1 as its rank 0, which sends the cut's
+/// state (step 3) to worker 0's new process.
+fn worker_1_leads_moved_worker_0(ctx: &mut JobContext) {
+    let (w0, w1) = (key(Role::WORKER, 0), key(Role::WORKER, 1));
+    assert!(
+        !ctx.checkpoint_saving,
+        "the move does not wait for the disk"
+    );
+    let after = ctx.transition.as_ref().unwrap().round_after;
+    assert!(ctx.join_rendezvous(w0, 1, 7).unwrap().removed);
+    ctx.advance(7);
+    assert_eq!(ctx.slots[&w0].incarnation, 2, "its successor launched");
+    ctx.register_agent(w0, 2, "h2".into(), "127.0.0.1:9100".into(), 7)
+        .unwrap();
+    ctx.join_rendezvous_at(w0, 2, Some("127.0.0.1:7100".into()), 8)
+        .unwrap();
+    ctx.join_rendezvous_at(w1, 1, Some("127.0.0.1:8001".into()), 8)
+        .unwrap();
+    for (k, inc, rank) in [(w0, 2, 1), (w1, 1, 0)] {
+        let v = ctx.join_rendezvous(k, inc, 9).unwrap();
+        assert!(v.ready && v.round == after, "{k}: {v:?}");
+        assert_eq!((v.rank, v.state_from_rank0), (rank, Some(3)), "{k}: {v:?}");
+    }
+}
+
 /// A plan that moves a process, with its cut held in flash memory: the job goes on without
 /// waiting for the copy on disk, and the moved process's successor takes the cut's state from
 /// rank 0 (a process that took part in the cut) as the round after it forms; rank 0 of the cut
@@ -210,24 +237,7 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     // leads the round after (rank 0) though worker 0's successor has the lower index, and
     // sends it the state.
     let mut ctx = moved_at_cut(&[0], w1);
-    assert!(
-        !ctx.checkpoint_saving,
-        "the move does not wait for the disk"
-    );
-    let after = ctx.transition.as_ref().unwrap().round_after;
-    assert!(ctx.join_rendezvous(w0, 1, 7).unwrap().removed);
-    ctx.advance(7);
-    ctx.register_agent(w0, 2, "h2".into(), "127.0.0.1:9100".into(), 7)
-        .unwrap();
-    ctx.join_rendezvous_at(w0, 2, Some("127.0.0.1:7100".into()), 8)
-        .unwrap();
-    ctx.join_rendezvous_at(w1, 1, Some("127.0.0.1:8001".into()), 8)
-        .unwrap();
-    for (k, inc, rank) in [(w0, 2, 1), (w1, 1, 0)] {
-        let v = ctx.join_rendezvous(k, inc, 9).unwrap();
-        assert!(v.ready && v.round == after, "{k}: {v:?}");
-        assert_eq!((v.rank, v.state_from_rank0), (rank, Some(3)), "{k}: {v:?}");
-    }
+    worker_1_leads_moved_worker_0(&mut ctx);
     // The round after that goes by index again.
     ctx.transition = None;
     ctx.group.rendezvous_mut().unwrap().invalidate();
@@ -240,29 +250,11 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     // sends the state, and is asked to write its copy out too; rank 0's copy, written out by
     // its agent once it has been moved, is still the cut's and is committed.
     let mut ctx = moved_at_cut(&[0], w0);
-    assert!(
-        !ctx.checkpoint_saving,
-        "the move does not wait for the disk"
-    );
     assert_eq!(
         (ctx.persist_step_for(w1), ctx.persist_step_for(w0)),
         (Some(3), None)
     );
-    let after = ctx.transition.as_ref().unwrap().round_after;
-    assert!(ctx.join_rendezvous(w0, 1, 7).unwrap().removed);
-    ctx.advance(7);
-    assert_eq!(ctx.slots[&w0].incarnation, 2, "its successor launched");
-    ctx.register_agent(w0, 2, "h2".into(), "127.0.0.1:9100".into(), 7)
-        .unwrap();
-    ctx.join_rendezvous_at(w0, 2, Some("127.0.0.1:7100".into()), 8)
-        .unwrap();
-    ctx.join_rendezvous_at(w1, 1, Some("127.0.0.1:8001".into()), 8)
-        .unwrap();
-    for (k, inc, rank) in [(w0, 2, 1), (w1, 1, 0)] {
-        let v = ctx.join_rendezvous(k, inc, 9).unwrap();
-        assert!(v.ready && v.round == after, "{k}: {v:?}");
-        assert_eq!((v.rank, v.state_from_rank0), (rank, Some(3)), "{k}: {v:?}");
-    }
+    worker_1_leads_moved_worker_0(&mut ctx);
     let part = super::flash::PartWritten {
         step: 3,
         rank: 0,

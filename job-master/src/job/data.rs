@@ -449,12 +449,14 @@ impl JobContext {
             .filter(|s| s.key.role == trainer && s.phase.is_live())
             .collect();
         // So must an all-reduce worker that registered after the group that did the work
-        // formed without it, and waits to join a round that never comes (its process not
-        // started: seen in CI's Ray chaos soak, a worker placed 40 s late).
+        // formed without it, and waits to join a round that never comes: its process not
+        // started (seen in CI's Ray chaos soak, a worker placed 40 s late), or, for a script
+        // that joins itself, started and waiting at the rendezvous (one that started late).
         let round = self.group.rendezvous().and_then(|r| r.current());
+        let joins = self.process_joins();
         let outside = |s: &Slot| {
             matches!(s.phase, SlotPhase::Running | SlotPhase::Restarting)
-                && s.process_pid == 0
+                && (s.process_pid == 0 || joins)
                 && round.is_some_and(|r| {
                     !r.members
                         .iter()
@@ -473,9 +475,12 @@ impl JobContext {
                     .all(|s| s.phase == SlotPhase::Succeeded || unstarted.contains(&s.key)));
         if workers_done && data_done {
             for key in unstarted {
-                let how = match self.slots.get(&key).map(|s| s.phase) {
-                    Some(SlotPhase::Launching) => "was never started (still pending)",
-                    _ => "never joined the group that did the work (its process not started)",
+                let how = match self.slots.get(&key).map(|s| (s.phase, s.process_pid)) {
+                    Some((SlotPhase::Launching, _)) => "was never started (still pending)",
+                    Some((_, 0)) => {
+                        "never joined the group that did the work (its process not started)"
+                    }
+                    _ => "never joined the group that did the work (its process waits to join)",
                 };
                 self.log(
                     now_ms,

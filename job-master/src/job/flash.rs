@@ -263,20 +263,7 @@ impl JobContext {
         }
         self.checkpoint_pending = false;
         self.shards_since_checkpoint = 0;
-        let trainer = self.trainer();
-        // The plan's own cut (not a periodic one while its processes start) that grows the
-        // group or moves processes of it: what they get from rank 0.
-        let moved = self.moved_trainers();
-        let peers_get = self.transition.as_ref().and_then(|t| {
-            let grows = t.to.get(&trainer) > t.from.get(&trainer);
-            let who = match (grows, moved.is_empty()) {
-                (true, true) => "the ranks the plan adds",
-                (false, false) => "the processes the plan moves",
-                (true, false) => "the ranks the plan adds or moves",
-                (false, true) => return None,
-            };
-            (t.step == Step::Cut).then(|| (who, t.from.get(&trainer).copied().unwrap_or(0)))
-        });
+        let peers_get = self.peers_get_cut();
         let new_ranks = peers_get.map_or(String::new(), |(who, _)| {
             format!("; {who} get it from rank 0 over the new group")
         });
@@ -298,24 +285,52 @@ impl JobContext {
                 index,
             });
         }
+        let moved = self.moved_trainers();
         let effects = self.on_cut(now_ms);
-        if peers_get.is_some()
-            && let Some(lead) = lead
-            && let Some(r) = self.group.rendezvous_mut()
-        {
+        // The round after: a plan's (`on_cut` numbered it), or the late joiners' re-formation
+        // (which starts now, the cut's state coming from rank 0 rather than from disk).
+        // (A plan that came meanwhile re-forms the group itself: `late_reform_at_cut` says no.)
+        let late = self.late_reform == Some(super::late::LateReform::AtCut);
+        let round_after = match (late && self.late_reform_at_cut(now_ms), self.late_reform) {
+            (true, Some(super::late::LateReform::ToRound(n))) => Some(n),
+            _ => self.transition.as_ref().map(|t| t.round_after),
+        };
+        if let (Some((_, survivors)), Some(lead), Some(round)) = (peers_get, lead, round_after) {
             // It holds the cut's state: it sends it as rank 0 of the round after, wherever
             // the plan put the others (a moved lowest index does not displace it).
-            r.lead_next(lead);
-        }
-        if let (Some((_, survivors)), Some(t)) = (peers_get, &self.transition) {
+            if let Some(r) = self.group.rendezvous_mut() {
+                r.lead_next(lead);
+            }
             self.flash.peer_round = Some(PeerRound {
-                round: t.round_after,
+                round,
                 step,
                 survivors,
                 moved,
             });
         }
         Ok(effects)
+    }
+
+    /// Who gets the pending cut's state from rank 0 over the group as the round after forms,
+    /// and how many processes took part in the cut: the ranks a plan adds or moves at its own
+    /// cut (not a periodic one while its processes start), or the workers that joined late
+    /// for whom the group re-forms (a script on the SDK; the built-in workload's load it
+    /// from disk).
+    fn peers_get_cut(&self) -> Option<(&'static str, u32)> {
+        let trainer = self.trainer();
+        let Some(t) = self.transition.as_ref() else {
+            let late = self.late_reform == Some(super::late::LateReform::AtCut);
+            let size = self.role_counts().get(&trainer).copied().unwrap_or(0);
+            return late.then_some(("the workers that joined late", size));
+        };
+        let grows = t.to.get(&trainer) > t.from.get(&trainer);
+        let who = match (grows, self.moved_trainers().is_empty()) {
+            (true, true) => "the ranks the plan adds",
+            (false, false) => "the processes the plan moves",
+            (true, false) => "the ranks the plan adds or moves",
+            (false, true) => return None,
+        };
+        (t.step == Step::Cut).then(|| (who, t.from.get(&trainer).copied().unwrap_or(0)))
     }
 
     /// The drained cut at `step` is held in memory: what its checkpoint record gets once the
@@ -373,7 +388,7 @@ impl JobContext {
         if self.stability.replace_at_cut.is_some() {
             return Some("the group restarts from it");
         }
-        if self.late_reform == Some(super::late::LateReform::AtCut) {
+        if self.late_reform == Some(super::late::LateReform::AtCut) && !self.process_joins() {
             return Some("the workers that joined late load it from disk");
         }
         let t = self.transition.as_ref()?;

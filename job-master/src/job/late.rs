@@ -3,7 +3,8 @@
 //! group re-forms once more to take them in, as a plan's Settle does for its own late workers
 //! (`advance.rs`). The group drains to a cut, the cut is committed on disk (the late workers
 //! load it from there), and the members are told to re-form; the next round takes in the late
-//! ones. A command that does not re-form in place would have to restart the whole group for
+//! ones. A script on the SDK whose cut is held in flash memory re-forms at once instead, rank 0
+//! of the cut sending the late ones its state over the new group (`flash.rs`). A command that does not re-form in place would have to restart the whole group for
 //! them, and a worker slow to start is as slow again after the restart (likely what a CI run
 //! showed: a command's workers at their third incarnation in two minutes, never training):
 //! its late workers are left outside the group until its next plan or restart, said in an
@@ -204,6 +205,56 @@ mod tests {
         assert!(!ctx.checkpoint_pending);
         let (v, _) = ctx.lease_with(W0, 1, None, Some(view.round), 14).unwrap();
         assert!(!v.reform);
+    }
+
+    #[test]
+    fn a_script_s_late_worker_gets_the_cut_from_rank_0_with_no_wait_for_the_disk() {
+        let (mut ctx, round) = round_without_worker_2();
+        ctx.spec.workload.builtin = None;
+        ctx.spec.workload.command = Some(vec!["train".into()]);
+        ctx.spec.workload.rescale = Some(crate::spec::Rescale::InPlace);
+        assert!(ctx.process_joins());
+        ctx.take_in_late_joiners(5);
+        let (v, _) = ctx.lease_with(W0, 1, None, Some(round), 7).unwrap();
+        assert!(v.checkpoint_due);
+        ctx.cut_in_memory(W0, 1, 40, 8).unwrap();
+        assert!(
+            !ctx.checkpoint_saving && !ctx.checkpoint_pending,
+            "no wait for the disk"
+        );
+        assert!(
+            events(&ctx).iter().any(|e| e.contains(
+                "training goes on while it is written out; the workers that joined late get it \
+                 from rank 0 over the new group"
+            )),
+            "{:?}",
+            events(&ctx)
+        );
+        // Told to re-form at once: the round after takes in all three, worker 0 (rank 0 of
+        // the cut) sending the cut's state to each.
+        let (v, _) = ctx.lease_with(W1, 1, None, Some(round), 10).unwrap();
+        assert!(v.reform);
+        for key in [W0, W1, W2] {
+            ctx.join_rendezvous(key, 1, 11).unwrap();
+        }
+        for (key, rank) in [(W0, 0), (W1, 1), (W2, 2)] {
+            let v = ctx.join_rendezvous(key, 1, 12).unwrap();
+            assert!(v.ready, "{key}: {v:?}");
+            assert_eq!(
+                (v.rank, v.state_from_rank0),
+                (rank, Some(40)),
+                "{key}: {v:?}"
+            );
+        }
+        assert!(ctx.take_in_late_joiners(13).is_empty());
+        assert_eq!(ctx.late_reform, None);
+        // The copy written out later commits the step; nothing re-forms again.
+        let g = ctx.generation;
+        ctx.checkpoint_committed(1, "/c/m.json".into(), 40, g, 14)
+            .unwrap();
+        assert_eq!(ctx.late_reform, None);
+        let (v, _) = ctx.lease_with(W2, 1, None, Some(round + 1), 15).unwrap();
+        assert!(!v.reform, "{v:?}");
     }
 
     #[test]

@@ -503,6 +503,28 @@ fn a_worker_that_never_joined_the_working_group_does_not_hold_the_job_open() {
     assert_eq!(ctx.phase, JobPhase::Succeeded);
 }
 
+#[test]
+fn a_script_s_worker_waiting_to_join_once_the_data_is_done_does_not_hold_the_job_open() {
+    // A script joins the rendezvous itself: worker 1's process started late and waits to
+    // join while worker 0's round does all the data.
+    let mut ctx = running("allreduce", 0, 2, 0);
+    ctx.spec.workload.builtin = None;
+    ctx.spec.workload.command = Some(vec!["train".into()]);
+    ctx.spec.workload.rescale = Some(crate::spec::Rescale::InPlace);
+    assert!(ctx.process_joins());
+    let w1 = ctx.slots.get_mut(&W1).unwrap();
+    (w1.incarnation, w1.process_pid) = (2, 4343);
+    ctx.slots.get_mut(&W0).unwrap().process_pid = 4242;
+    worker_0_does_the_data_alone_and_ends_the_job(&mut ctx);
+    assert!(
+        ctx.events.iter().any(|e| e.text
+            == "worker-1 never joined the group that did the work (its process waits to join) \
+                and the data is all done: it is not needed, and is stopped with the job"),
+        "{:?}",
+        ctx.events.last()
+    );
+}
+
 /// How many members the training group's current round has.
 pub(super) fn round_size(ctx: &JobContext) -> usize {
     let round = ctx.group.rendezvous().and_then(|r| r.current());
