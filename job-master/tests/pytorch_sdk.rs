@@ -669,6 +669,23 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
     );
 }
 
+/// The DDP example's job with 16 MiB of flash memory for `epochs` epochs, its checkpoints in
+/// `dir/ckpt`; and where its script's events go.
+fn flash_ddp(
+    python: &str,
+    sdk: &Path,
+    dir: &Path,
+    epochs: i64,
+) -> (job_master::spec::JobSpec, std::path::PathBuf) {
+    let (ckpt, log) = (dir.join("ckpt"), dir.join("events.jsonl"));
+    let mut spec = spec(python, sdk, &ckpt, &log);
+    spec.epochs = epochs;
+    spec.checkpoint.flash = Some(vocab::spec::FlashSpec {
+        memory: Some(vocab::Bytes(16 << 20)),
+    });
+    (spec, log)
+}
+
 /// The DDP example with flash memory (`checkpoint.flash.memory`): every consistent cut is a
 /// copy in the agents' memory, the cut ends without waiting for a disk and the copy is
 /// committed once written out. A rank killed with kill -9 restarts the group, and both ranks
@@ -682,14 +699,9 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
-    let mut spec = spec(&python, &sdk, &ckpt, &log);
     // Three epochs: a loaded machine (CI) trains slowly between the plans, and two were seen to end
     // before the cut after the move.
-    spec.epochs = 3;
-    spec.checkpoint.flash = Some(vocab::spec::FlashSpec {
-        memory: Some(vocab::Bytes(16 << 20)),
-    });
+    let (spec, log) = flash_ddp(&python, &sdk, dir.path(), 3);
     let mut run = start(spec, dir.path()).await;
     let addr = run.addr;
     let s = wait_for(addr, Duration::from_secs(120), "a checkpoint", |s| {
@@ -855,13 +867,8 @@ async fn a_late_worker_gets_the_cut_from_rank_0_without_waiting_for_the_disk() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
-    let mut spec = spec(&python, &sdk, &ckpt, &log);
     // Two epochs: the data must last past the late worker's start.
-    spec.epochs = 2;
-    spec.checkpoint.flash = Some(vocab::spec::FlashSpec {
-        memory: Some(vocab::Bytes(16 << 20)),
-    });
+    let (mut spec, _) = flash_ddp(&python, &sdk, dir.path(), 2);
     let late = "[ \"$BRAIN_INDEX.$BRAIN_INCARNATION\" = 2.1 ] && sleep 15; exec \"$@\"";
     let mut command = vec!["sh".to_string(), "-c".into(), late.into(), "sh".into()];
     command.extend(spec.workload.command.take().unwrap());
