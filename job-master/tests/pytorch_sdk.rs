@@ -669,6 +669,20 @@ async fn sharded_flash_checkpoints_commit_every_shard_and_each_rank_restores_its
     );
 }
 
+/// Asserts the DDP example's job ran in `dir` succeeded (else shows its events and logs) and
+/// trained each sample once in each of `epochs`; its events, one a line.
+fn trained_each_sample_once(report: &job_master::JobReport, dir: &Path, epochs: u64) -> String {
+    let text = report.events.join("\n");
+    assert!(
+        report.succeeded(),
+        "{:?}\n{text}\n{}",
+        report.reason,
+        logs_of(&dir.join("run/logs"))
+    );
+    assert_each_sample_once(report, SAMPLES, epochs);
+    text
+}
+
 /// The DDP example's job with 16 MiB of flash memory for `epochs` epochs, its checkpoints in
 /// `dir/ckpt`; and where its script's events go.
 fn flash_ddp(
@@ -772,14 +786,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     reached(addr, 3).await;
 
     let report = run.report().await;
-    let text = report.events.join("\n");
-    assert!(
-        report.succeeded(),
-        "{:?}\n{text}\n{}",
-        report.reason,
-        logs_of(&dir.path().join("run/logs"))
-    );
-    assert_each_sample_once(&report, SAMPLES, 3);
+    let text = trained_each_sample_once(&report, dir.path(), 3);
     // Every checkpoint committed was a cut held in memory: no rank 0 saved one to disk.
     assert!(
         report
@@ -881,14 +888,7 @@ async fn a_late_worker_gets_the_cut_from_rank_0_without_waiting_for_the_disk() {
         ..test_timing()
     };
     let report = start_with(spec, dir.path(), timing).await.report().await;
-    let text = report.events.join("\n");
-    assert!(
-        report.succeeded(),
-        "{:?}\n{text}\n{}",
-        report.reason,
-        logs_of(&dir.path().join("run/logs"))
-    );
-    assert_each_sample_once(&report, SAMPLES, 2);
+    let text = trained_each_sample_once(&report, dir.path(), 2);
     for said in [
         "worker(s) [2] joined after round 0 closed without them",
         "training goes on while it is written out; the workers that joined late get it from \

@@ -26,7 +26,7 @@ impl JobContext {
         if self.spec.checkpoint.flash.is_some() && self.ps_cut_to_disk(step, now_ms).is_none() {
             // Held before the copies are taken: the agents may write a part out before the
             // last PS has answered, and a part is taken only for a cut the master holds.
-            self.hold_cut(step, now_ms);
+            self.hold_cut(step, None, now_ms);
             return vec![Effect::CopyPsCut {
                 id,
                 dir,

@@ -240,10 +240,7 @@ impl JobContext {
                 "a cut held in memory at step {step}: {why}, so this one goes to disk"
             )));
         }
-        self.hold_cut(step, now_ms);
-        if let Some(c) = self.flash.cuts.get_mut(&step) {
-            c.by = Some((key, incarnation));
-        }
+        self.hold_cut(step, Some((key, incarnation)), now_ms);
         let shards = format!(
             "{} of {} shards done",
             self.ledger.done_shards(),
@@ -334,15 +331,16 @@ impl JobContext {
     }
 
     /// The drained cut at `step` is held in memory: what its checkpoint record gets once the
-    /// copy is written out (the ledger as it is now).
-    pub(super) fn hold_cut(&mut self, step: u64, now_ms: u64) {
+    /// copy is written out (the ledger as it is now); `by`: rank 0 of the cut, whose copy is
+    /// written out (none for a ps job's, whose servers each write a part).
+    pub(super) fn hold_cut(&mut self, step: u64, by: Option<(SlotKey, u64)>, now_ms: u64) {
         self.flash.cuts.insert(
             step,
             HeldCut {
                 ledger: self.ledger.snapshot(),
                 taken_at_ms: now_ms,
                 training_ms: self.training_time.training_ms,
-                by: None,
+                by,
                 lead: None,
             },
         );

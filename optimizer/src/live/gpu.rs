@@ -22,74 +22,20 @@
 //! again with the jobs cut held there, so the GPUs they could not use go to other jobs.
 //! The heuristics (PS count, resources) correct CPU jobs only.
 
+mod models;
 mod on_nodes;
+mod passes;
+
+pub(super) use models::cluster_gpus;
+pub use models::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
+use passes::NodeCap;
+pub(super) use passes::plan_gpu_jobs;
 
 use super::nodes::Free;
 use super::*;
 use crate::schedule::Slots;
 use on_nodes::{elsewhere, on_nodes};
 use vocab::Gpus;
-
-/// A node's GPUs as the round sees them.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LiveNode {
-    /// How the platform names it (a Ray node: its address).
-    pub name: String,
-    pub gpus: u32,
-    /// Its GPU model (`V100`); GPUs of no declared model are of model [`ANY_MODEL`].
-    pub gpu_type: String,
-}
-
-/// The model of GPUs a node declares without one.
-pub const ANY_MODEL: &str = "GPU";
-
-/// The cluster's GPU models (sorted) and, per model, the GPUs of its largest node and all.
-pub fn gpu_models(nodes: &[LiveNode]) -> BTreeMap<String, (u32, u32)> {
-    let mut out: BTreeMap<String, (u32, u32)> = BTreeMap::new();
-    for n in nodes.iter().filter(|n| n.gpus > 0) {
-        let e = out.entry(n.gpu_type.clone()).or_default();
-        e.0 = e.0.max(n.gpus);
-        e.1 += n.gpus;
-    }
-    out
-}
-
-/// Why a job asking for `gpus` GPUs of `model` per worker can never run on `nodes`, naming the
-/// cluster's models and sizes; `None` when some node holds a worker.
-pub fn unplaceable(nodes: &[LiveNode], gpus: Gpus, model: Option<&str>) -> Option<String> {
-    if gpus.is_zero() {
-        return None;
-    }
-    let models = gpu_models(nodes);
-    let fits = models
-        .iter()
-        .any(|(m, (largest, _))| model.is_none_or(|want| want == m) && *largest >= gpus.devices());
-    if fits {
-        return None;
-    }
-    let have = cluster_gpus(nodes);
-    let want = match model {
-        Some(m) if !models.contains_key(m) => format!("GPU model {m:?}, which no node has"),
-        Some(m) => format!("{gpus} {m} GPUs per worker, more than any node holds"),
-        None => format!("{gpus} GPUs per worker, more than any node holds"),
-    };
-    Some(format!("the job asks for {want}: {have}"))
-}
-
-/// The cluster's GPUs as a refusal names them: `the cluster has A100: 4 GPUs, at most 4 on a
-/// node; V100: ...`, or that it has none.
-pub(super) fn cluster_gpus(nodes: &[LiveNode]) -> String {
-    let models = gpu_models(nodes);
-    if models.is_empty() {
-        return "the cluster has no GPUs".to_string();
-    }
-    let list: Vec<String> = models
-        .iter()
-        .map(|(m, (largest, total))| format!("{m}: {total} GPUs, at most {largest} on a node"))
-        .collect();
-    format!("the cluster has {}", list.join("; "))
-}
 
 /// One GPU job while the round sizes it.
 struct Gpu<'a> {
@@ -183,74 +129,6 @@ pub(super) struct GpuRound {
     /// The nodes' free room once the GPU jobs' new processes are placed on it (none: the
     /// cluster reports no nodes).
     pub free: Option<Free>,
-}
-
-/// A GPU job that the nodes' free room cut below what the scheduler gave it (its GPUs lack
-/// the CPU or memory beside them): in the next pass the scheduler gives it at most `workers`,
-/// so the GPUs it cannot use go to other jobs; `reason` is the cut's, kept for its decision.
-struct NodeCap {
-    workers: u32,
-    reason: String,
-}
-
-/// Passes of the scheduler in one round at most: the first, and two more with the jobs the
-/// nodes' room cut held at what it holds.
-const MAX_PASSES: usize = 3;
-
-/// Sizes the GPU jobs (`gpu_jobs`: index in the snapshot, job). `caps` are what the whole
-/// cluster has; the CPU jobs get what these leave. Where the cluster reports its nodes'
-/// `free` room, the jobs' new processes must fit on it too, each whole on one node with its
-/// GPUs and CPU. The scheduler counts GPUs only: where the nodes' room cuts a job below what
-/// it gave (its GPUs without the CPU beside them), it schedules again with that job held at
-/// what fits, so the GPUs it could not use go to the jobs behind it ([`MAX_PASSES`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn plan_gpu_jobs(
-    gpu_jobs: &[(usize, &LiveJob)],
-    cluster: &LiveCluster,
-    scheduler: &dyn Scheduler,
-    config: &LiveConfig,
-    now: f64,
-    prior: f64,
-    caps: super::Caps,
-    free: Option<Free>,
-    notes: &mut Vec<String>,
-) -> Result<GpuRound, PolicyError> {
-    let mut capped: BTreeMap<JobId, NodeCap> = BTreeMap::new();
-    let mut pass = 1;
-    loop {
-        let mut pass_notes = Vec::new();
-        let (round, cuts) = plan_pass(
-            gpu_jobs,
-            cluster,
-            (scheduler, config),
-            (now, prior),
-            caps,
-            free.clone(),
-            &mut pass_notes,
-            &capped,
-        )?;
-        let new: Vec<(JobId, NodeCap)> = cuts
-            .into_iter()
-            .filter(|(id, _)| !capped.contains_key(id))
-            .collect();
-        if new.is_empty() || pass == MAX_PASSES {
-            notes.extend(pass_notes);
-            if !capped.is_empty() {
-                let held: Vec<String> = capped
-                    .iter()
-                    .map(|(id, c)| format!("{id} at {} workers", c.workers))
-                    .collect();
-                notes.push(format!(
-                    "GPU jobs scheduled again with {} held at what the nodes' free room holds: \
-                     the GPUs they could not use went to the jobs behind them",
-                    held.join(", ")
-                ));
-            }
-            return Ok(round);
-        }
-        capped.extend(new);
-        pass += 1;
-    }
 }
 
 /// One pass of [`plan_gpu_jobs`], the jobs in `capped` given at most their workers there;
