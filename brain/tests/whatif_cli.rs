@@ -134,7 +134,7 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
     // The same seed gives the same report; node failures make the seed matter.
     let again = brainctl(&args);
     assert_eq!(String::from_utf8(again.stdout).unwrap(), expected);
-    for stem in ["jobs", "rounds", "summary", "bound"] {
+    for stem in ["jobs", "rounds", "summary", "bound", "account"] {
         for ext in ["parquet", "csv"] {
             let f = out.join(format!("{stem}.{ext}"));
             assert!(
@@ -160,6 +160,29 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
         );
         assert!(r > 0.0 && r < h, "{cells:?}");
     }
+    // Each finished job's time in parts, which add up to its JCT.
+    let parts = [
+        "floor_s",
+        "least_s",
+        "queue_s",
+        "waits_s",
+        "restarts_s",
+        "batch_s",
+        "sizing_s",
+        "count_s",
+        "type_s",
+        "spread_s",
+        "slow_s",
+        "faults_s",
+    ];
+    for cells in &csv.rows {
+        let jct: f64 = cells[csv.col("jct_s")].parse().unwrap();
+        let sum: f64 = parts
+            .iter()
+            .map(|c| cells[csv.col(c)].parse::<f64>().unwrap())
+            .sum();
+        assert!((sum - jct).abs() < 1e-6 * jct, "{cells:?}");
+    }
     // The bound's row first, then each policy's figures over it: none below 1.
     let bound_csv = std::fs::read_to_string(out.join("bound.csv")).unwrap();
     let bound = Csv::parse(&bound_csv);
@@ -175,6 +198,43 @@ fn a_small_replay_reports_what_the_golden_file_says_and_writes_its_tables() {
             assert!(v >= 1.0, "{c} {row:?}");
         }
     }
+    // Where each policy's distance to the bound goes: its parts, less what the bound adds
+    // above the jobs' alone bounds, are its mean JCT over the bound's, in seconds.
+    let account_csv = std::fs::read_to_string(out.join("account.csv")).unwrap();
+    let account = Csv::parse(&account_csv);
+    assert_eq!(account.rows.len(), POLICIES.len());
+    let bound_mean: f64 = bound.rows[0][bound.col("mean_jct_s")].parse().unwrap();
+    for (row, figures) in account.rows.iter().zip(&bound.rows[1..]) {
+        let get = |c: &str| -> f64 { row[account.col(c)].parse().unwrap() };
+        let parts: f64 = [
+            "queue_s",
+            "waits_s",
+            "restarts_s",
+            "batch_s",
+            "sizing_s",
+            "count_s",
+            "type_s",
+            "spread_s",
+            "slow_s",
+            "faults_s",
+        ]
+        .iter()
+        .map(|c| get(c))
+        .sum();
+        let over = get("over_bound_s");
+        let mean: f64 = figures[bound.col("mean_jct_s")].parse().unwrap();
+        assert!((over - (mean - bound_mean)).abs() < 1e-6 * mean, "{row:?}");
+        assert!(
+            (parts - get("bound_above_alone_s") - over).abs() < 1e-6 * mean,
+            "{row:?}"
+        );
+        // The node failures cost the jobs they struck.
+        assert!(get("faults_s") > 0.0, "{row:?}");
+    }
+    assert!(
+        report.contains("where the distance to the bound goes"),
+        "{report}"
+    );
     let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert!(
         summary

@@ -15,6 +15,8 @@ use crate::BrainError;
 pub struct BoundRow {
     pub jobs: usize,
     pub mean_jct_s: f64,
+    /// The mean of the jobs' alone bounds (at most `mean_jct_s`).
+    pub mean_alone_s: f64,
     pub p99_jct_s: f64,
     pub makespan_s: f64,
     pub mean_from: String,
@@ -45,6 +47,7 @@ pub fn bound(
         }
         mean_from.push(b.mean_from);
     }
+    let mean_alone_s = alone.iter().sum::<f64>() / alone.len().max(1) as f64;
     alone.sort_by(f64::total_cmp);
     let mean_from = {
         // Which bound gave each trace's mean: one name when it was the same for all.
@@ -66,6 +69,7 @@ pub fn bound(
     Ok(BoundRow {
         jobs: alone.len(),
         mean_jct_s: sum / alone.len().max(1) as f64,
+        mean_alone_s,
         p99_jct_s: optimizer::sim::report::quantile(&alone, 0.99),
         makespan_s: makespan,
         mean_from,

@@ -4,14 +4,17 @@
 //! memory; `stream` replays job lists too large to hold row by row (`--stream`), and
 //! `tables` renders the side-by-side table and writes the result tables; `bound` the lower
 //! bound no scheduler beats on the same traces and cluster, and each policy's distance to it;
+//! `account` where that distance goes (queueing, restarts, sizing, fragmentation, ...);
 //! `offline` the best plan that never resizes a job on small traces (`--offline-slot-s`), which
 //! splits that distance.
 
+mod account;
 mod bound;
 mod offline;
 mod stream;
 mod tables;
 
+pub use account::{render_account, write_account};
 pub use bound::{BoundRow, bound, render_bound, write_bound};
 pub use offline::{OfflineRow, offline, render_offline, write_offline};
 pub use stream::{StreamOutputs, StreamedTrace, check_streamed, run_streamed};

@@ -106,7 +106,7 @@ pub fn render_table(results: &[PolicyResult]) -> String {
 }
 
 /// The columns of the jobs table, one row per job of each (policy, trace) replay.
-pub const JOB_COLUMNS: [&str; 22] = [
+pub const JOB_COLUMNS: [&str; 34] = [
     "policy",
     "trace",
     "job",
@@ -129,12 +129,25 @@ pub const JOB_COLUMNS: [&str; 22] = [
     "faults",
     "lost_training_s",
     "saving_gpu_seconds",
+    // A finished job's JCT in parts (`optimizer::sim::JctAccount`; they add up to `jct_s`).
+    "floor_s",
+    "least_s",
+    "queue_s",
+    "waits_s",
+    "restarts_s",
+    "batch_s",
+    "sizing_s",
+    "count_s",
+    "type_s",
+    "spread_s",
+    "slow_s",
+    "faults_s",
 ];
 
 /// A job's row of the jobs table.
 pub(super) fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
     let text = |s: &str| Cell::Text(s.to_string());
-    vec![
+    let mut row = vec![
         text(policy),
         text(trace),
         text(&j.name),
@@ -157,7 +170,27 @@ pub(super) fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
         Cell::U64(j.faults as u64),
         Cell::F64(Some(j.lost_training_s)),
         Cell::F64(Some(j.saving_gpu_seconds)),
-    ]
+    ];
+    let a = &j.account;
+    let done = j.finish_s.is_some();
+    row.extend(
+        [
+            a.floor_s,
+            a.least_s,
+            a.queue_s,
+            a.waits_s,
+            a.restarts_s,
+            a.batch_s,
+            a.sizing_s,
+            a.count_s,
+            a.type_s,
+            a.spread_s,
+            a.slow_s,
+            a.faults_s,
+        ]
+        .map(|v| Cell::F64(done.then_some(v))),
+    );
+    row
 }
 
 /// The columns of the rounds table.

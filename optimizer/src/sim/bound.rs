@@ -50,7 +50,7 @@ pub struct LowerBound {
 
 /// Per epoch, the best goodput and the fewest GPU-seconds per unit of progress of an
 /// application under one batch choice (`None`: the best configuration of each placement).
-type EpochBest = Vec<(f64, f64)>;
+pub(super) type EpochBest = Vec<(f64, f64)>;
 
 /// The bound of `trace` on `cluster` under `config`'s rounds and restart penalty. A job the
 /// replay would refuse (no profile for its application, a rigid job larger than any GPU type)
@@ -69,7 +69,6 @@ pub fn lower_bound(
     let nodes_of: Vec<u32> = (0..world.per_node.len())
         .map(|t| world.node_type.iter().filter(|&&x| x == t).count() as u32)
         .collect();
-    let mut cache: std::collections::HashMap<(usize, Option<u32>), EpochBest> = Default::default();
     let mut caps: std::collections::HashMap<(usize, Option<u32>), Vec<Cap>> = Default::default();
     let (mut alone_s, mut work_gpu_s, mut release) = (Vec::new(), Vec::new(), Vec::new());
     let mut capped = Vec::new();
@@ -89,27 +88,16 @@ pub fn lower_bound(
             }
             (Work::Train { batch_size, .. }, Some(a)) => {
                 let app = &world.apps[a];
-                let choices = match app.fixed_batch_size {
-                    Some(b) => vec![Some(b)],
-                    None => vec![
-                        Some((*batch_size).clamp(app.init_batch_size, app.max_batch_size)),
-                        None,
-                    ],
-                };
+                let choices = setup.batch_choices(a, *batch_size);
                 for c in &choices {
                     let each = caps
                         .entry((a, *c))
                         .or_insert_with(|| rate_caps(app, &world.gpu[a], world, &nodes_of, *c));
                     configs.extend(each.iter().copied());
                 }
-                let per_epoch: Vec<EpochBest> = choices
+                let per_epoch: Vec<std::sync::Arc<EpochBest>> = choices
                     .into_iter()
-                    .map(|c| {
-                        cache
-                            .entry((a, c))
-                            .or_insert_with(|| epoch_best(app, &world.gpu[a], world, &nodes_of, c))
-                            .clone()
-                    })
+                    .map(|c| setup.epoch_best(a, c))
                     .collect();
                 train_bound(app, &per_epoch).ok_or_else(|| {
                     PolicyError::InvalidConfig(format!(
@@ -281,7 +269,7 @@ fn srpt(release: &[f64], work: &[f64], speed: f64) -> Vec<f64> {
 /// Per epoch of `app`, the best goodput and the fewest GPU-seconds per unit of progress on
 /// any GPU type of the cluster (`gpu_of[t]`: the app's index of type `t`), any count and any
 /// step-time class of placement, with batch `choice`.
-fn epoch_best(
+pub(super) fn epoch_best(
     app: &App,
     gpu_of: &[Option<usize>],
     world: &super::world::World,
@@ -319,7 +307,7 @@ fn epoch_best(
 
 /// A training job's least seconds and least GPU-seconds from the per-epoch bests of each
 /// batch choice it may get; `None` if some epoch makes no progress anywhere.
-fn train_bound(app: &App, per_epoch: &[EpochBest]) -> Option<(f64, f64)> {
+fn train_bound(app: &App, per_epoch: &[std::sync::Arc<EpochBest>]) -> Option<(f64, f64)> {
     let (mut seconds, mut work) = (0.0, 0.0);
     for e in 0..app.max_epochs {
         let span = app.progress_at(e + 1) - app.progress_at(e);
@@ -372,7 +360,17 @@ mod tests {
                     let jct = j.jct_s().unwrap();
                     prop_assert!(at_least(jct, *alone), "{}: {} {jct} < {alone}", s.name(), j.name);
                 }
+                // Each job's account starts from the same alone bound, and adds up to its JCT;
+                // without faults no work is done twice.
+                for (j, alone) in r.jobs.iter().zip(&b.alone_s) {
+                    let a = j.account;
+                    let floor = (a.floor_s + a.least_s - alone).abs();
+                    prop_assert!(floor < 1e-6 * alone, "{}: {} {a:?} against {alone}", s.name(), j.name);
+                    prop_assert!((a.total() - j.jct_s().unwrap()).abs() < 1e-6 * alone);
+                    prop_assert!(a.faults_s.abs() < 1e-6 * alone, "{}: {} {a:?}", s.name(), j.name);
+                }
                 let m = &r.summary;
+                prop_assert!((m.mean_account.total() - m.mean_jct_s).abs() < 1e-6 * m.mean_jct_s);
                 prop_assert!(at_least(m.mean_jct_s, b.mean_jct_s), "{} mean {} < {b:?}", s.name(), m.mean_jct_s);
                 prop_assert!(at_least(m.p99_jct_s, b.p99_jct_s), "{} p99 {} < {b:?}", s.name(), m.p99_jct_s);
                 prop_assert!(at_least(m.makespan_s, b.makespan_s), "{} makespan {} < {b:?}", s.name(), m.makespan_s);

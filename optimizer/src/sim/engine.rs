@@ -284,6 +284,7 @@ impl UpTime {
 /// rounds, the finishing one included when the job finished after its start.
 fn record(
     j: &JobState,
+    config: &SimConfig,
     rounds: usize,
     contention: f64,
     unfinished: Option<Unfinished>,
@@ -315,6 +316,7 @@ fn record(
         peak_replicas: j.peak,
         rho,
         unfinished,
+        account: j.jct_account(config),
     }
 }
 
@@ -458,6 +460,11 @@ pub fn replay<S: ReplaySink>(
             .into());
         }
         let gpus_used: u32 = held.iter().sum();
+        // GPUs of each type up and held by no job this round.
+        let mut idle = vec![0u32; setup.types.len()];
+        for (n, (&h, &u)) in held.iter().zip(&up_now).enumerate() {
+            idle[world.node_type[n]] += u - h;
+        }
         let record_now = RoundRecord {
             time_s: t,
             active_jobs: active.len() as u32,
@@ -486,7 +493,7 @@ pub fn replay<S: ReplaySink>(
                 .iter()
                 .map(|s| faults.speed(s.0))
                 .fold(1.0, f64::min);
-            world.advance(job, t, round, speed, config.checkpoint.as_ref());
+            world.advance(job, t, round, speed, config.checkpoint.as_ref(), &idle);
             if job.finished.is_some() {
                 finished += 1;
             }
@@ -509,9 +516,9 @@ pub fn replay<S: ReplaySink>(
             // A job that finished in the instant its round began (a float's last digit) did
             // not share that round.
             let r = if t < finish {
-                record(&job, rounds, contention, None)
+                record(&job, config, rounds, contention, None)
             } else {
-                record(&job, rounds - 1, contention_before, None)
+                record(&job, config, rounds - 1, contention_before, None)
             };
             sink.job(job.id, r)?;
         }
@@ -530,11 +537,17 @@ pub fn replay<S: ReplaySink>(
     };
     for job in active.drain(..) {
         held_total += job.attained;
-        sink.job(job.id, record(&job, rounds, contention, Some(why(&job))))?;
+        sink.job(
+            job.id,
+            record(&job, config, rounds, contention, Some(why(&job))),
+        )?;
     }
     // A replay cut short: the jobs yet to arrive did not finish either.
     while let Some(job) = next {
-        sink.job(job.id, record(&job, rounds, contention, Some(why(&job))))?;
+        sink.job(
+            job.id,
+            record(&job, config, rounds, contention, Some(why(&job))),
+        )?;
         next = arrivals.next(&setup)?;
     }
     let gpu_seconds_up = up.total();
@@ -728,6 +741,21 @@ pub(crate) mod tests {
         );
         assert!(r.jobs.iter().all(|j| (j.gpu_seconds - 132.0).abs() < 1e-6));
         assert!((r.summary.restart_gpu_share - 120.0 / 264.0).abs() < 1e-9);
+        // Where their time went: a waits 120–150 and b 120–240 without GPUs, each pays one
+        // restart after its first start, and each trains its 72 s on the one GPU there is.
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        for (j, waits) in r.jobs.iter().zip([60.0, 120.0]) {
+            let a = j.account;
+            assert!(near(a.floor_s, 30.0) && near(a.queue_s, 0.0), "{a:?}");
+            assert!(near(a.waits_s, waits) && near(a.restarts_s, 30.0), "{a:?}");
+            // At batch 8 (Tiresias does not adapt it): what the best batch saves is `batch_s`.
+            assert!(near(a.least_s + a.batch_s, 72.0), "{a:?}");
+            assert!(near(
+                a.count_s + a.type_s + a.spread_s + a.slow_s + a.faults_s,
+                0.0
+            ));
+            assert!(near(a.total(), j.jct_s().unwrap()), "{a:?}");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! Nothing here reads a file or the clock: traces and profiles come in as values (the
 //! `datasets` crate parses them) and the same inputs and seed always give the same report.
 
+pub mod account;
 pub mod app;
 pub mod bound;
 pub mod checkpoints;
@@ -41,6 +42,7 @@ mod world;
 
 use serde::{Deserialize, Serialize};
 
+pub use account::JctAccount;
 pub use app::{App, AppLimits, AppProfile, CurveRow, StepRow};
 pub use bound::{LowerBound, lower_bound};
 pub use checkpoints::{CheckpointModel, young_interval_s};

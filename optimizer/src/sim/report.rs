@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::account::JctAccount;
+
 /// One job's life in a run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -47,6 +49,9 @@ pub struct JobRecord {
     /// Why a job has no finish time; `None` for a finished job.
     #[serde(default)]
     pub unfinished: Option<Unfinished>,
+    /// Its JCT in parts that add up to it (a finished job's; partial otherwise).
+    #[serde(default)]
+    pub account: JctAccount,
 }
 
 /// Why a replay ended with a job unfinished.
@@ -152,6 +157,10 @@ pub struct Summary {
     /// Jobs without a finish time, by why.
     #[serde(default)]
     pub unfinished: std::collections::BTreeMap<Unfinished, u32>,
+    /// The finished jobs' JCT in parts, the mean of each ([`JctAccount`]): their parts add up
+    /// to the mean JCT.
+    #[serde(default)]
+    pub mean_account: JctAccount,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -226,6 +235,8 @@ pub struct SummaryBuilder {
     unfair: u32,
     max_rho: f64,
     unfinished: std::collections::BTreeMap<Unfinished, u32>,
+    /// The finished jobs' accounts, summed.
+    account: JctAccount,
 }
 
 impl Default for SummaryBuilder {
@@ -254,6 +265,7 @@ impl Default for SummaryBuilder {
             unfair: 0,
             max_rho: f64::NAN,
             unfinished: Default::default(),
+            account: JctAccount::default(),
         }
     }
 }
@@ -285,6 +297,7 @@ impl SummaryBuilder {
         // Queueing, as JCT, of the finished jobs only: an unfinished job's wait is cut short.
         self.finished += 1;
         self.jct_sum += jct;
+        self.account.add(&j.account);
         self.jcts.add(jct);
         self.last_finish_s = self.last_finish_s.max(j.finish_s.expect("has a JCT"));
         if let Some(q) = j.queueing_s() {
@@ -329,6 +342,7 @@ impl SummaryBuilder {
         self.rhos += o.rhos;
         self.unfair += o.unfair;
         self.max_rho = self.max_rho.max(o.max_rho);
+        self.account.add(&o.account);
         for (why, n) in &o.unfinished {
             *self.unfinished.entry(*why).or_insert(0) += n;
         }
@@ -410,6 +424,11 @@ impl SummaryBuilder {
             unfair_share: ratio(self.unfair as f64, self.rhos),
             max_rho: self.max_rho,
             unfinished: self.unfinished.clone(),
+            mean_account: self.account.scaled(if self.finished == 0 {
+                0.0
+            } else {
+                1.0 / self.finished as f64
+            }),
         }
     }
 }
@@ -453,6 +472,10 @@ mod tests {
                         saving_gpu_seconds: wait / 11.0,
                         requested_replicas: 1,
                         peak_replicas: 1,
+                        account: JctAccount {
+                            queue_s: wait,
+                            ..Default::default()
+                        },
                         rho: finish.and(rho),
                         unfinished: finish.is_none().then_some(Unfinished::Cut),
                     }

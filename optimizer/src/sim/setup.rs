@@ -2,9 +2,13 @@
 //! application's profile, the scheduler's sizing) and how the jobs of a trace come in: each one
 //! checked and its state made as it arrives ([`Arrivals`]), in order of submission.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use super::account::{EpochRates, JctAccount};
 use super::app::{App, AppProfile, BatchConfig};
+use super::bound::{EpochBest, epoch_best};
 use super::checkpoints::Saved;
 use super::world::{JobState, World};
 use super::{ClusterSpec, SimConfig, TraceJob, Work};
@@ -21,7 +25,15 @@ pub(super) struct Setup<'c> {
     most_gpus: u32,
     app_index: HashMap<String, usize>,
     config: &'c SimConfig,
+    /// Nodes of each GPU type.
+    nodes_of: Vec<u32>,
+    /// Per (application, batch choice), each epoch's best goodput and fewest GPU-seconds per
+    /// unit of progress on the cluster ([`epoch_best`]), made once.
+    epoch_bests: RefCell<HashMap<AppBatch, Arc<EpochBest>>>,
 }
+
+/// An application and a batch choice (`None`: the best configuration of each placement).
+type AppBatch = (usize, Option<u32>);
 
 impl<'c> Setup<'c> {
     pub(super) fn new(
@@ -70,6 +82,9 @@ impl<'c> Setup<'c> {
             })
             .collect();
         let most_gpus = *type_gpus.iter().max().expect("a type");
+        let nodes_of: Vec<u32> = (0..types.len())
+            .map(|t| node_type.iter().filter(|&&x| x == t).count() as u32)
+            .collect();
         Ok(Setup {
             world: World {
                 apps,
@@ -84,7 +99,59 @@ impl<'c> Setup<'c> {
             most_gpus,
             app_index,
             config,
+            nodes_of,
+            epoch_bests: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// Each epoch's best goodput and fewest GPU-seconds per unit of progress of application
+    /// `app` on the cluster under batch `choice` (`None`: the best configuration of each
+    /// placement), made once per replay.
+    pub(super) fn epoch_best(&self, app: usize, choice: Option<u32>) -> Arc<EpochBest> {
+        if let Some(b) = self.epoch_bests.borrow().get(&(app, choice)) {
+            return b.clone();
+        }
+        let w = &self.world;
+        let b = Arc::new(epoch_best(
+            &w.apps[app],
+            &w.gpu[app],
+            w,
+            &self.nodes_of,
+            choice,
+        ));
+        self.epoch_bests
+            .borrow_mut()
+            .insert((app, choice), b.clone());
+        b
+    }
+
+    /// The batch choices a job of application `app` asking for `batch_size` may get under
+    /// some scheduler: what the alone bound takes the best of.
+    pub(super) fn batch_choices(&self, app: usize, batch_size: u32) -> Vec<Option<u32>> {
+        let app = &self.world.apps[app];
+        match app.fixed_batch_size {
+            Some(b) => vec![Some(b)],
+            None => vec![
+                Some(batch_size.clamp(app.init_batch_size, app.max_batch_size)),
+                None,
+            ],
+        }
+    }
+
+    /// The rates a training job's account compares its progress with.
+    fn epoch_rates(&self, app: usize, batch_size: u32, own: Option<u32>) -> EpochRates {
+        let bests: Vec<Arc<EpochBest>> = self
+            .batch_choices(app, batch_size)
+            .into_iter()
+            .map(|c| self.epoch_best(app, c))
+            .collect();
+        let firsts: Vec<Vec<f64>> = bests
+            .iter()
+            .map(|b| b.iter().map(|e| e.0).collect())
+            .collect();
+        let views: Vec<&[f64]> = firsts.iter().map(Vec::as_slice).collect();
+        let own: Vec<f64> = self.epoch_best(app, own).iter().map(|e| e.0).collect();
+        EpochRates::new(&self.world.apps[app], &views, &own)
     }
 
     /// Checks a job of the trace and makes its state, nothing done yet (its time alone to be
@@ -161,6 +228,12 @@ impl<'c> Setup<'c> {
                 )
             }
         };
+        let rates = match (&j.work, app_i) {
+            (Work::Train { batch_size, .. }, Some(a)) => {
+                Some(Arc::new(self.epoch_rates(a, *batch_size, batch)))
+            }
+            _ => None,
+        };
         Ok(JobState {
             id,
             trace: j,
@@ -201,6 +274,9 @@ impl<'c> Setup<'c> {
             alone_s: None,
             arrived_round: 0,
             arrived_contention: 0.0,
+            account: JctAccount::default(),
+            rates,
+            held_rates: None,
         })
     }
 

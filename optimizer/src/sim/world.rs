@@ -1,6 +1,7 @@
 //! The simulated world: each job's state, the cluster's GPUs per node and type, and how a job
 //! progresses on a placement.
 
+use super::account::{self, EpochRates, HeldRates, JctAccount};
 use super::app::{App, BatchConfig};
 use super::checkpoints::{CheckpointModel, Saved};
 use super::{SimConfig, TraceJob};
@@ -70,6 +71,11 @@ pub(super) struct JobState {
     /// the same at its finish, its mean contention.
     pub(super) arrived_round: usize,
     pub(super) arrived_contention: f64,
+    /// Where its time went so far ([`account`]): the parts a replay measures as it runs.
+    pub(super) account: JctAccount,
+    /// A training job's best rates per epoch, and those of its GPU count.
+    pub(super) rates: Option<Arc<EpochRates>>,
+    pub(super) held_rates: Option<HeldRates>,
 }
 
 impl JobState {
@@ -84,6 +90,25 @@ impl JobState {
         self.epoch_best = s.epoch_best;
         self.since_save_s = 0.0;
         self.save_left = 0.0;
+    }
+
+    /// Its JCT in parts ([`JctAccount`]), once it has finished: the parts measured as it ran,
+    /// with its floor, its wait for a first start and its alone bound's work put in.
+    pub(super) fn jct_account(&self, config: &SimConfig) -> JctAccount {
+        let mut a = self.account;
+        let Some(start) = self.started else {
+            return a;
+        };
+        let submit = self.trace.submit_s;
+        let first_round = (submit / config.round_s).ceil() * config.round_s;
+        a.floor_s = first_round - submit + config.restart_penalty_s;
+        a.queue_s = start - first_round;
+        a.restarts_s -= config.restart_penalty_s;
+        // Work at the best rate beyond the job's (once) was done again after a failure.
+        let least = self.rates.as_ref().map_or(self.total, |r| r.least_s);
+        a.faults_s += a.least_s - least;
+        a.least_s = least;
+        a
     }
 
     /// It saves now: what a failure takes it back to.
@@ -208,14 +233,16 @@ impl World {
                     .collect();
                 j.worker_type = Some(t);
                 j.rescale_left = 0.0;
-                self.advance(&mut j, 0.0, f64::MAX, 1.0, None);
+                let none_idle = vec![0; self.per_node.len()];
+                self.advance(&mut j, 0.0, f64::MAX, 1.0, None, &none_idle);
                 j.finished
             })
             .min_by(f64::total_cmp)
     }
 
     /// Runs `job` from `t0` for `dt` seconds at `speed` (its slowest node's, 1 when well): a
-    /// stalled job only waits out its stall, then gives its GPUs back.
+    /// stalled job only waits out its stall, then gives its GPUs back. `idle`: the GPUs of
+    /// each type no job holds this round (for its account).
     pub(super) fn advance(
         &self,
         job: &mut JobState,
@@ -223,6 +250,7 @@ impl World {
         dt: f64,
         speed: f64,
         saves: Option<&CheckpointModel>,
+        idle: &[u32],
     ) {
         if job.stall_left > 0.0 {
             let held: u32 = job.slots.iter().map(|s| s.1).sum();
@@ -230,15 +258,24 @@ impl World {
             job.attained += d * held as f64;
             job.stalled += d * held as f64;
             job.running_s += d;
+            job.account.faults_s += d;
             job.stall_left -= d;
             if job.stall_left <= 1e-9 {
                 job.stall_left = 0.0;
                 job.slots.clear();
                 job.rescale_left = 0.0;
+                // The rest of the stretch it waits without GPUs.
+                job.account.waits_s += dt - d;
             }
             return;
         }
-        if job.slots.is_empty() || job.finished.is_some() {
+        if job.finished.is_some() {
+            return;
+        }
+        if job.slots.is_empty() {
+            if job.started.is_some() {
+                job.account.waits_s += dt;
+            }
             return;
         }
         let t = job.worker_type.expect("a job with GPUs has a type");
@@ -254,6 +291,7 @@ impl World {
         job.rescale_left -= d;
         hold(job, d);
         job.restarting += d * held as f64;
+        job.account.restarts_s += d;
         now += d;
         left -= d;
         let Some(app_i) = job.app else {
@@ -262,10 +300,12 @@ impl World {
             if left < need {
                 job.progress += left * speed;
                 job.training_s += left * speed;
+                account::rigid(&mut job.account, left, speed);
                 hold(job, left);
             } else {
                 job.training_s += job.total - job.progress;
                 job.progress = job.total;
+                account::rigid(&mut job.account, need, speed);
                 hold(job, need);
                 job.finished = Some(now + need);
                 job.least_work_s = job.total;
@@ -275,6 +315,7 @@ impl World {
         let app = &self.apps[app_i];
         let Some(gpu) = self.gpu[app_i][t] else {
             hold(job, left);
+            job.account.faults_s += left;
             return;
         };
         while left > 1e-9 && job.finished.is_none() {
@@ -288,15 +329,27 @@ impl World {
                 };
                 hold(job, d);
                 job.saving += d * held as f64;
+                job.account.faults_s += d;
                 now += d;
                 left -= d;
                 continue;
             }
-            let g = app.goodput(gpu, &digits, job.config, job.epoch) * speed;
+            let raw = app.goodput(gpu, &digits, job.config, job.epoch);
+            let g = raw * speed;
             if g <= 0.0 {
                 hold(job, left);
+                job.account.faults_s += left;
                 return;
             }
+            let cached = job.held_rates.take();
+            let now_rates = HeldRates::of(cached, self, job, app_i, (t, held), idle);
+            let rates = now_rates.held();
+            job.held_rates = Some(now_rates);
+            let trained = |job: &mut JobState, d: f64| {
+                if let Some(r) = job.rates.clone() {
+                    account::train(&mut job.account, &r, &rates, job.epoch, d, raw, speed);
+                }
+            };
             job.epoch_best = job.epoch_best.max(g);
             let next = app.progress_at(job.epoch + 1);
             // Seconds until the next save is due (training seconds run at `speed`).
@@ -307,6 +360,7 @@ impl World {
             if to_save < to_epoch && to_save <= left {
                 job.progress += g * to_save;
                 job.training_s += to_save * speed;
+                trained(job, to_save);
                 hold(job, to_save);
                 now += to_save;
                 left -= to_save;
@@ -317,12 +371,14 @@ impl World {
                 job.progress += g * left;
                 job.training_s += left * speed;
                 job.since_save_s += left * speed;
+                trained(job, left);
                 hold(job, left);
                 return;
             }
             let delta = to_epoch;
             job.training_s += delta * speed;
             job.since_save_s += delta * speed;
+            trained(job, delta);
             job.progress = next;
             job.least_work_s += (next - app.progress_at(job.epoch)) / job.epoch_best;
             job.epoch_best = 0.0;
@@ -362,6 +418,14 @@ pub(super) fn check_job(j: &JobState, config: &SimConfig) -> Result<(), PolicyEr
     if jct < least - 1e-6 * least.max(1.0) {
         return broken(format!(
             "job {name} finished in {jct} s, but its work takes at least {least} s"
+        ));
+    }
+    // Its time, part by part, adds up to its JCT.
+    let account = j.jct_account(config);
+    if (account.total() - jct).abs() > 1e-6 * jct.max(1.0) {
+        return broken(format!(
+            "job {name} finished in {jct} s, but its account adds up to {} s: {account:?}",
+            account.total()
         ));
     }
     Ok(())

@@ -301,6 +301,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     };
     print!("{}", whatif::render_table(&results));
     print!("\n{}", whatif::render_bound(&results, &bound));
+    print!("\n{}", whatif::render_account(&results, &bound));
     if let Some(o) = &offline {
         print!("\n{}", whatif::render_offline(&results, &bound, o));
     }
@@ -308,6 +309,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     if let Some(dir) = out {
         let mut written = whatif::write_outputs(&dir, &results)?;
         written.extend(whatif::write_bound(&dir, &results, &bound)?);
+        written.extend(whatif::write_account(&dir, &results, &bound)?);
         if let Some(o) = &offline {
             written.extend(whatif::write_offline(&dir, &bound, o)?);
         }
