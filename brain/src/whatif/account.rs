@@ -50,8 +50,8 @@ fn above_alone(b: &BoundRow) -> f64 {
 pub fn render_account(results: &[PolicyResult], b: &BoundRow) -> String {
     let mut out = format!(
         "where the distance to the bound goes (mean s per job; the parts beyond each job's \
-         alone bound, less the {:.0} s the bound adds above those for sharing the cluster):\n",
-        above_alone(b)
+         alone bound, less the {} s the bound adds above those for sharing the cluster):\n",
+        secs(above_alone(b))
     );
     let width = label_width(results, 6);
     out.push_str(&format!("{:<width$}  {:>10}", "policy", "over bound"));

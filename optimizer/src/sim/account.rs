@@ -149,22 +149,49 @@ pub(super) struct HeldRates {
     pub(super) grown: f64,
 }
 
-/// Its goodput on `held` GPUs packed on type `t` in its epoch, with the best configuration
-/// its batch choice allows; 0 where the type cannot run it or has fewer GPUs.
-fn packed_rate(world: &World, job: &JobState, app: usize, t: usize, held: u32) -> f64 {
-    match world.gpu[app][t] {
-        Some(gpu) if held > 0 && world.type_gpus[t] >= held => {
-            let digits = packed(held, world.per_node[t]);
-            world.config_on(job, gpu, &digits, &world.apps[app]).1
+/// A training job's goodput on `r` GPUs packed on each type, in one epoch, computed once each
+/// (a replay asks every round, with the GPUs left idle, for a few of them).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct PackedRates {
+    epoch: u32,
+    /// `[t × (most + 1) + r]`; NaN where not computed yet.
+    rates: Vec<f64>,
+    most: u32,
+}
+
+impl PackedRates {
+    /// Its goodput on `r` GPUs packed on type `t` in its epoch, with the best configuration
+    /// its batch choice allows; 0 where the type cannot run it or has fewer GPUs.
+    fn get(&mut self, world: &World, job: &JobState, app: usize, t: usize, r: u32) -> f64 {
+        let most = world.type_gpus.iter().copied().max().unwrap_or(0);
+        if r == 0 || r > world.type_gpus[t] {
+            return 0.0;
         }
-        _ => 0.0,
+        if self.rates.is_empty() || self.epoch != job.epoch || self.most != most {
+            self.epoch = job.epoch;
+            self.most = most;
+            self.rates.clear();
+            self.rates
+                .resize(world.per_node.len() * (most as usize + 1), f64::NAN);
+        }
+        let i = t * (most as usize + 1) + r as usize;
+        if self.rates[i].is_nan() {
+            self.rates[i] = match world.gpu[app][t] {
+                Some(gpu) => {
+                    let digits = packed(r, world.per_node[t]);
+                    world.config_on(job, gpu, &digits, &world.apps[app]).1
+                }
+                None => 0.0,
+            };
+        }
+        self.rates[i]
     }
 }
 
 impl HeldRates {
     /// The rates for `job` (a training job of application `app`) on `held` GPUs of type `t`
     /// with `idle` GPUs of each type left idle this round, kept from `cached` while they are
-    /// the same.
+    /// the same; `packed` keeps the goodputs they are made of.
     pub(super) fn of(
         cached: Option<HeldRates>,
         world: &World,
@@ -172,6 +199,7 @@ impl HeldRates {
         app: usize,
         (t, held): (usize, u32),
         idle: &[u32],
+        packed: &mut PackedRates,
     ) -> HeldRates {
         if let Some(c) = cached
             && (c.epoch, c.held, c.worker_type) == (job.epoch, held, t)
@@ -180,10 +208,8 @@ impl HeldRates {
             return c;
         }
         let types = 0..world.per_node.len();
-        let count = types
-            .clone()
-            .map(|u| packed_rate(world, job, app, u, held))
-            .fold(0.0, f64::max);
+        let mut rate = |u: usize, r: u32| packed.get(world, job, app, u, r);
+        let count = types.clone().map(|u| rate(u, held)).fold(0.0, f64::max);
         // As many as any scheduler could give it (the bound's limit), not this one's.
         let most = world.apps[app].max_replicas.unwrap_or(u32::MAX);
         let grown = if idle.iter().all(|&n| n == 0) {
@@ -192,7 +218,7 @@ impl HeldRates {
             types
                 .map(|u| {
                     let more = if u == t { held + idle[u] } else { idle[u] };
-                    packed_rate(world, job, app, u, more.min(most))
+                    rate(u, more.min(most))
                 })
                 .fold(count, f64::max)
         };
@@ -202,7 +228,7 @@ impl HeldRates {
             worker_type: t,
             idle: idle.to_vec(),
             count,
-            typed: packed_rate(world, job, app, t, held),
+            typed: rate(t, held),
             grown,
         }
     }

@@ -391,23 +391,42 @@ impl App {
 
     /// Progress per second with `config` on `placement` during `epoch`.
     pub fn goodput(&self, gpu: usize, placement: &[u32], config: BatchConfig, epoch: u32) -> f64 {
+        self.timed(gpu, placement, config)
+            .map_or(0.0, |t| self.goodput_timed(&t, epoch))
+    }
+
+    /// What [`App::goodput`] needs of `config` on `placement` that does not change with the
+    /// epoch: its step and sync times and its total batch; `None` where it makes no progress.
+    pub(crate) fn timed(
+        &self,
+        gpu: usize,
+        placement: &[u32],
+        config: BatchConfig,
+    ) -> Option<Timed> {
         let replicas: u32 = placement.iter().sum();
         if replicas == 0 || config.atomic_bsz == 0 {
-            return 0.0;
+            return None;
         }
-        let Some((step, sync)) = self.step_time(gpu, placement, config.atomic_bsz) else {
-            return 0.0;
-        };
-        let batch = (replicas * config.atomic_bsz * (config.accum_steps + 1)) as f64;
-        let scale = batch / self.init_batch_size as f64;
-        let (sqr, var) = self.grad_stats(batch, epoch);
+        let (step, sync) = self.step_time(gpu, placement, config.atomic_bsz)?;
+        Some(Timed {
+            step,
+            sync,
+            batch: (replicas * config.atomic_bsz * (config.accum_steps + 1)) as f64,
+            accum_steps: config.accum_steps,
+        })
+    }
+
+    /// [`App::goodput`] during `epoch` of a configuration already timed.
+    pub(crate) fn goodput_timed(&self, t: &Timed, epoch: u32) -> f64 {
+        let scale = t.batch / self.init_batch_size as f64;
+        let (sqr, var) = self.grad_stats(t.batch, epoch);
         let denom = var / scale + sqr;
         let gain = if denom > 0.0 {
             (var + sqr) / denom
         } else {
             1.0
         };
-        gain / (step + (step - sync) * config.accum_steps as f64)
+        gain / (t.step + (t.step - t.sync) * t.accum_steps as f64)
     }
 
     /// The batch configuration a job with a fixed total batch size runs on `replicas` GPUs.
@@ -434,11 +453,30 @@ impl App {
     /// co-adaptation): 50 total batch sizes spaced geometrically from the least usable to the
     /// largest, with gradient accumulation past the largest local batch.
     pub fn best_config(&self, gpu: usize, placement: &[u32], epoch: u32) -> (BatchConfig, f64) {
+        let (candidates, fallback) = self.candidates(placement);
+        let mut best = (fallback, -1.0);
+        for config in candidates {
+            let g = self.goodput(gpu, placement, config, epoch);
+            if g > best.1 {
+                best = (config, g);
+            }
+        }
+        if best.1 < 0.0 {
+            let g = self.goodput(gpu, placement, best.0, epoch);
+            best.1 = g;
+        }
+        best
+    }
+
+    /// The configurations [`App::best_config`] tries on `placement`, and the one it falls back
+    /// to where none is usable.
+    pub(crate) fn candidates(&self, placement: &[u32]) -> (Vec<BatchConfig>, BatchConfig) {
         let r: u32 = placement.iter().sum::<u32>().max(1);
         let lo = (self.init_batch_size as f64).max((self.min_local_bsz * r) as f64);
         let hi = (self.max_batch_size as f64).max(lo);
-        let mut best = (self.fixed_config(r, lo.ceil() as u32), -1.0);
+        let fallback = self.fixed_config(r, lo.ceil() as u32);
         const CANDIDATES: usize = 50;
+        let mut out = Vec::with_capacity(CANDIDATES);
         for i in 0..CANDIDATES {
             let batch = lo * (hi / lo).powf(i as f64 / (CANDIDATES - 1) as f64);
             let local = batch / r as f64;
@@ -451,18 +489,19 @@ impl App {
             if atomic < self.min_local_bsz || atomic > self.max_local_bsz {
                 continue;
             }
-            let config = self.capped(r, atomic, accum);
-            let g = self.goodput(gpu, placement, config, epoch);
-            if g > best.1 {
-                best = (config, g);
-            }
+            out.push(self.capped(r, atomic, accum));
         }
-        if best.1 < 0.0 {
-            let g = self.goodput(gpu, placement, best.0, epoch);
-            best.1 = g;
-        }
-        best
+        (out, fallback)
     }
+}
+
+/// A batch configuration on a placement, timed: what its goodput in any epoch follows from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Timed {
+    step: f64,
+    sync: f64,
+    batch: f64,
+    accum_steps: u32,
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@
 //! For each figure the largest is the bound. A property test replays random traces
 //! under every scheduler and checks that none beats it (`tests` below).
 
-use super::app::App;
+use super::app::{App, Timed};
 use super::rate_bound::{self, CappedJob};
 use super::report::quantile;
 use super::setup::Setup;
@@ -164,12 +164,9 @@ fn rate_caps(
         for r in 1..=most {
             let mut best = 0.0f64;
             for p in app.step_time_classes(gpu, r, nodes_of[t], world.per_node[t]) {
+                let timed = timed_configs(app, gpu, &p, choice);
                 for e in 0..app.max_epochs {
-                    let g = match choice {
-                        Some(b) => app.goodput(gpu, &p, app.fixed_config(r, b), e),
-                        None => app.best_config(gpu, &p, e).1,
-                    };
-                    best = best.max(g);
+                    best = best.max(goodput_of(app, &timed, e));
                 }
             }
             if best > 0.0 {
@@ -286,23 +283,50 @@ pub(super) fn epoch_best(
             }
         }
     }
+    let timed: Vec<(u32, Vec<Timed>)> = placements
+        .iter()
+        .map(|(gpu, p)| (p.iter().sum(), timed_configs(app, *gpu, p, choice)))
+        .collect();
     (0..app.max_epochs)
         .map(|e| {
             let (mut best, mut least) = (0.0f64, f64::INFINITY);
-            for (gpu, p) in &placements {
-                let r: u32 = p.iter().sum();
-                let g = match choice {
-                    Some(b) => app.goodput(*gpu, p, app.fixed_config(r, b), e),
-                    None => app.best_config(*gpu, p, e).1,
-                };
+            for (r, configs) in &timed {
+                let g = goodput_of(app, configs, e);
                 if g > 0.0 {
                     best = best.max(g);
-                    least = least.min(f64::from(r) / g);
+                    least = least.min(f64::from(*r) / g);
                 }
             }
             (best, least)
         })
         .collect()
+}
+
+/// The configurations of batch `choice` on placement `p` of GPU `gpu`, each timed once: only
+/// the gradient statistics change with the epoch ([`goodput_of`]). With no choice, those
+/// `App::best_config` tries, or its fallback where none is usable.
+fn timed_configs(app: &App, gpu: usize, p: &[u32], choice: Option<u32>) -> Vec<Timed> {
+    let r: u32 = p.iter().sum();
+    let configs = match choice {
+        Some(b) => vec![app.fixed_config(r, b)],
+        None => match app.candidates(p) {
+            (c, fallback) if c.is_empty() => vec![fallback],
+            (c, _) => c,
+        },
+    };
+    configs
+        .into_iter()
+        .filter_map(|c| app.timed(gpu, p, c))
+        .collect()
+}
+
+/// The goodput in `epoch` of the best of a placement's timed configurations: what
+/// `App::goodput` (one choice) or `App::best_config` (none) gives there.
+fn goodput_of(app: &App, timed: &[Timed], epoch: u32) -> f64 {
+    timed
+        .iter()
+        .map(|t| app.goodput_timed(t, epoch))
+        .fold(0.0, f64::max)
 }
 
 /// A training job's least seconds and least GPU-seconds from the per-epoch bests of each

@@ -13,7 +13,9 @@
 //! * [`checkpoints`]: how often jobs save and what a save costs them; a failure takes a job
 //!   back to its last save, and the training lost is counted.
 //! * [`bound`]: a lower bound on mean JCT, p99 JCT and makespan no scheduler beats on a trace
-//!   (with `rate_bound`, private: the rate-capped LP on the mean);
+//!   (with `rate_bound`, private: the rate-capped LP on the mean); [`account`]: each job's JCT
+//!   in parts, measured as the replay runs, that start from its alone bound and say where a
+//!   policy's distance to the bound goes;
 //!   [`offline`]: on small traces, the best plan that never resizes a job, from a time-indexed
 //!   model solved with every arrival known, and the scheduler that replays it.
 //! * `setup` (private): what a replay derives before its first round, and each job of the

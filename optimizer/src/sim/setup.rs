@@ -277,6 +277,7 @@ impl<'c> Setup<'c> {
             account: JctAccount::default(),
             rates,
             held_rates: None,
+            packed_rates: Default::default(),
         })
     }
 

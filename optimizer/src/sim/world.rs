@@ -1,7 +1,7 @@
 //! The simulated world: each job's state, the cluster's GPUs per node and type, and how a job
 //! progresses on a placement.
 
-use super::account::{self, EpochRates, HeldRates, JctAccount};
+use super::account::{self, EpochRates, HeldRates, JctAccount, PackedRates};
 use super::app::{App, BatchConfig};
 use super::checkpoints::{CheckpointModel, Saved};
 use super::{SimConfig, TraceJob};
@@ -76,6 +76,7 @@ pub(super) struct JobState {
     /// A training job's best rates per epoch, and those of its GPU count.
     pub(super) rates: Option<Arc<EpochRates>>,
     pub(super) held_rates: Option<HeldRates>,
+    pub(super) packed_rates: PackedRates,
 }
 
 impl JobState {
@@ -342,7 +343,9 @@ impl World {
                 return;
             }
             let cached = job.held_rates.take();
-            let now_rates = HeldRates::of(cached, self, job, app_i, (t, held), idle);
+            let mut packed = std::mem::take(&mut job.packed_rates);
+            let now_rates = HeldRates::of(cached, self, job, app_i, (t, held), idle, &mut packed);
+            job.packed_rates = packed;
             let rates = now_rates.held();
             job.held_rates = Some(now_rates);
             let trained = |job: &mut JobState, d: f64| {
