@@ -418,6 +418,10 @@ async fn the_whatif_page_replays_a_configured_trace_as_brainctl_whatif_does() {
     assert!(status.is_success(), "{page}");
     assert!(page.contains("id=\"whatif-table\""), "{page}");
     assert!(
+        page.contains("where the distance to the bound goes"),
+        "{page}"
+    );
+    assert!(
         page.contains("in force (elastic_lp)") && page.contains("<svg"),
         "{page}"
     );

@@ -59,6 +59,13 @@ fn the_notebook_runs_on_a_small_replay_whole_or_streamed() {
     );
     let png = std::fs::read(out.join("notebook_bound.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG"));
+    // Where the distance goes: each account checked to add up, and drawn.
+    assert!(
+        text.contains("every account adds up"),
+        "the account was not checked"
+    );
+    let png = std::fs::read(out.join("notebook_account.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
 
     // A Philly job list replayed row by row: the same notebook reads its tables.
     let text = std::fs::read_to_string(data.join("traces/philly-sample.csv")).unwrap();

@@ -138,9 +138,10 @@ pub fn compare(
         .collect();
     Ok(Comparison {
         table: format!(
-            "{}\n{}",
+            "{}\n{}\n{}",
             whatif::render_table(&results),
-            whatif::render_bound(&results, &bound)
+            whatif::render_bound(&results, &bound),
+            whatif::render_account(&results, &bound)
         ),
         charts,
     })

@@ -68,7 +68,7 @@ pub fn render_account(results: &[PolicyResult], b: &BoundRow) -> String {
                     out.push_str(&format!("  {:>10}", secs(part(a))));
                 }
             }
-            None => out.push_str("  - (jobs left unfinished: no account against the bound)"),
+            None => out.push_str("  - (not every job finished: no account against the bound)"),
         }
         out.push('\n');
     }
