@@ -20,21 +20,29 @@ use super::bound::label_width;
 use super::{BoundRow, PolicyResult};
 use crate::BrainError;
 
-/// The parts' names in the table and the files, with how each is read off an account.
-type Part = (&'static str, &'static str, fn(&JctAccount) -> f64);
-
-const PARTS: [Part; 10] = [
-    ("queueing", "queue_s", |a| a.queue_s),
-    ("waits", "waits_s", |a| a.waits_s),
-    ("restarts", "restarts_s", |a| a.restarts_s),
-    ("batch", "batch_s", |a| a.batch_s),
-    ("sizing", "sizing_s", |a| a.sizing_s),
-    ("sharing", "count_s", |a| a.count_s),
-    ("GPU type", "type_s", |a| a.type_s),
-    ("spread", "spread_s", |a| a.spread_s),
-    ("slow nodes", "slow_s", |a| a.slow_s),
-    ("faults", "faults_s", |a| a.faults_s),
+/// The parts beyond the alone bound as the terminal's table heads them, in the order of
+/// [`JctAccount::NAMES`] after its first two (`floor_s`, `least_s`), which the files use.
+const LABELS: [&str; 10] = [
+    "queueing",
+    "waits",
+    "restarts",
+    "batch",
+    "sizing",
+    "sharing",
+    "GPU type",
+    "spread",
+    "slow nodes",
+    "faults",
 ];
+
+/// The parts beyond the alone bound: (table head, column name, value).
+fn parts(a: &JctAccount) -> impl Iterator<Item = (&'static str, &'static str, f64)> {
+    let values = a.values();
+    LABELS
+        .into_iter()
+        .zip(JctAccount::NAMES.into_iter().zip(values).skip(2))
+        .map(|(label, (name, v))| (label, name, v))
+}
 
 /// A policy's account, where it finished every job the bound counts.
 fn account_of<'a>(r: &'a PolicyResult, b: &BoundRow) -> Option<&'a JctAccount> {
@@ -55,7 +63,7 @@ pub fn render_account(results: &[PolicyResult], b: &BoundRow) -> String {
     );
     let width = label_width(results, 6);
     out.push_str(&format!("{:<width$}  {:>10}", "policy", "over bound"));
-    for (name, _, _) in PARTS {
+    for name in LABELS {
         out.push_str(&format!("  {name:>10}"));
     }
     out.push('\n');
@@ -64,8 +72,8 @@ pub fn render_account(results: &[PolicyResult], b: &BoundRow) -> String {
         match account_of(r, b) {
             Some(a) => {
                 out.push_str(&format!("  {:>10}", secs(over_bound(&r.summary, b))));
-                for (_, _, part) in PARTS {
-                    out.push_str(&format!("  {:>10}", secs(part(a))));
+                for (_, _, v) in parts(a) {
+                    out.push_str(&format!("  {:>10}", secs(v)));
                 }
             }
             None => out.push_str("  - (not every job finished: no account against the bound)"),
@@ -111,8 +119,8 @@ pub fn write_account(
         ),
         ("over_bound_s", column(&|r, _| over_bound(&r.summary, b))),
     ];
-    for (_, key, part) in PARTS {
-        columns.push((key, column(&|_, a| part(a))));
+    for (i, name) in JctAccount::NAMES.into_iter().enumerate().skip(2) {
+        columns.push((name, column(&|_, a| a.values()[i])));
     }
     columns.push(("bound_above_alone_s", column(&|_, _| above_alone(b))));
     Ok(write_table(&dir.join("account"), columns)?
@@ -136,7 +144,7 @@ mod tests {
             restarts_s: 15.0,
             batch_s: 2.0,
             sizing_s: 7.0,
-            count_s: 25.0,
+            sharing_s: 25.0,
             type_s: 3.0,
             spread_s: 4.0,
             slow_s: 5.0,
@@ -151,7 +159,8 @@ mod tests {
             mean_from: "rate-capped".into(),
             makespan_from: "alone".into(),
         };
-        let parts: f64 = PARTS.iter().map(|(_, _, f)| f(&a)).sum();
-        assert_eq!(parts - above_alone(&b), a.total() - b.mean_jct_s);
+        let beyond: f64 = parts(&a).map(|(_, _, v)| v).sum();
+        assert_eq!(beyond - above_alone(&b), a.total() - b.mean_jct_s);
+        assert_eq!(parts(&a).count(), LABELS.len());
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use datasets::export::{Cell, Values, columns, write_table};
-use optimizer::sim::{JobRecord, RoundRecord};
+use optimizer::sim::{JctAccount, JobRecord, RoundRecord};
 
 use super::PolicyResult;
 use crate::BrainError;
@@ -105,44 +105,46 @@ pub fn render_table(results: &[PolicyResult]) -> String {
     out
 }
 
-/// The columns of the jobs table, one row per job of each (policy, trace) replay.
-pub const JOB_COLUMNS: [&str; 34] = [
-    "policy",
-    "trace",
-    "job",
-    "application",
-    "submit_s",
-    "start_s",
-    "finish_s",
-    "jct_s",
-    "queueing_s",
-    "gpu_seconds",
-    "restart_gpu_seconds",
-    "rho",
-    "unfinished",
-    "restarts",
-    "requested_gpus",
-    "peak_gpus",
-    "training_s",
-    "effective_training",
-    "stalled_gpu_seconds",
-    "faults",
-    "lost_training_s",
-    "saving_gpu_seconds",
-    // A finished job's JCT in parts (`optimizer::sim::JctAccount`; they add up to `jct_s`).
-    "floor_s",
-    "least_s",
-    "queue_s",
-    "waits_s",
-    "restarts_s",
-    "batch_s",
-    "sizing_s",
-    "count_s",
-    "type_s",
-    "spread_s",
-    "slow_s",
-    "faults_s",
-];
+/// The columns of the jobs table, one row per job of each (policy, trace) replay: a job's
+/// figures, then its JCT in parts
+/// ([`optimizer::sim::JctAccount::NAMES`]; they add up to `jct_s`).
+pub const JOB_COLUMNS: [&str; 34] = {
+    const FIGURES: [&str; 22] = [
+        "policy",
+        "trace",
+        "job",
+        "application",
+        "submit_s",
+        "start_s",
+        "finish_s",
+        "jct_s",
+        "queueing_s",
+        "gpu_seconds",
+        "restart_gpu_seconds",
+        "rho",
+        "unfinished",
+        "restarts",
+        "requested_gpus",
+        "peak_gpus",
+        "training_s",
+        "effective_training",
+        "stalled_gpu_seconds",
+        "faults",
+        "lost_training_s",
+        "saving_gpu_seconds",
+    ];
+    let mut out = [""; 34];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = if i < FIGURES.len() {
+            FIGURES[i]
+        } else {
+            JctAccount::NAMES[i - FIGURES.len()]
+        };
+        i += 1;
+    }
+    out
+};
 
 /// A job's row of the jobs table.
 pub(super) fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
@@ -171,25 +173,8 @@ pub(super) fn job_row(policy: &str, trace: &str, j: &JobRecord) -> Vec<Cell> {
         Cell::F64(Some(j.lost_training_s)),
         Cell::F64(Some(j.saving_gpu_seconds)),
     ];
-    let a = &j.account;
     let done = j.finish_s.is_some();
-    row.extend(
-        [
-            a.floor_s,
-            a.least_s,
-            a.queue_s,
-            a.waits_s,
-            a.restarts_s,
-            a.batch_s,
-            a.sizing_s,
-            a.count_s,
-            a.type_s,
-            a.spread_s,
-            a.slow_s,
-            a.faults_s,
-        ]
-        .map(|v| Cell::F64(done.then_some(v))),
-    );
+    row.extend(j.account.values().map(|v| Cell::F64(done.then_some(v))));
     row
 }
 

@@ -1,18 +1,20 @@
 //! Where a job's time went: its JCT split into parts that add up to it, measured as the replay
 //! runs, so that a policy's distance to the lower bound ([`super::bound`]) can be told apart
 //! trace by trace (issue 45): waiting for a first start or after one, restarts, and training
-//! slower than the best any placement gives, by why (the batch size, the GPU count, the GPU
-//! type, the spread over nodes, slow nodes), and what faults cost.
+//! slower than the best any placement gives, by why (the batch size, the GPU count while GPUs
+//! idled or while the cluster was full, the GPU type, the spread over nodes, slow nodes), and
+//! what faults cost.
 //!
 //! The training parts come from the rates of each stretch of progress: with `g` the job's
 //! goodput on its placement, `any` the best goodput any placement and batch choice gives in
-//! that epoch (the alone bound's), `own` the best under the job's own batch choice, `count`
-//! the best of its GPU count packed on any type, and `typed` its count packed on its own type,
-//! a stretch of `d` seconds is `d·g/any` seconds of work at the best rate and
-//! `d·(any − own)/any` (batch) + `d·(own − count)/any` (GPU count) + `d·(count − typed)/any`
-//! (GPU type) + `d·(typed − raw)/any` (spread; `raw` the goodput before slow nodes) +
-//! `d·(raw − g)/any` (slow nodes), which sum to `d`. Each may be negative where a placement
-//! beats the one it is compared with.
+//! that epoch (the alone bound's), `own` the best under the job's own batch choice, `grown` the
+//! best it could have had with the GPUs left idle that round, `count` the best of its GPU count
+//! packed on any type, and `typed` its count packed on its own type, a stretch of `d` seconds
+//! is `d·g/any` seconds of work at the best rate and `d·(any − own)/any` (batch) +
+//! `d·(own − grown)/any` (sharing) + `d·(grown − count)/any` (sizing) +
+//! `d·(count − typed)/any` (GPU type) + `d·(typed − raw)/any` (spread; `raw` the goodput before
+//! slow nodes) + `d·(raw − g)/any` (slow nodes), which sum to `d`. Each may be negative where a
+//! placement beats the one it is compared with.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +45,7 @@ pub struct JctAccount {
     pub sizing_s: f64,
     /// ... because it ran on fewer GPUs than its best with none left idle that it could have
     /// had (sharing a full cluster).
-    pub count_s: f64,
+    pub sharing_s: f64,
     /// ... because it ran on another GPU type than the best for its count.
     pub type_s: f64,
     /// ... because its GPUs were spread over more nodes than packed (fragmentation).
@@ -68,34 +70,84 @@ impl JctAccount {
 
     /// Training slower than the best, all whys together.
     pub fn training_beyond(&self) -> f64 {
-        self.batch_s + self.sizing_s + self.count_s + self.type_s + self.spread_s + self.slow_s
+        self.batch_s + self.sizing_s + self.sharing_s + self.type_s + self.spread_s + self.slow_s
+    }
+
+    /// The parts' names, as the what-if's tables name their columns, in the order of
+    /// [`JctAccount::values`].
+    pub const NAMES: [&'static str; 12] = [
+        "floor_s",
+        "least_s",
+        "queue_s",
+        "waits_s",
+        "restarts_s",
+        "batch_s",
+        "sizing_s",
+        "sharing_s",
+        "type_s",
+        "spread_s",
+        "slow_s",
+        "faults_s",
+    ];
+
+    /// The parts, in the order of [`JctAccount::NAMES`].
+    pub fn values(&self) -> [f64; 12] {
+        [
+            self.floor_s,
+            self.least_s,
+            self.queue_s,
+            self.waits_s,
+            self.restarts_s,
+            self.batch_s,
+            self.sizing_s,
+            self.sharing_s,
+            self.type_s,
+            self.spread_s,
+            self.slow_s,
+            self.faults_s,
+        ]
+    }
+
+    fn from_values(v: [f64; 12]) -> JctAccount {
+        let [
+            floor_s,
+            least_s,
+            queue_s,
+            waits_s,
+            restarts_s,
+            batch_s,
+            sizing_s,
+            sharing_s,
+            type_s,
+            spread_s,
+            slow_s,
+            faults_s,
+        ] = v;
+        JctAccount {
+            floor_s,
+            least_s,
+            queue_s,
+            waits_s,
+            restarts_s,
+            batch_s,
+            sizing_s,
+            sharing_s,
+            type_s,
+            spread_s,
+            slow_s,
+            faults_s,
+        }
     }
 
     /// Part by part, `self + other`.
     pub fn add(&mut self, o: &JctAccount) {
-        self.map2(o, |a, b| a + b);
+        let (a, b) = (self.values(), o.values());
+        *self = JctAccount::from_values(std::array::from_fn(|i| a[i] + b[i]));
     }
 
     /// Part by part, `self × k`.
     pub fn scaled(&self, k: f64) -> JctAccount {
-        let mut out = *self;
-        out.map2(&JctAccount::default(), |a, _| a * k);
-        out
-    }
-
-    fn map2(&mut self, o: &JctAccount, f: impl Fn(f64, f64) -> f64) {
-        self.floor_s = f(self.floor_s, o.floor_s);
-        self.least_s = f(self.least_s, o.least_s);
-        self.queue_s = f(self.queue_s, o.queue_s);
-        self.waits_s = f(self.waits_s, o.waits_s);
-        self.restarts_s = f(self.restarts_s, o.restarts_s);
-        self.batch_s = f(self.batch_s, o.batch_s);
-        self.sizing_s = f(self.sizing_s, o.sizing_s);
-        self.count_s = f(self.count_s, o.count_s);
-        self.type_s = f(self.type_s, o.type_s);
-        self.spread_s = f(self.spread_s, o.spread_s);
-        self.slow_s = f(self.slow_s, o.slow_s);
-        self.faults_s = f(self.faults_s, o.faults_s);
+        JctAccount::from_values(self.values().map(|v| v * k))
     }
 }
 
@@ -275,7 +327,7 @@ pub(super) fn train(
     let g = raw * speed;
     acc.least_s += d * g / any;
     acc.batch_s += d * (any - own) / any;
-    acc.count_s += d * (own - grown) / any;
+    acc.sharing_s += d * (own - grown) / any;
     acc.sizing_s += d * (grown - held.count) / any;
     acc.type_s += d * (held.count - held.typed) / any;
     acc.spread_s += d * (held.typed - raw) / any;
@@ -309,7 +361,7 @@ mod tests {
         // 100 s at 2 progress/s: 20 s at the best rate of 10.
         assert!((acc.least_s - 20.0).abs() < 1e-9, "{acc:?}");
         assert!((acc.batch_s - 20.0).abs() < 1e-9);
-        assert!((acc.count_s - 10.0).abs() < 1e-9);
+        assert!((acc.sharing_s - 10.0).abs() < 1e-9);
         assert!((acc.sizing_s - 10.0).abs() < 1e-9);
         assert!((acc.type_s - 10.0).abs() < 1e-9);
         assert!((acc.spread_s - 10.0).abs() < 1e-9);
@@ -322,7 +374,7 @@ mod tests {
         let mut a = JctAccount {
             sizing_s: 8.0,
             queue_s: 1.0,
-            count_s: 2.0,
+            sharing_s: 2.0,
             ..Default::default()
         };
         a.add(&JctAccount {
@@ -331,7 +383,10 @@ mod tests {
             ..Default::default()
         });
         let half = a.scaled(0.5);
-        assert_eq!((half.queue_s, half.count_s, half.faults_s), (2.0, 1.0, 2.0));
+        assert_eq!(
+            (half.queue_s, half.sharing_s, half.faults_s),
+            (2.0, 1.0, 2.0)
+        );
         assert_eq!(half.total(), 9.0);
     }
 }

@@ -751,7 +751,7 @@ pub(crate) mod tests {
             // At batch 8 (Tiresias does not adapt it): what the best batch saves is `batch_s`.
             assert!(near(a.least_s + a.batch_s, 72.0), "{a:?}");
             assert!(near(
-                a.count_s + a.type_s + a.spread_s + a.slow_s + a.faults_s,
+                a.sharing_s + a.type_s + a.spread_s + a.slow_s + a.faults_s,
                 0.0
             ));
             assert!(near(a.total(), j.jct_s().unwrap()), "{a:?}");
