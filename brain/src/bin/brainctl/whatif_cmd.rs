@@ -47,8 +47,10 @@ pub struct WhatifArgs {
     /// Seed of every random draw; the same inputs and seed give the same results.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Directory for the results: jobs, rounds and summary as Parquet and CSV, and the
-    /// charts jct_cdf.svg and utilisation.svg (several traces: one utilisation-TRACE.svg each).
+    /// Directory for the results: jobs (each finished job's JCT in parts among its columns),
+    /// rounds and summary as Parquet and CSV, bound (the lower bound and each policy over it)
+    /// and account (where each policy's distance to the bound goes) likewise, and the charts
+    /// jct_cdf.svg and utilisation.svg (several traces: one utilisation-TRACE.svg each).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Simulations at once (default: the cores available).
