@@ -3,13 +3,14 @@
 //!
 //! Each job's JCT is its alone bound (the floor every scheduler pays and its work at the best
 //! rate) plus what it spent beyond: queueing for a first start, waits without GPUs after it,
-//! restarts, training slower than the best (batch size, GPU count, GPU type, spread over
-//! nodes, slow nodes) and faults. The bound on the mean is at least the jobs' alone bounds'
+//! restarts, training slower than the best (batch size, GPU count while GPUs idled or while
+//! the cluster was full, GPU type, spread over nodes, slow nodes) and faults. The bound on the
+//! mean is at least the jobs' alone bounds'
 //! mean; what it adds above them (the rate-capped or capacity bound: the jobs cannot all run
 //! alone at once) is part of every scheduler's distance beyond alone, so it is taken off:
 //!
-//! `mean JCT − bound = queueing + waits + restarts + batch + count + type + spread + slow +
-//! faults − (bound − mean alone)`, exactly, for a policy that finished every job.
+//! `mean JCT − bound = queueing + waits + restarts + batch + sizing + sharing + type + spread +
+//! slow + faults − (bound − mean alone)`, exactly, for a policy that finished every job.
 
 use std::path::{Path, PathBuf};
 
