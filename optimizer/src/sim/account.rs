@@ -196,9 +196,7 @@ pub(super) struct HeldRates {
     held: u32,
     worker_type: usize,
     idle: Vec<u32>,
-    pub(super) count: f64,
-    pub(super) typed: f64,
-    pub(super) grown: f64,
+    rates: Held,
 }
 
 /// A training job's goodput on `r` GPUs packed on each type, in one epoch, computed once each
@@ -279,9 +277,11 @@ impl HeldRates {
             held,
             worker_type: t,
             idle: idle.to_vec(),
-            count,
-            typed: rate(t, held),
-            grown,
+            rates: Held {
+                count,
+                typed: rate(t, held),
+                grown,
+            },
         }
     }
 }
@@ -296,11 +296,7 @@ pub(super) struct Held {
 
 impl HeldRates {
     pub(super) fn held(&self) -> Held {
-        Held {
-            count: self.count,
-            typed: self.typed,
-            grown: self.grown,
-        }
+        self.rates
     }
 }
 
