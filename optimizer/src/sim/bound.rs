@@ -66,9 +66,7 @@ pub fn lower_bound(
     let scheduler = crate::schedule::Optimus::default();
     let setup = Setup::new(profiles, cluster, &scheduler, config)?;
     let world = &setup.world;
-    let nodes_of: Vec<u32> = (0..world.per_node.len())
-        .map(|t| world.node_type.iter().filter(|&&x| x == t).count() as u32)
-        .collect();
+    let nodes_of = &setup.nodes_of;
     let mut caps: std::collections::HashMap<(usize, Option<u32>), Vec<Cap>> = Default::default();
     let (mut alone_s, mut work_gpu_s, mut release) = (Vec::new(), Vec::new(), Vec::new());
     let mut capped = Vec::new();
@@ -92,7 +90,7 @@ pub fn lower_bound(
                 for c in &choices {
                     let each = caps
                         .entry((a, *c))
-                        .or_insert_with(|| rate_caps(app, &world.gpu[a], world, &nodes_of, *c));
+                        .or_insert_with(|| rate_caps(app, &world.gpu[a], world, nodes_of, *c));
                     configs.extend(each.iter().copied());
                 }
                 let per_epoch: Vec<std::sync::Arc<EpochBest>> = choices

@@ -741,7 +741,7 @@ pub(crate) mod tests {
         );
         assert!(r.jobs.iter().all(|j| (j.gpu_seconds - 132.0).abs() < 1e-6));
         assert!((r.summary.restart_gpu_share - 120.0 / 264.0).abs() < 1e-9);
-        // Where their time went: a waits 120–150 and b 120–240 without GPUs, each pays one
+        // Where their time went: a waits 60–120 and b 120–240 without GPUs, each pays one
         // restart after its first start, and each trains its 72 s on the one GPU there is.
         let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
         for (j, waits) in r.jobs.iter().zip([60.0, 120.0]) {

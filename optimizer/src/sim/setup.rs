@@ -26,14 +26,20 @@ pub(super) struct Setup<'c> {
     app_index: HashMap<String, usize>,
     config: &'c SimConfig,
     /// Nodes of each GPU type.
-    nodes_of: Vec<u32>,
+    pub(super) nodes_of: Vec<u32>,
     /// Per (application, batch choice), each epoch's best goodput and fewest GPU-seconds per
     /// unit of progress on the cluster ([`epoch_best`]), made once.
     epoch_bests: RefCell<HashMap<AppBatch, Arc<EpochBest>>>,
+    /// Per (application, clamped batch asked for, own batch choice), the rates a training
+    /// job's account compares its progress with, made once for all such jobs.
+    epoch_rates: RefCell<HashMap<RatesKey, Arc<EpochRates>>>,
 }
 
 /// An application and a batch choice (`None`: the best configuration of each placement).
 type AppBatch = (usize, Option<u32>);
+
+/// An application with the first batch choice a job of it may get, and the job's own choice.
+type RatesKey = (AppBatch, Option<u32>);
 
 impl<'c> Setup<'c> {
     pub(super) fn new(
@@ -101,6 +107,7 @@ impl<'c> Setup<'c> {
             config,
             nodes_of,
             epoch_bests: RefCell::new(HashMap::new()),
+            epoch_rates: RefCell::new(HashMap::new()),
         })
     }
 
@@ -138,20 +145,23 @@ impl<'c> Setup<'c> {
         }
     }
 
-    /// The rates a training job's account compares its progress with.
-    fn epoch_rates(&self, app: usize, batch_size: u32, own: Option<u32>) -> EpochRates {
-        let bests: Vec<Arc<EpochBest>> = self
-            .batch_choices(app, batch_size)
+    /// The rates a training job's account compares its progress with, shared by the jobs
+    /// of one application with the same batch choices.
+    fn epoch_rates(&self, app: usize, batch_size: u32, own: Option<u32>) -> Arc<EpochRates> {
+        let choices = self.batch_choices(app, batch_size);
+        let key = ((app, choices[0]), own);
+        if let Some(r) = self.epoch_rates.borrow().get(&key) {
+            return r.clone();
+        }
+        let firsts: Vec<Vec<f64>> = choices
             .into_iter()
-            .map(|c| self.epoch_best(app, c))
-            .collect();
-        let firsts: Vec<Vec<f64>> = bests
-            .iter()
-            .map(|b| b.iter().map(|e| e.0).collect())
+            .map(|c| self.epoch_best(app, c).iter().map(|e| e.0).collect())
             .collect();
         let views: Vec<&[f64]> = firsts.iter().map(Vec::as_slice).collect();
         let own: Vec<f64> = self.epoch_best(app, own).iter().map(|e| e.0).collect();
-        EpochRates::new(&self.world.apps[app], &views, &own)
+        let rates = Arc::new(EpochRates::new(&self.world.apps[app], &views, &own));
+        self.epoch_rates.borrow_mut().insert(key, rates.clone());
+        rates
     }
 
     /// Checks a job of the trace and makes its state, nothing done yet (its time alone to be
@@ -230,7 +240,7 @@ impl<'c> Setup<'c> {
         };
         let rates = match (&j.work, app_i) {
             (Work::Train { batch_size, .. }, Some(a)) => {
-                Some(Arc::new(self.epoch_rates(a, *batch_size, batch)))
+                Some(self.epoch_rates(a, *batch_size, batch))
             }
             _ => None,
         };
