@@ -146,6 +146,7 @@ fn with_rooms(snap: &LiveSnapshot, held: &[(u64, u32)]) -> LiveSnapshot {
             cpu_millicores: (u64::from(n.gpus) * CORES_PER_GPU - cores) * 1000,
             memory_bytes: 0,
             gpus: optimizer::units::Gpus::whole(n.gpus - gpus),
+            devices: Vec::new(),
         })
         .collect();
     snap

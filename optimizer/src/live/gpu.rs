@@ -994,6 +994,7 @@ mod tests {
             cpu_millicores: cpus * 1000,
             memory_bytes: 0,
             gpus: Gpus::whole(gpus),
+            devices: Vec::new(),
         };
         LiveCluster {
             free: vec![room("c", 4, 0), room("v", v_cpus, v_gpus), room("a", 4, 4)],
@@ -1016,6 +1017,82 @@ mod tests {
             max_workers: workers,
             ..gpu_job(id, state, workers, 1, Some("V100"))
         }
+    }
+
+    #[test]
+    fn a_share_or_a_whole_gpu_must_find_its_room_on_one_device() {
+        // The V100 node's two devices with `free` left each (the others' as in `with_room`):
+        // the node's free GPUs are their sum.
+        let on_devices = |free: [u32; 2]| {
+            let mut c = with_room(4, 0);
+            c.free[1].devices = free.iter().map(|&m| Gpus::from_milli(m)).collect();
+            c.free[1].gpus = Gpus::from_milli(free.iter().sum());
+            c
+        };
+        let one = |gpus: Gpus| {
+            let mut j = share_job(1, LiveState::Queued, 1, gpus, Some("V100"));
+            (j.min_workers, j.max_workers, j.worker_millicores) = (1, 1, 1000);
+            LiveSnapshot {
+                now_s: 100.0,
+                cluster: on_devices([0, 0]),
+                jobs: vec![j],
+            }
+        };
+        let half = Gpus::from_milli(500);
+        let starts = |snap: &LiveSnapshot| decision(&round(snap), 1).to_workers;
+        // 0.6 free on the node, 0.3 on each device: no device holds a 0.5 share.
+        let snap = LiveSnapshot {
+            cluster: on_devices([300, 300]),
+            ..one(half)
+        };
+        let plan = round(&snap);
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("v 4 CPU, 0.6 V100 GPUs free (0.3 + 0.3 by device)")),
+            "{d:?}"
+        );
+        // The same 0.6 as 0.5 on one device and 0.1 on the other: it starts.
+        let snap = LiveSnapshot {
+            cluster: on_devices([100, 500]),
+            ..one(half)
+        };
+        assert_eq!(starts(&snap), 1);
+        // The devices not known: the node's 0.6 is taken to hold it (as Ray's count does).
+        let mut snap = LiveSnapshot {
+            cluster: on_devices([300, 300]),
+            ..one(half)
+        };
+        snap.cluster.free[1].devices.clear();
+        assert_eq!(starts(&snap), 1);
+        // A whole GPU: a device with nothing used, not half of each of two.
+        let snap = LiveSnapshot {
+            cluster: on_devices([500, 500]),
+            ..one(Gpus::ONE)
+        };
+        assert_eq!(starts(&snap), 0);
+        let snap = LiveSnapshot {
+            cluster: on_devices([1000, 0]),
+            ..one(Gpus::ONE)
+        };
+        assert_eq!(starts(&snap), 1);
+        // 0.3 shares on 0.5 and 0.4 free: one on each device, so two fit and a third does
+        // not, though the node's 0.9 would count three.
+        let mut snap = LiveSnapshot {
+            cluster: on_devices([500, 400]),
+            ..one(Gpus::from_milli(300))
+        };
+        (snap.jobs[0].min_workers, snap.jobs[0].max_workers) = (2, 2);
+        snap.jobs[0].workers = 2;
+        assert_eq!(starts(&snap), 2, "{:?}", round(&snap));
+        (snap.jobs[0].min_workers, snap.jobs[0].max_workers) = (3, 3);
+        snap.jobs[0].workers = 3;
+        let mut counted = snap.clone();
+        counted.cluster.free[1].devices.clear();
+        assert_eq!(starts(&counted), 3, "{:?}", round(&counted));
+        assert_eq!(starts(&snap), 0, "{:?}", round(&snap));
     }
 
     #[test]
@@ -1238,6 +1315,7 @@ mod tests {
             cpu_millicores: millicores,
             memory_bytes: 0,
             gpus: Gpus::whole(gpus),
+            devices: Vec::new(),
         };
         let snap = LiveSnapshot {
             now_s: 100.0,

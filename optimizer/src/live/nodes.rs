@@ -27,9 +27,13 @@
 //! 5. what is set aside in 3 is given back, and the room left ([`Free`]) is what the service
 //!    roles grow into (`roles.rs`), those with GPUs too.
 //!
-//! GPUs are counted per node as one amount, as Ray counts them: shares of devices on one node
-//! add up whichever device they are on (Ray, like this gate, may then find a node's 0.6 free
-//! split over two devices too small for a 0.5 share). A process launched after its job
+//! A node's GPUs are counted device by device where the snapshot gives each device's free
+//! share ([`NodeRoom::devices`]), as Ray's raylet hands them out: a process of whole GPUs takes
+//! that many devices with nothing used on them, a share of one device goes to the device it
+//! fits best (the least left after it, the first among equals), so 0.3 free on each of two
+//! devices holds no 0.5 share and half of each of two holds no whole GPU. Where the snapshot
+//! gives only the node's amount, shares add up whichever device they are on (the platform
+//! may then find that amount split too finely, and the process waits). A process launched after its job
 //! master's last report may be counted twice for a round (room held back, never handed out
 //! twice). The job master still places each process and waits for a node that holds it.
 
@@ -51,6 +55,11 @@ pub struct NodeRoom {
     /// [`LiveCluster::nodes`] names for the node.
     #[serde(default, skip_serializing_if = "no_gpus")]
     pub gpus: vocab::Gpus,
+    /// Each of its devices' free share, where it is known (empty: only the amount `gpus`
+    /// is): what a whole GPU or a share must find on one device. Where given, the node's
+    /// free GPUs are their sum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<vocab::Gpus>,
 }
 
 fn no_gpus(g: &Gpus) -> bool {
@@ -90,21 +99,23 @@ pub struct Process {
 
 impl Process {
     /// Whether it fits in the room `r` of a node.
-    fn fits_in(&self, r: &Process) -> bool {
+    fn fits_in(&self, r: &Room) -> bool {
         r.cpu >= self.cpu
             && r.memory >= self.memory
             && (self.gpus == 0
-                || (r.gpus >= self.gpus && self.model.is_none_or(|m| r.model == Some(m))))
+                || (self.model.is_none_or(|m| r.model == Some(m)) && r.holds_gpus(self.gpus)))
     }
-    fn take_from(&self, r: &mut Process) {
+    fn take_from(&self, r: &mut Room) {
         r.cpu -= self.cpu;
         r.memory = r.memory.saturating_sub(self.memory);
-        r.gpus -= self.gpus;
+        r.take_gpus(self.gpus);
     }
-    fn give_to(&self, r: &mut Process) {
+    /// Gives back the CPU and memory of a process of no GPUs (what [`Free::give_back`] is
+    /// for: where a share came off, the room does not keep).
+    fn give_to(&self, r: &mut Room) {
+        debug_assert_eq!(self.gpus, 0, "only room without GPUs is given back");
         r.cpu += self.cpu;
         r.memory = r.memory.saturating_add(self.memory);
-        r.gpus += self.gpus;
     }
 
     /// The process with `millicores` and `memory_bytes` more beside it on its node (the
@@ -118,11 +129,84 @@ impl Process {
     }
 }
 
+/// The room left on one node: CPU, memory, GPUs (thousandths) of its model, in all and, where
+/// the snapshot gives them, device by device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Room {
+    cpu: u64,
+    memory: u64,
+    gpus: u32,
+    model: Model,
+    /// Each device's free thousandths (empty: not known, only `gpus` is).
+    devices: Vec<u32>,
+}
+
+impl Room {
+    /// Whether `gpus` thousandths fit on its devices as the platform hands them out: a share
+    /// of one device on one device with that much free, whole GPUs on devices with nothing
+    /// used (more than one device but not whole: as many devices as it touches).
+    fn holds_gpus(&self, gpus: u32) -> bool {
+        if self.gpus < gpus {
+            return false;
+        }
+        match (self.devices.is_empty(), gpus < 1000) {
+            (true, _) => true,
+            (false, true) => self.devices.iter().any(|&d| d >= gpus),
+            (false, false) => {
+                self.devices.iter().filter(|&&d| d >= 1000).count() as u32 >= gpus.div_ceil(1000)
+            }
+        }
+    }
+
+    /// Takes `gpus` thousandths off its devices, as [`Room::holds_gpus`] found them: whole
+    /// GPUs from the first devices with nothing used, a share from the device it fits best
+    /// (the least left after it, the first among equals), as Ray's raylet does.
+    fn take_gpus(&mut self, gpus: u32) {
+        if gpus == 0 {
+            return;
+        }
+        if self.devices.is_empty() {
+            self.gpus -= gpus;
+            return;
+        }
+        if gpus < 1000 {
+            let best = (0..self.devices.len())
+                .filter(|&i| self.devices[i] >= gpus)
+                .min_by_key(|&i| (self.devices[i] - gpus, i))
+                .expect("checked by holds_gpus");
+            self.devices[best] -= gpus;
+            self.gpus -= gpus;
+            return;
+        }
+        let mut whole = gpus.div_ceil(1000);
+        for d in self.devices.iter_mut().filter(|d| **d >= 1000) {
+            if whole == 0 {
+                break;
+            }
+            self.gpus -= *d;
+            *d = 0;
+            whole -= 1;
+        }
+    }
+
+    /// Its devices' free shares as the reasons name them where they are split (`0.3 + 0.3`);
+    /// none where each is whole or unused, or they are not known.
+    fn devices_shown(&self) -> Option<String> {
+        self.devices.iter().any(|d| d % 1000 != 0).then(|| {
+            self.devices
+                .iter()
+                .map(|&d| Gpus::from_milli(d).to_string())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        })
+    }
+}
+
 /// The nodes' room left as the round places processes on it, in the order of
 /// [`LiveCluster::free`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Free {
-    room: Vec<Process>,
+    room: Vec<Room>,
     names: Vec<String>,
     /// The GPU models of the nodes, as [`Model`] numbers them.
     models: Vec<String>,
@@ -153,17 +237,23 @@ impl Free {
                             (models.len() - 1) as u16
                         }
                     });
-                Process {
+                let devices: Vec<u32> = match model {
+                    Some(_) => n.devices.iter().map(|d| d.milli().min(1000)).collect(),
+                    None => Vec::new(),
+                };
+                Room {
                     cpu: n.cpu_millicores,
                     memory: match count_memory {
                         true => n.memory_bytes,
                         false => u64::MAX,
                     },
-                    gpus: match model {
-                        Some(_) => n.gpus.milli(),
-                        None => 0,
+                    gpus: match (model, devices.is_empty()) {
+                        (None, _) => 0,
+                        (Some(_), true) => n.gpus.milli(),
+                        (Some(_), false) => devices.iter().sum(),
                     },
                     model,
+                    devices,
                 }
             })
             .collect();
@@ -291,7 +381,7 @@ impl Free {
     /// The freest nodes' room, as the reasons name it: `10.0.0.2 1.5 CPU free, 10.0.0.3 1
     /// CPU, 2 V100 GPUs free` (three at most).
     pub(super) fn freest_shown(&self) -> String {
-        let mut by: Vec<(&Process, &str)> = self
+        let mut by: Vec<(&Room, &str)> = self
             .room
             .iter()
             .zip(&self.names)
@@ -303,10 +393,12 @@ impl Free {
             .take(3)
             .map(|(r, n)| match r.model {
                 Some(m) => format!(
-                    "{n} {} CPU, {} {}free",
+                    "{n} {} CPU, {} {}free{}",
                     millicores_shown(r.cpu),
                     Gpus::from_milli(r.gpus),
-                    self.model_shown(m)
+                    self.model_shown(m),
+                    r.devices_shown()
+                        .map_or(String::new(), |d| format!(" ({d} by device)"))
                 ),
                 None => format!("{n} {} CPU free", millicores_shown(r.cpu)),
             })
@@ -569,8 +661,8 @@ pub(super) fn shown(p: &Process, free: &Free) -> String {
 /// one with the most CPU left, the first among equals. The job master's Ray platform places
 /// each process by the same rule (and pins it there), so what the round counts is where the
 /// processes go.
-fn freest(room: &[Process], p: Process) -> Option<usize> {
-    let spares_gpus = |r: &Process| p.gpus > 0 || r.model.is_none();
+fn freest(room: &[Room], p: Process) -> Option<usize> {
+    let spares_gpus = |r: &Room| p.gpus > 0 || r.model.is_none();
     room.iter()
         .enumerate()
         .filter(|(_, r)| p.fits_in(r))
@@ -581,7 +673,7 @@ fn freest(room: &[Process], p: Process) -> Option<usize> {
 
 /// `room` after `procs` are placed, largest first (those with GPUs first), each by
 /// [`freest`]; `None` when one does not fit.
-fn placed(room: &[Process], mut procs: Vec<Process>) -> Option<Vec<Process>> {
+fn placed(room: &[Room], mut procs: Vec<Process>) -> Option<Vec<Room>> {
     procs.sort_by(|a, b| b.cmp(a));
     let mut left = room.to_vec();
     for p in procs {
@@ -611,7 +703,21 @@ mod tests {
             cpu_millicores: cpus * 1000,
             memory_bytes: 0,
             gpus: Gpus::ZERO,
+            devices: Vec::new(),
         }
+    }
+
+    /// Nodes' room of the CPU, memory and GPUs of `ps`, their devices not known.
+    fn rooms(ps: &[Process]) -> Vec<Room> {
+        ps.iter()
+            .map(|p| Room {
+                cpu: p.cpu,
+                memory: p.memory,
+                gpus: p.gpus,
+                model: p.model,
+                devices: Vec::new(),
+            })
+            .collect()
     }
 
     fn cpu_job(id: u64, state: LiveState, workers: u32, cpu: u64) -> LiveJob {
@@ -817,16 +923,16 @@ mod tests {
         let room = vec![p(4000, u64::MAX), p(2000, u64::MAX)];
         // 2 then 2 then 1: the first 2 goes to a (4 free), the second to a again (the first of
         // two with 2 free), the 1 to b.
-        let left = placed(&room, vec![p(1000, 0), p(2000, 0), p(2000, 0)]).unwrap();
-        assert_eq!(left, vec![p(0, u64::MAX), p(1000, u64::MAX)]);
-        assert_eq!(placed(&room, vec![p(3000, 0), p(3000, 0)]), None);
+        let left = placed(&rooms(&room), vec![p(1000, 0), p(2000, 0), p(2000, 0)]).unwrap();
+        assert_eq!(left, rooms(&[p(0, u64::MAX), p(1000, u64::MAX)]));
+        assert_eq!(placed(&rooms(&room), vec![p(3000, 0), p(3000, 0)]), None);
         // A 3 then a 1: the 3 to a, the 1 to b (2 free against a's 1).
-        let left = placed(&room, vec![p(1000, 0), p(3000, 0)]).unwrap();
-        assert_eq!(left, vec![p(1000, u64::MAX), p(1000, u64::MAX)]);
+        let left = placed(&rooms(&room), vec![p(1000, 0), p(3000, 0)]).unwrap();
+        assert_eq!(left, rooms(&[p(1000, u64::MAX), p(1000, u64::MAX)]));
         // Memory too: a node without the memory is passed over.
         let room = vec![p(4000, 1 << 30), p(2000, 4 << 30)];
-        let left = placed(&room, vec![p(1000, 2 << 30)]).unwrap();
-        assert_eq!(left, vec![p(4000, 1 << 30), p(1000, 2 << 30)]);
+        let left = placed(&rooms(&room), vec![p(1000, 2 << 30)]).unwrap();
+        assert_eq!(left, rooms(&[p(4000, 1 << 30), p(1000, 2 << 30)]));
         // GPUs: a process with GPUs goes first, to a node with its model and GPUs left (b,
         // though a has more CPU free); a process of another model fits nowhere.
         let gpus = |cpu: u64, gpus: u32, model: Model| Process {
@@ -844,30 +950,34 @@ mod tests {
             memory: 0,
             ..gpus(cpu, g, m)
         };
-        let left = placed(&room, vec![want(2000, 0, None), want(2000, 2000, Some(0))]).unwrap();
+        let left = placed(
+            &rooms(&room),
+            vec![want(2000, 0, None), want(2000, 2000, Some(0))],
+        )
+        .unwrap();
         assert_eq!(
             left,
-            vec![
+            rooms(&[
                 gpus(2000, 0, None),
                 gpus(1000, 0, Some(0)),
                 gpus(3000, 1000, Some(1))
-            ]
+            ])
         );
-        assert_eq!(placed(&room, vec![want(1000, 1000, Some(7))]), None);
+        assert_eq!(placed(&rooms(&room), vec![want(1000, 1000, Some(7))]), None);
         // A process without GPUs goes to a node without them while one holds it.
         let room = vec![gpus(2000, 0, None), gpus(8000, 2000, Some(0))];
-        let left = placed(&room, vec![want(1000, 0, None)]).unwrap();
-        assert_eq!(left[0], gpus(1000, 0, None));
-        let left = placed(&room, vec![want(3000, 0, None)]).unwrap();
-        assert_eq!(left[1], gpus(5000, 2000, Some(0)));
+        let left = placed(&rooms(&room), vec![want(1000, 0, None)]).unwrap();
+        assert_eq!(left[0], rooms(&[gpus(1000, 0, None)])[0]);
+        let left = placed(&rooms(&room), vec![want(3000, 0, None)]).unwrap();
+        assert_eq!(left[1], rooms(&[gpus(5000, 2000, Some(0))])[0]);
         let room = vec![
             gpus(4000, 0, None),
             gpus(3000, 2000, Some(0)),
             gpus(3000, 1000, Some(1)),
         ];
         // Any model: the freest node with the GPUs.
-        let left = placed(&room, vec![want(1000, 1000, None)]).unwrap();
-        assert_eq!(left[1], gpus(2000, 1000, Some(0)));
+        let left = placed(&rooms(&room), vec![want(1000, 1000, None)]).unwrap();
+        assert_eq!(left[1], rooms(&[gpus(2000, 1000, Some(0))])[0]);
     }
 
     /// Nodes of these CPUs free (fractions allowed), named a, b, c, ...
@@ -879,6 +989,7 @@ mod tests {
                 cpu_millicores: (c * 1000.0) as u64,
                 memory_bytes: 0,
                 gpus: Gpus::ZERO,
+                devices: Vec::new(),
             })
             .collect()
     }

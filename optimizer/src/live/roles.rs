@@ -914,6 +914,7 @@ mod tests {
             cpu_millicores: millicores,
             memory_bytes: 0,
             gpus: vocab::Gpus::ZERO,
+            devices: Vec::new(),
         };
         let snap = LiveSnapshot {
             now_s: 100.0,
