@@ -162,6 +162,11 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
                     gpu_utilisation_pct: if i < 2 { 0.0 } else { 80.0 },
                     gpu_memory_bytes: if i < 2 { 0 } else { 20 << 30 },
                     host: format!("10.0.0.{}", i % 3 + 1),
+                    devices: if i < 2 {
+                        String::new()
+                    } else {
+                        format!("{}", i % 4)
+                    },
                 })
                 .collect(),
             ..Default::default()

@@ -127,8 +127,78 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
                 cpu_millicores: (n.available.cpus * 1000.0).round() as u64,
                 memory_bytes: n.available.memory_bytes,
                 gpus: vocab::Gpus::from_milli((n.available.gpus * 1000.0).round() as u32),
+                devices: Vec::new(),
             })
             .collect(),
+    }
+}
+
+/// Gives each GPU node's free room device by device ([`NodeRoom::devices`]), which a share or
+/// a whole GPU must find on one device: each device its processes were given (`used`, as the
+/// jobs' newest reports name them) with what they hold of it left off, each other device of
+/// the node whole. Where Ray counts less free than that (other users' processes, or ours
+/// that a report does not show yet), the difference is laid out as Ray would lay one process
+/// of it out ([`take_unseen`]). A node none of whose devices a report names keeps its amount
+/// only (how it is split is not known), unless Ray counts all its GPUs free or none.
+pub fn by_device(cluster: &mut LiveCluster, used: &crate::store::DeviceUse) {
+    for room in &mut cluster.free {
+        let Some(total) = cluster
+            .nodes
+            .iter()
+            .find(|n| n.name == room.name && n.gpus > 0)
+            .map(|n| n.gpus)
+        else {
+            continue;
+        };
+        let free = room.gpus.milli();
+        let named = used.0.get(&room.name).filter(|d| !d.is_empty());
+        let mut devices: Vec<u32> = match named {
+            None if free == 0 => vec![0; total as usize],
+            None if free == total * 1000 => vec![1000; total as usize],
+            None => continue,
+            Some(named) => named.values().map(|&h| 1000 - h.min(1000)).collect(),
+        };
+        let unnamed = (total as usize).saturating_sub(devices.len());
+        devices.extend(std::iter::repeat_n(1000, unnamed));
+        let counted: u32 = devices.iter().sum();
+        take_unseen(&mut devices, counted.saturating_sub(free));
+        room.devices = devices.into_iter().map(vocab::Gpus::from_milli).collect();
+        room.gpus = room.devices.iter().copied().sum();
+    }
+}
+
+/// Takes `milli` thousandths that Ray counts used but no report places off `devices` (free
+/// thousandths each) as Ray hands a process of that size out: its whole GPUs from the first
+/// devices with nothing used, the share left from the device it fits best; what does not fit
+/// so from the freest devices.
+fn take_unseen(devices: &mut [u32], mut milli: u32) {
+    for d in devices.iter_mut().filter(|d| **d == 1000) {
+        if milli < 1000 {
+            break;
+        }
+        *d = 0;
+        milli -= 1000;
+    }
+    if milli == 0 {
+        return;
+    }
+    if let Some(best) = (0..devices.len())
+        .filter(|&i| devices[i] >= milli)
+        .min_by_key(|&i| (devices[i] - milli, i))
+    {
+        devices[best] -= milli;
+        return;
+    }
+    while milli > 0 {
+        let Some(freest) = (0..devices.len())
+            .filter(|&i| devices[i] > 0)
+            .max_by_key(|&i| (devices[i], std::cmp::Reverse(i)))
+        else {
+            return;
+        };
+        let took = devices[freest].min(milli);
+        devices[freest] -= took;
+        milli -= took;
     }
 }
 
@@ -244,12 +314,14 @@ mod tests {
                         cpu_millicores: 1000,
                         memory_bytes: 0,
                         gpus: vocab::Gpus::from_milli(500),
+                        devices: Vec::new(),
                     },
                     NodeRoom {
                         name: "127.0.0.2".into(),
                         cpu_millicores: 4500,
                         memory_bytes: 0,
                         gpus: vocab::Gpus::ZERO,
+                        devices: Vec::new(),
                     }
                 ],
                 cpu_millicores: 12_500,
@@ -274,5 +346,77 @@ mod tests {
         // Every node cordoned: the memory stays counted (0 would mean "not counted").
         let out = without(&all, &nodes, &[cordon("127.0.0.1"), cordon("127.0.0.2")]);
         assert_eq!((out.cpu_millicores, out.memory_bytes), (0, 1));
+    }
+
+    #[test]
+    fn a_gpu_nodes_free_room_by_device_from_the_reports_and_rays_count() {
+        let room = |name: &str, free: u32| NodeRoom {
+            name: name.into(),
+            cpu_millicores: 4000,
+            memory_bytes: 0,
+            gpus: vocab::Gpus::from_milli(free),
+            devices: Vec::new(),
+        };
+        let node = |name: &str, gpus: u32| LiveNode {
+            name: name.into(),
+            gpus,
+            gpu_type: "V100".into(),
+        };
+        let cluster = |free: Vec<NodeRoom>| LiveCluster {
+            free,
+            nodes: vec![node("v", 2), node("a", 4)],
+            cpu_millicores: 12_000,
+            slot_millicores: 500,
+            max_processes: 40,
+            memory_bytes: 0,
+        };
+        let devices = |c: &LiveCluster, i: usize| -> Vec<u32> {
+            c.free[i].devices.iter().map(|d| d.milli()).collect()
+        };
+        let mut used = crate::store::DeviceUse::default();
+        // On v: 0.7 of device 0 (a 0.4 and a 0.3 share), nothing of device 1. On a: two
+        // whole GPUs, devices 1 and 2. A process not placed counts nothing.
+        used.add("v", "0", vocab::Gpus::from_milli(400));
+        used.add("v", "0", vocab::Gpus::from_milli(300));
+        used.add("a", "1,2", vocab::Gpus::whole(2));
+        used.add("", "3", vocab::Gpus::ONE);
+        // Ray counts what the reports show: v has 0.3 + 1 free, a has devices 0 and 3.
+        let mut c = cluster(vec![room("c", 0), room("v", 1300), room("a", 2000)]);
+        by_device(&mut c, &used);
+        assert!(c.free[0].devices.is_empty(), "a node without GPUs");
+        assert_eq!(devices(&c, 1), [300, 1000]);
+        assert_eq!(devices(&c, 2), [0, 0, 1000, 1000]);
+        assert_eq!(c.free[1].gpus.milli(), 1300);
+        // Ray counts 0.5 less on v than the reports leave: laid out as Ray would one 0.5
+        // share, on device 1 (device 0's 0.3 does not hold it); on a, one whole GPU less.
+        let mut c = cluster(vec![room("v", 800), room("a", 1000)]);
+        by_device(&mut c, &used);
+        assert_eq!(devices(&c, 0), [300, 500]);
+        assert_eq!(devices(&c, 1), [0, 0, 0, 1000]);
+        // 1.2 less on a than its two free devices: a whole one and 0.2 of the other.
+        let mut c = cluster(vec![room("a", 800)]);
+        by_device(&mut c, &used);
+        assert_eq!(devices(&c, 0), [0, 0, 0, 800]);
+        // Ray counts more free than the reports leave (a process gone since its report):
+        // the reports' view, the smaller.
+        let mut c = cluster(vec![room("v", 2000)]);
+        by_device(&mut c, &used);
+        assert_eq!(
+            (devices(&c, 0), c.free[0].gpus.milli()),
+            (vec![300, 1000], 1300)
+        );
+        // No report names a device of a node: its amount only, unless all are free or none.
+        let none = crate::store::DeviceUse::default();
+        for (free, want) in [(1200, vec![]), (4000, vec![1000; 4]), (0, vec![0; 4])] {
+            let mut c = cluster(vec![room("a", free)]);
+            by_device(&mut c, &none);
+            assert_eq!(devices(&c, 0), want, "{free}");
+            assert_eq!(c.free[0].gpus.milli(), free);
+        }
+        // Nothing Ray counts free fits where every device is short: the unseen use taken
+        // from the freest devices in turn.
+        let mut d = vec![600, 500, 1000];
+        take_unseen(&mut d, 1900);
+        assert_eq!(d, [0, 200, 0]);
     }
 }

@@ -1036,3 +1036,140 @@ async fn jobs_on_the_nodes_run_as_their_user_in_the_sandbox() {
     );
     common::confined::assert_confined(&seen);
 }
+
+/// A node's GPUs are counted device by device (issue 41, item 3): a job of one worker with 0.7
+/// of a V100 runs on the V100 node (its device 0, the job master reports), then another Ray
+/// user's job takes 0.7 of the other device. Ray counts 0.6 of the node's GPUs free, which a
+/// 0.5 share would fit by that count; the brain, knowing its own worker's device and laying
+/// the rest out as Ray does, sees 0.3 on each device, and a job of one 0.5 V100 share waits
+/// with that reason instead of starting and waiting on Ray. The other user gone, it starts,
+/// and ends having trained every sample once, never pending on Ray.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let (_brain, url) = brain_for_jobs_now(&c, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    let pid = std::process::id();
+    let submit = |name: &str, gpu: &str, samples: u32| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
+                 resources: {{ cpu: 1, gpu: {gpu}, gpu_type: V100 }} }}\n\
+                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
+                 data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
+                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+            ),
+        )
+        .unwrap();
+        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+        assert!(ok, "{out}\n{}", log());
+    };
+    let of = |jobs: &[proto::service::v1::JobRecord], name: &str| {
+        jobs.iter().find(|j| j.job_name == name).cloned().unwrap()
+    };
+    let (holder, waiter) = (format!("holder-{pid}"), format!("half-{pid}"));
+    submit(&holder, "0.7", 2_000_000);
+    // Its worker running, with the device Ray gave it.
+    let start = Instant::now();
+    let device = loop {
+        let jobs = common::jobs(&url).await.expect("the brain answers");
+        let a = of(&jobs, &holder);
+        assert!(
+            a.state == "queued" || a.state == "running",
+            "{a:#?}\n{}",
+            log()
+        );
+        if !a.master_address.is_empty()
+            && let Some(s) = common::master_status(&a.master_address, &a.run_dir).await
+            && let Some(p) = s
+                .processes
+                .iter()
+                .find(|p| p.state == "running" && !p.devices.is_empty())
+        {
+            break p.devices.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{a:#?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(
+        device, "0",
+        "Ray's best fit of a share on two unused devices: the first"
+    );
+    // Another Ray user takes 0.7 of the V100 node's other device.
+    let ray = ray_client::RayApi::new(&c.dashboard).unwrap();
+    let other = format!("other-user-{pid}");
+    ray.submit(&ray_client::SubmitRequest {
+        entrypoint: "sleep 600".into(),
+        submission_id: other.clone(),
+        entrypoint_num_cpus: 0.0,
+        entrypoint_num_gpus: 0.7,
+        entrypoint_memory: None,
+        entrypoint_resources: [("accelerator_type:V100".to_string(), 0.001)].into(),
+        runtime_env: Default::default(),
+        metadata: Default::default(),
+    })
+    .await
+    .unwrap();
+    // Ray's usage report lags placement by up to 5 s: the waiter comes after it.
+    let v100 = c.nodes[1].clone();
+    let start = Instant::now();
+    loop {
+        let cluster = ray.cluster().await.unwrap();
+        let free = cluster
+            .nodes
+            .iter()
+            .find(|n| n.ip == v100)
+            .map(|n| n.available.gpus);
+        if free.is_some_and(|g| (g - 0.6).abs() < 1e-6) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{free:?} free on {v100}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    submit(&waiter, "0.5", 40_000);
+    let reason = "0.6 V100 GPUs free (0.3 + 0.3 by device)";
+    let start = Instant::now();
+    loop {
+        let jobs = common::jobs(&url).await.expect("the brain answers");
+        let b = of(&jobs, &waiter);
+        assert_eq!(b.state, "queued", "{b:#?}\n{}", log());
+        if b.waiting_reason.contains(reason) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{b:#?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // It stays queued over rounds while the other user holds the device.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let jobs = common::jobs(&url).await.unwrap();
+    assert_eq!(of(&jobs, &waiter).state, "queued");
+    assert!(ray.stop(&other).await.unwrap());
+    wait_succeeded(&url, &[&waiter], &log);
+    let report = ended_exactly_once(&dir.path().join("runs").join(&waiter));
+    let events = events_of(&report);
+    assert!(
+        !events.iter().any(|e| e.contains("still pending")),
+        "a process of {waiter} waited on Ray for room: {events:#?}"
+    );
+    let (ok, out) = brainctl(&["cancel", &holder, "--brain", &url]);
+    assert!(ok, "{out}");
+}

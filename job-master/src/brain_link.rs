@@ -189,7 +189,7 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
 fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
     let (global_step, samples_per_second, _) = ctx.progress();
     let counts = ctx.role_counts();
-    let live = || ctx.slots.values().filter(|s| s.phase.is_live());
+    let live = || ctx.all_slots().filter(|s| s.phase.is_live());
     let total = ctx.spec.data.num_samples as u64 * ctx.spec.epochs as u64;
     let effective = ctx.effective_training(now_ms);
     pb::MetricReport {
@@ -251,13 +251,13 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
     }
 }
 
-/// The mean utilisation of the devices of the job's live processes that use a GPU (given one,
-/// or holding memory on one); 0 when none does. A process given no GPU on a node whose GPUs
-/// NVML samples all reports their utilisation too: it counts only once it holds memory there.
+/// The mean utilisation of the devices of the job's live processes (of every role) that use a
+/// GPU (given one, or holding memory on one); 0 when none does. A process given no GPU on a
+/// node whose GPUs NVML samples all reports their utilisation too: it counts only once it
+/// holds memory there.
 fn gpu_utilisation(ctx: &crate::job::JobContext) -> f64 {
     let using: Vec<f64> = ctx
-        .slots
-        .values()
+        .all_slots()
         .filter(|s| s.phase.is_live())
         .filter_map(|s| {
             let x = s.sample.as_ref().filter(|x| x.gpu_present)?;
@@ -276,11 +276,14 @@ fn gpu_utilisation(ctx: &crate::job::JobContext) -> f64 {
     }
 }
 
-/// Each process that is or will be running, with what it was given and what it used.
+/// The longest list of GPUs a report carries for one process (the brain refuses longer).
+const MAX_DEVICES_CHARS: usize = 256;
+
+/// Each process that is or will be running, of every role group (the training group's and
+/// the others'), with what it was given, what it used and where it runs.
 fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport> {
     use crate::job::SlotPhase;
-    ctx.slots
-        .values()
+    ctx.all_slots()
         .filter(|s| !matches!(s.phase, SlotPhase::Removed | SlotPhase::Succeeded))
         .map(|s| {
             let given = ctx.launch_resources(s.key).unwrap_or_default();
@@ -319,6 +322,7 @@ fn processes(ctx: &crate::job::JobContext, now_ms: u64) -> Vec<pb::ProcessReport
                     true => s.host.clone(),
                     false => String::new(),
                 },
+                devices: s.devices.chars().take(MAX_DEVICES_CHARS).collect(),
             }
         })
         .collect()
@@ -665,5 +669,84 @@ mod tests {
         slots.next().unwrap().sample = Some(sample(40, 0));
         slots.next().unwrap().sample = Some(sample(60, 1 << 20));
         assert_eq!(report(&ctx, 0).gpu_utilisation_pct, 60.0);
+    }
+
+    #[test]
+    fn every_role_groups_processes_reach_the_report_with_their_node_and_devices() {
+        let spec = vocab::spec::JobSpec::from_yaml(
+            "name: r\nkind: allreduce\nroles:\n  worker: { replicas: 1, resources: { gpu: 1 } }\n\
+             \x20 rollout: { topology: service, replicas: 2, resources: { gpu: 0.5 } }\n\
+             workload:\n  builtin: {}\ndata: { num_samples: 100, shard_size: 10 }\n\
+             checkpoint: { dir: /tmp/brain-roles-report-test, every_shards: 0 }\n",
+        )
+        .unwrap();
+        let (mut ctx, _) = JobContext::new(spec, "r-1".into(), Timing::default(), 0);
+        let rollout: Role = "rollout".parse().unwrap();
+        for (i, s) in ctx
+            .services
+            .get_mut(&rollout)
+            .unwrap()
+            .slots
+            .values_mut()
+            .enumerate()
+        {
+            s.phase = crate::job::SlotPhase::Running;
+            s.host = "10.0.0.2".into();
+            s.devices = "1".into();
+            s.sample = Some(Sample {
+                cpu_millicores: 200,
+                gpu_present: true,
+                gpu_utilization_percent: 50 + 10 * i as u32,
+                gpu_memory_used_bytes: 1 << 30,
+                ..Sample::default()
+            });
+        }
+        let w = ctx.slots.values_mut().next().unwrap();
+        (w.phase, w.host, w.devices) = (
+            crate::job::SlotPhase::Running,
+            "10.0.0.2".into(),
+            "0".into(),
+        );
+        w.sample = Some(Sample {
+            cpu_millicores: 1000,
+            gpu_present: true,
+            gpu_utilization_percent: 90,
+            ..Sample::default()
+        });
+        let r = report(&ctx, 0);
+        let seen: Vec<(String, u32, String, String, u32)> = r
+            .processes
+            .iter()
+            .map(|p| {
+                let gpu = p.resources.as_ref().map_or(0, |x| x.gpu_milli);
+                (
+                    p.role.clone(),
+                    p.index,
+                    p.host.clone(),
+                    p.devices.clone(),
+                    gpu,
+                )
+            })
+            .collect();
+        let row = |role: &str, index, devices: &str, gpu| {
+            (
+                role.to_string(),
+                index,
+                "10.0.0.2".to_string(),
+                devices.to_string(),
+                gpu,
+            )
+        };
+        assert_eq!(
+            seen,
+            vec![
+                row("worker", 0, "0", 1000),
+                row("rollout", 0, "1", 500),
+                row("rollout", 1, "1", 500)
+            ]
+        );
+        // The job's figures count every role's processes.
+        assert_eq!(r.cpu_millicores, 1400);
+        assert_eq!(r.gpu_utilisation_pct, (90.0 + 50.0 + 60.0) / 3.0);
     }
 }

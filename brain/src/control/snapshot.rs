@@ -28,6 +28,11 @@ pub(super) fn take(
     let now_s = now_ms as f64 / 1000.0;
     let mut jobs = Vec::new();
     let mut cluster = cluster.clone();
+    // Where the round places processes on nodes: each GPU node's room device by device,
+    // before the running roles' GPUs come off the nodes' counts below.
+    if !cluster.free.is_empty() {
+        crate::capacity::by_device(&mut cluster, &store.device_use());
+    }
     let (mut speeds, mut ps_speeds) = store.active_speeds()?;
     for row in store.active()? {
         let Some(shape) = row.shape.clone() else {
@@ -349,6 +354,7 @@ mod tests {
             gpu_utilisation_pct: 0.0,
             gpu_memory_bytes: 0,
             host: String::new(),
+            devices: String::new(),
         }
     }
 
@@ -452,6 +458,7 @@ mod tests {
         // beside an engine goes to its node, an engine added beside a worker to the worker's.
         let on = |role: &str, index: u32, host: &str| crate::store::ProcessSample {
             host: host.into(),
+            devices: String::new(),
             ..sample(vocab::Role::new(role).unwrap(), index)
         };
         let report = crate::store::Metric {
@@ -483,6 +490,83 @@ mod tests {
             .map(|p| p.node.as_str())
             .collect();
         assert_eq!(workers, ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    #[test]
+    fn a_gpu_nodes_room_is_planned_on_device_by_device_as_the_reports_place_the_shares() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
+        let shape = Shape {
+            kind: vocab::JobKind::Allreduce,
+            workers: 1,
+            min_workers: 1,
+            max_workers: 1,
+            node_unit: 1,
+            worker_millicores: 1000,
+            worker_gpus: vocab::Gpus::from_milli(600),
+            gpu_type: Some("V100".into()),
+            total_samples: 1000,
+            ..Default::default()
+        };
+        let (job, _) = store
+            .register("shares", "127.0.0.1:1", Some(&shape), 10)
+            .unwrap();
+        // A Ray cluster's V100 node of two devices, 0.7 of them free by Ray's count.
+        let cluster = LiveCluster {
+            free: vec![optimizer::live::NodeRoom {
+                name: "10.0.0.2".into(),
+                cpu_millicores: 4000,
+                memory_bytes: 0,
+                gpus: vocab::Gpus::from_milli(700),
+                devices: Vec::new(),
+            }],
+            nodes: vec![optimizer::live::LiveNode {
+                name: "10.0.0.2".into(),
+                gpus: 2,
+                gpu_type: "V100".into(),
+            }],
+            cpu_millicores: 4000,
+            slot_millicores: 1000,
+            max_processes: 8,
+            memory_bytes: 0,
+        };
+        // Its worker holds 0.6 of device 0; a role's process 0.7 of device 1; one waiting
+        // for the platform holds nothing yet.
+        let on = |role: &str, index: u32, devices: &str, gpus: u32| crate::store::ProcessSample {
+            host: "10.0.0.2".into(),
+            devices: devices.into(),
+            gpus: vocab::Gpus::from_milli(gpus),
+            ..sample(vocab::Role::new(role).unwrap(), index)
+        };
+        let mut waiting = on("rollout", 1, "", 700);
+        waiting.pending_ms = 500;
+        let report = crate::store::Metric {
+            at_unix_ms: 25,
+            workers: 1,
+            processes: vec![
+                on("worker", 0, "0", 600),
+                on("rollout", 0, "1", 700),
+                waiting,
+            ],
+            ..Default::default()
+        };
+        store.add_metrics(job, &[report]).unwrap();
+        let snap = take(&store, &cluster, 30).unwrap();
+        assert_eq!(
+            snap.cluster.free[0].devices,
+            [vocab::Gpus::from_milli(400), vocab::Gpus::from_milli(300)],
+            "0.7 free, split 0.4 + 0.3: no 0.5 share fits"
+        );
+        // The job ended: its shares are forgotten, and Ray's 0.7 is the node's amount only.
+        store
+            .finish(job, JobState::Succeeded, "done", 1000, 40)
+            .unwrap();
+        let snap = take(&store, &cluster, 50).unwrap();
+        assert!(
+            snap.cluster.free[0].devices.is_empty(),
+            "{:?}",
+            snap.cluster.free
+        );
     }
 
     #[test]
@@ -524,6 +608,7 @@ mod tests {
                 cpu_millicores: 16_000,
                 memory_bytes: 0,
                 gpus: vocab::Gpus::ZERO,
+                devices: Vec::new(),
             }],
             cpu_millicores: 16_000,
             slot_millicores: 1000,

@@ -8,6 +8,8 @@ use crate::store::{Metric, ProcessSample, SlowNode, StragglerNote};
 
 /// The longest node name a report may give (an address, a host name).
 const MAX_HOST_CHARS: usize = 255;
+/// The longest list of GPUs kept for one process (a node's device ids, comma-separated).
+const MAX_DEVICES_CHARS: usize = 256;
 
 pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
     let processes = m
@@ -103,5 +105,6 @@ fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
         gpu_utilisation_pct: p.gpu_utilisation_pct,
         gpu_memory_bytes: p.gpu_memory_bytes,
         host: p.host.chars().take(MAX_HOST_CHARS).collect(),
+        devices: p.devices.chars().take(MAX_DEVICES_CHARS).collect(),
     })
 }

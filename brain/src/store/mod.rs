@@ -28,8 +28,8 @@ mod tokens;
 pub use cordons::Cordon;
 pub use jobs::{PsSpeedsByJob, SpeedsByJob};
 pub use processes::{
-    CPU_SAMPLES, GpuUse, JobGpuUse, JobSnapshot, JobStability, PendingProcess, ProcessSample,
-    SPEED_WINDOW_MS,
+    CPU_SAMPLES, DeviceUse, GpuUse, JobGpuUse, JobSnapshot, JobStability, PendingProcess,
+    ProcessSample, SPEED_WINDOW_MS,
 };
 pub use records::{
     JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,

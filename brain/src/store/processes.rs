@@ -40,6 +40,37 @@ pub struct ProcessSample {
     pub gpu_memory_bytes: u64,
     /// The node it runs on, as the platform names it (empty: not placed, or not said).
     pub host: String,
+    /// The GPUs it was given there (CUDA_VISIBLE_DEVICES: `0`, `1,2`; empty: none, or not
+    /// said).
+    pub devices: String,
+}
+
+/// The GPU shares the jobs' processes hold, device by device, as their newest reports gave
+/// them: by node (as the platform names it), by device (as CUDA_VISIBLE_DEVICES names it), the
+/// thousandths of it held.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceUse(pub BTreeMap<String, BTreeMap<String, u32>>);
+
+impl DeviceUse {
+    /// Counts a process of `gpus` given `devices` (comma-separated) on `host`: its amount
+    /// spread evenly over the devices it names (a share on its one device, whole GPUs one
+    /// each), at most a whole device each. One not placed, or given none, counts nothing.
+    pub fn add(&mut self, host: &str, devices: &str, gpus: vocab::Gpus) {
+        let named: Vec<&str> = devices
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .collect();
+        if host.is_empty() || named.is_empty() || gpus.is_zero() {
+            return;
+        }
+        let each = (gpus.milli() / named.len() as u32).min(1000);
+        let node = self.0.entry(host.to_string()).or_default();
+        for d in named {
+            let held = node.entry(d.to_string()).or_default();
+            *held = (*held + each).min(1000);
+        }
+    }
 }
 
 /// One process's GPU use, as the job's newest report gave it.
@@ -106,6 +137,9 @@ pub(super) struct JobProcesses {
     stragglers: Vec<super::StragglerNote>,
     slow_nodes: Vec<super::SlowNode>,
     gpu: JobGpuUse,
+    /// (node, devices, GPUs) of each of its placed processes given GPUs, by its newest
+    /// report.
+    devices: Vec<(String, String, vocab::Gpus)>,
     /// (at, samples/s) of its reports over the speed window, oldest first.
     speeds: std::collections::VecDeque<(i64, f64)>,
     snapshot: JobSnapshot,
@@ -173,6 +207,12 @@ impl Processes {
             entry.stragglers = m.stragglers.clone();
             entry.slow_nodes = m.slow_nodes.clone();
             entry.gpu = gpu_use(m);
+            entry.devices = m
+                .processes
+                .iter()
+                .filter(|p| !p.devices.is_empty() && !p.gpus.is_zero() && p.pending_ms == 0)
+                .map(|p| (p.host.clone(), p.devices.clone(), p.gpus))
+                .collect();
             entry.speeds.push_back((m.at_unix_ms, m.samples_per_second));
             while entry
                 .speeds
@@ -191,6 +231,17 @@ impl Processes {
             .get(&job)
             .map(|j| j.snapshot.clone())
             .unwrap_or_default()
+    }
+
+    /// The GPU shares every job's processes hold, device by device, by their newest reports.
+    pub(super) fn device_use(&self) -> DeviceUse {
+        let mut used = DeviceUse::default();
+        for j in self.jobs.values() {
+            for (host, devices, gpus) in &j.devices {
+                used.add(host, devices, *gpus);
+            }
+        }
+        used
     }
 
     /// The job's GPU use of its newest report.
@@ -368,6 +419,7 @@ mod tests {
                     gpu_utilisation_pct: 0.0,
                     gpu_memory_bytes: 0,
                     host: String::new(),
+                    devices: String::new(),
                 })
                 .collect(),
             ..Default::default()

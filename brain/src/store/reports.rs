@@ -137,6 +137,12 @@ impl Store {
         self.processes.of(job, trainer)
     }
 
+    /// The GPU shares the running jobs' processes hold, node by node and device by device, as
+    /// their newest reports gave them (kept in memory, as the processes are).
+    pub fn device_use(&self) -> super::DeviceUse {
+        self.processes.device_use()
+    }
+
     /// The node each process of the job's `role` runs on, by index (empty: not known).
     pub fn nodes(&self, job: JobId, role: vocab::Role) -> Vec<String> {
         self.processes.nodes(job, role)

@@ -127,6 +127,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         gpu_utilisation_pct: 0.0,
         gpu_memory_bytes: 0,
         host: "10.0.0.2".into(),
+        devices: String::new(),
     }];
     s.add_metrics(a, &[m]).unwrap();
     let (ps, workers) = s.processes(a, vocab::Role::WORKER);
