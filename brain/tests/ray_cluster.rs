@@ -411,6 +411,36 @@ async fn a_gpu_job_whose_gpu_node_lacks_the_cpu_waits_for_it() {
     .await;
 }
 
+/// Submits through the brain at `url` an allreduce job `name` of the built-in workload (300 µs
+/// a sample) whose training group is `worker` (a role's YAML), of `samples` samples.
+fn submit_builtin(
+    url: &str,
+    dir: &Path,
+    name: &str,
+    worker: &str,
+    samples: u32,
+    log: &dyn Fn() -> String,
+) {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\nkind: allreduce\nroles:\n  worker: {{ {worker} }}\n\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
+             data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
+             checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", url]);
+    assert!(ok, "{out}\n{}", log());
+}
+
+/// The brain's record of job `name` among `jobs`.
+fn of(jobs: &[proto::service::v1::JobRecord], name: &str) -> proto::service::v1::JobRecord {
+    jobs.iter().find(|j| j.job_name == name).cloned().unwrap()
+}
+
 /// Submits two jobs whose training groups are `workers` (a role's YAML) at once, and checks
 /// that the second waits with `reason` while every worker of the first runs, never starts
 /// beside them, and that both end having trained every sample once, no process waiting on Ray.
@@ -429,23 +459,8 @@ async fn waits_for_the_room_of_the_first(c: &RayClusterDir, workers: &str, reaso
         .expect("replicas: N");
     for name in [&first, &second] {
         // About 15 s on two workers (300 µs a sample).
-        let path = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!(
-                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ {workers} }}\n\
-                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
-                 data: {{ num_samples: 100000, shard_size: 1000, eval_samples: 2000 }}\n\
-                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
-            ),
-        )
-        .unwrap();
-        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
-        assert!(ok, "{out}\n{}", log());
+        submit_builtin(&url, dir.path(), name, workers, 100_000, &log);
     }
-    let of = |jobs: &[proto::service::v1::JobRecord], name: &str| {
-        jobs.iter().find(|j| j.job_name == name).cloned().unwrap()
-    };
     let (mut waited, start) = (false, Instant::now());
     loop {
         // The second's record first: if it runs while every worker of the first still does,
@@ -1038,7 +1053,7 @@ async fn jobs_on_the_nodes_run_as_their_user_in_the_sandbox() {
 }
 
 /// A node's GPUs are counted device by device (issue 41, item 3): a job of one worker with 0.7
-/// of a V100 runs on the V100 node (its device 0, the job master reports), then another Ray
+/// of a V100 runs on the V100 node (on the device the job master reports), then another Ray
 /// user's job takes 0.7 of the other device. Ray counts 0.6 of the node's GPUs free, which a
 /// 0.5 share would fit by that count; the brain, knowing its own worker's device and laying
 /// the rest out as Ray does, sees 0.3 on each device, and a job of one 0.5 V100 share waits
@@ -1056,24 +1071,38 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
     let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
     let pid = std::process::id();
     let submit = |name: &str, gpu: &str, samples: u32| {
-        let path = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!(
-                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
-                 resources: {{ cpu: 1, gpu: {gpu}, gpu_type: V100 }} }}\n\
-                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
-                 data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
-                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
-            ),
-        )
-        .unwrap();
-        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
-        assert!(ok, "{out}\n{}", log());
+        let worker = format!(
+            "replicas: 1, min: 1, max: 1, resources: {{ cpu: 1, gpu: {gpu}, gpu_type: V100 }}"
+        );
+        submit_builtin(&url, dir.path(), name, &worker, samples, &log);
     };
-    let of = |jobs: &[proto::service::v1::JobRecord], name: &str| {
-        jobs.iter().find(|j| j.job_name == name).cloned().unwrap()
+    let ray = ray_client::RayApi::new(&c.dashboard).unwrap();
+    let v100 = c.nodes[1].clone();
+    // Waits until Ray counts `want` of the V100 node's GPUs free (the tests before may leave
+    // processes ending; its usage report lags placement by up to 5 s).
+    let free_gpus = |want: f64| {
+        let (ray, v100) = (ray.clone(), v100.clone());
+        async move {
+            let start = Instant::now();
+            loop {
+                let cluster = ray.cluster().await.unwrap();
+                let free = cluster
+                    .nodes
+                    .iter()
+                    .find(|n| n.ip == v100)
+                    .map(|n| n.available.gpus);
+                if free.is_some_and(|g| (g - want).abs() < 1e-6) {
+                    return;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(90),
+                    "{free:?} free on {v100}"
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
     };
+    free_gpus(2.0).await;
     let (holder, waiter) = (format!("holder-{pid}"), format!("half-{pid}"));
     submit(&holder, "0.7", 2_000_000);
     // Its worker running, with the device Ray gave it.
@@ -1102,12 +1131,9 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    assert_eq!(
-        device, "0",
-        "Ray's best fit of a share on two unused devices: the first"
-    );
-    // Another Ray user takes 0.7 of the V100 node's other device.
-    let ray = ray_client::RayApi::new(&c.dashboard).unwrap();
+    assert!(device == "0" || device == "1", "{device}");
+    // Another Ray user takes 0.7 of the V100 node's other device (by Ray's best fit: the 0.3
+    // left beside our worker does not hold it).
     let other = format!("other-user-{pid}");
     ray.submit(&ray_client::SubmitRequest {
         entrypoint: "sleep 600".into(),
@@ -1121,26 +1147,10 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
     })
     .await
     .unwrap();
-    // Ray's usage report lags placement by up to 5 s: the waiter comes after it.
-    let v100 = c.nodes[1].clone();
-    let start = Instant::now();
-    loop {
-        let cluster = ray.cluster().await.unwrap();
-        let free = cluster
-            .nodes
-            .iter()
-            .find(|n| n.ip == v100)
-            .map(|n| n.available.gpus);
-        if free.is_some_and(|g| (g - 0.6).abs() < 1e-6) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{free:?} free on {v100}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let _stop_other = StopsRayJob(ray.clone(), other.clone());
+    free_gpus(0.6).await;
+    // A round after Ray's count shows it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     submit(&waiter, "0.5", 40_000);
     let reason = "0.6 V100 GPUs free (0.3 + 0.3 by device)";
     let start = Instant::now();
@@ -1172,4 +1182,20 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
     );
     let (ok, out) = brainctl(&["cancel", &holder, "--brain", &url]);
     assert!(ok, "{out}");
+}
+
+/// Stops a Ray job when dropped (a test that fails leaves no process holding the cluster's
+/// room for the tests after it).
+struct StopsRayJob(ray_client::RayApi, String);
+
+impl Drop for StopsRayJob {
+    fn drop(&mut self) {
+        let (ray, id) = (self.0.clone(), self.1.clone());
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async { ray.stop(&id).await })
+        })
+        .join();
+    }
 }
