@@ -33,9 +33,10 @@
 //! fits best (the least left after it, the first among equals), so 0.3 free on each of two
 //! devices holds no 0.5 share and half of each of two holds no whole GPU. Where the snapshot
 //! gives only the node's amount, shares add up whichever device they are on (the platform
-//! may then find that amount split too finely, and the process waits). A process launched after its job
-//! master's last report may be counted twice for a round (room held back, never handed out
-//! twice). The job master still places each process and waits for a node that holds it.
+//! may then find that amount split too finely, and the process waits). A process launched
+//! after its job master's last report may be counted twice for a round (room held back, never
+//! handed out twice). The job master still places each process and waits for a node that
+//! holds it.
 
 use vocab::Gpus;
 
