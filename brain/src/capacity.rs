@@ -138,7 +138,7 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
 /// jobs' newest reports name them) with what they hold of it left off, each other device of
 /// the node whole. Where Ray counts less free than that (other users' processes, or ours
 /// that a report does not show yet), the difference is laid out as Ray would lay one process
-/// of it out ([`take_unseen`]). A node none of whose devices a report names keeps its amount
+/// of it out (`take_unseen`). A node none of whose devices a report names keeps its amount
 /// only (how it is split is not known), unless Ray counts all its GPUs free or none.
 pub fn by_device(cluster: &mut LiveCluster, used: &crate::store::DeviceUse) {
     for room in &mut cluster.free {
