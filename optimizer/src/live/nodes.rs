@@ -697,6 +697,7 @@ mod tests {
     use super::super::tests::job;
     use super::*;
     use crate::schedule::Fifo;
+    use proptest::strategy::Strategy as _;
 
     fn node(name: &str, cpus: u64) -> NodeRoom {
         NodeRoom {
@@ -1187,5 +1188,54 @@ mod tests {
         let (a, b) = (&plan.decisions[0], &plan.decisions[1]);
         assert_eq!(a.role_targets, vec![(r, 1, 4)], "{a:?}");
         assert_eq!(b.to_workers, 2, "{b:?}");
+    }
+
+    proptest::proptest! {
+        /// Devices' room as processes of shares and whole GPUs come and are taken from it:
+        /// each process is taken where it fits as Ray hands GPUs out, none is refused that
+        /// fits so, and the node's amount is always its devices' sum, none over a device.
+        #[test]
+        fn gpus_are_taken_device_by_device_as_ray_hands_them_out(
+            free in proptest::collection::vec(0u32..=1000, 1..6),
+            asks in proptest::collection::vec(
+                proptest::prop_oneof![1u32..1000, (1u32..3).prop_map(|n| n * 1000)],
+                1..12,
+            ),
+        ) {
+            let mut room = Room {
+                cpu: 0,
+                memory: 0,
+                gpus: free.iter().sum(),
+                model: Some(0),
+                devices: free,
+            };
+            for g in asks {
+                let fits = match g < 1000 {
+                    true => room.devices.iter().any(|&d| d >= g),
+                    false => room.devices.iter().filter(|&&d| d == 1000).count() as u32 >= g / 1000,
+                };
+                proptest::prop_assert_eq!(room.holds_gpus(g), fits, "{} on {:?}", g, room.devices);
+                if !fits {
+                    continue;
+                }
+                let before = room.devices.clone();
+                room.take_gpus(g);
+                let changed: Vec<usize> =
+                    (0..before.len()).filter(|&i| before[i] != room.devices[i]).collect();
+                if g < 1000 {
+                    // One device, the one it fits best.
+                    proptest::prop_assert_eq!(changed.len(), 1);
+                    let best = before.iter().filter(|&&d| d >= g).min().copied();
+                    proptest::prop_assert_eq!(Some(before[changed[0]]), best);
+                    proptest::prop_assert_eq!(before[changed[0]] - room.devices[changed[0]], g);
+                } else {
+                    // Whole devices, each unused before.
+                    proptest::prop_assert_eq!(changed.len() as u32, g / 1000);
+                    proptest::prop_assert!(changed.iter().all(|&i| before[i] == 1000 && room.devices[i] == 0));
+                }
+                proptest::prop_assert_eq!(room.gpus, room.devices.iter().sum::<u32>());
+                proptest::prop_assert!(room.devices.iter().all(|&d| d <= 1000));
+            }
+        }
     }
 }
