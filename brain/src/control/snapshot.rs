@@ -531,14 +531,14 @@ mod tests {
             memory_bytes: 0,
         };
         // Its worker holds 0.6 of device 0; a role's process 0.7 of device 1; one waiting
-        // for the platform holds nothing yet.
+        // for the platform (the device it would get named) holds nothing yet.
         let on = |role: &str, index: u32, devices: &str, gpus: u32| crate::store::ProcessSample {
             host: "10.0.0.2".into(),
             devices: devices.into(),
             gpus: vocab::Gpus::from_milli(gpus),
             ..sample(vocab::Role::new(role).unwrap(), index)
         };
-        let mut waiting = on("rollout", 1, "", 700);
+        let mut waiting = on("rollout", 1, "1", 700);
         waiting.pending_ms = 500;
         let report = crate::store::Metric {
             at_unix_ms: 25,
