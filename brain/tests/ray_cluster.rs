@@ -1180,8 +1180,15 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
         !events.iter().any(|e| e.contains("still pending")),
         "a process of {waiter} waited on Ray for room: {events:#?}"
     );
+    // The holder cancelled and gone before the next test takes the cluster.
     let (ok, out) = brainctl(&["cancel", &holder, "--brain", &url]);
     assert!(ok, "{out}");
+    let start = Instant::now();
+    while of(&common::jobs(&url).await.unwrap(), &holder).state != "cancelled" {
+        assert!(start.elapsed() < Duration::from_secs(60), "{}", log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    free_gpus(2.0).await;
 }
 
 /// Stops a Ray job when dropped (a test that fails leaves no process holding the cluster's
