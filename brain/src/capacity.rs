@@ -168,25 +168,15 @@ pub fn by_device(cluster: &mut LiveCluster, used: &crate::store::DeviceUse) {
 }
 
 /// Takes `milli` thousandths that Ray counts used but no report places off `devices` (free
-/// thousandths each) as Ray hands a process of that size out: its whole GPUs from the first
-/// devices with nothing used, the share left from the device it fits best; what does not fit
-/// so from the freest devices.
+/// thousandths each) as Ray hands a process of that size out
+/// ([`optimizer::live::take_on_devices`]): its whole GPUs one device at a time, then the share
+/// left; what does not fit so from the freest devices.
 fn take_unseen(devices: &mut [u32], mut milli: u32) {
-    for d in devices.iter_mut().filter(|d| **d == 1000) {
-        if milli < 1000 {
-            break;
-        }
-        *d = 0;
+    use optimizer::live::take_on_devices;
+    while milli >= 1000 && take_on_devices(devices, 1000).is_some() {
         milli -= 1000;
     }
-    if milli == 0 {
-        return;
-    }
-    if let Some(best) = (0..devices.len())
-        .filter(|&i| devices[i] >= milli)
-        .min_by_key(|&i| (devices[i] - milli, i))
-    {
-        devices[best] -= milli;
+    if milli == 0 || take_on_devices(devices, milli).is_some() {
         return;
     }
     while milli > 0 {

@@ -26,7 +26,8 @@
 //! `sized.rs` holds one job's arithmetic while the round sizes it (slots, workers, PS split);
 //! `cpu.rs` runs the scheduler for the CPU jobs and reads their sizes from the slots it gives;
 //! `nodes.rs` then lets their new processes through only where the nodes' free room holds
-//! them, where the platform reports it.
+//! them, where the platform reports it, counting each process and node as `room.rs` does (a
+//! node's GPUs device by device, as Ray's raylet hands them out, where their split is known).
 //! `config.rs` holds the `[live]` settings that pace the rounds.
 //!
 //! Jobs whose workers ask for GPUs are planned first, by GPU model on the GPU nodes
@@ -62,6 +63,7 @@ mod hold;
 mod nodes;
 mod replay;
 mod roles;
+mod room;
 mod sized;
 
 pub use checks::check_postconditions;
@@ -75,6 +77,7 @@ pub use hold::{
 pub use nodes::{NodeRoom, NotPlaced};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
+pub use room::take_on_devices;
 use sized::{Sized, slots_of, speed_model};
 
 fn no_seconds(s: &f64) -> bool {

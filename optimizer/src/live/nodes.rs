@@ -28,9 +28,9 @@
 //!    roles grow into (`roles.rs`), those with GPUs too.
 //!
 //! A node's GPUs are counted device by device where the snapshot gives each device's free
-//! share ([`NodeRoom::devices`]), as Ray's raylet hands them out: a process of whole GPUs takes
-//! that many devices with nothing used on them, a share of one device goes to the device it
-//! fits best (the least left after it, the first among equals), so 0.3 free on each of two
+//! share ([`NodeRoom::devices`]), as Ray's raylet hands them out (`room.rs`): a process of
+//! whole GPUs takes that many devices with nothing used on them, a share of one device goes to
+//! the device it fits best (the least left after it, the first among equals), so 0.3 free on each of two
 //! devices holds no 0.5 share and half of each of two holds no whole GPU. Where the snapshot
 //! gives only the node's amount, shares add up whichever device they are on (the platform
 //! may then find that amount split too finely, and the process waits). A process launched
@@ -40,6 +40,7 @@
 
 use vocab::Gpus;
 
+use super::room::{Process, Room};
 use super::*;
 
 /// A node's CPU, memory and GPUs free for new processes, as the platform last reported them.
@@ -82,125 +83,6 @@ pub struct NotPlaced {
     /// GPUs of each, of the job's GPU model (none: a process without GPUs).
     #[serde(default, skip_serializing_if = "no_gpus")]
     pub gpus: vocab::Gpus,
-}
-
-/// A GPU model as [`Free`] numbers them; `None`: any model (a process), no GPUs (a node).
-type Model = Option<u16>;
-
-/// One process to place, or the room left on one node: CPU (millicores), memory (bytes),
-/// GPUs (thousandths of a device) and the GPUs' model. Ordered GPUs first: the largest
-/// processes are placed first, those with GPUs before all others.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Process {
-    gpus: u32,
-    cpu: u64,
-    memory: u64,
-    model: Model,
-}
-
-impl Process {
-    /// Whether it fits in the room `r` of a node.
-    fn fits_in(&self, r: &Room) -> bool {
-        r.cpu >= self.cpu
-            && r.memory >= self.memory
-            && (self.gpus == 0
-                || (self.model.is_none_or(|m| r.model == Some(m)) && r.holds_gpus(self.gpus)))
-    }
-    fn take_from(&self, r: &mut Room) {
-        r.cpu -= self.cpu;
-        r.memory = r.memory.saturating_sub(self.memory);
-        r.take_gpus(self.gpus);
-    }
-    /// Gives back the CPU and memory of a process of no GPUs (what [`Free::give_back`] is
-    /// for: where a share came off, the room does not keep).
-    fn give_to(&self, r: &mut Room) {
-        debug_assert_eq!(self.gpus, 0, "only room without GPUs is given back");
-        r.cpu += self.cpu;
-        r.memory = r.memory.saturating_add(self.memory);
-    }
-
-    /// The process with `millicores` and `memory_bytes` more beside it on its node (the
-    /// processes that share its devices, laid out with it as one bundle).
-    pub(super) fn with(self, millicores: u64, memory_bytes: u64) -> Process {
-        Process {
-            cpu: self.cpu + millicores,
-            memory: self.memory.saturating_add(memory_bytes),
-            ..self
-        }
-    }
-}
-
-/// The room left on one node: CPU, memory, GPUs (thousandths) of its model, in all and, where
-/// the snapshot gives them, device by device.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Room {
-    cpu: u64,
-    memory: u64,
-    gpus: u32,
-    model: Model,
-    /// Each device's free thousandths (empty: not known, only `gpus` is).
-    devices: Vec<u32>,
-}
-
-impl Room {
-    /// Whether `gpus` thousandths fit on its devices as the platform hands them out: a share
-    /// of one device on one device with that much free, whole GPUs on devices with nothing
-    /// used (more than one device but not whole: as many devices as it touches).
-    fn holds_gpus(&self, gpus: u32) -> bool {
-        if self.gpus < gpus {
-            return false;
-        }
-        match (self.devices.is_empty(), gpus < 1000) {
-            (true, _) => true,
-            (false, true) => self.devices.iter().any(|&d| d >= gpus),
-            (false, false) => {
-                self.devices.iter().filter(|&&d| d >= 1000).count() as u32 >= gpus.div_ceil(1000)
-            }
-        }
-    }
-
-    /// Takes `gpus` thousandths off its devices, as [`Room::holds_gpus`] found them: whole
-    /// GPUs from the first devices with nothing used, a share from the device it fits best
-    /// (the least left after it, the first among equals), as Ray's raylet does.
-    fn take_gpus(&mut self, gpus: u32) {
-        if gpus == 0 {
-            return;
-        }
-        if self.devices.is_empty() {
-            self.gpus -= gpus;
-            return;
-        }
-        if gpus < 1000 {
-            let best = (0..self.devices.len())
-                .filter(|&i| self.devices[i] >= gpus)
-                .min_by_key(|&i| (self.devices[i] - gpus, i))
-                .expect("checked by holds_gpus");
-            self.devices[best] -= gpus;
-            self.gpus -= gpus;
-            return;
-        }
-        let mut whole = gpus.div_ceil(1000);
-        for d in self.devices.iter_mut().filter(|d| **d >= 1000) {
-            if whole == 0 {
-                break;
-            }
-            self.gpus -= *d;
-            *d = 0;
-            whole -= 1;
-        }
-    }
-
-    /// Its devices' free shares as the reasons name them where they are split (`0.3 + 0.3`);
-    /// none where each is whole or unused, or they are not known.
-    fn devices_shown(&self) -> Option<String> {
-        self.devices.iter().any(|d| d % 1000 != 0).then(|| {
-            self.devices
-                .iter()
-                .map(|&d| Gpus::from_milli(d).to_string())
-                .collect::<Vec<_>>()
-                .join(" + ")
-        })
-    }
 }
 
 /// The nodes' room left as the round places processes on it, in the order of
@@ -696,8 +578,8 @@ fn millicores_shown(m: u64) -> String {
 mod tests {
     use super::super::tests::job;
     use super::*;
+    use crate::live::room::Model;
     use crate::schedule::Fifo;
-    use proptest::strategy::Strategy as _;
 
     fn node(name: &str, cpus: u64) -> NodeRoom {
         NodeRoom {
@@ -1188,54 +1070,5 @@ mod tests {
         let (a, b) = (&plan.decisions[0], &plan.decisions[1]);
         assert_eq!(a.role_targets, vec![(r, 1, 4)], "{a:?}");
         assert_eq!(b.to_workers, 2, "{b:?}");
-    }
-
-    proptest::proptest! {
-        /// Devices' room as processes of shares and whole GPUs come and are taken from it:
-        /// each process is taken where it fits as Ray hands GPUs out, none is refused that
-        /// fits so, and the node's amount is always its devices' sum, none over a device.
-        #[test]
-        fn gpus_are_taken_device_by_device_as_ray_hands_them_out(
-            free in proptest::collection::vec(0u32..=1000, 1..6),
-            asks in proptest::collection::vec(
-                proptest::prop_oneof![1u32..1000, (1u32..3).prop_map(|n| n * 1000)],
-                1..12,
-            ),
-        ) {
-            let mut room = Room {
-                cpu: 0,
-                memory: 0,
-                gpus: free.iter().sum(),
-                model: Some(0),
-                devices: free,
-            };
-            for g in asks {
-                let fits = match g < 1000 {
-                    true => room.devices.iter().any(|&d| d >= g),
-                    false => room.devices.iter().filter(|&&d| d == 1000).count() as u32 >= g / 1000,
-                };
-                proptest::prop_assert_eq!(room.holds_gpus(g), fits, "{} on {:?}", g, room.devices);
-                if !fits {
-                    continue;
-                }
-                let before = room.devices.clone();
-                room.take_gpus(g);
-                let changed: Vec<usize> =
-                    (0..before.len()).filter(|&i| before[i] != room.devices[i]).collect();
-                if g < 1000 {
-                    // One device, the one it fits best.
-                    proptest::prop_assert_eq!(changed.len(), 1);
-                    let best = before.iter().filter(|&&d| d >= g).min().copied();
-                    proptest::prop_assert_eq!(Some(before[changed[0]]), best);
-                    proptest::prop_assert_eq!(before[changed[0]] - room.devices[changed[0]], g);
-                } else {
-                    // Whole devices, each unused before.
-                    proptest::prop_assert_eq!(changed.len() as u32, g / 1000);
-                    proptest::prop_assert!(changed.iter().all(|&i| before[i] == 1000 && room.devices[i] == 0));
-                }
-                proptest::prop_assert_eq!(room.gpus, room.devices.iter().sum::<u32>());
-                proptest::prop_assert!(room.devices.iter().all(|&d| d <= 1000));
-            }
-        }
     }
 }
