@@ -138,8 +138,9 @@ pub fn from_ray(ray: &RayCluster, slot_millicores: u64, max_processes: u32) -> L
 /// jobs' newest reports name them) with what they hold of it left off, each other device of
 /// the node whole. Where Ray counts less free than that (other users' processes, or ours
 /// that a report does not show yet), the difference is laid out as Ray would lay one process
-/// of it out (`take_unseen`). A node none of whose devices a report names keeps its amount
-/// only (how it is split is not known), unless Ray counts all its GPUs free or none.
+/// of it out ([`vocab::devices::free_by_device`]). A node none of whose devices a report
+/// names keeps its amount only (how it is split is not known), unless Ray counts all its GPUs
+/// free or none.
 pub fn by_device(cluster: &mut LiveCluster, used: &crate::store::DeviceUse) {
     for room in &mut cluster.free {
         let Some(total) = cluster
@@ -151,44 +152,12 @@ pub fn by_device(cluster: &mut LiveCluster, used: &crate::store::DeviceUse) {
             continue;
         };
         let free = room.gpus.milli();
-        let named = used.0.get(&room.name).filter(|d| !d.is_empty());
-        let mut devices: Vec<u32> = match named {
-            None if free == 0 => vec![0; total as usize],
-            None if free == total * 1000 => vec![1000; total as usize],
-            None => continue,
-            Some(named) => named.values().map(|&h| 1000 - h.min(1000)).collect(),
+        let Some(devices) = vocab::devices::free_by_device(total, free, used.on(&room.name))
+        else {
+            continue;
         };
-        let unnamed = (total as usize).saturating_sub(devices.len());
-        devices.extend(std::iter::repeat_n(1000, unnamed));
-        let counted: u32 = devices.iter().sum();
-        take_unseen(&mut devices, counted.saturating_sub(free));
         room.devices = devices.into_iter().map(vocab::Gpus::from_milli).collect();
         room.gpus = room.devices.iter().copied().sum();
-    }
-}
-
-/// Takes `milli` thousandths that Ray counts used but no report places off `devices` (free
-/// thousandths each) as Ray hands a process of that size out
-/// ([`optimizer::live::take_on_devices`]): its whole GPUs one device at a time, then the share
-/// left; what does not fit so from the freest devices.
-fn take_unseen(devices: &mut [u32], mut milli: u32) {
-    use optimizer::live::take_on_devices;
-    while milli >= 1000 && take_on_devices(devices, 1000).is_some() {
-        milli -= 1000;
-    }
-    if milli == 0 || take_on_devices(devices, milli).is_some() {
-        return;
-    }
-    while milli > 0 {
-        let Some(freest) = (0..devices.len())
-            .filter(|&i| devices[i] > 0)
-            .max_by_key(|&i| (devices[i], std::cmp::Reverse(i)))
-        else {
-            return;
-        };
-        let took = devices[freest].min(milli);
-        devices[freest] -= took;
-        milli -= took;
     }
 }
 
@@ -403,10 +372,5 @@ mod tests {
             assert_eq!(devices(&c, 0), want, "{free}");
             assert_eq!(c.free[0].gpus.milli(), free);
         }
-        // Nothing Ray counts free fits where every device is short: the unseen use taken
-        // from the freest devices in turn.
-        let mut d = vec![600, 500, 1000];
-        take_unseen(&mut d, 1900);
-        assert_eq!(d, [0, 200, 0]);
     }
 }

@@ -748,5 +748,15 @@ mod tests {
         // The job's figures count every role's processes.
         assert_eq!(r.cpu_millicores, 1400);
         assert_eq!(r.gpu_utilisation_pct, (90.0 + 50.0 + 60.0) / 3.0);
+        // What the platform is told they hold, device by device: the two shares add up on
+        // device 1; a process gone holds nothing.
+        let held = |ctx: &JobContext| ctx.device_use().on("10.0.0.2").cloned();
+        let want = |pairs: &[(&str, u32)]| {
+            Some(pairs.iter().map(|&(d, h)| (d.to_string(), h)).collect())
+        };
+        assert_eq!(held(&ctx), want(&[("0", 1000), ("1", 1000)]));
+        let gone = ctx.services.get_mut(&rollout).unwrap().slots.get_mut(&1).unwrap();
+        gone.phase = crate::job::SlotPhase::Launching;
+        assert_eq!(held(&ctx), want(&[("0", 1000), ("1", 500)]));
     }
 }

@@ -13,6 +13,8 @@
 //!   job master carries out.
 //! * [`report`]: a job's phase and the report its master writes when it ends.
 //! * [`run_dir`]: the files of a job master's run directory.
+//! * [`devices`]: a node's GPUs device by device, as Ray hands them out, rebuilt from what
+//!   our processes were given and the platform's amount.
 //! * [`flash`]: where a node's flash checkpoint copies live (a directory per run and process).
 //! * [`sandbox`]: how a job's `command:` processes are confined (user, bubblewrap's view).
 //! * [`net`]: this node's address as a peer reaches it (the route's local end).
@@ -24,6 +26,7 @@
 //! Nothing here does I/O beyond reading a spec or context file and looking up a route on
 //! request.
 
+pub mod devices;
 pub mod error;
 pub mod flash;
 pub mod ids;

@@ -45,33 +45,7 @@ pub struct ProcessSample {
     pub devices: String,
 }
 
-/// The GPU shares the jobs' processes hold, device by device, as their newest reports gave
-/// them: by node (as the platform names it), by device (as CUDA_VISIBLE_DEVICES names it), the
-/// thousandths of it held.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DeviceUse(pub BTreeMap<String, BTreeMap<String, u32>>);
-
-impl DeviceUse {
-    /// Counts a process of `gpus` given `devices` (comma-separated) on `host`: its amount
-    /// spread evenly over the devices it names (a share on its one device, whole GPUs one
-    /// each), at most a whole device each. One not placed, or given none, counts nothing.
-    pub fn add(&mut self, host: &str, devices: &str, gpus: vocab::Gpus) {
-        let named: Vec<&str> = devices
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .collect();
-        if host.is_empty() || named.is_empty() || gpus.is_zero() {
-            return;
-        }
-        let each = (gpus.milli() / named.len() as u32).min(1000);
-        let node = self.0.entry(host.to_string()).or_default();
-        for d in named {
-            let held = node.entry(d.to_string()).or_default();
-            *held = (*held + each).min(1000);
-        }
-    }
-}
+pub use vocab::devices::DeviceUse;
 
 /// One process's GPU use, as the job's newest report gave it.
 #[derive(Clone, Debug, PartialEq)]

@@ -78,6 +78,25 @@ impl JobContext {
         }
     }
 
+    /// The GPUs the job's processes hold now, device by device on their nodes: each alive
+    /// process (registered, not gone) whose agent registered its devices, with the GPUs it
+    /// was launched with. What the Ray platform rebuilds its nodes' devices from
+    /// ([`crate::platform::Platform::devices_held`]).
+    pub fn device_use(&self) -> vocab::devices::DeviceUse {
+        let mut used = vocab::devices::DeviceUse::default();
+        for s in self.all_slots().filter(|s| {
+            matches!(
+                s.phase,
+                SlotPhase::Running | SlotPhase::Restarting | SlotPhase::Removing
+            )
+        }) {
+            if let Some(gpus) = self.launch_resources(s.key).and_then(|r| r.gpu) {
+                used.add(&s.host, &s.devices, gpus);
+            }
+        }
+        used
+    }
+
     /// Liveness and a resource sample; returns the action and the incarnation to run.
     pub fn heartbeat(
         &mut self,

@@ -480,6 +480,7 @@ pub async fn run(
     // Timers and platform events.
     let monitor = {
         let shared = shared.clone();
+        let platform = platform.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             loop {
@@ -491,6 +492,7 @@ pub async fn run(
                                 Ok(((), effects, changed))
                             })
                             .await;
+                        platform.devices_held(shared.job.lock().await.device_use());
                     }
                     Some(ev) = ev_rx.recv() => match ev {
                         PlatformEvent::Placed { key, incarnation } => {

@@ -108,6 +108,11 @@ pub trait Platform: Send + Sync {
     /// The nodes this job avoids (by their addresses: a straggler of the job ran there), as
     /// `cordon` but the job's own choice. Platforms of one machine ignore it.
     fn avoid(&self, _nodes: &[String]) {}
+    /// The GPUs the job's alive processes hold, device by device on their nodes (as their
+    /// agents registered them), told after every timer tick: a platform that counts a node's
+    /// free GPUs as one amount (Ray) rebuilds how they are split from it, so a share is not
+    /// pinned to a node whose free GPUs are split too finely to hold it. Others ignore it.
+    fn devices_held(&self, _held: vocab::devices::DeviceUse) {}
     /// Stops the slot's agent: SIGTERM (or the platform's equivalent), then a kill after `grace`.
     async fn stop(&self, key: SlotKey, grace: Duration);
     /// Stops every agent this platform started.

@@ -5,45 +5,8 @@
 
 use vocab::Gpus;
 
-/// Whether `gpus` thousandths fit on `devices` (each one's free thousandths) as Ray's raylet
-/// hands GPUs out: a share (less than one device) on one device with that much free, whole
-/// GPUs (as many devices as it touches) on devices with nothing used.
-fn fits_on_devices(devices: &[u32], gpus: u32) -> bool {
-    match gpus {
-        0 => true,
-        g if g < 1000 => devices.iter().any(|&d| d >= g),
-        g => devices.iter().filter(|&&d| d >= 1000).count() as u32 >= g.div_ceil(1000),
-    }
-}
-
-/// Takes `gpus` thousandths off `devices` (each one's free thousandths) as Ray's raylet does:
-/// whole GPUs from the first devices with nothing used, a share from the device it fits best
-/// (the least left after it, the first among equals). The thousandths taken; `None`, and
-/// nothing taken, where it does not fit so.
-pub fn take_on_devices(devices: &mut [u32], gpus: u32) -> Option<u32> {
-    if !fits_on_devices(devices, gpus) {
-        return None;
-    }
-    if gpus < 1000 {
-        if let Some(best) = (0..devices.len())
-            .filter(|&i| devices[i] >= gpus)
-            .min_by_key(|&i| (devices[i] - gpus, i))
-        {
-            devices[best] -= gpus;
-        }
-        return Some(gpus);
-    }
-    let mut taken = 0;
-    for d in devices
-        .iter_mut()
-        .filter(|d| **d >= 1000)
-        .take(gpus.div_ceil(1000) as usize)
-    {
-        taken += *d;
-        *d = 0;
-    }
-    Some(taken)
-}
+pub use vocab::devices::take_on_devices;
+use vocab::devices::fits_on_devices;
 
 /// A GPU model as [`Free`] numbers them; `None`: any model (a process), no GPUs (a node).
 pub(super) type Model = Option<u16>;
@@ -121,13 +84,7 @@ impl Room {
     /// Its devices' free shares as the reasons name them where they are split (`0.3 + 0.3`);
     /// none where each is whole or unused, or they are not known.
     pub(super) fn devices_shown(&self) -> Option<String> {
-        self.devices.iter().any(|d| d % 1000 != 0).then(|| {
-            self.devices
-                .iter()
-                .map(|&d| Gpus::from_milli(d).to_string())
-                .collect::<Vec<_>>()
-                .join(" + ")
-        })
+        vocab::devices::shown(&self.devices)
     }
 }
 

@@ -125,6 +125,9 @@ struct Inner {
     cordoned: std::sync::RwLock<Vec<String>>,
     /// Nodes the job avoids (addresses where a straggler of it ran): not offered either.
     avoided: std::sync::RwLock<Vec<String>>,
+    /// The GPUs the job's alive processes hold, device by device on their nodes, as the
+    /// master last told them ([`Platform::devices_held`]).
+    held: std::sync::RwLock<vocab::devices::DeviceUse>,
 }
 
 impl Inner {
@@ -200,6 +203,7 @@ impl RayPlatform {
                 groups,
                 cordoned: std::sync::RwLock::default(),
                 avoided: std::sync::RwLock::default(),
+                held: std::sync::RwLock::default(),
             }),
             capacity,
         })
@@ -503,6 +507,10 @@ impl Platform for RayPlatform {
         tokio::spawn(async move {
             let _ = events.send(PlatformEvent::Note(said)).await;
         });
+    }
+
+    fn devices_held(&self, held: vocab::devices::DeviceUse) {
+        *self.inner.held.write().expect("not poisoned") = held;
     }
 
     fn cordon(&self, nodes: &[String]) {

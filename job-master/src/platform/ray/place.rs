@@ -10,6 +10,7 @@ use super::Inner;
 use super::api::{RayCluster, RayError, RayNode, RayResources, SubmitRequest};
 use crate::error::Error;
 use crate::spec::{Resources, Role};
+use vocab::devices::DeviceUse;
 
 /// One submission of ours that Ray's usage report may not show yet.
 #[derive(Clone, Debug)]
@@ -38,15 +39,17 @@ pub fn request_of(r: Option<&Resources>) -> RayResources {
 }
 
 pub(super) fn describe(r: &RayResources) -> String {
-    let mut s = format!("{} CPU", r.cpus);
+    // To a thousandth, as Ray counts them: sums of shares print as 0.6, not 0.6000000000000001.
+    let n = |x: f64| (x * 1000.0).round() / 1000.0;
+    let mut s = format!("{} CPU", n(r.cpus));
     if r.gpus > 0.0 {
-        s += &format!(", {} GPU", r.gpus);
+        s += &format!(", {} GPU", n(r.gpus));
     }
     if r.memory_bytes > 0 {
         s += &format!(", {} MiB", r.memory_bytes >> 20);
     }
     for (k, v) in &r.custom {
-        s += &format!(", {v} {k}");
+        s += &format!(", {} {k}", n(*v));
     }
     s
 }
@@ -62,23 +65,32 @@ fn pinned_to(cluster: &RayCluster, node_id: &str, req: &SubmitRequest) -> Submit
 }
 
 /// The node a process needing `need` fits on, counting `recent` placements of ours that
-/// Ray's answer read at `read_at` does not show: of those with room (for a process without
-/// GPUs, those without GPUs first, kept for the processes that need them, as Ray's own
-/// scheduler does), the one with the most CPU left (the first listed among equals), as the
-/// brain's round counts its processes; `None` when none has room.
+/// Ray's answer read at `read_at` does not show, and its GPUs device by device where how a
+/// node's are split is known ([`devices_on`], from the devices our processes hold there,
+/// `held`): of those with room (for a process without GPUs, those without GPUs first, kept
+/// for the processes that need them, as Ray's own scheduler does), the one with the most CPU
+/// left (the first listed among equals), as the brain's round counts its processes; `None`
+/// when none has room.
 fn choose_node(
     cluster: &RayCluster,
     recent: &[Placement],
+    held: &DeviceUse,
     need: &RayResources,
     read_at: Instant,
 ) -> Option<String> {
     let spares_gpus = |n: &RayNode| need.gpus > 0.0 || n.total.gpus <= 0.0;
+    let gpus = milli(need.gpus);
     cluster
         .nodes
         .iter()
         .filter_map(|n| {
             let room = room_on(n, recent, read_at);
-            need.fits_in(&room)
+            let on_devices = || {
+                gpus == 0
+                    || devices_on(n, held, recent, read_at)
+                        .is_none_or(|d| vocab::devices::fits_on_devices(&d, gpus))
+            };
+            (need.fits_in(&room) && on_devices())
                 .then(|| ((spares_gpus(n), room.cpus), n.node_id.clone()))
         })
         // A node without GPUs for a process without them, then the most CPU left; the first
@@ -90,18 +102,70 @@ fn choose_node(
         .map(|(_, id)| id)
 }
 
-/// What is free on node `n`: what Ray answered when read at `read_at`, less `recent`
-/// placements of ours there that its answer does not show: those not running by then. A
-/// running one does show: the cluster's free room counts what its supervisor actor holds
+/// Whether a placement of ours read at `read_at` is not in Ray's answer yet: not running by
+/// then. A running one is: the cluster's free room counts what its supervisor actor holds
 /// (`ray_client::RayApi::cluster`), alive before Ray calls the job running.
+fn not_shown(p: &Placement, read_at: Instant) -> bool {
+    p.running_since.is_none_or(|t| t >= read_at)
+}
+
+/// What is free on node `n`: what Ray answered when read at `read_at`, less `recent`
+/// placements of ours there that its answer does not show.
 pub(super) fn room_on(n: &RayNode, recent: &[Placement], read_at: Instant) -> RayResources {
     let mut room = n.available.clone();
-    for p in recent.iter().filter(|p| p.node_id == n.node_id) {
-        if p.running_since.is_none_or(|t| t >= read_at) {
-            room = room.minus(&p.need);
-        }
+    for p in recent
+        .iter()
+        .filter(|p| p.node_id == n.node_id && not_shown(p, read_at))
+    {
+        room = room.minus(&p.need);
     }
     room
+}
+
+/// Thousandths of a device.
+fn milli(gpus: f64) -> u32 {
+    (gpus.max(0.0) * 1000.0).round() as u32
+}
+
+/// Node `n`'s free GPUs device by device (each device's free thousandths), where how they
+/// are split is known: rebuilt from Ray's free amount and the devices our processes hold
+/// there (`held`), as [`vocab::devices::free_by_device`] lays the rest out, less `recent`
+/// placements of ours that Ray's answer read at `read_at` does not show, taken as Ray will
+/// hand them out. `None` for a node without GPUs, or one none of whose devices we hold and
+/// whose GPUs Ray counts neither all free nor all used.
+fn devices_on(
+    n: &RayNode,
+    held: &DeviceUse,
+    recent: &[Placement],
+    read_at: Instant,
+) -> Option<Vec<u32>> {
+    let total = n.total.gpus.round() as u32;
+    if total == 0 {
+        return None;
+    }
+    let mut devices =
+        vocab::devices::free_by_device(total, milli(n.available.gpus), held.on(&n.ip))?;
+    for p in recent
+        .iter()
+        .filter(|p| p.node_id == n.node_id && not_shown(p, read_at))
+    {
+        // One that does not fit so (a view already off) is left to Ray's amount.
+        let _ = vocab::devices::take_on_devices(&mut devices, milli(p.need.gpus));
+    }
+    Some(devices)
+}
+
+/// Node `n`'s free room as a message says it, its GPUs' split where it is known and they
+/// are split (`4 CPU, 0.6 GPU (0.3 + 0.3 by device)`).
+fn free_shown(n: &RayNode, held: &DeviceUse, recent: &[Placement], read_at: Instant) -> String {
+    let mut s = describe(&room_on(n, recent, read_at));
+    if let Some(split) = devices_on(n, held, recent, read_at)
+        .as_deref()
+        .and_then(vocab::devices::shown)
+    {
+        s += &format!(" ({split} by device)");
+    }
+    s
 }
 
 /// Why an agent never got into Ray.
@@ -155,9 +219,10 @@ impl Inner {
                         *self.totals.lock().expect("not poisoned") =
                             cluster.nodes.iter().map(|n| n.total.clone()).collect();
                         let cluster = self.offered(cluster);
+                        let held = self.held.read().expect("not poisoned").clone();
                         let node = {
                             let recent = self.recent.lock().expect("not poisoned");
-                            choose_node(&cluster, &recent, need, read_at)
+                            choose_node(&cluster, &recent, &held, need, read_at)
                         };
                         if let Some(node_id) = node {
                             // Ray would place a job wherever it has room: the process is
@@ -187,10 +252,13 @@ impl Inner {
                                 }
                             }
                         } else {
+                            let recent = self.recent.lock().expect("not poisoned");
                             let free = cluster
                                 .nodes
                                 .iter()
-                                .map(|n| format!("{}: {}", n.ip, describe(&n.available)))
+                                .map(|n| {
+                                    format!("{}: {}", n.ip, free_shown(n, &held, &recent, read_at))
+                                })
                                 .collect::<Vec<_>>()
                                 .join("; ");
                             last = format!("no node has room (free: {free})");
@@ -285,7 +353,7 @@ mod tests {
         };
         let read_at = Instant::now();
         assert_eq!(
-            choose_node(&cluster, &[], &cpus(2.0), read_at).as_deref(),
+            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(2.0), read_at).as_deref(),
             Some("a")
         );
         let mut recent = vec![Placement {
@@ -294,20 +362,20 @@ mod tests {
             need: cpus(3.0),
             running_since: None,
         }];
-        assert_eq!(choose_node(&cluster, &recent, &cpus(2.0), read_at), None);
+        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(2.0), read_at), None);
         // One CPU is left on each node.
-        assert!(choose_node(&cluster, &recent, &cpus(1.0), read_at).is_some());
-        assert_eq!(choose_node(&cluster, &recent, &cpus(1.5), read_at), None);
+        assert!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(1.0), read_at).is_some());
+        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(1.5), read_at), None);
         // Running only after the cluster was read: the answer did not show it yet.
         recent[0].running_since = Some(read_at + Duration::from_millis(5));
-        assert_eq!(choose_node(&cluster, &recent, &cpus(2.0), read_at), None);
+        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(2.0), read_at), None);
         // Running before: Ray's answer counts it (its supervisor actor), so we no longer do.
         recent[0].running_since = Some(read_at - Duration::from_millis(5));
         assert_eq!(
-            choose_node(&cluster, &recent, &cpus(2.0), read_at).as_deref(),
+            choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(2.0), read_at).as_deref(),
             Some("a")
         );
-        assert_eq!(choose_node(&cluster, &recent, &cpus(5.0), read_at), None);
+        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(5.0), read_at), None);
     }
 
     #[test]
@@ -321,18 +389,79 @@ mod tests {
         let now = Instant::now();
         // g has more CPU left, but c holds it.
         assert_eq!(
-            choose_node(&cluster, &[], &cpus(2.0), now).as_deref(),
+            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(2.0), now).as_deref(),
             Some("c")
         );
         assert_eq!(
-            choose_node(&cluster, &[], &cpus(3.0), now).as_deref(),
+            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(3.0), now).as_deref(),
             Some("g")
         );
         let gpus = RayResources {
             gpus: 1.0,
             ..cpus(1.0)
         };
-        assert_eq!(choose_node(&cluster, &[], &gpus, now).as_deref(), Some("g"));
+        assert_eq!(choose_node(&cluster, &[], &DeviceUse::default(), &gpus, now).as_deref(), Some("g"));
+    }
+
+    #[test]
+    fn a_share_goes_only_to_a_node_with_a_device_that_holds_it() {
+        let gpu_node = |id: &str, cpus: f64, free_cpus: f64, free_gpus: f64| {
+            let mut n = node(id, cpus, free_cpus);
+            n.ip = format!("10.0.0.{}", id.len());
+            (n.total.gpus, n.available.gpus) = (2.0, free_gpus);
+            n
+        };
+        // v: 0.6 free by Ray's amount, more CPU than w; w: both devices free.
+        let cluster = RayCluster {
+            nodes: vec![gpu_node("v", 8.0, 6.0, 0.6), gpu_node("ww", 8.0, 2.0, 2.0)],
+        };
+        let share = RayResources {
+            gpus: 0.5,
+            ..cpus(1.0)
+        };
+        let now = Instant::now();
+        let mut held = DeviceUse::default();
+        assert_eq!(
+            choose_node(&cluster, &[], &held, &share, now).as_deref(),
+            Some("v"),
+            "not known how v's GPUs are split: its amount holds the share"
+        );
+        // Ours hold 0.7 of v's device 0, so the other 0.7 Ray counts used is on device 1.
+        held.add("10.0.0.1", "0", vocab::Gpus::from_milli(700));
+        assert_eq!(
+            choose_node(&cluster, &[], &held, &share, now).as_deref(),
+            Some("ww")
+        );
+        assert_eq!(
+            free_shown(&cluster.nodes[0], &held, &[], now),
+            "6 CPU, 0.6 GPU (0.3 + 0.3 by device)"
+        );
+        // Two 0.7 shares of ours placed on w that Ray does not show yet, taken as Ray will
+        // hand them out: 0.3 + 0.3 left there too, and the share waits.
+        let placed = |id: &str| Placement {
+            submission_id: id.into(),
+            node_id: "ww".into(),
+            need: RayResources {
+                gpus: 0.7,
+                ..cpus(0.0)
+            },
+            running_since: None,
+        };
+        let recent = vec![placed("a"), placed("b")];
+        assert_eq!(choose_node(&cluster, &recent, &held, &share, now), None);
+        assert_eq!(
+            free_shown(&cluster.nodes[1], &held, &recent, now),
+            "2 CPU, 0.6 GPU (0.3 + 0.3 by device)"
+        );
+        // A smaller share still fits on either: v has more CPU.
+        let small = RayResources {
+            gpus: 0.3,
+            ..cpus(1.0)
+        };
+        assert_eq!(
+            choose_node(&cluster, &recent, &held, &small, now).as_deref(),
+            Some("v")
+        );
     }
 
     #[test]
@@ -344,7 +473,7 @@ mod tests {
         };
         let now = Instant::now();
         assert_eq!(
-            choose_node(&cluster, &[], &cpus(1.0), now).as_deref(),
+            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(1.0), now).as_deref(),
             Some("b")
         );
         let req = SubmitRequest {
