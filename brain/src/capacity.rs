@@ -152,8 +152,7 @@ pub fn by_device(cluster: &mut LiveCluster, used: &crate::store::DeviceUse) {
             continue;
         };
         let free = room.gpus.milli();
-        let Some(devices) = vocab::devices::free_by_device(total, free, used.on(&room.name))
-        else {
+        let Some(devices) = vocab::devices::free_by_device(total, free, used.on(&room.name)) else {
             continue;
         };
         room.devices = devices.into_iter().map(vocab::Gpus::from_milli).collect();

@@ -751,11 +751,16 @@ mod tests {
         // What the platform is told they hold, device by device: the two shares add up on
         // device 1; a process gone holds nothing.
         let held = |ctx: &JobContext| ctx.device_use().on("10.0.0.2").cloned();
-        let want = |pairs: &[(&str, u32)]| {
-            Some(pairs.iter().map(|&(d, h)| (d.to_string(), h)).collect())
-        };
+        let want =
+            |pairs: &[(&str, u32)]| Some(pairs.iter().map(|&(d, h)| (d.to_string(), h)).collect());
         assert_eq!(held(&ctx), want(&[("0", 1000), ("1", 1000)]));
-        let gone = ctx.services.get_mut(&rollout).unwrap().slots.get_mut(&1).unwrap();
+        let gone = ctx
+            .services
+            .get_mut(&rollout)
+            .unwrap()
+            .slots
+            .get_mut(&1)
+            .unwrap();
         gone.phase = crate::job::SlotPhase::Launching;
         assert_eq!(held(&ctx), want(&[("0", 1000), ("1", 500)]));
     }

@@ -31,10 +31,7 @@ pub fn take_on_devices(devices: &mut [u32], gpus: u32) -> Option<u32> {
         return None;
     }
     if gpus < 1000 {
-        if let Some(best) = (0..devices.len())
-            .filter(|&i| devices[i] >= gpus)
-            .min_by_key(|&i| (devices[i] - gpus, i))
-        {
+        if let Some(best) = device_for_share(devices, gpus) {
             devices[best] -= gpus;
         }
         return Some(gpus);
@@ -49,6 +46,41 @@ pub fn take_on_devices(devices: &mut [u32], gpus: u32) -> Option<u32> {
         *d = 0;
     }
     Some(taken)
+}
+
+/// The device a share of `gpus` thousandths (less than one device) goes on as Ray's raylet
+/// hands it out: the one it fits best (the least left after it, the first among equals).
+pub fn device_for_share(devices: &[u32], gpus: u32) -> Option<usize> {
+    (0..devices.len())
+        .filter(|&i| devices[i] >= gpus)
+        .min_by_key(|&i| (devices[i] - gpus, i))
+}
+
+/// Whether processes asking for `shares` (thousandths each, every one below one device) that
+/// are to share one device get one, each handed its share by Ray on its own (best fit), in
+/// whichever order they come: where one device has exactly one partner's share free and
+/// another the whole bundle's, the first partner may land on the first and the others not.
+pub fn land_together(devices: &[u32], shares: &[u32]) -> bool {
+    fn every_order(devices: &mut Vec<u32>, left: &mut Vec<u32>, on: Option<usize>) -> bool {
+        if left.is_empty() {
+            return true;
+        }
+        (0..left.len()).all(|i| {
+            let share = left.remove(i);
+            let landed = device_for_share(devices, share)
+                .filter(|&d| on.is_none_or(|o| o == d))
+                .is_some_and(|d| {
+                    devices[d] -= share;
+                    let rest = every_order(devices, left, Some(d));
+                    devices[d] += share;
+                    rest
+                });
+            left.insert(i, share);
+            landed
+        })
+    }
+    shares.iter().all(|&s| s < 1000)
+        && every_order(&mut devices.to_vec(), &mut shares.to_vec(), None)
 }
 
 /// The GPU shares processes hold, device by device: by node (as the platform names it), by
@@ -183,6 +215,20 @@ mod tests {
     }
 
     #[test]
+    fn partners_land_on_one_device_only_where_every_order_of_them_does() {
+        // Halves: one device with a whole GPU free holds both.
+        assert!(land_together(&[1000, 300], &[500, 500]));
+        // 0.5 free on each of two: no device holds the pair.
+        assert!(!land_together(&[500, 500], &[500, 500]));
+        // One device has exactly the first's share, another the pair's: the first lands on
+        // the first (best fit) and the second cannot follow.
+        assert!(!land_together(&[300, 1000], &[300, 500]));
+        // Where the first could come second too: 0.3 best fits device 0 in either order.
+        assert!(land_together(&[800, 1000], &[300, 500]));
+        assert!(!land_together(&[1000], &[1000]));
+    }
+
+    #[test]
     fn a_process_counts_its_amount_spread_over_the_devices_it_was_given() {
         let mut used = DeviceUse::default();
         used.add("n", "1", crate::Gpus::from_milli(400));
@@ -190,7 +236,10 @@ mod tests {
         used.add("n", "2, 3", crate::Gpus::from_milli(2000));
         used.add("", "0", crate::Gpus::from_milli(1000));
         used.add("m", "", crate::Gpus::from_milli(1000));
-        assert_eq!(used.on("n"), Some(&held(&[("1", 700), ("2", 1000), ("3", 1000)])));
+        assert_eq!(
+            used.on("n"),
+            Some(&held(&[("1", 700), ("2", 1000), ("3", 1000)]))
+        );
         assert_eq!(used.on("m"), None);
         assert_eq!(shown(&[300, 300]).as_deref(), Some("0.3 + 0.3"));
         assert_eq!(shown(&[1000, 0]), None);

@@ -1,12 +1,10 @@
 //! What one process asks of a node and what is left on one ([`Process`], [`Room`]), as the
-//! nodes' gate (`nodes.rs`) counts them, and how GPUs come off a node's devices: as Ray's
-//! raylet hands them out ([`take_on_devices`]), which the brain's view of a Ray node's
-//! devices follows too.
+//! nodes' gate (`nodes.rs`) counts them. GPUs come off a node's devices as Ray's raylet hands
+//! them out ([`take_on_devices`], from `vocab::devices`, which the brain's view of a Ray
+//! node's devices and the job master's placement on Ray follow too).
 
-use vocab::Gpus;
-
-pub use vocab::devices::take_on_devices;
 use vocab::devices::fits_on_devices;
+pub use vocab::devices::take_on_devices;
 
 /// A GPU model as [`Free`] numbers them; `None`: any model (a process), no GPUs (a node).
 pub(super) type Model = Option<u16>;

@@ -21,7 +21,12 @@
 //! goes to its node. On that node each process asks Ray for its share of a GPU (`num_gpus:
 //! 0.5`), and Ray hands shares out of one device while it has room (its fractional GPUs), so
 //! the partners' `CUDA_VISIBLE_DEVICES` name one GPU; the agents report the devices they were
-//! given, which the cluster test checks.
+//! given, which the cluster test checks. A bundle goes only to a node with one device that
+//! holds its shares together, where how the node's GPUs are split is known (the devices the
+//! job's processes hold there, `place::devices_on`): 0.5 free on each of two devices holds no
+//! pair of halves. Ray still picks the device of each partner on the node: where one device
+//! has exactly one partner's share free and another the whole pair's, Ray's best fit may put
+//! the first partner on the first.
 
 use std::collections::BTreeMap;
 
@@ -63,19 +68,61 @@ fn plus(a: &RayResources, b: &RayResources) -> RayResources {
     }
 }
 
-/// Lays `bundles` over `nodes` (address, free room, and how many of the group's processes are
-/// laid out there already) by `strategy`; returns each bundle's node address, or why the nodes
-/// cannot hold them.
+/// A node as a group's layout sees it: its address, its free room, how many of the group's
+/// processes are laid out there already, and its free GPUs device by device where how they
+/// are split is known (`place::devices_on`).
+#[derive(Clone, Debug, Default)]
+pub(super) struct GroupNode {
+    pub(super) ip: String,
+    pub(super) free: RayResources,
+    pub(super) members: usize,
+    pub(super) devices: Option<Vec<u32>>,
+}
+
+impl GroupNode {
+    /// Whether bundle `b` fits in it: its room, and, where how its GPUs are split is known,
+    /// its GPUs on its devices as Ray hands them out: a bundle of processes that share a
+    /// device (`shares`, each one's thousandths) on one device whichever of them Ray is asked
+    /// for first ([`vocab::devices::land_together`]).
+    fn holds(&self, b: &RayResources, shares: &[u32]) -> bool {
+        b.fits_in(&self.free)
+            && self.devices.as_ref().is_none_or(|d| match shares {
+                [_, _, ..] => vocab::devices::land_together(d, shares),
+                _ => vocab::devices::fits_on_devices(d, super::place::milli(b.gpus)),
+            })
+    }
+
+    /// Takes bundle `b` off it, as [`GroupNode::holds`] found room for it.
+    fn take(&mut self, b: &RayResources, shares: &[u32]) {
+        self.free = self.free.minus(b);
+        if let Some(d) = &mut self.devices {
+            match shares {
+                [_, _, ..] => shares.iter().for_each(|&g| {
+                    let _ = vocab::devices::take_on_devices(d, g);
+                }),
+                _ => {
+                    let _ = vocab::devices::take_on_devices(d, super::place::milli(b.gpus));
+                }
+            }
+        }
+        self.members += 1;
+    }
+}
+
+/// Lays `bundles` over `nodes` by `strategy`; returns each bundle's node address, or why the
+/// nodes cannot hold them. `shares[i]`: the GPU thousandths of each process of bundle `i`
+/// where they share one device (none past its end, or fewer than two: one process).
 pub(super) fn lay_out(
     strategy: Strategy,
     bundles: &[RayResources],
-    nodes: &[(String, RayResources, usize)],
+    shares: &[Vec<u32>],
+    nodes: &[GroupNode],
 ) -> Result<Vec<String>, String> {
-    let free: Vec<RayResources> = nodes.iter().map(|(_, r, _)| r.clone()).collect();
-    let mut room = free.clone();
+    let shares = |b: usize| shares.get(b).map_or(&[][..], Vec::as_slice);
+    let mut room = nodes.to_vec();
     // The nodes with the most free CPU first, as Ray's own spread would.
     let mut order: Vec<usize> = (0..nodes.len()).collect();
-    order.sort_by(|a, b| room[*b].cpus.total_cmp(&room[*a].cpus));
+    order.sort_by(|a, b| room[*b].free.cpus.total_cmp(&room[*a].free.cpus));
     let mut at: Vec<Option<usize>> = vec![None; bundles.len()];
     match strategy {
         Strategy::StrictPack => {
@@ -83,16 +130,24 @@ pub(super) fn lay_out(
                 .iter()
                 .fold(RayResources::default(), |s, b| plus(&s, b));
             // Where the group is already, if it is anywhere.
-            let home = order.iter().copied().find(|n| nodes[*n].2 > 0);
+            let home = order.iter().copied().find(|n| nodes[*n].members > 0);
+            let holds_all = |n: usize| {
+                let mut node = nodes[n].clone();
+                bundles.iter().enumerate().all(|(i, b)| {
+                    let fits = node.holds(b, shares(i));
+                    node.take(b, shares(i));
+                    fits
+                })
+            };
             let n = order
                 .iter()
                 .copied()
                 .filter(|n| home.is_none_or(|h| h == *n))
-                .find(|n| all.fits_in(&room[*n]))
+                .find(|n| holds_all(*n))
                 .ok_or_else(|| match home {
                     Some(h) => format!(
                         "its node {} has no room for {} more of its processes ({})",
-                        nodes[h].0,
+                        nodes[h].ip,
                         bundles.len(),
                         describe(&all)
                     ),
@@ -108,28 +163,30 @@ pub(super) fn lay_out(
             // The largest first, so that the small ones fill what is left.
             let mut big: Vec<usize> = (0..bundles.len()).collect();
             big.sort_by(|a, b| bundles[*b].cpus.total_cmp(&bundles[*a].cpus));
-            let mut members: Vec<usize> = nodes.iter().map(|(_, _, m)| *m).collect();
             for b in big {
                 let fits = order
                     .iter()
                     .copied()
-                    .filter(|n| bundles[b].fits_in(&room[*n]))
-                    .filter(|n| strategy != Strategy::StrictSpread || members[*n] == 0);
+                    .filter(|n| room[*n].holds(&bundles[b], shares(b)))
+                    .filter(|n| strategy != Strategy::StrictSpread || room[*n].members == 0);
                 // `fits` goes most free first, and `min_by_key` keeps the first of equals.
                 let chosen = match strategy {
                     // Where the group is most, then the most free.
-                    Strategy::Pack => fits.min_by_key(|n| std::cmp::Reverse(members[*n])),
+                    Strategy::Pack => fits.min_by_key(|n| std::cmp::Reverse(room[*n].members)),
                     // Where the group is least, then the most free.
-                    _ => fits.min_by_key(|n| members[*n]),
+                    _ => fits.min_by_key(|n| room[*n].members),
                 };
                 let Some(n) = chosen else {
                     return Err(match strategy {
                         Strategy::StrictSpread => format!(
                             "it needs {} nodes each with room for one of its processes ({}), \
                              and {} of the {} nodes have that room",
-                            bundles.len() + nodes.iter().map(|(_, _, m)| m).sum::<usize>(),
+                            bundles.len() + nodes.iter().map(|n| n.members).sum::<usize>(),
                             describe(&bundles[b]),
-                            free.iter().filter(|r| bundles[b].fits_in(r)).count(),
+                            nodes
+                                .iter()
+                                .filter(|n| n.holds(&bundles[b], shares(b)))
+                                .count(),
                             nodes.len()
                         ),
                         _ => format!(
@@ -139,15 +196,14 @@ pub(super) fn lay_out(
                         ),
                     });
                 };
-                room[n] = room[n].minus(&bundles[b]);
-                members[n] += 1;
+                room[n].take(&bundles[b], shares(b));
                 at[b] = Some(n);
             }
         }
     }
     Ok(at
         .into_iter()
-        .map(|n| nodes[n.expect("every bundle laid")].0.clone())
+        .map(|n| nodes[n.expect("every bundle laid")].ip.clone())
         .collect())
 }
 
@@ -193,7 +249,7 @@ impl Inner {
         };
         let (units, bundles) = bundles_of(plan, &keys).map_err(unplaced)?;
         let nodes = self
-            .lay_out_group(plan, (&cluster, read_at), layout, &bundles)
+            .lay_out_group(plan, (&cluster, read_at), layout, (&units, &bundles))
             .map_err(unplaced)?;
         self.note(format!(
             "placement group {} ({}) laid out: {}{}",
@@ -254,25 +310,32 @@ impl Inner {
         plan: &GroupPlan,
         (cluster, read_at): (&RayCluster, std::time::Instant),
         layout: &BTreeMap<SlotKey, String>,
-        bundles: &[RayResources],
+        (units, bundles): (&[Vec<SlotKey>], &[RayResources]),
     ) -> Result<Vec<String>, String> {
-        let room: Vec<(String, RayResources, usize)> = {
-            let recent = self.recent.lock().expect("not poisoned");
-            cluster
-                .nodes
-                .iter()
-                .map(|n| {
-                    let free = super::place::room_on(n, &recent, read_at);
-                    let members = layout.values().filter(|ip| **ip == n.ip).count();
-                    (n.ip.clone(), free, members)
-                })
-                .collect()
-        };
-        lay_out(plan.strategy, bundles, &room).map_err(|why| {
+        let shares = shares_of(plan, units);
+        let held = self.held.read().expect("not poisoned").clone();
+        let recent = self.recent.lock().expect("not poisoned").clone();
+        let room: Vec<GroupNode> = cluster
+            .nodes
+            .iter()
+            .map(|n| GroupNode {
+                ip: n.ip.clone(),
+                free: super::place::room_on(n, &recent, read_at),
+                members: layout.values().filter(|ip| **ip == n.ip).count(),
+                devices: super::place::devices_on(n, &held, &recent, read_at),
+            })
+            .collect();
+        lay_out(plan.strategy, bundles, &shares, &room).map_err(|why| {
             format!(
                 "the cluster cannot hold it now: {why} (free: {})",
-                room.iter()
-                    .map(|(ip, r, _)| format!("{ip}: {}", describe(r)))
+                cluster
+                    .nodes
+                    .iter()
+                    .map(|n| format!(
+                        "{}: {}",
+                        n.ip,
+                        super::place::free_shown(n, &held, &recent, read_at)
+                    ))
                     .collect::<Vec<_>>()
                     .join("; ")
             )
@@ -310,6 +373,23 @@ fn bundles_of(
     Ok((units, bundles))
 }
 
+/// The GPU thousandths of each process of each of `units` whose processes share one device
+/// (a `share_devices` group's bundle of two or more with GPUs); empty for the others.
+fn shares_of(plan: &GroupPlan, units: &[Vec<SlotKey>]) -> Vec<Vec<u32>> {
+    units
+        .iter()
+        .map(|unit| match plan.share_devices && unit.len() > 1 {
+            true => unit
+                .iter()
+                .filter_map(|k| plan.roles.get(&k.role))
+                .map(|r| super::place::milli(r.gpus))
+                .filter(|&g| g > 0)
+                .collect(),
+            false => Vec::new(),
+        })
+        .collect()
+}
+
 /// Every process of the group, with its pinning resource added.
 pub(super) fn pinned(need: &RayResources, ip: &str) -> RayResources {
     let mut r = need.clone();
@@ -329,10 +409,14 @@ mod tests {
         }
     }
 
-    fn nodes(free: &[f64]) -> Vec<(String, RayResources, usize)> {
+    fn nodes(free: &[f64]) -> Vec<GroupNode> {
         free.iter()
             .enumerate()
-            .map(|(i, c)| (format!("10.0.0.{i}"), cpus(*c), 0))
+            .map(|(i, c)| GroupNode {
+                ip: format!("10.0.0.{i}"),
+                free: cpus(*c),
+                ..Default::default()
+            })
             .collect()
     }
 
@@ -341,75 +425,87 @@ mod tests {
         let three = [cpus(1.0), cpus(1.0), cpus(1.0)];
         // strict_pack: one node with room for all three, the freest.
         assert_eq!(
-            lay_out(Strategy::StrictPack, &three, &nodes(&[2.0, 4.0, 3.0])).unwrap(),
+            lay_out(Strategy::StrictPack, &three, &[], &nodes(&[2.0, 4.0, 3.0])).unwrap(),
             vec!["10.0.0.1"; 3]
         );
-        let e = lay_out(Strategy::StrictPack, &three, &nodes(&[2.0, 2.0, 2.0])).unwrap_err();
+        let e = lay_out(Strategy::StrictPack, &three, &[], &nodes(&[2.0, 2.0, 2.0])).unwrap_err();
         assert!(
             e.contains("no node has room for its 3 processes together (3 CPU)"),
             "{e}"
         );
         // strict_spread: one per node, or none.
-        let mut spread = lay_out(Strategy::StrictSpread, &three, &nodes(&[1.0, 4.0, 2.0])).unwrap();
+        let mut spread = lay_out(
+            Strategy::StrictSpread,
+            &three,
+            &[],
+            &nodes(&[1.0, 4.0, 2.0]),
+        )
+        .unwrap();
         spread.sort();
         assert_eq!(spread, vec!["10.0.0.0", "10.0.0.1", "10.0.0.2"]);
         let four = [cpus(0.5), cpus(0.5), cpus(0.5), cpus(0.5)];
-        let e = lay_out(Strategy::StrictSpread, &four, &nodes(&[4.0, 4.0, 4.0])).unwrap_err();
+        let e = lay_out(Strategy::StrictSpread, &four, &[], &nodes(&[4.0, 4.0, 4.0])).unwrap_err();
         assert!(
             e.contains("it needs 4 nodes") && e.contains("3 of the 3 nodes"),
             "{e}"
         );
-        let e = lay_out(Strategy::StrictSpread, &three, &nodes(&[4.0, 0.5, 4.0])).unwrap_err();
+        let e = lay_out(
+            Strategy::StrictSpread,
+            &three,
+            &[],
+            &nodes(&[4.0, 0.5, 4.0]),
+        )
+        .unwrap_err();
         assert!(e.contains("2 of the 3 nodes have that room"), "{e}");
         // pack: as few nodes as the room allows.
-        let packed = lay_out(Strategy::Pack, &three, &nodes(&[2.0, 1.0, 0.0])).unwrap();
+        let packed = lay_out(Strategy::Pack, &three, &[], &nodes(&[2.0, 1.0, 0.0])).unwrap();
         assert_eq!(packed.iter().filter(|n| *n == "10.0.0.0").count(), 2);
         // Between equal nodes, the freest first: node 1 here.
         assert_eq!(
-            lay_out(Strategy::Pack, &[cpus(1.0)], &nodes(&[2.0, 3.0])).unwrap(),
+            lay_out(Strategy::Pack, &[cpus(1.0)], &[], &nodes(&[2.0, 3.0])).unwrap(),
             vec!["10.0.0.1"]
         );
         // spread: as many as the room allows.
-        let spread = lay_out(Strategy::Spread, &three, &nodes(&[3.0, 3.0])).unwrap();
+        let spread = lay_out(Strategy::Spread, &three, &[], &nodes(&[3.0, 3.0])).unwrap();
         assert!(spread.contains(&"10.0.0.0".into()) && spread.contains(&"10.0.0.1".into()));
-        assert!(lay_out(Strategy::Spread, &[cpus(5.0)], &nodes(&[4.0])).is_err());
+        assert!(lay_out(Strategy::Spread, &[cpus(5.0)], &[], &nodes(&[4.0])).is_err());
     }
 
     #[test]
     fn a_grown_group_is_laid_out_beside_the_processes_it_has() {
         // Members on nodes 0 and 1 already.
         let mut at = nodes(&[4.0, 4.0, 4.0, 1.0]);
-        at[0].2 = 1;
-        at[1].2 = 1;
+        at[0].members = 1;
+        at[1].members = 1;
         // strict_spread: a node free of the group, with room.
         assert_eq!(
-            lay_out(Strategy::StrictSpread, &[cpus(1.0)], &at).unwrap(),
+            lay_out(Strategy::StrictSpread, &[cpus(1.0)], &[], &at).unwrap(),
             vec!["10.0.0.2"]
         );
-        at[2].2 = 1;
-        at[3].1 = cpus(0.5);
-        let e = lay_out(Strategy::StrictSpread, &[cpus(1.0)], &at).unwrap_err();
+        at[2].members = 1;
+        at[3].free = cpus(0.5);
+        let e = lay_out(Strategy::StrictSpread, &[cpus(1.0)], &[], &at).unwrap_err();
         assert!(
             e.contains("it needs 4 nodes") && e.contains("3 of the 4 nodes"),
             "{e}"
         );
         // spread: the node with the fewest of the group.
         assert_eq!(
-            lay_out(Strategy::Spread, &[cpus(0.5)], &at).unwrap(),
+            lay_out(Strategy::Spread, &[cpus(0.5)], &[], &at).unwrap(),
             vec!["10.0.0.3"]
         );
         // pack: where the group is; strict_pack: only there.
         let mut home = nodes(&[4.0, 1.0, 4.0]);
-        home[1].2 = 2;
+        home[1].members = 2;
         assert_eq!(
-            lay_out(Strategy::Pack, &[cpus(1.0)], &home).unwrap(),
+            lay_out(Strategy::Pack, &[cpus(1.0)], &[], &home).unwrap(),
             vec!["10.0.0.1"]
         );
         assert_eq!(
-            lay_out(Strategy::StrictPack, &[cpus(1.0)], &home).unwrap(),
+            lay_out(Strategy::StrictPack, &[cpus(1.0)], &[], &home).unwrap(),
             vec!["10.0.0.1"]
         );
-        let e = lay_out(Strategy::StrictPack, &[cpus(2.0)], &home).unwrap_err();
+        let e = lay_out(Strategy::StrictPack, &[cpus(2.0)], &[], &home).unwrap_err();
         assert!(
             e.contains("its node 10.0.0.1 has no room for 1 more"),
             "{e}"
@@ -443,6 +539,10 @@ mod tests {
             ]
         );
         assert_eq!((bundles[0].cpus, bundles[0].gpus), (2.0, 1.0));
+        assert_eq!(
+            shares_of(&plan, &units),
+            vec![vec![500, 500], vec![500, 500], vec![]]
+        );
         assert_eq!((bundles[2].cpus, bundles[2].gpus), (1.0, 0.5));
         // Without sharing: a bundle a process.
         let apart = GroupPlan {
@@ -452,6 +552,84 @@ mod tests {
         assert_eq!(bundles_of(&apart, &keys).unwrap().0.len(), 5);
         let critic: Role = "critic".parse().unwrap();
         assert!(bundles_of(&plan, &[k(critic, 0)]).is_err());
+    }
+
+    #[test]
+    fn a_bundle_of_shares_goes_only_where_one_device_holds_them_together() {
+        let pair = RayResources {
+            cpus: 1.0,
+            gpus: 1.0,
+            ..Default::default()
+        };
+        let gpu_node = |i: usize, devices: Option<Vec<u32>>| GroupNode {
+            ip: format!("10.0.0.{i}"),
+            free: RayResources {
+                gpus: devices
+                    .as_ref()
+                    .map_or(1.0, |d| d.iter().sum::<u32>() as f64 / 1000.0),
+                ..cpus(4.0 - i as f64)
+            },
+            devices,
+            ..Default::default()
+        };
+        let halves = vec![vec![500, 500]; 3];
+        // Node 0 has a whole GPU's room by its amount, split 0.5 + 0.5 over two devices: the
+        // two halves of a pair would land on two devices there.
+        let nodes = vec![
+            gpu_node(0, Some(vec![500, 500])),
+            gpu_node(1, Some(vec![1000, 0])),
+            gpu_node(2, Some(vec![1000, 1000])),
+        ];
+        let mut spread = lay_out(
+            Strategy::StrictSpread,
+            &[pair.clone(), pair.clone()],
+            &halves,
+            &nodes,
+        )
+        .unwrap();
+        spread.sort();
+        assert_eq!(spread, vec!["10.0.0.1", "10.0.0.2"]);
+        let e = lay_out(
+            Strategy::StrictSpread,
+            &vec![pair.clone(); 3],
+            &halves,
+            &nodes,
+        )
+        .unwrap_err();
+        assert!(e.contains("2 of the 3 nodes have that room"), "{e}");
+        // strict_pack of two pairs: node 2 holds a device for each.
+        assert_eq!(
+            lay_out(
+                Strategy::StrictPack,
+                &[pair.clone(), pair.clone()],
+                &halves,
+                &nodes
+            )
+            .unwrap(),
+            vec!["10.0.0.2"; 2]
+        );
+        // 0.3 + 0.7: on node 0 of 0.3 + 1 free, the 0.3 asked for first fits device 0 best and
+        // the 0.7 cannot follow; node 1 (0.7 and nothing free) holds no whole GPU; node 2 holds
+        // the pair on one device whichever comes first.
+        let mut uneven = nodes.clone();
+        (uneven[0].devices, uneven[0].free.gpus) = (Some(vec![300, 1000]), 1.3);
+        (uneven[1].devices, uneven[1].free.gpus) = (Some(vec![700, 0]), 0.7);
+        assert_eq!(
+            lay_out(
+                Strategy::Pack,
+                std::slice::from_ref(&pair),
+                &[vec![300, 700]],
+                &uneven
+            )
+            .unwrap(),
+            vec!["10.0.0.2"]
+        );
+        // Where the split is not known, the amount decides, as before.
+        let unknown = vec![gpu_node(0, None)];
+        assert_eq!(
+            lay_out(Strategy::Pack, std::slice::from_ref(&pair), &[], &unknown).unwrap(),
+            vec!["10.0.0.0"]
+        );
     }
 
     #[test]

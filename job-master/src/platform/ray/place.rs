@@ -123,7 +123,7 @@ pub(super) fn room_on(n: &RayNode, recent: &[Placement], read_at: Instant) -> Ra
 }
 
 /// Thousandths of a device.
-fn milli(gpus: f64) -> u32 {
+pub(super) fn milli(gpus: f64) -> u32 {
     (gpus.max(0.0) * 1000.0).round() as u32
 }
 
@@ -133,7 +133,7 @@ fn milli(gpus: f64) -> u32 {
 /// placements of ours that Ray's answer read at `read_at` does not show, taken as Ray will
 /// hand them out. `None` for a node without GPUs, or one none of whose devices we hold and
 /// whose GPUs Ray counts neither all free nor all used.
-fn devices_on(
+pub(super) fn devices_on(
     n: &RayNode,
     held: &DeviceUse,
     recent: &[Placement],
@@ -157,7 +157,12 @@ fn devices_on(
 
 /// Node `n`'s free room as a message says it, its GPUs' split where it is known and they
 /// are split (`4 CPU, 0.6 GPU (0.3 + 0.3 by device)`).
-fn free_shown(n: &RayNode, held: &DeviceUse, recent: &[Placement], read_at: Instant) -> String {
+pub(super) fn free_shown(
+    n: &RayNode,
+    held: &DeviceUse,
+    recent: &[Placement],
+    read_at: Instant,
+) -> String {
     let mut s = describe(&room_on(n, recent, read_at));
     if let Some(split) = devices_on(n, held, recent, read_at)
         .as_deref()
@@ -362,20 +367,72 @@ mod tests {
             need: cpus(3.0),
             running_since: None,
         }];
-        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(2.0), read_at), None);
+        assert_eq!(
+            choose_node(
+                &cluster,
+                &recent,
+                &DeviceUse::default(),
+                &cpus(2.0),
+                read_at
+            ),
+            None
+        );
         // One CPU is left on each node.
-        assert!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(1.0), read_at).is_some());
-        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(1.5), read_at), None);
+        assert!(
+            choose_node(
+                &cluster,
+                &recent,
+                &DeviceUse::default(),
+                &cpus(1.0),
+                read_at
+            )
+            .is_some()
+        );
+        assert_eq!(
+            choose_node(
+                &cluster,
+                &recent,
+                &DeviceUse::default(),
+                &cpus(1.5),
+                read_at
+            ),
+            None
+        );
         // Running only after the cluster was read: the answer did not show it yet.
         recent[0].running_since = Some(read_at + Duration::from_millis(5));
-        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(2.0), read_at), None);
+        assert_eq!(
+            choose_node(
+                &cluster,
+                &recent,
+                &DeviceUse::default(),
+                &cpus(2.0),
+                read_at
+            ),
+            None
+        );
         // Running before: Ray's answer counts it (its supervisor actor), so we no longer do.
         recent[0].running_since = Some(read_at - Duration::from_millis(5));
         assert_eq!(
-            choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(2.0), read_at).as_deref(),
+            choose_node(
+                &cluster,
+                &recent,
+                &DeviceUse::default(),
+                &cpus(2.0),
+                read_at
+            )
+            .as_deref(),
             Some("a")
         );
-        assert_eq!(choose_node(&cluster, &recent, &DeviceUse::default(), &cpus(5.0), read_at), None);
+        assert_eq!(
+            choose_node(
+                &cluster,
+                &recent,
+                &DeviceUse::default(),
+                &cpus(5.0),
+                read_at
+            ),
+            None
+        );
     }
 
     #[test]
@@ -400,7 +457,10 @@ mod tests {
             gpus: 1.0,
             ..cpus(1.0)
         };
-        assert_eq!(choose_node(&cluster, &[], &DeviceUse::default(), &gpus, now).as_deref(), Some("g"));
+        assert_eq!(
+            choose_node(&cluster, &[], &DeviceUse::default(), &gpus, now).as_deref(),
+            Some("g")
+        );
     }
 
     #[test]
