@@ -102,6 +102,9 @@ pub struct Launcher {
     /// The nodes cordoned as the brain last read them: the masters it starts are told
     /// (`--cordoned`), so that no process of theirs starts there.
     cordoned: std::sync::RwLock<Vec<String>>,
+    /// The GPU shares the jobs' processes hold, device by device, as the brain last read
+    /// them: the masters it starts are told (`--gpus-held`), to count with their own.
+    devices: std::sync::RwLock<vocab::devices::DeviceUse>,
 }
 
 /// How often the status of a job master running as a Ray job is read.
@@ -145,12 +148,18 @@ impl Launcher {
             ray_masters,
             exited,
             cordoned: std::sync::RwLock::default(),
+            devices: std::sync::RwLock::default(),
         })
     }
 
     /// The nodes cordoned now, for the masters started from now on.
     pub fn set_cordoned(&self, nodes: Vec<String>) {
         *self.cordoned.write().expect("not poisoned") = nodes;
+    }
+
+    /// The GPU shares the jobs hold now, for the masters started from now on.
+    pub fn set_devices(&self, held: vocab::devices::DeviceUse) {
+        *self.devices.write().expect("not poisoned") = held;
     }
 
     fn job_master_bin(&self) -> PathBuf {
@@ -304,6 +313,11 @@ impl Launcher {
         }
         for node in self.cordoned.read().expect("not poisoned").iter() {
             cmd.extend(["--cordoned".into(), node.into()]);
+        }
+        // A job resumed holds some of them itself: counted twice, its room held back a
+        // little until its first poll tells it the others' alone.
+        for held in self.devices.read().expect("not poisoned").named() {
+            cmd.extend(["--gpus-held".into(), held.into()]);
         }
         cmd
     }
@@ -632,7 +646,12 @@ mod tests {
         assert!(e.contains("cluster.ray_address"), "{e}");
         let l = launcher(Some("http://10.0.0.2:8265")).unwrap();
         assert!(l.ray_masters.is_some());
-        // The command a master runs: the run directory's spec, the brain, --resume on resume.
+        // The command a master runs: the run directory's spec, the brain, --resume on resume,
+        // the cordoned nodes and the GPU shares the jobs hold.
+        l.set_cordoned(vec!["10.0.0.3".into()]);
+        let mut held = vocab::devices::DeviceUse::default();
+        held.add("10.0.0.4", "1", vocab::Gpus::from_milli(700));
+        l.set_devices(held);
         let words: Vec<String> = l
             .command(Path::new("/runs/j"), true)
             .iter()
@@ -653,7 +672,11 @@ mod tests {
                 "/runs/j/brain.token",
                 "--brain-insecure",
                 "--job-insecure",
-                "--resume"
+                "--resume",
+                "--cordoned",
+                "10.0.0.3",
+                "--gpus-held",
+                "10.0.0.4:1=700"
             ]
         );
     }

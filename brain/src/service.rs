@@ -165,7 +165,7 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::GetPlanResponse>, Status> {
         auth::job_itself(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
-        let (plan, cancel, cordoned_nodes) = self
+        let (plan, cancel, cordoned_nodes, others) = self
             .with_store(move |s| {
                 let job = JobId(r.job_id);
                 Ok((
@@ -175,6 +175,7 @@ impl pb::brain_server::Brain for BrainService {
                         .into_iter()
                         .map(|c| c.node)
                         .collect(),
+                    s.device_use_besides(job),
                 ))
             })
             .await?;
@@ -186,6 +187,7 @@ impl pb::brain_server::Brain for BrainService {
             plan,
             cancel,
             cordoned_nodes,
+            other_jobs_devices: (&others).into(),
         }))
     }
 

@@ -1191,6 +1191,15 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
     free_gpus(2.0).await;
 }
 
+/// Cancels the brain's job (its URL, the job's name) when dropped, unless it ended.
+struct CancelsJob(String, String);
+
+impl Drop for CancelsJob {
+    fn drop(&mut self) {
+        let _ = brainctl(&["cancel", &self.1, "--brain", &self.0]);
+    }
+}
+
 /// Stops a Ray job when dropped (a test that fails leaves no process holding the cluster's
 /// room for the tests after it).
 struct StopsRayJob(ray_client::RayApi, String);
@@ -1204,5 +1213,129 @@ impl Drop for StopsRayJob {
                 .block_on(async { ray.stop(&id).await })
         })
         .join();
+    }
+}
+
+/// The brain tells each job master the devices its other jobs' processes hold (at its start
+/// and with every plan poll), which the master counts with its own where it places a process
+/// on Ray (issue 41, item 3). One job's two engines hold 0.7 of each V100 device (Ray counts
+/// 0.6 free there, 0.3 + 0.3) and its CPU hog 3 of the A100 node's 4 CPUs beside 0.1 of an
+/// A100. A second job's engine of half a GPU of any model and 1 CPU fits the V100 node by
+/// Ray's amounts, with more CPU there; the brain starts it for the A100 node's device, and
+/// its master, told where the first job's shares are, pins it there. It starts on the A100
+/// node and never waits on Ray (told nothing, its master pinned it to the V100 node, where it
+/// waited: checked by taking `--gpus-held` and the poll's devices out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let (_brain, url) = brain_for_jobs_now(&c, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    let pid = std::process::id();
+    let (v100, a100) = (c.nodes[1].clone(), c.nodes[2].clone());
+    let sleep = "topology: service, command: [/bin/sleep, '600']";
+    let submit = |name: &str, samples: u32, roles: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
+                 resources: {{ cpu: 1 }} }}\n{roles}\
+                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
+                 data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
+                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+            ),
+        )
+        .unwrap();
+        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+        assert!(ok, "{out}\n{}", log());
+    };
+    // The running processes of job `name` with their devices: (role, host, devices).
+    let placed = |name: String| {
+        let url = url.clone();
+        async move {
+            let jobs = common::jobs(&url).await.expect("the brain answers");
+            let j = of(&jobs, &name);
+            assert!(
+                j.state == "queued" || j.state == "running",
+                "{j:#?}\n{}",
+                master_events(&j.run_dir)
+            );
+            if j.master_address.is_empty() {
+                return Vec::new();
+            }
+            common::master_status(&j.master_address, &j.run_dir)
+                .await
+                .map(|s| {
+                    s.processes
+                        .iter()
+                        .filter(|p| p.state == "running" && !p.devices.is_empty())
+                        .map(|p| (p.role.clone(), p.host.clone(), p.devices.clone()))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        }
+    };
+    let until_placed = |name: String, want: usize| async move {
+        let start = Instant::now();
+        loop {
+            let p = placed(name.clone()).await;
+            if p.len() == want {
+                return p;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{name}: {p:?}\n{}",
+                log()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let (holder, prober) = (format!("holder-{pid}"), format!("prober-{pid}"));
+    // A test that fails leaves neither job holding the cluster's room.
+    let _cancel = [&holder, &prober].map(|j| CancelsJob(url.clone(), j.clone()));
+    submit(
+        &holder,
+        2_000_000,
+        &format!(
+            "  hold: {{ replicas: 2, {sleep}, resources: {{ cpu: 0.5, gpu: 0.7, gpu_type: V100 }} }}\n\
+             \x20 hog: {{ replicas: 1, {sleep}, resources: {{ cpu: 3, gpu: 0.1, gpu_type: A100 }} }}\n"
+        ),
+    );
+    let held = until_placed(holder.clone(), 3).await;
+    let on = |role: &str| held.iter().filter(|p| p.0 == role).collect::<Vec<_>>();
+    assert!(on("hold").iter().all(|p| p.1 == v100), "{held:?}");
+    assert_ne!(
+        on("hold")[0].2,
+        on("hold")[1].2,
+        "a V100 device each: {held:?}"
+    );
+    assert_eq!(on("hog")[0].1, a100, "{held:?}");
+    // The brain hears of the devices with the next report (every second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    submit(
+        &prober,
+        100_000,
+        &format!("  probe: {{ replicas: 1, {sleep}, resources: {{ cpu: 1, gpu: 0.5 }} }}\n"),
+    );
+    let probe = until_placed(prober.clone(), 1).await;
+    assert_eq!(probe[0].1, a100, "{probe:?}");
+    wait_succeeded(&url, &[&prober], &log);
+    let report = ended_exactly_once(&dir.path().join("runs").join(&prober));
+    let events = events_of(&report);
+    assert!(
+        !events.iter().any(|e| e.contains("still pending")),
+        "a process of {prober} waited on Ray for room: {events:#?}"
+    );
+    let (ok, out) = brainctl(&["cancel", &holder, "--brain", &url]);
+    assert!(ok, "{out}");
+    let start = Instant::now();
+    while of(&common::jobs(&url).await.unwrap(), &holder).state != "cancelled" {
+        assert!(start.elapsed() < Duration::from_secs(60), "{}", log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }

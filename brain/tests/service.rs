@@ -990,3 +990,59 @@ async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_i
     let gpu = out.lines().find(|l| l.starts_with("gpu-1")).unwrap();
     assert!(gpu.contains(" ok"), "{out}");
 }
+
+/// The GPUs each job's processes were given (`ProcessReport.devices`, on their nodes) reach
+/// the other jobs' masters when they poll for a plan (`GetPlanResponse.other_jobs_devices`),
+/// device by device, so a job master on Ray counts them with its own where it places a
+/// process; a job is told nothing of itself, and a process waiting to be placed holds
+/// nothing (issue 41, item 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_job_master_is_told_the_devices_the_other_jobs_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
+    let (a, mut job_a) = registered(&url, "holder").await;
+    let (b, mut job_b) = registered(&url, "prober").await;
+    let on = |index: u32, gpu_milli: u32, devices: &str, pending_ms: u64| pb::ProcessReport {
+        role: "worker".into(),
+        index,
+        resources: Some(proto::jobmaster::v1::Resources {
+            cpu_millicores: 500,
+            gpu_milli,
+            ..Default::default()
+        }),
+        host: "10.0.0.2".into(),
+        devices: devices.into(),
+        pending_ms,
+        ..Default::default()
+    };
+    job_a
+        .report_metrics(pb::MetricsBatch {
+            job_id: a.job_id,
+            reports: vec![pb::MetricReport {
+                processes: vec![on(0, 700, "0", 0), on(1, 700, "1", 0), on(2, 700, "1", 900)],
+                ..report(10, 100.0)
+            }],
+        })
+        .await
+        .unwrap();
+    let told = |r: pb::GetPlanResponse| {
+        r.other_jobs_devices
+            .into_iter()
+            .map(|n| (n.node, n.held_milli.into_iter().collect::<Vec<_>>()))
+            .collect::<Vec<_>>()
+    };
+    let poll = |job_id| pb::GetPlanRequest {
+        job_id,
+        after_version: 0,
+    };
+    let to_b = job_b.get_plan(poll(b.job_id)).await.unwrap().into_inner();
+    assert_eq!(
+        told(to_b),
+        vec![(
+            "10.0.0.2".to_string(),
+            vec![("0".to_string(), 700), ("1".to_string(), 700)]
+        )]
+    );
+    let to_a = job_a.get_plan(poll(a.job_id)).await.unwrap().into_inner();
+    assert!(to_a.other_jobs_devices.is_empty(), "{to_a:?}");
+}

@@ -53,6 +53,11 @@ pub struct BrainLink {
     /// (later cordons come with its plans).
     #[serde(default)]
     pub cordoned: Vec<String>,
+    /// The GPU shares the brain's other jobs held when it started this master, device by
+    /// device (later ones come with its plans): counted with the job's own where a process is
+    /// placed on Ray.
+    #[serde(skip)]
+    pub others_devices: vocab::devices::DeviceUse,
 }
 
 fn default_interval() -> u64 {
@@ -71,6 +76,7 @@ impl BrainLink {
             token: auth::WithToken::default(),
             tls: None,
             cordoned: Vec::new(),
+            others_devices: Default::default(),
         }
     }
 }
@@ -457,8 +463,9 @@ pub(crate) async fn run(
             .await
         {
             Ok(r) => {
-                let r = r.into_inner();
+                let mut r = r.into_inner();
                 platform.cordon(&r.cordoned_nodes);
+                platform.others_devices(std::mem::take(&mut r.other_jobs_devices).into());
                 if !r.cordoned_nodes.is_empty() {
                     // A process already on a node the brain cordoned moves off it.
                     let nodes = r.cordoned_nodes.clone();

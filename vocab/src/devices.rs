@@ -109,6 +109,47 @@ impl DeviceUse {
         }
     }
 
+    /// Counts what `other` counts too, device by device (at most a whole device each).
+    pub fn merge(&mut self, other: &DeviceUse) {
+        for (host, devices) in &other.0 {
+            let node = self.0.entry(host.clone()).or_default();
+            for (d, &h) in devices {
+                let held = node.entry(d.clone()).or_default();
+                *held = (*held + h).min(1000);
+            }
+        }
+    }
+
+    /// Each device held, as a command line names it: `NODE:DEVICE=THOUSANDTHS`
+    /// (`10.0.0.2:1=700`), what [`DeviceUse::add_named`] reads back.
+    pub fn named(&self) -> impl Iterator<Item = String> + '_ {
+        self.0
+            .iter()
+            .flat_map(|(node, devices)| devices.iter().map(move |(d, h)| format!("{node}:{d}={h}")))
+    }
+
+    /// Counts one device held as [`DeviceUse::named`] writes it; `Err` says what is wrong.
+    pub fn add_named(&mut self, s: &str) -> Result<(), String> {
+        let bad = |why: &str| format!("{s:?}: {why} (NODE:DEVICE=THOUSANDTHS, as 10.0.0.2:1=700)");
+        let (at, milli) = s.split_once('=').ok_or_else(|| bad("no `=`"))?;
+        let (node, device) = at.rsplit_once(':').ok_or_else(|| bad("no `:`"))?;
+        let milli: u32 = milli
+            .trim()
+            .parse()
+            .map_err(|_| bad("the thousandths are not a whole number"))?;
+        if node.is_empty() || device.is_empty() || milli == 0 || milli > 1000 {
+            return Err(bad("a node, a device and 1 to 1000 thousandths"));
+        }
+        let held = self
+            .0
+            .entry(node.to_string())
+            .or_default()
+            .entry(device.to_string())
+            .or_default();
+        *held = (*held + milli).min(1000);
+        Ok(())
+    }
+
     /// What the processes counted hold on `host`, by device (none: no device of it is named).
     pub fn on(&self, host: &str) -> Option<&BTreeMap<String, u32>> {
         self.0.get(host).filter(|d| !d.is_empty())
@@ -241,6 +282,27 @@ mod tests {
             Some(&held(&[("1", 700), ("2", 1000), ("3", 1000)]))
         );
         assert_eq!(used.on("m"), None);
+        let mut more = DeviceUse::default();
+        more.add("n", "1", crate::Gpus::from_milli(500));
+        more.add("m", "0", crate::Gpus::from_milli(200));
+        used.merge(&more);
+        assert_eq!(
+            used.on("n"),
+            Some(&held(&[("1", 1000), ("2", 1000), ("3", 1000)]))
+        );
+        assert_eq!(used.on("m"), Some(&held(&[("0", 200)])));
+        // As a command line names them, and back.
+        let named: Vec<String> = used.named().collect();
+        assert_eq!(named[0], "m:0=200");
+        let mut back = DeviceUse::default();
+        for n in &named {
+            back.add_named(n).unwrap();
+        }
+        assert_eq!(back, used);
+        for bad in ["n:1", "n=5", "n:1=x", ":1=5", "n:1=0", "n:1=1001"] {
+            let e = DeviceUse::default().add_named(bad).unwrap_err();
+            assert!(e.contains("NODE:DEVICE=THOUSANDTHS"), "{e}");
+        }
         assert_eq!(shown(&[300, 300]).as_deref(), Some("0.3 + 0.3"));
         assert_eq!(shown(&[1000, 0]), None);
     }

@@ -1,9 +1,12 @@
 //! One conversion per wire type (feature `wire`): the job master's gRPC messages
-//! (`proto::jobmaster::v1`) to and from the vocabulary. What the wire cannot say is an error
+//! (`proto::jobmaster::v1`, and the devices the brain tells a job master of in
+//! `proto::service::v1`) to and from the vocabulary. What the wire cannot say is an error
 //! naming the field, never a default.
 
 use proto::jobmaster::v1 as pb;
+use proto::service::v1 as spb;
 
+use crate::devices::DeviceUse;
 use crate::plan::{Migration, RoleTarget, ScalePlan};
 use crate::role::{Role, SlotKey};
 use crate::spec::Resources;
@@ -104,9 +107,60 @@ impl From<&Migration> for pb::Migration {
     }
 }
 
+/// A [`DeviceUse`] on the brain's wire (`GetPlanResponse.other_jobs_devices`).
+impl From<&DeviceUse> for Vec<spb::NodeDevices> {
+    fn from(u: &DeviceUse) -> Self {
+        u.0.iter()
+            .map(|(node, held)| spb::NodeDevices {
+                node: node.clone(),
+                held_milli: held.iter().map(|(d, &h)| (d.clone(), h)).collect(),
+            })
+            .collect()
+    }
+}
+
+impl From<Vec<spb::NodeDevices>> for DeviceUse {
+    fn from(nodes: Vec<spb::NodeDevices>) -> Self {
+        let mut u = DeviceUse::default();
+        for n in nodes.into_iter().filter(|n| !n.node.is_empty()) {
+            let node = u.0.entry(n.node).or_default();
+            for (d, h) in n.held_milli {
+                let held = node.entry(d).or_default();
+                *held = (*held + h).min(1000);
+            }
+        }
+        u
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_use_survives_the_wire() {
+        let mut u = DeviceUse::default();
+        u.add("10.0.0.2", "0", Gpus::from_milli(700));
+        u.add("10.0.0.2", "1", Gpus::from_milli(300));
+        u.add("10.0.0.3", "0,1", Gpus::from_milli(2000));
+        let wire: Vec<spb::NodeDevices> = (&u).into();
+        assert_eq!(wire.len(), 2);
+        assert_eq!(DeviceUse::from(wire), u);
+        // A node without a name counts nothing; a share over a device counts a whole one.
+        let odd = vec![
+            spb::NodeDevices {
+                node: String::new(),
+                held_milli: [("0".to_string(), 500)].into(),
+            },
+            spb::NodeDevices {
+                node: "n".into(),
+                held_milli: [("0".to_string(), 4000)].into(),
+            },
+        ];
+        let back = DeviceUse::from(odd);
+        assert_eq!(back.0.len(), 1);
+        assert_eq!(back.on("n").unwrap()["0"], 1000);
+    }
 
     #[test]
     fn a_plan_survives_the_wire_and_a_bad_one_is_refused() {

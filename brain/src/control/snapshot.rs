@@ -287,14 +287,15 @@ impl super::Control {
         *self.cluster.write().expect("no panic under the lock") = (cluster.clone(), nodes.clone());
         let now = crate::now_unix_ms();
         // Cordoned nodes are not planned on: no process goes there, and jobs on them shrink.
-        let cordons = self
+        let (cordons, held) = self
             .with_store(move |s| {
                 s.prune_cordons(now)?;
-                s.cordons(now)
+                Ok((s.cordons(now)?, s.device_use()))
             })
             .await?;
         self.launcher
             .set_cordoned(cordons.iter().map(|c| c.node.clone()).collect());
+        self.launcher.set_devices(held);
         let cluster = crate::capacity::without(&cluster, &nodes, &cordons);
         let planned = cluster.clone();
         // The snapshot under the store's lock; the solve outside it, so that ingest and the
@@ -557,6 +558,22 @@ mod tests {
             [vocab::Gpus::from_milli(400), vocab::Gpus::from_milli(300)],
             "0.7 free, split 0.4 + 0.3: no 0.5 share fits"
         );
+        // What another job's master is told of them (`GetPlanResponse.other_jobs_devices`),
+        // and this job's own told nothing of itself.
+        let (other, _) = store
+            .register("other", "127.0.0.1:2", Some(&shape), 26)
+            .unwrap();
+        let held = |pairs: &[(&str, u32)]| {
+            pairs
+                .iter()
+                .map(|&(d, h)| (d.to_string(), h))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            store.device_use_besides(other).on("10.0.0.2"),
+            Some(&held(&[("0", 600), ("1", 700)]))
+        );
+        assert_eq!(store.device_use_besides(job), Default::default());
         // The job ended: its shares are forgotten, and Ray's 0.7 is the node's amount only.
         store
             .finish(job, JobState::Succeeded, "done", 1000, 40)

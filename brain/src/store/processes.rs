@@ -208,9 +208,10 @@ impl Processes {
     }
 
     /// The GPU shares every job's processes hold, device by device, by their newest reports.
-    pub(super) fn device_use(&self) -> DeviceUse {
+    /// What every job's processes but those of `besides` hold, device by device.
+    pub(super) fn device_use(&self, besides: Option<JobId>) -> DeviceUse {
         let mut used = DeviceUse::default();
-        for j in self.jobs.values() {
+        for (_, j) in self.jobs.iter().filter(|(id, _)| Some(**id) != besides) {
             for (host, devices, gpus) in &j.devices {
                 used.add(host, devices, *gpus);
             }

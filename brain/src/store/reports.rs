@@ -140,7 +140,13 @@ impl Store {
     /// The GPU shares the running jobs' processes hold, node by node and device by device, as
     /// their newest reports gave them (kept in memory, as the processes are).
     pub fn device_use(&self) -> super::DeviceUse {
-        self.processes.device_use()
+        self.processes.device_use(None)
+    }
+
+    /// [`Self::device_use`] of every job but `job`: what its job master is told of the other
+    /// jobs' GPU use (`GetPlanResponse.other_jobs_devices`), to count with its own.
+    pub fn device_use_besides(&self, job: JobId) -> super::DeviceUse {
+        self.processes.device_use(Some(job))
     }
 
     /// The node each process of the job's `role` runs on, by index (empty: not known).

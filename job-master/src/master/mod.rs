@@ -392,8 +392,10 @@ pub async fn run(
         }
     };
     if let Some(link) = &brain {
-        // Before the first launch: no process starts on a node the brain cordoned.
+        // Before the first launch: no process starts on a node the brain cordoned, and the
+        // GPUs its other jobs hold are counted.
         platform.cordon(&link.cordoned);
+        platform.others_devices(link.others_devices.clone());
     }
     // A continued job keeps avoiding the nodes its stragglers ran on.
     let avoided: Vec<String> = job.lock().await.stability.avoided.keys().cloned().collect();

@@ -113,6 +113,10 @@ pub trait Platform: Send + Sync {
     /// free GPUs as one amount (Ray) rebuilds how they are split from it, so a share is not
     /// pinned to a node whose free GPUs are split too finely to hold it. Others ignore it.
     fn devices_held(&self, _held: vocab::devices::DeviceUse) {}
+    /// The GPUs the other jobs' processes hold, device by device, as the brain last told them
+    /// (`GetPlanResponse.other_jobs_devices`): counted with the job's own where a node's free
+    /// GPUs are rebuilt. Others ignore it.
+    fn others_devices(&self, _held: vocab::devices::DeviceUse) {}
     /// Stops the slot's agent: SIGTERM (or the platform's equivalent), then a kill after `grace`.
     async fn stop(&self, key: SlotKey, grace: Duration);
     /// Stops every agent this platform started.

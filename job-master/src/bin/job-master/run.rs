@@ -99,6 +99,16 @@ pub struct RunArgs {
     /// plans.
     #[arg(long = "cordoned", value_name = "NODE", requires = "brain")]
     cordoned: Vec<String>,
+    /// A GPU share the brain's other jobs hold (repeatable), NODE:DEVICE=THOUSANDTHS
+    /// (`10.213.0.11:1=700`: 0.7 of device 1 there): counted with the job's own processes'
+    /// devices where a process is placed on Ray. The brain passes them when it starts a
+    /// master; later ones come with its plans.
+    #[arg(
+        long = "gpus-held",
+        value_name = "NODE:DEVICE=THOUSANDTHS",
+        requires = "brain"
+    )]
+    gpus_held: Vec<String>,
     /// Mutual TLS to the brain: this master's certificate (with --brain-key).
     #[arg(long, requires = "brain_key", requires = "brain_ca")]
     brain_cert: Option<PathBuf>,
@@ -282,12 +292,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         brain_ca,
         brain_insecure,
         cordoned,
+        gpus_held,
         brain_cert,
         brain_key,
         job_tls: _,
         job_insecure,
     } = args;
     let job_tls = !job_insecure;
+    let mut others_devices = vocab::devices::DeviceUse::default();
+    for held in &gpus_held {
+        others_devices
+            .add_named(held)
+            .map_err(|e| anyhow::anyhow!("--gpus-held {e}"))?;
+    }
     let spec = job_master::spec::load(&spec)?;
     // A token goes only to a server that proved it is the brain.
     let brain_ca = match (&brain, brain_ca, brain_insecure) {
@@ -374,6 +391,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
                     key_file: brain_key,
                 }),
                 cordoned,
+                others_devices,
                 ..job_master::brain_link::BrainLink::new(url)
             }
         }),

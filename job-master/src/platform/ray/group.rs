@@ -313,7 +313,7 @@ impl Inner {
         (units, bundles): (&[Vec<SlotKey>], &[RayResources]),
     ) -> Result<Vec<String>, String> {
         let shares = shares_of(plan, units);
-        let held = self.held.read().expect("not poisoned").clone();
+        let held = self.devices_known();
         let recent = self.recent.lock().expect("not poisoned").clone();
         let room: Vec<GroupNode> = cluster
             .nodes

@@ -128,9 +128,20 @@ struct Inner {
     /// The GPUs the job's alive processes hold, device by device on their nodes, as the
     /// master last told them ([`Platform::devices_held`]).
     held: std::sync::RwLock<vocab::devices::DeviceUse>,
+    /// The GPUs the brain's other jobs hold, as the brain last told them
+    /// ([`Platform::others_devices`]).
+    others: std::sync::RwLock<vocab::devices::DeviceUse>,
 }
 
 impl Inner {
+    /// The GPUs known held, device by device: the job's own processes' and, where the brain
+    /// told them, its other jobs'.
+    fn devices_known(&self) -> vocab::devices::DeviceUse {
+        let mut held = self.held.read().expect("not poisoned").clone();
+        held.merge(&self.others.read().expect("not poisoned"));
+        held
+    }
+
     /// `cluster` less the nodes the brain cordoned and those the job avoids: where new
     /// processes may go.
     fn offered(&self, mut cluster: RayCluster) -> RayCluster {
@@ -204,6 +215,7 @@ impl RayPlatform {
                 cordoned: std::sync::RwLock::default(),
                 avoided: std::sync::RwLock::default(),
                 held: std::sync::RwLock::default(),
+                others: std::sync::RwLock::default(),
             }),
             capacity,
         })
@@ -511,6 +523,10 @@ impl Platform for RayPlatform {
 
     fn devices_held(&self, held: vocab::devices::DeviceUse) {
         *self.inner.held.write().expect("not poisoned") = held;
+    }
+
+    fn others_devices(&self, held: vocab::devices::DeviceUse) {
+        *self.inner.others.write().expect("not poisoned") = held;
     }
 
     fn cordon(&self, nodes: &[String]) {

@@ -224,7 +224,7 @@ impl Inner {
                         *self.totals.lock().expect("not poisoned") =
                             cluster.nodes.iter().map(|n| n.total.clone()).collect();
                         let cluster = self.offered(cluster);
-                        let held = self.held.read().expect("not poisoned").clone();
+                        let held = self.devices_known();
                         let node = {
                             let recent = self.recent.lock().expect("not poisoned");
                             choose_node(&cluster, &recent, &held, need, read_at)
