@@ -1028,7 +1028,11 @@ async fn each_job_master_is_told_the_devices_the_other_jobs_hold() {
     let told = |r: pb::GetPlanResponse| {
         r.other_jobs_devices
             .into_iter()
-            .map(|n| (n.node, n.held_milli.into_iter().collect::<Vec<_>>()))
+            .map(|n| {
+                let by_device: std::collections::BTreeMap<_, _> =
+                    n.held_milli.into_iter().collect();
+                (n.node, by_device.into_iter().collect::<Vec<_>>())
+            })
             .collect::<Vec<_>>()
     };
     let poll = |job_id| pb::GetPlanRequest {

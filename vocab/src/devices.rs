@@ -161,7 +161,7 @@ impl DeviceUse {
 /// processes we know of hold there (`held`, by device): each device named in `held` less what
 /// they hold of it, each other device whole; where the platform counts less free than that
 /// (other users' processes, or ours not known yet), the difference is laid out as Ray would
-/// lay out one process of that size ([`take_unseen`]). `None` where no device is named and
+/// lay out one process of that size (`take_unseen`). `None` where no device is named and
 /// the platform counts some but not all of them free: how they are split is not known.
 pub fn free_by_device(
     total: u32,
