@@ -424,23 +424,22 @@ async fn register_running(url: &str, dir: &Path, c: &Client, jobs: usize) -> Vec
                         master_address: "127.0.0.1:9".into(),
                         shape: Some(pb::JobShape {
                             kind: "allreduce".into(),
-                            workers,
-                            min_workers: 1,
-                            max_workers: 8,
-                            worker_node_unit: 1,
-                            ps: 0,
-                            worker_resources: Some(jm::Resources {
-                                cpu_millicores: 1000,
-                                memory_bytes: 1 << 30,
+                            roles: vec![pb::RoleShape {
+                                role: "worker".into(),
+                                topology: "allreduce".into(),
+                                training: true,
+                                count: workers,
+                                min: 1,
+                                max: 8,
+                                node_unit: 1,
+                                resources: Some(jm::Resources {
+                                    cpu_millicores: 1000,
+                                    memory_bytes: 1 << 30,
+                                    ..Default::default()
+                                }),
                                 ..Default::default()
-                            }),
-                            ps_resources: None,
+                            }],
                             total_samples: 1_000_000,
-                            min_ps: 0,
-                            max_ps: 0,
-                            services: Vec::new(),
-                            worker_bundle_gpu_milli: 0,
-                            training_role: String::new(),
                         }),
                     })
                     .await

@@ -969,7 +969,8 @@ async fn gpu_use_the_agents_sample_reaches_brainctl_jobs_and_metrics() {
         if let Some(j) = all.iter().find(|j| {
             j.shape
                 .as_ref()
-                .is_some_and(|s| s.workers > 0 && j.gpu_processes.len() == s.workers as usize)
+                .and_then(brain::console::pages::training)
+                .is_some_and(|t| t.count > 0 && j.gpu_processes.len() == t.count as usize)
         }) {
             break j.clone();
         }

@@ -125,7 +125,8 @@ async fn prometheus_scrapes_the_brain_and_finds_per_job_role_and_node_series() {
     // Its scrape of the brain succeeds with the token; a brain-wide figure matches the brain's.
     let workers = query(&base, "brain_job_workers{job=\"scraped\"}").await[0].1;
     let record = jobs(&url).await.unwrap();
-    let shape_workers = record[0].shape.as_ref().unwrap().workers as f64;
+    let shape = record[0].shape.as_ref().unwrap();
+    let shape_workers = brain::console::pages::training(shape).unwrap().count as f64;
     assert_eq!(workers, shape_workers, "{record:#?}");
     let (ok, out) = brainctl(&["cancel", "scraped", "--brain", &url]);
     assert!(ok, "{out}");

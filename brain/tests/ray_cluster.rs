@@ -807,7 +807,10 @@ async fn a_node_lost_is_planned_around_and_a_master_on_it_resumes_elsewhere() {
         "the job shrunk onto the two nodes left",
         &log,
         |r, running, _| {
-            r.shape.as_ref().is_some_and(|s| s.workers == 2)
+            r.shape
+                .as_ref()
+                .and_then(brain::console::pages::training)
+                .is_some_and(|t| t.count == 2)
                 && workers_on(running).len() == 2
                 && !workers_on(running).contains(&lost)
         },

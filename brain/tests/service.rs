@@ -356,8 +356,9 @@ async fn placements_no_gpu_node_can_hold_are_refused_at_submission() {
         .unwrap()
         .into_inner();
     let shape = ok.shape.unwrap();
-    assert_eq!(shape.worker_resources.unwrap().gpu_milli, 500);
-    assert_eq!(shape.services[0].resources.clone().unwrap().gpu_milli, 500);
+    let gpus = |i: usize| shape.roles[i].resources.clone().unwrap().gpu_milli;
+    assert!(shape.roles[0].training, "{shape:?}");
+    assert_eq!((gpus(0), gpus(1)), (500, 500), "{shape:?}");
 }
 
 /// Cordoned nodes (issue 42, item 2): `brainctl nodes` lists the brain's nodes (the CPU pool
@@ -777,18 +778,23 @@ async fn on_gpus(url: &str) {
             master_address: "127.0.0.1:7002".into(),
             shape: Some(pb::JobShape {
                 kind: "allreduce".into(),
-                workers: 2,
-                min_workers: 1,
-                max_workers: 4,
-                worker_node_unit: 1,
-                worker_resources: Some(jm::Resources {
-                    cpu_millicores: 1000,
-                    memory_bytes: 1 << 30,
-                    gpu_milli: 500,
-                    gpu_type: "A100".into(),
-                }),
+                roles: vec![pb::RoleShape {
+                    role: "worker".into(),
+                    topology: "allreduce".into(),
+                    training: true,
+                    count: 2,
+                    min: 1,
+                    max: 4,
+                    node_unit: 1,
+                    resources: Some(jm::Resources {
+                        cpu_millicores: 1000,
+                        memory_bytes: 1 << 30,
+                        gpu_milli: 500,
+                        gpu_type: "A100".into(),
+                    }),
+                    ..Default::default()
+                }],
                 total_samples: 1000,
-                ..Default::default()
             }),
         })
         .await

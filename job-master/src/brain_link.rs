@@ -145,49 +145,55 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
     };
     let trainer = spec.training_role();
     let w = plan(trainer);
-    pb::JobShape {
-        kind: spec.kind.to_string(),
-        training_role: trainer.to_string(),
-        workers: counts
-            .get(&trainer)
+    let count = |role: Role, planned: Option<u32>, none: u32| {
+        counts
+            .get(&role)
             .copied()
             .filter(|n| *n > 0)
-            .or(w.as_ref().map(|p| p.replicas))
-            .unwrap_or(1),
-        min_workers: w.as_ref().map_or(1, |p| p.min),
-        max_workers: w.as_ref().map_or(1, |p| p.max),
-        worker_node_unit: w.as_ref().map_or(1, |p| p.node_unit),
-        ps: match spec.kind {
-            JobKind::Ps => counts
-                .get(&Role::PS)
-                .copied()
-                .filter(|n| *n > 0)
-                .or(plan(Role::PS).map(|p| p.replicas))
-                .unwrap_or(1),
-            JobKind::Allreduce => 0,
-        },
-        min_ps: plan(Role::PS).map_or(0, |p| p.min),
-        max_ps: plan(Role::PS).map_or(0, |p| p.max),
-        worker_resources: Some(res(trainer)),
-        ps_resources: (spec.kind == JobKind::Ps).then(|| res(Role::PS)),
+            .or(planned)
+            .unwrap_or(none)
+    };
+    let mut roles = vec![pb::RoleShape {
+        role: trainer.to_string(),
+        topology: spec.topology(trainer).to_string(),
+        count: count(trainer, w.as_ref().map(|p| p.replicas), 1),
+        min: w.as_ref().map_or(1, |p| p.min),
+        max: w.as_ref().map_or(1, |p| p.max),
+        resources: Some(res(trainer)),
+        training: true,
+        node_unit: w.as_ref().map_or(1, |p| p.node_unit),
+        bundle_gpu_milli: spec.worker_bundle().map_or(0, vocab::Gpus::milli),
+        ..Default::default()
+    }];
+    if spec.kind == JobKind::Ps {
+        let p = plan(Role::PS);
+        roles.push(pb::RoleShape {
+            role: Role::PS.to_string(),
+            topology: spec.topology(Role::PS).to_string(),
+            count: count(Role::PS, p.as_ref().map(|p| p.replicas), 1),
+            min: p.as_ref().map_or(0, |p| p.min),
+            max: p.as_ref().map_or(0, |p| p.max),
+            resources: Some(res(Role::PS)),
+            ..Default::default()
+        });
+    }
+    roles.extend(ctx.services.iter().filter_map(|(&role, g)| {
+        let p = plan(role)?;
+        Some(pb::RoleShape {
+            role: role.to_string(),
+            topology: spec.topology(role).to_string(),
+            count: g.live(),
+            min: p.min,
+            max: p.max,
+            resources: Some(res(role)),
+            shares_worker_devices: spec.shares_worker_devices(role),
+            ..Default::default()
+        })
+    }));
+    pb::JobShape {
+        kind: spec.kind.to_string(),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
-        services: ctx
-            .services
-            .iter()
-            .filter_map(|(&role, g)| {
-                let p = plan(role)?;
-                Some(pb::RoleShape {
-                    role: role.to_string(),
-                    topology: spec.topology(role).to_string(),
-                    count: g.live(),
-                    min: p.min,
-                    max: p.max,
-                    resources: Some(res(role)),
-                    shares_worker_devices: spec.shares_worker_devices(role),
-                })
-            })
-            .collect(),
-        worker_bundle_gpu_milli: spec.worker_bundle().map_or(0, vocab::Gpus::milli),
+        roles,
     }
 }
 

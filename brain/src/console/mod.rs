@@ -346,13 +346,10 @@ fn process_names(shape: Option<&pb::JobShape>) -> Vec<String> {
     let Some(s) = shape else {
         return Vec::new();
     };
-    let trainer = pages::trainer(s);
-    let mut names: Vec<String> = (0..s.workers).map(|i| format!("{trainer}-{i}")).collect();
-    names.extend((0..s.ps).map(|i| format!("ps-{i}")));
-    for r in &s.services {
-        names.extend((0..r.count).map(|i| format!("{}-{i}", r.role)));
-    }
-    names
+    s.roles
+        .iter()
+        .flat_map(|r| (0..r.count).map(move |i| format!("{}-{i}", r.role)))
+        .collect()
 }
 
 #[derive(Deserialize)]

@@ -94,33 +94,40 @@ pub fn error(session: Option<&Session>, message: &str) -> Markup {
     )
 }
 
-/// The role name of a job's training group: `worker`, or its all-reduce group's own name.
-pub fn trainer(s: &pb::JobShape) -> &str {
-    match s.training_role.as_str() {
-        "" => "worker",
-        name => name,
-    }
+/// A job's training group (the role the brain sizes by its speed), if its shape names one.
+pub fn training(s: &pb::JobShape) -> Option<&pb::RoleShape> {
+    s.roles.iter().find(|r| r.training)
 }
 
-/// The sizes of a job's role groups, e.g. `worker 3 [1, 4], ps 1, rollout 2`.
+/// The role name of a job's training group: `worker`, or its all-reduce group's own name.
+pub fn trainer(s: &pb::JobShape) -> &str {
+    training(s).map_or("worker", |t| t.role.as_str())
+}
+
+/// The processes of `role` the job's shape counts now (0: none, or no such role).
+pub fn count_of(s: &pb::JobShape, role: &str) -> u32 {
+    s.roles
+        .iter()
+        .find(|r| r.role == role)
+        .map_or(0, |r| r.count)
+}
+
+/// The sizes of a job's role groups, e.g. `worker 3 [1, 4], ps 1, rollout 2 [1, 4]`: the
+/// training group first, a ps job's parameter servers without bounds.
 pub fn sizes(shape: Option<&pb::JobShape>) -> String {
     let Some(s) = shape else {
         return String::new();
     };
-    let mut parts = vec![format!(
-        "{} {} [{}, {}]",
-        trainer(s),
-        s.workers,
-        s.min_workers,
-        s.max_workers
-    )];
-    if s.ps > 0 {
-        parts.push(format!("ps {}", s.ps));
-    }
-    for r in &s.services {
-        parts.push(format!("{} {} [{}, {}]", r.role, r.count, r.min, r.max));
-    }
-    parts.join(", ")
+    let ps = |r: &pb::RoleShape| s.kind == "ps" && r.role == "ps";
+    s.roles
+        .iter()
+        .filter(|r| !ps(r) || r.count > 0)
+        .map(|r| match ps(r) {
+            true => format!("ps {}", r.count),
+            false => format!("{} {} [{}, {}]", r.role, r.count, r.min, r.max),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// GPUs by model: the nodes', and those the running jobs' processes hold (thousandths).
@@ -146,9 +153,7 @@ fn gpus_by_type(
                 by.entry(model).or_default().2 += u64::from(r.gpu_milli) * u64::from(n);
             }
         };
-        held(s.worker_resources.as_ref(), s.workers);
-        held(s.ps_resources.as_ref(), s.ps);
-        for r in s.services.iter().filter(|r| !r.shares_worker_devices) {
+        for r in s.roles.iter().filter(|r| !r.shares_worker_devices) {
             held(r.resources.as_ref(), r.count);
         }
     }
@@ -260,7 +265,7 @@ pub fn job(s: &Session, v: &JobView<'_>) -> Markup {
                 @let trainer = j.shape.as_ref().map_or("worker", trainer);
                 input type="hidden" name="training_role" value=(trainer);
                 label { (trainer) " " input type="number" name="workers" min="0" id="workers"; }
-                @if j.shape.as_ref().is_some_and(|s| s.ps > 0) {
+                @if j.shape.as_ref().is_some_and(|s| count_of(s, "ps") > 0) {
                     " " label { "ps " input type="number" name="ps" min="0"; }
                 }
                 " " label { input type="checkbox" name="force" value="1"; " even if the next round would undo it" }

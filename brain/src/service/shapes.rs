@@ -36,32 +36,74 @@ pub(super) fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
     }
 }
 
+/// The store's shape of a job from the wire's role groups: its one training group (`training`)
+/// sized by its speed, a ps job's parameter servers (role `ps`), its other roles as they are.
 pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
-    if s.kind == "ps" && !matches!(s.training_role.as_str(), "" | "worker") {
-        return Err(BrainError::InvalidArgument(format!(
-            "job shape: training_role {:?}: a ps job's training group is its `worker` role",
-            s.training_role
-        )));
+    let bad = |why: String| BrainError::InvalidArgument(format!("job shape: {why}"));
+    let kind: vocab::JobKind = s.kind.parse().map_err(|e| bad(format!("{e}")))?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut training: Option<pb::RoleShape> = None;
+    let mut ps: Option<pb::RoleShape> = None;
+    let mut services = std::collections::BTreeMap::new();
+    for r in s.roles {
+        let role = vocab::wire::role(&r.role).map_err(|e| bad(e.0))?;
+        if !seen.insert(role) {
+            return Err(bad(format!("role {role} is named twice")));
+        }
+        if r.training {
+            if let Some(t) = &training {
+                return Err(bad(format!(
+                    "two training groups, {} and {role}: a job has one",
+                    t.role
+                )));
+            }
+            if kind == vocab::JobKind::Ps && role != vocab::Role::WORKER {
+                return Err(bad(format!(
+                    "training group {role:?}: a ps job's training group is its `worker` role"
+                )));
+            }
+            training = Some(r);
+        } else if kind == vocab::JobKind::Ps && role == vocab::Role::PS {
+            ps = Some(r);
+        } else {
+            let (millicores, memory_bytes, gpus) = resources(r.resources);
+            let shape = ServiceShape {
+                topology: r.topology,
+                count: r.count,
+                min: r.min,
+                max: r.max,
+                millicores,
+                memory_bytes,
+                gpus,
+                shares_worker_devices: r.shares_worker_devices,
+            };
+            services.insert(role, shape);
+        }
     }
-    let gpu_type = s
-        .worker_resources
+    let t = training.ok_or_else(|| {
+        bad(
+            "no training group: one role must have `training` set (the group the brain sizes)"
+                .into(),
+        )
+    })?;
+    let trainer = vocab::wire::role(&t.role).map_err(|e| bad(e.0))?;
+    let gpu_type = t
+        .resources
         .as_ref()
         .map(|r| r.gpu_type.clone())
         .filter(|t| !t.is_empty());
-    let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(s.worker_resources);
-    let (ps_millicores, ps_memory_bytes, _) = resources(s.ps_resources);
+    let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(t.resources);
+    let ps = ps.unwrap_or_default();
+    let (ps_millicores, ps_memory_bytes, _) = resources(ps.resources);
     Ok(Shape {
-        kind: s
-            .kind
-            .parse()
-            .map_err(|e| BrainError::InvalidArgument(format!("job shape: {e}")))?,
-        workers: s.workers,
-        min_workers: s.min_workers,
-        max_workers: s.max_workers,
-        node_unit: s.worker_node_unit,
-        ps: s.ps,
-        min_ps: s.min_ps,
-        max_ps: s.max_ps,
+        kind,
+        workers: t.count,
+        min_workers: t.min,
+        max_workers: t.max,
+        node_unit: t.node_unit,
+        ps: ps.count,
+        min_ps: ps.min,
+        max_ps: ps.max,
         worker_millicores,
         worker_memory_bytes,
         worker_gpus,
@@ -69,80 +111,164 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         ps_millicores,
         ps_memory_bytes,
         total_samples: s.total_samples,
-        services: s
-            .services
-            .into_iter()
-            .map(|r| {
-                let role = vocab::wire::role(&r.role)
-                    .map_err(|e| BrainError::InvalidArgument(format!("job shape: {e}")))?;
-                let (millicores, memory_bytes, gpus) = resources(r.resources);
-                let shape = ServiceShape {
-                    topology: r.topology,
-                    count: r.count,
-                    min: r.min,
-                    max: r.max,
-                    millicores,
-                    memory_bytes,
-                    gpus,
-                    shares_worker_devices: r.shares_worker_devices,
-                };
-                Ok((role, shape))
-            })
-            .collect::<Result<_, BrainError>>()?,
-        worker_bundle_gpus: (s.worker_bundle_gpu_milli > 0)
-            .then(|| vocab::Gpus::from_milli(s.worker_bundle_gpu_milli)),
-        training_role: match s.training_role.as_str() {
-            "" => None,
-            name => Some(vocab::wire::role(name).map_err(|e| {
-                BrainError::InvalidArgument(format!("job shape: training_role: {}", e.0))
-            })?)
-            .filter(|&r| r != vocab::Role::WORKER),
-        },
+        services,
+        worker_bundle_gpus: (t.bundle_gpu_milli > 0)
+            .then(|| vocab::Gpus::from_milli(t.bundle_gpu_milli)),
+        training_role: Some(trainer).filter(|&r| r != vocab::Role::WORKER),
     })
 }
 
+/// The wire's role groups of the store's shape: the training group first, then a ps job's
+/// parameter servers, then the other roles.
 pub(super) fn shape_to(s: Shape) -> pb::JobShape {
+    let res = |cpu_millicores, memory_bytes, gpus: vocab::Gpus, gpu_type: &Option<String>| {
+        Some(jm::Resources {
+            cpu_millicores,
+            memory_bytes,
+            gpu_milli: gpus.milli(),
+            gpu_type: gpu_type.clone().unwrap_or_default(),
+        })
+    };
+    let trainer = s.trainer();
+    let mut roles = vec![pb::RoleShape {
+        role: trainer.to_string(),
+        topology: match s.kind {
+            vocab::JobKind::Ps => "ps",
+            vocab::JobKind::Allreduce => "allreduce",
+        }
+        .into(),
+        count: s.workers,
+        min: s.min_workers,
+        max: s.max_workers,
+        resources: res(
+            s.worker_millicores,
+            s.worker_memory_bytes,
+            s.worker_gpus,
+            &s.gpu_type,
+        ),
+        training: true,
+        node_unit: s.node_unit,
+        bundle_gpu_milli: s.worker_bundle_gpus.map_or(0, vocab::Gpus::milli),
+        ..Default::default()
+    }];
+    if s.kind == vocab::JobKind::Ps {
+        roles.push(pb::RoleShape {
+            role: vocab::Role::PS.to_string(),
+            topology: "ps".into(),
+            count: s.ps,
+            min: s.min_ps,
+            max: s.max_ps,
+            resources: res(s.ps_millicores, s.ps_memory_bytes, vocab::Gpus::ZERO, &None),
+            ..Default::default()
+        });
+    }
+    roles.extend(s.services.iter().map(|(role, r)| pb::RoleShape {
+        role: role.to_string(),
+        topology: r.topology.clone(),
+        count: r.count,
+        min: r.min,
+        max: r.max,
+        resources: res(r.millicores, r.memory_bytes, r.gpus, &None),
+        shares_worker_devices: r.shares_worker_devices,
+        ..Default::default()
+    }));
     pb::JobShape {
         kind: s.kind.to_string(),
-        training_role: s.trainer().to_string(),
-        workers: s.workers,
-        min_workers: s.min_workers,
-        max_workers: s.max_workers,
-        worker_node_unit: s.node_unit,
-        ps: s.ps,
-        min_ps: s.min_ps,
-        max_ps: s.max_ps,
-        worker_resources: Some(jm::Resources {
-            cpu_millicores: s.worker_millicores,
-            memory_bytes: s.worker_memory_bytes,
-            gpu_milli: s.worker_gpus.milli(),
-            gpu_type: s.gpu_type.clone().unwrap_or_default(),
-        }),
-        ps_resources: Some(jm::Resources {
-            cpu_millicores: s.ps_millicores,
-            memory_bytes: s.ps_memory_bytes,
-            gpu_milli: 0,
-            gpu_type: String::new(),
-        }),
         total_samples: s.total_samples,
-        services: s
-            .services
+        roles,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ps_job() -> Shape {
+        let rollout = vocab::Role::new("rollout").unwrap();
+        Shape {
+            kind: vocab::JobKind::Ps,
+            workers: 3,
+            min_workers: 1,
+            max_workers: 8,
+            node_unit: 1,
+            ps: 2,
+            min_ps: 1,
+            max_ps: 4,
+            worker_millicores: 2000,
+            worker_memory_bytes: 1 << 30,
+            worker_gpus: vocab::Gpus::from_milli(500),
+            gpu_type: Some("V100".into()),
+            ps_millicores: 1500,
+            ps_memory_bytes: 1 << 29,
+            total_samples: 10_000,
+            services: [(
+                rollout,
+                ServiceShape {
+                    topology: "service".into(),
+                    count: 2,
+                    min: 1,
+                    max: 4,
+                    millicores: 500,
+                    memory_bytes: 1 << 28,
+                    gpus: vocab::Gpus::from_milli(400),
+                    shares_worker_devices: true,
+                },
+            )]
+            .into(),
+            worker_bundle_gpus: Some(vocab::Gpus::from_milli(900)),
+            training_role: None,
+        }
+    }
+
+    #[test]
+    fn a_shape_is_its_role_groups_on_the_wire_and_back() {
+        let wire = shape_to(ps_job());
+        let names: Vec<(&str, bool)> = wire
+            .roles
             .iter()
-            .map(|(role, r)| pb::RoleShape {
-                role: role.to_string(),
-                topology: r.topology.clone(),
-                count: r.count,
-                min: r.min,
-                max: r.max,
-                resources: Some(jm::Resources {
-                    cpu_millicores: r.millicores,
-                    memory_bytes: r.memory_bytes,
-                    gpu_milli: r.gpus.milli(),
-                    gpu_type: String::new(),
-                }),
-                shares_worker_devices: r.shares_worker_devices,
-            })
-            .collect(),
-        worker_bundle_gpu_milli: s.worker_bundle_gpus.map_or(0, vocab::Gpus::milli),
+            .map(|r| (r.role.as_str(), r.training))
+            .collect();
+        assert_eq!(names, [("worker", true), ("ps", false), ("rollout", false)]);
+        assert_eq!(shape_from(wire).unwrap(), ps_job());
+        // An all-reduce group named otherwise is the training group by its flag.
+        let actor = Shape {
+            kind: vocab::JobKind::Allreduce,
+            ps: 0,
+            min_ps: 0,
+            max_ps: 0,
+            ps_millicores: 0,
+            ps_memory_bytes: 0,
+            training_role: Some(vocab::Role::new("actor").unwrap()),
+            ..ps_job()
+        };
+        let wire = shape_to(actor.clone());
+        assert_eq!(wire.roles.len(), 2, "{wire:?}");
+        assert_eq!(
+            (wire.roles[0].role.as_str(), wire.roles[0].topology.as_str()),
+            ("actor", "allreduce")
+        );
+        assert_eq!(shape_from(wire).unwrap(), actor);
+    }
+
+    #[test]
+    fn a_shape_without_one_training_group_is_refused_with_why() {
+        let refused = |f: &dyn Fn(&mut pb::JobShape)| {
+            let mut wire = shape_to(ps_job());
+            f(&mut wire);
+            shape_from(wire).unwrap_err().to_string()
+        };
+        let e = refused(&|w| w.roles[0].training = false);
+        assert!(e.contains("no training group"), "{e}");
+        let e = refused(&|w| w.roles[2].training = true);
+        assert!(e.contains("two training groups, worker and rollout"), "{e}");
+        let e = refused(&|w| w.roles[2].role = "ps".into());
+        assert!(e.contains("role ps is named twice"), "{e}");
+        let e = refused(&|w| w.roles[0].role = "actor".into());
+        assert!(
+            e.contains("a ps job's training group is its `worker` role"),
+            "{e}"
+        );
+        let e = refused(&|w| w.roles[1].role = "Bad Name".into());
+        assert!(e.contains("job shape"), "{e}");
     }
 }

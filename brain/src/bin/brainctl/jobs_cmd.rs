@@ -2,7 +2,7 @@
 //! running job's samples/s is its speed over the last 30 s, an ended one's its mean), GPU use
 //! and plan versions, and one job in full (size, why, why it waits, plans, master, outcome).
 
-use brain::console::pages::trainer;
+use brain::console::pages::{count_of, trainer, training};
 use proto::service::v1 as pb;
 
 use crate::link::{ask_brain, job_id};
@@ -89,13 +89,14 @@ pub fn print_jobs(jobs: &[pb::JobRecord]) {
     );
     for j in jobs {
         let workers = j.shape.as_ref().map_or("-".to_string(), |s| {
-            if s.ps > 0 {
-                format!("{}+{}ps", s.workers, s.ps)
+            let (n, ps) = (count_of(s, trainer(s)), count_of(s, "ps"));
+            if s.kind == "ps" && ps > 0 {
+                format!("{n}+{ps}ps")
             } else if trainer(s) != "worker" {
                 // A training group named otherwise says its name: `4 actor`.
-                format!("{} {}", s.workers, trainer(s))
+                format!("{n} {}", trainer(s))
             } else {
-                s.workers.to_string()
+                n.to_string()
             }
         });
         let (gpu_pct, gpu_mib) = if j.gpu_processes.is_empty() {
@@ -164,19 +165,24 @@ pub fn print_shape(s: &pb::JobShape) {
         "worker" => "workers".to_string(),
         name => format!("{name} (its training group)"),
     };
-    println!(
-        "{} job: {} {trainer} (min {}, max {}, node unit {}) of {}",
-        s.kind,
-        s.workers,
-        s.min_workers,
-        s.max_workers,
-        s.worker_node_unit,
-        res(&s.worker_resources)
-    );
-    if s.ps > 0 {
-        println!("  {} ps of {}", s.ps, res(&s.ps_resources));
+    if let Some(t) = training(s) {
+        println!(
+            "{} job: {} {trainer} (min {}, max {}, node unit {}) of {}",
+            s.kind,
+            t.count,
+            t.min,
+            t.max,
+            t.node_unit,
+            res(&t.resources)
+        );
     }
-    for r in &s.services {
+    for r in s.roles.iter().filter(|r| !r.training) {
+        if s.kind == "ps" && r.role == "ps" {
+            if r.count > 0 {
+                println!("  {} ps of {}", r.count, res(&r.resources));
+            }
+            continue;
+        }
         println!(
             "  {} {} ({}, min {}, max {}) of {}",
             r.count,

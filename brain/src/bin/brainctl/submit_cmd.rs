@@ -42,7 +42,9 @@ pub fn submit(spec: &Path, brain: &str, wait: bool) -> anyhow::Result<()> {
         let line = format!(
             "{} workers {} samples {}/{}",
             record.state,
-            record.shape.as_ref().map_or(0, |s| s.workers),
+            record.shape.as_ref().map_or(0, |s| {
+                brain::console::pages::training(s).map_or(0, |t| t.count)
+            }),
             record.samples_done,
             record.shape.as_ref().map_or(0, |s| s.total_samples)
         );
