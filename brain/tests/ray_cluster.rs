@@ -497,12 +497,7 @@ async fn waits_for_the_room_of_the_first(c: &RayClusterDir, workers: &str, reaso
         log()
     );
     for name in [&first, &second] {
-        let report = ended_exactly_once(&dir.path().join("runs").join(name));
-        let events = events_of(&report);
-        assert!(
-            !events.iter().any(|e| e.contains("still pending")),
-            "a process of {name} waited on Ray for room: {events:#?}"
-        );
+        never_pending_on_ray(&dir.path().join("runs").join(name));
     }
     let jobs = common::jobs(&url).await.unwrap();
     assert_eq!(of(&jobs, &first).state, "succeeded");
@@ -1177,20 +1172,9 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
     assert_eq!(of(&jobs, &waiter).state, "queued");
     assert!(ray.stop(&other).await.unwrap());
     wait_succeeded(&url, &[&waiter], &log);
-    let report = ended_exactly_once(&dir.path().join("runs").join(&waiter));
-    let events = events_of(&report);
-    assert!(
-        !events.iter().any(|e| e.contains("still pending")),
-        "a process of {waiter} waited on Ray for room: {events:#?}"
-    );
+    never_pending_on_ray(&dir.path().join("runs").join(&waiter));
     // The holder cancelled and gone before the next test takes the cluster.
-    let (ok, out) = brainctl(&["cancel", &holder, "--brain", &url]);
-    assert!(ok, "{out}");
-    let start = Instant::now();
-    while of(&common::jobs(&url).await.unwrap(), &holder).state != "cancelled" {
-        assert!(start.elapsed() < Duration::from_secs(60), "{}", log());
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    cancelled(&url, &holder, &log).await;
     free_gpus(2.0).await;
 }
 
@@ -1328,16 +1312,28 @@ async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
     let probe = until_placed(prober.clone(), 1).await;
     assert_eq!(probe[0].1, a100, "{probe:?}");
     wait_succeeded(&url, &[&prober], &log);
-    let report = ended_exactly_once(&dir.path().join("runs").join(&prober));
+    never_pending_on_ray(&dir.path().join("runs").join(&prober));
+    cancelled(&url, &holder, &log).await;
+}
+
+/// Asserts that the job run in `run` trained every sample once and that none of its
+/// processes waited on Ray for room.
+fn never_pending_on_ray(run: &Path) {
+    let report = ended_exactly_once(run);
     let events = events_of(&report);
     assert!(
         !events.iter().any(|e| e.contains("still pending")),
-        "a process of {prober} waited on Ray for room: {events:#?}"
+        "a process of {} waited on Ray for room: {events:#?}",
+        run.display()
     );
-    let (ok, out) = brainctl(&["cancel", &holder, "--brain", &url]);
+}
+
+/// Cancels job `name` through the brain at `url` and waits (60 s at most) until it is.
+async fn cancelled(url: &str, name: &str, log: &dyn Fn() -> String) {
+    let (ok, out) = brainctl(&["cancel", name, "--brain", url]);
     assert!(ok, "{out}");
     let start = Instant::now();
-    while of(&common::jobs(&url).await.unwrap(), &holder).state != "cancelled" {
+    while of(&common::jobs(url).await.unwrap(), name).state != "cancelled" {
         assert!(start.elapsed() < Duration::from_secs(60), "{}", log());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }

@@ -965,9 +965,10 @@ placement:
 /// two engines of 0.7 of a V100 each take both of that node's devices (Ray counts 0.6 free
 /// there, 0.3 + 0.3); a probe of 3 CPUs and 0.1 of an A100 leaves that node 1 CPU. A second
 /// probe, added by a plan that gives it 1 CPU and half a GPU of any model, fits on the V100
-/// node by Ray's amounts and has more CPU there, but no device of it holds the half. The master, which knows the devices
-/// its engines were given, pins it to the A100 node, where it starts (by Ray's amounts alone
-/// it would wait on the V100 node for a device). The job trains each sample once.
+/// node by Ray's amounts and has more CPU there, but no device of it holds the half. The
+/// master, which knows the devices its engines were given, pins it to the A100 node, where it
+/// starts (by Ray's amounts alone it would wait on the V100 node for a device). The job trains
+/// each sample once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_is_placed_where_a_device_holds_it_not_where_rays_amount_does() {
     let Some(cluster) = Cluster::from_env() else {

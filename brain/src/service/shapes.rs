@@ -40,7 +40,10 @@ pub(super) fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
 /// sized by its speed, a ps job's parameter servers (role `ps`), its other roles as they are.
 pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
     let bad = |why: String| BrainError::InvalidArgument(format!("job shape: {why}"));
-    let kind: vocab::JobKind = s.kind.parse().map_err(|e| bad(format!("{e}")))?;
+    let kind = s
+        .kind
+        .parse::<vocab::JobKind>()
+        .map_err(|e| bad(e.to_string()))?;
     let mut seen = std::collections::BTreeSet::new();
     let mut training: Option<pb::RoleShape> = None;
     let mut ps: Option<pb::RoleShape> = None;

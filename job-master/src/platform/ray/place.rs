@@ -344,6 +344,16 @@ mod tests {
         }
     }
 
+    /// [`choose_node`] where no device of any node is known held.
+    fn chosen(
+        cluster: &RayCluster,
+        recent: &[Placement],
+        need: &RayResources,
+        read_at: Instant,
+    ) -> Option<String> {
+        choose_node(cluster, recent, &DeviceUse::default(), need, read_at)
+    }
+
     fn cpus(n: f64) -> RayResources {
         RayResources {
             cpus: n,
@@ -358,7 +368,7 @@ mod tests {
         };
         let read_at = Instant::now();
         assert_eq!(
-            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(2.0), read_at).as_deref(),
+            chosen(&cluster, &[], &cpus(2.0), read_at).as_deref(),
             Some("a")
         );
         let mut recent = vec![Placement {
@@ -367,72 +377,20 @@ mod tests {
             need: cpus(3.0),
             running_since: None,
         }];
-        assert_eq!(
-            choose_node(
-                &cluster,
-                &recent,
-                &DeviceUse::default(),
-                &cpus(2.0),
-                read_at
-            ),
-            None
-        );
+        assert_eq!(chosen(&cluster, &recent, &cpus(2.0), read_at), None);
         // One CPU is left on each node.
-        assert!(
-            choose_node(
-                &cluster,
-                &recent,
-                &DeviceUse::default(),
-                &cpus(1.0),
-                read_at
-            )
-            .is_some()
-        );
-        assert_eq!(
-            choose_node(
-                &cluster,
-                &recent,
-                &DeviceUse::default(),
-                &cpus(1.5),
-                read_at
-            ),
-            None
-        );
+        assert!(chosen(&cluster, &recent, &cpus(1.0), read_at).is_some());
+        assert_eq!(chosen(&cluster, &recent, &cpus(1.5), read_at), None);
         // Running only after the cluster was read: the answer did not show it yet.
         recent[0].running_since = Some(read_at + Duration::from_millis(5));
-        assert_eq!(
-            choose_node(
-                &cluster,
-                &recent,
-                &DeviceUse::default(),
-                &cpus(2.0),
-                read_at
-            ),
-            None
-        );
+        assert_eq!(chosen(&cluster, &recent, &cpus(2.0), read_at), None);
         // Running before: Ray's answer counts it (its supervisor actor), so we no longer do.
         recent[0].running_since = Some(read_at - Duration::from_millis(5));
         assert_eq!(
-            choose_node(
-                &cluster,
-                &recent,
-                &DeviceUse::default(),
-                &cpus(2.0),
-                read_at
-            )
-            .as_deref(),
+            chosen(&cluster, &recent, &cpus(2.0), read_at).as_deref(),
             Some("a")
         );
-        assert_eq!(
-            choose_node(
-                &cluster,
-                &recent,
-                &DeviceUse::default(),
-                &cpus(5.0),
-                read_at
-            ),
-            None
-        );
+        assert_eq!(chosen(&cluster, &recent, &cpus(5.0), read_at), None);
     }
 
     #[test]
@@ -445,22 +403,13 @@ mod tests {
         };
         let now = Instant::now();
         // g has more CPU left, but c holds it.
-        assert_eq!(
-            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(2.0), now).as_deref(),
-            Some("c")
-        );
-        assert_eq!(
-            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(3.0), now).as_deref(),
-            Some("g")
-        );
+        assert_eq!(chosen(&cluster, &[], &cpus(2.0), now).as_deref(), Some("c"));
+        assert_eq!(chosen(&cluster, &[], &cpus(3.0), now).as_deref(), Some("g"));
         let gpus = RayResources {
             gpus: 1.0,
             ..cpus(1.0)
         };
-        assert_eq!(
-            choose_node(&cluster, &[], &DeviceUse::default(), &gpus, now).as_deref(),
-            Some("g")
-        );
+        assert_eq!(chosen(&cluster, &[], &gpus, now).as_deref(), Some("g"));
     }
 
     #[test]
@@ -532,10 +481,7 @@ mod tests {
             nodes: vec![node("a", 4.0, 2.0), b, node("c", 4.0, 3.0)],
         };
         let now = Instant::now();
-        assert_eq!(
-            choose_node(&cluster, &[], &DeviceUse::default(), &cpus(1.0), now).as_deref(),
-            Some("b")
-        );
+        assert_eq!(chosen(&cluster, &[], &cpus(1.0), now).as_deref(), Some("b"));
         let req = SubmitRequest {
             entrypoint: "exec agent".into(),
             submission_id: "x".into(),
