@@ -135,8 +135,18 @@ fn batch(size: usize, from: u64) -> Vec<pb::MetricReport> {
             at_unix_ms: 1_700_000_000_000 + (from + k) as i64,
             global_step: from + k,
             samples_per_second: 1000.0 + k as f64,
-            workers: 4,
-            ps: 2,
+            roles: vec![
+                pb::RoleCount {
+                    role: "worker".into(),
+                    count: 4,
+                    training: true,
+                },
+                pb::RoleCount {
+                    role: "ps".into(),
+                    count: 2,
+                    training: false,
+                },
+            ],
             cpu_millicores: 8000,
             samples_done: (from + k) * 100,
             memory_bytes: 4 << 30,

@@ -456,7 +456,11 @@ async fn register_running(url: &str, dir: &Path, c: &Client, jobs: usize) -> Vec
                         at_unix_ms: 1_700_000_000_000 + n as i64,
                         global_step: n as u64,
                         samples_per_second: per * n as f64 / (1.0 + 0.1 * n as f64),
-                        workers: n,
+                        roles: vec![pb::RoleCount {
+                            role: "worker".into(),
+                            count: n,
+                            training: true,
+                        }],
                         samples_done: 1000 * i as u64 % 900_000,
                         ..Default::default()
                     })
@@ -562,7 +566,11 @@ async fn ingest_during_rounds(jobs: usize, secs: u64) {
                             at_unix_ms: 1_700_000_010_000 + 10_000 * n as i64,
                             global_step: 100 + n as u64,
                             samples_per_second: 1000.0,
-                            workers: 1,
+                            roles: vec![pb::RoleCount {
+                                role: "worker".into(),
+                                count: 1,
+                                training: true,
+                            }],
                             ..Default::default()
                         }],
                     })

@@ -88,7 +88,7 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
         at_unix_ms: 1_700_000_000_000,
         global_step: 1,
         samples_per_second: 100.0,
-        workers: 1,
+        roles: common::counts(1, 0),
         samples_done: 100,
         ..Default::default()
     };

@@ -28,7 +28,7 @@ fn report(i: u64) -> pb::MetricReport {
         at_unix_ms: 1_700_000_000_000 + i as i64,
         global_step: i,
         samples_per_second: 10.0,
-        workers: 1,
+        roles: common::counts(1, 0),
         ..Default::default()
     }
 }

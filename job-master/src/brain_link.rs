@@ -212,8 +212,14 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
         } else {
             0.0
         },
-        workers: counts.get(&ctx.trainer()).copied().unwrap_or(0),
-        ps: counts.get(&Role::PS).copied().unwrap_or(0),
+        roles: counts
+            .iter()
+            .map(|(&role, &count)| pb::RoleCount {
+                role: role.to_string(),
+                count,
+                training: role == ctx.trainer(),
+            })
+            .collect(),
         cpu_millicores: live()
             .filter_map(|s| s.sample.as_ref())
             .map(|x| x.cpu_millicores)
@@ -371,7 +377,8 @@ pub(crate) async fn run(
             )
         };
         // Speeds measured mid-transition belong to no one worker count.
-        if !in_transition && sample.workers > 0 {
+        let training = sample.roles.iter().any(|r| r.training && r.count > 0);
+        if !in_transition && training {
             queued.push_back(sample);
         }
         while queued.len() > MAX_QUEUED {

@@ -1,5 +1,5 @@
 //! A job master's metric reports on the wire, to the store's [`Metric`]: a report naming no
-//! role, or a role that is not a role name, is refused with the field.
+//! role, or a role that is not a role name, or counting one twice, is refused with the field.
 
 use proto::service::v1 as pb;
 use tonic::Status;
@@ -11,7 +11,28 @@ const MAX_HOST_CHARS: usize = 255;
 /// The longest list of GPUs kept for one process (a node's device ids, comma-separated).
 const MAX_DEVICES_CHARS: usize = 256;
 
+/// The store's metric of report `m`: its `workers` are its training group's count, its `ps`
+/// the `ps` role's.
 pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
+    let mut seen = std::collections::BTreeSet::new();
+    let (mut workers, mut ps) = (None, 0);
+    for c in &m.roles {
+        let role = vocab::wire::role(&c.role)
+            .map_err(|e| Status::invalid_argument(format!("role count: {}", e.0)))?;
+        if !seen.insert(role) {
+            return Err(Status::invalid_argument(format!(
+                "role count: role {role} is counted twice"
+            )));
+        }
+        if c.training && workers.replace(c.count).is_some() {
+            return Err(Status::invalid_argument(
+                "role count: two roles are marked the training group".to_string(),
+            ));
+        }
+        if role == vocab::Role::PS && !c.training {
+            ps = c.count;
+        }
+    }
     let processes = m
         .processes
         .iter()
@@ -69,8 +90,8 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
         at_unix_ms: m.at_unix_ms,
         global_step: m.global_step,
         samples_per_second: m.samples_per_second,
-        workers: m.workers,
-        ps: m.ps,
+        workers: workers.unwrap_or(0),
+        ps,
         cpu_millicores: m.cpu_millicores,
         memory_bytes: m.memory_bytes,
         gpu_utilisation_pct: m.gpu_utilisation_pct,
@@ -107,4 +128,52 @@ fn process_sample(p: &pb::ProcessReport) -> Result<ProcessSample, Status> {
         host: p.host.chars().take(MAX_HOST_CHARS).collect(),
         devices: p.devices.chars().take(MAX_DEVICES_CHARS).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(role: &str, count: u32, training: bool) -> pb::RoleCount {
+        pb::RoleCount {
+            role: role.into(),
+            count,
+            training,
+        }
+    }
+
+    #[test]
+    fn a_reports_role_counts_give_its_training_group_and_ps_or_are_refused_with_why() {
+        let with = |roles: Vec<pb::RoleCount>| {
+            metric(pb::MetricReport {
+                roles,
+                ..Default::default()
+            })
+        };
+        let m = with(vec![
+            count("worker", 3, true),
+            count("ps", 2, false),
+            count("rollout", 4, false),
+        ])
+        .unwrap();
+        assert_eq!((m.workers, m.ps), (3, 2));
+        // A training group named otherwise.
+        let m = with(vec![count("actor", 2, true), count("critic", 1, false)]).unwrap();
+        assert_eq!((m.workers, m.ps), (2, 0));
+        for (roles, why) in [
+            (
+                vec![count("worker", 1, true), count("worker", 2, false)],
+                "role worker is counted twice",
+            ),
+            (
+                vec![count("worker", 1, true), count("actor", 2, true)],
+                "two roles are marked the training group",
+            ),
+            (vec![count("", 1, true)], "role count"),
+        ] {
+            let e = with(roles).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains(why), "{e:?}");
+        }
+    }
 }

@@ -265,6 +265,24 @@ pub fn start_brain_with(
     (child, addr)
 }
 
+/// A report's role counts: `workers` in the training group `worker`, `ps` parameter servers
+/// (none where 0).
+pub fn counts(workers: u32, ps: u32) -> Vec<pb::RoleCount> {
+    let mut c = vec![pb::RoleCount {
+        role: "worker".into(),
+        count: workers,
+        training: true,
+    }];
+    if ps > 0 {
+        c.push(pb::RoleCount {
+            role: "ps".into(),
+            count: ps,
+            training: false,
+        });
+    }
+    c
+}
+
 pub fn now_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
