@@ -24,9 +24,10 @@
 //! given, which the cluster test checks. A bundle goes only to a node with one device that
 //! holds its shares together, where how the node's GPUs are split is known (the devices the
 //! job's processes hold there, `place::devices_on`): 0.5 free on each of two devices holds no
-//! pair of halves. Ray still picks the device of each partner on the node: where one device
-//! has exactly one partner's share free and another the whole pair's, Ray's best fit may put
-//! the first partner on the first.
+//! pair of halves. Ray still picks each partner's device on the node, one at a time by best
+//! fit, so the node must also land every partner on that one device whichever is asked for
+//! first (`vocab::devices::land_together`): where one device has exactly one partner's share
+//! free and another the whole pair's, the first partner would take the first.
 
 use std::collections::BTreeMap;
 
