@@ -192,18 +192,19 @@ impl JobContext {
             self.stability.moving_off = None;
             if shrink {
                 effects.extend(self.take_last_out(key, now_ms));
-                if last {
-                    return effects;
+            }
+            if !(shrink && last) {
+                self.ledger.release(&key.role.to_string(), key.index);
+                if let Some(c) = self.group.cluster_mut() {
+                    c.remove_worker(key.index);
                 }
+                let slot = self.slots.get_mut(&key).expect("live");
+                slot.incarnation += 1;
+                slot.restart_count += 1;
+                effects.extend(self.relaunch_agent(key, now_ms));
             }
-            self.ledger.release(&key.role.to_string(), key.index);
-            if let Some(c) = self.group.cluster_mut() {
-                c.remove_worker(key.index);
-            }
-            let slot = self.slots.get_mut(&key).expect("live");
-            slot.incarnation += 1;
-            slot.restart_count += 1;
-            effects.extend(self.relaunch_agent(key, now_ms));
+            // The leases released were perhaps the last a checkpoint's drain waited for.
+            effects.extend(self.ps_checkpoint_if_drained(now_ms));
         } else if self.data_tracked() && !self.restarts_to_rescale() {
             // The built-in workload or a script on the SDK: it checkpoints at the master's cuts.
             self.log_as(

@@ -503,6 +503,26 @@ fn a_ps_straggler_that_is_the_last_index_simply_leaves() {
     ));
 }
 
+/// A checkpoint's drain waiting on the straggler's lease goes ahead once the straggler leaves
+/// (seen stalling a job for good when the shrink came during a drain), and once it moves.
+#[test]
+fn a_ps_straggler_leaving_or_moving_during_a_drain_lets_the_checkpoint_go_ahead() {
+    for (workers, slow) in [(3, 2), (3, 1)] {
+        let mut ctx = shrinking("ps", 1, workers, 1);
+        super::tests::lease(&mut ctx, worker(slow), 1).expect("a shard");
+        ctx.checkpoint_pending = true;
+        assert_eq!(ctx.ledger.in_flight(), 1);
+        let effects = slow_reports(&mut ctx, slow);
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::SavePsCheckpoint { .. })),
+            "worker-{slow} of {workers}: {effects:?}"
+        );
+        assert!(ctx.checkpoint_saving);
+    }
+}
+
 #[test]
 fn an_allreduce_group_shrinks_at_a_cut_and_restarts_one_smaller() {
     let mut ctx = shrinking("allreduce", 0, 3, 2);

@@ -329,8 +329,9 @@ pub async fn wait_for(
             }
             assert!(
                 s.phase != "failed",
-                "job failed while waiting for {what}: {}",
-                s.reason
+                "job failed while waiting for {what}: {}{}",
+                s.reason,
+                output_named_in(&s.reason)
             );
             last = Some(s);
         }
@@ -339,6 +340,23 @@ pub async fn wait_for(
             "timed out waiting for {what}; the last status: {last:#?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The last lines of the process output a failure's reason names (`its output: PATH`), so a
+/// failed test shows why the process failed before its temporary directory goes.
+pub fn output_named_in(reason: &str) -> String {
+    let Some(path) = reason.split("its output: ").nth(1) else {
+        return String::new();
+    };
+    let path = path.split_whitespace().next().unwrap_or_default();
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            format!("\n--- the last lines of {path} ---\n{tail}")
+        }
+        Err(e) => format!("\n({path} cannot be read: {e})"),
     }
 }
 

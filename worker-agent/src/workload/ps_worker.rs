@@ -1,9 +1,13 @@
 //! A worker of a ps job: lease a shard, then per batch pull the weights of the batch's keys from
 //! their parameter servers, compute the gradient, push it (asynchronous SGD); report the shard
 //! done once every batch of it is pushed. The worker the master picks evaluates the final model
-//! on the held-out set.
+//! on the held-out set. A parameter server that stops answering is waited for rather than
+//! reported as this worker's failure: a PS that dies takes the whole group into a restart (the
+//! master stops this process then), and a worker that exited first would spend its role's
+//! restart budget on a fault that was not its own.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use proto::jobmaster::v1 as pb;
@@ -13,10 +17,25 @@ use super::ps_server::{PsClient, ps_client};
 use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
 use crate::error::Error;
 
+/// How long a call to a parameter server that stopped answering is retried: as long as a PS
+/// added by a reshard is waited for, time for the master to see the PS' death and restart the
+/// group (which stops this process).
+const PS_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Clients of every parameter server, in PS index order.
 pub struct PsSet {
     clients: Vec<PsClient>,
     addrs: Vec<String>,
+    patience: Duration,
+}
+
+/// A status that says the PS could not be reached (its connection refused, reset or dropped),
+/// not that it refused the call.
+fn unreachable(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
+    )
 }
 
 impl PsSet {
@@ -36,7 +55,36 @@ impl PsSet {
         Ok(Self {
             clients,
             addrs: addrs.to_vec(),
+            patience: PS_PATIENCE,
         })
+    }
+
+    /// `call` on PS `i`, again while the PS cannot be reached, for up to `patience`. Retrying
+    /// a push is safe: a PS records the batches it applied and applies a batch once.
+    async fn retrying<T, F, Fut>(&self, i: usize, mut call: F) -> Result<T, Error>
+    where
+        F: FnMut(PsClient) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match call(self.clients[i].clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if unreachable(&s) && start.elapsed() < self.patience => {
+                    if pause == Duration::from_millis(50) {
+                        tracing::warn!(
+                            ps = %self.addrs[i],
+                            problem = s.message(),
+                            "parameter server unreachable; retrying"
+                        );
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(s) => return Err(self.ps_err(i)(s)),
+            }
+        }
     }
 
     fn owner(&self, key: u64) -> usize {
@@ -66,12 +114,13 @@ impl PsSet {
             if keys.is_empty() {
                 continue;
             }
-            let mut client = self.clients[i].clone();
-            let r = client
-                .pull(pb::PullRequest { keys: keys.clone() })
-                .await
-                .map_err(self.ps_err(i))?
-                .into_inner();
+            let req = pb::PullRequest { keys: keys.clone() };
+            let r = self
+                .retrying(i, |mut c| {
+                    let req = req.clone();
+                    async move { c.pull(req).await }
+                })
+                .await?;
             out.extend(keys.into_iter().zip(r.values));
         }
         Ok(out)
@@ -94,18 +143,19 @@ impl PsSet {
         }
         let mut dups = 0;
         for (i, (keys, grads)) in by_ps.into_iter().enumerate() {
-            let mut client = self.clients[i].clone();
-            let r = client
-                .push(pb::PushRequest {
-                    keys,
-                    grads,
-                    epoch,
-                    batch_start: start,
-                    batch_samples: n,
+            let req = pb::PushRequest {
+                keys,
+                grads,
+                epoch,
+                batch_start: start,
+                batch_samples: n,
+            };
+            let r = self
+                .retrying(i, |mut c| {
+                    let req = req.clone();
+                    async move { c.push(req).await }
                 })
-                .await
-                .map_err(self.ps_err(i))?
-                .into_inner();
+                .await?;
             dups += r.duplicate as usize;
         }
         Ok(dups)
@@ -211,5 +261,70 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::model::SparseTable;
+    use crate::workload::ps_server::{PsService, serve};
+
+    fn creds() -> auth::JobCreds {
+        auth::JobCreds {
+            token: auth::Token::generate(),
+            tls: None,
+        }
+    }
+
+    /// A PS on `listener` holding weight 0 for every key until the task is aborted.
+    fn ps_on(
+        listener: tokio::net::TcpListener,
+        creds: &auth::JobCreds,
+    ) -> tokio::task::JoinHandle<()> {
+        let svc = PsService::new(0, 1, 0.1, SparseTable::default(), creds.clone());
+        tokio::spawn(async move {
+            serve(svc, listener, std::future::pending()).await.unwrap();
+        })
+    }
+
+    #[tokio::test]
+    async fn a_ps_that_goes_away_is_waited_for_and_one_that_stays_away_is_reported() {
+        let creds = creds();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let first = ps_on(listener, &creds);
+        let mut ps = PsSet::connect(&[addr.clone()], Duration::from_secs(10), &creds)
+            .await
+            .unwrap();
+        let grads = BTreeMap::from([(7, 1.0)]);
+        assert_eq!(ps.push(&grads, 0, 0, 4).await.unwrap(), 0);
+
+        // Killed: its connections drop. Another starts at the same address 400 ms later.
+        first.abort();
+        let _ = first.await;
+        let again = addr.clone();
+        let second_creds = creds.clone();
+        let second = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let listener = tokio::net::TcpListener::bind(&again).await.unwrap();
+            ps_on(listener, &second_creds)
+        });
+        let pushed = Instant::now();
+        // The new PS has never seen the batch: it applies it.
+        assert_eq!(ps.push(&grads, 0, 0, 4).await.unwrap(), 0);
+        assert!(pushed.elapsed() >= Duration::from_millis(300));
+        let w = ps.pull([7]).await.unwrap();
+        assert!(w[&7] < 0.0, "{w:?}");
+        // The same batch again is a duplicate there.
+        assert_eq!(ps.push(&grads, 0, 0, 4).await.unwrap(), 1);
+
+        // Gone for good: after the patience, the call fails naming the PS.
+        let server = second.await.unwrap();
+        server.abort();
+        let _ = server.await;
+        ps.patience = Duration::from_millis(300);
+        let err = ps.pull([7]).await.unwrap_err().to_string();
+        assert!(err.contains(&addr), "{err}");
     }
 }
