@@ -277,15 +277,10 @@ mod tests {
         }
     }
 
-    /// A PS on `listener` holding weight 0 for every key until the task is aborted.
-    fn ps_on(
-        listener: tokio::net::TcpListener,
-        creds: &auth::JobCreds,
-    ) -> tokio::task::JoinHandle<()> {
-        let svc = PsService::new(0, 1, 0.1, SparseTable::default(), creds.clone());
-        tokio::spawn(async move {
-            serve(svc, listener, std::future::pending()).await.unwrap();
-        })
+    /// Serves a PS on `listener` holding weight 0 for every key, until its task is aborted.
+    async fn serve_ps(listener: tokio::net::TcpListener, creds: auth::JobCreds) {
+        let svc = PsService::new(0, 1, 0.1, SparseTable::default(), creds);
+        serve(svc, listener, std::future::pending()).await.unwrap();
     }
 
     #[tokio::test]
@@ -293,8 +288,8 @@ mod tests {
         let creds = creds();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let first = ps_on(listener, &creds);
-        let mut ps = PsSet::connect(&[addr.clone()], Duration::from_secs(10), &creds)
+        let first = tokio::spawn(serve_ps(listener, creds.clone()));
+        let mut ps = PsSet::connect(std::slice::from_ref(&addr), Duration::from_secs(10), &creds)
             .await
             .unwrap();
         let grads = BTreeMap::from([(7, 1.0)]);
@@ -308,7 +303,7 @@ mod tests {
         let second = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(400)).await;
             let listener = tokio::net::TcpListener::bind(&again).await.unwrap();
-            ps_on(listener, &second_creds)
+            serve_ps(listener, second_creds).await;
         });
         let pushed = Instant::now();
         // The new PS has never seen the batch: it applies it.
@@ -320,9 +315,8 @@ mod tests {
         assert_eq!(ps.push(&grads, 0, 0, 4).await.unwrap(), 1);
 
         // Gone for good: after the patience, the call fails naming the PS.
-        let server = second.await.unwrap();
-        server.abort();
-        let _ = server.await;
+        second.abort();
+        let _ = second.await;
         ps.patience = Duration::from_millis(300);
         let err = ps.pull([7]).await.unwrap_err().to_string();
         assert!(err.contains(&addr), "{err}");
