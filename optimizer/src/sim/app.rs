@@ -86,6 +86,10 @@ struct GpuSteps {
 /// (GPU type, normalised placement, atomic batch size).
 type StepKey = (usize, Vec<u32>, u32);
 
+/// (GPU type, normalised placement, epoch up to the last): what [`App::best_config`] answers
+/// for.
+type BestKey = (usize, Vec<u32>, u32);
+
 /// An [`AppProfile`] made ready to answer quickly. Answers are memoised, so an `App` belongs to
 /// one simulation at a time (it is `Send`, not `Sync`).
 pub struct App {
@@ -102,6 +106,7 @@ pub struct App {
     /// Progress at the end of each epoch (index e = after e epochs), the least over the curves.
     epoch_progress: Vec<f64>,
     cache: RefCell<HashMap<StepKey, (f64, f64)>>,
+    best: RefCell<HashMap<BestKey, (BatchConfig, f64)>>,
 }
 
 /// A placement of `r` GPUs on exactly `k` nodes of at most `per_node` each that `measured`
@@ -150,16 +155,19 @@ fn unmeasured_partition(
 }
 
 /// The lexicographically smallest rotation without empty nodes, as the measurements name it.
+/// The rotations are compared in place; only the answer is allocated (this runs for every
+/// goodput the simulator asks for).
 fn normalise(placement: &[u32]) -> Vec<u32> {
     let p: Vec<u32> = placement.iter().copied().filter(|&g| g > 0).collect();
-    (0..p.len().max(1))
-        .map(|i| {
-            let mut r = p[i.min(p.len())..].to_vec();
-            r.extend_from_slice(&p[..i.min(p.len())]);
-            r
-        })
-        .min()
-        .unwrap_or_default()
+    let rotation = |i: usize| p[i..].iter().chain(&p[..i]);
+    let least = (1..p.len()).fold(0, |best, i| {
+        if rotation(i).lt(rotation(best)) {
+            i
+        } else {
+            best
+        }
+    });
+    rotation(least).copied().collect()
 }
 
 impl App {
@@ -284,6 +292,7 @@ impl App {
             curves,
             epoch_progress,
             cache: RefCell::new(HashMap::new()),
+            best: RefCell::new(HashMap::new()),
         })
     }
 
@@ -452,7 +461,24 @@ impl App {
     /// The batch configuration with the most goodput on `placement` during `epoch` (Pollux's
     /// co-adaptation): 50 total batch sizes spaced geometrically from the least usable to the
     /// largest, with gradient accumulation past the largest local batch.
+    /// Memoised: the answer depends only on the GPU type, the placement as the measurements
+    /// name it, and the epoch (past the last, the last's).
     pub fn best_config(&self, gpu: usize, placement: &[u32], epoch: u32) -> (BatchConfig, f64) {
+        let key = (
+            gpu,
+            normalise(placement),
+            epoch.min(self.max_epochs.saturating_sub(1)),
+        );
+        if let Some(v) = self.best.borrow().get(&key) {
+            return *v;
+        }
+        let v = self.search_config(gpu, placement, epoch);
+        self.best.borrow_mut().insert(key, v);
+        v
+    }
+
+    /// [`App::best_config`] worked out.
+    fn search_config(&self, gpu: usize, placement: &[u32], epoch: u32) -> (BatchConfig, f64) {
         let (candidates, fallback) = self.candidates(placement);
         let mut best = (fallback, -1.0);
         for config in candidates {
@@ -553,6 +579,18 @@ pub(crate) mod tests {
         assert_eq!(normalise(&[2, 1, 0, 3]), vec![1, 3, 2]);
         assert_eq!(normalise(&[4]), vec![4]);
         assert_eq!(normalise(&[]), Vec::<u32>::new());
+        assert_eq!(normalise(&[3, 1, 2, 1, 1]), vec![1, 1, 3, 1, 2]);
+        assert_eq!(normalise(&[2, 2, 0, 2]), vec![2, 2, 2]);
+    }
+
+    #[test]
+    fn the_best_config_is_the_same_asked_again_and_for_a_rotation() {
+        let app = App::new(&toy_profile()).unwrap();
+        for epoch in [0, 1, app.max_epochs, app.max_epochs + 5] {
+            let first = app.best_config(0, &[2, 1], epoch);
+            assert_eq!(first, app.search_config(0, &[2, 1], epoch));
+            assert_eq!(app.best_config(0, &[1, 0, 2], epoch), first);
+        }
     }
 
     #[test]

@@ -107,24 +107,23 @@ impl MeasuredTable {
         MeasuredTable { points }
     }
 
-    /// Step time of `replicas` at `bsz` among the points measured on `nodes` nodes.
+    /// Step time of `replicas` at `bsz` among the points measured on `nodes` nodes. The points
+    /// are sorted, so a node count's are one run and each replica count's a run within it.
     fn lookup(&self, nodes: u32, replicas: u32, bsz: f64) -> Option<f64> {
-        let class: Vec<&TablePoint> = self.points.iter().filter(|p| p.nodes == nodes).collect();
+        let from = self.points.partition_point(|p| p.nodes < nodes);
+        let to = self.points.partition_point(|p| p.nodes <= nodes);
+        let class = &self.points[from..to];
         if class.is_empty() {
             return None;
         }
-        let mut per_replicas: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-        for p in class {
-            per_replicas
-                .entry(p.replicas)
-                .or_default()
-                .push((p.local_bsz, p.step_time));
-        }
-        let by_replicas: Vec<(f64, f64)> = per_replicas
-            .iter()
-            .map(|(&r, pts)| {
-                let t = piecewise(bsz, pts, 0.0, |x, (x0, y0)| y0 * x / x0);
-                (r as f64, t)
+        let mut pts: Vec<(f64, f64)> = Vec::new();
+        let by_replicas: Vec<(f64, f64)> = class
+            .chunk_by(|a, b| a.replicas == b.replicas)
+            .map(|run| {
+                pts.clear();
+                pts.extend(run.iter().map(|p| (p.local_bsz, p.step_time)));
+                let t = piecewise(bsz, &pts, 0.0, |x, (x0, y0)| y0 * x / x0);
+                (run[0].replicas as f64, t)
             })
             .collect();
         // Beyond the largest measured count the step time holds: a ring all-reduce moves about
