@@ -323,14 +323,8 @@ impl JobContext {
                 self.restart_every_service();
             }
         } else {
-            self.ledger.release(&key.role.to_string(), key.index);
-            if let Some(c) = self.group.cluster_mut() {
-                c.remove_worker(key.index);
-            }
-            let slot = self.slots.get_mut(&key).expect("exists");
-            slot.incarnation += 1;
-            slot.restart_count += 1;
-            slot.phase = SlotPhase::Restarting;
+            self.next_ps_worker_incarnation(key);
+            self.slots.get_mut(&key).expect("exists").phase = SlotPhase::Restarting;
             effects.extend(self.ps_checkpoint_if_drained(now_ms));
         }
         // A plan's leaving member is gone with the restart (it collapsed the plan): nothing
@@ -339,6 +333,18 @@ impl JobContext {
             effects.extend(self.relaunch_agent(key, now_ms));
         }
         effects
+    }
+
+    /// A ps worker `key` that goes on in a new process alone: its shard goes back to the
+    /// queue, it leaves the cluster spec until it rejoins, and its slot counts a restart.
+    pub(super) fn next_ps_worker_incarnation(&mut self, key: SlotKey) {
+        self.ledger.release(&key.role.to_string(), key.index);
+        if let Some(c) = self.group.cluster_mut() {
+            c.remove_worker(key.index);
+        }
+        let slot = self.slots.get_mut(&key).expect("exists");
+        slot.incarnation += 1;
+        slot.restart_count += 1;
     }
 
     /// The agent of `key` is gone: a new one is launched for the slot's current incarnation

@@ -194,13 +194,7 @@ impl JobContext {
                 effects.extend(self.take_last_out(key, now_ms));
             }
             if !(shrink && last) {
-                self.ledger.release(&key.role.to_string(), key.index);
-                if let Some(c) = self.group.cluster_mut() {
-                    c.remove_worker(key.index);
-                }
-                let slot = self.slots.get_mut(&key).expect("live");
-                slot.incarnation += 1;
-                slot.restart_count += 1;
+                self.next_ps_worker_incarnation(key);
                 effects.extend(self.relaunch_agent(key, now_ms));
             }
             // The leases released were perhaps the last a checkpoint's drain waited for.

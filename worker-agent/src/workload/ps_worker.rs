@@ -31,7 +31,7 @@ pub struct PsSet {
 
 /// A status that says the PS could not be reached (its connection refused, reset or dropped),
 /// not that it refused the call.
-fn unreachable(s: &tonic::Status) -> bool {
+fn cannot_reach(s: &tonic::Status) -> bool {
     matches!(
         s.code(),
         tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
@@ -71,7 +71,7 @@ impl PsSet {
         loop {
             match call(self.clients[i].clone()).await {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s) if unreachable(&s) && start.elapsed() < self.patience => {
+                Err(s) if cannot_reach(&s) && start.elapsed() < self.patience => {
                     if pause == Duration::from_millis(50) {
                         tracing::warn!(
                             ps = %self.addrs[i],
