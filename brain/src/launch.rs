@@ -102,9 +102,10 @@ pub struct Launcher {
     /// The nodes cordoned as the brain last read them: the masters it starts are told
     /// (`--cordoned`), so that no process of theirs starts there.
     cordoned: std::sync::RwLock<Vec<String>>,
-    /// The GPU shares the jobs' processes hold, device by device, as the brain last read
-    /// them: the masters it starts are told (`--gpus-held`), to count with their own.
-    devices: std::sync::RwLock<vocab::devices::DeviceUse>,
+    /// The GPU shares each job's processes hold, device by device, as the brain last read
+    /// them: a master it starts is told those of the other jobs (`--gpus-held`), to count
+    /// with its own (a resumed master's own are its processes').
+    devices: std::sync::RwLock<BTreeMap<JobId, vocab::devices::DeviceUse>>,
 }
 
 /// How often the status of a job master running as a Ray job is read.
@@ -157,9 +158,24 @@ impl Launcher {
         *self.cordoned.write().expect("not poisoned") = nodes;
     }
 
-    /// The GPU shares the jobs hold now, for the masters started from now on.
-    pub fn set_devices(&self, held: vocab::devices::DeviceUse) {
+    /// The GPU shares each job holds now, for the masters started from now on.
+    pub fn set_devices(&self, held: BTreeMap<JobId, vocab::devices::DeviceUse>) {
         *self.devices.write().expect("not poisoned") = held;
+    }
+
+    /// The GPU shares the jobs but `job` hold, as the brain last read them.
+    fn others_devices(&self, job: JobId) -> vocab::devices::DeviceUse {
+        let mut others = vocab::devices::DeviceUse::default();
+        for (_, held) in self
+            .devices
+            .read()
+            .expect("not poisoned")
+            .iter()
+            .filter(|(id, _)| **id != job)
+        {
+            others.merge(held);
+        }
+        others
     }
 
     fn job_master_bin(&self) -> PathBuf {
@@ -268,7 +284,7 @@ impl Launcher {
     }
 
     /// `job-master run` on the job in `run_dir`, binary first.
-    fn command(&self, run_dir: &Path, resume: bool) -> Vec<std::ffi::OsString> {
+    fn command(&self, job: JobId, run_dir: &Path, resume: bool) -> Vec<std::ffi::OsString> {
         let mut cmd: Vec<std::ffi::OsString> = vec![
             self.job_master_bin().into(),
             "run".into(),
@@ -314,9 +330,8 @@ impl Launcher {
         for node in self.cordoned.read().expect("not poisoned").iter() {
             cmd.extend(["--cordoned".into(), node.into()]);
         }
-        // A job resumed holds some of them itself: counted twice, its room held back a
-        // little until its first poll tells it the others' alone.
-        for held in self.devices.read().expect("not poisoned").named() {
+        // Those of the other jobs: a job resumed counts its own from its processes.
+        for held in self.others_devices(job).named() {
             cmd.extend(["--gpus-held".into(), held.into()]);
         }
         cmd
@@ -333,7 +348,7 @@ impl Launcher {
 
     fn spawn_local(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
         let log = vocab::paths::create(&run_dir.join("job-master.log"), true)?;
-        let command = self.command(run_dir, resume);
+        let command = self.command(job, run_dir, resume);
         let bin = PathBuf::from(&command[0]);
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.args(&command[1..])
@@ -414,7 +429,7 @@ impl Launcher {
             )));
         }
         let words: Vec<String> = self
-            .command(run_dir, resume)
+            .command(job, run_dir, resume)
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect();
@@ -647,13 +662,17 @@ mod tests {
         let l = launcher(Some("http://10.0.0.2:8265")).unwrap();
         assert!(l.ray_masters.is_some());
         // The command a master runs: the run directory's spec, the brain, --resume on resume,
-        // the cordoned nodes and the GPU shares the jobs hold.
+        // the cordoned nodes and the GPU shares the other jobs hold (its own, resumed, are
+        // its processes': counted twice they would hold its room back).
         l.set_cordoned(vec!["10.0.0.3".into()]);
-        let mut held = vocab::devices::DeviceUse::default();
-        held.add("10.0.0.4", "1", vocab::Gpus::from_milli(700));
-        l.set_devices(held);
+        let held = |device: &str, milli: u32| {
+            let mut held = vocab::devices::DeviceUse::default();
+            held.add("10.0.0.4", device, vocab::Gpus::from_milli(milli));
+            held
+        };
+        l.set_devices([(JobId(7), held("1", 700)), (JobId(8), held("0", 400))].into());
         let words: Vec<String> = l
-            .command(Path::new("/runs/j"), true)
+            .command(JobId(7), Path::new("/runs/j"), true)
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect();
@@ -676,7 +695,7 @@ mod tests {
                 "--cordoned",
                 "10.0.0.3",
                 "--gpus-held",
-                "10.0.0.4:1=700"
+                "10.0.0.4:0=400"
             ]
         );
     }
@@ -695,7 +714,7 @@ mod tests {
                 tx.clone(),
             )
             .unwrap()
-            .command(Path::new("/runs/j"), false)
+            .command(JobId(1), Path::new("/runs/j"), false)
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect::<Vec<_>>()

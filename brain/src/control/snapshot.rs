@@ -290,7 +290,7 @@ impl super::Control {
         let (cordons, held) = self
             .with_store(move |s| {
                 s.prune_cordons(now)?;
-                Ok((s.cordons(now)?, s.device_use()))
+                Ok((s.cordons(now)?, s.device_use_by_job()))
             })
             .await?;
         self.launcher
@@ -574,6 +574,13 @@ mod tests {
             Some(&held(&[("0", 600), ("1", 700)]))
         );
         assert_eq!(store.device_use_besides(job), Default::default());
+        // Job by job, for the masters the launcher starts: only the job holding shares.
+        let by_job = store.device_use_by_job();
+        assert_eq!(by_job.keys().copied().collect::<Vec<_>>(), [job]);
+        assert_eq!(
+            by_job[&job].on("10.0.0.2"),
+            Some(&held(&[("0", 600), ("1", 700)]))
+        );
         // The job ended: its shares are forgotten, and Ray's 0.7 is the node's amount only.
         store
             .finish(job, JobState::Succeeded, "done", 1000, 40)

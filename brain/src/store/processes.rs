@@ -119,6 +119,14 @@ pub(super) struct JobProcesses {
     snapshot: JobSnapshot,
 }
 
+impl JobProcesses {
+    fn add_devices(&self, used: &mut DeviceUse) {
+        for (host, devices, gpus) in &self.devices {
+            used.add(host, devices, *gpus);
+        }
+    }
+}
+
 /// A job's effective training time, its stragglers and the nodes its pre-run check found
 /// slow, as its newest report gave them.
 #[derive(Clone, Debug, Default)]
@@ -212,11 +220,23 @@ impl Processes {
     pub(super) fn device_use(&self, besides: Option<JobId>) -> DeviceUse {
         let mut used = DeviceUse::default();
         for (_, j) in self.jobs.iter().filter(|(id, _)| Some(**id) != besides) {
-            for (host, devices, gpus) in &j.devices {
-                used.add(host, devices, *gpus);
-            }
+            j.add_devices(&mut used);
         }
         used
+    }
+
+    /// What each job's processes hold, device by device, job by job (jobs holding none left
+    /// out).
+    pub(super) fn device_use_by_job(&self) -> BTreeMap<JobId, DeviceUse> {
+        self.jobs
+            .iter()
+            .filter(|(_, j)| !j.devices.is_empty())
+            .map(|(id, j)| {
+                let mut used = DeviceUse::default();
+                j.add_devices(&mut used);
+                (*id, used)
+            })
+            .collect()
     }
 
     /// The job's GPU use of its newest report.

@@ -143,6 +143,12 @@ impl Store {
         self.processes.device_use(None)
     }
 
+    /// [`Self::device_use`] job by job: what the launcher tells a job master it starts of
+    /// the other jobs' GPU use (a resumed master holds some itself).
+    pub fn device_use_by_job(&self) -> std::collections::BTreeMap<JobId, super::DeviceUse> {
+        self.processes.device_use_by_job()
+    }
+
     /// [`Self::device_use`] of every job but `job`: what its job master is told of the other
     /// jobs' GPU use (`GetPlanResponse.other_jobs_devices`), to count with its own.
     pub fn device_use_besides(&self, job: JobId) -> super::DeviceUse {

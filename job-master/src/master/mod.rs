@@ -491,10 +491,12 @@ pub async fn run(
                         shared
                             .apply_logged("timer tick", |ctx, now| {
                                 let (effects, changed) = ctx.tick_changed(now);
+                                if platform.counts_devices() {
+                                    platform.devices_held(ctx.device_use());
+                                }
                                 Ok(((), effects, changed))
                             })
                             .await;
-                        platform.devices_held(shared.job.lock().await.device_use());
                     }
                     Some(ev) = ev_rx.recv() => match ev {
                         PlatformEvent::Placed { key, incarnation } => {

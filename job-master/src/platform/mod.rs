@@ -113,6 +113,11 @@ pub trait Platform: Send + Sync {
     /// free GPUs as one amount (Ray) rebuilds how they are split from it, so a share is not
     /// pinned to a node whose free GPUs are split too finely to hold it. Others ignore it.
     fn devices_held(&self, _held: vocab::devices::DeviceUse) {}
+    /// Whether this platform rebuilds how a node's free GPUs are split
+    /// ([`Platform::devices_held`]): where not, the job's device use is not gathered for it.
+    fn counts_devices(&self) -> bool {
+        false
+    }
     /// The GPUs the other jobs' processes hold, device by device, as the brain last told them
     /// (`GetPlanResponse.other_jobs_devices`): counted with the job's own where a node's free
     /// GPUs are rebuilt. Others ignore it.

@@ -525,6 +525,10 @@ impl Platform for RayPlatform {
         *self.inner.held.write().expect("not poisoned") = held;
     }
 
+    fn counts_devices(&self) -> bool {
+        true
+    }
+
     fn others_devices(&self, held: vocab::devices::DeviceUse) {
         *self.inner.others.write().expect("not poisoned") = held;
     }
