@@ -387,7 +387,7 @@ async fn round_with(jobs: usize) {
             changed = r
                 .decisions
                 .iter()
-                .filter(|d| d.from_workers != d.to_workers)
+                .filter(|d| d.roles.iter().any(|c| c.training && c.from != c.to))
                 .count();
             assert_eq!(r.decisions.len(), jobs);
         }

@@ -534,20 +534,16 @@ impl pb::brain_server::Brain for BrainService {
     ) -> Result<Response<pb::DryRunResponse>, Status> {
         auth::operator(&request)?;
         let mut out = self.control.round(false).await?;
-        // Migrations name the training group's processes as the job does (the round keys
-        // them `worker`).
-        for d in out
-            .plan
-            .decisions
-            .iter_mut()
-            .filter(|d| !d.migrations.is_empty())
-        {
-            let job = JobId(d.job.0);
-            let trainer = self
-                .with_store(move |s| Ok(s.job(job)?.shape.map(|x| x.trainer())))
-                .await?
-                .unwrap_or(vocab::Role::WORKER);
-            d.migrations = d.scale_plan(0, trainer).migrations;
+        // The role each job calls its training group: its decision's roles and migrations
+        // speak it (the round keys the group's processes `worker`).
+        let named = self.with_store(|s| s.trainers()).await?;
+        let trainers: Vec<vocab::Role> = (out.plan.decisions.iter())
+            .map(|d| *named.get(&JobId(d.job.0)).unwrap_or(&vocab::Role::WORKER))
+            .collect();
+        for (d, &trainer) in out.plan.decisions.iter_mut().zip(&trainers) {
+            if !d.migrations.is_empty() {
+                d.migrations = d.scale_plan(0, trainer).migrations;
+            }
         }
         Ok(Response::new(pb::DryRunResponse {
             scheduler: out.plan.scheduler,
@@ -555,7 +551,18 @@ impl pb::brain_server::Brain for BrainService {
                 .plan
                 .decisions
                 .into_iter()
-                .map(|d| pb::JobDecision {
+                .zip(trainers)
+                .map(|(d, trainer)| pb::JobDecision {
+                    roles: d
+                        .role_changes(trainer)
+                        .iter()
+                        .map(|c| pb::RoleChange {
+                            role: c.role.to_string(),
+                            from: c.from,
+                            to: c.to,
+                            training: c.training,
+                        })
+                        .collect(),
                     job_id: d.job.0,
                     job_name: d.name,
                     state: match d.state {
@@ -563,22 +570,9 @@ impl pb::brain_server::Brain for BrainService {
                         optimizer::live::LiveState::Running => "running",
                     }
                     .into(),
-                    from_workers: d.from_workers,
-                    to_workers: d.to_workers,
-                    ps: d.ps,
-                    to_ps: d.to_ps,
                     migrations: d.migrations.iter().map(jm::Migration::from).collect(),
                     predicted_samples_per_second: d.predicted_samples_per_s,
                     reasons: d.reasons,
-                    role_targets: d
-                        .role_targets
-                        .iter()
-                        .map(|(role, _, to)| jm::RoleTarget {
-                            role: role.to_string(),
-                            count: *to,
-                            resources: None,
-                        })
-                        .collect(),
                 })
                 .collect(),
             cpu_millicores: out.plan.cpu_millicores,

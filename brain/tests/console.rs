@@ -200,7 +200,9 @@ async fn the_consoles_doors_let_in_only_whom_they_should() {
         "{page}"
     );
     assert!(
-        page.contains("id=\"decisions\"") && page.contains("door-a"),
+        page.contains("id=\"decisions\"")
+            && page.contains("<th>roles</th>")
+            && page.contains("door-a"),
         "{page}"
     );
     let (status, _, page) = v.get(&job_a).await;

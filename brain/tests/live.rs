@@ -159,6 +159,12 @@ async fn three_jobs_share_four_cpus(scheduler: &str, max_workers: u32) {
         text.contains(&format!("scheduler {scheduler}")) && text.contains("free-"),
         "{text}"
     );
+    // Role by role: the ps job's training group (`worker`) and its parameter servers.
+    let ps_job = text.lines().find(|l| l.contains("free-b")).unwrap_or("");
+    assert!(
+        ps_job.contains(" worker ") && ps_job.contains(", ps "),
+        "{text}"
+    );
 
     // kill -9 in the middle; what it stored must survive.
     let before = jobs(&url).await.unwrap();

@@ -333,13 +333,12 @@ pub fn policy(s: &Session, source: &str, text: &str, dry: &pb::DryRunResponse) -
         }
         @for n in &dry.notes { p { "note: " (n) } }
         table id="decisions" {
-            tr { th { "job" } th { "state" } th { "workers" } th { "ps" } th { "predicted samples/s" } th { "why" } }
+            tr { th { "job" } th { "state" } th { "roles" } th { "predicted samples/s" } th { "why" } }
             @for d in &dry.decisions {
                 tr {
                     td { a href=(format!("/console/jobs/{}", d.job_id)) { (d.job_name) } }
                     td { (d.state) }
-                    td { (d.from_workers) " → " (d.to_workers) }
-                    td { (d.ps) " → " (d.to_ps) }
+                    td { (d.roles.iter().map(|c| format!("{} {} → {}", c.role, c.from, c.to)).collect::<Vec<_>>().join(", ")) }
                     td { (format!("{:.1}", d.predicted_samples_per_second)) }
                     td { (d.reasons.join("; ")) }
                 }

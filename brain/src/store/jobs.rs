@@ -292,6 +292,27 @@ impl Store {
         Ok((speeds, ps_speeds))
     }
 
+    /// The role each queued or running job calls its training group, where it names one of its
+    /// own (the others' is `worker`): what a round's decisions speak, read in one query.
+    pub fn trainers(&self) -> Result<std::collections::HashMap<JobId, vocab::Role>, BrainError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, json_extract(shape, '$.training_role') AS role FROM jobs
+             WHERE state IN ('queued', 'running') AND role IS NOT NULL",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((JobId(r.get::<_, i64>(0)? as u64), r.get::<_, String>(1)?))
+        })?;
+        let mut trainers = std::collections::HashMap::new();
+        for row in rows {
+            let (job, role) = row?;
+            let role = vocab::Role::new(&role).map_err(|e| {
+                BrainError::Internal(format!("job {}'s stored training role: {e}", job.0))
+            })?;
+            trainers.insert(job, role);
+        }
+        Ok(trainers)
+    }
+
     pub fn job(&self, job: JobId) -> Result<JobRow, BrainError> {
         let id = self.known(job)?;
         self.rows(Some(id), false)?

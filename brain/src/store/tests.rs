@@ -463,3 +463,32 @@ fn the_timeline_keeps_a_point_per_step_and_survives_a_reopen() {
     assert_eq!(s.timeline(a, 1).unwrap()[0].workers, 4);
     assert!(s.timeline(JobId(99), 10).is_err());
 }
+
+#[test]
+fn the_training_groups_named_by_their_jobs_are_read_in_one_query_while_the_jobs_are_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
+    let shape = |training_role: Option<&str>| Shape {
+        kind: vocab::JobKind::Allreduce,
+        workers: 2,
+        min_workers: 1,
+        max_workers: 4,
+        node_unit: 1,
+        worker_millicores: 1000,
+        total_samples: 1000,
+        training_role: training_role.map(|r| vocab::Role::new(r).unwrap()),
+        ..Default::default()
+    };
+    let (actor, _) = s
+        .register("rl", "127.0.0.1:1", Some(&shape(Some("actor"))), 10)
+        .unwrap();
+    s.register("plain", "127.0.0.1:2", Some(&shape(None)), 11)
+        .unwrap();
+    s.register("unsized", "127.0.0.1:3", None, 12).unwrap();
+    let actor_role = vocab::Role::new("actor").unwrap();
+    assert_eq!(s.trainers().unwrap(), [(actor, actor_role)].into());
+    // Ended, it is no longer a round's.
+    s.finish(actor, JobState::Succeeded, "done", 100, 20)
+        .unwrap();
+    assert!(s.trainers().unwrap().is_empty());
+}

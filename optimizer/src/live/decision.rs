@@ -83,6 +83,49 @@ impl Decision {
     pub fn starts(&self) -> bool {
         self.state == LiveState::Queued && self.to_workers > 0
     }
+
+    /// The role groups the round sizes, each with its count now and from now on: the training
+    /// group (under `trainer`, the role the job calls it; always listed, 0 → 0 for a job that
+    /// keeps waiting), the parameter servers where the job has or gets any, then each service
+    /// role it resizes. What a dry run shows of the decision, role by role.
+    pub fn role_changes(&self, trainer: Role) -> Vec<RoleChange> {
+        let mut changes = vec![RoleChange {
+            role: trainer,
+            from: self.from_workers,
+            to: self.to_workers,
+            training: true,
+        }];
+        if self.ps > 0 || self.to_ps > 0 {
+            changes.push(RoleChange {
+                role: Role::PS,
+                from: self.ps,
+                to: self.to_ps,
+                training: false,
+            });
+        }
+        changes.extend(
+            self.role_targets
+                .iter()
+                .map(|&(role, from, to)| RoleChange {
+                    role,
+                    from,
+                    to,
+                    training: false,
+                }),
+        );
+        changes
+    }
+}
+
+/// One role group's size before and after a round's decision ([`Decision::role_changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoleChange {
+    pub role: Role,
+    pub from: u32,
+    pub to: u32,
+    /// The training group, which the round sizes by its speed model (the others by their
+    /// callers' rates, or the PS by the heuristics).
+    pub training: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,4 +139,62 @@ pub struct RoundPlan {
     #[serde(default)]
     pub memory_bytes: u64,
     pub notes: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(from: u32, to: u32, ps: (u32, u32)) -> Decision {
+        Decision {
+            job: JobId(1),
+            name: "j".into(),
+            state: LiveState::Running,
+            from_workers: from,
+            to_workers: to,
+            ps: ps.0,
+            to_ps: ps.1,
+            migrations: vec![],
+            corrections: vec![],
+            predicted_samples_per_s: 0.0,
+            reasons: vec![],
+            gpu_type: None,
+            gpu_placement: vec![],
+            role_targets: vec![],
+        }
+    }
+
+    #[test]
+    fn a_decision_lists_its_role_groups_the_training_group_under_the_jobs_name_for_it() {
+        let change = |role: &str, from, to, training| RoleChange {
+            role: Role::new(role).unwrap(),
+            from,
+            to,
+            training,
+        };
+        // An all-reduce job whose group is `trainer`, resizing a service role: no PS listed.
+        let mut d = decision(2, 4, (0, 0));
+        d.role_targets = vec![(Role::new("rollout").unwrap(), 1, 3)];
+        let trainer = Role::new("trainer").unwrap();
+        assert_eq!(
+            d.role_changes(trainer),
+            [
+                change("trainer", 2, 4, true),
+                change("rollout", 1, 3, false)
+            ]
+        );
+        // The plan speaks the same names and counts.
+        let plan = d.scale_plan(3, trainer);
+        assert_eq!(plan.count_of(trainer), Some(4));
+        assert_eq!(plan.count_of(Role::new("rollout").unwrap()), Some(3));
+        // A ps job gaining a PS; a job that keeps waiting is listed 0 -> 0.
+        assert_eq!(
+            decision(3, 3, (1, 2)).role_changes(Role::WORKER),
+            [change("worker", 3, 3, true), change("ps", 1, 2, false)]
+        );
+        assert_eq!(
+            decision(0, 0, (0, 0)).role_changes(Role::WORKER),
+            [change("worker", 0, 0, true)]
+        );
+    }
 }

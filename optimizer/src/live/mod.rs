@@ -69,7 +69,7 @@ mod sized;
 pub use checks::check_postconditions;
 use checks::{Caps, repair};
 pub use config::LiveConfig;
-pub use decision::{Decision, RoundPlan};
+pub use decision::{Decision, RoleChange, RoundPlan};
 pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{
     NodeSize, never_holds, never_holds_beside_gpus, never_holds_cpu, never_holds_memory,

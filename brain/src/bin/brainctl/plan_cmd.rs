@@ -29,30 +29,22 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
         println!("note: {note}");
     }
     for d in &r.decisions {
-        let corrected = d.ps != d.to_ps || !d.migrations.is_empty() || !d.role_targets.is_empty();
-        let change = if d.from_workers == d.to_workers && corrected {
-            "corrects".to_string()
-        } else if d.from_workers == d.to_workers {
-            "keeps".to_string()
-        } else if d.state == "queued" && d.to_workers > 0 {
-            "starts".to_string()
-        } else if d.state == "queued" {
-            "waits".to_string()
-        } else {
-            "resizes".to_string()
+        let training = d.roles.iter().find(|c| c.training);
+        let (from, to) = training.map_or((0, 0), |c| (c.from, c.to));
+        let others_change = d.roles.iter().any(|c| !c.training && c.from != c.to);
+        let change = match (d.state == "queued", from == to) {
+            (true, _) if to > 0 => "starts",
+            (true, _) => "waits",
+            (false, true) if others_change || !d.migrations.is_empty() => "corrects",
+            (false, true) => "keeps",
+            (false, false) => "resizes",
         };
         println!(
-            "{:>4} {:<24} {:<8} {change} {} -> {} workers{} (predicted {:.0} samples/s)",
+            "{:>4} {:<24} {:<8} {change} {} (predicted {:.0} samples/s)",
             d.job_id,
             d.job_name,
             d.state,
-            d.from_workers,
-            d.to_workers,
-            match (d.ps, d.to_ps) {
-                (0, 0) => String::new(),
-                (a, b) if a == b => format!(" + {a} ps"),
-                (a, b) => format!(" + {a} -> {b} ps"),
-            },
+            roles_shown(&d.roles),
             d.predicted_samples_per_second
         );
         for m in &d.migrations {
@@ -66,12 +58,49 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
                 m.reason
             );
         }
-        for t in &d.role_targets {
-            println!("       resizes role {} to {}", t.role, t.count);
-        }
         for why in &d.reasons {
             println!("       - {why}");
         }
     }
     Ok(())
+}
+
+/// Each role group's count now and after the round: `trainer 2 -> 4, rollout 1 -> 3`, a
+/// count that stays shown once (`ps 1`).
+pub fn roles_shown(roles: &[pb::RoleChange]) -> String {
+    roles
+        .iter()
+        .map(|c| {
+            if c.from == c.to {
+                format!("{} {}", c.role, c.to)
+            } else {
+                format!("{} {} -> {}", c.role, c.from, c.to)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decisions_roles_show_what_changes_and_what_stays() {
+        let c = |role: &str, from, to, training| pb::RoleChange {
+            role: role.into(),
+            from,
+            to,
+            training,
+        };
+        assert_eq!(
+            roles_shown(&[
+                c("trainer", 2, 4, true),
+                c("ps", 1, 1, false),
+                c("rollout", 1, 3, false)
+            ]),
+            "trainer 2 -> 4, ps 1, rollout 1 -> 3"
+        );
+        assert_eq!(roles_shown(&[]), "");
+    }
 }
