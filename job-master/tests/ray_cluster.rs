@@ -334,7 +334,10 @@ async fn a_node_with_its_gpus_taken_is_left_unchecked_not_called_faulty() {
     spec.precheck.python = Some(python);
     spec.precheck.matmul_size = Some(256);
     spec.precheck.allreduce_mb = Some(1);
-    spec.precheck.step_timeout_s = Some(20);
+    // Generous: each checked node starts Python and imports torch before it answers (over
+    // 20 s on a loaded 2-core CI run of a fresh machine, which then called both healthy nodes
+    // faulty). The node left unchecked is told by Ray's start timeout, not this one.
+    spec.precheck.step_timeout_s = Some(120);
     // The nodes share this machine's CPUs with whatever else runs: a checked node's matmul
     // may take 2.8 times another's (seen in CI: 0.9 against 0.3 ms). What is tested here is
     // the node left unchecked, so no timing makes a straggler.
