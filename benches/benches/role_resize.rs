@@ -163,6 +163,7 @@ async fn one(python: &str, sdk: &Path, rescale: &str) -> Measured {
         .apply_scale_plan(pb::ScalePlan {
             version: 1,
             roles: vec![pb::RoleTarget {
+                nodes: Vec::new(),
                 role: "rollout".into(),
                 count: 4,
                 resources: None,

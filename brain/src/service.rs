@@ -53,7 +53,7 @@ mod records;
 mod reports;
 mod shapes;
 use records::{Extras, PLANS_SHOWN, record};
-use shapes::{node_state, shape_from, shape_to};
+use shapes::{node_state, role_changes, shape_from, shape_to};
 
 #[tonic::async_trait]
 impl pb::brain_server::Brain for BrainService {
@@ -553,16 +553,7 @@ impl pb::brain_server::Brain for BrainService {
                 .into_iter()
                 .zip(trainers)
                 .map(|(d, trainer)| pb::JobDecision {
-                    roles: d
-                        .role_changes(trainer)
-                        .iter()
-                        .map(|c| pb::RoleChange {
-                            role: c.role.to_string(),
-                            from: c.from,
-                            to: c.to,
-                            training: c.training,
-                        })
-                        .collect(),
+                    roles: role_changes(&d, trainer),
                     job_id: d.job.0,
                     job_name: d.name,
                     state: match d.state {

@@ -129,6 +129,7 @@ async fn call(c: &mut Client, rpc: Rpc, job: u64, name: &str) -> Result<(), Stat
             .propose_plan(pb::ProposePlanRequest {
                 job_id: job,
                 roles: vec![jm::RoleTarget {
+                    nodes: Vec::new(),
                     role: "worker".into(),
                     count: 2,
                     resources: None,

@@ -119,6 +119,7 @@ async fn jobs_reports_and_plans_survive_a_kill_9_of_the_brain() {
         .propose_plan(pb::ProposePlanRequest {
             job_id: a.job_id,
             roles: vec![jm::RoleTarget {
+                nodes: Vec::new(),
                 role: "worker".into(),
                 count: 4,
                 resources: None,

@@ -83,6 +83,12 @@ pub enum PlanRejection {
     NoSuchProcess(SlotKey),
     #[error("{0} is migrated twice")]
     MigratedTwice(SlotKey),
+    #[error(
+        "{role}: the plan names {nodes} nodes for the {adds} processes it adds (at most one each)"
+    )]
+    TooManyNodes { role: Role, nodes: usize, adds: u32 },
+    #[error("{0}: the plan names a node without a name")]
+    EmptyNodeName(Role),
 }
 
 fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), PlanRejection> {
@@ -116,6 +122,23 @@ fn check_resources(what: &str, r: &Resources, cap: &Capacity) -> Result<(), Plan
         && g > vocab::Gpus::whole(cap.gpus)
     {
         return Err(too_large(format!("{g} GPUs"), cap.gpus.to_string()));
+    }
+    Ok(())
+}
+
+/// A role's `nodes`: at most one for each process the plan adds to the `now` it has, each
+/// named.
+fn check_nodes(role: Role, target: &RoleTarget, now: u32) -> Result<(), PlanRejection> {
+    let adds = target.count.saturating_sub(now);
+    if target.nodes.len() > adds as usize {
+        return Err(PlanRejection::TooManyNodes {
+            role,
+            nodes: target.nodes.len(),
+            adds,
+        });
+    }
+    if target.nodes.iter().any(|n| n.trim().is_empty()) {
+        return Err(PlanRejection::EmptyNodeName(role));
     }
     Ok(())
 }
@@ -165,6 +188,7 @@ pub fn validate(
         if let Some(r) = &target.resources {
             check_resources(&format!("{role} resources"), r, cap)?;
         }
+        check_nodes(role, target, current.get(&role).copied().unwrap_or(0))?;
     }
     if total > cap.max_processes {
         return Err(PlanRejection::TooManyProcesses {
@@ -250,6 +274,7 @@ mod tests {
                 RoleTarget {
                     count: n,
                     resources: None,
+                    ..Default::default()
                 },
             );
         }
@@ -259,6 +284,7 @@ mod tests {
                 RoleTarget {
                     count: n,
                     resources: None,
+                    ..Default::default()
                 },
             );
         }
@@ -267,6 +293,36 @@ mod tests {
 
     fn current() -> BTreeMap<Role, u32> {
         [(Role::PS, 2), (Role::WORKER, 2)].into()
+    }
+
+    #[test]
+    fn a_plan_names_at_most_one_node_for_each_process_it_adds() {
+        let s = spec();
+        let ok = |p: &ScalePlan| validate(p, &s, &current(), &[], &Capacity::default());
+        let with = |workers: u32, nodes: &[&str]| {
+            let mut p = plan(None, Some(workers));
+            p.roles.get_mut(&Role::WORKER).unwrap().nodes =
+                nodes.iter().map(|n| n.to_string()).collect();
+            p
+        };
+        // 2 → 4 adds two; one named and one left to the job master is fine too.
+        assert_eq!(ok(&with(4, &["10.0.0.2", "10.0.0.3"])), Ok(()));
+        assert_eq!(ok(&with(4, &["10.0.0.2"])), Ok(()));
+        assert_eq!(
+            ok(&with(3, &["10.0.0.2", "10.0.0.3"]))
+                .unwrap_err()
+                .to_string(),
+            "worker: the plan names 2 nodes for the 1 processes it adds (at most one each)"
+        );
+        // A shrink adds none.
+        assert!(matches!(
+            ok(&with(1, &["10.0.0.2"])),
+            Err(PlanRejection::TooManyNodes { adds: 0, .. })
+        ));
+        assert_eq!(
+            ok(&with(3, &[" "])),
+            Err(PlanRejection::EmptyNodeName(Role::WORKER))
+        );
     }
 
     #[test]

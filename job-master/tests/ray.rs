@@ -316,6 +316,7 @@ fn launch(index: u32, cpu_millicores: u64) -> AgentLaunch {
         token_file: token_file(),
         tls_dir: None,
         device_share: None,
+        node: None,
     }
 }
 

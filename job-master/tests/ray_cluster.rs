@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -652,6 +652,7 @@ async fn service_roles_run_beside_the_training_group_across_nodes() {
     .await;
     let mut p = plan(1, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "rollout".into(),
         count: 3,
         resources: None,
@@ -662,6 +663,108 @@ async fn service_roles_run_beside_the_training_group_across_nodes() {
     })
     .await;
     assert_eq!(host_of(&s, "worker", 0), workers, "the ring did not move");
+    let report = run.report().await;
+    assert_every_sample_once(&report, N, 1);
+    assert!(report.restarts.is_empty(), "{:#?}", report.events);
+}
+
+/// A plan that names the nodes of the processes it adds (as the brain's round does): the
+/// first goes to the node it names while that node holds it, though the job master's own rule
+/// (a node without GPUs first, then the most CPU left) picks another; the second names a node
+/// the job is not offered and goes where there is room, with the reason in the job's events.
+/// The training group runs on untouched and trains every sample once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plans_new_processes_go_to_the_nodes_it_names_while_they_hold_them() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 40_000;
+    // One worker of 3 CPUs, one engine of 1 CPU: 8 of the 12 CPUs left, on two nodes at least.
+    let mut spec = spec(dir.path(), "allreduce", 0, 1, N, 1, 1000);
+    let yaml = "{ replicas: 1, min: 1, max: 3, resources: { cpu: 1, memory: 64Mi }, \
+                command: [/bin/sh, -c, exec sleep 600] }";
+    spec.roles.insert(
+        job_master::spec::Role::new("rollout").unwrap(),
+        serde_norway::from_str(yaml).unwrap(),
+    );
+    spec.validate().unwrap();
+    let mut run = cluster.start(spec, dir.path()).await;
+    let engines = |s: &pb::JobStatus| {
+        s.processes
+            .iter()
+            .filter(|p| p.role == "rollout" && p.state == "running" && !p.host.is_empty())
+            .map(|p| (p.index, p.host.clone()))
+            .collect::<BTreeMap<u32, String>>()
+    };
+    let s = wait_for(
+        run.addr,
+        Duration::from_secs(120),
+        "the worker and the engine",
+        |s| engines(s).len() == 1 && hosts(s, "worker").len() == 1,
+    )
+    .await;
+    let worker = host_of(&s, "worker", 0);
+    // Past Ray's usage report's lag: where the rule would put an engine, and another node
+    // with room for one.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let api = job_master::platform::ray::api::RayApi::new(&cluster.dashboard).unwrap();
+    let nodes = api.cluster().await.unwrap().nodes;
+    let has_room = |n: &&job_master::platform::ray::api::RayNode| n.available.cpus >= 1.0;
+    let by_rule = nodes
+        .iter()
+        .filter(has_room)
+        .map(|n| ((n.total.gpus <= 0.0, n.available.cpus), n))
+        .reduce(|best, x| if x.0 > best.0 { x } else { best })
+        .map(|(_, n)| n.ip.clone())
+        .unwrap();
+    let named = nodes
+        .iter()
+        .filter(has_room)
+        .find(|n| n.ip != by_rule)
+        .map(|n| n.ip.clone())
+        .unwrap_or_else(|| panic!("one node with room besides {by_rule}: {nodes:#?}"));
+    let events = || {
+        let ctx = std::fs::read(run.run_dir.join("job-context.json")).unwrap_or_default();
+        serde_json::from_slice::<serde_json::Value>(&ctx)
+            .map_or(String::new(), |c| format!("{:#}", c["events"]))
+    };
+    let grow = |version, count, node: &str| {
+        let mut p = plan(version, None, None);
+        p.roles.push(pb::RoleTarget {
+            role: "rollout".into(),
+            count,
+            resources: None,
+            nodes: vec![node.to_string()],
+        });
+        p
+    };
+    send(run.addr, grow(1, 2, &named)).await;
+    let s = wait_for(run.addr, Duration::from_secs(120), "2 engines", |s| {
+        engines(s).len() == 2
+    })
+    .await;
+    assert_eq!(
+        engines(&s)[&1],
+        named,
+        "engine 1 on the node named, not {by_rule}: {}",
+        events()
+    );
+    const GONE: &str = "10.213.0.250";
+    send(run.addr, grow(2, 3, GONE)).await;
+    let s = wait_for(run.addr, Duration::from_secs(120), "3 engines", |s| {
+        engines(s).len() == 3
+    })
+    .await;
+    until_event(&run.run_dir, Duration::from_secs(30), |t| {
+        t.starts_with(&format!(
+            "rollout-2: the plan placed it on {GONE}, which is not among the nodes offered to \
+             the job (gone, cordoned or avoided); placed on "
+        ))
+    })
+    .await;
+    assert_eq!(host_of(&s, "worker", 0), worker, "the worker did not move");
     let report = run.report().await;
     assert_every_sample_once(&report, N, 1);
     assert!(report.restarts.is_empty(), "{:#?}", report.events);
@@ -836,6 +939,7 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
     // reason, while the others run on; back to 3, the job goes on untouched.
     let mut p = plan(1, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "rollout".into(),
         count: 4,
         resources: None,
@@ -849,6 +953,7 @@ async fn placement_groups_pack_and_spread_processes_over_the_nodes() {
     assert_eq!(running(&s, "rollout").len(), 3, "{s:#?}");
     let mut p = plan(2, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "rollout".into(),
         count: 3,
         resources: None,
@@ -1029,6 +1134,7 @@ checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
 
     let mut p = plan(1, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "probe".into(),
         count: 2,
         resources: Some(pb::Resources {

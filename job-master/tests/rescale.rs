@@ -339,6 +339,7 @@ async fn an_all_reduce_group_named_actor_is_resized_by_its_name_and_finishes_exa
             role: "actor".into(),
             count,
             resources: None,
+            nodes: Vec::new(),
         }],
         ..Default::default()
     };

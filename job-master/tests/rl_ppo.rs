@@ -41,6 +41,7 @@ async fn the_rl_example_learns_while_its_rollout_role_is_resized() {
 
     let mut p = plan(1, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "rollout".into(),
         count: 4,
         resources: None,

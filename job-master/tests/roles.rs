@@ -127,6 +127,7 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
     assert!(String::from_utf8_lossy(&bad.stderr).contains("the job has no critic role"));
     let mut p = plan(3, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "rollout".into(),
         count: 1,
         resources: None,
@@ -295,6 +296,7 @@ async fn roles_call_each_other_and_follow_restarts_and_resizes() {
     .await;
     let mut p = plan(1, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "reward".into(),
         count: 3,
         resources: None,
@@ -562,6 +564,7 @@ async fn a_killed_job_master_resumes_its_service_roles_at_their_planned_size() {
     all_running(addr, 5, "every process").await;
     let mut p = plan(1, None, None);
     p.roles.push(pb::RoleTarget {
+        nodes: Vec::new(),
         role: "rollout".into(),
         count: 3,
         resources: None,

@@ -18,6 +18,12 @@ pub struct RoleTarget {
     pub count: u32,
     /// Resources of processes launched from now on; `None` keeps the role's.
     pub resources: Option<Resources>,
+    /// Where the sender (the brain's round) placed the processes the plan adds, in the order
+    /// of their indices from the role's current count, as the platform names the nodes: each
+    /// is launched there while that node still holds it, else where the job master finds
+    /// room. Empty: the job master places them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
 }
 
 /// Replace one process by one with other resources, its state handed over.

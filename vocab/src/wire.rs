@@ -59,6 +59,7 @@ impl TryFrom<pb::ScalePlan> for ScalePlan {
             let target = RoleTarget {
                 count: t.count,
                 resources: t.resources.map(Resources::from),
+                nodes: t.nodes,
             };
             if plan.roles.insert(role, target).is_some() {
                 return Err(WireError(format!("role {role} is named twice")));
@@ -89,6 +90,7 @@ impl From<&ScalePlan> for pb::ScalePlan {
                     role: role.to_string(),
                     count: t.count,
                     resources: t.resources.as_ref().map(pb::Resources::from),
+                    nodes: t.nodes.clone(),
                 })
                 .collect(),
             migrations: p.migrations.iter().map(pb::Migration::from).collect(),
@@ -171,6 +173,8 @@ mod tests {
             ..Default::default()
         });
         plan.set_count(Role::PS, 2);
+        // Where the sender placed the PS it adds.
+        plan.roles.get_mut(&Role::PS).unwrap().nodes = vec!["10.0.0.2".into(), "10.0.0.3".into()];
         plan.migrations.push(Migration {
             key: SlotKey {
                 role: Role::PS,
@@ -183,6 +187,8 @@ mod tests {
             reason: "hot ps".into(),
         });
         let wire = pb::ScalePlan::from(&plan);
+        let ps = wire.roles.iter().find(|t| t.role == "ps").unwrap();
+        assert_eq!(ps.nodes, ["10.0.0.2", "10.0.0.3"]);
         assert_eq!(ScalePlan::try_from(wire.clone()), Ok(plan));
         let mut twice = wire.clone();
         twice.roles.push(twice.roles[0].clone());

@@ -401,6 +401,7 @@ async fn scale(
                 .into_iter()
                 .filter_map(|(role, n)| {
                     n.map(|count| proto::jobmaster::v1::RoleTarget {
+                        nodes: Vec::new(),
                         role: role.into(),
                         count,
                         resources: None,

@@ -182,9 +182,72 @@ pub(super) fn shape_to(s: Shape) -> pb::JobShape {
     }
 }
 
+/// A dry run's decision role by role, on the wire: each group's count now and from now on
+/// ([`optimizer::live::Decision::role_changes`]), and the nodes the plan that carries it out
+/// names for the processes it adds.
+pub(super) fn role_changes(
+    d: &optimizer::live::Decision,
+    trainer: vocab::Role,
+) -> Vec<pb::RoleChange> {
+    let plan = d.scale_plan(0, trainer);
+    d.role_changes(trainer)
+        .iter()
+        .map(|c| pb::RoleChange {
+            role: c.role.to_string(),
+            from: c.from,
+            to: c.to,
+            training: c.training,
+            nodes: plan
+                .roles
+                .get(&c.role)
+                .map_or_else(Vec::new, |t| t.nodes.clone()),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decisions_role_changes_carry_the_nodes_of_what_they_add() {
+        let rollout = vocab::Role::new("rollout").unwrap();
+        let trainer = vocab::Role::new("trainer").unwrap();
+        let d = optimizer::live::Decision {
+            job: optimizer::units::JobId(1),
+            name: "rl".into(),
+            state: optimizer::live::LiveState::Running,
+            from_workers: 2,
+            to_workers: 3,
+            ps: 0,
+            to_ps: 0,
+            migrations: vec![],
+            corrections: vec![],
+            predicted_samples_per_s: 0.0,
+            reasons: vec![],
+            gpu_type: None,
+            gpu_placement: vec![],
+            role_targets: vec![(rollout, 1, 2)],
+            nodes: [
+                (vocab::Role::WORKER, vec!["10.0.0.3".to_string()]),
+                (rollout, vec!["10.0.0.2".to_string()]),
+            ]
+            .into(),
+        };
+        let changes = role_changes(&d, trainer);
+        let shown: Vec<(&str, u32, u32, &[String])> = changes
+            .iter()
+            .map(|c| (c.role.as_str(), c.from, c.to, &c.nodes[..]))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("trainer", 2, 3, &["10.0.0.3".to_string()][..]),
+                ("rollout", 1, 2, &["10.0.0.2".to_string()][..])
+            ]
+        );
+        assert!(changes[0].training && !changes[1].training);
+    }
 
     fn ps_job() -> Shape {
         let rollout = vocab::Role::new("rollout").unwrap();

@@ -352,6 +352,11 @@ impl JobContext {
     pub(super) fn relaunch_agent(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
         let slot = self.any_slot_mut(key).expect("exists");
         slot.phase = SlotPhase::Launching;
+        // One that ran is placed by room from now on; one still waiting to be placed keeps
+        // the node its plan named.
+        if slot.placed || slot.agent_id != 0 {
+            slot.node = None;
+        }
         slot.placed = false;
         slot.pending_reason.clear();
         slot.agent_id = 0;

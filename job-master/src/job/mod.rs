@@ -191,6 +191,11 @@ pub struct Slot {
     /// before this was kept; any is).
     #[serde(default)]
     pub launched: u64,
+    /// The node the plan that added it placed it on (the brain's round, as the platform names
+    /// nodes), for the launch that plan makes: the platform starts it there while that node
+    /// holds it. A relaunch leaves it to the platform. `None`: the platform places it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// State written before slots said whether they were placed: every launch counted as placed.
@@ -210,6 +215,7 @@ impl Slot {
         self.agent_id = 0;
         self.process_pid = 0;
         self.sample = None;
+        self.node = None;
         // The new agent gets a full timeout to register.
         self.last_heartbeat_ms = now_ms;
     }
@@ -242,6 +248,7 @@ impl Slot {
             serve_addr: None,
             collective_addr: String::new(),
             launched: incarnation,
+            node: None,
         }
     }
 }
@@ -876,6 +883,11 @@ impl JobContext {
     /// Checkpoints committed so far, kept or deleted since.
     pub fn committed_checkpoints(&self) -> usize {
         self.checkpoints.len() + self.checkpoints_deleted
+    }
+
+    /// The node the plan that added `key` placed it on, for its launch ([`Slot::node`]).
+    pub fn launch_node(&self, key: SlotKey) -> Option<String> {
+        self.any_slot(key).and_then(|s| s.node.clone())
     }
 
     /// What `key`'s current incarnation is launched with: its own resources (from a plan or a

@@ -111,9 +111,9 @@ proptest! {
                 Pe::Plan { workers, ps } => {
                     version += 1;
                     let mut plan = ScalePlan { version, ..Default::default() };
-                    plan.roles.insert(Role::WORKER, crate::scale::RoleTarget { count: workers, resources: None });
+                    plan.roles.insert(Role::WORKER, crate::scale::RoleTarget { count: workers, resources: None, nodes: Vec::new() });
                     if kind == "ps" {
-                        plan.roles.insert(Role::PS, crate::scale::RoleTarget { count: ps, resources: None });
+                        plan.roles.insert(Role::PS, crate::scale::RoleTarget { count: ps, resources: None, nodes: Vec::new() });
                     }
                     let before = ctx.clone();
                     if ctx.apply_plan(plan, &cap, now).is_err() {

@@ -70,7 +70,7 @@ impl JobContext {
         for role in roles {
             let replicas = self.spec.role_plan(role).expect("validated spec").replicas;
             self.services.insert(role, RoleGroup::default());
-            effects.extend(self.resize_service(role, replicas, None, now_ms));
+            effects.extend(self.resize_service(role, replicas, None, &[], now_ms));
         }
         effects
     }
@@ -123,6 +123,7 @@ impl JobContext {
         role: Role,
         count: u32,
         resources: Option<Resources>,
+        nodes: &[String],
         now_ms: u64,
     ) -> Vec<Effect> {
         let group = self.services.get_mut(&role).expect("a service role");
@@ -146,6 +147,11 @@ impl JobContext {
             }
             slot.relaunched(now_ms);
             slot.resources = launch_with.clone();
+            // The plan's nodes, in order, for the processes it adds.
+            slot.node = index
+                .checked_sub(from)
+                .and_then(|k| nodes.get(k as usize))
+                .cloned();
             effects.push(Effect::LaunchAgent {
                 key,
                 incarnation: slot.incarnation,
@@ -429,7 +435,13 @@ impl JobContext {
         for role in roles {
             let target = plan.roles.remove(&role).expect("listed");
             let from = self.services[&role].live();
-            effects.extend(self.resize_service(role, target.count, target.resources, now_ms));
+            effects.extend(self.resize_service(
+                role,
+                target.count,
+                target.resources,
+                &target.nodes,
+                now_ms,
+            ));
             if from != target.count
                 && self.spec.roles[&role].rescale == Some(crate::spec::Rescale::Restart)
             {

@@ -216,6 +216,43 @@ fn a_plan_for_workers_and_a_service_resizes_the_service_now_and_the_workers_by_t
 }
 
 #[test]
+fn the_processes_a_plan_adds_go_to_the_nodes_it_names_for_their_first_launch_only() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    register_all(&mut ctx, 1);
+    let named = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let role = Role::new("rollout").unwrap();
+    let mut plan = ScalePlan::count(1, Role::WORKER, 4);
+    plan.roles.get_mut(&Role::WORKER).unwrap().nodes = named(&["n2", "n3"]);
+    plan.set_count(role, 3);
+    plan.roles.get_mut(&role).unwrap().nodes = named(&["n1"]);
+    ctx.apply_plan(plan, &Capacity::default(), 10).unwrap();
+    let node = |ctx: &JobContext, k| ctx.any_slot(k).unwrap().node.clone();
+    assert_eq!(node(&ctx, worker(2)).as_deref(), Some("n2"));
+    assert_eq!(node(&ctx, worker(3)).as_deref(), Some("n3"));
+    assert_eq!(node(&ctx, rollout(2)).as_deref(), Some("n1"));
+    // The processes that ran before are not moved.
+    assert_eq!(node(&ctx, worker(0)), None);
+    assert_eq!(node(&ctx, rollout(0)), None);
+    // It persists with the job's state, for a master restarted before the launch.
+    let back: JobContext = serde_json::from_str(&serde_json::to_string(&ctx).unwrap()).unwrap();
+    assert_eq!(node(&back, rollout(2)).as_deref(), Some("n1"));
+    // A relaunch (its agent lost) is placed by the platform, wherever there is room.
+    register_all(&mut ctx, 11);
+    ctx.agent_lost(rollout(2), 1, "gone".into(), 20);
+    assert_eq!(ctx.any_slot(rollout(2)).unwrap().incarnation, 2);
+    assert_eq!(node(&ctx, rollout(2)), None);
+    // More nodes than processes added: refused, nothing changed.
+    let mut plan = ScalePlan::count(2, role, 4);
+    plan.roles.get_mut(&role).unwrap().nodes = named(&["n1", "n2"]);
+    let e = ctx.apply_plan(plan, &Capacity::default(), 30).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rollout: the plan names 2 nodes for the 1 processes it adds (at most one each)"
+    );
+    assert_eq!(ctx.services[&role].desired, 3);
+}
+
+#[test]
 fn a_restarted_master_relaunches_the_services_too() {
     let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
     register_all(&mut ctx, 1);

@@ -550,6 +550,7 @@ pub(super) fn workers(version: u64, n: u32) -> ScalePlan {
         crate::scale::RoleTarget {
             count: n,
             resources: None,
+            ..Default::default()
         },
     );
     p

@@ -206,9 +206,13 @@ impl JobContext {
         let mut effects = Vec::new();
         for (&role, &n) in &to {
             let now = from[&role];
+            let nodes = plan.roles.get(&role).map_or(&[][..], |t| &t.nodes[..]);
             for index in now..n {
                 let fresh = role == Role::PS;
-                effects.push(self.launch_slot(SlotKey { role, index }, fresh, now_ms));
+                let key = SlotKey { role, index };
+                effects.push(self.launch_slot(key, fresh, now_ms));
+                self.slots.get_mut(&key).expect("just launched").node =
+                    nodes.get((index - now) as usize).cloned();
             }
             for index in n..now {
                 let key = SlotKey { role, index };

@@ -12,9 +12,13 @@ pub(super) async fn execute(
 ) {
     match effect {
         Effect::LaunchAgent { key, incarnation } => {
-            let (resources, device_share) = {
+            let (resources, device_share, node) = {
                 let ctx = shared.job.lock().await;
-                (ctx.launch_resources(key), ctx.spec.device_share(key))
+                (
+                    ctx.launch_resources(key),
+                    ctx.spec.device_share(key),
+                    ctx.launch_node(key),
+                )
             };
             let launch = AgentLaunch {
                 key,
@@ -24,6 +28,7 @@ pub(super) async fn execute(
                 token_file: shared.token_file.clone(),
                 tls_dir: shared.creds.tls.as_ref().map(|t| t.dir().to_path_buf()),
                 device_share,
+                node,
             };
             match platform.launch(launch).await {
                 Err(e) => {

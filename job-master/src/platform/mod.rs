@@ -33,6 +33,9 @@ pub struct AgentLaunch {
     pub tls_dir: Option<PathBuf>,
     /// The processes it shares its GPU with (a `placement:` group with `share_devices`).
     pub device_share: Option<vocab::spec::DeviceShare>,
+    /// The node the plan that added it placed it on (the brain's round): a platform of
+    /// several nodes starts it there while that node holds it, else where it finds room.
+    pub node: Option<String>,
 }
 
 /// Something the platform saw happen to an agent.

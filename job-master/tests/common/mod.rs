@@ -528,6 +528,7 @@ pub fn plan(version: u64, workers: Option<u32>, ps: Option<u32>) -> pb::ScalePla
     for (role, n) in [("worker", workers), ("ps", ps)] {
         if let Some(count) = n {
             p.roles.push(pb::RoleTarget {
+                nodes: Vec::new(),
                 role: role.into(),
                 count,
                 resources: None,

@@ -132,6 +132,7 @@ fn sized<'a>(
         joint: None,
         pinned: false,
         reasons,
+        nodes: BTreeMap::new(),
     }
 }
 

@@ -1,6 +1,8 @@
 //! What a round decides: per job a [`Decision`] (workers, PS, migrations, the reasons), and
 //! the [`RoundPlan`] of all of them with the capacity they use.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::LiveState;
@@ -38,6 +40,13 @@ pub struct Decision {
     /// Service roles of a running job resized: (role, from, to).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub role_targets: Vec<(Role, u32, u32)>,
+    /// Where the round placed the processes a running job's plan adds, by role (the training
+    /// group as `worker`), in the order of their indices from the role's count now, as the
+    /// platform names the nodes (where it reports them): the plan names them, and the job
+    /// master launches each there while that node holds it. A role left out, or a process
+    /// past its list, is placed by the job master.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nodes: BTreeMap<Role, Vec<String>>,
 }
 
 impl Decision {
@@ -76,6 +85,16 @@ impl Decision {
         }
         for (role, _, to) in &self.role_targets {
             plan.set_count(*role, *to);
+        }
+        for change in self.role_changes(trainer) {
+            let placed = match change.training {
+                true => self.nodes.get(&Role::WORKER),
+                false => self.nodes.get(&change.role),
+            };
+            if let (Some(nodes), Some(target)) = (placed, plan.roles.get_mut(&change.role)) {
+                let adds = change.to.saturating_sub(change.from) as usize;
+                target.nodes = nodes.iter().take(adds).cloned().collect();
+            }
         }
         plan
     }
@@ -161,6 +180,7 @@ mod tests {
             gpu_type: None,
             gpu_placement: vec![],
             role_targets: vec![],
+            nodes: BTreeMap::new(),
         }
     }
 
@@ -187,6 +207,8 @@ mod tests {
         let plan = d.scale_plan(3, trainer);
         assert_eq!(plan.count_of(trainer), Some(4));
         assert_eq!(plan.count_of(Role::new("rollout").unwrap()), Some(3));
+        // No nodes named: the job master places them all.
+        assert!(plan.roles.values().all(|t| t.nodes.is_empty()));
         // A ps job gaining a PS; a job that keeps waiting is listed 0 -> 0.
         assert_eq!(
             decision(3, 3, (1, 2)).role_changes(Role::WORKER),
@@ -196,5 +218,30 @@ mod tests {
             decision(0, 0, (0, 0)).role_changes(Role::WORKER),
             [change("worker", 0, 0, true)]
         );
+    }
+
+    #[test]
+    fn a_plan_names_the_nodes_the_round_placed_what_it_adds_on_under_the_jobs_names() {
+        let rollout = Role::new("rollout").unwrap();
+        let trainer = Role::new("trainer").unwrap();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut d = decision(2, 3, (1, 2));
+        d.role_targets = vec![(rollout, 1, 3)];
+        d.nodes = [
+            (Role::WORKER, names(&["b"])),
+            (Role::PS, names(&["c"])),
+            // More than the role adds: the rest are dropped.
+            (rollout, names(&["a", "b", "c"])),
+        ]
+        .into();
+        let plan = d.scale_plan(4, trainer);
+        assert_eq!(plan.roles[&trainer].nodes, ["b"]);
+        assert_eq!(plan.roles[&Role::PS].nodes, ["c"]);
+        assert_eq!(plan.roles[&rollout].nodes, ["a", "b"]);
+        assert!(!plan.roles.contains_key(&Role::WORKER));
+        // Nodes of a role the plan does not grow are not sent.
+        d.to_workers = 2;
+        let plan = d.scale_plan(5, trainer);
+        assert!(!plan.roles.contains_key(&trainer));
     }
 }

@@ -528,6 +528,7 @@ fn plan_pass(
                     .map(|(n, k)| (nodes[*n].name.clone(), *k))
                     .collect(),
                 role_targets: Vec::new(),
+                nodes: BTreeMap::new(),
             };
             (at, decision)
         })

@@ -1025,6 +1025,7 @@ mod tests {
                     joint: None,
                     pinned,
                     reasons: Vec::new(),
+                    nodes: BTreeMap::new(),
                 }).collect()
             };
             let (mut a, mut b) = (make(), make());

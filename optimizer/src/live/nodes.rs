@@ -169,8 +169,9 @@ impl Free {
         }
     }
 
-    /// Places all of `procs` (see [`placed`]), or none of them: false.
-    pub(super) fn take(&mut self, procs: Vec<Process>) -> bool {
+    /// Places all of `procs` (see [`placed`]), or none of them (`None`); the node each went
+    /// to, in their order.
+    pub(super) fn take(&mut self, procs: Vec<Process>) -> Option<Vec<usize>> {
         self.take_pinned(Vec::new(), procs)
     }
 
@@ -185,26 +186,22 @@ impl Free {
     }
 
     /// Places each of `pinned` on its node and all of `rest` (see [`placed`]), or none of
-    /// them: false.
+    /// them (`None`); the node each of `rest` went to, in their order.
     pub(super) fn take_pinned(
         &mut self,
         pinned: Vec<(Process, usize)>,
         rest: Vec<Process>,
-    ) -> bool {
+    ) -> Option<Vec<usize>> {
         let mut left = self.room.clone();
         for (p, i) in pinned {
             if !p.fits_in(&left[i]) {
-                return false;
+                return None;
             }
             p.take_from(&mut left[i]);
         }
-        match placed(&left, rest) {
-            Some(left) => {
-                self.room = left;
-                true
-            }
-            None => false,
-        }
+        let (left, went) = placed(&left, &rest)?;
+        self.room = left;
+        Some(went)
     }
 
     /// Places processes of `p` one at a time, in order, each on the node `on(k)` names for
@@ -226,14 +223,20 @@ impl Free {
         went
     }
 
-    /// [`Free::take_on`], how many.
+    /// [`Free::take_on`], the nodes by name.
     pub(super) fn take_in_order(
         &mut self,
         n: u32,
         p: Process,
         on: impl Fn(u32) -> Option<usize>,
-    ) -> u32 {
-        self.take_on(n, p, on).len() as u32
+    ) -> Vec<String> {
+        let went = self.take_on(n, p, on);
+        self.names_of(&went)
+    }
+
+    /// How the platform names nodes `on`.
+    pub(super) fn names_of(&self, on: &[usize]) -> Vec<String> {
+        on.iter().map(|&i| self.names[i].clone()).collect()
     }
 
     /// Places up to `n` processes of `p`, each on the freest node; the nodes they went to.
@@ -478,7 +481,18 @@ fn gate_one(s: &mut Sized, free: &mut Free) {
         let mut procs = vec![ps; new_ps as usize];
         procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
         procs.extend_from_slice(&roles);
-        if free.take(procs) {
+        if let Some(went) = free.take(procs) {
+            // A growth's plan names them (a start's job master places its own, by this rule);
+            // not where the workers it counts are more than it has (a shrink not carried out
+            // yet), whose new indexes are not these.
+            if !start && base == job.workers {
+                let (ps_on, workers_on) = went.split_at(new_ps as usize);
+                for (role, on) in [(Role::PS, ps_on), (Role::WORKER, workers_on)] {
+                    if !on.is_empty() {
+                        s.nodes.insert(role, free.names_of(on));
+                    }
+                }
+            }
             if w < wanted {
                 s.to = w;
                 s.reasons.push(format!(
@@ -555,15 +569,18 @@ fn freest(room: &[Room], p: Process) -> Option<usize> {
 }
 
 /// `room` after `procs` are placed, largest first (those with GPUs first), each by
-/// [`freest`]; `None` when one does not fit.
-fn placed(room: &[Room], mut procs: Vec<Process>) -> Option<Vec<Room>> {
-    procs.sort_by(|a, b| b.cmp(a));
+/// [`freest`], and the node each went to, in their order; `None` when one does not fit.
+fn placed(room: &[Room], procs: &[Process]) -> Option<(Vec<Room>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..procs.len()).collect();
+    order.sort_by(|&a, &b| procs[b].cmp(&procs[a]));
     let mut left = room.to_vec();
-    for p in procs {
-        let i = freest(&left, p)?;
-        p.take_from(&mut left[i]);
+    let mut went = vec![0; procs.len()];
+    for k in order {
+        let i = freest(&left, procs[k])?;
+        procs[k].take_from(&mut left[i]);
+        went[k] = i;
     }
-    Some(left)
+    Some((left, went))
 }
 
 /// Millicores as CPUs: `1.5`, `2`.
@@ -807,15 +824,17 @@ mod tests {
         let room = vec![p(4000, u64::MAX), p(2000, u64::MAX)];
         // 2 then 2 then 1: the first 2 goes to a (4 free), the second to a again (the first of
         // two with 2 free), the 1 to b.
-        let left = placed(&rooms(&room), vec![p(1000, 0), p(2000, 0), p(2000, 0)]).unwrap();
+        let (left, went) = placed(&rooms(&room), &[p(1000, 0), p(2000, 0), p(2000, 0)]).unwrap();
         assert_eq!(left, rooms(&[p(0, u64::MAX), p(1000, u64::MAX)]));
-        assert_eq!(placed(&rooms(&room), vec![p(3000, 0), p(3000, 0)]), None);
+        // Where each went, in the order given.
+        assert_eq!(went, [1, 0, 0]);
+        assert_eq!(placed(&rooms(&room), &[p(3000, 0), p(3000, 0)]), None);
         // A 3 then a 1: the 3 to a, the 1 to b (2 free against a's 1).
-        let left = placed(&rooms(&room), vec![p(1000, 0), p(3000, 0)]).unwrap();
+        let left = placed(&rooms(&room), &[p(1000, 0), p(3000, 0)]).unwrap().0;
         assert_eq!(left, rooms(&[p(1000, u64::MAX), p(1000, u64::MAX)]));
         // Memory too: a node without the memory is passed over.
         let room = vec![p(4000, 1 << 30), p(2000, 4 << 30)];
-        let left = placed(&rooms(&room), vec![p(1000, 2 << 30)]).unwrap();
+        let left = placed(&rooms(&room), &[p(1000, 2 << 30)]).unwrap().0;
         assert_eq!(left, rooms(&[p(4000, 1 << 30), p(1000, 2 << 30)]));
         // GPUs: a process with GPUs goes first, to a node with its model and GPUs left (b,
         // though a has more CPU free); a process of another model fits nowhere.
@@ -836,9 +855,10 @@ mod tests {
         };
         let left = placed(
             &rooms(&room),
-            vec![want(2000, 0, None), want(2000, 2000, Some(0))],
+            &[want(2000, 0, None), want(2000, 2000, Some(0))],
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(
             left,
             rooms(&[
@@ -847,12 +867,12 @@ mod tests {
                 gpus(3000, 1000, Some(1))
             ])
         );
-        assert_eq!(placed(&rooms(&room), vec![want(1000, 1000, Some(7))]), None);
+        assert_eq!(placed(&rooms(&room), &[want(1000, 1000, Some(7))]), None);
         // A process without GPUs goes to a node without them while one holds it.
         let room = vec![gpus(2000, 0, None), gpus(8000, 2000, Some(0))];
-        let left = placed(&rooms(&room), vec![want(1000, 0, None)]).unwrap();
+        let left = placed(&rooms(&room), &[want(1000, 0, None)]).unwrap().0;
         assert_eq!(left[0], rooms(&[gpus(1000, 0, None)])[0]);
-        let left = placed(&rooms(&room), vec![want(3000, 0, None)]).unwrap();
+        let left = placed(&rooms(&room), &[want(3000, 0, None)]).unwrap().0;
         assert_eq!(left[1], rooms(&[gpus(5000, 2000, Some(0))])[0]);
         let room = vec![
             gpus(4000, 0, None),
@@ -860,7 +880,7 @@ mod tests {
             gpus(3000, 1000, Some(1)),
         ];
         // Any model: the freest node with the GPUs.
-        let left = placed(&rooms(&room), vec![want(1000, 1000, None)]).unwrap();
+        let left = placed(&rooms(&room), &[want(1000, 1000, None)]).unwrap().0;
         assert_eq!(left[1], rooms(&[gpus(2000, 1000, Some(0))])[0]);
     }
 
@@ -991,6 +1011,58 @@ mod tests {
     }
 
     #[test]
+    fn a_growths_plan_names_the_node_of_each_process_it_adds() {
+        // Two running jobs of one 2-CPU worker each grow to two in one round; nodes a (3 CPUs
+        // free) and b (2). Each job master reading Ray's free room would pick a, the freest;
+        // the round places job 1's on a, leaving it 1, and job 2's on b, and the plans say so.
+        let grows = |id| LiveJob {
+            max_workers: 2,
+            min_workers: 1,
+            ..cpu_job(id, LiveState::Running, 1, 2)
+        };
+        let snapshot = LiveSnapshot {
+            now_s: 100.0,
+            cluster: round_cluster(free(&[3.0, 2.0]), 16),
+            jobs: vec![grows(1), grows(2)],
+        };
+        let heuristics = super::super::tests::none();
+        let config = super::super::tests::config();
+        let scheduler = super::super::tests::elastic();
+        let plan = plan_round(&snapshot, &scheduler, &config, &heuristics).unwrap();
+        let one = super::super::tests::decision(&plan, 1);
+        let two = super::super::tests::decision(&plan, 2);
+        assert_eq!((one.to_workers, two.to_workers), (2, 2), "{plan:?}");
+        let named = |d: &Decision| {
+            d.scale_plan(2, Role::WORKER).roles[&Role::WORKER]
+                .nodes
+                .clone()
+        };
+        assert_eq!(named(one), ["a"]);
+        assert_eq!(named(two), ["b"]);
+        // Under the job's own name for its training group.
+        let trainer: Role = "trainer".parse().unwrap();
+        assert_eq!(two.scale_plan(2, trainer).roles[&trainer].nodes, ["b"]);
+        // Where the platform reports no nodes, none are named.
+        let mut pooled = snapshot.clone();
+        pooled.cluster.free.clear();
+        let plan = plan_round(&pooled, &scheduler, &config, &heuristics).unwrap();
+        assert!(
+            plan.decisions.iter().all(|d| d.nodes.is_empty()),
+            "{plan:?}"
+        );
+        // A start's are not named: its job master places them, by the same rule.
+        let mut start = snapshot.clone();
+        start.jobs[1].state = LiveState::Queued;
+        start.jobs[1].workers = 0;
+        let plan = plan_round(&start, &scheduler, &config, &heuristics).unwrap();
+        let started = super::super::tests::decision(&plan, 2);
+        assert!(
+            started.to_workers > 0 && started.nodes.is_empty(),
+            "{started:?}"
+        );
+    }
+
+    #[test]
     fn a_role_grows_only_by_the_processes_a_node_holds() {
         // A running job at its size whose callers wait 80% for its one engine of 0.5 CPU: the
         // pool holds 3 more, the nodes (0.7, 0.4, 0.3 free) one.
@@ -1020,6 +1092,8 @@ mod tests {
         let plan = run(free(&[0.7, 0.4, 0.3]));
         let d = &plan.decisions[0];
         assert_eq!(d.role_targets, vec![(r, 1, 2)], "{d:?}");
+        // On a, the one node that holds it; the plan names it.
+        assert_eq!(d.scale_plan(2, Role::WORKER).roles[&r].nodes, ["a"]);
         assert!(
             d.reasons
                 .iter()

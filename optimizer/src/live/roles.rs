@@ -556,7 +556,7 @@ fn grow_one(
             };
             let nodes: Vec<Option<usize>> = (0..pooled).map(node).collect();
             let on_nodes = f.take_in_order(pooled, p, |k| nodes[k as usize]);
-            if on_nodes == 0 {
+            if on_nodes.is_empty() {
                 d.reasons.push(format!(
                     "{}: {figures}; no node has room for another process of {} ({})",
                     role.role,
@@ -565,7 +565,9 @@ fn grow_one(
                 ));
                 return false;
             }
-            on_nodes
+            let more = on_nodes.len() as u32;
+            d.nodes.insert(role.role, on_nodes);
+            more
         }
         None if !role.gpus.is_zero() && pooled > 0 => {
             let fit = super::gpu_place::place_up_to(on.gpus_left, role.gpus, pooled, model);

@@ -26,6 +26,8 @@ pub(super) struct Sized<'a> {
     pub(super) joint: Option<(u32, u32)>,
     pub(super) pinned: bool,
     pub(super) reasons: Vec<String>,
+    /// Where the nodes' gate placed the processes a running job adds ([`Decision::nodes`]).
+    pub(super) nodes: BTreeMap<Role, Vec<String>>,
 }
 
 impl Sized<'_> {
@@ -158,6 +160,7 @@ impl Sized<'_> {
             gpu_type: None,
             gpu_placement: Vec::new(),
             role_targets: Vec::new(),
+            nodes: self.nodes,
         }
     }
     /// Predicted samples/s on `slots` slots: the job's speed model at the workers they hold,

@@ -66,16 +66,20 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
 }
 
 /// Each role group's count now and after the round: `trainer 2 -> 4, rollout 1 -> 3`, a
-/// count that stays shown once (`ps 1`).
+/// count that stays shown once (`ps 1`), and the nodes the plan names for the processes it
+/// adds (`rollout 1 -> 3 (new on 10.0.0.2, 10.0.0.3)`).
 pub fn roles_shown(roles: &[pb::RoleChange]) -> String {
     roles
         .iter()
         .map(|c| {
-            if c.from == c.to {
-                format!("{} {}", c.role, c.to)
-            } else {
-                format!("{} {} -> {}", c.role, c.from, c.to)
+            let mut s = match c.from == c.to {
+                true => format!("{} {}", c.role, c.to),
+                false => format!("{} {} -> {}", c.role, c.from, c.to),
+            };
+            if !c.nodes.is_empty() {
+                s += &format!(" (new on {})", c.nodes.join(", "));
             }
+            s
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -92,6 +96,7 @@ mod tests {
             from,
             to,
             training,
+            nodes: Vec::new(),
         };
         assert_eq!(
             roles_shown(&[
@@ -102,5 +107,12 @@ mod tests {
             "trainer 2 -> 4, ps 1, rollout 1 -> 3"
         );
         assert_eq!(roles_shown(&[]), "");
+        // Where the round placed what a growth adds.
+        let mut grown = c("rollout", 1, 3, false);
+        grown.nodes = vec!["10.0.0.2".into(), "10.0.0.3".into()];
+        assert_eq!(
+            roles_shown(&[c("trainer", 2, 2, true), grown]),
+            "trainer 2, rollout 1 -> 3 (new on 10.0.0.2, 10.0.0.3)"
+        );
     }
 }

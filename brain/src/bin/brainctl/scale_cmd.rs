@@ -22,6 +22,7 @@ pub fn scale(
     let roles: Vec<_> = targets
         .into_iter()
         .map(|(role, count)| proto::jobmaster::v1::RoleTarget {
+            nodes: Vec::new(),
             role: role.to_string(),
             count,
             resources: None,

@@ -66,6 +66,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
     let targets = vocab::role::role_targets(workers, ps, &roles).map_err(anyhow::Error::msg)?;
     for (role, count) in targets {
         plan.roles.push(pb::RoleTarget {
+            nodes: Vec::new(),
             role: role.to_string(),
             count,
             resources: None,

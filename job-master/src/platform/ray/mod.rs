@@ -433,6 +433,8 @@ impl Platform for RayPlatform {
         );
         let inner = self.inner.clone();
         let (key, incarnation) = (l.key, l.incarnation);
+        // A process of a placement group goes to its bundle's node.
+        let prefer = l.node.filter(|_| group.is_none());
         if key.role == Role::PS {
             // Counted now, not when its task first runs: a worker launched right after it
             // must see it waiting, or it may take the room the PS needs.
@@ -455,7 +457,10 @@ impl Platform for RayPlatform {
                     }),
             };
             let placed = match pinned {
-                Ok(()) => inner.place(&req, &need, key.role, &mut cancel_rx).await,
+                Ok(()) => {
+                    let prefer = prefer.as_deref();
+                    inner.place(&req, &need, key, prefer, &mut cancel_rx).await
+                }
                 Err(_) if *cancel_rx.borrow() => Err(Unplaced::Stopped),
                 Err(e) => Err(Unplaced::NoRoom(e)),
             };

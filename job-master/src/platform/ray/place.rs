@@ -9,7 +9,9 @@ use tokio::sync::watch;
 use super::Inner;
 use super::api::{RayCluster, RayError, RayNode, RayResources, SubmitRequest};
 use crate::error::Error;
+use crate::platform::PlatformEvent;
 use crate::spec::{Resources, Role};
+use vocab::SlotKey;
 use vocab::devices::DeviceUse;
 
 /// One submission of ours that Ray's usage report may not show yet.
@@ -67,32 +69,39 @@ fn pinned_to(cluster: &RayCluster, node_id: &str, req: &SubmitRequest) -> Submit
 /// The node a process needing `need` fits on, counting `recent` placements of ours that
 /// Ray's answer read at `read_at` does not show, and its GPUs device by device where how a
 /// node's are split is known ([`devices_on`], from the devices our processes hold there,
-/// `held`): of those with room (for a process without GPUs, those without GPUs first, kept
-/// for the processes that need them, as Ray's own scheduler does), the one with the most CPU
-/// left (the first listed among equals), as the brain's round counts its processes; `None`
-/// when none has room.
+/// `held`): the node `prefer` names (by address: where the brain's plan placed it) when it
+/// has room; else, of those with room (for a process without GPUs, those without GPUs first,
+/// kept for the processes that need them, as Ray's own scheduler does), the one with the
+/// most CPU left (the first listed among equals), as the brain's round counts its
+/// processes; `None` when none has room.
 fn choose_node(
     cluster: &RayCluster,
     recent: &[Placement],
     held: &DeviceUse,
     need: &RayResources,
+    prefer: Option<&str>,
     read_at: Instant,
 ) -> Option<String> {
     let spares_gpus = |n: &RayNode| need.gpus > 0.0 || n.total.gpus <= 0.0;
     let gpus = milli(need.gpus);
+    let room_for = |n: &RayNode| {
+        let room = room_on(n, recent, read_at);
+        let on_devices = || {
+            gpus == 0
+                || devices_on(n, held, recent, read_at)
+                    .is_none_or(|d| vocab::devices::fits_on_devices(&d, gpus))
+        };
+        (need.fits_in(&room) && on_devices()).then_some(room)
+    };
+    if let Some(n) = prefer.and_then(|ip| cluster.nodes.iter().find(|n| n.ip == ip))
+        && room_for(n).is_some()
+    {
+        return Some(n.node_id.clone());
+    }
     cluster
         .nodes
         .iter()
-        .filter_map(|n| {
-            let room = room_on(n, recent, read_at);
-            let on_devices = || {
-                gpus == 0
-                    || devices_on(n, held, recent, read_at)
-                        .is_none_or(|d| vocab::devices::fits_on_devices(&d, gpus))
-            };
-            (need.fits_in(&room) && on_devices())
-                .then(|| ((spares_gpus(n), room.cpus), n.node_id.clone()))
-        })
+        .filter_map(|n| room_for(n).map(|room| ((spares_gpus(n), room.cpus), n.node_id.clone())))
         // A node without GPUs for a process without them, then the most CPU left; the first
         // among equals.
         .reduce(|best, x| {
@@ -100,6 +109,29 @@ fn choose_node(
             if better { x } else { best }
         })
         .map(|(_, id)| id)
+}
+
+/// What the job's events say when `key`'s process goes to node `node_id`, not to the node
+/// the plan placed it on (`prefer`): that node, gone or without room now, and where it went.
+fn not_where_planned(
+    cluster: &RayCluster,
+    key: SlotKey,
+    prefer: Option<&str>,
+    node_id: &str,
+) -> Option<String> {
+    let planned = prefer?;
+    let went = cluster.nodes.iter().find(|n| n.node_id == node_id)?;
+    if went.ip == planned {
+        return None;
+    }
+    let why = match cluster.nodes.iter().any(|n| n.ip == planned) {
+        true => "has no room for it now",
+        false => "is not among the nodes offered to the job (gone, cordoned or avoided)",
+    };
+    Some(format!(
+        "{key}: the plan placed it on {planned}, which {why}; placed on {} instead",
+        went.ip
+    ))
 }
 
 /// Whether a placement of ours read at `read_at` is not in Ray's answer yet: not running by
@@ -189,9 +221,11 @@ impl Inner {
         &self,
         req: &SubmitRequest,
         need: &RayResources,
-        role: Role,
+        key: SlotKey,
+        prefer: Option<&str>,
         cancel: &mut watch::Receiver<bool>,
     ) -> Result<(), Unplaced> {
+        let role = key.role;
         use std::sync::atomic::Ordering::SeqCst;
         struct Waiting<'a>(Option<&'a std::sync::atomic::AtomicUsize>);
         impl Drop for Waiting<'_> {
@@ -227,9 +261,12 @@ impl Inner {
                         let held = self.devices_known();
                         let node = {
                             let recent = self.recent.lock().expect("not poisoned");
-                            choose_node(&cluster, &recent, &held, need, read_at)
+                            choose_node(&cluster, &recent, &held, need, prefer, read_at)
                         };
                         if let Some(node_id) = node {
+                            if let Some(note) = not_where_planned(&cluster, key, prefer, &node_id) {
+                                self.tell(PlatformEvent::Note(note)).await;
+                            }
                             // Ray would place a job wherever it has room: the process is
                             // pinned to the node chosen here (off cordoned and avoided nodes,
                             // where the brain's round counted it).
@@ -351,7 +388,7 @@ mod tests {
         need: &RayResources,
         read_at: Instant,
     ) -> Option<String> {
-        choose_node(cluster, recent, &DeviceUse::default(), need, read_at)
+        choose_node(cluster, recent, &DeviceUse::default(), need, None, read_at)
     }
 
     fn cpus(n: f64) -> RayResources {
@@ -394,6 +431,56 @@ mod tests {
     }
 
     #[test]
+    fn a_process_goes_where_the_plan_placed_it_while_that_node_has_room() {
+        let on = |id: &str, ip: &str, free: f64| RayNode {
+            ip: ip.into(),
+            ..node(id, 4.0, free)
+        };
+        let cluster = RayCluster {
+            nodes: vec![on("a", "10.0.0.1", 4.0), on("b", "10.0.0.2", 2.0)],
+        };
+        let now = Instant::now();
+        let key = SlotKey {
+            role: Role::WORKER,
+            index: 3,
+        };
+        let go = |need: f64, prefer: Option<&str>| {
+            choose_node(
+                &cluster,
+                &[],
+                &DeviceUse::default(),
+                &cpus(need),
+                prefer,
+                now,
+            )
+        };
+        // b has less CPU left than a, but the plan named it.
+        assert_eq!(go(2.0, None).as_deref(), Some("a"));
+        assert_eq!(go(2.0, Some("10.0.0.2")).as_deref(), Some("b"));
+        assert_eq!(
+            not_where_planned(&cluster, key, Some("10.0.0.2"), "b"),
+            None
+        );
+        // b no longer holds it: the freest that does, and the events say why.
+        assert_eq!(go(3.0, Some("10.0.0.2")).as_deref(), Some("a"));
+        assert_eq!(
+            not_where_planned(&cluster, key, Some("10.0.0.2"), "a").as_deref(),
+            Some(
+                "worker-3: the plan placed it on 10.0.0.2, which has no room for it now; \
+                 placed on 10.0.0.1 instead"
+            )
+        );
+        // A node not offered (gone, cordoned or avoided).
+        assert_eq!(go(2.0, Some("10.0.0.9")).as_deref(), Some("a"));
+        assert!(
+            not_where_planned(&cluster, key, Some("10.0.0.9"), "a")
+                .unwrap()
+                .contains("10.0.0.9, which is not among the nodes offered to the job")
+        );
+        assert_eq!(go(5.0, Some("10.0.0.1")), None);
+    }
+
+    #[test]
     fn a_process_without_gpus_goes_to_a_node_without_them_while_one_holds_it() {
         let mut gpu = node("g", 8.0, 8.0);
         gpu.total.gpus = 2.0;
@@ -431,14 +518,14 @@ mod tests {
         let now = Instant::now();
         let mut held = DeviceUse::default();
         assert_eq!(
-            choose_node(&cluster, &[], &held, &share, now).as_deref(),
+            choose_node(&cluster, &[], &held, &share, None, now).as_deref(),
             Some("v"),
             "not known how v's GPUs are split: its amount holds the share"
         );
         // Ours hold 0.7 of v's device 0, so the other 0.7 Ray counts used is on device 1.
         held.add("10.0.0.1", "0", vocab::Gpus::from_milli(700));
         assert_eq!(
-            choose_node(&cluster, &[], &held, &share, now).as_deref(),
+            choose_node(&cluster, &[], &held, &share, None, now).as_deref(),
             Some("ww")
         );
         assert_eq!(
@@ -457,7 +544,10 @@ mod tests {
             running_since: None,
         };
         let recent = vec![placed("a"), placed("b")];
-        assert_eq!(choose_node(&cluster, &recent, &held, &share, now), None);
+        assert_eq!(
+            choose_node(&cluster, &recent, &held, &share, None, now),
+            None
+        );
         assert_eq!(
             free_shown(&cluster.nodes[1], &held, &recent, now),
             "2 CPU, 0.6 GPU (0.3 + 0.3 by device)"
@@ -468,7 +558,7 @@ mod tests {
             ..cpus(1.0)
         };
         assert_eq!(
-            choose_node(&cluster, &recent, &held, &small, now).as_deref(),
+            choose_node(&cluster, &recent, &held, &small, None, now).as_deref(),
             Some("v")
         );
     }

@@ -156,7 +156,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             let (pinned, rest) = workers(w);
             procs.extend(rest);
             let mut trial = free.clone();
-            if trial.take_pinned(pinned, procs) {
+            if trial.take_pinned(pinned, procs).is_some() {
                 if w == j.to {
                     free = trial;
                 }
