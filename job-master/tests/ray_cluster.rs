@@ -453,6 +453,21 @@ checkpoint: {{ dir: {ckpt}, every_shards: 10 }}
     spec
 }
 
+/// `spec` with a service role `rollout` of `replicas` engines (1 CPU each, up to 3) that
+/// only sleep.
+fn with_engines(mut spec: JobSpec, replicas: u32) -> JobSpec {
+    let yaml = format!(
+        "{{ replicas: {replicas}, min: 1, max: 3, resources: {{ cpu: 1, memory: 64Mi }}, \
+         command: [/bin/sh, -c, exec sleep 600] }}"
+    );
+    spec.roles.insert(
+        job_master::spec::Role::new("rollout").unwrap(),
+        serde_norway::from_str(&yaml).unwrap(),
+    );
+    spec.validate().unwrap();
+    spec
+}
+
 /// The hosts the job's live processes of `role` registered from.
 fn hosts(s: &pb::JobStatus, role: &str) -> Vec<String> {
     s.processes
@@ -615,14 +630,7 @@ async fn service_roles_run_beside_the_training_group_across_nodes() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     const N: u64 = 40_000;
-    let mut spec = spec(dir.path(), "allreduce", 0, 2, N, 1, 500);
-    let yaml = "{ replicas: 2, min: 1, max: 3, resources: { cpu: 1, memory: 64Mi }, \
-                command: [/bin/sh, -c, exec sleep 600] }";
-    spec.roles.insert(
-        job_master::spec::Role::new("rollout").unwrap(),
-        serde_norway::from_str(yaml).unwrap(),
-    );
-    spec.validate().unwrap();
+    let spec = with_engines(spec(dir.path(), "allreduce", 0, 2, N, 1, 500), 2);
     let mut run = cluster.start(spec, dir.path()).await;
     let engines = |s: &pb::JobStatus| {
         s.processes
@@ -682,14 +690,7 @@ async fn a_plans_new_processes_go_to_the_nodes_it_names_while_they_hold_them() {
     let dir = tempfile::tempdir().unwrap();
     const N: u64 = 40_000;
     // One worker of 3 CPUs, one engine of 1 CPU: 8 of the 12 CPUs left, on two nodes at least.
-    let mut spec = spec(dir.path(), "allreduce", 0, 1, N, 1, 1000);
-    let yaml = "{ replicas: 1, min: 1, max: 3, resources: { cpu: 1, memory: 64Mi }, \
-                command: [/bin/sh, -c, exec sleep 600] }";
-    spec.roles.insert(
-        job_master::spec::Role::new("rollout").unwrap(),
-        serde_norway::from_str(yaml).unwrap(),
-    );
-    spec.validate().unwrap();
+    let spec = with_engines(spec(dir.path(), "allreduce", 0, 1, N, 1, 1000), 1);
     let mut run = cluster.start(spec, dir.path()).await;
     let engines = |s: &pb::JobStatus| {
         s.processes
