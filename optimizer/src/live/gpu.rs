@@ -352,7 +352,9 @@ fn plan_pass(
     }
 
     // Make it hold on the nodes, the CPU pool and the process cap.
+    let mut named = BTreeMap::new();
     loop {
+        named.clear();
         let (placed, short) = pack(&nodes, &model_of, &jobs);
         let cpu: u64 = jobs.iter().map(Gpu::cpu_slots).sum();
         let procs: u32 = jobs.iter().map(Gpu::processes).sum();
@@ -361,7 +363,7 @@ fn plan_pass(
         {
             if let Some(room) = &free {
                 match on_nodes(&jobs, &models, room) {
-                    Ok(left) => free = Some(left),
+                    Ok((left, on)) => (free, named) = (Some(left), on),
                     Err(cut) => {
                         if cut.fits > 0
                             || !elsewhere(&mut jobs, cut.job, &nodes, &model_of, &models, room)
@@ -482,7 +484,8 @@ fn plan_pass(
     let decisions = jobs
         .into_iter()
         .zip(gpu_jobs)
-        .map(|(j, &(at, job))| {
+        .enumerate()
+        .map(|(i, (j, &(at, job)))| {
             cpu += j.cpu_slots();
             processes += j.processes();
             memory += j.memory();
@@ -528,7 +531,11 @@ fn plan_pass(
                     .map(|(n, k)| (nodes[*n].name.clone(), *k))
                     .collect(),
                 role_targets: Vec::new(),
-                nodes: BTreeMap::new(),
+                // The nodes of a growth's workers, where the nodes' room placed them.
+                nodes: named
+                    .remove(&i)
+                    .map(|on| BTreeMap::from([(Role::WORKER, on)]))
+                    .unwrap_or_default(),
             };
             (at, decision)
         })
@@ -1299,10 +1306,17 @@ mod tests {
     /// yet there). Three V100 nodes of one device each; v1's is taken, v2 has `v2_cpus` CPUs
     /// free, v3 4. The decision of growing it to 2.
     fn grown_beside(v2_cpus: u64, known: bool) -> Decision {
+        grown_beside_to(2, v2_cpus, known)
+    }
+
+    /// [`grown_beside`], growing to at most `max`.
+    fn grown_beside_to(max: u32, v2_cpus: u64, known: bool) -> Decision {
         let mut job = LiveJob {
             worker_millicores: 1000,
             min_workers: 1,
-            max_workers: 2,
+            max_workers: max,
+            // It once ran on 2 (the policy grows a job to at most twice its peak).
+            peak_workers: 2,
             ..gpu_job(1, LiveState::Running, 1, 1, Some("V100"))
         };
         let mut engine = crate::live::tests::rollout(2, 0.5, 0.0);
@@ -1351,6 +1365,33 @@ mod tests {
         assert_eq!(grown_beside(2000, true).to_workers, 2);
         // Where the engine's node is not known, the worker is placed by its own room (v3).
         assert_eq!(grown_beside(500, false).to_workers, 2);
+    }
+
+    #[test]
+    fn a_gpu_growths_plan_names_the_node_of_each_worker_it_adds() {
+        let workers_on = |d: &Decision| d.nodes.get(&Role::WORKER).cloned();
+        // Beside its engine on v2; without its engine's node known, on v3 by its room.
+        let d = grown_beside(2000, true);
+        assert_eq!(workers_on(&d), Some(vec!["v2".to_string()]), "{d:?}");
+        assert_eq!(
+            workers_on(&grown_beside(500, false)),
+            Some(vec!["v3".into()])
+        );
+        // Two added: worker 1 beside engine 1 on v2, worker 2 (no engine of its index) by its
+        // room on v3, the one node with a device left; the plan lists them by index.
+        let d = grown_beside_to(3, 2000, true);
+        assert_eq!(d.to_workers, 3, "{d:?}");
+        assert_eq!(
+            workers_on(&d),
+            Some(vec!["v2".into(), "v3".into()]),
+            "{d:?}"
+        );
+        let trainer = Role::new("trainer").unwrap();
+        let plan = d.scale_plan(1, trainer);
+        let nodes = plan.roles.get(&trainer).map(|t| t.nodes.clone());
+        assert_eq!(nodes, Some(vec!["v2".into(), "v3".into()]));
+        // Kept at its size: nothing named.
+        assert_eq!(workers_on(&grown_beside(500, true)), None);
     }
 
     #[test]

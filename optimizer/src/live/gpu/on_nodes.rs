@@ -3,6 +3,8 @@
 //! do not fit ([`Cut`]), and a start of any model moved to another model's nodes
 //! ([`elsewhere`]).
 
+use std::collections::BTreeMap;
+
 use super::super::nodes::{self, Free};
 use super::{Gpu, LiveNode, model_name_of, pack};
 use vocab::Gpus;
@@ -98,11 +100,17 @@ pub(super) fn elsewhere(
     false
 }
 
+/// The GPU jobs' new processes placed on the nodes' free room: the room left, and the nodes
+/// of each growth's added workers in the order of their indexes, by job (index into the
+/// round's jobs), for its plan to name.
+pub(super) type Placed = (Free, BTreeMap<usize, Vec<String>>);
+
 /// Places the GPU jobs' new processes (a start's PS, workers and roles; a growth's added
 /// workers) on the nodes' free room, running jobs' growth first, then the starts, each in
-/// submission order, as `nodes.rs` places the CPU jobs'. The room left; or the first job
-/// that does not fit whole, with the most workers that do.
-pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Free, Cut> {
+/// submission order, as `nodes.rs` places the CPU jobs'. The room left with the nodes of the
+/// growths' workers; or the first job that does not fit whole, with the most workers that
+/// do.
+pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Placed, Cut> {
     let adds = |j: &Gpu| match j.running() {
         true => j.to.saturating_sub(j.counted(j.job.workers)),
         false => j.to,
@@ -110,6 +118,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
     let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
     nodes::sort_for_placing(&mut order, |i| jobs[i].job);
     let mut free = free.clone();
+    let mut named = BTreeMap::new();
     for i in order {
         let j = &jobs[i];
         let model = j.on.map(|t| models[t].as_str());
@@ -156,9 +165,14 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             let (pinned, rest) = workers(w);
             procs.extend(rest);
             let mut trial = free.clone();
-            if trial.take_pinned(pinned, procs).is_some() {
+            if let Some(went) = trial.take_pinned(pinned, procs) {
                 if w == j.to {
                     free = trial;
+                    // Not where the workers it counts are more than it has (a shrink not
+                    // carried out yet), whose new indexes are not these.
+                    if !start && base == j.job.workers {
+                        named.insert(i, growth_nodes(&partners, &went, &free));
+                    }
                 }
                 break w;
             }
@@ -196,5 +210,16 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<F
             room: free.freest_shown(),
         });
     }
-    Ok(free)
+    Ok((free, named))
+}
+
+/// The nodes of a growth's added workers by index: each beside its partner where it has one
+/// (`partners`), the others where the room placed them (`went`, in order).
+fn growth_nodes(partners: &[Option<usize>], went: &[usize], free: &Free) -> Vec<String> {
+    let mut rest = went.iter();
+    let on: Vec<usize> = partners
+        .iter()
+        .filter_map(|p| p.or_else(|| rest.next().copied()))
+        .collect();
+    free.names_of(&on)
 }
