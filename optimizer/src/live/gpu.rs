@@ -352,9 +352,9 @@ fn plan_pass(
     }
 
     // Make it hold on the nodes, the CPU pool and the process cap.
+    // Set only where the nodes' room holds it all, right before the loop ends.
     let mut named = BTreeMap::new();
     loop {
-        named.clear();
         let (placed, short) = pack(&nodes, &model_of, &jobs);
         let cpu: u64 = jobs.iter().map(Gpu::cpu_slots).sum();
         let procs: u32 = jobs.iter().map(Gpu::processes).sum();
