@@ -16,6 +16,9 @@ use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState, RoundPlan, plan_round};
 use optimizer::throughput::ps_speed::PsSpeedPoint;
 
+use prost::Message;
+use proto::jobmaster::v1 as jm;
+
 use crate::BrainError;
 use crate::store::{JobState, Store};
 
@@ -138,7 +141,7 @@ pub(super) fn take(
             // Read only where the round places processes on nodes (it skips this otherwise).
             not_placed: match cluster.free.is_empty() {
                 true => Vec::new(),
-                false => unplaced(store, &row, &shape, plan_in_flight),
+                false => unplaced(store, &row, &shape, plan_in_flight)?,
             },
         });
     }
@@ -189,32 +192,71 @@ fn service_roles(
 /// planned beyond those running in its newest report (launched and waiting for the platform
 /// count as not placed: the job master reports them apart). Without a report, all of them
 /// where its job master has not reported since it started or a plan is on its way; none
-/// otherwise (a brain started again hears from it within a report).
+/// otherwise (a brain started again hears from it within a report). Each with the node its
+/// newest plan named for it, where it named one.
 fn unplaced(
     store: &Store,
     row: &crate::store::JobRow,
     shape: &crate::store::Shape,
     plan_in_flight: bool,
-) -> Vec<optimizer::live::NotPlaced> {
+) -> Result<Vec<optimizer::live::NotPlaced>, BrainError> {
     if row.state != JobState::Running || row.cancel_requested.is_some() {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let seen = store.snapshot(row.id);
     if seen.at_unix_ms == 0 && !plan_in_flight && row.reports > 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let running: Vec<(vocab::Role, u32)> = seen.roles.iter().map(|(r, n, _)| (*r, *n)).collect();
-    planned_beyond(shape, row.workers, &running)
+    let mut beyond = planned_beyond(shape, row.workers, &running);
+    if !beyond.is_empty() {
+        let named = planned_nodes(store, row.id)?;
+        for (role, u) in &mut beyond {
+            u.nodes = held_on(&named, *role, u.count);
+        }
+    }
+    Ok(beyond.into_iter().map(|(_, u)| u).collect())
+}
+
+/// The nodes the job's newest plan named for the processes it adds, by role (none where it
+/// named none, or its body does not read as a plan: those are held on the freest nodes).
+fn planned_nodes(
+    store: &Store,
+    job: vocab::JobId,
+) -> Result<Vec<(String, Vec<String>)>, BrainError> {
+    let Some(stored) = store.plan_after(job, 0)? else {
+        return Ok(Vec::new());
+    };
+    Ok(
+        jm::ScalePlan::decode(stored.body.as_slice()).map_or(Vec::new(), |plan| {
+            plan.roles
+                .into_iter()
+                .filter(|t| !t.nodes.is_empty())
+                .map(|t| (t.role, t.nodes))
+                .collect()
+        }),
+    )
+}
+
+/// The nodes of `named` (see [`planned_nodes`]) that `count` processes of `role` not placed
+/// yet are held on: the last of those named, the processes a plan adds being launched in the
+/// order of their indices (those named first are the first it adds).
+fn held_on(named: &[(String, Vec<String>)], role: vocab::Role, count: u32) -> Vec<String> {
+    let Some((_, nodes)) = named.iter().find(|(r, _)| r == role.as_str()) else {
+        return Vec::new();
+    };
+    nodes[nodes.len().saturating_sub(count as usize)..].to_vec()
 }
 
 /// The processes `shape` plans (its training group at `workers`) beyond those `running`
 /// (role, count), by role, with the GPUs each takes on its node: a worker whose devices
-/// roles share takes the whole bundle, the roles' processes that share it none.
+/// roles share takes the whole bundle, the roles' processes that share it none. No node is
+/// named yet.
 fn planned_beyond(
     shape: &crate::store::Shape,
     workers: u32,
     running: &[(vocab::Role, u32)],
-) -> Vec<optimizer::live::NotPlaced> {
+) -> Vec<(vocab::Role, optimizer::live::NotPlaced)> {
     let launched = |role: vocab::Role| {
         running
             .iter()
@@ -247,12 +289,16 @@ fn planned_beyond(
         .into_iter()
         .filter_map(|(role, count, millicores, memory_bytes, gpus)| {
             let count = count.saturating_sub(launched(role));
-            (count > 0).then_some(optimizer::live::NotPlaced {
-                count,
-                millicores,
-                memory_bytes,
-                gpus,
-            })
+            (count > 0).then_some((
+                role,
+                optimizer::live::NotPlaced {
+                    count,
+                    millicores,
+                    memory_bytes,
+                    gpus,
+                    nodes: Vec::new(),
+                },
+            ))
         })
         .collect()
 }
@@ -645,6 +691,7 @@ mod tests {
             millicores,
             memory_bytes,
             gpus: vocab::Gpus::ZERO,
+            nodes: Vec::new(),
         };
         // Started, its job master not heard from yet: every process is listed.
         let snap = take(&store, &cluster, 20).unwrap();
@@ -678,36 +725,71 @@ mod tests {
         assert_eq!(snap.jobs[0].not_placed, vec![u(1, 2000, 1 << 30)]);
         report.at_unix_ms = 27;
         report.processes[2].pending_ms = 0;
-        store.add_metrics(job, &[report]).unwrap();
+        store.add_metrics(job, &[report.clone()]).unwrap();
         // A plan of 4 workers on its way: the two it adds are listed.
         let counts = crate::store::PlanCounts {
             workers: Some(4),
             ..Default::default()
         };
         store
-            .propose_plan(job, &|v| vec![v as u8], "grow", counts, &[], 30)
+            .propose_plan(job, &|v| vec![v as u8], "grow", counts.clone(), &[], 30)
             .unwrap();
         let snap = take(&store, &cluster, 40).unwrap();
         assert_eq!(snap.jobs[0].not_placed, vec![u(2, 2000, 1 << 30)]);
+        // A plan that names the nodes of the workers it adds: they are held there; once the
+        // first of them runs, the other on the node named last.
+        let named = |v: u64| {
+            jm::ScalePlan {
+                version: v,
+                roles: vec![jm::RoleTarget {
+                    role: "worker".into(),
+                    count: 4,
+                    resources: None,
+                    nodes: vec!["10.0.0.2".into(), "10.0.0.3".into()],
+                }],
+                migrations: Vec::new(),
+            }
+            .encode_to_vec()
+        };
+        store
+            .propose_plan(job, &named, "grow", counts, &[], 41)
+            .unwrap();
+        let on = |count, nodes: &[&str]| optimizer::live::NotPlaced {
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            ..u(count, 2000, 1 << 30)
+        };
+        let snap = take(&store, &cluster, 42).unwrap();
+        assert_eq!(
+            snap.jobs[0].not_placed,
+            vec![on(2, &["10.0.0.2", "10.0.0.3"])]
+        );
+        report.at_unix_ms = 43;
+        report.processes.push(process(vocab::Role::WORKER, 2));
+        store.add_metrics(job, &[report]).unwrap();
+        let snap = take(&store, &cluster, 44).unwrap();
+        assert_eq!(snap.jobs[0].not_placed, vec![on(1, &["10.0.0.3"])]);
         // Processes with GPUs are listed with them: a worker whose devices a role shares
         // with the whole bundle, the sharing role's processes with none.
         let running = [(vocab::Role::PS, 1), (vocab::Role::WORKER, 2), (rollout, 4)];
-        assert_eq!(
-            planned_beyond(&shape, 4, &running),
-            vec![u(2, 2000, 1 << 30)]
-        );
+        let beyond = |shape: &Shape, workers, running: &[(vocab::Role, u32)]| -> Vec<_> {
+            planned_beyond(shape, workers, running)
+                .into_iter()
+                .map(|(_, u)| u)
+                .collect()
+        };
+        assert_eq!(beyond(&shape, 4, &running), vec![u(2, 2000, 1 << 30)]);
         shape.worker_gpus = vocab::Gpus::from_milli(600);
         let with_gpus = |gpus: u32| optimizer::live::NotPlaced {
             gpus: vocab::Gpus::from_milli(gpus),
             ..u(2, 2000, 1 << 30)
         };
-        assert_eq!(planned_beyond(&shape, 4, &running), vec![with_gpus(600)]);
+        assert_eq!(beyond(&shape, 4, &running), vec![with_gpus(600)]);
         shape.worker_bundle_gpus = Some(vocab::Gpus::ONE);
         let engines = shape.services.get_mut(&rollout).unwrap();
         (engines.gpus, engines.shares_worker_devices, engines.count) =
             (vocab::Gpus::from_milli(400), true, 6);
         assert_eq!(
-            planned_beyond(&shape, 4, &running),
+            beyond(&shape, 4, &running),
             vec![with_gpus(1000), u(2, 500, 0)]
         );
         // A role with GPUs of its own: listed with them.
@@ -717,7 +799,7 @@ mod tests {
             .unwrap()
             .shares_worker_devices = false;
         assert_eq!(
-            planned_beyond(&shape, 4, &running)[1],
+            beyond(&shape, 4, &running)[1],
             optimizer::live::NotPlaced {
                 gpus: vocab::Gpus::from_milli(400),
                 ..u(2, 500, 0)

@@ -1405,6 +1405,7 @@ mod tests {
             millicores: 3000,
             memory_bytes: 0,
             gpus: Gpus::ONE,
+            nodes: Vec::new(),
         }];
         let mut snap = LiveSnapshot {
             now_s: 100.0,

@@ -70,8 +70,9 @@ fn no_gpus(g: &Gpus) -> bool {
 
 /// Processes of one role of a job that the platform has not placed yet (not launched by its
 /// job master, or launched and waiting): the platform does not count their room, so the round
-/// takes it off the nodes' free room before it places new ones.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// takes it off the nodes' free room before it places new ones: on the nodes their plan named
+/// for them where it named some (and they fit there), else on the freest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NotPlaced {
     pub count: u32,
@@ -83,6 +84,11 @@ pub struct NotPlaced {
     /// GPUs of each, of the job's GPU model (none: a process without GPUs).
     #[serde(default, skip_serializing_if = "no_gpus")]
     pub gpus: vocab::Gpus,
+    /// The node the plan named for some of them (as the platform names nodes), one per
+    /// process, at most `count`; the others, and one whose node is gone or full, are held on
+    /// the freest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
 }
 
 /// The nodes' room left as the round places processes on it, in the order of
@@ -249,6 +255,24 @@ impl Free {
         self.take_each(n, p).len() as u32
     }
 
+    /// How many of `n` processes `p` fit, taken from the room: one on each node `named`
+    /// (by name) where it fits there, the others on the freest (unlike [`Free::take_on`], a
+    /// process that does not fit on its node looks for room on the others).
+    fn take_named_up_to(&mut self, n: u32, p: Process, named: &[String]) -> u32 {
+        let mut held = 0;
+        for name in named.iter().take(n as usize) {
+            let at = self
+                .node(name)
+                .filter(|&i| p.fits_in(&self.room[i]))
+                .or_else(|| freest(&self.room, p));
+            if let Some(i) = at {
+                p.take_from(&mut self.room[i]);
+                held += 1;
+            }
+        }
+        held + self.take_up_to(n.saturating_sub(named.len() as u32), p)
+    }
+
     /// Gives back what [`Free::take_each`] took for processes of `p` on the nodes `on`.
     fn give_back(&mut self, on: &[usize], p: Process) {
         for &i in on {
@@ -306,7 +330,7 @@ pub(super) fn reserve_not_placed(free: &mut Free, jobs: &[LiveJob], notes: &mut 
         for u in &j.not_placed {
             wanted += u.count;
             let p = free.process(u.millicores, u.memory_bytes, u.gpus, j.gpu_type.as_deref());
-            held += free.take_up_to(u.count, p);
+            held += free.take_named_up_to(u.count, p, &u.nodes);
         }
     }
     if wanted > 0 {
@@ -910,6 +934,7 @@ mod tests {
             millicores: 2000,
             memory_bytes: 0,
             gpus: Gpus::ZERO,
+            nodes: Vec::new(),
         }];
         let queued = cpu_job(2, LiveState::Queued, 1, 3);
         let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
@@ -940,6 +965,7 @@ mod tests {
             millicores: 1000,
             memory_bytes: 0,
             gpus: Gpus::ZERO,
+            nodes: Vec::new(),
         }];
         let plan = round(vec![running, queued], free(&[4.0, 2.0]), 16);
         assert!(
@@ -951,6 +977,70 @@ mod tests {
             plan.notes
         );
         assert_eq!(plan.decisions[1].to_workers, 0, "{:?}", plan.decisions[1]);
+    }
+
+    #[test]
+    fn processes_not_placed_hold_room_on_the_nodes_their_plan_named() {
+        // Nodes a (4 CPUs free) and b (2). A running job's plan added one 2-CPU worker on b,
+        // not launched yet: its room is held on b, so a queued job of one 3-CPU worker starts
+        // on a. Held on the freest (a, as where no node is named), the queued job would wait.
+        let mut running = cpu_job(1, LiveState::Running, 4, 2);
+        running.plan_in_flight = true;
+        let on = |nodes: &[&str]| NotPlaced {
+            count: 1,
+            millicores: 2000,
+            memory_bytes: 0,
+            gpus: Gpus::ZERO,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        };
+        let queued = cpu_job(2, LiveState::Queued, 1, 3);
+        let starts = |not_placed: NotPlaced, free_cpus: &[f64]| {
+            let mut running = running.clone();
+            running.not_placed = vec![not_placed];
+            let plan = round(vec![running, queued.clone()], free(free_cpus), 16);
+            assert!(
+                plan.notes
+                    .iter()
+                    .any(|n| n.starts_with("nodes: room held for 1 of 1 ")),
+                "{:?}",
+                plan.notes
+            );
+            plan.decisions[1].to_workers
+        };
+        assert_eq!(starts(on(&["b"]), &[4.0, 2.0]), 1);
+        assert_eq!(starts(on(&[]), &[4.0, 2.0]), 0);
+        // A node gone, or one it no longer fits on: held on the freest, not dropped.
+        assert_eq!(starts(on(&["z"]), &[4.0, 2.0]), 0);
+        assert_eq!(starts(on(&["b"]), &[4.0, 1.0]), 0);
+        // Two named, one on each: a 2 left, b 0, and a 3-CPU worker fits nowhere; one of
+        // them named and one not, the other goes to the freest (a) too.
+        let mut two = on(&["a", "b"]);
+        two.count = 2;
+        let mut running = running.clone();
+        running.not_placed = vec![two.clone()];
+        let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
+        assert_eq!(plan.decisions[1].to_workers, 0, "{:?}", plan.decisions[1]);
+        assert!(
+            plan.decisions[1]
+                .reasons
+                .last()
+                .unwrap()
+                .contains("a 2 CPU free, b 0 CPU free"),
+            "{:?}",
+            plan.decisions[1]
+        );
+        two.nodes = vec!["b".into()];
+        running.not_placed = vec![two];
+        let plan = round(vec![running, queued], free(&[4.0, 2.0]), 16);
+        assert!(
+            plan.decisions[1]
+                .reasons
+                .last()
+                .unwrap()
+                .contains("a 2 CPU free, b 0 CPU free"),
+            "{:?}",
+            plan.decisions[1]
+        );
     }
 
     #[test]
