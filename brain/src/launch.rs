@@ -79,6 +79,15 @@ pub enum JobMasters {
     },
 }
 
+/// How a job master is launched: the job's start, with where the brain's round placed its
+/// processes (by role as the job names them, each role's from index 0; a role left out is
+/// placed by the master), or a resume after its master died (its processes placed anew).
+#[derive(Clone, Debug, PartialEq)]
+enum Launch {
+    Start(BTreeMap<vocab::Role, Vec<String>>),
+    Resume,
+}
+
 /// A job master process that ended, as the reaper saw it.
 #[derive(Debug)]
 pub struct Exited {
@@ -230,13 +239,13 @@ impl Launcher {
         self.runs_dir.join(name)
     }
 
-    /// Writes the job's spec with `workers` workers and starts its master. Returns the run
-    /// directory.
+    /// Writes the job's spec with `workers` workers and starts its master, told the `nodes`
+    /// the round placed its processes on (see [`Launch::Start`]). Returns the run directory.
     pub async fn start(
         &self,
         job: JobId,
         spec: &JobSpec,
-        workers: u32,
+        (workers, nodes): (u32, BTreeMap<vocab::Role, Vec<String>>),
         token: &auth::Token,
     ) -> Result<PathBuf, BrainError> {
         let run_dir = self.run_dir(&spec.name);
@@ -267,14 +276,14 @@ impl Launcher {
         let text = serde_norway::to_string(&spec)
             .map_err(|e| BrainError::Internal(format!("writing the spec of {job}: {e}")))?;
         vocab::paths::write_new(&run_dir.join("spec.yaml"), text.as_bytes())?;
-        self.spawn(job, &run_dir, false).await?;
+        self.spawn(job, &run_dir, &Launch::Start(nodes)).await?;
         Ok(run_dir)
     }
 
     /// Starts a new master on the unfinished job in `run_dir` after its master died
     /// (`job-master run --resume`: every process anew from the latest checkpoint).
     pub async fn resume(&self, job: JobId, run_dir: &Path) -> Result<(), BrainError> {
-        self.spawn(job, run_dir, true).await
+        self.spawn(job, run_dir, &Launch::Resume).await
     }
 
     /// Whether the master of the job in `run_dir` left it unfinished: its persisted context
@@ -284,7 +293,7 @@ impl Launcher {
     }
 
     /// `job-master run` on the job in `run_dir`, binary first.
-    fn command(&self, job: JobId, run_dir: &Path, resume: bool) -> Vec<std::ffi::OsString> {
+    fn command(&self, job: JobId, run_dir: &Path, how: &Launch) -> Vec<std::ffi::OsString> {
         let mut cmd: Vec<std::ffi::OsString> = vec![
             self.job_master_bin().into(),
             "run".into(),
@@ -324,8 +333,16 @@ impl Launcher {
         if let Some(agent) = &self.config.agent_bin {
             cmd.extend(["--agent-bin".into(), agent.into()]);
         }
-        if resume {
-            cmd.push("--resume".into());
+        match how {
+            Launch::Resume => cmd.push("--resume".into()),
+            Launch::Start(nodes) => {
+                for (role, on) in nodes.iter().filter(|(_, on)| !on.is_empty()) {
+                    cmd.extend([
+                        "--start-nodes".into(),
+                        format!("{role}={}", on.join(",")).into(),
+                    ]);
+                }
+            }
         }
         for node in self.cordoned.read().expect("not poisoned").iter() {
             cmd.extend(["--cordoned".into(), node.into()]);
@@ -337,18 +354,18 @@ impl Launcher {
         cmd
     }
 
-    async fn spawn(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
+    async fn spawn(&self, job: JobId, run_dir: &Path, how: &Launch) -> Result<(), BrainError> {
         match (&self.config.job_masters, &self.ray_masters) {
             (JobMasters::Ray { resources }, Some(api)) => {
-                self.submit(api, resources, job, run_dir, resume).await
+                self.submit(api, resources, job, run_dir, how).await
             }
-            _ => self.spawn_local(job, run_dir, resume),
+            _ => self.spawn_local(job, run_dir, how),
         }
     }
 
-    fn spawn_local(&self, job: JobId, run_dir: &Path, resume: bool) -> Result<(), BrainError> {
+    fn spawn_local(&self, job: JobId, run_dir: &Path, how: &Launch) -> Result<(), BrainError> {
         let log = vocab::paths::create(&run_dir.join("job-master.log"), true)?;
-        let command = self.command(job, run_dir, resume);
+        let command = self.command(job, run_dir, how);
         let bin = PathBuf::from(&command[0]);
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.args(&command[1..])
@@ -406,7 +423,7 @@ impl Launcher {
         resources: &BTreeMap<String, f64>,
         job: JobId,
         run_dir: &Path,
-        resume: bool,
+        how: &Launch,
     ) -> Result<(), BrainError> {
         // A master no node can take would wait in Ray unseen: refused here, with the nodes.
         if !resources.is_empty()
@@ -429,7 +446,7 @@ impl Launcher {
             )));
         }
         let words: Vec<String> = self
-            .command(job, run_dir, resume)
+            .command(job, run_dir, how)
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect();
@@ -494,7 +511,10 @@ impl Launcher {
             &format!(
                 "job master submitted to Ray at {} as {id}{}\n",
                 api.address(),
-                if resume { " (resume)" } else { "" }
+                match how {
+                    Launch::Resume => " (resume)",
+                    Launch::Start(_) => "",
+                }
             ),
         );
         self.follow_ray_job(api, job, run_dir, id);
@@ -672,7 +692,7 @@ mod tests {
         };
         l.set_devices([(JobId(7), held("1", 700)), (JobId(8), held("0", 400))].into());
         let words: Vec<String> = l
-            .command(JobId(7), Path::new("/runs/j"), true)
+            .command(JobId(7), Path::new("/runs/j"), &Launch::Resume)
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect();
@@ -698,6 +718,33 @@ mod tests {
                 "10.0.0.4:0=400"
             ]
         );
+        // A start: the nodes the round placed its processes on, role by role, no --resume.
+        let rollout = vocab::Role::new("rollout").unwrap();
+        let nodes = [
+            (
+                vocab::Role::WORKER,
+                vec!["10.0.0.2".into(), "10.0.0.4".into()],
+            ),
+            (rollout, vec!["10.0.0.2".to_string()]),
+            (vocab::Role::PS, Vec::new()),
+        ];
+        let words: Vec<String> = l
+            .command(JobId(7), Path::new("/runs/j"), &Launch::Start(nodes.into()))
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        assert!(!words.iter().any(|w| w == "--resume"), "{words:?}");
+        let at = words.iter().position(|w| w == "--start-nodes").unwrap();
+        assert_eq!(
+            words[at..at + 4],
+            [
+                "--start-nodes",
+                "rollout=10.0.0.2",
+                "--start-nodes",
+                "worker=10.0.0.2,10.0.0.4"
+            ]
+        );
+        assert_eq!(words.iter().filter(|w| *w == "--start-nodes").count(), 2);
     }
 
     #[test]
@@ -714,7 +761,11 @@ mod tests {
                 tx.clone(),
             )
             .unwrap()
-            .command(JobId(1), Path::new("/runs/j"), false)
+            .command(
+                JobId(1),
+                Path::new("/runs/j"),
+                &Launch::Start(BTreeMap::new()),
+            )
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect::<Vec<_>>()

@@ -288,6 +288,15 @@ fn gpu_jobs_run_on_their_model_each_worker_with_gpus_of_its_own() {
         for (host, _) in given.values() {
             assert_eq!(host, node_of_model[model], "{name} on {model}: {events:#?}");
         }
+        // The brain's round placed them there, and told the job master when it started it.
+        let placed = format!(
+            "placed by the brain's round: worker-0 on {node}, worker-1 on {node}",
+            node = node_of_model[model]
+        );
+        assert!(
+            events.iter().any(|e| e.ends_with(&placed)),
+            "{name}: {events:#?}"
+        );
         let gpus: BTreeSet<&String> = given.values().map(|(_, g)| g).collect();
         assert_eq!(
             gpus.len(),

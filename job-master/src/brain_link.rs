@@ -58,6 +58,10 @@ pub struct BrainLink {
     /// placed on Ray.
     #[serde(skip)]
     pub others_devices: vocab::devices::DeviceUse,
+    /// Where the brain's round placed the job's processes when it started this master, by
+    /// role, each role's from index 0 ([`crate::job::JobContext::start_on`]).
+    #[serde(skip)]
+    pub start_nodes: std::collections::BTreeMap<vocab::Role, Vec<String>>,
 }
 
 fn default_interval() -> u64 {
@@ -77,6 +81,7 @@ impl BrainLink {
             tls: None,
             cordoned: Vec::new(),
             others_devices: Default::default(),
+            start_nodes: Default::default(),
         }
     }
 }

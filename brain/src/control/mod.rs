@@ -523,7 +523,7 @@ impl Control {
                 let job = JobId(d.job.0);
                 let why = d.reasons.join("; ");
                 if d.starts() {
-                    if let Err(e) = self.start(job, d.to_workers, d.gpu_type.clone()).await {
+                    if let Err(e) = self.start(job, d).await {
                         tracing::warn!("cannot start {job}: {e}");
                         let msg = e.to_string();
                         let _ = self
@@ -576,14 +576,11 @@ impl Control {
         })
     }
 
-    /// Starts a queued job's master with `workers` workers; a GPU job's on GPU model
-    /// `gpu_type`, which its workers then ask the platform for.
-    async fn start(
-        &self,
-        job: JobId,
-        workers: u32,
-        gpu_type: Option<String>,
-    ) -> Result<(), BrainError> {
+    /// Starts a queued job's master at the size `d` gives it, told where `d` placed its
+    /// processes; a GPU job's on the GPU model `d` starts it on, which its workers then ask
+    /// the platform for.
+    async fn start(&self, job: JobId, d: &optimizer::live::Decision) -> Result<(), BrainError> {
+        let (workers, gpu_type) = (d.to_workers, d.gpu_type.clone());
         let row = self.with_store(move |s| s.job(job)).await?;
         if row.state != JobState::Queued {
             tracing::info!(%job, state = row.state.as_str(), "not started: no longer queued");
@@ -599,10 +596,24 @@ impl Control {
             worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
         }
         let token = self.mint(job).await?;
-        let run_dir = self.launcher.start(job, &spec, workers, &token).await?;
-        let dir = run_dir.display().to_string();
-        self.with_store(move |s| s.started(job, workers, gpu_type.as_deref(), &dir, now_unix_ms()))
+        // Where the round placed its processes, under the names the job gives its roles.
+        let trainer = row
+            .shape
+            .as_ref()
+            .map_or(vocab::Role::WORKER, |x| x.trainer());
+        let nodes = d.start_nodes(trainer);
+        let run_dir = self
+            .launcher
+            .start(job, &spec, (workers, nodes.clone()), &token)
             .await?;
+        let dir = run_dir.display().to_string();
+        self.with_store(move |s| {
+            s.started(job, workers, gpu_type.as_deref(), &dir, now_unix_ms())?;
+            // Their room is held there until they run (the round's snapshot).
+            s.started_on(job, nodes);
+            Ok(())
+        })
+        .await?;
         self.metrics.started.inc();
         tracing::info!(%job, workers, run_dir = %run_dir.display(), "job master started");
         Ok(())

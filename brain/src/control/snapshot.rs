@@ -219,13 +219,15 @@ fn unplaced(
 }
 
 /// The nodes the job's newest plan named for the processes it adds, by role (none where it
-/// named none, or its body does not read as a plan: those are held on the freest nodes).
+/// named none, or its body does not read as a plan: those are held on the freest nodes);
+/// without a plan, where the round placed its processes when it started it.
 fn planned_nodes(
     store: &Store,
     job: vocab::JobId,
 ) -> Result<Vec<(String, Vec<String>)>, BrainError> {
     let Some(stored) = store.plan_after(job, 0)? else {
-        return Ok(Vec::new());
+        let at_start = store.start_nodes(job).into_iter();
+        return Ok(at_start.map(|(r, on)| (r.to_string(), on)).collect());
     };
     Ok(
         jm::ScalePlan::decode(stored.body.as_slice()).map_or(Vec::new(), |plan| {
@@ -699,6 +701,31 @@ mod tests {
             snap.jobs[0].not_placed,
             vec![u(1, 1500, 0), u(2, 2000, 1 << 30), u(2, 500, 0)]
         );
+        // Where the round placed them when it started the job: held there.
+        let named = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        store.started_on(
+            job,
+            [
+                (vocab::Role::WORKER, named(&["10.0.0.2", "10.0.0.3"])),
+                (rollout, named(&["10.0.0.3"])),
+            ]
+            .into(),
+        );
+        let snap = take(&store, &cluster, 21).unwrap();
+        assert_eq!(
+            snap.jobs[0].not_placed,
+            vec![
+                u(1, 1500, 0),
+                optimizer::live::NotPlaced {
+                    nodes: named(&["10.0.0.2", "10.0.0.3"]),
+                    ..u(2, 2000, 1 << 30)
+                },
+                optimizer::live::NotPlaced {
+                    nodes: named(&["10.0.0.3"]),
+                    ..u(2, 500, 0)
+                },
+            ]
+        );
         // Reported, every process running: none is listed.
         let process = sample;
         let mut report = crate::store::Metric {
@@ -722,7 +749,14 @@ mod tests {
         report.processes[2].pending_ms = 400;
         store.add_metrics(job, &[report.clone()]).unwrap();
         let snap = take(&store, &cluster, 30).unwrap();
-        assert_eq!(snap.jobs[0].not_placed, vec![u(1, 2000, 1 << 30)]);
+        // Worker 1, whose node is the last the start named.
+        assert_eq!(
+            snap.jobs[0].not_placed,
+            vec![optimizer::live::NotPlaced {
+                nodes: named(&["10.0.0.3"]),
+                ..u(1, 2000, 1 << 30)
+            }]
+        );
         report.at_unix_ms = 27;
         report.processes[2].pending_ms = 0;
         store.add_metrics(job, &[report.clone()]).unwrap();
@@ -738,7 +772,7 @@ mod tests {
         assert_eq!(snap.jobs[0].not_placed, vec![u(2, 2000, 1 << 30)]);
         // A plan that names the nodes of the workers it adds: they are held there; once the
         // first of them runs, the other on the node named last.
-        let named = |v: u64| {
+        let naming = |v: u64| {
             jm::ScalePlan {
                 version: v,
                 roles: vec![jm::RoleTarget {
@@ -752,7 +786,7 @@ mod tests {
             .encode_to_vec()
         };
         store
-            .propose_plan(job, &named, "grow", counts, &[], 41)
+            .propose_plan(job, &naming, "grow", counts, &[], 41)
             .unwrap();
         let on = |count, nodes: &[&str]| optimizer::live::NotPlaced {
             nodes: nodes.iter().map(|n| n.to_string()).collect(),

@@ -107,6 +107,39 @@ impl JobContext {
         }
     }
 
+    /// Where the brain's round placed a start's processes (`nodes`, by role, each role's from
+    /// index 0): each first launch goes there while that node holds it, as a plan's processes
+    /// do ([`Slot::node`]). A role the job does not have, or a process past its count, is
+    /// said in the job's events and left out. Only processes not launched yet move.
+    pub fn start_on(&mut self, nodes: &BTreeMap<Role, Vec<String>>, now_ms: u64) {
+        for (&role, on) in nodes {
+            let mut placed = Vec::new();
+            for (index, node) in (0..).zip(on) {
+                let key = SlotKey { role, index };
+                match self.any_slot_mut(key) {
+                    Some(slot) if slot.incarnation == 1 && slot.phase == SlotPhase::Launching => {
+                        slot.node = Some(node.clone());
+                        placed.push(format!("{key} on {node}"));
+                    }
+                    Some(_) => {}
+                    None => self.log(
+                        now_ms,
+                        format!(
+                            "the brain placed {key} on {node}, but the job has no such \
+                             process: left out"
+                        ),
+                    ),
+                }
+            }
+            if !placed.is_empty() {
+                self.log(
+                    now_ms,
+                    format!("placed by the brain's round: {}", placed.join(", ")),
+                );
+            }
+        }
+    }
+
     /// Every slot of the job: the training group's, then each service group's.
     pub fn all_slots(&self) -> impl Iterator<Item = &Slot> {
         self.slots

@@ -253,6 +253,46 @@ fn the_processes_a_plan_adds_go_to_the_nodes_it_names_for_their_first_launch_onl
 }
 
 #[test]
+fn a_starts_processes_go_first_to_the_nodes_the_brains_round_placed_them_on() {
+    let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
+    let named = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let role = Role::new("rollout").unwrap();
+    let typo = Role::new("rollot").unwrap();
+    let nodes = BTreeMap::from([
+        (Role::WORKER, named(&["n1", "n2"])),
+        // More than the role has: the one past it is left out.
+        (role, named(&["n2", "n3", "n1"])),
+        (typo, named(&["n1"])),
+    ]);
+    ctx.start_on(&nodes, 1);
+    let node = |ctx: &JobContext, k| ctx.any_slot(k).unwrap().node.clone();
+    assert_eq!(node(&ctx, worker(0)).as_deref(), Some("n1"));
+    assert_eq!(node(&ctx, worker(1)).as_deref(), Some("n2"));
+    assert_eq!(node(&ctx, rollout(0)).as_deref(), Some("n2"));
+    assert_eq!(node(&ctx, rollout(1)).as_deref(), Some("n3"));
+    let said: Vec<&str> = ctx.events.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        said.contains(&"placed by the brain's round: worker-0 on n1, worker-1 on n2"),
+        "{said:?}"
+    );
+    for left in ["rollout-2 on n1", "rollot-0 on n1"] {
+        assert!(
+            said.contains(
+                &format!("the brain placed {left}, but the job has no such process: left out")
+                    .as_str()
+            ),
+            "{said:?}"
+        );
+    }
+    // A relaunch is placed by room; a process launched already is not moved.
+    register_all(&mut ctx, 2);
+    ctx.agent_lost(rollout(0), 1, "gone".into(), 3);
+    assert_eq!(node(&ctx, rollout(0)), None);
+    ctx.start_on(&nodes, 4);
+    assert_eq!(node(&ctx, rollout(0)), None);
+}
+
+#[test]
 fn a_restarted_master_relaunches_the_services_too() {
     let (mut ctx, _) = JobContext::new(spec(""), "r".into(), Timing::default(), 0);
     register_all(&mut ctx, 1);

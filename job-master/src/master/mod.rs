@@ -338,7 +338,10 @@ pub async fn run(
     };
     let creds = auth::JobCreds { token, tls };
     let checkpoint_token = mark_shared(&spec.checkpoint.dir)?;
-    let (ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
+    let (mut ctx, initial, clock_ms) = start_or_resume(spec, &run_dir, &timing, resume)?;
+    if let (false, Some(link)) = (resume, &brain) {
+        ctx.start_on(&link.start_nodes, clock_ms);
+    }
     let addr_file = run_dir.join(ADDRESS_FILE);
     crate::persist::write_atomic(&addr_file, format!("{addr}\n").as_bytes()).map_err(|e| {
         Error::Io {

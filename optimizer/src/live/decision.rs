@@ -44,7 +44,8 @@ pub struct Decision {
     /// group as `worker`), in the order of their indices from the role's count now, as the
     /// platform names the nodes (where it reports them): the plan names them, and the job
     /// master launches each there while that node holds it. A role left out, or a process
-    /// past its list, is placed by the job master.
+    /// past its list, is placed by the job master. For a start, every process it starts with
+    /// from index 0 ([`Decision::start_nodes`]), which its job master is told when started.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub nodes: BTreeMap<Role, Vec<String>>,
 }
@@ -101,6 +102,22 @@ impl Decision {
 
     pub fn starts(&self) -> bool {
         self.state == LiveState::Queued && self.to_workers > 0
+    }
+
+    /// Where a start's processes go, by role as the job names them (the training group as
+    /// `trainer`), each role's from index 0; empty for a decision that starts nothing, or
+    /// where the platform reports no nodes.
+    pub fn start_nodes(&self, trainer: Role) -> BTreeMap<Role, Vec<String>> {
+        if !self.starts() {
+            return BTreeMap::new();
+        }
+        self.nodes
+            .iter()
+            .map(|(&role, on)| match role == Role::WORKER {
+                true => (trainer, on.clone()),
+                false => (role, on.clone()),
+            })
+            .collect()
     }
 
     /// The role groups the round sizes, each with its count now and from now on: the training
@@ -243,5 +260,32 @@ mod tests {
         d.to_workers = 2;
         let plan = d.scale_plan(5, trainer);
         assert!(!plan.roles.contains_key(&trainer));
+        // A running job's nodes are not a start's.
+        assert!(d.start_nodes(trainer).is_empty());
+    }
+
+    #[test]
+    fn a_starts_nodes_are_given_under_the_jobs_names() {
+        let rollout = Role::new("rollout").unwrap();
+        let trainer = Role::new("trainer").unwrap();
+        let mut d = decision(0, 2, (1, 1));
+        d.state = LiveState::Queued;
+        d.nodes = [
+            (Role::WORKER, vec!["a".to_string(), "b".into()]),
+            (Role::PS, vec!["a".into()]),
+            (rollout, vec!["b".into()]),
+        ]
+        .into();
+        assert_eq!(
+            d.start_nodes(trainer),
+            BTreeMap::from([
+                (trainer, vec!["a".to_string(), "b".into()]),
+                (Role::PS, vec!["a".into()]),
+                (rollout, vec!["b".into()]),
+            ])
+        );
+        // One that keeps waiting starts nothing anywhere.
+        d.to_workers = 0;
+        assert!(d.start_nodes(trainer).is_empty());
     }
 }

@@ -531,11 +531,8 @@ fn plan_pass(
                     .map(|(n, k)| (nodes[*n].name.clone(), *k))
                     .collect(),
                 role_targets: Vec::new(),
-                // The nodes of a growth's workers, where the nodes' room placed them.
-                nodes: named
-                    .remove(&i)
-                    .map(|on| BTreeMap::from([(Role::WORKER, on)]))
-                    .unwrap_or_default(),
+                // Where the nodes' room placed a growth's workers, or a start's processes.
+                nodes: named.remove(&i).unwrap_or_default(),
             };
             (at, decision)
         })
@@ -1392,6 +1389,52 @@ mod tests {
         assert_eq!(nodes, Some(vec!["v2".into(), "v3".into()]));
         // Kept at its size: nothing named.
         assert_eq!(workers_on(&grown_beside(500, true)), None);
+    }
+
+    #[test]
+    fn a_gpu_starts_processes_are_named_where_the_gpu_nodes_room_placed_them() {
+        // Two V100 workers (1 CPU each) whose devices three engines share (0.5 CPU each):
+        // worker k and engine k as one bundle on one node, the most CPU free first (v1, then
+        // v2, whose device is the one left); engine 2, past the last worker, alone on the
+        // node without GPUs (c).
+        let mut job = LiveJob {
+            worker_millicores: 1000,
+            min_workers: 2,
+            max_workers: 2,
+            ..gpu_job(1, LiveState::Queued, 2, 1, Some("V100"))
+        };
+        let mut engine = crate::live::tests::rollout(3, 0.5, 0.0);
+        (engine.millicores, engine.beside_workers, engine.rate) = (500, true, None);
+        let rollout = engine.role;
+        job.roles = vec![engine];
+        let room = |name: &str, millicores: u64, gpus: u32| crate::live::NodeRoom {
+            name: name.into(),
+            cpu_millicores: millicores,
+            memory_bytes: 0,
+            gpus: Gpus::whole(gpus),
+            devices: Vec::new(),
+        };
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: LiveCluster {
+                nodes: ["v1", "v2"].map(|n| node(n, 1, "V100")).to_vec(),
+                free: vec![room("v1", 4000, 1), room("v2", 3000, 1), room("c", 2000, 0)],
+                ..cluster(12)
+            },
+            jobs: vec![job],
+        };
+        let d = decision(&round(&snap), 1).clone();
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let trainer = Role::new("trainer").unwrap();
+        assert_eq!(
+            d.start_nodes(trainer),
+            BTreeMap::from([
+                (trainer, names(&["v1", "v2"])),
+                (rollout, names(&["v1", "v2", "c"])),
+            ]),
+            "{d:?}"
+        );
     }
 
     #[test]

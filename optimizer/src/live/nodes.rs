@@ -444,6 +444,51 @@ pub(super) fn with_partners(job: &LiveJob, worker: Process, w: u32) -> Vec<Proce
     out
 }
 
+/// The roles of the processes [`roles_of`] lists, one entry each, in its order.
+pub(super) fn roles_of_laid(job: &LiveJob) -> Vec<Vec<Role>> {
+    job.roles
+        .iter()
+        .filter(|r| !r.beside_workers)
+        .flat_map(|r| std::iter::repeat_n(vec![r.role], r.count as usize))
+        .collect()
+}
+
+/// The roles of each entry of [`with_partners`] at `w` workers, in its order: a worker with
+/// the processes beside it, then those past the last worker.
+pub(super) fn with_partners_laid(job: &LiveJob, w: u32) -> Vec<Vec<Role>> {
+    let beside: Vec<&LiveRole> = job.roles.iter().filter(|r| r.beside_workers).collect();
+    let mut out: Vec<Vec<Role>> = (0..w)
+        .map(|k| {
+            std::iter::once(Role::WORKER)
+                .chain(beside.iter().filter(|r| r.count > k).map(|r| r.role))
+                .collect()
+        })
+        .collect();
+    for r in &beside {
+        out.extend(std::iter::repeat_n(
+            vec![r.role],
+            r.count.saturating_sub(w) as usize,
+        ));
+    }
+    out
+}
+
+/// Where a start's processes went, by role (the training group as `worker`), in the order of
+/// their indexes: the next process of each role of `laid[k]` on node `went[k]`.
+pub(super) fn start_nodes(
+    laid: &[Vec<Role>],
+    went: &[usize],
+    free: &Free,
+) -> BTreeMap<Role, Vec<String>> {
+    let mut out: BTreeMap<Role, Vec<String>> = BTreeMap::new();
+    for (roles, &i) in laid.iter().zip(went) {
+        for &role in roles {
+            out.entry(role).or_default().push(free.name(i).to_string());
+        }
+    }
+    out
+}
+
 /// The node each of `job`'s training processes runs on, by index (empty: not known).
 pub(super) fn worker_nodes(job: &LiveJob) -> Vec<&str> {
     let n = job
@@ -506,10 +551,15 @@ fn gate_one(s: &mut Sized, free: &mut Free) {
         procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
         procs.extend_from_slice(&roles);
         if let Some(went) = free.take(procs) {
-            // A growth's plan names them (a start's job master places its own, by this rule);
-            // not where the workers it counts are more than it has (a shrink not carried out
+            // A start's job master is told where they went, a growth's plan names them; not
+            // where the workers it counts are more than it has (a shrink not carried out
             // yet), whose new indexes are not these.
-            if !start && base == job.workers {
+            if start {
+                let mut laid = vec![vec![Role::PS]; new_ps as usize];
+                laid.extend(std::iter::repeat_n(vec![Role::WORKER], w as usize));
+                laid.extend(roles_of_laid(job));
+                s.nodes = start_nodes(&laid, &went, free);
+            } else if base == job.workers {
                 let (ps_on, workers_on) = went.split_at(new_ps as usize);
                 for (role, on) in [(Role::PS, ps_on), (Role::WORKER, workers_on)] {
                     if !on.is_empty() {
@@ -1044,6 +1094,35 @@ mod tests {
     }
 
     #[test]
+    fn a_starts_processes_are_named_where_the_nodes_room_placed_them() {
+        // Nodes a (4 CPUs free) and b (3). A start of two 2-CPU workers, a 1-CPU PS and two
+        // 1-CPU rollout engines, placed largest first, each on the node with the most CPU
+        // left (the first of equals): the workers on a and b, the PS on a, the engines on a
+        // and b. Its job master is told so, under the job's names.
+        let mut j = cpu_job(1, LiveState::Queued, 2, 2);
+        (j.ps, j.ps_millicores) = (1, 1000);
+        let mut engine = super::super::tests::rollout(2, 0.0, 0.0);
+        engine.millicores = 1000;
+        engine.rate = None;
+        let rollout = engine.role;
+        j.roles = vec![engine];
+        let plan = round(vec![j], free(&[4.0, 3.0]), 16);
+        let d = &plan.decisions[0];
+        assert_eq!(d.to_workers, 2, "{d:?}");
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let trainer = Role::new("trainer").unwrap();
+        assert_eq!(
+            d.start_nodes(trainer),
+            BTreeMap::from([
+                (trainer, names(&["a", "b"])),
+                (Role::PS, names(&["a"])),
+                (rollout, names(&["a", "b"])),
+            ]),
+            "{d:?}"
+        );
+    }
+
+    #[test]
     fn a_start_places_its_roles_processes_with_its_own() {
         // One 2-CPU worker and two rollout engines of 2 CPUs: 6 CPUs, which the nodes (4, 1,
         // 1) hold in all but not whole: the start waits and says so. On nodes of 6, 1, 1 it
@@ -1140,14 +1219,16 @@ mod tests {
             plan.decisions.iter().all(|d| d.nodes.is_empty()),
             "{plan:?}"
         );
-        // A start's are not named: its job master places them, by the same rule.
+        // A start's are named from index 0, for its job master (not in a plan).
         let mut start = snapshot.clone();
         start.jobs[1].state = LiveState::Queued;
         start.jobs[1].workers = 0;
         let plan = plan_round(&start, &scheduler, &config, &heuristics).unwrap();
         let started = super::super::tests::decision(&plan, 2);
         assert!(
-            started.to_workers > 0 && started.nodes.is_empty(),
+            started.to_workers > 0
+                && started.nodes.get(&Role::WORKER).map(Vec::len)
+                    == Some(started.to_workers as usize),
             "{started:?}"
         );
     }

@@ -109,6 +109,18 @@ pub struct RunArgs {
         requires = "brain"
     )]
     gpus_held: Vec<String>,
+    /// Where the brain's round placed the job's processes (repeatable, one per role),
+    /// ROLE=NODE[,NODE...]: process k of ROLE is launched first on the k-th node while that
+    /// node holds it (a relaunch is placed by room). The brain passes them when it starts a
+    /// master.
+    #[arg(
+        long = "start-nodes",
+        value_name = "ROLE=NODE,...",
+        requires = "brain",
+        conflicts_with = "resume",
+        value_parser = parse_start_nodes
+    )]
+    start_nodes: Vec<(vocab::Role, Vec<String>)>,
     /// Mutual TLS to the brain: this master's certificate (with --brain-key).
     #[arg(long, requires = "brain_key", requires = "brain_ca")]
     brain_cert: Option<PathBuf>,
@@ -165,6 +177,19 @@ fn parse_advertise(s: &str) -> Result<Advertise, String> {
     s.parse()
         .map(Advertise::Ip)
         .map_err(|e| format!("{e}: expected an IP address or `auto`"))
+}
+
+/// `--start-nodes ROLE=NODE[,NODE...]`: the role, and its processes' nodes by index.
+fn parse_start_nodes(s: &str) -> Result<(vocab::Role, Vec<String>), String> {
+    let (role, nodes) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected ROLE=NODE[,NODE...]"))?;
+    let role = vocab::Role::new(role.trim())?;
+    let nodes: Vec<String> = nodes.split(',').map(|n| n.trim().to_string()).collect();
+    if nodes.iter().any(String::is_empty) {
+        return Err(format!("{s:?}: a node without a name"));
+    }
+    Ok((role, nodes))
 }
 
 /// The IP `--advertise` names: `auto` is this machine's end of the route to the brain, or
@@ -293,6 +318,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         brain_insecure,
         cordoned,
         gpus_held,
+        start_nodes,
         brain_cert,
         brain_key,
         job_tls: _,
@@ -304,6 +330,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         others_devices
             .add_named(held)
             .map_err(|e| anyhow::anyhow!("--gpus-held {e}"))?;
+    }
+    let mut start_on = std::collections::BTreeMap::new();
+    for (role, on) in start_nodes {
+        if start_on.insert(role, on).is_some() {
+            anyhow::bail!("--start-nodes: {role} is given twice");
+        }
     }
     let spec = job_master::spec::load(&spec)?;
     // A token goes only to a server that proved it is the brain.
@@ -392,6 +424,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
                 }),
                 cordoned,
                 others_devices,
+                start_nodes: start_on,
                 ..job_master::brain_link::BrainLink::new(url)
             }
         }),
@@ -544,6 +577,26 @@ mod tests {
         );
         let e = resolve_advertise(Advertise::Auto, None, &no_ray).unwrap_err();
         assert!(e.to_string().contains("give --brain"), "{e}");
+    }
+
+    #[test]
+    fn start_nodes_name_a_role_and_its_processes_nodes() {
+        assert_eq!(
+            parse_start_nodes("worker=10.0.0.2, 10.0.0.3"),
+            Ok((
+                vocab::Role::WORKER,
+                vec!["10.0.0.2".into(), "10.0.0.3".into()]
+            ))
+        );
+        for (bad, why) in [
+            ("worker", "expected ROLE=NODE"),
+            ("worker=a,,b", "a node without a name"),
+            ("worker=", "a node without a name"),
+            ("Bad=a", "role name"),
+        ] {
+            let e = parse_start_nodes(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

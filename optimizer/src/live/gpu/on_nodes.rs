@@ -100,16 +100,17 @@ pub(super) fn elsewhere(
     false
 }
 
-/// The GPU jobs' new processes placed on the nodes' free room: the room left, and the nodes
-/// of each growth's added workers in the order of their indexes, by job (index into the
-/// round's jobs), for its plan to name.
-pub(super) type Placed = (Free, BTreeMap<usize, Vec<String>>);
+/// The GPU jobs' new processes placed on the nodes' free room: the room left, and by job
+/// (index into the round's jobs) the nodes of the processes it adds by role, in the order of
+/// their indexes (a growth's added workers, for its plan to name; a start's every process,
+/// for its job master).
+pub(super) type Placed = (Free, BTreeMap<usize, BTreeMap<vocab::Role, Vec<String>>>);
 
 /// Places the GPU jobs' new processes (a start's PS, workers and roles; a growth's added
 /// workers) on the nodes' free room, running jobs' growth first, then the starts, each in
 /// submission order, as `nodes.rs` places the CPU jobs'. The room left with the nodes of the
-/// growths' workers; or the first job that does not fit whole, with the most workers that
-/// do.
+/// processes it placed; or the first job that does not fit whole, with the most workers
+/// that do.
 pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Placed, Cut> {
     let adds = |j: &Gpu| match j.running() {
         true => j.to.saturating_sub(j.counted(j.job.workers)),
@@ -170,8 +171,14 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
                     free = trial;
                     // Not where the workers it counts are more than it has (a shrink not
                     // carried out yet), whose new indexes are not these.
-                    if !start && base == j.job.workers {
-                        named.insert(i, growth_nodes(&partners, &went, &free));
+                    if start {
+                        let mut laid = vec![vec![vocab::Role::PS]; j.job.ps as usize];
+                        laid.extend(nodes::roles_of_laid(j.job));
+                        laid.extend(nodes::with_partners_laid(j.job, w));
+                        named.insert(i, nodes::start_nodes(&laid, &went, &free));
+                    } else if base == j.job.workers {
+                        let on = growth_nodes(&partners, &went, &free);
+                        named.insert(i, BTreeMap::from([(vocab::Role::WORKER, on)]));
                     }
                 }
                 break w;
