@@ -1066,31 +1066,18 @@ mod tests {
         // them named and one not, the other goes to the freest (a) too.
         let mut two = on(&["a", "b"]);
         two.count = 2;
-        let mut running = running.clone();
-        running.not_placed = vec![two.clone()];
-        let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
-        assert_eq!(plan.decisions[1].to_workers, 0, "{:?}", plan.decisions[1]);
-        assert!(
-            plan.decisions[1]
-                .reasons
-                .last()
-                .unwrap()
-                .contains("a 2 CPU free, b 0 CPU free"),
-            "{:?}",
-            plan.decisions[1]
-        );
+        let waits_on_what_they_leave = |not_placed: NotPlaced| {
+            let mut running = running.clone();
+            running.not_placed = vec![not_placed];
+            let plan = round(vec![running, queued.clone()], free(&[4.0, 2.0]), 16);
+            let d = &plan.decisions[1];
+            assert_eq!(d.to_workers, 0, "{d:?}");
+            let why = d.reasons.last().unwrap();
+            assert!(why.contains("a 2 CPU free, b 0 CPU free"), "{d:?}");
+        };
+        waits_on_what_they_leave(two.clone());
         two.nodes = vec!["b".into()];
-        running.not_placed = vec![two];
-        let plan = round(vec![running, queued], free(&[4.0, 2.0]), 16);
-        assert!(
-            plan.decisions[1]
-                .reasons
-                .last()
-                .unwrap()
-                .contains("a 2 CPU free, b 0 CPU free"),
-            "{:?}",
-            plan.decisions[1]
-        );
+        waits_on_what_they_leave(two);
     }
 
     #[test]
