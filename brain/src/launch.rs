@@ -240,7 +240,8 @@ impl Launcher {
     }
 
     /// Writes the job's spec with `workers` workers and starts its master, told the `nodes`
-    /// the round placed its processes on (see [`Launch::Start`]). Returns the run directory.
+    /// the round placed its processes on (by role as the job names them, each role's from
+    /// index 0). Returns the run directory.
     pub async fn start(
         &self,
         job: JobId,
