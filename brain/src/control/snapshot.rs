@@ -193,7 +193,7 @@ fn service_roles(
 /// count as not placed: the job master reports them apart). Without a report, all of them
 /// where its job master has not reported since it started or a plan is on its way; none
 /// otherwise (a brain started again hears from it within a report). Each with the node its
-/// newest plan named for it, where it named one.
+/// newest plan (before any, its start) named for it, where it named one.
 fn unplaced(
     store: &Store,
     row: &crate::store::JobRow,
