@@ -43,6 +43,12 @@ use vocab::Gpus;
 use super::room::{Process, Room};
 use super::*;
 
+mod layout;
+pub(super) use layout::{
+    partner_node, roles_of, roles_of_laid, start_nodes, with_partners, with_partners_laid,
+    worker_nodes,
+};
+
 /// A node's CPU, memory and GPUs free for new processes, as the platform last reported them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -398,121 +404,6 @@ fn adds(s: &Sized) -> u32 {
         LiveState::Queued => s.to,
         LiveState::Running => s.to.saturating_sub(s.counted(s.job.workers)),
     }
-}
-
-/// The processes of a start's service and single roles (with the GPUs of their own, of GPU
-/// model `model`), which it places with its training group; not those that share the
-/// workers' devices, which go with their partner worker ([`with_partners`]).
-pub(super) fn roles_of(job: &LiveJob, model: Option<&str>, free: &Free) -> Vec<Process> {
-    job.roles
-        .iter()
-        .filter(|r| !r.beside_workers)
-        .flat_map(|r| {
-            let p = free.process(r.millicores, r.memory_bytes, r.gpus, model);
-            std::iter::repeat_n(p, r.count as usize)
-        })
-        .collect()
-}
-
-/// A start's processes at `w` workers as the job master lays them out where roles share the
-/// workers' devices ([`LiveRole::beside_workers`]): worker `k` with the process `k` of each
-/// such role beside it, as one bundle on one node (`worker` is the worker with its device's
-/// whole bundle of GPUs); the roles' processes past the last worker on their own, with their
-/// CPU and memory.
-pub(super) fn with_partners(job: &LiveJob, worker: Process, w: u32) -> Vec<Process> {
-    let beside: Vec<&LiveRole> = job.roles.iter().filter(|r| r.beside_workers).collect();
-    let mut out: Vec<Process> = (0..w)
-        .map(|k| {
-            beside
-                .iter()
-                .filter(|r| r.count > k)
-                .fold(worker, |p, r| p.with(r.millicores, r.memory_bytes))
-        })
-        .collect();
-    for r in &beside {
-        let alone = Process {
-            gpus: 0,
-            cpu: r.millicores,
-            memory: r.memory_bytes,
-            model: None,
-        };
-        out.extend(std::iter::repeat_n(
-            alone,
-            r.count.saturating_sub(w) as usize,
-        ));
-    }
-    out
-}
-
-/// The roles of the processes [`roles_of`] lists, one entry each, in its order.
-pub(super) fn roles_of_laid(job: &LiveJob) -> Vec<Vec<Role>> {
-    job.roles
-        .iter()
-        .filter(|r| !r.beside_workers)
-        .flat_map(|r| std::iter::repeat_n(vec![r.role], r.count as usize))
-        .collect()
-}
-
-/// The roles of each entry of [`with_partners`] at `w` workers, in its order: a worker with
-/// the processes beside it, then those past the last worker.
-pub(super) fn with_partners_laid(job: &LiveJob, w: u32) -> Vec<Vec<Role>> {
-    let beside: Vec<&LiveRole> = job.roles.iter().filter(|r| r.beside_workers).collect();
-    let mut out: Vec<Vec<Role>> = (0..w)
-        .map(|k| {
-            std::iter::once(Role::WORKER)
-                .chain(beside.iter().filter(|r| r.count > k).map(|r| r.role))
-                .collect()
-        })
-        .collect();
-    for r in &beside {
-        out.extend(std::iter::repeat_n(
-            vec![r.role],
-            r.count.saturating_sub(w) as usize,
-        ));
-    }
-    out
-}
-
-/// Where a start's processes went, by role (the training group as `worker`), in the order of
-/// their indexes: the next process of each role of `laid[k]` on node `went[k]`.
-pub(super) fn start_nodes(
-    laid: &[Vec<Role>],
-    went: &[usize],
-    free: &Free,
-) -> BTreeMap<Role, Vec<String>> {
-    let mut out: BTreeMap<Role, Vec<String>> = BTreeMap::new();
-    for (roles, &i) in laid.iter().zip(went) {
-        for &role in roles {
-            out.entry(role).or_default().push(free.name(i).to_string());
-        }
-    }
-    out
-}
-
-/// The node each of `job`'s training processes runs on, by index (empty: not known).
-pub(super) fn worker_nodes(job: &LiveJob) -> Vec<&str> {
-    let n = job
-        .worker_processes
-        .iter()
-        .map(|p| p.index + 1)
-        .max()
-        .unwrap_or(0);
-    let mut out = vec![""; n as usize];
-    for p in &job.worker_processes {
-        out[p.index as usize] = &p.node;
-    }
-    out
-}
-
-/// Where a worker added at index `k` to running `job` must go, as `free` numbers the nodes:
-/// the node of a process `k` of a role that shares the workers' devices, where one runs and
-/// its node is known (the job master lays the two out as one bundle).
-pub(super) fn partner_node(job: &LiveJob, k: u32, free: &Free) -> Option<usize> {
-    job.roles
-        .iter()
-        .filter(|r| r.beside_workers && r.count > k)
-        .filter_map(|r| r.nodes.get(k as usize).filter(|n| !n.is_empty()))
-        .find_map(|n| free.node(n))
 }
 
 /// Places `s`'s new processes on `free` at the most workers that fit (see [`gate`]).
