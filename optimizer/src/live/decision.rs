@@ -241,7 +241,7 @@ mod tests {
     fn a_plan_names_the_nodes_the_round_placed_what_it_adds_on_under_the_jobs_names() {
         let rollout = Role::new("rollout").unwrap();
         let trainer = Role::new("trainer").unwrap();
-        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        use crate::live::tests::names;
         let mut d = decision(2, 3, (1, 2));
         d.role_targets = vec![(rollout, 1, 3)];
         d.nodes = [

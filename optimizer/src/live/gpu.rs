@@ -1425,7 +1425,7 @@ mod tests {
         };
         let d = decision(&round(&snap), 1).clone();
         assert_eq!(d.to_workers, 2, "{d:?}");
-        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        use crate::live::tests::names;
         let trainer = Role::new("trainer").unwrap();
         assert_eq!(
             d.start_nodes(trainer),

@@ -464,6 +464,11 @@ mod tests {
         }
     }
 
+    /// Node names as the platform gives them.
+    pub(super) fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
     /// A rollout role of `count` engines (1 to 4, 0.5 CPU each), busy `busy` of their time,
     /// its callers waiting `wait` of theirs (none of them the workers).
     pub(super) fn rollout(count: u32, busy: f64, wait: f64) -> LiveRole {

@@ -987,7 +987,7 @@ mod tests {
         let plan = round(vec![j], free(&[4.0, 3.0]), 16);
         let d = &plan.decisions[0];
         assert_eq!(d.to_workers, 2, "{d:?}");
-        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        use crate::live::tests::names;
         let trainer = Role::new("trainer").unwrap();
         assert_eq!(
             d.start_nodes(trainer),
