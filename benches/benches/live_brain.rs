@@ -440,6 +440,7 @@ async fn register_running(url: &str, dir: &Path, c: &Client, jobs: usize) -> Vec
                                 ..Default::default()
                             }],
                             total_samples: 1_000_000,
+                            ..Default::default()
                         }),
                     })
                     .await

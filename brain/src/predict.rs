@@ -164,6 +164,7 @@ pub fn predict(
             .collect(),
         worker_bundle_gpus: spec.worker_bundle(),
         training_role: Some(trainer).filter(|&r| r != Role::WORKER),
+        placement: spec.placement.clone(),
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
     // Every role's GPUs, and each placement group whole, on the cluster's GPU nodes.

@@ -1325,6 +1325,66 @@ async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
     cancelled(&url, &holder, &log).await;
 }
 
+/// A placement group the brain starts (issue 41, item 3): the round lays a strictly spread
+/// group of three engines out one a node, tells the job master so when it starts it, and the
+/// master lays the group out as the round placed it; the job trains every sample once and no
+/// process waits on Ray.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_group_starts_as_the_brains_round_laid_it_out() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let (_brain, url) = brain_for_jobs_now(&c, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    let name = format!("spread-{}", std::process::id());
+    let _cancel = CancelsJob(url.clone(), name.clone());
+    let path = dir.path().join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
+             resources: {{ cpu: 1 }} }}\n  rollout: {{ replicas: 3, topology: service, \
+             command: [/bin/sleep, '600'], resources: {{ cpu: 1 }} }}\n\
+             placement:\n  - {{ roles: [rollout], strategy: strict_spread }}\n\
+             workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
+             data: {{ num_samples: 20000, shard_size: 1000, eval_samples: 2000 }}\n\
+             checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{out}\n{}", log());
+    wait_succeeded(&url, &[&name], &log);
+    let run = dir.path().join("runs").join(&name);
+    never_pending_on_ray(&run);
+    let report = ended_exactly_once(&run);
+    let events = events_of(&report);
+    // Where the round placed the engines: one a node.
+    let placed = events
+        .iter()
+        .find_map(|e| e.split_once("placed by the brain's round: rollout-0 on "))
+        .map(|(_, on)| on.to_string())
+        .unwrap_or_else(|| panic!("no engine placed by the round: {events:#?}"));
+    let nodes: BTreeSet<&str> = placed
+        .split(", ")
+        .map(|p| p.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        nodes,
+        c.nodes.iter().map(String::as_str).collect(),
+        "{events:#?}"
+    );
+    assert!(
+        events.iter().any(|e| e.contains(
+            "placement group rollout (strict_spread) laid out as the brain's round placed it"
+        )),
+        "{events:#?}"
+    );
+}
+
 /// Asserts that the job run in `run` trained every sample once and that none of its
 /// processes waited on Ray for room.
 fn never_pending_on_ray(run: &Path) {

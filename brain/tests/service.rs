@@ -795,6 +795,7 @@ async fn on_gpus(url: &str) {
                     ..Default::default()
                 }],
                 total_samples: 1000,
+                ..Default::default()
             }),
         })
         .await

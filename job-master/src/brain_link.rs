@@ -199,6 +199,15 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         kind: spec.kind.to_string(),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
         roles,
+        placement: spec
+            .placement
+            .iter()
+            .map(|g| pb::PlacementShape {
+                roles: g.roles.iter().map(|r| r.to_string()).collect(),
+                strategy: g.strategy.as_str().into(),
+                share_devices: g.share_devices,
+            })
+            .collect(),
     }
 }
 

@@ -610,8 +610,7 @@ impl Control {
         self.with_store(move |s| {
             s.started(job, workers, gpu_type.as_deref(), &dir, now_unix_ms())?;
             // Their room is held there until they run (the round's snapshot).
-            s.started_on(job, nodes);
-            Ok(())
+            s.started_on(job, &nodes)
         })
         .await?;
         self.metrics.started.inc();

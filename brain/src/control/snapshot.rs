@@ -143,6 +143,7 @@ pub(super) fn take(
                 true => Vec::new(),
                 false => unplaced(store, &row, &shape, plan_in_flight)?,
             },
+            groups: groups(&shape),
         });
     }
     Ok(LiveSnapshot {
@@ -150,6 +151,25 @@ pub(super) fn take(
         cluster,
         jobs,
     })
+}
+
+/// A job's placement groups laid out by a strategy (those that share devices are its workers'
+/// bundles), its training group as the round names it (`worker`).
+fn groups(shape: &crate::store::Shape) -> Vec<optimizer::live::LiveGroup> {
+    let trainer = shape.trainer();
+    shape
+        .placement
+        .iter()
+        .filter(|g| !g.share_devices)
+        .map(|g| optimizer::live::LiveGroup {
+            roles: g
+                .roles
+                .iter()
+                .map(|&r| if r == trainer { vocab::Role::WORKER } else { r })
+                .collect(),
+            strategy: g.strategy,
+        })
+        .collect()
 }
 
 /// A job's service and single roles with their newest rates: what a start must leave room
@@ -226,7 +246,7 @@ fn planned_nodes(
     job: vocab::JobId,
 ) -> Result<Vec<(String, Vec<String>)>, BrainError> {
     let Some(stored) = store.plan_after(job, 0)? else {
-        let at_start = store.start_nodes(job).into_iter();
+        let at_start = store.start_nodes(job)?.into_iter();
         return Ok(at_start.map(|(r, on)| (r.to_string(), on)).collect());
     };
     Ok(
@@ -670,6 +690,17 @@ mod tests {
                 ..Default::default()
             },
         );
+        // One group laid out by a strategy; one that shares devices (the workers' bundles).
+        let group = |roles, strategy, share_devices| vocab::spec::PlacementGroup {
+            roles,
+            strategy,
+            share_devices,
+        };
+        use vocab::spec::Strategy;
+        shape.placement = vec![
+            group(vec![rollout], Strategy::StrictSpread, false),
+            group(vec![vocab::Role::WORKER], Strategy::Pack, true),
+        ];
         let (job, _) = store
             .register("ps", "127.0.0.1:1", Some(&shape), 10)
             .unwrap();
@@ -697,35 +728,48 @@ mod tests {
         };
         // Started, its job master not heard from yet: every process is listed.
         let snap = take(&store, &cluster, 20).unwrap();
+        // Its placement group, laid out by its strategy.
+        assert_eq!(
+            snap.jobs[0].groups,
+            vec![optimizer::live::LiveGroup {
+                roles: vec![rollout],
+                strategy: vocab::spec::Strategy::StrictSpread,
+            }]
+        );
         assert_eq!(
             snap.jobs[0].not_placed,
             vec![u(1, 1500, 0), u(2, 2000, 1 << 30), u(2, 500, 0)]
         );
         // Where the round placed them when it started the job: held there.
         let named = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        store.started_on(
-            job,
-            [
-                (vocab::Role::WORKER, named(&["10.0.0.2", "10.0.0.3"])),
-                (rollout, named(&["10.0.0.3"])),
-            ]
-            .into(),
-        );
+        store
+            .started_on(
+                job,
+                &[
+                    (vocab::Role::WORKER, named(&["10.0.0.2", "10.0.0.3"])),
+                    (rollout, named(&["10.0.0.3"])),
+                ]
+                .into(),
+            )
+            .unwrap();
+        let held = vec![
+            u(1, 1500, 0),
+            optimizer::live::NotPlaced {
+                nodes: named(&["10.0.0.2", "10.0.0.3"]),
+                ..u(2, 2000, 1 << 30)
+            },
+            optimizer::live::NotPlaced {
+                nodes: named(&["10.0.0.3"]),
+                ..u(2, 500, 0)
+            },
+        ];
         let snap = take(&store, &cluster, 21).unwrap();
-        assert_eq!(
-            snap.jobs[0].not_placed,
-            vec![
-                u(1, 1500, 0),
-                optimizer::live::NotPlaced {
-                    nodes: named(&["10.0.0.2", "10.0.0.3"]),
-                    ..u(2, 2000, 1 << 30)
-                },
-                optimizer::live::NotPlaced {
-                    nodes: named(&["10.0.0.3"]),
-                    ..u(2, 500, 0)
-                },
-            ]
-        );
+        assert_eq!(snap.jobs[0].not_placed, held);
+        // A restarted brain knows them too: they are stored.
+        drop(store);
+        let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
+        let snap = take(&store, &cluster, 21).unwrap();
+        assert_eq!(snap.jobs[0].not_placed, held);
         // Reported, every process running: none is listed.
         let process = sample;
         let mut report = crate::store::Metric {

@@ -118,7 +118,34 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         worker_bundle_gpus: (t.bundle_gpu_milli > 0)
             .then(|| vocab::Gpus::from_milli(t.bundle_gpu_milli)),
         training_role: Some(trainer).filter(|&r| r != vocab::Role::WORKER),
+        placement: s
+            .placement
+            .into_iter()
+            .map(|g| placement_from(g).map_err(bad))
+            .collect::<Result<_, _>>()?,
     })
+}
+
+/// A placement group from the wire; `Err`: a role or strategy that does not parse.
+fn placement_from(g: pb::PlacementShape) -> Result<vocab::spec::PlacementGroup, String> {
+    Ok(vocab::spec::PlacementGroup {
+        roles: g
+            .roles
+            .iter()
+            .map(|r| vocab::wire::role(r).map_err(|e| e.0))
+            .collect::<Result<_, _>>()?,
+        strategy: g.strategy.parse()?,
+        share_devices: g.share_devices,
+    })
+}
+
+/// A placement group on the wire.
+pub fn placement_to(g: &vocab::spec::PlacementGroup) -> pb::PlacementShape {
+    pb::PlacementShape {
+        roles: g.roles.iter().map(|r| r.to_string()).collect(),
+        strategy: g.strategy.as_str().into(),
+        share_devices: g.share_devices,
+    }
 }
 
 /// The wire's role groups of the store's shape: the training group first, then a ps job's
@@ -179,6 +206,7 @@ pub(super) fn shape_to(s: Shape) -> pb::JobShape {
         kind: s.kind.to_string(),
         total_samples: s.total_samples,
         roles,
+        placement: s.placement.iter().map(placement_to).collect(),
     }
 }
 
@@ -283,6 +311,11 @@ mod tests {
             .into(),
             worker_bundle_gpus: Some(vocab::Gpus::from_milli(900)),
             training_role: None,
+            placement: vec![vocab::spec::PlacementGroup {
+                roles: vec![vocab::Role::WORKER, rollout],
+                strategy: vocab::spec::Strategy::StrictPack,
+                share_devices: true,
+            }],
         }
     }
 
@@ -336,5 +369,25 @@ mod tests {
         );
         let e = refused(&|w| w.roles[1].role = "Bad Name".into());
         assert!(e.contains("job shape"), "{e}");
+        let e = refused(&|w| w.placement[0].strategy = "packed".into());
+        assert!(e.contains("unknown placement strategy \"packed\""), "{e}");
+    }
+
+    #[test]
+    fn a_placement_group_of_roles_the_job_lacks_is_refused() {
+        let mut shape = ps_job();
+        assert_eq!(shape.validate(), Ok(()));
+        shape.placement[0]
+            .roles
+            .push(vocab::Role::new("critic").unwrap());
+        let e = shape.validate().unwrap_err();
+        assert!(
+            e.contains("placement group worker+rollout+critic: the job has no role critic"),
+            "{e}"
+        );
+        let mut shape = ps_job();
+        shape.placement.push(shape.placement[0].clone());
+        let e = shape.validate().unwrap_err();
+        assert!(e.contains("role worker is in two placement groups"), "{e}");
     }
 }

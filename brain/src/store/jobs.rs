@@ -1,5 +1,7 @@
 //! Jobs: registration, submission, start, reasons, outcome, models, and the rows read back.
 
+use std::collections::BTreeMap;
+
 use rusqlite::{OptionalExtension, params};
 
 use super::*;
@@ -117,6 +119,36 @@ impl Store {
             params![id, workers, run_dir, now_unix_ms, gpu_type],
         )?;
         Ok(())
+    }
+
+    /// Remembers where the round placed the job's processes when it started it, by role as
+    /// the job names them, until its next start (stored: a restarted brain holds their room
+    /// there too until they run).
+    pub fn started_on(
+        &mut self,
+        job: JobId,
+        nodes: &BTreeMap<vocab::Role, Vec<String>>,
+    ) -> Result<(), BrainError> {
+        let id = self.known(job)?;
+        self.conn.execute(
+            "UPDATE jobs SET start_nodes = ?2 WHERE id = ?1",
+            params![id, serde_json::to_string(nodes).expect("names")],
+        )?;
+        Ok(())
+    }
+
+    /// Where the round placed the job's processes when it started it ([`Self::started_on`];
+    /// none where it named none).
+    pub fn start_nodes(
+        &self,
+        job: JobId,
+    ) -> Result<BTreeMap<vocab::Role, Vec<String>>, BrainError> {
+        let id = self.known(job)?;
+        Ok(self
+            .conn
+            .query_row("SELECT start_nodes FROM jobs WHERE id = ?1", [id], |r| {
+                json_column(r, "start_nodes")
+            })?)
     }
 
     /// Adds a line to what the brain says about a job (`brainctl status` shows them).

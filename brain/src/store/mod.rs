@@ -160,6 +160,7 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE timeline (job_id INTEGER NOT NULL REFERENCES jobs(id), at_unix_ms INTEGER NOT NULL,
          workers INTEGER NOT NULL, ps INTEGER NOT NULL, samples_per_second REAL NOT NULL,
          PRIMARY KEY (job_id, at_unix_ms))",
+    "ALTER TABLE jobs ADD COLUMN start_nodes TEXT NOT NULL DEFAULT '{}'",
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

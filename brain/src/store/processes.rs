@@ -117,8 +117,6 @@ pub(super) struct JobProcesses {
     /// (at, samples/s) of its reports over the speed window, oldest first.
     speeds: std::collections::VecDeque<(i64, f64)>,
     snapshot: JobSnapshot,
-    /// Where the round placed its processes when it started, by role as the job names them.
-    start_nodes: BTreeMap<Role, Vec<String>>,
 }
 
 impl JobProcesses {
@@ -329,17 +327,6 @@ impl Processes {
         j.changes.extend_from_slice(changes);
         let extra = j.changes.len().saturating_sub(CHANGES);
         j.changes.drain(..extra);
-    }
-
-    pub(super) fn started_on(&mut self, job: JobId, nodes: BTreeMap<Role, Vec<String>>) {
-        self.jobs.entry(job).or_default().start_nodes = nodes;
-    }
-
-    pub(super) fn start_nodes(&self, job: JobId) -> BTreeMap<Role, Vec<String>> {
-        self.jobs
-            .get(&job)
-            .map(|j| j.start_nodes.clone())
-            .unwrap_or_default()
     }
 
     pub(super) fn forget(&mut self, job: JobId) {

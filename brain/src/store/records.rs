@@ -284,6 +284,10 @@ pub struct Shape {
     /// freely, e.g. `actor`): the role whose counts are `workers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training_role: Option<vocab::Role>,
+    /// Its placement groups (`placement:`), by its roles' names: the round lays out a start's
+    /// or a growth's processes of a group by its strategy, as the job master does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<vocab::spec::PlacementGroup>,
 }
 
 /// A service or single role of a job as the brain keeps it.
@@ -436,6 +440,31 @@ impl Shape {
         }
         if self.total_samples == 0 {
             return Err("total_samples 0".into());
+        }
+        self.check_placement()
+    }
+
+    /// Whether each placement group names roles of the job, each role in one group at most.
+    fn check_placement(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &self.placement {
+            if g.roles.is_empty() {
+                return Err("a placement group of no roles".into());
+            }
+            for &role in &g.roles {
+                let known = role == self.trainer()
+                    || (self.kind == vocab::JobKind::Ps && role == vocab::Role::PS)
+                    || self.services.contains_key(&role);
+                if !known {
+                    return Err(format!(
+                        "placement group {}: the job has no role {role}",
+                        g.name()
+                    ));
+                }
+                if !seen.insert(role) {
+                    return Err(format!("role {role} is in two placement groups"));
+                }
+            }
         }
         Ok(())
     }

@@ -160,18 +160,6 @@ impl Store {
         self.processes.nodes(job, role)
     }
 
-    /// Remembers where the round placed the job's processes when it started it (by role as
-    /// the job names them; kept in memory: a restarted brain hears where they run with the
-    /// next report).
-    pub fn started_on(&mut self, job: JobId, nodes: BTreeMap<vocab::Role, Vec<String>>) {
-        self.processes.started_on(job, nodes)
-    }
-
-    /// Where the round placed the job's processes when it started it ([`Self::started_on`]).
-    pub fn start_nodes(&self, job: JobId) -> BTreeMap<vocab::Role, Vec<String>> {
-        self.processes.start_nodes(job)
-    }
-
     /// The job's effective training time and stragglers, as its newest report gave them
     /// (kept in memory: a restarted brain hears them again with the next report).
     pub fn stability(&self, job: JobId) -> super::processes::JobStability {

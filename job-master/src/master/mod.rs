@@ -2,6 +2,7 @@
 //! agents, save PS checkpoints, finish), runs the timers, persists every change before it is
 //! acknowledged, and returns a [`JobReport`] when the job ends.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -119,8 +120,12 @@ fn local_placement(spec: &JobSpec) -> Result<(), Error> {
 }
 
 /// The job's placement groups as the Ray platform reserves them: each process's bundle asks
-/// for what its role's spec gives it.
-fn placement_plans(spec: &JobSpec) -> Vec<crate::platform::ray::GroupPlan> {
+/// for what its role's spec gives it; their first processes go where the brain's round placed
+/// them (`named`, a start's nodes by role, each role's from index 0) where they hold there.
+fn placement_plans(
+    spec: &JobSpec,
+    named: &BTreeMap<vocab::Role, Vec<String>>,
+) -> Vec<crate::platform::ray::GroupPlan> {
     spec.placement
         .iter()
         .map(|g| crate::platform::ray::GroupPlan {
@@ -139,6 +144,16 @@ fn placement_plans(spec: &JobSpec) -> Vec<crate::platform::ray::GroupPlan> {
                 .bundles(g)
                 .into_iter()
                 .map(|(role, index)| vocab::SlotKey { role, index })
+                .collect(),
+            named: g
+                .roles
+                .iter()
+                .filter_map(|role| Some((*role, named.get(role)?)))
+                .flat_map(|(role, on)| {
+                    (0..)
+                        .zip(on)
+                        .map(move |(index, ip)| (vocab::SlotKey { role, index }, ip.clone()))
+                })
                 .collect(),
         })
         .collect()
@@ -390,7 +405,12 @@ pub async fn run(
                 s.place_timeout = Duration::from_millis(ms);
             }
             s.env = env;
-            s.placement = placement_plans(&job.lock().await.spec);
+            // A start's processes where the brain's round placed them; a resumed job's anew.
+            let named = match (resume, &brain) {
+                (false, Some(link)) => link.start_nodes.clone(),
+                _ => BTreeMap::new(),
+            };
+            s.placement = placement_plans(&job.lock().await.spec, &named);
             Arc::new(crate::platform::ray::RayPlatform::connect(s, ev_tx).await?)
         }
     };
@@ -645,10 +665,20 @@ mod tests {
             "{e}"
         );
         // The Ray platform's bundles: each process asks for its role's resources.
-        let plans = placement_plans(&placed("strict_spread", 2));
-        assert_eq!(plans.len(), 1);
-        assert_eq!(plans[0].name, "rollout");
         let rollout: vocab::Role = "rollout".parse().unwrap();
+        let named = [(rollout, vec!["10.0.0.2".to_string(), "10.0.0.3".into()])].into();
+        let plans = placement_plans(&placed("strict_spread", 2), &named);
+        assert_eq!(plans.len(), 1);
+        // Where the brain's round placed them, by process.
+        assert_eq!(
+            plans[0]
+                .named
+                .iter()
+                .map(|(k, ip)| format!("{k} {ip}"))
+                .collect::<Vec<_>>(),
+            vec!["rollout-0 10.0.0.2", "rollout-1 10.0.0.3"]
+        );
+        assert_eq!(plans[0].name, "rollout");
         assert_eq!(plans[0].roles[&rollout].cpus, 2.0);
         assert_eq!(
             plans[0]

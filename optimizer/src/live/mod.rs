@@ -74,7 +74,7 @@ pub use gpu::{ANY_MODEL, LiveNode, gpu_models, unplaceable};
 pub use hold::{
     NodeSize, never_holds, never_holds_beside_gpus, never_holds_cpu, never_holds_memory,
 };
-pub use nodes::{NodeRoom, NotPlaced};
+pub use nodes::{LiveGroup, NodeRoom, NotPlaced};
 pub use replay::LiveRound;
 pub use roles::{LiveRole, RoleRate, RolesConfig};
 pub use room::take_on_devices;
@@ -193,6 +193,12 @@ pub struct LiveJob {
     /// launched, or launched and waiting), by role (`nodes.rs` holds their room on the nodes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_placed: Vec<NotPlaced>,
+    /// Its placement groups whose processes are laid out together by a strategy (those that
+    /// share devices are the workers' bundles, [`LiveRole::beside_workers`]): a start's or
+    /// growth's processes of a group go where the job master can lay the group out so
+    /// (`nodes/groups.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<LiveGroup>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -43,7 +43,10 @@ use vocab::Gpus;
 use super::room::{Process, Room};
 use super::*;
 
+mod groups;
 mod layout;
+pub(super) use groups::Groups;
+pub use groups::LiveGroup;
 pub(super) use layout::{
     partner_node, roles_of, roles_of_laid, start_nodes, with_partners, with_partners_laid,
     worker_nodes,
@@ -183,10 +186,6 @@ impl Free {
 
     /// Places all of `procs` (see [`placed`]), or none of them (`None`); the node each went
     /// to, in their order.
-    pub(super) fn take(&mut self, procs: Vec<Process>) -> Option<Vec<usize>> {
-        self.take_pinned(Vec::new(), procs)
-    }
-
     /// How the platform names node `i`.
     pub(super) fn name(&self, i: usize) -> &str {
         &self.names[i]
@@ -199,21 +198,31 @@ impl Free {
 
     /// Places each of `pinned` on its node and all of `rest` (see [`placed`]), or none of
     /// them (`None`); the node each of `rest` went to, in their order.
+    /// Takes the room of `pinned` (each on its node) and of `rest` ([`groups::placed`], the
+    /// processes of a placement group together by its strategy); the node each of `rest` went
+    /// to. `Err`: the group of `groups` that could not be laid out (`None`: another process
+    /// found no node); nothing is taken then.
     pub(super) fn take_pinned(
         &mut self,
         pinned: Vec<(Process, usize)>,
         rest: Vec<Process>,
-    ) -> Option<Vec<usize>> {
+        groups: &Groups,
+    ) -> Result<Vec<usize>, Option<usize>> {
         let mut left = self.room.clone();
         for (p, i) in pinned {
             if !p.fits_in(&left[i]) {
-                return None;
+                return Err(None);
             }
             p.take_from(&mut left[i]);
         }
-        let (left, went) = placed(&left, &rest)?;
+        let (left, went) = groups::placed(&left, &rest, groups)?;
         self.room = left;
-        Some(went)
+        Ok(went)
+    }
+
+    /// How many nodes it counts.
+    pub(super) fn node_count(&self) -> usize {
+        self.room.len()
     }
 
     /// Places processes of `p` one at a time, in order, each on the node `on(k)` names for
@@ -437,41 +446,62 @@ fn gate_one(s: &mut Sized, free: &mut Free) {
     let unit = job.node_unit.max(1);
     let wanted = s.to;
     let mut w = wanted;
+    let mut unfit = None;
     while w >= lowest {
         let mut procs = vec![ps; new_ps as usize];
         procs.extend(std::iter::repeat_n(worker, (w - base) as usize));
         procs.extend_from_slice(&roles);
-        if let Some(went) = free.take(procs) {
-            // A start's job master is told where they went, a growth's plan names them; not
-            // where the workers it counts are more than it has (a shrink not carried out
-            // yet), whose new indexes are not these.
-            if start {
-                let mut laid = vec![vec![Role::PS]; new_ps as usize];
-                laid.extend(std::iter::repeat_n(vec![Role::WORKER], w as usize));
-                laid.extend(roles_of_laid(job));
-                s.nodes = start_nodes(&laid, &went, free);
-            } else if base == job.workers {
-                let (ps_on, workers_on) = went.split_at(new_ps as usize);
-                for (role, on) in [(Role::PS, ps_on), (Role::WORKER, workers_on)] {
-                    if !on.is_empty() {
-                        s.nodes.insert(role, free.names_of(on));
+        let mut laid = vec![vec![Role::PS]; new_ps as usize];
+        laid.extend(std::iter::repeat_n(vec![Role::WORKER], (w - base) as usize));
+        if start {
+            laid.extend(roles_of_laid(job));
+        }
+        let groups = Groups::of_job(job, &laid, free);
+        match free.take_pinned(Vec::new(), procs, &groups) {
+            Ok(went) => {
+                // A start's job master is told where they went, a growth's plan names them;
+                // not where the workers it counts are more than it has (a shrink not carried
+                // out yet), whose new indexes are not these.
+                if start {
+                    s.nodes = start_nodes(&laid, &went, free);
+                } else if base == job.workers {
+                    let (ps_on, workers_on) = went.split_at(new_ps as usize);
+                    for (role, on) in [(Role::PS, ps_on), (Role::WORKER, workers_on)] {
+                        if !on.is_empty() {
+                            s.nodes.insert(role, free.names_of(on));
+                        }
                     }
                 }
+                if w < wanted {
+                    s.to = w;
+                    s.reasons.push(format!(
+                        "{w} workers, not {wanted}: no more fit on the nodes' free room ({})",
+                        free.freest_shown()
+                    ));
+                }
+                return;
             }
-            if w < wanted {
-                s.to = w;
-                s.reasons.push(format!(
-                    "{w} workers, not {wanted}: no more fit on the nodes' free room ({})",
-                    free.freest_shown()
-                ));
-            }
-            return;
+            Err(g) => unfit = g.map(|g| &job.groups[g]),
         }
         if w < unit {
             break;
         }
         w -= unit;
     }
+    not_gated(s, (start, lowest), unfit, (&worker, roles.len()), free);
+}
+
+/// The reason `s` waits (a start) or keeps its workers (a growth): no node has room for its
+/// processes (`lowest` workers of `worker`, with `roles` processes of its roles for a start),
+/// or the nodes cannot hold its placement group `unfit` so.
+fn not_gated(
+    s: &mut Sized,
+    (start, lowest): (bool, u32),
+    unfit: Option<&LiveGroup>,
+    (worker, roles): (&Process, usize),
+    free: &Free,
+) {
+    let job = s.job;
     let what = format!(
         "{} of {}{}",
         if start {
@@ -479,28 +509,36 @@ fn gate_one(s: &mut Sized, free: &mut Free) {
         } else {
             "another worker"
         },
-        shown(&worker, free),
-        match roles.len() {
+        shown(worker, free),
+        match roles {
             0 => String::new(),
             n => format!(" with its roles' {n}"),
         }
     );
+    let why = match unfit {
+        Some(g) => format!(
+            "the nodes' free room cannot hold its placement group {} so ({})",
+            g.shown(),
+            free.freest_shown()
+        ),
+        None => format!("no node has room for {what} ({})", free.freest_shown()),
+    };
     if start {
         s.to = 0;
-        s.reasons.push(format!(
-            "waits: no node has room for {what} at its minimum of {lowest} workers ({})",
-            free.freest_shown()
-        ));
+        s.reasons.push(match unfit {
+            Some(_) => format!("waits at its minimum of {lowest} workers: {why}"),
+            None => format!(
+                "waits: no node has room for {what} at its minimum of {lowest} workers ({})",
+                free.freest_shown()
+            ),
+        });
     } else {
         s.to = job.workers;
         // No change of workers is made: none is recorded for the heuristics' cool-downs.
         s.corrections
             .retain(|c| c.kind != crate::heuristics::ChangeKind::Workers);
-        s.reasons.push(format!(
-            "kept at {} workers: no node has room for {what} ({})",
-            job.workers,
-            free.freest_shown()
-        ));
+        s.reasons
+            .push(format!("kept at {} workers: {why}", job.workers));
     }
 }
 
@@ -531,21 +569,6 @@ fn freest(room: &[Room], p: Process) -> Option<usize> {
         .map(|(i, r)| (i, (spares_gpus(r), r.cpu)))
         .reduce(|best, x| if x.1 > best.1 { x } else { best })
         .map(|(i, _)| i)
-}
-
-/// `room` after `procs` are placed, largest first (those with GPUs first), each by
-/// [`freest`], and the node each went to, in their order; `None` when one does not fit.
-fn placed(room: &[Room], procs: &[Process]) -> Option<(Vec<Room>, Vec<usize>)> {
-    let mut order: Vec<usize> = (0..procs.len()).collect();
-    order.sort_by(|&a, &b| procs[b].cmp(&procs[a]));
-    let mut left = room.to_vec();
-    let mut went = vec![0; procs.len()];
-    for k in order {
-        let i = freest(&left, procs[k])?;
-        procs[k].take_from(&mut left[i]);
-        went[k] = i;
-    }
-    Some((left, went))
 }
 
 /// Millicores as CPUs: `1.5`, `2`.
@@ -786,6 +809,8 @@ mod tests {
             memory,
             model: None,
         };
+        let placed =
+            |room: &[Room], procs: &[Process]| groups::placed(room, procs, &Groups::none()).ok();
         let room = vec![p(4000, u64::MAX), p(2000, u64::MAX)];
         // 2 then 2 then 1: the first 2 goes to a (4 free), the second to a again (the first of
         // two with 2 free), the 1 to b.
@@ -1108,6 +1133,104 @@ mod tests {
                 && started.nodes.get(&Role::WORKER).map(Vec::len)
                     == Some(started.to_workers as usize),
             "{started:?}"
+        );
+    }
+
+    #[test]
+    fn a_starts_placement_groups_are_laid_out_by_their_strategy_and_named_so() {
+        // Nodes a (4 CPUs free), b (3), c (2). One 1-CPU worker and three 1-CPU rollout
+        // engines. On their own the engines go a, b, a (each to the freest); strictly spread,
+        // one a node: a, b, c, the worker then on a. Strictly packed with the worker, all four
+        // on a.
+        use crate::live::tests::names;
+        use vocab::spec::Strategy;
+        let mut j = cpu_job(1, LiveState::Queued, 1, 1);
+        let mut engine = super::super::tests::rollout(3, 0.0, 0.0);
+        engine.millicores = 1000;
+        engine.rate = None;
+        let rollout = engine.role;
+        j.roles = vec![engine];
+        let named = |j: &LiveJob, nodes: &[f64]| {
+            let plan = round(vec![j.clone()], free(nodes), 16);
+            let d = plan.decisions[0].clone();
+            (d.to_workers, d.start_nodes(Role::WORKER), d.reasons)
+        };
+        let (to, on, _) = named(&j, &[4.0, 3.0, 2.0]);
+        assert_eq!((to, &on[&rollout]), (1, &names(&["a", "b", "a"])));
+        let group = |roles: Vec<Role>, strategy| LiveGroup { roles, strategy };
+        j.groups = vec![group(vec![rollout], Strategy::StrictSpread)];
+        let (to, on, _) = named(&j, &[4.0, 3.0, 2.0]);
+        assert_eq!(to, 1);
+        assert_eq!(on[&rollout], names(&["a", "b", "c"]));
+        assert_eq!(on[&Role::WORKER], names(&["a"]));
+        j.groups = vec![group(vec![Role::WORKER, rollout], Strategy::StrictPack)];
+        let (_, on, _) = named(&j, &[4.0, 3.0, 2.0]);
+        assert_eq!(on[&rollout], names(&["a", "a", "a"]));
+        assert_eq!(on[&Role::WORKER], names(&["a"]));
+        // Four strictly spread over three nodes: the start waits, naming the group.
+        j.groups = vec![group(vec![rollout], Strategy::StrictSpread)];
+        j.roles[0].count = 4;
+        let (to, on, reasons) = named(&j, &[4.0, 3.0, 2.0]);
+        assert_eq!((to, on.len()), (0, 0));
+        assert!(
+            reasons.iter().any(|r| r.starts_with(
+                "waits at its minimum of 1 workers: the nodes' free room cannot hold its \
+                 placement group rollout (strict_spread) so (a 4 CPU free"
+            )),
+            "{reasons:?}"
+        );
+        // The same four packed strictly with the worker need a node of 5 CPUs.
+        j.groups = vec![group(vec![Role::WORKER, rollout], Strategy::StrictPack)];
+        assert_eq!(named(&j, &[4.0, 3.0, 2.0]).0, 0);
+        assert_eq!(named(&j, &[5.0, 1.0]).1[&rollout], names(&["a"; 4]));
+    }
+
+    #[test]
+    fn a_grouped_roles_growth_goes_beside_its_group_by_the_strategy() {
+        // A running job whose callers wait 80% for its two engines (0.5 CPU), strictly spread
+        // and running on a and b: of nodes a (3 CPUs free), b (3), c (1), only c may take
+        // another, though a has more room; the plan names c. With c full, none grows.
+        use vocab::spec::Strategy;
+        let mut j = cpu_job(1, LiveState::Running, 2, 1);
+        j.speed = vec![SpeedPoint {
+            workers: 2,
+            samples_per_s: 100.0,
+        }];
+        let mut engine = super::super::tests::rollout(2, 0.9, 0.8);
+        engine.nodes = vec!["a".into(), "b".into()];
+        let r = engine.role;
+        j.roles = vec![engine];
+        j.groups = vec![LiveGroup {
+            roles: vec![r],
+            strategy: Strategy::StrictSpread,
+        }];
+        let run = |nodes: Vec<NodeRoom>| {
+            let snapshot = LiveSnapshot {
+                now_s: 100.0,
+                cluster: round_cluster(nodes, 16),
+                jobs: vec![j.clone()],
+            };
+            plan_round(
+                &snapshot,
+                &Fifo::default(),
+                &super::super::tests::config(),
+                &super::super::tests::none(),
+            )
+            .unwrap()
+        };
+        let plan = run(free(&[3.0, 3.0, 1.0]));
+        let d = &plan.decisions[0];
+        assert_eq!(d.role_targets, vec![(r, 2, 3)], "{d:?}");
+        assert_eq!(d.scale_plan(2, Role::WORKER).roles[&r].nodes, ["c"]);
+        let plan = run(free(&[3.0, 3.0, 0.2]));
+        let d = &plan.decisions[0];
+        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains(
+                "no node has room for another process in its placement group rollout \
+                 (strict_spread)"
+            )),
+            "{d:?}"
         );
     }
 

@@ -334,16 +334,10 @@ pub fn balance(
     for (j, r, wait) in grow {
         let role = &jobs[j].roles[r];
         let model = jobs[j].gpu_type.as_deref();
-        // A role beside the workers: its process `k` goes to worker `k`'s node.
-        let partners = match role.beside_workers {
-            true => super::nodes::worker_nodes(jobs[j]),
-            false => Vec::new(),
-        };
         if !grow_one(
-            role,
+            (jobs[j], role),
             model,
             wait,
-            &partners,
             &mut room,
             &mut places,
             decisions[j],
@@ -505,10 +499,9 @@ pub struct Places<'a> {
 /// within its max and `room` (taken from it); or the reason it stays. False when it stays for
 /// lack of room.
 fn grow_one(
-    role: &LiveRole,
+    (job, role): (&LiveJob, &LiveRole),
     model: Option<&str>,
     wait: f64,
-    partners: &[&str],
     room: &mut Room,
     on: &mut Places,
     d: &mut Decision,
@@ -547,20 +540,34 @@ fn grow_one(
     let more = match on.free.as_deref_mut() {
         Some(f) if pooled > 0 => {
             let p = f.process(role.millicores, role.memory_bytes, role.gpus, model);
-            // Process `count + k` beside the worker of its index, where that one runs.
-            let node = |k: u32| {
-                let at = partners
-                    .get((role.count + k) as usize)
-                    .filter(|n| !n.is_empty());
-                at.and_then(|n| f.node(n))
+            let group = job.groups.iter().find(|g| g.roles.contains(&role.role));
+            let on_nodes = match group {
+                // Each beside its placement group's processes, by the group's strategy.
+                Some(_) => f.take_in_group(job, role.role, pooled, p),
+                None => {
+                    // A role beside the workers: its process `k` goes to worker `k`'s node.
+                    let partners = match role.beside_workers {
+                        true => super::nodes::worker_nodes(job),
+                        false => Vec::new(),
+                    };
+                    let node = |k: u32| {
+                        let at = partners
+                            .get((role.count + k) as usize)
+                            .filter(|n| !n.is_empty());
+                        at.and_then(|n| f.node(n))
+                    };
+                    let nodes: Vec<Option<usize>> = (0..pooled).map(node).collect();
+                    f.take_in_order(pooled, p, |k| nodes[k as usize])
+                }
             };
-            let nodes: Vec<Option<usize>> = (0..pooled).map(node).collect();
-            let on_nodes = f.take_in_order(pooled, p, |k| nodes[k as usize]);
             if on_nodes.is_empty() {
+                let what = match group {
+                    Some(g) => format!("in its placement group {}", g.shown()),
+                    None => format!("of {}", super::nodes::shown(&p, f)),
+                };
                 d.reasons.push(format!(
-                    "{}: {figures}; no node has room for another process of {} ({})",
+                    "{}: {figures}; no node has room for another process {what} ({})",
                     role.role,
-                    super::nodes::shown(&p, f),
                     f.freest_shown()
                 ));
                 return false;

@@ -64,6 +64,21 @@ impl Strategy {
     }
 }
 
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use Strategy::*;
+        [StrictPack, Pack, StrictSpread, Spread]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown placement strategy {s:?}: strict_pack, pack, strict_spread or spread"
+                )
+            })
+    }
+}
+
 /// One group of `placement:`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -49,6 +49,9 @@ pub struct GroupPlan {
     pub share_devices: bool,
     pub roles: BTreeMap<Role, RayResources>,
     pub initial: Vec<SlotKey>,
+    /// Where the brain's round placed its first processes (a start's, `--start-nodes`), by
+    /// node address: the group's first layout where it holds on the nodes as they are.
+    pub named: BTreeMap<SlotKey, String>,
 }
 
 /// The resource that pins a process to the node at `ip`: a sliver of `node:<ip>`.
@@ -208,13 +211,53 @@ pub(super) fn lay_out(
         .collect())
 }
 
+/// `bundles` on the nodes `named` gives each (by address), if the nodes hold them there now
+/// and the layout keeps `strategy`; `Err`: why not.
+pub(super) fn lay_out_named(
+    strategy: Strategy,
+    bundles: &[RayResources],
+    shares: &[Vec<u32>],
+    nodes: &[GroupNode],
+    named: &[String],
+) -> Result<Vec<String>, String> {
+    let shares = |b: usize| shares.get(b).map_or(&[][..], Vec::as_slice);
+    let mut room = nodes.to_vec();
+    for (b, (bundle, ip)) in bundles.iter().zip(named).enumerate() {
+        let n = room
+            .iter()
+            .position(|n| n.ip == *ip)
+            .ok_or_else(|| format!("{ip} is not among the nodes offered to the job"))?;
+        if strategy == Strategy::StrictSpread && room[n].members > 0 {
+            return Err(format!("two of its processes on {ip}"));
+        }
+        if !room[n].holds(bundle, shares(b)) {
+            return Err(format!(
+                "{ip} has no room for its process {b} ({}) now",
+                describe(bundle)
+            ));
+        }
+        room[n].take(bundle, shares(b));
+    }
+    let homes = room.iter().filter(|n| n.members > 0).count();
+    if strategy == Strategy::StrictPack && homes > 1 {
+        return Err(format!("its processes on {homes} nodes"));
+    }
+    Ok(named.to_vec())
+}
+
 impl Inner {
     /// The node address of `key`'s bundle in group `g`. The group's first processes are laid
-    /// out together at the first launch; a process beyond them (the role grown) is laid out
-    /// beside the group as its strategy says; a process whose node is gone from Ray is laid out
-    /// anew. `Err`: why the cluster cannot hold it now (the process stays pending and is asked
-    /// for again).
-    pub(super) async fn bundle_node(&self, g: usize, key: SlotKey) -> Result<String, Error> {
+    /// out together at the first launch (where the brain's round placed them, if it did and
+    /// that holds); a process beyond them (the role grown) is laid out beside the group as its
+    /// strategy says, on `prefer` (the plan's node for it) where that keeps the strategy and
+    /// holds it; a process whose node is gone from Ray is laid out anew. `Err`: why the
+    /// cluster cannot hold it now (the process stays pending and is asked for again).
+    pub(super) async fn bundle_node(
+        &self,
+        g: usize,
+        key: SlotKey,
+        prefer: Option<&str>,
+    ) -> Result<String, Error> {
         let plan = &self.settings.placement[g];
         let unplaced = |problem: String| Error::Launch {
             platform: "ray",
@@ -249,11 +292,19 @@ impl Inner {
             vec![key]
         };
         let (units, bundles) = bundles_of(plan, &keys).map_err(unplaced)?;
-        let nodes = self
-            .lay_out_group(plan, (&cluster, read_at), layout, (&units, &bundles))
+        // The group's first layout as the brain's round placed it, where it named every unit.
+        let named = match layout.is_empty() {
+            true => units
+                .iter()
+                .map(|u| plan.named.get(&u[0]).cloned())
+                .collect::<Option<Vec<_>>>(),
+            false => prefer.map(|ip| vec![ip.to_string()]),
+        };
+        let (nodes, how) = self
+            .lay_out_group(plan, (&cluster, read_at), layout, (&units, &bundles), named)
             .map_err(unplaced)?;
         self.note(format!(
-            "placement group {} ({}) laid out: {}{}",
+            "placement group {} ({}) laid out{how}: {}{}",
             plan.name,
             plan.strategy.as_str(),
             units
@@ -285,11 +336,12 @@ impl Inner {
         &self,
         g: usize,
         key: SlotKey,
+        prefer: Option<&str>,
         cancel: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<String, Error> {
         let deadline = std::time::Instant::now() + self.settings.place_timeout;
         loop {
-            match self.bundle_node(g, key).await {
+            match self.bundle_node(g, key, prefer).await {
                 Ok(ip) => return Ok(ip),
                 Err(e) if std::time::Instant::now() >= deadline || *cancel.borrow() => {
                     return Err(e);
@@ -305,14 +357,17 @@ impl Inner {
     }
 
     /// Lays `bundles` out beside the group's `layout` on the nodes' free room (`cluster`, as
-    /// read at that instant) less what this master submitted that Ray's answer does not show.
+    /// read at that instant) less what this master submitted that Ray's answer does not show:
+    /// on the nodes `named` gives each where they hold them so ([`lay_out_named`]), else by
+    /// the group's strategy. Each bundle's node, and how the events say it was chosen.
     fn lay_out_group(
         &self,
         plan: &GroupPlan,
         (cluster, read_at): (&RayCluster, std::time::Instant),
         layout: &BTreeMap<SlotKey, String>,
         (units, bundles): (&[Vec<SlotKey>], &[RayResources]),
-    ) -> Result<Vec<String>, String> {
+        named: Option<Vec<String>>,
+    ) -> Result<(Vec<String>, String), String> {
         let shares = shares_of(plan, units);
         let held = self.devices_known();
         let recent = self.recent.lock().expect("not poisoned").clone();
@@ -326,7 +381,14 @@ impl Inner {
                 devices: super::place::devices_on(n, &held, &recent, read_at),
             })
             .collect();
-        lay_out(plan.strategy, bundles, &shares, &room).map_err(|why| {
+        let how = match named.map(|on| lay_out_named(plan.strategy, bundles, &shares, &room, &on)) {
+            Some(Ok(on)) => return Ok((on, " as the brain's round placed it".into())),
+            Some(Err(why)) => {
+                format!(" (not as the brain's round placed it, which does not hold now: {why})")
+            }
+            None => String::new(),
+        };
+        let on = lay_out(plan.strategy, bundles, &shares, &room).map_err(|why| {
             format!(
                 "the cluster cannot hold it now: {why} (free: {})",
                 cluster
@@ -340,7 +402,8 @@ impl Inner {
                     .collect::<Vec<_>>()
                     .join("; ")
             )
-        })
+        })?;
+        Ok((on, how))
     }
 }
 
@@ -514,6 +577,38 @@ mod tests {
     }
 
     #[test]
+    fn the_brains_layout_is_taken_where_it_holds_and_keeps_the_strategy() {
+        let one = [cpus(1.0), cpus(1.0)];
+        let on = |ips: &[&str]| ips.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let at = nodes(&[4.0, 1.0, 2.0]);
+        // Not where the group's own layout would put them (the freest), but they hold there.
+        let named = on(&["10.0.0.1", "10.0.0.2"]);
+        let taken = lay_out_named(Strategy::StrictSpread, &one, &[], &at, &named);
+        assert_eq!(taken.unwrap(), named);
+        assert_ne!(
+            lay_out(Strategy::StrictSpread, &one, &[], &at).unwrap(),
+            named
+        );
+        // Two on one node breaks strict_spread; two nodes break strict_pack.
+        let two = on(&["10.0.0.0", "10.0.0.0"]);
+        let e = lay_out_named(Strategy::StrictSpread, &one, &[], &at, &two).unwrap_err();
+        assert!(e.contains("two of its processes on 10.0.0.0"), "{e}");
+        assert!(lay_out_named(Strategy::StrictPack, &one, &[], &at, &two).is_ok());
+        let e = lay_out_named(Strategy::StrictPack, &one, &[], &at, &named).unwrap_err();
+        assert!(e.contains("its processes on 2 nodes"), "{e}");
+        // A node without the room now, or not offered.
+        let full = on(&["10.0.0.1", "10.0.0.1"]);
+        let e = lay_out_named(Strategy::Pack, &one, &[], &at, &full).unwrap_err();
+        assert!(
+            e.contains("10.0.0.1 has no room for its process 1 (1 CPU) now"),
+            "{e}"
+        );
+        let gone = on(&["10.0.0.9", "10.0.0.1"]);
+        let e = lay_out_named(Strategy::Spread, &one, &[], &at, &gone).unwrap_err();
+        assert!(e.contains("10.0.0.9 is not among the nodes offered"), "{e}");
+    }
+
+    #[test]
     fn a_group_that_shares_devices_is_one_bundle_per_index() {
         let (w, r): (Role, Role) = ("worker".parse().unwrap(), "rollout".parse().unwrap());
         let half = RayResources {
@@ -527,6 +622,7 @@ mod tests {
             share_devices: true,
             roles: [(w, half.clone()), (r, half.clone())].into(),
             initial: Vec::new(),
+            named: BTreeMap::new(),
         };
         let k = |role, index| SlotKey { role, index };
         let keys = [k(w, 0), k(w, 1), k(r, 0), k(r, 1), k(r, 2)];

@@ -433,8 +433,12 @@ impl Platform for RayPlatform {
         );
         let inner = self.inner.clone();
         let (key, incarnation) = (l.key, l.incarnation);
-        // A process of a placement group goes to its bundle's node.
-        let prefer = l.node.filter(|_| group.is_none());
+        // A process of a placement group goes to its bundle's node (the plan's node where
+        // its group's layout takes it).
+        let (prefer, bundle_prefer) = match group {
+            None => (l.node, None),
+            Some(_) => (None, l.node),
+        };
         if key.role == Role::PS {
             // Counted now, not when its task first runs: a worker launched right after it
             // must see it waiting, or it may take the room the PS needs.
@@ -449,7 +453,7 @@ impl Platform for RayPlatform {
                 // On its bundle's node; the group is laid out first, asked again until the
                 // place timeout when the cluster cannot hold it.
                 Some(g) => inner
-                    .bundle_node_within(g, key, &mut cancel_rx)
+                    .bundle_node_within(g, key, bundle_prefer.as_deref(), &mut cancel_rx)
                     .await
                     .map(|ip| {
                         need = group::pinned(&need, &ip);

@@ -164,17 +164,25 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
         let fits = loop {
             let mut procs = fixed.clone();
             let (pinned, rest) = workers(w);
+            // The roles of each of `procs`, for its placement group and its name.
+            let laid = match start {
+                true => {
+                    let mut laid = vec![vec![vocab::Role::PS]; j.job.ps as usize];
+                    laid.extend(nodes::roles_of_laid(j.job));
+                    laid.extend(nodes::with_partners_laid(j.job, w));
+                    laid
+                }
+                false => vec![vec![vocab::Role::WORKER]; rest.len()],
+            };
             procs.extend(rest);
             let mut trial = free.clone();
-            if let Some(went) = trial.take_pinned(pinned, procs) {
+            let groups = nodes::Groups::of_job(j.job, &laid, &free);
+            if let Ok(went) = trial.take_pinned(pinned, procs, &groups) {
                 if w == j.to {
                     free = trial;
                     // Not where the workers it counts are more than it has (a shrink not
                     // carried out yet), whose new indexes are not these.
                     if start {
-                        let mut laid = vec![vec![vocab::Role::PS]; j.job.ps as usize];
-                        laid.extend(nodes::roles_of_laid(j.job));
-                        laid.extend(nodes::with_partners_laid(j.job, w));
                         named.insert(i, nodes::start_nodes(&laid, &went, &free));
                     } else if base == j.job.workers {
                         let on = growth_nodes(&partners, &went, &free);
