@@ -649,6 +649,17 @@ mod tests {
         .unwrap()
     }
 
+    /// A round of `snapshot` under FIFO, the tests' config and no heuristics.
+    fn bare_round(snapshot: &LiveSnapshot) -> RoundPlan {
+        plan_round(
+            snapshot,
+            &Fifo::default(),
+            &super::super::tests::config(),
+            &super::super::tests::none(),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn a_start_whose_processes_fit_the_pool_but_no_node_waits_with_the_nodes_room() {
         // Two nodes of 4 CPUs: one job of two 3-CPU workers fits, one per node; a second of
@@ -1205,18 +1216,11 @@ mod tests {
             strategy: Strategy::StrictSpread,
         }];
         let run = |nodes: Vec<NodeRoom>| {
-            let snapshot = LiveSnapshot {
+            bare_round(&LiveSnapshot {
                 now_s: 100.0,
                 cluster: round_cluster(nodes, 16),
                 jobs: vec![j.clone()],
-            };
-            plan_round(
-                &snapshot,
-                &Fifo::default(),
-                &super::super::tests::config(),
-                &super::super::tests::none(),
-            )
-            .unwrap()
+            })
         };
         let plan = run(free(&[3.0, 3.0, 1.0]));
         let d = &plan.decisions[0];
@@ -1246,18 +1250,11 @@ mod tests {
         }];
         j.roles = vec![super::super::tests::rollout(1, 0.9, 0.8)];
         let run = |nodes: Vec<NodeRoom>| {
-            let snapshot = LiveSnapshot {
+            bare_round(&LiveSnapshot {
                 now_s: 100.0,
                 cluster: round_cluster(nodes, 16),
                 jobs: vec![j.clone()],
-            };
-            plan_round(
-                &snapshot,
-                &Fifo::default(),
-                &super::super::tests::config(),
-                &super::super::tests::none(),
-            )
-            .unwrap()
+            })
         };
         let plan = run(Vec::new());
         assert_eq!(plan.decisions[0].role_targets, vec![(r, 1, 4)]);
