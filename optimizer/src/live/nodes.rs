@@ -21,7 +21,8 @@
 //!    with them), each in submission order. A job's processes are placed largest first (those
 //!    with GPUs first), each on the node with the most CPU left that holds it (the first among
 //!    equals; a process without GPUs on a node without GPUs while one holds it): the rule by
-//!    which the job master places and pins them on Ray. A job that does
+//!    which the job master places and pins them on Ray; the processes of a placement group
+//!    first, together, by its strategy (`groups.rs`). A job that does
 //!    not fit gets fewer workers, by node units, down to its minimum (a start) or its size (a
 //!    growth); below that, a start waits and a growth is not made, with the reason;
 //! 5. what is set aside in 3 is given back, and the room left ([`Free`]) is what the service
