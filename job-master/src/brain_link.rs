@@ -202,11 +202,7 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
         placement: spec
             .placement
             .iter()
-            .map(|g| pb::PlacementShape {
-                roles: g.roles.iter().map(|r| r.to_string()).collect(),
-                strategy: g.strategy.as_str().into(),
-                share_devices: g.share_devices,
-            })
+            .map(pb::PlacementShape::from)
             .collect(),
     }
 }

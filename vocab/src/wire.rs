@@ -9,7 +9,7 @@ use proto::service::v1 as spb;
 use crate::devices::DeviceUse;
 use crate::plan::{Migration, RoleTarget, ScalePlan};
 use crate::role::{Role, SlotKey};
-use crate::spec::Resources;
+use crate::spec::{PlacementGroup, Resources};
 use crate::units::{Bytes, Gpus, Millicores};
 
 /// A wire message that does not make a valid value.
@@ -107,6 +107,27 @@ impl From<&Migration> for pb::Migration {
             reason: m.reason.clone(),
         }
     }
+}
+
+/// A placement group on the brain's wire (`JobShape.placement`).
+impl From<&PlacementGroup> for spb::PlacementShape {
+    fn from(g: &PlacementGroup) -> Self {
+        spb::PlacementShape {
+            roles: g.roles.iter().map(|r| r.to_string()).collect(),
+            strategy: g.strategy.as_str().into(),
+            share_devices: g.share_devices,
+        }
+    }
+}
+
+/// The placement group a `JobShape.placement` entry names; a role or strategy that does not
+/// parse is an error.
+pub fn placement(g: spb::PlacementShape) -> Result<PlacementGroup, WireError> {
+    Ok(PlacementGroup {
+        roles: g.roles.iter().map(|r| role(r)).collect::<Result<_, _>>()?,
+        strategy: g.strategy.parse().map_err(WireError)?,
+        share_devices: g.share_devices,
+    })
 }
 
 /// A [`DeviceUse`] on the brain's wire (`GetPlanResponse.other_jobs_devices`).

@@ -121,31 +121,9 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         placement: s
             .placement
             .into_iter()
-            .map(|g| placement_from(g).map_err(bad))
+            .map(|g| vocab::wire::placement(g).map_err(|e| bad(e.0)))
             .collect::<Result<_, _>>()?,
     })
-}
-
-/// A placement group from the wire; `Err`: a role or strategy that does not parse.
-fn placement_from(g: pb::PlacementShape) -> Result<vocab::spec::PlacementGroup, String> {
-    Ok(vocab::spec::PlacementGroup {
-        roles: g
-            .roles
-            .iter()
-            .map(|r| vocab::wire::role(r).map_err(|e| e.0))
-            .collect::<Result<_, _>>()?,
-        strategy: g.strategy.parse()?,
-        share_devices: g.share_devices,
-    })
-}
-
-/// A placement group on the wire.
-pub fn placement_to(g: &vocab::spec::PlacementGroup) -> pb::PlacementShape {
-    pb::PlacementShape {
-        roles: g.roles.iter().map(|r| r.to_string()).collect(),
-        strategy: g.strategy.as_str().into(),
-        share_devices: g.share_devices,
-    }
 }
 
 /// The wire's role groups of the store's shape: the training group first, then a ps job's
@@ -206,7 +184,7 @@ pub(super) fn shape_to(s: Shape) -> pb::JobShape {
         kind: s.kind.to_string(),
         total_samples: s.total_samples,
         roles,
-        placement: s.placement.iter().map(placement_to).collect(),
+        placement: s.placement.iter().map(pb::PlacementShape::from).collect(),
     }
 }
 
