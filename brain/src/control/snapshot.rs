@@ -195,8 +195,11 @@ fn service_roles(
                 s.gpus
             },
             beside_workers: s.shares_worker_devices,
-            // Where its processes run: a worker added beside one goes to its node.
-            nodes: match s.shares_worker_devices {
+            // Where its processes run: a worker added beside one goes to its node, and a
+            // process added to its placement group beside the group's by its strategy.
+            nodes: match s.shares_worker_devices
+                || shape.placement.iter().any(|g| g.roles.contains(role))
+            {
                 true => nodes(*role),
                 false => Vec::new(),
             },
@@ -771,7 +774,10 @@ mod tests {
         let snap = take(&store, &cluster, 21).unwrap();
         assert_eq!(snap.jobs[0].not_placed, held);
         // Reported, every process running: none is listed.
-        let process = sample;
+        let process = |role, index| crate::store::ProcessSample {
+            host: format!("10.0.0.{}", 2 + index),
+            ..sample(role, index)
+        };
         let mut report = crate::store::Metric {
             at_unix_ms: 25,
             workers: 2,
@@ -788,6 +794,11 @@ mod tests {
         store.add_metrics(job, &[report.clone()]).unwrap();
         let snap = take(&store, &cluster, 30).unwrap();
         assert_eq!(snap.jobs[0].not_placed, Vec::new());
+        // Where its grouped role's processes run: a growth goes beside them by the strategy.
+        assert_eq!(
+            snap.jobs[0].roles[0].nodes,
+            named(&["10.0.0.2", "10.0.0.3"])
+        );
         // A worker launched but waiting for the platform: listed.
         report.at_unix_ms = 26;
         report.processes[2].pending_ms = 400;

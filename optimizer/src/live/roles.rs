@@ -53,8 +53,9 @@ pub struct LiveRole {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub beside_workers: bool,
     /// Where its processes run, by index, as the platform names the nodes (empty: not known),
-    /// for a role beside the workers: a worker added beside process `k` goes to its node, and
-    /// a process `k` added beside worker `k` to the worker's.
+    /// for a role beside the workers (a worker added beside process `k` goes to its node, and
+    /// a process `k` added beside worker `k` to the worker's) or in a placement group (a
+    /// start's or growth's processes of the group are laid out beside them by its strategy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
     /// A `single` role (one driver), or a further all-reduce group (which a resize restarts
