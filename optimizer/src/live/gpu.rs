@@ -1191,6 +1191,45 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_start_its_placement_group_does_not_fit_waits_naming_the_group() {
+        // A V100 job of 1 worker (3 CPUs) and two 1-CPU rollout engines, strictly packed with
+        // the worker: the V100 node must hold all three (5 CPUs).
+        use vocab::spec::Strategy;
+        let mut j = v100_job(1, LiveState::Queued, 1, 1);
+        let mut engine = crate::live::tests::rollout(2, 0.0, 0.0);
+        (engine.millicores, engine.rate) = (1000, None);
+        let rollout = engine.role;
+        j.roles = vec![engine];
+        let snap = |j: &LiveJob, v_cpus| LiveSnapshot {
+            now_s: 100.0,
+            cluster: with_room(v_cpus, 2),
+            jobs: vec![j.clone()],
+        };
+        // On their own, the engines go to other nodes and the job starts on 4 CPUs.
+        assert_eq!(decision(&round(&snap(&j, 4)), 1).to_workers, 1);
+        j.groups = vec![LiveGroup {
+            roles: vec![Role::WORKER, rollout],
+            strategy: Strategy::StrictPack,
+        }];
+        let plan = round(&snap(&j, 4));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with(
+                "waits at its minimum of 1 workers: the nodes' free room cannot hold its \
+                 placement group worker+rollout (strict_pack) so (a 4 CPU, 4 A100 GPUs free, c \
+                 4 CPU free, v 4 CPU, 2 V100 GPUs free)"
+            )),
+            "{d:?}"
+        );
+        // On 5 CPUs, all three start on the V100 node.
+        let plan = round(&snap(&j, 5));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.start_nodes(Role::WORKER)[&rollout], ["v", "v"]);
+    }
+
+    #[test]
     fn a_gpu_start_or_growth_is_cut_to_the_workers_its_gpu_node_holds() {
         // A job of 2 V100 workers (at least 1) on a V100 node of 4 CPUs: one starts.
         let snap = |jobs: Vec<LiveJob>, v_cpus, v_gpus| LiveSnapshot {

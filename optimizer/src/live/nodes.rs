@@ -517,11 +517,7 @@ fn not_gated(
         }
     );
     let why = match unfit {
-        Some(g) => format!(
-            "the nodes' free room cannot hold its placement group {} so ({})",
-            g.shown(),
-            free.freest_shown()
-        ),
+        Some(g) => group_unfit(&g.shown(), &free.freest_shown()),
         None => format!("no node has room for {what} ({})", free.freest_shown()),
     };
     if start {
@@ -541,6 +537,13 @@ fn not_gated(
         s.reasons
             .push(format!("kept at {} workers: {why}", job.workers));
     }
+}
+
+/// Why a start waits or a growth is not made when the nodes' free room (`room`, as
+/// [`Free::freest_shown`] shows it) cannot lay its placement group (`group`, as
+/// [`LiveGroup::shown`] names it) out by its strategy.
+pub(super) fn group_unfit(group: &str, room: &str) -> String {
+    format!("the nodes' free room cannot hold its placement group {group} so ({room})")
 }
 
 /// What a process asks, as the reasons name it: `1 GPU and 3 CPU and 512 MiB`, `2 CPU`.

@@ -17,6 +17,9 @@ pub(super) struct Cut {
     asked: String,
     lowest: u32,
     room: String,
+    /// The placement group the nodes could not hold at the fewest workers tried, if that
+    /// was why (as the reasons name it).
+    group: Option<String>,
 }
 
 impl Cut {
@@ -24,27 +27,36 @@ impl Cut {
     /// waits); a growth to fewer added workers, or none (it keeps its size).
     pub(super) fn apply(&self, j: &mut Gpu) {
         let Cut {
-            fits, asked, room, ..
+            fits,
+            asked,
+            room,
+            group,
+            ..
         } = self;
+        let unfit = group.as_ref().map(|g| nodes::group_unfit(g, room));
         if j.running() {
             let wanted = j.to;
             j.to = (*fits).max(j.job.workers);
-            j.reasons.push(match fits {
-                0 => format!(
+            j.reasons.push(match (fits, unfit) {
+                (0, Some(why)) => format!("kept at {} workers: {why}", j.job.workers),
+                (0, None) => format!(
                     "kept at {} workers: no node has room for another worker of {asked} \
                      ({room})",
                     j.job.workers
                 ),
-                w => format!(
+                (w, _) => format!(
                     "{w} workers, not {wanted}: no more fit on the nodes' free room ({room})"
                 ),
             });
         } else if *fits == 0 {
-            j.reasons.push(format!(
-                "waits: no node has room for its processes of {asked} at its minimum of {} \
-                 workers ({room})",
-                self.lowest
-            ));
+            j.reasons.push(match unfit {
+                Some(why) => format!("waits at its minimum of {} workers: {why}", self.lowest),
+                None => format!(
+                    "waits: no node has room for its processes of {asked} at its minimum of {} \
+                     workers ({room})",
+                    self.lowest
+                ),
+            });
             j.to = 0;
             j.on = None;
         } else {
@@ -161,6 +173,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
         };
         let unit = j.job.node_unit.max(1);
         let mut w = j.to;
+        let mut unfit = None;
         let fits = loop {
             let mut procs = fixed.clone();
             let (pinned, rest) = workers(w);
@@ -177,7 +190,11 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
             procs.extend(rest);
             let mut trial = free.clone();
             let groups = nodes::Groups::of_job(j.job, &laid, &free);
-            if let Ok(went) = trial.take_pinned(pinned, procs, &groups) {
+            let placed = trial.take_pinned(pinned, procs, &groups);
+            if let Err(g) = &placed {
+                unfit = g.map(|g| j.job.groups[g].shown());
+            }
+            if let Ok(went) = placed {
                 if w == j.to {
                     free = trial;
                     // Not where the workers it counts are more than it has (a shrink not
@@ -223,6 +240,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
             ),
             lowest,
             room: free.freest_shown(),
+            group: unfit,
         });
     }
     Ok((free, named))
