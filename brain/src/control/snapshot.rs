@@ -153,15 +153,17 @@ pub(super) fn take(
     })
 }
 
-/// A job's placement groups laid out by a strategy (those that share devices are its workers'
-/// bundles), its training group as the round names it (`worker`).
+/// A job's placement groups laid out by a strategy (those that share devices with the
+/// training group are its workers' bundles, [`optimizer::live::LiveRole::beside_workers`]),
+/// its training group as the round names it (`worker`).
 fn groups(shape: &crate::store::Shape) -> Vec<optimizer::live::LiveGroup> {
     let trainer = shape.trainer();
     shape
         .placement
         .iter()
-        .filter(|g| !g.share_devices)
+        .filter(|g| !(g.share_devices && g.roles.contains(&trainer)))
         .map(|g| optimizer::live::LiveGroup {
+            share_devices: g.share_devices,
             roles: g
                 .roles
                 .iter()
@@ -665,6 +667,36 @@ mod tests {
     }
 
     #[test]
+    fn groups_sharing_devices_reach_the_round_unless_they_are_the_workers_bundles() {
+        use vocab::spec::{PlacementGroup, Strategy};
+        let [rollout, reward, reference] =
+            ["rollout", "reward", "reference"].map(|r| vocab::Role::new(r).unwrap());
+        let shape = Shape {
+            placement: vec![
+                PlacementGroup {
+                    roles: vec![vocab::Role::WORKER, rollout],
+                    strategy: Strategy::Pack,
+                    share_devices: true,
+                },
+                PlacementGroup {
+                    roles: vec![reference, reward],
+                    strategy: Strategy::Spread,
+                    share_devices: true,
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            groups(&shape),
+            vec![optimizer::live::LiveGroup {
+                roles: vec![reference, reward],
+                strategy: Strategy::Spread,
+                share_devices: true,
+            }]
+        );
+    }
+
+    #[test]
     fn the_processes_the_platform_has_not_placed_yet_are_listed() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
@@ -735,6 +767,7 @@ mod tests {
         assert_eq!(
             snap.jobs[0].groups,
             vec![optimizer::live::LiveGroup {
+                share_devices: false,
                 roles: vec![rollout],
                 strategy: vocab::spec::Strategy::StrictSpread,
             }]

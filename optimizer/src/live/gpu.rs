@@ -1208,6 +1208,7 @@ mod tests {
         // On their own, the engines go to other nodes and the job starts on 4 CPUs.
         assert_eq!(decision(&round(&snap(&j, 4)), 1).to_workers, 1);
         j.groups = vec![LiveGroup {
+            share_devices: false,
             roles: vec![Role::WORKER, rollout],
             strategy: Strategy::StrictPack,
         }];
@@ -1227,6 +1228,61 @@ mod tests {
         let d = decision(&plan, 1);
         assert_eq!(d.to_workers, 1, "{d:?}");
         assert_eq!(d.start_nodes(Role::WORKER)[&rollout], ["v", "v"]);
+    }
+
+    #[test]
+    fn roles_that_share_devices_start_as_one_bundle_on_one_device() {
+        // A CPU job of one worker with a reward and a reference process of 0.5 GPU each. The
+        // V100 node's two devices have 0.5 free each: apart, one goes on each; sharing a
+        // device, the two need a whole one.
+        use vocab::spec::Strategy;
+        let on_devices = |free: [u32; 2]| {
+            let mut c = with_room(4, 0);
+            c.free.truncate(2);
+            c.free[1].devices = free.iter().map(|&m| Gpus::from_milli(m)).collect();
+            c.free[1].gpus = Gpus::from_milli(free.iter().sum());
+            c
+        };
+        let mut j = job(1, LiveState::Queued, 1, &[]);
+        j.max_workers = 1;
+        let role = |name: &str| {
+            let mut r = crate::live::tests::rollout(1, 0.0, 0.0);
+            r.role = name.parse().unwrap();
+            (r.gpus, r.rate) = (Gpus::from_milli(500), None);
+            r
+        };
+        j.roles = vec![role("reward"), role("reference")];
+        let (reward, reference) = (j.roles[0].role, j.roles[1].role);
+        let snap = |j: &LiveJob, free| LiveSnapshot {
+            now_s: 100.0,
+            cluster: on_devices(free),
+            jobs: vec![j.clone()],
+        };
+        assert_eq!(decision(&round(&snap(&j, [500, 500])), 1).to_workers, 1);
+        j.groups = vec![LiveGroup {
+            share_devices: true,
+            roles: vec![reward, reference],
+            strategy: Strategy::Pack,
+        }];
+        let plan = round(&snap(&j, [500, 500]));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.contains(
+                "the nodes' free room cannot hold its placement group reward+reference (pack, \
+                 sharing devices) so"
+            )),
+            "{d:?}"
+        );
+        // A whole device free: both on it.
+        let plan = round(&snap(&j, [1000, 0]));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        let on = d.start_nodes(Role::WORKER);
+        assert_eq!(
+            (&on[&reward], &on[&reference]),
+            (&vec!["v".to_string()], &vec!["v".to_string()])
+        );
     }
 
     #[test]

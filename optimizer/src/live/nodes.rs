@@ -1172,7 +1172,11 @@ mod tests {
         };
         let (to, on, _) = named(&j, &[4.0, 3.0, 2.0]);
         assert_eq!((to, &on[&rollout]), (1, &names(&["a", "b", "a"])));
-        let group = |roles: Vec<Role>, strategy| LiveGroup { roles, strategy };
+        let group = |roles: Vec<Role>, strategy| LiveGroup {
+            roles,
+            strategy,
+            share_devices: false,
+        };
         j.groups = vec![group(vec![rollout], Strategy::StrictSpread)];
         let (to, on, _) = named(&j, &[4.0, 3.0, 2.0]);
         assert_eq!(to, 1);
@@ -1216,6 +1220,7 @@ mod tests {
         let r = engine.role;
         j.roles = vec![engine];
         j.groups = vec![LiveGroup {
+            share_devices: false,
             roles: vec![r],
             strategy: Strategy::StrictSpread,
         }];
@@ -1240,6 +1245,47 @@ mod tests {
             )),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn a_role_that_shares_devices_grows_beside_its_indexs_partners() {
+        // Engines (2, on a and b) whose callers wait 80% share devices with the reward role's
+        // four processes (on a, b, c, b): the two added, rollout-2 and rollout-3, go beside
+        // reward-2 and reward-3 (c, b), not where the group has fewest (a, c).
+        use vocab::spec::Strategy;
+        let mut j = cpu_job(1, LiveState::Running, 2, 1);
+        j.speed = vec![SpeedPoint {
+            workers: 2,
+            samples_per_s: 100.0,
+        }];
+        let mut engine = super::super::tests::rollout(2, 0.9, 0.8);
+        engine.nodes = vec!["a".into(), "b".into()];
+        let mut reward = super::super::tests::rollout(4, 0.0, 0.0);
+        (reward.role, reward.rate) = ("reward".parse().unwrap(), None);
+        reward.nodes = ["a", "b", "c", "b"].map(String::from).to_vec();
+        let (r, w) = (engine.role, reward.role);
+        j.roles = vec![engine, reward];
+        let mut group = LiveGroup {
+            share_devices: true,
+            roles: vec![r, w],
+            strategy: Strategy::Spread,
+        };
+        let grown = |group: &LiveGroup| {
+            let mut j = j.clone();
+            j.groups = vec![group.clone()];
+            let plan = bare_round(&LiveSnapshot {
+                now_s: 100.0,
+                cluster: round_cluster(free(&[3.0, 3.0, 1.0]), 16),
+                jobs: vec![j],
+            });
+            let d = plan.decisions[0].clone();
+            assert_eq!(d.role_targets, vec![(r, 2, 4)], "{d:?}");
+            d.scale_plan(2, Role::WORKER).roles[&r].nodes.clone()
+        };
+        assert_eq!(grown(&group), ["c", "b"]);
+        // Not sharing devices: by the strategy, where the group has the fewest.
+        group.share_devices = false;
+        assert_eq!(grown(&group), ["c", "a"]);
     }
 
     #[test]

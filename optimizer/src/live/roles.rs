@@ -543,6 +543,8 @@ fn grow_one(
             let p = f.process(role.millicores, role.memory_bytes, role.gpus, model);
             let group = job.groups.iter().find(|g| g.roles.contains(&role.role));
             let on_nodes = match group {
+                // Each beside its index's partners where it shares their devices.
+                Some(g) if g.share_devices => f.take_sharing(job, (g, role), pooled, p),
                 // Each beside its placement group's processes, by the group's strategy.
                 Some(_) => f.take_in_group(job, role.role, pooled, p),
                 None => {

@@ -25,13 +25,24 @@ pub struct LiveGroup {
     /// Its roles, the training group as `worker` whatever the job calls it.
     pub roles: Vec<Role>,
     pub strategy: Strategy,
+    /// Its roles' processes of one index share a device (`share_devices`, a group without
+    /// the training group: one with it is the workers' bundles, [`LiveRole::beside_workers`]):
+    /// they are one bundle, placed whole on one node ([`super::layout::roles_of`]), and one a
+    /// growth adds goes to the node of its index's partners.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_devices: bool,
 }
 
 impl LiveGroup {
-    /// `rollout (strict_spread)`: how the round's reasons name it.
+    /// `rollout (strict_spread)`, `reward+reference (pack, sharing devices)`: how the round's
+    /// reasons name it.
     pub fn shown(&self) -> String {
         let roles: Vec<String> = self.roles.iter().map(|r| r.to_string()).collect();
-        format!("{} ({})", roles.join("+"), self.strategy.as_str())
+        let sharing = match self.share_devices {
+            true => ", sharing devices",
+            false => "",
+        };
+        format!("{} ({}{sharing})", roles.join("+"), self.strategy.as_str())
     }
 }
 
@@ -67,10 +78,21 @@ impl<'a> Groups<'a> {
             .groups
             .iter()
             .map(|g| {
+                // A group's processes on each node; of a group that shares devices, its
+                // bundles (the most of one role's processes there).
                 let mut on = vec![0; free.node_count()];
-                for node in g.roles.iter().flat_map(|&r| running_on(job, r)) {
-                    if let Some(i) = free.node(node) {
-                        on[i] += 1;
+                for &r in &g.roles {
+                    let mut of_role = vec![0; free.node_count()];
+                    for node in running_on(job, r) {
+                        if let Some(i) = free.node(node) {
+                            of_role[i] += 1;
+                        }
+                    }
+                    for (n, k) in on.iter_mut().zip(of_role) {
+                        *n = match g.share_devices {
+                            true => (*n).max(k),
+                            false => *n + k,
+                        };
                     }
                 }
                 on
@@ -114,6 +136,36 @@ impl super::Free {
             went.push(on[0]);
         }
         self.names_of(&went)
+    }
+}
+
+impl super::Free {
+    /// Up to `n` more processes `p` of `job`'s `role`, which is in its group `g` that shares
+    /// devices: each to the node its index's partners run on (the job master lays the
+    /// processes of one index out as one bundle), as far as they run and it fits there; the
+    /// ones past them beside the group by its strategy ([`Free::take_in_group`]). The nodes
+    /// they went to, in their order.
+    pub(in crate::live) fn take_sharing(
+        &mut self,
+        job: &LiveJob,
+        (g, role): (&LiveGroup, &LiveRole),
+        n: u32,
+        p: Process,
+    ) -> Vec<String> {
+        let partner = |k: u32| {
+            g.roles
+                .iter()
+                .filter(|&&r| r != role.role)
+                .filter_map(|&r| job.roles.iter().find(|x| x.role == r))
+                .find_map(|x| x.nodes.get(k as usize).filter(|n| !n.is_empty()))
+                .and_then(|n| self.node(n))
+        };
+        let pins: Vec<usize> = (role.count..role.count + n).map_while(partner).collect();
+        let mut went = self.take_in_order(pins.len() as u32, p, |k| Some(pins[k as usize]));
+        if went.len() == pins.len() && (went.len() as u32) < n {
+            went.extend(self.take_in_group(job, role.role, n - went.len() as u32, p));
+        }
+        went
     }
 }
 
@@ -263,6 +315,7 @@ mod tests {
 
     fn group(strategy: Strategy) -> Vec<LiveGroup> {
         vec![LiveGroup {
+            share_devices: false,
             roles: vec![Role::new("rollout").unwrap()],
             strategy,
         }]

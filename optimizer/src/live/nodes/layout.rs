@@ -6,19 +6,62 @@
 use super::super::room::Process;
 use super::super::*;
 use super::Free;
+use vocab::Gpus;
 
 /// The processes of a start's service and single roles (with the GPUs of their own, of GPU
 /// model `model`), which it places with its training group; not those that share the
-/// workers' devices, which go with their partner worker ([`with_partners`]).
+/// workers' devices, which go with their partner worker ([`with_partners`]). The processes of
+/// one index of a group that shares devices ([`LiveGroup::share_devices`]) are one bundle,
+/// their CPU, memory and GPU shares added up, as the job master lays them out.
 pub(in crate::live) fn roles_of(job: &LiveJob, model: Option<&str>, free: &Free) -> Vec<Process> {
-    job.roles
-        .iter()
-        .filter(|r| !r.beside_workers)
-        .flat_map(|r| {
-            let p = free.process(r.millicores, r.memory_bytes, r.gpus, model);
-            std::iter::repeat_n(p, r.count as usize)
+    bundles(job)
+        .into_iter()
+        .map(|roles| {
+            let of = |role: Role| job.roles.iter().find(|r| r.role == role);
+            let (cpu, memory, gpus) = roles
+                .iter()
+                .filter_map(|&r| of(r))
+                .fold((0, 0, Gpus::ZERO), |(c, m, g), r| {
+                    (c + r.millicores, m + r.memory_bytes, g + r.gpus)
+                });
+            free.process(cpu, memory, gpus, model)
         })
         .collect()
+}
+
+/// The roles of the processes [`roles_of`] lists, one entry each, in its order: one role, or
+/// the roles of one index of a group that shares devices.
+pub(in crate::live) fn roles_of_laid(job: &LiveJob) -> Vec<Vec<Role>> {
+    bundles(job)
+}
+
+/// A start's processes of its service and single roles (not those beside the workers) as
+/// the roles of each bundle: each process alone, but those of one index of a group that
+/// shares devices together (the group's entries after the other roles', index by index).
+fn bundles(job: &LiveJob) -> Vec<Vec<Role>> {
+    let sharing = |role: Role| {
+        job.groups
+            .iter()
+            .position(|g| g.share_devices && g.roles.contains(&role))
+    };
+    let own = job.roles.iter().filter(|r| !r.beside_workers);
+    let mut out: Vec<Vec<Role>> = own
+        .clone()
+        .filter(|r| sharing(r.role).is_none())
+        .flat_map(|r| std::iter::repeat_n(vec![r.role], r.count as usize))
+        .collect();
+    for g in job.groups.iter().filter(|g| g.share_devices) {
+        let members: Vec<&LiveRole> = own.clone().filter(|r| g.roles.contains(&r.role)).collect();
+        let n = members.iter().map(|r| r.count).max().unwrap_or(0);
+        out.extend((0..n).map(|k| {
+            members
+                .iter()
+                .filter(|r| r.count > k)
+                .map(|r| r.role)
+                .collect::<Vec<_>>()
+        }));
+    }
+    out
 }
 
 /// A start's processes at `w` workers as the job master lays them out where roles share the
@@ -49,15 +92,6 @@ pub(in crate::live) fn with_partners(job: &LiveJob, worker: Process, w: u32) -> 
         ));
     }
     out
-}
-
-/// The roles of the processes [`roles_of`] lists, one entry each, in its order.
-pub(in crate::live) fn roles_of_laid(job: &LiveJob) -> Vec<Vec<Role>> {
-    job.roles
-        .iter()
-        .filter(|r| !r.beside_workers)
-        .flat_map(|r| std::iter::repeat_n(vec![r.role], r.count as usize))
-        .collect()
 }
 
 /// The roles of each entry of [`with_partners`] at `w` workers, in its order: a worker with
