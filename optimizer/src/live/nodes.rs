@@ -216,7 +216,7 @@ impl Free {
             }
             p.take_from(&mut left[i]);
         }
-        let (left, went) = groups::placed(&left, &rest, groups)?;
+        let (left, went) = groups::placed(left, &rest, groups)?;
         self.room = left;
         Ok(went)
     }
@@ -307,16 +307,19 @@ impl Free {
     /// The freest nodes' room, as the reasons name it: `10.0.0.2 1.5 CPU free, 10.0.0.3 1
     /// CPU, 2 V100 GPUs free` (three at most).
     pub(super) fn freest_shown(&self) -> String {
-        let mut by: Vec<(&Room, &str)> = self
-            .room
+        // The three with the most CPU free (the first by name among equals), in one pass: a
+        // round of thousands of jobs on a thousand nodes names them in many reasons.
+        use std::cmp::Reverse;
+        let mut top: Vec<(&Room, &str)> = Vec::with_capacity(4);
+        for x in self.room.iter().zip(self.names.iter().map(String::as_str)) {
+            let at = top.partition_point(|y| (Reverse(y.0.cpu), y.1) <= (Reverse(x.0.cpu), x.1));
+            if at < 3 {
+                top.insert(at, x);
+                top.truncate(3);
+            }
+        }
+        let shown: Vec<String> = top
             .iter()
-            .zip(&self.names)
-            .map(|(r, n)| (r, n.as_str()))
-            .collect();
-        by.sort_by(|a, b| b.0.cpu.cmp(&a.0.cpu).then(a.1.cmp(b.1)));
-        let shown: Vec<String> = by
-            .iter()
-            .take(3)
             .map(|(r, n)| match r.model {
                 Some(m) => format!(
                     "{n} {} CPU, {} {}free{}",
@@ -329,7 +332,7 @@ impl Free {
                 None => format!("{n} {} CPU free", millicores_shown(r.cpu)),
             })
             .collect();
-        let more = by.len().saturating_sub(3);
+        let more = self.room.len().saturating_sub(3);
         match more {
             0 => shown.join(", "),
             _ => format!("{} and {more} more", shown.join(", ")),
@@ -824,8 +827,9 @@ mod tests {
             memory,
             model: None,
         };
-        let placed =
-            |room: &[Room], procs: &[Process]| groups::placed(room, procs, &Groups::none()).ok();
+        let placed = |room: &[Room], procs: &[Process]| {
+            groups::placed(room.to_vec(), procs, &Groups::none()).ok()
+        };
         let room = vec![p(4000, u64::MAX), p(2000, u64::MAX)];
         // 2 then 2 then 1: the first 2 goes to a (4 free), the second to a again (the first of
         // two with 2 free), the 1 to b.

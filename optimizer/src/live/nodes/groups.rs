@@ -190,11 +190,11 @@ fn running_on(job: &LiveJob, role: Role) -> Vec<&str> {
 /// with GPUs first), each on the node with the most CPU left that holds it. `Err`: the group
 /// that could not be laid out (`None`: a process of no group found no node).
 pub(in crate::live) fn placed(
-    room: &[Room],
+    mut left: Vec<Room>,
     procs: &[Process],
     groups: &Groups,
 ) -> Result<(Vec<Room>, Vec<usize>), Option<usize>> {
-    let mut left = room.to_vec();
+    let nodes = left.len();
     let mut went = vec![0; procs.len()];
     for (g, group) in groups.list.iter().enumerate() {
         let members: Vec<usize> = (0..procs.len())
@@ -204,7 +204,7 @@ pub(in crate::live) fn placed(
             .here
             .get(g)
             .cloned()
-            .unwrap_or_else(|| vec![0; room.len()]);
+            .unwrap_or_else(|| vec![0; nodes]);
         if !members.is_empty() {
             lay_group(
                 &mut left,
@@ -336,14 +336,14 @@ mod tests {
         let tags = vec![Some(0); 3];
         let went = |s: Strategy| {
             let list = group(s);
-            placed(&room, &procs, &of(&list, tags.clone(), 3)).map(|(_, w)| w)
+            placed(room.clone(), &procs, &of(&list, tags.clone(), 3)).map(|(_, w)| w)
         };
         assert_eq!(went(Strategy::StrictPack), Ok(vec![0, 0, 0]));
         assert_eq!(went(Strategy::Pack), Ok(vec![0, 0, 0]));
         assert_eq!(went(Strategy::StrictSpread), Ok(vec![0, 1, 2]));
         assert_eq!(went(Strategy::Spread), Ok(vec![0, 1, 2]));
         // Without the group, each goes where the most CPU is left.
-        let none = placed(&room, &procs, &Groups::none()).unwrap().1;
+        let none = placed(room.clone(), &procs, &Groups::none()).unwrap().1;
         assert_eq!(none, vec![0, 0, 1]);
     }
 
@@ -353,18 +353,21 @@ mod tests {
         // Four strictly spread over three nodes.
         let list = group(Strategy::StrictSpread);
         let procs = vec![p(1); 4];
-        let err = placed(&room, &procs, &of(&list, vec![Some(0); 4], 3));
+        let err = placed(room.clone(), &procs, &of(&list, vec![Some(0); 4], 3));
         assert_eq!(err.unwrap_err(), Some(0));
         // Nine CPUs packed strictly: no node has nine.
         let list = group(Strategy::StrictPack);
         let procs = vec![p(5), p(4)];
         assert_eq!(
-            placed(&room, &procs, &of(&list, vec![Some(0); 2], 3)).unwrap_err(),
+            placed(room.clone(), &procs, &of(&list, vec![Some(0); 2], 3)).unwrap_err(),
             Some(0)
         );
         // A process of no group that fits nowhere.
         let procs = vec![p(9)];
-        assert_eq!(placed(&room, &procs, &Groups::none()).unwrap_err(), None);
+        assert_eq!(
+            placed(room.clone(), &procs, &Groups::none()).unwrap_err(),
+            None
+        );
     }
 
     #[test]
@@ -378,7 +381,7 @@ mod tests {
                 of: vec![Some(0); 2],
                 here: vec![here],
             };
-            placed(&room, &procs, &g).map(|(_, w)| w)
+            placed(room.clone(), &procs, &g).map(|(_, w)| w)
         };
         // Strictly packed on the node the group runs on, though another has more room.
         assert_eq!(beside(Strategy::StrictPack, vec![0, 0, 1]), Ok(vec![2, 2]));
@@ -401,6 +404,6 @@ mod tests {
         let list = group(Strategy::StrictPack);
         let procs = vec![p(3), p(2), p(2)];
         let g = of(&list, vec![None, Some(0), Some(0)], 2);
-        assert_eq!(placed(&room, &procs, &g).unwrap().1, vec![1, 0, 0]);
+        assert_eq!(placed(room.clone(), &procs, &g).unwrap().1, vec![1, 0, 0]);
     }
 }
