@@ -14,14 +14,12 @@
 //! (`placement: [{ roles: [rollout], strategy: strict_spread }]`). Run with
 //! `cargo bench -p benches --bench cpu_round`.
 
-use std::time::Instant;
+mod common;
 
-use optimizer::heuristics::{Heuristics, SpeedPoint};
+use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{
-    LiveCluster, LiveConfig, LiveGroup, LiveJob, LiveRole, LiveSnapshot, LiveState, NodeRoom,
-    RoleRate, plan_round,
+    LiveCluster, LiveGroup, LiveJob, LiveRole, LiveSnapshot, LiveState, NodeRoom, RoleRate,
 };
-use optimizer::schedule::SchedulerKind;
 use optimizer::units::JobId;
 use vocab::Role;
 
@@ -183,26 +181,9 @@ fn main() {
         "{:<20} {:<12} {:>12} {:>10} {:>10} {:>14} {:>10}",
         "scheduler", "view", "round (ms)", "started", "resized", "roles resized", "on nodes"
     );
-    let config = LiveConfig {
-        cooldown_s: 0.0,
-        ..LiveConfig::default()
-    };
-    let heuristics = Heuristics { heuristics: vec![] };
     for name in ["elastic_lp", "pollux", "optimus", "fifo"] {
-        let kind: SchedulerKind =
-            serde_json::from_value(serde_json::json!({ "kind": name })).expect("a scheduler");
         for (view, snap) in [("pool", &snap), ("node rooms", &rooms)] {
-            let mut times = Vec::new();
-            let mut last = None;
-            for _ in 0..3 {
-                let t = Instant::now();
-                let plan = plan_round(snap, kind.scheduler(), &config, &heuristics)
-                    .expect("the round plans");
-                times.push(t.elapsed().as_secs_f64() * 1000.0);
-                last = Some(plan);
-            }
-            times.sort_by(f64::total_cmp);
-            let plan = last.expect("three rounds");
+            let (ms, plan) = common::timed_rounds(snap, name, 3);
             let started = plan.decisions.iter().filter(|d| d.starts()).count();
             let resized = plan
                 .decisions
@@ -214,21 +195,10 @@ fn main() {
                 .iter()
                 .filter(|d| !d.role_targets.is_empty())
                 .count();
-            // Decisions the nodes check changed (cut, kept, kept waiting) say so.
-            let on_nodes = plan
-                .decisions
-                .iter()
-                .filter(|d| {
-                    d.reasons.iter().any(|r| {
-                        ["no node has room", "nodes' free room"]
-                            .iter()
-                            .any(|x| r.contains(x))
-                    })
-                })
-                .count();
+            let on_nodes = common::changed_by_nodes(&plan);
             println!(
                 "{:<20} {:<12} {:>12.1} {:>10} {:>10} {:>14} {:>10}",
-                plan.scheduler, view, times[1], started, resized, roles, on_nodes
+                plan.scheduler, view, ms, started, resized, roles, on_nodes
             );
         }
     }

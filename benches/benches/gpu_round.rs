@@ -13,13 +13,10 @@
 //! GPU job whole on a node of its model (`LiveCluster::free`, the nodes check). Run with
 //! `cargo bench -p benches --bench gpu_round`.
 
-use std::time::Instant;
+mod common;
 
-use optimizer::heuristics::{Heuristics, SpeedPoint};
-use optimizer::live::{
-    LiveCluster, LiveConfig, LiveJob, LiveNode, LiveSnapshot, LiveState, NodeRoom, plan_round,
-};
-use optimizer::schedule::SchedulerKind;
+use optimizer::heuristics::SpeedPoint;
+use optimizer::live::{LiveCluster, LiveJob, LiveNode, LiveSnapshot, LiveState, NodeRoom};
 use optimizer::units::JobId;
 
 const MODELS: [&str; 3] = ["K80", "P100", "V100"];
@@ -171,26 +168,9 @@ fn main() {
         "{:<12} {:<12} {:>12} {:>10} {:>10} {:>10} {:>10}",
         "scheduler", "view", "round (ms)", "started", "resized", "GPUs used", "on nodes"
     );
-    let config = LiveConfig {
-        cooldown_s: 0.0,
-        ..LiveConfig::default()
-    };
-    let heuristics = Heuristics { heuristics: vec![] };
     for name in ["elastic_lp", "pollux", "optimus", "fifo"] {
-        let kind: SchedulerKind =
-            serde_json::from_value(serde_json::json!({ "kind": name })).expect("a scheduler");
         for (view, snap) in [("pool", &snap), ("node rooms", &rooms)] {
-            let mut times = Vec::new();
-            let mut last = None;
-            for _ in 0..5 {
-                let t = Instant::now();
-                let plan = plan_round(snap, kind.scheduler(), &config, &heuristics)
-                    .expect("the round plans");
-                times.push(t.elapsed().as_secs_f64() * 1000.0);
-                last = Some(plan);
-            }
-            times.sort_by(f64::total_cmp);
-            let plan = last.expect("five rounds");
+            let (ms, plan) = common::timed_rounds(snap, name, 5);
             let started = plan.decisions.iter().filter(|d| d.starts()).count();
             let resized = plan
                 .decisions
@@ -202,21 +182,10 @@ fn main() {
                 .iter()
                 .map(|d| d.gpu_placement.iter().map(|p| p.1).sum::<u32>())
                 .sum();
-            // Decisions the nodes check changed (cut, moved, kept waiting) say so.
-            let on_nodes = plan
-                .decisions
-                .iter()
-                .filter(|d| {
-                    d.reasons.iter().any(|r| {
-                        ["no node has room", "nodes' free room", "nodes have no room"]
-                            .iter()
-                            .any(|x| r.contains(x))
-                    })
-                })
-                .count();
+            let on_nodes = common::changed_by_nodes(&plan);
             println!(
                 "{:<12} {:<12} {:>12.1} {:>10} {:>10} {:>10} {:>10}",
-                plan.scheduler, view, times[2], started, resized, gpus, on_nodes
+                plan.scheduler, view, ms, started, resized, gpus, on_nodes
             );
         }
     }

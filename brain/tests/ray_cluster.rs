@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::brainctl;
 use common::ray::{Revive, brain_on, masters_on_ray, until_capacity, wait_alive};
+use proto::jobmaster::v1 as jm;
 use test_support::RayClusterDir;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -1250,47 +1251,6 @@ async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
         let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
         assert!(ok, "{out}\n{}", log());
     };
-    // The running processes of job `name` with their devices: (role, host, devices).
-    let placed = |name: String| {
-        let url = url.clone();
-        async move {
-            let jobs = common::jobs(&url).await.expect("the brain answers");
-            let j = of(&jobs, &name);
-            assert!(
-                j.state == "queued" || j.state == "running",
-                "{j:#?}\n{}",
-                master_events(&j.run_dir)
-            );
-            if j.master_address.is_empty() {
-                return Vec::new();
-            }
-            common::master_status(&j.master_address, &j.run_dir)
-                .await
-                .map(|s| {
-                    s.processes
-                        .iter()
-                        .filter(|p| p.state == "running" && !p.devices.is_empty())
-                        .map(|p| (p.role.clone(), p.host.clone(), p.devices.clone()))
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default()
-        }
-    };
-    let until_placed = |name: String, want: usize| async move {
-        let start = Instant::now();
-        loop {
-            let p = placed(name.clone()).await;
-            if p.len() == want {
-                return p;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "{name}: {p:?}\n{}",
-                log()
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    };
     let (holder, prober) = (format!("holder-{pid}"), format!("prober-{pid}"));
     // A test that fails leaves neither job holding the cluster's room.
     let _cancel = [&holder, &prober].map(|j| CancelsJob(url.clone(), j.clone()));
@@ -1302,15 +1262,15 @@ async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
              \x20 hog: {{ replicas: 1, {sleep}, resources: {{ cpu: 3, gpu: 0.1, gpu_type: A100 }} }}\n"
         ),
     );
-    let held = until_placed(holder.clone(), 3).await;
-    let on = |role: &str| held.iter().filter(|p| p.0 == role).collect::<Vec<_>>();
-    assert!(on("hold").iter().all(|p| p.1 == v100), "{held:?}");
+    let held = until_with_devices(&url, &holder, 3, &log).await;
+    let on = |role: &str| held.iter().filter(|p| p.role == role).collect::<Vec<_>>();
+    assert!(on("hold").iter().all(|p| p.host == v100), "{held:?}");
     assert_ne!(
-        on("hold")[0].2,
-        on("hold")[1].2,
+        on("hold")[0].devices,
+        on("hold")[1].devices,
         "a V100 device each: {held:?}"
     );
-    assert_eq!(on("hog")[0].1, a100, "{held:?}");
+    assert_eq!(on("hog")[0].host, a100, "{held:?}");
     // The brain hears of the devices with the next report (every second).
     tokio::time::sleep(Duration::from_secs(3)).await;
     submit(
@@ -1318,8 +1278,8 @@ async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
         100_000,
         &format!("  probe: {{ replicas: 1, {sleep}, resources: {{ cpu: 1, gpu: 0.5 }} }}\n"),
     );
-    let probe = until_placed(prober.clone(), 1).await;
-    assert_eq!(probe[0].1, a100, "{probe:?}");
+    let probe = until_with_devices(&url, &prober, 1, &log).await;
+    assert_eq!(probe[0].host, a100, "{probe:?}");
     wait_succeeded(&url, &[&prober], &log);
     never_pending_on_ray(&dir.path().join("runs").join(&prober));
     cancelled(&url, &holder, &log).await;
@@ -1383,6 +1343,140 @@ async fn a_placement_group_starts_as_the_brains_round_laid_it_out() {
         )),
         "{events:#?}"
     );
+}
+
+/// Roles that share devices without the training group (issue 41, item 3): a reward and a
+/// reference process of 0.4 of a V100 each, `share_devices`, are one bundle of 0.8 on one
+/// device. While another job's two processes of 0.6 hold 0.6 of each V100 (0.4 left on
+/// each, which would hold the two apart), the brain keeps the job waiting, naming the group;
+/// once that job is cancelled, it starts, the two on one device of the V100 node, and no
+/// process waits on Ray.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_sharing_a_device_start_only_where_one_device_holds_them_both() {
+    let Some(c) = test_support::ray_cluster() else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wait_alive(&c, c.nodes.len(), Duration::from_secs(90)).await;
+    let (_brain, url) = brain_for_jobs_now(&c, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("brain.log")).unwrap_or_default();
+    let pid = std::process::id();
+    let v100 = c.nodes[1].clone();
+    let sleep = "topology: service, command: [/bin/sleep, '600']";
+    let submit = |name: &str, samples: u32, rest: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
+                 resources: {{ cpu: 1 }} }}\n{rest}\
+                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
+                 data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
+                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
+            ),
+        )
+        .unwrap();
+        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+        assert!(ok, "{out}\n{}", log());
+    };
+    let (holder, sharer) = (format!("holder-{pid}"), format!("sharer-{pid}"));
+    let _cancel = [&holder, &sharer].map(|j| CancelsJob(url.clone(), j.clone()));
+    submit(
+        &holder,
+        2_000_000,
+        &format!(
+            "  hold: {{ replicas: 2, {sleep}, resources: {{ cpu: 0.5, gpu: 0.6, gpu_type: V100 }} }}\n"
+        ),
+    );
+    let held = until_with_devices(&url, &holder, 2, &log).await;
+    assert_ne!(
+        held[0].devices, held[1].devices,
+        "a V100 device each: {held:?}"
+    );
+    // The brain hears of the devices with the next report (every second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    submit(
+        &sharer,
+        100_000,
+        &format!(
+            "  reward: {{ replicas: 1, {sleep}, resources: {{ cpu: 0.5, gpu: 0.4, gpu_type: V100 }} }}\n\
+             \x20 reference: {{ replicas: 1, {sleep}, resources: {{ cpu: 0.5, gpu: 0.4, gpu_type: V100 }} }}\n\
+             placement:\n  - {{ roles: [reward, reference], strategy: pack, share_devices: true }}\n"
+        ),
+    );
+    let want = "the nodes' free room cannot hold its placement group reward+reference (pack, \
+                sharing devices) so";
+    let start = Instant::now();
+    loop {
+        let j = of(&common::jobs(&url).await.unwrap(), &sharer);
+        assert_eq!(j.state, "queued", "{j:#?}\n{}", log());
+        if j.waiting_reason.contains(want) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{j:#?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    cancelled(&url, &holder, &log).await;
+    let pair = until_with_devices(&url, &sharer, 2, &log).await;
+    let on: BTreeSet<(&str, &str)> = pair
+        .iter()
+        .map(|p| (p.host.as_str(), p.devices.as_str()))
+        .collect();
+    assert_eq!(on.len(), 1, "one device: {pair:?}");
+    assert_eq!(pair[0].host, v100, "{pair:?}");
+    wait_succeeded(&url, &[&sharer], &log);
+    never_pending_on_ray(&dir.path().join("runs").join(&sharer));
+}
+
+/// Job `name`'s running processes that hold devices, as its master reports them (none
+/// before it has a master); the job queued or running.
+async fn with_devices(url: &str, name: &str) -> Vec<jm::ProcessStatus> {
+    let jobs = common::jobs(url).await.expect("the brain answers");
+    let j = of(&jobs, name);
+    assert!(
+        j.state == "queued" || j.state == "running",
+        "{j:#?}\n{}",
+        master_events(&j.run_dir)
+    );
+    if j.master_address.is_empty() {
+        return Vec::new();
+    }
+    common::master_status(&j.master_address, &j.run_dir)
+        .await
+        .map(|s| {
+            s.processes
+                .into_iter()
+                .filter(|p| p.state == "running" && !p.devices.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// [`with_devices`] once `want` processes of job `name` hold devices (120 s at most).
+async fn until_with_devices(
+    url: &str,
+    name: &str,
+    want: usize,
+    log: &dyn Fn() -> String,
+) -> Vec<jm::ProcessStatus> {
+    let start = Instant::now();
+    loop {
+        let p = with_devices(url, name).await;
+        if p.len() == want {
+            return p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{name}: {p:?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// Asserts that the job run in `run` trained every sample once and that none of its

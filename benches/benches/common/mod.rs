@@ -197,3 +197,46 @@ pub async fn alternate_rescales(
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
 }
+
+/// One live round of `snap` (`optimizer::live::plan_round`, no cool-down, no heuristics) under
+/// the scheduler named `scheduler`, `n` times: the median time in milliseconds, and the last
+/// round's plan.
+pub fn timed_rounds(
+    snap: &optimizer::live::LiveSnapshot,
+    scheduler: &str,
+    n: usize,
+) -> (f64, optimizer::live::RoundPlan) {
+    let kind: optimizer::schedule::SchedulerKind =
+        serde_json::from_value(serde_json::json!({ "kind": scheduler })).expect("a scheduler");
+    let config = optimizer::live::LiveConfig {
+        cooldown_s: 0.0,
+        ..optimizer::live::LiveConfig::default()
+    };
+    let heuristics = optimizer::heuristics::Heuristics { heuristics: vec![] };
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let plan = optimizer::live::plan_round(snap, kind.scheduler(), &config, &heuristics)
+            .expect("the round plans");
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        last = Some(plan);
+    }
+    times.sort_by(f64::total_cmp);
+    (times[n / 2], last.expect("at least one round"))
+}
+
+/// The decisions of `plan` that the nodes' check changed (cut, kept, kept waiting, moved):
+/// those whose reasons say so.
+pub fn changed_by_nodes(plan: &optimizer::live::RoundPlan) -> usize {
+    plan.decisions
+        .iter()
+        .filter(|d| {
+            d.reasons.iter().any(|r| {
+                ["no node has room", "nodes' free room", "nodes have no room"]
+                    .iter()
+                    .any(|x| r.contains(x))
+            })
+        })
+        .count()
+}

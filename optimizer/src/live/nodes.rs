@@ -1208,19 +1208,26 @@ mod tests {
         assert_eq!(named(&j, &[5.0, 1.0]).1[&rollout], names(&["a"; 4]));
     }
 
-    #[test]
-    fn a_grouped_roles_growth_goes_beside_its_group_by_the_strategy() {
-        // A running job whose callers wait 80% for its two engines (0.5 CPU), strictly spread
-        // and running on a and b: of nodes a (3 CPUs free), b (3), c (1), only c may take
-        // another, though a has more room; the plan names c. With c full, none grows.
-        use vocab::spec::Strategy;
+    /// A running job of 2 workers (with a reported speed) and its two engines of 0.5 CPU
+    /// running on `nodes`, busy 90%, whose callers wait 80% of their time for them.
+    fn waited_on(nodes: &[&str]) -> (LiveJob, LiveRole) {
         let mut j = cpu_job(1, LiveState::Running, 2, 1);
         j.speed = vec![SpeedPoint {
             workers: 2,
             samples_per_s: 100.0,
         }];
         let mut engine = super::super::tests::rollout(2, 0.9, 0.8);
-        engine.nodes = vec!["a".into(), "b".into()];
+        engine.nodes = nodes.iter().map(|n| n.to_string()).collect();
+        (j, engine)
+    }
+
+    #[test]
+    fn a_grouped_roles_growth_goes_beside_its_group_by_the_strategy() {
+        // A running job whose callers wait 80% for its two engines (0.5 CPU), strictly spread
+        // and running on a and b: of nodes a (3 CPUs free), b (3), c (1), only c may take
+        // another, though a has more room; the plan names c. With c full, none grows.
+        use vocab::spec::Strategy;
+        let (mut j, engine) = waited_on(&["a", "b"]);
         let r = engine.role;
         j.roles = vec![engine];
         j.groups = vec![LiveGroup {
@@ -1257,13 +1264,7 @@ mod tests {
         // four processes (on a, b, c, b): the two added, rollout-2 and rollout-3, go beside
         // reward-2 and reward-3 (c, b), not where the group has fewest (a, c).
         use vocab::spec::Strategy;
-        let mut j = cpu_job(1, LiveState::Running, 2, 1);
-        j.speed = vec![SpeedPoint {
-            workers: 2,
-            samples_per_s: 100.0,
-        }];
-        let mut engine = super::super::tests::rollout(2, 0.9, 0.8);
-        engine.nodes = vec!["a".into(), "b".into()];
+        let (mut j, engine) = waited_on(&["a", "b"]);
         let mut reward = super::super::tests::rollout(4, 0.0, 0.0);
         (reward.role, reward.rate) = ("reward".parse().unwrap(), None);
         reward.nodes = ["a", "b", "c", "b"].map(String::from).to_vec();

@@ -27,7 +27,7 @@ pub struct LiveGroup {
     pub strategy: Strategy,
     /// Its roles' processes of one index share a device (`share_devices`, a group without
     /// the training group: one with it is the workers' bundles, [`LiveRole::beside_workers`]):
-    /// they are one bundle, placed whole on one node ([`super::layout::roles_of`]), and one a
+    /// they are one bundle, placed whole on one node (`layout::roles_of`), and one a
     /// growth adds goes to the node of its index's partners.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub share_devices: bool,
