@@ -38,6 +38,7 @@ fn rollout(nodes: Vec<String>) -> LiveRole {
         millicores: 500,
         memory_bytes: 0,
         gpus: vocab::Gpus::ZERO,
+        gpu_type: None,
         beside_workers: false,
         nodes,
         single: false,

@@ -157,6 +157,7 @@ pub fn predict(
                         millicores: r.cpu.map_or(cluster.slot_millicores, |c| c.0),
                         memory_bytes: r.memory.map_or(0, |m| m.0),
                         gpus: r.gpu.unwrap_or_default(),
+                        gpu_type: r.gpu_type.clone(),
                         shares_worker_devices: spec.shares_worker_devices(role),
                     },
                 ))

@@ -196,6 +196,7 @@ fn service_roles(
             } else {
                 s.gpus
             },
+            gpu_type: s.gpu_type.clone(),
             beside_workers: s.shares_worker_devices,
             // Where its processes run: a worker added beside one goes to its node, and a
             // process added to its placement group beside the group's by its strategy.

@@ -69,6 +69,7 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         } else if kind == vocab::JobKind::Ps && role == vocab::Role::PS {
             ps = Some(r);
         } else {
+            let gpu_type = model_of(&r.resources);
             let (millicores, memory_bytes, gpus) = resources(r.resources);
             let shape = ServiceShape {
                 topology: r.topology,
@@ -78,6 +79,7 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
                 millicores,
                 memory_bytes,
                 gpus,
+                gpu_type,
                 shares_worker_devices: r.shares_worker_devices,
             };
             services.insert(role, shape);
@@ -90,11 +92,7 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
         )
     })?;
     let trainer = vocab::wire::role(&t.role).map_err(|e| bad(e.0))?;
-    let gpu_type = t
-        .resources
-        .as_ref()
-        .map(|r| r.gpu_type.clone())
-        .filter(|t| !t.is_empty());
+    let gpu_type = model_of(&t.resources);
     let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(t.resources);
     let ps = ps.unwrap_or_default();
     let (ps_millicores, ps_memory_bytes, _) = resources(ps.resources);
@@ -124,6 +122,13 @@ pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
             .map(|g| vocab::wire::placement(g).map_err(|e| bad(e.0)))
             .collect::<Result<_, _>>()?,
     })
+}
+
+/// The GPU model a role's resources on the wire ask for (none: empty, any).
+fn model_of(r: &Option<jm::Resources>) -> Option<String> {
+    r.as_ref()
+        .map(|r| r.gpu_type.clone())
+        .filter(|t| !t.is_empty())
 }
 
 /// The wire's role groups of the store's shape: the training group first, then a ps job's
@@ -176,7 +181,7 @@ pub(super) fn shape_to(s: Shape) -> pb::JobShape {
         count: r.count,
         min: r.min,
         max: r.max,
-        resources: res(r.millicores, r.memory_bytes, r.gpus, &None),
+        resources: res(r.millicores, r.memory_bytes, r.gpus, &r.gpu_type),
         shares_worker_devices: r.shares_worker_devices,
         ..Default::default()
     }));
@@ -283,6 +288,7 @@ mod tests {
                     millicores: 500,
                     memory_bytes: 1 << 28,
                     gpus: vocab::Gpus::from_milli(400),
+                    gpu_type: Some("V100".into()),
                     shares_worker_devices: true,
                 },
             )]

@@ -301,6 +301,9 @@ pub struct ServiceShape {
     pub millicores: u64,
     pub memory_bytes: u64,
     pub gpus: vocab::Gpus,
+    /// The GPU model its processes ask for (none: the job's, or any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     /// Its processes share the workers' devices: its GPUs are counted in theirs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shares_worker_devices: bool,

@@ -1231,6 +1231,31 @@ mod tests {
     }
 
     #[test]
+    fn a_roles_own_gpu_model_is_where_its_processes_go() {
+        // A CPU job of one worker with a reward process of half a GPU. The V100 node has no
+        // GPU free, the A100 node four: of any model, it starts there; of V100, it waits.
+        let mut j = job(1, LiveState::Queued, 1, &[]);
+        j.max_workers = 1;
+        let mut reward = crate::live::tests::rollout(1, 0.0, 0.0);
+        reward.role = "reward".parse().unwrap();
+        (reward.gpus, reward.rate) = (Gpus::from_milli(500), None);
+        j.roles = vec![reward];
+        let snap = |j: &LiveJob| LiveSnapshot {
+            now_s: 100.0,
+            cluster: with_room(4, 0),
+            jobs: vec![j.clone()],
+        };
+        let plan = round(&snap(&j));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.start_nodes(Role::WORKER)[&j.roles[0].role], ["a"]);
+        j.roles[0].gpu_type = Some("V100".into());
+        let plan = round(&snap(&j));
+        let d = decision(&plan, 1);
+        assert_eq!(d.to_workers, 0, "{d:?}");
+    }
+
+    #[test]
     fn roles_that_share_devices_start_as_one_bundle_on_one_device() {
         // A CPU job of one worker with a reward and a reference process of 0.5 GPU each. The
         // V100 node's two devices have 0.5 free each: apart, one goes on each; sharing a

@@ -19,14 +19,13 @@ pub(super) fn left_after(nodes: &[LiveNode], decisions: &[(usize, Decision)]) ->
 }
 
 /// Places a starting CPU job's roles' processes that have GPUs of their own on the GPUs left
-/// on `nodes` (of the job's GPU model; any, when it names none), each on the node with the
+/// on `nodes` (of each role's GPU model, else the job's; any, when neither names one), each on the node with the
 /// fewest left that holds it, and takes them off; whether all fit (`nodes` unchanged when
 /// not).
 pub(super) fn place_roles(job: &LiveJob, nodes: &mut [LiveNode]) -> bool {
     let mut left = nodes.to_vec();
-    let model = job.gpu_type.as_deref();
     for r in job.roles.iter().filter(|r| !r.gpus.is_zero()) {
-        if place_up_to(&mut left, r.gpus, r.count, model) < r.count {
+        if place_up_to(&mut left, r.gpus, r.count, r.model(job)) < r.count {
             return false;
         }
     }

@@ -486,6 +486,7 @@ mod tests {
             millicores: 500,
             memory_bytes: 0,
             gpus: vocab::Gpus::ZERO,
+            gpu_type: None,
             beside_workers: false,
             nodes: Vec::new(),
             single: false,

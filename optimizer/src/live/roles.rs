@@ -34,6 +34,13 @@ mod grow;
 pub use grow::Places;
 use grow::grow_one;
 
+impl LiveRole {
+    /// The GPU model its processes' GPUs are of: its own, else `job`'s (none: any).
+    pub fn model<'a>(&'a self, job: &'a LiveJob) -> Option<&'a str> {
+        self.gpu_type.as_deref().or(job.gpu_type.as_deref())
+    }
+}
+
 /// One service role of a running job, as the round sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,9 +55,13 @@ pub struct LiveRole {
     #[serde(default)]
     pub memory_bytes: u64,
     /// GPUs of each of its processes on devices of their own (none: it has none, or it shares
-    /// the workers' devices), of the job's GPU model: what a start must find room for too.
+    /// the workers' devices), of its GPU model: what a start must find room for too.
     #[serde(default)]
     pub gpus: vocab::Gpus,
+    /// The GPU model its processes ask for (`gpu_type` of its resources); none: the job's
+    /// ([`LiveRole::model`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     /// Its processes share the training group's devices (a `placement:` group with
     /// `share_devices`): its process `k` runs beside worker `k`, on its node, the two laid out
     /// as one bundle; its GPUs are the worker's ([`LiveJob::worker_gpus`], the whole bundle).
@@ -338,7 +349,7 @@ pub fn balance(
     grow.sort_by(|a, b| b.2.total_cmp(&a.2));
     for (j, r, wait) in grow {
         let role = &jobs[j].roles[r];
-        let model = jobs[j].gpu_type.as_deref();
+        let model = role.model(jobs[j]);
         if !grow_one(
             (jobs[j], role),
             model,

@@ -8,8 +8,8 @@ use super::super::*;
 use super::Free;
 use vocab::Gpus;
 
-/// The processes of a start's service and single roles (with the GPUs of their own, of GPU
-/// model `model`), which it places with its training group; not those that share the
+/// The processes of a start's service and single roles (with the GPUs of their own, of each
+/// role's GPU model, else `model`), which it places with its training group; not those that share the
 /// workers' devices, which go with their partner worker ([`with_partners`]). The processes of
 /// one index of a group that shares devices ([`LiveGroup::share_devices`]) are one bundle,
 /// their CPU, memory and GPU shares added up, as the job master lays them out.
@@ -18,6 +18,12 @@ pub(in crate::live) fn roles_of(job: &LiveJob, model: Option<&str>, free: &Free)
         .into_iter()
         .map(|roles| {
             let of = |role: Role| job.roles.iter().find(|r| r.role == role);
+            // The roles of a bundle share a device, of one model.
+            let model = roles
+                .iter()
+                .filter_map(|&r| of(r)?.gpu_type.as_deref())
+                .next()
+                .or(model);
             let (cpu, memory, gpus) = roles
                 .iter()
                 .filter_map(|&r| of(r))
