@@ -137,9 +137,7 @@ impl super::Free {
         }
         self.names_of(&went)
     }
-}
 
-impl super::Free {
     /// Up to `n` more processes `p` of `job`'s `role`, which is in its group `g` that shares
     /// devices: each to the node its index's partners run on (the job master lays the
     /// processes of one index out as one bundle), as far as they run and it fits there; the

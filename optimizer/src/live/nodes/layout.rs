@@ -9,10 +9,10 @@ use super::Free;
 use vocab::Gpus;
 
 /// The processes of a start's service and single roles (with the GPUs of their own, of each
-/// role's GPU model, else `model`), which it places with its training group; not those that share the
-/// workers' devices, which go with their partner worker ([`with_partners`]). The processes of
-/// one index of a group that shares devices ([`LiveGroup::share_devices`]) are one bundle,
-/// their CPU, memory and GPU shares added up, as the job master lays them out.
+/// role's GPU model, else `model`), which it places with its training group; not those that
+/// share the workers' devices, which go with their partner worker ([`with_partners`]). The
+/// processes of one index of a group that shares devices ([`LiveGroup::share_devices`]) are
+/// one bundle, their CPU, memory and GPU shares added up, as the job master lays them out.
 pub(in crate::live) fn roles_of(job: &LiveJob, model: Option<&str>, free: &Free) -> Vec<Process> {
     bundles(job)
         .into_iter()
