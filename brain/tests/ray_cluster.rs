@@ -422,12 +422,12 @@ async fn a_gpu_job_whose_gpu_node_lacks_the_cpu_waits_for_it() {
 }
 
 /// Submits through the brain at `url` an allreduce job `name` of the built-in workload (300 µs
-/// a sample) whose training group is `worker` (a role's YAML), of `samples` samples.
+/// a sample) whose training group is `worker` (a role's YAML), of `samples` samples, with
+/// `rest` after its role (more roles, `placement:`; YAML lines).
 fn submit_builtin(
     url: &str,
     dir: &Path,
-    name: &str,
-    worker: &str,
+    (name, worker, rest): (&str, &str, &str),
     samples: u32,
     log: &dyn Fn() -> String,
 ) {
@@ -435,7 +435,7 @@ fn submit_builtin(
     std::fs::write(
         &path,
         format!(
-            "name: {name}\nkind: allreduce\nroles:\n  worker: {{ {worker} }}\n\
+            "name: {name}\nkind: allreduce\nroles:\n  worker: {{ {worker} }}\n{rest}\
              workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
              data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
              checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
@@ -469,7 +469,7 @@ async fn waits_for_the_room_of_the_first(c: &RayClusterDir, workers: &str, reaso
         .expect("replicas: N");
     for name in [&first, &second] {
         // About 15 s on two workers (300 µs a sample).
-        submit_builtin(&url, dir.path(), name, workers, 100_000, &log);
+        submit_builtin(&url, dir.path(), (name, workers, ""), 100_000, &log);
     }
     let (mut waited, start) = (false, Instant::now());
     loop {
@@ -1082,7 +1082,7 @@ async fn a_share_waits_while_no_device_of_its_node_has_room_for_it() {
         let worker = format!(
             "replicas: 1, min: 1, max: 1, resources: {{ cpu: 1, gpu: {gpu}, gpu_type: V100 }}"
         );
-        submit_builtin(&url, dir.path(), name, &worker, samples, &log);
+        submit_builtin(&url, dir.path(), (name, &worker, ""), samples, &log);
     };
     let ray = ray_client::RayApi::new(&c.dashboard).unwrap();
     let v100 = c.nodes[1].clone();
@@ -1235,21 +1235,9 @@ async fn a_share_goes_where_the_other_jobs_devices_leave_it_room() {
     let pid = std::process::id();
     let (v100, a100) = (c.nodes[1].clone(), c.nodes[2].clone());
     let sleep = "topology: service, command: [/bin/sleep, '600']";
-    let submit = |name: &str, samples: u32, roles: &str| {
-        let path = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!(
-                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
-                 resources: {{ cpu: 1 }} }}\n{roles}\
-                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
-                 data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
-                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
-            ),
-        )
-        .unwrap();
-        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
-        assert!(ok, "{out}\n{}", log());
+    let one = "replicas: 1, min: 1, max: 1, resources: { cpu: 1 }";
+    let submit = |name: &str, samples: u32, rest: &str| {
+        submit_builtin(&url, dir.path(), (name, one, rest), samples, &log)
     };
     let (holder, prober) = (format!("holder-{pid}"), format!("prober-{pid}"));
     // A test that fails leaves neither job holding the cluster's room.
@@ -1364,21 +1352,9 @@ async fn roles_sharing_a_device_start_only_where_one_device_holds_them_both() {
     let pid = std::process::id();
     let v100 = c.nodes[1].clone();
     let sleep = "topology: service, command: [/bin/sleep, '600']";
+    let one = "replicas: 1, min: 1, max: 1, resources: { cpu: 1 }";
     let submit = |name: &str, samples: u32, rest: &str| {
-        let path = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!(
-                "name: {name}\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, min: 1, max: 1, \
-                 resources: {{ cpu: 1 }} }}\n{rest}\
-                 workload:\n  builtin: {{ batch_size: 128, step_delay_us: 300 }}\n\
-                 data: {{ num_samples: {samples}, shard_size: 1000, eval_samples: 2000 }}\n\
-                 checkpoint: {{ dir: checkpoints, every_shards: 20 }}\n"
-            ),
-        )
-        .unwrap();
-        let (ok, out) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
-        assert!(ok, "{out}\n{}", log());
+        submit_builtin(&url, dir.path(), (name, one, rest), samples, &log)
     };
     let (holder, sharer) = (format!("holder-{pid}"), format!("sharer-{pid}"));
     let _cancel = [&holder, &sharer].map(|j| CancelsJob(url.clone(), j.clone()));
