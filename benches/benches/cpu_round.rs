@@ -189,12 +189,12 @@ fn main() {
             let resized = plan
                 .decisions
                 .iter()
-                .filter(|d| d.state == LiveState::Running && d.to_workers != d.from_workers)
+                .filter(|d| d.state == LiveState::Running && d.to_workers() != d.from_workers())
                 .count();
             let roles = plan
                 .decisions
                 .iter()
-                .filter(|d| !d.role_targets.is_empty())
+                .filter(|d| !d.resized_roles().is_empty())
                 .count();
             let on_nodes = common::changed_by_nodes(&plan);
             println!(

@@ -175,7 +175,7 @@ fn main() {
             let resized = plan
                 .decisions
                 .iter()
-                .filter(|d| d.state == LiveState::Running && d.to_workers != d.from_workers)
+                .filter(|d| d.state == LiveState::Running && d.to_workers() != d.from_workers())
                 .count();
             let gpus: u32 = plan
                 .decisions

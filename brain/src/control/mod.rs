@@ -537,14 +537,18 @@ impl Control {
                 if d.state != LiveState::Running {
                     continue;
                 }
-                let (to, d) = (d.to_workers, d.clone());
+                let (to, d) = (d.to_workers(), d.clone());
                 let counts = PlanCounts {
-                    workers: (d.to_workers != d.from_workers).then_some(d.to_workers),
-                    ps: (d.to_ps != d.ps).then_some(d.to_ps),
-                    services: d.role_targets.iter().map(|(r, _, to)| (*r, *to)).collect(),
+                    workers: (d.to_workers() != d.from_workers()).then_some(d.to_workers()),
+                    ps: (d.to_ps() != d.ps()).then_some(d.to_ps()),
+                    services: d
+                        .resized_roles()
+                        .iter()
+                        .map(|(r, _, to)| (*r, *to))
+                        .collect(),
                 };
                 let ps = counts.ps;
-                let (from, migrations) = (d.from_workers, d.migrations.len());
+                let (from, migrations) = (d.from_workers(), d.migrations.len());
                 let r = self
                     .with_store(move |s| {
                         // The plan names the training group as the job does.
@@ -580,7 +584,7 @@ impl Control {
     /// processes; a GPU job's on the GPU model `d` starts it on, which its workers then ask
     /// the platform for.
     async fn start(&self, job: JobId, d: &optimizer::live::Decision) -> Result<(), BrainError> {
-        let (workers, gpu_type) = (d.to_workers, d.gpu_type.clone());
+        let (workers, gpu_type) = (d.to_workers(), d.gpu_type.clone());
         let row = self.with_store(move |s| s.job(job)).await?;
         if row.state != JobState::Queued {
             tracing::info!(%job, state = row.state.as_str(), "not started: no longer queued");

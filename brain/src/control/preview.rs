@@ -51,9 +51,9 @@ impl Control {
         {
             return Err(format!(
                 "the brain's next round would change {name} again at once, to {} workers{}: {}",
-                d.to_workers,
-                if d.to_ps != d.ps {
-                    format!(" and {} parameter servers", d.to_ps)
+                d.to_workers(),
+                if d.to_ps() != d.ps() {
+                    format!(" and {} parameter servers", d.to_ps())
                 } else {
                     String::new()
                 },

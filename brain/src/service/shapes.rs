@@ -224,27 +224,19 @@ mod tests {
     fn a_decisions_role_changes_carry_the_nodes_of_what_they_add() {
         let rollout = vocab::Role::new("rollout").unwrap();
         let trainer = vocab::Role::new("trainer").unwrap();
-        let d = optimizer::live::Decision {
-            job: optimizer::units::JobId(1),
-            name: "rl".into(),
-            state: optimizer::live::LiveState::Running,
-            from_workers: 2,
-            to_workers: 3,
-            ps: 0,
-            to_ps: 0,
-            migrations: vec![],
-            corrections: vec![],
-            predicted_samples_per_s: 0.0,
-            reasons: vec![],
-            gpu_type: None,
-            gpu_placement: vec![],
-            role_targets: vec![(rollout, 1, 2)],
-            nodes: [
-                (vocab::Role::WORKER, vec!["10.0.0.3".to_string()]),
-                (rollout, vec!["10.0.0.2".to_string()]),
-            ]
-            .into(),
-        };
+        let mut d = optimizer::live::Decision::sizing(
+            optimizer::units::JobId(1),
+            "rl",
+            optimizer::live::LiveState::Running,
+            (2, 3),
+            (0, 0),
+        );
+        d.resize(rollout, 1, 2);
+        d.nodes = [
+            (vocab::Role::WORKER, vec!["10.0.0.3".to_string()]),
+            (rollout, vec!["10.0.0.2".to_string()]),
+        ]
+        .into();
         let changes = role_changes(&d, trainer);
         let shown: Vec<(&str, u32, u32, &[String])> = changes
             .iter()

@@ -19,12 +19,12 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
         let job = jobs.get(&d.job).ok_or_else(|| {
             PolicyError::InvalidAssignment(format!("a decision for unknown {}", d.job))
         })?;
-        if d.to_workers > d.from_workers || d.to_ps > d.ps {
+        if d.to_workers() > d.from_workers() || d.to_ps() > d.ps() {
             added = true;
         }
         if let Some(m) = d.migrations.iter().find(|m| match m.key.role {
-            Role::PS => m.key.index >= d.to_ps,
-            Role::WORKER => m.key.index >= d.to_workers,
+            Role::PS => m.key.index >= d.to_ps(),
+            Role::WORKER => m.key.index >= d.to_workers(),
             // The brain sizes a job's ps and worker roles; it migrates no other.
             _ => true,
         }) {
@@ -33,31 +33,35 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
                 d.job, d.name, m.key
             )));
         }
-        if d.to_workers == d.from_workers || d.to_workers == 0 {
+        if d.to_workers() == d.from_workers() || d.to_workers() == 0 {
             continue;
         }
         let unit = job.node_unit.max(1);
-        if d.to_workers < job.min_workers
-            || d.to_workers > job.max_workers
-            || d.to_workers % unit != 0
+        if d.to_workers() < job.min_workers
+            || d.to_workers() > job.max_workers
+            || d.to_workers() % unit != 0
         {
             return Err(PolicyError::InvalidAssignment(format!(
                 "{} ({}) sized to {} workers, outside [min {}, max {}] or not a multiple of \
                  node_unit {unit}",
-                d.job, d.name, d.to_workers, job.min_workers, job.max_workers
+                d.job,
+                d.name,
+                d.to_workers(),
+                job.min_workers,
+                job.max_workers
             )));
         }
     }
     let cluster = &snapshot.cluster;
     let models = gpu_models(&cluster.nodes);
     let mut gpus: BTreeMap<&str, u32> = BTreeMap::new();
-    for d in plan.decisions.iter().filter(|d| d.to_workers > 0) {
+    for d in plan.decisions.iter().filter(|d| d.to_workers() > 0) {
         let job = jobs[&d.job];
         if job.worker_gpus.is_zero() {
             continue;
         }
         let Some(model) = d.gpu_type.as_deref().filter(|m| models.contains_key(*m)) else {
-            if d.starts() || d.to_workers > d.from_workers {
+            if d.starts() || d.to_workers() > d.from_workers() {
                 return Err(PolicyError::InvalidAssignment(format!(
                     "{} ({}) starts or grows on GPU model {:?}, which no node has",
                     d.job, d.name, d.gpu_type
@@ -66,9 +70,9 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
             continue;
         };
         let held = if d.state == LiveState::Running {
-            d.to_workers.max(job.held_workers)
+            d.to_workers().max(job.held_workers)
         } else {
-            d.to_workers
+            d.to_workers()
         };
         *gpus.entry(model).or_default() += job.worker_gpus.devices_for(held);
     }

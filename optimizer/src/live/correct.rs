@@ -499,7 +499,7 @@ mod tests {
         };
         let plan = decide(&snap, &h);
         let d = decision(&plan, 1);
-        assert_eq!((d.ps, d.to_ps, d.to_workers), (1, 2, 2), "{d:?}");
+        assert_eq!((d.ps(), d.to_ps(), d.to_workers()), (1, 2, 2), "{d:?}");
         assert!(d.changes());
         assert!(d.reasons.iter().any(|r| r.contains("1 -> 2 ps")), "{d:?}");
         assert_eq!(d.corrections[0].kind, ChangeKind::PsCount);
@@ -514,7 +514,7 @@ mod tests {
         };
         let plan = decide(&full, &h);
         let d = decision(&plan, 1);
-        assert_eq!((d.to_ps, d.to_workers), (2, 1), "{d:?}");
+        assert_eq!((d.to_ps(), d.to_workers()), (2, 1), "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -539,7 +539,7 @@ mod tests {
         at_min.jobs[0].min_workers = 2;
         let plan = decide(&at_min, &h);
         let d = decision(&plan, 1);
-        assert_eq!((d.to_ps, d.to_workers), (1, 2));
+        assert_eq!((d.to_ps(), d.to_workers()), (1, 2));
         assert!(!d.changes(), "{d:?}");
         assert!(d.reasons.iter().any(|r| r.contains("not done")), "{d:?}");
         // The slot of a worker still leaving (a shrink on its way) is the job's own: its new
@@ -549,14 +549,14 @@ mod tests {
         shrinking.jobs[0].held_workers = 3;
         let plan = decide(&shrinking, &h);
         let d = decision(&plan, 1);
-        assert_eq!((d.to_ps, d.to_workers), (2, 2), "{d:?}");
+        assert_eq!((d.to_ps(), d.to_workers()), (2, 2), "{d:?}");
         assert!(!d.reasons.iter().any(|r| r.contains("traded")), "{d:?}");
         assert_eq!(plan.cpu_millicores, 4000, "{plan:?}");
         // Not while a plan is on its way.
         let mut busy = snap.clone();
         busy.jobs[0].plan_in_flight = true;
         let plan = decide(&busy, &h);
-        assert_eq!(decision(&plan, 1).to_ps, 1);
+        assert_eq!(decision(&plan, 1).to_ps(), 1);
     }
 
     fn ps_speeds(traffic_s: f64) -> Vec<PsSpeedPoint> {
@@ -579,7 +579,7 @@ mod tests {
         let snap = one(j, 8);
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
-        assert_eq!((d.ps, d.to_ps), (1, 4), "{d:?}");
+        assert_eq!((d.ps(), d.to_ps()), (1, 4), "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -596,7 +596,7 @@ mod tests {
         });
         again.jobs[0].ps_processes[0].cpu_samples.clear();
         let plan = decide(&again, &Heuristics::default());
-        assert_eq!(decision(&plan, 1).to_ps, 1);
+        assert_eq!(decision(&plan, 1).to_ps(), 1);
     }
 
     #[test]
@@ -615,7 +615,7 @@ mod tests {
         let snap = one(j, 6);
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
-        assert_eq!((d.to_ps, d.to_workers), (3, 3), "{d:?}");
+        assert_eq!((d.to_ps(), d.to_workers()), (3, 3), "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -643,7 +643,7 @@ mod tests {
         let snap = one(j, 8);
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
-        assert_eq!((d.ps, d.to_ps), (3, 1), "{d:?}");
+        assert_eq!((d.ps(), d.to_ps()), (3, 1), "{d:?}");
         assert_eq!(d.scale_plan(2, Role::WORKER).count_of(Role::PS), Some(1));
     }
 
@@ -654,7 +654,7 @@ mod tests {
         let snap = one(j, 8);
         let plan = decide(&snap, &only(HeuristicKind::HotPs(HotPs::default())));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_ps, 2);
+        assert_eq!(d.to_ps(), 2);
         assert_eq!(d.migrations.len(), 1, "{d:?}");
         assert_eq!(d.migrations[0].key.index, 1);
         assert_eq!(d.migrations[0].resources.cpu, Some(Millicores(1400)));
@@ -683,7 +683,7 @@ mod tests {
         let snap = one(j, 8);
         let plan = decide(&snap, &only(HeuristicKind::OomGrowth(OomGrowth::default())));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 2, "cool-down keeps the count");
+        assert_eq!(d.to_workers(), 2, "cool-down keeps the count");
         // Worker 1 was killed: both workers grow (they are alike), said once.
         assert_eq!(d.migrations.len(), 2, "{d:?}");
         for m in &d.migrations {
@@ -723,7 +723,7 @@ mod tests {
         }));
         let plan = decide(&one(j, 8), &h);
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
     }
 
     #[test]
@@ -740,7 +740,7 @@ mod tests {
         let plan = decide(&snap, &h);
         let d = decision(&plan, 1);
         // 1 -> 2 gained 10 % of linear: below the shrink threshold, so back to 1.
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert!(d.reasons.iter().any(|r| r.contains("kept at 2")), "{d:?}");
         assert!(
             d.reasons
@@ -750,6 +750,6 @@ mod tests {
         );
         // Without heuristics the scheduler grows it.
         let plan = decide(&snap, &Heuristics { heuristics: vec![] });
-        assert!(decision(&plan, 1).to_workers > 2);
+        assert!(decision(&plan, 1).to_workers() > 2);
     }
 }

@@ -1,5 +1,5 @@
-//! What a round decides: per job a [`Decision`] (workers, PS, migrations, the reasons), and
-//! the [`RoundPlan`] of all of them with the capacity they use.
+//! What a round decides: per job a [`Decision`] (its role groups' counts, migrations, the
+//! reasons), and the [`RoundPlan`] of all of them with the capacity they use.
 
 use std::collections::BTreeMap;
 
@@ -16,13 +16,13 @@ pub struct Decision {
     pub job: JobId,
     pub name: String,
     pub state: LiveState,
-    /// Workers now (0 for a queued job).
-    pub from_workers: u32,
-    /// Workers from now on (0: the job keeps waiting).
-    pub to_workers: u32,
-    /// Parameter servers now, and from now on.
-    pub ps: u32,
-    pub to_ps: u32,
+    /// The role groups the round sizes, each with its count now and from now on: the
+    /// training group first (always; keyed `worker` inside the round, which names its
+    /// processes `worker-N`, and flagged; 0 now for a queued job, 0 from now on for one that
+    /// keeps waiting), then the parameter servers where the job has or gets any, then each
+    /// service role the round resizes. Kept in that shape by [`Decision::sizing`] and
+    /// [`Decision::resize`].
+    pub(super) roles: Vec<RoleChange>,
     /// Processes replaced by ones with other resources (the heuristics' corrections).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub migrations: Vec<Migration>,
@@ -37,9 +37,6 @@ pub struct Decision {
     pub gpu_type: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_placement: Vec<(String, u32)>,
-    /// Service roles of a running job resized: (role, from, to).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub role_targets: Vec<(Role, u32, u32)>,
     /// Where the round placed the processes a running job's plan adds, by role (the training
     /// group as `worker`), in the order of their indices from the role's count now, as the
     /// platform names the nodes (where it reports them): the plan names them, and the job
@@ -51,14 +48,110 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Whether the job changes: its size (a queued job that starts included), its PS count
-    /// or a process's resources.
+    /// A decision for `job` that sizes its training group `workers` (now, from now on) and
+    /// its parameter servers `ps` (listed where it has or gets any), and nothing else yet.
+    pub fn sizing(
+        job: JobId,
+        name: &str,
+        state: LiveState,
+        workers: (u32, u32),
+        ps: (u32, u32),
+    ) -> Decision {
+        let mut roles = vec![RoleChange {
+            role: Role::WORKER,
+            from: workers.0,
+            to: workers.1,
+            training: true,
+        }];
+        if ps.0 > 0 || ps.1 > 0 {
+            roles.push(RoleChange {
+                role: Role::PS,
+                from: ps.0,
+                to: ps.1,
+                training: false,
+            });
+        }
+        Decision {
+            job,
+            name: name.to_string(),
+            state,
+            roles,
+            migrations: Vec::new(),
+            corrections: Vec::new(),
+            predicted_samples_per_s: 0.0,
+            reasons: Vec::new(),
+            gpu_type: None,
+            gpu_placement: Vec::new(),
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    /// The training group's change (keyed `worker`).
+    pub fn training(&self) -> RoleChange {
+        self.roles[0]
+    }
+
+    /// Workers now (0 for a queued job).
+    pub fn from_workers(&self) -> u32 {
+        self.roles[0].from
+    }
+
+    /// Workers from now on (0: the job keeps waiting).
+    pub fn to_workers(&self) -> u32 {
+        self.roles[0].to
+    }
+
+    /// The training group's size from now on.
+    pub fn set_workers(&mut self, to: u32) {
+        self.roles[0].to = to;
+    }
+
+    /// Parameter servers now, and from now on (0 where the job has none).
+    pub fn ps(&self) -> u32 {
+        self.change_of(Role::PS).map_or(0, |c| c.from)
+    }
+
+    pub fn to_ps(&self) -> u32 {
+        self.change_of(Role::PS).map_or(0, |c| c.to)
+    }
+
+    /// The change of one role group, where the decision lists it (the training group as
+    /// `worker`).
+    pub fn change_of(&self, role: Role) -> Option<RoleChange> {
+        self.roles.iter().find(|c| c.role == role).copied()
+    }
+
+    /// A service role resized from `from` to `to` processes (its earlier resize in this
+    /// decision replaced).
+    pub fn resize(&mut self, role: Role, from: u32, to: u32) {
+        let change = RoleChange {
+            role,
+            from,
+            to,
+            training: false,
+        };
+        match self.roles.iter_mut().skip(1).find(|c| c.role == role) {
+            Some(c) => *c = change,
+            None => self.roles.push(change),
+        }
+    }
+
+    /// The service roles the decision resizes: (role, from, to), in the order resized.
+    pub fn resized_roles(&self) -> Vec<(Role, u32, u32)> {
+        self.roles
+            .iter()
+            .skip(1)
+            .filter(|c| c.role != Role::PS)
+            .map(|c| (c.role, c.from, c.to))
+            .collect()
+    }
+
+    /// Whether the job changes: its size (a queued job that starts included), or, running,
+    /// the count of another of its role groups or a process's resources.
     pub fn changes(&self) -> bool {
-        self.from_workers != self.to_workers
+        self.from_workers() != self.to_workers()
             || (self.state == LiveState::Running
-                && (self.ps != self.to_ps
-                    || !self.migrations.is_empty()
-                    || !self.role_targets.is_empty()))
+                && (self.roles.iter().any(|c| c.from != c.to) || !self.migrations.is_empty()))
     }
 
     /// The plan that carries a running job's decision out: the counts that change, the
@@ -78,16 +171,11 @@ impl Decision {
             reasons: self.reasons.clone(),
             ..Default::default()
         };
-        if self.to_workers != self.from_workers {
-            plan.set_count(trainer, self.to_workers);
-        }
-        if self.to_ps != self.ps {
-            plan.set_count(Role::PS, self.to_ps);
-        }
-        for (role, _, to) in &self.role_targets {
-            plan.set_count(*role, *to);
-        }
         for change in self.role_changes(trainer) {
+            if change.from == change.to {
+                continue;
+            }
+            plan.set_count(change.role, change.to);
             let placed = match change.training {
                 true => self.nodes.get(&Role::WORKER),
                 false => self.nodes.get(&change.role),
@@ -101,7 +189,7 @@ impl Decision {
     }
 
     pub fn starts(&self) -> bool {
-        self.state == LiveState::Queued && self.to_workers > 0
+        self.state == LiveState::Queued && self.to_workers() > 0
     }
 
     /// Where a start's processes go, by role as the job names them (the training group as
@@ -120,41 +208,20 @@ impl Decision {
             .collect()
     }
 
-    /// The role groups the round sizes, each with its count now and from now on: the training
-    /// group (under `trainer`, the role the job calls it; always listed, 0 → 0 for a job that
-    /// keeps waiting), the parameter servers where the job has or gets any, then each service
-    /// role it resizes. What a dry run shows of the decision, role by role.
+    /// The role groups the round sizes, each with its count now and from now on, as the job
+    /// names them: the training group (under `trainer`, the role the job calls it; always
+    /// listed, 0 → 0 for a job that keeps waiting), the parameter servers where the job has
+    /// or gets any, then each service role it resizes. What a dry run shows of the decision,
+    /// role by role.
     pub fn role_changes(&self, trainer: Role) -> Vec<RoleChange> {
-        let mut changes = vec![RoleChange {
-            role: trainer,
-            from: self.from_workers,
-            to: self.to_workers,
-            training: true,
-        }];
-        if self.ps > 0 || self.to_ps > 0 {
-            changes.push(RoleChange {
-                role: Role::PS,
-                from: self.ps,
-                to: self.to_ps,
-                training: false,
-            });
-        }
-        changes.extend(
-            self.role_targets
-                .iter()
-                .map(|&(role, from, to)| RoleChange {
-                    role,
-                    from,
-                    to,
-                    training: false,
-                }),
-        );
+        let mut changes = self.roles.clone();
+        changes[0].role = trainer;
         changes
     }
 }
 
 /// One role group's size before and after a round's decision ([`Decision::role_changes`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoleChange {
     pub role: Role,
     pub from: u32,
@@ -182,23 +249,7 @@ mod tests {
     use super::*;
 
     fn decision(from: u32, to: u32, ps: (u32, u32)) -> Decision {
-        Decision {
-            job: JobId(1),
-            name: "j".into(),
-            state: LiveState::Running,
-            from_workers: from,
-            to_workers: to,
-            ps: ps.0,
-            to_ps: ps.1,
-            migrations: vec![],
-            corrections: vec![],
-            predicted_samples_per_s: 0.0,
-            reasons: vec![],
-            gpu_type: None,
-            gpu_placement: vec![],
-            role_targets: vec![],
-            nodes: BTreeMap::new(),
-        }
+        Decision::sizing(JobId(1), "j", LiveState::Running, (from, to), ps)
     }
 
     #[test]
@@ -211,7 +262,7 @@ mod tests {
         };
         // An all-reduce job whose group is `trainer`, resizing a service role: no PS listed.
         let mut d = decision(2, 4, (0, 0));
-        d.role_targets = vec![(Role::new("rollout").unwrap(), 1, 3)];
+        d.resize(Role::new("rollout").unwrap(), 1, 3);
         let trainer = Role::new("trainer").unwrap();
         assert_eq!(
             d.role_changes(trainer),
@@ -243,7 +294,7 @@ mod tests {
         let trainer = Role::new("trainer").unwrap();
         use crate::live::tests::names;
         let mut d = decision(2, 3, (1, 2));
-        d.role_targets = vec![(rollout, 1, 3)];
+        d.resize(rollout, 1, 3);
         d.nodes = [
             (Role::WORKER, names(&["b"])),
             (Role::PS, names(&["c"])),
@@ -257,7 +308,7 @@ mod tests {
         assert_eq!(plan.roles[&rollout].nodes, ["a", "b"]);
         assert!(!plan.roles.contains_key(&Role::WORKER));
         // Nodes of a role the plan does not grow are not sent.
-        d.to_workers = 2;
+        d.set_workers(2);
         let plan = d.scale_plan(5, trainer);
         assert!(!plan.roles.contains_key(&trainer));
         // A running job's nodes are not a start's.
@@ -285,7 +336,7 @@ mod tests {
             ])
         );
         // One that keeps waiting starts nothing anywhere.
-        d.to_workers = 0;
+        d.set_workers(0);
         assert!(d.start_nodes(trainer).is_empty());
     }
 }

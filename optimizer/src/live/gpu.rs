@@ -513,15 +513,6 @@ fn plan_pass(
                 ));
             }
             let decision = Decision {
-                job: job.id,
-                name: job.name.clone(),
-                state: job.state,
-                from_workers: from,
-                to_workers: j.to,
-                ps: job.ps,
-                to_ps: job.ps,
-                migrations: Vec::new(),
-                corrections: Vec::new(),
                 predicted_samples_per_s: predicted,
                 reasons,
                 gpu_type: j.on.map(|t| models[t].clone()).or(job.gpu_type.clone()),
@@ -530,9 +521,9 @@ fn plan_pass(
                     .iter()
                     .map(|(n, k)| (nodes[*n].name.clone(), *k))
                     .collect(),
-                role_targets: Vec::new(),
                 // Where the nodes' room placed a growth's workers, or a start's processes.
                 nodes: named.remove(&i).unwrap_or_default(),
+                ..Decision::sizing(job.id, &job.name, job.state, (from, j.to), (job.ps, job.ps))
             };
             (at, decision)
         })
@@ -668,9 +659,9 @@ mod tests {
         };
         let plan = round(&snap(Gpus::ONE));
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
-        assert_eq!(a.to_workers, 2, "{a:?}");
+        assert_eq!(a.to_workers(), 2, "{a:?}");
         assert_eq!(a.gpu_placement, vec![("a".to_string(), 4)], "{a:?}");
-        assert_eq!(b.to_workers, 0, "{b:?}");
+        assert_eq!(b.to_workers(), 0, "{b:?}");
         assert!(
             b.reasons.iter().any(|r| r.contains("start withdrawn")),
             "{b:?}"
@@ -679,19 +670,19 @@ mod tests {
         let mut s = snap(Gpus::from_milli(500));
         s.cluster.nodes = vec![node("a", 5, "A100")];
         let plan = round(&s);
-        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
-        assert_eq!(decision(&plan, 2).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers(), 2, "{plan:?}");
         // Roles without GPUs of their own: both start on 4.
         let plan = round(&snap(Gpus::ZERO));
-        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
-        assert_eq!(decision(&plan, 2).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers(), 2, "{plan:?}");
         // One engine too many for the node: job 1 starts smaller, or not at all, never
         // without its engines' GPUs.
         let mut big = snap(Gpus::whole(2));
         big.jobs.truncate(1);
         let plan = round(&big);
         let a = decision(&plan, 1);
-        assert_eq!(a.to_workers, 0, "{a:?}");
+        assert_eq!(a.to_workers(), 0, "{a:?}");
         assert!(
             a.reasons
                 .iter()
@@ -723,10 +714,10 @@ mod tests {
             }
         };
         let plan = round(&snap(2));
-        assert_eq!(decision(&plan, 2).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers(), 2, "{plan:?}");
         let plan = round(&snap(3));
         let d = decision(&plan, 2);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r
                 == "waits: its roles' GPUs (reward ×2 of 1 GPUs) do not fit on the GPUs the round leaves"),
@@ -750,20 +741,20 @@ mod tests {
         let plan = round(&snap);
         let a = decision(&plan, 1);
         assert_eq!(
-            (a.to_workers, a.gpu_type.as_deref()),
+            (a.to_workers(), a.gpu_type.as_deref()),
             (4, Some("A100")),
             "{a:?}"
         );
         assert_eq!(a.gpu_placement, vec![("a".to_string(), 4)]);
         let v = decision(&plan, 2);
         assert_eq!(
-            (v.to_workers, v.gpu_type.as_deref()),
+            (v.to_workers(), v.gpu_type.as_deref()),
             (2, Some("V100")),
             "{v:?}"
         );
         assert_eq!(v.gpu_placement, vec![("v".to_string(), 2)]);
         let h = decision(&plan, 3);
-        assert_eq!(h.to_workers, 0, "no H100 node: it waits: {h:?}");
+        assert_eq!(h.to_workers(), 0, "no H100 node: it waits: {h:?}");
         assert!(h.gpu_placement.is_empty());
         // Their workers' CPU comes out of the pool: 6 workers of one slot.
         assert_eq!(plan.cpu_millicores, 6000);
@@ -781,10 +772,10 @@ mod tests {
         let plan = round(&snap);
         let r = decision(&plan, 1);
         assert_eq!(r.gpu_type.as_deref(), Some("V100"));
-        assert!(r.to_workers <= 2, "only 2 V100s exist: {r:?}");
+        assert!(r.to_workers() <= 2, "only 2 V100s exist: {r:?}");
         let q = decision(&plan, 2);
         assert_eq!(q.gpu_type.as_deref(), Some("A100"), "{q:?}");
-        assert!(q.to_workers >= 2, "{q:?}");
+        assert!(q.to_workers() >= 2, "{q:?}");
     }
 
     #[test]
@@ -801,7 +792,7 @@ mod tests {
         };
         let plan = round(&snap);
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
         assert_eq!(
             d.gpu_placement,
             vec![("x".to_string(), 2), ("y".to_string(), 2)]
@@ -824,7 +815,7 @@ mod tests {
         };
         let plan = round(&snap);
         let d = decision(&plan, 1);
-        assert_eq!((d.from_workers, d.to_workers), (4, 2), "{d:?}");
+        assert_eq!((d.from_workers(), d.to_workers()), (4, 2), "{d:?}");
         assert!(d.reasons.iter().any(|r| r.contains("nodes left")), "{d:?}");
     }
 
@@ -847,7 +838,7 @@ mod tests {
         };
         let plan = round(&snap);
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 4, "{d:?}");
+        assert_eq!(d.to_workers(), 4, "{d:?}");
         assert_eq!(d.gpu_placement, vec![("v".to_string(), 2)], "{d:?}");
         assert!(
             d.reasons
@@ -873,7 +864,7 @@ mod tests {
             .sum();
         assert!(used <= 4, "{plan:?}");
         // 3 or 4 workers of 0.4 (the round may grow it to its max): 2 to a GPU.
-        assert!(b.to_workers >= 3, "{b:?}");
+        assert!(b.to_workers() >= 3, "{b:?}");
         assert_eq!(b.gpu_placement.iter().map(|p| p.1).sum::<u32>(), 2, "{b:?}");
     }
 
@@ -891,8 +882,8 @@ mod tests {
         };
         let mut with_memory = snap.clone();
         let plan = round(&snap);
-        assert_eq!(decision(&plan, 1).to_workers, 4);
-        assert!(decision(&plan, 2).to_workers <= 2, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 4);
+        assert!(decision(&plan, 2).to_workers() <= 2, "{plan:?}");
         assert!(plan.cpu_millicores <= 6000, "{plan:?}");
         // Memory not counted stays so for the CPU jobs (their reasons do not name it).
         let said = |plan: &RoundPlan| {
@@ -910,8 +901,8 @@ mod tests {
             j.min_workers = 1;
         }
         let plan = round(&with_memory);
-        assert_eq!(decision(&plan, 1).to_workers, 4);
-        assert_eq!(decision(&plan, 2).to_workers, 1, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 4);
+        assert_eq!(decision(&plan, 2).to_workers(), 1, "{plan:?}");
         assert!(said(&plan), "{plan:?}");
         assert_eq!(plan.memory_bytes, 5 << 30);
     }
@@ -948,14 +939,14 @@ mod tests {
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 let gpus: u32 = d.gpu_placement.iter().map(|p| p.1).sum();
                 // Shares pack onto whole devices: no more than the workers need.
-                proptest::prop_assert_eq!(gpus, j.worker_gpus.devices_for(d.to_workers), "{:?}", d);
+                proptest::prop_assert_eq!(gpus, j.worker_gpus.devices_for(d.to_workers()), "{:?}", d);
                 for (n, k) in &d.gpu_placement {
                     proptest::prop_assert_eq!(k % j.worker_gpus.devices(), 0);
                     let at = nodes.iter().find(|x| &x.name == n).unwrap();
                     proptest::prop_assert_eq!(Some(&at.gpu_type), d.gpu_type.as_ref());
                     *used.entry(n.clone()).or_default() += k;
                 }
-                if let (Some(want), true) = (&j.gpu_type, d.to_workers > 0) {
+                if let (Some(want), true) = (&j.gpu_type, d.to_workers() > 0) {
                     proptest::prop_assert_eq!(Some(want), d.gpu_type.as_ref());
                 }
             }
@@ -1044,7 +1035,7 @@ mod tests {
             }
         };
         let half = Gpus::from_milli(500);
-        let starts = |snap: &LiveSnapshot| decision(&round(snap), 1).to_workers;
+        let starts = |snap: &LiveSnapshot| decision(&round(snap), 1).to_workers();
         // 0.6 free on the node, 0.3 on each device: no device holds a 0.5 share.
         let snap = LiveSnapshot {
             cluster: on_devices([300, 300]),
@@ -1052,7 +1043,7 @@ mod tests {
         };
         let plan = round(&snap);
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -1115,16 +1106,19 @@ mod tests {
         };
         let plan = round(&pooled);
         assert_eq!(
-            (decision(&plan, 1).to_workers, decision(&plan, 2).to_workers),
+            (
+                decision(&plan, 1).to_workers(),
+                decision(&plan, 2).to_workers()
+            ),
             (1, 1)
         );
         let plan = round(&LiveSnapshot {
             cluster: with_room(4, 2),
             ..pooled.clone()
         });
-        assert_eq!(decision(&plan, 1).to_workers, 1, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 1, "{plan:?}");
         let d = decision(&plan, 2);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r
                 == "waits: no node has room for its processes of 1 V100 GPUs and 3 CPU at its \
@@ -1154,7 +1148,7 @@ mod tests {
             snap.jobs.truncate(1);
             snap.jobs.push(cpu_job(3, workers));
             let plan = round(&snap);
-            assert_eq!(decision(&plan, 3).to_workers, starts, "{plan:?}");
+            assert_eq!(decision(&plan, 3).to_workers(), starts, "{plan:?}");
         }
     }
 
@@ -1173,7 +1167,7 @@ mod tests {
         let fifo = crate::schedule::SchedulerKind::Fifo(Default::default());
         let plan = plan_round(&snap, fifo.scheduler(), &config(), &none()).unwrap();
         let (one, two) = (decision(&plan, 1), decision(&plan, 2));
-        assert_eq!((one.to_workers, two.to_workers), (1, 1), "{plan:?}");
+        assert_eq!((one.to_workers(), two.to_workers()), (1, 1), "{plan:?}");
         assert!(
             one.reasons.iter().any(|r| r
                 .starts_with("starts with 1 workers, not 2: no more fit on the nodes' free room")),
@@ -1206,7 +1200,7 @@ mod tests {
             jobs: vec![j.clone()],
         };
         // On their own, the engines go to other nodes and the job starts on 4 CPUs.
-        assert_eq!(decision(&round(&snap(&j, 4)), 1).to_workers, 1);
+        assert_eq!(decision(&round(&snap(&j, 4)), 1).to_workers(), 1);
         j.groups = vec![LiveGroup {
             share_devices: false,
             roles: vec![Role::WORKER, rollout],
@@ -1214,7 +1208,7 @@ mod tests {
         }];
         let plan = round(&snap(&j, 4));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.starts_with(
                 "waits at its minimum of 1 workers: the nodes' free room cannot hold its \
@@ -1226,7 +1220,7 @@ mod tests {
         // On 5 CPUs, all three start on the V100 node.
         let plan = round(&snap(&j, 5));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert_eq!(d.start_nodes(Role::WORKER)[&rollout], ["v", "v"]);
     }
 
@@ -1247,12 +1241,12 @@ mod tests {
         };
         let plan = round(&snap(&j));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert_eq!(d.start_nodes(Role::WORKER)[&j.roles[0].role], ["a"]);
         j.roles[0].gpu_type = Some("V100".into());
         let plan = round(&snap(&j));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
     }
 
     #[test]
@@ -1283,7 +1277,7 @@ mod tests {
             cluster: on_devices(free),
             jobs: vec![j.clone()],
         };
-        assert_eq!(decision(&round(&snap(&j, [500, 500])), 1).to_workers, 1);
+        assert_eq!(decision(&round(&snap(&j, [500, 500])), 1).to_workers(), 1);
         j.groups = vec![LiveGroup {
             share_devices: true,
             roles: vec![reward, reference],
@@ -1291,7 +1285,7 @@ mod tests {
         }];
         let plan = round(&snap(&j, [500, 500]));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.contains(
                 "the nodes' free room cannot hold its placement group reward+reference (pack, \
@@ -1302,7 +1296,7 @@ mod tests {
         // A whole device free: both on it.
         let plan = round(&snap(&j, [1000, 0]));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         let on = d.start_nodes(Role::WORKER);
         assert_eq!(
             (&on[&reward], &on[&reference]),
@@ -1320,7 +1314,7 @@ mod tests {
         };
         let plan = round(&snap(vec![v100_job(1, LiveState::Queued, 2, 1)], 4, 2));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r
                 .starts_with("starts with 1 workers, not 2: no more fit on the nodes' free room")),
@@ -1340,7 +1334,7 @@ mod tests {
             },
         ];
         let plan = round(&snap(vec![running.clone()], 3, 1));
-        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:?}");
         // On the A100s, from 2 to 4 workers: the node's 4 CPUs free hold one more.
         let mut a100 = running.clone();
         (a100.gpu_type, a100.max_workers, a100.workers) = (Some("A100".into()), 4, 2);
@@ -1356,7 +1350,7 @@ mod tests {
             jobs: vec![a100],
         });
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 3, "{d:?}");
+        assert_eq!(d.to_workers(), 3, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.starts_with(
                 "3 workers, not 4: no more fit on the nodes' free room (a 4 CPU, 2 A100 GPUs \
@@ -1366,7 +1360,7 @@ mod tests {
         );
         let plan = round(&snap(vec![running], 2, 1));
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.starts_with(
                 "kept at 1 workers: no node has room for another worker of 1 V100 GPUs and 3 CPU"
@@ -1398,7 +1392,7 @@ mod tests {
             jobs: vec![job],
         };
         let d = decision(&round(&snap), 1).clone();
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.starts_with(
                 "starts with 1 workers, not 2: no more fit on the nodes' free room (a 4 CPU, 4 \
@@ -1411,11 +1405,11 @@ mod tests {
             cluster: with_room(6, 2),
             ..snap.clone()
         };
-        assert_eq!(decision(&round(&wide), 1).to_workers, 2);
+        assert_eq!(decision(&round(&wide), 1).to_workers(), 2);
         // Engines placed on their own (not beside the workers) would have fit the narrow one.
         let mut apart = snap;
         apart.jobs[0].roles[0].beside_workers = false;
-        assert_eq!(decision(&round(&apart), 1).to_workers, 2);
+        assert_eq!(decision(&round(&apart), 1).to_workers(), 2);
     }
 
     /// A running V100 job of one worker (1 GPU, 1 CPU) whose rollout engines share the
@@ -1470,7 +1464,7 @@ mod tests {
         // v2, where engine 1 runs, has half a CPU: worker 1 does not fit beside it, and it
         // may go nowhere else (the job master lays the two out as one bundle).
         let d = grown_beside(500, true);
-        assert_eq!(d.to_workers, 1, "{d:?}");
+        assert_eq!(d.to_workers(), 1, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.starts_with(
                 "kept at 1 workers: no node has room for another worker of 1 V100 GPUs and 1 CPU \
@@ -1479,9 +1473,9 @@ mod tests {
             "{d:?}"
         );
         // With the CPU there, it grows beside its engine.
-        assert_eq!(grown_beside(2000, true).to_workers, 2);
+        assert_eq!(grown_beside(2000, true).to_workers(), 2);
         // Where the engine's node is not known, the worker is placed by its own room (v3).
-        assert_eq!(grown_beside(500, false).to_workers, 2);
+        assert_eq!(grown_beside(500, false).to_workers(), 2);
     }
 
     #[test]
@@ -1497,7 +1491,7 @@ mod tests {
         // Two added: worker 1 beside engine 1 on v2, worker 2 (no engine of its index) by its
         // room on v3, the one node with a device left; the plan lists them by index.
         let d = grown_beside_to(3, 2000, true);
-        assert_eq!(d.to_workers, 3, "{d:?}");
+        assert_eq!(d.to_workers(), 3, "{d:?}");
         assert_eq!(
             workers_on(&d),
             Some(vec!["v2".into(), "v3".into()]),
@@ -1544,7 +1538,7 @@ mod tests {
             jobs: vec![job],
         };
         let d = decision(&round(&snap), 1).clone();
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
         use crate::live::tests::names;
         let trainer = Role::new("trainer").unwrap();
         assert_eq!(
@@ -1577,7 +1571,7 @@ mod tests {
         };
         let plan = round(&snap);
         let d = decision(&plan, 2);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             plan.notes
                 .iter()
@@ -1585,7 +1579,7 @@ mod tests {
             "{plan:?}"
         );
         snap.jobs[0].not_placed.clear();
-        assert_eq!(decision(&round(&snap), 2).to_workers, 1);
+        assert_eq!(decision(&round(&snap), 2).to_workers(), 1);
     }
 
     #[test]
@@ -1614,7 +1608,7 @@ mod tests {
         let d = decision(&plan, 1);
         let other = if given == "V100" { "A100" } else { "V100" };
         assert_eq!(
-            (d.to_workers, d.gpu_type.as_deref()),
+            (d.to_workers(), d.gpu_type.as_deref()),
             (1, Some(other)),
             "{d:?}"
         );
@@ -1630,11 +1624,11 @@ mod tests {
         c.free[1].cpu_millicores = 1000;
         c.free[2].cpu_millicores = 1000;
         let d = decision(&round(&snap(c)), 1).clone();
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         // A job that asked for its model stays on it.
         let mut asked = j.clone();
         asked.gpu_type = Some(given.clone());
         let d = decision(&round(&snap_of(&asked, starved(&given))), 1).clone();
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
     }
 }

@@ -300,11 +300,13 @@ pub fn plan_round(
     let (mut decisions, used) = decide(jobs, cpu_at, gpu, slot);
     for (at, d) in &mut decisions {
         if let Some(h) = holdups.get(at) {
-            d.reasons.push(h.reason(d.to_workers));
+            d.reasons.push(h.reason(d.to_workers()));
         }
         if unmeasured.contains(at) {
-            d.reasons
-                .push(roles::unmeasured_reason(&snapshot.jobs[*at], d.to_workers));
+            d.reasons.push(roles::unmeasured_reason(
+                &snapshot.jobs[*at],
+                d.to_workers(),
+            ));
         }
     }
     let used = place_roles(snapshot, &mut decisions, config, slot, used, free);
@@ -544,7 +546,7 @@ mod tests {
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
         let d = decision(&plan, 1);
-        assert_eq!((d.from_workers, d.to_workers), (2, 4), "{d:?}");
+        assert_eq!((d.from_workers(), d.to_workers()), (2, 4), "{d:?}");
         assert!(d.changes());
         assert!(d.reasons.iter().any(|r| r.contains("elastic_lp")), "{d:?}");
     }
@@ -570,7 +572,7 @@ mod tests {
         let round = |s: &LiveSnapshot| plan_round(s, elastic().scheduler(), &config(), &none());
         let plan = round(&snap(7 << 29, vec![running.clone()])).unwrap();
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 3, "{d:?}");
+        assert_eq!(d.to_workers(), 3, "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -581,14 +583,20 @@ mod tests {
         // Its 2 workers hold 2 GiB of 2.5: the queued job of 1 GiB does not start.
         let plan = round(&snap(5 << 29, vec![running.clone(), queued.clone()])).unwrap();
         assert_eq!(
-            (decision(&plan, 1).to_workers, decision(&plan, 2).to_workers),
+            (
+                decision(&plan, 1).to_workers(),
+                decision(&plan, 2).to_workers()
+            ),
             (2, 0),
             "{plan:?}"
         );
         // Not counted: the CPU alone (8) decides.
         let plan = round(&snap(0, vec![running, queued])).unwrap();
         assert_eq!(
-            (decision(&plan, 1).to_workers, decision(&plan, 2).to_workers),
+            (
+                decision(&plan, 1).to_workers(),
+                decision(&plan, 2).to_workers()
+            ),
             (4, 1),
             "{plan:?}"
         );
@@ -606,7 +614,7 @@ mod tests {
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 2);
+        assert_eq!(d.to_workers(), 2);
         assert!(d.reasons.iter().any(|r| r.contains("cool-down")), "{d:?}");
     }
 
@@ -620,13 +628,13 @@ mod tests {
             jobs: vec![j],
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
-        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:?}");
         let free = LiveConfig {
             pin_while_plan_in_flight: false,
             ..config()
         };
         let plan = plan_round(&snap, elastic().scheduler(), &free, &none()).unwrap();
-        assert_eq!(decision(&plan, 1).to_workers, 4, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 4, "{plan:?}");
         let text = "interval_s = 1\npin_while_plan_in_flight = false\nmax_resumes = 5\n";
         let c: LiveConfig = toml::from_str(text).unwrap();
         assert_eq!((c.pin_while_plan_in_flight, c.max_resumes), (false, 5));
@@ -650,7 +658,7 @@ mod tests {
             .iter_mut()
             .find(|d| d.job == JobId(1))
             .unwrap();
-        d.to_workers = 9;
+        d.set_workers(9);
         let e = check_postconditions(&snap, &plan).unwrap_err().to_string();
         assert!(e.contains("outside [min 1, max 8]"), "{e}");
         let d = plan
@@ -658,7 +666,7 @@ mod tests {
             .iter_mut()
             .find(|d| d.job == JobId(1))
             .unwrap();
-        d.to_workers = 3;
+        d.set_workers(3);
         plan.cpu_millicores = 5000;
         let e = check_postconditions(&snap, &plan).unwrap_err().to_string();
         assert!(e.contains("5000m of 4000m"), "{e}");
@@ -678,16 +686,16 @@ mod tests {
         };
         let plan = plan_round(&room, fifo.scheduler(), &config(), &none()).unwrap();
         assert!(decision(&plan, 2).starts(), "{plan:?}");
-        assert_eq!(decision(&plan, 2).to_workers, 2);
+        assert_eq!(decision(&plan, 2).to_workers(), 2);
         let full = LiveSnapshot {
             cluster: cluster(7),
             ..room
         };
         let plan = plan_round(&full, fifo.scheduler(), &config(), &none()).unwrap();
         let d = decision(&plan, 2);
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(d.reasons.iter().any(|r| r.contains("waits")), "{d:?}");
-        assert_eq!(decision(&plan, 1).to_workers, 6);
+        assert_eq!(decision(&plan, 1).to_workers(), 6);
     }
 
     #[test]
@@ -708,7 +716,7 @@ mod tests {
         )
         .unwrap();
         // 4 ps slots + 4 workers do not fit in 6; what fits is 2 workers beside the PS.
-        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:?}");
         assert_eq!(plan.cpu_millicores, 6000);
         assert_eq!(plan.processes, 4);
     }
@@ -724,7 +732,7 @@ mod tests {
             ],
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
-        let to: u32 = plan.decisions.iter().map(|d| d.to_workers).sum();
+        let to: u32 = plan.decisions.iter().map(|d| d.to_workers()).sum();
         assert!(to <= 4, "{plan:?}");
         // Until the shrinks are carried out the processes still run: the round says so.
         assert!(!plan.notes.is_empty());
@@ -745,7 +753,7 @@ mod tests {
             jobs: vec![j],
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
-        assert_eq!(decision(&plan, 1).to_workers, 2, "{plan:#?}");
+        assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:#?}");
         assert!(
             plan.notes
                 .iter()
@@ -767,7 +775,7 @@ mod tests {
             jobs: vec![shrinking.clone(), q.clone()],
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
-        assert_eq!(decision(&plan, 2).to_workers, 0, "{plan:?}");
+        assert_eq!(decision(&plan, 2).to_workers(), 0, "{plan:?}");
         assert!(plan.cpu_millicores <= 4000);
         shrinking.held_workers = 2;
         let snap = LiveSnapshot {
@@ -911,21 +919,21 @@ mod tests {
             prop_assert!(plan.notes.is_empty(), "{plan:?}");
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 if j.state == LiveState::Running {
-                    prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers.max(j.workers), "{d:?}");
+                    prop_assert!(d.to_workers() >= j.min_workers && d.to_workers() <= j.max_workers.max(j.workers), "{d:?}");
                     // A job a role holds up is never grown.
                     if roles::holdup(j, &config().roles).is_some() {
-                        prop_assert!(d.to_workers <= j.workers.max(j.min_workers), "{d:?}");
+                        prop_assert!(d.to_workers() <= j.workers.max(j.min_workers), "{d:?}");
                     }
                     let cooling = j.last_change_s.is_some_and(|t| t + 10.0 > 50.0);
                     // In cool-down only the heuristics may shrink it (pending, poor speed-up).
-                    if cooling && !with_heuristics { prop_assert_eq!(d.to_workers, j.workers); }
-                    if cooling { prop_assert!(d.to_workers <= j.workers, "{d:?}"); }
+                    if cooling && !with_heuristics { prop_assert_eq!(d.to_workers(), j.workers); }
+                    if cooling { prop_assert!(d.to_workers() <= j.workers, "{d:?}"); }
                     // PS within the spec's bounds (those the hot PS adds, or the PS model picks).
                     let (lo, hi) = if j.ps == 0 { (0, 0) } else { (1, j.max_ps) };
-                    prop_assert!(d.to_ps >= lo && d.to_ps <= hi, "{d:?}");
-                } else if d.to_workers > 0 {
-                    prop_assert!(d.to_workers >= j.min_workers && d.to_workers <= j.max_workers);
-                    prop_assert_eq!(d.to_workers % j.node_unit, 0);
+                    prop_assert!(d.to_ps() >= lo && d.to_ps() <= hi, "{d:?}");
+                } else if d.to_workers() > 0 {
+                    prop_assert!(d.to_workers() >= j.min_workers && d.to_workers() <= j.max_workers);
+                    prop_assert_eq!(d.to_workers() % j.node_unit, 0);
                 }
             }
         }

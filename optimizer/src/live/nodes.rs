@@ -677,9 +677,9 @@ mod tests {
             cpu_job(2, LiveState::Queued, 1, 2),
         ];
         let plan = round(jobs.clone(), nodes.clone(), 8);
-        assert_eq!(plan.decisions[0].to_workers, 2, "{:?}", plan.decisions[0]);
+        assert_eq!(plan.decisions[0].to_workers(), 2, "{:?}", plan.decisions[0]);
         let second = &plan.decisions[1];
-        assert_eq!(second.to_workers, 0, "{second:?}");
+        assert_eq!(second.to_workers(), 0, "{second:?}");
         let why = second.reasons.last().unwrap();
         assert!(
             why.contains("no node has room for its processes of 2 CPU")
@@ -689,9 +689,9 @@ mod tests {
         // The same pool in one node: both start (what the round did before for every cluster,
         // and still does when the platform reports no nodes).
         let plan = round(jobs.clone(), vec![node("big", 8)], 8);
-        assert_eq!(plan.decisions[1].to_workers, 1);
+        assert_eq!(plan.decisions[1].to_workers(), 1);
         let plan = round(jobs, Vec::new(), 8);
-        assert_eq!(plan.decisions[1].to_workers, 1);
+        assert_eq!(plan.decisions[1].to_workers(), 1);
     }
 
     #[test]
@@ -725,15 +725,19 @@ mod tests {
         let before = run(&pooled);
         assert_eq!(
             (
-                before.decisions[0].to_workers,
-                before.decisions[1].to_workers
+                before.decisions[0].to_workers(),
+                before.decisions[1].to_workers()
             ),
             (4, 1),
             "the pool alone: {before:?}"
         );
         let plan = run(&snapshot);
         let grown = &plan.decisions[0];
-        assert_eq!((grown.from_workers, grown.to_workers), (2, 3), "{grown:?}");
+        assert_eq!(
+            (grown.from_workers(), grown.to_workers()),
+            (2, 3),
+            "{grown:?}"
+        );
         assert!(
             grown
                 .reasons
@@ -742,13 +746,13 @@ mod tests {
             "{:?}",
             grown.reasons
         );
-        assert_eq!(plan.decisions[1].to_workers, 0, "{:?}", plan.decisions[1]);
+        assert_eq!(plan.decisions[1].to_workers(), 0, "{:?}", plan.decisions[1]);
         // No node with 2 CPUs free: it keeps its size.
         let mut full = snapshot.clone();
         full.cluster.free = vec![node("a", 1), node("b", 1)];
         let plan = run(&full);
         let kept = &plan.decisions[0];
-        assert_eq!(kept.to_workers, 2, "{kept:?}");
+        assert_eq!(kept.to_workers(), 2, "{kept:?}");
         let why = kept.reasons.last().unwrap();
         assert!(
             why.starts_with("kept at 2 workers: no node has room for another worker of 2 CPU"),
@@ -764,7 +768,7 @@ mod tests {
             &Heuristics::default(),
         )
         .unwrap();
-        assert_eq!(plan.decisions[0].to_workers, 2, "{:?}", plan.decisions[0]);
+        assert_eq!(plan.decisions[0].to_workers(), 2, "{:?}", plan.decisions[0]);
         assert!(
             !plan.decisions[0]
                 .corrections
@@ -805,7 +809,12 @@ mod tests {
         };
         // 6 GiB in the pool of 8 fits; two 3-GiB workers on nodes of 4 and 2 GiB do not.
         let waits = plan(&snapshot(nodes.clone(), 8 << 30));
-        assert_eq!(waits.decisions[0].to_workers, 0, "{:?}", waits.decisions[0]);
+        assert_eq!(
+            waits.decisions[0].to_workers(),
+            0,
+            "{:?}",
+            waits.decisions[0]
+        );
         assert!(
             waits.decisions[0]
                 .reasons
@@ -816,7 +825,7 @@ mod tests {
             waits.decisions[0].reasons
         );
         // Memory not counted: the nodes' memory is not read.
-        assert_eq!(plan(&snapshot(nodes, 0)).decisions[0].to_workers, 2);
+        assert_eq!(plan(&snapshot(nodes, 0)).decisions[0].to_workers(), 2);
     }
 
     #[test]
@@ -924,7 +933,7 @@ mod tests {
         let queued = cpu_job(2, LiveState::Queued, 1, 3);
         let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
         let d = &plan.decisions[1];
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons
                 .last()
@@ -942,7 +951,7 @@ mod tests {
         // Launched (none listed): the queued job starts.
         running.not_placed.clear();
         let plan = round(vec![running.clone(), queued.clone()], free(&[4.0, 2.0]), 16);
-        assert_eq!(plan.decisions[1].to_workers, 1, "{:?}", plan.decisions[1]);
+        assert_eq!(plan.decisions[1].to_workers(), 1, "{:?}", plan.decisions[1]);
         // More listed than fits on any node: those are taken as counted by the platform
         // already (a report older than their launch), not held twice.
         running.not_placed = vec![NotPlaced {
@@ -961,7 +970,7 @@ mod tests {
             "{:?}",
             plan.notes
         );
-        assert_eq!(plan.decisions[1].to_workers, 0, "{:?}", plan.decisions[1]);
+        assert_eq!(plan.decisions[1].to_workers(), 0, "{:?}", plan.decisions[1]);
     }
 
     #[test]
@@ -990,7 +999,7 @@ mod tests {
                 "{:?}",
                 plan.notes
             );
-            plan.decisions[1].to_workers
+            plan.decisions[1].to_workers()
         };
         assert_eq!(starts(on(&["b"]), &[4.0, 2.0]), 1);
         assert_eq!(starts(on(&[]), &[4.0, 2.0]), 0);
@@ -1006,7 +1015,7 @@ mod tests {
             running.not_placed = vec![not_placed];
             let plan = round(vec![running, queued.clone()], free(&[4.0, 2.0]), 16);
             let d = &plan.decisions[1];
-            assert_eq!(d.to_workers, 0, "{d:?}");
+            assert_eq!(d.to_workers(), 0, "{d:?}");
             let why = d.reasons.last().unwrap();
             assert!(why.contains("a 2 CPU free, b 0 CPU free"), "{d:?}");
         };
@@ -1030,7 +1039,7 @@ mod tests {
         j.roles = vec![engine];
         let plan = round(vec![j], free(&[4.0, 3.0]), 16);
         let d = &plan.decisions[0];
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
         use crate::live::tests::names;
         let trainer = Role::new("trainer").unwrap();
         assert_eq!(
@@ -1056,7 +1065,7 @@ mod tests {
         j.roles = vec![engine];
         let plan = round(vec![j.clone()], free(&[4.0, 1.0, 1.0]), 16);
         let d = &plan.decisions[0];
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons.iter().any(|r| r.starts_with(
                 "waits: no node has room for its processes of 2 CPU with its roles' 2 at its \
@@ -1065,7 +1074,7 @@ mod tests {
             "{d:?}"
         );
         let plan = round(vec![j.clone()], free(&[6.0, 1.0, 1.0]), 16);
-        assert_eq!(plan.decisions[0].to_workers, 1, "{:?}", plan.decisions[0]);
+        assert_eq!(plan.decisions[0].to_workers(), 1, "{:?}", plan.decisions[0]);
         // A role with GPUs of its own goes where its GPUs are free: node b, whose CPU holds
         // the worker and both engines (2 + 2 × 1 CPU), though a has more CPU free.
         j.roles[0].gpus = vocab::Gpus::whole(1);
@@ -1087,11 +1096,11 @@ mod tests {
             };
             fifo_round(&snapshot)
         };
-        assert_eq!(with_gpus(2).decisions[0].to_workers, 1);
+        assert_eq!(with_gpus(2).decisions[0].to_workers(), 1);
         // One GPU free on b (the other held by a process the round does not know of): the
         // start waits, naming the nodes' GPUs.
         let d = &with_gpus(1).decisions[0];
-        assert_eq!(d.to_workers, 0, "{d:?}");
+        assert_eq!(d.to_workers(), 0, "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -1122,7 +1131,7 @@ mod tests {
         let plan = plan_round(&snapshot, &scheduler, &config, &heuristics).unwrap();
         let one = super::super::tests::decision(&plan, 1);
         let two = super::super::tests::decision(&plan, 2);
-        assert_eq!((one.to_workers, two.to_workers), (2, 2), "{plan:?}");
+        assert_eq!((one.to_workers(), two.to_workers()), (2, 2), "{plan:?}");
         let named = |d: &Decision| {
             d.scale_plan(2, Role::WORKER).roles[&Role::WORKER]
                 .nodes
@@ -1148,9 +1157,9 @@ mod tests {
         let plan = plan_round(&start, &scheduler, &config, &heuristics).unwrap();
         let started = super::super::tests::decision(&plan, 2);
         assert!(
-            started.to_workers > 0
+            started.to_workers() > 0
                 && started.nodes.get(&Role::WORKER).map(Vec::len)
-                    == Some(started.to_workers as usize),
+                    == Some(started.to_workers() as usize),
             "{started:?}"
         );
     }
@@ -1172,7 +1181,7 @@ mod tests {
         let named = |j: &LiveJob, nodes: &[f64]| {
             let plan = round(vec![j.clone()], free(nodes), 16);
             let d = plan.decisions[0].clone();
-            (d.to_workers, d.start_nodes(Role::WORKER), d.reasons)
+            (d.to_workers(), d.start_nodes(Role::WORKER), d.reasons)
         };
         let (to, on, _) = named(&j, &[4.0, 3.0, 2.0]);
         assert_eq!((to, &on[&rollout]), (1, &names(&["a", "b", "a"])));
@@ -1244,11 +1253,11 @@ mod tests {
         };
         let plan = run(free(&[3.0, 3.0, 1.0]));
         let d = &plan.decisions[0];
-        assert_eq!(d.role_targets, vec![(r, 2, 3)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 2, 3)], "{d:?}");
         assert_eq!(d.scale_plan(2, Role::WORKER).roles[&r].nodes, ["c"]);
         let plan = run(free(&[3.0, 3.0, 0.2]));
         let d = &plan.decisions[0];
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains(
                 "no node has room for another process in its placement group rollout \
@@ -1284,7 +1293,7 @@ mod tests {
                 jobs: vec![j],
             });
             let d = plan.decisions[0].clone();
-            assert_eq!(d.role_targets, vec![(r, 2, 4)], "{d:?}");
+            assert_eq!(d.resized_roles(), vec![(r, 2, 4)], "{d:?}");
             d.scale_plan(2, Role::WORKER).roles[&r].nodes.clone()
         };
         assert_eq!(grown(&group), ["c", "b"]);
@@ -1312,10 +1321,10 @@ mod tests {
             })
         };
         let plan = run(Vec::new());
-        assert_eq!(plan.decisions[0].role_targets, vec![(r, 1, 4)]);
+        assert_eq!(plan.decisions[0].resized_roles(), vec![(r, 1, 4)]);
         let plan = run(free(&[0.7, 0.4, 0.3]));
         let d = &plan.decisions[0];
-        assert_eq!(d.role_targets, vec![(r, 1, 2)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 2)], "{d:?}");
         // On a, the one node that holds it; the plan names it.
         assert_eq!(d.scale_plan(2, Role::WORKER).roles[&r].nodes, ["a"]);
         assert!(
@@ -1326,7 +1335,7 @@ mod tests {
         );
         let plan = run(free(&[0.4, 0.4]));
         let d = &plan.decisions[0];
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.ends_with(
                 "no node has room for another process of 0.5 CPU (a 0.4 CPU free, b 0.4 CPU \
@@ -1366,7 +1375,7 @@ mod tests {
         )
         .unwrap();
         let (a, b) = (&plan.decisions[0], &plan.decisions[1]);
-        assert_eq!(a.role_targets, vec![(r, 1, 4)], "{a:?}");
-        assert_eq!(b.to_workers, 2, "{b:?}");
+        assert_eq!(a.resized_roles(), vec![(r, 1, 4)], "{a:?}");
+        assert_eq!(b.to_workers(), 2, "{b:?}");
     }
 }

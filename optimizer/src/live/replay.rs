@@ -122,8 +122,8 @@ impl Scheduler for LiveRound<'_> {
         let sizes = plan
             .decisions
             .iter()
-            .filter(|d| d.to_workers > 0)
-            .map(|d| (d.job, 0, d.to_workers))
+            .filter(|d| d.to_workers() > 0)
+            .map(|d| (d.job, 0, d.to_workers()))
             .collect();
         if let Some(r) = &self.record {
             r.lock()
@@ -188,7 +188,7 @@ mod tests {
             for d in plan
                 .decisions
                 .iter()
-                .filter(|d| d.state == LiveState::Running && d.from_workers != d.to_workers)
+                .filter(|d| d.state == LiveState::Running && d.from_workers() != d.to_workers())
             {
                 if let Some(t) = resized.insert(d.job, snap.now_s) {
                     assert!(snap.now_s - t >= 120.0, "{d:?} at {} after {t}", snap.now_s);

@@ -266,13 +266,13 @@ pub fn admit(
             continue;
         }
         let slots_of = |m: u64| m.div_ceil(slot.max(1)).max(1);
-        let own = (d.to_ps as u64 * slots_of(job.ps_millicores)
-            + d.to_workers as u64 * slots_of(job.worker_millicores))
+        let own = (d.to_ps() as u64 * slots_of(job.ps_millicores)
+            + d.to_workers() as u64 * slots_of(job.worker_millicores))
             * slot;
-        let own_memory =
-            d.to_ps as u64 * job.ps_memory_bytes + d.to_workers as u64 * job.worker_memory_bytes;
+        let own_memory = d.to_ps() as u64 * job.ps_memory_bytes
+            + d.to_workers() as u64 * job.worker_memory_bytes;
         used.cpu_millicores = used.cpu_millicores.saturating_sub(own);
-        used.processes = used.processes.saturating_sub(d.to_ps + d.to_workers);
+        used.processes = used.processes.saturating_sub(d.to_ps() + d.to_workers());
         used.memory_bytes = used.memory_bytes.saturating_sub(own_memory);
         d.reasons.push(if fits {
             format!(
@@ -284,7 +284,7 @@ pub fn admit(
                 "waits: its roles {} need {need_cpu} m and {need} processes beside its {} \
                  workers; the round leaves {} m and {} processes",
                 names.join(", "),
-                d.to_workers,
+                d.to_workers(),
                 left.cpu_millicores,
                 left.processes
             );
@@ -297,7 +297,7 @@ pub fn admit(
             }
             said
         });
-        d.to_workers = 0;
+        d.set_workers(0);
         d.gpu_placement.clear();
     }
 }
@@ -457,7 +457,7 @@ pub fn unmeasured_reason(job: &LiveJob, workers: u32) -> String {
 fn shrink(role: &LiveRole, rate: &RoleRate, config: &RolesConfig, d: &mut Decision) {
     let keep = (role.count as f64 * rate.busy_share / config.grow_busy_share).ceil() as u32;
     let to = keep.clamp(role.min.max(1), role.count - 1);
-    d.role_targets.push((role.role, role.count, to));
+    d.resize(role.role, role.count, to);
     d.reasons.push(format!(
         "{}: {} -> {to}: busy {:.0}% of its time, its callers wait {:.0}% for it ({:.1} calls/s)",
         role.role,
@@ -494,7 +494,7 @@ fn training_gives(
     {
         return;
     }
-    d.to_workers = workers - unit;
+    d.set_workers(workers - unit);
     d.reasons.push(format!(
         "{unit} of its {workers} workers give their CPU ({freed} m) to {}: they wait {:.0}% of \
          their time for it, as if {:.1} of them idled; it grows into that room once it is free",
@@ -545,7 +545,7 @@ mod tests {
         let r: Role = "rollout".parse().unwrap();
         // Callers wait 80%: 1 engine → ⌈1 / 0.2⌉ = 5, at most its max of 4.
         let d = round_with(rollout(1, 0.9, 0.8), 16, 0.0);
-        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 4)], "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -555,10 +555,10 @@ mod tests {
         assert_eq!(d.scale_plan(7, Role::WORKER).count_of(r), Some(4));
         // 2 workers take 2 of 3 cores: room for 2 engines of 0.5 more.
         let d = round_with(rollout(1, 0.9, 0.8), 3, 0.0);
-        assert_eq!(d.role_targets, vec![(r, 1, 3)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 3)], "{d:?}");
         // No room at all: it stays, saying why.
         let d = round_with(rollout(1, 0.9, 0.8), 2, 0.0);
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains("no room left")),
             "{d:?}"
@@ -580,11 +580,11 @@ mod tests {
         };
         let plan = fifo_round(&snap(700 << 20));
         let d = decision(&plan, 1);
-        assert_eq!(d.role_targets, vec![(r, 1, 2)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 2)], "{d:?}");
         assert_eq!(plan.memory_bytes, 512 << 20);
         let plan = fifo_round(&snap(100 << 20));
         let d = decision(&plan, 1);
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains(
                 "no room left for another process of 500 m and 512 MiB of memory (100 MiB left)"
@@ -609,7 +609,7 @@ mod tests {
             jobs: vec![job.clone()],
         };
         let d = decision(&fifo_round(&snap(2)), 1).clone();
-        assert_eq!(d.role_targets, vec![(r, 1, 3)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 3)], "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -617,7 +617,7 @@ mod tests {
             "{d:?}"
         );
         let d = decision(&fifo_round(&snap(0)), 1).clone();
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -632,10 +632,10 @@ mod tests {
         );
         // Waiting callers but idle engines (the wait is elsewhere): no growth.
         let d = round_with(rollout(1, 0.3, 0.8), 16, 0.0);
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         // Within the cool-down: nothing.
         let d = round_with(rollout(1, 0.9, 0.8), 16, 95.0);
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
     }
 
     #[test]
@@ -643,22 +643,22 @@ mod tests {
         let r: Role = "rollout".parse().unwrap();
         // 4 engines busy 10%, nobody waits: ⌈4 × 0.1 / 0.6⌉ = 1.
         let d = round_with(rollout(4, 0.1, 0.0), 16, 0.0);
-        assert_eq!(d.role_targets, vec![(r, 4, 1)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 4, 1)], "{d:?}");
         // Busy enough, or its callers waiting a little: it keeps its size.
         assert!(
             round_with(rollout(4, 0.5, 0.0), 16, 0.0)
-                .role_targets
+                .resized_roles()
                 .is_empty()
         );
         assert!(
             round_with(rollout(4, 0.1, 0.1), 16, 0.0)
-                .role_targets
+                .resized_roles()
                 .is_empty()
         );
         // No rate (nobody called it in the window): it keeps its size.
         let mut quiet = rollout(4, 0.0, 0.0);
         quiet.rate = None;
-        assert!(round_with(quiet, 16, 0.0).role_targets.is_empty());
+        assert!(round_with(quiet, 16, 0.0).resized_roles().is_empty());
     }
 
     #[test]
@@ -682,14 +682,14 @@ mod tests {
         };
         let plan = fifo_round(&snap);
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
-        assert_eq!(a.to_workers, 2, "{a:?}");
+        assert_eq!(a.to_workers(), 2, "{a:?}");
         assert!(
             a.reasons
                 .iter()
                 .any(|r| r.contains("its roles rollout ×3 start with it")),
             "{a:?}"
         );
-        assert_eq!(b.to_workers, 0, "{b:?}");
+        assert_eq!(b.to_workers(), 0, "{b:?}");
         assert!(
             b.reasons.iter().any(|r| r.contains(
                 "waits: its roles rollout ×3 need 3000 m and 3 processes beside its 2 workers"
@@ -716,7 +716,7 @@ mod tests {
         let plan = fifo_round(&snap);
         let d = decision(&plan, 1);
         let (ro, re): (Role, Role) = ("rollout".parse().unwrap(), "reward".parse().unwrap());
-        assert_eq!(d.role_targets, vec![(re, 3, 1), (ro, 1, 2)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(re, 3, 1), (ro, 1, 2)], "{d:?}");
         let p = d.scale_plan(3, Role::WORKER);
         assert_eq!((p.count_of(ro), p.count_of(re)), (Some(2), Some(1)));
     }
@@ -749,7 +749,7 @@ mod tests {
         // before, into the room, and the engine gets what is left.
         let plan = held_round(0.0, 8, vec![]).0;
         let d = decision(&plan, 1);
-        assert!(d.to_workers > 2, "{d:?}");
+        assert!(d.to_workers() > 2, "{d:?}");
         assert!(
             !d.reasons.iter().any(|x| x.contains("holds the job up")),
             "{d:?}"
@@ -758,8 +758,8 @@ mod tests {
         // are held at 2 and the engine grows to its max of 4.
         let plan = held_round(0.7, 8, vec![]).0;
         let d = decision(&plan, 1);
-        assert_eq!(d.to_workers, 2, "{d:?}");
-        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 4)], "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains(
                 "its workers wait 70% of their time for rollout, which holds the job up: they \
@@ -772,13 +772,13 @@ mod tests {
         let queued = job(2, LiveState::Queued, 8, &[]);
         let plan = held_round(0.7, 8, vec![queued.clone()]).0;
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
-        assert_eq!(a.role_targets, vec![(r, 1, 4)], "{a:?}");
-        assert_eq!(b.to_workers, 4, "{b:?}");
+        assert_eq!(a.resized_roles(), vec![(r, 1, 4)], "{a:?}");
+        assert_eq!(b.to_workers(), 4, "{b:?}");
         // Without the wait, the workers and the queued job take every core, the engine none.
         let plan = held_round(0.0, 8, vec![queued]).0;
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
-        assert!(a.role_targets.is_empty(), "{a:?}");
-        assert_eq!((a.to_workers, b.to_workers), (4, 4), "{a:?} {b:?}");
+        assert!(a.resized_roles().is_empty(), "{a:?}");
+        assert_eq!((a.to_workers(), b.to_workers()), (4, 4), "{a:?} {b:?}");
     }
 
     /// A running job of 2 workers (at their max) on nodes a and b, whose rollout engines
@@ -824,7 +824,7 @@ mod tests {
         // Engine 1 goes beside worker 1, on b: b's 0.2 CPU does not hold it, and c, which
         // has the room, is not where its worker is.
         let d = beside_round(200, true);
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons
                 .iter()
@@ -834,10 +834,10 @@ mod tests {
         // With 0.5 CPU free on b, engine 1 goes there, and engines 2 and 3, with no worker
         // of their index, to c (target ⌈1 / 0.2⌉ = 5, at most its max of 4).
         let d = beside_round(500, true);
-        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 4)], "{d:?}");
         // Where the workers' nodes are not known, the engines are placed by their own room.
         let d = beside_round(200, false);
-        assert_eq!(d.role_targets, vec![(r, 1, 4)], "{d:?}");
+        assert_eq!(d.resized_roles(), vec![(r, 1, 4)], "{d:?}");
     }
 
     /// A running job of 2 workers (up to 8) on 8 cores, `running_s` in, whose rollout role
@@ -864,7 +864,7 @@ mod tests {
         // 20 s of the window unmeasured, 10 s in: whether the workers wait for the engine
         // is not known, so they stay at 2 though the room would take more.
         let d = unmeasured_round(1, 20.0, 10.0);
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains(
                 "the rates of the calls to its roles lack 20 s of a window: its workers are \
@@ -874,14 +874,14 @@ mod tests {
         );
         // A whole window measured (and nobody waits): they grow into the room.
         let d = unmeasured_round(1, 0.0, 10.0);
-        assert!(d.to_workers > 2, "{d:?}");
+        assert!(d.to_workers() > 2, "{d:?}");
         assert!(!d.reasons.iter().any(|x| x.contains("lack")), "{d:?}");
         // Past `measure_s` (nobody calls its roles): no longer held.
         let d = unmeasured_round(1, 20.0, 121.0);
-        assert!(d.to_workers > 2, "{d:?}");
+        assert!(d.to_workers() > 2, "{d:?}");
         // A role at its max cannot hold anything up: nothing to wait for.
         let d = unmeasured_round(4, 20.0, 10.0);
-        assert!(d.to_workers > 2, "{d:?}");
+        assert!(d.to_workers() > 2, "{d:?}");
         // Roles not resized at all: nor held.
         let off = RolesConfig {
             enabled: false,
@@ -901,8 +901,8 @@ mod tests {
         // idled. One gives its core; the engine does not grow in the same round.
         let plan = held_round(0.7, 2, vec![]).0;
         let d = decision(&plan, 1);
-        assert_eq!((d.from_workers, d.to_workers), (2, 1), "{d:?}");
-        assert!(d.role_targets.is_empty(), "{d:?}");
+        assert_eq!((d.from_workers(), d.to_workers()), (2, 1), "{d:?}");
+        assert!(d.resized_roles().is_empty(), "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains(
                 "1 of its 2 workers give their CPU (1000 m) to rollout: they wait 70% of their \
@@ -923,13 +923,13 @@ mod tests {
         };
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
         let (a, b) = (decision(&plan, 1), decision(&plan, 2));
-        assert_eq!(a.role_targets, vec![(r, 1, 3)], "{a:?}");
-        assert_eq!((a.to_workers, b.to_workers), (1, 0), "{a:?} {b:?}");
+        assert_eq!(a.resized_roles(), vec![(r, 1, 3)], "{a:?}");
+        assert_eq!((a.to_workers(), b.to_workers()), (1, 0), "{a:?} {b:?}");
         // Waiting less than one worker's share (40% of 2), or at their min: nobody gives.
         let d = decision(&held_round(0.4, 2, vec![]).0, 1).clone();
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
         let d = decision(&held_round_min(0.7, 2, 2).0, 1).clone();
-        assert_eq!(d.to_workers, 2, "{d:?}");
+        assert_eq!(d.to_workers(), 2, "{d:?}");
         assert!(
             d.reasons.iter().any(|x| x.contains("no room left")),
             "{d:?}"

@@ -145,22 +145,20 @@ impl Sized<'_> {
         if (from != self.to || self.ps != self.job.ps) && from > 0 {
             reasons.push(format!("predicted {before:.0} -> {predicted:.0} samples/s"));
         }
+        let job = self.job;
         Decision {
-            job: self.job.id,
-            name: self.job.name.clone(),
-            state: self.job.state,
-            from_workers: from,
-            to_workers: self.to,
-            ps: self.job.ps,
-            to_ps: self.ps,
             migrations: self.migrations,
             corrections: self.corrections,
             predicted_samples_per_s: predicted,
             reasons,
-            gpu_type: None,
-            gpu_placement: Vec::new(),
-            role_targets: Vec::new(),
             nodes: self.nodes,
+            ..Decision::sizing(
+                job.id,
+                &job.name,
+                job.state,
+                (from, self.to),
+                (job.ps, self.ps),
+            )
         }
     }
     /// Predicted samples/s on `slots` slots: the job's speed model at the workers they hold,

@@ -98,7 +98,7 @@ pub(super) fn grow_one(
     room.cpu_millicores -= more as u64 * role.millicores;
     room.processes -= more;
     room.memory_bytes -= more as u64 * role.memory_bytes;
-    d.role_targets.push((role.role, role.count, to));
+    d.resize(role.role, role.count, to);
     d.reasons.push(format!(
         "{}: {} -> {to}: it bounds the job: {figures}{}",
         role.role,
