@@ -41,7 +41,7 @@ fn rollout(nodes: Vec<String>) -> LiveRole {
         gpu_type: None,
         beside_workers: false,
         nodes,
-        single: false,
+        sizing: Default::default(),
         rate: Some(RoleRate {
             served_per_s: 20.0,
             busy_share: 0.9,

@@ -738,8 +738,8 @@ async fn an_operator_cancels_a_running_job_which_checkpoints_and_stops() {
 
 /// A job master run by hand with a brain of `cpus` CPUs: a job whose training group (two
 /// workers of `worker_cpu`, `worker_min` to 4) and driver (a `single` role, two threads) keep
-/// calling a rollout role of one engine (`rollout_cpu`, up to 3) that serves one episode at a
-/// time. The SDK counts the calls; the job master turns them into the rollout role's rates and
+/// calling a rollout role of one engine (`rollout_cpu`, up to 3, of `topology`: `service` or
+/// a further `allreduce` group) that serves one episode at a time. The SDK counts the calls; the job master turns them into the rollout role's rates and
 /// sends them to the brain. Killed when dropped.
 struct RoleJob {
     dir: tempfile::TempDir,
@@ -755,7 +755,13 @@ impl Drop for RoleJob {
 }
 
 impl RoleJob {
-    fn start(python: &str, sdk: &Path, cpus: u32, worker: (u32, f64), rollout_cpu: f64) -> Self {
+    fn start(
+        python: &str,
+        sdk: &Path,
+        cpus: u32,
+        worker: (u32, f64),
+        (rollout_cpu, topology): (f64, &str),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::write(
@@ -801,7 +807,8 @@ impl RoleJob {
                  worker: {{ replicas: 2, min: {min}, max: 4, resources: {{ cpu: {wcpu} }} }}\n  \
                  driver: {{ topology: single, command: [{python:?}, {driver:?}], {env}, \
                  resources: {{ cpu: 0.25 }} }}\n  \
-                 rollout: {{ replicas: 1, min: 1, max: 3, command: [{python:?}, -m, \
+                 rollout: {{ topology: {topology}, replicas: 1, min: 1, max: 3, \
+                 command: [{python:?}, -m, \
                  brain_sdk.roles, {engine:?}], {env}, resources: {{ cpu: {rcpu} }} }}\n\
                  workload:\n  command: [{python:?}, {worker:?}]\n  {env}\n\
                  data: {{ num_samples: 60000, shard_size: 1000 }}\n\
@@ -887,7 +894,7 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
     let Some((python, sdk)) = test_support::torch_with_sdk() else {
         return;
     };
-    let job = RoleJob::start(&python, &sdk, 8, (2, 0.5), 0.25);
+    let job = RoleJob::start(&python, &sdk, 8, (2, 0.5), (0.25, "service"));
     let first = job
         .wait_for("the workers did not start", |s| {
             runs(s, "worker-0") && runs(s, "worker-1")
@@ -921,6 +928,44 @@ async fn the_brain_grows_the_role_its_job_waits_for() {
     }
 }
 
+/// The same job with its rollout role a further all-reduce group (`topology: allreduce`, a
+/// command of its own): the brain grows it as it would a service role, to its max of 3 in one
+/// plan, and the resize restarts the group (its first engine is in its second incarnation:
+/// the group forms again at its new size), while the workers go on in their first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brain_grows_a_further_all_reduce_group_its_job_waits_for_restarting_it_alone() {
+    let Some((python, sdk)) = test_support::torch_with_sdk() else {
+        return;
+    };
+    let job = RoleJob::start(&python, &sdk, 8, (2, 0.5), (0.25, "allreduce"));
+    job.wait_for("the workers did not start", |s| {
+        runs(s, "worker-0") && runs(s, "worker-1")
+    })
+    .await;
+    job
+        .wait_for("the rollout group did not grow to 3", |s| {
+            runs(s, "rollout-1") && runs(s, "rollout-2")
+        })
+        .await;
+    let incarnation = |s: &str, key: &str| {
+        let line = s.lines().find(|l| l.starts_with(&format!("{key} ")));
+        line.and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+    };
+    let s = job
+        .wait_for("rollout-0 was not restarted by the resize", |s| {
+            runs(s, "rollout-0") && incarnation(s, "rollout-0").as_deref() != Some("1")
+        })
+        .await;
+    for w in ["worker-0", "worker-1"] {
+        assert_eq!(
+            incarnation(&s, w).as_deref(),
+            Some("1"),
+            "{w} restarted: {s}"
+        );
+    }
+    assert!(!runs(&s, "worker-2"), "the workers were grown: {s}");
+}
+
 /// With no room for the engine (4 CPUs; the driver and one engine of 1 CPU hold 1.25, the two
 /// workers of 1 CPU 2, and 0.75 is left), the workers, waiting most of their time for it, give
 /// one of theirs: the training group goes down to one worker, and the engine grows into the
@@ -930,7 +975,7 @@ async fn workers_that_wait_for_a_role_give_it_one_of_theirs_when_no_room_is_left
     let Some((python, sdk)) = test_support::torch_with_sdk() else {
         return;
     };
-    let job = RoleJob::start(&python, &sdk, 4, (1, 1.0), 1.0);
+    let job = RoleJob::start(&python, &sdk, 4, (1, 1.0), (1.0, "service"));
     job.wait_for("the workers did not start", |s| {
         runs(s, "worker-0") && runs(s, "worker-1")
     })

@@ -206,9 +206,13 @@ fn service_roles(
                 true => nodes(*role),
                 false => Vec::new(),
             },
-            // A further all-reduce group restarts whole when resized: the round leaves it
-            // at its size (an operator's plan resizes it).
-            single: s.topology == "single" || s.topology == "allreduce",
+            // A further all-reduce group restarts whole when resized: the round only grows
+            // it, where it bounds the job.
+            sizing: match s.topology.as_str() {
+                "single" => optimizer::live::RoleSizing::Fixed,
+                "allreduce" => optimizer::live::RoleSizing::Grows,
+                _ => optimizer::live::RoleSizing::Rates,
+            },
             rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
         })
         .collect()

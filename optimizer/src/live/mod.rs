@@ -76,7 +76,7 @@ pub use hold::{
 };
 pub use nodes::{LiveGroup, NodeRoom, NotPlaced};
 pub use replay::LiveRound;
-pub use roles::{LiveRole, RoleRate, RolesConfig};
+pub use roles::{LiveRole, RoleRate, RoleSizing, RolesConfig};
 pub use room::take_on_devices;
 use sized::{Sized, slots_of, speed_model};
 
@@ -491,7 +491,7 @@ mod tests {
             gpu_type: None,
             beside_workers: false,
             nodes: Vec::new(),
-            single: false,
+            sizing: Default::default(),
             rate: Some(RoleRate {
                 served_per_s: 10.0,
                 busy_share: busy,

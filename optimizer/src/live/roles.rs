@@ -73,13 +73,36 @@ pub struct LiveRole {
     /// start's or growth's processes of the group are laid out beside them by its strategy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
-    /// A `single` role (one driver), or a further all-reduce group (which a resize restarts
-    /// whole): counted, never resized by the round.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub single: bool,
+    /// How rounds resize it: by its callers' rates (a service role), growing only (a further
+    /// all-reduce group, which a resize restarts whole), or never (a `single` role).
+    #[serde(default, skip_serializing_if = "RoleSizing::is_rates")]
+    pub sizing: RoleSizing,
     /// Its rates over the last window; none: nobody called it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<RoleRate>,
+}
+
+/// How rounds resize a role ([`LiveRole::sizing`]), by its topology.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleSizing {
+    /// Grown where it bounds its job and shrunk where it idles, by its callers' rates, one
+    /// step a round (a `service` role: its other processes go on).
+    #[default]
+    Rates,
+    /// Grown where it bounds its job, as a service role is, but never shrunk by the rates (a
+    /// further all-reduce group: its processes' own collective work is not in the calls'
+    /// rates, and each resize restarts the whole group, which forms again at its new size),
+    /// unless `[live.roles] allreduce_groups` is off.
+    Grows,
+    /// Never resized by the rounds, only counted (a `single` role: one driver).
+    Fixed,
+}
+
+impl RoleSizing {
+    fn is_rates(&self) -> bool {
+        *self == RoleSizing::Rates
+    }
 }
 
 /// A role's rates as its job master measured them over its window.
@@ -104,6 +127,10 @@ pub struct RolesConfig {
     /// Whether rounds resize service roles at all.
     #[serde(default = "default_on")]
     pub enabled: bool,
+    /// Whether rounds grow a further all-reduce group that bounds its job (each growth
+    /// restarts the group, [`RoleSizing::Grows`]); off: only operators' plans resize it.
+    #[serde(default = "default_on")]
+    pub allreduce_groups: bool,
     #[serde(default = "default_grow_wait")]
     pub grow_wait_share: f64,
     #[serde(default = "default_grow_busy")]
@@ -142,6 +169,7 @@ impl Default for RolesConfig {
     fn default() -> Self {
         RolesConfig {
             enabled: true,
+            allreduce_groups: true,
             grow_wait_share: default_grow_wait(),
             grow_busy_share: default_grow_busy(),
             shrink_wait_share: default_shrink_wait(),
@@ -152,6 +180,16 @@ impl Default for RolesConfig {
 }
 
 impl RolesConfig {
+    /// Whether rounds may grow `role` (a service role, or a further all-reduce group where
+    /// they grow those).
+    pub fn grows(&self, role: &LiveRole) -> bool {
+        match role.sizing {
+            RoleSizing::Rates => true,
+            RoleSizing::Grows => self.allreduce_groups,
+            RoleSizing::Fixed => false,
+        }
+    }
+
     /// Why the shares make no sense; `None` when they do.
     pub fn problem(&self) -> Option<String> {
         let shares = [
@@ -332,7 +370,10 @@ pub fn balance(
         if resting {
             continue;
         }
-        for (r, role) in job.roles.iter().enumerate().filter(|(_, x)| !x.single) {
+        for (r, role) in job.roles.iter().enumerate() {
+            if !config.grows(role) {
+                continue;
+            }
             let Some(rate) = role.rate else { continue };
             if rate.callers_wait_share >= config.grow_wait_share
                 && rate.busy_share >= config.grow_busy_share
@@ -341,6 +382,7 @@ pub fn balance(
             } else if rate.callers_wait_share <= config.shrink_wait_share
                 && rate.busy_share <= config.shrink_busy_share
                 && role.count > role.min
+                && role.sizing == RoleSizing::Rates
             {
                 shrink(role, &rate, config, d);
             }
@@ -414,7 +456,7 @@ pub fn holdup(job: &LiveJob, config: &RolesConfig) -> Option<Holdup> {
     let (role, rate) = job
         .roles
         .iter()
-        .filter(|r| !r.single && r.count < r.max)
+        .filter(|r| config.grows(r) && r.count < r.max)
         .filter_map(|r| r.rate.map(|rate| (r, rate)))
         .filter(|(_, x)| {
             x.training_wait_share >= config.grow_wait_share
@@ -440,7 +482,7 @@ pub fn unmeasured(job: &LiveJob, config: &RolesConfig) -> bool {
         && job.state == LiveState::Running
         && job.rates_unmeasured_s > 0.0
         && job.running_s < config.measure_s
-        && job.roles.iter().any(|r| !r.single && r.count < r.max)
+        && job.roles.iter().any(|r| config.grows(r) && r.count < r.max)
 }
 
 /// What the decision of a job held by [`unmeasured`] says of it.
@@ -659,6 +701,61 @@ mod tests {
         let mut quiet = rollout(4, 0.0, 0.0);
         quiet.rate = None;
         assert!(round_with(quiet, 16, 0.0).resized_roles().is_empty());
+    }
+
+    #[test]
+    fn a_further_all_reduce_group_grows_where_it_bounds_the_job_and_is_never_shrunk_by_rates() {
+        let r: Role = "rollout".parse().unwrap();
+        let group = |count, busy, wait| LiveRole {
+            sizing: RoleSizing::Grows,
+            ..rollout(count, busy, wait)
+        };
+        // Its callers wait 80%: it grows as a service role would, in one step (each resize
+        // restarts it), and the reason says it restarts.
+        let d = round_with(group(1, 0.9, 0.8), 16, 0.0);
+        assert_eq!(d.resized_roles(), vec![(r, 1, 4)], "{d:?}");
+        assert!(
+            d.reasons.iter().any(|x| x.contains(
+                "rollout: 1 -> 4: it bounds the job: its callers wait 80% of their time for it, \
+                 busy 90% (10.0 calls/s) (an all-reduce group: its processes restart to form \
+                 it at its new size)"
+            )),
+            "{d:?}"
+        );
+        // Idle by its calls (its own collective work is not in them): it keeps its size,
+        // where a service role would shrink.
+        let d = round_with(group(4, 0.1, 0.0), 16, 0.0);
+        assert!(d.resized_roles().is_empty(), "{d:?}");
+        assert_eq!(
+            round_with(rollout(4, 0.1, 0.0), 16, 0.0).resized_roles(),
+            vec![(r, 4, 1)]
+        );
+        // A single role, or a group with `allreduce_groups` off, is never resized.
+        let fixed = LiveRole {
+            sizing: RoleSizing::Fixed,
+            ..rollout(1, 0.9, 0.8)
+        };
+        assert!(round_with(fixed, 16, 0.0).resized_roles().is_empty());
+        let mut c = config();
+        c.roles.allreduce_groups = false;
+        let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
+        (j.min_workers, j.max_workers, j.last_change_s) = (2, 2, Some(0.0));
+        j.roles = vec![group(1, 0.9, 0.8)];
+        let snap = LiveSnapshot {
+            now_s: 100.0,
+            cluster: cluster(16),
+            jobs: vec![j],
+        };
+        let fifo = SchedulerKind::Fifo(Fifo::default());
+        let plan = plan_round(&snap, fifo.scheduler(), &c, &none()).unwrap();
+        assert!(decision(&plan, 1).resized_roles().is_empty(), "{plan:?}");
+        // Nor does it hold up the training group then.
+        let mut held = group(1, 0.9, 0.8);
+        held.rate.as_mut().unwrap().training_wait_share = 0.8;
+        let mut j = snap.jobs[0].clone();
+        j.roles = vec![held];
+        assert!(holdup(&j, &c.roles).is_none());
+        assert!(holdup(&j, &RolesConfig::default()).is_some());
     }
 
     #[test]

@@ -100,13 +100,19 @@ pub(super) fn grow_one(
     room.memory_bytes -= more as u64 * role.memory_bytes;
     d.resize(role.role, role.count, to);
     d.reasons.push(format!(
-        "{}: {} -> {to}: it bounds the job: {figures}{}",
+        "{}: {} -> {to}: it bounds the job: {figures}{}{}",
         role.role,
         role.count,
         match (more < pooled, role.gpus.is_zero()) {
             (false, _) => "",
             (true, true) => ", as many as the nodes' free room holds",
             (true, false) => ", as many as the free GPUs hold",
+        },
+        match role.sizing {
+            super::RoleSizing::Grows => {
+                " (an all-reduce group: its processes restart to form it at its new size)"
+            }
+            _ => "",
         }
     ));
     true
