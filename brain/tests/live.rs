@@ -942,11 +942,10 @@ async fn the_brain_grows_a_further_all_reduce_group_its_job_waits_for_restarting
         runs(s, "worker-0") && runs(s, "worker-1")
     })
     .await;
-    job
-        .wait_for("the rollout group did not grow to 3", |s| {
-            runs(s, "rollout-1") && runs(s, "rollout-2")
-        })
-        .await;
+    job.wait_for("the rollout group did not grow to 3", |s| {
+        runs(s, "rollout-1") && runs(s, "rollout-2")
+    })
+    .await;
     let incarnation = |s: &str, key: &str| {
         let line = s.lines().find(|l| l.starts_with(&format!("{key} ")));
         line.and_then(|l| l.split_whitespace().nth(1).map(str::to_string))

@@ -21,7 +21,8 @@ pub struct Decision {
     /// processes `worker-N`, and flagged; 0 now for a queued job, 0 from now on for one that
     /// keeps waiting), then the parameter servers where the job has or gets any, then each
     /// service role the round resizes. Kept in that shape by [`Decision::sizing`] and
-    /// [`Decision::resize`].
+    /// [`Decision::resize`], and refused when read back in another ([`training_first`]).
+    #[serde(deserialize_with = "training_first")]
     pub(super) roles: Vec<RoleChange>,
     /// Processes replaced by ones with other resources (the heuristics' corrections).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -220,6 +221,42 @@ impl Decision {
     }
 }
 
+/// Reads a decision's role groups, refusing a list whose training group is not first and
+/// alone, or that names a role twice: the accessors read the training group at index 0.
+fn training_first<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RoleChange>, D::Error> {
+    use serde::de::Error;
+    let roles = Vec::<RoleChange>::deserialize(d)?;
+    match roles.first() {
+        None => {
+            return Err(D::Error::custom(
+                "a decision sizes its training group: none listed",
+            ));
+        }
+        Some(first) if !first.training => {
+            return Err(D::Error::custom(format!(
+                "a decision lists its training group first: {} is not it",
+                first.role
+            )));
+        }
+        Some(_) => {}
+    }
+    if let Some(extra) = roles.iter().skip(1).find(|c| c.training) {
+        return Err(D::Error::custom(format!(
+            "a decision has one training group: {} and {} are both flagged",
+            roles[0].role, extra.role
+        )));
+    }
+    for (i, c) in roles.iter().enumerate() {
+        if roles[..i].iter().any(|o| o.role == c.role) {
+            return Err(D::Error::custom(format!(
+                "a decision lists each role group once: {} twice",
+                c.role
+            )));
+        }
+    }
+    Ok(roles)
+}
+
 /// One role group's size before and after a round's decision ([`Decision::role_changes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoleChange {
@@ -338,5 +375,40 @@ mod tests {
         // One that keeps waiting starts nothing anywhere.
         d.set_workers(0);
         assert!(d.start_nodes(trainer).is_empty());
+    }
+
+    #[test]
+    fn a_decision_is_read_back_as_written_and_refused_without_its_training_group_first() {
+        let mut d = decision(2, 3, (1, 2));
+        d.resize(Role::new("rollout").unwrap(), 1, 2);
+        let json = serde_json::to_value(&d).unwrap();
+        let back: Decision = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, d);
+        let with_roles = |roles: serde_json::Value| {
+            let mut j = json.clone();
+            j["roles"] = roles;
+            serde_json::from_value::<Decision>(j)
+                .unwrap_err()
+                .to_string()
+        };
+        let change = |role: &str, training: bool| serde_json::json!({"role": role, "from": 1, "to": 2, "training": training});
+        let err = with_roles(serde_json::json!([]));
+        assert!(err.contains("none listed"), "{err}");
+        let err = with_roles(serde_json::json!([
+            change("ps", false),
+            change("worker", true)
+        ]));
+        assert!(err.contains("first: ps is not it"), "{err}");
+        let err = with_roles(serde_json::json!([
+            change("worker", true),
+            change("critic", true)
+        ]));
+        assert!(err.contains("worker and critic are both flagged"), "{err}");
+        let err = with_roles(serde_json::json!([
+            change("worker", true),
+            change("ps", false),
+            change("ps", false)
+        ]));
+        assert!(err.contains("ps twice"), "{err}");
     }
 }
