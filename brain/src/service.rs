@@ -357,16 +357,7 @@ impl pb::brain_server::Brain for BrainService {
             .shape
             .as_ref()
             .map_or(vocab::Role::WORKER, |s| s.trainer());
-        let counts = PlanCounts {
-            workers: plan.count_of(trainer),
-            ps: plan.count_of(vocab::Role::PS),
-            services: plan
-                .roles
-                .iter()
-                .filter(|(r, _)| **r != trainer && **r != vocab::Role::PS)
-                .map(|(r, t)| (*r, t.count))
-                .collect(),
-        };
+        let counts = PlanCounts::of(&plan, trainer);
         if row.state != JobState::Running {
             return Err(Status::failed_precondition(format!(
                 "job {} is {}: only a running job can be scaled",

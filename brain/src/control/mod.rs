@@ -538,16 +538,7 @@ impl Control {
                     continue;
                 }
                 let (to, d) = (d.to_workers(), d.clone());
-                let counts = PlanCounts {
-                    workers: (d.to_workers() != d.from_workers()).then_some(d.to_workers()),
-                    ps: (d.to_ps() != d.ps()).then_some(d.to_ps()),
-                    services: d
-                        .resized_roles()
-                        .iter()
-                        .map(|(r, _, to)| (*r, *to))
-                        .collect(),
-                };
-                let ps = counts.ps;
+                let ps = (d.to_ps() != d.ps()).then_some(d.to_ps());
                 let (from, migrations) = (d.from_workers(), d.migrations.len());
                 let r = self
                     .with_store(move |s| {
@@ -559,6 +550,8 @@ impl Control {
                         let body = |version| {
                             jm::ScalePlan::from(&d.scale_plan(version, trainer)).encode_to_vec()
                         };
+                        // What the plan sizes, under the job's names (the version aside).
+                        let counts = PlanCounts::of(&d.scale_plan(0, trainer), trainer);
                         s.propose_plan(job, &body, &why, counts, &d.corrections, now_unix_ms())
                     })
                     .await;

@@ -27,17 +27,17 @@ impl Control {
                 (now_s - at).max(0.0)
             ));
         }
-        if let Some(w) = counts.workers {
+        if let Some(w) = counts.training() {
             j.workers = w;
             j.held_workers = w;
             j.peak_workers = j.peak_workers.max(w);
         }
-        if let Some(ps) = counts.ps {
+        if let Some(ps) = counts.ps() {
             j.ps = ps;
         }
-        for (role, n) in &counts.services {
-            if let Some(r) = j.roles.iter_mut().find(|r| r.role == *role) {
-                r.count = *n;
+        for (role, n) in counts.services() {
+            if let Some(r) = j.roles.iter_mut().find(|r| r.role == role) {
+                r.count = n;
             }
         }
         j.last_change_s = Some(now_s);

@@ -854,10 +854,7 @@ mod tests {
         report.processes[2].pending_ms = 0;
         store.add_metrics(job, &[report.clone()]).unwrap();
         // A plan of 4 workers on its way: the two it adds are listed.
-        let counts = crate::store::PlanCounts {
-            workers: Some(4),
-            ..Default::default()
-        };
+        let counts = crate::store::PlanCounts::default().with(vocab::Role::WORKER, 4);
         store
             .propose_plan(job, &|v| vec![v as u8], "grow", counts.clone(), &[], 30)
             .unwrap();

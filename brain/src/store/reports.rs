@@ -6,13 +6,55 @@ use rusqlite::{OptionalExtension, params};
 
 use super::*;
 
-/// The counts a plan sets (`None`: the plan leaves it).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The role groups' counts a plan sets, under the names the job gives its roles.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanCounts {
-    pub workers: Option<u32>,
-    pub ps: Option<u32>,
-    /// Service roles the plan resizes: their counts in the job's shape from now on.
-    pub services: BTreeMap<vocab::Role, u32>,
+    /// The role the job calls its training group (`worker`, or an all-reduce group's name).
+    pub trainer: vocab::Role,
+    /// Each role group the plan sizes and its count from now on; a role left out keeps its
+    /// count.
+    pub roles: BTreeMap<vocab::Role, u32>,
+}
+
+impl Default for PlanCounts {
+    fn default() -> Self {
+        Self::of(&vocab::ScalePlan::default(), vocab::Role::WORKER)
+    }
+}
+
+impl PlanCounts {
+    /// The counts `plan` sets, for a job whose training group is `trainer`.
+    pub fn of(plan: &vocab::ScalePlan, trainer: vocab::Role) -> Self {
+        Self {
+            trainer,
+            roles: plan.roles.iter().map(|(r, t)| (*r, t.count)).collect(),
+        }
+    }
+
+    /// These counts with `role`'s set to `n`.
+    pub fn with(mut self, role: vocab::Role, n: u32) -> Self {
+        self.roles.insert(role, n);
+        self
+    }
+
+    /// The training group's count, where the plan sets it.
+    pub fn training(&self) -> Option<u32> {
+        self.roles.get(&self.trainer).copied()
+    }
+
+    /// The parameter servers' count, where the plan sets it.
+    pub fn ps(&self) -> Option<u32> {
+        self.roles.get(&vocab::Role::PS).copied()
+    }
+
+    /// The other role groups the plan sizes (service and further all-reduce groups), with
+    /// their counts.
+    pub fn services(&self) -> impl Iterator<Item = (vocab::Role, u32)> + '_ {
+        self.roles
+            .iter()
+            .filter(|(r, _)| **r != self.trainer && **r != vocab::Role::PS)
+            .map(|(r, n)| (*r, *n))
+    }
 }
 
 /// One plan of a job, as `brainctl status` shows it.
@@ -194,8 +236,8 @@ impl Store {
     }
 
     /// Stores `body` as the job's next plan version.
-    /// `workers`, `ps` and the service roles' counts, when the plan sets them, become the
-    /// counts in force (a resized role also marks the job changed, for the cool-down); the
+    /// The counts `counts` sets (the training group's, the PS's, the other role groups') become
+    /// the counts in force (a resized role also marks the job changed, for the cool-down); the
     /// heuristics' `corrections` are remembered for their cool-downs.
     pub fn propose_plan(
         &mut self,
@@ -206,11 +248,6 @@ impl Store {
         corrections: &[optimizer::heuristics::Change],
         now_unix_ms: i64,
     ) -> Result<u64, BrainError> {
-        let PlanCounts {
-            workers,
-            ps,
-            services,
-        } = counts;
         let id = self.known(job)?;
         let tx = self.conn.transaction()?;
         let version = newest_version(&tx, id)? + 1;
@@ -219,7 +256,7 @@ impl Store {
              VALUES (?1, ?2, ?3, ?4, ?5)",
             params![id, version as i64, body(version), reason, now_unix_ms],
         )?;
-        if let Some(w) = workers {
+        if let Some(w) = counts.training() {
             tx.execute(
                 "UPDATE jobs SET workers = ?2, peak_workers = MAX(peak_workers, ?2),
                      last_change_unix_ms = ?3
@@ -227,14 +264,14 @@ impl Store {
                 params![id, w, now_unix_ms],
             )?;
         }
-        if let Some(p) = ps {
+        if let Some(p) = counts.ps() {
             tx.execute(
                 "UPDATE jobs SET shape = json_set(shape, '$.ps', ?2)
                  WHERE id = ?1 AND shape IS NOT NULL",
                 params![id, p],
             )?;
         }
-        for (role, n) in &services {
+        for (role, n) in counts.services() {
             // Role names are DNS labels: quoted, they make a JSON path as they are.
             tx.execute(
                 "UPDATE jobs SET shape = json_set(shape, ?3, ?2), last_change_unix_ms = ?4

@@ -37,10 +37,7 @@ fn jobs_plans_and_summaries_survive_a_reopen() {
             a,
             &|v| vec![v as u8],
             "grow",
-            PlanCounts {
-                workers: Some(4),
-                ..Default::default()
-            },
+            PlanCounts::default().with(vocab::Role::WORKER, 4),
             &[],
             30,
         )
@@ -168,10 +165,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
         a,
         &|v| vec![v as u8],
         "one more ps",
-        PlanCounts {
-            ps: Some(2),
-            ..Default::default()
-        },
+        PlanCounts::default().with(vocab::Role::PS, 2),
         std::slice::from_ref(&added),
         30,
     )
@@ -320,12 +314,14 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
 }
 
 #[test]
-fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest_report_stay() {
+fn a_plan_sets_the_counts_of_the_role_groups_it_names_as_the_job_names_them_and_the_rates_stay() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
     let rollout = vocab::Role::new("roll-out").unwrap();
+    let actor = vocab::Role::new("actor").unwrap();
     let mut shape = Shape {
         kind: vocab::JobKind::Allreduce,
+        training_role: Some(actor),
         workers: 2,
         min_workers: 1,
         max_workers: 2,
@@ -379,19 +375,20 @@ fn a_plan_that_resizes_a_service_role_sets_its_count_and_the_rates_of_the_newest
     assert!(s.add_metrics(a, &[bad]).is_err());
     assert_eq!(s.role_rates(a), vec![(rollout, rate)]);
 
+    // A plan that names the training group as the job does, and a role group beside it.
+    let mut plan = vocab::ScalePlan::count(0, actor, 1);
+    plan.set_count(rollout, 3);
     s.propose_plan(
         a,
         &|v| vec![v as u8],
         "more engines",
-        PlanCounts {
-            services: [(rollout, 3)].into(),
-            ..Default::default()
-        },
+        PlanCounts::of(&plan, actor),
         &[],
         50,
     )
     .unwrap();
     let row = s.job(a).unwrap();
+    assert_eq!(row.workers, 1);
     assert_eq!(row.shape.unwrap().services[&rollout].count, 3);
     assert_eq!(row.last_change_unix_ms, Some(50));
 }
