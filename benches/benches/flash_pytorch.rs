@@ -52,13 +52,26 @@ fn of<'a>(all: &'a [Value], event: &str) -> Vec<&'a Value> {
     all.iter().filter(|v| v["event"] == event).collect()
 }
 
-/// Waits until `done(lines)`, for at most `limit`.
-fn wait(log: &Path, limit: Duration, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+/// Waits until `done(lines)`, for at most `limit`; stops the bench at once if the job master
+/// exits first (the job failed: nothing more will come).
+fn wait(
+    master: &mut std::process::Child,
+    log: &Path,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
     let start = Instant::now();
     loop {
         let all = lines(log);
         if done(&all) {
             return all;
+        }
+        if let Ok(Some(status)) = master.try_wait() {
+            panic!(
+                "the job master exited ({status}) before {what}; the job's events: {}",
+                log.display()
+            );
         }
         assert!(start.elapsed() < limit, "no {what} within {limit:?}");
         std::thread::sleep(Duration::from_millis(200));
@@ -102,8 +115,8 @@ struct Setup<'a> {
 
 /// Waits until the newest cut held in memory is committed (its manifest written), so that a
 /// process killed now has a copy in memory to restore from.
-fn wait_committed(log: &Path, ckpt: &Path, limit: Duration) {
-    let all = wait(log, limit, "a cut held in memory", |l| {
+fn wait_committed(master: &mut std::process::Child, log: &Path, ckpt: &Path, limit: Duration) {
+    let all = wait(master, log, limit, "a cut held in memory", |l| {
         of(l, "cut").iter().any(|c| c["held"] == "memory")
     });
     let cut = of(&all, "cut")
@@ -176,7 +189,9 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     std::fs::write(&spec, job_yaml(setup, flash, &log, dir.path(), false)).unwrap();
     let (mut master, _addr) = start_master(&spec, &dir.path().join("run"), None);
     let limit = Duration::from_secs(600);
-    let all = wait(&log, limit, "cuts", |l| of(l, "cut").len() > cuts);
+    let all = wait(&mut master.child, &log, limit, "cuts", |l| {
+        of(l, "cut").len() > cuts
+    });
     let mut out = Run::default();
     for c in &of(&all, "cut")[1..=cuts] {
         out.cuts.push(c["blocked_s"].as_f64().unwrap());
@@ -207,10 +222,12 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
             }
             let n = starts.len();
             if !from_disk {
-                wait_committed(&log, &dir.path().join("ckpt"), limit);
+                wait_committed(&mut master.child, &log, &dir.path().join("ckpt"), limit);
             }
             kill9(last["pid"].as_u64().unwrap());
-            let all = wait(&log, limit, "a restart", |l| of(l, "start").len() > n);
+            let all = wait(&mut master.child, &log, limit, "a restart", |l| {
+                of(l, "start").len() > n
+            });
             let s = of(&all, "start")[n];
             out.restores.push((
                 s["restored_from"].as_str().unwrap_or("none").to_string(),
@@ -218,9 +235,13 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
             ));
             // A cut after the restart, so that the next kill has a committed copy to go to.
             let cuts_now = of(&all, "cut").len();
-            wait(&log, limit, "a cut after the restart", |l| {
-                of(l, "cut").len() > cuts_now + 1
-            });
+            wait(
+                &mut master.child,
+                &log,
+                limit,
+                "a cut after the restart",
+                |l| of(l, "cut").len() > cuts_now + 1,
+            );
         }
     }
     stop_master(&mut master.child);
@@ -289,17 +310,25 @@ fn grow(setup: &Setup, flash: bool, grows: usize) -> Vec<Grow> {
     let run_dir = dir.path().join("run");
     let (mut master, addr) = start_master(&spec, &run_dir, None);
     let limit = Duration::from_secs(900);
-    wait(&log, limit, "two cuts", |l| of(l, "cut").len() >= 2);
+    wait(&mut master.child, &log, limit, "two cuts", |l| {
+        of(l, "cut").len() >= 2
+    });
     let mut out = Vec::new();
     for _ in 0..grows {
         let starts = of(&lines(&log), "start").len();
         let before = rank0_steps(&lines(&log)).len();
         scale(&addr, &run_dir, 2);
         // Four steps of rank 0 in the group of 2, and the new rank's start.
-        let all = wait(&log, limit, "steps in the group of 2", |l| {
-            of(l, "start").len() > starts
-                && rank0_steps(l)[before..].iter().filter(|s| s.2 == 2).count() >= 4
-        });
+        let all = wait(
+            &mut master.child,
+            &log,
+            limit,
+            "steps in the group of 2",
+            |l| {
+                of(l, "start").len() > starts
+                    && rank0_steps(l)[before..].iter().filter(|s| s.2 == 2).count() >= 4
+            },
+        );
         let steps = rank0_steps(&all);
         let first2 = (before..steps.len()).find(|&i| steps[i].2 == 2).unwrap();
         let at1: Vec<f64> = steps[first2.saturating_sub(6)..first2 - 1]
@@ -324,9 +353,13 @@ fn grow(setup: &Setup, flash: bool, grows: usize) -> Vec<Grow> {
         });
         scale(&addr, &run_dir, 1);
         let n = rank0_steps(&lines(&log)).len();
-        wait(&log, limit, "steps in the group of 1 again", |l| {
-            rank0_steps(l)[n..].iter().filter(|s| s.2 == 1).count() >= 3
-        });
+        wait(
+            &mut master.child,
+            &log,
+            limit,
+            "steps in the group of 1 again",
+            |l| rank0_steps(l)[n..].iter().filter(|s| s.2 == 1).count() >= 3,
+        );
     }
     stop_master(&mut master.child);
     out
@@ -385,6 +418,16 @@ fn main() {
     }
     if parts.contains(&"cuts") {
         let flash = run(&setup, true, cuts);
+        // Its figures now, in case the synchronous run does not finish (a lease running out).
+        println!(
+            "flash run done: pause {}, held in {:?}; step {} while writing, {} otherwise; \
+             restores {:?}",
+            range(&flash.cuts),
+            flash.held,
+            range(&flash.writing),
+            range(&flash.quiet),
+            flash.restores
+        );
         let sync = run(&setup, false, cuts);
         print_cuts(&setup, cuts, &flash, &sync);
     }
