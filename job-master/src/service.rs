@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::job::{AgentAction, MetricsRecord, Sample, SlotKey};
 use crate::ledger::LeaseOutcome;
 use crate::scale::ScalePlan;
-use crate::shared::{Shared, commit_allreduce_checkpoint};
+use crate::shared::{Shared, commit_allreduce_checkpoint, commit_role_checkpoint};
 use crate::spec::Role;
 
 mod status;
@@ -461,7 +461,11 @@ impl pb::job_master_server::JobMaster for MasterService {
         req: Request<pb::CheckpointCommit>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = req.into_inner();
-        let (key, incarnation) = process(r.process)?;
+        let (key, incarnation) = process(r.process.clone())?;
+        if self.shared.job.lock().await.is_collective_group(key.role) {
+            commit_role_checkpoint(&self.shared, key, incarnation, &r).await?;
+            return Ok(Response::new(pb::Ack {}));
+        }
         if r.in_memory {
             let step = r.step;
             self.shared
@@ -502,8 +506,20 @@ impl pb::job_master_server::JobMaster for MasterService {
         req: Request<pb::ProcessRef>,
     ) -> Result<Response<pb::CommittedStep>, Status> {
         let (key, _) = process(Some(req.into_inner()))?;
-        let step = self.shared.job.lock().await.committed_step_for(key)?;
-        Ok(Response::new(pb::CommittedStep { step }))
+        let ctx = self.shared.job.lock().await;
+        if ctx.is_collective_group(key.role) {
+            let c = ctx.role_checkpoint_for(key)?;
+            return Ok(Response::new(pb::CommittedStep {
+                step: c.map(|c| c.step),
+                path: c.map(|c| c.path.display().to_string()).unwrap_or_default(),
+                digest: c.map(|c| c.digest.clone()).unwrap_or_default(),
+            }));
+        }
+        let step = ctx.committed_step_for(key)?;
+        Ok(Response::new(pb::CommittedStep {
+            step,
+            ..Default::default()
+        }))
     }
 
     async fn get_status(

@@ -276,6 +276,39 @@ pub(crate) async fn commit_allreduce_checkpoint(
     commit_manifest(shared, &dir, &manifest, generation).await
 }
 
+/// A further all-reduce group's checkpoint (see [`crate::job::role_checkpoint`]): its file
+/// must be there, written in full, before the step is the group's to restore from.
+pub(crate) async fn commit_role_checkpoint(
+    shared: &Shared,
+    key: crate::job::SlotKey,
+    incarnation: u64,
+    r: &pb::CheckpointCommit,
+) -> Result<(), Error> {
+    if r.in_memory {
+        return Err(Error::InvalidRequest(format!(
+            "{key} commits a checkpoint held in memory, but flash checkpoints are the training \
+             group's: a further all-reduce group commits the file its rank 0 wrote"
+        )));
+    }
+    let path = PathBuf::from(&r.path);
+    match tokio::fs::metadata(&path).await {
+        Ok(m) if m.is_file() => {}
+        _ => {
+            return Err(Error::InvalidRequest(format!(
+                "{key}'s checkpoint {} is not a file the job master can see (a checkpoint \
+                 directory its nodes share)",
+                path.display()
+            )));
+        }
+    }
+    shared
+        .apply(|ctx, now| {
+            ctx.commit_role_checkpoint(key, incarnation, r.step, path, r.digest.clone(), now)
+                .map(|()| ((), Vec::new()))
+        })
+        .await
+}
+
 /// A flash checkpoint's part written out (see [`crate::job::flash`]): once every part of the
 /// step is in, its manifest goes beside the parts (`flash/step-S/manifest.json`) and the step
 /// is the checkpoint to restore from.

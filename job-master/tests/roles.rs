@@ -323,7 +323,9 @@ async fn roles_call_each_other_and_follow_restarts_and_resizes() {
 /// built-in training group: its processes form their own torch.distributed group through
 /// `brain_sdk.roles.collective()` (ranks by index, the world at the role's size) and serve
 /// calls too (rank 1 calls rank 0); a member killed -9 restarts the group whole, `job-master scale --role critic=3`
-/// re-forms it at 3; the training group's processes never move.
+/// re-forms it at 3; the training group's processes never move. The group checkpoints itself
+/// through the SDK (`g.checkpoint`, every 5 steps) and each formation restores the newest
+/// step committed (`g.restore()`): no committed step is lost across the kill or the resize.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() {
     let Some((python, sdk)) = torch_with_sdk() else {
@@ -388,7 +390,59 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
             (l["rank"].as_u64(), l["sum"].as_f64()),
             (Some(rank as u64), Some(3.0))
         );
+        assert_eq!(
+            l["restored"],
+            serde_json::Value::Null,
+            "nothing to restore yet: {l}"
+        );
     }
+    // The committed step rank 0 has passed (a line is written after its step's checkpoint),
+    // and the newest step any member reached, at `incarnation` of critic-0.
+    let steps_at = |incarnation: u64| {
+        let all = lines();
+        let of_rank0 = all
+            .iter()
+            .filter(|l| l["rank"] == 0 && l["incarnation"] == incarnation);
+        let committed = of_rank0
+            .filter_map(|l| l["step"].as_u64())
+            .filter(|s| s % 5 == 0)
+            .max();
+        let reached = all
+            .iter()
+            .filter(|l| l["incarnation"] == incarnation)
+            .filter_map(|l| l["step"].as_u64())
+            .max();
+        (committed, reached)
+    };
+    // Restored as one: each member's first line after `incarnation` formed says the same step,
+    // one past it; the step is returned.
+    let restored_by = |at: &[serde_json::Value]| -> u64 {
+        let s = at[0]["restored"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("nothing restored: {at:?}"));
+        for l in at {
+            assert_eq!(
+                (l["restored"].as_u64(), l["step"].as_u64()),
+                (Some(s), Some(s + 1)),
+                "{l}"
+            );
+        }
+        s
+    };
+    // Waits until rank 0 at `incarnation` has passed a committed step of at least `step`: the
+    // group has committed more than once by then, so a restore must find the newest.
+    let committed_past = async |incarnation: u64, step: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while steps_at(incarnation).0 < Some(step) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no critic checkpoint of step {step}: {:?}",
+                lines().last()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    committed_past(1, 10).await;
     // Its members serve calls as well: rank 1 reached rank 0.
     let called = lines()
         .into_iter()
@@ -398,9 +452,21 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
     let workers = of_role(&seen(&status(addr).await.unwrap()), "worker");
     assert_eq!(workers.len(), 1);
 
-    // kill -9 one member: the group restarts whole (failover role) and forms again.
+    // kill -9 one member: the group restarts whole (failover role) and forms again, from the
+    // newest step it committed.
+    let c = &context(&run.run_dir)["services"]["critic"]["checkpoint"];
+    assert!(
+        c["step"].as_u64() >= Some(5),
+        "the committed step is kept: {c}"
+    );
     kill9(first[1]["pid"].as_u64().unwrap() as u32);
     let again = formed(2, 2, "the critic group did not form again").await;
+    let (committed, reached) = steps_at(1);
+    let s = restored_by(&again);
+    assert!(
+        Some(s) >= committed && Some(s) <= reached,
+        "restored {s}: {committed:?} {reached:?}"
+    );
     for l in &again {
         assert_eq!(l["incarnation"], 2, "{l}");
         assert_ne!(
@@ -414,6 +480,7 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
     );
 
     // 2 -> 3 by the CLI: the staying two restart, and the three form a group of 3.
+    committed_past(2, s + 10).await;
     let scaled = scale_cli(addr, &run.run_dir, &["--role", "critic=3"]).await;
     assert!(
         scaled.status.success(),
@@ -421,6 +488,12 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
         String::from_utf8_lossy(&scaled.stderr)
     );
     let three = formed(3, 1, "the critic group of 3 did not form").await;
+    let (committed, reached) = steps_at(2);
+    let s3 = restored_by(&three);
+    assert!(
+        Some(s3) >= committed && Some(s3) <= reached && s3 >= s,
+        "restored {s3}"
+    );
     let sums: Vec<f64> = three.iter().map(|l| l["sum"].as_f64().unwrap()).collect();
     assert_eq!(sums, [6.0, 6.0, 6.0]);
     assert_eq!(

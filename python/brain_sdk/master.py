@@ -103,6 +103,12 @@ class MasterClient:
         r = self._call("GetCommittedStep", self.me)
         return r.step if r.HasField("step") else None
 
+    def role_checkpoint(self) -> "Optional[tuple[int, str, str]]":
+        """This process's further all-reduce group's newest committed checkpoint: (step, file,
+        SHA-256); None: none yet."""
+        r = self._call("GetCommittedStep", self.me)
+        return (r.step, r.path, r.digest) if r.HasField("step") and r.path else None
+
     def rejoin(self, service_addr: str) -> Optional["pb.JoinRendezvousResponse"]:
         """Joins the rendezvous again, serving the new group's store at `service_addr` if this
         process becomes rank 0, and waits until the round forms. None: a plan removed it."""

@@ -40,16 +40,19 @@ critic trained by a group of its own beside the job's training group) forms with
 
     # in each process of a role `critic: { topology: allreduce, replicas: 2, command: [...] }`
     g = brain_sdk.roles.collective()             # torch.distributed is initialised (gloo)
-    state = load_my_state() if g.rank == 0 ...   # the group's own checkpoints are its own
+    step, state = g.restore() or (0, fresh())    # the group's newest committed checkpoint
     dist.all_reduce(t)                           # over the critic's ranks only
+    g.checkpoint(step, state)                    # rank 0 writes it, the job master commits it
 
 Its processes may serve calls too (`serve(obj, block=False)` before or after). A failed process
 restarts the whole group (failover `role`), and a resize restarts it at its new size: each
-process forms the group once, at its start.
+process forms the group once, at its start, and restores the group's checkpoint (`restore()`),
+which is the role group's own, apart from the training group's.
 """
 
 import hmac
 import itertools
+import os
 import pickle
 import sys
 import threading
@@ -59,6 +62,7 @@ from typing import Any, List, Optional
 
 import grpc
 
+from .checkpoint import read_verified, write_atomic
 from .env import JOB_SERVER_NAME, ProcessEnv, gloo_on_node_address, read_job_tls
 from .errors import BrainError
 from .master import MasterClient, reserve_port
@@ -421,7 +425,15 @@ def _store_addr(env: ProcessEnv) -> str:
 class Collective:
     """This process's place in its further all-reduce group, as `collective()` formed it."""
 
-    def __init__(self, role: str, rank: int, world_size: int, store: str, members):
+    def __init__(
+        self,
+        role: str,
+        rank: int,
+        world_size: int,
+        store: str,
+        members,
+        env: Optional[ProcessEnv] = None,
+    ):
         self.role = role
         self.rank = rank
         self.world_size = world_size
@@ -429,6 +441,65 @@ class Collective:
         self.store = store
         # [(index, incarnation)] of the members, in rank order.
         self.members = members
+        self.env = env
+
+    def _env(self) -> ProcessEnv:
+        return self.env or ProcessEnv.from_env()
+
+    def checkpoint(self, step: int, state: Any) -> Optional[str]:
+        """Saves the group's state at `step`; every rank calls it. Rank 0 writes `state` (with
+        `torch.save`, else pickle) atomically to a file of its own under
+        `<checkpoint.dir>/roles/<role>/`, has the job master commit it (refused: `BrainError`,
+        e.g. from a process the group restarted since, or for a step not after the one
+        committed) and then removes the group's older files; with torch.distributed
+        initialised, the other ranks wait at a barrier until it is committed. Returns the file
+        on rank 0, None on the others."""
+        env = self._env()
+        path = None
+        if self.rank == 0:
+            directory = os.path.join(env.checkpoint_dir, "roles", self.role)
+            # Its writer's index and incarnation in the name: a process the group restarted
+            # since can never overwrite the committed file.
+            name = f"step-{int(step):012d}-{env.index}.{env.incarnation}.pt"
+            path = os.path.join(directory, name)
+            digest = write_atomic(path, {"user": state, "brain_sdk": {"step": int(step)}})
+            master = MasterClient(env)
+            try:
+                master.commit(int(step), path, digest)
+            except BrainError:
+                os.unlink(path)
+                raise
+            finally:
+                master.close()
+            for old in os.listdir(directory):
+                if old != name and old.startswith("step-") and old[5:17] <= name[5:17]:
+                    try:
+                        os.unlink(os.path.join(directory, old))
+                    except FileNotFoundError:
+                        pass
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - no torch: no group to wait for
+            return path
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        return path
+
+    def restore(self, device: Any = None) -> "Optional[tuple[int, Any]]":
+        """The group's newest committed checkpoint as (step, state), its SHA-256 checked and its
+        tensors made on `device` (default the CPU); None when the group has committed none.
+        Raises `BrainError` when the file is missing or damaged."""
+        master = MasterClient(self._env())
+        try:
+            found = master.role_checkpoint()
+        finally:
+            master.close()
+        if found is None:
+            return None
+        step, path, digest = found
+        if not os.path.isfile(path):
+            raise BrainError(f"{self.role}'s committed checkpoint {path} is missing")
+        return step, read_verified(path, digest, device)["user"]
 
     def __repr__(self) -> str:
         return (
@@ -488,6 +559,7 @@ def collective(
         len(members),
         members[0].collective_addr,
         [(m.index, m.incarnation) for m in members],
+        env,
     )
     if init:
         import datetime

@@ -73,6 +73,7 @@ mod properties;
 #[cfg(test)]
 mod ps_flash_tests;
 mod reshard;
+pub mod role_checkpoint;
 mod services;
 #[cfg(test)]
 mod services_tests;

@@ -10,7 +10,8 @@
 //!   group restarts.
 //!
 //! A service process has no rendezvous, no data shards and no checkpoint of the master's: its
-//! agent starts it at once. A further all-reduce group forms through the SDK: each process
+//! agent starts it at once. A further all-reduce group commits checkpoints of its own, the
+//! role group's ([`role_checkpoint`]). A further all-reduce group forms through the SDK: each process
 //! tells the master where it serves and where its collective store would listen
 //! ([`JobContext::serve_role`]), and once every process of the group's size is there (the
 //! group's [`RoleView`]) they form it, rank by index, at the store of the lowest index. Resizing
@@ -32,6 +33,9 @@ pub struct RoleGroup {
     pub restarts: u32,
     /// Resources a plan set for the processes launched from then on; none: the role's.
     pub resources: Option<Resources>,
+    /// The newest checkpoint a further all-reduce group committed ([`role_checkpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<role_checkpoint::RoleCheckpoint>,
 }
 
 /// A role group as its callers see it ([`JobContext::role_group`]).
