@@ -64,7 +64,7 @@ import grpc
 
 from .checkpoint import read_verified, write_atomic
 from .env import JOB_SERVER_NAME, ProcessEnv, gloo_on_node_address, read_job_tls
-from .errors import BrainError
+from .errors import BrainError, Refused
 from .master import MasterClient, reserve_port
 
 # The one method a role server answers: a pickled (method, args, kwargs) in, a pickled
@@ -466,8 +466,11 @@ class Collective:
             master = MasterClient(env)
             try:
                 master.commit(int(step), path, digest)
-            except BrainError:
-                os.unlink(path)
+            except Refused as e:
+                # Refused outright: the file is no one's. Any other failure (the answer lost
+                # on the way) may have committed it: it stays.
+                if e.code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND"):
+                    os.unlink(path)
                 raise
             finally:
                 master.close()
