@@ -456,8 +456,21 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
     // newest step it committed.
     let c = &context(&run.run_dir)["services"]["critic"]["checkpoint"];
     assert!(
-        c["step"].as_u64() >= Some(5),
+        c["step"].as_u64() >= Some(10),
         "the committed step is kept: {c}"
+    );
+    // `job-master status` shows it.
+    let shown = status(addr).await.unwrap().role_checkpoints;
+    assert_eq!(
+        shown
+            .iter()
+            .map(|c| (c.role.as_str(), c.index))
+            .collect::<Vec<_>>(),
+        [("critic", 0)]
+    );
+    assert!(
+        shown[0].step >= 10 && shown[0].path.contains("roles/critic/step-"),
+        "{shown:?}"
     );
     kill9(first[1]["pid"].as_u64().unwrap() as u32);
     let again = formed(2, 2, "the critic group did not form again").await;

@@ -126,5 +126,19 @@ pub(super) fn job_status(
         training_ms: effective.training_ms,
         lost_training_ms: effective.lost_ms,
         wall_ms: effective.wall_ms,
+        role_checkpoints: ctx
+            .services
+            .iter()
+            .filter_map(|(role, g)| {
+                let c = g.checkpoint.as_ref()?;
+                Some(pb::RoleCheckpointStatus {
+                    role: role.to_string(),
+                    step: c.step,
+                    path: c.path.display().to_string(),
+                    at_ms: c.at_ms,
+                    index: c.index,
+                })
+            })
+            .collect(),
     }
 }

@@ -98,6 +98,17 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
             s.hangs
         );
     }
+    for c in &s.role_checkpoints {
+        println!(
+            "{} checkpoint: step {} committed by {}-{} at {:.1} s ({})",
+            c.role,
+            c.step,
+            c.role,
+            c.index,
+            c.at_ms as f64 / 1000.0,
+            c.path
+        );
+    }
     if !s.role_rates.is_empty() {
         println!("calls between roles (last 30 s):");
     }
