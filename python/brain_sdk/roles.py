@@ -460,7 +460,8 @@ class Collective:
             directory = os.path.join(env.checkpoint_dir, "roles", self.role)
             # Its writer's index and incarnation in the name: a process the group restarted
             # since can never overwrite the committed file.
-            name = f"step-{int(step):012d}-{env.index}.{env.incarnation}.pt"
+            prefix = f"step-{int(step):012d}"
+            name = f"{prefix}-{env.index}.{env.incarnation}.pt"
             path = os.path.join(directory, name)
             digest = write_atomic(path, {"user": state, "brain_sdk": {"step": int(step)}})
             master = MasterClient(env)
@@ -475,7 +476,8 @@ class Collective:
             finally:
                 master.close()
             for old in os.listdir(directory):
-                if old != name and old.startswith("step-") and old[5:17] <= name[5:17]:
+                # Steps are zero-padded: names compare as their steps do.
+                if old != name and old.startswith("step-") and old[: len(prefix)] <= prefix:
                     try:
                         os.unlink(os.path.join(directory, old))
                     except FileNotFoundError:

@@ -353,9 +353,7 @@ impl JobContext {
         host_port("serves at", &address)?;
         // A further all-reduce group: outside the training group (whose processes may serve
         // calls too, and form their group through the master's rounds).
-        let collective_group =
-            self.spec.topology(key.role) == Topology::Allreduce && self.is_service(key.role);
-        match (collective.is_empty(), collective_group) {
+        match (collective.is_empty(), self.is_collective_group(key.role)) {
             (false, true) => host_port("has its collective store at", &collective)?,
             (true, false) => {}
             (false, false) => {
