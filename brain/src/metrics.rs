@@ -484,13 +484,18 @@ impl Metrics {
         let mut by_model: std::collections::BTreeMap<String, u64> = Default::default();
         for row in rows.iter().filter(|r| r.state == JobState::Running) {
             let Some(s) = &row.shape else { continue };
-            let mut milli = u64::from(s.worker_gpus.milli()) * u64::from(s.workers);
-            for svc in s.services.values().filter(|v| !v.shares_worker_devices) {
-                milli += u64::from(svc.gpus.milli()) * u64::from(svc.count);
-            }
-            if milli > 0 {
-                let model = s.gpu_type.clone().unwrap_or_else(|| "any".into());
-                *by_model.entry(model).or_default() += milli;
+            // Each role group's processes with GPUs of their own, on their model (none: the
+            // training group's); the training group at its size in force.
+            for (&role, g) in s.roles.iter().filter(|(_, g)| !g.shares_worker_devices) {
+                let count = match role == s.trainer() {
+                    true => row.workers,
+                    false => g.count,
+                };
+                let milli = u64::from(g.gpus.milli()) * u64::from(count);
+                if milli > 0 {
+                    let model = g.gpu_type.as_deref().or(s.gpu_type()).unwrap_or("any");
+                    *by_model.entry(model.to_string()).or_default() += milli;
+                }
             }
         }
         for (model, milli) in by_model {

@@ -7,10 +7,10 @@ use optimizer::live::LiveCluster;
 use optimizer::profile::{History, LearnedModel, Predictor, ProfileSample};
 use optimizer::sizing::{LearnedDemand, PastJob};
 use optimizer::throughput::ps_speed::PsSpeedPoint;
-use vocab::{JobSpec, Role};
+use vocab::JobSpec;
 
 use crate::BrainError;
-use crate::store::{JobRow, JobState, PsSpeedsByJob, Shape};
+use crate::store::{JobRow, JobState, PsSpeedsByJob, RoleShape, Shape};
 
 /// The spec with every count and resource filled in, its shape, and why.
 #[derive(Clone, Debug)]
@@ -24,10 +24,14 @@ pub struct Prediction {
 /// plan set (the stored shape keeps the submitted count: sizing from it would only echo the
 /// brain's earlier predictions).
 fn ended_workers(row: &JobRow, shape: &Shape) -> u32 {
-    [row.reported_workers, row.workers, shape.workers]
-        .into_iter()
-        .find(|&n| n > 0)
-        .unwrap_or(0)
+    [
+        row.reported_workers,
+        row.workers,
+        shape.training_group().count,
+    ]
+    .into_iter()
+    .find(|&n| n > 0)
+    .unwrap_or(0)
 }
 
 /// The CPU of the nodes a submission is checked against: each node's with CPU to hand out,
@@ -90,7 +94,7 @@ pub fn predict(
             name: row.name.clone(),
             spec,
             workers: ended_workers(row, shape),
-            ps: shape.ps,
+            ps: shape.ps(),
             peak_memory_bytes: row.peak_memory_bytes,
             peak_ps_millicores: row.peak_ps_millicores,
             ps_speed: ps_speeds
@@ -113,58 +117,46 @@ pub fn predict(
             .map_err(|e| BrainError::InvalidArgument(e.to_string()))
     };
     let trainer = spec.training_role();
-    let w = plan(trainer)?;
-    let ps = spec
+    plan(trainer)?;
+    let roles = spec
         .roles
-        .contains_key(&Role::PS)
-        .then(|| plan(Role::PS))
-        .transpose()?;
-    let res = |role| {
-        spec.roles
-            .get(&role)
-            .and_then(|r| r.resources.clone())
-            .unwrap_or_default()
-    };
-    let (wr, pr) = (res(trainer), res(Role::PS));
+        .keys()
+        .map(|&role| {
+            let p = plan(role)?;
+            let r = spec
+                .roles
+                .get(&role)
+                .and_then(|r| r.resources.clone())
+                .unwrap_or_default();
+            let training = role == trainer;
+            // A PS that names no CPU asks for none of its own here (the sizing gave it one).
+            let fallback = match spec.is_training(role) && !training {
+                true => 0,
+                false => cluster.slot_millicores,
+            };
+            Ok((
+                role,
+                RoleShape {
+                    topology: spec.topology(role),
+                    count: p.replicas,
+                    min: p.min,
+                    max: p.max,
+                    node_unit: if training { p.node_unit } else { 1 },
+                    millicores: r.cpu.map_or(fallback, |c| c.0),
+                    memory_bytes: r.memory.map_or(0, |m| m.0),
+                    gpus: r.gpu.unwrap_or_default(),
+                    gpu_type: r.gpu_type.clone(),
+                    bundle_gpus: if training { spec.worker_bundle() } else { None },
+                    shares_worker_devices: spec.shares_worker_devices(role),
+                },
+            ))
+        })
+        .collect::<Result<_, BrainError>>()?;
     let shape = Shape {
         kind: spec.kind,
-        workers: w.replicas,
-        min_workers: w.min,
-        max_workers: w.max,
-        node_unit: w.node_unit,
-        ps: ps.as_ref().map_or(0, |p| p.replicas),
-        min_ps: ps.as_ref().map_or(0, |p| p.min),
-        max_ps: ps.as_ref().map_or(0, |p| p.max),
-        worker_millicores: wr.cpu.map_or(cluster.slot_millicores, |c| c.0),
-        worker_memory_bytes: wr.memory.map_or(0, |m| m.0),
-        worker_gpus: wr.gpu.unwrap_or_default(),
-        gpu_type: wr.gpu_type.clone(),
-        ps_millicores: pr.cpu.map_or(0, |c| c.0),
-        ps_memory_bytes: pr.memory.map_or(0, |m| m.0),
         total_samples: spec.data.num_samples as u64 * spec.epochs as u64,
-        services: spec
-            .service_roles()
-            .filter_map(|role| {
-                let p = spec.role_plan(role).ok()?;
-                let r = res(role);
-                Some((
-                    role,
-                    crate::store::ServiceShape {
-                        topology: spec.topology(role).to_string(),
-                        count: p.replicas,
-                        min: p.min,
-                        max: p.max,
-                        millicores: r.cpu.map_or(cluster.slot_millicores, |c| c.0),
-                        memory_bytes: r.memory.map_or(0, |m| m.0),
-                        gpus: r.gpu.unwrap_or_default(),
-                        gpu_type: r.gpu_type.clone(),
-                        shares_worker_devices: spec.shares_worker_devices(role),
-                    },
-                ))
-            })
-            .collect(),
-        worker_bundle_gpus: spec.worker_bundle(),
-        training_role: Some(trainer).filter(|&r| r != Role::WORKER),
+        training: trainer,
+        roles,
         placement: spec.placement.clone(),
     };
     shape.validate().map_err(BrainError::InvalidArgument)?;
@@ -205,6 +197,8 @@ mod tests {
     use super::*;
     use crate::store::JobId;
     use std::collections::BTreeMap;
+    use vocab::Role;
+    use vocab::spec::Topology;
 
     fn spec(roles: &str) -> JobSpec {
         JobSpec::from_yaml(&format!(
@@ -241,18 +235,15 @@ mod tests {
             acked_version: 0,
             reached_version: 0,
             state,
-            shape: Some(Shape {
-                kind: vocab::JobKind::Ps,
-                workers,
-                min_workers: 1,
-                max_workers: 8,
-                node_unit: 1,
-                ps,
-                worker_millicores: 1000,
-                ps_millicores: 1000,
-                total_samples: 2000,
-                ..Default::default()
-            }),
+            shape: Some(
+                Shape::new(
+                    vocab::JobKind::Ps,
+                    Role::WORKER,
+                    RoleShape::sized(Topology::Ps, workers, (1, 8), 1000),
+                    2000,
+                )
+                .with(Role::PS, RoleShape::sized(Topology::Ps, ps, (0, 0), 1000)),
+            ),
             spec: Some(serde_norway::to_string(&s).unwrap()),
             reasons: vec![],
             run_dir: String::new(),
@@ -284,10 +275,10 @@ mod tests {
             0.0,
         )
         .unwrap();
-        assert_eq!((p.shape.ps, p.shape.workers), (1, 2));
-        assert_eq!(p.shape.max_workers, 8, "{:?}", p.reasons);
-        assert_eq!(p.shape.worker_millicores, 1000);
-        assert_eq!(p.shape.worker_memory_bytes, 512 << 20);
+        assert_eq!((p.shape.ps(), p.shape.training_group().count), (1, 2));
+        assert_eq!(p.shape.training_group().max, 8, "{:?}", p.reasons);
+        assert_eq!(p.shape.training_group().millicores, 1000);
+        assert_eq!(p.shape.training_group().memory_bytes, 512 << 20);
         assert_eq!(p.shape.total_samples, 2000);
         assert!(p.reasons.iter().any(|r| r.contains("no finished ps job")));
         p.spec.validate().unwrap();
@@ -311,9 +302,19 @@ mod tests {
             0.0,
         )
         .unwrap();
-        assert_eq!((p.shape.ps, p.shape.workers), (2, 4), "{:?}", p.reasons);
+        assert_eq!(
+            (p.shape.ps(), p.shape.training_group().count),
+            (2, 4),
+            "{:?}",
+            p.reasons
+        );
         // Per process: 600/6 = 100, 800/8 = 100, 1200/5 = 240 MiB; median 100 MiB + 25 %.
-        assert_eq!(p.shape.worker_memory_bytes >> 20, 125, "{:?}", p.reasons);
+        assert_eq!(
+            p.shape.training_group().memory_bytes >> 20,
+            125,
+            "{:?}",
+            p.reasons
+        );
         assert!(
             p.reasons
                 .iter()
@@ -344,7 +345,7 @@ mod tests {
             0.0,
         )
         .unwrap();
-        assert_eq!(p.shape.workers, 6, "{:?}", p.reasons);
+        assert_eq!(p.shape.training_group().count, 6, "{:?}", p.reasons);
     }
 
     #[test]
@@ -382,7 +383,7 @@ mod tests {
         )
         .unwrap();
         // At 4 workers: 444 samples/s with 1 PS, 800 with 2, 1,091 with 3, 1,333 with 4.
-        assert_eq!(p.shape.ps, 4, "{:?}", p.reasons);
+        assert_eq!(p.shape.ps(), 4, "{:?}", p.reasons);
         assert!(
             p.reasons.iter().any(|r| r
                 .contains("ps replicas: 4 (Optimus' PS model from 3 (workers, ps) pairs of a, b")),
@@ -400,7 +401,7 @@ mod tests {
             0.0,
         )
         .unwrap();
-        assert_eq!(p.shape.ps, 1, "{:?}", p.reasons);
+        assert_eq!(p.shape.ps(), 1, "{:?}", p.reasons);
     }
 
     #[test]
@@ -410,8 +411,8 @@ mod tests {
             &[past("a", 2, 1, 100, JobState::Succeeded)],
             &BTreeMap::new(), &cluster(), &NodeCpus::default(), None, 0.0)
         .unwrap();
-        assert_eq!((p.shape.ps, p.shape.workers), (3, 5));
-        assert_eq!(p.shape.worker_millicores, 2000);
-        assert_eq!(p.shape.worker_memory_bytes, 1 << 30);
+        assert_eq!((p.shape.ps(), p.shape.training_group().count), (3, 5));
+        assert_eq!(p.shape.training_group().millicores, 2000);
+        assert_eq!(p.shape.training_group().memory_bytes, 1 << 30);
     }
 }

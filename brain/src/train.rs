@@ -73,19 +73,20 @@ pub fn from_store(rows: &[JobRow]) -> Vec<ProfileSample> {
         .filter(|r| r.state == JobState::Succeeded && r.peak_process_memory_bytes > 0)
         .filter_map(|r| {
             let shape = r.shape.as_ref()?;
+            let t = shape.training_group();
             Some(ProfileSample {
                 at_s: r.registered_unix_ms as f64 / 1000.0,
                 scenario: scenario_of(r).unwrap_or_else(|| shape.kind.to_string()),
                 family: shape.kind.to_string(),
                 requested: Some(Demand([
-                    shape.worker_millicores as f64,
-                    (shape.worker_memory_bytes >> 20) as f64,
-                    shape.worker_gpus.as_f64(),
+                    t.millicores as f64,
+                    (t.memory_bytes >> 20) as f64,
+                    t.gpus.as_f64(),
                 ])),
                 used: Demand([
                     r.peak_process_millicores as f64,
                     (r.peak_process_memory_bytes as f64 / 1048576.0).ceil(),
-                    shape.worker_gpus.as_f64(),
+                    t.gpus.as_f64(),
                 ]),
             })
         })

@@ -71,7 +71,8 @@ fn alibaba_2023_pods_are_scored_against_every_baseline_that_applies() {
 /// with the shape it was given and the metrics it reported; per process a job of batch `b`
 /// used about `b` × 2 MiB of memory and `b` × 4 millicores, ±10 %.
 fn history_db(path: &Path, n: usize) {
-    use brain::store::{Metric, Shape, Store};
+    use brain::store::{Metric, RoleShape, Shape, Store};
+    use vocab::spec::Topology;
     let mut store = Store::open(path).unwrap();
     let t0 = 1_700_000_000_000i64;
     for i in 0..n {
@@ -86,17 +87,15 @@ fn history_db(path: &Path, n: usize) {
         );
         // The spec is valid: its workload is the scenario the brain learns by.
         let _: vocab::JobSpec = serde_norway::from_str(&spec).unwrap();
-        let shape = Shape {
-            kind: vocab::JobKind::Allreduce,
-            workers: 2,
-            min_workers: 1,
-            max_workers: 4,
-            node_unit: 1,
-            worker_millicores: 2000,
-            worker_memory_bytes: 2 << 30,
-            total_samples: 6000,
-            ..Default::default()
-        };
+        let shape = Shape::new(
+            vocab::JobKind::Allreduce,
+            vocab::Role::WORKER,
+            RoleShape {
+                memory_bytes: 2 << 30,
+                ..RoleShape::sized(Topology::Allreduce, 2, (1, 4), 2000)
+            },
+            6000,
+        );
         let job = store
             .submit(&format!("hist-{i}"), &spec, &shape, &[], at)
             .unwrap();
@@ -222,7 +221,8 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
     };
     let big = sized(256);
     assert!(
-        big.shape.worker_millicores >= 1_500 && big.shape.worker_millicores % 500 == 0,
+        big.shape.training_group().millicores >= 1_500
+            && big.shape.training_group().millicores % 500 == 0,
         "{:?}",
         big.reasons
     );
@@ -233,7 +233,7 @@ fn brainctl_train_fits_on_the_brains_own_history_stores_the_model_and_scores_it(
         "{:?}",
         big.reasons
     );
-    assert_eq!(sized(64).shape.worker_millicores, 500);
+    assert_eq!(sized(64).shape.training_group().millicores, 500);
 
     let out = evaluate_own(db_arg);
     assert!(out.status.success());

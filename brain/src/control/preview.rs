@@ -32,12 +32,12 @@ impl Control {
             j.held_workers = w;
             j.peak_workers = j.peak_workers.max(w);
         }
-        if let Some(ps) = counts.ps() {
-            j.ps = ps;
-        }
-        for (role, n) in counts.services() {
+        // The round's snapshot keeps a ps job's PS apart from its other role groups.
+        for (role, n) in counts.others() {
             if let Some(r) = j.roles.iter_mut().find(|r| r.role == role) {
                 r.count = n;
+            } else if role == vocab::Role::PS {
+                j.ps = n;
             }
         }
         j.last_change_s = Some(now_s);

@@ -21,6 +21,7 @@ use proto::jobmaster::v1 as jm;
 
 use crate::BrainError;
 use crate::store::{JobState, Store};
+use vocab::spec::Topology;
 
 /// The snapshot a round plans on.
 pub(super) fn take(
@@ -42,7 +43,7 @@ pub(super) fn take(
             continue;
         };
         if row.state == JobState::Running {
-            for s in shape.services.values() {
+            for (_, s) in shape.others() {
                 cluster.cpu_millicores = cluster
                     .cpu_millicores
                     .saturating_sub(u64::from(s.count) * s.millicores);
@@ -58,7 +59,7 @@ pub(super) fn take(
                     take_gpus(
                         &mut cluster.nodes,
                         s.gpus.devices_for(s.count),
-                        shape.gpu_type.as_deref(),
+                        s.gpu_type.as_deref().or(shape.gpu_type()),
                     );
                 }
             }
@@ -81,12 +82,14 @@ pub(super) fn take(
         let (ps_processes, worker_processes) = store.processes(row.id, shape.trainer());
         // The PS count the job master reports, unless a plan that changes it is on its way.
         let ps = if ps_processes.is_empty() {
-            shape.ps
+            shape.ps()
         } else if plan_in_flight {
-            shape.ps.max(ps_processes.len() as u32)
+            shape.ps().max(ps_processes.len() as u32)
         } else {
             ps_processes.len() as u32
         };
+        let (t, no_ps) = (shape.training_group(), crate::store::RoleShape::default());
+        let p = shape.ps_group().unwrap_or(&no_ps);
         jobs.push(LiveJob {
             id: row.id,
             name: row.name.clone(),
@@ -100,7 +103,7 @@ pub(super) fn take(
             min_ps: shape.ps_bounds().0,
             max_ps: shape.ps_bounds().1,
             // Only PS jobs have a PS speed model.
-            ps_speed: if shape.ps == 0 {
+            ps_speed: if shape.ps() == 0 {
                 Vec::new()
             } else {
                 ps_speeds.remove(&row.id).unwrap_or_default()
@@ -112,14 +115,14 @@ pub(super) fn take(
                 samples_per_s,
             })
             .collect(),
-            ps_millicores: shape.ps_millicores,
-            worker_millicores: shape.worker_millicores,
-            workers: row.workers.max(shape.min_workers),
+            ps_millicores: p.millicores,
+            worker_millicores: t.millicores,
+            workers: row.workers.max(t.min),
             // Launched, not yet reported, or shrinking: count the larger.
             held_workers: row.workers.max(row.reported_workers),
-            min_workers: shape.min_workers,
-            max_workers: shape.max_workers,
-            node_unit: shape.node_unit,
+            min_workers: t.min,
+            max_workers: t.max,
+            node_unit: t.node_unit,
             speed,
             samples_left: shape.total_samples.saturating_sub(row.samples_done) as f64,
             last_change_s: row.last_change_unix_ms.map(|t| t as f64 / 1000.0),
@@ -129,13 +132,13 @@ pub(super) fn take(
             restarts: 0,
             peak_workers: row.peak_workers,
             plan_in_flight,
-            ps_memory_bytes: shape.ps_memory_bytes,
-            worker_memory_bytes: shape.worker_memory_bytes,
+            ps_memory_bytes: p.memory_bytes,
+            worker_memory_bytes: t.memory_bytes,
             ps_processes,
             worker_processes,
             history: store.corrections(row.id),
-            worker_gpus: shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
-            gpu_type: shape.gpu_type.clone(),
+            worker_gpus: t.device_gpus(),
+            gpu_type: t.gpu_type.clone(),
             roles: service_roles(&shape, store.role_rates(row.id), |r| store.nodes(row.id, r)),
             rates_unmeasured_s: store.rates_unmeasured_s(row.id),
             // Read only where the round places processes on nodes (it skips this otherwise).
@@ -182,10 +185,9 @@ fn service_roles(
     nodes: impl Fn(vocab::Role) -> Vec<String>,
 ) -> Vec<optimizer::live::LiveRole> {
     shape
-        .services
-        .iter()
+        .others()
         .map(|(role, s)| optimizer::live::LiveRole {
-            role: *role,
+            role,
             count: s.count,
             min: s.min,
             max: s.max,
@@ -201,19 +203,19 @@ fn service_roles(
             // Where its processes run: a worker added beside one goes to its node, and a
             // process added to its placement group beside the group's by its strategy.
             nodes: match s.shares_worker_devices
-                || shape.placement.iter().any(|g| g.roles.contains(role))
+                || shape.placement.iter().any(|g| g.roles.contains(&role))
             {
-                true => nodes(*role),
+                true => nodes(role),
                 false => Vec::new(),
             },
             // A further all-reduce group restarts whole when resized: the round only grows
             // it, where it bounds the job.
-            sizing: match s.topology.as_str() {
-                "single" => optimizer::live::RoleSizing::Fixed,
-                "allreduce" => optimizer::live::RoleSizing::Grows,
-                _ => optimizer::live::RoleSizing::Rates,
+            sizing: match s.topology {
+                Topology::Single => optimizer::live::RoleSizing::Fixed,
+                Topology::Allreduce => optimizer::live::RoleSizing::Grows,
+                Topology::Service | Topology::Ps => optimizer::live::RoleSizing::Rates,
             },
-            rate: rates.iter().find(|(r, _)| r == role).map(|(_, x)| *x),
+            rate: rates.iter().find(|(r, _)| *r == role).map(|(_, x)| *x),
         })
         .collect()
 }
@@ -295,28 +297,24 @@ fn planned_beyond(
             .find(|(r, _)| *r == role)
             .map_or(0, |(_, n)| *n)
     };
-    let none = vocab::Gpus::ZERO;
-    let mut planned = vec![(
-        vocab::Role::PS,
-        shape.ps,
-        shape.ps_millicores,
-        shape.ps_memory_bytes,
-        none,
-    )];
-    planned.push((
-        shape.trainer(),
-        workers,
-        shape.worker_millicores,
-        shape.worker_memory_bytes,
-        shape.worker_bundle_gpus.unwrap_or(shape.worker_gpus),
-    ));
-    planned.extend(shape.services.iter().map(|(role, s)| {
-        let gpus = match s.shares_worker_devices {
-            true => none,
-            false => s.gpus,
-        };
-        (*role, s.count, s.millicores, s.memory_bytes, gpus)
-    }));
+    // Each role group at its count in force (the training group's is `workers`), with the
+    // GPUs each of its processes takes on its node: a worker whose devices roles share its
+    // device's whole bundle, the roles' processes that share it none.
+    // The PS first, then the workers, then the other roles by name.
+    let ps = shape.ps_group().map(|s| (vocab::Role::PS, s));
+    let training = (shape.trainer(), shape.training_group());
+    let planned = ps
+        .into_iter()
+        .chain([training])
+        .chain(shape.others())
+        .map(|(role, s)| {
+            let (count, gpus) = match (role == shape.trainer(), s.shares_worker_devices) {
+                (true, _) => (workers, s.device_gpus()),
+                (false, true) => (s.count, vocab::Gpus::ZERO),
+                (false, false) => (s.count, s.gpus),
+            };
+            (role, count, s.millicores, s.memory_bytes, gpus)
+        });
     planned
         .into_iter()
         .filter_map(|(role, count, millicores, memory_bytes, gpus)| {
@@ -414,7 +412,7 @@ pub(super) async fn solve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ServiceShape, Shape};
+    use crate::store::{RoleShape, Shape};
 
     /// Process `index` of `role` as a report saw it, running and idle, its node not said.
     fn sample(role: vocab::Role, index: u32) -> crate::store::ProcessSample {
@@ -441,46 +439,34 @@ mod tests {
     fn running_jobs_service_roles_hold_their_cpu_and_processes_outside_the_round() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
-        let mut shape = Shape {
-            kind: vocab::JobKind::Allreduce,
-            workers: 2,
-            min_workers: 1,
-            max_workers: 4,
-            node_unit: 1,
-            worker_millicores: 1000,
-            total_samples: 1000,
-            ..Default::default()
-        };
-        shape.services.insert(
+        let shape = Shape::new(
+            vocab::JobKind::Allreduce,
+            vocab::Role::WORKER,
+            RoleShape {
+                gpus: vocab::Gpus::from_milli(500),
+                bundle_gpus: Some(vocab::Gpus::ONE),
+                ..RoleShape::sized(Topology::Allreduce, 2, (1, 4), 1000)
+            },
+            1000,
+        )
+        .with(
             vocab::Role::new("rollout").unwrap(),
-            ServiceShape {
-                topology: "service".into(),
-                count: 3,
-                min: 1,
-                max: 4,
-                millicores: 500,
+            RoleShape {
                 // Half a GPU beside each worker's half: no GPU of its own.
                 gpus: vocab::Gpus::from_milli(500),
                 shares_worker_devices: true,
-                ..Default::default()
+                ..RoleShape::sized(Topology::Service, 3, (1, 4), 500)
             },
-        );
+        )
         // Three rewards of half a GPU each, on devices of their own: two GPUs.
-        shape.services.insert(
+        .with(
             vocab::Role::new("reward").unwrap(),
-            ServiceShape {
-                topology: "service".into(),
-                count: 3,
-                min: 3,
-                max: 3,
-                millicores: 500,
+            RoleShape {
                 memory_bytes: 1 << 30,
                 gpus: vocab::Gpus::from_milli(500),
-                ..Default::default()
+                ..RoleShape::sized(Topology::Service, 3, (3, 3), 500)
             },
         );
-        shape.worker_gpus = vocab::Gpus::from_milli(500);
-        shape.worker_bundle_gpus = Some(vocab::Gpus::ONE);
         store
             .register("rl", "127.0.0.1:1", Some(&shape), 10)
             .unwrap();
@@ -575,18 +561,16 @@ mod tests {
     fn a_gpu_nodes_room_is_planned_on_device_by_device_as_the_reports_place_the_shares() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
-        let shape = Shape {
-            kind: vocab::JobKind::Allreduce,
-            workers: 1,
-            min_workers: 1,
-            max_workers: 1,
-            node_unit: 1,
-            worker_millicores: 1000,
-            worker_gpus: vocab::Gpus::from_milli(600),
-            gpu_type: Some("V100".into()),
-            total_samples: 1000,
-            ..Default::default()
-        };
+        let shape = Shape::new(
+            vocab::JobKind::Allreduce,
+            vocab::Role::WORKER,
+            RoleShape {
+                gpus: vocab::Gpus::from_milli(600),
+                gpu_type: Some("V100".into()),
+                ..RoleShape::sized(Topology::Allreduce, 1, (1, 1), 1000)
+            },
+            1000,
+        );
         let (job, _) = store
             .register("shares", "127.0.0.1:1", Some(&shape), 10)
             .unwrap();
@@ -706,30 +690,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("brain.db")).unwrap();
         let rollout = vocab::Role::new("rollout").unwrap();
-        let mut shape = Shape {
-            kind: vocab::JobKind::Ps,
-            workers: 2,
-            min_workers: 1,
-            max_workers: 8,
-            node_unit: 1,
-            ps: 1,
-            ps_millicores: 1500,
-            worker_millicores: 2000,
-            worker_memory_bytes: 1 << 30,
-            total_samples: 1000,
-            ..Default::default()
-        };
-        shape.services.insert(
-            rollout,
-            ServiceShape {
-                topology: "service".into(),
-                count: 2,
-                min: 1,
-                max: 4,
-                millicores: 500,
-                ..Default::default()
+        let mut shape = Shape::new(
+            vocab::JobKind::Ps,
+            vocab::Role::WORKER,
+            RoleShape {
+                memory_bytes: 1 << 30,
+                ..RoleShape::sized(Topology::Ps, 2, (1, 8), 2000)
             },
-        );
+            1000,
+        )
+        .with(
+            vocab::Role::PS,
+            RoleShape::sized(Topology::Ps, 1, (0, 0), 1500),
+        )
+        .with(rollout, RoleShape::sized(Topology::Service, 2, (1, 4), 500));
         // One group laid out by a strategy; one that shares devices (the workers' bundles).
         let group = |roles, strategy, share_devices| vocab::spec::PlacementGroup {
             roles,
@@ -902,14 +876,14 @@ mod tests {
                 .collect()
         };
         assert_eq!(beyond(&shape, 4, &running), vec![u(2, 2000, 1 << 30)]);
-        shape.worker_gpus = vocab::Gpus::from_milli(600);
+        shape.training_group_mut().gpus = vocab::Gpus::from_milli(600);
         let with_gpus = |gpus: u32| optimizer::live::NotPlaced {
             gpus: vocab::Gpus::from_milli(gpus),
             ..u(2, 2000, 1 << 30)
         };
         assert_eq!(beyond(&shape, 4, &running), vec![with_gpus(600)]);
-        shape.worker_bundle_gpus = Some(vocab::Gpus::ONE);
-        let engines = shape.services.get_mut(&rollout).unwrap();
+        shape.training_group_mut().bundle_gpus = Some(vocab::Gpus::ONE);
+        let engines = shape.roles.get_mut(&rollout).unwrap();
         (engines.gpus, engines.shares_worker_devices, engines.count) =
             (vocab::Gpus::from_milli(400), true, 6);
         assert_eq!(
@@ -917,11 +891,7 @@ mod tests {
             vec![with_gpus(1000), u(2, 500, 0)]
         );
         // A role with GPUs of its own: listed with them.
-        shape
-            .services
-            .get_mut(&rollout)
-            .unwrap()
-            .shares_worker_devices = false;
+        shape.roles.get_mut(&rollout).unwrap().shares_worker_devices = false;
         assert_eq!(
             beyond(&shape, 4, &running)[1],
             optimizer::live::NotPlaced {

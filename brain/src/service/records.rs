@@ -4,7 +4,7 @@
 use proto::service::v1 as pb;
 
 use super::shapes::shape_to;
-use crate::store::{JobRow, Shape};
+use crate::store::JobRow;
 
 /// What a job's record carries beside its row: kept in memory (its newest reports, the last
 /// round) or read on demand (its plans, for GetJob only).
@@ -69,11 +69,10 @@ pub(super) fn record((row, extras): (JobRow, Extras)) -> pb::JobRecord {
         acked_version: row.acked_version,
         reached_version: row.reached_version,
         state: row.state.as_str().to_string(),
-        shape: row.shape.map(|s| {
-            shape_to(Shape {
-                workers: row.workers,
-                ..s
-            })
+        shape: row.shape.map(|mut s| {
+            // The training group at its count in force.
+            s.training_group_mut().count = row.workers;
+            shape_to(s)
         }),
         reasons: row.reasons,
         samples_done: row.samples_done,

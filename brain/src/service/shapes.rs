@@ -4,7 +4,8 @@ use proto::jobmaster::v1 as jm;
 use proto::service::v1 as pb;
 
 use crate::BrainError;
-use crate::store::{ServiceShape, Shape};
+use crate::store::{RoleShape, Shape};
+use vocab::spec::Topology;
 
 pub(super) fn resources(r: Option<jm::Resources>) -> (u64, u64, vocab::Gpus) {
     r.map_or((0, 0, vocab::Gpus::ZERO), |r| {
@@ -36,92 +37,69 @@ pub(super) fn node_state(n: &crate::control::NodeState) -> pb::NodeState {
     }
 }
 
-/// The store's shape of a job from the wire's role groups: its one training group (`training`)
-/// sized by its speed, a ps job's parameter servers (role `ps`), its other roles as they are.
+/// The store's shape of a job from the wire's role groups: one of them its training group
+/// (`training`, the group the brain sizes by its speed), each named once.
 pub(super) fn shape_from(s: pb::JobShape) -> Result<Shape, BrainError> {
     let bad = |why: String| BrainError::InvalidArgument(format!("job shape: {why}"));
     let kind = s
         .kind
         .parse::<vocab::JobKind>()
         .map_err(|e| bad(e.to_string()))?;
-    let mut seen = std::collections::BTreeSet::new();
-    let mut training: Option<pb::RoleShape> = None;
-    let mut ps: Option<pb::RoleShape> = None;
-    let mut services = std::collections::BTreeMap::new();
+    let mut roles = std::collections::BTreeMap::new();
+    let mut training: Option<vocab::Role> = None;
     for r in s.roles {
         let role = vocab::wire::role(&r.role).map_err(|e| bad(e.0))?;
-        if !seen.insert(role) {
+        if r.training {
+            if let Some(t) = training {
+                return Err(bad(format!(
+                    "two training groups, {t} and {role}: a job has one"
+                )));
+            }
+            training = Some(role);
+        }
+        let topology = r
+            .topology
+            .parse::<Topology>()
+            .map_err(|e| bad(format!("role {role}: {e}")))?;
+        let gpu_type = model_of(&r.resources);
+        let (millicores, memory_bytes, gpus) = resources(r.resources);
+        let shape = RoleShape {
+            topology,
+            count: r.count,
+            min: r.min,
+            max: r.max,
+            node_unit: if r.training { r.node_unit } else { 1 },
+            millicores,
+            memory_bytes,
+            gpus,
+            gpu_type,
+            bundle_gpus: (r.bundle_gpu_milli > 0)
+                .then(|| vocab::Gpus::from_milli(r.bundle_gpu_milli)),
+            shares_worker_devices: r.shares_worker_devices,
+        };
+        if roles.insert(role, shape).is_some() {
             return Err(bad(format!("role {role} is named twice")));
         }
-        if r.training {
-            if let Some(t) = &training {
-                return Err(bad(format!(
-                    "two training groups, {} and {role}: a job has one",
-                    t.role
-                )));
-            }
-            if kind == vocab::JobKind::Ps && role != vocab::Role::WORKER {
-                return Err(bad(format!(
-                    "training group {role:?}: a ps job's training group is its `worker` role"
-                )));
-            }
-            training = Some(r);
-        } else if kind == vocab::JobKind::Ps && role == vocab::Role::PS {
-            ps = Some(r);
-        } else {
-            let gpu_type = model_of(&r.resources);
-            let (millicores, memory_bytes, gpus) = resources(r.resources);
-            let shape = ServiceShape {
-                topology: r.topology,
-                count: r.count,
-                min: r.min,
-                max: r.max,
-                millicores,
-                memory_bytes,
-                gpus,
-                gpu_type,
-                shares_worker_devices: r.shares_worker_devices,
-            };
-            services.insert(role, shape);
-        }
     }
-    let t = training.ok_or_else(|| {
+    let training = training.ok_or_else(|| {
         bad(
             "no training group: one role must have `training` set (the group the brain sizes)"
                 .into(),
         )
     })?;
-    let trainer = vocab::wire::role(&t.role).map_err(|e| bad(e.0))?;
-    let gpu_type = model_of(&t.resources);
-    let (worker_millicores, worker_memory_bytes, worker_gpus) = resources(t.resources);
-    let ps = ps.unwrap_or_default();
-    let (ps_millicores, ps_memory_bytes, _) = resources(ps.resources);
-    Ok(Shape {
+    let shape = Shape {
         kind,
-        workers: t.count,
-        min_workers: t.min,
-        max_workers: t.max,
-        node_unit: t.node_unit,
-        ps: ps.count,
-        min_ps: ps.min,
-        max_ps: ps.max,
-        worker_millicores,
-        worker_memory_bytes,
-        worker_gpus,
-        gpu_type,
-        ps_millicores,
-        ps_memory_bytes,
         total_samples: s.total_samples,
-        services,
-        worker_bundle_gpus: (t.bundle_gpu_milli > 0)
-            .then(|| vocab::Gpus::from_milli(t.bundle_gpu_milli)),
-        training_role: Some(trainer).filter(|&r| r != vocab::Role::WORKER),
+        training,
+        roles,
         placement: s
             .placement
             .into_iter()
             .map(|g| vocab::wire::placement(g).map_err(|e| bad(e.0)))
             .collect::<Result<_, _>>()?,
-    })
+    };
+    shape.validate().map_err(bad)?;
+    Ok(shape)
 }
 
 /// The GPU model a role's resources on the wire ask for (none: empty, any).
@@ -131,60 +109,34 @@ fn model_of(r: &Option<jm::Resources>) -> Option<String> {
         .filter(|t| !t.is_empty())
 }
 
-/// The wire's role groups of the store's shape: the training group first, then a ps job's
-/// parameter servers, then the other roles.
+/// The wire's role groups of the store's shape: the training group first, then the others
+/// by name.
 pub(super) fn shape_to(s: Shape) -> pb::JobShape {
-    let res = |cpu_millicores, memory_bytes, gpus: vocab::Gpus, gpu_type: &Option<String>| {
-        Some(jm::Resources {
-            cpu_millicores,
-            memory_bytes,
-            gpu_milli: gpus.milli(),
-            gpu_type: gpu_type.clone().unwrap_or_default(),
-        })
-    };
-    let trainer = s.trainer();
-    let mut roles = vec![pb::RoleShape {
-        role: trainer.to_string(),
-        topology: match s.kind {
-            vocab::JobKind::Ps => "ps",
-            vocab::JobKind::Allreduce => "allreduce",
-        }
-        .into(),
-        count: s.workers,
-        min: s.min_workers,
-        max: s.max_workers,
-        resources: res(
-            s.worker_millicores,
-            s.worker_memory_bytes,
-            s.worker_gpus,
-            &s.gpu_type,
-        ),
-        training: true,
-        node_unit: s.node_unit,
-        bundle_gpu_milli: s.worker_bundle_gpus.map_or(0, vocab::Gpus::milli),
-        ..Default::default()
-    }];
-    if s.kind == vocab::JobKind::Ps {
-        roles.push(pb::RoleShape {
-            role: vocab::Role::PS.to_string(),
-            topology: "ps".into(),
-            count: s.ps,
-            min: s.min_ps,
-            max: s.max_ps,
-            resources: res(s.ps_millicores, s.ps_memory_bytes, vocab::Gpus::ZERO, &None),
-            ..Default::default()
-        });
-    }
-    roles.extend(s.services.iter().map(|(role, r)| pb::RoleShape {
+    let wire = |role: vocab::Role, r: &RoleShape| pb::RoleShape {
         role: role.to_string(),
-        topology: r.topology.clone(),
+        topology: r.topology.to_string(),
         count: r.count,
         min: r.min,
         max: r.max,
-        resources: res(r.millicores, r.memory_bytes, r.gpus, &r.gpu_type),
+        resources: Some(jm::Resources {
+            cpu_millicores: r.millicores,
+            memory_bytes: r.memory_bytes,
+            gpu_milli: r.gpus.milli(),
+            gpu_type: r.gpu_type.clone().unwrap_or_default(),
+        }),
+        training: role == s.training,
+        node_unit: if role == s.training { r.node_unit } else { 0 },
+        bundle_gpu_milli: r.bundle_gpus.map_or(0, vocab::Gpus::milli),
         shares_worker_devices: r.shares_worker_devices,
-        ..Default::default()
-    }));
+    };
+    let trainer = s.training;
+    let mut roles = vec![wire(trainer, s.training_group())];
+    roles.extend(
+        s.roles
+            .iter()
+            .filter(|(r, _)| **r != trainer)
+            .map(|(r, g)| wire(*r, g)),
+    );
     pb::JobShape {
         kind: s.kind.to_string(),
         total_samples: s.total_samples,
@@ -254,45 +206,41 @@ mod tests {
 
     fn ps_job() -> Shape {
         let rollout = vocab::Role::new("rollout").unwrap();
-        Shape {
-            kind: vocab::JobKind::Ps,
-            workers: 3,
-            min_workers: 1,
-            max_workers: 8,
-            node_unit: 1,
-            ps: 2,
-            min_ps: 1,
-            max_ps: 4,
-            worker_millicores: 2000,
-            worker_memory_bytes: 1 << 30,
-            worker_gpus: vocab::Gpus::from_milli(500),
-            gpu_type: Some("V100".into()),
-            ps_millicores: 1500,
-            ps_memory_bytes: 1 << 29,
-            total_samples: 10_000,
-            services: [(
-                rollout,
-                ServiceShape {
-                    topology: "service".into(),
-                    count: 2,
-                    min: 1,
-                    max: 4,
-                    millicores: 500,
-                    memory_bytes: 1 << 28,
-                    gpus: vocab::Gpus::from_milli(400),
-                    gpu_type: Some("V100".into()),
-                    shares_worker_devices: true,
-                },
-            )]
-            .into(),
-            worker_bundle_gpus: Some(vocab::Gpus::from_milli(900)),
-            training_role: None,
-            placement: vec![vocab::spec::PlacementGroup {
-                roles: vec![vocab::Role::WORKER, rollout],
-                strategy: vocab::spec::Strategy::StrictPack,
-                share_devices: true,
-            }],
-        }
+        let mut shape = Shape::new(
+            vocab::JobKind::Ps,
+            vocab::Role::WORKER,
+            RoleShape {
+                memory_bytes: 1 << 30,
+                gpus: vocab::Gpus::from_milli(500),
+                gpu_type: Some("V100".into()),
+                bundle_gpus: Some(vocab::Gpus::from_milli(900)),
+                ..RoleShape::sized(Topology::Ps, 3, (1, 8), 2000)
+            },
+            10_000,
+        )
+        .with(
+            vocab::Role::PS,
+            RoleShape {
+                memory_bytes: 1 << 29,
+                ..RoleShape::sized(Topology::Ps, 2, (1, 4), 1500)
+            },
+        )
+        .with(
+            rollout,
+            RoleShape {
+                memory_bytes: 1 << 28,
+                gpus: vocab::Gpus::from_milli(400),
+                gpu_type: Some("V100".into()),
+                shares_worker_devices: true,
+                ..RoleShape::sized(Topology::Service, 2, (1, 4), 500)
+            },
+        );
+        shape.placement = vec![vocab::spec::PlacementGroup {
+            roles: vec![vocab::Role::WORKER, rollout],
+            strategy: vocab::spec::Strategy::StrictPack,
+            share_devices: true,
+        }];
+        shape
     }
 
     #[test]
@@ -306,16 +254,14 @@ mod tests {
         assert_eq!(names, [("worker", true), ("ps", false), ("rollout", false)]);
         assert_eq!(shape_from(wire).unwrap(), ps_job());
         // An all-reduce group named otherwise is the training group by its flag.
-        let actor = Shape {
-            kind: vocab::JobKind::Allreduce,
-            ps: 0,
-            min_ps: 0,
-            max_ps: 0,
-            ps_millicores: 0,
-            ps_memory_bytes: 0,
-            training_role: Some(vocab::Role::new("actor").unwrap()),
-            ..ps_job()
-        };
+        let mut actor = ps_job();
+        actor.kind = vocab::JobKind::Allreduce;
+        actor.roles.remove(&vocab::Role::PS);
+        let mut group = actor.roles.remove(&vocab::Role::WORKER).unwrap();
+        group.topology = Topology::Allreduce;
+        actor.training = vocab::Role::new("actor").unwrap();
+        actor.roles.insert(actor.training, group);
+        actor.placement[0].roles[0] = actor.training;
         let wire = shape_to(actor.clone());
         assert_eq!(wire.roles.len(), 2, "{wire:?}");
         assert_eq!(
@@ -341,6 +287,11 @@ mod tests {
         let e = refused(&|w| w.roles[0].role = "actor".into());
         assert!(
             e.contains("a ps job's training group is its `worker` role"),
+            "{e}"
+        );
+        let e = refused(&|w| w.roles[2].topology = "replicas".into());
+        assert!(
+            e.contains("role rollout: topology \"replicas\": expected allreduce"),
             "{e}"
         );
         let e = refused(&|w| w.roles[1].role = "Bad Name".into());

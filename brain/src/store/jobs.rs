@@ -30,7 +30,7 @@ impl Store {
                 .map_err(|e| BrainError::InvalidArgument(format!("job {name:?}: shape: {e}")))?;
         }
         let shape_json = shape.map(|s| serde_json::to_string(s).expect("plain struct"));
-        let workers = shape.map_or(0, |s| s.workers);
+        let workers = shape.map_or(0, |s| s.training_group().count);
         let tx = self.conn.transaction()?;
         // Update first: an upsert would use up an id on every registration again.
         let updated = tx.execute(
@@ -92,7 +92,7 @@ impl Store {
                 serde_json::to_string(shape).expect("plain struct"),
                 spec,
                 serde_json::to_string(reasons).expect("strings"),
-                shape.workers
+                shape.training_group().count
             ],
         )?;
         let id = tx.last_insert_rowid();
@@ -100,8 +100,9 @@ impl Store {
         Ok(JobId(id as u64))
     }
 
-    /// Records that the brain started a queued job's master with `workers` workers (of GPU
-    /// model `gpu_type`, for a GPU job: kept in its shape).
+    /// Records that the brain started a queued job's master with `workers` processes of its
+    /// training group (of GPU model `gpu_type`, for a GPU job: kept in its shape as the
+    /// training group's).
     pub fn started(
         &mut self,
         job: JobId,
@@ -114,7 +115,8 @@ impl Store {
         self.conn.execute(
             "UPDATE jobs SET state = 'running', workers = ?2, peak_workers = MAX(peak_workers, ?2),
                  run_dir = ?3, last_change_unix_ms = ?4, started_unix_ms = ?4,
-                 shape = CASE WHEN ?5 IS NULL THEN shape ELSE json_set(shape, '$.gpu_type', ?5) END
+                 shape = CASE WHEN ?5 IS NULL THEN shape ELSE json_set(shape,
+                     '$.roles.\"' || json_extract(shape, '$.training') || '\".gpu_type', ?5) END
              WHERE id = ?1 AND state = 'queued'",
             params![id, workers, run_dir, now_unix_ms, gpu_type],
         )?;
@@ -328,8 +330,8 @@ impl Store {
     /// own (the others' is `worker`): what a round's decisions speak, read in one query.
     pub fn trainers(&self) -> Result<std::collections::HashMap<JobId, vocab::Role>, BrainError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, json_extract(shape, '$.training_role') AS role FROM jobs
-             WHERE state IN ('queued', 'running') AND role IS NOT NULL",
+            "SELECT id, json_extract(shape, '$.training') AS role FROM jobs
+             WHERE state IN ('queued', 'running') AND role IS NOT NULL AND role != 'worker'",
         )?;
         let rows = stmt.query_map([], |r| {
             Ok((JobId(r.get::<_, i64>(0)? as u64), r.get::<_, String>(1)?))

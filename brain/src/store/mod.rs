@@ -20,6 +20,7 @@ mod policy;
 mod processes;
 mod records;
 mod reports;
+mod shape;
 #[cfg(test)]
 mod tests;
 mod timeline;
@@ -31,10 +32,9 @@ pub use processes::{
     CPU_SAMPLES, DeviceUse, GpuUse, JobGpuUse, JobSnapshot, JobStability, PendingProcess,
     ProcessSample, SPEED_WINDOW_MS,
 };
-pub use records::{
-    JobRow, JobState, Metric, ServiceShape, Shape, SlowNode, StoredPlan, StragglerNote,
-};
+pub use records::{JobRow, JobState, Metric, SlowNode, StoredPlan, StragglerNote};
 pub use reports::{PlanCounts, PlanEntry};
+pub use shape::{RoleShape, Shape};
 pub use timeline::{TIMELINE_STEP_MS, TimelinePoint};
 
 pub struct Store {
@@ -124,43 +124,53 @@ pub(crate) fn check_name(name: &str) -> Result<(), BrainError> {
         .map_err(|e| BrainError::InvalidArgument(format!("job name {e}")))
 }
 
-/// Columns added after the first release of the schema, in order; `user_version` counts how
+/// One change to the schema or the rows after its first release.
+enum Migration {
+    Sql(&'static str),
+    /// A rewrite of stored values that SQL alone cannot do.
+    Rows(fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>),
+}
+use Migration::{Rows, Sql};
+
+/// Changes made after the first release of the schema, in order; `user_version` counts how
 /// many a database has.
-const MIGRATIONS: &[&str] = &[
-    "ALTER TABLE jobs ADD COLUMN state TEXT NOT NULL DEFAULT 'running'",
-    "ALTER TABLE jobs ADD COLUMN shape TEXT",
-    "ALTER TABLE jobs ADD COLUMN spec TEXT",
-    "ALTER TABLE jobs ADD COLUMN reasons TEXT NOT NULL DEFAULT '[]'",
-    "ALTER TABLE jobs ADD COLUMN run_dir TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE jobs ADD COLUMN workers INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE jobs ADD COLUMN peak_workers INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE jobs ADD COLUMN last_change_unix_ms INTEGER",
-    "ALTER TABLE jobs ADD COLUMN samples_done INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE jobs ADD COLUMN outcome TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE jobs ADD COLUMN started_unix_ms INTEGER",
-    "ALTER TABLE jobs ADD COLUMN finished_unix_ms INTEGER",
-    "ALTER TABLE jobs ADD COLUMN reported_workers INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE jobs ADD COLUMN peak_process_millicores INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE jobs ADD COLUMN peak_process_memory_bytes INTEGER NOT NULL DEFAULT 0",
-    "CREATE TABLE models (name TEXT PRIMARY KEY, body TEXT NOT NULL, trained_unix_ms INTEGER NOT NULL)",
-    "ALTER TABLE jobs ADD COLUMN cancel_requested TEXT",
-    "CREATE TABLE ps_speeds (job_id INTEGER NOT NULL REFERENCES jobs(id), workers INTEGER NOT NULL,
+const MIGRATIONS: &[Migration] = &[
+    Sql("ALTER TABLE jobs ADD COLUMN state TEXT NOT NULL DEFAULT 'running'"),
+    Sql("ALTER TABLE jobs ADD COLUMN shape TEXT"),
+    Sql("ALTER TABLE jobs ADD COLUMN spec TEXT"),
+    Sql("ALTER TABLE jobs ADD COLUMN reasons TEXT NOT NULL DEFAULT '[]'"),
+    Sql("ALTER TABLE jobs ADD COLUMN run_dir TEXT NOT NULL DEFAULT ''"),
+    Sql("ALTER TABLE jobs ADD COLUMN workers INTEGER NOT NULL DEFAULT 0"),
+    Sql("ALTER TABLE jobs ADD COLUMN peak_workers INTEGER NOT NULL DEFAULT 0"),
+    Sql("ALTER TABLE jobs ADD COLUMN last_change_unix_ms INTEGER"),
+    Sql("ALTER TABLE jobs ADD COLUMN samples_done INTEGER NOT NULL DEFAULT 0"),
+    Sql("ALTER TABLE jobs ADD COLUMN outcome TEXT NOT NULL DEFAULT ''"),
+    Sql("ALTER TABLE jobs ADD COLUMN started_unix_ms INTEGER"),
+    Sql("ALTER TABLE jobs ADD COLUMN finished_unix_ms INTEGER"),
+    Sql("ALTER TABLE jobs ADD COLUMN reported_workers INTEGER NOT NULL DEFAULT 0"),
+    Sql("ALTER TABLE jobs ADD COLUMN peak_process_millicores INTEGER NOT NULL DEFAULT 0"),
+    Sql("ALTER TABLE jobs ADD COLUMN peak_process_memory_bytes INTEGER NOT NULL DEFAULT 0"),
+    Sql("CREATE TABLE models (name TEXT PRIMARY KEY, body TEXT NOT NULL, trained_unix_ms INTEGER NOT NULL)"),
+    Sql("ALTER TABLE jobs ADD COLUMN cancel_requested TEXT"),
+    Sql("CREATE TABLE ps_speeds (job_id INTEGER NOT NULL REFERENCES jobs(id), workers INTEGER NOT NULL,
          ps INTEGER NOT NULL, reports INTEGER NOT NULL, sum_samples_per_second REAL NOT NULL,
-         PRIMARY KEY (job_id, workers, ps))",
-    "ALTER TABLE jobs ADD COLUMN peak_ps_millicores INTEGER NOT NULL DEFAULT 0",
-    "CREATE TABLE job_tokens (digest BLOB PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
-         created_unix_ms INTEGER NOT NULL)",
+         PRIMARY KEY (job_id, workers, ps))"),
+    Sql("ALTER TABLE jobs ADD COLUMN peak_ps_millicores INTEGER NOT NULL DEFAULT 0"),
+    Sql("CREATE TABLE job_tokens (digest BLOB PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
+         created_unix_ms INTEGER NOT NULL)"),
     // A round reads the queued and running jobs only, however many have finished.
-    "CREATE INDEX jobs_by_state ON jobs(state)",
-    "CREATE TABLE cordons (node TEXT PRIMARY KEY, reason TEXT NOT NULL,
-         since_unix_ms INTEGER NOT NULL, until_unix_ms INTEGER)",
-    "CREATE TABLE policy_set (id INTEGER PRIMARY KEY CHECK (id = 1), toml TEXT NOT NULL,
-         set_unix_ms INTEGER NOT NULL)",
+    Sql("CREATE INDEX jobs_by_state ON jobs(state)"),
+    Sql("CREATE TABLE cordons (node TEXT PRIMARY KEY, reason TEXT NOT NULL,
+         since_unix_ms INTEGER NOT NULL, until_unix_ms INTEGER)"),
+    Sql("CREATE TABLE policy_set (id INTEGER PRIMARY KEY CHECK (id = 1), toml TEXT NOT NULL,
+         set_unix_ms INTEGER NOT NULL)"),
     // A job's size and speed over time (the console's timeline), a point per TIMELINE_STEP_MS.
-    "CREATE TABLE timeline (job_id INTEGER NOT NULL REFERENCES jobs(id), at_unix_ms INTEGER NOT NULL,
+    Sql("CREATE TABLE timeline (job_id INTEGER NOT NULL REFERENCES jobs(id), at_unix_ms INTEGER NOT NULL,
          workers INTEGER NOT NULL, ps INTEGER NOT NULL, samples_per_second REAL NOT NULL,
-         PRIMARY KEY (job_id, at_unix_ms))",
-    "ALTER TABLE jobs ADD COLUMN start_nodes TEXT NOT NULL DEFAULT '{}'",
+         PRIMARY KEY (job_id, at_unix_ms))"),
+    Sql("ALTER TABLE jobs ADD COLUMN start_nodes TEXT NOT NULL DEFAULT '{}'"),
+    // The shape kept by role group (`shape::Shape`), rewritten from the worker and PS fields.
+    Rows(shape::legacy::rewrite),
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {
@@ -173,7 +183,10 @@ fn migrate(conn: &Connection) -> Result<(), BrainError> {
     }
     for (i, m) in MIGRATIONS.iter().enumerate().skip(have as usize) {
         let tx = conn.unchecked_transaction()?;
-        tx.execute_batch(m)?;
+        match m {
+            Sql(sql) => tx.execute_batch(sql)?,
+            Rows(rewrite) => rewrite(&tx)?,
+        }
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
     }

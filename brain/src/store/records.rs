@@ -1,11 +1,9 @@
 //! The records the store keeps and hands out: metric reports with their checks, job states,
 //! shapes, job rows and stored plans.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
-use super::JobId;
+use super::{JobId, Shape};
 
 /// One metric report of a job master, as checked by [`Metric::validate`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -51,8 +49,8 @@ pub struct StragglerNote {
 
 /// Values no real job reports: beyond them a report is a bug or an attack, not a measurement.
 const MAX_SAMPLES_PER_SECOND: f64 = 1e9;
-const MAX_PROCESSES: u32 = 100_000;
-const MAX_MILLICORES: u64 = 1 << 40; // ~1e12 millicores
+pub(super) const MAX_PROCESSES: u32 = 100_000;
+pub(super) const MAX_MILLICORES: u64 = 1 << 40; // ~1e12 millicores
 const MAX_MEMORY_BYTES: u64 = 1 << 60; // 1 EiB
 /// The longest reason a pending process may carry (job masters send a few lines at most).
 const MAX_PENDING_REASON_BYTES: usize = 4096;
@@ -243,233 +241,6 @@ impl JobState {
             self,
             JobState::Succeeded | JobState::Failed | JobState::Cancelled
         )
-    }
-}
-
-/// What the brain plans with: a job's kind, roles, bounds, process sizes and data.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Shape {
-    pub kind: vocab::JobKind,
-    pub workers: u32,
-    pub min_workers: u32,
-    pub max_workers: u32,
-    pub node_unit: u32,
-    pub ps: u32,
-    /// The PS counts the job's spec allows (0 in rows stored before they were kept: `ps`).
-    #[serde(default)]
-    pub min_ps: u32,
-    #[serde(default)]
-    pub max_ps: u32,
-    pub worker_millicores: u64,
-    pub worker_memory_bytes: u64,
-    /// GPUs per worker (a share of one device, or whole ones).
-    pub worker_gpus: vocab::Gpus,
-    /// The GPU model its workers run on: the one it asked for, or the one a round started it
-    /// on (none: any, until it starts).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_type: Option<String>,
-    pub ps_millicores: u64,
-    pub ps_memory_bytes: u64,
-    /// Samples over all epochs.
-    pub total_samples: u64,
-    /// The role groups outside the training group, by role name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub services: BTreeMap<vocab::Role, ServiceShape>,
-    /// What one device holds per worker when the workers share their devices with other
-    /// roles (`placement:` with `share_devices`): the round places workers by it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worker_bundle_gpus: Option<vocab::Gpus>,
-    /// The training group's role name when it is not `worker` (an all-reduce group named
-    /// freely, e.g. `actor`): the role whose counts are `workers`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub training_role: Option<vocab::Role>,
-    /// Its placement groups (`placement:`), by its roles' names: the round lays out a start's
-    /// or a growth's processes of a group by its strategy, as the job master does.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub placement: Vec<vocab::spec::PlacementGroup>,
-}
-
-/// A service or single role of a job as the brain keeps it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceShape {
-    pub topology: String,
-    pub count: u32,
-    pub min: u32,
-    pub max: u32,
-    pub millicores: u64,
-    pub memory_bytes: u64,
-    pub gpus: vocab::Gpus,
-    /// The GPU model its processes ask for (none: the job's, or any).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_type: Option<String>,
-    /// Its processes share the workers' devices: its GPUs are counted in theirs.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub shares_worker_devices: bool,
-}
-
-impl Shape {
-    /// The training group's role: `worker`, or the name its spec gave it.
-    pub fn trainer(&self) -> vocab::Role {
-        self.training_role.unwrap_or(vocab::Role::WORKER)
-    }
-
-    /// Whether the counts `plan` sets for any role fit this job: its training group's as
-    /// [`Shape::check_counts`], its service roles' within their bounds; a role the job does not
-    /// have is refused by name.
-    pub fn check_plan(&self, plan: &vocab::ScalePlan) -> Result<(), String> {
-        for (&role, t) in &plan.roles {
-            if role == self.trainer() || role == vocab::Role::PS {
-                continue;
-            }
-            let Some(s) = self.services.get(&role) else {
-                if role == vocab::Role::WORKER {
-                    return Err(format!(
-                        "the job has no worker role: its training group is {} (`--role {}=N`, \
-                         not `--workers`)",
-                        self.trainer(),
-                        self.trainer()
-                    ));
-                }
-                return Err(format!("the job has no {role} role"));
-            };
-            if !(s.min..=s.max).contains(&t.count) {
-                return Err(format!(
-                    "{} {role} is outside the role's bounds [{}, {}]",
-                    t.count, s.min, s.max
-                ));
-            }
-        }
-        self.check_counts(
-            plan.count_of(self.trainer()),
-            plan.count_of(vocab::Role::PS),
-        )
-    }
-
-    /// Whether an operator's plan to `workers` workers and `ps` parameter servers fits this
-    /// job (its bounds and node unit, its kind); the reason when not.
-    pub fn check_counts(&self, workers: Option<u32>, ps: Option<u32>) -> Result<(), String> {
-        if let Some(w) = workers {
-            if !(self.min_workers..=self.max_workers).contains(&w) {
-                return Err(format!(
-                    "{w} workers is outside the job's bounds [{}, {}]",
-                    self.min_workers, self.max_workers
-                ));
-            }
-            if w % self.node_unit.max(1) != 0 {
-                return Err(format!(
-                    "{w} workers is not a multiple of the job's node_unit {}",
-                    self.node_unit
-                ));
-            }
-        }
-        match (ps, self.kind) {
-            (Some(_), vocab::JobKind::Allreduce) => {
-                Err("an allreduce job has no parameter servers to scale".into())
-            }
-            (Some(0), vocab::JobKind::Ps) => {
-                Err("a ps job needs at least 1 parameter server".into())
-            }
-            (Some(p), vocab::JobKind::Ps) => {
-                let (lo, hi) = self.ps_bounds();
-                if (lo..=hi).contains(&p) {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "{p} parameter servers is outside the job's bounds [{lo}, {hi}]"
-                    ))
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The PS counts the job may have: its spec's `roles.ps` min and max.
-    pub fn ps_bounds(&self) -> (u32, u32) {
-        let lo = if self.min_ps == 0 {
-            self.ps
-        } else {
-            self.min_ps
-        };
-        let hi = if self.max_ps == 0 {
-            self.ps
-        } else {
-            self.max_ps
-        };
-        (lo.min(self.ps), hi.max(self.ps))
-    }
-
-    /// Rejects shapes no job can have, naming the field and its value.
-    pub fn validate(&self) -> Result<(), String> {
-        match self.kind {
-            vocab::JobKind::Ps if self.ps == 0 => {
-                return Err("a ps job with 0 parameter servers".into());
-            }
-            vocab::JobKind::Allreduce if self.ps > 0 => {
-                return Err(format!(
-                    "an allreduce job with {} parameter servers",
-                    self.ps
-                ));
-            }
-            vocab::JobKind::Ps | vocab::JobKind::Allreduce => {}
-        }
-        if self.min_workers == 0 || self.min_workers > self.max_workers {
-            return Err(format!(
-                "min_workers {} and max_workers {}: expected 1 <= min <= max",
-                self.min_workers, self.max_workers
-            ));
-        }
-        if self.max_workers > MAX_PROCESSES || self.ps > MAX_PROCESSES {
-            return Err(format!("{} workers, {} ps", self.max_workers, self.ps));
-        }
-        if !(self.min_workers..=self.max_workers).contains(&self.workers) {
-            return Err(format!(
-                "workers {} outside [{}, {}]",
-                self.workers, self.min_workers, self.max_workers
-            ));
-        }
-        if self.node_unit == 0 {
-            return Err("node_unit 0".into());
-        }
-        if self.worker_millicores == 0 || (self.ps > 0 && self.ps_millicores == 0) {
-            return Err("a process with 0 millicores of CPU".into());
-        }
-        if self.worker_millicores > MAX_MILLICORES || self.ps_millicores > MAX_MILLICORES {
-            return Err(format!(
-                "worker_millicores {}, ps_millicores {}",
-                self.worker_millicores, self.ps_millicores
-            ));
-        }
-        if self.total_samples == 0 {
-            return Err("total_samples 0".into());
-        }
-        self.check_placement()
-    }
-
-    /// Whether each placement group names roles of the job, each role in one group at most.
-    fn check_placement(&self) -> Result<(), String> {
-        let mut seen = std::collections::BTreeSet::new();
-        for g in &self.placement {
-            if g.roles.is_empty() {
-                return Err("a placement group of no roles".into());
-            }
-            for &role in &g.roles {
-                let known = role == self.trainer()
-                    || (self.kind == vocab::JobKind::Ps && role == vocab::Role::PS)
-                    || self.services.contains_key(&role);
-                if !known {
-                    return Err(format!(
-                        "placement group {}: the job has no role {role}",
-                        g.name()
-                    ));
-                }
-                if !seen.insert(role) {
-                    return Err(format!("role {role} is in two placement groups"));
-                }
-            }
-        }
-        Ok(())
     }
 }
 

@@ -42,17 +42,12 @@ impl PlanCounts {
         self.roles.get(&self.trainer).copied()
     }
 
-    /// The parameter servers' count, where the plan sets it.
-    pub fn ps(&self) -> Option<u32> {
-        self.roles.get(&vocab::Role::PS).copied()
-    }
-
-    /// The other role groups the plan sizes (service and further all-reduce groups), with
-    /// their counts.
-    pub fn services(&self) -> impl Iterator<Item = (vocab::Role, u32)> + '_ {
+    /// The other role groups the plan sizes (a ps job's PS, service and further all-reduce
+    /// groups), with their counts.
+    pub fn others(&self) -> impl Iterator<Item = (vocab::Role, u32)> + '_ {
         self.roles
             .iter()
-            .filter(|(r, _)| **r != self.trainer && **r != vocab::Role::PS)
+            .filter(|(r, _)| **r != self.trainer)
             .map(|(r, n)| (*r, *n))
     }
 }
@@ -264,20 +259,21 @@ impl Store {
                 params![id, w, now_unix_ms],
             )?;
         }
-        if let Some(p) = counts.ps() {
+        for (role, n) in counts.others() {
+            // Role names are DNS labels: quoted, they make a JSON path as they are. A resized
+            // role other than the PS marks the job changed, for the cool-down.
             tx.execute(
-                "UPDATE jobs SET shape = json_set(shape, '$.ps', ?2)
-                 WHERE id = ?1 AND shape IS NOT NULL",
-                params![id, p],
-            )?;
-        }
-        for (role, n) in counts.services() {
-            // Role names are DNS labels: quoted, they make a JSON path as they are.
-            tx.execute(
-                "UPDATE jobs SET shape = json_set(shape, ?3, ?2), last_change_unix_ms = ?4
+                "UPDATE jobs SET shape = json_set(shape, ?3, ?2),
+                     last_change_unix_ms = CASE WHEN ?5 THEN ?4 ELSE last_change_unix_ms END
                  WHERE id = ?1 AND shape IS NOT NULL
                    AND json_type(shape, ?3) IS NOT NULL",
-                params![id, n, format!("$.services.\"{role}\".count"), now_unix_ms],
+                params![
+                    id,
+                    n,
+                    format!("$.roles.\"{role}\".count"),
+                    now_unix_ms,
+                    role != vocab::Role::PS
+                ],
             )?;
         }
         tx.commit()?;

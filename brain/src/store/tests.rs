@@ -1,6 +1,7 @@
 //! Unit tests of the store on a real SQLite file.
 
 use super::*;
+use vocab::spec::Topology;
 
 fn metric(step: u64, sps: f64) -> Metric {
     Metric {
@@ -94,18 +95,16 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     use optimizer::heuristics::{Change, ChangeKind};
     let dir = tempfile::tempdir().unwrap();
     let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
-    let shape = Shape {
-        kind: vocab::JobKind::Ps,
-        workers: 2,
-        min_workers: 1,
-        max_workers: 4,
-        node_unit: 1,
-        ps: 1,
-        worker_millicores: 1000,
-        ps_millicores: 1000,
-        total_samples: 100,
-        ..Shape::default()
-    };
+    let shape = Shape::new(
+        vocab::JobKind::Ps,
+        vocab::Role::WORKER,
+        RoleShape::sized(Topology::Ps, 2, (1, 4), 1000),
+        100,
+    )
+    .with(
+        vocab::Role::PS,
+        RoleShape::sized(Topology::Ps, 1, (0, 0), 1000),
+    );
     let a = s.submit("p", "name: p", &shape, &[], 10).unwrap();
     s.started(a, 2, None, "/tmp/p", 20).unwrap();
     let mut m = metric(1, 10.0);
@@ -171,7 +170,7 @@ fn ps_counts_processes_and_corrections_follow_the_plans_and_reports() {
     )
     .unwrap();
     let row = s.job(a).unwrap();
-    assert_eq!(row.shape.unwrap().ps, 2);
+    assert_eq!(row.shape.unwrap().ps(), 2);
     assert_eq!(row.workers, 2, "the worker count and its cool-down stay");
     assert_eq!(s.corrections(a), vec![added]);
     s.finish(a, JobState::Succeeded, "done", 100, 40).unwrap();
@@ -243,15 +242,13 @@ fn an_unknown_stored_value_is_an_error_not_a_default() {
 
 #[test]
 fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
-    let shape = Shape {
-        kind: vocab::JobKind::Allreduce,
-        workers: 2,
-        min_workers: 2,
-        max_workers: 8,
-        node_unit: 2,
-        worker_millicores: 1000,
-        ..Default::default()
-    };
+    let mut shape = Shape::new(
+        vocab::JobKind::Allreduce,
+        vocab::Role::WORKER,
+        RoleShape::sized(Topology::Allreduce, 2, (2, 8), 1000),
+        1,
+    );
+    shape.training_group_mut().node_unit = 2;
     assert!(shape.check_counts(Some(4), None).is_ok());
     assert_eq!(
         shape.check_counts(Some(10), None).unwrap_err(),
@@ -262,23 +259,23 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
         "3 workers is not a multiple of the job's node_unit 2"
     );
     assert!(shape.check_counts(None, Some(1)).is_err());
-    let ps = Shape {
+    let mut ps = Shape {
         kind: vocab::JobKind::Ps,
-        ps: 1,
-        max_ps: 3,
-        ps_millicores: 1000,
         ..shape.clone()
-    };
+    }
+    .with(
+        vocab::Role::PS,
+        RoleShape::sized(Topology::Ps, 1, (0, 3), 1000),
+    );
+    ps.training_group_mut().topology = Topology::Ps;
     assert!(ps.check_counts(Some(2), Some(3)).is_ok());
     assert_eq!(
         ps.check_counts(None, Some(4)).unwrap_err(),
         "4 parameter servers is outside the job's bounds [1, 3]"
     );
     // A row stored before the bounds were kept: the PS count it has, no other.
-    let old = Shape {
-        max_ps: 0,
-        ..ps.clone()
-    };
+    let mut old = ps.clone();
+    old.roles.get_mut(&vocab::Role::PS).unwrap().max = 0;
     assert!(old.check_counts(None, Some(2)).is_err());
     assert_eq!(
         ps.check_counts(None, Some(0)).unwrap_err(),
@@ -286,17 +283,9 @@ fn an_operator_plan_must_fit_the_job_s_bounds_node_unit_and_kind() {
     );
     // Service roles: by name, within their own bounds.
     let rollout = vocab::Role::new("rollout").unwrap();
-    let mut rl = shape.clone();
-    rl.services.insert(
-        rollout,
-        crate::store::ServiceShape {
-            topology: "service".into(),
-            count: 2,
-            min: 1,
-            max: 4,
-            ..Default::default()
-        },
-    );
+    let rl = shape
+        .clone()
+        .with(rollout, RoleShape::sized(Topology::Service, 2, (1, 4), 0));
     let plan = |role, n| vocab::ScalePlan::count(0, role, n);
     assert!(rl.check_plan(&plan(rollout, 4)).is_ok());
     assert_eq!(
@@ -319,28 +308,13 @@ fn a_plan_sets_the_counts_of_the_role_groups_it_names_as_the_job_names_them_and_
     let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
     let rollout = vocab::Role::new("roll-out").unwrap();
     let actor = vocab::Role::new("actor").unwrap();
-    let mut shape = Shape {
-        kind: vocab::JobKind::Allreduce,
-        training_role: Some(actor),
-        workers: 2,
-        min_workers: 1,
-        max_workers: 2,
-        node_unit: 1,
-        worker_millicores: 1000,
-        total_samples: 1000,
-        ..Default::default()
-    };
-    shape.services.insert(
-        rollout,
-        ServiceShape {
-            topology: "service".into(),
-            count: 1,
-            min: 1,
-            max: 4,
-            millicores: 500,
-            ..Default::default()
-        },
-    );
+    let shape = Shape::new(
+        vocab::JobKind::Allreduce,
+        actor,
+        RoleShape::sized(Topology::Allreduce, 2, (1, 2), 1000),
+        1000,
+    )
+    .with(rollout, RoleShape::sized(Topology::Service, 1, (1, 4), 500));
     let (a, _) = s.register("rl", "127.0.0.1:1", Some(&shape), 10).unwrap();
     let rate = optimizer::live::RoleRate {
         served_per_s: 4.0,
@@ -389,7 +363,7 @@ fn a_plan_sets_the_counts_of_the_role_groups_it_names_as_the_job_names_them_and_
     .unwrap();
     let row = s.job(a).unwrap();
     assert_eq!(row.workers, 1);
-    assert_eq!(row.shape.unwrap().services[&rollout].count, 3);
+    assert_eq!(row.shape.unwrap().roles[&rollout].count, 3);
     assert_eq!(row.last_change_unix_ms, Some(50));
 }
 
@@ -465,16 +439,13 @@ fn the_timeline_keeps_a_point_per_step_and_survives_a_reopen() {
 fn the_training_groups_named_by_their_jobs_are_read_in_one_query_while_the_jobs_are_active() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = Store::open(&dir.path().join("brain.db")).unwrap();
-    let shape = |training_role: Option<&str>| Shape {
-        kind: vocab::JobKind::Allreduce,
-        workers: 2,
-        min_workers: 1,
-        max_workers: 4,
-        node_unit: 1,
-        worker_millicores: 1000,
-        total_samples: 1000,
-        training_role: training_role.map(|r| vocab::Role::new(r).unwrap()),
-        ..Default::default()
+    let shape = |training: Option<&str>| {
+        Shape::new(
+            vocab::JobKind::Allreduce,
+            training.map_or(vocab::Role::WORKER, |r| vocab::Role::new(r).unwrap()),
+            RoleShape::sized(Topology::Allreduce, 2, (1, 4), 1000),
+            1000,
+        )
     };
     let (actor, _) = s
         .register("rl", "127.0.0.1:1", Some(&shape(Some("actor"))), 10)
@@ -488,4 +459,118 @@ fn the_training_groups_named_by_their_jobs_are_read_in_one_query_while_the_jobs_
     s.finish(actor, JobState::Succeeded, "done", 100, 20)
         .unwrap();
     assert!(s.trainers().unwrap().is_empty());
+}
+
+/// A database whose shapes were stored with the worker and PS fields (before 2026-12-06) is
+/// rewritten by role group when it opens, once; a row that reads as neither form stops the
+/// opening, naming the job, and rewrites nothing.
+#[test]
+fn shapes_stored_with_worker_and_ps_fields_are_rewritten_by_role_group_when_the_store_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("brain.db");
+    let legacy_ps = r#"{"kind":"ps","workers":3,"min_workers":1,"max_workers":6,"node_unit":1,
+        "ps":2,"min_ps":1,"max_ps":4,"worker_millicores":2000,"worker_memory_bytes":1024,
+        "worker_gpus":0,"ps_millicores":1500,"ps_memory_bytes":2048,"total_samples":500}"#;
+    let legacy_rl = r#"{"kind":"allreduce","workers":2,"min_workers":2,"max_workers":2,
+        "node_unit":2,"ps":0,"worker_millicores":1000,"worker_memory_bytes":0,
+        "worker_gpus":0.5,"gpu_type":"V100","ps_millicores":0,"ps_memory_bytes":0,
+        "total_samples":10,"worker_bundle_gpus":1,"training_role":"actor",
+        "services":{"rollout":{"topology":"service","count":3,"min":1,"max":4,
+        "millicores":500,"memory_bytes":0,"gpus":0.5,"shares_worker_devices":true},
+        "critic":{"topology":"allreduce","count":2,"min":1,"max":3,"millicores":700,
+        "memory_bytes":0,"gpus":0,"gpu_type":"A100"}},
+        "placement":[{"roles":["actor","rollout"],"strategy":"pack","share_devices":true}]}"#;
+    let (ps, rl, bad) = {
+        let mut s = Store::open(&path).unwrap();
+        let ps = s.register("ps", "127.0.0.1:1", None, 10).unwrap().0;
+        let rl = s.register("rl", "127.0.0.1:2", None, 11).unwrap().0;
+        let bad = s.register("bad", "127.0.0.1:3", None, 12).unwrap().0;
+        s.conn
+            .execute_batch(&format!(
+                "UPDATE jobs SET shape = '{legacy_ps}' WHERE id = {};
+                 UPDATE jobs SET shape = '{legacy_rl}' WHERE id = {};
+                 PRAGMA user_version = {};",
+                ps.0,
+                rl.0,
+                MIGRATIONS.len() - 1
+            ))
+            .unwrap();
+        (ps, rl, bad)
+    };
+    // A row of neither form: the store does not open, and nothing is rewritten.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE jobs SET shape = '{\"kind\":\"ps\"}' WHERE id = ?1",
+            [bad.0 as i64],
+        )
+        .unwrap();
+    }
+    let e = Store::open(&path)
+        .err()
+        .expect("an unreadable shape stops the migration");
+    assert!(
+        e.to_string()
+            .contains(&format!("job {}'s stored shape", bad.0)),
+        "{e}"
+    );
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let kept: String = conn
+            .query_row("SELECT shape FROM jobs WHERE id = ?1", [ps.0 as i64], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(kept, legacy_ps, "nothing rewritten");
+        conn.execute("UPDATE jobs SET shape = NULL WHERE id = ?1", [bad.0 as i64])
+            .unwrap();
+    }
+    let s = Store::open(&path).unwrap();
+    let ps_shape = s.job(ps).unwrap().shape.unwrap();
+    let mut workers = RoleShape::sized(Topology::Ps, 3, (1, 6), 2000);
+    workers.memory_bytes = 1024;
+    let mut servers = RoleShape::sized(Topology::Ps, 2, (1, 4), 1500);
+    servers.memory_bytes = 2048;
+    assert_eq!(
+        ps_shape,
+        Shape::new(vocab::JobKind::Ps, vocab::Role::WORKER, workers, 500)
+            .with(vocab::Role::PS, servers)
+    );
+    ps_shape.validate().unwrap();
+    let rl_shape = s.job(rl).unwrap().shape.unwrap();
+    let [actor, rollout, critic] =
+        ["actor", "rollout", "critic"].map(|r| vocab::Role::new(r).unwrap());
+    assert_eq!(rl_shape.trainer(), actor);
+    let t = rl_shape.training_group();
+    assert_eq!(
+        (
+            t.topology,
+            t.count,
+            t.node_unit,
+            t.gpus.milli(),
+            t.device_gpus().milli()
+        ),
+        (Topology::Allreduce, 2, 2, 500, 1000)
+    );
+    assert_eq!(rl_shape.gpu_type(), Some("V100"));
+    assert!(rl_shape.roles[&rollout].shares_worker_devices);
+    let c = &rl_shape.roles[&critic];
+    assert_eq!(
+        (
+            c.topology,
+            c.count,
+            c.min,
+            c.max,
+            c.millicores,
+            c.gpu_type.as_deref()
+        ),
+        (Topology::Allreduce, 2, 1, 3, 700, Some("A100"))
+    );
+    assert_eq!(rl_shape.placement[0].roles, vec![actor, rollout]);
+    rl_shape.validate().unwrap();
+    assert_eq!(s.trainers().unwrap(), [(rl, actor)].into());
+    // Opened again, nothing changes.
+    drop(s);
+    let s = Store::open(&path).unwrap();
+    assert_eq!(s.job(rl).unwrap().shape.unwrap(), rl_shape);
 }

@@ -49,6 +49,21 @@ impl Topology {
     }
 }
 
+impl std::str::FromStr for Topology {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "allreduce" => Ok(Topology::Allreduce),
+            "ps" => Ok(Topology::Ps),
+            "service" => Ok(Topology::Service),
+            "single" => Ok(Topology::Single),
+            other => Err(format!(
+                "topology {other:?}: expected allreduce, ps, service or single"
+            )),
+        }
+    }
+}
+
 impl std::fmt::Display for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
