@@ -182,7 +182,7 @@ fn shape(ctx: &crate::job::JobContext) -> pb::JobShape {
             ..Default::default()
         });
     }
-    roles.extend(ctx.services.iter().filter_map(|(&role, g)| {
+    roles.extend(ctx.roles.services().filter_map(|(role, g)| {
         let p = plan(role)?;
         Some(pb::RoleShape {
             role: role.to_string(),
@@ -656,8 +656,8 @@ mod tests {
             role: Role::WORKER,
             index,
         };
-        ctx.slots.get_mut(&w(0)).unwrap().sample = Some(gpu(90, 3 << 30));
-        ctx.slots.get_mut(&w(1)).unwrap().sample = Some(gpu(70, 0));
+        ctx.roles.slot_mut(w(0)).unwrap().sample = Some(gpu(90, 3 << 30));
+        ctx.roles.slot_mut(w(1)).unwrap().sample = Some(gpu(70, 0));
         // Worker 2 has not sampled yet: it counts in neither figure.
         let r = report(&ctx, 0);
         assert_eq!(r.gpu_utilisation_pct, 80.0);
@@ -671,7 +671,7 @@ mod tests {
             vec![(0, 90.0, 3 << 30), (1, 70.0, 0), (2, 0.0, 0)]
         );
         // A machine without NVML reports no GPU use.
-        for s in ctx.slots.values_mut() {
+        for s in ctx.roles.slots_mut() {
             s.sample = Some(Sample {
                 gpu_present: false,
                 ..gpu(0, 0)
@@ -695,9 +695,10 @@ mod tests {
             gpu_memory_used_bytes: mem,
             ..Sample::default()
         };
-        let mut slots = ctx.slots.values_mut();
+        let mut slots = ctx.roles.slots_mut();
         slots.next().unwrap().sample = Some(sample(40, 0));
         slots.next().unwrap().sample = Some(sample(60, 1 << 20));
+        drop(slots);
         assert_eq!(report(&ctx, 0).gpu_utilisation_pct, 60.0);
     }
 
@@ -713,8 +714,8 @@ mod tests {
         let (mut ctx, _) = JobContext::new(spec, "r-1".into(), Timing::default(), 0);
         let rollout: Role = "rollout".parse().unwrap();
         for (i, s) in ctx
-            .services
-            .get_mut(&rollout)
+            .roles
+            .service_mut(rollout)
             .unwrap()
             .slots
             .values_mut()
@@ -731,7 +732,7 @@ mod tests {
                 ..Sample::default()
             });
         }
-        let w = ctx.slots.values_mut().next().unwrap();
+        let w = ctx.roles.slots_mut().next().unwrap();
         (w.phase, w.host, w.devices) = (
             crate::job::SlotPhase::Running,
             "10.0.0.2".into(),
@@ -785,8 +786,8 @@ mod tests {
             |pairs: &[(&str, u32)]| Some(pairs.iter().map(|&(d, h)| (d.to_string(), h)).collect());
         assert_eq!(held(&ctx), want(&[("0", 1000), ("1", 1000)]));
         let gone = ctx
-            .services
-            .get_mut(&rollout)
+            .roles
+            .service_mut(rollout)
             .unwrap()
             .slots
             .get_mut(&1)

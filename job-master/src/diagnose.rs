@@ -42,7 +42,8 @@ pub fn diagnosis(ctx: &JobContext, report: Option<&JobReport>, all: bool) -> Str
         e.lost_ms as f64 / 1000.0
     );
     let restarts: Vec<String> = ctx
-        .restarts
+        .roles
+        .restarts()
         .iter()
         .map(|(role, n)| format!("{role} {n}"))
         .collect();

@@ -190,16 +190,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads a persisted context back.
+/// Reads a persisted context back; one an older job master wrote is read in today's form
+/// ([`crate::job::roles::legacy`]).
 pub fn load(path: &Path) -> Result<JobContext, Error> {
-    let bytes = std::fs::read(path).map_err(|e| Error::Context {
+    let bad = |problem: String| Error::Context {
         path: path.to_path_buf(),
-        problem: e.to_string(),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Context {
-        path: path.to_path_buf(),
-        problem: e.to_string(),
-    })
+        problem,
+    };
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    crate::job::roles::legacy::upgrade(&mut value).map_err(bad)?;
+    serde_json::from_value(value).map_err(|e| bad(e.to_string()))
 }
 
 #[cfg(test)]

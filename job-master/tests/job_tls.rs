@@ -21,9 +21,9 @@ const N: u64 = 40_000;
 /// The service address of the job's first PS, from the master's persisted context.
 fn ps_addr(run_dir: &Path) -> String {
     let ctx = context(run_dir);
-    ctx["slots"]["ps-0"]["service_addr"]
+    ctx["roles"]["ps"]["slots"]["0"]["service_addr"]
         .as_str()
-        .unwrap_or_else(|| panic!("no ps-0 address in {:#}", ctx["slots"]))
+        .unwrap_or_else(|| panic!("no ps-0 address in {:#}", ctx["roles"]))
         .to_string()
 }
 

@@ -155,11 +155,11 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
     assert!(report.succeeded(), "{:?}", report.reason);
     assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
     let ctx = context(&run.run_dir);
-    let rollout0 = &ctx["services"]["rollout"]["slots"]["0"];
-    let driver0 = &ctx["services"]["driver"]["slots"]["0"];
+    let rollout0 = &ctx["roles"]["rollout"]["slots"]["0"];
+    let driver0 = &ctx["roles"]["driver"]["slots"]["0"];
     assert_eq!(rollout0["incarnation"], 1, "{rollout0}");
     assert_eq!(driver0["incarnation"], 1, "{driver0}");
-    assert_eq!(ctx["services"]["rollout"]["slots"]["1"]["incarnation"], 2);
+    assert_eq!(ctx["roles"]["rollout"]["slots"]["1"]["incarnation"], 2);
     assert_no_process_left(addr).await;
 }
 
@@ -454,7 +454,7 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
 
     // kill -9 one member: the group restarts whole (failover role) and forms again, from the
     // newest step it committed.
-    let c = &context(&run.run_dir)["services"]["critic"]["checkpoint"];
+    let c = &context(&run.run_dir)["roles"]["critic"]["checkpoint"];
     assert!(
         c["step"].as_u64() >= Some(10),
         "the committed step is kept: {c}"

@@ -116,8 +116,8 @@ impl JobContext {
         }
         let (from, to, version) = (t.from[&Role::PS], t.to[&Role::PS], t.plan.version);
         let addr = |i: u32| {
-            self.slots
-                .get(&SlotKey {
+            self.roles
+                .slot(SlotKey {
                     role: Role::PS,
                     index: i,
                 })
@@ -179,8 +179,8 @@ impl JobContext {
         let layout = self.group.cluster().map_or(0, |c| c.ps_version);
         let trainer = self.trainer();
         let switched = self
-            .slots
-            .values()
+            .roles
+            .slots()
             .filter(|s| s.key.role == trainer && s.phase == SlotPhase::Running)
             .all(|s| s.ps_version == layout);
         if !(self.ps_layout_running() && switched) {
@@ -241,7 +241,7 @@ impl JobContext {
                 return Next::Wait;
             }
         }
-        let settled = self.slots.values().all(|s| {
+        let settled = self.roles.slots().all(|s| {
             unplaced.contains(&s.key)
                 || !matches!(
                     s.phase,

@@ -167,7 +167,7 @@ impl JobContext {
             return Ok(self.remove_slot(key, now_ms));
         }
         if exit_code == 0 && signal == 0 && key.role == self.trainer() {
-            self.slots.get_mut(&key).expect("checked").phase = SlotPhase::Succeeded;
+            self.roles.slot_mut(key).expect("checked").phase = SlotPhase::Succeeded;
             self.log(now_ms, format!("{key} finished"));
             return Ok(self.check_done(now_ms));
         }
@@ -291,7 +291,7 @@ impl JobContext {
             || !(self.spec.kind == JobKind::Ps
                 && key.role == self.trainer()
                 && !self.restarts_to_rescale());
-        if !group && self.slots[&key].phase == SlotPhase::Removing {
+        if !group && self.roles.slot(key).unwrap().phase == SlotPhase::Removing {
             self.log_as(
                 EventKind::Fault,
                 now_ms,
@@ -299,9 +299,9 @@ impl JobContext {
             );
             return self.remove_slot(key, now_ms);
         }
-        let count = self.restarts.entry(key.role).or_insert(0);
-        *count += 1;
-        let count = *count;
+        let relaunches = self.roles.group_mut(key.role).expect("a slot's group");
+        relaunches.restarts += 1;
+        let count = relaunches.restarts;
         let Some(limit) = self.restart_allowed(key, count, &how, now_ms) else {
             return Vec::new();
         };
@@ -324,12 +324,12 @@ impl JobContext {
             }
         } else {
             self.next_ps_worker_incarnation(key);
-            self.slots.get_mut(&key).expect("exists").phase = SlotPhase::Restarting;
+            self.roles.slot_mut(key).expect("exists").phase = SlotPhase::Restarting;
             effects.extend(self.ps_checkpoint_if_drained(now_ms));
         }
         // A plan's leaving member is gone with the restart (it collapsed the plan): nothing
         // to relaunch. Relaunched, it would come back as a member the plan does not count.
-        if relaunch_agent && self.slots[&key].phase != SlotPhase::Removed {
+        if relaunch_agent && self.roles.slot(key).unwrap().phase != SlotPhase::Removed {
             effects.extend(self.relaunch_agent(key, now_ms));
         }
         effects
@@ -342,7 +342,7 @@ impl JobContext {
         if let Some(c) = self.group.cluster_mut() {
             c.remove_worker(key.index);
         }
-        let slot = self.slots.get_mut(&key).expect("exists");
+        let slot = self.roles.slot_mut(key).expect("exists");
         slot.incarnation += 1;
         slot.restart_count += 1;
     }
@@ -414,13 +414,13 @@ impl JobContext {
         // TORCHELASTIC_RESTART_COUNT counts restarts of the whole group: every member, new
         // ones too, gets the same number.
         let restarts = 1 + self
-            .slots
-            .values()
+            .roles
+            .slots()
             .filter(|s| s.phase != SlotPhase::Removed)
             .map(|s| s.restart_count)
             .max()
             .unwrap_or(0);
-        for slot in self.slots.values_mut() {
+        for slot in self.roles.slots_mut() {
             if slot.phase == SlotPhase::Removed {
                 continue;
             }

@@ -27,8 +27,8 @@ pub(super) fn key(role: Role, index: u32) -> SlotKey {
 pub(super) fn everyone_joins(ctx: &mut JobContext, now: u64) -> BTreeMap<SlotKey, JoinView> {
     let keys: Vec<SlotKey> = ctx.keys_where(|s| s.phase.is_live());
     for &k in &keys {
-        if ctx.slots[&k].phase == SlotPhase::Launching {
-            let inc = ctx.slots[&k].incarnation;
+        if ctx.roles.slot(k).unwrap().phase == SlotPhase::Launching {
+            let inc = ctx.roles.slot(k).unwrap().incarnation;
             ctx.register_agent(
                 k,
                 inc,
@@ -42,7 +42,7 @@ pub(super) fn everyone_joins(ctx: &mut JobContext, now: u64) -> BTreeMap<SlotKey
     let mut views = BTreeMap::new();
     for _ in 0..2 {
         for &k in &keys {
-            let inc = ctx.slots[&k].incarnation;
+            let inc = ctx.roles.slot(k).unwrap().incarnation;
             let addr = format!("127.0.0.1:{}", 7000 + 10 * inc + u64::from(k.index));
             views.insert(k, ctx.join_rendezvous_at(k, inc, Some(addr), now).unwrap());
         }
@@ -83,8 +83,12 @@ fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
     );
     assert_eq!(ctx.transition.as_ref().map(|t| t.step), Some(Step::Settle));
     for k in [w0, w1] {
-        assert_eq!(ctx.slots[&k].phase, SlotPhase::Restarting, "{k}");
-        let agent = ctx.slots[&k].agent_id;
+        assert_eq!(
+            ctx.roles.slot(k).unwrap().phase,
+            SlotPhase::Restarting,
+            "{k}"
+        );
+        let agent = ctx.roles.slot(k).unwrap().agent_id;
         let (action, inc, restarts) = ctx.heartbeat(k, agent, 1, None, 100, 11).unwrap();
         assert_eq!((action, inc, restarts), (AgentAction::Restart, 2, 1), "{k}");
     }
@@ -127,7 +131,7 @@ fn a_plan_on_a_command_restarts_the_whole_group_at_the_new_size() {
     assert_eq!(ctx.plans.reached, 2);
 
     // The only worker exits 0: the job is done although no shard was ever leased.
-    let inc = ctx.slots[&w0].incarnation;
+    let inc = ctx.roles.slot(w0).unwrap().incarnation;
     let effects = ctx.process_exited(w0, inc, 0, 0, None, 30).unwrap();
     assert_eq!(effects, vec![Effect::Finish]);
     assert!(
@@ -166,14 +170,14 @@ fn a_process_killed_after_its_grace_period_is_recorded() {
         "{:?}",
         ctx.events
     );
-    assert_eq!(ctx.slots[&w1].phase, SlotPhase::Removed);
+    assert_eq!(ctx.roles.slot(w1).unwrap().phase, SlotPhase::Removed);
 }
 
 #[test]
 fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
     let (mut ctx, _) =
         JobContext::new(command_spec("ps", 1, 3), "t-1".into(), Timing::default(), 0);
-    let keys: Vec<SlotKey> = ctx.slots.keys().copied().collect();
+    let keys: Vec<SlotKey> = ctx.roles.slots().map(|s| s.key).collect();
     for &k in &keys {
         ctx.register_agent(k, 1, "h".into(), format!("127.0.0.1:{}", 9000 + k.index), 1)
             .unwrap();
@@ -200,7 +204,10 @@ fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
         5,
     )
     .unwrap();
-    assert_eq!(ctx.slots[&key(Role::PS, 0)].phase, SlotPhase::Restarting);
+    assert_eq!(
+        ctx.roles.slot(key(Role::PS, 0)).unwrap().phase,
+        SlotPhase::Restarting
+    );
     let views = everyone_joins(&mut ctx, 6);
     assert!(views.values().all(|v| v.ready), "{views:?}");
     assert_eq!(
@@ -215,7 +222,7 @@ fn a_ps_command_starts_once_every_task_joined_and_ends_with_its_chief() {
     ctx.advance(7);
     assert_eq!(ctx.plans.reached, 1);
     // The chief (worker 0) exits 0; the other TF servers never end on their own.
-    let inc = ctx.slots[&key(Role::WORKER, 0)].incarnation;
+    let inc = ctx.roles.slot(key(Role::WORKER, 0)).unwrap().incarnation;
     let effects = ctx
         .process_exited(key(Role::WORKER, 0), inc, 0, 0, None, 8)
         .unwrap();
@@ -286,7 +293,7 @@ fn any_failure_of_a_ps_command_restarts_every_task() {
     // A worker dies: its address is in every task's TF_CONFIG, so all of them restart.
     let w1 = key(Role::WORKER, 1);
     ctx.process_exited(w1, 1, -1, 9, None, 2).unwrap();
-    for (k, s) in &ctx.slots {
+    for (k, s) in ctx.roles.slots().map(|s| (&s.key, s)) {
         assert_eq!(
             (s.phase, s.incarnation, s.restart_count),
             (SlotPhase::Restarting, 2, 1),
@@ -390,11 +397,15 @@ fn an_in_place_command_re_forms_at_a_cut_and_keeps_its_processes() {
     ctx.advance(10);
     assert_eq!(ctx.plans.reached, 1);
     assert_eq!(
-        (ctx.slots[&w0].incarnation, ctx.slots[&w1].incarnation),
+        (
+            ctx.roles.slot(w0).unwrap().incarnation,
+            ctx.roles.slot(w1).unwrap().incarnation
+        ),
         (1, 1)
     );
     assert_eq!(
-        ctx.slots[&w0].restart_count, 0,
+        ctx.roles.slot(w0).unwrap().restart_count,
+        0,
         "survivors were not restarted"
     );
 
@@ -490,7 +501,7 @@ fn a_plan_whose_new_processes_start_after_the_data_ran_out_is_abandoned_and_the_
     }
     effects.extend(ctx.tick(now + 1));
     assert!(ctx.transition.is_none());
-    assert_eq!(ctx.slots[&w2].phase, SlotPhase::Removed);
+    assert_eq!(ctx.roles.slot(w2).unwrap().phase, SlotPhase::Removed);
     assert!(effects.contains(&Effect::Finish), "{effects:?}");
     assert_eq!(ctx.phase, JobPhase::Finishing);
     assert!(

@@ -131,7 +131,11 @@ fn worker_1_leads_moved_worker_0(ctx: &mut JobContext) {
     let after = ctx.transition.as_ref().unwrap().round_after;
     assert!(ctx.join_rendezvous(w0, 1, 7).unwrap().removed);
     ctx.advance(7);
-    assert_eq!(ctx.slots[&w0].incarnation, 2, "its successor launched");
+    assert_eq!(
+        ctx.roles.slot(w0).unwrap().incarnation,
+        2,
+        "its successor launched"
+    );
     ctx.register_agent(w0, 2, "h2".into(), "127.0.0.1:9100".into(), 7)
         .unwrap();
     ctx.join_rendezvous_at(w0, 2, Some("127.0.0.1:7100".into()), 8)
@@ -180,7 +184,11 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     // Worker 1's process leaves the old group at its rejoin, as a removed member does, and
     // only then is its successor launched (stopped at the cut, it would have broken the old
     // group's last collectives).
-    assert_eq!(ctx.slots[&w1].incarnation, 1, "still in the old group");
+    assert_eq!(
+        ctx.roles.slot(w1).unwrap().incarnation,
+        1,
+        "still in the old group"
+    );
     let v = ctx.join_rendezvous(w1, 1, 7).unwrap();
     assert!(v.removed && !v.ready, "{v:?}");
     let launched = ctx.advance(7);
@@ -192,7 +200,12 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
         "{launched:?}"
     );
     assert_eq!(
-        ctx.slots[&w1].resources.as_ref().and_then(|r| r.cpu),
+        ctx.roles
+            .slot(w1)
+            .unwrap()
+            .resources
+            .as_ref()
+            .and_then(|r| r.cpu),
         Some(vocab::Millicores(2000)),
         "with the plan's resources"
     );
@@ -219,9 +232,16 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
     let mut ctx = moved_at_cut(&[1], w0);
     let timeout = ctx.timing.register_timeout_ms;
     for k in [w0, w1] {
-        let inc = ctx.slots[&k].incarnation;
-        ctx.heartbeat(k, ctx.slots[&k].agent_id, inc, None, 0, 6 + timeout)
-            .unwrap();
+        let inc = ctx.roles.slot(k).unwrap().incarnation;
+        ctx.heartbeat(
+            k,
+            ctx.roles.slot(k).unwrap().agent_id,
+            inc,
+            None,
+            0,
+            6 + timeout,
+        )
+        .unwrap();
     }
     assert!(ctx.tick(6 + timeout).is_empty(), "not before the timeout");
     let launched = ctx.tick(7 + timeout);

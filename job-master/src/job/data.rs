@@ -24,7 +24,7 @@ impl JobContext {
     ) -> Result<JoinView, Error> {
         self.training(key, incarnation)?;
         if let Some(addr) = service_addr {
-            let s = self.slots.get_mut(&key).expect("checked");
+            let s = self.roles.slot_mut(key).expect("checked");
             if s.service_addr.as_deref() != Some(addr.as_str()) {
                 s.service_addr = Some(addr.clone());
                 if key.role == Role::PS
@@ -70,7 +70,7 @@ impl JobContext {
         }
         if self.moves_out(&slot) {
             // Its successor is launched by `advance`, once this answer is decided.
-            self.slots.get_mut(&key).expect("checked").left_to_move = true;
+            self.roles.slot_mut(key).expect("checked").left_to_move = true;
             view.removed = true;
             return Ok(view);
         }
@@ -95,7 +95,7 @@ impl JobContext {
                         if !slot.fresh {
                             view.resume_from = self.resume_of_round(round);
                         }
-                        self.slots.get_mut(&key).expect("checked").told_round = round;
+                        self.roles.slot_mut(key).expect("checked").told_round = round;
                         view.ready = true;
                         view.round = round;
                         view.rank = rank;
@@ -109,8 +109,8 @@ impl JobContext {
                 // A command's TF cluster spec must name every task: nobody starts before all
                 // have joined.
                 let barrier = self.restarts_to_rescale().then(|| {
-                    self.slots.get_mut(&key).expect("checked").joined = incarnation;
-                    let live = self.slots.values().filter(|s| s.phase.is_live());
+                    self.roles.slot_mut(key).expect("checked").joined = incarnation;
+                    let live = self.roles.slots().filter(|s| s.phase.is_live());
                     let (joined, all) = live.fold((0, 0), |(j, n), s| {
                         (j + u32::from(s.joined == s.incarnation), n + 1)
                     });
@@ -118,8 +118,8 @@ impl JobContext {
                 });
                 let trainer = self.trainer();
                 let live_workers = self
-                    .slots
-                    .values()
+                    .roles
+                    .slots()
                     .filter(|s| s.key.role == trainer && s.phase.is_live())
                     .count() as u32;
                 let ps_to = self
@@ -176,7 +176,7 @@ impl JobContext {
         }
         if view.ready {
             let trainer = self.trainer();
-            let s = self.slots.get_mut(&key).expect("checked");
+            let s = self.roles.slot_mut(key).expect("checked");
             if s.phase == SlotPhase::Restarting {
                 s.phase = SlotPhase::Running;
             }
@@ -228,7 +228,7 @@ impl JobContext {
         let holder = Self::holder(key, incarnation);
         let mut effects = Vec::new();
         let layout = self.group.cluster().map_or(0, |c| c.ps_version);
-        let phase = self.slots[&key].phase;
+        let phase = self.roles.slot(key).unwrap().phase;
         let ps_worker = self.spec.kind == JobKind::Ps && key.role == self.trainer();
         // An allreduce member being removed stays in the ring until the group re-forms.
         if phase == SlotPhase::Removed || (ps_worker && phase == SlotPhase::Removing) {
@@ -242,7 +242,7 @@ impl JobContext {
             return Ok((v, effects));
         }
         if let Some(v) = ps_version {
-            self.slots.get_mut(&key).expect("checked").ps_version = v;
+            self.roles.slot_mut(key).expect("checked").ps_version = v;
         }
         let step = self.transition.as_ref().map(|t| t.step);
         if ps_worker {
@@ -429,8 +429,8 @@ impl JobContext {
         let chief_done = self.spec.kind == JobKind::Ps
             && self.restarts_to_rescale()
             && self
-                .slots
-                .get(&chief)
+                .roles
+                .slot(chief)
                 .is_some_and(|s| s.phase == SlotPhase::Succeeded);
         let data_done = if self.is_builtin() {
             self.ledger.is_complete() && self.final_eval_loss.is_some()
@@ -444,8 +444,8 @@ impl JobContext {
         // that leases nothing has only its workers' exits to say it is over.
         let data_accounted = data_done && (self.is_builtin() || self.leased_any);
         let trainers: Vec<&Slot> = self
-            .slots
-            .values()
+            .roles
+            .slots()
             .filter(|s| s.key.role == trainer && s.phase.is_live())
             .collect();
         // So must an all-reduce worker that registered after the group that did the work
@@ -475,7 +475,7 @@ impl JobContext {
                     .all(|s| s.phase == SlotPhase::Succeeded || unstarted.contains(&s.key)));
         if workers_done && data_done {
             for key in unstarted {
-                let how = match self.slots.get(&key).map(|s| (s.phase, s.process_pid)) {
+                let how = match self.roles.slot(key).map(|s| (s.phase, s.process_pid)) {
                     Some((SlotPhase::Launching, _)) => "was never started (still pending)",
                     Some((_, 0)) => {
                         "never joined the group that did the work (its process not started)"
@@ -524,8 +524,8 @@ impl JobContext {
     /// or about to join): last call waits for them, up to the register timeout.
     pub(super) fn rendezvous_now(&mut self) -> Option<&mut RoundRendezvous> {
         let live: Vec<u32> = self
-            .slots
-            .values()
+            .roles
+            .slots()
             .filter(|s| {
                 s.key.role == self.trainer()
                     && matches!(
@@ -625,8 +625,8 @@ impl JobContext {
         let sps = workers
             .iter()
             .filter(|(k, _)| {
-                self.slots
-                    .get(k)
+                self.roles
+                    .slot(**k)
                     .is_some_and(|s| s.phase == SlotPhase::Running)
             })
             .map(|(_, m)| m.samples_per_second)

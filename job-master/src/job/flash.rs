@@ -394,11 +394,11 @@ impl JobContext {
         let grows = t.to.get(&trainer) > t.from.get(&trainer);
         // A script on the SDK gets it from rank 0 over the new group instead, when rank 0 is
         // a process that took part in the cut.
-        let moving = self.slots.values().any(|s| s.migrate_to.is_some());
+        let moving = self.roles.slots().any(|s| s.migrate_to.is_some());
         if moving {
             let only_trainers = self
-                .slots
-                .values()
+                .roles
+                .slots()
                 .all(|s| s.migrate_to.is_none() || s.key.role == trainer);
             if !self.process_joins() || !only_trainers {
                 return Some("the plan's moved processes load it from disk");
@@ -420,8 +420,8 @@ impl JobContext {
     /// members that the plan neither moves nor removes. None: no such process.
     fn cut_leader(&self, rank0: SlotKey) -> Option<u32> {
         let moved = |index: u32| {
-            self.slots
-                .get(&SlotKey {
+            self.roles
+                .slot(SlotKey {
                     role: rank0.role,
                     index,
                 })
@@ -456,8 +456,8 @@ impl JobContext {
     /// The training group's processes the transition moves (by index).
     fn moved_trainers(&self) -> Vec<u32> {
         let trainer = self.trainer();
-        self.slots
-            .values()
+        self.roles
+            .slots()
             .filter(|s| s.key.role == trainer && s.migrate_to.is_some())
             .map(|s| s.key.index)
             .collect()
@@ -474,8 +474,8 @@ impl JobContext {
             return None;
         }
         let (trainer, first) = (self.trainer(), peers.first()?);
-        self.slots
-            .values()
+        self.roles
+            .slots()
             .any(|s| {
                 s.key.role == trainer
                     && s.key.index < p.survivors
@@ -690,10 +690,7 @@ mod tests {
             events(&ctx).contains("never mixed, the earlier are dropped"),
             "{} {:?}",
             events(&ctx),
-            ctx.slots
-                .values()
-                .map(|s| s.incarnation)
-                .collect::<Vec<_>>()
+            ctx.roles.slots().map(|s| s.incarnation).collect::<Vec<_>>()
         );
         assert_eq!(
             ctx.flash.steps[&4]

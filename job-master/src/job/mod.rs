@@ -1,8 +1,8 @@
 //! The job's state and every decision the master takes about it (pure: no I/O, no clock).
 //!
-//! [`JobContext`] is what is persisted: slots (one per process of the training group), the
-//! service role groups, the shard ledger, rendezvous, checkpoints, restart counts and the event
-//! log. Each method takes the time as `now_ms` and returns [`Effect`]s that the async shell
+//! [`JobContext`] is what is persisted: its role groups ([`Roles`]: the training group's and
+//! the others', each with what it should be and its processes' slots), the shard ledger,
+//! rendezvous, checkpoints and the event log. Each method takes the time as `now_ms` and returns [`Effect`]s that the async shell
 //! ([`crate::master`]) carries out: launch or stop an agent through the platform, save a PS
 //! checkpoint, finish the job.
 //!
@@ -13,8 +13,8 @@
 //!   broken, so every process restarts from the latest checkpoint and the ledger rolls back to
 //!   the data position that checkpoint recorded.
 //! * A slot that fails more than its role's `max_restarts` fails the job.
-//! * Service and single roles (the spec's roles outside the training group) are role groups of
-//!   their own (`services`): a failure restarts the process, its group or the whole job as
+//! * Service and single roles (the spec's roles outside the training group) are role groups
+//!   beside the training group's (`services`): a failure restarts the process, its group or the whole job as
 //!   the role's failover level says; a plan resizes them at once, touching no other role.
 //!
 //! Scale plans (see [`crate::scale`]) are carried out one at a time by a [`Transition`]:
@@ -49,6 +49,7 @@ use crate::spec::{JobKind, JobSpec, Resources, Role};
 pub use calls::{CallRates, CallTotals, RoleRate, WINDOW_MS as CALLS_WINDOW_MS};
 pub use cancel::Cancelling;
 pub use effective::{TrainingTime, WorkLost};
+pub use roles::Roles;
 pub use services::RoleGroup;
 pub use stability::{HangRecord, Stability, Straggler};
 pub use vocab::SlotKey;
@@ -74,6 +75,7 @@ mod properties;
 mod ps_flash_tests;
 mod reshard;
 pub mod role_checkpoint;
+pub mod roles;
 mod services;
 #[cfg(test)]
 mod services_tests;
@@ -533,8 +535,9 @@ pub struct JobContext {
     pub phase: JobPhase,
     pub started_at_ms: u64,
     pub first_step_at_ms: Option<u64>,
-    pub slots: BTreeMap<SlotKey, Slot>,
-    pub restarts: BTreeMap<Role, u32>,
+    /// Every role group by name: the training group's roles (their processes, relaunches and
+    /// the resources plans set) and the others' ([`Roles`]).
+    pub roles: Roles,
     pub ledger: ShardLedger,
     /// How the processes form a group: rendezvous rounds (allreduce) or a PS cluster.
     pub group: Group,
@@ -566,17 +569,10 @@ pub struct JobContext {
     pub transitions: Vec<TransitionRecord>,
     #[serde(default)]
     pub reshards: Vec<ReshardRecord>,
-    /// Resources plans set for a role's future launches.
-    #[serde(default)]
-    pub role_resources: BTreeMap<Role, Resources>,
     /// A process leased a shard: the ledger's verdict on the data means something. A command
     /// that reads its own data never does.
     #[serde(default)]
     pub leased_any: bool,
-    /// The role groups outside the training group (service and single roles), each with its
-    /// desired size and its processes (`services`).
-    #[serde(default)]
-    pub services: BTreeMap<Role, RoleGroup>,
     /// Stragglers, hangs and the nodes the job avoids (`stability`).
     #[serde(default)]
     pub stability: Stability,
@@ -649,14 +645,15 @@ const MAX_EVENTS: usize = 1_000;
 impl JobContext {
     /// A fresh job from a validated spec. Returns the agents to launch.
     pub fn new(spec: JobSpec, run_id: String, timing: Timing, now_ms: u64) -> (Self, Vec<Effect>) {
-        let mut slots = BTreeMap::new();
+        let mut roles = Roles::default();
         let mut effects = Vec::new();
         let mut group = None;
         for role in spec.roles.keys().copied().filter(|&r| spec.is_training(r)) {
             let plan = spec.role_plan(role).expect("validated spec");
+            roles.add(role, true, plan.replicas);
             for index in 0..plan.replicas {
                 let key = SlotKey { role, index };
-                slots.insert(key, Slot::new(key, 1, now_ms));
+                *roles.slot_or_new(key, now_ms) = Slot::new(key, 1, now_ms);
                 effects.push(Effect::LaunchAgent {
                     key,
                     incarnation: 1,
@@ -691,8 +688,7 @@ impl JobContext {
             phase: JobPhase::Running,
             started_at_ms: now_ms,
             first_step_at_ms: None,
-            slots,
-            restarts: BTreeMap::new(),
+            roles,
             ledger,
             group: group.expect("a validated spec has workers, and PS for a ps job"),
             checkpoints: Vec::new(),
@@ -712,9 +708,7 @@ impl JobContext {
             transition: None,
             transitions: Vec::new(),
             reshards: Vec::new(),
-            role_resources: BTreeMap::new(),
             leased_any: false,
-            services: BTreeMap::new(),
             stability: Stability::default(),
             training_time: TrainingTime::default(),
             flash: flash::FlashParts::default(),
@@ -730,7 +724,7 @@ impl JobContext {
                 "job {} ({}) started with {} processes",
                 ctx.spec.name,
                 ctx.spec.kind,
-                ctx.slots.len()
+                ctx.roles.slots().count()
             ),
         );
         (ctx, effects)
@@ -741,8 +735,8 @@ impl JobContext {
     pub fn clock_ms(&self) -> u64 {
         let events = self.events.last().map_or(0, |e| e.at_ms);
         let slots = self
-            .slots
-            .values()
+            .roles
+            .slots()
             .map(|s| s.last_heartbeat_ms)
             .max()
             .unwrap_or(0);
@@ -848,8 +842,8 @@ impl JobContext {
 
     /// Keys of the slots that satisfy `pred`, in key order.
     fn keys_where(&self, pred: impl Fn(&Slot) -> bool) -> Vec<SlotKey> {
-        self.slots
-            .values()
+        self.roles
+            .slots()
             .filter(|s| pred(s))
             .map(|s| s.key)
             .collect()

@@ -33,7 +33,7 @@ impl JobContext {
         }
         self.stability.shrinking =
             action == StragglerAction::Shrink && self.may_shrink(key, now_ms);
-        let host = self.slots[&key].host.clone();
+        let host = self.roles.slot(key).unwrap().host.clone();
         if let Some(s) = self.stability.stragglers.get_mut(&key) {
             s.replaced = true;
         }
@@ -71,8 +71,8 @@ impl JobContext {
 
     /// The highest index of `role` still in the job: the one a shrink takes out.
     fn last_live(&self, role: Role) -> Option<SlotKey> {
-        self.slots
-            .values()
+        self.roles
+            .slots()
             .filter(|s| s.key.role == role && s.phase.is_live())
             .map(|s| s.key)
             .max_by_key(|k| k.index)
@@ -118,8 +118,8 @@ impl JobContext {
         }
         // Workers first: a ps worker moves alone; a parameter server takes a cut.
         let (key, host) = [self.trainer(), Role::PS].iter().find_map(|role| {
-            self.slots
-                .values()
+            self.roles
+                .slots()
                 .find(|s| {
                     s.key.role == *role && s.phase == SlotPhase::Running && nodes.contains(&s.host)
                 })
@@ -173,7 +173,7 @@ impl JobContext {
     /// Gives `key` a new process, which the platform places off the nodes avoided and
     /// cordoned (see the module's doc).
     fn move_off(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
-        let host = self.slots[&key].host.clone();
+        let host = self.roles.slot(key).unwrap().host.clone();
         let (doing, _) = self.moving(key);
         let mut effects = Vec::new();
         let alone = self.spec.kind == JobKind::Ps
@@ -227,7 +227,7 @@ impl JobContext {
             effects.extend(self.take_last_out(key, now_ms));
         }
         effects.extend(self.group_restart(now_ms, &done));
-        if self.slots.get(&key).is_some_and(|s| s.phase.is_live()) {
+        if self.roles.slot(key).is_some_and(|s| s.phase.is_live()) {
             effects.extend(self.relaunch_agent(key, now_ms));
         }
         effects

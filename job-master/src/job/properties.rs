@@ -122,12 +122,12 @@ proptest! {
                 }
                 Pe::Act(i) => {
                     let k = pkey(i);
-                    let Some(slot) = ctx.slots.get(&k).cloned() else { continue };
+                    let Some(slot) = ctx.roles.slot(k).cloned() else { continue };
                     if slot.phase == SlotPhase::Launching {
                         let _ = ctx.register_agent(k, slot.incarnation, "h".into(), format!("a{k}"), now);
                         let _ = ctx.advance(now);
                     }
-                    let inc = ctx.slots[&k].incarnation;
+                    let inc = ctx.roles.slot(k).unwrap().incarnation;
                     let _ = ctx.join_rendezvous(k, inc, now);
                     let _ = ctx.advance(now);
                     if k.role == Role::WORKER && !held.contains_key(&i) {
@@ -144,7 +144,7 @@ proptest! {
                 }
                 Pe::Exit(i) => {
                     let k = pkey(i);
-                    if let Some(inc) = ctx.slots.get(&k).map(|s| s.incarnation) {
+                    if let Some(inc) = ctx.roles.slot(k).map(|s| s.incarnation) {
                         let _ = ctx.process_exited(k, inc, 137, 0, None, now);
                     }
                 }
@@ -171,8 +171,8 @@ proptest! {
                     }
                 }
                 Pe::Tick => {
-                    for k in ctx.slots.keys().copied().collect::<Vec<_>>() {
-                        let s = &ctx.slots[&k];
+                    for k in ctx.roles.slots().map(|s| s.key).collect::<Vec<_>>() {
+                        let s = &ctx.roles.slot(k).unwrap();
                         let (agent, inc) = (s.agent_id, s.incarnation);
                         let _ = ctx.heartbeat(k, agent, inc, None, 0, now);
                     }
@@ -180,12 +180,12 @@ proptest! {
                 }
             }
             prop_assert!(ctx.ledger.verify_exactly_once(false).is_ok());
-            let live = ctx.slots.values().filter(|s| s.phase.is_live()).count();
+            let live = ctx.roles.slots().filter(|s| s.phase.is_live()).count();
             prop_assert!(live <= cap.max_processes as usize, "{} live processes", live);
             let reached: Vec<u64> = ctx.transitions.iter().map(|t| t.version).collect();
             prop_assert!(reached.windows(2).all(|w| w[0] < w[1]), "plans reached out of order: {:?}", reached);
             prop_assert!(ctx.plans.reached <= ctx.plans.desired);
-            held.retain(|i, (_, inc)| ctx.slots.get(&pkey(*i)).is_some_and(|s| s.incarnation == *inc && s.phase.is_live()));
+            held.retain(|i, (_, inc)| ctx.roles.slot(pkey(*i)).is_some_and(|s| s.incarnation == *inc && s.phase.is_live()));
         }
         let json = serde_json::to_string(&ctx).unwrap();
         let back: JobContext = serde_json::from_str(&json).unwrap();
@@ -211,18 +211,18 @@ proptest! {
         )).unwrap();
         let (mut ctx, _) = JobContext::new(spec, "p".into(), Timing::default(), 0);
         let mut now = 1;
-        for k in ctx.slots.keys().copied().collect::<Vec<_>>() {
+        for k in ctx.roles.slots().map(|s| s.key).collect::<Vec<_>>() {
             ctx.register_agent(k, 1, "h".into(), format!("a{k}"), now).unwrap();
         }
         let mut held: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-        let mut incarnations: BTreeMap<SlotKey, u64> = ctx.slots.iter().map(|(k, s)| (*k, s.incarnation)).collect();
+        let mut incarnations: BTreeMap<SlotKey, u64> = ctx.roles.slots().map(|s| (&s.key, s)).map(|(k, s)| (*k, s.incarnation)).collect();
         let mut ckpt = 0;
         for e in events {
             now += 10;
             let failed_before = matches!(ctx.phase, JobPhase::Failed { .. });
             match e {
                 Ev::Lease(i) => {
-                    let inc = ctx.slots[&key(i)].incarnation;
+                    let inc = ctx.roles.slot(key(i)).unwrap().incarnation;
                     let _ = ctx.join_rendezvous(key(i), inc, now);
                     if let Ok(LeaseView { outcome: LeaseOutcome::Granted(s), .. }) = ctx.lease(key(i), inc) {
                         held.insert(i, (s.id, inc));
@@ -233,16 +233,16 @@ proptest! {
                         let _ = ctx.shard_done(key(i), inc, shard, now);
                     }
                 }
-                Ev::Exit(i, _) if !ctx.slots.contains_key(&key(i)) => {}
+                Ev::Exit(i, _) if ctx.roles.slot(key(i)).is_none() => {}
                 Ev::Exit(i, code) => {
-                    let inc = ctx.slots[&key(i)].incarnation;
+                    let inc = ctx.roles.slot(key(i)).unwrap().incarnation;
                     let _ = ctx.process_exited(key(i), inc, code, 0, None, now);
                 }
                 Ev::AgentLost(i) => {
-                    let inc = ctx.slots[&key(i)].incarnation;
+                    let inc = ctx.roles.slot(key(i)).unwrap().incarnation;
                     let _ = ctx.agent_lost(key(i), inc, "test".into(), now);
                     // The platform relaunches it and the new agent registers.
-                    let inc = ctx.slots[&key(i)].incarnation;
+                    let inc = ctx.roles.slot(key(i)).unwrap().incarnation;
                     let _ = ctx.register_agent(key(i), inc, "h".into(), format!("a{i}"), now);
                 }
                 Ev::Checkpoint => {
@@ -254,8 +254,8 @@ proptest! {
                 Ev::Tick(dt) => {
                     now += dt;
                     // Live agents keep heartbeating; only the tick's timing is under test.
-                    for k in ctx.slots.keys().copied().collect::<Vec<_>>() {
-                        let s = &ctx.slots[&k];
+                    for k in ctx.roles.slots().map(|s| s.key).collect::<Vec<_>>() {
+                        let s = &ctx.roles.slot(k).unwrap();
                         let (agent, inc) = (s.agent_id, s.incarnation);
                         let _ = ctx.heartbeat(k, agent, inc, None, 0, now);
                     }
@@ -265,13 +265,13 @@ proptest! {
             prop_assert!(ctx.ledger.verify_exactly_once(false).is_ok());
             let failed_now = matches!(ctx.phase, JobPhase::Failed { .. });
             prop_assert!(!failed_before || failed_now, "a failed job came back");
-            for (k, s) in &ctx.slots {
+            for (k, s) in ctx.roles.slots().map(|s| (&s.key, s)) {
                 prop_assert!(s.incarnation >= incarnations[k], "{k} went back");
                 incarnations.insert(*k, s.incarnation);
             }
             // Shards the test still thinks it holds under an old incarnation are no longer
             // that holder's: completing them must fail.
-            held.retain(|i, (_, inc)| *inc == ctx.slots[&key(*i)].incarnation);
+            held.retain(|i, (_, inc)| *inc == ctx.roles.slot(key(*i)).unwrap().incarnation);
         }
         let json = serde_json::to_string(&ctx).unwrap();
         let back: JobContext = serde_json::from_str(&json).unwrap();

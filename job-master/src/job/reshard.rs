@@ -37,7 +37,7 @@ impl JobContext {
             c.version += 1;
         }
         let mut new_ps = Vec::new();
-        for s in self.slots.values_mut() {
+        for s in self.roles.slots_mut() {
             if s.fresh {
                 s.fresh = false;
                 new_ps.push((s.key.index, s.service_addr.clone().unwrap_or_default()));
@@ -98,7 +98,7 @@ impl JobContext {
             });
             effects.push(self.launch_slot(key, false, now_ms));
         }
-        for s in self.slots.values_mut() {
+        for s in self.roles.slots_mut() {
             s.fresh = false;
         }
         if let Some(c) = self.group.cluster_mut() {

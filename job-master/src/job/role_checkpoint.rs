@@ -79,7 +79,7 @@ impl JobContext {
                 digest.chars().take(80).collect::<String>()
             )));
         }
-        let group = self.services.get_mut(&role).expect("a service role");
+        let group = self.roles.service_mut(role).expect("a service role");
         if let Some(c) = &group.checkpoint
             && step <= c.step
         {
@@ -111,8 +111,8 @@ impl JobContext {
     pub fn role_checkpoint_for(&self, key: SlotKey) -> Result<Option<&RoleCheckpoint>, Error> {
         self.slot(key)?;
         Ok(self
-            .services
-            .get(&key.role)
+            .roles
+            .service(key.role)
             .and_then(|g| g.checkpoint.as_ref()))
     }
 }

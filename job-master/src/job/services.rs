@@ -22,10 +22,15 @@
 use super::*;
 use crate::spec::{Failover, Topology};
 
-/// One role group outside the training group: what it should be and what runs.
+/// One role group: what it should be and what runs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoleGroup {
-    /// The processes it should have: the spec's replicas, then what plans ask.
+    /// One of the training group's roles (rendezvous or PS cluster, data shards,
+    /// transitions), or a group of its own (service, single, a further all-reduce group).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub training: bool,
+    /// The processes it should have: the spec's replicas, then what plans ask (the training
+    /// group's: the plan being carried out's, once it starts).
     pub desired: u32,
     /// Its processes by index, as observed (removed ones stay, for their index).
     pub slots: BTreeMap<u32, Slot>,
@@ -73,7 +78,7 @@ impl JobContext {
         let mut effects = Vec::new();
         for role in roles {
             let replicas = self.spec.role_plan(role).expect("validated spec").replicas;
-            self.services.insert(role, RoleGroup::default());
+            self.roles.add(role, false, 0);
             effects.extend(self.resize_service(role, replicas, None, &[], now_ms));
         }
         effects
@@ -81,7 +86,7 @@ impl JobContext {
 
     /// Whether `role` is a service or single role of this job.
     pub fn is_service(&self, role: Role) -> bool {
-        self.services.contains_key(&role)
+        self.roles.service(role).is_some()
     }
 
     /// The current incarnation of a training process: a service or single role has no
@@ -98,17 +103,11 @@ impl JobContext {
 
     /// The slot of `key`, in the training group or a service group.
     pub(super) fn any_slot(&self, key: SlotKey) -> Option<&Slot> {
-        match self.services.get(&key.role) {
-            Some(g) => g.slots.get(&key.index),
-            None => self.slots.get(&key),
-        }
+        self.roles.any(key)
     }
 
     pub(super) fn any_slot_mut(&mut self, key: SlotKey) -> Option<&mut Slot> {
-        match self.services.get_mut(&key.role) {
-            Some(g) => g.slots.get_mut(&key.index),
-            None => self.slots.get_mut(&key),
-        }
+        self.roles.any_mut(key)
     }
 
     /// Where the brain's round placed a start's processes (`nodes`, by role, each role's from
@@ -146,9 +145,7 @@ impl JobContext {
 
     /// Every slot of the job: the training group's, then each service group's.
     pub fn all_slots(&self) -> impl Iterator<Item = &Slot> {
-        self.slots
-            .values()
-            .chain(self.services.values().flat_map(|g| g.slots.values()))
+        self.roles.all()
     }
 
     /// Sets `role`'s size to `count`: new processes start (a removed index comes back with a
@@ -163,7 +160,7 @@ impl JobContext {
         nodes: &[String],
         now_ms: u64,
     ) -> Vec<Effect> {
-        let group = self.services.get_mut(&role).expect("a service role");
+        let group = self.roles.service_mut(role).expect("a service role");
         let from = group.live();
         group.desired = count;
         if resources.is_some() {
@@ -234,7 +231,7 @@ impl JobContext {
         relaunch_agent: bool,
         now_ms: u64,
     ) -> Vec<Effect> {
-        let group = self.services.get_mut(&key.role).expect("a service role");
+        let group = self.roles.service_mut(key.role).expect("a service role");
         group.restarts += 1;
         let count = group.restarts;
         let Some(limit) = self.restart_allowed(key, count, &how, now_ms) else {
@@ -281,7 +278,10 @@ impl JobContext {
 
     /// Every live process of `role`'s group restarts.
     fn restart_service_group(&mut self, role: Role) {
-        let keys: Vec<SlotKey> = self.services[&role]
+        let keys: Vec<SlotKey> = self
+            .roles
+            .service(role)
+            .expect("a service role")
             .slots
             .values()
             .filter(|s| s.phase.is_live())
@@ -294,7 +294,7 @@ impl JobContext {
 
     /// Every service group restarts (a failure with failover `job`).
     pub(super) fn restart_every_service(&mut self) {
-        let roles: Vec<Role> = self.services.keys().copied().collect();
+        let roles: Vec<Role> = self.roles.services().map(|(r, _)| r).collect();
         for role in roles {
             self.restart_service_group(role);
         }
@@ -311,9 +311,9 @@ impl JobContext {
     /// After the master restarted: every service process is launched anew.
     pub(super) fn resume_services(&mut self, now_ms: u64) -> Vec<Effect> {
         let keys: Vec<SlotKey> = self
-            .services
-            .values()
-            .flat_map(|g| g.slots.values())
+            .roles
+            .services()
+            .flat_map(|(_, g)| g.slots.values())
             .filter(|s| s.phase.is_live() && s.phase != SlotPhase::Succeeded)
             .map(|s| s.key)
             .collect();
@@ -440,7 +440,7 @@ impl JobContext {
                 })
             })
             .collect();
-        let desired = match self.services.get(&role) {
+        let desired = match self.roles.service(role) {
             Some(g) => g.desired,
             None => self.role_counts().get(&role).copied().unwrap_or(0),
         };
@@ -469,7 +469,7 @@ impl JobContext {
         let mut restart = Vec::new();
         for role in roles {
             let target = plan.roles.remove(&role).expect("listed");
-            let from = self.services[&role].live();
+            let from = self.roles.service(role).expect("a service role").live();
             effects.extend(self.resize_service(
                 role,
                 target.count,

@@ -65,12 +65,24 @@ fn service_roles_start_with_the_job_apart_from_the_training_group() {
     assert_eq!(keys.len(), 5, "{keys:?}");
     assert!(keys.contains(&rollout(1)));
     assert_eq!(
-        ctx.slots.len(),
+        ctx.roles.slots().count(),
         2,
         "only the workers are the training group's"
     );
-    assert_eq!(ctx.services[&Role::new("rollout").unwrap()].desired, 2);
-    assert_eq!(ctx.services[&Role::new("driver").unwrap()].live(), 1);
+    assert_eq!(
+        ctx.roles
+            .service(Role::new("rollout").unwrap())
+            .unwrap()
+            .desired,
+        2
+    );
+    assert_eq!(
+        ctx.roles
+            .service(Role::new("driver").unwrap())
+            .unwrap()
+            .live(),
+        1
+    );
     assert!(ctx.is_service(Role::new("driver").unwrap()));
     assert!(!ctx.is_service(Role::WORKER));
     // A service has no rendezvous or data.
@@ -249,7 +261,7 @@ fn the_processes_a_plan_adds_go_to_the_nodes_it_names_for_their_first_launch_onl
         e.to_string(),
         "rollout: the plan names 2 nodes for the 1 processes it adds (at most one each)"
     );
-    assert_eq!(ctx.services[&role].desired, 3);
+    assert_eq!(ctx.roles.service(role).unwrap().desired, 3);
 }
 
 #[test]

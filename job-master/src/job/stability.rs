@@ -256,8 +256,8 @@ impl JobContext {
     /// in a row, cleared after two that are not.
     fn check_straggler(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
         let live = |k: &SlotKey| {
-            self.slots
-                .get(k)
+            self.roles
+                .slot(*k)
                 .is_some_and(|s| s.phase == SlotPhase::Running)
         };
         let peers: Vec<f64> = self
@@ -268,7 +268,7 @@ impl JobContext {
                 k.role == key.role
                     && **k != key
                     && live(k)
-                    && self.slots[*k].incarnation == *inc
+                    && self.roles.slot(**k).unwrap().incarnation == *inc
                     && !w.is_empty()
             })
             .map(|(_, (_, w))| *w.back().expect("not empty"))
@@ -287,7 +287,7 @@ impl JobContext {
         let step_ms = last_two[0];
         let flagged = self.stability.stragglers.contains_key(&key);
         if slow && !flagged {
-            let host = self.slots[&key].host.clone();
+            let host = self.roles.slot(key).unwrap().host.clone();
             let s = Straggler {
                 since_ms: now_ms,
                 replaced: false,
@@ -355,8 +355,8 @@ impl JobContext {
         };
         // An all-reduce group is stuck together: every rank's stacks tell where.
         let keys: Vec<(SlotKey, u64)> = if self.spec.kind == JobKind::Allreduce {
-            self.slots
-                .values()
+            self.roles
+                .slots()
                 .filter(|s| s.key.role == key.role && s.phase == SlotPhase::Running)
                 .map(|s| (s.key, s.incarnation))
                 .collect()
@@ -400,7 +400,7 @@ impl JobContext {
     /// `stability:` settings allow, with why.
     fn hung(&self, now_ms: u64) -> Option<(SlotKey, u64, String)> {
         let allreduce = self.spec.kind == JobKind::Allreduce;
-        self.slots.values().find_map(|s| {
+        self.roles.slots().find_map(|s| {
             let p = self.stability.progress.get(&s.key)?;
             if s.phase != SlotPhase::Running || p.incarnation != s.incarnation {
                 return None;

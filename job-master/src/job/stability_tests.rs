@@ -46,7 +46,7 @@ fn soak(
     jitter: &mut dyn FnMut() -> f64,
     slowdown: impl Fn(u32, u64) -> f64,
 ) -> BTreeMap<u32, u64> {
-    let workers: Vec<u32> = ctx.slots.keys().map(|k| k.index).collect();
+    let workers: Vec<u32> = ctx.roles.slots().map(|s| s.key).map(|k| k.index).collect();
     let mut flagged = BTreeMap::new();
     for r in 1..=reports {
         for &w in &workers {
@@ -121,7 +121,7 @@ fn a_rank_slowed_one_and_a_half_times_is_flagged_within_three_reports() {
     assert!(event.text.contains("action: report"), "{}", event.text);
     assert!(event.text.contains("1.5"), "{}", event.text);
     // It is only reported: nothing restarted.
-    assert!(ctx.slots.values().all(|s| s.incarnation == 1));
+    assert!(ctx.roles.slots().all(|s| s.incarnation == 1));
 }
 
 #[test]
@@ -153,8 +153,8 @@ fn a_ps_straggler_is_replaced_alone_off_its_node() {
         key: worker(2),
         incarnation: 2
     }));
-    assert_eq!(ctx.slots[&worker(0)].incarnation, 1);
-    assert_eq!(ctx.slots[&worker(1)].incarnation, 1);
+    assert_eq!(ctx.roles.slot(worker(0)).unwrap().incarnation, 1);
+    assert_eq!(ctx.roles.slot(worker(1)).unwrap().incarnation, 1);
     assert_eq!(ctx.generation, 0, "no group restart");
     assert!(ctx.stability.avoided.contains_key("127.0.0.1"));
 }
@@ -202,7 +202,7 @@ fn an_allreduce_straggler_is_replaced_after_a_checkpoint_at_the_cut() {
 #[test]
 fn an_allreduce_group_on_a_node_the_brain_cordons_moves_off_it_after_a_cut() {
     let mut ctx = running("allreduce", 0, 2, 1000);
-    let node = ctx.slots[&worker(0)].host.clone();
+    let node = ctx.roles.slot(worker(0)).unwrap().host.clone();
     assert!(ctx.nodes_cordoned(&["10.0.0.9".into()], 100).is_none());
     let effects = ctx.nodes_cordoned(std::slice::from_ref(&node), 100);
     assert!(effects.is_some());
@@ -241,7 +241,7 @@ fn an_allreduce_group_on_a_node_the_brain_cordons_moves_off_it_after_a_cut() {
 #[test]
 fn a_ps_worker_on_a_node_the_brain_cordons_moves_off_it_alone() {
     let mut ctx = running("ps", 1, 3, 1000);
-    let node = ctx.slots[&worker(0)].host.clone();
+    let node = ctx.roles.slot(worker(0)).unwrap().host.clone();
     let effects = ctx
         .nodes_cordoned(std::slice::from_ref(&node), 100)
         .unwrap();
@@ -263,7 +263,7 @@ fn a_ps_worker_on_a_node_the_brain_cordons_moves_off_it_alone() {
 /// Every agent heartbeats at `now_ms` (they are alive; their processes may not be).
 fn beat(ctx: &mut JobContext, now_ms: u64) {
     for w in 0..2 {
-        let s = &ctx.slots[&worker(w)];
+        let s = &ctx.roles.slot(worker(w)).unwrap();
         let (agent, inc) = (s.agent_id, s.incarnation);
         ctx.heartbeat(worker(w), agent, inc, None, 42, now_ms)
             .unwrap();
@@ -329,7 +329,11 @@ fn a_silent_group_is_hung_its_stacks_are_captured_then_it_restarts() {
     assert_eq!(h.stacks.len(), 2);
     assert!(h.stacks["worker-1"].contains("SIGSTOP"));
     assert!(ctx.events.iter().any(|e| e.text.contains("failed (hung:")));
-    assert_eq!(ctx.restarts[&Role::WORKER], 1, "a hang counts as a failure");
+    assert_eq!(
+        ctx.roles.restarts()[&Role::WORKER],
+        1,
+        "a hang counts as a failure"
+    );
 }
 
 #[test]
@@ -377,7 +381,7 @@ fn a_straggler_found_while_the_group_is_busy_is_replaced_once_it_is_not() {
                 compute_seconds: if w == 2 { 1.0 } else { 0.5 },
                 ..Default::default()
             };
-            let inc = ctx.slots[&worker(w)].incarnation;
+            let inc = ctx.roles.slot(worker(w)).unwrap().incarnation;
             effects.extend(
                 ctx.report_metrics(worker(w), inc, m, None, None, r * REPORT_MS)
                     .unwrap(),
@@ -407,8 +411,9 @@ fn a_straggler_found_while_the_group_is_busy_is_replaced_once_it_is_not() {
 /// Two reports in which worker `slow` computes twice as long as the others; the effects.
 fn slow_reports(ctx: &mut JobContext, slow: u32) -> Vec<Effect> {
     let workers: Vec<u32> = ctx
-        .slots
-        .keys()
+        .roles
+        .slots()
+        .map(|s| s.key)
         .filter(|k| k.role == Role::WORKER)
         .map(|k| k.index)
         .collect();
@@ -469,7 +474,7 @@ fn a_ps_straggler_that_is_not_the_last_shrinks_the_group_by_its_last_index() {
             .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == worker(2)))
     );
     assert_eq!(ctx.role_counts()[&Role::WORKER], 2);
-    assert_eq!(ctx.slots[&worker(2)].phase, SlotPhase::Removed);
+    assert_eq!(ctx.roles.slot(worker(2)).unwrap().phase, SlotPhase::Removed);
     assert_eq!(ctx.generation, 0, "no group restart");
     assert!(has_event(&ctx, "action: shrink"));
     assert!(has_event(

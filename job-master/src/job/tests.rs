@@ -38,8 +38,8 @@ pub(super) fn running(kind: &str, ps: u32, workers: u32, every: u32) -> JobConte
 /// A job of `spec` whose agents all registered and joined.
 pub(super) fn running_spec(spec: JobSpec) -> JobContext {
     let (mut ctx, effects) = JobContext::new(spec, "t-1".into(), Timing::default(), 0);
-    assert_eq!(effects.len(), ctx.slots.len());
-    for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
+    assert_eq!(effects.len(), ctx.roles.slots().count());
+    for key in ctx.roles.slots().map(|s| s.key).collect::<Vec<_>>() {
         ctx.register_agent(
             key,
             1,
@@ -50,10 +50,10 @@ pub(super) fn running_spec(spec: JobSpec) -> JobContext {
         .unwrap();
     }
     // Everyone joins; then everyone sees the closed round (or the complete cluster spec).
-    for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
+    for key in ctx.roles.slots().map(|s| s.key).collect::<Vec<_>>() {
         ctx.join_rendezvous(key, 1, 2).unwrap();
     }
-    for key in ctx.slots.keys().copied().collect::<Vec<_>>() {
+    for key in ctx.roles.slots().map(|s| s.key).collect::<Vec<_>>() {
         assert!(ctx.join_rendezvous(key, 1, 2).unwrap().ready, "{key}");
     }
     ctx
@@ -95,7 +95,7 @@ fn a_resumed_context_launches_every_process_anew_from_the_latest_checkpoint() {
             panic!("{e:?}");
         };
         assert!(*incarnation > 1, "{key}");
-        assert_eq!(back.slots[key].phase, SlotPhase::Launching);
+        assert_eq!(back.roles.slot(*key).unwrap().phase, SlotPhase::Launching);
     }
     // The data rolls back to the checkpoint: the shard done after it is done again.
     assert_eq!(back.ledger.done_shards(), 1);
@@ -119,16 +119,16 @@ fn a_ps_worker_failure_requeues_only_its_shard_and_restarts_only_it() {
     ctx.shard_done(W1, 1, b, 3).unwrap();
     let effects = ctx.process_exited(W0, 1, 0, 9, None, 4).unwrap();
     assert!(effects.is_empty());
-    assert_eq!(ctx.slots[&W0].incarnation, 2);
-    assert_eq!(ctx.slots[&W1].incarnation, 1);
-    assert_eq!(ctx.slots[&PS0].incarnation, 1);
+    assert_eq!(ctx.roles.slot(W0).unwrap().incarnation, 2);
+    assert_eq!(ctx.roles.slot(W1).unwrap().incarnation, 1);
+    assert_eq!(ctx.roles.slot(PS0).unwrap().incarnation, 1);
     // The dead incarnation is fenced; the new one gets the shard back first.
     assert!(matches!(
         ctx.lease(W0, 1),
         Err(Error::StaleIncarnation { .. })
     ));
     assert_eq!(
-        ctx.heartbeat(W0, ctx.slots[&W0].agent_id, 1, None, 0, 5)
+        ctx.heartbeat(W0, ctx.roles.slot(W0).unwrap().agent_id, 1, None, 0, 5)
             .unwrap()
             .0,
         AgentAction::Restart
@@ -164,8 +164,8 @@ fn a_ps_failure_restarts_everyone_from_the_checkpoint_and_rolls_the_ledger_back(
         "rolled back to the checkpoint's data position"
     );
     assert!(
-        ctx.slots
-            .values()
+        ctx.roles
+            .slots()
             .all(|s| s.incarnation == 2 && s.phase == SlotPhase::Restarting)
     );
     let view = ctx.join_rendezvous(PS0, 2, 7).unwrap();
@@ -214,7 +214,7 @@ fn an_allreduce_worker_failure_opens_a_new_round_for_everyone() {
     assert!(ctx.group.rendezvous().unwrap().current().is_none());
     // The neighbour's ring error arrives with the old incarnation: ignored, not counted.
     ctx.process_exited(W0, 1, 1, 0, None, 3).unwrap();
-    assert_eq!(ctx.restarts[&Role::WORKER], 1);
+    assert_eq!(ctx.roles.restarts()[&Role::WORKER], 1);
     assert!(!ctx.join_rendezvous(W0, 2, 4).unwrap().ready);
     let v = ctx.join_rendezvous(W1, 2, 4).unwrap();
     assert!(v.ready);
@@ -254,7 +254,7 @@ fn exceeding_the_relaunch_limit_fails_the_job_with_the_reason() {
             && last.ends_with("No module named 'torch'"),
         "{last}"
     );
-    let ps_agent = ctx.slots[&PS0].agent_id;
+    let ps_agent = ctx.roles.slot(PS0).unwrap().agent_id;
     assert_eq!(
         ctx.heartbeat(PS0, ps_agent, 1, None, 0, 10).unwrap().0,
         AgentAction::Shutdown
@@ -277,7 +277,7 @@ fn a_node_without_the_shared_checkpoint_directory_fails_the_job_at_once() {
         reason.starts_with("worker-1: ") && reason.contains("10.0.0.7"),
         "{reason}"
     );
-    let ps_agent = ctx.slots[&PS0].agent_id;
+    let ps_agent = ctx.roles.slot(PS0).unwrap().agent_id;
     assert_eq!(
         ctx.heartbeat(PS0, ps_agent, 1, None, 0, 10).unwrap().0,
         AgentAction::Shutdown,
@@ -339,8 +339,8 @@ fn an_agent_launched_before_a_group_restart_is_adopted_with_the_new_incarnation(
     // worker-1 is still launching when the PS fails: the group restarts, every incarnation
     // goes up, and worker-1's launch stands.
     ctx.process_exited(PS0, 1, 1, 0, None, 3).unwrap();
-    let now = ctx.slots[&W1].incarnation;
-    assert!(now > 1, "{:?}", ctx.slots[&W1]);
+    let now = ctx.roles.slot(W1).unwrap().incarnation;
+    assert!(now > 1, "{:?}", ctx.roles.slot(W1).unwrap());
     let (_, inc) = ctx
         .register_agent(W1, 1, "h".into(), "w1".into(), 4)
         .unwrap();
@@ -370,8 +370,8 @@ fn a_process_the_platform_cannot_place_is_pending_not_lost() {
             .iter()
             .any(|e| matches!(e, Effect::LaunchAgent { key, .. } if *key == W1))
     );
-    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
-    assert_eq!(ctx.restarts.get(&Role::WORKER), Some(&1));
+    assert_eq!(ctx.roles.slot(W1).unwrap().phase, SlotPhase::Launching);
+    assert_eq!(ctx.roles.restarts().get(&Role::WORKER), Some(&1));
     // The platform gives up placing it in its time: asked for again, the same incarnation,
     // no relaunch counted, its pending clock kept (the brain gives it up by it).
     let again = ctx.agent_not_placed(W1, 1, "no node has room".into(), long + 1);
@@ -382,8 +382,8 @@ fn a_process_the_platform_cannot_place_is_pending_not_lost() {
             incarnation: 1
         }]
     );
-    assert_eq!(ctx.restarts.get(&Role::WORKER), Some(&1));
-    assert_eq!(ctx.slots[&W1].last_heartbeat_ms, 0);
+    assert_eq!(ctx.roles.restarts().get(&Role::WORKER), Some(&1));
+    assert_eq!(ctx.roles.slot(W1).unwrap().last_heartbeat_ms, 0);
     assert!(
         ctx.events
             .last()
@@ -395,10 +395,13 @@ fn a_process_the_platform_cannot_place_is_pending_not_lost() {
     assert!(ctx.agent_not_placed(W0, 1, "x".into(), long + 2).is_empty());
     assert!(!ctx.agent_placed(W0, 1, long + 2));
     // The platform's reason is kept for the brain until the process is placed.
-    assert_eq!(ctx.slots[&W1].pending_reason, "no node has room");
+    assert_eq!(
+        ctx.roles.slot(W1).unwrap().pending_reason,
+        "no node has room"
+    );
     // Placed at last: the register timeout runs from then.
     assert!(ctx.agent_placed(W1, 1, long + 3));
-    assert_eq!(ctx.slots[&W1].pending_reason, "");
+    assert_eq!(ctx.roles.slot(W1).unwrap().pending_reason, "");
     let w1_relaunched = |effects: &[Effect]| {
         effects
             .iter()
@@ -467,7 +470,7 @@ fn a_worker_never_started_does_not_hold_the_job_open_once_the_data_is_done() {
     // while worker 0 does every shard and the final evaluation.
     let mut ctx = running("ps", 1, 2, 0);
     assert!(!ctx.agent_lost(W1, 1, "its node died".into(), 2).is_empty());
-    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
+    assert_eq!(ctx.roles.slot(W1).unwrap().phase, SlotPhase::Launching);
     worker_0_does_the_data_alone_and_ends_the_job(&mut ctx);
     assert!(
         ctx.events
@@ -488,9 +491,9 @@ fn a_worker_that_never_joined_the_working_group_does_not_hold_the_job_open() {
     // Here worker 1's agent came back as incarnation 2 (registered, its process not started)
     // while the round that does the work holds incarnation 1 of it.
     let mut ctx = running("allreduce", 0, 2, 0);
-    let w1 = ctx.slots.get_mut(&W1).unwrap();
+    let w1 = ctx.roles.slot_mut(W1).unwrap();
     (w1.incarnation, w1.process_pid) = (2, 0);
-    ctx.slots.get_mut(&W0).unwrap().process_pid = 4242;
+    ctx.roles.slot_mut(W0).unwrap().process_pid = 4242;
     worker_0_does_the_data_alone_and_ends_the_job(&mut ctx);
     assert!(
         ctx.events.iter().any(|e| e.text
@@ -512,9 +515,9 @@ fn a_script_s_worker_waiting_to_join_once_the_data_is_done_does_not_hold_the_job
     ctx.spec.workload.command = Some(vec!["train".into()]);
     ctx.spec.workload.rescale = Some(crate::spec::Rescale::InPlace);
     assert!(ctx.process_joins());
-    let w1 = ctx.slots.get_mut(&W1).unwrap();
+    let w1 = ctx.roles.slot_mut(W1).unwrap();
     (w1.incarnation, w1.process_pid) = (2, 4343);
-    ctx.slots.get_mut(&W0).unwrap().process_pid = 4242;
+    ctx.roles.slot_mut(W0).unwrap().process_pid = 4242;
     worker_0_does_the_data_alone_and_ends_the_job(&mut ctx);
     assert!(
         ctx.events.iter().any(|e| e.text
@@ -570,14 +573,14 @@ fn a_removed_ps_worker_hands_back_its_shard_and_a_queued_plan_replaces_an_older_
     assert!(ctx.apply_plan(workers(3, 2), &cap, 7).is_err());
     let (v, _) = ctx.lease_with(W1, 1, None, None, 8).unwrap();
     assert!(v.removed);
-    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Removed);
+    assert_eq!(ctx.roles.slot(W1).unwrap().phase, SlotPhase::Removed);
     // Its shard went back to the queue; worker 0 gets it.
     assert_eq!(lease(&mut ctx, W0, 1), Some(held));
     // Plan 1 is reached, plan 3 starts and brings worker 1 back with a new incarnation.
     assert_eq!(ctx.plans.reached, 1);
     assert_eq!(ctx.transition.as_ref().map(|t| t.plan.version), Some(3));
-    assert_eq!(ctx.slots[&W1].incarnation, 2);
-    assert_eq!(ctx.slots[&W1].phase, SlotPhase::Launching);
+    assert_eq!(ctx.roles.slot(W1).unwrap().incarnation, 2);
+    assert_eq!(ctx.roles.slot(W1).unwrap().phase, SlotPhase::Launching);
     ctx.ledger.verify_exactly_once(false).unwrap();
 }
 

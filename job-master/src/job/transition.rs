@@ -128,11 +128,8 @@ impl JobContext {
 
     /// (Re)starts a slot's agent with a new incarnation.
     pub(super) fn launch_slot(&mut self, key: SlotKey, fresh: bool, now_ms: u64) -> Effect {
-        let resources = self.role_resources.get(&key.role).cloned();
-        let slot = self
-            .slots
-            .entry(key)
-            .or_insert_with(|| Slot::new(key, 0, now_ms));
+        let resources = self.roles.group(key.role).and_then(|g| g.resources.clone());
+        let slot = self.roles.slot_or_new(key, now_ms);
         slot.relaunched(now_ms);
         slot.service_addr = None;
         slot.ps_version = 0;
@@ -164,7 +161,7 @@ impl JobContext {
 
     /// The slot leaves the job: its agent is told to shut down (and stopped).
     pub(super) fn remove_slot(&mut self, key: SlotKey, now_ms: u64) -> Vec<Effect> {
-        let Some(slot) = self.slots.get_mut(&key) else {
+        let Some(slot) = self.roles.slot_mut(key) else {
             return Vec::new();
         };
         if slot.phase == SlotPhase::Removed {
@@ -193,12 +190,15 @@ impl JobContext {
 
     pub(super) fn start_transition(&mut self, plan: ScalePlan, now_ms: u64) -> Vec<Effect> {
         let from = self.role_counts();
-        let prior_resources = self.role_resources.clone();
+        let prior_resources = self.roles.training_resources();
         let mut to = from.clone();
         for (&role, t) in &plan.roles {
             to.insert(role, t.count);
-            if let Some(r) = &t.resources {
-                self.role_resources.insert(role, r.clone());
+            if let Some(g) = self.roles.group_mut(role).filter(|g| g.training) {
+                g.desired = t.count;
+                if let Some(r) = &t.resources {
+                    g.resources = Some(r.clone());
+                }
             }
         }
         let ps_change = from.get(&Role::PS) != to.get(&Role::PS);
@@ -211,12 +211,12 @@ impl JobContext {
                 let fresh = role == Role::PS;
                 let key = SlotKey { role, index };
                 effects.push(self.launch_slot(key, fresh, now_ms));
-                self.slots.get_mut(&key).expect("just launched").node =
+                self.roles.slot_mut(key).expect("just launched").node =
                     nodes.get((index - now) as usize).cloned();
             }
             for index in n..now {
                 let key = SlotKey { role, index };
-                let slot = self.slots.get_mut(&key).expect("live slot");
+                let slot = self.roles.slot_mut(key).expect("live slot");
                 if matches!(slot.phase, SlotPhase::Launching | SlotPhase::Restarting)
                     && role == trainer
                 {
@@ -231,7 +231,7 @@ impl JobContext {
         for m in &plan.migrations {
             let stateless =
                 self.spec.kind == JobKind::Ps && m.key.role == self.trainer() && !restart;
-            self.slots.get_mut(&m.key).expect("validated").migrate_to = Some(m.resources.clone());
+            self.roles.slot_mut(m.key).expect("validated").migrate_to = Some(m.resources.clone());
             self.log(
                 now_ms,
                 format!("plan {}: migrating {} ({})", plan.version, m.key, m.reason),
@@ -367,7 +367,7 @@ impl JobContext {
                 // (the step rows that tell every rank to re-form). One not running yet is
                 // launched anew now.
                 for key in migrating {
-                    if self.slots[&key].phase != SlotPhase::Running {
+                    if self.roles.slot(key).unwrap().phase != SlotPhase::Running {
                         effects.push(self.launch_slot(key, false, now_ms));
                     }
                 }
@@ -399,8 +399,8 @@ impl JobContext {
 
     /// Every PS of the layout in force has registered (its agent runs it).
     pub(super) fn ps_layout_running(&self) -> bool {
-        self.slots
-            .values()
+        self.roles
+            .slots()
             .filter(|s| s.key.role == Role::PS && s.phase.is_live())
             .all(|s| s.phase == SlotPhase::Running && s.service_addr.is_some())
             && self.group.cluster().is_some_and(PsCluster::ps_complete)

@@ -67,8 +67,8 @@ impl JobContext {
             .and_then(|r| r.current())
             .is_some_and(|r| {
                 r.members.iter().any(|m| {
-                    self.slots
-                        .get(&SlotKey {
+                    self.roles
+                        .slot(SlotKey {
                             role: trainer,
                             index: m.index,
                         })
@@ -95,13 +95,18 @@ impl JobContext {
         for key in added {
             effects.extend(self.remove_slot(key, now_ms));
         }
-        for s in self.slots.values_mut() {
+        for s in self.roles.slots_mut() {
             s.migrate_to = None;
             if s.phase == SlotPhase::Removing {
                 s.phase = SlotPhase::Running;
             }
         }
-        self.role_resources = t.prior_resources;
+        self.roles.set_training_resources(&t.prior_resources);
+        for (&role, &n) in &t.from {
+            if let Some(g) = self.roles.group_mut(role).filter(|g| g.training) {
+                g.desired = n;
+            }
+        }
         self.checkpoint_pending = false;
         let reason = format!("plan {} abandoned: {why}", t.plan.version);
         self.log_as(

@@ -36,7 +36,7 @@ fn an_allreduce_plan_drains_checkpoints_and_re_forms_the_group_with_survivors() 
     assert!(v.ready && v.world_size == 3, "{v:?}");
     ctx.advance(10);
     assert_eq!(ctx.plans.reached, 1);
-    assert_eq!(ctx.slots[&W0].incarnation, 1);
+    assert_eq!(ctx.roles.slot(W0).unwrap().incarnation, 1);
     // Every member hears of the round (a plan waits until they have).
     for k in [W0, w2] {
         assert!(ctx.join_rendezvous(k, 1, 10).unwrap().ready);
@@ -68,9 +68,9 @@ fn a_leaving_worker_lost_before_the_cut_stays_out_and_the_group_forms_at_the_pla
         index: 2,
     };
     ctx.apply_plan(workers(1, 2), &cap, 5).unwrap();
-    assert_eq!(ctx.slots[&w2].phase, SlotPhase::Removing);
+    assert_eq!(ctx.roles.slot(w2).unwrap().phase, SlotPhase::Removing);
     let effects = ctx.agent_lost(w2, 1, "no heartbeat".into(), 6);
-    assert_eq!(ctx.slots[&w2].phase, SlotPhase::Removed);
+    assert_eq!(ctx.roles.slot(w2).unwrap().phase, SlotPhase::Removed);
     assert!(
         !effects
             .iter()
@@ -84,13 +84,13 @@ fn a_leaving_worker_lost_before_the_cut_stays_out_and_the_group_forms_at_the_pla
     assert!(e.to_string().contains("was removed from the job"), "{e}");
     // The two left re-register, join, and the plan is reached at 2: no endless re-forming.
     for (i, key) in [W0, W1].into_iter().enumerate() {
-        let inc = ctx.slots[&key].incarnation;
+        let inc = ctx.roles.slot(key).unwrap().incarnation;
         ctx.register_agent(key, inc, "h".into(), format!("a{i}"), 8)
             .unwrap();
         ctx.join_rendezvous(key, inc, 9).unwrap();
     }
     for key in [W0, W1] {
-        let inc = ctx.slots[&key].incarnation;
+        let inc = ctx.roles.slot(key).unwrap().incarnation;
         assert!(ctx.join_rendezvous(key, inc, 10).unwrap().ready);
     }
     ctx.advance(11);

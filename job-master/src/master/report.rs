@@ -32,7 +32,7 @@ pub(super) fn build_report(ctx: &JobContext, ps_stats: Vec<PsStats>, now_ms: u64
         samples_per_epoch: ctx.ledger.samples_per_epoch(),
         shards_done: ctx.ledger.done_shards(),
         shards_total: ctx.ledger.total_shards(),
-        restarts: ctx.restarts.clone(),
+        restarts: ctx.roles.restarts(),
         checkpoints: ctx.committed_checkpoints(),
         ps_stats,
         applied_samples: applied.applied_samples,

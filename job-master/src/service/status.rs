@@ -127,8 +127,8 @@ pub(super) fn job_status(
         lost_training_ms: effective.lost_ms,
         wall_ms: effective.wall_ms,
         role_checkpoints: ctx
-            .services
-            .iter()
+            .roles
+            .services()
             .filter_map(|(role, g)| {
                 let c = g.checkpoint.as_ref()?;
                 Some(pb::RoleCheckpointStatus {
