@@ -508,11 +508,15 @@ impl pb::job_master_server::JobMaster for MasterService {
         let (key, _) = process(Some(req.into_inner()))?;
         let ctx = self.shared.job.lock().await;
         if ctx.is_collective_group(key.role) {
-            let c = ctx.role_checkpoint_for(key)?;
+            let kept = ctx.role_checkpoints_for(key)?;
+            let (c, p) = (kept.first(), kept.get(1));
             return Ok(Response::new(pb::CommittedStep {
                 step: c.map(|c| c.step),
                 path: c.map(|c| c.path.display().to_string()).unwrap_or_default(),
                 digest: c.map(|c| c.digest.clone()).unwrap_or_default(),
+                previous_step: p.map(|p| p.step),
+                previous_path: p.map(|p| p.path.display().to_string()).unwrap_or_default(),
+                previous_digest: p.map(|p| p.digest.clone()).unwrap_or_default(),
             }));
         }
         let step = ctx.committed_step_for(key)?;

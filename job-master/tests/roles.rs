@@ -334,15 +334,17 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("critic.jsonl");
+    let hold = dir.path().join("hold-checkpoints");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/collective_group.py");
     let yaml = builtin_yaml(dir.path(), "rl-critic", "allreduce", 0, 1, N, 1, 1000, 10).replace(
         "workload:",
         &format!(
             "  critic: {{ topology: allreduce, replicas: 2, min: 1, max: 3, max_restarts: 4, \
-             command: [{python:?}, {:?}, --out, {:?}], env: {{ PYTHONPATH: {:?}, \
+             command: [{python:?}, {:?}, --out, {:?}, --hold, {:?}], env: {{ PYTHONPATH: {:?}, \
              OMP_NUM_THREADS: \"1\" }} }}\nworkload:",
             script.display().to_string(),
             out.display().to_string(),
+            hold.display().to_string(),
             sdk.display().to_string(),
         ),
     );
@@ -492,8 +494,46 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
         workers
     );
 
-    // 2 -> 3 by the CLI: the staying two restart, and the three form a group of 3.
+    // The group keeps its two newest commits, and their files only. Checkpoints held, the
+    // newest file is damaged: the resize below restores the one before it.
     committed_past(2, s + 10).await;
+    std::fs::write(&hold, b"").unwrap();
+    let kept = async || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let g = &context(&run.run_dir)["roles"]["critic"];
+            let (c, p) = (g["checkpoint"].clone(), g["previous_checkpoint"].clone());
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let again = &context(&run.run_dir)["roles"]["critic"];
+            if again["checkpoint"] == c && again["previous_checkpoint"] == p && !p.is_null() {
+                return (c, p);
+            }
+            assert!(std::time::Instant::now() < deadline, "commits go on: {g}");
+        }
+    };
+    let (newest, previous) = kept().await;
+    let file = |c: &serde_json::Value| Path::new(c["path"].as_str().unwrap()).to_path_buf();
+    let mut files: Vec<_> = std::fs::read_dir(file(&newest).parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [file(&previous), file(&newest)],
+        "only the kept files stay"
+    );
+    let (n, m) = (
+        newest["step"].as_u64().unwrap(),
+        previous["step"].as_u64().unwrap(),
+    );
+    assert!(m < n, "{previous} {newest}");
+    let mut bytes = std::fs::read(file(&newest)).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(file(&newest), bytes).unwrap();
+
+    // 2 -> 3 by the CLI: the staying two restart, and the three form a group of 3.
     let scaled = scale_cli(addr, &run.run_dir, &["--role", "critic=3"]).await;
     assert!(
         scaled.status.success(),
@@ -501,12 +541,23 @@ async fn a_further_all_reduce_group_forms_restarts_whole_and_is_resized_alone() 
         String::from_utf8_lossy(&scaled.stderr)
     );
     let three = formed(3, 1, "the critic group of 3 did not form").await;
-    let (committed, reached) = steps_at(2);
     let s3 = restored_by(&three);
-    assert!(
-        Some(s3) >= committed && Some(s3) <= reached && s3 >= s,
-        "restored {s3}"
-    );
+    assert_eq!(s3, m, "the step before the damaged {n}");
+    // Its next commit goes back before the damaged step, as the re-formed group's line.
+    std::fs::remove_file(&hold).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = context(&run.run_dir)["roles"]["critic"]["checkpoint"].clone();
+        if c["incarnation"].as_u64() >= Some(3) {
+            assert!(c["step"].as_u64() <= Some(n), "{c}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no commit after the resize: {c}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let sums: Vec<f64> = three.iter().map(|l| l["sum"].as_f64().unwrap()).collect();
     assert_eq!(sums, [6.0, 6.0, 6.0]);
     assert_eq!(

@@ -2,7 +2,7 @@
 
 import socket
 import time
-from typing import Optional
+from typing import List, Optional
 
 import grpc
 
@@ -103,11 +103,16 @@ class MasterClient:
         r = self._call("GetCommittedStep", self.me)
         return r.step if r.HasField("step") else None
 
-    def role_checkpoint(self) -> "Optional[tuple[int, str, str]]":
-        """This process's further all-reduce group's newest committed checkpoint: (step, file,
-        SHA-256); None: none yet."""
+    def role_checkpoints(self) -> "List[tuple[int, str, str]]":
+        """The checkpoints this process's further all-reduce group keeps, newest first (two at
+        most): (step, file, SHA-256) each; empty: none committed yet."""
         r = self._call("GetCommittedStep", self.me)
-        return (r.step, r.path, r.digest) if r.HasField("step") and r.path else None
+        kept = []
+        if r.HasField("step") and r.path:
+            kept.append((r.step, r.path, r.digest))
+        if r.HasField("previous_step") and r.previous_path:
+            kept.append((r.previous_step, r.previous_path, r.previous_digest))
+        return kept
 
     def rejoin(self, service_addr: str) -> Optional["pb.JoinRendezvousResponse"]:
         """Joins the rendezvous again, serving the new group's store at `service_addr` if this

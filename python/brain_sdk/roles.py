@@ -451,7 +451,8 @@ class Collective:
         `torch.save`, else pickle) atomically to a file of its own under
         `<checkpoint.dir>/roles/<role>/`, has the job master commit it (refused: `BrainError`,
         e.g. from a process the group restarted since, or for a step not after the one
-        committed) and then removes the group's older files; with torch.distributed
+        committed) and then removes the group's files the job master no longer keeps (it keeps
+        the newest two: a restore falls back on the one before); with torch.distributed
         initialised, the other ranks wait at a barrier until it is committed. Returns the file
         on rank 0, None on the others."""
         env = self._env()
@@ -475,13 +476,7 @@ class Collective:
                 raise
             finally:
                 master.close()
-            for old in os.listdir(directory):
-                # Steps are zero-padded: names compare as their steps do.
-                if old != name and old.startswith("step-") and old[: len(prefix)] <= prefix:
-                    try:
-                        os.unlink(os.path.join(directory, old))
-                    except FileNotFoundError:
-                        pass
+            remove_unkept(directory, [path] + [p for _, p, _ in master_kept(env)])
         try:
             import torch.distributed as dist
         except ImportError:  # pragma: no cover - no torch: no group to wait for
@@ -493,24 +488,61 @@ class Collective:
     def restore(self, device: Any = None) -> "Optional[tuple[int, Any]]":
         """The group's newest committed checkpoint as (step, state), its SHA-256 checked and its
         tensors made on `device` (default the CPU); None when the group has committed none.
-        Raises `BrainError` when the file is missing or damaged."""
-        master = MasterClient(self._env())
-        try:
-            found = master.role_checkpoint()
-        finally:
-            master.close()
-        if found is None:
-            return None
-        step, path, digest = found
-        if not os.path.isfile(path):
-            raise BrainError(f"{self.role}'s committed checkpoint {path} is missing")
-        return step, read_verified(path, digest, device)["user"]
+        Where the newest file is missing or damaged, the one committed before it is restored
+        and stderr says so; `BrainError` when no file kept is whole."""
+        return restore_kept(self.role, master_kept(self._env()), device)
 
     def __repr__(self) -> str:
         return (
             f"Collective({self.role}: rank {self.rank} of {self.world_size}, "
             f"store {self.store})"
         )
+
+
+def master_kept(env: ProcessEnv) -> "List[tuple[int, str, str]]":
+    """The checkpoints the job master keeps for `env`'s further all-reduce group, newest first."""
+    master = MasterClient(env)
+    try:
+        return master.role_checkpoints()
+    finally:
+        master.close()
+
+
+def restore_kept(role: str, kept: "List[tuple[int, str, str]]", device: Any = None):
+    """The first of `kept` (step, file, SHA-256; newest first) whose file is there and whole,
+    as (step, state); None when `kept` is empty. What was passed over is said on stderr;
+    `BrainError` names each file when none is whole."""
+    why = []
+    for step, path, digest in kept:
+        try:
+            if not os.path.isfile(path):
+                raise BrainError(f"checkpoint {path} is missing")
+            state = read_verified(path, digest, device)["user"]
+        except BrainError as e:
+            why.append(f"step {step}: {e}")
+            continue
+        if why:
+            print(
+                f"brain_sdk: {role} restores step {step}, not its newest checkpoint: "
+                + "; ".join(why),
+                file=sys.stderr,
+                flush=True,
+            )
+        return step, state
+    if not kept:
+        return None
+    raise BrainError(f"{role} has no whole committed checkpoint: " + "; ".join(why))
+
+
+def remove_unkept(directory: str, kept: "List[str]") -> None:
+    """Removes the checkpoint files (`step-*`) in `directory` other than `kept`."""
+    keep = {os.path.basename(p) for p in kept}
+    for old in os.listdir(directory):
+        if old.startswith("step-") and old not in keep:
+            try:
+                os.unlink(os.path.join(directory, old))
+            except FileNotFoundError:
+                pass
 
 
 def collective(

@@ -411,3 +411,41 @@ class StackDumps(unittest.TestCase):
                 text = f.read()
             self.assertIn("stuck_in_a_collective", text)
             self.assertIn("most recent call first", text)
+
+
+class RoleCheckpoints(unittest.TestCase):
+    """A further all-reduce group's restore: the newest whole file the job master keeps."""
+
+    def test_a_missing_or_damaged_newest_file_restores_the_one_before_and_says_so(self):
+        import contextlib
+        import io
+
+        from brain_sdk.roles import remove_unkept, restore_kept
+
+        with tempfile.TemporaryDirectory() as d:
+            def saved(step):
+                path = os.path.join(d, f"step-{step:012d}-0.1.pt")
+                digest = ckpt.write_atomic(path, {"user": {"step": step}, "brain_sdk": {}})
+                return (step, path, digest)
+
+            older, newest = saved(5), saved(10)
+            self.assertEqual(restore_kept("critic", [newest, older]), (10, {"step": 10}))
+            self.assertIsNone(restore_kept("critic", []))
+            # The newest damaged: the one before, and stderr names why.
+            with open(newest[1], "r+b") as f:
+                f.write(b"x")
+            said = io.StringIO()
+            with contextlib.redirect_stderr(said):
+                self.assertEqual(restore_kept("critic", [newest, older]), (5, {"step": 5}))
+            self.assertIn("critic restores step 5, not its newest checkpoint: step 10:", said.getvalue())
+            self.assertIn("is damaged", said.getvalue())
+            # Neither whole: refused, naming both.
+            os.unlink(older[1])
+            with self.assertRaises(BrainError) as e:
+                restore_kept("critic", [newest, older])
+            self.assertIn("step 10: checkpoint", str(e.exception))
+            self.assertIn(f"step 5: checkpoint {older[1]} is missing", str(e.exception))
+            # Only the kept files stay.
+            extra = saved(15)
+            remove_unkept(d, [extra[1], newest[1]])
+            self.assertEqual(sorted(os.listdir(d)), sorted(os.path.basename(p) for p in [extra[1], newest[1]]))

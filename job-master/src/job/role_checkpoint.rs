@@ -5,9 +5,16 @@
 //! group's processes after a restart or a resize restore from it (`GetCommittedStep` answers a
 //! process of the role with the role's checkpoint, not the training group's).
 //!
+//! The group keeps its two newest commits ([`RoleGroup::checkpoint`] and
+//! [`RoleGroup::previous_checkpoint`]): a process that finds the newest file missing or damaged
+//! restores the one before it. A group that re-formed since its newest commit (a restart or a
+//! resize) may commit a step at or before it (it restored an older one): the commits at or
+//! after that step are dropped.
+//!
 //! A commit is refused from a stale incarnation (the group restarted since it saved), from a
-//! role that is not a further all-reduce group, for a step not after the one committed, and for
-//! a file outside the role's directory. The training group's checkpoints are untouched by it.
+//! role that is not a further all-reduce group, for a step not after the one committed by the
+//! same formation of the group, and for a file outside the role's directory. The training
+//! group's checkpoints are untouched by it.
 
 use super::*;
 use std::path::Component;
@@ -27,6 +34,10 @@ pub struct RoleCheckpoint {
     pub index: u32,
     pub incarnation: u64,
     pub at_ms: u64,
+    /// The group's formation when it was committed ([`JobContext::formation`]; 0 in state
+    /// written before it was kept).
+    #[serde(default)]
+    pub formation: u64,
 }
 
 impl JobContext {
@@ -39,6 +50,15 @@ impl JobContext {
     /// group): the only role groups that commit checkpoints of their own.
     pub fn is_collective_group(&self, role: Role) -> bool {
         self.is_service(role) && self.spec.topology(role) == Topology::Allreduce
+    }
+
+    /// Which formation of `role`'s group runs: the sum of its processes' incarnations, which
+    /// grows whenever any of them restarts (a further all-reduce group restarts whole, and a
+    /// resize restarts the staying ones).
+    pub fn formation(&self, role: Role) -> u64 {
+        self.roles
+            .group(role)
+            .map_or(0, |g| g.slots.values().map(|s| s.incarnation).sum())
     }
 
     /// The current incarnation of `key`, a process of a further all-reduce group, committed its
@@ -79,15 +99,22 @@ impl JobContext {
                 digest.chars().take(80).collect::<String>()
             )));
         }
+        let formation = self.formation(role);
         let group = self.roles.service_mut(role).expect("a service role");
         if let Some(c) = &group.checkpoint
             && step <= c.step
+            && formation == c.formation
         {
             return Err(Error::InvalidRequest(format!(
                 "{key} commits step {step}, but {role} has committed step {} already",
                 c.step
             )));
         }
+        // A group that re-formed since restored an older step: what it committed at or
+        // after this step is no longer its line.
+        let kept = [group.previous_checkpoint.take(), group.checkpoint.take()];
+        let mut kept = kept.into_iter().flatten().filter(|c| c.step < step);
+        group.previous_checkpoint = kept.next_back();
         group.checkpoint = Some(RoleCheckpoint {
             step,
             path: path.clone(),
@@ -95,6 +122,7 @@ impl JobContext {
             index: key.index,
             incarnation,
             at_ms: now_ms,
+            formation,
         });
         self.log(
             now_ms,
@@ -109,11 +137,19 @@ impl JobContext {
     /// The checkpoint `key`'s role group committed, for a process of a further all-reduce
     /// group (none yet: `None`); an error for a process the job does not have.
     pub fn role_checkpoint_for(&self, key: SlotKey) -> Result<Option<&RoleCheckpoint>, Error> {
+        Ok(self.role_checkpoints_for(key)?.into_iter().next())
+    }
+
+    /// The checkpoints `key`'s role group keeps, the newest first (at most two: the one
+    /// before is restored where the newest file is missing or damaged).
+    pub fn role_checkpoints_for(&self, key: SlotKey) -> Result<Vec<&RoleCheckpoint>, Error> {
         self.slot(key)?;
-        Ok(self
-            .roles
-            .service(key.role)
-            .and_then(|g| g.checkpoint.as_ref()))
+        Ok(self.roles.service(key.role).map_or(Vec::new(), |g| {
+            g.checkpoint
+                .iter()
+                .chain(g.previous_checkpoint.iter())
+                .collect()
+        }))
     }
 }
 
@@ -230,6 +266,47 @@ mod tests {
                 .step,
             20
         );
+    }
+
+    #[test]
+    fn a_further_group_keeps_its_two_newest_commits_and_goes_back_only_once_it_reformed() {
+        let (mut ctx, critic) = job();
+        let file = |step: u64| PathBuf::from(format!("/ck/roles/critic/step-{step}.pt"));
+        let commit = |ctx: &mut JobContext, inc: u64, step: u64| {
+            ctx.commit_role_checkpoint(key(critic, 0), inc, step, file(step), SHA.into(), 5)
+        };
+        let kept = |ctx: &JobContext| -> Vec<u64> {
+            let kept = ctx.role_checkpoints_for(key(critic, 1)).unwrap();
+            kept.iter().map(|c| c.step).collect()
+        };
+        for step in [5, 10, 15] {
+            commit(&mut ctx, 1, step).unwrap();
+        }
+        assert_eq!(kept(&ctx), [15, 10], "the newest first, two at most");
+        // The same formation never goes back.
+        let e = commit(&mut ctx, 1, 10).unwrap_err().to_string();
+        assert!(e.contains("has committed step 15 already"), "{e}");
+        // Resized, the group re-forms (its staying processes restart) and restored step 10
+        // (step 15's file was damaged): its commit at step 12 replaces 15, 10 stays before it.
+        let formed = ctx.formation(critic);
+        ctx.apply_plan(
+            vocab::ScalePlan::count(1, critic, 3),
+            &crate::scale::Capacity::default(),
+            10,
+        )
+        .unwrap();
+        assert!(ctx.formation(critic) > formed);
+        let inc = ctx.roles.any(key(critic, 0)).unwrap().incarnation;
+        commit(&mut ctx, inc, 12).unwrap();
+        assert_eq!(kept(&ctx), [12, 10]);
+        // Within its new formation it moves forward only.
+        let e = commit(&mut ctx, inc, 12).unwrap_err().to_string();
+        assert!(e.contains("has committed step 12 already"), "{e}");
+        commit(&mut ctx, inc, 20).unwrap();
+        assert_eq!(kept(&ctx), [20, 12]);
+        // Read back, it keeps both.
+        let back: JobContext = serde_json::from_str(&serde_json::to_string(&ctx).unwrap()).unwrap();
+        assert_eq!(kept(&back), [20, 12]);
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub struct RoleGroup {
     /// The newest checkpoint a further all-reduce group committed ([`role_checkpoint`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<role_checkpoint::RoleCheckpoint>,
+    /// The one it committed before, kept for a restore that finds the newest file missing
+    /// or damaged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_checkpoint: Option<role_checkpoint::RoleCheckpoint>,
 }
 
 /// A role group as its callers see it ([`JobContext::role_group`]).

@@ -4,7 +4,8 @@ allreduce` and this program of its own, beside the job's training group.
 It serves calls (`value(x)` answers its index, incarnation and 2 * x), forms its group with
 `brain_sdk.roles.collective()`, restores the group's checkpoint (`restore()`: its step and the
 total of its sums), has rank 1 call rank 0 once (`how="rank0"`), then all-reduces its rank + 1
-every 0.2 s, one step each, checkpointing the group every `--every` steps, appending one JSON
+every 0.2 s, one step each, checkpointing the group every `--every` steps (none while the file
+`--hold` exists: the ranks agree on it by an all-reduce), appending one JSON
 line per all-reduce to `--out`: {"index", "incarnation", "pid", "rank", "world", "sum",
 "step", "total", "restored", "called"} (`restored`: the step restored at the start, or null;
 `called` on rank 1's first line: what rank 0 answered).
@@ -34,6 +35,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--every", type=int, default=5)
+    p.add_argument("--hold", default=None)
     args = p.parse_args()
     env = brain_sdk.ProcessEnv.from_env()
     roles.serve(Critic(), block=False)
@@ -51,7 +53,10 @@ def main() -> None:
         step += 1
         total += t.item()
         if step % args.every == 0:
-            g.checkpoint(step, {"step": step, "total": total})
+            hold = torch.tensor([float(bool(args.hold) and os.path.exists(args.hold))])
+            dist.all_reduce(hold, op=dist.ReduceOp.MAX)
+            if hold.item() == 0:
+                g.checkpoint(step, {"step": step, "total": total})
         line = {
             "index": env.index,
             "incarnation": env.incarnation,
