@@ -18,7 +18,8 @@ mod common;
 
 use optimizer::heuristics::SpeedPoint;
 use optimizer::live::{
-    LiveCluster, LiveGroup, LiveJob, LiveRole, LiveSnapshot, LiveState, NodeRoom, RoleRate,
+    LiveCluster, LiveGroup, LiveJob, LiveRole, LiveSnapshot, LiveState, LiveWorkers, NodeRoom,
+    RoleRate,
 };
 use optimizer::units::JobId;
 use vocab::Role;
@@ -114,12 +115,6 @@ fn snapshot() -> (LiveSnapshot, Vec<u64>) {
                 name: format!("job-{i}"),
                 state,
                 submitted_s: i as f64,
-                worker_millicores: 1000,
-                workers,
-                held_workers: if running { workers } else { 0 },
-                min_workers: 1,
-                max_workers: 8,
-                node_unit: 1,
                 speed: match running {
                     true => vec![SpeedPoint {
                         workers,
@@ -130,9 +125,18 @@ fn snapshot() -> (LiveSnapshot, Vec<u64>) {
                 samples_left: 1e6 + next(1_000_000) as f64,
                 last_change_s: running.then_some(0.0),
                 running_s: 100.0,
-                peak_workers: workers,
                 roles,
                 groups,
+                workers: LiveWorkers {
+                    millicores: 1000,
+                    count: workers,
+                    held: if running { workers } else { 0 },
+                    min: 1,
+                    max: 8,
+                    node_unit: 1,
+                    peak: workers,
+                    ..LiveWorkers::default()
+                },
                 ..LiveJob::default()
             }
         })

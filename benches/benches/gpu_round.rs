@@ -16,7 +16,9 @@
 mod common;
 
 use optimizer::heuristics::SpeedPoint;
-use optimizer::live::{LiveCluster, LiveJob, LiveNode, LiveSnapshot, LiveState, NodeRoom};
+use optimizer::live::{
+    LiveCluster, LiveJob, LiveNode, LiveSnapshot, LiveState, LiveWorkers, NodeRoom,
+};
 use optimizer::units::JobId;
 
 const MODELS: [&str; 3] = ["K80", "P100", "V100"];
@@ -81,16 +83,6 @@ fn snapshot() -> (LiveSnapshot, Vec<(u64, u32)>) {
                 name: format!("job-{i}"),
                 state,
                 submitted_s: i as f64,
-                worker_millicores: 1000,
-                workers,
-                held_workers: if state == LiveState::Running {
-                    workers
-                } else {
-                    0
-                },
-                min_workers: 1,
-                max_workers: 8,
-                node_unit: 1,
                 speed: if state == LiveState::Running {
                     vec![SpeedPoint {
                         workers,
@@ -102,9 +94,22 @@ fn snapshot() -> (LiveSnapshot, Vec<(u64, u32)>) {
                 samples_left: 1e6 + next(1_000_000) as f64,
                 last_change_s: (state == LiveState::Running).then_some(0.0),
                 running_s: 100.0,
-                peak_workers: workers,
-                worker_gpus: optimizer::units::Gpus::whole(gpus),
-                gpu_type: model,
+                workers: LiveWorkers {
+                    millicores: 1000,
+                    count: workers,
+                    held: if state == LiveState::Running {
+                        workers
+                    } else {
+                        0
+                    },
+                    min: 1,
+                    max: 8,
+                    node_unit: 1,
+                    peak: workers,
+                    gpus: optimizer::units::Gpus::whole(gpus),
+                    gpu_type: model,
+                    ..LiveWorkers::default()
+                },
                 ..LiveJob::default()
             }
         })

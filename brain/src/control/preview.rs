@@ -28,16 +28,16 @@ impl Control {
             ));
         }
         if let Some(w) = counts.training() {
-            j.workers = w;
-            j.held_workers = w;
-            j.peak_workers = j.peak_workers.max(w);
+            j.workers.count = w;
+            j.workers.held = w;
+            j.workers.peak = j.workers.peak.max(w);
         }
         // The round's snapshot keeps a ps job's PS apart from its other role groups.
         for (role, n) in counts.others() {
             if let Some(r) = j.roles.iter_mut().find(|r| r.role == role) {
                 r.count = n;
             } else if role == vocab::Role::PS {
-                j.ps = n;
+                j.ps.count = n;
             }
         }
         j.last_change_s = Some(now_s);

@@ -13,7 +13,9 @@
 use std::time::Instant;
 
 use optimizer::heuristics::SpeedPoint;
-use optimizer::live::{LiveCluster, LiveJob, LiveSnapshot, LiveState, RoundPlan, plan_round};
+use optimizer::live::{
+    LiveCluster, LiveJob, LivePs, LiveSnapshot, LiveState, LiveWorkers, RoundPlan, plan_round,
+};
 use optimizer::throughput::ps_speed::PsSpeedPoint;
 
 use prost::Message;
@@ -99,30 +101,41 @@ pub(super) fn take(
                 LiveState::Running
             },
             submitted_s: row.registered_unix_ms as f64 / 1000.0,
-            ps,
-            min_ps: shape.ps_bounds().0,
-            max_ps: shape.ps_bounds().1,
-            // Only PS jobs have a PS speed model.
-            ps_speed: if shape.ps() == 0 {
-                Vec::new()
-            } else {
-                ps_speeds.remove(&row.id).unwrap_or_default()
-            }
-            .into_iter()
-            .map(|(workers, ps, samples_per_s)| PsSpeedPoint {
-                workers,
-                ps,
-                samples_per_s,
-            })
-            .collect(),
-            ps_millicores: p.millicores,
-            worker_millicores: t.millicores,
-            workers: row.workers.max(t.min),
-            // Launched, not yet reported, or shrinking: count the larger.
-            held_workers: row.workers.max(row.reported_workers),
-            min_workers: t.min,
-            max_workers: t.max,
-            node_unit: t.node_unit,
+            ps: LivePs {
+                count: ps,
+                min: shape.ps_bounds().0,
+                max: shape.ps_bounds().1,
+                millicores: p.millicores,
+                memory_bytes: p.memory_bytes,
+                processes: ps_processes,
+                // Only PS jobs have a PS speed model.
+                speed: if shape.ps() == 0 {
+                    Vec::new()
+                } else {
+                    ps_speeds.remove(&row.id).unwrap_or_default()
+                }
+                .into_iter()
+                .map(|(workers, ps, samples_per_s)| PsSpeedPoint {
+                    workers,
+                    ps,
+                    samples_per_s,
+                })
+                .collect(),
+            },
+            workers: LiveWorkers {
+                count: row.workers.max(t.min),
+                // Launched, not yet reported, or shrinking: count the larger.
+                held: row.workers.max(row.reported_workers),
+                min: t.min,
+                max: t.max,
+                node_unit: t.node_unit,
+                peak: row.peak_workers,
+                millicores: t.millicores,
+                memory_bytes: t.memory_bytes,
+                gpus: t.device_gpus(),
+                gpu_type: t.gpu_type.clone(),
+                processes: worker_processes,
+            },
             speed,
             samples_left: shape.total_samples.saturating_sub(row.samples_done) as f64,
             last_change_s: row.last_change_unix_ms.map(|t| t as f64 / 1000.0),
@@ -130,15 +143,8 @@ pub(super) fn take(
                 .started_unix_ms
                 .map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
             restarts: 0,
-            peak_workers: row.peak_workers,
             plan_in_flight,
-            ps_memory_bytes: p.memory_bytes,
-            worker_memory_bytes: t.memory_bytes,
-            ps_processes,
-            worker_processes,
             history: store.corrections(row.id),
-            worker_gpus: t.device_gpus(),
-            gpu_type: t.gpu_type.clone(),
             roles: service_roles(&shape, store.role_rates(row.id), |r| store.nodes(row.id, r)),
             rates_unmeasured_s: store.rates_unmeasured_s(row.id),
             // Read only where the round places processes on nodes (it skips this otherwise).
@@ -496,7 +502,7 @@ mod tests {
             snap.cluster.nodes,
             vec![node("v", 2, "V100"), node("a", 2, "A100")]
         );
-        assert_eq!(snap.jobs[0].worker_gpus, vocab::Gpus::ONE);
+        assert_eq!(snap.jobs[0].workers.gpus, vocab::Gpus::ONE);
         // What a start would have to place for its roles: the rewards' own GPUs, none for
         // the engines that share the workers' devices.
         let gpus: Vec<(String, vocab::Gpus)> = snap.jobs[0]
@@ -550,7 +556,8 @@ mod tests {
             "the engines' by index; none kept for the rewards, which go anywhere"
         );
         let workers: Vec<&str> = snap.jobs[0]
-            .worker_processes
+            .workers
+            .processes
             .iter()
             .map(|p| p.node.as_str())
             .collect();

@@ -36,9 +36,9 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
         if d.to_workers() == d.from_workers() || d.to_workers() == 0 {
             continue;
         }
-        let unit = job.node_unit.max(1);
-        if d.to_workers() < job.min_workers
-            || d.to_workers() > job.max_workers
+        let unit = job.workers.node_unit.max(1);
+        if d.to_workers() < job.workers.min
+            || d.to_workers() > job.workers.max
             || d.to_workers() % unit != 0
         {
             return Err(PolicyError::InvalidAssignment(format!(
@@ -47,8 +47,8 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
                 d.job,
                 d.name,
                 d.to_workers(),
-                job.min_workers,
-                job.max_workers
+                job.workers.min,
+                job.workers.max
             )));
         }
     }
@@ -57,7 +57,7 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
     let mut gpus: BTreeMap<&str, u32> = BTreeMap::new();
     for d in plan.decisions.iter().filter(|d| d.to_workers() > 0) {
         let job = jobs[&d.job];
-        if job.worker_gpus.is_zero() {
+        if job.workers.gpus.is_zero() {
             continue;
         }
         let Some(model) = d.gpu_type.as_deref().filter(|m| models.contains_key(*m)) else {
@@ -70,11 +70,11 @@ pub fn check_postconditions(snapshot: &LiveSnapshot, plan: &RoundPlan) -> Result
             continue;
         };
         let held = if d.state == LiveState::Running {
-            d.to_workers().max(job.held_workers)
+            d.to_workers().max(job.workers.held)
         } else {
             d.to_workers()
         };
-        *gpus.entry(model).or_default() += job.worker_gpus.devices_for(held);
+        *gpus.entry(model).or_default() += job.workers.gpus.devices_for(held);
     }
     if let Some((m, n)) = gpus.iter().find(|(m, n)| added && **n > models[**m].1) {
         return Err(PolicyError::InvalidAssignment(format!(
@@ -144,7 +144,7 @@ impl Caps {
 pub(super) fn repair(jobs: &mut [Sized], caps: Caps, notes: &mut Vec<String>) {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
+    let shrink = |s: &Sized| s.to.saturating_sub(s.job.workers.node_unit.max(1));
     // The three steps' candidates and their order (greatest first), as they stand now.
     let admission = |s: &Sized| {
         (!s.running() && s.to > 0).then_some((OrderedFloat(s.job.submitted_s), s.job.id))
@@ -152,10 +152,11 @@ pub(super) fn repair(jobs: &mut [Sized], caps: Caps, notes: &mut Vec<String>) {
     // Growth a heuristic capped (pinned) is growth too: withdrawing it is always safe, and
     // keeping it let a round grow a job while over capacity on processes still leaving.
     let growth = |s: &Sized| {
-        (s.running() && s.to > s.job.workers).then(|| (s.to - s.job.workers, Reverse(s.job.id)))
+        (s.running() && s.to > s.job.workers.count)
+            .then(|| (s.to - s.job.workers.count, Reverse(s.job.id)))
     };
     let toward_min = |s: &Sized| {
-        (s.running() && shrink(s) >= s.job.min_workers.max(1)).then_some((s.to, Reverse(s.job.id)))
+        (s.running() && shrink(s) >= s.job.workers.min.max(1)).then_some((s.to, Reverse(s.job.id)))
     };
     fn heap<K: Ord>(jobs: &[Sized], key: impl Fn(&Sized) -> Option<K>) -> BinaryHeap<(K, usize)> {
         jobs.iter()
@@ -207,7 +208,7 @@ pub(super) fn repair(jobs: &mut [Sized], caps: Caps, notes: &mut Vec<String>) {
         if let Some(i) = top(&mut firsts, |i| admission(&jobs[i])) {
             let s = &jobs[i];
             let smaller = shrink(s);
-            let (to, said) = if smaller >= s.job.min_workers.max(1) {
+            let (to, said) = if smaller >= s.job.workers.min.max(1) {
                 (smaller, format!("starts smaller: {why}"))
             } else {
                 (0, format!("start {why}"))
@@ -222,7 +223,7 @@ pub(super) fn repair(jobs: &mut [Sized], caps: Caps, notes: &mut Vec<String>) {
             continue;
         }
         if let Some(i) = top(&mut grown, |i| growth(&jobs[i])) {
-            let to = shrink(&jobs[i]).max(jobs[i].job.workers);
+            let to = shrink(&jobs[i]).max(jobs[i].job.workers.count);
             resize(jobs, &mut t, i, to, format!("growth {why}"));
             if let Some(k) = growth(&jobs[i]) {
                 grown.push((k, i));

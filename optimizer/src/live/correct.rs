@@ -1,7 +1,7 @@
 //! The heuristics' part of a round. Once the scheduler has sized the jobs, the operator's
 //! `[[heuristics]]` look at each running job whose last plan is carried out, from the
-//! per-process samples its job master reported ([`LiveJob::ps_processes`],
-//! [`LiveJob::worker_processes`]) and the brain's own past corrections (their cool-downs):
+//! per-process samples its job master reported ([`LivePs::processes`],
+//! [`LiveWorkers::processes`]) and the brain's own past corrections (their cool-downs):
 //!
 //! * what only frees room is applied before the capacity repair: fewer workers (processes
 //!   pending too long; a speed-up measured to scale badly), memory for a process killed out of
@@ -40,15 +40,15 @@ pub(super) fn runtime(job: &LiveJob, now_s: f64) -> JobRuntime {
         job: Some(job.id),
         now_s,
         config: JobConfig {
-            ps: job.ps,
-            workers: job.workers,
-            ps_resources: res(job.ps_millicores, job.ps_memory_bytes),
-            worker_resources: res(job.worker_millicores, job.worker_memory_bytes),
+            ps: job.ps.count,
+            workers: job.workers.count,
+            ps_resources: res(job.ps.millicores, job.ps.memory_bytes),
+            worker_resources: res(job.workers.millicores, job.workers.memory_bytes),
         },
-        min_workers: job.min_workers,
-        max_workers: job.max_workers,
-        ps: job.ps_processes.clone(),
-        workers: job.worker_processes.clone(),
+        min_workers: job.workers.min,
+        max_workers: job.workers.max,
+        ps: job.ps.processes.clone(),
+        workers: job.workers.processes.clone(),
         speed: job.speed.clone(),
         history: job.history.clone(),
     }
@@ -82,7 +82,10 @@ pub(super) fn propose(
 
 /// The PS counts the round may choose for `job`: its spec's bounds, widened to its count.
 pub(super) fn ps_range(job: &LiveJob) -> (u32, u32) {
-    (job.min_ps.max(1).min(job.ps), job.max_ps.max(job.ps))
+    (
+        job.ps.min.max(1).min(job.ps.count),
+        job.ps.max.max(job.ps.count),
+    )
 }
 
 /// A running PS job's PS speed model where the round may change its PS count now: no plan on
@@ -92,10 +95,10 @@ pub(super) fn ps_model(job: &LiveJob, cooldown_s: f64, now_s: f64) -> Option<PsS
         .history
         .iter()
         .any(|c| c.kind == ChangeKind::PsCount && now_s - c.at_s < cooldown_s);
-    if job.state != LiveState::Running || job.ps == 0 || job.plan_in_flight || recent {
+    if job.state != LiveState::Running || job.ps.count == 0 || job.plan_in_flight || recent {
         return None;
     }
-    PsSpeedModel::fit(&job.ps_speed).ok()
+    PsSpeedModel::fit(&job.ps.speed).ok()
 }
 
 /// The PS count from each running PS job's speed model, ahead of the heuristics' PS proposals
@@ -114,7 +117,7 @@ pub(super) fn model_ps(jobs: &[Sized], proposals: &mut [Vec<(&'static str, Propo
                 model.best_ps(s.to, lo, hi, 0.05)
             }
         };
-        if best == job.ps {
+        if best == job.ps.count {
             continue;
         }
         props.retain(|(_, p)| !matches!(p.action, Action::SetCount { role: Role::PS, .. }));
@@ -132,11 +135,11 @@ pub(super) fn model_ps(jobs: &[Sized], proposals: &mut [Vec<(&'static str, Propo
                         "Optimus' PS model from {} (workers, ps) pairs predicts {:.0} samples/s \
                          with {} ps and {:.0} with {best} at {} workers: {} -> {best} ps",
                         model.pairs,
-                        model.samples_per_s(s.to, job.ps),
-                        job.ps,
+                        model.samples_per_s(s.to, job.ps.count),
+                        job.ps.count,
                         model.samples_per_s(s.to, best),
                         s.to,
-                        job.ps
+                        job.ps.count
                     ),
                 },
             ),
@@ -161,8 +164,8 @@ fn grows(s: &Sized, p: &Proposal, slot: u64) -> bool {
 /// Slots process `index` of `role` holds now.
 fn process_slots(s: &Sized, role: Role, index: u32, slot: u64) -> u32 {
     let (list, role_cpu) = match role {
-        Role::PS => (&s.job.ps_processes, s.job.ps_millicores),
-        Role::WORKER => (&s.job.worker_processes, s.job.worker_millicores),
+        Role::PS => (&s.job.ps.processes, s.job.ps.millicores),
+        Role::WORKER => (&s.job.workers.processes, s.job.workers.millicores),
         _ => return 0,
     };
     let cpu = list
@@ -175,8 +178,8 @@ fn process_slots(s: &Sized, role: Role, index: u32, slot: u64) -> u32 {
 /// Memory of process `index` of `role` as reported, else as its role asks.
 fn process_memory(s: &Sized, role: Role, index: u32) -> u64 {
     let (list, asked) = match role {
-        Role::PS => (&s.job.ps_processes, s.job.ps_memory_bytes),
-        Role::WORKER => (&s.job.worker_processes, s.job.worker_memory_bytes),
+        Role::PS => (&s.job.ps.processes, s.job.ps.memory_bytes),
+        Role::WORKER => (&s.job.workers.processes, s.job.workers.memory_bytes),
         _ => return 0,
     };
     list.iter()
@@ -223,15 +226,15 @@ pub(super) fn apply_freeing(
         let mut later = Vec::new();
         if s.running()
             && !s.job.plan_in_flight
-            && s.to > s.job.workers
+            && s.to > s.job.workers.count
             && let Some(gate) = gate
-            && let Err(why) = gate.gate_growth(s.job.workers, &s.job.speed)
+            && let Err(why) = gate.gate_growth(s.job.workers.count, &s.job.speed)
         {
             s.reasons.push(format!(
                 "speed_up: {why}: kept at {} workers",
-                s.job.workers
+                s.job.workers.count
             ));
-            s.to = s.job.workers;
+            s.to = s.job.workers.count;
             s.pinned = true;
         }
         for (name, p) in props {
@@ -246,8 +249,8 @@ pub(super) fn apply_freeing(
                 } => {
                     // Fewer workers frees room; more is the scheduler's to decide. The
                     // heuristics count workers one by one: whole node units, within the bounds.
-                    let unit = s.job.node_unit.max(1);
-                    let least = s.job.min_workers.div_ceil(unit) * unit;
+                    let unit = s.job.workers.node_unit.max(1);
+                    let least = s.job.workers.min.div_ceil(unit) * unit;
                     let count = (*count / unit * unit).max(least);
                     if count < s.to {
                         s.to = count;
@@ -299,7 +302,7 @@ fn add_ps(
     (used, procs, memory): (u64, u32, u64),
     caps: Caps,
 ) -> Option<(u64, u32, u64)> {
-    if give > 0 && (!s.running() || s.to < s.job.min_workers.max(1) + give) {
+    if give > 0 && (!s.running() || s.to < s.job.workers.min.max(1) + give) {
         return None;
     }
     let n = s.counted(s.to);
@@ -307,7 +310,7 @@ fn add_ps(
     let before = (s.to, s.traded, s.ps, s.ps_slots);
     s.to -= give;
     if s.running() {
-        let leaving = s.job.held_workers.saturating_sub(s.traded + s.to);
+        let leaving = s.job.workers.held.saturating_sub(s.traded + s.to);
         let needed = ps_slots.div_ceil(s.worker_slots.max(1) as u64) as u32;
         s.traded += leaving.min(needed);
     }
@@ -366,15 +369,15 @@ pub(super) fn grow_if_room(
                 said
             };
             let why = match &p.action {
-                Action::SetCount { count, .. } if *count > s.job.max_ps => Some(format!(
+                Action::SetCount { count, .. } if *count > s.job.ps.max => Some(format!(
                     "its spec allows at most {} ps",
-                    s.job.max_ps.max(s.job.ps)
+                    s.job.ps.max.max(s.job.ps.count)
                 )),
                 Action::SetCount { count, .. } => {
                     let more = count - s.ps;
                     let need = (*count, more as u64 * s.ps_slot_each as u64);
                     let was = s.to;
-                    let unit = s.job.node_unit.max(1);
+                    let unit = s.job.workers.node_unit.max(1);
                     let in_use = (used, procs, memory);
                     match add_ps(s, need, 0, in_use, caps) {
                         Some(after) => {
@@ -383,7 +386,7 @@ pub(super) fn grow_if_room(
                             None
                         }
                         None => {
-                            let why = short(need.1, more, more as u64 * s.job.ps_memory_bytes);
+                            let why = short(need.1, more, more as u64 * s.job.ps.memory_bytes);
                             match add_ps(s, need, unit, in_use, caps) {
                                 Some(after) => {
                                     (used, procs, memory) = after;
@@ -450,11 +453,11 @@ mod tests {
 
     fn hot_ps_job(ps: u32) -> LiveJob {
         let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
-        j.max_workers = 2;
-        j.ps = ps;
-        j.max_ps = 4;
-        j.ps_millicores = 1000;
-        j.ps_processes = (0..ps)
+        j.workers.max = 2;
+        j.ps.count = ps;
+        j.ps.max = 4;
+        j.ps.millicores = 1000;
+        j.ps.processes = (0..ps)
             .map(|index| ProcessRuntime {
                 index,
                 resources: ProcessResources {
@@ -536,7 +539,7 @@ mod tests {
         );
         // At its minimum of workers it has none to give: nothing added, and the reason says so.
         let mut at_min = full.clone();
-        at_min.jobs[0].min_workers = 2;
+        at_min.jobs[0].workers.min = 2;
         let plan = decide(&at_min, &h);
         let d = decision(&plan, 1);
         assert_eq!((d.to_ps(), d.to_workers()), (1, 2));
@@ -546,7 +549,7 @@ mod tests {
         // PS takes it, no other worker is given up.
         let mut shrinking = full.clone();
         shrinking.cluster = cluster(4);
-        shrinking.jobs[0].held_workers = 3;
+        shrinking.jobs[0].workers.held = 3;
         let plan = decide(&shrinking, &h);
         let d = decision(&plan, 1);
         assert_eq!((d.to_ps(), d.to_workers()), (2, 2), "{d:?}");
@@ -573,9 +576,9 @@ mod tests {
     #[test]
     fn a_ps_job_s_speed_model_chooses_its_ps_count_before_hot_ps_does() {
         let mut j = hot_ps_job(1);
-        j.max_ps = 4;
+        j.ps.max = 4;
         // 0.8 ms of traffic per worker per PS: at 2 workers, 4 PS are the fastest.
-        j.ps_speed = ps_speeds(0.8e-3);
+        j.ps.speed = ps_speeds(0.8e-3);
         let snap = one(j, 8);
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
@@ -594,7 +597,7 @@ mod tests {
             kind: ChangeKind::PsCount,
             process: None,
         });
-        again.jobs[0].ps_processes[0].cpu_samples.clear();
+        again.jobs[0].ps.processes[0].cpu_samples.clear();
         let plan = decide(&again, &Heuristics::default());
         assert_eq!(decision(&plan, 1).to_ps(), 1);
     }
@@ -604,12 +607,12 @@ mod tests {
         // 1 PS + 4 workers on 6 CPUs, 0.8 ms of traffic per worker per PS. Per split of 6
         // slots: 1 PS + 5 workers 1,000 samples/s, 2 + 4 1,538, 3 + 3 1,667, 4 + 2 1,429.
         let mut j = hot_ps_job(1);
-        j.workers = 4;
-        j.held_workers = 4;
-        j.max_workers = 5;
-        j.max_ps = 4;
-        j.ps_speed = ps_speeds(0.8e-3);
-        for p in &mut j.ps_processes {
+        j.workers.count = 4;
+        j.workers.held = 4;
+        j.workers.max = 5;
+        j.ps.max = 4;
+        j.ps.speed = ps_speeds(0.8e-3);
+        for p in &mut j.ps.processes {
             p.cpu_samples.clear();
         }
         let snap = one(j, 6);
@@ -635,11 +638,11 @@ mod tests {
     #[test]
     fn parameter_servers_the_model_finds_useless_are_given_back() {
         let mut j = hot_ps_job(3);
-        for p in &mut j.ps_processes {
+        for p in &mut j.ps.processes {
             p.cpu_samples.clear();
         }
-        j.min_ps = 1;
-        j.ps_speed = ps_speeds(0.01e-3);
+        j.ps.min = 1;
+        j.ps.speed = ps_speeds(0.01e-3);
         let snap = one(j, 8);
         let plan = decide(&snap, &Heuristics::default());
         let d = decision(&plan, 1);
@@ -650,7 +653,7 @@ mod tests {
     #[test]
     fn a_hot_ps_among_cool_ones_migrates_with_more_cpu() {
         let mut j = hot_ps_job(2);
-        j.ps_processes[0].cpu_samples = vec![Millicores(100); 3];
+        j.ps.processes[0].cpu_samples = vec![Millicores(100); 3];
         let snap = one(j, 8);
         let plan = decide(&snap, &only(HeuristicKind::HotPs(HotPs::default())));
         let d = decision(&plan, 1);
@@ -665,9 +668,9 @@ mod tests {
     #[test]
     fn a_process_killed_for_memory_comes_back_with_more_even_in_cool_down() {
         let mut j = job(1, LiveState::Running, 2, &[(2, 200.0)]);
-        j.worker_memory_bytes = 64 << 20;
+        j.workers.memory_bytes = 64 << 20;
         j.last_change_s = Some(99.0);
-        j.worker_processes = (0..2)
+        j.workers.processes = (0..2)
             .map(|index| ProcessRuntime {
                 index,
                 resources: ProcessResources {
@@ -715,8 +718,8 @@ mod tests {
     fn a_heuristic_s_shrink_lands_on_a_whole_node_unit_within_the_bounds() {
         // speed_up wants 3 (the count that scaled better), but the job runs in units of 2.
         let mut j = job(1, LiveState::Running, 4, &[(3, 300.0), (4, 310.0)]);
-        j.node_unit = 2;
-        j.min_workers = 2;
+        j.workers.node_unit = 2;
+        j.workers.min = 2;
         let h = only(HeuristicKind::SpeedUp(SpeedUp {
             cooldown_s: 0.0,
             ..SpeedUp::default()

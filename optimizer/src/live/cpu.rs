@@ -52,20 +52,20 @@ pub(super) fn plan_cpu_jobs<'a>(
     let now = snapshot.now_s;
     let cluster = &snapshot.cluster;
     let at: Vec<usize> = (0..snapshot.jobs.len())
-        .filter(|&i| snapshot.jobs[i].worker_gpus.is_zero())
+        .filter(|&i| snapshot.jobs[i].workers.gpus.is_zero())
         .collect();
     let mut jobs: Vec<Sized> = snapshot
         .jobs
         .iter()
         .zip(fits)
-        .filter(|(job, _)| job.worker_gpus.is_zero())
+        .filter(|(job, _)| job.workers.gpus.is_zero())
         .map(|(job, fit)| sized(job, fit, prior, cluster.slot_millicores, config, now))
         .collect();
 
     let current: u64 = jobs
         .iter()
         .filter(|s| s.running())
-        .map(|s| s.slots(s.counted(s.job.workers)))
+        .map(|s| s.slots(s.counted(s.job.workers.count)))
         .sum();
     let (total_slots, max_processes) =
         keep_room_for_holdups(holdups, &jobs, current, left.slots, left.processes, cluster);
@@ -106,24 +106,25 @@ fn sized<'a>(
 ) -> Sized<'a> {
     let mut reasons = Vec::new();
     let model = speed_model(fit, prior, &mut reasons);
-    let ps_slot_each = slots_of(job.ps_millicores, slot);
+    let ps_slot_each = slots_of(job.ps.millicores, slot);
     // What the job holds for its PS: each as reported (a migration may have given one more
     // CPU), else the role's.
-    let ps_slots = if job.ps_processes.len() == job.ps as usize {
-        job.ps_processes
+    let ps_slots = if job.ps.processes.len() == job.ps.count as usize {
+        job.ps
+            .processes
             .iter()
             .map(|p| slots_of(p.resources.cpu.0, slot))
             .sum()
     } else {
-        job.ps * ps_slot_each
+        job.ps.count * ps_slot_each
     };
     Sized {
         job,
         model,
-        ps: job.ps,
+        ps: job.ps.count,
         ps_slots,
         ps_slot_each,
-        worker_slots: slots_of(job.worker_millicores, slot),
+        worker_slots: slots_of(job.workers.millicores, slot),
         migrations: Vec::new(),
         corrections: Vec::new(),
         to: 0,
@@ -179,7 +180,7 @@ fn size_in(
         .last_change_s
         .map(|t| t + config.cooldown_s - now)
         .filter(|left| *left > 0.0);
-    let workers = s.job.workers;
+    let workers = s.job.workers.count;
     let reason = match s.job.state {
         LiveState::Running => {
             if let Some(left) = cooling.filter(|_| fit != workers) {
@@ -215,7 +216,7 @@ fn size_in(
                 format!(
                     "waits: {scheduler} gives it {given} slots, fewer than its minimum of {} \
                      workers and {} ps need",
-                    s.job.min_workers, s.job.ps
+                    s.job.workers.min, s.job.ps.count
                 )
             }
         }
@@ -242,7 +243,7 @@ fn keep_room_for_holdups(
     let running: u32 = jobs
         .iter()
         .filter(|s| s.running())
-        .map(|s| s.processes(s.counted(s.job.workers)))
+        .map(|s| s.processes(s.counted(s.job.workers.count)))
         .sum();
     let slots = wanted
         .div_ceil(cluster.slot_millicores)
@@ -257,27 +258,27 @@ fn view(s: &Sized, total_slots: u32) -> JobView {
     let max_slots = match &s.ps_model {
         Some(_) => {
             let (_, hi) = correct::ps_range(job);
-            (s.ps_slots_at(hi) + job.max_workers * s.worker_slots) as u64
+            (s.ps_slots_at(hi) + job.workers.max * s.worker_slots) as u64
         }
-        None => s.slots(job.max_workers),
+        None => s.slots(job.workers.max),
     }
     .min(total_slots as u64) as u32;
     let goodput: Vec<f64> = (0..=max_slots).map(|r| s.goodput(r)).collect();
     let running = job.state == LiveState::Running;
     let held = if running {
-        s.slots(s.counted(job.workers)) as u32
+        s.slots(s.counted(job.workers.count)) as u32
     } else {
         0
     };
     let peak_workers = if running {
-        job.peak_workers.max(job.workers)
+        job.workers.peak.max(job.workers.count)
     } else {
-        job.workers
+        job.workers.count
     };
     JobView {
         id: job.id,
         submitted_s: job.submitted_s,
-        requested_replicas: (s.ps_slots + job.workers.max(job.min_workers) * s.worker_slots)
+        requested_replicas: (s.ps_slots + job.workers.count.max(job.workers.min) * s.worker_slots)
             .min(max_slots),
         max_replicas: max_slots,
         attained_gpu_s: job.running_s * held as f64,

@@ -68,7 +68,7 @@ impl Gpu<'_> {
     /// a shrink is carried out.
     fn counted(&self, to: u32) -> u32 {
         if self.running() && !self.lost {
-            to.max(self.job.held_workers)
+            to.max(self.job.workers.held)
         } else {
             to
         }
@@ -85,7 +85,7 @@ impl Gpu<'_> {
     }
     fn processes(&self) -> u32 {
         if self.active() {
-            self.job.ps + self.counted(self.to)
+            self.job.ps.count + self.counted(self.to)
         } else {
             0
         }
@@ -93,29 +93,29 @@ impl Gpu<'_> {
     /// Memory its processes ask for (as their roles ask).
     fn memory(&self) -> u64 {
         if self.active() {
-            self.job.ps as u64 * self.job.ps_memory_bytes
-                + self.counted(self.to) as u64 * self.job.worker_memory_bytes
+            self.job.ps.count as u64 * self.job.ps.memory_bytes
+                + self.counted(self.to) as u64 * self.job.workers.memory_bytes
         } else {
             0
         }
     }
     /// The most workers the scheduler may give it: its maximum, or what the nodes' room held.
     fn max_workers(&self) -> u32 {
-        self.cap.map_or(self.job.max_workers, |c| {
-            c.workers.min(self.job.max_workers)
+        self.cap.map_or(self.job.workers.max, |c| {
+            c.workers.min(self.job.workers.max)
         })
     }
     fn workers_in(&self, gpus: u32) -> u32 {
-        let unit = self.job.node_unit.max(1);
+        let unit = self.job.workers.node_unit.max(1);
         let w = (self.g.fit_in(gpus) / unit * unit).min(self.max_workers());
-        if w < self.job.min_workers.max(1) {
+        if w < self.job.workers.min.max(1) {
             0
         } else {
             w
         }
     }
     fn shrink(&self) -> u32 {
-        self.to.saturating_sub(self.job.node_unit.max(1))
+        self.to.saturating_sub(self.job.workers.node_unit.max(1))
     }
 }
 
@@ -181,7 +181,7 @@ fn plan_pass(
         .map(|&(_, job)| {
             let mut reasons = Vec::new();
             let model = speed_model(AmdahlModel::fit(&job.speed).ok(), prior, &mut reasons);
-            let wanted = job.gpu_type.as_deref();
+            let wanted = job.workers.gpu_type.as_deref();
             let allowed = models
                 .iter()
                 .map(|m| wanted.is_none_or(|w| w == m))
@@ -195,14 +195,14 @@ fn plan_pass(
                 job,
                 model,
                 cap: capped.get(&job.id),
-                g: job.worker_gpus.max(Gpus::from_milli(1)),
+                g: job.workers.gpus.max(Gpus::from_milli(1)),
                 allowed,
                 on,
                 to: 0,
                 pinned: false,
                 lost: false,
-                ps_slots: job.ps as u64 * slots_of(job.ps_millicores, slot) as u64,
-                worker_slots: slots_of(job.worker_millicores, slot) as u64,
+                ps_slots: job.ps.count as u64 * slots_of(job.ps.millicores, slot) as u64,
+                worker_slots: slots_of(job.workers.millicores, slot) as u64,
                 reasons,
                 placement: Vec::new(),
             }
@@ -211,7 +211,7 @@ fn plan_pass(
 
     // Where the running jobs are now, as the round would place them at their sizes.
     for j in jobs.iter_mut().filter(|j| j.running()) {
-        j.to = j.job.workers;
+        j.to = j.job.workers.count;
     }
     let (current, short) = pack(&nodes, &model_of, &jobs);
     for (i, placed) in short {
@@ -251,12 +251,15 @@ fn plan_pass(
             JobView {
                 id: job.id,
                 submitted_s: job.submitted_s,
-                requested_replicas: j.g.devices_for(job.workers.max(job.min_workers)).min(max),
+                requested_replicas: j
+                    .g
+                    .devices_for(job.workers.count.max(job.workers.min))
+                    .min(max),
                 max_replicas: max,
                 attained_gpu_s: job.running_s * held as f64,
                 running_s: job.running_s,
                 restarts: job.restarts,
-                peak_replicas: j.g.devices_for(job.peak_workers.max(job.workers)),
+                peak_replicas: j.g.devices_for(job.workers.peak.max(job.workers.count)),
                 last_change_s: job.last_change_s,
                 current: here.clone(),
                 goodput: Arc::from(goodput),
@@ -305,13 +308,13 @@ fn plan_pass(
         let name = scheduler.name();
         match j.job.state {
             LiveState::Running => {
-                j.to = j.job.workers;
-                if let Some(left) = cooling.filter(|_| fit != j.job.workers) {
+                j.to = j.job.workers.count;
+                if let Some(left) = cooling.filter(|_| fit != j.job.workers.count) {
                     j.pinned = true;
                     j.reasons.push(format!(
                         "{name} would give {fit} workers; kept at {} for {left:.0} s more of \
                          cool-down",
-                        j.job.workers
+                        j.job.workers.count
                     ));
                 } else if fit == 0 {
                     j.pinned = true;
@@ -337,14 +340,14 @@ fn plan_pass(
                          (predicted {})",
                         model_name_of(&models, given_on),
                         j.g,
-                        j.job.workers
+                        j.job.workers.count
                     ));
                 } else if j.cap.is_none_or(|c| c.workers > 0) {
                     // (Held at none by the nodes' room: that reason, kept, says why.)
                     j.reasons.push(format!(
                         "waits: {name} gives it {given} GPUs, fewer than its minimum of {} \
                          workers of {} GPUs need",
-                        j.job.min_workers, j.g
+                        j.job.workers.min, j.g
                     ));
                 }
             }
@@ -411,23 +414,23 @@ fn plan_pass(
             .or_else(|| {
                 jobs.iter()
                     .enumerate()
-                    .filter(|(_, j)| j.running() && j.to > j.job.workers && same_model(j))
-                    .max_by_key(|(_, j)| (j.to - j.job.workers, std::cmp::Reverse(j.job.id)))
+                    .filter(|(_, j)| j.running() && j.to > j.job.workers.count && same_model(j))
+                    .max_by_key(|(_, j)| (j.to - j.job.workers.count, std::cmp::Reverse(j.job.id)))
                     .map(|(i, _)| (i, "growth"))
             })
             .or_else(|| {
                 // A running job whose workers no longer fit: down to what its nodes hold.
                 let (i, placed) = *short.first()?;
                 let j = &jobs[i];
-                let unit = j.job.node_unit.max(1);
-                let fits = (placed / unit * unit).max(j.job.min_workers.max(1));
+                let unit = j.job.workers.node_unit.max(1);
+                let fits = (placed / unit * unit).max(j.job.workers.min.max(1));
                 (j.running() && (!j.lost || fits < j.to)).then_some((i, "lost"))
             })
             .or_else(|| {
                 jobs.iter()
                     .enumerate()
                     .filter(|(_, j)| {
-                        j.running() && j.shrink() >= j.job.min_workers.max(1) && same_model(j)
+                        j.running() && j.shrink() >= j.job.workers.min.max(1) && same_model(j)
                     })
                     .max_by_key(|(_, j)| (j.to, std::cmp::Reverse(j.job.id)))
                     .map(|(i, _)| (i, "size"))
@@ -444,9 +447,9 @@ fn plan_pass(
         if what == "lost" {
             let placed = short.first().map_or(0, |s| s.1);
             let j = &mut jobs[i];
-            let unit = j.job.node_unit.max(1);
+            let unit = j.job.workers.node_unit.max(1);
             j.lost = true;
-            j.to = (placed / unit * unit).max(j.job.min_workers.max(1));
+            j.to = (placed / unit * unit).max(j.job.workers.min.max(1));
             j.reasons.push(format!(
                 "{placed} of its workers fit on the {} nodes left: shrunk to {}",
                 model_name_of(&models, j.on),
@@ -456,13 +459,13 @@ fn plan_pass(
         }
         let j = &mut jobs[i];
         let smaller = j.shrink();
-        if what == "start" && smaller < j.job.min_workers.max(1) {
+        if what == "start" && smaller < j.job.workers.min.max(1) {
             j.to = 0;
             j.on = None;
             j.reasons.push(format!("start {why}"));
         } else {
             j.to = if what == "growth" {
-                smaller.max(j.job.workers)
+                smaller.max(j.job.workers.count)
             } else {
                 smaller
             };
@@ -490,7 +493,7 @@ fn plan_pass(
             processes += j.processes();
             memory += j.memory();
             let from = match job.state {
-                LiveState::Running => job.workers,
+                LiveState::Running => job.workers.count,
                 LiveState::Queued => 0,
             };
             let predicted = j.model.samples_per_s(j.to);
@@ -515,7 +518,10 @@ fn plan_pass(
             let decision = Decision {
                 predicted_samples_per_s: predicted,
                 reasons,
-                gpu_type: j.on.map(|t| models[t].clone()).or(job.gpu_type.clone()),
+                gpu_type: j
+                    .on
+                    .map(|t| models[t].clone())
+                    .or(job.workers.gpu_type.clone()),
                 gpu_placement: j
                     .placement
                     .iter()
@@ -523,7 +529,13 @@ fn plan_pass(
                     .collect(),
                 // Where the nodes' room placed a growth's workers, or a start's processes.
                 nodes: named.remove(&i).unwrap_or_default(),
-                ..Decision::sizing(job.id, &job.name, job.state, (from, j.to), (job.ps, job.ps))
+                ..Decision::sizing(
+                    job.id,
+                    &job.name,
+                    job.state,
+                    (from, j.to),
+                    (job.ps.count, job.ps.count),
+                )
             };
             (at, decision)
         })
@@ -616,16 +628,17 @@ mod tests {
         gpus: Gpus,
         model: Option<&str>,
     ) -> LiveJob {
-        LiveJob {
-            worker_gpus: gpus,
-            gpu_type: model.map(str::to_string),
-            max_workers: 4,
-            ..job(
+        {
+            let mut live_job = job(
                 id,
                 state,
                 workers,
                 &[(workers.max(1), 100.0 * workers.max(1) as f64)],
-            )
+            );
+            live_job.workers.gpus = gpus;
+            live_job.workers.gpu_type = model.map(str::to_string);
+            live_job.workers.max = 4;
+            live_job
         }
     }
 
@@ -639,7 +652,7 @@ mod tests {
         // job 2, later: 2 workers of 1 GPU. Job 1 takes all 4 GPUs; job 2 waits.
         let with_roles = |gpus: Gpus| {
             let mut j = gpu_job(1, LiveState::Queued, 2, 1, Some("A100"));
-            j.max_workers = 2;
+            j.workers.max = 2;
             let mut r = crate::live::tests::rollout(2, 0.0, 0.0);
             (r.gpus, r.rate) = (gpus, None);
             j.roles = vec![r];
@@ -647,7 +660,7 @@ mod tests {
         };
         let snap = |gpus: Gpus| {
             let mut later = gpu_job(2, LiveState::Queued, 2, 1, Some("A100"));
-            later.max_workers = 2;
+            later.workers.max = 2;
             LiveSnapshot {
                 now_s: 100.0,
                 cluster: LiveCluster {
@@ -697,9 +710,9 @@ mod tests {
         // has a reward role of 2 processes with 1 GPU each.
         let snap = |held: u32| {
             let mut running = gpu_job(1, LiveState::Running, held, 1, Some("A100"));
-            (running.min_workers, running.max_workers) = (held, held);
+            (running.workers.min, running.workers.max) = (held, held);
             let mut cpu_job = job(2, LiveState::Queued, 2, &[]);
-            cpu_job.max_workers = 2;
+            cpu_job.workers.max = 2;
             let mut reward = crate::live::tests::rollout(2, 0.0, 0.0);
             reward.role = "reward".parse().unwrap();
             (reward.gpus, reward.rate) = (Gpus::ONE, None);
@@ -763,7 +776,7 @@ mod tests {
     #[test]
     fn a_job_of_any_model_takes_what_is_free_and_a_running_one_stays_on_its_model() {
         let mut running = gpu_job(1, LiveState::Running, 2, 1, Some("V100"));
-        running.max_workers = 8;
+        running.workers.max = 8;
         let snap = LiveSnapshot {
             now_s: 100.0,
             cluster: two_models(),
@@ -802,7 +815,7 @@ mod tests {
     #[test]
     fn a_running_job_whose_node_was_lost_shrinks_to_what_is_left() {
         let mut j = gpu_job(1, LiveState::Running, 4, 1, Some("A100"));
-        j.held_workers = 4;
+        j.workers.held = 4;
         j.last_change_s = Some(99.0); // in cool-down: kept unless it cannot be
         let c = LiveCluster {
             nodes: vec![node("a1", 2, "A100")], // a second node of 2 was lost
@@ -871,7 +884,7 @@ mod tests {
     #[test]
     fn cpu_jobs_get_the_cpu_gpu_jobs_leave() {
         let mut cpu_job = job(2, LiveState::Queued, 8, &[]);
-        cpu_job.max_workers = 16;
+        cpu_job.workers.max = 16;
         let snap = LiveSnapshot {
             now_s: 100.0,
             cluster: LiveCluster {
@@ -897,8 +910,8 @@ mod tests {
         // 1 GiB start with one.
         with_memory.cluster.memory_bytes = 5 << 30;
         for j in &mut with_memory.jobs {
-            j.worker_memory_bytes = 1 << 30;
-            j.min_workers = 1;
+            j.workers.memory_bytes = 1 << 30;
+            j.workers.min = 1;
         }
         let plan = round(&with_memory);
         assert_eq!(decision(&plan, 1).to_workers(), 4);
@@ -939,14 +952,14 @@ mod tests {
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 let gpus: u32 = d.gpu_placement.iter().map(|p| p.1).sum();
                 // Shares pack onto whole devices: no more than the workers need.
-                proptest::prop_assert_eq!(gpus, j.worker_gpus.devices_for(d.to_workers()), "{:?}", d);
+                proptest::prop_assert_eq!(gpus, j.workers.gpus.devices_for(d.to_workers()), "{:?}", d);
                 for (n, k) in &d.gpu_placement {
-                    proptest::prop_assert_eq!(k % j.worker_gpus.devices(), 0);
+                    proptest::prop_assert_eq!(k % j.workers.gpus.devices(), 0);
                     let at = nodes.iter().find(|x| &x.name == n).unwrap();
                     proptest::prop_assert_eq!(Some(&at.gpu_type), d.gpu_type.as_ref());
                     *used.entry(n.clone()).or_default() += k;
                 }
-                if let (Some(want), true) = (&j.gpu_type, d.to_workers() > 0) {
+                if let (Some(want), true) = (&j.workers.gpu_type, d.to_workers() > 0) {
                     proptest::prop_assert_eq!(Some(want), d.gpu_type.as_ref());
                 }
             }
@@ -1007,11 +1020,12 @@ mod tests {
 
     /// A V100 job of `workers` workers (1 GPU and 3 CPUs each), at least `min`.
     fn v100_job(id: u64, state: LiveState, workers: u32, min: u32) -> LiveJob {
-        LiveJob {
-            worker_millicores: 3000,
-            min_workers: min,
-            max_workers: workers,
-            ..gpu_job(id, state, workers, 1, Some("V100"))
+        {
+            let mut live_job = gpu_job(id, state, workers, 1, Some("V100"));
+            live_job.workers.millicores = 3000;
+            live_job.workers.min = min;
+            live_job.workers.max = workers;
+            live_job
         }
     }
 
@@ -1027,7 +1041,7 @@ mod tests {
         };
         let one = |gpus: Gpus| {
             let mut j = share_job(1, LiveState::Queued, 1, gpus, Some("V100"));
-            (j.min_workers, j.max_workers, j.worker_millicores) = (1, 1, 1000);
+            (j.workers.min, j.workers.max, j.workers.millicores) = (1, 1, 1000);
             LiveSnapshot {
                 now_s: 100.0,
                 cluster: on_devices([0, 0]),
@@ -1080,11 +1094,11 @@ mod tests {
             cluster: on_devices([500, 400]),
             ..one(Gpus::from_milli(300))
         };
-        (snap.jobs[0].min_workers, snap.jobs[0].max_workers) = (2, 2);
-        snap.jobs[0].workers = 2;
+        (snap.jobs[0].workers.min, snap.jobs[0].workers.max) = (2, 2);
+        snap.jobs[0].workers.count = 2;
         assert_eq!(starts(&snap), 2, "{:?}", round(&snap));
-        (snap.jobs[0].min_workers, snap.jobs[0].max_workers) = (3, 3);
-        snap.jobs[0].workers = 3;
+        (snap.jobs[0].workers.min, snap.jobs[0].workers.max) = (3, 3);
+        snap.jobs[0].workers.count = 3;
         let mut counted = snap.clone();
         counted.cluster.free[1].devices.clear();
         assert_eq!(starts(&counted), 3, "{:?}", round(&counted));
@@ -1134,11 +1148,12 @@ mod tests {
         assert!(d.gpu_placement.is_empty(), "{d:?}");
         // The CPU jobs get the room the GPU jobs leave on the nodes: a CPU job of one 4-CPU
         // worker, which c or a hold, starts; one of two waits (v has 1 CPU left).
-        let cpu_job = |id, workers| LiveJob {
-            worker_millicores: 4000,
-            min_workers: workers,
-            max_workers: workers,
-            ..job(id, LiveState::Queued, workers, &[(1, 10.0)])
+        let cpu_job = |id, workers| {
+            let mut live_job = job(id, LiveState::Queued, workers, &[(1, 10.0)]);
+            live_job.workers.millicores = 4000;
+            live_job.workers.min = workers;
+            live_job.workers.max = workers;
+            live_job
         };
         for (workers, starts) in [(2, 2), (3, 0)] {
             let mut snap = LiveSnapshot {
@@ -1158,7 +1173,7 @@ mod tests {
         // CPUs, at least 1; job 2: 1 worker of 1 V100 and 1 CPU. FIFO gives both GPUs to job
         // 1, whose second worker the node's CPU does not hold: that V100 goes to job 2.
         let mut small = v100_job(2, LiveState::Queued, 1, 1);
-        small.worker_millicores = 1000;
+        small.workers.millicores = 1000;
         let snap = LiveSnapshot {
             now_s: 100.0,
             cluster: with_room(4, 2),
@@ -1229,7 +1244,7 @@ mod tests {
         // A CPU job of one worker with a reward process of half a GPU. The V100 node has no
         // GPU free, the A100 node four: of any model, it starts there; of V100, it waits.
         let mut j = job(1, LiveState::Queued, 1, &[]);
-        j.max_workers = 1;
+        j.workers.max = 1;
         let mut reward = crate::live::tests::rollout(1, 0.0, 0.0);
         reward.role = "reward".parse().unwrap();
         (reward.gpus, reward.rate) = (Gpus::from_milli(500), None);
@@ -1263,7 +1278,7 @@ mod tests {
             c
         };
         let mut j = job(1, LiveState::Queued, 1, &[]);
-        j.max_workers = 1;
+        j.workers.max = 1;
         let role = |name: &str| {
             let mut r = crate::live::tests::rollout(1, 0.0, 0.0);
             r.role = name.parse().unwrap();
@@ -1322,7 +1337,7 @@ mod tests {
         );
         // Running at 1 worker, it may grow to 2 (both V100s), but its node has 2 CPUs free.
         let mut running = v100_job(1, LiveState::Running, 1, 1);
-        running.max_workers = 2;
+        running.workers.max = 2;
         running.speed = vec![
             SpeedPoint {
                 workers: 1,
@@ -1337,7 +1352,7 @@ mod tests {
         assert_eq!(decision(&plan, 1).to_workers(), 2, "{plan:?}");
         // On the A100s, from 2 to 4 workers: the node's 4 CPUs free hold one more.
         let mut a100 = running.clone();
-        (a100.gpu_type, a100.max_workers, a100.workers) = (Some("A100".into()), 4, 2);
+        (a100.workers.gpu_type, a100.workers.max, a100.workers.count) = (Some("A100".into()), 4, 2);
         a100.speed.push(SpeedPoint {
             workers: 4,
             samples_per_s: 380.0,
@@ -1377,11 +1392,12 @@ mod tests {
         // workers to v; the job master lays each worker and its engine out as one bundle on
         // one node: v holds one bundle of 3 CPUs, so the start is cut to one worker (its
         // second engine, without a worker, goes to c alone).
-        let mut job = LiveJob {
-            worker_millicores: 1000,
-            min_workers: 1,
-            max_workers: 2,
-            ..gpu_job(1, LiveState::Queued, 2, 1, Some("V100"))
+        let mut job = {
+            let mut live_job = gpu_job(1, LiveState::Queued, 2, 1, Some("V100"));
+            live_job.workers.millicores = 1000;
+            live_job.workers.min = 1;
+            live_job.workers.max = 2;
+            live_job
         };
         let mut engine = crate::live::tests::rollout(2, 0.5, 0.0);
         (engine.millicores, engine.beside_workers) = (2000, true);
@@ -1422,14 +1438,10 @@ mod tests {
 
     /// [`grown_beside`], growing to at most `max`.
     fn grown_beside_to(max: u32, v2_cpus: u64, known: bool) -> Decision {
-        let mut job = LiveJob {
-            worker_millicores: 1000,
-            min_workers: 1,
-            max_workers: max,
-            // It once ran on 2 (the policy grows a job to at most twice its peak).
-            peak_workers: 2,
-            ..gpu_job(1, LiveState::Running, 1, 1, Some("V100"))
-        };
+        let mut job = gpu_job(1, LiveState::Running, 1, 1, Some("V100"));
+        (job.workers.millicores, job.workers.min, job.workers.max) = (1000, 1, max);
+        // It once ran on 2 (the policy grows a job to at most twice its peak).
+        job.workers.peak = 2;
         let mut engine = crate::live::tests::rollout(2, 0.5, 0.0);
         (engine.millicores, engine.beside_workers, engine.rate) = (500, true, None);
         if known {
@@ -1511,11 +1523,12 @@ mod tests {
         // worker k and engine k as one bundle on one node, the most CPU free first (v1, then
         // v2, whose device is the one left); engine 2, past the last worker, alone on the
         // node without GPUs (c).
-        let mut job = LiveJob {
-            worker_millicores: 1000,
-            min_workers: 2,
-            max_workers: 2,
-            ..gpu_job(1, LiveState::Queued, 2, 1, Some("V100"))
+        let mut job = {
+            let mut live_job = gpu_job(1, LiveState::Queued, 2, 1, Some("V100"));
+            live_job.workers.millicores = 1000;
+            live_job.workers.min = 2;
+            live_job.workers.max = 2;
+            live_job
         };
         let mut engine = crate::live::tests::rollout(3, 0.5, 0.0);
         (engine.millicores, engine.beside_workers, engine.rate) = (500, true, None);
@@ -1587,7 +1600,7 @@ mod tests {
         // A job of one worker of 1 GPU and 3 CPUs, of any model. The scheduler gives it the
         // model it gives it; that model's node has 1 CPU free, the other's 4.
         let mut j = v100_job(1, LiveState::Queued, 1, 1);
-        j.gpu_type = None;
+        j.workers.gpu_type = None;
         let snap_of = |j: &LiveJob, cluster: LiveCluster| LiveSnapshot {
             now_s: 100.0,
             cluster,
@@ -1627,7 +1640,7 @@ mod tests {
         assert_eq!(d.to_workers(), 0, "{d:?}");
         // A job that asked for its model stays on it.
         let mut asked = j.clone();
-        asked.gpu_type = Some(given.clone());
+        asked.workers.gpu_type = Some(given.clone());
         let d = decision(&round(&snap_of(&asked, starved(&given))), 1).clone();
         assert_eq!(d.to_workers(), 0, "{d:?}");
     }

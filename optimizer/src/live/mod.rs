@@ -19,7 +19,7 @@
 //!   then jobs above their minimum shrink, one node unit at a time. Sizes that fitted before
 //!   always fit again, so a round never oversubscribes a cluster that was not already;
 //! * a job that shrinks is counted at its old size until its job master has carried the
-//!   shrink out (`held_workers`), so the CPU it gives up goes to others a round later, never
+//!   shrink out (`LiveWorkers::held`), so the CPU it gives up goes to others a round later, never
 //!   while its processes still run (but to the job itself at once: a PS-bound job may trade a
 //!   worker for one more PS in one plan).
 //!
@@ -121,26 +121,20 @@ pub enum LiveState {
     Running,
 }
 
-/// One job as the round sees it.
+/// One job as the round sees it: its role groups (the training group's workers, a ps job's
+/// parameter servers, its other roles) and what the round plans by.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LiveJob {
     pub id: JobId,
     pub name: String,
     pub state: LiveState,
     pub submitted_s: f64,
-    pub ps: u32,
-    pub ps_millicores: u64,
-    pub worker_millicores: u64,
-    /// Workers in force (running) or predicted (queued).
-    pub workers: u32,
-    /// Workers whose processes may still be alive: more than `workers` while a shrink is
-    /// on its way. A round counts a running job at the larger of this and its new size, so
-    /// what one job gives up is handed out only once it is free.
+    /// Its training group: the workers the round sizes by their speed (named `worker` inside
+    /// the round, whatever the job calls them).
+    pub workers: LiveWorkers,
+    /// A ps job's parameter servers (none: an allreduce job).
     #[serde(default)]
-    pub held_workers: u32,
-    pub min_workers: u32,
-    pub max_workers: u32,
-    pub node_unit: u32,
+    pub ps: LivePs,
     /// Reported speeds (for a queued job: those of similar jobs, if any).
     pub speed: Vec<SpeedPoint>,
     pub samples_left: f64,
@@ -148,38 +142,14 @@ pub struct LiveJob {
     pub last_change_s: Option<f64>,
     pub running_s: f64,
     pub restarts: u32,
-    /// The most workers it has run with.
-    pub peak_workers: u32,
     /// A plan sent to its job master is not carried out yet (nor rejected).
     #[serde(default)]
     pub plan_in_flight: bool,
-    /// The fewest and most parameter servers the job may have (0: `ps`).
-    #[serde(default)]
-    pub min_ps: u32,
-    #[serde(default)]
-    pub max_ps: u32,
-    /// Reported speeds by (workers, PS) of a PS job, for its PS speed model.
-    #[serde(default)]
-    pub ps_speed: Vec<PsSpeedPoint>,
-    /// Memory of each role's processes as launched (0: no limit).
-    #[serde(default)]
-    pub ps_memory_bytes: u64,
-    #[serde(default)]
-    pub worker_memory_bytes: u64,
-    /// Its processes as its job master last reported them (running jobs; empty when not
-    /// known): what the heuristics read. A PS's CPU here is what the job holds for it.
-    #[serde(default)]
-    pub ps_processes: Vec<ProcessRuntime>,
-    #[serde(default)]
-    pub worker_processes: Vec<ProcessRuntime>,
     /// The corrections the brain made to it, for the heuristics' cool-downs.
     #[serde(default)]
     pub history: Vec<Change>,
-    /// GPUs per worker (0: a CPU job) and their model: the one it asked for (queued), the one
-    /// it runs on (running); none: any.
-    #[serde(default)]
-    pub worker_gpus: vocab::Gpus,
-    /// Its service roles, with their rates (running jobs; `roles.rs` sizes them).
+    /// Its other role groups (service, single and further all-reduce groups), with their
+    /// rates (running jobs; `roles.rs` sizes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<LiveRole>,
     /// Seconds of its job master's window its roles' rates still lack (0: a whole window is
@@ -187,8 +157,6 @@ pub struct LiveJob {
     /// to be low (`roles.rs`, `unmeasured`).
     #[serde(default, skip_serializing_if = "no_seconds")]
     pub rates_unmeasured_s: f64,
-    #[serde(default)]
-    pub gpu_type: Option<String>,
     /// Its processes without GPUs that the platform has not placed yet (planned and not
     /// launched, or launched and waiting), by role (`nodes.rs` holds their room on the nodes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -199,6 +167,62 @@ pub struct LiveJob {
     /// (`nodes/groups.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<LiveGroup>,
+}
+
+/// A job's training group as the round sees it: its workers, their bounds and what each asks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveWorkers {
+    /// In force (running) or predicted (queued).
+    pub count: u32,
+    /// Whose processes may still be alive: more than `count` while a shrink is on its way. A
+    /// round counts a running job at the larger of this and its new size, so what one job
+    /// gives up is handed out only once it is free.
+    #[serde(default)]
+    pub held: u32,
+    pub min: u32,
+    pub max: u32,
+    /// The step its count moves by.
+    pub node_unit: u32,
+    /// The most it has run with.
+    pub peak: u32,
+    /// CPU of each worker.
+    pub millicores: u64,
+    /// Memory of each worker as launched (0: no limit).
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// GPUs per worker (0: a CPU job; where other roles share its devices, the device's whole
+    /// bundle) and their model: the one it asked for (queued), the one it runs on (running);
+    /// none: any.
+    #[serde(default)]
+    pub gpus: vocab::Gpus,
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    /// Its processes as its job master last reported them (running jobs; empty when not
+    /// known): what the heuristics read.
+    #[serde(default)]
+    pub processes: Vec<ProcessRuntime>,
+}
+
+/// A ps job's parameter servers as the round sees them (count 0: an allreduce job).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LivePs {
+    pub count: u32,
+    /// The fewest and most the job may have (0: `count`).
+    #[serde(default)]
+    pub min: u32,
+    #[serde(default)]
+    pub max: u32,
+    /// CPU and memory of each (memory 0: no limit).
+    pub millicores: u64,
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// Its processes as its job master last reported them; a PS's CPU here is what the job
+    /// holds for it.
+    #[serde(default)]
+    pub processes: Vec<ProcessRuntime>,
+    /// Reported speeds by (workers, PS), for its PS speed model.
+    #[serde(default)]
+    pub speed: Vec<PsSpeedPoint>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -265,7 +289,7 @@ pub fn plan_round(
         .jobs
         .iter()
         .enumerate()
-        .filter(|(_, j)| !j.worker_gpus.is_zero())
+        .filter(|(_, j)| !j.workers.gpus.is_zero())
         .collect();
     // The nodes' free room (where the platform reports it), less what processes the platform
     // has not placed yet will take: the GPU jobs' new processes, then the CPU jobs', must fit.
@@ -344,7 +368,7 @@ fn pinned_and_held<'a>(
     }
     for i in holdups.keys().chain(unmeasured) {
         let j = &mut copy.jobs[*i];
-        j.max_workers = j.max_workers.min(j.workers.max(j.min_workers));
+        j.workers.max = j.workers.max.min(j.workers.count.max(j.workers.min));
     }
     Cow::Owned(copy)
 }
@@ -355,7 +379,7 @@ fn median_per_worker(jobs: &[LiveJob], fits: &[Option<AmdahlModel>]) -> f64 {
         .iter()
         .zip(fits)
         .filter_map(|(j, m)| {
-            let n = j.workers.max(1);
+            let n = j.workers.count.max(1);
             m.map(|m| m.samples_per_s(n) / n as f64)
         })
         .collect();
@@ -448,14 +472,6 @@ mod tests {
             name: format!("j{id}"),
             state,
             submitted_s: id as f64,
-            ps: 0,
-            ps_millicores: 0,
-            worker_millicores: 1000,
-            workers,
-            held_workers: workers,
-            min_workers: 1,
-            max_workers: 8,
-            node_unit: 1,
             speed: speed
                 .iter()
                 .map(|&(workers, samples_per_s)| SpeedPoint {
@@ -467,7 +483,16 @@ mod tests {
             last_change_s: (state == LiveState::Running).then_some(0.0),
             running_s: 100.0,
             restarts: 0,
-            peak_workers: workers,
+            workers: LiveWorkers {
+                millicores: 1000,
+                count: workers,
+                held: workers,
+                min: 1,
+                max: 8,
+                node_unit: 1,
+                peak: workers,
+                ..LiveWorkers::default()
+            },
             ..LiveJob::default()
         }
     }
@@ -557,10 +582,10 @@ mod tests {
     #[test]
     fn the_pools_memory_bounds_growth_and_starts() {
         let mut running = job(1, LiveState::Running, 2, &[(2, 200.0)]);
-        running.worker_memory_bytes = 1 << 30;
+        running.workers.memory_bytes = 1 << 30;
         let mut queued = job(2, LiveState::Queued, 1, &[]);
-        queued.worker_memory_bytes = 1 << 30;
-        queued.max_workers = 1;
+        queued.workers.memory_bytes = 1 << 30;
+        queued.workers.max = 1;
         let snap = |memory_bytes: u64, jobs: Vec<LiveJob>| LiveSnapshot {
             now_s: 100.0,
             cluster: LiveCluster {
@@ -675,9 +700,9 @@ mod tests {
     #[test]
     fn a_queued_job_starts_when_there_is_room_and_waits_when_not() {
         let mut big = job(1, LiveState::Running, 6, &[(6, 600.0)]);
-        big.max_workers = 6;
+        big.workers.max = 6;
         let mut q = job(2, LiveState::Queued, 2, &[]);
-        q.min_workers = 2;
+        q.workers.min = 2;
         let fifo = SchedulerKind::Fifo(Fifo::default());
         let room = LiveSnapshot {
             now_s: 100.0,
@@ -701,8 +726,8 @@ mod tests {
     #[test]
     fn parameter_servers_hold_cpu_too() {
         let mut j = job(1, LiveState::Queued, 4, &[]);
-        j.ps = 2;
-        j.ps_millicores = 1500; // two slots each
+        j.ps.count = 2;
+        j.ps.millicores = 1500; // two slots each
         let snap = LiveSnapshot {
             now_s: 0.0,
             cluster: cluster(6),
@@ -743,10 +768,10 @@ mod tests {
         // 3 workers of 3 slots beside a PS of 1 on 12 slots; a node of 4 is lost while its
         // worker still counts as alive (its master has not seen it gone): 2 workers fit.
         let mut j = job(1, LiveState::Running, 3, &[(3, 3000.0)]);
-        j.worker_millicores = 3000;
-        j.ps = 1;
-        j.ps_millicores = 1000;
-        j.max_workers = 3;
+        j.workers.millicores = 3000;
+        j.ps.count = 1;
+        j.ps.millicores = 1000;
+        j.workers.max = 3;
         let snap = LiveSnapshot {
             now_s: 100.0,
             cluster: cluster(8),
@@ -766,7 +791,7 @@ mod tests {
     fn what_a_shrinking_job_gives_up_is_handed_out_only_once_it_is_free() {
         // Job 1 runs 2 workers but still holds 4 (its shrink is on its way).
         let mut shrinking = job(1, LiveState::Running, 2, &[(4, 400.0), (2, 210.0)]);
-        shrinking.held_workers = 4;
+        shrinking.workers.held = 4;
         shrinking.last_change_s = Some(99.0);
         let q = job(2, LiveState::Queued, 2, &[]);
         let snap = LiveSnapshot {
@@ -777,7 +802,7 @@ mod tests {
         let plan = plan_round(&snap, elastic().scheduler(), &config(), &none()).unwrap();
         assert_eq!(decision(&plan, 2).to_workers(), 0, "{plan:?}");
         assert!(plan.cpu_millicores <= 4000);
-        shrinking.held_workers = 2;
+        shrinking.workers.held = 2;
         let snap = LiveSnapshot {
             jobs: vec![shrinking, q],
             ..snap
@@ -811,11 +836,11 @@ mod tests {
                         min,
                         &speed,
                     );
-                    j.ps = ps;
-                    j.max_ps = ps + 1;
+                    j.ps.count = ps;
+                    j.ps.max = ps + 1;
                     // Speeds at two PS counts: the round weighs PS and workers together.
                     if let Some(traffic) = traffic.filter(|_| ps > 0) {
-                        j.ps_speed = [(1, 1), (2, 1), (1, 2), (3, 2)]
+                        j.ps.speed = [(1, 1), (2, 1), (1, 2), (3, 2)]
                             .into_iter()
                             .map(|(workers, ps)| PsSpeedPoint {
                                 workers,
@@ -825,16 +850,16 @@ mod tests {
                             })
                             .collect();
                     }
-                    j.held_workers = if running {
+                    j.workers.held = if running {
                         min + (changed as u32 % 3)
                     } else {
                         0
                     };
-                    j.ps_millicores = 500 * (1 + id % 3);
-                    j.worker_millicores = 700 * (1 + id % 2);
-                    j.min_workers = min;
-                    j.node_unit = unit;
-                    j.max_workers = min + span * 4;
+                    j.ps.millicores = 500 * (1 + id % 3);
+                    j.workers.millicores = 700 * (1 + id % 2);
+                    j.workers.min = min;
+                    j.workers.node_unit = unit;
+                    j.workers.max = min + span * 4;
                     j.last_change_s = running.then_some(changed);
                     if running {
                         let process = |index, cpu: u64, used: u64| ProcessRuntime {
@@ -848,12 +873,12 @@ mod tests {
                             oom_kills: u32::from(oom && index == 0),
                             ..Default::default()
                         };
-                        let ps_used = if hot { j.ps_millicores } else { 10 };
-                        j.ps_processes = (0..ps)
-                            .map(|i| process(i, j.ps_millicores, ps_used))
+                        let ps_used = if hot { j.ps.millicores } else { 10 };
+                        j.ps.processes = (0..ps)
+                            .map(|i| process(i, j.ps.millicores, ps_used))
                             .collect();
-                        j.worker_processes = (0..min)
-                            .map(|i| process(i, j.worker_millicores, 10))
+                        j.workers.processes = (0..min)
+                            .map(|i| process(i, j.workers.millicores, 10))
                             .collect();
                     }
                     j
@@ -879,8 +904,8 @@ mod tests {
             let mut jobs = jobs;
             for (j, &(busy, wait, training, count)) in jobs.iter_mut().zip(&rates) {
                 if memory_extra.is_some() {
-                    j.worker_memory_bytes = if j.id.0 % 3 == 0 { 0 } else { 1 << 30 };
-                    j.ps_memory_bytes = 64 << 20;
+                    j.workers.memory_bytes = if j.id.0 % 3 == 0 { 0 } else { 1 << 30 };
+                    j.ps.memory_bytes = 64 << 20;
                 }
                 if j.state == LiveState::Running {
                     let mut r = rollout(count, busy, wait);
@@ -894,14 +919,14 @@ mod tests {
             let scheduler = [elastic(), SchedulerKind::Fifo(Fifo::default()), SchedulerKind::Pollux(Default::default())][which].clone();
             // A cluster the running jobs fit in, with `extra` CPUs more.
             let held: u64 = jobs.iter().filter(|j| j.state == LiveState::Running)
-                .map(|j| j.ps as u64 * j.ps_millicores.div_ceil(1000) + j.workers.max(j.held_workers) as u64 * j.worker_millicores.div_ceil(1000))
+                .map(|j| j.ps.count as u64 * j.ps.millicores.div_ceil(1000) + j.workers.count.max(j.workers.held) as u64 * j.workers.millicores.div_ceil(1000))
                 .sum();
-            let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps + j.workers.max(j.held_workers)).sum();
+            let procs: u32 = jobs.iter().filter(|j| j.state == LiveState::Running).map(|j| j.ps.count + j.workers.count.max(j.workers.held)).sum();
             // As much memory as the running jobs hold with `memory_extra` GiB more (at least
             // a byte: 0 is "not counted").
             let memory_bytes = memory_extra.map_or(0, |extra| {
                 let held: u64 = jobs.iter().filter(|j| j.state == LiveState::Running)
-                    .map(|j| j.ps as u64 * j.ps_memory_bytes + j.workers.max(j.held_workers) as u64 * j.worker_memory_bytes)
+                    .map(|j| j.ps.count as u64 * j.ps.memory_bytes + j.workers.count.max(j.workers.held) as u64 * j.workers.memory_bytes)
                     .sum();
                 (held + (extra << 30)).max(1)
             });
@@ -919,21 +944,21 @@ mod tests {
             prop_assert!(plan.notes.is_empty(), "{plan:?}");
             for (d, j) in plan.decisions.iter().zip(&jobs) {
                 if j.state == LiveState::Running {
-                    prop_assert!(d.to_workers() >= j.min_workers && d.to_workers() <= j.max_workers.max(j.workers), "{d:?}");
+                    prop_assert!(d.to_workers() >= j.workers.min && d.to_workers() <= j.workers.max.max(j.workers.count), "{d:?}");
                     // A job a role holds up is never grown.
                     if roles::holdup(j, &config().roles).is_some() {
-                        prop_assert!(d.to_workers() <= j.workers.max(j.min_workers), "{d:?}");
+                        prop_assert!(d.to_workers() <= j.workers.count.max(j.workers.min), "{d:?}");
                     }
                     let cooling = j.last_change_s.is_some_and(|t| t + 10.0 > 50.0);
                     // In cool-down only the heuristics may shrink it (pending, poor speed-up).
-                    if cooling && !with_heuristics { prop_assert_eq!(d.to_workers(), j.workers); }
-                    if cooling { prop_assert!(d.to_workers() <= j.workers, "{d:?}"); }
+                    if cooling && !with_heuristics { prop_assert_eq!(d.to_workers(), j.workers.count); }
+                    if cooling { prop_assert!(d.to_workers() <= j.workers.count, "{d:?}"); }
                     // PS within the spec's bounds (those the hot PS adds, or the PS model picks).
-                    let (lo, hi) = if j.ps == 0 { (0, 0) } else { (1, j.max_ps) };
+                    let (lo, hi) = if j.ps.count == 0 { (0, 0) } else { (1, j.ps.max) };
                     prop_assert!(d.to_ps() >= lo && d.to_ps() <= hi, "{d:?}");
                 } else if d.to_workers() > 0 {
-                    prop_assert!(d.to_workers() >= j.min_workers && d.to_workers() <= j.max_workers);
-                    prop_assert_eq!(d.to_workers() % j.node_unit, 0);
+                    prop_assert!(d.to_workers() >= j.workers.min && d.to_workers() <= j.workers.max);
+                    prop_assert_eq!(d.to_workers() % j.workers.node_unit, 0);
                 }
             }
         }
@@ -942,7 +967,7 @@ mod tests {
     /// The capacity repair as it was before it kept running totals and heaps: a scan of every
     /// job at each step. The reference `repair` must agree with.
     fn repair_by_scans(jobs: &mut [Sized], caps: checks::Caps, notes: &mut Vec<String>) {
-        let shrink = |s: &Sized| s.to.saturating_sub(s.job.node_unit.max(1));
+        let shrink = |s: &Sized| s.to.saturating_sub(s.job.workers.node_unit.max(1));
         let fits = |slots: u64, procs: u32, memory: u64| {
             slots <= caps.slots && procs <= caps.processes && memory <= caps.memory
         };
@@ -966,7 +991,7 @@ mod tests {
                 })
             {
                 let smaller = shrink(s);
-                if smaller >= s.job.min_workers.max(1) {
+                if smaller >= s.job.workers.min.max(1) {
                     s.to = smaller;
                     s.reasons.push(format!("starts smaller: {why}"));
                 } else {
@@ -977,10 +1002,10 @@ mod tests {
             }
             if let Some(s) = jobs
                 .iter_mut()
-                .filter(|s| s.running() && s.to > s.job.workers)
-                .max_by_key(|s| (s.to - s.job.workers, std::cmp::Reverse(s.job.id)))
+                .filter(|s| s.running() && s.to > s.job.workers.count)
+                .max_by_key(|s| (s.to - s.job.workers.count, std::cmp::Reverse(s.job.id)))
             {
-                s.to = shrink(s).max(s.job.workers);
+                s.to = shrink(s).max(s.job.workers.count);
                 s.reasons.push(format!("growth {why}"));
                 continue;
             }
@@ -995,7 +1020,7 @@ mod tests {
             }
             if let Some(s) = jobs
                 .iter_mut()
-                .filter(|s| s.running() && shrink(s) >= s.job.min_workers.max(1))
+                .filter(|s| s.running() && shrink(s) >= s.job.workers.min.max(1))
                 .max_by_key(|s| (s.to, std::cmp::Reverse(s.job.id)))
             {
                 s.to = shrink(s);
@@ -1025,16 +1050,16 @@ mod tests {
             // Workers of 1 GiB (every third job's ask none: not counted), PS of 2 GiB (a
             // running job's as its processes report them: 64 MiB).
             let jobs: Vec<LiveJob> = jobs.into_iter().map(|mut j| {
-                j.worker_memory_bytes = if j.id.0 % 3 == 0 { 0 } else { 1 << 30 };
-                j.ps_memory_bytes = 2 << 30;
+                j.workers.memory_bytes = if j.id.0 % 3 == 0 { 0 } else { 1 << 30 };
+                j.ps.memory_bytes = 2 << 30;
                 j
             }).collect();
             let make = || -> Vec<Sized> {
                 jobs.iter().zip(&sizes).map(|(job, &(to, pinned, held, worker_slots))| Sized {
                     job,
                     model: AmdahlModel { serial: 0.001, parallel: 0.01, counts_seen: 1 },
-                    ps: job.ps,
-                    ps_slots: job.ps,
+                    ps: job.ps.count,
+                    ps_slots: job.ps.count,
                     ps_slot_each: 1,
                     worker_slots,
                     migrations: Vec::new(),

@@ -348,7 +348,12 @@ pub(super) fn reserve_not_placed(free: &mut Free, jobs: &[LiveJob], notes: &mut 
     for j in jobs {
         for u in &j.not_placed {
             wanted += u.count;
-            let p = free.process(u.millicores, u.memory_bytes, u.gpus, j.gpu_type.as_deref());
+            let p = free.process(
+                u.millicores,
+                u.memory_bytes,
+                u.gpus,
+                j.workers.gpu_type.as_deref(),
+            );
             held += free.take_named_up_to(u.count, p, &u.nodes);
         }
     }
@@ -415,7 +420,7 @@ pub(super) fn sort_for_placing<'a>(order: &mut [usize], job: impl Fn(usize) -> &
 fn adds(s: &Sized) -> u32 {
     match s.job.state {
         LiveState::Queued => s.to,
-        LiveState::Running => s.to.saturating_sub(s.counted(s.job.workers)),
+        LiveState::Running => s.to.saturating_sub(s.counted(s.job.workers.count)),
     }
 }
 
@@ -424,30 +429,30 @@ fn gate_one(s: &mut Sized, free: &mut Free) {
     let job = s.job;
     let start = job.state == LiveState::Queued;
     let (base, lowest) = match start {
-        true => (0, job.min_workers.max(1)),
+        true => (0, job.workers.min.max(1)),
         false => {
-            let base = s.counted(job.workers);
+            let base = s.counted(job.workers.count);
             (base, base + 1)
         }
     };
     let new_ps = if start {
         s.ps
     } else {
-        s.ps.saturating_sub(job.ps)
+        s.ps.saturating_sub(job.ps.count)
     };
     // A start brings its roles' processes.
     let roles = match start {
-        true => roles_of(job, job.gpu_type.as_deref(), free),
+        true => roles_of(job, job.workers.gpu_type.as_deref(), free),
         false => Vec::new(),
     };
-    let ps = free.process(job.ps_millicores, job.ps_memory_bytes, Gpus::ZERO, None);
+    let ps = free.process(job.ps.millicores, job.ps.memory_bytes, Gpus::ZERO, None);
     let worker = free.process(
-        job.worker_millicores,
-        job.worker_memory_bytes,
+        job.workers.millicores,
+        job.workers.memory_bytes,
         Gpus::ZERO,
         None,
     );
-    let unit = job.node_unit.max(1);
+    let unit = job.workers.node_unit.max(1);
     let wanted = s.to;
     let mut w = wanted;
     let mut unfit = None;
@@ -468,7 +473,7 @@ fn gate_one(s: &mut Sized, free: &mut Free) {
                 // out yet), whose new indexes are not these.
                 if start {
                     s.nodes = start_nodes(&laid, &went, free);
-                } else if base == job.workers {
+                } else if base == job.workers.count {
                     let (ps_on, workers_on) = went.split_at(new_ps as usize);
                     for (role, on) in [(Role::PS, ps_on), (Role::WORKER, workers_on)] {
                         if !on.is_empty() {
@@ -533,12 +538,12 @@ fn not_gated(
             ),
         });
     } else {
-        s.to = job.workers;
+        s.to = job.workers.count;
         // No change of workers is made: none is recorded for the heuristics' cool-downs.
         s.corrections
             .retain(|c| c.kind != crate::heuristics::ChangeKind::Workers);
         s.reasons
-            .push(format!("kept at {} workers: {why}", job.workers));
+            .push(format!("kept at {} workers: {why}", job.workers.count));
     }
 }
 
@@ -617,11 +622,12 @@ mod tests {
     }
 
     fn cpu_job(id: u64, state: LiveState, workers: u32, cpu: u64) -> LiveJob {
-        LiveJob {
-            worker_millicores: cpu * 1000,
-            min_workers: workers,
-            max_workers: workers,
-            ..job(id, state, workers, &[(1, 10.0), (2, 19.0), (4, 36.0)])
+        {
+            let mut live_job = job(id, state, workers, &[(1, 10.0), (2, 19.0), (4, 36.0)]);
+            live_job.workers.millicores = cpu * 1000;
+            live_job.workers.min = workers;
+            live_job.workers.max = workers;
+            live_job
         }
     }
 
@@ -700,8 +706,8 @@ mod tests {
         // free besides it: one more worker fits, not two. The queued job behind it (one
         // 2-CPU worker, which the pool of 10 holds) then waits.
         let mut running = cpu_job(1, LiveState::Running, 2, 2);
-        running.min_workers = 1;
-        running.max_workers = 4;
+        running.workers.min = 1;
+        running.workers.max = 4;
         let queued = cpu_job(2, LiveState::Queued, 1, 2);
         let snapshot = LiveSnapshot {
             now_s: 100.0,
@@ -782,7 +788,7 @@ mod tests {
     #[test]
     fn memory_is_placed_with_the_cpu_where_the_cluster_counts_it() {
         let mut j = cpu_job(1, LiveState::Queued, 2, 1);
-        j.worker_memory_bytes = 3 << 30;
+        j.workers.memory_bytes = 3 << 30;
         let mut nodes = vec![node("a", 8), node("b", 8)];
         nodes[0].memory_bytes = 4 << 30;
         nodes[1].memory_bytes = 2 << 30;
@@ -1031,7 +1037,7 @@ mod tests {
         // left (the first of equals): the workers on a and b, the PS on a, the engines on a
         // and b. Its job master is told so, under the job's names.
         let mut j = cpu_job(1, LiveState::Queued, 2, 2);
-        (j.ps, j.ps_millicores) = (1, 1000);
+        (j.ps.count, j.ps.millicores) = (1, 1000);
         let mut engine = super::super::tests::rollout(2, 0.0, 0.0);
         engine.millicores = 1000;
         engine.rate = None;
@@ -1115,10 +1121,11 @@ mod tests {
         // Two running jobs of one 2-CPU worker each grow to two in one round; nodes a (3 CPUs
         // free) and b (2). Each job master reading Ray's free room would pick a, the freest;
         // the round places job 1's on a, leaving it 1, and job 2's on b, and the plans say so.
-        let grows = |id| LiveJob {
-            max_workers: 2,
-            min_workers: 1,
-            ..cpu_job(id, LiveState::Running, 1, 2)
+        let grows = |id| {
+            let mut live_job = cpu_job(id, LiveState::Running, 1, 2);
+            live_job.workers.max = 2;
+            live_job.workers.min = 1;
+            live_job
         };
         let snapshot = LiveSnapshot {
             now_s: 100.0,
@@ -1153,7 +1160,7 @@ mod tests {
         // A start's are named from index 0, for its job master (not in a plan).
         let mut start = snapshot.clone();
         start.jobs[1].state = LiveState::Queued;
-        start.jobs[1].workers = 0;
+        start.jobs[1].workers.count = 0;
         let plan = plan_round(&start, &scheduler, &config, &heuristics).unwrap();
         let started = super::super::tests::decision(&plan, 2);
         assert!(
@@ -1356,12 +1363,12 @@ mod tests {
             workers: 2,
             samples_per_s: 100.0,
         }];
-        held.max_workers = 8;
+        held.workers.max = 8;
         let mut engine = super::super::tests::rollout(1, 0.9, 0.8);
         engine.rate.as_mut().unwrap().training_wait_share = 0.7;
         held.roles = vec![engine];
         let mut queued = cpu_job(2, LiveState::Queued, 4, 1);
-        queued.min_workers = 1;
+        queued.workers.min = 1;
         let snapshot = LiveSnapshot {
             now_s: 100.0,
             cluster: round_cluster(free(&[2.0, 2.0]), 8),

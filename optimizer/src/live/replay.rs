@@ -56,16 +56,20 @@ impl<'a> LiveRound<'a> {
                         LiveState::Queued
                     },
                     submitted_s: j.submitted_s,
-                    worker_millicores: 1000,
-                    workers: if now > 0 {
-                        now
-                    } else {
-                        j.requested_replicas.clamp(min, j.max_replicas.max(min))
+                    workers: LiveWorkers {
+                        count: if now > 0 {
+                            now
+                        } else {
+                            j.requested_replicas.clamp(min, j.max_replicas.max(min))
+                        },
+                        held: now,
+                        min,
+                        max: j.max_replicas.max(min),
+                        node_unit: 1,
+                        peak: j.peak_replicas,
+                        millicores: 1000,
+                        ..LiveWorkers::default()
                     },
-                    held_workers: now,
-                    min_workers: min,
-                    max_workers: j.max_replicas.max(min),
-                    node_unit: 1,
                     speed: (1..=j.max_replicas)
                         .map(|r| SpeedPoint {
                             workers: r,
@@ -77,7 +81,6 @@ impl<'a> LiveRound<'a> {
                     last_change_s: j.last_change_s,
                     running_s: j.running_s,
                     restarts: j.restarts,
-                    peak_workers: j.peak_replicas,
                     // Nothing to observe in a simulation: no processes, no PS.
                     ..LiveJob::default()
                 }

@@ -37,7 +37,7 @@ use grow::grow_one;
 impl LiveRole {
     /// The GPU model its processes' GPUs are of: its own, else `job`'s (none: any).
     pub fn model<'a>(&'a self, job: &'a LiveJob) -> Option<&'a str> {
-        self.gpu_type.as_deref().or(job.gpu_type.as_deref())
+        self.gpu_type.as_deref().or(job.workers.gpu_type.as_deref())
     }
 }
 
@@ -64,7 +64,7 @@ pub struct LiveRole {
     pub gpu_type: Option<String>,
     /// Its processes share the training group's devices (a `placement:` group with
     /// `share_devices`): its process `k` runs beside worker `k`, on its node, the two laid out
-    /// as one bundle; its GPUs are the worker's ([`LiveJob::worker_gpus`], the whole bundle).
+    /// as one bundle; its GPUs are the worker's ([`super::LiveWorkers::gpus`], the whole bundle).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub beside_workers: bool,
     /// Where its processes run, by index, as the platform names the nodes (empty: not known),
@@ -292,7 +292,7 @@ pub fn admit(
             && need <= left.processes
             && need_memory <= left.memory_bytes;
         let gpus_fit =
-            !fits || !job.worker_gpus.is_zero() || super::gpu_place::place_roles(job, gpus_left);
+            !fits || !job.workers.gpus.is_zero() || super::gpu_place::place_roles(job, gpus_left);
         if fits && gpus_fit {
             used.cpu_millicores += need_cpu;
             used.processes += need;
@@ -304,11 +304,11 @@ pub fn admit(
             continue;
         }
         let slots_of = |m: u64| m.div_ceil(slot.max(1)).max(1);
-        let own = (d.to_ps() as u64 * slots_of(job.ps_millicores)
-            + d.to_workers() as u64 * slots_of(job.worker_millicores))
+        let own = (d.to_ps() as u64 * slots_of(job.ps.millicores)
+            + d.to_workers() as u64 * slots_of(job.workers.millicores))
             * slot;
-        let own_memory = d.to_ps() as u64 * job.ps_memory_bytes
-            + d.to_workers() as u64 * job.worker_memory_bytes;
+        let own_memory = d.to_ps() as u64 * job.ps.memory_bytes
+            + d.to_workers() as u64 * job.workers.memory_bytes;
         used.cpu_millicores = used.cpu_millicores.saturating_sub(own);
         used.processes = used.processes.saturating_sub(d.to_ps() + d.to_workers());
         used.memory_bytes = used.memory_bytes.saturating_sub(own_memory);
@@ -524,13 +524,13 @@ fn training_gives(
     d: &mut Decision,
 ) {
     let Some(rate) = role.rate else { return };
-    let (unit, workers) = (job.node_unit.max(1), job.workers);
+    let (unit, workers) = (job.workers.node_unit.max(1), job.workers.count);
     let wait = rate.training_wait_share;
-    let freed = unit as u64 * job.worker_millicores.div_ceil(slot.max(1)) * slot;
+    let freed = unit as u64 * job.workers.millicores.div_ceil(slot.max(1)) * slot;
     if wait < config.grow_wait_share
-        || !job.worker_gpus.is_zero()
+        || !job.workers.gpus.is_zero()
         || d.changes()
-        || workers < job.min_workers + unit
+        || workers < job.workers.min + unit
         || wait < unit as f64 / workers as f64
         || freed < role.millicores
     {
@@ -568,8 +568,8 @@ mod tests {
     /// as given, on a cluster of `cpus`.
     fn round_with(role: LiveRole, cpus: u64, last_change_s: f64) -> Decision {
         let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
-        j.max_workers = 2;
-        j.min_workers = 2;
+        j.workers.max = 2;
+        j.workers.min = 2;
         j.last_change_s = Some(last_change_s);
         j.roles = vec![role];
         let snap = LiveSnapshot {
@@ -608,7 +608,7 @@ mod tests {
         // Room for 3 more engines by CPU, for one more of 512 MiB by memory (the workers ask
         // none; the engines running are outside the pool, as the brain counts them).
         let mut job = job(1, LiveState::Running, 2, &[(2, 100.0)]);
-        (job.max_workers, job.min_workers) = (2, 2);
+        (job.workers.max, job.workers.min) = (2, 2);
         let mut engine = rollout(1, 0.9, 0.8);
         engine.memory_bytes = 512 << 20;
         job.roles = vec![engine];
@@ -739,7 +739,7 @@ mod tests {
         let mut c = config();
         c.roles.allreduce_groups = false;
         let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
-        (j.min_workers, j.max_workers, j.last_change_s) = (2, 2, Some(0.0));
+        (j.workers.min, j.workers.max, j.last_change_s) = (2, 2, Some(0.0));
         j.roles = vec![group(1, 0.9, 0.8)];
         let snap = LiveSnapshot {
             now_s: 100.0,
@@ -764,8 +764,8 @@ mod tests {
         // first starts with its engines (5 cores), the second's 5 do not fit in the 3 left.
         let queued = |id: u64| {
             let mut j = job(id, LiveState::Queued, 2, &[]);
-            j.max_workers = 2;
-            j.min_workers = 2;
+            j.workers.max = 2;
+            j.workers.min = 2;
             let mut r = rollout(3, 0.0, 0.0);
             r.millicores = 1000;
             r.rate = None;
@@ -803,7 +803,7 @@ mod tests {
         let mut reward = rollout(3, 0.05, 0.0);
         reward.role = "reward".parse().unwrap();
         let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
-        (j.min_workers, j.max_workers, j.last_change_s) = (2, 2, Some(0.0));
+        (j.workers.min, j.workers.max, j.last_change_s) = (2, 2, Some(0.0));
         j.roles = vec![rollout(1, 0.9, 0.5), reward];
         let snap = LiveSnapshot {
             now_s: 100.0,
@@ -883,8 +883,8 @@ mod tests {
     /// has `b_millicores` free, c 4 CPUs. The decision.
     fn beside_round(b_millicores: u64, known: bool) -> Decision {
         let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
-        (j.max_workers, j.min_workers) = (2, 2);
-        j.worker_processes = ["a", "b"]
+        (j.workers.max, j.workers.min) = (2, 2);
+        j.workers.processes = ["a", "b"]
             .iter()
             .enumerate()
             .map(|(i, n)| crate::heuristics::ProcessRuntime {
@@ -1036,7 +1036,7 @@ mod tests {
     /// [`held_round`] with the workers' min at `min`.
     fn held_round_min(training_wait: f64, cpus: u64, min: u32) -> RoundPlanOf {
         let mut j = job(1, LiveState::Running, 2, &[(2, 100.0)]);
-        j.min_workers = min;
+        j.workers.min = min;
         let mut r = rollout(1, 0.9, 0.8);
         r.rate.as_mut().unwrap().training_wait_share = training_wait;
         j.roles = vec![r];

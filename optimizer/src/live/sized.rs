@@ -56,18 +56,18 @@ impl Sized<'_> {
             return 0;
         }
         let job = self.job;
-        let ps = if self.ps == job.ps && job.ps_processes.len() == job.ps as usize {
-            job.ps_processes.iter().map(|p| p.resources.memory.0).sum()
+        let ps = if self.ps == job.ps.count && job.ps.processes.len() == job.ps.count as usize {
+            job.ps.processes.iter().map(|p| p.resources.memory.0).sum()
         } else {
-            self.ps as u64 * job.ps_memory_bytes
+            self.ps as u64 * job.ps.memory_bytes
         };
-        ps + workers as u64 * job.worker_memory_bytes
+        ps + workers as u64 * job.workers.memory_bytes
     }
     /// Workers counted against capacity at size `to`: a running job keeps what it holds
     /// until a shrink is carried out.
     pub(super) fn counted(&self, to: u32) -> u32 {
         if self.running() {
-            to.max(self.job.held_workers.saturating_sub(self.traded))
+            to.max(self.job.workers.held.saturating_sub(self.traded))
         } else {
             to
         }
@@ -78,12 +78,12 @@ impl Sized<'_> {
     }
     /// Workers that `slots` slots hold beside parameter servers holding `ps_slots`.
     pub(super) fn workers_with(&self, slots: u32, ps_slots: u32) -> u32 {
-        let unit = self.job.node_unit.max(1);
+        let unit = self.job.workers.node_unit.max(1);
         let w = slots.saturating_sub(ps_slots) / self.worker_slots;
         // The most whole node units within the maximum (a maximum that is not a multiple of
         // the unit made sizes that were not either).
-        let w = (w / unit * unit).min(self.job.max_workers / unit * unit);
-        if w < self.job.min_workers.max(1) {
+        let w = (w / unit * unit).min(self.job.workers.max / unit * unit);
+        if w < self.job.workers.min.max(1) {
             0
         } else {
             w
@@ -92,7 +92,7 @@ impl Sized<'_> {
     /// Slots `p` parameter servers hold: what the job's hold now at its PS count, a new
     /// one's each otherwise.
     pub(super) fn ps_slots_at(&self, p: u32) -> u32 {
-        if p == self.job.ps {
+        if p == self.job.ps.count {
             self.ps_slots
         } else {
             p * self.ps_slot_each
@@ -122,7 +122,7 @@ impl Sized<'_> {
         options
             .iter()
             .find(|o| best > 0.0 && o.2 >= best * 0.95)
-            .map_or((0, self.job.ps), |o| (o.0, o.1))
+            .map_or((0, self.job.ps.count), |o| (o.0, o.1))
     }
     /// Predicted samples/s at `workers` workers and `ps` PS: by the PS speed model where the
     /// round weighs PS, else by the speed model over workers.
@@ -136,13 +136,13 @@ impl Sized<'_> {
     /// reasons.
     pub(super) fn decision(self) -> Decision {
         let from = match self.job.state {
-            LiveState::Running => self.job.workers,
+            LiveState::Running => self.job.workers.count,
             LiveState::Queued => 0,
         };
         let predicted = self.predicted(self.to, self.ps);
-        let before = self.predicted(from, self.job.ps);
+        let before = self.predicted(from, self.job.ps.count);
         let mut reasons = self.reasons;
-        if (from != self.to || self.ps != self.job.ps) && from > 0 {
+        if (from != self.to || self.ps != self.job.ps.count) && from > 0 {
             reasons.push(format!("predicted {before:.0} -> {predicted:.0} samples/s"));
         }
         let job = self.job;
@@ -157,7 +157,7 @@ impl Sized<'_> {
                 &job.name,
                 job.state,
                 (from, self.to),
-                (job.ps, self.ps),
+                (job.ps.count, self.ps),
             )
         }
     }

@@ -36,13 +36,13 @@ impl Cut {
         let unfit = group.as_ref().map(|g| nodes::group_unfit(g, room));
         if j.running() {
             let wanted = j.to;
-            j.to = (*fits).max(j.job.workers);
+            j.to = (*fits).max(j.job.workers.count);
             j.reasons.push(match (fits, unfit) {
-                (0, Some(why)) => format!("kept at {} workers: {why}", j.job.workers),
+                (0, Some(why)) => format!("kept at {} workers: {why}", j.job.workers.count),
                 (0, None) => format!(
                     "kept at {} workers: no node has room for another worker of {asked} \
                      ({room})",
-                    j.job.workers
+                    j.job.workers.count
                 ),
                 (w, _) => format!(
                     "{w} workers, not {wanted}: no more fit on the nodes' free room ({room})"
@@ -89,7 +89,7 @@ pub(super) fn elsewhere(
     if let Some(t) = on {
         jobs[i].allowed[t] = false;
     }
-    let min = jobs[i].job.min_workers.max(1);
+    let min = jobs[i].job.workers.min.max(1);
     let others: Vec<usize> = (0..models.len()).filter(|&t| jobs[i].allowed[t]).collect();
     for t in others {
         for size in [to, min] {
@@ -125,7 +125,7 @@ pub(super) type Placed = (Free, BTreeMap<usize, BTreeMap<vocab::Role, Vec<String
 /// that do.
 pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<Placed, Cut> {
     let adds = |j: &Gpu| match j.running() {
-        true => j.to.saturating_sub(j.counted(j.job.workers)),
+        true => j.to.saturating_sub(j.counted(j.job.workers.count)),
         false => j.to,
     };
     let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| adds(&jobs[i]) > 0).collect();
@@ -136,20 +136,23 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
         let j = &jobs[i];
         let model = j.on.map(|t| models[t].as_str());
         let worker = free.process(
-            j.job.worker_millicores,
-            j.job.worker_memory_bytes,
+            j.job.workers.millicores,
+            j.job.workers.memory_bytes,
             j.g,
             model,
         );
         let start = !j.running();
         let (base, lowest) = match start {
-            true => (0, j.job.min_workers.max(1)),
-            false => (j.counted(j.job.workers), j.counted(j.job.workers) + 1),
+            true => (0, j.job.workers.min.max(1)),
+            false => (
+                j.counted(j.job.workers.count),
+                j.counted(j.job.workers.count) + 1,
+            ),
         };
         let mut fixed = Vec::new();
         if start {
-            let ps = free.process(j.job.ps_millicores, j.job.ps_memory_bytes, Gpus::ZERO, None);
-            fixed = vec![ps; j.job.ps as usize];
+            let ps = free.process(j.job.ps.millicores, j.job.ps.memory_bytes, Gpus::ZERO, None);
+            fixed = vec![ps; j.job.ps.count as usize];
             fixed.extend(nodes::roles_of(j.job, model, &free));
         }
         // A start's workers go with the processes that share their devices; a growth's added
@@ -171,7 +174,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
                 )
             }
         };
-        let unit = j.job.node_unit.max(1);
+        let unit = j.job.workers.node_unit.max(1);
         let mut w = j.to;
         let mut unfit = None;
         let fits = loop {
@@ -180,7 +183,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
             // The roles of each of `procs`, for its placement group and its name.
             let laid = match start {
                 true => {
-                    let mut laid = vec![vec![vocab::Role::PS]; j.job.ps as usize];
+                    let mut laid = vec![vec![vocab::Role::PS]; j.job.ps.count as usize];
                     laid.extend(nodes::roles_of_laid(j.job));
                     laid.extend(nodes::with_partners_laid(j.job, w));
                     laid
@@ -201,7 +204,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
                     // carried out yet), whose new indexes are not these.
                     if start {
                         named.insert(i, nodes::start_nodes(&laid, &went, &free));
-                    } else if base == j.job.workers {
+                    } else if base == j.job.workers.count {
                         let on = growth_nodes(&partners, &went, &free);
                         named.insert(i, BTreeMap::from([(vocab::Role::WORKER, on)]));
                     }
@@ -216,7 +219,7 @@ pub(super) fn on_nodes(jobs: &[Gpu], models: &[String], free: &Free) -> Result<P
         if fits == j.to {
             continue;
         }
-        let roles = fixed.len().saturating_sub(j.job.ps as usize);
+        let roles = fixed.len().saturating_sub(j.job.ps.count as usize);
         // The first worker that did not fit (a start's with its partners), and the node of
         // its partner where it must go there.
         let (first, beside) = match start {

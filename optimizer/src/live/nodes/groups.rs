@@ -172,7 +172,7 @@ fn running_on(job: &LiveJob, role: Role) -> Vec<&str> {
     let named: Vec<&str> = if role == Role::WORKER {
         super::worker_nodes(job)
     } else if role == Role::PS {
-        job.ps_processes.iter().map(|p| p.node.as_str()).collect()
+        job.ps.processes.iter().map(|p| p.node.as_str()).collect()
     } else {
         job.roles
             .iter()

@@ -139,13 +139,14 @@ pub(in crate::live) fn start_nodes(
 /// The node each of `job`'s training processes runs on, by index (empty: not known).
 pub(in crate::live) fn worker_nodes(job: &LiveJob) -> Vec<&str> {
     let n = job
-        .worker_processes
+        .workers
+        .processes
         .iter()
         .map(|p| p.index + 1)
         .max()
         .unwrap_or(0);
     let mut out = vec![""; n as usize];
-    for p in &job.worker_processes {
+    for p in &job.workers.processes {
         out[p.index as usize] = &p.node;
     }
     out
