@@ -143,6 +143,21 @@ async fn each_role_runs_its_own_program_fails_over_alone_and_is_resized_alone() 
     .await;
     let shrunk = seen(&s);
     assert_eq!(of_role(&shrunk, "worker"), of_role(&before, "worker"));
+    // Each role group's size wanted and what runs, the training group first.
+    let groups: Vec<(&str, bool, u32, u32)> = s
+        .role_groups
+        .iter()
+        .map(|g| (g.role.as_str(), g.training, g.desired, g.live))
+        .collect();
+    let workers = of_role(&before, "worker").len() as u32;
+    assert_eq!(
+        groups,
+        [
+            ("worker", true, workers, workers),
+            ("driver", false, 1, 1),
+            ("rollout", false, 1, 1)
+        ]
+    );
     assert_eq!(
         of_role(&shrunk, "rollout").keys().collect::<Vec<_>>(),
         vec![&("rollout".to_string(), 0)]

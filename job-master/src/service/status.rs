@@ -140,5 +140,27 @@ pub(super) fn job_status(
                 })
             })
             .collect(),
+        role_groups: role_groups(ctx),
     }
+}
+
+/// Each role group's desired and observed size, the training group's roles first.
+fn role_groups(ctx: &JobContext) -> Vec<pb::RoleGroupStatus> {
+    ctx.roles
+        .training()
+        .chain(ctx.roles.services())
+        .map(|(role, g)| pb::RoleGroupStatus {
+            role: role.to_string(),
+            topology: ctx.spec.topology(role).to_string(),
+            training: g.training,
+            desired: g.desired,
+            live: g.live(),
+            running: g
+                .slots
+                .values()
+                .filter(|s| s.phase == SlotPhase::Running)
+                .count() as u32,
+            restarts: g.restarts,
+        })
+        .collect()
 }

@@ -6,6 +6,41 @@ use proto::jobmaster::v1 as pb;
 
 use crate::{MasterArgs, client};
 
+fn print_role_groups(groups: &[pb::RoleGroupStatus]) {
+    if !groups.is_empty() {
+        println!("role groups:");
+    }
+    for g in groups {
+        println!("  {}", role_group_line(g));
+    }
+}
+
+/// A role group's size wanted against what runs: `worker     (allreduce, training) 2 of 2
+/// running`, `rollout    (service) 3 wanted: 2 running, 1 starting or restarting; 1 relaunch`.
+fn role_group_line(g: &pb::RoleGroupStatus) -> String {
+    let kind = match g.training {
+        true => format!("{}, training", g.topology),
+        false => g.topology.clone(),
+    };
+    let size = match (g.desired, g.live, g.running) {
+        (d, l, r) if d == l && l == r => format!("{r} of {d} running"),
+        (d, l, r) => format!(
+            "{d} wanted: {r} running, {} starting or restarting{}",
+            l.saturating_sub(r),
+            match l > d {
+                true => format!(", {} to leave", l - d),
+                false => String::new(),
+            }
+        ),
+    };
+    let restarts = match g.restarts {
+        0 => String::new(),
+        1 => "; 1 relaunch".to_string(),
+        n => format!("; {n} relaunches"),
+    };
+    format!("{:<10} ({kind}) {size}{restarts}", g.role)
+}
+
 pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut c = client(master).await?;
     let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
@@ -74,6 +109,7 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
             work
         );
     }
+    print_role_groups(&s.role_groups);
     let stragglers: Vec<String> = s
         .processes
         .iter()
@@ -180,4 +216,35 @@ pub fn summary_line(s: &pb::JobStatus) -> String {
         alive,
         members
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_role_groups_line_sets_what_runs_against_what_it_should_be() {
+        let group = |role: &str, training, desired, live, running, restarts| pb::RoleGroupStatus {
+            role: role.into(),
+            topology: if training { "allreduce" } else { "service" }.into(),
+            training,
+            desired,
+            live,
+            running,
+            restarts,
+        };
+        assert_eq!(
+            role_group_line(&group("worker", true, 2, 2, 2, 0)),
+            "worker     (allreduce, training) 2 of 2 running"
+        );
+        assert_eq!(
+            role_group_line(&group("rollout", false, 3, 3, 2, 1)),
+            "rollout    (service) 3 wanted: 2 running, 1 starting or restarting; 1 relaunch"
+        );
+        assert_eq!(
+            role_group_line(&group("rollout", false, 1, 3, 3, 2)),
+            "rollout    (service) 1 wanted: 3 running, 0 starting or restarting, 2 to leave; \
+             2 relaunches"
+        );
+    }
 }
