@@ -74,38 +74,15 @@ fn is_one(n: &u32) -> bool {
 }
 
 impl Default for RoleShape {
+    /// A service role of no processes asking for nothing.
     fn default() -> Self {
-        RoleShape {
-            topology: Topology::Service,
-            count: 0,
-            min: 0,
-            max: 0,
-            node_unit: 1,
-            millicores: 0,
-            memory_bytes: 0,
-            gpus: Gpus::ZERO,
-            gpu_type: None,
-            bundle_gpus: None,
-            shares_worker_devices: false,
-        }
+        RoleShape::empty(Topology::Service)
     }
 }
 
 /// What a shape without its training group answers for it (only a shape [`Shape::validate`]
 /// refuses can lack one).
-static NO_GROUP: RoleShape = RoleShape {
-    topology: Topology::Allreduce,
-    count: 0,
-    min: 0,
-    max: 0,
-    node_unit: 1,
-    millicores: 0,
-    memory_bytes: 0,
-    gpus: Gpus::ZERO,
-    gpu_type: None,
-    bundle_gpus: None,
-    shares_worker_devices: false,
-};
+static NO_GROUP: RoleShape = RoleShape::empty(Topology::Allreduce);
 
 impl Default for Shape {
     /// An allreduce job of one `worker` of one core (tests start from it).
@@ -129,6 +106,23 @@ impl Default for Shape {
 }
 
 impl RoleShape {
+    /// A group of `topology` of no processes asking for nothing.
+    pub const fn empty(topology: Topology) -> Self {
+        RoleShape {
+            topology,
+            count: 0,
+            min: 0,
+            max: 0,
+            node_unit: 1,
+            millicores: 0,
+            memory_bytes: 0,
+            gpus: Gpus::ZERO,
+            gpu_type: None,
+            bundle_gpus: None,
+            shares_worker_devices: false,
+        }
+    }
+
     /// `count` processes of `topology` within `[min, max]`, each of `millicores`, nothing
     /// else asked for.
     pub fn sized(topology: Topology, count: u32, (min, max): (u32, u32), millicores: u64) -> Self {

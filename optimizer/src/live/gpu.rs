@@ -628,18 +628,16 @@ mod tests {
         gpus: Gpus,
         model: Option<&str>,
     ) -> LiveJob {
-        {
-            let mut live_job = job(
-                id,
-                state,
-                workers,
-                &[(workers.max(1), 100.0 * workers.max(1) as f64)],
-            );
-            live_job.workers.gpus = gpus;
-            live_job.workers.gpu_type = model.map(str::to_string);
-            live_job.workers.max = 4;
-            live_job
-        }
+        let mut job = job(
+            id,
+            state,
+            workers,
+            &[(workers.max(1), 100.0 * workers.max(1) as f64)],
+        );
+        job.workers.gpus = gpus;
+        job.workers.gpu_type = model.map(str::to_string);
+        job.workers.max = 4;
+        job
     }
 
     fn round(snap: &LiveSnapshot) -> RoundPlan {
@@ -1020,13 +1018,11 @@ mod tests {
 
     /// A V100 job of `workers` workers (1 GPU and 3 CPUs each), at least `min`.
     fn v100_job(id: u64, state: LiveState, workers: u32, min: u32) -> LiveJob {
-        {
-            let mut live_job = gpu_job(id, state, workers, 1, Some("V100"));
-            live_job.workers.millicores = 3000;
-            live_job.workers.min = min;
-            live_job.workers.max = workers;
-            live_job
-        }
+        let mut job = gpu_job(id, state, workers, 1, Some("V100"));
+        job.workers.millicores = 3000;
+        job.workers.min = min;
+        job.workers.max = workers;
+        job
     }
 
     #[test]
@@ -1149,11 +1145,11 @@ mod tests {
         // The CPU jobs get the room the GPU jobs leave on the nodes: a CPU job of one 4-CPU
         // worker, which c or a hold, starts; one of two waits (v has 1 CPU left).
         let cpu_job = |id, workers| {
-            let mut live_job = job(id, LiveState::Queued, workers, &[(1, 10.0)]);
-            live_job.workers.millicores = 4000;
-            live_job.workers.min = workers;
-            live_job.workers.max = workers;
-            live_job
+            let mut j = job(id, LiveState::Queued, workers, &[(1, 10.0)]);
+            j.workers.millicores = 4000;
+            j.workers.min = workers;
+            j.workers.max = workers;
+            j
         };
         for (workers, starts) in [(2, 2), (3, 0)] {
             let mut snap = LiveSnapshot {
@@ -1392,13 +1388,10 @@ mod tests {
         // workers to v; the job master lays each worker and its engine out as one bundle on
         // one node: v holds one bundle of 3 CPUs, so the start is cut to one worker (its
         // second engine, without a worker, goes to c alone).
-        let mut job = {
-            let mut live_job = gpu_job(1, LiveState::Queued, 2, 1, Some("V100"));
-            live_job.workers.millicores = 1000;
-            live_job.workers.min = 1;
-            live_job.workers.max = 2;
-            live_job
-        };
+        let mut job = gpu_job(1, LiveState::Queued, 2, 1, Some("V100"));
+        job.workers.millicores = 1000;
+        job.workers.min = 1;
+        job.workers.max = 2;
         let mut engine = crate::live::tests::rollout(2, 0.5, 0.0);
         (engine.millicores, engine.beside_workers) = (2000, true);
         job.roles = vec![engine];
@@ -1523,13 +1516,10 @@ mod tests {
         // worker k and engine k as one bundle on one node, the most CPU free first (v1, then
         // v2, whose device is the one left); engine 2, past the last worker, alone on the
         // node without GPUs (c).
-        let mut job = {
-            let mut live_job = gpu_job(1, LiveState::Queued, 2, 1, Some("V100"));
-            live_job.workers.millicores = 1000;
-            live_job.workers.min = 2;
-            live_job.workers.max = 2;
-            live_job
-        };
+        let mut job = gpu_job(1, LiveState::Queued, 2, 1, Some("V100"));
+        job.workers.millicores = 1000;
+        job.workers.min = 2;
+        job.workers.max = 2;
         let mut engine = crate::live::tests::rollout(3, 0.5, 0.0);
         (engine.millicores, engine.beside_workers, engine.rate) = (500, true, None);
         let rollout = engine.role;

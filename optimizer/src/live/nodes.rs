@@ -622,13 +622,11 @@ mod tests {
     }
 
     fn cpu_job(id: u64, state: LiveState, workers: u32, cpu: u64) -> LiveJob {
-        {
-            let mut live_job = job(id, state, workers, &[(1, 10.0), (2, 19.0), (4, 36.0)]);
-            live_job.workers.millicores = cpu * 1000;
-            live_job.workers.min = workers;
-            live_job.workers.max = workers;
-            live_job
-        }
+        let mut job = job(id, state, workers, &[(1, 10.0), (2, 19.0), (4, 36.0)]);
+        job.workers.millicores = cpu * 1000;
+        job.workers.min = workers;
+        job.workers.max = workers;
+        job
     }
 
     /// A pool of `cpus` whose nodes have `free` room.
@@ -1122,10 +1120,10 @@ mod tests {
         // free) and b (2). Each job master reading Ray's free room would pick a, the freest;
         // the round places job 1's on a, leaving it 1, and job 2's on b, and the plans say so.
         let grows = |id| {
-            let mut live_job = cpu_job(id, LiveState::Running, 1, 2);
-            live_job.workers.max = 2;
-            live_job.workers.min = 1;
-            live_job
+            let mut j = cpu_job(id, LiveState::Running, 1, 2);
+            j.workers.max = 2;
+            j.workers.min = 1;
+            j
         };
         let snapshot = LiveSnapshot {
             now_s: 100.0,
