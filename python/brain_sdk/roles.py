@@ -476,7 +476,14 @@ class Collective:
                 raise
             finally:
                 master.close()
-            remove_unkept(directory, [path] + [p for _, p, _ in master_kept(env)])
+            try:
+                kept = [p for _, p, _ in master_kept(env)]
+            except BrainError:
+                # Committed; which files the master keeps is not known now: the next
+                # checkpoint removes what it no longer keeps.
+                kept = None
+            if kept is not None:
+                remove_unkept(directory, [path] + kept)
         try:
             import torch.distributed as dist
         except ImportError:  # pragma: no cover - no torch: no group to wait for
