@@ -487,13 +487,13 @@ impl Metrics {
             // Each role group's processes with GPUs of their own, on their model (none: the
             // training group's); the training group at its size in force.
             for (&role, g) in s.roles.iter().filter(|(_, g)| !g.shares_worker_devices) {
-                let count = match role == s.trainer() {
+                let count = match role == s.training {
                     true => row.workers,
                     false => g.count,
                 };
                 let milli = u64::from(g.gpus.milli()) * u64::from(count);
                 if milli > 0 {
-                    let model = g.gpu_type.as_deref().or(s.gpu_type()).unwrap_or("any");
+                    let model = s.model_of(g).unwrap_or("any");
                     *by_model.entry(model.to_string()).or_default() += milli;
                 }
             }

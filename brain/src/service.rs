@@ -356,7 +356,7 @@ impl pb::brain_server::Brain for BrainService {
         let trainer = row
             .shape
             .as_ref()
-            .map_or(vocab::Role::WORKER, |s| s.trainer());
+            .map_or(vocab::Role::WORKER, |s| s.training);
         let counts = PlanCounts::of(&plan, trainer);
         if row.state != JobState::Running {
             return Err(Status::failed_precondition(format!(

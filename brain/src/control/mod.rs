@@ -546,7 +546,7 @@ impl Control {
                         let trainer = s
                             .job(job)?
                             .shape
-                            .map_or(vocab::Role::WORKER, |x| x.trainer());
+                            .map_or(vocab::Role::WORKER, |x| x.training);
                         let body = |version| {
                             jm::ScalePlan::from(&d.scale_plan(version, trainer)).encode_to_vec()
                         };
@@ -597,7 +597,7 @@ impl Control {
         let trainer = row
             .shape
             .as_ref()
-            .map_or(vocab::Role::WORKER, |x| x.trainer());
+            .map_or(vocab::Role::WORKER, |x| x.training);
         let nodes = d.start_nodes(trainer);
         let run_dir = self
             .launcher

@@ -61,7 +61,7 @@ pub(super) fn take(
                     take_gpus(
                         &mut cluster.nodes,
                         s.gpus.devices_for(s.count),
-                        s.gpu_type.as_deref().or(shape.gpu_type()),
+                        shape.model_of(s),
                     );
                 }
             }
@@ -81,7 +81,7 @@ pub(super) fn take(
         let plan_in_flight = (row.plan_version > row.reached_version
             && row.plan_version != row.rejected_version)
             || row.cancel_requested.is_some();
-        let (ps_processes, worker_processes) = store.processes(row.id, shape.trainer());
+        let (ps_processes, worker_processes) = store.processes(row.id, shape.training);
         // The PS count the job master reports, unless a plan that changes it is on its way.
         let ps = if ps_processes.is_empty() {
             shape.ps()
@@ -166,7 +166,7 @@ pub(super) fn take(
 /// training group are its workers' bundles, [`optimizer::live::LiveRole::beside_workers`]),
 /// its training group as the round names it (`worker`).
 fn groups(shape: &crate::store::Shape) -> Vec<optimizer::live::LiveGroup> {
-    let trainer = shape.trainer();
+    let trainer = shape.training;
     shape
         .placement
         .iter()
@@ -308,13 +308,13 @@ fn planned_beyond(
     // device's whole bundle, the roles' processes that share it none.
     // The PS first, then the workers, then the other roles by name.
     let ps = shape.ps_group().map(|s| (vocab::Role::PS, s));
-    let training = (shape.trainer(), shape.training_group());
+    let training = (shape.training, shape.training_group());
     let planned = ps
         .into_iter()
         .chain([training])
         .chain(shape.others())
         .map(|(role, s)| {
-            let (count, gpus) = match (role == shape.trainer(), s.shares_worker_devices) {
+            let (count, gpus) = match (role == shape.training, s.shares_worker_devices) {
                 (true, _) => (workers, s.device_gpus()),
                 (false, true) => (s.count, vocab::Gpus::ZERO),
                 (false, false) => (s.count, s.gpus),

@@ -162,11 +162,6 @@ impl Shape {
         self
     }
 
-    /// The training group's role: `worker`, or the name its spec gave it.
-    pub fn trainer(&self) -> Role {
-        self.training
-    }
-
     /// The training group (the one the brain sizes by its speed).
     pub fn training_group(&self) -> &RoleShape {
         self.roles.get(&self.training).unwrap_or(&NO_GROUP)
@@ -209,12 +204,19 @@ impl Shape {
         self.training_group().gpu_type.as_deref()
     }
 
+    /// The GPU model `group`'s processes run on: its own, else the training group's (none:
+    /// any).
+    pub fn model_of<'a>(&'a self, group: &'a RoleShape) -> Option<&'a str> {
+        group.gpu_type.as_deref().or(self.gpu_type())
+    }
+
     /// Whether the counts `plan` sets for any role fit this job: its training group's and
     /// PS's as [`Shape::check_counts`], the other roles' within their bounds; a role the job
     /// does not have is refused by name.
     pub fn check_plan(&self, plan: &vocab::ScalePlan) -> Result<(), String> {
         for (&role, t) in &plan.roles {
-            if self.is_training(role) {
+            // A PS asked of an allreduce job is refused by `check_counts`.
+            if self.is_training(role) || role == Role::PS {
                 continue;
             }
             let Some(s) = self.roles.get(&role) else {
@@ -224,9 +226,6 @@ impl Shape {
                          not `--workers`)",
                         self.training, self.training
                     ));
-                }
-                if role == Role::PS {
-                    return Err("an allreduce job has no parameter servers to scale".into());
                 }
                 return Err(format!("the job has no {role} role"));
             };

@@ -540,7 +540,7 @@ fn shapes_stored_with_worker_and_ps_fields_are_rewritten_by_role_group_when_the_
     let rl_shape = s.job(rl).unwrap().shape.unwrap();
     let [actor, rollout, critic] =
         ["actor", "rollout", "critic"].map(|r| vocab::Role::new(r).unwrap());
-    assert_eq!(rl_shape.trainer(), actor);
+    assert_eq!(rl_shape.training, actor);
     let t = rl_shape.training_group();
     assert_eq!(
         (

@@ -653,7 +653,7 @@ impl JobContext {
             roles.add(role, true, plan.replicas);
             for index in 0..plan.replicas {
                 let key = SlotKey { role, index };
-                *roles.slot_or_new(key, now_ms) = Slot::new(key, 1, now_ms);
+                roles.insert_slot(Slot::new(key, 1, now_ms));
                 effects.push(Effect::LaunchAgent {
                     key,
                     incarnation: 1,

@@ -82,6 +82,12 @@ impl Roles {
             .and_then(|g| g.slots.get_mut(&key.index))
     }
 
+    /// Puts `slot` in its role's group (which [`Roles::add`] made).
+    pub(super) fn insert_slot(&mut self, slot: Slot) {
+        let group = self.0.get_mut(&slot.key.role).expect("the role's group");
+        group.slots.insert(slot.key.index, slot);
+    }
+
     /// The slot of a training process, made (incarnation 0, launching) where it has none.
     pub(super) fn slot_or_new(&mut self, key: SlotKey, now_ms: u64) -> &mut Slot {
         let group = self.0.entry(key.role).or_insert_with(|| RoleGroup {
