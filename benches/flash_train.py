@@ -5,13 +5,13 @@ flash memory when the job has `checkpoint.flash`, else synchronously to disk).
 
 One JSON line per event to --log:
 
-* `start`: pid, restart, restored_from, restore_s (the time `job.restore()` took, the state
+* `start`: pid, rank, restart, restored_from, restore_s (the time `job.restore()` took, the state
   back on the device), flash_dir;
 * `step`: s (the step's own time: forward, backward, optimiser, waited for on a GPU), writing
   (this process's agent
   was writing a copy of its state out when the step began or ended), rank and world (the
   group's size at that step);
-* `cut`: step, held ("memory" or "disk"), blocked_s (the time the cut held this rank).
+* `cut`: rank, step, held ("memory" or "disk"), blocked_s (the time the cut held this rank).
 """
 
 import argparse
@@ -31,7 +31,8 @@ p.add_argument("--device", default="cpu")
 p.add_argument(
     "--ddp",
     action="store_true",
-    help="train through brain_sdk.pytorch.ElasticDDP: the group may grow and shrink in place",
+    help="train through brain_sdk.pytorch.ElasticDDP (a group of several ranks; with the job's "
+    "`rescale: in_place`, it may grow and shrink in place)",
 )
 args = p.parse_args()
 on_gpu = args.device.startswith("cuda")
@@ -77,7 +78,7 @@ if args.ddp:
 else:
     net = model
 flash_dir = job.env.flash_dir or ""
-log({"event": "start", "pid": os.getpid(), "restart": job.restart_count,
+log({"event": "start", "pid": os.getpid(), "rank": job.rank, "restart": job.restart_count,
      "restored_from": job.restored_from, "restore_s": restore_s, "flash_dir": flash_dir,
      "device": str(x.device)})
 
@@ -110,4 +111,4 @@ for batch in job.batches():
          "world": job.world_size})
     if job.last_cut is not None and job.last_cut is not seen_cut:
         seen_cut = job.last_cut
-        log({"event": "cut", **seen_cut})
+        log({"event": "cut", "rank": job.rank, **seen_cut})

@@ -1,14 +1,17 @@
 //! Flash checkpoints in a real job (issue 43, items 4 and 5): `job-master run` (release build)
 //! trains `benches/flash_train.py` (an MLP with Adam on the CPU, its state about 1 GiB; one rank,
-//! the job master's data, a consistent cut every 2 shards of 10 steps), side by side in one run:
+//! or `BRAIN_BENCH_RANKS` ranks of one DDP group on this node, each holding the whole state; the
+//! job master's data, a consistent cut every 2 shards of 10 steps), side by side in one run:
 //!
-//! * **the cut's pause**: the time each cut held the rank (`job.last_cut`), flash memory
-//!   (`checkpoint.flash`: a copy into the agent's memory) against the synchronous save to disk;
-//! * **the background write's cost to the step rate**: the step's own time while the agent
-//!   writes a copy out, against the steps of the synchronous run (no write behind them) and the
-//!   flash run's other steps;
-//! * **restore after kill -9**: the time `job.restore()` took in the restarted process, from the
-//!   agent's memory, then (its copies removed and the page cache dropped) from disk;
+//! * **the cut's pause**: the time each cut held the rank (`job.last_cut`; in a group, the
+//!   longest any rank was held at that cut), flash memory (`checkpoint.flash`: a copy into the
+//!   agent's memory) against the synchronous save to disk;
+//! * **the background write's cost to the step rate**: rank 0's step time while its agent
+//!   writes a copy out (in a group, rank 0's copy is the one written out), against the steps
+//!   of the synchronous run (no write behind them) and the flash run's other steps;
+//! * **restore after kill -9** (of one rank: its group restarts whole): the time `job.restore()`
+//!   took in each restarted process, from the agent's memory, then (the copies removed and
+//!   the page cache dropped) from disk;
 //! * **a grow's pause** (`rescale: in_place`, through `ElasticDDP`): the group grown 1 → 2 by a
 //!   plan, `BRAIN_BENCH_GROWS` times (default 2, shrunk back in between): rank 0's gap between
 //!   its last step in the group of 1 and its first in the group of 2, and how the new rank got
@@ -86,8 +89,31 @@ struct Run {
     /// Step times while a copy was being written out, and the others.
     writing: Vec<f64>,
     quiet: Vec<f64>,
-    /// restore() after kill -9: (from, seconds).
-    restores: Vec<(String, f64)>,
+    /// restore() after each kill -9, one entry a restarted rank: (rank, from, seconds).
+    restores: Vec<Vec<(u64, String, f64)>>,
+}
+
+/// The rank an event came from (0 where a log of one rank left it out).
+fn rank(v: &Value) -> u64 {
+    v["rank"].as_u64().unwrap_or(0)
+}
+
+/// Each cut rank 0 logged, in order: (step, where it was held, the longest time it held any
+/// rank of the group that logged it).
+fn group_cuts(all: &[Value]) -> Vec<(u64, String, f64)> {
+    let cuts = of(all, "cut");
+    cuts.iter()
+        .filter(|c| rank(c) == 0)
+        .map(|c| {
+            let step = c["step"].as_u64().unwrap();
+            let held = cuts
+                .iter()
+                .filter(|o| o["step"] == c["step"])
+                .map(|o| o["blocked_s"].as_f64().unwrap())
+                .fold(0.0, f64::max);
+            (step, c["held"].as_str().unwrap_or("?").to_string(), held)
+        })
+        .collect()
 }
 
 fn drop_caches() -> bool {
@@ -102,15 +128,15 @@ fn kill9(pid: u64) {
     );
 }
 
-/// The job's run: `cuts` cuts after a warm-up, then (flash) two kill -9s, restored from memory,
-/// then from disk.
-/// What the job is: its state's size and device, the shards between its cuts.
+/// What the job is: its state's size and device, the shards between its cuts, the ranks of
+/// its group in the cuts' runs.
 struct Setup<'a> {
     python: &'a str,
     sdk: &'a Path,
     gib: f64,
     device: &'a str,
     every_shards: u32,
+    ranks: u32,
 }
 
 /// Waits until the newest cut held in memory is committed (its manifest written), so that a
@@ -138,17 +164,19 @@ fn wait_committed(master: &mut std::process::Child, log: &Path, ckpt: &Path, lim
     }
 }
 
-/// The bench's job: one rank of `flash_train.py` logging to `log`, its checkpoints under
-/// `dir`, through flash memory or synchronously; with `ddp`, through `ElasticDDP` and
+/// The bench's job: `ranks` ranks of `flash_train.py` logging to `log`, its checkpoints under
+/// `dir`, through flash memory or synchronously; with `grow`, one rank through `ElasticDDP` and
 /// `rescale: in_place`, up to 2 ranks.
-fn job_yaml(setup: &Setup, flash: bool, log: &Path, dir: &Path, ddp: bool) -> String {
+fn job_yaml(setup: &Setup, flash: bool, log: &Path, dir: &Path, grow: bool) -> String {
     let Setup {
         python,
         sdk,
         gib,
         device,
         every_shards,
+        ranks,
     } = *setup;
+    let (replicas, max) = if grow { (1, 2) } else { (ranks, ranks) };
     let mut argv = vec![
         python.to_string(),
         script().display().to_string(),
@@ -160,8 +188,10 @@ fn job_yaml(setup: &Setup, flash: bool, log: &Path, dir: &Path, ddp: bool) -> St
         device.to_string(),
     ];
     let mut rescale = "";
-    if ddp {
+    if grow || ranks > 1 {
         argv.push("--ddp".into());
+    }
+    if grow {
         rescale = "\n  rescale: in_place";
     }
     let memory = if flash {
@@ -173,7 +203,7 @@ fn job_yaml(setup: &Setup, flash: bool, log: &Path, dir: &Path, ddp: bool) -> St
         String::new()
     };
     format!(
-        "name: bench-flash\nkind: allreduce\nroles:\n  worker: {{ replicas: 1, max: 2 }}\n\
+        "name: bench-flash\nkind: allreduce\nroles:\n  worker: {{ replicas: {replicas}, max: {max} }}\n\
          workload:\n  command: {argv:?}\n  \
          env: {{ OMP_NUM_THREADS: \"1\", PYTHONPATH: {sdk:?} }}{rescale}\n\
          data: {{ num_samples: 10000000, shard_size: 80 }}\n\
@@ -182,6 +212,8 @@ fn job_yaml(setup: &Setup, flash: bool, log: &Path, dir: &Path, ddp: bool) -> St
     )
 }
 
+/// The job's run: `cuts` cuts after a warm-up, then (flash) two kill -9s of one rank, the group
+/// restored from memory, then from disk.
 fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("events.jsonl");
@@ -189,15 +221,16 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     std::fs::write(&spec, job_yaml(setup, flash, &log, dir.path(), false)).unwrap();
     let (mut master, _addr) = start_master(&spec, &dir.path().join("run"), None);
     let limit = Duration::from_secs(600);
+    // One cut more than measured: the other ranks have logged the last measured one by then.
     let all = wait(&mut master.child, &log, limit, "cuts", |l| {
-        of(l, "cut").len() > cuts
+        group_cuts(l).len() > cuts + 1
     });
     let mut out = Run::default();
-    for c in &of(&all, "cut")[1..=cuts] {
-        out.cuts.push(c["blocked_s"].as_f64().unwrap());
-        out.held.push(c["held"].as_str().unwrap_or("?").to_string());
+    for (_, held, s) in &group_cuts(&all)[1..=cuts] {
+        out.cuts.push(*s);
+        out.held.push(held.clone());
     }
-    for s in of(&all, "step") {
+    for s in of(&all, "step").into_iter().filter(|s| rank(s) == 0) {
         let v = s["s"].as_f64().unwrap();
         if s["writing"] == true {
             out.writing.push(v);
@@ -207,45 +240,69 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     }
     if flash {
         for from_disk in [false, true] {
-            let all = lines(&log);
-            let starts = of(&all, "start");
-            let last = starts.last().unwrap();
-            if from_disk {
-                // Its copies gone from the node and nothing cached: it must read the disk.
-                let slots = PathBuf::from(last["flash_dir"].as_str().unwrap());
-                for e in std::fs::read_dir(&slots).unwrap() {
-                    let _ = std::fs::remove_file(e.unwrap().path());
-                }
-                if !drop_caches() {
-                    eprintln!("the page cache could not be dropped (not root)");
-                }
-            }
-            let n = starts.len();
-            if !from_disk {
-                wait_committed(&mut master.child, &log, &dir.path().join("ckpt"), limit);
-            }
-            kill9(last["pid"].as_u64().unwrap());
-            let all = wait(&mut master.child, &log, limit, "a restart", |l| {
-                of(l, "start").len() > n
-            });
-            let s = of(&all, "start")[n];
-            out.restores.push((
-                s["restored_from"].as_str().unwrap_or("none").to_string(),
-                s["restore_s"].as_f64().unwrap(),
-            ));
-            // A cut after the restart, so that the next kill has a committed copy to go to.
-            let cuts_now = of(&all, "cut").len();
-            wait(
+            out.restores.push(kill_and_restore(
+                setup,
                 &mut master.child,
                 &log,
-                limit,
-                "a cut after the restart",
-                |l| of(l, "cut").len() > cuts_now + 1,
-            );
+                dir.path(),
+                from_disk,
+            ));
         }
     }
     stop_master(&mut master.child);
     out
+}
+
+/// Kills one rank with SIGKILL once a cut held in memory is committed (`from_disk`: its
+/// group's copies removed from the node and the page cache dropped first, so that it must
+/// read the disk), and returns each restarted rank's restore; waits for a cut after the
+/// restart, so that the next kill has a committed copy to go to.
+fn kill_and_restore(
+    setup: &Setup,
+    master: &mut std::process::Child,
+    log: &Path,
+    dir: &Path,
+    from_disk: bool,
+) -> Vec<(u64, String, f64)> {
+    let limit = Duration::from_secs(600);
+    let ranks = setup.ranks as usize;
+    if !from_disk {
+        wait_committed(master, log, &dir.join("ckpt"), limit);
+    }
+    let all = lines(log);
+    let starts = of(&all, "start");
+    let n = starts.len();
+    let group = &starts[n - ranks..];
+    if from_disk {
+        for start in group {
+            let slots = PathBuf::from(start["flash_dir"].as_str().unwrap());
+            for e in std::fs::read_dir(&slots).unwrap() {
+                let _ = std::fs::remove_file(e.unwrap().path());
+            }
+        }
+        if !drop_caches() {
+            eprintln!("the page cache could not be dropped (not root)");
+        }
+    }
+    kill9(group[ranks - 1]["pid"].as_u64().unwrap());
+    let all = wait(master, log, limit, "the group's restart", |l| {
+        of(l, "start").len() >= n + ranks
+    });
+    let restored = of(&all, "start")[n..n + ranks]
+        .iter()
+        .map(|s| {
+            (
+                rank(s),
+                s["restored_from"].as_str().unwrap_or("none").to_string(),
+                s["restore_s"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let cuts_now = group_cuts(&all).len();
+    wait(master, log, limit, "a cut after the restart", |l| {
+        group_cuts(l).len() > cuts_now + 1
+    });
+    restored
 }
 
 /// One grow 1 → 2 of the group.
@@ -404,12 +461,15 @@ fn main() {
     let cuts = var("BRAIN_BENCH_CUTS", 5.0) as usize;
     let device = std::env::var("BRAIN_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into());
     let every_shards = var("BRAIN_BENCH_EVERY_SHARDS", 2.0) as u32;
+    let ranks = var("BRAIN_BENCH_RANKS", 1.0) as u32;
+    assert!(ranks >= 1, "BRAIN_BENCH_RANKS is at least 1");
     let setup = Setup {
         python: &python,
         sdk: &sdk,
         gib,
         device: &device,
         every_shards,
+        ranks,
     };
     let parts = std::env::var("BRAIN_BENCH_PARTS").unwrap_or_else(|_| "cuts,grow".into());
     let parts: Vec<&str> = parts.split(',').map(str::trim).collect();
@@ -464,12 +524,16 @@ fn print_grows(setup: &Setup, flash: &[Grow], sync: &[Grow]) {
 /// run's.
 fn print_cuts(setup: &Setup, cuts: usize, flash: &Run, sync: &Run) {
     let (gib, device, every_shards) = (setup.gib, setup.device, setup.every_shards);
+    let ranks = match setup.ranks {
+        1 => "1 rank".to_string(),
+        n => format!("{n} ranks of one DDP group on this node, each holding it,"),
+    };
     println!(
-        "\nFlash checkpoints in a job: state {gib} GiB on {device}, 1 rank, torch with 1 CPU \
-         thread, {cuts} cuts per run after a warm-up, a cut every {every_shards} shards of 10 \
-         steps"
+        "\nFlash checkpoints in a job: state {gib} GiB on {device}, {ranks} torch with 1 CPU \
+         thread a rank, {cuts} cuts per run after a warm-up, a cut every {every_shards} shards \
+         of 10 steps"
     );
-    println!("the cut's pause (the time it held the rank), median:");
+    println!("the cut's pause (the longest it held a rank), median:");
     println!(
         "  flash memory   {}  held in: {:?}",
         range(&flash.cuts),
@@ -497,11 +561,26 @@ fn print_cuts(setup: &Setup, cuts: usize, flash: &Run, sync: &Run) {
         (median(&flash.writing) / median(&flash.quiet) - 1.0) * 100.0,
         (median(&flash.writing) / base - 1.0) * 100.0
     );
-    println!("restore after kill -9 (job.restore() in the restarted process):");
-    for (from, s) in &flash.restores {
-        println!("  from {from:<6} {s:.3} s");
+    println!(
+        "restore after kill -9 of one rank (job.restore() in each restarted process; the \
+         group waits for the slowest):"
+    );
+    for group in &flash.restores {
+        let each: Vec<String> = group
+            .iter()
+            .map(|(rank, from, s)| format!("rank {rank} from {from} {s:.3} s"))
+            .collect();
+        println!("  slowest {:.3} s: {}", slowest(group), each.join(", "));
     }
-    if let [(_, m), (_, d)] = flash.restores.as_slice() {
-        println!("  disk / memory: {:.1}x", d / m);
+    if let [memory, disk] = flash.restores.as_slice() {
+        println!(
+            "  disk / memory (slowest rank): {:.1}x",
+            slowest(disk) / slowest(memory)
+        );
     }
+}
+
+/// The longest restore of a restarted group.
+fn slowest(group: &[(u64, String, f64)]) -> f64 {
+    group.iter().map(|r| r.2).fold(0.0, f64::max)
 }

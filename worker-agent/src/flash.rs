@@ -12,17 +12,16 @@
 //! process never one being written out, so a written-out file is one whole step.
 
 use std::fs::File;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use proto::jobmaster::v1 as pb;
 
 use crate::agent::MasterClient;
 use crate::error::Error;
+use crate::flash_write::{background_thread, copy_hashed};
 
 /// Slots per process: the copy being written out and the next one.
 pub const SLOTS: u32 = 2;
@@ -83,7 +82,7 @@ pub struct FlashDir {
     _held: Option<std::sync::Arc<crate::flash_leftovers::Held>>,
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -300,11 +299,20 @@ impl Writer {
         role: String,
         index: u32,
     ) -> Writer {
+        let background = background_thread();
         Writer(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(WRITE_OUT_EVERY).await;
                 let (d, c) = (dir.clone(), checkpoint_dir.clone());
-                let w = match tokio::task::spawn_blocking(move || d.write_out(&c)).await {
+                let (done, written) = tokio::sync::oneshot::channel();
+                let job = Box::new(move || {
+                    let _ = done.send(d.write_out(&c));
+                });
+                if background.send(job).is_err() {
+                    tracing::warn!("the flash write-out thread is gone: copies stay unwritten");
+                    return;
+                }
+                let w = match written.await {
                     Ok(Ok(Some(w))) => w,
                     Ok(Ok(None)) | Err(_) => continue,
                     Ok(Err(e)) => {
@@ -368,74 +376,11 @@ async fn settle(dir: &FlashDir, w: &Written, committed: bool) {
     let _ = tokio::task::spawn_blocking(move || d.settled(slot, save, committed)).await;
 }
 
-/// The name a part is written under before it is renamed into place: `part-R.bin.tmp-HOST-PID`
-/// (the host too: a checkpoint directory may be shared by nodes).
-fn tmp_prefix(to: &Path) -> String {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let name = to.file_name().unwrap_or_default().to_string_lossy();
-    format!("{name}.tmp-{host}-")
-}
-
-/// Removes what an agent of this node killed while writing `to` out left of it: its temporary
-/// file, named with a process that no longer runs here.
-fn remove_stale_tmp(to: &Path) {
-    let (Some(dir), prefix) = (to.parent(), tmp_prefix(to)) else {
-        return;
-    };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(&prefix)
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => tracing::info!("removed {}, left by an agent killed mid-write", name),
-                Err(err) => tracing::warn!("cannot remove {}: {err}", e.path().display()),
-            }
-        }
-    }
-}
-
-/// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
-/// sees the whole file or none. Its SHA-256 (hex) and length.
-fn copy_hashed(from: &mut File, to: &Path) -> Result<(String, u64), Error> {
-    remove_stale_tmp(to);
-    let tmp = to.with_file_name(format!("{}{}", tmp_prefix(to), std::process::id()));
-    let mut out = File::create(&tmp).map_err(io(&tmp))?;
-    let mut sha = Sha256::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = from.read(&mut buf).map_err(io(to))?;
-        if n == 0 {
-            break;
-        }
-        sha.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io(&tmp))?;
-        bytes += n as u64;
-    }
-    out.sync_all().map_err(io(&tmp))?;
-    drop(out);
-    std::fs::rename(&tmp, to).map_err(io(to))?;
-    if let Some(parent) = to.parent() {
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io(parent))?;
-    }
-    Ok((hex::encode(sha.finalize()), bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flash_write::tmp_prefix;
+    use sha2::{Digest, Sha256};
 
     fn ready(dir: &FlashDir, slot: u32, save: u64, step: u64, body: &[u8]) {
         std::fs::write(dir.slot_file(slot), body).unwrap();
