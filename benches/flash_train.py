@@ -59,7 +59,8 @@ x = torch.randn(args.batch_size, WIDTH, device=args.device)
 job = brain_sdk.ElasticJob(batch_size=args.batch_size)
 sync()
 began = time.perf_counter()
-state = job.restore(device=args.device)
+# Every rank restores here: one whose node lost its copy gets it from a rank that holds one.
+state = job.restore(device=args.device, peers=True)
 sync()
 restore_s = time.perf_counter() - began
 if state is not None:

@@ -10,8 +10,9 @@
 //!   writes a copy out (in a group, rank 0's copy is the one written out), against the steps
 //!   of the synchronous run (no write behind them) and the flash run's other steps;
 //! * **restore after kill -9** (of one rank: its group restarts whole): the time `job.restore()`
-//!   took in each restarted process, from the agent's memory, then (the copies removed and
-//!   the page cache dropped) from disk;
+//!   took in each restarted process, from the agent's memory; in a group, with the killed
+//!   rank's copies removed (as on a new node), that rank's state sent by a rank holding it
+//!   (`restore(peers=True)`); then (every copy removed and the page cache dropped) from disk;
 //! * **a grow's pause** (`rescale: in_place`, through `ElasticDDP`): the group grown 1 → 2 by a
 //!   plan, `BRAIN_BENCH_GROWS` times (default 2, shrunk back in between): rank 0's gap between
 //!   its last step in the group of 1 and its first in the group of 2, and how the new rank got
@@ -239,13 +240,18 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
         }
     }
     if flash {
-        for from_disk in [false, true] {
+        let mut lost = vec![Lost::None];
+        if setup.ranks > 1 {
+            lost.push(Lost::Killed);
+        }
+        lost.push(Lost::All);
+        for lost in lost {
             out.restores.push(kill_and_restore(
                 setup,
                 &mut master.child,
                 &log,
                 dir.path(),
-                from_disk,
+                lost,
             ));
         }
     }
@@ -253,36 +259,49 @@ fn run(setup: &Setup, flash: bool, cuts: usize) -> Run {
     out
 }
 
-/// Kills one rank with SIGKILL once a cut held in memory is committed (`from_disk`: its
-/// group's copies removed from the node and the page cache dropped first, so that it must
-/// read the disk), and returns each restarted rank's restore; waits for a cut after the
-/// restart, so that the next kill has a committed copy to go to.
+/// Which copies in memory are gone when a rank is killed.
+#[derive(Clone, Copy, PartialEq)]
+enum Lost {
+    /// None: every rank restores from its node's memory.
+    None,
+    /// The killed rank's (as on a new node): a rank holding the copy sends it.
+    Killed,
+    /// Every rank's, and the page cache dropped: the disk.
+    All,
+}
+
+/// Kills one rank with SIGKILL once a cut held in memory is committed, its copies or every
+/// rank's removed first as `lost` says, and returns each restarted rank's restore; waits for
+/// a cut after the restart, so that the next kill has a committed copy to go to.
 fn kill_and_restore(
     setup: &Setup,
     master: &mut std::process::Child,
     log: &Path,
     dir: &Path,
-    from_disk: bool,
+    lost: Lost,
 ) -> Vec<(u64, String, f64)> {
     let limit = Duration::from_secs(600);
     let ranks = setup.ranks as usize;
-    if !from_disk {
+    if lost != Lost::All {
         wait_committed(master, log, &dir.join("ckpt"), limit);
     }
     let all = lines(log);
     let starts = of(&all, "start");
     let n = starts.len();
     let group = &starts[n - ranks..];
-    if from_disk {
-        for start in group {
-            let slots = PathBuf::from(start["flash_dir"].as_str().unwrap());
-            for e in std::fs::read_dir(&slots).unwrap() {
-                let _ = std::fs::remove_file(e.unwrap().path());
-            }
+    let removed = match lost {
+        Lost::None => &group[..0],
+        Lost::Killed => &group[ranks - 1..],
+        Lost::All => group,
+    };
+    for start in removed {
+        let slots = PathBuf::from(start["flash_dir"].as_str().unwrap());
+        for e in std::fs::read_dir(&slots).unwrap() {
+            let _ = std::fs::remove_file(e.unwrap().path());
         }
-        if !drop_caches() {
-            eprintln!("the page cache could not be dropped (not root)");
-        }
+    }
+    if lost == Lost::All && !drop_caches() {
+        eprintln!("the page cache could not be dropped (not root)");
     }
     kill9(group[ranks - 1]["pid"].as_u64().unwrap());
     let all = wait(master, log, limit, "the group's restart", |l| {
@@ -525,7 +544,7 @@ fn print_grows(setup: &Setup, flash: &[Grow], sync: &[Grow]) {
 fn print_cuts(setup: &Setup, cuts: usize, flash: &Run, sync: &Run) {
     let (gib, device, every_shards) = (setup.gib, setup.device, setup.every_shards);
     let ranks = match setup.ranks {
-        1 => "1 rank".to_string(),
+        1 => "1 rank,".to_string(),
         n => format!("{n} ranks of one DDP group on this node, each holding it,"),
     };
     println!(
@@ -572,10 +591,16 @@ fn print_cuts(setup: &Setup, cuts: usize, flash: &Run, sync: &Run) {
             .collect();
         println!("  slowest {:.3} s: {}", slowest(group), each.join(", "));
     }
-    if let [memory, disk] = flash.restores.as_slice() {
+    if let (Some(memory), Some(disk)) = (flash.restores.first(), flash.restores.last()) {
         println!(
             "  disk / memory (slowest rank): {:.1}x",
             slowest(disk) / slowest(memory)
+        );
+    }
+    if let [_, peer, disk] = flash.restores.as_slice() {
+        println!(
+            "  disk / the killed rank's copy lost, sent by a peer (slowest rank): {:.1}x",
+            slowest(disk) / slowest(peer)
         );
     }
 }

@@ -11,7 +11,8 @@ What the SDK (`pip install ./python`) gives it, run as an allreduce job with `re
   running processes (their pids do not change); new ranks load that checkpoint;
 * step, samples/s and loss go to the job master (and from there to the brain);
 * checkpoints: written atomically with their SHA-256 and recorded by the job master; a process
-  started after a failure resumes from the latest with `job.restore()`.
+  started after a failure resumes from the latest with `job.restore(peers=True)` (with flash
+  memory, a rank whose node holds no copy of it gets the state from one that does).
 
 The model runs on the GPU when one is present (gloo carries the gradients either way). The data
 is a synthetic regression set of `--samples` samples (the job's `data.num_samples`), visited in a
@@ -74,7 +75,9 @@ def main():
     x, y = dataset(args.samples, args.features, args.seed)
 
     job = brain_sdk.ElasticJob(batch_size=args.batch_size)
-    state = job.restore()
+    # Every rank restores here: a rank restarted where its node holds no flash copy gets the
+    # state from a rank whose node does (peers=True), rather than from disk.
+    state = job.restore(peers=True)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -83,7 +86,8 @@ def main():
     # last_step: when this process finished its last step in the old group (the pause of a
     # re-formation runs from there to the first step in the new one).
     job.on_reform(lambda: event("reform", last_step=job.last_step_time))
-    event("start", resumed=state is not None, device=str(device), restored_from=job.restored_from)
+    event("start", resumed=state is not None, device=str(device), restored_from=job.restored_from,
+          flash_dir=job.env.flash_dir)
 
     orders = {}
     loss_fn = nn.MSELoss(reduction="sum")

@@ -233,6 +233,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 .unwrap_or_default(),
             removed: v.removed,
             state_from_rank0: v.state_from_rank0.unwrap_or(0),
+            restore_together: v.restore_together,
         }))
     }
 

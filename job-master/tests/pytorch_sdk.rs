@@ -837,11 +837,9 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     }
     // Both ranks of the restarted group read the cut from their node's memory; the rank the
     // grow added and the moved ones' new processes got it from rank 0.
-    let resumed: Vec<serde_json::Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| e["event"] == "start" && e["resumed"] == true)
+    let resumed: Vec<serde_json::Value> = starts(&log)
+        .into_iter()
+        .filter(|e| e["resumed"] == true)
         .collect();
     let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
     assert_eq!(
@@ -860,6 +858,72 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     // (A process the shrink removed may leave before its first report.)
     assert_eq!((said("memory"), said("disk")), (2, 0), "{text}");
     assert!(said("peer") >= 1, "{text}");
+}
+
+/// A rank restarted where its node holds no flash copy (its copies removed, as a process
+/// restarted on another node finds none) gets the committed cut from a rank whose node holds
+/// it, over the restarted group (`restore(peers=True)`), not from disk; the other rank reads
+/// its own node's memory; every sample is trained once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_restarted_where_its_node_holds_no_copy_gets_the_state_from_a_peer() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, log) = flash_ddp(&python, &sdk, dir.path(), 2);
+    let mut run = start(spec, dir.path()).await;
+    let addr = run.addr;
+    let s = wait_for(addr, Duration::from_secs(120), "a checkpoint", |s| {
+        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
+    })
+    .await;
+    shards_at_least(addr, s.shards_done + 2).await;
+    let pid = pid_of(addr, "worker", 1).await;
+    let started = starts(&log);
+    let copies = started
+        .iter()
+        .rfind(|e| e["pid"] == pid)
+        .and_then(|e| e["flash_dir"].as_str())
+        .expect("worker 1's start names its flash directory")
+        .to_string();
+    // Its node loses its copies, then the process goes: its group restarts whole.
+    let mut removed = 0;
+    for e in std::fs::read_dir(&copies).unwrap() {
+        let path = e.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("slot-")
+        {
+            std::fs::remove_file(path).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0, "worker 1 held copies in {copies}");
+    kill9(pid);
+    let report = run.report().await;
+    let text = trained_each_sample_once(&report, dir.path(), 2);
+    let resumed: Vec<serde_json::Value> = starts(&log)
+        .into_iter()
+        .filter(|e| e["resumed"] == true)
+        .collect();
+    let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
+    assert_eq!(
+        (from("memory"), from("peer"), resumed.len()),
+        (1, 1, 2),
+        "{resumed:#?}\n{text}"
+    );
+}
+
+/// The example's `start` events.
+fn starts(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "start")
+        .collect()
 }
 
 /// A worker of the DDP example that starts late (its first process sleeps 15 s before Python

@@ -71,6 +71,9 @@ class ProcessEnv:
     # The process runs its role's own program outside the training group (BRAIN_OWN_GROUP): a
     # service, a single process, or a further all-reduce group (topology "allreduce").
     own_group: bool = False
+    # Every member of its round starts in it from `resume_from` (BRAIN_RESTORE_TOGETHER): they
+    # may share the state as they restore (`restore(peers=True)`).
+    restore_together: bool = False
 
     @property
     def host(self) -> str:
@@ -116,6 +119,7 @@ class ProcessEnv:
             flash_dir=env.get("BRAIN_FLASH_DIR", ""),
             own_group=env.get("BRAIN_OWN_GROUP") == "1",
             flash_budget=_int(env, "BRAIN_FLASH_BUDGET", 0),
+            restore_together=env.get("BRAIN_RESTORE_TOGETHER") == "1",
         )
 
     def token(self) -> str:

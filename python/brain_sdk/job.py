@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import checkpoint as ckpt
 from . import flash
@@ -165,6 +165,8 @@ class ElasticJob:
         self._store = (self.env.master_addr, self.env.master_port)
         self.resume_from = self.env.resume_from
         self.restart_count = self.env.restart_count
+        # Every member of the round starts in it from `resume_from` (restore(peers=True)).
+        self._together = self.env.restore_together
         # The step of a cut held in memory whose state rank 0 sends the round's ranks as the
         # group forms (0: none), and what a rank new to the group got (for `restore()`).
         self._peer_step = 0
@@ -246,8 +248,9 @@ class ElasticJob:
         self.resume_from = r.resume_from or None
         self.restart_count = r.restart_count
         self._peer_step = int(r.state_from_rank0)
+        self._together = bool(r.restore_together)
 
-    def restore(self, device: Any = None) -> Optional[Any]:
+    def restore(self, device: Any = None, peers: bool = False) -> Optional[Any]:
         """The state saved in the checkpoint this process resumes from (its SHA-256 checked),
         or None when it starts fresh. Restores the SDK's step and sample counters too.
 
@@ -256,7 +259,14 @@ class ElasticJob:
 
         A flash checkpoint (`save_async`) is read from this node's shared memory when its
         agent holds the committed copy (a process restarted here), else from disk;
-        `self.restored_from` says which ("memory" or "disk"), and so does the log."""
+        `self.restored_from` says which ("memory" or "disk"), and so does the log.
+
+        `peers=True` (a replicated flash state; call it on every rank, as the group's first
+        collective: it forms the group): where the job master says every member of the round
+        starts in it from this checkpoint (a restart of the whole group), the ranks whose node
+        holds the committed copy say so over the group, and the lowest of them sends it to
+        the ranks whose node does not (a rank restarted on another node), which restore
+        from that (`restored_from` "peer") rather than from disk. Otherwise as without it."""
         if self._peer_step or self._peer_state is not None:
             # Added by a plan whose cut is held in memory: rank 0 sends its state as the
             # group forms.
@@ -270,6 +280,8 @@ class ElasticJob:
         if not self.resume_from:
             return None
         kind, step, parts = ckpt.manifest_parts(self.resume_from)
+        if kind == "flash" and peers and self._together and len(parts) == 1 and self.world_size > 1:
+            return self._restore_flash_with_peers(step, parts[0], device)
         if kind == "flash":
             return self._restore_flash(step, parts, device)
         path, digest, _ = ckpt.manifest_model(self.resume_from)
@@ -302,33 +314,69 @@ class ElasticJob:
                 f"flash checkpoint {self.resume_from} has {len(parts)} shards, and this is rank "
                 f"{self.rank} of {self.world_size}: a sharded state restores at its own size"
             )
-        store = self._flash_store(required=False)
-        held = None
-        if store is not None:
-            # This rank's own part, as written out; or (replicated, another rank) the copy it
-            # kept in memory at the committed step.
-            mine = len(parts) > 1 or self.rank == 0
-            held = store.holding(step, digest if mine else None)
-        read = None
-        if held is not None:
-            try:
-                read = flash.read_state(held, device)
-                self.restored_from = "memory"
-            except (OSError, BrainError) as e:
-                # Gone from shared memory (removed by hand, the node's tmpfs cleaned) or cut
-                # short: the copy written out is the same step.
-                log.warning(
-                    "the copy of step %d held in memory (%s) cannot be read (%s): restoring "
-                    "from disk", step, held, e,
-                )
-                held = None
+        # This rank's own part, as written out; or (replicated, another rank) the copy it kept
+        # in memory at the committed step.
+        mine = len(parts) > 1 or self.rank == 0
+        held, read = self._read_held(step, digest if mine else None, device)
         if read is not None:
             state, fields = read
+            self.restored_from = "memory"
         else:
             state, fields = flash.read_verified(path, digest, device)
             self.restored_from = "disk"
         log.info("restored step %d from %s (%s)", step, self.restored_from, held or path)
         return self._restored({"user": state, "brain_sdk": fields["sdk"]})
+
+    def _read_held(
+        self, step: int, digest: Optional[str], device: Any
+    ) -> Tuple[Optional[str], Optional[Tuple[Any, Dict[str, Any]]]]:
+        """This node's copy of step `step` (written out with `digest`, or, None, kept in memory
+        only) and what it holds, (state, fields); (None, None) when this node has none that
+        reads whole."""
+        store = self._flash_store(required=False)
+        held = store.holding(step, digest) if store is not None else None
+        if held is None:
+            return None, None
+        try:
+            return held, flash.read_state(held, device)
+        except (OSError, BrainError) as e:
+            # Gone from shared memory (removed by hand, the node's tmpfs cleaned) or cut
+            # short: the copy written out is the same step.
+            log.warning(
+                "the copy of step %d held in memory (%s) cannot be read (%s): restoring "
+                "from disk", step, held, e,
+            )
+            return None, None
+
+    def _restore_flash_with_peers(
+        self, step: int, part: Tuple[str, str], device: Any = None
+    ) -> Any:
+        """`restore(peers=True)` of a replicated flash state in a round that restores together:
+        the ranks holding the copy in memory send it to the others (see `restore`)."""
+        path, digest = part
+        held, read = self._read_held(step, digest if self.rank == 0 else None, device)
+        self.form_group()
+        have = [row[0] > 0 for row in self._group.all_gather([1.0 if read is not None else 0.0])]
+        holders = [r for r, h in enumerate(have) if h]
+        blob = None if read is None else {"user": read[0], "brain_sdk": read[1]["sdk"]}
+        if holders and len(holders) < len(have):
+            src = holders[0]
+            began = time.perf_counter()
+            meta, tensors = self._share_state(blob, src)
+            if read is None:
+                blob = flash.rebuild(meta, tensors, device)
+                self.restored_from = "peer"
+                log.info("restored step %d from rank %d over the group in %.2f s (this node "
+                         "holds no copy)", step, src, time.perf_counter() - began)
+                return self._restored(blob)
+        if blob is not None:
+            self.restored_from = "memory"
+        else:
+            state, fields = flash.read_verified(path, digest, device)
+            blob = {"user": state, "brain_sdk": fields["sdk"]}
+            self.restored_from = "disk"
+        log.info("restored step %d from %s (%s)", step, self.restored_from, held or path)
+        return self._restored(blob)
 
     def _flash_store(self, required: bool = True) -> Optional[flash.FlashStore]:
         if self._flash is None and self.env.flash_dir and self.env.flash_budget > 0:
@@ -693,37 +741,19 @@ class ElasticJob:
         rather than waiting for the copy to be written out and reading it from disk. Every
         rank of the round takes part (a collective); survivors drop what they get."""
         step, self._peer_step = self._peer_step, 0
-        send = getattr(self._group, "broadcast_bytes", None)
-        send_tensor = getattr(self._group, "broadcast_tensor", None)
-        if send is None or send_tensor is None:
-            raise BrainError(
-                "the job master sends this round the cut's state from rank 0, and this "
-                "process's collective cannot broadcast (it has no broadcast_bytes and "
-                "broadcast_tensor)"
-            )
         rank0 = self._group.rank == 0
         if rank0 and not survivor:
             raise BrainError(
                 f"rank 0 of the round formed after the cut at step {step} is a new process: "
                 "it holds no state to send"
             )
-        # Its structure first (small), then each tensor as it is: nothing is serialised or
-        # copied on the way but the structure (a GPU's tensors go through the CPU).
-        head, tensors = None, []
+        blob = None
         if rank0:
             if self._save is None:
                 raise BrainError("call job.save_with(fn) first: rank 0 sends the cut's state")
-            head, tensors = flash.skeleton(
-                {"user": self._save(), "brain_sdk": self._sdk_fields()}
-            )
-            tensors = [t.detach().cpu().contiguous() for t in tensors]
+            blob = {"user": self._save(), "brain_sdk": self._sdk_fields()}
         began = time.perf_counter()
-        head = send(head)
-        meta = None
-        if not rank0:
-            meta, tensors = flash.empty_for(head)
-        for t in tensors:
-            send_tensor(t)
+        meta, tensors = self._share_state(blob, 0)
         log.info(
             "cut at step %d: its state (%d tensors, %d bytes) %s rank 0 over the group in %.2f s",
             step, len(tensors), sum(t.numel() * t.element_size() for t in tensors),
@@ -731,6 +761,30 @@ class ElasticJob:
         )
         if not survivor:
             self._peer_state = (step, meta, tensors)
+
+    def _share_state(self, blob: Any, src: int) -> Tuple[Optional[dict], List[Any]]:
+        """Rank `src`'s `blob` sent to every rank of the group (a collective): its structure
+        first (small), then each tensor as it is, nothing serialised or copied on the way but
+        the structure (a GPU's tensors go through the CPU). (structure, tensors) as received,
+        for `flash.rebuild`; (None, the tensors sent) on rank `src`."""
+        send = getattr(self._group, "broadcast_bytes", None)
+        send_tensor = getattr(self._group, "broadcast_tensor", None)
+        if send is None or send_tensor is None:
+            raise BrainError(
+                "this process's collective cannot send the state between ranks (it has no "
+                "broadcast_bytes and broadcast_tensor)"
+            )
+        head, tensors = None, []
+        if self._group.rank == src:
+            head, tensors = flash.skeleton(blob)
+            tensors = [t.detach().cpu().contiguous() for t in tensors]
+        head = send(head, src=src)
+        meta = None
+        if self._group.rank != src:
+            meta, tensors = flash.empty_for(head)
+        for t in tensors:
+            send_tensor(t, src=src)
+        return meta, tensors
 
     def _sdk_fields(self) -> dict:
         """The SDK's own counters a checkpoint keeps beside the script's state."""

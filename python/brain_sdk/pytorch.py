@@ -2,8 +2,9 @@
 
 * `TorchCollective` is the group `ElasticJob` steps with: torch.distributed's default group
   (the script's backend) plus, when that backend is not gloo, a gloo group for the SDK's
-  one small all_gather per step (CPU tensors), and for the state rank 0 sends the ranks a
-  plan added (`broadcast_bytes`). Re-forming destroys the groups and starts new ones at the
+  one small all_gather per step (CPU tensors), and for the state one rank sends the others
+  (`broadcast_bytes`, `broadcast_tensor`: rank 0's to the ranks a plan added, a holder's of
+  the flash copy to restarted ranks whose node holds none). Re-forming destroys the groups and starts new ones at the
   new rank, size and store address.
 * `ElasticDDP(job, model)` is DistributedDataParallel that is rebuilt on every rank right after
   the group re-forms (a DDP instance is tied to the group it was built in). Its gradient hook
@@ -57,27 +58,28 @@ class TorchCollective:
         dist.all_gather(out, t, group=self._sdk_group)
         return [o.tolist() for o in out]
 
-    def broadcast_bytes(self, data: Optional[bytes]) -> bytes:
-        """Rank 0's `data` on every rank, over the SDK's gloo group (CPU tensors whatever
+    def broadcast_bytes(self, data: Optional[bytes], src: int = 0) -> bytes:
+        """Rank `src`'s `data` on every rank, over the SDK's gloo group (CPU tensors whatever
         the script's backend)."""
-        n = torch.tensor([len(data) if self.rank == 0 and data is not None else 0])
-        dist.broadcast(n, src=0, group=self._sdk_group)
-        if self.rank == 0 and data is None:
-            raise BrainError("rank 0 sends the state: it has none to send")
+        sender = self.rank == src
+        n = torch.tensor([len(data) if sender and data is not None else 0])
+        dist.broadcast(n, src=src, group=self._sdk_group)
+        if sender and data is None:
+            raise BrainError(f"rank {src} sends the state: it has none to send")
         if int(n.item()) == 0:
             return b""
         # The tensor shares the bytearray's memory: what arrives is read back in one copy
         # (not byte by byte through the tensor's storage, which took minutes per GiB).
-        got = bytearray(data) if self.rank == 0 else bytearray(int(n.item()))
+        got = bytearray(data) if sender else bytearray(int(n.item()))
         buf = torch.frombuffer(got, dtype=torch.uint8)
-        dist.broadcast(buf, src=0, group=self._sdk_group)
-        return data if self.rank == 0 else bytes(got)
+        dist.broadcast(buf, src=src, group=self._sdk_group)
+        return data if sender else bytes(got)
 
-    def broadcast_tensor(self, t: torch.Tensor) -> None:
-        """Rank 0's contiguous CPU tensor `t` into every rank's `t` (same shape and dtype),
-        over the SDK's gloo group, as bytes (gloo takes every dtype that way)."""
+    def broadcast_tensor(self, t: torch.Tensor, src: int = 0) -> None:
+        """Rank `src`'s contiguous CPU tensor `t` into every rank's `t` (same shape and
+        dtype), over the SDK's gloo group, as bytes (gloo takes every dtype that way)."""
         if t.numel():
-            dist.broadcast(t.reshape(-1).view(torch.uint8), src=0, group=self._sdk_group)
+            dist.broadcast(t.reshape(-1).view(torch.uint8), src=src, group=self._sdk_group)
 
     def leave(self) -> None:
         if dist.is_initialized():

@@ -150,7 +150,7 @@ class Checkpoints(unittest.TestCase):
                 ckpt.manifest_model(os.path.join(d, "missing.json"))
 
 
-# One rank of a group of two: forms the SDK's collective and takes rank 0's bytes.
+# One rank of a group of two: forms the SDK's collective and takes rank 0's bytes (and rank 1's).
 _PEER = r'''
 import sys
 from brain_sdk.pytorch import TorchCollective
@@ -159,6 +159,8 @@ g = TorchCollective(timeout_s=60)
 g.form(rank, 2, "127.0.0.1", port)
 got = g.broadcast_bytes(bytes(range(256)) * 4099 if rank == 0 else None)
 empty = g.broadcast_bytes(b"" if rank == 0 else None)
+# From another rank (a restarted group's holder of the flash copy sends it).
+from1 = g.broadcast_bytes(b"from rank 1" if rank == 1 else None, src=1)
 # A state's tensors as they are (every dtype as bytes; a transposed one made contiguous).
 import torch
 from brain_sdk import flash
@@ -176,6 +178,9 @@ for t in received:
 back = flash.rebuild(meta, received)
 same = all(torch.equal(back[k], state[k]) for k in state if k != "step")
 same = same and back["step"] == 9 and back["tied"] is back["w"]
+t1 = torch.full((3,), 5.0) if rank == 1 else torch.zeros(3)
+g.broadcast_tensor(t1, src=1)
+same = same and from1 == b"from rank 1" and torch.equal(t1, torch.full((3,), 5.0))
 open(out, "wb").write(got + b"|" + str(len(empty)).encode() + b"|" + str(same).encode())
 g.leave()
 '''
@@ -200,7 +205,7 @@ class PeerState(unittest.TestCase):
         self.assertIs(back["user"]["again"], back["user"]["w"])
         self.assertEqual(back["brain_sdk"], {"step": 9})
 
-    def test_rank_0_s_bytes_and_tensors_reach_the_other_rank_whole(self):
+    def test_one_rank_s_bytes_and_tensors_reach_the_other_rank_whole(self):
         try:
             import torch.distributed  # noqa: F401
         except ImportError:

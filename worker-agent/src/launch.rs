@@ -125,6 +125,9 @@ pub(crate) fn child_env(
             env.insert("BRAIN_RESUME_FROM".into(), join.resume_from.clone());
             env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
             env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
+            if join.restore_together {
+                env.insert("BRAIN_RESTORE_TOGETHER".into(), "1".into());
+            }
         }
         // A process outside the training group has no group of the master's to join (a
         // further all-reduce group forms through the SDK).

@@ -70,6 +70,7 @@ fn a_grow_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_round_after_it()
             "{k}: {v:?}"
         );
         assert_eq!(v.state_from_rank0, Some(3), "{k}: {v:?}");
+        assert!(!v.restore_together, "survivors train in it: {k}: {v:?}");
     }
     // A member that polls its answer after the plan is reached is told the same.
     ctx.transition = None;
@@ -147,6 +148,44 @@ fn worker_1_leads_moved_worker_0(ctx: &mut JobContext) {
         assert!(v.ready && v.round == after, "{k}: {v:?}");
         assert_eq!((v.rank, v.state_from_rank0), (rank, Some(3)), "{k}: {v:?}");
     }
+}
+
+/// A round whose every member starts in it from a checkpoint (the whole group restarted) is
+/// told it restores together, as each member asks; a first round with nothing to resume from
+/// is not, nor (above) a round with survivors in it, nor one with a member whose context an
+/// older master wrote (it may be a survivor).
+#[test]
+fn only_a_round_of_processes_that_all_start_from_a_checkpoint_restores_together() {
+    let (mut ctx, _) = JobContext::new(in_place_spec(2), "t-1".into(), Timing::default(), 0);
+    let views = everyone_joins(&mut ctx, 1);
+    assert!(
+        views.values().all(|v| v.ready && !v.restore_together),
+        "{views:?}"
+    );
+    ctx.checkpoints.push(CheckpointRecord {
+        id: 1,
+        manifest: "/m".into(),
+        ledger: ctx.ledger.snapshot(),
+        taken_at_ms: 1,
+        step: 4,
+        training_ms: 0,
+    });
+    let w1 = key(Role::WORKER, 1);
+    ctx.process_exited(w1, 1, -1, 9, None, 2).unwrap();
+    let views = everyone_joins(&mut ctx, 3);
+    assert!(
+        views
+            .values()
+            .all(|v| v.ready && v.restore_together && v.resume_from.is_some()),
+        "{views:?}"
+    );
+    let round = views[&w1].round;
+    assert!(ctx.restores_together(round));
+    ctx.roles
+        .slot_mut(key(Role::WORKER, 0))
+        .unwrap()
+        .first_round = Some(FIRST_ROUND_UNKNOWN);
+    assert!(!ctx.restores_together(round));
 }
 
 /// A plan that moves a process, with its cut held in flash memory: the job goes on without

@@ -54,6 +54,7 @@ impl JobContext {
             resume_from,
             removed: false,
             state_from_rank0: None,
+            restore_together: false,
         };
         if !slot.phase.is_live() {
             // A removed allreduce member learns it here, at the step boundary where the group
@@ -95,7 +96,13 @@ impl JobContext {
                         if !slot.fresh {
                             view.resume_from = self.resume_of_round(round);
                         }
-                        self.roles.slot_mut(key).expect("checked").told_round = round;
+                        let s = self.roles.slot_mut(key).expect("checked");
+                        s.told_round = round;
+                        if s.first_round.is_none_or(|(i, _)| i != incarnation) {
+                            s.first_round = Some((incarnation, round));
+                        }
+                        view.restore_together =
+                            view.resume_from.is_some() && self.restores_together(round);
                         view.ready = true;
                         view.round = round;
                         view.rank = rank;

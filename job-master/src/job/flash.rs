@@ -463,6 +463,48 @@ impl JobContext {
             .collect()
     }
 
+    /// Whether every member of the current round `round` is a process that starts in it: its
+    /// incarnation was told no earlier round, it is no process a reshard added empty, and none
+    /// was sent state from rank 0 (then survivors are in the round). Such a round's processes
+    /// all restore from the checkpoint they are told, and may share its state as they do: a
+    /// rank whose node holds the copy in memory sends it to the ranks whose node does not.
+    /// A round with one survivor in it never does (the survivor trains, and would meet the
+    /// others' exchange with its own collectives).
+    pub(super) fn restores_together(&self, round: u64) -> bool {
+        let trainer = self.trainer();
+        let Some(r) = self
+            .group
+            .rendezvous()
+            .and_then(|r| r.current())
+            .filter(|r| r.number == round)
+        else {
+            return false;
+        };
+        r.members.len() > 1
+            && r.members.iter().all(|m| {
+                self.roles
+                    .slot(SlotKey {
+                        role: trainer,
+                        index: m.index,
+                    })
+                    .is_some_and(|s| {
+                        let new_here = match s.first_round {
+                            None => true,
+                            Some(super::FIRST_ROUND_UNKNOWN) => false,
+                            Some((incarnation, first)) => {
+                                incarnation != m.incarnation || first == round
+                            }
+                        };
+                        s.incarnation == m.incarnation && !s.fresh && new_here
+                    })
+            })
+            && self
+                .flash
+                .peer_round
+                .as_ref()
+                .is_none_or(|p| p.round != round)
+    }
+
     /// What a member of `round` (its members' addresses by rank, `peers`) is told about
     /// state sent from rank 0: the cut's step when the round is the one after a plan's cut
     /// held in memory that grew the group or moved processes of it, and its rank 0 took part

@@ -165,6 +165,11 @@ pub struct Slot {
     /// others waiting for it to form the group).
     #[serde(default)]
     pub told_round: u64,
+    /// allreduce: the incarnation and the first round it was told it is a member of, for
+    /// telling a round of processes that all start there ([`JoinView::restore_together`]).
+    /// State written before this field reads as [`FIRST_ROUND_UNKNOWN`].
+    #[serde(default = "first_round_unknown")]
+    pub first_round: Option<(u64, u64)>,
     /// Times its process was ended for going over its memory limit, and the highest resident
     /// memory sampled, since its resources last changed (what the brain's `oom_growth` reads).
     #[serde(default)]
@@ -206,6 +211,14 @@ fn placed_before_this_field() -> bool {
     true
 }
 
+/// A slot's first round as state written before slots kept it reads: unknown, so that its
+/// process may be one already training (never a round that restores together).
+pub const FIRST_ROUND_UNKNOWN: (u64, u64) = (u64::MAX, u64::MAX);
+
+fn first_round_unknown() -> Option<(u64, u64)> {
+    Some(FIRST_ROUND_UNKNOWN)
+}
+
 impl Slot {
     /// The slot starts over: an agent is to be launched for its next incarnation.
     fn relaunched(&mut self, now_ms: u64) {
@@ -245,6 +258,7 @@ impl Slot {
             memory_peak: 0,
             joined: 0,
             told_round: 0,
+            first_round: None,
             placed: false,
             pending_reason: String::new(),
             serving: 0,
@@ -499,6 +513,9 @@ pub struct JoinView {
     /// The step of a cut held in memory whose state rank 0 sends this round's ranks as it
     /// forms ([`flash::PeerRound`]).
     pub state_from_rank0: Option<u64>,
+    /// Every member of this round is a process that starts in it from the same checkpoint
+    /// (none trained in an earlier round): they may share the state as they restore.
+    pub restore_together: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
