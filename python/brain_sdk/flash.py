@@ -147,6 +147,14 @@ def empty_for(head: bytes) -> Tuple[Dict[str, Any], List[Any]]:
     return meta, tensors
 
 
+def scratch_for(head: bytes) -> List[Any]:
+    """What `skeleton` sent as `head`, for a rank that takes part without keeping it: one
+    byte buffer of the largest tensor's size, a view of it for each tensor to receive."""
+    sizes = [nbytes for nbytes, _, _ in pickle.loads(head)["tensors"]]
+    buf = _torch.empty(max(sizes, default=0), dtype=_torch.uint8)
+    return [buf[:n] for n in sizes]
+
+
 def rebuild(meta: Dict[str, Any], tensors: List[Any], device: Any = None) -> Any:
     """The state `skeleton` took apart, from its structure and its tensors (moved to `device`,
     as `torch.load`'s `map_location`, when one is given)."""

@@ -362,7 +362,7 @@ class ElasticJob:
         if holders and len(holders) < len(have):
             src = holders[0]
             began = time.perf_counter()
-            meta, tensors = self._share_state(blob, src)
+            meta, tensors = self._share_state(blob, src, keep=read is None)
             if read is None:
                 blob = flash.rebuild(meta, tensors, device)
                 self.restored_from = "peer"
@@ -762,11 +762,14 @@ class ElasticJob:
         if not survivor:
             self._peer_state = (step, meta, tensors)
 
-    def _share_state(self, blob: Any, src: int) -> Tuple[Optional[dict], List[Any]]:
+    def _share_state(
+        self, blob: Any, src: int, keep: bool = True
+    ) -> Tuple[Optional[dict], List[Any]]:
         """Rank `src`'s `blob` sent to every rank of the group (a collective): its structure
         first (small), then each tensor as it is, nothing serialised or copied on the way but
         the structure (a GPU's tensors go through the CPU). (structure, tensors) as received,
-        for `flash.rebuild`; (None, the tensors sent) on rank `src`."""
+        for `flash.rebuild`; (None, the tensors sent) on rank `src`; (None, views of one
+        reused buffer) on a rank that does not `keep` it (it holds the state already)."""
         send = getattr(self._group, "broadcast_bytes", None)
         send_tensor = getattr(self._group, "broadcast_tensor", None)
         if send is None or send_tensor is None:
@@ -781,7 +784,10 @@ class ElasticJob:
         head = send(head, src=src)
         meta = None
         if self._group.rank != src:
-            meta, tensors = flash.empty_for(head)
+            if keep:
+                meta, tensors = flash.empty_for(head)
+            else:
+                tensors = flash.scratch_for(head)
         for t in tensors:
             send_tensor(t, src=src)
         return meta, tensors

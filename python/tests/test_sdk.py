@@ -202,6 +202,8 @@ class PeerState(unittest.TestCase):
         self.assertEqual([tuple(t.shape) for t in empty], [(2, 3)])
         back = flash.rebuild(meta, tensors)
         self.assertTrue(torch.equal(back["user"]["w"], w))
+        # A rank that already holds the state receives into one reused buffer.
+        self.assertEqual([t.numel() for t in flash.scratch_for(head)], [2 * 3 * 4])
         self.assertIs(back["user"]["again"], back["user"]["w"])
         self.assertEqual(back["brain_sdk"], {"step": 9})
 
