@@ -700,6 +700,24 @@ fn flash_ddp(
     (spec, log)
 }
 
+/// The job of [`flash_ddp`] started, once both workers run, a checkpoint is committed and two
+/// more shards are done.
+async fn flash_ddp_past_a_checkpoint(
+    python: &str,
+    sdk: &Path,
+    dir: &Path,
+    epochs: i64,
+) -> (Running, std::path::PathBuf) {
+    let (spec, log) = flash_ddp(python, sdk, dir, epochs);
+    let run = start(spec, dir).await;
+    let s = wait_for(run.addr, Duration::from_secs(120), "a checkpoint", |s| {
+        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
+    })
+    .await;
+    shards_at_least(run.addr, s.shards_done + 2).await;
+    (run, log)
+}
+
 /// The DDP example with flash memory (`checkpoint.flash.memory`): every consistent cut is a
 /// copy in the agents' memory, the cut ends without waiting for a disk and the copy is
 /// committed once written out. A rank killed with kill -9 restarts the group, and both ranks
@@ -715,14 +733,8 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     let dir = tempfile::tempdir().unwrap();
     // Three epochs: a loaded machine (CI) trains slowly between the plans, and two were seen to end
     // before the cut after the move.
-    let (spec, log) = flash_ddp(&python, &sdk, dir.path(), 3);
-    let mut run = start(spec, dir.path()).await;
+    let (mut run, log) = flash_ddp_past_a_checkpoint(&python, &sdk, dir.path(), 3).await;
     let addr = run.addr;
-    let s = wait_for(addr, Duration::from_secs(120), "a checkpoint", |s| {
-        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
-    })
-    .await;
-    shards_at_least(addr, s.shards_done + 2).await;
     kill9(pid_of(addr, "worker", 1).await);
     // The group back at work from the cut, then 2 -> 1 in place.
     let s = wait_for(addr, Duration::from_secs(120), "the restarted group", |s| {
@@ -870,14 +882,8 @@ async fn a_rank_restarted_where_its_node_holds_no_copy_gets_the_state_from_a_pee
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (spec, log) = flash_ddp(&python, &sdk, dir.path(), 2);
-    let mut run = start(spec, dir.path()).await;
+    let (mut run, log) = flash_ddp_past_a_checkpoint(&python, &sdk, dir.path(), 2).await;
     let addr = run.addr;
-    let s = wait_for(addr, Duration::from_secs(120), "a checkpoint", |s| {
-        s.checkpoints >= 1 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
-    })
-    .await;
-    shards_at_least(addr, s.shards_done + 2).await;
     let pid = pid_of(addr, "worker", 1).await;
     let started = starts(&log);
     let copies = started
