@@ -181,10 +181,12 @@ fn only_a_round_of_processes_that_all_start_from_a_checkpoint_restores_together(
     );
     let round = views[&w1].round;
     assert!(ctx.restores_together(round));
-    ctx.roles
-        .slot_mut(key(Role::WORKER, 0))
-        .unwrap()
-        .first_round = Some(FIRST_ROUND_UNKNOWN);
+    let w0 = key(Role::WORKER, 0);
+    ctx.roles.slot_mut(w0).unwrap().first_round = Some(FIRST_ROUND_UNKNOWN);
+    assert!(!ctx.restores_together(round));
+    // Nor once it has asked again: it counts as told an earlier round in its incarnation.
+    let inc = ctx.roles.slot(w0).unwrap().incarnation;
+    assert!(!ctx.join_rendezvous(w0, inc, 4).unwrap().restore_together);
     assert!(!ctx.restores_together(round));
 }
 

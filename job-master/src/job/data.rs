@@ -98,9 +98,13 @@ impl JobContext {
                         }
                         let s = self.roles.slot_mut(key).expect("checked");
                         s.told_round = round;
-                        if s.first_round.is_none_or(|(i, _)| i != incarnation) {
-                            s.first_round = Some((incarnation, round));
-                        }
+                        s.first_round = match s.first_round {
+                            // An older master's context: this incarnation may have been told
+                            // an earlier round, so it counts as told one.
+                            Some(FIRST_ROUND_UNKNOWN) => Some((incarnation, 0)),
+                            Some((i, first)) if i == incarnation => Some((i, first)),
+                            _ => Some((incarnation, round)),
+                        };
                         view.restore_together =
                             view.resume_from.is_some() && self.restores_together(round);
                         view.ready = true;
