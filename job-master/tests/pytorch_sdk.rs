@@ -849,16 +849,7 @@ async fn cuts_held_in_memory_end_without_a_disk_write_and_a_restart_restores_fro
     }
     // Both ranks of the restarted group read the cut from their node's memory; the rank the
     // grow added and the moved ones' new processes got it from rank 0.
-    let resumed: Vec<serde_json::Value> = starts(&log)
-        .into_iter()
-        .filter(|e| e["resumed"] == true)
-        .collect();
-    let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
-    assert_eq!(
-        (from("memory"), from("peer"), resumed.len()),
-        (2, 3, 5),
-        "{resumed:#?}\n{text}"
-    );
+    assert_resumed(&log, (2, 3, 5), &text);
     // The job's events say it too, from each one's first report.
     let said = |how: &str| {
         report
@@ -910,14 +901,20 @@ async fn a_rank_restarted_where_its_node_holds_no_copy_gets_the_state_from_a_pee
     kill9(pid);
     let report = run.report().await;
     let text = trained_each_sample_once(&report, dir.path(), 2);
-    let resumed: Vec<serde_json::Value> = starts(&log)
+    assert_resumed(&log, (1, 1, 2), &text);
+}
+
+/// Where the resumed processes restored from, as their `start` events say: (from memory, from
+/// a peer, all resumed) is `want`.
+fn assert_resumed(log: &Path, want: (usize, usize, usize), text: &str) {
+    let resumed: Vec<serde_json::Value> = starts(log)
         .into_iter()
         .filter(|e| e["resumed"] == true)
         .collect();
     let from = |how: &str| resumed.iter().filter(|e| e["restored_from"] == how).count();
     assert_eq!(
         (from("memory"), from("peer"), resumed.len()),
-        (1, 1, 2),
+        want,
         "{resumed:#?}\n{text}"
     );
 }
