@@ -67,6 +67,7 @@ mod cut_memory_tests;
 mod data;
 mod effective;
 pub mod flash;
+mod join;
 pub mod late;
 mod moves;
 #[cfg(test)]
