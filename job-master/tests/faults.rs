@@ -97,7 +97,7 @@ async fn killing_an_allreduce_worker_restarts_the_group_from_the_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-ring", "allreduce", 0).await;
+    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-ring", "allreduce", 0, 3).await;
     kill9(pid_of(run.addr, "worker", 2).await);
     let spoil = spoil_from_now_on(flash, b"BRAR");
     let report = run.report().await;
@@ -126,16 +126,138 @@ async fn the_builtin_workload_s_flash_cuts_restore_from_memory_after_kill_9() {
     assert_no_process_left(run.addr).await;
 }
 
-/// A built-in job (`kind`, `ps` PS, 3 workers, 2 epochs of `N`) with flash checkpoints every
-/// 8 shards, started in `dir` and run until a checkpoint is committed, 12 shards are done and
-/// a flash part is written out; where its parts go.
+/// The built-in all-reduce workers' grows and moves at a cut held in memory (issue 43): the
+/// group does not wait for the cut to be written out; rank 0 of the round after (a process
+/// that took part in the cut) sends its model over the ring to the process the plan adds,
+/// then to the one that replaces the moved rank 0. From the first plan on every part on disk
+/// is overwritten with garbage, so a process that read the disk would fail its digest (and
+/// the job with it): the job ends with each sample applied once per epoch, and each new
+/// process says it restored from a peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_workload_s_grow_and_move_take_the_cut_from_rank_0_not_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-grow", "allreduce", 0, 2).await;
+    let spoil = spoil_from_now_on(flash, b"BRAR");
+    rescale_workers(run.addr, 1, 3).await;
+    // Once the grow's cut is committed, kill -9 of the added worker: the group restarts from
+    // the latest committed step, which every rank holds in memory (the added one the copy it
+    // kept of what rank 0 sent, or a later cut's).
+    let grown_at = events_until(&run, "the grow's cut sent by rank 0", |ev| {
+        ev.iter()
+            .filter(|t| t.contains("get it from rank 0 over the new group"))
+            .find_map(|t| {
+                t.strip_prefix("cut at step ")?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+    })
+    .await;
+    events_until(&run, "the grow's cut committed", |ev| {
+        ev.iter()
+            .filter_map(|t| {
+                let (_, rest) = t.split_once(" committed at step ")?;
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .any(|step| step >= grown_at)
+            .then_some(())
+    })
+    .await;
+    kill9(pid_of(run.addr, "worker", 2).await);
+    let restored = |ev: &[&str]| {
+        let n = ev
+            .iter()
+            .filter(|t| t.contains("(incarnation 2) restored step"))
+            .count();
+        (n == 3).then_some(())
+    };
+    events_until(&run, "the three ranks restored", restored).await;
+    let mut p = plan(2, None, None);
+    p.migrations = vec![proto::jobmaster::v1::Migration {
+        role: "worker".into(),
+        index: 0,
+        resources: None,
+        reason: "a slow node".into(),
+    }];
+    send(run.addr, p).await;
+    reached(run.addr, 2).await;
+    let report = run.report().await;
+    spoil.abort();
+    assert!(report.succeeded(), "{:?}", report.reason);
+    assert_eq!(report.applied_samples, 2 * N);
+    assert_eq!(report.applied_index_sum, 2 * index_sum_per_epoch());
+    let said = |what: &str| report.events.iter().filter(|e| e.contains(what)).count();
+    // The grow's cut, then the move's: neither waited for its write-out.
+    assert_eq!(
+        (
+            said("get it from rank 0 over the new group"),
+            said("waits for it to be written out")
+        ),
+        (2, 0),
+        "{:#?}",
+        report.events
+    );
+    // Worker 2 (added) and worker 0's third process (moved after the restart) restored from a
+    // peer; after the kill every rank from memory.
+    let from_peer: Vec<&String> = report
+        .events
+        .iter()
+        .filter(|e| e.contains("restored step") && e.ends_with("from peer"))
+        .collect();
+    assert!(
+        from_peer
+            .iter()
+            .any(|e| e.contains("worker-2 (incarnation 1)"))
+            && from_peer
+                .iter()
+                .any(|e| e.contains("worker-0 (incarnation 3)")),
+        "{:#?}",
+        report.events
+    );
+    assert_eq!(said("from disk"), 0, "{:#?}", report.events);
+    assert_eq!(
+        report
+            .events
+            .iter()
+            .filter(|e| e.contains("(incarnation 2) restored step") && e.ends_with("from memory"))
+            .count(),
+        3,
+        "{:#?}",
+        report.events
+    );
+    assert_eq!(report.restarts.get(&Role::WORKER), Some(&1));
+    assert_no_process_left(run.addr).await;
+}
+
+/// What `found` finds in the job's persisted events (their texts), once it finds it.
+async fn events_until<T>(run: &Running, what: &str, found: impl Fn(&[&str]) -> Option<T>) -> T {
+    for _ in 0..600 {
+        let ctx = context(&run.run_dir);
+        let events = ctx["events"].as_array().cloned().unwrap_or_default();
+        let texts: Vec<&str> = events.iter().filter_map(|e| e["text"].as_str()).collect();
+        if let Some(t) = found(&texts) {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not seen: {what}\n{}", run.last_events(30));
+}
+
+/// A built-in job (`kind`, `ps` PS, `workers` workers, 2 epochs of `N`) with flash checkpoints
+/// every 8 shards, started in `dir` and run until a checkpoint is committed, 12 shards are
+/// done and a flash part is written out; where its parts go.
 async fn flash_job_past_a_cut(
     dir: &std::path::Path,
     name: &str,
     kind: &str,
     ps: u32,
+    workers: u32,
 ) -> (Running, std::path::PathBuf) {
-    let yaml = builtin_yaml(dir, name, kind, ps, 3, N, 2, 150, 8).replace(
+    let yaml = builtin_yaml(dir, name, kind, ps, workers, N, 2, 150, 8).replace(
         "every_shards: 8 }",
         "every_shards: 8, flash: { memory: 4Mi } }",
     );
@@ -191,7 +313,7 @@ fn spoil_from_now_on(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ps_job_s_flash_cuts_restore_its_servers_from_memory_after_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-ps", "ps", 2).await;
+    let (mut run, flash) = flash_job_past_a_cut(dir.path(), "flash-ps", "ps", 2, 3).await;
     kill9(pid_of(run.addr, "ps", 1).await);
     let spoil = spoil_from_now_on(flash, b"BRPS");
     let report = run.report().await;

@@ -125,6 +125,12 @@ pub(crate) fn child_env(
             env.insert("BRAIN_RESUME_FROM".into(), join.resume_from.clone());
             env.insert("BRAIN_RING_PEERS".into(), join.peers.join(","));
             env.insert("BRAIN_RENDEZVOUS_ROUND".into(), join.round.to_string());
+            if join.state_from_rank0 != 0 {
+                env.insert(
+                    crate::workload::STATE_FROM_RANK0_ENV.into(),
+                    join.state_from_rank0.to_string(),
+                );
+            }
             if join.restore_together {
                 env.insert("BRAIN_RESTORE_TOGETHER".into(), "1".into());
             }

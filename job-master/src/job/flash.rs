@@ -311,8 +311,8 @@ impl JobContext {
     /// Who gets the pending cut's state from rank 0 over the group as the round after forms,
     /// and how many processes took part in the cut: the ranks a plan adds or moves at its own
     /// cut (not a periodic one while its processes start), or the workers that joined late
-    /// for whom the group re-forms (a script on the SDK; the built-in workload's load it
-    /// from disk).
+    /// for whom the group re-forms (a script on the SDK or the built-in all-reduce workers;
+    /// elsewhere they load it from disk).
     fn peers_get_cut(&self) -> Option<(&'static str, u32)> {
         let trainer = self.trainer();
         let Some(t) = self.transition.as_ref() else {
@@ -386,21 +386,21 @@ impl JobContext {
         if self.stability.replace_at_cut.is_some() {
             return Some("the group restarts from it");
         }
-        if self.late_reform == Some(super::late::LateReform::AtCut) && !self.process_joins() {
+        if self.late_reform == Some(super::late::LateReform::AtCut) && !self.ranks_send_cut() {
             return Some("the workers that joined late load it from disk");
         }
         let t = self.transition.as_ref()?;
         let trainer = self.trainer();
         let grows = t.to.get(&trainer) > t.from.get(&trainer);
-        // A script on the SDK gets it from rank 0 over the new group instead, when rank 0 is
-        // a process that took part in the cut.
+        // A script on the SDK, or the built-in all-reduce workers, get it from rank 0 over
+        // the new group instead, when rank 0 is a process that took part in the cut.
         let moving = self.roles.slots().any(|s| s.migrate_to.is_some());
         if moving {
             let only_trainers = self
                 .roles
                 .slots()
                 .all(|s| s.migrate_to.is_none() || s.key.role == trainer);
-            if !self.process_joins() || !only_trainers {
+            if !self.ranks_send_cut() || !only_trainers {
                 return Some("the plan's moved processes load it from disk");
             }
             // Rank 0 of the cut, or where the plan moves it another process of the cut that
@@ -412,7 +412,7 @@ impl JobContext {
                 );
             }
         }
-        (grows && !self.process_joins()).then_some("the plan's new processes load it from disk")
+        (grows && !self.ranks_send_cut()).then_some("the plan's new processes load it from disk")
     }
 
     /// Who leads the round after the cut held by `rank0` and sends the cut's state (by

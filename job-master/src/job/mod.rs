@@ -826,6 +826,13 @@ impl JobContext {
         !self.is_builtin() && !self.restarts_to_rescale()
     }
 
+    /// Whether the ranks of a round formed after a cut held in memory can send its state from
+    /// rank 0 over the group (`state_from_rank0`): a script on the SDK, or the built-in
+    /// all-reduce workers (over their ring). Elsewhere new processes load the cut from disk.
+    pub fn ranks_send_cut(&self) -> bool {
+        self.process_joins() || (self.is_builtin() && self.spec.kind == JobKind::Allreduce)
+    }
+
     /// Whether the master saw the job's data (the built-in workload, or a command leasing its
     /// shards through the SDK), so that the exactly-once verdict is about something.
     pub fn data_tracked(&self) -> bool {

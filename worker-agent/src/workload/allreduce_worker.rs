@@ -12,7 +12,11 @@
 //! instead (`flash_copy.rs`): every rank keeps its copy (a restart on its node restores from
 //! it), rank 0's is written out by its agent behind the training, and the group goes on as
 //! soon as rank 0 has told the master. A copy that cannot be taken (over the budget, no slot
-//! free, the master refusing it) is saved to disk as before.
+//! free, the master refusing it) is saved to disk as before. When a plan adds or moves ranks
+//! at such a cut (or the group re-forms for workers that joined late), the round after does
+//! not wait for the write-out: its rank 0, a process of the cut, sends the model over the
+//! ring as it forms (`state_from_rank0`), and the new processes keep a copy as every rank
+//! does.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -110,6 +114,54 @@ async fn cut_in_memory(
     Ok(true)
 }
 
+/// The state of the cut at `step` sent by rank 0 over the ring as it forms (every rank takes
+/// part): on rank 0 the model it holds (a survivor of the cut: nothing was trained since),
+/// elsewhere the model it sent where this process `keep`s it (a process the plan added or
+/// moved), else the model it holds (a survivor, which holds the same).
+async fn state_from_rank0(
+    ring: &mut Ring,
+    model: DenseModel,
+    step: u64,
+    keep: bool,
+) -> Result<DenseModel, Error> {
+    let from = PathBuf::from(format!("rank 0's state at step {step}"));
+    let rank0 = ring.rank() == 0;
+    if rank0 && (keep || model.step != step) {
+        return Err(Error::Checkpoint {
+            path: from,
+            problem: format!(
+                "rank 0 of round formed after the cut holds step {} (a {} process)",
+                model.step,
+                if keep { "new" } else { "surviving" },
+            ),
+        });
+    }
+    let began = Instant::now();
+    // The checkpoint's format, at the size of this job's model (a placeholder's too).
+    let max_len = DenseModel::bytes_len(model.buckets);
+    let bytes = ring
+        .broadcast_from_rank0(if rank0 { model.to_bytes() } else { Vec::new() }, max_len)
+        .await?;
+    tracing::info!(
+        step,
+        bytes = bytes.len(),
+        took_s = began.elapsed().as_secs_f64(),
+        "cut's state {} rank 0 over the ring",
+        if rank0 { "sent by" } else { "received from" },
+    );
+    if !keep {
+        return Ok(model);
+    }
+    let got = DenseModel::from_bytes(&bytes, &from)?;
+    if got.step != step {
+        return Err(Error::Checkpoint {
+            path: from,
+            problem: format!("holds step {}, not the cut's", got.step),
+        });
+    }
+    Ok(got)
+}
+
 /// How the batch and the learning rate follow the world size (the job spec's `batch_scaling`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BatchScaling {
@@ -148,9 +200,19 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let data = generator(&cfg)?;
     let listener = super::ps_server::bind_retry(&env.service_addr).await?;
     let mut flash = Slots::from_env();
-    let (mut model, restored) = initial_model(&env, cfg.hash_buckets, flash.as_ref())?;
-    // Said in the first report: the job's events show where each process restored from.
-    let mut restored = restored.map(|from| (from, model.step));
+    // A process the plan added or moved at a cut held in memory gets the cut's state from
+    // rank 0 as the ring forms, not from disk; until then it holds a fresh model.
+    let (mut model, mut restored) = match env.state_from_rank0 {
+        Some(_) => (DenseModel::new(cfg.hash_buckets), None),
+        None => {
+            let (model, from) = initial_model(&env, cfg.hash_buckets, flash.as_ref())?;
+            // Said in the first report: the job's events show where each process restored
+            // from.
+            let from = from.map(|from| (from, model.step));
+            (model, from)
+        }
+    };
+    let mut from_rank0 = env.state_from_rank0.map(|step| (step, true));
     let mut progress = Progress::new(model.step);
     let mut grad = vec![0.0f32; model.weights.len()];
     let (mut rank, mut peers, mut round) = (env.rank, env.ring_peers.clone(), env.round);
@@ -166,6 +228,16 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
             &env.creds,
         )
         .await?;
+        if let Some((step, keep)) = from_rank0.take() {
+            model = state_from_rank0(&mut ring, model, step, keep).await?;
+            if keep {
+                restored = Some(("peer", step));
+                // Kept like every rank's copy of a cut: a restart here restores from it.
+                if let Some(f) = flash.as_mut() {
+                    cut_in_memory(f, &model, false, env.incarnation, &mut master).await?;
+                }
+            }
+        }
         let (global, lr) = scaling.at(cfg.batch_size as u64, cfg.learning_rate, ring.world());
         let my_batch = local_batch(global, ring.world(), ring.rank());
         let mut shard: Option<(pb::Shard, u64)> = None;
@@ -266,6 +338,8 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
                     return Ok(());
                 };
                 (rank, peers, round) = (r.rank, r.peers, r.round);
+                // A survivor: rank 0 sends what every survivor holds; the others pass it on.
+                from_rank0 = (r.state_from_rank0 != 0).then_some((r.state_from_rank0, false));
                 progress.report_next();
                 continue 'group;
             }

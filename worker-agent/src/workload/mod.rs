@@ -43,6 +43,10 @@ pub struct ProcessEnv {
     pub world_size: u32,
     pub ring_peers: Vec<String>,
     pub round: u64,
+    /// The step of a cut held in memory whose state rank 0 of `round` sends every rank over
+    /// the ring as it forms (`state_from_rank0` of the join): this process does not read
+    /// `resume_from` (older) but takes what it gets. None: it restores as usual.
+    pub state_from_rank0: Option<u64>,
     pub ps_addrs: Vec<String>,
     /// ps jobs: the version of the PS set in `ps_addrs`.
     pub ps_version: u64,
@@ -50,6 +54,9 @@ pub struct ProcessEnv {
     /// the job's TLS when it runs with it.
     pub creds: auth::JobCreds,
 }
+
+/// The variable that carries the join's `state_from_rank0` to the built-in workload.
+pub const STATE_FROM_RANK0_ENV: &str = "BRAIN_STATE_FROM_RANK0";
 
 fn var(name: &'static str) -> Result<String, Error> {
     std::env::var(name).map_err(|e| Error::Env {
@@ -92,6 +99,7 @@ impl ProcessEnv {
             world_size: parse("WORLD_SIZE")?,
             ring_peers: list("BRAIN_RING_PEERS"),
             round: parse("BRAIN_RENDEZVOUS_ROUND").unwrap_or(0),
+            state_from_rank0: parse::<u64>(STATE_FROM_RANK0_ENV).ok().filter(|&s| s != 0),
             ps_addrs: list("BRAIN_PS_ADDRS"),
             ps_version: parse("BRAIN_PS_VERSION").unwrap_or(0),
             creds: auth::JobCreds::from_env().map_err(|e| Error::Secret(e.to_string()))?,

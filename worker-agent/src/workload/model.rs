@@ -416,6 +416,11 @@ impl DenseModel {
         o.0
     }
 
+    /// The length of `to_bytes()` for a model of `buckets`.
+    pub fn bytes_len(buckets: u64) -> usize {
+        4 + 8 + 2 * 4 * (buckets as usize + 1) + 3 * 8
+    }
+
     pub fn save(&self, path: &Path) -> Result<String, Error> {
         write(path, &self.to_bytes())?;
         Ok(self.digest())
@@ -500,6 +505,7 @@ mod tests {
         let p = dir.path().join("m.bin");
         let d = m.save(&p).unwrap();
         assert_eq!(DenseModel::load(&p, Some(&d)).unwrap(), m);
+        assert_eq!(m.to_bytes().len(), DenseModel::bytes_len(8));
     }
 
     #[test]

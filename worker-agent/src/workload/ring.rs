@@ -16,6 +16,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::error::Error;
 
+/// How much a rank forwards of a broadcast at a time (it reads the next while the ranks after
+/// it take this one).
+const BROADCAST_CHUNK: usize = 4 << 20;
+
 /// The handshake: rank (4 bytes), round (8), proof (32).
 const HELLO: usize = 12 + 32;
 
@@ -292,6 +296,66 @@ impl Ring {
         Ok(())
     }
 
+    /// Rank 0's `data` on every rank, passed along the ring (rank r reads from r-1 and
+    /// forwards to r+1, chunk by chunk, so the ranks pipeline): what rank 0 gave on rank 0,
+    /// what it sent elsewhere. `data` is read on rank 0 only; a length over `max_len` (said
+    /// first, 8 bytes) is refused, so a wrong peer cannot make a rank allocate at will.
+    pub async fn broadcast_from_rank0(
+        &mut self,
+        data: Vec<u8>,
+        max_len: usize,
+    ) -> Result<Vec<u8>, Error> {
+        if self.world <= 1 {
+            return Ok(data);
+        }
+        let next_rank = (self.rank + 1) % self.world;
+        let prev_rank = (self.rank + self.world - 1) % self.world;
+        let last = next_rank == 0;
+        let (next, prev) = (
+            self.next.as_mut().expect("world > 1"),
+            self.prev.as_mut().expect("world > 1"),
+        );
+        let to_next = |source| Error::Ring {
+            peer: next_rank,
+            source,
+        };
+        let from_prev = |source| Error::Ring {
+            peer: prev_rank,
+            source,
+        };
+        if self.rank == 0 {
+            next.write_all(&(data.len() as u64).to_le_bytes())
+                .await
+                .map_err(to_next)?;
+            next.write_all(&data).await.map_err(to_next)?;
+            next.flush().await.map_err(to_next)?;
+            return Ok(data);
+        }
+        let mut len = [0u8; 8];
+        prev.read_exact(&mut len).await.map_err(from_prev)?;
+        let len = u64::from_le_bytes(len);
+        if len > max_len as u64 {
+            return Err(from_prev(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("rank 0 sends {len} bytes, over the {max_len} expected"),
+            )));
+        }
+        let mut out = vec![0u8; len as usize];
+        if !last {
+            next.write_all(&len.to_le_bytes()).await.map_err(to_next)?;
+        }
+        for chunk in out.chunks_mut(BROADCAST_CHUNK) {
+            prev.read_exact(chunk).await.map_err(from_prev)?;
+            if !last {
+                next.write_all(chunk).await.map_err(to_next)?;
+            }
+        }
+        if !last {
+            next.flush().await.map_err(to_next)?;
+        }
+        Ok(out)
+    }
+
     /// Replaces `buf` on every rank with the element-wise sum over all ranks.
     pub async fn allreduce_sum<T>(&mut self, buf: &mut [T]) -> Result<(), Error>
     where
@@ -404,6 +468,77 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Rank 0's bytes reach every rank, for worlds of one to five, empty, under one chunk and
+    /// over several, plain and over TLS; the ring sums as before after it; a length over what
+    /// a rank expects is refused.
+    #[tokio::test]
+    async fn every_rank_gets_rank_0_s_bytes_and_the_ring_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        for (world, len, tls) in [
+            (1, 10, false),
+            (2, 0, false),
+            (3, 1000, false),
+            (4, 2 * BROADCAST_CHUNK + 3, false),
+            (5, 17, false),
+            (3, BROADCAST_CHUNK + 1, true),
+        ] {
+            let creds = creds(tls.then_some(dir.path()));
+            let listeners = futures_listeners(world).await;
+            let peers: Vec<String> = listeners
+                .iter()
+                .map(|l| l.local_addr().unwrap().to_string())
+                .collect();
+            let sent: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut tasks = Vec::new();
+            for (rank, l) in listeners.into_iter().enumerate() {
+                let (peers, creds, sent) = (peers.clone(), creds.clone(), sent.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut ring =
+                        Ring::connect(rank as u32, &peers, 5, &l, Duration::from_secs(10), &creds)
+                            .await
+                            .unwrap();
+                    let mine = if rank == 0 { sent } else { vec![9; 3] };
+                    let got = ring.broadcast_from_rank0(mine, len).await.unwrap();
+                    let mut buf = vec![1.0f32; 4];
+                    ring.allreduce_sum(&mut buf).await.unwrap();
+                    (got, buf)
+                }));
+            }
+            for t in tasks {
+                let (got, buf) = t.await.unwrap();
+                assert!(got == sent, "world {world} len {len}");
+                assert_eq!(buf, vec![world as f32; 4]);
+            }
+        }
+        // Rank 1 expects at most 99 bytes: 100 are refused with the sizes.
+        let listeners = futures_listeners(2).await;
+        let peers: Vec<String> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let creds = creds(None);
+        let mut tasks = Vec::new();
+        for (rank, l) in listeners.into_iter().enumerate() {
+            let (peers, creds) = (peers.clone(), creds.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut ring =
+                    Ring::connect(rank as u32, &peers, 5, &l, Duration::from_secs(10), &creds)
+                        .await
+                        .unwrap();
+                ring.broadcast_from_rank0(vec![0; 100], 99).await
+            }));
+        }
+        let mut outs = Vec::new();
+        for t in tasks {
+            outs.push(t.await.unwrap());
+        }
+        let e = outs[1].as_ref().unwrap_err().to_string();
+        assert!(
+            e.contains("rank 0 sends 100 bytes, over the 99 expected"),
+            "{e}"
+        );
     }
 
     /// Issue 40, attack 1 on the ring: connections that never speak, more than are vetted at
