@@ -21,7 +21,7 @@ use proto::jobmaster::v1 as pb;
 
 use crate::agent::MasterClient;
 use crate::error::Error;
-use crate::flash_write::{background_thread, copy_hashed};
+use crate::flash_write::{Copied, HURRY_AFTER, background_thread, copy_hashed};
 
 /// Slots per process: the copy being written out and the next one.
 pub const SLOTS: u32 = 2;
@@ -71,6 +71,8 @@ pub struct Written {
     pub digest: String,
     pub bytes: u64,
     pub took: std::time::Duration,
+    /// Its rest went on at a higher priority after it ran `flash_write::HURRY_AFTER`.
+    pub hurried: bool,
 }
 
 /// One training process's slots.
@@ -190,7 +192,11 @@ impl FlashDir {
             .join(format!("step-{:010}", status.step));
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let out = dir.join(format!("part-{}.bin", status.rank));
-        let (digest, bytes) = copy_hashed(&mut file, &out)?;
+        let Copied {
+            digest,
+            bytes,
+            hurried,
+        } = copy_hashed(&mut file, &out)?;
         status.state = "persisted".into();
         status.digest = digest.clone();
         status.path = out.to_string_lossy().into_owned();
@@ -207,6 +213,7 @@ impl FlashDir {
             digest,
             bytes,
             took: started.elapsed(),
+            hurried,
         }))
     }
 
@@ -299,7 +306,7 @@ impl Writer {
         role: String,
         index: u32,
     ) -> Writer {
-        let background = background_thread();
+        let background = background_thread(HURRY_AFTER);
         Writer(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(WRITE_OUT_EVERY).await;
@@ -325,6 +332,7 @@ impl Writer {
                     rank = w.rank,
                     bytes = w.bytes,
                     ms = w.took.as_millis() as u64,
+                    hurried = w.hurried,
                     path = %w.path.display(),
                     "flash checkpoint part written out"
                 );

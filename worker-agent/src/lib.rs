@@ -6,8 +6,8 @@
 //!   exits and sends heartbeats carrying [`sampler`] readings (procfs; NVML when it loads).
 //!   When the master thinks its process hung, [`stacks`] captures what its threads are doing.
 //!   [`flash`] holds the process's flash checkpoint copies in shared memory and writes them
-//!   out to the checkpoint directory behind its training (`flash_write`: on a thread at the
-//!   lowest CPU priority, around the page cache); [`flash_leftovers`] removes the
+//!   out to the checkpoint directory behind its training ([`flash_write`]: on a thread at the
+//!   lowest CPU priority, hurried after a while, around the page cache); [`flash_leftovers`] removes the
 //!   copies on the node that no agent holds any more; [`flash_copy`] is the process's half,
 //!   for the built-in workload.
 //!   `launch` builds the training process's environment, starts it and stops it.
@@ -22,7 +22,7 @@ pub mod error;
 pub mod flash;
 pub mod flash_copy;
 pub mod flash_leftovers;
-mod flash_write;
+pub mod flash_write;
 mod launch;
 pub mod sampler;
 pub mod sandbox;
