@@ -497,6 +497,7 @@ impl pb::job_master_server::JobMaster for MasterService {
                 digest: r.digest,
                 bytes: r.bytes,
             },
+            hurried: r.hurried,
         };
         crate::shared::flash_part_written(&self.shared, key, incarnation, written).await?;
         Ok(Response::new(pb::Ack {}))

@@ -348,6 +348,7 @@ impl Writer {
                     path: w.path.to_string_lossy().into_owned(),
                     digest: w.digest.clone(),
                     bytes: w.bytes,
+                    hurried: w.hurried,
                 };
                 for _ in 0..10 {
                     match client.report_checkpoint_part(part.clone()).await {

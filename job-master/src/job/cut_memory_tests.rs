@@ -325,6 +325,7 @@ fn a_move_s_cut_held_in_memory_has_rank_0_send_its_state_to_the_moved_process() 
             digest: "d0".into(),
             bytes: 10,
         },
+        hurried: false,
     };
     // Its first incarnation's part is taken, though that process is gone (worker 1's would
     // be too: it is current).

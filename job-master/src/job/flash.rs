@@ -98,6 +98,8 @@ pub struct PartWritten {
     pub rank: u32,
     pub parts: u32,
     pub part: FlashPart,
+    /// Its agent's write-out was hurried: the node's training left it no idle CPU.
+    pub hurried: bool,
 }
 
 impl FlashStep {
@@ -167,6 +169,18 @@ impl JobContext {
                     w.step,
                     old.written.keys().collect::<Vec<_>>(),
                     w.rank
+                ),
+            );
+        }
+        if w.hurried {
+            self.log_as(
+                EventKind::Checkpoint,
+                now_ms,
+                format!(
+                    "{key}'s part {} of step {} was written out slowly: its node's training left \
+                     the agent's write-out too little CPU at the lowest priority, and it \
+                     finished at a higher one",
+                    w.rank, w.step
                 ),
             );
         }
@@ -651,6 +665,7 @@ mod tests {
                 digest: format!("d{rank}"),
                 bytes: 10,
             },
+            hurried: false,
         }
     }
 
@@ -685,6 +700,34 @@ mod tests {
             ctx.flash_part_written(w(0), 1, part(9, 0, 1), 8)
                 .unwrap()
                 .is_some()
+        );
+    }
+
+    /// A part whose write-out was hurried (its node's training left it no idle CPU) is said
+    /// in the job's events, once; one that was not, never.
+    #[test]
+    fn a_hurried_write_out_is_said_in_the_events() {
+        let mut ctx = job(2);
+        ctx.flash_part_written(w(0), 1, part(7, 0, 2), 5).unwrap();
+        assert!(!events(&ctx).contains("written out slowly"));
+        let hurried = PartWritten {
+            hurried: true,
+            ..part(7, 1, 2)
+        };
+        assert!(
+            ctx.flash_part_written(w(1), 1, hurried, 6)
+                .unwrap()
+                .is_some()
+        );
+        let said = events(&ctx);
+        assert_eq!(
+            said.matches(
+                "worker-1's part 1 of step 7 was written out slowly: its node's \
+                          training left the agent's write-out too little CPU"
+            )
+            .count(),
+            1,
+            "{said}"
         );
     }
 

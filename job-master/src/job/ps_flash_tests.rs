@@ -48,6 +48,7 @@ fn part(step: u64, rank: u32) -> PartWritten {
             digest: format!("d{rank}"),
             bytes: 10,
         },
+        hurried: false,
     }
 }
 
