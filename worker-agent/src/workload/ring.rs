@@ -414,23 +414,47 @@ mod tests {
     }
 
     async fn ring_of(world: usize, len: usize, creds: &auth::JobCreds) -> Vec<Vec<f64>> {
-        let listeners: Vec<TcpListener> = futures_listeners(world).await;
-        let peers: Vec<String> = listeners
+        let listeners = futures_listeners(world).await;
+        on_each_rank(listeners, 7, creds, move |mut ring| async move {
+            let rank = ring.rank() as usize;
+            let mut buf: Vec<f64> = (0..len).map(|i| (i * (rank + 1)) as f64).collect();
+            ring.allreduce_sum(&mut buf).await.unwrap();
+            buf
+        })
+        .await
+    }
+
+    /// The addresses of `listeners`, by rank.
+    fn peers_of(listeners: &[TcpListener]) -> Vec<String> {
+        listeners
             .iter()
             .map(|l| l.local_addr().unwrap().to_string())
-            .collect();
+            .collect()
+    }
+
+    /// `f` run on every rank of the ring formed over `listeners` in `round` (each its own
+    /// task): what each gave, by rank.
+    async fn on_each_rank<T, F, Fut>(
+        listeners: Vec<TcpListener>,
+        round: u64,
+        creds: &auth::JobCreds,
+        f: F,
+    ) -> Vec<T>
+    where
+        F: Fn(Ring) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = T> + Send,
+        T: Send + 'static,
+    {
+        let peers = peers_of(&listeners);
         let mut tasks = Vec::new();
         for (rank, l) in listeners.into_iter().enumerate() {
-            let peers = peers.clone();
-            let creds = creds.clone();
+            let (peers, creds, f) = (peers.clone(), creds.clone(), f.clone());
             tasks.push(tokio::spawn(async move {
-                let mut ring =
-                    Ring::connect(rank as u32, &peers, 7, &l, Duration::from_secs(10), &creds)
-                        .await
-                        .unwrap();
-                let mut buf: Vec<f64> = (0..len).map(|i| (i * (rank + 1)) as f64).collect();
-                ring.allreduce_sum(&mut buf).await.unwrap();
-                buf
+                let timeout = Duration::from_secs(20);
+                let ring = Ring::connect(rank as u32, &peers, round, &l, timeout, &creds)
+                    .await
+                    .unwrap();
+                f(ring).await
             }));
         }
         let mut out = Vec::new();
@@ -485,55 +509,34 @@ mod tests {
             (3, BROADCAST_CHUNK + 1, true),
         ] {
             let creds = creds(tls.then_some(dir.path()));
-            let listeners = futures_listeners(world).await;
-            let peers: Vec<String> = listeners
-                .iter()
-                .map(|l| l.local_addr().unwrap().to_string())
-                .collect();
             let sent: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-            let mut tasks = Vec::new();
-            for (rank, l) in listeners.into_iter().enumerate() {
-                let (peers, creds, sent) = (peers.clone(), creds.clone(), sent.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut ring =
-                        Ring::connect(rank as u32, &peers, 5, &l, Duration::from_secs(10), &creds)
-                            .await
-                            .unwrap();
-                    let mine = if rank == 0 { sent } else { vec![9; 3] };
+            let to_send = sent.clone();
+            let listeners = futures_listeners(world).await;
+            let out = on_each_rank(listeners, 5, &creds, move |mut ring| {
+                let mine = if ring.rank() == 0 {
+                    to_send.clone()
+                } else {
+                    vec![9; 3]
+                };
+                async move {
                     let got = ring.broadcast_from_rank0(mine, len).await.unwrap();
                     let mut buf = vec![1.0f32; 4];
                     ring.allreduce_sum(&mut buf).await.unwrap();
                     (got, buf)
-                }));
-            }
-            for t in tasks {
-                let (got, buf) = t.await.unwrap();
+                }
+            })
+            .await;
+            for (got, buf) in out {
                 assert!(got == sent, "world {world} len {len}");
                 assert_eq!(buf, vec![world as f32; 4]);
             }
         }
         // Rank 1 expects at most 99 bytes: 100 are refused with the sizes.
         let listeners = futures_listeners(2).await;
-        let peers: Vec<String> = listeners
-            .iter()
-            .map(|l| l.local_addr().unwrap().to_string())
-            .collect();
-        let creds = creds(None);
-        let mut tasks = Vec::new();
-        for (rank, l) in listeners.into_iter().enumerate() {
-            let (peers, creds) = (peers.clone(), creds.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut ring =
-                    Ring::connect(rank as u32, &peers, 5, &l, Duration::from_secs(10), &creds)
-                        .await
-                        .unwrap();
-                ring.broadcast_from_rank0(vec![0; 100], 99).await
-            }));
-        }
-        let mut outs = Vec::new();
-        for t in tasks {
-            outs.push(t.await.unwrap());
-        }
+        let outs = on_each_rank(listeners, 5, &creds(None), |mut ring| async move {
+            ring.broadcast_from_rank0(vec![0; 100], 99).await
+        })
+        .await;
         let e = outs[1].as_ref().unwrap_err().to_string();
         assert!(
             e.contains("rank 0 sends 100 bytes, over the 99 expected"),
@@ -549,31 +552,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for creds in [creds(None), creds(Some(dir.path()))] {
             let listeners = futures_listeners(3).await;
-            let peers: Vec<String> = listeners
-                .iter()
-                .map(|l| l.local_addr().unwrap().to_string())
-                .collect();
             let mut silent = Vec::new();
-            for p in &peers {
+            for p in &peers_of(&listeners) {
                 for _ in 0..(2 * VETTING) {
                     silent.push(TcpStream::connect(p).await.unwrap());
                 }
             }
-            let mut tasks = Vec::new();
-            for (rank, l) in listeners.into_iter().enumerate() {
-                let (peers, creds) = (peers.clone(), creds.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut ring =
-                        Ring::connect(rank as u32, &peers, 9, &l, Duration::from_secs(20), &creds)
-                            .await
-                            .unwrap();
-                    let mut buf = vec![rank as f64 + 1.0; 5];
-                    ring.allreduce_sum(&mut buf).await.unwrap();
-                    buf
-                }));
-            }
-            for t in tasks {
-                assert_eq!(t.await.unwrap(), vec![6.0; 5]);
+            let out = on_each_rank(listeners, 9, &creds, |mut ring| async move {
+                let mut buf = vec![ring.rank() as f64 + 1.0; 5];
+                ring.allreduce_sum(&mut buf).await.unwrap();
+                buf
+            })
+            .await;
+            for buf in out {
+                assert_eq!(buf, vec![6.0; 5]);
             }
             drop(silent);
         }
