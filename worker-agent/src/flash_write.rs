@@ -32,8 +32,8 @@ pub const HURRY_AFTER: Duration = Duration::from_secs(20);
 /// tenth of a core beside a training thread at nice 0, where it gets no idle time.
 pub const HURRY_NICE: i32 = 10;
 
-/// The threads that write a process's copies out: the one [`background_thread`] returns jobs
-/// to, and the one a copy that got too little CPU goes on on.
+/// Where the write-out thread hands the rest of a copy that got too little CPU (the second
+/// thread's jobs), and after how long.
 struct Hurry {
     jobs: Sender<Job>,
     after: Duration,
@@ -78,7 +78,7 @@ pub fn background_thread(hurry_after: Duration) -> Sender<Job> {
 
 /// A thread named `name` that runs `first`, then the jobs sent to it until the sender is
 /// dropped; where it cannot start, the jobs run on the thread that sends them (see
-/// [`hurried`]).
+/// [`hurried_on`]).
 fn spawn_thread(name: &str, first: fn()) -> Sender<Job> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     let spawned = std::thread::Builder::new()

@@ -130,7 +130,7 @@ async fn state_from_rank0(
         return Err(Error::Checkpoint {
             path: from,
             problem: format!(
-                "rank 0 of round formed after the cut holds step {} (a {} process)",
+                "rank 0 of the round formed after the cut holds step {} (a {} process)",
                 model.step,
                 if keep { "new" } else { "surviving" },
             ),
