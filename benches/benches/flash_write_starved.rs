@@ -71,7 +71,7 @@ fn write_out(from: &Path, to: &Path, after: Duration) -> (Duration, bool) {
     let (f, t) = (from.to_path_buf(), to.to_path_buf());
     let began = Instant::now();
     let job: Job = Box::new(move || {
-        let c = copy_hashed(&mut File::open(&f).expect("the slot"), &t).expect("written out");
+        let c = copy_hashed(&File::open(&f).expect("the slot"), &t).expect("written out");
         let _ = tx.send(c.hurried);
     });
     thread.send(job).expect("the write-out thread");

@@ -4,8 +4,8 @@
   (the script's backend) plus, when that backend is not gloo, a gloo group for the SDK's
   one small all_gather per step (CPU tensors), and for the state one rank sends the others
   (`broadcast_bytes`, `broadcast_tensor`: rank 0's to the ranks a plan added, a holder's of
-  the flash copy to restarted ranks whose node holds none). Re-forming destroys the groups and starts new ones at the
-  new rank, size and store address.
+  the flash copy to restarted ranks whose node holds none). Re-forming destroys the groups
+  and starts new ones at the new rank, size and store address.
 * `ElasticDDP(job, model)` is DistributedDataParallel that is rebuilt on every rank right after
   the group re-forms (a DDP instance is tied to the group it was built in). Its gradient hook
   (DDP's own all-reduce) tells the job when this rank's backward pass handed over its last

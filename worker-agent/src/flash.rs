@@ -169,7 +169,7 @@ impl FlashDir {
         };
         let path = self.slot_file(slot);
         let file = File::open(&path).map_err(io(&path))?;
-        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(f) => f,
             // The process is copying into it: next time.
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
@@ -196,7 +196,7 @@ impl FlashDir {
             digest,
             bytes,
             hurried,
-        } = copy_hashed(&mut file, &out)?;
+        } = copy_hashed(&file, &out)?;
         status.state = "persisted".into();
         status.digest = digest.clone();
         status.path = out.to_string_lossy().into_owned();

@@ -179,7 +179,7 @@ pub struct Copied {
 /// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
 /// sees the whole file or none. On the write-out thread, a copy that runs past its hurry
 /// time goes on on the hurry thread, this one waiting for it.
-pub fn copy_hashed(from: &mut File, to: &Path) -> Result<Copied, Error> {
+pub fn copy_hashed(from: &File, to: &Path) -> Result<Copied, Error> {
     remove_stale_tmp(to);
     let tmp = to.with_file_name(format!("{}{}", tmp_prefix(to), std::process::id()));
     let out = PartFile::create(&tmp).map_err(io(&tmp))?;
@@ -368,7 +368,7 @@ mod tests {
             let dir = tempfile::tempdir_in(&root).unwrap();
             let (from, to) = (dir.path().join("slot"), dir.path().join("part-0.bin"));
             std::fs::write(&from, &body).unwrap();
-            let c = copy_hashed(&mut File::open(&from).unwrap(), &to).unwrap();
+            let c = copy_hashed(&File::open(&from).unwrap(), &to).unwrap();
             assert_eq!(c.bytes, body.len() as u64, "{}", root.display());
             assert_eq!(std::fs::read(&to).unwrap(), body, "{}", root.display());
             assert_eq!(c.digest, hex::encode(Sha256::digest(&body)));
@@ -392,7 +392,7 @@ mod tests {
             let (tx, rx) = std::sync::mpsc::channel();
             let (f, t) = (from.clone(), to.clone());
             let job: Job = Box::new(move || {
-                let c = copy_hashed(&mut File::open(&f).unwrap(), &t);
+                let c = copy_hashed(&File::open(&f).unwrap(), &t);
                 // Where it ran, at the end: the write-out thread, in SCHED_IDLE.
                 #[allow(unsafe_code)]
                 // SAFETY: pid 0 is the calling thread; the call only reads its policy.
