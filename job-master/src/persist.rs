@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, Notify, watch};
 
+use vocab::beneath::{Beneath, Owner};
+
 use crate::error::Error;
 use crate::job::JobContext;
 
@@ -109,16 +111,15 @@ impl Persister {
 /// The owner a master running as root gives what it makes in `dir` to: `dir`'s, when that is
 /// not root (a checkpoint directory belongs to the user the job's processes run as,
 /// `[launcher.sandbox] run_as`). None: keep the master's own.
-fn owner_for(dir: &Path) -> std::io::Result<Option<(nix::unistd::Uid, nix::unistd::Gid)>> {
-    use std::os::unix::fs::MetadataExt;
+fn owner_for(dir: &Beneath) -> std::io::Result<Owner> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    let m = std::fs::metadata(dir)?;
-    Ok((m.uid() != 0).then(|| {
+    let st = dir.stat()?;
+    Ok((st.st_uid != 0).then(|| {
         (
-            nix::unistd::Uid::from_raw(m.uid()),
-            nix::unistd::Gid::from_raw(m.gid()),
+            nix::unistd::Uid::from_raw(st.st_uid),
+            nix::unistd::Gid::from_raw(st.st_gid),
         )
     }))
 }
@@ -127,9 +128,10 @@ fn owner_for(dir: &Path) -> std::io::Result<Option<(nix::unistd::Uid, nix::unist
 /// ([`vocab::sandbox::Sandbox::run_as`] of `sandbox`, the JSON the brain hands the master in
 /// [`vocab::sandbox::SANDBOX_ENV`]) when the master runs as root, as each agent does before it
 /// starts a process: what the master writes there before any process started (a cut while
-/// every process still waits for room) is then the processes' to read, not root's alone.
-/// Nothing changes without a sandbox user; a user this machine does not have is left to the
-/// agents to refuse, with the reason.
+/// every process still waits for room) is then the processes' to read, not root's alone. It
+/// is given through the open directory (a link at its name is refused). Nothing changes
+/// without a sandbox user; a user this machine does not have is left to the agents to
+/// refuse, with the reason.
 pub fn give_to_job_user(dir: &Path, sandbox: Option<&str>) -> std::io::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(());
@@ -143,9 +145,7 @@ pub fn give_to_job_user(dir: &Path, sandbox: Option<&str>) -> std::io::Result<()
         return Ok(());
     };
     match nix::unistd::User::from_name(&name).map_err(std::io::Error::from)? {
-        Some(u) if !u.uid.is_root() => {
-            nix::unistd::chown(dir, Some(u.uid), Some(u.gid)).map_err(std::io::Error::from)
-        }
+        Some(u) if !u.uid.is_root() => Beneath::open(dir)?.chown(u.uid, u.gid),
         _ => {
             tracing::warn!(
                 "run_as: no unprivileged user named {name:?} here; {} stays the master's",
@@ -156,38 +156,50 @@ pub fn give_to_job_user(dir: &Path, sandbox: Option<&str>) -> std::io::Result<()
     }
 }
 
-/// Makes the directory `dir` inside an existing one for the job's processes to write in (a
-/// parameter server's checkpoint part): a master running as root gives it to the owner of the
-/// directory above, as [`write_atomic`] gives files.
-pub fn create_dir_for_processes(dir: &Path) -> std::io::Result<()> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    match std::fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    if let Some((uid, gid)) = owner_for(parent)? {
-        nix::unistd::chown(dir, Some(uid), Some(gid)).map_err(std::io::Error::from)?;
-    }
+/// Makes the directory `dir` below the job's checkpoint directory `checkpoints` for the job's
+/// processes to write in (a parameter server's checkpoint part): reached by name through the
+/// directories above it, a link refused, and given (by a master running as root) to the owner
+/// of the directory above, as [`write_in_checkpoints`] gives files.
+pub fn create_dir_for_processes(checkpoints: &Path, dir: &Path) -> std::io::Result<()> {
+    let (parent, name) = Beneath::parent_below(checkpoints, dir)?;
+    parent.make_dir(&name, 0o700, owner_for(&parent)?)?;
     Ok(())
 }
 
-/// Writes `bytes` to `path` atomically and durably (temp file, fsync, rename, fsync dir). A
-/// master running as root gives the file to the directory's owner: a checkpoint directory
-/// belongs to the user the job's processes run as (`[launcher.sandbox] run_as`), who must read
-/// the manifests written there.
+/// Writes `bytes` to `path`, below the job's checkpoint directory `checkpoints` (a manifest),
+/// atomically and durably as [`write_atomic`] does, every directory on the way reached by
+/// name through the one above it (a link the job's processes planted is refused, never
+/// followed). A master running as root gives the file to the directory's owner: a checkpoint
+/// directory belongs to the user the job's processes run as, who must read the manifests.
+pub fn write_in_checkpoints(checkpoints: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let (dir, name) = Beneath::parent_below(checkpoints, path)?;
+    dir.replace(&name, bytes, 0o600, owner_for(&dir)?)
+}
+
+/// Removes `dir` below the job's checkpoint directory `checkpoints` with everything in it
+/// (an old checkpoint), reached as [`write_in_checkpoints`] reaches a file; a link is removed,
+/// never followed.
+pub fn remove_in_checkpoints(checkpoints: &Path, dir: &Path) -> std::io::Result<()> {
+    let (parent, name) = Beneath::parent_below(checkpoints, dir)?;
+    parent.remove_tree(&name)
+}
+
+/// Writes `bytes` to `path` atomically and durably (a new file beside it, fsync, rename over
+/// it, fsync of the directory); a link at `path` is replaced, never written through, and the
+/// directory is opened with a link at its own name refused. For the master's own run
+/// directory; what goes below the checkpoint directory goes through [`write_in_checkpoints`].
+/// A master running as root gives the file to the directory's owner.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    if let Some((uid, gid)) = owner_for(dir)? {
-        nix::unistd::fchown(tmp.as_file(), Some(uid), Some(gid)).map_err(std::io::Error::from)?;
-    }
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| std::io::Error::other(format!("{}: names no file", path.display())))?;
+    let dir = Beneath::open(parent)?;
+    dir.replace(name, bytes, 0o600, owner_for(&dir)?)
 }
 
 /// Reads a persisted context back; one an older job master wrote is read in today's form
@@ -228,6 +240,56 @@ mod tests {
         write_atomic(&dir.path().join("manifest.json"), b"{}").unwrap();
         let file = std::fs::metadata(dir.path().join("manifest.json")).unwrap();
         assert_eq!(file.uid(), nobody.uid.as_raw());
+    }
+
+    /// The attack on the PS checkpoint directory and the manifests: the job's processes
+    /// plant a link where the master (root) makes a checkpoint's directory or writes its
+    /// manifest, or name a directory outside; nothing is made, given away or written outside,
+    /// and each is refused with the reason.
+    #[test]
+    fn nothing_the_master_does_below_the_checkpoint_directory_goes_through_a_link() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("etc");
+        std::fs::create_dir(&outside).unwrap();
+        let owner_before = std::fs::metadata(&outside).unwrap().uid();
+        let ckpt = d.path().join("ckpt");
+        std::fs::create_dir(&ckpt).unwrap();
+        if nix::unistd::geteuid().is_root()
+            && let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody")
+        {
+            nix::unistd::chown(&ckpt, Some(nobody.uid), Some(nobody.gid)).unwrap();
+        }
+        let ps_dir = ckpt.join("ckpt-000001");
+        std::os::unix::fs::symlink(&outside, &ps_dir).unwrap();
+        let e = create_dir_for_processes(&ckpt, &ps_dir).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let manifest = ps_dir.join("manifest.json");
+        let e = write_in_checkpoints(&ckpt, &manifest, b"{}").unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let e = write_in_checkpoints(&ckpt, &outside.join("manifest.json"), b"{}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not inside"), "{e}");
+        std::fs::create_dir(outside.join("step-0000000001")).unwrap();
+        std::os::unix::fs::symlink(&outside, ckpt.join("flash")).unwrap();
+        let e = remove_in_checkpoints(&ckpt, &ckpt.join("flash/step-0000000001"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(outside.join("step-0000000001").exists());
+        assert!(!outside.join("manifest.json").exists());
+        assert_eq!(std::fs::metadata(&outside).unwrap().uid(), owner_before);
+        // Without the links, each works, and what is made is the checkpoint directory
+        // owner's.
+        std::fs::remove_file(&ps_dir).unwrap();
+        create_dir_for_processes(&ckpt, &ps_dir).unwrap();
+        write_in_checkpoints(&ckpt, &manifest, b"{}").unwrap();
+        let ckpt_owner = std::fs::metadata(&ckpt).unwrap().uid();
+        assert_eq!(std::fs::metadata(&ps_dir).unwrap().uid(), ckpt_owner);
+        assert_eq!(std::fs::metadata(&manifest).unwrap().uid(), ckpt_owner);
+        remove_in_checkpoints(&ckpt, &ps_dir).unwrap();
+        assert!(!ps_dir.exists());
     }
 
     use super::*;

@@ -15,7 +15,7 @@ use vocab::report::PsStats;
 
 use crate::error::Error;
 use crate::job::{Effect, JobContext};
-use crate::persist::{Persister, write_atomic};
+use crate::persist::{Persister, write_in_checkpoints};
 use crate::scale::Capacity;
 
 /// Effects waiting for the executor beyond which the job master refuses calls.
@@ -369,10 +369,13 @@ async fn commit_manifest(
     generation: u64,
 ) -> Result<(), Error> {
     let path = dir.join(MANIFEST_FILE);
+    // Below the checkpoint directory only, reached without following a link: the directory
+    // is the one the process named, and the job's processes write there.
+    let checkpoints = shared.job.lock().await.spec.checkpoint.dir.clone();
     let written = serde_json::to_vec_pretty(manifest)
         .map_err(|e| Error::InvalidRequest(e.to_string()))
         .and_then(|json| {
-            write_atomic(&path, &json).map_err(|e| Error::Io {
+            write_in_checkpoints(&checkpoints, &path, &json).map_err(|e| Error::Io {
                 path: path.clone(),
                 source: e,
             })

@@ -17,12 +17,22 @@ pub fn root() -> PathBuf {
 
 /// Run `run`'s directory under `root`.
 pub fn run_dir(root: &Path, run: &str) -> PathBuf {
-    root.join(safe(run))
+    root.join(run_name(run))
 }
 
 /// Process `role`-`index` of run `run`'s directory under `root`.
 pub fn process_dir(root: &Path, run: &str, role: &str, index: u32) -> PathBuf {
-    run_dir(root, run).join(format!("{}-{index}", safe(role)))
+    run_dir(root, run).join(process_name(role, index))
+}
+
+/// The name of run `run`'s directory in the root (one path component).
+pub fn run_name(run: &str) -> String {
+    safe(run)
+}
+
+/// The name of process `role`-`index`'s directory in its run's (one path component).
+pub fn process_name(role: &str, index: u32) -> String {
+    format!("{}-{index}", safe(role))
 }
 
 /// A name as one path component: letters, digits and `-` kept, anything else `_`.

@@ -20,12 +20,15 @@
 //! * [`net`]: this node's address as a peer reaches it (the route's local end).
 //! * [`paths`]: paths from user input kept inside their directory; files and directories made
 //!   without following planted links.
+//! * [`beneath`]: file operations of a root component inside a directory a job writes: by one
+//!   name at a time relative to the open directory, never through a link.
 //!
 //! * `wire` (feature `wire`): one `From`/`TryFrom` per job-master wire type.
 //!
 //! Nothing here does I/O beyond reading a spec or context file and looking up a route on
 //! request.
 
+pub mod beneath;
 pub mod devices;
 pub mod error;
 pub mod flash;

@@ -52,6 +52,53 @@ pub fn inside(base: &Path, path: &Path) -> Result<PathBuf, String> {
     Ok(out)
 }
 
+/// Why the checkpoint directory `ckpt` may not be used beside a job master whose run directory
+/// is `master_dir`, or `Ok`: the job's processes own the checkpoint directory (it is given to
+/// their user and bound writable into their sandbox), so it may be neither the master's run
+/// directory nor anything inside it (its logs, secrets and sandbox copies) nor a directory the
+/// master's run directory is inside (whoever owns that may swap what lies in it). Both paths
+/// are compared as they resolve (what exists of them, links followed).
+pub fn clear_of_master(ckpt: &Path, master_dir: &Path) -> Result<(), String> {
+    if ckpt.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!("checkpoint.dir: {} contains `..`", ckpt.display()));
+    }
+    let resolve = |p: &Path| -> PathBuf {
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut existing = p.as_path();
+        let mut rest = Vec::new();
+        loop {
+            if let Ok(r) = existing.canonicalize() {
+                let mut out = r;
+                out.extend(rest.iter().rev());
+                return out;
+            }
+            match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name.to_os_string());
+                    existing = parent;
+                }
+                _ => return p.clone(),
+            }
+        }
+    };
+    let (c, m) = (resolve(ckpt), resolve(master_dir));
+    let why = if c == m {
+        "is the job master's run directory"
+    } else if c.starts_with(&m) {
+        "is inside the job master's run directory"
+    } else if m.starts_with(&c) {
+        "holds the job master's run directory"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "checkpoint.dir: {} {why} ({}): the job's processes own their checkpoint directory, \
+         so it must lie apart from the master's files (the default, `checkpoints`, does)",
+        ckpt.display(),
+        m.display()
+    ))
+}
+
 /// Makes the directory `path` (its parent must exist); a directory already there is taken
 /// (`Ok(false)`), anything else there, a symbolic link included, is an error. `Ok(true)`: made.
 pub fn make_dir(path: &Path) -> io::Result<bool> {
@@ -137,6 +184,31 @@ mod tests {
             let e = inside(&base, Path::new(bad)).unwrap_err();
             assert!(e.contains("outside") || e.contains(".."), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_directory_lies_apart_from_the_master_s_files() {
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path().join("runs/j");
+        let master = run.join("master");
+        std::fs::create_dir_all(master.join("logs")).unwrap();
+        std::os::unix::fs::symlink(master.join("logs"), run.join("sneaky")).unwrap();
+        for bad in [
+            run.clone(),
+            master.clone(),
+            master.join("logs"),
+            master.join("sandbox/worker-0"),
+            run.join("sneaky"),
+            d.path().to_path_buf(),
+            run.join("master/tls"),
+        ] {
+            let e = clear_of_master(&bad, &master).unwrap_err();
+            assert!(e.contains("checkpoint.dir"), "{}: {e}", bad.display());
+        }
+        for good in [run.join("checkpoints"), run.join("ckpt/a"), d.path().join("other")] {
+            clear_of_master(&good, &master).unwrap();
+        }
+        assert!(clear_of_master(&run.join("x/../master"), &master).is_err());
     }
 
     #[test]

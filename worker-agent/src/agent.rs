@@ -107,6 +107,21 @@ pub(crate) fn own_role(reg: &pb::RegisterAgentResponse) -> bool {
     reg.own_group || matches!(reg.topology.as_str(), "service" | "single")
 }
 
+/// The user the job's processes run as, when this agent is root and its sandbox names one:
+/// what the agent makes for them is given to it.
+fn job_user(args: &AgentArgs) -> Result<vocab::beneath::Owner, Error> {
+    let name = args.sandbox.as_ref().and_then(|s| s.run_as.as_deref());
+    match name {
+        Some(name) if nix::unistd::geteuid().is_root() => crate::sandbox::user(name)
+            .map(Some)
+            .map_err(|source| Error::Io {
+                path: "run_as".into(),
+                source,
+            }),
+        _ => Ok(None),
+    }
+}
+
 /// Whether the training process runs confined: every process does where a sandbox is set
 /// (a `command:` and the built-in workload alike).
 fn confined(args: &AgentArgs) -> bool {
@@ -280,12 +295,16 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             args.role.as_str(),
             args.index,
             budget,
+            job_user(&args)?,
         )?),
     };
     if flash.is_some() {
         tokio::task::spawn_blocking(|| {
             use crate::flash_leftovers::{LEFTOVER_AFTER, sweep};
-            for dir in sweep(&vocab::flash::root(), LEFTOVER_AFTER) {
+            let Ok(root) = crate::flash::open_root(&vocab::flash::root()) else {
+                return;
+            };
+            for dir in sweep(&root, LEFTOVER_AFTER) {
                 tracing::info!(
                     "removed flash copies no agent has held for {} min: {}",
                     LEFTOVER_AFTER.as_secs() / 60,

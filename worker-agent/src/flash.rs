@@ -22,6 +22,7 @@ use proto::jobmaster::v1 as pb;
 use crate::agent::MasterClient;
 use crate::error::Error;
 use crate::flash_write::{Copied, HURRY_AFTER, background_thread, copy_hashed};
+use vocab::beneath::{Beneath, Owner};
 
 /// Slots per process: the copy being written out and the next one.
 pub const SLOTS: u32 = 2;
@@ -75,10 +76,13 @@ pub struct Written {
     pub hurried: bool,
 }
 
-/// One training process's slots.
+/// One training process's slots. The agent, root where jobs run as another user, reaches
+/// everything in the process's directory through the open directory ([`Beneath`]): the
+/// process writes there, and may plant links.
 #[derive(Clone, Debug)]
 pub struct FlashDir {
     pub dir: PathBuf,
+    open: std::sync::Arc<Beneath>,
     pub budget: u64,
     /// This agent's hold on the directory, for as long as it runs (`flash_leftovers.rs`).
     _held: Option<std::sync::Arc<crate::flash_leftovers::Held>>,
@@ -91,26 +95,50 @@ pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     }
 }
 
+/// The most a slot's status file may hold (it is a few hundred bytes of JSON).
+const STATUS_LIMIT: u64 = 64 * 1024;
+
+/// The flash root under `root` for this agent: made by it, its user's alone (mode 0711: a
+/// process reaches its own directory in it by name, nobody lists or adds to it), refused when
+/// somebody else made it first.
+pub fn open_root(root: &Path) -> Result<Beneath, Error> {
+    Beneath::private(root, 0o711).map_err(io(root))
+}
+
 impl FlashDir {
     /// The slots of process `role`-`index` of run `run` under `root` (on tmpfs: `/dev/shm`),
-    /// created owner-only, or adopted from an earlier agent of the same process: a slot it
-    /// left `persisting` (it died writing it out) is `ready` again, and so is a replicated
-    /// state's copy it wrote out without hearing the job master's answer (`persisted`): it is
-    /// written out and reported again, and settled by the answer.
+    /// created owner-only and given to `owner` (the job's user), or adopted from an earlier
+    /// agent of the same process: a slot it left `persisting` (it died writing it out) is
+    /// `ready` again, and so is a replicated state's copy it wrote out without hearing the job
+    /// master's answer (`persisted`): it is written out and reported again, and settled by the
+    /// answer. The root must be this agent's user's alone ([`open_root`]); the run's directory
+    /// in it is the agent's too, so that the process's own directory cannot be swapped.
     pub fn open(
         root: &Path,
         run: &str,
         role: &str,
         index: u32,
         budget: u64,
+        owner: Owner,
     ) -> Result<Self, Error> {
         let dir = vocab::flash::process_dir(root, run, role, index);
-        let held = crate::flash_leftovers::hold(&dir).map(std::sync::Arc::new);
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io(&dir))?;
+        let root = open_root(root)?;
+        let run_name = vocab::flash::run_name(run);
+        let (run_dir, _) = root
+            .make_dir(&run_name, 0o711, None)
+            .map_err(io(&root.join(&run_name)))?;
+        let name = vocab::flash::process_name(role, index);
+        // Held first (a sweep may move a directory away until then), then opened.
+        let held = crate::flash_leftovers::hold(&run_dir, &name).map(std::sync::Arc::new);
+        let (open, _) = run_dir
+            .make_dir(&name, 0o700, None)
+            .map_err(io(&dir))?;
+        if let Some((uid, gid)) = owner {
+            open.chown(uid, gid).map_err(io(&dir))?;
+        }
         let me = Self {
             dir,
+            open: std::sync::Arc::new(open),
             budget,
             _held: held,
         };
@@ -127,33 +155,54 @@ impl FlashDir {
 
     /// The slots at `dir` as the training process sees them (`flash_copy.rs`): the agent holds
     /// the directory, not the process.
-    pub fn of_process(dir: PathBuf, budget: u64) -> Self {
-        Self {
+    pub fn of_process(dir: PathBuf, budget: u64) -> Result<Self, Error> {
+        let open = Beneath::open(&dir).map_err(io(&dir))?;
+        Ok(Self {
             dir,
+            open: std::sync::Arc::new(open),
             budget,
             _held: None,
-        }
+        })
+    }
+
+    fn slot_name(slot: u32) -> String {
+        format!("slot-{slot}")
+    }
+
+    fn status_name(slot: u32) -> String {
+        format!("slot-{slot}.json")
     }
 
     pub fn slot_file(&self, slot: u32) -> PathBuf {
-        self.dir.join(format!("slot-{slot}"))
+        self.dir.join(Self::slot_name(slot))
     }
 
-    fn status_file(&self, slot: u32) -> PathBuf {
-        self.dir.join(format!("slot-{slot}.json"))
+    /// Who what the agent writes here is given to: the directory's owner (the job's user), so
+    /// that the process reads it.
+    fn owner(&self) -> Owner {
+        owner_of(&self.open)
     }
 
     pub fn status(&self, slot: u32) -> Option<SlotStatus> {
-        let text = std::fs::read(self.status_file(slot)).ok()?;
+        let text = self.open.read(&Self::status_name(slot), STATUS_LIMIT).ok()?;
         serde_json::from_slice(&text).ok()
     }
 
     pub(crate) fn set_status(&self, slot: u32, s: &SlotStatus) -> Result<(), Error> {
-        let path = self.status_file(slot);
-        let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
+        let name = Self::status_name(slot);
         let json = serde_json::to_vec(s).map_err(|e| Error::InvalidRequest(e.to_string()))?;
-        std::fs::write(&tmp, json).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))
+        self.open
+            .replace(&name, &json, 0o600, self.owner())
+            .map_err(io(&self.dir.join(&name)))
+    }
+
+    /// Slot `slot`'s file, opened for reading through the open directory (a link, a FIFO or a
+    /// second name of another file there is refused).
+    fn open_slot(&self, slot: u32) -> Result<File, Error> {
+        let name = Self::slot_name(slot);
+        self.open
+            .open_read(&name)
+            .map_err(io(&self.dir.join(&name)))
     }
 
     /// The newest ready copy, written out to `checkpoint_dir` (`flash/step-S/part-R.bin`, by a
@@ -168,7 +217,7 @@ impl FlashDir {
             return Ok(None);
         };
         let path = self.slot_file(slot);
-        let file = File::open(&path).map_err(io(&path))?;
+        let file = self.open_slot(slot)?;
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(f) => f,
             // The process is copying into it: next time.
@@ -187,16 +236,14 @@ impl FlashDir {
         status.state = "persisting".into();
         self.set_status(slot, &status)?;
         let started = std::time::Instant::now();
-        let dir = checkpoint_dir
-            .join("flash")
-            .join(format!("step-{:010}", status.step));
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let out = dir.join(format!("part-{}.bin", status.rank));
+        let (dir, owner) = step_dir(checkpoint_dir, status.step)?;
+        let name = format!("part-{}.bin", status.rank);
+        let out = dir.join(&name);
         let Copied {
             digest,
             bytes,
             hurried,
-        } = copy_hashed(&file, &out)?;
+        } = copy_hashed(&file, &dir, &name, owner)?;
         status.state = "persisted".into();
         status.digest = digest.clone();
         status.path = out.to_string_lossy().into_owned();
@@ -222,8 +269,7 @@ impl FlashDir {
     /// from it) or refused (`refused`: the process may reuse the slot). Left as it is when the
     /// process holds the slot or has replaced the copy.
     pub fn settled(&self, slot: u32, save: u64, committed: bool) -> Result<(), Error> {
-        let path = self.slot_file(slot);
-        let file = File::open(&path).map_err(io(&path))?;
+        let file = self.open_slot(slot)?;
         let Ok(_held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
             return Ok(());
         };
@@ -266,8 +312,7 @@ impl FlashDir {
             if !self.status(slot).is_some_and(|s| kept(&s)) {
                 continue;
             }
-            let path = self.slot_file(slot);
-            let file = File::open(&path).map_err(io(&path))?;
+            let file = self.open_slot(slot)?;
             let Ok(_held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
                 return Ok(false);
             };
@@ -281,10 +326,40 @@ impl FlashDir {
         Ok(false)
     }
 
-    /// The job is over: its copies go.
+    /// The job is over: its copies go (`remove_dir_all` removes links, never follows them).
     pub fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The directory step `step`'s parts go in, `flash/step-S` in the job's checkpoint directory,
+/// made when missing, and who what is made there is given to (the checkpoint directory's
+/// owner, the job's user, when this agent is root: the job's processes restore from it, and
+/// nobody else reads it). Every directory on the way is reached by name through the one above
+/// it, a link refused; the checkpoint directory itself is opened with a link at its own name
+/// refused (the directory above it is the brain's, not the job's).
+fn step_dir(checkpoint_dir: &Path, step: u64) -> Result<(Beneath, Owner), Error> {
+    let root = Beneath::open(checkpoint_dir).map_err(io(checkpoint_dir))?;
+    let owner = owner_of(&root);
+    let (flash, _) = root
+        .make_dir("flash", 0o700, owner)
+        .map_err(io(&root.join("flash")))?;
+    let name = format!("step-{step:010}");
+    let (dir, _) = flash
+        .make_dir(&name, 0o700, owner)
+        .map_err(io(&flash.join(&name)))?;
+    Ok((dir, owner))
+}
+
+/// Who what a root agent makes in `dir` is given to: `dir`'s owner when that is not root.
+fn owner_of(dir: &Beneath) -> Owner {
+    let st = dir.stat().ok()?;
+    (nix::unistd::geteuid().is_root() && st.st_uid != 0).then(|| {
+        (
+            nix::unistd::Uid::from_raw(st.st_uid),
+            nix::unistd::Gid::from_raw(st.st_gid),
+        )
+    })
 }
 
 /// The task that writes the copies out and tells the job master (see the module's doc);
@@ -413,7 +488,7 @@ mod tests {
     fn the_newest_ready_copy_is_written_out_whole_with_its_digest() {
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20, None).unwrap();
         assert!(
             dir.write_out(ckpt.path()).unwrap().is_none(),
             "nothing ready"
@@ -447,10 +522,10 @@ mod tests {
     fn what_an_agent_killed_mid_write_left_here_is_removed_and_nothing_else() {
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20, None).unwrap();
         let step = ckpt.path().join("flash/step-0000000020");
         std::fs::create_dir_all(&step).unwrap();
-        let prefix = tmp_prefix(&step.join("part-1.bin"));
+        let prefix = tmp_prefix("part-1.bin");
         // A process that ran here and is gone, one that runs (pid 1), another node's agent.
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         gone.wait().unwrap();
@@ -458,7 +533,7 @@ mod tests {
             format!("{prefix}{}", gone.id()),
             format!("{prefix}1"),
             format!("part-1.bin.tmp-elsewhere-{}", gone.id()),
-            format!("{}{}", tmp_prefix(&step.join("part-0.bin")), gone.id()),
+            format!("{}{}", tmp_prefix("part-0.bin"), gone.id()),
         ];
         for name in &left {
             std::fs::write(step.join(name), b"half").unwrap();
@@ -486,7 +561,7 @@ mod tests {
     fn a_slot_the_process_holds_is_left_for_later() {
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20, None).unwrap();
         ready(&dir, 0, 1, 10, b"state");
         let held = Flock::lock(
             File::open(dir.slot_file(0)).unwrap(),
@@ -511,7 +586,7 @@ mod tests {
     fn a_refused_copy_is_marked_so_and_one_never_answered_is_reported_again() {
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20, None).unwrap();
         ready(&dir, 0, 1, 10, b"state");
         let w = dir.write_out(ckpt.path()).unwrap().unwrap();
         dir.settled(w.slot, w.save, false).unwrap();
@@ -524,26 +599,26 @@ mod tests {
         dir.set_status(1, &s).unwrap();
         dir.write_out(ckpt.path()).unwrap().unwrap();
         assert_eq!(dir.status(1).unwrap().state, "persisted");
-        let again = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        let again = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20, None).unwrap();
         assert_eq!(again.status(1).unwrap().state, "ready");
         assert_eq!(again.status(0).unwrap().state, "refused");
         // A shard's part written out stays so: its step is committed with the other parts.
-        let shard = FlashDir::open(shm.path(), "r", "worker", 2, 1 << 20).unwrap();
+        let shard = FlashDir::open(shm.path(), "r", "worker", 2, 1 << 20, None).unwrap();
         ready(&shard, 0, 1, 10, b"shard");
         shard.write_out(ckpt.path()).unwrap().unwrap();
-        let again = FlashDir::open(shm.path(), "r", "worker", 2, 1 << 20).unwrap();
+        let again = FlashDir::open(shm.path(), "r", "worker", 2, 1 << 20, None).unwrap();
         assert_eq!(again.status(0).unwrap().state, "persisted");
     }
 
     #[test]
     fn an_agent_that_died_writing_out_leaves_the_copy_to_the_next_one() {
         let shm = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20, None).unwrap();
         ready(&dir, 0, 1, 10, b"state");
         let mut s = dir.status(0).unwrap();
         s.state = "persisting".into();
         dir.set_status(0, &s).unwrap();
-        let again = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20).unwrap();
+        let again = FlashDir::open(shm.path(), "r", "worker", 0, 1 << 20, None).unwrap();
         assert_eq!(again.status(0).unwrap().state, "ready");
     }
 
@@ -551,7 +626,7 @@ mod tests {
     fn a_copy_kept_in_memory_only_is_not_written_out() {
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20, None).unwrap();
         ready(&dir, 0, 1, 10, b"state");
         let mut s = dir.status(0).unwrap();
         s.persist = false;
@@ -566,7 +641,7 @@ mod tests {
         // Rank 1's copy of a replicated state at step 10, kept in memory; rank 0 was moved.
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20).unwrap();
+        let dir = FlashDir::open(shm.path(), "r", "worker", 1, 1 << 20, None).unwrap();
         ready(&dir, 0, 1, 10, b"state at 10");
         let mut s = dir.status(0).unwrap();
         (s.persist, s.world) = (false, 1);
@@ -585,5 +660,163 @@ mod tests {
         assert!(w.path.ends_with("flash/step-0000000010/part-0.bin"));
         assert_eq!(std::fs::read(&w.path).unwrap(), b"state at 10");
         assert!(!dir.persist_kept(10).unwrap(), "once");
+    }
+
+    /// A secret of root's outside the job's directories, and the directories' listing after.
+    fn planted_target(d: &Path) -> (PathBuf, PathBuf) {
+        let outside = d.join("brain-data");
+        std::fs::create_dir(&outside).unwrap();
+        let secret = outside.join("operator.token");
+        std::fs::write(&secret, b"the operator's token").unwrap();
+        (outside, secret)
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Attack 1a: the job links its slot to a secret and marks it ready; the agent refuses
+    /// it, and nothing of the secret is written out.
+    #[test]
+    fn a_slot_linked_to_a_secret_is_refused_and_nothing_of_it_is_written_out() {
+        let d = tempfile::tempdir().unwrap();
+        let (outside, secret) = planted_target(d.path());
+        let (shm, ckpt) = (d.path().join("shm"), d.path().join("ckpt"));
+        std::fs::create_dir_all(&ckpt).unwrap();
+        let dir = FlashDir::open(&shm, "r", "worker", 0, 1 << 20, None).unwrap();
+        ready(&dir, 0, 1, 10, b"state");
+        std::fs::remove_file(dir.slot_file(0)).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.slot_file(0)).unwrap();
+        let e = dir.write_out(&ckpt).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // A second name of the secret (a hard link, where the file system allows it) too.
+        std::fs::remove_file(dir.slot_file(0)).unwrap();
+        if std::fs::hard_link(&secret, dir.slot_file(0)).is_ok() {
+            let e = dir.write_out(&ckpt).unwrap_err().to_string();
+            assert!(e.contains("links"), "{e}");
+        }
+        // The status file linked to the secret: not read as a status.
+        std::fs::remove_file(dir.dir.join("slot-1.json")).ok();
+        std::os::unix::fs::symlink(&secret, dir.dir.join("slot-1.json")).unwrap();
+        assert_eq!(dir.status(1), None);
+        assert!(!ckpt.join("flash/step-0000000010/part-1.bin").exists());
+        assert_eq!(std::fs::read(&secret).unwrap(), b"the operator's token");
+        assert_eq!(listing(&outside), ["operator.token"]);
+    }
+
+    /// Attack 1b: the job plants links where the agent makes the step's directory, the
+    /// part's temporary name and the status' temporary name; nothing outside is written,
+    /// the planted names are refused or replaced, and the job's own directory gets the part.
+    #[test]
+    fn links_planted_where_the_agent_writes_lead_nowhere() {
+        let d = tempfile::tempdir().unwrap();
+        let (outside, secret) = planted_target(d.path());
+        let (shm, ckpt) = (d.path().join("shm"), d.path().join("ckpt"));
+        std::fs::create_dir_all(&ckpt).unwrap();
+        let dir = FlashDir::open(&shm, "r", "worker", 0, 1 << 20, None).unwrap();
+        // `flash` itself a link to the brain's directory.
+        std::os::unix::fs::symlink(&outside, ckpt.join("flash")).unwrap();
+        ready(&dir, 0, 1, 10, b"job bytes");
+        let e = dir.write_out(&ckpt).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // The step's directory a link.
+        std::fs::remove_file(ckpt.join("flash")).unwrap();
+        std::fs::create_dir(ckpt.join("flash")).unwrap();
+        let step = ckpt.join("flash/step-0000000010");
+        std::os::unix::fs::symlink(&outside, &step).unwrap();
+        ready(&dir, 0, 2, 10, b"job bytes");
+        let e = dir.write_out(&ckpt).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // Every temporary name the agent could use a link to the secret (for this pid and
+        // for pids around it), and the part's own name too.
+        std::fs::remove_file(&step).unwrap();
+        std::fs::create_dir(&step).unwrap();
+        let prefix = tmp_prefix("part-1.bin");
+        let me = std::process::id();
+        for pid in me.saturating_sub(5)..me + 5 {
+            std::os::unix::fs::symlink(&secret, step.join(format!("{prefix}{pid}"))).unwrap();
+            for n in 0..20 {
+                let status_tmp = dir.dir.join(format!(".slot-0.json.tmp-{pid}-{n}"));
+                std::os::unix::fs::symlink(&secret, status_tmp).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink(&secret, step.join("part-1.bin")).unwrap();
+        ready(&dir, 0, 3, 10, b"job bytes");
+        let w = dir.write_out(&ckpt).unwrap().unwrap();
+        assert_eq!(std::fs::read(&w.path).unwrap(), b"job bytes");
+        assert!(!std::fs::symlink_metadata(&w.path).unwrap().is_symlink());
+        assert_eq!(dir.status(0).unwrap().state, "persisted");
+        assert_eq!(std::fs::read(&secret).unwrap(), b"the operator's token");
+        assert_eq!(listing(&outside), ["operator.token"]);
+    }
+
+    /// Attack 3: a local user makes the flash root before any agent does; the agent refuses
+    /// it (it would write its slots' status where that user steers it) and says why.
+    #[test]
+    fn a_flash_root_somebody_else_made_first_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let shm = d.path().join("brain-flash");
+        std::fs::create_dir(&shm).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = FlashDir::open(&shm, "r", "worker", 0, 1 << 20, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("somebody else may have made it first"), "{e}");
+        assert_eq!(std::fs::read_dir(&shm).unwrap().count(), 0, "nothing made in it");
+        if nix::unistd::geteuid().is_root()
+            && let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody")
+        {
+            std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o700)).unwrap();
+            nix::unistd::chown(&shm, Some(nobody.uid), Some(nobody.gid)).unwrap();
+            let e = FlashDir::open(&shm, "r", "worker", 0, 1 << 20, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("owned by uid"), "{e}");
+        }
+        // The agent's own root is taken, mode 0711.
+        std::fs::remove_dir(&shm).unwrap();
+        FlashDir::open(&shm, "r", "worker", 0, 1 << 20, None).unwrap();
+        let mode = std::fs::metadata(&shm).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o711);
+    }
+
+    /// Flash through a sandbox: as root with a job's user, the process's directory, the
+    /// status files, the step's directory and its parts are that user's, and nobody else's
+    /// to read.
+    #[test]
+    fn what_a_root_agent_makes_for_a_job_is_the_job_user_s_alone() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody") else {
+            return;
+        };
+        let d = tempfile::tempdir().unwrap();
+        let (shm, ckpt) = (d.path().join("shm"), d.path().join("ckpt"));
+        std::fs::create_dir_all(&ckpt).unwrap();
+        nix::unistd::chown(&ckpt, Some(nobody.uid), Some(nobody.gid)).unwrap();
+        let owner = Some((nobody.uid, nobody.gid));
+        let dir = FlashDir::open(&shm, "r", "worker", 0, 1 << 20, owner).unwrap();
+        ready(&dir, 0, 1, 10, b"state");
+        nix::unistd::chown(&dir.slot_file(0), Some(nobody.uid), Some(nobody.gid)).unwrap();
+        let w = dir.write_out(&ckpt).unwrap().unwrap();
+        for p in [
+            dir.dir.clone(),
+            dir.dir.join("slot-0.json"),
+            ckpt.join("flash"),
+            w.path.parent().unwrap().to_path_buf(),
+            w.path.clone(),
+        ] {
+            let m = std::fs::metadata(&p).unwrap();
+            assert_eq!(m.uid(), nobody.uid.as_raw(), "{}", p.display());
+            assert_eq!(m.mode() & 0o077, 0, "{}: {:o}", p.display(), m.mode());
+        }
     }
 }

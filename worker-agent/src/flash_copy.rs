@@ -82,20 +82,24 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 
 impl Slots {
     /// The slots the agent gave this process, if the job has flash checkpoints.
+    /// `None` too when the directory cannot be opened (said in the log): the process then
+    /// checkpoints to disk only.
     pub fn from_env() -> Option<Self> {
         let dir = std::env::var_os(DIR_ENV)?;
         let budget = std::env::var(BUDGET_ENV).ok()?.parse().ok()?;
-        Some(Self::at(PathBuf::from(dir), budget))
+        Self::at(PathBuf::from(dir), budget)
+            .inspect_err(|e| tracing::warn!("flash checkpoints off: {e}"))
+            .ok()
     }
 
-    pub fn at(dir: PathBuf, budget: u64) -> Self {
-        let dir = FlashDir::of_process(dir, budget);
+    pub fn at(dir: PathBuf, budget: u64) -> Result<Self, Error> {
+        let dir = FlashDir::of_process(dir, budget)?;
         let save = (0..SLOTS)
             .filter_map(|s| dir.status(s))
             .map(|s| s.save)
             .max()
             .unwrap_or(0);
-        Slots { dir, save }
+        Ok(Slots { dir, save })
     }
 
     /// The slots a copy may go into, best first (see the module's doc); `known` is the step
@@ -236,8 +240,8 @@ mod tests {
     fn a_copy_is_written_out_by_the_agent_and_found_again_by_its_digest() {
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let agent = FlashDir::open(shm.path(), "run/1", "worker", 0, 1 << 20).unwrap();
-        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let agent = FlashDir::open(shm.path(), "run/1", "worker", 0, 1 << 20, None).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20).unwrap();
         let slot = slots
             .copy_in(b"state at 10", copy(10, true))
             .unwrap()
@@ -265,7 +269,7 @@ mod tests {
         assert_eq!((a, b), (1 - slot, 1 - slot));
         assert_eq!(slots.holding(10, &w.digest).unwrap(), b"state at 10");
         // A process started again counts its saves on from the slots'.
-        assert_eq!(Slots::at(agent.dir.clone(), 1 << 20).save, slots.save);
+        assert_eq!(Slots::at(agent.dir.clone(), 1 << 20).unwrap().save, slots.save);
     }
 
     #[test]
@@ -275,8 +279,8 @@ mod tests {
         // from the master's heartbeat.
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let agent = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20).unwrap();
-        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let agent = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20, None).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20).unwrap();
         let shard = |step| Copy {
             step,
             rank: 1,
@@ -307,8 +311,8 @@ mod tests {
         // 20 committed at the master, which rank 1's agent has not heard yet.
         let shm = tempfile::tempdir().unwrap();
         let ckpt = tempfile::tempdir().unwrap();
-        let agent = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20).unwrap();
-        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let agent = FlashDir::open(shm.path(), "run/1", "worker", 1, 1 << 20, None).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20).unwrap();
         let shard = |step, committed| Copy {
             step,
             rank: 1,
@@ -342,8 +346,8 @@ mod tests {
     #[test]
     fn a_state_over_half_the_budget_or_with_no_slot_free_is_not_taken() {
         let shm = tempfile::tempdir().unwrap();
-        let agent = FlashDir::open(shm.path(), "run/1", "worker", 0, 64).unwrap();
-        let mut slots = Slots::at(agent.dir.clone(), 64);
+        let agent = FlashDir::open(shm.path(), "run/1", "worker", 0, 64, None).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 64).unwrap();
         let e = slots
             .copy_in(&[0; 33], copy(1, false))
             .unwrap()

@@ -15,11 +15,11 @@
 //! file is still the one at the path (otherwise it starts over on a fresh directory).
 
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use nix::fcntl::{Flock, FlockArg};
+use vocab::beneath::Beneath;
 
 /// How long a directory no agent holds is left untouched before a sweep removes it.
 pub const LEFTOVER_AFTER: Duration = Duration::from_secs(600);
@@ -37,94 +37,96 @@ impl std::fmt::Debug for Held {
     }
 }
 
-/// `dir`'s lock file, locked without waiting, when it is still the file at its path.
-/// `Ok(None)`: another holds it. `Err`: the directory or file cannot be made or opened.
-fn try_lock(dir: &Path, create: bool) -> std::io::Result<Option<Flock<File>>> {
-    let path = dir.join(LOCK);
-    let file = if create {
-        std::fs::create_dir_all(dir)?;
-        File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)?
-    } else {
-        File::open(&path)?
+/// The lock file of process directory `name` in `run` (a run's directory under the root, the
+/// agent's), locked without waiting, when the directory is still the one at its name.
+/// `Ok(None)`: another holds it. `Err`: the directory or file cannot be made or opened (a link
+/// the job planted at the lock's name among them: it is never followed).
+fn try_lock(run: &Beneath, name: &str, create: bool) -> std::io::Result<Option<Flock<File>>> {
+    let dir = match create {
+        true => run.make_dir(name, 0o700, None)?.0,
+        false => run.dir(name)?,
     };
+    if create {
+        match dir.create_new(LOCK, 0o600, None) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let file = dir.open_read(LOCK)?;
     let held = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(f) => f,
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
         Err((_, e)) => return Err(e.into()),
     };
     // A sweep may have moved the directory away between the open and the lock.
-    let same = std::fs::metadata(&path).is_ok_and(|m| {
-        held.metadata()
-            .is_ok_and(|h| (h.dev(), h.ino()) == (m.dev(), m.ino()))
-    });
+    let same = match (run.entry(name), dir.stat()) {
+        (Ok(Some(at)), Ok(open)) => (at.st_dev, at.st_ino) == (open.st_dev, open.st_ino),
+        _ => false,
+    };
     Ok(same.then_some(held))
 }
 
-/// Holds `dir` (a process's directory, made if missing) for this agent. A sweep holds it for a
-/// moment: tried again for a second. `None` when another agent of the same process still
-/// holds it (one stopped but not yet dead): this one goes on without (it is not swept while
-/// the other lives).
-pub fn hold(dir: &Path) -> Option<Held> {
+/// Holds process directory `name` in the run's directory `run` (made if missing) for this
+/// agent. A sweep holds
+/// it for a moment: tried again for a second. `None` when another agent of the same process
+/// still holds it (one stopped but not yet dead): this one goes on without (it is not swept
+/// while the other lives).
+pub fn hold(run: &Beneath, name: &str) -> Option<Held> {
     for _ in 0..20 {
-        match try_lock(dir, true) {
+        match try_lock(run, name, true) {
             Ok(Some(f)) => return Some(Held(f)),
             Ok(None) => {}
-            Err(e) => tracing::debug!("holding {}: {e}", dir.display()),
+            Err(e) => tracing::debug!("holding {}: {e}", run.join(name).display()),
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     tracing::warn!(
         "{} is held by another agent: its flash copies are not this agent's to sweep",
-        dir.display()
+        run.join(name).display()
     );
     None
 }
 
-/// The newest modification time in `dir` (itself and its files).
-fn last_written(dir: &Path) -> Option<SystemTime> {
-    let mut newest = std::fs::metadata(dir).and_then(|m| m.modified()).ok()?;
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
-            newest = newest.max(t);
+/// The newest modification time in `dir` (itself and its entries, links not followed).
+fn last_written(dir: &Beneath) -> Option<SystemTime> {
+    let time = |st: &nix::sys::stat::FileStat| {
+        SystemTime::UNIX_EPOCH
+            + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32)
+    };
+    let mut newest = time(&dir.stat().ok()?);
+    for name in dir.names().ok()? {
+        if let Ok(Some(st)) = dir.entry(&name) {
+            newest = newest.max(time(&st));
         }
     }
     Some(newest)
 }
 
-/// Removes under `root` every process directory no agent holds and nothing wrote to for
-/// `after`, then the run directories left empty, and what an earlier sweep killed mid-way
-/// left. Returns the process directories removed.
-pub fn sweep(root: &Path, after: Duration) -> Vec<PathBuf> {
+/// Removes under the flash root `root` every process directory no agent holds and nothing
+/// wrote to for `after`, then the run directories left empty, and what an earlier sweep killed
+/// mid-way left. Returns the process directories removed. Run and process directories are
+/// reached by name through the open root, a link refused; removals never follow a link.
+pub fn sweep(root: &Beneath, after: Duration) -> Vec<PathBuf> {
     let mut removed = Vec::new();
-    let Ok(runs) = std::fs::read_dir(root) else {
+    let Ok(runs) = root.names() else {
         return removed;
     };
     let now = SystemTime::now();
-    for run in runs.flatten() {
-        let name = run.file_name().to_string_lossy().into_owned();
-        let path = run.path();
+    for name in runs {
+        let path = root.join(&name);
         if let Some(pid) = name.strip_prefix(SWEPT).and_then(|s| s.split('-').next()) {
             if !Path::new(&format!("/proc/{pid}")).exists() {
                 let _ = std::fs::remove_dir_all(&path);
             }
             continue;
         }
-        if !run.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let Ok(processes) = std::fs::read_dir(&path) else {
+        let Ok(run) = root.dir(&name) else {
             continue;
         };
-        for p in processes.flatten() {
-            let dir = p.path();
-            if p.file_type().is_ok_and(|t| t.is_dir())
-                && sweep_one(root, &dir, now, after, removed.len())
-            {
-                removed.push(dir);
+        for process in run.names().unwrap_or_default() {
+            if sweep_one(root, &run, &process, now, after, removed.len()) {
+                removed.push(run.join(&process));
             }
         }
         // Fails, as it should, while anything is left in it (or an agent just made one).
@@ -133,27 +135,39 @@ pub fn sweep(root: &Path, after: Duration) -> Vec<PathBuf> {
     removed
 }
 
-/// Removes process directory `dir` when no agent holds it and nothing wrote to it for `after`.
-fn sweep_one(root: &Path, dir: &Path, now: SystemTime, after: Duration, n: usize) -> bool {
-    // A directory made before agents held one has no lock file: it is made to take the lock.
-    let Ok(Some(held)) = try_lock(dir, !dir.join(LOCK).exists()) else {
+/// Removes process directory `name` of the run's directory `run` when no agent holds it and
+/// nothing wrote to it for `after`.
+fn sweep_one(
+    root: &Beneath,
+    run: &Beneath,
+    name: &str,
+    now: SystemTime,
+    after: Duration,
+    n: usize,
+) -> bool {
+    let Ok(dir) = run.dir(name) else {
         return false;
     };
-    let idle = last_written(dir)
+    // A directory made before agents held one has no lock file: it is made to take the lock.
+    let create = matches!(dir.entry(LOCK), Ok(None));
+    let Ok(Some(held)) = try_lock(run, name, create) else {
+        return false;
+    };
+    let idle = last_written(&dir)
         .and_then(|t| now.duration_since(t).ok())
         .is_some_and(|idle| idle >= after);
     if !idle {
         return false;
     }
-    let away = root.join(format!("{SWEPT}{}-{n}", std::process::id()));
-    if std::fs::rename(dir, &away).is_err() {
+    let away = format!("{SWEPT}{}-{n}", std::process::id());
+    if run.move_to(name, root, &away).is_err() {
         return false;
     }
     drop(held);
-    match std::fs::remove_dir_all(&away) {
+    match std::fs::remove_dir_all(root.join(&away)) {
         Ok(()) => true,
         Err(e) => {
-            tracing::warn!("cannot remove {}: {e}", away.display());
+            tracing::warn!("cannot remove {}: {e}", root.join(&away).display());
             true
         }
     }
@@ -168,6 +182,26 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("slot-0"), b"copy").unwrap();
         dir
+    }
+
+    fn open(p: &Path) -> Beneath {
+        Beneath::open(p).unwrap()
+    }
+
+    fn sweep(root: &Path, after: Duration) -> Vec<PathBuf> {
+        super::sweep(&open(root), after)
+    }
+
+    /// Holds process directory `dir` (`ROOT/RUN/NAME`).
+    fn hold(dir: &Path) -> Option<Held> {
+        let run = dir.parent().unwrap();
+        std::fs::create_dir_all(run).unwrap();
+        super::hold(&open(run), dir.file_name().unwrap().to_str().unwrap())
+    }
+
+    fn try_lock(dir: &Path, create: bool) -> std::io::Result<Option<Flock<File>>> {
+        let run = open(dir.parent().unwrap());
+        super::try_lock(&run, dir.file_name().unwrap().to_str().unwrap(), create)
     }
 
     #[test]

@@ -9,12 +9,14 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::OFlag;
 use sha2::{Digest, Sha256};
+use vocab::beneath::{Beneath, Owner};
 
 use crate::error::Error;
 use crate::flash::io;
@@ -128,35 +130,32 @@ fn nice_to(nice: i32) {
 
 /// The name a part is written under before it is renamed into place: `part-R.bin.tmp-HOST-PID`
 /// (the host too: a checkpoint directory may be shared by nodes).
-pub(crate) fn tmp_prefix(to: &Path) -> String {
+pub(crate) fn tmp_prefix(name: &str) -> String {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let name = to.file_name().unwrap_or_default().to_string_lossy();
     format!("{name}.tmp-{host}-")
 }
 
-/// Removes what an agent of this node killed while writing `to` out left of it: its temporary
-/// file, named with a process that no longer runs here.
-fn remove_stale_tmp(to: &Path) {
-    let (Some(dir), prefix) = (to.parent(), tmp_prefix(to)) else {
+/// Removes what an agent of this node killed while writing `name` out left of it in `dir`: its
+/// temporary file, named with a process that no longer runs here (a link there is removed,
+/// never followed).
+fn remove_stale_tmp(dir: &Beneath, name: &str) {
+    let prefix = tmp_prefix(name);
+    let Ok(entries) = dir.names() else {
         return;
     };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
+    for entry in entries {
+        let Some(pid) = entry
             .strip_prefix(&prefix)
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => tracing::info!("removed {}, left by an agent killed mid-write", name),
-                Err(err) => tracing::warn!("cannot remove {}: {err}", e.path().display()),
+            match dir.remove_file(&entry) {
+                Ok(()) => tracing::info!("removed {entry}, left by an agent killed mid-write"),
+                Err(err) => tracing::warn!("cannot remove {entry}: {err}"),
             }
         }
     }
@@ -176,15 +175,17 @@ pub struct Copied {
     pub hurried: bool,
 }
 
-/// Copies `from` to `to` by a temporary name (synced, renamed, the directory synced): a reader
-/// sees the whole file or none. On the write-out thread, a copy that runs past its hurry
-/// time goes on on the hurry thread, this one waiting for it.
-pub fn copy_hashed(from: &File, to: &Path) -> Result<Copied, Error> {
-    remove_stale_tmp(to);
-    let tmp = to.with_file_name(format!("{}{}", tmp_prefix(to), std::process::id()));
-    let out = PartFile::create(&tmp).map_err(io(&tmp))?;
-    let from = from.try_clone().map_err(io(to))?;
-    let mut copy = Copying::new(from, out, to, &tmp);
+/// Copies `from` to `name` in `dir` by a temporary name (made new, given to `owner`, synced,
+/// renamed, the directory synced): a reader sees the whole file or none, and nothing is
+/// written through a link a job planted in `dir`. On the write-out thread, a copy that runs
+/// past its hurry time goes on on the hurry thread, this one waiting for it.
+pub fn copy_hashed(from: &File, dir: &Beneath, name: &str, owner: Owner) -> Result<Copied, Error> {
+    remove_stale_tmp(dir, name);
+    let tmp_name = format!("{}{}", tmp_prefix(name), std::process::id());
+    let (to, tmp) = (dir.join(name), dir.join(&tmp_name));
+    let out = PartFile::create(dir, &tmp_name, owner).map_err(io(&tmp))?;
+    let from = from.try_clone().map_err(io(&to))?;
+    let mut copy = Copying::new(from, out, &to, &tmp);
     let started = Instant::now();
     let mut hurried = false;
     while !copy.done {
@@ -211,12 +212,8 @@ pub fn copy_hashed(from: &File, to: &Path) -> Result<Copied, Error> {
         out, sha, bytes, ..
     } = copy;
     out.sync().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, to).map_err(io(to))?;
-    if let Some(parent) = to.parent() {
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io(parent))?;
-    }
+    dir.rename(&tmp_name, name).map_err(io(&to))?;
+    dir.sync().map_err(io(dir.path()))?;
     Ok(Copied {
         digest: hex::encode(sha.finalize()),
         bytes,
@@ -315,12 +312,17 @@ struct PartFile {
 }
 
 impl PartFile {
-    fn create(path: &Path) -> std::io::Result<Self> {
-        let buffered = File::create(path)?;
-        let direct = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
+    /// Makes `name` in `dir`, which must not be there (an earlier file of this process' own
+    /// name goes first; a link there is removed, never followed).
+    fn create(dir: &Beneath, name: &str, owner: Owner) -> std::io::Result<Self> {
+        match dir.remove_file(name) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let buffered = dir.create_new(name, 0o600, owner)?;
+        let direct = dir
+            .open_file(name, OFlag::O_WRONLY | OFlag::O_DIRECT)
             .ok();
         Ok(Self { direct, buffered })
     }
@@ -368,7 +370,8 @@ mod tests {
             let dir = tempfile::tempdir_in(&root).unwrap();
             let (from, to) = (dir.path().join("slot"), dir.path().join("part-0.bin"));
             std::fs::write(&from, &body).unwrap();
-            let c = copy_hashed(&File::open(&from).unwrap(), &to).unwrap();
+            let open = Beneath::open(dir.path()).unwrap();
+            let c = copy_hashed(&File::open(&from).unwrap(), &open, "part-0.bin", None).unwrap();
             assert_eq!(c.bytes, body.len() as u64, "{}", root.display());
             assert_eq!(std::fs::read(&to).unwrap(), body, "{}", root.display());
             assert_eq!(c.digest, hex::encode(Sha256::digest(&body)));
@@ -387,12 +390,14 @@ mod tests {
         let from = dir.path().join("slot");
         std::fs::write(&from, &body).unwrap();
         for (after, hurried) in [(Duration::ZERO, true), (Duration::from_secs(3600), false)] {
-            let to = dir.path().join(format!("part-{hurried}.bin"));
+            let name = format!("part-{hurried}.bin");
+            let to = dir.path().join(&name);
             let thread = background_thread(after);
             let (tx, rx) = std::sync::mpsc::channel();
-            let (f, t) = (from.clone(), to.clone());
+            let (f, d) = (from.clone(), dir.path().to_path_buf());
             let job: Job = Box::new(move || {
-                let c = copy_hashed(&File::open(&f).unwrap(), &t);
+                let open = Beneath::open(&d).unwrap();
+                let c = copy_hashed(&File::open(&f).unwrap(), &open, &name, None);
                 // Where it ran, at the end: the write-out thread, in SCHED_IDLE.
                 #[allow(unsafe_code)]
                 // SAFETY: pid 0 is the calling thread; the call only reads its policy.

@@ -110,12 +110,11 @@ pub fn prepare(
         ));
     }
     own(&secrets)?;
-    // What the process writes: the checkpoint directory, its user's.
-    if root {
-        own(checkpoint_dir)?;
-        if let Some(flash) = flash_dir {
-            own(flash)?;
-        }
+    // What the process writes: the checkpoint directory, its user's, given through the open
+    // directory (a link at its name is refused, never followed). The flash directory was
+    // made the user's with the process's slots (`FlashDir::open`).
+    if root && let Some((uid, gid)) = user {
+        vocab::beneath::Beneath::open(checkpoint_dir)?.chown(uid, gid)?;
     }
     let (program, rest) = command
         .split_first()

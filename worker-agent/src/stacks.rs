@@ -8,8 +8,11 @@
 //!   (`SigCgt` in `/proc/PID/status`), since its default action ends the process, and reads
 //!   what the process appended to the file.
 
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use vocab::beneath::Beneath;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -32,7 +35,7 @@ pub fn stacks_file(checkpoint_dir: &str, role: &str, index: u32) -> PathBuf {
 pub async fn capture(pid: u32, file: &Path) -> String {
     let mut out = threads(pid);
     if catches_sigusr1(pid) && state(pid) != Some('T') {
-        let before = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        let before = stacks_len(file);
         if kill(Pid::from_raw(pid as i32), Signal::SIGUSR1).is_ok() {
             match appended(file, before).await {
                 Some(text) => {
@@ -51,15 +54,37 @@ async fn appended(file: &Path, from: u64) -> Option<String> {
     let mut last = from;
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let len = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        let len = stacks_len(file);
         if len > from && len == last {
             break;
         }
         last = len;
     }
-    let bytes = std::fs::read(file).ok()?;
-    let new = bytes.get(from as usize..)?;
-    (!new.is_empty()).then(|| String::from_utf8_lossy(new).into_owned())
+    let mut f = open_stacks(file).ok()?;
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut new = Vec::new();
+    f.take(MAX_STACKS_BYTES as u64 + 1).read_to_end(&mut new).ok()?;
+    (!new.is_empty()).then(|| String::from_utf8_lossy(&new).into_owned())
+}
+
+/// The stacks file `file` (`CHECKPOINT_DIR/stacks/NAME`), opened for reading by the agent: the
+/// checkpoint directory with a link at its own name refused, `stacks` and the file reached by
+/// name through it, a link, FIFO or second name of another's file refused. The process writes
+/// there and may have swapped the file for a link to one of root's.
+fn open_stacks(file: &Path) -> std::io::Result<std::fs::File> {
+    let bad = || std::io::Error::other(format!("{}: not a stacks file", file.display()));
+    let name = file.file_name().and_then(|n| n.to_str()).ok_or_else(bad)?;
+    let dir = file.parent().ok_or_else(bad)?;
+    let ckpt = dir.parent().ok_or_else(bad)?;
+    let dir_name = dir.file_name().and_then(|n| n.to_str()).ok_or_else(bad)?;
+    Beneath::open(ckpt)?.dir(dir_name)?.open_read(name)
+}
+
+/// How long the stacks file is (0 when it is missing or refused).
+fn stacks_len(file: &Path) -> u64 {
+    open_stacks(file)
+        .and_then(|f| f.metadata())
+        .map_or(0, |m| m.len())
 }
 
 fn truncate(mut s: String) -> String {
@@ -180,6 +205,35 @@ mod tests {
         kill(Pid::from_raw(pid as i32), Signal::SIGCONT).unwrap();
         assert!(child.try_wait().unwrap().is_none());
         child.kill().await.unwrap();
+    }
+
+    /// A process that swapped its stacks file for a link to a file of root's (the operator's
+    /// token) gets nothing read through it; its own file is read from where it was.
+    #[tokio::test]
+    async fn a_stacks_file_swapped_for_a_link_is_not_read() {
+        let d = tempfile::tempdir().unwrap();
+        let secret = d.path().join("operator.token");
+        std::fs::write(&secret, "the operator's token").unwrap();
+        let ckpt = d.path().join("ckpt");
+        std::fs::create_dir_all(ckpt.join("stacks")).unwrap();
+        let file = stacks_file(ckpt.to_str().unwrap(), "worker", 0);
+        std::os::unix::fs::symlink(&secret, &file).unwrap();
+        assert_eq!(stacks_len(&file), 0);
+        assert_eq!(appended(&file, 0).await, None);
+        // The stacks directory itself a link: refused too.
+        std::fs::remove_file(&file).unwrap();
+        std::fs::rename(ckpt.join("stacks"), d.path().join("elsewhere")).unwrap();
+        std::fs::write(d.path().join("elsewhere/worker-0.txt"), "secret too").unwrap();
+        std::os::unix::fs::symlink(d.path().join("elsewhere"), ckpt.join("stacks")).unwrap();
+        assert_eq!(appended(&file, 0).await, None);
+        // The process's own file, past what it held before.
+        std::fs::remove_file(ckpt.join("stacks")).unwrap();
+        std::fs::create_dir(ckpt.join("stacks")).unwrap();
+        std::fs::write(&file, "old\nThread 0x1 (most recent call first):\n").unwrap();
+        assert_eq!(
+            appended(&file, 4).await.as_deref(),
+            Some("Thread 0x1 (most recent call first):\n")
+        );
     }
 
     #[test]

@@ -418,6 +418,8 @@ impl Control {
                     "{origin}: checkpoint.dir: {e} (it must stay inside the job's run directory)"
                 ))
             })?;
+        vocab::paths::clear_of_master(&spec.checkpoint.dir, &run_dir.join("master"))
+            .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;
         spec.validate()
             .and_then(|()| vocab::spec::host::check(&spec))
             .map_err(|e| BrainError::InvalidArgument(format!("{origin}: {e}")))?;

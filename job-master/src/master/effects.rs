@@ -109,13 +109,18 @@ pub(super) async fn execute(
                     tracing::warn!("old checkpoints kept: the job context is not durable: {e}");
                     return;
                 }
-                for dir in dirs {
-                    if let Err(e) = tokio::fs::remove_dir_all(&dir).await
-                        && e.kind() != std::io::ErrorKind::NotFound
-                    {
-                        tracing::warn!("cannot delete old checkpoint {}: {e}", dir.display());
+                let checkpoints = shared.job.lock().await.spec.checkpoint.dir.clone();
+                let removed = tokio::task::spawn_blocking(move || {
+                    for dir in dirs {
+                        // Reached without following a link: the job's processes write there.
+                        if let Err(e) = crate::persist::remove_in_checkpoints(&checkpoints, &dir)
+                            && e.kind() != std::io::ErrorKind::NotFound
+                        {
+                            tracing::warn!("cannot delete old checkpoint {}: {e}", dir.display());
+                        }
                     }
-                }
+                });
+                let _ = removed.await;
             });
         }
         Effect::ReshardPs {
@@ -206,8 +211,11 @@ async fn save_ps_and_commit(
     step: u64,
     generation: u64,
 ) {
-    let kind = shared.job.lock().await.spec.kind.to_string();
-    match save_ps(id, dir, ps, step, kind, &shared.creds).await {
+    let (kind, checkpoints) = {
+        let ctx = shared.job.lock().await;
+        (ctx.spec.kind.to_string(), ctx.spec.checkpoint.dir.clone())
+    };
+    match save_ps(id, (&checkpoints, dir), ps, step, kind, &shared.creds).await {
         Ok(manifest) => {
             let r = shared
                 .apply(|ctx, now| {

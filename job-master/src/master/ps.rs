@@ -22,15 +22,17 @@ pub(super) async fn ps_client(addr: &str, creds: &auth::JobCreds) -> Result<PsCl
         .map_err(|e| ps_error(addr, format!("cannot reach it: {e}")))
 }
 
+/// Saves every PS's part of `step` into `dir` (below the job's checkpoint directory
+/// `checkpoints`) as checkpoint `id`, and writes its manifest there.
 pub(super) async fn save_ps(
     id: u64,
-    dir: &std::path::Path,
+    (checkpoints, dir): (&std::path::Path, &std::path::Path),
     ps: &[String],
     step: u64,
     kind: String,
     creds: &auth::JobCreds,
 ) -> Result<PathBuf, Error> {
-    crate::persist::create_dir_for_processes(dir).map_err(|source| Error::Io {
+    crate::persist::create_dir_for_processes(checkpoints, dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -66,7 +68,7 @@ pub(super) async fn save_ps(
         path: path.clone(),
         problem: e.to_string(),
     })?;
-    write_atomic(&path, &json).map_err(|source| Error::Io {
+    crate::persist::write_in_checkpoints(checkpoints, &path, &json).map_err(|source| Error::Io {
         path: path.clone(),
         source,
     })?;

@@ -604,8 +604,8 @@ mod tests {
         let owned =
             |index: u32| -> Vec<u64> { (0..64).filter(|k| ps_owner(*k, 2) == index).collect() };
         // PS 0 copies its partition into its slot; its agent writes it out.
-        let agent = FlashDir::open(shm.path(), "run/1", "ps", 0, 1 << 20).unwrap();
-        let mut slots = Slots::at(agent.dir.clone(), 1 << 20);
+        let agent = FlashDir::open(shm.path(), "run/1", "ps", 0, 1 << 20, None).unwrap();
+        let mut slots = Slots::at(agent.dir.clone(), 1 << 20).unwrap();
         let t0 = table(&owned(0));
         let copy = Copy {
             step: 8,
