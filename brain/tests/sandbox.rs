@@ -207,3 +207,135 @@ fn the_built_in_workload_runs_as_the_jobs_user_in_the_sandbox_too() {
         assert_eq!(p.metadata().unwrap().uid(), uid.as_raw(), "{:?}", p.path());
     }
 }
+
+/// The pid of the job's built-in process `role`-`index` (the command bubblewrap runs, which
+/// the agent gives `BRAIN_ROLE` and `BRAIN_INDEX`) of the job whose run directory is `run`.
+fn pid_of(role: &str, index: u32, run: &Path) -> Option<u32> {
+    let want = [
+        format!("BRAIN_ROLE={role}"),
+        format!("BRAIN_INDEX={index}"),
+    ];
+    let ckpt = format!("BRAIN_CHECKPOINT_DIR={}", run.join("checkpoints").display());
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        if !String::from_utf8_lossy(&cmdline).contains("allreduce-worker") {
+            return None;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let vars: Vec<String> = env
+            .split(|&b| b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        let has = |s: &str| vars.iter().any(|v| v == s);
+        (want.iter().all(|w| has(w)) && has(&ckpt)).then_some(pid)
+    })
+}
+
+/// Flash checkpoints through a sandboxed brain: the agents (root) write each cut's parts out
+/// as the job's user's alone, and the confined processes restore from them. After a cut,
+/// worker 2's copies in memory are removed and it is killed -9: the group restarts from the
+/// committed step, workers 0 and 1 from their node's memory and worker 2 from disk (a part a
+/// confined process could not read would fail the job), each sample applied once per epoch.
+#[test]
+fn a_flash_job_in_the_sandbox_restores_from_memory_and_from_disk() {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::{Duration, Instant};
+    if !have_bwrap() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(
+        data.join("policy.toml"),
+        "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n",
+    )
+    .unwrap();
+    let (_b, addr) = common::start_brain(&data, "127.0.0.1:0", 4);
+    let url = format!("http://{addr}");
+    let run = data.join("runs").join("flash");
+    let spec = d.join("flash.yaml");
+    std::fs::write(
+        &spec,
+        "name: flash\nkind: allreduce\nroles:\n  worker: { replicas: 3, min: 3, max: 3 }\n\
+         workload:\n  builtin: { batch_size: 128, step_delay_us: 150 }\n\
+         data: { num_samples: 40000, shard_size: 500, eval_samples: 1000 }\nepochs: 2\n\
+         checkpoint: { dir: checkpoints, every_shards: 8, flash: { memory: 4Mi } }\n",
+    )
+    .unwrap();
+    let submit = {
+        let (spec, url) = (spec.clone(), url.clone());
+        std::thread::spawn(move || {
+            common::brainctl(&["submit", spec.to_str().unwrap(), "--brain", &url, "--wait"])
+        })
+    };
+    let flash = run.join("checkpoints").join("flash");
+    let start = Instant::now();
+    let parts = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&flash)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|s| std::fs::read_dir(s.path()).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+            .collect()
+    };
+    while parts().is_empty() || pid_of("worker", 2, &run).is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120) && !submit.is_finished(),
+            "no flash part written out while the job ran\n{}",
+            log(&run)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A little past the first cut (it is committed once its part is written out).
+    std::thread::sleep(Duration::from_millis(500));
+    let context: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("master/job-context.json")).unwrap())
+            .unwrap();
+    let run_id = context["run_id"].as_str().unwrap();
+    let copies = vocab::flash::process_dir(&vocab::flash::root(), run_id, "worker", 2);
+    for slot in ["slot-0", "slot-1", "slot-0.json", "slot-1.json"] {
+        let _ = std::fs::remove_file(copies.join(slot));
+    }
+    let victim = pid_of("worker", 2, &run).expect("worker 2 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let (ok, said) = submit.join().unwrap();
+    assert!(ok, "{said}\n{}", log(&run));
+    assert!(said.contains("exactly-once: ok"), "{said}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("master/report.json")).unwrap()).unwrap();
+    let events: Vec<&str> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect();
+    let from = |what: &str| {
+        events
+            .iter()
+            .filter(|e| e.contains("(incarnation 2) restored step") && e.ends_with(what))
+            .count()
+    };
+    assert_eq!(
+        (from("from memory"), from("from disk")),
+        (2, 1),
+        "{events:#?}"
+    );
+    // Every part on disk is the job's user's, and nobody else's to read.
+    let uid = common::confined::job_uid();
+    let written = parts();
+    assert!(!written.is_empty());
+    for p in written.iter().chain([&flash]) {
+        let m = std::fs::metadata(p).unwrap();
+        assert_eq!(m.uid(), uid.as_raw(), "{}", p.display());
+        assert_eq!(m.mode() & 0o077, 0, "{}: {:o}", p.display(), m.mode());
+    }
+}
