@@ -78,6 +78,13 @@ pub fn programs(spec: &JobSpec) -> Vec<String> {
 
 /// Why a program may not run here: the operator's allow-list does not name it.
 fn check_command(path: &str, command: &[String], policy: &SubmissionPolicy) -> Result<(), String> {
+    if let Some(word) = command.iter().find(|w| optimizer::config::climbs(w)) {
+        let word: String = word.chars().take(200).collect();
+        return Err(format!(
+            "{path}: `{word}`: a `..` in a command's words is refused (it could lead out of the \
+             directory the operator's pattern names); write the path without it"
+        ));
+    }
     if policy
         .commands
         .iter()
@@ -209,6 +216,21 @@ mod tests {
             "checkpoints",
         );
         assert_eq!(admit(&with_args, &python, run), Ok(()));
+        // A pattern stays in its directory: `*` crosses no `/`, and `..` is refused.
+        let scripts = SubmissionPolicy {
+            commands: vec!["python3 scripts/*.py ...".to_string().try_into().unwrap()],
+        };
+        let ok = spec("", "  command: [python3, scripts/train.py]\n", "checkpoints");
+        assert_eq!(admit(&ok, &scripts, run), Ok(()));
+        for (argv, says) in [
+            ("[python3, scripts/../../anything.py]", "a `..` in a command's words"),
+            ("[python3, scripts/sub/x.py]", "is not one of the commands"),
+            ("[python3, scripts/x.py, ../y]", "a `..` in a command's words"),
+        ] {
+            let s = spec("", &format!("  command: {argv}\n"), "checkpoints");
+            let e = admit(&s, &scripts, run).unwrap_err();
+            assert!(e.contains(says), "{argv}: {e}");
+        }
         // A refusal quotes the command in part only.
         let long = spec(
             "",

@@ -108,6 +108,11 @@ impl TryFrom<String> for CommandPattern {
     }
 }
 
+/// Whether `word`, read as a path, has a `..` component (it may climb out of a directory).
+pub fn climbs(word: &str) -> bool {
+    word.split('/').any(|c| c == "..")
+}
+
 impl From<CommandPattern> for String {
     fn from(p: CommandPattern) -> String {
         p.text
@@ -115,11 +120,21 @@ impl From<CommandPattern> for String {
 }
 
 impl CommandPattern {
-    /// Whether `argv` (program first) is this command.
+    /// Whether `argv` (program first) is this command. A pattern stays within its directory:
+    /// `*`, `?` and `[..]` never match a `/`, and a word with a `..` component never matches
+    /// (`scripts/*.py` admits `scripts/a.py`, never `scripts/../../anything.py`).
     pub fn matches(&self, argv: &[String]) -> bool {
+        const WITHIN: glob::MatchOptions = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
         let Some((program, args)) = argv.split_first() else {
             return false;
         };
+        if argv.iter().any(|w| climbs(w)) {
+            return false;
+        }
         let count_ok = if self.more {
             args.len() >= self.args.len()
         } else {
@@ -127,7 +142,11 @@ impl CommandPattern {
         };
         *program == self.program
             && count_ok
-            && self.args.iter().zip(args).all(|(p, a)| p.matches(a))
+            && self
+                .args
+                .iter()
+                .zip(args)
+                .all(|(p, a)| p.matches_with(a, WITHIN))
     }
 
     /// As the operator wrote it.
@@ -183,6 +202,24 @@ impl PolicyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_pattern_stays_in_its_directory() {
+        let p: CommandPattern = "python3 scripts/*.py ...".to_string().try_into().unwrap();
+        let argv = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert!(p.matches(&argv(&["python3", "scripts/train.py", "--lr", "0.1"])));
+        for bad in [
+            &["python3", "scripts/../../anything.py"][..],
+            &["python3", "scripts/a/b.py"],
+            &["python3", "scripts/x.py", "../../etc/passwd"],
+            &["python3", "scripts/..", "x"],
+        ] {
+            assert!(!p.matches(&argv(bad)), "{bad:?}");
+        }
+        let any: CommandPattern = "python3 *".to_string().try_into().unwrap();
+        assert!(!any.matches(&argv(&["python3", "/etc/x.py"])), "`*` crosses no `/`");
+        assert!(any.matches(&argv(&["python3", "x.py"])));
+    }
 
     #[test]
     fn a_policy_file_names_the_policy_and_tunes_heuristics() {
