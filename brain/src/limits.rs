@@ -28,6 +28,9 @@ pub struct Limits {
     /// Jobs one client may submit per minute. 0: no limit.
     #[serde(default = "default_submissions_per_minute")]
     pub submissions_per_minute: u32,
+    /// Console sign-ins one address may try per minute (right or wrong token). 0: no limit.
+    #[serde(default = "default_sign_ins_per_minute")]
+    pub sign_ins_per_minute: u32,
     /// How the brain's listener treats connections before any token is seen
     /// (`[limits.connections]` handshake_timeout_ms, idle_timeout_ms, max_connections,
     /// max_per_peer).
@@ -53,6 +56,9 @@ fn default_reports_per_second() -> u32 {
 fn default_submissions_per_minute() -> u32 {
     120
 }
+fn default_sign_ins_per_minute() -> u32 {
+    10
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -63,6 +69,7 @@ impl Default for Limits {
             calls_per_second: default_calls_per_second(),
             reports_per_second: default_reports_per_second(),
             submissions_per_minute: default_submissions_per_minute(),
+            sign_ins_per_minute: default_sign_ins_per_minute(),
             connections: auth::listen::ConnLimits::default(),
         }
     }

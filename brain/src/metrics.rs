@@ -127,6 +127,8 @@ pub struct Metrics {
     pub reports: Counter,
     pub sink_points: Counter,
     pub sink_dropped: Counter,
+    /// Console sign-ins with a token this brain did not give.
+    pub sign_in_failures: Counter,
     throttled: Family<Vec<(String, String)>, Counter>,
     connections: Family<Vec<(String, String)>, Gauge>,
     connections_closed: Family<Vec<(String, String)>, Counter>,
@@ -210,6 +212,12 @@ impl Default for Metrics {
             "sink_dropped_points",
             "Raw metric points dropped while the sink was unreachable or too far behind",
             sink_dropped.clone(),
+        );
+        let sign_in_failures = Counter::default();
+        registry.register(
+            "console_sign_in_failures",
+            "Console sign-ins with a token this brain did not give (each logged with its address)",
+            sign_in_failures.clone(),
         );
         let throttled = Family::<Vec<(String, String)>, Counter>::default();
         registry.register(
@@ -332,6 +340,7 @@ impl Default for Metrics {
             reports,
             sink_points,
             sink_dropped,
+            sign_in_failures,
         }
     }
 }

@@ -567,6 +567,7 @@ pub async fn run(
         BrainService::new(control.clone(), config.limits.clone(), throttle.clone()),
         control.clone(),
         keys.clone(),
+        throttle.clone(),
         tls.is_some(),
         config.console.whatif.clone(),
     )));

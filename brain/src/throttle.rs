@@ -6,7 +6,8 @@
 //!   `--insecure` one connection), checked by [`Throttle::interceptor`] after [`crate::auth`];
 //! * `reports_per_second`: metric reports per job (a batch of 100 counts 100), in
 //!   `ReportMetrics`; a whole batch always fits the burst;
-//! * `submissions_per_minute`: `SubmitJob` per client (under `--insecure` per peer address).
+//! * `submissions_per_minute`: `SubmitJob` per client (under `--insecure` per peer address);
+//! * `sign_ins_per_minute`: console sign-ins per peer address, right or wrong.
 //!
 //! 0 turns a limit off. Refusals are counted in `brain_throttled_total{limit}`.
 
@@ -125,6 +126,7 @@ pub struct Throttle {
     calls: Option<Limit<Client>>,
     reports: Option<Limit<JobId>>,
     submissions: Option<Limit<Client>>,
+    sign_ins: Option<Limit<Option<IpAddr>>>,
     metrics: std::sync::Arc<Metrics>,
 }
 
@@ -150,6 +152,12 @@ impl Throttle {
                 limits.submissions_per_minute,
                 true,
             ),
+            sign_ins: Limit::new(
+                "sign_ins_per_minute",
+                limits.sign_ins_per_minute,
+                limits.sign_ins_per_minute,
+                true,
+            ),
             metrics,
         };
         // Each limit's refusals count from 0, so that a rate() over them is defined before
@@ -158,6 +166,7 @@ impl Throttle {
             "calls_per_second",
             "reports_per_second",
             "submissions_per_minute",
+            "sign_ins_per_minute",
         ] {
             t.metrics.throttled_count(limit);
         }
@@ -196,6 +205,15 @@ impl Throttle {
         };
         let client = client_of(request, false)?;
         self.counted(l.name, l.take(&client, 1, client))
+    }
+
+    /// One console sign-in from `address` (whatever its token).
+    pub fn sign_in(&self, address: Option<IpAddr>) -> Result<(), Status> {
+        let Some(l) = &self.sign_ins else {
+            return Ok(());
+        };
+        let who = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
+        self.counted(l.name, l.take(&address, 1, who))
     }
 
     /// The server interceptor that counts every call (inside the authenticating one).

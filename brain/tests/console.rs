@@ -87,6 +87,11 @@ impl Visitor {
         headers: &[(&str, &str)],
     ) -> (StatusCode, String, String) {
         let mut r = self.client.post(format!("{}{path}", self.base)).form(form);
+        // What a browser sends with a form it posts (a POST without it is refused), unless
+        // the test sends another.
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("origin")) {
+            r = r.header("origin", &self.base);
+        }
         if let Some(c) = &self.cookie {
             r = r.header("cookie", c);
         }
@@ -101,6 +106,7 @@ impl Visitor {
         let r = self
             .client
             .post(format!("{}/console/login", self.base))
+            .header("origin", &self.base)
             .form(&[("token", token)])
             .send()
             .await
@@ -180,12 +186,17 @@ async fn the_consoles_doors_let_in_only_whom_they_should() {
         "{page}"
     );
 
-    // A wrong token: refused, no cookie.
+    // A wrong token: refused, no cookie, counted.
     let (status, _, page) = v
         .post("/console/login", &[("token", "not-a-token")], &[])
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(page.contains("not one this brain gave"), "{page}");
+    // Every page says it may not be framed, and what it may load.
+    let r = v.client.get(format!("{}/console/login", v.base)).send().await.unwrap();
+    assert_eq!(r.headers()["x-frame-options"], "DENY");
+    let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"), "{csp}");
 
     // The operator: every job, the policy page, each job's page with its forms.
     let operator = std::fs::read_to_string(token_file(&url)).unwrap();
@@ -212,7 +223,8 @@ async fn the_consoles_doors_let_in_only_whom_they_should() {
     );
     let token = csrf(&page);
 
-    // Forged POSTs: no CSRF token, a wrong one, or the right one from another site.
+    // Forged POSTs: no CSRF token, a wrong one, or the right one from another site (as the
+    // browser marks it, or as its Origin says).
     for (form, headers) in [
         (vec![], vec![]),
         (vec![("csrf", "forged")], vec![]),
@@ -220,6 +232,11 @@ async fn the_consoles_doors_let_in_only_whom_they_should() {
             vec![("csrf", token.as_str())],
             vec![("sec-fetch-site", "cross-site")],
         ),
+        (
+            vec![("csrf", token.as_str())],
+            vec![("origin", "https://evil.example")],
+        ),
+        (vec![("csrf", token.as_str())], vec![("origin", "null")]),
     ] {
         let (status, _, page) = v.post(&format!("{job_a}/cancel"), &form, &headers).await;
         assert_eq!(
@@ -307,6 +324,54 @@ async fn the_consoles_doors_let_in_only_whom_they_should() {
     brain.kill();
 }
 
+/// A flood of wrong tokens at the sign-in: each address gets `limits.sign_ins_per_minute`
+/// (10) tries a minute, right or wrong, the rest answered 429 with the time to wait; each
+/// failure is logged with its address and counted in `/metrics`, and so is each refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_ins_are_limited_per_address_and_each_failure_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut brain, url) = common::still_brain(d, 4);
+    let v = Visitor::new(&url);
+    let mut answers = std::collections::BTreeMap::new();
+    for i in 0..30 {
+        let (status, _, page) = v
+            .post("/console/login", &[("token", &format!("guess-{i}"))], &[])
+            .await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert!(page.contains("sign_ins_per_minute"), "{page}");
+        }
+        *answers.entry(status.as_u16()).or_insert(0) += 1;
+    }
+    assert_eq!(answers, [(401, 10), (429, 20)].into(), "{answers:?}");
+    // The operator's own token from the same address waits too.
+    let operator = std::fs::read_to_string(token_file(&url)).unwrap();
+    let (status, _, _) = v
+        .post("/console/login", &[("token", operator.trim())], &[])
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let metrics = common::scrape(&url);
+    for line in [
+        "brain_console_sign_in_failures_total 10",
+        "brain_throttled_total{limit=\"sign_ins_per_minute\"} 21",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+    }
+    let log: String = std::fs::read_dir(d)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("brain-"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    let logged = log
+        .lines()
+        .filter(|l| l.contains("console sign-in with a token this brain did not give"))
+        .count();
+    assert_eq!(logged, 10, "{log}");
+    assert!(log.contains("127.0.0.1"), "the address is logged: {log}");
+    brain.kill();
+}
+
 /// Chromium, its driver and Selenium for `python3`, or why not.
 fn browser() -> Result<(), String> {
     for bin in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
@@ -380,6 +445,45 @@ async fn a_real_browser_signs_in_and_scales_and_cancels_a_job_it_watched_appear(
     let job = all.iter().find(|j| j.job_name == "watched").unwrap();
     assert_eq!(job.state, "cancelled", "{job:#?}");
     assert_eq!(job.reached_version, 1, "{job:#?}");
+    brain.kill();
+}
+
+/// Another site's page cannot frame the signed-in console (a click there could cancel a job):
+/// Chromium, signed in, opens a page of another port of 127.0.0.1 (same-site: the session
+/// cookie goes into the frame) that frames the console, and the frame holds its error page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sites_page_cannot_frame_the_signed_in_console() {
+    if let Err(why) = browser() {
+        test_support::optional_server(
+            "BRAIN_REQUIRE_BROWSER",
+            &format!("a browser to drive ({why})"),
+            "apt-get install chromium chromium-driver python3-selenium",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("policy.toml"), "heuristics = []\n[live]\ninterval_s = 1\n").unwrap();
+    let (mut brain, addr) =
+        common::start_brain_with(d, "127.0.0.1:0", 4, |cmd| {
+            cmd.arg("--insecure");
+        });
+    let url = format!("http://{addr}");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-framing");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_framing.py");
+    let out = tokio::process::Command::new("/usr/bin/python3")
+        .arg(script)
+        .args(["--url", &url])
+        .arg("--token-file")
+        .arg(token_file(&url))
+        .arg("--shots")
+        .arg(&shots)
+        .output()
+        .await
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}\nscreenshot in {}", shots.display());
     brain.kill();
 }
 

@@ -49,6 +49,9 @@ pub struct Console {
     api: BrainService,
     control: Arc<Control>,
     keys: Arc<Keys>,
+    /// The API's rate limits: every page's calls count as the API's do, and sign-ins per
+    /// address.
+    throttle: Arc<crate::throttle::Throttle>,
     sessions: Sessions,
     /// Served under TLS: the cookie says `Secure`.
     secure: bool,
@@ -62,6 +65,7 @@ impl Console {
         api: BrainService,
         control: Arc<Control>,
         keys: Arc<Keys>,
+        throttle: Arc<crate::throttle::Throttle>,
         secure: bool,
         whatif: whatif::WhatifSettings,
     ) -> Self {
@@ -69,11 +73,24 @@ impl Console {
             api,
             control,
             keys,
+            throttle,
             sessions: Sessions::default(),
             secure,
             whatif,
             replaying: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The session of a page's request, its call counted against the caller's rate as an
+    /// API call is; else the answer (sent to sign in, or too many calls).
+    fn session(&self, headers: &HeaderMap) -> Result<Session, Box<Response>> {
+        let Some(s) = self.sessions.get(headers) else {
+            return Err(Box::new(to_sign_in()));
+        };
+        if let Err(e) = self.throttle.call(&as_caller(s.caller, ())) {
+            return Err(Box::new(refused(Some(&s), &e)));
+        }
+        Ok(s)
     }
 }
 
@@ -90,6 +107,43 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/console/jobs/{id}/scale", post(scale))
         .route("/console/jobs/{id}/cancel", post(cancel))
         .with_state(console)
+        .layer(axum::middleware::map_response(guarded))
+        .layer(axum::middleware::map_request(with_host))
+}
+
+/// An HTTP/2 request names its host in the URI (`:authority`), not in a `Host` header: put it
+/// there, so that [`session::same_origin`] reads one place whatever the version.
+async fn with_host(mut request: axum::extract::Request) -> axum::extract::Request {
+    if !request.headers().contains_key(header::HOST)
+        && let Some(v) = request
+            .uri()
+            .authority()
+            .and_then(|a| header::HeaderValue::from_str(a.as_str()).ok())
+    {
+        request.headers_mut().insert(header::HOST, v);
+    }
+    request
+}
+
+/// What every console answer says to the browser: never framed (`X-Frame-Options`, the CSP's
+/// `frame-ancestors`), nothing loaded or run but the page's own (no script at all), forms
+/// posted to the console only, no type sniffing, no referrer to other sites.
+async fn guarded(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    let set = [
+        ("x-frame-options", "DENY"),
+        (
+            "content-security-policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+    ];
+    for (name, value) in set {
+        h.insert(name, header::HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// A request of the brain's API made as `caller`.
@@ -138,16 +192,29 @@ struct SignIn {
 async fn login(
     State(c): State<Arc<Console>>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     Form(form): Form<SignIn>,
 ) -> Response {
-    if session::cross_site(&headers) {
+    if session::cross_site(&headers) || !session::same_origin(&headers) {
         return (StatusCode::FORBIDDEN, "a sign-in from another site").into_response();
+    }
+    let address = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+        .map(|a| a.ip());
+    if let Err(e) = c.throttle.sign_in(address) {
+        let page = pages::login(Some(e.message()));
+        return (StatusCode::TOO_MANY_REQUESTS, Html(page.into_string())).into_response();
     }
     let caller = match c.keys.caller(Some(form.token.trim())) {
         Ok(caller) => caller,
         Err(_) => {
+            c.control.metrics.sign_in_failures.inc();
+            let from = address.map_or_else(|| "an unknown address".into(), |a| a.to_string());
+            tracing::warn!(from = %from, "console sign-in with a token this brain did not give");
             let page = pages::login(Some(
-                "That token is not one this brain gave: the operator token, or a job's secret.",
+                "That token is not one this brain gave: the operator token, or a job's \
+                 credential with the brain.",
             ));
             return (StatusCode::UNAUTHORIZED, Html(page.into_string())).into_response();
         }
@@ -168,14 +235,12 @@ struct Csrf {
 
 /// The session of a POST whose CSRF token is the session's; else the answer to give.
 fn posted(c: &Console, headers: &HeaderMap, csrf: &str) -> Result<Session, Box<Response>> {
-    let Some(s) = c.sessions.get(headers) else {
-        return Err(Box::new(to_sign_in()));
-    };
-    if session::cross_site(headers) || !s.csrf_matches(csrf) {
+    let s = c.session(headers)?;
+    if session::cross_site(headers) || !session::same_origin(headers) || !s.csrf_matches(csrf) {
         let page = pages::error(
             Some(&s),
-            "This form did not come from this console (its CSRF token is missing or wrong): \
-             nothing changed.",
+            "This form did not come from this console (its origin, or its CSRF token, is \
+             missing or wrong): nothing changed.",
         );
         return Err(Box::new(
             (StatusCode::FORBIDDEN, Html(page.into_string())).into_response(),
@@ -201,8 +266,9 @@ async fn logout(
 }
 
 async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
-    let Some(s) = c.sessions.get(&headers) else {
-        return to_sign_in();
+    let s = match c.session(&headers) {
+        Ok(s) => s,
+        Err(answer) => return *answer,
     };
     if let Caller::Job(j) = s.caller {
         return Redirect::to(&format!("/console/jobs/{}", j.0)).into_response();
@@ -228,8 +294,9 @@ async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response
 }
 
 async fn policy(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
-    let Some(s) = c.sessions.get(&headers) else {
-        return to_sign_in();
+    let s = match c.session(&headers) {
+        Ok(s) => s,
+        Err(answer) => return *answer,
     };
     let text = match c
         .api
@@ -262,8 +329,9 @@ async fn job(
     Query(q): Query<JobQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(s) = c.sessions.get(&headers) else {
-        return to_sign_in();
+    let s = match c.session(&headers) {
+        Ok(s) => s,
+        Err(answer) => return *answer,
     };
     c.job_page(&s, id, q.process, None).await
 }
@@ -482,8 +550,9 @@ fn in_force(c: &Console) -> (crate::whatif::NamedPolicy, String) {
 }
 
 async fn whatif_page(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
-    let Some(s) = c.sessions.get(&headers) else {
-        return to_sign_in();
+    let s = match c.session(&headers) {
+        Ok(s) => s,
+        Err(answer) => return *answer,
     };
     if let Err(answer) = operator_only(&s) {
         return *answer;

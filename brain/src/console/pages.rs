@@ -71,8 +71,9 @@ pub fn login(failed: Option<&str>) -> Markup {
         html! {
             @if let Some(why) = failed { p.error id="error" { (why) } }
             p { "The operator signs in with the operator token (" code { "operator.token" }
-                " beside the brain's database); a job's owner with the job's secret, which shows \
-                 that job only." }
+                " beside the brain's database); a job's owner with the job's credential with the \
+                 brain (" code { "brain.token" } " in the job's run directory, which the operator \
+                 hands over), which shows that job only." }
             form method="post" action="/console/login" {
                 label { "Token " input type="password" name="token" id="token" autofocus; }
                 " " button type="submit" id="sign-in" { "Sign in" }

@@ -120,6 +120,19 @@ fn session_cookie(headers: &HeaderMap) -> Option<String> {
 
 /// Whether the browser says the request comes from another site (`Sec-Fetch-Site`): such a
 /// POST is refused whatever it carries.
+/// Whether a POST's `Origin` is the console's own (the host it was sent to): browsers send it
+/// with every form they post, so one missing or naming another site is refused.
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(origin), Some(host)) = (text(header::ORIGIN), text(header::HOST)) else {
+        return false;
+    };
+    let authority = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"));
+    authority.is_some_and(|a| a.eq_ignore_ascii_case(host))
+}
+
 pub fn cross_site(headers: &HeaderMap) -> bool {
     headers
         .get("sec-fetch-site")

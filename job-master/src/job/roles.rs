@@ -136,9 +136,10 @@ impl Roles {
         )
     }
 
-    /// Relaunches of the training group's roles so far, for the roles that had any.
+    /// Relaunches of every role group so far (the training group's and the services'), for
+    /// the roles that had any: what the report and the summary count.
     pub fn restarts(&self) -> BTreeMap<Role, u32> {
-        self.training()
+        self.groups()
             .filter(|(_, g)| g.restarts > 0)
             .map(|(r, g)| (r, g.restarts))
             .collect()

@@ -121,6 +121,9 @@ fn a_failed_service_process_restarts_alone_by_default() {
     let effects = ctx.agent_lost(rollout(0), 1, "gone".into(), 20);
     assert_eq!(launched(&effects), vec![rollout(0)]);
     assert_eq!(ctx.phase, JobPhase::Running);
+    // Both relaunches count in what the report and the summary say, as the training
+    // group's do.
+    assert_eq!(ctx.roles.restarts().get(&rollout(0).role), Some(&2));
 }
 
 #[test]
