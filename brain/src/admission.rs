@@ -220,12 +220,22 @@ mod tests {
         let scripts = SubmissionPolicy {
             commands: vec!["python3 scripts/*.py ...".to_string().try_into().unwrap()],
         };
-        let ok = spec("", "  command: [python3, scripts/train.py]\n", "checkpoints");
+        let ok = spec(
+            "",
+            "  command: [python3, scripts/train.py]\n",
+            "checkpoints",
+        );
         assert_eq!(admit(&ok, &scripts, run), Ok(()));
         for (argv, says) in [
-            ("[python3, scripts/../../anything.py]", "a `..` in a command's words"),
+            (
+                "[python3, scripts/../../anything.py]",
+                "a `..` in a command's words",
+            ),
             ("[python3, scripts/sub/x.py]", "is not one of the commands"),
-            ("[python3, scripts/x.py, ../y]", "a `..` in a command's words"),
+            (
+                "[python3, scripts/x.py, ../y]",
+                "a `..` in a command's words",
+            ),
         ] {
             let s = spec("", &format!("  command: {argv}\n"), "checkpoints");
             let e = admit(&s, &scripts, run).unwrap_err();

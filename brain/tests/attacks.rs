@@ -120,7 +120,14 @@ fn names_and_planted_links_never_lead_a_job_out_of_its_directory() {
     );
     // The master's own files (its run directory, logs, secrets, sandbox copies) or the run
     // directory that holds them: the job's processes would own them.
-    let master_files = [".", "master", "master/logs", "master/sandbox", "master/tls", "./master/x"];
+    let master_files = [
+        ".",
+        "master",
+        "master/logs",
+        "master/sandbox",
+        "master/tls",
+        "./master/x",
+    ];
     for (i, ckpt) in master_files.into_iter().enumerate() {
         let name = format!("master-files-{i}");
         let text = spec_text(&name, "").replace("dir: checkpoints", &format!("dir: {ckpt}"));

@@ -89,7 +89,10 @@ impl Visitor {
         let mut r = self.client.post(format!("{}{path}", self.base)).form(form);
         // What a browser sends with a form it posts (a POST without it is refused), unless
         // the test sends another.
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("origin")) {
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("origin"))
+        {
             r = r.header("origin", &self.base);
         }
         if let Some(c) = &self.cookie {
@@ -193,10 +196,21 @@ async fn the_consoles_doors_let_in_only_whom_they_should() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(page.contains("not one this brain gave"), "{page}");
     // Every page says it may not be framed, and what it may load.
-    let r = v.client.get(format!("{}/console/login", v.base)).send().await.unwrap();
+    let r = v
+        .client
+        .get(format!("{}/console/login", v.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()["x-frame-options"], "DENY");
-    let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
-    assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"), "{csp}");
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
 
     // The operator: every job, the policy page, each job's page with its forms.
     let operator = std::fs::read_to_string(token_file(&url)).unwrap();
@@ -355,7 +369,10 @@ async fn sign_ins_are_limited_per_address_and_each_failure_is_counted() {
         "brain_console_sign_in_failures_total 10",
         "brain_throttled_total{limit=\"sign_ins_per_minute\"} 21",
     ] {
-        assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in:\n{metrics}"
+        );
     }
     let log: String = std::fs::read_dir(d)
         .unwrap()
@@ -463,11 +480,14 @@ async fn another_sites_page_cannot_frame_the_signed_in_console() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(d.join("policy.toml"), "heuristics = []\n[live]\ninterval_s = 1\n").unwrap();
-    let (mut brain, addr) =
-        common::start_brain_with(d, "127.0.0.1:0", 4, |cmd| {
-            cmd.arg("--insecure");
-        });
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[live]\ninterval_s = 1\n",
+    )
+    .unwrap();
+    let (mut brain, addr) = common::start_brain_with(d, "127.0.0.1:0", 4, |cmd| {
+        cmd.arg("--insecure");
+    });
     let url = format!("http://{addr}");
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-framing");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_framing.py");
@@ -483,7 +503,11 @@ async fn another_sites_page_cannot_frame_the_signed_in_console() {
         .unwrap();
     let said =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{said}\nscreenshot in {}", shots.display());
+    assert!(
+        out.status.success(),
+        "{said}\nscreenshot in {}",
+        shots.display()
+    );
     brain.kill();
 }
 

@@ -211,10 +211,7 @@ fn the_built_in_workload_runs_as_the_jobs_user_in_the_sandbox_too() {
 /// The pid of the job's built-in process `role`-`index` (the command bubblewrap runs, which
 /// the agent gives `BRAIN_ROLE` and `BRAIN_INDEX`) of the job whose run directory is `run`.
 fn pid_of(role: &str, index: u32, run: &Path) -> Option<u32> {
-    let want = [
-        format!("BRAIN_ROLE={role}"),
-        format!("BRAIN_INDEX={index}"),
-    ];
+    let want = [format!("BRAIN_ROLE={role}"), format!("BRAIN_INDEX={index}")];
     let ckpt = format!("BRAIN_CHECKPOINT_DIR={}", run.join("checkpoints").display());
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;

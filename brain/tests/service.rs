@@ -998,6 +998,52 @@ async fn a_node_a_pre_run_check_found_faulty_is_cordoned_with_its_reason_until_i
     assert!(gpu.contains(" ok"), "{out}");
 }
 
+/// A job's report never cordons the last healthy node (one job's word would stop every
+/// job): it is flagged for the operator, with what the report said; and what a report says
+/// reaches the operator's terminal without its escape sequences (a title set, a screen
+/// cleared).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_s_report_never_cordons_the_last_healthy_node_and_its_text_is_shown_inert() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_brain, url) = common::configured_brain(dir.path(), "[cluster]\ncpus = 8\n", |_| {});
+    let (r, mut job) = registered(&url, "accuser").await;
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url]);
+    assert!(ok, "{out}");
+    let only = out
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let with = pb::MetricReport {
+        faulty_nodes: vec![pb::NodeFault {
+            host: only.clone(),
+            why: "it is bad\x1b]0;pwned\x07\x1b[2J\x1b[H".into(),
+            straggler: false,
+        }],
+        ..report(10, 100.0)
+    };
+    job.report_metrics(pb::MetricsBatch {
+        job_id: r.job_id,
+        reports: vec![with],
+    })
+    .await
+    .unwrap();
+    let (ok, out) = common::brainctl(&["nodes", "--brain", &url]);
+    assert!(ok, "{out}");
+    let line = out.lines().find(|l| l.starts_with(&only)).unwrap();
+    assert!(!line.contains("cordoned "), "{out}");
+    assert!(
+        line.contains("found it faulty: it is bad")
+            && line.contains("not cordoned: the last healthy node"),
+        "{out}"
+    );
+    assert!(!out.contains('\x1b') && !out.contains('\x07'), "{out:?}");
+    assert!(out.contains("\\x1b]0;pwned\\x07"), "{out}");
+}
+
 /// The GPUs each job's processes were given (`ProcessReport.devices`, on their nodes) reach
 /// the other jobs' masters when they poll for a plan (`GetPlanResponse.other_jobs_devices`),
 /// device by device, so a job master on Ray counts them with its own where it places a

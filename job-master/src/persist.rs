@@ -262,10 +262,14 @@ mod tests {
         }
         let ps_dir = ckpt.join("ckpt-000001");
         std::os::unix::fs::symlink(&outside, &ps_dir).unwrap();
-        let e = create_dir_for_processes(&ckpt, &ps_dir).unwrap_err().to_string();
+        let e = create_dir_for_processes(&ckpt, &ps_dir)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("symbolic link"), "{e}");
         let manifest = ps_dir.join("manifest.json");
-        let e = write_in_checkpoints(&ckpt, &manifest, b"{}").unwrap_err().to_string();
+        let e = write_in_checkpoints(&ckpt, &manifest, b"{}")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("symbolic link"), "{e}");
         let e = write_in_checkpoints(&ckpt, &outside.join("manifest.json"), b"{}")
             .unwrap_err()

@@ -217,7 +217,10 @@ mod tests {
             assert!(!p.matches(&argv(bad)), "{bad:?}");
         }
         let any: CommandPattern = "python3 *".to_string().try_into().unwrap();
-        assert!(!any.matches(&argv(&["python3", "/etc/x.py"])), "`*` crosses no `/`");
+        assert!(
+            !any.matches(&argv(&["python3", "/etc/x.py"])),
+            "`*` crosses no `/`"
+        );
         assert!(any.matches(&argv(&["python3", "x.py"])));
     }
 

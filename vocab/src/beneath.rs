@@ -40,8 +40,7 @@ fn refused(path: &Path, why: &str) -> io::Error {
 
 /// `name` as one component of a path: no `/`, not empty, not `.` or `..`.
 fn component(dir: &Path, name: &str) -> io::Result<()> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0')
-    {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(refused(
             &dir.join(name),
             "not a single name inside its directory",
@@ -73,7 +72,12 @@ impl Beneath {
     pub fn private(path: &Path, mode: u32) -> io::Result<Self> {
         match nix::unistd::mkdir(path, Mode::from_bits_truncate(mode)) {
             Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => return Err(io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display()))),
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("{}: {e}", path.display()),
+                ));
+            }
         }
         let dir = Self::open(path)?;
         let st = dir.stat()?;
@@ -135,8 +139,9 @@ impl Beneath {
             None => Ok(()),
             Some(st) if kind(&st) != SFlag::S_IFDIR => self.remove_file(name),
             // `/proc/self/fd/N` is the open directory itself, whatever its path has become.
-            Some(_) => std::fs::remove_dir_all(self.proc_path().join(name))
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.join(name).display()))),
+            Some(_) => std::fs::remove_dir_all(self.proc_path().join(name)).map_err(|e| {
+                io::Error::new(e.kind(), format!("{}: {e}", self.join(name).display()))
+            }),
         }
     }
 
@@ -212,9 +217,11 @@ impl Beneath {
         let file = File::from(fd);
         self.check_regular(name, &file)?;
         // Back to blocking for what follows (regular files ignore it, but say what we mean).
-        let fl = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL).map_err(|e| self.err(Some(name), e))?;
+        let fl = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(|e| self.err(Some(name), e))?;
         let fl = OFlag::from_bits_truncate(fl) - OFlag::O_NONBLOCK;
-        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(fl)).map_err(|e| self.err(Some(name), e))?;
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(fl))
+            .map_err(|e| self.err(Some(name), e))?;
         Ok(file)
     }
 
@@ -241,7 +248,9 @@ impl Beneath {
     /// The contents of the regular file `name`, refused past `limit` bytes.
     pub fn read(&self, name: &str, limit: u64) -> io::Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.open_read(name)?.take(limit + 1).read_to_end(&mut out)?;
+        self.open_read(name)?
+            .take(limit + 1)
+            .read_to_end(&mut out)?;
         if out.len() as u64 > limit {
             return Err(refused(
                 &self.join(name),
@@ -269,7 +278,8 @@ impl Beneath {
         .map_err(|e| self.explain(name, e, Errno::EEXIST))?;
         let file = File::from(fd);
         if let Some((uid, gid)) = owner {
-            nix::unistd::fchown(&file, Some(uid), Some(gid)).map_err(|e| self.err(Some(name), e))?;
+            nix::unistd::fchown(&file, Some(uid), Some(gid))
+                .map_err(|e| self.err(Some(name), e))?;
         }
         Ok(file)
     }
@@ -355,7 +365,10 @@ impl Beneath {
 
     fn err(&self, name: Option<&str>, e: Errno) -> io::Error {
         let path = name.map_or_else(|| self.path.clone(), |n| self.join(n));
-        io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display()))
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!("{}: {e}", path.display()),
+        )
     }
 
     /// An open's error, said plainly where a link was met (`ELOOP`, or `link_errno` when the
@@ -395,7 +408,10 @@ fn explain(path: &Path, e: Errno, link_errno: Errno) -> io::Error {
              job's directory)",
         );
     }
-    io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display()))
+    io::Error::new(
+        io::Error::from(e).kind(),
+        format!("{}: {e}", path.display()),
+    )
 }
 
 #[cfg(test)]
@@ -427,12 +443,18 @@ mod tests {
         assert!(e.contains("symbolic link"), "{e}");
         let e = dir.dir("flash").unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
-        let e = dir.create_new("part.tmp", 0o600, None).unwrap_err().to_string();
+        let e = dir
+            .create_new("part.tmp", 0o600, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("symbolic link") || e.contains("exists"), "{e}");
         assert!(!outside.join("new").exists());
         // A replace puts a file where the link was, and leaves its target alone.
         dir.replace("slot-0", b"status", 0o600, None).unwrap();
-        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"operator token");
+        assert_eq!(
+            std::fs::read(outside.join("secret")).unwrap(),
+            b"operator token"
+        );
         assert_eq!(dir.read("slot-0", 100).unwrap(), b"status");
         // The directory itself swapped for a link after it was opened: the open one is used.
         std::fs::rename(&job, d.path().join("moved")).unwrap();
@@ -477,10 +499,16 @@ mod tests {
         std::fs::write(ckpt.join("flash/step-1/inner/part"), b"x").unwrap();
         symlink(&outside, ckpt.join("flash/step-1/out")).unwrap();
         let (dir, name) = Beneath::parent_below(&ckpt, &ckpt.join("flash/step-1")).unwrap();
-        assert_eq!((dir.path(), name.as_str()), (ckpt.join("flash").as_path(), "step-1"));
+        assert_eq!(
+            (dir.path(), name.as_str()),
+            (ckpt.join("flash").as_path(), "step-1")
+        );
         dir.remove_tree("step-1").unwrap();
         assert!(!ckpt.join("flash/step-1").exists());
-        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"operator token");
+        assert_eq!(
+            std::fs::read(outside.join("secret")).unwrap(),
+            b"operator token"
+        );
         // A link on the way: refused, nothing removed through it.
         std::fs::create_dir(outside.join("step-2")).unwrap();
         std::fs::remove_dir(ckpt.join("flash")).unwrap();
@@ -491,7 +519,10 @@ mod tests {
         assert!(e.contains("symbolic link"), "{e}");
         assert!(outside.join("step-2").exists());
         for bad in ["../x", "/etc/x"] {
-            assert!(Beneath::parent_below(&ckpt, &ckpt.join(bad)).is_err(), "{bad}");
+            assert!(
+                Beneath::parent_below(&ckpt, &ckpt.join(bad)).is_err(),
+                "{bad}"
+            );
         }
         assert!(Beneath::open_below(&ckpt, Path::new("../outside")).is_err());
     }

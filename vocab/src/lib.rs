@@ -20,6 +20,7 @@
 //! * [`net`]: this node's address as a peer reaches it (the route's local end).
 //! * [`paths`]: paths from user input kept inside their directory; files and directories made
 //!   without following planted links.
+//! * [`text`]: a job's text made safe to print on a terminal (no escape sequences).
 //! * [`beneath`]: file operations of a root component inside a directory a job writes: by one
 //!   name at a time relative to the open directory, never through a link.
 //!
@@ -41,6 +42,7 @@ pub mod role;
 pub mod run_dir;
 pub mod sandbox;
 pub mod spec;
+pub mod text;
 pub mod units;
 #[cfg(feature = "wire")]
 pub mod wire;

@@ -205,7 +205,11 @@ mod tests {
             let e = clear_of_master(&bad, &master).unwrap_err();
             assert!(e.contains("checkpoint.dir"), "{}: {e}", bad.display());
         }
-        for good in [run.join("checkpoints"), run.join("ckpt/a"), d.path().join("other")] {
+        for good in [
+            run.join("checkpoints"),
+            run.join("ckpt/a"),
+            d.path().join("other"),
+        ] {
             clear_of_master(&good, &master).unwrap();
         }
         assert!(clear_of_master(&run.join("x/../master"), &master).is_err());

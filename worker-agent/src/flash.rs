@@ -130,9 +130,7 @@ impl FlashDir {
         let name = vocab::flash::process_name(role, index);
         // Held first (a sweep may move a directory away until then), then opened.
         let held = crate::flash_leftovers::hold(&run_dir, &name).map(std::sync::Arc::new);
-        let (open, _) = run_dir
-            .make_dir(&name, 0o700, None)
-            .map_err(io(&dir))?;
+        let (open, _) = run_dir.make_dir(&name, 0o700, None).map_err(io(&dir))?;
         if let Some((uid, gid)) = owner {
             open.chown(uid, gid).map_err(io(&dir))?;
         }
@@ -184,7 +182,10 @@ impl FlashDir {
     }
 
     pub fn status(&self, slot: u32) -> Option<SlotStatus> {
-        let text = self.open.read(&Self::status_name(slot), STATUS_LIMIT).ok()?;
+        let text = self
+            .open
+            .read(&Self::status_name(slot), STATUS_LIMIT)
+            .ok()?;
         serde_json::from_slice(&text).ok()
     }
 
@@ -768,7 +769,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("somebody else may have made it first"), "{e}");
-        assert_eq!(std::fs::read_dir(&shm).unwrap().count(), 0, "nothing made in it");
+        assert_eq!(
+            std::fs::read_dir(&shm).unwrap().count(),
+            0,
+            "nothing made in it"
+        );
         if nix::unistd::geteuid().is_root()
             && let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody")
         {

@@ -269,7 +269,10 @@ mod tests {
         assert_eq!((a, b), (1 - slot, 1 - slot));
         assert_eq!(slots.holding(10, &w.digest).unwrap(), b"state at 10");
         // A process started again counts its saves on from the slots'.
-        assert_eq!(Slots::at(agent.dir.clone(), 1 << 20).unwrap().save, slots.save);
+        assert_eq!(
+            Slots::at(agent.dir.clone(), 1 << 20).unwrap().save,
+            slots.save
+        );
     }
 
     #[test]

@@ -92,7 +92,10 @@ pub fn hold(run: &Beneath, name: &str) -> Option<Held> {
 fn last_written(dir: &Beneath) -> Option<SystemTime> {
     let time = |st: &nix::sys::stat::FileStat| {
         SystemTime::UNIX_EPOCH
-            + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32)
+            + Duration::new(
+                st.st_mtime.max(0) as u64,
+                st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+            )
     };
     let mut newest = time(&dir.stat().ok()?);
     for name in dir.names().ok()? {

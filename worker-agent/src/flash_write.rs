@@ -321,9 +321,7 @@ impl PartFile {
             Err(e) => return Err(e),
         }
         let buffered = dir.create_new(name, 0o600, owner)?;
-        let direct = dir
-            .open_file(name, OFlag::O_WRONLY | OFlag::O_DIRECT)
-            .ok();
+        let direct = dir.open_file(name, OFlag::O_WRONLY | OFlag::O_DIRECT).ok();
         Ok(Self { direct, buffered })
     }
 

@@ -63,7 +63,9 @@ async fn appended(file: &Path, from: u64) -> Option<String> {
     let mut f = open_stacks(file).ok()?;
     f.seek(SeekFrom::Start(from)).ok()?;
     let mut new = Vec::new();
-    f.take(MAX_STACKS_BYTES as u64 + 1).read_to_end(&mut new).ok()?;
+    f.take(MAX_STACKS_BYTES as u64 + 1)
+        .read_to_end(&mut new)
+        .ok()?;
     (!new.is_empty()).then(|| String::from_utf8_lossy(&new).into_owned())
 }
 

@@ -143,6 +143,10 @@ pub struct Control {
     resumes: Mutex<std::collections::HashMap<JobId, u32>>,
     /// The tokens callers may present; a job's secret is added when it is minted.
     pub keys: Arc<crate::auth::Keys>,
+    /// Nodes a job's report found faulty that were not cordoned on its word (the last healthy
+    /// node), with what the report said: shown to the operator (`brainctl nodes`) until the
+    /// next cordon period.
+    flagged: std::sync::Mutex<std::collections::BTreeMap<String, (String, i64)>>,
 }
 
 /// What the brain's ingest feeds besides the store: its Prometheus counters and, when an
@@ -182,6 +186,7 @@ impl Control {
             sink: outputs.sink,
             resumes: Mutex::default(),
             keys,
+            flagged: Default::default(),
         })
     }
 

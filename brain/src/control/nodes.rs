@@ -2,7 +2,10 @@
 //! capacity's nodes as last read, each with its cordon if it has one. A cordon is kept in the
 //! store (it survives a restart) and taken out of every round's capacity
 //! ([`crate::capacity::without`]); the round after a change comes at once. A node where a
-//! running job flagged a straggler says so (the job's newest report), cordoned or not.
+//! running job flagged a straggler says so (the job's newest report), cordoned or not. A
+//! node a job's report found faulty is cordoned for the policy's `faulty_node_cordon_s`,
+//! except the last healthy one: a job's word never leaves every job without a node; that one
+//! is flagged for the operator instead.
 
 use super::{Control, now_unix_ms};
 use crate::BrainError;
@@ -45,6 +48,8 @@ impl Control {
                 Ok((s.cordons(now)?, stragglers))
             })
             .await?;
+        let mut stragglers = stragglers;
+        stragglers.extend(self.flags(now));
         let nodes = self.nodes();
         Ok(nodes
             .iter()
@@ -147,10 +152,39 @@ impl Control {
                 reason.truncate(end);
                 reason.push_str("...");
             }
+            // A job's word never takes the last healthy node away from every job: it is
+            // flagged for the operator, who may cordon it by hand.
+            let healthy = nodes.iter().filter(|n| !done.contains(&n.name)).count();
+            if healthy <= 1 {
+                tracing::warn!(
+                    node = %host,
+                    job = %name,
+                    "not cordoned on a job's report: it is the last healthy node ({reason})"
+                );
+                let until = now + (for_s.min(MAX_FOR_S) * 1000) as i64;
+                self.flagged
+                    .lock()
+                    .expect("no panic under the lock")
+                    .insert(host, (reason, until));
+                continue;
+            }
             self.cordon(&host, &reason, for_s.min(MAX_FOR_S)).await?;
             done.push(host);
         }
         Ok(())
+    }
+
+    /// What job reports flagged without a cordon, by node, while it lasts.
+    fn flags(&self, now: i64) -> Vec<(String, String)> {
+        let mut flagged = self.flagged.lock().expect("no panic under the lock");
+        flagged.retain(|_, (_, until)| *until > now);
+        flagged
+            .iter()
+            .map(|(host, (reason, _))| {
+                let what = format!("{reason} (not cordoned: the last healthy node)");
+                (host.clone(), what)
+            })
+            .collect()
     }
 
     fn known_node(&self, node: &str) -> Result<NodeInfo, BrainError> {

@@ -265,8 +265,7 @@ pub async fn run(
         path: run_dir.clone(),
         source: e,
     })?;
-    vocab::paths::clear_of_master(&spec.checkpoint.dir, &run_dir)
-        .map_err(Error::InvalidRequest)?;
+    vocab::paths::clear_of_master(&spec.checkpoint.dir, &run_dir).map_err(Error::InvalidRequest)?;
     std::fs::create_dir_all(&spec.checkpoint.dir)
         .and_then(|()| {
             let sandbox = std::env::var(vocab::sandbox::SANDBOX_ENV).ok();

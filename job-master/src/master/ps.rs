@@ -68,9 +68,11 @@ pub(super) async fn save_ps(
         path: path.clone(),
         problem: e.to_string(),
     })?;
-    crate::persist::write_in_checkpoints(checkpoints, &path, &json).map_err(|source| Error::Io {
-        path: path.clone(),
-        source,
+    crate::persist::write_in_checkpoints(checkpoints, &path, &json).map_err(|source| {
+        Error::Io {
+            path: path.clone(),
+            source,
+        }
     })?;
     Ok(path)
 }

@@ -595,6 +595,10 @@ checkpoint: { dir: /tmp/brain-spec-test }
                 rl.replace("env: { A: b }", "env: { BRAIN_ROLE: x }"),
                 "roles.rollout.env.BRAIN_ROLE: is the runtime's to set",
             ),
+            (
+                rl.replace("env: { A: b }", "env: { A: \"b\\0c\" }"),
+                "roles.rollout.env.A: holds a NUL byte",
+            ),
             (rl.replace("rollout: {", "Rollout: {"), "role name"),
             (
                 rl.replace("failover: job", "failover: sometimes"),

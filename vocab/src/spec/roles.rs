@@ -403,6 +403,13 @@ pub(super) fn check_env(
                 ),
             ));
         }
+        if key.contains('\0') || value.contains('\0') {
+            return Err(SpecError::new(
+                format!("{path}.{key}"),
+                "holds a NUL byte, which no environment can carry (the process would not \
+                 start): remove it",
+            ));
+        }
     }
     Ok(())
 }

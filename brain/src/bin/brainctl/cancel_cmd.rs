@@ -14,9 +14,9 @@ pub fn cancel(job: &str, reason: String, brain: &str) -> anyhow::Result<()> {
             .state)
     })?;
     if state == "cancelled" {
-        println!("{job} cancelled before it started");
+        say!("{job} cancelled before it started");
     } else {
-        println!(
+        say!(
             "{job} is being cancelled: its job master takes a last checkpoint and stops \
              every process at its next poll (`brainctl status {job}` shows it end)"
         );

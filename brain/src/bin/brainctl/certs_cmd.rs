@@ -6,10 +6,10 @@ pub fn certs(out: &std::path::Path, hosts: &[String]) -> anyhow::Result<()> {
     use auth::tls::*;
     let written = auth::tls::make(out, hosts)?;
     for f in &written {
-        println!("wrote {}", f.display());
+        say!("wrote {}", f.display());
     }
     let p = |f: &str| out.join(f).display().to_string();
-    println!(
+    say!(
         "\nIn the brain's configuration (brain --config FILE):\n\n\
          [tls]\ncert_file = {:?}\nkey_file = {:?}\n\
          # mutual TLS: every client presents a certificate this CA signed\n\

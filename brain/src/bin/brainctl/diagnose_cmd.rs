@@ -13,6 +13,6 @@ pub fn diagnose(job: &str, all: bool, brain: &str) -> anyhow::Result<()> {
             .into_inner()
             .text)
     })?;
-    print!("{text}");
+    print!("{}", vocab::text::printable(&text));
     Ok(())
 }

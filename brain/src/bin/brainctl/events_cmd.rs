@@ -13,6 +13,6 @@ pub fn events(job: &str, brain: &str) -> anyhow::Result<()> {
             .into_inner()
             .text)
     })?;
-    print!("{text}");
+    print!("{}", vocab::text::printable(&text));
     Ok(())
 }

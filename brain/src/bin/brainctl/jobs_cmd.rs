@@ -29,12 +29,12 @@ pub fn status(job: &str, brain: &str) -> anyhow::Result<()> {
         print_shape(shape);
     }
     if !record.reasons.is_empty() {
-        println!("sized by the brain because:");
+        say!("sized by the brain because:");
         for r in &record.reasons {
-            println!("  - {r}");
+            say!("  - {r}");
         }
     }
-    println!(
+    say!(
         "master: {}",
         if record.master_address.is_empty() {
             "(not started)"
@@ -43,38 +43,39 @@ pub fn status(job: &str, brain: &str) -> anyhow::Result<()> {
         }
     );
     if !record.run_dir.is_empty() {
-        println!("run directory: {}", record.run_dir);
+        say!("run directory: {}", record.run_dir);
     }
     if !record.waiting_reason.is_empty() {
-        println!("waiting: {}", record.waiting_reason);
+        say!("waiting: {}", record.waiting_reason);
     }
     if record.recent_samples_per_second > 0.0 {
-        println!(
+        say!(
             "speed now: {:.1} samples/s (the last 30 s of reports; {:.1} on average since it \
              started)",
-            record.recent_samples_per_second, record.mean_samples_per_second
+            record.recent_samples_per_second,
+            record.mean_samples_per_second
         );
     }
-    println!("samples trained: {}", record.samples_done);
+    say!("samples trained: {}", record.samples_done);
     if !record.plans.is_empty() {
-        println!("plans (newest first):");
+        say!("plans (newest first):");
         for p in &record.plans {
             let answer = if p.answer.is_empty() {
                 "not answered yet"
             } else {
                 &p.answer
             };
-            println!("  v{} {}: {answer}", p.version, p.reason);
+            say!("  v{} {}: {answer}", p.version, p.reason);
         }
     }
     if !record.outcome.is_empty() {
-        println!("outcome: {}", record.outcome);
+        say!("outcome: {}", record.outcome);
     }
     Ok(())
 }
 
 pub fn print_jobs(jobs: &[pb::JobRecord]) {
-    println!(
+    say!(
         "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12} {:>9} {:>6} {:>8}  plan (newest/accepted/reached)",
         "id",
         "name",
@@ -107,7 +108,7 @@ pub fn print_jobs(jobs: &[pb::JobRecord]) {
                 (j.gpu_memory_bytes >> 20).to_string(),
             )
         };
-        println!(
+        say!(
             "{:>4}  {:<24} {:<9} {:>7} {:>8} {:>12} {:>12.1} {:>9} {:>6} {:>8}  {}/{}/{}",
             j.job_id,
             j.job_name,
@@ -141,7 +142,7 @@ pub fn print_jobs(jobs: &[pb::JobRecord]) {
                     )
                 })
                 .collect();
-            println!("      gpu: {}", each.join(", "));
+            say!("      gpu: {}", each.join(", "));
         }
     }
 }
@@ -166,7 +167,7 @@ pub fn print_shape(s: &pb::JobShape) {
         name => format!("{name} (its training group)"),
     };
     if let Some(t) = training(s) {
-        println!(
+        say!(
             "{} job: {} {trainer} (min {}, max {}, node unit {}) of {}",
             s.kind,
             t.count,
@@ -179,11 +180,11 @@ pub fn print_shape(s: &pb::JobShape) {
     for r in s.roles.iter().filter(|r| !r.training) {
         if s.kind == "ps" && r.role == "ps" {
             if r.count > 0 {
-                println!("  {} ps of {}", r.count, res(&r.resources));
+                say!("  {} ps of {}", r.count, res(&r.resources));
             }
             continue;
         }
-        println!(
+        say!(
             "  {} {} ({}, min {}, max {}) of {}",
             r.count,
             r.role,
@@ -193,5 +194,5 @@ pub fn print_shape(s: &pb::JobShape) {
             res(&r.resources)
         );
     }
-    println!("  {} samples to train", s.total_samples);
+    say!("  {} samples to train", s.total_samples);
 }

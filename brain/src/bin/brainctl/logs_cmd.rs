@@ -48,10 +48,10 @@ pub fn logs(
             .into_inner())
         })?;
         if piece.incarnation != incarnation {
-            eprintln!("== {} (incarnation {})", piece.path, piece.incarnation);
+            say_err!("== {} (incarnation {})", piece.path, piece.incarnation);
             incarnation = piece.incarnation;
         }
-        print!("{}", piece.text);
+        print!("{}", vocab::text::printable_output(&piece.text));
         std::io::stdout().flush()?;
         offset = piece.next_offset;
         if !piece.text.is_empty() {

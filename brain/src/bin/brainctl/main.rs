@@ -7,6 +7,19 @@
 //! Its doc comments are `--help` texts, where `[live]` names a TOML table, not a link.
 #![allow(rustdoc::broken_intra_doc_links)]
 
+/// `println!` for what brainctl prints: a job's text in it (events, reasons, what a node's
+/// reports said) goes through [`vocab::text::printable`], so no escape sequence reaches the
+/// terminal.
+macro_rules! say {
+    () => { ::std::println!() };
+    ($($t:tt)*) => { ::std::println!("{}", ::vocab::text::printable(&::std::format!($($t)*))) };
+}
+
+/// `eprintln!` as [`say!`] is `println!`.
+macro_rules! say_err {
+    ($($t:tt)*) => { ::std::eprintln!("{}", ::vocab::text::printable(&::std::format!($($t)*))) };
+}
+
 mod cancel_cmd;
 mod certs_cmd;
 mod diagnose_cmd;
@@ -264,7 +277,7 @@ fn main() -> ExitCode {
         // The error and its causes on one line each, never a backtrace (RUST_BACKTRACE is for
         // our bugs, not for a refusal or a missing file).
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say_err!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

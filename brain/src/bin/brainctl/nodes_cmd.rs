@@ -58,9 +58,12 @@ fn at(unix_ms: i64) -> String {
 }
 
 fn print_nodes(nodes: &[pb::NodeState]) {
-    println!(
+    say!(
         "{:<20} {:>8} {:>10}  {:<9} why",
-        "node", "cpus", "gpus", "state"
+        "node",
+        "cpus",
+        "gpus",
+        "state"
     );
     for n in nodes {
         let gpus = match (n.gpus, n.gpu_type.as_str()) {
@@ -88,7 +91,7 @@ fn print_nodes(nodes: &[pb::NodeState]) {
         } else {
             why
         };
-        println!(
+        say!(
             "{:<20} {:>8.1} {:>10}  {:<9} {why}",
             n.name,
             n.cpu_millicores as f64 / 1000.0,

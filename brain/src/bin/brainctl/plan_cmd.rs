@@ -16,7 +16,7 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
     let r = ask_brain(brain, async |mut c| {
         Ok(c.dry_run(pb::DryRunRequest {}).await?.into_inner())
     })?;
-    println!(
+    say!(
         "scheduler {}: {:.1} of {:.1} CPUs, {} of {} processes after the round (solved in {:.2} ms)",
         r.scheduler,
         r.cpu_millicores as f64 / 1000.0,
@@ -26,7 +26,7 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
         r.solve_ms
     );
     for note in &r.notes {
-        println!("note: {note}");
+        say!("note: {note}");
     }
     for d in &r.decisions {
         let training = d.roles.iter().find(|c| c.training);
@@ -39,7 +39,7 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
             (false, true) => "keeps",
             (false, false) => "resizes",
         };
-        println!(
+        say!(
             "{:>4} {:<24} {:<8} {change} {} (predicted {:.0} samples/s)",
             d.job_id,
             d.job_name,
@@ -49,7 +49,7 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
         );
         for m in &d.migrations {
             let r = m.resources.clone().unwrap_or_default();
-            println!(
+            say!(
                 "       migrates {}-{} to {}m CPU, {} MiB ({})",
                 m.role,
                 m.index,
@@ -59,7 +59,7 @@ pub fn plan(dry_run: bool, brain: &str) -> anyhow::Result<()> {
             );
         }
         for why in &d.reasons {
-            println!("       - {why}");
+            say!("       - {why}");
         }
     }
     Ok(())

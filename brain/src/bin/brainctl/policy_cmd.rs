@@ -32,9 +32,9 @@ pub fn policy(action: PolicyAction) -> anyhow::Result<()> {
                 Ok(c.get_policy(pb::GetPolicyRequest {}).await?.into_inner())
             })?;
             if p.path.is_empty() {
-                println!("# no policy file and none set: the defaults are in force");
+                say!("# no policy file and none set: the defaults are in force");
             } else {
-                println!("# {}", p.path);
+                say!("# {}", p.path);
             }
             print!("{}", p.toml);
             Ok(())
@@ -52,7 +52,7 @@ pub fn policy(action: PolicyAction) -> anyhow::Result<()> {
                 .await?
                 .into_inner())
             })?;
-            println!("policy set, in force from the next round: {}", p.path);
+            say!("policy set, in force from the next round: {}", p.path);
             Ok(())
         }
     }

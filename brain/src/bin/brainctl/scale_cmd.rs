@@ -40,13 +40,13 @@ pub fn scale(
         .await?
         .into_inner())
     })?;
-    println!(
+    say!(
         "plan {} proposed for {job}; its job master takes it at its next poll \
          (`brainctl status {job}` shows the plan reached)",
         answer.version
     );
     for note in &answer.notes {
-        println!("note: {note}");
+        say!("note: {note}");
     }
     Ok(())
 }

@@ -21,12 +21,12 @@ pub fn submit(spec: &Path, brain: &str, wait: bool) -> anyhow::Result<()> {
         .await?
         .into_inner())
     })?;
-    println!("job {} {}", answer.job_id, answer.state);
+    say!("job {} {}", answer.job_id, answer.state);
     if let Some(shape) = &answer.shape {
         print_shape(shape);
     }
     for r in &answer.reasons {
-        println!("  - {r}");
+        say!("  - {r}");
     }
     if !wait {
         return Ok(());
@@ -49,12 +49,12 @@ pub fn submit(spec: &Path, brain: &str, wait: bool) -> anyhow::Result<()> {
             record.shape.as_ref().map_or(0, |s| s.total_samples)
         );
         if line != last {
-            println!("{line}");
+            say!("{line}");
             last = line;
         }
         match record.state.as_str() {
             "succeeded" => {
-                println!("{}", record.outcome);
+                say!("{}", record.outcome);
                 return Ok(());
             }
             "failed" => bail!("job {id} failed: {}", record.outcome),

@@ -59,7 +59,7 @@ pub fn trace(action: TraceAction) -> anyhow::Result<()> {
             std::fs::rename(&part, &out)
                 .with_context(|| format!("renaming {} to {}", part.display(), out.display()))?;
             let days = drawn.last().map_or(0.0, |j| j.submit_s / 86_400.0).ceil();
-            println!(
+            say!(
                 "wrote {} jobs over {days} days drawn from {} ({} jobs) to {}",
                 drawn.len(),
                 from.display(),

@@ -67,7 +67,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis() as i64;
         store.save_model(brain::train::MODEL_NAME, &body, now)?;
-        println!(
+        say!(
             "job-profile model fitted on {} finished jobs, margin for {:.0} % of jobs; stored in {}",
             model.trained_on,
             quantile * 100.0,
@@ -102,7 +102,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             HistoryKind::Own => {
                 let own = own.take().unwrap_or_default();
                 if own.len() < 40 {
-                    println!(
+                    say!(
                         "own history ({}): {} finished jobs with metrics, too few to score (40 needed)\n",
                         database.display(),
                         own.len()
@@ -123,7 +123,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             }
         };
         let s = brain::train::score(&name, samples, train_share, quantile)?;
-        println!("{}", brain::train::render(&s));
+        say!("{}", brain::train::render(&s));
     }
     Ok(())
 }

@@ -307,7 +307,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
     if let Some(o) = &offline {
         print!("\n{}", whatif::render_offline(&results, &bound, o));
     }
-    eprintln!("{}", whatif::render_timing(&results));
+    say_err!("{}", whatif::render_timing(&results));
     if let Some(dir) = out {
         let mut written = whatif::write_outputs(&dir, &results)?;
         written.extend(whatif::write_bound(&dir, &results, &bound)?);
@@ -317,7 +317,7 @@ pub fn whatif(args: WhatifArgs) -> anyhow::Result<()> {
         }
         written.extend(brain::plots::draw(&dir, &results)?);
         for path in written {
-            eprintln!("wrote {}", path.display());
+            say_err!("wrote {}", path.display());
         }
     }
     Ok(())
@@ -386,7 +386,7 @@ impl Progress {
                 let before = done.fetch_add(n, Relaxed);
                 let tenth = |x: u64| x * 10 / (*total).max(1);
                 if tenth(before + n) > tenth(before) {
-                    eprintln!(
+                    say_err!(
                         "whatif: {}/{total} jobs finished ({} %), {:.0} s",
                         before + n,
                         (before + n) * 100 / (*total).max(1),
@@ -475,16 +475,16 @@ fn whatif_streamed(
         }
     };
     print!("{}", whatif::render_table(&results));
-    println!(
+    say!(
         "median and p99 JCT: from a quantile sketch, within {} % of the exact figures (--stream)",
         100.0 * optimizer::sim::SKETCH_ACCURACY
     );
-    eprintln!("{}", whatif::render_timing(&results));
+    say_err!("{}", whatif::render_timing(&results));
     if let (Some(dir), Some(outputs)) = (out, outputs) {
         let mut written = outputs.finish()?;
         written.extend(whatif::write_summary(&dir, &results)?);
         for path in written {
-            eprintln!("wrote {}", path.display());
+            say_err!("wrote {}", path.display());
         }
     }
     Ok(())

@@ -43,7 +43,7 @@ pub async fn logs(args: &LogsArgs) -> anyhow::Result<std::process::ExitCode> {
         .unwrap_or_else(|| training_role(&args.run_dir));
     let process = format!("{role}-{}", args.index);
     let mut log = newest_log(&args.run_dir, &process).map_err(anyhow::Error::msg)?;
-    eprintln!(
+    say_err!(
         "== {} (incarnation {})",
         log.path.display(),
         log.incarnation
@@ -51,7 +51,7 @@ pub async fn logs(args: &LogsArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut offset = 0;
     loop {
         let (text, next) = read_log(&log.path, offset, 1 << 20)?;
-        print!("{text}");
+        print!("{}", vocab::text::printable_output(&text));
         std::io::stdout().flush()?;
         offset = next;
         if !text.is_empty() {
@@ -65,7 +65,7 @@ pub async fn logs(args: &LogsArgs) -> anyhow::Result<std::process::ExitCode> {
         if let Ok(newer) = newest_log(&args.run_dir, &process)
             && newer.incarnation > log.incarnation
         {
-            eprintln!(
+            say_err!(
                 "== {} (incarnation {})",
                 newer.path.display(),
                 newer.incarnation

@@ -3,6 +3,18 @@
 //! [`run`] (with the platform choice), [`scale`], [`status`] (and the progress line);
 //! `validate` is here.
 
+/// `println!` for what job-master prints: a job's text in it (events, reasons, output) goes
+/// through [`vocab::text::printable`], so no escape sequence reaches the terminal.
+macro_rules! say {
+    () => { ::std::println!() };
+    ($($t:tt)*) => { ::std::println!("{}", ::vocab::text::printable(&::std::format!($($t)*))) };
+}
+
+/// `eprintln!` as [`say!`] is `println!`.
+macro_rules! say_err {
+    ($($t:tt)*) => { ::std::eprintln!("{}", ::vocab::text::printable(&::std::format!($($t)*))) };
+}
+
 mod logs;
 mod run;
 mod scale;
@@ -169,7 +181,7 @@ async fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say_err!("error: {e:#}");
             std::process::ExitCode::from(2)
         }
     }
@@ -187,7 +199,8 @@ fn context_in(run_dir: &std::path::Path) -> anyhow::Result<job_master::job::JobC
 }
 
 fn events(run_dir: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
-    print!("{}", job_master::diagnose::events(&context_in(run_dir)?));
+    let text = job_master::diagnose::events(&context_in(run_dir)?);
+    print!("{}", vocab::text::printable(&text));
     Ok(std::process::ExitCode::SUCCESS)
 }
 
@@ -203,16 +216,14 @@ fn diagnose(run_dir: &std::path::Path, all: bool) -> anyhow::Result<std::process
         ),
         _ => None,
     };
-    print!(
-        "{}",
-        job_master::diagnose::diagnosis(&ctx, report.as_ref(), all)
-    );
+    let text = job_master::diagnose::diagnosis(&ctx, report.as_ref(), all);
+    print!("{}", vocab::text::printable(&text));
     Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     let spec = job_master::spec::load(spec)?;
-    println!("{} ({} job) is valid:", spec.name, spec.kind);
+    say!("{} ({} job) is valid:", spec.name, spec.kind);
     for role in spec.roles.keys() {
         let p = spec.role_plan(*role)?;
         let program = match spec.roles[role].command.as_ref() {
@@ -220,7 +231,7 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
                 .unwrap_or_else(|_| format!("{argv:?}")),
             None => "the job's workload".to_string(),
         };
-        println!(
+        say!(
             "  {role} ({}, failover {}): {} replicas (min {}, max {}, node_unit {}, max_restarts \
              {}), runs {program}",
             spec.topology(*role),
@@ -233,7 +244,7 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
         );
     }
     for g in &spec.placement {
-        println!(
+        say!(
             "  placement group {} ({}): {} processes laid out together before they start, \
              more beside them as the roles grow{}",
             g.name(),
@@ -254,7 +265,7 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
             }
         );
     }
-    println!(
+    say!(
         "  data: {} samples in {} shards per epoch, {} epochs",
         spec.data.num_samples,
         spec.shards_per_epoch(),

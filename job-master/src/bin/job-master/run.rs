@@ -358,7 +358,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         Some(url) => {
             let t = brain_token(brain_token_file)?;
             if t.is_none() {
-                eprintln!(
+                say_err!(
                     "warning: no token for the brain at {url}: it will refuse this job master \
                      (give --brain-token-file)"
                 );
@@ -434,7 +434,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         job_tls,
         connections: Default::default(),
     };
-    println!(
+    say!(
         "job master on {addr}, run directory {}, the job's secret in {}{}",
         run_dir.display(),
         token_file.display(),
@@ -458,28 +458,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let report = run_job(config, listener, shutdown).await?;
     progress.abort();
-    println!(
+    say!(
         "\n== {} {} in {:.1} s ==",
         report.job,
         report.phase,
         report.elapsed_ms as f64 / 1000.0
     );
     if let Some(r) = &report.reason {
-        println!("reason: {r}");
+        say!("reason: {r}");
     }
     if let Some(t) = report.first_step_after_ms {
-        println!("first training step after {t} ms");
+        say!("first training step after {t} ms");
     }
     if let Some(l) = report.final_eval_loss {
-        println!("held-out log-loss: {l:.5}");
+        say!("held-out log-loss: {l:.5}");
     }
     if report.data_tracked {
-        println!(
+        say!(
             "shards: {}/{}; exactly-once per epoch: {}; samples per epoch: {:?}",
-            report.shards_done, report.shards_total, report.exactly_once, report.samples_per_epoch
+            report.shards_done,
+            report.shards_total,
+            report.exactly_once,
+            report.samples_per_epoch
         );
     } else {
-        println!(
+        say!(
             "data: not tracked (the command read its own data without leasing shards, so \
              the job master cannot say whether every sample was read once per epoch)"
         );
@@ -489,7 +492,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         .iter()
         .map(|(role, n)| format!("{role} {n}"))
         .collect();
-    println!(
+    say!(
         "relaunches: {}; checkpoints: {}",
         if relaunches.is_empty() {
             "none".to_string()
@@ -499,13 +502,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         report.checkpoints
     );
     for ps in &report.ps_stats {
-        println!(
+        say!(
             "ps {}: {} keys, {} batches / {} samples applied, {} duplicate pushes ignored",
-            ps.index, ps.keys, ps.applied_batches, ps.applied_samples, ps.duplicate_pushes
+            ps.index,
+            ps.keys,
+            ps.applied_batches,
+            ps.applied_samples,
+            ps.duplicate_pushes
         );
     }
     for t in &report.transitions {
-        println!(
+        say!(
             "plan {}: {:?} -> {:?} reached after {} ms{}",
             t.version,
             t.from,
@@ -520,7 +527,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         );
     }
     for r in &report.reshards {
-        println!(
+        say!(
             "reshard (plan {}): ps {} -> {} moved {} of {} keys in {} ms, parameter digest {:016x} unchanged: {}",
             r.version,
             r.from_ps,
@@ -532,7 +539,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             r.digest_before == r.digest_after
         );
     }
-    println!("report: {}", run_dir.join("report.json").display());
+    say!("report: {}", run_dir.join("report.json").display());
     Ok(if report.succeeded() {
         std::process::ExitCode::SUCCESS
     } else {

@@ -105,18 +105,18 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     let answer = c.apply_scale_plan(plan.clone()).await?.into_inner();
     if !answer.accepted {
-        eprintln!("plan {} rejected: {}", plan.version, answer.reason);
+        say_err!("plan {} rejected: {}", plan.version, answer.reason);
         return Ok(std::process::ExitCode::from(3));
     }
-    println!("plan {} accepted", plan.version);
+    say!("plan {} accepted", plan.version);
     if !wait {
         return Ok(std::process::ExitCode::SUCCESS);
     }
     loop {
         let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
-        println!("{}", summary_line(&s));
+        say!("{}", summary_line(&s));
         if s.reached_plan_version >= plan.version {
-            println!("plan {} reached", plan.version);
+            say!("plan {} reached", plan.version);
             break;
         }
         if s.phase.parse::<vocab::Phase>() != Ok(vocab::Phase::Running) {

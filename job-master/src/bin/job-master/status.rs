@@ -8,10 +8,10 @@ use crate::{MasterArgs, client};
 
 fn print_role_groups(groups: &[pb::RoleGroupStatus]) {
     if !groups.is_empty() {
-        println!("role groups:");
+        say!("role groups:");
     }
     for g in groups {
-        println!("  {}", role_group_line(g));
+        say!("  {}", role_group_line(g));
     }
 }
 
@@ -44,8 +44,8 @@ fn role_group_line(g: &pb::RoleGroupStatus) -> String {
 pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut c = client(master).await?;
     let s = c.get_status(pb::StatusRequest {}).await?.into_inner();
-    println!("{}", summary_line(&s));
-    println!(
+    say!("{}", summary_line(&s));
+    say!(
         "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5} {:>14}  given",
         "process",
         "incarnation",
@@ -96,7 +96,7 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
             (w, r) if r > 0.0 => format!("{w:.1} ({r:.2}x!)"),
             (w, _) => format!("{w:.1}"),
         };
-        println!(
+        say!(
             "{:<10} {:>11} {:>10} {:<15} {:>8} {:>9} {:>11} {:>5} {:>14}  {given}",
             format!("{}-{}", p.role, p.index),
             p.incarnation,
@@ -117,10 +117,10 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
         .map(|p| format!("{}-{} ({:.2}x)", p.role, p.index, p.straggler_ratio))
         .collect();
     if !stragglers.is_empty() {
-        println!("stragglers: {}", stragglers.join(", "));
+        say!("stragglers: {}", stragglers.join(", "));
     }
     if s.wall_ms > 0 {
-        println!(
+        say!(
             "effective training time: {:.1} % of {:.1} s ({:.1} s trained, {:.1} s thrown away by restarts)",
             100.0 * s.training_ms as f64 / s.wall_ms as f64,
             s.wall_ms as f64 / 1000.0,
@@ -129,13 +129,13 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
         );
     }
     if s.hangs > 0 {
-        println!(
+        say!(
             "hangs found: {} (their stacks are in the job's report.json when it ends)",
             s.hangs
         );
     }
     for c in &s.role_checkpoints {
-        println!(
+        say!(
             "{} checkpoint: step {} committed by {}-{} at {:.1} s ({})",
             c.role,
             c.step,
@@ -146,10 +146,10 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
         );
     }
     if !s.role_rates.is_empty() {
-        println!("calls between roles (last 30 s):");
+        say!("calls between roles (last 30 s):");
     }
     for r in &s.role_rates {
-        println!(
+        say!(
             "  {:<10} {} serving, {:.1} calls/s, busy {:.0}%; {} caller(s) wait {:.0}% of their time",
             r.role,
             r.processes,
@@ -164,7 +164,7 @@ pub async fn status(master: &MasterArgs) -> anyhow::Result<std::process::ExitCod
                 .iter()
                 .map(|c| format!("{} ×{} {:.0}%", c.role, c.callers, c.wait_share * 100.0))
                 .collect();
-            println!("  {:<10} callers by role: {}", "", by.join(", "));
+            say!("  {:<10} callers by role: {}", "", by.join(", "));
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
@@ -185,7 +185,7 @@ pub async fn show_progress(addr: std::net::SocketAddr, creds: auth::JobCreds, ev
             continue;
         };
         let s = s.into_inner();
-        println!("{}", summary_line(&s));
+        say!("{}", summary_line(&s));
     }
 }
 
