@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use vocab::beneath::Beneath;
 use worker_agent::flash_write::{HURRY_AFTER, Job, background_thread, copy_hashed};
 
 /// Busy threads, one a core, counting until told to stop.
@@ -68,10 +69,17 @@ impl Busy {
 fn write_out(from: &Path, to: &Path, after: Duration) -> (Duration, bool) {
     let thread = background_thread(after);
     let (tx, rx) = std::sync::mpsc::channel();
-    let (f, t) = (from.to_path_buf(), to.to_path_buf());
+    let f = from.to_path_buf();
+    let dir = Beneath::open(to.parent().expect("the part's directory")).expect("opened");
+    let name = to
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("the part's name")
+        .to_string();
     let began = Instant::now();
     let job: Job = Box::new(move || {
-        let c = copy_hashed(&File::open(&f).expect("the slot"), &t).expect("written out");
+        let from = File::open(&f).expect("the slot");
+        let c = copy_hashed(&from, &dir, &name, None).expect("written out");
         let _ = tx.send(c.hurried);
     });
     thread.send(job).expect("the write-out thread");

@@ -191,6 +191,33 @@ async fn report_exit<F: Future<Output = ()>>(
     }
 }
 
+/// Waits until the copies the exited process left ready are written out and reported, so
+/// that the job master commits a copy made just before the end while the job still runs (it
+/// ends the job, and lets this agent go, once it hears of the exit). Heartbeats go on
+/// meanwhile: the write-out of a large copy at low priority can outlast the master's
+/// heartbeat timeout. False when told to shut down.
+async fn write_out_first<F: Future<Output = ()>>(
+    writer: &crate::flash::Writer,
+    client: &mut MasterClient,
+    beat: pb::HeartbeatRequest,
+    heartbeat: &mut tokio::time::Interval,
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> bool {
+    let flushed = writer.flush();
+    tokio::pin!(flushed);
+    loop {
+        tokio::select! {
+            _ = &mut flushed => return true,
+            _ = heartbeat.tick() => {
+                if let Err(s) = client.heartbeat(beat.clone()).await {
+                    tracing::warn!("heartbeat failed while writing the last copies out: {s}");
+                }
+            }
+            _ = shutdown.as_mut() => return false,
+        }
+    }
+}
+
 /// Why this node cannot take part: it does not see in the checkpoint directory the token the
 /// master wrote there (another node's directory of the same path, or none). `None` when it
 /// does, or when the master asks for no check.
@@ -313,7 +340,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             }
         });
     }
-    let _writer = flash.clone().map(|f| {
+    let writer = flash.clone().map(|f| {
         crate::flash::Writer::start(
             f,
             reg.checkpoint_dir.clone().into(),
@@ -418,6 +445,16 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 let (exit_code, signal) = status.map(exit_parts).unwrap_or((-1, 0));
                 tracing::info!(incarnation, exit_code, signal, "training process exited");
                 child = None;
+                if let Some(w) = &writer {
+                    let beat = pb::HeartbeatRequest {
+                        process: Some(me(incarnation)),
+                        agent_id: reg.agent_id,
+                        ..Default::default()
+                    };
+                    if !write_out_first(w, &mut client, beat, &mut heartbeat, &mut shutdown).await {
+                        return Ok(0);
+                    }
+                }
                 let exit = exit_of(me(incarnation), exit_code, signal, String::new());
                 if !report_exit(&mut client, exit, args.master_timeout, &mut shutdown).await? {
                     return Ok(0);

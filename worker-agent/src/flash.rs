@@ -21,7 +21,7 @@ use proto::jobmaster::v1 as pb;
 
 use crate::agent::MasterClient;
 use crate::error::Error;
-use crate::flash_write::{Copied, HURRY_AFTER, background_thread, copy_hashed};
+use crate::flash_write::{Copied, HURRY_AFTER, Job, background_thread, copy_hashed};
 use vocab::beneath::{Beneath, Owner};
 
 /// Slots per process: the copy being written out and the next one.
@@ -365,12 +365,25 @@ fn owner_of(dir: &Beneath) -> Owner {
 
 /// The task that writes the copies out and tells the job master (see the module's doc);
 /// stopped when dropped.
-pub struct Writer(tokio::task::JoinHandle<()>);
+pub struct Writer {
+    task: tokio::task::JoinHandle<()>,
+    flush: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
+}
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
+}
+
+/// What one pass of the write-out did.
+enum Pass {
+    /// A copy was written out (and reported): there may be another.
+    Wrote,
+    /// Nothing was ready (or the write-out failed, said in the log).
+    Nothing,
+    /// The write-out thread is gone.
+    Gone,
 }
 
 impl Writer {
@@ -378,80 +391,136 @@ impl Writer {
     pub fn start(
         dir: FlashDir,
         checkpoint_dir: PathBuf,
-        mut client: MasterClient,
+        client: MasterClient,
         role: String,
         index: u32,
     ) -> Writer {
-        let background = background_thread(HURRY_AFTER);
-        Writer(tokio::spawn(async move {
+        let (flush, mut asked) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>(4);
+        let task = tokio::spawn(async move {
+            let out = WriteOut {
+                dir,
+                checkpoint_dir,
+                client,
+                role,
+                index,
+                background: background_thread(HURRY_AFTER),
+            };
+            let mut waiting = Vec::new();
             loop {
-                tokio::time::sleep(WRITE_OUT_EVERY).await;
-                let (d, c) = (dir.clone(), checkpoint_dir.clone());
-                let (done, written) = tokio::sync::oneshot::channel();
-                let job = Box::new(move || {
-                    let _ = done.send(d.write_out(&c));
-                });
-                if background.send(job).is_err() {
-                    tracing::warn!("the flash write-out thread is gone: copies stay unwritten");
-                    return;
+                if waiting.is_empty() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(WRITE_OUT_EVERY) => {}
+                        Some(w) = asked.recv() => waiting.push(w),
+                    }
                 }
-                let w = match written.await {
-                    Ok(Ok(Some(w))) => w,
-                    Ok(Ok(None)) | Err(_) => continue,
-                    Ok(Err(e)) => {
-                        tracing::warn!("flash checkpoint not written out: {e}");
-                        continue;
-                    }
-                };
-                tracing::info!(
-                    step = w.step,
-                    rank = w.rank,
-                    bytes = w.bytes,
-                    ms = w.took.as_millis() as u64,
-                    hurried = w.hurried,
-                    path = %w.path.display(),
-                    "flash checkpoint part written out"
-                );
-                let part = pb::CheckpointPart {
-                    process: Some(pb::ProcessRef {
-                        role: role.clone(),
-                        index,
-                        incarnation: w.incarnation,
-                    }),
-                    step: w.step,
-                    rank: w.rank,
-                    parts: w.world,
-                    path: w.path.to_string_lossy().into_owned(),
-                    digest: w.digest.clone(),
-                    bytes: w.bytes,
-                    hurried: w.hurried,
-                };
-                for _ in 0..10 {
-                    match client.report_checkpoint_part(part.clone()).await {
-                        Ok(_) => {
-                            // One part is the whole step: the master has committed it.
-                            if part.parts == 1 {
-                                settle(&dir, &w, true).await;
-                            }
-                            break;
-                        }
-                        Err(s) if s.code() == tonic::Code::Unavailable => {
-                            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                        }
-                        Err(s) => {
-                            tracing::warn!(
-                                step = part.step,
-                                "the job master refused the part: {s}"
-                            );
-                            if part.parts == 1 {
-                                settle(&dir, &w, false).await;
-                            }
-                            break;
+                match out.pass().await {
+                    Pass::Wrote => {}
+                    Pass::Nothing => {
+                        for w in waiting.drain(..) {
+                            let _ = w.send(());
                         }
                     }
+                    Pass::Gone => return,
                 }
             }
-        }))
+        });
+        Writer { task, flush }
+    }
+
+    /// Returns once every copy that is ready is written out and reported to the job master
+    /// (or its write-out failed, or the writer is gone): what the agent waits for before it
+    /// reports its process's exit, so that a copy made just before the end is committed while
+    /// the job is still running.
+    pub async fn flush(&self) {
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        if self.flush.send(done).await.is_ok() {
+            let _ = flushed.await;
+        }
+    }
+}
+
+/// The writer task's parts.
+struct WriteOut {
+    dir: FlashDir,
+    checkpoint_dir: PathBuf,
+    client: MasterClient,
+    role: String,
+    index: u32,
+    background: std::sync::mpsc::Sender<Job>,
+}
+
+impl WriteOut {
+    /// The newest ready copy written out on the write-out thread and reported.
+    async fn pass(&self) -> Pass {
+        let (d, c) = (self.dir.clone(), self.checkpoint_dir.clone());
+        let (done, written) = tokio::sync::oneshot::channel();
+        let job = Box::new(move || {
+            let _ = done.send(d.write_out(&c));
+        });
+        if self.background.send(job).is_err() {
+            tracing::warn!("the flash write-out thread is gone: copies stay unwritten");
+            return Pass::Gone;
+        }
+        let w = match written.await {
+            Ok(Ok(Some(w))) => w,
+            Ok(Ok(None)) | Err(_) => return Pass::Nothing,
+            Ok(Err(e)) => {
+                tracing::warn!("flash checkpoint not written out: {e}");
+                return Pass::Nothing;
+            }
+        };
+        tracing::info!(
+            step = w.step,
+            rank = w.rank,
+            bytes = w.bytes,
+            ms = w.took.as_millis() as u64,
+            hurried = w.hurried,
+            path = %w.path.display(),
+            "flash checkpoint part written out"
+        );
+        self.report(&w).await;
+        Pass::Wrote
+    }
+
+    /// Tells the job master of the part `w` (retrying while it is unavailable), and marks
+    /// its slot with the answer where the part is the whole step.
+    async fn report(&self, w: &Written) {
+        let part = pb::CheckpointPart {
+            process: Some(pb::ProcessRef {
+                role: self.role.clone(),
+                index: self.index,
+                incarnation: w.incarnation,
+            }),
+            step: w.step,
+            rank: w.rank,
+            parts: w.world,
+            path: w.path.to_string_lossy().into_owned(),
+            digest: w.digest.clone(),
+            bytes: w.bytes,
+            hurried: w.hurried,
+        };
+        let mut client = self.client.clone();
+        for _ in 0..10 {
+            match client.report_checkpoint_part(part.clone()).await {
+                Ok(_) => {
+                    // One part is the whole step: the master has committed it.
+                    if part.parts == 1 {
+                        settle(&self.dir, w, true).await;
+                    }
+                    return;
+                }
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(s) => {
+                    tracing::warn!(step = part.step, "the job master refused the part: {s}");
+                    if part.parts == 1 {
+                        settle(&self.dir, w, false).await;
+                    }
+                    return;
+                }
+            }
+        }
     }
 }
 
