@@ -333,9 +333,120 @@ async fn files_are_private_and_a_jobs_processes_cannot_speak_for_its_master() {
     assert_eq!(record.state, "running", "{record:#?}");
 }
 
+/// What an impostor on a port saw: every byte it read (after TLS, where it speaks TLS), and
+/// every HTTP/2 header a client sent it, decoded (HPACK's indexes and Huffman coding undone by
+/// the `h2` crate, as a real server would).
+#[derive(Clone, Default)]
+struct Seen {
+    bytes: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    headers: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Seen {
+    /// Whether the token (its hex, or any header named `authorization`) reached the impostor.
+    fn got(&self, token: &str) -> Option<String> {
+        let bytes = String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned();
+        let headers = self.headers.lock().unwrap().join("\n");
+        (bytes.contains(token)
+            || headers.contains(token)
+            || headers.to_ascii_lowercase().contains("authorization"))
+        .then(|| format!("headers:\n{headers}\nbytes: {bytes:?}"))
+    }
+}
+
+/// A stream that copies what is read from it into `seen`.
+struct Tee<S> {
+    inner: S,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Tee<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let new = buf.filled()[before..].to_vec();
+        self.seen.lock().unwrap().extend_from_slice(&new);
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tee<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// An impostor on `listener`: TLS with its own certificate where `tls` is given, then an
+/// HTTP/2 server that records every request's headers and answers each `unavailable`.
+fn impostor(
+    listener: tokio::net::TcpListener,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    seen: Seen,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let (seen, tls) = (seen.clone(), tls.clone());
+            tokio::spawn(async move {
+                type Io = Box<dyn AsyncStream>;
+                let s: Io = match tls {
+                    Some(c) => match tokio_rustls::TlsAcceptor::from(c).accept(s).await {
+                        Ok(t) => Box::new(t),
+                        Err(_) => return,
+                    },
+                    None => Box::new(s),
+                };
+                let tee = Tee {
+                    inner: s,
+                    seen: seen.bytes.clone(),
+                };
+                let Ok(mut conn) = h2::server::handshake(tee).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    for (k, v) in req.headers() {
+                        let v = String::from_utf8_lossy(v.as_bytes());
+                        seen.headers.lock().unwrap().push(format!("{k}: {v}"));
+                    }
+                    let answer = http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc")
+                        .header("grpc-status", "14")
+                        .body(())
+                        .unwrap();
+                    let _ = respond.send_response(answer, true);
+                }
+            });
+        }
+    })
+}
+
+trait AsyncStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AsyncStream for T {}
+
 /// Attack 4: with the brain down, whoever takes its port gets no token: brainctl checks the
 /// server against the brain's CA before it sends anything, whether the impostor answers TLS
-/// with a certificate of its own or plain text.
+/// with a certificate of its own or plain HTTP/2. The impostor decodes what it gets, and is
+/// first shown to catch a client that does send its token in plain HTTP/2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fake_brain_on_the_brains_port_never_receives_the_operator_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -346,9 +457,40 @@ async fn a_fake_brain_on_the_brains_port_never_receives_the_operator_token() {
     let addr = url.trim_start_matches("http://").to_string();
     b.kill();
     let token = auth::read_secret(&d.join("data/operator.token")).unwrap();
+    // The port as soon as the brain (or the impostor before) has let it go.
+    let take_port = || async {
+        loop {
+            match tokio::net::TcpListener::bind(&addr).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    };
+
+    // The impostor catches a client that leaks: a plain gRPC client with the token.
+    let seen = Seen::default();
+    let recorder = impostor(take_port().await, None, seen.clone());
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut leaky = pb::brain_client::BrainClient::with_interceptor(
+        channel,
+        auth::WithToken::new(Some(token.clone())),
+    );
+    let _ = leaky.list_jobs(pb::ListJobsRequest::default()).await;
+    recorder.abort();
+    let caught = seen
+        .got(token.expose())
+        .expect("a plain client's token is caught");
+    assert!(
+        caught.contains(&format!("authorization: Bearer {}", token.expose())),
+        "{caught}"
+    );
 
     // An impostor with a certificate of its own (a CA brainctl does not know), decrypting
-    // whatever comes; then one in plain text recording every byte.
+    // whatever comes; then one in plain HTTP/2.
     let fake_ca = d.join("fake-tls");
     auth::tls::make(&fake_ca, &[]).unwrap();
     let server = auth::tls::ServerTls {
@@ -359,39 +501,8 @@ async fn a_fake_brain_on_the_brains_port_never_receives_the_operator_token() {
     .rustls()
     .unwrap();
     for tls in [Some(server), None] {
-        // The port as soon as the brain (or the impostor before) has let it go.
-        let listener = loop {
-            match tokio::net::TcpListener::bind(&addr).await {
-                Ok(l) => break l,
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        };
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        let recorder = {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                use tokio::io::AsyncReadExt;
-                while let Ok((s, _)) = listener.accept().await {
-                    let (seen, tls) = (seen.clone(), tls.clone());
-                    tokio::spawn(async move {
-                        let mut buf = [0u8; 4096];
-                        let mut s: Box<dyn tokio::io::AsyncRead + Unpin + Send> = match tls {
-                            Some(c) => match tokio_rustls::TlsAcceptor::from(c).accept(s).await {
-                                Ok(t) => Box::new(t),
-                                Err(_) => return,
-                            },
-                            None => Box::new(s),
-                        };
-                        while let Ok(n) = s.read(&mut buf).await {
-                            if n == 0 {
-                                break;
-                            }
-                            seen.lock().unwrap().extend_from_slice(&buf[..n]);
-                        }
-                    });
-                }
-            })
-        };
+        let seen = Seen::default();
+        let recorder = impostor(take_port().await, tls, seen.clone());
         let url = url.clone();
         let (ok, said) = tokio::task::spawn_blocking(move || brainctl(&["jobs", "--brain", &url]))
             .await
@@ -399,9 +510,9 @@ async fn a_fake_brain_on_the_brains_port_never_receives_the_operator_token() {
         assert!(!ok, "{said}");
         tokio::time::sleep(Duration::from_millis(300)).await;
         recorder.abort();
-        let seen = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
-        assert!(!seen.contains(token.expose()), "the impostor got the token");
-        assert!(!seen.contains("authorization"), "{seen}");
+        if let Some(what) = seen.got(token.expose()) {
+            panic!("the impostor got the token:\n{what}");
+        }
     }
 }
 
