@@ -9,11 +9,17 @@
 //!   operator registers a job master started by hand (returned once in `RegisterJobResponse`):
 //!   what a job master does for its own job only (register under its name, report metrics and
 //!   its outcome, fetch and acknowledge plans, read its record). Another job's id is
-//!   PERMISSION_DENIED. The brain keeps only the secrets' SHA-256, in its store;
+//!   PERMISSION_DENIED;
+//! * a **job owner's token**, minted at submission and returned once (`brainctl submit` keeps it
+//!   in `NAME.owner.token`): what the person who submitted the job does with it, for that job
+//!   only (its record, events, logs and diagnosis; scale and cancel it; the console). It is a
+//!   person's: no report, outcome, plan fetch or registration, which are the master's, takes it,
+//!   and the master's secret does not sign in to the console;
 //! * the **metrics token** (`metrics.token` beside the database): `GET /metrics` only (the
 //!   operator token is taken there too), so a Prometheus server holds no power over jobs.
 //!
-//! Handlers check the caller with [`operator`], [`job_itself`] and [`operator_or_job`]. A brain
+//! The brain keeps only the secrets' SHA-256 (with whose each is), in its store. Handlers check
+//! the caller with [`operator`], [`job_itself`], [`operator_or_owner`] and [`may_read`]. A brain
 //! started `--insecure` checks no token: every caller is [`Caller::Anyone`] and may do
 //! everything.
 
@@ -29,25 +35,61 @@ use crate::store::JobId;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Caller {
     Operator,
+    /// A job's master (its job's secret).
     Job(JobId),
+    /// The person who submitted a job (its owner's token).
+    Owner(JobId),
     /// Anyone at all: the brain runs `--insecure`.
     Anyone,
+}
+
+/// Whose a job's token is: its master's or its owner's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Holder {
+    Master,
+    Owner,
+}
+
+impl Holder {
+    /// As the store keeps it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Holder::Master => "master",
+            Holder::Owner => "owner",
+        }
+    }
+
+    /// As the store keeps it; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Holder> {
+        match text {
+            "master" => Some(Holder::Master),
+            "owner" => Some(Holder::Owner),
+            _ => None,
+        }
+    }
+
+    fn caller(self, job: JobId) -> Caller {
+        match self {
+            Holder::Master => Caller::Job(job),
+            Holder::Owner => Caller::Owner(job),
+        }
+    }
 }
 
 /// The tokens the brain accepts.
 pub struct Keys {
     /// `None`: insecure, no token is checked.
     operator: Option<Token>,
-    jobs: RwLock<HashMap<[u8; 32], JobId>>,
+    jobs: RwLock<HashMap<[u8; 32], (JobId, Holder)>>,
     /// The scrapers' token for `GET /metrics`, which may do nothing else.
     scraper: Option<Token>,
 }
 
 impl Keys {
-    pub fn new(operator: Token, jobs: impl IntoIterator<Item = ([u8; 32], JobId)>) -> Keys {
+    pub fn new(operator: Token, jobs: impl IntoIterator<Item = ([u8; 32], JobId, Holder)>) -> Keys {
         Keys {
             operator: Some(operator),
-            jobs: RwLock::new(jobs.into_iter().collect()),
+            jobs: RwLock::new(jobs.into_iter().map(|(d, j, h)| (d, (j, h))).collect()),
             scraper: None,
         }
     }
@@ -56,6 +98,11 @@ impl Keys {
     pub fn scraped_with(mut self, token: Token) -> Keys {
         self.scraper = Some(token);
         self
+    }
+
+    /// Whether tokens are checked at all (not `--insecure`).
+    pub fn checked(&self) -> bool {
+        self.operator.is_some()
     }
 
     /// Whether a presented token may read `GET /metrics`: the scrapers' or the operator's
@@ -69,12 +116,12 @@ impl Keys {
         })
     }
 
-    /// A job's secret from now on (its digest is in the store already).
-    pub fn add(&self, digest: [u8; 32], job: JobId) {
+    /// A job's token from now on (its digest is in the store already).
+    pub fn add(&self, digest: [u8; 32], job: JobId, holder: Holder) {
         self.jobs
             .write()
             .expect("no panic under the lock")
-            .insert(digest, job);
+            .insert(digest, (job, holder));
     }
 
     /// Keys that let everyone through (`--insecure`).
@@ -105,7 +152,7 @@ impl Keys {
             .read()
             .expect("no panic under the lock")
             .get(&digest)
-            .map(|&job| Caller::Job(job))
+            .map(|&(job, holder)| holder.caller(job))
             .ok_or_else(|| Status::unauthenticated("the token is not one this brain gave"))
     }
 
@@ -137,10 +184,14 @@ pub fn operator<T>(request: &Request<T>) -> Result<(), Status> {
         Caller::Job(j) => Err(Status::permission_denied(format!(
             "the secret of {j} cannot make operator calls"
         ))),
+        Caller::Owner(j) => Err(Status::permission_denied(format!(
+            "the owner's token of {j} cannot make operator calls: it reads, scales and \
+             cancels its own job only"
+        ))),
     }
 }
 
-/// Calls a job makes for itself only.
+/// Calls a job's master makes for its own job only: never a person's, the owner's included.
 pub fn job_itself<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
     match caller(request)? {
         Caller::Job(j) if j == job => Ok(()),
@@ -148,19 +199,38 @@ pub fn job_itself<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
         Caller::Job(j) => Err(Status::permission_denied(format!(
             "the secret of {j} cannot act on {job}"
         ))),
-        Caller::Operator => Err(Status::permission_denied(format!(
-            "only the job master of {job} makes this call, with its job's secret"
+        Caller::Operator | Caller::Owner(_) => Err(Status::permission_denied(format!(
+            "only the job master of {job} makes this call, with its job's secret: a \
+             person's token (the operator's or an owner's) never does"
         ))),
     }
 }
 
-/// The operator, or the job itself.
-pub fn operator_or_job<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
+/// The operator, or the owner of `job`: what a person does to a job (scale, cancel, diagnose).
+pub fn operator_or_owner<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
     match caller(request)? {
         Caller::Operator | Caller::Anyone => Ok(()),
-        Caller::Job(j) if j == job => Ok(()),
+        Caller::Owner(j) if j == job => Ok(()),
+        Caller::Owner(j) => Err(Status::permission_denied(format!(
+            "the owner's token of {j} cannot act on {job}"
+        ))),
+        Caller::Job(j) => Err(Status::permission_denied(format!(
+            "the secret of {j} is its job master's: a person's call takes the operator's or \
+             the job owner's token"
+        ))),
+    }
+}
+
+/// Who may read `job` (its record, events, logs): the operator, its master, its owner.
+pub fn may_read<T>(request: &Request<T>, job: JobId) -> Result<(), Status> {
+    match caller(request)? {
+        Caller::Operator | Caller::Anyone => Ok(()),
+        Caller::Job(j) | Caller::Owner(j) if j == job => Ok(()),
         Caller::Job(j) => Err(Status::permission_denied(format!(
             "the secret of {j} cannot act on {job}"
+        ))),
+        Caller::Owner(j) => Err(Status::permission_denied(format!(
+            "the owner's token of {j} cannot act on {job}"
         ))),
     }
 }
@@ -173,7 +243,7 @@ mod tests {
     #[test]
     fn tokens_make_callers_and_callers_act_on_their_own() {
         let (op, a, b) = (Token::generate(), Token::generate(), Token::generate());
-        let keys = Keys::new(op.clone(), [(a.digest(), JobId(1))]);
+        let keys = Keys::new(op.clone(), [(a.digest(), JobId(1), Holder::Master)]);
         assert_eq!(keys.caller(Some(op.expose())).unwrap(), Caller::Operator);
         assert_eq!(
             keys.caller(Some(a.expose())).unwrap(),
@@ -184,7 +254,7 @@ mod tests {
             Code::Unauthenticated
         );
         assert_eq!(keys.caller(None).unwrap_err().code(), Code::Unauthenticated);
-        keys.add(b.digest(), JobId(2));
+        keys.add(b.digest(), JobId(2), Holder::Master);
         assert_eq!(
             keys.caller(Some(b.expose())).unwrap(),
             Caller::Job(JobId(2))
@@ -207,10 +277,10 @@ mod tests {
             job_itself(&o, JobId(1)).unwrap_err().code(),
             Code::PermissionDenied
         );
-        assert!(operator_or_job(&o, JobId(2)).is_ok());
-        assert!(operator_or_job(&j1, JobId(1)).is_ok());
+        assert!(may_read(&o, JobId(2)).is_ok());
+        assert!(may_read(&j1, JobId(1)).is_ok());
         assert_eq!(
-            operator_or_job(&j1, JobId(2)).unwrap_err().code(),
+            may_read(&j1, JobId(2)).unwrap_err().code(),
             Code::PermissionDenied
         );
         assert_eq!(
@@ -225,13 +295,49 @@ mod tests {
         let anyone = req(Caller::Anyone);
         assert!(operator(&anyone).is_ok());
         assert!(job_itself(&anyone, JobId(1)).is_ok());
-        assert!(operator_or_job(&anyone, JobId(2)).is_ok());
+        assert!(may_read(&anyone, JobId(2)).is_ok());
+        assert!(operator_or_owner(&anyone, JobId(2)).is_ok());
+    }
+
+    /// An owner's token is a person's: it reads, scales and cancels its own job, and never
+    /// makes a job master's call or an operator's.
+    #[test]
+    fn an_owner_s_token_acts_as_a_person_on_its_own_job_only() {
+        let (op, master, owner) = (Token::generate(), Token::generate(), Token::generate());
+        let keys = Keys::new(
+            op,
+            [
+                (master.digest(), JobId(1), Holder::Master),
+                (owner.digest(), JobId(1), Holder::Owner),
+            ],
+        );
+        assert_eq!(
+            keys.caller(Some(owner.expose())).unwrap(),
+            Caller::Owner(JobId(1))
+        );
+        let req = |c: Caller| {
+            let mut r = Request::new(());
+            r.extensions_mut().insert(c);
+            r
+        };
+        let (o1, m1) = (req(Caller::Owner(JobId(1))), req(Caller::Job(JobId(1))));
+        let denied = |r: Result<(), Status>| r.unwrap_err().code() == Code::PermissionDenied;
+        assert!(denied(job_itself(&o1, JobId(1))));
+        assert!(denied(operator(&o1)));
+        assert!(operator_or_owner(&o1, JobId(1)).is_ok());
+        assert!(denied(operator_or_owner(&o1, JobId(2))));
+        assert!(may_read(&o1, JobId(1)).is_ok());
+        assert!(denied(may_read(&o1, JobId(2))));
+        // The master's secret makes no person's call.
+        assert!(denied(operator_or_owner(&m1, JobId(1))));
+        assert!(operator_or_owner(&req(Caller::Operator), JobId(1)).is_ok());
     }
 
     #[test]
     fn the_metrics_token_reads_metrics_and_nothing_else() {
         let (op, scraper, job) = (Token::generate(), Token::generate(), Token::generate());
-        let keys = Keys::new(op.clone(), [(job.digest(), JobId(1))]).scraped_with(scraper.clone());
+        let keys = Keys::new(op.clone(), [(job.digest(), JobId(1), Holder::Owner)])
+            .scraped_with(scraper.clone());
         assert!(keys.may_scrape(Some(scraper.expose())));
         assert!(keys.may_scrape(Some(op.expose())));
         assert!(!keys.may_scrape(Some(job.expose())));

@@ -62,6 +62,12 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::RegisterJobRequest>,
     ) -> Result<Response<pb::RegisterJobResponse>, Status> {
         let caller = auth::caller(&request)?;
+        if let Caller::Owner(job) = caller {
+            return Err(Status::permission_denied(format!(
+                "the owner's token of {job} cannot register a job master: a job master \
+                 registers with its job's secret (or, started by hand, the operator's token)"
+            )));
+        }
         let r = request.into_inner();
         let shape = r.shape.map(shape_from).transpose()?;
         let name = r.job_name.clone();
@@ -87,8 +93,13 @@ impl pb::brain_server::Brain for BrainService {
             .await?;
         // A master started by hand registered with the operator token: its job's own secret.
         let job_token = match caller {
-            Caller::Operator | Caller::Anyone => self.control.mint(id).await?.expose().to_string(),
-            Caller::Job(_) => String::new(),
+            Caller::Operator | Caller::Anyone => self
+                .control
+                .mint(id, auth::Holder::Master)
+                .await?
+                .expose()
+                .to_string(),
+            Caller::Job(_) | Caller::Owner(_) => String::new(),
         };
         self.control.wake();
         Ok(Response::new(pb::RegisterJobResponse {
@@ -225,7 +236,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::DiagnoseRequest>,
     ) -> Result<Response<pb::DiagnoseResponse>, Status> {
-        auth::operator(&request)?;
+        auth::operator_or_owner(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
         let text = self.control.diagnose(JobId(r.job_id), r.all).await?;
         Ok(Response::new(pb::DiagnoseResponse { text }))
@@ -235,8 +246,8 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::JobEventsRequest>,
     ) -> Result<Response<pb::JobEventsResponse>, Status> {
-        // The operator, or the job itself (its owner signed in with its secret).
-        auth::operator_or_job(&request, JobId(request.get_ref().job_id))?;
+        // The operator, the job's master, or its owner.
+        auth::may_read(&request, JobId(request.get_ref().job_id))?;
         let text = self.control.events(JobId(request.get_ref().job_id)).await?;
         Ok(Response::new(pb::JobEventsResponse { text }))
     }
@@ -245,7 +256,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::JobLogsRequest>,
     ) -> Result<Response<pb::JobLogsResponse>, Status> {
-        auth::operator_or_job(&request, JobId(request.get_ref().job_id))?;
+        auth::may_read(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
         if r.process.len() > 128 {
             return Err(Status::invalid_argument(format!(
@@ -275,10 +286,14 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::CancelJobResponse>, Status> {
-        auth::operator(&request)?;
+        auth::operator_or_owner(&request, JobId(request.get_ref().job_id))?;
+        let by = match auth::caller(&request)? {
+            Caller::Owner(_) => "its owner",
+            _ => "an operator",
+        };
         let r = request.into_inner();
         let reason = if r.reason.trim().is_empty() {
-            "cancelled by an operator".to_string()
+            format!("cancelled by {by}")
         } else {
             r.reason
         };
@@ -338,7 +353,7 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::ProposePlanRequest>,
     ) -> Result<Response<pb::ProposePlanResponse>, Status> {
-        auth::operator(&request)?;
+        auth::operator_or_owner(&request, JobId(request.get_ref().job_id))?;
         let r = request.into_inner();
         if r.roles.is_empty() && r.migrations.is_empty() {
             return Err(Status::invalid_argument(
@@ -407,7 +422,7 @@ impl pb::brain_server::Brain for BrainService {
         request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::JobRecord>, Status> {
         let id = JobId(request.get_ref().job_id);
-        auth::operator_or_job(&request, id)?;
+        auth::may_read(&request, id)?;
         let (row, mut extras) = self
             .with_store(move |s| {
                 let extras = Extras {
@@ -427,12 +442,20 @@ impl pb::brain_server::Brain for BrainService {
         &self,
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        auth::operator(&request)?;
+        // An owner sees its own job only (brainctl finds it by name this way).
+        let only = match auth::caller(&request)? {
+            Caller::Owner(job) => Some(job),
+            _ => {
+                auth::operator(&request)?;
+                None
+            }
+        };
         let rows = self
-            .with_store(|s| {
+            .with_store(move |s| {
                 let rows = s.jobs()?;
                 Ok(rows
                     .into_iter()
+                    .filter(|r| only.is_none_or(|j| r.id == j))
                     .map(|r| {
                         let extras = Extras {
                             gpu: s.gpu_use(r.id),
@@ -480,11 +503,20 @@ impl pb::brain_server::Brain for BrainService {
             )));
         }
         let (id, shape, reasons) = self.control.submit(&r.spec_yaml, &r.origin).await?;
+        // The person who submitted it gets a token of their own for it (none where no token
+        // is checked).
+        let owner_token = if self.control.keys.checked() {
+            let t = self.control.mint(id, auth::Holder::Owner).await?;
+            t.expose().to_string()
+        } else {
+            String::new()
+        };
         Ok(Response::new(pb::SubmitJobResponse {
             job_id: id.0,
             shape: Some(shape_to(shape)),
             reasons,
             state: "queued".into(),
+            owner_token,
         }))
     }
 

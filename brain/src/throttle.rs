@@ -29,6 +29,8 @@ use crate::store::JobId;
 pub enum Client {
     Operator,
     Job(JobId),
+    /// A job's owner (a person, counted apart from the job's master).
+    Owner(JobId),
     /// A caller of an insecure brain, by its connection (calls) or its address (submissions).
     Connection(Option<SocketAddr>),
     Address(Option<IpAddr>),
@@ -39,6 +41,7 @@ impl std::fmt::Display for Client {
         match self {
             Client::Operator => write!(f, "the operator"),
             Client::Job(j) => write!(f, "{j}"),
+            Client::Owner(j) => write!(f, "the owner of {j}"),
             Client::Connection(Some(a)) => write!(f, "the connection from {a}"),
             Client::Address(Some(a)) => write!(f, "{a}"),
             Client::Connection(None) | Client::Address(None) => write!(f, "this caller"),
@@ -51,6 +54,7 @@ fn client_of<T>(request: &Request<T>, per_connection: bool) -> Result<Client, St
     Ok(match auth::caller(request)? {
         Caller::Operator => Client::Operator,
         Caller::Job(j) => Client::Job(j),
+        Caller::Owner(j) => Client::Owner(j),
         Caller::Anyone if per_connection => Client::Connection(request.remote_addr()),
         Caller::Anyone => Client::Address(request.remote_addr().map(|a| a.ip())),
     })

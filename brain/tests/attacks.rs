@@ -333,6 +333,285 @@ async fn files_are_private_and_a_jobs_processes_cannot_speak_for_its_master() {
     assert_eq!(record.state, "running", "{record:#?}");
 }
 
+/// A job owner's token is a person's: `brainctl submit` keeps it (0600) beside the operator
+/// token; with it the owner reads, diagnoses, scales and cancels their own job, through gRPC,
+/// brainctl and the console, and nothing else. No call a job master makes (registration,
+/// reports, a node's fault, the outcome, plans) takes it, nor any operator call; and the
+/// master's secret makes no person's call (cancel, scale, diagnose).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_owner_s_token_reads_and_steers_its_job_and_forges_nothing() {
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_b, url) = brain(d);
+    // Slow enough to run through the whole test (about 4 min alone); cancelled at its end.
+    let slow =
+        |name: &str| spec_text(name, "").replace("step_delay_us: 200", "step_delay_us: 50000");
+    for name in ["owned", "other"] {
+        let (ok, said) = submit(&url, &write(d, &format!("{name}.yaml"), &slow(name)));
+        assert!(ok, "{said}");
+        assert!(
+            said.contains("the owner's token for this job alone"),
+            "{said}"
+        );
+    }
+    let (job, other) = (
+        wait_running(&url, "owned").await,
+        wait_running(&url, "other").await,
+    );
+    let owner_file = common::owner_token_file(&url, job.job_id);
+    assert_eq!(mode(&owner_file), 0o600);
+    let owner = auth::read_secret(&owner_file).unwrap();
+    let mut c = common::client_with(&url, Some(owner)).await;
+    let denied = |what: &str, r: Result<(), tonic::Status>| match r {
+        Err(e) if e.code() == Code::PermissionDenied => {}
+        other => panic!("{what} with the owner's token: {other:?}"),
+    };
+
+    // Every call of a job master: refused, nothing changed.
+    let id = job.job_id;
+    denied(
+        "register",
+        c.register_job(pb::RegisterJobRequest {
+            job_name: "owned".into(),
+            master_address: "http://127.0.0.1:1".into(),
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+    );
+    let fault = pb::MetricReport {
+        faulty_nodes: vec![pb::NodeFault {
+            host: "127.0.0.1".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    denied(
+        "report metrics",
+        c.report_metrics(pb::MetricsBatch {
+            job_id: id,
+            reports: vec![fault],
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "get plan",
+        c.get_plan(pb::GetPlanRequest {
+            job_id: id,
+            after_version: 0,
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "ack plan",
+        c.ack_plan(pb::PlanAck {
+            job_id: id,
+            version: 1,
+            accepted: true,
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "report outcome",
+        c.report_outcome(pb::JobOutcome {
+            job_id: id,
+            phase: "succeeded".into(),
+            samples_done: 40_000,
+            exactly_once: "ok".into(),
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+    );
+    // Every operator call.
+    denied(
+        "list nodes",
+        c.list_nodes(pb::ListNodesRequest {}).await.map(drop),
+    );
+    denied(
+        "cordon",
+        c.cordon_node(pb::CordonNodeRequest {
+            node: "127.0.0.1".into(),
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "uncordon",
+        c.uncordon_node(pb::UncordonNodeRequest {
+            node: "127.0.0.1".into(),
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "submit",
+        c.submit_job(pb::SubmitJobRequest {
+            spec_yaml: slow("more"),
+            origin: "x".into(),
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "get policy",
+        c.get_policy(pb::GetPolicyRequest {}).await.map(drop),
+    );
+    denied(
+        "set policy",
+        c.set_policy(pb::PolicyText {
+            toml: String::new(),
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+    );
+    denied("dry run", c.dry_run(pb::DryRunRequest {}).await.map(drop));
+    // Another job: neither read nor steered.
+    let o = other.job_id;
+    denied(
+        "another's record",
+        c.get_job(pb::GetJobRequest { job_id: o }).await.map(drop),
+    );
+    denied(
+        "another's events",
+        c.job_events(pb::JobEventsRequest { job_id: o })
+            .await
+            .map(drop),
+    );
+    denied(
+        "another's diagnosis",
+        c.diagnose(pb::DiagnoseRequest {
+            job_id: o,
+            all: false,
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "cancel another",
+        c.cancel_job(pb::CancelJobRequest {
+            job_id: o,
+            reason: String::new(),
+        })
+        .await
+        .map(drop),
+    );
+    denied(
+        "scale another",
+        c.propose_plan(pb::ProposePlanRequest {
+            job_id: o,
+            roles: vec![],
+            migrations: vec![],
+            reason: String::new(),
+            force: true,
+        })
+        .await
+        .map(drop),
+    );
+
+    // Its own job: read, and the list holds it alone.
+    let record = c
+        .get_job(pb::GetJobRequest { job_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(record.state, "running");
+    let listed = c
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(
+        listed.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        vec![id]
+    );
+    c.job_events(pb::JobEventsRequest { job_id: id })
+        .await
+        .unwrap();
+    c.diagnose(pb::DiagnoseRequest {
+        job_id: id,
+        all: false,
+    })
+    .await
+    .unwrap();
+
+    // The master's secret is the master's: no person's call.
+    let run_dir = PathBuf::from(&job.run_dir);
+    let master = auth::read_secret(&brain::launch::credential_file(&run_dir)).unwrap();
+    let mut m = common::client_with(&url, Some(master)).await;
+    let refused = |what: &str, r: Result<(), tonic::Status>| match r {
+        Err(e) if e.code() == Code::PermissionDenied => {}
+        other => panic!("{what} with the master's secret: {other:?}"),
+    };
+    refused(
+        "cancel",
+        m.cancel_job(pb::CancelJobRequest {
+            job_id: id,
+            reason: String::new(),
+        })
+        .await
+        .map(drop),
+    );
+    refused(
+        "scale",
+        m.propose_plan(pb::ProposePlanRequest {
+            job_id: id,
+            roles: vec![],
+            migrations: vec![],
+            reason: String::new(),
+            force: true,
+        })
+        .await
+        .map(drop),
+    );
+    refused(
+        "diagnose",
+        m.diagnose(pb::DiagnoseRequest {
+            job_id: id,
+            all: false,
+        })
+        .await
+        .map(drop),
+    );
+
+    // brainctl with the owner's token: its job by name, another's refused, then cancelled.
+    let as_owner = |args: &[&str]| common::brainctl_as(Some(&owner_file), args);
+    let (ok, said) = as_owner(&["jobs", "--brain", &url]);
+    assert!(
+        ok && said.contains("owned") && !said.contains("other"),
+        "{said}"
+    );
+    let (ok, said) = as_owner(&["events", "owned", "--brain", &url]);
+    assert!(ok, "{said}");
+    let (ok, said) = as_owner(&["cancel", "other", "--brain", &url]);
+    assert!(!ok, "{said}");
+    let (ok, said) = as_owner(&["cancel", "owned", "--brain", &url]);
+    assert!(ok, "{said}");
+
+    // Nothing the owner tried stuck: no node cordoned, the other job runs on.
+    let (ok, said) = brainctl(&["nodes", "--brain", &url]);
+    assert!(ok && !said.contains("cordoned"), "{said}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let all = common::jobs(&url).await.unwrap();
+        let state = |n: &str| all.iter().find(|j| j.job_name == n).unwrap().state.clone();
+        assert_eq!(state("other"), "running", "{all:#?}");
+        if state("owned") == "cancelled" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "owned not cancelled: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// What an impostor on a port saw: every byte it read (after TLS, where it speaks TLS), and
 /// every HTTP/2 header a client sent it, decoded (HPACK's indexes and Huffman coding undone by
 /// the `h2` crate, as a real server would).

@@ -3,7 +3,7 @@
 //! (sizes and speed over time, plans and their reasons), its events and output, the policy in
 //! force with the next round's dry run; scale and cancel.
 //!
-//! * [`session`]: sign-in with the operator token or a job's secret, the session cookie
+//! * [`session`]: sign-in with the operator token or a job owner's token, the session cookie
 //!   (HttpOnly, SameSite=Strict) and each session's CSRF token.
 //! * [`pages`]: the markup, rendered on the server (no script, no build chain).
 //! * [`chart`]: a job's timeline as SVG.
@@ -213,15 +213,25 @@ async fn login(
             let from = address.map_or_else(|| "an unknown address".into(), |a| a.to_string());
             tracing::warn!(from = %from, "console sign-in with a token this brain did not give");
             let page = pages::login(Some(
-                "That token is not one this brain gave: the operator token, or a job's \
-                 credential with the brain.",
+                "That token is not one this brain gave: the operator token, or a job \
+                 owner's token (NAME.owner.token, kept by brainctl submit).",
             ));
             return (StatusCode::UNAUTHORIZED, Html(page.into_string())).into_response();
         }
     };
+    if let Caller::Job(j) = caller {
+        // A process's credential is never a person's: the master's secret stays the master's.
+        c.control.metrics.sign_in_failures.inc();
+        tracing::warn!(job = %j, "console sign-in with a job master's secret, refused");
+        let page = pages::login(Some(
+            "That is a job master's secret, which signs in nowhere: a job's owner signs in \
+             with the owner's token brainctl submit kept for them (NAME.owner.token).",
+        ));
+        return (StatusCode::FORBIDDEN, Html(page.into_string())).into_response();
+    }
     let (cookie, _) = c.sessions.sign_in(caller, c.secure);
     let to = match caller {
-        Caller::Job(j) => format!("/console/jobs/{}", j.0),
+        Caller::Owner(j) => format!("/console/jobs/{}", j.0),
         _ => "/console".into(),
     };
     ([(header::SET_COOKIE, cookie)], Redirect::to(&to)).into_response()
@@ -270,7 +280,7 @@ async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response
         Ok(s) => s,
         Err(answer) => return *answer,
     };
-    if let Caller::Job(j) = s.caller {
+    if let Caller::Owner(j) | Caller::Job(j) = s.caller {
         return Redirect::to(&format!("/console/jobs/{}", j.0)).into_response();
     }
     let jobs = match c
@@ -525,7 +535,7 @@ async fn cancel(
 
 /// The operator's session (the what-if page is theirs alone), or the answer to give.
 fn operator_only(s: &Session) -> Result<(), Box<Response>> {
-    if matches!(s.caller, Caller::Job(_)) {
+    if matches!(s.caller, Caller::Job(_) | Caller::Owner(_)) {
         let page = pages::error(Some(s), "The what-if page is the operator's.");
         return Err(Box::new(
             (StatusCode::FORBIDDEN, Html(page.into_string())).into_response(),

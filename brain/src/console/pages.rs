@@ -44,7 +44,7 @@ pub fn layout(
                 header {
                     strong { "Brain" }
                     @if let Some(s) = session {
-                        @if !matches!(s.caller, Caller::Job(_)) {
+                        @if !matches!(s.caller, Caller::Job(_) | Caller::Owner(_)) {
                             a href="/console" { "Cluster and jobs" }
                             a href="/console/policy" { "Policy and next round" }
                             a href="/console/whatif" { "What-if" }
@@ -242,7 +242,7 @@ pub struct JobView<'a> {
 pub fn job(s: &Session, v: &JobView<'_>) -> Markup {
     let j = v.job;
     let url = format!("/console/jobs/{}", j.job_id);
-    let operator = !matches!(s.caller, Caller::Job(_));
+    // Whoever may see the page (the operator, the job's owner) may scale and cancel the job.
     let running = j.state == "running";
     let body = html! {
         @if let Some((ok, text)) = &v.notice {
@@ -260,7 +260,7 @@ pub fn job(s: &Session, v: &JobView<'_>) -> Markup {
             @if !j.reasons.is_empty() { tr { th { "why this size" } td { (j.reasons.join("; ")) } } }
             tr { th { "run directory" } td { (j.run_dir) } }
         }
-        @if operator && running {
+        @if running {
             form method="post" action=(format!("{url}/scale")) id="scale" {
                 input type="hidden" name="csrf" value=(s.csrf);
                 @let trainer = j.shape.as_ref().map_or("worker", trainer);
@@ -273,7 +273,7 @@ pub fn job(s: &Session, v: &JobView<'_>) -> Markup {
                 " " button type="submit" id="scale-submit" { "Scale" }
             }
         }
-        @if operator && matches!(j.state.as_str(), "running" | "queued") {
+        @if matches!(j.state.as_str(), "running" | "queued") {
             form method="post" action=(format!("{url}/cancel")) id="cancel" {
                 input type="hidden" name="csrf" value=(s.csrf);
                 button type="submit" id="cancel-submit" { "Cancel the job" }

@@ -39,7 +39,8 @@ impl Session {
     pub fn who(&self) -> String {
         match self.caller {
             Caller::Operator => "the operator".into(),
-            Caller::Job(j) => format!("job {j}'s owner"),
+            Caller::Owner(j) => format!("{j}'s owner"),
+            Caller::Job(j) => format!("{j}'s master"),
             Caller::Anyone => "anyone (the brain runs --insecure)".into(),
         }
     }
@@ -155,13 +156,13 @@ mod tests {
     #[test]
     fn a_session_is_named_by_its_cookie_and_ends_at_sign_out() {
         let sessions = Sessions::default();
-        let (set, s) = sessions.sign_in(Caller::Job(vocab::JobId(7)), true);
+        let (set, s) = sessions.sign_in(Caller::Owner(vocab::JobId(7)), true);
         for attr in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/console"] {
             assert!(set.contains(attr), "{set}");
         }
         let h = with_cookie(&set);
         let got = sessions.get(&h).unwrap();
-        assert_eq!(got.caller, Caller::Job(vocab::JobId(7)));
+        assert_eq!(got.caller, Caller::Owner(vocab::JobId(7)));
         assert!(got.csrf_matches(&s.csrf) && !got.csrf_matches("forged"));
         // Another cookie value, or none: no session.
         assert!(sessions.get(&with_cookie("brain_session=abc")).is_none());

@@ -190,14 +190,18 @@ impl Control {
         })
     }
 
-    /// Mints a secret for `job`: its digest goes to the store and the keys, the secret to
-    /// whoever hands it to the job's master.
-    pub async fn mint(&self, job: JobId) -> Result<auth::Token, BrainError> {
+    /// Mints a token of `job`'s `holder` (its master's secret, or its owner's token): its
+    /// digest goes to the store and the keys, the token to whoever hands it over.
+    pub async fn mint(
+        &self,
+        job: JobId,
+        holder: crate::auth::Holder,
+    ) -> Result<auth::Token, BrainError> {
         let token = auth::Token::generate();
         let digest = token.digest();
-        self.with_store(move |s| s.add_job_token(job, digest, now_unix_ms()))
+        self.with_store(move |s| s.add_job_token(job, digest, holder, now_unix_ms()))
             .await?;
-        self.keys.add(digest, job);
+        self.keys.add(digest, job, holder);
         Ok(token)
     }
 
@@ -599,7 +603,7 @@ impl Control {
             let worker = spec.roles.entry(spec.training_role()).or_default();
             worker.resources.get_or_insert_default().gpu_type = Some(model.clone());
         }
-        let token = self.mint(job).await?;
+        let token = self.mint(job, crate::auth::Holder::Master).await?;
         // Where the round placed its processes, under the names the job gives its roles.
         let trainer = row
             .shape

@@ -171,6 +171,8 @@ const MIGRATIONS: &[Migration] = &[
     Sql("ALTER TABLE jobs ADD COLUMN start_nodes TEXT NOT NULL DEFAULT '{}'"),
     // The shape kept by role group (`shape::Shape`), rewritten from the worker and PS fields.
     Rows(shape::legacy::rewrite),
+    // Whose a job's token is: its master's secret, or its owner's token (a person's).
+    Sql("ALTER TABLE job_tokens ADD COLUMN holder TEXT NOT NULL DEFAULT 'master'"),
 ];
 
 fn migrate(conn: &Connection) -> Result<(), BrainError> {

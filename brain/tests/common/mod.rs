@@ -166,6 +166,20 @@ pub type Brain = test_support::Spawned;
 /// of a brain this test started, it sends that brain's operator token (over mutual TLS when
 /// the brain has a `--tls-dir`).
 pub fn brainctl(args: &[&str]) -> (bool, String) {
+    brainctl_as(None, args)
+}
+
+/// The job owner's token `brainctl submit` kept for job `id` of the brain at `url`.
+pub fn owner_token_file(url: &str, id: u64) -> PathBuf {
+    token_file(url)
+        .parent()
+        .unwrap()
+        .join("owners")
+        .join(format!("job-{id}.owner.token"))
+}
+
+/// `brainctl` as [`brainctl`] runs it, with the token in `token` (the operator's: `None`).
+pub fn brainctl_as(token: Option<&Path>, args: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_brainctl"));
     cmd.args(args);
     if let Some(url) = args
@@ -173,7 +187,8 @@ pub fn brainctl(args: &[&str]) -> (bool, String) {
         .position(|a| *a == "--brain")
         .and_then(|i| args.get(i + 1))
     {
-        cmd.arg("--token-file").arg(token_file(url));
+        let operator = token_file(url);
+        cmd.arg("--token-file").arg(token.unwrap_or(&operator));
         if let Some(dir) = tls_dir(url) {
             cmd.arg("--tls-dir").arg(dir);
         } else if let Some(ca) = own_ca(url) {

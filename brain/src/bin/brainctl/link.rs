@@ -87,6 +87,15 @@ pub type Client = BrainClient<
 /// How long connecting to the brain (TCP and the TLS handshake) may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Where `brainctl submit` keeps job owners' tokens by default: `owners/` beside the operator
+/// token (the operator's own directory, which holds the token that steers every job anyway).
+pub fn owners_dir() -> PathBuf {
+    LINK.get()
+        .map(|l| l.token_file.parent().unwrap_or(std::path::Path::new("")))
+        .unwrap_or(std::path::Path::new(""))
+        .join("owners")
+}
+
 /// Asks a running brain, on a runtime of its own (the rest of brainctl is synchronous).
 pub fn ask_brain<T>(
     address: &str,

@@ -156,6 +156,12 @@ enum Command {
         /// Follow the job until it ends; exit 0 only if it succeeded.
         #[arg(long)]
         wait: bool,
+        /// Where the job owner's token is kept (mode 0600, never replaced; default
+        /// `owners/job-ID.owner.token` beside --token-file): the person's credential for this
+        /// job alone (`brainctl --token-file FILE jobs/events/logs/diagnose/scale/cancel`, and
+        /// the console), which the brain returns once. It makes no job master's call.
+        #[arg(long)]
+        owner_token_file: Option<PathBuf>,
     },
     /// Show what the brain's next round would decide for every queued and running job, and
     /// why, without dispatching anything.
@@ -307,7 +313,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             follow,
             brain,
         } => logs_cmd::logs(&job, role.as_deref(), index, follow, &brain),
-        Command::Submit { spec, brain, wait } => submit_cmd::submit(&spec, &brain, wait),
+        Command::Submit {
+            spec,
+            brain,
+            wait,
+            owner_token_file,
+        } => submit_cmd::submit(&spec, &brain, wait, owner_token_file),
         Command::Plan { dry_run, brain } => plan_cmd::plan(dry_run, &brain),
         Command::Scale {
             job,
