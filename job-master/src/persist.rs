@@ -5,9 +5,17 @@
 //! over `job-context.json`, so a reader sees the old or the new context, never half of one.
 //! Callers wait until their generation is on disk before they answer, so an acknowledged change
 //! survives a crash; concurrent changes share one write.
+//!
+//! A write that fails (the run directory removed, a full or failing disk) is retried with
+//! backoff ([`RETRY_FIRST`] doubling to [`RETRY_MOST`]), said in the log at most every
+//! [`SAID_EVERY`] and once in the job's events ([`Persister::news`]); callers wait meanwhile.
+//! Once writes have failed for the master's `persist_give_up_ms`, callers are told, and the
+//! job fails with the reason (its processes stopped): a job that cannot keep its record could
+//! lose or repeat work.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, Notify, watch};
 
@@ -18,21 +26,51 @@ use crate::job::JobContext;
 
 pub use vocab::run_dir::CONTEXT_FILE;
 
+/// The first wait before a failed write is tried again.
+pub const RETRY_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait between tries.
+pub const RETRY_MOST: Duration = Duration::from_secs(5);
+/// How often a write that goes on failing is said in the log.
+pub const SAID_EVERY: Duration = Duration::from_secs(10);
+
 pub struct Persister {
     path: PathBuf,
     wanted: std::sync::atomic::AtomicU64,
     wake: Notify,
     written: watch::Sender<(u64, Option<String>)>,
+    /// How long writes may fail before callers are told (and the job fails).
+    give_up_after: Duration,
+    /// What the job's events should say and have not yet: writes began failing, or work again.
+    news: std::sync::Mutex<Option<String>>,
+}
+
+/// Writes failing since `since`.
+struct Failing {
+    since: Instant,
+    tries: u32,
+    said: Instant,
+    gave_up: bool,
 }
 
 impl Persister {
-    pub fn new(run_dir: &Path) -> Arc<Self> {
+    pub fn new(run_dir: &Path, give_up_after: Duration) -> Arc<Self> {
         Arc::new(Self {
             path: run_dir.join(CONTEXT_FILE),
             wanted: 0.into(),
             wake: Notify::new(),
             written: watch::channel((0, None)).0,
+            give_up_after,
+            news: std::sync::Mutex::default(),
         })
+    }
+
+    /// What the job's events should say about its writes since last asked, if anything.
+    pub fn news(&self) -> Option<String> {
+        self.news.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn tell(&self, text: String) {
+        *self.news.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
     }
 
     pub fn path(&self) -> &Path {
@@ -76,35 +114,93 @@ impl Persister {
 
     /// The writer loop; runs until the process ends.
     pub async fn run(self: Arc<Self>, job: Arc<Mutex<JobContext>>) {
+        let mut failing: Option<Failing> = None;
         loop {
             let target = self.wanted.load(std::sync::atomic::Ordering::SeqCst);
-            if target > self.written.borrow().0 {
-                let json = {
-                    let ctx = job.lock().await;
-                    serde_json::to_vec(&*ctx)
-                };
-                let path = self.path.clone();
-                let res = match json {
-                    Ok(bytes) => tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
-                        .await
-                        .unwrap_or_else(|e| Err(std::io::Error::other(e))),
-                    Err(e) => Err(std::io::Error::other(e)),
-                };
-                match res {
-                    Ok(()) => {
-                        self.written.send_replace((target, None));
-                    }
-                    Err(e) => {
-                        tracing::error!(path = %self.path.display(), "cannot persist job context: {e}");
-                        // Read first: holding a borrow while sending would deadlock on the watch's lock.
-                        let done = self.written.borrow().0;
-                        self.written.send_replace((done, Some(e.to_string())));
-                    }
-                }
+            if target <= self.written.borrow().0 {
+                self.wake.notified().await;
                 continue;
             }
-            self.wake.notified().await;
+            let json = {
+                let ctx = job.lock().await;
+                serde_json::to_vec(&*ctx)
+            };
+            let path = self.path.clone();
+            let res = match json {
+                Ok(bytes) => tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+                Err(e) => Err(std::io::Error::other(e)),
+            };
+            match res {
+                Ok(()) => {
+                    if let Some(f) = failing.take() {
+                        let text = format!(
+                            "the job's state is written again ({}), after {} s and {} failed \
+                             tries",
+                            self.path.display(),
+                            f.since.elapsed().as_secs(),
+                            f.tries
+                        );
+                        tracing::info!("{text}");
+                        self.tell(text);
+                    }
+                    self.written.send_replace((target, None));
+                }
+                Err(e) => {
+                    let delay = self.failed(&mut failing, &e);
+                    tokio::time::sleep(delay).await;
+                }
+            }
         }
+    }
+
+    /// Counts a failed write: said (the first, then every [`SAID_EVERY`]), callers told once
+    /// writes have failed for `give_up_after`. The wait before the next try.
+    fn failed(&self, failing: &mut Option<Failing>, e: &std::io::Error) -> Duration {
+        let now = Instant::now();
+        let first = failing.is_none();
+        let f = failing.get_or_insert(Failing {
+            since: now,
+            tries: 0,
+            said: now,
+            gave_up: false,
+        });
+        f.tries += 1;
+        let for_s = f.since.elapsed().as_secs();
+        let delay = RETRY_FIRST
+            .saturating_mul(1 << (f.tries - 1).min(16))
+            .min(RETRY_MOST);
+        if first || f.said.elapsed() >= SAID_EVERY {
+            f.said = now;
+            tracing::error!(
+                path = %self.path.display(),
+                tries = f.tries,
+                for_s,
+                "cannot persist job context: {e}; trying again in {} ms",
+                delay.as_millis()
+            );
+        }
+        if first {
+            self.tell(format!(
+                "cannot write the job's state to {} ({e}): trying again with backoff; the job \
+                 fails if this lasts {} s",
+                self.path.display(),
+                self.give_up_after.as_secs()
+            ));
+        }
+        if !f.gave_up && f.since.elapsed() >= self.give_up_after {
+            f.gave_up = true;
+            let done = self.written.borrow().0;
+            self.written.send_replace((
+                done,
+                Some(format!(
+                    "{e} (writes failing for {for_s} s, {} tries)",
+                    f.tries
+                )),
+            ));
+        }
+        delay
     }
 }
 
@@ -310,7 +406,7 @@ mod tests {
         .unwrap();
         let (ctx, _) = JobContext::new(spec, "p-1".into(), Timing::default(), 0);
         let job = Arc::new(Mutex::new(ctx));
-        let persister = Persister::new(dir.path());
+        let persister = Persister::new(dir.path(), Duration::from_secs(60));
         tokio::spawn(persister.clone().run(job.clone()));
         job.lock().await.fail("for the test".into(), 5);
         persister.durable(persister.changed()).await.unwrap();

@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use job_master::job::Timing;
 use job_master::spec::Role;
 
 const N: u64 = 40_000;
@@ -520,4 +521,42 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
         "the job master restarted: every process restarts from checkpoint",
     );
     assert_no_process_left(addr).await;
+}
+
+/// Failing storage is a fault, not a loop: with its run directory removed under it, the job
+/// master retries writing the job's state with backoff (a handful of tries, not thousands a
+/// second), says so in the job's events, and once writes have failed for its
+/// `persist_give_up_ms` fails the job with the reason and stops its processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_directory_removed_under_a_running_master_fails_the_job_and_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "no-disk", "allreduce", 0, 2, N, 2, 2_000, 10);
+    let timing = Timing {
+        persist_give_up_ms: 3_000,
+        ..test_timing()
+    };
+    let mut run = start_with(spec, dir.path(), timing).await;
+    shards_at_least(run.addr, 2).await;
+    std::fs::remove_dir_all(&run.run_dir).unwrap();
+    let report = run.report().await;
+    let reason = report.reason.clone().unwrap_or_default();
+    assert!(!report.succeeded(), "{:#?}", report.events);
+    assert!(reason.contains("cannot persist job context"), "{reason}");
+    // Backoff: 100 ms doubling to 5 s gives about 6 tries in 3 s.
+    let tries: u32 = reason
+        .split(" tries)")
+        .next()
+        .and_then(|s| s.rsplit(", ").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of tries in {reason}"));
+    assert!((2..=20).contains(&tries), "{tries} tries: {reason}");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.contains("cannot write the job's state") && e.contains("backoff")),
+        "{:#?}",
+        report.events
+    );
+    assert_no_process_left(run.addr).await;
 }

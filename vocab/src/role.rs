@@ -46,12 +46,14 @@ impl fmt::Display for JobKind {
 /// digits and `-`, not ending with `-`), so it can name a host, a Ray placement-group bundle and a
 /// file. Names are interned: a `Role` is a copyable pointer to one shared copy of the name,
 /// compared and ordered by the name. At most [`MAX_ROLE_NAMES`] distinct names live in one
-/// process; a name beyond that is refused.
+/// process (a spec interns its roles' names only once their count is within the spec limit,
+/// so a refused spec of many roles costs nothing); a name beyond that is refused, saying so.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Role(&'static str);
 
-/// The most distinct role names one process keeps (each at most 63 bytes: 4 MiB in all).
-pub const MAX_ROLE_NAMES: usize = 65_536;
+/// The most distinct role names one process keeps: far beyond any real use (a brain taking
+/// a job of 64 new role names every minute reaches it after a year), at most 64 MiB of names.
+pub const MAX_ROLE_NAMES: usize = 1 << 20;
 
 static NAMES: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
@@ -79,7 +81,9 @@ impl Role {
         }
         if names.len() >= MAX_ROLE_NAMES {
             return Err(format!(
-                "role name {name:?}: this process already knows {MAX_ROLE_NAMES} role names"
+                "role name {name:?}: this process already knows {MAX_ROLE_NAMES} distinct role \
+                 names, the most it keeps; it takes the names it knows, and new ones once \
+                 restarted"
             ));
         }
         let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
@@ -89,6 +93,15 @@ impl Role {
 
     pub fn as_str(self) -> &'static str {
         self.0
+    }
+
+    /// Whether `name` is interned already (tests).
+    #[cfg(test)]
+    pub(crate) fn is_known(name: &str) -> bool {
+        NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
     }
 }
 

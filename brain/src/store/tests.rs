@@ -489,10 +489,15 @@ fn shapes_stored_with_worker_and_ps_fields_are_rewritten_by_role_group_when_the_
             .execute_batch(&format!(
                 "UPDATE jobs SET shape = '{legacy_ps}' WHERE id = {};
                  UPDATE jobs SET shape = '{legacy_rl}' WHERE id = {};
+                 ALTER TABLE job_tokens DROP COLUMN holder;
                  PRAGMA user_version = {};",
                 ps.0,
                 rl.0,
-                MIGRATIONS.len() - 1
+                // The store as it was before the shapes' rewrite (and what came after it).
+                MIGRATIONS
+                    .iter()
+                    .position(|m| matches!(m, Migration::Rows(_)))
+                    .unwrap()
             ))
             .unwrap();
         (ps, rl, bad)

@@ -466,6 +466,14 @@ pub struct Timing {
     /// job goes on at its old size.
     #[serde(default = "default_cut_timeout")]
     pub cut_timeout_ms: u64,
+    /// How long writes of the job's state may fail (retried with backoff meanwhile) before
+    /// the job fails with the reason.
+    #[serde(default = "default_persist_give_up")]
+    pub persist_give_up_ms: u64,
+}
+
+fn default_persist_give_up() -> u64 {
+    60_000
 }
 
 fn default_register_timeout() -> u64 {
@@ -485,6 +493,7 @@ impl Default for Timing {
             grace_period_ms: 5_000,
             register_timeout_ms: default_register_timeout(),
             cut_timeout_ms: default_cut_timeout(),
+            persist_give_up_ms: default_persist_give_up(),
         }
     }
 }
@@ -795,6 +804,11 @@ impl JobContext {
 
     fn log(&mut self, at_ms: u64, text: String) {
         self.log_as(EventKind::Info, at_ms, text);
+    }
+
+    /// What the master says about writing the job's state (failing, or working again).
+    pub fn storage(&mut self, at_ms: u64, text: String) {
+        self.log_as(EventKind::Fault, at_ms, text);
     }
 
     fn log_as(&mut self, kind: EventKind, at_ms: u64, text: String) {

@@ -305,7 +305,7 @@ pub async fn run(
         }
     })?;
     let job = Arc::new(Mutex::new(ctx));
-    let persister = Persister::new(&run_dir);
+    let persister = Persister::new(&run_dir, Duration::from_millis(timing.persist_give_up_ms));
     tokio::spawn(persister.clone().run(job.clone()));
     persister.durable(persister.changed()).await?;
 
@@ -451,9 +451,15 @@ pub async fn run(
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        let news = shared.persister.news();
                         shared
                             .apply_logged("timer tick", |ctx, now| {
+                                let said = news.is_some();
+                                if let Some(text) = news {
+                                    ctx.storage(now, text);
+                                }
                                 let (effects, changed) = ctx.tick_changed(now);
+                                let changed = changed || said;
                                 if platform.counts_devices() {
                                     platform.devices_held(ctx.device_use());
                                 }
@@ -546,7 +552,10 @@ pub async fn run(
     let report = build_report(&ctx, shared.ps_stats.lock().await.clone(), shared.now_ms());
     if let Ok(json) = serde_json::to_vec_pretty(&report) {
         let path = run_dir.join(vocab::run_dir::REPORT_FILE);
-        write_atomic(&path, &json).map_err(|e| Error::Io { path, source: e })?;
+        // The brain hears the outcome whether or not the report could be written.
+        if let Err(e) = write_atomic(&path, &json) {
+            tracing::error!(path = %path.display(), "cannot write the job's report: {e}");
+        }
     }
     if let Some(link) = &brain {
         crate::brain_link::report_outcome(link, &report, addr).await;

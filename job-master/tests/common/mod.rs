@@ -185,6 +185,7 @@ pub fn test_timing() -> Timing {
         grace_period_ms: 2_000,
         register_timeout_ms: 30_000,
         cut_timeout_ms: 120_000,
+        persist_give_up_ms: 60_000,
     }
 }
 

@@ -268,12 +268,32 @@ fn default_every_shards() -> i64 {
     20
 }
 
+/// A spec's roles, their names interned only once their count is within
+/// [`limits::MAX_ROLES`]: a spec of thousands of role names is refused without keeping one.
+fn roles_within_limit<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<Role, RoleSpec>, D::Error> {
+    let named = BTreeMap::<String, RoleSpec>::deserialize(d)?;
+    if named.len() > limits::MAX_ROLES {
+        return Err(serde::de::Error::custom(format!(
+            "roles: names {} roles, above the limit of {}",
+            named.len(),
+            limits::MAX_ROLES
+        )));
+    }
+    named
+        .into_iter()
+        .map(|(name, spec)| Ok((Role::new(&name).map_err(serde::de::Error::custom)?, spec)))
+        .collect()
+}
+
 /// A training job as a user submits it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     pub name: String,
     pub kind: JobKind,
+    #[serde(deserialize_with = "roles_within_limit")]
     pub roles: BTreeMap<Role, RoleSpec>,
     pub workload: WorkloadSpec,
     pub data: DataSpec,
@@ -398,6 +418,29 @@ data: { num_samples: 1000, shard_size: 100 }
 epochs: 2
 checkpoint: { dir: /tmp/brain-spec-test }
 "#;
+
+    /// A spec of more roles than a job may have is refused before any of their names is kept:
+    /// refused specs cannot fill the process's table of role names.
+    #[test]
+    fn a_spec_of_too_many_roles_is_refused_without_keeping_their_names() {
+        let many: String = (0..limits::MAX_ROLES + 1)
+            .map(|i| format!("  flood-{i}: {{ replicas: 1 }}\n"))
+            .collect();
+        let yaml = GOOD.replace(
+            "  ps: { replicas: 2 }\n",
+            &format!("  ps: {{ replicas: 2 }}\n{many}"),
+        );
+        let e = JobSpec::from_yaml(&yaml).unwrap_err().to_string();
+        assert!(e.contains("above the limit of 64"), "{e}");
+        assert!((0..=limits::MAX_ROLES).all(|i| !Role::is_known(&format!("flood-{i}"))));
+        // Within the limit, they are kept.
+        let few = GOOD.replace(
+            "  ps: { replicas: 2 }\n",
+            "  ps: { replicas: 2 }\n  kept-1: { replicas: 1 }\n",
+        );
+        let _ = JobSpec::from_yaml(&few);
+        assert!(Role::is_known("kept-1"));
+    }
 
     #[test]
     fn good_spec_parses_units_and_bounds() {

@@ -56,6 +56,11 @@ pub struct RunArgs {
     /// goes on at its old size, milliseconds.
     #[arg(long, default_value_t = 120_000)]
     cut_timeout_ms: u64,
+    /// How long writes of the job's state to the run directory may fail (a removed run
+    /// directory, a full or failing disk), retried with backoff meanwhile, before the job
+    /// fails with the reason and its processes are stopped, milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    persist_give_up_ms: u64,
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 2)]
     progress_secs: u64,
@@ -306,6 +311,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         grace_period_ms,
         register_timeout_ms,
         cut_timeout_ms,
+        persist_give_up_ms,
         progress_secs,
         max_processes,
         platform,
@@ -406,6 +412,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             grace_period_ms,
             register_timeout_ms,
             cut_timeout_ms,
+            persist_give_up_ms,
         },
         platform,
         brain: brain.map(|url| {
