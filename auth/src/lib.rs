@@ -124,17 +124,23 @@ pub fn endpoint(
     url: String,
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
-    match tls {
+    let endpoint = match tls {
         Some(tls) => {
             let url = match url.strip_prefix("http://") {
                 Some(rest) => format!("https://{rest}"),
                 None => url,
             };
-            tonic::transport::Endpoint::from_shared(url)?.tls_config(tls)
+            tonic::transport::Endpoint::from_shared(url)?.tls_config(tls)?
         }
-        None => tonic::transport::Endpoint::from_shared(url),
-    }
+        None => tonic::transport::Endpoint::from_shared(url)?,
+    };
+    Ok(endpoint.connect_timeout(CONNECT_TIMEOUT))
 }
+
+/// How long a connection (TCP, and TLS where there is TLS) may take to be made: a peer that
+/// never answers is an error after this, never a wait without end. Each call sets its own
+/// deadline besides (by its kind, where it is made).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {

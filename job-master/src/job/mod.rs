@@ -470,6 +470,14 @@ pub struct Timing {
     /// the job fails with the reason.
     #[serde(default = "default_persist_give_up")]
     pub persist_give_up_ms: u64,
+    /// How long a parameter server may take to save its part of a checkpoint to disk: past
+    /// it the checkpoint fails with the reason and the job goes on to its next cut.
+    #[serde(default = "default_ps_save_timeout")]
+    pub ps_save_timeout_ms: u64,
+}
+
+fn default_ps_save_timeout() -> u64 {
+    300_000
 }
 
 fn default_persist_give_up() -> u64 {
@@ -494,6 +502,7 @@ impl Default for Timing {
             register_timeout_ms: default_register_timeout(),
             cut_timeout_ms: default_cut_timeout(),
             persist_give_up_ms: default_persist_give_up(),
+            ps_save_timeout_ms: default_ps_save_timeout(),
         }
     }
 }

@@ -161,7 +161,7 @@ pub(super) async fn execute(
             for addr in ps {
                 let r = match ps_client(&addr, &shared.creds).await {
                     Ok(mut c) => c
-                        .drop(pb::DropRequest {})
+                        .drop(ps::within(pb::DropRequest {}, ps::PS_CALL_TIMEOUT))
                         .await
                         .map(|r| r.into_inner().dropped)
                         .map_err(|e| e.message().to_string()),
@@ -211,11 +211,23 @@ async fn save_ps_and_commit(
     step: u64,
     generation: u64,
 ) {
-    let (kind, checkpoints) = {
+    let (kind, checkpoints, deadline) = {
         let ctx = shared.job.lock().await;
-        (ctx.spec.kind.to_string(), ctx.spec.checkpoint.dir.clone())
+        (
+            ctx.spec.kind.to_string(),
+            ctx.spec.checkpoint.dir.clone(),
+            Duration::from_millis(ctx.timing.ps_save_timeout_ms),
+        )
     };
-    match save_ps(id, (&checkpoints, dir), ps, step, kind, &shared.creds).await {
+    let saved = save_ps(
+        id,
+        (&checkpoints, dir),
+        ps,
+        (step, kind),
+        &shared.creds,
+        deadline,
+    );
+    match saved.await {
         Ok(manifest) => {
             let r = shared
                 .apply(|ctx, now| {

@@ -5,6 +5,29 @@ use super::*;
 
 type PsClient = pb::parameter_server_client::ParameterServerClient<auth::Channel>;
 
+/// How long a PS may take to answer a call other than a save to disk or a reshard (its
+/// statistics, an in-memory copy, dropping lent keys).
+pub(super) const PS_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a reshard may take (every old PS streaming the keys it gives away).
+const PS_RESHARD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `message` as a request that fails with DEADLINE_EXCEEDED when not answered within `d`.
+pub(super) fn within<T>(message: T, d: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.set_timeout(d);
+    r
+}
+
+/// Why a call to a PS failed, in words: a deadline that passed says how long it waited.
+fn failed_call(e: &tonic::Status, d: Duration) -> String {
+    match e.code() {
+        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            format!("no answer within {} s ({})", d.as_secs(), e.message())
+        }
+        _ => e.message().to_string(),
+    }
+}
+
 fn ps_error(addr: &str, problem: impl std::fmt::Display) -> Error {
     Error::Ps {
         addr: addr.to_string(),
@@ -23,14 +46,15 @@ pub(super) async fn ps_client(addr: &str, creds: &auth::JobCreds) -> Result<PsCl
 }
 
 /// Saves every PS's part of `step` into `dir` (below the job's checkpoint directory
-/// `checkpoints`) as checkpoint `id`, and writes its manifest there.
+/// `checkpoints`) as checkpoint `id`, and writes its manifest there. A PS that does not answer
+/// within `deadline` fails the save (the job goes on, and checkpoints at its next cut).
 pub(super) async fn save_ps(
     id: u64,
     (checkpoints, dir): (&std::path::Path, &std::path::Path),
     ps: &[String],
-    step: u64,
-    kind: String,
+    (step, kind): (u64, String),
     creds: &auth::JobCreds,
+    deadline: Duration,
 ) -> Result<PathBuf, Error> {
     crate::persist::create_dir_for_processes(checkpoints, dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -40,13 +64,19 @@ pub(super) async fn save_ps(
     for (index, addr) in ps.iter().enumerate() {
         let resp = ps_client(addr, creds)
             .await?
-            .save(pb::SaveRequest {
-                dir: dir.display().to_string(),
-                checkpoint_id: id,
-                ..Default::default()
-            })
+            .save(within(
+                pb::SaveRequest {
+                    dir: dir.display().to_string(),
+                    checkpoint_id: id,
+                    ..Default::default()
+                },
+                deadline,
+            ))
             .await
-            .map_err(|e| ps_error(addr, format!("ps {index} could not save: {}", e.message())))?
+            .map_err(|e| {
+                let why = failed_call(&e, deadline);
+                ps_error(addr, format!("ps {index} could not save: {why}"))
+            })?
             .into_inner();
         parts.push(Part {
             index: index as u32,
@@ -95,14 +125,20 @@ pub(super) async fn copy_ps_cut(
                 let resp = ps_client(&addr, &creds)
                     .await
                     .map_err(|e| e.to_string())?
-                    .save(pb::SaveRequest {
-                        in_memory: true,
-                        step,
-                        committed_step: committed,
-                        ..Default::default()
-                    })
+                    .save(within(
+                        pb::SaveRequest {
+                            in_memory: true,
+                            step,
+                            committed_step: committed,
+                            ..Default::default()
+                        },
+                        PS_CALL_TIMEOUT,
+                    ))
                     .await
-                    .map_err(|e| format!("ps {index} could not copy it: {}", e.message()))?
+                    .map_err(|e| {
+                        let why = failed_call(&e, PS_CALL_TIMEOUT);
+                        format!("ps {index} could not copy it: {why}")
+                    })?
                     .into_inner();
                 match resp.not_in_memory.is_empty() {
                     true => Ok(()),
@@ -138,9 +174,9 @@ pub(super) async fn ps_digest(
     for addr in addrs {
         let s = ps_client(addr, creds)
             .await?
-            .stats(pb::StatsRequest {})
+            .stats(within(pb::StatsRequest {}, PS_CALL_TIMEOUT))
             .await
-            .map_err(|e| ps_error(addr, e.message()))?
+            .map_err(|e| ps_error(addr, failed_call(&e, PS_CALL_TIMEOUT)))?
             .into_inner();
         digest = digest.wrapping_add(s.param_digest);
         keys += s.keys;
@@ -172,15 +208,19 @@ pub async fn reshard_ps(
             let creds = creds.clone();
             tokio::spawn(async move {
                 let mut c = ps_client(&addr, &creds).await?;
-                c.reshard(pb::ReshardRequest {
+                let request = pb::ReshardRequest {
                     num_ps: to.len() as u32,
                     ps: to,
                     donor: i == 0,
                     old_num_ps: old,
-                })
-                .await
-                .map(|r| r.into_inner())
-                .map_err(|e| ps_error(&addr, format!("ps {i} could not reshard: {}", e.message())))
+                };
+                c.reshard(within(request, PS_RESHARD_TIMEOUT))
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|e| {
+                        let why = failed_call(&e, PS_RESHARD_TIMEOUT);
+                        ps_error(&addr, format!("ps {i} could not reshard: {why}"))
+                    })
             })
         })
         .collect();
@@ -206,9 +246,9 @@ pub async fn reshard_ps(
 pub(super) async fn ps_stats(addr: &str, creds: &auth::JobCreds) -> Result<PsStats, Error> {
     let s = ps_client(addr, creds)
         .await?
-        .stats(pb::StatsRequest {})
+        .stats(within(pb::StatsRequest {}, PS_CALL_TIMEOUT))
         .await
-        .map_err(|e| ps_error(addr, e.message()))?
+        .map_err(|e| ps_error(addr, failed_call(&e, PS_CALL_TIMEOUT)))?
         .into_inner();
     Ok(PsStats {
         index: 0,
@@ -218,4 +258,46 @@ pub(super) async fn ps_stats(addr: &str, creds: &auth::JobCreds) -> Result<PsSta
         applied_index_sum: s.applied_index_sum,
         duplicate_pushes: s.duplicate_pushes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PS that takes the connection and never answers (what held a ps job's cut, and every
+    /// lease, for 10 minutes in a chaos soak): the save fails within its deadline, saying so.
+    #[tokio::test]
+    async fn a_ps_that_never_answers_its_save_fails_it_within_the_deadline() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                kept.push(s);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("ps-1");
+        let creds = auth::JobCreds::from(auth::Token::generate());
+        let ps = [addr];
+        let save = save_ps(
+            1,
+            (dir.path(), &at),
+            &ps,
+            (10, "ps".into()),
+            &creds,
+            Duration::from_secs(1),
+        );
+        let e = tokio::time::timeout(Duration::from_secs(30), save)
+            .await
+            .expect("the save ended")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ps 0 could not save: no answer within 1 s"),
+            "{e}"
+        );
+        assert!(!at.join(MANIFEST_FILE).exists());
+        held.abort();
+    }
 }

@@ -186,6 +186,7 @@ pub fn test_timing() -> Timing {
         register_timeout_ms: 30_000,
         cut_timeout_ms: 120_000,
         persist_give_up_ms: 60_000,
+        ps_save_timeout_ms: 300_000,
     }
 }
 

@@ -61,6 +61,11 @@ pub struct RunArgs {
     /// fails with the reason and its processes are stopped, milliseconds.
     #[arg(long, default_value_t = 60_000)]
     persist_give_up_ms: u64,
+    /// How long a parameter server may take to save its part of a checkpoint to disk before
+    /// the checkpoint fails with the reason (the job goes on, and checkpoints at its next
+    /// cut), milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    ps_save_timeout_ms: u64,
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 2)]
     progress_secs: u64,
@@ -312,6 +317,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         register_timeout_ms,
         cut_timeout_ms,
         persist_give_up_ms,
+        ps_save_timeout_ms,
         progress_secs,
         max_processes,
         platform,
@@ -413,6 +419,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             register_timeout_ms,
             cut_timeout_ms,
             persist_give_up_ms,
+            ps_save_timeout_ms,
         },
         platform,
         brain: brain.map(|url| {
