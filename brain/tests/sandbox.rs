@@ -54,8 +54,12 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         ),
     )
     .unwrap();
+    // The brain's own environment: none of it may reach a job.
     let (_b, addr) = common::start_brain_with(&data, "127.0.0.1:0", 2, |cmd| {
-        cmd.arg("--config").arg(d.join("brain.toml"));
+        cmd.arg("--config")
+            .arg(d.join("brain.toml"))
+            .env("SECRET_CANARY", "the-brains-own")
+            .env("OLDPWD", "/the/brains/last/directory");
     });
     let url = format!("http://{addr}");
     let run = data.join("runs").join("probe");

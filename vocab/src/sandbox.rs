@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 /// The variable that carries a [`Sandbox`] (JSON) from the brain to a job master and its agents.
 pub const SANDBOX_ENV: &str = "BRAIN_SANDBOX";
 
+/// The variable that names (comma-separated) the variables of an agent's environment that its
+/// job's processes get besides the agent's fixed set: what the job's spec gave the platform to
+/// set for its agents (`platform: { env: ... }` on Ray).
+pub const PASS_ENV: &str = "BRAIN_PASS_ENV";
+
 /// How processes are confined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -177,6 +177,41 @@ pub(crate) fn child_env(
     env
 }
 
+/// What a job's process takes from its agent's own environment: where programs and
+/// libraries are, the locale and time zone, a home and a temporary directory, the devices a
+/// GPU node's container runtime names, and the log settings of Brain's own built-in workload.
+/// Nothing else of the agent's environment (and so of the job master's or the brain's) reaches
+/// a job: the agent sets the job's own variables, then the spec's.
+pub const INHERITED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
+
+/// The agent's variables a job's process gets: [`INHERITED`], the locale's `LC_*`, and those
+/// [`vocab::sandbox::PASS_ENV`] names (what the spec had its platform set for the agents).
+fn inherited() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+    let passed: Vec<String> = std::env::var(vocab::sandbox::PASS_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect();
+    std::env::vars_os().filter(move |(k, _)| {
+        k.to_str().is_some_and(|k| {
+            INHERITED.contains(&k) || k.starts_with("LC_") || passed.iter().any(|p| p == k)
+        })
+    })
+}
+
 pub(crate) fn spawn(
     args: &AgentArgs,
     reg: &pb::RegisterAgentResponse,
@@ -241,7 +276,9 @@ pub(crate) fn spawn(
         c.args(&command[1..]);
         c
     };
-    cmd.envs(env)
+    cmd.env_clear()
+        .envs(inherited())
+        .envs(env)
         .envs(overrides)
         .stdin(Stdio::null())
         .kill_on_drop(true);

@@ -23,6 +23,8 @@ out="$BRAIN_CHECKPOINT_DIR/probe-$BRAIN_INDEX.txt"
   if echo x > "$BRAIN_CHECKPOINT_DIR/written"; then echo "checkpoints=writable"; fi
   if t=$(mktemp) && echo x > "$t" && rm "$t"; then echo "tmp=writable"; else echo "tmp=read-only"; fi
   if [ -e /root/.bashrc ] || [ -e /home ]; then echo "home=visible"; else echo "home=hidden"; fi
+  if [ -n "$SECRET_CANARY$OLDPWD" ]; then echo "brain_env=leaked"; else echo "brain_env=absent"; fi
+  echo "env=$(env | cut -d= -f1 | sort | tr '\n' ' ')"
 } > "$out"
 "#;
 
@@ -71,6 +73,7 @@ pub fn assert_probe(report: &str, job: &str) {
         "checkpoints=writable".into(),
         "tmp=writable".into(),
         "home=hidden".into(),
+        "brain_env=absent".into(),
     ] {
         assert!(
             report.lines().any(|l| l == line),

@@ -378,6 +378,12 @@ impl Platform for RayPlatform {
                 problem: format!("cannot quote its command line: {e}"),
             })?;
         let mut env = inner.settings.env.clone();
+        // What the spec set for its agents, its processes get too (nothing else of the
+        // agent's environment reaches them).
+        let passed: Vec<&str> = inner.settings.env.keys().map(String::as_str).collect();
+        if !passed.is_empty() {
+            env.insert(vocab::sandbox::PASS_ENV.into(), passed.join(","));
+        }
         env.insert("BRAIN_RAY_SUBMISSION_ID".into(), id.clone());
         // The path of the job's secret, not the secret: Ray shows a job's environment on its
         // dashboard. The run directory is shared with the nodes, as the checkpoints are.
