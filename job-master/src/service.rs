@@ -2,6 +2,7 @@
 //! back. No decisions are taken here.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use proto::jobmaster::v1 as pb;
@@ -526,6 +527,24 @@ impl pb::job_master_server::JobMaster for MasterService {
             step,
             ..Default::default()
         }))
+    }
+
+    async fn report_checkpoint_damaged(
+        &self,
+        req: Request<pb::CheckpointDamaged>,
+    ) -> Result<Response<pb::CheckpointFallback>, Status> {
+        let r = req.into_inner();
+        let (key, incarnation) = process(r.process)?;
+        let manifest = PathBuf::from(r.manifest);
+        let fallback = self
+            .shared
+            .apply(|ctx, now| ctx.checkpoint_damaged(key, incarnation, &manifest, &r.problem, now))
+            .await?;
+        let (step, manifest) = match fallback.to {
+            Some((step, path)) => (Some(step), path.display().to_string()),
+            None => (None, String::new()),
+        };
+        Ok(Response::new(pb::CheckpointFallback { step, manifest }))
     }
 
     async fn get_status(

@@ -203,6 +203,18 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
             code(c.get_committed_step(process.clone()).await.map(drop)),
         ),
         (
+            "ReportCheckpointDamaged",
+            code(
+                c.report_checkpoint_damaged(pb::CheckpointDamaged {
+                    process: me.clone(),
+                    manifest: "/etc/passwd".into(),
+                    problem: "forged".into(),
+                })
+                .await
+                .map(drop),
+            ),
+        ),
+        (
             "CommitCheckpoint",
             code(
                 c.commit_checkpoint(pb::CheckpointCommit {
@@ -229,12 +241,13 @@ async fn every_master_rpc(c: &mut Client) -> Vec<(&'static str, Code)> {
 /// What the calls above could have changed.
 fn visible(s: &pb::JobStatus) -> String {
     format!(
-        "{} v{} r{} shards {} step {} processes {:?}",
+        "{} v{} r{} shards {} step {} checkpoints {} processes {:?}",
         s.phase,
         s.desired_plan_version,
         s.reached_plan_version,
         s.shards_done,
         s.global_step,
+        s.checkpoints,
         s.processes
             .iter()
             .map(|p| (p.role.clone(), p.index, p.incarnation, p.state.clone()))

@@ -395,6 +395,97 @@ async fn killing_a_ps_restores_it_from_the_latest_checkpoint() {
     assert_no_process_left(run.addr).await;
 }
 
+/// A damaged newest checkpoint does not fail the group: the processes restarted onto it (after
+/// kill -9 of a worker) find its model file damaged and say so, the job master drops it and
+/// restarts the group from the checkpoint before it, says which and why, and the job commits
+/// again from there with every sample trained once per epoch. The damaged one's id is never
+/// given again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "damaged", "allreduce", 0, 3, N, 2, 150, 8);
+    let mut run = start(spec, dir.path()).await;
+    wait_for(run.addr, Duration::from_secs(90), "two checkpoints", |s| {
+        s.checkpoints >= 2
+    })
+    .await;
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        workers.push(pid_of(run.addr, "worker", i).await);
+    }
+    let (id, step) = spoil_the_newest_checkpoint(&run, &workers).await;
+    kill9(workers[2]);
+    signal_all(&workers[..2], nix::sys::signal::Signal::SIGCONT);
+    let report = run.report().await;
+    let said = |what: &str| report.events.iter().any(|e| e.contains(what));
+    assert!(
+        said(&format!(
+            "checkpoint {id} (step {step}) is damaged (worker-"
+        )) && said(&format!("falls back to checkpoint {}", id - 1))
+            && said(&format!(
+                "checkpoint {id} (step {step}) is damaged: every process restarts from checkpoint {}",
+                id - 1
+            )),
+        "{:#?}",
+        report.events
+    );
+    // The kill is the one relaunch counted; the fallback is the group's, not a failure.
+    assert_one_group_restart_and_each_sample_once(&report);
+    let ctx = context(&run.run_dir);
+    assert_eq!(
+        ctx["damaged_checkpoints"][0]["id"], id,
+        "{}",
+        ctx["damaged_checkpoints"]
+    );
+    let ids: Vec<u64> = ctx["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    assert!(!ids.contains(&id), "{ids:?}");
+    assert!(
+        ids.iter().any(|&i| i > id),
+        "the job commits again after the fallback: {ids:?}"
+    );
+    assert_no_process_left(run.addr).await;
+}
+
+/// A ps job's newest checkpoint damaged (both servers' partitions spoiled): after kill -9 of a
+/// PS the servers restoring from it find it damaged, and the group falls back to the one
+/// before it; each sample is applied once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ps_job_s_damaged_newest_checkpoint_falls_back_to_the_one_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "damaged-ps", "ps", 2, 3, N, 2, 150, 6);
+    let mut run = start(spec, dir.path()).await;
+    wait_for(run.addr, Duration::from_secs(90), "two checkpoints", |s| {
+        s.checkpoints >= 2
+    })
+    .await;
+    let mut frozen = Vec::new();
+    for (role, n) in [("ps", 2), ("worker", 3)] {
+        for i in 0..n {
+            frozen.push(pid_of(run.addr, role, i).await);
+        }
+    }
+    let (id, step) = spoil_the_newest_checkpoint(&run, &frozen).await;
+    kill9(frozen[1]);
+    frozen.remove(1);
+    signal_all(&frozen, nix::sys::signal::Signal::SIGCONT);
+    let report = run.report().await;
+    let said = |what: &str| report.events.iter().any(|e| e.contains(what));
+    assert!(
+        said(&format!("checkpoint {id} (step {step}) is damaged (ps-"))
+            && said(&format!("falls back to checkpoint {}", id - 1)),
+        "{:#?}",
+        report.events
+    );
+    assert_eq!(report.restarts.get(&Role::PS), Some(&1));
+    assert_ps_applied_each_sample_once(&report, N, 2);
+    assert_no_process_left(run.addr).await;
+}
+
 /// The agent itself (not its training process) is killed: the platform sees it end, launches a
 /// new agent, and the training process of the old one does not outlive it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

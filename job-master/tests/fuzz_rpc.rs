@@ -36,7 +36,7 @@ macro_rules! send {
     }};
 }
 
-/// JobMaster RPC number `rpc` (of 12) with `bytes` as its request; `None` when they do not
+/// JobMaster RPC number `rpc` (of 13) with `bytes` as its request; `None` when they do not
 /// decode.
 async fn master_call(
     c: &mut Client,
@@ -44,7 +44,7 @@ async fn master_call(
     bytes: &[u8],
     dir: &std::path::Path,
 ) -> Option<Result<(), tonic::Status>> {
-    match rpc % 12 {
+    match rpc % 13 {
         0 => send!(
             c,
             register_agent,
@@ -86,6 +86,7 @@ async fn master_call(
         ),
         9 => send!(c, get_status, pb::StatusRequest, bytes),
         10 => send!(c, report_stacks, pb::ProcessStacks, bytes),
+        11 => send!(c, report_checkpoint_damaged, pb::CheckpointDamaged, bytes),
         _ => send!(c, apply_scale_plan, pb::ScalePlan, bytes),
     }
 }

@@ -174,6 +174,45 @@ async fn an_sdk_script_rescaled_2_4_2_in_place_and_killed_trains_every_sample_on
     );
 }
 
+/// The SDK's `restore()` onto a damaged newest checkpoint (its state file spoiled on disk,
+/// then a rank killed -9): the ranks report it, the job master restarts the group from the
+/// checkpoint before it, saying which and why, and the job goes on to commit again and
+/// trains every sample once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_script_s_damaged_newest_checkpoint_falls_back_to_the_one_before_it() {
+    let Some((python, sdk)) = torch_with_sdk() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, log) = (dir.path().join("ckpt"), dir.path().join("events.jsonl"));
+    let mut run = start(spec(&python, &sdk, &ckpt, &log), dir.path()).await;
+    let s = wait_for(run.addr, Duration::from_secs(180), "two checkpoints", |s| {
+        s.checkpoints >= 2 && worker_pids(s).iter().all(|&(_, pid)| pid > 0)
+    })
+    .await;
+    let pids: Vec<u32> = worker_pids(&s).iter().map(|&(_, pid)| pid).collect();
+    let (id, step) = spoil_the_newest_checkpoint(&run, &pids).await;
+    kill9(pids[1]);
+    signal_all(&pids[..1], nix::sys::signal::Signal::SIGCONT);
+    let report = run.report().await;
+    let said = |what: &str| report.events.iter().any(|e| e.contains(what));
+    assert!(
+        said(&format!(
+            "checkpoint {id} (step {step}) is damaged (worker-"
+        )) && said("is damaged: its SHA-256 is")
+            && said(&format!("falls back to checkpoint {}", id - 1)),
+        "{:#?}",
+        report.events
+    );
+    assert_each_sample_once(&report, SAMPLES, EPOCHS);
+    let ctx = context(&run.run_dir);
+    let newest = ctx["checkpoints"].as_array().unwrap().last().unwrap()["id"].as_u64();
+    assert!(
+        newest > Some(id),
+        "the job commits again after the fallback: {ctx}"
+    );
+}
+
 /// A rank frozen with SIGSTOP: its peer blocks in a collective, the job master finds the
 /// group hung (no step for far longer than a step takes), the agents capture the stacks (the
 /// frozen one's thread states, its peer's Python stack through the SDK's faulthandler), and

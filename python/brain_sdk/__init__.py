@@ -42,8 +42,16 @@ build time into `_gen`), `job`, `checkpoint`, `pytorch`, `roles`, `builder`, `er
 
 from .builder import JobBuilder
 from .env import ProcessEnv
-from .errors import BrainError, Refused
+from .errors import BrainError, CheckpointDamaged, Refused
 from .job import Batch, ElasticJob
 
-__all__ = ["Batch", "BrainError", "ElasticJob", "JobBuilder", "ProcessEnv", "Refused"]
+__all__ = [
+    "Batch",
+    "BrainError",
+    "CheckpointDamaged",
+    "ElasticJob",
+    "JobBuilder",
+    "ProcessEnv",
+    "Refused",
+]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ import os
 import pickle
 from typing import Any, List, Optional, Tuple
 
-from .errors import BrainError
+from .errors import BrainError, CheckpointDamaged
 
 try:  # PyTorch is optional: the SDK's core runs without it.
     import torch as _torch
@@ -27,6 +27,19 @@ def sha256_of(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def checked_digest(path: str, digest: str, what: str = "checkpoint") -> None:
+    """Refuses (`CheckpointDamaged`) a checkpoint file that is gone or whose SHA-256 is not
+    `digest`."""
+    try:
+        got = sha256_of(path)
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"{what} {path} is gone") from None
+    if got != digest:
+        raise CheckpointDamaged(
+            f"{what} {path} is damaged: its SHA-256 is {got}, the manifest says {digest}"
+        )
 
 
 class _Hashing:
@@ -73,11 +86,7 @@ def read_verified(path: str, digest: Optional[str], device: Any = None) -> Any:
     """Reads a checkpoint file, refusing one whose SHA-256 is not `digest`; its tensors are
     made on `device` (`torch.load`'s `map_location`; default the CPU)."""
     if digest is not None:
-        got = sha256_of(path)
-        if got != digest:
-            raise BrainError(
-                f"checkpoint {path} is damaged: its SHA-256 is {got}, the manifest says {digest}"
-            )
+        checked_digest(path, digest)
     with open(path, "rb") as f:
         if _torch is not None:
             # The file is this job's own checkpoint (the digest was checked): it may hold
@@ -91,7 +100,10 @@ def manifest_model(manifest_path: str) -> Tuple[str, str, int]:
     try:
         with open(manifest_path, "rb") as f:
             m = json.load(f)
-    except (OSError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:
+        # Gone or not JSON: damaged. Unreadable here (a permission): not the checkpoint's fault.
+        raise CheckpointDamaged(f"cannot read checkpoint manifest {manifest_path}: {e}") from None
+    except OSError as e:
         raise BrainError(f"cannot read checkpoint manifest {manifest_path}: {e}") from None
     part = m.get("model")
     if not isinstance(part, dict) or "path" not in part or "digest" not in part:
@@ -109,7 +121,10 @@ def manifest_parts(manifest_path: str) -> Tuple[str, int, List[Tuple[str, str]]]
     try:
         with open(manifest_path, "rb") as f:
             m = json.load(f)
-    except (OSError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:
+        # Gone or not JSON: damaged. Unreadable here (a permission): not the checkpoint's fault.
+        raise CheckpointDamaged(f"cannot read checkpoint manifest {manifest_path}: {e}") from None
+    except OSError as e:
         raise BrainError(f"cannot read checkpoint manifest {manifest_path}: {e}") from None
     parts = [p for p in m.get("shards") or [] if isinstance(p, dict)]
     if not parts and isinstance(m.get("model"), dict):

@@ -276,11 +276,7 @@ def _page_locked(whole: Any, device: Any):
 def read_verified(path: str, digest: str, device: Any = None) -> Tuple[Any, Dict[str, Any]]:
     """`read_state` of a snapshot written out to disk, refused unless its SHA-256 is `digest`
     (as a restore from disk reads it: the file is checked, then read)."""
-    got = ckpt.sha256_of(path)
-    if got != digest:
-        raise BrainError(
-            f"flash checkpoint {path} is damaged: its SHA-256 is {got}, the manifest says {digest}"
-        )
+    ckpt.checked_digest(path, digest, "flash checkpoint")
     return read_state(path, device)
 
 

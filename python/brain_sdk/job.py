@@ -43,7 +43,7 @@ from . import checkpoint as ckpt
 from . import flash
 from ._gen import jobmaster_pb2 as pb
 from .env import ProcessEnv
-from .errors import BrainError, Refused
+from .errors import BrainError, CheckpointDamaged, Refused
 from .master import MasterClient, reserve_port
 
 log = logging.getLogger("brain_sdk")
@@ -51,6 +51,9 @@ log = logging.getLogger("brain_sdk")
 #: written out by its agent) before it saves the cut to disk itself. The group is paused at the
 #: cut either way: what is left of a write-out is never longer than a whole write of its own.
 CUT_WAIT_S = 300.0
+#: How long a process that found its checkpoint damaged waits for the group's restart to stop
+#: it, as the built-in workload does.
+FALLBACK_WAIT_S = 120.0
 
 # The stacks file stays open for faulthandler for the life of the process.
 _stacks_file = None
@@ -234,6 +237,8 @@ class ElasticJob:
         #: group went on) and `blocked_s` (the time it took this rank).
         self.last_cut: Optional[dict] = None
         self._flash: Optional[flash.FlashStore] = None
+        # The checkpoint to resume from was found damaged: nothing this process holds is saved.
+        self._damaged = False
 
     # -- state ---------------------------------------------------------------------------
 
@@ -266,7 +271,42 @@ class ElasticJob:
         starts in it from this checkpoint (a restart of the whole group), the ranks whose node
         holds the committed copy say so over the group, and the lowest of them sends it to
         the ranks whose node does not (a rank restarted on another node), which restore
-        from that (`restored_from` "peer") rather than from disk. Otherwise as without it."""
+        from that (`restored_from` "peer") rather than from disk. Otherwise as without it.
+
+        A checkpoint found damaged (a file gone, cut short or not matching its digest; the
+        manifest unreadable) is reported to the job master, which restarts the group from the
+        newest checkpoint it keeps before it (this process is stopped and launched again) or,
+        keeping none, fails the job; `restore()` then does not return."""
+        try:
+            return self._restore(device, peers)
+        except CheckpointDamaged as e:
+            self._fall_back(e)
+
+    def _fall_back(self, damaged: CheckpointDamaged) -> None:
+        """Tells the job master that the checkpoint to resume from is damaged, and waits to be
+        stopped by the group's restart; raises `damaged` if that does not come."""
+        # Whatever this process holds now is not the job's state: a save on SIGTERM must not
+        # record it.
+        self._damaged = True
+        log.error("%s", damaged)
+        try:
+            step = self.master.checkpoint_damaged(self.resume_from or "", str(damaged))
+        except Refused as e:
+            if e.code != "FAILED_PRECONDITION":
+                raise damaged from e
+            # Another process of the group reported it first: the restart is under way.
+            log.info("the group restarts already: %s", e.reason)
+        else:
+            if step is None:
+                log.error("the job keeps no checkpoint older than %s: it fails", self.resume_from)
+                raise damaged
+            log.warning(
+                "the job falls back to its checkpoint of step %d: waiting to be restarted", step
+            )
+        time.sleep(FALLBACK_WAIT_S)
+        raise damaged
+
+    def _restore(self, device: Any, peers: bool) -> Optional[Any]:
         if self._peer_step or self._peer_state is not None:
             # Added by a plan whose cut is held in memory: rank 0 sends its state as the
             # group forms.
@@ -482,7 +522,7 @@ class ElasticJob:
         count, and SIGTERM ends the process as usual."""
 
         def handler(signum, frame):
-            if self.rank == 0:
+            if self.rank == 0 and not self._damaged:
                 path = self.checkpoint()
                 log.info("SIGTERM: checkpoint %s saved and recorded", path)
             self.master.close()

@@ -103,6 +103,16 @@ class MasterClient:
         r = self._call("GetCommittedStep", self.me)
         return r.step if r.HasField("step") else None
 
+    def checkpoint_damaged(self, manifest: str, problem: str) -> Optional[int]:
+        """The checkpoint this process was told to resume from is damaged: the job master drops
+        it and restarts the group from an older one it keeps (its step; this process is then
+        stopped), or fails the job where it keeps none (None)."""
+        r = self._call(
+            "ReportCheckpointDamaged",
+            pb.CheckpointDamaged(process=self.me, manifest=manifest, problem=problem),
+        )
+        return r.step if r.HasField("step") else None
+
     def role_checkpoints(self) -> "List[tuple[int, str, str]]":
         """The checkpoints this process's further all-reduce group keeps, newest first (two at
         most): (step, file, SHA-256) each; empty: none committed yet."""

@@ -7,7 +7,7 @@ import random
 import tempfile
 import unittest
 
-from brain_sdk import BrainError, ProcessEnv
+from brain_sdk import BrainError, CheckpointDamaged, ProcessEnv
 from brain_sdk import checkpoint as ckpt
 from brain_sdk.job import Batch, ElasticJob, index_sum, local_batch, slice_of
 
@@ -132,8 +132,28 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual(ckpt.read_verified(path, digest)["user"], [1, 2])
             with open(path, "ab") as f:
                 f.write(b"x")
-            with self.assertRaisesRegex(BrainError, "is damaged: its SHA-256 is"):
+            with self.assertRaisesRegex(CheckpointDamaged, "is damaged: its SHA-256 is"):
                 ckpt.read_verified(path, digest)
+            os.remove(path)
+            with self.assertRaisesRegex(CheckpointDamaged, "is gone"):
+                ckpt.read_verified(path, digest)
+
+    def test_a_manifest_gone_or_garbled_is_damaged_and_one_unreadable_here_is_not(self):
+        with tempfile.TemporaryDirectory() as d:
+            m = os.path.join(d, "manifest.json")
+            with self.assertRaises(CheckpointDamaged):
+                ckpt.manifest_parts(m)
+            with open(m, "w") as f:
+                f.write('{"id": 1, "ki')
+            with self.assertRaisesRegex(CheckpointDamaged, "cannot read checkpoint manifest"):
+                ckpt.manifest_parts(m)
+            # A directory where the manifest should be: an error of this node, not damage
+            # worth falling back for.
+            os.remove(m)
+            os.mkdir(m)
+            with self.assertRaises(BrainError) as e:
+                ckpt.manifest_parts(m)
+            self.assertNotIsInstance(e.exception, CheckpointDamaged)
 
     def test_a_manifest_names_the_model_file(self):
         with tempfile.TemporaryDirectory() as d:

@@ -48,6 +48,20 @@ impl Error {
     pub fn is_stale(&self) -> bool {
         matches!(self, Error::Refused { status, .. } if status.code() == tonic::Code::FailedPrecondition)
     }
+
+    /// A checkpoint's files are damaged (gone, cut short, not what their manifest says), as
+    /// opposed to unreadable for a reason of this node's (a permission, a disk error): another
+    /// checkpoint is then worth falling back to.
+    pub fn is_damaged_checkpoint(&self) -> bool {
+        use std::io::ErrorKind::{InvalidData, NotFound, UnexpectedEof};
+        match self {
+            Error::Checkpoint { .. } => true,
+            Error::Io { source, .. } => {
+                matches!(source.kind(), NotFound | UnexpectedEof | InvalidData)
+            }
+            _ => false,
+        }
+    }
 }
 
 impl From<Error> for tonic::Status {

@@ -379,7 +379,10 @@ impl JobContext {
 
     /// The id the next checkpoint gets, and the directory a ps checkpoint of that id is saved in.
     pub fn next_checkpoint_dir(&self) -> (u64, PathBuf) {
-        let id = self.checkpoints.last().map(|c| c.id + 1).unwrap_or(1);
+        // Never a damaged checkpoint's id: its files stay where they were.
+        let last = self.checkpoints.last().map(|c| c.id);
+        let damaged = self.damaged_checkpoints.iter().map(|d| d.id).max();
+        let id = last.max(damaged).map_or(1, |i| i + 1);
         (id, self.spec.checkpoint.dir.join(format!("ckpt-{id:06}")))
     }
 }

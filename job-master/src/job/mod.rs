@@ -64,6 +64,7 @@ mod checkpoint;
 mod command_tests;
 #[cfg(test)]
 mod cut_memory_tests;
+pub mod damaged;
 mod data;
 mod effective;
 pub mod flash;
@@ -582,6 +583,9 @@ pub struct JobContext {
     /// Committed checkpoints dropped beyond `checkpoint.keep`.
     #[serde(default)]
     pub checkpoints_deleted: usize,
+    /// Committed checkpoints a process found damaged, dropped from `checkpoints` ([`damaged`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub damaged_checkpoints: Vec<damaged::DamagedCheckpoint>,
     pub checkpoint_pending: bool,
     /// A ps checkpoint save is under way (the effect was emitted).
     pub checkpoint_saving: bool,
@@ -729,6 +733,7 @@ impl JobContext {
             group: group.expect("a validated spec has workers, and PS for a ps job"),
             checkpoints: Vec::new(),
             checkpoints_deleted: 0,
+            damaged_checkpoints: Vec::new(),
             checkpoint_pending: false,
             checkpoint_saving: false,
             cancelling: None,
@@ -925,7 +930,7 @@ impl JobContext {
 
     /// Checkpoints committed so far, kept or deleted since.
     pub fn committed_checkpoints(&self) -> usize {
-        self.checkpoints.len() + self.checkpoints_deleted
+        self.checkpoints.len() + self.checkpoints_deleted + self.damaged_checkpoints.len()
     }
 
     /// The node the plan that added `key` placed it on, for its launch ([`Slot::node`]).

@@ -641,3 +641,54 @@ pub async fn ps_with(addr: &str, token: Option<auth::Token>) -> Ps {
     };
     Ps::new(auth::with_token(channel, auth::WithToken::new(token)))
 }
+
+/// Sends `signal` to every pid of `pids`.
+pub fn signal_all(pids: &[u32], signal: nix::sys::signal::Signal) {
+    for &p in pids {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), signal)
+            .unwrap_or_else(|e| panic!("kill -{signal} {p}: {e}"));
+    }
+}
+
+/// Spoils the files of the job's newest committed checkpoint in place (their length kept,
+/// their middle bytes flipped) while `workers` are frozen, so that nothing commits meanwhile;
+/// the checkpoint's id and step.
+pub async fn spoil_the_newest_checkpoint(run: &Running, workers: &[u32]) -> (u64, u64) {
+    signal_all(workers, nix::sys::signal::Signal::SIGSTOP);
+    // A commit already on its way lands first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ctx = context(&run.run_dir);
+    let newest = ctx["checkpoints"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let manifest = newest["manifest"].as_str().unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    let files: Vec<String> = m["model"]["path"]
+        .as_str()
+        .into_iter()
+        .chain(
+            m["ps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["path"].as_str()),
+        )
+        .map(String::from)
+        .collect();
+    assert!(!files.is_empty(), "{m}");
+    for f in &files {
+        let mut bytes = std::fs::read(f).unwrap();
+        let (mid, len) = (bytes.len() / 2, bytes.len());
+        for b in &mut bytes[mid..(mid + 64).min(len)] {
+            *b ^= 0xFF;
+        }
+        std::fs::write(f, bytes).unwrap();
+    }
+    (
+        newest["id"].as_u64().unwrap(),
+        newest["step"].as_u64().unwrap(),
+    )
+}

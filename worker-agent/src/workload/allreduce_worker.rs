@@ -25,7 +25,7 @@ use proto::jobmaster::v1 as pb;
 
 use super::model::{DenseModel, index_sum};
 use super::ring::Ring;
-use super::{MasterLink, ProcessEnv, Progress, generator, simulated_compute};
+use super::{MasterLink, ProcessEnv, Progress, damaged, generator, simulated_compute};
 use crate::error::Error;
 use crate::flash_copy::{Copy, Slots};
 
@@ -205,7 +205,10 @@ pub async fn run(env: ProcessEnv) -> Result<(), Error> {
     let (mut model, mut restored) = match env.state_from_rank0 {
         Some(_) => (DenseModel::new(cfg.hash_buckets), None),
         None => {
-            let (model, from) = initial_model(&env, cfg.hash_buckets, flash.as_ref())?;
+            let (model, from) = match initial_model(&env, cfg.hash_buckets, flash.as_ref()) {
+                Ok(m) => m,
+                Err(e) => return Err(damaged(&mut master, &env, e).await),
+            };
             // Said in the first report: the job's events show where each process restored
             // from.
             let from = from.map(|from| (from, model.step));

@@ -58,6 +58,10 @@ pub struct ProcessEnv {
 /// The variable that carries the join's `state_from_rank0` to the built-in workload.
 pub const STATE_FROM_RANK0_ENV: &str = "BRAIN_STATE_FROM_RANK0";
 
+/// How long a process that reported its checkpoint damaged waits for the group's restart to
+/// stop it before it exits with the error.
+pub const FALLBACK_WAIT: Duration = Duration::from_secs(120);
+
 fn var(name: &'static str) -> Result<String, Error> {
     std::env::var(name).map_err(|e| Error::Env {
         name,
@@ -132,6 +136,15 @@ impl ProcessEnv {
     }
 }
 
+/// A restore that failed: where the checkpoint is damaged, the master is told (and falls back
+/// to an older one); the error to exit with.
+pub async fn damaged(master: &mut MasterLink, env: &ProcessEnv, e: Error) -> Error {
+    match &env.resume_from {
+        Some(manifest) if e.is_damaged_checkpoint() => master.checkpoint_damaged(manifest, e).await,
+        _ => e,
+    }
+}
+
 /// The training process's calls to the job master.
 pub struct MasterLink {
     client: MasterClient,
@@ -148,6 +161,47 @@ impl MasterLink {
             client: connect(&env.master, Duration::from_secs(30), &env.creds).await?,
             me: env.me(),
         })
+    }
+
+    /// The checkpoint this process was told to resume from (`manifest`) is damaged
+    /// (`problem`): the master drops it and restarts the group from an older one kept, which
+    /// stops this process, or fails the job where it keeps none. Waits to be stopped (at most
+    /// [`FALLBACK_WAIT`]); what to exit with if that does not come.
+    pub async fn checkpoint_damaged(
+        &mut self,
+        manifest: &std::path::Path,
+        problem: Error,
+    ) -> Error {
+        tracing::warn!(manifest = %manifest.display(), %problem, "the checkpoint to resume from is damaged");
+        let r = self
+            .client
+            .report_checkpoint_damaged(pb::CheckpointDamaged {
+                process: Some(self.me.clone()),
+                manifest: manifest.display().to_string(),
+                problem: problem.to_string(),
+            })
+            .await
+            .map_err(refused("ReportCheckpointDamaged"));
+        match r {
+            Ok(a) => match a.into_inner().step {
+                Some(step) => tracing::warn!(
+                    step,
+                    "the group falls back to the checkpoint of step {step}: waiting to be restarted"
+                ),
+                None => {
+                    tracing::error!("the job keeps no older checkpoint: it fails");
+                    return problem;
+                }
+            },
+            // Another process of the group reported it first: the restart is under way.
+            Err(e) if e.is_stale() => tracing::info!("the group restarts already ({e})"),
+            Err(e) => {
+                tracing::error!("{e}");
+                return problem;
+            }
+        }
+        tokio::time::sleep(FALLBACK_WAIT).await;
+        problem
     }
 
     pub async fn workload(&mut self) -> Result<pb::WorkloadConfig, Error> {

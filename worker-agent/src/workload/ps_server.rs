@@ -20,7 +20,7 @@ use std::time::Duration;
 use proto::checkpoint::Manifest;
 
 use super::model::{SparseTable, ps_owner};
-use super::{MasterLink, ProcessEnv};
+use super::{MasterLink, ProcessEnv, damaged};
 use crate::error::Error;
 use crate::flash_copy::{Copy, Slots};
 
@@ -510,15 +510,23 @@ pub async fn run(
         cfg.ps_replicas
     };
     let flash = Slots::from_env();
-    let (table, flash, restored) = match env.manifest()? {
+    let manifest = match env.manifest() {
+        Ok(m) => m,
+        Err(e) => return Err(damaged(&mut master, &env, e).await),
+    };
+    let (table, flash, restored) = match manifest {
         Some(m) => {
             let index = env.index;
             let (step, id) = (m.step, m.id);
-            let ((t, from), flash) = tokio::task::spawn_blocking(move || {
+            let restored = tokio::task::spawn_blocking(move || {
                 restore(&m, index, num_ps, flash.as_ref()).map(|r| (r, flash))
             })
             .await
-            .map_err(|e| Error::InvalidRequest(e.to_string()))??;
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+            let ((t, from), flash) = match restored {
+                Ok(r) => r,
+                Err(e) => return Err(damaged(&mut master, &env, e).await),
+            };
             tracing::info!(
                 checkpoint = id,
                 step,
