@@ -35,20 +35,32 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
     let code = d.join("code");
     let data = d.join("data");
     let script = common::confined::write_probe(&code);
+    // A job that floods its output: 3 MiB on stdout and on stderr, against a cap of 1 MiB.
+    let flood = code.join("flood.sh");
+    std::fs::write(
+        &flood,
+        "head -c 3145728 /dev/zero | tr '\\0' o\nhead -c 3145728 /dev/zero | tr '\\0' e >&2\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&flood, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
     let allowed = format!("/bin/sh {}", script.display());
+    let allowed_flood = format!("/bin/sh {}", flood.display());
     std::fs::create_dir(&data).unwrap();
     std::fs::write(
         data.join("policy.toml"),
         format!(
             "heuristics = []\n[scheduler]\nkind = \"pollux\"\n[live]\ninterval_s = 1\n\
-             [submissions]\ncommands = [{allowed:?}]\n"
+             [submissions]\ncommands = [{allowed:?}, {allowed_flood:?}]\n"
         ),
     )
     .unwrap();
     std::fs::write(
         d.join("brain.toml"),
         format!(
-            "database = {:?}\n[launcher.sandbox]\nread_only = [{:?}]\n",
+            "database = {:?}\n[launcher.sandbox]\nread_only = [{:?}]\noutput_cap = \"1Mi\"\n",
             data.join("brain.db"),
             code
         ),
@@ -97,6 +109,47 @@ async fn a_command_job_runs_as_its_user_in_a_sandbox_that_hides_the_brain() {
         .unwrap_or_else(|e| panic!("{e}\n{}", log(&run)));
     common::confined::assert_probe(&report, "probe");
     assert!(!code.join("planted").exists());
+
+    // 6 MiB of output: the first 1 MiB is kept in the process's log, then one note; the job
+    // is not held up by it and succeeds.
+    let flooding = spec("flood", &format!("[/bin/sh, {:?}]", flood));
+    let (ok, said) = common::brainctl(&[
+        "submit",
+        flooding.to_str().unwrap(),
+        "--brain",
+        &url,
+        "--wait",
+    ]);
+    let run = data.join("runs").join("flood");
+    assert!(ok, "{said}\n{}", log(&run));
+    let kept = std::fs::read(run.join("master/logs/worker-0.1.log")).unwrap();
+    let text = String::from_utf8_lossy(&kept);
+    // The flood's bytes: its long runs of `o` and `e` (the agent's own lines lie between).
+    let flooded: usize = text
+        .split(|c| c != 'o' && c != 'e')
+        .filter(|run| run.len() >= 256)
+        .map(str::len)
+        .sum();
+    assert!(
+        (1 << 20..(1 << 20) + (64 << 10)).contains(&flooded),
+        "{flooded} bytes of the flood kept, of a cap of 1 MiB"
+    );
+    assert_eq!(
+        text.matches("output reached its cap of 1048576 bytes")
+            .count(),
+        1,
+        "{}",
+        text.lines()
+            .filter(|l| l.len() < 400)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let short: Vec<&str> = text.lines().filter(|l| l.len() < 400).collect();
+    assert!(
+        text.contains("5242880 bytes dropped"),
+        "{}",
+        short.join("\n")
+    );
 }
 
 fn log(run: &Path) -> String {

@@ -47,6 +47,15 @@ pub struct Sandbox {
     /// data directory and runs directory (set by the brain, not the operator).
     #[serde(default)]
     pub hide: Vec<PathBuf>,
+    /// The most a process's output (stdout and stderr together, per incarnation) puts in its
+    /// log, as a quantity (`"64Mi"`); past it the rest is dropped, with a note in the log
+    /// [default: 256 MiB].
+    #[serde(
+        default,
+        with = "crate::units::quantity::opt_memory",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub output_cap: Option<crate::units::Bytes>,
 }
 
 /// The paths of one sandboxed process.
@@ -154,12 +163,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_output_cap_is_a_quantity_and_travels_to_the_agents_whole() {
+        let sb: Sandbox = serde_json::from_str(r#"{"output_cap": "1Mi"}"#).unwrap();
+        assert_eq!(sb.output_cap, Some(crate::units::Bytes(1 << 20)));
+        let again: Sandbox = serde_json::from_str(&serde_json::to_string(&sb).unwrap()).unwrap();
+        assert_eq!(again, sb);
+        let e = serde_json::from_str::<Sandbox>(r#"{"output_cap": "lots"}"#).unwrap_err();
+        assert!(e.to_string().contains("not a number"), "{e}");
+    }
+
+    #[test]
     fn what_a_process_sees_is_bound_in_order_hidden_after_what_contains_it() {
         let sb = Sandbox {
             run_as: Some("brain-job".into()),
             isolation: Isolation::Bwrap,
             read_only: vec!["/opt/venv".into(), "/usr/local/cuda".into()],
             hide: vec!["/srv/brain-data".into()],
+            output_cap: None,
         };
         let links = [(PathBuf::from("/bin"), PathBuf::from("usr/bin"))];
         let a = sb.bwrap_args(&Confined {

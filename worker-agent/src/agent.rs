@@ -13,6 +13,7 @@ use tokio::process::Child;
 
 use crate::error::Error;
 use crate::launch::{child_env, exit_parts, spawn, stop};
+use crate::output::Output;
 use crate::sampler::{GpuProbe, ProcSampler, sample};
 
 pub type MasterClient = pb::job_master_client::JobMasterClient<auth::Channel>;
@@ -351,6 +352,8 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
     });
 
     let mut child: Option<(Child, ProcSampler)> = None;
+    // The running process's output, copied to this agent's log up to its cap.
+    let mut output: Option<Output> = None;
     let mut need_join = true;
     let mut last_ok = Instant::now();
     // The incarnation whose stacks were captured (the master asks until they arrive).
@@ -401,8 +404,13 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                     env.insert(crate::flash::BUDGET_ENV.into(), f.budget.to_string());
                 }
                 match spawn(&args, &reg, env, &reg.job_kind) {
-                    Ok(c) => {
+                    Ok(mut c) => {
                         let pid = c.id().unwrap_or(0);
+                        output = Some(Output::follow(
+                            &mut c,
+                            output_cap(&args),
+                            format!("{}-{} (incarnation {incarnation})", args.role, args.index),
+                        ));
                         tracing::info!(
                             incarnation,
                             pid,
@@ -445,6 +453,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
                 let (exit_code, signal) = status.map(exit_parts).unwrap_or((-1, 0));
                 tracing::info!(incarnation, exit_code, signal, "training process exited");
                 child = None;
+                if let Some(o) = output.take() {
+                    o.drained(crate::output::DRAIN_WITHIN).await;
+                }
                 if let Some(w) = &writer {
                     let beat = pb::HeartbeatRequest {
                         process: Some(me(incarnation)),
@@ -561,6 +572,15 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> Result<
             }
         }
     }
+}
+
+/// The most a process's output puts in its log: the operator's `[launcher.sandbox]
+/// output_cap`, else [`crate::output::DEFAULT_CAP`].
+fn output_cap(args: &AgentArgs) -> u64 {
+    args.sandbox
+        .as_ref()
+        .and_then(|s| s.output_cap)
+        .map_or(crate::output::DEFAULT_CAP, |b| b.0)
 }
 
 #[cfg(test)]

@@ -145,6 +145,9 @@ fn remove_stale_tmp(dir: &Beneath, name: &str) {
     let Ok(entries) = dir.names() else {
         return;
     };
+    // Said once for all of them, with the first of each: the directory is the job's, and a
+    // job may plant millions of such names (the agent's log stays bounded).
+    let (mut removed, mut failed) = ((0usize, None), (0usize, None));
     for entry in entries {
         let Some(pid) = entry
             .strip_prefix(&prefix)
@@ -154,10 +157,25 @@ fn remove_stale_tmp(dir: &Beneath, name: &str) {
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             match dir.remove_file(&entry) {
-                Ok(()) => tracing::info!("removed {entry}, left by an agent killed mid-write"),
-                Err(err) => tracing::warn!("cannot remove {entry}: {err}"),
+                Ok(()) => {
+                    removed.0 += 1;
+                    removed.1.get_or_insert(entry);
+                }
+                Err(err) => {
+                    failed.0 += 1;
+                    failed.1.get_or_insert(format!("{entry}: {err}"));
+                }
             }
         }
+    }
+    if let (n, Some(first)) = removed {
+        let more = if n > 1 { ", ..." } else { "" };
+        tracing::info!(
+            "removed {n} temporary file(s) left by agents killed mid-write ({first}{more})"
+        );
+    }
+    if let (n, Some(first)) = failed {
+        tracing::warn!("cannot remove {n} temporary file(s): {first}");
     }
 }
 

@@ -281,6 +281,9 @@ pub(crate) fn spawn(
         .envs(env)
         .envs(overrides)
         .stdin(Stdio::null())
+        // Copied to the agent's own, capped (`output`).
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true);
     // SAFETY: umask, setgroups, setgid, setuid and prctl are async-signal-safe system calls;
     // nothing else runs between fork and exec.

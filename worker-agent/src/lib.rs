@@ -24,6 +24,7 @@ pub mod flash_copy;
 pub mod flash_leftovers;
 pub mod flash_write;
 mod launch;
+pub mod output;
 pub mod sampler;
 pub mod sandbox;
 pub mod stacks;
