@@ -417,18 +417,17 @@ async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before_it() {
     kill9(workers[2]);
     signal_all(&workers[..2], nix::sys::signal::Signal::SIGCONT);
     let report = run.report().await;
-    let said = |what: &str| report.events.iter().any(|e| e.contains(what));
-    assert!(
-        said(&format!(
-            "checkpoint {id} (step {step}) is damaged (worker-"
-        )) && said(&format!("falls back to checkpoint {}", id - 1))
-            && said(&format!(
-                "checkpoint {id} (step {step}) is damaged: every process restarts from checkpoint {}",
-                id - 1
-            )),
-        "{:#?}",
-        report.events
-    );
+    let fallen_back = [
+        format!("checkpoint {id} (step {step}) is damaged (worker-"),
+        format!("falls back to checkpoint {}", id - 1),
+        format!(
+            "checkpoint {id} (step {step}) is damaged: every process restarts from checkpoint {}",
+            id - 1
+        ),
+    ];
+    for event in &fallen_back {
+        assert_recovered(&report, event);
+    }
     // The kill is the one relaunch counted; the fallback is the group's, not a failure.
     assert_one_group_restart_and_each_sample_once(&report);
     let ctx = context(&run.run_dir);
@@ -474,13 +473,11 @@ async fn a_ps_job_s_damaged_newest_checkpoint_falls_back_to_the_one_before_it() 
     frozen.remove(1);
     signal_all(&frozen, nix::sys::signal::Signal::SIGCONT);
     let report = run.report().await;
-    let said = |what: &str| report.events.iter().any(|e| e.contains(what));
-    assert!(
-        said(&format!("checkpoint {id} (step {step}) is damaged (ps-"))
-            && said(&format!("falls back to checkpoint {}", id - 1)),
-        "{:#?}",
-        report.events
+    assert_recovered(
+        &report,
+        &format!("checkpoint {id} (step {step}) is damaged (ps-"),
     );
+    assert_recovered(&report, &format!("falls back to checkpoint {}", id - 1));
     assert_eq!(report.restarts.get(&Role::PS), Some(&1));
     assert_ps_applied_each_sample_once(&report, N, 2);
     assert_no_process_left(run.addr).await;

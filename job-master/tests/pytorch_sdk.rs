@@ -195,15 +195,12 @@ async fn an_sdk_script_s_damaged_newest_checkpoint_falls_back_to_the_one_before_
     kill9(pids[1]);
     signal_all(&pids[..1], nix::sys::signal::Signal::SIGCONT);
     let report = run.report().await;
-    let said = |what: &str| report.events.iter().any(|e| e.contains(what));
-    assert!(
-        said(&format!(
-            "checkpoint {id} (step {step}) is damaged (worker-"
-        )) && said("is damaged: its SHA-256 is")
-            && said(&format!("falls back to checkpoint {}", id - 1)),
-        "{:#?}",
-        report.events
+    assert_recovered(
+        &report,
+        &format!("checkpoint {id} (step {step}) is damaged (worker-"),
     );
+    assert_recovered(&report, "is damaged: its SHA-256 is");
+    assert_recovered(&report, &format!("falls back to checkpoint {}", id - 1));
     assert_each_sample_once(&report, SAMPLES, EPOCHS);
     let ctx = context(&run.run_dir);
     let newest = ctx["checkpoints"].as_array().unwrap().last().unwrap()["id"].as_u64();

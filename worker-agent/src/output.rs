@@ -29,6 +29,15 @@ struct Allowance {
 }
 
 impl Allowance {
+    fn new(cap: u64) -> Arc<Allowance> {
+        Arc::new(Allowance {
+            cap,
+            left: AtomicU64::new(cap),
+            dropped: AtomicU64::new(0),
+            noted: AtomicBool::new(false),
+        })
+    }
+
     /// How many of the next `n` bytes may be kept.
     fn take(&self, n: u64) -> u64 {
         let mut kept = 0;
@@ -54,12 +63,7 @@ impl Output {
     /// Copies `child`'s piped stdout and stderr to this agent's stdout and stderr, `cap` bytes
     /// in all. `what` names the process in the note.
     pub fn follow(child: &mut Child, cap: u64, what: String) -> Output {
-        let allowance = Arc::new(Allowance {
-            cap,
-            left: AtomicU64::new(cap),
-            dropped: AtomicU64::new(0),
-            noted: AtomicBool::new(false),
-        });
+        let allowance = Allowance::new(cap);
         let mut copies = Vec::new();
         if let Some(out) = child.stdout.take() {
             copies.push(tokio::spawn(copy(
@@ -84,15 +88,14 @@ impl Output {
         }
     }
 
-    /// Bytes dropped so far.
-    pub fn dropped(&self) -> u64 {
-        self.allowance.dropped.load(Ordering::Acquire)
-    }
-
     /// Waits, at most `within`, for the copies to reach the end of the output (the process
     /// has exited), then says what was dropped.
     pub async fn drained(self, within: Duration) {
-        let all = futures_join(self.copies);
+        let all = async {
+            for c in self.copies {
+                let _ = c.await;
+            }
+        };
         if tokio::time::timeout(within, all).await.is_err() {
             tracing::warn!(
                 "{}'s output is still open {} s after it exited (a process it left behind \
@@ -110,12 +113,6 @@ impl Output {
                 self.what
             );
         }
-    }
-}
-
-async fn futures_join(copies: Vec<JoinHandle<()>>) {
-    for c in copies {
-        let _ = c.await;
     }
 }
 
@@ -160,12 +157,7 @@ mod tests {
     #[tokio::test]
     async fn output_past_the_cap_is_dropped_with_one_note_and_counted() {
         let (mut w, r) = tokio::io::duplex(1 << 16);
-        let allowance = Arc::new(Allowance {
-            cap: 100,
-            left: AtomicU64::new(100),
-            dropped: AtomicU64::new(0),
-            noted: AtomicBool::new(false),
-        });
+        let allowance = Allowance::new(100);
         let mut sink = Vec::new();
         let writer = tokio::spawn(async move {
             for _ in 0..30 {
@@ -188,12 +180,7 @@ mod tests {
     #[tokio::test]
     async fn output_within_the_cap_passes_whole() {
         let (mut w, r) = tokio::io::duplex(1 << 16);
-        let allowance = Arc::new(Allowance {
-            cap: 1000,
-            left: AtomicU64::new(1000),
-            dropped: AtomicU64::new(0),
-            noted: AtomicBool::new(false),
-        });
+        let allowance = Allowance::new(1000);
         let mut sink = Vec::new();
         tokio::spawn(async move { w.write_all(b"hello\nworld\n").await.unwrap() });
         copy(r, &mut sink, allowance.clone(), "worker-0".into()).await;
