@@ -50,9 +50,19 @@ pub fn with_token(channel: tonic::transport::Channel, token: WithToken) -> Chann
     tonic::service::interceptor::InterceptedService::new(channel, token)
 }
 
-/// Connects to `url` (`http://HOST:PORT`); every call on the channel sends `token`.
-pub async fn connect(url: String, token: &Token) -> Result<Channel, tonic::transport::Error> {
-    connect_with(url, WithToken::new(Some(token.clone())), None).await
+/// Connects to `url` (`http://HOST:PORT`); every call on the channel sends `token`, and ends
+/// at its deadline in `deadlines`.
+pub async fn connect(
+    url: String,
+    token: &Token,
+    deadlines: Deadlines,
+) -> Result<Channel, tonic::transport::Error> {
+    connect_with(
+        url,
+        WithToken::new(Some(token.clone())).within(deadlines),
+        None,
+    )
+    .await
 }
 
 /// What a process of a job holds to reach the job's others: the job's secret, and the job's
@@ -81,11 +91,16 @@ impl JobCreds {
     }
 
     /// Connects to `url` (`http://HOST:PORT`: over the job's mutual TLS when it runs with it),
-    /// sending the job's secret with every call.
-    pub async fn connect(&self, url: String) -> Result<Channel, tonic::transport::Error> {
+    /// sending the job's secret with every call; each call ends at its deadline in
+    /// `deadlines`.
+    pub async fn connect(
+        &self,
+        url: String,
+        deadlines: Deadlines,
+    ) -> Result<Channel, tonic::transport::Error> {
         connect_with(
             url,
-            WithToken::new(Some(self.token.clone())),
+            WithToken::new(Some(self.token.clone())).within(deadlines),
             self.tls.as_ref().map(tls::JobTls::client),
         )
         .await
@@ -417,25 +432,40 @@ impl tonic::service::Interceptor for Require {
 
 /// A client interceptor that sends a token with every call; the token may be replaced while
 /// clients hold it (a job master swaps the operator token it registered with for the job's
-/// own), or be absent (the server then answers UNAUTHENTICATED).
+/// own), or be absent (the server then answers UNAUTHENTICATED). With [`Deadlines`]
+/// ([`WithToken::within`]) it also gives every call that sets none its deadline by its kind.
 #[derive(Clone, Debug, Default)]
-pub struct WithToken(Arc<RwLock<Option<Token>>>);
+pub struct WithToken {
+    token: Arc<RwLock<Option<Token>>>,
+    deadlines: Option<Deadlines>,
+}
 
 impl WithToken {
     pub fn new(token: Option<Token>) -> WithToken {
-        WithToken(Arc::new(RwLock::new(token)))
+        WithToken {
+            token: Arc::new(RwLock::new(token)),
+            deadlines: None,
+        }
+    }
+
+    /// The same, and every call made through it that sets no deadline of its own gets the one
+    /// `deadlines` gives its method.
+    pub fn within(mut self, deadlines: Deadlines) -> WithToken {
+        self.deadlines = Some(deadlines);
+        self
     }
 
     /// From now on every call through this interceptor (and its clones) sends `token`.
     pub fn replace(&self, token: Token) {
-        *self.0.write().expect("no panic under the lock") = Some(token);
+        *self.token.write().expect("no panic under the lock") = Some(token);
     }
 }
 
 impl PartialEq for WithToken {
     fn eq(&self, other: &WithToken) -> bool {
-        *self.0.read().expect("no panic under the lock")
-            == *other.0.read().expect("no panic under the lock")
+        *self.token.read().expect("no panic under the lock")
+            == *other.token.read().expect("no panic under the lock")
+            && self.deadlines == other.deadlines
     }
 }
 
@@ -444,10 +474,50 @@ impl tonic::service::Interceptor for WithToken {
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(t) = self.0.read().expect("no panic under the lock").as_ref() {
+        if let Some(t) = self.token.read().expect("no panic under the lock").as_ref() {
             request.metadata_mut().insert(HEADER, t.header());
         }
+        if let Some(d) = &self.deadlines
+            && !request.metadata().contains_key(GRPC_TIMEOUT)
+        {
+            let method = request
+                .extensions()
+                .get::<tonic::GrpcMethod<'static>>()
+                .map(tonic::GrpcMethod::method);
+            request.set_timeout(d.of(method));
+        }
         Ok(request)
+    }
+}
+
+/// The header a call's deadline travels in; the client ends the call when it passes.
+const GRPC_TIMEOUT: &str = "grpc-timeout";
+
+/// How long each kind of call to one service may take: past it the client ends the call with
+/// DEADLINE_EXCEEDED, whatever the server does (a server stopped, hung, or holding the
+/// connection without answering). Every internal client names its table where it is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// A call not named in `by_method`.
+    pub default: std::time::Duration,
+    /// Methods (as the `.proto` names them: `Heartbeat`) with a deadline of their own.
+    pub by_method: &'static [(&'static str, std::time::Duration)],
+}
+
+impl Deadlines {
+    /// The same deadline for every call.
+    pub const fn all(d: std::time::Duration) -> Deadlines {
+        Deadlines {
+            default: d,
+            by_method: &[],
+        }
+    }
+
+    /// The deadline of a call to `method` (the default when unknown).
+    pub fn of(&self, method: Option<&str>) -> std::time::Duration {
+        method
+            .and_then(|m| self.by_method.iter().find(|(name, _)| *name == m))
+            .map_or(self.default, |(_, d)| *d)
     }
 }
 
@@ -557,5 +627,40 @@ mod tests {
         with.clone().replace(t.clone());
         let r = with.call(tonic::Request::new(())).unwrap();
         assert_eq!(bearer(&r), Some(t.expose()));
+    }
+
+    #[test]
+    fn each_call_gets_the_deadline_of_its_kind_unless_it_set_one() {
+        const D: Deadlines = Deadlines {
+            default: std::time::Duration::from_secs(30),
+            by_method: &[("Heartbeat", std::time::Duration::from_secs(5))],
+        };
+        let mut with = WithToken::new(None).within(D);
+        let call = |method: Option<&'static str>| {
+            let mut r = tonic::Request::new(());
+            if let Some(m) = method {
+                r.extensions_mut().insert(tonic::GrpcMethod::new("svc", m));
+            }
+            r
+        };
+        let timeout = |r: &tonic::Request<()>| {
+            r.metadata()
+                .get(GRPC_TIMEOUT)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        let r = with.call(call(Some("Heartbeat"))).unwrap();
+        assert_eq!(timeout(&r).as_deref(), Some("5000000u"));
+        let r = with.call(call(Some("GetWorkload"))).unwrap();
+        assert_eq!(timeout(&r).as_deref(), Some("30000000u"));
+        let r = with.call(call(None)).unwrap();
+        assert_eq!(timeout(&r).as_deref(), Some("30000000u"));
+        // A call that set its own keeps it.
+        let mut own = call(Some("Heartbeat"));
+        own.set_timeout(std::time::Duration::from_secs(600));
+        let r = with.call(own).unwrap();
+        assert_eq!(timeout(&r).as_deref(), Some("600000m"));
+        // Without a table, none is set.
+        let r = WithToken::new(None).call(call(Some("Heartbeat"))).unwrap();
+        assert_eq!(timeout(&r), None);
     }
 }

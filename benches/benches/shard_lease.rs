@@ -76,7 +76,10 @@ async fn master(clients: u32, shards: u64, job_tls: bool) -> (Vec<Client>, Stop)
                 };
                 if tls.is_some() == job_tls
                     && let Ok(c) = (auth::JobCreds { token, tls })
-                        .connect(format!("http://{addr}"))
+                        .connect(
+                            format!("http://{addr}"),
+                            auth::Deadlines::all(Duration::from_secs(60)),
+                        )
                         .await
                 {
                     break Client::new(c);

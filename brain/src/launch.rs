@@ -8,7 +8,8 @@
 //! and reconnects), and a restarted brain follows it again (a local one by the pid recorded
 //! in its run directory: `master_process`). A job master
 //! that dies before its job ended is started again on the same run directory with `--resume`
-//! (see `Control::exited`); on Ray, on whichever node Ray picks then.
+//! (see `Control::exited`); on Ray, on whichever node Ray picks then. `exposure` refuses
+//! to start beside a Ray dashboard open to the jobs' processes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -57,6 +58,12 @@ pub struct LauncherConfig {
     /// from them whatever this says.
     #[serde(default)]
     pub sandbox: vocab::sandbox::Sandbox,
+    /// Start beside a Ray dashboard that answers without a credential on loopback (Ray's
+    /// default address, or the brain's own Ray cluster's), through which a job's process,
+    /// confined but on this host's network, could run code outside its sandbox [default:
+    /// false: the brain refuses to start, saying so].
+    #[serde(default)]
+    pub allow_open_ray_dashboard: bool,
 }
 
 /// Where the brain runs the job masters it starts.
@@ -115,6 +122,9 @@ pub struct Launcher {
     /// them: a master it starts is told those of the other jobs (`--gpus-held`), to count
     /// with its own (a resumed master's own are its processes').
     devices: std::sync::RwLock<BTreeMap<JobId, vocab::devices::DeviceUse>>,
+    /// How long a master's writes of its job's state may fail before its job fails, as the
+    /// policy last said (`[live] state_write_give_up_s`), seconds.
+    state_write_give_up_s: std::sync::atomic::AtomicU64,
 }
 
 /// How often the status of a job master running as a Ray job is read.
@@ -159,7 +169,16 @@ impl Launcher {
             exited,
             cordoned: std::sync::RwLock::default(),
             devices: std::sync::RwLock::default(),
+            state_write_give_up_s: optimizer::live::LiveConfig::default()
+                .state_write_give_up_s
+                .into(),
         })
+    }
+
+    /// The policy's `[live] state_write_give_up_s`, for the masters started from now on.
+    pub fn set_state_write_give_up(&self, seconds: u64) {
+        self.state_write_give_up_s
+            .store(seconds, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The nodes cordoned now, for the masters started from now on.
@@ -330,6 +349,13 @@ impl Launcher {
             }
             .into(),
         );
+        let give_up_s = self
+            .state_write_give_up_s
+            .load(std::sync::atomic::Ordering::Relaxed);
+        cmd.extend([
+            "--persist-give-up-ms".into(),
+            (give_up_s * 1000).to_string().into(),
+        ]);
         cmd.extend(self.config.job_master_args.iter().map(Into::into));
         if let Some(agent) = &self.config.agent_bin {
             cmd.extend(["--agent-bin".into(), agent.into()]);
@@ -615,8 +641,10 @@ pub fn place_checkpoints(spec: &mut JobSpec, run_dir: &Path) {
     }
 }
 
+mod exposure;
 mod ray_follow;
 mod reading;
+pub use exposure::{RAY_DEFAULT_DASHBOARD, known_dashboards, refuse_open_dashboards};
 pub use reading::LogFrom;
 
 #[cfg(test)]
@@ -682,10 +710,12 @@ mod tests {
         assert!(e.contains("cluster.ray_address"), "{e}");
         let l = launcher(Some("http://10.0.0.2:8265")).unwrap();
         assert!(l.ray_masters.is_some());
-        // The command a master runs: the run directory's spec, the brain, --resume on resume,
-        // the cordoned nodes and the GPU shares the other jobs hold (its own, resumed, are
-        // its processes': counted twice they would hold its room back).
+        // The command a master runs: the run directory's spec, the brain, the policy's state
+        // write give-up, --resume on resume, the cordoned nodes and the GPU shares the other
+        // jobs hold (its own, resumed, are its processes': counted twice they would hold its
+        // room back).
         l.set_cordoned(vec!["10.0.0.3".into()]);
+        l.set_state_write_give_up(90);
         let held = |device: &str, milli: u32| {
             let mut held = vocab::devices::DeviceUse::default();
             held.add("10.0.0.4", device, vocab::Gpus::from_milli(milli));
@@ -712,6 +742,8 @@ mod tests {
                 "/runs/j/brain.token",
                 "--brain-insecure",
                 "--job-insecure",
+                "--persist-give-up-ms",
+                "90000",
                 "--resume",
                 "--cordoned",
                 "10.0.0.3",

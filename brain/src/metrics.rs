@@ -7,7 +7,8 @@
 //! closed by it, by reason (handshake timed out or failed, idle, closed to make room at a cap),
 //! and, for each running job, its effective training time, the training its restarts threw
 //! away, its stragglers now and its GPU use, per job and per process (its newest report), its
-//! size, processes by role (running and waiting), recent speed, CPU, memory and plan; and per
+//! size, processes by role (running and waiting), recent speed, CPU, memory, plan and failed
+//! writes of its state; and per
 //! node the brain plans on its CPU, GPUs by model and whether it is cordoned.
 
 use prometheus_client::encoding::text::encode;
@@ -32,6 +33,7 @@ struct JobGauges {
     cpu_cores: Family<Labels, Gauge<f64, AtomicU64>>,
     memory_bytes: Family<Labels, Gauge>,
     plan_version: Family<Labels, Gauge>,
+    state_write_failures: Family<Labels, Gauge>,
 }
 
 impl JobGauges {
@@ -71,6 +73,13 @@ impl JobGauges {
             "The newest plan the brain made for a running job, by job",
             self.plan_version.clone(),
         );
+        r.register(
+            "job_state_write_failures",
+            "Writes of a running job's state its master failed (a full or failing disk, its run \
+             directory gone), each retried with backoff, since the master started; the job fails \
+             once they fail for the policy's live.state_write_give_up_s, by job",
+            self.state_write_failures.clone(),
+        );
     }
 
     fn clear(&self) {
@@ -81,6 +90,7 @@ impl JobGauges {
         self.cpu_cores.clear();
         self.memory_bytes.clear();
         self.plan_version.clear();
+        self.state_write_failures.clear();
     }
 
     fn set(&self, row: &crate::store::JobRow, s: &crate::store::JobSnapshot) {
@@ -101,6 +111,9 @@ impl JobGauges {
         self.memory_bytes
             .get_or_create(&job)
             .set(s.memory_bytes as i64);
+        self.state_write_failures
+            .get_or_create(&job)
+            .set(s.state_write_failures as i64);
         for (role, running, waiting) in &s.roles {
             let label = vec![
                 ("job".to_string(), row.name.clone()),

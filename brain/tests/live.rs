@@ -301,6 +301,75 @@ async fn a_killed_job_master_is_started_again_and_its_job_ends_exactly_once() {
     brain.kill();
 }
 
+/// A job whose master cannot write its state (its run directory removed under it) fails once
+/// the writes have failed for the policy's `live.state_write_give_up_s` (4 s here, against 60
+/// by default), with the reason, and `/metrics` counts the failed writes meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_state_cannot_be_written_fails_at_the_policy_s_give_up_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("policy.toml"),
+        "heuristics = []\n[live]\ninterval_s = 1\ncooldown_s = 3600\nstate_write_give_up_s = 4\n",
+    )
+    .unwrap();
+    let (mut brain, addr) = start_brain(d, "127.0.0.1:0", CPUS);
+    let url = format!("http://{addr}");
+    let path = spec(d, "diskless", "allreduce", 3000);
+    let (ok, text) = brainctl(&["submit", path.to_str().unwrap(), "--brain", &url]);
+    assert!(ok, "{text}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run_dir = loop {
+        let all = jobs(&url).await.unwrap_or_default();
+        if let Some(j) = all
+            .iter()
+            .find(|j| j.state == "running" && !j.run_dir.is_empty())
+            && Path::new(&j.run_dir)
+                .join("master/job-context.json")
+                .exists()
+        {
+            break PathBuf::from(&j.run_dir);
+        }
+        assert!(Instant::now() < deadline, "not running: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    std::fs::remove_dir_all(run_dir.join("master")).unwrap();
+    let counted = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("brain_job_state_write_failures{job=\"diskless\"} "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = common::scrape(&url);
+        if counted(&metrics).is_some_and(|n| n > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failed write counted: {:?}",
+            counted(&metrics)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let job = first_job_ended(&url).await;
+    assert_eq!(job.state, "failed", "{job:#?}");
+    let reason = &job.outcome;
+    assert!(reason.contains("cannot persist job context"), "{job:#?}");
+    let for_s: u64 = reason
+        .split("writes failing for ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("how long: {reason}"));
+    assert!(
+        (4..30).contains(&for_s),
+        "gave up after {for_s} s: {reason}"
+    );
+    brain.kill();
+}
+
 #[tokio::test]
 async fn bad_submissions_get_clear_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();

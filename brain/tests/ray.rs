@@ -48,6 +48,9 @@ fn the_brain_reads_its_capacity_from_ray_and_runs_a_submitted_job_there() {
             "8",
         ])
         .args(["--ray-address", &address])
+        // The test's Ray head on loopback answers anyone: accepted here, refused by default
+        // (sandbox.rs).
+        .arg("--allow-open-ray-dashboard")
         .arg("--database")
         .arg(dir.path().join("brain.db"))
         .arg("--runs-dir")
@@ -239,6 +242,7 @@ fn beside_another_ray_user(address: &str, pending_timeout_s: f64) -> Vec<String>
     let (child, addr) = common::spawn_brain(|cmd| {
         cmd.args(["--listen", "127.0.0.1:0", "--max-processes", "8"])
             .args(["--ray-address", address])
+            .arg("--allow-open-ray-dashboard")
             .arg("--database")
             .arg(dir.path().join("brain.db"))
             .arg("--runs-dir")

@@ -197,6 +197,70 @@ fn a_root_brain_without_a_user_for_its_jobs_refuses_to_start() {
     assert!(!dir.path().join("operator.token").exists());
 }
 
+/// A brain that runs its jobs confined refuses to start beside a Ray dashboard that answers
+/// anyone on loopback (here its own cluster's: the tests' Ray head on 127.0.0.1), saying why
+/// and how to accept it, and makes nothing; with `--allow-open-ray-dashboard` it starts.
+#[test]
+fn a_confined_brain_refuses_to_start_beside_an_open_ray_dashboard() {
+    let Some(user) = test_support::run_as() else {
+        test_support::skipped("not root: the jobs run as the brain's own user");
+        return;
+    };
+    let Some(address) = std::env::var("BRAIN_RAY_ADDRESS")
+        .ok()
+        .filter(|a| !a.is_empty())
+    else {
+        test_support::optional_server(
+            "BRAIN_REQUIRE_RAY",
+            "a Ray cluster",
+            "set BRAIN_RAY_ADDRESS to its dashboard, as .ci/run does with .ci/ray-head",
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_brain"))
+        .args(["--listen", "127.0.0.1:0", "--cpus", "2", "--run-as", &user])
+        .args(["--ray-address", &address])
+        .arg("--database")
+        .arg(dir.path().join("brain.db"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the brain started beside an open Ray dashboard at {address}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("a Ray dashboard answers without a credential at")
+            && err.contains(address.trim_end_matches('/'))
+            && err.contains("outside its sandbox")
+            && err.contains("--allow-open-ray-dashboard"),
+        "{err}"
+    );
+    assert!(!dir.path().join("operator.token").exists());
+    // Accepted by the operator: it starts.
+    let (mut brain, _) = common::spawn_brain(|cmd| {
+        cmd.args(["--listen", "127.0.0.1:0", "--cpus", "2"])
+            .args(["--ray-address", &address, "--allow-open-ray-dashboard"])
+            .arg("--database")
+            .arg(dir.path().join("brain.db"))
+            .arg("--runs-dir")
+            .arg(dir.path().join("runs"));
+    });
+    brain.kill();
+}
+
 /// The built-in workload (Brain's own code, no user code) runs confined too: as the job's
 /// user, without privileges, the brain's data out of its sight. A parameter-server job, whose
 /// servers write their checkpoint parts into directories the master makes, trains to the end

@@ -550,6 +550,8 @@ async fn metrics_have_series_per_job_role_and_node() {
     };
     let mut reports = vec![at(0, 10.0)];
     reports.extend((1..=6).map(|i| at(i * 10, 1000.0)));
+    // Its master could not write the job's state 7 times (a failing disk).
+    reports.last_mut().unwrap().state_write_failures = 7;
     job.report_metrics(pb::MetricsBatch {
         job_id: r.job_id,
         reports,
@@ -569,6 +571,7 @@ async fn metrics_have_series_per_job_role_and_node() {
         "brain_job_cpu_cores{job=\"watched\"} 3.0",
         "brain_job_memory_bytes{job=\"watched\"} 2147483648",
         "brain_job_plan_version{job=\"watched\"} 0",
+        "brain_job_state_write_failures{job=\"watched\"} 7",
         "brain_node_cpu_cores{node=\"local\"} 8.0",
         "brain_node_gpus{node=\"a\",gpu_type=\"A100\"} 4",
         "brain_node_gpus{node=\"b\",gpu_type=\"A100\"} 2",

@@ -276,6 +276,8 @@ fn report(ctx: &crate::job::JobContext, now_ms: u64) -> pb::MetricReport {
                 })
             })
             .collect(),
+        // The master's own count, not the context's: set where the report is sent.
+        state_write_failures: 0,
     }
 }
 
@@ -378,7 +380,10 @@ pub(crate) async fn run(
         let (sample, shape_now, desired, reached, in_transition, abandoned) = {
             let ctx = shared.job.lock().await;
             (
-                report(&ctx, shared.now_ms()),
+                pb::MetricReport {
+                    state_write_failures: shared.persister.failures(),
+                    ..report(&ctx, shared.now_ms())
+                },
                 shape(&ctx),
                 ctx.plans.desired,
                 ctx.plans.reached,

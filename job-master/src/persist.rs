@@ -8,7 +8,9 @@
 //!
 //! A write that fails (the run directory removed, a full or failing disk) is retried with
 //! backoff ([`RETRY_FIRST`] doubling to [`RETRY_MOST`]), said in the log at most every
-//! [`SAID_EVERY`] and once in the job's events ([`Persister::news`]); callers wait meanwhile.
+//! [`SAID_EVERY`] and once in the job's events ([`Persister::news`]), and counted
+//! ([`Persister::failures`], in the master's reports to the brain: its `/metrics`); callers
+//! wait meanwhile.
 //! Once writes have failed for the master's `persist_give_up_ms`, callers are told, and the
 //! job fails with the reason (its processes stopped): a job that cannot keep its record could
 //! lose or repeat work.
@@ -42,6 +44,8 @@ pub struct Persister {
     give_up_after: Duration,
     /// What the job's events should say and have not yet: writes began failing, or work again.
     news: std::sync::Mutex<Option<String>>,
+    /// Writes that failed since this master started (what its reports to the brain count).
+    failures: std::sync::atomic::AtomicU64,
 }
 
 /// Writes failing since `since`.
@@ -61,7 +65,13 @@ impl Persister {
             written: watch::channel((0, None)).0,
             give_up_after,
             news: std::sync::Mutex::default(),
+            failures: 0.into(),
         })
+    }
+
+    /// How many writes failed since this master started.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// What the job's events should say about its writes since last asked, if anything.
@@ -167,6 +177,8 @@ impl Persister {
             gave_up: false,
         });
         f.tries += 1;
+        self.failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let for_s = f.since.elapsed().as_secs();
         let delay = RETRY_FIRST
             .saturating_mul(1 << (f.tries - 1).min(16))

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use job_master::job::Timing;
@@ -609,6 +609,136 @@ async fn killing_the_job_master_and_resuming_its_run_directory_loses_nothing() {
         "the job master restarted: every process restarts from checkpoint",
     );
     assert_no_process_left(addr).await;
+}
+
+/// A job master that stops answering (SIGSTOP: alive, its connections open, not a byte back)
+/// is given up on: every call to it ends at its deadline instead of waiting for good, so each
+/// agent stops its process and exits once the master has been silent for its
+/// `--master-timeout-secs`, saying why. The master, killed then, resumes its run directory and
+/// the job ends with every sample applied once by every PS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_of_a_job_master_that_stops_answering_give_up_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(
+        &spec,
+        builtin_yaml(dir.path(), "frozen-master", "ps", 2, 3, N, 2, 150, 5),
+    )
+    .unwrap();
+    let run_dir = dir.path().join("run");
+    let (mut first, addr) = spawn_master(&spec, &run_dir, false);
+    shards_at_least(addr, 12).await;
+    assert!(
+        processes_of(addr).len() >= 10,
+        "5 agents and their processes"
+    );
+    freeze(first.pid());
+    // The agents' 15 s of silence, a 5 s heartbeat deadline, and room for a slow machine.
+    let start = Instant::now();
+    while !processes_of(addr).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "processes still waiting on a silent master: {:?}",
+            processes_of(addr)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let logs: String = std::fs::read_dir(run_dir.join("logs"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    assert!(
+        logs.contains("no answer for 15s"),
+        "no agent said why it gave up"
+    );
+    kill9(first.pid());
+    first.wait(Duration::from_secs(30));
+
+    let (second, addr) = spawn_master(&spec, &run_dir, true);
+    let report = finished_run(second, &run_dir).await;
+    assert!(report.samples_per_epoch.values().all(|&s| s == N));
+    assert_ps_applied_each_sample_once(&report, N, 2);
+    assert_no_process_left(addr).await;
+}
+
+/// A parameter server that stops answering as a checkpoint's save begins (SIGSTOP on the
+/// checkpoint's directory appearing: PS 0 saves first, so PS 1 is stopped before its turn) no
+/// longer holds the cut and every lease for good: the save ends at the job's
+/// `ps_save_timeout_ms` with the reason in the job's events, training goes on once the PS
+/// answers again, a later checkpoint commits, and every sample is applied once by every PS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ps_that_never_answers_a_save_fails_that_checkpoint_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = builtin_spec(dir.path(), "silent-save", "ps", 2, 2, N, 1, 150, 3);
+    let timing = Timing {
+        ps_save_timeout_ms: 2_000,
+        ..test_timing()
+    };
+    let mut run = start_with(spec, dir.path(), timing).await;
+    shards_at_least(run.addr, 1).await;
+    let ps1 = pid_of(run.addr, "ps", 1).await;
+    let root = dir.path().join("checkpoints");
+    let stopped = tokio::task::spawn_blocking(move || {
+        let dirs = || -> std::collections::BTreeSet<String> {
+            std::fs::read_dir(&root)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.starts_with("ckpt-"))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let before = dirs();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(120) {
+            if let Some(new) = dirs().difference(&before).next().cloned() {
+                freeze(ps1);
+                return Some(new);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("a checkpoint began");
+    let said = "ps 1 could not save: no answer within 2 s";
+    let newest_step = |ctx: &serde_json::Value| {
+        ctx["checkpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["step"].as_u64())
+            .max()
+    };
+    let start = Instant::now();
+    let step_then = loop {
+        let ctx = context(&run.run_dir);
+        let events = ctx["events"].as_array().cloned().unwrap_or_default();
+        if events.iter().any(|e| {
+            let t = e["text"].as_str().unwrap_or("");
+            t.contains("checkpoint failed, training goes on without it") && t.contains(said)
+        }) {
+            break newest_step(&ctx);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the save into {stopped} to a silent PS never ended: {events:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal_all(&[ps1], nix::sys::signal::Signal::SIGCONT);
+    let report = run.report().await;
+    assert!(report.succeeded(), "{:#?}", report.events);
+    assert_ps_applied_each_sample_once(&report, N, 1);
+    let step_now = newest_step(&context(&run.run_dir));
+    assert!(
+        step_now > step_then,
+        "nothing committed after the failed save: newest step {step_then:?} then, {step_now:?} at the end"
+    );
+    assert_no_process_left(run.addr).await;
 }
 
 /// Failing storage is a fault, not a loop: with its run directory removed under it, the job

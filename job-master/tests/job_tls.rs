@@ -41,7 +41,10 @@ async fn answered(
     };
     let channel = match tokio::time::timeout(
         Duration::from_secs(10),
-        creds.connect(format!("http://{addr}")),
+        creds.connect(
+            format!("http://{addr}"),
+            auth::Deadlines::all(Duration::from_secs(30)),
+        ),
     )
     .await
     {

@@ -39,7 +39,23 @@ pub struct AgentArgs {
     pub sandbox: Option<vocab::sandbox::Sandbox>,
 }
 
-/// Connects to the master, sending the job's secret, retrying until `timeout`.
+/// How long each call to the job master may take. The master answers every one at once (it
+/// waits on nothing of a caller's: a rendezvous not formed is polled) once the change it makes
+/// is on disk, so a call that takes longer found a master stopped, hung or cut off: it fails
+/// with DEADLINE_EXCEEDED, and its caller retries or gives up as it does when the master is
+/// gone (the agent at `--master-timeout-secs`). The default outlasts the job master's own
+/// give-up on a failing disk (`--persist-give-up-ms`, 60 s), which then fails the job itself.
+pub const MASTER_CALLS: auth::Deadlines = auth::Deadlines {
+    default: Duration::from_secs(120),
+    by_method: &[
+        // Several fit in the agent's --master-timeout-secs (15 s by default).
+        ("Heartbeat", Duration::from_secs(5)),
+        ("ReportProcessExit", Duration::from_secs(5)),
+    ],
+};
+
+/// Connects to the master, sending the job's secret, retrying until `timeout`; each call then
+/// has its deadline in [`MASTER_CALLS`].
 pub async fn connect(
     addr: &str,
     timeout: Duration,
@@ -47,7 +63,7 @@ pub async fn connect(
 ) -> Result<MasterClient, Error> {
     let start = Instant::now();
     loop {
-        match creds.connect(addr.to_string()).await {
+        match creds.connect(addr.to_string(), MASTER_CALLS).await {
             Ok(c) => return Ok(MasterClient::new(c)),
             Err(e) if start.elapsed() >= timeout => {
                 return Err(Error::Master {

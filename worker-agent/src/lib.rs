@@ -10,7 +10,8 @@
 //!   lowest CPU priority, hurried after a while, around the page cache); [`flash_leftovers`] removes the
 //!   copies on the node that no agent holds any more; [`flash_copy`] is the process's half,
 //!   for the built-in workload.
-//!   `launch` builds the training process's environment, starts it and stops it.
+//!   `launch` builds the training process's environment, starts it and stops it; [`output`]
+//!   caps what the process writes, and [`own_log`] what the agent itself does.
 //!   A process of a service or single role (a role of the job's own beside its training
 //!   group) runs its role's command and env, started at once without a rendezvous.
 //! * [`workload`] is the training the agent launches when a job names no command: a
@@ -25,6 +26,7 @@ pub mod flash_leftovers;
 pub mod flash_write;
 mod launch;
 pub mod output;
+pub mod own_log;
 pub mod sampler;
 pub mod sandbox;
 pub mod stacks;

@@ -115,7 +115,11 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        // Bounded, whatever the job makes the agent say.
+        .with_writer(worker_agent::own_log::Bounded::new(
+            std::io::stderr,
+            worker_agent::own_log::OWN_LOG_CAP,
+        ))
         // Colour only on a terminal: log files stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+/// The deadline of a bench's call to a job master.
+const CALLS: auth::Deadlines = auth::Deadlines::all(std::time::Duration::from_secs(60));
+
 /// A release binary of the workspace; the benches measure release builds only.
 pub fn release_bin(name: &str) -> PathBuf {
     let target = std::env::var("CARGO_TARGET_DIR")
@@ -145,7 +148,9 @@ pub async fn master_client(addr: &str, run_dir: &Path) -> MasterClient {
 /// [`master_client`], or `None` if the master or its secret is not there yet.
 pub async fn try_master_client(addr: &str, run_dir: &Path) -> Option<MasterClient> {
     let token = auth::read_secret(&run_dir.join(auth::JOB_TOKEN_FILE)).ok()?;
-    let channel = auth::connect(format!("http://{addr}"), &token).await.ok()?;
+    let channel = auth::connect(format!("http://{addr}"), &token, CALLS)
+        .await
+        .ok()?;
     Some(MasterClient::new(channel))
 }
 

@@ -92,6 +92,12 @@ struct Cli {
     /// [config: launcher.sandbox.run_as].
     #[arg(long, env = "BRAIN_RUN_AS")]
     run_as: Option<String>,
+    /// Start even beside a Ray dashboard that answers without a credential on loopback (at
+    /// 127.0.0.1:8265, or at --ray-address): the jobs' processes share this host's network,
+    /// and any of them could run code through it outside the sandbox. Without this flag the
+    /// brain refuses, saying so [config: launcher.allow_open_ray_dashboard].
+    #[arg(long)]
+    allow_open_ray_dashboard: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -198,9 +204,13 @@ async fn main() -> anyhow::Result<()> {
     if let Some(user) = cli.run_as {
         config.launcher.sandbox.run_as = Some(user);
     }
+    config.launcher.allow_open_ray_dashboard |= cli.allow_open_ray_dashboard;
     config.validate()?;
-    // Never the jobs as root.
+    // Never the jobs as root, nor beside a dashboard that would run their code unconfined:
+    // refused before anything is made (run() checks the latter too, for those who call it).
     brain::launch::check_run_as(&config.launcher)?;
+    brain::launch::refuse_open_dashboards(&config.launcher, config.cluster.ray_address.as_deref())
+        .await?;
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("binding {}", cli.listen))?;

@@ -103,6 +103,7 @@ pub(super) fn metric(m: pb::MetricReport) -> Result<Metric, Status> {
         effective,
         stragglers,
         slow_nodes,
+        state_write_failures: m.state_write_failures,
     })
 }
 

@@ -86,6 +86,8 @@ pub struct JobSnapshot {
     pub roles: Vec<(Role, u32, u32)>,
     /// The processes waiting to run, longest first: how long, and why when the platform said.
     pub pending: Vec<PendingProcess>,
+    /// Writes of the job's state its master failed since it started.
+    pub state_write_failures: u64,
 }
 
 /// A process of a running job that waits to run (launched, not yet started by its platform).
@@ -366,6 +368,7 @@ fn snapshot(m: &Metric, speeds: &std::collections::VecDeque<(i64, f64)>) -> JobS
         cpu_millicores: m.cpu_millicores,
         memory_bytes: m.memory_bytes,
         roles: roles.into_iter().map(|(r, (a, b))| (r, a, b)).collect(),
+        state_write_failures: m.state_write_failures,
     }
 }
 

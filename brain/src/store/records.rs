@@ -30,6 +30,8 @@ pub struct Metric {
     pub stragglers: Vec<StragglerNote>,
     /// The nodes its pre-run check found slow (the job avoids them).
     pub slow_nodes: Vec<SlowNode>,
+    /// Writes of the job's state its master failed since it started (a failing disk).
+    pub state_write_failures: u64,
 }
 
 /// A node a job's pre-run check found slow: its address and why, with the figures.

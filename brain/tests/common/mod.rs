@@ -329,7 +329,10 @@ pub async fn master_client(master: &str, run_dir: &str) -> Option<MasterClient> 
         false => None,
     };
     let channel = auth::JobCreds { token, tls }
-        .connect(format!("http://{master}"))
+        .connect(
+            format!("http://{master}"),
+            auth::Deadlines::all(Duration::from_secs(30)),
+        )
         .await
         .ok()?;
     Some(MasterClient::new(channel))

@@ -35,11 +35,18 @@ fn ps_error(addr: &str, problem: impl std::fmt::Display) -> Error {
     }
 }
 
+/// The deadlines of the master's calls to a PS that set none of their own (a save to disk sets
+/// the job's `ps_save_timeout_ms`).
+const PS_CALLS: auth::Deadlines = auth::Deadlines {
+    default: PS_CALL_TIMEOUT,
+    by_method: &[("Reshard", PS_RESHARD_TIMEOUT)],
+};
+
 /// A client of the parameter server at `addr`, sending the job's secret (over the job's TLS
-/// when it runs with it).
+/// when it runs with it); each call ends at its deadline ([`PS_CALLS`], or its own).
 pub(super) async fn ps_client(addr: &str, creds: &auth::JobCreds) -> Result<PsClient, Error> {
     creds
-        .connect(format!("http://{addr}"))
+        .connect(format!("http://{addr}"), PS_CALLS)
         .await
         .map(PsClient::new)
         .map_err(|e| ps_error(addr, format!("cannot reach it: {e}")))

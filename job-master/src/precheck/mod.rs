@@ -385,7 +385,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
 
-        let channel = creds.connect(url).await.unwrap();
+        let channel = creds
+            .connect(url, auth::Deadlines::all(Duration::from_secs(30)))
+            .await
+            .unwrap();
         let mut client = pb::pre_check_client::PreCheckClient::new(channel);
         let e = client.step(report(0, "precheck-0")).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");

@@ -30,7 +30,16 @@ pub struct LiveConfig {
     /// nodes uncordon` lifts it sooner); 0: such a node is not cordoned.
     #[serde(default = "default_faulty_cordon")]
     pub faulty_node_cordon_s: u64,
+    /// How long a job master's writes of its job's state (its run directory's context) may go
+    /// on failing, seconds, before the job fails with the reason and its processes stop: a
+    /// job that cannot keep its record could lose or repeat work. Told to each master the
+    /// brain starts from then on (`job-master run --persist-give-up-ms`).
+    #[serde(default = "default_state_write_give_up")]
+    pub state_write_give_up_s: u64,
 }
+
+/// The longest a job master's state writes may fail before its job fails: a day.
+pub const MAX_STATE_WRITE_GIVE_UP_S: u64 = 86_400;
 
 fn default_interval() -> f64 {
     30.0
@@ -47,6 +56,9 @@ fn default_max_resumes() -> u32 {
 fn default_faulty_cordon() -> u64 {
     3600
 }
+fn default_state_write_give_up() -> u64 {
+    60
+}
 
 impl Default for LiveConfig {
     fn default() -> Self {
@@ -57,6 +69,7 @@ impl Default for LiveConfig {
             max_resumes: default_max_resumes(),
             roles: RolesConfig::default(),
             faulty_node_cordon_s: default_faulty_cordon(),
+            state_write_give_up_s: default_state_write_give_up(),
         }
     }
 }
@@ -75,9 +88,38 @@ impl LiveConfig {
                 self.cooldown_s
             )));
         }
+        if self.state_write_give_up_s == 0 || self.state_write_give_up_s > MAX_STATE_WRITE_GIVE_UP_S
+        {
+            return Err(PolicyError::InvalidConfig(format!(
+                "live.state_write_give_up_s is {}, expected 1 to {MAX_STATE_WRITE_GIVE_UP_S} \
+                 (a day): a job whose state cannot be written must fail in the end",
+                self.state_write_give_up_s
+            )));
+        }
         if let Some(why) = self.roles.problem() {
             return Err(PolicyError::InvalidConfig(why));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_write_give_up_of_none_or_past_a_day_is_refused() {
+        assert_eq!(LiveConfig::default().state_write_give_up_s, 60);
+        for bad in [0, MAX_STATE_WRITE_GIVE_UP_S + 1] {
+            let c = LiveConfig {
+                state_write_give_up_s: bad,
+                ..LiveConfig::default()
+            };
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("live.state_write_give_up_s"), "{e}");
+        }
+        let c: LiveConfig = toml::from_str("state_write_give_up_s = 300").unwrap();
+        assert_eq!(c.state_write_give_up_s, 300);
+        c.validate().unwrap();
     }
 }

@@ -46,8 +46,17 @@ const CHUNK_KEYS: usize = 1 << 16;
 
 pub type PsClient = pb::parameter_server_client::ParameterServerClient<auth::Channel>;
 
+/// How long each call to a parameter server may take. A PS answers a pull or a push at once
+/// (its table's lock is held only for the keys' copy); a reshard's stream of keys may take as
+/// long as the master gives the reshard. Past that the PS is stopped, hung or cut off: the call
+/// fails with DEADLINE_EXCEEDED and is retried like one to a PS that cannot be reached.
+pub const PS_CALLS: auth::Deadlines = auth::Deadlines {
+    default: Duration::from_secs(60),
+    by_method: &[("Absorb", Duration::from_secs(600))],
+};
+
 /// Connects to a PS with the job's secret, retrying while it starts (a PS added by a reshard
-/// may still be binding).
+/// may still be binding); each call then has its deadline in [`PS_CALLS`].
 pub async fn ps_client(
     addr: &str,
     timeout: Duration,
@@ -55,7 +64,7 @@ pub async fn ps_client(
 ) -> Result<PsClient, Error> {
     let start = std::time::Instant::now();
     loop {
-        match creds.connect(format!("http://{addr}")).await {
+        match creds.connect(format!("http://{addr}"), PS_CALLS).await {
             Ok(c) => {
                 return Ok(PsClient::new(c)
                     .max_decoding_message_size(256 << 20)

@@ -29,12 +29,15 @@ pub struct PsSet {
     patience: Duration,
 }
 
-/// A status that says the PS could not be reached (its connection refused, reset or dropped),
-/// not that it refused the call.
+/// A status that says the PS could not be reached (its connection refused, reset or dropped,
+/// or no answer within the call's deadline: a PS stopped or hung), not that it refused the call.
 fn cannot_reach(s: &tonic::Status) -> bool {
     matches!(
         s.code(),
-        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
+        tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown
+            | tonic::Code::DeadlineExceeded
     )
 }
 

@@ -87,6 +87,19 @@ pub type Client = BrainClient<
 /// How long connecting to the brain (TCP and the TLS handshake) may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long each call to the brain may take before brainctl gives up with the reason: the brain
+/// answers most at once; those that read a job master's files or ask it (events, logs,
+/// diagnose: the brain gives its reading 60 s) and a dry run's solve get longer.
+const CALLS: auth::Deadlines = auth::Deadlines {
+    default: std::time::Duration::from_secs(60),
+    by_method: &[
+        ("Diagnose", std::time::Duration::from_secs(120)),
+        ("JobEvents", std::time::Duration::from_secs(120)),
+        ("JobLogs", std::time::Duration::from_secs(120)),
+        ("DryRun", std::time::Duration::from_secs(120)),
+    ],
+};
+
 /// Where `brainctl submit` keeps job owners' tokens by default: `owners/` beside the operator
 /// token (the operator's own directory, which holds the token that steers every job anyway).
 pub fn owners_dir() -> PathBuf {
@@ -135,11 +148,22 @@ pub fn ask_brain<T>(
             })
             .with_context(|| format!("connecting to the brain at {address}"))?
             .map_err(|e| unreachable_brain(address, &e))?;
-        let client = BrainClient::with_interceptor(channel, auth::WithToken::new(token));
-        f(client)
-            .await
-            .map_err(|s| anyhow::anyhow!("the brain answered {:?}: {}", s.code(), s.message()))
+        let client =
+            BrainClient::with_interceptor(channel, auth::WithToken::new(token).within(CALLS));
+        f(client).await.map_err(|s| call_failed(address, &s))
     })
+}
+
+/// A failed call in words: a deadline that passed is the brain's silence, not its answer.
+fn call_failed(address: &str, s: &tonic::Status) -> anyhow::Error {
+    match s.code() {
+        tonic::Code::DeadlineExceeded => anyhow::anyhow!(
+            "the brain at {address} did not answer in time ({}): it is stopped, hung or cut \
+             off; try again, or see its log",
+            s.message()
+        ),
+        code => anyhow::anyhow!("the brain answered {code:?}: {}", s.message()),
+    }
 }
 
 /// A job id, or a name looked up among the brain's jobs.

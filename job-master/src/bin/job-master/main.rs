@@ -276,6 +276,10 @@ fn validate(spec: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 
 type Client = pb::job_master_client::JobMasterClient<auth::Channel>;
 
+/// How long a call of these commands to a job master may take: every one answers at once, so a
+/// master that takes longer is stopped or hung, and the command says so rather than wait.
+const CALLS: auth::Deadlines = auth::Deadlines::all(std::time::Duration::from_secs(30));
+
 /// A client of the master `args` name, with the job's credentials.
 async fn client(args: &MasterArgs) -> anyhow::Result<Client> {
     let (master, creds) = args.resolve()?;
@@ -289,7 +293,7 @@ async fn connect(master: &str, creds: &auth::JobCreds) -> anyhow::Result<Client>
         format!("http://{master}")
     };
     creds
-        .connect(url)
+        .connect(url, CALLS)
         .await
         .map(Client::new)
         .with_context(|| format!("cannot reach a job master at {master}"))

@@ -58,7 +58,8 @@ pub struct RunArgs {
     cut_timeout_ms: u64,
     /// How long writes of the job's state to the run directory may fail (a removed run
     /// directory, a full or failing disk), retried with backoff meanwhile, before the job
-    /// fails with the reason and its processes are stopped, milliseconds.
+    /// fails with the reason and its processes are stopped, milliseconds (a master the brain
+    /// starts gets its policy's `[live] state_write_give_up_s`).
     #[arg(long, default_value_t = 60_000)]
     persist_give_up_ms: u64,
     /// How long a parameter server may take to save its part of a checkpoint to disk before
