@@ -124,12 +124,11 @@ impl FlashDir {
         let dir = vocab::flash::process_dir(root, run, role, index);
         let root = open_root(root)?;
         let run_name = vocab::flash::run_name(run);
-        let (run_dir, _) = root
-            .make_dir(&run_name, 0o711, None)
-            .map_err(io(&root.join(&run_name)))?;
         let name = vocab::flash::process_name(role, index);
         // Held first (a sweep may move a directory away until then), then opened.
-        let held = crate::flash_leftovers::hold(&run_dir, &name).map(std::sync::Arc::new);
+        let (run_dir, held) = crate::flash_leftovers::make_and_hold(&root, &run_name, &name)
+            .map_err(io(&root.join(&run_name)))?;
+        let held = held.map(std::sync::Arc::new);
         let (open, _) = run_dir.make_dir(&name, 0o700, None).map_err(io(&dir))?;
         if let Some((uid, gid)) = owner {
             open.chown(uid, gid).map_err(io(&dir))?;

@@ -12,7 +12,9 @@
 //!
 //! A sweep and a new agent of the same process never lose each other's work: the sweeper moves
 //! the directory away while it holds the lock, and an agent that took the lock checks that its
-//! file is still the one at the path (otherwise it starts over on a fresh directory).
+//! file is still the one at the path (otherwise it starts over on a fresh directory). Nor do
+//! they lose the run's directory: a sweep removes it once empty, and an agent that opened it
+//! just before makes it again ([`make_and_hold`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -67,6 +69,30 @@ fn try_lock(run: &Beneath, name: &str, create: bool) -> std::io::Result<Option<F
     Ok(same.then_some(held))
 }
 
+/// Makes run directory `run` under the flash root `root` (mode 0711, when missing) and holds
+/// process directory `name` in it ([`hold`]). A sweep removes a run's directory once it is
+/// empty: one it removed between its making and the hold is made again.
+pub fn make_and_hold(
+    root: &Beneath,
+    run: &str,
+    name: &str,
+) -> std::io::Result<(Beneath, Option<Held>)> {
+    let mut tries = 0;
+    loop {
+        let (run_dir, _) = root.make_dir(run, 0o711, None)?;
+        let held = hold(&run_dir, name);
+        tries += 1;
+        if held.is_some() || still_there(&run_dir) || tries >= 10 {
+            return Ok((run_dir, held));
+        }
+    }
+}
+
+/// Whether directory `dir` is still linked where it was opened (a removed one has no link).
+fn still_there(dir: &Beneath) -> bool {
+    dir.stat().is_ok_and(|st| st.st_nlink > 0)
+}
+
 /// Holds process directory `name` in the run's directory `run` (made if missing) for this
 /// agent. A sweep holds
 /// it for a moment: tried again for a second. `None` when another agent of the same process
@@ -77,6 +103,8 @@ pub fn hold(run: &Beneath, name: &str) -> Option<Held> {
         match try_lock(run, name, true) {
             Ok(Some(f)) => return Some(Held(f)),
             Ok(None) => {}
+            // The run's directory itself was swept away: the caller makes it again.
+            Err(_) if !still_there(run) => return None,
             Err(e) => tracing::debug!("holding {}: {e}", run.join(name).display()),
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -195,11 +223,13 @@ mod tests {
         super::sweep(&open(root), after)
     }
 
-    /// Holds process directory `dir` (`ROOT/RUN/NAME`).
+    /// Holds process directory `dir` (`ROOT/RUN/NAME`), as an agent starting does.
     fn hold(dir: &Path) -> Option<Held> {
         let run = dir.parent().unwrap();
-        std::fs::create_dir_all(run).unwrap();
-        super::hold(&open(run), dir.file_name().unwrap().to_str().unwrap())
+        let name = |p: &Path| p.file_name().unwrap().to_str().unwrap().to_string();
+        super::make_and_hold(&open(run.parent().unwrap()), &name(run), &name(dir))
+            .unwrap()
+            .1
     }
 
     fn try_lock(dir: &Path, create: bool) -> std::io::Result<Option<Flock<File>>> {
