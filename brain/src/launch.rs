@@ -175,7 +175,8 @@ impl Launcher {
         })
     }
 
-    /// The policy's `[live] state_write_give_up_s`, for the masters started from now on.
+    /// The policy's `[live] state_write_give_up_s`, for the masters started from now on (the
+    /// brain's control sets it with each policy it puts in force).
     pub fn set_state_write_give_up(&self, seconds: u64) {
         self.state_write_give_up_s
             .store(seconds, std::sync::atomic::Ordering::Relaxed);

@@ -486,8 +486,6 @@ pub async fn run(
     let fixed = config.live_cluster();
     let nodes = crate::capacity::fixed_nodes(&fixed, pool_memory);
     let cluster = capacity.read(&(fixed, nodes)).await;
-    crate::launch::refuse_open_dashboards(&config.launcher, config.cluster.ray_address.as_deref())
-        .await?;
     let token_file = config.operator_token_file();
     let (operator, created) =
         auth::read_or_create(&token_file).map_err(|e| BrainError::Config(e.to_string()))?;

@@ -207,7 +207,7 @@ async fn main() -> anyhow::Result<()> {
     config.launcher.allow_open_ray_dashboard |= cli.allow_open_ray_dashboard;
     config.validate()?;
     // Never the jobs as root, nor beside a dashboard that would run their code unconfined:
-    // refused before anything is made (run() checks the latter too, for those who call it).
+    // refused before anything is made.
     brain::launch::check_run_as(&config.launcher)?;
     brain::launch::refuse_open_dashboards(&config.launcher, config.cluster.ray_address.as_deref())
         .await?;

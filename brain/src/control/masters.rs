@@ -116,13 +116,10 @@ impl Control {
             *n += 1;
             *n
         };
-        let live = self.policy().0.config.live.clone();
-        let max_resumes = live.max_resumes;
+        let max_resumes = self.policy().0.config.live.max_resumes;
         if attempt > max_resumes {
             return false;
         }
-        self.launcher
-            .set_state_write_give_up(live.state_write_give_up_s);
         if let Err(e) = self.launcher.resume(job, &run_dir).await {
             tracing::warn!("cannot start the master of {job} again: {e}");
             return false;

@@ -172,6 +172,7 @@ impl Control {
             &store.lock().expect("no panic while the store is held"),
             policy_path.as_deref(),
         )?;
+        launcher.set_state_write_give_up(policy.config.live.state_write_give_up_s);
         Ok(Control {
             store,
             policy: RwLock::new(policy),
@@ -291,6 +292,14 @@ impl Control {
         }
     }
 
+    /// Puts `policy` in force; the job masters started from now on get its give-up time for
+    /// failing writes of their job's state.
+    fn put_policy(&self, policy: LoadedPolicy) {
+        self.launcher
+            .set_state_write_give_up(policy.config.live.state_write_give_up_s);
+        *self.policy.write().expect("no panic under the lock") = policy;
+    }
+
     /// Checks `text`, keeps it in the store (the policy file is never written) and puts it in
     /// force; an edit of the policy file later puts the file's in force again.
     pub fn set_policy(&self, text: &str) -> Result<LoadedPolicy, BrainError> {
@@ -307,7 +316,7 @@ impl Control {
             modified: self.policy_path.as_deref().and_then(modified),
             set_unix_ms: Some(now),
         };
-        *self.policy.write().expect("no panic under the lock") = loaded.clone();
+        self.put_policy(loaded.clone());
         tracing::info!("policy set through the brain: in force from the next round");
         self.wake();
         Ok(loaded)
@@ -330,7 +339,7 @@ impl Control {
         match load_policy(Some(path)) {
             Ok(p) => {
                 tracing::info!(path = %path.display(), "policy file changed: reloaded");
-                *self.policy.write().expect("no panic under the lock") = p;
+                self.put_policy(p);
             }
             Err(e) => {
                 tracing::warn!(

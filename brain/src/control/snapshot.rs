@@ -378,8 +378,6 @@ impl super::Control {
         self.launcher
             .set_cordoned(cordons.iter().map(|c| c.node.clone()).collect());
         self.launcher.set_devices(held);
-        self.launcher
-            .set_state_write_give_up(self.policy().0.config.live.state_write_give_up_s);
         let cluster = crate::capacity::without(&cluster, &nodes, &cordons);
         let planned = cluster.clone();
         // The snapshot under the store's lock; the solve outside it, so that ingest and the
